@@ -1,0 +1,149 @@
+"""Topology loaders: built-in names, our JSON format and Topology Zoo GraphML.
+
+JSON format (DESIGN.md section 7, issue 2)::
+
+    {"name": "...", "default_capacity_gbps": 10, "dcs": ["A", ...],
+     "links": [{"a": "HK", "b": "LA", "capacity_gbps": 10}]}
+
+Every link is undirected (two directed links, each with that capacity);
+`capacity_gbps` per link is optional; `dcs` is optional (default: order of
+first appearance in `links`). Extra top-level keys (e.g. switch bindings) are
+kept in `Topology.attrs`. 1 Gbps = 1e9 bit/s = 1.25e8 bytes/s.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path as FsPath
+
+import networkx as nx
+
+from topologies.topology import GBPS_TO_BYTES_PER_S, Topology, TopologyError
+
+BUILTIN = {"swan": "swan.json", "gscale": "gscale.json", "att": "AttMpls.graphml"}
+DEFAULT_GBPS = 1.0
+
+
+def builtin_path(name: str) -> FsPath:
+    """Return the package-data file of a built-in topology ("swan", "gscale", "att")."""
+    return FsPath(str(resources.files("topologies") / "data" / BUILTIN[name]))
+
+
+def load_topology(spec: str, link_gbps: float | None = None) -> Topology:
+    """Load a topology by built-in name or file path (.json or .graphml).
+
+    Args:
+        spec: "swan", "gscale", "att", or a path to a JSON / GraphML file.
+        link_gbps: when given, every link gets this capacity (Gbps), overriding the file.
+
+    Returns:
+        The Topology, named "swan"/"gscale"/"att" for built-ins.
+
+    Raises:
+        TopologyError: unreadable file, unknown format, or invalid content
+            (the message names the file and the field).
+    """
+    path = builtin_path(spec) if spec in BUILTIN else FsPath(spec)
+    if not path.is_file():
+        raise TopologyError(f"{spec}: no such topology (built-ins: {', '.join(BUILTIN)})")
+    if path.suffix.lower() == ".json":
+        topo = load_json_topology(path)
+    elif path.suffix.lower() == ".graphml":
+        topo = load_graphml_topology(path, name=spec if spec in BUILTIN else None)
+    else:
+        raise TopologyError(f"{path}: unknown topology format (expected .json or .graphml)")
+    if link_gbps is not None:
+        topo = topo.scaled(_gbps(link_gbps, f"{path}: link_gbps"))
+    return topo
+
+
+def load_json_topology(path: FsPath | str) -> Topology:
+    """Load our JSON topology format (see module docstring).
+
+    Raises:
+        TopologyError: invalid JSON, a missing/ill-typed field, an unknown DC
+            in a link, a duplicate link, or a non-positive capacity.
+    """
+    path = FsPath(path)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TopologyError(f"{path}: cannot read: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise TopologyError(f"{path}: line {exc.lineno}: invalid JSON: {exc.msg}") from exc
+    if not isinstance(doc, dict):
+        raise TopologyError(f"{path}: top level must be an object")
+    links = doc.get("links")
+    if not isinstance(links, list) or not links:
+        raise TopologyError(f"{path}: 'links' must be a non-empty list")
+    default = _gbps(
+        doc.get("default_capacity_gbps", DEFAULT_GBPS), f"{path}: default_capacity_gbps"
+    )
+    dcs = doc.get("dcs")
+    if dcs is not None and (
+        not isinstance(dcs, list) or not all(isinstance(d, str) and d for d in dcs)
+    ):
+        raise TopologyError(f"{path}: 'dcs' must be a list of non-empty strings")
+    order: list[str] = list(dcs) if dcs else []
+    capacity: dict[tuple[str, str], float] = {}
+    for i, link in enumerate(links):
+        where = f"{path}: links[{i}]"
+        if not isinstance(link, dict):
+            raise TopologyError(f"{where}: must be an object")
+        a, b = link.get("a"), link.get("b")
+        if not isinstance(a, str) or not isinstance(b, str) or not a or not b:
+            raise TopologyError(f"{where}: 'a' and 'b' must be DC names")
+        if a == b:
+            raise TopologyError(f"{where}: a link must join two different DCs ({a})")
+        for dc in (a, b):
+            if dc not in order:
+                if dcs:
+                    raise TopologyError(f"{where}: unknown DC {dc!r} (not in 'dcs')")
+                order.append(dc)
+        if (a, b) in capacity:
+            raise TopologyError(f"{where}: duplicate link {a}-{b}")
+        gbps = _gbps(link.get("capacity_gbps", default), f"{where}.capacity_gbps")
+        capacity[(a, b)] = capacity[(b, a)] = gbps * GBPS_TO_BYTES_PER_S
+    name = doc.get("name", path.stem)
+    attrs = {key: val for key, val in doc.items() if key not in {"name", "links", "dcs"}}
+    return Topology(str(name), order, capacity, attrs=attrs)
+
+
+def load_graphml_topology(
+    path: FsPath | str, name: str | None = None, default_gbps: float = DEFAULT_GBPS
+) -> Topology:
+    """Load a Topology Zoo GraphML file: one DC per node, parallel edges merged.
+
+    DC names are node labels (the node id when a node has no label; labels
+    that repeat get the id appended). DCs keep the file's node order. Every
+    merged edge becomes two directed links of `default_gbps`.
+
+    Raises:
+        TopologyError: unreadable or invalid GraphML, or no edges.
+    """
+    path = FsPath(path)
+    try:
+        graph = nx.read_graphml(path)
+    except Exception as exc:  # networkx raises several types for bad XML
+        raise TopologyError(f"{path}: invalid GraphML: {exc}") from exc
+    names: dict[str, str] = {}
+    for node, data in graph.nodes(data=True):
+        label = str(data.get("label") or node)
+        names[node] = f"{label}-{node}" if label in names.values() else label
+    capacity: dict[tuple[str, str], float] = {}
+    bps = _gbps(default_gbps, f"{path}: default_gbps") * GBPS_TO_BYTES_PER_S
+    for u, v in graph.edges():
+        if u != v:
+            capacity[(names[u], names[v])] = capacity[(names[v], names[u])] = bps
+    if not capacity:
+        raise TopologyError(f"{path}: GraphML has no links")
+    return Topology(name or path.stem, list(names.values()), capacity)
+
+
+def _gbps(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TopologyError(f"{where}: must be a number (Gbps), got {value!r}")
+    if not value > 0 or value == float("inf"):
+        raise TopologyError(f"{where}: must be positive and finite (Gbps), got {value!r}")
+    return float(value)

@@ -1,0 +1,74 @@
+"""K shortest simple paths per ordered DC pair over the links that are up."""
+
+from __future__ import annotations
+
+from itertools import islice
+
+import networkx as nx
+
+from topologies.topology import Path, Topology, TopologyError
+
+
+def up_graph(topology: Topology) -> nx.DiGraph:
+    """Return a DiGraph of the DCs and the directed links that are up."""
+    graph = nx.DiGraph()
+    graph.add_nodes_from(topology.dcs)
+    graph.add_edges_from(topology.up_links())
+    return graph
+
+
+def k_shortest_paths(
+    topology: Topology, src: str, dst: str, k: int, graph: nx.DiGraph | None = None
+) -> list[Path]:
+    """Return up to `k` simple paths from `src` to `dst` over links that are up.
+
+    Paths are ordered by hop count, ties broken by the tuple of DC names, so the
+    result is deterministic. The K-th path's hop count is found with Yen's
+    algorithm (networkx.shortest_simple_paths); every path of at most that hop
+    count is then ranked by (hops, names).
+
+    Args:
+        topology: the WAN.
+        src, dst: DC names (src != dst).
+        k: at most this many paths (>= 1).
+        graph: optional prebuilt `up_graph(topology)` to reuse across pairs.
+
+    Returns:
+        A list of paths, each a tuple of DC names from src to dst; empty when
+        no path is up.
+
+    Raises:
+        TopologyError: unknown DC, src == dst, or k < 1.
+    """
+    topology.check_dc(src, "path source")
+    topology.check_dc(dst, "path destination")
+    if src == dst:
+        raise TopologyError(f"no WAN path from a DC to itself ({src})")
+    if not isinstance(k, int) or k < 1:
+        raise TopologyError(f"K must be a positive integer, got {k!r}")
+    graph = up_graph(topology) if graph is None else graph
+    try:
+        first = list(islice(nx.shortest_simple_paths(graph, src, dst), k))
+    except nx.NetworkXNoPath:
+        return []
+    if len(first) < k:
+        return sorted((tuple(p) for p in first), key=lambda p: (len(p), p))
+    bound = len(first[-1])
+    candidates: list[Path] = []
+    for p in nx.shortest_simple_paths(graph, src, dst):
+        if len(p) > bound:
+            break
+        candidates.append(tuple(p))
+    candidates.sort(key=lambda p: (len(p), p))
+    return candidates[:k]
+
+
+def all_pairs_paths(topology: Topology, k: int) -> dict[tuple[str, str], list[Path]]:
+    """Return {(src, dst): k_shortest_paths(...)} for every ordered DC pair."""
+    graph = up_graph(topology)
+    return {
+        (s, d): k_shortest_paths(topology, s, d, k, graph)
+        for s in topology.dcs
+        for d in topology.dcs
+        if s != d
+    }

@@ -1,0 +1,109 @@
+"""The coflow-benchmark trace format (Facebook 2010 trace; DESIGN.md section 8).
+
+Line 1: ``<racks> <coflows>``. Then one coflow per line::
+
+    <id> <arrival ms> <#mappers> <mapper racks...> <#reducers> <rack:MB ...>
+
+A reducer's MB (1 MB = 1,048,576 bytes) is the total it receives, split equally
+over the coflow's mappers, with no flow smaller than 1 MB (the CoflowSim
+convention). Rack r maps to DC ``dcs[r % len(dcs)]`` unless a mapping is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from workloads.coflow import Coflow, Flow, WorkloadError
+
+MB = 1_048_576
+
+
+def load_fb_trace(
+    path: Path | str,
+    dcs: Sequence[str],
+    rack_to_dc: Callable[[int], str] | None = None,
+    limit: int | None = None,
+) -> list[Coflow]:
+    """Parse a coflow-benchmark trace into coflows over the given DCs.
+
+    Args:
+        path: the trace file.
+        dcs: DC names in topology order (used by the default ``r mod N`` mapping).
+        rack_to_dc: optional rack -> DC mapping replacing ``r mod N``.
+        limit: keep only the first `limit` coflows.
+
+    Returns:
+        Coflows in file order, ids as in the trace, arrival in seconds; flow ids
+        ``"m<i>r<j>"`` for mapper i -> reducer j.
+
+    Raises:
+        WorkloadError: naming the file and line, for a malformed header or
+            coflow line (wrong counts, non-numeric fields, bad rack, size <= 0),
+            or an empty trace.
+    """
+    path = Path(path)
+    if not dcs:
+        raise WorkloadError(f"{path}: no DCs to map racks onto")
+    mapping = rack_to_dc or (lambda r: dcs[r % len(dcs)])
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise WorkloadError(f"{path}: cannot read: {exc}") from exc
+    if not lines:
+        raise WorkloadError(f"{path}: empty trace")
+    racks, _count = _ints(lines[0].split(), 2, f"{path}:1: header '<racks> <coflows>'")
+    coflows: list[Coflow] = []
+    for lineno, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        if limit is not None and len(coflows) >= limit:
+            break
+        coflows.append(_parse_line(line, racks, mapping, f"{path}:{lineno}"))
+    if not coflows:
+        raise WorkloadError(f"{path}: the trace has no coflows")
+    return coflows
+
+
+def _parse_line(line: str, racks: int, mapping: Callable[[int], str], where: str) -> Coflow:
+    tok = line.split()
+    try:
+        cid, arrival_ms, n_map = tok[0], float(tok[1]), int(tok[2])
+        mappers = [int(t) for t in tok[3 : 3 + n_map]]
+        n_red = int(tok[3 + n_map])
+        reducers = [_reducer(t) for t in tok[4 + n_map :]]
+    except (IndexError, ValueError) as exc:
+        raise WorkloadError(f"{where}: malformed coflow line: {exc}") from exc
+    if n_map < 1 or len(mappers) != n_map:
+        raise WorkloadError(f"{where}: expected {n_map} mapper racks")
+    if n_red < 1 or len(reducers) != n_red:
+        raise WorkloadError(f"{where}: expected {n_red} reducers, found {len(reducers)}")
+    if arrival_ms < 0:
+        raise WorkloadError(f"{where}: negative arrival time {arrival_ms}")
+    flows = []
+    for j, (rrack, mb) in enumerate(reducers):
+        if not 0 < mb < float("inf"):
+            raise WorkloadError(f"{where}: reducer {j} size must be positive, got {mb}")
+        per_flow = max(MB, mb * MB / n_map)
+        for i, mrack in enumerate(mappers):
+            for rack in (mrack, rrack):
+                if not 0 <= rack < racks:
+                    raise WorkloadError(f"{where}: rack {rack} outside 0..{racks - 1}")
+            flows.append(Flow(f"m{i}r{j}", mapping(mrack), mapping(rrack), per_flow))
+    return Coflow(cid, arrival_ms / 1000.0, flows)
+
+
+def _reducer(token: str) -> tuple[int, float]:
+    rack, _, mb = token.partition(":")
+    if not mb:
+        raise ValueError(f"reducer {token!r} is not '<rack>:<MB>'")
+    return int(rack), float(mb)
+
+
+def _ints(tokens: list[str], n: int, where: str) -> list[int]:
+    try:
+        if len(tokens) != n:
+            raise ValueError(f"expected {n} fields")
+        return [int(t) for t in tokens]
+    except ValueError as exc:
+        raise WorkloadError(f"{where}: {exc}") from exc
