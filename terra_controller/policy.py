@@ -1,0 +1,96 @@
+"""The interface every scheduling policy offers (Terra and the five baselines).
+
+The simulator and the controller drive a policy the same way: they tell it
+about coflows and WAN changes, keep the truth about remaining bytes
+themselves, and ask for an allocation at every event (DESIGN.md section 4.3).
+
+Shapes:
+    Remaining = {coflow id: {flow id: remaining bytes}} — only unfinished WAN
+        flows (src DC != dst DC) of coflows that are active now.
+    Allocation = {coflow id: {flow id: [(path, bytes/s), ...]}} — a path is a
+        tuple of DC names from the flow's source DC to its destination DC;
+        flows missing from the allocation get rate 0.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from topologies import Path, Topology
+from workloads import Coflow, Flow
+
+Remaining = dict[str, dict[str, float]]
+Allocation = dict[str, dict[str, list[tuple[Path, float]]]]
+
+
+class Policy(Protocol):
+    """A scheduling policy: Terra or a baseline (DESIGN.md section 4.4).
+
+    Attributes:
+        name: short name ("terra", "per-flow", "multipath", "swan-mcf", "varys", "rapier").
+        topology: the shared, mutable WAN view (the caller mutates it, then calls wan_changed).
+    """
+
+    name: str
+    topology: Topology
+
+    def add_coflow(self, coflow: Coflow, now: float) -> bool:
+        """Register a coflow arriving at `now` (seconds).
+
+        Returns:
+            False when the coflow has a deadline that cannot be met and is
+            rejected (it must then not appear in later Remaining maps); True otherwise.
+
+        Raises:
+            ValueError: duplicate coflow id, or a flow between DCs with no path.
+        """
+        ...
+
+    def add_flows(self, coflow_id: str, flows: list[Flow], now: float) -> None:
+        """Add flows to an active coflow (updateCoflow).
+
+        Raises:
+            KeyError: unknown coflow id.  ValueError: duplicate flow id.
+        """
+        ...
+
+    def remove_coflow(self, coflow_id: str, now: float) -> None:
+        """Forget a coflow that finished (or was cancelled). Unknown ids are ignored."""
+        ...
+
+    def wan_changed(self, now: float) -> bool:
+        """The topology was mutated (link down/up, capacity change).
+
+        Returns:
+            True when the change warrants a new allocation (any link state
+            change, or a capacity change larger than the relative threshold δ).
+        """
+        ...
+
+    def allocate(self, now: float, remaining: Remaining) -> Allocation:
+        """Return the rates every active flow gets from `now` until the next event."""
+        ...
+
+
+def split_by_remaining(
+    path_rates: list[tuple[Path, float]], flows: dict[str, float]
+) -> dict[str, list[tuple[Path, float]]]:
+    """Split a FlowGroup's per-path rates among its flows in proportion to remaining bytes.
+
+    With this split every flow of the FlowGroup finishes at the same moment
+    (DESIGN.md section 4.1; the controller splits among agent pairs the same way).
+
+    Args:
+        path_rates: [(path, bytes/s)] of the FlowGroup.
+        flows: {flow id: remaining bytes (> 0)}.
+
+    Returns:
+        {flow id: [(path, bytes/s)]}; empty when `flows` carry no bytes.
+    """
+    total = sum(flows.values())
+    if total <= 0:
+        return {}
+    return {
+        fid: [(path, rate * left / total) for path, rate in path_rates if rate > 0]
+        for fid, left in flows.items()
+    }
