@@ -54,7 +54,7 @@ def load_topology(spec: str, link_gbps: float | None = None) -> Topology:
     else:
         raise TopologyError(f"{path}: unknown topology format (expected .json or .graphml)")
     if link_gbps is not None:
-        topo = topo.scaled(_gbps(link_gbps, f"{path}: link_gbps"))
+        topo = topo.scaled(_gbps(link_gbps, f"{path}: link_gbps") * GBPS_TO_BYTES_PER_S)
     return topo
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from workloads.coflow import Coflow, Flow, WorkloadError, check_size
-from workloads.fb_trace import load_fb_trace
+from workloads.fb_trace import MB_BYTES, load_fb_trace
 from workloads.json_workload import load_json_workload, parse_coflow, parse_flow
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ def load_workload(spec: str, topology: Topology, limit: int | None = None) -> li
 
 
 __all__ = [
+    "MB_BYTES",
     "Coflow",
     "Flow",
     "WorkloadError",

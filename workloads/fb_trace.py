@@ -16,7 +16,7 @@ from pathlib import Path
 
 from workloads.coflow import Coflow, Flow, WorkloadError
 
-MB = 1_048_576
+MB_BYTES = 1_048_576
 
 
 def load_fb_trace(
@@ -84,7 +84,7 @@ def _parse_line(line: str, racks: int, mapping: Callable[[int], str], where: str
     for j, (rrack, mb) in enumerate(reducers):
         if not 0 < mb < float("inf"):
             raise WorkloadError(f"{where}: reducer {j} size must be positive, got {mb}")
-        per_flow = max(MB, mb * MB / n_map)
+        per_flow = max(MB_BYTES, mb * MB_BYTES / n_map)
         for i, mrack in enumerate(mappers):
             for rack in (mrack, rrack):
                 if not 0 <= rack < racks:

@@ -1,0 +1,145 @@
+"""Topologies: built-ins, JSON and GraphML loaders, K shortest paths, bad input."""
+
+import json
+
+import pytest
+
+from topologies import (
+    GBPS_TO_BYTES_PER_S,
+    TopologyError,
+    all_pairs_paths,
+    k_shortest_paths,
+    load_topology,
+    path_links,
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "dcs", "undirected_links"), [("swan", 5, 7), ("gscale", 12, 19), ("att", 25, 56)]
+)
+def test_builtin_sizes(name, dcs, undirected_links):
+    topo = load_topology(name)
+    assert len(topo.dcs) == dcs
+    # every undirected link is two directed links
+    assert len(topo.links) == 2 * undirected_links
+
+
+def test_swan_dc_order_and_capacity():
+    topo = load_topology("swan", link_gbps=10)
+    assert topo.dcs == ["HK", "LA", "NY", "FL", "BA"]
+    # 10 Gbps = 10e9 bit/s / 8 = 1.25e9 bytes/s
+    assert topo.capacity[("HK", "LA")] == pytest.approx(1.25e9)
+    assert topo.capacity[("LA", "HK")] == pytest.approx(1.25e9)
+
+
+def test_swan_has_4_to_7_paths_per_pair():
+    topo = load_topology("swan")
+    for (src, dst), paths in all_pairs_paths(topo, 100).items():
+        assert 4 <= len(paths) <= 7, (src, dst, paths)
+
+
+def test_paths_ordered_by_hops_then_name():
+    topo = load_topology("swan")
+    paths = k_shortest_paths(topo, "HK", "BA", 3)
+    # HK-NY-BA is the only 2-hop path; among the 3-hop ones LA-FL sorts before LA-NY
+    assert paths == [("HK", "NY", "BA"), ("HK", "LA", "FL", "BA"), ("HK", "LA", "NY", "BA")]
+
+
+def test_paths_avoid_down_links():
+    topo = load_topology("swan")
+    topo.set_link_state("LA", "NY", up=False)
+    for paths in all_pairs_paths(topo, 10).values():
+        for path in paths:
+            assert ("LA", "NY") not in path_links(path)
+            assert ("NY", "LA") not in path_links(path)
+    topo.set_link_state("LA", "NY", up=True)
+    assert ("HK", "LA", "NY") in k_shortest_paths(topo, "HK", "NY", 10)
+
+
+def test_no_path_when_cut_off():
+    topo = load_topology("swan")
+    topo.set_link_state("HK", "LA", up=False)
+    topo.set_link_state("HK", "NY", up=False)
+    assert k_shortest_paths(topo, "HK", "BA", 4) == []
+
+
+def test_json_loader_per_link_capacity_and_default(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(
+        json.dumps(
+            {
+                "name": "tri",
+                "default_capacity_gbps": 2,
+                "links": [{"a": "A", "b": "B"}, {"a": "B", "b": "C", "capacity_gbps": 0.5}],
+            }
+        )
+    )
+    topo = load_topology(str(path))
+    assert topo.name == "tri" and topo.dcs == ["A", "B", "C"]
+    assert topo.capacity[("A", "B")] == 2 * GBPS_TO_BYTES_PER_S
+    assert topo.capacity[("C", "B")] == 0.5 * GBPS_TO_BYTES_PER_S
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"links": []}, "'links' must be a non-empty list"),
+        ({"links": [{"a": "A", "b": "A"}]}, "links[0]: a link must join two different DCs"),
+        ({"links": [{"a": "A", "b": "B", "capacity_gbps": 0}]}, "links[0].capacity_gbps"),
+        ({"links": [{"a": "A", "b": "B", "capacity_gbps": "x"}]}, "must be a number"),
+        ({"links": [{"a": "A", "b": "B"}, {"a": "A", "b": "B"}]}, "links[1]: duplicate link"),
+        ({"dcs": ["A"], "links": [{"a": "A", "b": "Z"}]}, "unknown DC 'Z'"),
+    ],
+)
+def test_json_loader_errors_name_file_and_field(tmp_path, doc, message):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(TopologyError) as err:
+        load_topology(str(path))
+    assert str(path) in str(err.value) and message in str(err.value)
+
+
+def test_json_syntax_error_names_line(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{"links": [\n  {"a": "A", "b": }\n]}')
+    with pytest.raises(TopologyError, match="line 2"):
+        load_topology(str(path))
+
+
+def test_graphml_merges_parallel_edges(tmp_path):
+    path = tmp_path / "z.graphml"
+    path.write_text(
+        """<?xml version="1.0" encoding="UTF-8"?>
+<graphml xmlns="http://graphml.graphdrawing.org/xmlns">
+  <key attr.name="label" attr.type="string" for="node" id="d0"/>
+  <graph edgedefault="undirected">
+    <node id="0"><data key="d0">X</data></node>
+    <node id="1"><data key="d0">Y</data></node>
+    <node id="2"/>
+    <edge source="0" target="1"/><edge source="1" target="0"/><edge source="1" target="2"/>
+  </graph>
+</graphml>"""
+    )
+    topo = load_topology(str(path))
+    # node 2 has no label: its id is the DC name; X-Y twice is one undirected link
+    assert topo.dcs == ["X", "Y", "2"]
+    assert len(topo.links) == 4
+
+
+def test_unknown_topology_and_format(tmp_path):
+    with pytest.raises(TopologyError, match="no such topology"):
+        load_topology("nowhere")
+    other = tmp_path / "t.txt"
+    other.write_text("x")
+    with pytest.raises(TopologyError, match="unknown topology format"):
+        load_topology(str(other))
+
+
+def test_capacity_and_link_errors():
+    topo = load_topology("swan")
+    with pytest.raises(TopologyError, match="positive"):
+        topo.set_capacity("HK", "LA", -1)
+    with pytest.raises(TopologyError, match="no link HK-BA"):
+        topo.set_link_state("HK", "BA", up=False)
+    with pytest.raises(TopologyError, match="unknown DC 'XX'"):
+        k_shortest_paths(topo, "HK", "XX", 2)

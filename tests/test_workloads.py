@@ -1,0 +1,139 @@
+"""Workloads: the coflow-benchmark trace and the JSON format, with their errors."""
+
+import json
+
+import pytest
+
+from topologies import load_topology
+from workloads import MB_BYTES, WorkloadError, load_fb_trace, load_workload
+
+SWAN = load_topology("swan")
+
+
+def write(tmp_path, text, name="trace.txt"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_packaged_fb_trace_totals():
+    coflows = load_workload("fb", SWAN)
+    assert len(coflows) == 526
+    total_mb = sum(f.bytes for c in coflows for f in c.flows) / MB_BYTES
+    # DESIGN.md section 8: 35.5 million MB in all
+    assert total_mb == pytest.approx(35.5e6, rel=0.01)
+
+
+def test_trace_semantics_split_and_rack_mapping(tmp_path):
+    # coflow 7 at 1500 ms: mappers on racks 0 and 6, one reducer on rack 2 receiving 10 MB.
+    # 10 MB over 2 mappers = 5 MB per flow; racks map r mod 5: 0->HK, 6->LA, 2->NY.
+    path = write(tmp_path, "10 1\n7 1500 2 0 6 1 2:10\n")
+    [coflow] = load_fb_trace(path, SWAN.dcs)
+    assert coflow.id == "7" and coflow.arrival_s == 1.5
+    assert [(f.src, f.dst, f.bytes) for f in coflow.flows] == [
+        ("HK", "NY", 5 * MB_BYTES),
+        ("LA", "NY", 5 * MB_BYTES),
+    ]
+
+
+def test_trace_minimum_flow_is_one_mb(tmp_path):
+    # 1 MB over 4 mappers would be 0.25 MB per flow; CoflowSim makes no flow smaller than 1 MB
+    path = write(tmp_path, "10 1\n1 0 4 0 1 2 3 1 4:1\n")
+    [coflow] = load_fb_trace(path, SWAN.dcs)
+    assert {f.bytes for f in coflow.flows} == {MB_BYTES}
+
+
+def test_intra_dc_flows_kept_but_not_wan(tmp_path):
+    # racks 0 and 5 are both HK (r mod 5)
+    path = write(tmp_path, "10 1\n1 0 1 0 1 5:2\n")
+    [coflow] = load_fb_trace(path, SWAN.dcs)
+    assert coflow.flows[0].intra_dc and coflow.wan_bytes == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("10 1\n1 0 2 0 1 2:3\n", "trace.txt:2"),  # 2 mappers announced, 1 given
+        ("10 1\n1 0 1 0 1 2:x\n", "trace.txt:2"),  # non-numeric size
+        ("10 1\n1 0 1 0 1 2:-4\n", "trace.txt:2"),  # negative size
+        ("10 1\n1 0 1 0 1 2:0\n", "trace.txt:2"),  # zero size
+        ("10 1\n1 0 1 99 1 2:3\n", "trace.txt:2"),  # rack outside 0..9
+        ("10 1\n1 0 1 0 1 2:3\nbroken\n", "trace.txt:3"),
+        ("ten 1\n", "trace.txt:1"),
+        ("10 1\n", "no coflows"),
+        ("", "empty trace"),
+    ],
+)
+def test_malformed_trace_names_file_and_line(tmp_path, text, where):
+    path = write(tmp_path, text)
+    with pytest.raises(WorkloadError, match=where):
+        load_fb_trace(path, SWAN.dcs)
+
+
+def json_workload(tmp_path, coflows):
+    return write(tmp_path, json.dumps({"coflows": coflows}), "w.json")
+
+
+def test_json_workload_roundtrip(tmp_path):
+    path = json_workload(
+        tmp_path,
+        [
+            {
+                "id": "b",
+                "arrival_s": 2,
+                "flows": [{"id": "f", "src": "HK", "dst": "BA", "bytes": 5}],
+            },
+            {
+                "id": "a",
+                "arrival_s": 1,
+                "deadline_s": 3,
+                "flows": [
+                    {"id": "f1", "src": "HK", "dst": "LA", "bytes": 2e9},
+                    {"id": "f2", "src": "HK", "dst": "LA", "bytes": 1e9},
+                ],
+            },
+        ],
+    )
+    coflows = load_workload(str(path), SWAN)
+    assert [c.id for c in coflows] == ["a", "b"]  # sorted by arrival
+    assert coflows[0].deadline_s == 3.0
+    assert coflows[0].flowgroups() == {("HK", "LA"): 3e9}
+
+
+@pytest.mark.parametrize(
+    ("coflows", "field"),
+    [
+        ([], "no coflows"),
+        ([{"id": "a", "flows": []}], r"coflows\[0\].flows"),
+        ([{"id": "a", "flows": [{"id": "f", "src": "HK", "dst": "XX", "bytes": 1}]}], "dst"),
+        ([{"id": "a", "flows": [{"id": "f", "src": "HK", "dst": "LA", "bytes": -1}]}], "bytes"),
+        ([{"id": "a", "flows": [{"id": "f", "src": "HK", "dst": "LA", "bytes": "1"}]}], "bytes"),
+        ([{"id": "a", "arrival_s": -1, "flows": []}], "arrival_s"),
+        (
+            [
+                {
+                    "id": "a",
+                    "deadline_s": 0,
+                    "flows": [{"id": "f", "src": "HK", "dst": "LA", "bytes": 1}],
+                }
+            ],
+            "deadline_s",
+        ),
+        (
+            [
+                {
+                    "id": "a",
+                    "flows": [
+                        {"id": "f", "src": "HK", "dst": "LA", "bytes": 1},
+                        {"id": "f", "src": "HK", "dst": "NY", "bytes": 1},
+                    ],
+                }
+            ],
+            "duplicate flow ids",
+        ),
+    ],
+)
+def test_json_workload_errors_name_field(tmp_path, coflows, field):
+    path = json_workload(tmp_path, coflows)
+    with pytest.raises(WorkloadError, match=field):
+        load_workload(str(path), SWAN)
