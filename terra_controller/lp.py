@@ -1,0 +1,86 @@
+"""Thin helpers around highspy's low-level API shared by the scheduling LPs.
+
+The LPs of the scheduling core are small (tens to a few thousand columns) and
+solved thousands of times per simulated hour, so they are passed to HiGHS as
+column-wise (CSC) numpy arrays in one call, with output, presolve and
+threading off (DESIGN.md section 4; issue 2 item 4).
+"""
+
+from __future__ import annotations
+
+import highspy
+import numpy as np
+
+INF = highspy.kHighsInf
+
+
+def new_highs(primal: bool = False) -> highspy.Highs:
+    """Return a silent, single-threaded HiGHS instance set up for small LPs.
+
+    Args:
+        primal: use the primal simplex; right for a sequence of re-solves where
+            each change keeps the previous basis primal feasible (progressive
+            filling in mcf.py: ~10x fewer iterations than the dual simplex).
+    """
+    h = highspy.Highs()
+    h.silent()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("presolve", "off")
+    h.setOptionValue("threads", 1)
+    h.setOptionValue("solver", "simplex")
+    if primal:
+        h.setOptionValue("simplex_strategy", 4)
+    return h
+
+
+def pass_lp(
+    h: highspy.Highs,
+    maximize: bool,
+    cost: np.ndarray,
+    col_lower: np.ndarray,
+    col_upper: np.ndarray,
+    row_lower: np.ndarray,
+    row_upper: np.ndarray,
+    start: np.ndarray,
+    index: np.ndarray,
+    value: np.ndarray,
+) -> None:
+    """Load an LP given column-wise into `h`, replacing any previous model.
+
+    Args:
+        h: a Highs instance (see `new_highs`).
+        maximize: True to maximize cost @ x, False to minimize.
+        cost, col_lower, col_upper: float64 arrays, one entry per column.
+        row_lower, row_upper: float64 arrays, one entry per row (use INF / -INF).
+        start: int32 array of len(columns) + 1 (CSC column starts, last = nnz).
+        index, value: int32 row indices and float64 coefficients (CSC).
+
+    Raises:
+        RuntimeError: HiGHS refuses the model (malformed arrays).
+    """
+    sense = highspy.ObjSense.kMaximize if maximize else highspy.ObjSense.kMinimize
+    status = h.passModel(
+        len(cost),
+        len(row_lower),
+        len(value),
+        int(highspy.MatrixFormat.kColwise),
+        int(sense),
+        0.0,
+        np.ascontiguousarray(cost, dtype=np.float64),
+        np.ascontiguousarray(col_lower, dtype=np.float64),
+        np.ascontiguousarray(col_upper, dtype=np.float64),
+        np.ascontiguousarray(row_lower, dtype=np.float64),
+        np.ascontiguousarray(row_upper, dtype=np.float64),
+        np.ascontiguousarray(start, dtype=np.int32),
+        np.ascontiguousarray(index, dtype=np.int32),
+        np.ascontiguousarray(value, dtype=np.float64),
+        np.zeros(len(cost), dtype=np.int32),  # every column continuous
+    )
+    if status == highspy.HighsStatus.kError:
+        raise RuntimeError("HiGHS rejected the LP (malformed model arrays)")
+
+
+def solve(h: highspy.Highs) -> bool:
+    """Run HiGHS on the loaded model; return True when an optimal solution was found."""
+    h.run()
+    return h.getModelStatus() == highspy.HighsModelStatus.kOptimal
