@@ -49,6 +49,7 @@ def maxmin_mcf(
     capacity: dict[Link, float],
     priority: dict[Hashable, int] | None = None,
     max_rounds: int = 64,
+    weights: dict[Hashable, float] | None = None,
 ) -> Rates:
     """Max-min fair rates for commodities that may each split over several paths.
 
@@ -61,6 +62,10 @@ def maxmin_mcf(
         priority: optional {key: class}; lower classes are served first
             (default: every commodity in class 0).
         max_rounds: bound on the progressive-filling LPs per class (>= 1).
+        weights: optional {key: weight > 0} for weighted max-min (commodity k is
+            raised as weight_k · t; default 1). A commodity standing for n
+            identical ones (same paths, no cap) with weight n gets what the n
+            would get together.
 
     Returns:
         {key: [(path, bytes/s), ...]} for every key of `demands`, listing only
@@ -69,7 +74,7 @@ def maxmin_mcf(
 
     Raises:
         ValueError: a negative or non-numeric capacity or cap, a path with
-            fewer than two DCs, or max_rounds < 1.
+            fewer than two DCs, a non-positive weight, or max_rounds < 1.
     """
     if max_rounds < 1:
         raise ValueError(f"max_rounds must be >= 1, got {max_rounds!r}")
@@ -77,7 +82,7 @@ def maxmin_mcf(
         if not isinstance(cap, int | float) or not cap >= 0:
             raise ValueError(f"link {link}: capacity must be a number >= 0, got {cap!r}")
     result: Rates = {key: [] for key in demands}
-    lp = _McfLp(demands, capacity)
+    lp = _McfLp(demands, capacity, weights or {})
     if not lp.cols:
         return result
     classes = sorted({(priority or {}).get(k, 0) for k in lp.keys})
@@ -100,9 +105,15 @@ class _McfLp:
     Not yet in play (a later priority class): z_k ∈ [0, 0], B_k free.
     """
 
-    def __init__(self, demands: dict[Hashable, Demand], capacity: dict[Link, float]) -> None:
+    def __init__(
+        self,
+        demands: dict[Hashable, Demand],
+        capacity: dict[Link, float],
+        weights: dict[Hashable, float],
+    ) -> None:
         self.keys: list[Hashable] = []
         self.caps: list[float] = []
+        self.weights: list[float] = []
         self.cols: list[tuple[int, Path]] = []
         self.link_rows: dict[Link, int] = {}
         col_rows: list[list[int]] = []
@@ -114,6 +125,7 @@ class _McfLp:
             idx = len(self.keys)
             self.keys.append(key)
             self.caps.append(cap)
+            self.weights.append(_check_weight(key, weights.get(key, 1.0)))
             for path in dict.fromkeys(usable):
                 links = path_links(path)
                 rows = [self.link_rows.setdefault(link, len(self.link_rows)) for link in links]
@@ -136,8 +148,8 @@ class _McfLp:
             index.extend([self.a_row + i, self.b_row + i])
             value.extend([-1.0, 1.0])
             starts.append(len(index))
-        index.extend(range(self.b_row, self.b_row + m))  # t: −1 in every B_k
-        value.extend([-1.0] * m)
+        index.extend(range(self.b_row, self.b_row + m))  # t: −w_k in every B_k
+        value.extend(-w for w in self.weights)
         starts.append(len(index))
         n_rows, n_cols = n_links + 2 * m, nx + m + 1
         row_lower = np.full(n_rows, -INF)
@@ -181,7 +193,7 @@ class _McfLp:
             level = sol.col_value[self.t_col]
             duals = sol.row_dual
             done = {i for i in active if abs(duals[self.b_row + i]) > _DUAL_TOL} or set(active)
-            self._freeze(done, [level] * len(self.keys))
+            self._freeze(done, [level * w for w in self.weights])
             active -= done
         if active:
             self._finish(active)
@@ -200,7 +212,11 @@ class _McfLp:
         level = h.getSolution().col_value[self.t_col]
         h.changeColCost(self.t_col, 0.0)
         for i in active:
-            h.changeColBounds(self.z_col + i, level, self.caps[i] / self.scale)
+            h.changeColBounds(
+                self.z_col + i,
+                min(level * self.weights[i], self.caps[i] / self.scale),
+                self.caps[i] / self.scale,
+            )
             h.changeRowBounds(self.b_row + i, -INF, INF)
             h.changeColCost(self.z_col + i, 1.0)
         solve(h)
@@ -238,6 +254,14 @@ def _check_cap(key: Hashable, cap: object) -> float:
     if isinstance(cap, bool) or not isinstance(cap, int | float) or not cap >= 0:
         raise ValueError(f"commodity {key!r}: demand cap must be a number >= 0, got {cap!r}")
     return float(cap)
+
+
+def _check_weight(key: Hashable, weight: object) -> float:
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
+        raise ValueError(f"commodity {key!r}: weight must be a number > 0, got {weight!r}")
+    if weight == float("inf"):
+        raise ValueError(f"commodity {key!r}: weight must be finite")
+    return float(weight)
 
 
 def _usable(key: Hashable, path: Path, capacity: dict[Link, float]) -> bool:

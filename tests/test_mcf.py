@@ -110,3 +110,13 @@ def test_all_pairs_on_swan_stay_within_capacity_and_are_fair():
 def test_bad_input_is_a_clear_value_error(demands, capacity, match):
     with pytest.raises(ValueError, match=match):
         maxmin_mcf(demands, capacity)
+
+
+def test_weights_split_a_link_in_proportion():
+    # Link of 12: weight 2 vs weight 1 -> 8 and 4 (raised together as 2t and t, t = 4).
+    link = {("A", "B"): 12.0}
+    demands = {"two": ([("A", "B")], None), "one": ([("A", "B")], None)}
+    rates = maxmin_mcf(demands, link, weights={"two": 2.0, "one": 1.0})
+    assert totals(rates) == pytest.approx({"two": 8.0, "one": 4.0})
+    with pytest.raises(ValueError, match="weight"):
+        maxmin_mcf(demands, link, weights={"two": 0.0})

@@ -1,0 +1,212 @@
+"""Optimization (1): the minimum CCT Γ of one coflow over K paths (DESIGN.md section 4.1).
+
+    maximize    λ
+    subject to  Σ_{p ∈ P_k} x_{k,p} = λ · d_k          for every FlowGroup k
+                Σ_{(k,p) : e ∈ p} x_{k,p} ≤ r_e         for every link e
+                x_{k,p} ≥ 0
+
+Γ = 1/λ* (seconds; infinite when λ* = 0). The minimal allocation gives
+FlowGroup k exactly d_k/Γ bytes/s split over its paths (the path form of
+Optimization (1) in You & Chowdhury, "Terra", arXiv 1904.08480, section 3).
+
+The LP is passed to HiGHS as numpy CSC arrays in one call, with capacities
+scaled by the largest one and volumes by the largest volume so every
+coefficient is O(1). Two exact shortcuts skip the LP:
+  * every FlowGroup has exactly one usable path: λ* = min_e r_e / Σ_{k: e ∈ p_k} d_k;
+  * a single FlowGroup whose usable paths are link-disjoint: λ* = Σ_p min_{e ∈ p} r_e / d.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from terra_controller.lp import INF, new_highs, pass_lp, solve
+from topologies import Link, Path, path_links
+
+Pair = tuple[str, str]
+PairRates = dict[Pair, list[tuple[Path, float]]]
+
+_MIN_CAPACITY = 1e-9  # bytes/s: links with less residual capacity count as full
+_local = threading.local()
+
+
+@dataclass(frozen=True)
+class MinCct:
+    """Result of Optimization (1).
+
+    Attributes:
+        gamma_s: Γ, the minimum CCT in seconds (math.inf when some FlowGroup
+            cannot get any rate, i.e. λ* = 0).
+        rates: {(src, dst): [(path, bytes/s), ...]}: the minimal allocation
+            (FlowGroup k gets d_k/Γ in total); empty when gamma_s is inf.
+        lp_solved: True when an LP was solved, False when a shortcut was exact.
+    """
+
+    gamma_s: float
+    rates: PairRates = field(default_factory=dict)
+    lp_solved: bool = False
+
+
+def min_cct(
+    volumes: dict[Pair, float],
+    paths: dict[Pair, list[Path]],
+    capacity: dict[Link, float],
+    use_shortcuts: bool = True,
+) -> MinCct:
+    """Solve Optimization (1) for one coflow.
+
+    Args:
+        volumes: {(src DC, dst DC): remaining bytes (> 0)} per FlowGroup; pairs
+            with src == dst or volume <= 0 are ignored.
+        paths: {(src, dst): [path, ...]}: candidate paths per DC pair (tuples of
+            DC names from src to dst).
+        capacity: {(u, v): bytes/s} available on each directed link; links
+            missing from it or below 1e-9 bytes/s carry nothing.
+        use_shortcuts: allow the exact closed forms (False forces the LP; tests).
+
+    Returns:
+        MinCct with Γ in seconds and the per-path rates in bytes/s. Γ is 0 with
+        empty rates when there is no WAN volume at all.
+
+    Raises:
+        ValueError: a FlowGroup's pair is missing from `paths`, or a volume is
+            not a finite number.
+    """
+    groups: list[tuple[Pair, float, list[Path]]] = []
+    for pair, volume in volumes.items():
+        if not isinstance(volume, int | float) or math.isnan(volume) or math.isinf(volume):
+            raise ValueError(f"FlowGroup {pair}: volume must be a finite number, got {volume!r}")
+        if volume <= 0 or pair[0] == pair[1]:
+            continue
+        if pair not in paths:
+            raise ValueError(f"FlowGroup {pair[0]}->{pair[1]}: no path set for this DC pair")
+        usable = [p for p in dict.fromkeys(paths[pair]) if _usable(p, capacity)]
+        if not usable:
+            return MinCct(math.inf)
+        groups.append((pair, float(volume), usable))
+    if not groups:
+        return MinCct(0.0)
+    if use_shortcuts:
+        if all(len(g[2]) == 1 for g in groups):
+            return _single_paths(groups, capacity)
+        if len(groups) == 1 and _link_disjoint(groups[0][2]):
+            return _disjoint_paths(groups[0], capacity)
+    return _solve_lp(groups, capacity)
+
+
+@lru_cache(maxsize=65536)
+def links_of(path: Path) -> tuple[Link, ...]:
+    """Return the directed links of `path` (cached `topologies.path_links`)."""
+    return tuple(path_links(path))
+
+
+def _usable(path: Path, capacity: dict[Link, float]) -> bool:
+    get = capacity.get
+    return all(get(link, 0.0) > _MIN_CAPACITY for link in links_of(path))
+
+
+def _single_paths(groups: list[tuple[Pair, float, list[Path]]], capacity) -> MinCct:
+    """Every FlowGroup has one path: x_k = λ d_k, so λ* = min_e r_e / Σ_{k: e ∈ p_k} d_k."""
+    load: dict[Link, float] = {}
+    for _, volume, (path,) in groups:
+        for link in links_of(path):
+            load[link] = load.get(link, 0.0) + volume
+    lam = min(capacity[link] / vol for link, vol in load.items())
+    return MinCct(1.0 / lam, {pair: [(p[0], volume * lam)] for pair, volume, p in groups})
+
+
+def _link_disjoint(paths: list[Path]) -> bool:
+    seen: set[Link] = set()
+    for path in paths:
+        for link in links_of(path):
+            if link in seen:
+                return False
+            seen.add(link)
+    return True
+
+
+def _disjoint_paths(group: tuple[Pair, float, list[Path]], capacity) -> MinCct:
+    """One FlowGroup over link-disjoint paths: each path carries its bottleneck capacity."""
+    pair, volume, paths = group
+    rates = [(p, min(capacity[link] for link in links_of(p))) for p in paths]
+    return MinCct(volume / sum(r for _, r in rates), {pair: rates})
+
+
+def _highs():
+    h = getattr(_local, "highs", None)
+    if h is None:
+        h = _local.highs = new_highs()
+    return h
+
+
+def _solve_lp(groups: list[tuple[Pair, float, list[Path]]], capacity) -> MinCct:
+    """Build and solve the scaled LP: columns x'_{k,p} then λ'; rows links then FlowGroups.
+
+    Scaling: x = C·x', λ = λ'·C/D with C = max capacity used, D = max volume, so
+    the FlowGroup rows read Σ_p x'_{k,p} − λ'·d_k/D = 0 and the link rows r_e/C.
+    """
+    link_row: dict[Link, int] = {}
+    starts, index = [0], []
+    cols: list[tuple[int, Path]] = []
+    n_groups = len(groups)
+    for k, (_, _, paths) in enumerate(groups):
+        for path in paths:
+            for link in links_of(path):
+                index.append(link_row.setdefault(link, len(link_row)))
+            index.append(k)  # placeholder: FlowGroup row, offset by the link count below
+            starts.append(len(index))
+            cols.append((k, path))
+    n_links = len(link_row)
+    index_arr = np.asarray(index, dtype=np.int32)
+    starts_arr = np.asarray(starts, dtype=np.int32)
+    group_pos = starts_arr[1:] - 1  # the last entry of every x column is its FlowGroup row
+    index_arr[group_pos] += n_links
+    value = np.ones(len(index) + n_groups)
+    big_d = max(g[1] for g in groups)
+    value[len(index) :] = [-volume / big_d for _, volume, _ in groups]
+    index_arr = np.concatenate([index_arr, np.arange(n_links, n_links + n_groups, dtype=np.int32)])
+    starts_arr = np.append(starts_arr, len(index_arr)).astype(np.int32)
+    caps = np.empty(n_links)
+    for link, row in link_row.items():
+        caps[row] = capacity[link]
+    big_c = caps.max()
+    n_cols = len(cols) + 1
+    row_lower = np.concatenate([np.full(n_links, -INF), np.zeros(n_groups)])
+    row_upper = np.concatenate([caps / big_c, np.zeros(n_groups)])
+    cost = np.zeros(n_cols)
+    cost[-1] = 1.0
+    h = _highs()
+    pass_lp(
+        h,
+        True,
+        cost,
+        np.zeros(n_cols),
+        np.full(n_cols, INF),
+        row_lower,
+        row_upper,
+        starts_arr,
+        index_arr,
+        value,
+    )
+    if not solve(h):
+        status = h.modelStatusToString(h.getModelStatus())
+        raise RuntimeError(f"HiGHS failed on Optimization (1): {status}")
+    x = np.asarray(h.getSolution().col_value)
+    lam = x[-1] * big_c / big_d
+    if lam <= 0:
+        return MinCct(math.inf, lp_solved=True)
+    rates: PairRates = {}
+    totals = np.zeros(n_groups)
+    for (k, _), v in zip(cols, x[:-1], strict=True):
+        totals[k] += max(v, 0.0)
+    for (k, path), v in zip(cols, x[:-1], strict=True):
+        if v > 0:
+            pair, volume, _ = groups[k]
+            # renormalize so FlowGroup k gets exactly d_k·λ (removes solver round-off)
+            rates.setdefault(pair, []).append((path, volume * lam * v / totals[k]))
+    return MinCct(1.0 / lam, rates, lp_solved=True)
