@@ -1,0 +1,377 @@
+"""The five baselines of DESIGN.md section 4.4 as Policy classes (policy.py).
+
+| class            | routing                                  | rates                              |
+|------------------|------------------------------------------|------------------------------------|
+| PerFlowPolicy    | one shortest path per flow               | max-min fair per flow (ideal TCP)  |
+| MultipathPolicy  | every flow over all its K paths          | max-min fair per subflow (MPTCP)   |
+| SwanMcfPolicy    | K paths per DC pair                      | max-min fair MCF over DC-pair demand |
+| VarysPolicy      | one shortest path per flow               | SEBF order, MADD, max-min backfill |
+| RapierPolicy     | per flow one of K paths, min coflow CCT  | order by that CCT, MADD, backfill  |
+
+All are work-conserving: per-flow, multipath and swan-mcf by max-min fairness
+itself; varys and rapier hand whatever MADD leaves to a max-min fair backfill
+over all active flows, as in their papers. None of them does deadline
+admission: every coflow is accepted (deadlines are only measured).
+
+Flows may be FlowBundles (flow_bundles.py); every per-flow fairness below is
+weighted by the bundle's member count, which gives the rates the separate
+flows would get. Paths are the K shortest over links that are up
+(topologies.all_pairs_paths), recomputed on every WAN change: per-flow,
+multipath and varys then follow the new shortest paths (as IP routing would);
+a flow with no path up gets rate 0 until one comes back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from terra_controller.flow_bundles import flow_count
+from terra_controller.maxmin import link_index, maxmin_levels, path_incidence
+from terra_controller.mcf import maxmin_mcf
+from terra_controller.policy import Allocation, Remaining
+from topologies import Link, Path, Topology, all_pairs_paths, path_links
+from workloads import Coflow, Flow
+
+Route = list[tuple[Path, int]]  # [(path, members of the flow on that path)]
+
+
+class BaselinePolicy:
+    """Common bookkeeping of the baselines: coflows, flows, K paths, routes.
+
+    Args:
+        topology: the shared WAN view (mutated by the caller, who then calls wan_changed).
+        k: paths per DC pair (>= 1).
+
+    Raises:
+        ValueError: k < 1.
+    """
+
+    name = "baseline"
+
+    def __init__(self, topology: Topology, k: int = 4) -> None:
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        self.topology = topology
+        self.k = k
+        self.flows: dict[str, dict[str, Flow]] = {}
+        self.routes: dict[str, dict[str, Route]] = {}
+        self._paths = all_pairs_paths(topology, k)
+        self._rows = link_index(topology.links)
+        self._reachable = {pair for pair, ps in all_pairs_paths(_all_up(topology), 1).items() if ps}
+
+    # ---- Policy interface ------------------------------------------------------------------
+
+    def add_coflow(self, coflow: Coflow, now: float) -> bool:
+        """Register a coflow; baselines accept every coflow (returns True).
+
+        Raises:
+            ValueError: duplicate coflow id, duplicate flow ids, or a flow between
+                DCs that no path joins even with every link up.
+        """
+        if coflow.id in self.flows:
+            raise ValueError(f"duplicate coflow id {coflow.id!r}")
+        self.flows[coflow.id] = {}
+        self.routes[coflow.id] = {}
+        try:
+            self.add_flows(coflow.id, coflow.flows, now)
+        except ValueError:
+            self.remove_coflow(coflow.id, now)
+            raise
+        return True
+
+    def add_flows(self, coflow_id: str, flows: list[Flow], now: float) -> None:
+        """Add WAN flows to an active coflow and route them.
+
+        Raises:
+            KeyError: unknown coflow.  ValueError: duplicate flow id, or no path.
+        """
+        known = self.flows[coflow_id]
+        for f in flows:
+            if f.id in known:
+                raise ValueError(f"coflow {coflow_id!r}: duplicate flow id {f.id!r}")
+            if not f.intra_dc and (f.src, f.dst) not in self._reachable:
+                raise ValueError(f"coflow {coflow_id!r} flow {f.id!r}: no path {f.src}->{f.dst}")
+        new = {f.id: f for f in flows if not f.intra_dc}
+        known.update(new)
+        self.routes[coflow_id].update(self._route(coflow_id, list(new.values())))
+
+    def remove_coflow(self, coflow_id: str, now: float) -> None:
+        """Forget a coflow (unknown ids are ignored)."""
+        self.flows.pop(coflow_id, None)
+        self.routes.pop(coflow_id, None)
+
+    def wan_changed(self, now: float) -> bool:
+        """Recompute the K paths over the links that are up and re-route; returns True."""
+        self._paths = all_pairs_paths(self.topology, self.k)
+        for cid, flows in self.flows.items():
+            self.routes[cid] = self._route(cid, list(flows.values()))
+        return True
+
+    def allocate(self, now: float, remaining: Remaining) -> Allocation:
+        """Rates for every flow in `remaining` (see the subclass)."""
+        raise NotImplementedError
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def _route(self, coflow_id: str, flows: list[Flow]) -> dict[str, Route]:
+        """Default routing: every member of a flow on its pair's shortest path."""
+        routes = {}
+        for f in flows:
+            paths = self._paths.get((f.src, f.dst), [])
+            routes[f.id] = [(paths[0], flow_count(f))] if paths else []
+        return routes
+
+    def _capacity(self) -> np.ndarray:
+        """Available capacity per link (bytes/s, 0 when down), in self._rows order."""
+        return np.array([self.topology.available(link) for link in self._rows], dtype=float)
+
+
+def _all_up(topology: Topology) -> Topology:
+    up = topology.copy()
+    up.down.clear()
+    return up
+
+
+class _FairPolicy(BaselinePolicy):
+    """Max-min fair per (sub)flow on fixed routes; members on one path are symmetric, so the
+    water-filling runs over paths weighted by their member count (maxmin.py)."""
+
+    def allocate(self, now: float, remaining: Remaining) -> Allocation:
+        """Max-min fair rates per member on its path(s).
+
+        Args:
+            now: seconds (unused: the allocation depends only on who is active).
+            remaining: {coflow id: {flow id: remaining bytes}}.
+
+        Returns:
+            {coflow id: {flow id: [(path, bytes/s)]}}.
+        """
+        weight: dict[Path, float] = {}
+        for cid, flows in remaining.items():
+            routes = self.routes[cid]
+            for fid in flows:
+                for path, members in routes[fid]:
+                    weight[path] = weight.get(path, 0.0) + members
+        paths = list(weight)
+        incidence = path_incidence([[(p, weight[p])] for p in paths], self._rows)
+        level = dict(zip(paths, maxmin_levels(incidence, self._capacity()).tolist(), strict=True))
+        return {
+            cid: {
+                fid: [(p, members * level[p]) for p, members in self.routes[cid][fid]]
+                for fid in flows
+            }
+            for cid, flows in remaining.items()
+        }
+
+
+class PerFlowPolicy(_FairPolicy):
+    """One fixed shortest path per flow, max-min fair per flow: ideal TCP over IP routing
+    (the "per-flow" baseline of DESIGN.md section 4.4; Terra paper section 6.1).
+
+    Args:
+        topology: the shared WAN view.  k: paths per DC pair (only the first is used).
+    """
+
+    name = "per-flow"
+
+
+class MultipathPolicy(_FairPolicy):
+    """Every flow split over all its K paths, one subflow per path, max-min fair per subflow:
+    ideal uncoupled MPTCP (the "multipath" baseline of DESIGN.md section 4.4).
+
+    Args:
+        topology: the shared WAN view.  k: paths per DC pair.
+    """
+
+    name = "multipath"
+
+    def _route(self, coflow_id: str, flows: list[Flow]) -> dict[str, Route]:
+        return {
+            f.id: [(p, flow_count(f)) for p in self._paths.get((f.src, f.dst), [])] for f in flows
+        }
+
+
+class SwanMcfPolicy(BaselinePolicy):
+    """Application-agnostic SWAN: max-min fair multi-commodity flow over DC-pair demands on
+    K paths (Hong et al., "Achieving high utilization with software-driven WAN", SIGCOMM
+    2013; the "swan-mcf" baseline of DESIGN.md section 4.4), via mcf.maxmin_mcf. Demands
+    are unbounded (flows are backlogged); a DC pair's rate on each path is shared by its
+    flows in proportion to their member counts (flows in one tunnel share it fairly).
+
+    Args:
+        topology: the shared WAN view.  k: paths per DC pair.
+    """
+
+    name = "swan-mcf"
+
+    def allocate(self, now: float, remaining: Remaining) -> Allocation:
+        """Return {coflow id: {flow id: [(path, bytes/s)]}} (see the class docstring)."""
+        members: dict[tuple[str, str], float] = {}
+        for cid, flows in remaining.items():
+            known = self.flows[cid]
+            for fid in flows:
+                f = known[fid]
+                members[(f.src, f.dst)] = members.get((f.src, f.dst), 0.0) + flow_count(f)
+        demands = {pair: (self._paths.get(pair, []), None) for pair in members}
+        capacity = dict(zip(self._rows, self._capacity().tolist(), strict=True))
+        pair_rates = maxmin_mcf(demands, capacity)
+        out: Allocation = {}
+        for cid, flows in remaining.items():
+            known = self.flows[cid]
+            out[cid] = {}
+            for fid in flows:
+                f = known[fid]
+                share = flow_count(f) / members[(f.src, f.dst)]
+                out[cid][fid] = [(p, r * share) for p, r in pair_rates[(f.src, f.dst)]]
+        return out
+
+
+class _MaddPolicy(BaselinePolicy):
+    """Coflow-aware scheduling shared by Varys and Rapier: order coflows by their CCT alone
+    on the current capacities, give each in turn MADD rates on what is left (every flow at
+    remaining / Γ, so the coflow's flows finish together), then backfill the leftover
+    max-min fairly over all flows (work conservation). Members of a bundle always get the
+    same per-member rate, so the bundle stays exact even when its members use several paths.
+    """
+
+    def allocate(self, now: float, remaining: Remaining) -> Allocation:
+        """Return {coflow id: {flow id: [(path, bytes/s)]}} (see the class docstring)."""
+        capacity = self._capacity()
+        cols: list[tuple[str, str, Route]] = []
+        columns: list[np.ndarray] = []
+        coflows = []
+        for cid, flows in remaining.items():
+            self._before_allocate(cid, flows)
+            routes, known = self.routes[cid], self.flows[cid]
+            fids = [fid for fid in flows if routes[fid]]
+            inc = path_incidence([routes[fid] for fid in fids], self._rows)
+            per_member = np.array([flows[fid] / flow_count(known[fid]) for fid in fids])
+            volume = inc @ per_member if fids else np.zeros(len(self._rows))
+            unrouted = len(fids) < len(flows)
+            gamma = np.inf if unrouted else _gamma(volume, capacity)
+            coflows.append((gamma, len(coflows), len(cols), volume, per_member))
+            cols.extend((cid, fid, routes[fid]) for fid in fids)
+            columns.append(inc)
+        madd = np.zeros(len(cols))
+        left = capacity.copy()
+        for gamma, _, first, volume, per_member in sorted(coflows, key=lambda c: c[:2]):
+            g = _gamma(volume, left)
+            if gamma == np.inf or g == np.inf or not volume.any():
+                continue
+            madd[first : first + len(per_member)] = per_member / g
+            left = np.maximum(left - volume / g, 0.0)
+        incidence = np.hstack(columns) if columns else np.zeros((len(self._rows), 0))
+        member_rate = madd + maxmin_levels(incidence, left)
+        out: Allocation = {cid: {} for cid in remaining}
+        for (cid, fid, route), r in zip(cols, member_rate.tolist(), strict=True):
+            out[cid][fid] = [(p, members * r) for p, members in route]
+        return out
+
+    def _before_allocate(self, coflow_id: str, flows: dict[str, float]) -> None:
+        """Hook run for every coflow before its rates are computed (Rapier re-routes here)."""
+
+
+def _gamma(volume: np.ndarray, capacity: np.ndarray) -> float:
+    """max over links of volume / capacity (seconds); inf if a used link has no capacity."""
+    used = volume > 0
+    if not used.any():
+        return 0.0
+    if (capacity[used] <= 0).any():
+        return np.inf
+    return float(np.max(volume[used] / capacity[used]))
+
+
+class VarysPolicy(_MaddPolicy):
+    """Varys (Chowdhury, Zhong, Stoica, "Efficient coflow scheduling with Varys", SIGCOMM
+    2014) on a WAN: flows on fixed shortest paths, coflows ordered Smallest Effective
+    Bottleneck First (Γ = max over links of the coflow's remaining bytes / capacity), MADD
+    rates on the capacity the earlier coflows left, leftover backfilled max-min per flow.
+    Varys' deadline admission is not modelled (all coflows are accepted).
+
+    Args:
+        topology: the shared WAN view.  k: paths per DC pair (only the first is used).
+    """
+
+    name = "varys"
+
+
+class RapierPolicy(_MaddPolicy):
+    """Rapier (Zhao et al., "Rapier: Integrating routing and scheduling for coflow-aware
+    data center networks", INFOCOM 2015) on a WAN: when a coflow arrives, each of its flows
+    gets one of its K paths, chosen greedily (largest flow first) to minimize the coflow's
+    own CCT (max over links of its bytes / capacity); coflows are then ordered by that CCT,
+    given MADD per-flow rates, and the leftover is backfilled max-min per flow. No
+    FlowGroup aggregation: each flow has exactly one path (a bundle's members may take
+    different paths). After a WAN change, coflows with a flow on a broken path (or none)
+    are re-routed on their remaining bytes at the next allocation.
+
+    Args:
+        topology: the shared WAN view.  k: paths per DC pair.
+    """
+
+    name = "rapier"
+
+    def __init__(self, topology: Topology, k: int = 4) -> None:
+        self._stale: set[str] = set()
+        super().__init__(topology, k)
+
+    def wan_changed(self, now: float) -> bool:
+        """Recompute the K paths; mark coflows whose routes broke for re-routing. Returns True."""
+        self._paths = all_pairs_paths(self.topology, self.k)
+        down = self.topology.down
+        for cid, routes in self.routes.items():
+            for route in routes.values():
+                if not route or any(link in down for p, _ in route for link in path_links(p)):
+                    self._stale.add(cid)
+                    break
+        return True
+
+    def remove_coflow(self, coflow_id: str, now: float) -> None:
+        """Forget a coflow (unknown ids are ignored)."""
+        super().remove_coflow(coflow_id, now)
+        self._stale.discard(coflow_id)
+
+    def _before_allocate(self, coflow_id: str, flows: dict[str, float]) -> None:
+        if coflow_id in self._stale:
+            self._stale.discard(coflow_id)
+            known = self.flows[coflow_id]
+            sizes = {fid: left / flow_count(known[fid]) for fid, left in flows.items()}
+            self.routes[coflow_id].update(self._greedy([known[fid] for fid in flows], sizes))
+
+    def _route(self, coflow_id: str, flows: list[Flow]) -> dict[str, Route]:
+        return self._greedy(flows, {f.id: f.bytes / flow_count(f) for f in flows})
+
+    def _greedy(self, flows: list[Flow], member_bytes: dict[str, float]) -> dict[str, Route]:
+        """Assign each member of each flow (largest first) the path that least raises the
+        coflow's bottleneck max_e volume_e / c_e; ties go to fewer hops, then path order."""
+        capacity = {link: self.topology.available(link) for link in self._rows}
+        volume: dict[Link, float] = {}
+        counts: dict[str, dict[Path, int]] = {f.id: {} for f in flows}
+        for f in sorted(flows, key=lambda f: -member_bytes[f.id]):
+            size = member_bytes[f.id]
+            paths = self._paths.get((f.src, f.dst), [])
+            if not paths:
+                continue
+            links = [path_links(p) for p in paths]
+            for _ in range(flow_count(f)):
+                best = min(
+                    range(len(paths)),
+                    key=lambda i: (
+                        max((volume.get(e, 0.0) + size) / capacity[e] for e in links[i]),
+                        len(links[i]),
+                        i,
+                    ),
+                )
+                for e in links[best]:
+                    volume[e] = volume.get(e, 0.0) + size
+                counts[f.id][paths[best]] = counts[f.id].get(paths[best], 0) + 1
+        return {fid: list(c.items()) for fid, c in counts.items()}
+
+
+BASELINES: dict[str, type[BaselinePolicy]] = {
+    "per-flow": PerFlowPolicy,
+    "multipath": MultipathPolicy,
+    "swan-mcf": SwanMcfPolicy,
+    "varys": VarysPolicy,
+    "rapier": RapierPolicy,
+}

@@ -1,0 +1,143 @@
+"""Max-min fair rates on fixed paths by progressive filling (water-filling), numpy-vectorized.
+
+Used by the per-flow, multipath, varys (backfill) and rapier baselines
+(DESIGN.md section 4.4). This is the classic progressive-filling algorithm
+(Bertsekas & Gallager, "Data Networks", section 6.5.2): every unfrozen entity
+raises its level at the same pace; when a link saturates, every entity crossing
+it freezes; when an entity reaches its cap, it freezes. Each step freezes at
+least one link or entity, so there are at most (links + entities) steps, each
+one matrix-vector product.
+
+An *entity* is anything whose members share one rate: a flow on one path, a
+bundle of n identical flows on one path (coefficient n on each link of the
+path), or a bundle whose members are spread over several paths (coefficient =
+number of members on a path through the link). The level of an entity is the
+rate of one of its members in bytes/s; its load on link e is
+``incidence[e, j] * level[j]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from topologies import Link, Path, path_links
+
+_SAT_TOL = 1e-12  # a link is saturated when its leftover is below this fraction of its capacity
+
+
+def maxmin_levels(
+    incidence: np.ndarray, capacity: np.ndarray, caps: np.ndarray | None = None
+) -> np.ndarray:
+    """Max-min fair levels (per-member rates) of entities sharing links.
+
+    Args:
+        incidence: float array (n_links, n_entities) >= 0; entry (e, j) is the
+            number of entity j's members that cross link e (0 = not at all).
+        capacity: float array (n_links,) of link capacities in bytes/s (>= 0;
+            0 means the link is down and everything crossing it gets 0).
+        caps: optional float array (n_entities,) of per-member rate caps in
+            bytes/s (np.inf = uncapped; 0 = entity gets 0).
+
+    Returns:
+        float array (n_entities,) of levels in bytes/s: the max-min fair
+        allocation, i.e. no level can grow without lowering a level that is
+        not larger. Link loads ``incidence @ levels`` stay within capacity up to
+        floating-point rounding.
+
+    Raises:
+        ValueError: mismatched shapes, negative entries, or an uncapped entity
+            that crosses no link (its max-min rate would be infinite).
+    """
+    incidence = np.asarray(incidence, dtype=float)
+    capacity = np.asarray(capacity, dtype=float)
+    n_links, n = incidence.shape
+    if capacity.shape != (n_links,):
+        raise ValueError(f"capacity has shape {capacity.shape}, expected ({n_links},)")
+    caps = np.full(n, np.inf) if caps is None else np.asarray(caps, dtype=float)
+    if caps.shape != (n,):
+        raise ValueError(f"caps has shape {caps.shape}, expected ({n},)")
+    if (incidence < 0).any() or (capacity < 0).any() or (caps < 0).any():
+        raise ValueError("incidence, capacity and caps must be >= 0")
+    crosses = incidence > 0
+    if (~crosses.any(axis=0) & np.isinf(caps)).any():
+        raise ValueError("an uncapped entity crosses no link: its rate would be unbounded")
+    level = np.zeros(n)
+    leftover = capacity.copy()
+    frozen = (caps <= 0) | crosses[capacity <= 0].any(axis=0)
+    while not frozen.all():
+        active = ~frozen
+        load = incidence @ active.astype(float)
+        used = load > 0
+        step = np.inf
+        if used.any():
+            step = float(np.min(leftover[used] / load[used]))
+        capped = active & np.isfinite(caps)
+        if capped.any():
+            step = min(step, float(np.min(caps[capped] - level[capped])))
+        step = max(step, 0.0)
+        level[active] += step
+        leftover -= load * step
+        saturated = used & (leftover <= _SAT_TOL * capacity)
+        leftover[saturated] = 0.0
+        frozen |= crosses[saturated].any(axis=0)
+        frozen |= active & (level >= caps * (1 - _SAT_TOL))
+    return level
+
+
+def link_index(links: Sequence[Link]) -> dict[Link, int]:
+    """Return {link: row} for building incidence matrices over `links` (in that order)."""
+    return {link: i for i, link in enumerate(links)}
+
+
+def path_incidence(
+    entities: Sequence[Sequence[tuple[Path, float]]], rows: dict[Link, int]
+) -> np.ndarray:
+    """Build the incidence matrix of entities given as [(path, members on that path), ...].
+
+    Args:
+        entities: for each entity, its paths with the number of members on each
+            (a single flow on one path is ``[(path, 1)]``).
+        rows: {link: row index} (see `link_index`); every link of every path must be in it.
+
+    Returns:
+        float array (len(rows), len(entities)).
+
+    Raises:
+        KeyError: a path crosses a link missing from `rows`.
+    """
+    matrix = np.zeros((len(rows), len(entities)))
+    for j, members in enumerate(entities):
+        for path, count in members:
+            for link in path_links(path):
+                matrix[rows[link], j] += count
+    return matrix
+
+
+def maxmin_on_paths(
+    entities: Sequence[Sequence[tuple[Path, float]]],
+    capacity: dict[Link, float],
+    caps: Sequence[float] | None = None,
+) -> np.ndarray:
+    """Max-min fair per-member rates for entities on fixed paths (see `maxmin_levels`).
+
+    Args:
+        entities: for each entity, [(path, members on that path), ...].
+        capacity: {link: bytes/s} available on each link (0 = down or full);
+            links missing from it count as 0.
+        caps: optional per-member rate caps in bytes/s (inf = none).
+
+    Returns:
+        float array of per-member rates in bytes/s, one per entity; the entity's
+        rate on a path is its rate times the members on that path.
+
+    Raises:
+        ValueError: as `maxmin_levels`.
+    """
+    links = sorted({link for members in entities for p, _ in members for link in path_links(p)})
+    rows = link_index(links)
+    cap_vec = np.array([capacity.get(link, 0.0) for link in links], dtype=float)
+    return maxmin_levels(
+        path_incidence(entities, rows), cap_vec, None if caps is None else np.asarray(caps)
+    )

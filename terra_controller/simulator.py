@@ -1,0 +1,567 @@
+"""Event-driven, flow-level WAN simulator that drives any Policy (issue 2 item 5).
+
+Between events every flow's rate is constant. The next event is the earliest
+of: a flow finishing at its current rate, a coflow arriving, a scripted WAN
+change (link down / up, capacity change). At every event the simulator
+(DESIGN.md section 4.3, policy.py):
+
+1. removes finished coflows from the policy (`remove_coflow`);
+2. applies the WAN changes due now to the shared topology, then calls
+   `wan_changed`;
+3. hands arriving coflows to the policy (`add_coflow`; a False answer is a
+   rejection, recorded, and the coflow is not run);
+4. asks for an allocation (`allocate`) of every unfinished WAN flow and checks
+   it: unknown or finished flows, negative rates, paths that do not join the
+   flow's DCs, rates on links that are down, and link loads above capacity by
+   more than 1e-6 relative raise `SimulationError` (a policy bug; nothing is
+   clamped).
+
+Conventions:
+- Intra-DC flows do not use the WAN and finish instantly; a coflow with only
+  intra-DC flows finishes at its arrival (CCT 0). Such coflows are reported
+  (``wan=False``) but left out of every CCT, slowdown and deadline statistic,
+  and are never shown to the policy.
+- Identical WAN flows of a coflow are bundled (flow_bundles.py) unless
+  ``bundle=False``; this changes no rate, only the bookkeeping cost.
+- A flow finishes when its remaining bytes would reach zero within 1e-9 of the
+  step (relative) or within 1e-6 bytes; its last remaining bytes are then
+  delivered in full. Bytes are conserved: delivered + remaining = total is
+  checked at the end.
+- If nothing has a positive rate and no arrival or WAN change is pending, the
+  run stops and the unfinished coflows are reported (finish_s None).
+- WAN utilization = bytes x hops carried over WAN links / (sum over links of
+  available capacity x time, integrated over the time during which at least one
+  admitted WAN coflow is unfinished). Down links count 0 capacity.
+- Slowdown = CCT / Γ on the empty WAN (all links up, initial capacities, K
+  paths), computed with the same LP (min_cct.py) for every scheduler.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from terra_controller.flow_bundles import bundle_wan_flows, unbundled_wan_flows
+from terra_controller.policy import Allocation, Policy, Remaining
+from topologies import Topology, all_pairs_paths, path_links
+from workloads import Coflow
+
+_FINISH_REL = 1e-9  # a flow whose finish time is within this fraction of the step finishes
+_FINISH_BYTES = 1e-6  # ... or whose remaining bytes after the step are below this
+_CAPACITY_REL = 1e-6  # tolerated relative link overload before SimulationError
+_CONSERVE_REL = 1e-6  # tolerated relative error in bytes conservation
+
+
+class SimulationError(RuntimeError):
+    """A policy returned an infeasible allocation, or the simulation lost bytes."""
+
+
+@dataclass(frozen=True)
+class WanChange:
+    """A scripted WAN change at `time_s` seconds on the undirected link a-b.
+
+    Attributes:
+        time_s: when it happens (seconds, >= 0).
+        a, b: the DCs the link joins (both directions change).
+        up: True / False to bring the link up / down; None to leave its state.
+        capacity: new capacity in bytes/s for both directions; None to keep it.
+    """
+
+    time_s: float
+    a: str
+    b: str
+    up: bool | None = None
+    capacity: float | None = None
+
+    def apply(self, topology: Topology) -> None:
+        """Mutate `topology` accordingly.
+
+        Raises:
+            TopologyError: unknown link or invalid capacity.
+        """
+        if self.up is not None:
+            topology.set_link_state(self.a, self.b, self.up)
+        if self.capacity is not None:
+            topology.set_capacity(self.a, self.b, self.capacity)
+
+
+@dataclass
+class CoflowResult:
+    """Outcome of one coflow.
+
+    Attributes:
+        id, arrival_s: as in the workload (seconds).
+        finish_s: when its last byte was delivered (None = rejected or unfinished).
+        cct_s: finish_s - arrival_s (None likewise).
+        admitted: False when the policy rejected it (deadline admission).
+        met_deadline: None without a deadline; else finished within it (1e-9 relative slack).
+        wan: False for coflows with only intra-DC flows (left out of statistics).
+        deadline_s: deadline relative to arrival, or None.
+        gamma_empty_s: Γ on the empty WAN, or None when not computed.
+    """
+
+    id: str
+    arrival_s: float
+    finish_s: float | None = None
+    cct_s: float | None = None
+    admitted: bool = True
+    met_deadline: bool | None = None
+    wan: bool = True
+    deadline_s: float | None = None
+    gamma_empty_s: float | None = None
+
+    def to_json(self) -> dict:
+        """Return {"id", "arrival_s", "finish_s", "cct_s", "admitted", "met_deadline"}."""
+        return {
+            "id": self.id,
+            "arrival_s": self.arrival_s,
+            "finish_s": self.finish_s,
+            "cct_s": self.cct_s,
+            "admitted": self.admitted,
+            "met_deadline": self.met_deadline,
+        }
+
+
+@dataclass
+class SimResult:
+    """What one simulation run measured (see the module docstring for definitions).
+
+    Attributes:
+        scheduler: the policy's name.
+        coflows: one CoflowResult per coflow, in workload order.
+        wan_utilization: fraction in [0, 1], None when no WAN flow ever ran.
+        rounds: scheduling rounds (the policy's own count when it keeps
+            `stats["rounds"]`, else allocate() calls).
+        round_ms: wall milliseconds per round (policy's `stats["round_ms"]` or
+            measured around allocate()).
+        lps_per_round: LPs solved per round (policy's `stats["lps"]` / rounds),
+            None for policies that do not count LPs.
+        bytes_total, bytes_delivered: WAN bytes of admitted coflows, and delivered.
+        end_s: simulated time at which the run ended (seconds).
+        wall_s: wall-clock seconds the run took.
+    """
+
+    scheduler: str
+    coflows: list[CoflowResult]
+    wan_utilization: float | None = None
+    rounds: int = 0
+    round_ms: list[float] = field(default_factory=list)
+    lps_per_round: float | None = None
+    bytes_total: float = 0.0
+    bytes_delivered: float = 0.0
+    end_s: float = 0.0
+    wall_s: float = 0.0
+
+    def _done(self) -> list[CoflowResult]:
+        return [c for c in self.coflows if c.wan and c.admitted and c.cct_s is not None]
+
+    @property
+    def unfinished(self) -> list[str]:
+        """Ids of admitted coflows that never finished."""
+        return [c.id for c in self.coflows if c.admitted and c.finish_s is None]
+
+    @property
+    def avg_cct_s(self) -> float | None:
+        """Mean CCT in seconds over finished, admitted WAN coflows (None if none)."""
+        done = self._done()
+        return float(np.mean([c.cct_s for c in done])) if done else None
+
+    @property
+    def p95_cct_s(self) -> float | None:
+        """95th percentile (linear interpolation) of the same CCTs, seconds."""
+        done = self._done()
+        return float(np.percentile([c.cct_s for c in done], 95)) if done else None
+
+    @property
+    def avg_slowdown(self) -> float | None:
+        """Mean of CCT / Γ_empty over finished, admitted WAN coflows with a known Γ > 0."""
+        ratios = [c.cct_s / c.gamma_empty_s for c in self._done() if c.gamma_empty_s]
+        return float(np.mean(ratios)) if ratios else None
+
+    @property
+    def deadlines_met(self) -> int:
+        """WAN coflows with a deadline that finished within it."""
+        return sum(1 for c in self.coflows if c.wan and c.met_deadline)
+
+    @property
+    def admitted(self) -> int:
+        """WAN coflows the policy admitted."""
+        return sum(1 for c in self.coflows if c.wan and c.admitted)
+
+    def round_ms_quantile(self, q: float) -> float | None:
+        """The q-quantile (0..1) of round_ms, None without rounds."""
+        return float(np.quantile(self.round_ms, q)) if self.round_ms else None
+
+    def to_json(self) -> dict:
+        """Return the per-scheduler object of `terra-sim --json` (issue 2 item 6)."""
+        return {
+            "avg_cct_s": self.avg_cct_s,
+            "p95_cct_s": self.p95_cct_s,
+            "wan_utilization": self.wan_utilization,
+            "avg_slowdown": self.avg_slowdown,
+            "deadlines_met": self.deadlines_met,
+            "admitted": self.admitted,
+            "rounds": self.rounds,
+            "round_ms_median": self.round_ms_quantile(0.5),
+            "round_ms_p95": self.round_ms_quantile(0.95),
+            "lps_per_round": self.lps_per_round,
+            "coflows": [c.to_json() for c in self.coflows],
+        }
+
+
+def empty_wan_gammas(coflows: Iterable[Coflow], topology: Topology, k: int) -> dict[str, float]:
+    """Γ of every WAN coflow alone on the empty WAN (Optimization (1), DESIGN.md 4.1).
+
+    Args:
+        coflows: the workload.
+        topology: the WAN; its current link states and capacities are used.
+        k: paths per DC pair.
+
+    Returns:
+        {coflow id: Γ in seconds} for coflows with WAN flows (inf when a
+        FlowGroup has no path).
+    """
+    from terra_controller.min_cct import min_cct  # the LP lives with Terra
+
+    paths = all_pairs_paths(topology, k)
+    capacity = {link: topology.available(link) for link in topology.links}
+    gammas = {}
+    for c in coflows:
+        volumes = c.flowgroups()
+        if volumes:
+            need = {pair: paths[pair] for pair in volumes}
+            gammas[c.id] = float(min_cct(volumes, need, capacity).gamma_s)
+    return gammas
+
+
+def with_deadline_factor(
+    coflows: Sequence[Coflow], gammas: dict[str, float], factor: float
+) -> list[Coflow]:
+    """Give every WAN coflow a deadline of `factor` x its Γ on the empty WAN.
+
+    Args:
+        coflows: the workload.
+        gammas: {coflow id: Γ_empty seconds} (see empty_wan_gammas).
+        factor: > 0.
+
+    Returns:
+        New Coflow objects; coflows without a finite positive Γ keep their deadline.
+
+    Raises:
+        ValueError: factor <= 0.
+    """
+    if not factor > 0:
+        raise ValueError(f"deadline factor must be positive, got {factor!r}")
+    out = []
+    for c in coflows:
+        g = gammas.get(c.id)
+        ok = g is not None and 0 < g < float("inf")
+        out.append(replace(c, deadline_s=factor * g) if ok else c)
+    return out
+
+
+def simulate(
+    policy: Policy,
+    coflows: Sequence[Coflow],
+    changes: Sequence[WanChange] = (),
+    gammas: dict[str, float] | None = None,
+    bundle: bool = True,
+    progress: object | None = None,
+) -> SimResult:
+    """Run `coflows` through `policy` on `policy.topology` (which the run mutates).
+
+    Args:
+        policy: any Policy; it must be fresh (no coflows yet).
+        coflows: the workload (any order; ids unique).
+        changes: scripted WAN changes.
+        gammas: optional {coflow id: Γ_empty seconds} for slowdowns.
+        bundle: bundle identical flows (exact; see flow_bundles.py).
+        progress: optional object with ``update(n)`` (e.g. tqdm), told of
+            every coflow that completes, is rejected, or is intra-DC only.
+
+    Returns:
+        A SimResult.
+
+    Raises:
+        SimulationError: infeasible allocation from the policy, or lost bytes.
+        ValueError: duplicate coflow ids, or what the policy raises for a coflow
+            (e.g. a DC pair with no path).
+    """
+    return _Run(policy, coflows, changes, gammas or {}, bundle, progress).run()
+
+
+@dataclass
+class _Active:
+    """Bookkeeping of one running coflow: positions of its flows in the global arrays."""
+
+    pos_of: dict[str, int]
+    ids: list[str]
+    pos: np.ndarray
+
+
+class _Run:
+    """One simulation run (see `simulate`)."""
+
+    def __init__(self, policy, coflows, changes, gammas, bundle, progress) -> None:
+        self.policy = policy
+        self.topology: Topology = policy.topology
+        self.progress = progress
+        ids = [c.id for c in coflows]
+        if len(set(ids)) != len(ids):
+            raise ValueError("duplicate coflow ids in the workload")
+        order = sorted(range(len(coflows)), key=lambda i: coflows[i].arrival_s)
+        self.arrivals = [coflows[i] for i in order]
+        self.next_arrival = 0
+        self.changes = sorted(changes, key=lambda ch: ch.time_s)
+        self.next_change = 0
+        self.results = {
+            c.id: CoflowResult(
+                c.id, c.arrival_s, deadline_s=c.deadline_s, gamma_empty_s=gammas.get(c.id)
+            )
+            for c in coflows
+        }
+        self.order = ids
+        make = bundle_wan_flows if bundle else unbundled_wan_flows
+        self.wan = {c.id: make(c) for c in coflows}
+        flows = [f for c in self.arrivals for f in self.wan[c.id].flows]
+        self.src = [f.src for f in flows]
+        self.dst = [f.dst for f in flows]
+        self.size = np.array([f.bytes for f in flows], dtype=float)
+        self.rem = self.size.copy()
+        self.rate = np.zeros(len(flows))
+        self.owner: list[str] = [c.id for c in self.arrivals for _ in self.wan[c.id].flows]
+        starts = np.cumsum([0] + [len(self.wan[c.id].flows) for c in self.arrivals])
+        self.start = {c.id: int(s) for c, s in zip(self.arrivals, starts, strict=False)}
+        self.active: dict[str, _Active] = {}
+        self.bytes_total = 0.0
+        self.delivered = 0.0
+        self.byte_hops = 0.0
+        self.capacity_time = 0.0
+        self.round_ms: list[float] = []
+        self._total_capacity()
+
+    # ---- the event loop -------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        wall = time.perf_counter()
+        now = self._first_event_time()
+        while True:
+            self._apply_changes(now)
+            self._admit_arrivals(now)
+            if not self.active and self.next_arrival >= len(self.arrivals):
+                break
+            self.rate[:] = 0.0
+            byte_hop_rate = self._allocate(now) if self.active else 0.0
+            step = self._step(now)
+            if step is None:
+                break
+            now = self._advance(now, step, byte_hop_rate)
+        self._check_conservation()
+        return self._result(now, time.perf_counter() - wall)
+
+    def _first_event_time(self) -> float:
+        times = [c.arrival_s for c in self.arrivals[:1]] + [ch.time_s for ch in self.changes[:1]]
+        return min(times, default=0.0)
+
+    def _apply_changes(self, now: float) -> None:
+        changed = False
+        while self.next_change < len(self.changes) and self.changes[self.next_change].time_s <= now:
+            self.changes[self.next_change].apply(self.topology)
+            self.next_change += 1
+            changed = True
+        if changed:
+            self._total_capacity()
+            self.policy.wan_changed(now)
+
+    def _admit_arrivals(self, now: float) -> None:
+        while (
+            self.next_arrival < len(self.arrivals)
+            and self.arrivals[self.next_arrival].arrival_s <= now
+        ):
+            coflow = self.arrivals[self.next_arrival]
+            self.next_arrival += 1
+            self._admit(coflow, now)
+
+    def _admit(self, coflow: Coflow, now: float) -> None:
+        result = self.results[coflow.id]
+        wan = self.wan[coflow.id]
+        if not wan.flows:
+            result.wan = False
+            result.finish_s, result.cct_s = coflow.arrival_s, 0.0
+            result.met_deadline = None if coflow.deadline_s is None else True
+            self._tick()
+            return
+        if not self.policy.add_coflow(wan, now):
+            result.admitted = False
+            result.met_deadline = None if coflow.deadline_s is None else False
+            self._tick()
+            return
+        first = self.start[coflow.id]
+        ids = [f.id for f in wan.flows]
+        pos = np.arange(first, first + len(ids))
+        self.active[coflow.id] = _Active(dict(zip(ids, pos.tolist(), strict=True)), ids, pos)
+        self.bytes_total += float(self.size[pos].sum())
+
+    def _remaining(self) -> Remaining:
+        rem = self.rem
+        return {
+            cid: dict(zip(a.ids, rem[a.pos].tolist(), strict=True))
+            for cid, a in self.active.items()
+        }
+
+    def _allocate(self, now: float) -> float:
+        """Ask the policy for rates, check them, store them in self.rate.
+
+        Returns the WAN byte-hop rate (bytes x hops per second) of the allocation.
+        """
+        remaining = self._remaining()
+        t0 = time.perf_counter()
+        alloc = self.policy.allocate(now, remaining)
+        self.round_ms.append((time.perf_counter() - t0) * 1000.0)
+        path_rate = self._take_rates(alloc)
+        self._check_links(path_rate, now)
+        return sum(r * (len(p) - 1) for p, r in path_rate.items())
+
+    def _take_rates(self, alloc: Allocation) -> dict[tuple[str, ...], float]:
+        path_rate: dict[tuple[str, ...], float] = {}
+        for cid, flows in alloc.items():
+            active = self.active.get(cid)
+            if active is None:
+                if flows:
+                    raise SimulationError(f"allocation names coflow {cid!r}, which is not active")
+                continue
+            for fid, path_rates in flows.items():
+                pos = active.pos_of.get(fid)
+                if pos is None or self.rem[pos] <= 0:
+                    if any(r for _, r in path_rates):
+                        raise SimulationError(
+                            f"coflow {cid!r}: rate for unknown or done flow {fid!r}"
+                        )
+                    continue
+                total = 0.0
+                for path, r in path_rates:
+                    if not r >= 0 or r == float("inf"):
+                        raise SimulationError(f"coflow {cid!r} flow {fid!r}: rate {r!r}")
+                    if r == 0:
+                        continue
+                    if path[0] != self.src[pos] or path[-1] != self.dst[pos]:
+                        raise SimulationError(
+                            f"coflow {cid!r} flow {fid!r}: path {path} does not join "
+                            f"{self.src[pos]} and {self.dst[pos]}"
+                        )
+                    path_rate[path] = path_rate.get(path, 0.0) + r
+                    total += r
+                self.rate[pos] = total
+        return path_rate
+
+    def _check_links(self, path_rate: dict[tuple[str, ...], float], now: float) -> None:
+        load: dict[tuple[str, str], float] = {}
+        for path, r in path_rate.items():
+            for link in path_links(path):
+                load[link] = load.get(link, 0.0) + r
+        for link, used in load.items():
+            if link not in self.topology.capacity:
+                raise SimulationError(f"t={now:.6f}s: allocation uses unknown link {link}")
+            avail = self.topology.available(link)
+            if used > avail * (1 + _CAPACITY_REL):
+                raise SimulationError(
+                    f"t={now:.6f}s: link {link[0]}-{link[1]} loaded {used:.6g} B/s, "
+                    f"available {avail:.6g} B/s (policy {self.policy.name})"
+                )
+
+    def _step(self, now: float) -> float | None:
+        """Seconds to the next event, or None when nothing will ever happen again."""
+        step = float("inf")
+        moving = self.rate > 0
+        if moving.any():
+            step = float(np.min(self.rem[moving] / self.rate[moving]))
+        if self.next_arrival < len(self.arrivals):
+            step = min(step, self.arrivals[self.next_arrival].arrival_s - now)
+        if self.next_change < len(self.changes):
+            step = min(step, self.changes[self.next_change].time_s - now)
+        return None if step == float("inf") else max(step, 0.0)
+
+    def _advance(self, now: float, step: float, byte_hop_rate: float) -> float:
+        moving = np.flatnonzero(self.rate > 0)
+        rem, rate = self.rem[moving], self.rate[moving]
+        after = rem - rate * step
+        done = (rem / rate <= step * (1 + _FINISH_REL)) | (after <= _FINISH_BYTES)
+        after[done] = 0.0
+        self.delivered += float((rem - after).sum())
+        self.rem[moving] = after
+        self.byte_hops += byte_hop_rate * step
+        if self.active:
+            self.capacity_time += self.capacity_sum * step
+        now += step
+        if self.next_arrival < len(self.arrivals):  # land exactly on arrival / change times
+            now = min(now, self.arrivals[self.next_arrival].arrival_s)
+        if self.next_change < len(self.changes):
+            now = min(now, self.changes[self.next_change].time_s)
+        self._finish_flows(moving[done], now)
+        return now
+
+    def _finish_flows(self, positions: np.ndarray, now: float) -> None:
+        touched = dict.fromkeys(self.owner[p] for p in positions.tolist())
+        for cid in touched:
+            active = self.active[cid]
+            keep = self.rem[active.pos] > 0
+            if keep.all():
+                continue
+            active.pos = active.pos[keep]
+            active.ids = [fid for fid, k in zip(active.ids, keep.tolist(), strict=True) if k]
+            if not active.ids:
+                self._finish_coflow(cid, now)
+
+    def _finish_coflow(self, cid: str, now: float) -> None:
+        del self.active[cid]
+        result = self.results[cid]
+        result.finish_s = now
+        result.cct_s = now - result.arrival_s
+        if result.deadline_s is not None:
+            result.met_deadline = result.cct_s <= result.deadline_s * (1 + _FINISH_REL)
+        self.policy.remove_coflow(cid, now)
+        self._tick()
+
+    # ---- bookkeeping ---------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        if self.progress is not None:
+            self.progress.update(1)
+
+    def _total_capacity(self) -> None:
+        self.capacity_sum = sum(self.topology.available(link) for link in self.topology.links)
+
+    def _check_conservation(self) -> None:
+        remaining = sum(float(self.rem[a.pos].sum()) for a in self.active.values())
+        # rem of active flows plus everything delivered must equal what was admitted
+        error = abs(self.delivered + remaining - self.bytes_total)
+        if error > _CONSERVE_REL * max(self.bytes_total, 1.0):
+            raise SimulationError(
+                f"bytes not conserved: delivered {self.delivered:.6g} + remaining "
+                f"{remaining:.6g} != admitted {self.bytes_total:.6g}"
+            )
+
+    def _result(self, now: float, wall: float) -> SimResult:
+        stats = getattr(self.policy, "stats", None)
+        rounds, round_ms, lps = len(self.round_ms), self.round_ms, None
+        if isinstance(stats, dict) and "rounds" in stats:
+            rounds = int(stats["rounds"])
+            round_ms = list(stats.get("round_ms", round_ms))
+            if stats.get("lps") is not None and rounds:
+                lps = stats["lps"] / rounds
+        util = self.byte_hops / self.capacity_time if self.capacity_time > 0 else None
+        return SimResult(
+            scheduler=self.policy.name,
+            coflows=[self.results[cid] for cid in self.order],
+            wan_utilization=util,
+            rounds=rounds,
+            round_ms=round_ms,
+            lps_per_round=lps,
+            bytes_total=self.bytes_total,
+            bytes_delivered=self.delivered,
+            end_s=now,
+            wall_s=wall,
+        )
