@@ -1,0 +1,482 @@
+"""Control-channel and data-connection messages (agent <-> controller, agent <-> agent).
+
+Pure encode/validate functions and dataclasses, no event loop: usable from trio (agents) and from
+eventlet (the os-ken controller app). Every message travels as one frame of overlay/framing.py with
+an empty payload; the fields below are the frame header ("v" and "n" are added by framing).
+Source: DESIGN.md section 6 ("Control channel"), section 5 (chunks, acks), overlay_spec.md.
+
+Control channel, agent -> controller:
+    register  {dc, agent, data_addr: "host:port", token?: str,
+               inflight?: [{coflow, flow, role: "send"|"recv", offset: int bytes}]}
+    progress  {flows: [{coflow, flow, acked: int bytes}]}
+    complete  {coflow, flow, digest: BLAKE2b hex str, size: int bytes}
+    heartbeat {}
+    error     {message: str, coflow?: str, flow?: str}
+    ack       {id}                    (answers a controller message that carried "id")
+
+Control channel, controller -> agent (any of them may carry "id": the agent acks it once applied):
+    registered {agent}                (registration accepted)
+    tunnels   {tunnels: [{tunnel, peer_agent, peer_addr: "host:port" (the peer's data address),
+                          path: [dc, ...], port: int (this tunnel's destination port at the peer)}],
+               listen: [int]          (ports on which THIS agent accepts incoming tunnels)}
+    flows     {flows: [{coflow, flow, src_agent, dst_agent, dst_dc, size: int bytes,
+                        offset: int bytes (acknowledged so far, where a sender resumes),
+                        source: "synthetic" | "file:PATH", sink: "digest" | "file:PATH"}]}
+    rates     {rates: [{coflow, dst_dc, paths: [{tunnel, rate: bytes/s >= 0}]}]}
+              One entry per FlowGroup of the receiving (sending-side) agent: the FlowGroup is
+              (coflow, this agent's DC, dst_dc). An entry replaces that FlowGroup's rates; paths it
+              does not list get rate 0 (paused). FlowGroups not listed keep their rates.
+    heartbeat {}, error {message}, ack {id}
+
+Data connections (sender agent -> receiver agent, one TCP connection per (peer agent, tunnel)):
+    hello     {agent, tunnel}         first frame from the connecting (sending) agent
+    chunk     framing.chunk_header fields + payload; the chunk ending at the flow's size also
+              carries "d": the sender's BLAKE2b hex digest of the whole flow
+    ack       {c: coflow, f: flow, o: delivered offset, e: receiver epoch int}  (receiver ->
+              sender, on the same connection; "e" changes when the receiver restarts)
+
+All validators raise ProtocolError (a ValueError) with a message naming the field at fault.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+PROTOCOL_TYPES_FROM_AGENT = ("register", "progress", "complete", "heartbeat", "error", "ack")
+PROTOCOL_TYPES_TO_AGENT = (
+    "registered",
+    "tunnels",
+    "flows",
+    "rates",
+    "heartbeat",
+    "error",
+    "ack",
+)
+DATA_TYPES = ("hello", "chunk", "ack")
+MAX_PORT = 65535
+
+
+class ProtocolError(ValueError):
+    """A control or data message is malformed; the message names the type and field at fault."""
+
+
+@dataclass(frozen=True)
+class TunnelSpec:
+    """One outgoing tunnel of an agent: connect to (host of peer_addr, port) to use `path`.
+
+    tunnel: tunnel id (str); peer_agent: agent id at the far end; peer_addr: its data address
+    "host:port"; path: DC names from this DC to the peer's DC; port: destination TCP port that
+    identifies the tunnel (switches pin it to the path, DESIGN.md section 5).
+    """
+
+    tunnel: str
+    peer_agent: str
+    peer_addr: str
+    path: tuple[str, ...]
+    port: int
+
+    @property
+    def peer_host(self) -> str:
+        """Host part of peer_addr (str)."""
+        return parse_addr(self.peer_addr, "peer_addr")[0]
+
+    def to_dict(self) -> dict:
+        """The wire form ({"tunnel", "peer_agent", "peer_addr", "path": [...], "port"})."""
+        d = asdict(self)
+        d["path"] = list(self.path)
+        return d
+
+
+@dataclass(frozen=True)
+class FlowSpec:
+    """A flow descriptor: `size` bytes from src_agent to dst_agent (dst_agent sits in dst_dc).
+
+    offset: bytes acknowledged so far (a restarted sender resumes there; the receiver's own
+    delivered offset wins when it knows better). source: "synthetic" or "file:PATH" (read on the
+    sending host); sink: "digest" (hash only) or "file:PATH" (written on the receiving host).
+    """
+
+    coflow: str
+    flow: str
+    src_agent: str
+    dst_agent: str
+    dst_dc: str
+    size: int
+    offset: int = 0
+    source: str = "synthetic"
+    sink: str = "digest"
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(coflow, flow): the flow's identity."""
+        return (self.coflow, self.flow)
+
+    def to_dict(self) -> dict:
+        """The wire form (all fields)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class GroupRates:
+    """Per-path rates of one FlowGroup (coflow, sender's DC, dst_dc): {tunnel id: bytes/s}."""
+
+    coflow: str
+    dst_dc: str
+    paths: dict[str, float]
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(coflow, dst_dc): the FlowGroup as seen by its sending agent."""
+        return (self.coflow, self.dst_dc)
+
+    def to_dict(self) -> dict:
+        """The wire form {"coflow", "dst_dc", "paths": [{"tunnel", "rate"}]}."""
+        return {
+            "coflow": self.coflow,
+            "dst_dc": self.dst_dc,
+            "paths": [{"tunnel": t, "rate": float(r)} for t, r in self.paths.items()],
+        }
+
+
+# ---------------------------------------------------------------- constructors
+
+
+def register_message(
+    dc: str,
+    agent: str,
+    data_addr: str,
+    token: str | None = None,
+    inflight: list[dict] | None = None,
+) -> dict:
+    """Header of a "register" message (agent -> controller); see the module docstring."""
+    msg = {"t": "register", "dc": dc, "agent": agent, "data_addr": data_addr}
+    if token is not None:
+        msg["token"] = token
+    if inflight:
+        msg["inflight"] = inflight
+    return validate_control(msg)
+
+
+def tunnels_message(tunnels: list[TunnelSpec], listen: list[int], msg_id=None) -> dict:
+    """Header of a "tunnels" message (controller -> agent): outgoing tunnels, ports to listen on."""
+    msg = {"t": "tunnels", "tunnels": [t.to_dict() for t in tunnels], "listen": list(listen)}
+    return _with_id(msg, msg_id)
+
+
+def flows_message(flows: list[FlowSpec], msg_id=None) -> dict:
+    """Header of a "flows" message (controller -> agent) announcing flow descriptors."""
+    return _with_id({"t": "flows", "flows": [f.to_dict() for f in flows]}, msg_id)
+
+
+def rates_message(groups: list[GroupRates], msg_id=None) -> dict:
+    """Header of a "rates" message (controller -> agent): per-FlowGroup per-path rates, bytes/s."""
+    return _with_id({"t": "rates", "rates": [g.to_dict() for g in groups]}, msg_id)
+
+
+def progress_message(flows: list[tuple[str, str, int]]) -> dict:
+    """Header of a "progress" message from [(coflow, flow, acked bytes)]."""
+    return {"t": "progress", "flows": [{"coflow": c, "flow": f, "acked": a} for c, f, a in flows]}
+
+
+def complete_message(coflow: str, flow: str, digest: str, size: int) -> dict:
+    """Header of a "complete" message: the receiver got all `size` bytes and the digest matched."""
+    return {"t": "complete", "coflow": coflow, "flow": flow, "digest": digest, "size": size}
+
+
+def error_message(message: str, **fields) -> dict:
+    """Header of an "error" message; extra str fields (e.g. coflow, flow) are kept."""
+    return {"t": "error", "message": message, **fields}
+
+
+def _with_id(msg: dict, msg_id) -> dict:
+    if msg_id is not None:
+        msg["id"] = msg_id
+    return validate_control(msg)
+
+
+# ---------------------------------------------------------------- validation
+
+
+def validate_control(msg: dict) -> dict:
+    """Check a control-channel message header (either direction) and return it.
+
+    Args:
+        msg: the frame header, {"t": type, ...fields}; "v"/"n" may be present.
+
+    Returns:
+        msg itself (unchanged) when valid.
+
+    Raises:
+        ProtocolError: not a dict, unknown "t", a missing field or a field of the wrong type/range.
+    """
+    if not isinstance(msg, dict):
+        raise ProtocolError(f"message must be a map, got {type(msg).__name__}")
+    kind = msg.get("t")
+    check = _CONTROL_CHECKS.get(kind)
+    if check is None:
+        raise ProtocolError(f"unknown control message type {kind!r}")
+    if "id" in msg and not isinstance(msg["id"], (str, int)):
+        raise ProtocolError(f"{kind}: 'id' must be a str or int, got {msg['id']!r}")
+    check(msg)
+    return msg
+
+
+def validate_data(msg: dict) -> dict:
+    """Check a data-connection frame header ("hello", "chunk" or "ack") and return it.
+
+    Chunk fields proper (c, f, o, n, x) are checked by framing.FrameReader; this adds "d".
+
+    Raises:
+        ProtocolError: unknown type, missing or mistyped fields.
+    """
+    if not isinstance(msg, dict):
+        raise ProtocolError(f"message must be a map, got {type(msg).__name__}")
+    kind = msg.get("t")
+    if kind == "hello":
+        _str(msg, "agent", kind)
+        _str(msg, "tunnel", kind)
+    elif kind == "chunk":
+        _str(msg, "c", kind)
+        _str(msg, "f", kind)
+        _int(msg, "o", kind)
+        if "d" in msg:
+            _str(msg, "d", kind)
+    elif kind == "ack":
+        _str(msg, "c", kind)
+        _str(msg, "f", kind)
+        _int(msg, "o", kind)
+        _int(msg, "e", kind)
+    else:
+        raise ProtocolError(f"unknown data message type {kind!r}")
+    return msg
+
+
+def parse_addr(addr, what: str = "address") -> tuple[str, int]:
+    """Split "host:port" into (host, port); the host may be a name, IPv4 or [IPv6].
+
+    Raises:
+        ProtocolError: not a str, no port, port not an int in 1..65535.
+    """
+    if not isinstance(addr, str) or ":" not in addr:
+        raise ProtocolError(f"{what} must be 'host:port', got {addr!r}")
+    host, _, port_s = addr.rpartition(":")
+    host = host.strip("[]")
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise ProtocolError(f"{what} {addr!r}: port {port_s!r} is not an integer") from None
+    if not host or not 1 <= port <= MAX_PORT:
+        raise ProtocolError(f"{what} {addr!r}: need a host and a port in 1..{MAX_PORT}")
+    return host, port
+
+
+def parse_tunnels(msg: dict) -> tuple[list[TunnelSpec], list[int]]:
+    """Validated "tunnels" message -> ([TunnelSpec], [listen port])."""
+    validate_control(msg)
+    specs = [
+        TunnelSpec(
+            tunnel=t["tunnel"],
+            peer_agent=t["peer_agent"],
+            peer_addr=t["peer_addr"],
+            path=tuple(t["path"]),
+            port=t["port"],
+        )
+        for t in msg["tunnels"]
+    ]
+    return specs, list(msg.get("listen", []))
+
+
+def parse_flows(msg: dict) -> list[FlowSpec]:
+    """Validated "flows" message -> [FlowSpec]."""
+    validate_control(msg)
+    return [
+        FlowSpec(
+            coflow=f["coflow"],
+            flow=f["flow"],
+            src_agent=f["src_agent"],
+            dst_agent=f["dst_agent"],
+            dst_dc=f["dst_dc"],
+            size=f["size"],
+            offset=f.get("offset", 0),
+            source=f.get("source", "synthetic"),
+            sink=f.get("sink", "digest"),
+        )
+        for f in msg["flows"]
+    ]
+
+
+def parse_rates(msg: dict) -> list[GroupRates]:
+    """Validated "rates" message -> [GroupRates] (duplicate tunnels in one entry: last wins)."""
+    validate_control(msg)
+    return [
+        GroupRates(
+            coflow=g["coflow"],
+            dst_dc=g["dst_dc"],
+            paths={p["tunnel"]: float(p["rate"]) for p in g["paths"]},
+        )
+        for g in msg["rates"]
+    ]
+
+
+def _str(d: dict, key: str, where: str, optional: bool = False) -> None:
+    if key not in d:
+        if optional:
+            return
+        raise ProtocolError(f"{where}: missing field {key!r}")
+    value = d[key]
+    if not isinstance(value, str) or not value:
+        raise ProtocolError(f"{where}: field {key!r} must be a non-empty str, got {value!r}")
+
+
+def _int(d: dict, key: str, where: str, optional: bool = False, minimum: int = 0) -> None:
+    if key not in d:
+        if optional:
+            return
+        raise ProtocolError(f"{where}: missing field {key!r}")
+    value = d[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ProtocolError(f"{where}: field {key!r} must be an int >= {minimum}, got {value!r}")
+
+
+def _list(d: dict, key: str, where: str, optional: bool = False) -> list:
+    if key not in d:
+        if optional:
+            return []
+        raise ProtocolError(f"{where}: missing field {key!r}")
+    value = d[key]
+    if not isinstance(value, list):
+        raise ProtocolError(f"{where}: field {key!r} must be a list, got {type(value).__name__}")
+    return value
+
+
+def _map(item, where: str) -> dict:
+    if not isinstance(item, dict):
+        raise ProtocolError(f"{where}: entries must be maps, got {type(item).__name__}")
+    return item
+
+
+def _check_register(m: dict) -> None:
+    for key in ("dc", "agent"):
+        _str(m, key, "register")
+    parse_addr(m.get("data_addr"), "register: data_addr")
+    _str(m, "token", "register", optional=True)
+    for i, item in enumerate(_list(m, "inflight", "register", optional=True)):
+        where = f"register: inflight[{i}]"
+        _map(item, where)
+        _str(item, "coflow", where)
+        _str(item, "flow", where)
+        _int(item, "offset", where)
+        if item.get("role") not in ("send", "recv"):
+            raise ProtocolError(f"{where}: role must be 'send' or 'recv', got {item.get('role')!r}")
+
+
+def _check_registered(m: dict) -> None:
+    _str(m, "agent", "registered")
+
+
+def _check_tunnels(m: dict) -> None:
+    seen = set()
+    for i, item in enumerate(_list(m, "tunnels", "tunnels")):
+        where = f"tunnels: tunnels[{i}]"
+        _map(item, where)
+        for key in ("tunnel", "peer_agent"):
+            _str(item, key, where)
+        parse_addr(item.get("peer_addr"), f"{where}: peer_addr")
+        _int(item, "port", where, minimum=1)
+        if item["port"] > MAX_PORT:
+            raise ProtocolError(f"{where}: port {item['port']} > {MAX_PORT}")
+        path = _list(item, "path", where)
+        if len(path) < 2 or not all(isinstance(dc, str) and dc for dc in path):
+            raise ProtocolError(f"{where}: path must list >= 2 DC names, got {path!r}")
+        key = (item["peer_agent"], item["tunnel"])
+        if key in seen:
+            raise ProtocolError(f"{where}: duplicate tunnel {item['tunnel']!r} to {key[0]!r}")
+        seen.add(key)
+    for port in _list(m, "listen", "tunnels", optional=True):
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= MAX_PORT:
+            raise ProtocolError(f"tunnels: listen ports must be in 1..{MAX_PORT}, got {port!r}")
+
+
+def _check_flows(m: dict) -> None:
+    for i, item in enumerate(_list(m, "flows", "flows")):
+        where = f"flows: flows[{i}]"
+        _map(item, where)
+        for key in ("coflow", "flow", "src_agent", "dst_agent", "dst_dc"):
+            _str(item, key, where)
+        _int(item, "size", where, minimum=1)
+        _int(item, "offset", where, optional=True)
+        if item.get("offset", 0) > item["size"]:
+            raise ProtocolError(f"{where}: offset {item['offset']} > size {item['size']}")
+        source = item.get("source", "synthetic")
+        if not isinstance(source, str) or not (
+            source == "synthetic" or (source.startswith("file:") and len(source) > 5)
+        ):
+            raise ProtocolError(f"{where}: source must be 'synthetic' or 'file:PATH': {source!r}")
+        sink = item.get("sink", "digest")
+        if not isinstance(sink, str) or not (
+            sink == "digest" or (sink.startswith("file:") and len(sink) > 5)
+        ):
+            raise ProtocolError(f"{where}: sink must be 'digest' or 'file:PATH', got {sink!r}")
+
+
+def _check_rates(m: dict) -> None:
+    for i, item in enumerate(_list(m, "rates", "rates")):
+        where = f"rates: rates[{i}]"
+        _map(item, where)
+        _str(item, "coflow", where)
+        _str(item, "dst_dc", where)
+        for j, path in enumerate(_list(item, "paths", where)):
+            pwhere = f"{where}.paths[{j}]"
+            _map(path, pwhere)
+            _str(path, "tunnel", pwhere)
+            rate = path.get("rate")
+            if (
+                isinstance(rate, bool)
+                or not isinstance(rate, (int, float))
+                or not rate >= 0
+                or rate == float("inf")
+            ):
+                raise ProtocolError(f"{pwhere}: rate must be a finite number >= 0, got {rate!r}")
+
+
+def _check_progress(m: dict) -> None:
+    for i, item in enumerate(_list(m, "flows", "progress")):
+        where = f"progress: flows[{i}]"
+        _map(item, where)
+        _str(item, "coflow", where)
+        _str(item, "flow", where)
+        _int(item, "acked", where)
+
+
+def _check_complete(m: dict) -> None:
+    for key in ("coflow", "flow", "digest"):
+        _str(m, key, "complete")
+    _int(m, "size", "complete", minimum=1)
+
+
+def _check_error(m: dict) -> None:
+    if not isinstance(m.get("message"), str):
+        raise ProtocolError(f"error: field 'message' must be a str, got {m.get('message')!r}")
+
+
+def _check_ack(m: dict) -> None:
+    if not isinstance(m.get("id"), (str, int)) or isinstance(m.get("id"), bool):
+        raise ProtocolError(f"ack: field 'id' must be a str or int, got {m.get('id')!r}")
+
+
+def _check_nothing(m: dict) -> None:
+    return None
+
+
+_CONTROL_CHECKS = {
+    "register": _check_register,
+    "registered": _check_registered,
+    "tunnels": _check_tunnels,
+    "flows": _check_flows,
+    "rates": _check_rates,
+    "progress": _check_progress,
+    "complete": _check_complete,
+    "error": _check_error,
+    "ack": _check_ack,
+    "heartbeat": _check_nothing,
+}
