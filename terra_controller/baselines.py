@@ -4,7 +4,7 @@
 |------------------|------------------------------------------|------------------------------------|
 | PerFlowPolicy    | one shortest path per flow               | max-min fair per flow (ideal TCP)  |
 | MultipathPolicy  | every flow over all its K paths          | max-min fair per subflow (MPTCP)   |
-| SwanMcfPolicy    | K paths per DC pair                      | max-min fair MCF over DC-pair demand |
+| SwanMcfPolicy    | K paths per DC pair                      | max-min MCF over DC-pair demands   |
 | VarysPolicy      | one shortest path per flow               | SEBF order, MADD, max-min backfill |
 | RapierPolicy     | per flow one of K paths, min coflow CCT  | order by that CCT, MADD, backfill  |
 

@@ -1,0 +1,213 @@
+"""`terra-sim`: run a workload through Terra and the baselines in the simulator (issue 2 item 6).
+
+    terra-sim --topology {swan,gscale,att,PATH} --workload {fb,PATH}
+              [--scheduler {terra,per-flow,multipath,swan-mcf,varys,rapier,all}] [--k K]
+              [--alpha A] [--epsilon E] [--link-gbps G] [--deadline-factor F] [--limit N]
+              [--json OUT] [--plot OUT.png] [--fail-link A-B@T1[:T2]]
+
+Prints one table row per scheduler: average and 95th-percentile CCT, FoI of Terra
+over it (its average CCT / Terra's), WAN utilization, average slowdown, deadlines
+met, admitted coflows and wall time. Invalid input (topology, workload, options)
+prints one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from tqdm import tqdm
+
+from terra_controller.baselines import BASELINES
+from terra_controller.simulator import (
+    SimResult,
+    SimulationError,
+    WanChange,
+    empty_wan_gammas,
+    simulate,
+    with_deadline_factor,
+)
+from topologies import Topology, TopologyError, load_topology
+from workloads import WorkloadError, load_workload
+
+SCHEDULERS = ["terra", "per-flow", "multipath", "swan-mcf", "varys", "rapier"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of terra-sim."""
+    p = argparse.ArgumentParser(prog="terra-sim", description=__doc__.split("\n")[0])
+    p.add_argument("--topology", required=True, help="swan, gscale, att, or a JSON/GraphML file")
+    p.add_argument("--workload", required=True, help="fb, a coflow-benchmark trace, or .json")
+    p.add_argument("--scheduler", choices=[*SCHEDULERS, "all"], default="all")
+    p.add_argument("--k", type=int, default=4, help="paths per DC pair (default 4)")
+    p.add_argument("--alpha", type=float, default=0.1, help="Terra's starvation share α")
+    p.add_argument("--epsilon", type=float, default=0.1, help="Terra's deadline slack ε")
+    p.add_argument("--link-gbps", type=float, default=None, help="set every link to G Gbps")
+    p.add_argument(
+        "--deadline-factor", type=float, default=None, help="deadline = F x Γ in an empty WAN"
+    )
+    p.add_argument("--limit", type=int, default=None, help="only the first N coflows")
+    p.add_argument("--json", type=Path, default=None, metavar="OUT", help="write results as JSON")
+    p.add_argument("--plot", type=Path, default=None, metavar="OUT.png", help="CCT CDF plot")
+    p.add_argument(
+        "--fail-link",
+        action="append",
+        default=[],
+        metavar="A-B@T1[:T2]",
+        help="link A-B goes down at T1 s (and up at T2 s); repeatable",
+    )
+    return p
+
+
+def parse_fail_link(spec: str, topology: Topology) -> list[WanChange]:
+    """Parse ``A-B@T1[:T2]`` into WanChanges (down at T1, up at T2).
+
+    DC names may contain '-': every split point is tried until one names a link.
+
+    Raises:
+        ValueError: malformed spec, unknown link, negative times or T2 <= T1.
+    """
+    link, at, times = spec.rpartition("@")
+    if not at or not link:
+        raise ValueError(f"--fail-link {spec!r}: expected A-B@T1[:T2]")
+    try:
+        t = [float(x) for x in times.split(":")]
+    except ValueError:
+        raise ValueError(f"--fail-link {spec!r}: times must be numbers") from None
+    if len(t) not in (1, 2) or t[0] < 0 or (len(t) == 2 and t[1] <= t[0]):
+        raise ValueError(f"--fail-link {spec!r}: need 0 <= T1 (< T2)")
+    ends = [
+        (link[:i], link[i + 1 :])
+        for i, ch in enumerate(link)
+        if ch == "-" and (link[:i], link[i + 1 :]) in topology.capacity
+    ]
+    if not ends:
+        raise ValueError(f"--fail-link {spec!r}: no link {link!r} in topology {topology.name}")
+    a, b = ends[0]
+    changes = [WanChange(t[0], a, b, up=False)]
+    if len(t) == 2:
+        changes.append(WanChange(t[1], a, b, up=True))
+    return changes
+
+
+def make_policy(name: str, topology: Topology, args: argparse.Namespace):
+    """Return a fresh policy called `name` on `topology` (Terra or a baseline)."""
+    if name == "terra":
+        try:
+            from terra_controller.terra_policy import TerraPolicy
+        except ImportError as exc:
+            raise ValueError(f"the terra scheduler is not available: {exc}") from exc
+
+        return TerraPolicy(topology, k=args.k, alpha=args.alpha, epsilon=args.epsilon)
+    return BASELINES[name](topology, k=args.k)
+
+
+def run(args: argparse.Namespace) -> dict[str, SimResult]:
+    """Load the inputs, simulate every requested scheduler, return {name: SimResult}.
+
+    Raises:
+        TopologyError, WorkloadError, ValueError: invalid inputs.
+    """
+    if args.k < 1:
+        raise ValueError(f"--k must be >= 1, got {args.k}")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    topology = load_topology(args.topology, link_gbps=args.link_gbps)
+    coflows = load_workload(args.workload, topology, limit=args.limit)
+    changes = [ch for spec in args.fail_link for ch in parse_fail_link(spec, topology)]
+    gammas = empty_wan_gammas(coflows, topology, args.k)
+    if args.deadline_factor is not None:
+        coflows = with_deadline_factor(coflows, gammas, args.deadline_factor)
+    names = SCHEDULERS if args.scheduler == "all" else [args.scheduler]
+    results = {}
+    for name in names:
+        try:
+            policy = make_policy(name, topology.copy(), args)
+        except ValueError as exc:
+            if args.scheduler != "all":
+                raise
+            print(f"terra-sim: skipping {name}: {exc}", file=sys.stderr)
+            continue
+        with tqdm(total=len(coflows), desc=name, unit="coflow", file=sys.stderr) as bar:
+            results[name] = simulate(policy, coflows, changes, gammas, progress=bar)
+    return results
+
+
+def format_table(results: dict[str, SimResult]) -> str:
+    """Return the results as a text table (FoI = scheduler's avg CCT / Terra's avg CCT)."""
+    terra = results.get("terra")
+    base = terra.avg_cct_s if terra else None
+    head = (
+        f"{'scheduler':<10} {'avg CCT s':>11} {'p95 CCT s':>11} {'FoI':>6} {'WAN util':>8} "
+        f"{'slowdown':>9} {'deadl.met':>9} {'admitted':>8} {'unfin.':>6} {'wall s':>7}"
+    )
+    lines = [head, "-" * len(head)]
+    for name, r in results.items():
+        foi = r.avg_cct_s / base if base and r.avg_cct_s is not None else None
+        lines.append(
+            f"{name:<10} {_num(r.avg_cct_s, 11, 2)} {_num(r.p95_cct_s, 11, 2)} {_num(foi, 6, 2)} "
+            f"{_num(r.wan_utilization, 8, 3)} {_num(r.avg_slowdown, 9, 2)} "
+            f"{r.deadlines_met:>9} {r.admitted:>8} {len(r.unfinished):>6} {r.wall_s:>7.1f}"
+        )
+    return "\n".join(lines)
+
+
+def _num(value: float | None, width: int, digits: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
+
+
+def write_json(results: dict[str, SimResult], out: Path) -> None:
+    """Write {"results": {scheduler: SimResult.to_json()}} to `out`."""
+    out.write_text(json.dumps({"results": {n: r.to_json() for n, r in results.items()}}, indent=1))
+
+
+def plot_cdf(results: dict[str, SimResult], out: Path) -> None:
+    """Draw the CCT CDF of every scheduler (finished, admitted WAN coflows) to `out` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, r in results.items():
+        ccts = sorted(c.cct_s for c in r.coflows if c.wan and c.cct_s is not None)
+        if ccts:
+            ax.step(ccts, [(i + 1) / len(ccts) for i in range(len(ccts))], where="post", label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("CCT (s)")
+    ax.set_ylabel("fraction of coflows")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `terra-sim`. Returns the exit status (0 ok, 2 bad input, 1 policy bug)."""
+    args = build_parser().parse_args(argv)
+    try:
+        results = run(args)
+    except (TopologyError, WorkloadError, ValueError, OSError) as exc:
+        print(f"terra-sim: error: {exc}", file=sys.stderr)
+        return 2
+    except SimulationError as exc:
+        print(f"terra-sim: simulation error: {exc}", file=sys.stderr)
+        return 1
+    print(format_table(results))
+    try:
+        if args.json:
+            write_json(results, args.json)
+        if args.plot:
+            plot_cdf(results, args.plot)
+    except OSError as exc:
+        print(f"terra-sim: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

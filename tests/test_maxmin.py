@@ -1,0 +1,98 @@
+"""Max-min fair water-filling (terra_controller/maxmin.py): hand-computed cases and invariants."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from terra_controller.maxmin import maxmin_levels, maxmin_on_paths
+
+
+def test_two_flows_sharing_a_link_get_half_each():
+    # one link of 10 B/s, two flows on it: 10 / 2 = 5 each
+    levels = maxmin_levels(np.array([[1.0, 1.0]]), np.array([10.0]))
+    assert levels == pytest.approx([5.0, 5.0])
+
+
+def test_classic_bottleneck_example():
+    # links L1 = 10, L2 = 4; flow a on L1, b on L1+L2, c on L2.
+    # L2 saturates first: b = c = 4 / 2 = 2; then a gets the rest of L1: 10 - 2 = 8.
+    incidence = np.array([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]])
+    levels = maxmin_levels(incidence, np.array([10.0, 4.0]))
+    assert levels == pytest.approx([8.0, 2.0, 2.0])
+
+
+def test_weighted_entity_counts_its_members():
+    # a bundle of 3 flows and a single flow on a link of 8: 4 flows at 8 / 4 = 2 each,
+    # so the bundle's load is 3 * 2 = 6 and the single flow's is 2.
+    levels = maxmin_levels(np.array([[3.0, 1.0]]), np.array([8.0]))
+    assert levels == pytest.approx([2.0, 2.0])
+
+
+def test_caps_free_capacity_for_others():
+    # link of 10; flow 0 capped at 2, so flow 1 gets 10 - 2 = 8
+    levels = maxmin_levels(np.array([[1.0, 1.0]]), np.array([10.0]), np.array([2.0, np.inf]))
+    assert levels == pytest.approx([2.0, 8.0])
+
+
+def test_down_link_gives_zero_and_leaves_others_alone():
+    # link 0 is down (capacity 0): flow 0 crosses it and gets 0; flow 1 alone on link 1 gets 5
+    levels = maxmin_levels(np.array([[1.0, 0.0], [1.0, 1.0]]), np.array([0.0, 5.0]))
+    assert levels == pytest.approx([0.0, 5.0])
+
+
+def test_on_paths_shares_the_common_link():
+    # A->B->C and B->C share B-C (cap 6): 3 each; A-B (cap 10) is not a bottleneck
+    cap = {("A", "B"): 10.0, ("B", "C"): 6.0}
+    rates = maxmin_on_paths([[(("A", "B", "C"), 1)], [(("B", "C"), 1)]], cap)
+    assert rates == pytest.approx([3.0, 3.0])
+
+
+def test_bad_input_raises():
+    with pytest.raises(ValueError, match="unbounded"):
+        maxmin_levels(np.zeros((1, 1)), np.array([1.0]))
+    with pytest.raises(ValueError, match="shape"):
+        maxmin_levels(np.ones((2, 1)), np.array([1.0]))
+    with pytest.raises(ValueError, match=">= 0"):
+        maxmin_levels(np.ones((1, 1)), np.array([-1.0]))
+
+
+@st.composite
+def instances(draw):
+    n_links = draw(st.integers(1, 6))
+    n = draw(st.integers(1, 12))
+    inc = np.array(
+        draw(
+            st.lists(
+                st.lists(st.sampled_from([0, 0, 1, 2, 3]), min_size=n, max_size=n),
+                min_size=n_links,
+                max_size=n_links,
+            )
+        ),
+        dtype=float,
+    )
+    inc[0, inc.sum(axis=0) == 0] = 1.0  # every entity crosses at least one link
+    cap = np.array(draw(st.lists(st.floats(0.0, 1e9), min_size=n_links, max_size=n_links)))
+    caps = np.array(
+        draw(st.lists(st.one_of(st.just(np.inf), st.floats(0.0, 1e9)), min_size=n, max_size=n))
+    )
+    return inc, cap, caps
+
+
+@settings(max_examples=200, deadline=None)
+@given(instances())
+def test_maxmin_is_feasible_and_every_entity_is_bottlenecked(inst):
+    inc, cap, caps = inst
+    level = maxmin_levels(inc, cap, caps)
+    assert (level >= 0).all()
+    load = inc @ level
+    assert (load <= cap * (1 + 1e-9) + 1e-6).all()
+    assert (level <= caps * (1 + 1e-9) + 1e-9).all()
+    # max-min optimality: each entity is at its cap, or crosses a saturated link on which
+    # no other entity has a larger level (the bottleneck condition).
+    saturated = load >= cap * (1 - 1e-9) - 1e-6
+    for j in range(len(level)):
+        if level[j] >= caps[j] * (1 - 1e-9):
+            continue
+        links = np.flatnonzero((inc[:, j] > 0) & saturated)
+        assert any(level[inc[e] > 0].max() <= level[j] * (1 + 1e-9) + 1e-6 for e in links)
