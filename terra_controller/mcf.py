@@ -50,6 +50,7 @@ def maxmin_mcf(
     priority: dict[Hashable, int] | None = None,
     max_rounds: int = 64,
     weights: dict[Hashable, float] | None = None,
+    stats: dict | None = None,
 ) -> Rates:
     """Max-min fair rates for commodities that may each split over several paths.
 
@@ -66,6 +67,7 @@ def maxmin_mcf(
             raised as weight_k · t; default 1). A commodity standing for n
             identical ones (same paths, no cap) with weight n gets what the n
             would get together.
+        stats: optional dict; its "lps" entry is increased by the LPs solved.
 
     Returns:
         {key: [(path, bytes/s), ...]} for every key of `demands`, listing only
@@ -89,7 +91,10 @@ def maxmin_mcf(
     for cls in classes:
         members = [i for i, k in enumerate(lp.keys) if (priority or {}).get(k, 0) == cls]
         lp.fill(members, max_rounds)
-    for (i, path), rate in zip(lp.cols, lp.rates(), strict=True):
+    rates = lp.rates()
+    if stats is not None:
+        stats["lps"] = stats.get("lps", 0) + lp.solves
+    for (i, path), rate in zip(lp.cols, rates, strict=True):
         if rate > _REL_TOL * lp.scale:
             result[lp.keys[i]].append((path, rate))
     return result
@@ -114,6 +119,7 @@ class _McfLp:
         self.keys: list[Hashable] = []
         self.caps: list[float] = []
         self.weights: list[float] = []
+        self.solves = 0
         self.cols: list[tuple[int, Path]] = []
         self.link_rows: dict[Link, int] = {}
         col_rows: list[list[int]] = []
@@ -186,7 +192,7 @@ class _McfLp:
         for _ in range(max_rounds):
             if not active:
                 return
-            if not solve(h):
+            if not self._solve():
                 self._freeze(active, [0.0] * len(self.keys))
                 return
             sol = h.getSolution()
@@ -197,6 +203,10 @@ class _McfLp:
             active -= done
         if active:
             self._finish(active)
+
+    def _solve(self) -> bool:
+        self.solves += 1
+        return solve(self.h)
 
     def _freeze(self, members: set[int], levels: list[float]) -> None:
         """Pin member i's total rate to levels[i] (scaled units) and take it out of t's rows."""
@@ -219,7 +229,7 @@ class _McfLp:
             )
             h.changeRowBounds(self.b_row + i, -INF, INF)
             h.changeColCost(self.z_col + i, 1.0)
-        solve(h)
+        self._solve()
         value = h.getSolution().col_value
         levels = [value[self.z_col + i] for i in range(len(self.keys))]
         for i in active:
@@ -231,7 +241,7 @@ class _McfLp:
         """Per-column rates in bytes/s from a final solve, scaled down where solver
         tolerance left a link a hair over its capacity."""
         self.h.changeColBounds(self.t_col, 0.0, 0.0)  # every commodity is frozen by now
-        if not solve(self.h):
+        if not self._solve():
             return [0.0] * len(self.cols)
         value = self.h.getSolution().col_value
         rates = [max(0.0, value[c]) * self.scale for c in range(len(self.cols))]

@@ -1,0 +1,285 @@
+"""One offline Terra scheduling round (DESIGN.md section 4.2; Pseudocode 1 of the paper).
+
+Steps, for the coflows active now (each given by its FlowGroups' remaining volumes):
+
+1. Admitted deadline coflows, earliest deadline first, get their min-CCT
+   allocation stretched to finish exactly at the deadline (rates × Γ/(D − now);
+   unstretched when D − now ≤ Γ: best effort). Their usage leaves the capacity.
+2. α of every link's remaining capacity is reserved: r_e = (1 − α)·c_e.
+3. The other coflows are ordered by Γ on the full current capacities (smallest
+   first; ties by the order they were given in).
+4. In that order each gets its min-CCT allocation (Optimization (1)) on r if every
+   FlowGroup can get a positive rate, and r shrinks by it; otherwise it is
+   preempted for this round.
+5. The reserved α share (α·c_e) goes to the preempted coflows, max-min fair over
+   their FlowGroups (FlowGroups of one DC pair share the pair's paths, so the
+   MCF runs per DC pair weighted by the number of FlowGroups, and a pair's rate
+   is split equally among them).
+6. Work conservation: the capacity still unused is divided max-min fair among
+   the DC pairs that have any active FlowGroup (SWAN-style MCF, mcf.py), and a
+   pair's extra goes to the earliest coflow in the order (deadline coflows,
+   then scheduled, then preempted ones) that has a FlowGroup on that pair.
+
+The function is pure: it reads its arguments and returns a new RoundResult.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from terra_controller.mcf import maxmin_mcf
+from terra_controller.min_cct import Pair, PairRates, links_of, min_cct
+from topologies import Link, Path
+
+SCHEDULED, PREEMPTED, DEADLINE = "scheduled", "preempted", "deadline"
+_FULL = 1e-6  # a link with less than this fraction of its capacity left counts as full
+
+
+@dataclass
+class RoundResult:
+    """What one round decided.
+
+    Attributes:
+        rates: {coflow id: {(src, dst): [(path, bytes/s), ...]}} for every
+            coflow that gets any rate (paths merged, rates > 0).
+        state: {coflow id: "deadline" | "scheduled" | "preempted"} for every input coflow.
+        order: coflow ids in the order of step 3 (non-deadline coflows only).
+        gammas: {coflow id: Γ in seconds on the full capacities} used for the order
+            (the caller may cache them; Γ scales linearly with the volumes).
+        lps: LPs solved in this round (min-CCT and MCF).
+    """
+
+    rates: dict[str, PairRates] = field(default_factory=dict)
+    state: dict[str, str] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
+    gammas: dict[str, float] = field(default_factory=dict)
+    lps: int = 0
+
+
+def schedule_round(
+    coflows: dict[str, dict[Pair, float]],
+    paths: dict[Pair, list[Path]],
+    capacity: dict[Link, float],
+    now: float = 0.0,
+    deadlines: dict[str, float] | None = None,
+    alpha: float = 0.1,
+    gammas: dict[str, float] | None = None,
+) -> RoundResult:
+    """Run one scheduling round (DESIGN.md 4.2 steps 1-6).
+
+    Args:
+        coflows: {coflow id: {(src DC, dst DC): remaining bytes}} of the active
+            coflows, in arrival order (the tie-break of the Γ order). Coflows
+            with no positive volume are ignored.
+        paths: {(src, dst): [path, ...]}: candidate paths per DC pair, over links that are up.
+        capacity: {(u, v): bytes/s} available now (down links 0 or absent).
+        now: current time in seconds (for deadlines).
+        deadlines: {coflow id: absolute deadline in seconds} of the admitted
+            deadline coflows among `coflows`.
+        alpha: starvation share in [0, 1).
+        gammas: optional {coflow id: Γ on `capacity`} known to the caller; missing
+            ones are computed (and returned in RoundResult.gammas).
+
+    Returns:
+        RoundResult. Link loads stay within `capacity` (solver round-off is
+        scaled away).
+
+    Raises:
+        ValueError: alpha outside [0, 1), or a FlowGroup whose DC pair has no
+            entry in `paths` (the message names the coflow and the pair).
+    """
+    if not 0.0 <= alpha < 1.0:
+        raise ValueError(f"alpha must be in [0, 1), got {alpha!r}")
+    deadlines = deadlines or {}
+    active = {cid: {p: v for p, v in fgs.items() if v > 0} for cid, fgs in coflows.items()}
+    active = {cid: fgs for cid, fgs in active.items() if fgs}
+    for cid, fgs in active.items():
+        for pair in fgs:
+            if pair not in paths:
+                raise ValueError(f"coflow {cid!r}: no path set for DC pair {pair[0]}->{pair[1]}")
+    result = RoundResult()
+    left = {link: max(0.0, c) for link, c in capacity.items()}
+    rates: dict[str, dict[Pair, dict[Path, float]]] = {}
+
+    # Step 1: admitted deadline coflows, earliest deadline first.
+    deadline_ids = reserve_deadlines(active, paths, left, now, deadlines, rates, result)
+
+    # Steps 2-4: reserve α, order by Γ on the full capacities, sequential min-CCT on r.
+    others = [cid for cid in active if cid not in result.state]
+    known = gammas or {}
+    for cid in others:
+        if cid in known:
+            result.gammas[cid] = known[cid]
+        else:
+            result.gammas[cid] = _solve(active[cid], paths, capacity, result).gamma_s
+    position = {cid: i for i, cid in enumerate(others)}
+    result.order = sorted(others, key=lambda c: (result.gammas[c], position[c]))
+    reserve = {link: alpha * c for link, c in left.items()}
+    r = {link: c - reserve[link] for link, c in left.items()}
+    preempted: list[str] = []
+    for cid in result.order:
+        if not _all_reachable(active[cid], paths, r, capacity):
+            result.state[cid] = PREEMPTED
+            preempted.append(cid)
+            continue
+        res = _solve(active[cid], paths, r, result)
+        if math.isinf(res.gamma_s):
+            result.state[cid] = PREEMPTED
+            preempted.append(cid)
+            continue
+        result.state[cid] = SCHEDULED
+        _take(rates, cid, res.rates, r, 1.0)
+
+    # Step 5: the α share to the preempted coflows.
+    if preempted and alpha > 0:
+        _alpha_share(active, preempted, paths, reserve, rates, result)
+    spare = {link: r[link] + reserve[link] for link in left}
+
+    # Step 6: work conservation, earlier coflows in the order first.
+    first_of_pair: dict[Pair, str] = {}
+    for cid in deadline_ids + result.order:
+        for pair in active[cid]:
+            first_of_pair.setdefault(pair, cid)
+    _work_conservation(first_of_pair, paths, spare, capacity, rates, result)
+
+    result.rates = _finish(rates, capacity)
+    return result
+
+
+def reserve_deadlines(
+    coflows: dict[str, dict[Pair, float]],
+    paths: dict[Pair, list[Path]],
+    left: dict[Link, float],
+    now: float,
+    deadlines: dict[str, float],
+    rates: dict | None = None,
+    result: RoundResult | None = None,
+) -> list[str]:
+    """Step 1: stretched min-CCT allocations of the admitted deadline coflows, EDF.
+
+    Each deadline coflow in `coflows` gets its min-CCT rates on `left` scaled by
+    Γ/(D − now) (by 1 when D − now ≤ Γ: it is late, best effort), and `left`
+    shrinks by them (in place).
+
+    Args:
+        coflows: {coflow id: {(src, dst): remaining bytes}} (others are ignored).
+        paths: per DC pair paths.
+        left: {link: bytes/s} capacity, reduced in place.
+        now: seconds.
+        deadlines: {coflow id: absolute deadline, seconds}.
+        rates: optional {cid: {pair: {path: bytes/s}}} accumulator, updated in place.
+        result: optional RoundResult whose `state` and `lps` are updated.
+
+    Returns:
+        The deadline coflow ids that are in `coflows`, earliest deadline first.
+    """
+    result = RoundResult() if result is None else result
+    rates = {} if rates is None else rates
+    by_deadline = sorted((d, i, cid) for i, (cid, d) in enumerate(deadlines.items()))
+    ids = [cid for _, _, cid in by_deadline if cid in coflows]
+    for cid in ids:
+        res = _solve(coflows[cid], paths, left, result)
+        result.state[cid] = DEADLINE
+        if math.isinf(res.gamma_s):
+            continue
+        time_left = deadlines[cid] - now
+        stretch = min(1.0, res.gamma_s / time_left) if time_left > 0 else 1.0
+        _take(rates, cid, res.rates, left, stretch)
+    return ids
+
+
+def _solve(volumes, paths, capacity, result: RoundResult):
+    res = min_cct(volumes, paths, capacity)
+    result.lps += res.lp_solved
+    return res
+
+
+def _all_reachable(volumes, paths, r, capacity) -> bool:
+    """Every FlowGroup has a path whose links all have more than _FULL of capacity left."""
+    for pair in volumes:
+        if not any(
+            all(r.get(link, 0.0) > _FULL * capacity.get(link, 0.0) for link in links_of(p))
+            for p in paths[pair]
+        ):
+            return False
+    return True
+
+
+def _take(rates, cid: str, pair_rates: PairRates, left: dict[Link, float], scale: float) -> None:
+    """Add `pair_rates` × scale to coflow `cid` and subtract them from `left`."""
+    mine = rates.setdefault(cid, {})
+    for pair, lst in pair_rates.items():
+        per_path = mine.setdefault(pair, {})
+        for path, rate in lst:
+            x = rate * scale
+            per_path[path] = per_path.get(path, 0.0) + x
+            for link in links_of(path):
+                left[link] = max(0.0, left[link] - x)
+
+
+def _alpha_share(active, preempted, paths, reserve, rates, result: RoundResult) -> None:
+    """Step 5: weighted max-min over DC pairs (weight = preempted FlowGroups on the pair)."""
+    members: dict[Pair, list[str]] = {}
+    for cid in preempted:
+        for pair in active[cid]:
+            members.setdefault(pair, []).append(cid)
+    demands = {pair: (paths[pair], None) for pair in members}
+    weights = {pair: float(len(cids)) for pair, cids in members.items()}
+    stats = {"lps": 0}
+    pair_rates = maxmin_mcf(demands, _positive(reserve), weights=weights, stats=stats)
+    result.lps += stats["lps"]
+    for pair, lst in pair_rates.items():
+        share = 1.0 / len(members[pair])
+        for cid in members[pair]:
+            _take(rates, cid, {pair: lst}, reserve, share)
+
+
+def _work_conservation(first_of_pair, paths, spare, capacity, rates, result) -> None:
+    """Step 6: max-min MCF of the spare capacity over the active DC pairs."""
+    usable = {
+        pair: [
+            p
+            for p in paths[pair]
+            if all(spare.get(link, 0.0) > _FULL * capacity.get(link, 0.0) for link in links_of(p))
+        ]
+        for pair in first_of_pair
+    }
+    demands = {pair: (ps, None) for pair, ps in usable.items() if ps}
+    if not demands:
+        return
+    stats = {"lps": 0}
+    pair_rates = maxmin_mcf(demands, _positive(spare), stats=stats)
+    result.lps += stats["lps"]
+    for pair, lst in pair_rates.items():
+        if lst:
+            _take(rates, first_of_pair[pair], {pair: lst}, spare, 1.0)
+
+
+def _positive(capacity: dict[Link, float]) -> dict[Link, float]:
+    return {link: c for link, c in capacity.items() if c > 0}
+
+
+def _finish(rates, capacity: dict[Link, float]) -> dict[str, PairRates]:
+    """Merge into lists and scale down any link that round-off left over its capacity."""
+    load: dict[Link, float] = {}
+    for per_pair in rates.values():
+        for per_path in per_pair.values():
+            for path, x in per_path.items():
+                for link in links_of(path):
+                    load[link] = load.get(link, 0.0) + x
+    over = {
+        link: capacity.get(link, 0.0) / x for link, x in load.items() if x > capacity.get(link, 0.0)
+    }
+    out: dict[str, PairRates] = {}
+    for cid, per_pair in rates.items():
+        for pair, per_path in per_pair.items():
+            lst = []
+            for path, x in per_path.items():
+                if over:
+                    x *= min([1.0] + [over.get(link, 1.0) for link in links_of(path)])
+                if x > 0:
+                    lst.append((path, x))
+            if lst:
+                out.setdefault(cid, {})[pair] = lst
+    return out

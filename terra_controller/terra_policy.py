@@ -1,0 +1,341 @@
+"""Terra's online scheduler (DESIGN.md section 4.3; Pseudocode 2 of the paper) as a Policy.
+
+On every event the caller (simulator or controller) asks `allocate` for rates;
+the policy aggregates the remaining bytes of each coflow into FlowGroups, runs
+one scheduling round (scheduling_round.py) and splits every FlowGroup's per-path
+rates among its flows in proportion to their remaining bytes (policy.split_by_remaining).
+
+What is kept between rounds (the incremental part of DESIGN.md 4.3):
+  * paths per DC pair, over links that are up, recomputed only on link down/up;
+  * Γ of every coflow on the full capacities (the order of step 3), rescaled
+    when the coflow's FlowGroups shrank in proportion (Γ is homogeneous of
+    degree 1 in the volumes) and recomputed only when they did not, or when
+    the WAN changed (link state, or a capacity change larger than δ).
+
+Deadlines: a coflow with a deadline D (absolute: arrival + deadline_s) is
+admitted iff Γ·(1 + ε) ≤ D − now, with Γ computed on the capacity left after
+the already admitted deadline coflows' stretched allocations. Admitted
+deadline coflows are never preempted.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from terra_controller.min_cct import Pair, min_cct
+from terra_controller.policy import Allocation, Remaining, split_by_remaining
+from terra_controller.scheduling_round import (
+    PREEMPTED,
+    RoundResult,
+    reserve_deadlines,
+    schedule_round,
+)
+from topologies import Link, Path, Topology, k_shortest_paths
+from topologies.paths import up_graph
+from workloads import Coflow, Flow
+
+_PROPORTIONAL = 1e-9  # relative tolerance for "FlowGroups shrank in proportion"
+
+
+class TerraPolicy:
+    """Terra (You & Chowdhury, arXiv 1904.08480) implementing the Policy protocol.
+
+    Args:
+        topology: the shared WAN view; the caller mutates it and then calls wan_changed.
+        k: paths kept per DC pair (K >= 1).
+        alpha: starvation share α in [0, 1) (DESIGN.md 4.2 step 2).
+        epsilon: deadline admission slack ε >= 0 (DESIGN.md 4.3).
+        delta: relative capacity-change threshold δ >= 0 (DESIGN.md 4.3).
+
+    Attributes:
+        name: "terra".
+        stats: {"rounds": int, "round_ms": [wall ms per allocate call], "lps": total LPs}.
+
+    Raises:
+        ValueError: a parameter out of range.
+    """
+
+    name = "terra"
+
+    def __init__(
+        self,
+        topology: Topology,
+        k: int = 4,
+        alpha: float = 0.1,
+        epsilon: float = 0.1,
+        delta: float = 0.1,
+    ) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"K must be a positive integer, got {k!r}")
+        if not 0.0 <= alpha < 1.0:
+            raise ValueError(f"alpha must be in [0, 1), got {alpha!r}")
+        if not epsilon >= 0.0:
+            raise ValueError(f"epsilon must be >= 0, got {epsilon!r}")
+        if not delta >= 0.0:
+            raise ValueError(f"delta must be >= 0, got {delta!r}")
+        self.topology = topology
+        self.k, self.alpha, self.epsilon, self.delta = k, alpha, epsilon, delta
+        self.stats: dict = {"rounds": 0, "round_ms": [], "lps": 0}
+        self._empty = topology.copy()  # the empty WAN of gamma_empty: every link up
+        self._empty.down.clear()
+        self._empty_paths: dict[Pair, list[Path]] = {}
+        self._paths: dict[Pair, list[Path]] = {}
+        self._graph = None
+        self._down_seen = set(topology.down)
+        self._cap_seen = dict(topology.capacity)
+        self._coflows: dict[str, Coflow] = {}
+        self._flow_pair: dict[str, dict[str, Pair]] = {}
+        self._deadline: dict[str, float] = {}  # admitted deadline coflows: absolute deadline
+        self._volumes: dict[str, dict[Pair, float]] = {}  # last known FlowGroup volumes
+        self._gamma: dict[str, tuple[dict[Pair, float], float]] = {}  # volumes, Γ (full WAN)
+        self._state: dict[str, str] = {}
+
+    # ----- Policy protocol -------------------------------------------------------------
+
+    def add_coflow(self, coflow: Coflow, now: float) -> bool:
+        """Register a coflow arriving at `now` (seconds); deadline admission control.
+
+        Returns:
+            False when the coflow has a deadline it cannot meet (it is not
+            registered); True otherwise.
+
+        Raises:
+            ValueError: duplicate coflow id, duplicate flow id, unknown DC, or a
+                flow between DCs with no path (naming the coflow and the pair).
+        """
+        if coflow.id in self._coflows:
+            raise ValueError(f"coflow {coflow.id!r} is already active (duplicate coflow id)")
+        pairs = self._check_flows(coflow.id, coflow.flows, set())
+        volumes = coflow.flowgroups()
+        if coflow.deadline_s is not None:
+            deadline = coflow.arrival_s + coflow.deadline_s
+            if not self._admissible(coflow.id, volumes, deadline, now):
+                return False
+            self._deadline[coflow.id] = deadline
+        self._coflows[coflow.id] = coflow
+        self._flow_pair[coflow.id] = pairs
+        self._volumes[coflow.id] = volumes
+        self._state[coflow.id] = "queued"
+        return True
+
+    def add_flows(self, coflow_id: str, flows: list[Flow], now: float) -> None:
+        """Add flows to an active coflow (updateCoflow, DESIGN.md 4.3).
+
+        Raises:
+            KeyError: unknown coflow id.
+            ValueError: duplicate flow id, unknown DC, or a DC pair with no path.
+        """
+        if coflow_id not in self._coflows:
+            raise KeyError(f"unknown coflow {coflow_id!r}")
+        known = self._flow_pair[coflow_id]
+        pairs = self._check_flows(coflow_id, flows, set(known))
+        known.update(pairs)
+        volumes = self._volumes[coflow_id]
+        for f in flows:
+            if not f.intra_dc:
+                volumes[(f.src, f.dst)] = volumes.get((f.src, f.dst), 0.0) + f.bytes
+        self._gamma.pop(coflow_id, None)
+
+    def remove_coflow(self, coflow_id: str, now: float) -> None:
+        """Forget a finished or cancelled coflow; unknown ids are ignored."""
+        for table in (
+            self._coflows,
+            self._flow_pair,
+            self._deadline,
+            self._volumes,
+            self._gamma,
+            self._state,
+        ):
+            table.pop(coflow_id, None)
+
+    def wan_changed(self, now: float) -> bool:
+        """Take note of a mutated topology.
+
+        Link state changes recompute the paths (over links that are up) and drop
+        the cached Γs; a capacity change counts only when some link changed by
+        more than δ relative to the capacity last taken into account.
+        Allocations always use the current capacities, so they stay feasible either way.
+
+        Returns:
+            True when the change warrants a new allocation.
+        """
+        topo = self.topology
+        changed = False
+        if topo.down != self._down_seen:
+            self._down_seen = set(topo.down)
+            self._paths.clear()
+            self._graph = None
+            changed = True
+        for link, cap in topo.capacity.items():
+            seen = self._cap_seen.get(link)
+            if seen is None or abs(cap - seen) > self.delta * seen:
+                changed = True
+                break
+        if changed:
+            self._cap_seen = dict(topo.capacity)
+            self._gamma.clear()
+        return changed
+
+    def allocate(self, now: float, remaining: Remaining) -> Allocation:
+        """Rates for every active flow from `now` until the next event (DESIGN.md 4.2-4.3).
+
+        Args:
+            now: seconds.
+            remaining: {coflow id: {flow id: remaining bytes}} of unfinished WAN flows.
+
+        Returns:
+            {coflow id: {flow id: [(path, bytes/s)]}}.
+
+        Raises:
+            KeyError: a coflow or flow id that was never added.
+            ValueError: a DC pair that lost every path (link failures) — the
+                message names the coflow and the pair.
+        """
+        start = time.perf_counter()
+        volumes: dict[str, dict[Pair, float]] = {}
+        by_group: dict[str, dict[Pair, dict[str, float]]] = {}
+        for cid, flows in remaining.items():
+            pair_of = self._pairs_of(cid)
+            groups: dict[Pair, dict[str, float]] = {}
+            for fid, left in flows.items():
+                if left > 0:
+                    groups.setdefault(pair_of[fid], {})[fid] = left
+            by_group[cid] = groups
+            volumes[cid] = {pair: sum(fl.values()) for pair, fl in groups.items()}
+            self._volumes[cid] = volumes[cid]
+        paths = self._paths_for(volumes)
+        capacity = self._capacity()
+        gammas = self._cached_gammas(volumes)
+        deadlines = {cid: d for cid, d in self._deadline.items() if cid in volumes}
+        result = schedule_round(volumes, paths, capacity, now, deadlines, self.alpha, gammas=gammas)
+        for cid, gamma in result.gammas.items():
+            if cid not in gammas:
+                self._gamma[cid] = (volumes[cid], gamma)
+        alloc: Allocation = {}
+        for cid, pair_rates in result.rates.items():
+            flows_alloc = {}
+            for pair, lst in pair_rates.items():
+                flows_alloc.update(split_by_remaining(lst, by_group[cid][pair]))
+            alloc[cid] = flows_alloc
+        for cid, state in result.state.items():
+            self._state[cid] = "preempted" if state == PREEMPTED else "running"
+        self.stats["rounds"] += 1
+        self.stats["lps"] += result.lps
+        self.stats["round_ms"].append((time.perf_counter() - start) * 1000.0)
+        return alloc
+
+    # ----- extras for the simulator and the controller ---------------------------------
+
+    def gamma_empty(self, coflow: Coflow) -> float:
+        """Γ of `coflow` alone on the empty WAN (every link up, current capacities), seconds.
+
+        Returns 0 for a coflow with no WAN bytes and inf when a FlowGroup has no path.
+        """
+        volumes = coflow.flowgroups()
+        graph = up_graph(self._empty)
+        for pair in volumes:
+            if pair not in self._empty_paths:
+                self._empty_paths[pair] = k_shortest_paths(self._empty, *pair, self.k, graph)
+        capacity = dict(self.topology.capacity)
+        return min_cct(volumes, self._empty_paths, capacity).gamma_s
+
+    def state(self, coflow_id: str) -> str:
+        """Return "queued" (not yet in a round), "running" or "preempted".
+
+        Raises:
+            KeyError: unknown coflow id.
+        """
+        if coflow_id not in self._state:
+            raise KeyError(f"unknown coflow {coflow_id!r}")
+        return self._state[coflow_id]
+
+    def paths(self, src: str, dst: str) -> list[Path]:
+        """The (cached) K shortest paths from src to dst over links that are up."""
+        pair = (src, dst)
+        if pair not in self._paths:
+            if self._graph is None:
+                self._graph = up_graph(self.topology)
+            self._paths[pair] = k_shortest_paths(self.topology, src, dst, self.k, self._graph)
+        return self._paths[pair]
+
+    # ----- internals -------------------------------------------------------------------
+
+    def _check_flows(self, cid: str, flows: list[Flow], seen: set[str]) -> dict[str, Pair]:
+        pairs: dict[str, Pair] = {}
+        for f in flows:
+            if f.id in seen or f.id in pairs:
+                raise ValueError(f"coflow {cid!r}: duplicate flow id {f.id!r}")
+            self.topology.check_dc(f.src, f"coflow {cid!r} flow {f.id!r} source")
+            self.topology.check_dc(f.dst, f"coflow {cid!r} flow {f.id!r} destination")
+            if not f.intra_dc and not self.paths(f.src, f.dst):
+                raise ValueError(f"coflow {cid!r}: no path from {f.src} to {f.dst} (flow {f.id!r})")
+            pairs[f.id] = (f.src, f.dst)
+        return pairs
+
+    def _pairs_of(self, cid: str) -> dict[str, Pair]:
+        if cid not in self._flow_pair:
+            raise KeyError(f"allocate: unknown coflow {cid!r}")
+        return self._flow_pair[cid]
+
+    def _paths_for(self, volumes: dict[str, dict[Pair, float]]) -> dict[Pair, list[Path]]:
+        out: dict[Pair, list[Path]] = {}
+        for cid, fgs in volumes.items():
+            for pair in fgs:
+                if pair not in out:
+                    found = self.paths(*pair)
+                    if not found:
+                        raise ValueError(f"coflow {cid!r}: no path from {pair[0]} to {pair[1]}")
+                    out[pair] = found
+        return out
+
+    def _capacity(self) -> dict[Link, float]:
+        topo = self.topology
+        return {link: c for link, c in topo.capacity.items() if link not in topo.down}
+
+    def _cached_gammas(self, volumes: dict[str, dict[Pair, float]]) -> dict[str, float]:
+        """Γ on the full WAN from the cache, rescaled when the volumes shrank in proportion."""
+        out: dict[str, float] = {}
+        for cid, now_vol in volumes.items():
+            if cid in self._deadline:
+                continue
+            cached = self._gamma.get(cid)
+            if cached is None:
+                continue
+            old_vol, gamma = cached
+            scale = _proportion(old_vol, now_vol)
+            if scale is None:
+                del self._gamma[cid]
+            else:
+                out[cid] = gamma * scale
+        return out
+
+    def _admissible(self, cid: str, volumes, deadline: float, now: float) -> bool:
+        """Γ on what the admitted deadline coflows leave, times (1 + ε), fits in D − now."""
+        if not volumes:
+            return True
+        capacity = self._capacity()
+        paths = self._paths_for({cid: volumes})
+        admitted = {c: self._volumes[c] for c in self._deadline if self._volumes.get(c)}
+        if admitted:
+            paths.update(self._paths_for(admitted))
+            taken = RoundResult()
+            reserve_deadlines(admitted, paths, capacity, now, self._deadline, result=taken)
+            self.stats["lps"] += taken.lps
+        res = min_cct(volumes, paths, capacity)
+        self.stats["lps"] += res.lp_solved
+        return res.gamma_s * (1 + self.epsilon) <= deadline - now and not math.isinf(res.gamma_s)
+
+
+def _proportion(old: dict[Pair, float], new: dict[Pair, float]) -> float | None:
+    """Return s when new = s·old FlowGroup by FlowGroup (within 1e-9), else None."""
+    if old.keys() != new.keys():
+        return None
+    scale = None
+    for pair, v in old.items():
+        s = new[pair] / v
+        if scale is None:
+            scale = s
+        elif abs(s - scale) > _PROPORTIONAL * max(1.0, scale):
+            return None
+    return scale
