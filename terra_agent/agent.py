@@ -1,0 +1,421 @@
+"""The Terra agent on trio: control channel, data listeners, senders and receivers.
+
+Issue 3 item 2, DESIGN.md sections 5 and 6; wire format in overlay/framing.py and
+overlay/protocol.py. Every task lives in the agent's nursery; a connection's errors (bad frames,
+protocol violations, resets) are logged and close that connection only.
+
+Lifecycle: run() listens on the data port, connects to the controller (reconnecting with backoff)
+and registers with {dc, agent, data_addr, token?, inflight}. The controller then sends the tunnel
+table (outgoing tunnels + ports to listen on), flow descriptors and per-FlowGroup per-path rates.
+The agent opens one persistent connection per (peer agent, tunnel) and sends; receivers
+acknowledge delivered offsets; progress (bytes acknowledged per flow) goes to the controller every
+`progress_interval` seconds and at once when a flow is fully acknowledged; receivers send
+"complete" when a flow's bytes are all in and its digest matches.
+
+Restart: a restarted agent knows nothing; it registers again and the controller re-sends tunnels,
+flow descriptors with the acknowledged offsets, and rates. A restarted sender resumes at that
+offset; a restarted receiver resumes at what its file sink holds (digest sinks restart at 0) and
+its acks carry a new epoch, which makes senders rewind to the receiver's offset if needed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import trio
+
+from overlay.framing import FrameError, FrameReader, FrameWriter
+from overlay.protocol import (
+    FlowSpec,
+    ProtocolError,
+    complete_message,
+    error_message,
+    parse_flows,
+    parse_rates,
+    parse_tunnels,
+    progress_message,
+    register_message,
+    validate_control,
+    validate_data,
+)
+
+from .receiver import InFlow
+from .sender import (
+    BACKOFF_MAX_S,
+    BACKOFF_MIN_S,
+    CONNECTION_ERRORS,
+    FlowGroupSender,
+    OutFlow,
+    PeerLink,
+)
+from .sources import SourceError, flow_key, open_source
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AgentConfig:
+    """Settings of one agent.
+
+    controller: (host, port) of the controller's agent channel; dc: this agent's DC; agent_id:
+    unique agent id; data_addr: (host, port) to listen on for tunnel connections (tunnels may add
+    more ports on the same host); spill_dir: directory for reorder spill files; memory_limit:
+    bytes of out-of-order data held in memory per flow before spilling; token: optional shared
+    secret sent in "register"; progress_interval / heartbeat_interval: seconds.
+    """
+
+    controller: tuple[str, int]
+    dc: str
+    agent_id: str
+    data_addr: tuple[str, int]
+    spill_dir: str = "/tmp"
+    memory_limit: int = 64 << 20
+    token: str | None = None
+    progress_interval: float = 0.5
+    heartbeat_interval: float = 2.0
+
+
+class Agent:
+    """One Terra agent. `await Agent(config).run()` runs until cancelled.
+
+    Inspection (tests, benchmarks): out_flows {(coflow, flow): OutFlow}, in_flows {(coflow, flow):
+    InFlow}, groups {(coflow, dst_dc): FlowGroupSender}, links {(peer_agent, tunnel): PeerLink},
+    registered (trio.Event, set on each registration), epoch (receiver incarnation, ns).
+    """
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.epoch = time.time_ns()
+        self.out_flows: dict[tuple[str, str], OutFlow] = {}
+        self.in_flows: dict[tuple[str, str], InFlow] = {}
+        self.groups: dict[tuple[str, str], FlowGroupSender] = {}
+        self.links: dict[tuple[str, str], PeerLink] = {}
+        self.listeners: dict[int, trio.CancelScope] = {}
+        self.incoming: dict[tuple[str, str], set[trio.SocketStream]] = {}
+        self.registered = trio.Event()
+        self.closed_connections = 0
+        self._outbox: deque[dict] = deque()
+        self._outbox_event = trio.Event()
+        self._nursery: trio.Nursery | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Listen on the data port, keep the control channel up, serve until cancelled.
+
+        Raises:
+            OSError: the data port cannot be bound (at start only).
+        """
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await nursery.start(self._listen, self.config.data_addr[1])
+                nursery.start_soon(self._control_loop)
+                task_status.started(self)
+        finally:
+            for flow in self.out_flows.values():
+                flow.close()
+            for flow in self.in_flows.values():
+                flow.close()
+
+    def _spawn(self, fn, *args) -> None:
+        self._nursery.start_soon(fn, *args)
+
+    # ------------------------------------------------------------ control channel
+
+    async def _control_loop(self) -> None:
+        host, port = self.config.controller
+        backoff = BACKOFF_MIN_S
+        while True:
+            started = trio.current_time()
+            try:
+                stream = await trio.open_tcp_stream(host, port)
+                async with stream:
+                    await self._control_session(stream)
+                log.warning("controller closed the control channel")
+            except (FrameError, ProtocolError) as exc:
+                log.error("control channel: bad frame from controller: %s", exc)
+            except CONNECTION_ERRORS as exc:
+                log.warning("control channel to %s:%d: %s", host, port, exc)
+            if trio.current_time() - started > 2.0:
+                backoff = BACKOFF_MIN_S
+            await trio.sleep(backoff)
+            backoff = min(BACKOFF_MAX_S, backoff * 2)
+
+    async def _control_session(self, stream: trio.SocketStream) -> None:
+        writer = FrameWriter(stream)
+        reader = FrameReader(stream, max_payload=0)
+        host, port = self.config.data_addr
+        await writer.send(
+            register_message(
+                self.config.dc,
+                self.config.agent_id,
+                f"{host}:{port}",
+                token=self.config.token,
+                inflight=self._inflight_state(),
+            )
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._control_writer, writer)
+            while True:
+                frame = await reader.read()
+                if frame is None:
+                    nursery.cancel_scope.cancel()
+                    return
+                header, _ = frame
+                try:
+                    self._apply_control(header)
+                except ProtocolError as exc:
+                    log.error("control message rejected: %s", exc)
+                    self.send_control(error_message(f"rejected {header.get('t')!r}: {exc}"))
+
+    async def _control_writer(self, writer: FrameWriter) -> None:
+        """Drain the outbox; send progress every progress_interval and heartbeats."""
+        next_progress = trio.current_time()
+        next_heartbeat = trio.current_time() + self.config.heartbeat_interval
+        while True:
+            now = trio.current_time()
+            if now >= next_progress:
+                self._queue_progress(only_changed=True)
+                next_progress = now + self.config.progress_interval
+            if now >= next_heartbeat:
+                self._outbox.append({"t": "heartbeat"})
+                next_heartbeat = now + self.config.heartbeat_interval
+            while self._outbox:
+                await writer.send(self._outbox[0])
+                self._outbox.popleft()
+            with trio.move_on_at(min(next_progress, next_heartbeat)):
+                await self._outbox_event.wait()
+            self._outbox_event = trio.Event()
+
+    def send_control(self, msg: dict) -> None:
+        """Queue a control message for the controller (sent in order once connected)."""
+        self._outbox.append(msg)
+        self._outbox_event.set()
+
+    def _queue_progress(self, only_changed: bool) -> None:
+        rows = []
+        for (coflow, flow_id), flow in self.out_flows.items():
+            if only_changed and flow.reported == flow.acked:
+                continue
+            flow.reported = flow.acked
+            rows.append((coflow, flow_id, flow.acked))
+        if rows:
+            self.send_control(progress_message(rows))
+
+    def _inflight_state(self) -> list[dict]:
+        rows = [
+            {"coflow": c, "flow": f, "role": "send", "offset": flow.acked}
+            for (c, f), flow in self.out_flows.items()
+        ]
+        rows += [
+            {"coflow": c, "flow": f, "role": "recv", "offset": flow.delivered}
+            for (c, f), flow in self.in_flows.items()
+        ]
+        return rows
+
+    def _apply_control(self, header: dict) -> None:
+        """Validate and apply one controller message; ProtocolError if it is bad."""
+        validate_control(header)
+        kind = header["t"]
+        if kind == "registered":
+            log.info("registered with the controller as %s", self.config.agent_id)
+            self.registered.set()
+            self.registered = trio.Event()
+        elif kind == "tunnels":
+            self._apply_tunnels(header)
+        elif kind == "flows":
+            for spec in parse_flows(header):
+                self._add_flow(spec)
+        elif kind == "rates":
+            for group in parse_rates(header):
+                self._group(group.key).set_rates(group.paths)
+        elif kind == "error":
+            log.error("controller reports an error: %s", header["message"])
+        elif kind not in ("heartbeat", "ack"):
+            raise ProtocolError(f"{kind!r} is not a controller-to-agent message")
+        if "id" in header:
+            self.send_control({"t": "ack", "id": header["id"]})
+
+    # ------------------------------------------------------------ tunnels and flows
+
+    def _apply_tunnels(self, header: dict) -> None:
+        specs, listen = parse_tunnels(header)
+        wanted = {(s.peer_agent, s.tunnel): s for s in specs}
+        for key, link in list(self.links.items()):
+            if key not in wanted or wanted[key] != link.spec:
+                log.info("tunnel %s to %s removed or changed: closing its link", key[1], key[0])
+                link.close()
+                del self.links[key]
+        for key, spec in wanted.items():
+            if key not in self.links:
+                link = PeerLink(
+                    spec,
+                    self.config.agent_id,
+                    self.config.data_addr[0],
+                    self._on_ack,
+                    self._wake_all,
+                )
+                self.links[key] = link
+                self._spawn(link.run)
+        for port in listen:
+            if port not in self.listeners:
+                self._spawn(self._listen_logged, port)
+        self._wake_all()
+
+    def _link_for(self, peer_agent: str, tunnel: str) -> PeerLink | None:
+        return self.links.get((peer_agent, tunnel))
+
+    def _group(self, key: tuple[str, str]) -> FlowGroupSender:
+        group = self.groups.get(key)
+        if group is None:
+            group = FlowGroupSender(key, self._link_for, self._spawn)
+            self.groups[key] = group
+        return group
+
+    def _add_flow(self, spec: FlowSpec) -> None:
+        me = self.config.agent_id
+        if spec.src_agent != me and spec.dst_agent != me:
+            raise ProtocolError(f"flow {spec.coflow}/{spec.flow} names neither end as {me!r}")
+        try:
+            if spec.dst_agent == me and spec.key not in self.in_flows:
+                self.in_flows[spec.key] = InFlow(
+                    spec, self.config.memory_limit, self.config.spill_dir
+                )
+            if spec.src_agent == me and spec.key not in self.out_flows:
+                source = open_source(spec.source, flow_key(spec.coflow, spec.flow), spec.size)
+                flow = OutFlow(spec, source)
+                self.out_flows[spec.key] = flow
+                self._group((spec.coflow, spec.dst_dc)).add_flow(flow)
+        except (SourceError, OSError) as exc:
+            log.error("flow %s/%s cannot start: %s", spec.coflow, spec.flow, exc)
+            self.send_control(error_message(str(exc), coflow=spec.coflow, flow=spec.flow))
+
+    def _on_ack(self, coflow: str, flow_id: str, offset: int, epoch: int) -> None:
+        flow = self.out_flows.get((coflow, flow_id))
+        if flow is None:
+            raise ProtocolError(f"ack for unknown flow {coflow}/{flow_id}")
+        was_done = flow.done
+        added = flow.on_ack(offset, epoch)
+        group = self.groups.get((coflow, flow.spec.dst_dc))
+        if added and group is not None:
+            group._ensure_tasks()
+            group.notify()
+        if flow.done and not was_done:
+            flow.reported = flow.acked
+            self.send_control(progress_message([(coflow, flow_id, flow.acked)]))
+            if group is not None:
+                group.notify()
+
+    def _wake_all(self) -> None:
+        for group in self.groups.values():
+            group.notify()
+
+    # ------------------------------------------------------------ data listeners (receiver)
+
+    async def _listen_logged(self, port: int) -> None:
+        try:
+            await self._listen(port)
+        except OSError as exc:
+            log.error("cannot listen on %s:%d: %s", self.config.data_addr[0], port, exc)
+
+    async def _listen(self, port: int, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        host = self.config.data_addr[0]
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        with trio.CancelScope() as scope:
+            self.listeners[port] = scope
+            try:
+                await trio.serve_listeners(
+                    self._serve_incoming,
+                    listeners,
+                    handler_nursery=self._nursery,
+                    task_status=task_status,
+                )
+            finally:
+                self.listeners.pop(port, None)
+
+    def stop_listening(self, port: int) -> None:
+        """Close the listener on `port` (tests: make a tunnel unreachable)."""
+        scope = self.listeners.get(port)
+        if scope is not None:
+            scope.cancel()
+
+    def close_incoming(self, peer_agent: str, tunnel: str) -> int:
+        """Abort the incoming connections from `peer_agent` on `tunnel`; returns how many."""
+        streams = self.incoming.get((peer_agent, tunnel), set())
+        for stream in list(streams):
+            stream.socket.close()
+        return len(streams)
+
+    async def _serve_incoming(self, stream: trio.SocketStream) -> None:
+        """One incoming tunnel connection: hello, then chunks; acks go back on it."""
+        peer = "?"
+        key = None
+        try:
+            async with stream:
+                reader = FrameReader(stream)
+                writer = FrameWriter(stream)
+                frame = await reader.read()
+                if frame is None:
+                    return
+                hello = validate_data(frame[0])
+                if hello["t"] != "hello":
+                    raise ProtocolError(f"first frame must be 'hello', got {hello['t']!r}")
+                peer = f"{hello['agent']} via {hello['tunnel']}"
+                key = (hello["agent"], hello["tunnel"])
+                self.incoming.setdefault(key, set()).add(stream)
+                while True:
+                    frame = await reader.read()
+                    if frame is None:
+                        return
+                    await self._receive_chunk(frame[0], frame[1], writer)
+        except (FrameError, ProtocolError) as exc:
+            self.closed_connections += 1
+            log.error("incoming connection from %s: %s; closing it", peer, exc)
+        except CONNECTION_ERRORS as exc:
+            log.warning("incoming connection from %s: %s", peer, exc)
+        except Exception:
+            self.closed_connections += 1
+            log.exception("incoming connection from %s failed; closing it", peer)
+        finally:
+            if key is not None:
+                self.incoming.get(key, set()).discard(stream)
+
+    async def _receive_chunk(self, header: dict, payload, writer: FrameWriter) -> None:
+        validate_data(header)
+        if header["t"] != "chunk":
+            raise ProtocolError(f"unexpected {header['t']!r} frame on a receiving connection")
+        key = (header["c"], header["f"])
+        flow = self.in_flows.get(key)
+        if flow is None:
+            raise ProtocolError(f"chunk for unknown flow {key[0]}/{key[1]}")
+        was_done = flow.done or flow.failed is not None
+        flow.add(header["o"], payload, header.get("d"))
+        if not was_done and flow.check_digest():
+            log.info("flow %s/%s complete (%d bytes)", key[0], key[1], flow.spec.size)
+            self.send_control(complete_message(key[0], key[1], flow.digest, flow.spec.size))
+        elif not was_done and flow.failed is not None:
+            self.send_control(error_message(flow.failed, coflow=key[0], flow=key[1]))
+        ack = {"t": "ack", "c": key[0], "f": key[1], "o": flow.delivered, "e": self.epoch}
+        await writer.send(ack)
+
+
+def parse_memory(value: str) -> int:
+    """Parse a byte count with optional K/M/G suffix (powers of 1024): "64M" -> 67108864.
+
+    Raises ValueError for anything else (negative, not a number).
+    """
+    text = value.strip().upper().removesuffix("B")
+    scale = 1
+    for suffix, mult in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
+        if text.endswith(suffix):
+            text, scale = text[:-1], mult
+            break
+    number = float(text)
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"byte count must be >= 0, got {value!r}")
+    return int(number * scale)

@@ -1,0 +1,409 @@
+"""Loopback harness: agents on 127.0.0.x addresses, an in-test controller peer, K tunnels per pair.
+
+Issue 3 item 3. ControllerPeer is a small trio server speaking the real control protocol
+(overlay/protocol.py): it accepts registrations, keeps the tunnel table, flow descriptors and rates
+it was given, re-sends them (with acknowledged offsets) whenever an agent (re-)registers, and
+records progress, completions and errors. LoopbackHarness starts agents in this process (Agent.run
+under its own cancel scope, so a test can stop and restart one) or as `terra-agent` subprocesses
+(so a benchmark uses more than one core), and builds tunnel tables where tunnel i from A to B is
+B's port base + 1 + i (on loopback, distinct ports are the distinct tunnels).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from overlay.framing import FrameError, FrameReader, FrameWriter
+from overlay.protocol import (
+    FlowSpec,
+    GroupRates,
+    ProtocolError,
+    TunnelSpec,
+    flows_message,
+    rates_message,
+    tunnels_message,
+    validate_control,
+)
+
+from .agent import Agent, AgentConfig
+
+log = logging.getLogger(__name__)
+
+
+class ControllerPeer:
+    """In-test controller: ControllerPeer(host="127.0.0.1", token=None).
+
+    `await nursery.start(peer.serve)` returns the port it listens on. State it keeps and serves:
+    tunnels {agent: ([TunnelSpec], [listen port])}, flows {(coflow, flow): FlowSpec},
+    rates {agent: {(coflow, dst_dc): GroupRates}}. What it records: acked {(coflow, flow): bytes
+    acknowledged, latest report}, completed {(coflow, flow): digest}, errors [error messages],
+    registrations {agent: count}, register_msgs {agent: last register header}.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", token: str | None = None) -> None:
+        self.host = host
+        self.token = token
+        self.port: int | None = None
+        self.tunnels: dict[str, tuple[list[TunnelSpec], list[int]]] = {}
+        self.flows: dict[tuple[str, str], FlowSpec] = {}
+        self.rates: dict[str, dict[tuple[str, str], GroupRates]] = {}
+        self.acked: dict[tuple[str, str], int] = {}
+        self.completed: dict[tuple[str, str], str] = {}
+        self.errors: list[dict] = []
+        self.registrations: dict[str, int] = {}
+        self.register_msgs: dict[str, dict] = {}
+        self._writers: dict[str, FrameWriter] = {}
+        self._acks: dict[int, trio.Event] = {}
+        self._next_id = 1
+        self._changed = trio.Event()
+
+    async def serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Listen on an ephemeral port of `host`; task_status.started(port)."""
+        listeners = await trio.open_tcp_listeners(0, host=self.host)
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started(self.port)
+        await trio.serve_listeners(self._session, listeners)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_until(self, predicate) -> None:
+        """Wait until predicate() is true (re-checked on every message received)."""
+        while not predicate():
+            await self._changed.wait()
+
+    async def _session(self, stream: trio.SocketStream) -> None:
+        agent = None
+        try:
+            async with stream:
+                reader = FrameReader(stream, max_payload=0)
+                writer = FrameWriter(stream)
+                frame = await reader.read()
+                if frame is None:
+                    return
+                reg = validate_control(frame[0])
+                if reg["t"] != "register":
+                    raise ProtocolError(f"first message must be 'register', got {reg['t']!r}")
+                if self.token is not None and reg.get("token") != self.token:
+                    await writer.send({"t": "error", "message": "bad or missing token"})
+                    return
+                agent = reg["agent"]
+                self._writers[agent] = writer
+                self.register_msgs[agent] = reg
+                self.registrations[agent] = self.registrations.get(agent, 0) + 1
+                await writer.send({"t": "registered", "agent": agent})
+                await self._resend_state(agent, writer)
+                self._notify()
+                while True:
+                    frame = await reader.read()
+                    if frame is None:
+                        return
+                    self._record(agent, validate_control(frame[0]))
+        except (FrameError, ProtocolError, trio.BrokenResourceError, OSError) as exc:
+            log.warning("controller peer: session with %s ended: %s", agent, exc)
+        finally:
+            if agent is not None and self._writers.get(agent) is writer:
+                del self._writers[agent]
+            self._notify()
+
+    async def _resend_state(self, agent: str, writer: FrameWriter) -> None:
+        if agent in self.tunnels:
+            specs, listen = self.tunnels[agent]
+            await writer.send(tunnels_message(specs, listen))
+        mine = [self._resume(spec) for spec in self.flows.values() if agent in spec_agents(spec)]
+        mine = [spec for spec in mine if spec.key not in self.completed]
+        if mine:
+            await writer.send(flows_message(mine))
+        if self.rates.get(agent):
+            await writer.send(rates_message(list(self.rates[agent].values())))
+
+    def _resume(self, spec: FlowSpec) -> FlowSpec:
+        acked = self.acked.get(spec.key, spec.offset)
+        return FlowSpec(**{**spec.to_dict(), "offset": acked})
+
+    def _record(self, agent: str, msg: dict) -> None:
+        kind = msg["t"]
+        if kind == "progress":
+            for row in msg["flows"]:
+                self.acked[(row["coflow"], row["flow"])] = row["acked"]
+        elif kind == "complete":
+            self.completed[(msg["coflow"], msg["flow"])] = msg["digest"]
+        elif kind == "error":
+            self.errors.append({**msg, "agent": agent})
+            log.info("controller peer: error from %s: %s", agent, msg["message"])
+        elif kind == "ack":
+            event = self._acks.pop(msg["id"], None)
+            if event is not None:
+                event.set()
+        self._notify()
+
+    async def send(self, agent: str, msg: dict, wait: bool = True) -> None:
+        """Send a message to a connected agent; with wait, until the agent acknowledged it.
+
+        Raises:
+            KeyError: the agent is not connected.
+        """
+        msg = dict(msg)
+        msg_id = self._next_id
+        self._next_id += 1
+        msg["id"] = msg_id
+        event = trio.Event()
+        self._acks[msg_id] = event
+        await self._writers[agent].send(msg)
+        if wait:
+            await event.wait()
+
+    def connected(self, agent: str) -> bool:
+        """True while `agent` has a registered control session."""
+        return agent in self._writers
+
+    async def set_tunnels(self, agent: str, specs: list[TunnelSpec], listen: list[int]) -> None:
+        """Store and (if connected) send `agent`'s tunnel table; waits for its ack."""
+        self.tunnels[agent] = (list(specs), list(listen))
+        if self.connected(agent):
+            await self.send(agent, tunnels_message(specs, listen))
+
+    async def add_flows(self, specs: list[FlowSpec]) -> None:
+        """Store flow descriptors and send them: to receivers first, then to senders."""
+        for spec in specs:
+            self.flows[spec.key] = spec
+        for role in ("dst_agent", "src_agent"):
+            by_agent: dict[str, list[FlowSpec]] = {}
+            for spec in specs:
+                by_agent.setdefault(getattr(spec, role), []).append(spec)
+            for agent, mine in by_agent.items():
+                if self.connected(agent):
+                    await self.send(agent, flows_message(mine))
+
+    async def set_rates(self, agent: str, groups: list[GroupRates]) -> None:
+        """Store and send per-FlowGroup per-path rates of sending `agent`; waits for its ack."""
+        table = self.rates.setdefault(agent, {})
+        for group in groups:
+            table[group.key] = group
+        if self.connected(agent):
+            await self.send(agent, rates_message(groups))
+
+    def all_complete(self, keys) -> bool:
+        """True when every (coflow, flow) in keys has been reported complete."""
+        return all(key in self.completed for key in keys)
+
+
+def spec_agents(spec: FlowSpec) -> tuple[str, str]:
+    """(src_agent, dst_agent) of a flow descriptor."""
+    return (spec.src_agent, spec.dst_agent)
+
+
+def free_port_block(host: str, count: int) -> int:
+    """A base port such that base .. base+count-1 are free on `host` now (TCP).
+
+    Raises:
+        OSError: no free block found after 200 tries.
+    """
+    for _ in range(200):
+        base = random.randrange(20000, 60000 - count)
+        socks = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind((host, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise OSError(f"no block of {count} free ports on {host}")
+
+
+@dataclass
+class AgentHandle:
+    """A harness agent: id, dc, host, base port (data port), tunnel ports base+1.., and either
+    the in-process Agent (agent, scope) or the subprocess (process)."""
+
+    agent_id: str
+    dc: str
+    host: str
+    base_port: int
+    max_tunnels: int
+    agent: Agent | None = None
+    scope: trio.CancelScope | None = None
+    process: trio.Process | None = None
+    stopped: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def data_addr(self) -> str:
+        """ "host:port" of the data port."""
+        return f"{self.host}:{self.base_port}"
+
+    def tunnel_port(self, index: int) -> int:
+        """Destination port of tunnel number `index` (0-based) towards this agent."""
+        return self.base_port + 1 + index
+
+
+class LoopbackHarness:
+    """Agents and a controller peer on loopback, all owned by `nursery`.
+
+    LoopbackHarness(nursery, workdir: Path, memory_limit=64 MiB, token=None). Call
+    `await start()` first. Agent i normally gets host 127.0.0.(i+2).
+    """
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        workdir: Path,
+        memory_limit: int = 64 << 20,
+        token: str | None = None,
+    ) -> None:
+        self.nursery = nursery
+        self.workdir = Path(workdir)
+        self.memory_limit = memory_limit
+        self.token = token
+        self.controller = ControllerPeer(token=token)
+        self.agents: dict[str, AgentHandle] = {}
+
+    async def start(self) -> None:
+        """Start the controller peer."""
+        await self.nursery.start(self.controller.serve)
+
+    async def add_agent(
+        self,
+        agent_id: str,
+        dc: str,
+        host: str | None = None,
+        max_tunnels: int = 8,
+        subprocess: bool = False,
+    ) -> AgentHandle:
+        """Create and start an agent; waits until it registered with the controller peer."""
+        host = host or f"127.0.0.{len(self.agents) + 2}"
+        base = free_port_block(host, max_tunnels + 1)
+        handle = AgentHandle(agent_id, dc, host, base, max_tunnels)
+        self.agents[agent_id] = handle
+        await self.start_agent(agent_id, subprocess=subprocess)
+        return handle
+
+    def _config(self, handle: AgentHandle) -> AgentConfig:
+        spill = self.workdir / f"spill-{handle.agent_id}"
+        spill.mkdir(parents=True, exist_ok=True)
+        return AgentConfig(
+            controller=(self.controller.host, self.controller.port),
+            dc=handle.dc,
+            agent_id=handle.agent_id,
+            data_addr=(handle.host, handle.base_port),
+            spill_dir=str(spill),
+            memory_limit=self.memory_limit,
+            token=self.token,
+        )
+
+    async def start_agent(self, agent_id: str, subprocess: bool = False) -> None:
+        """(Re)start agent `agent_id` and wait for its registration."""
+        handle = self.agents[agent_id]
+        before = self.controller.registrations.get(agent_id, 0)
+        handle.stopped = trio.Event()
+        if subprocess:
+            handle.process = await self.nursery.start(self._run_process, handle)
+        else:
+            handle.agent = Agent(self._config(handle))
+            handle.scope = await self.nursery.start(self._run_inprocess, handle)
+        await self.controller.wait_until(
+            lambda: (
+                self.controller.registrations.get(agent_id, 0) > before
+                and self.controller.connected(agent_id)
+            )
+        )
+
+    async def _run_inprocess(self, handle: AgentHandle, task_status=trio.TASK_STATUS_IGNORED):
+        try:
+            with trio.CancelScope() as scope:
+                task_status.started(scope)
+                await handle.agent.run()
+        finally:
+            handle.stopped.set()
+
+    async def _run_process(self, handle: AgentHandle, task_status=trio.TASK_STATUS_IGNORED):
+        cfg = self._config(handle)
+        cmd = [
+            sys.executable,
+            "-m",
+            "terra_agent.cli",
+            "--controller",
+            f"{cfg.controller[0]}:{cfg.controller[1]}",
+            "--dc",
+            cfg.dc,
+            "--id",
+            cfg.agent_id,
+            "--data-addr",
+            handle.data_addr,
+            "--spill-dir",
+            cfg.spill_dir,
+            "--memory-limit",
+            str(cfg.memory_limit),
+        ]
+        if self.token is not None:
+            token_file = self.workdir / f"token-{handle.agent_id}"
+            token_file.write_text(self.token)
+            cmd += ["--token-file", str(token_file)]
+        try:
+            await trio.run_process(cmd, task_status=task_status, check=False)
+        finally:
+            handle.stopped.set()
+
+    async def stop_agent(self, agent_id: str) -> None:
+        """Stop an agent (cancel it, or kill its process) and wait until it is gone."""
+        handle = self.agents[agent_id]
+        if handle.scope is not None:
+            handle.scope.cancel()
+        if handle.process is not None:
+            handle.process.kill()
+        await handle.stopped.wait()
+        await self.controller.wait_until(lambda: not self.controller.connected(agent_id))
+
+    def tunnel_specs(self, src: str, dst: str, k: int) -> list[TunnelSpec]:
+        """K tunnels from agent `src` to `dst`: ids "<src dc>-<dst dc>-<i>", port dst base+1+i.
+
+        Paths are nominal ([src dc, dst dc] plus the index as a via-name); on loopback only the
+        distinct destination ports matter.
+        """
+        s, d = self.agents[src], self.agents[dst]
+        if k > d.max_tunnels:
+            raise ValueError(f"{dst} has room for {d.max_tunnels} tunnels, asked for {k}")
+        return [
+            TunnelSpec(
+                tunnel=f"{s.dc}-{d.dc}-{i}",
+                peer_agent=dst,
+                peer_addr=d.data_addr,
+                path=(s.dc, f"via{i}", d.dc) if i else (s.dc, d.dc),
+                port=d.tunnel_port(i),
+            )
+            for i in range(k)
+        ]
+
+    async def install_tunnels(
+        self, pairs: list[tuple[str, str, int]]
+    ) -> dict[str, list[TunnelSpec]]:
+        """Install tunnel tables for (src, dst, k) pairs; returns {src: [TunnelSpec]}.
+
+        Receivers get their listen ports first, so senders find them open.
+        """
+        out: dict[str, list[TunnelSpec]] = {a: [] for a in self.agents}
+        listen: dict[str, set[int]] = {a: set() for a in self.agents}
+        for src, dst, k in pairs:
+            specs = self.tunnel_specs(src, dst, k)
+            out[src] += specs
+            listen[dst] |= {s.port for s in specs}
+        order = sorted(self.agents, key=lambda a: not listen[a])
+        for agent in order:
+            await self.controller.set_tunnels(agent, out[agent], sorted(listen[agent]))
+        return out
+
+    def flow(self, coflow: str, flow: str, src: str, dst: str, size: int, **kw) -> FlowSpec:
+        """A FlowSpec between two harness agents (dst_dc filled in); kw: source, sink, offset."""
+        return FlowSpec(coflow, flow, src, dst, self.agents[dst].dc, size, **kw)

@@ -1,0 +1,128 @@
+"""Receiving side of a flow: reorder, hash, write to the sink, decide completion (DESIGN.md sec. 5).
+
+A flow is complete when all `size` bytes have been delivered in order and the BLAKE2b digest of
+the delivered bytes equals the sender's (carried as "d" by the chunk that ends the flow).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from overlay.protocol import FlowSpec, ProtocolError
+
+try:
+    from overlay.reorder import ReorderBuffer
+except ImportError:  # TEMPORARY until overlay/reorder.py lands
+    from ._shim import ReorderBuffer
+
+from .sources import new_hasher, open_sink
+
+log = logging.getLogger(__name__)
+
+
+class InFlow:
+    """Receiver state of one flow.
+
+    InFlow(spec: FlowSpec, memory_limit: bytes held in memory out of order, spill_dir: str).
+    The sink is opened with resume when spec.offset > 0: a file sink then keeps what it holds and
+    the receiver continues from its length (bytes before it are re-hashed); else it starts at 0.
+
+    Attributes: delivered (contiguous bytes delivered, the offset acknowledged), expected_digest
+    (sender's hex digest once seen), digest (own hex digest once all bytes are in), done (digest
+    matched), failed (digest mismatch message or None).
+
+    Raises:
+        SourceError: the sink cannot be opened.
+    """
+
+    def __init__(self, spec: FlowSpec, memory_limit: int, spill_dir: str) -> None:
+        self.spec = spec
+        self.sink = open_sink(spec.sink, spec.size, resume=spec.offset > 0)
+        self.hasher = new_hasher()
+        self.base = self.sink.resume_offset
+        if self.base:
+            self.sink.prefix_hash(self.hasher)
+        self.delivered = self.base
+        self.expected_digest: str | None = None
+        self.digest: str | None = None
+        self.done = False
+        self.failed: str | None = None
+        self._reorder = None
+        if self.base < spec.size:
+            self._reorder = ReorderBuffer(spec.size - self.base, memory_limit, spill_dir)
+
+    @property
+    def complete(self) -> bool:
+        """True once every byte has been delivered in order (digest not yet compared)."""
+        return self.delivered >= self.spec.size
+
+    def add(self, offset: int, data, digest: str | None = None) -> None:
+        """Take a chunk of `data` at byte `offset`; deliver what is now in order to the sink.
+
+        Bytes before `delivered` (duplicates) are dropped; `digest` is the sender's flow digest
+        when the chunk ends the flow.
+
+        Raises:
+            ProtocolError: the chunk runs past the flow's size, or a different sender digest.
+        """
+        end = offset + len(data)
+        if end > self.spec.size:
+            raise ProtocolError(
+                f"chunk [{offset}, {end}) runs past flow {self.spec.coflow}/{self.spec.flow} "
+                f"of {self.spec.size} bytes"
+            )
+        if digest is not None:
+            if self.expected_digest not in (None, digest):
+                raise ProtocolError(f"flow {self.spec.coflow}/{self.spec.flow}: digest changed")
+            self.expected_digest = digest
+        if self._reorder is None or end <= self.delivered:
+            return
+        if offset < self.base:
+            data = memoryview(data)[self.base - offset :]
+            offset = self.base
+        for piece in self._reorder.add(offset - self.base, data):
+            self.hasher.update(piece)
+            self.sink.write(piece)
+        self.delivered = self.base + self._reorder.delivered
+        if self.complete:
+            self._finish_data()
+
+    def _finish_data(self) -> None:
+        if self._reorder is not None:
+            self._reorder.close()
+            self._reorder = None
+        if self.digest is None:
+            self.digest = self.hasher.hexdigest()
+            self.sink.close()
+
+    def check_digest(self) -> bool:
+        """Once complete and the sender's digest is known, compare; True when it matches.
+
+        Sets done (match) or failed (mismatch message). False while either is still missing.
+        """
+        if self.done or self.failed or not self.complete:
+            return self.done
+        self._finish_data()
+        if self.expected_digest is None:
+            return False
+        if self.digest == self.expected_digest:
+            self.done = True
+        else:
+            self.failed = (
+                f"flow {self.spec.coflow}/{self.spec.flow}: digest mismatch "
+                f"(received {self.digest[:16]}..., sender {self.expected_digest[:16]}...)"
+            )
+            log.error(self.failed)
+        return self.done
+
+    @property
+    def resident_bytes(self) -> int:
+        """Out-of-order bytes held in memory now."""
+        return self._reorder.resident_bytes if self._reorder is not None else 0
+
+    def close(self) -> None:
+        """Release the reorder buffer (and its spill files) and the sink."""
+        if self._reorder is not None:
+            self._reorder.close()
+            self._reorder = None
+        self.sink.close()

@@ -1,0 +1,404 @@
+"""Sending side: flows, FlowGroups with per-path token buckets, and peer links (DESIGN.md sec. 5).
+
+- OutFlow: one flow's sender state. New bytes are read from the source in order (and hashed for
+  the flow digest); unacknowledged ranges that must be resent sit in `resend` and are re-read from
+  the (re-readable) source.
+- PeerLink: the persistent TCP connection to one peer agent over one tunnel (the tunnel's own
+  destination port). It remembers the chunk ranges sent on it and not yet acknowledged; when the
+  connection fails or the tunnel is removed they go back to their flows' resend queues, so the
+  FlowGroup's other paths carry them. It reconnects with exponential backoff.
+- FlowGroupSender: the flows of one FlowGroup (coflow, this DC -> dst_dc); one task per path
+  pulls chunks from the group (resends first) after taking tokens from that path's TokenBucket,
+  so bytes per path follow the controller's rates; rate 0 pauses the path.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+
+import trio
+
+from overlay.framing import FrameError, FrameReader, FrameWriter, chunk_header
+from overlay.protocol import FlowSpec, ProtocolError, TunnelSpec, validate_data
+
+try:
+    from overlay.rate_limit import TokenBucket
+except ImportError:  # TEMPORARY until overlay/rate_limit.py lands
+    from ._shim import TokenBucket
+
+from .sources import MAX_CHUNK_BYTES, new_hasher
+
+log = logging.getLogger(__name__)
+
+MIN_CHUNK_BYTES = 16 * 1024
+CHUNK_SECONDS = 0.02  # a chunk is about this much of its path's rate
+BURST_SECONDS = 0.05
+BACKOFF_MIN_S = 0.05
+BACKOFF_MAX_S = 2.0
+CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+def chunk_bytes(rate: float) -> int:
+    """Chunk size for a path at `rate` bytes/s: rate * 20 ms, clamped to [16 KiB, 1 MiB]."""
+    if not math.isfinite(rate):
+        return MAX_CHUNK_BYTES
+    return int(min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, rate * CHUNK_SECONDS)))
+
+
+class OutFlow:
+    """Sender state of one flow.
+
+    OutFlow(spec: FlowSpec, source): starts at spec.offset (bytes before it are re-read and hashed
+    so the digest covers the whole flow). Attributes: acked (bytes the receiver acknowledged),
+    next_offset (new-data frontier), resend (deque of (offset, length) to send again), digest (hex,
+    once the frontier reached the end), epoch (receiver incarnation of the last accepted ack).
+    """
+
+    def __init__(self, spec: FlowSpec, source) -> None:
+        self.spec = spec
+        self.source = source
+        self.hasher = new_hasher()
+        self.next_offset = 0
+        self.digest: str | None = None
+        self.acked = spec.offset
+        self.resend: deque[tuple[int, int]] = deque()
+        self.epoch: int | None = None
+        self.reported = -1
+        self._hash_to(spec.offset)
+
+    @property
+    def done(self) -> bool:
+        """True once the receiver acknowledged every byte."""
+        return self.acked >= self.spec.size
+
+    def _hash_to(self, offset: int) -> None:
+        """Advance the new-data frontier to `offset`, hashing the bytes it passes."""
+        while self.next_offset < offset:
+            n = min(MAX_CHUNK_BYTES, offset - self.next_offset)
+            self._hash(self.source.read(self.next_offset, n))
+
+    def _hash(self, data) -> None:
+        self.hasher.update(data)
+        self.next_offset += len(data)
+        if self.next_offset >= self.spec.size:
+            self.digest = self.hasher.hexdigest()
+
+    def has_work(self) -> bool:
+        """True when there is something to send (a resend or new bytes)."""
+        while self.resend and sum(self.resend[0]) <= self.acked:
+            self.resend.popleft()
+        return bool(self.resend) or (self.next_offset < self.spec.size and not self.done)
+
+    def take(self, max_len: int) -> tuple[int, object, str | None] | None:
+        """Next chunk to send: (offset, data, digest if the chunk ends the flow else None).
+
+        Resends (unacknowledged ranges of failed connections) come first, then new bytes.
+        Returns None when there is nothing to send.
+        """
+        while self.resend:
+            offset, length = self.resend.popleft()
+            end = offset + length
+            if end <= self.acked:
+                continue
+            offset = max(offset, self.acked)
+            n = min(max_len, end - offset)
+            if offset + n < end:
+                self.resend.appendleft((offset + n, end - offset - n))
+            return self._chunk(offset, n)
+        if self.done or self.next_offset >= self.spec.size:
+            return None
+        offset = self.next_offset
+        n = min(max_len, self.spec.size - offset)
+        data = self.source.read(offset, n)
+        self._hash(data)
+        return offset, data, (self.digest if offset + n >= self.spec.size else None)
+
+    def _chunk(self, offset: int, n: int) -> tuple[int, object, str | None]:
+        end = offset + n
+        if end > self.next_offset:  # only after a jump; keep the digest complete
+            self._hash_to(end)
+        data = self.source.read(offset, n)
+        return offset, data, (self.digest if end >= self.spec.size else None)
+
+    def on_ack(self, offset: int, epoch: int) -> bool:
+        """Apply a receiver ack (delivered `offset`, receiver `epoch`); True if work was added.
+
+        Acks of one receiver incarnation only move `acked` forward. An ack from a newer receiver
+        incarnation is authoritative: a receiver that lost its state (lower offset) makes the
+        sender rewind and resend [offset, frontier); a higher offset moves the frontier forward.
+        Acks from older incarnations are ignored.
+        """
+        offset = min(offset, self.spec.size)
+        if self.epoch is not None and epoch < self.epoch:
+            return False
+        if self.epoch is None or epoch > self.epoch:
+            self.epoch = epoch
+            if offset < self.acked:
+                log.info(
+                    "flow %s/%s: receiver restarted at %d (was %d): resending",
+                    self.spec.coflow,
+                    self.spec.flow,
+                    offset,
+                    self.acked,
+                )
+                self.acked = offset
+                self.resend.clear()
+                if self.next_offset > offset:
+                    self.resend.append((offset, self.next_offset - offset))
+                return True
+        if offset > self.acked:
+            self.acked = offset
+            if offset > self.next_offset:
+                self._hash_to(offset)
+        return False
+
+    def requeue(self, offset: int, length: int) -> bool:
+        """Put a sent-but-unacknowledged range back for resending; True if anything was left."""
+        if offset + length <= self.acked:
+            return False
+        self.resend.append((offset, length))
+        return True
+
+    def close(self) -> None:
+        """Release the source."""
+        self.source.close()
+
+
+class PeerLink:
+    """Persistent connection to `spec.peer_agent` over tunnel `spec.tunnel`.
+
+    PeerLink(spec: TunnelSpec, agent_id: str, local_host: str|None, on_ack, on_change).
+    on_ack(coflow, flow, offset, epoch) is called for each ack frame; on_change() when the link
+    goes up or down (so idle path tasks look again). run() connects, sends "hello", reads acks
+    and reconnects with backoff (50 ms doubling to 2 s) until close().
+    """
+
+    def __init__(self, spec: TunnelSpec, agent_id: str, local_host, on_ack, on_change) -> None:
+        self.spec = spec
+        self.agent_id = agent_id
+        self.local_host = local_host
+        self.on_ack = on_ack
+        self.on_change = on_change
+        self.writer: FrameWriter | None = None
+        self.inflight: deque[tuple[OutFlow, int, int]] = deque()
+        self.connects = 0
+        self.sent_bytes = 0
+        self._closed = False
+        self._scope: trio.CancelScope | None = None
+        self._stream: trio.SocketStream | None = None
+
+    @property
+    def up(self) -> bool:
+        """True while connected."""
+        return self.writer is not None
+
+    async def run(self) -> None:
+        """Connect / serve / reconnect until close(); never raises connection errors."""
+        backoff = BACKOFF_MIN_S
+        while not self._closed:
+            started = trio.current_time()
+            try:
+                await self._session()
+            except (FrameError, ProtocolError) as exc:
+                log.error("link %s via %s: bad frame from peer: %s", *self._name(), exc)
+            except CONNECTION_ERRORS as exc:
+                log.warning("link %s via %s: %s", *self._name(), exc)
+            finally:
+                self._down()
+            if self._closed:
+                break
+            if trio.current_time() - started > 1.0:
+                backoff = BACKOFF_MIN_S
+            await trio.sleep(backoff)
+            backoff = min(BACKOFF_MAX_S, backoff * 2)
+
+    def _name(self) -> tuple[str, str]:
+        return self.spec.peer_agent, self.spec.tunnel
+
+    async def _session(self) -> None:
+        with trio.CancelScope() as scope:
+            self._scope = scope
+            if self._closed:
+                return
+            stream = await trio.open_tcp_stream(
+                self.spec.peer_host, self.spec.port, local_address=self.local_host
+            )
+            self._stream = stream
+            async with stream:
+                writer = FrameWriter(stream)
+                hello = {"t": "hello", "agent": self.agent_id, "tunnel": self.spec.tunnel}
+                await writer.send(hello)
+                self.writer = writer
+                self.connects += 1
+                log.info("link %s via %s up (connect #%d)", *self._name(), self.connects)
+                self.on_change()
+                await self._read_acks(FrameReader(stream))
+
+    async def _read_acks(self, reader: FrameReader) -> None:
+        while True:
+            frame = await reader.read()
+            if frame is None:
+                raise trio.BrokenResourceError("peer closed the connection")
+            header, _ = frame
+            validate_data(header)
+            if header["t"] != "ack":
+                raise ProtocolError(f"unexpected {header['t']!r} frame on a sending link")
+            self.on_ack(header["c"], header["f"], header["o"], header["e"])
+            self._prune()
+
+    def _prune(self) -> None:
+        while self.inflight:
+            flow, offset, length = self.inflight[0]
+            if offset + length > flow.acked:
+                break
+            self.inflight.popleft()
+
+    def _down(self) -> None:
+        """Connection ended: requeue everything not acknowledged, wake the path tasks."""
+        was_up = self.writer is not None
+        self.writer = None
+        self._scope = None
+        self._stream = None
+        for flow, offset, length in self.inflight:
+            flow.requeue(offset, length)
+        self.inflight.clear()
+        if was_up or self._closed:
+            self.on_change()
+
+    async def send_chunk(self, flow: OutFlow, offset: int, data, digest: str | None) -> bool:
+        """Send one chunk; False (and the link is torn down, chunk requeued) if that failed."""
+        writer = self.writer
+        if writer is None:
+            flow.requeue(offset, len(data))
+            return False
+        header = chunk_header(flow.spec.coflow, flow.spec.flow, offset, data)
+        if digest is not None:
+            header["d"] = digest
+        self.inflight.append((flow, offset, len(data)))
+        try:
+            await writer.send(header, data)
+        except CONNECTION_ERRORS as exc:
+            log.warning("link %s via %s: send failed: %s", *self._name(), exc)
+            self.fail()  # the connection's end requeues this chunk with the rest in flight
+            return False
+        self.sent_bytes += len(data)
+        return True
+
+    def fail(self) -> None:
+        """Tear the current connection down (it will be re-opened after backoff)."""
+        if self._stream is not None:
+            self._stream.socket.close()
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def close(self) -> None:
+        """Stop for good (tunnel removed): tear down, requeue unacknowledged chunks, exit run()."""
+        self._closed = True
+        self.fail()
+
+
+class FlowGroupSender:
+    """The flows of one FlowGroup (coflow, this DC -> dst_dc) and its per-path senders.
+
+    FlowGroupSender(key: (coflow, dst_dc), link_for: (peer_agent, tunnel) -> PeerLink|None,
+    spawn: start a task in the agent's nursery). set_rates({tunnel: bytes/s}) replaces the
+    per-path rates (missing tunnels -> 0); add_flow(OutFlow) adds a flow.
+    """
+
+    def __init__(self, key: tuple[str, str], link_for, spawn) -> None:
+        self.key = key
+        self.flows: list[OutFlow] = []
+        self.rates: dict[str, float] = {}
+        self.buckets: dict[str, TokenBucket] = {}
+        self._running: set[str] = set()
+        self._link_for = link_for
+        self._spawn = spawn
+        self._changed = trio.Event()
+        self.sent_bytes: dict[str, int] = {}
+
+    @property
+    def done(self) -> bool:
+        """True when every flow of the group is fully acknowledged."""
+        return all(f.done for f in self.flows)
+
+    def notify(self) -> None:
+        """Wake path tasks waiting for work (new flows, resends, links up, acks)."""
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def add_flow(self, flow: OutFlow) -> None:
+        """Add a flow to the group and wake its path tasks."""
+        self.flows.append(flow)
+        self._ensure_tasks()
+        self.notify()
+
+    def set_rates(self, paths: dict[str, float]) -> None:
+        """Set per-path rates in bytes/s; paths not listed get 0 (paused). Effective at once."""
+        for tunnel in self.rates:
+            if tunnel not in paths:
+                self._set_rate(tunnel, 0.0)
+        for tunnel, rate in paths.items():
+            self._set_rate(tunnel, rate)
+        self._ensure_tasks()
+
+    def _set_rate(self, tunnel: str, rate: float) -> None:
+        self.rates[tunnel] = rate
+        bucket = self.buckets.get(tunnel)
+        if bucket is None:
+            self.buckets[tunnel] = TokenBucket(rate, burst_bytes=_burst(rate))
+            self.sent_bytes.setdefault(tunnel, 0)
+        else:
+            bucket.set_rate(rate)
+            _set_burst(bucket, _burst(rate))
+
+    def _ensure_tasks(self) -> None:
+        if self.done:
+            return
+        for tunnel in self.buckets:
+            if tunnel not in self._running:
+                self._running.add(tunnel)
+                self._spawn(self._path_loop, tunnel)
+
+    def _take(self, max_len: int, tunnel: str):
+        for flow in self.flows:
+            if not flow.has_work():
+                continue
+            link = self._link_for(flow.spec.dst_agent, tunnel)
+            if link is None or not link.up:
+                continue
+            item = flow.take(max_len)
+            if item is not None:
+                return (flow, link, *item)
+        return None
+
+    async def _path_loop(self, tunnel: str) -> None:
+        """Send the group's chunks over `tunnel` at its rate until the group is done."""
+        try:
+            bucket = self.buckets[tunnel]
+            while not self.done:
+                n = chunk_bytes(self.rates[tunnel])
+                await bucket.acquire(n)
+                item = self._take(n, tunnel)
+                while item is None:
+                    if self.done:
+                        return
+                    await self._changed.wait()
+                    item = self._take(n, tunnel)
+                flow, link, offset, data, digest = item
+                if await link.send_chunk(flow, offset, data, digest):
+                    self.sent_bytes[tunnel] += len(data)
+        finally:
+            self._running.discard(tunnel)
+
+
+def _burst(rate: float) -> float:
+    """Bucket depth for a path at `rate`: one chunk or 50 ms of the rate, whichever is larger."""
+    return max(chunk_bytes(rate), rate * BURST_SECONDS if math.isfinite(rate) else 0.0)
+
+
+def _set_burst(bucket: TokenBucket, burst: float) -> None:
+    setter = getattr(bucket, "set_burst", None)
+    if setter is not None:
+        setter(burst)

@@ -1,0 +1,191 @@
+"""Where a flow's bytes come from (sender side) and where they go (receiver side).
+
+Sources (re-readable, so unacknowledged chunks can be re-read and resent, DESIGN.md section 5):
+    "synthetic"  deterministic bytes from the flow key and size: a block of SYNTHETIC_PERIOD bytes
+                 from a generator seeded by BLAKE2b(flow key), repeated; reads are zero-copy slices.
+    "file:PATH"  bytes of a file on the sending host (os.pread).
+Sinks:
+    "digest"     keep nothing (the receiver hashes the delivered bytes anyway).
+    "file:PATH"  write the delivered bytes, in order, to a file on the receiving host; the file's
+                 length is the durable delivered offset, so a restarted receiver resumes from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+
+SYNTHETIC_PERIOD = 1_052_673  # odd, > MAX_CHUNK_BYTES: chunks at different offsets differ
+MAX_CHUNK_BYTES = 1 << 20
+_REHASH_BYTES = 4 << 20
+
+
+class SourceError(ValueError):
+    """A flow's source or sink cannot be opened or is too short; the message says why."""
+
+
+def flow_key(coflow: str, flow: str) -> str:
+    """The string that identifies a flow in digests and synthetic data: "coflow/flow"."""
+    return f"{coflow}/{flow}"
+
+
+class SyntheticSource:
+    """Deterministic bytes of one flow; read(offset, n) returns a memoryview (no copy).
+
+    SyntheticSource(key: str, size: int bytes). Byte i of the flow is block[i % SYNTHETIC_PERIOD]
+    where block = numpy PCG64 bytes seeded by BLAKE2b(key) (16-byte digest).
+    """
+
+    def __init__(self, key: str, size: int) -> None:
+        seed = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=16).digest(), "big")
+        block = np.random.default_rng(seed).bytes(SYNTHETIC_PERIOD)
+        self._view = memoryview(block + block)
+        self.size = size
+
+    def read(self, offset: int, n: int) -> memoryview:
+        """Bytes [offset, offset + n) of the flow, n <= SYNTHETIC_PERIOD; ValueError beyond size."""
+        if offset < 0 or n < 0 or offset + n > self.size or n > SYNTHETIC_PERIOD:
+            raise ValueError(f"read [{offset}, {offset + n}) outside flow of {self.size} bytes")
+        start = offset % SYNTHETIC_PERIOD
+        return self._view[start : start + n]
+
+    def close(self) -> None:
+        """Release the block."""
+        self._view = memoryview(b"")
+
+
+class FileSource:
+    """Bytes of a file: FileSource(path, size); read(offset, n) -> bytes (os.pread).
+
+    Raises:
+        SourceError: the file cannot be opened or is shorter than `size` bytes.
+    """
+
+    def __init__(self, path: str, size: int) -> None:
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise SourceError(f"cannot open source file {path!r}: {exc}") from exc
+        length = os.fstat(self._fd).st_size
+        if length < size:
+            os.close(self._fd)
+            raise SourceError(f"source file {path!r} has {length} bytes, flow needs {size}")
+        self.path = path
+        self.size = size
+
+    def read(self, offset: int, n: int) -> bytes:
+        """Bytes [offset, offset + n) of the file; ValueError beyond the flow's size."""
+        if offset < 0 or n < 0 or offset + n > self.size:
+            raise ValueError(f"read [{offset}, {offset + n}) outside flow of {self.size} bytes")
+        data = os.pread(self._fd, n, offset)
+        if len(data) != n:
+            raise SourceError(f"source file {self.path!r} shrank: short read at {offset}")
+        return data
+
+    def close(self) -> None:
+        """Close the file."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def open_source(spec: str, key: str, size: int):
+    """Open a flow's source from its descriptor string ("synthetic" or "file:PATH").
+
+    Returns SyntheticSource or FileSource (both have .read(offset, n) and .close()).
+    Raises SourceError for an unknown spec or an unusable file.
+    """
+    if spec == "synthetic":
+        return SyntheticSource(key, size)
+    if spec.startswith("file:"):
+        return FileSource(spec[5:], size)
+    raise SourceError(f"unknown source {spec!r}")
+
+
+class DigestSink:
+    """Sink that keeps nothing; resume_offset is always 0 (nothing survives a restart)."""
+
+    resume_offset = 0
+
+    def write(self, data) -> None:
+        """Discard `data` (it has already been hashed)."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class FileSink:
+    """Sink writing the delivered bytes in order to PATH.
+
+    FileSink(path, size, resume): with resume=True an existing file is kept and its length (at
+    most `size`) is the resume offset; otherwise the file is truncated. prefix_hash(hasher) feeds
+    the kept prefix to a hasher so the receiver's digest covers it.
+
+    Raises:
+        SourceError: the file cannot be opened.
+    """
+
+    def __init__(self, path: str, size: int, resume: bool) -> None:
+        try:
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise SourceError(f"cannot open sink file {path!r}: {exc}") from exc
+        length = os.fstat(self._fd).st_size if resume else 0
+        self.resume_offset = min(length, size)
+        os.ftruncate(self._fd, self.resume_offset)
+        os.lseek(self._fd, self.resume_offset, os.SEEK_SET)
+        self.path = path
+
+    def prefix_hash(self, hasher) -> None:
+        """hasher.update() with bytes [0, resume_offset) of the file."""
+        offset = 0
+        while offset < self.resume_offset:
+            data = os.pread(self._fd, min(_REHASH_BYTES, self.resume_offset - offset), offset)
+            if not data:
+                raise SourceError(f"sink file {self.path!r} shrank while re-hashing")
+            hasher.update(data)
+            offset += len(data)
+
+    def write(self, data) -> None:
+        """Append `data` (bytes-like) to the file."""
+        view = memoryview(data)
+        while len(view):
+            view = view[os.write(self._fd, view) :]
+
+    def close(self) -> None:
+        """Close the file."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def open_sink(spec: str, size: int, resume: bool):
+    """Open a flow's sink from its descriptor string ("digest" or "file:PATH").
+
+    Returns DigestSink or FileSink (both have .resume_offset, .write(data), .close()).
+    Raises SourceError for an unknown spec or an unusable file.
+    """
+    if spec == "digest":
+        return DigestSink()
+    if spec.startswith("file:"):
+        return FileSink(spec[5:], size, resume)
+    raise SourceError(f"unknown sink {spec!r}")
+
+
+def new_hasher():
+    """The flow digest: hashlib.blake2b (64-byte digest); .hexdigest() is what is compared."""
+    return hashlib.blake2b()
+
+
+def synthetic_digest(coflow: str, flow: str, size: int) -> str:
+    """BLAKE2b hex digest of a synthetic flow's bytes (for tests and checks)."""
+    source = SyntheticSource(flow_key(coflow, flow), size)
+    hasher = new_hasher()
+    offset = 0
+    while offset < size:
+        n = min(MAX_CHUNK_BYTES, size - offset)
+        hasher.update(source.read(offset, n))
+        offset += n
+    return hasher.hexdigest()
