@@ -269,20 +269,50 @@ def _send_quietly(sock: socket.socket, message: dict) -> None:
         pass
 
 
-def start_api_server(handler: ApiHandler, host: str, port: int):
-    """Listen on host:port and serve the coflow API on os-ken's hub.
+def accept_loop(listener: socket.socket, handle, spawn) -> None:
+    """Accept connections until `listener` is closed; run handle(sock, addr) via spawn each."""
+    while True:
+        try:
+            sock, addr = listener.accept()
+        except OSError:
+            return
+        spawn(handle, sock, addr)
+
+
+def stop_listener(listener: socket.socket) -> None:
+    """Stop an accept loop: shut the listening socket down (wakes accept) and close it."""
+    try:
+        listener.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    listener.close()
+
+
+def listen_and_serve(host: str, port: int, handle, spawn=None):
+    """Listen on host:port and accept connections in a hub thread (one thread per connection).
+
+    Args:
+        handle: called as handle(sock, addr) in its own thread.
+        spawn: spawn(func, *args) -> thread; default os_ken.lib.hub.spawn (tests pass a
+            daemon-thread starter).
 
     Returns:
-        (hub thread, bound (host, port)).
+        (listening socket (`stop_listener` stops it), accept thread, bound (host, port)).
 
     Raises:
         OSError: the address cannot be bound.
     """
     from os_ken.lib import hub
 
-    server = hub.StreamServer(
-        (host, port), lambda sock, addr: serve_connection(handler, sock, addr)
+    spawn = spawn or hub.spawn
+    listener = hub.listen((host, port))
+    return listener, spawn(accept_loop, listener, handle, spawn), listener.getsockname()[:2]
+
+
+def start_api_server(handler: ApiHandler, host: str, port: int, spawn=None):
+    """Serve the coflow API on host:port (see `listen_and_serve` for arguments and result)."""
+    result = listen_and_serve(
+        host, port, lambda sock, addr: serve_connection(handler, sock, addr), spawn
     )
-    bound = server.server.getsockname()[:2]
-    LOG.info("coflow API on %s:%d", *bound)
-    return hub.spawn(server.serve_forever), bound
+    LOG.info("coflow API on %s:%d", *result[2])
+    return result

@@ -49,6 +49,8 @@ class Controller:
             "bytes_delivered": int, "rejected": int}.
         on_rates: callbacks called with (FlowRates, changed_wan: bool) after each round,
             outside the lock.
+        on_flows: callbacks called with (coflow, new flows) on submit and update, inside
+            the lock (they must only queue work).
     """
 
     def __init__(
@@ -64,6 +66,7 @@ class Controller:
         self.allocation: Allocation = {}
         self.stats = {"rounds": 0, "round_ms": [], "last_round_ms": 0.0, "rejected": 0}
         self.on_rates: list[Callable[[FlowRates, bool], None]] = []
+        self.on_flows: list[Callable[[CoflowState, list[FlowState]], None]] = []
         self.round_wanted = threading.Event()
         self.wan_dirty = False
         self.started_wall = time.time()
@@ -119,8 +122,16 @@ class Controller:
             coflow = reg.submit(parsed, deadline_s, now, cid)
             if reg.finish_if_done(coflow, now):
                 return cid
+            self._announce(coflow, parsed)
             self.want_round()
             return cid
+
+    def _announce(self, coflow: CoflowState, flows: list[FlowState]) -> None:
+        for listener in list(self.on_flows):
+            try:
+                listener(coflow, flows)
+            except Exception:
+                LOG.exception("flow listener failed")
 
     def _resubmitted(self, coflow: CoflowState, parsed: list[FlowState]) -> int:
         same = sorted((f.id, f.src_agent, f.dst_agent, f.bytes) for f in parsed) == sorted(
@@ -151,6 +162,7 @@ class Controller:
                 except (KeyError, ValueError) as exc:
                     raise RegistryError("no_path", f"flows cannot be routed: {exc}") from exc
             self.registry.add_flows(coflow, parsed)
+            self._announce(coflow, parsed)
             self.want_round()
 
     def status(self, coflow_id: object) -> dict:

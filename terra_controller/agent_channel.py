@@ -1,0 +1,525 @@
+"""The controller's side of the control channel to the agents (DESIGN.md sections 5 and 6).
+
+Messages are those of `overlay/protocol.py`, one frame each in the format of
+`overlay/framing.py` (u32 header length | msgpack header | empty payload).
+
+What the channel does:
+
+- registration: an agent sends "register" {dc, agent, data_addr, token?,
+  inflight?}; the controller records it (`CoflowRegistry.register_agent`),
+  answers "registered", and sends every connected agent its tunnel table
+  (a new peer may have appeared), then the new agent's flow descriptors and rates.
+- tunnel table per agent: for every peer agent in another DC and every tunnel
+  of the DC pair that is up, a TunnelSpec (`TunnelTable.specs_for`).
+- flow descriptors ("flows") go to the sender and the receiver of each WAN flow
+  when a coflow is submitted or updated (and again when an agent re-registers).
+- rates: after every scheduling round, each sending agent gets, per FlowGroup
+  (coflow, its DC, dst DC), the sum of its flows' per-path rates. The controller
+  has already split every FlowGroup's rates among its flows, i.e. among its
+  (sender agent, receiver agent) pairs, in proportion to remaining bytes
+  (`controller.split_among_pairs`). Only changed entries are sent; a FlowGroup
+  that lost its rates gets an entry with no paths (= paused).
+- reports: "progress" feeds remaining volumes, "complete" finishes flows, and
+  "inflight" in "register" (a reconnecting agent) restores acknowledged offsets.
+
+One reader thread per agent connection and one writer thread with a queue per
+agent, so a slow or dead agent never blocks a scheduling round or another agent.
+A malformed frame or message closes only that agent's connection.
+"""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import logging
+import queue
+import socket
+import struct
+import threading
+import time
+
+import msgpack
+
+from overlay import protocol
+from overlay.framing import MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES, VERSION, encode_frame
+from terra_controller.coflow_registry import CoflowState, FlowState, RegistryError
+from terra_controller.controller import Controller, FlowRates
+from terra_controller.tunnels import build_tunnels
+from topologies import Path, Topology, path_links
+
+LOG = logging.getLogger("terra.agents")
+
+_LEN = struct.Struct(">I")
+BATCH = 200  # list entries per control message (keeps headers far below 64 KiB)
+MAX_TUNNEL_INDEX = 32  # per DC pair, logical tunnels included
+
+
+class ChannelError(Exception):
+    """A control-channel frame or message is malformed (that connection is closed)."""
+
+
+# ---- tunnels --------------------------------------------------------------------------------
+
+
+class TunnelTable:
+    """Tunnel ids for paths, and the tunnel table each agent gets.
+
+    Tunnels are those of `tunnels.build_tunnels` (the same ids and ports the
+    OpenFlow rules use). With `logical=True` (no switches, --no-openflow) a path
+    the scheduler picks after a failure that is not among them gets a new
+    logical tunnel (next path index of its DC pair); with switches such a path
+    has no rules, so it gets no tunnel and its rate is dropped (logged).
+
+    Destination port of tunnel index i at a peer agent: with switches,
+    `base_port + i` (the rules match it); logical, data port + 1 + i of that
+    agent (so several agents can share one loopback address).
+    """
+
+    def __init__(self, topology: Topology, k: int, base_port: int = 20000, logical: bool = True):
+        self.topology = topology
+        self.k = k
+        self.logical = logical
+        self.base_port = base_port
+        self.tunnels = build_tunnels(topology, k, base_port)
+        self.by_path: dict[Path, tuple[int, int]] = {  # path -> (tunnel id, index)
+            t.path: (t.tunnel_id, t.index) for t in self.tunnels
+        }
+        self.count: dict[tuple[str, str], int] = {}
+        for t in self.tunnels:
+            self.count[(t.src, t.dst)] = max(self.count.get((t.src, t.dst), 0), t.index + 1)
+        self.next_id = len(self.tunnels)
+
+    def tunnel_for(self, path: Path) -> str | None:
+        """Return the tunnel id (str) that carries `path`, or None (see class docstring)."""
+        path = tuple(path)
+        found = self.by_path.get(path)
+        if found is None:
+            pair = (path[0], path[-1])
+            index = self.count.get(pair, 0)
+            if not self.logical or index >= MAX_TUNNEL_INDEX:
+                LOG.warning("no tunnel for path %s; its rate is dropped", "-".join(path))
+                return None
+            found = (self.next_id, index)
+            self.by_path[path] = found
+            self.count[pair] = index + 1
+            self.next_id += 1
+        return str(found[0])
+
+    def path_up(self, path: Path) -> bool:
+        """True when every link of the path is up in both directions."""
+        down = self.topology.down
+        return not any(link in down or link[::-1] in down for link in path_links(path))
+
+    def port(self, index: int, peer_data_addr: str) -> int:
+        """Destination TCP port of path index `index` at a peer with that data address."""
+        if not self.logical:
+            return self.base_port + index
+        return protocol.parse_addr(peer_data_addr, "data_addr")[1] + 1 + index
+
+    def listen_ports(self, data_addr: str) -> list[int]:
+        """Ports an agent with that data address accepts tunnels on."""
+        top = max([*self.count.values(), self.k])
+        return [self.port(i, data_addr) for i in range(top)]
+
+    def specs_for(self, agent, peers) -> list[protocol.TunnelSpec]:
+        """Tunnel table of `agent` (AgentInfo): every up tunnel to every peer in another DC."""
+        specs = []
+        for peer in peers:
+            if peer.dc == agent.dc:
+                continue
+            for path, (tid, index) in sorted(self.by_path.items(), key=lambda x: x[1]):
+                if path[0] == agent.dc and path[-1] == peer.dc and self.path_up(path):
+                    specs.append(
+                        protocol.TunnelSpec(
+                            str(tid),
+                            peer.id,
+                            peer.data_addr,
+                            path,
+                            self.port(index, peer.data_addr),
+                        )
+                    )
+        return specs
+
+    def to_json(self) -> list[dict]:
+        """[{"tunnel", "src", "dst", "index", "path", "up"}] of every known tunnel."""
+        return [
+            {
+                "tunnel": tid,
+                "src": p[0],
+                "dst": p[-1],
+                "index": index,
+                "path": list(p),
+                "up": self.path_up(p),
+            }
+            for p, (tid, index) in sorted(self.by_path.items(), key=lambda x: x[1])
+        ]
+
+
+# ---- framing (blocking sockets) -------------------------------------------------------------
+
+
+def send_parts(sock: socket.socket, header: dict) -> None:
+    """Send one control message (a frame with an empty payload)."""
+    sock.sendall(b"".join(bytes(p) for p in encode_frame(header)))
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        part = sock.recv(min(n - len(buf), 1 << 16))
+        if not part:
+            raise ChannelError(f"connection closed inside a frame ({len(buf)} of {n} bytes)")
+        buf += part
+    return bytes(buf)
+
+
+def read_control(sock: socket.socket) -> dict | None:
+    """Read one frame and return its validated control message; None on a clean EOF.
+
+    Raises:
+        ChannelError: oversized or malformed frame, wrong version, invalid message.
+    """
+    first = sock.recv(1)
+    if not first:
+        return None
+    (hlen,) = _LEN.unpack(first + _recv_exact(sock, 3))
+    if hlen > MAX_HEADER_BYTES:
+        raise ChannelError(f"header of {hlen} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        header = msgpack.unpackb(_recv_exact(sock, hlen), raw=False)
+    except ChannelError:
+        raise
+    except Exception as exc:
+        raise ChannelError(f"malformed msgpack header: {exc}") from exc
+    if not isinstance(header, dict):
+        raise ChannelError("frame header must be a map")
+    if header.get("v") != VERSION:
+        raise ChannelError(f"unsupported version {header.get('v')!r}")
+    n = header.get("n", 0)
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_PAYLOAD_BYTES:
+        raise ChannelError(f"bad payload length {n!r}")
+    if n:
+        _recv_exact(sock, n)  # control messages carry no payload; skip it
+    try:
+        return protocol.validate_control(header)
+    except protocol.ProtocolError as exc:
+        raise ChannelError(str(exc)) from exc
+
+
+# ---- one connected agent --------------------------------------------------------------------
+
+
+class AgentConnection:
+    """A connected agent: its socket, outbound queue and writer thread.
+
+    Attributes:
+        agent: agent id once registered (None before). sent_rates: {(coflow, dst_dc):
+            {tunnel: rate}} last sent. acked: {message id: monotonic time of its ack}.
+    """
+
+    def __init__(self, sock: socket.socket, addr) -> None:
+        self.sock = sock
+        self.addr = addr
+        self.agent: str | None = None
+        self.sent_rates: dict[tuple[str, str], dict[str, float]] = {}
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.closed = False
+        self.writer = threading.Thread(target=self._write_loop, daemon=True)
+        self.writer.start()
+
+    def send(self, header: dict) -> None:
+        """Queue one control message (returns at once)."""
+        if not self.closed:
+            self.outbox.put(header)
+
+    def close(self) -> None:
+        """Close the socket and stop the writer."""
+        if not self.closed:
+            self.closed = True
+            self.outbox.put(None)
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.sock.close()
+
+    def _write_loop(self) -> None:
+        while True:
+            header = self.outbox.get()
+            if header is None:
+                return
+            try:
+                send_parts(self.sock, header)
+            except OSError as exc:
+                LOG.info("agent %s: send failed: %s", self.agent or self.addr, exc)
+                self.close()
+                return
+
+
+# ---- the channel ----------------------------------------------------------------------------
+
+
+class AgentChannel:
+    """Server side of the control channel.
+
+    Args:
+        controller: the Controller (registers its listeners on it).
+        tunnels: the TunnelTable.
+        token: required "token" in "register" (None: no check).
+
+    Attributes:
+        connections: {agent id: AgentConnection}. acks: {message id: monotonic s acked}.
+        sent_at: {message id: monotonic s queued}.
+    """
+
+    def __init__(self, controller: Controller, tunnels: TunnelTable, token: str | None = None):
+        self.controller = controller
+        self.tunnels = tunnels
+        self.token = token
+        self.connections: dict[str, AgentConnection] = {}
+        self.lock = threading.RLock()
+        self.ids = itertools.count(1)
+        self.acks: dict[int, float] = {}
+        self.sent_at: dict[int, float] = {}
+        self.ack_event = threading.Condition()
+        self.pending_inflight: list[tuple[str, str, str, int]] = []
+        controller.on_rates.append(self.push_rates)
+        controller.on_flows.append(self.push_flows)
+
+    # -- connections
+
+    def serve_connection(self, sock: socket.socket, addr) -> None:
+        """Read and handle one agent's messages until EOF or a bad frame."""
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = AgentConnection(sock, addr)
+        try:
+            while True:
+                message = read_control(sock)
+                if message is None:
+                    return
+                self._handle(conn, message)
+        except ChannelError as exc:
+            LOG.warning("agent %s: %s; closing", conn.agent or addr, exc)
+            try:
+                send_parts(sock, protocol.error_message(str(exc)))
+            except OSError:
+                pass
+        except OSError as exc:
+            LOG.info("agent %s: connection ended: %s", conn.agent or addr, exc)
+        finally:
+            conn.close()
+            with self.lock:
+                if conn.agent is not None and self.connections.get(conn.agent) is conn:
+                    del self.connections[conn.agent]
+                    LOG.info("agent %s disconnected", conn.agent)
+
+    def _handle(self, conn: AgentConnection, m: dict) -> None:
+        kind = m["t"]
+        if kind == "register":
+            self._register(conn, m)
+            return
+        if conn.agent is None:
+            raise ChannelError(f"{kind} before register")
+        try:
+            if kind == "progress":
+                for item in m["flows"]:
+                    self._progress(item["coflow"], item["flow"], item["acked"])
+            elif kind == "complete":
+                self.controller.complete(_cid(m["coflow"]), m["flow"], m["digest"])
+            elif kind == "ack":
+                with self.ack_event:
+                    self.acks[m["id"]] = time.monotonic()
+                    self.ack_event.notify_all()
+            elif kind == "error":
+                LOG.warning("agent %s reports: %s", conn.agent, m.get("message"))
+        except RegistryError as exc:  # e.g. a report about a coflow this controller forgot
+            LOG.info("agent %s: %s: %s", conn.agent, kind, exc)
+
+    def _progress(self, coflow: str, flow: str, acked: int) -> None:
+        try:
+            self.controller.progress(_cid(coflow), flow, acked)
+        except RegistryError:
+            # Unknown yet (controller restarted, job master not resubmitted): keep it.
+            with self.lock:
+                self.pending_inflight.append((coflow, flow, "recv", acked))
+
+    def _register(self, conn: AgentConnection, m: dict) -> None:
+        if self.token is not None:
+            token = m.get("token")
+            if not isinstance(token, str) or not hmac.compare_digest(token, self.token):
+                raise ChannelError("missing or wrong token")
+        if conn.agent is not None and conn.agent != m["agent"]:
+            raise ChannelError("one connection cannot register two agents")
+        with self.controller.lock:
+            try:
+                info = self.controller.registry.register_agent(m["agent"], m["dc"], m["data_addr"])
+            except RegistryError as exc:
+                raise ChannelError(str(exc)) from exc
+        with self.lock:
+            old = self.connections.get(info.id)
+            if old is not None and old is not conn:
+                old.close()
+            conn.agent = info.id
+            self.connections[info.id] = conn
+            for item in m.get("inflight", []):
+                if item["role"] == "recv":
+                    self.pending_inflight.append(
+                        (item["coflow"], item["flow"], "recv", item["offset"])
+                    )
+        LOG.info("agent %s registered in %s at %s", info.id, info.dc, info.data_addr)
+        conn.send({"t": "registered", "agent": info.id})
+        self.apply_inflight()
+        self.push_tunnels()
+        with self.controller.lock:
+            flows = [
+                (c, f)
+                for c in self.controller.registry.active()
+                for f in c.flows.values()
+                if not f.intra_dc and not f.done and info.id in (f.src_agent, f.dst_agent)
+            ]
+        self._send_flows(flows)
+        conn.sent_rates = {}
+        self.push_rates(self.controller.rates, False)
+
+    def apply_inflight(self) -> None:
+        """Apply receivers' acknowledged offsets reported before their coflow was known."""
+        with self.lock:
+            pending, self.pending_inflight = self.pending_inflight, []
+        keep = []
+        for coflow, flow, role, offset in pending:
+            try:
+                self.controller.progress(_cid(coflow), flow, offset)
+            except RegistryError:
+                keep.append((coflow, flow, role, offset))
+        with self.lock:
+            self.pending_inflight.extend(keep[-100_000:])
+
+    # -- pushes
+
+    def push_tunnels(self) -> None:
+        """Send every connected agent its current tunnel table."""
+        with self.controller.lock:
+            agents = dict(self.controller.registry.agents)
+        with self.lock:
+            conns = list(self.connections.values())
+        for conn in conns:
+            info = agents.get(conn.agent)
+            if info is None:
+                continue
+            peers = [agents[a] for a in self.connections if a in agents and a != info.id]
+            specs = self.tunnels.specs_for(info, peers)
+            listen = self.tunnels.listen_ports(info.data_addr)
+            conn.send(protocol.tunnels_message(specs, listen, msg_id=self._new_id()))
+
+    def push_flows(self, coflow: CoflowState, flows: list[FlowState]) -> None:
+        """Controller listener: announce new flows of a coflow to their agents."""
+        self._send_flows([(coflow, f) for f in flows if not f.intra_dc])
+        self.apply_inflight()
+
+    def _send_flows(self, pairs: list[tuple[CoflowState, FlowState]]) -> None:
+        per_agent: dict[str, list[protocol.FlowSpec]] = {}
+        for coflow, f in pairs:
+            spec = protocol.FlowSpec(
+                coflow=str(coflow.id),
+                flow=f.id,
+                src_agent=f.src_agent,
+                dst_agent=f.dst_agent,
+                dst_dc=f.dst_dc,
+                size=f.bytes,
+                offset=min(f.delivered, f.bytes),
+                source=f"file:{f.src_path}" if f.src_path else "synthetic",
+                sink=f"file:{f.dst_path}" if f.dst_path else "digest",
+            )
+            per_agent.setdefault(f.src_agent, []).append(spec)
+            if f.dst_agent != f.src_agent:
+                per_agent.setdefault(f.dst_agent, []).append(spec)
+        with self.lock:
+            for agent, specs in per_agent.items():
+                conn = self.connections.get(agent)
+                if conn is None:
+                    continue
+                for i in range(0, len(specs), BATCH):
+                    conn.send(protocol.flows_message(specs[i : i + BATCH]))
+
+    def push_rates(self, rates: FlowRates, wan_changed: bool) -> list[int]:
+        """Controller listener: send each sending agent its changed FlowGroup rates.
+
+        Args:
+            rates: {coflow id: {flow id: [(path, bytes/s)]}} from the round.
+            wan_changed: the tunnel table changed (link down/up): send it first.
+
+        Returns:
+            ids of the "rates" messages sent (each agent acks them once applied).
+        """
+        if wan_changed:
+            self.push_tunnels()
+        wanted = self.group_rates(rates)
+        sent = []
+        with self.lock:
+            for agent, conn in self.connections.items():
+                want = wanted.get(agent, {})
+                changed = [
+                    protocol.GroupRates(c, d, paths)
+                    for (c, d), paths in want.items()
+                    if conn.sent_rates.get((c, d)) != paths
+                ]
+                changed += [
+                    protocol.GroupRates(c, d, {})
+                    for (c, d), paths in conn.sent_rates.items()
+                    if (c, d) not in want and paths
+                ]
+                for i in range(0, len(changed), BATCH):
+                    msg_id = self._new_id()
+                    conn.send(protocol.rates_message(changed[i : i + BATCH], msg_id=msg_id))
+                    sent.append(msg_id)
+                conn.sent_rates = {k: v for k, v in want.items()}
+        return sent
+
+    def group_rates(self, rates: FlowRates) -> dict[str, dict[tuple[str, str], dict[str, float]]]:
+        """Sum flows' per-path rates per (sender agent, coflow, dst DC, tunnel).
+
+        Returns:
+            {agent id: {(coflow id str, dst DC): {tunnel id: bytes/s}}}.
+        """
+        out: dict[str, dict[tuple[str, str], dict[str, float]]] = {}
+        with self.controller.lock:
+            coflows = self.controller.registry.coflows
+            for cid, flows in rates.items():
+                coflow = coflows.get(cid)
+                if coflow is None:
+                    continue
+                for fid, paths in flows.items():
+                    f = coflow.flows.get(fid)
+                    if f is None:
+                        continue
+                    group = out.setdefault(f.src_agent, {}).setdefault((str(cid), f.dst_dc), {})
+                    for path, rate in paths:
+                        tunnel = self.tunnels.tunnel_for(path)
+                        if tunnel is not None and rate > 0:
+                            group[tunnel] = group.get(tunnel, 0.0) + rate
+        return out
+
+    def _new_id(self) -> int:
+        msg_id = next(self.ids)
+        self.sent_at[msg_id] = time.monotonic()
+        if len(self.sent_at) > 100_000:
+            for old in list(self.sent_at)[:50_000]:
+                self.sent_at.pop(old, None)
+                self.acks.pop(old, None)
+        return msg_id
+
+
+def _cid(coflow: str) -> int:
+    try:
+        return int(coflow)
+    except (TypeError, ValueError):
+        raise RegistryError("unknown_coflow", f"unknown coflow {coflow!r}") from None
+
+
+def start_agent_server(channel: AgentChannel, host: str, port: int, spawn=None):
+    """Serve the agent channel on host:port (see `api_server.listen_and_serve`)."""
+    from terra_controller.api_server import listen_and_serve
+
+    result = listen_and_serve(host, port, channel.serve_connection, spawn)
+    LOG.info("agent channel on %s:%d", *result[2])
+    return result

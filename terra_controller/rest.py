@@ -1,0 +1,264 @@
+"""Read-only REST for operators: JSON views of the controller and Prometheus metrics.
+
+Routes (GET only; DESIGN.md section 6, issue 4 item 5):
+
+    /status          controller: topology name, uptime, agents, coflows per state, rounds
+    /topology        links with capacity (bytes/s), state (up/down), allocated rate (bytes/s)
+    /tunnels         tunnels (id, DC pair, path, up) and, with switches, rules per switch
+    /coflows         every coflow: id, state, bytes total/delivered, CCT
+    /coflows/{id}    one coflow's status with its FlowGroups' per-path allocations
+    /metrics         Prometheus text format: terra_rounds_total, terra_round_latency_ms,
+                     terra_lps_solved_total, terra_active_coflows, terra_bytes_delivered_total,
+                     terra_rejected_coflows_total, terra_agents_connected
+
+A WSGI app served by the standard library's wsgiref in a thread per request,
+started on os-ken's hub. Errors: 404 for unknown paths or coflows, 405 for
+other methods; a failing view answers 500 and the server keeps running.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socketserver
+import time
+from collections.abc import Callable
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from terra_controller.coflow_registry import RegistryError
+from terra_controller.controller import Controller
+
+LOG = logging.getLogger("terra.rest")
+
+
+class RestApp:
+    """The WSGI application.
+
+    Args:
+        controller: the Controller.
+        channel: the AgentChannel (agents connected, tunnels) or None.
+        openflow: callable returning {"rules_per_switch": {dpid: n}, "flow_mods": n, ...}
+            from the OpenFlow app, or None without switches.
+    """
+
+    def __init__(self, controller: Controller, channel=None, openflow: Callable | None = None):
+        self.controller = controller
+        self.channel = channel
+        self.openflow = openflow
+        self.metrics = CollectorRegistry()
+        self.metrics.register(_Collector(self))
+
+    def __call__(self, environ, start_response):
+        """WSGI entry point."""
+        path = environ.get("PATH_INFO", "/").rstrip("/") or "/"
+        if environ.get("REQUEST_METHOD") != "GET":
+            return _reply(start_response, 405, {"error": "read-only: GET only"})
+        try:
+            if path == "/metrics":
+                body = generate_latest(self.metrics)
+                start_response("200 OK", [("Content-Type", "text/plain; version=0.0.4")])
+                return [body]
+            view = self._route(path)
+            if view is None:
+                return _reply(start_response, 404, {"error": f"no such resource {path}"})
+            return _reply(start_response, 200, view())
+        except RegistryError as exc:
+            return _reply(start_response, 404, {"error": str(exc)})
+        except Exception as exc:
+            LOG.exception("REST %s failed", path)
+            return _reply(start_response, 500, {"error": f"internal error: {exc!r}"})
+
+    def _route(self, path: str):
+        views = {
+            "/status": self.status,
+            "/topology": self.topology,
+            "/tunnels": self.tunnels,
+            "/coflows": self.coflows,
+        }
+        if path in views:
+            return views[path]
+        if path.startswith("/coflows/"):
+            text = path[len("/coflows/") :]
+            if not text.lstrip("-").isdigit():
+                return None
+            return lambda: self.coflow(int(text))
+        return None
+
+    # ---- views --------------------------------------------------------------------------
+
+    def connected_agents(self) -> set[str]:
+        """Ids of agents with an open control connection."""
+        if self.channel is None:
+            return set()
+        with self.channel.lock:
+            return set(self.channel.connections)
+
+    def status(self) -> dict:
+        """{"topology", "uptime_s", "openflow", "agents": [...], "coflows": {state: n},
+        "rounds", "last_round_ms", "lps"}."""
+        c = self.controller
+        connected = self.connected_agents()
+        with c.lock:
+            states: dict[str, int] = {}
+            for coflow in c.registry.coflows.values():
+                states[coflow.state] = states.get(coflow.state, 0) + 1
+            agents = [
+                {"id": a.id, "dc": a.dc, "data_addr": a.data_addr, "connected": a.id in connected}
+                for a in c.registry.agents.values()
+            ]
+            return {
+                "topology": c.topology.name,
+                "uptime_s": time.time() - c.started_wall,
+                "openflow": self.openflow is not None,
+                "agents": agents,
+                "coflows": states,
+                "rejected": c.stats["rejected"],
+                "rounds": c.stats["rounds"],
+                "last_round_ms": c.stats["last_round_ms"],
+                "lps": _policy_lps(c),
+            }
+
+    def topology(self) -> dict:
+        """{"name", "dcs", "links": [{"src", "dst", "capacity", "state", "allocated"}]}."""
+        c = self.controller
+        load = c.link_rates()
+        with c.lock:
+            topo = c.topology
+            links = [
+                {
+                    "src": u,
+                    "dst": v,
+                    "capacity": topo.capacity[(u, v)],
+                    "state": "down" if (u, v) in topo.down else "up",
+                    "allocated": load.get((u, v), 0.0),
+                }
+                for u, v in topo.links
+            ]
+            return {"name": topo.name, "dcs": list(topo.dcs), "links": links}
+
+    def tunnels(self) -> dict:
+        """{"tunnels": [{"tunnel", "src", "dst", "index", "path", "up"}], "switches": {...}}."""
+        table = self.channel.tunnels if self.channel is not None else None
+        with self.controller.lock:
+            tunnels = table.to_json() if table is not None else []
+        switches = self.openflow() if self.openflow is not None else {}
+        return {"logical": self.openflow is None, "tunnels": tunnels, "switches": switches}
+
+    def coflows(self) -> list[dict]:
+        """[{"id", "state", "bytes_total", "bytes_delivered", "cct_s", "deadline_s"}]."""
+        with self.controller.lock:
+            out = []
+            for coflow in self.controller.registry.coflows.values():
+                s = coflow.status()
+                del s["flows"]
+                out.append(s)
+            return out
+
+    def coflow(self, coflow_id: int) -> dict:
+        """checkStatus's map plus "flowgroups": [{"src_dc", "dst_dc", "remaining",
+        "paths": [{"path", "rate"}]}].
+
+        Raises:
+            RegistryError: unknown coflow (answered 404).
+        """
+        status = self.controller.status(coflow_id)
+        status["flowgroups"] = self.controller.flowgroup_rates(coflow_id)
+        return status
+
+
+def _policy_lps(controller: Controller) -> int:
+    stats = getattr(controller.policy, "stats", None)
+    return int(stats.get("lps", 0)) if isinstance(stats, dict) else 0
+
+
+class _Collector:
+    """Prometheus collector reading the controller at scrape time."""
+
+    def __init__(self, app: RestApp) -> None:
+        self.app = app
+
+    def collect(self):
+        c = self.app.controller
+        with c.lock:
+            rounds = c.stats["rounds"]
+            last_ms = c.stats["last_round_ms"]
+            recent = list(c.stats["round_ms"])
+            active = len(c.registry.active())
+            delivered = sum(x.bytes_delivered for x in c.registry.coflows.values())
+            rejected = c.stats["rejected"]
+        yield CounterMetricFamily("terra_rounds", "Scheduling rounds run", value=rounds)
+        yield GaugeMetricFamily(
+            "terra_round_latency_ms", "Wall time of the last scheduling round (ms)", value=last_ms
+        )
+        mean = sum(recent) / len(recent) if recent else 0.0
+        yield GaugeMetricFamily(
+            "terra_round_latency_mean_ms",
+            "Mean wall time of the last 1000 scheduling rounds (ms)",
+            value=mean,
+        )
+        yield CounterMetricFamily(
+            "terra_lps_solved", "LPs solved by the policy", value=_policy_lps(c)
+        )
+        yield GaugeMetricFamily("terra_active_coflows", "Coflows not yet done", value=active)
+        yield CounterMetricFamily(
+            "terra_bytes_delivered", "Bytes acknowledged by receivers", value=delivered
+        )
+        yield CounterMetricFamily(
+            "terra_rejected_coflows", "Coflows rejected (deadline)", value=rejected
+        )
+        yield GaugeMetricFamily(
+            "terra_agents_connected",
+            "Agents on the control channel",
+            value=len(self.app.connected_agents()),
+        )
+
+
+def _reply(start_response, code: int, body) -> list[bytes]:
+    reason = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}
+    data = json.dumps(body, default=_json_default).encode()
+    start_response(
+        f"{code} {reason[code]}",
+        [("Content-Type", "application/json"), ("Content-Length", str(len(data)))],
+    )
+    return [data]
+
+
+def _json_default(value):
+    if isinstance(value, set | tuple):
+        return list(value)
+    return str(value)
+
+
+class _ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, fmt, *args) -> None:
+        LOG.debug("REST %s", fmt % args)
+
+
+def start_rest_server(app: RestApp, host: str, port: int, spawn=None):
+    """Serve `app` on host:port (HTTP/1.0, thread per request) on os-ken's hub.
+
+    Args:
+        spawn: how to run the loop (default os_ken.lib.hub.spawn; tests pass a
+            daemon-thread starter).
+
+    Returns:
+        (server (call .shutdown() to stop), thread, bound (host, port)).
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+    from os_ken.lib import hub
+
+    server = make_server(
+        host, port, app, server_class=_ThreadingWSGIServer, handler_class=_QuietHandler
+    )
+    bound = server.server_address[:2]
+    LOG.info("REST on http://%s:%d", *bound)
+    return server, (spawn or hub.spawn)(server.serve_forever), bound

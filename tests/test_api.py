@@ -1,0 +1,302 @@
+"""Coflow API over real TCP on loopback: TerraClient against the in-process API server.
+
+The server runs with the real Controller and TerraPolicy; the agents are
+registered in the registry directly (the agent channel has its own tests).
+"""
+
+import socket
+import struct
+import threading
+
+import msgpack
+import pytest
+
+from terra_controller.api_server import (
+    ApiHandler,
+    pack_message,
+    read_message,
+    start_api_server,
+    stop_listener,
+)
+from terra_controller.client import TerraClient, TerraError
+from terra_controller.controller import Controller, RoundRunner
+from terra_controller.terra_policy import TerraPolicy
+from topologies import Topology
+
+CAP = 1e8  # bytes/s per directed link
+TOKEN = "s3cret"
+
+
+def triangle() -> Topology:
+    links = {}
+    for u, v in [("A", "B"), ("B", "C"), ("A", "C")]:
+        links[(u, v)] = links[(v, u)] = CAP
+    return Topology("tri", ["A", "B", "C"], links)
+
+
+def daemon_spawn(func, *args):
+    thread = threading.Thread(target=func, args=args, daemon=True)
+    thread.start()
+    return thread
+
+
+class Server:
+    """An API server in this process; `restart()` replaces the controller (new instance)."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.conns: list[socket.socket] = []
+        topology = triangle()
+        self.controller = Controller(topology, TerraPolicy(topology))
+        for agent, dc in [("a1", "A"), ("a2", "A"), ("b1", "B"), ("c1", "C")]:
+            self.controller.registry.register_agent(agent, dc, "127.0.0.1:1")
+        self.runner = RoundRunner(self.controller).start()
+        self.handler = ApiHandler(self.controller, TOKEN)
+
+        def spawn(func, *args):
+            if len(args) == 2 and isinstance(args[0], socket.socket):
+                self.conns.append(args[0])
+            return daemon_spawn(func, *args)
+
+        self.listener, _, (self.host, self.port) = start_api_server(
+            self.handler, "127.0.0.1", port, spawn
+        )
+
+    def stop(self) -> None:
+        self.runner.stop()
+        stop_listener(self.listener)
+        for sock in self.conns:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def server():
+    srv = Server()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def client(server):
+    with TerraClient(server.host, server.port, token=TOKEN, timeout=5) as c:
+        yield c
+
+
+def flow(fid, src="a1", dst="b1", size=10_000_000, **extra):
+    return {"id": fid, "src": src, "dst": dst, "bytes": size, **extra}
+
+
+def test_submit_and_status(server, client):
+    cid = client.submit_coflow([flow("f1"), flow("f2", "a2", "c1", 5_000_000)])
+    assert cid == 0
+    assert client.submitCoflow([flow("g")]) == 1  # the paper's alias
+    server.controller.run_round()
+    status = client.check_status(cid)
+    assert status["id"] == 0 and status["bytes_total"] == 15_000_000
+    assert status["bytes_delivered"] == 0 and status["cct_s"] is None
+    assert status["state"] in ("running", "preempted")
+    assert {f["id"]: f["dst_dc"] for f in status["flows"]} == {"f1": "B", "f2": "C"}
+    assert client.checkStatus(cid)["id"] == 0
+    # Coflow 0 runs: its FlowGroups got a positive rate.
+    assert sum(f["rate"] for f in status["flows"]) > 0
+
+
+def test_update_coflow_adds_flows(client):
+    cid = client.submit_coflow([flow("f1")])
+    client.update_coflow(cid, [flow("f2", "b1", "c1", 3)])
+    client.updateCoflow(cid, [flow("f3", "c1", "a1", 4)])
+    status = client.check_status(cid)
+    assert [f["id"] for f in status["flows"]] == ["f1", "f2", "f3"]
+    assert status["bytes_total"] == 10_000_000 + 3 + 4
+
+
+def test_unmeetable_deadline_returns_minus_one(client):
+    # 1e9 bytes A->B over the direct path and A-C-B, 1e8 B/s each: Γ = 1e9 / 2e8 = 5 s.
+    # Admission needs Γ·(1+ε) = 5.5 s <= deadline, so 1 s is rejected and 60 s admitted.
+    assert client.submit_coflow([flow("f", size=1_000_000_000)], deadline=1.0) == -1
+    cid = client.submit_coflow([flow("f", size=1_000_000_000)], deadline=60.0)
+    assert cid >= 0
+    assert client.check_status(cid)["deadline_s"] == 60.0
+
+
+@pytest.mark.parametrize(
+    ("flows", "code"),
+    [
+        ([flow("f"), flow("f")], "duplicate_flow"),
+        ([flow("f", src="ghost")], "unknown_agent"),
+        ([flow("f", size=0)], "bad_size"),
+        ([flow("f", size=-1)], "bad_size"),
+        ([flow("f", size=2.5)], "bad_size"),
+        ([], "bad_request"),
+        ("flows", "bad_request"),
+    ],
+)
+def test_bad_submissions_change_nothing(server, client, flows, code):
+    client.submit_coflow([flow("ok")])
+    before = [(c["id"], c["bytes_total"]) for c in client.list_coflows()]
+    with pytest.raises(TerraError) as info:
+        client.submit_coflow(flows)
+    assert info.value.code == code
+    assert [(c["id"], c["bytes_total"]) for c in client.list_coflows()] == before
+    assert server.controller.registry.next_id == 1
+
+
+def test_unknown_coflow_and_bad_update(client):
+    cid = client.submit_coflow([flow("f1")])
+    for bad in (99, -1, "0"):
+        with pytest.raises(TerraError) as info:
+            client.check_status(bad)
+        assert info.value.code == "unknown_coflow"
+    with pytest.raises(TerraError) as info:
+        client.update_coflow(cid, [flow("f1")])  # f1 is already in the coflow
+    assert info.value.code == "duplicate_flow"
+    with pytest.raises(TerraError):
+        client.update_coflow(7, [flow("x")])
+    assert [f["id"] for f in client.check_status(cid)["flows"]] == ["f1"]
+
+
+def test_wrong_token_is_refused(server):
+    with TerraClient(server.host, server.port, token="wrong", timeout=5) as bad:
+        with pytest.raises(TerraError) as info:
+            bad.submit_coflow([flow("f")])
+        assert info.value.code == "bad_token"
+    with TerraClient(server.host, server.port, timeout=5) as none:
+        with pytest.raises(TerraError):
+            none.list_coflows()
+    assert server.controller.registry.coflows == {}
+
+
+def raw_exchange(server, data: bytes) -> list[dict]:
+    """Send raw bytes, return the replies until the server closes the connection."""
+    with socket.create_connection((server.host, server.port), timeout=5) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        replies = []
+        while True:
+            try:
+                reply = read_message(s)
+            except Exception:
+                break
+            if reply is None:
+                break
+            replies.append(reply)
+        return replies
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        struct.pack(">I", 5) + b"\xc1\xc1\xc1\xc1\xc1",  # 0xc1 is never valid msgpack
+        struct.pack(">I", 2**31),  # oversized length
+        struct.pack(">I", 100) + b"short",  # EOF inside a message
+        pack_message([1, 2, 3]),  # not a map  # type: ignore[arg-type]
+    ],
+)
+def test_malformed_messages_close_only_that_connection(server, client, data):
+    cid = client.submit_coflow([flow("f")])
+    replies = raw_exchange(server, data)
+    assert all(not r["ok"] for r in replies)
+    # The server and the other client's connection still work.
+    assert client.check_status(cid)["id"] == cid
+    assert client.submit_coflow([flow("g")]) == cid + 1
+
+
+@pytest.mark.parametrize(
+    ("request_map", "code"),
+    [
+        ({"v": 2, "op": "list", "token": TOKEN}, "bad_version"),
+        ({"op": "list", "token": TOKEN}, "bad_version"),
+        ({"v": 1, "op": "explode", "token": TOKEN}, "bad_request"),
+        ({"v": 1, "op": 7, "token": TOKEN}, "bad_request"),
+        ({"v": 1, "op": "status", "coflow": 0, "extra": 1, "token": TOKEN}, "bad_request"),
+        (
+            {"v": 1, "op": "link_state", "a": "A", "b": "Z", "up": False, "token": TOKEN},
+            "bad_request",
+        ),
+        (
+            {"v": 1, "op": "link_state", "a": "A", "b": "B", "up": "no", "token": TOKEN},
+            "bad_request",
+        ),
+    ],
+)
+def test_bad_requests_get_error_replies_on_a_live_connection(server, request_map, code):
+    with socket.create_connection((server.host, server.port), timeout=5) as s:
+        s.sendall(
+            pack_message(request_map)
+            + pack_message({"v": 1, "op": "hello", "token": TOKEN, "req": 9})
+        )
+        first, second = read_message(s), read_message(s)
+    assert first["ok"] is False and first["code"] == code
+    assert second["ok"] is True and second["req"] == 9  # the connection survived
+
+
+def test_link_state_operator_command(server, client):
+    assert client.set_link_state("A", "B", False) is True
+    assert ("A", "B") in server.controller.topology.down
+    assert client.set_link_state("A", "B", False) is False  # already down
+    assert client.set_link_state("A", "B", True) is True
+    assert server.controller.topology.down == set()
+
+
+def test_wait_times_out_on_an_unfinished_coflow(client):
+    cid = client.submit_coflow([flow("f")])
+    with pytest.raises(TimeoutError):
+        client.wait(cid, timeout=0.2)
+
+
+def test_concurrent_clients_get_distinct_ids(server):
+    ids, errors = [], []
+
+    def work():
+        try:
+            with TerraClient(server.host, server.port, token=TOKEN, timeout=5) as c:
+                for i in range(20):
+                    ids.append(c.submit_coflow([flow(f"f{i}", size=1000)]))
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(ids) == list(range(80))
+
+
+def test_client_resubmits_open_coflows_after_controller_restart():
+    first = Server()
+    client = TerraClient(first.host, first.port, token=TOKEN, timeout=5)
+    done = client.submit_coflow([flow("x", "a1", "a2")])  # intra-DC only: done at once
+    assert client.check_status(done)["state"] == "done"
+    open_id = client.submit_coflow([flow("f1")])
+    client.update_coflow(open_id, [flow("f2", "b1", "c1", 77)])
+    first.stop()
+    second = Server(first.port)  # a new controller on the same port, knows nothing
+    try:
+        status = client.check_status(open_id)  # reconnects, resubmits, then asks
+        assert [f["id"] for f in status["flows"]] == ["f1", "f2"]
+        assert set(second.controller.registry.coflows) == {open_id}
+        # New submissions do not collide with the resubmitted id.
+        assert client.submit_coflow([flow("g")]) == open_id + 1
+    finally:
+        client.close()
+        second.stop()
+
+
+def test_msgpack_garbage_inside_valid_frame_is_rejected_cleanly(server):
+    body = msgpack.packb(
+        {
+            "v": 1,
+            "op": "submit",
+            "token": TOKEN,
+            "flows": [{"id": {"nested": 1}, "src": "a1", "dst": "b1", "bytes": 1}],
+        }
+    )
+    with socket.create_connection((server.host, server.port), timeout=5) as s:
+        s.sendall(struct.pack(">I", len(body)) + body)
+        reply = read_message(s)
+    assert reply["ok"] is False and reply["code"] == "bad_request"
+    assert server.controller.registry.coflows == {}
