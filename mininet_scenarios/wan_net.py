@@ -1,0 +1,191 @@
+"""A Mininet WAN built from a topology binding (DESIGN.md section 10, issue 5 item 1).
+
+One Open vSwitch per DC (userspace datapath, OpenFlow 1.3, fail mode secure,
+connected to a remote controller on 127.0.0.1), the DPIDs and port numbers of
+the binding, WAN links shaped with HTB (TCLink bw=, never delay=: the kernel
+has no netem), one Mininet host per agent host of the binding, checksum and
+segmentation offloads off on every interface (TCP through the userspace
+datapath stalls otherwise), MTU 1600 on the WAN ports (the 4-byte MPLS tag
+must fit), and static ARP between agent hosts (the switches never flood).
+
+Optionally an out-of-band management network: every host's second interface
+and a root-namespace interface (`MGMT_ROOT_IP`) on a standalone L2 switch, so
+agents in the hosts reach a controller running in the root namespace.
+
+Needs root, Open vSwitch running (ovs-ctl start) and Debian's mininet (mnexec).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import subprocess
+from dataclasses import dataclass, field
+
+from mininet.link import Link, TCLink
+from mininet.net import Mininet
+from mininet.node import Host, Node, OVSSwitch, RemoteController
+
+from topologies import Topology, TopologyError
+from topologies.binding import Binding
+
+MGMT_NET = ipaddress.IPv4Network("10.254.0.0/16")
+MGMT_ROOT_IP = "10.254.255.254"
+MGMT_SWITCH_DPID = "f000000000000001"
+WAN_MTU = 1600
+OFFLOADS_OFF = "tx off rx off tso off gso off gro off"
+
+
+@dataclass
+class WanNet:
+    """A started Mininet WAN. Call stop() (also on errors) to remove everything.
+
+    Attributes:
+        net: the Mininet object.
+        switches: DC name -> OVSSwitch.
+        hosts: agent host name -> Mininet Host.
+        mgmt_ips: agent host name -> management IP (empty without a management network).
+    """
+
+    net: Mininet
+    topology: Topology
+    binding: Binding
+    switches: dict[str, OVSSwitch]
+    hosts: dict[str, Host]
+    mgmt_ips: dict[str, str] = field(default_factory=dict)
+    root: Node | None = None
+
+    def set_link(self, a: str, b: str, up: bool) -> None:
+        """Set the WAN link between DCs a and b down or up (both interfaces)."""
+        self.topology.check_dc(a, "set_link")
+        self.topology.check_dc(b, "set_link")
+        if (a, b) not in self.topology.capacity:
+            raise TopologyError(f"no WAN link {a}-{b}")
+        self.net.configLinkStatus(
+            self.switches[a].name, self.switches[b].name, "up" if up else "down"
+        )
+
+    def stop(self) -> None:
+        """Stop Mininet: bridges, links, host shells and the root mgmt shell."""
+        try:
+            self.net.stop()
+        finally:
+            if self.root is not None:
+                self.root.terminate()
+
+
+def build_wan(
+    topology: Topology,
+    binding: Binding,
+    of_port: int = 6653,
+    link_mbps: float | None = None,
+    mgmt: bool = False,
+) -> WanNet:
+    """Build and start the Mininet WAN of a bound topology.
+
+    Args:
+        topology: the WAN; each link is shaped to its capacity (bytes/s * 8 / 1e6
+            Mbit/s) unless `link_mbps` is given.
+        binding: DPIDs, ports and agent hosts (topologies.binding.load_binding).
+        of_port: TCP port of the OpenFlow controller on 127.0.0.1.
+        link_mbps: one HTB rate (Mbit/s) for every WAN link.
+        mgmt: add the out-of-band management network (module docstring).
+
+    Returns:
+        The started WanNet; switches try to connect to the controller.
+
+    Raises:
+        TopologyError: a host IP inside the management subnet.
+        Exception: whatever Mininet raises; everything built so far is stopped first.
+    """
+    for _, host in binding.all_hosts():
+        if mgmt and ipaddress.IPv4Address(host.ip) in MGMT_NET:
+            raise TopologyError(f"host {host.name}: {host.ip} is in the mgmt subnet {MGMT_NET}")
+    net = Mininet(
+        switch=OVSSwitch,
+        controller=None,
+        link=Link,
+        build=False,
+        autoSetMacs=False,
+        autoStaticArp=False,
+    )
+    wan = WanNet(net, topology, binding, {}, {})
+    try:
+        _add_nodes(wan, of_port, link_mbps, mgmt)
+        net.build()
+        net.start()
+        _configure(wan, mgmt)
+    except BaseException:
+        wan.stop()
+        raise
+    return wan
+
+
+def _add_nodes(wan: WanNet, of_port: int, link_mbps: float | None, mgmt: bool) -> None:
+    net, topology, binding = wan.net, wan.topology, wan.binding
+    net.addController("c0", controller=RemoteController, ip="127.0.0.1", port=of_port)
+    for dc, sw in binding.switches.items():
+        wan.switches[dc] = net.addSwitch(
+            f"s{sw.dpid}",
+            dpid=f"{sw.dpid:016x}",
+            datapath="user",
+            protocols="OpenFlow13",
+            failMode="secure",
+        )
+    for (u, v), cap in sorted(topology.capacity.items()):
+        if topology.dcs.index(u) < topology.dcs.index(v):
+            mbps = link_mbps if link_mbps is not None else cap * 8 / 1e6
+            net.addLink(
+                wan.switches[u],
+                wan.switches[v],
+                cls=TCLink,
+                bw=mbps,
+                port1=binding.port_to(u, v),
+                port2=binding.port_to(v, u),
+            )
+    for dc, host in binding.all_hosts():
+        mac = host.mac or "00:00:" + ":".join(f"{int(x):02x}" for x in host.ip.split("."))
+        wan.hosts[host.name] = net.addHost(host.name, ip=f"{host.ip}/8", mac=mac)
+        net.addLink(wan.hosts[host.name], wan.switches[dc], port2=host.port)
+    if mgmt:
+        msw = net.addSwitch("mgmt0", dpid=MGMT_SWITCH_DPID, datapath="user", failMode="standalone")
+        for i, name in enumerate(wan.hosts):
+            net.addLink(wan.hosts[name], msw)
+            wan.mgmt_ips[name] = str(MGMT_NET.network_address + i + 1)
+        wan.root = Node("root", inNamespace=False)
+        net.addLink(wan.root, msw)
+
+
+def _configure(wan: WanNet, mgmt: bool) -> None:
+    for host in wan.hosts.values():
+        for intf in host.intfList():
+            if intf.name != "lo":
+                host.cmd(f"ethtool -K {intf.name} {OFFLOADS_OFF}")
+    for sw in wan.switches.values():
+        for intf in sw.intfList():
+            if intf.name != "lo":
+                _root(f"ethtool -K {intf.name} {OFFLOADS_OFF}")
+                if intf.link and isinstance(intf.link, TCLink):
+                    _root(f"ip link set {intf.name} mtu {WAN_MTU}")
+    wan.net.staticArp()
+    if mgmt:
+        _root("ovs-vsctl del-controller mgmt0")
+        for name, ip in wan.mgmt_ips.items():
+            intf = wan.hosts[name].intfList()[1]
+            wan.hosts[name].cmd(f"ip addr add {ip}/{MGMT_NET.prefixlen} dev {intf.name}")
+            wan.hosts[name].cmd(f"ethtool -K {intf.name} {OFFLOADS_OFF}")
+        rintf = wan.root.intfList()[0].name
+        _root(f"ip addr add {MGMT_ROOT_IP}/{MGMT_NET.prefixlen} dev {rintf}")
+        _root(f"ip link set {rintf} up")
+        _root(f"ethtool -K {rintf} {OFFLOADS_OFF}")
+        for intf in wan.net["mgmt0"].intfList():
+            if intf.name != "lo":
+                _root(f"ethtool -K {intf.name} {OFFLOADS_OFF}")
+
+
+def _root(command: str) -> None:
+    subprocess.run(command, shell=True, check=False, capture_output=True)
+
+
+def cleanup() -> None:
+    """Remove everything Mininet may have left behind (`mn -c`), quietly."""
+    subprocess.run(["mn", "-c"], check=False, capture_output=True)

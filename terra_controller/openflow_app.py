@@ -1,0 +1,349 @@
+"""The os-ken OpenFlow 1.3 app: installs the tunnel rules once, follows WAN link state.
+
+DESIGN.md sections 1, 5 and 10; issue 4 item 2. When every switch of the
+topology binding has connected, the app installs the compiled tunnel rules
+(terra_controller.tunnels) once. A PortStatus on a WAN port that changes the
+link's state updates the Topology, removes (link down) or restores (link up)
+the rules of the tunnels that cross the link, and calls `on_link_change` (the
+scheduler's hook). Nothing else ever sends a flow-mod: rate and schedule
+changes go to the agents, not the switches.
+
+Start it with `start_openflow(config)` (os-ken's AppManager on the native
+hub, DESIGN.md section 10), or standalone for bring-up and tests:
+``python -m terra_controller.openflow_app TOPOLOGY.json [--k 4] [--of-port 6653]``,
+which prints one JSON line per event (installed, link).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from os_ken.base import app_manager
+from os_ken.controller import ofp_event
+from os_ken.controller.handler import (
+    CONFIG_DISPATCHER,
+    DEAD_DISPATCHER,
+    MAIN_DISPATCHER,
+    set_ev_cls,
+)
+from os_ken.ofproto import ofproto_v1_3
+
+from terra_controller.tunnels import (
+    FlowEntry,
+    build_tunnels,
+    compile_rules,
+    diff_rules,
+    rules_per_switch,
+    tunnels_up,
+)
+from topologies import Link, Topology, TopologyError, load_topology
+from topologies.binding import Binding, load_binding
+
+LOG = logging.getLogger(__name__)
+APP_NAME = "TunnelApp"
+DEFAULT_K = 4
+
+
+@dataclass(frozen=True)
+class LinkChange:
+    """A WAN link went down or came back (both directions).
+
+    Attributes:
+        link: (a, b) DC names as the reporting switch sees it (a = that switch's DC).
+        up: new state.
+        tunnels_changed: ids of the tunnels removed (down) or restored (up).
+        flow_mods: flow-mods sent for this change.
+    """
+
+    link: Link
+    up: bool
+    tunnels_changed: frozenset[int]
+    flow_mods: int
+
+
+@dataclass
+class TunnelConfig:
+    """What the app needs: the WAN, its binding, K and the callbacks.
+
+    Attributes:
+        topology: the WAN; the app updates its link state (the caller shares it
+            with the scheduler; the callbacks run on the app's event thread).
+        binding: DPIDs, ports and agent hosts (topologies.binding.load_binding).
+        k: paths per DC pair (DESIGN.md section 5; default 4).
+        on_installed: called once with the app after the rules are sent.
+        on_link_change: called with a LinkChange after each link state change.
+    """
+
+    topology: Topology
+    binding: Binding
+    k: int = DEFAULT_K
+    on_installed: Callable[[TunnelApp], None] | None = None
+    on_link_change: Callable[[LinkChange], None] | None = None
+
+
+class TunnelApp(app_manager.OSKenApp):
+    """OpenFlow 1.3 app: tunnel rules at start-up, rule changes on link failure/recovery.
+
+    Keyword args (from AppManager.instantiate_apps): terra_config: TunnelConfig.
+
+    Attributes (read them under `lock` from other threads):
+        tunnels: the tunnels (computed once, every link up).
+        entries: flow entries currently wanted on the switches.
+        datapaths: connected switches by DPID.
+        installed: True once the rules were sent to every switch.
+        flow_mods_sent: all flow-mods sent; flow_mods_at_install: the count when
+            installation finished (the difference is what link events cost).
+    """
+
+    OFP_VERSIONS = [ofproto_v1_3.OFP_VERSION]
+
+    def __init__(self, *args, terra_config: TunnelConfig | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if terra_config is None:
+            raise ValueError("TunnelApp needs terra_config=TunnelConfig(...)")
+        self.config = terra_config
+        self.lock = threading.Lock()
+        all_up = terra_config.topology.copy()
+        all_up.down.clear()
+        self.tunnels = build_tunnels(all_up, terra_config.k, terra_config.binding.base_port)
+        self.entries: list[FlowEntry] = self._wanted()
+        self.datapaths: dict = {}
+        self.installed = False
+        self.flow_mods_sent = 0
+        self.flow_mods_at_install = 0
+
+    def rules_per_switch(self) -> dict[int, int]:
+        """Return {dpid: number of flow entries wanted there}."""
+        with self.lock:
+            return rules_per_switch(self.entries)
+
+    def _wanted(self) -> list[FlowEntry]:
+        up = tunnels_up(self.tunnels, self.config.topology)
+        return compile_rules(self.tunnels, self.config.binding, up)
+
+    @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
+    def switch_features_handler(self, ev) -> None:
+        """Record the switch; install every switch's rules once all are connected."""
+        dp = ev.msg.datapath
+        binding = self.config.binding
+        if binding.dc_of(dp.id) is None:
+            LOG.warning("switch %016x is not in the binding; ignored", dp.id)
+            return
+        with self.lock:
+            self.datapaths[dp.id] = dp
+            if self.installed:  # a switch reconnected: give it its rules again
+                self._install(dp)
+                return
+            if set(self.datapaths) != {sw.dpid for sw in binding.switches.values()}:
+                return
+            for other in self.datapaths.values():
+                self._install(other)
+            self.installed = True
+            self.flow_mods_at_install = self.flow_mods_sent
+        LOG.info("tunnel rules installed: %s", rules_per_switch(self.entries))
+        if self.config.on_installed:
+            self.config.on_installed(self)
+
+    @set_ev_cls(ofp_event.EventOFPStateChange, DEAD_DISPATCHER)
+    def state_change_handler(self, ev) -> None:
+        """Forget a switch whose connection closed."""
+        dp = ev.datapath
+        with self.lock:
+            if dp.id is not None and self.datapaths.get(dp.id) is dp:
+                del self.datapaths[dp.id]
+
+    @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
+    def port_status_handler(self, ev) -> None:
+        """A WAN port changed: update the link state, remove/restore tunnels, notify."""
+        msg = ev.msg
+        ofp = msg.datapath.ofproto
+        link = self.config.binding.link_of_port(msg.datapath.id, msg.desc.port_no)
+        if link is None:
+            return
+        live = (
+            msg.reason != ofp.OFPPR_DELETE
+            and not msg.desc.state & ofp.OFPPS_LINK_DOWN
+            and not msg.desc.config & ofp.OFPPC_PORT_DOWN
+        )
+        topology = self.config.topology
+        with self.lock:
+            if live == (link not in topology.down):
+                return
+            before = tunnels_up(self.tunnels, topology)
+            topology.set_link_state(*link, up=live)
+            changed = frozenset(before ^ tunnels_up(self.tunnels, topology))
+            sent = self._apply(self._wanted()) if self.installed else 0
+        LOG.info(
+            "link %s-%s %s: %d tunnels, %d flow-mods",
+            *link,
+            "up" if live else "down",
+            len(changed),
+            sent,
+        )
+        if self.config.on_link_change:
+            self.config.on_link_change(LinkChange(link, live, changed, sent))
+
+    def _apply(self, wanted: list[FlowEntry]) -> int:
+        """Send the flow-mods that turn self.entries into `wanted`; return how many."""
+        to_delete, to_add = diff_rules(self.entries, wanted)
+        self.entries = wanted
+        before = self.flow_mods_sent
+        for entry in to_delete:
+            if entry.dpid in self.datapaths:
+                self._send(self.datapaths[entry.dpid], entry, delete=True)
+        for entry in to_add:
+            if entry.dpid in self.datapaths:
+                self._send(self.datapaths[entry.dpid], entry)
+        return self.flow_mods_sent - before
+
+    def _install(self, dp) -> None:
+        """Clear every table of `dp` and add its wanted entries."""
+        ofp, parser = dp.ofproto, dp.ofproto_parser
+        dp.send_msg(
+            parser.OFPFlowMod(
+                dp,
+                table_id=ofp.OFPTT_ALL,
+                command=ofp.OFPFC_DELETE,
+                out_port=ofp.OFPP_ANY,
+                out_group=ofp.OFPG_ANY,
+            )
+        )
+        self.flow_mods_sent += 1
+        for entry in self.entries:
+            if entry.dpid == dp.id:
+                self._send(dp, entry)
+        dp.send_msg(parser.OFPBarrierRequest(dp))
+
+    def _send(self, dp, entry: FlowEntry, delete: bool = False) -> None:
+        ofp, parser = dp.ofproto, dp.ofproto_parser
+        match = parser.OFPMatch(**entry.match)
+        if delete:
+            mod = parser.OFPFlowMod(
+                dp,
+                table_id=entry.table_id,
+                command=ofp.OFPFC_DELETE_STRICT,
+                priority=entry.priority,
+                match=match,
+                out_port=ofp.OFPP_ANY,
+                out_group=ofp.OFPG_ANY,
+            )
+        else:
+            mod = parser.OFPFlowMod(
+                dp,
+                cookie=entry.cookie,
+                table_id=entry.table_id,
+                command=ofp.OFPFC_ADD,
+                priority=entry.priority,
+                match=match,
+                instructions=to_instructions(parser, ofp, entry.actions),
+            )
+        dp.send_msg(mod)
+        self.flow_mods_sent += 1
+
+
+def to_instructions(parser, ofp, actions: list) -> list:
+    """Translate FlowEntry actions (terra_controller.tunnels) to OpenFlow 1.3 instructions.
+
+    Raises:
+        ValueError: an unknown action.
+    """
+    applied, instructions = [], []
+    for action in actions:
+        kind = action[0]
+        if kind == "output":
+            applied.append(parser.OFPActionOutput(action[1]))
+        elif kind == "push_mpls":
+            applied.append(parser.OFPActionPushMpls(action[1]))
+        elif kind == "pop_mpls":
+            applied.append(parser.OFPActionPopMpls(action[1]))
+        elif kind == "set_field":
+            applied.append(parser.OFPActionSetField(**{action[1]: action[2]}))
+        elif kind == "goto_table":
+            instructions.append(parser.OFPInstructionGotoTable(action[1]))
+        else:
+            raise ValueError(f"unknown flow entry action {action!r}")
+    if applied:
+        instructions.insert(0, parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, applied))
+    return instructions
+
+
+def start_openflow(config: TunnelConfig, of_host: str = "127.0.0.1", of_port: int = 6653):
+    """Start os-ken (OpenFlow listener + TunnelApp) on the native hub, in this process.
+
+    Once per process: os-ken's AppManager and CONF are process-wide singletons.
+
+    Args:
+        config: the app's TunnelConfig.
+        of_host, of_port: where to listen for switches (TCP).
+
+    Returns:
+        (app, threads): the TunnelApp and os-ken's threads (join them to block).
+    """
+    from os_ken import cfg
+    from os_ken.controller import controller  # noqa: F401  (registers the ofp options)
+    from os_ken.lib import hub
+
+    hub.patch(thread=False)
+    cfg.CONF(
+        args=[f"--ofp-listen-host={of_host}", f"--ofp-tcp-listen-port={of_port}"],
+        project="os_ken",
+    )
+    manager = app_manager.AppManager.get_instance()
+    manager.load_apps([__name__ if __name__ != "__main__" else "terra_controller.openflow_app"])
+    contexts = manager.create_contexts()
+    threads = manager.instantiate_apps(terra_config=config, **contexts)
+    return manager.applications[APP_NAME], threads
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone bring-up: run the app and print one JSON line per event on stdout."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("topology", help="topology JSON with a 'switches' binding")
+    parser.add_argument("--k", type=int, default=DEFAULT_K, help="paths per DC pair")
+    parser.add_argument("--of-host", default="127.0.0.1")
+    parser.add_argument("--of-port", type=int, default=6653)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    try:
+        topology = load_topology(args.topology)
+        binding = load_binding(topology)
+    except TopologyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    def emit(**event) -> None:
+        print(json.dumps(event), flush=True)
+
+    def installed(app: TunnelApp) -> None:
+        emit(
+            event="installed",
+            tunnels=len(app.tunnels),
+            flow_mods=app.flow_mods_sent,
+            rules_per_switch=app.rules_per_switch(),
+        )
+
+    def link_change(change: LinkChange) -> None:
+        emit(
+            event="link",
+            link=list(change.link),
+            up=change.up,
+            tunnels=sorted(change.tunnels_changed),
+            flow_mods=change.flow_mods,
+        )
+
+    config = TunnelConfig(topology, binding, args.k, installed, link_change)
+    _, threads = start_openflow(config, args.of_host, args.of_port)
+    emit(event="listening", of_port=args.of_port)
+    for thread in threads:
+        thread.join()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

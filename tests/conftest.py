@@ -1,0 +1,34 @@
+"""Shared fixtures and markers.
+
+`ovs`: a test needs root, Open vSwitch (started here if installed but not running) and
+Debian's Mininet (mnexec). Such tests skip only when not root or when OVS/Mininet is not
+installed; CI runs as root with both (.ci/run installs them), so they run there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+OVS_CTL = "/usr/share/openvswitch/scripts/ovs-ctl"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "ovs: needs root, Open vSwitch and Mininet")
+
+
+@pytest.fixture(scope="session")
+def ovs():
+    """Make sure OVS is running; skip when not root or OVS/Mininet are not installed."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (Open vSwitch, Mininet)")
+    if not shutil.which("ovs-vsctl") or not os.path.exists(OVS_CTL):
+        pytest.skip("Open vSwitch is not installed (apt-get install openvswitch-switch)")
+    if not shutil.which("mnexec"):
+        pytest.skip("Mininet is not installed (apt-get install mininet)")
+    if subprocess.run([OVS_CTL, "status"], capture_output=True).returncode != 0:
+        subprocess.run([OVS_CTL, "start", "--system-id=random"], capture_output=True)
+    subprocess.run(["ovs-vsctl", "--timeout=10", "show"], check=True, capture_output=True)
