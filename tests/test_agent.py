@@ -1,0 +1,305 @@
+"""Agents over real TCP on loopback, driven by the in-test controller peer (terra_agent/harness.py).
+
+Every transfer checks the receiver's result byte for byte (file sink vs source file) or by the
+BLAKE2b digest the receiver reports, which it only reports when it equals the sender's.
+"""
+
+import hashlib
+import os
+from contextlib import asynccontextmanager
+
+import trio
+
+from overlay.protocol import GroupRates
+from terra_agent.harness import LoopbackHarness
+from terra_agent.sources import synthetic_digest
+
+MB = 1_000_000
+UNLIMITED = 1e12
+TIMEOUT = 60
+
+
+@asynccontextmanager
+async def loopback(tmp_path, k=4, **kw):
+    """Controller peer + agents a (DC HK) and b (DC LA) with k tunnels a -> b."""
+    async with trio.open_nursery() as nursery:
+        h = LoopbackHarness(nursery, tmp_path, **kw)
+        await h.start()
+        await h.add_agent("a", "HK")
+        await h.add_agent("b", "LA")
+        h.tunnels = (await h.install_tunnels([("a", "b", k)]))["a"]
+        yield h
+        nursery.cancel_scope.cancel()
+
+
+def source_file(tmp_path, size, name="src.bin"):
+    path = tmp_path / name
+    path.write_bytes(os.urandom(size))
+    return path
+
+
+async def start(h, flows, rates_per_tunnel):
+    """Announce flows and set every tunnel of a -> b to the given rate(s) (bytes/s)."""
+    await h.controller.add_flows(flows)
+    if not isinstance(rates_per_tunnel, list):
+        rates_per_tunnel = [rates_per_tunnel] * len(h.tunnels)
+    paths = {t.tunnel: r for t, r in zip(h.tunnels, rates_per_tunnel, strict=False)}
+    await h.controller.set_rates("a", [GroupRates(flows[0].coflow, "LA", paths)])
+
+
+async def wait_complete(h, flows):
+    with trio.fail_after(TIMEOUT):
+        await h.controller.wait_until(lambda: h.controller.all_complete([f.key for f in flows]))
+
+
+async def wait_acked(h, key, nbytes):
+    """Wait until the sender agent a has nbytes of the flow acknowledged."""
+    with trio.fail_after(TIMEOUT):
+        while h.agents["a"].agent.out_flows[key].acked < nbytes:
+            await trio.sleep(0.01)
+
+
+def file_digest(path):
+    return hashlib.blake2b(path.read_bytes()).hexdigest()
+
+
+async def test_file_to_file_over_four_tunnels(tmp_path):
+    size = 6 * MB + 12345  # not a multiple of any chunk size
+    src = source_file(tmp_path, size)
+    dst = tmp_path / "dst.bin"
+    async with loopback(tmp_path) as h:
+        f = h.flow("c1", "f1", "a", "b", size, source=f"file:{src}", sink=f"file:{dst}")
+        await start(h, [f], UNLIMITED)
+        await wait_complete(h, [f])
+        group = h.agents["a"].agent.groups[("c1", "LA")]
+    assert dst.read_bytes() == src.read_bytes()
+    assert h.controller.completed[f.key] == file_digest(src)
+    assert sum(group.sent_bytes.values()) == size  # nothing lost, nothing resent
+    assert sum(1 for n in group.sent_bytes.values() if n > 0) >= 2  # really multipath
+
+
+async def test_synthetic_flows_to_digest_sink_and_progress_reports(tmp_path):
+    size = 3 * MB
+    async with loopback(tmp_path, k=2) as h:
+        flows = [h.flow("c1", f"f{i}", "a", "b", size) for i in range(3)]
+        seen = set()
+
+        async def watch():
+            while True:
+                seen.add(h.controller.acked.get(flows[0].key))
+                await trio.sleep(0.05)
+
+        h.nursery.start_soon(watch)
+        await start(h, flows, 2.5 * MB)  # 9 MB over 5 MB/s: ~1.8 s
+        await wait_complete(h, flows)
+    for f in flows:
+        assert h.controller.completed[f.key] == synthetic_digest("c1", f.flow, size)
+    # reports every 0.5 s: some strictly between 0 and size were seen
+    assert any(v is not None and 0 < v < size for v in seen)
+
+
+async def test_killed_tunnel_connection_resends_over_surviving_paths(tmp_path):
+    size = 10 * MB
+    src = source_file(tmp_path, size)
+    dst = tmp_path / "dst.bin"
+    async with loopback(tmp_path) as h:
+        f = h.flow("c1", "f1", "a", "b", size, source=f"file:{src}", sink=f"file:{dst}")
+        await start(h, [f], 2.5 * MB)  # 10 MB/s in all: ~1 s
+        await wait_acked(h, f.key, 3 * MB)
+        a, b = h.agents["a"].agent, h.agents["b"].agent
+        dead = h.tunnels[0]
+        b.stop_listening(dead.port)  # the path stays down: no reconnect possible
+        assert b.close_incoming("a", dead.tunnel) == 1
+        with trio.fail_after(TIMEOUT):
+            while a.links[("b", dead.tunnel)].up:
+                await trio.sleep(0.01)
+        sent_dead = a.groups[("c1", "LA")].sent_bytes[dead.tunnel]
+        await wait_complete(h, [f])
+        assert a.groups[("c1", "LA")].sent_bytes[dead.tunnel] == sent_dead
+        assert not a.links[("b", dead.tunnel)].up
+    assert dst.read_bytes() == src.read_bytes()  # every byte once, in order
+    assert h.controller.completed[f.key] == file_digest(src)
+
+
+async def test_controller_declares_tunnel_down(tmp_path):
+    size = 10 * MB
+    src = source_file(tmp_path, size)
+    dst = tmp_path / "dst.bin"
+    async with loopback(tmp_path) as h:
+        f = h.flow("c1", "f1", "a", "b", size, source=f"file:{src}", sink=f"file:{dst}")
+        await start(h, [f], 2.5 * MB)
+        await wait_acked(h, f.key, 3 * MB)
+        a = h.agents["a"].agent
+        down, alive = h.tunnels[1], [t for t in h.tunnels if t != h.tunnels[1]]
+        await h.controller.set_tunnels("a", alive, [])  # returns once a applied it
+        await h.controller.set_rates(
+            "a", [GroupRates("c1", "LA", {t.tunnel: 2.5 * MB for t in alive})]
+        )
+        assert ("b", down.tunnel) not in a.links
+        sent_down = a.groups[("c1", "LA")].sent_bytes[down.tunnel]
+        await wait_complete(h, [f])
+        assert a.groups[("c1", "LA")].sent_bytes[down.tunnel] == sent_down
+    assert dst.read_bytes() == src.read_bytes()
+
+
+async def test_sender_restart_resumes_from_acked_offset(tmp_path):
+    size = 8 * MB
+    src = source_file(tmp_path, size)
+    dst = tmp_path / "dst.bin"
+    async with loopback(tmp_path) as h:
+        f = h.flow("c1", "f1", "a", "b", size, source=f"file:{src}", sink=f"file:{dst}")
+        await start(h, [f], 2 * MB)  # ~1 s
+        with trio.fail_after(TIMEOUT):
+            await h.controller.wait_until(lambda: h.controller.acked.get(f.key, 0) >= 3 * MB)
+        await h.stop_agent("a")
+        await h.start_agent("a")  # re-registers; the controller re-sends tunnels, flows, rates
+        resumed = h.agents["a"].agent.out_flows[f.key]
+        assert resumed.spec.offset >= 3 * MB  # did not start over
+        await wait_complete(h, [f])
+        assert h.agents["b"].agent.in_flows[f.key].base == 0  # receiver kept its state
+    assert dst.read_bytes() == src.read_bytes()
+    assert h.controller.completed[f.key] == file_digest(src)
+
+
+async def test_receiver_restart_with_file_sink_resumes(tmp_path):
+    size = 8 * MB
+    src = source_file(tmp_path, size)
+    dst = tmp_path / "dst.bin"
+    async with loopback(tmp_path) as h:
+        f = h.flow("c1", "f1", "a", "b", size, source=f"file:{src}", sink=f"file:{dst}")
+        await start(h, [f], 2 * MB)
+        with trio.fail_after(TIMEOUT):
+            await h.controller.wait_until(lambda: h.controller.acked.get(f.key, 0) >= 3 * MB)
+        await h.stop_agent("b")
+        await h.start_agent("b")
+        inflow = h.agents["b"].agent.in_flows[f.key]
+        assert inflow.base >= 3 * MB  # resumed from the file it had written
+        await wait_complete(h, [f])
+    assert dst.read_bytes() == src.read_bytes()  # nothing lost or duplicated at the sink
+    assert h.controller.completed[f.key] == file_digest(src)
+
+
+async def test_receiver_restart_with_digest_sink_rewinds_sender(tmp_path):
+    size = 8 * MB
+    async with loopback(tmp_path) as h:
+        f = h.flow("c1", "f1", "a", "b", size)
+        await start(h, [f], 2 * MB)
+        await wait_acked(h, f.key, 3 * MB)
+        await h.stop_agent("b")
+        await h.start_agent("b")  # a digest sink keeps nothing: the flow must restart at 0
+        await wait_complete(h, [f])
+        assert h.agents["b"].agent.in_flows[f.key].base == 0
+    assert h.controller.completed[f.key] == synthetic_digest("c1", "f1", size)
+
+
+async def test_subprocess_agents_sender_killed_and_restarted(tmp_path):
+    size = 8 * MB
+    src = source_file(tmp_path, size)
+    dst = tmp_path / "dst.bin"
+    async with trio.open_nursery() as nursery:
+        h = LoopbackHarness(nursery, tmp_path, token="s3cret")
+        await h.start()
+        await h.add_agent("a", "HK", subprocess=True)
+        await h.add_agent("b", "LA", subprocess=True)
+        h.tunnels = (await h.install_tunnels([("a", "b", 3)]))["a"]
+        assert h.controller.register_msgs["a"]["token"] == "s3cret"
+        f = h.flow("c1", "f1", "a", "b", size, source=f"file:{src}", sink=f"file:{dst}")
+        await start(h, [f], 1.5 * MB)  # ~1.8 s
+        with trio.fail_after(TIMEOUT):
+            await h.controller.wait_until(lambda: h.controller.acked.get(f.key, 0) >= 2 * MB)
+        await h.stop_agent("a")  # SIGKILL
+        await h.start_agent("a", subprocess=True)
+        await wait_complete(h, [f])
+        nursery.cancel_scope.cancel()
+    assert dst.read_bytes() == src.read_bytes()
+
+
+async def test_striping_follows_rates_three_to_one(tmp_path):
+    size = 8 * MB
+    async with loopback(tmp_path, k=2) as h:
+        f = h.flow("c1", "f1", "a", "b", size)
+        await start(h, [f], [3 * MB, 1 * MB])  # ~2 s
+        await wait_complete(h, [f])
+        sent = h.agents["a"].agent.groups[("c1", "LA")].sent_bytes
+    fast, slow = (sent[t.tunnel] for t in h.tunnels)
+    assert fast + slow == size
+    assert abs(fast / slow - 3) / 3 < 0.05, (fast, slow)
+
+
+async def test_rate_zero_pauses_and_new_rates_apply(tmp_path):
+    size = 4 * MB
+    async with loopback(tmp_path, k=2) as h:
+        f = h.flow("c1", "f1", "a", "b", size)
+        await start(h, [f], 1 * MB)
+        await wait_acked(h, f.key, 1 * MB)
+        await h.controller.set_rates("a", [GroupRates("c1", "LA", {})])  # every path 0
+        await trio.sleep(0.1)  # let chunks already in flight land
+        flow = h.agents["a"].agent.out_flows[f.key]
+        paused_at = flow.next_offset
+        await trio.sleep(0.3)
+        assert flow.next_offset == paused_at and not h.controller.all_complete([f.key])
+        await h.controller.set_rates(
+            "a", [GroupRates("c1", "LA", {h.tunnels[1].tunnel: UNLIMITED})]
+        )
+        await wait_complete(h, [f])
+        sent = h.agents["a"].agent.groups[("c1", "LA")].sent_bytes
+        assert sent[h.tunnels[1].tunnel] >= size - paused_at  # the rest went on tunnel 1
+
+
+def frame(header: dict, payload: bytes = b"") -> bytes:
+    import msgpack
+
+    packed = msgpack.packb({"v": 1, "n": len(payload), **header})
+    return len(packed).to_bytes(4, "big") + packed + payload
+
+
+BAD_INPUTS = {
+    "malformed msgpack": b"\x00\x00\x00\x03\xc1\xc1\xc1",
+    "wrong version": frame({"v": 2, "t": "hello", "agent": "x", "tunnel": "t"}),
+    "oversized header": (2**31).to_bytes(4, "big") + b"x" * 100,
+    "oversized payload": frame({"t": "hello", "agent": "x", "tunnel": "t"})
+    + frame({"t": "chunk", "c": "c1", "f": "f1", "o": 0, "x": 0, "n": 64 << 20}),
+    "unknown flow": frame({"t": "hello", "agent": "x", "tunnel": "t"})
+    + frame({"t": "chunk", "c": "c9", "f": "nope", "o": 0, "x": 3632233996}, b"data"),
+    "first frame not hello": frame({"t": "ack", "c": "c", "f": "f", "o": 0, "e": 1}),
+    "disconnect mid-frame": frame({"t": "hello", "agent": "x", "tunnel": "t"})
+    + frame({"t": "chunk", "c": "c1", "f": "f1", "o": 0, "x": 0}, b"y" * 1000)[:-500],
+}
+
+
+async def test_bad_input_closes_only_that_connection(tmp_path):
+    size = 6 * MB
+    async with loopback(tmp_path, k=2) as h:
+        f = h.flow("c1", "f1", "a", "b", size)
+        await start(h, [f], 3 * MB)  # ~1 s; runs while the garbage arrives
+        b = h.agents["b"]
+        for name, data in BAD_INPUTS.items():
+            before = b.agent.closed_connections
+            for port in (b.base_port, b.tunnel_port(0)):
+                stream = await trio.open_tcp_stream(b.host, port)
+                await stream.send_all(data)
+                if name == "disconnect mid-frame":
+                    await stream.send_eof()
+                with trio.fail_after(10):  # the agent closes it: EOF (or reset) reaches us
+                    try:
+                        while await stream.receive_some(65536):
+                            pass
+                    except trio.BrokenResourceError:
+                        pass
+                await stream.aclose()
+            assert b.agent.closed_connections == before + 2, name
+        await wait_complete(h, [f])
+        assert h.agents["a"].agent.links[("b", h.tunnels[0].tunnel)].connects == 1
+    assert h.controller.completed[f.key] == synthetic_digest("c1", "f1", size)
+
+
+async def test_bad_control_message_gets_error_reply_and_channel_stays(tmp_path):
+    async with loopback(tmp_path, k=1) as h:
+        await h.controller.send("a", {"t": "rates", "rates": [{"coflow": "c"}]}, wait=False)
+        with trio.fail_after(TIMEOUT):
+            await h.controller.wait_until(lambda: h.controller.errors)
+        assert "dst_dc" in h.controller.errors[0]["message"]
+        f = h.flow("c1", "f1", "a", "b", 1 * MB)
+        await start(h, [f], UNLIMITED)  # the same control session still works
+        await wait_complete(h, [f])
+        assert h.controller.registrations["a"] == 1
