@@ -1,0 +1,88 @@
+"""Optimization (1) (terra_controller/min_cct.py) on hand-computed cases (DESIGN.md 4.1)."""
+
+import math
+import random
+
+import pytest
+
+from terra_controller.min_cct import min_cct
+from topologies import all_pairs_paths, load_topology, path_links
+
+# Triangle A, B, C: every directed link carries 10 bytes/s.
+TRIANGLE = {(u, v): 10.0 for u in "ABC" for v in "ABC" if u != v}
+PATHS = {
+    ("A", "C"): [("A", "C"), ("A", "B", "C")],
+    ("A", "B"): [("A", "B"), ("A", "C", "B")],
+    ("B", "C"): [("B", "C"), ("B", "A", "C")],
+}
+
+
+def totals(res):
+    return {pair: sum(r for _, r in lst) for pair, lst in res.rates.items()}
+
+
+@pytest.mark.parametrize("shortcuts", [True, False])
+def test_one_flowgroup_needs_both_paths(shortcuts):
+    # 100 bytes A->C over A-C (10 B/s) and A-B-C (10 B/s): 20 B/s in all, Γ = 100/20 = 5 s.
+    res = min_cct({("A", "C"): 100.0}, PATHS, TRIANGLE, use_shortcuts=shortcuts)
+    assert res.gamma_s == pytest.approx(5.0)
+    assert dict(res.rates[("A", "C")]) == pytest.approx({("A", "B", "C"): 10.0, ("A", "C"): 10.0})
+
+
+@pytest.mark.parametrize("shortcuts", [True, False])
+def test_flowgroups_on_one_shared_link(shortcuts):
+    # A->B 100 bytes on A-B, A->C 50 bytes on A-B-C: link A-B carries λ·(100 + 50) <= 10,
+    # so λ = 1/15 and Γ = 15 s; rates 100/15 = 6.667 and 50/15 = 3.333 B/s.
+    paths = {("A", "B"): [("A", "B")], ("A", "C"): [("A", "B", "C")]}
+    res = min_cct({("A", "B"): 100.0, ("A", "C"): 50.0}, paths, TRIANGLE, use_shortcuts=shortcuts)
+    assert res.gamma_s == pytest.approx(15.0)
+    assert totals(res) == pytest.approx({("A", "B"): 100 / 15, ("A", "C"): 50 / 15})
+    assert res.lp_solved is not shortcuts
+
+
+def test_two_flowgroups_competing_for_the_source():
+    # A->C 100 and A->B 100: A has 20 B/s out (A-B, A-C), the coflow needs 200 bytes out of A,
+    # so Γ >= 10; each FlowGroup on its direct link reaches it: Γ = 10, 10 B/s each.
+    res = min_cct({("A", "C"): 100.0, ("A", "B"): 100.0}, PATHS, TRIANGLE)
+    assert res.gamma_s == pytest.approx(10.0)
+    assert totals(res) == pytest.approx({("A", "C"): 10.0, ("A", "B"): 10.0})
+    assert res.lp_solved
+
+
+def test_full_link_means_infinite_gamma():
+    cap = {**TRIANGLE, ("A", "C"): 0.0, ("A", "B"): 0.0}
+    res = min_cct({("A", "C"): 100.0}, PATHS, cap)
+    assert math.isinf(res.gamma_s) and res.rates == {}
+
+
+def test_no_volume_is_zero_gamma_and_intra_dc_is_ignored():
+    assert min_cct({("A", "A"): 5.0, ("A", "C"): 0.0}, PATHS, TRIANGLE).gamma_s == 0.0
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="A->D"):
+        min_cct({("A", "D"): 1.0}, PATHS, TRIANGLE)
+    with pytest.raises(ValueError, match="finite"):
+        min_cct({("A", "C"): float("nan")}, PATHS, TRIANGLE)
+
+
+@pytest.mark.parametrize("name", ["swan", "att"])
+def test_random_coflows_lp_agrees_with_shortcuts_and_respects_capacity(name):
+    topo = load_topology(name)
+    paths = all_pairs_paths(topo, 4)
+    cap = dict(topo.capacity)
+    rng = random.Random(7)
+    for n in [1, 1, 2, 5, 12]:
+        volumes = {p: rng.uniform(1e6, 1e11) for p in rng.sample(sorted(paths), n)}
+        lp = min_cct(volumes, paths, cap, use_shortcuts=False)
+        fast = min_cct(volumes, paths, cap)
+        assert fast.gamma_s == pytest.approx(lp.gamma_s, rel=1e-7)
+        load = {}
+        for pair, lst in lp.rates.items():
+            # the minimal allocation: FlowGroup k gets exactly d_k / Γ
+            assert sum(r for _, r in lst) == pytest.approx(volumes[pair] / lp.gamma_s, rel=1e-9)
+            for path, r in lst:
+                assert (path[0], path[-1]) == pair
+                for link in path_links(path):
+                    load[link] = load.get(link, 0.0) + r
+        assert all(v <= cap[link] * (1 + 1e-6) for link, v in load.items())

@@ -1,0 +1,103 @@
+"""One Terra scheduling round (terra_controller/scheduling_round.py, DESIGN.md 4.2)."""
+
+import pytest
+
+from terra_controller.scheduling_round import (
+    DEADLINE,
+    PREEMPTED,
+    SCHEDULED,
+    schedule_round,
+)
+
+AB = ("A", "B")
+BC = ("B", "C")
+LINK = {AB: 10.0}
+LINK_PATHS = {AB: [("A", "B")]}
+CHAIN = {AB: 10.0, BC: 10.0}
+CHAIN_PATHS = {AB: [("A", "B")], BC: [("B", "C")]}
+
+
+def total(rates, cid, pair):
+    return sum(r for _, r in rates.get(cid, {}).get(pair, []))
+
+
+def test_smaller_gamma_goes_first_and_takes_the_link():
+    # One 10 B/s link. c1 has 100 bytes (Γ = 10 s), c2 has 10 bytes (Γ = 1 s). Order c2, c1:
+    # c2 gets all 10 B/s (finishes at 1 s, then c1 at 1 + 10 = 11 s: average 6 s, against
+    # (10 + 11) / 2 = 10.5 s in arrival order). With α = 0 nothing is left for c1.
+    res = schedule_round({"c1": {AB: 100.0}, "c2": {AB: 10.0}}, LINK_PATHS, LINK, alpha=0.0)
+    assert res.order == ["c2", "c1"]
+    assert res.gammas == pytest.approx({"c1": 10.0, "c2": 1.0})
+    assert res.state == {"c2": SCHEDULED, "c1": PREEMPTED}
+    assert total(res.rates, "c2", AB) == pytest.approx(10.0)
+    assert "c1" not in res.rates
+
+
+def test_alpha_reservation_goes_to_the_preempted_coflow():
+    # α = 0.1: c2 is scheduled on r = 0.9 x 10 = 9 B/s; the reserved 1 B/s goes to c1.
+    res = schedule_round({"c1": {AB: 100.0}, "c2": {AB: 10.0}}, LINK_PATHS, LINK, alpha=0.1)
+    assert total(res.rates, "c2", AB) == pytest.approx(9.0)
+    assert total(res.rates, "c1", AB) == pytest.approx(1.0)
+    assert res.state["c1"] == PREEMPTED
+
+
+def test_work_conservation_fills_an_otherwise_idle_link():
+    # c1: A->B 100 bytes, B->C 10 bytes on a chain of 10 B/s links. Γ = max(100/10, 10/10) =
+    # 10 s, so the minimal allocation is A->B 10 B/s and B->C 10/10 = 1 B/s; link B-C would
+    # idle at 9 B/s. Work conservation hands those 9 B/s to the only B->C FlowGroup: 10 B/s.
+    res = schedule_round({"c1": {AB: 100.0, BC: 10.0}}, CHAIN_PATHS, CHAIN, alpha=0.0)
+    assert res.state == {"c1": SCHEDULED}
+    assert total(res.rates, "c1", AB) == pytest.approx(10.0)
+    assert total(res.rates, "c1", BC) == pytest.approx(10.0)
+
+
+def test_coflow_missing_one_flowgroup_is_preempted_but_work_conservation_uses_its_pair():
+    # c1 (Γ = 10 s) takes link A-B. c2 needs A->B and B->C; A-B is full, so c2 is preempted
+    # (α = 0). Link B-C is idle, so work conservation gives c2's B->C FlowGroup all 10 B/s.
+    res = schedule_round(
+        {"c1": {AB: 100.0}, "c2": {AB: 200.0, BC: 10.0}}, CHAIN_PATHS, CHAIN, alpha=0.0
+    )
+    assert res.order == ["c1", "c2"]
+    assert res.state == {"c1": SCHEDULED, "c2": PREEMPTED}
+    assert total(res.rates, "c2", AB) == 0.0
+    assert total(res.rates, "c2", BC) == pytest.approx(10.0)
+
+
+def test_deadline_coflow_is_stretched_to_its_deadline():
+    # d1: 100 bytes, Γ = 10 s, deadline at t = 20 s, now = 0: rate 100/20 = 5 B/s.
+    # c2 (50 bytes) is scheduled on what is left (α = 0): 5 B/s.
+    res = schedule_round(
+        {"d1": {AB: 100.0}, "c2": {AB: 50.0}},
+        LINK_PATHS,
+        LINK,
+        now=0.0,
+        deadlines={"d1": 20.0},
+        alpha=0.0,
+    )
+    assert res.state == {"d1": DEADLINE, "c2": SCHEDULED}
+    assert total(res.rates, "d1", AB) == pytest.approx(5.0)
+    assert total(res.rates, "c2", AB) == pytest.approx(5.0)
+
+
+def test_late_deadline_coflow_gets_its_full_min_cct_rate():
+    # now = 15 > Γ-feasible: deadline 20 leaves 5 s < Γ = 10 s, so no stretching: 10 B/s.
+    res = schedule_round({"d1": {AB: 100.0}}, LINK_PATHS, LINK, now=15.0, deadlines={"d1": 20.0})
+    assert total(res.rates, "d1", AB) == pytest.approx(10.0)
+
+
+def test_given_gammas_are_used_for_the_order():
+    res = schedule_round(
+        {"c1": {AB: 100.0}, "c2": {AB: 10.0}},
+        LINK_PATHS,
+        LINK,
+        alpha=0.0,
+        gammas={"c1": 0.5, "c2": 1.0},
+    )
+    assert res.order == ["c1", "c2"]
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="'c9'.*B->C"):
+        schedule_round({"c9": {BC: 1.0}}, LINK_PATHS, LINK)
+    with pytest.raises(ValueError, match="alpha"):
+        schedule_round({}, LINK_PATHS, LINK, alpha=1.0)
