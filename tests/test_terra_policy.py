@@ -1,0 +1,196 @@
+"""TerraPolicy (terra_controller/terra_policy.py): online operation, DESIGN.md 4.3.
+
+End-to-end cases run the real simulator (terra_controller/simulator.py).
+"""
+
+import math
+
+import pytest
+
+from terra_controller.simulator import WanChange, simulate
+from terra_controller.terra_policy import TerraPolicy
+from topologies import Topology, path_links
+from workloads import Coflow, Flow
+
+
+def line() -> Topology:
+    """Two DCs, one undirected link of 10 bytes/s (each direction)."""
+    return Topology("line", ["A", "B"], {("A", "B"): 10.0, ("B", "A"): 10.0})
+
+
+def triangle() -> Topology:
+    """A, B, C fully connected, every directed link 10 bytes/s."""
+    cap = {(u, v): 10.0 for u in "ABC" for v in "ABC" if u != v}
+    return Topology("triangle", ["A", "B", "C"], cap)
+
+
+def coflow(cid, src, dst, size, arrival=0.0, deadline=None, n_flows=1):
+    flows = [Flow(f"{cid}f{i}", src, dst, size / n_flows) for i in range(n_flows)]
+    return Coflow(cid, arrival, flows, deadline)
+
+
+def rate_of(alloc, cid):
+    return sum(r for lst in alloc.get(cid, {}).values() for _, r in lst)
+
+
+def test_order_decides_the_average_cct():
+    # One 10 B/s link, α = 0. c1 (100 bytes) and c2 (10 bytes) arrive together. Terra runs c2
+    # first (Γ 1 s < 10 s): c2 finishes at 1 s, c1 at 1 + 100/10 = 11 s; average 6 s
+    # (arrival order would give (10 + 11) / 2 = 10.5 s).
+    policy = TerraPolicy(line(), alpha=0.0)
+    res = simulate(policy, [coflow("c1", "A", "B", 100.0), coflow("c2", "A", "B", 10.0)])
+    cct = {c.id: c.cct_s for c in res.coflows}
+    assert cct == pytest.approx({"c1": 11.0, "c2": 1.0})
+    assert res.avg_cct_s == pytest.approx(6.0)
+    assert policy.stats["rounds"] >= 2 and len(policy.stats["round_ms"]) == policy.stats["rounds"]
+
+
+def test_flows_of_a_flowgroup_split_by_remaining_bytes():
+    # Two flows of 30 and 10 bytes A->B share the FlowGroup's 10 B/s as 7.5 and 2.5 B/s,
+    # so both finish at 40/10 = 4 s.
+    policy = TerraPolicy(line(), alpha=0.0)
+    c = Coflow("c", 0.0, [Flow("big", "A", "B", 30.0), Flow("small", "A", "B", 10.0)])
+    assert policy.add_coflow(c, 0.0)
+    assert policy.state("c") == "queued"
+    alloc = policy.allocate(0.0, {"c": {"big": 30.0, "small": 10.0}})
+    assert sum(r for _, r in alloc["c"]["big"]) == pytest.approx(7.5)
+    assert sum(r for _, r in alloc["c"]["small"]) == pytest.approx(2.5)
+    assert policy.state("c") == "running"
+
+
+def test_deadline_coflow_admitted_and_second_rejected():
+    # d1: 100 bytes, deadline 20 s. Γ = 100/10 = 10 s; 10 x (1 + ε=0.1) = 11 <= 20: admitted,
+    # stretched to 100/20 = 5 B/s. d2: 100 bytes, deadline 15 s, sees 10 - 5 = 5 B/s left:
+    # Γ = 20 s, 22 > 15: rejected. d3 (deadline 30 s): 22 <= 30: admitted.
+    policy = TerraPolicy(line(), alpha=0.0)
+    assert policy.add_coflow(coflow("d1", "A", "B", 100.0, deadline=20.0), 0.0) is True
+    assert policy.add_coflow(coflow("d2", "A", "B", 100.0, deadline=15.0), 0.0) is False
+    assert policy.add_coflow(coflow("d3", "A", "B", 100.0, deadline=30.0), 0.0) is True
+    with pytest.raises(KeyError):
+        policy.state("d2")
+    alloc = policy.allocate(0.0, {"d1": {"d1f0": 100.0}, "d3": {"d3f0": 100.0}})
+    # d1 stretched to 5 B/s; d3 on the 5 B/s left needs 100/30 = 3.33 B/s, and work
+    # conservation hands the rest of the link (1.67 B/s) to the earliest deadline, d1.
+    assert rate_of(alloc, "d1") + rate_of(alloc, "d3") == pytest.approx(10.0)
+    assert rate_of(alloc, "d3") >= 100.0 / 30.0 * (1 - 1e-9)
+    assert rate_of(alloc, "d1") >= 5.0 * (1 - 1e-9)
+
+
+def test_admitted_deadlines_are_met_in_the_simulator():
+    policy = TerraPolicy(line(), alpha=0.1)
+    workload = [
+        coflow("d1", "A", "B", 100.0, deadline=20.0),
+        coflow("c1", "A", "B", 50.0, arrival=1.0),
+        coflow("d2", "A", "B", 30.0, arrival=2.0, deadline=12.0),
+    ]
+    res = simulate(policy, workload)
+    by_id = {c.id: c for c in res.coflows}
+    assert by_id["d1"].admitted and by_id["d1"].met_deadline
+    assert by_id["d2"].admitted and by_id["d2"].met_deadline
+    assert by_id["c1"].finish_s is not None
+
+
+def test_link_failure_mid_transfer_moves_rates_to_surviving_paths():
+    # 200 bytes A->C over A-C and A-B-C at 10 B/s each (α = 0): 10 s. At t = 5 s link A-C
+    # fails with 100 bytes left; the paths are recomputed and only A-B-C remains: 100/10 =
+    # 10 s more, so the coflow finishes at 15 s.
+    topo = triangle()
+    policy = TerraPolicy(topo, alpha=0.0)
+    res = simulate(
+        policy, [coflow("c", "A", "C", 200.0)], changes=[WanChange(5.0, "A", "C", up=False)]
+    )
+    assert res.coflows[0].finish_s == pytest.approx(15.0)
+    assert policy.paths("A", "C") == [("A", "B", "C")]
+
+
+def test_link_failure_recomputes_paths_and_recovery_restores_them():
+    topo = triangle()
+    policy = TerraPolicy(topo, alpha=0.0)
+    assert policy.add_coflow(coflow("c", "A", "C", 200.0), 0.0)
+    alloc = policy.allocate(0.0, {"c": {"cf0": 200.0}})
+    assert dict(alloc["c"]["cf0"]) == pytest.approx({("A", "C"): 10.0, ("A", "B", "C"): 10.0})
+    topo.set_link_state("A", "C", False)
+    assert policy.wan_changed(5.0) is True
+    alloc = policy.allocate(5.0, {"c": {"cf0": 100.0}})
+    assert dict(alloc["c"]["cf0"]) == pytest.approx({("A", "B", "C"): 10.0})
+    topo.set_link_state("A", "C", True)
+    assert policy.wan_changed(6.0) is True
+    alloc = policy.allocate(6.0, {"c": {"cf0": 90.0}})
+    assert dict(alloc["c"]["cf0"]) == pytest.approx({("A", "C"): 10.0, ("A", "B", "C"): 10.0})
+
+
+def test_capacity_change_threshold_delta():
+    topo = line()
+    policy = TerraPolicy(topo, delta=0.1)
+    topo.set_capacity("A", "B", 9.5)  # 5% < δ = 10%
+    assert policy.wan_changed(0.0) is False
+    topo.set_capacity("A", "B", 8.0)  # 20% below the 10 B/s last taken into account
+    assert policy.wan_changed(0.0) is True
+    # allocations always respect the current capacity
+    assert policy.add_coflow(coflow("c", "A", "B", 100.0), 0.0)
+    topo.set_capacity("A", "B", 7.5)  # 6.25% below 8: filtered, but still obeyed
+    assert policy.wan_changed(0.0) is False
+    assert rate_of(policy.allocate(0.0, {"c": {"cf0": 100.0}}), "c") == pytest.approx(7.5)
+
+
+def test_add_flows_joins_the_flowgroups():
+    policy = TerraPolicy(triangle(), alpha=0.0)
+    assert policy.add_coflow(coflow("c", "A", "B", 100.0), 0.0)
+    policy.add_flows("c", [Flow("late", "B", "C", 50.0)], 1.0)
+    alloc = policy.allocate(1.0, {"c": {"cf0": 90.0, "late": 50.0}})
+    assert set(alloc["c"]) == {"cf0", "late"}
+    for fid, (src, dst) in {"cf0": ("A", "B"), "late": ("B", "C")}.items():
+        assert all(p[0] == src and p[-1] == dst for p, _ in alloc["c"][fid])
+    with pytest.raises(ValueError, match="duplicate flow id"):
+        policy.add_flows("c", [Flow("late", "B", "C", 1.0)], 1.0)
+    with pytest.raises(KeyError):
+        policy.add_flows("nope", [], 1.0)
+
+
+def test_gamma_empty_uses_every_link_up():
+    # A->C 200 bytes over A-C and A-B-C on the empty WAN: 200/20 = 10 s, even while A-C is down.
+    topo = triangle()
+    topo.set_link_state("A", "C", False)
+    policy = TerraPolicy(topo)
+    assert policy.gamma_empty(coflow("c", "A", "C", 200.0)) == pytest.approx(10.0)
+
+
+def test_bad_input():
+    topo = Topology("split", ["A", "B", "C"], {("A", "B"): 10.0, ("B", "A"): 10.0})
+    policy = TerraPolicy(topo)
+    with pytest.raises(ValueError, match=r"'x'.*no path from A to C"):
+        policy.add_coflow(coflow("x", "A", "C", 1.0), 0.0)
+    assert policy.add_coflow(coflow("y", "A", "B", 1.0), 0.0)
+    with pytest.raises(ValueError, match="duplicate coflow id"):
+        policy.add_coflow(coflow("y", "A", "B", 1.0), 0.0)
+    with pytest.raises(ValueError, match="unknown DC"):
+        policy.add_coflow(coflow("z", "A", "Q", 1.0), 0.0)
+    with pytest.raises(ValueError):
+        TerraPolicy(topo, alpha=1.5)
+    with pytest.raises(KeyError):
+        policy.allocate(0.0, {"ghost": {"f": 1.0}})
+
+
+def test_link_loss_of_every_path_is_a_clear_error():
+    topo = line()
+    policy = TerraPolicy(topo)
+    assert policy.add_coflow(coflow("c", "A", "B", 100.0), 0.0)
+    topo.set_link_state("A", "B", False)
+    policy.wan_changed(1.0)
+    with pytest.raises(ValueError, match=r"'c'.*no path from A to B"):
+        policy.allocate(1.0, {"c": {"cf0": 50.0}})
+
+
+def test_rates_only_on_up_links():
+    topo = triangle()
+    policy = TerraPolicy(topo, alpha=0.1)
+    for i, (s, d) in enumerate([("A", "C"), ("B", "C"), ("C", "A")]):
+        assert policy.add_coflow(coflow(f"c{i}", s, d, 100.0 * (i + 1)), 0.0)
+    topo.set_link_state("A", "B", False)
+    policy.wan_changed(0.0)
+    alloc = policy.allocate(0.0, {f"c{i}": {f"c{i}f0": 100.0 * (i + 1)} for i in range(3)})
+    for flows in alloc.values():
+        for lst in flows.values():
+            for path, r in lst:
+                assert r > 0 and not math.isnan(r)
+                assert all(link not in topo.down for link in path_links(path))
