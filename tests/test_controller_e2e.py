@@ -1,0 +1,213 @@
+"""End to end on loopback: terra-controller --no-openflow, three terra-agents, a TerraClient.
+
+Real processes and real TCP: the controller (TerraPolicy, API, agent channel,
+REST) runs as `python -m terra_controller.cli`, the agents as
+`python -m terra_agent.cli` on 127.0.0.21-23, each in its own DC of a
+triangle WAN whose links carry 20 MB/s (0.16 Gbps) each way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from terra_agent.harness import free_port_block
+from terra_agent.sources import SyntheticSource, flow_key
+from terra_controller.client import TerraClient
+
+LINK_BYTES_PER_S = 0.16 * 1.25e8  # 20 MB/s
+AGENTS = [("a1", "A", "127.0.0.21"), ("b1", "B", "127.0.0.22"), ("c1", "C", "127.0.0.23")]
+K = 2
+
+
+def expected_digest(coflow: int, flow: str, size: int) -> str:
+    """BLAKE2b of a synthetic flow's bytes, computed here independently of the agents."""
+    source = SyntheticSource(flow_key(str(coflow), flow), size)
+    h = hashlib.blake2b()
+    for offset in range(0, size, 1 << 20):
+        h.update(source.read(offset, min(1 << 20, size - offset)))
+    return h.hexdigest()
+
+
+class System:
+    """The controller and three agents as subprocesses; stop() ends exactly those."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.procs: list[subprocess.Popen] = []
+        topo = workdir / "tri.json"
+        topo.write_text(
+            json.dumps(
+                {
+                    "name": "tri",
+                    "dcs": ["A", "B", "C"],
+                    "default_capacity_gbps": 0.16,
+                    "links": [{"a": "A", "b": "B"}, {"a": "B", "b": "C"}, {"a": "A", "b": "C"}],
+                }
+            )
+        )
+        self.ctl_log = open(workdir / "controller.log", "w")  # noqa: SIM115
+        ctl = subprocess.Popen(
+            [sys.executable, "-m", "terra_controller.cli", "--topology", str(topo),
+             "--no-openflow", "--k", str(K), "--api", "127.0.0.1:0", "--agents", "127.0.0.1:0",
+             "--rest", "127.0.0.1:0"],
+            stdout=subprocess.PIPE, stderr=self.ctl_log, text=True,
+        )  # fmt: skip
+        self.procs.append(ctl)
+        line = ctl.stdout.readline()
+        assert line.startswith("terra-controller ready"), line
+        addrs = dict(part.split("=") for part in line.split()[2:])
+        self.api = addrs["api"]
+        self.agents_addr = addrs["agents"]
+        self.rest = "http://" + addrs["rest"]
+        for agent, dc, host in AGENTS:
+            port = free_port_block(host, K + 8)
+            log = open(workdir / f"{agent}.log", "w")  # noqa: SIM115
+            self.procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "terra_agent.cli",
+                        "--controller",
+                        self.agents_addr,
+                        "--dc",
+                        dc,
+                        "--id",
+                        agent,
+                        "--data-addr",
+                        f"{host}:{port}",
+                        "--spill-dir",
+                        str(workdir),
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )  # fmt: skip
+            )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            agents = self.get("/status")["agents"]
+            if sum(a["connected"] for a in agents) == len(AGENTS):
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"agents did not register: {agents}")
+        host, port = self.api.split(":")
+        self.client = TerraClient(host, int(port), timeout=10)
+
+    def get(self, path: str):
+        with urllib.request.urlopen(self.rest + path, timeout=5) as reply:
+            return json.loads(reply.read())
+
+    def stop(self) -> None:
+        self.client.close()
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.ctl_log.close()
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory):
+    s = System(tmp_path_factory.mktemp("e2e"))
+    yield s
+    s.stop()
+
+
+def flow(fid, src, dst, size):
+    return {"id": fid, "src": src, "dst": dst, "bytes": size}
+
+
+def assert_digests(status: dict) -> None:
+    assert status["state"] == "done"
+    assert status["bytes_delivered"] == status["bytes_total"]
+    for f in status["flows"]:
+        assert f["digest"] == expected_digest(status["id"], f["id"], f["bytes"]), f["id"]
+
+
+def test_coflows_complete_smaller_first_and_rest_agrees(system):
+    c = system.client
+    big = c.submit_coflow([flow("f1", "a1", "b1", 60_000_000), flow("f2", "c1", "b1", 30_000_000)])
+    time.sleep(0.3)
+    small = c.submit_coflow([flow("g", "a1", "b1", 6_000_000)])
+    # The small coflow arrived later, but its Γ is smaller: it preempts the big one.
+    s_small = c.wait(small, timeout=60)
+    s_big = c.wait(big, timeout=120)
+    assert_digests(s_small)
+    assert_digests(s_big)
+    finished_small = s_small["cct_s"] + 0.3  # it was submitted ~0.3 s after the big one
+    assert finished_small < s_big["cct_s"]
+    # 90 MB into B, whose two incoming links carry 20 MB/s each: Γ = 90e6 / 40e6 = 2.25 s.
+    assert s_big["cct_s"] >= 90e6 / (2 * LINK_BYTES_PER_S) * 0.95
+    # REST agrees with checkStatus.
+    for cid, status in ((big, s_big), (small, s_small)):
+        rest = system.get(f"/coflows/{cid}")
+        for key in ("state", "bytes_total", "bytes_delivered", "cct_s"):
+            assert rest[key] == status[key], key
+        listed = {x["id"]: x for x in system.get("/coflows")}
+        assert listed[cid]["state"] == "done" and listed[cid]["cct_s"] == status["cct_s"]
+
+
+def test_unmeetable_deadline_returns_minus_one(system):
+    # 200 MB A->B over two 20 MB/s paths: Γ = 200e6 / 40e6 = 5 s > 1 s.
+    assert system.client.submit_coflow([flow("d", "a1", "b1", 200_000_000)], deadline=1.0) == -1
+
+
+def test_update_coflow_adds_flows_that_complete(system):
+    c = system.client
+    cid = c.submit_coflow([flow("f1", "a1", "c1", 8_000_000)])
+    c.update_coflow(cid, [flow("f2", "b1", "a1", 8_000_000), flow("f3", "c1", "b1", 4_000_000)])
+    status = c.wait(cid, timeout=60)
+    assert [f["id"] for f in status["flows"]] == ["f1", "f2", "f3"]
+    assert_digests(status)
+
+
+def test_bad_peers_do_not_take_the_controller_down(system):
+    host, port = system.agents_addr.split(":")
+    for junk in (b"\x00\x00\x00\x05\xc1\xc1\xc1\xc1\xc1", b"\xff\xff\xff\xff", b"\x00\x00"):
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(junk)
+    host, port = system.api.split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(b"\x00\x00\x00\x03abc")
+    cid = system.client.submit_coflow([flow("x", "b1", "c1", 1_000_000)])
+    assert_digests(system.client.wait(cid, timeout=30))
+    assert sum(a["connected"] for a in system.get("/status")["agents"]) == 3
+
+
+def test_link_down_mid_transfer_reroutes_and_loses_nothing(system):
+    c = system.client
+    cid = c.submit_coflow([flow("big", "a1", "b1", 80_000_000)])
+    deadline = time.monotonic() + 30
+    while c.check_status(cid)["bytes_delivered"] < 10_000_000:
+        assert time.monotonic() < deadline, "no progress"
+        time.sleep(0.05)
+    assert c.set_link_state("A", "B", False)
+    try:
+        time.sleep(0.3)
+        links = {(x["src"], x["dst"]): x for x in system.get("/topology")["links"]}
+        assert links[("A", "B")]["state"] == "down"
+        assert links[("A", "B")]["allocated"] == 0
+        rest = system.get(f"/coflows/{cid}")
+        assert rest["state"] != "done"  # 80 MB at <= 40 MB/s: still running
+        # Every path with a rate now avoids A-B, and the coflow still moves.
+        rated = [p for p in rest["flowgroups"][0]["paths"] if p["rate"] > 0]
+        assert rated and all(p["path"] == ["A", "C", "B"] for p in rated)
+        status = c.wait(cid, timeout=60)
+        assert_digests(status)
+    finally:
+        c.set_link_state("A", "B", True)
+    tunnels = system.get("/tunnels")["tunnels"]
+    assert all(t["up"] for t in tunnels)

@@ -1,0 +1,137 @@
+"""REST views and /metrics over real HTTP, against an in-process controller with TerraPolicy."""
+
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from terra_controller.agent_channel import AgentChannel, TunnelTable
+from terra_controller.controller import Controller
+from terra_controller.rest import RestApp, start_rest_server
+from terra_controller.terra_policy import TerraPolicy
+from topologies import Topology
+
+CAP = 1e8  # bytes/s per directed link
+
+
+def daemon_spawn(func, *args):
+    thread = threading.Thread(target=func, args=args, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def rest():
+    links = {}
+    for u, v in [("A", "B"), ("B", "C"), ("A", "C")]:
+        links[(u, v)] = links[(v, u)] = CAP
+    topology = Topology("tri", ["A", "B", "C"], links)
+    controller = Controller(topology, TerraPolicy(topology, k=2))
+    for agent, dc in [("a1", "A"), ("b1", "B"), ("c1", "C")]:
+        controller.registry.register_agent(agent, dc, "127.0.0.1:30000")
+    channel = AgentChannel(controller, TunnelTable(topology, 2))
+    server, _, (host, port) = start_rest_server(
+        RestApp(controller, channel), "127.0.0.1", 0, daemon_spawn
+    )
+    yield controller, f"http://{host}:{port}"
+    server.shutdown()
+    server.server_close()
+
+
+def get(base, path):
+    with urllib.request.urlopen(base + path, timeout=5) as reply:
+        return reply.status, reply.headers["Content-Type"], reply.read()
+
+
+def get_json(base, path):
+    return json.loads(get(base, path)[2])
+
+
+def test_status_and_coflows(rest):
+    controller, base = rest
+    cid = controller.submit([{"id": "f", "src": "a1", "dst": "b1", "bytes": 10**9}])
+    controller.run_round()
+    status = get_json(base, "/status")
+    assert status["topology"] == "tri" and status["rounds"] == 1
+    assert {a["id"] for a in status["agents"]} == {"a1", "b1", "c1"}
+    assert not any(a["connected"] for a in status["agents"])  # no agent connected here
+    assert get_json(base, "/coflows") == [
+        {k: v for k, v in controller.status(cid).items() if k != "flows"}
+    ]
+
+
+def test_topology_and_coflow_allocations_agree(rest):
+    controller, base = rest
+    cid = controller.submit([{"id": "f", "src": "a1", "dst": "b1", "bytes": 10**9}])
+    controller.run_round()
+    # One coflow A->B on K=2 paths (A-B and A-C-B): it gets both paths; with α = 0.1
+    # reserved and then handed back by work conservation the total stays <= 2 * CAP.
+    coflow = get_json(base, f"/coflows/{cid}")
+    (group,) = coflow["flowgroups"]
+    assert (group["src_dc"], group["dst_dc"]) == ("A", "B")
+    rates = {tuple(p["path"]): p["rate"] for p in group["paths"]}
+    assert set(rates) <= {("A", "B"), ("A", "C", "B")} and sum(rates.values()) > 0
+    assert sum(f["rate"] for f in coflow["flows"]) == pytest.approx(sum(rates.values()))
+    links = {(x["src"], x["dst"]): x for x in get_json(base, "/topology")["links"]}
+    assert len(links) == 6 and all(x["capacity"] == CAP for x in links.values())
+    # Allocated rate per link = the sum of the rates of the paths crossing it.
+    assert links[("A", "B")]["allocated"] == pytest.approx(rates.get(("A", "B"), 0.0))
+    assert links[("A", "C")]["allocated"] == pytest.approx(rates.get(("A", "C", "B"), 0.0))
+    assert links[("C", "B")]["allocated"] == pytest.approx(rates.get(("A", "C", "B"), 0.0))
+    assert links[("B", "A")]["allocated"] == 0
+    assert all(x["allocated"] <= CAP * (1 + 1e-9) for x in links.values())
+
+
+def test_link_state_shows_in_topology_and_tunnels(rest):
+    controller, base = rest
+    controller.set_link_state("A", "B", False)
+    links = {(x["src"], x["dst"]): x["state"] for x in get_json(base, "/topology")["links"]}
+    assert links[("A", "B")] == links[("B", "A")] == "down" and links[("A", "C")] == "up"
+    tunnels = get_json(base, "/tunnels")
+    assert tunnels["logical"] is True
+    # 3 DCs -> 6 ordered pairs, each with K = 2 paths in a triangle: 12 tunnels.
+    assert len(tunnels["tunnels"]) == 12
+    down = [t["path"] for t in tunnels["tunnels"] if not t["up"]]
+    assert sorted(down) == [["A", "B"], ["A", "B", "C"], ["B", "A"], ["B", "A", "C"],
+                            ["C", "A", "B"], ["C", "B", "A"]]  # fmt: skip
+
+
+def test_metrics_in_prometheus_format(rest):
+    controller, base = rest
+    controller.submit([{"id": "f", "src": "a1", "dst": "b1", "bytes": 1000}])
+    controller.run_round()
+    controller.complete(0, "f", "digest")
+    controller.run_round()
+    status, ctype, body = get(base, "/metrics")
+    assert status == 200 and ctype.startswith("text/plain")
+    samples = {
+        s.name: s.value
+        for fam in text_string_to_metric_families(body.decode())
+        for s in fam.samples
+    }
+    assert samples["terra_rounds_total"] == 2
+    assert samples["terra_active_coflows"] == 0
+    assert samples["terra_bytes_delivered_total"] == 1000
+    assert samples["terra_lps_solved_total"] >= 1
+    assert samples["terra_round_latency_ms"] >= 0
+
+
+@pytest.mark.parametrize("path", ["/nothing", "/coflows/7", "/coflows/x", "/coflows/-1"])
+def test_unknown_resources_are_404(rest, path):
+    _, base = rest
+    with pytest.raises(urllib.error.HTTPError) as info:
+        get(base, path)
+    assert info.value.code == 404
+    assert "error" in json.loads(info.value.read())
+
+
+def test_read_only(rest):
+    _, base = rest
+    request = urllib.request.Request(base + "/coflows", data=b"{}", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=5)
+    assert info.value.code == 405
+    assert get_json(base, "/coflows") == []
