@@ -1,0 +1,110 @@
+"""Invariants of the Terra scheduler on random small instances (hypothesis)."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from terra_controller.scheduling_round import DEADLINE, PREEMPTED, SCHEDULED, schedule_round
+from terra_controller.simulator import WanChange, simulate
+from terra_controller.terra_policy import TerraPolicy
+from topologies import Topology, all_pairs_paths, path_links
+from workloads import Coflow, Flow
+
+DCS = ["D0", "D1", "D2", "D3", "D4"]
+ALL_LINKS = [(a, b) for i, a in enumerate(DCS) for b in DCS[i + 1 :]]
+
+
+@st.composite
+def wans(draw):
+    """A random WAN on 3-5 DCs: a ring (so it is connected) plus random chords, some down."""
+    n = draw(st.integers(3, 5))
+    dcs = DCS[:n]
+    undirected = {(dcs[i], dcs[(i + 1) % n]) for i in range(n)}
+    undirected |= set(draw(st.lists(st.sampled_from([lk for lk in ALL_LINKS if lk[1] in dcs]))))
+    cap = {}
+    for a, b in sorted(undirected):
+        c = draw(st.sampled_from([1.0, 5.0, 10.0, 40.0]))
+        cap[(a, b)] = cap[(b, a)] = c
+    topo = Topology("random", dcs, cap)
+    for a, b in sorted(undirected):
+        if draw(st.booleans()) and draw(st.booleans()):
+            topo.set_link_state(a, b, False)
+    return topo
+
+
+@st.composite
+def rounds(draw):
+    topo = draw(wans())
+    paths = {pair: ps for pair, ps in all_pairs_paths(topo, draw(st.integers(1, 4))).items() if ps}
+    pairs = sorted(paths)
+    coflows, deadlines = {}, {}
+    for i in range(draw(st.integers(1, 6))):
+        chosen = draw(st.lists(st.sampled_from(pairs), min_size=1, max_size=4, unique=True))
+        coflows[f"c{i}"] = {p: draw(st.floats(1.0, 1e4)) for p in chosen}
+        if draw(st.integers(0, 3)) == 0:
+            deadlines[f"c{i}"] = draw(st.floats(0.5, 1e3))
+    alpha = draw(st.sampled_from([0.0, 0.1, 0.3]))
+    return topo, paths, coflows, deadlines, alpha
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rounds())
+def test_round_invariants(case):
+    topo, paths, coflows, deadlines, alpha = case
+    capacity = {link: topo.available(link) for link in topo.links if link not in topo.down}
+    res = schedule_round(coflows, paths, capacity, 0.0, deadlines, alpha)
+    load = {}
+    for cid, per_pair in res.rates.items():
+        for pair, lst in per_pair.items():
+            assert pair in coflows[cid]
+            for path, rate in lst:
+                assert rate > 0
+                assert (path[0], path[-1]) == pair  # a path of the right DC pair
+                for link in path_links(path):
+                    assert link not in topo.down  # only links that are up
+                    load[link] = load.get(link, 0.0) + rate
+    for link, used in load.items():
+        assert used <= topo.capacity[link] * (1 + 1e-6)  # no link over capacity
+    assert set(res.state) == set(coflows)
+    for cid, state in res.state.items():
+        got = res.rates.get(cid, {})
+        positive = all(sum(r for _, r in got.get(p, [])) > 0 for p in coflows[cid])
+        if state == SCHEDULED:
+            assert positive  # scheduled: every FlowGroup has a rate
+        else:
+            assert state in (PREEMPTED, DEADLINE)
+
+
+@st.composite
+def workloads(draw):
+    topo = draw(wans())
+    topo.down.clear()
+    dcs = topo.dcs
+    coflows = []
+    for i in range(draw(st.integers(1, 5))):
+        flows = []
+        for j in range(draw(st.integers(1, 3))):
+            src, dst = draw(st.sampled_from([(a, b) for a in dcs for b in dcs if a != b]))
+            flows.append(Flow(f"f{j}", src, dst, draw(st.floats(1.0, 200.0))))
+        deadline = draw(st.one_of(st.none(), st.floats(1.0, 200.0)))
+        coflows.append(Coflow(f"c{i}", draw(st.floats(0.0, 20.0)), flows, deadline))
+    changes = []
+    if draw(st.booleans()):
+        a, b = draw(st.sampled_from(sorted({tuple(sorted(lk)) for lk in topo.capacity})))
+        t = draw(st.floats(0.0, 30.0))
+        changes = [WanChange(t, a, b, capacity=topo.capacity[(a, b)] * 2)]
+    return topo, coflows, changes
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.sampled_from([0.0, 0.1]))
+def test_simulated_runs_finish_meet_admitted_deadlines_and_conserve_bytes(case, alpha):
+    topo, coflows, changes = case
+    policy = TerraPolicy(topo, alpha=alpha)
+    res = simulate(policy, coflows, changes)  # checks capacity and byte conservation itself
+    assert res.bytes_delivered == pytest.approx(res.bytes_total, rel=1e-6)
+    for c in res.coflows:
+        if c.admitted:
+            assert c.finish_s is not None  # every admitted coflow finishes
+            if c.deadline_s is not None:
+                assert c.met_deadline  # admitted deadline coflows meet their deadline
