@@ -35,6 +35,14 @@ WAN_MTU = 1600
 OFFLOADS_OFF = "tx off rx off tso off gso off gro off"
 
 
+class StandaloneOVS(OVSSwitch):
+    """An OVS bridge that never connects to a controller: a plain L2 learning switch."""
+
+    def start(self, controllers) -> None:
+        """Start without controllers (fail mode standalone = normal L2 forwarding)."""
+        super().start([])
+
+
 @dataclass
 class WanNet:
     """A started Mininet WAN. Call stop() (also on errors) to remove everything.
@@ -147,7 +155,13 @@ def _add_nodes(wan: WanNet, of_port: int, link_mbps: float | None, mgmt: bool) -
         wan.hosts[host.name] = net.addHost(host.name, ip=f"{host.ip}/8", mac=mac)
         net.addLink(wan.hosts[host.name], wan.switches[dc], port2=host.port)
     if mgmt:
-        msw = net.addSwitch("mgmt0", dpid=MGMT_SWITCH_DPID, datapath="user", failMode="standalone")
+        msw = net.addSwitch(
+            "mgmt0",
+            cls=StandaloneOVS,
+            dpid=MGMT_SWITCH_DPID,
+            datapath="user",
+            failMode="standalone",
+        )
         for i, name in enumerate(wan.hosts):
             net.addLink(wan.hosts[name], msw)
             wan.mgmt_ips[name] = str(MGMT_NET.network_address + i + 1)
@@ -168,7 +182,6 @@ def _configure(wan: WanNet, mgmt: bool) -> None:
                     _root(f"ip link set {intf.name} mtu {WAN_MTU}")
     wan.net.staticArp()
     if mgmt:
-        _root("ovs-vsctl del-controller mgmt0")
         for name, ip in wan.mgmt_ips.items():
             intf = wan.hosts[name].intfList()[1]
             wan.hosts[name].cmd(f"ip addr add {ip}/{MGMT_NET.prefixlen} dev {intf.name}")

@@ -129,7 +129,7 @@ def testbed(ovs, tmp_path_factory):
     try:
         app.next_event("listening")
         of_port = int(app.proc.args[-1])
-        wan = build_wan(topo, binding, of_port=of_port)
+        wan = build_wan(topo, binding, of_port=of_port, mgmt=True)
         installed = app.next_event("installed")
         yield topo, binding, wan, app, installed
     finally:
@@ -247,6 +247,34 @@ def test_link_down_sends_port_status_removes_tunnels_and_calls_back(testbed):
     event = app.next_event("link")
     assert event["up"] is True and event["tunnels"] == crossing
     assert wait_for_counts(wan, binding, full)
+
+
+def test_hosts_reach_the_root_namespace_over_the_management_network(testbed):
+    from mininet_scenarios.wan_net import MGMT_ROOT_IP
+
+    topo, binding, wan, app, installed = testbed
+    with socket.socket() as server:
+        server.bind((MGMT_ROOT_IP, 0))
+        server.listen(8)
+        server.settimeout(30)
+        port = server.getsockname()[1]
+        for name, host in wan.hosts.items():
+            client = host.popen(
+                [
+                    sys.executable,
+                    "-c",
+                    "import socket, sys; socket.create_connection("
+                    "(sys.argv[1], int(sys.argv[2])), timeout=10).sendall(sys.argv[3].encode())",
+                    MGMT_ROOT_IP,
+                    str(port),
+                    name,
+                ]
+            )
+            conn, (peer_ip, _) = server.accept()
+            with conn:
+                assert conn.recv(100).decode() == name
+            assert peer_ip == wan.mgmt_ips[name]
+            assert client.wait(timeout=10) == 0
 
 
 def test_binding_of_the_triangle_is_what_the_test_assumes():
