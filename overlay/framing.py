@@ -1,0 +1,347 @@
+"""The one frame format of the overlay: data connections and the control channel.
+
+Wire format (overlay_spec.md; DESIGN.md sections 5 "Chunks" and 6 "Messages"):
+
+    frame = u32 big-endian header_len | msgpack(header map) | payload
+
+The header map always carries ``"v": VERSION``, ``"t": <type str>`` and
+``"n": <payload length in bytes>``. Chunk frames (``"t": "chunk"``) also carry
+``"c"`` (coflow id, str), ``"f"`` (flow id, str), ``"o"`` (byte offset in the
+flow, int) and ``"x"`` (``zlib.crc32`` of the payload). Any frame whose header
+has ``"x"`` gets its payload checksum verified on reading.
+
+Limits: headers up to MAX_HEADER_BYTES (64 KiB), payloads up to
+MAX_PAYLOAD_BYTES (4 MiB). Everything wrong with a frame (malformed msgpack,
+wrong version, oversized lengths, bad field types, bad checksum, EOF in the
+middle of a frame) raises FrameError; the caller closes that connection.
+
+Performance: payloads are never concatenated with headers when large (the
+header and the payload go out as separate writes, or in one ``sendmsg`` on a
+trio socket stream); the reader keeps a bytearray buffer and, on a
+``trio.SocketStream``, receives large payloads straight into their own
+buffer with ``recv_into`` (one copy, kernel to payload).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import msgpack
+import trio
+
+VERSION = 1
+MAX_HEADER_BYTES = 64 * 1024
+MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
+CHUNK_TYPE = "chunk"
+
+# Payloads up to this size are joined with their header into one write.
+_JOIN_LIMIT = 16 * 1024
+# How much a single receive asks for when refilling the header buffer.
+_RECV_BYTES = 256 * 1024
+_LEN = struct.Struct(">I")
+_U32_MAX = 0xFFFFFFFF
+
+
+class FrameError(Exception):
+    """A frame could not be encoded or decoded; the message says why.
+
+    Raised for malformed msgpack, a header that is not a map, a wrong or
+    missing version, a missing/non-string type, oversized header or payload
+    lengths, chunk fields of the wrong type, a checksum mismatch, and EOF in
+    the middle of a frame. The connection that produced it should be closed.
+    """
+
+
+def chunk_header(coflow_id: str, flow_id: str, offset: int, payload) -> dict:
+    """Build the header of a chunk frame carrying `payload`.
+
+    Args:
+        coflow_id: coflow id (str).
+        flow_id: flow id (str), unique within the coflow.
+        offset: byte offset of the payload's first byte within the flow (int >= 0).
+        payload: the chunk's bytes (bytes, bytearray or memoryview).
+
+    Returns:
+        {"t": "chunk", "c": coflow_id, "f": flow_id, "o": offset, "n": len(payload),
+        "x": zlib.crc32(payload)} — pass it to send_frame/encode_frame with the payload.
+
+    Raises:
+        FrameError: wrong argument types, negative offset, payload > MAX_PAYLOAD_BYTES.
+    """
+    if not isinstance(coflow_id, str) or not isinstance(flow_id, str):
+        raise FrameError(
+            f"chunk ids must be str, got coflow {type(coflow_id).__name__}, "
+            f"flow {type(flow_id).__name__}"
+        )
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise FrameError(f"chunk offset must be an int >= 0, got {offset!r}")
+    n = _payload_len(payload)
+    return {
+        "t": CHUNK_TYPE,
+        "c": coflow_id,
+        "f": flow_id,
+        "o": offset,
+        "n": n,
+        "x": zlib.crc32(payload),
+    }
+
+
+def encode_frame(header: dict, payload=b"") -> list:
+    """Encode one frame as the list of parts to write, in order.
+
+    Args:
+        header: the header map (str keys); must contain "t" (str). It is not
+            modified: a copy gets "v" = VERSION and "n" = len(payload).
+        payload: bytes-like payload, possibly empty; it is not copied.
+
+    Returns:
+        [prefix_and_header: bytes] when the payload is empty, otherwise
+        [prefix_and_header: bytes, payload] (payload object as given).
+
+    Raises:
+        FrameError: header not a dict, missing/non-str "t", header cannot be
+            packed, header > MAX_HEADER_BYTES, payload > MAX_PAYLOAD_BYTES.
+    """
+    if not isinstance(header, dict):
+        raise FrameError(f"frame header must be a dict, got {type(header).__name__}")
+    if not isinstance(header.get("t"), str):
+        raise FrameError(f"frame header needs a str 't' (type), got {header.get('t')!r}")
+    n = _payload_len(payload)
+    fields = dict(header)
+    fields["v"] = VERSION
+    fields["n"] = n
+    try:
+        packed = msgpack.packb(fields, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise FrameError(f"frame header cannot be packed: {exc}") from exc
+    if len(packed) > MAX_HEADER_BYTES:
+        raise FrameError(f"frame header is {len(packed)} bytes, limit {MAX_HEADER_BYTES}")
+    head = _LEN.pack(len(packed)) + packed
+    if n == 0:
+        return [head]
+    return [head, payload]
+
+
+async def send_frame(stream: trio.abc.SendStream, header: dict, payload=b"") -> None:
+    """Write one frame to `stream`.
+
+    Small payloads (<= 16 KiB) are joined with the header into one write; large
+    ones are written without copying (one ``sendmsg`` on a trio SocketStream,
+    otherwise two ``send_all`` calls). Not safe for concurrent use on the same
+    stream (trio raises BusyResourceError) — use FrameWriter for that.
+
+    Args:
+        stream: any trio SendStream (e.g. trio.SocketStream).
+        header: header map, see encode_frame.
+        payload: bytes-like payload (bytes, bytearray, memoryview), may be empty.
+
+    Raises:
+        FrameError: see encode_frame.
+        trio.BrokenResourceError / trio.ClosedResourceError: the stream failed or was closed.
+    """
+    parts = encode_frame(header, payload)
+    if len(parts) == 1:
+        await stream.send_all(parts[0])
+        return
+    head, body = parts
+    if len(body) <= _JOIN_LIMIT:
+        await stream.send_all(head + bytes(body))
+        return
+    if isinstance(stream, trio.SocketStream):
+        await _sendmsg_all(stream, head, body)
+        return
+    await stream.send_all(head)
+    await stream.send_all(body)
+
+
+async def _sendmsg_all(stream: trio.SocketStream, head: bytes, body) -> None:
+    """Write head and body with vectored sends on the stream's socket (no copies)."""
+    sock = stream.socket
+    with memoryview(head) as h, memoryview(body) as b:
+        h, b = h.cast("B"), b.cast("B")
+        try:
+            while len(h):
+                sent = await sock.sendmsg([h, b])
+                if sent >= len(h):
+                    b = b[sent - len(h) :]
+                    h = h[len(h) :]
+                else:
+                    h = h[sent:]
+            while len(b):
+                sent = await sock.send(b)
+                b = b[sent:]
+        except trio.ClosedResourceError:
+            raise
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"socket send failed: {exc}") from exc
+
+
+class FrameWriter:
+    """Serialises frame writes from several tasks onto one stream.
+
+    FrameWriter(stream: trio.abc.SendStream); ``await writer.send(header, payload=b"")``
+    sends one whole frame at a time (a trio.Lock keeps frames from interleaving).
+    Raises what send_frame raises.
+    """
+
+    def __init__(self, stream: trio.abc.SendStream) -> None:
+        self.stream = stream
+        self._lock = trio.Lock()
+
+    async def send(self, header: dict, payload=b"") -> None:
+        """Send one frame (see send_frame); waits while another task is sending."""
+        async with self._lock:
+            await send_frame(self.stream, header, payload)
+
+
+class FrameReader:
+    """Reads frames from a trio ReceiveStream.
+
+    FrameReader(stream, max_payload=MAX_PAYLOAD_BYTES); ``await reader.read()``
+    returns ``(header: dict, payload: memoryview | bytes)`` or None on a clean
+    EOF between frames. The payload belongs to the caller (it is not reused).
+    Only one task may call read() at a time.
+
+    Validation (raises FrameError): header length 0 or > MAX_HEADER_BYTES,
+    malformed msgpack or a non-map header, "v" != VERSION, missing/non-str "t",
+    "n" not an int in [0, max_payload], chunk frames with "c"/"f" not str, "o"
+    not an int >= 0 or "x" not a u32, a payload whose crc32 differs from "x",
+    and EOF in the middle of a frame. trio.BrokenResourceError (connection
+    reset) propagates unchanged.
+    """
+
+    def __init__(self, stream: trio.abc.ReceiveStream, max_payload: int = MAX_PAYLOAD_BYTES):
+        if isinstance(max_payload, bool) or not isinstance(max_payload, int) or max_payload < 0:
+            raise ValueError(f"max_payload must be an int >= 0, got {max_payload!r}")
+        self.stream = stream
+        self.max_payload = max_payload
+        self._buf = bytearray()
+        self._pos = 0
+        self._sock = stream.socket if isinstance(stream, trio.SocketStream) else None
+
+    async def read(self) -> tuple[dict, memoryview | bytes] | None:
+        """Read the next frame; None on clean EOF before its first byte.
+
+        Returns:
+            (header dict incl. "v", "t", "n", payload of exactly header["n"] bytes).
+
+        Raises:
+            FrameError: see the class docstring.
+        """
+        if not await self._fill(_LEN.size, at_frame_start=True):
+            return None
+        (hlen,) = _LEN.unpack_from(self._buf, self._pos)
+        if hlen == 0 or hlen > MAX_HEADER_BYTES:
+            raise FrameError(f"frame header length {hlen} out of range 1..{MAX_HEADER_BYTES}")
+        self._pos += _LEN.size
+        await self._fill(hlen, at_frame_start=False)
+        raw = bytes(self._buf[self._pos : self._pos + hlen])
+        self._pos += hlen
+        header = self._decode_header(raw)
+        payload = await self._read_payload(header["n"])
+        if "x" in header and zlib.crc32(payload) != header["x"]:
+            raise FrameError(
+                f"checksum mismatch in {header['t']!r} frame (coflow {header.get('c')!r}, "
+                f"flow {header.get('f')!r}, offset {header.get('o')!r})"
+            )
+        return header, payload
+
+    def _decode_header(self, raw: bytes) -> dict:
+        try:
+            header = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+        except Exception as exc:  # msgpack raises many types for garbage input
+            raise FrameError(f"malformed frame header: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(header, dict):
+            raise FrameError(f"frame header must be a map, got {type(header).__name__}")
+        version = header.get("v")
+        if version != VERSION or isinstance(version, bool):
+            raise FrameError(f"unsupported frame version {version!r} (expected {VERSION})")
+        if not isinstance(header.get("t"), str):
+            raise FrameError(f"frame header needs a str 't', got {header.get('t')!r}")
+        n = header.get("n")
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= self.max_payload:
+            raise FrameError(f"frame payload length {n!r} out of range 0..{self.max_payload}")
+        if "x" in header and not _is_u32(header["x"]):
+            raise FrameError(f"frame checksum must be a u32, got {header['x']!r}")
+        if header["t"] == CHUNK_TYPE:
+            _check_chunk_fields(header)
+        return header
+
+    async def _fill(self, need: int, at_frame_start: bool) -> bool:
+        """Buffer at least `need` unread bytes; False on clean EOF at a frame start."""
+        while len(self._buf) - self._pos < need:
+            if self._pos:
+                del self._buf[: self._pos]
+                self._pos = 0
+            data = await self.stream.receive_some(_RECV_BYTES)
+            if not data:
+                if at_frame_start and len(self._buf) == 0:
+                    return False
+                raise FrameError(
+                    f"connection closed mid-frame ({len(self._buf) - self._pos} of "
+                    f"{need} bytes received)"
+                )
+            self._buf += data
+        return True
+
+    async def _read_payload(self, n: int) -> memoryview | bytes:
+        if n == 0:
+            return b""
+        avail = len(self._buf) - self._pos
+        if avail >= n:
+            out = self._buf[self._pos : self._pos + n]
+            self._pos += n
+            return memoryview(out)
+        out = bytearray(n)
+        view = memoryview(out)
+        view[:avail] = memoryview(self._buf)[self._pos :]
+        self._buf.clear()
+        self._pos = 0
+        got = avail
+        while got < n:
+            got += await self._receive_into(view[got:], n, got)
+        return view
+
+    async def _receive_into(self, view: memoryview, n: int, got: int) -> int:
+        """Receive up to len(view) bytes into view; FrameError on EOF."""
+        if self._sock is not None:
+            try:
+                k = await self._sock.recv_into(view)
+            except trio.ClosedResourceError:
+                raise
+            except OSError as exc:
+                raise trio.BrokenResourceError(f"socket receive failed: {exc}") from exc
+        else:
+            data = await self.stream.receive_some(len(view))
+            k = len(data)
+            view[:k] = data
+        if k == 0:
+            raise FrameError(f"connection closed mid-frame ({got} of {n} payload bytes received)")
+        return k
+
+
+def _payload_len(payload) -> int:
+    try:
+        with memoryview(payload) as view:
+            n = view.nbytes
+    except TypeError as exc:
+        raise FrameError(f"payload must be bytes-like, got {type(payload).__name__}") from exc
+    if n > MAX_PAYLOAD_BYTES:
+        raise FrameError(f"payload is {n} bytes, limit {MAX_PAYLOAD_BYTES}")
+    return n
+
+
+def _is_u32(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _U32_MAX
+
+
+def _check_chunk_fields(header: dict) -> None:
+    for key in ("c", "f"):
+        if not isinstance(header.get(key), str):
+            raise FrameError(f"chunk field {key!r} must be a str, got {header.get(key)!r}")
+    offset = header.get("o")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise FrameError(f"chunk offset 'o' must be an int >= 0, got {offset!r}")
+    if "x" not in header:
+        raise FrameError("chunk frame without checksum 'x'")

@@ -1,0 +1,301 @@
+"""Frame format: round trips over real loopback TCP and every kind of bad frame."""
+
+import struct
+import zlib
+
+import msgpack
+import pytest
+import trio
+import trio.testing
+
+from overlay.framing import (
+    MAX_HEADER_BYTES,
+    MAX_PAYLOAD_BYTES,
+    VERSION,
+    FrameError,
+    FrameReader,
+    FrameWriter,
+    chunk_header,
+    encode_frame,
+    send_frame,
+)
+
+
+async def tcp_pair():
+    """A connected (client, server) pair of trio.SocketStreams on 127.0.0.1."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    client = await trio.open_tcp_stream("127.0.0.1", port)
+    server = await listeners[0].accept()
+    await listeners[0].aclose()
+    return client, server
+
+
+def pattern(n: int, seed: int = 0) -> bytes:
+    """n deterministic, non-repeating-looking bytes."""
+    return bytes((i * 131 + seed * 7 + (i >> 8)) & 0xFF for i in range(n))
+
+
+def raw_frame(header_bytes: bytes, payload: bytes = b"") -> bytes:
+    return struct.pack(">I", len(header_bytes)) + header_bytes + payload
+
+
+async def read_raw(data: bytes, max_payload: int = MAX_PAYLOAD_BYTES):
+    """Send raw bytes over real TCP, close, and read one frame from the other side."""
+    client, server = await tcp_pair()
+    result = []
+
+    async def send_and_close():
+        try:
+            await client.send_all(data)
+        except trio.BrokenResourceError:
+            pass  # the reader gave up on a bad frame and closed its side
+        await client.aclose()
+
+    async def read_one():
+        try:
+            result.append(await FrameReader(server, max_payload=max_payload).read())
+        except FrameError as exc:
+            result.append(exc)
+        finally:
+            await server.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send_and_close)
+        nursery.start_soon(read_one)
+    if isinstance(result[0], FrameError):
+        raise result[0]
+    return result[0]
+
+
+SIZES = [0, 1, 1000, 16 * 1024, 16 * 1024 + 1, 300_000, 1 << 20, MAX_PAYLOAD_BYTES]
+
+
+async def test_chunk_round_trip_over_tcp_all_sizes():
+    client, server = await tcp_pair()
+    payloads = [pattern(n, seed=i) for i, n in enumerate(SIZES)]
+    received = []
+
+    async def sender():
+        offset = 0
+        for p in payloads:
+            await send_frame(client, chunk_header("cf1", "f1", offset, p), p)
+            offset += len(p)
+        await client.aclose()
+
+    async def receiver():
+        reader = FrameReader(server)
+        while (frame := await reader.read()) is not None:
+            received.append(frame)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sender)
+        nursery.start_soon(receiver)
+    await server.aclose()
+
+    assert len(received) == len(payloads)
+    offset = 0
+    for (header, payload), sent in zip(received, payloads, strict=True):
+        assert header["v"] == VERSION and header["t"] == "chunk"
+        assert (header["c"], header["f"], header["o"]) == ("cf1", "f1", offset)
+        assert header["n"] == len(sent) == len(payload)
+        assert header["x"] == zlib.crc32(sent)
+        assert bytes(payload) == sent
+        offset += len(sent)
+
+
+async def test_many_small_frames_and_control_frames_keep_order():
+    client, server = await tcp_pair()
+    async with client, server:
+
+        async def sender():
+            for i in range(500):
+                if i % 3 == 0:
+                    await send_frame(client, {"t": "heartbeat", "seq": i})
+                else:
+                    p = pattern(i, seed=i)
+                    await send_frame(client, chunk_header("c", str(i), i, p), p)
+            await client.aclose()
+
+        got = []
+
+        async def receiver():
+            reader = FrameReader(server)
+            while (frame := await reader.read()) is not None:
+                got.append(frame)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sender)
+            nursery.start_soon(receiver)
+    assert len(got) == 500
+    for i, (header, payload) in enumerate(got):
+        if i % 3 == 0:
+            assert header == {"t": "heartbeat", "seq": i, "v": 1, "n": 0}
+            assert len(payload) == 0
+        else:
+            assert header["f"] == str(i) and bytes(payload) == pattern(i, seed=i)
+
+
+async def test_generic_stream_path_with_tiny_receives():
+    # A memory stream that hands over at most a few bytes per receive exercises the
+    # non-socket code path and every partial-read boundary.
+    send, recv = trio.testing.memory_stream_pair()
+    payloads = [pattern(n, seed=n) for n in (0, 5, 20_000, 70_000)]
+
+    async def sender():
+        for i, p in enumerate(payloads):
+            await send_frame(send, chunk_header("c", "f", i, p), p)
+        await send.aclose()
+
+    out = []
+
+    async def receiver():
+        reader = FrameReader(recv)
+        while (frame := await reader.read()) is not None:
+            out.append(bytes(frame[1]))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sender)
+        nursery.start_soon(receiver)
+    assert out == payloads
+
+
+def test_encode_frame_sets_version_and_length_and_does_not_copy_payload():
+    header = {"t": "chunk", "c": "a", "f": "b", "o": 7, "x": 0}
+    payload = bytearray(b"x" * 100_000)
+    parts = encode_frame(header, payload)
+    assert parts[1] is payload  # the payload object itself, not a copy
+    assert "v" not in header and "n" not in header  # caller's dict untouched
+    (hlen,) = struct.unpack(">I", parts[0][:4])
+    decoded = msgpack.unpackb(parts[0][4 : 4 + hlen])
+    assert decoded["v"] == 1 and decoded["n"] == 100_000 and len(parts[0]) == 4 + hlen
+    assert len(encode_frame({"t": "heartbeat"})) == 1  # no payload part when empty
+
+
+def test_encode_frame_rejects_bad_input():
+    with pytest.raises(FrameError, match="dict"):
+        encode_frame(["t", "x"])
+    with pytest.raises(FrameError, match="'t'"):
+        encode_frame({"type": "x"})
+    with pytest.raises(FrameError, match="packed"):
+        encode_frame({"t": "x", "obj": object()})
+    with pytest.raises(FrameError, match="header is"):
+        encode_frame({"t": "x", "big": "y" * MAX_HEADER_BYTES})
+    with pytest.raises(FrameError, match="limit"):
+        encode_frame({"t": "x"}, bytes(MAX_PAYLOAD_BYTES + 1))
+    with pytest.raises(FrameError, match="bytes-like"):
+        encode_frame({"t": "x"}, "text")
+
+
+def test_chunk_header_fields_and_errors():
+    h = chunk_header("c", "f", 10, b"abc")
+    # crc32(b"abc") = 0x352441C2 (standard CRC-32 check value for "abc")
+    assert h == {"t": "chunk", "c": "c", "f": "f", "o": 10, "n": 3, "x": 0x352441C2}
+    with pytest.raises(FrameError):
+        chunk_header(1, "f", 0, b"")
+    with pytest.raises(FrameError):
+        chunk_header("c", "f", -1, b"")
+    with pytest.raises(FrameError):
+        chunk_header("c", "f", True, b"")
+
+
+async def test_clean_eof_returns_none_and_truncation_raises():
+    assert await read_raw(b"") is None
+    good = b"".join(encode_frame(chunk_header("c", "f", 0, b"hello"), b"hello"))
+    for cut in (1, 3, 4, 10, len(good) - 1):  # mid length prefix, mid header, mid payload
+        with pytest.raises(FrameError, match="closed mid-frame"):
+            await read_raw(good[:cut])
+
+
+async def test_truncated_large_payload_over_socket_raises():
+    p = pattern(1 << 20)
+    good = b"".join(encode_frame(chunk_header("c", "f", 0, p), p))
+    with pytest.raises(FrameError, match="closed mid-frame"):
+        await read_raw(good[: len(good) // 2])
+
+
+def packed(fields: dict) -> bytes:
+    return msgpack.packb(fields, use_bin_type=True)
+
+
+BAD_FRAMES = [
+    (raw_frame(b"\xc1\xc1\xc1"), "malformed"),  # 0xc1 is never valid msgpack
+    (raw_frame(packed({"v": 1, "t": "x"})[:-1] + b""), "malformed"),
+    (raw_frame(packed([1, 2, 3])), "map"),
+    (raw_frame(packed({"v": 2, "t": "x", "n": 0})), "version"),
+    (raw_frame(packed({"t": "x", "n": 0})), "version"),
+    (raw_frame(packed({"v": True, "t": "x", "n": 0})), "version"),
+    (raw_frame(packed({"v": 1, "t": 5, "n": 0})), "'t'"),
+    (raw_frame(packed({"v": 1, "t": "x", "n": -1})), "payload length"),
+    (raw_frame(packed({"v": 1, "t": "x", "n": "3"})), "payload length"),
+    (raw_frame(packed({"v": 1, "t": "x", "n": MAX_PAYLOAD_BYTES + 1})), "payload length"),
+    (struct.pack(">I", MAX_HEADER_BYTES + 1) + b"\x80", "header length"),
+    (struct.pack(">I", 0), "header length"),
+    (struct.pack(">I", 0xFFFFFFFF), "header length"),
+    (raw_frame(packed({"v": 1, "t": "chunk", "n": 0, "c": 1, "f": "f", "o": 0, "x": 0})), "'c'"),
+    (
+        raw_frame(packed({"v": 1, "t": "chunk", "n": 0, "c": "c", "f": "f", "o": -5, "x": 0})),
+        "offset",
+    ),
+    (raw_frame(packed({"v": 1, "t": "chunk", "n": 0, "c": "c", "f": "f", "o": 0})), "checksum"),
+    (raw_frame(packed({"v": 1, "t": "chunk", "n": 0, "c": "c", "f": "f", "o": 0, "x": -1})), "u32"),
+    (raw_frame(packed({1: 1})), "malformed"),  # non-str map key
+]
+
+
+@pytest.mark.parametrize(("data", "match"), BAD_FRAMES)
+async def test_bad_frames_raise_clear_frame_error(data, match):
+    with pytest.raises(FrameError, match=match):
+        await read_raw(data)
+
+
+async def test_checksum_mismatch_is_detected():
+    header = chunk_header("c", "f", 0, b"hello")
+    head = encode_frame(header, b"hello")[0]
+    with pytest.raises(FrameError, match="checksum mismatch"):
+        await read_raw(head + b"hellO")
+
+
+async def test_reader_max_payload_is_enforced():
+    data = b"".join(encode_frame({"t": "blob"}, b"x" * 100))
+    with pytest.raises(FrameError, match="payload length"):
+        await read_raw(data, max_payload=99)
+    header, payload = await read_raw(data, max_payload=100)
+    assert bytes(payload) == b"x" * 100
+
+
+async def test_frame_writer_does_not_interleave_concurrent_frames():
+    client, server = await tcp_pair()
+    writer = FrameWriter(client)
+    size = 200_000  # large enough that one frame takes several socket writes
+
+    async def send_many(name):
+        for i in range(20):
+            p = pattern(size, seed=i)
+            await writer.send(chunk_header("c", name, i * size, p), p)
+
+    got = []
+
+    async def receiver():
+        reader = FrameReader(server)
+        while (frame := await reader.read()) is not None:
+            got.append((frame[0]["f"], frame[0]["o"]))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(receiver)
+        async with trio.open_nursery() as senders:
+            for name in ("a", "b", "c"):
+                senders.start_soon(send_many, name)
+        await client.aclose()
+    await server.aclose()
+    assert sorted(got) == sorted((n, i * size) for n in "abc" for i in range(20))
+
+
+async def test_send_on_closed_peer_raises_broken_resource():
+    client, server = await tcp_pair()
+    await server.aclose()
+    p = bytes(1 << 20)
+    with pytest.raises(trio.BrokenResourceError):
+        for i in range(100):
+            await send_frame(client, chunk_header("c", "f", i, p), p)
+    await client.aclose()
