@@ -37,6 +37,8 @@ import socket
 import struct
 import threading
 import time
+from collections import deque
+from dataclasses import dataclass, field
 
 import msgpack
 
@@ -52,6 +54,7 @@ LOG = logging.getLogger("terra.agents")
 _LEN = struct.Struct(">I")
 BATCH = 200  # list entries per control message (keeps headers far below 64 KiB)
 MAX_TUNNEL_INDEX = 32  # per DC pair, logical tunnels included
+MAX_PENDING = 100_000  # offsets kept for coflows not (yet) resubmitted after a restart
 
 
 class ChannelError(Exception):
@@ -206,6 +209,37 @@ def read_control(sock: socket.socket) -> dict | None:
         raise ChannelError(str(exc)) from exc
 
 
+# ---- reaction to WAN events ----------------------------------------------------------------
+
+
+@dataclass
+class Reaction:
+    """How fast a WAN event's new tunnels and rates reached the agents.
+
+    Attributes (time.monotonic() seconds):
+        event_at: the controller learned of the event (link down/up, capacity change).
+        pushed_at: the round's messages were queued for the agents.
+        pending: ids of those messages not yet acknowledged.
+        agents: agents that got messages.
+        applied_at: the last of them was acknowledged (applied), or None.
+    """
+
+    event_at: float
+    pushed_at: float
+    pending: set[int] = field(default_factory=set)
+    agents: set[str] = field(default_factory=set)
+    applied_at: float | None = None
+
+    def to_json(self) -> dict:
+        """{"event_to_push_ms", "event_to_applied_ms" (None while pending), "agents"}."""
+        applied = None if self.applied_at is None else (self.applied_at - self.event_at) * 1e3
+        return {
+            "event_to_push_ms": (self.pushed_at - self.event_at) * 1e3,
+            "event_to_applied_ms": applied,
+            "agents": sorted(self.agents),
+        }
+
+
 # ---- one connected agent --------------------------------------------------------------------
 
 
@@ -269,7 +303,7 @@ class AgentChannel:
 
     Attributes:
         connections: {agent id: AgentConnection}. acks: {message id: monotonic s acked}.
-        sent_at: {message id: monotonic s queued}.
+        sent_at: {message id: monotonic s queued}. reactions: the last 100 Reactions.
     """
 
     def __init__(self, controller: Controller, tunnels: TunnelTable, token: str | None = None):
@@ -282,7 +316,8 @@ class AgentChannel:
         self.acks: dict[int, float] = {}
         self.sent_at: dict[int, float] = {}
         self.ack_event = threading.Condition()
-        self.pending_inflight: list[tuple[str, str, str, int]] = []
+        self.pending_inflight: dict[tuple[str, str], int] = {}
+        self.reactions: deque[Reaction] = deque(maxlen=100)
         controller.on_rates.append(self.push_rates)
         controller.on_flows.append(self.push_flows)
 
@@ -327,21 +362,42 @@ class AgentChannel:
             elif kind == "complete":
                 self.controller.complete(_cid(m["coflow"]), m["flow"], m["digest"])
             elif kind == "ack":
-                with self.ack_event:
-                    self.acks[m["id"]] = time.monotonic()
-                    self.ack_event.notify_all()
+                self._acked(m["id"])
             elif kind == "error":
                 LOG.warning("agent %s reports: %s", conn.agent, m.get("message"))
         except RegistryError as exc:  # e.g. a report about a coflow this controller forgot
             LOG.info("agent %s: %s: %s", conn.agent, kind, exc)
 
+    def _acked(self, msg_id) -> None:
+        now = time.monotonic()
+        with self.ack_event:
+            self.acks[msg_id] = now
+            for reaction in self.reactions:
+                if msg_id in reaction.pending:
+                    reaction.pending.discard(msg_id)
+                    if not reaction.pending:
+                        reaction.applied_at = now
+            self.ack_event.notify_all()
+
     def _progress(self, coflow: str, flow: str, acked: int) -> None:
         try:
             self.controller.progress(_cid(coflow), flow, acked)
         except RegistryError:
-            # Unknown yet (controller restarted, job master not resubmitted): keep it.
+            self._keep_if_unknown(coflow, flow, acked)
+
+    def _keep_if_unknown(self, coflow: str, flow: str, offset: int) -> None:
+        """Keep a report about a coflow this controller does not know (yet): after a
+        controller restart the job master resubmits it later (bounded to MAX_PENDING)."""
+        try:
+            known = _cid(coflow) in self.controller.registry.coflows
+        except RegistryError:
+            return
+        if not known:
             with self.lock:
-                self.pending_inflight.append((coflow, flow, "recv", acked))
+                key = (coflow, flow)
+                self.pending_inflight[key] = max(offset, self.pending_inflight.get(key, 0))
+                while len(self.pending_inflight) > MAX_PENDING:
+                    self.pending_inflight.pop(next(iter(self.pending_inflight)))
 
     def _register(self, conn: AgentConnection, m: dict) -> None:
         if self.token is not None:
@@ -361,11 +417,8 @@ class AgentChannel:
                 old.close()
             conn.agent = info.id
             self.connections[info.id] = conn
-            for item in m.get("inflight", []):
-                if item["role"] == "recv":
-                    self.pending_inflight.append(
-                        (item["coflow"], item["flow"], "recv", item["offset"])
-                    )
+        for item in m.get("inflight", []):  # acked offsets (sender) / delivered (receiver)
+            self._progress(item["coflow"], item["flow"], item["offset"])
         LOG.info("agent %s registered in %s at %s", info.id, info.dc, info.data_addr)
         conn.send({"t": "registered", "agent": info.id})
         self.apply_inflight()
@@ -382,34 +435,43 @@ class AgentChannel:
         self.push_rates(self.controller.rates, False)
 
     def apply_inflight(self) -> None:
-        """Apply receivers' acknowledged offsets reported before their coflow was known."""
+        """Apply acknowledged offsets reported before their coflow was (re)submitted."""
         with self.lock:
-            pending, self.pending_inflight = self.pending_inflight, []
-        keep = []
-        for coflow, flow, role, offset in pending:
+            if not self.pending_inflight:
+                return
+            pending, self.pending_inflight = self.pending_inflight, {}
+        for (coflow, flow), offset in pending.items():
             try:
                 self.controller.progress(_cid(coflow), flow, offset)
             except RegistryError:
-                keep.append((coflow, flow, role, offset))
-        with self.lock:
-            self.pending_inflight.extend(keep[-100_000:])
+                self._keep_if_unknown(coflow, flow, offset)
 
     # -- pushes
 
-    def push_tunnels(self) -> None:
-        """Send every connected agent its current tunnel table."""
+    def push_tunnels(self) -> dict[int, str]:
+        """Send every connected agent its current tunnel table.
+
+        Returns:
+            {message id: agent id} of the "tunnels" messages sent.
+        """
         with self.controller.lock:
             agents = dict(self.controller.registry.agents)
         with self.lock:
             conns = list(self.connections.values())
+            connected = list(self.connections)
+        sent = {}
         for conn in conns:
             info = agents.get(conn.agent)
             if info is None:
                 continue
-            peers = [agents[a] for a in self.connections if a in agents and a != info.id]
-            specs = self.tunnels.specs_for(info, peers)
-            listen = self.tunnels.listen_ports(info.data_addr)
-            conn.send(protocol.tunnels_message(specs, listen, msg_id=self._new_id()))
+            peers = [agents[a] for a in connected if a in agents and a != info.id]
+            with self.controller.lock:
+                specs = self.tunnels.specs_for(info, peers)
+                listen = self.tunnels.listen_ports(info.data_addr)
+            msg_id = self._new_id()
+            conn.send(protocol.tunnels_message(specs, listen, msg_id=msg_id))
+            sent[msg_id] = info.id
+        return sent
 
     def push_flows(self, coflow: CoflowState, flows: list[FlowState]) -> None:
         """Controller listener: announce new flows of a coflow to their agents."""
@@ -451,10 +513,11 @@ class AgentChannel:
         Returns:
             ids of the "rates" messages sent (each agent acks them once applied).
         """
-        if wan_changed:
-            self.push_tunnels()
+        event_at = self.controller.wan_event_at
+        tunnel_ids = self.push_tunnels() if wan_changed else {}
         wanted = self.group_rates(rates)
         sent = []
+        sent_to = dict(tunnel_ids)
         with self.lock:
             for agent, conn in self.connections.items():
                 want = wanted.get(agent, {})
@@ -472,7 +535,15 @@ class AgentChannel:
                     msg_id = self._new_id()
                     conn.send(protocol.rates_message(changed[i : i + BATCH], msg_id=msg_id))
                     sent.append(msg_id)
+                    sent_to[msg_id] = agent
                 conn.sent_rates = {k: v for k, v in want.items()}
+        if wan_changed and event_at is not None:
+            reaction = Reaction(event_at, time.monotonic(), set(sent_to), set(sent_to.values()))
+            with self.ack_event:
+                reaction.pending -= set(self.acks)  # acks that raced ahead
+                if not reaction.pending:
+                    reaction.applied_at = time.monotonic()
+                self.reactions.append(reaction)
         return sent
 
     def group_rates(self, rates: FlowRates) -> dict[str, dict[tuple[str, str], dict[str, float]]]:

@@ -45,8 +45,10 @@ class Controller:
 
     Attributes:
         registry: the CoflowRegistry. rates: FlowRates of the last round.
-        stats: {"rounds": int, "round_ms": [float], "last_round_ms": float,
-            "bytes_delivered": int, "rejected": int}.
+        stats: {"rounds": int, "round_ms": [wall ms of the last 1000 rounds: allocate,
+            split among agent pairs, states], "allocate_ms": [the policy.allocate part],
+            "last_round_ms": float, "rejected": int}.
+        wan_event_at: time.monotonic() of the WAN event the next round answers (or None).
         on_rates: callbacks called with (FlowRates, changed_wan: bool) after each round,
             outside the lock.
         on_flows: callbacks called with (coflow, new flows) on submit and update, inside
@@ -64,7 +66,14 @@ class Controller:
         self.lock = threading.RLock()
         self.rates: FlowRates = {}
         self.allocation: Allocation = {}
-        self.stats = {"rounds": 0, "round_ms": [], "last_round_ms": 0.0, "rejected": 0}
+        self.stats = {
+            "rounds": 0,
+            "round_ms": [],
+            "allocate_ms": [],
+            "last_round_ms": 0.0,
+            "rejected": 0,
+        }
+        self.wan_event_at: float | None = None
         self.on_rates: list[Callable[[FlowRates, bool], None]] = []
         self.on_flows: list[Callable[[CoflowState, list[FlowState]], None]] = []
         self.round_wanted = threading.Event()
@@ -78,6 +87,8 @@ class Controller:
     def want_round(self, wan: bool = False) -> None:
         """Ask for a scheduling round (run by RoundRunner, or by `run_round` directly)."""
         if wan:
+            if not self.wan_dirty:
+                self.wan_event_at = time.monotonic()
             self.wan_dirty = True
         self.round_wanted.set()
 
@@ -282,14 +293,19 @@ class Controller:
             remaining = self.registry.remaining()
             start = time.perf_counter()
             allocation = self.policy.allocate(self.now(), remaining) if remaining else {}
-            elapsed_ms = (time.perf_counter() - start) * 1e3
-            self.stats["rounds"] += 1
-            self.stats["last_round_ms"] = elapsed_ms
-            self.stats["round_ms"].append(elapsed_ms)
-            del self.stats["round_ms"][:-1000]
+            allocated = time.perf_counter()
             self.allocation = allocation
             self.rates = split_among_pairs(allocation, self.registry)
             self._update_states()
+            elapsed_ms = (time.perf_counter() - start) * 1e3
+            self.stats["rounds"] += 1
+            self.stats["last_round_ms"] = elapsed_ms
+            for key, value in (
+                ("round_ms", elapsed_ms),
+                ("allocate_ms", (allocated - start) * 1e3),
+            ):
+                self.stats[key].append(value)
+                del self.stats[key][:-1000]
             return self.rates, wan
 
     def _update_states(self) -> None:

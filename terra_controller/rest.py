@@ -98,7 +98,7 @@ class RestApp:
 
     def status(self) -> dict:
         """{"topology", "uptime_s", "openflow", "agents": [...], "coflows": {state: n},
-        "rounds", "last_round_ms", "lps"}."""
+        "rounds", "last_round_ms", "lps", "reactions": last 10 WAN events' reaction times}."""
         c = self.controller
         connected = self.connected_agents()
         with c.lock:
@@ -119,7 +119,15 @@ class RestApp:
                 "rounds": c.stats["rounds"],
                 "last_round_ms": c.stats["last_round_ms"],
                 "lps": _policy_lps(c),
+                "reactions": self.reactions()[-10:],
             }
+
+    def reactions(self) -> list[dict]:
+        """WAN events' reaction times: [{"event_to_push_ms", "event_to_applied_ms", "agents"}]."""
+        if self.channel is None:
+            return []
+        with self.channel.ack_event:
+            return [r.to_json() for r in self.channel.reactions]
 
     def topology(self) -> dict:
         """{"name", "dcs", "links": [{"src", "dst", "capacity", "state", "allocated"}]}."""
