@@ -168,7 +168,7 @@ class Agent:
                     return
                 header, _ = frame
                 try:
-                    self._apply_control(header)
+                    await self._apply_control(header)
                 except ProtocolError as exc:
                     log.error("control message rejected: %s", exc)
                     self.send_control(error_message(f"rejected {header.get('t')!r}: {exc}"))
@@ -218,7 +218,7 @@ class Agent:
         ]
         return rows
 
-    def _apply_control(self, header: dict) -> None:
+    async def _apply_control(self, header: dict) -> None:
         """Validate and apply one controller message; ProtocolError if it is bad."""
         validate_control(header)
         kind = header["t"]
@@ -227,7 +227,7 @@ class Agent:
             self.registered.set()
             self.registered = trio.Event()
         elif kind == "tunnels":
-            self._apply_tunnels(header)
+            await self._apply_tunnels(header)
         elif kind == "flows":
             for spec in parse_flows(header):
                 self._add_flow(spec)
@@ -243,7 +243,7 @@ class Agent:
 
     # ------------------------------------------------------------ tunnels and flows
 
-    def _apply_tunnels(self, header: dict) -> None:
+    async def _apply_tunnels(self, header: dict) -> None:
         specs, listen = parse_tunnels(header)
         wanted = {(s.peer_agent, s.tunnel): s for s in specs}
         for key, link in list(self.links.items()):
@@ -264,7 +264,7 @@ class Agent:
                 self._spawn(link.run)
         for port in listen:
             if port not in self.listeners:
-                self._spawn(self._listen_logged, port)
+                await self._start_listener(port)
         self._wake_all()
 
     def _link_for(self, peer_agent: str, tunnel: str) -> PeerLink | None:
@@ -317,11 +317,14 @@ class Agent:
 
     # ------------------------------------------------------------ data listeners (receiver)
 
-    async def _listen_logged(self, port: int) -> None:
+    async def _start_listener(self, port: int) -> None:
+        """Listen on a tunnel port (bound before this returns); errors are logged and reported."""
         try:
-            await self._listen(port)
+            await self._nursery.start(self._listen, port)
         except OSError as exc:
-            log.error("cannot listen on %s:%d: %s", self.config.data_addr[0], port, exc)
+            message = f"cannot listen on {self.config.data_addr[0]}:{port}: {exc}"
+            log.error(message)
+            self.send_control(error_message(message))
 
     async def _listen(self, port: int, task_status=trio.TASK_STATUS_IGNORED) -> None:
         host = self.config.data_addr[0]

@@ -44,7 +44,8 @@ class ControllerPeer:
     tunnels {agent: ([TunnelSpec], [listen port])}, flows {(coflow, flow): FlowSpec},
     rates {agent: {(coflow, dst_dc): GroupRates}}. What it records: acked {(coflow, flow): bytes
     acknowledged, latest report}, completed {(coflow, flow): digest}, errors [error messages],
-    registrations {agent: count}, register_msgs {agent: last register header}.
+    registrations {agent: count}, register_msgs {agent: last register header}, synced {agent:
+    trio.Event set once the agent acknowledged the state re-sent at its last registration}.
     """
 
     def __init__(self, host: str = "127.0.0.1", token: str | None = None) -> None:
@@ -59,6 +60,7 @@ class ControllerPeer:
         self.errors: list[dict] = []
         self.registrations: dict[str, int] = {}
         self.register_msgs: dict[str, dict] = {}
+        self.synced: dict[str, trio.Event] = {}
         self._writers: dict[str, FrameWriter] = {}
         self._acks: dict[int, trio.Event] = {}
         self._next_id = 1
@@ -115,15 +117,31 @@ class ControllerPeer:
             self._notify()
 
     async def _resend_state(self, agent: str, writer: FrameWriter) -> None:
+        """Send the agent its tunnels, unfinished flows (offset = acked) and rates.
+
+        synced[agent] is set once the agent acknowledged the last of them.
+        """
+        msgs = []
         if agent in self.tunnels:
             specs, listen = self.tunnels[agent]
-            await writer.send(tunnels_message(specs, listen))
+            msgs.append(tunnels_message(specs, listen))
         mine = [self._resume(spec) for spec in self.flows.values() if agent in spec_agents(spec)]
         mine = [spec for spec in mine if spec.key not in self.completed]
         if mine:
-            await writer.send(flows_message(mine))
+            msgs.append(flows_message(mine))
         if self.rates.get(agent):
-            await writer.send(rates_message(list(self.rates[agent].values())))
+            msgs.append(rates_message(list(self.rates[agent].values())))
+        synced = trio.Event()
+        self.synced[agent] = synced
+        if not msgs:
+            synced.set()
+        for msg in msgs:
+            msg["id"] = self._next_id
+            self._next_id += 1
+        if msgs:
+            self._acks[msgs[-1]["id"]] = synced
+        for msg in msgs:
+            await writer.send(msg)
 
     def _resume(self, spec: FlowSpec) -> FlowSpec:
         acked = self.acked.get(spec.key, spec.offset)
@@ -304,7 +322,7 @@ class LoopbackHarness:
         )
 
     async def start_agent(self, agent_id: str, subprocess: bool = False) -> None:
-        """(Re)start agent `agent_id` and wait for its registration."""
+        """(Re)start agent `agent_id`; wait until it registered and applied the re-sent state."""
         handle = self.agents[agent_id]
         before = self.controller.registrations.get(agent_id, 0)
         handle.stopped = trio.Event()
@@ -319,6 +337,7 @@ class LoopbackHarness:
                 and self.controller.connected(agent_id)
             )
         )
+        await self.controller.synced[agent_id].wait()
 
     async def _run_inprocess(self, handle: AgentHandle, task_status=trio.TASK_STATUS_IGNORED):
         try:
