@@ -303,7 +303,8 @@ class AgentChannel:
 
     Attributes:
         connections: {agent id: AgentConnection}. acks: {message id: monotonic s acked}.
-        sent_at: {message id: monotonic s queued}. reactions: the last 100 Reactions.
+        sent_at: {message id: monotonic s queued}. reactions: the last 100 Reactions;
+            reaction_count: Reactions recorded in all.
     """
 
     def __init__(self, controller: Controller, tunnels: TunnelTable, token: str | None = None):
@@ -318,6 +319,7 @@ class AgentChannel:
         self.ack_event = threading.Condition()
         self.pending_inflight: dict[tuple[str, str], int] = {}
         self.reactions: deque[Reaction] = deque(maxlen=100)
+        self.reaction_count = 0
         controller.on_rates.append(self.push_rates)
         controller.on_flows.append(self.push_flows)
 
@@ -544,6 +546,7 @@ class AgentChannel:
                 if not reaction.pending:
                     reaction.applied_at = time.monotonic()
                 self.reactions.append(reaction)
+                self.reaction_count += 1
         return sent
 
     def group_rates(self, rates: FlowRates) -> dict[str, dict[tuple[str, str], dict[str, float]]]:

@@ -120,6 +120,7 @@ class RestApp:
                 "last_round_ms": c.stats["last_round_ms"],
                 "lps": _policy_lps(c),
                 "reactions": self.reactions()[-10:],
+                "reactions_total": self.channel.reaction_count if self.channel else 0,
             }
 
     def reactions(self) -> list[dict]:
