@@ -22,26 +22,21 @@ import trio
 
 from overlay.framing import FrameError, FrameReader, FrameWriter, chunk_header
 from overlay.protocol import FlowSpec, ProtocolError, TunnelSpec, validate_data
-
-try:
-    from overlay.rate_limit import TokenBucket
-except ImportError:  # TEMPORARY until overlay/rate_limit.py lands
-    from ._shim import TokenBucket
+from overlay.rate_limit import TokenBucket
 
 from .sources import MAX_CHUNK_BYTES, new_hasher
 
 log = logging.getLogger(__name__)
 
 MIN_CHUNK_BYTES = 16 * 1024
-CHUNK_SECONDS = 0.02  # a chunk is about this much of its path's rate
-BURST_SECONDS = 0.05
+CHUNK_SECONDS = 0.01  # a chunk is about this much of its path's rate (rate_limit.py advice)
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
 CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
 def chunk_bytes(rate: float) -> int:
-    """Chunk size for a path at `rate` bytes/s: rate * 20 ms, clamped to [16 KiB, 1 MiB]."""
+    """Chunk size for a path at `rate` bytes/s: rate * 10 ms, clamped to [16 KiB, 1 MiB]."""
     if not math.isfinite(rate):
         return MAX_CHUNK_BYTES
     return int(min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, rate * CHUNK_SECONDS)))
@@ -347,11 +342,10 @@ class FlowGroupSender:
         self.rates[tunnel] = rate
         bucket = self.buckets.get(tunnel)
         if bucket is None:
-            self.buckets[tunnel] = TokenBucket(rate, burst_bytes=_burst(rate))
+            self.buckets[tunnel] = TokenBucket(rate)  # depth: 50 ms of the current rate
             self.sent_bytes.setdefault(tunnel, 0)
         else:
             bucket.set_rate(rate)
-            _set_burst(bucket, _burst(rate))
 
     def _ensure_tasks(self) -> None:
         if self.done:
@@ -392,13 +386,3 @@ class FlowGroupSender:
         finally:
             self._running.discard(tunnel)
 
-
-def _burst(rate: float) -> float:
-    """Bucket depth for a path at `rate`: one chunk or 50 ms of the rate, whichever is larger."""
-    return max(chunk_bytes(rate), rate * BURST_SECONDS if math.isfinite(rate) else 0.0)
-
-
-def _set_burst(bucket: TokenBucket, burst: float) -> None:
-    setter = getattr(bucket, "set_burst", None)
-    if setter is not None:
-        setter(burst)
