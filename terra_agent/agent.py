@@ -273,7 +273,7 @@ class Agent:
     def _group(self, key: tuple[str, str]) -> FlowGroupSender:
         group = self.groups.get(key)
         if group is None:
-            group = FlowGroupSender(key, self._link_for, self._spawn)
+            group = FlowGroupSender(key, self._link_for, self._spawn, self._flow_failed)
             self.groups[key] = group
         return group
 
@@ -306,10 +306,14 @@ class Agent:
             group._ensure_tasks()
             group.notify()
         if flow.done and not was_done:
+            flow.source.close()  # frees a synthetic block / file descriptor (reopened if needed)
             flow.reported = flow.acked
             self.send_control(progress_message([(coflow, flow_id, flow.acked)]))
             if group is not None:
                 group.notify()
+
+    def _flow_failed(self, flow: OutFlow, message: str) -> None:
+        self.send_control(error_message(message, coflow=flow.spec.coflow, flow=flow.spec.flow))
 
     def _wake_all(self) -> None:
         for group in self.groups.values():

@@ -61,6 +61,7 @@ class OutFlow:
         self.resend: deque[tuple[int, int]] = deque()
         self.epoch: int | None = None
         self.reported = -1
+        self.failed: str | None = None
         self._hash_to(spec.offset)
 
     @property
@@ -298,13 +299,16 @@ class FlowGroupSender:
     """The flows of one FlowGroup (coflow, this DC -> dst_dc) and its per-path senders.
 
     FlowGroupSender(key: (coflow, dst_dc), link_for: (peer_agent, tunnel) -> PeerLink|None,
-    spawn: start a task in the agent's nursery). set_rates({tunnel: bytes/s}) replaces the
-    per-path rates (missing tunnels -> 0); add_flow(OutFlow) adds a flow.
+    spawn: start a task in the agent's nursery, on_error(flow, message): a flow's source failed
+    and the flow was dropped). set_rates({tunnel: bytes/s}) replaces the per-path rates (missing
+    tunnels -> 0); add_flow(OutFlow) adds a flow. Flows are served in the order they were added.
     """
 
-    def __init__(self, key: tuple[str, str], link_for, spawn) -> None:
+    def __init__(self, key: tuple[str, str], link_for, spawn, on_error) -> None:
         self.key = key
         self.flows: list[OutFlow] = []
+        self._active: list[OutFlow] = []
+        self._on_error = on_error
         self.rates: dict[str, float] = {}
         self.buckets: dict[str, TokenBucket] = {}
         self._running: set[str] = set()
@@ -315,8 +319,8 @@ class FlowGroupSender:
 
     @property
     def done(self) -> bool:
-        """True when every flow of the group is fully acknowledged."""
-        return all(f.done for f in self.flows)
+        """True when every flow of the group is fully acknowledged (or failed)."""
+        return not any(not f.done for f in self._live())
 
     def notify(self) -> None:
         """Wake path tasks waiting for work (new flows, resends, links up, acks)."""
@@ -326,6 +330,7 @@ class FlowGroupSender:
     def add_flow(self, flow: OutFlow) -> None:
         """Add a flow to the group and wake its path tasks."""
         self.flows.append(flow)
+        self._active.append(flow)
         self._ensure_tasks()
         self.notify()
 
@@ -356,16 +361,39 @@ class FlowGroupSender:
                 self._spawn(self._path_loop, tunnel)
 
     def _take(self, max_len: int, tunnel: str):
-        for flow in self.flows:
+        """Next (flow, link, offset, data, digest) for `tunnel`, flows in arrival order, or None.
+
+        A flow whose source fails is dropped from the group and reported through on_error.
+        """
+        for flow in self._live():
             if not flow.has_work():
                 continue
             link = self._link_for(flow.spec.dst_agent, tunnel)
             if link is None or not link.up:
                 continue
-            item = flow.take(max_len)
+            try:
+                item = flow.take(max_len)
+            except (OSError, ValueError) as exc:  # SourceError is a ValueError
+                self._fail(flow, f"flow {flow.spec.coflow}/{flow.spec.flow}: source failed: {exc}")
+                continue
             if item is not None:
                 return (flow, link, *item)
         return None
+
+    def _live(self) -> list[OutFlow]:
+        """Flows in order, finished ones dropped from the head (flows finish roughly in order)."""
+        drop = 0
+        while drop < len(self._active) and self._active[drop].done:
+            drop += 1
+        if drop:
+            del self._active[:drop]
+        return self._active
+
+    def _fail(self, flow: OutFlow, message: str) -> None:
+        log.error(message)
+        flow.failed = message
+        self._active = [f for f in self._active if f is not flow]
+        self._on_error(flow, message)
 
     async def _path_loop(self, tunnel: str) -> None:
         """Send the group's chunks over `tunnel` at its rate until the group is done."""
@@ -385,4 +413,3 @@ class FlowGroupSender:
                     self.sent_bytes[tunnel] += len(data)
         finally:
             self._running.discard(tunnel)
-

@@ -35,57 +35,75 @@ class SyntheticSource:
     """Deterministic bytes of one flow; read(offset, n) returns a memoryview (no copy).
 
     SyntheticSource(key: str, size: int bytes). Byte i of the flow is block[i % SYNTHETIC_PERIOD]
-    where block = numpy PCG64 bytes seeded by BLAKE2b(key) (16-byte digest).
+    where block = numpy PCG64 bytes seeded by BLAKE2b(key) (16-byte digest). The block (2 x ~1 MiB)
+    is built on the first read and dropped by close(); a later read builds it again, so idle and
+    finished flows cost no memory.
     """
 
     def __init__(self, key: str, size: int) -> None:
-        seed = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=16).digest(), "big")
-        block = np.random.default_rng(seed).bytes(SYNTHETIC_PERIOD)
-        self._view = memoryview(block + block)
+        self.key = key
         self.size = size
+        self._view: memoryview | None = None
+
+    def _block(self) -> memoryview:
+        if self._view is None:
+            digest = hashlib.blake2b(self.key.encode(), digest_size=16).digest()
+            block = np.random.default_rng(int.from_bytes(digest, "big")).bytes(SYNTHETIC_PERIOD)
+            self._view = memoryview(block + block)
+        return self._view
 
     def read(self, offset: int, n: int) -> memoryview:
         """Bytes [offset, offset + n) of the flow, n <= SYNTHETIC_PERIOD; ValueError beyond size."""
         if offset < 0 or n < 0 or offset + n > self.size or n > SYNTHETIC_PERIOD:
             raise ValueError(f"read [{offset}, {offset + n}) outside flow of {self.size} bytes")
         start = offset % SYNTHETIC_PERIOD
-        return self._view[start : start + n]
+        return self._block()[start : start + n]
 
     def close(self) -> None:
-        """Release the block."""
-        self._view = memoryview(b"")
+        """Drop the block (chunks already handed out keep their own reference)."""
+        self._view = None
 
 
 class FileSource:
     """Bytes of a file: FileSource(path, size); read(offset, n) -> bytes (os.pread).
 
+    The file is checked at once but opened on the first read and closed by close() (reopened if
+    read again), so many idle flows hold no descriptors.
+
     Raises:
-        SourceError: the file cannot be opened or is shorter than `size` bytes.
+        SourceError: the file is missing, unreadable or shorter than `size` bytes (at creation);
+            it cannot be opened or shrank (at read).
     """
 
     def __init__(self, path: str, size: int) -> None:
         try:
-            self._fd = os.open(path, os.O_RDONLY)
+            length = os.stat(path).st_size
         except OSError as exc:
             raise SourceError(f"cannot open source file {path!r}: {exc}") from exc
-        length = os.fstat(self._fd).st_size
         if length < size:
-            os.close(self._fd)
             raise SourceError(f"source file {path!r} has {length} bytes, flow needs {size}")
+        if not os.access(path, os.R_OK):
+            raise SourceError(f"source file {path!r} is not readable")
         self.path = path
         self.size = size
+        self._fd = -1
 
     def read(self, offset: int, n: int) -> bytes:
         """Bytes [offset, offset + n) of the file; ValueError beyond the flow's size."""
         if offset < 0 or n < 0 or offset + n > self.size:
             raise ValueError(f"read [{offset}, {offset + n}) outside flow of {self.size} bytes")
+        if self._fd < 0:
+            try:
+                self._fd = os.open(self.path, os.O_RDONLY)
+            except OSError as exc:
+                raise SourceError(f"cannot open source file {self.path!r}: {exc}") from exc
         data = os.pread(self._fd, n, offset)
         if len(data) != n:
             raise SourceError(f"source file {self.path!r} shrank: short read at {offset}")
         return data
 
     def close(self) -> None:
-        """Close the file."""
+        """Close the file (if open)."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -121,35 +139,42 @@ class FileSink:
 
     FileSink(path, size, resume): with resume=True an existing file is kept and its length (at
     most `size`) is the resume offset; otherwise the file is truncated. prefix_hash(hasher) feeds
-    the kept prefix to a hasher so the receiver's digest covers it.
+    the kept prefix to a hasher so the receiver's digest covers it. The file is created at once but
+    held open only from the first write to close().
 
     Raises:
-        SourceError: the file cannot be opened.
+        SourceError: the file cannot be created or truncated.
     """
 
     def __init__(self, path: str, size: int, resume: bool) -> None:
         try:
-            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                length = os.fstat(fd).st_size if resume else 0
+                self.resume_offset = min(length, size)
+                os.ftruncate(fd, self.resume_offset)
+            finally:
+                os.close(fd)
         except OSError as exc:
             raise SourceError(f"cannot open sink file {path!r}: {exc}") from exc
-        length = os.fstat(self._fd).st_size if resume else 0
-        self.resume_offset = min(length, size)
-        os.ftruncate(self._fd, self.resume_offset)
-        os.lseek(self._fd, self.resume_offset, os.SEEK_SET)
         self.path = path
+        self._fd = -1
 
     def prefix_hash(self, hasher) -> None:
         """hasher.update() with bytes [0, resume_offset) of the file."""
-        offset = 0
-        while offset < self.resume_offset:
-            data = os.pread(self._fd, min(_REHASH_BYTES, self.resume_offset - offset), offset)
-            if not data:
-                raise SourceError(f"sink file {self.path!r} shrank while re-hashing")
-            hasher.update(data)
-            offset += len(data)
+        with open(self.path, "rb") as f:
+            left = self.resume_offset
+            while left > 0:
+                data = f.read(min(_REHASH_BYTES, left))
+                if not data:
+                    raise SourceError(f"sink file {self.path!r} shrank while re-hashing")
+                hasher.update(data)
+                left -= len(data)
 
     def write(self, data) -> None:
-        """Append `data` (bytes-like) to the file."""
+        """Append `data` (bytes-like) to the file (opened on the first write)."""
+        if self._fd < 0:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         view = memoryview(data)
         while len(view):
             view = view[os.write(self._fd, view) :]
