@@ -9,11 +9,7 @@ from __future__ import annotations
 import logging
 
 from overlay.protocol import FlowSpec, ProtocolError
-
-try:
-    from overlay.reorder import ReorderBuffer
-except ImportError:  # TEMPORARY until overlay/reorder.py lands
-    from ._shim import ReorderBuffer
+from overlay.reorder import ReorderBuffer
 
 from .sources import new_hasher, open_sink
 
