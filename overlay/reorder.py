@@ -1,0 +1,267 @@
+"""Per-flow reorder buffer: in-order delivery with bounded memory and disk spill.
+
+DESIGN.md section 5 ("Reordering", "No loss"): chunks of one flow arrive out
+of order over paths of different latency and rate. The receiver delivers the
+flow's bytes in order; out-of-order bytes are held in memory up to a bound and
+spilled to a file in a spill directory beyond it. Duplicate and overlapping
+bytes (resends after a path failure) are dropped, so every byte is delivered
+exactly once.
+
+Held bytes are kept as non-overlapping segments sorted by offset. When a new
+segment does not fit under the memory bound, the held in-memory segments that
+lie farthest ahead (beyond the new one) are written to the spill file first;
+if that is still not enough, the new segment itself is spilled. So memory
+holds the bytes needed soonest.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import tempfile
+from dataclasses import dataclass
+
+
+@dataclass
+class _Segment:
+    """Held bytes [start, end): in memory (data) or in the spill file (file_offset)."""
+
+    start: int
+    end: int
+    data: bytes | None = None
+    file_offset: int = -1
+
+
+class ReorderBuffer:
+    """Delivers one flow's bytes in order from chunks arriving in any order.
+
+    ReorderBuffer(size_bytes, memory_limit_bytes, spill_dir):
+        size_bytes: the flow's size in bytes (int >= 0).
+        memory_limit_bytes: most out-of-order bytes held in memory (int >= 0).
+        spill_dir: directory for the spill file (created lazily on the first
+            spill, removed by close()); None = the system temp directory.
+
+    Attributes:
+        delivered: bytes delivered in order so far (= the offset to acknowledge).
+        resident_bytes: out-of-order bytes held in memory now (<= memory_limit_bytes).
+        peak_resident_bytes: the largest resident_bytes seen.
+        spilled_bytes: total bytes ever written to the spill file.
+        held_bytes: out-of-order bytes held now, in memory or on disk.
+
+    Raises:
+        ValueError: sizes that are not ints >= 0.
+    """
+
+    def __init__(self, size_bytes: int, memory_limit_bytes: int, spill_dir: str | None) -> None:
+        for name, value in (("size_bytes", size_bytes), ("memory_limit_bytes", memory_limit_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        self.size_bytes = size_bytes
+        self.memory_limit_bytes = memory_limit_bytes
+        self.spill_dir = spill_dir
+        self.delivered = 0
+        self.resident_bytes = 0
+        self.peak_resident_bytes = 0
+        self.spilled_bytes = 0
+        self.held_bytes = 0
+        self._starts: list[int] = []
+        self._segments: dict[int, _Segment] = {}
+        self._spill_fd: int | None = None
+        self._spill_path: str | None = None
+        self._spill_end = 0
+        self._on_disk = 0  # held bytes now in the spill file
+        self._closed = False
+
+    @property
+    def complete(self) -> bool:
+        """True when all size_bytes bytes have been delivered."""
+        return self.delivered == self.size_bytes
+
+    @property
+    def spill_path(self) -> str | None:
+        """Path of the spill file, or None if nothing was spilled yet."""
+        return self._spill_path
+
+    def add(self, offset: int, data) -> list:
+        """Take a chunk of `data` (bytes-like) starting at flow byte `offset`.
+
+        Returns:
+            The bytes now deliverable in order, as a list of bytes-like pieces
+            (bytes, or memoryview slices of `data` when it arrived in order; no
+            copy is made on that path). Empty if the chunk filled no gap at the
+            delivery point. Bytes already delivered or already held are dropped.
+
+        Raises:
+            ValueError: offset not an int >= 0, chunk reaching beyond size_bytes,
+                data not bytes-like, or the buffer is closed.
+            OSError: the spill file cannot be written or read.
+        """
+        if self._closed:
+            raise ValueError("reorder buffer is closed")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"chunk offset must be an int >= 0, got {offset!r}")
+        try:
+            view = memoryview(data).cast("B")
+        except TypeError as exc:
+            raise ValueError(f"chunk data must be bytes-like, got {type(data).__name__}") from exc
+        end = offset + len(view)
+        if end > self.size_bytes:
+            raise ValueError(
+                f"chunk [{offset}, {end}) reaches beyond the flow size {self.size_bytes}"
+            )
+        if end <= self.delivered:
+            return []  # duplicate of delivered bytes
+        if offset < self.delivered:
+            view = view[self.delivered - offset :]
+            offset = self.delivered
+        if offset == self.delivered:
+            out = [_whole(data, view)]
+            self._skip_held_until(end)
+            self.delivered = end
+            self._pop_contiguous(out)
+            return out
+        for start, stop in self._gaps(offset, end):
+            self._hold(start, bytes(view[start - offset : stop - offset]))
+        return []
+
+    def close(self) -> None:
+        """Drop held bytes and remove the spill file. Safe to call twice."""
+        self._closed = True
+        self._starts.clear()
+        self._segments.clear()
+        self.resident_bytes = self.held_bytes = self._on_disk = 0
+        if self._spill_fd is not None:
+            os.close(self._spill_fd)
+            self._spill_fd = None
+        if self._spill_path is not None:
+            try:
+                os.unlink(self._spill_path)
+            except FileNotFoundError:
+                pass
+            self._spill_path = None
+
+    def __enter__(self) -> ReorderBuffer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- held segments ---------------------------------------------------------
+
+    def _gaps(self, start: int, end: int) -> list[tuple[int, int]]:
+        """Sub-ranges of [start, end) not covered by held segments."""
+        gaps = []
+        i = bisect.bisect_right(self._starts, start) - 1
+        if i < 0:
+            i = 0
+        cursor = start
+        while i < len(self._starts) and cursor < end:
+            seg = self._segments[self._starts[i]]
+            if seg.end <= cursor:
+                i += 1
+                continue
+            if seg.start >= end:
+                break
+            if seg.start > cursor:
+                gaps.append((cursor, seg.start))
+            cursor = max(cursor, seg.end)
+            i += 1
+        if cursor < end:
+            gaps.append((cursor, end))
+        return gaps
+
+    def _skip_held_until(self, end: int) -> None:
+        """Delivering [delivered, end) in-line: drop held bytes below end (duplicates).
+
+        A held segment straddling `end` keeps its part above `end`.
+        """
+        while self._starts and self._starts[0] < end:
+            seg = self._take_first()
+            if seg.end > end:
+                data = self._load(seg)
+                self._hold(end, data[end - seg.start :])
+
+    def _pop_contiguous(self, out: list) -> None:
+        """Append held segments that now continue the in-order stream."""
+        while self._starts and self._starts[0] == self.delivered:
+            seg = self._take_first()
+            out.append(self._load(seg))
+            self.delivered = seg.end
+
+    def _take_first(self) -> _Segment:
+        start = self._starts.pop(0)
+        seg = self._segments.pop(start)
+        size = seg.end - seg.start
+        self.held_bytes -= size
+        if seg.data is not None:
+            self.resident_bytes -= size
+        else:
+            self._on_disk -= size
+        return seg
+
+    def _load(self, seg: _Segment) -> bytes:
+        if seg.data is not None:
+            return seg.data
+        data = os.pread(self._spill_fd, seg.end - seg.start, seg.file_offset)
+        if len(data) != seg.end - seg.start:
+            raise OSError(f"spill file {self._spill_path} is short at offset {seg.file_offset}")
+        if self._on_disk == 0:
+            self._reset_spill_file()
+        return data
+
+    def _hold(self, start: int, data: bytes) -> None:
+        size = len(data)
+        seg = _Segment(start, start + size)
+        if self.resident_bytes + size > self.memory_limit_bytes:
+            self._evict_beyond(start, self.resident_bytes + size - self.memory_limit_bytes)
+        if self.resident_bytes + size <= self.memory_limit_bytes:
+            seg.data = data
+            self.resident_bytes += size
+            self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
+        else:
+            seg.file_offset = self._spill(data)
+            self._on_disk += size
+        bisect.insort(self._starts, start)
+        self._segments[start] = seg
+        self.held_bytes += size
+
+    def _evict_beyond(self, start: int, need: int) -> None:
+        """Spill in-memory segments after `start`, farthest first, to free `need` bytes."""
+        freed = 0
+        for s in reversed(self._starts):
+            if s <= start or freed >= need:
+                break
+            seg = self._segments[s]
+            if seg.data is None:
+                continue
+            size = seg.end - seg.start
+            seg.file_offset = self._spill(seg.data)
+            seg.data = None
+            self.resident_bytes -= size
+            self._on_disk += size
+            freed += size
+
+    def _spill(self, data: bytes) -> int:
+        if self._spill_fd is None:
+            fd, path = tempfile.mkstemp(prefix="reorder-", suffix=".spill", dir=self.spill_dir)
+            self._spill_fd, self._spill_path = fd, path
+        offset = self._spill_end
+        written = 0
+        with memoryview(data) as view:
+            while written < len(view):
+                written += os.pwrite(self._spill_fd, view[written:], offset + written)
+        self._spill_end += len(data)
+        self.spilled_bytes += len(data)
+        return offset
+
+    def _reset_spill_file(self) -> None:
+        """Nothing left on disk: truncate the spill file so it does not grow forever."""
+        os.ftruncate(self._spill_fd, 0)
+        self._spill_end = 0
+
+
+def _whole(data, view: memoryview):
+    """Return `data` itself when `view` covers all of it, else the view slice."""
+    if isinstance(data, bytes) and len(view) == len(data):
+        return data
+    return view

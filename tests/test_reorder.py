@@ -1,0 +1,159 @@
+"""ReorderBuffer: in-order delivery from any arrival order, bounded memory, disk spill."""
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from overlay.reorder import ReorderBuffer
+
+
+def flow_bytes(n: int) -> bytes:
+    return bytes((i * 37 + (i >> 8) * 11) & 0xFF for i in range(n))
+
+
+def chunks_of(data: bytes, size: int) -> list[tuple[int, bytes]]:
+    return [(o, data[o : o + size]) for o in range(0, len(data), size)]
+
+
+def feed(buf: ReorderBuffer, chunks) -> bytes:
+    out = []
+    for offset, chunk in chunks:
+        out.extend(buf.add(offset, chunk))
+        assert buf.resident_bytes <= buf.memory_limit_bytes
+    return b"".join(out)
+
+
+def test_in_order_chunks_are_delivered_at_once_without_copy():
+    data = flow_bytes(1000)
+    with ReorderBuffer(1000, 0, None) as buf:
+        chunk = data[:400]
+        assert buf.add(0, chunk)[0] is chunk  # the caller's object, not a copy
+        assert buf.delivered == 400 and not buf.complete
+        assert b"".join(buf.add(400, data[400:])) == data[400:]
+        assert buf.complete and buf.spilled_bytes == 0
+
+
+def test_hand_computed_gap_fill_and_duplicates(tmp_path):
+    data = flow_bytes(100)
+    with ReorderBuffer(100, 1000, str(tmp_path)) as buf:
+        assert buf.add(50, data[50:100]) == []  # held: [50,100)
+        assert buf.add(20, data[20:60]) == []  # only [20,50) is new; held 80 bytes
+        assert buf.held_bytes == 80 and buf.resident_bytes == 80
+        out = buf.add(0, data[0:30])  # delivers [0,30), then the held [30,50) tail and [50,100)
+        assert b"".join(out) == data and buf.complete
+        assert buf.add(10, data[10:20]) == []  # duplicate after completion
+        assert buf.resident_bytes == 0 and buf.peak_resident_bytes == 80
+
+
+def test_in_order_chunk_overlapping_held_bytes_keeps_the_tail():
+    data = flow_bytes(100)
+    with ReorderBuffer(100, 1000, None) as buf:
+        buf.add(40, data[40:70])  # held [40,70)
+        out = buf.add(0, data[0:50])  # delivers [0,50); held part [50,70) follows
+        assert b"".join(out) == data[:70] and buf.delivered == 70
+        assert buf.held_bytes == 0
+
+
+def test_spills_beyond_the_memory_limit_and_cleans_up(tmp_path):
+    data = flow_bytes(10_000)
+    chunks = chunks_of(data, 1000)
+    buf = ReorderBuffer(10_000, 2500, str(tmp_path))
+    # Everything except chunk 0 arrives first: 9000 out-of-order bytes, 2500 allowed in memory.
+    # Nearest-first policy: [1000,2000) and [2000,3000) stay resident (2000 bytes), the rest spill.
+    assert feed(buf, chunks[1:]) == b""
+    assert buf.resident_bytes == 2000 and buf.peak_resident_bytes <= 2500
+    assert buf.held_bytes == 9000 and buf.spilled_bytes >= 7000
+    assert buf.spill_path is not None and os.path.exists(buf.spill_path)
+    assert feed(buf, chunks[:1]) == data
+    assert buf.complete
+    spill = buf.spill_path
+    buf.close()
+    assert not os.path.exists(spill) and os.listdir(tmp_path) == []
+    buf.close()  # twice is fine
+    with pytest.raises(ValueError, match="closed"):
+        buf.add(0, b"x")
+
+
+def test_nearer_chunk_evicts_farther_resident_chunks(tmp_path):
+    data = flow_bytes(4000)
+    with ReorderBuffer(4000, 1000, str(tmp_path)) as buf:
+        buf.add(3000, data[3000:4000])  # resident 1000 (at the limit)
+        buf.add(1000, data[1000:2000])  # nearer: [3000,4000) goes to disk, this stays
+        assert buf.resident_bytes == 1000 and buf.spilled_bytes == 1000
+        buf.add(2000, data[2000:3000])  # farther than the resident one: spilled itself
+        assert buf.spilled_bytes == 2000
+        assert b"".join(buf.add(0, data[:1000])) == data
+
+
+def test_zero_memory_limit_spills_everything_out_of_order(tmp_path):
+    data = flow_bytes(3000)
+    with ReorderBuffer(3000, 0, str(tmp_path)) as buf:
+        out = feed(buf, reversed(chunks_of(data, 500)))
+        assert out == data and buf.peak_resident_bytes == 0 and buf.spilled_bytes == 2500
+
+
+def test_empty_flow_is_complete_at_once():
+    with ReorderBuffer(0, 10, None) as buf:
+        assert buf.complete and buf.add(0, b"") == []
+
+
+@pytest.mark.parametrize(
+    ("offset", "data", "match"),
+    [
+        (-1, b"x", "offset"),
+        (1.0, b"x", "offset"),
+        (True, b"x", "offset"),
+        (95, b"x" * 10, "beyond"),
+        (0, "text", "bytes-like"),
+        (0, 5, "bytes-like"),
+    ],
+)
+def test_bad_chunks_raise_value_error(offset, data, match):
+    with ReorderBuffer(100, 10, None) as buf:
+        with pytest.raises(ValueError, match=match):
+            buf.add(offset, data)
+        assert buf.delivered == 0  # the buffer is still usable
+        assert b"".join(buf.add(0, b"a" * 100)) == b"a" * 100
+
+
+@pytest.mark.parametrize(("size", "limit"), [(-1, 0), (0, -1), (1.5, 0), (10, None)])
+def test_bad_sizes_raise_value_error(size, limit):
+    with pytest.raises(ValueError):
+        ReorderBuffer(size, limit, None)
+
+
+@st.composite
+def arrivals(draw):
+    """A flow, chunks that cover it (random cut points, some overlapping resends),
+    shuffled with duplicates, plus a memory limit."""
+    size = draw(st.integers(min_value=0, max_value=3000))
+    cuts = sorted(
+        set(draw(st.lists(st.integers(min_value=1, max_value=max(size - 1, 1)), max_size=40)))
+    )
+    bounds = [0] + [c for c in cuts if 0 < c < size] + [size]
+    pieces = [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    extra = draw(st.lists(st.tuples(st.integers(0, size), st.integers(0, 400)), max_size=10))
+    pieces += [(a, min(size, a + n)) for a, n in extra]  # overlapping resends
+    pieces += draw(st.lists(st.sampled_from(pieces), max_size=10)) if pieces else []
+    order = draw(st.permutations(pieces))
+    limit = draw(st.integers(min_value=0, max_value=4000))
+    return size, order, limit
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=arrivals())
+def test_any_arrival_order_and_duplication_yields_the_original_stream(case, tmp_path):
+    size, order, limit = case
+    data = flow_bytes(size)
+    with ReorderBuffer(size, limit, str(tmp_path)) as buf:
+        out = []
+        for a, b in order:
+            out.extend(buf.add(a, memoryview(data)[a:b]))
+            assert buf.resident_bytes <= limit
+            assert buf.delivered == sum(len(p) for p in out)
+        assert b"".join(out) == data
+        assert buf.complete and buf.held_bytes == 0 and buf.resident_bytes == 0
+        assert buf.peak_resident_bytes <= limit
+    assert os.listdir(tmp_path) == []
