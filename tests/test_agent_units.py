@@ -1,0 +1,204 @@
+"""Unit tests of the agent's parts: sources/sinks, OutFlow (resend, rewind), InFlow, CLI parsing."""
+
+import hashlib
+import os
+
+import pytest
+
+from overlay.protocol import FlowSpec, ProtocolError
+from terra_agent.agent import parse_memory
+from terra_agent.cli import build_parser, main
+from terra_agent.receiver import InFlow
+from terra_agent.sender import MIN_CHUNK_BYTES, OutFlow, chunk_bytes
+from terra_agent.sources import (
+    MAX_CHUNK_BYTES,
+    SYNTHETIC_PERIOD,
+    FileSink,
+    SourceError,
+    SyntheticSource,
+    open_sink,
+    open_source,
+    synthetic_digest,
+)
+
+
+def spec(size, **kw):
+    return FlowSpec("c1", "f1", "a", "b", "LA", size, **kw)
+
+
+def whole(source, size):
+    return b"".join(
+        bytes(source.read(o, min(MAX_CHUNK_BYTES, size - o)))
+        for o in range(0, size, MAX_CHUNK_BYTES)
+    )
+
+
+def test_synthetic_source_is_deterministic_and_aperiodic_at_chunk_scale():
+    size = 3 * MAX_CHUNK_BYTES
+    a, b = SyntheticSource("c1/f1", size), SyntheticSource("c1/f1", size)
+    assert whole(a, size) == whole(b, size)
+    assert bytes(a.read(0, 64)) != bytes(SyntheticSource("c1/f2", size).read(0, 64))
+    # chunk-aligned pieces differ: the period (odd) is not a multiple of the chunk size
+    assert bytes(a.read(0, 4096)) != bytes(a.read(MAX_CHUNK_BYTES, 4096))
+    # byte i is block[i % period]
+    assert bytes(a.read(SYNTHETIC_PERIOD + 5, 10)) == bytes(a.read(5, 10))
+    a.close()  # dropping the block does not change the bytes
+    assert bytes(a.read(5, 10)) == bytes(b.read(5, 10))
+    with pytest.raises(ValueError):
+        a.read(size - 1, 2)
+
+
+def test_file_source_checks_and_reads(tmp_path):
+    path = tmp_path / "s"
+    path.write_bytes(b"0123456789")
+    src = open_source(f"file:{path}", "k", 10)
+    assert src.read(3, 4) == b"3456"
+    with pytest.raises(SourceError, match="has 10 bytes"):
+        open_source(f"file:{path}", "k", 11)
+    with pytest.raises(SourceError, match="cannot open"):
+        open_source(f"file:{tmp_path / 'missing'}", "k", 1)
+    with pytest.raises(SourceError, match="unknown source"):
+        open_source("ftp:x", "k", 1)
+
+
+def test_file_sink_resume_and_truncate(tmp_path):
+    path = tmp_path / "d"
+    path.write_bytes(b"abcdef")
+    sink = FileSink(str(path), 100, resume=True)
+    assert sink.resume_offset == 6
+    h = hashlib.blake2b()
+    sink.prefix_hash(h)
+    assert h.hexdigest() == hashlib.blake2b(b"abcdef").hexdigest()
+    sink.write(b"gh")
+    sink.close()
+    assert path.read_bytes() == b"abcdefgh"
+    assert open_sink(f"file:{path}", 100, resume=False).resume_offset == 0
+    assert path.read_bytes() == b""
+
+
+def test_outflow_sends_every_byte_and_digest_on_last_chunk():
+    size = 2 * MAX_CHUNK_BYTES + 7
+    flow = OutFlow(spec(size), SyntheticSource("c1/f1", size))
+    chunks = []
+    while (item := flow.take(MAX_CHUNK_BYTES)) is not None:
+        chunks.append(item)
+    assert [(o, len(d)) for o, d, _ in chunks] == [
+        (0, MAX_CHUNK_BYTES),
+        (MAX_CHUNK_BYTES, MAX_CHUNK_BYTES),
+        (2 * MAX_CHUNK_BYTES, 7),
+    ]
+    assert [dig is not None for _, _, dig in chunks] == [False, False, True]
+    assert chunks[-1][2] == synthetic_digest("c1", "f1", size)
+
+
+def test_outflow_requeue_resends_only_unacked_bytes():
+    size = 100_000
+    flow = OutFlow(spec(size), SyntheticSource("c1/f1", size))
+    for _ in range(4):
+        flow.take(25_000)  # everything sent
+    assert flow.take(25_000) is None
+    flow.on_ack(30_000, epoch=1)
+    assert not flow.requeue(0, 25_000)  # fully acknowledged: nothing to resend
+    assert flow.requeue(25_000, 25_000)  # 30_000..50_000 still unacknowledged
+    offset, data, digest = flow.take(25_000)
+    assert (offset, len(data), digest) == (30_000, 20_000, None)
+    assert bytes(data) == bytes(SyntheticSource("c1/f1", size).read(30_000, 20_000))
+
+
+def test_outflow_acks_epochs_rewind_and_ignore_stale():
+    size = 100_000
+    flow = OutFlow(spec(size), SyntheticSource("c1/f1", size))
+    for _ in range(4):
+        flow.take(25_000)
+    flow.on_ack(80_000, epoch=5)
+    assert not flow.on_ack(40_000, epoch=5)  # reordered old ack of the same receiver: ignored
+    assert flow.acked == 80_000
+    assert not flow.on_ack(90_000, epoch=4)  # an older incarnation: ignored
+    assert flow.acked == 80_000
+    assert flow.on_ack(10_000, epoch=6)  # receiver restarted and kept 10_000: rewind
+    assert flow.acked == 10_000
+    resent = []
+    while (item := flow.take(50_000)) is not None:
+        resent.append((item[0], len(item[1]), item[2]))
+    # 10_000..100_000 again; the last chunk carries the digest
+    assert resent == [(10_000, 50_000, None), (60_000, 40_000, synthetic_digest("c1", "f1", size))]
+
+
+def test_outflow_resumed_sender_jumps_forward_with_correct_digest():
+    size = 100_000
+    flow = OutFlow(spec(size, offset=20_000), SyntheticSource("c1/f1", size))
+    assert flow.next_offset == 20_000  # bytes before the offset were hashed, not sent
+    flow.on_ack(60_000, epoch=1)  # the receiver holds more than the controller knew
+    offset, data, digest = flow.take(MAX_CHUNK_BYTES)
+    assert (offset, len(data)) == (60_000, 40_000)
+    assert digest == synthetic_digest("c1", "f1", size)
+
+
+def test_inflow_out_of_order_duplicates_and_digest(tmp_path):
+    size = 1000
+    data = os.urandom(size)
+    flow = InFlow(spec(size), memory_limit=300, spill_dir=str(tmp_path))
+    digest = hashlib.blake2b(data).hexdigest()
+    order = [(600, 1000), (200, 600), (200, 400), (0, 300), (900, 1000)]
+    for start, end in order:
+        flow.add(start, data[start:end], digest if end == size else None)
+    assert flow.delivered == size and flow.check_digest() and flow.digest == digest
+
+
+def test_inflow_digest_mismatch_and_bad_chunks(tmp_path):
+    flow = InFlow(spec(10), memory_limit=100, spill_dir=str(tmp_path))
+    with pytest.raises(ProtocolError, match="runs past"):
+        flow.add(5, b"x" * 6)
+    flow.add(0, b"x" * 10, "00" * 64)
+    assert not flow.check_digest() and "digest mismatch" in flow.failed
+    with pytest.raises(ProtocolError, match="digest changed"):
+        flow.add(0, b"x" * 10, "11" * 64)
+
+
+def test_inflow_file_sink_resume(tmp_path):
+    data = os.urandom(500)
+    path = tmp_path / "out"
+    path.write_bytes(data[:200])
+    digest = hashlib.blake2b(data).hexdigest()
+    flow = InFlow(spec(500, offset=150, sink=f"file:{path}"), 100, str(tmp_path))
+    assert flow.base == 200  # the file holds more than the controller's offset
+    flow.add(100, data[100:500], digest)  # overlapping resend: the first 100 bytes are dropped
+    assert flow.check_digest()
+    assert path.read_bytes() == data
+
+
+def test_chunk_bytes_clamped():
+    assert chunk_bytes(0) == MIN_CHUNK_BYTES
+    assert chunk_bytes(10e6) == 100_000  # 10 MB/s x 10 ms
+    assert chunk_bytes(1e12) == MAX_CHUNK_BYTES
+
+
+def test_parse_memory():
+    assert parse_memory("64M") == 64 << 20
+    assert parse_memory("1.5K") == 1536
+    assert parse_memory("123") == 123
+    for bad in ("-1", "x", "inf"):
+        with pytest.raises(ValueError):
+            parse_memory(bad)
+
+
+def test_cli_parsing_and_errors(tmp_path, capsys):
+    args = build_parser().parse_args(
+        [
+            "--controller",
+            "127.0.0.1:7000",
+            "--dc",
+            "HK",
+            "--id",
+            "a",
+            "--data-addr",
+            "127.0.0.2:9000",
+        ]
+    )
+    assert args.controller == ("127.0.0.1", 7000) and args.data_addr == ("127.0.0.2", 9000)
+    with pytest.raises(SystemExit) as exc:
+        main(["--controller", "nohost", "--dc", "HK", "--id", "a", "--data-addr", "h:1"])
+    assert exc.value.code == 2 and "host:port" in capsys.readouterr().err
+    base = ["--controller", "h:1", "--dc", "HK", "--id", "a", "--data-addr", "h:1"]
+    assert main(base + ["--token-file", str(tmp_path / "missing")]) == 2
+    assert main(base + ["--spill-dir", str(tmp_path / "nodir")]) == 2
