@@ -115,9 +115,11 @@ def run(args: argparse.Namespace) -> dict[str, SimResult]:
         raise ValueError(f"--k must be >= 1, got {args.k}")
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    if args.deadline_factor is not None and not args.deadline_factor > 0:
+        raise ValueError(f"--deadline-factor must be positive, got {args.deadline_factor}")
     topology = load_topology(args.topology, link_gbps=args.link_gbps)
-    coflows = load_workload(args.workload, topology, limit=args.limit)
     changes = [ch for spec in args.fail_link for ch in parse_fail_link(spec, topology)]
+    coflows = load_workload(args.workload, topology, limit=args.limit)
     gammas = empty_wan_gammas(coflows, topology, args.k)
     if args.deadline_factor is not None:
         coflows = with_deadline_factor(coflows, gammas, args.deadline_factor)

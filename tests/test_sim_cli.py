@@ -1,0 +1,143 @@
+"""terra-sim end to end on tiny workloads (terra_controller/sim_cli.py)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from terra_controller.sim_cli import main, parse_fail_link
+from topologies import load_topology
+
+# SWAN at 1 Gbps = 1.25e8 B/s. c1 (2.5e9 B HK->BA) and c2 (1.25e9 B LA->FL, deadline 30 s);
+# c3 is intra-DC only.
+WORKLOAD = {
+    "coflows": [
+        {
+            "id": "c1",
+            "arrival_s": 0.0,
+            "flows": [{"id": "f1", "src": "HK", "dst": "BA", "bytes": 2.5e9}],
+        },
+        {
+            "id": "c2",
+            "arrival_s": 1.0,
+            "deadline_s": 30,
+            "flows": [{"id": "f1", "src": "LA", "dst": "FL", "bytes": 1.25e9}],
+        },
+        {
+            "id": "c3",
+            "arrival_s": 2.0,
+            "flows": [{"id": "f", "src": "HK", "dst": "HK", "bytes": 1}],
+        },
+    ]
+}
+
+KEYS = {
+    "avg_cct_s",
+    "p95_cct_s",
+    "wan_utilization",
+    "avg_slowdown",
+    "deadlines_met",
+    "admitted",
+    "rounds",
+    "round_ms_median",
+    "round_ms_p95",
+    "lps_per_round",
+    "coflows",
+}
+
+
+@pytest.fixture
+def workload(tmp_path):
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(WORKLOAD))
+    return path
+
+
+def test_all_schedulers_json_and_plot(workload, tmp_path, capsys):
+    out, png = tmp_path / "r.json", tmp_path / "cdf.png"
+    argv = ["--topology", "swan", "--workload", str(workload), "--json", str(out)]
+    assert main([*argv, "--plot", str(png), "--fail-link", "NY-BA@1:5"]) == 0
+    table = capsys.readouterr().out
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"terra", "per-flow", "multipath", "swan-mcf", "varys", "rapier"}
+    for name, r in results.items():
+        assert set(r) == KEYS, name
+        assert [c["id"] for c in r["coflows"]] == ["c1", "c2", "c3"]
+        assert set(r["coflows"][0]) == {
+            "id",
+            "arrival_s",
+            "finish_s",
+            "cct_s",
+            "admitted",
+            "met_deadline",
+        }
+        assert r["admitted"] == 2  # the intra-DC coflow is not counted
+        assert name in table
+    # a lone LA->FL coflow needs 1.25e9 / 1.25e8 = 10 s on its direct link, well within 30 s
+    assert results["per-flow"]["coflows"][1]["met_deadline"] is True
+    assert results["per-flow"]["coflows"][2]["cct_s"] == 0.0
+    assert results["per-flow"]["lps_per_round"] is None
+    assert results["terra"]["lps_per_round"] is not None
+    assert png.stat().st_size > 1000
+    assert "FoI" in table
+
+
+def test_deadline_factor_and_single_scheduler(workload, tmp_path):
+    out = tmp_path / "r.json"
+    argv = ["--topology", "swan", "--workload", str(workload), "--scheduler", "terra"]
+    assert main([*argv, "--deadline-factor", "2", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())["results"]
+    assert list(res) == ["terra"]
+    # each WAN coflow gets a deadline of 2 x its empty-WAN Γ: Terra admits both and meets them
+    assert res["terra"]["deadlines_met"] == 2
+
+
+def test_malformed_trace_line_names_file_and_line(tmp_path, capsys):
+    trace = tmp_path / "bad.txt"
+    trace.write_text("150 2\n1 0 1 3 1 4:10\n2 10 two 3 1 4:10\n")
+    assert main(["--topology", "swan", "--workload", str(trace)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert f"{trace}:3" in err[0]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--topology", "nowhere", "--workload", "fb"], "nowhere"),
+        (["--topology", "swan", "--workload", "fb", "--k", "0"], "--k"),
+        (["--topology", "swan", "--workload", "fb", "--fail-link", "HK-XX@3"], "HK-XX"),
+        (
+            ["--topology", "swan", "--workload", "fb", "--deadline-factor", "-1", "--limit", "2"],
+            "deadline",
+        ),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_parse_fail_link():
+    swan = load_topology("swan")
+    down, up = parse_fail_link("LA-NY@10:20.5", swan)
+    assert (down.a, down.b, down.time_s, down.up) == ("LA", "NY", 10.0, False)
+    assert (up.time_s, up.up) == (20.5, True)
+    assert len(parse_fail_link("LA-NY@10", swan)) == 1
+    for bad in ["LA-NY", "LA-NY@x", "LA-NY@5:4", "LA@1"]:
+        with pytest.raises(ValueError):
+            parse_fail_link(bad, swan)
+
+
+def test_console_script_runs(workload):
+    exe = [sys.executable, "-m", "terra_controller.sim_cli"]
+    done = subprocess.run(
+        [*exe, "--topology", "swan", "--workload", str(workload), "--scheduler", "varys"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "varys" in done.stdout
