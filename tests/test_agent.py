@@ -303,3 +303,14 @@ async def test_bad_control_message_gets_error_reply_and_channel_stays(tmp_path):
         await start(h, [f], UNLIMITED)  # the same control session still works
         await wait_complete(h, [f])
         assert h.controller.registrations["a"] == 1
+
+
+async def test_bad_flow_source_reports_error_and_other_flows_complete(tmp_path):
+    async with loopback(tmp_path, k=2) as h:
+        bad = h.flow("c1", "bad", "a", "b", 1000, source=f"file:{tmp_path / 'missing'}")
+        good = h.flow("c1", "good", "a", "b", 2 * MB)
+        await start(h, [bad, good], UNLIMITED)
+        await wait_complete(h, [good])
+        errors = [e for e in h.controller.errors if e.get("flow") == "bad"]
+        assert errors and "cannot open source file" in errors[0]["message"]
+        assert h.controller.connected("a")
