@@ -14,10 +14,13 @@ Prints the figures; --json OUT writes {"goodput_gbytes_per_s": x, "cpu_s_per_gb"
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
+import os
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 import psutil
@@ -27,6 +30,18 @@ from overlay.protocol import GroupRates
 from terra_agent.harness import LoopbackHarness
 
 UNLIMITED = 1e12  # bytes/s: far above what loopback can do
+
+
+def hashing_cost_s_per_gb() -> dict:
+    """CPU seconds per GB of BLAKE2b and zlib.crc32 on this machine (one 1 MiB buffer, 256 MiB)."""
+    buf = os.urandom(1 << 20)
+    out = {}
+    for name, fn in (("blake2b", hashlib.blake2b().update), ("crc32", zlib.crc32)):
+        t = time.process_time()
+        for _ in range(256):
+            fn(buf)
+        out[name] = (time.process_time() - t) / (256 * (1 << 20) / 1e9)
+    return out
 
 
 def cpu_seconds(procs: list[psutil.Process]) -> float:
@@ -74,11 +89,22 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         figures = trio.run(run, args.gbytes, args.flows, args.tunnels, Path(tmp))
+    cost = hashing_cost_s_per_gb()
+    # both ends hash every byte (BLAKE2b) and checksum every chunk (crc32): CPU floor per GB
+    floor = 2 * (cost["blake2b"] + cost["crc32"])
+    figures["hash_floor_cpu_s_per_gb"] = floor
+    figures["cores"] = os.cpu_count()
+    figures["load_avg_1min"] = os.getloadavg()[0]
     print(
         f"goodput {figures['goodput_gbytes_per_s']:.3f} GB/s "
         f"({figures['goodput_gbytes_per_s'] * 8:.2f} Gbit/s), "
         f"{figures['cpu_s_per_gb']:.2f} CPU s/GB, {figures['bytes'] / 1e9:.2f} GB in "
         f"{figures['seconds']:.2f} s over {args.tunnels} tunnels ({args.flows} flows)"
+    )
+    print(
+        f"digest+checksum alone: {floor:.2f} CPU s/GB (BLAKE2b {cost['blake2b']:.2f}, crc32 "
+        f"{cost['crc32']:.2f} per end) -> at most {os.cpu_count() / floor:.2f} GB/s on "
+        f"{os.cpu_count()} cores; 1-min load average during the run {figures['load_avg_1min']:.1f}"
     )
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
