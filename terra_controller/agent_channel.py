@@ -17,8 +17,8 @@ What the channel does:
   (coflow, its DC, dst DC), the sum of its flows' per-path rates. The controller
   has already split every FlowGroup's rates among its flows, i.e. among its
   (sender agent, receiver agent) pairs, in proportion to remaining bytes
-  (`controller.split_among_pairs`). Only changed entries are sent; a FlowGroup
-  that lost its rates gets an entry with no paths (= paused).
+  (the policy's `split_by_remaining`, see `controller.flow_rates`). Only changed
+  entries are sent; a FlowGroup that lost its rates gets an entry with no paths (= paused).
 - reports: "progress" feeds remaining volumes, "complete" finishes flows, and
   "inflight" in "register" (a reconnecting agent) restores acknowledged offsets.
 

@@ -380,8 +380,11 @@ class CoflowRegistry:
         """
         out = {}
         for c in self.active():
-            left = {f.id: float(f.remaining) for f in c.flows.values() if not f.intra_dc}
-            left = {fid: b for fid, b in left.items() if b > 0}
+            left = {
+                f.id: float(f.bytes - f.delivered)
+                for f in c.flows.values()
+                if not f.done and f.bytes > f.delivered and f.src_dc != f.dst_dc
+            }
             if left:
                 out[str(c.id)] = left
         return out

@@ -98,7 +98,9 @@ class RestApp:
 
     def status(self) -> dict:
         """{"topology", "uptime_s", "openflow", "agents": [...], "coflows": {state: n},
-        "rounds", "last_round_ms", "lps", "reactions": last 10 WAN events' reaction times}."""
+        "rounds", "last_round_ms", "recent_round_ms" / "recent_allocate_ms" (last 100 rounds:
+        whole round / its policy.allocate part), "lps", "reactions": last 10 WAN events'
+        reaction times, "reactions_total"}."""
         c = self.controller
         connected = self.connected_agents()
         with c.lock:
@@ -118,6 +120,8 @@ class RestApp:
                 "rejected": c.stats["rejected"],
                 "rounds": c.stats["rounds"],
                 "last_round_ms": c.stats["last_round_ms"],
+                "recent_round_ms": c.stats["round_ms"][-100:],
+                "recent_allocate_ms": c.stats["allocate_ms"][-100:],
                 "lps": _policy_lps(c),
                 "reactions": self.reactions()[-10:],
                 "reactions_total": self.channel.reaction_count if self.channel else 0,
