@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from overlay.protocol import GroupRates
+from overlay.protocol import GroupRates, TunnelSpec
 from terra_agent.harness import LoopbackHarness
 from terra_agent.sources import synthetic_digest
 
@@ -314,3 +314,51 @@ async def test_bad_flow_source_reports_error_and_other_flows_complete(tmp_path):
         errors = [e for e in h.controller.errors if e.get("flow") == "bad"]
         assert errors and "cannot open source file" in errors[0]["message"]
         assert h.controller.connected("a")
+
+
+async def test_bytes_lost_on_a_failed_path_are_resent_on_the_others(tmp_path):
+    """Tunnel 'bh' leads to a black hole that swallows chunks without acking them; when its
+    connection dies, everything sent on it must reach b over the other tunnels."""
+    size = 8 * MB
+    src = source_file(tmp_path, size)
+    dst = tmp_path / "dst.bin"
+    async with loopback(tmp_path, k=2) as h:
+        b = h.agents["b"]
+        swallowed = 0
+        conns = []
+
+        async def black_hole(stream):
+            nonlocal swallowed
+            conns.append(stream)
+            try:
+                while data := await stream.receive_some(1 << 20):
+                    swallowed += len(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+        listeners = await trio.open_tcp_listeners(0, host=b.host)
+        bh_port = listeners[0].socket.getsockname()[1]
+        with trio.CancelScope() as bh_scope:
+            h.nursery.start_soon(trio.serve_listeners, black_hole, listeners)
+            bh = TunnelSpec("HK-LA-bh", "b", b.data_addr, ("HK", "bh", "LA"), bh_port)
+            await h.controller.set_tunnels("a", [*h.tunnels, bh], [])
+            h.tunnels = [*h.tunnels, bh]
+            f = h.flow("c1", "f1", "a", "b", size, source=f"file:{src}", sink=f"file:{dst}")
+            await start(h, [f], 2 * MB)  # 6 MB/s over three tunnels
+            a = h.agents["a"].agent
+            with trio.fail_after(TIMEOUT):
+                while swallowed < 1 * MB:
+                    await trio.sleep(0.01)
+            assert not h.controller.all_complete([f.key])  # b cannot finish without those bytes
+            lost = a.groups[("c1", "LA")].sent_bytes["HK-LA-bh"]
+            await h.controller.set_rates(
+                "a", [GroupRates("c1", "LA", {t.tunnel: 2 * MB for t in h.tunnels[:2]})]
+            )
+            for stream in conns:  # the path dies
+                stream.socket.close()
+            bh_scope.cancel()
+        await wait_complete(h, [f])
+        sent = a.groups[("c1", "LA")].sent_bytes
+    assert lost >= 1 * MB - 200_000
+    assert sum(sent.values()) >= size + lost - 200_000  # the lost bytes went out again
+    assert dst.read_bytes() == src.read_bytes()
