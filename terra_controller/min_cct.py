@@ -45,11 +45,41 @@ class MinCct:
         rates: {(src, dst): [(path, bytes/s), ...]}: the minimal allocation
             (FlowGroup k gets d_k/Γ in total); empty when gamma_s is inf.
         lp_solved: True when an LP was solved, False when a shortcut was exact.
+        prices: {link: y_e >= 0}: an optimal dual solution (link prices) of
+            Optimization (1). For any volumes d', with m_k(y) = min over the
+            FlowGroup's paths of Σ_{e ∈ p} y_e, weak duality gives the lower bound
+            Γ(d') >= Σ_k d'_k·m_k(y) / Σ_e c_e·y_e, tight for the solved volumes
+            (see `gamma_lower_bound`). Empty when Γ is 0 or inf.
     """
 
     gamma_s: float
     rates: PairRates = field(default_factory=dict)
     lp_solved: bool = False
+    prices: dict[Link, float] = field(default_factory=dict)
+
+
+def gamma_lower_bound(
+    volumes: dict[Pair, float],
+    paths: dict[Pair, list[Path]],
+    capacity: dict[Link, float],
+    prices: dict[Link, float],
+) -> float:
+    """Weak-duality lower bound on Γ for `volumes`, from link prices y (MinCct.prices).
+
+    Γ(d) >= Σ_k d_k · min_{p ∈ P_k} Σ_{e ∈ p} y_e / Σ_e c_e y_e (the dual of
+    Optimization (1): λ* = min {Σ_e c_e y_e : Σ_k d_k m_k(y) >= 1, y >= 0}).
+
+    Returns:
+        The bound in seconds (0 when the prices are empty or all zero).
+    """
+    cy = sum(capacity.get(link, 0.0) * y for link, y in prices.items())
+    if cy <= 0:
+        return 0.0
+    total = 0.0
+    for pair, d in volumes.items():
+        if d > 0:
+            total += d * min(sum(prices.get(e, 0.0) for e in links_of(p)) for p in paths[pair])
+    return total / cy
 
 
 def min_cct(
@@ -116,8 +146,10 @@ def _single_paths(groups: list[tuple[Pair, float, list[Path]]], capacity) -> Min
     for _, volume, (path,) in groups:
         for link in links_of(path):
             load[link] = load.get(link, 0.0) + volume
-    lam = min(capacity[link] / vol for link, vol in load.items())
-    return MinCct(1.0 / lam, {pair: [(p[0], volume * lam)] for pair, volume, p in groups})
+    bottleneck = min(load, key=lambda link: capacity[link] / load[link])
+    lam = capacity[bottleneck] / load[bottleneck]
+    rates = {pair: [(p[0], volume * lam)] for pair, volume, p in groups}
+    return MinCct(1.0 / lam, rates, prices={bottleneck: 1.0})
 
 
 def _link_disjoint(paths: list[Path]) -> bool:
@@ -133,8 +165,12 @@ def _link_disjoint(paths: list[Path]) -> bool:
 def _disjoint_paths(group: tuple[Pair, float, list[Path]], capacity) -> MinCct:
     """One FlowGroup over link-disjoint paths: each path carries its bottleneck capacity."""
     pair, volume, paths = group
-    rates = [(p, min(capacity[link] for link in links_of(p))) for p in paths]
-    return MinCct(volume / sum(r for _, r in rates), {pair: rates})
+    rates, prices = [], {}
+    for p in paths:
+        bottleneck = min(links_of(p), key=capacity.__getitem__)
+        rates.append((p, capacity[bottleneck]))
+        prices[bottleneck] = 1.0
+    return MinCct(volume / sum(r for _, r in rates), {pair: rates}, prices=prices)
 
 
 def _highs():
@@ -196,7 +232,9 @@ def _solve_lp(groups: list[tuple[Pair, float, list[Path]]], capacity) -> MinCct:
     if not solve(h):
         status = h.modelStatusToString(h.getModelStatus())
         raise RuntimeError(f"HiGHS failed on Optimization (1): {status}")
-    x = np.asarray(h.getSolution().col_value)
+    sol = h.getSolution()
+    x = np.asarray(sol.col_value)
+    duals = sol.row_dual
     lam = x[-1] * big_c / big_d
     if lam <= 0:
         return MinCct(math.inf, lp_solved=True)
@@ -209,4 +247,5 @@ def _solve_lp(groups: list[tuple[Pair, float, list[Path]]], capacity) -> MinCct:
             pair, volume, _ = groups[k]
             # renormalize so FlowGroup k gets exactly d_k·λ (removes solver round-off)
             rates.setdefault(pair, []).append((path, volume * lam * v / totals[k]))
-    return MinCct(1.0 / lam, rates, lp_solved=True)
+    prices = {link: abs(duals[row]) for link, row in link_row.items() if duals[row] != 0}
+    return MinCct(1.0 / lam, rates, lp_solved=True, prices=prices)

@@ -7,10 +7,13 @@ rates among its flows in proportion to their remaining bytes (policy.split_by_re
 
 What is kept between rounds (the incremental part of DESIGN.md 4.3):
   * paths per DC pair, over links that are up, recomputed only on link down/up;
-  * Γ of every coflow on the full capacities (the order of step 3), rescaled
-    when the coflow's FlowGroups shrank in proportion (Γ is homogeneous of
-    degree 1 in the volumes) and recomputed only when they did not, or when
-    the WAN changed (link state, or a capacity change larger than δ).
+  * Γ of every coflow on the full capacities (the order of step 3) with its LP
+    dual (link prices): later rounds get an upper bound (Γ is monotone and
+    homogeneous of degree 1 in the volumes) and a weak-duality lower bound
+    without an LP; equal bounds are the exact Γ, otherwise the lower bound
+    keys the lazy order of scheduling_round._sequential, which solves the LP
+    only if the coflow can still get capacity. The cache is dropped when the
+    WAN changes (link state, or a capacity change larger than δ).
 
 Deadlines: a coflow with a deadline D (absolute: arrival + deadline_s) is
 admitted iff Γ·(1 + ε) ≤ D − now, with Γ computed on the capacity left after
@@ -23,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 
-from terra_controller.min_cct import Pair, min_cct
+from terra_controller.min_cct import Pair, gamma_lower_bound, min_cct
 from terra_controller.policy import Allocation, Remaining, split_by_remaining
 from terra_controller.scheduling_round import (
     PREEMPTED,
@@ -35,7 +38,7 @@ from topologies import Link, Path, Topology, k_shortest_paths
 from topologies.paths import up_graph
 from workloads import Coflow, Flow
 
-_PROPORTIONAL = 1e-9  # relative tolerance for "FlowGroups shrank in proportion"
+_TIGHT = 1e-9  # relative gap under which cached bounds on Γ count as exact
 
 
 class TerraPolicy:
@@ -206,12 +209,11 @@ class TerraPolicy:
             self._volumes[cid] = volumes[cid]
         paths = self._paths_for(volumes)
         capacity = self._capacity()
-        gammas = self._cached_gammas(volumes)
+        hints = self._gamma_hints(volumes, paths, capacity)
         deadlines = {cid: d for cid, d in self._deadline.items() if cid in volumes}
-        result = schedule_round(volumes, paths, capacity, now, deadlines, self.alpha, gammas=gammas)
-        for cid, gamma in result.gammas.items():
-            if cid not in gammas:
-                self._gamma[cid] = (volumes[cid], gamma)
+        result = schedule_round(volumes, paths, capacity, now, deadlines, self.alpha, hints=hints)
+        for cid, res in result.exact.items():
+            self._gamma[cid] = (volumes[cid], res)
         alloc: Allocation = {}
         for cid, pair_rates in result.rates.items():
             flows_alloc = {}
@@ -293,22 +295,32 @@ class TerraPolicy:
         topo = self.topology
         return {link: c for link, c in topo.capacity.items() if link not in topo.down}
 
-    def _cached_gammas(self, volumes: dict[str, dict[Pair, float]]) -> dict[str, float]:
-        """Γ on the full WAN from the cache, rescaled when the volumes shrank in proportion."""
-        out: dict[str, float] = {}
+    def _gamma_hints(self, volumes, paths, capacity) -> dict[str, tuple[float, bool]]:
+        """{coflow id: (lower bound on Γ, exact)} from the cache of solved Γs.
+
+        For a cached solve at volumes d with Γ and link prices y, the current
+        volumes d' (FlowGroups only shrink between updates) satisfy
+            LB = Σ_k d'_k m_k(y) / Σ_e c_e y_e  <=  Γ(d')  <=  Γ · max_k d'_k / d_k = UB
+        (weak duality; monotonicity and homogeneity of Γ). When UB <= LB the
+        value is exact (e.g. all FlowGroups shrank in proportion, or only
+        FlowGroups off the bottleneck shrank faster); otherwise LB is a hint.
+        """
+        hints: dict[str, tuple[float, bool]] = {}
         for cid, now_vol in volumes.items():
-            if cid in self._deadline:
-                continue
             cached = self._gamma.get(cid)
-            if cached is None:
+            if cid in self._deadline or cached is None:
                 continue
-            old_vol, gamma = cached
-            scale = _proportion(old_vol, now_vol)
-            if scale is None:
+            old_vol, res = cached
+            if not now_vol.keys() <= old_vol.keys() or math.isinf(res.gamma_s):
                 del self._gamma[cid]
+                continue
+            upper = res.gamma_s * max(v / old_vol[pair] for pair, v in now_vol.items())
+            lower = gamma_lower_bound(now_vol, paths, capacity, res.prices)
+            if upper <= lower * (1 + _TIGHT):
+                hints[cid] = (upper, True)
             else:
-                out[cid] = gamma * scale
-        return out
+                hints[cid] = (lower, False)
+        return hints
 
     def _admissible(self, cid: str, volumes, deadline: float, now: float) -> bool:
         """Γ on what the admitted deadline coflows leave, times (1 + ε), fits in D − now."""
@@ -325,17 +337,3 @@ class TerraPolicy:
         res = min_cct(volumes, paths, capacity)
         self.stats["lps"] += res.lp_solved
         return res.gamma_s * (1 + self.epsilon) <= deadline - now and not math.isinf(res.gamma_s)
-
-
-def _proportion(old: dict[Pair, float], new: dict[Pair, float]) -> float | None:
-    """Return s when new = s·old FlowGroup by FlowGroup (within 1e-9), else None."""
-    if old.keys() != new.keys():
-        return None
-    scale = None
-    for pair, v in old.items():
-        s = new[pair] / v
-        if scale is None:
-            scale = s
-        elif abs(s - scale) > _PROPORTIONAL * max(1.0, scale):
-            return None
-    return scale

@@ -85,15 +85,26 @@ def test_late_deadline_coflow_gets_its_full_min_cct_rate():
     assert total(res.rates, "d1", AB) == pytest.approx(10.0)
 
 
-def test_given_gammas_are_used_for_the_order():
+def test_exact_hints_are_used_for_the_order_and_bounds_are_refined():
+    # Exact hints are trusted (no LP): c1 before c2 although its true Γ is larger.
     res = schedule_round(
         {"c1": {AB: 100.0}, "c2": {AB: 10.0}},
         LINK_PATHS,
         LINK,
         alpha=0.0,
-        gammas={"c1": 0.5, "c2": 1.0},
+        hints={"c1": (0.5, True), "c2": (1.0, True)},
     )
-    assert res.order == ["c1", "c2"]
+    assert res.order == ["c1", "c2"] and res.exact == {}
+    # A mere lower bound is replaced by the exact Γ (10 s) before c1 may go: c2 first.
+    res = schedule_round(
+        {"c1": {AB: 100.0}, "c2": {AB: 10.0}},
+        LINK_PATHS,
+        LINK,
+        alpha=0.0,
+        hints={"c1": (0.5, False), "c2": (1.0, True)},
+    )
+    assert res.order == ["c2", "c1"]
+    assert res.exact["c1"].gamma_s == pytest.approx(10.0)
 
 
 def test_bad_input():
