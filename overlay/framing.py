@@ -15,6 +15,9 @@ MAX_PAYLOAD_BYTES (4 MiB). Everything wrong with a frame (malformed msgpack,
 wrong version, oversized lengths, bad field types, bad checksum, EOF in the
 middle of a frame) raises FrameError; the caller closes that connection.
 
+The checksum is computed with ISA-L's crc32 (package isal), which gives exactly
+zlib.crc32's value at ~20 GB/s instead of ~1.3 GB/s; zlib is the fallback.
+
 Performance: payloads are never concatenated with headers when large (the
 header and the payload go out as separate writes, or in one ``sendmsg`` on a
 trio socket stream); the reader keeps a bytearray buffer and, on a
@@ -25,10 +28,14 @@ buffer with ``recv_into`` (one copy, kernel to payload).
 from __future__ import annotations
 
 import struct
-import zlib
 
 import msgpack
 import trio
+
+try:  # ISA-L's crc32: the same CRC-32 as zlib.crc32, ~15x faster (SIMD)
+    from isal.isal_zlib import crc32
+except ImportError:  # pragma: no cover - isal is a declared dependency
+    from zlib import crc32
 
 VERSION = 1
 MAX_HEADER_BYTES = 64 * 1024
@@ -83,7 +90,7 @@ def chunk_header(coflow_id: str, flow_id: str, offset: int, payload) -> dict:
         "f": flow_id,
         "o": offset,
         "n": n,
-        "x": zlib.crc32(payload),
+        "x": crc32(payload),
     }
 
 
@@ -240,7 +247,7 @@ class FrameReader:
         self._pos += hlen
         header = self._decode_header(raw)
         payload = await self._read_payload(header["n"])
-        if "x" in header and zlib.crc32(payload) != header["x"]:
+        if "x" in header and crc32(payload) != header["x"]:
             raise FrameError(
                 f"checksum mismatch in {header['t']!r} frame (coflow {header.get('c')!r}, "
                 f"flow {header.get('f')!r}, offset {header.get('o')!r})"
