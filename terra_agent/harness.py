@@ -109,7 +109,13 @@ class ControllerPeer:
                     if frame is None:
                         return
                     self._record(agent, validate_control(frame[0]))
-        except (FrameError, ProtocolError, trio.BrokenResourceError, OSError) as exc:
+        except (
+            FrameError,
+            ProtocolError,
+            trio.BrokenResourceError,
+            trio.ClosedResourceError,
+            OSError,
+        ) as exc:
             log.warning("controller peer: session with %s ended: %s", agent, exc)
         finally:
             if agent is not None and self._writers.get(agent) is writer:
@@ -178,6 +184,12 @@ class ControllerPeer:
         await self._writers[agent].send(msg)
         if wait:
             await event.wait()
+
+    def drop(self, agent: str) -> None:
+        """Abort `agent`'s control connection (as a controller crash would); it will re-register."""
+        writer = self._writers.get(agent)
+        if writer is not None:
+            writer.stream.socket.close()
 
     def connected(self, agent: str) -> bool:
         """True while `agent` has a registered control session."""

@@ -362,3 +362,27 @@ async def test_bytes_lost_on_a_failed_path_are_resent_on_the_others(tmp_path):
     assert lost >= 1 * MB - 200_000
     assert sum(sent.values()) >= size + lost - 200_000  # the lost bytes went out again
     assert dst.read_bytes() == src.read_bytes()
+
+
+async def test_control_channel_loss_keeps_data_moving_and_reregisters_with_inflight(tmp_path):
+    size = 6 * MB
+    async with loopback(tmp_path, k=2) as h:
+        f = h.flow("c1", "f1", "a", "b", size)
+        await start(h, [f], 2 * MB)  # ~1.5 s
+        await wait_acked(h, f.key, 1 * MB)
+        h.controller.drop("a")
+        h.controller.drop("b")
+        with trio.fail_after(TIMEOUT):
+            await h.controller.wait_until(
+                lambda: (
+                    h.controller.registrations["a"] == 2 and h.controller.registrations["b"] == 2
+                )
+            )
+        sent = h.controller.register_msgs["a"]["inflight"]
+        received = h.controller.register_msgs["b"]["inflight"]
+        assert [(r["coflow"], r["flow"], r["role"]) for r in sent] == [("c1", "f1", "send")]
+        assert [(r["coflow"], r["flow"], r["role"]) for r in received] == [("c1", "f1", "recv")]
+        assert sent[0]["offset"] >= 1 * MB and received[0]["offset"] >= 1 * MB
+        await wait_complete(h, [f])
+        assert h.agents["a"].agent.links[("b", h.tunnels[0].tunnel)].connects == 1
+    assert h.controller.completed[f.key] == synthetic_digest("c1", "f1", size)
