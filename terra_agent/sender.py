@@ -28,7 +28,7 @@ from .sources import MAX_CHUNK_BYTES, new_hasher
 
 log = logging.getLogger(__name__)
 
-MIN_CHUNK_BYTES = 16 * 1024
+MIN_CHUNK_BYTES = 4 * 1024
 CHUNK_SECONDS = 0.01  # a chunk is about this much of its path's rate (rate_limit.py advice)
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
@@ -36,7 +36,7 @@ CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError
 
 
 def chunk_bytes(rate: float) -> int:
-    """Chunk size for a path at `rate` bytes/s: rate * 10 ms, clamped to [16 KiB, 1 MiB]."""
+    """Chunk size for a path at `rate` bytes/s: rate * 10 ms, clamped to [4 KiB, 1 MiB]."""
     if not math.isfinite(rate):
         return MAX_CHUNK_BYTES
     return int(min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, rate * CHUNK_SECONDS)))
