@@ -283,9 +283,10 @@ class Agent:
             raise ProtocolError(f"flow {spec.coflow}/{spec.flow} names neither end as {me!r}")
         try:
             if spec.dst_agent == me and spec.key not in self.in_flows:
-                self.in_flows[spec.key] = InFlow(
-                    spec, self.config.memory_limit, self.config.spill_dir
-                )
+                inflow = InFlow(spec, self.config.memory_limit, self.config.spill_dir)
+                self.in_flows[spec.key] = inflow
+                if inflow.check_digest():  # a restarted receiver that already had every byte
+                    self._report_complete(inflow)
             if spec.src_agent == me and spec.key not in self.out_flows:
                 source = open_source(spec.source, flow_key(spec.coflow, spec.flow), spec.size)
                 flow = OutFlow(spec, source)
@@ -311,6 +312,11 @@ class Agent:
             self.send_control(progress_message([(coflow, flow_id, flow.acked)]))
             if group is not None:
                 group.notify()
+
+    def _report_complete(self, flow: InFlow) -> None:
+        spec = flow.spec
+        log.info("flow %s/%s complete (%d bytes)", spec.coflow, spec.flow, spec.size)
+        self.send_control(complete_message(spec.coflow, spec.flow, flow.digest, spec.size))
 
     def _flow_failed(self, flow: OutFlow, message: str) -> None:
         self.send_control(error_message(message, coflow=flow.spec.coflow, flow=flow.spec.flow))
@@ -403,8 +409,7 @@ class Agent:
         was_done = flow.done or flow.failed is not None
         flow.add(header["o"], payload, header.get("d"))
         if not was_done and flow.check_digest():
-            log.info("flow %s/%s complete (%d bytes)", key[0], key[1], flow.spec.size)
-            self.send_control(complete_message(key[0], key[1], flow.digest, flow.spec.size))
+            self._report_complete(flow)
         elif not was_done and flow.failed is not None:
             self.send_control(error_message(flow.failed, coflow=key[0], flow=key[1]))
         ack = {"t": "ack", "c": key[0], "f": key[1], "o": flow.delivered, "e": self.epoch}

@@ -21,7 +21,8 @@ class InFlow:
 
     InFlow(spec: FlowSpec, memory_limit: bytes held in memory out of order, spill_dir: str).
     The sink is opened with resume when spec.offset > 0: a file sink then keeps what it holds and
-    the receiver continues from its length (bytes before it are re-hashed); else it starts at 0.
+    the receiver continues from its length (bytes before it are re-hashed; the sender's digest, if
+    it had arrived, is read back from PATH.blake2b); else it starts at 0.
 
     Attributes: delivered (contiguous bytes delivered, the offset acknowledged), expected_digest
     (sender's hex digest once seen), digest (own hex digest once all bytes are in), done (digest
@@ -39,7 +40,7 @@ class InFlow:
         if self.base:
             self.sink.prefix_hash(self.hasher)
         self.delivered = self.base
-        self.expected_digest: str | None = None
+        self.expected_digest: str | None = self.sink.load_digest() if self.base else None
         self.digest: str | None = None
         self.done = False
         self.failed: str | None = None
@@ -70,7 +71,9 @@ class InFlow:
         if digest is not None:
             if self.expected_digest not in (None, digest):
                 raise ProtocolError(f"flow {self.spec.coflow}/{self.spec.flow}: digest changed")
-            self.expected_digest = digest
+            if self.expected_digest is None:
+                self.expected_digest = digest
+                self.sink.save_digest(digest)
         if self._reorder is None or end <= self.delivered:
             return
         if offset < self.base:

@@ -7,7 +7,8 @@ Sources (re-readable, so unacknowledged chunks can be re-read and resent, DESIGN
 Sinks:
     "digest"     keep nothing (the receiver hashes the delivered bytes anyway).
     "file:PATH"  write the delivered bytes, in order, to a file on the receiving host; the file's
-                 length is the durable delivered offset, so a restarted receiver resumes from it.
+                 length is the durable delivered offset, so a restarted receiver resumes from it;
+                 the sender's digest is kept next to it in PATH.blake2b once it has arrived.
 """
 
 from __future__ import annotations
@@ -127,6 +128,12 @@ class DigestSink:
 
     resume_offset = 0
 
+    def save_digest(self, digest: str) -> None:
+        """Nothing is kept."""
+
+    def load_digest(self) -> None:
+        """Nothing was kept: None."""
+
     def write(self, data) -> None:
         """Discard `data` (it has already been hashed)."""
 
@@ -148,6 +155,8 @@ class FileSink:
 
     def __init__(self, path: str, size: int, resume: bool) -> None:
         try:
+            if not resume and os.path.exists(path + ".blake2b"):
+                os.unlink(path + ".blake2b")
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 length = os.fstat(fd).st_size if resume else 0
@@ -170,6 +179,19 @@ class FileSink:
                     raise SourceError(f"sink file {self.path!r} shrank while re-hashing")
                 hasher.update(data)
                 left -= len(data)
+
+    def save_digest(self, digest: str) -> None:
+        """Keep the sender's digest in PATH.blake2b, so a restarted receiver can still verify."""
+        with open(self.path + ".blake2b", "w") as f:
+            f.write(digest + "\n")
+
+    def load_digest(self) -> str | None:
+        """The sender's digest saved by save_digest, or None."""
+        try:
+            with open(self.path + ".blake2b") as f:
+                return f.read().strip() or None
+        except OSError:
+            return None
 
     def write(self, data) -> None:
         """Append `data` (bytes-like) to the file (opened on the first write)."""
