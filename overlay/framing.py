@@ -44,8 +44,8 @@ CHUNK_TYPE = "chunk"
 
 # Payloads up to this size are joined with their header into one write.
 _JOIN_LIMIT = 16 * 1024
-# How much a single receive asks for when refilling the header buffer.
-_RECV_BYTES = 256 * 1024
+# Size of a reader's fixed receive buffer (>= 4 + MAX_HEADER_BYTES).
+_RBUF_BYTES = 256 * 1024
 _LEN = struct.Struct(">I")
 _U32_MAX = 0xFFFFFFFF
 
@@ -223,8 +223,12 @@ class FrameReader:
             raise ValueError(f"max_payload must be an int >= 0, got {max_payload!r}")
         self.stream = stream
         self.max_payload = max_payload
-        self._buf = bytearray()
-        self._pos = 0
+        # A fixed receive buffer (never resized, so a memoryview of it stays valid):
+        # unread bytes are self._rbuf[self._start:self._end].
+        self._rbuf = bytearray(_RBUF_BYTES)
+        self._rview = memoryview(self._rbuf)
+        self._start = 0
+        self._end = 0
         self._sock = stream.socket if isinstance(stream, trio.SocketStream) else None
 
     async def read(self) -> tuple[dict, memoryview | bytes] | None:
@@ -238,14 +242,13 @@ class FrameReader:
         """
         if not await self._fill(_LEN.size, at_frame_start=True):
             return None
-        (hlen,) = _LEN.unpack_from(self._buf, self._pos)
+        (hlen,) = _LEN.unpack_from(self._rbuf, self._start)
         if hlen == 0 or hlen > MAX_HEADER_BYTES:
             raise FrameError(f"frame header length {hlen} out of range 1..{MAX_HEADER_BYTES}")
-        self._pos += _LEN.size
+        self._start += _LEN.size
         await self._fill(hlen, at_frame_start=False)
-        raw = bytes(self._buf[self._pos : self._pos + hlen])
-        self._pos += hlen
-        header = self._decode_header(raw)
+        header = self._decode_header(self._rview[self._start : self._start + hlen])
+        self._start += hlen
         payload = await self._read_payload(header["n"])
         if "x" in header and crc32(payload) != header["x"]:
             raise FrameError(
@@ -254,7 +257,7 @@ class FrameReader:
             )
         return header, payload
 
-    def _decode_header(self, raw: bytes) -> dict:
+    def _decode_header(self, raw: memoryview) -> dict:
         try:
             header = msgpack.unpackb(raw, raw=False, strict_map_key=True)
         except Exception as exc:  # msgpack raises many types for garbage input
@@ -276,56 +279,58 @@ class FrameReader:
         return header
 
     async def _fill(self, need: int, at_frame_start: bool) -> bool:
-        """Buffer at least `need` unread bytes; False on clean EOF at a frame start."""
-        while len(self._buf) - self._pos < need:
-            if self._pos:
-                del self._buf[: self._pos]
-                self._pos = 0
-            data = await self.stream.receive_some(_RECV_BYTES)
-            if not data:
-                if at_frame_start and len(self._buf) == 0:
+        """Have at least `need` unread bytes buffered; False on clean EOF at a frame start."""
+        while self._end - self._start < need:
+            if self._start:  # move the unread bytes to the front
+                unread = self._end - self._start
+                self._rview[:unread] = self._rview[self._start : self._end]
+                self._start, self._end = 0, unread
+            got = await self._receive_into(self._rview[self._end :])
+            if got == 0:
+                if at_frame_start and self._end == 0:
                     return False
                 raise FrameError(
-                    f"connection closed mid-frame ({len(self._buf) - self._pos} of "
+                    f"connection closed mid-frame ({self._end - self._start} of "
                     f"{need} bytes received)"
                 )
-            self._buf += data
+            self._end += got
         return True
 
     async def _read_payload(self, n: int) -> memoryview | bytes:
+        """The next n bytes: bytes when already buffered, else a memoryview of a new
+        bytearray filled straight from the socket."""
         if n == 0:
             return b""
-        avail = len(self._buf) - self._pos
+        avail = self._end - self._start
         if avail >= n:
-            out = self._buf[self._pos : self._pos + n]
-            self._pos += n
-            return memoryview(out)
-        out = bytearray(n)
-        view = memoryview(out)
-        view[:avail] = memoryview(self._buf)[self._pos :]
-        self._buf.clear()
-        self._pos = 0
+            out = bytes(self._rview[self._start : self._start + n])
+            self._start += n
+            return out
+        view = memoryview(bytearray(n))
+        view[:avail] = self._rview[self._start : self._end]
+        self._start = self._end = 0
         got = avail
         while got < n:
-            got += await self._receive_into(view[got:], n, got)
+            k = await self._receive_into(view[got:])
+            if k == 0:
+                raise FrameError(
+                    f"connection closed mid-frame ({got} of {n} payload bytes received)"
+                )
+            got += k
         return view
 
-    async def _receive_into(self, view: memoryview, n: int, got: int) -> int:
-        """Receive up to len(view) bytes into view; FrameError on EOF."""
+    async def _receive_into(self, view: memoryview) -> int:
+        """Receive up to len(view) bytes into view; 0 at EOF."""
         if self._sock is not None:
             try:
-                k = await self._sock.recv_into(view)
+                return await self._sock.recv_into(view)
             except trio.ClosedResourceError:
                 raise
             except OSError as exc:
                 raise trio.BrokenResourceError(f"socket receive failed: {exc}") from exc
-        else:
-            data = await self.stream.receive_some(len(view))
-            k = len(data)
-            view[:k] = data
-        if k == 0:
-            raise FrameError(f"connection closed mid-frame ({got} of {n} payload bytes received)")
-        return k
+        data = await self.stream.receive_some(len(view))
+        view[: len(data)] = data
+        return len(data)
 
 
 def _payload_len(payload) -> int:
