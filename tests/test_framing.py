@@ -1,12 +1,14 @@
 """Frame format: round trips over real loopback TCP and every kind of bad frame."""
 
+import hashlib
 import struct
 import zlib
 
 import msgpack
 import pytest
 import trio
-import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from overlay.framing import (
     MAX_HEADER_BYTES,
@@ -32,8 +34,8 @@ async def tcp_pair():
 
 
 def pattern(n: int, seed: int = 0) -> bytes:
-    """n deterministic, non-repeating-looking bytes."""
-    return bytes((i * 131 + seed * 7 + (i >> 8)) & 0xFF for i in range(n))
+    """n deterministic pseudo-random bytes (different for each seed)."""
+    return hashlib.shake_256(seed.to_bytes(4, "big")).digest(n)
 
 
 def raw_frame(header_bytes: bytes, payload: bytes = b"") -> bytes:
@@ -136,28 +138,57 @@ async def test_many_small_frames_and_control_frames_keep_order():
             assert header["f"] == str(i) and bytes(payload) == pattern(i, seed=i)
 
 
-async def test_generic_stream_path_with_tiny_receives():
-    # A memory stream that hands over at most a few bytes per receive exercises the
-    # non-socket code path and every partial-read boundary.
-    send, recv = trio.testing.memory_stream_pair()
-    payloads = [pattern(n, seed=n) for n in (0, 5, 20_000, 70_000)]
+class Dribble(trio.abc.ReceiveStream):
+    """Hands over a byte string in pieces of the given sizes (cycled): exercises the
+    non-socket path and every partial-read boundary of the reader."""
 
-    async def sender():
-        for i, p in enumerate(payloads):
-            await send_frame(send, chunk_header("c", "f", i, p), p)
-        await send.aclose()
+    def __init__(self, data: bytes, sizes: list[int]):
+        self.data, self.sizes, self.pos, self.i = data, sizes, 0, 0
 
+    async def receive_some(self, max_bytes=None):
+        await trio.lowlevel.checkpoint()
+        n = min(self.sizes[self.i % len(self.sizes)], max_bytes or 1 << 30)
+        self.i += 1
+        piece = self.data[self.pos : self.pos + n]
+        self.pos += len(piece)
+        return piece
+
+    async def aclose(self):
+        pass
+
+
+async def read_frames(stream) -> list:
+    reader = FrameReader(stream)
     out = []
+    while (frame := await reader.read()) is not None:
+        out.append((frame[0], bytes(frame[1])))
+    return out
 
-    async def receiver():
-        reader = FrameReader(recv)
-        while (frame := await reader.read()) is not None:
-            out.append(bytes(frame[1]))
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(sender)
-        nursery.start_soon(receiver)
-    assert out == payloads
+def frames_bytes(frames) -> bytes:
+    return b"".join(b"".join(encode_frame(h, p)) for h, p in frames)
+
+
+async def test_generic_stream_path_with_tiny_receives():
+    payloads = [pattern(n, seed=n) for n in (0, 5, 20_000, 70_000, 300_000)]
+    frames = [(chunk_header("c", "f", i, p), p) for i, p in enumerate(payloads)]
+    frames.append(({"t": "big-header", "pad": "z" * 60_000}, b""))  # header near 64 KiB
+    got = await read_frames(Dribble(frames_bytes(frames), [1, 3, 7, 4096, 2]))
+    assert [p for _, p in got] == payloads + [b""]
+    assert got[-1][0]["pad"] == "z" * 60_000
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=300_000), min_size=1, max_size=8),
+    pieces=st.lists(st.integers(min_value=1, max_value=400_000), min_size=1, max_size=5),
+)
+async def test_any_receive_boundaries_give_the_same_frames(sizes, pieces):
+    frames = [
+        (chunk_header("c", str(i), i, pattern(n, i)), pattern(n, i)) for i, n in enumerate(sizes)
+    ]
+    got = await read_frames(Dribble(frames_bytes(frames), pieces))
+    assert [(h["f"], p) for h, p in got] == [(str(i), p) for i, (_, p) in enumerate(frames)]
 
 
 def test_encode_frame_sets_version_and_length_and_does_not_copy_payload():
