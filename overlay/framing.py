@@ -181,7 +181,7 @@ async def _sendmsg_all(stream: trio.SocketStream, head: bytes, body) -> None:
         except trio.ClosedResourceError:
             raise
         except OSError as exc:
-            raise trio.BrokenResourceError(f"socket send failed: {exc}") from exc
+            raise _stream_error(sock, "send", exc) from exc
 
 
 class FrameWriter:
@@ -215,7 +215,9 @@ class FrameReader:
     "n" not an int in [0, max_payload], chunk frames with "c"/"f" not str, "o"
     not an int >= 0 or "x" not a u32, a payload whose crc32 differs from "x",
     and EOF in the middle of a frame. trio.BrokenResourceError (connection
-    reset) propagates unchanged.
+    reset), trio.ClosedResourceError (stream closed by us) and
+    trio.BusyResourceError (two tasks reading at once) are raised as trio's
+    streams do.
     """
 
     def __init__(self, stream: trio.abc.ReceiveStream, max_payload: int = MAX_PAYLOAD_BYTES):
@@ -229,6 +231,7 @@ class FrameReader:
         self._rview = memoryview(self._rbuf)
         self._start = 0
         self._end = 0
+        self._reading = False
         self._sock = stream.socket if isinstance(stream, trio.SocketStream) else None
 
     async def read(self) -> tuple[dict, memoryview | bytes] | None:
@@ -240,6 +243,15 @@ class FrameReader:
         Raises:
             FrameError: see the class docstring.
         """
+        if self._reading:
+            raise trio.BusyResourceError("another task is already reading frames from this stream")
+        self._reading = True
+        try:
+            return await self._read_frame()
+        finally:
+            self._reading = False
+
+    async def _read_frame(self) -> tuple[dict, memoryview | bytes] | None:
         if not await self._fill(_LEN.size, at_frame_start=True):
             return None
         (hlen,) = _LEN.unpack_from(self._rbuf, self._start)
@@ -327,10 +339,17 @@ class FrameReader:
             except trio.ClosedResourceError:
                 raise
             except OSError as exc:
-                raise trio.BrokenResourceError(f"socket receive failed: {exc}") from exc
+                raise _stream_error(self._sock, "receive", exc) from exc
         data = await self.stream.receive_some(len(view))
         view[: len(data)] = data
         return len(data)
+
+
+def _stream_error(sock, what: str, exc: OSError) -> Exception:
+    """The trio stream error for a failed socket call: Closed if we closed it, else Broken."""
+    if sock.fileno() == -1:
+        return trio.ClosedResourceError(f"{what} on a closed stream")
+    return trio.BrokenResourceError(f"socket {what} failed: {exc}")
 
 
 def _payload_len(payload) -> int:

@@ -1,12 +1,14 @@
 """Frame format: round trips over real loopback TCP and every kind of bad frame."""
 
 import hashlib
+import socket
 import struct
 import zlib
 
 import msgpack
 import pytest
 import trio
+import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -330,3 +332,39 @@ async def test_send_on_closed_peer_raises_broken_resource():
         for i in range(100):
             await send_frame(client, chunk_header("c", "f", i, p), p)
     await client.aclose()
+
+
+async def test_stream_errors_match_trio_streams():
+    client, server = await tcp_pair()
+    reader = FrameReader(server)
+    first = []
+
+    async def first_reader():
+        try:
+            await reader.read()
+        except trio.ClosedResourceError as exc:
+            first.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(first_reader)
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(trio.BusyResourceError):
+            await reader.read()  # a second concurrent reader
+        await server.aclose()  # wakes the first read with ClosedResourceError ...
+    assert len(first) == 1
+    with pytest.raises(trio.ClosedResourceError):
+        await reader.read()  # ... and later reads say closed, too
+    with pytest.raises(trio.ClosedResourceError):
+        await send_frame(server, {"t": "x"}, bytes(100_000))
+    await client.aclose()
+
+
+async def test_connection_reset_mid_frame_is_broken_resource():
+    client, server = await tcp_pair()
+    head = encode_frame(chunk_header("c", "f", 0, bytes(1000)), bytes(1000))[0]
+    await client.send_all(head + bytes(10))
+    client.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    await client.aclose()  # RST instead of FIN
+    with pytest.raises(trio.BrokenResourceError):
+        await FrameReader(server).read()
+    await server.aclose()
