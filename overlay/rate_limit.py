@@ -37,7 +37,8 @@ class TokenBucket:
         burst_bytes: bucket depth in bytes (> 0); None = 50 ms of the current
             rate (at least 1500 bytes), re-derived whenever the rate changes.
     The bucket starts empty (no initial burst beyond the first acquire).
-    Concurrent acquirers are served first come, first served.
+    Concurrent acquirers are served first come, first served. Create it inside
+    trio.run (it reads trio's clock).
 
     Raises:
         ValueError: negative/NaN rate, burst_bytes <= 0 or not a number.
