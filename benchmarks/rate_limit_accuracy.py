@@ -12,7 +12,7 @@ start-up bunching are not the limiter's doing). All rates run at the same time b
 
 Usage:
     uv run python benchmarks/rate_limit_accuracy.py [--rates 1 2 5 10 20 50 100 200]
-        [--duration 5] [--warmup 0.5] [--sequential] [--json OUT]
+        [--duration 5] [--warmup 0.5] [--chunk BYTES] [--sequential] [--json OUT]
 Prints a table; --json OUT writes {"max_error_fraction": x, "per_rate": [...]}.
 """
 
@@ -30,12 +30,16 @@ MBIT = 1e6 / 8  # bytes/s per Mbit/s
 DEFAULT_RATES_MBIT = [1, 2, 5, 10, 20, 50, 100, 200]
 
 
-def chunk_size(rate: float) -> int:
-    """About 10 ms of `rate` bytes/s, clamped to 1 KiB .. 256 KiB."""
+def chunk_size(rate: float, fixed: int | None = None) -> int:
+    """`fixed` if given, else about 10 ms of `rate` bytes/s, clamped to 1 KiB .. 256 KiB."""
+    if fixed:
+        return fixed
     return int(min(256 * 1024, max(1024, rate * 0.01)))
 
 
-async def measure_one(rate_mbit: float, duration: float, warmup: float) -> dict:
+async def measure_one(
+    rate_mbit: float, duration: float, warmup: float, chunk: int | None = None
+) -> dict:
     """Send paced chunks over one loopback TCP connection for `warmup` + `duration` s.
 
     Returns {"rate_mbit", "set_bytes_per_s", "measured_bytes_per_s" (at the receiver, over
@@ -55,7 +59,7 @@ async def measure_one(rate_mbit: float, duration: float, warmup: float) -> dict:
                 arrivals.append((trio.current_time(), len(frame[1])))
 
     async def sender():
-        payload = bytes(chunk_size(rate))
+        payload = bytes(chunk_size(rate, chunk))
         bucket = TokenBucket(rate)
         async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
             offset = 0
@@ -82,17 +86,18 @@ async def measure_one(rate_mbit: float, duration: float, warmup: float) -> dict:
         "bytes": total,
         "chunks": len(window),
         "window_s": span,
+        "chunk_bytes": chunk_size(rate, chunk),
     }
 
 
 async def run(
-    rates_mbit: list[float], duration: float, warmup: float, sequential: bool
+    rates_mbit: list[float], duration: float, warmup: float, sequential: bool, chunk: int | None
 ) -> list[dict]:
     """Measure every rate (concurrently unless `sequential`); results in the order given."""
     results: dict[float, dict] = {}
 
     async def one(r):
-        results[r] = await measure_one(r, duration, warmup)
+        results[r] = await measure_one(r, duration, warmup, chunk)
 
     if sequential:
         for r in rates_mbit:
@@ -112,17 +117,24 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per rate")
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds not measured")
+    parser.add_argument("--chunk", type=int, default=None, help="fixed chunk bytes")
     parser.add_argument("--sequential", action="store_true", help="one rate at a time")
     parser.add_argument("--json", metavar="OUT", help="write the figures as JSON here")
     args = parser.parse_args(argv)
     if args.duration <= 0 or args.warmup < 0 or any(r <= 0 for r in args.rates):
         parser.error("--duration and --rates must be > 0, --warmup >= 0")
+    for r in args.rates:
+        if chunk_size(r * MBIT, args.chunk) * 10 > r * MBIT * args.duration:
+            parser.error(
+                f"fewer than 10 chunks in {args.duration:g} s at {r:g} Mbit/s: "
+                "use a smaller --chunk or a longer --duration"
+            )
 
-    results = trio.run(run, args.rates, args.duration, args.warmup, args.sequential)
+    results = trio.run(run, args.rates, args.duration, args.warmup, args.sequential, args.chunk)
     print(f"{'Mbit/s':>8} {'chunk B':>8} {'set B/s':>12} {'measured B/s':>14} {'error %':>8}")
     for r in results:
         print(
-            f"{r['rate_mbit']:>8g} {chunk_size(r['set_bytes_per_s']):>8d} "
+            f"{r['rate_mbit']:>8g} {r['chunk_bytes']:>8d} "
             f"{r['set_bytes_per_s']:>12.0f} {r['measured_bytes_per_s']:>14.0f} "
             f"{100 * r['error_fraction']:>8.3f}"
         )
