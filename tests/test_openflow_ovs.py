@@ -123,7 +123,6 @@ def testbed(ovs, tmp_path_factory):
     path.write_text(json.dumps(doc))
     topo = load_json_topology(path)
     binding = load_binding(topo)
-    cleanup()  # leftovers of an interrupted run
     app = AppProcess(str(path), free_port())
     wan = None
     try:
@@ -133,10 +132,14 @@ def testbed(ovs, tmp_path_factory):
         installed = app.next_event("installed")
         yield topo, binding, wan, app, installed
     finally:
-        if wan is not None:
-            wan.stop()
-        app.stop()
-        cleanup()
+        try:
+            if wan is not None:
+                wan.stop()
+        except Exception:
+            cleanup()  # `mn -c`: only when Mininet could not undo its own work
+            raise
+        finally:
+            app.stop()
 
 
 def dump_flows(bridge: str) -> list[str]:
