@@ -142,6 +142,7 @@ class TunnelApp(app_manager.OSKenApp):
                 return
             if set(self.datapaths) != {sw.dpid for sw in binding.switches.values()}:
                 return
+            self.entries = self._wanted()  # a link may have gone down meanwhile
             for other in self.datapaths.values():
                 self._install(other)
             self.installed = True
