@@ -7,7 +7,8 @@ spilled to a file in a spill directory beyond it. Duplicate and overlapping
 bytes (resends after a path failure) are dropped, so every byte is delivered
 exactly once.
 
-Held bytes are kept as non-overlapping segments sorted by offset. When a new
+Held bytes are kept as non-overlapping segments sorted by offset. A MemoryBudget
+shared by several buffers bounds their total resident memory as well. When a new
 segment does not fit under the memory bound, the held in-memory segments that
 lie farthest ahead (beyond the new one) are written to the spill file first;
 if that is still not enough, the new segment itself is spilled. So memory
@@ -20,6 +21,33 @@ import bisect
 import os
 import tempfile
 from dataclasses import dataclass
+
+
+class MemoryBudget:
+    """A memory bound shared by several ReorderBuffers (e.g. all flows of one agent).
+
+    MemoryBudget(limit_bytes: int >= 0). Buffers created with ``budget=`` keep
+    out-of-order bytes in memory only while the budget's total stays within
+    limit_bytes (and within their own memory_limit_bytes); the rest spills.
+
+    Attributes:
+        limit_bytes: the bound; used_bytes: bytes held in memory now by all
+            buffers on this budget; peak_bytes: the largest used_bytes seen.
+
+    Raises:
+        ValueError: limit_bytes not an int >= 0.
+    """
+
+    def __init__(self, limit_bytes: int) -> None:
+        if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes < 0:
+            raise ValueError(f"limit_bytes must be an int >= 0, got {limit_bytes!r}")
+        self.limit_bytes = limit_bytes
+        self.used_bytes = 0
+        self.peak_bytes = 0
+
+    def _change(self, delta: int) -> None:
+        self.used_bytes += delta
+        self.peak_bytes = max(self.peak_bytes, self.used_bytes)
 
 
 @dataclass
@@ -35,11 +63,13 @@ class _Segment:
 class ReorderBuffer:
     """Delivers one flow's bytes in order from chunks arriving in any order.
 
-    ReorderBuffer(size_bytes, memory_limit_bytes, spill_dir):
+    ReorderBuffer(size_bytes, memory_limit_bytes, spill_dir, budget=None):
         size_bytes: the flow's size in bytes (int >= 0).
         memory_limit_bytes: most out-of-order bytes held in memory (int >= 0).
         spill_dir: directory for the spill file (created lazily on the first
             spill, removed by close()); None = the system temp directory.
+        budget: optional MemoryBudget shared with other buffers; memory is then
+            also bounded by the budget (spilling this buffer's own segments).
 
     Attributes:
         delivered: bytes delivered in order so far (= the offset to acknowledge).
@@ -52,13 +82,20 @@ class ReorderBuffer:
         ValueError: sizes that are not ints >= 0.
     """
 
-    def __init__(self, size_bytes: int, memory_limit_bytes: int, spill_dir: str | None) -> None:
+    def __init__(
+        self,
+        size_bytes: int,
+        memory_limit_bytes: int,
+        spill_dir: str | None,
+        budget: MemoryBudget | None = None,
+    ) -> None:
         for name, value in (("size_bytes", size_bytes), ("memory_limit_bytes", memory_limit_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
         self.size_bytes = size_bytes
         self.memory_limit_bytes = memory_limit_bytes
         self.spill_dir = spill_dir
+        self.budget = budget
         self.delivered = 0
         self.resident_bytes = 0
         self.peak_resident_bytes = 0
@@ -129,7 +166,8 @@ class ReorderBuffer:
         self._closed = True
         self._starts.clear()
         self._segments.clear()
-        self.resident_bytes = self.held_bytes = self._on_disk = 0
+        self._resident_change(-self.resident_bytes)
+        self.held_bytes = self._on_disk = 0
         if self._spill_fd is not None:
             os.close(self._spill_fd)
             self._spill_fd = None
@@ -194,7 +232,7 @@ class ReorderBuffer:
         size = seg.end - seg.start
         self.held_bytes -= size
         if seg.data is not None:
-            self.resident_bytes -= size
+            self._resident_change(-size)
         else:
             self._on_disk -= size
         return seg
@@ -212,18 +250,31 @@ class ReorderBuffer:
     def _hold(self, start: int, data: bytes) -> None:
         size = len(data)
         seg = _Segment(start, start + size)
-        if self.resident_bytes + size > self.memory_limit_bytes:
-            self._evict_beyond(start, self.resident_bytes + size - self.memory_limit_bytes)
-        if self.resident_bytes + size <= self.memory_limit_bytes:
+        over = self._over_by(size)
+        if over > 0:
+            self._evict_beyond(start, over)
+        if self._over_by(size) <= 0:
             seg.data = data
-            self.resident_bytes += size
-            self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
+            self._resident_change(size)
         else:
             seg.file_offset = self._spill(data)
             self._on_disk += size
         bisect.insort(self._starts, start)
         self._segments[start] = seg
         self.held_bytes += size
+
+    def _over_by(self, size: int) -> int:
+        """How many bytes over the memory bounds (own and budget) holding `size` more would be."""
+        over = self.resident_bytes + size - self.memory_limit_bytes
+        if self.budget is not None:
+            over = max(over, self.budget.used_bytes + size - self.budget.limit_bytes)
+        return over
+
+    def _resident_change(self, delta: int) -> None:
+        self.resident_bytes += delta
+        self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
+        if self.budget is not None:
+            self.budget._change(delta)
 
     def _evict_beyond(self, start: int, need: int) -> None:
         """Spill in-memory segments after `start`, farthest first, to free `need` bytes."""
@@ -237,7 +288,7 @@ class ReorderBuffer:
             size = seg.end - seg.start
             seg.file_offset = self._spill(seg.data)
             seg.data = None
-            self.resident_bytes -= size
+            self._resident_change(-size)
             self._on_disk += size
             freed += size
 

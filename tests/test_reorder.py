@@ -1,12 +1,13 @@
 """ReorderBuffer: in-order delivery from any arrival order, bounded memory, disk spill."""
 
 import os
+import tempfile
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from overlay.reorder import ReorderBuffer
+from overlay.reorder import MemoryBudget, ReorderBuffer
 
 
 def flow_bytes(n: int) -> bytes:
@@ -142,9 +143,14 @@ def arrivals(draw):
     return size, order, limit
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300)
 @given(case=arrivals())
-def test_any_arrival_order_and_duplication_yields_the_original_stream(case, tmp_path):
+def test_any_arrival_order_and_duplication_yields_the_original_stream(case):
+    with tempfile.TemporaryDirectory() as tmp:
+        check_one_arrival_order(case, tmp)
+
+
+def check_one_arrival_order(case, tmp_path):
     size, order, limit = case
     data = flow_bytes(size)
     with ReorderBuffer(size, limit, str(tmp_path)) as buf:
@@ -157,3 +163,54 @@ def test_any_arrival_order_and_duplication_yields_the_original_stream(case, tmp_
         assert buf.complete and buf.held_bytes == 0 and buf.resident_bytes == 0
         assert buf.peak_resident_bytes <= limit
     assert os.listdir(tmp_path) == []
+
+
+def test_shared_budget_bounds_the_total_of_several_buffers(tmp_path):
+    budget = MemoryBudget(1500)
+    data = flow_bytes(3000)
+    a = ReorderBuffer(3000, 1000, str(tmp_path), budget=budget)
+    b = ReorderBuffer(3000, 1000, str(tmp_path), budget=budget)
+    a.add(1000, data[1000:2000])  # a holds 1000 (its own limit), budget 1000
+    b.add(1000, data[1000:1500])  # b holds 500, budget 1500 = limit
+    b.add(2000, data[2000:2500])  # budget full: spilled although b's own limit allows it
+    assert (a.resident_bytes, b.resident_bytes, budget.used_bytes) == (1000, 500, 1500)
+    assert b.spilled_bytes == 500
+    assert b"".join(a.add(0, data[:1000])) == data[:2000]  # frees a's 1000 bytes
+    assert budget.used_bytes == 500
+    b.add(2500, data[2500:3000])  # fits again: budget 1000
+    assert budget.used_bytes == 1000 and b.resident_bytes == 1000
+    b.close()  # releases b's resident bytes from the budget
+    assert budget.used_bytes == 0 and budget.peak_bytes == 1500
+    a.close()
+
+
+@settings(max_examples=150)
+@given(
+    cases=st.lists(arrivals(), min_size=2, max_size=3), shared=st.integers(0, 5000), data=st.data()
+)
+def test_shared_budget_holds_under_any_interleaving(cases, shared, data):
+    with tempfile.TemporaryDirectory() as tmp:
+        check_interleaving(cases, shared, data, tmp)
+
+
+def check_interleaving(cases, shared, data, tmp_path):
+    budget = MemoryBudget(shared)
+    flows = [flow_bytes(size) for size, _, _ in cases]
+    bufs = [ReorderBuffer(size, limit, str(tmp_path), budget=budget) for size, _, limit in cases]
+    queues = [list(order) for _, order, _ in cases]
+    outs: list[list] = [[] for _ in cases]
+    while any(queues):
+        i = data.draw(st.sampled_from([k for k, q in enumerate(queues) if q]))
+        a, b = queues[i].pop(0)
+        outs[i].extend(bufs[i].add(a, memoryview(flows[i])[a:b]))
+        assert budget.used_bytes == sum(buf.resident_bytes for buf in bufs) <= shared
+    for buf, out, flow in zip(bufs, outs, flows, strict=True):
+        assert b"".join(out) == flow and buf.complete
+        buf.close()
+    assert budget.peak_bytes <= shared and budget.used_bytes == 0
+    assert os.listdir(tmp_path) == []
+
+
+def test_bad_budget_raises_value_error():
+    with pytest.raises(ValueError):
+        MemoryBudget(-1)
