@@ -20,7 +20,9 @@ What the channel does:
   (the policy's `split_by_remaining`, see `controller.flow_rates`). Only changed
   entries are sent; a FlowGroup that lost its rates gets an entry with no paths (= paused).
 - reports: "progress" feeds remaining volumes, "complete" finishes flows, and
-  "inflight" in "register" (a reconnecting agent) restores acknowledged offsets.
+  "inflight" in "register" (a reconnecting agent) restores acknowledged offsets
+  (a "recv" row may carry "digest": the flow completed). Reports about coflows a
+  restarted controller does not know yet are kept until the job master resubmits.
 
 One reader thread per agent connection and one writer thread with a queue per
 agent, so a slow or dead agent never blocks a scheduling round or another agent.
@@ -318,6 +320,7 @@ class AgentChannel:
         self.sent_at: dict[int, float] = {}
         self.ack_event = threading.Condition()
         self.pending_inflight: dict[tuple[str, str], int] = {}
+        self.pending_complete: dict[tuple[str, str], str] = {}
         self.reactions: deque[Reaction] = deque(maxlen=100)
         self.reaction_count = 0
         controller.on_rates.append(self.push_rates)
@@ -362,7 +365,7 @@ class AgentChannel:
                 for item in m["flows"]:
                     self._progress(item["coflow"], item["flow"], item["acked"])
             elif kind == "complete":
-                self.controller.complete(_cid(m["coflow"]), m["flow"], m["digest"])
+                self._complete(m["coflow"], m["flow"], m["digest"])
             elif kind == "ack":
                 self._acked(m["id"])
             elif kind == "error":
@@ -387,14 +390,28 @@ class AgentChannel:
         except RegistryError:
             self._keep_if_unknown(coflow, flow, acked)
 
+    def _complete(self, coflow: str, flow: str, digest: str) -> None:
+        try:
+            self.controller.complete(_cid(coflow), flow, digest)
+        except RegistryError:
+            if self._unknown(coflow):  # finished while the controller was down: keep it
+                with self.lock:
+                    self.pending_complete[(coflow, flow)] = digest
+                    while len(self.pending_complete) > MAX_PENDING:
+                        self.pending_complete.pop(next(iter(self.pending_complete)))
+            else:
+                raise
+
+    def _unknown(self, coflow: str) -> bool:
+        try:
+            return _cid(coflow) not in self.controller.registry.coflows
+        except RegistryError:
+            return False
+
     def _keep_if_unknown(self, coflow: str, flow: str, offset: int) -> None:
         """Keep a report about a coflow this controller does not know (yet): after a
         controller restart the job master resubmits it later (bounded to MAX_PENDING)."""
-        try:
-            known = _cid(coflow) in self.controller.registry.coflows
-        except RegistryError:
-            return
-        if not known:
+        if self._unknown(coflow):
             with self.lock:
                 key = (coflow, flow)
                 self.pending_inflight[key] = max(offset, self.pending_inflight.get(key, 0))
@@ -421,6 +438,12 @@ class AgentChannel:
             self.connections[info.id] = conn
         for item in m.get("inflight", []):  # acked offsets (sender) / delivered (receiver)
             self._progress(item["coflow"], item["flow"], item["offset"])
+            digest = item.get("digest")  # optional: a receiving flow that completed
+            if item["role"] == "recv" and isinstance(digest, str) and digest:
+                try:
+                    self._complete(item["coflow"], item["flow"], digest)
+                except RegistryError as exc:
+                    LOG.info("agent %s: inflight completion: %s", info.id, exc)
         LOG.info("agent %s registered in %s at %s", info.id, info.dc, info.data_addr)
         conn.send({"t": "registered", "agent": info.id})
         self.apply_inflight()
@@ -437,16 +460,41 @@ class AgentChannel:
         self.push_rates(self.controller.rates, False)
 
     def apply_inflight(self) -> None:
-        """Apply acknowledged offsets reported before their coflow was (re)submitted."""
+        """Apply offsets and completions reported before their coflow was (re)submitted."""
         with self.lock:
-            if not self.pending_inflight:
+            if not self.pending_inflight and not self.pending_complete:
                 return
             pending, self.pending_inflight = self.pending_inflight, {}
+            done, self.pending_complete = self.pending_complete, {}
         for (coflow, flow), offset in pending.items():
             try:
                 self.controller.progress(_cid(coflow), flow, offset)
             except RegistryError:
                 self._keep_if_unknown(coflow, flow, offset)
+        for (coflow, flow), digest in done.items():
+            try:
+                self._complete(coflow, flow, digest)
+            except RegistryError as exc:
+                LOG.info("completion of %s/%s dropped: %s", coflow, flow, exc)
+
+    def close_all(self, grace_s: float = 0.2) -> None:
+        """Say goodbye to every agent: half-close (FIN), let them close, then close.
+
+        Used on SIGTERM so agents see a clean end of the control channel (a plain
+        exit with unread data would reset the connections) and reconnect.
+        """
+        with self.lock:
+            conns = list(self.connections.values())
+        for conn in conns:
+            try:
+                conn.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        end = time.monotonic() + grace_s
+        while time.monotonic() < end and any(not c.closed for c in conns):
+            time.sleep(0.01)
+        for conn in conns:
+            conn.close()
 
     # -- pushes
 
@@ -476,9 +524,13 @@ class AgentChannel:
         return sent
 
     def push_flows(self, coflow: CoflowState, flows: list[FlowState]) -> None:
-        """Controller listener: announce new flows of a coflow to their agents."""
-        self._send_flows([(coflow, f) for f in flows if not f.intra_dc])
+        """Controller listener: announce new flows of a coflow to their agents.
+
+        Offsets and completions the agents reported before a restarted controller
+        learned of the coflow are applied first, so the descriptors carry them.
+        """
         self.apply_inflight()
+        self._send_flows([(coflow, f) for f in flows if not f.intra_dc and not f.done])
 
     def _send_flows(self, pairs: list[tuple[CoflowState, FlowState]]) -> None:
         per_agent: dict[str, list[protocol.FlowSpec]] = {}

@@ -154,6 +154,7 @@ def run(args, topology, token: str | None) -> None:
 
     def stop(signum, frame):
         LOG.info("signal %d: exiting", signum)
+        channel.close_all()
         logging.shutdown()
         os._exit(0)
 
