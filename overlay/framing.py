@@ -48,6 +48,9 @@ _JOIN_LIMIT = 16 * 1024
 _RBUF_BYTES = 256 * 1024
 _LEN = struct.Struct(">I")
 _U32_MAX = 0xFFFFFFFF
+# ids of SocketStreams with a vectored send in progress (trio's own conflict
+# detection is bypassed when we use the socket directly).
+_SENDING: set[int] = set()
 
 
 class FrameError(Exception):
@@ -136,7 +139,8 @@ async def send_frame(stream: trio.abc.SendStream, header: dict, payload=b"") -> 
     Small payloads (<= 16 KiB) are joined with the header into one write; large
     ones are written without copying (one ``sendmsg`` on a trio SocketStream,
     otherwise two ``send_all`` calls). Not safe for concurrent use on the same
-    stream (trio raises BusyResourceError) — use FrameWriter for that.
+    stream (BusyResourceError) — use FrameWriter for that. A send cancelled
+    midway leaves a partial frame on the stream: close the stream then.
 
     Args:
         stream: any trio SendStream (e.g. trio.SocketStream).
@@ -164,7 +168,16 @@ async def send_frame(stream: trio.abc.SendStream, header: dict, payload=b"") -> 
 
 async def _sendmsg_all(stream: trio.SocketStream, head: bytes, body) -> None:
     """Write head and body with vectored sends on the stream's socket (no copies)."""
-    sock = stream.socket
+    if id(stream) in _SENDING:
+        raise trio.BusyResourceError("another task is already sending on this stream")
+    _SENDING.add(id(stream))
+    try:
+        await _sendmsg_loop(stream.socket, head, body)
+    finally:
+        _SENDING.discard(id(stream))
+
+
+async def _sendmsg_loop(sock, head: bytes, body) -> None:
     with memoryview(head) as h, memoryview(body) as b:
         h, b = h.cast("B"), b.cast("B")
         try:

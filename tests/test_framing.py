@@ -368,3 +368,21 @@ async def test_connection_reset_mid_frame_is_broken_resource():
     with pytest.raises(trio.BrokenResourceError):
         await FrameReader(server).read()
     await server.aclose()
+
+
+async def test_concurrent_send_frame_without_writer_is_busy():
+    client, server = await tcp_pair()  # nobody reads: the first large send blocks
+    big = bytes(MAX_PAYLOAD_BYTES)
+
+    async def fill():  # 80 MiB: more than any socket buffers hold, so it blocks
+        for _ in range(20):
+            await send_frame(client, {"t": "blob"}, big)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(fill)
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(trio.BusyResourceError):
+            await send_frame(client, {"t": "blob"}, big)
+        nursery.cancel_scope.cancel()
+    await client.aclose()
+    await server.aclose()
