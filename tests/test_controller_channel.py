@@ -1,0 +1,223 @@
+"""The controller's agent channel over real TCP, with in-test agents speaking overlay/protocol.py.
+
+Triangle WAN A, B, C (1e8 bytes/s per directed link), TerraPolicy with K = 2:
+every ordered DC pair has the direct path (index 0) and the two-hop path (index 1).
+"""
+
+import socket
+import threading
+import time
+
+import pytest
+
+from overlay import protocol
+from terra_controller.agent_channel import (
+    AgentChannel,
+    TunnelTable,
+    read_control,
+    send_parts,
+    start_agent_server,
+)
+from terra_controller.api_server import stop_listener
+from terra_controller.controller import Controller
+from terra_controller.terra_policy import TerraPolicy
+from topologies import Topology
+
+CAP = 1e8
+TOKEN = "tok"
+
+
+def daemon_spawn(func, *args):
+    thread = threading.Thread(target=func, args=args, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def channel():
+    links = {}
+    for u, v in [("A", "B"), ("B", "C"), ("A", "C")]:
+        links[(u, v)] = links[(v, u)] = CAP
+    topology = Topology("tri", ["A", "B", "C"], links)
+    controller = Controller(topology, TerraPolicy(topology, k=2))
+    chan = AgentChannel(controller, TunnelTable(topology, 2), TOKEN)
+    listener, _, addr = start_agent_server(chan, "127.0.0.1", 0, daemon_spawn)
+    yield controller, chan, addr
+    stop_listener(listener)
+    chan.close_all(grace_s=0)
+
+
+class Agent:
+    """An in-test agent: registers, collects messages, acks those with an id."""
+
+    def __init__(self, addr, agent, dc, port, token=TOKEN):
+        self.sock = socket.create_connection(addr, timeout=5)
+        self.agent = agent
+        self.messages: list[dict] = []
+        self.cond = threading.Condition()
+        self.closed = False
+        send_parts(self.sock, protocol.register_message(dc, agent, f"127.0.0.1:{port}", token))
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        try:
+            while True:
+                m = read_control(self.sock)
+                if m is None:
+                    break
+                if "id" in m:
+                    send_parts(self.sock, {"t": "ack", "id": m["id"]})
+                with self.cond:
+                    self.messages.append(m)
+                    self.cond.notify_all()
+        except Exception:
+            pass
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+    def wait_for(self, predicate, timeout=5.0):
+        end = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                found = [m for m in self.messages if predicate(m)]
+                if found:
+                    return found[-1]
+                left = end - time.monotonic()
+                assert left > 0, f"{self.agent}: no such message in {self.messages}"
+                self.cond.wait(left)
+
+    def latest_rates(self, coflow: str, dst_dc: str) -> dict[str, float]:
+        """The FlowGroup's current {tunnel: rate} (entries replace earlier ones)."""
+        with self.cond:
+            paths = {}
+            for m in self.messages:
+                if m["t"] == "rates":
+                    for g in m["rates"]:
+                        if (g["coflow"], g["dst_dc"]) == (coflow, dst_dc):
+                            paths = {p["tunnel"]: p["rate"] for p in g["paths"]}
+            return paths
+
+    def send(self, header):
+        send_parts(self.sock, header)
+
+
+def wait_until(predicate, timeout=5.0):
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
+
+
+def test_registration_and_tunnel_tables(channel):
+    controller, chan, addr = channel
+    a1 = Agent(addr, "a1", "A", 30000)
+    a1.wait_for(lambda m: m["t"] == "registered")
+    b1 = Agent(addr, "b1", "B", 31000)
+    b1.wait_for(lambda m: m["t"] == "registered")
+    table = a1.wait_for(lambda m: m["t"] == "tunnels" and m["tunnels"])
+    paths = sorted((t["peer_agent"], tuple(t["path"]), t["port"]) for t in table["tunnels"])
+    # To b1 (data port 31000): path index 0 A-B at port 31001, index 1 A-C-B at 31002.
+    assert paths == [("b1", ("A", "B"), 31001), ("b1", ("A", "C", "B"), 31002)]
+    assert table["listen"] == [30001, 30002]  # a1's own tunnel ports
+    assert controller.registry.agents["b1"].dc == "B"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"\x00\x00\x00\x05\xc1\xc1\xc1\xc1\xc1",  # not msgpack
+        b"\x00\x10\x00\x01",  # header length over 64 KiB
+        b"\x00\x00\x00\x01\x90",  # a msgpack list, not a map
+    ],
+)
+def test_bad_frames_and_bad_token_close_only_that_connection(channel, bad):
+    controller, chan, addr = channel
+    good = Agent(addr, "a1", "A", 30000)
+    good.wait_for(lambda m: m["t"] == "registered")
+    with socket.create_connection(addr, timeout=5) as s:
+        s.sendall(bad)
+        s.settimeout(5)
+        assert read_control(s)["t"] == "error"
+        assert s.recv(10) == b""  # closed by the controller
+    intruder = Agent(addr, "a9", "A", 30500, token="wrong")
+    wait_until(lambda: intruder.closed)
+    assert "a9" not in controller.registry.agents
+    unknown_dc = Agent(addr, "z1", "Mars", 30600)
+    wait_until(lambda: unknown_dc.closed)
+    assert set(chan.connections) == {"a1"}
+    # The good agent still works: it registers a peer's arrival.
+    Agent(addr, "b1", "B", 31000).wait_for(lambda m: m["t"] == "registered")
+    good.wait_for(lambda m: m["t"] == "tunnels" and m["tunnels"])
+
+
+def test_rates_split_among_agent_pairs_by_remaining_bytes(channel):
+    controller, chan, addr = channel
+    agents = {name: Agent(addr, name, dc, port) for name, dc, port in
+              [("a1", "A", 30000), ("a2", "A", 30100), ("b1", "B", 31000)]}  # fmt: skip
+    wait_until(lambda: len(chan.connections) == 3)
+    cid = controller.submit(
+        [
+            {"id": "x", "src": "a1", "dst": "b1", "bytes": 30_000_000},
+            {"id": "y", "src": "a2", "dst": "b1", "bytes": 10_000_000},
+        ]
+    )
+    # Both flows are one FlowGroup A->B; each sender gets it in proportion to its
+    # remaining bytes: a1 30 MB, a2 10 MB -> 3:1 on every path.
+    for name in ("a1", "a2", "b1"):
+        agents[name].wait_for(lambda m: m["t"] == "flows")
+    controller.round_and_push()
+    wait_until(lambda: agents["a2"].latest_rates(str(cid), "B"))
+    r1, r2 = agents["a1"].latest_rates(str(cid), "B"), agents["a2"].latest_rates(str(cid), "B")
+    assert set(r1) == set(r2) and r1
+    for tunnel in r1:
+        assert r1[tunnel] == pytest.approx(3 * r2[tunnel])
+    assert sum(r1.values()) + sum(r2.values()) <= 2 * CAP * (1 + 1e-9)  # two paths into B
+    assert agents["b1"].latest_rates(str(cid), "B") == {}  # the receiver sends nothing
+    # a1 reports 20 MB acknowledged: 10 MB left each -> an equal split next round.
+    agents["a1"].send(protocol.progress_message([(str(cid), "x", 20_000_000)]))
+    wait_until(lambda: controller.registry.get(cid).flows["x"].delivered == 20_000_000)
+    controller.round_and_push()
+    wait_until(
+        lambda: (
+            agents["a1"].latest_rates(str(cid), "B").values()
+            and sum(agents["a1"].latest_rates(str(cid), "B").values())
+            == pytest.approx(sum(agents["a2"].latest_rates(str(cid), "B").values()))
+        )
+    )
+
+
+def test_completion_reports_finish_the_coflow(channel):
+    controller, chan, addr = channel
+    _a1, b1 = Agent(addr, "a1", "A", 30000), Agent(addr, "b1", "B", 31000)
+    wait_until(lambda: len(chan.connections) == 2)
+    cid = controller.submit([{"id": "x", "src": "a1", "dst": "b1", "bytes": 1000}])
+    spec = b1.wait_for(lambda m: m["t"] == "flows")["flows"][0]
+    assert (spec["coflow"], spec["flow"], spec["size"], spec["offset"]) == (str(cid), "x", 1000, 0)
+    assert (spec["source"], spec["sink"]) == ("synthetic", "digest")
+    b1.send(protocol.complete_message(str(cid), "x", "abc", 1000))
+    wait_until(lambda: controller.registry.get(cid).state == "done")
+    status = controller.status(cid)
+    assert status["bytes_delivered"] == 1000 and status["flows"][0]["digest"] == "abc"
+    assert status["cct_s"] >= 0
+
+
+def test_link_down_pushes_tunnels_and_rates_and_records_the_reaction(channel):
+    controller, chan, addr = channel
+    a1, _b1 = Agent(addr, "a1", "A", 30000), Agent(addr, "b1", "B", 31000)
+    wait_until(lambda: len(chan.connections) == 2)
+    cid = controller.submit([{"id": "x", "src": "a1", "dst": "b1", "bytes": 10**9}])
+    controller.round_and_push()
+    wait_until(lambda: len(a1.latest_rates(str(cid), "B")) == 2)  # both paths used
+    controller.set_link_state("A", "B", False)
+    controller.round_and_push()
+    wait_until(lambda: len(a1.latest_rates(str(cid), "B")) == 1)
+    table = [m for m in a1.messages if m["t"] == "tunnels"][-1]
+    assert [t["path"] for t in table["tunnels"]] == [["A", "C", "B"]]
+    (only,) = a1.latest_rates(str(cid), "B")
+    assert only == next(t["tunnel"] for t in table["tunnels"])
+    # Every message of that round was acknowledged: the reaction has its time.
+    wait_until(lambda: chan.reactions and chan.reactions[-1].applied_at is not None)
+    reaction = chan.reactions[-1].to_json()
+    assert reaction["agents"] == ["a1", "b1"]
+    assert 0 <= reaction["event_to_push_ms"] <= reaction["event_to_applied_ms"]
