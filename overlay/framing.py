@@ -152,21 +152,16 @@ async def send_frame(stream: trio.abc.SendStream, header: dict, payload=b"") -> 
         trio.BrokenResourceError / trio.ClosedResourceError: the stream failed or was closed.
     """
     parts = encode_frame(header, payload)
-    if len(parts) == 1:
-        await stream.send_all(parts[0])
-        return
-    head, body = parts
-    if len(body) <= _JOIN_LIMIT:
-        await stream.send_all(head + bytes(body))
-        return
+    if len(parts) == 2 and len(parts[1]) <= _JOIN_LIMIT:
+        parts = [parts[0] + bytes(parts[1])]
     if isinstance(stream, trio.SocketStream):
-        await _sendmsg_all(stream, head, body)
+        await _socket_send(stream, parts[0], parts[1] if len(parts) == 2 else b"")
         return
-    await stream.send_all(head)
-    await stream.send_all(body)
+    for part in parts:
+        await stream.send_all(part)
 
 
-async def _sendmsg_all(stream: trio.SocketStream, head: bytes, body) -> None:
+async def _socket_send(stream: trio.SocketStream, head: bytes, body) -> None:
     """Write head and body with vectored sends on the stream's socket (no copies)."""
     if id(stream) in _SENDING:
         raise trio.BusyResourceError("another task is already sending on this stream")
