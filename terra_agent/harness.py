@@ -12,6 +12,7 @@ B's port base + 1 + i (on loopback, distinct ports are the distinct tunnels).
 from __future__ import annotations
 
 import logging
+import math
 import random
 import socket
 import sys
@@ -224,6 +225,49 @@ class ControllerPeer:
     def all_complete(self, keys) -> bool:
         """True when every (coflow, flow) in keys has been reported complete."""
         return all(key in self.completed for key in keys)
+
+
+async def delay_proxy(
+    listen_host: str,
+    target: tuple[str, int],
+    delay_s: float,
+    task_status=trio.TASK_STATUS_IGNORED,
+) -> None:
+    """A TCP proxy that delivers every byte `delay_s` seconds late, in both directions.
+
+    Listens on an ephemeral port of listen_host (task_status.started(port)); each accepted
+    connection is joined to a new connection to target (host, port). Models a long WAN path on
+    loopback, so chunks striped over it and a direct path arrive out of order. Runs until
+    cancelled; a connection ends when either side closes.
+    """
+    listeners = await trio.open_tcp_listeners(0, host=listen_host)
+    task_status.started(listeners[0].socket.getsockname()[1])
+
+    async def pump(src: trio.SocketStream, dst: trio.SocketStream) -> None:
+        send, recv = trio.open_memory_channel(math.inf)
+
+        async def deliver():
+            async for due, data in recv:
+                await trio.sleep_until(due)
+                await dst.send_all(data)
+            await dst.send_eof()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(deliver)
+            async with send:
+                while data := await src.receive_some(1 << 16):
+                    send.send_nowait((trio.current_time() + delay_s, data))
+
+    async def handle(client: trio.SocketStream) -> None:
+        try:
+            async with client, await trio.open_tcp_stream(*target) as upstream:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(pump, client, upstream)
+                    nursery.start_soon(pump, upstream, client)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            log.info("delay proxy connection ended: %s", exc)
+
+    await trio.serve_listeners(handle, listeners)
 
 
 def spec_agents(spec: FlowSpec) -> tuple[str, str]:

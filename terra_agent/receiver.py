@@ -45,6 +45,8 @@ class InFlow:
         self.done = False
         self.failed: str | None = None
         self._reorder = None
+        self.peak_resident_bytes = 0
+        self.spilled_bytes = 0
         if self.base < spec.size:
             self._reorder = ReorderBuffer(spec.size - self.base, memory_limit, spill_dir)
 
@@ -87,9 +89,7 @@ class InFlow:
             self._finish_data()
 
     def _finish_data(self) -> None:
-        if self._reorder is not None:
-            self._reorder.close()
-            self._reorder = None
+        self._drop_reorder()
         if self.digest is None:
             self.digest = self.hasher.hexdigest()
             self.sink.close()
@@ -119,9 +119,20 @@ class InFlow:
         """Out-of-order bytes held in memory now."""
         return self._reorder.resident_bytes if self._reorder is not None else 0
 
+    def reorder_stats(self) -> tuple[int, int]:
+        """(peak out-of-order bytes resident in memory, bytes spilled to disk) so far."""
+        if self._reorder is not None:
+            return self._reorder.peak_resident_bytes, self._reorder.spilled_bytes
+        return self.peak_resident_bytes, self.spilled_bytes
+
     def close(self) -> None:
         """Release the reorder buffer (and its spill files) and the sink."""
+        self._drop_reorder()
+        self.sink.close()
+
+    def _drop_reorder(self) -> None:
         if self._reorder is not None:
+            self.peak_resident_bytes = self._reorder.peak_resident_bytes
+            self.spilled_bytes = self._reorder.spilled_bytes
             self._reorder.close()
             self._reorder = None
-        self.sink.close()
