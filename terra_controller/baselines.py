@@ -58,6 +58,7 @@ class BaselinePolicy:
         self._paths = all_pairs_paths(topology, k)
         self._rows = link_index(topology.links)
         self._reachable = {pair for pair, ps in all_pairs_paths(_all_up(topology), 1).items() if ps}
+        self._incidence: dict[str, tuple[dict[str, int], np.ndarray]] = {}
 
     # ---- Policy interface ------------------------------------------------------------------
 
@@ -93,18 +94,19 @@ class BaselinePolicy:
                 raise ValueError(f"coflow {coflow_id!r} flow {f.id!r}: no path {f.src}->{f.dst}")
         new = {f.id: f for f in flows if not f.intra_dc}
         known.update(new)
-        self.routes[coflow_id].update(self._route(coflow_id, list(new.values())))
+        self._set_routes(coflow_id, self._route(coflow_id, list(new.values())))
 
     def remove_coflow(self, coflow_id: str, now: float) -> None:
         """Forget a coflow (unknown ids are ignored)."""
         self.flows.pop(coflow_id, None)
         self.routes.pop(coflow_id, None)
+        self._incidence.pop(coflow_id, None)
 
     def wan_changed(self, now: float) -> bool:
         """Recompute the K paths over the links that are up and re-route; returns True."""
         self._paths = all_pairs_paths(self.topology, self.k)
         for cid, flows in self.flows.items():
-            self.routes[cid] = self._route(cid, list(flows.values()))
+            self._set_routes(cid, self._route(cid, list(flows.values())))
         return True
 
     def allocate(self, now: float, remaining: Remaining) -> Allocation:
@@ -112,6 +114,22 @@ class BaselinePolicy:
         raise NotImplementedError
 
     # ---- helpers ---------------------------------------------------------------------------
+
+    def _set_routes(self, coflow_id: str, routes: dict[str, Route]) -> None:
+        """Store new routes for some flows of a coflow and drop its cached incidence."""
+        self.routes[coflow_id].update(routes)
+        self._incidence.pop(coflow_id, None)
+
+    def _coflow_incidence(self, coflow_id: str) -> tuple[dict[str, int], np.ndarray]:
+        """({flow id: column}, incidence matrix (links x flows) of the coflow's routes), cached."""
+        cached = self._incidence.get(coflow_id)
+        if cached is None:
+            routes = self.routes[coflow_id]
+            fids = list(routes)
+            matrix = path_incidence([routes[fid] for fid in fids], self._rows)
+            cached = ({fid: i for i, fid in enumerate(fids)}, matrix)
+            self._incidence[coflow_id] = cached
+        return cached
 
     def _route(self, coflow_id: str, flows: list[Flow]) -> dict[str, Route]:
         """Default routing: every member of a flow on its pair's shortest path."""
@@ -244,7 +262,8 @@ class _MaddPolicy(BaselinePolicy):
             self._before_allocate(cid, flows)
             routes, known = self.routes[cid], self.flows[cid]
             fids = [fid for fid in flows if routes[fid]]
-            inc = path_incidence([routes[fid] for fid in fids], self._rows)
+            column, full = self._coflow_incidence(cid)
+            inc = full[:, [column[fid] for fid in fids]]
             per_member = np.array([flows[fid] / flow_count(known[fid]) for fid in fids])
             volume = inc @ per_member if fids else np.zeros(len(self._rows))
             unrouted = len(fids) < len(flows)
@@ -336,7 +355,7 @@ class RapierPolicy(_MaddPolicy):
             self._stale.discard(coflow_id)
             known = self.flows[coflow_id]
             sizes = {fid: left / flow_count(known[fid]) for fid, left in flows.items()}
-            self.routes[coflow_id].update(self._greedy([known[fid] for fid in flows], sizes))
+            self._set_routes(coflow_id, self._greedy([known[fid] for fid in flows], sizes))
 
     def _route(self, coflow_id: str, flows: list[Flow]) -> dict[str, Route]:
         return self._greedy(flows, {f.id: f.bytes / flow_count(f) for f in flows})

@@ -70,19 +70,18 @@ def maxmin_levels(
         active = ~frozen
         load = incidence @ active.astype(float)
         used = load > 0
-        step = np.inf
-        if used.any():
-            step = float(np.min(leftover[used] / load[used]))
-        capped = active & np.isfinite(caps)
-        if capped.any():
-            step = min(step, float(np.min(caps[capped] - level[capped])))
-        step = max(step, 0.0)
+        ratio = np.full(n_links, np.inf)
+        ratio[used] = leftover[used] / load[used]
+        gap = np.where(active, caps - level, np.inf)
+        step = max(min(float(ratio.min(initial=np.inf)), float(gap.min(initial=np.inf))), 0.0)
         level[active] += step
         leftover -= load * step
-        saturated = used & (leftover <= _SAT_TOL * capacity)
+        # the links / caps that set the step are saturated by construction (ensures progress)
+        limit = step * (1 + _SAT_TOL)
+        saturated = used & ((ratio <= limit) | (leftover <= _SAT_TOL * capacity))
         leftover[saturated] = 0.0
         frozen |= crosses[saturated].any(axis=0)
-        frozen |= active & (level >= caps * (1 - _SAT_TOL))
+        frozen |= active & (gap <= limit)
     return level
 
 
@@ -108,10 +107,13 @@ def path_incidence(
         KeyError: a path crosses a link missing from `rows`.
     """
     matrix = np.zeros((len(rows), len(entities)))
+    path_rows: dict[Path, list[int]] = {}
     for j, members in enumerate(entities):
         for path, count in members:
-            for link in path_links(path):
-                matrix[rows[link], j] += count
+            hit = path_rows.get(path)
+            if hit is None:
+                hit = path_rows[path] = [rows[link] for link in path_links(path)]
+            matrix[hit, j] += count
     return matrix
 
 
