@@ -56,6 +56,8 @@ from .sources import SourceError, flow_key, open_source
 
 log = logging.getLogger(__name__)
 
+ROWS_PER_MESSAGE = 500  # flow rows per progress/register message (keeps headers < 64 KiB)
+
 
 @dataclass
 class AgentConfig:
@@ -186,7 +188,10 @@ class Agent:
                 self._outbox.append({"t": "heartbeat"})
                 next_heartbeat = now + self.config.heartbeat_interval
             while self._outbox:
-                await writer.send(self._outbox[0])
+                try:
+                    await writer.send(self._outbox[0])
+                except FrameError as exc:  # cannot be encoded (e.g. too large): drop it
+                    log.error("dropping control message %r: %s", self._outbox[0].get("t"), exc)
                 self._outbox.popleft()
             with trio.move_on_at(min(next_progress, next_heartbeat)):
                 await self._outbox_event.wait()
@@ -204,19 +209,27 @@ class Agent:
                 continue
             flow.reported = flow.acked
             rows.append((coflow, flow_id, flow.acked))
-        if rows:
-            self.send_control(progress_message(rows))
+        for i in range(0, len(rows), ROWS_PER_MESSAGE):
+            self.send_control(progress_message(rows[i : i + ROWS_PER_MESSAGE]))
 
     def _inflight_state(self) -> list[dict]:
+        """Unfinished flows for "register" (at most ROWS_PER_MESSAGE, so the header fits)."""
         rows = [
             {"coflow": c, "flow": f, "role": "send", "offset": flow.acked}
             for (c, f), flow in self.out_flows.items()
+            if not flow.done and flow.failed is None
         ]
         rows += [
             {"coflow": c, "flow": f, "role": "recv", "offset": flow.delivered}
             for (c, f), flow in self.in_flows.items()
+            if not flow.done and flow.failed is None
         ]
-        return rows
+        if len(rows) > ROWS_PER_MESSAGE:
+            log.warning(
+                "%d flows in flight; register reports the first %d", len(rows), ROWS_PER_MESSAGE
+            )
+            self._queue_progress(only_changed=False)  # senders' offsets reach the controller anyway
+        return rows[:ROWS_PER_MESSAGE]
 
     async def _apply_control(self, header: dict) -> None:
         """Validate and apply one controller message; ProtocolError if it is bad."""

@@ -37,6 +37,8 @@ from .agent import Agent, AgentConfig
 
 log = logging.getLogger(__name__)
 
+FLOWS_PER_MESSAGE = 200  # flow descriptors per "flows" message (keeps headers < 64 KiB)
+
 
 class ControllerPeer:
     """In-test controller: ControllerPeer(host="127.0.0.1", token=None).
@@ -134,8 +136,8 @@ class ControllerPeer:
             msgs.append(tunnels_message(specs, listen))
         mine = [self._resume(spec) for spec in self.flows.values() if agent in spec_agents(spec)]
         mine = [spec for spec in mine if spec.key not in self.completed]
-        if mine:
-            msgs.append(flows_message(mine))
+        for i in range(0, len(mine), FLOWS_PER_MESSAGE):
+            msgs.append(flows_message(mine[i : i + FLOWS_PER_MESSAGE]))
         if self.rates.get(agent):
             msgs.append(rates_message(list(self.rates[agent].values())))
         synced = trio.Event()
@@ -211,8 +213,9 @@ class ControllerPeer:
             for spec in specs:
                 by_agent.setdefault(getattr(spec, role), []).append(spec)
             for agent, mine in by_agent.items():
-                if self.connected(agent):
-                    await self.send(agent, flows_message(mine))
+                for i in range(0, len(mine), FLOWS_PER_MESSAGE):
+                    if self.connected(agent):
+                        await self.send(agent, flows_message(mine[i : i + FLOWS_PER_MESSAGE]))
 
     async def set_rates(self, agent: str, groups: list[GroupRates]) -> None:
         """Store and send per-FlowGroup per-path rates of sending `agent`; waits for its ack."""

@@ -35,10 +35,10 @@ def flow_key(coflow: str, flow: str) -> str:
 class SyntheticSource:
     """Deterministic bytes of one flow; read(offset, n) returns a memoryview (no copy).
 
-    SyntheticSource(key: str, size: int bytes). Byte i of the flow is block[i % SYNTHETIC_PERIOD]
-    where block = numpy PCG64 bytes seeded by BLAKE2b(key) (16-byte digest). The block (2 x ~1 MiB)
-    is built on the first read and dropped by close(); a later read builds it again, so idle and
-    finished flows cost no memory.
+    SyntheticSource(key: str, size: int bytes). Byte i of the flow is block[i % len(block)] where
+    block = numpy PCG64 bytes seeded by BLAKE2b(key) (16-byte digest), min(size, SYNTHETIC_PERIOD)
+    of them. The block is built on the first read and dropped by close(); a later read builds it
+    again, so idle and finished flows cost no memory.
     """
 
     def __init__(self, key: str, size: int) -> None:
@@ -49,8 +49,9 @@ class SyntheticSource:
     def _block(self) -> memoryview:
         if self._view is None:
             digest = hashlib.blake2b(self.key.encode(), digest_size=16).digest()
-            block = np.random.default_rng(int.from_bytes(digest, "big")).bytes(SYNTHETIC_PERIOD)
-            self._view = memoryview(block + block)
+            rng = np.random.default_rng(int.from_bytes(digest, "big"))
+            block = rng.bytes(min(self.size, SYNTHETIC_PERIOD))
+            self._view = memoryview(block + block if self.size > SYNTHETIC_PERIOD else block)
         return self._view
 
     def read(self, offset: int, n: int) -> memoryview:

@@ -409,3 +409,16 @@ async def test_slow_path_reorders_and_receiver_spills_within_memory_bound(tmp_pa
     assert sent[slow.tunnel] > 0 and spilled > 0
     assert peak <= limit
     assert dst.read_bytes() == src.read_bytes()
+
+
+async def test_many_small_flows_complete_and_progress_is_batched(tmp_path):
+    n, size = 1200, 3000  # > ROWS_PER_MESSAGE flows in one FlowGroup
+    async with loopback(tmp_path, k=2) as h:
+        flows = [h.flow("c1", f"f{i}", "a", "b", size) for i in range(n)]
+        await start(h, flows, UNLIMITED)
+        await wait_complete(h, flows)
+        with trio.fail_after(TIMEOUT):
+            await h.controller.wait_until(
+                lambda: all(h.controller.acked.get(f.key) == size for f in flows)
+            )
+    assert h.controller.completed[flows[-1].key] == synthetic_digest("c1", f"f{n - 1}", size)
