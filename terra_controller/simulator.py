@@ -427,15 +427,19 @@ class _Run:
 
     def _take_rates(self, alloc: Allocation) -> dict[tuple[str, ...], float]:
         path_rate: dict[tuple[str, ...], float] = {}
+        positions: list[int] = []
+        totals: list[float] = []
+        src, dst = self.src, self.dst
         for cid, flows in alloc.items():
             active = self.active.get(cid)
             if active is None:
                 if flows:
                     raise SimulationError(f"allocation names coflow {cid!r}, which is not active")
                 continue
+            pos_of = active.pos_of
             for fid, path_rates in flows.items():
-                pos = active.pos_of.get(fid)
-                if pos is None or self.rem[pos] <= 0:
+                pos = pos_of.get(fid)
+                if pos is None:
                     if any(r for _, r in path_rates):
                         raise SimulationError(
                             f"coflow {cid!r}: rate for unknown or done flow {fid!r}"
@@ -443,18 +447,21 @@ class _Run:
                     continue
                 total = 0.0
                 for path, r in path_rates:
-                    if not r >= 0 or r == float("inf"):
+                    if r > 0:
+                        if path[0] != src[pos] or path[-1] != dst[pos]:
+                            raise SimulationError(
+                                f"coflow {cid!r} flow {fid!r}: path {path} does not join "
+                                f"{src[pos]} and {dst[pos]}"
+                            )
+                        path_rate[path] = path_rate.get(path, 0.0) + r
+                        total += r
+                    elif r != 0:
                         raise SimulationError(f"coflow {cid!r} flow {fid!r}: rate {r!r}")
-                    if r == 0:
-                        continue
-                    if path[0] != self.src[pos] or path[-1] != self.dst[pos]:
-                        raise SimulationError(
-                            f"coflow {cid!r} flow {fid!r}: path {path} does not join "
-                            f"{self.src[pos]} and {self.dst[pos]}"
-                        )
-                    path_rate[path] = path_rate.get(path, 0.0) + r
-                    total += r
-                self.rate[pos] = total
+                if not total < float("inf"):
+                    raise SimulationError(f"coflow {cid!r} flow {fid!r}: rate {total!r}")
+                positions.append(pos)
+                totals.append(total)
+        self.rate[positions] = totals
         return path_rate
 
     def _check_links(self, path_rate: dict[tuple[str, ...], float], now: float) -> None:
@@ -510,6 +517,9 @@ class _Run:
             keep = self.rem[active.pos] > 0
             if keep.all():
                 continue
+            for fid, k in zip(active.ids, keep.tolist(), strict=True):
+                if not k:
+                    del active.pos_of[fid]
             active.pos = active.pos[keep]
             active.ids = [fid for fid, k in zip(active.ids, keep.tolist(), strict=True) if k]
             if not active.ids:
