@@ -254,3 +254,28 @@ def test_random_runs_finish_conserve_bytes_and_keep_capacity(name, coflows, fail
         for res in r.coflows:
             if res.admitted and res.deadline_s is not None and res.wan:
                 assert res.met_deadline, res
+
+
+class _Fixed(_Greedy):
+    """A buggy policy returning one fixed allocation whatever is active."""
+
+    def __init__(self, topology, alloc):
+        super().__init__(topology)
+        self.alloc = alloc
+
+    def allocate(self, now, remaining):
+        return self.alloc
+
+
+@pytest.mark.parametrize(
+    "alloc, message",
+    [
+        ({"c": {"f": [(("A", "B"), -1.0)]}}, "rate -1.0"),
+        ({"c": {"f": [(("A", "B"), float("nan"))]}}, "rate nan"),
+        ({"c": {"nope": [(("A", "B"), 1.0)]}}, "unknown or done flow"),
+        ({"other": {"f": [(("A", "B"), 1.0)]}}, "not active"),
+    ],
+)
+def test_malformed_allocations_are_policy_bugs(alloc, message):
+    with pytest.raises(SimulationError, match=message):
+        simulate(_Fixed(topo([("A", "B")]), alloc), [Coflow("c", 0, [Flow("f", "A", "B", G)])])
