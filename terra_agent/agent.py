@@ -112,10 +112,12 @@ class Agent:
         Raises:
             OSError: the data port cannot be bound (at start only).
         """
+        host, port = self.config.data_addr
+        listeners = await trio.open_tcp_listeners(port, host=host)  # OSError here, unwrapped
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                await nursery.start(self._listen, self.config.data_addr[1])
+                await nursery.start(self._listen, port, listeners)
                 nursery.start_soon(self._control_loop)
                 task_status.started(self)
         finally:
@@ -161,22 +163,40 @@ class Agent:
                 inflight=self._inflight_state(),
             )
         )
+        error: Exception | None = None
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._control_writer, writer)
-            while True:
-                frame = await reader.read()
-                if frame is None:
-                    nursery.cancel_scope.cancel()
-                    return
-                header, _ = frame
-                try:
-                    await self._apply_control(header)
-                except ProtocolError as exc:
-                    log.error("control message rejected: %s", exc)
-                    self.send_control(error_message(f"rejected {header.get('t')!r}: {exc}"))
+            nursery.start_soon(self._control_writer, writer, nursery.cancel_scope)
+            try:
+                await self._control_reader(reader)
+            except (FrameError, *CONNECTION_ERRORS) as exc:
+                error = exc  # re-raised below, outside the nursery (no ExceptionGroup)
+            nursery.cancel_scope.cancel()
+        if error is not None:
+            raise error
 
-    async def _control_writer(self, writer: FrameWriter) -> None:
-        """Drain the outbox; send progress every progress_interval and heartbeats."""
+    async def _control_reader(self, reader: FrameReader) -> None:
+        """Apply controller messages until EOF; a bad message gets an "error" reply."""
+        while True:
+            frame = await reader.read()
+            if frame is None:
+                return
+            header, _ = frame
+            try:
+                await self._apply_control(header)
+            except ProtocolError as exc:
+                log.error("control message rejected: %s", exc)
+                self.send_control(error_message(f"rejected {header.get('t')!r}: {exc}"))
+
+    async def _control_writer(self, writer: FrameWriter, session: trio.CancelScope) -> None:
+        """Drain the outbox; progress every progress_interval, heartbeats. Ends the session
+        (cancels `session`) when the connection fails."""
+        try:
+            await self._control_writes(writer)
+        except CONNECTION_ERRORS as exc:
+            log.warning("control channel: send failed: %s", exc)
+            session.cancel()
+
+    async def _control_writes(self, writer: FrameWriter) -> None:
         next_progress = trio.current_time()
         next_heartbeat = trio.current_time() + self.config.heartbeat_interval
         while True:
@@ -349,9 +369,11 @@ class Agent:
             log.error(message)
             self.send_control(error_message(message))
 
-    async def _listen(self, port: int, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        host = self.config.data_addr[0]
-        listeners = await trio.open_tcp_listeners(port, host=host)
+    async def _listen(
+        self, port: int, listeners=None, task_status=trio.TASK_STATUS_IGNORED
+    ) -> None:
+        if listeners is None:
+            listeners = await trio.open_tcp_listeners(port, host=self.config.data_addr[0])
         with trio.CancelScope() as scope:
             self.listeners[port] = scope
             try:

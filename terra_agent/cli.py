@@ -83,8 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         trio.run(Agent(config).run)
     except KeyboardInterrupt:
         return 0
+    except BaseExceptionGroup as group:
+        if group.split(KeyboardInterrupt)[1] is None:  # nothing but Ctrl-C
+            return 0
+        raise
     except OSError as exc:
-        print(f"terra-agent: cannot listen on {args.data_addr}: {exc}", file=sys.stderr)
+        host, port = args.data_addr
+        print(f"terra-agent: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
         return 1
     return 0
 

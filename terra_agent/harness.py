@@ -48,7 +48,8 @@ class ControllerPeer:
     rates {agent: {(coflow, dst_dc): GroupRates}}. What it records: acked {(coflow, flow): bytes
     acknowledged, latest report}, completed {(coflow, flow): digest}, errors [error messages],
     registrations {agent: count}, register_msgs {agent: last register header}, synced {agent:
-    trio.Event set once the agent acknowledged the state re-sent at its last registration}.
+    trio.Event set once the agent acknowledged the state re-sent at its last registration},
+    rejected (registrations refused for a bad token).
     """
 
     def __init__(self, host: str = "127.0.0.1", token: str | None = None) -> None:
@@ -64,6 +65,7 @@ class ControllerPeer:
         self.registrations: dict[str, int] = {}
         self.register_msgs: dict[str, dict] = {}
         self.synced: dict[str, trio.Event] = {}
+        self.rejected = 0
         self._writers: dict[str, FrameWriter] = {}
         self._acks: dict[int, trio.Event] = {}
         self._next_id = 1
@@ -98,6 +100,8 @@ class ControllerPeer:
                 if reg["t"] != "register":
                     raise ProtocolError(f"first message must be 'register', got {reg['t']!r}")
                 if self.token is not None and reg.get("token") != self.token:
+                    self.rejected += 1
+                    self._notify()
                     await writer.send({"t": "error", "message": "bad or missing token"})
                     return
                 agent = reg["agent"]

@@ -10,8 +10,10 @@ from contextlib import asynccontextmanager
 
 import trio
 
+from overlay.framing import FrameReader
 from overlay.protocol import GroupRates, TunnelSpec
-from terra_agent.harness import LoopbackHarness, delay_proxy
+from terra_agent.agent import Agent, AgentConfig
+from terra_agent.harness import ControllerPeer, LoopbackHarness, delay_proxy, free_port_block
 from terra_agent.sources import synthetic_digest
 
 MB = 1_000_000
@@ -422,3 +424,62 @@ async def test_many_small_flows_complete_and_progress_is_batched(tmp_path):
                 lambda: all(h.controller.acked.get(f.key) == size for f in flows)
             )
     assert h.controller.completed[flows[-1].key] == synthetic_digest("c1", f"f{n - 1}", size)
+
+
+async def test_wrong_token_is_refused_and_agent_keeps_retrying(tmp_path):
+    async with trio.open_nursery() as nursery:
+        peer = ControllerPeer(token="right")
+        port = await nursery.start(peer.serve)
+        config = AgentConfig(
+            ("127.0.0.1", port),
+            "HK",
+            "a",
+            ("127.0.0.2", free_port_block("127.0.0.2", 1)),
+            str(tmp_path),
+            token="wrong",
+        )
+        nursery.start_soon(Agent(config).run)
+        with trio.fail_after(TIMEOUT):
+            await peer.wait_until(lambda: peer.rejected >= 2)  # refused, retried, refused
+        assert not peer.connected("a")
+        nursery.cancel_scope.cancel()
+
+
+async def test_garbage_from_controller_closes_control_channel_only(tmp_path):
+    """A fake controller answers each registration with a different bad frame; the agent drops
+    that control connection, reconnects and registers again every time."""
+    bad_frames = [
+        BAD_INPUTS["malformed msgpack"],
+        BAD_INPUTS["wrong version"],
+        BAD_INPUTS["oversized header"],
+        frame({"t": "flows", "flows": []}, b"payload"),
+    ]
+    registrations = []
+    done = trio.Event()
+
+    async def fake_controller(stream):
+        reader = FrameReader(stream, max_payload=0)
+        header, _ = await reader.read()
+        registrations.append(header["agent"])
+        if len(registrations) > len(bad_frames):
+            done.set()
+            return
+        await stream.send_all(bad_frames[len(registrations) - 1])
+        with trio.move_on_after(TIMEOUT):
+            while await stream.receive_some(1024):
+                pass  # until the agent hangs up
+
+    async with trio.open_nursery() as nursery:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        nursery.start_soon(trio.serve_listeners, fake_controller, listeners)
+        data_port = free_port_block("127.0.0.2", 1)
+        nursery.start_soon(
+            Agent(
+                AgentConfig(("127.0.0.1", port), "HK", "a", ("127.0.0.2", data_port), str(tmp_path))
+            ).run
+        )
+        with trio.fail_after(TIMEOUT):
+            await done.wait()
+        assert registrations == ["a"] * (len(bad_frames) + 1)
+        nursery.cancel_scope.cancel()
