@@ -420,7 +420,7 @@ class Agent:
                     frame = await reader.read()
                     if frame is None:
                         return
-                    await self._receive_chunk(frame[0], frame[1], writer)
+                    await self._receive_chunk(frame[0], frame[1], writer, hello["agent"])
         except (FrameError, ProtocolError) as exc:
             self.closed_connections += 1
             log.error("incoming connection from %s: %s; closing it", peer, exc)
@@ -433,7 +433,7 @@ class Agent:
             if key is not None:
                 self.incoming.get(key, set()).discard(stream)
 
-    async def _receive_chunk(self, header: dict, payload, writer: FrameWriter) -> None:
+    async def _receive_chunk(self, header: dict, payload, writer: FrameWriter, peer: str) -> None:
         validate_data(header)
         if header["t"] != "chunk":
             raise ProtocolError(f"unexpected {header['t']!r} frame on a receiving connection")
@@ -441,6 +441,11 @@ class Agent:
         flow = self.in_flows.get(key)
         if flow is None:
             raise ProtocolError(f"chunk for unknown flow {key[0]}/{key[1]}")
+        if peer != flow.spec.src_agent:
+            raise ProtocolError(
+                f"chunk for flow {key[0]}/{key[1]} from agent {peer!r}, "
+                f"its sender is {flow.spec.src_agent!r}"
+            )
         was_done = flow.done or flow.failed is not None
         flow.add(header["o"], payload, header.get("d"))
         if not was_done and flow.check_digest():

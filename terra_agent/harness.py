@@ -250,7 +250,10 @@ async def delay_proxy(
     listeners = await trio.open_tcp_listeners(0, host=listen_host)
     task_status.started(listeners[0].socket.getsockname()[1])
 
-    async def pump(src: trio.SocketStream, dst: trio.SocketStream) -> None:
+    errors = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+    async def pump(src, dst, connection: trio.CancelScope) -> None:
+        """Copy src -> dst, each piece delay_s late; a failure ends the whole connection."""
         send, recv = trio.open_memory_channel(math.inf)
 
         async def deliver():
@@ -259,20 +262,29 @@ async def delay_proxy(
                 await dst.send_all(data)
             await dst.send_eof()
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(deliver)
-            async with send:
-                while data := await src.receive_some(1 << 16):
-                    send.send_nowait((trio.current_time() + delay_s, data))
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(deliver)
+                async with send:
+                    while data := await src.receive_some(1 << 16):
+                        send.send_nowait((trio.current_time() + delay_s, data))
+        except BaseExceptionGroup as group:
+            if group.split(errors)[1] is not None:
+                raise
+            connection.cancel()
+        except errors:
+            connection.cancel()
 
     async def handle(client: trio.SocketStream) -> None:
         try:
-            async with client, await trio.open_tcp_stream(*target) as upstream:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(pump, client, upstream)
-                    nursery.start_soon(pump, upstream, client)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            log.info("delay proxy connection ended: %s", exc)
+            upstream = await trio.open_tcp_stream(*target)
+        except OSError as exc:
+            log.info("delay proxy: cannot reach %s: %s", target, exc)
+            await client.aclose()
+            return
+        async with client, upstream, trio.open_nursery() as nursery:
+            nursery.start_soon(pump, client, upstream, nursery.cancel_scope)
+            nursery.start_soon(pump, upstream, client, nursery.cancel_scope)
 
     await trio.serve_listeners(handle, listeners)
 

@@ -6,6 +6,7 @@ BLAKE2b digest the receiver reports, which it only reports when it equals the se
 
 import hashlib
 import os
+import zlib
 from contextlib import asynccontextmanager
 
 import trio
@@ -255,28 +256,51 @@ def frame(header: dict, payload: bytes = b"") -> bytes:
     return len(packed).to_bytes(4, "big") + packed + payload
 
 
-BAD_INPUTS = {
-    "malformed msgpack": b"\x00\x00\x00\x03\xc1\xc1\xc1",
-    "wrong version": frame({"v": 2, "t": "hello", "agent": "x", "tunnel": "t"}),
-    "oversized header": (2**31).to_bytes(4, "big") + b"x" * 100,
-    "oversized payload": frame({"t": "hello", "agent": "x", "tunnel": "t"})
-    + frame({"t": "chunk", "c": "c1", "f": "f1", "o": 0, "x": 0, "n": 64 << 20}),
-    "unknown flow": frame({"t": "hello", "agent": "x", "tunnel": "t"})
-    + frame({"t": "chunk", "c": "c9", "f": "nope", "o": 0, "x": 3632233996}, b"data"),
-    "first frame not hello": frame({"t": "ack", "c": "c", "f": "f", "o": 0, "e": 1}),
-    "disconnect mid-frame": frame({"t": "hello", "agent": "x", "tunnel": "t"})
-    + frame({"t": "chunk", "c": "c1", "f": "f1", "o": 0, "x": 0}, b"y" * 1000)[:-500],
+HELLO = frame({"t": "hello", "agent": "x", "tunnel": "t"})
+CRC_DATA = zlib.crc32(b"data")
+BAD_INPUTS = {  # name: (bytes sent, what the agent's log must say)
+    "malformed msgpack": (b"\x00\x00\x00\x03\xc1\xc1\xc1", "malformed frame header"),
+    "wrong version": (
+        frame({"v": 2, "t": "hello", "agent": "x", "tunnel": "t"}),
+        "unsupported frame version 2",
+    ),
+    "oversized header": ((2**31).to_bytes(4, "big") + b"x" * 100, "header length 2147483648"),
+    "oversized payload": (
+        HELLO + frame({"t": "chunk", "c": "c1", "f": "f1", "o": 0, "x": 0, "n": 64 << 20}),
+        "payload length 67108864",
+    ),
+    "bad checksum": (
+        HELLO + frame({"t": "chunk", "c": "c1", "f": "f1", "o": 0, "x": 1}, b"data"),
+        "checksum mismatch",
+    ),
+    "unknown flow": (
+        HELLO + frame({"t": "chunk", "c": "c9", "f": "nope", "o": 0, "x": CRC_DATA}, b"data"),
+        "unknown flow c9/nope",
+    ),
+    "chunk from the wrong agent": (  # would corrupt c1/f1 if accepted
+        HELLO + frame({"t": "chunk", "c": "c1", "f": "f1", "o": 0, "x": CRC_DATA}, b"data"),
+        "its sender is 'a'",
+    ),
+    "first frame not hello": (
+        frame({"t": "ack", "c": "c", "f": "f", "o": 0, "e": 1}),
+        "first frame must be 'hello'",
+    ),
+    "disconnect mid-frame": (
+        HELLO + frame({"t": "chunk", "c": "c1", "f": "f1", "o": 0, "x": 0}, b"y" * 1000)[:-500],
+        "closed mid-frame",
+    ),
 }
 
 
-async def test_bad_input_closes_only_that_connection(tmp_path):
+async def test_bad_input_closes_only_that_connection(tmp_path, caplog):
     size = 6 * MB
     async with loopback(tmp_path, k=2) as h:
         f = h.flow("c1", "f1", "a", "b", size)
         await start(h, [f], 3 * MB)  # ~1 s; runs while the garbage arrives
         b = h.agents["b"]
-        for name, data in BAD_INPUTS.items():
+        for name, (data, reason) in BAD_INPUTS.items():
             before = b.agent.closed_connections
+            caplog.clear()
             for port in (b.base_port, b.tunnel_port(0)):
                 stream = await trio.open_tcp_stream(b.host, port)
                 await stream.send_all(data)
@@ -290,6 +314,8 @@ async def test_bad_input_closes_only_that_connection(tmp_path):
                         pass
                 await stream.aclose()
             assert b.agent.closed_connections == before + 2, name
+            errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+            assert len(errors) == 2 and all(reason in e for e in errors), (name, errors)
         await wait_complete(h, [f])
         assert h.agents["a"].agent.links[("b", h.tunnels[0].tunnel)].connects == 1
     assert h.controller.completed[f.key] == synthetic_digest("c1", "f1", size)
@@ -449,9 +475,9 @@ async def test_garbage_from_controller_closes_control_channel_only(tmp_path):
     """A fake controller answers each registration with a different bad frame; the agent drops
     that control connection, reconnects and registers again every time."""
     bad_frames = [
-        BAD_INPUTS["malformed msgpack"],
-        BAD_INPUTS["wrong version"],
-        BAD_INPUTS["oversized header"],
+        BAD_INPUTS["malformed msgpack"][0],
+        BAD_INPUTS["wrong version"][0],
+        BAD_INPUTS["oversized header"][0],
         frame({"t": "flows", "flows": []}, b"payload"),
     ]
     registrations = []
