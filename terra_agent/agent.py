@@ -51,6 +51,7 @@ from .sender import (
     FlowGroupSender,
     OutFlow,
     PeerLink,
+    detect_dead_peers,
 )
 from .sources import SourceError, flow_key, open_source
 
@@ -138,6 +139,7 @@ class Agent:
             started = trio.current_time()
             try:
                 stream = await trio.open_tcp_stream(host, port)
+                detect_dead_peers(stream)
                 async with stream:
                     await self._control_session(stream)
                 log.warning("controller closed the control channel")
@@ -405,6 +407,7 @@ class Agent:
         key = None
         try:
             async with stream:
+                detect_dead_peers(stream)
                 reader = FrameReader(stream)
                 writer = FrameWriter(stream)
                 frame = await reader.read()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 from collections import deque
 
 import trio
@@ -32,7 +33,31 @@ MIN_CHUNK_BYTES = 4 * 1024
 CHUNK_SECONDS = 0.01  # a chunk is about this much of its path's rate (rate_limit.py advice)
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
+DEAD_PEER_S = 10.0  # a silent peer (no acks, no keepalive answers) is dropped after this long
 CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+def detect_dead_peers(stream: trio.SocketStream, timeout_s: float = DEAD_PEER_S) -> None:
+    """Make the kernel drop `stream` when its peer goes silent for about `timeout_s` seconds.
+
+    TCP_USER_TIMEOUT bounds how long sent data may stay unacknowledged (a WAN path that drops
+    packets without a reset), keepalive probes cover idle connections. Linux options; ignored
+    where missing.
+    """
+    sock = stream.socket
+    probes = [
+        (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", None), max(1, int(timeout_s / 2))),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), max(1, int(timeout_s / 6))),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), 3),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_USER_TIMEOUT", None), int(timeout_s * 1000)),
+    ]
+    for level, option, value in probes:
+        if option is not None:
+            try:
+                sock.setsockopt(level, option, value)
+            except OSError:
+                pass
 
 
 def chunk_bytes(rate: float) -> int:
@@ -222,6 +247,7 @@ class PeerLink:
                 self.spec.peer_host, self.spec.port, local_address=self.local_host
             )
             self._stream = stream
+            detect_dead_peers(stream)
             async with stream:
                 writer = FrameWriter(stream)
                 hello = {"t": "hello", "agent": self.agent_id, "tunnel": self.spec.tunnel}

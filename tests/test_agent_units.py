@@ -2,14 +2,16 @@
 
 import hashlib
 import os
+import socket
 
 import pytest
+import trio
 
 from overlay.protocol import FlowSpec, ProtocolError
 from terra_agent.agent import parse_memory
 from terra_agent.cli import build_parser, main
 from terra_agent.receiver import InFlow
-from terra_agent.sender import MIN_CHUNK_BYTES, OutFlow, chunk_bytes
+from terra_agent.sender import MIN_CHUNK_BYTES, OutFlow, chunk_bytes, detect_dead_peers
 from terra_agent.sources import (
     MAX_CHUNK_BYTES,
     SYNTHETIC_PERIOD,
@@ -217,3 +219,17 @@ def test_inflow_restarted_after_all_bytes_still_verifies(tmp_path):
     assert again.base == 300 and again.check_digest() and again.digest == digest
     fresh = InFlow(spec(300, sink=f"file:{path}"), 100, str(tmp_path))  # offset 0: start over
     assert fresh.base == 0 and fresh.expected_digest is None
+
+
+async def test_detect_dead_peers_sets_user_timeout_and_keepalive():
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    detect_dead_peers(stream, timeout_s=6)
+    sock = stream.socket
+    assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 6000
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 3
+    await stream.aclose()
+    for listener in listeners:
+        await listener.aclose()
