@@ -35,6 +35,14 @@ Data connections (sender agent -> receiver agent, one TCP connection per (peer a
     ack       {c: coflow, f: flow, o: delivered offset, e: receiver epoch int}  (receiver ->
               sender, on the same connection; "e" changes when the receiver restarts)
 
+Rules the controller follows (what terra_agent expects):
+    - send a flow's descriptor to its receiver (and wait for the "ack" {id}) before its sender:
+      a chunk for a flow the receiver does not know closes that data connection;
+    - on every (re-)registration, re-send the agent's tunnels, its unfinished flows with
+      offset = the latest "progress" acked, and its rates (a restarted agent knows nothing);
+    - keep headers under framing.MAX_HEADER_BYTES (64 KiB): batch long "flows" lists (about 200
+      descriptors per message is safe); agents send at most 500 rows per progress/register.
+
 All validators raise ProtocolError (a ValueError) with a message naming the field at fault.
 """
 
