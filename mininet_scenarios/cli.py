@@ -1,0 +1,177 @@
+"""`terra-testbed`: the SWAN testbed experiment (issue 5).
+
+    terra-testbed swan [--quick] [--fail-link LA-NY | --no-failure] [--json OUT] [--plots DIR]
+        [--link-mbps M] [--workload fb|PATH] [--first I] [--coflows N] [--speedup S]
+        [--k K] [--timeout S] [--workdir DIR]
+
+Needs root, Open vSwitch (started if installed but not running) and Mininet.
+Prints a table of average / p95 CCT, WAN utilization and the issue's targets; exit status
+0 when the run finished (targets met or not), 1 on a testbed error, 2 on bad arguments,
+130 on Ctrl-C. Everything it started is torn down in every case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from mininet_scenarios import results
+from mininet_scenarios.swan import Failure, TestbedError, TestbedOptions, run_swan
+from mininet_scenarios.workload import DEFAULT_COUNT, DEFAULT_FIRST, scales, testbed_coflows
+from topologies import TopologyError, load_topology
+from workloads import WorkloadError
+
+OVS_CTL = "/usr/share/openvswitch/scripts/ovs-ctl"
+FULL = {"coflows": DEFAULT_COUNT, "speedup": 0.5, "fail_at": 10.0, "fail_for": 10.0}
+QUICK = {"coflows": 6, "speedup": 1.0, "fail_at": 3.0, "fail_for": 5.0}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of terra-testbed."""
+    p = argparse.ArgumentParser(prog="terra-testbed", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="scenario", required=True)
+    s = sub.add_parser("swan", help="Terra vs per-flow TCP on the emulated SWAN testbed")
+    s.add_argument("--quick", action="store_true", help="fewer coflows, shorter failure")
+    s.add_argument("--fail-link", default="LA-NY", help="WAN link A-B to fail (default LA-NY)")
+    s.add_argument("--no-failure", action="store_true", help="no link failure")
+    s.add_argument("--fail-at", type=float, help="seconds after the first arrival")
+    s.add_argument("--fail-for", type=float, help="seconds the link stays down")
+    s.add_argument("--json", type=Path, help="write the results JSON here")
+    s.add_argument("--plots", type=Path, help="write PNG plots into this directory")
+    s.add_argument("--link-mbps", type=float, default=20.0, help="HTB rate of WAN links")
+    s.add_argument("--workload", default="fb", help="fb, a coflow-benchmark trace or a .json")
+    s.add_argument("--first", type=int, default=DEFAULT_FIRST, help="first coflow (position)")
+    s.add_argument("--coflows", type=int, help="number of coflows in the slice")
+    s.add_argument("--speedup", type=float, help="play the slice this many times faster")
+    s.add_argument("--k", type=int, default=4, help="tunnels per DC pair (default 4)")
+    s.add_argument("--timeout", type=float, default=300.0, help="per run, after last arrival")
+    s.add_argument("--of-port", type=int, default=0, help="OpenFlow port (default: a free one)")
+    s.add_argument("--workdir", type=Path, help="logs and scratch files (default: a temp dir)")
+    return p
+
+
+def check_environment() -> None:
+    """Root, Open vSwitch running (started when installed), Mininet's mnexec present.
+
+    Raises:
+        TestbedError: what is missing and how to get it.
+    """
+    if os.geteuid() != 0:
+        raise TestbedError("needs root (Mininet, Open vSwitch)")
+    if not shutil.which("ovs-vsctl") or not os.path.exists(OVS_CTL):
+        raise TestbedError("Open vSwitch missing: apt-get install openvswitch-switch")
+    if not shutil.which("mnexec"):
+        raise TestbedError("Mininet missing: apt-get install mininet")
+    if subprocess.run([OVS_CTL, "status"], capture_output=True).returncode != 0:
+        subprocess.run([OVS_CTL, "start", "--system-id=random"], capture_output=True)
+    if subprocess.run(["ovs-vsctl", "--timeout=10", "show"], capture_output=True).returncode:
+        raise TestbedError("Open vSwitch does not answer (ovs-ctl start failed?)")
+
+
+def options_from_args(args, workdir: Path) -> tuple[TestbedOptions, dict]:
+    """TestbedOptions and a description of the workload from parsed arguments.
+
+    Raises:
+        WorkloadError, TopologyError, ValueError: bad workload, link or numbers.
+    """
+    preset = QUICK if args.quick else FULL
+    count = args.coflows if args.coflows is not None else preset["coflows"]
+    speedup = args.speedup if args.speedup is not None else preset["speedup"]
+    byte_scale, time_scale = scales(args.link_mbps, speedup)
+    topology = load_topology("swan")
+    from mininet_scenarios.swan import TESTBED_TOPOLOGY
+    from topologies.binding import load_binding
+
+    binding = load_binding(load_topology(str(TESTBED_TOPOLOGY)))
+    coflows = testbed_coflows(
+        args.workload, topology, binding, args.first, count, byte_scale, time_scale
+    )
+    failure = None
+    if not args.no_failure:
+        a, sep, b = args.fail_link.partition("-")
+        if not sep or (a, b) not in topology.capacity:
+            raise TopologyError(f"--fail-link {args.fail_link!r}: not a SWAN link (e.g. LA-NY)")
+        down = args.fail_at if args.fail_at is not None else preset["fail_at"]
+        up = down + (args.fail_for if args.fail_for is not None else preset["fail_for"])
+        failure = Failure(a, b, down, up)
+    workload = {
+        "spec": args.workload,
+        "first": args.first,
+        "coflows": len(coflows),
+        "flows": sum(len(c.flows) for c in coflows),
+        "bytes": sum(c.bytes for c in coflows),
+        "byte_scale": byte_scale,
+        "time_scale": time_scale,
+        "last_arrival_s": coflows[-1].arrival_s,
+        "failure": None if failure is None else vars(failure),
+    }
+    opts = TestbedOptions(
+        coflows=coflows,
+        link_mbps=args.link_mbps,
+        k=args.k,
+        failure=failure,
+        timeout_s=args.timeout,
+        of_port=args.of_port or free_port(),
+        workdir=workdir,
+    )
+    return opts, workload
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point (`terra-testbed`); returns the exit status."""
+    args = build_parser().parse_args(argv)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="terra-testbed-"))
+    try:
+        opts, workload = options_from_args(args, workdir)
+    except (WorkloadError, TopologyError, ValueError) as exc:
+        print(f"terra-testbed: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"workload: {workload['coflows']} coflows, {workload['flows']} flows, "
+        f"{workload['bytes'] / 1e6:.1f} MB, arrivals over {workload['last_arrival_s']:.1f} s "
+        f"(bytes x {workload['byte_scale']:.4g}, time x {workload['time_scale']:.4g}); "
+        f"logs in {workdir}",
+        flush=True,
+    )
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        check_environment()
+        raw = run_swan(opts, log=lambda m: print(m, flush=True))
+    except TestbedError as exc:
+        print(f"terra-testbed: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("terra-testbed: interrupted; everything torn down", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    result = results.summary(raw)
+    print(results.table(result))
+    if args.json:
+        results.write_json(result, args.json, results.details(raw, workload))
+    if args.plots:
+        for path in results.plot(raw, args.plots):
+            print(f"plot: {path}")
+    return 0
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (for the OpenFlow listener)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    sys.exit(main())

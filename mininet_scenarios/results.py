@@ -1,0 +1,178 @@
+"""Results of the SWAN testbed experiment: the JSON summary, a table, PNG plots (issue 5 item 5).
+
+`summary(raw)` turns `swan.run_swan`'s output into the issue's JSON map::
+
+    {"terra": {"avg_cct_s", "p95_cct_s", "wan_utilization"}, "per_flow_tcp": {same keys},
+     "foi_avg_cct", "foi_wan_utilization", "failure_reaction_s", "bytes_lost",
+     "digest_mismatches", "rules_per_switch_max", "flow_mods_after_startup"}
+
+FoI (DESIGN.md section 2): per-flow TCP's average CCT / Terra's; for utilization the
+ratio is Terra's / per-flow TCP's (> 1 means Terra keeps the WAN busier).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+TARGETS = {  # issue 5 targets: (key, comparison, bound)
+    "foi_avg_cct": (">=", 1.55),
+    "foi_wan_utilization": (">=", 1.64),
+    "failure_reaction_s": ("<=", 1.0),
+    "bytes_lost": ("==", 0),
+    "digest_mismatches": ("==", 0),
+    "rules_per_switch_max": ("<=", 168),
+    "flow_mods_after_startup": ("==", 0),
+}
+
+
+def cct_stats(cct_s: dict) -> tuple[float, float]:
+    """(average, 95th percentile) of {coflow: CCT seconds}; (nan, nan) when empty.
+
+    The percentile is numpy's linear interpolation: for CCTs [1, 2, 3, 4, 5],
+    p95 = 4 + 0.8 * (5 - 4) = 4.8.
+    """
+    values = np.array(list(cct_s.values()), dtype=float)
+    if values.size == 0:
+        return float("nan"), float("nan")
+    return float(values.mean()), float(np.percentile(values, 95))
+
+
+def run_summary(run) -> dict:
+    """{"avg_cct_s", "p95_cct_s", "wan_utilization"} of one RunResult."""
+    avg, p95 = cct_stats(run.cct_s)
+    return {"avg_cct_s": avg, "p95_cct_s": p95, "wan_utilization": run.wan_utilization}
+
+
+def summary(raw: dict) -> dict:
+    """The issue's JSON map from run_swan's output (module docstring).
+
+    Args:
+        raw: {"terra": RunResult, "per_flow_tcp": RunResult, "rules_per_switch": {dpid: n},
+            "flow_mods_after_startup": n}.
+    """
+    terra, tcp = run_summary(raw["terra"]), run_summary(raw["per_flow_tcp"])
+    return {
+        "terra": terra,
+        "per_flow_tcp": tcp,
+        "foi_avg_cct": _ratio(tcp["avg_cct_s"], terra["avg_cct_s"]),
+        "foi_wan_utilization": _ratio(terra["wan_utilization"], tcp["wan_utilization"]),
+        "failure_reaction_s": raw["terra"].reaction_s,
+        "bytes_lost": raw["terra"].bytes_lost + raw["per_flow_tcp"].bytes_lost,
+        "digest_mismatches": raw["terra"].digest_mismatches
+        + raw["per_flow_tcp"].digest_mismatches,
+        "rules_per_switch_max": max(raw["rules_per_switch"].values(), default=0),
+        "flow_mods_after_startup": raw["flow_mods_after_startup"],
+    }
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and b == b else float("nan")
+
+
+def target_met(key: str, value) -> bool | None:
+    """Whether `value` meets the issue's target for `key` (None: no target or no value)."""
+    if key not in TARGETS or value is None:
+        return None
+    op, bound = TARGETS[key]
+    return {">=": value >= bound, "<=": value <= bound, "==": value == bound}[op]
+
+
+def table(result: dict) -> str:
+    """A plain-text table of the summary with the targets."""
+    t, p = result["terra"], result["per_flow_tcp"]
+    lines = [
+        f"{'':24}{'Terra':>12}{'per-flow TCP':>14}",
+        f"{'avg CCT (s)':24}{t['avg_cct_s']:>12.2f}{p['avg_cct_s']:>14.2f}",
+        f"{'p95 CCT (s)':24}{t['p95_cct_s']:>12.2f}{p['p95_cct_s']:>14.2f}",
+        f"{'WAN utilization':24}{t['wan_utilization']:>12.3f}{p['wan_utilization']:>14.3f}",
+        "",
+    ]
+    for key, (op, bound) in TARGETS.items():
+        value = result[key]
+        shown = "n/a" if value is None else (f"{value:.3f}" if isinstance(value, float) else value)
+        met = target_met(key, value)
+        mark = "n/a" if met is None else ("ok" if met else "MISSED")
+        lines.append(f"{key:26}{shown!s:>10}   target {op} {bound}  {mark}")
+    return "\n".join(lines)
+
+
+def write_json(result: dict, path: Path, extra: dict | None = None) -> None:
+    """Write the summary (plus `extra` under "details" when given) as JSON to `path`."""
+    doc = dict(result)
+    if extra:
+        doc["details"] = extra
+    path.write_text(json.dumps(doc, indent=1, default=_plain) + "\n")
+
+
+def _plain(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    return str(value)
+
+
+def details(raw: dict, workload: dict) -> dict:
+    """Per-coflow CCTs, arrivals, failure times, bytes and reaction of both runs, for the JSON."""
+    out = {"workload": workload, "rules_per_switch": raw["rules_per_switch"]}
+    for name in ("terra", "per_flow_tcp"):
+        run = raw[name]
+        out[name] = {
+            "cct_s": {str(k): v for k, v in run.cct_s.items()},
+            "arrival_s": {str(k): v for k, v in run.arrival_s.items()},
+            "duration_s": run.duration_s,
+            "wan_bytes_sent": run.wan_bytes_sent,
+            "wan_capacity_bytes_per_s": run.wan_capacity_bps,
+            "failure_down_s": run.failure_down_s,
+            "failure_up_s": run.failure_up_s,
+        }
+    out["terra"]["controller_event_to_applied_ms"] = raw["terra"].controller_reaction_ms
+    return out
+
+
+def plot(raw: dict, out_dir: Path) -> list[Path]:
+    """PNG plots: Terra's per-coflow throughput over time (failure marked) and the CCT CDFs.
+
+    Returns:
+        The written paths: out_dir/throughput.png, out_dir/cct_cdf.png.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    terra = raw["terra"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for cid, series in sorted(terra.throughput.items(), key=lambda kv: str(kv[0])):
+        t, b = np.array([s[0] for s in series]), np.array([s[1] for s in series], dtype=float)
+        if len(t) < 2:
+            continue
+        rate = np.diff(b) / np.maximum(np.diff(t), 1e-9) * 8 / 1e6
+        ax.step(t[1:], rate, where="pre", label=f"coflow {cid}", linewidth=1)
+    if terra.failure_down_s is not None:
+        ax.axvline(terra.failure_down_s, color="red", linestyle="--", label="link down")
+    if terra.failure_up_s is not None:
+        ax.axvline(terra.failure_up_s, color="green", linestyle="--", label="link up")
+    ax.set_xlabel("time since first arrival (s)")
+    ax.set_ylabel("throughput (Mbit/s)")
+    ax.set_title("Terra on the SWAN testbed: per-coflow throughput")
+    ax.legend(fontsize=6, ncol=2)
+    paths = [out_dir / "throughput.png", out_dir / "cct_cdf.png"]
+    fig.tight_layout()
+    fig.savefig(paths[0], dpi=120)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, label in (("terra", "Terra"), ("per_flow_tcp", "per-flow TCP")):
+        values = np.sort(np.array(list(raw[name].cct_s.values()), dtype=float))
+        if values.size:
+            ax.step(values, np.arange(1, values.size + 1) / values.size, where="post", label=label)
+    ax.set_xlabel("CCT (s)")
+    ax.set_ylabel("fraction of coflows")
+    ax.set_title("CCT CDF, SWAN testbed")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(paths[1], dpi=120)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,569 @@
+"""The SWAN testbed experiment (issue 5): Terra vs per-flow TCP on an emulated WAN.
+
+One run, everything real:
+
+1. terra-controller (OpenFlow mode, its own process group) in the root namespace;
+   its topology is topologies/data/swan_testbed.json with the links' capacity set to
+   CAPACITY_FRACTION of the HTB rate (headers: Ethernet, IP, TCP, MPLS, chunk headers).
+2. Mininet (mininet_scenarios.wan_net.build_wan): one userspace OVS per DC, the 7 WAN
+   links shaped with HTB, one host per DC, an out-of-band management network.
+3. Wait until the controller has installed the tunnel rules (REST /tunnels), start one
+   terra-agent per host (reaching the controller over the management network), wait
+   until all are registered.
+4. Terra run: a job master (TerraClient) submits the coflows at their arrival times
+   and polls progress; with a failure link, that link goes down at `fail_at_s` and up
+   again at `recover_at_s` (seconds after the first arrival); the reaction time is
+   measured from the link-down command to the moment the controller reports the
+   round's new rates acknowledged by every agent (REST /status, polled every 10 ms).
+5. Per-flow TCP run (mininet_scenarios.tcp_baseline) on the same WAN and rules after the
+   agents are stopped: same flows, same bytes, same arrival times, same failure.
+6. Switch port counters (`ovs-ofctl -O OpenFlow13 dump-ports`) before and after each run
+   give the WAN utilization: bytes sent on WAN ports / (sum of link rates x run length),
+   run length = first arrival to last completion.
+
+Everything is torn down in `finally` (also on Ctrl-C / SIGTERM, which the CLI turns into
+KeyboardInterrupt): the process groups started here, then Mininet; `mn -c` only if
+Mininet's own stop failed (it removes every bridge on the machine).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mininet_scenarios.tcp_baseline import BASELINE_PORT
+from mininet_scenarios.workload import TestbedCoflow
+from terra_agent.sources import SYNTHETIC_PERIOD, SyntheticSource, flow_key
+from terra_controller.client import TerraClient
+from topologies import Topology, load_topology
+from topologies.binding import Binding, load_binding
+
+TESTBED_TOPOLOGY = Path(__file__).resolve().parent.parent / "topologies/data/swan_testbed.json"
+CAPACITY_FRACTION = 0.92
+AGENT_DATA_PORT = 19000
+POLL_S = 0.25
+
+
+class TestbedError(RuntimeError):
+    """The testbed could not be brought up or a run did not finish; the message says why."""
+
+
+@dataclass
+class Failure:
+    """A WAN link that goes down at `down_s` and up at `up_s` (seconds after the first arrival)."""
+
+    a: str
+    b: str
+    down_s: float
+    up_s: float
+
+
+@dataclass
+class RunResult:
+    """What one run (Terra or per-flow TCP) measured.
+
+    Attributes:
+        cct_s: coflow trace id -> CCT (seconds), for completed coflows.
+        duration_s: first arrival to last completion (seconds).
+        wan_bytes_sent: bytes sent on WAN switch ports (port counters) during the run.
+        wan_capacity_bps: sum of the directed WAN links' HTB rates (bytes/s).
+        bytes_lost: expected bytes not delivered (unfinished flows, short flows).
+        digest_mismatches: flows whose received digest differs from the expected one.
+        throughput: coflow trace id -> [(t seconds after start, bytes delivered so far)].
+        failure_down_s / failure_up_s: when the link went down / up (s after start), or None.
+        reaction_s: link-down command to new rates acknowledged by all agents, or None.
+    """
+
+    cct_s: dict = field(default_factory=dict)
+    arrival_s: dict = field(default_factory=dict)
+    duration_s: float = 0.0
+    wan_bytes_sent: int = 0
+    wan_capacity_bps: float = 0.0
+    bytes_lost: int = 0
+    digest_mismatches: int = 0
+    throughput: dict = field(default_factory=dict)
+    failure_down_s: float | None = None
+    failure_up_s: float | None = None
+    reaction_s: float | None = None
+    controller_reaction_ms: float | None = None
+
+    @property
+    def wan_utilization(self) -> float:
+        """wan_bytes_sent / (wan_capacity_bps * duration_s), 0 for an empty run."""
+        denom = self.wan_capacity_bps * self.duration_s
+        return self.wan_bytes_sent / denom if denom > 0 else 0.0
+
+
+def expected_digest(coflow: str, flow: str, size: int) -> str:
+    """BLAKE2b (hex) of a flow's synthetic bytes, computed independently of agents/receivers."""
+    source = SyntheticSource(flow_key(coflow, flow), size)
+    h = hashlib.blake2b()
+    for offset in range(0, size, SYNTHETIC_PERIOD):
+        h.update(source.read(offset, min(SYNTHETIC_PERIOD, size - offset)))
+    return h.hexdigest()
+
+
+def testbed_topology(workdir: Path, link_mbps: float) -> Path:
+    """Write the SWAN testbed topology with capacity CAPACITY_FRACTION * link_mbps; return path."""
+    doc = json.loads(TESTBED_TOPOLOGY.read_text())
+    doc["default_capacity_gbps"] = link_mbps * CAPACITY_FRACTION / 1000
+    path = workdir / "swan_testbed.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+# ---- processes ---------------------------------------------------------------------------
+
+
+class Processes:
+    """Process groups started by the testbed; stop_all() ends each group (TERM, then KILL)."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    def add(self, proc: subprocess.Popen) -> subprocess.Popen:
+        """Remember a process that leads its own process group (setsid / mnexec -d)."""
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, procs: list[subprocess.Popen]) -> None:
+        """SIGTERM each process group, wait up to 5 s, then SIGKILL what is left."""
+        for p in procs:
+            _signal_group(p, signal.SIGTERM)
+        end = time.monotonic() + 5
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(p, signal.SIGKILL)
+                p.wait()
+            _signal_group(p, signal.SIGKILL)  # children left in the group
+            if p in self.procs:
+                self.procs.remove(p)
+
+    def stop_all(self) -> None:
+        """Stop every remembered process group (latest first)."""
+        self.stop(list(reversed(self.procs)))
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Controller:
+    """terra-controller (OpenFlow mode) as a subprocess in its own session.
+
+    Attributes: api (host, port), agents_port, rest ("http://host:port").
+    """
+
+    def __init__(self, topo_path: Path, k: int, of_port: int, log: Path, procs: Processes):
+        self.log = open(log, "w")  # noqa: SIM115 (closed in close())
+        self.proc = procs.add(
+            subprocess.Popen(
+                [sys.executable, "-m", "terra_controller.cli", "--topology", str(topo_path),
+                 "--k", str(k), "--of-port", str(of_port), "--api", "127.0.0.1:0",
+                 "--agents", "0.0.0.0:0", "--rest", "127.0.0.1:0", "--log-level", "WARNING"],
+                stdout=subprocess.PIPE, stderr=self.log, text=True, start_new_session=True,
+            )  # fmt: skip
+        )
+        line = self.proc.stdout.readline()
+        if not line.startswith("terra-controller ready"):
+            raise TestbedError(f"terra-controller did not start (see {log}): {line!r}")
+        addrs = dict(part.split("=") for part in line.split()[2:])
+        host, port = addrs["api"].rsplit(":", 1)
+        self.api = (host, int(port))
+        self.agents_port = int(addrs["agents"].rsplit(":", 1)[1])
+        self.rest = "http://" + addrs["rest"]
+
+    def get(self, path: str):
+        """GET a REST path, decoded JSON."""
+        with urllib.request.urlopen(self.rest + path, timeout=5) as reply:
+            return json.loads(reply.read())
+
+    def close(self) -> None:
+        """Close the log file (the process itself is stopped through Processes)."""
+        self.log.close()
+
+
+def wait_until(predicate, timeout: float, what: str, poll_s: float = 0.1) -> None:
+    """Poll `predicate()` until true. Raises TestbedError after `timeout` seconds."""
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise TestbedError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+# ---- port counters ---------------------------------------------------------------------------
+
+_PORT_RE = re.compile(r"port\s+\"?(\w+)\"?:.*?tx pkts=\d+, bytes=(\d+)", re.S)
+
+
+def wan_tx_bytes(switches: dict, binding: Binding, topology: Topology) -> int:
+    """Sum of tx_bytes over every WAN port of every switch (`ovs-ofctl dump-ports`).
+
+    Args:
+        switches: DC -> Mininet switch (its .name is the bridge).
+
+    Raises:
+        TestbedError: ovs-ofctl failed.
+    """
+    total = 0
+    for dc, sw in switches.items():
+        out = subprocess.run(
+            ["ovs-ofctl", "-O", "OpenFlow13", "dump-ports", sw.name],
+            capture_output=True, text=True, timeout=10,
+        )  # fmt: skip
+        if out.returncode != 0:
+            raise TestbedError(f"ovs-ofctl dump-ports {sw.name}: {out.stderr.strip()}")
+        wan_ports = {str(binding.port_to(dc, v)) for (u, v) in topology.capacity if u == dc}
+        for port, tx in _PORT_RE.findall(out.stdout):
+            if port in wan_ports:
+                total += int(tx)
+    return total
+
+
+# ---- failure -------------------------------------------------------------------------------
+
+
+class FailureThread(threading.Thread):
+    """Sets the failure link down and up at its times; measures the reaction (Terra run).
+
+    Args:
+        wan: the WanNet. failure: the Failure. t0: time.monotonic() of the run's start.
+        controller: the Controller to watch for the reaction, or None (baseline run).
+        result: RunResult receiving failure_down_s / failure_up_s / reaction_s.
+    """
+
+    def __init__(self, wan, failure: Failure, t0: float, controller, result: RunResult):
+        super().__init__(daemon=True)
+        self.wan, self.failure, self.t0 = wan, failure, t0
+        self.controller, self.result = controller, result
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+        self.flow_mods_before: int | None = None
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # reported by the caller
+            self.error = exc
+
+    def _run(self) -> None:
+        f = self.failure
+        if self.stop_event.wait(max(0.0, self.t0 + f.down_s - time.monotonic())):
+            return
+        before = 0
+        if self.controller is not None:
+            before = self.controller.get("/status")["reactions_total"]
+            self.flow_mods_before = self.controller.get("/tunnels")["switches"]["flow_mods"]
+        t_down = time.monotonic()
+        self.wan.set_link(f.a, f.b, up=False)
+        self.result.failure_down_s = t_down - self.t0
+        if self.controller is not None:
+            self._measure_reaction(before, t_down)
+        if self.stop_event.wait(max(0.0, self.t0 + f.up_s - time.monotonic())):
+            self.wan.set_link(f.a, f.b, up=True)
+            return
+        self.result.failure_up_s = time.monotonic() - self.t0
+        self.wan.set_link(f.a, f.b, up=True)
+
+    def _measure_reaction(self, before: int, t_down: float) -> None:
+        end = t_down + 10
+        while time.monotonic() < end:
+            status = self.controller.get("/status")
+            if status["reactions_total"] > before:
+                last = status["reactions"][-1]
+                if last["event_to_applied_ms"] is not None:
+                    self.result.reaction_s = time.monotonic() - t_down
+                    self.result.controller_reaction_ms = last["event_to_applied_ms"]
+                    return
+            time.sleep(0.01)
+
+
+# ---- the two runs -----------------------------------------------------------------------------
+
+
+def run_terra(
+    wan, ctl: Controller, coflows: list[TestbedCoflow], failure: Failure | None, timeout: float
+) -> tuple[RunResult, int | None]:
+    """Submit the coflows at their arrival times through TerraClient; wait for all.
+
+    Returns:
+        (RunResult, flow-mods counted by the controller just before the link went down, or
+        None without a failure).
+
+    Raises:
+        TestbedError: coflows not done within `timeout` seconds of the last arrival.
+    """
+    result = RunResult(wan_capacity_bps=_wan_capacity(wan))
+    client = TerraClient(*ctl.api, timeout=30)
+    ids: dict[int, TestbedCoflow] = {}
+    tx0 = wan_tx_bytes(wan.switches, wan.binding, wan.topology)
+    t0 = time.monotonic()
+    fail = _start_failure(wan, failure, t0, ctl, result)
+    pending = list(coflows)
+    last_end = t0
+    try:
+        while pending or len(result.cct_s) < len(coflows):
+            now = time.monotonic()
+            while pending and pending[0].arrival_s <= now - t0:
+                c = pending.pop(0)
+                cid = client.submit_coflow([dict(f) for f in c.flows])
+                ids[cid] = c
+                result.arrival_s[c.trace_id] = time.monotonic() - t0
+                result.throughput[c.trace_id] = [(result.arrival_s[c.trace_id], 0)]
+            for row in client.list_coflows():
+                c = ids.get(row["id"])
+                if c is None or c.trace_id in result.cct_s:
+                    continue
+                result.throughput[c.trace_id].append((now - t0, row["bytes_delivered"]))
+                if row["state"] == "done":
+                    result.cct_s[c.trace_id] = row["cct_s"]
+                    last_end = time.monotonic()
+            if not pending and now - t0 > coflows[-1].arrival_s + timeout:
+                raise TestbedError(f"Terra run: coflows not done after {timeout} s")
+            time.sleep(POLL_S)
+        result.duration_s = last_end - t0
+        result.wan_bytes_sent = wan_tx_bytes(wan.switches, wan.binding, wan.topology) - tx0
+        for cid in ids:
+            status = client.check_status(cid)
+            for f in status["flows"]:
+                want = expected_digest(str(cid), f["id"], f["bytes"])
+                result.digest_mismatches += f.get("digest") != want
+                result.bytes_lost += f["bytes"] - min(f["bytes"], f.get("delivered", f["bytes"]))
+    finally:
+        client.close()
+        flow_mods = _finish_failure(fail)
+    return result, flow_mods
+
+
+def run_per_flow_tcp(
+    wan,
+    coflows: list[TestbedCoflow],
+    failure: Failure | None,
+    timeout: float,
+    workdir: Path,
+    procs: Processes,
+) -> RunResult:
+    """The per-flow TCP baseline (mininet_scenarios.tcp_baseline) on the same WAN.
+
+    Raises:
+        TestbedError: flows not received within `timeout` s of the last arrival.
+    """
+    result = RunResult(wan_capacity_bps=_wan_capacity(wan))
+    ip = {h.name: h.ip for _, h in wan.binding.all_hosts()}
+    start_wall = time.time() + 2.0  # nodes are listening by then
+    nodes, outs = [], {}
+    for name, host in wan.hosts.items():
+        schedule = [
+            {"coflow": str(c.trace_id), "flow": f["id"], "dst_ip": ip[f["dst"]],
+             "bytes": f["bytes"], "arrival_s": c.arrival_s}
+            for c in coflows for f in c.flows if f["src"] == name
+        ]  # fmt: skip
+        (workdir / f"tcp_{name}.json").write_text(json.dumps(schedule))
+        outs[name] = workdir / f"tcp_{name}.out"
+        outs[name].write_text("")
+        nodes.append(
+            procs.add(
+                host.popen(
+                    [sys.executable, "-m", "mininet_scenarios.tcp_baseline", "node",
+                     "--listen", f"{ip[name]}:{BASELINE_PORT}",
+                     "--schedule", str(workdir / f"tcp_{name}.json"),
+                     "--start-wall", repr(start_wall), "--out", str(outs[name])],
+                    stdout=open(workdir / f"tcp_{name}.log", "w"), stderr=subprocess.STDOUT,
+                )  # fmt: skip
+            )
+        )
+    try:
+        tx0 = wan_tx_bytes(wan.switches, wan.binding, wan.topology)
+        wait_s = start_wall - time.time()
+        if wait_s > 0:
+            time.sleep(wait_s)
+        t0 = time.monotonic()
+        fail = _start_failure(wan, failure, t0, None, result)
+        expected = {(str(c.trace_id), f["id"]): f["bytes"] for c in coflows for f in c.flows}
+        received: dict = {}
+        try:
+            while len(received) < len(expected):
+                for out in outs.values():
+                    for line in out.read_text().splitlines():
+                        rec = json.loads(line)
+                        received[(rec["coflow"], rec["flow"])] = rec
+                if time.monotonic() - t0 > coflows[-1].arrival_s + timeout:
+                    break
+                time.sleep(POLL_S)
+            end_mono = time.monotonic()
+            result.wan_bytes_sent = wan_tx_bytes(wan.switches, wan.binding, wan.topology) - tx0
+        finally:
+            _finish_failure(fail)
+    finally:
+        procs.stop(nodes)
+    _score_baseline(result, coflows, expected, received, start_wall)
+    ends = [result.cct_s[c.trace_id] + c.arrival_s for c in coflows if c.trace_id in result.cct_s]
+    result.duration_s = max(ends) if ends else end_mono - t0
+    if len(received) < len(expected):
+        raise TestbedError(
+            f"per-flow TCP: {len(expected) - len(received)} flows not received after {timeout} s"
+        )
+    return result
+
+
+def _score_baseline(result, coflows, expected, received, start_wall) -> None:
+    for c in coflows:
+        ends = []
+        for f in c.flows:
+            rec = received.get((str(c.trace_id), f["id"]))
+            if rec is None:
+                result.bytes_lost += f["bytes"]
+                result.digest_mismatches += 1
+                continue
+            result.bytes_lost += max(0, f["bytes"] - rec["received"])
+            want = expected_digest(str(c.trace_id), f["id"], f["bytes"])
+            result.digest_mismatches += rec["digest"] != want
+            ends.append(rec["end_wall"])
+        result.arrival_s[c.trace_id] = c.arrival_s
+        if len(ends) == len(c.flows):
+            result.cct_s[c.trace_id] = max(ends) - (start_wall + c.arrival_s)
+
+
+def _wan_capacity(wan) -> float:
+    """Sum of the directed WAN links' HTB rates in bytes/s."""
+    return sum(intf.params.get("bw", 0) for intf in _wan_intfs(wan)) * 1e6 / 8
+
+
+def _wan_intfs(wan):
+    for link in wan.net.links:
+        if "bw" in link.intf1.params:
+            yield link.intf1
+            yield link.intf2
+
+
+def _start_failure(wan, failure, t0, ctl, result) -> FailureThread | None:
+    if failure is None:
+        return None
+    thread = FailureThread(wan, failure, t0, ctl, result)
+    thread.start()
+    return thread
+
+
+def _finish_failure(thread: FailureThread | None) -> int | None:
+    """Stop the failure thread (the link is set up again if it was down); re-raise its error."""
+    if thread is None:
+        return None
+    thread.stop_event.set()
+    thread.join(timeout=30)
+    if thread.error is not None:
+        raise TestbedError(f"link failure thread: {thread.error!r}") from thread.error
+    return thread.flow_mods_before
+
+
+# ---- the experiment ---------------------------------------------------------------------------
+
+
+@dataclass
+class TestbedOptions:
+    """Options of `run_swan` (see mininet_scenarios.cli for their meaning and defaults)."""
+
+    coflows: list[TestbedCoflow]
+    link_mbps: float = 20.0
+    k: int = 4
+    failure: Failure | None = None
+    timeout_s: float = 300.0
+    of_port: int = 6653
+    workdir: Path = Path("/tmp/terra-testbed")
+
+
+def run_swan(opts: TestbedOptions, log=print) -> dict:
+    """Bring up the SWAN testbed, run Terra then per-flow TCP, tear everything down.
+
+    Returns:
+        {"terra": RunResult, "per_flow_tcp": RunResult, "rules_per_switch": {dpid: n},
+         "flow_mods_after_startup": n or None, "install_s": seconds to rules installed}.
+
+    Raises:
+        TestbedError: bring-up failed or a run did not finish (after teardown).
+        KeyboardInterrupt: passed on after teardown.
+    """
+    from mininet.log import setLogLevel
+
+    from mininet_scenarios.wan_net import MGMT_ROOT_IP, build_wan, cleanup
+
+    setLogLevel("critical")
+    opts.workdir.mkdir(parents=True, exist_ok=True)
+    topo_path = testbed_topology(opts.workdir, opts.link_mbps)
+    topology = load_topology(str(topo_path))
+    binding = load_binding(topology)
+    procs, wan, ctl = Processes(), None, None
+    try:
+        ctl = Controller(topo_path, opts.k, opts.of_port, opts.workdir / "controller.log", procs)
+        t_start = time.monotonic()
+        wan = build_wan(topology, binding, of_port=opts.of_port, link_mbps=opts.link_mbps,
+                        mgmt=True)  # fmt: skip
+        wait_until(lambda: ctl.get("/tunnels")["switches"].get("installed"), 30, "tunnel rules")
+        install_s = time.monotonic() - t_start
+        of = ctl.get("/tunnels")["switches"]
+        log(f"tunnels installed after {install_s:.1f} s: {of['flow_mods_at_install']} flow-mods")
+        agents = _start_agents(wan, binding, ctl, MGMT_ROOT_IP, opts.workdir, procs)
+        n = len(agents)
+        wait_until(
+            lambda: sum(a["connected"] for a in ctl.get("/status")["agents"]) == n, 30, "agents"
+        )
+        log(f"{n} agents registered; Terra run: {len(opts.coflows)} coflows")
+        terra, flow_mods_before = run_terra(wan, ctl, opts.coflows, opts.failure, opts.timeout_s)
+        of = ctl.get("/tunnels")["switches"]
+        if flow_mods_before is None:
+            flow_mods_before = of["flow_mods"]
+        log(f"Terra done in {terra.duration_s:.1f} s; stopping agents, per-flow TCP run")
+        procs.stop(agents)
+        tcp = run_per_flow_tcp(
+            wan, opts.coflows, opts.failure, opts.timeout_s, opts.workdir, procs
+        )
+        log(f"per-flow TCP done in {tcp.duration_s:.1f} s")
+        return {
+            "terra": terra,
+            "per_flow_tcp": tcp,
+            "rules_per_switch": of["rules_per_switch"],
+            "flow_mods_after_startup": flow_mods_before - of["flow_mods_at_install"],
+            "install_s": install_s,
+        }
+    finally:
+        procs.stop_all()
+        if ctl is not None:
+            ctl.close()
+        if wan is not None:
+            try:
+                wan.stop()
+            except Exception:
+                cleanup()
+
+
+def _start_agents(wan, binding, ctl, mgmt_ip, workdir, procs) -> list[subprocess.Popen]:
+    agents = []
+    for dc, host in binding.all_hosts():
+        agents.append(
+            procs.add(
+                wan.hosts[host.name].popen(
+                    [sys.executable, "-m", "terra_agent.cli",
+                     "--controller", f"{mgmt_ip}:{ctl.agents_port}", "--dc", dc,
+                     "--id", host.name, "--data-addr", f"{host.ip}:{AGENT_DATA_PORT}",
+                     "--spill-dir", str(workdir), "--log-level", "WARNING"],
+                    stdout=open(workdir / f"agent_{host.name}.log", "w"),
+                    stderr=subprocess.STDOUT,
+                )  # fmt: skip
+            )
+        )
+    return agents

@@ -1,0 +1,116 @@
+"""The testbed's workload: a slice of the FB trace (or a JSON workload) on the SWAN testbed.
+
+How the trace is placed on the testbed (issue 5 item 2), identical for Terra and the
+per-flow TCP baseline:
+
+1. Racks map to DCs as `r mod 5` (DESIGN.md section 8: HK, LA, NY, FL, BA).
+2. A slice of `count` consecutive coflows starting at trace position `first` is taken
+   (default: the burst of 14 coflows that arrive 199.8-225.7 s into the trace, eight
+   of them 250-310 MB and six of 3-7 MB on the WAN).
+3. Intra-DC flows are dropped (they never cross the WAN; Terra counts them done with
+   the WAN part). A coflow's flows between the same two DCs are merged into one flow
+   (one host per DC in the testbed: they would share source host, destination host and
+   FlowGroup anyway); flow id "SRC>DST", bytes = the sum.
+4. Bytes are multiplied by `byte_scale` and arrival times (relative to the slice's
+   first arrival) by `time_scale` (`scales()`): byte_scale = testbed link rate / 1 Gbps
+   (the seed paper's testbed links; 20 Mbit/s -> 1/50) / speedup and time_scale =
+   1 / speedup. The testbed's links then carry the load the unscaled slice puts on a
+   1 Gbps SWAN, `speedup` times faster. Every flow is at least MIN_FLOW_BYTES.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from topologies import Topology
+from topologies.binding import Binding
+from workloads import Coflow, WorkloadError, load_workload
+
+PAPER_LINK_BPS = 1e9  # the seed paper's testbed links (DESIGN.md section 7)
+MIN_FLOW_BYTES = 64 * 1024
+DEFAULT_FIRST = 38  # trace position of coflow id 39 (arrives at 199.8 s)
+DEFAULT_COUNT = 14
+
+
+@dataclass(frozen=True)
+class TestbedCoflow:
+    """One coflow as the testbed runs it.
+
+    Attributes:
+        trace_id: the coflow's id in the workload.
+        arrival_s: seconds after the run's start (already time-scaled).
+        flows: [{"id": "SRC>DST", "src": agent host, "dst": agent host, "bytes": int}].
+    """
+
+    trace_id: int | str
+    arrival_s: float
+    flows: tuple[dict, ...]
+
+    @property
+    def bytes(self) -> int:
+        """Total bytes of the coflow's flows."""
+        return sum(f["bytes"] for f in self.flows)
+
+
+def scales(link_mbps: float, speedup: float) -> tuple[float, float]:
+    """(byte_scale, time_scale) for a testbed with `link_mbps` links.
+
+    byte_scale = link_mbps * 1e6 / PAPER_LINK_BPS / speedup and time_scale = 1 / speedup:
+    the slice then loads the testbed's links exactly as the unscaled slice loads the
+    paper's 1 Gbps links, played `speedup` times faster (CCTs shrink by the same factor).
+
+    Raises:
+        ValueError: link_mbps or speedup not positive.
+    """
+    if link_mbps <= 0 or speedup <= 0:
+        raise ValueError("link_mbps and speedup must be positive")
+    return link_mbps * 1e6 / PAPER_LINK_BPS / speedup, 1.0 / speedup
+
+
+def testbed_coflows(
+    spec: str,
+    topology: Topology,
+    binding: Binding,
+    first: int,
+    count: int,
+    byte_scale: float,
+    time_scale: float,
+) -> list[TestbedCoflow]:
+    """Load workload `spec` ("fb", a trace path or a .json) and shape it for the testbed.
+
+    Args:
+        spec, topology: as workloads.load_workload. binding: gives each DC's agent host
+            (the first host of the DC).
+        first, count: the slice of coflows (positions in arrival order).
+        byte_scale, time_scale: multipliers for bytes and arrival times (module docstring).
+
+    Returns:
+        Coflows with at least one WAN flow, in arrival order, arrivals starting at 0.
+
+    Raises:
+        WorkloadError: unreadable workload, or no coflow with WAN bytes in the slice.
+        ValueError: first < 0, count < 1 or non-positive scales.
+    """
+    if first < 0 or count < 1 or byte_scale <= 0 or time_scale <= 0:
+        raise ValueError("need first >= 0, count >= 1 and positive scales")
+    coflows = sorted(load_workload(spec, topology, limit=first + count), key=lambda c: c.arrival_s)
+    chosen = [c for c in coflows[first : first + count] if c.wan_bytes > 0]
+    if not chosen:
+        raise WorkloadError(f"{spec}: no coflow with WAN flows at positions {first}..")
+    t0 = chosen[0].arrival_s
+    host = {dc: binding.hosts(dc)[0].name for dc in topology.dcs}
+    return [_shape(c, t0, host, byte_scale, time_scale) for c in chosen]
+
+
+def _shape(c: Coflow, t0: float, host: dict, byte_scale: float, time_scale: float):
+    flows = [
+        {
+            "id": f"{src}>{dst}",
+            "src": host[src],
+            "dst": host[dst],
+            "bytes": max(MIN_FLOW_BYTES, round(volume * byte_scale)),
+        }
+        for (src, dst), volume in sorted(c.flowgroups().items())
+        if src != dst
+    ]
+    return TestbedCoflow(c.id, (c.arrival_s - t0) * time_scale, tuple(flows))
