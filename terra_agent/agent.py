@@ -42,6 +42,7 @@ from overlay.protocol import (
     validate_control,
     validate_data,
 )
+from overlay.reorder import MemoryBudget
 
 from .receiver import InFlow
 from .sender import (
@@ -67,7 +68,8 @@ class AgentConfig:
     controller: (host, port) of the controller's agent channel; dc: this agent's DC; agent_id:
     unique agent id; data_addr: (host, port) to listen on for tunnel connections (tunnels may add
     more ports on the same host); spill_dir: directory for reorder spill files; memory_limit:
-    bytes of out-of-order data held in memory per flow before spilling; token: optional shared
+    bytes of out-of-order data held in memory by all flows together (a MemoryBudget shared by
+    their reorder buffers) before spilling; token: optional shared
     secret sent in "register"; progress_interval / heartbeat_interval: seconds.
     """
 
@@ -87,7 +89,8 @@ class Agent:
 
     Inspection (tests, benchmarks): out_flows {(coflow, flow): OutFlow}, in_flows {(coflow, flow):
     InFlow}, groups {(coflow, dst_dc): FlowGroupSender}, links {(peer_agent, tunnel): PeerLink},
-    registered (trio.Event, set on each registration), epoch (receiver incarnation, ns).
+    registered (trio.Event, set on each registration), epoch (receiver incarnation, ns),
+    reorder_budget (MemoryBudget: out-of-order bytes in memory now / peak, all flows).
     """
 
     def __init__(self, config: AgentConfig) -> None:
@@ -101,6 +104,7 @@ class Agent:
         self.incoming: dict[tuple[str, str], set[trio.SocketStream]] = {}
         self.registered = trio.Event()
         self.closed_connections = 0
+        self.reorder_budget = MemoryBudget(config.memory_limit)
         self._outbox: deque[dict] = deque()
         self._outbox_event = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -318,7 +322,9 @@ class Agent:
             raise ProtocolError(f"flow {spec.coflow}/{spec.flow} names neither end as {me!r}")
         try:
             if spec.dst_agent == me and spec.key not in self.in_flows:
-                inflow = InFlow(spec, self.config.memory_limit, self.config.spill_dir)
+                inflow = InFlow(
+                    spec, self.config.memory_limit, self.config.spill_dir, self.reorder_budget
+                )
                 self.in_flows[spec.key] = inflow
                 if inflow.check_digest():  # a restarted receiver that already had every byte
                     self._report_complete(inflow)

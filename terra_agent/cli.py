@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--memory-limit",
         type=_memory,
         default=64 << 20,
-        help="out-of-order bytes kept in memory per flow before spilling (e.g. 64M)",
+        help="out-of-order bytes kept in memory (all flows together) before spilling (e.g. 64M)",
     )
     p.add_argument("--token-file", type=Path, help="file holding the registration token")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from overlay.protocol import FlowSpec, ProtocolError
-from overlay.reorder import ReorderBuffer
+from overlay.reorder import MemoryBudget, ReorderBuffer
 
 from .sources import new_hasher, open_sink
 
@@ -19,7 +19,8 @@ log = logging.getLogger(__name__)
 class InFlow:
     """Receiver state of one flow.
 
-    InFlow(spec: FlowSpec, memory_limit: bytes held in memory out of order, spill_dir: str).
+    InFlow(spec: FlowSpec, memory_limit: bytes held in memory out of order, spill_dir: str,
+    budget: MemoryBudget shared with the agent's other flows or None).
     The sink is opened with resume when spec.offset > 0: a file sink then keeps what it holds and
     the receiver continues from its length (bytes before it are re-hashed; the sender's digest, if
     it had arrived, is read back from PATH.blake2b); else it starts at 0.
@@ -32,7 +33,13 @@ class InFlow:
         SourceError: the sink cannot be opened.
     """
 
-    def __init__(self, spec: FlowSpec, memory_limit: int, spill_dir: str) -> None:
+    def __init__(
+        self,
+        spec: FlowSpec,
+        memory_limit: int,
+        spill_dir: str,
+        budget: MemoryBudget | None = None,
+    ) -> None:
         self.spec = spec
         self.sink = open_sink(spec.sink, spec.size, resume=spec.offset > 0)
         self.hasher = new_hasher()
@@ -48,7 +55,9 @@ class InFlow:
         self.peak_resident_bytes = 0
         self.spilled_bytes = 0
         if self.base < spec.size:
-            self._reorder = ReorderBuffer(spec.size - self.base, memory_limit, spill_dir)
+            self._reorder = ReorderBuffer(
+                spec.size - self.base, memory_limit, spill_dir, budget=budget
+            )
 
     @property
     def complete(self) -> bool:
