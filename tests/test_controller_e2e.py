@@ -295,7 +295,6 @@ def test_with_switches_link_down_port_status_reschedules_and_loses_nothing(ovs, 
     path.write_text(json.dumps(doc))
     topo = load_json_topology(path)
     binding = load_binding(topo)
-    cleanup()
     of_port = free_port()
     log = open(tmp_path / "controller.log", "w")  # noqa: SIM115
     ctl = subprocess.Popen(
@@ -368,7 +367,11 @@ def test_with_switches_link_down_port_status_reschedules_and_loses_nothing(ovs, 
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        if wan is not None:
-            wan.stop()
-        cleanup()
-        log.close()
+        try:
+            if wan is not None:
+                wan.stop()
+        except Exception:
+            cleanup()  # `mn -c` removes every bridge on the machine: only when stop failed
+            raise
+        finally:
+            log.close()
