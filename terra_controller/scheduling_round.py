@@ -15,12 +15,15 @@ Steps, for the coflows active now (each given by its FlowGroups' remaining volum
    capacity, which gives the same schedule with far fewer LPs.
 5. The reserved α share (α·c_e) goes to the preempted coflows, max-min fair over
    their FlowGroups (FlowGroups of one DC pair share the pair's paths, so the
-   MCF runs per DC pair weighted by the number of FlowGroups, and a pair's rate
-   is split equally among them).
+   fair share runs per DC pair weighted by the number of FlowGroups, and a
+   pair's rate is split equally among them).
 6. Work conservation: the capacity still unused is divided max-min fair among
-   the DC pairs that have any active FlowGroup (SWAN-style MCF, mcf.py), and a
-   pair's extra goes to the earliest coflow in the order (deadline coflows,
-   then scheduled, then preempted ones) that has a FlowGroup on that pair.
+   the DC pairs that have any active FlowGroup, and a pair's extra goes to the
+   earliest coflow in the order (deadline coflows, then scheduled, then
+   preempted ones) that has a FlowGroup on that pair.
+Steps 5 and 6 use the SWAN-style max-min MCF (mcf.py) while it is small (up to
+MCF_MAX_COLUMNS (pair, path) columns: SWAN, most G-Scale rounds) and path-level
+progressive filling beyond (ATT), see `_fair_share`.
 
 The function is pure: it reads its arguments and returns a new RoundResult.
 """
@@ -31,12 +34,16 @@ import heapq
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from terra_controller.maxmin import maxmin_levels
 from terra_controller.mcf import maxmin_mcf
 from terra_controller.min_cct import MinCct, Pair, PairRates, links_of, min_cct
 from topologies import Link, Path
 
 SCHEDULED, PREEMPTED, DEADLINE = "scheduled", "preempted", "deadline"
 _FULL = 1e-6  # a link with less than this fraction of its capacity left counts as full
+MCF_MAX_COLUMNS = 160  # steps 5-6 use the MCF up to this many (pair, path) columns
 
 
 @dataclass
@@ -122,7 +129,7 @@ def schedule_round(
 
     # Step 5: the α share to the preempted coflows.
     if preempted and alpha > 0:
-        _alpha_share(active, preempted, paths, reserve, rates, result)
+        _alpha_share(active, preempted, paths, reserve, capacity, rates, result)
     spare = {link: r[link] + reserve[link] for link in left}
 
     # Step 6: work conservation, earlier coflows in the order first.
@@ -259,42 +266,81 @@ def _take(rates, cid: str, pair_rates: PairRates, left: dict[Link, float], scale
                 left[link] = max(0.0, left[link] - x)
 
 
-def _alpha_share(active, preempted, paths, reserve, rates, result: RoundResult) -> None:
-    """Step 5: weighted max-min over DC pairs (weight = preempted FlowGroups on the pair)."""
+def _alpha_share(active, preempted, paths, reserve, capacity, rates, result) -> None:
+    """Step 5: max-min over the preempted FlowGroups on the reserved capacity.
+
+    FlowGroups of one DC pair have the same paths, so the fair share is computed
+    per DC pair weighted by its number of preempted FlowGroups and split equally.
+    """
     members: dict[Pair, list[str]] = {}
     for cid in preempted:
         for pair in active[cid]:
             members.setdefault(pair, []).append(cid)
-    demands = {pair: (paths[pair], None) for pair in members}
     weights = {pair: float(len(cids)) for pair, cids in members.items()}
-    stats = {"lps": 0}
-    pair_rates = maxmin_mcf(demands, _positive(reserve), weights=weights, stats=stats)
-    result.lps += stats["lps"]
+    pair_rates = _fair_share(weights, paths, reserve, capacity, result)
     for pair, lst in pair_rates.items():
-        share = 1.0 / len(members[pair])
         for cid in members[pair]:
-            _take(rates, cid, {pair: lst}, reserve, share)
+            _take(rates, cid, {pair: lst}, reserve, 1.0 / len(members[pair]))
 
 
 def _work_conservation(first_of_pair, paths, spare, capacity, rates, result) -> None:
-    """Step 6: max-min MCF of the spare capacity over the active DC pairs."""
+    """Step 6: the spare capacity max-min over the active DC pairs; a pair's share goes
+    to the earliest coflow in the order with a FlowGroup on it."""
+    weights = dict.fromkeys(first_of_pair, 1.0)
+    pair_rates = _fair_share(weights, paths, spare, capacity, result)
+    for pair, lst in pair_rates.items():
+        _take(rates, first_of_pair[pair], {pair: lst}, spare, 1.0)
+
+
+def _fair_share(weights, paths, avail, capacity, result: RoundResult) -> PairRates:
+    """Weighted max-min rates of DC pairs over their paths on `avail` capacity.
+
+    Up to MCF_MAX_COLUMNS usable (pair, path) columns: the max-min fair MCF
+    (mcf.py, SWAN-style; a pair may shift its rate between paths). Beyond:
+    progressive filling on fixed paths, one subflow per (pair, path) weighted
+    like its pair (maxmin.maxmin_levels), because the MCF's LPs cost ~0.2 s per
+    round on ATT's 600 DC pairs (measured) while water-filling costs ~5 ms.
+    Both leave no path with spare capacity on every link unused.
+    """
     usable = {
         pair: [
             p
             for p in paths[pair]
-            if all(spare.get(link, 0.0) > _FULL * capacity.get(link, 0.0) for link in links_of(p))
+            if all(avail.get(link, 0.0) > _FULL * capacity.get(link, 0.0) for link in links_of(p))
         ]
-        for pair in first_of_pair
+        for pair in weights
     }
-    demands = {pair: (ps, None) for pair, ps in usable.items() if ps}
-    if not demands:
-        return
-    stats = {"lps": 0}
-    pair_rates = maxmin_mcf(demands, _positive(spare), stats=stats)
-    result.lps += stats["lps"]
-    for pair, lst in pair_rates.items():
-        if lst:
-            _take(rates, first_of_pair[pair], {pair: lst}, spare, 1.0)
+    usable = {pair: ps for pair, ps in usable.items() if ps}
+    if not usable:
+        return {}
+    if sum(len(ps) for ps in usable.values()) <= MCF_MAX_COLUMNS:
+        stats = {"lps": 0}
+        demands = {pair: (ps, None) for pair, ps in usable.items()}
+        out = maxmin_mcf(demands, _positive(avail), weights=weights, stats=stats)
+        result.lps += stats["lps"]
+        return {pair: lst for pair, lst in out.items() if lst}
+    columns = [(pair, p) for pair, ps in usable.items() for p in ps]
+    levels = _waterfill([(p, weights[pair]) for pair, p in columns], avail)
+    out: PairRates = {}
+    for (pair, p), level in zip(columns, levels, strict=True):
+        if level > 0:
+            out.setdefault(pair, []).append((p, float(level) * weights[pair]))
+    return out
+
+
+def _waterfill(entities: list[tuple[Path, float]], capacity: dict[Link, float]) -> np.ndarray:
+    """Max-min levels of single-path entities [(path, weight)] (maxmin.maxmin_levels)."""
+    row = {link: i for i, link in enumerate(capacity)}
+    rows, cols, vals = [], [], []
+    for j, (path, weight) in enumerate(entities):
+        ids = [row[link] for link in links_of(path)]
+        rows.extend(ids)
+        cols.extend([j] * len(ids))
+        vals.extend([weight] * len(ids))
+    incidence = np.zeros((len(row), len(entities)))
+    np.add.at(incidence, (rows, cols), vals)
+    cap = np.fromiter((max(c, 0.0) for c in capacity.values()), float, len(row))
+    return maxmin_levels(incidence, cap)
 
 
 def _positive(capacity: dict[Link, float]) -> dict[Link, float]:

@@ -2,6 +2,7 @@
 
 import pytest
 
+from terra_controller import scheduling_round
 from terra_controller.scheduling_round import (
     DEADLINE,
     PREEMPTED,
@@ -33,7 +34,15 @@ def test_smaller_gamma_goes_first_and_takes_the_link():
     assert "c1" not in res.rates
 
 
-def test_alpha_reservation_goes_to_the_preempted_coflow():
+@pytest.fixture(params=["mcf", "waterfill"])
+def fair_share(request, monkeypatch):
+    """Run a test with steps 5-6 on the MCF and on path-level water-filling."""
+    if request.param == "waterfill":
+        monkeypatch.setattr(scheduling_round, "MCF_MAX_COLUMNS", 0)
+    return request.param
+
+
+def test_alpha_reservation_goes_to_the_preempted_coflow(fair_share):
     # α = 0.1: c2 is scheduled on r = 0.9 x 10 = 9 B/s; the reserved 1 B/s goes to c1.
     res = schedule_round({"c1": {AB: 100.0}, "c2": {AB: 10.0}}, LINK_PATHS, LINK, alpha=0.1)
     assert total(res.rates, "c2", AB) == pytest.approx(9.0)
@@ -41,7 +50,7 @@ def test_alpha_reservation_goes_to_the_preempted_coflow():
     assert res.state["c1"] == PREEMPTED
 
 
-def test_work_conservation_fills_an_otherwise_idle_link():
+def test_work_conservation_fills_an_otherwise_idle_link(fair_share):
     # c1: A->B 100 bytes, B->C 10 bytes on a chain of 10 B/s links. Γ = max(100/10, 10/10) =
     # 10 s, so the minimal allocation is A->B 10 B/s and B->C 10/10 = 1 B/s; link B-C would
     # idle at 9 B/s. Work conservation hands those 9 B/s to the only B->C FlowGroup: 10 B/s.
@@ -51,7 +60,9 @@ def test_work_conservation_fills_an_otherwise_idle_link():
     assert total(res.rates, "c1", BC) == pytest.approx(10.0)
 
 
-def test_coflow_missing_one_flowgroup_is_preempted_but_work_conservation_uses_its_pair():
+def test_coflow_missing_one_flowgroup_is_preempted_but_work_conservation_uses_its_pair(
+    fair_share,
+):
     # c1 (Γ = 10 s) takes link A-B. c2 needs A->B and B->C; A-B is full, so c2 is preempted
     # (α = 0). Link B-C is idle, so work conservation gives c2's B->C FlowGroup all 10 B/s.
     res = schedule_round(
@@ -112,3 +123,22 @@ def test_bad_input():
         schedule_round({"c9": {BC: 1.0}}, LINK_PATHS, LINK)
     with pytest.raises(ValueError, match="alpha"):
         schedule_round({}, LINK_PATHS, LINK, alpha=1.0)
+
+
+def test_alpha_share_is_max_min_over_preempted_flowgroups(fair_share):
+    # Chain A-B-C of 10 B/s links, α = 0.5: c0 (Γ 5/5 = 1 s) is scheduled on r = 5 B/s of
+    # A-B. c1, c2, c3 are preempted (A-B is full); all three have a FlowGroup A->B, c3 also
+    # one B->C. The reserve on A-B (5 B/s) is split three ways (5/3 each); on B-C, c3 alone
+    # gets the 5 B/s reserve, and work conservation gives it the other 5 B/s of B-C.
+    res = schedule_round(
+        {"c0": {AB: 5.0}, "c1": {AB: 100.0}, "c2": {AB: 200.0}, "c3": {AB: 300.0, BC: 50.0}},
+        CHAIN_PATHS,
+        CHAIN,
+        alpha=0.5,
+    )
+    assert res.state == {"c0": SCHEDULED, "c1": PREEMPTED, "c2": PREEMPTED, "c3": PREEMPTED}
+    assert total(res.rates, "c0", AB) == pytest.approx(5.0)
+    # A-B reserve: three preempted FlowGroups (c1, c2, c3) on A->B share 5 B/s: 5/3 each.
+    for cid in ["c1", "c2", "c3"]:
+        assert total(res.rates, cid, AB) == pytest.approx(5.0 / 3)
+    assert total(res.rates, "c3", BC) == pytest.approx(10.0)
