@@ -29,8 +29,8 @@ from topologies import TopologyError, load_topology
 from workloads import WorkloadError
 
 OVS_CTL = "/usr/share/openvswitch/scripts/ovs-ctl"
-FULL = {"coflows": DEFAULT_COUNT, "speedup": 0.5, "fail_at": 10.0, "fail_for": 10.0}
-QUICK = {"coflows": 6, "speedup": 1.0, "fail_at": 3.0, "fail_for": 5.0}
+FULL = {"coflows": DEFAULT_COUNT, "speedup": 0.5, "fail_at": 4.0, "fail_for": 6.0}
+QUICK = {"coflows": 6, "speedup": 0.5, "fail_at": 2.0, "fail_for": 3.0}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("terra-testbed: interrupted; everything torn down", file=sys.stderr)
         return 130
+    except Exception as exc:  # Mininet / OVS failures: clear message, torn down already
+        print(f"terra-testbed: testbed error: {exc!r} (logs in {workdir})", file=sys.stderr)
+        return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
     result = results.summary(raw)

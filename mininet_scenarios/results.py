@@ -61,8 +61,7 @@ def summary(raw: dict) -> dict:
         "foi_wan_utilization": _ratio(terra["wan_utilization"], tcp["wan_utilization"]),
         "failure_reaction_s": raw["terra"].reaction_s,
         "bytes_lost": raw["terra"].bytes_lost + raw["per_flow_tcp"].bytes_lost,
-        "digest_mismatches": raw["terra"].digest_mismatches
-        + raw["per_flow_tcp"].digest_mismatches,
+        "digest_mismatches": raw["terra"].digest_mismatches + raw["per_flow_tcp"].digest_mismatches,
         "rules_per_switch_max": max(raw["rules_per_switch"].values(), default=0),
         "flow_mods_after_startup": raw["flow_mods_after_startup"],
     }
@@ -122,6 +121,7 @@ def details(raw: dict, workload: dict) -> dict:
             "cct_s": {str(k): v for k, v in run.cct_s.items()},
             "arrival_s": {str(k): v for k, v in run.arrival_s.items()},
             "duration_s": run.duration_s,
+            "busy_s": run.busy_s,
             "wan_bytes_sent": run.wan_bytes_sent,
             "wan_capacity_bytes_per_s": run.wan_capacity_bps,
             "failure_down_s": run.failure_down_s,
@@ -129,6 +129,28 @@ def details(raw: dict, workload: dict) -> dict:
         }
     out["terra"]["controller_event_to_applied_ms"] = raw["terra"].controller_reaction_ms
     return out
+
+
+def windowed_rate(series, window_s: float = 1.0, step_s: float = 0.25):
+    """Throughput (bytes/s) over a sliding window from cumulative progress samples.
+
+    Args:
+        series: [(t seconds, bytes delivered so far)], t increasing.
+
+    Returns:
+        (times, rates) numpy arrays: at each grid time t (every step_s from the first sample
+        to the last), (B(t) - B(t - window_s)) / window_s with B linearly interpolated and
+        B = 0 before the first sample. E.g. samples (0, 0), (2, 4e6): 2e6 bytes/s throughout.
+    """
+    if len(series) < 2:
+        return np.array([]), np.array([])
+    t = np.array([s[0] for s in series], dtype=float)
+    b = np.array([s[1] for s in series], dtype=float)
+    grid = np.arange(t[0] + step_s, t[-1] + step_s / 2, step_s)
+    now = np.interp(grid, t, b, left=0.0)
+    before = np.interp(grid - window_s, t, b, left=0.0)
+    span = np.minimum(window_s, grid - t[0])
+    return grid, (now - before) / span
 
 
 def plot(raw: dict, out_dir: Path) -> list[Path]:
@@ -146,11 +168,9 @@ def plot(raw: dict, out_dir: Path) -> list[Path]:
     terra = raw["terra"]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for cid, series in sorted(terra.throughput.items(), key=lambda kv: str(kv[0])):
-        t, b = np.array([s[0] for s in series]), np.array([s[1] for s in series], dtype=float)
-        if len(t) < 2:
-            continue
-        rate = np.diff(b) / np.maximum(np.diff(t), 1e-9) * 8 / 1e6
-        ax.step(t[1:], rate, where="pre", label=f"coflow {cid}", linewidth=1)
+        t, rate = windowed_rate(series)
+        if len(t):
+            ax.plot(t, rate * 8 / 1e6, label=f"coflow {cid}", linewidth=1)
     if terra.failure_down_s is not None:
         ax.axvline(terra.failure_down_s, color="red", linestyle="--", label="link down")
     if terra.failure_up_s is not None:

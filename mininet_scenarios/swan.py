@@ -18,8 +18,8 @@ One run, everything real:
 5. Per-flow TCP run (mininet_scenarios.tcp_baseline) on the same WAN and rules after the
    agents are stopped: same flows, same bytes, same arrival times, same failure.
 6. Switch port counters (`ovs-ofctl -O OpenFlow13 dump-ports`) before and after each run
-   give the WAN utilization: bytes sent on WAN ports / (sum of link rates x run length),
-   run length = first arrival to last completion.
+   give the WAN utilization: bytes sent on WAN ports / (sum of link rates x busy time),
+   busy time = the time during which at least one coflow is active (`busy_time`).
 
 Everything is torn down in `finally` (also on Ctrl-C / SIGTERM, which the CLI turns into
 KeyboardInterrupt): the process groups started here, then Mininet; `mn -c` only if
@@ -98,10 +98,38 @@ class RunResult:
     controller_reaction_ms: float | None = None
 
     @property
+    def busy_s(self) -> float:
+        """Seconds during which at least one coflow was active (see `busy_time`)."""
+        return busy_time(self.arrival_s, self.cct_s)
+
+    @property
     def wan_utilization(self) -> float:
-        """wan_bytes_sent / (wan_capacity_bps * duration_s), 0 for an empty run."""
-        denom = self.wan_capacity_bps * self.duration_s
+        """wan_bytes_sent / (wan_capacity_bps * busy_s): the WAN's use while there is demand.
+
+        The port counters are read at the run's start and end, so bytes sent while no coflow
+        is active (none: agents and TCP nodes are idle then) would only raise the figure.
+        Idle gaps between arrivals (the same in both runs, set by the workload) are left out.
+        0 for an empty run.
+        """
+        denom = self.wan_capacity_bps * self.busy_s
         return self.wan_bytes_sent / denom if denom > 0 else 0.0
+
+
+def busy_time(arrival_s: dict, cct_s: dict) -> float:
+    """Length (s) of the union of the intervals [arrival, arrival + CCT] of completed coflows.
+
+    E.g. arrivals {a: 0, b: 1, c: 5} and CCTs {a: 2, b: 2, c: 1}: [0, 3] and [5, 6] -> 4 s.
+    """
+    intervals = sorted((arrival_s[c], arrival_s[c] + cct) for c, cct in cct_s.items())
+    total, start, end = 0.0, None, None
+    for lo, hi in intervals:
+        if end is None or lo > end:
+            if end is not None:
+                total += end - start
+            start, end = lo, hi
+        else:
+            end = max(end, hi)
+    return total + (end - start if end is not None else 0.0)
 
 
 def expected_digest(coflow: str, flow: str, size: int) -> str:
@@ -173,10 +201,29 @@ class Controller:
         self.log = open(log, "w")  # noqa: SIM115 (closed in close())
         self.proc = procs.add(
             subprocess.Popen(
-                [sys.executable, "-m", "terra_controller.cli", "--topology", str(topo_path),
-                 "--k", str(k), "--of-port", str(of_port), "--api", "127.0.0.1:0",
-                 "--agents", "0.0.0.0:0", "--rest", "127.0.0.1:0", "--log-level", "WARNING"],
-                stdout=subprocess.PIPE, stderr=self.log, text=True, start_new_session=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "terra_controller.cli",
+                    "--topology",
+                    str(topo_path),
+                    "--k",
+                    str(k),
+                    "--of-port",
+                    str(of_port),
+                    "--api",
+                    "127.0.0.1:0",
+                    "--agents",
+                    "0.0.0.0:0",
+                    "--rest",
+                    "127.0.0.1:0",
+                    "--log-level",
+                    "WARNING",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=self.log,
+                text=True,
+                start_new_session=True,
             )  # fmt: skip
         )
         line = self.proc.stdout.readline()
@@ -380,11 +427,22 @@ def run_per_flow_tcp(
         nodes.append(
             procs.add(
                 host.popen(
-                    [sys.executable, "-m", "mininet_scenarios.tcp_baseline", "node",
-                     "--listen", f"{ip[name]}:{BASELINE_PORT}",
-                     "--schedule", str(workdir / f"tcp_{name}.json"),
-                     "--start-wall", repr(start_wall), "--out", str(outs[name])],
-                    stdout=open(workdir / f"tcp_{name}.log", "w"), stderr=subprocess.STDOUT,
+                    [
+                        sys.executable,
+                        "-m",
+                        "mininet_scenarios.tcp_baseline",
+                        "node",
+                        "--listen",
+                        f"{ip[name]}:{BASELINE_PORT}",
+                        "--schedule",
+                        str(workdir / f"tcp_{name}.json"),
+                        "--start-wall",
+                        repr(start_wall),
+                        "--out",
+                        str(outs[name]),
+                    ],
+                    stdout=open(workdir / f"tcp_{name}.log", "w"),
+                    stderr=subprocess.STDOUT,
                 )  # fmt: skip
             )
         )
@@ -507,6 +565,7 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
     topo_path = testbed_topology(opts.workdir, opts.link_mbps)
     topology = load_topology(str(topo_path))
     binding = load_binding(topology)
+    check_names_free([f"s{sw.dpid}" for sw in binding.switches.values()] + ["mgmt0"])
     procs, wan, ctl = Processes(), None, None
     try:
         ctl = Controller(topo_path, opts.k, opts.of_port, opts.workdir / "controller.log", procs)
@@ -529,9 +588,7 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
             flow_mods_before = of["flow_mods"]
         log(f"Terra done in {terra.duration_s:.1f} s; stopping agents, per-flow TCP run")
         procs.stop(agents)
-        tcp = run_per_flow_tcp(
-            wan, opts.coflows, opts.failure, opts.timeout_s, opts.workdir, procs
-        )
+        tcp = run_per_flow_tcp(wan, opts.coflows, opts.failure, opts.timeout_s, opts.workdir, procs)
         log(f"per-flow TCP done in {tcp.duration_s:.1f} s")
         return {
             "terra": terra,
@@ -551,16 +608,49 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
                 cleanup()
 
 
+def check_names_free(bridges: list[str]) -> None:
+    """Make sure no OVS bridge or interface of these names exists (another Mininet run or the
+    leftovers of a killed one would clash with ours).
+
+    Raises:
+        TestbedError: naming what exists and how to remove leftovers (`mn -c`, which removes
+            every bridge on the machine, so only when no other Mininet run is active).
+    """
+    out = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True, timeout=10)
+    taken = sorted(set(out.stdout.split()) & set(bridges))
+    taken += sorted(
+        i for i in os.listdir("/sys/class/net") if any(i.startswith(b + "-") for b in bridges)
+    )
+    if taken:
+        raise TestbedError(
+            f"{', '.join(taken[:6])} already exist: another Mininet run is active, or leftovers "
+            "of a killed one (remove them with `mn -c` when no other run is active)"
+        )
+
+
 def _start_agents(wan, binding, ctl, mgmt_ip, workdir, procs) -> list[subprocess.Popen]:
     agents = []
     for dc, host in binding.all_hosts():
         agents.append(
             procs.add(
                 wan.hosts[host.name].popen(
-                    [sys.executable, "-m", "terra_agent.cli",
-                     "--controller", f"{mgmt_ip}:{ctl.agents_port}", "--dc", dc,
-                     "--id", host.name, "--data-addr", f"{host.ip}:{AGENT_DATA_PORT}",
-                     "--spill-dir", str(workdir), "--log-level", "WARNING"],
+                    [
+                        sys.executable,
+                        "-m",
+                        "terra_agent.cli",
+                        "--controller",
+                        f"{mgmt_ip}:{ctl.agents_port}",
+                        "--dc",
+                        dc,
+                        "--id",
+                        host.name,
+                        "--data-addr",
+                        f"{host.ip}:{AGENT_DATA_PORT}",
+                        "--spill-dir",
+                        str(workdir),
+                        "--log-level",
+                        "WARNING",
+                    ],
                     stdout=open(workdir / f"agent_{host.name}.log", "w"),
                     stderr=subprocess.STDOUT,
                 )  # fmt: skip

@@ -5,8 +5,8 @@ per-flow TCP baseline:
 
 1. Racks map to DCs as `r mod 5` (DESIGN.md section 8: HK, LA, NY, FL, BA).
 2. A slice of `count` consecutive coflows starting at trace position `first` is taken
-   (default: the burst of 14 coflows that arrive 199.8-225.7 s into the trace, eight
-   of them 250-310 MB and six of 3-7 MB on the WAN).
+   (default: the burst of 12 coflows that arrive 199.8-204.8 s into the trace, seven
+   of them 240-295 MiB and five of 5-7 MiB on the WAN, 1650 MiB in all).
 3. Intra-DC flows are dropped (they never cross the WAN; Terra counts them done with
    the WAN part). A coflow's flows between the same two DCs are merged into one flow
    (one host per DC in the testbed: they would share source host, destination host and
@@ -29,7 +29,7 @@ from workloads import Coflow, WorkloadError, load_workload
 PAPER_LINK_BPS = 1e9  # the seed paper's testbed links (DESIGN.md section 7)
 MIN_FLOW_BYTES = 64 * 1024
 DEFAULT_FIRST = 38  # trace position of coflow id 39 (arrives at 199.8 s)
-DEFAULT_COUNT = 14
+DEFAULT_COUNT = 12
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,245 @@
+"""The SWAN testbed (issue 5): workload shaping, results, the TCP baseline node, and a short
+end-to-end run of `terra-testbed swan --quick` with Open vSwitch and Mininet (root, CI).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mininet_scenarios import results
+from mininet_scenarios import workload as tb_workload
+from mininet_scenarios.swan import RunResult, busy_time, expected_digest
+from mininet_scenarios.tcp_baseline import send_flow, serve
+from mininet_scenarios.workload import MIN_FLOW_BYTES, scales
+from topologies import load_topology
+from topologies.binding import load_binding
+from workloads import WorkloadError
+
+TESTBED = Path(__file__).resolve().parent.parent / "topologies/data/swan_testbed.json"
+SUMMARY_KEYS = {
+    "terra", "per_flow_tcp", "foi_avg_cct", "foi_wan_utilization", "failure_reaction_s",
+    "bytes_lost", "digest_mismatches", "rules_per_switch_max", "flow_mods_after_startup",
+}  # fmt: skip
+OUR_BRIDGES = {"s1", "s2", "s3", "s4", "s5", "mgmt0"}
+
+
+# ---- workload ----------------------------------------------------------------------------------
+
+
+def test_scales_keep_the_load_of_a_1gbps_wan():
+    # 20 Mbit/s links vs the paper's 1 Gbps: bytes x 0.02; twice slower: bytes x 0.04, time x 2.
+    assert scales(20, 1.0) == pytest.approx((0.02, 1.0))
+    assert scales(20, 0.5) == pytest.approx((0.04, 2.0))
+    with pytest.raises(ValueError):
+        scales(0, 1.0)
+
+
+def test_testbed_coflows_merge_pairs_drop_intra_dc_and_scale(tmp_path):
+    doc = {
+        "coflows": [
+            {"id": "a", "arrival_s": 10.0, "flows": [
+                {"id": "f1", "src": "HK", "dst": "LA", "bytes": 1e6},
+                {"id": "f2", "src": "HK", "dst": "LA", "bytes": 2e6},
+                {"id": "f3", "src": "LA", "dst": "LA", "bytes": 5e6},
+                {"id": "f4", "src": "NY", "dst": "BA", "bytes": 1000}]},
+            {"id": "b", "arrival_s": 12.0, "flows": [
+                {"id": "g", "src": "FL", "dst": "FL", "bytes": 1e6}]},
+            {"id": "c", "arrival_s": 14.0, "flows": [
+                {"id": "h", "src": "BA", "dst": "HK", "bytes": 4e6}]},
+        ]
+    }  # fmt: skip
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(doc))
+    topo = load_topology("swan")
+    binding = load_binding(load_topology(str(TESTBED)))
+    out = tb_workload.testbed_coflows(
+        str(path), topo, binding, 0, 10, byte_scale=0.5, time_scale=2.0
+    )
+    # "b" has only an intra-DC flow: dropped. Arrivals (t - 10) * 2: 0 and 8.
+    assert [c.trace_id for c in out] == ["a", "c"]
+    assert [c.arrival_s for c in out] == [0.0, 8.0]
+    a = {f["id"]: f for f in out[0].flows}
+    # f1 + f2 merged: (1e6 + 2e6) * 0.5 = 1.5e6; f4: 1000 * 0.5 = 500 -> raised to 64 KiB.
+    assert a["HK>LA"] == {"id": "HK>LA", "src": "hHK1", "dst": "hLA1", "bytes": 1_500_000}
+    assert a["NY>BA"]["bytes"] == MIN_FLOW_BYTES
+    assert set(a) == {"HK>LA", "NY>BA"}
+    assert out[1].flows[0]["bytes"] == 2_000_000 and out[1].bytes == 2_000_000
+    with pytest.raises(WorkloadError):
+        tb_workload.testbed_coflows(str(path), topo, binding, 1, 1, byte_scale=0.5, time_scale=2.0)
+
+
+def test_fb_slice_is_the_default_burst():
+    topo = load_topology("swan")
+    binding = load_binding(load_topology(str(TESTBED)))
+    out = tb_workload.testbed_coflows("fb", topo, binding, 38, 12, *scales(20, 1.0))
+    assert [str(c.trace_id) for c in out] == [str(i) for i in range(39, 51)]
+    # Coflow 50 arrives 204.829 - 199.845 = 4.984 s after coflow 39.
+    assert out[-1].arrival_s == pytest.approx(4.984)
+    assert all(f["src"] != f["dst"] for c in out for f in c.flows)
+
+
+# ---- results -----------------------------------------------------------------------------------
+
+
+def test_busy_time_is_the_union_of_active_intervals():
+    # [0, 2] and [1, 3] overlap -> [0, 3]; [5, 6] apart: 3 + 1 = 4 s.
+    assert busy_time({"a": 0, "b": 1, "c": 5}, {"a": 2, "b": 2, "c": 1}) == pytest.approx(4.0)
+    assert busy_time({"a": 0}, {}) == 0.0
+
+
+def test_summary_foi_and_percentiles():
+    # Terra: both coflows arrive at 0, CCTs 1 and 3: busy 3 s; 15 bytes / (10 B/s * 3 s) = 0.5.
+    terra = RunResult(cct_s={1: 1.0, 2: 3.0}, arrival_s={1: 0.0, 2: 0.0}, wan_bytes_sent=15,
+                      wan_capacity_bps=10.0, reaction_s=0.2)  # fmt: skip
+    # TCP: [0, 2] and [4, 10]: busy 8 s; 16 bytes / (10 B/s * 8 s) = 0.2.
+    tcp = RunResult(cct_s={1: 2.0, 2: 6.0}, arrival_s={1: 0.0, 2: 4.0}, wan_bytes_sent=16,
+                    wan_capacity_bps=10.0, bytes_lost=0, digest_mismatches=1)  # fmt: skip
+    out = results.summary(
+        {
+            "terra": terra,
+            "per_flow_tcp": tcp,
+            "rules_per_switch": {1: 94, 3: 144},
+            "flow_mods_after_startup": 0,
+        }
+    )
+    assert set(out) == SUMMARY_KEYS
+    # Terra: avg (1 + 3) / 2 = 2; p95 = 1 + 0.95 * (3 - 1) = 2.9.
+    assert out["terra"] == pytest.approx(
+        {"avg_cct_s": 2.0, "p95_cct_s": 2.9, "wan_utilization": 0.5}
+    )
+    # TCP: avg (2 + 6) / 2 = 4. FoI: 4 / 2 = 2 and 0.5 / 0.2 = 2.5.
+    assert out["foi_avg_cct"] == pytest.approx(2.0)
+    assert out["foi_wan_utilization"] == pytest.approx(2.5)
+    assert out["rules_per_switch_max"] == 144 and out["digest_mismatches"] == 1
+    text = results.table(out)
+    assert "MISSED" in text  # one digest mismatch
+    assert results.target_met("foi_avg_cct", 2.0) and not results.target_met("bytes_lost", 3)
+    assert math.isnan(results.cct_stats({})[0])
+
+
+def test_windowed_rate_of_steady_progress():
+    # 4e6 bytes in 2 s, sampled every 0.5 s: 2e6 bytes/s over every 1 s window.
+    series = [(t * 0.5, t * 1e6) for t in range(5)]
+    t, rate = results.windowed_rate(series)
+    assert t[0] == pytest.approx(0.25) and t[-1] == pytest.approx(2.0)
+    assert rate == pytest.approx([2e6] * len(t))
+
+
+def test_plots_are_written(tmp_path):
+    run = RunResult(cct_s={1: 1.0}, throughput={1: [(0, 0), (1, 1e6), (2, 2e6)]},
+                    failure_down_s=0.5, failure_up_s=1.5)  # fmt: skip
+    paths = results.plot({"terra": run, "per_flow_tcp": RunResult(cct_s={1: 2.0})}, tmp_path)
+    assert all(p.stat().st_size > 1000 for p in paths)
+
+
+# ---- the per-flow TCP node, over loopback -------------------------------------------------------
+
+
+def test_tcp_baseline_node_receives_flows_with_their_digests(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "out.jsonl"
+    serve(("127.0.0.1", port), out)
+    sizes = {"f1": 3_000_000, "f2": 1}  # more than one synthetic period; a single byte
+    threads = [threading.Thread(target=send_flow, args=("127.0.0.1", port, "7", f, n))
+               for f, n in sizes.items()]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    with socket.create_connection(("127.0.0.1", port)) as junk:  # no header line: ignored
+        junk.sendall(b"not json\n" + b"x" * 10)
+    time.sleep(0.2)
+    records = {r["flow"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(records) == set(sizes)
+    for flow, size in sizes.items():
+        assert records[flow]["received"] == size
+        assert records[flow]["digest"] == expected_digest("7", flow, size)
+    assert expected_digest("7", "f1", 10) != expected_digest("7", "f2", 10)
+
+
+# ---- end to end with Open vSwitch and Mininet ---------------------------------------------
+
+
+def _bridges() -> set[str]:
+    out = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if text.encode() in cmdline:
+                pids.append(int(entry))
+    return pids
+
+
+@pytest.mark.ovs
+def test_quick_testbed_run_meets_the_correctness_targets_and_cleans_up(ovs, tmp_path):
+    """`terra-testbed swan --quick`: 6 FB coflows, LA-NY down 2 s after the first arrival."""
+    work = tmp_path / "work"
+    out = tmp_path / "out.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mininet_scenarios.cli", "swan", "--quick", "--json", str(out),
+         "--plots", str(tmp_path / "plots"), "--workdir", str(work)],
+        capture_output=True, text=True, timeout=170,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert SUMMARY_KEYS <= set(result)
+    assert result["bytes_lost"] == 0
+    assert result["digest_mismatches"] == 0
+    assert result["rules_per_switch_max"] <= 168
+    assert result["flow_mods_after_startup"] == 0
+    details = result["details"]
+    # The failure hit Terra mid-transfer: the link went down before the last coflow finished,
+    # and the controller's new rates reached the agents (a reaction was measured).
+    last_end = max(details["terra"]["arrival_s"][c] + details["terra"]["cct_s"][c]
+                   for c in details["terra"]["cct_s"])  # fmt: skip
+    assert details["terra"]["failure_down_s"] < last_end
+    assert result["failure_reaction_s"] is not None
+    assert len(details["terra"]["cct_s"]) == len(details["per_flow_tcp"]["cct_s"]) == 6
+    # Terra beats per-flow TCP on this slice (the full run's figures are in the report).
+    assert result["foi_avg_cct"] > 1.0
+    assert (tmp_path / "plots" / "throughput.png").exists()
+    assert not (_bridges() & OUR_BRIDGES)
+    assert _processes_mentioning(str(work)) == []
+
+
+@pytest.mark.ovs
+def test_sigterm_mid_run_tears_everything_down(ovs, tmp_path):
+    work = tmp_path / "work"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mininet_scenarios.cli", "swan", "--quick", "--workdir", str(work)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        for line in proc.stdout:
+            if "agents registered" in line:
+                break
+        time.sleep(1.0)  # Terra run under way
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, rest
+    assert not (_bridges() & OUR_BRIDGES)
+    assert _processes_mentioning(str(work)) == []
