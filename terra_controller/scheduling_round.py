@@ -38,11 +38,19 @@ import numpy as np
 
 from terra_controller.maxmin import maxmin_levels
 from terra_controller.mcf import maxmin_mcf
-from terra_controller.min_cct import MinCct, Pair, PairRates, links_of, min_cct
+from terra_controller.min_cct import (
+    MinCct,
+    Pair,
+    PairRates,
+    gamma_lower_bound,
+    links_of,
+    min_cct,
+)
 from topologies import Link, Path
 
 SCHEDULED, PREEMPTED, DEADLINE = "scheduled", "preempted", "deadline"
 _FULL = 1e-6  # a link with less than this fraction of its capacity left counts as full
+_TIGHT = 1e-9  # relative gap under which bounds on Γ count as exact
 MCF_MAX_COLUMNS = 160  # steps 5-6 use the MCF up to this many (pair, path) columns
 
 
@@ -79,6 +87,7 @@ def schedule_round(
     deadlines: dict[str, float] | None = None,
     alpha: float = 0.1,
     hints: dict[str, tuple[float, bool]] | None = None,
+    memo: dict | None = None,
 ) -> RoundResult:
     """Run one scheduling round (DESIGN.md 4.2 steps 1-6).
 
@@ -96,6 +105,9 @@ def schedule_round(
             exact)} known to the caller (e.g. a cached Γ rescaled, or a
             weak-duality bound, min_cct.gamma_lower_bound). Coflows without a
             hint start from the bound max_k d_k / Σ_{p ∈ P_k} bottleneck(p).
+        memo: optional dict the caller keeps between rounds (and clears when
+            paths change): step 4's min-CCT solutions on r, reused without an LP
+            when r is unchanged and the volumes allow it (see `_min_cct_on_r`).
 
     Returns:
         RoundResult. Link loads stay within `capacity` (solver round-off is
@@ -125,7 +137,9 @@ def schedule_round(
     reserve = {link: alpha * c for link, c in left.items()}
     r = {link: c - reserve[link] for link, c in left.items()}
     others = [cid for cid in active if cid not in result.state]
-    scheduled, preempted = _sequential(active, others, paths, capacity, r, hints, rates, result)
+    scheduled, preempted = _sequential(
+        active, others, paths, capacity, r, hints, memo, rates, result
+    )
 
     # Step 5: the α share to the preempted coflows.
     if preempted and alpha > 0:
@@ -143,7 +157,7 @@ def schedule_round(
     return result
 
 
-def _sequential(active, others, paths, capacity, r, hints, rates, result) -> tuple[list, list]:
+def _sequential(active, others, paths, capacity, r, hints, memo, rates, result) -> tuple:
     """Steps 3-4 with lazy ordering: a heap keyed by lower bounds on Γ.
 
     Popping the smallest key: a coflow that cannot reach r any more (some
@@ -176,7 +190,7 @@ def _sequential(active, others, paths, capacity, r, hints, rates, result) -> tup
             heapq.heappush(heap, (res.gamma_s, pos, cid, True))
             continue
         else:
-            res = _solve(active[cid], paths, r, result)
+            res = _min_cct_on_r(cid, active[cid], paths, r, memo, result)
             result.state[cid] = PREEMPTED if math.isinf(res.gamma_s) else SCHEDULED
             if result.state[cid] == SCHEDULED:
                 _take(rates, cid, res.rates, r, 1.0)
@@ -184,6 +198,34 @@ def _sequential(active, others, paths, capacity, r, hints, rates, result) -> tup
         result.gammas[cid] = key
         (scheduled if result.state[cid] == SCHEDULED else preempted).append(cid)
     return scheduled, preempted
+
+
+def _min_cct_on_r(cid, volumes, paths, r, memo, result) -> MinCct:
+    """Optimization (1) on the residual r, reusing the memo of an earlier round when exact.
+
+    A memo entry (r then, volumes d then, MinCct then) is reused when r is
+    unchanged and the bounds of min_cct.gamma_lower_bound and of monotonicity
+    (Γ' <= Γ · max_k d'_k/d_k) meet: then Γ' is that value and scaling FlowGroup
+    k's old rates by (d'_k/d_k) / max_k(d'_k/d_k) is a minimal allocation.
+    """
+    if memo is None:
+        return _solve(volumes, paths, r, result)
+    entry = memo.get(cid)
+    if entry is not None:
+        r_then, d_then, res = entry
+        if r_then == r and volumes.keys() <= d_then.keys() and not math.isinf(res.gamma_s):
+            ratio = {pair: v / d_then[pair] for pair, v in volumes.items()}
+            top = max(ratio.values())
+            upper = res.gamma_s * top
+            if upper <= gamma_lower_bound(volumes, paths, r, res.prices) * (1 + _TIGHT):
+                rates = {
+                    pair: [(path, x * ratio[pair] / top) for path, x in res.rates[pair]]
+                    for pair in volumes
+                }
+                return MinCct(upper, rates, prices=res.prices)
+    res = _solve(volumes, paths, r, result)
+    memo[cid] = (dict(r), dict(volumes), res)
+    return res
 
 
 def _quick_bound(volumes, paths, capacity) -> float:

@@ -93,6 +93,7 @@ class TerraPolicy:
         self._volumes: dict[str, dict[Pair, float]] = {}  # last known FlowGroup volumes
         self._gamma: dict[str, tuple[dict[Pair, float], float]] = {}  # volumes, Γ (full WAN)
         self._state: dict[str, str] = {}
+        self._memo: dict = {}  # step 4's min-CCT solutions on r (scheduling_round memo)
 
     # ----- Policy protocol -------------------------------------------------------------
 
@@ -146,6 +147,7 @@ class TerraPolicy:
             self._coflows,
             self._flow_pair,
             self._deadline,
+            self._memo,
             self._volumes,
             self._gamma,
             self._state,
@@ -178,6 +180,7 @@ class TerraPolicy:
         if changed:
             self._cap_seen = dict(topo.capacity)
             self._gamma.clear()
+            self._memo.clear()
         return changed
 
     def allocate(self, now: float, remaining: Remaining) -> Allocation:
@@ -211,7 +214,9 @@ class TerraPolicy:
         capacity = self._capacity()
         hints = self._gamma_hints(volumes, paths, capacity)
         deadlines = {cid: d for cid, d in self._deadline.items() if cid in volumes}
-        result = schedule_round(volumes, paths, capacity, now, deadlines, self.alpha, hints=hints)
+        result = schedule_round(
+            volumes, paths, capacity, now, deadlines, self.alpha, hints=hints, memo=self._memo
+        )
         for cid, res in result.exact.items():
             self._gamma[cid] = (volumes[cid], res)
         alloc: Allocation = {}

@@ -4,7 +4,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from terra_controller.scheduling_round import DEADLINE, PREEMPTED, SCHEDULED, schedule_round
+from terra_controller.min_cct import min_cct
+from terra_controller.scheduling_round import (
+    DEADLINE,
+    PREEMPTED,
+    SCHEDULED,
+    RoundResult,
+    _min_cct_on_r,
+    schedule_round,
+)
 from terra_controller.simulator import WanChange, simulate
 from terra_controller.terra_policy import TerraPolicy
 from topologies import Topology, all_pairs_paths, path_links
@@ -38,7 +46,7 @@ def rounds(draw):
     paths = {pair: ps for pair, ps in all_pairs_paths(topo, draw(st.integers(1, 4))).items() if ps}
     pairs = sorted(paths)
     coflows, deadlines = {}, {}
-    for i in range(draw(st.integers(1, 6))):
+    for i in range(draw(st.integers(1, 6)) if pairs else 0):
         chosen = draw(st.lists(st.sampled_from(pairs), min_size=1, max_size=4, unique=True))
         coflows[f"c{i}"] = {p: draw(st.floats(1.0, 1e4)) for p in chosen}
         if draw(st.integers(0, 3)) == 0:
@@ -108,3 +116,25 @@ def test_simulated_runs_finish_meet_admitted_deadlines_and_conserve_bytes(case, 
             assert c.finish_s is not None  # every admitted coflow finishes
             if c.deadline_s is not None:
                 assert c.met_deadline  # admitted deadline coflows meet their deadline
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rounds(), st.lists(st.floats(0.05, 1.0), min_size=4, max_size=4), st.booleans())
+def test_memo_reuse_equals_a_fresh_min_cct(case, shrink, proportional):
+    # scheduling_round._min_cct_on_r reuses an earlier solution when its bounds meet;
+    # whatever it returns must be the exact Γ and minimal allocation for the new volumes.
+    topo, paths, coflows, _, _ = case
+    capacity = {link: topo.available(link) for link in topo.links if link not in topo.down}
+    for cid, fgs in coflows.items():
+        memo, stats = {}, RoundResult()
+        _min_cct_on_r(cid, fgs, paths, capacity, memo, stats)
+        factors = [shrink[0]] * 4 if proportional else shrink
+        later = {pair: v * factors[i] for i, (pair, v) in enumerate(fgs.items())}
+        got = _min_cct_on_r(cid, later, paths, capacity, memo, stats)
+        want = min_cct(later, paths, capacity)
+        assert got.gamma_s == pytest.approx(want.gamma_s, rel=1e-6)
+        for pair, d in later.items():
+            if got.rates:
+                assert sum(r for _, r in got.rates[pair]) == pytest.approx(d / want.gamma_s)
+        if proportional:
+            assert stats.lps <= 1  # proportional shrink: always reused, no second LP
