@@ -49,7 +49,7 @@ class MinCct:
             Optimization (1). For any volumes d', with m_k(y) = min over the
             FlowGroup's paths of Σ_{e ∈ p} y_e, weak duality gives the lower bound
             Γ(d') >= Σ_k d'_k·m_k(y) / Σ_e c_e·y_e, tight for the solved volumes
-            (see `gamma_lower_bound`). Empty when Γ is 0 or inf.
+            (see `DualBound`). Empty when Γ is 0 or inf.
     """
 
     gamma_s: float
@@ -58,28 +58,48 @@ class MinCct:
     prices: dict[Link, float] = field(default_factory=dict)
 
 
-def gamma_lower_bound(
-    volumes: dict[Pair, float],
-    paths: dict[Pair, list[Path]],
-    capacity: dict[Link, float],
-    prices: dict[Link, float],
-) -> float:
-    """Weak-duality lower bound on Γ for `volumes`, from link prices y (MinCct.prices).
+@dataclass(frozen=True)
+class DualBound:
+    """Weak-duality lower bound on Γ from fixed link prices y (DESIGN.md 4.1).
 
-    Γ(d) >= Σ_k d_k · min_{p ∈ P_k} Σ_{e ∈ p} y_e / Σ_e c_e y_e (the dual of
-    Optimization (1): λ* = min {Σ_e c_e y_e : Σ_k d_k m_k(y) >= 1, y >= 0}).
+    λ* = min {Σ_e c_e y_e : Σ_k d_k m_k(y) >= 1, y >= 0} with m_k(y) = the
+    cheapest path of FlowGroup k under prices y, so for any volumes d,
+    Γ(d) >= Σ_k d_k m_k(y) / Σ_e c_e y_e, with equality at an optimal y.
 
-    Returns:
-        The bound in seconds (0 when the prices are empty or all zero).
+    Attributes:
+        path_price: {(src, dst): m_k(y)} for the DC pairs it was built for.
+        capacity_price: Σ_e c_e y_e (bytes/s · price).
     """
-    cy = sum(capacity.get(link, 0.0) * y for link, y in prices.items())
-    if cy <= 0:
-        return 0.0
-    total = 0.0
-    for pair, d in volumes.items():
-        if d > 0:
-            total += d * min(sum(prices.get(e, 0.0) for e in links_of(p)) for p in paths[pair])
-    return total / cy
+
+    path_price: dict[Pair, float]
+    capacity_price: float
+
+    @classmethod
+    def build(
+        cls,
+        pairs,
+        paths: dict[Pair, list[Path]],
+        capacity: dict[Link, float],
+        prices: dict[Link, float],
+    ) -> DualBound:
+        """Precompute m_k(y) for `pairs` over `paths` and Σ c_e y_e over `capacity`."""
+        path_price = {
+            pair: min(sum(prices.get(e, 0.0) for e in links_of(p)) for p in paths[pair])
+            for pair in pairs
+        }
+        cy = sum(capacity.get(link, 0.0) * y for link, y in prices.items())
+        return cls(path_price, cy)
+
+    def gamma(self, volumes: dict[Pair, float]) -> float:
+        """The bound in seconds for `volumes` (0 when it says nothing).
+
+        Raises:
+            KeyError: a FlowGroup's pair is not among those the bound was built for.
+        """
+        if self.capacity_price <= 0:
+            return 0.0
+        m = self.path_price
+        return sum(d * m[pair] for pair, d in volumes.items() if d > 0) / self.capacity_price
 
 
 def min_cct(

@@ -39,10 +39,10 @@ import numpy as np
 from terra_controller.maxmin import maxmin_levels
 from terra_controller.mcf import maxmin_mcf
 from terra_controller.min_cct import (
+    DualBound,
     MinCct,
     Pair,
     PairRates,
-    gamma_lower_bound,
     links_of,
     min_cct,
 )
@@ -103,7 +103,7 @@ def schedule_round(
         alpha: starvation share in [0, 1).
         hints: optional {coflow id: (lower bound on Γ on `capacity` in seconds,
             exact)} known to the caller (e.g. a cached Γ rescaled, or a
-            weak-duality bound, min_cct.gamma_lower_bound). Coflows without a
+            weak-duality bound, min_cct.DualBound). Coflows without a
             hint start from the bound max_k d_k / Σ_{p ∈ P_k} bottleneck(p).
         memo: optional dict the caller keeps between rounds (and clears when
             paths change): step 4's min-CCT solutions on r, reused without an LP
@@ -204,7 +204,7 @@ def _min_cct_on_r(cid, volumes, paths, r, memo, result) -> MinCct:
     """Optimization (1) on the residual r, reusing the memo of an earlier round when exact.
 
     A memo entry (r then, volumes d then, MinCct then) is reused when r is
-    unchanged and the bounds of min_cct.gamma_lower_bound and of monotonicity
+    unchanged and the bounds of min_cct.DualBound and of monotonicity
     (Γ' <= Γ · max_k d'_k/d_k) meet: then Γ' is that value and scaling FlowGroup
     k's old rates by (d'_k/d_k) / max_k(d'_k/d_k) is a minimal allocation.
     """
@@ -212,19 +212,19 @@ def _min_cct_on_r(cid, volumes, paths, r, memo, result) -> MinCct:
         return _solve(volumes, paths, r, result)
     entry = memo.get(cid)
     if entry is not None:
-        r_then, d_then, res = entry
+        r_then, d_then, res, bound = entry
         if r_then == r and volumes.keys() <= d_then.keys() and not math.isinf(res.gamma_s):
             ratio = {pair: v / d_then[pair] for pair, v in volumes.items()}
             top = max(ratio.values())
             upper = res.gamma_s * top
-            if upper <= gamma_lower_bound(volumes, paths, r, res.prices) * (1 + _TIGHT):
+            if upper <= bound.gamma(volumes) * (1 + _TIGHT):
                 rates = {
                     pair: [(path, x * ratio[pair] / top) for path, x in res.rates[pair]]
                     for pair in volumes
                 }
                 return MinCct(upper, rates, prices=res.prices)
     res = _solve(volumes, paths, r, result)
-    memo[cid] = (dict(r), dict(volumes), res)
+    memo[cid] = (dict(r), dict(volumes), res, DualBound.build(volumes, paths, r, res.prices))
     return res
 
 

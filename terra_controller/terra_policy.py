@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 
-from terra_controller.min_cct import Pair, gamma_lower_bound, min_cct
+from terra_controller.min_cct import DualBound, Pair, min_cct
 from terra_controller.policy import Allocation, Remaining, split_by_remaining
 from terra_controller.scheduling_round import (
     PREEMPTED,
@@ -91,7 +91,7 @@ class TerraPolicy:
         self._flow_pair: dict[str, dict[str, Pair]] = {}
         self._deadline: dict[str, float] = {}  # admitted deadline coflows: absolute deadline
         self._volumes: dict[str, dict[Pair, float]] = {}  # last known FlowGroup volumes
-        self._gamma: dict[str, tuple[dict[Pair, float], float]] = {}  # volumes, Γ (full WAN)
+        self._gamma: dict[str, tuple] = {}  # volumes, Γ on the full WAN, DualBound
         self._state: dict[str, str] = {}
         self._memo: dict = {}  # step 4's min-CCT solutions on r (scheduling_round memo)
 
@@ -218,7 +218,8 @@ class TerraPolicy:
             volumes, paths, capacity, now, deadlines, self.alpha, hints=hints, memo=self._memo
         )
         for cid, res in result.exact.items():
-            self._gamma[cid] = (volumes[cid], res)
+            bound = DualBound.build(volumes[cid], paths, capacity, res.prices)
+            self._gamma[cid] = (volumes[cid], res.gamma_s, bound)
         alloc: Allocation = {}
         for cid, pair_rates in result.rates.items():
             flows_alloc = {}
@@ -315,12 +316,12 @@ class TerraPolicy:
             cached = self._gamma.get(cid)
             if cid in self._deadline or cached is None:
                 continue
-            old_vol, res = cached
-            if not now_vol.keys() <= old_vol.keys() or math.isinf(res.gamma_s):
+            old_vol, gamma, bound = cached
+            if not now_vol.keys() <= old_vol.keys() or math.isinf(gamma):
                 del self._gamma[cid]
                 continue
-            upper = res.gamma_s * max(v / old_vol[pair] for pair, v in now_vol.items())
-            lower = gamma_lower_bound(now_vol, paths, capacity, res.prices)
+            upper = gamma * max(v / old_vol[pair] for pair, v in now_vol.items())
+            lower = bound.gamma(now_vol)
             if upper <= lower * (1 + _TIGHT):
                 hints[cid] = (upper, True)
             else:
