@@ -18,9 +18,10 @@ def new_highs(primal: bool = False) -> highspy.Highs:
     """Return a silent, single-threaded HiGHS instance set up for small LPs.
 
     Args:
-        primal: use the primal simplex; right for a sequence of re-solves where
-            each change keeps the previous basis primal feasible (progressive
-            filling in mcf.py: ~10x fewer iterations than the dual simplex).
+        primal: use the primal simplex. Measured faster here both for
+            re-solves where each change keeps the basis primal feasible
+            (progressive filling in mcf.py: ~10x fewer iterations than the dual
+            simplex) and for fresh Optimization (1) LPs (~1.6x on SWAN/ATT sizes).
     """
     h = highspy.Highs()
     h.silent()

@@ -196,7 +196,7 @@ def _disjoint_paths(group: tuple[Pair, float, list[Path]], capacity) -> MinCct:
 def _highs():
     h = getattr(_local, "highs", None)
     if h is None:
-        h = _local.highs = new_highs()
+        h = _local.highs = new_highs(primal=True)
     return h
 
 
