@@ -373,8 +373,12 @@ class CoflowRegistry:
         """Coflows that are not done (in id order)."""
         return [c for c in self.coflows.values() if c.state not in ("done", "rejected")]
 
-    def remaining(self) -> dict[str, dict[str, float]]:
+    def remaining(self, connected=None) -> dict[str, dict[str, float]]:
         """Return the policy's Remaining map: {str(coflow id): {flow id: bytes}}, WAN flows only.
+
+        Args:
+            connected: optional predicate (src DC, dst DC) -> bool; flows between DCs
+                it rejects (cut off by link failures) are left out for now.
 
         Only unfinished flows with bytes left appear; coflows without any are left out.
         """
@@ -383,7 +387,10 @@ class CoflowRegistry:
             left = {
                 f.id: float(f.bytes - f.delivered)
                 for f in c.flows.values()
-                if not f.done and f.bytes > f.delivered and f.src_dc != f.dst_dc
+                if not f.done
+                and f.bytes > f.delivered
+                and f.src_dc != f.dst_dc
+                and (connected is None or connected(f.src_dc, f.dst_dc))
             }
             if left:
                 out[str(c.id)] = left

@@ -297,7 +297,7 @@ class Controller:
             self.round_wanted.clear()
             wan, self.wan_dirty = self.wan_dirty, False
             start = time.perf_counter()
-            remaining = self.registry.remaining()
+            remaining = self.registry.remaining(self._connectivity())
             begin_allocate = time.perf_counter()
             collecting = gc.isenabled()
             gc.disable()
@@ -320,6 +320,32 @@ class Controller:
                 self.stats[key].append(value)
                 del self.stats[key][:-1000]
             return self.rates, wan
+
+    def _connectivity(self):
+        """None when every link is up; else a predicate (src DC, dst DC) -> reachable.
+
+        A flow whose DCs a failure cut apart waits (rate 0) until a link comes
+        back, instead of failing the whole round.
+        """
+        if not self.topology.down:
+            return None
+        neighbours: dict[str, list[str]] = {}
+        for u, v in self.topology.up_links():
+            neighbours.setdefault(u, []).append(v)
+        reach: dict[str, set[str]] = {}
+
+        def connected(src: str, dst: str) -> bool:
+            if src not in reach:
+                seen, todo = {src}, [src]
+                while todo:
+                    for nxt in neighbours.get(todo.pop(), []):
+                        if nxt not in seen:
+                            seen.add(nxt)
+                            todo.append(nxt)
+                reach[src] = seen
+            return dst in reach[src]
+
+        return connected
 
     def _update_states(self) -> None:
         state_of = getattr(self.policy, "state", None)

@@ -135,3 +135,23 @@ def test_read_only(rest):
         urllib.request.urlopen(request, timeout=5)
     assert info.value.code == 405
     assert get_json(base, "/coflows") == []
+
+
+def test_flows_cut_off_by_failures_wait_and_the_rest_is_scheduled(rest):
+    controller, base = rest
+    cid = controller.submit(
+        [
+            {"id": "ab", "src": "a1", "dst": "b1", "bytes": 10**9},
+            {"id": "ac", "src": "a1", "dst": "c1", "bytes": 10**9},
+        ]
+    )
+    # Cut C off: both of its links down. A->C has no path; A->B keeps the direct link.
+    controller.set_link_state("A", "C", False)
+    controller.set_link_state("B", "C", False)
+    controller.run_round()  # must not fail because one FlowGroup cannot be routed
+    rates = {f["id"]: f["rate"] for f in get_json(base, f"/coflows/{cid}")["flows"]}
+    assert rates["ac"] == 0 and rates["ab"] > 0
+    controller.set_link_state("A", "C", True)
+    controller.run_round()
+    rates = {f["id"]: f["rate"] for f in get_json(base, f"/coflows/{cid}")["flows"]}
+    assert rates["ac"] > 0 and rates["ab"] > 0
