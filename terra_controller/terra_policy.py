@@ -206,6 +206,8 @@ class TerraPolicy:
             groups: dict[Pair, dict[str, float]] = {}
             for fid, left in flows.items():
                 if left > 0:
+                    if fid not in pair_of:
+                        raise KeyError(f"allocate: coflow {cid!r} has no flow {fid!r}")
                     groups.setdefault(pair_of[fid], {})[fid] = left
             by_group[cid] = groups
             volumes[cid] = {pair: sum(fl.values()) for pair, fl in groups.items()}
