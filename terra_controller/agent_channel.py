@@ -85,7 +85,10 @@ class TunnelTable:
         self.k = k
         self.logical = logical
         self.base_port = base_port
-        self.tunnels = build_tunnels(topology, k, base_port)
+        all_up = topology.copy()  # tunnels are fixed at start-up with every link up
+        all_up.down.clear()
+        self.tunnels = build_tunnels(all_up, k, base_port)
+        self.unrouted: set[Path] = set()
         self.by_path: dict[Path, tuple[int, int]] = {  # path -> (tunnel id, index)
             t.path: (t.tunnel_id, t.index) for t in self.tunnels
         }
@@ -102,7 +105,9 @@ class TunnelTable:
             pair = (path[0], path[-1])
             index = self.count.get(pair, 0)
             if not self.logical or index >= MAX_TUNNEL_INDEX:
-                LOG.warning("no tunnel for path %s; its rate is dropped", "-".join(path))
+                if path not in self.unrouted:
+                    self.unrouted.add(path)
+                    LOG.warning("no tunnel for path %s; its rate is dropped", "-".join(path))
                 return None
             found = (self.next_id, index)
             self.by_path[path] = found
@@ -568,8 +573,10 @@ class AgentChannel:
             ids of the "rates" messages sent (each agent acks them once applied).
         """
         event_at = self.controller.wan_event_at
-        tunnel_ids = self.push_tunnels() if wan_changed else {}
-        wanted = self.group_rates(rates)
+        known = self.tunnels.next_id
+        wanted = self.group_rates(rates)  # may add logical tunnels for new paths
+        new_tunnels = self.tunnels.next_id != known
+        tunnel_ids = self.push_tunnels() if wan_changed or new_tunnels else {}
         sent = []
         sent_to = dict(tunnel_ids)
         with self.lock:

@@ -34,13 +34,14 @@ def daemon_spawn(func, *args):
 
 
 @pytest.fixture
-def channel():
+def channel(request):
+    k = getattr(request, "param", 2)
     links = {}
     for u, v in [("A", "B"), ("B", "C"), ("A", "C")]:
         links[(u, v)] = links[(v, u)] = CAP
     topology = Topology("tri", ["A", "B", "C"], links)
-    controller = Controller(topology, TerraPolicy(topology, k=2))
-    chan = AgentChannel(controller, TunnelTable(topology, 2), TOKEN)
+    controller = Controller(topology, TerraPolicy(topology, k=k))
+    chan = AgentChannel(controller, TunnelTable(topology, k), TOKEN)
     listener, _, addr = start_agent_server(chan, "127.0.0.1", 0, daemon_spawn)
     yield controller, chan, addr
     stop_listener(listener)
@@ -221,3 +222,28 @@ def test_link_down_pushes_tunnels_and_rates_and_records_the_reaction(channel):
     reaction = chan.reactions[-1].to_json()
     assert reaction["agents"] == ["a1", "b1"]
     assert 0 <= reaction["event_to_push_ms"] <= reaction["event_to_applied_ms"]
+
+
+@pytest.mark.parametrize("channel", [1], indirect=True)
+def test_new_path_after_a_failure_gets_a_logical_tunnel_before_its_rates(channel):
+    controller, chan, addr = channel
+    a1, _b1 = Agent(addr, "a1", "A", 30000), Agent(addr, "b1", "B", 31000)
+    wait_until(lambda: len(chan.connections) == 2)
+    cid = controller.submit([{"id": "x", "src": "a1", "dst": "b1", "bytes": 10**9}])
+    controller.round_and_push()
+    # K = 1: the only tunnel A->B is the direct link (tunnel ids run over the six
+    # ordered pairs in DC order, so A->B is tunnel 0).
+    first = a1.wait_for(lambda m: m["t"] == "rates")["rates"][0]["paths"]
+    assert [p["tunnel"] for p in first] == ["0"]
+    controller.set_link_state("A", "B", False)
+    controller.round_and_push()
+    # The scheduler now uses A-C-B, which had no tunnel: a logical one (id 6, index 1
+    # of the pair: port 31000 + 1 + 1) reaches a1 in a tunnel table before the rates.
+    wait_until(lambda: a1.latest_rates(str(cid), "B").keys() == {"6"})
+    tables = [i for i, m in enumerate(a1.messages) if m["t"] == "tunnels" and any(
+        t["tunnel"] == "6" for t in m["tunnels"])]  # fmt: skip
+    rates = [i for i, m in enumerate(a1.messages) if m["t"] == "rates" and any(
+        p["tunnel"] == "6" for g in m["rates"] for p in g["paths"])]  # fmt: skip
+    assert tables and rates and tables[0] < rates[0]
+    spec = next(t for t in a1.messages[tables[0]]["tunnels"] if t["tunnel"] == "6")
+    assert spec["path"] == ["A", "C", "B"] and spec["port"] == 31002
