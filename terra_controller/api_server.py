@@ -33,6 +33,7 @@ import logging
 import secrets
 import socket
 import struct
+import threading
 
 import msgpack
 
@@ -44,6 +45,7 @@ LOG = logging.getLogger("terra.api")
 API_VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 FRAME_TIMEOUT_S = 30.0
+MAX_CONNECTIONS = 512  # per server (API or agent channel)
 _LEN = struct.Struct(">I")
 
 
@@ -269,14 +271,32 @@ def _send_quietly(sock: socket.socket, message: dict) -> None:
         pass
 
 
-def accept_loop(listener: socket.socket, handle, spawn) -> None:
-    """Accept connections until `listener` is closed; run handle(sock, addr) via spawn each."""
+def accept_loop(
+    listener: socket.socket, handle, spawn, max_connections: int = MAX_CONNECTIONS
+) -> None:
+    """Accept connections until `listener` is closed; run handle(sock, addr) via spawn each.
+
+    At most `max_connections` are served at once (one thread each); a connection
+    beyond that is closed at once, so a flood of clients cannot exhaust threads.
+    """
+    slots = threading.BoundedSemaphore(max_connections)
+
+    def run(sock, addr):
+        try:
+            handle(sock, addr)
+        finally:
+            slots.release()
+
     while True:
         try:
             sock, addr = listener.accept()
         except OSError:
             return
-        spawn(handle, sock, addr)
+        if not slots.acquire(blocking=False):
+            LOG.warning("%s: more than %d connections; refused", addr, max_connections)
+            sock.close()
+            continue
+        spawn(run, sock, addr)
 
 
 def stop_listener(listener: socket.socket) -> None:

@@ -7,12 +7,14 @@ registered in the registry directly (the agent channel has its own tests).
 import socket
 import struct
 import threading
+import time
 
 import msgpack
 import pytest
 
 from terra_controller.api_server import (
     ApiHandler,
+    accept_loop,
     pack_message,
     read_message,
     start_api_server,
@@ -300,3 +302,34 @@ def test_msgpack_garbage_inside_valid_frame_is_rejected_cleanly(server):
         reply = read_message(s)
     assert reply["ok"] is False and reply["code"] == "bad_request"
     assert server.controller.registry.coflows == {}
+
+
+def test_connections_beyond_the_limit_are_refused_and_slots_come_back():
+    listener = socket.create_server(("127.0.0.1", 0))
+    addr = listener.getsockname()
+
+    def hold(sock, _addr):  # serve until the client closes
+        with sock:
+            while sock.recv(100):
+                pass
+
+    daemon_spawn(accept_loop, listener, hold, daemon_spawn, 2)
+    try:
+        first = socket.create_connection(addr, timeout=5)
+        second = socket.create_connection(addr, timeout=5)
+        third = socket.create_connection(addr, timeout=5)
+        assert third.recv(1) == b""  # the third of max 2 is closed at once
+        first.close()
+        deadline = time.monotonic() + 5
+        while True:  # the freed slot serves a new client (it stays open)
+            fourth = socket.create_connection(addr, timeout=0.5)
+            try:
+                fourth.recv(1)
+            except TimeoutError:
+                break
+            fourth.close()
+            assert time.monotonic() < deadline
+        for s in (second, third, fourth):
+            s.close()
+    finally:
+        stop_listener(listener)
