@@ -232,6 +232,26 @@ def test_link_down_mid_transfer_reroutes_and_loses_nothing(system):
     assert all(t["up"] for t in tunnels)
 
 
+def ctl(system, *args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "terra_controller.cli", "ctl", "--api", system.api, *args],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+
+def test_operator_ctl_commands(system):
+    down = ctl(system, "link-down", "B", "C")
+    assert down.returncode == 0 and json.loads(down.stdout) == {"changed": True}
+    links = {(x["src"], x["dst"]): x["state"] for x in system.get("/topology")["links"]}
+    assert links[("B", "C")] == links[("C", "B")] == "down"
+    assert json.loads(ctl(system, "link-up", "B", "C").stdout) == {"changed": True}
+    assert all(x["state"] == "up" for x in system.get("/topology")["links"])
+    listed = json.loads(ctl(system, "list").stdout)
+    assert [c["id"] for c in listed] == [c["id"] for c in system.get("/coflows")]
+    bad = ctl(system, "link-down", "B", "Mars")
+    assert bad.returncode == 1 and "no link" in bad.stderr
+
+
 def test_agent_restarted_mid_transfer_gets_its_state_back(system):
     c = system.client
     cid = c.submit_coflow([flow("r1", "a1", "c1", 60_000_000)])
