@@ -2,7 +2,7 @@
 
     terra-testbed swan [--quick] [--fail-link LA-NY | --no-failure] [--json OUT] [--plots DIR]
         [--link-mbps M] [--workload fb|PATH] [--first I] [--coflows N] [--speedup S]
-        [--k K] [--timeout S] [--workdir DIR]
+        [--repeats R] [--k K] [--timeout S] [--workdir DIR]
 
 Needs root, Open vSwitch (started if installed but not running) and Mininet.
 Prints a table of average / p95 CCT, WAN utilization and the issue's targets; exit status
@@ -29,8 +29,8 @@ from topologies import TopologyError, load_topology
 from workloads import WorkloadError
 
 OVS_CTL = "/usr/share/openvswitch/scripts/ovs-ctl"
-FULL = {"coflows": DEFAULT_COUNT, "speedup": 0.5, "fail_at": 4.0, "fail_for": 6.0}
-QUICK = {"coflows": 6, "speedup": 0.5, "fail_at": 2.0, "fail_for": 3.0}
+FULL = {"coflows": DEFAULT_COUNT, "speedup": 0.5, "fail_at": 4.0, "fail_for": 6.0, "repeats": 3}
+QUICK = {"coflows": 6, "speedup": 0.5, "fail_at": 2.0, "fail_for": 3.0, "repeats": 1}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--first", type=int, default=DEFAULT_FIRST, help="first coflow (position)")
     s.add_argument("--coflows", type=int, help="number of coflows in the slice")
     s.add_argument("--speedup", type=float, help="play the slice this many times faster")
+    s.add_argument("--repeats", type=int, help="Terra + TCP runs, pooled (3; quick: 1)")
     s.add_argument("--k", type=int, default=4, help="tunnels per DC pair (default 4)")
     s.add_argument("--timeout", type=float, default=300.0, help="per run, after last arrival")
     s.add_argument("--of-port", type=int, default=0, help="OpenFlow port (default: a free one)")
@@ -112,8 +113,12 @@ def options_from_args(args, workdir: Path) -> tuple[TestbedOptions, dict]:
         "last_arrival_s": coflows[-1].arrival_s,
         "failure": None if failure is None else vars(failure),
     }
+    repeats = args.repeats if args.repeats is not None else preset["repeats"]
+    if repeats < 1:
+        raise ValueError("--repeats must be >= 1")
     opts = TestbedOptions(
         coflows=coflows,
+        repeats=repeats,
         link_mbps=args.link_mbps,
         k=args.k,
         failure=failure,

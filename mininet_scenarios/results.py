@@ -40,28 +40,43 @@ def cct_stats(cct_s: dict) -> tuple[float, float]:
     return float(values.mean()), float(np.percentile(values, 95))
 
 
-def run_summary(run) -> dict:
-    """{"avg_cct_s", "p95_cct_s", "wan_utilization"} of one RunResult."""
-    avg, p95 = cct_stats(run.cct_s)
-    return {"avg_cct_s": avg, "p95_cct_s": p95, "wan_utilization": run.wan_utilization}
+def run_summary(runs: list) -> dict:
+    """{"avg_cct_s", "p95_cct_s", "wan_utilization"} pooled over repeated runs (RunResults).
+
+    CCT statistics are over every coflow of every run; utilization is the runs' total WAN
+    bytes / their total (capacity x busy time), e.g. runs (bytes 10, capacity 10 B/s, busy
+    1 s) and (bytes 30, 10 B/s, 3 s): 40 / (10 + 30) = 1.0.
+    """
+    ccts = {(i, c): v for i, run in enumerate(runs) for c, v in run.cct_s.items()}
+    avg, p95 = cct_stats(ccts)
+    capacity_time = sum(run.wan_capacity_bps * run.busy_s for run in runs)
+    sent = sum(run.wan_bytes_sent for run in runs)
+    util = sent / capacity_time if capacity_time > 0 else 0.0
+    return {"avg_cct_s": avg, "p95_cct_s": p95, "wan_utilization": util}
 
 
 def summary(raw: dict) -> dict:
     """The issue's JSON map from run_swan's output (module docstring).
 
     Args:
-        raw: {"terra": RunResult, "per_flow_tcp": RunResult, "rules_per_switch": {dpid: n},
-            "flow_mods_after_startup": n}.
+        raw: {"terra": [RunResult], "per_flow_tcp": [RunResult] (one per repeat),
+            "rules_per_switch": {dpid: n}, "flow_mods_after_startup": n}.
+
+    The failure reaction is the slowest of the repeats; bytes lost and digest mismatches
+    are summed over all runs of both systems.
     """
-    terra, tcp = run_summary(raw["terra"]), run_summary(raw["per_flow_tcp"])
+    terra_runs, tcp_runs = raw["terra"], raw["per_flow_tcp"]
+    terra, tcp = run_summary(terra_runs), run_summary(tcp_runs)
+    reactions = [r.reaction_s for r in terra_runs if r.reaction_s is not None]
+    runs = [*terra_runs, *tcp_runs]
     return {
         "terra": terra,
         "per_flow_tcp": tcp,
         "foi_avg_cct": _ratio(tcp["avg_cct_s"], terra["avg_cct_s"]),
         "foi_wan_utilization": _ratio(terra["wan_utilization"], tcp["wan_utilization"]),
-        "failure_reaction_s": raw["terra"].reaction_s,
-        "bytes_lost": raw["terra"].bytes_lost + raw["per_flow_tcp"].bytes_lost,
-        "digest_mismatches": raw["terra"].digest_mismatches + raw["per_flow_tcp"].digest_mismatches,
+        "failure_reaction_s": max(reactions) if reactions else None,
+        "bytes_lost": sum(r.bytes_lost for r in runs),
+        "digest_mismatches": sum(r.digest_mismatches for r in runs),
         "rules_per_switch_max": max(raw["rules_per_switch"].values(), default=0),
         "flow_mods_after_startup": raw["flow_mods_after_startup"],
     }
@@ -113,21 +128,26 @@ def _plain(value):
 
 
 def details(raw: dict, workload: dict) -> dict:
-    """Per-coflow CCTs, arrivals, failure times, bytes and reaction of both runs, for the JSON."""
-    out = {"workload": workload, "rules_per_switch": raw["rules_per_switch"]}
-    for name in ("terra", "per_flow_tcp"):
-        run = raw[name]
-        out[name] = {
-            "cct_s": {str(k): v for k, v in run.cct_s.items()},
-            "arrival_s": {str(k): v for k, v in run.arrival_s.items()},
-            "duration_s": run.duration_s,
-            "busy_s": run.busy_s,
-            "wan_bytes_sent": run.wan_bytes_sent,
-            "wan_capacity_bytes_per_s": run.wan_capacity_bps,
-            "failure_down_s": run.failure_down_s,
-            "failure_up_s": run.failure_up_s,
-        }
-    out["terra"]["controller_event_to_applied_ms"] = raw["terra"].controller_reaction_ms
+    """Per-repeat CCTs, arrivals, failure times, bytes and FoIs of both systems, for the JSON."""
+    out = {"workload": workload, "rules_per_switch": raw["rules_per_switch"], "repeats": []}
+    for terra, tcp in zip(raw["terra"], raw["per_flow_tcp"], strict=True):
+        rep = {"foi_avg_cct": _ratio(cct_stats(tcp.cct_s)[0], cct_stats(terra.cct_s)[0])}
+        for name, run in (("terra", terra), ("per_flow_tcp", tcp)):
+            rep[name] = {
+                "cct_s": {str(k): v for k, v in run.cct_s.items()},
+                "arrival_s": {str(k): v for k, v in run.arrival_s.items()},
+                "duration_s": run.duration_s,
+                "busy_s": run.busy_s,
+                "wan_bytes_sent": run.wan_bytes_sent,
+                "wan_capacity_bytes_per_s": run.wan_capacity_bps,
+                "wan_utilization": run.wan_utilization,
+                "failure_down_s": run.failure_down_s,
+                "failure_up_s": run.failure_up_s,
+            }
+        rep["foi_wan_utilization"] = _ratio(terra.wan_utilization, tcp.wan_utilization)
+        rep["terra"]["reaction_s"] = terra.reaction_s
+        rep["terra"]["controller_event_to_applied_ms"] = terra.controller_reaction_ms
+        out["repeats"].append(rep)
     return out
 
 
@@ -154,7 +174,8 @@ def windowed_rate(series, window_s: float = 1.0, step_s: float = 0.25):
 
 
 def plot(raw: dict, out_dir: Path) -> list[Path]:
-    """PNG plots: Terra's per-coflow throughput over time (failure marked) and the CCT CDFs.
+    """PNG plots: Terra's per-coflow throughput over time in the first repeat (failure marked)
+    and the CCT CDFs of all repeats.
 
     Returns:
         The written paths: out_dir/throughput.png, out_dir/cct_cdf.png.
@@ -165,7 +186,7 @@ def plot(raw: dict, out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    terra = raw["terra"]
+    terra = raw["terra"][0]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for cid, series in sorted(terra.throughput.items(), key=lambda kv: str(kv[0])):
         t, rate = windowed_rate(series)
@@ -177,7 +198,7 @@ def plot(raw: dict, out_dir: Path) -> list[Path]:
         ax.axvline(terra.failure_up_s, color="green", linestyle="--", label="link up")
     ax.set_xlabel("time since first arrival (s)")
     ax.set_ylabel("throughput (Mbit/s)")
-    ax.set_title("Terra on the SWAN testbed: per-coflow throughput")
+    ax.set_title("Terra on the SWAN testbed: per-coflow throughput (first run)")
     ax.legend(fontsize=6, ncol=2)
     paths = [out_dir / "throughput.png", out_dir / "cct_cdf.png"]
     fig.tight_layout()
@@ -185,7 +206,7 @@ def plot(raw: dict, out_dir: Path) -> list[Path]:
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, label in (("terra", "Terra"), ("per_flow_tcp", "per-flow TCP")):
-        values = np.sort(np.array(list(raw[name].cct_s.values()), dtype=float))
+        values = np.sort(np.array([v for r in raw[name] for v in r.cct_s.values()], dtype=float))
         if values.size:
             ax.step(values, np.arange(1, values.size + 1) / values.size, where="post", label=label)
     ax.set_xlabel("CCT (s)")

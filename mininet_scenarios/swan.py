@@ -15,8 +15,10 @@ One run, everything real:
    again at `recover_at_s` (seconds after the first arrival); the reaction time is
    measured from the link-down command to the moment the controller reports the
    round's new rates acknowledged by every agent (REST /status, polled every 10 ms).
-5. Per-flow TCP run (mininet_scenarios.tcp_baseline) on the same WAN and rules after the
-   agents are stopped: same flows, same bytes, same arrival times, same failure.
+5. Per-flow TCP run (mininet_scenarios.tcp_baseline) on the same WAN and rules (the agents
+   stay up, idle): same flows, same bytes, same arrival times, same failure.
+   Steps 4 and 5 are repeated `repeats` times (the machine is shared and has 2 cores, so
+   single runs are noisy); results.summary pools the repeats.
 6. Switch port counters (`ovs-ofctl -O OpenFlow13 dump-ports`) before and after each run
    give the WAN utilization: bytes sent on WAN ports / (sum of link rates x busy time),
    busy time = the time during which at least one coflow is active (`busy_time`).
@@ -52,6 +54,7 @@ TESTBED_TOPOLOGY = Path(__file__).resolve().parent.parent / "topologies/data/swa
 CAPACITY_FRACTION = 0.92
 AGENT_DATA_PORT = 19000
 POLL_S = 0.25
+AGENT_SETTLE_S = 1.0
 
 
 class TestbedError(RuntimeError):
@@ -412,6 +415,7 @@ def run_per_flow_tcp(
         TestbedError: flows not received within `timeout` s of the last arrival.
     """
     result = RunResult(wan_capacity_bps=_wan_capacity(wan))
+    workdir.mkdir(parents=True, exist_ok=True)
     ip = {h.name: h.ip for _, h in wan.binding.all_hosts()}
     start_wall = time.time() + 2.0  # nodes are listening by then
     nodes, outs = [], {}
@@ -541,16 +545,19 @@ class TestbedOptions:
     k: int = 4
     failure: Failure | None = None
     timeout_s: float = 300.0
+    repeats: int = 1
     of_port: int = 6653
     workdir: Path = Path("/tmp/terra-testbed")
 
 
 def run_swan(opts: TestbedOptions, log=print) -> dict:
-    """Bring up the SWAN testbed, run Terra then per-flow TCP, tear everything down.
+    """Bring up the SWAN testbed, run Terra then per-flow TCP `opts.repeats` times, tear down.
 
     Returns:
-        {"terra": RunResult, "per_flow_tcp": RunResult, "rules_per_switch": {dpid: n},
-         "flow_mods_after_startup": n or None, "install_s": seconds to rules installed}.
+        {"terra": [RunResult per repeat], "per_flow_tcp": [RunResult per repeat],
+         "rules_per_switch": {dpid: n}, "flow_mods_after_startup": flow-mods sent after the
+         tunnels were installed and before the first link failure (after the first Terra run
+         without a failure), "install_s": seconds from Mininet start to rules installed}.
 
     Raises:
         TestbedError: bring-up failed or a run did not finish (after teardown).
@@ -581,18 +588,26 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
         wait_until(
             lambda: sum(a["connected"] for a in ctl.get("/status")["agents"]) == n, 30, "agents"
         )
-        log(f"{n} agents registered; Terra run: {len(opts.coflows)} coflows")
-        terra, flow_mods_before = run_terra(wan, ctl, opts.coflows, opts.failure, opts.timeout_s)
+        time.sleep(AGENT_SETTLE_S)  # agents open their tunnel connections to each other
+        log(f"{n} agents registered; {opts.repeats} x (Terra, per-flow TCP), "
+            f"{len(opts.coflows)} coflows each")  # fmt: skip
+        terra_runs, tcp_runs, flow_mods_before = [], [], None
+        for i in range(opts.repeats):
+            terra, before = run_terra(wan, ctl, opts.coflows, opts.failure, opts.timeout_s)
+            terra_runs.append(terra)
+            if flow_mods_before is None:  # the first failure; without one: after the run
+                flow_mods_before = before if before is not None else _flow_mods(ctl)
+            log(f"[{i + 1}] Terra done in {terra.duration_s:.1f} s; per-flow TCP run")
+            # The agents stay up but idle: they move no bytes without coflows.
+            tcp = run_per_flow_tcp(
+                wan, opts.coflows, opts.failure, opts.timeout_s, opts.workdir / f"tcp{i}", procs
+            )
+            tcp_runs.append(tcp)
+            log(f"[{i + 1}] per-flow TCP done in {tcp.duration_s:.1f} s")
         of = ctl.get("/tunnels")["switches"]
-        if flow_mods_before is None:
-            flow_mods_before = of["flow_mods"]
-        log(f"Terra done in {terra.duration_s:.1f} s; stopping agents, per-flow TCP run")
-        procs.stop(agents)
-        tcp = run_per_flow_tcp(wan, opts.coflows, opts.failure, opts.timeout_s, opts.workdir, procs)
-        log(f"per-flow TCP done in {tcp.duration_s:.1f} s")
         return {
-            "terra": terra,
-            "per_flow_tcp": tcp,
+            "terra": terra_runs,
+            "per_flow_tcp": tcp_runs,
             "rules_per_switch": of["rules_per_switch"],
             "flow_mods_after_startup": flow_mods_before - of["flow_mods_at_install"],
             "install_s": install_s,
@@ -606,6 +621,10 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
                 wan.stop()
             except Exception:
                 cleanup()
+
+
+def _flow_mods(ctl: Controller) -> int:
+    return ctl.get("/tunnels")["switches"]["flow_mods"]
 
 
 def check_names_free(bridges: list[str]) -> None:

@@ -107,8 +107,8 @@ def test_summary_foi_and_percentiles():
                     wan_capacity_bps=10.0, bytes_lost=0, digest_mismatches=1)  # fmt: skip
     out = results.summary(
         {
-            "terra": terra,
-            "per_flow_tcp": tcp,
+            "terra": [terra],
+            "per_flow_tcp": [tcp],
             "rules_per_switch": {1: 94, 3: 144},
             "flow_mods_after_startup": 0,
         }
@@ -128,6 +128,24 @@ def test_summary_foi_and_percentiles():
     assert math.isnan(results.cct_stats({})[0])
 
 
+def test_summary_pools_repeats():
+    # Run 1: 10 bytes, 10 B/s, busy 1 s; run 2: 30 bytes, busy 3 s: 40 / (10 + 30) = 1.0.
+    # CCTs pooled: (1 + 3) / 2 = 2. Reaction: the slower of 0.1 and 0.3 s.
+    runs = [
+        RunResult(cct_s={1: 1.0}, arrival_s={1: 0.0}, wan_bytes_sent=10, wan_capacity_bps=10.0,
+                  reaction_s=0.1),
+        RunResult(cct_s={1: 3.0}, arrival_s={1: 0.0}, wan_bytes_sent=30, wan_capacity_bps=10.0,
+                  reaction_s=0.3, bytes_lost=5),
+    ]  # fmt: skip
+    out = results.summary({"terra": runs, "per_flow_tcp": runs,
+                           "rules_per_switch": {}, "flow_mods_after_startup": 2})  # fmt: skip
+    assert out["terra"]["avg_cct_s"] == pytest.approx(2.0)
+    assert out["terra"]["wan_utilization"] == pytest.approx(1.0)
+    assert out["failure_reaction_s"] == pytest.approx(0.3)
+    assert out["bytes_lost"] == 10  # 5 in each system's second run
+    assert out["foi_avg_cct"] == pytest.approx(1.0)
+
+
 def test_windowed_rate_of_steady_progress():
     # 4e6 bytes in 2 s, sampled every 0.5 s: 2e6 bytes/s over every 1 s window.
     series = [(t * 0.5, t * 1e6) for t in range(5)]
@@ -139,7 +157,7 @@ def test_windowed_rate_of_steady_progress():
 def test_plots_are_written(tmp_path):
     run = RunResult(cct_s={1: 1.0}, throughput={1: [(0, 0), (1, 1e6), (2, 2e6)]},
                     failure_down_s=0.5, failure_up_s=1.5)  # fmt: skip
-    paths = results.plot({"terra": run, "per_flow_tcp": RunResult(cct_s={1: 2.0})}, tmp_path)
+    paths = results.plot({"terra": [run], "per_flow_tcp": [RunResult(cct_s={1: 2.0})]}, tmp_path)
     assert all(p.stat().st_size > 1000 for p in paths)
 
 
@@ -208,7 +226,7 @@ def test_quick_testbed_run_meets_the_correctness_targets_and_cleans_up(ovs, tmp_
     assert result["digest_mismatches"] == 0
     assert result["rules_per_switch_max"] <= 168
     assert result["flow_mods_after_startup"] == 0
-    details = result["details"]
+    details = result["details"]["repeats"][0]
     # The failure hit Terra mid-transfer: the link went down before the last coflow finished,
     # and the controller's new rates reached the agents (a reaction was measured).
     last_end = max(details["terra"]["arrival_s"][c] + details["terra"]["cct_s"][c]
