@@ -6,7 +6,10 @@ Wire format (both directions):
 
 Every request map has ``"v": API_VERSION``, ``"op"`` and, when the controller
 was started with a token, ``"token"``; it may carry ``"req"`` (any value,
-echoed back). Every reply has ``"v"``, ``"ok"``, ``"instance"`` (a random id
+echoed back). A submit or update may carry ``"ref"`` (a string of 1..64
+characters, unique per request): a repeated ref gets the first reply again
+instead of a second execution, so a client may safely resend after a broken
+connection. Every reply has ``"v"``, ``"ok"``, ``"instance"`` (a random id
 of this controller run: a client that sees it change knows the controller
 restarted) and, on failure, ``"error"`` (message) and ``"code"``.
 
@@ -34,6 +37,7 @@ import secrets
 import socket
 import struct
 import threading
+from collections import OrderedDict
 
 import msgpack
 
@@ -46,6 +50,7 @@ API_VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 FRAME_TIMEOUT_S = 30.0
 MAX_CONNECTIONS = 512  # per server (API or agent channel)
+MAX_REFS = 100_000  # remembered replies of submit/update requests carrying "ref"
 _LEN = struct.Struct(">I")
 
 
@@ -138,13 +143,26 @@ class ApiHandler:
         self.token = token
         self.instance = secrets.token_hex(8)
         self.counts: dict[str, int] = {}
+        self.done_refs: OrderedDict[str, dict] = OrderedDict()  # ref -> reply (submit/update)
+        self.refs_lock = threading.Lock()
 
     def handle(self, request: object) -> dict:
         """Answer one decoded request map; never raises (errors become error replies)."""
         req = request.get("req") if isinstance(request, dict) else None
+        ref = _ref_of(request)
+        if ref is not None:
+            with self.refs_lock:
+                done = self.done_refs.get(ref)
+            if done is not None:  # a client retried a request that did succeed
+                return dict(done, req=req) if req is not None else dict(done)
         try:
             reply = self._dispatch(request)
             reply.update(ok=True)
+            if ref is not None:
+                with self.refs_lock:
+                    self.done_refs[ref] = dict(reply, v=API_VERSION, instance=self.instance)
+                    while len(self.done_refs) > MAX_REFS:
+                        self.done_refs.popitem(last=False)
         except RegistryError as exc:
             reply = {"ok": False, "code": exc.code, "error": str(exc)}
         except Exception as exc:  # a bug must answer, not kill the connection or the process
@@ -223,7 +241,17 @@ _OPS = {
     "link_state": ApiHandler._link_state,
     "capacity": ApiHandler._capacity,
 }
-_COMMON_FIELDS = {"v", "op", "token", "req"}
+_COMMON_FIELDS = {"v", "op", "token", "req", "ref"}
+
+
+def _ref_of(request: object) -> str | None:
+    """The retry reference of a submit/update request, if it has a usable one."""
+    if not isinstance(request, dict) or request.get("op") not in ("submit", "update"):
+        return None
+    ref = request.get("ref")
+    if isinstance(ref, str) and 0 < len(ref) <= 64:
+        return ref
+    return None
 
 
 def _only(request: dict, fields: set[str]) -> None:

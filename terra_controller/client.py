@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import secrets
 import socket
 import time
 
@@ -70,7 +71,7 @@ class TerraClient:
         Returns:
             the coflow id (>= 0), or -1 when the deadline cannot be met.
         """
-        request = {"op": "submit", "flows": flows}
+        request = {"op": "submit", "flows": flows, "ref": secrets.token_hex(12)}
         if deadline is not None:
             request["deadline"] = deadline
         cid = self._call(request)["coflow"]
@@ -92,7 +93,9 @@ class TerraClient:
 
     def update_coflow(self, coflow_id: int, flows: list[dict]) -> None:
         """updateCoflow: add flows (same shape as submit_coflow's) to an unfinished coflow."""
-        self._call({"op": "update", "coflow": coflow_id, "flows": flows})
+        self._call(
+            {"op": "update", "coflow": coflow_id, "flows": flows, "ref": secrets.token_hex(12)}
+        )
         if coflow_id in self.open:
             self.open[coflow_id]["flows"].extend(flows)
 

@@ -333,3 +333,20 @@ def test_connections_beyond_the_limit_are_refused_and_slots_come_back():
             s.close()
     finally:
         stop_listener(listener)
+
+
+def test_a_resent_request_with_the_same_ref_is_executed_once(server):
+    submit = {"v": 1, "op": "submit", "token": TOKEN, "ref": "r-1", "flows": [flow("f")]}
+    update = {"v": 1, "op": "update", "token": TOKEN, "ref": "r-2", "coflow": 0,
+              "flows": [flow("g")]}  # fmt: skip
+    with socket.create_connection((server.host, server.port), timeout=5) as s:
+        replies = []
+        for message in (submit, submit, update, update):
+            s.sendall(pack_message(message))
+            replies.append(read_message(s))
+    # A resent submit gets the first reply (coflow 0) instead of creating coflow 1;
+    # a resent update does not fail with duplicate_flow.
+    assert [r["ok"] for r in replies] == [True] * 4
+    assert replies[0]["coflow"] == replies[1]["coflow"] == 0
+    assert list(server.controller.registry.coflows) == [0]
+    assert list(server.controller.registry.get(0).flows) == ["f", "g"]
