@@ -2,7 +2,7 @@
 
     terra-testbed swan [--quick] [--fail-link LA-NY | --no-failure] [--json OUT] [--plots DIR]
         [--link-mbps M] [--workload fb|PATH] [--first I] [--coflows N] [--speedup S]
-        [--repeats R] [--k K] [--timeout S] [--workdir DIR]
+        [--repeats R] [--hosts-per-dc H] [--k K] [--timeout S] [--workdir DIR]
 
 Needs root, Open vSwitch (started if installed but not running) and Mininet.
 Prints a table of average / p95 CCT, WAN utilization and the issue's targets; exit status
@@ -23,9 +23,16 @@ import tempfile
 from pathlib import Path
 
 from mininet_scenarios import results
-from mininet_scenarios.swan import Failure, TestbedError, TestbedOptions, run_swan
+from mininet_scenarios.swan import (
+    Failure,
+    TestbedError,
+    TestbedOptions,
+    run_swan,
+    testbed_topology,
+)
 from mininet_scenarios.workload import DEFAULT_COUNT, DEFAULT_FIRST, scales, testbed_coflows
 from topologies import TopologyError, load_topology
+from topologies.binding import load_binding
 from workloads import WorkloadError
 
 OVS_CTL = "/usr/share/openvswitch/scripts/ovs-ctl"
@@ -50,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--first", type=int, default=DEFAULT_FIRST, help="first coflow (position)")
     s.add_argument("--coflows", type=int, help="number of coflows in the slice")
     s.add_argument("--speedup", type=float, help="play the slice this many times faster")
+    s.add_argument("--hosts-per-dc", type=int, default=1, help="agent hosts per DC (1)")
     s.add_argument("--repeats", type=int, help="Terra + TCP runs, pooled (3; quick: 1)")
     s.add_argument("--k", type=int, default=4, help="tunnels per DC pair (default 4)")
     s.add_argument("--timeout", type=float, default=300.0, help="per run, after last arrival")
@@ -87,10 +95,8 @@ def options_from_args(args, workdir: Path) -> tuple[TestbedOptions, dict]:
     speedup = args.speedup if args.speedup is not None else preset["speedup"]
     byte_scale, time_scale = scales(args.link_mbps, speedup)
     topology = load_topology("swan")
-    from mininet_scenarios.swan import TESTBED_TOPOLOGY
-    from topologies.binding import load_binding
-
-    binding = load_binding(load_topology(str(TESTBED_TOPOLOGY)))
+    testbed = load_topology(str(testbed_topology(workdir, args.link_mbps, args.hosts_per_dc)))
+    binding = load_binding(testbed)
     coflows = testbed_coflows(
         args.workload, topology, binding, args.first, count, byte_scale, time_scale
     )
@@ -119,6 +125,7 @@ def options_from_args(args, workdir: Path) -> tuple[TestbedOptions, dict]:
     opts = TestbedOptions(
         coflows=coflows,
         repeats=repeats,
+        hosts_per_dc=args.hosts_per_dc,
         link_mbps=args.link_mbps,
         k=args.k,
         failure=failure,
@@ -161,9 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     result = results.summary(raw)
+    extra = results.details(raw, workload)
     print(results.table(result))
+    if len(extra["repeats"]) > 1:
+        for key in ("foi_avg_cct", "foi_wan_utilization"):
+            values = ", ".join(f"{rep[key]:.2f}" for rep in extra["repeats"])
+            print(f"{key} per repeat: {values}")
     if args.json:
-        results.write_json(result, args.json, results.details(raw, workload))
+        results.write_json(result, args.json, extra)
     if args.plots:
         for path in results.plot(raw, args.plots):
             print(f"plot: {path}")

@@ -6,7 +6,7 @@ One run, everything real:
    its topology is topologies/data/swan_testbed.json with the links' capacity set to
    CAPACITY_FRACTION of the HTB rate (headers: Ethernet, IP, TCP, MPLS, chunk headers).
 2. Mininet (mininet_scenarios.wan_net.build_wan): one userspace OVS per DC, the 7 WAN
-   links shaped with HTB, one host per DC, an out-of-band management network.
+   links shaped with HTB, one or more hosts per DC, an out-of-band management network.
 3. Wait until the controller has installed the tunnel rules (REST /tunnels), start one
    terra-agent per host (reaching the controller over the management network), wait
    until all are registered.
@@ -144,10 +144,26 @@ def expected_digest(coflow: str, flow: str, size: int) -> str:
     return h.hexdigest()
 
 
-def testbed_topology(workdir: Path, link_mbps: float) -> Path:
-    """Write the SWAN testbed topology with capacity CAPACITY_FRACTION * link_mbps; return path."""
+def testbed_topology(workdir: Path, link_mbps: float, hosts_per_dc: int = 1) -> Path:
+    """Write the SWAN testbed topology for this run; return its path (workdir/swan_testbed.json).
+
+    Links get capacity CAPACITY_FRACTION * link_mbps. With hosts_per_dc > 1, DC d (DPID i)
+    gets hosts "h<d><j>" (j = 1..n) with IPs 10.0.<i>.<j> on switch ports 100 + j - 1,
+    extending the file's one host per DC ("hHK1", 10.0.1.1, port 100).
+
+    Raises:
+        ValueError: hosts_per_dc not in 1..50.
+    """
+    if not 1 <= hosts_per_dc <= 50:
+        raise ValueError("hosts per DC must be in 1..50")
     doc = json.loads(TESTBED_TOPOLOGY.read_text())
     doc["default_capacity_gbps"] = link_mbps * CAPACITY_FRACTION / 1000
+    for dc, sw in doc["switches"].items():
+        sw["hosts"] = [
+            {"name": f"h{dc}{j + 1}", "ip": f"10.0.{sw['dpid']}.{j + 1}", "port": 100 + j}
+            for j in range(hosts_per_dc)
+        ]
+    workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "swan_testbed.json"
     path.write_text(json.dumps(doc))
     return path
@@ -546,6 +562,7 @@ class TestbedOptions:
     failure: Failure | None = None
     timeout_s: float = 300.0
     repeats: int = 1
+    hosts_per_dc: int = 1
     of_port: int = 6653
     workdir: Path = Path("/tmp/terra-testbed")
 
@@ -569,7 +586,7 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
 
     setLogLevel("critical")
     opts.workdir.mkdir(parents=True, exist_ok=True)
-    topo_path = testbed_topology(opts.workdir, opts.link_mbps)
+    topo_path = testbed_topology(opts.workdir, opts.link_mbps, opts.hosts_per_dc)
     topology = load_topology(str(topo_path))
     binding = load_binding(topology)
     check_names_free([f"s{sw.dpid}" for sw in binding.switches.values()] + ["mgmt0"])

@@ -9,8 +9,9 @@ per-flow TCP baseline:
    of them 240-295 MiB and five of 5-7 MiB on the WAN, 1650 MiB in all).
 3. Intra-DC flows are dropped (they never cross the WAN; Terra counts them done with
    the WAN part). A coflow's flows between the same two DCs are merged into one flow
-   (one host per DC in the testbed: they would share source host, destination host and
-   FlowGroup anyway); flow id "SRC>DST", bytes = the sum.
+   (with one host per DC they would share source host, destination host and FlowGroup
+   anyway); flow id "SRC>DST", bytes = the sum. With n hosts per DC the sum is split
+   into n flows "SRC>DST#j" from the j-th host of SRC to the j-th host of DST.
 4. Bytes are multiplied by `byte_scale` and arrival times (relative to the slice's
    first arrival) by `time_scale` (`scales()`): byte_scale = testbed link rate / 1 Gbps
    (the seed paper's testbed links; 20 Mbit/s -> 1/50) / speedup and time_scale =
@@ -79,8 +80,7 @@ def testbed_coflows(
     """Load workload `spec` ("fb", a trace path or a .json) and shape it for the testbed.
 
     Args:
-        spec, topology: as workloads.load_workload. binding: gives each DC's agent host
-            (the first host of the DC).
+        spec, topology: as workloads.load_workload. binding: gives each DC's agent hosts.
         first, count: the slice of coflows (positions in arrival order).
         byte_scale, time_scale: multipliers for bytes and arrival times (module docstring).
 
@@ -98,19 +98,23 @@ def testbed_coflows(
     if not chosen:
         raise WorkloadError(f"{spec}: no coflow with WAN flows at positions {first}..")
     t0 = chosen[0].arrival_s
-    host = {dc: binding.hosts(dc)[0].name for dc in topology.dcs}
-    return [_shape(c, t0, host, byte_scale, time_scale) for c in chosen]
+    hosts = {dc: [h.name for h in binding.hosts(dc)] for dc in topology.dcs}
+    return [_shape(c, t0, hosts, byte_scale, time_scale) for c in chosen]
 
 
-def _shape(c: Coflow, t0: float, host: dict, byte_scale: float, time_scale: float):
-    flows = [
-        {
-            "id": f"{src}>{dst}",
-            "src": host[src],
-            "dst": host[dst],
-            "bytes": max(MIN_FLOW_BYTES, round(volume * byte_scale)),
-        }
-        for (src, dst), volume in sorted(c.flowgroups().items())
-        if src != dst
-    ]
+def _shape(c: Coflow, t0: float, hosts: dict, byte_scale: float, time_scale: float):
+    flows = []
+    for (src, dst), volume in sorted(c.flowgroups().items()):
+        if src == dst:
+            continue
+        n = min(len(hosts[src]), len(hosts[dst]))
+        for j in range(n):
+            flows.append(
+                {
+                    "id": f"{src}>{dst}" if n == 1 else f"{src}>{dst}#{j + 1}",
+                    "src": hosts[src][j],
+                    "dst": hosts[dst][j],
+                    "bytes": max(MIN_FLOW_BYTES, round(volume * byte_scale / n)),
+                }
+            )
     return TestbedCoflow(c.id, (c.arrival_s - t0) * time_scale, tuple(flows))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from mininet_scenarios import results
+from mininet_scenarios import cli, results, swan
 from mininet_scenarios import workload as tb_workload
 from mininet_scenarios.swan import RunResult, busy_time, expected_digest
 from mininet_scenarios.tcp_baseline import send_flow, serve
@@ -77,6 +77,36 @@ def test_testbed_coflows_merge_pairs_drop_intra_dc_and_scale(tmp_path):
     assert out[1].flows[0]["bytes"] == 2_000_000 and out[1].bytes == 2_000_000
     with pytest.raises(WorkloadError):
         tb_workload.testbed_coflows(str(path), topo, binding, 1, 1, byte_scale=0.5, time_scale=2.0)
+
+
+def test_two_hosts_per_dc_split_each_pair_over_host_pairs(tmp_path):
+    path = tmp_path / "w.json"
+    flows = [{"id": "f", "src": "HK", "dst": "BA", "bytes": 1e6}]
+    path.write_text(json.dumps({"coflows": [{"id": "a", "arrival_s": 0, "flows": flows}]}))
+    testbed = load_topology(str(swan.testbed_topology(tmp_path, 20, hosts_per_dc=2)))
+    binding = load_binding(testbed)
+    assert [(h.name, h.ip, h.port) for h in binding.hosts("BA")] == [
+        ("hBA1", "10.0.5.1", 100),
+        ("hBA2", "10.0.5.2", 101),
+    ]
+    # Capacity: 0.92 * 20 Mbit/s = 18.4e6 / 8 = 2.3e6 bytes/s.
+    assert testbed.capacity[("HK", "LA")] == pytest.approx(2.3e6)
+    (c,) = tb_workload.testbed_coflows(str(path), load_topology("swan"), binding, 0, 1, 1.0, 1.0)
+    # 1e6 bytes over two host pairs: 500 000 each, HK host j -> BA host j.
+    assert [(f["id"], f["src"], f["dst"], f["bytes"]) for f in c.flows] == [
+        ("HK>BA#1", "hHK1", "hBA1", 500_000),
+        ("HK>BA#2", "hHK2", "hBA2", 500_000),
+    ]
+
+
+def test_cli_rejects_bad_arguments_before_touching_the_machine(tmp_path, capsys):
+    base = ["swan", "--workdir", str(tmp_path)]
+    assert cli.main([*base, "--fail-link", "HK-BA"]) == 2  # not a SWAN link
+    assert "not a SWAN link" in capsys.readouterr().err
+    assert cli.main([*base, "--workload", str(tmp_path / "missing.json")]) == 2
+    assert cli.main([*base, "--link-mbps", "0"]) == 2
+    assert cli.main([*base, "--hosts-per-dc", "0"]) == 2
+    assert cli.main([*base, "--repeats", "0"]) == 2
 
 
 def test_fb_slice_is_the_default_burst():
