@@ -180,6 +180,9 @@ class CoflowRegistry:
         self.agents: dict[str, AgentInfo] = {}
         self.coflows: dict[int, CoflowState] = {}
         self.next_id = 0
+        # {coflow id: {flow id: bytes left}} of unfinished WAN flows with bytes left,
+        # kept up to date by every change so that `remaining` is a cheap copy.
+        self._left: dict[int, dict[str, float]] = {}
 
     # ---- agents -------------------------------------------------------------------------
 
@@ -277,6 +280,7 @@ class CoflowRegistry:
             raise RegistryError("bad_request", f"coflow id {coflow_id} is in use")
         coflow = CoflowState(coflow_id, now, deadline_s, {f.id: f for f in flows})
         self.coflows[coflow_id] = coflow
+        self._track(coflow, flows)
         self.next_id = max(self.next_id, coflow_id + 1)
         return coflow
 
@@ -307,6 +311,24 @@ class CoflowRegistry:
                 raise RegistryError("duplicate_flow", f"duplicate flow id {f.id!r}")
         for f in flows:
             coflow.flows[f.id] = f
+        self._track(coflow, flows)
+
+    def _track(self, coflow: CoflowState, flows: list[FlowState]) -> None:
+        left = {f.id: float(f.remaining) for f in flows if not f.intra_dc and f.remaining > 0}
+        if left:
+            self._left.setdefault(coflow.id, {}).update(left)
+
+    def _untrack(self, coflow_id: int, flow: FlowState) -> None:
+        left = self._left.get(coflow_id)
+        if left is None:
+            return
+        if flow.remaining > 0:
+            if flow.id in left:
+                left[flow.id] = float(flow.remaining)
+            return
+        left.pop(flow.id, None)
+        if not left:
+            del self._left[coflow_id]
 
     # ---- progress -----------------------------------------------------------------------
 
@@ -332,6 +354,7 @@ class CoflowRegistry:
         if isinstance(acked, bool) or not isinstance(acked, int) or not 0 <= acked <= flow.bytes:
             raise RegistryError("bad_request", f"flow {flow.id}: bad acked offset {acked!r}")
         flow.delivered = max(flow.delivered, acked)
+        self._untrack(int(coflow_id), flow)
         return flow
 
     def record_complete(
@@ -349,6 +372,7 @@ class CoflowRegistry:
         flow.done = True
         flow.delivered = flow.bytes
         flow.digest = digest if isinstance(digest, str) else None
+        self._untrack(int(coflow_id), flow)
         coflow = self.get(coflow_id)
         self.finish_if_done(coflow, now)
         return coflow
@@ -366,6 +390,7 @@ class CoflowRegistry:
                 f.done = True
                 f.delivered = f.bytes
         coflow.state = "done"
+        self._left.pop(coflow.id, None)
         coflow.finished_s = now
         return True
 
@@ -381,19 +406,18 @@ class CoflowRegistry:
                 it rejects (cut off by link failures) are left out for now.
 
         Only unfinished flows with bytes left appear; coflows without any are left out.
+        The maps are fresh copies (the caller may keep them).
         """
+        if connected is None:
+            return {str(cid): dict(left) for cid, left in self._left.items()}
         out = {}
-        for c in self.active():
-            left = {
-                f.id: float(f.bytes - f.delivered)
-                for f in c.flows.values()
-                if not f.done
-                and f.bytes > f.delivered
-                and f.src_dc != f.dst_dc
-                and (connected is None or connected(f.src_dc, f.dst_dc))
+        for cid, left in self._left.items():
+            flows = self.coflows[cid].flows
+            kept = {
+                fid: b for fid, b in left.items() if connected(flows[fid].src_dc, flows[fid].dst_dc)
             }
-            if left:
-                out[str(c.id)] = left
+            if kept:
+                out[str(cid)] = kept
         return out
 
 

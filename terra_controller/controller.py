@@ -296,21 +296,21 @@ class Controller:
         with self.lock:
             self.round_wanted.clear()
             wan, self.wan_dirty = self.wan_dirty, False
-            start = time.perf_counter()
-            remaining = self.registry.remaining(self._connectivity())
-            begin_allocate = time.perf_counter()
             collecting = gc.isenabled()
             gc.disable()
             try:
+                start = time.perf_counter()
+                remaining = self.registry.remaining(self._connectivity())
+                begin_allocate = time.perf_counter()
                 allocation = self.policy.allocate(self.now(), remaining) if remaining else {}
+                allocated = time.perf_counter()
+                self.allocation = allocation
+                self.rates = flow_rates(allocation, self.registry)
+                self._update_states()
+                elapsed_ms = (time.perf_counter() - start) * 1e3
             finally:
                 if collecting:
                     gc.enable()
-            allocated = time.perf_counter()
-            self.allocation = allocation
-            self.rates = flow_rates(allocation, self.registry)
-            self._update_states()
-            elapsed_ms = (time.perf_counter() - start) * 1e3
             self.stats["rounds"] += 1
             self.stats["last_round_ms"] = elapsed_ms
             for key, value in (

@@ -151,3 +151,19 @@ def test_agent_registration_validates_dc():
     assert "z" not in reg.agents
     reg.register_agent("a1", "B")  # re-registration moves the agent
     assert reg.agents["a1"].dc == "B"
+
+
+def test_remaining_is_a_copy_and_follows_every_change():
+    reg = make_registry()
+    c = reg.submit(reg.parse_flows([flow("f", size=100), flow("g", "a1", "c1", 50)]), None, 0.0)
+    left = reg.remaining()
+    left["0"]["f"] = -1.0  # the caller's copy
+    assert reg.remaining() == {"0": {"f": 100.0, "g": 50.0}}
+    reg.add_flows(c, reg.parse_flows([flow("h", "b1", "c1", 7)], existing=c.flows))
+    reg.record_progress(0, "f", 100)  # all acknowledged, completion not yet reported
+    assert reg.remaining() == {"0": {"g": 50.0, "h": 7.0}}
+    # Only flows whose DCs are still connected: here A->C is cut off.
+    assert reg.remaining(lambda s, d: (s, d) != ("A", "C")) == {"0": {"h": 7.0}}
+    for fid in ("f", "g", "h"):
+        reg.record_complete(0, fid, "x", 1.0)
+    assert reg.remaining() == {} and c.state == "done"
