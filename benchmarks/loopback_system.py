@@ -143,6 +143,15 @@ class FakeAgent:
         self.send(protocol.register_message(dc, agent, f"127.0.0.1:{40000 + hash(agent) % 9999}"))
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
+        threading.Thread(target=self._heartbeats, daemon=True).start()
+
+    def _heartbeats(self) -> None:
+        try:
+            while True:
+                time.sleep(2.0)
+                self.send({"t": "heartbeat"})
+        except OSError:
+            return
 
     def send(self, header: dict) -> None:
         """Send one control message."""

@@ -56,6 +56,7 @@ LOG = logging.getLogger("terra.agents")
 _LEN = struct.Struct(">I")
 BATCH = 200  # list entries per control message (keeps headers far below 64 KiB)
 MAX_TUNNEL_INDEX = 32  # per DC pair, logical tunnels included
+AGENT_SILENCE_S = 15.0  # no message (heartbeats included) for this long: disconnect
 MAX_PENDING = 100_000  # offsets kept for coflows not (yet) resubmitted after a restart
 
 
@@ -307,6 +308,7 @@ class AgentChannel:
         controller: the Controller (registers its listeners on it).
         tunnels: the TunnelTable.
         token: required "token" in "register" (None: no check).
+        silence_s: seconds without any message after which an agent is disconnected.
 
     Attributes:
         connections: {agent id: AgentConnection}. acks: {message id: monotonic s acked}.
@@ -314,8 +316,15 @@ class AgentChannel:
             reaction_count: Reactions recorded in all.
     """
 
-    def __init__(self, controller: Controller, tunnels: TunnelTable, token: str | None = None):
+    def __init__(
+        self,
+        controller: Controller,
+        tunnels: TunnelTable,
+        token: str | None = None,
+        silence_s: float = AGENT_SILENCE_S,
+    ):
         self.controller = controller
+        self.silence_s = silence_s
         self.tunnels = tunnels
         self.token = token
         self.connections: dict[str, AgentConnection] = {}
@@ -334,8 +343,14 @@ class AgentChannel:
     # -- connections
 
     def serve_connection(self, sock: socket.socket, addr) -> None:
-        """Read and handle one agent's messages until EOF or a bad frame."""
+        """Read and handle one agent's messages until EOF, a bad frame or silence.
+
+        An agent sends a heartbeat every couple of seconds; one silent for
+        `silence_s` (or not reading for that long) is disconnected, and it
+        reconnects and re-registers when it can.
+        """
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(self.silence_s)
         conn = AgentConnection(sock, addr)
         try:
             while True:

@@ -247,3 +247,14 @@ def test_new_path_after_a_failure_gets_a_logical_tunnel_before_its_rates(channel
     assert tables and rates and tables[0] < rates[0]
     spec = next(t for t in a1.messages[tables[0]]["tunnels"] if t["tunnel"] == "6")
     assert spec["path"] == ["A", "C", "B"] and spec["port"] == 31002
+
+
+def test_a_silent_agent_is_disconnected_and_may_register_again(channel):
+    controller, chan, addr = channel
+    chan.silence_s = 0.3  # agents send heartbeats every 2 s; this one sends nothing
+    quiet = Agent(addr, "a1", "A", 30000)
+    quiet.wait_for(lambda m: m["t"] == "registered")
+    wait_until(lambda: quiet.closed)
+    assert "a1" not in chan.connections and "a1" in controller.registry.agents
+    again = Agent(addr, "a1", "A", 30000)
+    again.wait_for(lambda m: m["t"] == "registered")
