@@ -54,7 +54,7 @@ from topologies import Path, Topology, path_links
 LOG = logging.getLogger("terra.agents")
 
 _LEN = struct.Struct(">I")
-BATCH = 200  # list entries per control message (keeps headers far below 64 KiB)
+BATCH_BYTES = 48 * 1024  # encoded entries per control message (headers stay below 64 KiB)
 MAX_TUNNEL_INDEX = 32  # per DC pair, logical tunnels included
 AGENT_SILENCE_S = 15.0  # no message (heartbeats included) for this long: disconnect
 MAX_PENDING = 100_000  # offsets kept for coflows not (yet) resubmitted after a restart
@@ -574,8 +574,8 @@ class AgentChannel:
                 conn = self.connections.get(agent)
                 if conn is None:
                     continue
-                for i in range(0, len(specs), BATCH):
-                    conn.send(protocol.flows_message(specs[i : i + BATCH]))
+                for batch in batches(specs):
+                    conn.send(protocol.flows_message(batch))
 
     def push_rates(self, rates: FlowRates, wan_changed: bool) -> list[int]:
         """Controller listener: send each sending agent its changed FlowGroup rates.
@@ -607,9 +607,9 @@ class AgentChannel:
                     for (c, d), paths in conn.sent_rates.items()
                     if (c, d) not in want and paths
                 ]
-                for i in range(0, len(changed), BATCH):
+                for batch in batches(changed):
                     msg_id = self._new_id()
-                    conn.send(protocol.rates_message(changed[i : i + BATCH], msg_id=msg_id))
+                    conn.send(protocol.rates_message(batch, msg_id=msg_id))
                     sent.append(msg_id)
                     sent_to[msg_id] = agent
                 conn.sent_rates = {k: v for k, v in want.items()}
@@ -655,6 +655,21 @@ class AgentChannel:
                 self.sent_at.pop(old, None)
                 self.acks.pop(old, None)
         return msg_id
+
+
+def batches(items: list, limit: int = BATCH_BYTES) -> list[list]:
+    """Split FlowSpecs / GroupRates into lists whose msgpack encoding stays under `limit`
+    bytes (a single larger item travels alone; the registry bounds their size)."""
+    out: list[list] = []
+    size = limit
+    for item in items:
+        n = len(msgpack.packb(item.to_dict(), use_bin_type=True))
+        if size + n > limit:
+            out.append([])
+            size = 0
+        out[-1].append(item)
+        size += n
+    return out
 
 
 def _cid(coflow: str) -> int:

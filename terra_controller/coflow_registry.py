@@ -20,6 +20,7 @@ STATES = ("queued", "running", "preempted", "done", "rejected")
 MAX_FLOW_BYTES = 1 << 50  # 1 PiB: far above any real flow, below float rounding trouble
 MAX_FLOWS_PER_REQUEST = 1_000_000
 MAX_ID_CHARS = 256
+MAX_PATH_CHARS = 4096  # src_path / dst_path
 
 
 class RegistryError(ValueError):
@@ -250,8 +251,12 @@ class CoflowRegistry:
         paths = {}
         for key in ("src_path", "dst_path"):
             value = item.get(key)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise RegistryError("bad_request", f"{where}.{key}: must be a non-empty string")
+            if value is not None and (
+                not isinstance(value, str) or not 0 < len(value) <= MAX_PATH_CHARS
+            ):
+                raise RegistryError(
+                    "bad_request", f"{where}.{key}: must be a string of 1..{MAX_PATH_CHARS} chars"
+                )
             paths[key] = value
         src, dst = ends
         return FlowState(fid, src.id, dst.id, src.dc, dst.dc, size, **paths)

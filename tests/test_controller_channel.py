@@ -8,12 +8,14 @@ import socket
 import threading
 import time
 
+import msgpack
 import pytest
 
 from overlay import protocol
 from terra_controller.agent_channel import (
     AgentChannel,
     TunnelTable,
+    batches,
     read_control,
     send_parts,
     start_agent_server,
@@ -258,3 +260,17 @@ def test_a_silent_agent_is_disconnected_and_may_register_again(channel):
     assert "a1" not in chan.connections and "a1" in controller.registry.agents
     again = Agent(addr, "a1", "A", 30000)
     again.wait_for(lambda m: m["t"] == "registered")
+
+
+def test_flow_descriptors_are_batched_below_the_header_limit():
+    # 2000 descriptors with 4096-character file paths: about 8.3 kB each encoded,
+    # so a 48 KiB batch holds 5 of them and a control header never nears 64 KiB.
+    specs = [
+        protocol.FlowSpec("1", f"f{i}", "a1", "b1", "B", 10, source="file:" + "p" * 4096)
+        for i in range(2000)
+    ]
+    parts = batches(specs)
+    assert [s.flow for part in parts for s in part] == [s.flow for s in specs]
+    for part in parts:
+        header = protocol.flows_message(part)
+        assert len(msgpack.packb(header)) < 64 * 1024

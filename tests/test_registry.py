@@ -54,6 +54,7 @@ def test_submit_maps_agents_to_dcs_and_assigns_ids_in_order():
         ([["f1", "a1", "b1", 10]], "bad_request"),
         ([flow("f1", colour="red")], "bad_request"),
         ([flow("f1", src_path="")], "bad_request"),
+        ([flow("f1", dst_path="x" * 4097)], "bad_request"),
     ],
 )
 def test_bad_flows_raise_and_change_nothing(flows, code):
