@@ -48,7 +48,8 @@ from overlay import protocol
 from overlay.framing import MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES, VERSION, encode_frame
 from terra_controller.coflow_registry import CoflowState, FlowState, RegistryError
 from terra_controller.controller import Controller, FlowRates
-from terra_controller.tunnels import build_tunnels
+from terra_controller.terra_policy import TerraPolicy
+from terra_controller.tunnels import build_tunnels, paths_up
 from topologies import Path, Topology, path_links
 
 LOG = logging.getLogger("terra.agents")
@@ -164,6 +165,32 @@ class TunnelTable:
             }
             for p, (tid, index) in sorted(self.by_path.items(), key=lambda x: x[1])
         ]
+
+
+class InstalledPathsPolicy(TerraPolicy):
+    """TerraPolicy that routes only over installed tunnels that are up (with switches).
+
+    With switches only the tunnels installed at start-up carry traffic; after a
+    failure the K shortest paths over the links still up may include paths that
+    have no rules (7 of them on SWAN, K = 4, LA-NY down). This policy takes the
+    path set of a DC pair from `tunnels.paths_up` instead (DESIGN.md section 5:
+    route changes never touch the switches). Same arguments as TerraPolicy plus
+    `table`: the TunnelTable (logical=False).
+    """
+
+    def __init__(self, topology: Topology, table: TunnelTable, **kwargs) -> None:
+        super().__init__(topology, **kwargs)
+        self.table = table
+        self._installed: dict[tuple[str, str], list[Path]] = {}
+        self._installed_down: frozenset = frozenset()
+
+    def paths(self, src: str, dst: str) -> list[Path]:
+        """The up paths of the pair's installed tunnels, shortest first."""
+        down = frozenset(self.topology.down)
+        if down != self._installed_down or not self._installed:
+            self._installed = paths_up(self.table.tunnels, self.topology)
+            self._installed_down = down
+        return self._installed.get((src, dst), [])
 
 
 # ---- framing (blocking sockets) -------------------------------------------------------------

@@ -111,22 +111,30 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args, topology, token: str | None) -> None:
     """Start every part of the controller and block until SIGINT/SIGTERM."""
-    from terra_controller.agent_channel import AgentChannel, TunnelTable, start_agent_server
+    from terra_controller.agent_channel import (
+        AgentChannel,
+        InstalledPathsPolicy,
+        TunnelTable,
+        start_agent_server,
+    )
     from terra_controller.api_server import ApiHandler, start_api_server
     from terra_controller.controller import Controller, RoundRunner
     from terra_controller.rest import RestApp, start_rest_server
     from terra_controller.terra_policy import TerraPolicy
 
-    policy = TerraPolicy(
-        topology, k=args.k, alpha=args.alpha, epsilon=args.epsilon, delta=args.delta
-    )
+    params = {"k": args.k, "alpha": args.alpha, "epsilon": args.epsilon, "delta": args.delta}
+    if args.no_openflow:
+        tunnels = TunnelTable(topology, args.k, logical=True)
+        policy = TerraPolicy(topology, **params)
+    else:
+        binding = load_switch_binding(topology)
+        tunnels = TunnelTable(topology, args.k, binding.base_port, logical=False)
+        policy = InstalledPathsPolicy(topology, tunnels, **params)
     controller = Controller(topology, policy)
     openflow_info = None
-    base_port = 20000
     threads = []
     if not args.no_openflow:
-        app, of_threads = start_openflow_app(args, topology, controller)
-        base_port = app.config.binding.base_port
+        app, of_threads = start_openflow_app(args, topology, binding, controller)
         threads += of_threads
 
         def openflow_info():
@@ -137,7 +145,6 @@ def run(args, topology, token: str | None) -> None:
                 "flow_mods_at_install": app.flow_mods_at_install,
             }
 
-    tunnels = TunnelTable(topology, args.k, base_port, logical=args.no_openflow)
     channel = AgentChannel(controller, tunnels, token)
     try:
         _, t_api, api = start_api_server(ApiHandler(controller, token), *args.api)
@@ -164,24 +171,32 @@ def run(args, topology, token: str | None) -> None:
         thread.join()
 
 
-def start_openflow_app(args, topology, controller):
+def load_switch_binding(topology):
+    """Return the topology's switch binding (topologies/binding.py).
+
+    Raises:
+        SystemExit: the topology has no valid binding (a clear message).
+    """
+    from topologies.binding import load_binding
+
+    try:
+        return load_binding(topology)
+    except (TopologyError, KeyError, ValueError) as exc:
+        raise SystemExit(
+            f"terra-controller: {exc} (use --no-openflow for a topology without switches)"
+        ) from exc
+
+
+def start_openflow_app(args, topology, binding, controller):
     """Start os-ken with the tunnel app; PortStatus link changes reach the controller.
 
     The app keeps its own copy of the topology (it flips link state on PortStatus);
     the controller's copy changes under the controller's lock via set_link_state.
 
-    Raises:
-        SystemExit: the topology has no valid switch binding.
+    Returns:
+        (TunnelApp, os-ken threads).
     """
     from terra_controller.openflow_app import TunnelConfig, start_openflow
-    from topologies.binding import load_binding
-
-    try:
-        binding = load_binding(topology)
-    except (TopologyError, KeyError, ValueError) as exc:
-        raise SystemExit(
-            f"terra-controller: {exc} (use --no-openflow for a topology without switches)"
-        ) from exc
 
     def link_changed(change) -> None:
         controller.set_link_state(change.link[0], change.link[1], change.up)
