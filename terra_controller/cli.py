@@ -138,11 +138,20 @@ def run(args, topology, token: str | None) -> None:
         threads += of_threads
 
         def openflow_info():
+            with app.lock:
+                entries = list(app.entries)
+            rules: dict[str, list] = {}
+            for e in entries:
+                rules.setdefault(str(e.dpid), []).append(
+                    {"table": e.table_id, "priority": e.priority, "match": e.match,
+                     "actions": [list(a) for a in e.actions], "cookie": e.cookie}
+                )  # fmt: skip
             return {
                 "installed": app.installed,
                 "rules_per_switch": app.rules_per_switch(),
                 "flow_mods": app.flow_mods_sent,
                 "flow_mods_at_install": app.flow_mods_at_install,
+                "rules": rules,
             }
 
     channel = AgentChannel(controller, tunnels, token)

@@ -4,7 +4,8 @@ Routes (GET only; DESIGN.md section 6, issue 4 item 5):
 
     /status          controller: topology name, uptime, agents, coflows per state, rounds
     /topology        links with capacity (bytes/s), state (up/down), allocated rate (bytes/s)
-    /tunnels         tunnels (id, DC pair, path, up) and, with switches, rules per switch
+    /tunnels         tunnels (id, DC pair, path, up) and, with switches, the rules of every
+                     switch (by DPID) and their counts, flow-mods sent
     /coflows         every coflow: id, state, bytes total/delivered, CCT
     /coflows/{id}    one coflow's status with its FlowGroups' per-path allocations
     /metrics         Prometheus text format: terra_rounds_total, terra_round_latency_ms,
