@@ -4,6 +4,11 @@
         [--link-mbps M] [--workload fb|PATH] [--first I] [--coflows N] [--speedup S]
         [--repeats R] [--hosts-per-dc H] [--k K] [--timeout S] [--workdir DIR]
 
+Defaults (full run, ~2.5 min): the 12-coflow FB burst (mininet_scenarios.workload), played at
+half speed (bytes x 0.04, arrivals x 2 on 20 Mbit/s links), LA-NY down 4 s after the first
+arrival and up 6 s later, 3 repeats of (Terra, per-flow TCP) pooled. --quick (~30 s): the
+burst's first 6 coflows, LA-NY down at 2 s for 3 s, one repeat.
+
 Needs root, Open vSwitch (started if installed but not running) and Mininet.
 Prints a table of average / p95 CCT, WAN utilization and the issue's targets; exit status
 0 when the run finished (targets met or not), 1 on a testbed error, 2 on bad arguments,

@@ -95,7 +95,8 @@ def target_met(key: str, value) -> bool | None:
 
 
 def table(result: dict) -> str:
-    """A plain-text table of the summary with the targets."""
+    """A plain-text table of the summary (CCTs and utilization pooled over the repeats) with
+    the issue's targets marked ok / MISSED."""
     t, p = result["terra"], result["per_flow_tcp"]
     lines = [
         f"{'':24}{'Terra':>12}{'per-flow TCP':>14}",
