@@ -157,7 +157,11 @@ def main(argv: list[str] | None = None) -> int:
         f"logs in {workdir}",
         flush=True,
     )
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    # Ctrl-C and SIGTERM end the run cleanly (also when started with SIGINT ignored, as
+    # background jobs of a non-interactive shell are).
+    previous = {
+        sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         check_environment()
         raw = run_swan(opts, log=lambda m: print(m, flush=True))
@@ -171,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"terra-testbed: testbed error: {exc!r} (logs in {workdir})", file=sys.stderr)
         return 1
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     result = results.summary(raw)
     extra = results.details(raw, workload)
     print(results.table(result))
