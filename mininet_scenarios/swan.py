@@ -433,7 +433,8 @@ def run_per_flow_tcp(
     result = RunResult(wan_capacity_bps=_wan_capacity(wan))
     workdir.mkdir(parents=True, exist_ok=True)
     ip = {h.name: h.ip for _, h in wan.binding.all_hosts()}
-    start_wall = time.time() + 2.0  # nodes are listening by then
+    start_file = workdir / "start"
+    start_file.unlink(missing_ok=True)
     nodes, outs = [], {}
     for name, host in wan.hosts.items():
         schedule = [
@@ -444,6 +445,7 @@ def run_per_flow_tcp(
         (workdir / f"tcp_{name}.json").write_text(json.dumps(schedule))
         outs[name] = workdir / f"tcp_{name}.out"
         outs[name].write_text("")
+        Path(f"{outs[name]}.ready").unlink(missing_ok=True)
         nodes.append(
             procs.add(
                 host.popen(
@@ -456,8 +458,8 @@ def run_per_flow_tcp(
                         f"{ip[name]}:{BASELINE_PORT}",
                         "--schedule",
                         str(workdir / f"tcp_{name}.json"),
-                        "--start-wall",
-                        repr(start_wall),
+                        "--start-file",
+                        str(start_file),
                         "--out",
                         str(outs[name]),
                     ],
@@ -467,10 +469,15 @@ def run_per_flow_tcp(
             )
         )
     try:
+        wait_until(
+            lambda: all(Path(f"{out}.ready").exists() for out in outs.values()), 60, "TCP nodes"
+        )
         tx0 = wan_tx_bytes(wan.switches, wan.binding, wan.topology)
-        wait_s = start_wall - time.time()
-        if wait_s > 0:
-            time.sleep(wait_s)
+        start_wall = time.time() + 0.2
+        tmp = workdir / "start.tmp"
+        tmp.write_text(repr(start_wall))
+        tmp.rename(start_file)  # atomic: nodes never read a partial time
+        time.sleep(max(0.0, start_wall - time.time()))
         t0 = time.monotonic()
         fail = _start_failure(wan, failure, t0, None, result)
         expected = {(str(c.trace_id), f["id"]): f["bytes"] for c in coflows for f in c.flows}

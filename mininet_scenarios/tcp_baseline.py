@@ -17,11 +17,13 @@ One process per Mininet host runs `node` (module CLI, below): it serves
 incoming flows and sends its own at their arrival times:
 
     python -m mininet_scenarios.tcp_baseline node --listen IP:PORT --schedule FILE
-        --start-wall T --out FILE
+        --start-file FILE --out FILE
 
 schedule FILE: JSON list of {"coflow", "flow", "dst_ip", "bytes", "arrival_s"} (flows this host
-sends; arrival relative to wall-clock time T). out FILE: one JSON line per flow received:
-{"coflow", "flow", "bytes", "received", "digest", "end_wall"} (wall-clock seconds).
+sends). Once listening, the node creates OUT.ready and waits for start FILE to appear; it
+holds the wall-clock time T of t = 0 (arrivals are relative to T). Every node is listening
+before anyone sends, however slowly the nodes start. out FILE: one JSON line per flow
+received: {"coflow", "flow", "bytes", "received", "digest", "end_wall"} (wall-clock seconds).
 """
 
 from __future__ import annotations
@@ -150,13 +152,22 @@ def run_schedule(schedule: list[dict], start_wall: float, port: int) -> None:
         threading.Thread(target=one, args=(item,), daemon=True).start()
 
 
+def wait_start(path: Path, poll_s: float = 0.01) -> float:
+    """Wait until `path` exists and holds a wall-clock time; return it (seconds)."""
+    while True:
+        try:
+            return float(path.read_text())
+        except (OSError, ValueError):  # not there yet, or half written
+            time.sleep(poll_s)
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m mininet_scenarios.tcp_baseline node ...` (module docstring); runs until killed."""
     p = argparse.ArgumentParser(prog="tcp_baseline", description="per-flow TCP baseline node")
     p.add_argument("mode", choices=["node"])
     p.add_argument("--listen", required=True, help="IP:PORT to receive flows on")
     p.add_argument("--schedule", required=True, type=Path, help="JSON list of flows to send")
-    p.add_argument("--start-wall", required=True, type=float, help="wall-clock time of t=0")
+    p.add_argument("--start-file", required=True, type=Path, help="file holding t=0 (wall)")
     p.add_argument("--out", required=True, type=Path, help="JSON lines of received flows")
     args = p.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
@@ -166,8 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"tcp_baseline: {exc}", file=sys.stderr)
         return 1
+    Path(f"{args.out}.ready").touch()
     try:
-        run_schedule(schedule, args.start_wall, int(port))
+        start_wall = wait_start(args.start_file)
+        run_schedule(schedule, start_wall, int(port))
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:

@@ -218,6 +218,39 @@ def test_tcp_baseline_node_receives_flows_with_their_digests(tmp_path):
     assert expected_digest("7", "f1", 10) != expected_digest("7", "f2", 10)
 
 
+def test_tcp_baseline_node_process_waits_for_the_start_file_then_sends(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    schedule = tmp_path / "schedule.json"
+    flows = [{"coflow": "3", "flow": "a>b", "dst_ip": "127.0.0.1", "bytes": 100_000,
+              "arrival_s": 0.1}]  # fmt: skip
+    schedule.write_text(json.dumps(flows))
+    out, start = tmp_path / "out.jsonl", tmp_path / "start"
+    node = subprocess.Popen(
+        [sys.executable, "-m", "mininet_scenarios.tcp_baseline", "node", "--listen",
+         f"127.0.0.1:{port}", "--schedule", str(schedule), "--start-file", str(start),
+         "--out", str(out)],
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not Path(f"{out}.ready").exists():
+            assert time.monotonic() < deadline and node.poll() is None
+            time.sleep(0.05)
+        time.sleep(0.3)
+        assert not out.exists() or out.read_text() == ""  # nothing sent before the start
+        start.write_text(repr(time.time()))
+        while not (out.exists() and out.read_text()):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        record = json.loads(out.read_text())
+        assert record["received"] == 100_000
+        assert record["digest"] == expected_digest("3", "a>b", 100_000)
+    finally:
+        node.terminate()
+        node.wait(timeout=10)
+
+
 # ---- end to end with Open vSwitch and Mininet ---------------------------------------------
 
 
