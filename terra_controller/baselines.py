@@ -59,6 +59,7 @@ class BaselinePolicy:
         self._rows = link_index(topology.links)
         self._reachable = {pair for pair, ps in all_pairs_paths(_all_up(topology), 1).items() if ps}
         self._incidence: dict[str, tuple[dict[str, int], np.ndarray]] = {}
+        self._path_rows: dict[Path, list[int]] = {}  # rows of a path's links (never stale)
 
     # ---- Policy interface ------------------------------------------------------------------
 
@@ -126,7 +127,7 @@ class BaselinePolicy:
         if cached is None:
             routes = self.routes[coflow_id]
             fids = list(routes)
-            matrix = path_incidence([routes[fid] for fid in fids], self._rows)
+            matrix = path_incidence([routes[fid] for fid in fids], self._rows, self._path_rows)
             cached = ({fid: i for i, fid in enumerate(fids)}, matrix)
             self._incidence[coflow_id] = cached
         return cached
@@ -171,7 +172,7 @@ class _FairPolicy(BaselinePolicy):
                 for path, members in routes[fid]:
                     weight[path] = weight.get(path, 0.0) + members
         paths = list(weight)
-        incidence = path_incidence([[(p, weight[p])] for p in paths], self._rows)
+        incidence = path_incidence([[(p, weight[p])] for p in paths], self._rows, self._path_rows)
         level = dict(zip(paths, maxmin_levels(incidence, self._capacity()).tolist(), strict=True))
         return {
             cid: {

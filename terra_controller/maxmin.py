@@ -91,7 +91,9 @@ def link_index(links: Sequence[Link]) -> dict[Link, int]:
 
 
 def path_incidence(
-    entities: Sequence[Sequence[tuple[Path, float]]], rows: dict[Link, int]
+    entities: Sequence[Sequence[tuple[Path, float]]],
+    rows: dict[Link, int],
+    path_rows: dict[Path, list[int]] | None = None,
 ) -> np.ndarray:
     """Build the incidence matrix of entities given as [(path, members on that path), ...].
 
@@ -99,6 +101,8 @@ def path_incidence(
         entities: for each entity, its paths with the number of members on each
             (a single flow on one path is ``[(path, 1)]``).
         rows: {link: row index} (see `link_index`); every link of every path must be in it.
+        path_rows: optional cache {path: row indices of its links} for these `rows`,
+            filled as paths are met (pass the same dict across calls to reuse it).
 
     Returns:
         float array (len(rows), len(entities)).
@@ -107,7 +111,7 @@ def path_incidence(
         KeyError: a path crosses a link missing from `rows`.
     """
     matrix = np.zeros((len(rows), len(entities)))
-    path_rows: dict[Path, list[int]] = {}
+    path_rows = {} if path_rows is None else path_rows
     for j, members in enumerate(entities):
         for path, count in members:
             hit = path_rows.get(path)

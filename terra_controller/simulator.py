@@ -341,6 +341,7 @@ class _Run:
         self.byte_hops = 0.0
         self.capacity_time = 0.0
         self.round_ms: list[float] = []
+        self.path_links: dict[tuple[str, ...], list[tuple[str, str]]] = {}
         self._total_capacity()
 
     # ---- the event loop -------------------------------------------------------------------
@@ -466,8 +467,12 @@ class _Run:
 
     def _check_links(self, path_rate: dict[tuple[str, ...], float], now: float) -> None:
         load: dict[tuple[str, str], float] = {}
+        cache = self.path_links
         for path, r in path_rate.items():
-            for link in path_links(path):
+            links = cache.get(path)
+            if links is None:
+                links = cache[path] = path_links(path)
+            for link in links:
                 load[link] = load.get(link, 0.0) + r
         for link, used in load.items():
             if link not in self.topology.capacity:
