@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Install everything on a fresh Debian 12 machine (as root) and start Open vSwitch.
+# Idempotent: safe to run again on a machine that already has it all.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+
+# System packages: Open vSwitch (userspace datapath; the kernel has no OVS module), Mininet's
+# mnexec and its tools (Debian's mininet pulls iperf, net-tools, socat, cgroup-tools), ping,
+# ethtool (offloads off), iproute2 (ip, tc/HTB), psmisc and procps (killall/pkill for `mn -c`).
+APT_PACKAGES=(openvswitch-switch mininet iputils-ping ethtool iproute2 psmisc procps)
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$pkg")
+    fi
+done
+if ((${#missing[@]})); then
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# uv (Python env manager) from PyPI when the machine has none.
+export PATH="$HOME/.local/bin:$PATH"
+if ! command -v uv >/dev/null 2>&1; then
+    if ! python3 -m pip --version >/dev/null 2>&1; then
+        apt-get update -q
+        apt-get install -y -q --no-install-recommends python3-pip
+    fi
+    python3 -m pip install -q uv || python3 -m pip install -q --break-system-packages uv
+    hash -r
+    command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
+fi
+uv --version
+
+# Python environment (.venv) from pyproject.toml / uv.lock, dev group included.
+uv sync
+
+# Open vSwitch: ovsdb-server + ovs-vswitchd (no kernel module is loaded or needed).
+OVS_CTL=/usr/share/openvswitch/scripts/ovs-ctl
+if ! "$OVS_CTL" status >/dev/null 2>&1; then
+    "$OVS_CTL" start --system-id=random
+fi
+ovs-vsctl --timeout=10 show >/dev/null
+# Leftovers of an interrupted Mininet run (bridges, veths, namespaces' processes).
+mn -c >/dev/null 2>&1 || true
