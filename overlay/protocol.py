@@ -40,6 +40,8 @@ Rules the controller follows (what terra_agent expects):
       a chunk for a flow the receiver does not know closes that data connection;
     - on every (re-)registration, re-send the agent's tunnels, its unfinished flows with
       offset = the latest "progress" acked, and its rates (a restarted agent knows nothing);
+    - expect "complete" again after a (re-)registration: an agent re-sends it for every flow
+      it received in full (a restarted controller knows of them only this way); it is idempotent;
     - keep headers under framing.MAX_HEADER_BYTES (64 KiB): batch long "flows" lists (about 200
       descriptors per message is safe); agents send at most 500 rows per progress/register.
 

@@ -16,6 +16,12 @@ Restart: a restarted agent knows nothing; it registers again and the controller 
 flow descriptors with the acknowledged offsets, and rates. A restarted sender resumes at that
 offset; a restarted receiver resumes at what its file sink holds (digest sinks restart at 0) and
 its acks carry a new epoch, which makes senders rewind to the receiver's offset if needed.
+
+Controller loss: any failure of the control channel (EOF, reset, bad frames, errors in applying
+a message) ends only that connection; data connections keep moving bytes at the last rates, and
+the agent reconnects with backoff. On every (re-)registration it reports its unfinished flows
+("inflight" rows of "register") and sends "complete" again for every flow it received in full, so
+a restarted controller learns about flows that finished while it was down or before it died.
 """
 
 from __future__ import annotations
@@ -137,24 +143,32 @@ class Agent:
     # ------------------------------------------------------------ control channel
 
     async def _control_loop(self) -> None:
+        """Keep the control channel up: connect, register, serve; on any failure reconnect
+        with backoff (50 ms doubling to 2 s). Nothing but cancellation ends it: senders and
+        receivers keep moving data at their last rates while the controller is away."""
         host, port = self.config.controller
         backoff = BACKOFF_MIN_S
         while True:
             started = trio.current_time()
             try:
-                stream = await trio.open_tcp_stream(host, port)
-                detect_dead_peers(stream)
-                async with stream:
-                    await self._control_session(stream)
+                await self._control_connection(host, port)
                 log.warning("controller closed the control channel")
             except (FrameError, ProtocolError) as exc:
                 log.error("control channel: bad frame from controller: %s", exc)
             except CONNECTION_ERRORS as exc:
                 log.warning("control channel to %s:%d: %s", host, port, exc)
+            except Exception:  # ExceptionGroups, bugs: the agent outlives its control channel
+                log.exception("control channel to %s:%d failed; reconnecting", host, port)
             if trio.current_time() - started > 2.0:
                 backoff = BACKOFF_MIN_S
             await trio.sleep(backoff)
             backoff = min(BACKOFF_MAX_S, backoff * 2)
+
+    async def _control_connection(self, host: str, port: int) -> None:
+        stream = await trio.open_tcp_stream(host, port)
+        detect_dead_peers(stream)
+        async with stream:
+            await self._control_session(stream)
 
     async def _control_session(self, stream: trio.SocketStream) -> None:
         writer = FrameWriter(stream)
@@ -169,6 +183,7 @@ class Agent:
                 inflight=self._inflight_state(),
             )
         )
+        self._queue_completions()
         error: Exception | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._control_writer, writer, nursery.cancel_scope)
@@ -237,6 +252,18 @@ class Agent:
             rows.append((coflow, flow_id, flow.acked))
         for i in range(0, len(rows), ROWS_PER_MESSAGE):
             self.send_control(progress_message(rows[i : i + ROWS_PER_MESSAGE]))
+
+    def _queue_completions(self) -> None:
+        """Report every flow received in full again ("complete" with its digest), after each
+        (re-)registration: a controller that restarted knows of them only from here (it keeps
+        reports about coflows it does not know yet until the job master resubmits them)."""
+        for flow in self.in_flows.values():
+            if flow.done:
+                spec = flow.spec
+                self._outbox.append(
+                    complete_message(spec.coflow, spec.flow, flow.digest, spec.size)
+                )
+        self._outbox_event.set()
 
     def _inflight_state(self) -> list[dict]:
         """Unfinished flows for "register" (at most ROWS_PER_MESSAGE, so the header fits)."""
@@ -333,7 +360,7 @@ class Agent:
                 flow = OutFlow(spec, source)
                 self.out_flows[spec.key] = flow
                 self._group((spec.coflow, spec.dst_dc)).add_flow(flow)
-        except (SourceError, OSError) as exc:
+        except (SourceError, OSError, ValueError) as exc:  # ValueError: e.g. NUL in a path
             log.error("flow %s/%s cannot start: %s", spec.coflow, spec.flow, exc)
             self.send_control(error_message(str(exc), coflow=spec.coflow, flow=spec.flow))
 

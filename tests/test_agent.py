@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from overlay.framing import FrameReader
-from overlay.protocol import GroupRates, TunnelSpec
+from overlay.protocol import GroupRates, TunnelSpec, flows_message
 from terra_agent.agent import Agent, AgentConfig
 from terra_agent.harness import ControllerPeer, LoopbackHarness, delay_proxy, free_port_block
 from terra_agent.sources import synthetic_digest
@@ -510,3 +510,37 @@ async def test_garbage_from_controller_closes_control_channel_only(tmp_path):
             await done.wait()
         assert registrations == ["a"] * (len(bad_frames) + 1)
         nursery.cancel_scope.cancel()
+
+
+async def test_finished_flows_are_reported_complete_again_after_reregistration(tmp_path):
+    """A controller that lost its state (restarted) learns of flows finished before from the
+    receivers: after re-registering, b sends "complete" again for every flow it received."""
+    size = 1 * MB
+    async with loopback(tmp_path, k=2) as h:
+        flows = [h.flow("c1", f"f{i}", "a", "b", size) for i in range(3)]
+        await start(h, flows, UNLIMITED)
+        await wait_complete(h, flows)
+        h.controller.completed.clear()  # what a restarted controller knows
+        h.controller.drop("b")
+        with trio.fail_after(TIMEOUT):
+            await h.controller.wait_until(lambda: h.controller.registrations["b"] == 2)
+        await wait_complete(h, flows)
+    for f in flows:
+        assert h.controller.completed[f.key] == synthetic_digest("c1", f.flow, size)
+
+
+async def test_unusable_flow_paths_from_controller_do_not_take_the_agent_down(tmp_path):
+    """A NUL byte in a file path makes os calls raise ValueError (not OSError): the flow is
+    refused with an error report, the control session and the other flows carry on."""
+    async with loopback(tmp_path, k=1) as h:
+        bad_sink = h.flow("c1", "bad-sink", "a", "b", 1000, sink=f"file:{tmp_path}/x\0y")
+        bad_source = h.flow("c1", "bad-source", "a", "b", 1000, source=f"file:{tmp_path}/x\0y")
+        good = h.flow("c1", "good", "a", "b", 1 * MB)
+        # the bad sink goes to its receiver only (a controller withholds from the sender a
+        # flow its receiver refused; chunks of a flow the receiver does not know close a link)
+        await h.controller.send("b", flows_message([bad_sink]))
+        await start(h, [bad_source, good], UNLIMITED)
+        await wait_complete(h, [good])
+        reported = {(e["agent"], e.get("flow")) for e in h.controller.errors}
+        assert {("b", "bad-sink"), ("a", "bad-source")} <= reported
+        assert h.controller.registrations == {"a": 1, "b": 1}  # no session was lost
