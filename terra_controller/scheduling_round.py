@@ -300,12 +300,23 @@ def _take(rates, cid: str, pair_rates: PairRates, left: dict[Link, float], scale
     """Add `pair_rates` × scale to coflow `cid` and subtract them from `left`."""
     mine = rates.setdefault(cid, {})
     for pair, lst in pair_rates.items():
-        per_path = mine.setdefault(pair, {})
-        for path, rate in lst:
-            x = rate * scale
-            per_path[path] = per_path.get(path, 0.0) + x
-            for link in links_of(path):
-                left[link] = max(0.0, left[link] - x)
+        _assign(mine, pair, lst, scale)
+        _consume(left, lst, scale)
+
+
+def _assign(mine: dict, pair: Pair, lst: list[tuple[Path, float]], scale: float) -> None:
+    """Add the path rates `lst` × scale to one coflow's {pair: {path: bytes/s}}."""
+    per_path = mine.setdefault(pair, {})
+    for path, rate in lst:
+        per_path[path] = per_path.get(path, 0.0) + rate * scale
+
+
+def _consume(left: dict[Link, float], lst: list[tuple[Path, float]], scale: float = 1.0) -> None:
+    """Subtract the path rates `lst` × scale from the capacities `left` (floored at 0)."""
+    for path, rate in lst:
+        x = rate * scale
+        for link in links_of(path):
+            left[link] = max(0.0, left[link] - x)
 
 
 def _alpha_share(active, preempted, paths, reserve, capacity, rates, result) -> None:
@@ -321,8 +332,10 @@ def _alpha_share(active, preempted, paths, reserve, capacity, rates, result) -> 
     weights = {pair: float(len(cids)) for pair, cids in members.items()}
     pair_rates = _fair_share(weights, paths, reserve, capacity, result)
     for pair, lst in pair_rates.items():
+        _consume(reserve, lst)
+        share = 1.0 / len(members[pair])
         for cid in members[pair]:
-            _take(rates, cid, {pair: lst}, reserve, 1.0 / len(members[pair]))
+            _assign(rates.setdefault(cid, {}), pair, lst, share)
 
 
 def _work_conservation(first_of_pair, paths, spare, capacity, rates, result) -> None:
@@ -391,24 +404,30 @@ def _positive(capacity: dict[Link, float]) -> dict[Link, float]:
 
 def _finish(rates, capacity: dict[Link, float]) -> dict[str, PairRates]:
     """Merge into lists and scale down any link that round-off left over its capacity."""
-    load: dict[Link, float] = {}
+    path_total: dict[Path, float] = {}
     for per_pair in rates.values():
         for per_path in per_pair.values():
             for path, x in per_path.items():
-                for link in links_of(path):
-                    load[link] = load.get(link, 0.0) + x
-    over = {
-        link: capacity.get(link, 0.0) / x for link, x in load.items() if x > capacity.get(link, 0.0)
-    }
+                path_total[path] = path_total.get(path, 0.0) + x
+    load: dict[Link, float] = {}
+    for path, x in path_total.items():
+        for link in links_of(path):
+            load[link] = load.get(link, 0.0) + x
+    over = {link: capacity.get(link, 0.0) / x for link, x in load.items()}
+    over = {link: f for link, f in over.items() if f < 1.0}
+    factor: dict[Path, float] = {}
+    if over:
+        for path in path_total:
+            f = min((over[link] for link in links_of(path) if link in over), default=1.0)
+            if f < 1.0:
+                factor[path] = f
     out: dict[str, PairRates] = {}
     for cid, per_pair in rates.items():
+        mine: PairRates = {}
         for pair, per_path in per_pair.items():
-            lst = []
-            for path, x in per_path.items():
-                if over:
-                    x *= min([1.0] + [over.get(link, 1.0) for link in links_of(path)])
-                if x > 0:
-                    lst.append((path, x))
+            lst = [(p, x * factor.get(p, 1.0)) for p, x in per_path.items() if x > 0]
             if lst:
-                out.setdefault(cid, {})[pair] = lst
+                mine[pair] = lst
+        if mine:
+            out[cid] = mine
     return out
