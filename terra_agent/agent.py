@@ -55,6 +55,7 @@ from .sender import (
     BACKOFF_MAX_S,
     BACKOFF_MIN_S,
     CONNECTION_ERRORS,
+    TUNNEL_DEAD_PEER_S,
     FlowGroupSender,
     OutFlow,
     PeerLink,
@@ -382,6 +383,7 @@ class Agent:
                 group.notify()
 
     def _report_complete(self, flow: InFlow) -> None:
+        flow.reported = True
         spec = flow.spec
         log.info("flow %s/%s complete (%d bytes)", spec.coflow, spec.flow, spec.size)
         self.send_control(complete_message(spec.coflow, spec.flow, flow.digest, spec.size))
@@ -440,7 +442,7 @@ class Agent:
         key = None
         try:
             async with stream:
-                detect_dead_peers(stream)
+                detect_dead_peers(stream, TUNNEL_DEAD_PEER_S)
                 reader = FrameReader(stream)
                 writer = FrameWriter(stream)
                 frame = await reader.read()
@@ -482,12 +484,13 @@ class Agent:
                 f"chunk for flow {key[0]}/{key[1]} from agent {peer!r}, "
                 f"its sender is {flow.spec.src_agent!r}"
             )
-        was_done = flow.done or flow.failed is not None
-        flow.add(header["o"], payload, header.get("d"))
-        if not was_done and flow.check_digest():
-            self._report_complete(flow)
-        elif not was_done and flow.failed is not None:
-            self.send_control(error_message(flow.failed, coflow=key[0], flow=key[1]))
+        await flow.receive(header["o"], payload, header.get("d"))
+        if not flow.reported and (flow.check_digest() or flow.failed is not None):
+            if flow.done:  # reported once, whichever chunk's task got here first
+                self._report_complete(flow)
+            else:
+                flow.reported = True
+                self.send_control(error_message(flow.failed, coflow=key[0], flow=key[1]))
         ack = {"t": "ack", "c": key[0], "f": key[1], "o": flow.delivered, "e": self.epoch}
         await writer.send(ack)
 

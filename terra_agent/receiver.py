@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import logging
 
+import trio
+
 from overlay.protocol import FlowSpec, ProtocolError
 from overlay.reorder import MemoryBudget, ReorderBuffer
 
 from .sources import new_hasher, open_sink
 
 log = logging.getLogger(__name__)
+
+THREAD_HASH_BYTES = 256 * 1024  # receive(): in-order bytes at least this large are hashed and
+# written in a worker thread (hashlib and os.write release the GIL), overlapping the event loop
 
 
 class InFlow:
@@ -27,7 +32,8 @@ class InFlow:
 
     Attributes: delivered (contiguous bytes delivered, the offset acknowledged), expected_digest
     (sender's hex digest once seen), digest (own hex digest once all bytes are in), done (digest
-    matched), failed (digest mismatch message or None).
+    matched), failed (digest mismatch message or None), reported (set by the agent once it told
+    the controller about done / failed).
 
     Raises:
         SourceError: the sink cannot be opened.
@@ -51,7 +57,11 @@ class InFlow:
         self.digest: str | None = None
         self.done = False
         self.failed: str | None = None
+        self.reported = False  # the agent reported done / failed to the controller
         self._reorder = None
+        self._pending: list = []  # in-order pieces not yet hashed / written (receive())
+        self._busy = False  # a receive() is hashing / writing pieces (maybe in a thread)
+        self._consume_lock = trio.Lock()
         self.peak_resident_bytes = 0
         self.spilled_bytes = 0
         if self.base < spec.size:
@@ -61,18 +71,50 @@ class InFlow:
 
     @property
     def complete(self) -> bool:
-        """True once every byte has been delivered in order (digest not yet compared)."""
-        return self.delivered >= self.spec.size
+        """True once every byte has been delivered in order, hashed and written (digest not yet
+        compared)."""
+        return self.delivered >= self.spec.size and not self._pending and not self._busy
 
     def add(self, offset: int, data, digest: str | None = None) -> None:
         """Take a chunk of `data` at byte `offset`; deliver what is now in order to the sink.
 
         Bytes before `delivered` (duplicates) are dropped; `digest` is the sender's flow digest
-        when the chunk ends the flow.
+        when the chunk ends the flow. Hashes and writes inline; do not mix with receive().
 
         Raises:
             ProtocolError: the chunk runs past the flow's size, or a different sender digest.
         """
+        self._accept(offset, data, digest)
+        pieces, self._pending = self._pending, []
+        self._consume(pieces)
+        if self.complete:
+            self._finish_data()
+
+    async def receive(self, offset: int, data, digest: str | None = None) -> None:
+        """add() for the event loop: the in-order bytes are hashed and written in a worker
+        thread when they reach THREAD_HASH_BYTES, in delivery order (one consumer at a time).
+        `delivered` (the offset to acknowledge) moves at once; `complete` waits for the hash.
+
+        Raises:
+            ProtocolError: as add().
+        """
+        self._accept(offset, data, digest)
+        async with self._consume_lock:  # FIFO: consumers run in the order pieces were added
+            while self._pending:
+                pieces, self._pending = self._pending, []
+                self._busy = True
+                try:
+                    if sum(len(p) for p in pieces) >= THREAD_HASH_BYTES:
+                        await trio.to_thread.run_sync(self._consume, pieces)
+                    else:
+                        self._consume(pieces)
+                finally:
+                    self._busy = False
+            if self.complete:
+                self._finish_data()
+
+    def _accept(self, offset: int, data, digest: str | None) -> None:
+        """Check a chunk, keep the sender's digest, queue the bytes now in order in _pending."""
         end = offset + len(data)
         if end > self.spec.size:
             raise ProtocolError(
@@ -90,12 +132,14 @@ class InFlow:
         if offset < self.base:
             data = memoryview(data)[self.base - offset :]
             offset = self.base
-        for piece in self._reorder.add(offset - self.base, data):
+        self._pending.extend(self._reorder.add(offset - self.base, data))
+        self.delivered = self.base + self._reorder.delivered
+
+    def _consume(self, pieces: list) -> None:
+        """Hash and write in-order pieces (runs in a worker thread for large batches)."""
+        for piece in pieces:
             self.hasher.update(piece)
             self.sink.write(piece)
-        self.delivered = self.base + self._reorder.delivered
-        if self.complete:
-            self._finish_data()
 
     def _finish_data(self) -> None:
         self._drop_reorder()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import socket
+import threading
 from collections import deque
 
 import trio
@@ -33,7 +34,15 @@ MIN_CHUNK_BYTES = 4 * 1024
 CHUNK_SECONDS = 0.01  # a chunk is about this much of its path's rate (rate_limit.py advice)
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
+THREAD_HASH_BYTES = 256 * 1024  # unhashed bytes of a flow at which a worker thread hashes them
 DEAD_PEER_S = 10.0  # a silent peer (no acks, no keepalive answers) is dropped after this long
+# Tunnel connections cross the emulated/real WAN: a burst of losses there (a link failure and
+# the re-route, full queues) stalls a live connection in TCP's exponential RTO backoff
+# (0.2 s doubling: 6 lost retransmissions = 12.6 s) and silences idle connections' keepalive
+# probes. 10 s aborted such connections with ETIMEDOUT (SWAN testbed, tunnels not crossing the
+# failed link). A dead peer agent is also noticed by the controller (AGENT_SILENCE_S), which
+# then removes its tunnels; this bound only ends connections nobody else ends.
+TUNNEL_DEAD_PEER_S = 60.0
 CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
@@ -73,7 +82,8 @@ class OutFlow:
     OutFlow(spec: FlowSpec, source): starts at spec.offset (bytes before it are re-read and hashed
     so the digest covers the whole flow). Attributes: acked (bytes the receiver acknowledged),
     next_offset (new-data frontier), resend (deque of (offset, length) to send again), digest (hex,
-    once the frontier reached the end), epoch (receiver incarnation of the last accepted ack).
+    once every byte was hashed: new bytes are hashed in a worker thread by hash_pending(), the
+    rest inline when the last chunk is taken), epoch (receiver incarnation of the last ack).
     """
 
     def __init__(self, spec: FlowSpec, source) -> None:
@@ -87,6 +97,13 @@ class OutFlow:
         self.epoch: int | None = None
         self.reported = -1
         self.failed: str | None = None
+        # New bytes handed out by take() but not hashed yet, in offset order; hashed by
+        # hash_pending() in a worker thread, or inline by _flush_hash() when the digest is due.
+        self._unhashed: deque = deque()
+        self._unhashed_bytes = 0
+        self._hashed = 0
+        self._hash_lock = threading.Lock()  # one hasher of _unhashed at a time, in order
+        self._hashing = False
         self._hash_to(spec.offset)
 
     @property
@@ -96,15 +113,45 @@ class OutFlow:
 
     def _hash_to(self, offset: int) -> None:
         """Advance the new-data frontier to `offset`, hashing the bytes it passes."""
-        while self.next_offset < offset:
-            n = min(MAX_CHUNK_BYTES, offset - self.next_offset)
-            self._hash(self.source.read(self.next_offset, n))
+        self._flush_hash()
+        with self._hash_lock:
+            while self.next_offset < offset:
+                data = self.source.read(
+                    self.next_offset, min(MAX_CHUNK_BYTES, offset - self.next_offset)
+                )
+                self.hasher.update(data)
+                self.next_offset += len(data)
+                self._hashed += len(data)
+            if self._hashed >= self.spec.size and self.digest is None:
+                self.digest = self.hasher.hexdigest()
 
     def _hash(self, data) -> None:
-        self.hasher.update(data)
+        """Hand out new bytes: move the frontier; the bytes are queued for hashing."""
         self.next_offset += len(data)
-        if self.next_offset >= self.spec.size:
-            self.digest = self.hasher.hexdigest()
+        self._unhashed.append(data)
+        self._unhashed_bytes += len(data)
+
+    def _flush_hash(self) -> None:
+        """Hash every queued byte now (worker thread or this one); sets digest at the end."""
+        with self._hash_lock:
+            while self._unhashed:
+                data = self._unhashed.popleft()
+                self.hasher.update(data)
+                self._unhashed_bytes -= len(data)
+                self._hashed += len(data)
+            if self._hashed >= self.spec.size and self.digest is None:
+                self.digest = self.hasher.hexdigest()
+
+    async def hash_pending(self) -> None:
+        """Hash queued bytes in a worker thread once there are THREAD_HASH_BYTES of them
+        (hashlib releases the GIL: hashing overlaps the other paths' sends)."""
+        if self._hashing or self._unhashed_bytes < THREAD_HASH_BYTES:
+            return
+        self._hashing = True
+        try:
+            await trio.to_thread.run_sync(self._flush_hash)
+        finally:
+            self._hashing = False
 
     def has_work(self) -> bool:
         """True when there is something to send (a resend or new bytes)."""
@@ -134,14 +181,20 @@ class OutFlow:
         n = min(max_len, self.spec.size - offset)
         data = self.source.read(offset, n)
         self._hash(data)
-        return offset, data, (self.digest if offset + n >= self.spec.size else None)
+        if offset + n < self.spec.size:
+            return offset, data, None
+        self._flush_hash()  # the last chunk carries the digest
+        return offset, data, self.digest
 
     def _chunk(self, offset: int, n: int) -> tuple[int, object, str | None]:
         end = offset + n
         if end > self.next_offset:  # only after a jump; keep the digest complete
             self._hash_to(end)
         data = self.source.read(offset, n)
-        return offset, data, (self.digest if end >= self.spec.size else None)
+        if end < self.spec.size:
+            return offset, data, None
+        self._flush_hash()
+        return offset, data, self.digest
 
     def on_ack(self, offset: int, epoch: int) -> bool:
         """Apply a receiver ack (delivered `offset`, receiver `epoch`); True if work was added.
@@ -247,7 +300,7 @@ class PeerLink:
                 self.spec.peer_host, self.spec.port, local_address=self.local_host
             )
             self._stream = stream
-            detect_dead_peers(stream)
+            detect_dead_peers(stream, TUNNEL_DEAD_PEER_S)
             async with stream:
                 writer = FrameWriter(stream)
                 hello = {"t": "hello", "agent": self.agent_id, "tunnel": self.spec.tunnel}
@@ -437,5 +490,6 @@ class FlowGroupSender:
                 flow, link, offset, data, digest = item
                 if await link.send_chunk(flow, offset, data, digest):
                     self.sent_bytes[tunnel] += len(data)
+                await flow.hash_pending()
         finally:
             self._running.discard(tunnel)

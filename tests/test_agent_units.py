@@ -2,6 +2,7 @@
 
 import hashlib
 import os
+import random
 import socket
 
 import pytest
@@ -11,7 +12,13 @@ from overlay.protocol import FlowSpec, ProtocolError
 from terra_agent.agent import parse_memory
 from terra_agent.cli import build_parser, main
 from terra_agent.receiver import InFlow
-from terra_agent.sender import MIN_CHUNK_BYTES, OutFlow, chunk_bytes, detect_dead_peers
+from terra_agent.sender import (
+    MIN_CHUNK_BYTES,
+    THREAD_HASH_BYTES,
+    OutFlow,
+    chunk_bytes,
+    detect_dead_peers,
+)
 from terra_agent.sources import (
     MAX_CHUNK_BYTES,
     SYNTHETIC_PERIOD,
@@ -233,3 +240,51 @@ async def test_detect_dead_peers_sets_user_timeout_and_keepalive():
     await stream.aclose()
     for listener in listeners:
         await listener.aclose()
+
+
+async def test_outflow_hashes_in_a_worker_thread_in_order_with_inline_jumps():
+    """Chunks of 100_000 bytes, hash_pending() (thread, >= THREAD_HASH_BYTES queued) after some,
+    an ack jumping the frontier forward (inline hashing) in between: the digest is the flow's."""
+    size = 3 * MAX_CHUNK_BYTES + 5
+    flow = OutFlow(spec(size), SyntheticSource("c1/f1", size))
+    for i in range(8):  # 800_000 bytes taken; hashed in threads every few chunks
+        flow.take(100_000)
+        if i % 3 == 2:
+            await flow.hash_pending()
+    assert flow._hashed >= THREAD_HASH_BYTES  # some bytes went through the worker thread
+    flow.on_ack(2_000_000, epoch=1)  # receiver holds more: frontier jumps, inline hashing
+    assert flow.next_offset == 2_000_000
+    last = None
+    while (item := flow.take(100_000)) is not None:
+        last = item
+        await flow.hash_pending()
+    assert last[0] + len(last[1]) == size
+    assert last[2] == flow.digest == synthetic_digest("c1", "f1", size)
+
+
+async def test_inflow_receive_from_concurrent_tasks_hashes_in_delivery_order(tmp_path):
+    """Chunks of 64 KiB from four tasks in a shuffled order, some duplicated: receive() hashes
+    and writes the in-order bytes (in worker threads for >= THREAD_HASH_BYTES) in order."""
+    size = 4 * MAX_CHUNK_BYTES + 3
+    data = os.urandom(size)
+    sink = tmp_path / "out"
+    flow = InFlow(spec(size, sink=f"file:{sink}"), memory_limit=1 << 20, spill_dir=str(tmp_path))
+    digest = hashlib.blake2b(data).hexdigest()
+    step = 64 * 1024
+    chunks = [(o, data[o : o + step]) for o in range(0, size, step)]
+    rng = random.Random(7)
+    rng.shuffle(chunks)
+    chunks += chunks[:5]  # duplicates
+    async with trio.open_nursery() as nursery:
+        for k in range(4):
+            mine = chunks[k::4]
+
+            async def feed(mine=mine):
+                for offset, piece in mine:
+                    end = offset + len(piece)
+                    await flow.receive(offset, piece, digest if end == size else None)
+                    await trio.sleep(0)
+
+            nursery.start_soon(feed)
+    assert flow.complete and flow.check_digest() and flow.digest == digest
+    assert sink.read_bytes() == data
