@@ -100,7 +100,6 @@ class OutFlow:
         # New bytes handed out by take() but not hashed yet, in offset order; hashed by
         # hash_pending() in a worker thread, or inline by _flush_hash() when the digest is due.
         self._unhashed: deque = deque()
-        self._unhashed_bytes = 0
         self._hashed = 0
         self._hash_lock = threading.Lock()  # one hasher of _unhashed at a time, in order
         self._hashing = False
@@ -129,7 +128,6 @@ class OutFlow:
         """Hand out new bytes: move the frontier; the bytes are queued for hashing."""
         self.next_offset += len(data)
         self._unhashed.append(data)
-        self._unhashed_bytes += len(data)
 
     def _flush_hash(self) -> None:
         """Hash every queued byte now (worker thread or this one); sets digest at the end."""
@@ -137,7 +135,6 @@ class OutFlow:
             while self._unhashed:
                 data = self._unhashed.popleft()
                 self.hasher.update(data)
-                self._unhashed_bytes -= len(data)
                 self._hashed += len(data)
             if self._hashed >= self.spec.size and self.digest is None:
                 self.digest = self.hasher.hexdigest()
@@ -145,7 +142,9 @@ class OutFlow:
     async def hash_pending(self) -> None:
         """Hash queued bytes in a worker thread once there are THREAD_HASH_BYTES of them
         (hashlib releases the GIL: hashing overlaps the other paths' sends)."""
-        if self._hashing or self._unhashed_bytes < THREAD_HASH_BYTES:
+        # next_offset - _hashed: next_offset is written by this thread only, _hashed under the
+        # lock (a shared += / -= counter could lose updates between threads)
+        if self._hashing or self.next_offset - self._hashed < THREAD_HASH_BYTES:
             return
         self._hashing = True
         try:
