@@ -95,7 +95,8 @@ def schedule_round(
         coflows: {coflow id: {(src DC, dst DC): remaining bytes}} of the active
             coflows, in arrival order (the tie-break of the Γ order). Coflows
             with no positive volume are ignored.
-        paths: {(src, dst): [path, ...]}: candidate paths per DC pair, over links that are up.
+        paths: {(src, dst): [path, ...]}: candidate paths per DC pair, over links
+            that are up (every link of a path must be a key of `capacity`).
         capacity: {(u, v): bytes/s} available now (down links 0 or absent).
         now: current time in seconds (for deadlines).
         deadlines: {coflow id: absolute deadline in seconds} of the admitted
@@ -332,7 +333,6 @@ def _alpha_share(active, preempted, paths, reserve, capacity, rates, result) -> 
     weights = {pair: float(len(cids)) for pair, cids in members.items()}
     pair_rates = _fair_share(weights, paths, reserve, capacity, result)
     for pair, lst in pair_rates.items():
-        _consume(reserve, lst)
         share = 1.0 / len(members[pair])
         for cid in members[pair]:
             _assign(rates.setdefault(cid, {}), pair, lst, share)
@@ -344,19 +344,31 @@ def _work_conservation(first_of_pair, paths, spare, capacity, rates, result) -> 
     weights = dict.fromkeys(first_of_pair, 1.0)
     pair_rates = _fair_share(weights, paths, spare, capacity, result)
     for pair, lst in pair_rates.items():
-        _take(rates, first_of_pair[pair], {pair: lst}, spare, 1.0)
+        _assign(rates.setdefault(first_of_pair[pair], {}), pair, lst, 1.0)
 
 
 def _fair_share(weights, paths, avail, capacity, result: RoundResult) -> PairRates:
-    """Weighted max-min rates of DC pairs over their paths on `avail` capacity.
+    """Weighted max-min rates of DC pairs over their paths on `avail` capacity,
+    which shrinks by them (in place).
 
-    Up to MCF_MAX_COLUMNS usable (pair, path) columns: the max-min fair MCF
+    Up to MCF_MAX_COLUMNS (pair, path) columns: the max-min fair MCF
     (mcf.py, SWAN-style; a pair may shift its rate between paths). Beyond:
     progressive filling on fixed paths, one subflow per (pair, path) weighted
     like its pair (maxmin.maxmin_levels), because the MCF's LPs cost ~0.2 s per
     round on ATT's 600 DC pairs (measured) while water-filling costs ~5 ms.
     Both leave no path with spare capacity on every link unused.
     """
+    if sum(len(paths[pair]) for pair in weights) > MCF_MAX_COLUMNS:
+        # Water-filling: paths through a full link simply get level 0.
+        columns = [(pair, p) for pair in weights for p in paths[pair]]
+        levels, used = _waterfill([(p, weights[pair]) for pair, p in columns], avail)
+        for link, x in zip(avail, used.tolist(), strict=True):
+            avail[link] = max(0.0, avail[link] - x)
+        out: PairRates = {}
+        for (pair, p), level in zip(columns, levels.tolist(), strict=True):
+            if level > 0:
+                out.setdefault(pair, []).append((p, level * weights[pair]))
+        return out
     usable = {
         pair: [
             p
@@ -365,26 +377,26 @@ def _fair_share(weights, paths, avail, capacity, result: RoundResult) -> PairRat
         ]
         for pair in weights
     }
-    usable = {pair: ps for pair, ps in usable.items() if ps}
-    if not usable:
+    demands = {pair: (ps, None) for pair, ps in usable.items() if ps}
+    if not demands:
         return {}
-    if sum(len(ps) for ps in usable.values()) <= MCF_MAX_COLUMNS:
-        stats = {"lps": 0}
-        demands = {pair: (ps, None) for pair, ps in usable.items()}
-        out = maxmin_mcf(demands, _positive(avail), weights=weights, stats=stats)
-        result.lps += stats["lps"]
-        return {pair: lst for pair, lst in out.items() if lst}
-    columns = [(pair, p) for pair, ps in usable.items() for p in ps]
-    levels = _waterfill([(p, weights[pair]) for pair, p in columns], avail)
-    out: PairRates = {}
-    for (pair, p), level in zip(columns, levels, strict=True):
-        if level > 0:
-            out.setdefault(pair, []).append((p, float(level) * weights[pair]))
+    stats = {"lps": 0}
+    out = maxmin_mcf(demands, _positive(avail), weights=weights, stats=stats)
+    result.lps += stats["lps"]
+    out = {pair: lst for pair, lst in out.items() if lst}
+    for lst in out.values():
+        _consume(avail, lst)
     return out
 
 
-def _waterfill(entities: list[tuple[Path, float]], capacity: dict[Link, float]) -> np.ndarray:
-    """Max-min levels of single-path entities [(path, weight)] (maxmin.maxmin_levels)."""
+def _waterfill(
+    entities: list[tuple[Path, float]], capacity: dict[Link, float]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Max-min levels of single-path entities [(path, weight)] (maxmin.maxmin_levels).
+
+    Returns:
+        (levels per entity, bytes/s used per link in the order of `capacity`).
+    """
     row = {link: i for i, link in enumerate(capacity)}
     rows, cols, vals = [], [], []
     for j, (path, weight) in enumerate(entities):
@@ -395,7 +407,8 @@ def _waterfill(entities: list[tuple[Path, float]], capacity: dict[Link, float]) 
     incidence = np.zeros((len(row), len(entities)))
     np.add.at(incidence, (rows, cols), vals)
     cap = np.fromiter((max(c, 0.0) for c in capacity.values()), float, len(row))
-    return maxmin_levels(incidence, cap)
+    levels = maxmin_levels(incidence, cap)
+    return levels, incidence @ levels
 
 
 def _positive(capacity: dict[Link, float]) -> dict[Link, float]:
