@@ -13,11 +13,24 @@ and a root-namespace interface (`MGMT_ROOT_IP`) on a standalone L2 switch, so
 agents in the hosts reach a controller running in the root namespace.
 
 Needs root, Open vSwitch running (ovs-ctl start) and Debian's mininet (mnexec).
+
+OVS send buffer (`ensure_ovs_send_buffer`, called by build_wan): the userspace
+datapath sends every packet of every port through ONE AF_PACKET socket of
+ovs-vswitchd, created with the default send buffer (net.core.wmem_default,
+208 KiB). Packets waiting in the WAN ports' HTB queues count against it, so a
+few queued links made every send fail with EAGAIN ("error sending Ethernet
+packet ...: Resource temporarily unavailable" in ovs-vswitchd.log, thousands per
+10 s): drops on all ports, host ports too, invisible in `tc -s qdisc`. TCP
+connections then sat seconds in RTO backoff (agents' tunnels died with
+ETIMEDOUT after the LA-NY failure). build_wan raises wmem_default and restarts
+an idle ovs-vswitchd whose socket is smaller.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
+import re
 import subprocess
 from dataclasses import dataclass, field
 
@@ -33,6 +46,57 @@ MGMT_ROOT_IP = "10.254.255.254"
 MGMT_SWITCH_DPID = "f000000000000001"
 WAN_MTU = 1600
 OFFLOADS_OFF = "tx off rx off tso off gso off gro off"
+# ovs-vswitchd's shared send socket must hold every WAN queue's backlog: 14 links x 1000
+# packets x ~2.3 KB (truesize of a 1518-byte frame) = 32 MB.
+OVS_SEND_BUFFER_BYTES = 32 << 20
+OVS_CTL = "/usr/share/openvswitch/scripts/ovs-ctl"
+
+log = logging.getLogger(__name__)
+
+
+def ovs_send_buffer(ss_output: str) -> int | None:
+    """Send buffer (bytes) of ovs-vswitchd's unbound AF_PACKET socket in `ss -0 -m -p` output.
+
+    That socket ("[0]:*", not bound to a port) sends the packets of every port. Returns None
+    when ss lists no such socket (ovs-vswitchd not running, or no packet sent yet).
+    """
+    for line in ss_output.splitlines():
+        if "ovs-vswitchd" in line and "[0]:*" in line:
+            found = re.search(r"\btb(\d+)", line)
+            if found:
+                return int(found.group(1))
+    return None
+
+
+def ensure_ovs_send_buffer(min_bytes: int = OVS_SEND_BUFFER_BYTES) -> None:
+    """Make new sockets get >= `min_bytes` send buffer; restart ovs-vswitchd if its is smaller.
+
+    Sets net.core.wmem_default (root namespace) when lower. ovs-vswitchd keeps the socket it
+    created at start-up, so when ss shows a smaller one and no bridge exists, OVS is restarted
+    (ovs-ctl restart); with bridges present it only logs a warning. Errors are logged, not
+    raised: the testbed still runs, with the drops described in the module docstring.
+    """
+    try:
+        with open("/proc/sys/net/core/wmem_default") as f:
+            if int(f.read()) < min_bytes:
+                with open("/proc/sys/net/core/wmem_default", "w") as out:
+                    out.write(str(min_bytes))
+        ss = subprocess.run(["ss", "-0", "-m", "-p"], capture_output=True, text=True, timeout=10)
+        have = ovs_send_buffer(ss.stdout)
+        if have is None or have >= min_bytes:
+            return
+        bridges = subprocess.run(
+            ["ovs-vsctl", "--timeout=10", "list-br"], capture_output=True, text=True, timeout=15
+        ).stdout.split()
+        if bridges:
+            log.warning("ovs-vswitchd send buffer %d < %d bytes; bridges %s exist, not restarting",
+                        have, min_bytes, bridges)  # fmt: skip
+            return
+        log.warning("ovs-vswitchd send buffer %d < %d bytes: restarting OVS", have, min_bytes)
+        subprocess.run([OVS_CTL, "restart", "--system-id=random"], capture_output=True,
+                       timeout=60, check=False)  # fmt: skip
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        log.warning("cannot check ovs-vswitchd's send buffer: %s", exc)
 
 
 class StandaloneOVS(OVSSwitch):
@@ -108,6 +172,7 @@ def build_wan(
     for _, host in binding.all_hosts():
         if mgmt and ipaddress.IPv4Address(host.ip) in MGMT_NET:
             raise TopologyError(f"host {host.name}: {host.ip} is in the mgmt subnet {MGMT_NET}")
+    ensure_ovs_send_buffer()
     net = Mininet(
         switch=OVSSwitch,
         controller=None,
