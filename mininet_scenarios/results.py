@@ -115,10 +115,14 @@ def table(result: dict) -> str:
 
 
 def write_json(result: dict, path: Path, extra: dict | None = None) -> None:
-    """Write the summary (plus `extra` under "details" when given) as JSON to `path`."""
+    """Write the summary (plus `extra` under "details" when given) as JSON to `path`.
+
+    Missing parent directories are created.
+    """
     doc = dict(result)
     if extra:
         doc["details"] = extra
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1, default=_plain) + "\n")
 
 
