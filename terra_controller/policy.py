@@ -90,7 +90,5 @@ def split_by_remaining(
     total = sum(flows.values())
     if total <= 0:
         return {}
-    return {
-        fid: [(path, rate * left / total) for path, rate in path_rates if rate > 0]
-        for fid, left in flows.items()
-    }
+    shares = [(path, rate / total) for path, rate in path_rates if rate > 0]
+    return {fid: [(path, share * left) for path, share in shares] for fid, left in flows.items()}
