@@ -12,6 +12,12 @@ acknowledge delivered offsets; progress (bytes acknowledged per flow) goes to th
 `progress_interval` seconds and at once when a flow is fully acknowledged; receivers send
 "complete" when a flow's bytes are all in and its digest matches.
 
+Chunks that arrive before the receiver has the flow's descriptor (the sender got its copy first)
+are held unacknowledged in a bounded PendingChunks store (terra_agent/pending.py) and fed to the
+flow when the descriptor arrives; past the store's byte bound or timeout the connections that
+carried them are closed so the sender resends. Chunks of a flow the receiver refused (its sink
+cannot be opened) close their connection with an error naming the refusal.
+
 Restart: a restarted agent knows nothing; it registers again and the controller re-sends tunnels,
 flow descriptors with the acknowledged offsets, and rates. A restarted sender resumes at that
 offset; a restarted receiver resumes at what its file sink holds (digest sinks restart at 0) and
@@ -50,6 +56,7 @@ from overlay.protocol import (
 )
 from overlay.reorder import MemoryBudget
 
+from .pending import PENDING_LIMIT_BYTES, PENDING_TIMEOUT_S, HeldChunk, PendingChunks
 from .receiver import InFlow
 from .sender import (
     BACKOFF_MAX_S,
@@ -77,7 +84,9 @@ class AgentConfig:
     more ports on the same host); spill_dir: directory for reorder spill files; memory_limit:
     bytes of out-of-order data held in memory by all flows together (a MemoryBudget shared by
     their reorder buffers) before spilling; token: optional shared
-    secret sent in "register"; progress_interval / heartbeat_interval: seconds.
+    secret sent in "register"; progress_interval / heartbeat_interval: seconds; pending_limit:
+    bytes of chunks held for flows whose descriptor has not arrived yet (all flows together);
+    pending_timeout: seconds such chunks are held (from the flow's first held chunk).
     """
 
     controller: tuple[str, int]
@@ -89,6 +98,8 @@ class AgentConfig:
     token: str | None = None
     progress_interval: float = 0.5
     heartbeat_interval: float = 2.0
+    pending_limit: int = PENDING_LIMIT_BYTES
+    pending_timeout: float = PENDING_TIMEOUT_S
 
 
 class Agent:
@@ -97,7 +108,10 @@ class Agent:
     Inspection (tests, benchmarks): out_flows {(coflow, flow): OutFlow}, in_flows {(coflow, flow):
     InFlow}, groups {(coflow, dst_dc): FlowGroupSender}, links {(peer_agent, tunnel): PeerLink},
     registered (trio.Event, set on each registration), epoch (receiver incarnation, ns),
-    reorder_budget (MemoryBudget: out-of-order bytes in memory now / peak, all flows).
+    reorder_budget (MemoryBudget: out-of-order bytes in memory now / peak, all flows),
+    pending (PendingChunks: chunks held for flows without a descriptor yet), refused
+    {(coflow, flow): reason} (flows whose receiving end could not start), closed_connections
+    (incoming data connections this agent closed because of an error).
     """
 
     def __init__(self, config: AgentConfig) -> None:
@@ -112,6 +126,9 @@ class Agent:
         self.registered = trio.Event()
         self.closed_connections = 0
         self.reorder_budget = MemoryBudget(config.memory_limit)
+        self.pending = PendingChunks(config.pending_limit)
+        self.refused: dict[tuple[str, str], str] = {}
+        self._pending_timers: set[tuple[str, str]] = set()
         self._outbox: deque[dict] = deque()
         self._outbox_event = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -350,12 +367,7 @@ class Agent:
             raise ProtocolError(f"flow {spec.coflow}/{spec.flow} names neither end as {me!r}")
         try:
             if spec.dst_agent == me and spec.key not in self.in_flows:
-                inflow = InFlow(
-                    spec, self.config.memory_limit, self.config.spill_dir, self.reorder_budget
-                )
-                self.in_flows[spec.key] = inflow
-                if inflow.check_digest():  # a restarted receiver that already had every byte
-                    self._report_complete(inflow)
+                self._add_inflow(spec)
             if spec.src_agent == me and spec.key not in self.out_flows:
                 source = open_source(spec.source, flow_key(spec.coflow, spec.flow), spec.size)
                 flow = OutFlow(spec, source)
@@ -364,6 +376,36 @@ class Agent:
         except (SourceError, OSError, ValueError) as exc:  # ValueError: e.g. NUL in a path
             log.error("flow %s/%s cannot start: %s", spec.coflow, spec.flow, exc)
             self.send_control(error_message(str(exc), coflow=spec.coflow, flow=spec.flow))
+
+    def _add_inflow(self, spec: FlowSpec) -> None:
+        """Start receiving flow `spec` and feed it the chunks held for it; a flow whose sink
+        cannot be opened is recorded in `refused` (SourceError / OSError / ValueError re-raised)."""
+        try:
+            inflow = InFlow(
+                spec, self.config.memory_limit, self.config.spill_dir, self.reorder_budget
+            )
+        except (SourceError, OSError, ValueError) as exc:
+            self.refused[spec.key] = str(exc)
+            held = self.pending.drop(spec.key)
+            if held:
+                self._close_streams(
+                    held, f"flow {spec.coflow}/{spec.flow} refused ({exc}): its held chunks"
+                )
+            raise
+        self.refused.pop(spec.key, None)
+        self.in_flows[spec.key] = inflow
+        if inflow.check_digest():  # a restarted receiver that already had every byte
+            self._report_complete(inflow)
+        held = self.pending.pop(spec.key)
+        if held:
+            log.info(
+                "flow %s/%s: descriptor arrived; feeding %d held chunks (%d bytes)",
+                spec.coflow,
+                spec.flow,
+                len(held),
+                sum(len(c.payload) for c in held),
+            )
+            self._spawn(self._feed_held, inflow, held)
 
     def _on_ack(self, coflow: str, flow_id: str, offset: int, epoch: int) -> None:
         flow = self.out_flows.get((coflow, flow_id))
@@ -458,7 +500,7 @@ class Agent:
                     frame = await reader.read()
                     if frame is None:
                         return
-                    await self._receive_chunk(frame[0], frame[1], writer, hello["agent"])
+                    await self._receive_chunk(frame[0], frame[1], writer, hello["agent"], stream)
         except (FrameError, ProtocolError) as exc:
             self.closed_connections += 1
             log.error("incoming connection from %s: %s; closing it", peer, exc)
@@ -470,21 +512,42 @@ class Agent:
         finally:
             if key is not None:
                 self.incoming.get(key, set()).discard(stream)
+            self.pending.drop_stream(stream)  # the sender requeues what it sent on it
 
-    async def _receive_chunk(self, header: dict, payload, writer: FrameWriter, peer: str) -> None:
+    async def _receive_chunk(
+        self, header: dict, payload, writer: FrameWriter, peer: str, stream: trio.SocketStream
+    ) -> None:
         validate_data(header)
         if header["t"] != "chunk":
             raise ProtocolError(f"unexpected {header['t']!r} frame on a receiving connection")
         key = (header["c"], header["f"])
         flow = self.in_flows.get(key)
         if flow is None:
-            raise ProtocolError(f"chunk for unknown flow {key[0]}/{key[1]}")
+            reason = self.refused.get(key)
+            if reason is not None:
+                raise ProtocolError(
+                    f"chunk for flow {key[0]}/{key[1]}, which this agent refused: {reason}"
+                )
+            chunk = HeldChunk(header["o"], payload, header.get("d"), stream, writer, peer)
+            self._hold(key, chunk)
+            return
+        await self._deliver(flow, header["o"], payload, header.get("d"), writer, peer)
+
+    async def _deliver(
+        self, flow: InFlow, offset: int, payload, digest, writer: FrameWriter, peer: str
+    ) -> None:
+        """Give one chunk to its flow, report completion / failure once, ack on `writer`.
+
+        Raises ProtocolError (wrong sender, chunk past the flow's end, changed digest) and the
+        writer's connection errors.
+        """
+        key = flow.spec.key
         if peer != flow.spec.src_agent:
             raise ProtocolError(
                 f"chunk for flow {key[0]}/{key[1]} from agent {peer!r}, "
                 f"its sender is {flow.spec.src_agent!r}"
             )
-        await flow.receive(header["o"], payload, header.get("d"))
+        await flow.receive(offset, payload, digest)
         if not flow.reported and (flow.check_digest() or flow.failed is not None):
             if flow.done:  # reported once, whichever chunk's task got here first
                 self._report_complete(flow)
@@ -493,6 +556,69 @@ class Agent:
                 self.send_control(error_message(flow.failed, coflow=key[0], flow=key[1]))
         ack = {"t": "ack", "c": key[0], "f": key[1], "o": flow.delivered, "e": self.epoch}
         await writer.send(ack)
+
+    # ------------------------------------------------------------ chunks ahead of descriptors
+
+    def _hold(self, key: tuple[str, str], chunk: HeldChunk) -> None:
+        """Hold a chunk of a flow without a descriptor (unacknowledged); ProtocolError (its
+        connection closes, the sender resends) when the pending store is full."""
+        first = self.pending.add(key, chunk)
+        if first is None:
+            self.pending.drop_stream(chunk.stream)
+            raise ProtocolError(
+                f"chunk for unknown flow {key[0]}/{key[1]}: {self.pending.held_bytes} bytes "
+                f"already held for flows without a descriptor (limit "
+                f"{self.pending.limit_bytes}); closing so the sender resends"
+            )
+        if first:
+            log.info("chunk for flow %s/%s before its descriptor: holding it", *key)
+        if key not in self._pending_timers:
+            self._pending_timers.add(key)
+            self._spawn(self._expire_held, key)
+
+    async def _expire_held(self, key: tuple[str, str]) -> None:
+        """After pending_timeout, drop what is still held for `key` and close its connections."""
+        try:
+            await trio.sleep(self.config.pending_timeout)
+        finally:
+            self._pending_timers.discard(key)
+        held = self.pending.drop(key)
+        if held:
+            self._close_streams(
+                held,
+                f"chunks for unknown flow {key[0]}/{key[1]}: no descriptor within "
+                f"{self.config.pending_timeout:g} s of the first",
+            )
+
+    def _close_streams(self, held: list[HeldChunk], why: str) -> None:
+        """Close the connections that carried `held` (dropped) chunks so the sender resends."""
+        streams = {id(c.stream): c.stream for c in held}
+        for stream in streams.values():
+            self.pending.drop_stream(stream)
+            self.closed_connections += 1
+            stream.socket.close()
+        log.error(
+            "%s: dropped %d held bytes, closed %d connection(s) so the sender resends",
+            why,
+            sum(len(c.payload) for c in held),
+            len(streams),
+        )
+
+    async def _feed_held(self, flow: InFlow, held: list[HeldChunk]) -> None:
+        """Deliver chunks held before `flow`'s descriptor arrived, in arrival order."""
+        closed: set[int] = set()
+        for chunk in held:
+            if id(chunk.stream) in closed:
+                continue
+            try:
+                await self._deliver(
+                    flow, chunk.offset, chunk.payload, chunk.digest, chunk.writer, chunk.peer
+                )
+            except ProtocolError as exc:
+                closed.add(id(chunk.stream))
+                self._close_streams([chunk], f"held chunk from {chunk.peer}: {exc}")
+            except CONNECTION_ERRORS:
+                closed.add(id(chunk.stream))  # connection gone: the sender requeued its chunks
 
 
 def parse_memory(value: str) -> int:

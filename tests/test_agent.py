@@ -298,6 +298,7 @@ async def test_bad_input_closes_only_that_connection(tmp_path, caplog):
         f = h.flow("c1", "f1", "a", "b", size)
         await start(h, [f], 3 * MB)  # ~1 s; runs while the garbage arrives
         b = h.agents["b"]
+        b.agent.config.pending_timeout = 0.5  # chunks of the unknown flow are held this long
         for name, (data, reason) in BAD_INPUTS.items():
             before = b.agent.closed_connections
             caplog.clear()
@@ -544,3 +545,86 @@ async def test_unusable_flow_paths_from_controller_do_not_take_the_agent_down(tm
         reported = {(e["agent"], e.get("flow")) for e in h.controller.errors}
         assert {("b", "bad-sink"), ("a", "bad-source")} <= reported
         assert h.controller.registrations == {"a": 1, "b": 1}  # no session was lost
+
+
+async def send_sender_first(h, flows, rate, until):
+    """Descriptors and rates to the sender a only; wait until `until()`, then the descriptors
+    to the receiver b (a controller whose message to the receiver is late)."""
+    for f in flows:
+        h.controller.flows[f.key] = f
+    await h.controller.send("a", flows_message(flows))
+    paths = {t.tunnel: rate for t in h.tunnels}
+    await h.controller.set_rates("a", [GroupRates(flows[0].coflow, "LA", paths)])
+    with trio.fail_after(TIMEOUT):
+        while not until():
+            await trio.sleep(0.01)
+    await h.controller.send("b", flows_message(flows))
+
+
+async def test_chunks_before_the_receivers_descriptor_are_held_and_delivered(tmp_path):
+    """The receiver gets the flows' descriptors 0.5 s after the sender started sending: it holds
+    the chunks (unacknowledged), then delivers them; no data connection is closed, no byte is
+    sent twice."""
+    size = 3 * MB
+    async with loopback(tmp_path) as h:
+        a, b = h.agents["a"].agent, h.agents["b"].agent
+        flows = [h.flow("c1", f"f{i}", "a", "b", size) for i in range(2)]
+        start_time = trio.current_time()
+        # 4 tunnels x 0.5 MB/s: ~1 MB held after 0.5 s, under the 4 MiB default bound
+        await send_sender_first(
+            h,
+            flows,
+            0.5 * MB,
+            lambda: b.pending.held_bytes > 0 and trio.current_time() - start_time >= 0.5,
+        )
+        await wait_complete(h, flows)
+        assert b.pending.peak_bytes > 0  # chunks really arrived ahead of the descriptor
+        assert b.pending.held_bytes == 0 and b.pending.dropped_bytes == 0
+        assert b.closed_connections == 0
+        assert all(link.connects == 1 for link in a.links.values())
+        assert sum(a.groups[("c1", "LA")].sent_bytes.values()) == 2 * size  # nothing resent
+    for f in flows:
+        assert h.controller.completed[f.key] == synthetic_digest("c1", f.flow, size)
+
+
+async def test_held_chunks_past_the_bound_close_their_connection_and_are_resent(tmp_path):
+    """A 20 000-byte pending bound (chunks at 0.5 MB/s per path are 5 000 bytes): the fifth
+    held chunk overflows it, its connection closes, the sender resends; the flow completes."""
+    size = 2 * MB
+    async with loopback(tmp_path, k=2) as h:
+        b = h.agents["b"].agent
+        b.pending.limit_bytes = 20_000
+        f = h.flow("c1", "f1", "a", "b", size)
+        await send_sender_first(h, [f], 0.5 * MB, lambda: b.closed_connections > 0)
+        await wait_complete(h, [f])
+        assert b.pending.dropped_bytes > 0 and b.pending.held_bytes == 0
+    assert h.controller.completed[f.key] == synthetic_digest("c1", "f1", size)
+
+
+async def test_held_chunks_past_the_timeout_close_their_connection_and_are_resent(tmp_path):
+    size = 2 * MB
+    async with loopback(tmp_path, k=2) as h:
+        b = h.agents["b"].agent
+        b.config.pending_timeout = 0.2
+        f = h.flow("c1", "f1", "a", "b", size)
+        await send_sender_first(h, [f], 0.5 * MB, lambda: b.closed_connections > 0)
+        await wait_complete(h, [f])
+        assert b.pending.dropped_bytes > 0 and b.pending.held_bytes == 0
+    assert h.controller.completed[f.key] == synthetic_digest("c1", "f1", size)
+
+
+async def test_chunks_of_a_flow_the_receiver_refused_get_a_clear_error(tmp_path, caplog):
+    """The sink cannot be opened (NUL in its path): the receiver reports the flow and closes a
+    connection that carries its chunks with an error naming the refusal (they are not held)."""
+    async with loopback(tmp_path, k=1) as h:
+        b = h.agents["b"].agent
+        bad = h.flow("c1", "bad", "a", "b", 100_000, sink=f"file:{tmp_path}/x\0y")
+        await h.controller.send("b", flows_message([bad]))
+        await start(h, [bad], 1 * MB)
+        with trio.fail_after(TIMEOUT):
+            while b.closed_connections == 0:
+                await trio.sleep(0.01)
+        assert bad.key in b.refused and b.pending.peak_bytes == 0
+        assert ("b", "bad") in {(e["agent"], e.get("flow")) for e in h.controller.errors}
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any("c1/bad, which this agent refused" in e for e in errors), errors

@@ -11,6 +11,7 @@ import trio
 from overlay.protocol import FlowSpec, ProtocolError
 from terra_agent.agent import parse_memory
 from terra_agent.cli import build_parser, main
+from terra_agent.pending import HeldChunk, PendingChunks
 from terra_agent.receiver import InFlow
 from terra_agent.sender import (
     MIN_CHUNK_BYTES,
@@ -288,3 +289,23 @@ async def test_inflow_receive_from_concurrent_tasks_hashes_in_delivery_order(tmp
             nursery.start_soon(feed)
     assert flow.complete and flow.check_digest() and flow.digest == digest
     assert sink.read_bytes() == data
+
+
+def held(n, stream):
+    return HeldChunk(0, b"x" * n, None, stream, None, "a")
+
+
+def test_pending_chunks_bound_pop_and_drop_stream():
+    s1, s2 = object(), object()  # connection identities only
+    store = PendingChunks(limit_bytes=100)
+    assert store.add(("c", "f"), held(60, s1)) is True  # first chunk of the flow
+    assert store.add(("c", "f"), held(30, s2)) is False  # 90 held
+    assert store.add(("c", "g"), held(11, s1)) is None  # 90 + 11 > 100: refused, not held
+    assert store.add(("c", "g"), held(10, s1)) is True  # exactly 100
+    assert store.held_bytes == store.peak_bytes == 100
+    assert store.drop_stream(s1) == 70  # 60 of f, 10 of g
+    assert list(store.held) == [("c", "f")] and store.held_bytes == 30
+    assert [len(c.payload) for c in store.pop(("c", "f"))] == [30]
+    assert store.held_bytes == 0 and store.dropped_bytes == 70 and store.pop(("c", "x")) == []
+    with pytest.raises(ValueError):
+        PendingChunks(-1)
