@@ -152,8 +152,15 @@ def details(raw: dict, workload: dict) -> dict:
         rep["foi_wan_utilization"] = _ratio(terra.wan_utilization, tcp.wan_utilization)
         rep["terra"]["reaction_s"] = terra.reaction_s
         rep["terra"]["controller_event_to_applied_ms"] = terra.controller_reaction_ms
+        rep["terra"]["rounds"] = terra.rounds
+        rep["terra"]["round_ms_median"] = _median(terra.round_ms)
+        rep["terra"]["round_ms_max"] = max(terra.round_ms, default=None)
         out["repeats"].append(rep)
     return out
+
+
+def _median(values: list) -> float | None:
+    return float(np.median(values)) if values else None
 
 
 def windowed_rate(series, window_s: float = 1.0, step_s: float = 0.25):

@@ -85,6 +85,8 @@ class RunResult:
         throughput: coflow trace id -> [(t seconds after start, bytes delivered so far)].
         failure_down_s / failure_up_s: when the link went down / up (s after start), or None.
         reaction_s: link-down command to new rates acknowledged by all agents, or None.
+        rounds / round_ms: Terra only: scheduling rounds the controller ran during the run
+            and the wall ms of each (up to the last 100; REST /status), else None / [].
     """
 
     cct_s: dict = field(default_factory=dict)
@@ -99,6 +101,8 @@ class RunResult:
     failure_up_s: float | None = None
     reaction_s: float | None = None
     controller_reaction_ms: float | None = None
+    rounds: int | None = None
+    round_ms: list = field(default_factory=list)
 
     @property
     def busy_s(self) -> float:
@@ -379,6 +383,7 @@ def run_terra(
     client = TerraClient(*ctl.api, timeout=30)
     ids: dict[int, TestbedCoflow] = {}
     tx0 = wan_tx_bytes(wan.switches, wan.binding, wan.topology)
+    rounds0 = ctl.get("/status")["rounds"]
     t0 = time.monotonic()
     fail = _start_failure(wan, failure, t0, ctl, result)
     pending = list(coflows)
@@ -402,9 +407,13 @@ def run_terra(
                     last_end = time.monotonic()
             if not pending and now - t0 > coflows[-1].arrival_s + timeout:
                 raise TestbedError(f"Terra run: coflows not done after {timeout} s")
-            time.sleep(POLL_S)
+            _sleep_until_poll_or_arrival(now, t0, pending)
         result.duration_s = last_end - t0
         result.wan_bytes_sent = wan_tx_bytes(wan.switches, wan.binding, wan.topology) - tx0
+        status = ctl.get("/status")
+        result.rounds = status["rounds"] - rounds0
+        recent = status["recent_round_ms"]
+        result.round_ms = recent[max(0, len(recent) - result.rounds) :]
         for cid in ids:
             status = client.check_status(cid)
             for f in status["flows"]:
@@ -415,6 +424,16 @@ def run_terra(
         client.close()
         flow_mods = _finish_failure(fail)
     return result, flow_mods
+
+
+def _sleep_until_poll_or_arrival(now: float, t0: float, pending: list[TestbedCoflow]) -> None:
+    """Sleep POLL_S, or less when the next coflow arrives sooner (submitted on time, as the
+    per-flow TCP nodes start their flows on time; a 0.25 s poll alone delayed Terra's
+    submissions by up to 0.25 s)."""
+    wake = now + POLL_S
+    if pending:
+        wake = min(wake, t0 + pending[0].arrival_s)
+    time.sleep(max(0.0, wake - time.monotonic()))
 
 
 def run_per_flow_tcp(

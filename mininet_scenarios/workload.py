@@ -16,7 +16,9 @@ per-flow TCP baseline:
    first arrival) by `time_scale` (`scales()`): byte_scale = testbed link rate / 1 Gbps
    (the seed paper's testbed links; 20 Mbit/s -> 1/50) / speedup and time_scale =
    1 / speedup. The testbed's links then carry the load the unscaled slice puts on a
-   1 Gbps SWAN, `speedup` times faster. Every flow is at least MIN_FLOW_BYTES.
+   1 Gbps SWAN, `speedup` times faster. `load` (default 1 here; the CLI's default is 2,
+   see mininet_scenarios.cli for why) multiplies byte_scale: the offered load relative to
+   the links' capacity, with the same arrival times. Every flow is at least MIN_FLOW_BYTES.
 """
 
 from __future__ import annotations
@@ -53,19 +55,21 @@ class TestbedCoflow:
         return sum(f["bytes"] for f in self.flows)
 
 
-def scales(link_mbps: float, speedup: float) -> tuple[float, float]:
+def scales(link_mbps: float, speedup: float, load: float = 1.0) -> tuple[float, float]:
     """(byte_scale, time_scale) for a testbed with `link_mbps` links.
 
-    byte_scale = link_mbps * 1e6 / PAPER_LINK_BPS / speedup and time_scale = 1 / speedup:
-    the slice then loads the testbed's links exactly as the unscaled slice loads the
-    paper's 1 Gbps links, played `speedup` times faster (CCTs shrink by the same factor).
+    byte_scale = load * link_mbps * 1e6 / PAPER_LINK_BPS / speedup and time_scale =
+    1 / speedup: with load 1 the slice loads the testbed's links exactly as the unscaled
+    slice loads the paper's 1 Gbps links, played `speedup` times faster (CCTs shrink by the
+    same factor); `load` multiplies every flow's bytes (offered load x `load`, arrival
+    times unchanged). E.g. 20 Mbit/s, speedup 0.5, load 2: bytes x 0.08, times x 2.
 
     Raises:
-        ValueError: link_mbps or speedup not positive.
+        ValueError: link_mbps, speedup or load not positive.
     """
-    if link_mbps <= 0 or speedup <= 0:
-        raise ValueError("link_mbps and speedup must be positive")
-    return link_mbps * 1e6 / PAPER_LINK_BPS / speedup, 1.0 / speedup
+    if link_mbps <= 0 or speedup <= 0 or load <= 0:
+        raise ValueError("link_mbps, speedup and load must be positive")
+    return load * link_mbps * 1e6 / PAPER_LINK_BPS / speedup, 1.0 / speedup
 
 
 def testbed_coflows(

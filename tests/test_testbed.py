@@ -41,6 +41,10 @@ def test_scales_keep_the_load_of_a_1gbps_wan():
     # 20 Mbit/s links vs the paper's 1 Gbps: bytes x 0.02; twice slower: bytes x 0.04, time x 2.
     assert scales(20, 1.0) == pytest.approx((0.02, 1.0))
     assert scales(20, 0.5) == pytest.approx((0.04, 2.0))
+    # 10 Mbit/s at load 2, half speed: 10e6 / 1e9 * 2 / 0.5 = 0.04 (the CLI default's bytes).
+    assert scales(10, 0.5, 2.0) == pytest.approx((0.04, 2.0))
+    with pytest.raises(ValueError):
+        scales(10, 0.5, 0.0)
     with pytest.raises(ValueError):
         scales(0, 1.0)
 
@@ -105,6 +109,7 @@ def test_cli_rejects_bad_arguments_before_touching_the_machine(tmp_path, capsys)
     assert "not a SWAN link" in capsys.readouterr().err
     assert cli.main([*base, "--workload", str(tmp_path / "missing.json")]) == 2
     assert cli.main([*base, "--link-mbps", "0"]) == 2
+    assert cli.main([*base, "--load", "-1"]) == 2
     assert cli.main([*base, "--hosts-per-dc", "0"]) == 2
     assert cli.main([*base, "--repeats", "0"]) == 2
 
