@@ -55,6 +55,9 @@ CAPACITY_FRACTION = 0.92
 AGENT_DATA_PORT = 19000
 POLL_S = 0.25
 AGENT_SETTLE_S = 1.0
+# Log level of terra-controller and the agents (their logs go to the workdir); INFO adds
+# per-coflow completion (controller) and per-flow completion / tunnel link events (agents).
+LOG_LEVEL = os.environ.get("TERRA_TESTBED_LOG_LEVEL", "WARNING")
 
 
 class TestbedError(RuntimeError):
@@ -241,7 +244,7 @@ class Controller:
                     "--rest",
                     "127.0.0.1:0",
                     "--log-level",
-                    "WARNING",
+                    LOG_LEVEL,
                 ],
                 stdout=subprocess.PIPE,
                 stderr=self.log,
@@ -711,7 +714,7 @@ def _start_agents(wan, binding, ctl, mgmt_ip, workdir, procs) -> list[subprocess
                         "--spill-dir",
                         str(workdir),
                         "--log-level",
-                        "WARNING",
+                        LOG_LEVEL,
                     ],
                     stdout=open(workdir / f"agent_{host.name}.log", "w"),
                     stderr=subprocess.STDOUT,
