@@ -24,7 +24,9 @@ each unless noted; FoI = avg CCT, WAN utilization; details in the commit message
   10 Mbit/s load 1: 1.64 / 1.35 and 1.66 / 1.39; 5 Mbit/s load 1: 1.61 / 1.37.
   10 Mbit/s load 2 (the default): 1.92 / 1.34, 1.79 / 1.34 and, 3 repeats, 2.00 / 1.37
   pooled (Terra faster on every coflow of every repeat); 10 load 3: 1.97 / 1.27;
-  5 load 2: 2.19 / 1.35. The WAN utilization FoI stays at 1.3-1.4 in every setting.
+  5 load 2: 2.19 / 1.35. The WAN utilization FoI stays at 1.2-1.4 in every setting.
+  Later, with the machine at load average 2.7: 20 Mbit/s load 1: 1.64 / 1.41; 20 load 2:
+  1.79 / 1.31; so 20 Mbit/s works on a quiet machine, 10 Mbit/s also on a busy one.
 - Terra pays no fixed per-coflow start-up cost worth mentioning: 4 x 100 KB one-hop flows
   on an idle 10 Mbit/s WAN take 0.064-0.091 s under Terra (controller log: agents' last
   completion to coflow done 1-4 ms; scheduling rounds 1-6 ms median, 34 ms max) vs
