@@ -22,6 +22,7 @@ from pathlib import Path
 
 from overlay import protocol
 from terra_agent.harness import free_port_block
+from terra_agent.harness import stop_processes as stop_all  # noqa: F401 (re-export)
 from terra_controller.agent_channel import read_control, send_parts
 
 
@@ -112,18 +113,6 @@ def start_agents(ctl: ControllerProcess, agents: list[tuple[str, str, str]], wor
             )  # fmt: skip
         )
     return procs
-
-
-def stop_all(procs: list[subprocess.Popen]) -> None:
-    """Terminate the given processes (kill after 5 s)."""
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 class FakeAgent:

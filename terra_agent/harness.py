@@ -15,6 +15,7 @@ import logging
 import math
 import random
 import socket
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -501,3 +502,15 @@ class LoopbackHarness:
     def flow(self, coflow: str, flow: str, src: str, dst: str, size: int, **kw) -> FlowSpec:
         """A FlowSpec between two harness agents (dst_dc filled in); kw: source, sink, offset."""
         return FlowSpec(coflow, flow, src, dst, self.agents[dst].dc, size, **kw)
+
+
+def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 5.0) -> None:
+    """Terminate the given processes, then kill those still running after `timeout_s` seconds."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from terra_agent.harness import free_port_block
+from terra_agent.harness import free_port_block, stop_processes
 from terra_agent.sources import SyntheticSource, flow_key
 from terra_controller.client import TerraClient
 
@@ -125,15 +125,7 @@ class System:
 
     def stop(self) -> None:
         self.client.close()
-        procs = [self.ctl, *self.agents.values()]
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes([self.ctl, *self.agents.values()])
         self.ctl_log.close()
 
 
@@ -377,14 +369,7 @@ def test_with_switches_link_down_port_status_reschedules_and_loses_nothing(ovs, 
     finally:
         if client is not None:
             client.close()
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(procs)
         try:
             if wan is not None:
                 wan.stop()
