@@ -417,16 +417,17 @@ def _check_flows(m: dict) -> None:
         _int(item, "offset", where, optional=True)
         if item.get("offset", 0) > item["size"]:
             raise ProtocolError(f"{where}: offset {item['offset']} > size {item['size']}")
-        source = item.get("source", "synthetic")
-        if not isinstance(source, str) or not (
-            source == "synthetic" or (source.startswith("file:") and len(source) > 5)
-        ):
-            raise ProtocolError(f"{where}: source must be 'synthetic' or 'file:PATH': {source!r}")
-        sink = item.get("sink", "digest")
-        if not isinstance(sink, str) or not (
-            sink == "digest" or (sink.startswith("file:") and len(sink) > 5)
-        ):
-            raise ProtocolError(f"{where}: sink must be 'digest' or 'file:PATH', got {sink!r}")
+        _endpoint(item, "source", "synthetic", where)
+        _endpoint(item, "sink", "digest", where)
+
+
+def _endpoint(item: dict, key: str, default: str, where: str) -> None:
+    """Check a flow's data source/sink: `default` or ``file:PATH`` (raises ProtocolError)."""
+    value = item.get(key, default)
+    if not isinstance(value, str) or not (
+        value == default or (value.startswith("file:") and len(value) > 5)
+    ):
+        raise ProtocolError(f"{where}: {key} must be '{default}' or 'file:PATH', got {value!r}")
 
 
 def _check_rates(m: dict) -> None:

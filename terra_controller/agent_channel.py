@@ -46,6 +46,7 @@ import msgpack
 
 from overlay import protocol
 from overlay.framing import MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES, VERSION, encode_frame
+from terra_controller.api_server import recv_exact
 from terra_controller.coflow_registry import CoflowState, FlowState, RegistryError
 from terra_controller.controller import Controller, FlowRates
 from terra_controller.terra_policy import TerraPolicy
@@ -202,13 +203,10 @@ def send_parts(sock: socket.socket, header: dict) -> None:
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        part = sock.recv(min(n - len(buf), 1 << 16))
-        if not part:
-            raise ChannelError(f"connection closed inside a frame ({len(buf)} of {n} bytes)")
-        buf += part
-    return bytes(buf)
+    try:
+        return recv_exact(sock, n)
+    except EOFError as exc:
+        raise ChannelError(f"connection closed inside a frame: {exc}") from exc
 
 
 def read_control(sock: socket.socket) -> dict | None:
