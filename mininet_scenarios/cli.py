@@ -52,6 +52,7 @@ import tempfile
 from pathlib import Path
 
 from mininet_scenarios import results
+from mininet_scenarios.sim_twin import simulate_testbed
 from mininet_scenarios.swan import (
     Failure,
     TestbedError,
@@ -187,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="terra-testbed-"))
     try:
         opts, workload = options_from_args(args, workdir)
+        testbed = testbed_topology(workdir, opts.link_mbps, opts.hosts_per_dc)
+        binding = load_binding(load_topology(str(testbed)))
+        simulated = simulate_testbed(opts.coflows, binding, opts.link_mbps, opts.k, opts.failure)
     except (WorkloadError, TopologyError, ValueError) as exc:
         print(f"terra-testbed: {exc}", file=sys.stderr)
         return 2
@@ -219,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(sig, handler)
     result = results.summary(raw)
     extra = results.details(raw, workload)
+    extra["simulated"] = simulated
     print(results.table(result))
+    print(results.simulated_line(extra["simulated"]))
     if len(extra["repeats"]) > 1:
         for key in ("foi_avg_cct", "foi_wan_utilization"):
             values = ", ".join(f"{rep[key]:.2f}" for rep in extra["repeats"])

@@ -114,6 +114,18 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def simulated_line(simulated: dict) -> str:
+    """One line giving the FoIs the flow-level simulator finds for the same workload
+    (mininet_scenarios.sim_twin.simulate_testbed's dict), to compare with the testbed's."""
+    return (
+        f"simulator, same workload (ideal Terra vs ideal per-flow TCP): "
+        f"foi_avg_cct {simulated['foi_avg_cct']:.3f}, "
+        f"foi_wan_utilization {simulated['foi_wan_utilization']:.3f} "
+        f"(utilization {simulated['terra']['wan_utilization']:.3f} vs "
+        f"{simulated['per_flow_tcp']['wan_utilization']:.3f})"
+    )
+
+
 def write_json(result: dict, path: Path, extra: dict | None = None) -> None:
     """Write the summary (plus `extra` under "details" when given) as JSON to `path`.
 
