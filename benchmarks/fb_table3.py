@@ -3,11 +3,34 @@
 Prints our figures next to the paper's Table 3 FB column (DESIGN.md section 9)
 and writes them with ``--json OUT`` as ``{"<topology>": {"<baseline>": foi}}``.
 
-    uv run python benchmarks/fb_table3.py [--link-gbps G] [--limit N] [--topology swan ...]
-        [--json OUT]
+    uv run python benchmarks/fb_table3.py [--topology swan gscale att] [--link-gbps G]
+        [--limit N] [--k K] [--schedulers terra per-flow ...] [--reuse DIR] [--rerun NAME ...]
+        [--json OUT] [--details OUT]
+    uv run python benchmarks/fb_table3.py --combine PART.json ... [--json OUT] [--details OUT]
 
 Every scheduler of a topology runs on the same link capacity (``--link-gbps``,
 default 1 Gbps: see README "Simulation" for why the WAN is the bottleneck there).
+
+Running the schedulers separately (the full trace takes minutes per baseline):
+
+- ``--schedulers NAME ...`` runs only those schedulers (default: terra and the five
+  baselines). The FoI table is printed (and ``--json`` written) for every topology
+  whose results include terra and all five baselines.
+- ``--reuse DIR`` keeps one *part file* per (topology, limit, link Gbps, K, scheduler)
+  in DIR, named ``<topology>_<limit|all>_<G>g_k<K>_<scheduler>.json``: a part file that
+  exists is loaded instead of simulated, a missing one is simulated and written. So a
+  Terra change only needs ``--rerun terra`` (which re-simulates the named schedulers
+  even when their part file exists).
+- ``--combine PART.json ...`` simulates nothing: it reads part files (written by
+  ``--reuse`` or by ``terra-sim --json``, both of which carry a ``meta`` object with
+  the topology, limit, link Gbps and K) and prints/writes the table. Parts of one
+  topology must agree on limit, link Gbps and K.
+
+A part file has the shape of ``terra-sim --json`` (``{"results": {"<scheduler>":
+{"avg_cct_s": x, "avg_slowdown": x, "wall_s": x, "coflows": [...], ...}}, "meta":
+{"topology": ..., "limit": N|null, "link_gbps": G, "k": K, "commit": ...}}``).
+``--details OUT`` writes ``{"<topology>": {"foi": {...}, "avg_cct_s": {...},
+"avg_slowdown": {...}, "wall_s": {...}, "commit": {...}}}``.
 """
 
 from __future__ import annotations
@@ -31,27 +54,96 @@ PAPER_TABLE3 = {
     "att": {"per-flow": 4.50, "varys": 2.79, "swan-mcf": 2.64, "multipath": 2.48, "rapier": 1.90},
 }
 BASELINES = ["per-flow", "varys", "swan-mcf", "multipath", "rapier"]
+SCHEDULERS = ["terra", *BASELINES]
 
 
-def foi_table(topology: str, link_gbps: float, limit: int | None, k: int) -> dict:
-    """Simulate the FB trace on `topology` with Terra and every baseline.
+def part_name(topology: str, limit: int | None, link_gbps: float, k: int, scheduler: str) -> str:
+    """Return the part file name of one scheduler's run, e.g. ``gscale_all_1g_k4_varys.json``."""
+    return f"{topology}_{limit or 'all'}_{link_gbps:g}g_k{k}_{scheduler}.json"
 
-    Returns:
-        {"foi": {baseline: FoI}, "avg_cct_s": {scheduler: seconds},
-         "avg_slowdown": {scheduler: x}, "wall_s": {scheduler: seconds}}.
+
+def run_part(topology: str, scheduler: str, link_gbps: float, limit: int | None, k: int) -> dict:
+    """Simulate the FB trace on `topology` with one scheduler; return its part (see module doc).
+
+    Raises:
+        TopologyError, WorkloadError, ValueError: invalid inputs (from sim_cli.run).
     """
     args = sim_cli.build_parser().parse_args(
-        ["--topology", topology, "--workload", "fb", "--link-gbps", str(link_gbps), "--k", str(k)]
+        ["--topology", topology, "--workload", "fb", "--link-gbps", str(link_gbps)]
+        + ["--k", str(k), "--scheduler", scheduler]
         + (["--limit", str(limit)] if limit else [])
     )
     results = sim_cli.run(args)
-    terra = results["terra"].avg_cct_s
+    return sim_cli.results_json(results, sim_cli.run_meta(args))
+
+
+def load_parts(paths: list[Path]) -> dict[str, dict]:
+    """Read part files into {topology: {"meta": meta, "results": {scheduler: result}}}.
+
+    Raises:
+        ValueError: a file without a meta object, parts of one topology with different
+            limit / link Gbps / K, or one scheduler given twice for a topology.
+        OSError, json.JSONDecodeError: unreadable file.
+    """
+    by_topo: dict[str, dict] = {}
+    for path in paths:
+        part = json.loads(Path(path).read_text())
+        meta = part.get("meta")
+        if not isinstance(meta, dict) or "topology" not in meta:
+            raise ValueError(f"{path}: no meta object naming the topology (not a part file)")
+        key = {k: meta.get(k) for k in ("limit", "link_gbps", "k")}
+        entry = by_topo.setdefault(meta["topology"], {"meta": key, "results": {}, "commit": {}})
+        if entry["meta"] != key:
+            raise ValueError(f"{path}: run settings {key} differ from {entry['meta']}")
+        for name, result in part["results"].items():
+            if name in entry["results"]:
+                raise ValueError(f"{path}: scheduler {name!r} on {meta['topology']} given twice")
+            entry["results"][name] = result
+            entry["commit"][name] = meta.get("commit")
+    return by_topo
+
+
+def table_row(results: dict[str, dict], commits: dict[str, str | None]) -> dict:
+    """FoI of terra over each baseline from per-scheduler results (dicts of part files).
+
+    Returns:
+        {"foi": {baseline: FoI}, "avg_cct_s": {scheduler: seconds},
+         "avg_slowdown": {scheduler: x}, "wall_s": {scheduler: seconds},
+         "commit": {scheduler: git commit or None}}.
+    """
+    terra = results["terra"]["avg_cct_s"]
     return {
-        "foi": {b: results[b].avg_cct_s / terra for b in BASELINES},
-        "avg_cct_s": {n: r.avg_cct_s for n, r in results.items()},
-        "avg_slowdown": {n: r.avg_slowdown for n, r in results.items()},
-        "wall_s": {n: r.wall_s for n, r in results.items()},
+        "foi": {b: results[b]["avg_cct_s"] / terra for b in BASELINES},
+        "avg_cct_s": {n: r["avg_cct_s"] for n, r in results.items()},
+        "avg_slowdown": {n: r["avg_slowdown"] for n, r in results.items()},
+        "wall_s": {n: r.get("wall_s") for n, r in results.items()},
+        "commit": commits,
     }
+
+
+def gather(args: argparse.Namespace) -> dict[str, dict]:
+    """Simulate (or load from --reuse DIR) every requested scheduler on every topology.
+
+    Returns {topology: {"results": {scheduler: result dict}, "commit": {scheduler: commit}}}.
+    """
+    out: dict[str, dict] = {}
+    for topo in args.topology:
+        entry = out.setdefault(topo, {"results": {}, "commit": {}})
+        for name in args.schedulers:
+            cached = None
+            if args.reuse:
+                cached = args.reuse / part_name(topo, args.limit, args.link_gbps, args.k, name)
+            if cached is not None and cached.exists() and name not in args.rerun:
+                part = json.loads(cached.read_text())
+                print(f"{topo} {name}: reusing {cached}", file=sys.stderr)
+            else:
+                part = run_part(topo, name, args.link_gbps, args.limit, args.k)
+                if cached is not None:
+                    args.reuse.mkdir(parents=True, exist_ok=True)
+                    cached.write_text(json.dumps(part, indent=1))
+            entry["results"].update(part["results"])
+            entry["commit"].update(dict.fromkeys(part["results"], part["meta"].get("commit")))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,14 +153,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--link-gbps", type=float, default=1.0)
     p.add_argument("--limit", type=int, default=None, help="only the first N coflows")
     p.add_argument("--k", type=int, default=4)
+    p.add_argument("--schedulers", nargs="+", choices=SCHEDULERS, default=SCHEDULERS)
+    p.add_argument("--reuse", type=Path, default=None, metavar="DIR", help="part-file cache")
+    p.add_argument("--rerun", nargs="+", choices=SCHEDULERS, default=[], metavar="NAME")
+    p.add_argument("--combine", nargs="+", type=Path, default=None, metavar="PART.json")
     p.add_argument("--json", type=Path, default=None, metavar="OUT")
     p.add_argument("--details", type=Path, default=None, help="also write CCTs/slowdowns/wall")
     args = p.parse_args(argv)
-    out, details = {}, {}
-    for topo in args.topology:
-        details[topo] = foi_table(topo, args.link_gbps, args.limit, args.k)
-        out[topo] = details[topo]["foi"]
-    print(f"\nFoI of Terra's average CCT, FB trace, {args.link_gbps:g} Gbps links, K={args.k}")
+    try:
+        parts = load_parts(args.combine) if args.combine else gather(args)
+    except (OSError, ValueError, KeyError) as exc:  # JSONDecodeError is a ValueError
+        print(f"fb_table3: error: {exc}", file=sys.stderr)
+        return 2
+    details = {
+        topo: table_row(entry["results"], entry["commit"])
+        for topo, entry in parts.items()
+        if set(SCHEDULERS) <= set(entry["results"])
+    }
+    for topo, entry in parts.items():
+        for name, r in entry["results"].items():
+            print(f"{topo} {name}: avg CCT {r['avg_cct_s']:.2f} s, wall {r.get('wall_s')} s")
+    if not details:
+        print("no topology has terra and all five baselines: no FoI table", file=sys.stderr)
+        return 0
+    out = {topo: row["foi"] for topo, row in details.items()}
+    gbps = next(iter(parts.values())).get("meta", {}).get("link_gbps", args.link_gbps)
+    print(f"\nFoI of Terra's average CCT, FB trace, {gbps:g} Gbps links")
     print(f"{'topology':<8} " + " ".join(f"{b:>17}" for b in BASELINES) + "   Terra slowdown")
     for topo, fois in out.items():
         paper = PAPER_TABLE3.get(topo, {})

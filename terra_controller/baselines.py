@@ -151,36 +151,101 @@ def _all_up(topology: Topology) -> Topology:
     return up
 
 
-class _FairPolicy(BaselinePolicy):
-    """Max-min fair per (sub)flow on fixed routes; members on one path are symmetric, so the
-    water-filling runs over paths weighted by their member count (maxmin.py)."""
+class _PairPolicy(BaselinePolicy):
+    """Baselines under which every member of a flow gets, on each path, a rate that depends
+    only on the flow's DC pair and on how many flow members of each pair are active
+    (per-flow, multipath, swan-mcf). They implement `pair_rates`; `allocate` expands it
+    per flow, and the simulator calls `pair_rates` directly (simulator.py), which spares
+    it a dict entry per active flow per event."""
 
-    def allocate(self, now: float, remaining: Remaining) -> Allocation:
-        """Max-min fair rates per member on its path(s).
+    def pair_rates(
+        self, now: float, members: dict[tuple[str, str], float]
+    ) -> dict[tuple[str, str], list[tuple[Path, float]]]:
+        """Per-member rates per path for each DC pair.
 
         Args:
-            now: seconds (unused: the allocation depends only on who is active).
+            now: seconds.
+            members: {(src DC, dst DC): active flow members of that pair (> 0)}, in order
+                of first appearance over the active coflows (coflows in admission order,
+                their flows in order); bundles count their members.
+
+        Returns:
+            {(src, dst): [(path, bytes/s of one member on that path)]} for every pair of
+            `members` (empty list: rate 0, e.g. no path up).
+        """
+        raise NotImplementedError
+
+    def allocate(self, now: float, remaining: Remaining) -> Allocation:
+        """Rates for every flow in `remaining` from `pair_rates`.
+
+        Args:
+            now: seconds.
             remaining: {coflow id: {flow id: remaining bytes}}.
 
         Returns:
-            {coflow id: {flow id: [(path, bytes/s)]}}.
+            {coflow id: {flow id: [(path, bytes/s)]}}: a flow of n members gets n times
+            its pair's per-member rate on each path.
         """
-        weight: dict[Path, float] = {}
+        members: dict[tuple[str, str], float] = {}
         for cid, flows in remaining.items():
-            routes = self.routes[cid]
+            known = self.flows[cid]
             for fid in flows:
-                for path, members in routes[fid]:
-                    weight[path] = weight.get(path, 0.0) + members
-        paths = list(weight)
-        incidence = path_incidence([[(p, weight[p])] for p in paths], self._rows, self._path_rows)
-        level = dict(zip(paths, maxmin_levels(incidence, self._capacity()).tolist(), strict=True))
-        return {
-            cid: {
-                fid: [(p, members * level[p]) for p, members in self.routes[cid][fid]]
-                for fid in flows
-            }
-            for cid, flows in remaining.items()
-        }
+                f = known[fid]
+                members[(f.src, f.dst)] = members.get((f.src, f.dst), 0.0) + flow_count(f)
+        rates = self.pair_rates(now, members)
+        out: Allocation = {}
+        for cid, flows in remaining.items():
+            known = self.flows[cid]
+            out[cid] = {}
+            for fid in flows:
+                f = known[fid]
+                n = flow_count(f)
+                out[cid][fid] = [(p, n * r) for p, r in rates[(f.src, f.dst)]]
+        return out
+
+
+class _FairPolicy(_PairPolicy):
+    """Max-min fair per (sub)flow on fixed routes; members on one path are symmetric, so the
+    water-filling runs over paths weighted by their member count (maxmin.py). Every flow
+    of a DC pair has the same route (`_pair_paths`), so a path's weight is its pair's
+    active member count."""
+
+    def __init__(self, topology: Topology, k: int = 4) -> None:
+        super().__init__(topology, k)
+        self._incidence_by_pairs: dict[tuple, tuple[dict, np.ndarray]] = {}
+
+    def pair_rates(
+        self, now: float, members: dict[tuple[str, str], float]
+    ) -> dict[tuple[str, str], list[tuple[Path, float]]]:
+        """Max-min fair per-member rates on each pair's path(s) (see `_PairPolicy`)."""
+        routes, crossing = self._pair_incidence(tuple(members))
+        weight = [members[pair] for pair, paths in routes.items() for _ in paths]
+        levels = iter(maxmin_levels(crossing * np.array(weight), self._capacity()).tolist())
+        return {pair: [(p, next(levels)) for p in paths] for pair, paths in routes.items()}
+
+    def _pair_incidence(
+        self, pairs: tuple[tuple[str, str], ...]
+    ) -> tuple[dict[tuple[str, str], list[Path]], np.ndarray]:
+        """({pair: its paths}, 0/1 matrix links x (paths of the pairs, in order)), cached
+        per tuple of pairs until the next WAN change (the pair set changes rarely)."""
+        cached = self._incidence_by_pairs.get(pairs)
+        if cached is None:
+            if len(self._incidence_by_pairs) >= _PAIR_CACHE_SIZE:
+                self._incidence_by_pairs.clear()
+            routes = {pair: self._pair_paths(pair) for pair in pairs}
+            entities = [[(p, 1.0)] for paths in routes.values() for p in paths]
+            cached = (routes, path_incidence(entities, self._rows, self._path_rows))
+            self._incidence_by_pairs[pairs] = cached
+        return cached
+
+    def wan_changed(self, now: float) -> bool:
+        """Recompute the K paths (dropping cached incidences) and re-route; returns True."""
+        self._incidence_by_pairs.clear()
+        return super().wan_changed(now)
+
+    def _pair_paths(self, pair: tuple[str, str]) -> list[Path]:
+        """The paths every flow of `pair` uses (as `_route` assigns them)."""
+        return self._paths.get(pair, [])[:1]
 
 
 class PerFlowPolicy(_FairPolicy):
@@ -209,8 +274,11 @@ class MultipathPolicy(_FairPolicy):
             f.id: [(p, flow_count(f)) for p in self._paths.get((f.src, f.dst), [])] for f in flows
         }
 
+    def _pair_paths(self, pair: tuple[str, str]) -> list[Path]:
+        return self._paths.get(pair, [])
 
-class SwanMcfPolicy(BaselinePolicy):
+
+class SwanMcfPolicy(_PairPolicy):
     """Application-agnostic SWAN: max-min fair multi-commodity flow over DC-pair demands on
     K paths (Hong et al., "Achieving high utilization with software-driven WAN", SIGCOMM
     2013; the "swan-mcf" baseline of DESIGN.md section 4.4), via mcf.maxmin_mcf. Demands
@@ -223,26 +291,38 @@ class SwanMcfPolicy(BaselinePolicy):
 
     name = "swan-mcf"
 
-    def allocate(self, now: float, remaining: Remaining) -> Allocation:
-        """Return {coflow id: {flow id: [(path, bytes/s)]}} (see the class docstring)."""
-        members: dict[tuple[str, str], float] = {}
-        for cid, flows in remaining.items():
-            known = self.flows[cid]
-            for fid in flows:
-                f = known[fid]
-                members[(f.src, f.dst)] = members.get((f.src, f.dst), 0.0) + flow_count(f)
-        demands = {pair: (self._paths.get(pair, []), None) for pair in members}
-        capacity = dict(zip(self._rows, self._capacity().tolist(), strict=True))
-        pair_rates = maxmin_mcf(demands, capacity)
-        out: Allocation = {}
-        for cid, flows in remaining.items():
-            known = self.flows[cid]
-            out[cid] = {}
-            for fid in flows:
-                f = known[fid]
-                share = flow_count(f) / members[(f.src, f.dst)]
-                out[cid][fid] = [(p, r * share) for p, r in pair_rates[(f.src, f.dst)]]
-        return out
+    def __init__(self, topology: Topology, k: int = 4) -> None:
+        super().__init__(topology, k)
+        self._mcf_cache: dict[tuple, dict] = {}
+
+    def pair_rates(
+        self, now: float, members: dict[tuple[str, str], float]
+    ) -> dict[tuple[str, str], list[tuple[Path, float]]]:
+        """Per-member rates: each pair's max-min MCF rate on a path over its members.
+
+        The MCF depends only on the active pairs (in order) and the link capacities, so
+        its answer is cached under those: events that change neither (most flow
+        completions) reuse it, with identical results.
+        """
+        capacity = self._capacity().tolist()
+        key = (tuple(members), tuple(capacity))
+        pair_rates = self._mcf_cache.get(key)
+        if pair_rates is None:
+            if len(self._mcf_cache) >= _MCF_CACHE_SIZE:
+                self._mcf_cache.clear()
+            demands = {pair: (self._paths.get(pair, []), None) for pair in members}
+            pair_rates = maxmin_mcf(demands, dict(zip(self._rows, capacity, strict=True)))
+            self._mcf_cache[key] = pair_rates
+        return {pair: [(p, r / members[pair]) for p, r in pair_rates[pair]] for pair in members}
+
+    def wan_changed(self, now: float) -> bool:
+        """Recompute the K paths (dropping cached MCF answers) and re-route; returns True."""
+        self._mcf_cache.clear()
+        return super().wan_changed(now)
+
+
+_MCF_CACHE_SIZE = 256  # cached swan-mcf answers kept before the cache is emptied
+_PAIR_CACHE_SIZE = 32  # cached per-pair-set incidences kept before the cache is emptied
 
 
 class _MaddPolicy(BaselinePolicy):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -161,9 +163,51 @@ def _num(value: float | None, width: int, digits: int) -> str:
     return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
 
 
-def write_json(results: dict[str, SimResult], out: Path) -> None:
-    """Write {"results": {scheduler: SimResult.to_json()}} to `out`."""
-    out.write_text(json.dumps({"results": {n: r.to_json() for n, r in results.items()}}, indent=1))
+def run_meta(args: argparse.Namespace) -> dict:
+    """Return the settings of a run: {"topology", "workload", "limit", "link_gbps", "k",
+    "alpha", "epsilon", "deadline_factor", "fail_link", "commit"} (commit: $TERRA_COMMIT if
+    set, for runs from an exported tree, else the git commit of this checkout, None when
+    unknown; uncommitted edits are not recorded)."""
+    return {
+        "topology": args.topology,
+        "workload": args.workload,
+        "limit": args.limit,
+        "link_gbps": args.link_gbps,
+        "k": args.k,
+        "alpha": args.alpha,
+        "epsilon": args.epsilon,
+        "deadline_factor": args.deadline_factor,
+        "fail_link": list(args.fail_link),
+        "commit": os.environ.get("TERRA_COMMIT") or git_commit(),
+    }
+
+
+def git_commit() -> str | None:
+    """Return the short git commit of the checkout holding this file, or None."""
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
+
+
+def results_json(results: dict[str, SimResult], meta: dict | None = None) -> dict:
+    """Return {"results": {scheduler: SimResult.to_json()}, "meta": meta} (no meta if None)."""
+    out: dict = {"results": {n: r.to_json() for n, r in results.items()}}
+    if meta is not None:
+        out["meta"] = meta
+    return out
+
+
+def write_json(results: dict[str, SimResult], out: Path, meta: dict | None = None) -> None:
+    """Write `results_json(results, meta)` to `out`."""
+    out.write_text(json.dumps(results_json(results, meta), indent=1))
 
 
 def plot_cdf(results: dict[str, SimResult], out: Path) -> None:
@@ -202,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_table(results))
     try:
         if args.json:
-            write_json(results, args.json)
+            write_json(results, args.json, run_meta(args))
         if args.plot:
             plot_cdf(results, args.plot)
     except OSError as exc:

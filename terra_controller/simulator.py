@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from terra_controller.flow_bundles import bundle_wan_flows, unbundled_wan_flows
+from terra_controller.flow_bundles import bundle_wan_flows, flow_count, unbundled_wan_flows
 from terra_controller.policy import Allocation, Policy, Remaining
 from topologies import Topology, all_pairs_paths, path_links
 from workloads import Coflow
@@ -196,7 +196,7 @@ class SimResult:
         return float(np.quantile(self.round_ms, q)) if self.round_ms else None
 
     def to_json(self) -> dict:
-        """Return the per-scheduler object of `terra-sim --json` (issue 2 item 6)."""
+        """Return the per-scheduler object of `terra-sim --json` (issue 2 item 6; plus wall_s)."""
         return {
             "avg_cct_s": self.avg_cct_s,
             "p95_cct_s": self.p95_cct_s,
@@ -208,6 +208,7 @@ class SimResult:
             "round_ms_median": self.round_ms_quantile(0.5),
             "round_ms_p95": self.round_ms_quantile(0.95),
             "lps_per_round": self.lps_per_round,
+            "wall_s": self.wall_s,
             "coflows": [c.to_json() for c in self.coflows],
         }
 
@@ -333,6 +334,13 @@ class _Run:
         self.rem = self.size.copy()
         self.rate = np.zeros(len(flows))
         self.owner: list[str] = [c.id for c in self.arrivals for _ in self.wan[c.id].flows]
+        # for policies with pair_rates (pair-symmetric baselines): DC pair and members per flow
+        self.by_pair = callable(getattr(policy, "pair_rates", None))
+        self.pairs = list(dict.fromkeys(zip(self.src, self.dst, strict=True)))
+        index = {pair: i for i, pair in enumerate(self.pairs)}
+        self.pair_of = np.array([index[(f.src, f.dst)] for f in flows], dtype=np.intp)
+        self.members = np.array([flow_count(f) for f in flows], dtype=float)
+        self.alive = np.zeros(len(flows), dtype=bool)  # admitted and not finished
         starts = np.cumsum([0] + [len(self.wan[c.id].flows) for c in self.arrivals])
         self.start = {c.id: int(s) for c, s in zip(self.arrivals, starts, strict=False)}
         self.active: dict[str, _Active] = {}
@@ -405,6 +413,7 @@ class _Run:
         pos = np.arange(first, first + len(ids))
         self.active[coflow.id] = _Active(dict(zip(ids, pos.tolist(), strict=True)), ids, pos)
         self.bytes_total += float(self.size[pos].sum())
+        self.alive[pos] = True
 
     def _remaining(self) -> Remaining:
         rem = self.rem
@@ -418,11 +427,48 @@ class _Run:
 
         Returns the WAN byte-hop rate (bytes x hops per second) of the allocation.
         """
+        if self.by_pair:
+            return self._allocate_by_pair(now)
         remaining = self._remaining()
         t0 = time.perf_counter()
         alloc = self.policy.allocate(now, remaining)
         self.round_ms.append((time.perf_counter() - t0) * 1000.0)
         path_rate = self._take_rates(alloc)
+        self._check_links(path_rate, now)
+        return sum(r * (len(p) - 1) for p, r in path_rate.items())
+
+    def _allocate_by_pair(self, now: float) -> float:
+        """`_allocate` for policies with ``pair_rates(now, members)`` (baselines.py
+        `_PairPolicy`): one call per event with the active members per DC pair; a flow of
+        n members gets n times its pair's per-member rate on each path. The same checks
+        apply per pair (paths joining the pair's DCs, finite rates >= 0, link loads).
+
+        Returns the WAN byte-hop rate (bytes x hops per second) of the allocation.
+        """
+        alive = np.flatnonzero(self.alive)
+        pair_of = self.pair_of[alive]
+        count = np.bincount(pair_of, weights=self.members[alive], minlength=len(self.pairs))
+        present, first = np.unique(pair_of, return_index=True)
+        order = present[np.argsort(first, kind="stable")].tolist()  # first appearance
+        members = {self.pairs[i]: float(count[i]) for i in order}
+        t0 = time.perf_counter()
+        rates = self.policy.pair_rates(now, members)
+        self.round_ms.append((time.perf_counter() - t0) * 1000.0)
+        per_member = np.zeros(len(self.pairs))
+        path_rate: dict[tuple[str, ...], float] = {}
+        for i in order:
+            pair = self.pairs[i]
+            total = 0.0
+            for path, r in rates[pair]:
+                if not 0 <= r < float("inf"):
+                    raise SimulationError(f"pair {pair}: rate {r!r} per member on {path}")
+                if r > 0:
+                    if (path[0], path[-1]) != pair:
+                        raise SimulationError(f"pair {pair}: path {path} does not join it")
+                    path_rate[path] = path_rate.get(path, 0.0) + count[i] * r
+                    total += r
+            per_member[i] = total
+        self.rate[alive] = self.members[alive] * per_member[pair_of]
         self._check_links(path_rate, now)
         return sum(r * (len(p) - 1) for p, r in path_rate.items())
 
@@ -512,6 +558,7 @@ class _Run:
             now = min(now, self.arrivals[self.next_arrival].arrival_s)
         if self.next_change < len(self.changes):
             now = min(now, self.changes[self.next_change].time_s)
+        self.alive[moving[done]] = False
         self._finish_flows(moving[done], now)
         return now
 

@@ -43,6 +43,7 @@ KEYS = {
     "round_ms_median",
     "round_ms_p95",
     "lps_per_round",
+    "wall_s",
     "coflows",
 }
 

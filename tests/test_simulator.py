@@ -279,3 +279,54 @@ class _Fixed(_Greedy):
 def test_malformed_allocations_are_policy_bugs(alloc, message):
     with pytest.raises(SimulationError, match=message):
         simulate(_Fixed(topo([("A", "B")]), alloc), [Coflow("c", 0, [Flow("f", "A", "B", G)])])
+
+
+class _DictOnly:
+    """Wraps a baseline but hides `pair_rates`, so the simulator takes its per-flow dict path."""
+
+    def __init__(self, policy):
+        self._policy = policy
+
+    def __getattr__(self, name):
+        if name == "pair_rates":
+            raise AttributeError(name)
+        return getattr(self._policy, name)
+
+
+@pytest.mark.parametrize("name", ["per-flow", "multipath", "swan-mcf"])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(coflows=workloads(), fail=st.floats(0, 30))
+def test_pair_rates_path_matches_the_per_flow_dict_path(name, coflows, fail):
+    # the simulator's pair_rates shortcut (one call per event with members per DC pair)
+    # must give the CCTs the generic allocate() path gives, failures included.
+    changes = [WanChange(fail, "LA", "NY", up=False), WanChange(fail + 10, "LA", "NY", up=True)]
+    fast = simulate(BASELINES[name](load_topology("swan")), coflows, changes)
+    slow = simulate(_DictOnly(BASELINES[name](load_topology("swan"))), coflows, changes)
+    assert [c.cct_s for c in fast.coflows] == pytest.approx([c.cct_s for c in slow.coflows])
+    assert fast.wan_utilization == pytest.approx(slow.wan_utilization)
+    assert fast.rounds == slow.rounds
+
+
+class _BadPairs(PerFlowPolicy):
+    """A buggy pair policy: returns one fixed answer for every pair."""
+
+    def __init__(self, topology, answer):
+        super().__init__(topology)
+        self.answer = answer
+
+    def pair_rates(self, now, members):
+        return {pair: self.answer for pair in members}
+
+
+@pytest.mark.parametrize(
+    "answer, message",
+    [
+        ([(("A", "B"), -1.0)], "rate -1.0"),
+        ([(("A", "B"), float("inf"))], "rate inf"),
+        ([(("B", "C"), 1.0)], "does not join"),
+        ([(("A", "B"), 2 * G)], "loaded"),
+    ],
+)
+def test_malformed_pair_rates_are_policy_bugs(answer, message):
+    with pytest.raises(SimulationError, match=message):
+        simulate(_BadPairs(topo(LINE), answer), [Coflow("c", 0, [Flow("f", "A", "B", G)])])
