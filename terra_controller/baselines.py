@@ -23,6 +23,8 @@ a flow with no path up gets rate 0 until one comes back.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from terra_controller.flow_bundles import flow_count
@@ -33,6 +35,23 @@ from topologies import Link, Path, Topology, all_pairs_paths, path_links
 from workloads import Coflow, Flow
 
 Route = list[tuple[Path, int]]  # [(path, members of the flow on that path)]
+
+
+class CoflowRoutes(NamedTuple):
+    """A coflow's routes in the order its flows were added (one entry per flow).
+
+    Attributes:
+        fids: flow ids.  routes: each flow's Route ([] = no path).
+        matrix: incidence (links x flows): members of the flow crossing each link.
+        members: float array of each flow's member count (flow_bundles.flow_count).
+        routed: bool array, True where the flow has a route.
+    """
+
+    fids: list[str]
+    routes: list[Route]
+    matrix: np.ndarray
+    members: np.ndarray
+    routed: np.ndarray
 
 
 class BaselinePolicy:
@@ -58,7 +77,7 @@ class BaselinePolicy:
         self._paths = all_pairs_paths(topology, k)
         self._rows = link_index(topology.links)
         self._reachable = {pair for pair, ps in all_pairs_paths(_all_up(topology), 1).items() if ps}
-        self._incidence: dict[str, tuple[dict[str, int], np.ndarray]] = {}
+        self._incidence: dict[str, CoflowRoutes] = {}
         self._path_rows: dict[Path, list[int]] = {}  # rows of a path's links (never stale)
 
     # ---- Policy interface ------------------------------------------------------------------
@@ -121,14 +140,20 @@ class BaselinePolicy:
         self.routes[coflow_id].update(routes)
         self._incidence.pop(coflow_id, None)
 
-    def _coflow_incidence(self, coflow_id: str) -> tuple[dict[str, int], np.ndarray]:
-        """({flow id: column}, incidence matrix (links x flows) of the coflow's routes), cached."""
+    def _coflow_incidence(self, coflow_id: str) -> CoflowRoutes:
+        """The coflow's routes as arrays (see CoflowRoutes), cached until they change."""
         cached = self._incidence.get(coflow_id)
         if cached is None:
-            routes = self.routes[coflow_id]
+            routes, known = self.routes[coflow_id], self.flows[coflow_id]
             fids = list(routes)
-            matrix = path_incidence([routes[fid] for fid in fids], self._rows, self._path_rows)
-            cached = ({fid: i for i, fid in enumerate(fids)}, matrix)
+            route_list = [routes[fid] for fid in fids]
+            cached = CoflowRoutes(
+                fids,
+                route_list,
+                path_incidence(route_list, self._rows, self._path_rows),
+                np.array([flow_count(known[fid]) for fid in fids], dtype=float),
+                np.array([bool(r) for r in route_list], dtype=bool),
+            )
             self._incidence[coflow_id] = cached
         return cached
 
@@ -334,41 +359,74 @@ class _MaddPolicy(BaselinePolicy):
     """
 
     def allocate(self, now: float, remaining: Remaining) -> Allocation:
-        """Return {coflow id: {flow id: [(path, bytes/s)]}} (see the class docstring)."""
-        capacity = self._capacity()
-        cols: list[tuple[str, str, Route]] = []
-        columns: list[np.ndarray] = []
-        coflows = []
+        """Return {coflow id: {flow id: [(path, bytes/s)]}} (see the class docstring).
+
+        Computed by `coflow_rates` on each coflow's remaining bytes in flow order.
+        """
+        vectors = {}
         for cid, flows in remaining.items():
-            self._before_allocate(cid, flows)
-            routes, known = self.routes[cid], self.flows[cid]
-            fids = [fid for fid in flows if routes[fid]]
-            column, full = self._coflow_incidence(cid)
-            inc = full[:, [column[fid] for fid in fids]]
-            per_member = np.array([flows[fid] / flow_count(known[fid]) for fid in fids])
-            volume = inc @ per_member if fids else np.zeros(len(self._rows))
-            unrouted = len(fids) < len(flows)
-            gamma = np.inf if unrouted else _gamma(volume, capacity)
-            coflows.append((gamma, len(coflows), len(cols), volume, per_member))
-            cols.extend((cid, fid, routes[fid]) for fid in fids)
-            columns.append(inc)
-        madd = np.zeros(len(cols))
+            fids = self._coflow_incidence(cid).fids
+            vectors[cid] = np.array([flows.get(fid, 0.0) for fid in fids], dtype=float)
+        out: Allocation = {}
+        for cid, (rate, routes) in self.coflow_rates(now, vectors).items():
+            fids = self._coflow_incidence(cid).fids
+            out[cid] = {
+                fid: [(p, members * r) for p, members in route]
+                for fid, route, r in zip(fids, routes, rate.tolist(), strict=True)
+                if fid in remaining[cid]
+            }
+        return out
+
+    def coflow_rates(
+        self, now: float, remaining: dict[str, np.ndarray]
+    ) -> dict[str, tuple[np.ndarray, list[Route]]]:
+        """Per-member rates of every flow of every active coflow, as arrays.
+
+        Args:
+            now: seconds.
+            remaining: {coflow id: float array of each flow's remaining bytes, in the order
+                the coflow's flows were added (0 = finished)}; read, never modified.
+
+        Returns:
+            {coflow id: (float array of per-member rates in bytes/s, same order, 0 for
+            finished or unrouted flows; the Route of each flow, same order)}. A flow's rate
+            on a path is its rate per member times its members on that path. The route
+            list is the same object until the coflow's routes change.
+        """
+        capacity = self._capacity()
+        coflows, columns = [], []
+        for cid, rem in remaining.items():
+            self._before_allocate(cid, rem)
+            info = self._coflow_incidence(cid)
+            alive = rem > 0
+            per_member = rem / info.members
+            volume = info.matrix @ per_member
+            gamma = np.inf if (alive & ~info.routed).any() else _gamma(volume, capacity)
+            coflows.append((gamma, len(coflows), cid, volume, per_member, info, alive))
+            columns.append(info.matrix[:, alive & info.routed])
+        madd = {cid: np.zeros(len(info.fids)) for _, _, cid, _, _, info, _ in coflows}
         left = capacity.copy()
-        for gamma, _, first, volume, per_member in sorted(coflows, key=lambda c: c[:2]):
+        for gamma, _, cid, volume, per_member, _, _ in sorted(coflows, key=lambda c: c[:2]):
             g = _gamma(volume, left)
             if gamma == np.inf or g == np.inf or not volume.any():
                 continue
-            madd[first : first + len(per_member)] = per_member / g
+            madd[cid] = per_member / g
             left = np.maximum(left - volume / g, 0.0)
-        incidence = np.hstack(columns) if columns else np.zeros((len(self._rows), 0))
-        member_rate = madd + maxmin_levels(incidence, left)
-        out: Allocation = {cid: {} for cid in remaining}
-        for (cid, fid, route), r in zip(cols, member_rate.tolist(), strict=True):
-            out[cid][fid] = [(p, members * r) for p, members in route]
+        if not coflows:
+            return {}
+        levels = maxmin_levels(np.hstack(columns), left)
+        backfill = np.split(levels, np.cumsum([c.shape[1] for c in columns])[:-1])
+        out = {}
+        for (_, _, cid, _, _, info, alive), extra in zip(coflows, backfill, strict=True):
+            rate = madd[cid] * info.routed
+            rate[alive & info.routed] += extra
+            rate[~alive] = 0.0
+            out[cid] = (rate, info.routes)
         return out
 
-    def _before_allocate(self, coflow_id: str, flows: dict[str, float]) -> None:
-        """Hook run for every coflow before its rates are computed (Rapier re-routes here)."""
+    def _before_allocate(self, coflow_id: str, remaining: np.ndarray) -> None:
+        """Hook run for every coflow before its rates are computed (Rapier re-routes here);
+        `remaining` is as in `coflow_rates`."""
 
 
 def _gamma(volume: np.ndarray, capacity: np.ndarray) -> float:
@@ -431,12 +489,15 @@ class RapierPolicy(_MaddPolicy):
         super().remove_coflow(coflow_id, now)
         self._stale.discard(coflow_id)
 
-    def _before_allocate(self, coflow_id: str, flows: dict[str, float]) -> None:
+    def _before_allocate(self, coflow_id: str, remaining: np.ndarray) -> None:
         if coflow_id in self._stale:
             self._stale.discard(coflow_id)
             known = self.flows[coflow_id]
-            sizes = {fid: left / flow_count(known[fid]) for fid, left in flows.items()}
-            self._set_routes(coflow_id, self._greedy([known[fid] for fid in flows], sizes))
+            fids = self._coflow_incidence(coflow_id).fids
+            pairs = zip(fids, remaining.tolist(), strict=True)
+            alive = [(fid, left) for fid, left in pairs if left > 0]
+            sizes = {fid: left / flow_count(known[fid]) for fid, left in alive}
+            self._set_routes(coflow_id, self._greedy([known[fid] for fid, _ in alive], sizes))
 
     def _route(self, coflow_id: str, flows: list[Flow]) -> dict[str, Route]:
         return self._greedy(flows, {f.id: f.bytes / flow_count(f) for f in flows})

@@ -334,6 +334,7 @@ class _Run:
         self.rem = self.size.copy()
         self.rate = np.zeros(len(flows))
         self.owner: list[str] = [c.id for c in self.arrivals for _ in self.wan[c.id].flows]
+        self.owner_ids: list[str] = [f.id for f in flows]
         # for policies with pair_rates (pair-symmetric baselines): DC pair and members per flow
         self.by_pair = callable(getattr(policy, "pair_rates", None))
         self.pairs = list(dict.fromkeys(zip(self.src, self.dst, strict=True)))
@@ -341,6 +342,11 @@ class _Run:
         self.pair_of = np.array([index[(f.src, f.dst)] for f in flows], dtype=np.intp)
         self.members = np.array([flow_count(f) for f in flows], dtype=float)
         self.alive = np.zeros(len(flows), dtype=bool)  # admitted and not finished
+        # for policies with coflow_rates (Varys, Rapier): per-coflow arrays
+        self.by_coflow = not self.by_pair and callable(getattr(policy, "coflow_rates", None))
+        self.n_flows = {c.id: len(self.wan[c.id].flows) for c in coflows}
+        self.link_row = {link: i for i, link in enumerate(self.topology.links)}
+        self.route_cache: dict[str, tuple[object, np.ndarray, np.ndarray]] = {}
         starts = np.cumsum([0] + [len(self.wan[c.id].flows) for c in self.arrivals])
         self.start = {c.id: int(s) for c, s in zip(self.arrivals, starts, strict=False)}
         self.active: dict[str, _Active] = {}
@@ -429,6 +435,8 @@ class _Run:
         """
         if self.by_pair:
             return self._allocate_by_pair(now)
+        if self.by_coflow:
+            return self._allocate_by_coflow(now)
         remaining = self._remaining()
         t0 = time.perf_counter()
         alloc = self.policy.allocate(now, remaining)
@@ -471,6 +479,80 @@ class _Run:
         self.rate[alive] = self.members[alive] * per_member[pair_of]
         self._check_links(path_rate, now)
         return sum(r * (len(p) - 1) for p, r in path_rate.items())
+
+    def _allocate_by_coflow(self, now: float) -> float:
+        """`_allocate` for policies with ``coflow_rates(now, remaining)`` (baselines.py
+        `_MaddPolicy`): remaining bytes and per-member rates as one array per coflow (flows in
+        workload order), routes as one list per coflow, turned into an incidence matrix once
+        per route list. Checks: finite rates >= 0, none for finished or unrouted flows, paths
+        joining the flow's DCs over known links, link loads within capacity.
+
+        Returns the WAN byte-hop rate (bytes x hops per second) of the allocation.
+        """
+        span = {cid: (self.start[cid], self.start[cid] + self.n_flows[cid]) for cid in self.active}
+        remaining = {cid: self.rem[a:b] for cid, (a, b) in span.items()}
+        t0 = time.perf_counter()
+        answer = self.policy.coflow_rates(now, remaining)
+        self.round_ms.append((time.perf_counter() - t0) * 1000.0)
+        load = np.zeros(len(self.link_row))
+        for cid, (rate, routes) in answer.items():
+            rate = np.asarray(rate, dtype=float)
+            if cid not in span:
+                if rate.any():
+                    raise SimulationError(f"allocation names coflow {cid!r}, which is not active")
+                continue
+            a, b = span[cid]
+            if rate.shape != (b - a,):
+                raise SimulationError(f"coflow {cid!r}: {rate.shape} rates for {b - a} flows")
+            bad = ~((rate >= 0) & (rate < float("inf")))
+            if bad.any():
+                raise SimulationError(f"coflow {cid!r}: rate {float(rate[bad][0])!r}")
+            matrix, members = self._route_matrix(cid, routes, a, b)
+            if (rate[(self.rem[a:b] <= 0) | (members == 0)] > 0).any():
+                raise SimulationError(f"coflow {cid!r}: rate for a done or unrouted flow")
+            self.rate[a:b] = members * rate
+            load += matrix @ rate
+        self._check_link_loads(load, now)
+        return float(load.sum())
+
+    def _route_matrix(
+        self, cid: str, routes: list, a: int, b: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(links x flows members crossing each link, members routed per flow) of a coflow's
+        route list, cached while the policy hands back the same list object."""
+        cached = self.route_cache.get(cid)
+        if cached is not None and cached[0] is routes:
+            return cached[1], cached[2]
+        if len(routes) != b - a:
+            raise SimulationError(f"coflow {cid!r}: {len(routes)} routes for {b - a} flows")
+        matrix = np.zeros((len(self.link_row), b - a))
+        members = np.zeros(b - a)
+        for j, route in enumerate(routes):
+            pos = a + j
+            for path, count in route:
+                if path[0] != self.src[pos] or path[-1] != self.dst[pos]:
+                    raise SimulationError(
+                        f"coflow {cid!r} flow {self.owner_ids[pos]!r}: path {path} does not "
+                        f"join {self.src[pos]} and {self.dst[pos]}"
+                    )
+                for link in path_links(path):
+                    if link not in self.link_row:
+                        raise SimulationError(f"allocation uses unknown link {link}")
+                    matrix[self.link_row[link], j] += count
+                members[j] += count
+        self.route_cache[cid] = (routes, matrix, members)
+        return matrix, members
+
+    def _check_link_loads(self, load: np.ndarray, now: float) -> None:
+        """Raise SimulationError if a link (in self.link_row order) is loaded above capacity."""
+        avail = np.array([self.topology.available(link) for link in self.link_row])
+        over = np.flatnonzero(load > avail * (1 + _CAPACITY_REL))
+        if over.size:
+            link = self.topology.links[over[0]]
+            raise SimulationError(
+                f"t={now:.6f}s: link {link[0]}-{link[1]} loaded {load[over[0]]:.6g} B/s, "
+                f"available {avail[over[0]]:.6g} B/s (policy {self.policy.name})"
+            )
 
     def _take_rates(self, alloc: Allocation) -> dict[tuple[str, ...], float]:
         path_rate: dict[tuple[str, ...], float] = {}
@@ -579,6 +661,7 @@ class _Run:
 
     def _finish_coflow(self, cid: str, now: float) -> None:
         del self.active[cid]
+        self.route_cache.pop(cid, None)
         result = self.results[cid]
         result.finish_s = now
         result.cct_s = now - result.arrival_s

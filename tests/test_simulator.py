@@ -4,11 +4,12 @@ changes, policy-bug detection, byte conservation, and random instances with ever
 Capacities are 1e9 B/s unless stated, so times are bytes / 1e9.
 """
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from terra_controller.baselines import BASELINES, PerFlowPolicy
+from terra_controller.baselines import BASELINES, PerFlowPolicy, VarysPolicy
 from terra_controller.simulator import (
     SimulationError,
     WanChange,
@@ -282,23 +283,25 @@ def test_malformed_allocations_are_policy_bugs(alloc, message):
 
 
 class _DictOnly:
-    """Wraps a baseline but hides `pair_rates`, so the simulator takes its per-flow dict path."""
+    """Wraps a baseline but hides `pair_rates` and `coflow_rates`, so the simulator takes
+    its per-flow dict path."""
 
     def __init__(self, policy):
         self._policy = policy
 
     def __getattr__(self, name):
-        if name == "pair_rates":
+        if name in ("pair_rates", "coflow_rates"):
             raise AttributeError(name)
         return getattr(self._policy, name)
 
 
-@pytest.mark.parametrize("name", ["per-flow", "multipath", "swan-mcf"])
+@pytest.mark.parametrize("name", sorted(BASELINES))
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(coflows=workloads(), fail=st.floats(0, 30))
-def test_pair_rates_path_matches_the_per_flow_dict_path(name, coflows, fail):
-    # the simulator's pair_rates shortcut (one call per event with members per DC pair)
-    # must give the CCTs the generic allocate() path gives, failures included.
+def test_array_paths_match_the_per_flow_dict_path(name, coflows, fail):
+    # the simulator's shortcuts (pair_rates: one call per event with members per DC pair;
+    # coflow_rates: arrays per coflow) must give the CCTs the generic allocate() path
+    # gives, failures included.
     changes = [WanChange(fail, "LA", "NY", up=False), WanChange(fail + 10, "LA", "NY", up=True)]
     fast = simulate(BASELINES[name](load_topology("swan")), coflows, changes)
     slow = simulate(_DictOnly(BASELINES[name](load_topology("swan"))), coflows, changes)
@@ -330,3 +333,34 @@ class _BadPairs(PerFlowPolicy):
 def test_malformed_pair_rates_are_policy_bugs(answer, message):
     with pytest.raises(SimulationError, match=message):
         simulate(_BadPairs(topo(LINE), answer), [Coflow("c", 0, [Flow("f", "A", "B", G)])])
+
+
+class _BadCoflows(VarysPolicy):
+    """A buggy coflow-array policy: per-member rates `rates`, routes `routes` (None: its own)."""
+
+    def __init__(self, topology, rates, routes=None):
+        super().__init__(topology)
+        self.rates, self.bad_routes = rates, routes
+
+    def coflow_rates(self, now, remaining):
+        good = super().coflow_rates(now, remaining)
+        return {
+            cid: (np.array(self.rates), self.bad_routes or routes)
+            for cid, (_, routes) in good.items()
+        }
+
+
+@pytest.mark.parametrize(
+    "rates, routes, message",
+    [
+        ([-1.0], None, "rate -1.0"),
+        ([float("nan")], None, "rate nan"),
+        ([1.0, 1.0], None, "rates for 1 flows"),
+        ([2 * G], None, "loaded"),
+        ([1.0], [[(("B", "C"), 1)]], "does not join"),
+        ([1.0], [[]], "unrouted"),
+    ],
+)
+def test_malformed_coflow_rates_are_policy_bugs(rates, routes, message):
+    with pytest.raises(SimulationError, match=message):
+        simulate(_BadCoflows(topo(LINE), rates, routes), [Coflow("c", 0, [Flow("f", "A", "B", G)])])
