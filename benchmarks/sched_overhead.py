@@ -5,7 +5,13 @@ produces) and reports the median and 95th-percentile wall time of a scheduling
 round (one ``allocate`` call) and the LPs solved per round. Writes ``--json OUT``
 as ``{"<topology>": {"round_ms_median": x, "round_ms_p95": x, "lps_per_round": x}}``.
 
-    uv run python benchmarks/sched_overhead.py [--link-gbps G] [--limit N] [--json OUT]
+    uv run python benchmarks/sched_overhead.py [--topology swan gscale att] [--link-gbps G]
+        [--limit N] [--k K] [--json OUT] [--parts DIR]
+
+``--parts DIR`` also writes each run's full result as a terra part file of
+benchmarks/fb_table3.py (``DIR/<topology>_<limit|all>_<G>g_k<K>_terra.json``, the shape
+of ``terra-sim --json`` with a ``meta`` object), so the same run gives Terra's average
+CCT for the FoI table (``fb_table3.py --reuse DIR`` or ``--combine``).
 
 Targets (issue 2): median ≤ 10 ms on SWAN and ≤ 100 ms on ATT (the paper: O(100) ms and O(1) s).
 """
@@ -17,28 +23,47 @@ import json
 import sys
 from pathlib import Path
 
+from tqdm import tqdm
+
+from terra_controller import sim_cli
 from terra_controller.simulator import empty_wan_gammas, simulate
-from terra_controller.terra_policy import TerraPolicy
 from topologies import load_topology
 from workloads import load_workload
 
 
-def overhead(topology: str, link_gbps: float, limit: int | None, k: int) -> dict:
+def overhead(
+    topology: str, link_gbps: float, limit: int | None, k: int, parts: Path | None = None
+) -> dict:
     """Simulate the FB trace with Terra on `topology`; return the round statistics.
 
+    Terra runs as `terra-sim --scheduler terra` runs it (sim_cli.make_policy, default α, ε).
+    With `parts`, also writes the run as a part file there (see the module docstring).
+
     Returns:
-        {"round_ms_median", "round_ms_p95", "lps_per_round", "rounds", "sim_wall_s"}.
+        {"round_ms_median", "round_ms_p95", "lps_per_round", "rounds", "sim_wall_s",
+         "avg_cct_s"}.
     """
+    argv = ["--topology", topology, "--workload", "fb", "--link-gbps", str(link_gbps)]
+    argv += ["--k", str(k), "--scheduler", "terra"] + (["--limit", str(limit)] if limit else [])
+    args = sim_cli.build_parser().parse_args(argv)
     topo = load_topology(topology, link_gbps=link_gbps)
     coflows = load_workload("fb", topo, limit=limit)
     gammas = empty_wan_gammas(coflows, topo, k)
-    result = simulate(TerraPolicy(topo.copy(), k=k), coflows, gammas=gammas)
+    policy = sim_cli.make_policy("terra", topo.copy(), args)
+    with tqdm(total=len(coflows), desc=f"terra {topology}", unit="coflow", file=sys.stderr) as bar:
+        result = simulate(policy, coflows, gammas=gammas, progress=bar)
+    if parts is not None:
+        parts.mkdir(parents=True, exist_ok=True)
+        name = f"{topology}_{limit or 'all'}_{link_gbps:g}g_k{k}_terra.json"
+        part = sim_cli.results_json({"terra": result}, sim_cli.run_meta(args))
+        (parts / name).write_text(json.dumps(part, indent=1))
     return {
         "round_ms_median": result.round_ms_quantile(0.5),
         "round_ms_p95": result.round_ms_quantile(0.95),
         "lps_per_round": result.lps_per_round,
         "rounds": result.rounds,
         "sim_wall_s": result.wall_s,
+        "avg_cct_s": result.avg_cct_s,
     }
 
 
@@ -50,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--json", type=Path, default=None, metavar="OUT")
+    p.add_argument("--parts", type=Path, default=None, metavar="DIR", help="write part files")
     args = p.parse_args(argv)
-    rows = {t: overhead(t, args.link_gbps, args.limit, args.k) for t in args.topology}
+    rows = {t: overhead(t, args.link_gbps, args.limit, args.k, args.parts) for t in args.topology}
     print(f"Terra scheduling rounds, FB trace, {args.link_gbps:g} Gbps links, K={args.k}")
     head = ("topology", "median ms", "p95 ms", "LPs/round", "rounds", "sim s")
     print("{:<8} {:>10} {:>8} {:>10} {:>7} {:>7}".format(*head))
