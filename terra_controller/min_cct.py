@@ -9,6 +9,12 @@
 FlowGroup k exactly d_k/Γ bytes/s split over its paths (the path form of
 Optimization (1) in You & Chowdhury, "Terra", arXiv 1904.08480, section 3).
 
+Optimization (1) fixes only the FlowGroups on the coflow's bottleneck; the others
+may be split in many optimal ways. A second stage, solved warm in the same HiGHS
+instance, keeps λ at its optimum and picks the split with the fewest link-bytes
+(minimum Σ x_{k,p}·hops(p)), so the minimal allocation leaves as much of the WAN
+as it can to the coflows after it (DESIGN.md 4.1: "nothing more is taken").
+
 The LP is passed to HiGHS as numpy CSC arrays in one call, with capacities
 scaled by the largest one and volumes by the largest volume so every
 coefficient is O(1). Two exact shortcuts skip the LP:
@@ -32,6 +38,7 @@ Pair = tuple[str, str]
 PairRates = dict[Pair, list[tuple[Path, float]]]
 
 _MIN_CAPACITY = 1e-9  # bytes/s: links with less residual capacity count as full
+_SECOND_STAGE_SLACK = 1e-9  # relative: λ may drop this much in the fewest-link-bytes stage
 _local = threading.local()
 
 
@@ -254,18 +261,49 @@ def _solve_lp(groups: list[tuple[Pair, float, list[Path]]], capacity) -> MinCct:
         raise RuntimeError(f"HiGHS failed on Optimization (1): {status}")
     sol = h.getSolution()
     x = np.asarray(sol.col_value)
-    duals = sol.row_dual
+    duals = list(sol.row_dual)
     lam = x[-1] * big_c / big_d
     if lam <= 0:
         return MinCct(math.inf, lp_solved=True)
+    x2 = _fewest_link_bytes(h, cols, x)
+    per_group_1 = _group_columns(cols, x, n_groups)
+    per_group_2 = _group_columns(cols, x2, n_groups)
     rates: PairRates = {}
-    totals = np.zeros(n_groups)
-    for (k, _), v in zip(cols, x[:-1], strict=True):
-        totals[k] += max(v, 0.0)
-    for (k, path), v in zip(cols, x[:-1], strict=True):
-        if v > 0:
-            pair, volume, _ = groups[k]
-            # renormalize so FlowGroup k gets exactly d_k·λ (removes solver round-off)
-            rates.setdefault(pair, []).append((path, volume * lam * v / totals[k]))
+    for k, (pair, volume, paths) in enumerate(groups):
+        # The second stage may zero a FlowGroup whose volume is below the solver's
+        # tolerance (d_k/D < 1e-7): then keep stage 1's split, or its shortest path.
+        split = per_group_2[k] or per_group_1[k] or [(paths[0], 1.0)]
+        total = sum(v for _, v in split)
+        # renormalize so FlowGroup k gets exactly d_k·λ (removes solver round-off)
+        rates[pair] = [(path, volume * lam * v / total) for path, v in split]
     prices = {link: abs(duals[row]) for link, row in link_row.items() if duals[row] != 0}
     return MinCct(1.0 / lam, rates, lp_solved=True, prices=prices)
+
+
+def _group_columns(cols, x, n_groups: int) -> list[list[tuple[Path, float]]]:
+    """[(path, x > 0)] per FlowGroup from the LP's x columns."""
+    out: list[list[tuple[Path, float]]] = [[] for _ in range(n_groups)]
+    for (k, path), v in zip(cols, x[:-1], strict=True):
+        if v > 0:
+            out[k].append((path, float(v)))
+    return out
+
+
+def _fewest_link_bytes(h, cols: list[tuple[int, Path]], x: np.ndarray) -> np.ndarray:
+    """Second stage: among the allocations that reach the optimal λ, the one that uses the
+    least link capacity (minimum Σ_{k,p} x_{k,p}·hops(p)).
+
+    Optimization (1) says nothing about FlowGroups off the bottleneck, so its optimal
+    vertex may route them over long paths for no gain; this keeps the rest of the WAN
+    free for the coflows after this one (DESIGN.md 4.1: "nothing more is taken").
+    Solved warm in the same HiGHS instance: λ' is held at its optimum (less 1e-9
+    relative) and the objective is changed. Falls back to `x` if HiGHS fails.
+    """
+    n = len(cols)
+    lam_col = n
+    h.changeColBounds(lam_col, x[lam_col] * (1 - _SECOND_STAGE_SLACK), INF)
+    costs = np.array([-float(len(links_of(path))) for _, path in cols] + [0.0])
+    h.changeColsCost(n + 1, np.arange(n + 1, dtype=np.int32), costs)
+    if not solve(h):
+        return x
+    return np.asarray(h.getSolution().col_value)

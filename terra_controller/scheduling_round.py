@@ -17,13 +17,17 @@ Steps, for the coflows active now (each given by its FlowGroups' remaining volum
    their FlowGroups (FlowGroups of one DC pair share the pair's paths, so the
    fair share runs per DC pair weighted by the number of FlowGroups, and a
    pair's rate is split equally among them).
-6. Work conservation: the capacity still unused is divided max-min fair among
-   the DC pairs that have any active FlowGroup, and a pair's extra goes to the
-   earliest coflow in the order (deadline coflows, then scheduled, then
-   preempted ones) that has a FlowGroup on that pair.
+6. Work conservation, earlier coflows in the order first (scheduled ones, then
+   preempted ones, then deadline coflows, which already finish in time): each DC
+   pair belongs to the earliest coflow with a FlowGroup on it, and the coflows
+   take the capacity still unused one after the other, each max-min fair over its
+   FlowGroups weighted by their remaining volumes (so its FlowGroups first grow in
+   proportion and its CCT falls; see `_work_conservation`).
 Steps 5 and 6 use the SWAN-style max-min MCF (mcf.py) while it is small (up to
 MCF_MAX_COLUMNS (pair, path) columns: SWAN, most G-Scale rounds) and path-level
-progressive filling beyond (ATT), see `_fair_share`.
+progressive filling, shortest paths first, beyond (ATT), see `_fair_share`.
+Step 4's allocations are Optimization (1)'s with the fewest link-bytes among the
+optimal ones (min_cct.py), so FlowGroups off a coflow's bottleneck take short paths.
 
 The function is pure: it reads its arguments and returns a new RoundResult.
 """
@@ -51,6 +55,7 @@ from topologies import Link, Path
 SCHEDULED, PREEMPTED, DEADLINE = "scheduled", "preempted", "deadline"
 _FULL = 1e-6  # a link with less than this fraction of its capacity left counts as full
 _TIGHT = 1e-9  # relative gap under which bounds on Γ count as exact
+_MIN_WEIGHT = 1e-6  # step 6: smallest FlowGroup weight relative to its coflow's largest
 MCF_MAX_COLUMNS = 160  # steps 5-6 use the MCF up to this many (pair, path) columns
 
 
@@ -148,11 +153,9 @@ def schedule_round(
     spare = {link: r[link] + reserve[link] for link in left}
 
     # Step 6: work conservation, earlier coflows in the order first.
-    first_of_pair: dict[Pair, str] = {}
-    for cid in deadline_ids + scheduled + preempted:
-        for pair in active[cid]:
-            first_of_pair.setdefault(pair, cid)
-    _work_conservation(first_of_pair, paths, spare, capacity, rates, result)
+    _work_conservation(
+        active, scheduled + preempted + deadline_ids, paths, spare, capacity, rates, result
+    )
 
     result.rates = _finish(rates, capacity)
     return result
@@ -338,18 +341,36 @@ def _alpha_share(active, preempted, paths, reserve, capacity, rates, result) -> 
             _assign(rates.setdefault(cid, {}), pair, lst, share)
 
 
-def _work_conservation(first_of_pair, paths, spare, capacity, rates, result) -> None:
-    """Step 6: the spare capacity max-min over the active DC pairs; a pair's share goes
-    to the earliest coflow in the order with a FlowGroup on it."""
-    weights = dict.fromkeys(first_of_pair, 1.0)
-    pair_rates = _fair_share(weights, paths, spare, capacity, result)
+def _work_conservation(active, order, paths, spare, capacity, rates, result) -> None:
+    """Step 6: the spare capacity to the coflows in `order`, earlier coflows first.
+
+    Every DC pair belongs to the earliest coflow in `order` with a FlowGroup on it. The
+    coflows' pairs are filled one coflow at a time (priority classes of the max-min MCF),
+    and within a coflow max-min fair weighted by the FlowGroups' remaining volumes: its
+    FlowGroups first all grow in proportion to their volumes (its λ rises, so its CCT
+    falls, as in Optimization (1) on the spare capacity) until some FlowGroup is blocked,
+    then the others keep growing. A later coflow gets only what the earlier ones cannot
+    use, and nothing on a pair an earlier coflow holds (that pair's paths are full).
+    """
+    owner: dict[Pair, str] = {}
+    for cid in order:
+        for pair in active[cid]:
+            owner.setdefault(pair, cid)
+    rank = {cid: i for i, cid in enumerate(order)}
+    priority = {pair: rank[cid] for pair, cid in owner.items()}
+    top: dict[str, float] = {}
+    for pair, cid in owner.items():
+        top[cid] = max(top.get(cid, 0.0), active[cid][pair])
+    weights = {pair: max(active[cid][pair] / top[cid], _MIN_WEIGHT) for pair, cid in owner.items()}
+    pair_rates = _fair_share(weights, paths, spare, capacity, result, priority)
     for pair, lst in pair_rates.items():
-        _assign(rates.setdefault(first_of_pair[pair], {}), pair, lst, 1.0)
+        _assign(rates.setdefault(owner[pair], {}), pair, lst, 1.0)
 
 
-def _fair_share(weights, paths, avail, capacity, result: RoundResult) -> PairRates:
+def _fair_share(weights, paths, avail, capacity, result: RoundResult, priority=None) -> PairRates:
     """Weighted max-min rates of DC pairs over their paths on `avail` capacity,
-    which shrinks by them (in place).
+    which shrinks by them (in place); with `priority` ({pair: class}), lower classes
+    are filled first and a class sees only what the earlier ones left.
 
     Up to MCF_MAX_COLUMNS (pair, path) columns: the max-min fair MCF
     (mcf.py, SWAN-style; a pair may shift its rate between paths). Beyond:
@@ -358,16 +379,14 @@ def _fair_share(weights, paths, avail, capacity, result: RoundResult) -> PairRat
     round on ATT's 600 DC pairs (measured) while water-filling costs ~5 ms.
     Both leave no path with spare capacity on every link unused.
     """
+    priority = priority or {}
     if sum(len(paths[pair]) for pair in weights) > MCF_MAX_COLUMNS:
-        # Water-filling: paths through a full link simply get level 0.
-        columns = [(pair, p) for pair in weights for p in paths[pair]]
-        levels, used = _waterfill([(p, weights[pair]) for pair, p in columns], avail)
-        for link, x in zip(avail, used.tolist(), strict=True):
-            avail[link] = max(0.0, avail[link] - x)
+        classes: dict[int, list[Pair]] = {}
+        for pair in weights:
+            classes.setdefault(priority.get(pair, 0), []).append(pair)
         out: PairRates = {}
-        for (pair, p), level in zip(columns, levels.tolist(), strict=True):
-            if level > 0:
-                out.setdefault(pair, []).append((p, level * weights[pair]))
+        for cls in sorted(classes):
+            out.update(_waterfill_pairs(classes[cls], weights, paths, avail, capacity))
         return out
     usable = {
         pair: [
@@ -381,11 +400,40 @@ def _fair_share(weights, paths, avail, capacity, result: RoundResult) -> PairRat
     if not demands:
         return {}
     stats = {"lps": 0}
-    out = maxmin_mcf(demands, _positive(avail), weights=weights, stats=stats)
+    out = maxmin_mcf(demands, _positive(avail), priority=priority, weights=weights, stats=stats)
     result.lps += stats["lps"]
     out = {pair: lst for pair, lst in out.items() if lst}
     for lst in out.values():
         _consume(avail, lst)
+    return out
+
+
+def _waterfill_pairs(pairs, weights, paths, avail, capacity) -> PairRates:
+    """Water-filling of `pairs` on `avail`, which shrinks by the result (in place):
+    shortest paths first. Round j fills every pair's j-th path (paths come fewest hops
+    first) max-min fair weighted like its pair, on what rounds 0..j-1 left; paths through
+    a full link get 0. A byte sent over a longer path takes capacity on more links, so
+    the pairs' short paths are used up before any pair spills onto a longer one."""
+    out: PairRates = {}
+    depth = max((len(paths[pair]) for pair in pairs), default=0)
+    for j in range(depth):
+        columns = [
+            (pair, paths[pair][j])
+            for pair in pairs
+            if j < len(paths[pair])
+            and all(
+                avail.get(link, 0.0) > _FULL * capacity.get(link, 0.0)
+                for link in links_of(paths[pair][j])
+            )
+        ]
+        if not columns:
+            continue
+        levels, used = _waterfill([(p, weights[pair]) for pair, p in columns], avail)
+        for link, x in zip(avail, used.tolist(), strict=True):
+            avail[link] = max(0.0, avail[link] - x)
+        for (pair, p), level in zip(columns, levels.tolist(), strict=True):
+            if level > 0:
+                out.setdefault(pair, []).append((p, level * weights[pair]))
     return out
 
 

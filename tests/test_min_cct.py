@@ -112,3 +112,25 @@ def test_dual_bound_by_hand():
         [("A", "B")], {("A", "B"): [("A", "B")]}, {("A", "B"): 10.0}, res.prices
     )
     assert bound.gamma({("A", "B"): 50.0}) == pytest.approx(5.0)
+
+
+def test_flowgroup_off_the_bottleneck_takes_its_shortest_path(monkeypatch):
+    # A->B 100 bytes has only A-B (10 B/s): λ <= 10/100, Γ = 10 s. B->C (10 bytes) needs
+    # only 10/10 = 1 B/s, and any split of it over B-A-C (2 links) and B-C (1 link) is
+    # optimal for λ. The second stage takes the one with the fewest link-bytes: 1 B/s on B-C
+    # alone (1 link-byte/s, against 2 over B-A-C), leaving B-A and A-C free for others.
+    paths = {("A", "B"): [("A", "B")], ("B", "C"): [("B", "A", "C"), ("B", "C")]}
+    volumes = {("A", "B"): 100.0, ("B", "C"): 10.0}
+    res = min_cct(volumes, paths, TRIANGLE)
+    assert res.gamma_s == pytest.approx(10.0)
+    assert dict(res.rates[("B", "C")]) == pytest.approx({("B", "C"): 1.0})
+    assert res.prices.keys() == {("A", "B")}  # the prices still come from Optimization (1)
+
+
+def test_flowgroup_below_solver_tolerance_still_gets_its_rate():
+    # B->C is 1e-9 of the largest volume, under HiGHS' feasibility tolerance in the scaled
+    # LP, so the second stage may zero it; it must still get d·λ = 1e3 · 10/1e12 = 1e-8 B/s.
+    paths = {("A", "B"): [("A", "B")], ("B", "C"): [("B", "A", "C"), ("B", "C")]}
+    res = min_cct({("A", "B"): 1e12, ("B", "C"): 1e3}, paths, TRIANGLE)
+    assert res.gamma_s == pytest.approx(1e11)
+    assert sum(r for _, r in res.rates[("B", "C")]) == pytest.approx(1e-8)

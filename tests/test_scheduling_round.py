@@ -142,3 +142,71 @@ def test_alpha_share_is_max_min_over_preempted_flowgroups(fair_share):
     for cid in ["c1", "c2", "c3"]:
         assert total(res.rates, cid, AB) == pytest.approx(5.0 / 3)
     assert total(res.rates, "c3", BC) == pytest.approx(10.0)
+
+
+def test_work_conservation_serves_the_earlier_coflow_first(fair_share):
+    # Star: A-B 10, D-B 10, B-C 18 B/s. c1: A->C 100 bytes on A-B-C (Γ = 100/10 = 10 s);
+    # c2: D->C 1000 bytes on D-B-C (Γ = 1000/10 = 100 s). α = 0.1: r = A-B 9, D-B 9, B-C 16.2.
+    # Step 4: c1 gets 9 (A-B), B-C keeps 7.2; c2 gets min(9, 7.2) = 7.2. Nobody is preempted,
+    # so the reserve is spare: A-B 1, D-B 1.8, B-C 1.8. Step 6 serves c1 first: +1 -> 10 B/s
+    # (its full min-CCT rate), then c2 gets the 0.8 left on B-C -> 8 B/s. (A fair split of
+    # B-C's spare between the two pairs would leave c1 at 9.9 B/s.)
+    capacity = {("A", "B"): 10.0, ("D", "B"): 10.0, ("B", "C"): 18.0}
+    paths = {("A", "C"): [("A", "B", "C")], ("D", "C"): [("D", "B", "C")]}
+    res = schedule_round(
+        {"c1": {("A", "C"): 100.0}, "c2": {("D", "C"): 1000.0}}, paths, capacity, alpha=0.1
+    )
+    assert res.state == {"c1": SCHEDULED, "c2": SCHEDULED}
+    assert total(res.rates, "c1", ("A", "C")) == pytest.approx(10.0)
+    assert total(res.rates, "c2", ("D", "C")) == pytest.approx(8.0)
+
+
+def test_work_conservation_grows_a_coflow_in_proportion_to_its_volumes(fair_share):
+    # Chain A-B-C-D, 10 B/s links, α = 0. c0 (C->D 10 bytes, Γ = 1 s) takes C-D, so c1
+    # (C->D 1000, A->C 300 on A-B-C, B->C 100 on B-C) is preempted. Work conservation gives
+    # c1's two other FlowGroups link B-C weighted by volume, 300 : 100, so they progress
+    # together: t + t/3 = 10 -> A->C 7.5 B/s, B->C 2.5 B/s (not 5 and 5).
+    capacity = {("A", "B"): 10.0, ("B", "C"): 10.0, ("C", "D"): 10.0}
+    paths = {
+        ("C", "D"): [("C", "D")],
+        ("A", "C"): [("A", "B", "C")],
+        ("B", "C"): [("B", "C")],
+    }
+    res = schedule_round(
+        {
+            "c0": {("C", "D"): 10.0},
+            "c1": {("C", "D"): 1000.0, ("A", "C"): 300.0, ("B", "C"): 100.0},
+        },
+        paths,
+        capacity,
+        alpha=0.0,
+    )
+    assert res.state == {"c0": SCHEDULED, "c1": PREEMPTED}
+    assert total(res.rates, "c0", ("C", "D")) == pytest.approx(10.0)
+    assert total(res.rates, "c1", ("C", "D")) == 0.0
+    assert total(res.rates, "c1", ("A", "C")) == pytest.approx(7.5)
+    assert total(res.rates, "c1", ("B", "C")) == pytest.approx(2.5)
+
+
+def test_work_conservation_fills_shortest_paths_first(fair_share):
+    # Triangle A, B, C (10 B/s links) plus X-A at 1 B/s. c1: X->A, A->C (paths A-C, A-B-C)
+    # and A->B (path A-B), 100 bytes each: X-A makes Γ = 100 s, so step 4 gives every
+    # FlowGroup 1 B/s, A->C on A-C (its fewest link-bytes). Spare: A-C 9, A-B 9, B-C 10.
+    # Filling A->C's one-link path before its two-link one gives A->C +9 and A->B +9:
+    # 10 B/s each, what the max-min MCF gives. (Raising all three (pair, path) subflows
+    # together would give A-C 9 and 4.5 each to A-B-C and A-B: A->C 14.5, A->B 5.5.)
+    capacity = {("X", "A"): 1.0, ("A", "B"): 10.0, ("B", "C"): 10.0, ("A", "C"): 10.0}
+    paths = {
+        ("X", "A"): [("X", "A")],
+        ("A", "C"): [("A", "C"), ("A", "B", "C")],
+        ("A", "B"): [("A", "B")],
+    }
+    res = schedule_round(
+        {"c1": {("X", "A"): 100.0, ("A", "C"): 100.0, ("A", "B"): 100.0}},
+        paths,
+        capacity,
+        alpha=0.0,
+    )
+    assert total(res.rates, "c1", ("X", "A")) == pytest.approx(1.0)
+    assert total(res.rates, "c1", ("A", "C")) == pytest.approx(10.0)
+    assert total(res.rates, "c1", ("A", "B")) == pytest.approx(10.0)
