@@ -114,6 +114,7 @@ def min_cct(
     paths: dict[Pair, list[Path]],
     capacity: dict[Link, float],
     use_shortcuts: bool = True,
+    fewest_link_bytes: bool = True,
 ) -> MinCct:
     """Solve Optimization (1) for one coflow.
 
@@ -125,6 +126,8 @@ def min_cct(
         capacity: {(u, v): bytes/s} available on each directed link; links
             missing from it or below 1e-9 bytes/s carry nothing.
         use_shortcuts: allow the exact closed forms (False forces the LP; tests).
+        fewest_link_bytes: run the second stage (see the module docstring); callers
+            that need only Γ and the prices, not the rates, skip it.
 
     Returns:
         MinCct with Γ in seconds and the per-path rates in bytes/s. Γ is 0 with
@@ -153,7 +156,7 @@ def min_cct(
             return _single_paths(groups, capacity)
         if len(groups) == 1 and _link_disjoint(groups[0][2]):
             return _disjoint_paths(groups[0], capacity)
-    return _solve_lp(groups, capacity)
+    return _solve_lp(groups, capacity, fewest_link_bytes)
 
 
 @lru_cache(maxsize=65536)
@@ -207,7 +210,9 @@ def _highs():
     return h
 
 
-def _solve_lp(groups: list[tuple[Pair, float, list[Path]]], capacity) -> MinCct:
+def _solve_lp(
+    groups: list[tuple[Pair, float, list[Path]]], capacity, fewest_link_bytes: bool = True
+) -> MinCct:
     """Build and solve the scaled LP: columns x'_{k,p} then λ'; rows links then FlowGroups.
 
     Scaling: x = C·x', λ = λ'·C/D with C = max capacity used, D = max volume, so
@@ -265,7 +270,7 @@ def _solve_lp(groups: list[tuple[Pair, float, list[Path]]], capacity) -> MinCct:
     lam = x[-1] * big_c / big_d
     if lam <= 0:
         return MinCct(math.inf, lp_solved=True)
-    x2 = _fewest_link_bytes(h, cols, x)
+    x2 = _fewest_link_bytes(h, cols, x) if fewest_link_bytes else x
     per_group_1 = _group_columns(cols, x, n_groups)
     per_group_2 = _group_columns(cols, x2, n_groups)
     rates: PairRates = {}

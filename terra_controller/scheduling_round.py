@@ -71,7 +71,8 @@ class RoundResult:
         gammas: {coflow id: the key it was taken with}: Γ in seconds on the full
             capacities for coflows that could still be scheduled, a lower bound on
             it for coflows preempted without an LP.
-        exact: {coflow id: MinCct on the full capacities} solved in this round
+        exact: {coflow id: MinCct on the full capacities} solved in this round (for Γ
+            and prices; its rates skip the fewest-link-bytes stage)
             (with link prices: the caller may cache them, see terra_policy.py).
         lps: LPs solved in this round (min-CCT and MCF).
     """
@@ -189,7 +190,7 @@ def _sequential(active, others, paths, capacity, r, hints, memo, rates, result) 
         if not _all_reachable(active[cid], paths, r, capacity):
             result.state[cid] = PREEMPTED
         elif not exact:
-            res = _solve(active[cid], paths, capacity, result)
+            res = _solve(active[cid], paths, capacity, result, rates_needed=False)
             result.exact[cid] = res
             heapq.heappush(heap, (res.gamma_s, pos, cid, True))
             continue
@@ -283,8 +284,8 @@ def reserve_deadlines(
     return ids
 
 
-def _solve(volumes, paths, capacity, result: RoundResult):
-    res = min_cct(volumes, paths, capacity)
+def _solve(volumes, paths, capacity, result: RoundResult, rates_needed: bool = True):
+    res = min_cct(volumes, paths, capacity, fewest_link_bytes=rates_needed)
     result.lps += res.lp_solved
     return res
 

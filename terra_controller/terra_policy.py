@@ -248,7 +248,7 @@ class TerraPolicy:
             if pair not in self._empty_paths:
                 self._empty_paths[pair] = k_shortest_paths(self._empty, *pair, self.k, graph)
         capacity = dict(self.topology.capacity)
-        return min_cct(volumes, self._empty_paths, capacity).gamma_s
+        return min_cct(volumes, self._empty_paths, capacity, fewest_link_bytes=False).gamma_s
 
     def state(self, coflow_id: str) -> str:
         """Return "queued" (not yet in a round), "running" or "preempted".
@@ -342,6 +342,6 @@ class TerraPolicy:
             taken = RoundResult()
             reserve_deadlines(admitted, paths, capacity, now, self._deadline, result=taken)
             self.stats["lps"] += taken.lps
-        res = min_cct(volumes, paths, capacity)
+        res = min_cct(volumes, paths, capacity, fewest_link_bytes=False)
         self.stats["lps"] += res.lp_solved
         return res.gamma_s * (1 + self.epsilon) <= deadline - now and not math.isinf(res.gamma_s)
