@@ -27,6 +27,7 @@ buffer with ``recv_into`` (one copy, kernel to payload).
 
 from __future__ import annotations
 
+import os
 import struct
 
 import msgpack
@@ -173,23 +174,40 @@ async def _socket_send(stream: trio.SocketStream, head: bytes, body) -> None:
 
 
 async def _sendmsg_loop(sock, head: bytes, body) -> None:
+    """Write head + body with os.writev on the socket's descriptor; after a short write, wait
+    until the socket is writable (trio.lowlevel.wait_writable) instead of retrying at once: the
+    kernel then has room for a large piece, so a 4 MiB chunk takes a few system calls, not dozens.
+    One checkpoint per frame when no wait was needed."""
     with memoryview(head) as h, memoryview(body) as b:
-        h, b = h.cast("B"), b.cast("B")
-        try:
-            while len(h):
-                sent = await sock.sendmsg([h, b])
-                if sent >= len(h):
-                    b = b[sent - len(h) :]
-                    h = h[len(h) :]
-                else:
-                    h = h[sent:]
-            while len(b):
-                sent = await sock.send(b)
-                b = b[sent:]
-        except trio.ClosedResourceError:
-            raise
-        except OSError as exc:
-            raise _stream_error(sock, "send", exc) from exc
+        parts = [h.cast("B"), b.cast("B")] if len(b) else [h.cast("B")]
+        waited = False
+        while True:
+            fd = sock.fileno()  # -1 once closed (never write to a reused descriptor number)
+            if fd < 0:
+                raise trio.ClosedResourceError("send on a closed stream")
+            try:
+                sent = os.writev(fd, parts)
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                raise _stream_error(sock, "send", exc) from exc
+            parts = _advance(parts, sent)
+            if not parts:
+                break
+            await trio.lowlevel.wait_writable(sock)
+            waited = True
+        if not waited:
+            await trio.lowlevel.checkpoint()
+
+
+def _advance(parts: list, sent: int) -> list:
+    """The memoryviews still to write after `sent` more bytes went out."""
+    while parts and sent >= len(parts[0]):
+        sent -= len(parts[0])
+        parts = parts[1:]
+    if parts and sent:
+        parts = [parts[0][sent:], *parts[1:]]
+    return parts
 
 
 class FrameWriter:

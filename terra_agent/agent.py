@@ -8,9 +8,10 @@ Lifecycle: run() listens on the data port, connects to the controller (reconnect
 and registers with {dc, agent, data_addr, token?, inflight}. The controller then sends the tunnel
 table (outgoing tunnels + ports to listen on), flow descriptors and per-FlowGroup per-path rates.
 The agent opens one persistent connection per (peer agent, tunnel) and sends; receivers
-acknowledge delivered offsets; progress (bytes acknowledged per flow) goes to the controller every
-`progress_interval` seconds and at once when a flow is fully acknowledged; receivers send
-"complete" when a flow's bytes are all in and its digest matches.
+acknowledge the offsets they delivered in order, hashed and wrote; progress (bytes acknowledged
+per flow) goes to the controller every `progress_interval` seconds and at once when a flow is
+fully acknowledged; receivers send "complete" when a flow's bytes are all in and its digest
+matches.
 
 Chunks that arrive before the receiver has the flow's descriptor (the sender got its copy first)
 are held unacknowledged in a bounded PendingChunks store (terra_agent/pending.py) and fed to the
@@ -291,7 +292,7 @@ class Agent:
             if not flow.done and flow.failed is None
         ]
         rows += [
-            {"coflow": c, "flow": f, "role": "recv", "offset": flow.delivered}
+            {"coflow": c, "flow": f, "role": "recv", "offset": flow.acknowledged}
             for (c, f), flow in self.in_flows.items()
             if not flow.done and flow.failed is None
         ]
@@ -396,6 +397,8 @@ class Agent:
         self.in_flows[spec.key] = inflow
         if inflow.check_digest():  # a restarted receiver that already had every byte
             self._report_complete(inflow)
+        else:
+            self._spawn(self._consume, inflow)
         held = self.pending.pop(spec.key)
         if held:
             log.info(
@@ -536,7 +539,8 @@ class Agent:
     async def _deliver(
         self, flow: InFlow, offset: int, payload, digest, writer: FrameWriter, peer: str
     ) -> None:
-        """Give one chunk to its flow, report completion / failure once, ack on `writer`.
+        """Give one chunk to its flow (hashed later by the flow's _consume task), report a
+        completion / failure not reported yet, ack the flow's acknowledged offset on `writer`.
 
         Raises ProtocolError (wrong sender, chunk past the flow's end, changed digest) and the
         writer's connection errors.
@@ -547,15 +551,40 @@ class Agent:
                 f"chunk for flow {key[0]}/{key[1]} from agent {peer!r}, "
                 f"its sender is {flow.spec.src_agent!r}"
             )
+        flow.ack_writer = writer
         await flow.receive(offset, payload, digest)
-        if not flow.reported and (flow.check_digest() or flow.failed is not None):
-            if flow.done:  # reported once, whichever chunk's task got here first
-                self._report_complete(flow)
-            else:
-                flow.reported = True
-                self.send_control(error_message(flow.failed, coflow=key[0], flow=key[1]))
-        ack = {"t": "ack", "c": key[0], "f": key[1], "o": flow.delivered, "e": self.epoch}
-        await writer.send(ack)
+        self._report_if_finished(flow)
+        await writer.send(self._ack(flow))
+
+    async def _consume(self, flow: InFlow) -> None:
+        """The task that hashes and writes one receiving flow's in-order bytes (InFlow.consume)
+        until it is complete or failed; acks each batch on the connection of the latest chunk
+        and reports the completion (or failure) once."""
+        while await flow.consume():
+            if flow.complete:
+                self._report_if_finished(flow)
+            writer = flow.ack_writer
+            if writer is not None:
+                try:
+                    await writer.send(self._ack(flow))
+                except CONNECTION_ERRORS:
+                    pass  # the sender resends on another connection; that one acks
+        self._report_if_finished(flow)
+
+    def _ack(self, flow: InFlow) -> dict:
+        key = flow.spec.key
+        return {"t": "ack", "c": key[0], "f": key[1], "o": flow.acknowledged, "e": self.epoch}
+
+    def _report_if_finished(self, flow: InFlow) -> None:
+        """Report a flow's completion (digest matched) or failure to the controller, once."""
+        if flow.reported or not (flow.check_digest() or flow.failed is not None):
+            return
+        if flow.done:
+            self._report_complete(flow)
+        else:
+            flow.reported = True
+            key = flow.spec.key
+            self.send_control(error_message(flow.failed, coflow=key[0], flow=key[1]))
 
     # ------------------------------------------------------------ chunks ahead of descriptors
 

@@ -16,7 +16,7 @@ import trio
 
 from overlay.framing import FrameWriter
 
-PENDING_LIMIT_BYTES = 4 << 20
+PENDING_LIMIT_BYTES = 16 << 20  # one MAX_CHUNK_BYTES chunk on each of 4 paths
 PENDING_TIMEOUT_S = 5.0
 
 

@@ -2,6 +2,10 @@
 
 A flow is complete when all `size` bytes have been delivered in order and the BLAKE2b digest of
 the delivered bytes equals the sender's (carried as "d" by the chunk that ends the flow).
+
+Connection tasks only reorder (InFlow.receive); one consumer task per flow (InFlow.consume, run by
+the agent) hashes and writes the in-order bytes in batches in a worker thread, so no connection
+waits for the hash. The acknowledged offset covers only bytes hashed and written to the sink.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from .sources import new_hasher, open_sink
 
 log = logging.getLogger(__name__)
 
-THREAD_HASH_BYTES = 256 * 1024  # receive(): in-order bytes at least this large are hashed and
-# written in a worker thread (hashlib and os.write release the GIL), overlapping the event loop
+THREAD_HASH_BYTES = 256 * 1024  # consume(): queued in-order bytes at least this many are hashed
+# and written in one worker-thread call (hashlib and os.write release the GIL)
+MAX_QUEUED_BYTES = 16 << 20  # receive() waits while more in-order bytes than this await consume()
 
 
 class InFlow:
@@ -30,10 +35,12 @@ class InFlow:
     the receiver continues from its length (bytes before it are re-hashed; the sender's digest, if
     it had arrived, is read back from PATH.blake2b); else it starts at 0.
 
-    Attributes: delivered (contiguous bytes delivered, the offset acknowledged), expected_digest
-    (sender's hex digest once seen), digest (own hex digest once all bytes are in), done (digest
-    matched), failed (digest mismatch message or None), reported (set by the agent once it told
-    the controller about done / failed).
+    Attributes: delivered (contiguous bytes received in order), acknowledged (contiguous bytes
+    hashed and written to the sink: the offset acknowledged to the sender, <= delivered; the bytes
+    between wait for consume()), expected_digest (sender's hex digest once seen), digest (own hex
+    digest once all bytes are in), done (digest matched), failed (digest mismatch or sink write
+    failure message, or None), reported and ack_writer (set by the agent: it told the controller
+    about done / failed; the connection of the latest chunk, where consume()'s progress is acked).
 
     Raises:
         SourceError: the sink cannot be opened.
@@ -53,15 +60,19 @@ class InFlow:
         if self.base:
             self.sink.prefix_hash(self.hasher)
         self.delivered = self.base
+        self.acknowledged = self.base
         self.expected_digest: str | None = self.sink.load_digest() if self.base else None
         self.digest: str | None = None
         self.done = False
         self.failed: str | None = None
         self.reported = False  # the agent reported done / failed to the controller
         self._reorder = None
-        self._pending: list = []  # in-order pieces not yet hashed / written (receive())
-        self._busy = False  # a receive() is hashing / writing pieces (maybe in a thread)
-        self._consume_lock = trio.Lock()
+        self._pending: list = []  # in-order pieces not yet hashed / written
+        self._pending_bytes = 0
+        self._busy = False  # consume() is hashing / writing pieces (maybe in a thread)
+        self._queued = trio.Event()  # set when receive() queues in-order bytes
+        self._drained = trio.Event()  # set when consume() takes the queued bytes
+        self.ack_writer = None  # set by the agent: where to acknowledge consume()'s progress
         self.peak_resident_bytes = 0
         self.spilled_bytes = 0
         if self.base < spec.size:
@@ -85,36 +96,79 @@ class InFlow:
             ProtocolError: the chunk runs past the flow's size, or a different sender digest.
         """
         self._accept(offset, data, digest)
-        pieces, self._pending = self._pending, []
+        pieces, nbytes = self._take_pending()
         self._consume(pieces)
+        self.acknowledged += nbytes
         if self.complete:
             self._finish_data()
 
     async def receive(self, offset: int, data, digest: str | None = None) -> None:
-        """add() for the event loop: the in-order bytes are hashed and written in a worker
-        thread when they reach THREAD_HASH_BYTES, in delivery order (one consumer at a time).
-        `delivered` (the offset to acknowledge) moves at once; `complete` waits for the hash.
+        """Take a chunk (as add()) from a connection's task without hashing it: the bytes now in
+        order are queued for consume(), which runs in its own task. `delivered` moves at once,
+        `acknowledged` once consume() has hashed and written the bytes. Waits while more than
+        MAX_QUEUED_BYTES are queued (backpressure on every connection alike), so a consume()
+        task must run for the flow.
 
         Raises:
             ProtocolError: as add().
         """
         self._accept(offset, data, digest)
-        async with self._consume_lock:  # FIFO: consumers run in the order pieces were added
-            while self._pending:
-                pieces, self._pending = self._pending, []
-                self._busy = True
-                try:
-                    if sum(len(p) for p in pieces) >= THREAD_HASH_BYTES:
-                        await trio.to_thread.run_sync(self._consume, pieces)
-                    else:
-                        self._consume(pieces)
-                finally:
-                    self._busy = False
+        if self._pending:
+            self._queued.set()
+        while self._pending_bytes > MAX_QUEUED_BYTES and self.failed is None:
+            drained = self._drained
+            await drained.wait()
+
+    async def consume(self) -> int:
+        """Hash and write every in-order byte queued by receive(), in delivery order; waits for
+        some when none are queued. One task per flow calls it in a loop.
+
+        Batches of THREAD_HASH_BYTES or more go to a worker thread in one call; a batch is what
+        arrived while the previous one was hashed, so thread calls per byte fall as the load
+        rises and connections never wait for the hash. `acknowledged` moves past the batch
+        afterwards; once the last byte is consumed the flow's digest is computed (`complete`).
+
+        Returns:
+            bytes consumed; 0 once the flow is complete or failed (nothing more will come).
+            A sink that cannot be written fails the flow (`failed` says why).
+        """
+        while not self._pending:
             if self.complete:
                 self._finish_data()
+                return 0
+            if self.failed is not None:
+                return 0
+            queued = self._queued = trio.Event()
+            await queued.wait()
+        pieces, nbytes = self._take_pending()
+        self._drained.set()
+        self._drained = trio.Event()
+        self._busy = True
+        try:
+            if nbytes >= THREAD_HASH_BYTES:
+                await trio.to_thread.run_sync(self._consume, pieces)
+            else:
+                self._consume(pieces)
+        except OSError as exc:
+            self.failed = f"flow {self.spec.coflow}/{self.spec.flow}: sink write failed: {exc}"
+            log.error(self.failed)
+            self._drained.set()
+            return 0
+        finally:
+            self._busy = False
+        self.acknowledged += nbytes
+        if self.complete:
+            self._finish_data()
+        return nbytes
+
+    def _take_pending(self) -> tuple[list, int]:
+        pieces, nbytes = self._pending, self._pending_bytes
+        self._pending, self._pending_bytes = [], 0
+        return pieces, nbytes
 
     def _accept(self, offset: int, data, digest: str | None) -> None:
-        """Check a chunk, keep the sender's digest, queue the bytes now in order in _pending."""
+        """Check a chunk, keep the sender's digest, queue the bytes now in order in _pending.
+        A failed flow queues nothing more."""
         end = offset + len(data)
         if end > self.spec.size:
             raise ProtocolError(
@@ -127,12 +181,14 @@ class InFlow:
             if self.expected_digest is None:
                 self.expected_digest = digest
                 self.sink.save_digest(digest)
-        if self._reorder is None or end <= self.delivered:
+        if self._reorder is None or end <= self.delivered or self.failed is not None:
             return
         if offset < self.base:
             data = memoryview(data)[self.base - offset :]
             offset = self.base
+        before = self._reorder.delivered
         self._pending.extend(self._reorder.add(offset - self.base, data))
+        self._pending_bytes += self._reorder.delivered - before
         self.delivered = self.base + self._reorder.delivered
 
     def _consume(self, pieces: list) -> None:

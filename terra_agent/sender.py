@@ -34,7 +34,7 @@ MIN_CHUNK_BYTES = 4 * 1024
 CHUNK_SECONDS = 0.01  # a chunk is about this much of its path's rate (rate_limit.py advice)
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
-THREAD_HASH_BYTES = 256 * 1024  # unhashed bytes of a flow at which a worker thread hashes them
+THREAD_HASH_BYTES = 4 << 20  # unhashed bytes of a flow at which a worker thread hashes them
 DEAD_PEER_S = 10.0  # a silent peer (no acks, no keepalive answers) is dropped after this long
 # Tunnel connections cross the emulated/real WAN: a burst of losses there (a link failure and
 # the re-route, full queues) stalls a live connection in TCP's exponential RTO backoff
@@ -70,7 +70,8 @@ def detect_dead_peers(stream: trio.SocketStream, timeout_s: float = DEAD_PEER_S)
 
 
 def chunk_bytes(rate: float) -> int:
-    """Chunk size for a path at `rate` bytes/s: rate * 10 ms, clamped to [4 KiB, 1 MiB]."""
+    """Chunk size for a path at `rate` bytes/s: rate * 10 ms, clamped to [4 KiB, 4 MiB]
+    (MAX_CHUNK_BYTES)."""
     if not math.isfinite(rate):
         return MAX_CHUNK_BYTES
     return int(min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, rate * CHUNK_SECONDS)))

@@ -18,8 +18,8 @@ import os
 
 import numpy as np
 
-SYNTHETIC_PERIOD = 1_052_673  # odd, > MAX_CHUNK_BYTES: chunks at different offsets differ
-MAX_CHUNK_BYTES = 1 << 20
+SYNTHETIC_PERIOD = 4_210_689  # odd, > MAX_CHUNK_BYTES: chunks at different offsets differ
+MAX_CHUNK_BYTES = 4 << 20  # = framing.MAX_PAYLOAD_BYTES: fewer frames, system calls, acks per GB
 _REHASH_BYTES = 4 << 20
 
 

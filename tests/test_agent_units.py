@@ -244,19 +244,22 @@ async def test_detect_dead_peers_sets_user_timeout_and_keepalive():
 
 
 async def test_outflow_hashes_in_a_worker_thread_in_order_with_inline_jumps():
-    """Chunks of 100_000 bytes, hash_pending() (thread, >= THREAD_HASH_BYTES queued) after some,
-    an ack jumping the frontier forward (inline hashing) in between: the digest is the flow's."""
-    size = 3 * MAX_CHUNK_BYTES + 5
+    """Chunks of a third of THREAD_HASH_BYTES, hash_pending() (thread, >= THREAD_HASH_BYTES
+    queued) after some, an ack jumping the frontier forward (inline hashing) in between: the
+    digest is the flow's."""
+    step = THREAD_HASH_BYTES // 3 + 1
+    size = 5 * THREAD_HASH_BYTES + 5
     flow = OutFlow(spec(size), SyntheticSource("c1/f1", size))
-    for i in range(8):  # 800_000 bytes taken; hashed in threads every few chunks
-        flow.take(100_000)
+    for i in range(8):  # 8 * step (~2.7 x THREAD_HASH_BYTES) taken; hashed in threads
+        flow.take(step)
         if i % 3 == 2:
             await flow.hash_pending()
     assert flow._hashed >= THREAD_HASH_BYTES  # some bytes went through the worker thread
-    flow.on_ack(2_000_000, epoch=1)  # receiver holds more: frontier jumps, inline hashing
-    assert flow.next_offset == 2_000_000
+    jump = 4 * THREAD_HASH_BYTES
+    flow.on_ack(jump, epoch=1)  # receiver holds more: frontier jumps, inline hashing
+    assert flow.next_offset == jump
     last = None
-    while (item := flow.take(100_000)) is not None:
+    while (item := flow.take(step)) is not None:
         last = item
         await flow.hash_pending()
     assert last[0] + len(last[1]) == size
@@ -264,8 +267,9 @@ async def test_outflow_hashes_in_a_worker_thread_in_order_with_inline_jumps():
 
 
 async def test_inflow_receive_from_concurrent_tasks_hashes_in_delivery_order(tmp_path):
-    """Chunks of 64 KiB from four tasks in a shuffled order, some duplicated: receive() hashes
-    and writes the in-order bytes (in worker threads for >= THREAD_HASH_BYTES) in order."""
+    """Chunks of 64 KiB from four tasks in a shuffled order, some duplicated: receive() queues
+    the in-order bytes, a consume() task hashes and writes them (in worker threads for batches
+    >= THREAD_HASH_BYTES) in order; acknowledged follows what consume() finished."""
     size = 4 * MAX_CHUNK_BYTES + 3
     data = os.urandom(size)
     sink = tmp_path / "out"
@@ -276,7 +280,15 @@ async def test_inflow_receive_from_concurrent_tasks_hashes_in_delivery_order(tmp
     rng = random.Random(7)
     rng.shuffle(chunks)
     chunks += chunks[:5]  # duplicates
+    consumed = []
+
+    async def consume():
+        while n := await flow.consume():
+            consumed.append(n)
+            assert flow.acknowledged == sum(consumed) <= flow.delivered
+
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(consume)
         for k in range(4):
             mine = chunks[k::4]
 
@@ -288,6 +300,7 @@ async def test_inflow_receive_from_concurrent_tasks_hashes_in_delivery_order(tmp
 
             nursery.start_soon(feed)
     assert flow.complete and flow.check_digest() and flow.digest == digest
+    assert flow.acknowledged == size and sum(consumed) == size
     assert sink.read_bytes() == data
 
 
