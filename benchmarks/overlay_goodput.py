@@ -4,7 +4,8 @@ Two `terra-agent` subprocesses (sender on 127.0.0.2, receiver on 127.0.0.3) and 
 controller peer of terra_agent/harness.py. The sender moves synthetic flows to a digest-only sink;
 the receiver reorders, hashes (BLAKE2b) and checks each flow's digest. Goodput = flow bytes / time
 from the rates message to the last "complete" report. CPU seconds per GB = user + system CPU time
-of both agent processes over the same interval (psutil) / GB moved (1 GB = 1e9 bytes).
+of both agent processes over the same interval (psutil) / GB moved (1 GB = 1e9 bytes); also
+per agent, user and system apart.
 
     uv run python benchmarks/overlay_goodput.py [--gbytes 2] [--flows 4] [--tunnels 4] [--json OUT]
 
@@ -45,9 +46,9 @@ def hashing_cost_s_per_gb() -> dict:
     return out
 
 
-def cpu_seconds(procs: list[psutil.Process]) -> float:
-    """User + system CPU seconds of the given processes."""
-    return sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+def cpu_times(procs: dict[str, psutil.Process]) -> dict[str, tuple[float, float]]:
+    """{name: (user, system) CPU seconds} of the given processes."""
+    return {name: (p.cpu_times().user, p.cpu_times().system) for name, p in procs.items()}
 
 
 async def run(gbytes: float, flows: int, tunnels: int, workdir: Path) -> dict:
@@ -59,19 +60,25 @@ async def run(gbytes: float, flows: int, tunnels: int, workdir: Path) -> dict:
         await h.add_agent("snd", "HK", subprocess=True)
         await h.add_agent("rcv", "LA", subprocess=True)
         specs = (await h.install_tunnels([("snd", "rcv", tunnels)]))["snd"]
-        procs = [psutil.Process(h.agents[a].process.pid) for a in ("snd", "rcv")]
+        procs = {a: psutil.Process(h.agents[a].process.pid) for a in ("snd", "rcv")}
         specs_f = [h.flow("bench", f"f{i}", "snd", "rcv", size) for i in range(flows)]
         await h.controller.add_flows(specs_f)  # returns once both ends opened the flows
-        cpu0, t0 = cpu_seconds(procs), time.perf_counter()
+        cpu0, t0 = cpu_times(procs), time.perf_counter()
         rates = GroupRates("bench", "LA", {s.tunnel: UNLIMITED for s in specs})
         await h.controller.set_rates("snd", [rates])
         await h.controller.wait_until(lambda: h.controller.all_complete([f.key for f in specs_f]))
-        elapsed, cpu = time.perf_counter() - t0, cpu_seconds(procs) - cpu0
+        elapsed, cpu1 = time.perf_counter() - t0, cpu_times(procs)
         nursery.cancel_scope.cancel()
     total = size * flows
+    gb = total / 1e9
+    by_agent = {
+        a: {"user": (cpu1[a][0] - cpu0[a][0]) / gb, "system": (cpu1[a][1] - cpu0[a][1]) / gb}
+        for a in procs
+    }
     return {
         "goodput_gbytes_per_s": total / elapsed / 1e9,
-        "cpu_s_per_gb": cpu / (total / 1e9),
+        "cpu_s_per_gb": sum(v["user"] + v["system"] for v in by_agent.values()),
+        "cpu_s_per_gb_by_agent": by_agent,
         "bytes": total,
         "seconds": elapsed,
         "flows": flows,
@@ -101,6 +108,13 @@ def main(argv: list[str] | None = None) -> int:
         f"({figures['goodput_gbytes_per_s'] * 8:.2f} Gbit/s), "
         f"{figures['cpu_s_per_gb']:.2f} CPU s/GB, {figures['bytes'] / 1e9:.2f} GB in "
         f"{figures['seconds']:.2f} s over {args.tunnels} tunnels ({args.flows} flows)"
+    )
+    print(
+        "CPU s/GB by agent: "
+        + ", ".join(
+            f"{a} {v['user']:.2f} user + {v['system']:.2f} system"
+            for a, v in figures["cpu_s_per_gb_by_agent"].items()
+        )
     )
     print(
         f"digest+checksum alone: {floor:.2f} CPU s/GB (BLAKE2b {cost['blake2b']:.2f}, crc32 "

@@ -56,7 +56,7 @@ class _Segment:
 
     start: int
     end: int
-    data: bytes | None = None
+    data: bytes | memoryview | None = None
     file_offset: int = -1
 
 
@@ -122,6 +122,8 @@ class ReorderBuffer:
     def add(self, offset: int, data) -> list:
         """Take a chunk of `data` (bytes-like) starting at flow byte `offset`.
 
+        `data` must not be modified afterwards: it is delivered or held without a copy.
+
         Returns:
             The bytes now deliverable in order, as a list of bytes-like pieces
             (bytes, or memoryview slices of `data` when it arrived in order; no
@@ -157,7 +159,11 @@ class ReorderBuffer:
             self.delivered = end
             self._pop_contiguous(out)
             return out
-        for start, stop in self._gaps(offset, end):
+        gaps = self._gaps(offset, end)
+        if gaps == [(offset, end)]:  # nothing of it held yet: keep it as it is, no copy
+            self._hold(offset, _whole(data, view))
+            return []
+        for start, stop in gaps:  # copies: a slice must not pin the whole chunk in memory
             self._hold(start, bytes(view[start - offset : stop - offset]))
         return []
 
@@ -217,7 +223,7 @@ class ReorderBuffer:
             seg = self._take_first()
             if seg.end > end:
                 data = self._load(seg)
-                self._hold(end, data[end - seg.start :])
+                self._hold(end, bytes(data[end - seg.start :]))  # a copy: see add()
 
     def _pop_contiguous(self, out: list) -> None:
         """Append held segments that now continue the in-order stream."""
@@ -237,7 +243,7 @@ class ReorderBuffer:
             self._on_disk -= size
         return seg
 
-    def _load(self, seg: _Segment) -> bytes:
+    def _load(self, seg: _Segment) -> bytes | memoryview:
         if seg.data is not None:
             return seg.data
         data = os.pread(self._spill_fd, seg.end - seg.start, seg.file_offset)
@@ -247,7 +253,7 @@ class ReorderBuffer:
             self._reset_spill_file()
         return data
 
-    def _hold(self, start: int, data: bytes) -> None:
+    def _hold(self, start: int, data) -> None:
         size = len(data)
         seg = _Segment(start, start + size)
         over = self._over_by(size)

@@ -35,6 +35,7 @@ CHUNK_SECONDS = 0.01  # a chunk is about this much of its path's rate (rate_limi
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
 THREAD_HASH_BYTES = 4 << 20  # unhashed bytes of a flow at which a worker thread hashes them
+UNSENT_LOWAT_BYTES = MAX_CHUNK_BYTES  # data connections: unsent bytes the kernel may queue
 DEAD_PEER_S = 10.0  # a silent peer (no acks, no keepalive answers) is dropped after this long
 # Tunnel connections cross the emulated/real WAN: a burst of losses there (a link failure and
 # the re-route, full queues) stalls a live connection in TCP's exponential RTO backoff
@@ -67,6 +68,21 @@ def detect_dead_peers(stream: trio.SocketStream, timeout_s: float = DEAD_PEER_S)
                 sock.setsockopt(level, option, value)
             except OSError:
                 pass
+
+
+def allow_unsent_bytes(stream: trio.SocketStream, nbytes: int = UNSENT_LOWAT_BYTES) -> None:
+    """Let the kernel queue up to `nbytes` not-yet-sent bytes on `stream` (TCP_NOTSENT_LOWAT).
+
+    trio sets 16 KiB on every SocketStream (low latency for small messages); a data connection
+    then becomes writable only after each window update and a 4 MiB chunk went out in ~30 short
+    writes, each an epoll round and a trio wake-up. Linux option; ignored where missing.
+    """
+    option = getattr(socket, "TCP_NOTSENT_LOWAT", None)
+    if option is not None:
+        try:
+            stream.socket.setsockopt(socket.IPPROTO_TCP, option, nbytes)
+        except OSError:
+            pass
 
 
 def chunk_bytes(rate: float) -> int:
@@ -301,6 +317,7 @@ class PeerLink:
             )
             self._stream = stream
             detect_dead_peers(stream, TUNNEL_DEAD_PEER_S)
+            allow_unsent_bytes(stream)
             async with stream:
                 writer = FrameWriter(stream)
                 hello = {"t": "hello", "agent": self.agent_id, "tunnel": self.spec.tunnel}
