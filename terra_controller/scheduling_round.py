@@ -55,7 +55,8 @@ from topologies import Link, Path
 SCHEDULED, PREEMPTED, DEADLINE = "scheduled", "preempted", "deadline"
 _FULL = 1e-6  # a link with less than this fraction of its capacity left counts as full
 _TIGHT = 1e-9  # relative gap under which bounds on Γ count as exact
-_MIN_WEIGHT = 1e-6  # step 6: smallest FlowGroup weight relative to its coflow's largest
+_MIN_WEIGHT = 1e-3  # step 6: smallest FlowGroup weight relative to its coflow's largest
+# (smaller weights would put the MCF's freezing duals near the solver tolerance)
 MCF_MAX_COLUMNS = 160  # steps 5-6 use the MCF up to this many (pair, path) columns
 
 
