@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import trio
 
-from overlay.framing import FrameError, FrameReader, FrameWriter
+from overlay.framing import MAX_PAYLOAD_BYTES, FrameError, FrameReader, FrameWriter, PayloadBuffers
 from overlay.protocol import (
     FlowSpec,
     ProtocolError,
@@ -73,6 +73,10 @@ from .sources import SourceError, flow_key, open_source
 
 log = logging.getLogger(__name__)
 
+# 4 MiB receive buffers kept for reuse by all incoming data connections together (at most 128 MiB,
+# only as many as were in use at once: 23 in overlay_goodput, chunks held by the reorder buffers,
+# queued for hashing and being received).
+PAYLOAD_BUFFERS = 32
 ROWS_PER_MESSAGE = 500  # flow rows per progress/register message (keeps headers < 64 KiB)
 
 
@@ -110,7 +114,8 @@ class Agent:
     InFlow}, groups {(coflow, dst_dc): FlowGroupSender}, links {(peer_agent, tunnel): PeerLink},
     registered (trio.Event, set on each registration), epoch (receiver incarnation, ns),
     reorder_budget (MemoryBudget: out-of-order bytes in memory now / peak, all flows),
-    pending (PendingChunks: chunks held for flows without a descriptor yet), refused
+    pending (PendingChunks: chunks held for flows without a descriptor yet), payload_buffers
+    (PayloadBuffers: reused receive buffers of large chunks), refused
     {(coflow, flow): reason} (flows whose receiving end could not start), closed_connections
     (incoming data connections this agent closed because of an error).
     """
@@ -128,6 +133,7 @@ class Agent:
         self.closed_connections = 0
         self.reorder_budget = MemoryBudget(config.memory_limit)
         self.pending = PendingChunks(config.pending_limit)
+        self.payload_buffers = PayloadBuffers(MAX_PAYLOAD_BYTES, PAYLOAD_BUFFERS)
         self.refused: dict[tuple[str, str], str] = {}
         self._pending_timers: set[tuple[str, str]] = set()
         self._outbox: deque[dict] = deque()
@@ -488,7 +494,7 @@ class Agent:
         try:
             async with stream:
                 detect_dead_peers(stream, TUNNEL_DEAD_PEER_S)
-                reader = FrameReader(stream)
+                reader = FrameReader(stream, buffers=self.payload_buffers)
                 writer = FrameWriter(stream)
                 frame = await reader.read()
                 if frame is None:

@@ -19,6 +19,7 @@ from overlay.framing import (
     FrameError,
     FrameReader,
     FrameWriter,
+    PayloadBuffers,
     chunk_header,
     encode_frame,
     send_frame,
@@ -106,6 +107,62 @@ async def test_chunk_round_trip_over_tcp_all_sizes():
         assert header["x"] == zlib.crc32(sent)
         assert bytes(payload) == sent
         offset += len(sent)
+
+
+def test_payload_buffers_reuse_only_unreferenced_buffers():
+    pool = PayloadBuffers(size=1000, count=2)
+    a = pool.take(600)
+    assert len(a) == 600
+    a[:] = b"a" * 600
+    part = a[100:200]  # a slice keeps the buffer in use after the view itself is gone
+    del a
+    b = pool.take(1000)  # the first buffer is still referenced: a second one
+    b[:] = b"b" * 1000
+    assert bytes(part) == b"a" * 100
+    c = pool.take(10)  # both kept buffers in use, count reached: a fresh, unkept one
+    c[:] = b"c" * 10
+    assert bytes(part) == b"a" * 100 and bytes(b[:3]) == b"bbb"
+    del part
+    d = pool.take(5)  # the first buffer is free again: reused (its old bytes show through)
+    assert bytes(d) == b"a" * 5
+    with pytest.raises(ValueError, match="limit 1000"):
+        pool.take(1001)
+    with pytest.raises(ValueError, match="count"):
+        PayloadBuffers(size=10, count=0)
+
+
+async def test_reader_with_payload_buffers_keeps_held_payloads_intact():
+    """Large payloads read into reused buffers: payloads still held by the caller are never
+    overwritten by later frames, released ones are reused (2 buffers for 12 frames)."""
+    client, server = await tcp_pair()
+    size = 300_000  # >= 256 KiB: received into the pool
+    payloads = [pattern(size, seed=i) for i in range(12)]
+    pool = PayloadBuffers(size=MAX_PAYLOAD_BYTES, count=2)
+    held = []
+
+    async def sender():
+        for i, p in enumerate(payloads):
+            await send_frame(client, chunk_header("c", "f", i * size, p), p)
+        await client.aclose()
+
+    async def receiver():
+        reader = FrameReader(server, buffers=pool)
+        i = 0
+        while (frame := await reader.read()) is not None:
+            header, payload = frame
+            assert bytes(payload) == payloads[i]
+            if i % 4 == 0:
+                held.append((i, payload))  # kept: its buffer must not be reused
+            i += 1
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sender)
+        nursery.start_soon(receiver)
+    await server.aclose()
+    assert [i for i, _ in held] == [0, 4, 8]
+    for i, payload in held:
+        assert bytes(payload) == payloads[i]
+    assert len(pool._kept) == 2
 
 
 async def test_many_small_frames_and_control_frames_keep_order():
