@@ -210,3 +210,24 @@ def test_work_conservation_fills_shortest_paths_first(fair_share):
     assert total(res.rates, "c1", ("X", "A")) == pytest.approx(1.0)
     assert total(res.rates, "c1", ("A", "C")) == pytest.approx(10.0)
     assert total(res.rates, "c1", ("A", "B")) == pytest.approx(10.0)
+
+
+def test_deadline_coflow_gets_spare_capacity_after_the_others():
+    # Chain A-B, C-D: A-B 10 B/s, C-D 1 B/s, α = 0. d1: A->B 100 bytes, deadline 20 s:
+    # 100/20 = 5 B/s (on time). c2: A->B 100 and C->D 1000: Γ = max(100/5, 1000/1) = 1000 s
+    # on what d1 leaves, so A->B 0.1 B/s and C->D 1 B/s. A-B has 10 - 5 - 0.1 = 4.9 spare:
+    # d1 already meets its deadline, so step 6 gives it to c2 (A->B 0.1 + 4.9 = 5 B/s).
+    capacity = {("A", "B"): 10.0, ("C", "D"): 1.0}
+    paths = {("A", "B"): [("A", "B")], ("C", "D"): [("C", "D")]}
+    res = schedule_round(
+        {"d1": {("A", "B"): 100.0}, "c2": {("A", "B"): 100.0, ("C", "D"): 1000.0}},
+        paths,
+        capacity,
+        now=0.0,
+        deadlines={"d1": 20.0},
+        alpha=0.0,
+    )
+    assert res.state == {"d1": DEADLINE, "c2": SCHEDULED}
+    assert total(res.rates, "d1", ("A", "B")) == pytest.approx(5.0)
+    assert total(res.rates, "c2", ("A", "B")) == pytest.approx(5.0)
+    assert total(res.rates, "c2", ("C", "D")) == pytest.approx(1.0)
