@@ -566,15 +566,20 @@ class Agent:
         """The task that hashes and writes one receiving flow's in-order bytes (InFlow.consume)
         until it is complete or failed; acks each batch on the connection of the latest chunk
         and reports the completion (or failure) once."""
-        while await flow.consume():
-            if flow.complete:
-                self._report_if_finished(flow)
-            writer = flow.ack_writer
-            if writer is not None:
-                try:
-                    await writer.send(self._ack(flow))
-                except CONNECTION_ERRORS:
-                    pass  # the sender resends on another connection; that one acks
+        key = flow.spec.key
+        try:
+            while await flow.consume():
+                if flow.complete:
+                    self._report_if_finished(flow)
+                writer = flow.ack_writer
+                if writer is not None:
+                    try:
+                        await writer.send(self._ack(flow))
+                    except CONNECTION_ERRORS:
+                        pass  # the sender resends on another connection; that one acks
+        except Exception as exc:  # a bug or an unexpected sink error: fail this flow only
+            log.exception("flow %s/%s: consuming its bytes failed", *key)
+            flow.fail(f"flow {key[0]}/{key[1]}: consuming its bytes failed: {exc!r}")
         self._report_if_finished(flow)
 
     def _ack(self, flow: InFlow) -> dict:

@@ -133,10 +133,10 @@ class InFlow:
             A sink that cannot be written fails the flow (`failed` says why).
         """
         while not self._pending:
+            if self.failed is not None:
+                return 0
             if self.complete:
                 self._finish_data()
-                return 0
-            if self.failed is not None:
                 return 0
             queued = self._queued = trio.Event()
             await queued.wait()
@@ -150,9 +150,7 @@ class InFlow:
             else:
                 self._consume(pieces)
         except OSError as exc:
-            self.failed = f"flow {self.spec.coflow}/{self.spec.flow}: sink write failed: {exc}"
-            log.error(self.failed)
-            self._drained.set()
+            self.fail(f"flow {self.spec.coflow}/{self.spec.flow}: sink write failed: {exc}")
             return 0
         finally:
             self._busy = False
@@ -160,6 +158,14 @@ class InFlow:
         if self.complete:
             self._finish_data()
         return nbytes
+
+    def fail(self, message: str) -> None:
+        """Mark the flow failed (`message` says why): it takes no more bytes, nothing waits in
+        receive() any longer, and it is never done."""
+        self.failed = message
+        log.error(message)
+        self._pending, self._pending_bytes = [], 0
+        self._drained.set()
 
     def _take_pending(self) -> tuple[list, int]:
         pieces, nbytes = self._pending, self._pending_bytes

@@ -3,6 +3,7 @@
 import hashlib
 import os
 import random
+import shutil
 import socket
 
 import pytest
@@ -302,6 +303,22 @@ async def test_inflow_receive_from_concurrent_tasks_hashes_in_delivery_order(tmp
     assert flow.complete and flow.check_digest() and flow.digest == digest
     assert flow.acknowledged == size and sum(consumed) == size
     assert sink.read_bytes() == data
+
+
+async def test_inflow_sink_write_failure_fails_the_flow_and_frees_waiters(tmp_path):
+    """A file sink that cannot be written (its directory is gone before the first write opens
+    the file): consume() fails the flow with a clear message, nothing is acknowledged, and
+    receive() neither queues more bytes nor waits for a consumer."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    flow = InFlow(spec(1000, sink=f"file:{gone / 'out'}"), 1 << 20, str(tmp_path))
+    shutil.rmtree(gone)
+    await flow.receive(0, b"x" * 500)
+    assert await flow.consume() == 0
+    assert "sink write failed" in flow.failed and flow.acknowledged == 0
+    await flow.receive(500, b"y" * 500)
+    assert await flow.consume() == 0
+    assert not flow.check_digest() and not flow.done
 
 
 def held(n, stream):
