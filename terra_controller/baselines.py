@@ -176,32 +176,48 @@ def _all_up(topology: Topology) -> Topology:
     return up
 
 
+class PairLevels(NamedTuple):
+    """Per-member rates per path of some DC pairs (answer of `_PairPolicy.pair_levels`).
+
+    Attributes:
+        paths: the paths with a rate, grouped by pair in the order of the pairs asked.
+        pair: int array, for each path the index of its pair in the pairs asked.
+        level: float array, for each path the rate of one flow member on it (bytes/s).
+    """
+
+    paths: list[Path]
+    pair: np.ndarray
+    level: np.ndarray
+
+
 class _PairPolicy(BaselinePolicy):
     """Baselines under which every member of a flow gets, on each path, a rate that depends
     only on the flow's DC pair and on how many flow members of each pair are active
-    (per-flow, multipath, swan-mcf). They implement `pair_rates`; `allocate` expands it
-    per flow, and the simulator calls `pair_rates` directly (simulator.py), which spares
+    (per-flow, multipath, swan-mcf). They implement `pair_levels`; `allocate` expands it
+    per flow, and the simulator calls `pair_levels` directly (simulator.py), which spares
     it a dict entry per active flow per event."""
 
-    def pair_rates(
-        self, now: float, members: dict[tuple[str, str], float]
-    ) -> dict[tuple[str, str], list[tuple[Path, float]]]:
+    def pair_levels(
+        self, now: float, pairs: tuple[tuple[str, str], ...], members: np.ndarray
+    ) -> PairLevels:
         """Per-member rates per path for each DC pair.
 
         Args:
             now: seconds.
-            members: {(src DC, dst DC): active flow members of that pair (> 0)}, in order
-                of first appearance over the active coflows (coflows in admission order,
-                their flows in order); bundles count their members.
+            pairs: the (src DC, dst DC) pairs with active flows, in order of first
+                appearance over the active coflows (coflows in admission order, their
+                flows in order).
+            members: float array, active flow members of each pair (> 0; bundles count
+                their members).
 
         Returns:
-            {(src, dst): [(path, bytes/s of one member on that path)]} for every pair of
-            `members` (empty list: rate 0, e.g. no path up).
+            PairLevels; a pair without paths (none up) simply has none (rate 0). Its
+            `paths` list is the same object whenever `pairs` and the WAN are the same.
         """
         raise NotImplementedError
 
     def allocate(self, now: float, remaining: Remaining) -> Allocation:
-        """Rates for every flow in `remaining` from `pair_rates`.
+        """Rates for every flow in `remaining` from `pair_levels`.
 
         Args:
             now: seconds.
@@ -211,13 +227,19 @@ class _PairPolicy(BaselinePolicy):
             {coflow id: {flow id: [(path, bytes/s)]}}: a flow of n members gets n times
             its pair's per-member rate on each path.
         """
-        members: dict[tuple[str, str], float] = {}
+        count: dict[tuple[str, str], float] = {}
         for cid, flows in remaining.items():
             known = self.flows[cid]
             for fid in flows:
                 f = known[fid]
-                members[(f.src, f.dst)] = members.get((f.src, f.dst), 0.0) + flow_count(f)
-        rates = self.pair_rates(now, members)
+                count[(f.src, f.dst)] = count.get((f.src, f.dst), 0.0) + flow_count(f)
+        pairs = tuple(count)
+        answer = self.pair_levels(now, pairs, np.array([count[p] for p in pairs], dtype=float))
+        rates: dict[tuple[str, str], list[tuple[Path, float]]] = {p: [] for p in pairs}
+        for path, i, r in zip(
+            answer.paths, answer.pair.tolist(), answer.level.tolist(), strict=True
+        ):
+            rates[pairs[i]].append((path, r))
         out: Allocation = {}
         for cid, flows in remaining.items():
             known = self.flows[cid]
@@ -228,6 +250,14 @@ class _PairPolicy(BaselinePolicy):
                 out[cid][fid] = [(p, n * r) for p, r in rates[(f.src, f.dst)]]
         return out
 
+    def wan_changed(self, now: float) -> bool:
+        """Recompute the K paths (dropping cached answers) and re-route; returns True."""
+        self._clear_caches()
+        return super().wan_changed(now)
+
+    def _clear_caches(self) -> None:
+        """Drop what subclasses cached for the current paths and capacities."""
+
 
 class _FairPolicy(_PairPolicy):
     """Max-min fair per (sub)flow on fixed routes; members on one path are symmetric, so the
@@ -237,36 +267,51 @@ class _FairPolicy(_PairPolicy):
 
     def __init__(self, topology: Topology, k: int = 4) -> None:
         super().__init__(topology, k)
-        self._incidence_by_pairs: dict[tuple, tuple[dict, np.ndarray]] = {}
+        self._by_pairs: dict[tuple, tuple[list[Path], np.ndarray, np.ndarray]] = {}
+        self._columns: dict[tuple[str, str], list[int]] = {}
+        self._crossing = np.zeros((len(self._rows), 0))
 
-    def pair_rates(
-        self, now: float, members: dict[tuple[str, str], float]
-    ) -> dict[tuple[str, str], list[tuple[Path, float]]]:
+    def pair_levels(
+        self, now: float, pairs: tuple[tuple[str, str], ...], members: np.ndarray
+    ) -> PairLevels:
         """Max-min fair per-member rates on each pair's path(s) (see `_PairPolicy`)."""
-        routes, crossing = self._pair_incidence(tuple(members))
-        weight = [members[pair] for pair, paths in routes.items() for _ in paths]
-        levels = iter(maxmin_levels(crossing * np.array(weight), self._capacity()).tolist())
-        return {pair: [(p, next(levels)) for p in paths] for pair, paths in routes.items()}
+        paths, pair, crossing = self._pair_incidence(pairs)
+        levels = maxmin_levels(crossing * members[pair], self._capacity())
+        return PairLevels(paths, pair, levels)
 
     def _pair_incidence(
         self, pairs: tuple[tuple[str, str], ...]
-    ) -> tuple[dict[tuple[str, str], list[Path]], np.ndarray]:
-        """({pair: its paths}, 0/1 matrix links x (paths of the pairs, in order)), cached
-        per tuple of pairs until the next WAN change (the pair set changes rarely)."""
-        cached = self._incidence_by_pairs.get(pairs)
+    ) -> tuple[list[Path], np.ndarray, np.ndarray]:
+        """(paths of the pairs in order, pair index of each path, 0/1 matrix links x those
+        paths), cached per tuple of pairs until the next WAN change."""
+        cached = self._by_pairs.get(pairs)
         if cached is None:
-            if len(self._incidence_by_pairs) >= _PAIR_CACHE_SIZE:
-                self._incidence_by_pairs.clear()
-            routes = {pair: self._pair_paths(pair) for pair in pairs}
-            entities = [[(p, 1.0)] for paths in routes.values() for p in paths]
-            cached = (routes, path_incidence(entities, self._rows, self._path_rows))
-            self._incidence_by_pairs[pairs] = cached
+            if len(self._by_pairs) >= _PAIR_CACHE_SIZE:
+                self._by_pairs.clear()
+            if not self._columns:
+                self._index_paths()
+            cols = [self._columns.get(pr, []) for pr in pairs]
+            flat = [c for cs in cols for c in cs]
+            pair = np.repeat(np.arange(len(pairs)), [len(cs) for cs in cols])
+            paths = [self._all_paths[c] for c in flat]
+            cached = (paths, pair, self._crossing[:, flat])
+            self._by_pairs[pairs] = cached
         return cached
 
-    def wan_changed(self, now: float) -> bool:
-        """Recompute the K paths (dropping cached incidences) and re-route; returns True."""
-        self._incidence_by_pairs.clear()
-        return super().wan_changed(now)
+    def _index_paths(self) -> None:
+        """Number the current routes of every pair; build their 0/1 link incidence."""
+        self._all_paths: list[Path] = []
+        for pair in self._paths:
+            routes = self._pair_paths(pair)
+            n = len(self._all_paths)
+            self._columns[pair] = list(range(n, n + len(routes)))
+            self._all_paths.extend(routes)
+        entities = [[(p, 1.0)] for p in self._all_paths]
+        self._crossing = path_incidence(entities, self._rows, self._path_rows)
+
+    def _clear_caches(self) -> None:
+        self._by_pairs.clear()
+        self._columns.clear()
 
     def _pair_paths(self, pair: tuple[str, str]) -> list[Path]:
         """The paths every flow of `pair` uses (as `_route` assigns them)."""
@@ -318,11 +363,11 @@ class SwanMcfPolicy(_PairPolicy):
 
     def __init__(self, topology: Topology, k: int = 4) -> None:
         super().__init__(topology, k)
-        self._mcf_cache: dict[tuple, dict] = {}
+        self._mcf_cache: dict[tuple, tuple[list[Path], np.ndarray, np.ndarray]] = {}
 
-    def pair_rates(
-        self, now: float, members: dict[tuple[str, str], float]
-    ) -> dict[tuple[str, str], list[tuple[Path, float]]]:
+    def pair_levels(
+        self, now: float, pairs: tuple[tuple[str, str], ...], members: np.ndarray
+    ) -> PairLevels:
         """Per-member rates: each pair's max-min MCF rate on a path over its members.
 
         The MCF depends only on the active pairs (in order) and the link capacities, so
@@ -330,24 +375,29 @@ class SwanMcfPolicy(_PairPolicy):
         completions) reuse it, with identical results.
         """
         capacity = self._capacity().tolist()
-        key = (tuple(members), tuple(capacity))
-        pair_rates = self._mcf_cache.get(key)
-        if pair_rates is None:
+        key = (pairs, tuple(capacity))
+        cached = self._mcf_cache.get(key)
+        if cached is None:
             if len(self._mcf_cache) >= _MCF_CACHE_SIZE:
                 self._mcf_cache.clear()
-            demands = {pair: (self._paths.get(pair, []), None) for pair in members}
-            pair_rates = maxmin_mcf(demands, dict(zip(self._rows, capacity, strict=True)))
-            self._mcf_cache[key] = pair_rates
-        return {pair: [(p, r / members[pair]) for p, r in pair_rates[pair]] for pair in members}
+            demands = {pair: (self._paths.get(pair, []), None) for pair in pairs}
+            rates = maxmin_mcf(demands, dict(zip(self._rows, capacity, strict=True)))
+            found = [(p, i, r) for i, pair in enumerate(pairs) for p, r in rates[pair]]
+            cached = (
+                [p for p, _, _ in found],
+                np.array([i for _, i, _ in found], dtype=np.intp),
+                np.array([r for _, _, r in found], dtype=float),
+            )
+            self._mcf_cache[key] = cached
+        paths, pair, total = cached
+        return PairLevels(paths, pair, total / members[pair])
 
-    def wan_changed(self, now: float) -> bool:
-        """Recompute the K paths (dropping cached MCF answers) and re-route; returns True."""
+    def _clear_caches(self) -> None:
         self._mcf_cache.clear()
-        return super().wan_changed(now)
 
 
 _MCF_CACHE_SIZE = 256  # cached swan-mcf answers kept before the cache is emptied
-_PAIR_CACHE_SIZE = 32  # cached per-pair-set incidences kept before the cache is emptied
+_PAIR_CACHE_SIZE = 64  # cached per-pair-set incidences kept before the cache is emptied
 
 
 class _MaddPolicy(BaselinePolicy):

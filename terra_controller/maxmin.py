@@ -66,9 +66,14 @@ def maxmin_levels(
     level = np.zeros(n)
     leftover = capacity.copy()
     frozen = (caps <= 0) | crosses[capacity <= 0].any(axis=0)
+    # with integer entries the load of the active entities is kept exactly by subtracting
+    # the columns that freeze (each column once) instead of a product per step
+    integral = bool(np.array_equal(incidence, np.round(incidence)))
+    load = incidence @ (~frozen).astype(float)
     while not frozen.all():
         active = ~frozen
-        load = incidence @ active.astype(float)
+        if not integral:
+            load = incidence @ active.astype(float)
         used = load > 0
         ratio = np.full(n_links, np.inf)
         ratio[used] = leftover[used] / load[used]
@@ -80,8 +85,10 @@ def maxmin_levels(
         limit = step * (1 + _SAT_TOL)
         saturated = used & ((ratio <= limit) | (leftover <= _SAT_TOL * capacity))
         leftover[saturated] = 0.0
-        frozen |= crosses[saturated].any(axis=0)
-        frozen |= active & (gap <= limit)
+        newly = active & (crosses[saturated].any(axis=0) | (gap <= limit))
+        frozen |= newly
+        if integral:
+            load = load - incidence[:, newly].sum(axis=1)
     return level
 
 

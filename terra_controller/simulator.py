@@ -335,11 +335,11 @@ class _Run:
         self.rate = np.zeros(len(flows))
         self.owner: list[str] = [c.id for c in self.arrivals for _ in self.wan[c.id].flows]
         self.owner_ids: list[str] = [f.id for f in flows]
-        # for policies with pair_rates (pair-symmetric baselines): DC pair and members per flow
-        self.by_pair = callable(getattr(policy, "pair_rates", None))
+        # for policies with pair_levels (pair-symmetric baselines): DC pair and members per flow
+        self.by_pair = callable(getattr(policy, "pair_levels", None))
         self.pairs = list(dict.fromkeys(zip(self.src, self.dst, strict=True)))
-        index = {pair: i for i, pair in enumerate(self.pairs)}
-        self.pair_of = np.array([index[(f.src, f.dst)] for f in flows], dtype=np.intp)
+        self.pair_index = {pair: i for i, pair in enumerate(self.pairs)}
+        self.pair_of = np.array([self.pair_index[(f.src, f.dst)] for f in flows], dtype=np.intp)
         self.members = np.array([flow_count(f) for f in flows], dtype=float)
         self.alive = np.zeros(len(flows), dtype=bool)  # admitted and not finished
         # for policies with coflow_rates (Varys, Rapier): per-coflow arrays
@@ -347,6 +347,10 @@ class _Run:
         self.n_flows = {c.id: len(self.wan[c.id].flows) for c in coflows}
         self.link_row = {link: i for i, link in enumerate(self.topology.links)}
         self.route_cache: dict[str, tuple[object, np.ndarray, np.ndarray]] = {}
+        self.pair_path_cache: dict[int, tuple[list, tuple, np.ndarray]] = {}
+        self.path_col: dict[tuple[str, ...], int] = {}  # paths seen: column in path_matrix
+        self.path_matrix = np.zeros((len(self.link_row), 0))
+        self.path_pair = np.zeros(0, dtype=np.intp)  # index in self.pairs of a path's ends
         starts = np.cumsum([0] + [len(self.wan[c.id].flows) for c in self.arrivals])
         self.start = {c.id: int(s) for c, s in zip(self.arrivals, starts, strict=False)}
         self.active: dict[str, _Active] = {}
@@ -446,10 +450,10 @@ class _Run:
         return sum(r * (len(p) - 1) for p, r in path_rate.items())
 
     def _allocate_by_pair(self, now: float) -> float:
-        """`_allocate` for policies with ``pair_rates(now, members)`` (baselines.py
+        """`_allocate` for policies with ``pair_levels(now, pairs, members)`` (baselines.py
         `_PairPolicy`): one call per event with the active members per DC pair; a flow of
-        n members gets n times its pair's per-member rate on each path. The same checks
-        apply per pair (paths joining the pair's DCs, finite rates >= 0, link loads).
+        n members gets n times its pair's per-member rate on each path. Checks: finite
+        rates >= 0, paths joining their pair's DCs over known links, link loads.
 
         Returns the WAN byte-hop rate (bytes x hops per second) of the allocation.
         """
@@ -457,28 +461,69 @@ class _Run:
         pair_of = self.pair_of[alive]
         count = np.bincount(pair_of, weights=self.members[alive], minlength=len(self.pairs))
         present, first = np.unique(pair_of, return_index=True)
-        order = present[np.argsort(first, kind="stable")].tolist()  # first appearance
-        members = {self.pairs[i]: float(count[i]) for i in order}
+        order = present[np.argsort(first, kind="stable")]  # first appearance
+        pairs = tuple(self.pairs[i] for i in order.tolist())
+        members = count[order]
         t0 = time.perf_counter()
-        rates = self.policy.pair_rates(now, members)
+        paths, pair, level = self.policy.pair_levels(now, pairs, members)
         self.round_ms.append((time.perf_counter() - t0) * 1000.0)
+        pair, level = np.asarray(pair, dtype=np.intp), np.asarray(level, dtype=float)
+        matrix = self._pair_path_matrix(paths, pair, pairs, order)
+        if level.shape != (len(paths),):
+            raise SimulationError(f"{level.shape} per-path rates for {len(paths)} paths")
+        bad = ~((level >= 0) & (level < float("inf")))
+        if bad.any():
+            raise SimulationError(
+                f"rate {float(level[bad][0])!r} per member on {paths[bad.argmax()]}"
+            )
         per_member = np.zeros(len(self.pairs))
-        path_rate: dict[tuple[str, ...], float] = {}
-        for i in order:
-            pair = self.pairs[i]
-            total = 0.0
-            for path, r in rates[pair]:
-                if not 0 <= r < float("inf"):
-                    raise SimulationError(f"pair {pair}: rate {r!r} per member on {path}")
-                if r > 0:
-                    if (path[0], path[-1]) != pair:
-                        raise SimulationError(f"pair {pair}: path {path} does not join it")
-                    path_rate[path] = path_rate.get(path, 0.0) + count[i] * r
-                    total += r
-            per_member[i] = total
+        per_member[order] = np.bincount(pair, weights=level, minlength=len(pairs))
         self.rate[alive] = self.members[alive] * per_member[pair_of]
-        self._check_links(path_rate, now)
-        return sum(r * (len(p) - 1) for p, r in path_rate.items())
+        load = matrix @ (members[pair] * level)
+        self._check_link_loads(load, now)
+        return float(load.sum())
+
+    def _pair_path_matrix(
+        self, paths: list, pair: np.ndarray, pairs: tuple, order: np.ndarray
+    ) -> np.ndarray:
+        """0/1 matrix links x `paths`, after checking every path joins its pair's DCs
+        (``pairs[pair[j]]``, whose index in self.pairs is ``order[pair[j]]``) over known
+        links; cached (64 lists) while the policy hands back the same list for the same pairs."""
+        cached = self.pair_path_cache.get(id(paths))
+        if cached is not None and cached[0] is paths and cached[1] == pairs:
+            return cached[2]
+        if pair.shape != (len(paths),) or (
+            len(paths) and not 0 <= pair.min() <= pair.max() < len(pairs)
+        ):
+            raise SimulationError(f"pair indices {pair!r} do not fit {len(paths)} paths")
+        get = self.path_col.get
+        cols = np.array([get(p, -1) for p in paths], dtype=np.intp)
+        for j in np.flatnonzero(cols < 0).tolist():
+            cols[j] = self._path_column(paths[j])
+        wrong = np.flatnonzero(self.path_pair[cols] != order[pair]) if len(paths) else []
+        if len(wrong):
+            j = int(wrong[0])
+            raise SimulationError(f"pair {pairs[pair[j]]}: path {paths[j]} does not join it")
+        matrix = self.path_matrix[:, cols]
+        if len(self.pair_path_cache) >= 64:
+            self.pair_path_cache.clear()
+        self.pair_path_cache[id(paths)] = (paths, pairs, matrix)  # holds paths: id stays unique
+        return matrix
+
+    def _path_column(self, path: tuple[str, ...]) -> int:
+        """Column of `path` in self.path_matrix (0/1 links x paths seen), added on first use."""
+        col = self.path_col.get(path)
+        if col is None:
+            rows = self._link_rows_of(path)
+            col = self.path_col[path] = len(self.path_col)
+            if col >= self.path_matrix.shape[1]:
+                grown = np.zeros((len(self.link_row), 2 * col + 16))
+                grown[:, :col] = self.path_matrix[:, :col]
+                self.path_matrix = grown
+                self.path_pair = np.concatenate([self.path_pair, np.full(col + 16, -1)])
+            self.path_matrix[rows, col] = 1.0
+            self.path_pair[col] = self.pair_index.get((path[0], path[-1]), -1)
+        return col
 
     def _allocate_by_coflow(self, now: float) -> float:
         """`_allocate` for policies with ``coflow_rates(now, remaining)`` (baselines.py
@@ -542,6 +587,15 @@ class _Run:
                 members[j] += count
         self.route_cache[cid] = (routes, matrix, members)
         return matrix, members
+
+    def _link_rows_of(self, path: tuple[str, ...]) -> list[int]:
+        """Rows (self.link_row) of a path's links; SimulationError for an unknown link."""
+        rows = []
+        for link in path_links(path):
+            if link not in self.link_row:
+                raise SimulationError(f"allocation uses unknown link {link}")
+            rows.append(self.link_row[link])
+        return rows
 
     def _check_link_loads(self, load: np.ndarray, now: float) -> None:
         """Raise SimulationError if a link (in self.link_row order) is loaded above capacity."""

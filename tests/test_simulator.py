@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from terra_controller.baselines import BASELINES, PerFlowPolicy, VarysPolicy
+from terra_controller.baselines import BASELINES, PairLevels, PerFlowPolicy, VarysPolicy
 from terra_controller.simulator import (
     SimulationError,
     WanChange,
@@ -283,14 +283,14 @@ def test_malformed_allocations_are_policy_bugs(alloc, message):
 
 
 class _DictOnly:
-    """Wraps a baseline but hides `pair_rates` and `coflow_rates`, so the simulator takes
+    """Wraps a baseline but hides `pair_levels` and `coflow_rates`, so the simulator takes
     its per-flow dict path."""
 
     def __init__(self, policy):
         self._policy = policy
 
     def __getattr__(self, name):
-        if name in ("pair_rates", "coflow_rates"):
+        if name in ("pair_levels", "coflow_rates"):
             raise AttributeError(name)
         return getattr(self._policy, name)
 
@@ -299,7 +299,7 @@ class _DictOnly:
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(coflows=workloads(), fail=st.floats(0, 30))
 def test_array_paths_match_the_per_flow_dict_path(name, coflows, fail):
-    # the simulator's shortcuts (pair_rates: one call per event with members per DC pair;
+    # the simulator's shortcuts (pair_levels: one call per event with members per DC pair;
     # coflow_rates: arrays per coflow) must give the CCTs the generic allocate() path
     # gives, failures included.
     changes = [WanChange(fail, "LA", "NY", up=False), WanChange(fail + 10, "LA", "NY", up=True)]
@@ -311,28 +311,30 @@ def test_array_paths_match_the_per_flow_dict_path(name, coflows, fail):
 
 
 class _BadPairs(PerFlowPolicy):
-    """A buggy pair policy: returns one fixed answer for every pair."""
+    """A buggy pair policy: gives every pair the paths `paths` at per-member rates `levels`."""
 
-    def __init__(self, topology, answer):
+    def __init__(self, topology, paths, levels):
         super().__init__(topology)
-        self.answer = answer
+        self.paths, self.levels = paths, levels
 
-    def pair_rates(self, now, members):
-        return {pair: self.answer for pair in members}
+    def pair_levels(self, now, pairs, members):
+        return PairLevels(self.paths, np.zeros(len(self.paths), dtype=int), np.array(self.levels))
 
 
 @pytest.mark.parametrize(
-    "answer, message",
+    "paths, levels, message",
     [
-        ([(("A", "B"), -1.0)], "rate -1.0"),
-        ([(("A", "B"), float("inf"))], "rate inf"),
-        ([(("B", "C"), 1.0)], "does not join"),
-        ([(("A", "B"), 2 * G)], "loaded"),
+        ([("A", "B")], [-1.0], "rate -1.0"),
+        ([("A", "B")], [float("inf")], "rate inf"),
+        ([("A", "B")], [1.0, 2.0], "rates for 1 paths"),
+        ([("B", "C")], [1.0], "does not join"),
+        ([("A", "D")], [1.0], "unknown link"),
+        ([("A", "B")], [2 * G], "loaded"),
     ],
 )
-def test_malformed_pair_rates_are_policy_bugs(answer, message):
+def test_malformed_pair_levels_are_policy_bugs(paths, levels, message):
     with pytest.raises(SimulationError, match=message):
-        simulate(_BadPairs(topo(LINE), answer), [Coflow("c", 0, [Flow("f", "A", "B", G)])])
+        simulate(_BadPairs(topo(LINE), paths, levels), [Coflow("c", 0, [Flow("f", "A", "B", G)])])
 
 
 class _BadCoflows(VarysPolicy):
