@@ -180,7 +180,9 @@ async def _sendmsg_loop(sock, head: bytes, body) -> None:
     """Write head + body with os.writev on the socket's descriptor; after a short write, wait
     until the socket is writable (trio.lowlevel.wait_writable) instead of retrying at once: the
     kernel then has room for a large piece, so a 4 MiB chunk takes a few system calls, not dozens.
-    One checkpoint per frame when no wait was needed."""
+    One checkpoint per frame when no wait was needed (trio's pattern: cancellation is seen before
+    the first byte, never after the last)."""
+    await trio.lowlevel.checkpoint_if_cancelled()
     with memoryview(head) as h, memoryview(body) as b:
         parts = [h.cast("B"), b.cast("B")] if len(b) else [h.cast("B")]
         waited = False
@@ -200,7 +202,7 @@ async def _sendmsg_loop(sock, head: bytes, body) -> None:
             await trio.lowlevel.wait_writable(sock)
             waited = True
         if not waited:
-            await trio.lowlevel.checkpoint()
+            await trio.lowlevel.cancel_shielded_checkpoint()
 
 
 def _advance(parts: list, sent: int) -> list:
@@ -315,6 +317,7 @@ class FrameReader:
         self._start = 0
         self._end = 0
         self._reading = False
+        self._waited = False  # read(): the current frame waited for the socket at least once
         self._sock = stream.socket if isinstance(stream, trio.SocketStream) else None
 
     async def read(self) -> tuple[dict, memoryview | bytes] | None:
@@ -330,7 +333,12 @@ class FrameReader:
             raise trio.BusyResourceError("another task is already reading frames from this stream")
         self._reading = True
         try:
-            return await self._read_frame()
+            await trio.lowlevel.checkpoint_if_cancelled()
+            self._waited = False
+            frame = await self._read_frame()
+            if not self._waited and self._sock is not None:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            return frame
         finally:
             self._reading = False
 
@@ -418,17 +426,27 @@ class FrameReader:
         return view
 
     async def _receive_into(self, view: memoryview) -> int:
-        """Receive up to len(view) bytes into view; 0 at EOF."""
-        if self._sock is not None:
+        """Receive up to len(view) bytes into view; 0 at EOF.
+
+        On a socket: os.readv on its descriptor, waiting (trio.lowlevel.wait_readable) only
+        when nothing is buffered; read() adds one checkpoint per frame that needed no wait.
+        """
+        if self._sock is None:
+            data = await self.stream.receive_some(len(view))
+            view[: len(data)] = data
+            return len(data)
+        while True:
+            fd = self._sock.fileno()  # -1 once closed (never read a reused descriptor number)
+            if fd < 0:
+                raise trio.ClosedResourceError("receive on a closed stream")
             try:
-                return await self._sock.recv_into(view)
-            except trio.ClosedResourceError:
-                raise
+                return os.readv(fd, [view])
+            except BlockingIOError:
+                pass
             except OSError as exc:
                 raise _stream_error(self._sock, "receive", exc) from exc
-        data = await self.stream.receive_some(len(view))
-        view[: len(data)] = data
-        return len(data)
+            await trio.lowlevel.wait_readable(self._sock)
+            self._waited = True
 
 
 def _stream_error(sock, what: str, exc: OSError) -> Exception:
