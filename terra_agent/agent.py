@@ -546,7 +546,9 @@ class Agent:
         self, flow: InFlow, offset: int, payload, digest, writer: FrameWriter, peer: str
     ) -> None:
         """Give one chunk to its flow (hashed later by the flow's _consume task), report a
-        completion / failure not reported yet, ack the flow's acknowledged offset on `writer`.
+        completion / failure not reported yet. A chunk that added in-order bytes is acked by
+        _consume once they are hashed and written; any other (out of order, a duplicate: its
+        sender may have missed an ack) gets the flow's acknowledged offset on `writer` at once.
 
         Raises ProtocolError (wrong sender, chunk past the flow's end, changed digest) and the
         writer's connection errors.
@@ -558,9 +560,10 @@ class Agent:
                 f"its sender is {flow.spec.src_agent!r}"
             )
         flow.ack_writer = writer
-        await flow.receive(offset, payload, digest)
+        added = await flow.receive(offset, payload, digest)
         self._report_if_finished(flow)
-        await writer.send(self._ack(flow))
+        if not added:
+            await writer.send(self._ack(flow))
 
     async def _consume(self, flow: InFlow) -> None:
         """The task that hashes and writes one receiving flow's in-order bytes (InFlow.consume)

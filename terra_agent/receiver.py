@@ -102,22 +102,27 @@ class InFlow:
         if self.complete:
             self._finish_data()
 
-    async def receive(self, offset: int, data, digest: str | None = None) -> None:
+    async def receive(self, offset: int, data, digest: str | None = None) -> int:
         """Take a chunk (as add()) from a connection's task without hashing it: the bytes now in
         order are queued for consume(), which runs in its own task. `delivered` moves at once,
         `acknowledged` once consume() has hashed and written the bytes. Waits while more than
         MAX_QUEUED_BYTES are queued (backpressure on every connection alike), so a consume()
         task must run for the flow.
 
+        Returns:
+            bytes this chunk made deliverable in order (0: a duplicate or out-of-order chunk).
+
         Raises:
             ProtocolError: as add().
         """
+        before = self.delivered
         self._accept(offset, data, digest)
         if self._pending:
             self._queued.set()
         while self._pending_bytes > MAX_QUEUED_BYTES and self.failed is None:
             drained = self._drained
             await drained.wait()
+        return self.delivered - before
 
     async def consume(self) -> int:
         """Hash and write every in-order byte queued by receive(), in delivery order; waits for
