@@ -35,7 +35,8 @@ CHUNK_SECONDS = 0.01  # a chunk is about this much of its path's rate (rate_limi
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
 THREAD_HASH_BYTES = 4 << 20  # unhashed bytes of a flow at which a worker thread hashes them
-UNSENT_LOWAT_BYTES = MAX_CHUNK_BYTES  # data connections: unsent bytes the kernel may queue
+MIN_UNSENT_BYTES = 16 * 1024  # data connections queue in the kernel at most one chunk of unsent
+# bytes, and at least this many (trio's default TCP_NOTSENT_LOWAT for every SocketStream)
 DEAD_PEER_S = 10.0  # a silent peer (no acks, no keepalive answers) is dropped after this long
 # Tunnel connections cross the emulated/real WAN: a burst of losses there (a link failure and
 # the re-route, full queues) stalls a live connection in TCP's exponential RTO backoff
@@ -70,12 +71,15 @@ def detect_dead_peers(stream: trio.SocketStream, timeout_s: float = DEAD_PEER_S)
                 pass
 
 
-def allow_unsent_bytes(stream: trio.SocketStream, nbytes: int = UNSENT_LOWAT_BYTES) -> None:
-    """Let the kernel queue up to `nbytes` not-yet-sent bytes on `stream` (TCP_NOTSENT_LOWAT).
+def allow_unsent_bytes(stream: trio.SocketStream, nbytes: int) -> None:
+    """Let the kernel queue up to about `nbytes` not-yet-sent bytes on `stream`
+    (TCP_NOTSENT_LOWAT: the socket is writable while fewer are queued).
 
-    trio sets 16 KiB on every SocketStream (low latency for small messages); a data connection
-    then becomes writable only after each window update and a 4 MiB chunk went out in ~30 short
-    writes, each an epoll round and a trio wake-up. Linux option; ignored where missing.
+    trio sets 16 KiB on every SocketStream (low latency for small messages); with 4 MiB chunks a
+    data connection then became writable after each receiver window update and a chunk went out
+    in ~30 short writes, each an epoll round and a trio wake-up. PeerLink sets one chunk's worth
+    (about 10 ms of the path's rate, see chunk_bytes), so rate changes and failures still act on
+    a short kernel queue. Linux option; ignored where missing.
     """
     option = getattr(socket, "TCP_NOTSENT_LOWAT", None)
     if option is not None:
@@ -278,6 +282,7 @@ class PeerLink:
         self._closed = False
         self._scope: trio.CancelScope | None = None
         self._stream: trio.SocketStream | None = None
+        self._unsent_limit = MIN_UNSENT_BYTES
 
     @property
     def up(self) -> bool:
@@ -317,7 +322,7 @@ class PeerLink:
             )
             self._stream = stream
             detect_dead_peers(stream, TUNNEL_DEAD_PEER_S)
-            allow_unsent_bytes(stream)
+            self._unsent_limit = MIN_UNSENT_BYTES  # trio's setting
             async with stream:
                 writer = FrameWriter(stream)
                 hello = {"t": "hello", "agent": self.agent_id, "tunnel": self.spec.tunnel}
@@ -359,12 +364,22 @@ class PeerLink:
         if was_up or self._closed:
             self.on_change()
 
-    async def send_chunk(self, flow: OutFlow, offset: int, data, digest: str | None) -> bool:
-        """Send one chunk; False (and the link is torn down, chunk requeued) if that failed."""
+    async def send_chunk(
+        self, flow: OutFlow, offset: int, data, digest: str | None, chunk_size: int = 0
+    ) -> bool:
+        """Send one chunk; False (and the link is torn down, chunk requeued) if that failed.
+
+        chunk_size: the path's chunk size in bytes (chunk_bytes of its rate); the connection may
+        queue that many unsent bytes in the kernel (allow_unsent_bytes), at least 16 KiB.
+        """
         writer = self.writer
         if writer is None:
             flow.requeue(offset, len(data))
             return False
+        limit = max(MIN_UNSENT_BYTES, chunk_size)
+        if limit != self._unsent_limit and self._stream is not None:
+            allow_unsent_bytes(self._stream, limit)
+            self._unsent_limit = limit
         header = chunk_header(flow.spec.coflow, flow.spec.flow, offset, data)
         if digest is not None:
             header["d"] = digest
@@ -505,7 +520,7 @@ class FlowGroupSender:
                     await self._changed.wait()
                     item = self._take(n, tunnel)
                 flow, link, offset, data, digest = item
-                if await link.send_chunk(flow, offset, data, digest):
+                if await link.send_chunk(flow, offset, data, digest, n):
                     self.sent_bytes[tunnel] += len(data)
                 await flow.hash_pending()
         finally:

@@ -16,8 +16,10 @@ from terra_agent.pending import HeldChunk, PendingChunks
 from terra_agent.receiver import InFlow
 from terra_agent.sender import (
     MIN_CHUNK_BYTES,
+    MIN_UNSENT_BYTES,
     THREAD_HASH_BYTES,
     OutFlow,
+    allow_unsent_bytes,
     chunk_bytes,
     detect_dead_peers,
 )
@@ -239,6 +241,21 @@ async def test_detect_dead_peers_sets_user_timeout_and_keepalive():
     assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
     assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 6000
     assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 3
+    await stream.aclose()
+    for listener in listeners:
+        await listener.aclose()
+
+
+async def test_allow_unsent_bytes_sets_notsent_lowat():
+    """trio's SocketStream queues at most 16 KiB of unsent bytes; data links raise it to one
+    chunk (TCP_NOTSENT_LOWAT, read back from the kernel)."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    lowat = socket.TCP_NOTSENT_LOWAT
+    assert stream.socket.getsockopt(socket.IPPROTO_TCP, lowat) == MIN_UNSENT_BYTES == 16384
+    allow_unsent_bytes(stream, MAX_CHUNK_BYTES)
+    assert stream.socket.getsockopt(socket.IPPROTO_TCP, lowat) == MAX_CHUNK_BYTES
     await stream.aclose()
     for listener in listeners:
         await listener.aclose()
