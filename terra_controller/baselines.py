@@ -78,6 +78,7 @@ class BaselinePolicy:
         self._rows = link_index(topology.links)
         self._reachable = {pair for pair, ps in all_pairs_paths(_all_up(topology), 1).items() if ps}
         self._incidence: dict[str, CoflowRoutes] = {}
+        self._cap_vec: np.ndarray | None = None  # see _capacity
         self._path_rows: dict[Path, list[int]] = {}  # rows of a path's links (never stale)
 
     # ---- Policy interface ------------------------------------------------------------------
@@ -124,6 +125,7 @@ class BaselinePolicy:
 
     def wan_changed(self, now: float) -> bool:
         """Recompute the K paths over the links that are up and re-route; returns True."""
+        self._cap_vec = None
         self._paths = all_pairs_paths(self.topology, self.k)
         for cid, flows in self.flows.items():
             self._set_routes(cid, self._route(cid, list(flows.values())))
@@ -166,8 +168,12 @@ class BaselinePolicy:
         return routes
 
     def _capacity(self) -> np.ndarray:
-        """Available capacity per link (bytes/s, 0 when down), in self._rows order."""
-        return np.array([self.topology.available(link) for link in self._rows], dtype=float)
+        """Available capacity per link (bytes/s, 0 when down), in self._rows order; read-only,
+        cached until the next wan_changed."""
+        if self._cap_vec is None:
+            self._cap_vec = np.array([self.topology.available(e) for e in self._rows], dtype=float)
+            self._cap_vec.flags.writeable = False
+        return self._cap_vec
 
 
 def _all_up(topology: Topology) -> Topology:
@@ -525,6 +531,7 @@ class RapierPolicy(_MaddPolicy):
 
     def wan_changed(self, now: float) -> bool:
         """Recompute the K paths; mark coflows whose routes broke for re-routing. Returns True."""
+        self._cap_vec = None
         self._paths = all_pairs_paths(self.topology, self.k)
         down = self.topology.down
         for cid, routes in self.routes.items():

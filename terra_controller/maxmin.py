@@ -66,27 +66,37 @@ def maxmin_levels(
     level = np.zeros(n)
     leftover = capacity.copy()
     frozen = (caps <= 0) | crosses[capacity <= 0].any(axis=0)
+    has_caps = bool(np.isfinite(caps).any())
     # with integer entries the load of the active entities is kept exactly by subtracting
     # the columns that freeze (each column once) instead of a product per step
     integral = bool(np.array_equal(incidence, np.round(incidence)))
     load = incidence @ (~frozen).astype(float)
-    while not frozen.all():
-        active = ~frozen
+    water = 0.0  # the level of every active entity (they all rose together from 0)
+    left = n - int(frozen.sum())
+    while left:
         if not integral:
-            load = incidence @ active.astype(float)
+            load = incidence @ (~frozen).astype(float)
         used = load > 0
         ratio = np.full(n_links, np.inf)
         ratio[used] = leftover[used] / load[used]
-        gap = np.where(active, caps - level, np.inf)
-        step = max(min(float(ratio.min(initial=np.inf)), float(gap.min(initial=np.inf))), 0.0)
-        level[active] += step
+        step = float(ratio.min(initial=np.inf))
+        if has_caps:
+            gap = np.where(frozen, np.inf, caps - water)
+            step = min(step, float(gap.min(initial=np.inf)))
+        step = max(step, 0.0)
+        water += step
         leftover -= load * step
         # the links / caps that set the step are saturated by construction (ensures progress)
         limit = step * (1 + _SAT_TOL)
         saturated = used & ((ratio <= limit) | (leftover <= _SAT_TOL * capacity))
         leftover[saturated] = 0.0
-        newly = active & (crosses[saturated].any(axis=0) | (gap <= limit))
+        hit = crosses[saturated].any(axis=0)
+        if has_caps:
+            hit |= gap <= limit
+        newly = hit & ~frozen
+        level[newly] = water
         frozen |= newly
+        left -= int(newly.sum())
         if integral:
             load = load - incidence[:, newly].sum(axis=1)
     return level

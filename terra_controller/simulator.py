@@ -599,7 +599,7 @@ class _Run:
 
     def _check_link_loads(self, load: np.ndarray, now: float) -> None:
         """Raise SimulationError if a link (in self.link_row order) is loaded above capacity."""
-        avail = np.array([self.topology.available(link) for link in self.link_row])
+        avail = self.avail  # in self.link_row order (topology.links is sorted)
         over = np.flatnonzero(load > avail * (1 + _CAPACITY_REL))
         if over.size:
             link = self.topology.links[over[0]]
@@ -732,6 +732,7 @@ class _Run:
 
     def _total_capacity(self) -> None:
         self.capacity_sum = sum(self.topology.available(link) for link in self.topology.links)
+        self.avail = np.array([self.topology.available(link) for link in self.topology.links])
 
     def _check_conservation(self) -> None:
         remaining = sum(float(self.rem[a.pos].sum()) for a in self.active.values())
