@@ -58,7 +58,7 @@ from overlay.protocol import (
 from overlay.reorder import MemoryBudget
 
 from .pending import PENDING_LIMIT_BYTES, PENDING_TIMEOUT_S, HeldChunk, PendingChunks
-from .receiver import InFlow
+from .receiver import HashQueue, InFlow
 from .sender import (
     BACKOFF_MAX_S,
     BACKOFF_MIN_S,
@@ -77,6 +77,7 @@ log = logging.getLogger(__name__)
 # only as many as were in use at once: 23 in overlay_goodput, chunks held by the reorder buffers,
 # queued for hashing and being received).
 PAYLOAD_BUFFERS = 32
+HASH_QUEUE_BYTES = 32 << 20  # in-order bytes received, not yet hashed / written (all flows)
 ROWS_PER_MESSAGE = 500  # flow rows per progress/register message (keeps headers < 64 KiB)
 
 
@@ -115,7 +116,8 @@ class Agent:
     registered (trio.Event, set on each registration), epoch (receiver incarnation, ns),
     reorder_budget (MemoryBudget: out-of-order bytes in memory now / peak, all flows),
     pending (PendingChunks: chunks held for flows without a descriptor yet), payload_buffers
-    (PayloadBuffers: reused receive buffers of large chunks), refused
+    (PayloadBuffers: reused receive buffers of large chunks), hash_queue (HashQueue: in-order
+    bytes waiting for their flows' consumer tasks, all flows), refused
     {(coflow, flow): reason} (flows whose receiving end could not start), closed_connections
     (incoming data connections this agent closed because of an error).
     """
@@ -134,6 +136,7 @@ class Agent:
         self.reorder_budget = MemoryBudget(config.memory_limit)
         self.pending = PendingChunks(config.pending_limit)
         self.payload_buffers = PayloadBuffers(MAX_PAYLOAD_BYTES, PAYLOAD_BUFFERS)
+        self.hash_queue = HashQueue(HASH_QUEUE_BYTES)
         self.refused: dict[tuple[str, str], str] = {}
         self._pending_timers: set[tuple[str, str]] = set()
         self._outbox: deque[dict] = deque()
@@ -389,7 +392,11 @@ class Agent:
         cannot be opened is recorded in `refused` (SourceError / OSError / ValueError re-raised)."""
         try:
             inflow = InFlow(
-                spec, self.config.memory_limit, self.config.spill_dir, self.reorder_budget
+                spec,
+                self.config.memory_limit,
+                self.config.spill_dir,
+                self.reorder_budget,
+                self.hash_queue,
             )
         except (SourceError, OSError, ValueError) as exc:
             self.refused[spec.key] = str(exc)

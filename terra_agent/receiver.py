@@ -23,14 +23,57 @@ log = logging.getLogger(__name__)
 
 THREAD_HASH_BYTES = 256 * 1024  # consume(): queued in-order bytes at least this many are hashed
 # and written in one worker-thread call (hashlib and os.write release the GIL)
-MAX_QUEUED_BYTES = 16 << 20  # receive() waits while more in-order bytes than this await consume()
+MAX_QUEUED_BYTES = 16 << 20  # default HashQueue bound of a flow that has no shared one
+
+
+class HashQueue:
+    """A bound on in-order bytes received but not hashed and written yet, shared by flows.
+
+    HashQueue(limit_bytes: int >= 0). InFlow.receive() waits while more than limit_bytes are
+    queued by all flows on this queue together (backpressure on every connection); each flow's
+    consume() takes its bytes out and wakes the waiters. An agent shares one between all its
+    receiving flows, so memory stays bounded however many flows arrive at once.
+
+    Attributes: limit_bytes, queued_bytes (now), peak_bytes (largest queued_bytes seen).
+
+    Raises:
+        ValueError: limit_bytes not an int >= 0.
+    """
+
+    def __init__(self, limit_bytes: int) -> None:
+        if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes < 0:
+            raise ValueError(f"limit_bytes must be an int >= 0, got {limit_bytes!r}")
+        self.limit_bytes = limit_bytes
+        self.queued_bytes = 0
+        self.peak_bytes = 0
+        self._taken = trio.Event()
+
+    @property
+    def full(self) -> bool:
+        """True while more than limit_bytes are queued."""
+        return self.queued_bytes > self.limit_bytes
+
+    async def wait_taken(self) -> None:
+        """Wait until some flow takes bytes out (or fails)."""
+        taken = self._taken
+        await taken.wait()
+
+    def _add(self, nbytes: int) -> None:
+        self.queued_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.queued_bytes)
+
+    def _take(self, nbytes: int) -> None:
+        self.queued_bytes -= nbytes
+        self._taken.set()
+        self._taken = trio.Event()
 
 
 class InFlow:
     """Receiver state of one flow.
 
     InFlow(spec: FlowSpec, memory_limit: bytes held in memory out of order, spill_dir: str,
-    budget: MemoryBudget shared with the agent's other flows or None).
+    budget: MemoryBudget shared with the agent's other flows or None, queue: HashQueue shared
+    with them or None = a HashQueue of MAX_QUEUED_BYTES for this flow alone).
     The sink is opened with resume when spec.offset > 0: a file sink then keeps what it holds and
     the receiver continues from its length (bytes before it are re-hashed; the sender's digest, if
     it had arrived, is read back from PATH.blake2b); else it starts at 0.
@@ -52,6 +95,7 @@ class InFlow:
         memory_limit: int,
         spill_dir: str,
         budget: MemoryBudget | None = None,
+        queue: HashQueue | None = None,
     ) -> None:
         self.spec = spec
         self.sink = open_sink(spec.sink, spec.size, resume=spec.offset > 0)
@@ -71,7 +115,7 @@ class InFlow:
         self._pending_bytes = 0
         self._busy = False  # consume() is hashing / writing pieces (maybe in a thread)
         self._queued = trio.Event()  # set when receive() queues in-order bytes
-        self._drained = trio.Event()  # set when consume() takes the queued bytes
+        self._queue = queue if queue is not None else HashQueue(MAX_QUEUED_BYTES)
         self.ack_writer = None  # set by the agent: where to acknowledge consume()'s progress
         self.peak_resident_bytes = 0
         self.spilled_bytes = 0
@@ -106,8 +150,8 @@ class InFlow:
         """Take a chunk (as add()) from a connection's task without hashing it: the bytes now in
         order are queued for consume(), which runs in its own task. `delivered` moves at once,
         `acknowledged` once consume() has hashed and written the bytes. Waits while more than
-        MAX_QUEUED_BYTES are queued (backpressure on every connection alike), so a consume()
-        task must run for the flow.
+        its HashQueue's limit are queued (backpressure on every connection alike), so a consume()
+        task must run for every flow on that queue.
 
         Returns:
             bytes this chunk made deliverable in order (0: a duplicate or out-of-order chunk).
@@ -119,9 +163,8 @@ class InFlow:
         self._accept(offset, data, digest)
         if self._pending:
             self._queued.set()
-        while self._pending_bytes > MAX_QUEUED_BYTES and self.failed is None:
-            drained = self._drained
-            await drained.wait()
+        while self._queue.full and self.failed is None:
+            await self._queue.wait_taken()
         return self.delivered - before
 
     async def consume(self) -> int:
@@ -146,8 +189,6 @@ class InFlow:
             queued = self._queued = trio.Event()
             await queued.wait()
         pieces, nbytes = self._take_pending()
-        self._drained.set()
-        self._drained = trio.Event()
         self._busy = True
         try:
             if nbytes >= THREAD_HASH_BYTES:
@@ -169,12 +210,12 @@ class InFlow:
         receive() any longer, and it is never done."""
         self.failed = message
         log.error(message)
-        self._pending, self._pending_bytes = [], 0
-        self._drained.set()
+        self._take_pending()
 
     def _take_pending(self) -> tuple[list, int]:
         pieces, nbytes = self._pending, self._pending_bytes
         self._pending, self._pending_bytes = [], 0
+        self._queue._take(nbytes)
         return pieces, nbytes
 
     def _accept(self, offset: int, data, digest: str | None) -> None:
@@ -200,6 +241,7 @@ class InFlow:
         before = self._reorder.delivered
         self._pending.extend(self._reorder.add(offset - self.base, data))
         self._pending_bytes += self._reorder.delivered - before
+        self._queue._add(self._reorder.delivered - before)
         self.delivered = self.base + self._reorder.delivered
 
     def _consume(self, pieces: list) -> None:
@@ -246,7 +288,8 @@ class InFlow:
         return self.peak_resident_bytes, self.spilled_bytes
 
     def close(self) -> None:
-        """Release the reorder buffer (and its spill files) and the sink."""
+        """Release the reorder buffer (and its spill files), the queued bytes and the sink."""
+        self._take_pending()
         self._drop_reorder()
         self.sink.close()
 

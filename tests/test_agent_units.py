@@ -8,12 +8,13 @@ import socket
 
 import pytest
 import trio
+import trio.testing
 
 from overlay.protocol import FlowSpec, ProtocolError
 from terra_agent.agent import parse_memory
 from terra_agent.cli import build_parser, main
 from terra_agent.pending import HeldChunk, PendingChunks
-from terra_agent.receiver import InFlow
+from terra_agent.receiver import HashQueue, InFlow
 from terra_agent.sender import (
     MIN_CHUNK_BYTES,
     MIN_UNSENT_BYTES,
@@ -337,6 +338,28 @@ async def test_inflow_sink_write_failure_fails_the_flow_and_frees_waiters(tmp_pa
     await flow.receive(500, b"y" * 500)
     assert await flow.consume() == 0
     assert not flow.check_digest() and not flow.done
+
+
+async def test_hash_queue_bounds_unhashed_bytes_of_all_flows_together(tmp_path):
+    """Two flows share a HashQueue of 100 bytes: a receive() that leaves more than 100 queued
+    waits until a consumer takes bytes out, whichever flow's (80 + 50 = 130 > 100)."""
+    queue = HashQueue(100)
+    a = InFlow(FlowSpec("c1", "fa", "a", "b", "LA", 1000), 1 << 20, str(tmp_path), queue=queue)
+    b = InFlow(FlowSpec("c1", "fb", "a", "b", "LA", 1000), 1 << 20, str(tmp_path), queue=queue)
+    assert await a.receive(0, b"a" * 80) == 80  # 80 queued: returns at once
+    returned = []
+
+    async def receive_b():
+        await b.receive(0, b"b" * 50)
+        returned.append(queue.queued_bytes)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(receive_b)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not returned and queue.queued_bytes == 130 == queue.peak_bytes
+        assert await a.consume() == 80  # flow a's consumer frees 80: b's receive returns
+    assert returned == [50]
+    assert await b.consume() == 50 and queue.queued_bytes == 0 and b.acknowledged == 50
 
 
 def held(n, stream):
