@@ -14,7 +14,10 @@ change (link down / up, capacity change). At every event the simulator
    it: unknown or finished flows, negative rates, paths that do not join the
    flow's DCs, rates on links that are down, and link loads above capacity by
    more than 1e-6 relative raise `SimulationError` (a policy bug; nothing is
-   clamped).
+   clamped). Policies with ``pair_levels`` (per-flow, multipath, swan-mcf) or
+   ``coflow_rates`` (varys, rapier) are asked through those instead of
+   `allocate`: the same rates as arrays per DC pair or per coflow, with the same
+   checks, without a dict entry per active flow per event (baselines.py).
 
 Conventions:
 - Intra-DC flows do not use the WAN and finish instantly; a coflow with only
