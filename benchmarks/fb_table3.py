@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = {topo: row["foi"] for topo, row in details.items()}
     gbps = next(iter(parts.values())).get("meta", {}).get("link_gbps", args.link_gbps)
-    print(f"\nFoI of Terra's average CCT, FB trace, {gbps:g} Gbps links")
+    links = "topology's own link capacities" if gbps is None else f"{gbps:g} Gbps links"
+    print(f"\nFoI of Terra's average CCT, FB trace, {links}")
     print(f"{'topology':<8} " + " ".join(f"{b:>17}" for b in BASELINES) + "   Terra slowdown")
     for topo, fois in out.items():
         paper = PAPER_TABLE3.get(topo, {})

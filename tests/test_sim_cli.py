@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -92,6 +93,38 @@ def test_deadline_factor_and_single_scheduler(workload, tmp_path):
     assert list(res) == ["terra"]
     # each WAN coflow gets a deadline of 2 x its empty-WAN Γ: Terra admits both and meets them
     assert res["terra"]["deadlines_met"] == 2
+
+
+def test_json_parts_combine_into_the_fb_table(workload, tmp_path, capsys):
+    # each scheduler run on its own (as fb_table3 --reuse does) carries its settings in
+    # "meta"; fb_table3 --combine puts the parts back together into {topology: {baseline: FoI}}
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "fb_table3", Path(__file__).parent.parent / "benchmarks" / "fb_table3.py"
+    )
+    fb_table3 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fb_table3)
+    parts = []
+    for name in ["terra", "per-flow", "multipath", "swan-mcf", "varys", "rapier"]:
+        parts.append(tmp_path / f"{name}.json")
+        argv = ["--topology", "swan", "--workload", str(workload), "--scheduler", name]
+        assert main([*argv, "--k", "2", "--json", str(parts[-1])]) == 0
+    meta = json.loads(parts[0].read_text())["meta"]
+    assert (meta["topology"], meta["k"], meta["limit"]) == ("swan", 2, None)
+    out = tmp_path / "table.json"
+    assert fb_table3.main(["--combine", *map(str, parts), "--json", str(out)]) == 0
+    table = json.loads(out.read_text())
+    avg = {p.stem: json.loads(p.read_text())["results"][p.stem]["avg_cct_s"] for p in parts}
+    assert set(table) == {"swan"}
+    assert table["swan"] == {b: pytest.approx(avg[b] / avg["terra"]) for b in avg if b != "terra"}
+    # parts run with other settings do not mix
+    other = tmp_path / "k1.json"
+    argv = ["--topology", "swan", "--workload", str(workload), "--scheduler", "varys"]
+    assert main([*argv, "--k", "1", "--json", str(other)]) == 0
+    capsys.readouterr()
+    assert fb_table3.main(["--combine", str(parts[0]), str(other)]) == 2
+    assert "differ" in capsys.readouterr().err
 
 
 def test_malformed_trace_line_names_file_and_line(tmp_path, capsys):
