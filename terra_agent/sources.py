@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-SYNTHETIC_PERIOD = 4_210_689  # odd, > MAX_CHUNK_BYTES: chunks at different offsets differ
+SYNTHETIC_PERIOD = 1_052_673  # odd: chunk-aligned pieces at different offsets differ
 MAX_CHUNK_BYTES = 4 << 20  # = framing.MAX_PAYLOAD_BYTES: fewer frames, system calls, acks per GB
 _REHASH_BYTES = 4 << 20
 
@@ -35,10 +35,12 @@ def flow_key(coflow: str, flow: str) -> str:
 class SyntheticSource:
     """Deterministic bytes of one flow; read(offset, n) returns a memoryview (no copy).
 
-    SyntheticSource(key: str, size: int bytes). Byte i of the flow is block[i % len(block)] where
-    block = numpy PCG64 bytes seeded by BLAKE2b(key) (16-byte digest), min(size, SYNTHETIC_PERIOD)
-    of them. The block is built on the first read and dropped by close(); a later read builds it
-    again, so idle and finished flows cost no memory.
+    SyntheticSource(key: str, size: int bytes). Byte i of the flow is period[i % len(period)] where
+    period = numpy PCG64 bytes seeded by BLAKE2b(key) (16-byte digest), min(size, SYNTHETIC_PERIOD)
+    of them. The block behind reads is the period repeated over SYNTHETIC_PERIOD + MAX_CHUNK_BYTES
+    bytes (~5.2 MB; the flow's size if smaller), so any read of up to MAX_CHUNK_BYTES is one slice.
+    It is built on the first read and dropped by close(); a later read builds it again, so idle
+    and finished flows cost no memory.
     """
 
     def __init__(self, key: str, size: int) -> None:
@@ -50,13 +52,15 @@ class SyntheticSource:
         if self._view is None:
             digest = hashlib.blake2b(self.key.encode(), digest_size=16).digest()
             rng = np.random.default_rng(int.from_bytes(digest, "big"))
-            block = rng.bytes(min(self.size, SYNTHETIC_PERIOD))
-            self._view = memoryview(block + block if self.size > SYNTHETIC_PERIOD else block)
+            period = rng.bytes(min(self.size, SYNTHETIC_PERIOD))
+            span = min(self.size, SYNTHETIC_PERIOD + MAX_CHUNK_BYTES)
+            repeats = -(-span // len(period)) if period else 0
+            self._view = memoryview((period * repeats)[:span])
         return self._view
 
     def read(self, offset: int, n: int) -> memoryview:
-        """Bytes [offset, offset + n) of the flow, n <= SYNTHETIC_PERIOD; ValueError beyond size."""
-        if offset < 0 or n < 0 or offset + n > self.size or n > SYNTHETIC_PERIOD:
+        """Bytes [offset, offset + n) of the flow, n <= MAX_CHUNK_BYTES; ValueError beyond size."""
+        if offset < 0 or n < 0 or offset + n > self.size or n > MAX_CHUNK_BYTES:
             raise ValueError(f"read [{offset}, {offset + n}) outside flow of {self.size} bytes")
         start = offset % SYNTHETIC_PERIOD
         return self._block()[start : start + n]

@@ -56,6 +56,10 @@ def test_synthetic_source_is_deterministic_and_aperiodic_at_chunk_scale():
     assert bytes(a.read(0, 4096)) != bytes(a.read(MAX_CHUNK_BYTES, 4096))
     # byte i is block[i % period]
     assert bytes(a.read(SYNTHETIC_PERIOD + 5, 10)) == bytes(a.read(5, 10))
+    big = bytes(a.read(7, MAX_CHUNK_BYTES))  # one read spans ~4 periods
+    assert big[: 2 * SYNTHETIC_PERIOD] == bytes(a.read(7, 2 * SYNTHETIC_PERIOD))
+    assert big[3 * SYNTHETIC_PERIOD :][:100] == big[:100] == bytes(a.read(7, 100))
+    assert bytes(SyntheticSource("c1/f0", 0).read(0, 0)) == b""
     a.close()  # dropping the block does not change the bytes
     assert bytes(a.read(5, 10)) == bytes(b.read(5, 10))
     with pytest.raises(ValueError):
