@@ -282,7 +282,7 @@ class _FairPolicy(_PairPolicy):
     ) -> PairLevels:
         """Max-min fair per-member rates on each pair's path(s) (see `_PairPolicy`)."""
         paths, pair, crossing = self._pair_incidence(pairs)
-        levels = maxmin_levels(crossing * members[pair], self._capacity())
+        levels = maxmin_levels(crossing * members[pair], self._capacity(), integer=True)
         return PairLevels(paths, pair, levels)
 
     def _pair_incidence(
@@ -470,7 +470,7 @@ class _MaddPolicy(BaselinePolicy):
             left = np.maximum(left - volume / g, 0.0)
         if not coflows:
             return {}
-        levels = maxmin_levels(np.hstack(columns), left)
+        levels = maxmin_levels(np.hstack(columns), left, integer=True)  # member counts
         backfill = np.split(levels, np.cumsum([c.shape[1] for c in columns])[:-1])
         out = {}
         for (_, _, cid, _, _, info, alive), extra in zip(coflows, backfill, strict=True):

@@ -96,3 +96,18 @@ def test_maxmin_is_feasible_and_every_entity_is_bottlenecked(inst):
             continue
         links = np.flatnonzero((inc[:, j] > 0) & saturated)
         assert any(level[inc[e] > 0].max() <= level[j] * (1 + 1e-9) + 1e-6 for e in links)
+
+
+@settings(max_examples=100, deadline=None)
+@given(instances())
+def test_exact_load_updates_for_whole_counts_match_a_product_per_step(inst):
+    # integer=True keeps the active load by subtracting frozen columns; integer=False
+    # recomputes it as one product per step. With whole-number entries both are exact.
+    inc, cap, caps = inst
+    np.testing.assert_array_equal(
+        maxmin_levels(inc, cap, caps, integer=True), maxmin_levels(inc, cap, caps, integer=False)
+    )
+    uncapped = np.full(inc.shape[1], np.inf)
+    np.testing.assert_array_equal(
+        maxmin_levels(inc, cap, uncapped, integer=True), maxmin_levels(inc, cap, integer=False)
+    )
