@@ -48,8 +48,6 @@ CHUNK_TYPE = "chunk"
 _JOIN_LIMIT = 16 * 1024
 # Size of a reader's fixed receive buffer (>= 4 + MAX_HEADER_BYTES).
 _RBUF_BYTES = 256 * 1024
-# Payloads at least this large are received into PayloadBuffers when a reader has them.
-_POOLED_PAYLOAD_BYTES = 256 * 1024
 _LEN = struct.Struct(">I")
 _U32_MAX = 0xFFFFFFFF
 # ids of SocketStreams with a vectored send in progress (trio's own conflict
@@ -285,8 +283,9 @@ class FrameReader:
     FrameReader(stream, max_payload=MAX_PAYLOAD_BYTES, buffers=None); ``await reader.read()``
     returns ``(header: dict, payload: memoryview | bytes)`` or None on a clean
     EOF between frames. The payload belongs to the caller: it is not reused while
-    anything refers to it (large payloads go into `buffers`, a PayloadBuffers, when
-    given; do not modify a payload or keep a raw pointer to it without a reference).
+    anything refers to it (payloads of exactly `buffers.size` bytes go into `buffers`, a
+    PayloadBuffers, when given; others into a bytearray of their own size; do not modify a
+    payload or keep a raw pointer to it without a reference).
     Only one task may call read() at a time.
 
     Validation (raises FrameError): header length 0 or > MAX_HEADER_BYTES,
@@ -409,7 +408,10 @@ class FrameReader:
             out = bytes(self._rview[self._start : self._start + n])
             self._start += n
             return out
-        if self.buffers is not None and n >= _POOLED_PAYLOAD_BYTES and n <= self.buffers.size:
+        if self.buffers is not None and n == self.buffers.size:
+            # Only payloads that fill a whole buffer are pooled: a held payload then pins
+            # exactly the bytes the reorder / hashing bounds count for it (a short view of a
+            # 4 MiB buffer would pin all 4 MiB).
             view = self.buffers.take(n)
         else:
             view = memoryview(bytearray(n))

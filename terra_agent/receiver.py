@@ -161,11 +161,12 @@ class InFlow:
         """
         before = self.delivered
         self._accept(offset, data, digest)
+        made = self.delivered - before  # before waiting: other chunks may deliver meanwhile
         if self._pending:
             self._queued.set()
         while self._queue.full and self.failed is None:
             await self._queue.wait_taken()
-        return self.delivered - before
+        return made
 
     async def consume(self) -> int:
         """Hash and write every in-order byte queued by receive(), in delivery order; waits for

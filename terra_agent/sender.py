@@ -518,6 +518,10 @@ class FlowGroupSender:
                     if self.done:
                         return
                     await self._changed.wait()
+                    fresh = chunk_bytes(self.rates[tunnel])
+                    if fresh != n:  # the rate changed while idle: charge the new rate's chunk
+                        n = fresh
+                        await bucket.acquire(n)
                     item = self._take(n, tunnel)
                 flow, link, offset, data, digest = item
                 if await link.send_chunk(flow, offset, data, digest, n):

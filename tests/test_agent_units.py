@@ -19,6 +19,7 @@ from terra_agent.sender import (
     MIN_CHUNK_BYTES,
     MIN_UNSENT_BYTES,
     THREAD_HASH_BYTES,
+    FlowGroupSender,
     OutFlow,
     allow_unsent_bytes,
     chunk_bytes,
@@ -384,3 +385,41 @@ def test_pending_chunks_bound_pop_and_drop_stream():
     assert store.held_bytes == 0 and store.dropped_bytes == 70 and store.pop(("c", "x")) == []
     with pytest.raises(ValueError):
         PendingChunks(-1)
+
+
+async def test_path_idle_through_a_rate_drop_sends_chunks_of_the_new_rate():
+    """A path task that went idle at an unlimited rate (4 MiB chunks, no tokens charged: its
+    first flow is sent and waits for acks) and wakes after its rate fell to 10 Mbit/s
+    (1.25e6 bytes/s) for a new flow sends chunks of the new rate's size: 1.25e6 x 10 ms =
+    12,500 bytes, not the new flow's 100,000 bytes in one burst outside the new limit."""
+    sent = []
+    changed = trio.Event()
+
+    class RecordingLink:  # stands for a PeerLink: records what the path task sends
+        up = True
+
+        async def send_chunk(self, flow, offset, data, digest, n):
+            sent.append((flow.spec.flow, len(data)))
+            changed.set()
+            return True
+
+    link = RecordingLink()
+    async with trio.open_nursery() as nursery:
+        group = FlowGroupSender(
+            ("c1", "LA"), lambda peer, tunnel: link, nursery.start_soon, lambda f, m: None
+        )
+        group.set_rates({"t1": float("inf")})
+        group.add_flow(OutFlow(spec(10_000), SyntheticSource("c1/f1", 10_000)))
+        await changed.wait()
+        await trio.testing.wait_all_tasks_blocked()  # f1 sent, unacked: the path task idles
+        changed = trio.Event()
+        group.set_rates({"t1": 1.25e6})
+        group.add_flow(
+            OutFlow(
+                FlowSpec("c1", "f2", "a", "b", "LA", 100_000), SyntheticSource("c1/f2", 100_000)
+            )
+        )
+        await changed.wait()
+        nursery.cancel_scope.cancel()
+    assert sent[0] == ("f1", 10_000)
+    assert sent[1] == ("f2", chunk_bytes(1.25e6)) == ("f2", 12_500)

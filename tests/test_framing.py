@@ -132,12 +132,13 @@ def test_payload_buffers_reuse_only_unreferenced_buffers():
 
 
 async def test_reader_with_payload_buffers_keeps_held_payloads_intact():
-    """Large payloads read into reused buffers: payloads still held by the caller are never
-    overwritten by later frames, released ones are reused (2 buffers for 12 frames)."""
+    """Payloads of the pool's buffer size are read into reused buffers: payloads still held by
+    the caller are never overwritten by later frames, released ones are reused (2 buffers for
+    12 frames)."""
     client, server = await tcp_pair()
-    size = 300_000  # >= 256 KiB: received into the pool
+    size = 300_000  # == the pool's buffer size: received into the pool
     payloads = [pattern(size, seed=i) for i in range(12)]
-    pool = PayloadBuffers(size=MAX_PAYLOAD_BYTES, count=2)
+    pool = PayloadBuffers(size=size, count=2)
     held = []
 
     async def sender():
@@ -443,3 +444,18 @@ async def test_concurrent_send_frame_without_writer_is_busy():
         nursery.cancel_scope.cancel()
     await client.aclose()
     await server.aclose()
+
+
+async def test_reader_keeps_short_payloads_out_of_the_pool():
+    """A payload shorter than the pool's buffers gets a buffer of its own length, so holding it
+    pins exactly len(payload) bytes (what the reorder and hashing bounds count), not a whole
+    pooled buffer: 300,000 bytes against 1,000,000-byte buffers."""
+    client, server = await tcp_pair()
+    pool = PayloadBuffers(size=1_000_000, count=2)
+    data = pattern(300_000, seed=7)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send_frame, client, chunk_header("c", "f", 0, data), data)
+        header, payload = await FrameReader(server, buffers=pool).read()
+    await client.aclose()
+    assert bytes(payload) == data
+    assert memoryview(payload).obj is not None and len(memoryview(payload).obj) == 300_000
