@@ -5,7 +5,7 @@ Every slice of COUNT consecutive coflows (positions 0, COUNT, 2 COUNT, ...) is s
 speedup, arrivals / speedup, the same LA-NY failure) and run through the flow-level simulator
 with Terra and ideal per-flow TCP (mininet_scenarios.sim_twin). Prints each slice's FoI of the
 average CCT and of the WAN utilization and their distribution, with the default slice's figures
-(the testbed measured 2.04 / 1.38 where the simulator gives 2.01 / 1.38).
+(the testbed measured 1.98 / 1.36 where the simulator gives 2.02 / 1.35).
 
     uv run python benchmarks/testbed_slices.py [--count 12] [--load 2] [--no-failure] [--json OUT]
 
