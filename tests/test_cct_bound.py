@@ -1,0 +1,136 @@
+"""The lower bound on the average CCT (terra_controller/cct_bound.py)."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from terra_controller.baselines import BASELINES
+from terra_controller.cct_bound import avg_cct_lower_bound, srpt_flow_time
+from terra_controller.simulator import empty_wan_gammas, simulate
+from terra_controller.terra_policy import TerraPolicy
+from topologies import GBPS_TO_BYTES_PER_S, Topology, load_topology
+from workloads import Coflow, Flow
+
+GBPS = GBPS_TO_BYTES_PER_S  # 1 Gbps = 1.25e8 bytes/s
+
+
+def test_srpt_preempts_for_the_shorter_job():
+    # A: released 0, 3 s of work; B: released 1, 1 s. At t=1 A has 2 s left > B's 1 s, so B
+    # runs 1-2 (flow time 1) and A finishes at 4 (flow time 4): 1 + 4 = 5 (FCFS would give 6).
+    assert srpt_flow_time([0.0, 1.0], [3.0, 1.0]) == pytest.approx(5.0)
+
+
+def test_srpt_idles_until_the_next_release_and_skips_empty_jobs():
+    # A: 0 + 1 s -> done at 1; B released at 5 with 2 s -> done at 7; C has no work.
+    # Flow times 1 + 2 + 0 = 3.
+    assert srpt_flow_time([0.0, 5.0, 2.0], [1.0, 2.0, 0.0]) == pytest.approx(3.0)
+
+
+def test_srpt_rejects_bad_input():
+    with pytest.raises(ValueError, match="release times"):
+        srpt_flow_time([0.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="non-negative"):
+        srpt_flow_time([0.0], [-1.0])
+    assert srpt_flow_time([0.0], [float("inf")]) == float("inf")
+
+
+def two_dc_wan(gbps: float = 1.0) -> Topology:
+    return Topology("ab", ["A", "B"], {("A", "B"): gbps * GBPS, ("B", "A"): gbps * GBPS})
+
+
+def test_cut_bound_on_one_link_by_hand():
+    # One 1 Gbps link A->B (1.25e8 bytes/s). Two coflows at t=0 of 2.5e8 bytes each need 2 s
+    # of the link each: the best order gives CCTs 2 and 4, average 3. A third coflow B->A
+    # (2.5e8 bytes at t=0, 2 s) uses the other direction: cut {B} alone gives 2; the best cut
+    # {A} gives 2 + 4 = 6 over 3 WAN coflows = 2. An intra-DC coflow is not counted.
+    coflows = [
+        Coflow("c1", 0.0, [Flow("f", "A", "B", 2.5e8)]),
+        Coflow("c2", 0.0, [Flow("f", "A", "B", 2.5e8)]),
+        Coflow("c3", 0.0, [Flow("f", "B", "A", 2.5e8)]),
+        Coflow("local", 0.0, [Flow("f", "A", "A", 1e9)]),
+    ]
+    bound = avg_cct_lower_bound(coflows, two_dc_wan())
+    assert bound.coflows == 3
+    assert bound.cut == frozenset({"A"})
+    assert bound.cut_avg_cct_s == pytest.approx(6.0 / 3)
+    assert bound.avg_cct_s == pytest.approx(2.0)
+    assert bound.isolation_avg_cct_s is None
+
+
+def test_isolation_bound_wins_when_coflows_do_not_overlap():
+    # On a 3-DC line A-B-C (1 Gbps), one coflow A->C of 2.5e8 bytes: cut {A} needs 2 s; its Γ
+    # alone is also 2 s. Given Γ_empty = 5 s (as if its paths were slower) the bound is 5.
+    topo = load_topology_json_line()
+    coflows = [Coflow("c", 0.0, [Flow("f", "A", "C", 2.5e8)])]
+    bound = avg_cct_lower_bound(coflows, topo, gamma_empty_s={"c": 5.0})
+    assert bound.cut_avg_cct_s == pytest.approx(2.0)
+    assert bound.avg_cct_s == pytest.approx(5.0)
+
+
+def load_topology_json_line() -> Topology:
+    cap = {}
+    for a, b in [("A", "B"), ("B", "C")]:
+        cap[(a, b)] = cap[(b, a)] = GBPS
+    return Topology("line", ["A", "B", "C"], cap)
+
+
+def test_cut_bound_searched_on_a_large_wan_and_never_above_exhaustive():
+    # exhaustive_max_dcs=2 forces the local search on SWAN (5 DCs): it evaluates fewer cuts
+    # than the 30 of the exhaustive search and finds no larger bound.
+    topo = load_topology("swan")
+    coflows = [
+        Coflow("c1", 0.0, [Flow("f", "HK", "BA", 5e8), Flow("g", "LA", "FL", 1e8)]),
+        Coflow("c2", 0.5, [Flow("f", "HK", "NY", 2e8)]),
+    ]
+    full = avg_cct_lower_bound(coflows, topo)
+    searched = avg_cct_lower_bound(coflows, topo, exhaustive_max_dcs=2)
+    assert full.cuts_searched == 30
+    assert searched.cuts_searched <= 30
+    assert 0 < searched.cut_avg_cct_s <= full.cut_avg_cct_s + 1e-12
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="no coflow with WAN flows"):
+        avg_cct_lower_bound([Coflow("c", 0.0, [Flow("f", "A", "A", 1.0)])], two_dc_wan())
+    with pytest.raises(ValueError, match="not in ab"):
+        avg_cct_lower_bound([Coflow("c", 0.0, [Flow("f", "A", "X", 1.0)])], two_dc_wan())
+
+
+def test_a_cut_with_every_link_down_gives_an_infinite_bound():
+    topo = two_dc_wan()
+    topo.set_link_state("A", "B", False)
+    bound = avg_cct_lower_bound([Coflow("c", 0.0, [Flow("f", "A", "B", 1.0)])], topo)
+    assert bound.avg_cct_s == float("inf")
+
+
+SWAN_PAIRS = [
+    (a, b) for a in ["HK", "LA", "NY", "FL", "BA"] for b in ["HK", "LA", "NY", "FL", "BA"]
+]
+
+
+@st.composite
+def workloads(draw):
+    coflows = []
+    for i in range(draw(st.integers(1, 5))):
+        pairs = draw(st.lists(st.sampled_from(SWAN_PAIRS), min_size=1, max_size=4, unique=True))
+        flows = [Flow(f"f{j}", a, b, draw(st.floats(1e6, 5e8))) for j, (a, b) in enumerate(pairs)]
+        coflows.append(Coflow(f"c{i}", draw(st.floats(0.0, 4.0)), flows))
+    return coflows
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.sampled_from(["terra", *BASELINES]))
+def test_no_scheduler_averages_below_the_bound(coflows, name):
+    # The bound holds for every schedule: Terra and each baseline, simulated, stay above it.
+    topo = load_topology("swan")
+    if not any(c.flowgroups() for c in coflows):
+        return
+    bound = avg_cct_lower_bound(coflows, topo, empty_wan_gammas(coflows, topo, 4))
+    policy = TerraPolicy(topo.copy(), k=4) if name == "terra" else BASELINES[name](topo.copy())
+    result = simulate(policy, coflows)
+    ccts = [c.cct_s for c in result.coflows if c.cct_s is not None and c.id in bound_ids(coflows)]
+    assert sum(ccts) / len(ccts) >= bound.avg_cct_s * (1 - 1e-6)
+
+
+def bound_ids(coflows) -> set:
+    return {c.id for c in coflows if c.flowgroups()}
