@@ -9,7 +9,8 @@ and writes them with ``--json OUT`` as ``{"<topology>": {"<baseline>": foi}}``.
     uv run python benchmarks/fb_table3.py --combine PART.json ... [--json OUT] [--details OUT]
 
 Every scheduler of a topology runs on the same link capacity (``--link-gbps``,
-default 1 Gbps: see README "Simulation" for why the WAN is the bottleneck there).
+default 1 Gbps: README "Link capacity, and which FoIs any scheduler can reach" says why
+the WAN is the bottleneck there).
 
 Running the schedulers separately (the full trace takes minutes per baseline):
 
