@@ -3,12 +3,15 @@
     terra-sim --topology {swan,gscale,att,PATH} --workload {fb,PATH}
               [--scheduler {terra,per-flow,multipath,swan-mcf,varys,rapier,all}] [--k K]
               [--alpha A] [--epsilon E] [--link-gbps G] [--deadline-factor F] [--limit N]
-              [--json OUT] [--plot OUT.png] [--fail-link A-B@T1[:T2]]
+              [--json OUT] [--plot OUT.png] [--fail-link A-B@T1[:T2]] [--bound]
 
 Prints one table row per scheduler: average and 95th-percentile CCT, FoI of Terra
 over it (its average CCT / Terra's), WAN utilization, average slowdown, deadlines
-met, admitted coflows and wall time. Invalid input (topology, workload, options)
-prints one line and exits 2.
+met, admitted coflows and wall time. With --bound it also prints a lower bound on the
+average CCT of any scheduler (cct_bound.py) and each scheduler's average over it (the
+bound is computed on the WAN before any scripted change, over every WAN coflow, so it
+also holds with failures; with rejected deadline coflows it is only indicative).
+Invalid input (topology, workload, options) prints one line and exits 2.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from terra_controller.baselines import BASELINES
+from terra_controller.cct_bound import CctBound, avg_cct_lower_bound
 from terra_controller.simulator import (
     SimResult,
     SimulationError,
@@ -60,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="A-B@T1[:T2]",
         help="link A-B goes down at T1 s (and up at T2 s); repeatable",
+    )
+    p.add_argument(
+        "--bound", action="store_true", help="print a lower bound on any scheduler's avg CCT"
     )
     return p
 
@@ -159,6 +166,44 @@ def format_table(results: dict[str, SimResult]) -> str:
     return "\n".join(lines)
 
 
+def lower_bound(args: argparse.Namespace) -> CctBound:
+    """The lower bound on any scheduler's average CCT for the run `args` describes.
+
+    Computed on the WAN before any scripted change (also valid with failures, which only
+    remove capacity), over every WAN coflow.
+
+    Raises:
+        TopologyError, WorkloadError, ValueError: invalid inputs (as `run`).
+    """
+    topology = load_topology(args.topology, link_gbps=args.link_gbps)
+    coflows = load_workload(args.workload, topology, limit=args.limit)
+    return avg_cct_lower_bound(coflows, topology, empty_wan_gammas(coflows, topology, args.k))
+
+
+def format_bound(bound: CctBound, results: dict[str, SimResult]) -> str:
+    """Return the bound line and every scheduler's average CCT over it."""
+    ratios = ", ".join(
+        f"{name} {r.avg_cct_s / bound.avg_cct_s:.2f}x"
+        for name, r in results.items()
+        if r.avg_cct_s is not None and bound.avg_cct_s > 0
+    )
+    return (
+        f"lower bound on any scheduler's average CCT: {bound.avg_cct_s:.3f} s "
+        f"(cut from {{{', '.join(sorted(bound.cut))}}}); avg CCT / bound: {ratios}"
+    )
+
+
+def bound_json(bound: CctBound) -> dict:
+    """Return {"avg_cct_s", "cut_avg_cct_s", "cut": [DCs], "isolation_avg_cct_s", "coflows"}."""
+    return {
+        "avg_cct_s": bound.avg_cct_s,
+        "cut_avg_cct_s": bound.cut_avg_cct_s,
+        "cut": sorted(bound.cut),
+        "isolation_avg_cct_s": bound.isolation_avg_cct_s,
+        "coflows": bound.coflows,
+    }
+
+
 def _num(value: float | None, width: int, digits: int) -> str:
     return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
 
@@ -197,17 +242,27 @@ def git_commit() -> str | None:
     return (done.stdout.strip() or None) if done.returncode == 0 else None
 
 
-def results_json(results: dict[str, SimResult], meta: dict | None = None) -> dict:
-    """Return {"results": {scheduler: SimResult.to_json()}, "meta": meta} (no meta if None)."""
+def results_json(
+    results: dict[str, SimResult], meta: dict | None = None, bound: CctBound | None = None
+) -> dict:
+    """Return {"results": {scheduler: SimResult.to_json()}, "meta": meta, "bound":
+    bound_json(bound)} (meta and bound left out when None)."""
     out: dict = {"results": {n: r.to_json() for n, r in results.items()}}
     if meta is not None:
         out["meta"] = meta
+    if bound is not None:
+        out["bound"] = bound_json(bound)
     return out
 
 
-def write_json(results: dict[str, SimResult], out: Path, meta: dict | None = None) -> None:
-    """Write `results_json(results, meta)` to `out`."""
-    out.write_text(json.dumps(results_json(results, meta), indent=1))
+def write_json(
+    results: dict[str, SimResult],
+    out: Path,
+    meta: dict | None = None,
+    bound: CctBound | None = None,
+) -> None:
+    """Write `results_json(results, meta, bound)` to `out`."""
+    out.write_text(json.dumps(results_json(results, meta, bound), indent=1))
 
 
 def plot_cdf(results: dict[str, SimResult], out: Path) -> None:
@@ -237,6 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         results = run(args)
+        bound = lower_bound(args) if args.bound else None
     except (TopologyError, WorkloadError, ValueError, OSError) as exc:
         print(f"terra-sim: error: {exc}", file=sys.stderr)
         return 2
@@ -244,9 +300,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"terra-sim: simulation error: {exc}", file=sys.stderr)
         return 1
     print(format_table(results))
+    if bound is not None:
+        print(format_bound(bound, results))
     try:
         if args.json:
-            write_json(results, args.json, run_meta(args))
+            write_json(results, args.json, run_meta(args), bound)
         if args.plot:
             plot_cdf(results, args.plot)
     except OSError as exc:

@@ -175,3 +175,20 @@ def test_console_script_runs(workload):
     )
     assert done.returncode == 0, done.stderr
     assert "varys" in done.stdout
+
+
+def test_bound_line_and_json(workload, tmp_path, capsys):
+    # SWAN, 1 Gbps = 1.25e8 B/s. Cut {HK, LA} -> rest has 3 links (HK-NY, LA-NY, LA-FL), 3.75e8
+    # B/s: c1 needs 2.5e9 / 3.75e8 = 6.67 s of it from t=0, c2 1.25e9 / 3.75e8 = 3.33 s from
+    # t=1. SRPT: c2 runs 1 -> 4.33 (3.33), c1 ends at 10 (10): 13.33 s over 2 WAN coflows =
+    # 6.67 s. Alone: c1 (HK's two links) 10 s, c2 (LA's three links) 3.33 s: mean 6.67 s too.
+    out = tmp_path / "r.json"
+    argv = ["--topology", "swan", "--workload", str(workload), "--scheduler", "per-flow"]
+    assert main([*argv, "--bound", "--json", str(out)]) == 0
+    assert "lower bound on any scheduler's average CCT: 6.667 s" in capsys.readouterr().out
+    bound = json.loads(out.read_text())["bound"]
+    assert bound["avg_cct_s"] == pytest.approx(20 / 3)
+    assert bound["isolation_avg_cct_s"] == pytest.approx(20 / 3)
+    assert bound["coflows"] == 2
+    per_flow = json.loads(out.read_text())["results"]["per-flow"]["avg_cct_s"]
+    assert per_flow >= bound["avg_cct_s"]
