@@ -21,12 +21,22 @@ Two valid bounds, the larger is returned:
   complements and a local search (add or remove one DC while the bound grows)
   from the best few. The search only affects how tight the bound is, never its
   validity.
-- *Isolation bound* (schedulers limited to the K shortest paths, as all of ours
-  are): a coflow's CCT is at least its Γ alone on the empty WAN
+- *Isolation bound* (only for schedulers that route every FlowGroup over the K
+  shortest paths of the WAN as given, as all of ours do while no link changes
+  state): a coflow's CCT is at least its Γ alone on the empty WAN
   (Optimization (1), DESIGN.md section 4.1), so the sum of Γ_empty is a bound.
+  It is NOT a bound for other routings, nor once a link goes down: the
+  schedulers then recompute their K paths over the links that are up, and the
+  new paths can avoid a bottleneck of the old ones (Γ can drop). Γ_empty comes
+  from an LP (HiGHS), so it is exact only up to the solver's tolerance.
 
-Coflows with no WAN flow are left out (as in every CCT statistic of the
-simulator).
+So `cut_avg_cct_s` bounds every scheduler (any routing, any number of paths,
+also when links only lose capacity during the run), `avg_cct_s` only the
+K-shortest-path schedulers on an unchanged WAN.
+
+Coflows with no WAN flow are left out, as in every CCT statistic of the
+simulator (SimResult.avg_cct_s averages over finished, admitted WAN coflows:
+the same set when every WAN coflow is admitted and finishes).
 """
 
 from __future__ import annotations
@@ -49,12 +59,13 @@ class CctBound(NamedTuple):
     """A lower bound on the average CCT of every scheduler (see the module docstring).
 
     Attributes:
-        avg_cct_s: the bound on the average CCT, seconds (max of the two below).
-        cut_avg_cct_s: the cut bound, seconds (0.0 when there is no WAN byte).
+        avg_cct_s: max of the two bounds below, seconds (valid for K-shortest-path
+            schedulers on an unchanged WAN only when the isolation bound is given).
+        cut_avg_cct_s: the cut bound, seconds; valid for every scheduler.
         cut: the DCs of the source side S of the best cut found (frozenset of names).
         cuts_searched: number of cuts evaluated.
         isolation_avg_cct_s: mean Γ_empty, seconds, or None when not computed.
-        coflows: number of WAN coflows averaged over.
+        coflows: number of WAN coflows averaged over (those with a FlowGroup).
     """
 
     avg_cct_s: float
@@ -70,22 +81,27 @@ def srpt_flow_time(release_s: Sequence[float], work_s: Sequence[float]) -> float
 
     This is the minimum of that sum over all schedules (Schrage 1968, 1|r_j, pmtn|ΣC_j).
 
+    At every release and completion the job with the least remaining work runs (ties:
+    the earlier release); the machine idles only while no released job has work left.
+
     Args:
-        release_s: release time of each job, seconds.
+        release_s: release time of each job, seconds (finite).
         work_s: processing time of each job, seconds (>= 0; inf makes the sum inf).
 
     Returns:
-        The sum of flow times, seconds (0.0 for no jobs or no work).
+        The sum of flow times, seconds (0.0 for no jobs or no work; jobs without work
+        add 0).
 
     Raises:
-        ValueError: lengths differ, a negative or NaN work, or a NaN release time.
+        ValueError: lengths differ (or not 1-D), a negative or NaN work, or a
+            non-finite release time.
     """
     release = np.asarray(release_s, dtype=float)
     work = np.asarray(work_s, dtype=float)
-    if release.shape != work.shape:
-        raise ValueError(f"{len(release)} release times for {len(work)} jobs")
-    if np.isnan(release).any() or np.isnan(work).any() or (work < 0).any():
-        raise ValueError("release times must be numbers and work non-negative numbers")
+    if release.ndim != 1 or release.shape != work.shape:
+        raise ValueError(f"{release.size} release times for {work.size} jobs")
+    if not np.isfinite(release).all() or np.isnan(work).any() or (work < 0).any():
+        raise ValueError("release times must be finite numbers and work non-negative numbers")
     if np.isinf(work).any():
         return float("inf")
     jobs = sorted((r, w) for r, w in zip(release.tolist(), work.tolist(), strict=True) if w > 0)
@@ -102,7 +118,7 @@ def srpt_flow_time(release_s: Sequence[float], work_s: Sequence[float]) -> float
             now += left
             total += now - released
         else:
-            heapq.heappush(queue, (left - (next_release - now), released))
+            heapq.heappush(queue, (max(left - (next_release - now), 0.0), released))
             now = next_release
     return total
 
@@ -118,15 +134,17 @@ def avg_cct_lower_bound(
     Args:
         coflows: the workload (arrival_s seconds, flows in bytes between DC names).
         topology: the WAN; `available` capacities (bytes/s) are used, down links count 0.
-        gamma_empty_s: optional {coflow id: Γ_empty seconds} (simulator.empty_wan_gammas)
-            for the isolation bound; None leaves it out.
+        gamma_empty_s: optional {coflow id: Γ_empty seconds} (simulator.empty_wan_gammas,
+            same K as the schedulers) for the isolation bound; None leaves it out (then
+            avg_cct_s == cut_avg_cct_s, a bound for every scheduler).
         exhaustive_max_dcs: search every cut up to this many DCs (module docstring).
 
     Returns:
         CctBound. avg_cct_s is inf when some coflow's bytes cannot cross a cut at all.
 
     Raises:
-        ValueError: an empty workload (no WAN coflow), or a DC unknown to the topology.
+        ValueError: an empty workload (no WAN coflow), a DC unknown to the topology, or
+            a WAN coflow missing from `gamma_empty_s`.
     """
     wan = [c for c in coflows if c.flowgroups()]
     if not wan:
@@ -156,6 +174,9 @@ def avg_cct_lower_bound(
     cut_avg = best_sum / len(wan)
     isolation = None
     if gamma_empty_s is not None:
+        missing = [c.id for c in wan if c.id not in gamma_empty_s]
+        if missing:
+            raise ValueError(f"no Γ_empty for WAN coflows {missing[:5]}")
         isolation = sum(gamma_empty_s[c.id] for c in wan) / len(wan)
     bound = max(cut_avg, isolation or 0.0)
     return CctBound(bound, cut_avg, best_cut, searched, isolation, len(wan))

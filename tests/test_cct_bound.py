@@ -1,12 +1,15 @@
 """The lower bound on the average CCT (terra_controller/cct_bound.py)."""
 
+import itertools
+from fractions import Fraction
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from terra_controller.baselines import BASELINES
 from terra_controller.cct_bound import avg_cct_lower_bound, srpt_flow_time
-from terra_controller.simulator import empty_wan_gammas, simulate
+from terra_controller.simulator import WanChange, empty_wan_gammas, simulate
 from terra_controller.terra_policy import TerraPolicy
 from topologies import GBPS_TO_BYTES_PER_S, Topology, load_topology
 from workloads import Coflow, Flow
@@ -32,6 +35,52 @@ def test_srpt_rejects_bad_input():
     with pytest.raises(ValueError, match="non-negative"):
         srpt_flow_time([0.0], [-1.0])
     assert srpt_flow_time([0.0], [float("inf")]) == float("inf")
+
+
+def test_srpt_rejects_a_non_finite_release():
+    with pytest.raises(ValueError, match="finite"):
+        srpt_flow_time([float("inf")], [1.0])
+
+
+def priority_flow_time(release, work, order) -> Fraction:
+    """Sum of flow times when the released unfinished job first in `order` always runs."""
+    left = {j: Fraction(work[j]) for j in order if work[j] > 0}
+    now, total = Fraction(0), Fraction(0)
+    while left:
+        ready = [j for j in order if j in left and release[j] <= now]
+        if not ready:
+            now = min(Fraction(release[j]) for j in left)
+            continue
+        j = ready[0]
+        later = [Fraction(release[i]) for i in left if release[i] > now]
+        run = min([left[j], *[r - now for r in later]])
+        now, left[j] = now + run, left[j] - run
+        if left[j] == 0:
+            del left[j]
+            total += now - release[j]
+    return total
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 8), st.integers(0, 6)).map(lambda t: (t[0] / 2, t[1] / 4)),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_srpt_equals_the_best_priority_order(jobs):
+    # Independent exact optimum of 1|r_j,pmtn|ΣC_j: some optimal schedule completes the jobs
+    # in an order π, and the preemptive priority-list schedule of π completes the first i jobs
+    # of π no later than it, so min over all π of the priority-list sums (exact rationals,
+    # halves and quarters) is the optimum. Covers ties, idle gaps and zero-work jobs.
+    release = [r for r, _ in jobs]
+    work = [w for _, w in jobs]
+    best = min(
+        priority_flow_time(release, work, order)
+        for order in itertools.permutations(range(len(jobs)))
+    )
+    assert srpt_flow_time(release, work) == pytest.approx(float(best), abs=1e-12)
 
 
 def two_dc_wan(gbps: float = 1.0) -> Topology:
@@ -94,6 +143,31 @@ def test_bad_input():
         avg_cct_lower_bound([Coflow("c", 0.0, [Flow("f", "A", "A", 1.0)])], two_dc_wan())
     with pytest.raises(ValueError, match="not in ab"):
         avg_cct_lower_bound([Coflow("c", 0.0, [Flow("f", "A", "X", 1.0)])], two_dc_wan())
+
+
+def test_isolation_bound_needs_an_unchanged_wan_but_the_cut_bound_does_not():
+    # Triangle: A-B 1 Gbps, A-C and C-B 10 Gbps. With K = 1 the only path A->B is the
+    # direct link: Γ_empty of 1.25e9 bytes = 10 s. The best cut ({A} or {A, C}) has
+    # 1 + 10 Gbps = 1.375e9 B/s out: 0.909 s. When A-B goes down at t=0, the schedulers
+    # re-route over A-C-B (10 Gbps) and finish in 1 s: below the isolation bound, above
+    # the cut bound.
+    cap = {}
+    for a, b, gbps in [("A", "B", 1), ("A", "C", 10), ("C", "B", 10)]:
+        cap[(a, b)] = cap[(b, a)] = gbps * GBPS
+    topo = Topology("tri", ["A", "B", "C"], cap)
+    coflows = [Coflow("c", 1.0, [Flow("f", "A", "B", 10 * GBPS)])]
+    bound = avg_cct_lower_bound(coflows, topo, empty_wan_gammas(coflows, topo, 1))
+    assert bound.isolation_avg_cct_s == pytest.approx(10.0)
+    assert bound.cut_avg_cct_s == pytest.approx(10 / 11)
+    for policy in (TerraPolicy(topo.copy(), k=1), BASELINES["per-flow"](topo.copy(), k=1)):
+        result = simulate(policy, coflows, [WanChange(0.0, "A", "B", up=False)])
+        assert result.avg_cct_s == pytest.approx(1.0)
+        assert bound.cut_avg_cct_s < result.avg_cct_s < bound.isolation_avg_cct_s
+
+
+def test_missing_gamma_is_a_clear_error():
+    with pytest.raises(ValueError, match="no Γ_empty"):
+        avg_cct_lower_bound([Coflow("c", 0.0, [Flow("f", "A", "B", 1.0)])], two_dc_wan(), {})
 
 
 def test_a_cut_with_every_link_down_gives_an_infinite_bound():

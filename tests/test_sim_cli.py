@@ -185,10 +185,32 @@ def test_bound_line_and_json(workload, tmp_path, capsys):
     out = tmp_path / "r.json"
     argv = ["--topology", "swan", "--workload", str(workload), "--scheduler", "per-flow"]
     assert main([*argv, "--bound", "--json", str(out)]) == 0
-    assert "lower bound on any scheduler's average CCT: 6.667 s" in capsys.readouterr().out
+    assert "average CCT of K-path schedulers: 6.667 s" in capsys.readouterr().out
     bound = json.loads(out.read_text())["bound"]
     assert bound["avg_cct_s"] == pytest.approx(20 / 3)
     assert bound["isolation_avg_cct_s"] == pytest.approx(20 / 3)
     assert bound["coflows"] == 2
     per_flow = json.loads(out.read_text())["results"]["per-flow"]["avg_cct_s"]
     assert per_flow >= bound["avg_cct_s"]
+
+
+def test_bound_with_a_failure_is_the_cut_bound_only(workload, tmp_path, capsys):
+    # Same workload with HK-NY down from t=0: the mean Γ_empty over the K paths before the
+    # failure is no bound once the schedulers re-route, so it is left out; the cut bound,
+    # computed before the failure (which only removes capacity), is still 20/3 s.
+    out = tmp_path / "r.json"
+    argv = ["--topology", "swan", "--workload", str(workload), "--scheduler", "terra"]
+    assert main([*argv, "--bound", "--fail-link", "HK-NY@0", "--json", str(out)]) == 0
+    assert "lower bound on any scheduler's average CCT: 6.667 s" in capsys.readouterr().out
+    bound = json.loads(out.read_text())["bound"]
+    assert bound["isolation_avg_cct_s"] is None
+    assert bound["avg_cct_s"] == bound["cut_avg_cct_s"] == pytest.approx(20 / 3)
+
+
+def test_bound_ratio_marks_an_average_over_fewer_coflows(workload, capsys):
+    # Deadlines 1.2 x Γ_empty: Terra admits c1 (Γ 10 s, alone at t=0, CCT 10 s) and rejects
+    # c2 (arriving at t=1 while c1 runs), so its average (10 s) covers 1 of the 2 WAN
+    # coflows the bound averages over: 10 / (20/3) = 1.50x, marked.
+    argv = ["--topology", "swan", "--workload", str(workload), "--scheduler", "terra"]
+    assert main([*argv, "--bound", "--deadline-factor", "1.2"]) == 0
+    assert "terra 1.50x (over 1 of 2 coflows)" in capsys.readouterr().out
