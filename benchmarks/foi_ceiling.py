@@ -1,16 +1,20 @@
 """Which FoI over each baseline is attainable at all: the FB trace against a CCT lower bound.
 
-For each topology and link capacity this prints the lower bound on the average CCT of
-*any* scheduler (terra_controller/cct_bound.py: SRPT on the WAN's most loaded cut, or
-the mean Γ alone on the empty WAN, whichever is larger), Terra's average CCT over that
-bound (its distance from the best possible schedule), and for every baseline:
+For each topology and link capacity this prints the lower bound on the average CCT
+(terra_controller/cct_bound.py) over the trace's WAN coflows, Terra's average CCT over
+it (its distance from the best possible schedule), and for every baseline:
 
     FoI      = baseline avg CCT / Terra avg CCT          (what we measure)
     ceiling  = baseline avg CCT / bound                  (no scheduler can exceed it)
     paper    = the paper's Table 3 FB figure (DESIGN.md section 9)
 
-A paper figure above the ceiling cannot be reached by any scheduler on that workload
-and capacity, however good.
+Two bounds, so two ceilings: the cut bound (SRPT on the most loaded cut) holds for
+every scheduler, whatever its routing ("any routing"); the larger of it and the mean Γ
+alone on the empty WAN holds for schedulers on the K shortest paths ("K paths", as all
+of ours and Terra with the same K). A paper figure above the any-routing ceiling cannot
+be reached by any scheduler over our baseline on our mapping of the trace (rack r to
+DC r mod N) and capacity, however good; above only the K-path ceiling, by none that
+routes over those K paths.
 
     uv run python benchmarks/foi_ceiling.py [--topology swan gscale att]
         [--link-gbps 1 ...] [--limit N] [--k K] [--schedulers terra rapier ...]
@@ -18,46 +22,121 @@ and capacity, however good.
 
 Results come from fb_table3's part files (``--reuse DIR``: loaded when present, else
 simulated and written; benchmarks/results/fulltrace holds the 1 Gbps whole-trace ones)
-or are simulated. ``--json OUT`` writes ``{"<topology>": {"<G>": {"bound_avg_cct_s": x,
-"bound_cut": [DCs], "bound_isolation_avg_cct_s": x, "terra_avg_cct_s": x,
-"terra_over_bound": x, "baselines": {"<baseline>": {"avg_cct_s": x, "foi": x,
-"ceiling": x, "paper": x, "paper_attainable": bool}}}}}`` (keys of schedulers not run
-are left out; FoI needs terra).
+or are simulated; the whole trace is simulated only with ``--reuse`` (each missing part
+is announced on stderr first), else ``--limit`` is required. A part whose settings
+(topology, limit, link Gbps, K) differ from the run, or in which some WAN coflow was
+rejected or did not finish, is an error: every average is over the same WAN coflows as
+the bound. ``--json OUT`` writes::
+
+    {"<topology>": {"<G>": {
+        "coflows": N,                       # WAN coflows every average is over
+        "bound_avg_cct_s": x,               # K-path bound (max of the two), seconds
+        "bound_cut_avg_cct_s": x,           # any-routing bound, seconds
+        "bound_cut": [DCs],                 # source side of the best cut
+        "bound_isolation_avg_cct_s": x,     # mean Γ_empty, seconds
+        "terra_avg_cct_s": x | null, "terra_over_bound": x | null,   # null without terra
+        "baselines": {"<baseline>": {       # only baselines that were run
+            "avg_cct_s": x, "foi": x | null,                        # null without terra
+            "ceiling": x, "ceiling_any_routing": x,
+            "paper": x | null, "paper_attainable": bool | null,     # vs the K-path ceiling
+            "paper_attainable_any_routing": bool | null}}}}}
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fb_table3 import BASELINES, PAPER_TABLE3, SCHEDULERS, gather  # noqa: E402
+from fb_table3 import BASELINES, PAPER_TABLE3, SCHEDULERS, gather, part_name  # noqa: E402
 
-from terra_controller.cct_bound import avg_cct_lower_bound  # noqa: E402
+from terra_controller.cct_bound import CctBound, avg_cct_lower_bound  # noqa: E402
 from terra_controller.simulator import empty_wan_gammas  # noqa: E402
 from topologies import load_topology  # noqa: E402
 from workloads import load_workload  # noqa: E402
 
+_AVG_REL = 1e-9  # a part's avg_cct_s must match the mean over the bound's coflows this well
+
 
 def bound_for(topology: str, link_gbps: float, limit: int | None, k: int):
-    """CctBound of the FB trace (first `limit` coflows) on `topology` at `link_gbps` Gbps.
+    """The bound of the FB trace (first `limit` coflows) on `topology` at `link_gbps` Gbps.
+
+    Returns:
+        (CctBound with the isolation bound for K = `k`, seconds; ids of the WAN coflows
+        it averages over).
 
     Raises:
         TopologyError, WorkloadError: bad names (from the loaders).
+        ValueError: the bound is not finite and positive (a disconnected WAN).
     """
     topo = load_topology(topology, link_gbps=link_gbps)
     coflows = load_workload("fb", topo, limit=limit)
-    return avg_cct_lower_bound(coflows, topo, empty_wan_gammas(coflows, topo, k))
+    bound = avg_cct_lower_bound(coflows, topo, empty_wan_gammas(coflows, topo, k))
+    if not 0 < bound.cut_avg_cct_s < math.inf or not bound.avg_cct_s < math.inf:
+        raise ValueError(f"{topology} at {link_gbps:g} Gbps: bound {bound.avg_cct_s} s")
+    return bound, [c.id for c in coflows if c.flowgroups()]
 
 
-def ceiling_row(topology: str, bound, results: dict[str, dict]) -> dict:
-    """The JSON entry of one (topology, capacity) from its bound and scheduler results."""
-    terra = results.get("terra", {}).get("avg_cct_s")
+def wan_average(name: str, result: dict, wan_ids: list[str]) -> float:
+    """Mean CCT (seconds) of `result` (a part file's result) over the coflows `wan_ids`.
+
+    Raises:
+        ValueError: a coflow of `wan_ids` missing, rejected or unfinished in `result`, or
+            the result's own avg_cct_s differing from that mean (other coflows counted).
+    """
+    cct = {c["id"]: c["cct_s"] for c in result["coflows"] if c["admitted"]}
+    bad = [cid for cid in wan_ids if cct.get(cid) is None]
+    if bad:
+        raise ValueError(f"{name}: WAN coflows {bad[:5]} missing, rejected or unfinished")
+    mean = sum(cct[cid] for cid in wan_ids) / len(wan_ids)
+    if not math.isclose(mean, result["avg_cct_s"], rel_tol=_AVG_REL):
+        raise ValueError(f"{name}: avg_cct_s {result['avg_cct_s']} is not over the WAN coflows")
+    return mean
+
+
+def check_parts(run: argparse.Namespace, topology: str) -> None:
+    """Check that the part files of `run` in --reuse DIR were made with its settings.
+
+    Raises:
+        ValueError: a part's meta (topology, limit, link_gbps, k) differs from `run`.
+        OSError, json.JSONDecodeError: unreadable part file.
+    """
+    want = {"topology": topology, "limit": run.limit, "link_gbps": run.link_gbps, "k": run.k}
+    for name in run.schedulers:
+        path = run.reuse / part_name(topology, run.limit, run.link_gbps, run.k, name)
+        meta = json.loads(path.read_text()).get("meta") or {}
+        got = {key: meta.get(key) for key in want}
+        if got != want:
+            raise ValueError(f"{path}: made with {got}, not {want}")
+
+
+def announce_missing(run: argparse.Namespace) -> None:
+    """Print on stderr every (topology, scheduler) `gather(run)` is about to simulate."""
+    for topology in run.topology:
+        for name in run.schedulers:
+            part = part_name(topology, run.limit, run.link_gbps, run.k, name)
+            if run.reuse is None or not (run.reuse / part).exists():
+                print(f"foi_ceiling: simulating {part} (not in --reuse)", file=sys.stderr)
+
+
+def ceiling_row(topology: str, bound: CctBound, wan_ids: list[str], results: dict) -> dict:
+    """The JSON entry of one (topology, capacity) (module docstring) from its bound, the
+    ids of the WAN coflows it averages over and {scheduler: part-file result}.
+
+    Raises:
+        ValueError: a result not averaged over exactly `wan_ids` (see wan_average).
+    """
+    terra = None
+    if "terra" in results:
+        terra = wan_average("terra", results["terra"], wan_ids)
     row = {
+        "coflows": bound.coflows,
         "bound_avg_cct_s": bound.avg_cct_s,
+        "bound_cut_avg_cct_s": bound.cut_avg_cct_s,
         "bound_cut": sorted(bound.cut),
         "bound_isolation_avg_cct_s": bound.isolation_avg_cct_s,
         "terra_avg_cct_s": terra,
@@ -67,15 +146,17 @@ def ceiling_row(topology: str, bound, results: dict[str, dict]) -> dict:
     for name in BASELINES:
         if name not in results:
             continue
-        avg = results[name]["avg_cct_s"]
-        ceiling = avg / bound.avg_cct_s
+        avg = wan_average(name, results[name], wan_ids)
+        ceiling, any_routing = avg / bound.avg_cct_s, avg / bound.cut_avg_cct_s
         paper = PAPER_TABLE3.get(topology, {}).get(name)
         row["baselines"][name] = {
             "avg_cct_s": avg,
             "foi": None if terra is None else avg / terra,
             "ceiling": ceiling,
+            "ceiling_any_routing": any_routing,
             "paper": paper,
             "paper_attainable": None if paper is None else paper <= ceiling,
+            "paper_attainable_any_routing": None if paper is None else paper <= any_routing,
         }
     return row
 
@@ -83,24 +164,31 @@ def ceiling_row(topology: str, bound, results: dict[str, dict]) -> dict:
 def print_row(topology: str, gbps: float, row: dict) -> None:
     """Print one (topology, capacity) block of the table."""
     terra = row["terra_avg_cct_s"]
-    gap = "" if terra is None else f", Terra {terra:.2f} s = {row['terra_over_bound']:.2f}x bound"
+    gap = "" if terra is None else f"; Terra {terra:.2f} s = {row['terra_over_bound']:.2f}x bound"
     print(
-        f"\n{topology} at {gbps:g} Gbps: avg CCT bound {row['bound_avg_cct_s']:.2f} s "
-        f"(cut {', '.join(row['bound_cut'])}; isolation "
+        f"\n{topology} at {gbps:g} Gbps, {row['coflows']} WAN coflows: avg CCT bound "
+        f"{row['bound_avg_cct_s']:.2f} s (K paths) / {row['bound_cut_avg_cct_s']:.2f} s "
+        f"(any routing; cut {', '.join(row['bound_cut'])}; mean Γ alone "
         f"{row['bound_isolation_avg_cct_s']:.2f} s){gap}"
     )
-    print(f"  {'baseline':<10}{'avg CCT s':>11}{'FoI':>8}{'ceiling':>9}{'paper':>7}  attainable")
+    print(
+        f"  {'baseline':<10}{'avg CCT s':>11}{'FoI':>8}{'ceiling':>9}{'any rt.':>9}{'paper':>7}"
+        "  attainable (K paths / any routing)"
+    )
+    verdict = {True: "yes", False: "NO", None: "-"}
     for name, b in row["baselines"].items():
         foi = "-" if b["foi"] is None else f"{b['foi']:.2f}"
         paper = "-" if b["paper"] is None else f"{b['paper']:.2f}"
-        verdict = {True: "yes", False: "NO", None: "-"}[b["paper_attainable"]]
         print(
-            f"  {name:<10}{b['avg_cct_s']:>11.2f}{foi:>8}{b['ceiling']:>9.2f}{paper:>7}  {verdict}"
+            f"  {name:<10}{b['avg_cct_s']:>11.2f}{foi:>8}{b['ceiling']:>9.2f}"
+            f"{b['ceiling_any_routing']:>9.2f}{paper:>7}  {verdict[b['paper_attainable']]} / "
+            f"{verdict[b['paper_attainable_any_routing']]}"
         )
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; print the table; write --json OUT. Returns the exit status."""
+    """Run the benchmark; print the table; write --json OUT. Returns the exit status
+    (0 ok, 2 bad input or inconsistent part files)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--topology", nargs="+", default=["swan", "gscale", "att"])
     p.add_argument("--link-gbps", nargs="+", type=float, default=[1.0])
@@ -112,13 +200,20 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if any(not g > 0 for g in args.link_gbps):
         p.error("--link-gbps must be positive")
+    if args.k < 1 or (args.limit is not None and args.limit < 1):
+        p.error("--k and --limit must be >= 1")
+    if args.limit is None and args.reuse is None:
+        p.error("the whole trace takes minutes to hours per run: give --reuse DIR or --limit N")
     out: dict[str, dict] = {}
     try:
         for gbps in args.link_gbps:
             run = argparse.Namespace(**{**vars(args), "link_gbps": gbps, "rerun": []})
+            announce_missing(run)
             for topology, entry in gather(run).items():
-                bound = bound_for(topology, gbps, args.limit, args.k)
-                row = ceiling_row(topology, bound, entry["results"])
+                if run.reuse is not None:
+                    check_parts(run, topology)
+                bound, wan_ids = bound_for(topology, gbps, args.limit, args.k)
+                row = ceiling_row(topology, bound, wan_ids, entry["results"])
                 out.setdefault(topology, {})[f"{gbps:g}"] = row
                 print_row(topology, gbps, row)
     except (OSError, ValueError, KeyError) as exc:

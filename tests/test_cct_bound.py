@@ -1,6 +1,7 @@
 """The lower bound on the average CCT (terra_controller/cct_bound.py)."""
 
 import itertools
+import json
 from fractions import Fraction
 
 import pytest
@@ -208,3 +209,54 @@ def test_no_scheduler_averages_below_the_bound(coflows, name):
 
 def bound_ids(coflows) -> set:
     return {c.id for c in coflows if c.flowgroups()}
+
+
+def load_foi_ceiling():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / "foi_ceiling.py"
+    spec = importlib.util.spec_from_file_location("foi_ceiling", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_foi_ceiling_json_and_its_checks(tmp_path, capsys):
+    # First 8 FB coflows on SWAN, Terra and Varys: ceiling = Varys avg / bound, and the
+    # FoI is Varys avg / Terra avg; both averages are over the bound's WAN coflows.
+    foi_ceiling = load_foi_ceiling()
+    reuse, out = tmp_path / "parts", tmp_path / "c.json"
+    argv = ["--topology", "swan", "--limit", "8", "--schedulers", "terra", "varys"]
+    assert foi_ceiling.main([*argv, "--reuse", str(reuse), "--json", str(out)]) == 0
+    row = json.loads(out.read_text())["swan"]["1"]
+    varys = row["baselines"]["varys"]
+    assert set(row["baselines"]) == {"varys"}
+    assert row["bound_avg_cct_s"] == max(
+        row["bound_cut_avg_cct_s"], row["bound_isolation_avg_cct_s"]
+    )
+    assert varys["ceiling"] == pytest.approx(varys["avg_cct_s"] / row["bound_avg_cct_s"])
+    assert varys["ceiling_any_routing"] == pytest.approx(
+        varys["avg_cct_s"] / row["bound_cut_avg_cct_s"]
+    )
+    assert varys["foi"] == pytest.approx(varys["avg_cct_s"] / row["terra_avg_cct_s"])
+    assert row["terra_avg_cct_s"] >= row["bound_avg_cct_s"] * (1 - 1e-6)
+    assert varys["paper_attainable"] == (varys["paper"] <= varys["ceiling"])
+    # a reused part made at another capacity is refused, not mixed in
+    part = reuse / "swan_8_1g_k4_varys.json"
+    data = json.loads(part.read_text())
+    data["meta"]["link_gbps"] = 10.0
+    part.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert foi_ceiling.main([*argv, "--reuse", str(reuse)]) == 2
+    assert "made with" in capsys.readouterr().err
+    # a part in which a WAN coflow did not finish averages over fewer coflows: refused
+    data["meta"]["link_gbps"] = 1.0
+    done = next(c for c in data["results"]["varys"]["coflows"] if c["cct_s"])
+    done["finish_s"] = done["cct_s"] = None
+    part.write_text(json.dumps(data))
+    assert foi_ceiling.main([*argv, "--reuse", str(reuse)]) == 2
+    assert "rejected or unfinished" in capsys.readouterr().err
+    # the whole trace is never simulated without a part-file directory
+    with pytest.raises(SystemExit):
+        foi_ceiling.main(["--topology", "swan"])
