@@ -293,13 +293,17 @@ def _solve(volumes, paths, capacity, result: RoundResult, rates_needed: bool = T
 
 def _all_reachable(volumes, paths, r, capacity) -> bool:
     """Every FlowGroup has a path whose links all have more than _FULL of capacity left."""
+    open_links = _open_links(r, capacity)
     for pair in volumes:
-        if not any(
-            all(r.get(link, 0.0) > _FULL * capacity.get(link, 0.0) for link in links_of(p))
-            for p in paths[pair]
-        ):
+        if not any(open_links.issuperset(links_of(p)) for p in paths[pair]):
             return False
     return True
+
+
+def _open_links(avail: dict[Link, float], capacity: dict[Link, float]) -> set[Link]:
+    """The links of `avail` with more than _FULL of their capacity left (not full)."""
+    get = capacity.get
+    return {link for link, a in avail.items() if a > _FULL * get(link, 0.0)}
 
 
 def _take(rates, cid: str, pair_rates: PairRates, left: dict[Link, float], scale: float) -> None:
@@ -390,13 +394,9 @@ def _fair_share(weights, paths, avail, capacity, result: RoundResult, priority=N
         for cls in sorted(classes):
             out.update(_waterfill_pairs(classes[cls], weights, paths, avail, capacity))
         return out
+    open_links = _open_links(avail, capacity)
     usable = {
-        pair: [
-            p
-            for p in paths[pair]
-            if all(avail.get(link, 0.0) > _FULL * capacity.get(link, 0.0) for link in links_of(p))
-        ]
-        for pair in weights
+        pair: [p for p in paths[pair] if open_links.issuperset(links_of(p))] for pair in weights
     }
     demands = {pair: (ps, None) for pair, ps in usable.items() if ps}
     if not demands:
@@ -419,14 +419,11 @@ def _waterfill_pairs(pairs, weights, paths, avail, capacity) -> PairRates:
     out: PairRates = {}
     depth = max((len(paths[pair]) for pair in pairs), default=0)
     for j in range(depth):
+        open_links = _open_links(avail, capacity)
         columns = [
             (pair, paths[pair][j])
             for pair in pairs
-            if j < len(paths[pair])
-            and all(
-                avail.get(link, 0.0) > _FULL * capacity.get(link, 0.0)
-                for link in links_of(paths[pair][j])
-            )
+            if j < len(paths[pair]) and open_links.issuperset(links_of(paths[pair][j]))
         ]
         if not columns:
             continue
