@@ -15,12 +15,22 @@ limit, and checks the in-order output against the sender's stream with a running
 (ISA-L, ~20 GB/s, so checking costs next to nothing; the agent's BLAKE2b is not the subject
 here).
 
+Second figure (--gap-fill-mib N, no network): the peak in-memory bytes when a gap fills after
+N MiB spilled. Every chunk but the first of an N MiB flow arrives first with a memory limit of 0
+(all spill); then the first chunk arrives and the in-order bytes are taken out as a consumer
+would (add(), then take_ready() until nothing is ready). The peak is tracemalloc's peak of
+Python allocations meanwhile (the pieces read back from the spill file and the small objects
+around them); spilled bytes come back at most max_read_bytes per call.
+
 Usage:
     uv run python benchmarks/reorder_memory.py [--size BYTES] [--fast-mbit 1600] [--ratio 10]
         [--chunk BYTES] [--slice BYTES] [--queue N] [--memory-limit BYTES] [--spill-dir DIR]
-        [--json OUT]
+        [--gap-fill-mib N] [--json OUT]
 Prints the figures; --json OUT writes {"peak_reorder_bytes": n, "memory_limit_bytes": n,
-"spilled_bytes": n, ...} (peak_reorder_bytes = peak resident out-of-order bytes in memory).
+"spilled_bytes": n, ..., "gap_fill": {"spilled_bytes": n, "peak_bytes": n,
+"max_read_bytes": n, "largest_call_bytes": n, "crc_ok": bool}} (peak_reorder_bytes = peak
+resident out-of-order bytes in memory; gap_fill = the second figure, absent with
+--gap-fill-mib 0).
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import hashlib
 import json
 import os
 import tempfile
+import tracemalloc
 
 import trio
 from isal.isal_zlib import crc32
@@ -122,6 +133,46 @@ async def run(args) -> dict:
     return figures
 
 
+def gap_fill(spill_mib: int, chunk: int, spill_dir: str) -> dict:
+    """Peak in-memory bytes when a gap fills after spill_mib MiB spilled (module docstring).
+
+    Returns {"spilled_bytes", "peak_bytes" (tracemalloc peak, bytes), "max_read_bytes",
+    "largest_call_bytes" (most bytes one add() / take_ready() returned), "crc_ok"}.
+    """
+    size = spill_mib << 20
+    pattern = make_pattern(chunk)
+    buf = ReorderBuffer(size, 0, spill_dir)
+    expected = 0
+    for offset in range(0, size, chunk):
+        n = min(chunk, size - offset)
+        expected = crc32(payload_at(pattern, offset, n), expected)
+        if offset:
+            buf.add(offset, bytes(payload_at(pattern, offset, n)))
+    first = bytes(payload_at(pattern, 0, min(chunk, size)))
+    crc, largest = 0, 0
+    tracemalloc.start()
+    try:
+        pieces = buf.add(0, first)
+        while pieces:
+            largest = max(largest, sum(len(p) for p in pieces))
+            for piece in pieces:
+                crc = crc32(piece, crc)
+            pieces = piece = None  # the consumer is done with them before it takes more
+            pieces = buf.take_ready()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    figures = {
+        "spilled_bytes": buf.spilled_bytes,
+        "peak_bytes": peak,
+        "max_read_bytes": buf.max_read_bytes,
+        "largest_call_bytes": largest,
+        "crc_ok": buf.complete and crc == expected,
+    }
+    buf.close()
+    return figures
+
+
 async def send_paced(stream, bucket: TokenBucket, data: memoryview, slice_bytes: int) -> None:
     """Send `data` in `slice_bytes` pieces, each after taking its tokens (a link's pacing)."""
     for start in range(0, len(data), slice_bytes):
@@ -154,10 +205,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory-limit", type=int, default=4 << 20, help="reorder memory bound")
     parser.add_argument("--spill-dir", default=None, help="spill directory (default: a temp dir)")
     parser.add_argument("--timeout", type=float, default=600, help="give up after seconds")
+    parser.add_argument(
+        "--gap-fill-mib", type=int, default=256, help="MiB spilled before a gap fills (0: skip)"
+    )
     parser.add_argument("--json", metavar="OUT", help="write the figures as JSON here")
     args = parser.parse_args(argv)
     if min(args.size, args.chunk, args.slice) <= 0 or args.memory_limit < 0 or args.queue < 0:
         parser.error("--size, --chunk, --slice must be > 0; --memory-limit, --queue >= 0")
+    if args.gap_fill_mib < 0:
+        parser.error("--gap-fill-mib must be >= 0")
     if args.fast_mbit <= 0 or args.ratio <= 0:
         parser.error("--fast-mbit and --ratio must be > 0")
 
@@ -166,6 +222,8 @@ def main(argv: list[str] | None = None) -> None:
             args.spill_dir = tmp
         os.makedirs(args.spill_dir, exist_ok=True)
         figures = trio.run(run, args)
+        if args.gap_fill_mib:
+            figures["gap_fill"] = gap_fill(args.gap_fill_mib, args.chunk, args.spill_dir)
 
     rates = figures["rates_bytes_per_s"]
     print(
@@ -181,6 +239,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"digest ok          {figures['digest_ok']}")
     within = figures["peak_reorder_bytes"] <= figures["memory_limit_bytes"]
     print(f"peak within limit  {within}")
+    if "gap_fill" in figures:
+        fill = figures["gap_fill"]
+        print(
+            f"gap fill after {fill['spilled_bytes']:,} B spilled: peak in-memory "
+            f"{fill['peak_bytes']:,} B (read back <= {fill['max_read_bytes']:,} B per call, "
+            f"largest call {fill['largest_call_bytes']:,} B), crc ok {fill['crc_ok']}"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=2)

@@ -13,6 +13,13 @@ segment does not fit under the memory bound, the held in-memory segments that
 lie farthest ahead (beyond the new one) are written to the spill file first;
 if that is still not enough, the new segment itself is spilled. So memory
 holds the bytes needed soonest.
+
+Spilled bytes come back in bounded pieces: when a chunk fills the gap at the
+delivery point, add() returns the held in-memory segments that follow but reads
+spilled ones back only up to max_read_bytes per call. The held bytes contiguous
+with the delivery point that add() did not return stay held as "ready"
+(ready_bytes); the caller takes them with take_ready() as it makes room. So a
+gap fill after a long spill never brings all of the spill file into memory.
 """
 
 from __future__ import annotations
@@ -60,26 +67,35 @@ class _Segment:
     file_offset: int = -1
 
 
+DEFAULT_MAX_READ_BYTES = 4 << 20  # spilled bytes one add() reads back, at most
+
+
 class ReorderBuffer:
     """Delivers one flow's bytes in order from chunks arriving in any order.
 
-    ReorderBuffer(size_bytes, memory_limit_bytes, spill_dir, budget=None):
+    ReorderBuffer(size_bytes, memory_limit_bytes, spill_dir, budget=None,
+                  max_read_bytes=DEFAULT_MAX_READ_BYTES):
         size_bytes: the flow's size in bytes (int >= 0).
         memory_limit_bytes: most out-of-order bytes held in memory (int >= 0).
         spill_dir: directory for the spill file (created lazily on the first
             spill, removed by close()); None = the system temp directory.
         budget: optional MemoryBudget shared with other buffers; memory is then
             also bounded by the budget (spilling this buffer's own segments).
+        max_read_bytes: most spilled bytes one add() reads back from the spill
+            file (int >= 1; at least one whole segment is read whatever the bound,
+            so a segment larger than it still comes back).
 
     Attributes:
-        delivered: bytes delivered in order so far (= the offset to acknowledge).
-        resident_bytes: out-of-order bytes held in memory now (<= memory_limit_bytes).
+        delivered: bytes returned to the caller in order so far (by add() and
+            take_ready()).
+        resident_bytes: bytes held in memory now (<= memory_limit_bytes).
         peak_resident_bytes: the largest resident_bytes seen.
         spilled_bytes: total bytes ever written to the spill file.
-        held_bytes: out-of-order bytes held now, in memory or on disk.
+        held_bytes: bytes held now (out of order, or ready), in memory or on disk.
+        ready_bytes: held bytes contiguous with `delivered` (see take_ready()).
 
     Raises:
-        ValueError: sizes that are not ints >= 0.
+        ValueError: sizes that are not ints >= 0, max_read_bytes not an int >= 1.
     """
 
     def __init__(
@@ -88,15 +104,19 @@ class ReorderBuffer:
         memory_limit_bytes: int,
         spill_dir: str | None,
         budget: MemoryBudget | None = None,
+        max_read_bytes: int = DEFAULT_MAX_READ_BYTES,
     ) -> None:
         for name, value in (("size_bytes", size_bytes), ("memory_limit_bytes", memory_limit_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        _check_read_bound("max_read_bytes", max_read_bytes)
+        self.max_read_bytes = max_read_bytes
         self.size_bytes = size_bytes
         self.memory_limit_bytes = memory_limit_bytes
         self.spill_dir = spill_dir
         self.budget = budget
         self.delivered = 0
+        self._ready_end = 0  # held segments cover [delivered, _ready_end) without a gap
         self.resident_bytes = 0
         self.peak_resident_bytes = 0
         self.spilled_bytes = 0
@@ -111,8 +131,14 @@ class ReorderBuffer:
 
     @property
     def complete(self) -> bool:
-        """True when all size_bytes bytes have been delivered."""
+        """True when all size_bytes bytes have been delivered (returned to the caller)."""
         return self.delivered == self.size_bytes
+
+    @property
+    def ready_bytes(self) -> int:
+        """Held bytes contiguous with `delivered` (in memory or spilled), not returned yet:
+        take_ready() returns them. 0 after close()."""
+        return self._ready_end - self.delivered
 
     @property
     def spill_path(self) -> str | None:
@@ -129,6 +155,10 @@ class ReorderBuffer:
             (bytes, or memoryview slices of `data` when it arrived in order; no
             copy is made on that path). Empty if the chunk filled no gap at the
             delivery point. Bytes already delivered or already held are dropped.
+            Held segments that now follow in order are returned while in memory;
+            spilled ones are read back up to max_read_bytes (at least one
+            segment), and whatever follows stays held as ready_bytes (see
+            take_ready()).
 
         Raises:
             ValueError: offset not an int >= 0, chunk reaching beyond size_bytes,
@@ -157,19 +187,46 @@ class ReorderBuffer:
             out = [_whole(data, view)]
             self._skip_held_until(end)
             self.delivered = end
-            self._pop_contiguous(out)
+            self._pop_contiguous(out, None, self.max_read_bytes)
+            self._extend_ready()
             return out
         gaps = self._gaps(offset, end)
         if gaps == [(offset, end)]:  # nothing of it held yet: keep it as it is, no copy
             self._hold(offset, _whole(data, view))
-            return []
-        for start, stop in gaps:  # copies: a slice must not pin the whole chunk in memory
-            self._hold(start, bytes(view[start - offset : stop - offset]))
+        else:
+            for start, stop in gaps:  # copies: a slice must not pin the whole chunk in memory
+                self._hold(start, bytes(view[start - offset : stop - offset]))
+        self._extend_ready()
         return []
+
+    def take_ready(self, max_bytes: int | None = None) -> list:
+        """Return the next ready held bytes in order (see ready_bytes), advancing `delivered`.
+
+        Args:
+            max_bytes: most bytes to return (int >= 1; None = max_read_bytes). At least
+                one whole segment is returned when any is ready, even if larger.
+
+        Returns:
+            A list of bytes-like pieces continuing the in-order stream (spilled
+            ones read back from the spill file); empty when ready_bytes is 0.
+
+        Raises:
+            ValueError: max_bytes not an int >= 1, or the buffer is closed.
+            OSError: the spill file cannot be read.
+        """
+        if self._closed:
+            raise ValueError("reorder buffer is closed")
+        if max_bytes is None:
+            max_bytes = self.max_read_bytes
+        _check_read_bound("max_bytes", max_bytes)
+        out: list = []
+        self._pop_contiguous(out, max_bytes, max_bytes)
+        return out
 
     def close(self) -> None:
         """Drop held bytes and remove the spill file. Safe to call twice."""
         self._closed = True
+        self._ready_end = self.delivered
         self._starts.clear()
         self._segments.clear()
         self._resident_change(-self.resident_bytes)
@@ -225,12 +282,29 @@ class ReorderBuffer:
                 data = self._load(seg)
                 self._hold(end, bytes(data[end - seg.start :]))  # a copy: see add()
 
-    def _pop_contiguous(self, out: list) -> None:
-        """Append held segments that now continue the in-order stream."""
+    def _pop_contiguous(self, out: list, max_bytes: int | None, max_read: int) -> None:
+        """Append held segments that now continue the in-order stream, advancing `delivered`:
+        at most `max_bytes` bytes in all (None: no bound) and `max_read` bytes read back from
+        the spill file, but at least one segment. The rest stays held (ready)."""
+        taken = read = 0
         while self._starts and self._starts[0] == self.delivered:
-            seg = self._take_first()
+            seg = self._segments[self.delivered]
+            size = seg.end - seg.start
+            spilled = size if seg.data is None else 0
+            over_all = max_bytes is not None and taken + size > max_bytes
+            if taken and (over_all or read + spilled > max_read):
+                break
+            self._take_first()
             out.append(self._load(seg))
             self.delivered = seg.end
+            taken += size
+            read += spilled
+
+    def _extend_ready(self) -> None:
+        """Move _ready_end past held segments that continue [delivered, _ready_end)."""
+        self._ready_end = max(self._ready_end, self.delivered)
+        while self._ready_end in self._segments:
+            self._ready_end = self._segments[self._ready_end].end
 
     def _take_first(self) -> _Segment:
         start = self._starts.pop(0)
@@ -315,6 +389,11 @@ class ReorderBuffer:
         """Nothing left on disk: truncate the spill file so it does not grow forever."""
         os.ftruncate(self._spill_fd, 0)
         self._spill_end = 0
+
+
+def _check_read_bound(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
 def _whole(data, view: memoryview):

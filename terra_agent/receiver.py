@@ -6,6 +6,11 @@ the delivered bytes equals the sender's (carried as "d" by the chunk that ends t
 Connection tasks only reorder (InFlow.receive); one consumer task per flow (InFlow.consume, run by
 the agent) hashes and writes the in-order bytes in batches in a worker thread, so no connection
 waits for the hash. The acknowledged offset covers only bytes hashed and written to the sink.
+
+Bytes the reorder buffer spilled to disk come back in bounded batches: a chunk that fills the gap
+queues at most READY_BATCH_BYTES of spilled bytes; the rest stays "ready" in the reorder buffer
+and consume() queues the next batch whenever its flow's queue is empty and the HashQueue is not
+full. So a gap filled after gigabytes spilled never brings them all into memory at once.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ log = logging.getLogger(__name__)
 THREAD_HASH_BYTES = 256 * 1024  # consume(): queued in-order bytes at least this many are hashed
 # and written in one worker-thread call (hashlib and os.write release the GIL)
 MAX_QUEUED_BYTES = 16 << 20  # default HashQueue bound of a flow that has no shared one
+READY_BATCH_BYTES = 4 << 20  # spilled (ready) bytes read back and queued at a time, at most
+# (at least one held segment, i.e. one chunk, whatever its size)
 
 
 class HashQueue:
@@ -78,12 +85,14 @@ class InFlow:
     the receiver continues from its length (bytes before it are re-hashed; the sender's digest, if
     it had arrived, is read back from PATH.blake2b); else it starts at 0.
 
-    Attributes: delivered (contiguous bytes received in order), acknowledged (contiguous bytes
-    hashed and written to the sink: the offset acknowledged to the sender, <= delivered; the bytes
-    between wait for consume()), expected_digest (sender's hex digest once seen), digest (own hex
-    digest once all bytes are in), done (digest matched), failed (digest mismatch or sink write
-    failure message, or None), reported and ack_writer (set by the agent: it told the controller
-    about done / failed; the connection of the latest chunk, where consume()'s progress is acked).
+    Attributes: delivered (contiguous bytes handed in order to consume(); bytes the reorder
+    buffer holds ready beyond it are handed over in batches as consume() makes room),
+    acknowledged (contiguous bytes hashed and written to the sink: the offset acknowledged to the
+    sender, <= delivered; the bytes between wait for consume()), expected_digest (sender's hex
+    digest once seen), digest (own hex digest once all bytes are in), done (digest matched),
+    failed (digest mismatch or sink write failure message, or None), reported and ack_writer
+    (set by the agent: it told the controller about done / failed; the connection of the latest
+    chunk, where consume()'s progress is acked).
 
     Raises:
         SourceError: the sink cannot be opened.
@@ -121,7 +130,11 @@ class InFlow:
         self.spilled_bytes = 0
         if self.base < spec.size:
             self._reorder = ReorderBuffer(
-                spec.size - self.base, memory_limit, spill_dir, budget=budget
+                spec.size - self.base,
+                memory_limit,
+                spill_dir,
+                budget=budget,
+                max_read_bytes=READY_BATCH_BYTES,
             )
 
     @property
@@ -134,15 +147,20 @@ class InFlow:
         """Take a chunk of `data` at byte `offset`; deliver what is now in order to the sink.
 
         Bytes before `delivered` (duplicates) are dropped; `digest` is the sender's flow digest
-        when the chunk ends the flow. Hashes and writes inline; do not mix with receive().
+        when the chunk ends the flow. Hashes and writes inline, every byte now in order (spilled
+        bytes in batches of READY_BATCH_BYTES); do not mix with receive().
 
         Raises:
             ProtocolError: the chunk runs past the flow's size, or a different sender digest.
+            OSError: the sink or the spill file cannot be written or read.
         """
         self._accept(offset, data, digest)
-        pieces, nbytes = self._take_pending()
-        self._consume(pieces)
-        self.acknowledged += nbytes
+        while True:
+            pieces, nbytes = self._take_pending()
+            self._consume(pieces)
+            self.acknowledged += nbytes
+            if self.failed is not None or not self._queue_ready():
+                break
         if self.complete:
             self._finish_data()
 
@@ -154,7 +172,9 @@ class InFlow:
         task must run for every flow on that queue.
 
         Returns:
-            bytes this chunk made deliverable in order (0: a duplicate or out-of-order chunk).
+            bytes this chunk made deliverable in order now, i.e. queued for consume() (0: a
+            duplicate or out-of-order chunk). A chunk that fills a gap queues at most
+            READY_BATCH_BYTES of spilled bytes; consume() queues the rest later.
 
         Raises:
             ProtocolError: as add().
@@ -162,7 +182,7 @@ class InFlow:
         before = self.delivered
         self._accept(offset, data, digest)
         made = self.delivered - before  # before waiting: other chunks may deliver meanwhile
-        if self._pending:
+        if self._pending or self.ready_bytes:
             self._queued.set()
         while self._queue.full and self.failed is None:
             await self._queue.wait_taken()
@@ -174,16 +194,31 @@ class InFlow:
 
         Batches of THREAD_HASH_BYTES or more go to a worker thread in one call; a batch is what
         arrived while the previous one was hashed, so thread calls per byte fall as the load
-        rises and connections never wait for the hash. `acknowledged` moves past the batch
-        afterwards; once the last byte is consumed the flow's digest is computed (`complete`).
+        rises and connections never wait for the hash. When nothing is queued but the reorder
+        buffer holds ready bytes (spilled bytes after a gap was filled), the next batch of
+        READY_BATCH_BYTES is read back and queued once the HashQueue is not full, so its
+        queued bytes stay within its limit + one batch on this path. `acknowledged` moves past
+        the batch afterwards; once the last byte is consumed the flow's digest is computed
+        (`complete`).
 
         Returns:
             bytes consumed; 0 once the flow is complete or failed (nothing more will come).
-            A sink that cannot be written fails the flow (`failed` says why).
+            A sink that cannot be written or a spill file that cannot be read fails the flow
+            (`failed` says why).
         """
         while not self._pending:
             if self.failed is not None:
                 return 0
+            if self.ready_bytes:
+                if self._queue.full:
+                    await self._queue.wait_taken()
+                    continue
+                try:
+                    self._queue_ready()
+                except OSError as exc:
+                    self.fail(f"flow {self.spec.coflow}/{self.spec.flow}: spill read failed: {exc}")
+                    return 0
+                continue
             if self.complete:
                 self._finish_data()
                 return 0
@@ -240,9 +275,24 @@ class InFlow:
             data = memoryview(data)[self.base - offset :]
             offset = self.base
         before = self._reorder.delivered
-        self._pending.extend(self._reorder.add(offset - self.base, data))
-        self._pending_bytes += self._reorder.delivered - before
-        self._queue._add(self._reorder.delivered - before)
+        self._queue_pieces(self._reorder.add(offset - self.base, data), before)
+
+    def _queue_ready(self) -> int:
+        """Queue the next batch (READY_BATCH_BYTES) of the reorder buffer's ready bytes in
+        _pending; returns the bytes queued (0: none ready)."""
+        if not self.ready_bytes:
+            return 0
+        before = self._reorder.delivered
+        self._queue_pieces(self._reorder.take_ready(READY_BATCH_BYTES), before)
+        return self._reorder.delivered - before
+
+    def _queue_pieces(self, pieces: list, before: int) -> None:
+        """Append in-order pieces to _pending; `before` = the reorder buffer's delivered offset
+        before they were taken out of it."""
+        nbytes = self._reorder.delivered - before
+        self._pending.extend(pieces)
+        self._pending_bytes += nbytes
+        self._queue._add(nbytes)
         self.delivered = self.base + self._reorder.delivered
 
     def _consume(self, pieces: list) -> None:
@@ -276,6 +326,12 @@ class InFlow:
             )
             log.error(self.failed)
         return self.done
+
+    @property
+    def ready_bytes(self) -> int:
+        """Bytes in order held by the reorder buffer (mostly spilled), not handed to consume()
+        yet; they follow `delivered`."""
+        return self._reorder.ready_bytes if self._reorder is not None else 0
 
     @property
     def resident_bytes(self) -> int:

@@ -14,7 +14,7 @@ from overlay.protocol import FlowSpec, ProtocolError
 from terra_agent.agent import parse_memory
 from terra_agent.cli import build_parser, main
 from terra_agent.pending import HeldChunk, PendingChunks
-from terra_agent.receiver import HashQueue, InFlow
+from terra_agent.receiver import READY_BATCH_BYTES, HashQueue, InFlow
 from terra_agent.sender import (
     MIN_CHUNK_BYTES,
     MIN_UNSENT_BYTES,
@@ -325,7 +325,9 @@ async def test_inflow_receive_from_concurrent_tasks_hashes_in_delivery_order(tmp
             nursery.start_soon(feed)
     assert flow.complete and flow.check_digest() and flow.digest == digest
     assert flow.acknowledged == size and sum(consumed) == size
-    assert sum(added) == size and added.count(0) >= 5  # in-order bytes per chunk; duplicates: 0
+    # receive() returns the in-order bytes it queued (duplicates: 0); spilled bytes a gap fill
+    # left ready beyond READY_BATCH_BYTES were queued by consume() instead, so <= size
+    assert 0 < sum(added) <= size and added.count(0) >= 5
     assert sink.read_bytes() == data
 
 
@@ -365,6 +367,88 @@ async def test_hash_queue_bounds_unhashed_bytes_of_all_flows_together(tmp_path):
         assert await a.consume() == 80  # flow a's consumer frees 80: b's receive returns
     assert returned == [50]
     assert await b.consume() == 50 and queue.queued_bytes == 0 and b.acknowledged == 50
+
+
+async def test_gap_fill_after_a_long_spill_is_queued_in_bounded_batches(tmp_path):
+    """A 24 MiB + 5 flow in 256 KiB chunks, memory limit 0: chunks 1.. arrive first and all
+    spill (24 MiB + 5 - 256 KiB). Filling the gap queues chunk 0 + READY_BATCH_BYTES (4 MiB =
+    16 spilled chunks) only; consume() queues the rest in batches of at most 4 MiB, each once
+    the HashQueue (limit 1 MiB) is not full, so its peak is 256 KiB + 4 MiB <= 1 MiB + 4 MiB,
+    not the 24 MiB that spilled. The sync add() path drains everything at once, in batches."""
+    step, size, limit = 256 * 1024, (24 << 20) + 5, 1 << 20
+    data = os.urandom(size)
+    digest = hashlib.blake2b(data).hexdigest()
+    chunks = [(o, data[o : o + step]) for o in range(0, size, step)]
+    spill_dir = tmp_path / "spill"
+    spill_dir.mkdir()
+    sink = tmp_path / "out"
+    queue = HashQueue(limit)
+    flow = InFlow(spec(size, sink=f"file:{sink}"), 0, str(spill_dir), queue=queue)
+    for offset, piece in chunks[1:]:
+        end = offset + len(piece)
+        assert await flow.receive(offset, piece, digest if end == size else None) == 0
+    assert flow.reorder_stats() == (0, size - step) and queue.queued_bytes == 0
+    made, batches = [], []
+
+    async def fill_the_gap():  # waits in receive() until consume() takes what it queued
+        made.append(await flow.receive(0, chunks[0][1]))
+
+    with trio.fail_after(60):  # a hang guard, not a timing assertion
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fill_the_gap)
+            await trio.testing.wait_all_tasks_blocked()
+            assert flow.delivered == queue.queued_bytes == step + READY_BATCH_BYTES
+            assert flow.ready_bytes == size - flow.delivered and not flow.complete
+            while n := await flow.consume():
+                batches.append(n)
+                assert flow.acknowledged == sum(batches) <= flow.delivered
+                assert flow.complete == (sum(batches) == size)
+    assert made == [step + READY_BATCH_BYTES]
+    assert batches[0] == made[0] and max(batches[1:]) <= READY_BATCH_BYTES and sum(batches) == size
+    assert queue.peak_bytes <= limit + READY_BATCH_BYTES and queue.queued_bytes == 0
+    assert flow.check_digest() and flow.digest == digest and sink.read_bytes() == data
+    assert os.listdir(spill_dir) == []  # the spill file went with the reorder buffer
+
+    inline = InFlow(spec(size), 0, str(spill_dir))
+    for offset, piece in reversed(chunks):
+        inline.add(offset, piece, digest if offset + len(piece) == size else None)
+    assert inline.delivered == inline.acknowledged == size and inline.ready_bytes == 0
+    assert inline.check_digest() and os.listdir(spill_dir) == []
+
+
+async def test_ready_bytes_wait_while_the_shared_hash_queue_is_full(tmp_path):
+    """Flows a (6 MiB, 1 MiB chunks, all but the first spilled) and b share a 1 MiB HashQueue.
+    a's gap fill queues 1 + 4 MiB (READY_BATCH_BYTES); a consumes them, then its last 1 MiB is
+    ready, but b has 2 MiB queued (> 1 MiB): a's consume() waits until b's takes them."""
+    mib = 1 << 20
+    queue = HashQueue(mib)
+    a_data, b_data = os.urandom(6 * mib), os.urandom(2 * mib)
+    a = InFlow(FlowSpec("c1", "fa", "a", "b", "LA", 6 * mib), 0, str(tmp_path), queue=queue)
+    b = InFlow(FlowSpec("c1", "fb", "a", "b", "LA", 2 * mib), 0, str(tmp_path), queue=queue)
+    for offset in range(mib, 6 * mib, mib):
+        assert await a.receive(offset, a_data[offset : offset + mib]) == 0
+    consumed = []
+
+    async def consume_a():
+        consumed.append(await a.consume())
+
+    with trio.fail_after(60):  # a hang guard, not a timing assertion
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(b.receive, 0, b_data)  # 2 MiB > 1 MiB queued: waits
+            nursery.start_soon(a.receive, 0, a_data[:mib])  # queues 1 + 4 MiB: waits
+            await trio.testing.wait_all_tasks_blocked()
+            assert queue.queued_bytes == 7 * mib and a.ready_bytes == mib
+            assert await a.consume() == 5 * mib  # 2 MiB (b's) still queued: full
+            nursery.start_soon(consume_a)
+            await trio.testing.wait_all_tasks_blocked()
+            assert consumed == [] and a.delivered == 5 * mib and a.ready_bytes == mib
+            assert await b.consume() == 2 * mib  # room again: a queues, consumes its last 1 MiB
+    assert consumed == [mib] and a.complete and b.complete
+    assert a.hasher.hexdigest() == hashlib.blake2b(a_data).hexdigest()
+    assert queue.peak_bytes == 7 * mib and queue.queued_bytes == 0
+    a.close()
+    b.close()
+    assert os.listdir(tmp_path) == []
 
 
 def held(n, stream):

@@ -2,6 +2,7 @@
 
 import os
 import tempfile
+import tracemalloc
 
 import pytest
 from hypothesis import given, settings
@@ -125,6 +126,80 @@ def test_bad_sizes_raise_value_error(size, limit):
         ReorderBuffer(size, limit, None)
 
 
+@pytest.mark.parametrize("bound", [0, -1, 1.5, True, None])
+def test_bad_read_bounds_raise_value_error(bound):
+    with pytest.raises(ValueError, match="max_read_bytes"):
+        ReorderBuffer(10, 10, None, max_read_bytes=bound)
+    with ReorderBuffer(10, 10, None) as buf:
+        if bound is not None:  # None = the buffer's own max_read_bytes
+            with pytest.raises(ValueError, match="max_bytes"):
+                buf.take_ready(bound)
+    with pytest.raises(ValueError, match="closed"):
+        buf.take_ready()
+
+
+def test_hand_computed_bounded_read_back_of_spilled_segments(tmp_path):
+    data = flow_bytes(4000)
+    with ReorderBuffer(4000, 1000, str(tmp_path), max_read_bytes=1500) as buf:
+        # Nearest first: [1000,2000) stays in memory, [2000,3000) and [3000,4000) spill.
+        feed(buf, chunks_of(data, 1000)[1:])
+        assert buf.resident_bytes == 1000 and buf.spilled_bytes == 2000 and buf.ready_bytes == 0
+        # The gap fill returns chunk 0, the in-memory [1000,2000) and the spilled [2000,3000)
+        # (1000 read <= 1500); [3000,4000) would make 2000 read > 1500: it stays, ready.
+        out = buf.add(0, data[:1000])
+        assert b"".join(out) == data[:3000] and buf.delivered == 3000
+        assert buf.ready_bytes == 1000 and buf.held_bytes == 1000 and not buf.complete
+        assert buf.add(3200, data[3200:3500]) == []  # a resend of ready bytes is dropped
+        # take_ready(500) still returns one whole segment (1000 > 500): progress is always made
+        assert b"".join(buf.take_ready(500)) == data[3000:]
+        assert buf.complete and buf.ready_bytes == 0 and buf.take_ready() == []
+        assert os.path.getsize(buf.spill_path) == 0  # nothing left on disk: truncated
+
+
+def test_gap_fill_after_a_long_spill_reads_back_in_bounded_pieces(tmp_path):
+    """256 chunks of 16 KiB; chunks 1..255 arrive first with no memory allowed, so 255 x 16 KiB
+    = 4080 KiB spill. Filling the gap returns chunk 0 plus at most max_read_bytes = 64 KiB (4
+    segments) of spilled bytes; take_ready() returns the other 4080 - 64 = 4016 KiB, 64 KiB at a
+    time. Python allocations during the gap fill and drain stay far below the 4 MiB spilled."""
+    seg, count, bound = 16 * 1024, 256, 64 * 1024
+    data = os.urandom(seg * count)
+    chunks = chunks_of(data, seg)
+    buf = ReorderBuffer(len(data), 0, str(tmp_path), max_read_bytes=bound)
+    assert feed(buf, chunks[1:]) == b""
+    assert buf.spilled_bytes == (count - 1) * seg and buf.resident_bytes == 0
+    spill = buf.spill_path
+    original = memoryview(data)
+    position = 0
+
+    def check(pieces) -> int:
+        nonlocal position
+        for piece in pieces:
+            assert original[position : position + len(piece)] == piece
+            position += len(piece)
+        return sum(len(p) for p in pieces)
+
+    tracemalloc.start()
+    try:
+        first = buf.add(0, chunks[0][1])
+        assert check(first) == seg + bound  # chunk 0 + 4 spilled segments
+        first = None
+        assert buf.ready_bytes == (count - 1) * seg - bound == 4016 * 1024
+        batches = []
+        while buf.ready_bytes:
+            before = buf.ready_bytes
+            batches.append(check(buf.take_ready()))
+            assert buf.ready_bytes == before - batches[-1]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert position == len(data) and buf.complete and buf.delivered == len(data)
+    assert max(batches) == bound and sum(batches) == 4016 * 1024
+    assert peak < 4 * bound  # one 64 KiB batch at a time and small objects; 4080 KiB spilled
+    assert os.path.getsize(spill) == 0  # reset once nothing was left on disk
+    buf.close()
+    assert not os.path.exists(spill) and os.listdir(tmp_path) == []
+
+
 @st.composite
 def arrivals(draw):
     """A flow, chunks that cover it (random cut points, some overlapping resends),
@@ -144,21 +219,28 @@ def arrivals(draw):
 
 
 @settings(max_examples=300)
-@given(case=arrivals())
-def test_any_arrival_order_and_duplication_yields_the_original_stream(case):
+@given(case=arrivals(), max_read=st.integers(1, 2000), draws=st.data())
+def test_any_arrival_order_and_duplication_yields_the_original_stream(case, max_read, draws):
     with tempfile.TemporaryDirectory() as tmp:
-        check_one_arrival_order(case, tmp)
+        check_one_arrival_order(case, tmp, max_read, draws)
 
 
-def check_one_arrival_order(case, tmp_path):
+def check_one_arrival_order(case, tmp_path, max_read, draws):
+    """Feed the chunks with spilled bytes read back at most `max_read` per add(); after some
+    adds take one batch of ready bytes, and at the end take all that is still ready."""
     size, order, limit = case
     data = flow_bytes(size)
-    with ReorderBuffer(size, limit, str(tmp_path)) as buf:
+    with ReorderBuffer(size, limit, str(tmp_path), max_read_bytes=max_read) as buf:
         out = []
         for a, b in order:
             out.extend(buf.add(a, memoryview(data)[a:b]))
+            if buf.ready_bytes and draws.draw(st.booleans()):
+                out.extend(buf.take_ready(draws.draw(st.integers(1, 2000))))
             assert buf.resident_bytes <= limit
             assert buf.delivered == sum(len(p) for p in out)
+            assert 0 <= buf.ready_bytes <= buf.held_bytes
+        while buf.ready_bytes:
+            out.extend(buf.take_ready())
         assert b"".join(out) == data
         assert buf.complete and buf.held_bytes == 0 and buf.resident_bytes == 0
         assert buf.peak_resident_bytes <= limit
