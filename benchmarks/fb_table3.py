@@ -125,6 +125,10 @@ def table_row(results: dict[str, dict], commits: dict[str, str | None]) -> dict:
 def gather(args: argparse.Namespace) -> dict[str, dict]:
     """Simulate (or load from --reuse DIR) every requested scheduler on every topology.
 
+    Raises:
+        ValueError: a reused part file made with another topology, limit, link Gbps or K.
+        OSError, json.JSONDecodeError: an unreadable part file.
+
     Returns {topology: {"results": {scheduler: result dict}, "commit": {scheduler: commit}}}.
     """
     out: dict[str, dict] = {}
@@ -136,6 +140,11 @@ def gather(args: argparse.Namespace) -> dict[str, dict]:
                 cached = args.reuse / part_name(topo, args.limit, args.link_gbps, args.k, name)
             if cached is not None and cached.exists() and name not in args.rerun:
                 part = json.loads(cached.read_text())
+                want = {"topology": topo, "limit": args.limit, "link_gbps": args.link_gbps}
+                want["k"] = args.k
+                got = {key: (part.get("meta") or {}).get(key) for key in want}
+                if got != want:
+                    raise ValueError(f"{cached}: made with {got}, not {want}")
                 print(f"{topo} {name}: reusing {cached}", file=sys.stderr)
             else:
                 part = run_part(topo, name, args.link_gbps, args.limit, args.k)

@@ -98,22 +98,6 @@ def wan_average(name: str, result: dict, wan_ids: list[str]) -> float:
     return mean
 
 
-def check_parts(run: argparse.Namespace, topology: str) -> None:
-    """Check that the part files of `run` in --reuse DIR were made with its settings.
-
-    Raises:
-        ValueError: a part's meta (topology, limit, link_gbps, k) differs from `run`.
-        OSError, json.JSONDecodeError: unreadable part file.
-    """
-    want = {"topology": topology, "limit": run.limit, "link_gbps": run.link_gbps, "k": run.k}
-    for name in run.schedulers:
-        path = run.reuse / part_name(topology, run.limit, run.link_gbps, run.k, name)
-        meta = json.loads(path.read_text()).get("meta") or {}
-        got = {key: meta.get(key) for key in want}
-        if got != want:
-            raise ValueError(f"{path}: made with {got}, not {want}")
-
-
 def announce_missing(run: argparse.Namespace) -> None:
     """Print on stderr every (topology, scheduler) `gather(run)` is about to simulate."""
     for topology in run.topology:
@@ -210,8 +194,6 @@ def main(argv: list[str] | None = None) -> int:
             run = argparse.Namespace(**{**vars(args), "link_gbps": gbps, "rerun": []})
             announce_missing(run)
             for topology, entry in gather(run).items():
-                if run.reuse is not None:
-                    check_parts(run, topology)
                 bound, wan_ids = bound_for(topology, gbps, args.limit, args.k)
                 row = ceiling_row(topology, bound, wan_ids, entry["results"])
                 out.setdefault(topology, {})[f"{gbps:g}"] = row

@@ -25,6 +25,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from tqdm import tqdm
 
@@ -114,8 +115,19 @@ def make_policy(name: str, topology: Topology, args: argparse.Namespace):
     return BASELINES[name](topology, k=args.k)
 
 
-def run(args: argparse.Namespace) -> dict[str, SimResult]:
-    """Load the inputs, simulate every requested scheduler, return {name: SimResult}.
+class Inputs(NamedTuple):
+    """What a run simulates: the topology (never mutated: each policy gets a copy), the
+    scripted WAN changes, the coflows (with deadlines if --deadline-factor) and
+    {coflow id: Γ_empty seconds}."""
+
+    topology: Topology
+    changes: list[WanChange]
+    coflows: list
+    gammas: dict[str, float]
+
+
+def load_inputs(args: argparse.Namespace) -> Inputs:
+    """Check the options and load the topology, WAN changes and workload of `args`.
 
     Raises:
         TopologyError, WorkloadError, ValueError: invalid inputs.
@@ -132,6 +144,17 @@ def run(args: argparse.Namespace) -> dict[str, SimResult]:
     gammas = empty_wan_gammas(coflows, topology, args.k)
     if args.deadline_factor is not None:
         coflows = with_deadline_factor(coflows, gammas, args.deadline_factor)
+    return Inputs(topology, changes, coflows, gammas)
+
+
+def run(args: argparse.Namespace, inputs: Inputs | None = None) -> dict[str, SimResult]:
+    """Simulate every requested scheduler on `inputs` (default: load_inputs(args)), return
+    {name: SimResult}.
+
+    Raises:
+        TopologyError, WorkloadError, ValueError: invalid inputs.
+    """
+    topology, changes, coflows, gammas = inputs or load_inputs(args)
     names = SCHEDULERS if args.scheduler == "all" else [args.scheduler]
     results = {}
     for name in names:
@@ -166,7 +189,7 @@ def format_table(results: dict[str, SimResult]) -> str:
     return "\n".join(lines)
 
 
-def lower_bound(args: argparse.Namespace) -> CctBound:
+def lower_bound(args: argparse.Namespace, inputs: Inputs) -> CctBound:
     """The lower bound on the average CCT over every WAN coflow of the run `args` describes.
 
     Computed on the WAN before any scripted change. Without --fail-link: the larger of
@@ -175,16 +198,17 @@ def lower_bound(args: argparse.Namespace) -> CctBound:
     only (valid for any scheduler, as failures only remove capacity; Γ_empty is not a
     bound once the schedulers re-route around a failure). See cct_bound.py.
 
+    Args:
+        args: the parsed options.  inputs: what load_inputs(args) returned.
+
     Returns:
         CctBound (seconds).
 
     Raises:
-        TopologyError, WorkloadError, ValueError: invalid inputs (as `run`).
+        ValueError: no WAN coflow (from cct_bound).
     """
-    topology = load_topology(args.topology, link_gbps=args.link_gbps)
-    coflows = load_workload(args.workload, topology, limit=args.limit)
-    gammas = None if args.fail_link else empty_wan_gammas(coflows, topology, args.k)
-    return avg_cct_lower_bound(coflows, topology, gammas)
+    gammas = None if args.fail_link else inputs.gammas
+    return avg_cct_lower_bound(inputs.coflows, inputs.topology, gammas)
 
 
 def format_bound(bound: CctBound, results: dict[str, SimResult]) -> str:
@@ -313,8 +337,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `terra-sim`. Returns the exit status (0 ok, 2 bad input, 1 policy bug)."""
     args = build_parser().parse_args(argv)
     try:
-        results = run(args)
-        bound = lower_bound(args) if args.bound else None
+        inputs = load_inputs(args)
+        results = run(args, inputs)
+        bound = lower_bound(args, inputs) if args.bound else None
     except (TopologyError, WorkloadError, ValueError, OSError) as exc:
         print(f"terra-sim: error: {exc}", file=sys.stderr)
         return 2
