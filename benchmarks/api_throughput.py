@@ -34,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from loopback_system import ControllerProcess, FakeAgent  # noqa: E402
 
-from terra_controller.client import TerraClient  # noqa: E402
 from terra_controller.terra_policy import TerraPolicy  # noqa: E402
 from topologies import GBPS_TO_BYTES_PER_S, load_topology  # noqa: E402
 from workloads import Coflow, Flow, load_workload  # noqa: E402
@@ -45,7 +44,7 @@ AGENT_OF = {dc: dc.lower() for dc in DCS}
 
 def fake_agents(ctl: ControllerProcess, complete: bool) -> list[FakeAgent]:
     """One fake agent per SWAN DC, registered."""
-    agents = [FakeAgent(ctl.agents, AGENT_OF[dc], dc, complete) for dc in DCS]
+    agents = [FakeAgent(ctl, AGENT_OF[dc], dc, complete) for dc in DCS]
     ctl.wait_agents(len(agents))
     return agents
 
@@ -62,7 +61,7 @@ def api_rates(calls: int, clients: int) -> dict:
     agents = fake_agents(ctl, complete=True)
     rng = random.Random(1)
     try:
-        client = TerraClient(*ctl.api_addr)
+        client = ctl.client()
         start = time.perf_counter()
         ids = [client.submit_coflow(one_flow(rng)) for _ in range(calls)]
         submit_s = time.perf_counter() - start
@@ -74,7 +73,7 @@ def api_rates(calls: int, clients: int) -> dict:
         errors: list[Exception] = []
 
         def submit_many(seed: int) -> None:
-            local, r = TerraClient(*ctl.api_addr), random.Random(seed)
+            local, r = ctl.client(), random.Random(seed)
             try:
                 for _ in range(per_client):
                     local.submit_coflow(one_flow(r))
@@ -139,7 +138,7 @@ def round_latency(n_coflows: int, rounds: int) -> dict:
     ctl = ControllerProcess("swan")
     agents = fake_agents(ctl, complete=False)
     try:
-        client = TerraClient(*ctl.api_addr, timeout=60)
+        client = ctl.client(timeout=60)
         ids = []
         for c in coflows:
             flows = [{"id": f.id, "src": AGENT_OF[f.src], "dst": AGENT_OF[f.dst],

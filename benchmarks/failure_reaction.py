@@ -30,7 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from loopback_system import ControllerProcess, start_agents, stop_all  # noqa: E402
 
-from terra_controller.client import TerraClient  # noqa: E402
 from topologies.loaders import builtin_path  # noqa: E402
 
 AGENTS = [("hk", "HK", "127.0.0.31"), ("la", "LA", "127.0.0.32"), ("ny", "NY", "127.0.0.33"),
@@ -82,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         agents = start_agents(ctl, AGENTS, work)
         ctl.wait_agents(len(AGENTS))
-        client = TerraClient(*ctl.api_addr, timeout=10)
+        client = ctl.client(timeout=10)
         for flows in COFLOWS:
             client.submit_coflow(
                 [{"id": f, "src": s, "dst": d, "bytes": FLOW_BYTES} for f, s, d in flows]

@@ -2,6 +2,8 @@
 
 - `ControllerProcess`: `python -m terra_controller.cli --no-openflow` on free
   loopback ports (reads the "ready" line for the addresses); `.stop()` ends it.
+  With TLS (the default) it makes a fresh PKI in a temporary directory and every
+  helper here (client, REST, agents, fake agents) uses certificates from it.
 - `start_agents`: real `terra-agent` processes, one per (id, DC, host).
 - `FakeAgent`: a thread speaking the real control protocol (overlay/protocol.py)
   that registers, acknowledges every message and, with `complete=True`, reports
@@ -12,9 +14,11 @@
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -24,6 +28,11 @@ from overlay import protocol
 from terra_agent.harness import free_port_block
 from terra_agent.harness import stop_processes as stop_all  # noqa: F401 (re-export)
 from terra_controller.agent_channel import read_control, send_parts
+from terra_controller.client import TerraClient
+from terra_controller.pki import Role, client_context, init_ca, issue
+from terra_controller.transport import SharedSocket, connect_tls
+
+OPERATOR = "bench-operator"
 
 
 class ControllerProcess:
@@ -31,17 +40,27 @@ class ControllerProcess:
 
     Args:
         topology: name or path. k: tunnels per DC pair. log: file for its stderr.
+        tls: mutual TLS with a fresh PKI (False: --insecure).
 
     Attributes:
-        api, agents: "host:port"; rest: "http://host:port".
+        api, agents: "host:port"; rest: "https://host:port" (http without TLS);
+        pki: the PKI directory (None without TLS).
     """
 
-    def __init__(self, topology: str, k: int = 4, log: Path | None = None) -> None:
+    def __init__(
+        self, topology: str, k: int = 4, log: Path | None = None, tls: bool = True
+    ) -> None:
         self.log = open(log or "/dev/null", "w")  # noqa: SIM115
+        self.pki = Path(tempfile.mkdtemp(prefix="terra-bench-pki-")) if tls else None
+        if tls:
+            init_ca(self.pki)
+            issue(self.pki, Role.OPERATOR, OPERATOR)
+        auth = ["--pki", str(self.pki)] if tls else ["--insecure"]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "terra_controller.cli", "--topology", topology,
              "--no-openflow", "--k", str(k), "--api", "127.0.0.1:0",
-             "--agents", "127.0.0.1:0", "--rest", "127.0.0.1:0", "--log-level", "WARNING"],
+             "--agents", "127.0.0.1:0", "--rest", "127.0.0.1:0", "--log-level", "WARNING",
+             *auth],
             stdout=subprocess.PIPE, stderr=self.log, text=True,
         )  # fmt: skip
         line = self.proc.stdout.readline()
@@ -49,7 +68,31 @@ class ControllerProcess:
             self.stop()
             raise RuntimeError(f"controller did not start: {line!r}")
         addrs = dict(part.split("=") for part in line.split()[2:])
-        self.api, self.agents, self.rest = addrs["api"], addrs["agents"], "http://" + addrs["rest"]
+        scheme = "https://" if tls else "http://"
+        self.api, self.agents, self.rest = addrs["api"], addrs["agents"], scheme + addrs["rest"]
+        self.rest_tls = None
+        if tls:
+            self.rest_tls = client_context(self.pki, OPERATOR)
+            self.rest_tls.check_hostname = False  # dials 127.0.0.1; the CA is still verified
+
+    def identity(self, role: Role, name: str) -> str:
+        """Issue a certificate for `name` if missing (no-op without TLS); returns the name."""
+        if self.pki is not None and not (self.pki / f"{name}.crt").exists():
+            issue(self.pki, role, name)
+        return name
+
+    def client(self, timeout: float = 30.0, name: str = OPERATOR) -> TerraClient:
+        """A TerraClient (operator certificate by default; insecure without TLS)."""
+        if self.pki is None:
+            return TerraClient(*self.api_addr, insecure=True, timeout=timeout)
+        return TerraClient(*self.api_addr, pki=self.pki, name=name, timeout=timeout)
+
+    def agent_args(self, agent: str) -> list[str]:
+        """The authentication arguments of terra-agent `agent` (issuing its certificate)."""
+        if self.pki is None:
+            return ["--insecure"]
+        self.identity(Role.AGENT, agent)
+        return ["--pki", str(self.pki)]
 
     @property
     def api_addr(self) -> tuple[str, int]:
@@ -59,7 +102,7 @@ class ControllerProcess:
 
     def get(self, path: str):
         """GET a REST path and decode its JSON."""
-        with urllib.request.urlopen(self.rest + path, timeout=10) as reply:
+        with urllib.request.urlopen(self.rest + path, timeout=10, context=self.rest_tls) as reply:
             return json.loads(reply.read())
 
     def wait_agents(self, n: int, timeout: float = 30.0) -> None:
@@ -80,6 +123,8 @@ class ControllerProcess:
             self.proc.kill()
             self.proc.wait()
         self.log.close()
+        if self.pki is not None:
+            shutil.rmtree(self.pki, ignore_errors=True)
 
 
 def start_agents(ctl: ControllerProcess, agents: list[tuple[str, str, str]], workdir: Path,
@@ -107,6 +152,7 @@ def start_agents(ctl: ControllerProcess, agents: list[tuple[str, str, str]], wor
                     str(workdir),
                     "--log-level",
                     "WARNING",
+                    *ctl.agent_args(agent),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -119,14 +165,18 @@ class FakeAgent:
     """A control-channel peer in a thread (see module docstring).
 
     Args:
-        addr: the controller's agent channel "host:port". agent, dc: identity.
+        ctl: the ControllerProcess (its agent channel address and PKI). agent, dc: identity.
         complete: report every flow of which it is the receiver as complete at once.
     """
 
-    def __init__(self, addr: str, agent: str, dc: str, complete: bool = True) -> None:
-        host, port = addr.split(":")
+    def __init__(self, ctl: ControllerProcess, agent: str, dc: str, complete: bool = True):
+        host, port = ctl.agents.split(":")
         self.agent, self.complete = agent, complete
-        self.sock = socket.create_connection((host, int(port)))
+        context = None
+        if ctl.pki is not None:
+            context = client_context(ctl.pki, ctl.identity(Role.AGENT, agent))
+        self.sock = SharedSocket(connect_tls(host, int(port), context, 10.0))
+        self.sock.settimeout(None)
         self.lock = threading.Lock()
         self.messages = 0
         self.send(protocol.register_message(dc, agent, f"127.0.0.1:{40000 + hash(agent) % 9999}"))

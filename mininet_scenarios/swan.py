@@ -217,13 +217,47 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-class Controller:
-    """terra-controller (OpenFlow mode) as a subprocess in its own session.
+JOB_NAME = "testbed-job"
+OPERATOR_NAME = "testbed-operator"
 
-    Attributes: api (host, port), agents_port, rest ("http://host:port").
+
+def make_pki(workdir: Path, agent_names: list[str]) -> Path:
+    """A fresh PKI for one testbed run in workdir/pki: CA and controller, one certificate per
+    agent, the job master (JOB_NAME) and the operator reading REST (OPERATOR_NAME).
+
+    Returns:
+        the PKI directory.
+    """
+    import shutil
+
+    from terra_controller.pki import Role, init_ca, issue
+
+    pki = workdir / "pki"
+    shutil.rmtree(pki, ignore_errors=True)
+    init_ca(pki)
+    for name in agent_names:
+        issue(pki, Role.AGENT, name)
+    issue(pki, Role.JOB, JOB_NAME)
+    issue(pki, Role.OPERATOR, OPERATOR_NAME)
+    return pki
+
+
+class Controller:
+    """terra-controller (OpenFlow mode, mutual TLS with `pki`) as a subprocess in its own session.
+
+    Attributes: api (host, port), agents_port, rest ("https://host:port"), pki (directory).
     """
 
-    def __init__(self, topo_path: Path, k: int, of_port: int, log: Path, procs: Processes):
+    def __init__(
+        self, topo_path: Path, k: int, of_port: int, log: Path, procs: Processes, pki: Path
+    ):
+        import ssl
+
+        from terra_controller.pki import client_context
+
+        self.pki = pki
+        self.rest_tls: ssl.SSLContext = client_context(pki, OPERATOR_NAME)
+        self.rest_tls.check_hostname = False  # urllib dials an IP; the CA still verifies it
         self.log = open(log, "w")  # noqa: SIM115 (closed in close())
         self.proc = procs.add(
             subprocess.Popen(
@@ -245,6 +279,8 @@ class Controller:
                     "127.0.0.1:0",
                     "--log-level",
                     LOG_LEVEL,
+                    "--pki",
+                    str(pki),
                 ],
                 stdout=subprocess.PIPE,
                 stderr=self.log,
@@ -259,11 +295,15 @@ class Controller:
         host, port = addrs["api"].rsplit(":", 1)
         self.api = (host, int(port))
         self.agents_port = int(addrs["agents"].rsplit(":", 1)[1])
-        self.rest = "http://" + addrs["rest"]
+        self.rest = "https://" + addrs["rest"]
+
+    def client(self, timeout: float) -> TerraClient:
+        """A TerraClient of the job master (certificate JOB_NAME)."""
+        return TerraClient(*self.api, pki=self.pki, name=JOB_NAME, timeout=timeout)
 
     def get(self, path: str):
-        """GET a REST path, decoded JSON."""
-        with urllib.request.urlopen(self.rest + path, timeout=5) as reply:
+        """GET a REST path over TLS with the operator's certificate, decoded JSON."""
+        with urllib.request.urlopen(self.rest + path, timeout=5, context=self.rest_tls) as reply:
             return json.loads(reply.read())
 
     def close(self) -> None:
@@ -383,7 +423,7 @@ def run_terra(
         TestbedError: coflows not done within `timeout` seconds of the last arrival.
     """
     result = RunResult(wan_capacity_bps=_wan_capacity(wan))
-    client = TerraClient(*ctl.api, timeout=30)
+    client = ctl.client(timeout=30)
     ids: dict[int, TestbedCoflow] = {}
     tx0 = wan_tx_bytes(wan.switches, wan.binding, wan.topology)
     rounds0 = ctl.get("/status")["rounds"]
@@ -621,7 +661,10 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
     check_names_free([f"s{sw.dpid}" for sw in binding.switches.values()] + ["mgmt0"])
     procs, wan, ctl = Processes(), None, None
     try:
-        ctl = Controller(topo_path, opts.k, opts.of_port, opts.workdir / "controller.log", procs)
+        pki = make_pki(opts.workdir, [host.name for _, host in binding.all_hosts()])
+        ctl = Controller(
+            topo_path, opts.k, opts.of_port, opts.workdir / "controller.log", procs, pki
+        )
         t_start = time.monotonic()
         wan = build_wan(topology, binding, of_port=opts.of_port, link_mbps=opts.link_mbps,
                         mgmt=True)  # fmt: skip
@@ -715,6 +758,8 @@ def _start_agents(wan, binding, ctl, mgmt_ip, workdir, procs) -> list[subprocess
                         str(workdir),
                         "--log-level",
                         LOG_LEVEL,
+                        "--pki",
+                        str(ctl.pki),
                     ],
                     stdout=open(workdir / f"agent_{host.name}.log", "w"),
                     stderr=subprocess.STDOUT,

@@ -6,12 +6,18 @@ an empty payload; the fields below are the frame header ("v" and "n" are added b
 Source: DESIGN.md section 6 ("Control channel"), section 5 (chunks, acks), overlay_spec.md.
 
 Control channel, agent -> controller:
-    register  {dc, agent, data_addr: "host:port", token?: str,
+    register  {dc, agent, data_addr: "host:port",
                inflight?: [{coflow, flow, role: "send"|"recv", offset: int bytes}]}
     progress  {flows: [{coflow, flow, acked: int bytes}]}
     complete  {coflow, flow, digest: BLAKE2b hex str, size: int bytes}
     heartbeat {}
     error     {message: str, coflow?: str, flow?: str}
+    failed    {coflow, flow, reason: str, cause: "source" | "sink" | "digest", attempt?: int}
+              a flow cannot run at this agent: its source cannot be read (sender), its sink
+              cannot be opened or written (receiver), or its bytes arrived with a digest that
+              does not match the sender's (receiver; the controller may send it again from 0);
+              attempt: the flow's attempt it is about (default 0; reports of an earlier attempt
+              are ignored)
     ack       {id}                    (answers a controller message that carried "id")
 
 Control channel, controller -> agent (any of them may carry "id": the agent acks it once applied):
@@ -21,7 +27,11 @@ Control channel, controller -> agent (any of them may carry "id": the agent acks
                listen: [int]          (ports on which THIS agent accepts incoming tunnels)}
     flows     {flows: [{coflow, flow, src_agent, dst_agent, dst_dc, size: int bytes,
                         offset: int bytes (acknowledged so far, where a sender resumes),
-                        source: "synthetic" | "file:PATH", sink: "digest" | "file:PATH"}]}
+                        source: "synthetic" | "file:PATH", sink: "digest" | "file:PATH",
+                        attempt?: int >= 0 (default 0; grows each time the controller
+                        restarts the flow from byte 0 after a digest mismatch)}]}
+    drop      {coflow, flows: [flow id]}  forget these flows (sender and receiver state): their
+              coflow failed or was cancelled, or (followed by "flows") a flow restarts from 0
     rates     {rates: [{coflow, dst_dc, paths: [{tunnel, rate: bytes/s >= 0}]}]}
               One entry per FlowGroup of the receiving (sending-side) agent: the FlowGroup is
               (coflow, this agent's DC, dst_dc). An entry replaces that FlowGroup's rates; paths it
@@ -34,6 +44,8 @@ Data connections (sender agent -> receiver agent, one TCP connection per (peer a
               carries "d": the sender's BLAKE2b hex digest of the whole flow
     ack       {c: coflow, f: flow, o: delivered offset, e: receiver epoch int}  (receiver ->
               sender, on the same connection; "e" changes when the receiver restarts)
+    A chunk and an ack of a flow whose attempt is > 0 also carry "a": the attempt; a receiver
+    drops chunks of another attempt, a sender ignores acks of another attempt.
 
 Rules the controller follows (what terra_agent expects):
     - send a flow's descriptor to its receiver (and wait for the "ack" {id}) before its sender:
@@ -44,6 +56,9 @@ Rules the controller follows (what terra_agent expects):
       it received in full (a restarted controller knows of them only this way); it is idempotent;
     - keep headers under framing.MAX_HEADER_BYTES (64 KiB): batch long "flows" lists (about 200
       descriptors per message is safe); agents send at most 500 rows per progress/register.
+    - to restart a flow from byte 0, send "drop" and its descriptor with attempt + 1 to the
+      receiver, and to the sender only once the receiver acked them; agents ignore chunks and
+      acks of dropped flows and of other attempts, so late ones close no connection.
 
 All validators raise ProtocolError (a ValueError) with a message naming the field at fault.
 """
@@ -52,16 +67,28 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-PROTOCOL_TYPES_FROM_AGENT = ("register", "progress", "complete", "heartbeat", "error", "ack")
+PROTOCOL_TYPES_FROM_AGENT = (
+    "register",
+    "progress",
+    "complete",
+    "heartbeat",
+    "error",
+    "failed",
+    "ack",
+)
 PROTOCOL_TYPES_TO_AGENT = (
     "registered",
     "tunnels",
     "flows",
     "rates",
+    "drop",
     "heartbeat",
     "error",
     "ack",
 )
+FAILURE_CAUSES = ("source", "sink", "digest")
+MAX_REASON_CHARS = 1024  # "failed" reasons are cut to this length by failed_message
+DROP_BATCH = 100  # flow ids per "drop" message (ids are <= 256 chars: headers stay < 64 KiB)
 DATA_TYPES = ("hello", "chunk", "ack")
 MAX_PORT = 65535
 
@@ -104,6 +131,8 @@ class FlowSpec:
     offset: bytes acknowledged so far (a restarted sender resumes there; the receiver's own
     delivered offset wins when it knows better). source: "synthetic" or "file:PATH" (read on the
     sending host); sink: "digest" (hash only) or "file:PATH" (written on the receiving host).
+    attempt: how many times the controller restarted the flow from byte 0 (digest mismatches);
+    chunks and acks of another attempt are ignored.
     """
 
     coflow: str
@@ -115,6 +144,7 @@ class FlowSpec:
     offset: int = 0
     source: str = "synthetic"
     sink: str = "digest"
+    attempt: int = 0
 
     @property
     def key(self) -> tuple[str, str]:
@@ -122,8 +152,11 @@ class FlowSpec:
         return (self.coflow, self.flow)
 
     def to_dict(self) -> dict:
-        """The wire form (all fields)."""
-        return asdict(self)
+        """The wire form (all fields; "attempt" only when > 0)."""
+        d = asdict(self)
+        if not self.attempt:
+            del d["attempt"]
+        return d
 
 
 @dataclass(frozen=True)
@@ -155,13 +188,10 @@ def register_message(
     dc: str,
     agent: str,
     data_addr: str,
-    token: str | None = None,
     inflight: list[dict] | None = None,
 ) -> dict:
     """Header of a "register" message (agent -> controller); see the module docstring."""
     msg = {"t": "register", "dc": dc, "agent": agent, "data_addr": data_addr}
-    if token is not None:
-        msg["token"] = token
     if inflight:
         msg["inflight"] = inflight
     return validate_control(msg)
@@ -196,6 +226,39 @@ def complete_message(coflow: str, flow: str, digest: str, size: int) -> dict:
 def error_message(message: str, **fields) -> dict:
     """Header of an "error" message; extra str fields (e.g. coflow, flow) are kept."""
     return {"t": "error", "message": message, **fields}
+
+
+def failed_message(coflow: str, flow: str, reason: str, cause: str, attempt: int = 0) -> dict:
+    """Header of a "failed" message (agent -> controller): flow coflow/flow cannot run here.
+
+    Args:
+        reason: human-readable cause (cut to MAX_REASON_CHARS characters).
+        cause: one of FAILURE_CAUSES ("source", "sink", "digest").
+        attempt: the flow's attempt (FlowSpec.attempt) that failed; sent when > 0.
+
+    Raises:
+        ProtocolError: empty ids, an unknown cause or a negative attempt.
+    """
+    text = str(reason)[:MAX_REASON_CHARS] or "unknown"
+    msg = {"t": "failed", "coflow": coflow, "flow": flow, "reason": text, "cause": cause}
+    if attempt:
+        msg["attempt"] = attempt
+    return validate_control(msg)
+
+
+def drop_messages(coflow: str, flows: list[str], msg_id=None) -> list[dict]:
+    """Headers of "drop" messages (controller -> agent) for a coflow's flows, DROP_BATCH ids
+    each; `msg_id`, when given, goes on the last one (the agent acks it once all are applied).
+
+    Raises:
+        ProtocolError: empty ids.
+    """
+    out = []
+    for i in range(0, len(flows), DROP_BATCH):
+        out.append({"t": "drop", "coflow": coflow, "flows": list(flows[i : i + DROP_BATCH])})
+    if out and msg_id is not None:
+        out[-1]["id"] = msg_id
+    return [validate_control(m) for m in out]
 
 
 def _with_id(msg: dict, msg_id) -> dict:
@@ -251,11 +314,13 @@ def validate_data(msg: dict) -> dict:
         _int(msg, "o", kind)
         if "d" in msg:
             _str(msg, "d", kind)
+        _int(msg, "a", kind, optional=True)
     elif kind == "ack":
         _str(msg, "c", kind)
         _str(msg, "f", kind)
         _int(msg, "o", kind)
         _int(msg, "e", kind)
+        _int(msg, "a", kind, optional=True)
     else:
         raise ProtocolError(f"unknown data message type {kind!r}")
     return msg
@@ -310,6 +375,7 @@ def parse_flows(msg: dict) -> list[FlowSpec]:
             offset=f.get("offset", 0),
             source=f.get("source", "synthetic"),
             sink=f.get("sink", "digest"),
+            attempt=f.get("attempt", 0),
         )
         for f in msg["flows"]
     ]
@@ -369,7 +435,6 @@ def _check_register(m: dict) -> None:
     for key in ("dc", "agent"):
         _str(m, key, "register")
     parse_addr(m.get("data_addr"), "register: data_addr")
-    _str(m, "token", "register", optional=True)
     for i, item in enumerate(_list(m, "inflight", "register", optional=True)):
         where = f"register: inflight[{i}]"
         _map(item, where)
@@ -415,6 +480,7 @@ def _check_flows(m: dict) -> None:
             _str(item, key, where)
         _int(item, "size", where, minimum=1)
         _int(item, "offset", where, optional=True)
+        _int(item, "attempt", where, optional=True)
         if item.get("offset", 0) > item["size"]:
             raise ProtocolError(f"{where}: offset {item['offset']} > size {item['size']}")
         _endpoint(item, "source", "synthetic", where)
@@ -465,6 +531,22 @@ def _check_complete(m: dict) -> None:
     _int(m, "size", "complete", minimum=1)
 
 
+def _check_failed(m: dict) -> None:
+    for key in ("coflow", "flow", "reason"):
+        _str(m, key, "failed")
+    cause = m.get("cause")
+    if cause not in FAILURE_CAUSES:
+        raise ProtocolError(f"failed: cause must be one of {FAILURE_CAUSES}, got {cause!r}")
+    _int(m, "attempt", "failed", optional=True)
+
+
+def _check_drop(m: dict) -> None:
+    _str(m, "coflow", "drop")
+    for i, flow in enumerate(_list(m, "flows", "drop")):
+        if not isinstance(flow, str) or not flow:
+            raise ProtocolError(f"drop: flows[{i}] must be a non-empty str, got {flow!r}")
+
+
 def _check_error(m: dict) -> None:
     if not isinstance(m.get("message"), str):
         raise ProtocolError(f"error: field 'message' must be a str, got {m.get('message')!r}")
@@ -488,6 +570,8 @@ _CONTROL_CHECKS = {
     "progress": _check_progress,
     "complete": _check_complete,
     "error": _check_error,
+    "failed": _check_failed,
+    "drop": _check_drop,
     "ack": _check_ack,
     "heartbeat": _check_nothing,
 }

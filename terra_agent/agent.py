@@ -5,7 +5,8 @@ overlay/protocol.py. Every task lives in the agent's nursery; a connection's err
 protocol violations, resets) are logged and close that connection only.
 
 Lifecycle: run() listens on the data port, connects to the controller (reconnecting with backoff)
-and registers with {dc, agent, data_addr, token?, inflight}. The controller then sends the tunnel
+and registers with {dc, agent, data_addr, inflight} (over mutual TLS: the agent's certificate
+names it, see docs/security.md). The controller then sends the tunnel
 table (outgoing tunnels + ports to listen on), flow descriptors and per-FlowGroup per-path rates.
 The agent opens one persistent connection per (peer agent, tunnel) and sends; receivers
 acknowledge the offsets they delivered in order, hashed and wrote; progress (bytes acknowledged
@@ -35,8 +36,9 @@ from __future__ import annotations
 
 import logging
 import math
+import ssl
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 import trio
@@ -47,6 +49,7 @@ from overlay.protocol import (
     ProtocolError,
     complete_message,
     error_message,
+    failed_message,
     parse_flows,
     parse_rates,
     parse_tunnels,
@@ -56,6 +59,7 @@ from overlay.protocol import (
     validate_data,
 )
 from overlay.reorder import MemoryBudget
+from terra_controller.pki import CONTROLLER_HOSTNAME
 
 from .pending import PENDING_LIMIT_BYTES, PENDING_TIMEOUT_S, HeldChunk, PendingChunks
 from .receiver import HashQueue, InFlow
@@ -77,7 +81,9 @@ log = logging.getLogger(__name__)
 # only as many as were in use at once: 23 in overlay_goodput, chunks held by the reorder buffers,
 # queued for hashing and being received).
 PAYLOAD_BUFFERS = 32
+CONTROL_HANDSHAKE_S = 10.0  # TLS handshake with the controller
 HASH_QUEUE_BYTES = 32 << 20  # in-order bytes received, not yet hashed / written (all flows)
+MAX_DROPPED = 10_000  # flows the controller dropped, remembered to ignore their late chunks/acks
 ROWS_PER_MESSAGE = 500  # flow rows per progress/register message (keeps headers < 64 KiB)
 
 
@@ -89,10 +95,16 @@ class AgentConfig:
     unique agent id; data_addr: (host, port) to listen on for tunnel connections (tunnels may add
     more ports on the same host); spill_dir: directory for reorder spill files; memory_limit:
     bytes of out-of-order data held in memory by all flows together (a MemoryBudget shared by
-    their reorder buffers) before spilling; token: optional shared
-    secret sent in "register"; progress_interval / heartbeat_interval: seconds; pending_limit:
+    their reorder buffers) before spilling; tls: client ssl.SSLContext for the control channel
+    (terra_controller.pki.client_context with this agent's certificate; the controller is
+    verified by its `terra-controller` name), None: plain TCP (--insecure);
+    progress_interval / heartbeat_interval: seconds; pending_limit:
     bytes of chunks held for flows whose descriptor has not arrived yet (all flows together);
-    pending_timeout: seconds such chunks are held (from the flow's first held chunk).
+    pending_timeout: seconds such chunks are held (from the flow's first held chunk);
+    data_root: directory this agent serves and writes flow files under (terra-agent
+    --data-root): a flow's "file:PATH" source / sink is PATH relative to it, resolved and kept
+    inside it (sources.resolve_data_path); None (default): every file flow is refused (the
+    flow is reported to the controller with an "error" naming the refusal, the agent carries on).
     """
 
     controller: tuple[str, int]
@@ -101,11 +113,12 @@ class AgentConfig:
     data_addr: tuple[str, int]
     spill_dir: str = "/tmp"
     memory_limit: int = 64 << 20
-    token: str | None = None
+    tls: ssl.SSLContext | None = None
     progress_interval: float = 0.5
     heartbeat_interval: float = 2.0
     pending_limit: int = PENDING_LIMIT_BYTES
     pending_timeout: float = PENDING_TIMEOUT_S
+    data_root: str | None = None
 
 
 class Agent:
@@ -139,6 +152,8 @@ class Agent:
         self.hash_queue = HashQueue(HASH_QUEUE_BYTES)
         self.refused: dict[tuple[str, str], str] = {}
         self._pending_timers: set[tuple[str, str]] = set()
+        # (coflow, flow) -> attempt, of flows the controller dropped (most recent last)
+        self.dropped: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._outbox: deque[dict] = deque()
         self._outbox_event = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -183,7 +198,7 @@ class Agent:
                 log.warning("controller closed the control channel")
             except (FrameError, ProtocolError) as exc:
                 log.error("control channel: bad frame from controller: %s", exc)
-            except CONNECTION_ERRORS as exc:
+            except (*CONNECTION_ERRORS, trio.TooSlowError, ssl.SSLError) as exc:
                 log.warning("control channel to %s:%d: %s", host, port, exc)
             except Exception:  # ExceptionGroups, bugs: the agent outlives its control channel
                 log.exception("control channel to %s:%d failed; reconnecting", host, port)
@@ -193,12 +208,21 @@ class Agent:
             backoff = min(BACKOFF_MAX_S, backoff * 2)
 
     async def _control_connection(self, host: str, port: int) -> None:
-        stream = await trio.open_tcp_stream(host, port)
-        detect_dead_peers(stream)
+        tcp = await trio.open_tcp_stream(host, port)
+        detect_dead_peers(tcp)
+        stream: trio.abc.Stream = tcp
+        if self.config.tls is not None:
+            stream = trio.SSLStream(tcp, self.config.tls, server_hostname=CONTROLLER_HOSTNAME)
+            try:
+                with trio.fail_after(CONTROL_HANDSHAKE_S):
+                    await stream.do_handshake()
+            except BaseException:
+                await trio.aclose_forcefully(tcp)
+                raise
         async with stream:
             await self._control_session(stream)
 
-    async def _control_session(self, stream: trio.SocketStream) -> None:
+    async def _control_session(self, stream: trio.abc.Stream) -> None:
         writer = FrameWriter(stream)
         reader = FrameReader(stream, max_payload=0)
         host, port = self.config.data_addr
@@ -207,7 +231,6 @@ class Agent:
                 self.config.dc,
                 self.config.agent_id,
                 f"{host}:{port}",
-                token=self.config.token,
                 inflight=self._inflight_state(),
             )
         )
@@ -282,14 +305,23 @@ class Agent:
             self.send_control(progress_message(rows[i : i + ROWS_PER_MESSAGE]))
 
     def _queue_completions(self) -> None:
-        """Report every flow received in full again ("complete" with its digest), after each
-        (re-)registration: a controller that restarted knows of them only from here (it keeps
-        reports about coflows it does not know yet until the job master resubmits them)."""
+        """Report every flow received in full again ("complete" with its digest), and every
+        flow that failed here again ("failed"), after each (re-)registration: a controller
+        that restarted knows of them only from here (it keeps reports about coflows it does
+        not know yet until the job master resubmits them)."""
         for flow in self.in_flows.values():
+            spec = flow.spec
             if flow.done:
-                spec = flow.spec
                 self._outbox.append(
                     complete_message(spec.coflow, spec.flow, flow.digest, spec.size)
+                )
+            elif flow.failed is not None and flow.reported:
+                self._outbox.append(self._in_failure(flow))
+        for flow in self.out_flows.values():
+            if flow.failed is not None:
+                spec = flow.spec
+                self._outbox.append(
+                    failed_message(spec.coflow, spec.flow, flow.failed, "source", spec.attempt)
                 )
         self._outbox_event.set()
 
@@ -327,7 +359,10 @@ class Agent:
                 self._add_flow(spec)
         elif kind == "rates":
             for group in parse_rates(header):
-                self._group(group.key).set_rates(group.paths)
+                if group.paths or group.key in self.groups:  # no group for a pause alone
+                    self._group(group.key).set_rates(group.paths)
+        elif kind == "drop":
+            self._drop_flows(header["coflow"], header["flows"])
         elif kind == "error":
             log.error("controller reports an error: %s", header["message"])
         elif kind not in ("heartbeat", "ack"):
@@ -375,17 +410,58 @@ class Agent:
         me = self.config.agent_id
         if spec.src_agent != me and spec.dst_agent != me:
             raise ProtocolError(f"flow {spec.coflow}/{spec.flow} names neither end as {me!r}")
+        held = [f for f in (self.in_flows.get(spec.key), self.out_flows.get(spec.key)) if f]
+        if any(f.spec.attempt < spec.attempt for f in held):  # missed the "drop" (reconnected)
+            self._drop_flows(spec.coflow, [spec.flow])
+        self.dropped.pop(spec.key, None)
+        cause = "sink"
         try:
             if spec.dst_agent == me and spec.key not in self.in_flows:
                 self._add_inflow(spec)
+            cause = "source"
             if spec.src_agent == me and spec.key not in self.out_flows:
-                source = open_source(spec.source, flow_key(spec.coflow, spec.flow), spec.size)
+                source = open_source(
+                    spec.source,
+                    flow_key(spec.coflow, spec.flow),
+                    spec.size,
+                    data_root=self.config.data_root,
+                )
                 flow = OutFlow(spec, source)
                 self.out_flows[spec.key] = flow
                 self._group((spec.coflow, spec.dst_dc)).add_flow(flow)
         except (SourceError, OSError, ValueError) as exc:  # ValueError: e.g. NUL in a path
             log.error("flow %s/%s cannot start: %s", spec.coflow, spec.flow, exc)
-            self.send_control(error_message(str(exc), coflow=spec.coflow, flow=spec.flow))
+            self.send_control(failed_message(spec.coflow, spec.flow, str(exc), cause, spec.attempt))
+
+    def _drop_flows(self, coflow: str, flow_ids: list[str]) -> None:
+        """Forget flows the controller dropped ("drop": their coflow failed or was cancelled,
+        or a flow restarts from byte 0 and its new descriptor follows): senders stop and
+        release their sources, receivers stop and close their sinks, chunks held for them are
+        discarded. Their late chunks and acks are ignored from now on (`dropped`)."""
+        for fid in flow_ids:
+            key = (coflow, fid)
+            attempt = self.dropped.pop(key, 0)
+            out = self.out_flows.pop(key, None)
+            if out is not None:
+                attempt = max(attempt, out.spec.attempt)
+                out.failed = out.failed or "dropped by the controller"
+                out.acked = out.spec.size  # nothing left to send or requeue on any link
+                out.resend.clear()
+                out.close()
+                group = self.groups.get((coflow, out.spec.dst_dc))
+                if group is not None:
+                    group.remove_flow(out)
+            inflow = self.in_flows.pop(key, None)
+            if inflow is not None:
+                attempt = max(attempt, inflow.spec.attempt)
+                inflow.abort(f"flow {coflow}/{fid}: dropped by the controller")
+            self.refused.pop(key, None)
+            self.pending.drop(key)
+            self.dropped[key] = attempt
+            while len(self.dropped) > MAX_DROPPED:
+                self.dropped.popitem(last=False)
+            if out is not None or inflow is not None:
+                log.info("flow %s/%s dropped by the controller", coflow, fid)
 
     def _add_inflow(self, spec: FlowSpec) -> None:
         """Start receiving flow `spec` and feed it the chunks held for it; a flow whose sink
@@ -397,6 +473,7 @@ class Agent:
                 self.config.spill_dir,
                 self.reorder_budget,
                 self.hash_queue,
+                data_root=self.config.data_root,
             )
         except (SourceError, OSError, ValueError) as exc:
             self.refused[spec.key] = str(exc)
@@ -423,10 +500,14 @@ class Agent:
             )
             self._spawn(self._feed_held, inflow, held)
 
-    def _on_ack(self, coflow: str, flow_id: str, offset: int, epoch: int) -> None:
+    def _on_ack(self, coflow: str, flow_id: str, offset: int, epoch: int, attempt: int = 0) -> None:
         flow = self.out_flows.get((coflow, flow_id))
         if flow is None:
+            if (coflow, flow_id) in self.dropped:
+                return  # a late ack of a flow the controller dropped
             raise ProtocolError(f"ack for unknown flow {coflow}/{flow_id}")
+        if attempt != flow.spec.attempt:
+            return  # an ack of the flow's previous attempt (it restarted from byte 0)
         was_done = flow.done
         added = flow.on_ack(offset, epoch)
         group = self.groups.get((coflow, flow.spec.dst_dc))
@@ -447,7 +528,16 @@ class Agent:
         self.send_control(complete_message(spec.coflow, spec.flow, flow.digest, spec.size))
 
     def _flow_failed(self, flow: OutFlow, message: str) -> None:
-        self.send_control(error_message(message, coflow=flow.spec.coflow, flow=flow.spec.flow))
+        spec = flow.spec
+        self.send_control(failed_message(spec.coflow, spec.flow, message, "source", spec.attempt))
+
+    @staticmethod
+    def _in_failure(flow: InFlow) -> dict:
+        """The "failed" report of a receiving flow: cause "digest" (the controller may send it
+        again) or "sink"."""
+        cause = "digest" if flow.digest_mismatch else "sink"
+        spec = flow.spec
+        return failed_message(spec.coflow, spec.flow, flow.failed, cause, spec.attempt)
 
     def _wake_all(self) -> None:
         for group in self.groups.values():
@@ -537,6 +627,7 @@ class Agent:
         if header["t"] != "chunk":
             raise ProtocolError(f"unexpected {header['t']!r} frame on a receiving connection")
         key = (header["c"], header["f"])
+        attempt = header.get("a", 0)
         flow = self.in_flows.get(key)
         if flow is None:
             reason = self.refused.get(key)
@@ -544,27 +635,44 @@ class Agent:
                 raise ProtocolError(
                     f"chunk for flow {key[0]}/{key[1]}, which this agent refused: {reason}"
                 )
-            chunk = HeldChunk(header["o"], payload, header.get("d"), stream, writer, peer)
+            if key in self.dropped and attempt <= self.dropped[key]:
+                return  # a late chunk of a flow the controller dropped: nobody wants it
+            chunk = HeldChunk(header["o"], payload, header.get("d"), stream, writer, peer, attempt)
             self._hold(key, chunk)
             return
-        await self._deliver(flow, header["o"], payload, header.get("d"), writer, peer)
+        await self._deliver(flow, header["o"], payload, header.get("d"), writer, peer, attempt)
 
     async def _deliver(
-        self, flow: InFlow, offset: int, payload, digest, writer: FrameWriter, peer: str
+        self,
+        flow: InFlow,
+        offset: int,
+        payload,
+        digest,
+        writer: FrameWriter,
+        peer: str,
+        attempt: int = 0,
     ) -> None:
         """Give one chunk to its flow (hashed later by the flow's _consume task), report a
         completion / failure not reported yet. A chunk that added in-order bytes is acked by
         _consume once they are hashed and written; any other (out of order, a duplicate: its
         sender may have missed an ack) gets the flow's acknowledged offset on `writer` at once.
+        A chunk of an earlier attempt of the flow (`attempt`: the chunk's "a") is ignored.
 
-        Raises ProtocolError (wrong sender, chunk past the flow's end, changed digest) and the
-        writer's connection errors.
+        Raises ProtocolError (wrong sender, chunk past the flow's end, changed digest, a
+        later attempt than the receiver's descriptor) and the writer's connection errors.
         """
         key = flow.spec.key
         if peer != flow.spec.src_agent:
             raise ProtocolError(
                 f"chunk for flow {key[0]}/{key[1]} from agent {peer!r}, "
                 f"its sender is {flow.spec.src_agent!r}"
+            )
+        if attempt != flow.spec.attempt:
+            if attempt < flow.spec.attempt:
+                return  # the flow restarted from byte 0: bytes of the old attempt are void
+            raise ProtocolError(
+                f"chunk of attempt {attempt} for flow {key[0]}/{key[1]}, which is at attempt "
+                f"{flow.spec.attempt} here; closing so the sender resends"
             )
         flow.ack_writer = writer
         added = await flow.receive(offset, payload, digest)
@@ -594,7 +702,10 @@ class Agent:
 
     def _ack(self, flow: InFlow) -> dict:
         key = flow.spec.key
-        return {"t": "ack", "c": key[0], "f": key[1], "o": flow.acknowledged, "e": self.epoch}
+        ack = {"t": "ack", "c": key[0], "f": key[1], "o": flow.acknowledged, "e": self.epoch}
+        if flow.spec.attempt:
+            ack["a"] = flow.spec.attempt
+        return ack
 
     def _report_if_finished(self, flow: InFlow) -> None:
         """Report a flow's completion (digest matched) or failure to the controller, once."""
@@ -604,8 +715,7 @@ class Agent:
             self._report_complete(flow)
         else:
             flow.reported = True
-            key = flow.spec.key
-            self.send_control(error_message(flow.failed, coflow=key[0], flow=key[1]))
+            self.send_control(self._in_failure(flow))
 
     # ------------------------------------------------------------ chunks ahead of descriptors
 
@@ -662,7 +772,13 @@ class Agent:
                 continue
             try:
                 await self._deliver(
-                    flow, chunk.offset, chunk.payload, chunk.digest, chunk.writer, chunk.peer
+                    flow,
+                    chunk.offset,
+                    chunk.payload,
+                    chunk.digest,
+                    chunk.writer,
+                    chunk.peer,
+                    chunk.attempt,
                 )
             except ProtocolError as exc:
                 closed.add(id(chunk.stream))

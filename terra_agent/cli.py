@@ -1,21 +1,34 @@
 """`terra-agent` command line (issue 3 item 2).
 
     terra-agent --controller HOST:PORT --dc DC --id AGENT_ID --data-addr HOST:PORT
-                [--spill-dir DIR] [--memory-limit BYTES] [--token-file FILE] [--log-level LEVEL]
+                (--pki DIR | --insecure) [--spill-dir DIR] [--memory-limit BYTES]
+                [--log-level LEVEL] [--data-root DIR]
 
-Exit status: 0 on Ctrl-C, 2 on bad arguments (argparse), 1 when the data port cannot be bound.
+--pki DIR: the agent authenticates to the controller with DIR/AGENT_ID.crt and .key (made by
+`terra-controller pki issue DIR --role agent AGENT_ID`) and verifies the controller against
+DIR/ca.crt; its id is its certificate's name. --insecure: plain TCP (labs only).
+
+--data-root DIR: the only directory whose files this agent reads (flow sources) and writes
+(flow sinks); flow file paths are relative to it and may not leave it. Without it every file
+flow is refused (synthetic / digest-only flows still run).
+
+Exit status: 0 on Ctrl-C, 2 on bad arguments (argparse; a missing certificate, spill dir or
+data root), 1 when the data port cannot be bound.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import ssl
 import sys
 from pathlib import Path
 
 import trio
 
 from overlay.protocol import ProtocolError, parse_addr
+from terra_controller.pki import PkiError, client_context
 
 from .agent import Agent, AgentConfig, parse_memory
 
@@ -48,7 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=64 << 20,
         help="out-of-order bytes kept in memory (all flows together) before spilling (e.g. 64M)",
     )
-    p.add_argument("--token-file", type=Path, help="file holding the registration token")
+    auth = p.add_mutually_exclusive_group(required=True)
+    auth.add_argument("--pki", help="PKI directory: ca.crt, AGENT_ID.crt, AGENT_ID.key")
+    auth.add_argument("--insecure", action="store_true", help="plain TCP to the controller")
+    p.add_argument(
+        "--data-root",
+        help="directory whose files flows may read and write (paths are relative to it); "
+        "without it, file flows are refused",
+    )
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     return p
 
@@ -60,16 +80,27 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(),
         format=f"%(asctime)s {args.agent_id} %(levelname)s %(name)s: %(message)s",
     )
-    token = None
-    if args.token_file is not None:
+    tls = None
+    if args.insecure:
+        logging.getLogger("terra_agent").warning("--insecure: plain TCP to the controller")
+    else:
         try:
-            token = args.token_file.read_text().strip()
-        except OSError as exc:
-            print(f"terra-agent: cannot read token file: {exc}", file=sys.stderr)
+            tls = client_context(args.pki, args.agent_id)
+        except (PkiError, ssl.SSLError, OSError) as exc:
+            print(f"terra-agent: {exc}", file=sys.stderr)
             return 2
     if not Path(args.spill_dir).is_dir():
         print(f"terra-agent: spill dir {args.spill_dir!r} is not a directory", file=sys.stderr)
         return 2
+    data_root = None
+    if args.data_root is not None:
+        if not Path(args.data_root).is_dir():
+            print(f"terra-agent: data root {args.data_root!r} is not a directory", file=sys.stderr)
+            return 2
+        data_root = os.path.realpath(args.data_root)
+        logging.getLogger("terra_agent").info("serving flow files under %s", data_root)
+    else:
+        logging.getLogger("terra_agent").info("no --data-root: file flows will be refused")
     config = AgentConfig(
         controller=args.controller,
         dc=args.dc,
@@ -77,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         data_addr=args.data_addr,
         spill_dir=args.spill_dir,
         memory_limit=args.memory_limit,
-        token=token,
+        tls=tls,
+        data_root=data_root,
     )
     try:
         trio.run(Agent(config).run)

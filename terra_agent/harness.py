@@ -42,20 +42,19 @@ FLOWS_PER_MESSAGE = 200  # flow descriptors per "flows" message (keeps headers <
 
 
 class ControllerPeer:
-    """In-test controller: ControllerPeer(host="127.0.0.1", token=None).
+    """In-test controller (plain TCP): ControllerPeer(host="127.0.0.1").
 
     `await nursery.start(peer.serve)` returns the port it listens on. State it keeps and serves:
     tunnels {agent: ([TunnelSpec], [listen port])}, flows {(coflow, flow): FlowSpec},
     rates {agent: {(coflow, dst_dc): GroupRates}}. What it records: acked {(coflow, flow): bytes
-    acknowledged, latest report}, completed {(coflow, flow): digest}, errors [error messages],
+    acknowledged, latest report}, completed {(coflow, flow): digest}, errors [error messages,
+    and "failed" reports with "message" = their reason], failed [the "failed" reports],
     registrations {agent: count}, register_msgs {agent: last register header}, synced {agent:
-    trio.Event set once the agent acknowledged the state re-sent at its last registration},
-    rejected (registrations refused for a bad token).
+    trio.Event set once the agent acknowledged the state re-sent at its last registration}.
     """
 
-    def __init__(self, host: str = "127.0.0.1", token: str | None = None) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         self.host = host
-        self.token = token
         self.port: int | None = None
         self.tunnels: dict[str, tuple[list[TunnelSpec], list[int]]] = {}
         self.flows: dict[tuple[str, str], FlowSpec] = {}
@@ -63,10 +62,10 @@ class ControllerPeer:
         self.acked: dict[tuple[str, str], int] = {}
         self.completed: dict[tuple[str, str], str] = {}
         self.errors: list[dict] = []
+        self.failed: list[dict] = []
         self.registrations: dict[str, int] = {}
         self.register_msgs: dict[str, dict] = {}
         self.synced: dict[str, trio.Event] = {}
-        self.rejected = 0
         self._writers: dict[str, FrameWriter] = {}
         self._acks: dict[int, trio.Event] = {}
         self._next_id = 1
@@ -100,11 +99,6 @@ class ControllerPeer:
                 reg = validate_control(frame[0])
                 if reg["t"] != "register":
                     raise ProtocolError(f"first message must be 'register', got {reg['t']!r}")
-                if self.token is not None and reg.get("token") != self.token:
-                    self.rejected += 1
-                    self._notify()
-                    await writer.send({"t": "error", "message": "bad or missing token"})
-                    return
                 agent = reg["agent"]
                 self._writers[agent] = writer
                 self.register_msgs[agent] = reg
@@ -171,6 +165,10 @@ class ControllerPeer:
         elif kind == "error":
             self.errors.append({**msg, "agent": agent})
             log.info("controller peer: error from %s: %s", agent, msg["message"])
+        elif kind == "failed":
+            self.failed.append({**msg, "agent": agent})
+            self.errors.append({**msg, "agent": agent, "message": msg["reason"]})
+            log.info("controller peer: %s reports %s/%s failed", agent, msg["coflow"], msg["flow"])
         elif kind == "ack":
             event = self._acks.pop(msg["id"], None)
             if event is not None:
@@ -346,8 +344,12 @@ class AgentHandle:
 class LoopbackHarness:
     """Agents and a controller peer on loopback, all owned by `nursery`.
 
-    LoopbackHarness(nursery, workdir: Path, memory_limit=64 MiB, token=None). Call
-    `await start()` first. Agent i normally gets host 127.0.0.(i+2).
+    LoopbackHarness(nursery, workdir: Path, memory_limit=64 MiB, data_root="."):
+    data_root is the agents' data root (AgentConfig.data_root, terra-agent --data-root), a
+    directory relative to workdir (default ".": workdir itself) or absolute, created if missing,
+    shared by all agents (they share one host); None: agents without one (file flows refused).
+    self.data_root is the resolved Path (or None). Call `await start()` first. Agent i normally
+    gets host 127.0.0.(i+2).
     """
 
     def __init__(
@@ -355,13 +357,16 @@ class LoopbackHarness:
         nursery: trio.Nursery,
         workdir: Path,
         memory_limit: int = 64 << 20,
-        token: str | None = None,
+        data_root: str | Path | None = ".",
     ) -> None:
         self.nursery = nursery
         self.workdir = Path(workdir)
         self.memory_limit = memory_limit
-        self.token = token
-        self.controller = ControllerPeer(token=token)
+        self.data_root: Path | None = None
+        if data_root is not None:
+            self.data_root = (self.workdir / data_root).resolve()
+            self.data_root.mkdir(parents=True, exist_ok=True)
+        self.controller = ControllerPeer()
         self.agents: dict[str, AgentHandle] = {}
 
     async def start(self) -> None:
@@ -394,7 +399,7 @@ class LoopbackHarness:
             data_addr=(handle.host, handle.base_port),
             spill_dir=str(spill),
             memory_limit=self.memory_limit,
-            token=self.token,
+            data_root=str(self.data_root) if self.data_root is not None else None,
         )
 
     async def start_agent(self, agent_id: str, subprocess: bool = False) -> None:
@@ -442,10 +447,9 @@ class LoopbackHarness:
             "--memory-limit",
             str(cfg.memory_limit),
         ]
-        if self.token is not None:
-            token_file = self.workdir / f"token-{handle.agent_id}"
-            token_file.write_text(self.token)
-            cmd += ["--token-file", str(token_file)]
+        cmd.append("--insecure")  # ControllerPeer speaks plain TCP
+        if cfg.data_root is not None:
+            cmd += ["--data-root", cfg.data_root]
         try:
             await trio.run_process(cmd, task_status=task_status, check=False)
         finally:

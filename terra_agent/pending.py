@@ -23,7 +23,8 @@ PENDING_TIMEOUT_S = 5.0
 @dataclass
 class HeldChunk:
     """One held chunk: byte `offset`, `payload`, sender `digest` (or None), and the connection
-    it came on (`stream`, its `writer` for the ack, `peer` agent id)."""
+    it came on (`stream`, its `writer` for the ack, `peer` agent id); `attempt`: the flow's
+    attempt the chunk belongs to (its "a", 0 when absent)."""
 
     offset: int
     payload: object
@@ -31,6 +32,7 @@ class HeldChunk:
     stream: trio.SocketStream
     writer: FrameWriter
     peer: str
+    attempt: int = 0
 
 
 class PendingChunks:

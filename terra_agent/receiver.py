@@ -80,22 +80,27 @@ class InFlow:
 
     InFlow(spec: FlowSpec, memory_limit: bytes held in memory out of order, spill_dir: str,
     budget: MemoryBudget shared with the agent's other flows or None, queue: HashQueue shared
-    with them or None = a HashQueue of MAX_QUEUED_BYTES for this flow alone).
-    The sink is opened with resume when spec.offset > 0: a file sink then keeps what it holds and
-    the receiver continues from its length (bytes before it are re-hashed; the sender's digest, if
-    it had arrived, is read back from PATH.blake2b); else it starts at 0.
+    with them or None = a HashQueue of MAX_QUEUED_BYTES for this flow alone, data_root: the
+    agent's data root (a "file:PATH" sink's PATH is relative to it) or None = file sinks refused).
+    The sink is opened with resume when spec.offset > 0: a file sink then keeps what its part
+    file (PATH.terra-part) holds and the receiver continues from its length (bytes before it are
+    re-hashed; the sender's digest, if it had arrived, is read back from beside the part file);
+    else it starts at 0. A file sink's part file is renamed over PATH only when the digest
+    matched (check_digest).
 
     Attributes: delivered (contiguous bytes handed in order to consume(); bytes the reorder
     buffer holds ready beyond it are handed over in batches as consume() makes room),
     acknowledged (contiguous bytes hashed and written to the sink: the offset acknowledged to the
     sender, <= delivered; the bytes between wait for consume()), expected_digest (sender's hex
     digest once seen), digest (own hex digest once all bytes are in), done (digest matched),
-    failed (digest mismatch or sink write failure message, or None), reported and ack_writer
-    (set by the agent: it told the controller about done / failed; the connection of the latest
-    chunk, where consume()'s progress is acked).
+    failed (digest mismatch or sink write failure message, or None), digest_mismatch (True
+    when failed because the digests differ: the controller may restart the flow), reported and
+    ack_writer (set by the agent: it told the controller about done / failed; the connection of
+    the latest chunk, where consume()'s progress is acked).
 
     Raises:
-        SourceError: the sink cannot be opened.
+        SourceError: the sink cannot be opened or its path is refused (no data root, absolute,
+            outside the data root).
     """
 
     def __init__(
@@ -105,9 +110,10 @@ class InFlow:
         spill_dir: str,
         budget: MemoryBudget | None = None,
         queue: HashQueue | None = None,
+        data_root: str | None = None,
     ) -> None:
         self.spec = spec
-        self.sink = open_sink(spec.sink, spec.size, resume=spec.offset > 0)
+        self.sink = open_sink(spec.sink, spec.size, resume=spec.offset > 0, data_root=data_root)
         self.hasher = new_hasher()
         self.base = self.sink.resume_offset
         if self.base:
@@ -118,6 +124,8 @@ class InFlow:
         self.digest: str | None = None
         self.done = False
         self.failed: str | None = None
+        self.digest_mismatch = False
+        self._aborted = False
         self.reported = False  # the agent reported done / failed to the controller
         self._reorder = None
         self._pending: list = []  # in-order pieces not yet hashed / written
@@ -236,6 +244,8 @@ class InFlow:
             return 0
         finally:
             self._busy = False
+            if self._aborted:
+                self.close()
         self.acknowledged += nbytes
         if self.complete:
             self._finish_data()
@@ -247,6 +257,19 @@ class InFlow:
         self.failed = message
         log.error(message)
         self._take_pending()
+
+    def abort(self, message: str) -> None:
+        """Stop the flow for good without reporting it (the controller dropped it): it takes
+        no more bytes, is marked failed (`message`) and reported, its consume() task returns,
+        and its reorder buffer and sink are closed (once a write in progress has ended)."""
+        self.reported = True
+        if self.failed is None:
+            self.failed = message
+            self._take_pending()
+        self._aborted = True
+        if not self._busy:
+            self.close()
+        self._queued.set()
 
     def _take_pending(self) -> tuple[list, int]:
         pieces, nbytes = self._pending, self._pending_bytes
@@ -310,7 +333,9 @@ class InFlow:
     def check_digest(self) -> bool:
         """Once complete and the sender's digest is known, compare; True when it matches.
 
-        Sets done (match) or failed (mismatch message). False while either is still missing.
+        On a match the sink is committed (a file sink's part file renamed over its destination)
+        and done is set; a mismatch or a commit that fails (OSError) sets failed (message).
+        False while either digest is still missing.
         """
         if self.done or self.failed or not self.complete:
             return self.done
@@ -318,8 +343,18 @@ class InFlow:
         if self.expected_digest is None:
             return False
         if self.digest == self.expected_digest:
+            try:
+                self.sink.commit()
+            except OSError as exc:
+                self.failed = (
+                    f"flow {self.spec.coflow}/{self.spec.flow}: cannot move the received file "
+                    f"into place: {exc.strerror}"
+                )
+                log.error(self.failed)
+                return False
             self.done = True
         else:
+            self.digest_mismatch = True
             self.failed = (
                 f"flow {self.spec.coflow}/{self.spec.flow}: digest mismatch "
                 f"(received {self.digest[:16]}..., sender {self.expected_digest[:16]}...)"

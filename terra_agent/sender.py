@@ -264,7 +264,8 @@ class PeerLink:
     """Persistent connection to `spec.peer_agent` over tunnel `spec.tunnel`.
 
     PeerLink(spec: TunnelSpec, agent_id: str, local_host: str|None, on_ack, on_change).
-    on_ack(coflow, flow, offset, epoch) is called for each ack frame; on_change() when the link
+    on_ack(coflow, flow, offset, epoch, attempt) is called for each ack frame (attempt: its "a",
+    0 when absent); on_change() when the link
     goes up or down (so idle path tasks look again). run() connects, sends "hello", reads acks
     and reconnects with backoff (50 ms doubling to 2 s) until close().
     """
@@ -342,7 +343,7 @@ class PeerLink:
             validate_data(header)
             if header["t"] != "ack":
                 raise ProtocolError(f"unexpected {header['t']!r} frame on a sending link")
-            self.on_ack(header["c"], header["f"], header["o"], header["e"])
+            self.on_ack(header["c"], header["f"], header["o"], header["e"], header.get("a", 0))
             self._prune()
 
     def _prune(self) -> None:
@@ -383,6 +384,8 @@ class PeerLink:
         header = chunk_header(flow.spec.coflow, flow.spec.flow, offset, data)
         if digest is not None:
             header["d"] = digest
+        if flow.spec.attempt:
+            header["a"] = flow.spec.attempt
         self.inflight.append((flow, offset, len(data)))
         try:
             await writer.send(header, data)
@@ -443,6 +446,13 @@ class FlowGroupSender:
         self.flows.append(flow)
         self._active.append(flow)
         self._ensure_tasks()
+        self.notify()
+
+    def remove_flow(self, flow: OutFlow) -> None:
+        """Take `flow` out of the group (the controller dropped it) and wake the path tasks
+        (they end when no flow is left)."""
+        self.flows = [f for f in self.flows if f is not flow]
+        self._active = [f for f in self._active if f is not flow]
         self.notify()
 
     def set_rates(self, paths: dict[str, float]) -> None:

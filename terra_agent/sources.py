@@ -6,21 +6,33 @@ Sources (re-readable, so unacknowledged chunks can be re-read and resent, DESIGN
     "file:PATH"  bytes of a file on the sending host (os.pread).
 Sinks:
     "digest"     keep nothing (the receiver hashes the delivered bytes anyway).
-    "file:PATH"  write the delivered bytes, in order, to a file on the receiving host; the file's
-                 length is the durable delivered offset, so a restarted receiver resumes from it;
-                 the sender's digest is kept next to it in PATH.blake2b once it has arrived.
+    "file:PATH"  write the delivered bytes, in order, to PATH.terra-part beside the destination
+                 on the receiving host; the part file's length is the durable delivered offset, so
+                 a restarted receiver resumes from it; the sender's digest is kept in
+                 PATH.terra-part.blake2b once it has arrived. Only when every byte is in and the
+                 digest matched is the part file renamed over PATH (FileSink.commit): an existing
+                 PATH is untouched by a flow that never completes.
+
+File paths (issue 10 item 3): PATH is relative to the agent's data root (terra-agent
+--data-root); resolve_data_path() resolves it (symlinks, "..") and refuses absolute paths and
+anything that resolves outside the root; files are opened with O_NOFOLLOW. An agent without a
+data root refuses every file source and sink.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
 
 import numpy as np
 
 SYNTHETIC_PERIOD = 1_052_673  # odd: chunk-aligned pieces at different offsets differ
 MAX_CHUNK_BYTES = 4 << 20  # = framing.MAX_PAYLOAD_BYTES: fewer frames, system calls, acks per GB
 _REHASH_BYTES = 4 << 20
+PART_SUFFIX = ".terra-part"  # FileSink writes PATH + PART_SUFFIX, renamed over PATH when done
+DIGEST_SUFFIX = ".blake2b"  # the sender's digest of a part file: PATH + PART_SUFFIX + this
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class SourceError(ValueError):
@@ -30,6 +42,41 @@ class SourceError(ValueError):
 def flow_key(coflow: str, flow: str) -> str:
     """The string that identifies a flow in digests and synthetic data: "coflow/flow"."""
     return f"{coflow}/{flow}"
+
+
+def resolve_data_path(data_root: str | None, path: str, role: str) -> str:
+    """The real absolute path of a flow's file `path` under the agent's data root.
+
+    Args:
+        data_root: the agent's data root directory (terra-agent --data-root), or None when the
+            agent serves no files.
+        path: the flow's path, relative to the data root ("data/part-0"); symlinks and ".."
+            are resolved (os.path.realpath) before the containment check.
+        role: "source" or "sink", for the messages.
+
+    Returns:
+        os.path.realpath(data_root/path): absolute, no symlinks, inside realpath(data_root).
+
+    Raises:
+        SourceError: no data root, an empty path, a NUL byte, an absolute path, or a path that
+            resolves outside the data root (os.path.commonpath); the message names the path as
+            given, never where it resolved to.
+    """
+    if data_root is None:
+        raise SourceError(
+            f"{role} file {path!r} refused: this agent serves no files (start it with --data-root)"
+        )
+    if not path or "\0" in path:
+        raise SourceError(f"{role} path {path!r} refused: empty or contains a NUL byte")
+    if os.path.isabs(path):
+        raise SourceError(
+            f"{role} path {path!r} refused: absolute (paths are relative to the data root)"
+        )
+    root = os.path.realpath(data_root)
+    real = os.path.realpath(os.path.join(root, path))
+    if os.path.commonpath([root, real]) != root:
+        raise SourceError(f"{role} path {path!r} refused: it resolves outside the data root")
+    return real
 
 
 class SyntheticSource:
@@ -71,27 +118,38 @@ class SyntheticSource:
 
 
 class FileSource:
-    """Bytes of a file: FileSource(path, size); read(offset, n) -> bytes (os.pread).
+    """Bytes of a file: FileSource(path, size, name=None); read(offset, n) -> bytes (os.pread).
 
-    The file is checked at once but opened on the first read and closed by close() (reopened if
-    read again), so many idle flows hold no descriptors.
+    `path` is the resolved absolute path (resolve_data_path), `name` the flow's path as given
+    (for messages; default `path`). The file is checked at once (opened O_NOFOLLOW | O_NONBLOCK:
+    a regular file of at least `size` bytes that this process can read) but held open only from
+    the first read to close() (reopened if read again, O_NOFOLLOW, and refused if it is no
+    longer the same file), so many idle flows hold no descriptors.
 
     Raises:
-        SourceError: the file is missing, unreadable or shorter than `size` bytes (at creation);
-            it cannot be opened or shrank (at read).
+        SourceError: the file is missing, unreadable, a symlink, not a regular file or shorter
+            than `size` bytes (at creation); it cannot be opened, was replaced or shrank (at read).
     """
 
-    def __init__(self, path: str, size: int) -> None:
-        try:
-            length = os.stat(path).st_size
-        except OSError as exc:
-            raise SourceError(f"cannot open source file {path!r}: {exc}") from exc
-        if length < size:
-            raise SourceError(f"source file {path!r} has {length} bytes, flow needs {size}")
-        if not os.access(path, os.R_OK):
-            raise SourceError(f"source file {path!r} is not readable")
+    def __init__(self, path: str, size: int, name: str | None = None) -> None:
         self.path = path
+        self.name = name if name is not None else path
         self.size = size
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW)
+        except OSError as exc:
+            raise SourceError(f"cannot open source file {self.name!r}: {exc.strerror}") from exc
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SourceError(f"source file {self.name!r} is not a regular file")
+        if st.st_size < size:
+            raise SourceError(
+                f"source file {self.name!r} has {st.st_size} bytes, flow needs {size}"
+            )
+        self._identity = (st.st_dev, st.st_ino)
         self._fd = -1
 
     def read(self, offset: int, n: int) -> bytes:
@@ -100,12 +158,17 @@ class FileSource:
             raise ValueError(f"read [{offset}, {offset + n}) outside flow of {self.size} bytes")
         if self._fd < 0:
             try:
-                self._fd = os.open(self.path, os.O_RDONLY)
+                fd = os.open(self.path, os.O_RDONLY | _NOFOLLOW)
             except OSError as exc:
-                raise SourceError(f"cannot open source file {self.path!r}: {exc}") from exc
+                raise SourceError(f"cannot open source file {self.name!r}: {exc.strerror}") from exc
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != self._identity:
+                os.close(fd)
+                raise SourceError(f"source file {self.name!r} was replaced since the flow started")
+            self._fd = fd
         data = os.pread(self._fd, n, offset)
         if len(data) != n:
-            raise SourceError(f"source file {self.path!r} shrank: short read at {offset}")
+            raise SourceError(f"source file {self.name!r} shrank: short read at {offset}")
         return data
 
     def close(self) -> None:
@@ -115,16 +178,22 @@ class FileSource:
             self._fd = -1
 
 
-def open_source(spec: str, key: str, size: int):
+def open_source(spec: str, key: str, size: int, data_root: str | None = None):
     """Open a flow's source from its descriptor string ("synthetic" or "file:PATH").
 
+    Args:
+        spec: the descriptor; PATH is relative to `data_root` (resolve_data_path).
+        key: flow_key(coflow, flow) (seeds synthetic bytes); size: the flow's bytes.
+        data_root: the agent's data root, or None: every "file:" source is refused.
+
     Returns SyntheticSource or FileSource (both have .read(offset, n) and .close()).
-    Raises SourceError for an unknown spec or an unusable file.
+    Raises SourceError for an unknown spec, a refused path or an unusable file.
     """
     if spec == "synthetic":
         return SyntheticSource(key, size)
     if spec.startswith("file:"):
-        return FileSource(spec[5:], size)
+        name = spec[5:]
+        return FileSource(resolve_data_path(data_root, name, "source"), size, name)
     raise SourceError(f"unknown source {spec!r}")
 
 
@@ -142,87 +211,148 @@ class DigestSink:
     def write(self, data) -> None:
         """Discard `data` (it has already been hashed)."""
 
+    def commit(self) -> None:
+        """Nothing to move into place."""
+
     def close(self) -> None:
         """Nothing to release."""
 
 
 class FileSink:
-    """Sink writing the delivered bytes in order to PATH.
+    """Sink writing the delivered bytes in order to a part file, moved over PATH when complete.
 
-    FileSink(path, size, resume): with resume=True an existing file is kept and its length (at
-    most `size`) is the resume offset; otherwise the file is truncated. prefix_hash(hasher) feeds
-    the kept prefix to a hasher so the receiver's digest covers it. The file is created at once but
-    held open only from the first write to close().
+    FileSink(path, size, resume, name=None): `path` is the resolved absolute destination
+    (resolve_data_path), `name` the flow's path as given (for messages). Bytes go to
+    part_path = path + PART_SUFFIX; the destination itself is not touched until commit()
+    renames the complete part file over it (the receiver calls it once the digest matched), so
+    an existing destination survives a flow that never completes. With resume=True an existing
+    part file is kept and its length (at most `size`) is the resume offset; otherwise the part
+    file is truncated and a stale saved digest removed. prefix_hash(hasher) feeds the kept prefix
+    to a hasher so the receiver's digest covers it. The part file is created at once (O_NOFOLLOW)
+    but held open only from the first write to close().
 
     Raises:
-        SourceError: the file cannot be created or truncated.
+        SourceError: the destination is a directory, or the part file cannot be created or
+            truncated (missing directory, permissions, a symlink in its place).
     """
 
-    def __init__(self, path: str, size: int, resume: bool) -> None:
+    def __init__(self, path: str, size: int, resume: bool, name: str | None = None) -> None:
+        self.path = path
+        self.name = name if name is not None else path
+        self.part_path = path + PART_SUFFIX
+        self.digest_path = self.part_path + DIGEST_SUFFIX
+        self.committed = False
+        if os.path.isdir(path):
+            raise SourceError(f"sink {self.name!r} is a directory")
         try:
-            if not resume and os.path.exists(path + ".blake2b"):
-                os.unlink(path + ".blake2b")
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            if not resume:
+                _unlink_if_present(self.digest_path)
+            fd = os.open(self.part_path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
             try:
-                length = os.fstat(fd).st_size if resume else 0
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise SourceError(f"part file of sink {self.name!r} is not a regular file")
+                length = st.st_size if resume else 0
                 self.resume_offset = min(length, size)
                 os.ftruncate(fd, self.resume_offset)
             finally:
                 os.close(fd)
         except OSError as exc:
-            raise SourceError(f"cannot open sink file {path!r}: {exc}") from exc
-        self.path = path
+            raise SourceError(f"cannot open sink file {self.name!r}: {exc.strerror}") from exc
         self._fd = -1
 
     def prefix_hash(self, hasher) -> None:
-        """hasher.update() with bytes [0, resume_offset) of the file."""
-        with open(self.path, "rb") as f:
+        """hasher.update() with bytes [0, resume_offset) of the part file."""
+        fd = os.open(self.part_path, os.O_RDONLY | _NOFOLLOW)
+        with open(fd, "rb") as f:
             left = self.resume_offset
             while left > 0:
                 data = f.read(min(_REHASH_BYTES, left))
                 if not data:
-                    raise SourceError(f"sink file {self.path!r} shrank while re-hashing")
+                    raise SourceError(f"sink file {self.name!r} shrank while re-hashing")
                 hasher.update(data)
                 left -= len(data)
 
     def save_digest(self, digest: str) -> None:
-        """Keep the sender's digest in PATH.blake2b, so a restarted receiver can still verify."""
-        with open(self.path + ".blake2b", "w") as f:
+        """Keep the sender's digest (hex str) beside the part file, so a restarted receiver can
+        still verify; OSError if it cannot be written."""
+        fd = os.open(self.digest_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644)
+        with open(fd, "w") as f:
             f.write(digest + "\n")
 
     def load_digest(self) -> str | None:
         """The sender's digest saved by save_digest, or None."""
         try:
-            with open(self.path + ".blake2b") as f:
+            fd = os.open(self.digest_path, os.O_RDONLY | _NOFOLLOW)
+            with open(fd) as f:
                 return f.read().strip() or None
-        except OSError:
+        except (OSError, UnicodeDecodeError):
             return None
 
     def write(self, data) -> None:
-        """Append `data` (bytes-like) to the file (opened on the first write)."""
+        """Append `data` (bytes-like) to the part file (opened on the first write)."""
         if self._fd < 0:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            self._fd = os.open(self.part_path, os.O_WRONLY | os.O_APPEND | _NOFOLLOW)
         view = memoryview(data)
         while len(view):
             view = view[os.write(self._fd, view) :]
 
+    def commit(self) -> None:
+        """Make the complete part file the destination: fsync it, rename it over `path`
+        (os.replace: atomic; a symlink at the destination was resolved when the flow started,
+        so its target inside the data root is replaced), drop the saved digest. Called once
+        every byte is in and the digest matched; a second call does nothing.
+
+        Raises:
+            OSError: the part file cannot be synced or renamed (e.g. the destination became a
+                directory).
+        """
+        if self.committed:
+            return
+        self.close()
+        fd = os.open(self.part_path, os.O_RDONLY | _NOFOLLOW)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(self.part_path, self.path)
+        self.committed = True
+        _unlink_if_present(self.digest_path)
+
     def close(self) -> None:
-        """Close the file."""
+        """Close the part file (it stays, for a resume)."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
 
 
-def open_sink(spec: str, size: int, resume: bool):
+def _unlink_if_present(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def open_sink(spec: str, size: int, resume: bool, data_root: str | None = None):
     """Open a flow's sink from its descriptor string ("digest" or "file:PATH").
 
-    Returns DigestSink or FileSink (both have .resume_offset, .write(data), .close()).
-    Raises SourceError for an unknown spec or an unusable file.
+    Args:
+        spec: the descriptor; PATH is relative to `data_root` (resolve_data_path) and must not
+            end in PART_SUFFIX or PART_SUFFIX + DIGEST_SUFFIX (another flow's working files).
+        size: the flow's bytes; resume: keep what an existing part file holds (FileSink).
+        data_root: the agent's data root, or None: every "file:" sink is refused.
+
+    Returns DigestSink or FileSink (both have .resume_offset, .write(data), .commit(),
+    .close()).
+    Raises SourceError for an unknown spec, a refused path or an unusable file.
     """
     if spec == "digest":
         return DigestSink()
     if spec.startswith("file:"):
-        return FileSink(spec[5:], size, resume)
+        name = spec[5:]
+        if name.endswith((PART_SUFFIX, PART_SUFFIX + DIGEST_SUFFIX)):
+            raise SourceError(f"sink path {name!r} refused: {PART_SUFFIX} names are reserved")
+        return FileSink(resolve_data_path(data_root, name, "sink"), size, resume, name)
     raise SourceError(f"unknown sink {spec!r}")
 
 

@@ -23,6 +23,14 @@ What the channel does:
   "inflight" in "register" (a reconnecting agent) restores acknowledged offsets
   (a "recv" row may carry "digest": the flow completed). Reports about coflows a
   restarted controller does not know yet are kept until the job master resubmits.
+- failures: "failed" {coflow, flow, reason, cause} from an endpoint fails the flow
+  and its coflow (`Controller.fail_flow`); cause "digest" restarts it from byte 0
+  instead, up to the controller's max_restarts. When a coflow fails or is
+  cancelled both endpoints of its unfinished WAN flows get "drop"; a restarted
+  flow gets "drop" then its descriptor (attempt + 1) at the receiver, and at the
+  sender only once the receiver acknowledged them (or RESTART_ACK_S passed), so
+  no chunk of the new attempt reaches a receiver still holding the old one. A
+  progress report about a flow of a failed/cancelled coflow gets "drop" back.
 
 One reader thread per agent connection and one writer thread with a queue per
 agent, so a slow or dead agent never blocks a scheduling round or another agent.
@@ -31,12 +39,10 @@ A malformed frame or message closes only that agent's connection.
 
 from __future__ import annotations
 
-import hmac
 import itertools
 import logging
 import queue
 import socket
-import struct
 import threading
 import time
 from collections import deque
@@ -45,21 +51,23 @@ from dataclasses import dataclass, field
 import msgpack
 
 from overlay import protocol
-from overlay.framing import MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES, VERSION, encode_frame
-from terra_controller.api_server import recv_exact
+from overlay.framing import MAX_HEADER_BYTES, VERSION, encode_frame
+from terra_controller.api_server import FRAME_TIMEOUT_S, WireError, read_message
 from terra_controller.coflow_registry import CoflowState, FlowState, RegistryError
 from terra_controller.controller import Controller, FlowRates
+from terra_controller.pki import INSECURE, Identity, Role
 from terra_controller.terra_policy import TerraPolicy
+from terra_controller.transport import ServerSecurity, SharedSocket, listen_and_serve
 from terra_controller.tunnels import build_tunnels, paths_up
 from topologies import Path, Topology, path_links
 
 LOG = logging.getLogger("terra.agents")
 
-_LEN = struct.Struct(">I")
 BATCH_BYTES = 48 * 1024  # encoded entries per control message (headers stay below 64 KiB)
 MAX_TUNNEL_INDEX = 32  # per DC pair, logical tunnels included
 AGENT_SILENCE_S = 15.0  # no message (heartbeats included) for this long: disconnect
 MAX_PENDING = 100_000  # offsets kept for coflows not (yet) resubmitted after a restart
+RESTART_ACK_S = 5.0  # a restarted flow's sender gets its descriptor after this at the latest
 
 
 class ChannelError(Exception):
@@ -202,40 +210,27 @@ def send_parts(sock: socket.socket, header: dict) -> None:
     sock.sendall(b"".join(bytes(p) for p in encode_frame(header)))
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    try:
-        return recv_exact(sock, n)
-    except EOFError as exc:
-        raise ChannelError(f"connection closed inside a frame: {exc}") from exc
-
-
-def read_control(sock: socket.socket) -> dict | None:
+def read_control(sock: socket.socket, frame_timeout: float = FRAME_TIMEOUT_S) -> dict | None:
     """Read one frame and return its validated control message; None on a clean EOF.
 
+    The frame's outer format is the API's (`api_server.read_message`: u32 length |
+    msgpack map, the whole frame within `frame_timeout` seconds once it started);
+    control frames carry no payload.
+
     Raises:
-        ChannelError: oversized or malformed frame, wrong version, invalid message.
+        ChannelError: oversized, slow or malformed frame, a payload, wrong version,
+            invalid message.
     """
-    first = sock.recv(1)
-    if not first:
-        return None
-    (hlen,) = _LEN.unpack(first + _recv_exact(sock, 3))
-    if hlen > MAX_HEADER_BYTES:
-        raise ChannelError(f"header of {hlen} bytes exceeds {MAX_HEADER_BYTES}")
     try:
-        header = msgpack.unpackb(_recv_exact(sock, hlen), raw=False)
-    except ChannelError:
-        raise
-    except Exception as exc:
-        raise ChannelError(f"malformed msgpack header: {exc}") from exc
-    if not isinstance(header, dict):
-        raise ChannelError("frame header must be a map")
+        header = read_message(sock, frame_timeout, MAX_HEADER_BYTES)
+    except WireError as exc:
+        raise ChannelError(str(exc)) from exc
+    if header is None:
+        return None
     if header.get("v") != VERSION:
         raise ChannelError(f"unsupported version {header.get('v')!r}")
-    n = header.get("n", 0)
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_PAYLOAD_BYTES:
-        raise ChannelError(f"bad payload length {n!r}")
-    if n:
-        _recv_exact(sock, n)  # control messages carry no payload; skip it
+    if header.get("n", 0) != 0:
+        raise ChannelError(f"control frames carry no payload (n={header.get('n')!r})")
     try:
         return protocol.validate_control(header)
     except protocol.ProtocolError as exc:
@@ -288,6 +283,7 @@ class AgentConnection:
         self.sock = sock
         self.addr = addr
         self.agent: str | None = None
+        self.identity: Identity = INSECURE
         self.sent_rates: dict[tuple[str, str], dict[str, float]] = {}
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.closed = False
@@ -332,7 +328,6 @@ class AgentChannel:
     Args:
         controller: the Controller (registers its listeners on it).
         tunnels: the TunnelTable.
-        token: required "token" in "register" (None: no check).
         silence_s: seconds without any message after which an agent is disconnected.
 
     Attributes:
@@ -345,38 +340,50 @@ class AgentChannel:
         self,
         controller: Controller,
         tunnels: TunnelTable,
-        token: str | None = None,
         silence_s: float = AGENT_SILENCE_S,
     ):
         self.controller = controller
         self.silence_s = silence_s
         self.tunnels = tunnels
-        self.token = token
         self.connections: dict[str, AgentConnection] = {}
         self.lock = threading.RLock()
         self.ids = itertools.count(1)
         self.acks: dict[int, float] = {}
         self.sent_at: dict[int, float] = {}
         self.ack_event = threading.Condition()
-        self.pending_inflight: dict[tuple[str, str], int] = {}
-        self.pending_complete: dict[tuple[str, str], str] = {}
+        # (coflow, flow) -> (reporting agent, offset / digest) for coflows not known yet
+        self.pending_inflight: dict[tuple[str, str], tuple[str, int]] = {}
+        self.pending_complete: dict[tuple[str, str], tuple[str, str]] = {}
+        # (coflow, flow) -> (reporting agent, reason, cause, attempt) for coflows not known yet
+        self.pending_failed: dict[tuple[str, str], tuple[str, str, str, int]] = {}
+        # message id -> (monotonic deadline, callback): run once the message is acked
+        # or the deadline passed (restarted flows: the sender's part)
+        self.after_ack: dict[int, tuple[float, object]] = {}
         self.reactions: deque[Reaction] = deque(maxlen=100)
         self.reaction_count = 0
         controller.on_rates.append(self.push_rates)
         controller.on_flows.append(self.push_flows)
+        controller.on_drop.append(self.push_drop)
+        controller.on_tick.append(self.run_overdue)
+        controller.connected_agents = self.connected_agents
 
     # -- connections
 
-    def serve_connection(self, sock: socket.socket, addr) -> None:
+    def serve_connection(self, sock: socket.socket, addr, identity: Identity = INSECURE) -> None:
         """Read and handle one agent's messages until EOF, a bad frame or silence.
+
+        `identity` is the peer's certificate (transport.authenticate): only an agent
+        certificate may register, and only under its own name.
 
         An agent sends a heartbeat every couple of seconds; one silent for
         `silence_s` (or not reading for that long) is disconnected, and it
         reconnects and re-registers when it can.
         """
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = SharedSocket(sock)  # read here, written by the connection's writer thread
         sock.settimeout(self.silence_s)
         conn = AgentConnection(sock, addr)
+        conn.identity = identity
         try:
             while True:
                 message = read_control(sock)
@@ -405,22 +412,32 @@ class AgentChannel:
             return
         if conn.agent is None:
             raise ChannelError(f"{kind} before register")
+        if kind == "progress":
+            for item in m["flows"]:
+                try:
+                    self._progress(conn.agent, item["coflow"], item["flow"], item["acked"])
+                except RegistryError as exc:
+                    _log_refused(conn.agent, kind, exc)
+            return
         try:
-            if kind == "progress":
-                for item in m["flows"]:
-                    self._progress(item["coflow"], item["flow"], item["acked"])
-            elif kind == "complete":
-                self._complete(m["coflow"], m["flow"], m["digest"])
+            if kind == "complete":
+                self._complete(conn.agent, m["coflow"], m["flow"], m["digest"])
             elif kind == "ack":
                 self._acked(m["id"])
+            elif kind == "failed":
+                self._failed(
+                    conn.agent, m["coflow"], m["flow"], m["reason"], m["cause"], m.get("attempt", 0)
+                )
             elif kind == "error":
                 LOG.warning("agent %s reports: %s", conn.agent, m.get("message"))
         except RegistryError as exc:  # e.g. a report about a coflow this controller forgot
-            LOG.info("agent %s: %s: %s", conn.agent, kind, exc)
+            _log_refused(conn.agent, kind, exc)
 
     def _acked(self, msg_id) -> None:
         now = time.monotonic()
         with self.ack_event:
+            if msg_id not in self.sent_at or msg_id in self.acks:
+                return  # not a message we sent (or acked already): nothing to remember
             self.acks[msg_id] = now
             for reaction in self.reactions:
                 if msg_id in reaction.pending:
@@ -428,24 +445,75 @@ class AgentChannel:
                     if not reaction.pending:
                         reaction.applied_at = now
             self.ack_event.notify_all()
+            after = self.after_ack.pop(msg_id, None)
+        if after is not None:
+            after[1]()
 
-    def _progress(self, coflow: str, flow: str, acked: int) -> None:
-        try:
-            self.controller.progress(_cid(coflow), flow, acked)
-        except RegistryError:
-            self._keep_if_unknown(coflow, flow, acked)
+    def _check_endpoint(self, agent: str, coflow: str, flow: str, receiver: bool) -> None:
+        """Raise RegistryError("forbidden") unless `agent` is an endpoint of the flow (its
+        receiver when `receiver`); an unknown coflow/flow raises "unknown_coflow"/"unknown_flow".
+        """
+        with self.controller.lock:
+            f = self.controller.registry.flow(_cid(coflow), flow)
+            endpoints = (f.dst_agent,) if receiver else (f.src_agent, f.dst_agent)
+        if agent not in endpoints:
+            raise RegistryError(
+                "forbidden", f"agent {agent!r} is not an endpoint of {coflow}/{flow}"
+            )
 
-    def _complete(self, coflow: str, flow: str, digest: str) -> None:
+    def _progress(self, agent: str, coflow: str, flow: str, acked: int) -> None:
         try:
-            self.controller.complete(_cid(coflow), flow, digest)
-        except RegistryError:
-            if self._unknown(coflow):  # finished while the controller was down: keep it
+            self._check_endpoint(agent, coflow, flow, receiver=False)
+        except RegistryError as exc:
+            if exc.code == "forbidden":
+                raise
+            self._keep_if_unknown(agent, coflow, flow, acked)
+            return
+        if not self.controller.progress(_cid(coflow), flow, acked):
+            self._send_drop({agent}, coflow, [flow])  # its coflow failed / was cancelled
+
+    def _complete(self, agent: str, coflow: str, flow: str, digest: str) -> None:
+        try:
+            self._check_endpoint(agent, coflow, flow, receiver=True)
+        except RegistryError as exc:
+            if exc.code != "forbidden" and self._unknown(coflow):
+                # finished while the controller was down: keep it until resubmitted
                 with self.lock:
-                    self.pending_complete[(coflow, flow)] = digest
+                    self.pending_complete[(coflow, flow)] = (agent, digest)
                     while len(self.pending_complete) > MAX_PENDING:
                         self.pending_complete.pop(next(iter(self.pending_complete)))
-            else:
-                raise
+                return
+            raise
+        self.controller.complete(_cid(coflow), flow, digest)
+
+    def _failed(
+        self, agent: str, coflow: str, flow: str, reason: str, cause: str, attempt: int = 0
+    ) -> None:
+        """An endpoint reports that attempt `attempt` of a flow cannot run (see
+        Controller.fail_flow); a report about a coflow not known yet (controller restarted)
+        is kept until it is resubmitted.
+
+        Raises:
+            RegistryError: "forbidden" (not the flow's endpoint: its sender for cause
+                "source", its receiver otherwise), unknown flow of a known coflow.
+        """
+        try:
+            self._check_endpoint(agent, coflow, flow, receiver=cause != "source")
+        except RegistryError as exc:
+            if exc.code != "forbidden" and self._unknown(coflow):
+                with self.lock:
+                    self.pending_failed[(coflow, flow)] = (agent, reason, cause, attempt)
+                    while len(self.pending_failed) > MAX_PENDING:
+                        self.pending_failed.pop(next(iter(self.pending_failed)))
+                return
+            raise
+        if cause == "source":
+            with self.controller.lock:
+                sender = self.controller.registry.flow(_cid(coflow), flow).src_agent
+            if agent != sender:
+                raise RegistryError("forbidden", f"agent {agent!r} does not send {coflow}/{flow}")
+        LOG.warning("agent %s: flow %s/%s cannot run (%s): %s", agent, coflow, flow, cause, reason)
+        self.controller.fail_flow(_cid(coflow), flow, reason, cause == "digest", attempt)
 
     def _unknown(self, coflow: str) -> bool:
         try:
@@ -453,21 +521,26 @@ class AgentChannel:
         except RegistryError:
             return False
 
-    def _keep_if_unknown(self, coflow: str, flow: str, offset: int) -> None:
+    def _keep_if_unknown(self, agent: str, coflow: str, flow: str, offset: int) -> None:
         """Keep a report about a coflow this controller does not know (yet): after a
-        controller restart the job master resubmits it later (bounded to MAX_PENDING)."""
+        controller restart the job master resubmits it later (bounded to MAX_PENDING;
+        applied then only if `agent` is an endpoint of the flow)."""
         if self._unknown(coflow):
             with self.lock:
                 key = (coflow, flow)
-                self.pending_inflight[key] = max(offset, self.pending_inflight.get(key, 0))
+                _, old = self.pending_inflight.get(key, (agent, 0))
+                self.pending_inflight[key] = (agent, max(offset, old))
                 while len(self.pending_inflight) > MAX_PENDING:
                     self.pending_inflight.pop(next(iter(self.pending_inflight)))
 
     def _register(self, conn: AgentConnection, m: dict) -> None:
-        if self.token is not None:
-            token = m.get("token")
-            if not isinstance(token, str) or not hmac.compare_digest(token, self.token):
-                raise ChannelError("missing or wrong token")
+        identity = conn.identity
+        if not identity.may(Role.AGENT):
+            raise ChannelError(f"{identity.role.value} {identity.name!r} is not an agent")
+        if not identity.insecure and m["agent"] != identity.name:
+            raise ChannelError(
+                f"certificate of {identity.name!r} cannot register as {m['agent']!r}"
+            )
         if conn.agent is not None and conn.agent != m["agent"]:
             raise ChannelError("one connection cannot register two agents")
         with self.controller.lock:
@@ -482,13 +555,13 @@ class AgentChannel:
             conn.agent = info.id
             self.connections[info.id] = conn
         for item in m.get("inflight", []):  # acked offsets (sender) / delivered (receiver)
-            self._progress(item["coflow"], item["flow"], item["offset"])
-            digest = item.get("digest")  # optional: a receiving flow that completed
-            if item["role"] == "recv" and isinstance(digest, str) and digest:
-                try:
-                    self._complete(item["coflow"], item["flow"], digest)
-                except RegistryError as exc:
-                    LOG.info("agent %s: inflight completion: %s", info.id, exc)
+            try:
+                self._progress(info.id, item["coflow"], item["flow"], item["offset"])
+                digest = item.get("digest")  # optional: a receiving flow that completed
+                if item["role"] == "recv" and isinstance(digest, str) and digest:
+                    self._complete(info.id, item["coflow"], item["flow"], digest)
+            except RegistryError as exc:
+                LOG.info("agent %s: inflight report: %s", info.id, exc)
         LOG.info("agent %s registered in %s at %s", info.id, info.dc, info.data_addr)
         conn.send({"t": "registered", "agent": info.id})
         self.apply_inflight()
@@ -507,20 +580,26 @@ class AgentChannel:
     def apply_inflight(self) -> None:
         """Apply offsets and completions reported before their coflow was (re)submitted."""
         with self.lock:
-            if not self.pending_inflight and not self.pending_complete:
+            if not self.pending_inflight and not self.pending_complete and not self.pending_failed:
                 return
             pending, self.pending_inflight = self.pending_inflight, {}
             done, self.pending_complete = self.pending_complete, {}
-        for (coflow, flow), offset in pending.items():
+            failed, self.pending_failed = self.pending_failed, {}
+        for (coflow, flow), (agent, offset) in pending.items():
             try:
-                self.controller.progress(_cid(coflow), flow, offset)
-            except RegistryError:
-                self._keep_if_unknown(coflow, flow, offset)
-        for (coflow, flow), digest in done.items():
-            try:
-                self._complete(coflow, flow, digest)
+                self._progress(agent, coflow, flow, offset)
             except RegistryError as exc:
-                LOG.info("completion of %s/%s dropped: %s", coflow, flow, exc)
+                LOG.info("progress of %s/%s from %s dropped: %s", coflow, flow, agent, exc)
+        for (coflow, flow), (agent, digest) in done.items():
+            try:
+                self._complete(agent, coflow, flow, digest)
+            except RegistryError as exc:
+                LOG.info("completion of %s/%s from %s dropped: %s", coflow, flow, agent, exc)
+        for (coflow, flow), (agent, reason, cause, attempt) in failed.items():
+            try:
+                self._failed(agent, coflow, flow, reason, cause, attempt)
+            except RegistryError as exc:
+                LOG.info("failure of %s/%s from %s dropped: %s", coflow, flow, agent, exc)
 
     def close_all(self, grace_s: float = 0.2) -> None:
         """Say goodbye to every agent: half-close (FIN), let them close, then close.
@@ -580,17 +659,7 @@ class AgentChannel:
     def _send_flows(self, pairs: list[tuple[CoflowState, FlowState]]) -> None:
         per_agent: dict[str, list[protocol.FlowSpec]] = {}
         for coflow, f in pairs:
-            spec = protocol.FlowSpec(
-                coflow=str(coflow.id),
-                flow=f.id,
-                src_agent=f.src_agent,
-                dst_agent=f.dst_agent,
-                dst_dc=f.dst_dc,
-                size=f.bytes,
-                offset=min(f.delivered, f.bytes),
-                source=f"file:{f.src_path}" if f.src_path else "synthetic",
-                sink=f"file:{f.dst_path}" if f.dst_path else "digest",
-            )
+            spec = flow_spec(coflow, f)
             per_agent.setdefault(f.src_agent, []).append(spec)
             if f.dst_agent != f.src_agent:
                 per_agent.setdefault(f.dst_agent, []).append(spec)
@@ -601,6 +670,78 @@ class AgentChannel:
                     continue
                 for batch in batches(specs):
                     conn.send(protocol.flows_message(batch))
+
+    def connected_agents(self) -> list[str]:
+        """Ids of the agents with an open control connection now (Controller.connected_agents)."""
+        with self.lock:
+            return list(self.connections)
+
+    def push_drop(self, coflow: CoflowState, flows: list[FlowState], restart: bool) -> None:
+        """Controller listener (lock held): tell agents to forget `flows` of `coflow`.
+
+        Args:
+            flows: WAN flows of the coflow.
+            restart: False: the coflow failed or was cancelled; both endpoints get "drop".
+                True: each flow starts again from byte 0 (attempt = flow.restarts): its
+                receiver gets "drop" and the new descriptor at once, its sender only once
+                the receiver acknowledged them (or after RESTART_ACK_S, or at once when the
+                receiver is not connected).
+
+        On a restart, what was last sent as rates to the sender's FlowGroup is forgotten, so
+        the next round sends its rates afresh; otherwise the next round pauses the group.
+        """
+        cid = str(coflow.id)
+        if not restart:
+            per_agent: dict[str, list[str]] = {}
+            for f in flows:
+                for agent in (f.src_agent, f.dst_agent):
+                    per_agent.setdefault(agent, []).append(f.id)
+            for agent, ids in per_agent.items():
+                self._send_drop({agent}, cid, ids)
+            return
+        for f in flows:
+            spec = flow_spec(coflow, f)
+            with self.lock:
+                receiver = self.connections.get(f.dst_agent)
+                sender = self.connections.get(f.src_agent)
+                if sender is not None:
+                    sender.sent_rates.pop((cid, f.dst_dc), None)
+            sender_part = _once(lambda f=f, spec=spec: self._restart_at(f.src_agent, spec))
+            if receiver is None:
+                sender_part()
+                continue
+            msg_id = self._new_id()
+            with self.ack_event:
+                self.after_ack[msg_id] = (time.monotonic() + RESTART_ACK_S, sender_part)
+            self._restart_at(f.dst_agent, spec, msg_id)
+
+    def _restart_at(self, agent: str, spec: protocol.FlowSpec, msg_id=None) -> None:
+        """Send "drop" and the new descriptor of a restarted flow to one of its agents."""
+        with self.lock:
+            conn = self.connections.get(agent)
+            if conn is None:
+                return  # it gets the descriptor when it registers again
+            for m in protocol.drop_messages(spec.coflow, [spec.flow]):
+                conn.send(m)
+            conn.send(protocol.flows_message([spec], msg_id=msg_id))
+
+    def _send_drop(self, agents: set[str], coflow: str, flows: list[str]) -> None:
+        """Send "drop" for `flows` of `coflow` to those of `agents` that are connected."""
+        with self.lock:
+            for agent in agents:
+                conn = self.connections.get(agent)
+                if conn is not None:
+                    for m in protocol.drop_messages(coflow, flows):
+                        conn.send(m)
+
+    def run_overdue(self) -> None:
+        """Controller tick: run the deferred sends whose acknowledgement is overdue."""
+        now = time.monotonic()
+        with self.ack_event:
+            due = [k for k, (deadline, _) in self.after_ack.items() if deadline <= now]
+            calls = [self.after_ack.pop(k)[1] for k in due]
+        for call in calls:
+            call()
 
     def push_rates(self, rates: FlowRates, wan_changed: bool) -> list[int]:
         """Controller listener: send each sending agent its changed FlowGroup rates.
@@ -682,6 +823,40 @@ class AgentChannel:
         return msg_id
 
 
+def _log_refused(agent: str, kind: str, exc: RegistryError) -> None:
+    level = logging.WARNING if exc.code == "forbidden" else logging.INFO
+    LOG.log(level, "agent %s: %s refused: %s", agent, kind, exc)
+
+
+def flow_spec(coflow: CoflowState, f: FlowState) -> protocol.FlowSpec:
+    """The descriptor agents get for a WAN flow: offset = bytes acknowledged so far,
+    attempt = the flow's restarts, "file:PATH" source / sink when it names paths."""
+    return protocol.FlowSpec(
+        coflow=str(coflow.id),
+        flow=f.id,
+        src_agent=f.src_agent,
+        dst_agent=f.dst_agent,
+        dst_dc=f.dst_dc,
+        size=f.bytes,
+        offset=min(f.delivered, f.bytes),
+        source=f"file:{f.src_path}" if f.src_path else "synthetic",
+        sink=f"file:{f.dst_path}" if f.dst_path else "digest",
+        attempt=f.restarts,
+    )
+
+
+def _once(func):
+    """Wrap `func` (no arguments) so that only its first call runs it."""
+    done = []
+
+    def call():
+        if not done:
+            done.append(True)
+            func()
+
+    return call
+
+
 def batches(items: list, limit: int = BATCH_BYTES) -> list[list]:
     """Split FlowSpecs / GroupRates into lists whose msgpack encoding stays under `limit`
     bytes (a single larger item travels alone; the registry bounds their size)."""
@@ -704,10 +879,10 @@ def _cid(coflow: str) -> int:
         raise RegistryError("unknown_coflow", f"unknown coflow {coflow!r}") from None
 
 
-def start_agent_server(channel: AgentChannel, host: str, port: int, spawn=None):
-    """Serve the agent channel on host:port (see `api_server.listen_and_serve`)."""
-    from terra_controller.api_server import listen_and_serve
-
-    result = listen_and_serve(host, port, channel.serve_connection, spawn)
-    LOG.info("agent channel on %s:%d", *result[2])
+def start_agent_server(
+    channel: AgentChannel, host: str, port: int, security: ServerSecurity, spawn=None
+):
+    """Serve the agent channel on host:port (see `transport.listen_and_serve`)."""
+    result = listen_and_serve(host, port, channel.serve_connection, security, spawn)
+    LOG.info("agent channel on %s:%d (%s)", *result[2], "TLS" if security.context else "INSECURE")
     return result

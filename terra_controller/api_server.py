@@ -4,34 +4,42 @@ Wire format (both directions):
 
     message = u32 big-endian length | msgpack map (at most MAX_MESSAGE_BYTES)
 
-Every request map has ``"v": API_VERSION``, ``"op"`` and, when the controller
-was started with a token, ``"token"``; it may carry ``"req"`` (any value,
-echoed back). A submit or update may carry ``"ref"`` (a string of 1..64
-characters, unique per request): a repeated ref gets the first reply again
-instead of a second execution, so a client may safely resend after a broken
-connection. Every reply has ``"v"``, ``"ok"``, ``"instance"`` (a random id
+The connection is mutual TLS (docs/security.md): the client's certificate
+names it and gives its role. Every request map has ``"v": API_VERSION`` and
+``"op"``; it may carry ``"req"`` (any value, echoed back). A submit or update
+may carry ``"ref"`` (a string of 1..64 characters, unique per request): a
+repeated ref from the same client gets the first reply again instead of a
+second execution, so a client may safely resend after a broken connection.
+Every reply has ``"v"``, ``"ok"``, ``"instance"`` (a random id
 of this controller run: a client that sees it change knows the controller
 restarted) and, on failure, ``"error"`` (message) and ``"code"``.
 
 Operations (request fields -> reply fields):
 
     hello                                          -> instance, version
-    submit  flows, deadline?, coflow?              -> coflow (id, or -1: deadline cannot be met)
+    submit  flows, deadline?, coflow?, age_s?      -> coflow (id, or -1: deadline cannot be met)
+                                                      (coflow + age_s: a resubmission after
+                                                      a controller restart, first submitted
+                                                      age_s seconds ago)
     status  coflow                                 -> status (see CoflowState.status)
     update  coflow, flows                          -> (nothing more)
+    cancel  coflow                                 -> (nothing more; state "cancelled")
     list                                           -> coflows: [{id, state, bytes_total,
                                                       bytes_delivered, cct_s}]
     link_state  a, b, up                           -> changed (operator command: link a-b)
     capacity    a, b, bytes_per_s                  -> changed
 
+Who may do what: job clients (role "job") submit coflows and see and change
+only their own; operators see and change every coflow and alone may send
+link_state and capacity; agents and other roles get code "forbidden".
+
 Every bad request gets an error reply and changes nothing; a broken message
-closes only that connection. The server runs one thread per connection on
-os-ken's hub (`os_ken.lib.hub.StreamServer`).
+closes only that connection. The server runs one thread per connection
+(transport.py: caps, handshake and per-message deadlines).
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import secrets
 import socket
@@ -43,14 +51,17 @@ import msgpack
 
 from terra_controller.coflow_registry import RegistryError
 from terra_controller.controller import Controller
+from terra_controller.pki import INSECURE, Identity, Role
+from terra_controller.transport import DEADLINES, ServerSecurity, listen_and_serve
 
 LOG = logging.getLogger("terra.api")
 
 API_VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-FRAME_TIMEOUT_S = 30.0
-MAX_CONNECTIONS = 512  # per server (API or agent channel)
+FRAME_TIMEOUT_S = 30.0  # for the whole of one message, once its first byte arrived
+IDLE_S = 600.0  # a connection without a request for this long is closed (clients reconnect)
 MAX_REFS = 100_000  # remembered replies of submit/update requests carrying "ref"
+MAX_OWNERS = 100_000  # owners of coflows the controller dropped are forgotten beyond this
 _LEN = struct.Struct(">I")
 
 
@@ -88,32 +99,38 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def read_message(sock: socket.socket, frame_timeout: float | None = FRAME_TIMEOUT_S) -> dict | None:
-    """Read one message map; None on a clean EOF between messages.
+def read_message(
+    sock: socket.socket,
+    frame_timeout: float | None = FRAME_TIMEOUT_S,
+    max_bytes: int = MAX_MESSAGE_BYTES,
+) -> dict | None:
+    """Read one ``u32 length | msgpack map`` message; None on a clean EOF between messages.
 
-    The first length byte may take forever; once it arrived the rest of the
-    message must arrive within `frame_timeout` seconds.
+    The first length byte waits as long as the socket's own timeout allows; once
+    it arrived, the whole rest of the message must arrive within `frame_timeout`
+    seconds in all (a peer trickling one byte a second is cut off: the socket is
+    shut down, see transport.Deadlines). The overlay's control frames have the same
+    outer format (agent_channel reads them with this function).
 
     Raises:
-        WireError: oversized length, bad msgpack, not a map, or EOF inside a message.
-        TimeoutError: the rest of a started message did not arrive in time.
+        WireError: oversized length, bad msgpack, not a map, EOF inside a message, or
+            the frame's deadline passed.
     """
-    old = sock.gettimeout()
     first = sock.recv(1)
     if not first:
         return None
-    sock.settimeout(frame_timeout if old is None else min(old, frame_timeout or old))
     try:
-        try:
-            raw_len = first + recv_exact(sock, 3)
-            (length,) = _LEN.unpack(raw_len)
-            if length > MAX_MESSAGE_BYTES:
-                raise WireError(f"message length {length} exceeds {MAX_MESSAGE_BYTES}")
-            body = recv_exact(sock, length)
-        except EOFError as exc:
-            raise WireError(f"truncated message: {exc}") from exc
-    finally:
-        sock.settimeout(old)
+        if frame_timeout is None:
+            body = _read_rest(sock, first, max_bytes)
+        else:
+            with DEADLINES.guard(sock, frame_timeout):
+                body = _read_rest(sock, first, max_bytes)
+    except EOFError as exc:
+        raise WireError(
+            f"truncated message (or its {frame_timeout} s deadline passed): {exc}"
+        ) from exc
+    except OSError as exc:
+        raise WireError(f"message not received within {frame_timeout} s: {exc}") from exc
     try:
         message = msgpack.unpackb(body, raw=False)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
@@ -121,6 +138,13 @@ def read_message(sock: socket.socket, frame_timeout: float | None = FRAME_TIMEOU
     if not isinstance(message, dict):
         raise WireError("message must be a msgpack map")
     return message
+
+
+def _read_rest(sock: socket.socket, first: bytes, max_bytes: int) -> bytes:
+    (length,) = _LEN.unpack(first + recv_exact(sock, 3))
+    if length > max_bytes:
+        raise WireError(f"message length {length} exceeds {max_bytes}")
+    return recv_exact(sock, length)
 
 
 # ---- request handling -----------------------------------------------------------------------
@@ -131,32 +155,36 @@ class ApiHandler:
 
     Args:
         controller: the Controller.
-        token: required value of every request's "token" (None: no check).
 
     Attributes:
+        frame_timeout_s: seconds for the whole of one request once its first byte arrived.
         instance: random hex id of this controller run (in every reply).
         counts: {op: requests answered}.
     """
 
-    def __init__(self, controller: Controller, token: str | None = None) -> None:
+    def __init__(self, controller: Controller) -> None:
         self.controller = controller
-        self.token = token
+        self.frame_timeout_s = FRAME_TIMEOUT_S  # for the whole of one request
         self.instance = secrets.token_hex(8)
         self.counts: dict[str, int] = {}
-        self.done_refs: OrderedDict[str, dict] = OrderedDict()  # ref -> reply (submit/update)
+        # (client name, ref) -> reply of submit/update
+        self.done_refs: OrderedDict[tuple[str, str], dict] = OrderedDict()
         self.refs_lock = threading.Lock()
+        self.owners: dict[int, str] = {}  # coflow id -> name of the job client that submitted it
+        self.owners_lock = threading.Lock()
 
-    def handle(self, request: object) -> dict:
-        """Answer one decoded request map; never raises (errors become error replies)."""
+    def handle(self, request: object, identity: Identity = INSECURE) -> dict:
+        """Answer one decoded request map from `identity`; never raises (errors become
+        error replies)."""
         req = request.get("req") if isinstance(request, dict) else None
-        ref = _ref_of(request)
+        ref = _ref_of(request, identity)
         if ref is not None:
             with self.refs_lock:
                 done = self.done_refs.get(ref)
             if done is not None:  # a client retried a request that did succeed
                 return dict(done, req=req) if req is not None else dict(done)
         try:
-            reply = self._dispatch(request)
+            reply = self._dispatch(request, identity)
             reply.update(ok=True)
             if ref is not None:
                 with self.refs_lock:
@@ -165,66 +193,105 @@ class ApiHandler:
                         self.done_refs.popitem(last=False)
         except RegistryError as exc:
             reply = {"ok": False, "code": exc.code, "error": str(exc)}
-        except Exception as exc:  # a bug must answer, not kill the connection or the process
+        except Exception:  # a bug must answer, not kill the connection or the process
             LOG.exception("API request failed")
-            reply = {"ok": False, "code": "internal", "error": f"internal error: {exc!r}"}
+            reply = {"ok": False, "code": "internal", "error": "internal error (logged)"}
         reply.update(v=API_VERSION, instance=self.instance)
         if req is not None:
             reply["req"] = req
         return reply
 
-    def _dispatch(self, request: object) -> dict:
+    def _dispatch(self, request: object, identity: Identity) -> dict:
         if not isinstance(request, dict):
             raise RegistryError("bad_request", "request must be a map")
         if request.get("v") != API_VERSION:
             raise RegistryError("bad_version", f"unsupported version {request.get('v')!r}")
-        if self.token is not None:
-            given = request.get("token")
-            if not isinstance(given, str) or not hmac.compare_digest(given, self.token):
-                raise RegistryError("bad_token", "missing or wrong token")
         op = request.get("op")
         handler = _OPS.get(op) if isinstance(op, str) else None
         if handler is None:
             raise RegistryError("bad_request", f"unknown op {op!r}")
-        reply = handler(self, request)
+        allowed = _ROLES[op]
+        if not any(identity.may(role) for role in allowed):
+            raise RegistryError(
+                "forbidden", f"{identity.role.value} {identity.name!r} may not {op}"
+            )
+        reply = handler(self, request, identity)
         self.counts[op] = self.counts.get(op, 0) + 1
         return reply
 
-    def _hello(self, request: dict) -> dict:
-        return {"version": API_VERSION}
+    # -- ownership: a job client sees and changes only the coflows it submitted
 
-    def _submit(self, request: dict) -> dict:
-        _only(request, {"flows", "deadline", "coflow"})
-        cid = self.controller.submit(
-            request.get("flows"), request.get("deadline"), request.get("coflow")
-        )
+    def _owned(self, coflow_id: object, identity: Identity) -> object:
+        """Return `coflow_id` when `identity` may see/change that coflow.
+
+        Raises:
+            RegistryError("unknown_coflow"): not this client's coflow (the same reply as
+                for an id that does not exist, so ids of others are not disclosed).
+        """
+        if identity.may(Role.OPERATOR):
+            return coflow_id
+        with self.owners_lock:
+            owner = self.owners.get(coflow_id) if _hashable(coflow_id) else None
+        if owner != identity.name:
+            raise RegistryError("unknown_coflow", f"unknown coflow {coflow_id!r}")
+        return coflow_id
+
+    def _remember_owner(self, cid: int, identity: Identity) -> None:
+        with self.owners_lock:
+            self.owners[cid] = identity.name
+            if len(self.owners) > 2 * MAX_OWNERS:  # forget coflows the controller dropped
+                known = set(self.controller.registry.coflows)
+                self.owners = {c: o for c, o in self.owners.items() if c in known}
+
+    def _hello(self, request: dict, identity: Identity) -> dict:
+        return {"version": API_VERSION, "name": identity.name, "role": identity.role.value}
+
+    def _submit(self, request: dict, identity: Identity) -> dict:
+        _only(request, {"flows", "deadline", "coflow", "age_s"})
+        wanted = request.get("coflow")
+        if wanted is not None and _hashable(wanted):
+            with self.owners_lock:
+                owner = self.owners.get(wanted)
+            if owner is not None and owner != identity.name:
+                raise RegistryError("bad_request", f"coflow id {wanted} is in use")
+        kwargs = {"age_s": request["age_s"]} if "age_s" in request else {}
+        flows, deadline = request.get("flows"), request.get("deadline")
+        cid = self.controller.submit(flows, deadline, wanted, **kwargs)
+        if cid >= 0:
+            self._remember_owner(cid, identity)
         return {"coflow": cid}
 
-    def _status(self, request: dict) -> dict:
+    def _status(self, request: dict, identity: Identity) -> dict:
         _only(request, {"coflow"})
-        return {"status": self.controller.status(request.get("coflow"))}
+        return {"status": self.controller.status(self._owned(request.get("coflow"), identity))}
 
-    def _update(self, request: dict) -> dict:
+    def _update(self, request: dict, identity: Identity) -> dict:
         _only(request, {"coflow", "flows"})
-        self.controller.update(request.get("coflow"), request.get("flows"))
+        self.controller.update(self._owned(request.get("coflow"), identity), request.get("flows"))
         return {}
 
-    def _list(self, request: dict) -> dict:
-        with self.controller.lock:
-            coflows = [
-                {k: s[k] for k in ("id", "state", "bytes_total", "bytes_delivered", "cct_s")}
-                for s in (c.status() for c in self.controller.registry.coflows.values())
-            ]
-        return {"coflows": coflows}
+    def _cancel(self, request: dict, identity: Identity) -> dict:
+        _only(request, {"coflow"})
+        self.controller.cancel(self._owned(request.get("coflow"), identity))
+        return {}
 
-    def _link_state(self, request: dict) -> dict:
+    def _list(self, request: dict, identity: Identity) -> dict:
+        keys = ("id", "state", "bytes_total", "bytes_delivered", "cct_s")
+        with self.controller.lock:
+            coflows = list(self.controller.registry.coflows.values())
+        if not identity.may(Role.OPERATOR):
+            with self.owners_lock:
+                coflows = [c for c in coflows if self.owners.get(c.id) == identity.name]
+        return {"coflows": [{k: s[k] for k in keys} for s in (c.status() for c in coflows)]}
+
+    def _link_state(self, request: dict, identity: Identity) -> dict:
         _only(request, {"a", "b", "up"})
         changed = self.controller.set_link_state(
             request.get("a"), request.get("b"), request.get("up")
         )
         return {"changed": changed}
 
-    def _capacity(self, request: dict) -> dict:
+    def _capacity(self, request: dict, identity: Identity) -> dict:
         _only(request, {"a", "b", "bytes_per_s"})
         changed = self.controller.set_capacity(
             request.get("a"), request.get("b"), request.get("bytes_per_s")
@@ -237,20 +304,36 @@ _OPS = {
     "submit": ApiHandler._submit,
     "status": ApiHandler._status,
     "update": ApiHandler._update,
+    "cancel": ApiHandler._cancel,
     "list": ApiHandler._list,
     "link_state": ApiHandler._link_state,
     "capacity": ApiHandler._capacity,
 }
-_COMMON_FIELDS = {"v", "op", "token", "req", "ref"}
+_JOBS = (Role.JOB, Role.OPERATOR)
+_ROLES = {  # op -> roles allowed to call it
+    "hello": (Role.JOB, Role.OPERATOR, Role.AGENT),
+    "submit": _JOBS,
+    "status": _JOBS,
+    "update": _JOBS,
+    "cancel": _JOBS,
+    "list": _JOBS,
+    "link_state": (Role.OPERATOR,),
+    "capacity": (Role.OPERATOR,),
+}
+_COMMON_FIELDS = {"v", "op", "req", "ref"}
 
 
-def _ref_of(request: object) -> str | None:
-    """The retry reference of a submit/update request, if it has a usable one."""
+def _hashable(value: object) -> bool:
+    return isinstance(value, int | str) and not isinstance(value, bool)
+
+
+def _ref_of(request: object, identity: Identity) -> tuple[str, str] | None:
+    """The retry reference (client name, ref) of a submit/update request, if usable."""
     if not isinstance(request, dict) or request.get("op") not in ("submit", "update"):
         return None
     ref = request.get("ref")
     if isinstance(ref, str) and 0 < len(ref) <= 64:
-        return ref
+        return identity.name, ref
     return None
 
 
@@ -263,15 +346,16 @@ def _only(request: dict, fields: set[str]) -> None:
 # ---- server ---------------------------------------------------------------------------------
 
 
-def serve_connection(handler: ApiHandler, sock: socket.socket, addr) -> None:
-    """Answer requests on one connection until EOF or a malformed message (then close it)."""
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+def serve_connection(handler: ApiHandler, sock: socket.socket, addr, identity=INSECURE) -> None:
+    """Answer requests on one authenticated connection until EOF, a malformed message or
+    `IDLE_S` without a request (then close it)."""
+    sock.settimeout(IDLE_S)
     try:
         while True:
             try:
-                request = read_message(sock)
+                request = read_message(sock, handler.frame_timeout_s)
             except WireError as exc:
-                LOG.warning("API %s: %s; closing", addr, exc)
+                LOG.warning("API %s (%s): %s; closing", addr, identity.name, exc)
                 _send_quietly(
                     sock,
                     {
@@ -285,11 +369,9 @@ def serve_connection(handler: ApiHandler, sock: socket.socket, addr) -> None:
                 return
             if request is None:
                 return
-            sock.sendall(pack_message(handler.handle(request)))
+            sock.sendall(pack_message(handler.handle(request, identity)))
     except (OSError, EOFError) as exc:
         LOG.debug("API %s: connection ended: %s", addr, exc)
-    finally:
-        sock.close()
 
 
 def _send_quietly(sock: socket.socket, message: dict) -> None:
@@ -299,68 +381,13 @@ def _send_quietly(sock: socket.socket, message: dict) -> None:
         pass
 
 
-def accept_loop(
-    listener: socket.socket, handle, spawn, max_connections: int = MAX_CONNECTIONS
-) -> None:
-    """Accept connections until `listener` is closed; run handle(sock, addr) via spawn each.
-
-    At most `max_connections` are served at once (one thread each); a connection
-    beyond that is closed at once, so a flood of clients cannot exhaust threads.
-    """
-    slots = threading.BoundedSemaphore(max_connections)
-
-    def run(sock, addr):
-        try:
-            handle(sock, addr)
-        finally:
-            slots.release()
-
-    while True:
-        try:
-            sock, addr = listener.accept()
-        except OSError:
-            return
-        if not slots.acquire(blocking=False):
-            LOG.warning("%s: more than %d connections; refused", addr, max_connections)
-            sock.close()
-            continue
-        spawn(run, sock, addr)
-
-
-def stop_listener(listener: socket.socket) -> None:
-    """Stop an accept loop: shut the listening socket down (wakes accept) and close it."""
-    try:
-        listener.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    listener.close()
-
-
-def listen_and_serve(host: str, port: int, handle, spawn=None):
-    """Listen on host:port and accept connections in a hub thread (one thread per connection).
-
-    Args:
-        handle: called as handle(sock, addr) in its own thread.
-        spawn: spawn(func, *args) -> thread; default os_ken.lib.hub.spawn (tests pass a
-            daemon-thread starter).
-
-    Returns:
-        (listening socket (`stop_listener` stops it), accept thread, bound (host, port)).
-
-    Raises:
-        OSError: the address cannot be bound.
-    """
-    from os_ken.lib import hub
-
-    spawn = spawn or hub.spawn
-    listener = hub.listen((host, port))
-    return listener, spawn(accept_loop, listener, handle, spawn), listener.getsockname()[:2]
-
-
-def start_api_server(handler: ApiHandler, host: str, port: int, spawn=None):
-    """Serve the coflow API on host:port (see `listen_and_serve` for arguments and result)."""
+def start_api_server(
+    handler: ApiHandler, host: str, port: int, security: ServerSecurity, spawn=None
+):
+    """Serve the coflow API on host:port (see `transport.listen_and_serve`)."""
     result = listen_and_serve(
-        host, port, lambda sock, addr: serve_connection(handler, sock, addr), spawn
-    )
-    LOG.info("coflow API on %s:%d", *result[2])
+        host, port, lambda sock, addr, ident: serve_connection(handler, sock, addr, ident),
+        security, spawn,
+    )  # fmt: skip
+    LOG.info("coflow API on %s:%d (%s)", *result[2], "TLS" if security.context else "INSECURE")
     return result

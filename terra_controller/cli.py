@@ -1,9 +1,15 @@
-"""`terra-controller`: the controller process (issue 4 item 1), and `terra-controller ctl`.
+"""`terra-controller`: the controller process, `terra-controller ctl` and `terra-controller pki`.
 
 Run:
-    terra-controller --topology {swan,gscale,att,PATH} [--k K] [--alpha A] [--epsilon E]
-        [--delta D] [--of-port 6653] [--api HOST:PORT] [--agents HOST:PORT] [--rest HOST:PORT]
-        [--token-file FILE] [--no-openflow] [--log-level LEVEL]
+    terra-controller --topology {swan,gscale,att,PATH} (--pki DIR | --insecure) [--k K]
+        [--alpha A] [--epsilon E] [--delta D] [--of-port 6653] [--api HOST:PORT]
+        [--agents HOST:PORT] [--rest HOST:PORT] [--rest-public] [--no-openflow]
+        [--log-level LEVEL]
+
+Certificates (docs/security.md):
+
+    terra-controller pki init DIR [--host NAME_OR_IP ...]   CA + controller certificate
+    terra-controller pki issue DIR --role {agent,job,operator} NAME
 
 It starts the coflow API, the agent channel and the REST server on os-ken's hub
 (threads), a round runner, and (without --no-openflow) os-ken's AppManager with
@@ -16,10 +22,10 @@ free port. Once everything listens it prints one line on stdout:
 With --no-openflow there are no switches: tunnels are logical and link state
 changes come from the operator:
 
-    terra-controller ctl --api HOST:PORT [--token-file FILE] link-down A B
-    terra-controller ctl --api HOST:PORT link-up A B
-    terra-controller ctl --api HOST:PORT capacity A B BYTES_PER_S
-    terra-controller ctl --api HOST:PORT list | status ID
+    terra-controller ctl --api HOST:PORT --pki DIR --name NAME link-down A B
+    terra-controller ctl ... link-up A B
+    terra-controller ctl ... capacity A B BYTES_PER_S
+    terra-controller ctl ... list | status ID | cancel ID
 
 (the same operations are API requests "link_state" / "capacity", see api_server.py).
 """
@@ -50,24 +56,6 @@ def parse_addr(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def read_token(path: str | None) -> str | None:
-    """Return the token in `path` (stripped), or None without a file.
-
-    Raises:
-        SystemExit: unreadable or empty file (a clear message on stderr).
-    """
-    if path is None:
-        return None
-    try:
-        with open(path, encoding="utf-8") as fh:
-            token = fh.read().strip()
-    except OSError as exc:
-        raise SystemExit(f"terra-controller: cannot read token file: {exc}") from exc
-    if not token:
-        raise SystemExit(f"terra-controller: token file {path} is empty")
-    return token
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The controller's argument parser."""
     p = argparse.ArgumentParser(prog="terra-controller", description=__doc__.splitlines()[0])
@@ -81,7 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api", type=parse_addr, default=("127.0.0.1", 6700), help="coflow API")
     p.add_argument("--agents", type=parse_addr, default=("127.0.0.1", 6701), help="agent channel")
     p.add_argument("--rest", type=parse_addr, default=("127.0.0.1", 8080), help="REST (HTTP)")
-    p.add_argument("--token-file", help="file holding the shared token for API and agents")
+    auth = p.add_mutually_exclusive_group(required=True)
+    auth.add_argument("--pki", help="PKI directory (ca.crt, controller.crt, controller.key)")
+    auth.add_argument(
+        "--insecure", action="store_true", help="plain TCP, no authentication (labs only)"
+    )
+    p.add_argument(
+        "--rest-public", action="store_true", help="REST without a client certificate"
+    )
     p.add_argument("--no-openflow", action="store_true", help="no switches: logical tunnels")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
     return p
@@ -92,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "ctl":
         return ctl_main(argv[1:])
+    if argv and argv[0] == "pki":
+        return pki_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
@@ -104,12 +101,31 @@ def main(argv: list[str] | None = None) -> int:
         topology = load_topology(args.topology)
     except (TopologyError, OSError) as exc:
         raise SystemExit(f"terra-controller: {exc}") from exc
-    token = read_token(args.token_file)
-    run(args, topology, token)
+    run(args, topology, server_security(args))
     return 0
 
 
-def run(args, topology, token: str | None) -> None:
+def server_security(args):
+    """The ServerSecurity of the API and agent channel from --pki / --insecure.
+
+    Raises:
+        SystemExit: the PKI directory lacks a file or holds invalid PEM.
+    """
+    import ssl
+
+    from terra_controller.pki import PkiError, server_context
+    from terra_controller.transport import ServerSecurity
+
+    if args.insecure:
+        LOG.warning("--insecure: plain TCP, no authentication or authorization")
+        return ServerSecurity(None)
+    try:
+        return ServerSecurity(server_context(args.pki))
+    except (PkiError, ssl.SSLError, OSError) as exc:
+        raise SystemExit(f"terra-controller: {exc}") from exc
+
+
+def run(args, topology, security) -> None:
     """Start every part of the controller and block until SIGINT/SIGTERM."""
     from terra_controller.agent_channel import (
         AgentChannel,
@@ -154,11 +170,20 @@ def run(args, topology, token: str | None) -> None:
                 "rules": rules,
             }
 
-    channel = AgentChannel(controller, tunnels, token)
+    channel = AgentChannel(controller, tunnels)
+    rest_security = security
+    if args.rest_public and security.context is not None:
+        from terra_controller.pki import server_context
+        from terra_controller.transport import ServerSecurity
+
+        rest_security = ServerSecurity(server_context(args.pki, require_client_cert=False))
     try:
-        _, t_api, api = start_api_server(ApiHandler(controller, token), *args.api)
-        _, t_agents, agents = start_agent_server(channel, *args.agents)
-        _, t_rest, rest = start_rest_server(RestApp(controller, channel, openflow_info), *args.rest)
+        _, t_api, api = start_api_server(ApiHandler(controller), *args.api, security)
+        _, t_agents, agents = start_agent_server(channel, *args.agents, security)
+        _, t_rest, rest = start_rest_server(
+            RestApp(controller, channel, openflow_info), *args.rest, rest_security,
+            args.rest_public,
+        )  # fmt: skip
     except OSError as exc:
         raise SystemExit(f"terra-controller: cannot listen: {exc}") from exc
     RoundRunner(controller).start()
@@ -214,20 +239,60 @@ def start_openflow_app(args, topology, binding, controller):
     return start_openflow(config, args.of_host, args.of_port)
 
 
-def ctl_main(argv: list[str]) -> int:
-    """`terra-controller ctl`: operator commands through the coflow API."""
-    from terra_controller.client import TerraClient, TerraError
+def client_args(p: argparse.ArgumentParser) -> None:
+    """Add --pki DIR --name NAME | --insecure (how a client authenticates) to a parser."""
+    p.add_argument("--pki", help="PKI directory holding ca.crt, NAME.crt, NAME.key")
+    p.add_argument("--name", help="this client's certificate name")
+    p.add_argument("--insecure", action="store_true", help="plain TCP (controller --insecure)")
 
-    p = argparse.ArgumentParser(prog="terra-controller ctl", description="operator commands")
+
+def make_client(p: argparse.ArgumentParser, args, host: str, port: int, timeout: float):
+    """A TerraClient from the parsed `client_args` (p.error on a bad combination)."""
+    from terra_controller.client import TerraClient
+    from terra_controller.pki import PkiError
+
+    if not args.insecure and (args.pki is None or args.name is None):
+        p.error("give --pki DIR --name NAME (or --insecure)")
+    try:
+        return TerraClient(
+            host, port, pki=args.pki, name=args.name, insecure=args.insecure, timeout=timeout
+        )
+    except (PkiError, OSError) as exc:
+        p.error(str(exc))
+
+
+CTL_OPERANDS = {
+    "link-down": ("A", "B"),
+    "link-up": ("A", "B"),
+    "capacity": ("A", "B", "BYTES_PER_S"),
+    "list": (),
+    "status": ("COFLOW_ID",),
+    "cancel": ("COFLOW_ID",),
+}
+
+
+def ctl_main(argv: list[str]) -> int:
+    """`terra-controller ctl`: operator and job commands through the coflow API.
+
+    Returns:
+        0 on success, 1 when the controller refused or could not be reached.
+    """
+    p = argparse.ArgumentParser(
+        prog="terra-controller ctl",
+        description="Coflow API commands: link-down A B | link-up A B | capacity A B "
+        "BYTES_PER_S (operators) | list | status COFLOW_ID | cancel COFLOW_ID",
+    )
     p.add_argument("--api", type=parse_addr, default=("127.0.0.1", 6700))
-    p.add_argument("--token-file")
-    p.add_argument("command", choices=["link-down", "link-up", "capacity", "list", "status"])
+    client_args(p)
+    p.add_argument("command", choices=list(CTL_OPERANDS))
     p.add_argument("operands", nargs="*")
     args = p.parse_args(argv)
-    client = TerraClient(*args.api, token=read_token(args.token_file), timeout=5.0)
-    need = {"link-down": 2, "link-up": 2, "capacity": 3, "list": 0, "status": 1}[args.command]
-    if len(args.operands) != need:
-        p.error(f"{args.command} takes {need} operands")
+    need = CTL_OPERANDS[args.command]
+    if len(args.operands) != len(need):
+        p.error(f"{args.command} takes {' '.join(need) or 'no operands'}")
+    client = make_client(p, args, *args.api, timeout=5.0)
+    from terra_controller.client import TerraError
+
     ops = args.operands
     try:
         if args.command in ("link-down", "link-up"):
@@ -236,12 +301,47 @@ def ctl_main(argv: list[str]) -> int:
             result = {"changed": client.set_capacity(ops[0], ops[1], float(ops[2]))}
         elif args.command == "list":
             result = client.list_coflows()
+        elif args.command == "cancel":
+            client.cancel_coflow(int(ops[0]))
+            result = {"cancelled": int(ops[0])}
         else:
             result = client.check_status(int(ops[0]))
     except (TerraError, ConnectionError, ValueError) as exc:
         print(f"terra-controller ctl: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(result, indent=1))
+    return 0
+
+
+def pki_main(argv: list[str]) -> int:
+    """`terra-controller pki init DIR` / `pki issue DIR --role ROLE NAME` (see pki.py).
+
+    Returns:
+        0; prints the files written. Errors (existing CA, bad name) exit with status 2.
+    """
+    from terra_controller.pki import PkiError, Role, init_ca, issue
+
+    p = argparse.ArgumentParser(prog="terra-controller pki", description="make certificates")
+    sub = p.add_subparsers(dest="action", required=True)
+    init = sub.add_parser("init", help="create the CA and the controller's certificate")
+    init.add_argument("dir")
+    init.add_argument(
+        "--host", action="append", default=[], help="extra DNS name or IP for the controller"
+    )
+    new = sub.add_parser("issue", help="issue a certificate to an agent, job client or operator")
+    new.add_argument("dir")
+    new.add_argument("--role", required=True, choices=[r.value for r in Role if r != "controller"])
+    new.add_argument("name")
+    args = p.parse_args(argv)
+    try:
+        if args.action == "init":
+            written = init_ca(args.dir, args.host)
+        else:
+            written = issue(args.dir, args.role, args.name)
+    except PkiError as exc:
+        p.exit(2, f"terra-controller pki: {exc}\n")
+    for path in written:
+        print(path)
     return 0
 
 

@@ -4,23 +4,41 @@ Plain blocking sockets, one persistent TCP connection, the wire format of
 `terra_controller.api_server`. When the connection breaks the client
 reconnects (retrying until its timeout); when it finds a different controller
 instance (the controller restarted) it first resubmits every coflow it
-submitted that is not known to be done, under the same ids and with all flows
-added by updates, so the restarted controller can rebuild its state
+submitted that is not known to be finished, under the same ids, with all flows
+added by updates and with its age (seconds since its first submission, so its
+CCT still counts from then), so the restarted controller can rebuild its state
 (issue 4 item 6).
 
+A coflow ends in one of the final states "done", "failed" (a flow cannot run;
+the status's "reason" says why), "cancelled" (cancel_coflow) or "rejected";
+`wait` returns on any of them.
+
+The connection is mutual TLS: the client presents its own certificate (role
+"job", or "operator" for operator commands) from a PKI directory made by
+`terra-controller pki` and verifies the controller's. Plain TCP only with
+``insecure=True`` (a controller started with --insecure).
+
 Example:
-    c = TerraClient("127.0.0.1", 7000)
+    c = TerraClient("127.0.0.1", 7000, pki="pki/", name="job1")
     cid = c.submit_coflow([{"id": "f1", "src": "a1", "dst": "a2", "bytes": 10_000_000}])
     c.wait(cid, timeout=60)
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import secrets
 import socket
 import time
 
 from terra_controller.api_server import API_VERSION, pack_message, read_message
+from terra_controller.coflow_registry import FINAL_STATES
+from terra_controller.pki import client_context
+from terra_controller.transport import connect_tls
+
+LOG = logging.getLogger("terra.client")
+FINAL = frozenset(s.value for s in FINAL_STATES)  # the states wait() returns on
 
 
 class TerraError(Exception):
@@ -41,21 +59,43 @@ class TerraClient:
 
     Args:
         host, port: the controller's API address.
-        token: the shared token when the controller requires one.
+        pki: PKI directory holding ca.crt, NAME.crt and NAME.key.
+        name: this client's name (its certificate's).
+        insecure: plain TCP without certificates (a controller run with --insecure);
+            logs a warning.
         timeout: seconds to keep trying to (re)connect and to wait for a reply.
+
+    Raises (constructor):
+        ValueError: neither pki and name nor insecure=True given.
+        PkiError: a certificate file is missing; ssl.SSLError: unreadable.
 
     Raises (from every call):
         TerraError: the controller answered with an error.
         ConnectionError: no controller reachable within `timeout`.
     """
 
-    def __init__(self, host: str, port: int, token: str | None = None, timeout: float = 30.0):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        pki: str | os.PathLike | None = None,
+        name: str | None = None,
+        insecure: bool = False,
+        timeout: float = 30.0,
+    ):
         self.addr = (host, int(port))
-        self.token = token
+        if insecure:
+            LOG.warning("TerraClient: plain TCP to %s:%d, no authentication (insecure)", *self.addr)
+            self.context = None
+        elif pki is None or name is None:
+            raise ValueError("TerraClient needs pki=DIR and name=NAME (or insecure=True)")
+        else:
+            self.context = client_context(pki, name)
         self.timeout = timeout
         self.sock: socket.socket | None = None
         self.instance: str | None = None
-        # coflow id -> {"flows": [...], "deadline_at": monotonic s or None}; for resubmission
+        # coflow id -> {"flows": [...], "deadline_at": monotonic s or None, "submitted_at":
+        # monotonic s of the first submission}; coflows not known to be finished, for resubmission
         self.open: dict[int, dict] = {}
 
     # ---- API ----------------------------------------------------------------------------
@@ -74,22 +114,43 @@ class TerraClient:
         request = {"op": "submit", "flows": flows, "ref": secrets.token_hex(12)}
         if deadline is not None:
             request["deadline"] = deadline
+        submitted_at = time.monotonic()
         cid = self._call(request)["coflow"]
         if cid >= 0:
-            deadline_at = None if deadline is None else time.monotonic() + deadline
-            self.open[cid] = {"flows": list(flows), "deadline_at": deadline_at}
+            deadline_at = None if deadline is None else submitted_at + deadline
+            self.open[cid] = {
+                "flows": list(flows),
+                "deadline_at": deadline_at,
+                "submitted_at": submitted_at,
+            }
         return cid
 
     def check_status(self, coflow_id: int) -> dict:
         """checkStatus: state, bytes_total, bytes_delivered, cct_s, flows (per-flow progress).
 
         Returns:
-            the status map of `CoflowState.status` plus each flow's current "rate" (bytes/s).
+            the status map of `CoflowState.status` plus each flow's current "rate" (bytes/s):
+            {"id", "state", "reason" (why it failed / was cancelled, else None), "bytes_total",
+            "bytes_delivered", "cct_s" (s, None until done), "deadline_s", "flows": [...]}.
+
+        Raises:
+            TerraError("unknown_coflow"): no such coflow (or finished long ago and dropped).
         """
         status = self._call({"op": "status", "coflow": coflow_id})["status"]
-        if status["state"] == "done":
+        if status["state"] in FINAL:
             self.open.pop(coflow_id, None)
         return status
+
+    def cancel_coflow(self, coflow_id: int) -> None:
+        """cancelCoflow: stop an unfinished coflow for good; check_status then says
+        "cancelled" and its capacity goes to the other coflows in the next round.
+        Cancelling it again is harmless.
+
+        Raises:
+            TerraError: "coflow_done" (already done, failed or rejected), "unknown_coflow".
+        """
+        self._call({"op": "cancel", "coflow": coflow_id})
+        self.open.pop(coflow_id, None)
 
     def update_coflow(self, coflow_id: int, flows: list[dict]) -> None:
         """updateCoflow: add flows (same shape as submit_coflow's) to an unfinished coflow."""
@@ -100,18 +161,19 @@ class TerraClient:
             self.open[coflow_id]["flows"].extend(flows)
 
     def wait(self, coflow_id: int, timeout: float, poll_s: float = 0.05) -> dict:
-        """Poll check_status until the coflow is done.
+        """Poll check_status every `poll_s` seconds until the coflow is in a final state
+        (done, failed, cancelled or rejected: check "state", and "reason" when failed).
 
         Returns:
             the final status map.
 
         Raises:
-            TimeoutError: not done within `timeout` seconds.
+            TimeoutError: still unfinished after `timeout` seconds.
         """
         end = time.monotonic() + timeout
         while True:
             status = self.check_status(coflow_id)
-            if status["state"] in ("done", "rejected"):
+            if status["state"] in FINAL:
                 return status
             if time.monotonic() >= end:
                 raise TimeoutError(f"coflow {coflow_id} not done after {timeout} s: {status}")
@@ -136,6 +198,7 @@ class TerraClient:
     submitCoflow = submit_coflow  # noqa: N815 (the paper's names)
     checkStatus = check_status  # noqa: N815
     updateCoflow = update_coflow  # noqa: N815
+    cancelCoflow = cancel_coflow  # noqa: N815
 
     def close(self) -> None:
         """Close the connection (the next call reconnects)."""
@@ -174,8 +237,6 @@ class TerraClient:
 
     def _roundtrip(self, request: dict) -> dict:
         message = dict(request, v=API_VERSION)
-        if self.token is not None:
-            message["token"] = self.token
         self.sock.sendall(pack_message(message))
         reply = read_message(self.sock, frame_timeout=self.timeout)
         if reply is None:
@@ -186,9 +247,7 @@ class TerraClient:
         """Connect if needed; on a new connection say hello and resubmit after a restart."""
         if self.sock is not None:
             return
-        sock = socket.create_connection(self.addr, timeout=self.timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock = sock
+        self.sock = connect_tls(*self.addr, self.context, self.timeout)
         instance = self._roundtrip({"op": "hello"}).get("instance")
         if self.instance is not None and instance != self.instance:
             self._resubmit()
@@ -197,13 +256,16 @@ class TerraClient:
     def _resubmit(self) -> None:
         """A new controller instance answered: resubmit open coflows under their ids.
 
-        Agents may not have re-registered yet, so "unknown_agent" is retried until
-        the client's timeout; a coflow refused for any other reason is forgotten.
+        Each carries "age_s", the seconds since its first submission, so the new
+        controller counts its CCT from then. Agents may not have re-registered yet, so
+        "unknown_agent" is retried until the client's timeout; a coflow refused for any
+        other reason is forgotten.
         """
         for cid, info in sorted(self.open.items()):
             end = time.monotonic() + self.timeout
             while True:
-                request = {"op": "submit", "coflow": cid, "flows": info["flows"]}
+                age = max(0.0, time.monotonic() - info["submitted_at"])
+                request = {"op": "submit", "coflow": cid, "flows": info["flows"], "age_s": age}
                 if info["deadline_at"] is not None:
                     request["deadline"] = max(info["deadline_at"] - time.monotonic(), 1e-3)
                 reply = self._roundtrip(request)

@@ -2,25 +2,75 @@
 
 The registry is the controller's truth about what job masters submitted
 (DESIGN.md sections 4.3 and 6): coflow ids, flows with their agent endpoints
-mapped to DCs, per-flow bytes total and delivered, coflow states (queued,
-running, preempted, done, rejected) and CCTs. Every request is validated in
-full before anything changes: a bad request raises `RegistryError` and leaves
-the registry exactly as it was.
+mapped to DCs, per-flow bytes total and delivered, coflow states
+(`CoflowStatus`: queued, running, preempted, done, rejected, failed, cancelled),
+flow states (`FlowStatus`) and CCTs. Every request is validated in full before
+anything changes: a bad request raises `RegistryError` and leaves the registry
+exactly as it was.
+
+Finished coflows (done, failed, cancelled) are kept for status requests until
+`prune_finished` drops the oldest beyond a count or an age; a status request
+for a dropped coflow then answers "unknown_coflow".
 
 Times are seconds on the controller's clock (whatever `now` the caller passes).
 """
 
 from __future__ import annotations
 
+import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from workloads import Coflow, Flow
 
-STATES = ("queued", "running", "preempted", "done", "rejected")
+
+class CoflowStatus(StrEnum):
+    """A coflow's state; the value is the string on the wire, in REST and in metrics.
+
+    queued / running / preempted: active (the policy's view after each round).
+    done: every WAN flow delivered. rejected: its deadline could not be met at submission.
+    failed: a flow cannot run (source or sink error, digest mismatch after the allowed
+    re-transfers), an endpoint agent was gone too long, or its deadline passed unfinished
+    (CoflowState.reason says which). cancelled: the job master cancelled it.
+    """
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    DONE = "done"
+    REJECTED = "rejected"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def final(self) -> bool:
+        """True for done, rejected, failed and cancelled (the state never changes again)."""
+        return self in FINAL_STATES
+
+
+class FlowStatus(StrEnum):
+    """A flow's state (same words as CoflowStatus): queued (nothing acknowledged yet),
+    running (bytes acknowledged), done, failed (FlowState.reason says why), cancelled
+    (its coflow was cancelled, or failed because of another flow)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+FINAL_STATES = frozenset(
+    {CoflowStatus.DONE, CoflowStatus.REJECTED, CoflowStatus.FAILED, CoflowStatus.CANCELLED}
+)
+STATES = tuple(s.value for s in CoflowStatus)
+MAX_COFLOW_ID = 2**63 - 1  # coflow ids are 0..2**63-1 (int64 everywhere: msgpack, REST, logs)
+MAX_REASON_CHARS = 1024  # failure reasons kept (longer ones are cut)
 MAX_FLOW_BYTES = 1 << 50  # 1 PiB: far above any real flow, below float rounding trouble
 MAX_FLOWS_PER_REQUEST = 1_000_000
 MAX_ID_CHARS = 256
-MAX_PATH_CHARS = 4096  # src_path / dst_path
+MAX_PATH_CHARS = 1024  # src_path / dst_path (relative to the agent's --data-root)
 
 
 class RegistryError(ValueError):
@@ -28,7 +78,8 @@ class RegistryError(ValueError):
 
     Attributes:
         code: short machine-readable reason ("unknown_coflow", "unknown_agent",
-            "duplicate_flow", "bad_size", "bad_request", "coflow_done").
+            "duplicate_flow", "bad_size", "bad_request", "coflow_done" (the coflow is
+            already done, failed, cancelled or rejected)).
     """
 
     def __init__(self, code: str, message: str) -> None:
@@ -53,9 +104,14 @@ class FlowState:
         id: flow id (unique within the coflow).
         src_agent, dst_agent: agent ids; src_dc, dst_dc: their DCs.
         bytes: size in bytes (> 0). delivered: bytes acknowledged by the receiver.
-        done: completion reported (or intra-DC flow of a finished coflow).
+        state: FlowStatus; `done` is state == done (completion reported, or an intra-DC
+            flow of a finished coflow).
         digest: the receiver's digest (hex) once done.
-        src_path, dst_path: optional file paths at the sender / receiver agent.
+        reason: why the flow failed / was cancelled (None otherwise).
+        restarts: times the flow was restarted from byte 0 after a digest mismatch (the
+            flow descriptors' "attempt").
+        src_path, dst_path: optional file paths at the sender / receiver agent, relative to
+            that agent's data root (terra-agent --data-root); see check_path.
     """
 
     id: str
@@ -65,10 +121,17 @@ class FlowState:
     dst_dc: str
     bytes: int
     delivered: int = 0
-    done: bool = False
+    state: FlowStatus = FlowStatus.QUEUED
     digest: str | None = None
     src_path: str | None = None
     dst_path: str | None = None
+    reason: str | None = None
+    restarts: int = 0
+
+    @property
+    def done(self) -> bool:
+        """True once the flow is done (all bytes delivered, digest matched)."""
+        return self.state is FlowStatus.DONE
 
     @property
     def intra_dc(self) -> bool:
@@ -81,7 +144,11 @@ class FlowState:
         return 0 if self.done else max(0, self.bytes - self.delivered)
 
     def to_dict(self) -> dict:
-        """Return the flow's progress as a plain dict (for status replies and REST)."""
+        """Return the flow's progress as a plain dict (for status replies and REST).
+
+        Shape: {"id", "src", "dst", "src_dc", "dst_dc", "bytes", "delivered", "done",
+        "digest", "state" (FlowStatus value), "reason" (str or None), "restarts"}.
+        """
         return {
             "id": self.id,
             "src": self.src_agent,
@@ -92,6 +159,9 @@ class FlowState:
             "delivered": self.bytes if self.done else self.delivered,
             "done": self.done,
             "digest": self.digest,
+            "state": self.state.value,
+            "reason": self.reason,
+            "restarts": self.restarts,
         }
 
 
@@ -100,18 +170,24 @@ class CoflowState:
     """One coflow as the controller tracks it.
 
     Attributes:
-        id: integer coflow id (>= 0). submitted_s: submission time (s, controller clock).
-        deadline_s: deadline relative to submission (s) or None.
+        id: integer coflow id (0..MAX_COFLOW_ID). submitted_s: arrival time (s, controller
+            clock; a resubmission after a controller restart keeps its first submission's,
+            so it may be negative).
+        deadline_s: deadline relative to submitted_s (s) or None.
         flows: flow id -> FlowState, in submission order.
-        state: one of STATES. finished_s: time the last WAN byte was delivered.
+        state: a CoflowStatus. finished_s: time the last WAN byte was delivered (done only).
+        reason: why the coflow failed or was cancelled (None otherwise).
+        ended_s: time it reached a final state (done, failed, cancelled), else None.
     """
 
     id: int
     submitted_s: float
     deadline_s: float | None = None
     flows: dict[str, FlowState] = field(default_factory=dict)
-    state: str = "queued"
+    state: CoflowStatus = CoflowStatus.QUEUED
     finished_s: float | None = None
+    reason: str | None = None
+    ended_s: float | None = None
 
     @property
     def cct_s(self) -> float | None:
@@ -136,13 +212,14 @@ class CoflowState:
     def status(self) -> dict:
         """Return the status map checkStatus answers (DESIGN.md section 6).
 
-        Shape: {"id", "state", "bytes_total", "bytes_delivered", "cct_s" (None until done),
-        "deadline_s", "flows": [{"id","src","dst","src_dc","dst_dc","bytes","delivered",
-        "done","digest"}]}.
+        Shape: {"id", "state" (CoflowStatus value), "reason" (why it failed / was cancelled,
+        else None), "bytes_total", "bytes_delivered", "cct_s" (None until done), "deadline_s",
+        "flows": [FlowState.to_dict()]}.
         """
         return {
             "id": self.id,
-            "state": self.state,
+            "state": self.state.value,
+            "reason": self.reason,
             "bytes_total": self.bytes_total,
             "bytes_delivered": self.bytes_delivered,
             "cct_s": self.cct_s,
@@ -173,7 +250,12 @@ class CoflowRegistry:
         dcs: DC names of the topology (agents must register in one of them).
 
     Coflow ids are integers assigned in submission order from 0 (a resubmission
-    after a controller restart may ask for its old id).
+    after a controller restart may ask for its old id), at most MAX_COFLOW_ID.
+
+    Attributes:
+        agents: {agent id: AgentInfo}. coflows: {coflow id: CoflowState}, active and
+            finished ones still kept. finished: ids of finished coflows, oldest end first.
+        dropped: {final state value: finished coflows dropped by prune_finished}.
     """
 
     def __init__(self, dcs: list[str]) -> None:
@@ -184,6 +266,9 @@ class CoflowRegistry:
         # {coflow id: {flow id: bytes left}} of unfinished WAN flows with bytes left,
         # kept up to date by every change so that `remaining` is a cheap copy.
         self._left: dict[int, dict[str, float]] = {}
+        self._open: dict[int, CoflowState] = {}  # coflows not in a final state
+        self.finished: OrderedDict[int, None] = OrderedDict()
+        self.dropped: dict[str, int] = {s.value: 0 for s in FINAL_STATES}
 
     # ---- agents -------------------------------------------------------------------------
 
@@ -191,13 +276,16 @@ class CoflowRegistry:
         """Record (or re-record) an agent in a DC.
 
         Raises:
-            RegistryError("bad_request"): empty/non-string id or address, or unknown DC.
+            RegistryError("bad_request"): empty/non-string id or address, an id or address
+                longer than MAX_ID_CHARS, or unknown DC.
         """
         agent_id = check_id(agent_id, "agent")
         if not isinstance(dc, str) or dc not in self.dcs:
             raise RegistryError("bad_request", f"agent {agent_id}: unknown DC {dc!r}")
-        if not isinstance(data_addr, str):
-            raise RegistryError("bad_request", f"agent {agent_id}: data_addr must be a string")
+        if not isinstance(data_addr, str) or len(data_addr) > MAX_ID_CHARS:
+            raise RegistryError(
+                "bad_request", f"agent {agent_id}: data_addr must be a string of <= 256 chars"
+            )
         info = AgentInfo(agent_id, dc, data_addr)
         self.agents[agent_id] = info
         return info
@@ -209,11 +297,13 @@ class CoflowRegistry:
 
         Args:
             flows: list of {"id": str|int, "src": agent id, "dst": agent id, "bytes": int > 0,
-                "src_path"?: str, "dst_path"?: str}.
+                "src_path"?: str, "dst_path"?: str} (paths relative to the agents' data
+                roots, checked by check_path).
             existing: flows already in the coflow (ids must not repeat them).
 
         Raises:
-            RegistryError: "bad_request" (not a list, empty, not a map, bad field types),
+            RegistryError: "bad_request" (not a list, empty, not a map, bad field types, a
+                bad src_path / dst_path),
                 "duplicate_flow", "unknown_agent", "bad_size".
         """
         if not isinstance(flows, list) or not flows:
@@ -248,16 +338,9 @@ class CoflowRegistry:
             raise RegistryError("bad_size", f"{where}.bytes: must be an integer, got {size!r}")
         if not 0 < size <= MAX_FLOW_BYTES:
             raise RegistryError("bad_size", f"{where}.bytes: must be in 1..2**50, got {size}")
-        paths = {}
-        for key in ("src_path", "dst_path"):
-            value = item.get(key)
-            if value is not None and (
-                not isinstance(value, str) or not 0 < len(value) <= MAX_PATH_CHARS
-            ):
-                raise RegistryError(
-                    "bad_request", f"{where}.{key}: must be a string of 1..{MAX_PATH_CHARS} chars"
-                )
-            paths[key] = value
+        paths = {
+            key: check_path(item.get(key), f"{where}.{key}") for key in ("src_path", "dst_path")
+        }
         src, dst = ends
         return FlowState(fid, src.id, dst.id, src.dc, dst.dc, size, **paths)
 
@@ -268,26 +351,39 @@ class CoflowRegistry:
 
         Args:
             deadline_s: seconds relative to `now`, > 0, or None.
+            now: the coflow's arrival time (s, controller clock; earlier than the current
+                time for a resubmission that keeps its first submission's arrival).
             coflow_id: ask for a specific id (resubmission after a controller restart).
 
         Returns:
             the new CoflowState (state "queued").
 
         Raises:
-            RegistryError("bad_request"): bad deadline, or the requested id is in use / invalid.
+            RegistryError("bad_request"): bad deadline, or the requested id is in use / not
+                an integer in 0..MAX_COFLOW_ID, or no id is left.
         """
         deadline_s = check_deadline(deadline_s)
         if coflow_id is None:
-            coflow_id = self.next_id
-        elif isinstance(coflow_id, bool) or not isinstance(coflow_id, int) or coflow_id < 0:
-            raise RegistryError("bad_request", f"coflow id must be an integer >= 0: {coflow_id!r}")
-        elif coflow_id in self.coflows:
+            coflow_id = self.new_id()
+        check_coflow_id(coflow_id)
+        if coflow_id in self.coflows:
             raise RegistryError("bad_request", f"coflow id {coflow_id} is in use")
         coflow = CoflowState(coflow_id, now, deadline_s, {f.id: f for f in flows})
         self.coflows[coflow_id] = coflow
+        self._open[coflow_id] = coflow
         self._track(coflow, flows)
         self.next_id = max(self.next_id, coflow_id + 1)
         return coflow
+
+    def new_id(self) -> int:
+        """The id a new coflow gets: `next_id`, or, once a resubmission asked for
+        MAX_COFLOW_ID, the lowest id not in use (ids never run out)."""
+        if self.next_id <= MAX_COFLOW_ID:
+            return self.next_id
+        cid = 0
+        while cid in self.coflows:
+            cid += 1
+        return cid
 
     def get(self, coflow_id: object) -> CoflowState:
         """Return a coflow by id.
@@ -306,10 +402,10 @@ class CoflowRegistry:
         """Append parsed flows to an unfinished coflow (updateCoflow).
 
         Raises:
-            RegistryError("coflow_done"): the coflow already finished.
+            RegistryError("coflow_done"): the coflow already finished (done, failed, ...).
             RegistryError("duplicate_flow"): a flow id already in the coflow.
         """
-        if coflow.state == "done":
+        if coflow.state.final:
             raise RegistryError("coflow_done", f"coflow {coflow.id} already finished")
         for f in flows:
             if f.id in coflow.flows:
@@ -358,7 +454,11 @@ class CoflowRegistry:
         flow = self.flow(coflow_id, flow_id)
         if isinstance(acked, bool) or not isinstance(acked, int) or not 0 <= acked <= flow.bytes:
             raise RegistryError("bad_request", f"flow {flow.id}: bad acked offset {acked!r}")
+        if flow.state is not FlowStatus.QUEUED and flow.state is not FlowStatus.RUNNING:
+            return flow  # done, failed or cancelled: a late report changes nothing
         flow.delivered = max(flow.delivered, acked)
+        if flow.delivered > 0:
+            flow.state = FlowStatus.RUNNING
         self._untrack(int(coflow_id), flow)
         return flow
 
@@ -368,17 +468,19 @@ class CoflowRegistry:
         """Mark a flow done; mark its coflow done (with `finished_s = now`) when its WAN part is.
 
         Returns:
-            the flow's coflow (check `.state == "done"`).
+            the flow's coflow (check `.state is CoflowStatus.DONE`).
 
         Raises:
             RegistryError: unknown coflow/flow.
         """
         flow = self.flow(coflow_id, flow_id)
-        flow.done = True
+        coflow = self.get(coflow_id)
+        if coflow.state.final:
+            return coflow  # failed / cancelled meanwhile: a late completion changes nothing
+        flow.state = FlowStatus.DONE
         flow.delivered = flow.bytes
         flow.digest = digest if isinstance(digest, str) else None
         self._untrack(int(coflow_id), flow)
-        coflow = self.get(coflow_id)
         self.finish_if_done(coflow, now)
         return coflow
 
@@ -388,20 +490,120 @@ class CoflowRegistry:
         Returns:
             True when the coflow became done by this call.
         """
-        if coflow.state in ("done", "rejected") or not coflow.wan_done:
+        if coflow.state.final or not coflow.wan_done:
             return False
         for f in coflow.flows.values():
             if f.intra_dc:
-                f.done = True
+                f.state = FlowStatus.DONE
                 f.delivered = f.bytes
-        coflow.state = "done"
+        coflow.state = CoflowStatus.DONE
         self._left.pop(coflow.id, None)
         coflow.finished_s = now
+        self._ended(coflow, now)
         return True
 
+    def end(
+        self,
+        coflow: CoflowState,
+        state: CoflowStatus,
+        reason: str,
+        now: float,
+        culprit: FlowState | None = None,
+    ) -> list[FlowState]:
+        """Put an unfinished coflow in a final state other than done (failed or cancelled).
+
+        Every flow not done becomes failed (`culprit`, the flow that could not run, with
+        `reason`) or cancelled (the others, and all of them for a cancelled coflow); the
+        coflow no longer appears in `remaining`.
+
+        Args:
+            state: CoflowStatus.FAILED or CoflowStatus.CANCELLED.
+            reason: why (kept, cut to MAX_REASON_CHARS characters).
+            now: seconds, controller clock (ended_s).
+
+        Returns:
+            the WAN flows that were not done (their agents are told to drop them).
+
+        Raises:
+            ValueError: `state` is not failed/cancelled, or the coflow is already final.
+        """
+        if state not in (CoflowStatus.FAILED, CoflowStatus.CANCELLED) or coflow.state.final:
+            raise ValueError(f"coflow {coflow.id}: cannot go from {coflow.state} to {state}")
+        reason = reason[:MAX_REASON_CHARS]
+        unfinished = []
+        for f in coflow.flows.values():
+            if f.done:
+                continue
+            if not f.intra_dc:
+                unfinished.append(f)
+            if f is culprit:
+                f.state, f.reason = FlowStatus.FAILED, reason
+            else:
+                f.state = FlowStatus.CANCELLED
+                f.reason = f.reason or f"coflow {state.value}: {reason}"
+        coflow.state, coflow.reason = state, reason
+        self._left.pop(coflow.id, None)
+        self._ended(coflow, now)
+        return unfinished
+
+    def restart_flow(self, coflow: CoflowState, flow: FlowState) -> None:
+        """Start an unfinished flow again from byte 0 (after a digest mismatch): delivered
+        goes back to 0, restarts grows by one and the flow's bytes are scheduled again.
+
+        Raises:
+            ValueError: the flow is done, failed or cancelled, or its coflow is final.
+        """
+        if coflow.state.final or flow.state not in (FlowStatus.QUEUED, FlowStatus.RUNNING):
+            raise ValueError(f"flow {coflow.id}/{flow.id} cannot restart ({flow.state})")
+        flow.delivered = 0
+        flow.state = FlowStatus.QUEUED
+        flow.restarts += 1
+        self._track(coflow, [flow])
+
+    def _ended(self, coflow: CoflowState, now: float) -> None:
+        coflow.ended_s = now
+        self._open.pop(coflow.id, None)
+        self.finished[coflow.id] = None
+
+    def prune_finished(
+        self, now: float, keep: int | None, keep_s: float | None = None
+    ) -> list[CoflowState]:
+        """Forget the oldest finished coflows beyond `keep` of them or older than `keep_s`.
+
+        Args:
+            now: seconds, controller clock.
+            keep: finished coflows kept at most (None: no count bound).
+            keep_s: seconds a finished coflow is kept after it ended (None: no age bound).
+
+        Returns:
+            the dropped coflows (counted in `dropped` per final state); status requests
+            for them answer "unknown_coflow" from now on.
+        """
+        out = []
+        while self.finished:
+            cid = next(iter(self.finished))
+            coflow = self.coflows.get(cid)
+            too_many = keep is not None and len(self.finished) > keep
+            too_old = (
+                keep_s is not None
+                and coflow is not None
+                and coflow.ended_s is not None
+                and now - coflow.ended_s > keep_s
+            )
+            if coflow is not None and not too_many and not too_old:
+                break
+            del self.finished[cid]
+            if coflow is None:
+                continue
+            del self.coflows[cid]
+            self._left.pop(cid, None)
+            self.dropped[coflow.state.value] = self.dropped.get(coflow.state.value, 0) + 1
+            out.append(coflow)
+        return out
+
     def active(self) -> list[CoflowState]:
-        """Coflows that are not done (in id order)."""
-        return [c for c in self.coflows.values() if c.state not in ("done", "rejected")]
+        """Coflows not in a final state (in submission order)."""
+        return list(self._open.values())
 
     def remaining(self, connected=None) -> dict[str, dict[str, float]]:
         """Return the policy's Remaining map: {str(coflow id): {flow id: bytes}}, WAN flows only.
@@ -438,6 +640,59 @@ def check_id(value: object, where: str) -> str:
     if not text or len(text) > MAX_ID_CHARS:
         raise RegistryError("bad_request", f"{where}: id must have 1..{MAX_ID_CHARS} characters")
     return text
+
+
+def check_path(value: object, where: str) -> str | None:
+    """Return a flow's src_path / dst_path (None when absent) after checking its shape.
+
+    A path names a file relative to an agent's data root (terra-agent --data-root), which the
+    agent resolves and keeps inside the root; here only its shape is checked.
+
+    Raises:
+        RegistryError("bad_request"): not a string, empty, longer than MAX_PATH_CHARS
+            characters, a NUL byte, absolute (leading "/"), or a ".." component.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_PATH_CHARS:
+        raise RegistryError(
+            "bad_request", f"{where}: must be a string of 1..{MAX_PATH_CHARS} chars"
+        )
+    if "\0" in value:
+        raise RegistryError("bad_request", f"{where}: must not contain a NUL byte")
+    if value.startswith("/"):
+        raise RegistryError(
+            "bad_request", f"{where}: must be relative to the agent's data root, got {value!r}"
+        )
+    if ".." in value.split("/"):
+        raise RegistryError("bad_request", f"{where}: must not have a '..' component")
+    return value
+
+
+def check_coflow_id(value: object) -> int:
+    """Return a coflow id: an integer (not a bool) in 0..MAX_COFLOW_ID.
+
+    Raises:
+        RegistryError("bad_request"): anything else.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COFLOW_ID:
+        raise RegistryError(
+            "bad_request", f"coflow id must be an integer in 0..2**63-1, got {value!r}"
+        )
+    return value
+
+
+def check_age(value: object) -> float:
+    """Return a resubmitted coflow's age: seconds since its first submission (>= 0, finite).
+
+    Raises:
+        RegistryError("bad_request"): not a finite number >= 0.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RegistryError("bad_request", f"age_s must be seconds (a number), got {value!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise RegistryError("bad_request", f"age_s must be finite and >= 0, got {value!r}")
+    return float(value)
 
 
 def check_deadline(value: object) -> float | None:

@@ -8,6 +8,15 @@ finish, coflow finish, link down/up, capacity change beyond δ) asks for a
 scheduling round; `RoundRunner` runs asked-for rounds at once, coalescing
 bursts, and hands the new per-flow rates to whoever listens (the agent channel).
 
+A coflow that cannot finish leaves the schedule at once: a flow its agents cannot
+run (`fail_flow`: source or sink error, digest mismatch after `max_restarts`
+re-transfers), an endpoint agent disconnected longer than `agent_timeout_s`, or
+a deadline passed unfinished (both found by `check_timeouts`, which RoundRunner
+runs every `tick_s`) make it failed; `cancel` makes it cancelled. Either way the
+policy forgets it, its rates are dropped, a round is asked for (its capacity goes
+to the others in that round) and the `on_drop` listeners (the agent channel:
+"drop" to both endpoints) learn which flows to forget.
+
 Units: bytes, bytes/s, seconds on the controller clock (monotonic, from start).
 """
 
@@ -22,8 +31,12 @@ from collections.abc import Callable
 from terra_controller.coflow_registry import (
     CoflowRegistry,
     CoflowState,
+    CoflowStatus,
     FlowState,
+    FlowStatus,
     RegistryError,
+    check_age,
+    check_coflow_id,
     check_deadline,
     to_policy_flow,
 )
@@ -35,6 +48,11 @@ LOG = logging.getLogger("terra.controller")
 # {coflow id (int): {flow id: [(path, bytes/s), ...]}} after the split among agent pairs.
 FlowRates = dict[int, dict[str, list[tuple[Path, float]]]]
 
+AGENT_TIMEOUT_S = 60.0  # an endpoint agent disconnected this long fails its unfinished coflows
+KEEP_FINISHED = 10_000  # finished coflows kept for status requests (the oldest are dropped)
+MAX_RESTARTS = 3  # re-transfers of a flow from byte 0 after digest mismatches before it fails
+STATS_KEPT = 1000  # entries of stats["round_ms"] / stats["allocate_ms"]
+
 
 class Controller:
     """Coflow API semantics, progress bookkeeping and scheduling rounds.
@@ -43,21 +61,47 @@ class Controller:
         topology: the WAN view (mutated on link events).
         policy: a Policy over the same `topology` object.
         clock: returns seconds (monotonic); defaults to time.monotonic.
+        agent_timeout_s: seconds an endpoint agent may stay disconnected before the
+            coflows with unfinished flows it is an endpoint of fail (> 0).
+        keep_finished: finished (done, failed, cancelled) coflows kept in memory for status
+            requests; beyond it the oldest are dropped (None: no count bound).
+        keep_finished_s: seconds a finished coflow is kept (None: no age bound).
+        max_restarts: re-transfers from byte 0 a flow gets after digest mismatches before
+            it fails (>= 0).
 
     Attributes:
         registry: the CoflowRegistry. rates: FlowRates of the last round.
-        stats: {"rounds": int, "round_ms": [wall ms of the last 1000 rounds: allocate,
+        stats: {"rounds": int, "round_ms": [wall ms of the last STATS_KEPT rounds: allocate,
             split among agent pairs, states], "allocate_ms": [the policy.allocate part],
-            "last_round_ms": float, "rejected": int}.
+            "last_round_ms": float, "rejected": int, "failed": int, "cancelled": int,
+            "restarts": int (flows restarted after a digest mismatch),
+            "dropped_finished": {final state: finished coflows dropped from memory},
+            "dropped_bytes_delivered": int (bytes delivered of the dropped coflows)}.
         wan_event_at: time.monotonic() of the WAN event the next round answers (or None).
         on_rates: callbacks called with (FlowRates, changed_wan: bool) after each round,
             outside the lock.
         on_flows: callbacks called with (coflow, new flows) on submit and update, inside
             the lock (they must only queue work).
+        on_drop: callbacks called with (coflow, flows, restart: bool) inside the lock when
+            agents must forget those flows: the coflow failed or was cancelled (restart
+            False), or one flow restarts from byte 0 (restart True: the listener also sends
+            the flow's descriptor again, attempt = flow.restarts, receiver first).
+        on_tick: callbacks called with no arguments at the end of every `check_timeouts`,
+            outside the lock (the agent channel's deferred sends).
+        connected_agents: None, or a callable returning the ids of the agents connected now
+            (set by the agent channel); without it agents are never timed out.
+        agent_gone_since: {agent id: controller time it was first seen disconnected}.
     """
 
     def __init__(
-        self, topology: Topology, policy: Policy, clock: Callable[[], float] | None = None
+        self,
+        topology: Topology,
+        policy: Policy,
+        clock: Callable[[], float] | None = None,
+        agent_timeout_s: float = AGENT_TIMEOUT_S,
+        keep_finished: int | None = KEEP_FINISHED,
+        keep_finished_s: float | None = None,
+        max_restarts: int = MAX_RESTARTS,
     ):
         self.topology = topology
         self.policy = policy
@@ -67,16 +111,29 @@ class Controller:
         self.lock = threading.RLock()
         self.rates: FlowRates = {}
         self.allocation: Allocation = {}
+        self.agent_timeout_s = agent_timeout_s
+        self.keep_finished = keep_finished
+        self.keep_finished_s = keep_finished_s
+        self.max_restarts = max_restarts
         self.stats = {
             "rounds": 0,
             "round_ms": [],
             "allocate_ms": [],
             "last_round_ms": 0.0,
             "rejected": 0,
+            "failed": 0,
+            "cancelled": 0,
+            "restarts": 0,
+            "dropped_finished": self.registry.dropped,
+            "dropped_bytes_delivered": 0,
         }
         self.wan_event_at: float | None = None
         self.on_rates: list[Callable[[FlowRates, bool], None]] = []
         self.on_flows: list[Callable[[CoflowState, list[FlowState]], None]] = []
+        self.on_drop: list[Callable[[CoflowState, list[FlowState], bool], None]] = []
+        self.on_tick: list[Callable[[], None]] = []
+        self.connected_agents: Callable[[], object] | None = None
+        self.agent_gone_since: dict[str, float] = {}
         self.round_wanted = threading.Event()
         self.wan_dirty = False
         self.started_wall = time.time()
@@ -95,44 +152,59 @@ class Controller:
 
     # ---- coflow API ---------------------------------------------------------------------
 
-    def submit(self, flows: object, deadline: object = None, coflow_id: object = None) -> int:
+    def submit(
+        self,
+        flows: object,
+        deadline: object = None,
+        coflow_id: object = None,
+        age_s: object = None,
+    ) -> int:
         """submitCoflow: validate, admit and store a coflow; ask for a round.
 
         Args:
             flows: [{"id", "src", "dst", "bytes", "src_path"?, "dst_path"?}] with agent ids.
             deadline: seconds from now (> 0) or None.
-            coflow_id: requested id (a client resubmitting after a controller restart).
+            coflow_id: requested id (a client resubmitting after a controller restart),
+                an integer in 0..2**63-1.
+            age_s: seconds since the coflow was first submitted (a resubmission after a
+                controller restart): its arrival time, hence its CCT, counts from then
+                (arrival = now - age_s) and its deadline stays `deadline` s from now.
 
         Returns:
             the coflow id (>= 0), or -1 when the deadline cannot be met (DESIGN.md 4.3).
 
         Raises:
-            RegistryError: invalid request; nothing changed.
+            RegistryError: invalid request ("bad_request": bad id, age_s not a finite
+                number >= 0, bad deadline; see parse_flows for the rest); nothing changed.
         """
         with self.lock:
             reg = self.registry
             parsed = reg.parse_flows(flows)
             deadline_s = check_deadline(deadline)
+            age = 0.0 if age_s is None else check_age(age_s)
             if coflow_id is not None:
-                if isinstance(coflow_id, bool) or not isinstance(coflow_id, int) or coflow_id < 0:
-                    raise RegistryError("bad_request", f"bad coflow id {coflow_id!r}")
+                check_coflow_id(coflow_id)
                 if coflow_id in reg.coflows:
                     return self._resubmitted(reg.coflows[coflow_id], parsed)
-            cid = reg.next_id if coflow_id is None else coflow_id
+            cid = reg.new_id() if coflow_id is None else coflow_id
             now = self.now()
-            probe = CoflowState(cid, now, deadline_s, {f.id: f for f in parsed})
+            arrival = now - age
+            if deadline_s is not None:
+                deadline_s += age  # relative to the arrival: still `deadline` s from now
+            probe = CoflowState(cid, arrival, deadline_s, {f.id: f for f in parsed})
             if not probe.wan_done:  # it has WAN flows: the policy decides
                 try:
                     admitted = self.policy.add_coflow(probe.to_policy_coflow(), now)
                 except ValueError as exc:
                     raise RegistryError("no_path", f"coflow cannot be routed: {exc}") from exc
                 if not admitted:  # burn the id: the policy may remember the rejected coflow
-                    if coflow_id is None:
-                        reg.next_id += 1
+                    if coflow_id is None and reg.next_id <= cid:
+                        reg.next_id = cid + 1
                     self.stats["rejected"] += 1
                     return -1
-            coflow = reg.submit(parsed, deadline_s, now, cid)
+            coflow = reg.submit(parsed, deadline_s, arrival, cid)
             if reg.finish_if_done(coflow, now):
+                self._prune(now)
                 return cid
             self._announce(coflow, parsed)
             self.want_round()
@@ -161,8 +233,8 @@ class Controller:
         """
         with self.lock:
             coflow = self.registry.get(coflow_id)
-            if coflow.state in ("done", "rejected"):
-                raise RegistryError("coflow_done", f"coflow {coflow.id} already finished")
+            if coflow.state.final:
+                raise RegistryError("coflow_done", f"coflow {coflow.id} already {coflow.state}")
             parsed = self.registry.parse_flows(flows, existing=coflow.flows)
             wan = [to_policy_flow(f) for f in parsed if not f.intra_dc]
             if wan:
@@ -176,6 +248,170 @@ class Controller:
             self.registry.add_flows(coflow, parsed)
             self._announce(coflow, parsed)
             self.want_round()
+
+    def cancel(self, coflow_id: object) -> dict:
+        """cancelCoflow: stop an unfinished coflow for good (state "cancelled").
+
+        The policy forgets it, its rates are dropped and a round is asked for (its capacity
+        goes to the other coflows in that round); its agents are told to drop its flows.
+        Cancelling a cancelled coflow again changes nothing.
+
+        Returns:
+            the coflow's status map (see `status`).
+
+        Raises:
+            RegistryError("unknown_coflow"): no such coflow (or dropped from memory).
+            RegistryError("coflow_done"): it is already done, failed or rejected.
+        """
+        with self.lock:
+            coflow = self.registry.get(coflow_id)
+            if coflow.state is not CoflowStatus.CANCELLED:
+                if coflow.state.final:
+                    raise RegistryError(
+                        "coflow_done", f"coflow {coflow.id} already {coflow.state.value}"
+                    )
+                self._end(coflow, CoflowStatus.CANCELLED, "cancelled by the job master")
+            out = coflow.status()  # (it may be dropped from memory already: keep_finished)
+            for f in out["flows"]:
+                f["rate"] = 0.0
+            return out
+
+    def fail_flow(
+        self,
+        coflow_id: object,
+        flow_id: object,
+        reason: str,
+        retry: bool = False,
+        attempt: int | None = None,
+    ) -> str:
+        """A flow cannot run (an agent's report): fail it and its coflow, or restart it.
+
+        Args:
+            reason: what the agent said (kept as the flow's and the coflow's reason).
+            retry: the flow may be transferred again from byte 0 (a digest mismatch at the
+                receiver): it is, up to `max_restarts` times; after that it fails.
+            attempt: the flow's attempt the report is about (None: the current one); a
+                report about an earlier attempt is ignored.
+
+        Returns:
+            "restarted" (agents get "drop" then the flow's descriptor again, attempt + 1),
+            "failed" (the flow and its coflow are failed now), or "ignored" (the flow is
+            done or its coflow already final: a late or repeated report).
+
+        Raises:
+            RegistryError: unknown coflow or flow.
+        """
+        with self.lock:
+            flow = self.registry.flow(coflow_id, flow_id)
+            coflow = self.registry.get(coflow_id)
+            if coflow.state.final or flow.state not in (FlowStatus.QUEUED, FlowStatus.RUNNING):
+                return "ignored"
+            if attempt is not None and attempt != flow.restarts:
+                return "ignored"  # about an attempt before the flow's last restart
+            text = str(reason)
+            if retry:
+                if flow.restarts < self.max_restarts:
+                    self.registry.restart_flow(coflow, flow)
+                    self.stats["restarts"] += 1
+                    LOG.warning(
+                        "coflow %s flow %s: %s; transferring it again (attempt %d of %d)",
+                        coflow.id, flow.id, text, flow.restarts, self.max_restarts,
+                    )  # fmt: skip
+                    self._notify_drop(coflow, [flow], True)
+                    self.want_round()
+                    return "restarted"
+                text = f"{text} (after {flow.restarts} re-transfers)"
+            self._end(coflow, CoflowStatus.FAILED, f"flow {flow.id}: {text}", flow)
+            return "failed"
+
+    def _end(
+        self,
+        coflow: CoflowState,
+        state: CoflowStatus,
+        reason: str,
+        culprit: FlowState | None = None,
+    ) -> None:
+        """Fail or cancel `coflow` (lock held): release its capacity, tell its agents."""
+        now = self.now()
+        dropped = self.registry.end(coflow, state, reason, now, culprit)
+        self.policy.remove_coflow(str(coflow.id), now)
+        self.rates.pop(coflow.id, None)
+        self.allocation.pop(str(coflow.id), None)
+        self.stats[state.value] += 1
+        level = logging.WARNING if state is CoflowStatus.FAILED else logging.INFO
+        LOG.log(level, "coflow %s %s: %s", coflow.id, state.value, coflow.reason)
+        if dropped:
+            self._notify_drop(coflow, dropped, False)
+        self.want_round()
+        self._prune(now)
+
+    def _notify_drop(self, coflow: CoflowState, flows: list[FlowState], restart: bool) -> None:
+        for listener in list(self.on_drop):
+            try:
+                listener(coflow, flows, restart)
+            except Exception:
+                LOG.exception("drop listener failed")
+
+    def _prune(self, now: float) -> None:
+        """Drop the oldest finished coflows beyond keep_finished / keep_finished_s."""
+        if self.keep_finished is None and self.keep_finished_s is None:
+            return
+        for coflow in self.registry.prune_finished(now, self.keep_finished, self.keep_finished_s):
+            self.rates.pop(coflow.id, None)
+            self.stats["dropped_bytes_delivered"] += coflow.bytes_delivered
+
+    def check_timeouts(self) -> list[int]:
+        """Fail coflows that cannot finish any more; drop finished coflows past keep_finished_s.
+
+        A coflow whose deadline passed unfinished fails ("deadline missed"); one with an
+        unfinished WAN flow whose sender or receiver agent has been disconnected for
+        `agent_timeout_s` or longer fails ("agent X gone ..."). Agents count as
+        disconnected from the first call that finds them missing from `connected_agents()`
+        (no check without it). RoundRunner calls this every `tick_s` seconds.
+
+        Returns:
+            ids of the coflows failed by this call.
+        """
+        connected = None
+        if self.connected_agents is not None:
+            try:
+                connected = set(self.connected_agents())
+            except Exception:
+                LOG.exception("connected_agents failed")
+        failed = []
+        with self.lock:
+            now = self.now()
+            gone: dict[str, float] = {}
+            if connected is not None:
+                for agent in self.registry.agents:
+                    if agent in connected:
+                        self.agent_gone_since.pop(agent, None)
+                    else:
+                        since = self.agent_gone_since.setdefault(agent, now)
+                        if now - since >= self.agent_timeout_s:
+                            gone[agent] = now - since
+            for coflow in self.registry.active():
+                reason = None
+                if coflow.deadline_s is not None and now > coflow.submitted_s + coflow.deadline_s:
+                    reason = f"deadline missed ({coflow.deadline_s:g} s after arrival)"
+                elif gone:
+                    for f in coflow.flows.values():
+                        if f.intra_dc or f.done:
+                            continue
+                        agent = f.src_agent if f.src_agent in gone else f.dst_agent
+                        if agent in gone:
+                            reason = f"agent {agent} gone for {gone[agent]:.0f} s"
+                            break
+                if reason is not None:
+                    self._end(coflow, CoflowStatus.FAILED, reason)
+                    failed.append(coflow.id)
+            self._prune(now)
+        for listener in list(self.on_tick):
+            try:
+                listener()
+            except Exception:
+                LOG.exception("tick listener failed")
+        return failed
 
     def status(self, coflow_id: object) -> dict:
         """checkStatus: the coflow's status map plus its flows' current rates (bytes/s).
@@ -239,14 +475,19 @@ class Controller:
 
     # ---- agent reports ------------------------------------------------------------------
 
-    def progress(self, coflow_id: object, flow_id: object, acked: object) -> None:
+    def progress(self, coflow_id: object, flow_id: object, acked: object) -> bool:
         """A receiver acknowledged `acked` bytes of a flow (feeds remaining volumes).
+
+        Returns:
+            False when the report is about a flow its agents should drop (its coflow failed
+            or was cancelled); True otherwise.
 
         Raises:
             RegistryError: unknown coflow/flow or bad offset.
         """
         with self.lock:
-            self.registry.record_progress(coflow_id, flow_id, acked)
+            flow = self.registry.record_progress(coflow_id, flow_id, acked)
+            return flow.state not in (FlowStatus.FAILED, FlowStatus.CANCELLED)
 
     def complete(self, coflow_id: object, flow_id: object, digest: object) -> bool:
         """A flow finished (all bytes in order, digest matched at the receiver).
@@ -261,14 +502,16 @@ class Controller:
         """
         with self.lock:
             flow = self.registry.flow(coflow_id, flow_id)
-            if flow.done:
-                return self.registry.get(coflow_id).state == "done"
+            coflow = self.registry.get(coflow_id)
+            if flow.done or coflow.state.final:
+                return coflow.state is CoflowStatus.DONE
             coflow = self.registry.record_complete(coflow_id, flow_id, digest, self.now())
-            if coflow.state == "done":
+            if coflow.state is CoflowStatus.DONE:
                 self.policy.remove_coflow(str(coflow.id), self.now())
                 self.rates.pop(coflow.id, None)
                 self.want_round()
                 LOG.info("coflow %s done, CCT %.3f s", coflow.id, coflow.cct_s)
+                self._prune(self.now())
                 return True
             group = [
                 f
@@ -318,7 +561,7 @@ class Controller:
                 ("allocate_ms", (allocated - begin_allocate) * 1e3),
             ):
                 self.stats[key].append(value)
-                del self.stats[key][:-1000]
+                del self.stats[key][:-STATS_KEPT]
             return self.rates, wan
 
     def _connectivity(self):
@@ -356,11 +599,11 @@ class Controller:
                     state = state_of(str(coflow.id))
                 except (KeyError, ValueError):
                     state = None
-            if state not in ("queued", "running", "preempted"):
+            if state not in _ACTIVE_STATES:
                 rates = self.rates.get(coflow.id, {})
                 running = any(r > 0 for paths in rates.values() for _, r in paths)
-                state = "running" if running else "preempted"
-            coflow.state = state
+                state = CoflowStatus.RUNNING if running else CoflowStatus.PREEMPTED
+            coflow.state = CoflowStatus(state)
 
     def round_and_push(self) -> FlowRates:
         """Run a round and call every `on_rates` listener with the result (outside the lock)."""
@@ -428,22 +671,30 @@ def flow_rates(allocation: Allocation, registry: CoflowRegistry) -> FlowRates:
     out: FlowRates = {}
     for key, flows in allocation.items():
         cid = int(key)
-        if cid in registry.coflows:
+        coflow = registry.coflows.get(cid)
+        if coflow is not None and not coflow.state.final:
             out[cid] = flows
     return out
+
+
+_ACTIVE_STATES = frozenset({CoflowStatus.QUEUED, CoflowStatus.RUNNING, CoflowStatus.PREEMPTED})
 
 
 class RoundRunner:
     """Runs asked-for scheduling rounds at once, one at a time, in its own thread.
 
-    Requests that arrive while a round runs are coalesced into the next round.
+    Requests that arrive while a round runs are coalesced into the next round. Every
+    `tick_s` seconds it also runs `controller.check_timeouts()` (agents gone, deadlines
+    missed, finished coflows past their keep time), between rounds.
 
     Args:
         controller: the Controller whose `round_wanted` event it watches.
+        tick_s: seconds between timeout checks (> 0).
     """
 
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: Controller, tick_s: float = 1.0) -> None:
         self.controller = controller
+        self.tick_s = tick_s
         self.stopped = False
         self.thread = threading.Thread(target=self._loop, name="terra-rounds", daemon=True)
 
@@ -458,10 +709,20 @@ class RoundRunner:
         self.controller.round_wanted.set()
 
     def _loop(self) -> None:
+        next_tick = time.monotonic() + self.tick_s
         while not self.stopped:
-            self.controller.round_wanted.wait()
+            wanted = self.controller.round_wanted.wait(max(0.0, next_tick - time.monotonic()))
             if self.stopped:
                 return
+            if time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + self.tick_s
+                try:
+                    self.controller.check_timeouts()
+                except Exception:
+                    LOG.exception("timeout check failed")
+                wanted = self.controller.round_wanted.is_set()
+            if not wanted:
+                continue
             try:
                 self.controller.round_and_push()
             except Exception:

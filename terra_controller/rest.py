@@ -10,7 +10,9 @@ Routes (GET only; DESIGN.md section 6, issue 4 item 5):
     /coflows/{id}    one coflow's status with its FlowGroups' per-path allocations
     /metrics         Prometheus text format: terra_rounds_total, terra_round_latency_ms,
                      terra_lps_solved_total, terra_active_coflows, terra_bytes_delivered_total,
-                     terra_rejected_coflows_total, terra_agents_connected
+                     terra_rejected_coflows_total, terra_failed_coflows_total,
+                     terra_cancelled_coflows_total, terra_flow_restarts_total,
+                     terra_dropped_finished_coflows_total{state}, terra_agents_connected
 
 A WSGI app served by the standard library's wsgiref in a thread per request,
 started on os-ken's hub. Errors: 404 for unknown paths or coflows, 405 for
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import socketserver
+import threading
 import time
 from collections.abc import Callable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -31,8 +34,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from terra_controller.coflow_registry import RegistryError
 from terra_controller.controller import Controller
+from terra_controller.pki import PkiError, Role
+from terra_controller.transport import ServerSecurity, authenticate
 
 LOG = logging.getLogger("terra.rest")
+
+MAX_REST_THREADS = 64
+REQUEST_TIMEOUT_S = 10.0
 
 
 class RestApp:
@@ -56,7 +64,7 @@ class RestApp:
         """WSGI entry point."""
         path = environ.get("PATH_INFO", "/").rstrip("/") or "/"
         if environ.get("REQUEST_METHOD") != "GET":
-            return _reply(start_response, 405, {"error": "read-only: GET only"})
+            return _reply(start_response, 405, {"error": "read-only: GET only"}, [("Allow", "GET")])
         try:
             if path == "/metrics":
                 body = generate_latest(self.metrics)
@@ -68,9 +76,9 @@ class RestApp:
             return _reply(start_response, 200, view())
         except RegistryError as exc:
             return _reply(start_response, 404, {"error": str(exc)})
-        except Exception as exc:
+        except Exception:
             LOG.exception("REST %s failed", path)
-            return _reply(start_response, 500, {"error": f"internal error: {exc!r}"})
+            return _reply(start_response, 500, {"error": "internal error (logged)"})
 
     def _route(self, path: str):
         views = {
@@ -83,7 +91,7 @@ class RestApp:
             return views[path]
         if path.startswith("/coflows/"):
             text = path[len("/coflows/") :]
-            if not text.lstrip("-").isdigit():
+            if not text.isdigit() or len(text) > 19:  # coflow ids are 63-bit at most
                 return None
             return lambda: self.coflow(int(text))
         return None
@@ -98,8 +106,10 @@ class RestApp:
             return set(self.channel.connections)
 
     def status(self) -> dict:
-        """{"topology", "uptime_s", "openflow", "agents": [...], "coflows": {state: n},
-        "rounds", "last_round_ms", "recent_round_ms" / "recent_allocate_ms" (last 100 rounds:
+        """{"topology", "uptime_s", "openflow", "agents": [...], "coflows": {state: n} (coflows
+        in memory), "rejected" / "failed" / "cancelled" (coflows ever), "dropped_finished":
+        {final state: finished coflows dropped from memory}, "rounds", "last_round_ms",
+        "recent_round_ms" / "recent_allocate_ms" (last 100 rounds:
         whole round / its policy.allocate part), "lps", "reactions": last 10 WAN events'
         reaction times, "reactions_total"}."""
         c = self.controller
@@ -107,7 +117,7 @@ class RestApp:
         with c.lock:
             states: dict[str, int] = {}
             for coflow in c.registry.coflows.values():
-                states[coflow.state] = states.get(coflow.state, 0) + 1
+                states[coflow.state.value] = states.get(coflow.state.value, 0) + 1
             agents = [
                 {"id": a.id, "dc": a.dc, "data_addr": a.data_addr, "connected": a.id in connected}
                 for a in c.registry.agents.values()
@@ -119,6 +129,9 @@ class RestApp:
                 "agents": agents,
                 "coflows": states,
                 "rejected": c.stats["rejected"],
+                "failed": c.stats["failed"],
+                "cancelled": c.stats["cancelled"],
+                "dropped_finished": dict(c.stats["dropped_finished"]),
                 "rounds": c.stats["rounds"],
                 "last_round_ms": c.stats["last_round_ms"],
                 "recent_round_ms": c.stats["round_ms"][-100:],
@@ -202,7 +215,10 @@ class _Collector:
             recent = list(c.stats["round_ms"])
             active = len(c.registry.active())
             delivered = sum(x.bytes_delivered for x in c.registry.coflows.values())
+            delivered += c.stats["dropped_bytes_delivered"]
             rejected = c.stats["rejected"]
+            ended = {k: c.stats[k] for k in ("failed", "cancelled", "restarts")}
+            dropped = dict(c.stats["dropped_finished"])
         yield CounterMetricFamily("terra_rounds", "Scheduling rounds run", value=rounds)
         yield GaugeMetricFamily(
             "terra_round_latency_ms", "Wall time of the last scheduling round (ms)", value=last_ms
@@ -223,6 +239,25 @@ class _Collector:
         yield CounterMetricFamily(
             "terra_rejected_coflows", "Coflows rejected (deadline)", value=rejected
         )
+        yield CounterMetricFamily(
+            "terra_failed_coflows", "Coflows failed (a flow cannot run)", value=ended["failed"]
+        )
+        yield CounterMetricFamily(
+            "terra_cancelled_coflows", "Coflows cancelled", value=ended["cancelled"]
+        )
+        yield CounterMetricFamily(
+            "terra_flow_restarts",
+            "Flows sent again after a digest mismatch",
+            value=ended["restarts"],
+        )
+        family = CounterMetricFamily(
+            "terra_dropped_finished_coflows",
+            "Finished coflows dropped from memory, per final state",
+            labels=["state"],
+        )
+        for state, n in sorted(dropped.items()):
+            family.add_metric([state], n)
+        yield family
         yield GaugeMetricFamily(
             "terra_agents_connected",
             "Agents on the control channel",
@@ -230,12 +265,16 @@ class _Collector:
         )
 
 
-def _reply(start_response, code: int, body) -> list[bytes]:
+def _reply(start_response, code: int, body, headers: list | None = None) -> list[bytes]:
     reason = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}
     data = json.dumps(body, default=_json_default).encode()
     start_response(
         f"{code} {reason[code]}",
-        [("Content-Type", "application/json"), ("Content-Length", str(len(data)))],
+        [
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(data))),
+            *(headers or []),
+        ],
     )
     return [data]
 
@@ -247,7 +286,47 @@ def _json_default(value):
 
 
 class _ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
+    """wsgiref's server, a thread per request, behind the controller's TLS (docs/security.md).
+
+    Each request's thread runs the TLS handshake (within HANDSHAKE_S) and, unless the
+    server is public, requires an operator certificate before any HTTP is read; at most
+    MAX_REST_THREADS requests are served at once (others are closed at once), and a
+    request must arrive within REQUEST_TIMEOUT_S.
+    """
+
     daemon_threads = True
+    security: ServerSecurity | None = None
+    public = False
+    slots = threading.BoundedSemaphore(MAX_REST_THREADS)
+
+    def process_request(self, request, client_address):
+        if not self.slots.acquire(blocking=False):
+            LOG.warning("REST %s: too many requests in progress; refused", client_address)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            if self.security is not None:
+                try:
+                    request, identity = authenticate(request, self.security, self.public)
+                except (OSError, PkiError, ValueError) as exc:
+                    LOG.info("REST %s: not authenticated: %s", client_address, exc)
+                    self.shutdown_request(request)
+                    return
+                if not self.public and not identity.may(Role.OPERATOR):
+                    LOG.warning("REST %s: %s is not an operator", client_address, identity.name)
+                    self.shutdown_request(request)
+                    return
+            request.settimeout(REQUEST_TIMEOUT_S)
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -255,10 +334,21 @@ class _QuietHandler(WSGIRequestHandler):
         LOG.debug("REST %s", fmt % args)
 
 
-def start_rest_server(app: RestApp, host: str, port: int, spawn=None):
-    """Serve `app` on host:port (HTTP/1.0, thread per request) on os-ken's hub.
+def start_rest_server(
+    app: RestApp,
+    host: str,
+    port: int,
+    security: ServerSecurity | None,
+    public: bool = False,
+    spawn=None,
+):
+    """Serve `app` on host:port (HTTP/1.0 over TLS, thread per request) on os-ken's hub.
 
     Args:
+        security: ServerSecurity with the controller's TLS context (client certificates
+            verified when given), or None: plain HTTP (--insecure).
+        public: serve clients without a certificate too (--rest-public); with a
+            certificate, any role may read.
         spawn: how to run the loop (default os_ken.lib.hub.spawn; tests pass a
             daemon-thread starter).
 
@@ -273,6 +363,10 @@ def start_rest_server(app: RestApp, host: str, port: int, spawn=None):
     server = make_server(
         host, port, app, server_class=_ThreadingWSGIServer, handler_class=_QuietHandler
     )
+    server.security = security
+    server.public = public
+    server.slots = threading.BoundedSemaphore(MAX_REST_THREADS)
     bound = server.server_address[:2]
-    LOG.info("REST on http://%s:%d", *bound)
+    scheme = "https" if security is not None and security.context is not None else "http"
+    LOG.info("REST on %s://%s:%d%s", scheme, *bound, " (public)" if public else "")
     return server, (spawn or hub.spawn)(server.serve_forever), bound

@@ -32,3 +32,12 @@ def ovs():
     if subprocess.run([OVS_CTL, "status"], capture_output=True).returncode != 0:
         subprocess.run([OVS_CTL, "start", "--system-id=random"], capture_output=True)
     subprocess.run(["ovs-vsctl", "--timeout=10", "show"], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory):
+    """A PKI directory for the whole session: CA, controller, jobs job1/job2, operator1 and
+    the agents of tests/tls_helpers.AGENTS (tls_helpers.ensure issues more)."""
+    from tls_helpers import make_pki
+
+    return make_pki(tmp_path_factory.mktemp("pki"))

@@ -19,8 +19,8 @@ MB = 1_000_000
 
 
 @pytest.fixture
-def system(tmp_path):
-    s = System(tmp_path)
+def system(tmp_path, pki):
+    s = System(tmp_path, pki)
     yield s
     s.stop()
 

@@ -70,19 +70,23 @@ def test_synthetic_source_is_deterministic_and_aperiodic_at_chunk_scale():
 def test_file_source_checks_and_reads(tmp_path):
     path = tmp_path / "s"
     path.write_bytes(b"0123456789")
-    src = open_source(f"file:{path}", "k", 10)
+    root = str(tmp_path)
+    src = open_source("file:s", "k", 10, data_root=root)
     assert src.read(3, 4) == b"3456"
     with pytest.raises(SourceError, match="has 10 bytes"):
-        open_source(f"file:{path}", "k", 11)
+        open_source("file:s", "k", 11, data_root=root)
     with pytest.raises(SourceError, match="cannot open"):
-        open_source(f"file:{tmp_path / 'missing'}", "k", 1)
+        open_source("file:missing", "k", 1, data_root=root)
     with pytest.raises(SourceError, match="unknown source"):
         open_source("ftp:x", "k", 1)
 
 
 def test_file_sink_resume_and_truncate(tmp_path):
+    """Bytes go to PATH.terra-part (resumed from its length), PATH appears only on commit();
+    a fresh (resume=False) sink truncates the part file, never the destination."""
     path = tmp_path / "d"
-    path.write_bytes(b"abcdef")
+    part = tmp_path / "d.terra-part"
+    part.write_bytes(b"abcdef")
     sink = FileSink(str(path), 100, resume=True)
     assert sink.resume_offset == 6
     h = hashlib.blake2b()
@@ -90,9 +94,11 @@ def test_file_sink_resume_and_truncate(tmp_path):
     assert h.hexdigest() == hashlib.blake2b(b"abcdef").hexdigest()
     sink.write(b"gh")
     sink.close()
-    assert path.read_bytes() == b"abcdefgh"
-    assert open_sink(f"file:{path}", 100, resume=False).resume_offset == 0
-    assert path.read_bytes() == b""
+    assert part.read_bytes() == b"abcdefgh" and not path.exists()
+    sink.commit()
+    assert path.read_bytes() == b"abcdefgh" and not part.exists()
+    assert open_sink("file:d", 100, resume=False, data_root=str(tmp_path)).resume_offset == 0
+    assert path.read_bytes() == b"abcdefgh" and part.read_bytes() == b""
 
 
 def test_outflow_sends_every_byte_and_digest_on_last_chunk():
@@ -177,9 +183,11 @@ def test_inflow_digest_mismatch_and_bad_chunks(tmp_path):
 def test_inflow_file_sink_resume(tmp_path):
     data = os.urandom(500)
     path = tmp_path / "out"
-    path.write_bytes(data[:200])
+    (tmp_path / "out.terra-part").write_bytes(data[:200])
     digest = hashlib.blake2b(data).hexdigest()
-    flow = InFlow(spec(500, offset=150, sink=f"file:{path}"), 100, str(tmp_path))
+    flow = InFlow(
+        spec(500, offset=150, sink="file:out"), 100, str(tmp_path), data_root=str(tmp_path)
+    )
     assert flow.base == 200  # the file holds more than the controller's offset
     flow.add(100, data[100:500], digest)  # overlapping resend: the first 100 bytes are dropped
     assert flow.check_digest()
@@ -212,15 +220,20 @@ def test_cli_parsing_and_errors(tmp_path, capsys):
             "a",
             "--data-addr",
             "127.0.0.2:9000",
+            "--insecure",
         ]
     )
     assert args.controller == ("127.0.0.1", 7000) and args.data_addr == ("127.0.0.2", 9000)
     with pytest.raises(SystemExit) as exc:
-        main(["--controller", "nohost", "--dc", "HK", "--id", "a", "--data-addr", "h:1"])
+        main(["--controller", "nohost", "--dc", "HK", "--id", "a", "--data-addr", "h:1",
+              "--insecure"])  # fmt: skip
     assert exc.value.code == 2 and "host:port" in capsys.readouterr().err
     base = ["--controller", "h:1", "--dc", "HK", "--id", "a", "--data-addr", "h:1"]
-    assert main(base + ["--token-file", str(tmp_path / "missing")]) == 2
-    assert main(base + ["--spill-dir", str(tmp_path / "nodir")]) == 2
+    assert main(base + ["--pki", str(tmp_path / "nopki")]) == 2  # no certificate there
+    with pytest.raises(SystemExit) as exc:
+        main(base)  # neither --pki nor --insecure
+    assert exc.value.code == 2
+    assert main(base + ["--insecure", "--spill-dir", str(tmp_path / "nodir")]) == 2
 
 
 def test_inflow_restarted_after_all_bytes_still_verifies(tmp_path):
@@ -229,12 +242,15 @@ def test_inflow_restarted_after_all_bytes_still_verifies(tmp_path):
     data = os.urandom(300)
     path = tmp_path / "out"
     digest = hashlib.blake2b(data).hexdigest()
-    first = InFlow(spec(300, sink=f"file:{path}"), 100, str(tmp_path))
+    root = str(tmp_path)
+    first = InFlow(spec(300, sink="file:out"), 100, root, data_root=root)
     first.add(0, data, digest)
     first.close()  # "crash" before check_digest/report
-    again = InFlow(spec(300, offset=300, sink=f"file:{path}"), 100, str(tmp_path))
+    assert not path.exists()  # not moved into place before the digest was checked
+    again = InFlow(spec(300, offset=300, sink="file:out"), 100, root, data_root=root)
     assert again.base == 300 and again.check_digest() and again.digest == digest
-    fresh = InFlow(spec(300, sink=f"file:{path}"), 100, str(tmp_path))  # offset 0: start over
+    assert path.read_bytes() == data
+    fresh = InFlow(spec(300, sink="file:out"), 100, root, data_root=root)  # offset 0: start over
     assert fresh.base == 0 and fresh.expected_digest is None
 
 
@@ -297,7 +313,12 @@ async def test_inflow_receive_from_concurrent_tasks_hashes_in_delivery_order(tmp
     size = 4 * MAX_CHUNK_BYTES + 3
     data = os.urandom(size)
     sink = tmp_path / "out"
-    flow = InFlow(spec(size, sink=f"file:{sink}"), memory_limit=1 << 20, spill_dir=str(tmp_path))
+    flow = InFlow(
+        spec(size, sink="file:out"),
+        memory_limit=1 << 20,
+        spill_dir=str(tmp_path),
+        data_root=str(tmp_path),
+    )
     digest = hashlib.blake2b(data).hexdigest()
     step = 64 * 1024
     chunks = [(o, data[o : o + step]) for o in range(0, size, step)]
@@ -337,7 +358,7 @@ async def test_inflow_sink_write_failure_fails_the_flow_and_frees_waiters(tmp_pa
     receive() neither queues more bytes nor waits for a consumer."""
     gone = tmp_path / "gone"
     gone.mkdir()
-    flow = InFlow(spec(1000, sink=f"file:{gone / 'out'}"), 1 << 20, str(tmp_path))
+    flow = InFlow(spec(1000, sink="file:gone/out"), 1 << 20, str(tmp_path), data_root=str(tmp_path))
     shutil.rmtree(gone)
     await flow.receive(0, b"x" * 500)
     assert await flow.consume() == 0
@@ -383,7 +404,9 @@ async def test_gap_fill_after_a_long_spill_is_queued_in_bounded_batches(tmp_path
     spill_dir.mkdir()
     sink = tmp_path / "out"
     queue = HashQueue(limit)
-    flow = InFlow(spec(size, sink=f"file:{sink}"), 0, str(spill_dir), queue=queue)
+    flow = InFlow(
+        spec(size, sink="file:out"), 0, str(spill_dir), queue=queue, data_root=str(tmp_path)
+    )
     for offset, piece in chunks[1:]:
         end = offset + len(piece)
         assert await flow.receive(offset, piece, digest if end == size else None) == 0

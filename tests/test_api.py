@@ -1,4 +1,4 @@
-"""Coflow API over real TCP on loopback: TerraClient against the in-process API server.
+"""Coflow API over mutual TLS on loopback: TerraClient against the in-process API server.
 
 The server runs with the real Controller and TerraPolicy; the agents are
 registered in the registry directly (the agent channel has its own tests).
@@ -11,22 +11,26 @@ import time
 
 import msgpack
 import pytest
+from tls_helpers import security, tls_socket
 
 from terra_controller.api_server import (
     ApiHandler,
-    accept_loop,
     pack_message,
     read_message,
-    start_api_server,
-    stop_listener,
+    serve_connection,
 )
 from terra_controller.client import TerraClient, TerraError
 from terra_controller.controller import Controller, RoundRunner
 from terra_controller.terra_policy import TerraPolicy
+from terra_controller.transport import (
+    ServerSecurity,
+    accept_loop,
+    listen_and_serve,
+    stop_listener,
+)
 from topologies import Topology
 
 CAP = 1e8  # bytes/s per directed link
-TOKEN = "s3cret"
 
 
 def triangle() -> Topology:
@@ -45,44 +49,51 @@ def daemon_spawn(func, *args):
 class Server:
     """An API server in this process; `restart()` replaces the controller (new instance)."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, pki, port: int = 0, **caps) -> None:
+        """caps: ServerSecurity settings (handshake_s, max_per_address, ...)."""
+        self.pki = pki
         self.conns: list[socket.socket] = []
         topology = triangle()
         self.controller = Controller(topology, TerraPolicy(topology))
         for agent, dc in [("a1", "A"), ("a2", "A"), ("b1", "B"), ("c1", "C")]:
             self.controller.registry.register_agent(agent, dc, "127.0.0.1:1")
         self.runner = RoundRunner(self.controller).start()
-        self.handler = ApiHandler(self.controller, TOKEN)
+        self.handler = ApiHandler(self.controller)
 
-        def spawn(func, *args):
-            if len(args) == 2 and isinstance(args[0], socket.socket):
-                self.conns.append(args[0])
-            return daemon_spawn(func, *args)
+        def serve(sock, addr, identity):  # serve_connection, remembering the connection
+            self.conns.append(sock)
+            serve_connection(self.handler, sock, addr, identity)
 
-        self.listener, _, (self.host, self.port) = start_api_server(
-            self.handler, "127.0.0.1", port, spawn
+        self.listener, _, (self.host, self.port) = listen_and_serve(
+            "127.0.0.1", port, serve, security(pki, **caps), daemon_spawn
         )
+
+    def client(self, name: str = "operator1", timeout: float = 5) -> TerraClient:
+        return TerraClient(self.host, self.port, pki=self.pki, name=name, timeout=timeout)
+
+    def connect(self, name: str = "operator1"):
+        return tls_socket(self.host, self.port, self.pki, name)
 
     def stop(self) -> None:
         self.runner.stop()
         stop_listener(self.listener)
         for sock in self.conns:
             try:
-                sock.shutdown(socket.SHUT_RDWR)
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)  # not SSLSocket's (thread-safe)
             except OSError:
                 pass
 
 
 @pytest.fixture
-def server():
-    srv = Server()
+def server(pki):
+    srv = Server(pki)
     yield srv
     srv.stop()
 
 
 @pytest.fixture
 def client(server):
-    with TerraClient(server.host, server.port, token=TOKEN, timeout=5) as c:
+    with server.client() as c:
         yield c
 
 
@@ -159,22 +170,11 @@ def test_unknown_coflow_and_bad_update(client):
     assert [f["id"] for f in client.check_status(cid)["flows"]] == ["f1"]
 
 
-def test_wrong_token_is_refused(server):
-    with TerraClient(server.host, server.port, token="wrong", timeout=5) as bad:
-        with pytest.raises(TerraError) as info:
-            bad.submit_coflow([flow("f")])
-        assert info.value.code == "bad_token"
-    with TerraClient(server.host, server.port, timeout=5) as none:
-        with pytest.raises(TerraError):
-            none.list_coflows()
-    assert server.controller.registry.coflows == {}
-
-
 def raw_exchange(server, data: bytes) -> list[dict]:
     """Send raw bytes, return the replies until the server closes the connection."""
-    with socket.create_connection((server.host, server.port), timeout=5) as s:
+    with server.connect() as s:
         s.sendall(data)
-        s.shutdown(socket.SHUT_WR)
+        socket.socket.shutdown(s, socket.SHUT_WR)  # TCP half-close under TLS
         replies = []
         while True:
             try:
@@ -208,27 +208,24 @@ def test_malformed_messages_close_only_that_connection(server, client, data):
 @pytest.mark.parametrize(
     ("request_map", "code"),
     [
-        ({"v": 2, "op": "list", "token": TOKEN}, "bad_version"),
-        ({"op": "list", "token": TOKEN}, "bad_version"),
-        ({"v": 1, "op": "explode", "token": TOKEN}, "bad_request"),
-        ({"v": 1, "op": 7, "token": TOKEN}, "bad_request"),
-        ({"v": 1, "op": "status", "coflow": 0, "extra": 1, "token": TOKEN}, "bad_request"),
+        ({"v": 2, "op": "list"}, "bad_version"),
+        ({"op": "list"}, "bad_version"),
+        ({"v": 1, "op": "explode"}, "bad_request"),
+        ({"v": 1, "op": 7}, "bad_request"),
+        ({"v": 1, "op": "status", "coflow": 0, "extra": 1}, "bad_request"),
         (
-            {"v": 1, "op": "link_state", "a": "A", "b": "Z", "up": False, "token": TOKEN},
+            {"v": 1, "op": "link_state", "a": "A", "b": "Z", "up": False},
             "bad_request",
         ),
         (
-            {"v": 1, "op": "link_state", "a": "A", "b": "B", "up": "no", "token": TOKEN},
+            {"v": 1, "op": "link_state", "a": "A", "b": "B", "up": "no"},
             "bad_request",
         ),
     ],
 )
 def test_bad_requests_get_error_replies_on_a_live_connection(server, request_map, code):
-    with socket.create_connection((server.host, server.port), timeout=5) as s:
-        s.sendall(
-            pack_message(request_map)
-            + pack_message({"v": 1, "op": "hello", "token": TOKEN, "req": 9})
-        )
+    with server.connect() as s:
+        s.sendall(pack_message(request_map) + pack_message({"v": 1, "op": "hello", "req": 9}))
         first, second = read_message(s), read_message(s)
     assert first["ok"] is False and first["code"] == code
     assert second["ok"] is True and second["req"] == 9  # the connection survived
@@ -253,7 +250,7 @@ def test_concurrent_clients_get_distinct_ids(server):
 
     def work():
         try:
-            with TerraClient(server.host, server.port, token=TOKEN, timeout=5) as c:
+            with server.client("job1") as c:
                 for i in range(20):
                     ids.append(c.submit_coflow([flow(f"f{i}", size=1000)]))
         except Exception as exc:  # surfaced below
@@ -268,15 +265,15 @@ def test_concurrent_clients_get_distinct_ids(server):
     assert sorted(ids) == list(range(80))
 
 
-def test_client_resubmits_open_coflows_after_controller_restart():
-    first = Server()
-    client = TerraClient(first.host, first.port, token=TOKEN, timeout=5)
+def test_client_resubmits_open_coflows_after_controller_restart(pki):
+    first = Server(pki)
+    client = first.client("job1")
     done = client.submit_coflow([flow("x", "a1", "a2")])  # intra-DC only: done at once
     assert client.check_status(done)["state"] == "done"
     open_id = client.submit_coflow([flow("f1")])
     client.update_coflow(open_id, [flow("f2", "b1", "c1", 77)])
     first.stop()
-    second = Server(first.port)  # a new controller on the same port, knows nothing
+    second = Server(pki, first.port)  # a new controller on the same port, knows nothing
     try:
         status = client.check_status(open_id)  # reconnects, resubmits, then asks
         assert [f["id"] for f in status["flows"]] == ["f1", "f2"]
@@ -293,11 +290,10 @@ def test_msgpack_garbage_inside_valid_frame_is_rejected_cleanly(server):
         {
             "v": 1,
             "op": "submit",
-            "token": TOKEN,
             "flows": [{"id": {"nested": 1}, "src": "a1", "dst": "b1", "bytes": 1}],
         }
     )
-    with socket.create_connection((server.host, server.port), timeout=5) as s:
+    with server.connect() as s:
         s.sendall(struct.pack(">I", len(body)) + body)
         reply = read_message(s)
     assert reply["ok"] is False and reply["code"] == "bad_request"
@@ -308,12 +304,12 @@ def test_connections_beyond_the_limit_are_refused_and_slots_come_back():
     listener = socket.create_server(("127.0.0.1", 0))
     addr = listener.getsockname()
 
-    def hold(sock, _addr):  # serve until the client closes
+    def hold(sock, _addr, _identity):  # serve until the client closes
         with sock:
             while sock.recv(100):
                 pass
 
-    daemon_spawn(accept_loop, listener, hold, daemon_spawn, 2)
+    daemon_spawn(accept_loop, listener, hold, daemon_spawn, ServerSecurity(None, max_connections=2))
     try:
         first = socket.create_connection(addr, timeout=5)
         second = socket.create_connection(addr, timeout=5)
@@ -336,10 +332,10 @@ def test_connections_beyond_the_limit_are_refused_and_slots_come_back():
 
 
 def test_a_resent_request_with_the_same_ref_is_executed_once(server):
-    submit = {"v": 1, "op": "submit", "token": TOKEN, "ref": "r-1", "flows": [flow("f")]}
-    update = {"v": 1, "op": "update", "token": TOKEN, "ref": "r-2", "coflow": 0,
+    submit = {"v": 1, "op": "submit", "ref": "r-1", "flows": [flow("f")]}
+    update = {"v": 1, "op": "update", "ref": "r-2", "coflow": 0,
               "flows": [flow("g")]}  # fmt: skip
-    with socket.create_connection((server.host, server.port), timeout=5) as s:
+    with server.connect() as s:
         replies = []
         for message in (submit, submit, update, update):
             s.sendall(pack_message(message))

@@ -1,15 +1,15 @@
-"""The controller's agent channel over real TCP, with in-test agents speaking overlay/protocol.py.
+"""The controller's agent channel over mutual TLS, in-test agents speaking overlay/protocol.py.
 
 Triangle WAN A, B, C (1e8 bytes/s per directed link), TerraPolicy with K = 2:
 every ordered DC pair has the direct path (index 0) and the two-hop path (index 1).
 """
 
-import socket
 import threading
 import time
 
 import msgpack
 import pytest
+from tls_helpers import ensure, plain_socket, security, shared_tls_socket, tls_socket
 
 from overlay import protocol
 from terra_controller.agent_channel import (
@@ -21,13 +21,19 @@ from terra_controller.agent_channel import (
     send_parts,
     start_agent_server,
 )
-from terra_controller.api_server import stop_listener
 from terra_controller.controller import Controller
+from terra_controller.pki import Role
 from terra_controller.terra_policy import TerraPolicy
+from terra_controller.transport import stop_listener
 from topologies import Topology, k_shortest_paths, load_topology, path_links
 
 CAP = 1e8
-TOKEN = "tok"
+
+
+class Endpoint(tuple):
+    """The channel's (host, port), with the PKI its agents' certificates come from."""
+
+    pki = None
 
 
 def daemon_spawn(func, *args):
@@ -37,15 +43,17 @@ def daemon_spawn(func, *args):
 
 
 @pytest.fixture
-def channel(request):
+def channel(request, pki):
     k = getattr(request, "param", 2)
     links = {}
     for u, v in [("A", "B"), ("B", "C"), ("A", "C")]:
         links[(u, v)] = links[(v, u)] = CAP
     topology = Topology("tri", ["A", "B", "C"], links)
     controller = Controller(topology, TerraPolicy(topology, k=k))
-    chan = AgentChannel(controller, TunnelTable(topology, k), TOKEN)
-    listener, _, addr = start_agent_server(chan, "127.0.0.1", 0, daemon_spawn)
+    chan = AgentChannel(controller, TunnelTable(topology, k))
+    listener, _, bound = start_agent_server(chan, "127.0.0.1", 0, security(pki), daemon_spawn)
+    addr = Endpoint(bound)
+    addr.pki = pki
     yield controller, chan, addr
     stop_listener(listener)
     chan.close_all(grace_s=0)
@@ -54,13 +62,16 @@ def channel(request):
 class Agent:
     """An in-test agent: registers, collects messages, acks those with an id."""
 
-    def __init__(self, addr, agent, dc, port, token=TOKEN):
-        self.sock = socket.create_connection(addr, timeout=5)
+    def __init__(self, addr, agent, dc, port, cert=None):
+        """Connect with certificate `cert` (default: the agent's own name), then register."""
+        cert = ensure(addr.pki, Role.AGENT, cert or agent)
+        self.sock = shared_tls_socket(*addr, addr.pki, cert)
+        self.sock.settimeout(None)  # the reader thread waits for messages as long as it takes
         self.agent = agent
         self.messages: list[dict] = []
         self.cond = threading.Condition()
         self.closed = False
-        send_parts(self.sock, protocol.register_message(dc, agent, f"127.0.0.1:{port}", token))
+        send_parts(self.sock, protocol.register_message(dc, agent, f"127.0.0.1:{port}"))
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
@@ -135,16 +146,24 @@ def test_registration_and_tunnel_tables(channel):
         b"\x00\x00\x00\x01\x90",  # a msgpack list, not a map
     ],
 )
-def test_bad_frames_and_bad_token_close_only_that_connection(channel, bad):
+def test_bad_frames_and_forged_identity_close_only_that_connection(channel, bad):
     controller, chan, addr = channel
     good = Agent(addr, "a1", "A", 30000)
     good.wait_for(lambda m: m["t"] == "registered")
-    with socket.create_connection(addr, timeout=5) as s:
+    with tls_socket(*addr, addr.pki, "a2") as s:
         s.sendall(bad)
-        s.settimeout(5)
         assert read_control(s)["t"] == "error"
         assert s.recv(10) == b""  # closed by the controller
-    intruder = Agent(addr, "a9", "A", 30500, token="wrong")
+    with plain_socket(*addr) as s:  # no TLS at all: the handshake fails, nothing is read
+        s.sendall(bad)
+        data = b""
+        try:
+            while chunk := s.recv(100):
+                data += chunk
+        except ConnectionResetError:
+            pass
+        assert data[:1] in (b"", b"\x15")  # at most a TLS alert record, then closed
+    intruder = Agent(addr, "a9", "A", 30500, cert="a3")  # a3's certificate, a9's name
     wait_until(lambda: intruder.closed)
     assert "a9" not in controller.registry.agents
     unknown_dc = Agent(addr, "z1", "Mars", 30600)

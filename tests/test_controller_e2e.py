@@ -1,9 +1,9 @@
 """End to end on loopback: terra-controller --no-openflow, three terra-agents, a TerraClient.
 
-Real processes and real TCP: the controller (TerraPolicy, API, agent channel,
-REST) runs as `python -m terra_controller.cli`, the agents as
-`python -m terra_agent.cli` on 127.0.0.21-23, each in its own DC of a
-triangle WAN whose links carry 20 MB/s (0.16 Gbps) each way.
+Real processes, real TCP and mutual TLS (the session's PKI, see conftest.py): the
+controller (TerraPolicy, API, agent channel, REST) runs as
+`python -m terra_controller.cli`, the agents as `python -m terra_agent.cli` on
+127.0.0.21-23, each in its own DC of a triangle WAN whose links carry 20 MB/s (0.16 Gbps) each way.
 """
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from tls_helpers import ensure
 
 from terra_agent.harness import free_port_block, stop_processes
 from terra_agent.sources import SyntheticSource, flow_key
 from terra_controller.client import TerraClient
+from terra_controller.pki import Role, client_context
 
 AGENTS = [("a1", "A", "127.0.0.21"), ("b1", "B", "127.0.0.22"), ("c1", "C", "127.0.0.23")]
 K = 2
@@ -57,8 +59,11 @@ class System:
     restarted where the agents and the client look for it.
     """
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, pki: Path) -> None:
         self.workdir = workdir
+        self.pki = pki
+        self.rest_tls = client_context(pki, "operator1")
+        self.rest_tls.check_hostname = False  # dials 127.0.0.1; the CA is still verified
         self.agents: dict[str, subprocess.Popen] = {}
         self.data_ports: dict[str, int] = {}
         self.topo = workdir / "tri.json"
@@ -73,20 +78,20 @@ class System:
             )
         )
         self.api, self.agents_addr, rest = (f"127.0.0.1:{free_port()}" for _ in range(3))
-        self.rest = "http://" + rest
+        self.rest = "https://" + rest
         self.ctl_log = open(workdir / "controller.log", "a")  # noqa: SIM115
         self.start_controller()
         for agent, _, _ in AGENTS:
             self.start_agent(agent)
         self.wait_agents()
         host, port = self.api.split(":")
-        self.client = TerraClient(host, int(port), timeout=20)
+        self.client = TerraClient(host, int(port), pki=pki, name="operator1", timeout=20)
 
     def start_controller(self) -> None:
         self.ctl = subprocess.Popen(
             [sys.executable, "-m", "terra_controller.cli", "--topology", str(self.topo),
              "--no-openflow", "--k", str(K), "--api", self.api, "--agents", self.agents_addr,
-             "--rest", self.rest[len("http://"):]],
+             "--rest", self.rest[len("https://"):], "--pki", str(self.pki)],
             stdout=subprocess.PIPE, stderr=self.ctl_log, text=True,
         )  # fmt: skip
         line = self.ctl.stdout.readline()
@@ -104,7 +109,7 @@ class System:
         self.agents[agent] = subprocess.Popen(
             [sys.executable, "-m", "terra_agent.cli", "--controller", self.agents_addr,
              "--dc", dc, "--id", agent, "--data-addr", f"{host}:{self.data_ports[agent]}",
-             "--spill-dir", str(self.workdir)],
+             "--spill-dir", str(self.workdir), "--pki", str(self.pki)],
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
 
@@ -120,7 +125,7 @@ class System:
         )
 
     def get(self, path: str):
-        with urllib.request.urlopen(self.rest + path, timeout=5) as reply:
+        with urllib.request.urlopen(self.rest + path, timeout=5, context=self.rest_tls) as reply:
             return json.loads(reply.read())
 
     def stop(self) -> None:
@@ -130,8 +135,8 @@ class System:
 
 
 @pytest.fixture(scope="module")
-def system(tmp_path_factory):
-    s = System(tmp_path_factory.mktemp("e2e"))
+def system(tmp_path_factory, pki):
+    s = System(tmp_path_factory.mktemp("e2e"), pki)
     yield s
     s.stop()
 
@@ -223,7 +228,8 @@ def test_link_down_mid_transfer_reroutes_and_loses_nothing(system):
 
 def ctl(system, *args) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "terra_controller.cli", "ctl", "--api", system.api, *args],
+        [sys.executable, "-m", "terra_controller.cli", "ctl", "--api", system.api,
+         "--pki", str(system.pki), "--name", "operator1", *args],
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
 
@@ -278,7 +284,7 @@ def test_controller_restarted_mid_transfer_rebuilds_state(system):
 
 @pytest.mark.ovs
 @pytest.mark.filterwarnings("ignore::DeprecationWarning:mininet")
-def test_with_switches_link_down_port_status_reschedules_and_loses_nothing(ovs, tmp_path):
+def test_with_switches_link_down_port_status_reschedules_and_loses_nothing(ovs, tmp_path, pki):
     """Three OVS switches (userspace datapath) and three agents in Mininet hosts.
 
     The controller installs the tunnel rules through its os-ken app, the agents
@@ -309,16 +315,18 @@ def test_with_switches_link_down_port_status_reschedules_and_loses_nothing(ovs, 
     ctl = subprocess.Popen(
         [sys.executable, "-m", "terra_controller.cli", "--topology", str(path), "--k", "2",
          "--of-port", str(of_port), "--api", "127.0.0.1:0", "--agents", "0.0.0.0:0",
-         "--rest", "127.0.0.1:0"],
+         "--rest", "127.0.0.1:0", "--pki", str(pki)],
         stdout=subprocess.PIPE, stderr=log, text=True,
     )  # fmt: skip
     procs, wan, client = [ctl], None, None
     try:
         addrs = dict(part.split("=") for part in ctl.stdout.readline().split()[2:])
-        rest = "http://" + addrs["rest"]
+        rest = "https://" + addrs["rest"]
+        rest_tls = client_context(pki, "operator1")
+        rest_tls.check_hostname = False
 
         def get(p):
-            with urllib.request.urlopen(rest + p, timeout=5) as reply:
+            with urllib.request.urlopen(rest + p, timeout=5, context=rest_tls) as reply:
                 return json.loads(reply.read())
 
         wan = build_wan(topo, binding, of_port=of_port, mgmt=True)
@@ -327,7 +335,7 @@ def test_with_switches_link_down_port_status_reschedules_and_loses_nothing(ovs, 
         ids = {}
         for dc in topo.dcs:
             host = binding.hosts(dc)[0]
-            ids[dc] = host.name
+            ids[dc] = ensure(pki, Role.AGENT, host.name)
             procs.append(
                 wan.hosts[host.name].popen(
                     [
@@ -344,6 +352,8 @@ def test_with_switches_link_down_port_status_reschedules_and_loses_nothing(ovs, 
                         f"{host.ip}:19000",
                         "--spill-dir",
                         str(tmp_path),
+                        "--pki",
+                        str(pki),
                     ],
                     stdout=open(tmp_path / f"{host.name}.log", "w"),
                     stderr=subprocess.STDOUT,
@@ -351,7 +361,7 @@ def test_with_switches_link_down_port_status_reschedules_and_loses_nothing(ovs, 
             )
         wait_until(lambda: sum(a["connected"] for a in get("/status")["agents"]) == 3, 30, "agents")
         host, port = addrs["api"].split(":")
-        client = TerraClient(host, int(port), timeout=10)
+        client = TerraClient(host, int(port), pki=pki, name="job1", timeout=10)
         # 12 MB A->B over A-B and A-C-B at 2.5 MB/s each: about 2.4 s.
         cid = client.submit_coflow([flow("f", ids["A"], ids["B"], 12_000_000)])
         wait_until(lambda: client.check_status(cid)["bytes_delivered"] >= 2_000_000, 60, "data")

@@ -41,8 +41,8 @@ def test_constructors_round_trip_through_frames():
     assert parse_flows(wire(flows_message([FLOW]))) == [FLOW]
     rates = GroupRates("c1", "LA", {"HK-LA-0": 3e6, "HK-LA-1": 0.0})
     assert parse_rates(wire(rates_message([rates]))) == [rates]
-    reg = wire(register_message("HK", "a", "127.0.0.2:9000", token="s3cret"))
-    assert validate_control(reg)["token"] == "s3cret"
+    reg = wire(register_message("HK", "a", "127.0.0.2:9000"))
+    assert validate_control(reg)["agent"] == "a"
     assert validate_control(wire(progress_message([("c1", "f1", 5)])))["flows"][0]["acked"] == 5
     assert validate_control(wire(complete_message("c1", "f1", "ab" * 32, 1000)))
 

@@ -1,17 +1,22 @@
-"""REST views and /metrics over real HTTP, against an in-process controller with TerraPolicy."""
+"""REST views and /metrics over HTTPS (operator certificate), against an in-process controller
+with TerraPolicy."""
 
 import json
+import ssl
 import threading
 import urllib.error
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from tls_helpers import security
 
 from terra_controller.agent_channel import AgentChannel, TunnelTable
 from terra_controller.controller import Controller
+from terra_controller.pki import client_context, server_context
 from terra_controller.rest import RestApp, start_rest_server
 from terra_controller.terra_policy import TerraPolicy
+from terra_controller.transport import ServerSecurity
 from topologies import Topology
 
 CAP = 1e8  # bytes/s per directed link
@@ -23,8 +28,20 @@ def daemon_spawn(func, *args):
     return thread
 
 
-@pytest.fixture
-def rest():
+CONTEXT: dict[str, ssl.SSLContext] = {}  # base URL -> the client TLS context to use
+
+
+def context(pki, name=None):
+    """A client TLS context with `name`'s certificate (None: no certificate)."""
+    if name is None:
+        ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    else:
+        ctx = client_context(pki, name)
+    ctx.check_hostname = False  # the tests dial 127.0.0.1; the CA is still verified
+    return ctx
+
+
+def serve(pki, public=False):
     links = {}
     for u, v in [("A", "B"), ("B", "C"), ("A", "C")]:
         links[(u, v)] = links[(v, u)] = CAP
@@ -33,16 +50,27 @@ def rest():
     for agent, dc in [("a1", "A"), ("b1", "B"), ("c1", "C")]:
         controller.registry.register_agent(agent, dc, "127.0.0.1:30000")
     channel = AgentChannel(controller, TunnelTable(topology, 2))
-    server, _, (host, port) = start_rest_server(
-        RestApp(controller, channel), "127.0.0.1", 0, daemon_spawn
+    sec = (
+        ServerSecurity(server_context(pki, require_client_cert=False)) if public else security(pki)
     )
-    yield controller, f"http://{host}:{port}"
+    server, _, (host, port) = start_rest_server(
+        RestApp(controller, channel), "127.0.0.1", 0, sec, public, daemon_spawn
+    )
+    base = f"https://{host}:{port}"
+    CONTEXT[base] = context(pki, "operator1")
+    return controller, base, server
+
+
+@pytest.fixture
+def rest(pki):
+    controller, base, server = serve(pki)
+    yield controller, base
     server.shutdown()
     server.server_close()
 
 
-def get(base, path):
-    with urllib.request.urlopen(base + path, timeout=5) as reply:
+def get(base, path, ctx=None):
+    with urllib.request.urlopen(base + path, timeout=5, context=ctx or CONTEXT[base]) as reply:
         return reply.status, reply.headers["Content-Type"], reply.read()
 
 
@@ -119,7 +147,9 @@ def test_metrics_in_prometheus_format(rest):
     assert samples["terra_round_latency_ms"] >= 0
 
 
-@pytest.mark.parametrize("path", ["/nothing", "/coflows/7", "/coflows/x", "/coflows/-1"])
+@pytest.mark.parametrize(
+    "path", ["/nothing", "/coflows/7", "/coflows/x", "/coflows/-1", "/coflows/" + "9" * 5000]
+)
 def test_unknown_resources_are_404(rest, path):
     _, base = rest
     with pytest.raises(urllib.error.HTTPError) as info:
@@ -132,8 +162,9 @@ def test_read_only(rest):
     _, base = rest
     request = urllib.request.Request(base + "/coflows", data=b"{}", method="POST")
     with pytest.raises(urllib.error.HTTPError) as info:
-        urllib.request.urlopen(request, timeout=5)
+        urllib.request.urlopen(request, timeout=5, context=CONTEXT[base])
     assert info.value.code == 405
+    assert info.value.headers["Allow"] == "GET"
     assert get_json(base, "/coflows") == []
 
 
@@ -155,3 +186,22 @@ def test_flows_cut_off_by_failures_wait_and_the_rest_is_scheduled(rest):
     controller.run_round()
     rates = {f["id"]: f["rate"] for f in get_json(base, f"/coflows/{cid}")["flows"]}
     assert rates["ac"] > 0 and rates["ab"] > 0
+
+
+@pytest.mark.parametrize("who", [None, "job1", "a1"])
+def test_rest_needs_an_operator_certificate(rest, pki, who):
+    """No certificate, or a job's or an agent's: the connection is refused before any HTTP."""
+    _, base = rest
+    with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+        get(base, "/status", context(pki, who))
+
+
+def test_rest_public_serves_clients_without_a_certificate(pki):
+    controller, base, server = serve(pki, public=True)
+    try:
+        assert get_json(base, "/status")["topology"] == "tri"  # operator certificate
+        status = json.loads(get(base, "/status", context(pki, None))[2])  # none at all
+        assert status["topology"] == "tri"
+    finally:
+        server.shutdown()
+        server.server_close()

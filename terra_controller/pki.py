@@ -1,0 +1,311 @@
+"""Certificates and TLS contexts: every participant has its own identity (docs/security.md).
+
+A private certificate authority (CA) issues one certificate per participant:
+
+- the controller (`controller.crt`: serverAuth, subject alternative name
+  `DNS:terra-controller`, which every client checks, whatever address it dials);
+- agents, job clients and operators (`NAME.crt`: clientAuth; the subject's
+  common name is the participant's name, its organizational unit its role).
+
+Keys are ECDSA P-256, certificates X.509 v3 signed with SHA-256, made with
+the `cryptography` package; private keys are written with mode 0600.
+
+Layout of a PKI directory DIR:
+
+    DIR/ca.crt, DIR/ca.key                  the CA (ca.key stays with whoever issues)
+    DIR/controller.crt, DIR/controller.key  the controller
+    DIR/NAME.crt, DIR/NAME.key              one per agent / job client / operator
+
+A host needs only `ca.crt` and its own pair.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import re
+import ssl
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+CONTROLLER_NAME = "controller"
+CONTROLLER_HOSTNAME = "terra-controller"  # the SAN every client verifies
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+CA_DAYS = 3650
+CERT_DAYS = 825
+
+
+class PkiError(Exception):
+    """A PKI directory, certificate or name is missing, malformed or already exists."""
+
+
+class Role(StrEnum):
+    """What a certificate's holder may do (its subject's organizational unit)."""
+
+    CONTROLLER = "controller"
+    AGENT = "agent"  # registers as itself, reports on its own flows
+    JOB = "job"  # submits, sees and changes its own coflows
+    OPERATOR = "operator"  # sees everything, changes link state and capacity
+
+
+@dataclass(frozen=True)
+class Identity:
+    """An authenticated peer: its certificate's name (CN) and role (OU).
+
+    `insecure` identities come from plain-TCP connections (`--insecure`): no
+    certificate, so no name check and every role's rights (for tests and
+    trusted labs only).
+    """
+
+    name: str
+    role: Role
+    insecure: bool = False
+
+    def may(self, role: Role) -> bool:
+        """True when this identity holds `role` (an insecure peer holds every role)."""
+        return self.insecure or self.role is role
+
+
+INSECURE = Identity("insecure", Role.OPERATOR, insecure=True)
+
+
+def check_name(name: str) -> str:
+    """Validate a participant name (1-64 of [A-Za-z0-9._-], not starting with . - _).
+
+    Raises:
+        PkiError: invalid name, or the reserved names "ca" and "controller".
+    """
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise PkiError(f"bad name {name!r}: 1-64 characters of A-Z a-z 0-9 . _ -")
+    if name in ("ca", CONTROLLER_NAME):
+        raise PkiError(f"name {name!r} is reserved")
+    return name
+
+
+# ---- issuing ---------------------------------------------------------------------------------
+
+
+def init_ca(directory: str | os.PathLike, hosts: list[str] | None = None) -> list[Path]:
+    """Create a CA and the controller's certificate in `directory` (created if needed).
+
+    Args:
+        directory: the PKI directory.
+        hosts: extra DNS names or IP addresses for the controller certificate's SAN
+            (clients verify `terra-controller`, which is always present).
+
+    Returns:
+        the four paths written (ca.crt, ca.key, controller.crt, controller.key).
+
+    Raises:
+        PkiError: the directory already holds a CA (never overwritten).
+    """
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    d = Path(directory)
+    if (d / "ca.key").exists() or (d / "ca.crt").exists():
+        raise PkiError(f"{d} already holds a CA; refusing to overwrite it")
+    d.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Terra CA")])
+    now = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=CA_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                crl_sign=True, encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )  # fmt: skip
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
+        .sign(key, hashes.SHA256())
+    )
+    written = [_write_cert(d / "ca.crt", cert), _write_key(d / "ca.key", key)]
+    written += _issue(d, CONTROLLER_NAME, Role.CONTROLLER, hosts or [])
+    return written
+
+
+def issue(directory: str | os.PathLike, role: Role | str, name: str) -> list[Path]:
+    """Issue a certificate for participant `name` with `role` from the CA in `directory`.
+
+    Returns:
+        [DIR/NAME.crt, DIR/NAME.key].
+
+    Raises:
+        PkiError: no CA in the directory, bad name or role, or NAME.crt exists already.
+    """
+    try:
+        role = Role(role)
+    except ValueError:
+        raise PkiError(f"unknown role {role!r}") from None
+    if role is Role.CONTROLLER:
+        raise PkiError("the controller's certificate is made by `pki init`")
+    d = Path(directory)
+    if (d / f"{check_name(name)}.crt").exists():
+        raise PkiError(f"{d / (name + '.crt')} exists; refusing to overwrite it")
+    return _issue(d, name, role, [])
+
+
+def _issue(d: Path, name: str, role: Role, hosts: list[str]) -> list[Path]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    try:
+        ca_cert = x509.load_pem_x509_certificate((d / "ca.crt").read_bytes())
+        ca_key = serialization.load_pem_private_key((d / "ca.key").read_bytes(), None)
+    except (OSError, ValueError) as exc:
+        raise PkiError(f"cannot load the CA from {d}: {exc}") from exc
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.COMMON_NAME, name),
+            x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role.value),
+        ]
+    )
+    now = _now()
+    usage = ExtendedKeyUsageOID.SERVER_AUTH if role is Role.CONTROLLER else (
+        ExtendedKeyUsageOID.CLIENT_AUTH
+    )
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=CERT_DAYS))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()), False
+        )
+    )
+    if role is Role.CONTROLLER:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([_san(h) for h in [CONTROLLER_HOSTNAME, *hosts]]), False
+        )
+    cert = builder.sign(ca_key, hashes.SHA256())
+    return [_write_cert(d / f"{name}.crt", cert), _write_key(d / f"{name}.key", key)]
+
+
+def _san(host: str):
+    from cryptography import x509
+
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _write_cert(path: Path, cert) -> Path:
+    from cryptography.hazmat.primitives import serialization
+
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return path
+
+
+def _write_key(path: Path, key) -> Path:
+    from cryptography.hazmat.primitives import serialization
+
+    data = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    return path
+
+
+# ---- TLS contexts ----------------------------------------------------------------------------
+
+
+def _files(directory: str | os.PathLike, name: str) -> tuple[str, str, str]:
+    d = Path(directory)
+    files = (d / "ca.crt", d / f"{name}.crt", d / f"{name}.key")
+    for f in files:
+        if not f.is_file():
+            raise PkiError(f"missing {f} (make it with `terra-controller pki ...`)")
+    return tuple(str(f) for f in files)
+
+
+def server_context(directory: str | os.PathLike, require_client_cert: bool = True):
+    """TLS server context of the controller: its certificate, clients verified against the CA.
+
+    Args:
+        directory: PKI directory with ca.crt, controller.crt, controller.key.
+        require_client_cert: False serves TLS to clients without a certificate
+            (REST with --rest-public).
+
+    Returns:
+        ssl.SSLContext (TLS 1.2 or newer).
+
+    Raises:
+        PkiError: a file is missing; ssl.SSLError: a file is not valid PEM.
+    """
+    ca, crt, key = _files(directory, CONTROLLER_NAME)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(crt, key)
+    ctx.load_verify_locations(ca)
+    ctx.verify_mode = ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_OPTIONAL
+    return ctx
+
+
+def client_context(directory: str | os.PathLike, name: str):
+    """TLS client context for participant `name`: its certificate, the controller verified.
+
+    Connect with ``server_hostname=CONTROLLER_HOSTNAME``: only the certificate made by
+    `init_ca` carries that name, so an agent or job certificate cannot pose as the
+    controller.
+
+    Returns:
+        ssl.SSLContext.
+
+    Raises:
+        PkiError: bad name or a missing file; ssl.SSLError: a file is not valid PEM.
+    """
+    ca, crt, key = _files(directory, check_name(name))
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(crt, key)
+    return ctx
+
+
+def peer_identity(peercert: dict | None) -> Identity:
+    """The Identity in a verified peer certificate (`SSLSocket.getpeercert()`).
+
+    Raises:
+        PkiError: no certificate, or its subject lacks a valid name or role.
+    """
+    if not peercert:
+        raise PkiError("no client certificate")
+    fields: dict[str, str] = {}
+    for rdn in peercert.get("subject", ()):
+        for key, value in rdn:
+            fields[key] = value
+    name, role = fields.get("commonName"), fields.get("organizationalUnitName")
+    try:
+        return Identity(check_name(name), Role(role))
+    except (PkiError, ValueError) as exc:
+        raise PkiError(f"certificate subject {fields!r} is not a Terra identity") from exc
