@@ -127,16 +127,13 @@ def server_security(args):
 
 def run(args, topology, security) -> None:
     """Start every part of the controller and block until SIGINT/SIGTERM."""
-    from terra_controller.agent_channel import (
-        AgentChannel,
-        InstalledPathsPolicy,
-        TunnelTable,
-        start_agent_server,
-    )
+    from terra_controller.agent_channel import AgentChannel, start_agent_server
     from terra_controller.api_server import ApiHandler, start_api_server
     from terra_controller.controller import Controller, RoundRunner
     from terra_controller.rest import RestApp, start_rest_server
     from terra_controller.terra_policy import TerraPolicy
+    from terra_controller.tunnel_table import InstalledPathsPolicy, TunnelTable
+    from terra_controller.tunnels import startup_tunnels
 
     params = {"k": args.k, "alpha": args.alpha, "epsilon": args.epsilon, "delta": args.delta}
     if args.no_openflow:
@@ -144,13 +141,14 @@ def run(args, topology, security) -> None:
         policy = TerraPolicy(topology, **params)
     else:
         binding = load_switch_binding(topology)
-        tunnels = TunnelTable(topology, args.k, binding.base_port, logical=False)
+        shared = startup_tunnels(topology, args.k, binding.base_port)  # rules and agents
+        tunnels = TunnelTable(topology, args.k, binding.base_port, logical=False, tunnels=shared)
         policy = InstalledPathsPolicy(topology, tunnels, **params)
     controller = Controller(topology, policy)
     openflow_info = None
     threads = []
     if not args.no_openflow:
-        app, of_threads = start_openflow_app(args, topology, binding, controller)
+        app, of_threads = start_openflow_app(args, topology, binding, controller, shared)
         threads += of_threads
 
         def openflow_info():
@@ -221,11 +219,13 @@ def load_switch_binding(topology):
         ) from exc
 
 
-def start_openflow_app(args, topology, binding, controller):
+def start_openflow_app(args, topology, binding, controller, tunnels):
     """Start os-ken with the tunnel app; PortStatus link changes reach the controller.
 
     The app keeps its own copy of the topology (it flips link state on PortStatus);
     the controller's copy changes under the controller's lock via set_link_state.
+    `tunnels` (tunnels.startup_tunnels) is the list the agent channel's TunnelTable
+    holds too: built once, shared.
 
     Returns:
         (TunnelApp, os-ken threads).
@@ -235,7 +235,9 @@ def start_openflow_app(args, topology, binding, controller):
     def link_changed(change) -> None:
         controller.set_link_state(change.link[0], change.link[1], change.up)
 
-    config = TunnelConfig(topology.copy(), binding, args.k, on_link_change=link_changed)
+    config = TunnelConfig(
+        topology.copy(), binding, args.k, on_link_change=link_changed, tunnels=tunnels
+    )
     return start_openflow(config, args.of_host, args.of_port)
 
 

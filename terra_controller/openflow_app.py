@@ -36,10 +36,11 @@ from os_ken.ofproto import ofproto_v1_3
 
 from terra_controller.tunnels import (
     FlowEntry,
-    build_tunnels,
+    Tunnel,
     compile_rules,
     diff_rules,
     rules_per_switch,
+    startup_tunnels,
     tunnels_up,
 )
 from topologies import Link, Topology, TopologyError, load_topology
@@ -78,6 +79,8 @@ class TunnelConfig:
         k: paths per DC pair (DESIGN.md section 5; default 4).
         on_installed: called once with the app after the rules are sent.
         on_link_change: called with a LinkChange after each link state change.
+        tunnels: the start-up tunnels (tunnels.startup_tunnels), shared with the agent
+            channel; None: built here.
     """
 
     topology: Topology
@@ -85,6 +88,7 @@ class TunnelConfig:
     k: int = DEFAULT_K
     on_installed: Callable[[TunnelApp], None] | None = None
     on_link_change: Callable[[LinkChange], None] | None = None
+    tunnels: list[Tunnel] | None = None
 
 
 class TunnelApp(app_manager.OSKenApp):
@@ -109,9 +113,9 @@ class TunnelApp(app_manager.OSKenApp):
             raise ValueError("TunnelApp needs terra_config=TunnelConfig(...)")
         self.config = terra_config
         self.lock = threading.Lock()
-        all_up = terra_config.topology.copy()
-        all_up.down.clear()
-        self.tunnels = build_tunnels(all_up, terra_config.k, terra_config.binding.base_port)
+        self.tunnels = terra_config.tunnels or startup_tunnels(
+            terra_config.topology, terra_config.k, terra_config.binding.base_port
+        )
         self.entries: list[FlowEntry] = self._wanted()
         self.datapaths: dict = {}
         self.installed = False

@@ -109,6 +109,18 @@ class FlowEntry:
         return (self.dpid, self.table_id, self.priority, tuple(sorted(self.match.items())))
 
 
+def startup_tunnels(topology: Topology, k: int, base_port: int) -> list[Tunnel]:
+    """The tunnels installed once at start-up: `build_tunnels` with every link up,
+    whatever the current link state of `topology` (which is not changed).
+
+    Built once per controller and shared by the OpenFlow app (rules) and the agent
+    channel (tunnel ids and ports), so both always name the same tunnels.
+    """
+    all_up = topology.copy()
+    all_up.down.clear()
+    return build_tunnels(all_up, k, base_port)
+
+
 def build_tunnels(topology: Topology, k: int, base_port: int) -> list[Tunnel]:
     """Return the tunnels of every ordered DC pair: its <= k shortest paths.
 

@@ -14,8 +14,6 @@ from tls_helpers import ensure, plain_socket, security, shared_tls_socket, tls_s
 from overlay import protocol
 from terra_controller.agent_channel import (
     AgentChannel,
-    InstalledPathsPolicy,
-    TunnelTable,
     batches,
     read_control,
     send_parts,
@@ -25,6 +23,7 @@ from terra_controller.controller import Controller
 from terra_controller.pki import Role
 from terra_controller.terra_policy import TerraPolicy
 from terra_controller.transport import stop_listener
+from terra_controller.tunnel_table import InstalledPathsPolicy, TunnelTable
 from topologies import Topology, k_shortest_paths, load_topology, path_links
 
 CAP = 1e8

@@ -416,7 +416,8 @@ class FakeConnection:
 def channel_with_agents():
     """make_controller() plus an AgentChannel whose agents are FakeConnections (all of
     AGENTS connected): (controller, clock, channel, {agent: FakeConnection})."""
-    from terra_controller.agent_channel import AgentChannel, TunnelTable
+    from terra_controller.agent_channel import AgentChannel
+    from terra_controller.tunnel_table import TunnelTable
 
     controller, clock = make_controller()
     chan = AgentChannel(controller, TunnelTable(controller.topology, 4))
