@@ -63,15 +63,18 @@ class Deadlines:
     def guard(self, sock: socket.socket, seconds: float):
         """Shut `sock` down unless the block finishes within `seconds`."""
         key = next(self._ids)
+        at = time.monotonic() + seconds
         with self._cond:
             self._socks[key] = sock
-            heapq.heappush(self._heap, (time.monotonic() + seconds, key))
+            earliest = self._heap[0][0] if self._heap else None
+            heapq.heappush(self._heap, (at, key))
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="terra-deadlines", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            if earliest is None or at < earliest:  # else the thread wakes early enough
+                self._cond.notify()
         try:
             yield
         finally:
