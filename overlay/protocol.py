@@ -285,7 +285,7 @@ def validate_control(msg: dict) -> dict:
     if not isinstance(msg, dict):
         raise ProtocolError(f"message must be a map, got {type(msg).__name__}")
     kind = msg.get("t")
-    check = _CONTROL_CHECKS.get(kind)
+    check = _CONTROL_CHECKS.get(kind) if isinstance(kind, str) else None  # (may be unhashable)
     if check is None:
         raise ProtocolError(f"unknown control message type {kind!r}")
     if "id" in msg and not isinstance(msg["id"], (str, int)):

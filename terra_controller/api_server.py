@@ -277,12 +277,11 @@ class ApiHandler:
 
     def _list(self, request: dict, identity: Identity) -> dict:
         keys = ("id", "state", "bytes_total", "bytes_delivered", "cct_s")
-        with self.controller.lock:
-            coflows = list(self.controller.registry.coflows.values())
+        coflows = self.controller.snapshot().coflows
         if not identity.may(Role.OPERATOR):
             with self.owners_lock:
-                coflows = [c for c in coflows if self.owners.get(c.id) == identity.name]
-        return {"coflows": [{k: s[k] for k in keys} for s in (c.status() for c in coflows)]}
+                coflows = [c for c in coflows if self.owners.get(c["id"]) == identity.name]
+        return {"coflows": [{k: c[k] for k in keys} for c in coflows]}
 
     def _link_state(self, request: dict, identity: Identity) -> dict:
         _only(request, {"a", "b", "up"})

@@ -216,6 +216,10 @@ class CoflowState:
         else None), "bytes_total", "bytes_delivered", "cct_s" (None until done), "deadline_s",
         "flows": [FlowState.to_dict()]}.
         """
+        return self.summary() | {"flows": [f.to_dict() for f in self.flows.values()]}
+
+    def summary(self) -> dict:
+        """The status map without "flows" (listings, REST /coflows, snapshots)."""
         return {
             "id": self.id,
             "state": self.state.value,
@@ -224,7 +228,6 @@ class CoflowState:
             "bytes_delivered": self.bytes_delivered,
             "cct_s": self.cct_s,
             "deadline_s": self.deadline_s,
-            "flows": [f.to_dict() for f in self.flows.values()],
         }
 
     def to_policy_coflow(self, flows: list[FlowState] | None = None) -> Coflow:

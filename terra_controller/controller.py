@@ -2,7 +2,16 @@
 
 `Controller` owns the `Topology`, the policy (normally `TerraPolicy`) and the
 `CoflowRegistry`. The API server, the agent channel, the REST server and the
-OpenFlow app call its methods from their own threads; one lock serialises them.
+OpenFlow app call its methods from their own threads. Two locks (docs/design.md):
+`lock` guards the registry, the rates and the stats and is only ever held
+briefly; `policy_lock` guards the policy and is held for a round's
+`policy.allocate`. A round takes a snapshot of the remaining bytes under `lock`,
+allocates under `policy_lock` alone, then applies the rates under `lock` again,
+so status requests, agent reports and REST never wait for a round; only what
+needs the policy (admission of a submit or update, link events) does. Coflows
+that leave the schedule (done, failed, cancelled) are removed from the policy at
+the start of the next round (or of the next admission), not by the thread that
+finished them.
 Every event of DESIGN.md section 4.3 (coflow arrival, updateCoflow, FlowGroup
 finish, coflow finish, link down/up, capacity change beyond δ) asks for a
 scheduling round; `RoundRunner` runs asked-for rounds at once, coalescing
@@ -22,11 +31,11 @@ Units: bytes, bytes/s, seconds on the controller clock (monotonic, from start).
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from terra_controller.coflow_registry import (
     CoflowRegistry,
@@ -52,6 +61,34 @@ AGENT_TIMEOUT_S = 60.0  # an endpoint agent disconnected this long fails its unf
 KEEP_FINISHED = 10_000  # finished coflows kept for status requests (the oldest are dropped)
 MAX_RESTARTS = 3  # re-transfers of a flow from byte 0 after digest mismatches before it fails
 STATS_KEPT = 1000  # entries of stats["round_ms"] / stats["allocate_ms"]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A consistent copy of the controller's state for REST, metrics and listings
+    (`Controller.snapshot`); nothing in it changes afterwards.
+
+    Attributes:
+        topology: topology name. dcs: DC names in order.
+        links: ((src DC, dst DC, capacity bytes/s, "up"|"down", allocated bytes/s), ...)
+            per directed link.
+        agents: ((agent id, DC, data address), ...).
+        coflows: (CoflowState.summary() map, ...) of every coflow in memory (submission
+            order).
+        stats: a copy of Controller.stats (lists copied).
+        active: coflows not in a final state.
+        bytes_delivered: bytes acknowledged by receivers, all coflows ever (dropped ones
+            included).
+    """
+
+    topology: str
+    dcs: tuple[str, ...]
+    links: tuple[tuple[str, str, float, str, float], ...]
+    agents: tuple[tuple[str, str, str], ...]
+    coflows: tuple[dict, ...]
+    stats: dict
+    active: int
+    bytes_delivered: int
 
 
 class Controller:
@@ -109,6 +146,8 @@ class Controller:
         self.clock = clock or time.monotonic
         self.t0 = self.clock()
         self.lock = threading.RLock()
+        self.policy_lock = threading.RLock()  # taken before `lock`, never while holding it
+        self._leaving: list[int] = []  # coflows to remove from the policy (under `lock`)
         self.rates: FlowRates = {}
         self.allocation: Allocation = {}
         self.agent_timeout_s = agent_timeout_s
@@ -177,7 +216,8 @@ class Controller:
             RegistryError: invalid request ("bad_request": bad id, age_s not a finite
                 number >= 0, bad deadline; see parse_flows for the rest); nothing changed.
         """
-        with self.lock:
+        with self.policy_lock, self.lock:
+            self._drain_leaving()
             reg = self.registry
             parsed = reg.parse_flows(flows)
             deadline_s = check_deadline(deadline)
@@ -231,7 +271,8 @@ class Controller:
         Raises:
             RegistryError: unknown coflow, finished coflow, invalid flows; nothing changed.
         """
-        with self.lock:
+        with self.policy_lock, self.lock:
+            self._drain_leaving()
             coflow = self.registry.get(coflow_id)
             if coflow.state.final:
                 raise RegistryError("coflow_done", f"coflow {coflow.id} already {coflow.state}")
@@ -334,7 +375,7 @@ class Controller:
         """Fail or cancel `coflow` (lock held): release its capacity, tell its agents."""
         now = self.now()
         dropped = self.registry.end(coflow, state, reason, now, culprit)
-        self.policy.remove_coflow(str(coflow.id), now)
+        self._leaving.append(coflow.id)
         self.rates.pop(coflow.id, None)
         self.allocation.pop(str(coflow.id), None)
         self.stats[state.value] += 1
@@ -440,7 +481,7 @@ class Controller:
         """
         if not isinstance(up, bool):
             raise RegistryError("bad_request", "up must be true or false")
-        with self.lock:
+        with self.policy_lock, self.lock:
             try:
                 was_up = (a, b) not in self.topology.down
                 if was_up == up and ((b, a) not in self.topology.down) == up:
@@ -463,7 +504,7 @@ class Controller:
         Raises:
             RegistryError("bad_request"): unknown link or bad capacity.
         """
-        with self.lock:
+        with self.policy_lock, self.lock:
             try:
                 self.topology.set_capacity(a, b, bytes_per_s)
             except (TopologyError, TypeError) as exc:
@@ -507,7 +548,7 @@ class Controller:
                 return coflow.state is CoflowStatus.DONE
             coflow = self.registry.record_complete(coflow_id, flow_id, digest, self.now())
             if coflow.state is CoflowStatus.DONE:
-                self.policy.remove_coflow(str(coflow.id), self.now())
+                self._leaving.append(coflow.id)
                 self.rates.pop(coflow.id, None)
                 self.want_round()
                 LOG.info("coflow %s done, CCT %.3f s", coflow.id, coflow.cct_s)
@@ -527,42 +568,63 @@ class Controller:
     def run_round(self) -> tuple[FlowRates, bool]:
         """Run one scheduling round now (DESIGN.md 4.2 via policy.allocate).
 
-        The cyclic garbage collector is paused during the round: a round allocates
-        many short-lived objects and, with the registry's flows alive, collections
-        cost about as much as the round itself (measured: 290 -> 140 ms on 56 FB
-        coflows / 34k flows on SWAN). Reference counting still frees everything.
+        snapshot -> allocate -> apply: the remaining bytes are copied under `lock`, the
+        policy allocates holding `policy_lock` only (API status calls, agent reports and
+        REST go on meanwhile), and the rates are applied under `lock`; a coflow that
+        finished, failed or was cancelled during the allocation gets no rates.
 
         Returns:
             (FlowRates for every active WAN flow, whether the WAN changed since the last
             round). Coflow states are updated from the policy.
         """
-        with self.lock:
-            self.round_wanted.clear()
-            wan, self.wan_dirty = self.wan_dirty, False
-            collecting = gc.isenabled()
-            gc.disable()
-            try:
+        with self.policy_lock:
+            with self.lock:
+                self.round_wanted.clear()
+                wan, self.wan_dirty = self.wan_dirty, False
                 start = time.perf_counter()
+                self._drain_leaving()
                 remaining = self.registry.remaining(self._connectivity())
-                begin_allocate = time.perf_counter()
-                allocation = self.policy.allocate(self.now(), remaining) if remaining else {}
-                allocated = time.perf_counter()
+                now = self.now()
+            begin_allocate = time.perf_counter()
+            allocation = self.policy.allocate(now, remaining) if remaining else {}
+            allocated = time.perf_counter()
+            states = self._policy_states(remaining)
+            with self.lock:
                 self.allocation = allocation
                 self.rates = flow_rates(allocation, self.registry)
-                self._update_states()
+                self._update_states(states)
                 elapsed_ms = (time.perf_counter() - start) * 1e3
-            finally:
-                if collecting:
-                    gc.enable()
-            self.stats["rounds"] += 1
-            self.stats["last_round_ms"] = elapsed_ms
-            for key, value in (
-                ("round_ms", elapsed_ms),
-                ("allocate_ms", (allocated - begin_allocate) * 1e3),
-            ):
-                self.stats[key].append(value)
-                del self.stats[key][:-STATS_KEPT]
-            return self.rates, wan
+                self.stats["rounds"] += 1
+                self.stats["last_round_ms"] = elapsed_ms
+                for key, value in (
+                    ("round_ms", elapsed_ms),
+                    ("allocate_ms", (allocated - begin_allocate) * 1e3),
+                ):
+                    self.stats[key].append(value)
+                    del self.stats[key][:-STATS_KEPT]
+                return self.rates, wan
+
+    def _drain_leaving(self) -> None:
+        """Remove the coflows that left the schedule from the policy (both locks held)."""
+        if self._leaving:
+            now = self.now()
+            leaving, self._leaving = self._leaving, []
+            for cid in leaving:
+                self.policy.remove_coflow(str(cid), now)
+
+    def _policy_states(self, remaining: dict) -> dict[str, object]:
+        """{str(coflow id): the policy's state for it} for the coflows of this round
+        (policy_lock held); empty when the policy does not report states."""
+        state_of = getattr(self.policy, "state", None)
+        if state_of is None:
+            return {}
+        out = {}
+        for key in remaining:
+            try:
+                out[key] = state_of(key)
+            except (KeyError, ValueError):
+                pass
+        return out
 
     def _connectivity(self):
         """None when every link is up; else a predicate (src DC, dst DC) -> reachable.
@@ -590,15 +652,11 @@ class Controller:
 
         return connected
 
-    def _update_states(self) -> None:
-        state_of = getattr(self.policy, "state", None)
+    def _update_states(self, states: dict[str, object]) -> None:
+        """Set every active coflow's state (lock held): the policy's (`states`) when it
+        is an active one, else running / preempted by whether it has rates."""
         for coflow in self.registry.active():
-            state = None
-            if state_of is not None:
-                try:
-                    state = state_of(str(coflow.id))
-                except (KeyError, ValueError):
-                    state = None
+            state = states.get(str(coflow.id))
             if state not in _ACTIVE_STATES:
                 rates = self.rates.get(coflow.id, {})
                 running = any(r > 0 for paths in rates.values() for _, r in paths)
@@ -616,6 +674,32 @@ class Controller:
         return rates
 
     # ---- views --------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        """A Snapshot of the registry, the WAN and the stats, copied under `lock` (brief:
+        O(coflows in memory); never waits for a round)."""
+        load = self.link_rates()
+        with self.lock:
+            topo, reg = self.topology, self.registry
+            links = tuple(
+                (u, v, topo.capacity[(u, v)], "down" if (u, v) in topo.down else "up",
+                 load.get((u, v), 0.0))
+                for u, v in topo.links
+            )  # fmt: skip
+            coflows = tuple(c.summary() for c in reg.coflows.values())
+            stats = {k: (list(v) if isinstance(v, list) else v) for k, v in self.stats.items()}
+            stats["dropped_finished"] = dict(stats["dropped_finished"])
+            return Snapshot(
+                topology=topo.name,
+                dcs=tuple(topo.dcs),
+                links=links,
+                agents=tuple((a.id, a.dc, a.data_addr) for a in reg.agents.values()),
+                coflows=coflows,
+                stats=stats,
+                active=len(reg.active()),
+                bytes_delivered=sum(c["bytes_delivered"] for c in coflows)
+                + self.stats["dropped_bytes_delivered"],
+            )
 
     def link_rates(self) -> dict[tuple[str, str], float]:
         """Allocated bytes/s per directed link in the current allocation."""

@@ -114,32 +114,32 @@ class RestApp:
         reaction times, "reactions_total"}."""
         c = self.controller
         connected = self.connected_agents()
-        with c.lock:
-            states: dict[str, int] = {}
-            for coflow in c.registry.coflows.values():
-                states[coflow.state.value] = states.get(coflow.state.value, 0) + 1
-            agents = [
-                {"id": a.id, "dc": a.dc, "data_addr": a.data_addr, "connected": a.id in connected}
-                for a in c.registry.agents.values()
-            ]
-            return {
-                "topology": c.topology.name,
-                "uptime_s": time.time() - c.started_wall,
-                "openflow": self.openflow is not None,
-                "agents": agents,
-                "coflows": states,
-                "rejected": c.stats["rejected"],
-                "failed": c.stats["failed"],
-                "cancelled": c.stats["cancelled"],
-                "dropped_finished": dict(c.stats["dropped_finished"]),
-                "rounds": c.stats["rounds"],
-                "last_round_ms": c.stats["last_round_ms"],
-                "recent_round_ms": c.stats["round_ms"][-100:],
-                "recent_allocate_ms": c.stats["allocate_ms"][-100:],
-                "lps": _policy_lps(c),
-                "reactions": self.reactions()[-10:],
-                "reactions_total": self.channel.reaction_count if self.channel else 0,
-            }
+        snap = c.snapshot()
+        states: dict[str, int] = {}
+        for coflow in snap.coflows:
+            states[coflow["state"]] = states.get(coflow["state"], 0) + 1
+        stats = snap.stats
+        return {
+            "topology": snap.topology,
+            "uptime_s": time.time() - c.started_wall,
+            "openflow": self.openflow is not None,
+            "agents": [
+                {"id": a, "dc": dc, "data_addr": addr, "connected": a in connected}
+                for a, dc, addr in snap.agents
+            ],
+            "coflows": states,
+            "rejected": stats["rejected"],
+            "failed": stats["failed"],
+            "cancelled": stats["cancelled"],
+            "dropped_finished": stats["dropped_finished"],
+            "rounds": stats["rounds"],
+            "last_round_ms": stats["last_round_ms"],
+            "recent_round_ms": stats["round_ms"][-100:],
+            "recent_allocate_ms": stats["allocate_ms"][-100:],
+            "lps": _policy_lps(c),
+            "reactions": self.reactions()[-10:],
+            "reactions_total": self.channel.reaction_count if self.channel else 0,
+        }
 
     def reactions(self) -> list[dict]:
         """WAN events' reaction times: [{"event_to_push_ms", "event_to_applied_ms", "agents"}]."""
@@ -150,21 +150,12 @@ class RestApp:
 
     def topology(self) -> dict:
         """{"name", "dcs", "links": [{"src", "dst", "capacity", "state", "allocated"}]}."""
-        c = self.controller
-        load = c.link_rates()
-        with c.lock:
-            topo = c.topology
-            links = [
-                {
-                    "src": u,
-                    "dst": v,
-                    "capacity": topo.capacity[(u, v)],
-                    "state": "down" if (u, v) in topo.down else "up",
-                    "allocated": load.get((u, v), 0.0),
-                }
-                for u, v in topo.links
-            ]
-            return {"name": topo.name, "dcs": list(topo.dcs), "links": links}
+        snap = self.controller.snapshot()
+        links = [
+            {"src": u, "dst": v, "capacity": cap, "state": state, "allocated": load}
+            for u, v, cap, state, load in snap.links
+        ]
+        return {"name": snap.topology, "dcs": list(snap.dcs), "links": links}
 
     def tunnels(self) -> dict:
         """{"tunnels": [{"tunnel", "src", "dst", "index", "path", "up"}], "switches": {...}}."""
@@ -176,13 +167,7 @@ class RestApp:
 
     def coflows(self) -> list[dict]:
         """[{"id", "state", "bytes_total", "bytes_delivered", "cct_s", "deadline_s"}]."""
-        with self.controller.lock:
-            out = []
-            for coflow in self.controller.registry.coflows.values():
-                s = coflow.status()
-                del s["flows"]
-                out.append(s)
-            return out
+        return list(self.controller.snapshot().coflows)
 
     def coflow(self, coflow_id: int) -> dict:
         """checkStatus's map plus "flowgroups": [{"src_dc", "dst_dc", "remaining",
@@ -209,16 +194,15 @@ class _Collector:
 
     def collect(self):
         c = self.app.controller
-        with c.lock:
-            rounds = c.stats["rounds"]
-            last_ms = c.stats["last_round_ms"]
-            recent = list(c.stats["round_ms"])
-            active = len(c.registry.active())
-            delivered = sum(x.bytes_delivered for x in c.registry.coflows.values())
-            delivered += c.stats["dropped_bytes_delivered"]
-            rejected = c.stats["rejected"]
-            ended = {k: c.stats[k] for k in ("failed", "cancelled", "restarts")}
-            dropped = dict(c.stats["dropped_finished"])
+        snap = c.snapshot()
+        rounds = snap.stats["rounds"]
+        last_ms = snap.stats["last_round_ms"]
+        recent = snap.stats["round_ms"]
+        active = snap.active
+        delivered = snap.bytes_delivered
+        rejected = snap.stats["rejected"]
+        ended = {k: snap.stats[k] for k in ("failed", "cancelled", "restarts")}
+        dropped = snap.stats["dropped_finished"]
         yield CounterMetricFamily("terra_rounds", "Scheduling rounds run", value=rounds)
         yield GaugeMetricFamily(
             "terra_round_latency_ms", "Wall time of the last scheduling round (ms)", value=last_ms
