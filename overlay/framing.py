@@ -360,25 +360,7 @@ class FrameReader:
         return header, payload
 
     def _decode_header(self, raw: memoryview) -> dict:
-        try:
-            header = msgpack.unpackb(raw, raw=False, strict_map_key=True)
-        except Exception as exc:  # msgpack raises many types for garbage input
-            raise FrameError(f"malformed frame header: {type(exc).__name__}: {exc}") from exc
-        if not isinstance(header, dict):
-            raise FrameError(f"frame header must be a map, got {type(header).__name__}")
-        version = header.get("v")
-        if version != VERSION or isinstance(version, bool):
-            raise FrameError(f"unsupported frame version {version!r} (expected {VERSION})")
-        if not isinstance(header.get("t"), str):
-            raise FrameError(f"frame header needs a str 't', got {header.get('t')!r}")
-        n = header.get("n")
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= self.max_payload:
-            raise FrameError(f"frame payload length {n!r} out of range 0..{self.max_payload}")
-        if "x" in header and not _is_u32(header["x"]):
-            raise FrameError(f"frame checksum must be a u32, got {header['x']!r}")
-        if header["t"] == CHUNK_TYPE:
-            _check_chunk_fields(header)
-        return header
+        return check_header(unpack_map(raw), self.max_payload)
 
     async def _fill(self, need: int, at_frame_start: bool) -> bool:
         """Have at least `need` unread bytes buffered; False on clean EOF at a frame start."""
@@ -449,6 +431,49 @@ class FrameReader:
                 raise _stream_error(self._sock, "receive", exc) from exc
             await trio.lowlevel.wait_readable(self._sock)
             self._waited = True
+
+
+# ---- the codec without I/O: shared by FrameReader (trio, agents) and the controller's
+# blocking readers (terra_controller.api_server.read_message, agent_channel.read_control)
+
+
+def unpack_map(raw) -> dict:
+    """Decode one msgpack map (a frame header, or a whole coflow API message).
+
+    Raises:
+        FrameError: malformed msgpack, non-str map keys, or not a map.
+    """
+    try:
+        value = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises many types for garbage input
+        raise FrameError(f"malformed msgpack: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(value, dict):
+        raise FrameError(f"a message must be a msgpack map, got {type(value).__name__}")
+    return value
+
+
+def check_header(header: dict, max_payload: int = MAX_PAYLOAD_BYTES) -> dict:
+    """Validate a decoded frame header; returns it.
+
+    Checks: "v" == VERSION, "t" a str, "n" an int in [0, max_payload] (0 for control
+    frames), "x" a u32 when present, chunk fields (see chunk_header).
+
+    Raises:
+        FrameError: the first check that fails, named.
+    """
+    version = header.get("v")
+    if version != VERSION or isinstance(version, bool):
+        raise FrameError(f"unsupported frame version {version!r} (expected {VERSION})")
+    if not isinstance(header.get("t"), str):
+        raise FrameError(f"frame header needs a str 't', got {header.get('t')!r}")
+    n = header.get("n")
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= max_payload:
+        raise FrameError(f"frame payload length {n!r} out of range 0..{max_payload}")
+    if "x" in header and not _is_u32(header["x"]):
+        raise FrameError(f"frame checksum must be a u32, got {header['x']!r}")
+    if header["t"] == CHUNK_TYPE:
+        _check_chunk_fields(header)
+    return header
 
 
 def _stream_error(sock, what: str, exc: OSError) -> Exception:

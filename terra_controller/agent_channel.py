@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 import msgpack
 
 from overlay import protocol
-from overlay.framing import MAX_HEADER_BYTES, VERSION, encode_frame
+from overlay.framing import MAX_HEADER_BYTES, FrameError, check_header, encode_frame
 from terra_controller.api_server import FRAME_TIMEOUT_S, WireError, read_message
 from terra_controller.coflow_registry import CoflowState, FlowState, RegistryError
 from terra_controller.controller import Controller, FlowRates
@@ -96,10 +96,10 @@ def read_control(sock: socket.socket, frame_timeout: float = FRAME_TIMEOUT_S) ->
         raise ChannelError(str(exc)) from exc
     if header is None:
         return None
-    if header.get("v") != VERSION:
-        raise ChannelError(f"unsupported version {header.get('v')!r}")
-    if header.get("n", 0) != 0:
-        raise ChannelError(f"control frames carry no payload (n={header.get('n')!r})")
+    try:
+        check_header(header, max_payload=0)  # the agents' own header checks (overlay/framing)
+    except FrameError as exc:
+        raise ChannelError(f"{exc} (control frames carry no payload)") from exc
     try:
         return protocol.validate_control(header)
     except protocol.ProtocolError as exc:

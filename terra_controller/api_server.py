@@ -49,6 +49,7 @@ from collections import OrderedDict
 
 import msgpack
 
+from overlay.framing import FrameError, unpack_map
 from terra_controller.coflow_registry import RegistryError
 from terra_controller.controller import Controller
 from terra_controller.pki import INSECURE, Identity, Role
@@ -132,12 +133,9 @@ def read_message(
     except OSError as exc:
         raise WireError(f"message not received within {frame_timeout} s: {exc}") from exc
     try:
-        message = msgpack.unpackb(body, raw=False)
-    except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise WireError(f"malformed msgpack: {exc}") from exc
-    if not isinstance(message, dict):
-        raise WireError("message must be a msgpack map")
-    return message
+        return unpack_map(body)
+    except FrameError as exc:
+        raise WireError(str(exc)) from exc
 
 
 def _read_rest(sock: socket.socket, first: bytes, max_bytes: int) -> bytes:

@@ -4,6 +4,7 @@ Run:
     terra-controller --topology {swan,gscale,att,PATH} (--pki DIR | --insecure) [--k K]
         [--alpha A] [--epsilon E] [--delta D] [--of-port 6653] [--api HOST:PORT]
         [--agents HOST:PORT] [--rest HOST:PORT] [--rest-public] [--no-openflow]
+        [--agent-timeout S] [--keep-finished N] [--keep-finished-s S] [--max-restarts N]
         [--log-level LEVEL]
 
 Certificates (docs/security.md):
@@ -78,6 +79,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--rest-public", action="store_true", help="REST without a client certificate"
     )
     p.add_argument("--no-openflow", action="store_true", help="no switches: logical tunnels")
+    p.add_argument(
+        "--agent-timeout", type=float, default=60.0,
+        help="seconds an agent may be disconnected before its unfinished coflows fail (60)",
+    )  # fmt: skip
+    p.add_argument(
+        "--keep-finished", type=int, default=10_000,
+        help="finished coflows kept in memory for status requests (10000)",
+    )  # fmt: skip
+    p.add_argument(
+        "--keep-finished-s", type=float, default=None,
+        help="seconds a finished coflow is kept in memory (default: no age bound)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-restarts", type=int, default=3,
+        help="re-transfers of a flow after digest mismatches before it fails (3)",
+    )  # fmt: skip
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
     return p
 
@@ -97,6 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.k < 1:
         raise SystemExit("terra-controller: --k must be >= 1")
+    if args.agent_timeout <= 0 or args.keep_finished < 0 or args.max_restarts < 0:
+        raise SystemExit(
+            "terra-controller: --agent-timeout must be > 0, --keep-finished and "
+            "--max-restarts >= 0"
+        )
     try:
         topology = load_topology(args.topology)
     except (TopologyError, OSError) as exc:
@@ -144,7 +166,10 @@ def run(args, topology, security) -> None:
         shared = startup_tunnels(topology, args.k, binding.base_port)  # rules and agents
         tunnels = TunnelTable(topology, args.k, binding.base_port, logical=False, tunnels=shared)
         policy = InstalledPathsPolicy(topology, tunnels, **params)
-    controller = Controller(topology, policy)
+    controller = Controller(
+        topology, policy, agent_timeout_s=args.agent_timeout, keep_finished=args.keep_finished,
+        keep_finished_s=args.keep_finished_s, max_restarts=args.max_restarts,
+    )  # fmt: skip
     openflow_info = None
     threads = []
     if not args.no_openflow:

@@ -263,7 +263,7 @@ def frame(header: dict, payload: bytes = b"") -> bytes:
 HELLO = frame({"t": "hello", "agent": "x", "tunnel": "t"})
 CRC_DATA = zlib.crc32(b"data")
 BAD_INPUTS = {  # name: (bytes sent, what the agent's log must say)
-    "malformed msgpack": (b"\x00\x00\x00\x03\xc1\xc1\xc1", "malformed frame header"),
+    "malformed msgpack": (b"\x00\x00\x00\x03\xc1\xc1\xc1", "malformed msgpack"),
     "wrong version": (
         frame({"v": 2, "t": "hello", "agent": "x", "tunnel": "t"}),
         "unsupported frame version 2",
