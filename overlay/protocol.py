@@ -65,7 +65,13 @@ All validators raise ProtocolError (a ValueError) with a message naming the fiel
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import asdict, dataclass
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
 
 PROTOCOL_TYPES_FROM_AGENT = (
     "register",
@@ -267,7 +273,213 @@ def _with_id(msg: dict, msg_id) -> dict:
     return validate_control(msg)
 
 
-# ---------------------------------------------------------------- validation
+# ---------------------------------------------------------------- validation (msgspec)
+#
+# Every message type is a msgspec Struct tagged by its "t" field; msgspec checks the types,
+# ranges and required fields (unknown fields, e.g. the frame's "v" and "n", are ignored);
+# __post_init__ adds the checks that span fields. Validation converts a decoded header map
+# with msgspec.convert and returns the map itself, so callers keep working with plain maps.
+
+Name = Annotated[str, Meta(min_length=1)]
+Bytes = Annotated[int, Meta(ge=0)]
+Port = Annotated[int, Meta(ge=1, le=MAX_PORT)]
+
+
+class _Control(msgspec.Struct, tag_field="t", frozen=True, kw_only=True):
+    id: str | int | None = None
+
+
+class _Register(_Control, tag="register", frozen=True):
+    dc: Name
+    agent: Name
+    data_addr: str
+    inflight: list[_Inflight] = []
+
+    def __post_init__(self) -> None:
+        parse_addr(self.data_addr, "data_addr")
+
+
+class _Inflight(msgspec.Struct, frozen=True):
+    coflow: Name
+    flow: Name
+    offset: Bytes
+    role: Literal["send", "recv"]
+    digest: str | None = None
+
+
+class _Registered(_Control, tag="registered", frozen=True):
+    agent: Name
+
+
+class _Tunnel(msgspec.Struct, frozen=True):
+    tunnel: Name
+    peer_agent: Name
+    peer_addr: str
+    port: Port
+    path: Annotated[list[Name], Meta(min_length=2)]
+
+    def __post_init__(self) -> None:
+        parse_addr(self.peer_addr, "peer_addr")
+
+
+class _Tunnels(_Control, tag="tunnels", frozen=True):
+    tunnels: list[_Tunnel]
+    listen: list[Port] = []
+
+    def __post_init__(self) -> None:
+        seen = set()
+        for t in self.tunnels:
+            if (t.peer_agent, t.tunnel) in seen:
+                raise ValueError(f"duplicate tunnel {t.tunnel!r} to {t.peer_agent!r}")
+            seen.add((t.peer_agent, t.tunnel))
+
+
+class _Flow(msgspec.Struct, frozen=True):
+    coflow: Name
+    flow: Name
+    src_agent: Name
+    dst_agent: Name
+    dst_dc: Name
+    size: Annotated[int, Meta(ge=1)]
+    offset: Bytes = 0
+    attempt: Bytes = 0
+    source: str = "synthetic"
+    sink: str = "digest"
+
+    def __post_init__(self) -> None:
+        if self.offset > self.size:
+            raise ValueError(f"offset {self.offset} > size {self.size}")
+        _endpoint(self.source, "synthetic", "source")
+        _endpoint(self.sink, "digest", "sink")
+
+
+class _Flows(_Control, tag="flows", frozen=True):
+    flows: list[_Flow]
+
+
+class _PathRate(msgspec.Struct, frozen=True):
+    tunnel: Name
+    rate: Annotated[float, Meta(ge=0)]
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.rate):
+            raise ValueError(f"rate must be a finite number >= 0, got {self.rate!r}")
+
+
+class _Group(msgspec.Struct, frozen=True):
+    coflow: Name
+    dst_dc: Name
+    paths: list[_PathRate]
+
+
+class _Rates(_Control, tag="rates", frozen=True):
+    rates: list[_Group]
+
+
+class _Acked(msgspec.Struct, frozen=True):
+    coflow: Name
+    flow: Name
+    acked: Bytes
+
+
+class _Progress(_Control, tag="progress", frozen=True):
+    flows: list[_Acked]
+
+
+class _Complete(_Control, tag="complete", frozen=True):
+    coflow: Name
+    flow: Name
+    digest: Name
+    size: Annotated[int, Meta(ge=1)]
+
+
+class _Failed(_Control, tag="failed", frozen=True):
+    coflow: Name
+    flow: Name
+    reason: Name
+    cause: Literal["source", "sink", "digest"]
+    attempt: Bytes = 0
+
+
+class _Drop(_Control, tag="drop", frozen=True):
+    coflow: Name
+    flows: list[Name]
+
+
+class _Error(_Control, tag="error", frozen=True):
+    message: str
+
+
+class _Ack(_Control, tag="ack", frozen=True):
+    id: str | int  # required here
+
+    def __post_init__(self) -> None:
+        if isinstance(self.id, bool):
+            raise ValueError("id must be a str or int")
+
+
+class _Heartbeat(_Control, tag="heartbeat", frozen=True):
+    pass
+
+
+_CONTROL = (
+    _Register | _Registered | _Tunnels | _Flows | _Rates | _Progress | _Complete | _Failed
+    | _Drop | _Error | _Ack | _Heartbeat
+)  # fmt: skip
+
+
+class _Hello(msgspec.Struct, tag_field="t", tag="hello", frozen=True):
+    agent: Name
+    tunnel: Name
+
+
+class _Chunk(msgspec.Struct, tag_field="t", tag="chunk", frozen=True):
+    c: Name
+    f: Name
+    o: Bytes
+    d: Name | None = None
+    a: Bytes = 0
+
+
+class _DataAck(msgspec.Struct, tag_field="t", tag="ack", frozen=True):
+    c: Name
+    f: Name
+    o: Bytes
+    e: Bytes
+    a: Bytes = 0
+
+
+_DATA = _Hello | _Chunk | _DataAck
+
+
+def _endpoint(value: str, default: str, what: str) -> None:
+    """A flow's data source/sink: `default` or ``file:PATH`` (raises ValueError)."""
+    if not (value == default or (value.startswith("file:") and len(value) > 5)):
+        raise ValueError(f"{what} must be '{default}' or 'file:PATH', got {value!r}")
+
+
+def _convert(msg: object, union, what: str) -> None:
+    if not isinstance(msg, dict):
+        raise ProtocolError(f"message must be a map, got {type(msg).__name__}")
+    kind = msg.get("t")
+    try:
+        msgspec.convert(msg, union, strict=True)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        if isinstance(kind, str) and f"Invalid value {kind!r} - at `$.t`" in text:
+            raise ProtocolError(f"unknown {what} message type {kind!r}") from None
+        problem, _, where = text.rpartition(" - at `$")
+        if not problem:  # no path: the message itself
+            problem, where = text, "`"
+        path = where.rstrip("`")
+        missing = re.search(r"missing required field `([^`]*)`", problem)
+        if missing:
+            field, path = missing.group(1), f"{path}.{missing.group(1)}"
+        else:
+            field = re.split(r"[.\[\]]", path.rstrip("]"))[-1] or path
+        raise ProtocolError(f"{kind!r} message: field {field!r} at {path}: {problem}") from None
+    except ProtocolError as exc:  # parse_addr in __post_init__
+        raise ProtocolError(f"{kind!r} message: {exc}") from None
 
 
 def validate_control(msg: dict) -> dict:
@@ -280,49 +492,23 @@ def validate_control(msg: dict) -> dict:
         msg itself (unchanged) when valid.
 
     Raises:
-        ProtocolError: not a dict, unknown "t", a missing field or a field of the wrong type/range.
+        ProtocolError: not a dict, unknown "t", a missing field or a field of the wrong
+            type/range (msgspec's message names the field, e.g. ``$.flows[0].acked``).
     """
-    if not isinstance(msg, dict):
-        raise ProtocolError(f"message must be a map, got {type(msg).__name__}")
-    kind = msg.get("t")
-    check = _CONTROL_CHECKS.get(kind) if isinstance(kind, str) else None  # (may be unhashable)
-    if check is None:
-        raise ProtocolError(f"unknown control message type {kind!r}")
-    if "id" in msg and not isinstance(msg["id"], (str, int)):
-        raise ProtocolError(f"{kind}: 'id' must be a str or int, got {msg['id']!r}")
-    check(msg)
+    _convert(msg, _CONTROL, "control")
     return msg
 
 
 def validate_data(msg: dict) -> dict:
     """Check a data-connection frame header ("hello", "chunk" or "ack") and return it.
 
-    Chunk fields proper (c, f, o, n, x) are checked by framing.FrameReader; this adds "d".
+    Chunk fields proper (c, f, o, n, x) are also checked by framing.FrameReader; this adds
+    "d" and "a".
 
     Raises:
         ProtocolError: unknown type, missing or mistyped fields.
     """
-    if not isinstance(msg, dict):
-        raise ProtocolError(f"message must be a map, got {type(msg).__name__}")
-    kind = msg.get("t")
-    if kind == "hello":
-        _str(msg, "agent", kind)
-        _str(msg, "tunnel", kind)
-    elif kind == "chunk":
-        _str(msg, "c", kind)
-        _str(msg, "f", kind)
-        _int(msg, "o", kind)
-        if "d" in msg:
-            _str(msg, "d", kind)
-        _int(msg, "a", kind, optional=True)
-    elif kind == "ack":
-        _str(msg, "c", kind)
-        _str(msg, "f", kind)
-        _int(msg, "o", kind)
-        _int(msg, "e", kind)
-        _int(msg, "a", kind, optional=True)
-    else:
-        raise ProtocolError(f"unknown data message type {kind!r}")
+    _convert(msg, _DATA, "data")
     return msg
 
 
@@ -394,184 +580,3 @@ def parse_rates(msg: dict) -> list[GroupRates]:
     ]
 
 
-def _str(d: dict, key: str, where: str, optional: bool = False) -> None:
-    if key not in d:
-        if optional:
-            return
-        raise ProtocolError(f"{where}: missing field {key!r}")
-    value = d[key]
-    if not isinstance(value, str) or not value:
-        raise ProtocolError(f"{where}: field {key!r} must be a non-empty str, got {value!r}")
-
-
-def _int(d: dict, key: str, where: str, optional: bool = False, minimum: int = 0) -> None:
-    if key not in d:
-        if optional:
-            return
-        raise ProtocolError(f"{where}: missing field {key!r}")
-    value = d[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ProtocolError(f"{where}: field {key!r} must be an int >= {minimum}, got {value!r}")
-
-
-def _list(d: dict, key: str, where: str, optional: bool = False) -> list:
-    if key not in d:
-        if optional:
-            return []
-        raise ProtocolError(f"{where}: missing field {key!r}")
-    value = d[key]
-    if not isinstance(value, list):
-        raise ProtocolError(f"{where}: field {key!r} must be a list, got {type(value).__name__}")
-    return value
-
-
-def _map(item, where: str) -> dict:
-    if not isinstance(item, dict):
-        raise ProtocolError(f"{where}: entries must be maps, got {type(item).__name__}")
-    return item
-
-
-def _check_register(m: dict) -> None:
-    for key in ("dc", "agent"):
-        _str(m, key, "register")
-    parse_addr(m.get("data_addr"), "register: data_addr")
-    for i, item in enumerate(_list(m, "inflight", "register", optional=True)):
-        where = f"register: inflight[{i}]"
-        _map(item, where)
-        _str(item, "coflow", where)
-        _str(item, "flow", where)
-        _int(item, "offset", where)
-        if item.get("role") not in ("send", "recv"):
-            raise ProtocolError(f"{where}: role must be 'send' or 'recv', got {item.get('role')!r}")
-
-
-def _check_registered(m: dict) -> None:
-    _str(m, "agent", "registered")
-
-
-def _check_tunnels(m: dict) -> None:
-    seen = set()
-    for i, item in enumerate(_list(m, "tunnels", "tunnels")):
-        where = f"tunnels: tunnels[{i}]"
-        _map(item, where)
-        for key in ("tunnel", "peer_agent"):
-            _str(item, key, where)
-        parse_addr(item.get("peer_addr"), f"{where}: peer_addr")
-        _int(item, "port", where, minimum=1)
-        if item["port"] > MAX_PORT:
-            raise ProtocolError(f"{where}: port {item['port']} > {MAX_PORT}")
-        path = _list(item, "path", where)
-        if len(path) < 2 or not all(isinstance(dc, str) and dc for dc in path):
-            raise ProtocolError(f"{where}: path must list >= 2 DC names, got {path!r}")
-        key = (item["peer_agent"], item["tunnel"])
-        if key in seen:
-            raise ProtocolError(f"{where}: duplicate tunnel {item['tunnel']!r} to {key[0]!r}")
-        seen.add(key)
-    for port in _list(m, "listen", "tunnels", optional=True):
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= MAX_PORT:
-            raise ProtocolError(f"tunnels: listen ports must be in 1..{MAX_PORT}, got {port!r}")
-
-
-def _check_flows(m: dict) -> None:
-    for i, item in enumerate(_list(m, "flows", "flows")):
-        where = f"flows: flows[{i}]"
-        _map(item, where)
-        for key in ("coflow", "flow", "src_agent", "dst_agent", "dst_dc"):
-            _str(item, key, where)
-        _int(item, "size", where, minimum=1)
-        _int(item, "offset", where, optional=True)
-        _int(item, "attempt", where, optional=True)
-        if item.get("offset", 0) > item["size"]:
-            raise ProtocolError(f"{where}: offset {item['offset']} > size {item['size']}")
-        _endpoint(item, "source", "synthetic", where)
-        _endpoint(item, "sink", "digest", where)
-
-
-def _endpoint(item: dict, key: str, default: str, where: str) -> None:
-    """Check a flow's data source/sink: `default` or ``file:PATH`` (raises ProtocolError)."""
-    value = item.get(key, default)
-    if not isinstance(value, str) or not (
-        value == default or (value.startswith("file:") and len(value) > 5)
-    ):
-        raise ProtocolError(f"{where}: {key} must be '{default}' or 'file:PATH', got {value!r}")
-
-
-def _check_rates(m: dict) -> None:
-    for i, item in enumerate(_list(m, "rates", "rates")):
-        where = f"rates: rates[{i}]"
-        _map(item, where)
-        _str(item, "coflow", where)
-        _str(item, "dst_dc", where)
-        for j, path in enumerate(_list(item, "paths", where)):
-            pwhere = f"{where}.paths[{j}]"
-            _map(path, pwhere)
-            _str(path, "tunnel", pwhere)
-            rate = path.get("rate")
-            if (
-                isinstance(rate, bool)
-                or not isinstance(rate, (int, float))
-                or not rate >= 0
-                or rate == float("inf")
-            ):
-                raise ProtocolError(f"{pwhere}: rate must be a finite number >= 0, got {rate!r}")
-
-
-def _check_progress(m: dict) -> None:
-    for i, item in enumerate(_list(m, "flows", "progress")):
-        where = f"progress: flows[{i}]"
-        _map(item, where)
-        _str(item, "coflow", where)
-        _str(item, "flow", where)
-        _int(item, "acked", where)
-
-
-def _check_complete(m: dict) -> None:
-    for key in ("coflow", "flow", "digest"):
-        _str(m, key, "complete")
-    _int(m, "size", "complete", minimum=1)
-
-
-def _check_failed(m: dict) -> None:
-    for key in ("coflow", "flow", "reason"):
-        _str(m, key, "failed")
-    cause = m.get("cause")
-    if cause not in FAILURE_CAUSES:
-        raise ProtocolError(f"failed: cause must be one of {FAILURE_CAUSES}, got {cause!r}")
-    _int(m, "attempt", "failed", optional=True)
-
-
-def _check_drop(m: dict) -> None:
-    _str(m, "coflow", "drop")
-    for i, flow in enumerate(_list(m, "flows", "drop")):
-        if not isinstance(flow, str) or not flow:
-            raise ProtocolError(f"drop: flows[{i}] must be a non-empty str, got {flow!r}")
-
-
-def _check_error(m: dict) -> None:
-    if not isinstance(m.get("message"), str):
-        raise ProtocolError(f"error: field 'message' must be a str, got {m.get('message')!r}")
-
-
-def _check_ack(m: dict) -> None:
-    if not isinstance(m.get("id"), (str, int)) or isinstance(m.get("id"), bool):
-        raise ProtocolError(f"ack: field 'id' must be a str or int, got {m.get('id')!r}")
-
-
-def _check_nothing(m: dict) -> None:
-    return None
-
-
-_CONTROL_CHECKS = {
-    "register": _check_register,
-    "registered": _check_registered,
-    "tunnels": _check_tunnels,
-    "flows": _check_flows,
-    "rates": _check_rates,
-    "progress": _check_progress,
-    "complete": _check_complete,
-    "error": _check_error,
-    "failed": _check_failed,
-    "drop": _check_drop,
-    "ack": _check_ack,
-    "heartbeat": _check_nothing,
-}

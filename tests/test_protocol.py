@@ -72,7 +72,7 @@ def test_constructors_round_trip_through_frames():
         ({"t": "flows", "flows": [{**FLOW.to_dict(), "offset": 1001}]}, "offset"),
         ({"t": "flows", "flows": [{**FLOW.to_dict(), "source": "http://x"}]}, "source"),
         ({"t": "flows", "flows": [{**FLOW.to_dict(), "sink": "file:"}]}, "sink"),
-        ({"t": "flows", "flows": "x"}, "must be a list"),
+        ({"t": "flows", "flows": "x"}, "Expected `array`"),
         ({"t": "rates", "rates": [{"coflow": "c", "dst_dc": "LA", "paths": [{}]}]}, "tunnel"),
         (
             {"t": "rates", "rates": [{"coflow": "c", "dst_dc": "LA", "paths": [{"tunnel": "t"}]}]},
