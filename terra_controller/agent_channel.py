@@ -53,7 +53,13 @@ import msgpack
 from overlay import protocol
 from overlay.framing import MAX_HEADER_BYTES, FrameError, check_header, encode_frame
 from terra_controller.api_server import FRAME_TIMEOUT_S, WireError, read_message
-from terra_controller.coflow_registry import CoflowState, FlowState, RegistryError
+from terra_controller.coflow_registry import (
+    CoflowState,
+    FlowState,
+    RegistryError,
+    coflow_key,
+    parse_coflow_key,
+)
 from terra_controller.controller import Controller, FlowRates
 from terra_controller.pki import INSECURE, Identity, Role
 from terra_controller.transport import ServerSecurity, SharedSocket, listen_and_serve
@@ -323,7 +329,7 @@ class AgentChannel:
         receiver when `receiver`); an unknown coflow/flow raises "unknown_coflow"/"unknown_flow".
         """
         with self.controller.lock:
-            f = self.controller.registry.flow(_cid(coflow), flow)
+            f = self.controller.registry.flow(parse_coflow_key(coflow), flow)
             endpoints = (f.dst_agent,) if receiver else (f.src_agent, f.dst_agent)
         if agent not in endpoints:
             raise RegistryError(
@@ -338,7 +344,7 @@ class AgentChannel:
                 raise
             self._keep_if_unknown(agent, coflow, flow, acked)
             return
-        if not self.controller.progress(_cid(coflow), flow, acked):
+        if not self.controller.progress(parse_coflow_key(coflow), flow, acked):
             self._send_drop({agent}, coflow, [flow])  # its coflow failed / was cancelled
 
     def _complete(self, agent: str, coflow: str, flow: str, digest: str) -> None:
@@ -353,7 +359,7 @@ class AgentChannel:
                         self.pending_complete.pop(next(iter(self.pending_complete)))
                 return
             raise
-        self.controller.complete(_cid(coflow), flow, digest)
+        self.controller.complete(parse_coflow_key(coflow), flow, digest)
 
     def _failed(
         self, agent: str, coflow: str, flow: str, reason: str, cause: str, attempt: int = 0
@@ -378,15 +384,16 @@ class AgentChannel:
             raise
         if cause == "source":
             with self.controller.lock:
-                sender = self.controller.registry.flow(_cid(coflow), flow).src_agent
+                sender = self.controller.registry.flow(parse_coflow_key(coflow), flow).src_agent
             if agent != sender:
                 raise RegistryError("forbidden", f"agent {agent!r} does not send {coflow}/{flow}")
         LOG.warning("agent %s: flow %s/%s cannot run (%s): %s", agent, coflow, flow, cause, reason)
-        self.controller.fail_flow(_cid(coflow), flow, reason, cause == "digest", attempt)
+        cid = parse_coflow_key(coflow)
+        self.controller.fail_flow(cid, flow, reason, cause == "digest", attempt)
 
     def _unknown(self, coflow: str) -> bool:
         try:
-            return _cid(coflow) not in self.controller.registry.coflows
+            return parse_coflow_key(coflow) not in self.controller.registry.coflows
         except RegistryError:
             return False
 
@@ -559,7 +566,7 @@ class AgentChannel:
         On a restart, what was last sent as rates to the sender's FlowGroup is forgotten, so
         the next round sends its rates afresh; otherwise the next round pauses the group.
         """
-        cid = str(coflow.id)
+        cid = coflow_key(coflow.id)
         if not restart:
             per_agent: dict[str, list[str]] = {}
             for f in flows:
@@ -675,7 +682,8 @@ class AgentChannel:
                     f = coflow.flows.get(fid)
                     if f is None:
                         continue
-                    group = out.setdefault(f.src_agent, {}).setdefault((str(cid), f.dst_dc), {})
+                    key = (coflow_key(cid), f.dst_dc)
+                    group = out.setdefault(f.src_agent, {}).setdefault(key, {})
                     for path, rate in paths:
                         tunnel = self.tunnels.tunnel_for(path)
                         if tunnel is not None and rate > 0:
@@ -701,7 +709,7 @@ def flow_spec(coflow: CoflowState, f: FlowState) -> protocol.FlowSpec:
     """The descriptor agents get for a WAN flow: offset = bytes acknowledged so far,
     attempt = the flow's restarts, "file:PATH" source / sink when it names paths."""
     return protocol.FlowSpec(
-        coflow=str(coflow.id),
+        coflow=coflow_key(coflow.id),
         flow=f.id,
         src_agent=f.src_agent,
         dst_agent=f.dst_agent,
@@ -739,13 +747,6 @@ def batches(items: list, limit: int = BATCH_BYTES) -> list[list]:
         out[-1].append(item)
         size += n
     return out
-
-
-def _cid(coflow: str) -> int:
-    try:
-        return int(coflow)
-    except (TypeError, ValueError):
-        raise RegistryError("unknown_coflow", f"unknown coflow {coflow!r}") from None
 
 
 def start_agent_server(

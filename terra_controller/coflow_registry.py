@@ -231,10 +231,10 @@ class CoflowState:
         }
 
     def to_policy_coflow(self, flows: list[FlowState] | None = None) -> Coflow:
-        """Return the scheduler's view: a `Coflow` with DC endpoints (id = str(self.id))."""
+        """Return the scheduler's view: a `Coflow` with DC endpoints (id = coflow_key(id))."""
         chosen = list(self.flows.values()) if flows is None else flows
         return Coflow(
-            str(self.id),
+            coflow_key(self.id),
             self.submitted_s,
             [to_policy_flow(f) for f in chosen],
             self.deadline_s,
@@ -619,7 +619,7 @@ class CoflowRegistry:
         The maps are fresh copies (the caller may keep them).
         """
         if connected is None:
-            return {str(cid): dict(left) for cid, left in self._left.items()}
+            return {coflow_key(cid): dict(left) for cid, left in self._left.items()}
         out = {}
         for cid, left in self._left.items():
             flows = self.coflows[cid].flows
@@ -627,7 +627,7 @@ class CoflowRegistry:
                 fid: b for fid, b in left.items() if connected(flows[fid].src_dc, flows[fid].dst_dc)
             }
             if kept:
-                out[str(cid)] = kept
+                out[coflow_key(cid)] = kept
         return out
 
 
@@ -670,6 +670,30 @@ def check_path(value: object, where: str) -> str | None:
     if ".." in value.split("/"):
         raise RegistryError("bad_request", f"{where}: must not have a '..' component")
     return value
+
+
+CoflowId = int  # the controller's one coflow id type: an int in 0..MAX_COFLOW_ID
+
+
+def coflow_key(cid: CoflowId) -> str:
+    """The id as the scheduling policy and the agents' control messages carry it: its
+    decimal string (the policy's ids are strings because the simulator's workloads name
+    coflows; the wire keeps ids opaque). The one conversion from CoflowId."""
+    return str(cid)
+
+
+def parse_coflow_key(key: object) -> CoflowId:
+    """The CoflowId of a policy key or a coflow field of an agent's message (`coflow_key`'s
+    inverse; the one conversion to CoflowId).
+
+    Raises:
+        RegistryError("unknown_coflow"): not the decimal string of an id in 0..MAX_COFLOW_ID.
+    """
+    if isinstance(key, str) and key.isdigit() and len(key) <= 19:
+        cid = int(key)
+        if cid <= MAX_COFLOW_ID:
+            return cid
+    raise RegistryError("unknown_coflow", f"unknown coflow {key!r}")
 
 
 def check_coflow_id(value: object) -> int:

@@ -47,6 +47,8 @@ from terra_controller.coflow_registry import (
     check_age,
     check_coflow_id,
     check_deadline,
+    coflow_key,
+    parse_coflow_key,
     to_policy_flow,
 )
 from terra_controller.policy import Allocation, Policy
@@ -283,7 +285,7 @@ class Controller:
                     if coflow.wan_done:  # its WAN part was empty so far: enter the policy now
                         self.policy.add_coflow(coflow.to_policy_coflow(parsed), self.now())
                     else:
-                        self.policy.add_flows(str(coflow.id), wan, self.now())
+                        self.policy.add_flows(coflow_key(coflow.id), wan, self.now())
                 except (KeyError, ValueError) as exc:
                     raise RegistryError("no_path", f"flows cannot be routed: {exc}") from exc
             self.registry.add_flows(coflow, parsed)
@@ -377,7 +379,7 @@ class Controller:
         dropped = self.registry.end(coflow, state, reason, now, culprit)
         self._leaving.append(coflow.id)
         self.rates.pop(coflow.id, None)
-        self.allocation.pop(str(coflow.id), None)
+        self.allocation.pop(coflow_key(coflow.id), None)
         self.stats[state.value] += 1
         level = logging.WARNING if state is CoflowStatus.FAILED else logging.INFO
         LOG.log(level, "coflow %s %s: %s", coflow.id, state.value, coflow.reason)
@@ -610,7 +612,7 @@ class Controller:
             now = self.now()
             leaving, self._leaving = self._leaving, []
             for cid in leaving:
-                self.policy.remove_coflow(str(cid), now)
+                self.policy.remove_coflow(coflow_key(cid), now)
 
     def _policy_states(self, remaining: dict) -> dict[str, object]:
         """{str(coflow id): the policy's state for it} for the coflows of this round
@@ -656,7 +658,7 @@ class Controller:
         """Set every active coflow's state (lock held): the policy's (`states`) when it
         is an active one, else running / preempted by whether it has rates."""
         for coflow in self.registry.active():
-            state = states.get(str(coflow.id))
+            state = states.get(coflow_key(coflow.id))
             if state not in _ACTIVE_STATES:
                 rates = self.rates.get(coflow.id, {})
                 running = any(r > 0 for paths in rates.values() for _, r in paths)
@@ -754,7 +756,7 @@ def flow_rates(allocation: Allocation, registry: CoflowRegistry) -> FlowRates:
     """
     out: FlowRates = {}
     for key, flows in allocation.items():
-        cid = int(key)
+        cid = parse_coflow_key(key)
         coflow = registry.coflows.get(cid)
         if coflow is not None and not coflow.state.final:
             out[cid] = flows

@@ -99,29 +99,59 @@ def _wire_safe(value) -> bool:
     return True
 
 
+def same_kind(value) -> st.SearchStrategy:
+    """Plausible replacements: another value of the original's type (ids, sizes, rates)."""
+    if isinstance(value, bool):
+        return st.booleans()
+    if isinstance(value, int):
+        return st.one_of(st.integers(0, 2**64 - 1), st.integers(0, 1000))
+    if isinstance(value, float):
+        return st.floats(0, 1e12)
+    if isinstance(value, str):
+        return st.one_of(st.text(min_size=1, max_size=10),
+                         st.sampled_from(["0", "1", "f", "g", "a1", "b1", "c1", "A", "B", "C"]))
+    return st.just(value)  # fmt: skip
+
+
+MUTATIONS = ["replace", "replace", "retype", "retype", "delete", "extra", "entry", "entry",
+             "none"]  # fmt: skip
+ENVELOPE = ("v", "op", "t")  # fields that make everything else moot: changed less often
+
+
 @st.composite
 def mutants(draw, bases: dict, ints, list_fields=()) -> dict:
-    """A valid message from `bases` ({name: message}) with one change: a field replaced by
-    a fuzzed value or removed, an unknown field added, or a field of a list entry changed."""
+    """A valid message from `bases` ({name: message}) with one change: a field replaced by a
+    fuzzed value or by another value of its type, removed, an unknown field added, or a field
+    of a list entry changed that way."""
     msg = copy.deepcopy(bases[draw(st.sampled_from(sorted(bases)))])
     value = field_values(ints)
-    how = draw(st.sampled_from(["replace", "replace", "delete", "extra", "entry", "none"]))
+    how = draw(st.sampled_from(MUTATIONS))
     lists = [k for k in list_fields if isinstance(msg.get(k), list) and msg[k]]
     if how == "entry" and lists:
         entries = msg[draw(st.sampled_from(lists))]
-        entry = entries[draw(st.integers(0, len(entries) - 1))]
+        i = draw(st.integers(0, len(entries) - 1))
+        entry = entries[i]
         if isinstance(entry, dict):
             key = draw(st.sampled_from([*sorted(entry), "extra"]))
-            if draw(st.booleans()) and key in entry:
+            what = draw(st.sampled_from(["delete", "replace", "retype"]))
+            if what == "delete" and key in entry:
                 del entry[key]
+            elif what == "retype" and key in entry:
+                entry[key] = draw(same_kind(entry[key]))
             else:
                 entry[key] = draw(value)
         else:
-            entries.append(draw(value))
-    elif how in ("replace", "entry"):
-        msg[draw(st.sampled_from(sorted(msg)))] = draw(value)
-    elif how == "delete" and msg:
-        del msg[draw(st.sampled_from(sorted(msg)))]
+            entries[i] = draw(st.one_of(value, same_kind(entry)))
+        return msg
+    keys = sorted(msg)
+    inner = [k for k in keys if k not in ENVELOPE] or keys
+    key = draw(st.sampled_from(keys) if draw(st.integers(0, 5)) == 0 else st.sampled_from(inner))
+    if how in ("replace", "entry"):
+        msg[key] = draw(value)
+    elif how == "retype":
+        msg[key] = draw(same_kind(msg[key]))
+    elif how == "delete":
+        del msg[key]
     elif how == "extra":
         msg[draw(st.text(max_size=6))] = draw(value)
     return msg
@@ -151,10 +181,9 @@ API_BASES = {
 
 def api_requests(ints) -> st.SearchStrategy:
     """Near-valid requests (most), and arbitrary values (some)."""
+    near = mutants(API_BASES, ints, list_fields=("flows",))
     return st.one_of(
-        mutants(API_BASES, ints, list_fields=("flows",)),
-        mutants(API_BASES, ints, list_fields=("flows",)),
-        mutants(API_BASES, ints, list_fields=("flows",)),
+        near, near, near, near, near,
         st.dictionaries(st.sampled_from(["v", "op", "coflow", "flows", "req", "ref"]),
                         field_values(ints), max_size=4),
         nested(ints),
@@ -759,8 +788,8 @@ def _header_frame(header: dict, payload: bytes = b"") -> bytes:
 def data_frames(draw) -> bytes:
     """One piece of a data-port byte stream: valid or corrupted frames, garbage, bad lengths."""
     payload = draw(st.binary(max_size=300))
-    kind = draw(st.sampled_from(["chunk", "bad-chunk", "header", "mutant", "garbage", "body",
-                                 "hlen", "n", "cut"]))  # fmt: skip
+    kind = draw(st.sampled_from(["chunk", "chunk", "chunk", "bad-chunk", "header", "mutant",
+                                 "garbage", "body", "hlen", "n", "cut"]))  # fmt: skip
     if kind == "chunk":
         return b"".join(encode_frame(chunk_header("0", "f", draw(WIRE_INTS.filter(
             lambda o: o >= 0)), payload), payload))  # fmt: skip
