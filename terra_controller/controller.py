@@ -2,7 +2,7 @@
 
 `Controller` owns the `Topology`, the policy (normally `TerraPolicy`) and the
 `CoflowRegistry`. The API server, the agent channel, the REST server and the
-OpenFlow app call its methods from their own threads. Two locks (docs/design.md):
+OpenFlow app call its methods from their own threads. Two locks (docs/runtime.md):
 `lock` guards the registry, the rates and the stats and is only ever held
 briefly; `policy_lock` guards the policy and is held for a round's
 `policy.allocate`. A round takes a snapshot of the remaining bytes under `lock`,

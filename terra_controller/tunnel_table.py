@@ -2,7 +2,7 @@
 
 The tunnels are built once at start-up (`tunnels.startup_tunnels`) and shared
 with the OpenFlow app, so rules, tunnel ids and TCP ports agree (paper section
-5: routes change without touching the switches; docs/design.md).
+5: routes change without touching the switches; docs/runtime.md).
 """
 
 from __future__ import annotations
