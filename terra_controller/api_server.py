@@ -207,7 +207,7 @@ class ApiHandler:
         op = request.get("op")
         handler = _OPS.get(op) if isinstance(op, str) else None
         if handler is None:
-            raise RegistryError("bad_request", f"unknown op {op!r}")
+            raise RegistryError("bad_request", f"unknown op {op!r:.80}")
         allowed = _ROLES[op]
         if not any(identity.may(role) for role in allowed):
             raise RegistryError(
@@ -366,9 +366,26 @@ def serve_connection(handler: ApiHandler, sock: socket.socket, addr, identity=IN
                 return
             if request is None:
                 return
-            sock.sendall(pack_message(handler.handle(request, identity)))
+            sock.sendall(_packed_reply(handler, handler.handle(request, identity)))
     except (OSError, EOFError) as exc:
         LOG.debug("API %s: connection ended: %s", addr, exc)
+
+
+def _packed_reply(handler: ApiHandler, reply: dict) -> bytes:
+    """The encoded reply; a reply too large to send (e.g. an echoed "req" or a long bad
+    value quoted in an error) is replaced by a short error reply."""
+    try:
+        return pack_message(reply)
+    except WireError:
+        return pack_message(
+            {
+                "v": API_VERSION,
+                "ok": False,
+                "code": "reply_too_large",
+                "error": f"the reply exceeds {MAX_MESSAGE_BYTES} bytes",
+                "instance": handler.instance,
+            }
+        )
 
 
 def _send_quietly(sock: socket.socket, message: dict) -> None:

@@ -717,9 +717,17 @@ def check_age(value: object) -> float:
     """
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise RegistryError("bad_request", f"age_s must be seconds (a number), got {value!r}")
-    if not (math.isfinite(value) and value >= 0):
-        raise RegistryError("bad_request", f"age_s must be finite and >= 0, got {value!r}")
+    if not (_finite(value) and value >= 0):
+        raise RegistryError("bad_request", f"age_s must be finite and >= 0, got {value!r:.40}")
     return float(value)
+
+
+def _finite(value: int | float) -> bool:
+    """True for a finite number that fits a float (a huge int does not)."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 def check_deadline(value: object) -> float | None:
@@ -732,6 +740,8 @@ def check_deadline(value: object) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise RegistryError("bad_request", f"deadline must be seconds (a number), got {value!r}")
-    if not 0 < value < float("inf"):
-        raise RegistryError("bad_request", f"deadline must be positive and finite, got {value!r}")
+    if not (value > 0 and _finite(value)):
+        raise RegistryError(
+            "bad_request", f"deadline must be positive and finite, got {value!r:.40}"
+        )
     return float(value)

@@ -7,6 +7,7 @@ directed links, each with its own capacity and state.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 GBPS_TO_BYTES_PER_S = 1e9 / 8  # 1 Gbps = 1e9 bit/s = 1.25e8 bytes/s
@@ -127,5 +128,9 @@ class Topology:
 def _check_capacity(value: object, where: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TopologyError(f"{where}: capacity must be a number, got {value!r}")
-    if not value > 0 or value != value or value == float("inf"):
+    try:
+        finite = math.isfinite(float(value))
+    except OverflowError:  # an int beyond float range
+        finite = False
+    if not value > 0 or not finite:
         raise TopologyError(f"{where}: capacity must be positive and finite, got {value!r}")
