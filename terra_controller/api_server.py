@@ -48,6 +48,7 @@ import threading
 from collections import OrderedDict
 
 import msgpack
+import msgspec
 
 from overlay.framing import FrameError, unpack_map
 from terra_controller.coflow_registry import RegistryError
@@ -68,6 +69,70 @@ _LEN = struct.Struct(">I")
 
 class WireError(Exception):
     """A message on the coflow API connection is malformed (the connection is closed)."""
+
+
+# ---- typed requests (msgspec) ----------------------------------------------------------------
+#
+# A request is decoded straight into these Structs: only the shapes below are built, so a
+# message of nested maps or lists where a scalar belongs fails at its first wrong value
+# instead of being materialised (a 1 MiB msgpack body of empty maps would otherwise cost
+# ~70 MiB). The values' meaning (agent ids, sizes, ...) is checked by the registry.
+
+Scalar = str | int | float | bool | None
+
+
+class FlowRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """One flow of a submit/update request (the registry checks the values)."""
+
+    id: Scalar
+    src: Scalar
+    dst: Scalar
+    bytes: Scalar
+    src_path: Scalar | msgspec.UnsetType = msgspec.UNSET
+    dst_path: Scalar | msgspec.UnsetType = msgspec.UNSET
+
+
+class ApiRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Every field any op may carry; which ones an op accepts is checked by its handler."""
+
+    v: Scalar | msgspec.UnsetType = msgspec.UNSET
+    op: Scalar | msgspec.UnsetType = msgspec.UNSET
+    req: Scalar | msgspec.UnsetType = msgspec.UNSET
+    ref: Scalar | msgspec.UnsetType = msgspec.UNSET
+    flows: list[FlowRequest] | Scalar | msgspec.UnsetType = msgspec.UNSET
+    deadline: Scalar | msgspec.UnsetType = msgspec.UNSET
+    coflow: Scalar | msgspec.UnsetType = msgspec.UNSET
+    age_s: Scalar | msgspec.UnsetType = msgspec.UNSET
+    a: Scalar | msgspec.UnsetType = msgspec.UNSET
+    b: Scalar | msgspec.UnsetType = msgspec.UNSET
+    up: Scalar | msgspec.UnsetType = msgspec.UNSET
+    bytes_per_s: Scalar | msgspec.UnsetType = msgspec.UNSET
+
+
+_REQUEST_DECODER = msgspec.msgpack.Decoder(ApiRequest)
+_MSGPACK_MAP_FIRST_BYTES = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
+INVALID = "_invalid"  # key of the map decode_request returns for a map of the wrong shape
+
+
+def decode_request(body) -> dict:
+    """Decode one API request body into a plain map of the ApiRequest shape.
+
+    Returns:
+        the request's fields (absent ones left out); for a msgpack map whose fields do not
+        fit ApiRequest, {INVALID: what is wrong} (answered "bad_request", the connection
+        stays open).
+
+    Raises:
+        WireError: not msgpack, or not a map (the connection is closed).
+    """
+    try:
+        return msgspec.to_builtins(_REQUEST_DECODER.decode(body))
+    except msgspec.ValidationError as exc:
+        if bytes(body[:1]) and body[0] in _MSGPACK_MAP_FIRST_BYTES:
+            return {INVALID: str(exc)[:200]}
+        raise WireError(f"a message must be a msgpack map ({exc})") from exc
+    except msgspec.DecodeError as exc:
+        raise WireError(f"malformed msgpack: {exc}") from exc
 
 
 # ---- framing (shared with the client) -------------------------------------------------------
@@ -104,6 +169,7 @@ def read_message(
     sock: socket.socket,
     frame_timeout: float | None = FRAME_TIMEOUT_S,
     max_bytes: int = MAX_MESSAGE_BYTES,
+    decode=None,
 ) -> dict | None:
     """Read one ``u32 length | msgpack map`` message; None on a clean EOF between messages.
 
@@ -111,7 +177,9 @@ def read_message(
     it arrived, the whole rest of the message must arrive within `frame_timeout`
     seconds in all (a peer trickling one byte a second is cut off: the socket is
     shut down, see transport.Deadlines). The overlay's control frames have the same
-    outer format (agent_channel reads them with this function).
+    outer format (agent_channel reads them with this function). `decode` turns the body
+    into the map (default: `overlay.framing.unpack_map`; the API server passes
+    `decode_request`).
 
     Raises:
         WireError: oversized length, bad msgpack, not a map, EOF inside a message, or
@@ -132,6 +200,8 @@ def read_message(
         ) from exc
     except OSError as exc:
         raise WireError(f"message not received within {frame_timeout} s: {exc}") from exc
+    if decode is not None:
+        return decode(body)
     try:
         return unpack_map(body)
     except FrameError as exc:
@@ -202,6 +272,8 @@ class ApiHandler:
     def _dispatch(self, request: object, identity: Identity) -> dict:
         if not isinstance(request, dict):
             raise RegistryError("bad_request", "request must be a map")
+        if INVALID in request:
+            raise RegistryError("bad_request", f"malformed request: {request[INVALID]}")
         if request.get("v") != API_VERSION:
             raise RegistryError("bad_version", f"unsupported version {request.get('v')!r}")
         op = request.get("op")
@@ -350,7 +422,7 @@ def serve_connection(handler: ApiHandler, sock: socket.socket, addr, identity=IN
     try:
         while True:
             try:
-                request = read_message(sock, handler.frame_timeout_s)
+                request = read_message(sock, handler.frame_timeout_s, decode=decode_request)
             except WireError as exc:
                 LOG.warning("API %s (%s): %s; closing", addr, identity.name, exc)
                 _send_quietly(

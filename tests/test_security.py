@@ -326,3 +326,25 @@ def test_threads_do_not_pile_up_after_refused_connections(server):
             closed_without_reply(s)
     time.sleep(0.5)
     assert threading.active_count() <= before + 5
+
+
+def test_a_request_of_nested_maps_is_refused_without_being_built():
+    """Found by fuzzing: a msgpack body of 1 MiB of empty maps decoded as a plain map costs
+    ~70 MiB. Requests decode straight into their typed shape, so such a body fails at its
+    first misplaced value: the peak allocation stays near the body's own size."""
+    import tracemalloc
+
+    import msgpack
+
+    from terra_controller.api_server import INVALID, decode_request
+
+    for field in ("req", "flows", "coflow"):
+        body = msgpack.packb({"v": 1, "op": "submit", field: [{}] * (1 << 20)})
+        tracemalloc.start()
+        try:
+            decoded = decode_request(body)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert INVALID in decoded
+        assert peak < 4 * len(body), (field, peak)
