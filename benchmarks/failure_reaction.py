@@ -32,6 +32,7 @@ from loopback_system import ControllerProcess, start_agents, stop_all  # noqa: E
 
 from topologies.loaders import builtin_path  # noqa: E402
 
+TLS = True  # mutual TLS on the API and the agent channel (--insecure: False)
 AGENTS = [("hk", "HK", "127.0.0.31"), ("la", "LA", "127.0.0.32"), ("ny", "NY", "127.0.0.33"),
           ("fl", "FL", "127.0.0.34"), ("ba", "BA", "127.0.0.35")]  # fmt: skip
 COFLOWS = [  # long flows whose shortest paths cross LA-NY
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["default_capacity_gbps"] = args.gbps
     topo = work / "swan.json"
     topo.write_text(json.dumps(doc))
-    ctl = ControllerProcess(str(topo), k=4, log=work / "controller.log")
+    ctl = ControllerProcess(str(topo), k=4, log=work / "controller.log", tls=TLS)
     agents = []
     try:
         agents = start_agents(ctl, AGENTS, work)

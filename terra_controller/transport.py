@@ -268,6 +268,7 @@ def authenticate(
         OSError / ssl.SSLError: handshake failed or timed out (the socket is closed).
         PkiError: the verified certificate is not a Terra identity.
     """
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # requests and replies are small
     if security.context is None:
         return sock, INSECURE
     tls = security.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
