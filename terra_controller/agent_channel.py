@@ -33,26 +33,29 @@ What the channel does:
   progress report about a flow of a failed/cancelled coflow gets "drop" back.
 
 One reader thread per agent connection and one writer thread with a queue per
-agent, so a slow or dead agent never blocks a scheduling round or another agent.
-A malformed frame or message closes only that agent's connection.
+agent (`agent_connection.AgentConnection`), so a slow or dead agent never blocks
+a scheduling round or another agent. A malformed frame or message closes only
+that agent's connection.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import queue
 import socket
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 import msgpack
 
 from overlay import protocol
-from overlay.framing import MAX_HEADER_BYTES, FrameError, check_header, encode_frame
-from terra_controller.api_server import FRAME_TIMEOUT_S, WireError, read_message
+from terra_controller.agent_connection import (
+    AgentConnection,
+    ChannelError,
+    read_control,
+    send_parts,
+)
 from terra_controller.coflow_registry import (
     CoflowState,
     FlowState,
@@ -62,6 +65,7 @@ from terra_controller.coflow_registry import (
 )
 from terra_controller.controller import Controller, FlowRates
 from terra_controller.pki import INSECURE, Identity, Role
+from terra_controller.reaction import Reaction
 from terra_controller.transport import ServerSecurity, SharedSocket, listen_and_serve
 from terra_controller.tunnel_table import TunnelTable
 
@@ -71,127 +75,6 @@ BATCH_BYTES = 48 * 1024  # encoded entries per control message (headers stay bel
 AGENT_SILENCE_S = 15.0  # no message (heartbeats included) for this long: disconnect
 MAX_PENDING = 100_000  # offsets kept for coflows not (yet) resubmitted after a restart
 RESTART_ACK_S = 5.0  # a restarted flow's sender gets its descriptor after this at the latest
-
-
-class ChannelError(Exception):
-    """A control-channel frame or message is malformed (that connection is closed)."""
-
-
-# ---- framing (blocking sockets) -------------------------------------------------------------
-
-
-def send_parts(sock: socket.socket, header: dict) -> None:
-    """Send one control message (a frame with an empty payload)."""
-    sock.sendall(b"".join(bytes(p) for p in encode_frame(header)))
-
-
-def read_control(sock: socket.socket, frame_timeout: float = FRAME_TIMEOUT_S) -> dict | None:
-    """Read one frame and return its validated control message; None on a clean EOF.
-
-    The frame's outer format is the API's (`api_server.read_message`: u32 length |
-    msgpack map, the whole frame within `frame_timeout` seconds once it started);
-    control frames carry no payload.
-
-    Raises:
-        ChannelError: oversized, slow or malformed frame, a payload, wrong version,
-            invalid message.
-    """
-    try:
-        header = read_message(sock, frame_timeout, MAX_HEADER_BYTES)
-    except WireError as exc:
-        raise ChannelError(str(exc)) from exc
-    if header is None:
-        return None
-    try:
-        check_header(header, max_payload=0)  # the agents' own header checks (overlay/framing)
-    except FrameError as exc:
-        raise ChannelError(f"{exc} (control frames carry no payload)") from exc
-    try:
-        return protocol.validate_control(header)
-    except protocol.ProtocolError as exc:
-        raise ChannelError(str(exc)) from exc
-
-
-# ---- reaction to WAN events ----------------------------------------------------------------
-
-
-@dataclass
-class Reaction:
-    """How fast a WAN event's new tunnels and rates reached the agents.
-
-    Attributes (time.monotonic() seconds):
-        event_at: the controller learned of the event (link down/up, capacity change).
-        pushed_at: the round's messages were queued for the agents.
-        pending: ids of those messages not yet acknowledged.
-        agents: agents that got messages.
-        applied_at: the last of them was acknowledged (applied), or None.
-    """
-
-    event_at: float
-    pushed_at: float
-    pending: set[int] = field(default_factory=set)
-    agents: set[str] = field(default_factory=set)
-    applied_at: float | None = None
-
-    def to_json(self) -> dict:
-        """{"event_to_push_ms", "event_to_applied_ms" (None while pending), "agents"}."""
-        applied = None if self.applied_at is None else (self.applied_at - self.event_at) * 1e3
-        return {
-            "event_to_push_ms": (self.pushed_at - self.event_at) * 1e3,
-            "event_to_applied_ms": applied,
-            "agents": sorted(self.agents),
-        }
-
-
-# ---- one connected agent --------------------------------------------------------------------
-
-
-class AgentConnection:
-    """A connected agent: its socket, outbound queue and writer thread.
-
-    Attributes:
-        agent: agent id once registered (None before). sent_rates: {(coflow, dst_dc):
-            {tunnel: rate}} last sent. acked: {message id: monotonic time of its ack}.
-    """
-
-    def __init__(self, sock: socket.socket, addr) -> None:
-        self.sock = sock
-        self.addr = addr
-        self.agent: str | None = None
-        self.identity: Identity = INSECURE
-        self.sent_rates: dict[tuple[str, str], dict[str, float]] = {}
-        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.closed = False
-        self.writer = threading.Thread(target=self._write_loop, daemon=True)
-        self.writer.start()
-
-    def send(self, header: dict) -> None:
-        """Queue one control message (returns at once)."""
-        if not self.closed:
-            self.outbox.put(header)
-
-    def close(self) -> None:
-        """Close the socket and stop the writer."""
-        if not self.closed:
-            self.closed = True
-            self.outbox.put(None)
-            try:
-                self.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self.sock.close()
-
-    def _write_loop(self) -> None:
-        while True:
-            header = self.outbox.get()
-            if header is None:
-                return
-            try:
-                send_parts(self.sock, header)
-            except OSError as exc:
-                LOG.info("agent %s: send failed: %s", self.agent or self.addr, exc)
-                self.close()
-                return
 
 
 # ---- the channel ----------------------------------------------------------------------------

@@ -12,13 +12,8 @@ import pytest
 from tls_helpers import ensure, plain_socket, security, shared_tls_socket, tls_socket
 
 from overlay import protocol
-from terra_controller.agent_channel import (
-    AgentChannel,
-    batches,
-    read_control,
-    send_parts,
-    start_agent_server,
-)
+from terra_controller.agent_channel import AgentChannel, batches, start_agent_server
+from terra_controller.agent_connection import read_control, send_parts
 from terra_controller.controller import Controller
 from terra_controller.pki import Role
 from terra_controller.terra_policy import TerraPolicy

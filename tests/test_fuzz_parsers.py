@@ -44,7 +44,7 @@ from overlay.framing import (
     encode_frame,
 )
 from overlay.protocol import ProtocolError, validate_control, validate_data
-from terra_controller.agent_channel import ChannelError, read_control, send_parts
+from terra_controller.agent_connection import ChannelError, read_control, send_parts
 from terra_controller.api_server import (
     MAX_MESSAGE_BYTES,
     ApiHandler,

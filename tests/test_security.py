@@ -348,3 +348,24 @@ def test_a_request_of_nested_maps_is_refused_without_being_built():
             tracemalloc.stop()
         assert INVALID in decoded
         assert peak < 4 * len(body), (field, peak)
+
+
+def test_idle_connections_do_not_lock_agents_out_of_the_channel(channel):  # noqa: F811
+    """The agent channel goes through the same admission as the API: 600 idle TCP
+    connections (no byte sent) from three addresses, then a real agent registers."""
+    controller, chan, addr = channel
+    idle = []
+    try:
+        for i in range(600):
+            s = socket.socket()
+            s.bind((f"127.0.0.{2 + i % 3}", 0))
+            s.connect(tuple(addr))
+            idle.append(s)
+        start = time.monotonic()
+        agent = Agent(addr, "a1", "A", 30000)
+        agent.wait_for(lambda m: m["t"] == "registered")
+        assert time.monotonic() - start < 5  # before any handshake deadline freed a slot
+        assert "a1" in controller.registry.agents
+    finally:
+        for s in idle:
+            s.close()

@@ -1,0 +1,105 @@
+"""One agent's control connection on the controller: reading and writing control frames
+(blocking sockets, TLS through transport.SharedSocket) and the writer thread with its queue.
+
+Frames are those of `overlay/framing.py` with an empty payload, decoded and checked by the
+codec shared with the agents (`framing.unpack_map`, `framing.check_header`) and validated as
+`overlay/protocol.py` messages (docs/runtime.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import socket
+import threading
+
+from overlay import protocol
+from overlay.framing import MAX_HEADER_BYTES, FrameError, check_header, encode_frame
+from terra_controller.api_server import FRAME_TIMEOUT_S, WireError, read_message
+from terra_controller.pki import INSECURE, Identity
+
+LOG = logging.getLogger("terra.agents")
+
+
+class ChannelError(Exception):
+    """A control-channel frame or message is malformed (that connection is closed)."""
+
+
+def send_parts(sock: socket.socket, header: dict) -> None:
+    """Send one control message (a frame with an empty payload)."""
+    sock.sendall(b"".join(bytes(p) for p in encode_frame(header)))
+
+
+def read_control(sock: socket.socket, frame_timeout: float = FRAME_TIMEOUT_S) -> dict | None:
+    """Read one frame and return its validated control message; None on a clean EOF.
+
+    The frame's outer format is the API's (`api_server.read_message`: u32 length |
+    msgpack map, the whole frame within `frame_timeout` seconds once it started);
+    control frames carry no payload.
+
+    Raises:
+        ChannelError: oversized, slow or malformed frame, a payload, wrong version,
+            invalid message.
+    """
+    try:
+        header = read_message(sock, frame_timeout, MAX_HEADER_BYTES)
+    except WireError as exc:
+        raise ChannelError(str(exc)) from exc
+    if header is None:
+        return None
+    try:
+        check_header(header, max_payload=0)  # the agents' own header checks (overlay/framing)
+    except FrameError as exc:
+        raise ChannelError(f"{exc} (control frames carry no payload)") from exc
+    try:
+        return protocol.validate_control(header)
+    except protocol.ProtocolError as exc:
+        raise ChannelError(str(exc)) from exc
+
+
+class AgentConnection:
+    """A connected agent: its socket, outbound queue and writer thread.
+
+    Attributes:
+        agent: agent id once registered (None before). sent_rates: {(coflow, dst_dc):
+            {tunnel: rate}} last sent. acked: {message id: monotonic time of its ack}.
+    """
+
+    def __init__(self, sock: socket.socket, addr) -> None:
+        self.sock = sock
+        self.addr = addr
+        self.agent: str | None = None
+        self.identity: Identity = INSECURE
+        self.sent_rates: dict[tuple[str, str], dict[str, float]] = {}
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.closed = False
+        self.writer = threading.Thread(target=self._write_loop, daemon=True)
+        self.writer.start()
+
+    def send(self, header: dict) -> None:
+        """Queue one control message (returns at once)."""
+        if not self.closed:
+            self.outbox.put(header)
+
+    def close(self) -> None:
+        """Close the socket and stop the writer."""
+        if not self.closed:
+            self.closed = True
+            self.outbox.put(None)
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.sock.close()
+
+    def _write_loop(self) -> None:
+        while True:
+            header = self.outbox.get()
+            if header is None:
+                return
+            try:
+                send_parts(self.sock, header)
+            except OSError as exc:
+                LOG.info("agent %s: send failed: %s", self.agent or self.addr, exc)
+                self.close()
+                return
