@@ -74,6 +74,7 @@ LOG = logging.getLogger("terra.agents")
 BATCH_BYTES = 48 * 1024  # encoded entries per control message (headers stay below 64 KiB)
 AGENT_SILENCE_S = 15.0  # no message (heartbeats included) for this long: disconnect
 MAX_PENDING = 100_000  # offsets kept for coflows not (yet) resubmitted after a restart
+MAX_SENT = 20_000  # ids of sent messages remembered for their acks (reaction times)
 RESTART_ACK_S = 5.0  # a restarted flow's sender gets its descriptor after this at the latest
 
 
@@ -576,8 +577,8 @@ class AgentChannel:
     def _new_id(self) -> int:
         msg_id = next(self.ids)
         self.sent_at[msg_id] = time.monotonic()
-        if len(self.sent_at) > 100_000:
-            for old in list(self.sent_at)[:50_000]:
+        if len(self.sent_at) > MAX_SENT:
+            for old in list(self.sent_at)[: MAX_SENT // 2]:
                 self.sent_at.pop(old, None)
                 self.acks.pop(old, None)
         return msg_id

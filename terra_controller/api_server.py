@@ -45,6 +45,7 @@ import secrets
 import socket
 import struct
 import threading
+import time
 from collections import OrderedDict
 
 import msgpack
@@ -62,8 +63,8 @@ API_VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 FRAME_TIMEOUT_S = 30.0  # for the whole of one message, once its first byte arrived
 IDLE_S = 600.0  # a connection without a request for this long is closed (clients reconnect)
-MAX_REFS = 100_000  # remembered replies of submit/update requests carrying "ref"
-MAX_OWNERS = 100_000  # owners of coflows the controller dropped are forgotten beyond this
+MAX_REFS = 20_000  # remembered replies of submit/update requests carrying "ref" ...
+REF_KEEP_S = 600.0  # ... for at most this long (a client resends within its timeout)
 _LEN = struct.Struct(">I")
 
 
@@ -235,8 +236,8 @@ class ApiHandler:
         self.frame_timeout_s = FRAME_TIMEOUT_S  # for the whole of one request
         self.instance = secrets.token_hex(8)
         self.counts: dict[str, int] = {}
-        # (client name, ref) -> reply of submit/update
-        self.done_refs: OrderedDict[tuple[str, str], dict] = OrderedDict()
+        # (client name, ref) -> (monotonic s, reply) of submit/update, oldest first
+        self.done_refs: OrderedDict[tuple[str, str], tuple[float, dict]] = OrderedDict()
         self.refs_lock = threading.Lock()
         self.owners: dict[int, str] = {}  # coflow id -> name of the job client that submitted it
         self.owners_lock = threading.Lock()
@@ -249,15 +250,20 @@ class ApiHandler:
         if ref is not None:
             with self.refs_lock:
                 done = self.done_refs.get(ref)
-            if done is not None:  # a client retried a request that did succeed
-                return dict(done, req=req) if req is not None else dict(done)
+            if done is not None and done[0] > time.monotonic() - REF_KEEP_S:
+                # a client retried a request that did succeed
+                return dict(done[1], req=req) if req is not None else dict(done[1])
         try:
             reply = self._dispatch(request, identity)
             reply.update(ok=True)
             if ref is not None:
+                now = time.monotonic()
                 with self.refs_lock:
-                    self.done_refs[ref] = dict(reply, v=API_VERSION, instance=self.instance)
-                    while len(self.done_refs) > MAX_REFS:
+                    self.done_refs[ref] = (now, dict(reply, v=API_VERSION, instance=self.instance))
+                    while self.done_refs and (
+                        len(self.done_refs) > MAX_REFS
+                        or next(iter(self.done_refs.values()))[0] < now - REF_KEEP_S
+                    ):
                         self.done_refs.popitem(last=False)
         except RegistryError as exc:
             reply = {"ok": False, "code": exc.code, "error": str(exc)}
@@ -309,8 +315,8 @@ class ApiHandler:
     def _remember_owner(self, cid: int, identity: Identity) -> None:
         with self.owners_lock:
             self.owners[cid] = identity.name
-            if len(self.owners) > 2 * MAX_OWNERS:  # forget coflows the controller dropped
-                known = set(self.controller.registry.coflows)
+            known = self.controller.registry.coflows
+            if len(self.owners) > 2 * len(known) + 1000:  # forget coflows it dropped
                 self.owners = {c: o for c, o in self.owners.items() if c in known}
 
     def _hello(self, request: dict, identity: Identity) -> dict:

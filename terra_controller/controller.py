@@ -591,6 +591,7 @@ class Controller:
             allocation = self.policy.allocate(now, remaining) if remaining else {}
             allocated = time.perf_counter()
             states = self._policy_states(remaining)
+            _trim_policy_stats(self.policy)
             with self.lock:
                 self.allocation = allocation
                 self.rates = flow_rates(allocation, self.registry)
@@ -761,6 +762,16 @@ def flow_rates(allocation: Allocation, registry: CoflowRegistry) -> FlowRates:
         if coflow is not None and not coflow.state.final:
             out[cid] = flows
     return out
+
+
+def _trim_policy_stats(policy: Policy) -> None:
+    """Keep the last STATS_KEPT entries of the policy's per-round lists (a long-running
+    controller; the simulator keeps them all for its figures)."""
+    stats = getattr(policy, "stats", None)
+    if isinstance(stats, dict):
+        for value in stats.values():
+            if isinstance(value, list) and len(value) > STATS_KEPT:
+                del value[:-STATS_KEPT]
 
 
 _ACTIVE_STATES = frozenset({CoflowStatus.QUEUED, CoflowStatus.RUNNING, CoflowStatus.PREEMPTED})
