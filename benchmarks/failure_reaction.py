@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop_all(agents)
         ctl.stop()
+        shutil.rmtree(work, ignore_errors=True)
     figures = {
         "target_ms": 100,
         "link": "LA-NY",
