@@ -280,13 +280,15 @@ class PayloadBuffers:
 class FrameReader:
     """Reads frames from a trio ReceiveStream.
 
-    FrameReader(stream, max_payload=MAX_PAYLOAD_BYTES, buffers=None); ``await reader.read()``
+    FrameReader(stream, max_payload=MAX_PAYLOAD_BYTES, buffers=None, initial=b""); ``await
+    reader.read()``
     returns ``(header: dict, payload: memoryview | bytes)`` or None on a clean
     EOF between frames. The payload belongs to the caller: it is not reused while
     anything refers to it (payloads of exactly `buffers.size` bytes go into `buffers`, a
     PayloadBuffers, when given; others into a bytearray of their own size; do not modify a
     payload or keep a raw pointer to it without a reference).
-    Only one task may call read() at a time.
+    Only one task may call read() at a time. `initial`: bytes already received from the
+    stream (e.g. left over by a TLS layer unwrapped below it, at most 256 KiB), read first.
 
     Validation (raises FrameError): header length 0 or > MAX_HEADER_BYTES,
     malformed msgpack or a non-map header, "v" != VERSION, missing/non-str "t",
@@ -303,7 +305,10 @@ class FrameReader:
         stream: trio.abc.ReceiveStream,
         max_payload: int = MAX_PAYLOAD_BYTES,
         buffers: PayloadBuffers | None = None,
+        initial: bytes = b"",
     ):
+        if len(initial) > _RBUF_BYTES:
+            raise ValueError(f"initial bytes ({len(initial)}) exceed {_RBUF_BYTES}")
         if isinstance(max_payload, bool) or not isinstance(max_payload, int) or max_payload < 0:
             raise ValueError(f"max_payload must be an int >= 0, got {max_payload!r}")
         self.stream = stream
@@ -314,7 +319,8 @@ class FrameReader:
         self._rbuf = bytearray(_RBUF_BYTES)
         self._rview = memoryview(self._rbuf)
         self._start = 0
-        self._end = 0
+        self._end = len(initial)
+        self._rbuf[: self._end] = initial
         self._reading = False
         self._waited = False  # read(): the current frame waited for the socket at least once
         self._sock = stream.socket if isinstance(stream, trio.SocketStream) else None

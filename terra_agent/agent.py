@@ -8,7 +8,9 @@ Lifecycle: run() listens on the data port, connects to the controller (reconnect
 and registers with {dc, agent, data_addr, inflight} (over mutual TLS: the agent's certificate
 names it, see docs/security.md). The controller then sends the tunnel
 table (outgoing tunnels + ports to listen on), flow descriptors and per-FlowGroup per-path rates.
-The agent opens one persistent connection per (peer agent, tunnel) and sends; receivers
+The agent opens one persistent connection per (peer agent, tunnel) and sends (with --pki each
+data connection is first authenticated by a mutual TLS handshake, then carries data in clear:
+terra_agent/data_auth.py); receivers
 acknowledge the offsets they delivered in order, hashed and wrote; progress (bytes acknowledged
 per flow) goes to the controller every `progress_interval` seconds and at once when a flow is
 fully acknowledged; receivers send "complete" when a flow's bytes are all in and its digest
@@ -61,6 +63,7 @@ from overlay.protocol import (
 from overlay.reorder import MemoryBudget
 from terra_controller.pki import CONTROLLER_HOSTNAME
 
+from .data_auth import DataAuthError, authenticate
 from .pending import PENDING_LIMIT_BYTES, PENDING_TIMEOUT_S, HeldChunk, PendingChunks
 from .receiver import HashQueue, InFlow
 from .sender import (
@@ -105,6 +108,12 @@ class AgentConfig:
     --data-root): a flow's "file:PATH" source / sink is PATH relative to it, resolved and kept
     inside it (sources.resolve_data_path); None (default): every file flow is refused (the
     flow is reported to the controller with an "error" naming the refusal, the agent carries on).
+    data_tls_server / data_tls_client: ssl.SSLContexts authenticating data connections
+    (terra_controller.pki.data_server_context / data_client_context with this agent's
+    certificate, made by terra-agent --pki): every incoming / outgoing data connection starts
+    with a mutual TLS handshake, the peers are checked (terra_agent/data_auth.py), then hello
+    and chunks go in clear; None (default, --insecure, the loopback harness): plain TCP,
+    unauthenticated.
     """
 
     controller: tuple[str, int]
@@ -119,6 +128,8 @@ class AgentConfig:
     pending_limit: int = PENDING_LIMIT_BYTES
     pending_timeout: float = PENDING_TIMEOUT_S
     data_root: str | None = None
+    data_tls_server: ssl.SSLContext | None = None
+    data_tls_client: ssl.SSLContext | None = None
 
 
 class Agent:
@@ -132,7 +143,10 @@ class Agent:
     (PayloadBuffers: reused receive buffers of large chunks), hash_queue (HashQueue: in-order
     bytes waiting for their flows' consumer tasks, all flows), refused
     {(coflow, flow): reason} (flows whose receiving end could not start), closed_connections
-    (incoming data connections this agent closed because of an error).
+    (incoming data connections this agent closed because of an error), unauthenticated
+    (incoming data connections closed because their peer failed authentication: handshake or
+    certificate refused, or a "hello" naming another agent than the certificate; also counted
+    in closed_connections).
     """
 
     def __init__(self, config: AgentConfig) -> None:
@@ -146,6 +160,7 @@ class Agent:
         self.incoming: dict[tuple[str, str], set[trio.SocketStream]] = {}
         self.registered = trio.Event()
         self.closed_connections = 0
+        self.unauthenticated = 0
         self.reorder_budget = MemoryBudget(config.memory_limit)
         self.pending = PendingChunks(config.pending_limit)
         self.payload_buffers = PayloadBuffers(MAX_PAYLOAD_BYTES, PAYLOAD_BUFFERS)
@@ -388,6 +403,7 @@ class Agent:
                     self.config.data_addr[0],
                     self._on_ack,
                     self._wake_all,
+                    tls=self.config.data_tls_client,
                 )
                 self.links[key] = link
                 self._spawn(link.run)
@@ -585,13 +601,29 @@ class Agent:
         return len(streams)
 
     async def _serve_incoming(self, stream: trio.SocketStream) -> None:
-        """One incoming tunnel connection: hello, then chunks; acks go back on it."""
+        """One incoming tunnel connection: (authentication,) hello, then chunks; acks go back
+        on it. With data_tls_server, the peer's certificate names the agent the "hello" must
+        name; chunks are then accepted only for flows whose sender is that agent (_deliver)."""
         peer = "?"
         key = None
         try:
             async with stream:
                 detect_dead_peers(stream, TUNNEL_DEAD_PEER_S)
-                reader = FrameReader(stream, buffers=self.payload_buffers)
+                initial = b""
+                authenticated = None
+                if self.config.data_tls_server is not None:
+                    try:
+                        identity, initial = await authenticate(
+                            stream, self.config.data_tls_server, server_side=True
+                        )
+                    except DataAuthError as exc:
+                        self.unauthenticated += 1
+                        self.closed_connections += 1
+                        log.error("incoming connection refused: %s", exc)
+                        return
+                    authenticated = identity.name
+                    peer = f"{authenticated} (authenticated)"
+                reader = FrameReader(stream, buffers=self.payload_buffers, initial=initial)
                 writer = FrameWriter(stream)
                 frame = await reader.read()
                 if frame is None:
@@ -599,6 +631,12 @@ class Agent:
                 hello = validate_data(frame[0])
                 if hello["t"] != "hello":
                     raise ProtocolError(f"first frame must be 'hello', got {hello['t']!r}")
+                if authenticated is not None and hello["agent"] != authenticated:
+                    self.unauthenticated += 1
+                    raise ProtocolError(
+                        f"'hello' names agent {hello['agent']!r}, the peer's certificate "
+                        f"{authenticated!r}"
+                    )
                 peer = f"{hello['agent']} via {hello['tunnel']}"
                 key = (hello["agent"], hello["tunnel"])
                 self.incoming.setdefault(key, set()).add(stream)
@@ -606,7 +644,10 @@ class Agent:
                     frame = await reader.read()
                     if frame is None:
                         return
-                    await self._receive_chunk(frame[0], frame[1], writer, hello["agent"], stream)
+                    # the sender whose flows this connection may carry (_deliver checks it):
+                    # the certificate's name when authenticated (== hello's), else hello's
+                    sender = authenticated or hello["agent"]
+                    await self._receive_chunk(frame[0], frame[1], writer, sender, stream)
         except (FrameError, ProtocolError) as exc:
             self.closed_connections += 1
             log.error("incoming connection from %s: %s; closing it", peer, exc)
@@ -657,6 +698,10 @@ class Agent:
         _consume once they are hashed and written; any other (out of order, a duplicate: its
         sender may have missed an ack) gets the flow's acknowledged offset on `writer` at once.
         A chunk of an earlier attempt of the flow (`attempt`: the chunk's "a") is ignored.
+
+        `peer`: the agent that sent the chunk (authenticated by its certificate when the agent
+        has data_tls_server); a chunk whose flow's src_agent is another agent closes the
+        connection before it reaches the flow (sink, reorder buffer, spill file).
 
         Raises ProtocolError (wrong sender, chunk past the flow's end, changed digest, a
         later attempt than the receiver's descriptor) and the writer's connection errors.

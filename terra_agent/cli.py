@@ -6,7 +6,11 @@
 
 --pki DIR: the agent authenticates to the controller with DIR/AGENT_ID.crt and .key (made by
 `terra-controller pki issue DIR --role agent AGENT_ID`) and verifies the controller against
-DIR/ca.crt; its id is its certificate's name. --insecure: plain TCP (labs only).
+DIR/ca.crt; its id is its certificate's name. The same certificate authenticates its data
+connections: each starts with a mutual TLS handshake (the receiver presents its certificate as
+server, the sender as client; each checks the other is the agent it should be), then carries
+hello and chunks in clear (terra_agent/data_auth.py). --insecure: plain TCP everywhere,
+unauthenticated (labs only).
 
 --data-root DIR: the only directory whose files this agent reads (flow sources) and writes
 (flow sinks); flow file paths are relative to it and may not leave it. Without it every file
@@ -28,7 +32,12 @@ from pathlib import Path
 import trio
 
 from overlay.protocol import ProtocolError, parse_addr
-from terra_controller.pki import PkiError, client_context
+from terra_controller.pki import (
+    PkiError,
+    client_context,
+    data_client_context,
+    data_server_context,
+)
 
 from .agent import Agent, AgentConfig, parse_memory
 
@@ -80,12 +89,16 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(),
         format=f"%(asctime)s {args.agent_id} %(levelname)s %(name)s: %(message)s",
     )
-    tls = None
+    tls = data_server = data_client = None
     if args.insecure:
-        logging.getLogger("terra_agent").warning("--insecure: plain TCP to the controller")
+        logging.getLogger("terra_agent").warning(
+            "--insecure: plain TCP to the controller, unauthenticated data connections"
+        )
     else:
         try:
             tls = client_context(args.pki, args.agent_id)
+            data_server = data_server_context(args.pki, args.agent_id)
+            data_client = data_client_context(args.pki, args.agent_id)
         except (PkiError, ssl.SSLError, OSError) as exc:
             print(f"terra-agent: {exc}", file=sys.stderr)
             return 2
@@ -110,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         memory_limit=args.memory_limit,
         tls=tls,
         data_root=data_root,
+        data_tls_server=data_server,
+        data_tls_client=data_client,
     )
     try:
         trio.run(Agent(config).run)

@@ -33,6 +33,7 @@ from overlay.protocol import (
     tunnels_message,
     validate_control,
 )
+from terra_controller.pki import data_client_context, data_server_context
 
 from .agent import Agent, AgentConfig
 
@@ -348,8 +349,11 @@ class LoopbackHarness:
     data_root is the agents' data root (AgentConfig.data_root, terra-agent --data-root), a
     directory relative to workdir (default ".": workdir itself) or absolute, created if missing,
     shared by all agents (they share one host); None: agents without one (file flows refused).
-    self.data_root is the resolved Path (or None). Call `await start()` first. Agent i normally
-    gets host 127.0.0.(i+2).
+    self.data_root is the resolved Path (or None). pki: a PKI directory (terra_controller.pki)
+    holding a certificate per agent id: in-process agents then authenticate their data
+    connections (AgentConfig.data_tls_server / data_tls_client; the control channel to the
+    in-test controller peer stays plain TCP); None (default): plain data connections. Call
+    `await start()` first. Agent i normally gets host 127.0.0.(i+2).
     """
 
     def __init__(
@@ -358,8 +362,10 @@ class LoopbackHarness:
         workdir: Path,
         memory_limit: int = 64 << 20,
         data_root: str | Path | None = ".",
+        pki: str | Path | None = None,
     ) -> None:
         self.nursery = nursery
+        self.pki = pki
         self.workdir = Path(workdir)
         self.memory_limit = memory_limit
         self.data_root: Path | None = None
@@ -400,6 +406,8 @@ class LoopbackHarness:
             spill_dir=str(spill),
             memory_limit=self.memory_limit,
             data_root=str(self.data_root) if self.data_root is not None else None,
+            data_tls_server=data_server_context(self.pki, handle.agent_id) if self.pki else None,
+            data_tls_client=data_client_context(self.pki, handle.agent_id) if self.pki else None,
         )
 
     async def start_agent(self, agent_id: str, subprocess: bool = False) -> None:
@@ -429,6 +437,8 @@ class LoopbackHarness:
             handle.stopped.set()
 
     async def _run_process(self, handle: AgentHandle, task_status=trio.TASK_STATUS_IGNORED):
+        if self.pki is not None:
+            raise ValueError("subprocess agents run --insecure: no pki")
         cfg = self._config(handle)
         cmd = [
             sys.executable,

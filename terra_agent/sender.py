@@ -26,6 +26,7 @@ from overlay.framing import FrameError, FrameReader, FrameWriter, chunk_header
 from overlay.protocol import FlowSpec, ProtocolError, TunnelSpec, validate_data
 from overlay.rate_limit import TokenBucket
 
+from .data_auth import DataAuthError, authenticate
 from .sources import MAX_CHUNK_BYTES, new_hasher
 
 log = logging.getLogger(__name__)
@@ -263,15 +264,21 @@ class OutFlow:
 class PeerLink:
     """Persistent connection to `spec.peer_agent` over tunnel `spec.tunnel`.
 
-    PeerLink(spec: TunnelSpec, agent_id: str, local_host: str|None, on_ack, on_change).
+    PeerLink(spec: TunnelSpec, agent_id: str, local_host: str|None, on_ack, on_change,
+    tls=None). tls: the agent's data client context (terra_controller.pki.data_client_context):
+    each connection first authenticates (terra_agent/data_auth.py: mutual TLS handshake, the
+    peer's certificate must name spec.peer_agent, then back to plain TCP); None: plain TCP.
     on_ack(coflow, flow, offset, epoch, attempt) is called for each ack frame (attempt: its "a",
     0 when absent); on_change() when the link
     goes up or down (so idle path tasks look again). run() connects, sends "hello", reads acks
     and reconnects with backoff (50 ms doubling to 2 s) until close().
     """
 
-    def __init__(self, spec: TunnelSpec, agent_id: str, local_host, on_ack, on_change) -> None:
+    def __init__(
+        self, spec: TunnelSpec, agent_id: str, local_host, on_ack, on_change, tls=None
+    ) -> None:
         self.spec = spec
+        self.tls = tls
         self.agent_id = agent_id
         self.local_host = local_host
         self.on_ack = on_ack
@@ -299,6 +306,8 @@ class PeerLink:
                 await self._session()
             except (FrameError, ProtocolError) as exc:
                 log.error("link %s via %s: bad frame from peer: %s", *self._name(), exc)
+            except DataAuthError as exc:
+                log.error("link %s via %s: peer not authenticated: %s", *self._name(), exc)
             except CONNECTION_ERRORS as exc:
                 log.warning("link %s via %s: %s", *self._name(), exc)
             finally:
@@ -325,6 +334,11 @@ class PeerLink:
             detect_dead_peers(stream, TUNNEL_DEAD_PEER_S)
             self._unsent_limit = MIN_UNSENT_BYTES  # trio's setting
             async with stream:
+                initial = b""
+                if self.tls is not None:  # authenticate, then plain TCP (data_auth.py)
+                    _, initial = await authenticate(
+                        stream, self.tls, server_side=False, expected_peer=self.spec.peer_agent
+                    )
                 writer = FrameWriter(stream)
                 hello = {"t": "hello", "agent": self.agent_id, "tunnel": self.spec.tunnel}
                 await writer.send(hello)
@@ -332,7 +346,7 @@ class PeerLink:
                 self.connects += 1
                 log.info("link %s via %s up (connect #%d)", *self._name(), self.connects)
                 self.on_change()
-                await self._read_acks(FrameReader(stream))
+                await self._read_acks(FrameReader(stream, initial=initial))
 
     async def _read_acks(self, reader: FrameReader) -> None:
         while True:

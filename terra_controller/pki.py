@@ -5,7 +5,10 @@ A private certificate authority (CA) issues one certificate per participant:
 - the controller (`controller.crt`: serverAuth, subject alternative name
   `DNS:terra-controller`, which every client checks, whatever address it dials);
 - agents, job clients and operators (`NAME.crt`: clientAuth; the subject's
-  common name is the participant's name, its organizational unit its role).
+  common name is the participant's name, its organizational unit its role);
+  agents' certificates also carry serverAuth: a receiving agent presents its
+  certificate as the TLS server of the data connections it accepts
+  (`data_server_context` / `data_client_context`).
 
 Keys are ECDSA P-256, certificates X.509 v3 signed with SHA-256, made with
 the `cryptography` package; private keys are written with mode 0600.
@@ -178,9 +181,12 @@ def _issue(d: Path, name: str, role: Role, hosts: list[str]) -> list[Path]:
         ]
     )
     now = _now()
-    usage = ExtendedKeyUsageOID.SERVER_AUTH if role is Role.CONTROLLER else (
-        ExtendedKeyUsageOID.CLIENT_AUTH
-    )
+    if role is Role.CONTROLLER:
+        usages = [ExtendedKeyUsageOID.SERVER_AUTH]
+    elif role is Role.AGENT:  # client of the controller, server of incoming data connections
+        usages = [ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH]
+    else:
+        usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
     builder = (
         x509.CertificateBuilder()
         .subject_name(subject)
@@ -190,7 +196,7 @@ def _issue(d: Path, name: str, role: Role, hosts: list[str]) -> list[Path]:
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=CERT_DAYS))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()), False
         )
@@ -290,6 +296,68 @@ def client_context(directory: str | os.PathLike, name: str):
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(crt, key)
     return ctx
+
+
+def data_server_context(directory: str | os.PathLike, name: str):
+    """TLS server context of agent `name` for the data connections it accepts.
+
+    Presents DIR/NAME.crt (which must carry serverAuth, as agent certificates issued by
+    `issue` do) and requires a client certificate signed by the CA; the caller checks the
+    client's name and role (`peer_identity`). Only the handshake runs over TLS: both ends
+    then unwrap to the plain connection (terra_agent/data_auth.py).
+
+    Raises:
+        PkiError: bad name, a missing file, or a certificate without serverAuth (issued
+            before agents got it: issue it again); ssl.SSLError: a file is not valid PEM.
+    """
+    ca, crt, key = _files(directory, check_name(name))
+    _require_server_auth(crt)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(crt, key)
+    ctx.load_verify_locations(ca)
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.num_tickets = 0  # no session resumption: nothing but the handshake crosses TLS
+    return ctx
+
+
+def data_client_context(directory: str | os.PathLike, name: str):
+    """TLS client context of agent `name` for the data connections it opens.
+
+    Presents DIR/NAME.crt and verifies the receiving agent's certificate against the CA,
+    without a host name check (agent certificates carry no address): the caller checks the
+    peer's name equals the tunnel's peer agent and its role is agent (`peer_identity`).
+
+    Raises:
+        PkiError: bad name or a missing file; ssl.SSLError: a file is not valid PEM.
+    """
+    ca, crt, key = _files(directory, check_name(name))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.load_verify_locations(ca)
+    ctx.load_cert_chain(crt, key)
+    return ctx
+
+
+def _require_server_auth(crt: str) -> None:
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    try:
+        cert = x509.load_pem_x509_certificate(Path(crt).read_bytes())
+    except (OSError, ValueError) as exc:
+        raise PkiError(f"cannot load {crt}: {exc}") from exc
+    try:
+        eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return  # no EKU: any usage
+    if ExtendedKeyUsageOID.SERVER_AUTH not in eku:
+        raise PkiError(
+            f"{crt} lacks the serverAuth usage that authenticated data connections need "
+            "(issued by an older version): issue the agent's certificate again"
+        )
 
 
 def peer_identity(peercert: dict | None) -> Identity:

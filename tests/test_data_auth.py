@@ -1,0 +1,302 @@
+"""Authenticated data connections between agents (issue 11 item 2, terra_agent/data_auth.py).
+
+Agents a, b with certificates of one CA (and c, a third agent's certificate, and j, a job's)
+run in-process under the loopback harness with data contexts; the controller channel stays
+plain (the in-test controller peer). Rogue peers connect to b's tunnel port by hand.
+"""
+
+from __future__ import annotations
+
+import ssl
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+import trio.testing
+
+from overlay.framing import FrameReader, FrameWriter, chunk_header
+from overlay.protocol import GroupRates
+from terra_agent.data_auth import DataAuthError, authenticate
+from terra_agent.harness import LoopbackHarness
+from terra_agent.sources import synthetic_digest
+from terra_controller.pki import (
+    PkiError,
+    Role,
+    data_client_context,
+    data_server_context,
+    init_ca,
+    issue,
+)
+
+MB = 1_000_000
+TIMEOUT = 30
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pki")
+    init_ca(d)
+    for name in ("a", "b", "c"):
+        issue(d, Role.AGENT, name)
+    issue(d, Role.JOB, "j")
+    return d
+
+
+@pytest.fixture(scope="module")
+def foreign_pki(tmp_path_factory):
+    d = tmp_path_factory.mktemp("foreign")
+    init_ca(d)
+    issue(d, Role.AGENT, "a")
+    return d
+
+
+@asynccontextmanager
+async def loopback(tmp_path, pki):
+    """Controller peer + agents a (HK) and b (LA) with certificates, one tunnel a -> b."""
+    async with trio.open_nursery() as nursery:
+        h = LoopbackHarness(nursery, tmp_path, pki=pki)
+        await h.start()
+        await h.add_agent("a", "HK")
+        await h.add_agent("b", "LA")
+        h.tunnels = (await h.install_tunnels([("a", "b", 1)]))["a"]
+        yield h
+        nursery.cancel_scope.cancel()
+
+
+async def send_rates(h, flow):
+    paths = {t.tunnel: 1e12 for t in h.tunnels}
+    await h.controller.set_rates("a", [GroupRates(flow.coflow, "LA", paths)])
+
+
+async def announce(h, flow):
+    """Give b (and a) the flow's descriptor, without rates: a sends nothing yet."""
+    await h.controller.add_flows([flow])
+    with trio.fail_after(TIMEOUT):
+        while flow.key not in h.agents["b"].agent.in_flows:
+            await trio.sleep(0.01)
+
+
+async def send_hello_and_chunks(stream, agent, tunnel, flow):
+    """Send "hello" naming `agent`, then chunks at offsets 0 and 100000 of `flow`; then wait
+    until the receiver closes the connection (True) or TIMEOUT."""
+    writer = FrameWriter(stream)
+    data = b"x" * 1000
+    try:
+        await writer.send({"t": "hello", "agent": agent, "tunnel": tunnel})
+        for offset in (0, 100_000):
+            await writer.send(chunk_header(flow.coflow, flow.flow, offset, data), data)
+        with trio.fail_after(TIMEOUT):
+            while await stream.receive_some(1 << 16):
+                pass
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+    return True
+
+
+def assert_nothing_delivered(h, flow):
+    b = h.agents["b"].agent
+    inflow = b.in_flows[flow.key]
+    assert inflow.delivered == 0 and inflow.acknowledged == 0
+    assert inflow._reorder is None or inflow._reorder.held_bytes == 0
+    assert inflow._reorder is None or inflow._reorder.spilled_bytes == 0
+    assert b.pending.held_bytes == 0
+    assert flow.key not in h.controller.completed
+
+
+async def complete_from_a(h, flow):
+    """The real sender still gets the flow through afterwards."""
+    await send_rates(h, flow)
+    with trio.fail_after(TIMEOUT):
+        await h.controller.wait_until(lambda: flow.key in h.controller.completed)
+    assert h.controller.completed[flow.key] == synthetic_digest(flow.coflow, flow.flow, flow.size)
+
+
+def tunnel_port(h):
+    return h.agents["b"].host, h.tunnels[0].port
+
+
+async def test_agents_with_certificates_move_a_flow(tmp_path, pki):
+    async with loopback(tmp_path, pki) as h:
+        flow = h.flow("c1", "f1", "a", "b", 5 * MB + 17)
+        await announce(h, flow)
+        await complete_from_a(h, flow)
+        link = h.agents["a"].agent.links[("b", h.tunnels[0].tunnel)]
+        assert link.connects >= 1
+        assert h.agents["b"].agent.unauthenticated == 0
+        assert h.agents["b"].agent.closed_connections == 0
+
+
+async def test_plain_tcp_peer_is_refused_before_any_chunk(tmp_path, pki):
+    async with loopback(tmp_path, pki) as h:
+        flow = h.flow("c1", "f1", "a", "b", 1 * MB)
+        await announce(h, flow)
+        stream = await trio.open_tcp_stream(*tunnel_port(h))
+        async with stream:
+            await send_hello_and_chunks(stream, "a", h.tunnels[0].tunnel, flow)
+        b = h.agents["b"].agent
+        assert b.unauthenticated == 1
+        assert_nothing_delivered(h, flow)
+        await complete_from_a(h, flow)
+
+
+async def rogue_tls(h, directory, name, expected="b"):
+    """A TLS data connection to b's tunnel port with `name`'s certificate from `directory`,
+    authenticated and unwrapped as an agent does it; returns (plain stream, trailing)."""
+    stream = await trio.open_tcp_stream(*tunnel_port(h))
+    ctx = data_client_context(directory, name)
+    _, trailing = await authenticate(stream, ctx, server_side=False, expected_peer=expected)
+    return stream, trailing
+
+
+async def test_a_valid_agent_naming_another_in_hello_is_refused(tmp_path, pki):
+    async with loopback(tmp_path, pki) as h:
+        flow = h.flow("c1", "f1", "a", "b", 1 * MB)
+        await announce(h, flow)
+        stream, trailing = await rogue_tls(h, pki, "c")
+        assert trailing == b""
+        async with stream:
+            await send_hello_and_chunks(stream, "a", h.tunnels[0].tunnel, flow)
+        b = h.agents["b"].agent
+        assert b.unauthenticated == 1 and b.closed_connections == 1
+        assert_nothing_delivered(h, flow)
+        await complete_from_a(h, flow)
+
+
+async def test_chunks_from_an_agent_that_is_not_the_flows_sender_are_refused(tmp_path, pki):
+    async with loopback(tmp_path, pki) as h:
+        flow = h.flow("c1", "f1", "a", "b", 1 * MB)
+        await announce(h, flow)
+        stream, _ = await rogue_tls(h, pki, "c")
+        async with stream:
+            await send_hello_and_chunks(stream, "c", h.tunnels[0].tunnel, flow)
+        b = h.agents["b"].agent
+        assert b.unauthenticated == 0  # c is who it says it is ...
+        assert b.closed_connections == 1  # ... but not the flow's sender
+        assert_nothing_delivered(h, flow)
+        await complete_from_a(h, flow)
+
+
+async def test_chunks_held_before_the_descriptor_from_a_wrong_sender_are_dropped(tmp_path, pki):
+    async with loopback(tmp_path, pki) as h:
+        flow = h.flow("c1", "f1", "a", "b", 1 * MB)
+        b = h.agents["b"].agent
+        stream, _ = await rogue_tls(h, pki, "c")
+        async with stream:
+            writer = FrameWriter(stream)
+            data = b"y" * 1000
+            await writer.send({"t": "hello", "agent": "c", "tunnel": h.tunnels[0].tunnel})
+            await writer.send(chunk_header(flow.coflow, flow.flow, 0, data), data)
+            with trio.fail_after(TIMEOUT):
+                while b.pending.held_bytes == 0:
+                    await trio.sleep(0.01)
+            await announce(h, flow)
+            with trio.fail_after(TIMEOUT):
+                while b.closed_connections == 0:
+                    await trio.sleep(0.01)
+        assert_nothing_delivered(h, flow)
+        await complete_from_a(h, flow)
+
+
+async def test_a_certificate_of_another_ca_is_refused(tmp_path, pki, foreign_pki):
+    async with loopback(tmp_path, pki) as h:
+        flow = h.flow("c1", "f1", "a", "b", 1 * MB)
+        await announce(h, flow)
+        ctx = data_client_context(foreign_pki, "a")
+        ctx.verify_mode = ssl.CERT_NONE  # the rogue does not care who b is
+        stream = await trio.open_tcp_stream(*tunnel_port(h))
+        async with stream:
+            with pytest.raises(DataAuthError):
+                await authenticate(stream, ctx, server_side=False)
+        b = h.agents["b"].agent
+        with trio.fail_after(TIMEOUT):
+            while b.unauthenticated == 0:
+                await trio.sleep(0.01)
+        assert_nothing_delivered(h, flow)
+        await complete_from_a(h, flow)
+
+
+async def serve_once(ctx, task_status=trio.TASK_STATUS_IGNORED):
+    """A TLS data server on an ephemeral loopback port; records what its handshakes gave."""
+    results = []
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+
+    async def handle(stream):
+        async with stream:
+            try:
+                identity, trailing = await authenticate(stream, ctx, server_side=True)
+                reader = FrameReader(stream, initial=trailing)
+                results.append((identity, await reader.read()))
+            except DataAuthError as exc:
+                results.append(exc)
+
+    task_status.started((port, results))
+    await trio.serve_listeners(handle, listeners)
+
+
+async def test_the_sender_checks_the_receivers_name_and_role(pki):
+    """The client side refuses a valid certificate of the wrong agent, and a job's."""
+    async with trio.open_nursery() as nursery:
+        for server_name, error in (("c", "expected 'b'"), ("b", None)):
+            port, results = await nursery.start(serve_once, data_server_context(pki, server_name))
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            async with stream:
+                if error:
+                    with pytest.raises(DataAuthError, match=error):
+                        await authenticate(
+                            stream, data_client_context(pki, "a"), False, expected_peer="b"
+                        )
+                else:
+                    identity, trailing = await authenticate(
+                        stream, data_client_context(pki, "a"), False, expected_peer="b"
+                    )
+                    assert identity.name == "b" and trailing == b""
+                    await FrameWriter(stream).send({"t": "hello", "agent": "a", "tunnel": "t"})
+                    with trio.fail_after(TIMEOUT):
+                        while not results:
+                            await trio.sleep(0.01)
+                    identity, (header, _) = results[-1]
+                    assert identity.name == "a" and header["agent"] == "a"
+        # a job's certificate is not an agent's: refused on the receiving side
+        port, results = await nursery.start(serve_once, data_server_context(pki, "b"))
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            with pytest.raises(DataAuthError):
+                await authenticate(stream, data_client_context(pki, "j"), False, "b")
+        with trio.fail_after(TIMEOUT):
+            while not results:
+                await trio.sleep(0.01)
+        assert isinstance(results[0], DataAuthError) and "not agent" in str(results[0])
+        nursery.cancel_scope.cancel()
+
+
+def test_agent_certificates_serve_and_old_ones_are_refused(pki, tmp_path):
+    """Agent certificates carry serverAuth; a certificate without it gets a clear error."""
+    assert isinstance(data_server_context(pki, "a"), ssl.SSLContext)
+    with pytest.raises(PkiError, match="serverAuth"):
+        data_server_context(pki, "j")  # clientAuth only, like agents' before this change
+
+
+async def test_frame_reader_reads_initial_bytes_first():
+    """Bytes left over by the TLS layer are read before the socket's."""
+    left, right = trio.testing.memory_stream_pair()
+    writer = FrameWriter(left)
+    await writer.send({"t": "hello", "agent": "a", "tunnel": "t"})
+    await writer.send(chunk_header("c", "f", 0, b"abc"), b"abc")
+    raw = await right.receive_some(1 << 16)
+    cut = len(raw) - 5  # the first frame and part of the second arrived with the handshake
+    reader = FrameReader(right, initial=raw[:cut])
+    header, _ = await reader.read()
+    assert header["agent"] == "a"
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(left.send_all, raw[cut:])
+        header, payload = await reader.read()
+    assert header["t"] == "chunk" and bytes(payload) == b"abc"
+
+
+def test_terra_agent_refuses_a_certificate_without_server_auth(pki, capsys):
+    from terra_agent.cli import main
+
+    argv = ["--controller", "127.0.0.1:9", "--dc", "X", "--data-addr", "127.0.0.1:9"]
+    assert main([*argv, "--id", "j", "--pki", str(pki)]) == 2
+    assert "serverAuth" in capsys.readouterr().err
