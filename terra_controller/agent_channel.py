@@ -208,21 +208,32 @@ class AgentChannel:
         if after is not None:
             after[1]()
 
-    def _check_endpoint(self, agent: str, coflow: str, flow: str, receiver: bool) -> None:
-        """Raise RegistryError("forbidden") unless `agent` is an endpoint of the flow (its
-        receiver when `receiver`); an unknown coflow/flow raises "unknown_coflow"/"unknown_flow".
+    def _check_endpoint(self, agent: str, coflow: str, flow: str, role: str) -> None:
+        """Raise RegistryError("forbidden") unless `agent` is the flow's sender (role "send"),
+        its receiver ("recv") or either ("any"); an unknown coflow/flow raises
+        "unknown_coflow"/"unknown_flow".
         """
         with self.controller.lock:
             f = self.controller.registry.flow(parse_coflow_key(coflow), flow)
-            endpoints = (f.dst_agent,) if receiver else (f.src_agent, f.dst_agent)
+            endpoints = {"send": (f.src_agent,), "recv": (f.dst_agent,)}.get(
+                role, (f.src_agent, f.dst_agent)
+            )
         if agent not in endpoints:
             raise RegistryError(
-                "forbidden", f"agent {agent!r} is not an endpoint of {coflow}/{flow}"
+                "forbidden", f"agent {agent!r} is not the {role} endpoint of {coflow}/{flow}"
             )
+
+    def _keep_pending(self, pending: dict, key: tuple[str, str], value) -> None:
+        """Keep a report about a coflow this controller does not know yet (bounded to
+        MAX_PENDING, oldest dropped first)."""
+        with self.lock:
+            pending[key] = value
+            while len(pending) > MAX_PENDING:
+                pending.pop(next(iter(pending)))
 
     def _progress(self, agent: str, coflow: str, flow: str, acked: int) -> None:
         try:
-            self._check_endpoint(agent, coflow, flow, receiver=False)
+            self._check_endpoint(agent, coflow, flow, "any")
         except RegistryError as exc:
             if exc.code == "forbidden":
                 raise
@@ -233,14 +244,11 @@ class AgentChannel:
 
     def _complete(self, agent: str, coflow: str, flow: str, digest: str) -> None:
         try:
-            self._check_endpoint(agent, coflow, flow, receiver=True)
+            self._check_endpoint(agent, coflow, flow, "recv")
         except RegistryError as exc:
             if exc.code != "forbidden" and self._unknown(coflow):
                 # finished while the controller was down: keep it until resubmitted
-                with self.lock:
-                    self.pending_complete[(coflow, flow)] = (agent, digest)
-                    while len(self.pending_complete) > MAX_PENDING:
-                        self.pending_complete.pop(next(iter(self.pending_complete)))
+                self._keep_pending(self.pending_complete, (coflow, flow), (agent, digest))
                 return
             raise
         self.controller.complete(parse_coflow_key(coflow), flow, digest)
@@ -257,20 +265,13 @@ class AgentChannel:
                 "source", its receiver otherwise), unknown flow of a known coflow.
         """
         try:
-            self._check_endpoint(agent, coflow, flow, receiver=cause != "source")
+            self._check_endpoint(agent, coflow, flow, "send" if cause == "source" else "recv")
         except RegistryError as exc:
             if exc.code != "forbidden" and self._unknown(coflow):
-                with self.lock:
-                    self.pending_failed[(coflow, flow)] = (agent, reason, cause, attempt)
-                    while len(self.pending_failed) > MAX_PENDING:
-                        self.pending_failed.pop(next(iter(self.pending_failed)))
+                value = (agent, reason, cause, attempt)
+                self._keep_pending(self.pending_failed, (coflow, flow), value)
                 return
             raise
-        if cause == "source":
-            with self.controller.lock:
-                sender = self.controller.registry.flow(parse_coflow_key(coflow), flow).src_agent
-            if agent != sender:
-                raise RegistryError("forbidden", f"agent {agent!r} does not send {coflow}/{flow}")
         LOG.warning("agent %s: flow %s/%s cannot run (%s): %s", agent, coflow, flow, cause, reason)
         cid = parse_coflow_key(coflow)
         self.controller.fail_flow(cid, flow, reason, cause == "digest", attempt)
@@ -286,12 +287,9 @@ class AgentChannel:
         controller restart the job master resubmits it later (bounded to MAX_PENDING;
         applied then only if `agent` is an endpoint of the flow)."""
         if self._unknown(coflow):
-            with self.lock:
-                key = (coflow, flow)
-                _, old = self.pending_inflight.get(key, (agent, 0))
-                self.pending_inflight[key] = (agent, max(offset, old))
-                while len(self.pending_inflight) > MAX_PENDING:
-                    self.pending_inflight.pop(next(iter(self.pending_inflight)))
+            key = (coflow, flow)
+            _, old = self.pending_inflight.get(key, (agent, 0))
+            self._keep_pending(self.pending_inflight, key, (agent, max(offset, old)))
 
     def _register(self, conn: AgentConnection, m: dict) -> None:
         identity = conn.identity

@@ -330,9 +330,8 @@ class ApiHandler:
                 owner = self.owners.get(wanted)
             if owner is not None and owner != identity.name:
                 raise RegistryError("bad_request", f"coflow id {wanted} is in use")
-        kwargs = {"age_s": request["age_s"]} if "age_s" in request else {}
         flows, deadline = request.get("flows"), request.get("deadline")
-        cid = self.controller.submit(flows, deadline, wanted, **kwargs)
+        cid = self.controller.submit(flows, deadline, wanted, request.get("age_s"))
         if cid >= 0:
             self._remember_owner(cid, identity)
         return {"coflow": cid}

@@ -281,7 +281,7 @@ class _ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
     daemon_threads = True
     security: ServerSecurity | None = None
     public = False
-    slots = threading.BoundedSemaphore(MAX_REST_THREADS)
+    slots: threading.BoundedSemaphore  # requests in progress (set by start_rest_server)
 
     def process_request(self, request, client_address):
         if not self.slots.acquire(blocking=False):
