@@ -1,6 +1,6 @@
 """FB workload on SWAN, G-Scale and ATT: FoI of Terra's average CCT over each baseline.
 
-Prints our figures next to the paper's Table 3 FB column (DESIGN.md section 9)
+Prints our figures next to the paper's Table 3 FB column (docs/design.md section 9)
 and writes them with ``--json OUT`` as ``{"<topology>": {"<baseline>": foi}}``.
 
     uv run python benchmarks/fb_table3.py [--topology swan gscale att] [--link-gbps G]

@@ -6,7 +6,7 @@ it (its distance from the best possible schedule), and for every baseline:
 
     FoI      = baseline avg CCT / Terra avg CCT          (what we measure)
     ceiling  = baseline avg CCT / bound                  (no scheduler can exceed it)
-    paper    = the paper's Table 3 FB figure (DESIGN.md section 9)
+    paper    = the paper's Table 3 FB figure (docs/design.md section 9)
 
 Two bounds, so two ceilings: the cut bound (SRPT on the most loaded cut) holds for
 every scheduler, whatever its routing ("any routing"); the larger of it and the mean Γ

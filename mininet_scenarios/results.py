@@ -6,7 +6,7 @@
      "foi_avg_cct", "foi_wan_utilization", "failure_reaction_s", "bytes_lost",
      "digest_mismatches", "rules_per_switch_max", "flow_mods_after_startup"}
 
-FoI (DESIGN.md section 2): per-flow TCP's average CCT / Terra's; for utilization the
+FoI (docs/design.md section 2): per-flow TCP's average CCT / Terra's; for utilization the
 ratio is Terra's / per-flow TCP's (> 1 means Terra keeps the WAN busier).
 """
 

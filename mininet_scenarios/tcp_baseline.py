@@ -6,7 +6,7 @@ source host to a server on its destination host, port `BASELINE_PORT`. That port
 is not a tunnel port (tunnels use base port 20000 + path index), so the
 switches' default rule for "other IPv4 between agents" carries it: the DC pair's
 first working tunnel, i.e. path index 0 of `all_pairs_paths` = the shortest path
-(terra_controller/tunnels.py, DESIGN.md section 5). TCP's own congestion control
+(terra_controller/tunnels.py, docs/design.md section 5). TCP's own congestion control
 shares the links; there are no rate limits.
 
 A flow's bytes are the Terra agents' synthetic bytes (terra_agent.sources

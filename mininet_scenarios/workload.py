@@ -3,7 +3,7 @@
 How the trace is placed on the testbed (issue 5 item 2), identical for Terra and the
 per-flow TCP baseline:
 
-1. Racks map to DCs as `r mod 5` (DESIGN.md section 8: HK, LA, NY, FL, BA).
+1. Racks map to DCs as `r mod 5` (docs/design.md section 8: HK, LA, NY, FL, BA).
 2. A slice of `count` consecutive coflows starting at trace position `first` is taken
    (default: the burst of 12 coflows that arrive 199.8-204.8 s into the trace, seven
    of them 240-295 MiB and five of 5-7 MiB on the WAN, 1650 MiB in all).
@@ -29,7 +29,7 @@ from topologies import Topology
 from topologies.binding import Binding
 from workloads import Coflow, WorkloadError, load_workload
 
-PAPER_LINK_BPS = 1e9  # the seed paper's testbed links (DESIGN.md section 7)
+PAPER_LINK_BPS = 1e9  # the seed paper's testbed links (docs/design.md section 7)
 MIN_FLOW_BYTES = 64 * 1024
 DEFAULT_FIRST = 38  # trace position of coflow id 39 (arrives at 199.8 s)
 DEFAULT_COUNT = 12

@@ -1,6 +1,6 @@
 """The one frame format of the overlay: data connections and the control channel.
 
-Wire format (overlay_spec.md; DESIGN.md sections 5 "Chunks" and 6 "Messages"):
+Wire format (docs/design.md sections 5 "Chunks" and 6 "Messages"):
 
     frame = u32 big-endian header_len | msgpack(header map) | payload
 

@@ -3,7 +3,7 @@
 Pure encode/validate functions and dataclasses, no event loop: usable from trio (agents) and from
 eventlet (the os-ken controller app). Every message travels as one frame of overlay/framing.py with
 an empty payload; the fields below are the frame header ("v" and "n" are added by framing).
-Source: DESIGN.md section 6 ("Control channel"), section 5 (chunks, acks), overlay_spec.md.
+Source: docs/design.md section 6 ("Control channel"), section 5 (chunks, acks).
 
 Control channel, agent -> controller:
     register  {dc, agent, data_addr: "host:port",
@@ -109,7 +109,7 @@ class TunnelSpec:
 
     tunnel: tunnel id (str); peer_agent: agent id at the far end; peer_addr: its data address
     "host:port"; path: DC names from this DC to the peer's DC; port: destination TCP port that
-    identifies the tunnel (switches pin it to the path, DESIGN.md section 5).
+    identifies the tunnel (switches pin it to the path, docs/design.md section 5).
     """
 
     tunnel: str

@@ -1,4 +1,4 @@
-"""Per-path token-bucket rate limiter for trio (DESIGN.md section 5, "Rate limiting").
+"""Per-path token-bucket rate limiter for trio (docs/design.md section 5, "Rate limiting").
 
 The bucket holds up to `burst_bytes` tokens and fills at `rate` bytes/s. An
 ``acquire(n)`` proceeds as soon as the bucket is not in debt (tokens >= 0)

@@ -1,6 +1,6 @@
 """Per-flow reorder buffer: in-order delivery with bounded memory and disk spill.
 
-DESIGN.md section 5 ("Reordering", "No loss"): chunks of one flow arrive out
+docs/design.md section 5 ("Reordering", "No loss"): chunks of one flow arrive out
 of order over paths of different latency and rate. The receiver delivers the
 flow's bytes in order; out-of-order bytes are held in memory up to a bound and
 spilled to a file in a spill directory beyond it. Duplicate and overlapping

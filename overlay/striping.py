@@ -1,6 +1,6 @@
 """Striping a FlowGroup's chunks over its paths in proportion to the per-path rates.
 
-DESIGN.md section 5 ("Chunks": the sender stripes chunks over a FlowGroup's
+docs/design.md section 5 ("Chunks": the sender stripes chunks over a FlowGroup's
 paths in proportion to the per-path rates). The scheduler is weighted fair
 queueing by virtual finish time (a deficit / weighted round-robin): path p
 with rate r_p has a virtual clock V_p; a chunk of n bytes goes to the path

@@ -1,4 +1,4 @@
-"""Chunks that arrived before their flow's descriptor (receiving side, DESIGN.md sec. 5).
+"""Chunks that arrived before their flow's descriptor (receiving side, docs/design.md sec. 5).
 
 The controller sends a flow's descriptor to both agents; the sender may get its copy (and rates)
 first and start sending before the receiver knows the flow. The receiver holds such chunks here,

@@ -1,4 +1,4 @@
-"""Receiving side of a flow: reorder, hash, write to the sink, decide completion (DESIGN.md sec. 5).
+"""Receiving side of a flow: reorder, hash, write to the sink, decide completion (docs/design.md 5).
 
 A flow is complete when all `size` bytes have been delivered in order and the BLAKE2b digest of
 the delivered bytes equals the sender's (carried as "d" by the chunk that ends the flow).

@@ -1,4 +1,4 @@
-"""Sending side: flows, FlowGroups with per-path token buckets, and peer links (DESIGN.md sec. 5).
+"""Sending side: flows, FlowGroups with per-path token buckets, and peer links (docs/design.md 5).
 
 - OutFlow: one flow's sender state. New bytes are read from the source in order (and hashed for
   the flow digest); unacknowledged ranges that must be resent sit in `resend` and are re-read from

@@ -1,6 +1,6 @@
 """Where a flow's bytes come from (sender side) and where they go (receiver side).
 
-Sources (re-readable, so unacknowledged chunks can be re-read and resent, DESIGN.md section 5):
+Sources (re-readable, so unacknowledged chunks can be re-read and resent, docs/design.md section 5):
     "synthetic"  deterministic bytes from the flow key and size: a block of SYNTHETIC_PERIOD bytes
                  from a generator seeded by BLAKE2b(flow key), repeated; reads are zero-copy slices.
     "file:PATH"  bytes of a file on the sending host (os.pread).

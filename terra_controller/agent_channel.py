@@ -1,4 +1,4 @@
-"""The controller's side of the control channel to the agents (DESIGN.md sections 5 and 6).
+"""The controller's side of the control channel to the agents (docs/design.md sections 5 and 6).
 
 Messages are those of `overlay/protocol.py`, one frame each in the format of
 `overlay/framing.py` (u32 header length | msgpack header | empty payload).

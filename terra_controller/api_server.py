@@ -1,4 +1,4 @@
-"""The coflow API server: msgpack request/response over TCP (DESIGN.md section 6).
+"""The coflow API server: msgpack request/response over TCP (docs/design.md section 6).
 
 Wire format (both directions):
 

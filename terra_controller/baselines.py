@@ -1,4 +1,4 @@
-"""The five baselines of DESIGN.md section 4.4 as Policy classes (policy.py).
+"""The five baselines of docs/design.md section 4.4 as Policy classes (policy.py).
 
 | class            | routing                                  | rates                              |
 |------------------|------------------------------------------|------------------------------------|
@@ -326,7 +326,7 @@ class _FairPolicy(_PairPolicy):
 
 class PerFlowPolicy(_FairPolicy):
     """One fixed shortest path per flow, max-min fair per flow: ideal TCP over IP routing
-    (the "per-flow" baseline of DESIGN.md section 4.4; Terra paper section 6.1).
+    (the "per-flow" baseline of docs/design.md section 4.4; Terra paper section 6.1).
 
     Args:
         topology: the shared WAN view.  k: paths per DC pair (only the first is used).
@@ -337,7 +337,7 @@ class PerFlowPolicy(_FairPolicy):
 
 class MultipathPolicy(_FairPolicy):
     """Every flow split over all its K paths, one subflow per path, max-min fair per subflow:
-    ideal uncoupled MPTCP (the "multipath" baseline of DESIGN.md section 4.4).
+    ideal uncoupled MPTCP (the "multipath" baseline of docs/design.md section 4.4).
 
     Args:
         topology: the shared WAN view.  k: paths per DC pair.
@@ -357,7 +357,7 @@ class MultipathPolicy(_FairPolicy):
 class SwanMcfPolicy(_PairPolicy):
     """Application-agnostic SWAN: max-min fair multi-commodity flow over DC-pair demands on
     K paths (Hong et al., "Achieving high utilization with software-driven WAN", SIGCOMM
-    2013; the "swan-mcf" baseline of DESIGN.md section 4.4), via mcf.maxmin_mcf. Demands
+    2013; the "swan-mcf" baseline of docs/design.md section 4.4), via mcf.maxmin_mcf. Demands
     are unbounded (flows are backlogged); a DC pair's rate on each path is shared by its
     flows in proportion to their member counts (flows in one tunnel share it fairly).
 

@@ -24,7 +24,7 @@ Two valid bounds, the larger is returned:
 - *Isolation bound* (only for schedulers that route every FlowGroup over the K
   shortest paths of the WAN as given, as all of ours do while no link changes
   state): a coflow's CCT is at least its Γ alone on the empty WAN
-  (Optimization (1), DESIGN.md section 4.1), so the sum of Γ_empty is a bound.
+  (Optimization (1), docs/design.md section 4.1), so the sum of Γ_empty is a bound.
   It is NOT a bound for other routings, nor once a link goes down: the
   schedulers then recompute their K paths over the links that are up, and the
   new paths can avoid a bottleneck of the old ones (Γ can drop). Γ_empty comes

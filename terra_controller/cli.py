@@ -14,7 +14,7 @@ Certificates (docs/security.md):
 
 It starts the coflow API, the agent channel and the REST server on os-ken's hub
 (threads), a round runner, and (without --no-openflow) os-ken's AppManager with
-the tunnel app (DESIGN.md section 10); the topology file then needs a switch
+the tunnel app (docs/design.md section 10); the topology file then needs a switch
 binding (topologies/binding.py). Addresses default to 127.0.0.1; port 0 picks a
 free port. Once everything listens it prints one line on stdout:
 

@@ -1,4 +1,4 @@
-"""TerraClient: the job master's synchronous coflow API client (DESIGN.md section 6).
+"""TerraClient: the job master's synchronous coflow API client (docs/design.md section 6).
 
 Plain blocking sockets, one persistent TCP connection, the wire format of
 `terra_controller.api_server`. When the connection breaks the client

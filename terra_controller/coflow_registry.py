@@ -1,7 +1,7 @@
 """The controller's coflow state: ids, flows, agents, progress, states and CCTs.
 
 The registry is the controller's truth about what job masters submitted
-(DESIGN.md sections 4.3 and 6): coflow ids, flows with their agent endpoints
+(docs/design.md sections 4.3 and 6): coflow ids, flows with their agent endpoints
 mapped to DCs, per-flow bytes total and delivered, coflow states
 (`CoflowStatus`: queued, running, preempted, done, rejected, failed, cancelled),
 flow states (`FlowStatus`) and CCTs. Every request is validated in full before
@@ -206,11 +206,11 @@ class CoflowState:
 
     @property
     def wan_done(self) -> bool:
-        """True when every WAN flow is done (intra-DC flows do not count, DESIGN.md 4.1)."""
+        """True when every WAN flow is done (intra-DC flows do not count, docs/design.md 4.1)."""
         return all(f.done for f in self.flows.values() if not f.intra_dc)
 
     def status(self) -> dict:
-        """Return the status map checkStatus answers (DESIGN.md section 6).
+        """Return the status map checkStatus answers (docs/design.md section 6).
 
         Shape: {"id", "state" (CoflowStatus value), "reason" (why it failed / was cancelled,
         else None), "bytes_total", "bytes_delivered", "cct_s" (None until done), "deadline_s",

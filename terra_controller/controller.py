@@ -12,7 +12,7 @@ needs the policy (admission of a submit or update, link events) does. Coflows
 that leave the schedule (done, failed, cancelled) are removed from the policy at
 the start of the next round (or of the next admission), not by the thread that
 finished them.
-Every event of DESIGN.md section 4.3 (coflow arrival, updateCoflow, FlowGroup
+Every event of docs/design.md section 4.3 (coflow arrival, updateCoflow, FlowGroup
 finish, coflow finish, link down/up, capacity change beyond δ) asks for a
 scheduling round; `RoundRunner` runs asked-for rounds at once, coalescing
 bursts, and hands the new per-flow rates to whoever listens (the agent channel).
@@ -212,7 +212,7 @@ class Controller:
                 (arrival = now - age_s) and its deadline stays `deadline` s from now.
 
         Returns:
-            the coflow id (>= 0), or -1 when the deadline cannot be met (DESIGN.md 4.3).
+            the coflow id (>= 0), or -1 when the deadline cannot be met (docs/design.md 4.3).
 
         Raises:
             RegistryError: invalid request ("bad_request": bad id, age_s not a finite
@@ -535,7 +535,7 @@ class Controller:
     def complete(self, coflow_id: object, flow_id: object, digest: object) -> bool:
         """A flow finished (all bytes in order, digest matched at the receiver).
 
-        Asks for a round when this finishes a FlowGroup or the coflow (DESIGN.md 4.3).
+        Asks for a round when this finishes a FlowGroup or the coflow (docs/design.md 4.3).
 
         Returns:
             True when the coflow is now done.
@@ -568,7 +568,7 @@ class Controller:
     # ---- scheduling ---------------------------------------------------------------------
 
     def run_round(self) -> tuple[FlowRates, bool]:
-        """Run one scheduling round now (DESIGN.md 4.2 via policy.allocate).
+        """Run one scheduling round now (docs/design.md 4.2 via policy.allocate).
 
         snapshot -> allocate -> apply: the remaining bytes are copied under `lock`, the
         policy allocates holding `policy_lock` only (API status calls, agent reports and
@@ -745,7 +745,7 @@ def flow_rates(allocation: Allocation, registry: CoflowRegistry) -> FlowRates:
 
     The policy already splits every FlowGroup's per-path rates among its flows in
     proportion to the remaining bytes the controller passed it
-    (`policy.split_by_remaining`, DESIGN.md 4.1), so each flow's share is its
+    (`policy.split_by_remaining`, docs/design.md 4.1), so each flow's share is its
     (sender agent, receiver agent) pair's share and all of them finish together;
     the agent channel sums the shares per sending agent.
 

@@ -1,7 +1,7 @@
 """Bundling identical flows of a coflow, so the simulator tracks thousands, not 700k, flows.
 
 In the FB trace a reducer's bytes are split equally over the coflow's mappers
-(DESIGN.md section 8), so one coflow often has many flows with the same source
+(docs/design.md section 8), so one coflow often has many flows with the same source
 DC, destination DC and size. Under every policy we simulate such flows are
 exchangeable and get the same rate at every instant (max-min fairness, MADD and
 FlowGroup splits are symmetric in them), so they finish together. A

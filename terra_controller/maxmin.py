@@ -1,7 +1,7 @@
 """Max-min fair rates on fixed paths by progressive filling (water-filling), numpy-vectorized.
 
 Used by the per-flow, multipath, varys (backfill) and rapier baselines
-(DESIGN.md section 4.4). This is the classic progressive-filling algorithm
+(docs/design.md section 4.4). This is the classic progressive-filling algorithm
 (Bertsekas & Gallager, "Data Networks", section 6.5.2): every unfrozen entity
 raises its level at the same pace; when a link saturates, every entity crossing
 it freezes; when an entity reaches its cap, it freezes. Each step freezes at

@@ -1,7 +1,7 @@
 """Max-min fair multi-commodity flow over K paths (SWAN-style MCF).
 
-Used by Terra's α share and work conservation (DESIGN.md section 4.2 steps 5
-and 6) and by the `swan-mcf` baseline (DESIGN.md section 4.4).
+Used by Terra's α share and work conservation (docs/design.md section 4.2 steps 5
+and 6) and by the `swan-mcf` baseline (docs/design.md section 4.4).
 
 Algorithm: progressive filling with LPs (the exact form of the iterative LPs of
 Hong et al., "Achieving high utilization with software-driven WAN", SIGCOMM

@@ -1,4 +1,4 @@
-"""Optimization (1): the minimum CCT Γ of one coflow over K paths (DESIGN.md section 4.1).
+"""Optimization (1): the minimum CCT Γ of one coflow over K paths (docs/design.md section 4.1).
 
     maximize    λ
     subject to  Σ_{p ∈ P_k} x_{k,p} = λ · d_k          for every FlowGroup k
@@ -13,7 +13,7 @@ Optimization (1) fixes only the FlowGroups on the coflow's bottleneck; the other
 may be split in many optimal ways. A second stage, solved warm in the same HiGHS
 instance, keeps λ at its optimum and picks the split with the fewest link-bytes
 (minimum Σ x_{k,p}·hops(p)), so the minimal allocation leaves as much of the WAN
-as it can to the coflows after it (DESIGN.md 4.1: "nothing more is taken").
+as it can to the coflows after it (docs/design.md 4.1: "nothing more is taken").
 
 The LP is passed to HiGHS as numpy CSC arrays in one call, with capacities
 scaled by the largest one and volumes by the largest volume so every
@@ -67,7 +67,7 @@ class MinCct:
 
 @dataclass(frozen=True)
 class DualBound:
-    """Weak-duality lower bound on Γ from fixed link prices y (DESIGN.md 4.1).
+    """Weak-duality lower bound on Γ from fixed link prices y (docs/design.md 4.1).
 
     λ* = min {Σ_e c_e y_e : Σ_k d_k m_k(y) >= 1, y >= 0} with m_k(y) = the
     cheapest path of FlowGroup k under prices y, so for any volumes d,
@@ -300,7 +300,7 @@ def _fewest_link_bytes(h, cols: list[tuple[int, Path]], x: np.ndarray) -> np.nda
 
     Optimization (1) says nothing about FlowGroups off the bottleneck, so its optimal
     vertex may route them over long paths for no gain; this keeps the rest of the WAN
-    free for the coflows after this one (DESIGN.md 4.1: "nothing more is taken").
+    free for the coflows after this one (docs/design.md 4.1: "nothing more is taken").
     Solved warm in the same HiGHS instance: λ' is held at its optimum (less 1e-9
     relative) and the objective is changed. Falls back to `x` if HiGHS fails.
     """

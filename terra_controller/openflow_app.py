@@ -1,6 +1,6 @@
 """The os-ken OpenFlow 1.3 app: installs the tunnel rules once, follows WAN link state.
 
-DESIGN.md sections 1, 5 and 10; issue 4 item 2. When every switch of the
+docs/design.md sections 1, 5 and 10; issue 4 item 2. When every switch of the
 topology binding has connected, the app installs the compiled tunnel rules
 (terra_controller.tunnels) once. A PortStatus on a WAN port that changes the
 link's state updates the Topology, removes (link down) or restores (link up)
@@ -9,7 +9,7 @@ scheduler's hook). Nothing else ever sends a flow-mod: rate and schedule
 changes go to the agents, not the switches.
 
 Start it with `start_openflow(config)` (os-ken's AppManager on the native
-hub, DESIGN.md section 10), or standalone for bring-up and tests:
+hub, docs/design.md section 10), or standalone for bring-up and tests:
 ``python -m terra_controller.openflow_app TOPOLOGY.json [--k 4] [--of-port 6653]``,
 which prints one JSON line per event (installed, link).
 """
@@ -76,7 +76,7 @@ class TunnelConfig:
         topology: the WAN; the app updates its link state (the caller shares it
             with the scheduler; the callbacks run on the app's event thread).
         binding: DPIDs, ports and agent hosts (topologies.binding.load_binding).
-        k: paths per DC pair (DESIGN.md section 5; default 4).
+        k: paths per DC pair (docs/design.md section 5; default 4).
         on_installed: called once with the app after the rules are sent.
         on_link_change: called with a LinkChange after each link state change.
         tunnels: the start-up tunnels (tunnels.startup_tunnels), shared with the agent

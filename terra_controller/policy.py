@@ -2,7 +2,7 @@
 
 The simulator and the controller drive a policy the same way: they tell it
 about coflows and WAN changes, keep the truth about remaining bytes
-themselves, and ask for an allocation at every event (DESIGN.md section 4.3).
+themselves, and ask for an allocation at every event (docs/design.md section 4.3).
 
 Shapes:
     Remaining = {coflow id: {flow id: remaining bytes}} — only unfinished WAN
@@ -24,7 +24,7 @@ Allocation = dict[str, dict[str, list[tuple[Path, float]]]]
 
 
 class Policy(Protocol):
-    """A scheduling policy: Terra or a baseline (DESIGN.md section 4.4).
+    """A scheduling policy: Terra or a baseline (docs/design.md section 4.4).
 
     Attributes:
         name: short name ("terra", "per-flow", "multipath", "swan-mcf", "varys", "rapier").
@@ -78,7 +78,7 @@ def split_by_remaining(
     """Split a FlowGroup's per-path rates among its flows in proportion to remaining bytes.
 
     With this split every flow of the FlowGroup finishes at the same moment
-    (DESIGN.md section 4.1; the controller splits among agent pairs the same way).
+    (docs/design.md section 4.1; the controller splits among agent pairs the same way).
 
     Args:
         path_rates: [(path, bytes/s)] of the FlowGroup.

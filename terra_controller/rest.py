@@ -1,6 +1,6 @@
 """Read-only REST for operators: JSON views of the controller and Prometheus metrics.
 
-Routes (GET only; DESIGN.md section 6, issue 4 item 5):
+Routes (GET only; docs/design.md section 6, issue 4 item 5):
 
     /status          controller: topology name, uptime, agents, coflows per state, rounds
     /topology        links with capacity (bytes/s), state (up/down), allocated rate (bytes/s)

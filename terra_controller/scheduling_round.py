@@ -1,4 +1,4 @@
-"""One offline Terra scheduling round (DESIGN.md section 4.2; Pseudocode 1 of the paper).
+"""One offline Terra scheduling round (docs/design.md section 4.2; Pseudocode 1 of the paper).
 
 Steps, for the coflows active now (each given by its FlowGroups' remaining volumes):
 
@@ -96,7 +96,7 @@ def schedule_round(
     hints: dict[str, tuple[float, bool]] | None = None,
     memo: dict | None = None,
 ) -> RoundResult:
-    """Run one scheduling round (DESIGN.md 4.2 steps 1-6).
+    """Run one scheduling round (docs/design.md 4.2 steps 1-6).
 
     Args:
         coflows: {coflow id: {(src DC, dst DC): remaining bytes}} of the active

@@ -3,7 +3,7 @@
 Between events every flow's rate is constant. The next event is the earliest
 of: a flow finishing at its current rate, a coflow arriving, a scripted WAN
 change (link down / up, capacity change). At every event the simulator
-(DESIGN.md section 4.3, policy.py):
+(docs/design.md section 4.3, policy.py):
 
 1. removes finished coflows from the policy (`remove_coflow`);
 2. applies the WAN changes due now to the shared topology, then calls
@@ -217,7 +217,7 @@ class SimResult:
 
 
 def empty_wan_gammas(coflows: Iterable[Coflow], topology: Topology, k: int) -> dict[str, float]:
-    """Γ of every WAN coflow alone on the empty WAN (Optimization (1), DESIGN.md 4.1).
+    """Γ of every WAN coflow alone on the empty WAN (Optimization (1), docs/design.md 4.1).
 
     Args:
         coflows: the workload.

@@ -1,11 +1,11 @@
-"""Terra's online scheduler (DESIGN.md section 4.3; Pseudocode 2 of the paper) as a Policy.
+"""Terra's online scheduler (docs/design.md section 4.3; Pseudocode 2 of the paper) as a Policy.
 
 On every event the caller (simulator or controller) asks `allocate` for rates;
 the policy aggregates the remaining bytes of each coflow into FlowGroups, runs
 one scheduling round (scheduling_round.py) and splits every FlowGroup's per-path
 rates among its flows in proportion to their remaining bytes (policy.split_by_remaining).
 
-What is kept between rounds (the incremental part of DESIGN.md 4.3):
+What is kept between rounds (the incremental part of docs/design.md 4.3):
   * paths per DC pair, over links that are up, recomputed only on link down/up;
   * Γ of every coflow on the full capacities (the order of step 3) with its LP
     dual (link prices): later rounds get an upper bound (Γ is monotone and
@@ -47,9 +47,9 @@ class TerraPolicy:
     Args:
         topology: the shared WAN view; the caller mutates it and then calls wan_changed.
         k: paths kept per DC pair (K >= 1).
-        alpha: starvation share α in [0, 1) (DESIGN.md 4.2 step 2).
-        epsilon: deadline admission slack ε >= 0 (DESIGN.md 4.3).
-        delta: relative capacity-change threshold δ >= 0 (DESIGN.md 4.3).
+        alpha: starvation share α in [0, 1) (docs/design.md 4.2 step 2).
+        epsilon: deadline admission slack ε >= 0 (docs/design.md 4.3).
+        delta: relative capacity-change threshold δ >= 0 (docs/design.md 4.3).
 
     Attributes:
         name: "terra".
@@ -124,7 +124,7 @@ class TerraPolicy:
         return True
 
     def add_flows(self, coflow_id: str, flows: list[Flow], now: float) -> None:
-        """Add flows to an active coflow (updateCoflow, DESIGN.md 4.3).
+        """Add flows to an active coflow (updateCoflow, docs/design.md 4.3).
 
         Raises:
             KeyError: unknown coflow id.
@@ -184,7 +184,7 @@ class TerraPolicy:
         return changed
 
     def allocate(self, now: float, remaining: Remaining) -> Allocation:
-        """Rates for every active flow from `now` until the next event (DESIGN.md 4.2-4.3).
+        """Rates for every active flow from `now` until the next event (docs/design.md 4.2-4.3).
 
         Args:
             now: seconds.

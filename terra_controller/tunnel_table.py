@@ -130,7 +130,7 @@ class InstalledPathsPolicy(TerraPolicy):
     With switches only the tunnels installed at start-up carry traffic; after a
     failure the K shortest paths over the links still up may include paths that
     have no rules (7 of them on SWAN, K = 4, LA-NY down). This policy takes the
-    path set of a DC pair from `tunnels.paths_up` instead (DESIGN.md section 5:
+    path set of a DC pair from `tunnels.paths_up` instead (docs/design.md section 5:
     route changes never touch the switches). Same arguments as TerraPolicy plus
     `table`: the TunnelTable (logical=False).
     """

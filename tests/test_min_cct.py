@@ -1,4 +1,4 @@
-"""Optimization (1) (terra_controller/min_cct.py) on hand-computed cases (DESIGN.md 4.1)."""
+"""Optimization (1) (terra_controller/min_cct.py) on hand-computed cases (docs/design.md 4.1)."""
 
 import math
 import random

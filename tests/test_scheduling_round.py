@@ -1,4 +1,4 @@
-"""One Terra scheduling round (terra_controller/scheduling_round.py, DESIGN.md 4.2)."""
+"""One Terra scheduling round (terra_controller/scheduling_round.py, docs/design.md 4.2)."""
 
 import pytest
 

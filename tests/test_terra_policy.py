@@ -1,4 +1,4 @@
-"""TerraPolicy (terra_controller/terra_policy.py): online operation, DESIGN.md 4.3.
+"""TerraPolicy (terra_controller/terra_policy.py): online operation, docs/design.md 4.3.
 
 End-to-end cases run the real simulator (terra_controller/simulator.py).
 """

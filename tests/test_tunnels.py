@@ -73,7 +73,7 @@ def test_rule_counts_match_paths_and_fit_the_paper_bound(swan):
             if t.index == 0 and t.src == dc:  # default route of the pair
                 expected += len(binding.hosts(t.dst))
         assert counts[sw.dpid] == expected, dc
-    assert max(counts.values()) <= 168  # the paper's figure for SWAN (DESIGN.md 5)
+    assert max(counts.values()) <= 168  # the paper's figure for SWAN (docs/design.md 5)
     assert len({e.key() for e in entries}) == len(entries)
 
 

@@ -20,7 +20,7 @@ def test_packaged_fb_trace_totals():
     coflows = load_workload("fb", SWAN)
     assert len(coflows) == 526
     total_mb = sum(f.bytes for c in coflows for f in c.flows) / MB_BYTES
-    # DESIGN.md section 8: 35.5 million MB in all
+    # docs/design.md section 8: 35.5 million MB in all
     assert total_mb == pytest.approx(35.5e6, rel=0.01)
 
 

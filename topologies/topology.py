@@ -1,7 +1,7 @@
 """The WAN model: DCs, directed links with capacities (bytes/s), and link state.
 
 A `Topology` is the operator's view of the WAN that the scheduler and the
-simulator share (DESIGN.md sections 2 and 7). Every undirected WAN link is two
+simulator share (docs/design.md sections 2 and 7). Every undirected WAN link is two
 directed links, each with its own capacity and state.
 """
 

@@ -1,4 +1,4 @@
-"""Coflows and flows as workloads describe them (DESIGN.md section 2)."""
+"""Coflows and flows as workloads describe them (docs/design.md section 2)."""
 
 from __future__ import annotations
 

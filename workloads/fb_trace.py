@@ -1,4 +1,4 @@
-"""The coflow-benchmark trace format (Facebook 2010 trace; DESIGN.md section 8).
+"""The coflow-benchmark trace format (Facebook 2010 trace; docs/design.md section 8).
 
 Line 1: ``<racks> <coflows>``. Then one coflow per line::
 
