@@ -19,15 +19,15 @@ import subprocess
 import sys
 import time
 import urllib.request
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import trio
+from test_agent import loopback
 
 from overlay import protocol
 from overlay.protocol import GroupRates, flows_message
-from terra_agent.harness import LoopbackHarness, free_port_block, stop_processes
+from terra_agent.harness import free_port_block, stop_processes
 from terra_agent.sources import synthetic_digest
 from terra_controller.api_server import API_VERSION, ApiHandler
 from terra_controller.client import TerraClient
@@ -523,19 +523,6 @@ def test_drop_and_failed_messages_validate():
 MB = 1_000_000
 
 
-@asynccontextmanager
-async def loopback(tmp_path, k=2):
-    """The in-test controller peer and agents a (DC HK) -> b (DC LA), k tunnels a -> b."""
-    async with trio.open_nursery() as nursery:
-        h = LoopbackHarness(nursery, tmp_path)
-        await h.start()
-        await h.add_agent("a", "HK")
-        await h.add_agent("b", "LA")
-        h.tunnels = (await h.install_tunnels([("a", "b", k)]))["a"]
-        yield h
-        nursery.cancel_scope.cancel()
-
-
 async def start_flows(h, flows, rate):
     """Announce flows (receiver first) and give every tunnel of their FlowGroups `rate`."""
     await h.controller.add_flows(flows)
@@ -551,7 +538,7 @@ async def wait_for(h, predicate, timeout=30):
 
 
 async def test_agents_report_source_and_sink_failures_as_failed(tmp_path):
-    async with loopback(tmp_path) as h:
+    async with loopback(tmp_path, k=2) as h:
         bad_source = h.flow("c1", "src", "a", "b", 1000, source="file:missing")
         bad_sink = h.flow("c1", "sink", "a", "b", 1000, sink="file:no/such/dir/x")
         await h.controller.send("b", flows_message([bad_sink]))
@@ -563,7 +550,7 @@ async def test_agents_report_source_and_sink_failures_as_failed(tmp_path):
 
 
 async def test_drop_stops_a_flow_at_both_ends_and_its_late_chunks_do_no_harm(tmp_path):
-    async with loopback(tmp_path) as h:
+    async with loopback(tmp_path, k=2) as h:
         a, b = h.agents["a"].agent, h.agents["b"].agent
         doomed = h.flow("c1", "doomed", "a", "b", 50 * MB)
         other = h.flow("c2", "other", "a", "b", 4 * MB)
@@ -598,7 +585,7 @@ async def test_a_digest_mismatch_is_reported_and_a_new_attempt_completes(tmp_pat
 
     monkeypatch.setattr(receiver, "new_hasher", hasher_once_poisoned)
     size = 3 * MB
-    async with loopback(tmp_path) as h:
+    async with loopback(tmp_path, k=2) as h:
         first = h.flow("c1", "f", "a", "b", size)
         await start_flows(h, [first], 5 * MB)
         await wait_for(h, lambda: h.controller.failed)
