@@ -132,7 +132,7 @@ def decode_request(body) -> dict:
         if bytes(body[:1]) and body[0] in _MSGPACK_MAP_FIRST_BYTES:
             return {INVALID: str(exc)[:200]}
         raise WireError(f"a message must be a msgpack map ({exc})") from exc
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # a str that is not UTF-8
         raise WireError(f"malformed msgpack: {exc}") from exc
 
 

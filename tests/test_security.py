@@ -369,3 +369,15 @@ def test_idle_connections_do_not_lock_agents_out_of_the_channel(channel):  # noq
     finally:
         for s in idle:
             s.close()
+
+
+def test_a_request_with_a_non_utf8_string_closes_only_that_connection(server):
+    """Found by fuzzing: invalid UTF-8 inside a msgpack str escaped the decoder and killed
+    the connection's thread; it is now a malformed message like any other."""
+    body = b"\x81\xa2op\xa2\x92x"  # {"op": <2-byte str that is not UTF-8>}
+    with server.connect("job1") as s:
+        s.sendall(struct.pack(">I", len(body)) + body)
+        reply = read_message(s)
+    assert reply["ok"] is False and reply["code"] == "bad_message"
+    with server.client("job1") as c:
+        assert c.list_coflows() == []
