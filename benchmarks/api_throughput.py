@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from loopback_system import ControllerProcess, FakeAgent  # noqa: E402
 
-from terra_controller.terra_policy import TerraPolicy  # noqa: E402
+from terra_core.terra_policy import TerraPolicy  # noqa: E402
 from topologies import GBPS_TO_BYTES_PER_S, load_topology  # noqa: E402
 from workloads import Coflow, Flow, load_workload  # noqa: E402
 

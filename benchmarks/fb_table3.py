@@ -41,7 +41,7 @@ import json
 import sys
 from pathlib import Path
 
-from terra_controller import sim_cli
+from terra_sim import cli as sim_cli
 
 PAPER_TABLE3 = {
     "swan": {"per-flow": 1.96, "varys": 1.04, "swan-mcf": 1.69, "multipath": 1.65, "rapier": 2.15},

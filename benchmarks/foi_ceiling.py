@@ -1,7 +1,7 @@
 """Which FoI over each baseline is attainable at all: the FB trace against a CCT lower bound.
 
 For each topology and link capacity this prints the lower bound on the average CCT
-(terra_controller/cct_bound.py) over the trace's WAN coflows, Terra's average CCT over
+(terra_sim/cct_bound.py) over the trace's WAN coflows, Terra's average CCT over
 it (its distance from the best possible schedule), and for every baseline:
 
     FoI      = baseline avg CCT / Terra avg CCT          (what we measure)
@@ -54,8 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fb_table3 import BASELINES, PAPER_TABLE3, SCHEDULERS, gather, part_name  # noqa: E402
 
-from terra_controller.cct_bound import CctBound, avg_cct_lower_bound  # noqa: E402
-from terra_controller.simulator import empty_wan_gammas  # noqa: E402
+from terra_sim.cct_bound import CctBound, avg_cct_lower_bound  # noqa: E402
+from terra_sim.simulator import empty_wan_gammas  # noqa: E402
 from topologies import load_topology  # noqa: E402
 from workloads import load_workload  # noqa: E402
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from terra_controller import sim_cli
-from terra_controller.simulator import empty_wan_gammas, simulate
+from terra_sim import cli as sim_cli
+from terra_sim.simulator import empty_wan_gammas, simulate
 from topologies import load_topology
 from workloads import load_workload
 

@@ -2,7 +2,7 @@
 would achieve on the same emulated WAN (issue 5, to tell the system apart from the workload).
 
 `simulate_testbed` replays the very coflows the testbed runs (same bytes, arrival times and
-link failure) through terra_controller.simulator with the real TerraPolicy and the per-flow
+link failure) through terra_sim.simulator with the real TerraPolicy and the per-flow
 baseline (max-min fair per flow on one shortest path: ideal TCP), on the SWAN testbed
 topology with every link at `link_mbps` x swan.CAPACITY_FRACTION (the capacity Terra's
 controller is given; one capacity for both, so the FoIs do not depend on it). Agents'
@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from mininet_scenarios.results import cct_stats
 from mininet_scenarios.swan import CAPACITY_FRACTION, TESTBED_TOPOLOGY, Failure
 from mininet_scenarios.workload import TestbedCoflow
-from terra_controller.baselines import PerFlowPolicy
-from terra_controller.simulator import SimResult, WanChange, simulate
-from terra_controller.terra_policy import TerraPolicy
+from terra_core.baselines import PerFlowPolicy
+from terra_core.terra_policy import TerraPolicy
+from terra_sim.simulator import SimResult, WanChange, simulate
 from topologies import load_topology
 from topologies.binding import Binding
 from workloads import Coflow, Flow

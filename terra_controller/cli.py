@@ -153,9 +153,9 @@ def run(args, topology, security) -> None:
     from terra_controller.api_server import ApiHandler, start_api_server
     from terra_controller.controller import Controller, RoundRunner
     from terra_controller.rest import RestApp, start_rest_server
-    from terra_controller.terra_policy import TerraPolicy
     from terra_controller.tunnel_table import InstalledPathsPolicy, TunnelTable
     from terra_controller.tunnels import startup_tunnels
+    from terra_core.terra_policy import TerraPolicy
 
     params = {"k": args.k, "alpha": args.alpha, "epsilon": args.epsilon, "delta": args.delta}
     if args.no_openflow:

@@ -51,7 +51,7 @@ from terra_controller.coflow_registry import (
     parse_coflow_key,
     to_policy_flow,
 )
-from terra_controller.policy import Allocation, Policy
+from terra_core.policy import Allocation, Policy
 from topologies import Path, Topology, TopologyError
 
 LOG = logging.getLogger("terra.controller")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 
 from overlay import protocol
-from terra_controller.terra_policy import TerraPolicy
 from terra_controller.tunnels import Tunnel, paths_up, startup_tunnels
+from terra_core.terra_policy import TerraPolicy
 from topologies import Path, Topology, path_links
 
 LOG = logging.getLogger("terra.tunnels")

@@ -21,13 +21,13 @@ from terra_controller.api_server import (
 )
 from terra_controller.client import TerraClient, TerraError
 from terra_controller.controller import Controller, RoundRunner
-from terra_controller.terra_policy import TerraPolicy
 from terra_controller.transport import (
     ServerSecurity,
     accept_loop,
     listen_and_serve,
     stop_listener,
 )
+from terra_core.terra_policy import TerraPolicy
 from topologies import Topology
 
 CAP = 1e8  # bytes/s per directed link

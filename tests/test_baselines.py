@@ -1,11 +1,11 @@
-"""The five baselines (terra_controller/baselines.py) on hand-computed cases.
+"""The five baselines (terra_core/baselines.py) on hand-computed cases.
 
 Capacities are in bytes/s; 1e9 B/s keeps the arithmetic simple.
 """
 
 import pytest
 
-from terra_controller.baselines import (
+from terra_core.baselines import (
     BASELINES,
     MultipathPolicy,
     PerFlowPolicy,
@@ -13,7 +13,7 @@ from terra_controller.baselines import (
     SwanMcfPolicy,
     VarysPolicy,
 )
-from terra_controller.simulator import simulate
+from terra_sim.simulator import simulate
 from topologies import Topology, load_topology
 from workloads import Coflow, Flow, load_workload
 

@@ -1,4 +1,4 @@
-"""The lower bound on the average CCT (terra_controller/cct_bound.py)."""
+"""The lower bound on the average CCT (terra_sim/cct_bound.py)."""
 
 import itertools
 import json
@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from terra_controller.baselines import BASELINES
-from terra_controller.cct_bound import avg_cct_lower_bound, srpt_flow_time
-from terra_controller.simulator import WanChange, empty_wan_gammas, simulate
-from terra_controller.terra_policy import TerraPolicy
+from terra_core.baselines import BASELINES
+from terra_core.terra_policy import TerraPolicy
+from terra_sim.cct_bound import avg_cct_lower_bound, srpt_flow_time
+from terra_sim.simulator import WanChange, empty_wan_gammas, simulate
 from topologies import GBPS_TO_BYTES_PER_S, Topology, load_topology
 from workloads import Coflow, Flow
 

@@ -16,9 +16,9 @@ from terra_controller.agent_channel import AgentChannel, batches, start_agent_se
 from terra_controller.agent_connection import read_control, send_parts
 from terra_controller.controller import Controller
 from terra_controller.pki import Role
-from terra_controller.terra_policy import TerraPolicy
 from terra_controller.transport import stop_listener
 from terra_controller.tunnel_table import InstalledPathsPolicy, TunnelTable
+from terra_core.terra_policy import TerraPolicy
 from topologies import Topology, k_shortest_paths, load_topology, path_links
 
 CAP = 1e8

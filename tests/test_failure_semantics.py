@@ -38,7 +38,7 @@ from terra_controller.coflow_registry import (
     RegistryError,
 )
 from terra_controller.controller import Controller
-from terra_controller.terra_policy import TerraPolicy
+from terra_core.terra_policy import TerraPolicy
 from topologies import load_topology
 
 HK_BA = 250e6  # bytes/s: the HK -> BA max flow on SWAN

@@ -1,11 +1,11 @@
-"""Max-min fair water-filling (terra_controller/maxmin.py): hand-computed cases and invariants."""
+"""Max-min fair water-filling (terra_core/maxmin.py): hand-computed cases and invariants."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from terra_controller.maxmin import maxmin_levels, maxmin_on_paths
+from terra_core.maxmin import maxmin_levels, maxmin_on_paths
 
 
 def test_two_flows_sharing_a_link_get_half_each():

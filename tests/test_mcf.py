@@ -1,8 +1,8 @@
-"""Max-min fair multi-commodity flow (terra_controller/mcf.py) on hand-computed cases."""
+"""Max-min fair multi-commodity flow (terra_core/mcf.py) on hand-computed cases."""
 
 import pytest
 
-from terra_controller.mcf import maxmin_mcf
+from terra_core.mcf import maxmin_mcf
 from topologies import all_pairs_paths, load_topology, path_links
 
 TRIANGLE = {("A", "B"): 10.0, ("B", "C"): 10.0, ("A", "C"): 10.0}

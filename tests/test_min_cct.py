@@ -1,11 +1,11 @@
-"""Optimization (1) (terra_controller/min_cct.py) on hand-computed cases (docs/design.md 4.1)."""
+"""Optimization (1) (terra_core/min_cct.py) on hand-computed cases (docs/design.md 4.1)."""
 
 import math
 import random
 
 import pytest
 
-from terra_controller.min_cct import DualBound, min_cct
+from terra_core.min_cct import DualBound, min_cct
 from topologies import all_pairs_paths, load_topology, path_links
 
 # Triangle A, B, C: every directed link carries 10 bytes/s.

@@ -15,9 +15,9 @@ from terra_controller.agent_channel import AgentChannel
 from terra_controller.controller import Controller
 from terra_controller.pki import client_context, server_context
 from terra_controller.rest import RestApp, start_rest_server
-from terra_controller.terra_policy import TerraPolicy
 from terra_controller.transport import ServerSecurity
 from terra_controller.tunnel_table import TunnelTable
+from terra_core.terra_policy import TerraPolicy
 from topologies import Topology
 
 CAP = 1e8  # bytes/s per directed link

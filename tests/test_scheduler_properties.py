@@ -4,8 +4,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from terra_controller.min_cct import min_cct
-from terra_controller.scheduling_round import (
+from terra_core.min_cct import min_cct
+from terra_core.scheduling_round import (
     DEADLINE,
     PREEMPTED,
     SCHEDULED,
@@ -13,8 +13,8 @@ from terra_controller.scheduling_round import (
     _min_cct_on_r,
     schedule_round,
 )
-from terra_controller.simulator import WanChange, simulate
-from terra_controller.terra_policy import TerraPolicy
+from terra_core.terra_policy import TerraPolicy
+from terra_sim.simulator import WanChange, simulate
 from topologies import Topology, all_pairs_paths, path_links
 from workloads import Coflow, Flow
 

@@ -1,9 +1,9 @@
-"""One Terra scheduling round (terra_controller/scheduling_round.py, docs/design.md 4.2)."""
+"""One Terra scheduling round (terra_core/scheduling_round.py, docs/design.md 4.2)."""
 
 import pytest
 
-from terra_controller import scheduling_round
-from terra_controller.scheduling_round import (
+from terra_core import scheduling_round
+from terra_core.scheduling_round import (
     DEADLINE,
     PREEMPTED,
     SCHEDULED,

@@ -290,8 +290,8 @@ def test_the_agent_refuses_a_controller_of_another_ca(pki, foreign_pki, tmp_path
     from terra_controller.agent_channel import AgentChannel, start_agent_server
     from terra_controller.controller import Controller
     from terra_controller.pki import server_context
-    from terra_controller.terra_policy import TerraPolicy
     from terra_controller.tunnel_table import TunnelTable
+    from terra_core.terra_policy import TerraPolicy
     from topologies import Topology
 
     topo = Topology("two", ["A", "B"], {("A", "B"): 1e8, ("B", "A"): 1e8})

@@ -1,4 +1,4 @@
-"""terra-sim end to end on tiny workloads (terra_controller/sim_cli.py)."""
+"""terra-sim end to end on tiny workloads (terra_sim/cli.py)."""
 
 import json
 import subprocess
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from terra_controller.sim_cli import main, parse_fail_link
+from terra_sim.cli import main, parse_fail_link
 from topologies import load_topology
 
 # SWAN at 1 Gbps = 1.25e8 B/s. c1 (2.5e9 B HK->BA) and c2 (1.25e9 B LA->FL, deadline 30 s);
@@ -166,7 +166,7 @@ def test_parse_fail_link():
 
 
 def test_console_script_runs(workload):
-    exe = [sys.executable, "-m", "terra_controller.sim_cli"]
+    exe = [sys.executable, "-m", "terra_sim.cli"]
     done = subprocess.run(
         [*exe, "--topology", "swan", "--workload", str(workload), "--scheduler", "varys"],
         capture_output=True,

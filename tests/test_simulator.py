@@ -1,4 +1,4 @@
-"""The event-driven simulator (terra_controller/simulator.py): hand-computed runs, scripted WAN
+"""The event-driven simulator (terra_sim/simulator.py): hand-computed runs, scripted WAN
 changes, policy-bug detection, byte conservation, and random instances with every policy.
 
 Capacities are 1e9 B/s unless stated, so times are bytes / 1e9.
@@ -9,15 +9,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from terra_controller.baselines import BASELINES, PairLevels, PerFlowPolicy, VarysPolicy
-from terra_controller.simulator import (
+from terra_core.baselines import BASELINES, PairLevels, PerFlowPolicy, VarysPolicy
+from terra_core.terra_policy import TerraPolicy
+from terra_sim.simulator import (
     SimulationError,
     WanChange,
     empty_wan_gammas,
     simulate,
     with_deadline_factor,
 )
-from terra_controller.terra_policy import TerraPolicy
 from topologies import Topology, load_topology
 from workloads import Coflow, Flow
 

@@ -1,14 +1,14 @@
-"""TerraPolicy (terra_controller/terra_policy.py): online operation, docs/design.md 4.3.
+"""TerraPolicy (terra_core/terra_policy.py): online operation, docs/design.md 4.3.
 
-End-to-end cases run the real simulator (terra_controller/simulator.py).
+End-to-end cases run the real simulator (terra_sim/simulator.py).
 """
 
 import math
 
 import pytest
 
-from terra_controller.simulator import WanChange, simulate
-from terra_controller.terra_policy import TerraPolicy
+from terra_core.terra_policy import TerraPolicy
+from terra_sim.simulator import WanChange, simulate
 from topologies import Topology, path_links
 from workloads import Coflow, Flow
 

@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from terra_controller.maxmin import maxmin_levels
-from terra_controller.mcf import maxmin_mcf
-from terra_controller.min_cct import (
+from terra_core.maxmin import maxmin_levels
+from terra_core.mcf import maxmin_mcf
+from terra_core.min_cct import (
     DualBound,
     MinCct,
     Pair,

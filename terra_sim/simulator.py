@@ -47,8 +47,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from terra_controller.flow_bundles import bundle_wan_flows, flow_count, unbundled_wan_flows
-from terra_controller.policy import Allocation, Policy, Remaining
+from terra_core.flow_bundles import bundle_wan_flows, flow_count, unbundled_wan_flows
+from terra_core.policy import Allocation, Policy, Remaining
 from topologies import Topology, all_pairs_paths, path_links
 from workloads import Coflow
 
@@ -228,7 +228,7 @@ def empty_wan_gammas(coflows: Iterable[Coflow], topology: Topology, k: int) -> d
         {coflow id: Γ in seconds} for coflows with WAN flows (inf when a
         FlowGroup has no path).
     """
-    from terra_controller.min_cct import min_cct  # the LP lives with Terra
+    from terra_core.min_cct import min_cct  # the LP lives with Terra
 
     paths = all_pairs_paths(topology, k)
     capacity = {link: topology.available(link) for link in topology.links}

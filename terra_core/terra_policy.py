@@ -26,9 +26,9 @@ from __future__ import annotations
 import math
 import time
 
-from terra_controller.min_cct import DualBound, Pair, min_cct
-from terra_controller.policy import Allocation, Remaining, split_by_remaining
-from terra_controller.scheduling_round import (
+from terra_core.min_cct import DualBound, Pair, min_cct
+from terra_core.policy import Allocation, Remaining, split_by_remaining
+from terra_core.scheduling_round import (
     PREEMPTED,
     RoundResult,
     reserve_deadlines,

@@ -27,10 +27,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from terra_controller.flow_bundles import flow_count
-from terra_controller.maxmin import link_index, maxmin_levels, path_incidence
-from terra_controller.mcf import maxmin_mcf
-from terra_controller.policy import Allocation, Remaining
+from terra_core.flow_bundles import flow_count
+from terra_core.maxmin import link_index, maxmin_levels, path_incidence
+from terra_core.mcf import maxmin_mcf
+from terra_core.policy import Allocation, Remaining
 from topologies import Link, Path, Topology, all_pairs_paths, path_links
 from workloads import Coflow, Flow
 

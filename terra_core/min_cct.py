@@ -31,7 +31,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from terra_controller.lp import INF, new_highs, pass_lp, solve
+from terra_core.lp import INF, new_highs, pass_lp, solve
 from topologies import Link, Path, path_links
 
 Pair = tuple[str, str]

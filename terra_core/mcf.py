@@ -34,7 +34,7 @@ from collections.abc import Hashable
 
 import numpy as np
 
-from terra_controller.lp import INF, new_highs, pass_lp, solve
+from terra_core.lp import INF, new_highs, pass_lp, solve
 from topologies import Link, Path, path_links
 
 Demand = tuple[list[Path], float | None]

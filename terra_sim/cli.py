@@ -29,9 +29,9 @@ from typing import NamedTuple
 
 from tqdm import tqdm
 
-from terra_controller.baselines import BASELINES
-from terra_controller.cct_bound import CctBound, avg_cct_lower_bound
-from terra_controller.simulator import (
+from terra_core.baselines import BASELINES
+from terra_sim.cct_bound import CctBound, avg_cct_lower_bound
+from terra_sim.simulator import (
     SimResult,
     SimulationError,
     WanChange,
@@ -107,7 +107,7 @@ def make_policy(name: str, topology: Topology, args: argparse.Namespace):
     """Return a fresh policy called `name` on `topology` (Terra or a baseline)."""
     if name == "terra":
         try:
-            from terra_controller.terra_policy import TerraPolicy
+            from terra_core.terra_policy import TerraPolicy
         except ImportError as exc:
             raise ValueError(f"the terra scheduler is not available: {exc}") from exc
 
