@@ -22,9 +22,11 @@ One run, everything real:
    Steps 4 and 5 are repeated `repeats` times (the machine is shared and has 2 cores, so
    single runs are noisy; per-flow TCP alternates with the first scheduler's runs);
    results.summary pools the repeats.
-6. Switch port counters (`ovs-ofctl -O OpenFlow13 dump-ports`) before and after each run
-   give the WAN utilization: bytes sent on WAN ports / (sum of link rates x busy time),
-   busy time = the time during which at least one coflow is active (`busy_time`).
+6. Switch port counters before and after each run give the WAN utilization: bytes sent
+   on WAN ports / (sum of link rates x busy time), busy time = the time during which at
+   least one coflow is active (`busy_time`). The counters come from the controller's
+   OpenFlow port statistics (REST /links); `ovs-ofctl -O OpenFlow13 dump-ports` reads
+   them too, for comparison (`wan_utilization_ofctl`).
 
 Everything is torn down in `finally` (also on Ctrl-C / SIGTERM, which the CLI turns into
 KeyboardInterrupt): the process groups started here, then Mininet; `mn -c` only if
@@ -84,7 +86,9 @@ class RunResult:
     Attributes:
         cct_s: coflow trace id -> CCT (seconds), for completed coflows.
         duration_s: first arrival to last completion (seconds).
-        wan_bytes_sent: bytes sent on WAN switch ports (port counters) during the run.
+        wan_bytes_sent: bytes sent on WAN switch ports during the run, from the controller's
+            OpenFlow port statistics (REST /links).
+        wan_bytes_sent_ofctl: the same from `ovs-ofctl dump-ports` text, for comparison.
         wan_capacity_bps: sum of the directed WAN links' HTB rates (bytes/s).
         bytes_lost: expected bytes not delivered (unfinished flows, short flows).
         digest_mismatches: flows whose received digest differs from the expected one.
@@ -99,6 +103,7 @@ class RunResult:
     arrival_s: dict = field(default_factory=dict)
     duration_s: float = 0.0
     wan_bytes_sent: int = 0
+    wan_bytes_sent_ofctl: int = 0
     wan_capacity_bps: float = 0.0
     bytes_lost: int = 0
     digest_mismatches: int = 0
@@ -126,6 +131,12 @@ class RunResult:
         """
         denom = self.wan_capacity_bps * self.busy_s
         return self.wan_bytes_sent / denom if denom > 0 else 0.0
+
+    @property
+    def wan_utilization_ofctl(self) -> float:
+        """`wan_utilization` from the `ovs-ofctl dump-ports` counters (for comparison)."""
+        denom = self.wan_capacity_bps * self.busy_s
+        return self.wan_bytes_sent_ofctl / denom if denom > 0 else 0.0
 
 
 def busy_time(arrival_s: dict, cct_s: dict) -> float:
@@ -334,6 +345,33 @@ def wait_until(predicate, timeout: float, what: str, poll_s: float = 0.1) -> Non
 _PORT_RE = re.compile(r"port\s+\"?(\w+)\"?:.*?tx pkts=\d+, bytes=(\d+)", re.S)
 
 
+def openflow_tx_bytes(ctl: Controller, timeout: float = 10.0) -> int:
+    """Sum of tx_bytes over every WAN port from the controller's OpenFlow port statistics
+    (REST /links), waiting for samples taken after this call began (the controller polls
+    every switch every --port-stats-s seconds).
+
+    Raises:
+        TestbedError: no fresh sample of every WAN port within `timeout` seconds.
+    """
+    start = time.monotonic()
+    while True:
+        asked = time.monotonic()
+        links = ctl.get("/links")["links"]
+        ages = [row["sampled_s"] for row in links]
+        if all(age is not None and asked - age > start for age in ages):
+            return sum(row["tx_bytes"] for row in links)
+        if asked - start > timeout:
+            raise TestbedError(f"no fresh OpenFlow port statistics within {timeout} s")
+        time.sleep(0.05)
+
+
+def read_wan_bytes(wan, ctl: Controller | None) -> tuple[int, int]:
+    """(bytes sent on WAN ports per OpenFlow port statistics, per `ovs-ofctl dump-ports`);
+    the first is 0 without a controller."""
+    ofctl = wan_tx_bytes(wan.switches, wan.binding, wan.topology)
+    return (openflow_tx_bytes(ctl) if ctl is not None else 0), ofctl
+
+
 def wan_tx_bytes(switches: dict, binding: Binding, topology: Topology) -> int:
     """Sum of tx_bytes over every WAN port of every switch (`ovs-ofctl dump-ports`).
 
@@ -434,7 +472,7 @@ def run_terra(
     result = RunResult(wan_capacity_bps=_wan_capacity(wan))
     client = ctl.client(timeout=30)
     ids: dict[int, TestbedCoflow] = {}
-    tx0 = wan_tx_bytes(wan.switches, wan.binding, wan.topology)
+    tx0, tx0_ofctl = read_wan_bytes(wan, ctl)
     rounds0 = ctl.get("/status")["rounds"]
     t0 = time.monotonic()
     fail = _start_failure(wan, failure, t0, ctl, result)
@@ -461,7 +499,8 @@ def run_terra(
                 raise TestbedError(f"Terra run: coflows not done after {timeout} s")
             _sleep_until_poll_or_arrival(now, t0, pending)
         result.duration_s = last_end - t0
-        result.wan_bytes_sent = wan_tx_bytes(wan.switches, wan.binding, wan.topology) - tx0
+        tx1, tx1_ofctl = read_wan_bytes(wan, ctl)
+        result.wan_bytes_sent, result.wan_bytes_sent_ofctl = tx1 - tx0, tx1_ofctl - tx0_ofctl
         status = ctl.get("/status")
         result.rounds = status["rounds"] - rounds0
         recent = status["recent_round_ms"]
@@ -495,8 +534,10 @@ def run_per_flow_tcp(
     timeout: float,
     workdir: Path,
     procs: Processes,
+    ctl: Controller | None = None,
 ) -> RunResult:
-    """The per-flow TCP baseline (mininet_scenarios.tcp_baseline) on the same WAN.
+    """The per-flow TCP baseline (mininet_scenarios.tcp_baseline) on the same WAN; `ctl`:
+    the controller whose OpenFlow port statistics count the WAN bytes (else ovs-ofctl's).
 
     Raises:
         TestbedError: flows not received within `timeout` s of the last arrival.
@@ -543,7 +584,7 @@ def run_per_flow_tcp(
         wait_until(
             lambda: all(Path(f"{out}.ready").exists() for out in outs.values()), 60, "TCP nodes"
         )
-        tx0 = wan_tx_bytes(wan.switches, wan.binding, wan.topology)
+        tx0, tx0_ofctl = read_wan_bytes(wan, ctl)
         start_wall = time.time() + 0.2
         tmp = workdir / "start.tmp"
         tmp.write_text(repr(start_wall))
@@ -563,7 +604,9 @@ def run_per_flow_tcp(
                     break
                 time.sleep(POLL_S)
             end_mono = time.monotonic()
-            result.wan_bytes_sent = wan_tx_bytes(wan.switches, wan.binding, wan.topology) - tx0
+            tx1, tx1_ofctl = read_wan_bytes(wan, ctl)
+            result.wan_bytes_sent_ofctl = tx1_ofctl - tx0_ofctl
+            result.wan_bytes_sent = tx1 - tx0 if ctl is not None else result.wan_bytes_sent_ofctl
         finally:
             _finish_failure(fail)
     finally:
@@ -748,8 +791,9 @@ def _scheduler_runs(wan, ctl: Controller, opts: TestbedOptions, raw: dict, with_
         log(f"[{i + 1}] {ctl.scheduler} done in {run.duration_s:.1f} s")
         if with_tcp:
             tcp = run_per_flow_tcp(
-                wan, opts.coflows, opts.failure, opts.timeout_s, opts.workdir / f"tcp{i}", procs
-            )
+                wan, opts.coflows, opts.failure, opts.timeout_s, opts.workdir / f"tcp{i}", procs,
+                ctl,
+            )  # fmt: skip
             raw["per_flow_tcp"].append(tcp)
             log(f"[{i + 1}] per-flow TCP done in {tcp.duration_s:.1f} s")
     return runs, flow_mods_before
