@@ -149,28 +149,8 @@ def avg_cct_lower_bound(
     wan = [c for c in coflows if c.flowgroups()]
     if not wan:
         raise ValueError("no coflow with WAN flows: the average CCT is undefined")
-    dcs = list(topology.dcs)
-    index = {dc: i for i, dc in enumerate(dcs)}
-    volume = np.zeros((len(wan), len(dcs), len(dcs)))  # bytes per coflow, source, destination
-    for j, c in enumerate(wan):
-        for (src, dst), nbytes in c.flowgroups().items():
-            if src not in index or dst not in index:
-                raise ValueError(f"coflow {c.id}: DC pair {src}->{dst} not in {topology.name}")
-            volume[j, index[src], index[dst]] += nbytes
-    link_cap = np.zeros((len(dcs), len(dcs)))
-    for u, v in topology.capacity:
-        link_cap[index[u], index[v]] = topology.available((u, v))
-    release = [c.arrival_s for c in wan]
-
-    def cut_sum(side: frozenset) -> float:
-        out = np.array([dc in side for dc in dcs], dtype=float)
-        capacity = out @ link_cap @ (1.0 - out)
-        work = np.einsum("i,jik,k->j", out, volume, 1.0 - out)
-        if capacity <= 0:
-            return float("inf") if work.any() else 0.0
-        return srpt_flow_time(release, work / capacity)
-
-    best_sum, best_cut, searched = _search_cuts(dcs, cut_sum, exhaustive_max_dcs)
+    sums = _CutSums(wan, topology)
+    best_sum, best_cut, searched = _search_cuts(sums, exhaustive_max_dcs)
     cut_avg = best_sum / len(wan)
     isolation = None
     if gamma_empty_s is not None:
@@ -182,13 +162,127 @@ def avg_cct_lower_bound(
     return CctBound(bound, cut_avg, best_cut, searched, isolation, len(wan))
 
 
-def _search_cuts(dcs: list[str], cut_sum, exhaustive_max_dcs: int):
-    """(best sum, its source side, cuts evaluated) over the cuts described in the module doc."""
+class _CutSums:
+    """Per-cut SRPT sums from sparse FlowGroups, updated incrementally one DC at a time.
+
+    A cut is its source side S as a boolean vector over the DCs. Its *state* is
+    (crossing bytes per coflow, shape (coflows,); c(S) in bytes/s). Each coflow's
+    FlowGroups are kept as flat arrays (coflow index, source, destination, bytes),
+    sorted once by source and once by destination, so the groups leaving or entering
+    a DC are contiguous slices. Moving one DC x into S adds the bytes of x's outgoing
+    groups to a DC outside S and removes those of its incoming groups from a DC in S
+    (they no longer cross); moving x out does the reverse. Links are handled the
+    same way for c(S). So a move costs O(groups and links at x + coflows), not
+    O(coflows x DCs^2) as a dense per-cut sum does.
+
+    Rounding: a coflow's crossing bytes are a sum of some of its FlowGroups, so they
+    are 0 or at least its smallest group; values below half of that (left by
+    adding and subtracting along a search path) are set to exactly 0; likewise a
+    c(S) below half the smallest link capacity.
+    """
+
+    def __init__(self, wan: Sequence[Coflow], topology: Topology) -> None:
+        """Index the FlowGroups of `wan` (coflows with WAN flows) and the links of `topology`.
+
+        Raises:
+            ValueError: a FlowGroup names a DC unknown to the topology.
+        """
+        self.dcs = list(topology.dcs)
+        index = {dc: i for i, dc in enumerate(self.dcs)}
+        rows: list[tuple[int, int, int, float]] = []
+        for j, c in enumerate(wan):
+            for (src, dst), nbytes in c.flowgroups().items():
+                if src not in index or dst not in index:
+                    raise ValueError(f"coflow {c.id}: DC pair {src}->{dst} not in {topology.name}")
+                rows.append((j, index[src], index[dst], nbytes))
+        group = np.array([r[0] for r in rows], dtype=np.int64)
+        src = np.array([r[1] for r in rows], dtype=np.int64)
+        dst = np.array([r[2] for r in rows], dtype=np.int64)
+        nbytes = np.array([r[3] for r in rows], dtype=float)
+        self.coflows = len(wan)
+        self.release = [c.arrival_s for c in wan]
+        self.group, self.src, self.dst, self.bytes = group, src, dst, nbytes
+        smallest = np.full(self.coflows, np.inf)
+        np.minimum.at(smallest, group, nbytes)
+        self.zero_below = smallest / 2
+        links = [(index[u], index[v], topology.available((u, v))) for u, v in topology.capacity]
+        self.link_u = np.array([lk[0] for lk in links], dtype=np.int64)
+        self.link_v = np.array([lk[1] for lk in links], dtype=np.int64)
+        self.link_cap = np.array([lk[2] for lk in links], dtype=float)
+        positive = self.link_cap[self.link_cap > 0]
+        self.capacity_zero_below = positive.min() / 2 if positive.size else 0.0
+        n = len(self.dcs)
+        self.out_groups = _slices(src, n, (group, dst, nbytes))  # per DC: (coflow, dst, bytes)
+        self.in_groups = _slices(dst, n, (group, src, nbytes))  # per DC: (coflow, src, bytes)
+        self.out_links = _slices(self.link_u, n, (self.link_v, self.link_cap))
+        self.in_links = _slices(self.link_v, n, (self.link_u, self.link_cap))
+
+    def mask(self, side: frozenset) -> np.ndarray:
+        """Boolean vector over the DCs, True for the DCs of `side`."""
+        return np.array([dc in side for dc in self.dcs], dtype=bool)
+
+    def state(self, inside: np.ndarray) -> tuple[np.ndarray, float]:
+        """(crossing bytes per coflow, c(S) bytes/s) of the cut `inside`, from scratch."""
+        cross = inside[self.src] & ~inside[self.dst]
+        crossing = _sum_by(self.group[cross], self.bytes[cross], self.coflows)
+        capacity = float(self.link_cap[inside[self.link_u] & ~inside[self.link_v]].sum())
+        return crossing, capacity
+
+    def moved(
+        self, inside: np.ndarray, crossing: np.ndarray, capacity: float, dc: int
+    ) -> tuple[np.ndarray, float]:
+        """State of the cut `inside` with DC index `dc` flipped, from the state of `inside`.
+
+        `inside` itself is not changed.
+        """
+        sign = -1.0 if inside[dc] else 1.0  # +: dc joins S
+        og, odst, obytes = self.out_groups[dc]
+        ig, isrc, ibytes = self.in_groups[dc]
+        gained = ~inside[odst]  # dc's groups to DCs outside S cross iff dc is in S
+        lost = inside[isrc]  # groups from S into dc cross iff dc is outside S
+        delta = _sum_by(og[gained], obytes[gained], self.coflows)
+        delta -= _sum_by(ig[lost], ibytes[lost], self.coflows)
+        crossing = crossing + sign * delta
+        crossing[crossing < self.zero_below] = 0.0
+        ov, ocap = self.out_links[dc]
+        iu, icap = self.in_links[dc]
+        capacity += sign * (float(ocap[~inside[ov]].sum()) - float(icap[inside[iu]].sum()))
+        if capacity < self.capacity_zero_below:
+            capacity = 0.0
+        return crossing, capacity
+
+    def total(self, crossing: np.ndarray, capacity: float) -> float:
+        """SRPT sum of flow times (seconds) on the cut machine of this state."""
+        if capacity <= 0:
+            return float("inf") if crossing.any() else 0.0
+        return srpt_flow_time(self.release, crossing / capacity)
+
+
+def _sum_by(index: np.ndarray, weights: np.ndarray, n: int) -> np.ndarray:
+    """Float vector of length n: the sum of `weights` per value of `index` (0 where none)."""
+    return np.bincount(index, weights, minlength=n).astype(float, copy=False)
+
+
+def _slices(key: np.ndarray, n: int, columns: tuple[np.ndarray, ...]) -> list[tuple]:
+    """Per value v in 0..n-1 of `key`, the `columns` restricted to the rows where key == v."""
+    order = np.argsort(key, kind="stable")
+    bounds = np.searchsorted(key[order], np.arange(n + 1))
+    sorted_cols = [col[order] for col in columns]
+    return [tuple(col[bounds[v] : bounds[v + 1]] for col in sorted_cols) for v in range(n)]
+
+
+def _search_cuts(sums: _CutSums, exhaustive_max_dcs: int):
+    """(best sum, its source side, cuts evaluated) over the cuts described in the module doc.
+
+    Exhaustive search evaluates every cut from scratch (sparse); the local search
+    evaluates each neighbour of the current cut incrementally (_CutSums.moved).
+    """
+    dcs = sums.dcs
     seen: dict[frozenset, float] = {}
 
     def value(side: frozenset) -> float:
         if side not in seen:
-            seen[side] = cut_sum(side)
+            seen[side] = sums.total(*sums.state(sums.mask(side)))
         return seen[side]
 
     everything = frozenset(dcs)
@@ -199,17 +293,40 @@ def _search_cuts(dcs: list[str], cut_sum, exhaustive_max_dcs: int):
     else:
         starts = [frozenset([dc]) for dc in dcs] + [everything - {dc} for dc in dcs]
         for side in sorted(starts, key=value, reverse=True)[:_LOCAL_SEARCH_STARTS]:
-            _climb(side, dcs, value)
+            _climb(side, sums, seen)
     best = max(seen, key=lambda s: (seen[s], sorted(s)))
     return seen[best], best, len(seen)
 
 
-def _climb(side: frozenset, dcs: list[str], value) -> None:
-    """Flip one DC in or out of `side` while that raises the cut bound (first improvement)."""
+def _climb(side: frozenset, sums: _CutSums, seen: dict[frozenset, float]) -> None:
+    """Flip one DC in or out of `side` while that raises the cut bound (first improvement).
+
+    Records every cut it evaluates in `seen` (cut -> SRPT sum). Neighbours are
+    evaluated from the current cut's state by moving one DC (_CutSums.moved).
+    """
+    dcs = sums.dcs
+    inside = sums.mask(side)
+    crossing, capacity = sums.state(inside)
+    if side not in seen:
+        seen[side] = sums.total(crossing, capacity)
     improved = True
     while improved:
         improved = False
-        for dc in dcs:
+        for i, dc in enumerate(dcs):
             other = side ^ {dc}
-            if 0 < len(other) < len(dcs) and value(other) > value(side):
-                side, improved = other, True
+            if not 0 < len(other) < len(dcs):
+                continue
+            if other in seen:
+                if seen[other] > seen[side]:
+                    crossing, capacity = sums.moved(inside, crossing, capacity, i)
+                else:
+                    continue
+            else:
+                moved = sums.moved(inside, crossing, capacity, i)
+                seen[other] = sums.total(*moved)
+                if not seen[other] > seen[side]:
+                    continue
+                crossing, capacity = moved
+            inside = inside.copy()
+            inside[i] = not inside[i]
+            side, improved = other, True

@@ -260,3 +260,142 @@ def test_foi_ceiling_json_and_its_checks(tmp_path, capsys):
     # the whole trace is never simulated without a part-file directory
     with pytest.raises(SystemExit):
         foi_ceiling.main(["--topology", "swan"])
+
+
+# --- The sparse, incremental cut search against the dense one it replaced ----------------
+
+
+def dense_cut_bound(coflows, topology, exhaustive_max_dcs=12):
+    """The implementation before the sparse one (commit f532219), kept as the reference:
+    a dense coflows x DCs x DCs byte array, every cut summed from scratch by einsum and
+    the same search (exhaustive up to `exhaustive_max_dcs` DCs, else single-DC starts,
+    their complements and first-improvement climbs from the best 50).
+    Returns (cut sum / WAN coflows, best cut, cuts evaluated)."""
+    import numpy as np
+
+    from terra_sim.cct_bound import srpt_flow_time
+
+    wan = [c for c in coflows if c.flowgroups()]
+    dcs = list(topology.dcs)
+    index = {dc: i for i, dc in enumerate(dcs)}
+    volume = np.zeros((len(wan), len(dcs), len(dcs)))
+    for j, c in enumerate(wan):
+        for (src, dst), nbytes in c.flowgroups().items():
+            volume[j, index[src], index[dst]] += nbytes
+    link_cap = np.zeros((len(dcs), len(dcs)))
+    for u, v in topology.capacity:
+        link_cap[index[u], index[v]] = topology.available((u, v))
+    release = [c.arrival_s for c in wan]
+    seen = {}
+
+    def value(side):
+        if side not in seen:
+            out = np.array([dc in side for dc in dcs], dtype=float)
+            capacity = out @ link_cap @ (1.0 - out)
+            work = np.einsum("i,jik,k->j", out, volume, 1.0 - out)
+            if capacity <= 0:
+                seen[side] = float("inf") if work.any() else 0.0
+            else:
+                seen[side] = srpt_flow_time(release, work / capacity)
+        return seen[side]
+
+    everything = frozenset(dcs)
+    if len(dcs) <= exhaustive_max_dcs:
+        for size in range(1, len(dcs)):
+            for side in itertools.combinations(dcs, size):
+                value(frozenset(side))
+    else:
+        starts = [frozenset([dc]) for dc in dcs] + [everything - {dc} for dc in dcs]
+        for side in sorted(starts, key=value, reverse=True)[:50]:
+            improved = True
+            while improved:
+                improved = False
+                for dc in dcs:
+                    other = side ^ {dc}
+                    if 0 < len(other) < len(dcs) and value(other) > value(side):
+                        side, improved = other, True
+    best = max(seen, key=lambda s: (seen[s], sorted(s)))
+    return seen[best] / len(wan), best, len(seen)
+
+
+INTEGER_BYTES = st.integers(1_000, 10**9)
+
+
+@st.composite
+def random_instances(draw, sizes=INTEGER_BYTES):
+    """A connected random WAN of 3..9 DCs (a ring plus chords, random capacities, maybe a
+    link down) and 1..8 coflows with random FlowGroups of `sizes` bytes per flow."""
+    n = draw(st.integers(3, 9))
+    dcs = [f"d{i}" for i in range(n)]
+    cap = {}
+    pairs = [(i, (i + 1) % n) for i in range(n)]
+    pairs += draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=6))
+    for a, b in pairs:
+        if a != b:
+            gbps = draw(st.sampled_from([0.5, 1.0, 2.5, 10.0]))
+            cap[(dcs[a], dcs[b])] = cap[(dcs[b], dcs[a])] = gbps * GBPS
+    topo = Topology("rand", dcs, cap)
+    if draw(st.booleans()):
+        topo.set_link_state(dcs[0], dcs[1], False, both=draw(st.booleans()))
+    coflows = []
+    for i in range(draw(st.integers(1, 8))):
+        flows = [
+            Flow(f"f{j}", draw(st.sampled_from(dcs)), draw(st.sampled_from(dcs)), size)
+            for j, size in enumerate(draw(st.lists(sizes, min_size=1, max_size=6)))
+        ]
+        coflows.append(Coflow(f"c{i}", draw(st.floats(0.0, 10.0)), flows))
+    return topo, coflows
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_instances(), st.sampled_from([2, 12]))
+def test_sparse_incremental_search_equals_the_dense_reference(instance, exhaustive):
+    # exhaustive=2 forces the incremental local search on every instance (3..9 DCs),
+    # 12 the exhaustive one. Integer byte counts (sums < 2^53) make every per-cut sum exact
+    # in both implementations, so the SRPT sums, hence every climb decision, are equal:
+    # the same bound, cut and number of cuts, bit for bit.
+    topo, coflows = instance
+    if not any(c.flowgroups() for c in coflows):
+        return
+    avg, cut, searched = dense_cut_bound(coflows, topo, exhaustive)
+    bound = avg_cct_lower_bound(coflows, topo, exhaustive_max_dcs=exhaustive)
+    assert (bound.cut_avg_cct_s, bound.cut, bound.cuts_searched) == (avg, cut, searched)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_instances(sizes=st.floats(1e3, 1e9)), st.sampled_from([2, 12]))
+def test_sparse_search_with_fractional_bytes_matches_the_dense_bound(instance, exhaustive):
+    # Fractional byte counts round differently in the two sums (einsum vs adding one DC's
+    # groups at a time), so cuts whose sums tie exactly may compare either way by one ulp
+    # and a climb may visit other cuts (the count may differ). The bound must still agree
+    # to 1e-9; this held on every example we generated and on the FB trace below.
+    topo, coflows = instance
+    if not any(c.flowgroups() for c in coflows):
+        return
+    avg, _cut, _searched = dense_cut_bound(coflows, topo, exhaustive)
+    bound = avg_cct_lower_bound(coflows, topo, exhaustive_max_dcs=exhaustive)
+    assert bound.cut_avg_cct_s == pytest.approx(avg, rel=1e-9)
+
+
+# Recorded with the dense implementation (commit f532219, benchmarks/bound_cost.py):
+# whole FB trace, 1 Gbps links; bigswitch: first 100 coflows on its own 131,072,000 B/s ports.
+RECORDED_DENSE = {
+    ("swan", None): (245.7124451261134, frozenset({"BA", "FL"}), 30, 499),
+    ("gscale", None): (337.0293436666565, frozenset(map(str, range(1, 9))), 4094, 518),
+    ("bigswitch", 100): (1.7758399999999994, None, 4230, 100),
+}
+
+
+@pytest.mark.parametrize(("name", "limit"), list(RECORDED_DENSE))
+def test_fb_trace_bound_equals_the_recorded_dense_one(name, limit):
+    from workloads import load_workload
+
+    topo = load_topology(name, link_gbps=None if name == "bigswitch" else 1.0)
+    coflows = load_workload("fb", topo, limit=limit)
+    avg, cut, searched, wan = RECORDED_DENSE[(name, limit)]
+    bound = avg_cct_lower_bound(coflows, topo)
+    assert bound.cut_avg_cct_s == pytest.approx(avg, rel=1e-9)
+    assert (bound.cuts_searched, bound.coflows) == (searched, wan)
+    if cut is None:  # bigswitch: everything but rack 4, i.e. rack 4's downlink core -> 4
+        cut = frozenset(topo.dcs) - {"4"}
+    assert bound.cut == cut

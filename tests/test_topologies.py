@@ -143,3 +143,33 @@ def test_capacity_and_link_errors():
         topo.set_link_state("HK", "BA", up=False)
     with pytest.raises(TopologyError, match="unknown DC 'XX'"):
         k_shortest_paths(topo, "HK", "XX", 2)
+
+
+def test_bigswitch_is_coflowsims_fabric():
+    # 150 racks + core; each rack has an uplink and a downlink of 1 MiB per 8 ms epoch:
+    # 1,048,576 B / 0.008 s = 131,072,000 B/s = 1.048576 Gbit/s.
+    from topologies.bigswitch import COFLOWSIM_PORT_GBPS, bigswitch_topology
+
+    topo = load_topology("bigswitch")
+    assert topo.name == "bigswitch"
+    assert topo.dcs == [*map(str, range(150)), "core"]
+    assert topo.attrs["rack_dcs"] == [str(r) for r in range(150)]
+    assert sorted(topo.capacity) == sorted(
+        [(str(r), "core") for r in range(150)] + [("core", str(r)) for r in range(150)]
+    )
+    assert set(topo.capacity.values()) == {131_072_000.0}
+    assert COFLOWSIM_PORT_GBPS == pytest.approx(1.048576)
+    assert load_topology("bigswitch", link_gbps=1).capacity[("0", "core")] == 1.25e8
+    small = bigswitch_topology(3)
+    assert small.dcs == ["0", "1", "2", "core"] and len(small.capacity) == 6
+    with pytest.raises(TopologyError, match="at least 2 racks"):
+        bigswitch_topology(1)
+
+
+def test_bigswitch_paths_through_the_core_are_unique():
+    # Every rack pair has exactly one simple path, r -> core -> s, whatever K.
+    from topologies import k_shortest_paths
+    from topologies.bigswitch import bigswitch_topology
+
+    topo = bigswitch_topology(4)
+    assert k_shortest_paths(topo, "0", "3", 4) == [("0", "core", "3")]

@@ -137,3 +137,24 @@ def test_json_workload_errors_name_field(tmp_path, coflows, field):
     path = json_workload(tmp_path, coflows)
     with pytest.raises(WorkloadError, match=field):
         load_workload(str(path), SWAN)
+
+
+def test_fb_racks_map_one_to_one_onto_bigswitch(tmp_path):
+    # On a topology with a node per rack, rack r is node "r" (not r mod N): on SWAN's 5 DCs
+    # rack 7 would be DC 7 mod 5 = 2; on bigswitch it is node "7". Racks 3 -> 3 stay
+    # inside one node (intra-DC, not WAN).
+    from topologies import load_topology
+    from topologies.bigswitch import bigswitch_topology
+    from workloads import load_workload
+
+    trace = tmp_path / "t.txt"
+    trace.write_text("150 1\n1 0 2 7 3 1 3:2\n")
+    topo = load_topology("bigswitch")
+    flows = load_workload(str(trace), topo)[0].flows
+    assert [(f.src, f.dst) for f in flows] == [("7", "3"), ("3", "3")]
+    assert [f.bytes for f in flows] == [1_048_576, 1_048_576]  # 2 MB over 2 mappers
+    fb = load_workload("fb", topo)
+    assert len(fb) == 526
+    assert {f.src for c in fb for f in c.flows} <= set(topo.attrs["rack_dcs"])
+    with pytest.raises(WorkloadError, match=r"t.txt:2: rack 7: the topology has racks 0..3"):
+        load_workload(str(trace), bigswitch_topology(4))

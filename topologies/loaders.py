@@ -19,6 +19,7 @@ from pathlib import Path as FsPath
 
 import networkx as nx
 
+from topologies.bigswitch import bigswitch_topology
 from topologies.topology import GBPS_TO_BYTES_PER_S, Topology, TopologyError
 
 BUILTIN = {"swan": "swan.json", "gscale": "gscale.json", "att": "AttMpls.graphml"}
@@ -34,7 +35,9 @@ def load_topology(spec: str, link_gbps: float | None = None) -> Topology:
     """Load a topology by built-in name or file path (.json or .graphml).
 
     Args:
-        spec: "swan", "gscale", "att", or a path to a JSON / GraphML file.
+        spec: "swan", "gscale", "att", "bigswitch" (CoflowSim's fabric, built by
+            topologies/bigswitch.py, not read from a file), or a path to a JSON /
+            GraphML file.
         link_gbps: when given, every link gets this capacity (Gbps), overriding the file.
 
     Returns:
@@ -44,9 +47,16 @@ def load_topology(spec: str, link_gbps: float | None = None) -> Topology:
         TopologyError: unreadable file, unknown format, or invalid content
             (the message names the file and the field).
     """
+    if spec == "bigswitch":
+        topo = bigswitch_topology()
+        if link_gbps is not None:
+            topo = topo.scaled(_gbps(link_gbps, "bigswitch: link_gbps") * GBPS_TO_BYTES_PER_S)
+        return topo
     path = builtin_path(spec) if spec in BUILTIN else FsPath(spec)
     if not path.is_file():
-        raise TopologyError(f"{spec}: no such topology (built-ins: {', '.join(BUILTIN)})")
+        raise TopologyError(
+            f"{spec}: no such topology (built-ins: {', '.join(BUILTIN)}, bigswitch)"
+        )
     if path.suffix.lower() == ".json":
         topo = load_json_topology(path)
     elif path.suffix.lower() == ".graphml":

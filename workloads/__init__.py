@@ -26,19 +26,39 @@ def load_workload(spec: str, topology: Topology, limit: int | None = None) -> li
 
     Args:
         spec: "fb", or a path ending in .json (JSON format) or anything else (trace format).
-        topology: racks / DC names are mapped onto its DCs.
+        topology: racks / DC names are mapped onto its DCs. A trace's rack r goes to
+            ``dcs[r % N]``, except on a topology with a node per rack
+            (``attrs["rack_dcs"]``, e.g. bigswitch): there rack r is node
+            ``rack_dcs[r]`` (identity), and a trace with more racks is an error.
         limit: keep only the first `limit` coflows (in arrival order).
 
     Raises:
         WorkloadError: unreadable or invalid workload (names the file and line or field).
     """
+    rack_dcs = topology.attrs.get("rack_dcs")
+    mapping = None if rack_dcs is None else rack_mapping(rack_dcs)
     if spec == "fb":
-        coflows = load_fb_trace(fb_trace_path(), topology.dcs, limit=limit)
+        coflows = load_fb_trace(fb_trace_path(), topology.dcs, mapping, limit=limit)
     elif spec.endswith(".json"):
         coflows = load_json_workload(spec, topology.dcs)[:limit]
     else:
-        coflows = load_fb_trace(spec, topology.dcs, limit=limit)
+        coflows = load_fb_trace(spec, topology.dcs, mapping, limit=limit)
     return coflows
+
+
+def rack_mapping(rack_dcs: list[str]):
+    """Return rack r -> ``rack_dcs[r]``, a one-to-one rack mapping for load_fb_trace.
+
+    The returned function raises WorkloadError for a rack beyond ``rack_dcs``
+    (load_fb_trace adds the file and line).
+    """
+
+    def to_dc(rack: int) -> str:
+        if not 0 <= rack < len(rack_dcs):
+            raise WorkloadError(f"rack {rack}: the topology has racks 0..{len(rack_dcs) - 1}")
+        return rack_dcs[rack]
+
+    return to_dc
 
 
 __all__ = [

@@ -6,7 +6,9 @@ Line 1: ``<racks> <coflows>``. Then one coflow per line::
 
 A reducer's MB (1 MB = 1,048,576 bytes) is the total it receives, split equally
 over the coflow's mappers, with no flow smaller than 1 MB (the CoflowSim
-convention). Rack r maps to DC ``dcs[r % len(dcs)]`` unless a mapping is given.
+convention). Rack r maps to DC ``dcs[r % len(dcs)]`` unless a mapping is given
+(workloads.load_workload gives the identity on a topology with a node per rack,
+such as bigswitch).
 """
 
 from __future__ import annotations
@@ -89,7 +91,11 @@ def _parse_line(line: str, racks: int, mapping: Callable[[int], str], where: str
             for rack in (mrack, rrack):
                 if not 0 <= rack < racks:
                     raise WorkloadError(f"{where}: rack {rack} outside 0..{racks - 1}")
-            flows.append(Flow(f"m{i}r{j}", mapping(mrack), mapping(rrack), per_flow))
+            try:
+                src, dst = mapping(mrack), mapping(rrack)
+            except WorkloadError as exc:
+                raise WorkloadError(f"{where}: {exc}") from exc
+            flows.append(Flow(f"m{i}r{j}", src, dst, per_flow))
     return Coflow(cid, arrival_ms / 1000.0, flows)
 
 
