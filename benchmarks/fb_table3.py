@@ -5,7 +5,7 @@ and writes them with ``--json OUT`` as ``{"<topology>": {"<baseline>": foi}}``.
 
     uv run python benchmarks/fb_table3.py [--topology swan gscale att] [--link-gbps G]
         [--limit N] [--k K] [--schedulers terra per-flow ...] [--reuse DIR] [--rerun NAME ...]
-        [--json OUT] [--details OUT]
+        [--jobs N] [--json OUT] [--details OUT]
     uv run python benchmarks/fb_table3.py --combine PART.json ... [--json OUT] [--details OUT]
 
 Every scheduler of a topology runs on the same link capacity (``--link-gbps``,
@@ -27,6 +27,12 @@ Running the schedulers separately (the full trace takes minutes per baseline):
   the topology, limit, link Gbps and K) and prints/writes the table. Parts of one
   topology must agree on limit, link Gbps and K.
 
+- ``--jobs N`` (default: the number of CPUs) simulates up to N missing parts at once,
+  each in its own process (concurrent.futures.ProcessPoolExecutor); every run is
+  independent and deterministic, so the results are those of ``--jobs 1`` (serial)
+  except for the measured times (wall_s, round_ms_*). Each part file is written as
+  soon as its run ends.
+
 A part file has the shape of ``terra-sim --json`` (``{"results": {"<scheduler>":
 {"avg_cct_s": x, "avg_slowdown": x, "wall_s": x, "coflows": [...], ...}}, "meta":
 {"topology": ..., "limit": N|null, "link_gbps": G, "k": K, "commit": ...}}``).
@@ -38,7 +44,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from terra_core.registry import scheduler_names
@@ -123,18 +131,23 @@ def table_row(results: dict[str, dict], commits: dict[str, str | None]) -> dict:
     }
 
 
-def gather(args: argparse.Namespace) -> dict[str, dict]:
-    """Simulate (or load from --reuse DIR) every requested scheduler on every topology.
+def start_gather(args: argparse.Namespace, pool: Executor | None = None) -> list[tuple]:
+    """Load the reusable parts of every (topology, scheduler) of `args`; start the others.
+
+    With `pool` None the missing parts are simulated here, one after the other (each
+    written to --reuse as soon as it is done); else each is submitted to `pool` (a
+    concurrent.futures executor) and finish_gather waits for it.
+
+    Returns:
+        [(topology, scheduler, part-file path or None, part dict or Future)] in the
+        order of args.topology x args.schedulers.
 
     Raises:
         ValueError: a reused part file made with another topology, limit, link Gbps or K.
         OSError, json.JSONDecodeError: an unreadable part file.
-
-    Returns {topology: {"results": {scheduler: result dict}, "commit": {scheduler: commit}}}.
     """
-    out: dict[str, dict] = {}
+    started = []
     for topo in args.topology:
-        entry = out.setdefault(topo, {"results": {}, "commit": {}})
         for name in args.schedulers:
             cached = None
             if args.reuse:
@@ -147,14 +160,67 @@ def gather(args: argparse.Namespace) -> dict[str, dict]:
                 if got != want:
                     raise ValueError(f"{cached}: made with {got}, not {want}")
                 print(f"{topo} {name}: reusing {cached}", file=sys.stderr)
-            else:
+            elif pool is None:
                 part = run_part(topo, name, args.link_gbps, args.limit, args.k)
-                if cached is not None:
-                    args.reuse.mkdir(parents=True, exist_ok=True)
-                    cached.write_text(json.dumps(part, indent=1))
-            entry["results"].update(part["results"])
-            entry["commit"].update(dict.fromkeys(part["results"], part["meta"].get("commit")))
+                _write_part(cached, part)
+            else:
+                part = pool.submit(run_part, topo, name, args.link_gbps, args.limit, args.k)
+            started.append((topo, name, cached, part))
+    return started
+
+
+def finish_gather(started: list[tuple]) -> dict[str, dict]:
+    """Wait for the runs start_gather submitted (writing each part file as soon as its run
+    ends, in completion order) and put the parts together in the original order.
+
+    Returns {topology: {"results": {scheduler: result dict}, "commit": {scheduler: commit}}}.
+
+    Raises:
+        whatever a run raised (TopologyError, WorkloadError, ValueError), re-raised here.
+    """
+    pending = {part: cached for _, _, cached, part in started if isinstance(part, Future)}
+    for future in as_completed(pending):
+        _write_part(pending[future], future.result())
+    out: dict[str, dict] = {}
+    for topo, _name, _cached, part in started:
+        if isinstance(part, Future):
+            part = part.result()
+        entry = out.setdefault(topo, {"results": {}, "commit": {}})
+        entry["results"].update(part["results"])
+        entry["commit"].update(dict.fromkeys(part["results"], part["meta"].get("commit")))
     return out
+
+
+def gather(args: argparse.Namespace, pool: Executor | None = None) -> dict[str, dict]:
+    """Simulate (or load from --reuse DIR) every requested scheduler on every topology,
+    in `pool` when given (start_gather, finish_gather).
+
+    Raises:
+        ValueError: a reused part file made with another topology, limit, link Gbps or K.
+        OSError, json.JSONDecodeError: an unreadable part file.
+
+    Returns {topology: {"results": {scheduler: result dict}, "commit": {scheduler: commit}}}.
+    """
+    return finish_gather(start_gather(args, pool))
+
+
+def make_pool(jobs: int) -> ProcessPoolExecutor | None:
+    """A process pool of `jobs` workers for independent simulations, or None for jobs == 1
+    (serial, in this process).
+
+    Raises:
+        ValueError: jobs < 1.
+    """
+    if jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {jobs}")
+    return None if jobs == 1 else ProcessPoolExecutor(max_workers=jobs)
+
+
+def _write_part(cached: Path | None, part: dict) -> None:
+    """Write one part file into the --reuse directory (nothing when `cached` is None)."""
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached.write_text(json.dumps(part, indent=1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,9 +236,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--combine", nargs="+", type=Path, default=None, metavar="PART.json")
     p.add_argument("--json", type=Path, default=None, metavar="OUT")
     p.add_argument("--details", type=Path, default=None, help="also write CCTs/slowdowns/wall")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="simulate up to N (topology, scheduler) runs at once, one process each "
+        "(default: the number of CPUs; 1 = serial)",
+    )
     args = p.parse_args(argv)
+    if args.jobs < 1:
+        p.error("--jobs must be >= 1")
     try:
-        parts = load_parts(args.combine) if args.combine else gather(args)
+        if args.combine:
+            parts = load_parts(args.combine)
+        else:
+            pool = make_pool(args.jobs)
+            try:
+                parts = gather(args, pool)
+            finally:
+                if pool is not None:
+                    pool.shutdown(cancel_futures=True)
     except (OSError, ValueError, KeyError) as exc:  # JSONDecodeError is a ValueError
         print(f"fb_table3: error: {exc}", file=sys.stderr)
         return 2

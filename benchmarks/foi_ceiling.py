@@ -18,8 +18,11 @@ routes over those K paths.
 
     uv run python benchmarks/foi_ceiling.py [--topology swan gscale att]
         [--link-gbps 1 ...] [--limit N] [--k K] [--schedulers terra rapier ...]
-        [--reuse DIR] [--json OUT]
+        [--reuse DIR] [--jobs N] [--json OUT]
 
+``--jobs N`` (default: the number of CPUs) runs the missing simulations of every
+capacity and the bounds in up to N processes at once (concurrent.futures); the
+results are those of ``--jobs 1`` (serial) except for measured times.
 Results come from fb_table3's part files (``--reuse DIR``: loaded when present, else
 simulated and written; benchmarks/results/fulltrace holds the 1 Gbps whole-trace ones)
 or are simulated; the whole trace is simulated only with ``--reuse`` (each missing part
@@ -47,12 +50,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fb_table3 import BASELINES, PAPER_TABLE3, SCHEDULERS, gather, part_name  # noqa: E402
+from fb_table3 import (  # noqa: E402
+    BASELINES,
+    PAPER_TABLE3,
+    SCHEDULERS,
+    finish_gather,
+    make_pool,
+    part_name,
+    start_gather,
+)
 
 from terra_sim.cct_bound import CctBound, avg_cct_lower_bound  # noqa: E402
 from terra_sim.simulator import empty_wan_gammas  # noqa: E402
@@ -181,26 +193,54 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--schedulers", nargs="+", choices=SCHEDULERS, default=SCHEDULERS)
     p.add_argument("--reuse", type=Path, default=None, metavar="DIR", help="part-file cache")
     p.add_argument("--json", type=Path, default=None, metavar="OUT")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="run up to N simulations and bounds at once, one process each "
+        "(default: the number of CPUs; 1 = serial)",
+    )
     args = p.parse_args(argv)
     if any(not g > 0 for g in args.link_gbps):
         p.error("--link-gbps must be positive")
+    if args.jobs < 1:
+        p.error("--jobs must be >= 1")
     if args.k < 1 or (args.limit is not None and args.limit < 1):
         p.error("--k and --limit must be >= 1")
     if args.limit is None and args.reuse is None:
         p.error("the whole trace takes minutes to hours per run: give --reuse DIR or --limit N")
     out: dict[str, dict] = {}
+    pool = make_pool(args.jobs)
     try:
+        started = []  # per capacity: (Gbps, started runs, {topology: Future of bound or None})
         for gbps in args.link_gbps:
             run = argparse.Namespace(**{**vars(args), "link_gbps": gbps, "rerun": []})
             announce_missing(run)
-            for topology, entry in gather(run).items():
-                bound, wan_ids = bound_for(topology, gbps, args.limit, args.k)
+            runs = start_gather(run, pool)
+            bounds = {
+                topology: None
+                if pool is None
+                else pool.submit(bound_for, topology, gbps, args.limit, args.k)
+                for topology in args.topology
+            }
+            started.append((gbps, runs, bounds))
+        for gbps, runs, bounds in started:
+            for topology, entry in finish_gather(runs).items():
+                future = bounds[topology]
+                if future is None:
+                    bound, wan_ids = bound_for(topology, gbps, args.limit, args.k)
+                else:
+                    bound, wan_ids = future.result()
                 row = ceiling_row(topology, bound, wan_ids, entry["results"])
                 out.setdefault(topology, {})[f"{gbps:g}"] = row
                 print_row(topology, gbps, row)
     except (OSError, ValueError, KeyError) as exc:
         print(f"foi_ceiling: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return 0

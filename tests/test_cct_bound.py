@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import sys
 from fractions import Fraction
 
 import pytest
@@ -218,6 +219,7 @@ def load_foi_ceiling():
     path = Path(__file__).parent.parent / "benchmarks" / "foi_ceiling.py"
     spec = importlib.util.spec_from_file_location("foi_ceiling", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules["foi_ceiling"] = module  # so that --jobs' process pool can pickle bound_for
     spec.loader.exec_module(module)
     return module
 
