@@ -20,7 +20,10 @@ Two valid bounds, the larger is returned:
   `exhaustive_max_dcs` DCs (2^N - 2 of them), else the single-DC cuts, their
   complements and a local search (add or remove one DC while the bound grows)
   from the best few. The search only affects how tight the bound is, never its
-  validity.
+  validity. Cost: each coflow's FlowGroups are kept sparse, as (source, destination,
+  bytes) rows, and a step of the local search moves one DC, so the crossing bytes
+  of every coflow change only by that DC's outgoing and incoming groups
+  (`_CutSums`); the search never builds a coflows x DCs x DCs array.
 - *Isolation bound* (only for schedulers that route every FlowGroup over the K
   shortest paths of the WAN as given, as all of ours do while no link changes
   state): a coflow's CCT is at least its Γ alone on the empty WAN

@@ -1,6 +1,6 @@
 """`terra-sim`: run a workload through Terra and the baselines in the simulator (issue 2 item 6).
 
-    terra-sim --topology {swan,gscale,att,PATH} --workload {fb,PATH}
+    terra-sim --topology {swan,gscale,att,bigswitch,PATH} --workload {fb,PATH}
               [--scheduler {terra,per-flow,multipath,swan-mcf,varys,rapier,all}] [--k K]
               [--alpha A] [--epsilon E] [--delta D] [--link-gbps G]
               [--deadline-factor F] [--limit N]
@@ -54,7 +54,9 @@ SCHEDULERS = scheduler_names()  # the registry's (terra_core/registry.py), Terra
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of terra-sim."""
     p = argparse.ArgumentParser(prog="terra-sim", description=__doc__.split("\n")[0])
-    p.add_argument("--topology", required=True, help="swan, gscale, att, or a JSON/GraphML file")
+    p.add_argument(
+        "--topology", required=True, help="swan, gscale, att, bigswitch, or a JSON/GraphML file"
+    )
     p.add_argument("--workload", required=True, help="fb, a coflow-benchmark trace, or .json")
     add_scheduler_arguments(p, choices_extra=["all"])
     p.set_defaults(scheduler="all")
