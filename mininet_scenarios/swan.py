@@ -649,11 +649,15 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
         TestbedError: bring-up failed or a run did not finish (after teardown).
         KeyboardInterrupt: passed on after teardown.
     """
-    from mininet.log import setLogLevel
+    from terra_core.cli_support import MissingExtra, require
 
+    try:
+        mininet_log = require("mininet.log", "testbed")
+    except MissingExtra as exc:
+        raise TestbedError(str(exc)) from exc
     from mininet_scenarios.wan_net import MGMT_ROOT_IP, build_wan, cleanup
 
-    setLogLevel("critical")
+    mininet_log.setLogLevel("critical")
     opts.workdir.mkdir(parents=True, exist_ok=True)
     topo_path = testbed_topology(opts.workdir, opts.link_mbps, opts.hosts_per_dc)
     topology = load_topology(str(topo_path))
