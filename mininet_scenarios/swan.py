@@ -462,7 +462,8 @@ def run_terra(
             for f in status["flows"]:
                 want = expected_digest(str(cid), f["id"], f["bytes"])
                 result.digest_mismatches += f.get("digest") != want
-                result.bytes_lost += f["bytes"] - min(f["bytes"], f.get("delivered", f["bytes"]))
+                delivered = f.get("bytes_delivered", f["bytes"])
+                result.bytes_lost += f["bytes"] - min(f["bytes"], delivered)
     finally:
         client.close()
         flow_mods = _finish_failure(fail)

@@ -1,9 +1,11 @@
 """Read-only REST for operators: JSON views of the controller and Prometheus metrics.
 
-Routes (GET only; docs/design.md section 6, issue 4 item 5):
+Routes (GET only; docs/design.md section 6; docs/operations.md lists every field and its unit):
 
     /status          controller: topology name, uptime, agents, coflows per state, rounds
-    /topology        links with capacity (bytes/s), state (up/down), allocated rate (bytes/s)
+    /topology        the topology's name, DCs and links (as /links)
+    /links           directed links a -> b: capacity (bytes/s and Gbit/s), state (up/down),
+                     allocated rate (bytes/s)
     /tunnels         tunnels (id, DC pair, path, up) and, with switches, the rules of every
                      switch (by DPID) and their counts, flow-mods sent
     /coflows         every coflow: id, state, bytes total/delivered, CCT
@@ -84,6 +86,7 @@ class RestApp:
         views = {
             "/status": self.status,
             "/topology": self.topology,
+            "/links": self.links,
             "/tunnels": self.tunnels,
             "/coflows": self.coflows,
         }
@@ -149,13 +152,15 @@ class RestApp:
             return [r.to_json() for r in self.channel.reactions]
 
     def topology(self) -> dict:
-        """{"name", "dcs", "links": [{"src", "dst", "capacity", "state", "allocated"}]}."""
+        """{"name", "dcs", "links": `links()`["links"]}."""
         snap = self.controller.snapshot()
-        links = [
-            {"src": u, "dst": v, "capacity": cap, "state": state, "allocated": load}
-            for u, v, cap, state, load in snap.links
-        ]
-        return {"name": snap.topology, "dcs": list(snap.dcs), "links": links}
+        return {"name": snap.topology, "dcs": list(snap.dcs), "links": _links(snap)}
+
+    def links(self) -> dict:
+        """{"links": [{"a", "b", "capacity_bytes_per_s", "capacity_gbps", "state",
+        "allocated_bytes_per_s"}]}: one entry per direction a -> b of every link ("a" and
+        "b" as in the topology file; capacity_gbps = capacity_bytes_per_s * 8 / 1e9)."""
+        return {"links": _links(self.controller.snapshot())}
 
     def tunnels(self) -> dict:
         """{"tunnels": [{"tunnel", "src", "dst", "index", "path", "up"}], "switches": {...}}."""
@@ -170,8 +175,8 @@ class RestApp:
         return list(self.controller.snapshot().coflows)
 
     def coflow(self, coflow_id: int) -> dict:
-        """checkStatus's map plus "flowgroups": [{"src_dc", "dst_dc", "remaining",
-        "paths": [{"path", "rate"}]}].
+        """checkStatus's map plus "flowgroups": [{"src_dc", "dst_dc", "bytes_remaining",
+        "paths": [{"path", "rate_bytes_per_s"}]}].
 
         Raises:
             RegistryError: unknown coflow (answered 404).
@@ -179,6 +184,21 @@ class RestApp:
         status = self.controller.status(coflow_id)
         status["flowgroups"] = self.controller.flowgroup_rates(coflow_id)
         return status
+
+
+def _links(snap) -> list[dict]:
+    """The Snapshot's directed links in REST form (see RestApp.links)."""
+    return [
+        {
+            "a": u,
+            "b": v,
+            "capacity_bytes_per_s": cap,
+            "capacity_gbps": cap * 8 / 1e9,
+            "state": state,
+            "allocated_bytes_per_s": load,
+        }
+        for u, v, cap, state, load in snap.links
+    ]
 
 
 def _policy_lps(controller: Controller) -> int:
