@@ -22,8 +22,7 @@ import random
 import time
 from pathlib import Path
 
-from api_throughput import fake_agents, one_flow
-
+from benchmarks.api_throughput import fake_agents, one_flow
 from terra_controller.loopback_system import ControllerProcess
 
 

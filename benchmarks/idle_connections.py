@@ -21,8 +21,7 @@ import statistics
 import threading
 import time
 
-from api_throughput import fake_agents
-
+from benchmarks.api_throughput import fake_agents
 from terra_controller.loopback_system import ControllerProcess
 from terra_controller.pki import Role
 

@@ -83,25 +83,39 @@ def build_parser() -> argparse.ArgumentParser:
         "the flows sent to it.",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--controller", required=True, type=_addr, help="controller HOST:PORT")
-    p.add_argument("--dc", required=True, help="this agent's datacenter name")
-    p.add_argument("--id", required=True, dest="agent_id", help="unique agent id")
-    p.add_argument("--data-addr", required=True, type=_addr, help="HOST:PORT for tunnel data")
     p.add_argument(
-        "--spill-dir", default="/tmp",
+        "--controller", required=True, type=_addr, metavar="HOST:PORT",
+        help="the controller's agent channel (terra-controller --agents)",
+    )  # fmt: skip
+    p.add_argument("--dc", required=True, metavar="DC", help="this agent's datacenter name")
+    p.add_argument(
+        "--id", required=True, dest="agent_id", metavar="AGENT_ID",
+        help="unique agent id (with --pki: its certificate's name)",
+    )  # fmt: skip
+    p.add_argument(
+        "--data-addr", required=True, type=_addr, metavar="HOST:PORT",
+        help="address other agents reach this one at; without switches the tunnels listen "
+        "on the ports right above PORT",
+    )  # fmt: skip
+    p.add_argument(
+        "--spill-dir", default="/tmp", metavar="DIR",
         help="directory for reorder spill files (created, mode 0700, if missing)",
     )  # fmt: skip
     p.add_argument(
         "--memory-limit",
         type=_memory,
         default="64M",
+        metavar="BYTES",
         help="out-of-order bytes kept in memory (all flows together) before spilling",
     )
     auth = p.add_mutually_exclusive_group(required=True)
-    auth.add_argument("--pki", help="PKI directory: ca.crt, AGENT_ID.crt, AGENT_ID.key")
+    auth.add_argument(
+        "--pki", metavar="DIR", help="PKI directory: ca.crt, AGENT_ID.crt, AGENT_ID.key"
+    )
     auth.add_argument("--insecure", action="store_true", help="plain TCP to the controller")
     p.add_argument(
         "--data-root",
+        metavar="DIR",
         help="directory whose files flows may read and write (paths are relative to it); "
         "without it, file flows are refused",
     )
