@@ -8,6 +8,10 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
+
+from terra_agent import cli as agent_cli
+from terra_controller import cli as controller_cli
 from terra_sim import cli as sim_cli
 from topologies import load_topology
 from workloads import load_workload
@@ -58,3 +62,21 @@ def test_readme_terra_sim_commands_parse():
         args = sim_cli.build_parser().parse_args(cmd[3:])
         if args.workload.endswith(".json"):
             assert (ROOT / args.workload).is_file(), args.workload
+
+
+@pytest.mark.parametrize(
+    "tool, parser",
+    [("terra-controller", controller_cli.build_parser), ("terra-agent", agent_cli.build_parser)],
+)
+def test_readme_runtime_commands_parse(tool, parser):
+    """Every `uv run terra-controller ...` / `uv run terra-agent ...` line of the README is a
+    valid command line (options, subcommands and operands as the tools define them)."""
+    commands = [
+        shlex.split(line.split("#")[0].rstrip().rstrip("&"))
+        for block in readme_blocks("sh")
+        for line in block.splitlines()
+        if line.startswith(f"uv run {tool} ")
+    ]
+    assert commands
+    for cmd in commands:
+        parser().parse_args(cmd[3:])  # SystemExit (usage error) fails the test
