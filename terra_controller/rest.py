@@ -5,7 +5,8 @@ Routes (GET only; docs/design.md section 6; docs/operations.md lists every field
     /status          controller: topology name, uptime, agents, coflows per state, rounds
     /topology        the topology's name, DCs and links (as /links)
     /links           directed links a -> b: capacity (bytes/s and Gbit/s), state (up/down),
-                     allocated rate (bytes/s)
+                     allocated rate (bytes/s) and, with switches, the sending port's counters
+                     and measured rate (bytes/s)
     /tunnels         tunnels (id, DC pair, path, up) and, with switches, the rules of every
                      switch (by DPID) and their counts, flow-mods sent
     /coflows         every coflow: id, state, bytes total/delivered, CCT
@@ -53,12 +54,18 @@ class RestApp:
         channel: the AgentChannel (agents connected, tunnels) or None.
         openflow: callable returning {"rules_per_switch": {dpid: n}, "flow_mods": n, ...}
             from the OpenFlow app, or None without switches.
+        ports: callable returning {(a, b): port_stats.LinkLoad} (the switches' WAN port
+            counters), or None without switches.
     """
 
-    def __init__(self, controller: Controller, channel=None, openflow: Callable | None = None):
+    def __init__(
+        self, controller: Controller, channel=None, openflow: Callable | None = None,
+        ports: Callable | None = None,
+    ):  # fmt: skip
         self.controller = controller
         self.channel = channel
         self.openflow = openflow
+        self.ports = ports
         self.metrics = CollectorRegistry()
         self.metrics.register(_Collector(self))
 
@@ -109,7 +116,8 @@ class RestApp:
             return set(self.channel.connections)
 
     def status(self) -> dict:
-        """{"topology", "uptime_s", "openflow", "agents": [...], "coflows": {state: n} (coflows
+        """{"topology", "scheduler" (the policy's registry name), "uptime_s", "openflow",
+        "agents": [...], "coflows": {state: n} (coflows
         in memory), "rejected" / "failed" / "cancelled" (coflows ever), "dropped_finished":
         {final state: finished coflows dropped from memory}, "rounds", "last_round_ms",
         "recent_round_ms" / "recent_allocate_ms" (last 100 rounds:
@@ -124,6 +132,7 @@ class RestApp:
         stats = snap.stats
         return {
             "topology": snap.topology,
+            "scheduler": getattr(c.policy, "name", None),
             "uptime_s": time.time() - c.started_wall,
             "openflow": self.openflow is not None,
             "agents": [
@@ -152,15 +161,34 @@ class RestApp:
             return [r.to_json() for r in self.channel.reactions]
 
     def topology(self) -> dict:
-        """{"name", "dcs", "links": `links()`["links"]}."""
+        """{"name", "dcs", "links": the rows of `links()`}."""
         snap = self.controller.snapshot()
-        return {"name": snap.topology, "dcs": list(snap.dcs), "links": _links(snap)}
+        return {"name": snap.topology, "dcs": list(snap.dcs), "links": self._link_rows(snap)}
 
     def links(self) -> dict:
-        """{"links": [{"a", "b", "capacity_bytes_per_s", "capacity_gbps", "state",
-        "allocated_bytes_per_s"}]}: one entry per direction a -> b of every link ("a" and
-        "b" as in the topology file; capacity_gbps = capacity_bytes_per_s * 8 / 1e9)."""
-        return {"links": _links(self.controller.snapshot())}
+        """Every directed WAN link with its allocation and, with switches, what its sending
+        port counted (OpenFlow port statistics, port_stats.py):
+        {"links": [{"a", "b", "state", "capacity_bytes_per_s", "capacity_gbps",
+        "allocated_bytes_per_s", "measured_bytes_per_s" (rate between the last two polls),
+        "tx_bytes", "tx_packets", "tx_dropped", "rx_bytes", "rx_dropped", "dpid", "port",
+        "sampled_s" (age of the sample)}]}, one row per direction a -> b ("a" and "b" as the
+        topology file names the ends; capacity_gbps = capacity_bytes_per_s * 8 / 1e9); the
+        measured fields are null without switches or before a poll."""
+        return {"links": self._link_rows(self.controller.snapshot())}
+
+    def _link_rows(self, snap) -> list[dict]:
+        """The rows of `links()` for a Snapshot."""
+        measured = self.ports() if self.ports is not None else {}
+        out = []
+        for a, b, cap, state, load in snap.links:
+            row = {"a": a, "b": b, "state": state, "capacity_bytes_per_s": cap,
+                   "capacity_gbps": cap * 8 / 1e9, "allocated_bytes_per_s": load}  # fmt: skip
+            m = measured.get((a, b))
+            for key in _MEASURED:
+                row[key] = None if m is None else getattr(m, key)
+            row["measured_bytes_per_s"] = None if m is None else m.tx_bytes_per_s
+            out.append(row)
+        return out
 
     def tunnels(self) -> dict:
         """{"tunnels": [{"tunnel", "src", "dst", "index", "path", "up"}], "switches": {...}}."""
@@ -186,24 +214,13 @@ class RestApp:
         return status
 
 
-def _links(snap) -> list[dict]:
-    """The Snapshot's directed links in REST form (see RestApp.links)."""
-    return [
-        {
-            "a": u,
-            "b": v,
-            "capacity_bytes_per_s": cap,
-            "capacity_gbps": cap * 8 / 1e9,
-            "state": state,
-            "allocated_bytes_per_s": load,
-        }
-        for u, v, cap, state, load in snap.links
-    ]
-
-
 def _policy_lps(controller: Controller) -> int:
     stats = getattr(controller.policy, "stats", None)
     return int(stats.get("lps", 0)) if isinstance(stats, dict) else 0
+
+
+_MEASURED = ("tx_bytes", "tx_packets", "tx_dropped", "rx_bytes", "rx_dropped", "dpid", "port",
+             "sampled_s")  # fmt: skip
 
 
 class _Collector:
@@ -267,6 +284,35 @@ class _Collector:
             "Agents on the control channel",
             value=len(self.app.connected_agents()),
         )
+        if self.app.ports is not None:
+            yield from _port_families(self.app.ports())
+
+
+def _port_families(loads: dict):
+    """Per-link families from the switches' WAN port counters (port_stats.LinkLoad)."""
+    labels = ["a", "b", "dpid", "port"]
+    tx = CounterMetricFamily(
+        "terra_link_tx_bytes", "Bytes a WAN port sent (OpenFlow)", labels=labels
+    )
+    drops = CounterMetricFamily(
+        "terra_link_tx_dropped", "Packets a WAN port dropped on send (OpenFlow)", labels=labels
+    )
+    rx_drops = CounterMetricFamily(
+        "terra_link_rx_dropped", "Packets a WAN port dropped on receive (OpenFlow)", labels=labels
+    )
+    rate = GaugeMetricFamily(
+        "terra_link_measured_bytes_per_second",
+        "Bytes/s a WAN port sent between the last two port-statistics polls",
+        labels=labels,
+    )
+    for (a, b), m in sorted(loads.items()):
+        key = [a, b, str(m.dpid), str(m.port)]
+        tx.add_metric(key, m.tx_bytes)
+        drops.add_metric(key, m.tx_dropped)
+        rx_drops.add_metric(key, m.rx_dropped)
+        if m.tx_bytes_per_s is not None:
+            rate.add_metric(key, m.tx_bytes_per_s)
+    yield from (tx, drops, rx_drops, rate)
 
 
 def _reply(start_response, code: int, body, headers: list | None = None) -> list[bytes]:

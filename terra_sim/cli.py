@@ -31,7 +31,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from terra_core.baselines import BASELINES
 from terra_core.cli_support import (
     HelpFormatter,
     MissingExtra,
@@ -39,6 +38,12 @@ from terra_core.cli_support import (
     progress,
     require,
     setup_logging,
+)
+from terra_core.registry import (
+    add_scheduler_arguments,
+    make_scheduler,
+    options_from_args,
+    scheduler_names,
 )
 from terra_sim.cct_bound import CctBound, avg_cct_lower_bound
 from terra_sim.simulator import (
@@ -52,7 +57,7 @@ from terra_sim.simulator import (
 from topologies import Topology, TopologyError, load_topology
 from workloads import WorkloadError, load_workload
 
-SCHEDULERS = ["terra", "per-flow", "multipath", "swan-mcf", "varys", "rapier"]
+SCHEDULERS = scheduler_names()  # the registry's (terra_core/registry.py), Terra first
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,16 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--topology", required=True, help="swan, gscale, att, or a JSON/GraphML file")
     p.add_argument("--workload", required=True, help="fb, a coflow-benchmark trace, or .json")
-    p.add_argument(
-        "--scheduler", choices=[*SCHEDULERS, "all"], default="all", help="which scheduler(s)"
-    )
-    p.add_argument("--k", type=int, default=4, help="paths per DC pair")
-    p.add_argument("--alpha", type=float, default=0.1, help="Terra's starvation share α")
-    p.add_argument("--epsilon", type=float, default=0.1, help="Terra's deadline slack ε")
-    p.add_argument(
-        "--delta", type=float, default=0.1,
-        help="Terra's capacity change threshold δ (as terra-controller --delta)",
-    )  # fmt: skip
+    add_scheduler_arguments(p, choices_extra=["all"])
+    p.set_defaults(scheduler="all")
     p.add_argument("--link-gbps", type=float, default=None, help="set every link to G Gbps")
     p.add_argument(
         "--deadline-factor", type=float, default=None, help="deadline = F x Γ in an empty WAN"
@@ -126,18 +123,13 @@ def parse_fail_link(spec: str, topology: Topology) -> list[WanChange]:
 
 
 def make_policy(name: str, topology: Topology, args: argparse.Namespace):
-    """Return a fresh policy called `name` on `topology` (Terra or a baseline)."""
-    if name == "terra":
-        try:
-            from terra_core.terra_policy import TerraPolicy
-        except ImportError as exc:
-            raise ValueError(f"the terra scheduler is not available: {exc}") from exc
+    """Return a fresh policy called `name` on `topology` (registry.make_scheduler with the
+    options of `args`).
 
-        return TerraPolicy(
-            topology, k=args.k, alpha=args.alpha, epsilon=args.epsilon,
-            delta=getattr(args, "delta", 0.1),
-        )  # fmt: skip
-    return BASELINES[name](topology, k=args.k)
+    Raises:
+        ValueError: unknown name or an option out of range.
+    """
+    return make_scheduler(name, topology, options_from_args(args))
 
 
 class Inputs(NamedTuple):
@@ -292,7 +284,7 @@ def run_meta(args: argparse.Namespace) -> dict:
         "k": args.k,
         "alpha": args.alpha,
         "epsilon": args.epsilon,
-        "delta": getattr(args, "delta", 0.1),
+        "delta": args.delta,
         "deadline_factor": args.deadline_factor,
         "fail_link": list(args.fail_link),
         "commit": os.environ.get("TERRA_COMMIT") or git_commit(),
