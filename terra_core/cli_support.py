@@ -69,8 +69,26 @@ def add_common_args(parser: argparse.ArgumentParser, log_level: bool = True) -> 
         )
 
 
+class _StderrHandler(logging.StreamHandler):
+    """A StreamHandler that writes to whatever `sys.stderr` is when a record is emitted (so a
+    replaced or restored sys.stderr, as in tests, never leaves it writing to a closed file)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        """The current sys.stderr."""
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass  # always sys.stderr
+
+
 def setup_logging(level: str = "INFO", stream=None) -> None:
-    """Configure the root logger once for a tool: LOG_FORMAT on `stream` (stderr by default).
+    """Configure the root logger for a tool: LOG_FORMAT on `stream` (default: sys.stderr as
+    it is at each record), replacing any handlers the root logger had.
 
     Args:
         level: one of LOG_LEVELS.
@@ -80,9 +98,9 @@ def setup_logging(level: str = "INFO", stream=None) -> None:
     """
     if level not in LOG_LEVELS:
         raise ValueError(f"unknown log level {level!r}; one of {', '.join(LOG_LEVELS)}")
-    logging.basicConfig(
-        level=getattr(logging, level), format=LOG_FORMAT, stream=stream or sys.stderr, force=True
-    )
+    handler = logging.StreamHandler(stream) if stream is not None else _StderrHandler()
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    logging.basicConfig(level=getattr(logging, level), handlers=[handler], force=True)
 
 
 def require(module: str, extra: str) -> ModuleType:

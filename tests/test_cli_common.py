@@ -167,18 +167,28 @@ def test_pki_commands_write_files(tmp_path, capsys):
 
 def test_setup_logging_uses_the_shared_format():
     stream = io.StringIO()
-    cli_support.setup_logging("INFO", stream=stream)
-    try:
-        logging.getLogger("terra.test").info("hello %d", 7)
-        logging.getLogger("terra.test").debug("hidden")
-    finally:
-        logging.basicConfig(force=True)
-        logging.getLogger().handlers.clear()
+    cli_support.setup_logging("INFO", stream=stream)  # conftest restores the root logger
+    logging.getLogger("terra.test").info("hello %d", 7)
+    logging.getLogger("terra.test").debug("hidden")
     line = stream.getvalue().strip()
     assert LOG_FORMAT == "%(asctime)s %(name)s %(levelname)s %(message)s"
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} terra\.test INFO hello 7", line)
     with pytest.raises(ValueError):
         cli_support.setup_logging("LOUD")
+
+
+def test_default_log_stream_follows_sys_stderr(capsys):
+    """The handler writes to sys.stderr as it is at each record, not as it was at setup."""
+    cli_support.setup_logging("WARNING")
+    logging.getLogger("terra.test").warning("first")
+    assert "terra.test WARNING first" in capsys.readouterr().err
+    replaced = io.StringIO()
+    saved, sys.stderr = sys.stderr, replaced
+    try:
+        logging.getLogger("terra.test").warning("second")
+    finally:
+        sys.stderr = saved
+    assert "terra.test WARNING second" in replaced.getvalue()
 
 
 class _Stream(io.StringIO):
