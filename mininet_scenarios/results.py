@@ -190,6 +190,18 @@ def simulated_table(result: dict, simulated: dict) -> str:
     return "\n".join(lines)
 
 
+def observe_lines(report: dict) -> str:
+    """Lines summarizing what Prometheus saw (mininet_scenarios.observe.Observer.report)."""
+    up = sum(state == "up" for state in report["targets"].values())
+    lines = [f"prometheus: {up} of {len(report['targets'])} targets up at the end"]
+    missing = report["missing"]
+    lines.append("prometheus: every series has data" if not missing
+                 else f"prometheus: no data for {', '.join(missing)}")  # fmt: skip
+    alerts = ", ".join(f"{name} ({'/'.join(states)})" for name, states in report["alerts"].items())
+    lines.append(f"prometheus alerts seen: {alerts or 'none'}")
+    return "\n".join(lines)
+
+
 def write_json(result: dict, path: Path, extra: dict | None = None) -> None:
     """Write the summary (plus `extra` under "details" when given) as JSON to `path`.
 
@@ -280,9 +292,13 @@ def plot(raw: dict, out_dir: Path) -> list[Path]:
 
     Returns:
         The written paths: out_dir/throughput.png, out_dir/cct_cdf.png.
-    """
-    import matplotlib
 
+    Raises:
+        MissingExtra: matplotlib is not installed (the 'plots' extra).
+    """
+    from terra_core.cli_support import require
+
+    matplotlib = require("matplotlib", "plots")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -48,6 +48,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mininet_scenarios.observe import AGENT_METRICS_PORT, Observer
 from mininet_scenarios.tcp_baseline import BASELINE_PORT
 from mininet_scenarios.workload import TestbedCoflow
 from terra_agent.sources import SYNTHETIC_PERIOD, SyntheticSource, flow_key
@@ -510,7 +511,8 @@ def run_terra(
             for f in status["flows"]:
                 want = expected_digest(str(cid), f["id"], f["bytes"])
                 result.digest_mismatches += f.get("digest") != want
-                result.bytes_lost += f["bytes"] - min(f["bytes"], f.get("delivered", f["bytes"]))
+                delivered = f.get("bytes_delivered", f["bytes"])
+                result.bytes_lost += f["bytes"] - min(f["bytes"], delivered)
     finally:
         client.close()
         flow_mods = _finish_failure(fail)
@@ -679,6 +681,7 @@ class TestbedOptions:
 
     `schedulers`: registry names (terra_core/registry.py) the controller runs, one after
     the other, each `repeats` times on the same WAN; the first is the one the targets judge.
+    `observe`: Prometheus scrapes the controller and every agent (mininet_scenarios.observe).
     """
 
     coflows: list[TestbedCoflow]
@@ -691,6 +694,7 @@ class TestbedOptions:
     of_port: int = 6653
     workdir: Path = Path("/tmp/terra-testbed")
     schedulers: list[str] = field(default_factory=lambda: ["terra"])
+    observe: bool = False
 
 
 def run_swan(opts: TestbedOptions, log=print) -> dict:
@@ -703,23 +707,28 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
          "per_flow_tcp": [RunResult per repeat], "rules_per_switch": {dpid: n} (first
          controller), "flow_mods_after_startup": flow-mods the first controller sent after
          installing the tunnels and before the first link failure (after its first run
-         without a failure), "install_s": seconds from Mininet start to rules installed}.
+         without a failure), "install_s": seconds from Mininet start to rules installed,
+         "observe": observe.Observer.report() with opts.observe}.
 
     Raises:
         TestbedError: bring-up failed or a run did not finish (after teardown).
         KeyboardInterrupt: passed on after teardown.
     """
-    from mininet.log import setLogLevel
+    from terra_core.cli_support import MissingExtra, require
 
+    try:
+        mininet_log = require("mininet.log", "testbed")
+    except MissingExtra as exc:
+        raise TestbedError(str(exc)) from exc
     from mininet_scenarios.wan_net import build_wan, cleanup
 
-    setLogLevel("critical")
+    mininet_log.setLogLevel("critical")
     opts.workdir.mkdir(parents=True, exist_ok=True)
     topo_path = testbed_topology(opts.workdir, opts.link_mbps, opts.hosts_per_dc)
     topology = load_topology(str(topo_path))
     binding = load_binding(topology)
     check_names_free([f"s{sw.dpid}" for sw in binding.switches.values()] + ["mgmt0"])
-    procs, wan, ctl = Processes(), None, None
+    procs, wan, ctl, observer = Processes(), None, None, None
     raw: dict = {"schedulers": list(opts.schedulers), "per_flow_tcp": []}
     try:
         pki = make_pki(opts.workdir, [host.name for _, host in binding.all_hosts()])
@@ -730,7 +739,11 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
             if wan is None:
                 wan = build_wan(topology, binding, of_port=opts.of_port,
                                 link_mbps=opts.link_mbps, mgmt=True)  # fmt: skip
-            agents = _bring_up(wan, binding, ctl, opts.workdir, procs, log)
+                if opts.observe:
+                    observer = Observer(opts.workdir, pki, OPERATOR_NAME, wan.mgmt_ips)
+            if observer is not None:
+                observer.watch_controller(ctl.rest)
+            agents = _bring_up(wan, binding, ctl, opts.workdir, procs, log, observer)
             if phase == 0:
                 raw["install_s"] = time.monotonic() - t_start
             raw[name], flow_mods_before = _scheduler_runs(
@@ -740,11 +753,15 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
             if phase == 0:
                 raw["rules_per_switch"] = of["rules_per_switch"]
                 raw["flow_mods_after_startup"] = flow_mods_before - of["flow_mods_at_install"]
+            if observer is not None and phase == len(opts.schedulers) - 1:
+                raw["observe"] = observer.report()  # before the last agents stop
             procs.stop([*agents, ctl.proc])
             ctl.close()
             ctl = None
         return raw
     finally:
+        if observer is not None:
+            observer.stop()
         procs.stop_all()
         if ctl is not None:
             ctl.close()
@@ -755,8 +772,10 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
                 cleanup()
 
 
-def _bring_up(wan, binding, ctl: Controller, workdir: Path, procs: Processes, log) -> list:
-    """Wait for the controller's tunnel rules, start the agents, wait until all registered.
+def _bring_up(wan, binding, ctl: Controller, workdir: Path, procs: Processes, log,
+              observer=None) -> list:  # fmt: skip
+    """Wait for the controller's tunnel rules, start the agents (serving /metrics on their
+    management address when observed), wait until all registered.
 
     Returns the agents' Popens. Raises TestbedError on a timeout.
     """
@@ -766,7 +785,8 @@ def _bring_up(wan, binding, ctl: Controller, workdir: Path, procs: Processes, lo
     wait_until(lambda: ctl.get("/tunnels")["switches"].get("installed"), 30, "tunnel rules")
     of = ctl.get("/tunnels")["switches"]
     log(f"{ctl.scheduler}: tunnels installed, {of['flow_mods_at_install']} flow-mods")
-    agents = _start_agents(wan, binding, ctl, MGMT_ROOT_IP, workdir, procs)
+    metrics = wan.mgmt_ips if observer is not None else {}
+    agents = _start_agents(wan, binding, ctl, MGMT_ROOT_IP, workdir, procs, metrics)
     n = len(agents)
     wait_until(lambda: sum(a["connected"] for a in ctl.get("/status")["agents"]) == n, 30,
                "agents")  # fmt: skip
@@ -823,9 +843,14 @@ def check_names_free(bridges: list[str]) -> None:
         )
 
 
-def _start_agents(wan, binding, ctl, mgmt_ip, workdir, procs) -> list[subprocess.Popen]:
+def _start_agents(wan, binding, ctl, mgmt_ip, workdir, procs, metrics: dict | None = None
+                  ) -> list[subprocess.Popen]:  # fmt: skip
+    """Start one terra-agent per host; `metrics`: {host: IP} where an agent serves /metrics."""
     agents = []
     for dc, host in binding.all_hosts():
+        extra = []
+        if metrics and host.name in metrics:
+            extra = ["--metrics", f"{metrics[host.name]}:{AGENT_METRICS_PORT}"]
         agents.append(
             procs.add(
                 wan.hosts[host.name].popen(
@@ -847,8 +872,9 @@ def _start_agents(wan, binding, ctl, mgmt_ip, workdir, procs) -> list[subprocess
                         LOG_LEVEL,
                         "--pki",
                         str(ctl.pki),
+                        *extra,
                     ],
-                    stdout=open(workdir / f"agent_{host.name}.log", "w"),
+                    stdout=open(workdir / f"agent_{host.name}.log", "a"),
                     stderr=subprocess.STDOUT,
                 )  # fmt: skip
             )

@@ -2,7 +2,6 @@
 
 import itertools
 import json
-import sys
 from fractions import Fraction
 
 import pytest
@@ -213,15 +212,9 @@ def bound_ids(coflows) -> set:
 
 
 def load_foi_ceiling():
-    import importlib.util
-    from pathlib import Path
+    import importlib
 
-    path = Path(__file__).parent.parent / "benchmarks" / "foi_ceiling.py"
-    spec = importlib.util.spec_from_file_location("foi_ceiling", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["foi_ceiling"] = module  # so that --jobs' process pool can pickle bound_for
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("benchmarks.foi_ceiling")
 
 
 def test_foi_ceiling_json_and_its_checks(tmp_path, capsys):

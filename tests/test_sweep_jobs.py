@@ -2,19 +2,14 @@
 
 import importlib
 import json
-import sys
-from pathlib import Path
 
-BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
 TIMES = {"wall_s", "round_ms_median", "round_ms_p95"}  # measured, differ from run to run
 
 
 def benchmark(name: str):
-    """Import benchmarks/<name>.py as a module (under its own name, so that a process pool
-    can pickle its functions)."""
-    if str(BENCHMARKS) not in sys.path:
-        sys.path.insert(0, str(BENCHMARKS))
-    return importlib.import_module(name)
+    """Import benchmarks/<name>.py (as the package module, so that a process pool can
+    pickle its functions)."""
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def without_times(value):
