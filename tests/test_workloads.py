@@ -158,3 +158,7 @@ def test_fb_racks_map_one_to_one_onto_bigswitch(tmp_path):
     assert {f.src for c in fb for f in c.flows} <= set(topo.attrs["rack_dcs"])
     with pytest.raises(WorkloadError, match=r"t.txt:2: rack 7: the topology has racks 0..3"):
         load_workload(str(trace), bigswitch_topology(4))
+    wrong = bigswitch_topology(4)
+    wrong.attrs["rack_dcs"] = ["0", "1", "X"]
+    with pytest.raises(WorkloadError, match="'rack_dcs' must list DCs of it"):
+        load_workload(str(trace), wrong)

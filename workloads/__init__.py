@@ -33,9 +33,14 @@ def load_workload(spec: str, topology: Topology, limit: int | None = None) -> li
         limit: keep only the first `limit` coflows (in arrival order).
 
     Raises:
-        WorkloadError: unreadable or invalid workload (names the file and line or field).
+        WorkloadError: unreadable or invalid workload (names the file and line or field),
+            or a ``rack_dcs`` that is not a list of the topology's DCs.
     """
     rack_dcs = topology.attrs.get("rack_dcs")
+    if rack_dcs is not None and (
+        not isinstance(rack_dcs, list) or not set(rack_dcs) <= set(topology.dcs)
+    ):
+        raise WorkloadError(f"topology {topology.name}: 'rack_dcs' must list DCs of it")
     mapping = None if rack_dcs is None else rack_mapping(rack_dcs)
     if spec == "fb":
         coflows = load_fb_trace(fb_trace_path(), topology.dcs, mapping, limit=limit)
