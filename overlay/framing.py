@@ -7,15 +7,17 @@ Wire format (docs/design.md sections 5 "Chunks" and 6 "Messages"):
 The header map always carries ``"v": VERSION``, ``"t": <type str>`` and
 ``"n": <payload length in bytes>``. Chunk frames (``"t": "chunk"``) also carry
 ``"c"`` (coflow id, str), ``"f"`` (flow id, str), ``"o"`` (byte offset in the
-flow, int) and ``"x"`` (``zlib.crc32`` of the payload). Any frame whose header
-has ``"x"`` gets its payload checksum verified on reading.
+flow, int) and ``"m"`` (the chunk's keyed MAC, MAC_BYTES bytes, overlay/integrity.py:
+the receiving agent checks it with the flow's key, framing only checks its type and
+length; no other pass over the payload is made here). Any other frame whose header has
+``"x"`` (``zlib.crc32`` of the payload) gets that checksum verified on reading.
 
 Limits: headers up to MAX_HEADER_BYTES (64 KiB), payloads up to
 MAX_PAYLOAD_BYTES (4 MiB). Everything wrong with a frame (malformed msgpack,
 wrong version, oversized lengths, bad field types, bad checksum, EOF in the
 middle of a frame) raises FrameError; the caller closes that connection.
 
-The checksum is computed with ISA-L's crc32 (package isal), which gives exactly
+The optional "x" checksum is computed with ISA-L's crc32 (package isal), which gives exactly
 zlib.crc32's value at ~20 GB/s instead of ~1.3 GB/s; zlib is the fallback.
 
 Performance: payloads are never concatenated with headers when large (the
@@ -33,6 +35,8 @@ import sys
 
 import msgpack
 import trio
+
+from overlay.integrity import MAC_BYTES
 
 try:  # ISA-L's crc32: the same CRC-32 as zlib.crc32, ~15x faster (SIMD)
     from isal.isal_zlib import crc32
@@ -65,7 +69,7 @@ class FrameError(Exception):
     """
 
 
-def chunk_header(coflow_id: str, flow_id: str, offset: int, payload) -> dict:
+def chunk_header(coflow_id: str, flow_id: str, offset: int, payload, mac: bytes) -> dict:
     """Build the header of a chunk frame carrying `payload`.
 
     Args:
@@ -73,13 +77,15 @@ def chunk_header(coflow_id: str, flow_id: str, offset: int, payload) -> dict:
         flow_id: flow id (str), unique within the coflow.
         offset: byte offset of the payload's first byte within the flow (int >= 0).
         payload: the chunk's bytes (bytes, bytearray or memoryview).
+        mac: the chunk's MAC (overlay.integrity.FlowKeys.mac, MAC_BYTES bytes).
 
     Returns:
         {"t": "chunk", "c": coflow_id, "f": flow_id, "o": offset, "n": len(payload),
-        "x": zlib.crc32(payload)} — pass it to send_frame/encode_frame with the payload.
+        "m": mac} — pass it to send_frame/encode_frame with the payload.
 
     Raises:
-        FrameError: wrong argument types, negative offset, payload > MAX_PAYLOAD_BYTES.
+        FrameError: wrong argument types, negative offset, payload > MAX_PAYLOAD_BYTES, a mac
+            that is not MAC_BYTES bytes.
     """
     if not isinstance(coflow_id, str) or not isinstance(flow_id, str):
         raise FrameError(
@@ -88,15 +94,10 @@ def chunk_header(coflow_id: str, flow_id: str, offset: int, payload) -> dict:
         )
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise FrameError(f"chunk offset must be an int >= 0, got {offset!r}")
+    if not isinstance(mac, bytes) or len(mac) != MAC_BYTES:
+        raise FrameError(f"chunk MAC must be {MAC_BYTES} bytes")
     n = _payload_len(payload)
-    return {
-        "t": CHUNK_TYPE,
-        "c": coflow_id,
-        "f": flow_id,
-        "o": offset,
-        "n": n,
-        "x": crc32(payload),
-    }
+    return {"t": CHUNK_TYPE, "c": coflow_id, "f": flow_id, "o": offset, "n": n, "m": mac}
 
 
 def encode_frame(header: dict, payload=b"") -> list:
@@ -293,7 +294,8 @@ class FrameReader:
     Validation (raises FrameError): header length 0 or > MAX_HEADER_BYTES,
     malformed msgpack or a non-map header, "v" != VERSION, missing/non-str "t",
     "n" not an int in [0, max_payload], chunk frames with "c"/"f" not str, "o"
-    not an int >= 0 or "x" not a u32, a payload whose crc32 differs from "x",
+    not an int >= 0, "m" not MAC_BYTES bytes, "x" not a u32, a payload whose crc32 differs
+    from "x" (frames that carry one; chunks carry a MAC instead, checked by the agent),
     and EOF in the middle of a frame. trio.BrokenResourceError (connection
     reset), trio.ClosedResourceError (stream closed by us) and
     trio.BusyResourceError (two tasks reading at once) are raised as trio's
@@ -462,7 +464,7 @@ def check_header(header: dict, max_payload: int = MAX_PAYLOAD_BYTES) -> dict:
     """Validate a decoded frame header; returns it.
 
     Checks: "v" == VERSION, "t" a str, "n" an int in [0, max_payload] (0 for control
-    frames), "x" a u32 when present, chunk fields (see chunk_header).
+    frames), "x" a u32 when present, chunk fields (see chunk_header: "m" MAC_BYTES bytes).
 
     Raises:
         FrameError: the first check that fails, named.
@@ -511,5 +513,6 @@ def _check_chunk_fields(header: dict) -> None:
     offset = header.get("o")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise FrameError(f"chunk offset 'o' must be an int >= 0, got {offset!r}")
-    if "x" not in header:
-        raise FrameError("chunk frame without checksum 'x'")
+    mac = header.get("m")
+    if not isinstance(mac, bytes) or len(mac) != MAC_BYTES:
+        raise FrameError(f"chunk MAC 'm' must be {MAC_BYTES} bytes, got {mac!r}")

@@ -1,7 +1,9 @@
 """Receiving side of a flow: reorder, hash, write to the sink, decide completion (docs/design.md 5).
 
-A flow is complete when all `size` bytes have been delivered in order and the BLAKE2b digest of
-the delivered bytes equals the sender's (carried as "d" by the chunk that ends the flow).
+A flow is complete when all `size` bytes have been delivered in order and the keyed flow digest
+of the delivered bytes (overlay/integrity.py) equals the sender's (carried as "d" by the chunk
+that ends the flow). Before a chunk is taken at all, admit() checks its keyed MAC and that it
+ends at most max_ahead bytes past the in-order point (the spill bound).
 
 Connection tasks only reorder (InFlow.receive); one consumer task per flow (InFlow.consume, run by
 the agent) hashes and writes the in-order bytes in batches in a worker thread, so no connection
@@ -19,10 +21,11 @@ import logging
 
 import trio
 
+from overlay.integrity import FlowKeys
 from overlay.protocol import FlowSpec, ProtocolError
 from overlay.reorder import MemoryBudget, ReorderBuffer
 
-from .sources import new_hasher, open_sink
+from .sources import open_sink
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +34,12 @@ THREAD_HASH_BYTES = 256 * 1024  # consume(): queued in-order bytes at least this
 MAX_QUEUED_BYTES = 16 << 20  # default HashQueue bound of a flow that has no shared one
 READY_BATCH_BYTES = 4 << 20  # spilled (ready) bytes read back and queued at a time, at most
 # (at least one held segment, i.e. one chunk, whatever its size)
+MAX_AHEAD_BYTES = 1 << 30  # default spill bound: a chunk may end this far past the in-order point
+
+
+class ChunkRejected(ProtocolError):
+    """A chunk refused before it reached the flow: bad MAC, or too far ahead (InFlow.admit).
+    Its connection is closed; the sender requeues what was unacknowledged on it."""
 
 
 class HashQueue:
@@ -81,7 +90,9 @@ class InFlow:
     InFlow(spec: FlowSpec, memory_limit: bytes held in memory out of order, spill_dir: str,
     budget: MemoryBudget shared with the agent's other flows or None, queue: HashQueue shared
     with them or None = a HashQueue of MAX_QUEUED_BYTES for this flow alone, data_root: the
-    agent's data root (a "file:PATH" sink's PATH is relative to it) or None = file sinks refused).
+    agent's data root (a "file:PATH" sink's PATH is relative to it) or None = file sinks refused,
+    max_ahead: bytes a chunk may end past the in-order point (the spill bound, >= 1; spill
+    prefix: the name prefix of this agent's spill files).
     The sink is opened with resume when spec.offset > 0: a file sink then keeps what its part
     file (PATH.terra-part) holds and the receiver continues from its length (bytes before it are
     re-hashed; the sender's digest, if it had arrived, is read back from beside the part file);
@@ -96,7 +107,8 @@ class InFlow:
     failed (digest mismatch or sink write failure message, or None), digest_mismatch (True
     when failed because the digests differ: the controller may restart the flow), reported and
     ack_writer (set by the agent: it told the controller about done / failed; the connection of
-    the latest chunk, where consume()'s progress is acked).
+    the latest chunk, where consume()'s progress is acked), keys (FlowKeys of spec.digest_key),
+    rejected_macs / rejected_ahead (chunks admit() refused).
 
     Raises:
         SourceError: the sink cannot be opened or its path is refused (no data root, absolute,
@@ -111,10 +123,16 @@ class InFlow:
         budget: MemoryBudget | None = None,
         queue: HashQueue | None = None,
         data_root: str | None = None,
+        max_ahead: int = MAX_AHEAD_BYTES,
+        spill_prefix: str = "reorder-",
     ) -> None:
         self.spec = spec
+        self.keys = FlowKeys(spec.digest_key, spec.digest_alg)
+        self.max_ahead = max_ahead
+        self.rejected_macs = 0
+        self.rejected_ahead = 0
         self.sink = open_sink(spec.sink, spec.size, resume=spec.offset > 0, data_root=data_root)
-        self.hasher = new_hasher()
+        self.hasher = self.keys.digest_hasher()
         self.base = self.sink.resume_offset
         if self.base:
             self.sink.prefix_hash(self.hasher)
@@ -143,6 +161,7 @@ class InFlow:
                 spill_dir,
                 budget=budget,
                 max_read_bytes=READY_BATCH_BYTES,
+                spill_prefix=spill_prefix,
             )
 
     @property
@@ -150,6 +169,25 @@ class InFlow:
         """True once every byte has been delivered in order, hashed and written (digest not yet
         compared)."""
         return self.delivered >= self.spec.size and not self._pending and not self._busy
+
+    def admit(self, offset: int, data, mac: bytes) -> None:
+        """Refuse a chunk (ChunkRejected) before anything of it is kept: when `mac` is not the
+        flow key's MAC of `data` at `offset`, or the chunk ends more than max_ahead bytes past
+        the in-order point (`delivered`). One keyed BLAKE3 pass over `data`, inline."""
+        name = f"{self.spec.coflow}/{self.spec.flow}"
+        end = offset + len(data)
+        if end > self.delivered + self.max_ahead:
+            self.rejected_ahead += 1
+            raise ChunkRejected(
+                f"chunk [{offset}, {end}) of flow {name} ends more than {self.max_ahead} bytes "
+                f"past its in-order point {self.delivered}; closing so the sender resends"
+            )
+        if not self.keys.check(offset, data, mac):
+            self.rejected_macs += 1
+            raise ChunkRejected(
+                f"chunk [{offset}, {end}) of flow {name}: MAC does not match (tampered, or not "
+                "made with the flow's key); dropped, closing so the sender resends"
+            )
 
     def add(self, offset: int, data, digest: str | None = None) -> None:
         """Take a chunk of `data` at byte `offset`; deliver what is now in order to the sink.

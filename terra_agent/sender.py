@@ -1,8 +1,9 @@
 """Sending side: flows, FlowGroups with per-path token buckets, and peer links (docs/design.md 5).
 
 - OutFlow: one flow's sender state. New bytes are read from the source in order (and hashed for
-  the flow digest); unacknowledged ranges that must be resent sit in `resend` and are re-read from
-  the (re-readable) source.
+  the keyed flow digest, overlay/integrity.py); each chunk sent gets its keyed MAC.
+  Unacknowledged ranges that must be resent sit in `resend` and are re-read from the
+  (re-readable) source.
 - PeerLink: the persistent TCP connection to one peer agent over one tunnel (the tunnel's own
   destination port). It remembers the chunk ranges sent on it and not yet acknowledged; when the
   connection fails or the tunnel is removed they go back to their flows' resend queues, so the
@@ -23,11 +24,12 @@ from collections import deque
 import trio
 
 from overlay.framing import FrameError, FrameReader, FrameWriter, chunk_header
+from overlay.integrity import FlowKeys
 from overlay.protocol import FlowSpec, ProtocolError, TunnelSpec, validate_data
 from overlay.rate_limit import TokenBucket
 
 from .data_auth import DataAuthError, authenticate
-from .sources import MAX_CHUNK_BYTES, new_hasher
+from .sources import MAX_CHUNK_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +104,8 @@ class OutFlow:
     """Sender state of one flow.
 
     OutFlow(spec: FlowSpec, source): starts at spec.offset (bytes before it are re-read and hashed
-    so the digest covers the whole flow). Attributes: acked (bytes the receiver acknowledged),
+    so the digest covers the whole flow). keys: the flow's FlowKeys (spec.digest_key; chunk
+    MACs, flow digest). Attributes: acked (bytes the receiver acknowledged),
     next_offset (new-data frontier), resend (deque of (offset, length) to send again), digest (hex,
     once every byte was hashed: new bytes are hashed in a worker thread by hash_pending(), the
     rest inline when the last chunk is taken), epoch (receiver incarnation of the last ack).
@@ -111,7 +114,8 @@ class OutFlow:
     def __init__(self, spec: FlowSpec, source) -> None:
         self.spec = spec
         self.source = source
-        self.hasher = new_hasher()
+        self.keys = FlowKeys(spec.digest_key, spec.digest_alg)
+        self.hasher = self.keys.digest_hasher()
         self.next_offset = 0
         self.digest: str | None = None
         self.acked = spec.offset
@@ -265,9 +269,11 @@ class PeerLink:
     """Persistent connection to `spec.peer_agent` over tunnel `spec.tunnel`.
 
     PeerLink(spec: TunnelSpec, agent_id: str, local_host: str|None, on_ack, on_change,
-    tls=None). tls: the agent's data client context (terra_controller.pki.data_client_context):
-    each connection first authenticates (terra_agent/data_auth.py: mutual TLS handshake, the
-    peer's certificate must name spec.peer_agent, then back to plain TCP); None: plain TCP.
+    tls=None, encrypt=False). tls: the agent's data client context
+    (terra_controller.pki.data_client_context): each connection first authenticates
+    (terra_agent/data_auth.py: mutual TLS handshake, the peer's certificate must name
+    spec.peer_agent, then back to plain TCP, or with encrypt=True everything stays inside TLS);
+    None: plain TCP.
     on_ack(coflow, flow, offset, epoch, attempt) is called for each ack frame (attempt: its "a",
     0 when absent); on_change() when the link
     goes up or down (so idle path tasks look again). run() connects, sends "hello", reads acks
@@ -275,10 +281,18 @@ class PeerLink:
     """
 
     def __init__(
-        self, spec: TunnelSpec, agent_id: str, local_host, on_ack, on_change, tls=None
+        self,
+        spec: TunnelSpec,
+        agent_id: str,
+        local_host,
+        on_ack,
+        on_change,
+        tls=None,
+        encrypt: bool = False,
     ) -> None:
         self.spec = spec
         self.tls = tls
+        self.encrypt = encrypt and tls is not None
         self.agent_id = agent_id
         self.local_host = local_host
         self.on_ack = on_ack
@@ -334,19 +348,27 @@ class PeerLink:
             detect_dead_peers(stream, TUNNEL_DEAD_PEER_S)
             self._unsent_limit = MIN_UNSENT_BYTES  # trio's setting
             async with stream:
-                initial = b""
-                if self.tls is not None:  # authenticate, then plain TCP (data_auth.py)
-                    _, initial = await authenticate(
-                        stream, self.tls, server_side=False, expected_peer=self.spec.peer_agent
+                initial, channel = b"", stream
+                if self.tls is not None:  # authenticate, then plain TCP or TLS (data_auth.py)
+                    _, rest = await authenticate(
+                        stream,
+                        self.tls,
+                        server_side=False,
+                        expected_peer=self.spec.peer_agent,
+                        unwrap=not self.encrypt,
                     )
-                writer = FrameWriter(stream)
+                    if self.encrypt:
+                        channel = rest
+                    else:
+                        initial = rest
+                writer = FrameWriter(channel)
                 hello = {"t": "hello", "agent": self.agent_id, "tunnel": self.spec.tunnel}
                 await writer.send(hello)
                 self.writer = writer
                 self.connects += 1
                 log.info("link %s via %s up (connect #%d)", *self._name(), self.connects)
                 self.on_change()
-                await self._read_acks(FrameReader(stream, initial=initial))
+                await self._read_acks(FrameReader(channel, initial=initial))
 
     async def _read_acks(self, reader: FrameReader) -> None:
         while True:
@@ -395,7 +417,8 @@ class PeerLink:
         if limit != self._unsent_limit and self._stream is not None:
             allow_unsent_bytes(self._stream, limit)
             self._unsent_limit = limit
-        header = chunk_header(flow.spec.coflow, flow.spec.flow, offset, data)
+        mac = flow.keys.mac(offset, data)
+        header = chunk_header(flow.spec.coflow, flow.spec.flow, offset, data, mac)
         if digest is not None:
             header["d"] = digest
         if flow.spec.attempt:

@@ -1,6 +1,5 @@
 """Unit tests of the agent's parts: sources/sinks, OutFlow (resend, rewind), InFlow, CLI parsing."""
 
-import hashlib
 import os
 import random
 import shutil
@@ -10,6 +9,7 @@ import pytest
 import trio
 import trio.testing
 
+from overlay.integrity import FlowKeys, flow_digest
 from overlay.protocol import FlowSpec, ProtocolError
 from terra_agent.agent import parse_memory
 from terra_agent.cli import build_parser, main
@@ -36,9 +36,11 @@ from terra_agent.sources import (
     synthetic_digest,
 )
 
+KEY = "5a" * 32  # the flow key of spec()'s flows
+
 
 def spec(size, **kw):
-    return FlowSpec("c1", "f1", "a", "b", "LA", size, **kw)
+    return FlowSpec("c1", "f1", "a", "b", "LA", size, digest_key=KEY, **kw)
 
 
 def whole(source, size):
@@ -89,9 +91,9 @@ def test_file_sink_resume_and_truncate(tmp_path):
     part.write_bytes(b"abcdef")
     sink = FileSink(str(path), 100, resume=True)
     assert sink.resume_offset == 6
-    h = hashlib.blake2b()
+    h = FlowKeys(KEY).digest_hasher()
     sink.prefix_hash(h)
-    assert h.hexdigest() == hashlib.blake2b(b"abcdef").hexdigest()
+    assert h.hexdigest() == flow_digest(KEY, b"abcdef")
     sink.write(b"gh")
     sink.close()
     assert part.read_bytes() == b"abcdefgh" and not path.exists()
@@ -113,7 +115,7 @@ def test_outflow_sends_every_byte_and_digest_on_last_chunk():
         (2 * MAX_CHUNK_BYTES, 7),
     ]
     assert [dig is not None for _, _, dig in chunks] == [False, False, True]
-    assert chunks[-1][2] == synthetic_digest("c1", "f1", size)
+    assert chunks[-1][2] == synthetic_digest("c1", "f1", size, KEY)
 
 
 def test_outflow_requeue_resends_only_unacked_bytes():
@@ -146,7 +148,10 @@ def test_outflow_acks_epochs_rewind_and_ignore_stale():
     while (item := flow.take(50_000)) is not None:
         resent.append((item[0], len(item[1]), item[2]))
     # 10_000..100_000 again; the last chunk carries the digest
-    assert resent == [(10_000, 50_000, None), (60_000, 40_000, synthetic_digest("c1", "f1", size))]
+    assert resent == [
+        (10_000, 50_000, None),
+        (60_000, 40_000, synthetic_digest("c1", "f1", size, KEY)),
+    ]
 
 
 def test_outflow_resumed_sender_jumps_forward_with_correct_digest():
@@ -156,14 +161,14 @@ def test_outflow_resumed_sender_jumps_forward_with_correct_digest():
     flow.on_ack(60_000, epoch=1)  # the receiver holds more than the controller knew
     offset, data, digest = flow.take(MAX_CHUNK_BYTES)
     assert (offset, len(data)) == (60_000, 40_000)
-    assert digest == synthetic_digest("c1", "f1", size)
+    assert digest == synthetic_digest("c1", "f1", size, KEY)
 
 
 def test_inflow_out_of_order_duplicates_and_digest(tmp_path):
     size = 1000
     data = os.urandom(size)
     flow = InFlow(spec(size), memory_limit=300, spill_dir=str(tmp_path))
-    digest = hashlib.blake2b(data).hexdigest()
+    digest = flow_digest(KEY, data)
     order = [(600, 1000), (200, 600), (200, 400), (0, 300), (900, 1000)]
     for start, end in order:
         flow.add(start, data[start:end], digest if end == size else None)
@@ -184,7 +189,7 @@ def test_inflow_file_sink_resume(tmp_path):
     data = os.urandom(500)
     path = tmp_path / "out"
     (tmp_path / "out.terra-part").write_bytes(data[:200])
-    digest = hashlib.blake2b(data).hexdigest()
+    digest = flow_digest(KEY, data)
     flow = InFlow(
         spec(500, offset=150, sink="file:out"), 100, str(tmp_path), data_root=str(tmp_path)
     )
@@ -241,7 +246,7 @@ def test_inflow_restarted_after_all_bytes_still_verifies(tmp_path):
     kept next to the file, so the new incarnation verifies without any chunk arriving."""
     data = os.urandom(300)
     path = tmp_path / "out"
-    digest = hashlib.blake2b(data).hexdigest()
+    digest = flow_digest(KEY, data)
     root = str(tmp_path)
     first = InFlow(spec(300, sink="file:out"), 100, root, data_root=root)
     first.add(0, data, digest)
@@ -303,7 +308,7 @@ async def test_outflow_hashes_in_a_worker_thread_in_order_with_inline_jumps():
         last = item
         await flow.hash_pending()
     assert last[0] + len(last[1]) == size
-    assert last[2] == flow.digest == synthetic_digest("c1", "f1", size)
+    assert last[2] == flow.digest == synthetic_digest("c1", "f1", size, KEY)
 
 
 async def test_inflow_receive_from_concurrent_tasks_hashes_in_delivery_order(tmp_path):
@@ -319,7 +324,7 @@ async def test_inflow_receive_from_concurrent_tasks_hashes_in_delivery_order(tmp
         spill_dir=str(tmp_path),
         data_root=str(tmp_path),
     )
-    digest = hashlib.blake2b(data).hexdigest()
+    digest = flow_digest(KEY, data)
     step = 64 * 1024
     chunks = [(o, data[o : o + step]) for o in range(0, size, step)]
     rng = random.Random(7)
@@ -398,7 +403,7 @@ async def test_gap_fill_after_a_long_spill_is_queued_in_bounded_batches(tmp_path
     not the 24 MiB that spilled. The sync add() path drains everything at once, in batches."""
     step, size, limit = 256 * 1024, (24 << 20) + 5, 1 << 20
     data = os.urandom(size)
-    digest = hashlib.blake2b(data).hexdigest()
+    digest = flow_digest(KEY, data)
     chunks = [(o, data[o : o + step]) for o in range(0, size, step)]
     spill_dir = tmp_path / "spill"
     spill_dir.mkdir()
@@ -467,7 +472,7 @@ async def test_ready_bytes_wait_while_the_shared_hash_queue_is_full(tmp_path):
             assert consumed == [] and a.delivered == 5 * mib and a.ready_bytes == mib
             assert await b.consume() == 2 * mib  # room again: a queues, consumes its last 1 MiB
     assert consumed == [mib] and a.complete and b.complete
-    assert a.hasher.hexdigest() == hashlib.blake2b(a_data).hexdigest()
+    assert a.hasher.hexdigest() == flow_digest(a.spec.digest_key, a_data)
     assert queue.peak_bytes == 7 * mib and queue.queued_bytes == 0
     a.close()
     b.close()

@@ -108,7 +108,9 @@ async def complete_from_a(h, flow):
     await send_rates(h, flow)
     with trio.fail_after(TIMEOUT):
         await h.controller.wait_until(lambda: flow.key in h.controller.completed)
-    assert h.controller.completed[flow.key] == synthetic_digest(flow.coflow, flow.flow, flow.size)
+    assert h.controller.completed[flow.key] == synthetic_digest(
+        flow.coflow, flow.flow, flow.size, flow.digest_key
+    )
 
 
 def tunnel_port(h):
