@@ -7,9 +7,10 @@ Wire format (docs/design.md sections 5 "Chunks" and 6 "Messages"):
 The header map always carries ``"v": VERSION``, ``"t": <type str>`` and
 ``"n": <payload length in bytes>``. Chunk frames (``"t": "chunk"``) also carry
 ``"c"`` (coflow id, str), ``"f"`` (flow id, str), ``"o"`` (byte offset in the
-flow, int) and ``"m"`` (the chunk's keyed MAC, MAC_BYTES bytes, overlay/integrity.py:
-the receiving agent checks it with the flow's key, framing only checks its type and
-length; no other pass over the payload is made here). Any other frame whose header has
+flow, int) and ``"m"`` (the MACs of the chunk's 64 KiB leaves, MAC_BYTES each,
+overlay/integrity.py: the receiving agent checks them with the flow's key, framing only
+checks their type and length; no other pass over the payload is made here). Any
+other frame whose header has
 ``"x"`` (``zlib.crc32`` of the payload) gets that checksum verified on reading.
 
 Limits: headers up to MAX_HEADER_BYTES (64 KiB), payloads up to
@@ -36,7 +37,7 @@ import sys
 import msgpack
 import trio
 
-from overlay.integrity import MAC_BYTES
+from overlay.integrity import mac_bytes
 
 try:  # ISA-L's crc32: the same CRC-32 as zlib.crc32, ~15x faster (SIMD)
     from isal.isal_zlib import crc32
@@ -69,7 +70,7 @@ class FrameError(Exception):
     """
 
 
-def chunk_header(coflow_id: str, flow_id: str, offset: int, payload, mac: bytes) -> dict:
+def chunk_header(coflow_id: str, flow_id: str, offset: int, payload, macs: bytes) -> dict:
     """Build the header of a chunk frame carrying `payload`.
 
     Args:
@@ -77,15 +78,16 @@ def chunk_header(coflow_id: str, flow_id: str, offset: int, payload, mac: bytes)
         flow_id: flow id (str), unique within the coflow.
         offset: byte offset of the payload's first byte within the flow (int >= 0).
         payload: the chunk's bytes (bytes, bytearray or memoryview).
-        mac: the chunk's MAC (overlay.integrity.FlowKeys.mac, MAC_BYTES bytes).
+        macs: the MACs of the chunk's leaves (overlay.integrity.FlowKeys.leaf_macs,
+            integrity.mac_bytes(len(payload)) bytes).
 
     Returns:
         {"t": "chunk", "c": coflow_id, "f": flow_id, "o": offset, "n": len(payload),
-        "m": mac} — pass it to send_frame/encode_frame with the payload.
+        "m": macs} — pass it to send_frame/encode_frame with the payload.
 
     Raises:
-        FrameError: wrong argument types, negative offset, payload > MAX_PAYLOAD_BYTES, a mac
-            that is not MAC_BYTES bytes.
+        FrameError: wrong argument types, negative offset, payload > MAX_PAYLOAD_BYTES, macs
+            that are not bytes of the length for the payload.
     """
     if not isinstance(coflow_id, str) or not isinstance(flow_id, str):
         raise FrameError(
@@ -94,10 +96,10 @@ def chunk_header(coflow_id: str, flow_id: str, offset: int, payload, mac: bytes)
         )
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise FrameError(f"chunk offset must be an int >= 0, got {offset!r}")
-    if not isinstance(mac, bytes) or len(mac) != MAC_BYTES:
-        raise FrameError(f"chunk MAC must be {MAC_BYTES} bytes")
     n = _payload_len(payload)
-    return {"t": CHUNK_TYPE, "c": coflow_id, "f": flow_id, "o": offset, "n": n, "m": mac}
+    if not isinstance(macs, bytes) or len(macs) != mac_bytes(n):
+        raise FrameError(f"chunk MACs must be {mac_bytes(n)} bytes for {n} payload bytes")
+    return {"t": CHUNK_TYPE, "c": coflow_id, "f": flow_id, "o": offset, "n": n, "m": macs}
 
 
 def encode_frame(header: dict, payload=b"") -> list:
@@ -294,7 +296,8 @@ class FrameReader:
     Validation (raises FrameError): header length 0 or > MAX_HEADER_BYTES,
     malformed msgpack or a non-map header, "v" != VERSION, missing/non-str "t",
     "n" not an int in [0, max_payload], chunk frames with "c"/"f" not str, "o"
-    not an int >= 0, "m" not MAC_BYTES bytes, "x" not a u32, a payload whose crc32 differs
+    not an int >= 0, "m" not bytes of integrity.mac_bytes(n), "x" not a u32, a payload
+    whose crc32 differs
     from "x" (frames that carry one; chunks carry a MAC instead, checked by the agent),
     and EOF in the middle of a frame. trio.BrokenResourceError (connection
     reset), trio.ClosedResourceError (stream closed by us) and
@@ -464,7 +467,7 @@ def check_header(header: dict, max_payload: int = MAX_PAYLOAD_BYTES) -> dict:
     """Validate a decoded frame header; returns it.
 
     Checks: "v" == VERSION, "t" a str, "n" an int in [0, max_payload] (0 for control
-    frames), "x" a u32 when present, chunk fields (see chunk_header: "m" MAC_BYTES bytes).
+    frames), "x" a u32 when present, chunk fields (see chunk_header: "m" of mac_bytes(n) bytes).
 
     Raises:
         FrameError: the first check that fails, named.
@@ -513,6 +516,6 @@ def _check_chunk_fields(header: dict) -> None:
     offset = header.get("o")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise FrameError(f"chunk offset 'o' must be an int >= 0, got {offset!r}")
-    mac = header.get("m")
-    if not isinstance(mac, bytes) or len(mac) != MAC_BYTES:
-        raise FrameError(f"chunk MAC 'm' must be {MAC_BYTES} bytes, got {mac!r}")
+    macs, n = header.get("m"), header["n"]
+    if not isinstance(macs, bytes) or len(macs) != mac_bytes(n):
+        raise FrameError(f"chunk MACs 'm' must be {mac_bytes(n)} bytes for n={n}, got {macs!r}")

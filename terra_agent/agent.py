@@ -748,9 +748,10 @@ class Agent:
         `peer`: the agent that sent the chunk (authenticated by its certificate when the agent
         has data_tls_server); a chunk whose flow's src_agent is another agent closes the
         connection before it reaches the flow (sink, reorder buffer, spill file). So does a
-        chunk whose `mac` ("m") is not the flow key's MAC of its bytes and offset (tampered,
-        or made without the key; overlay/integrity.py) and a chunk ending more than the flow's
-        max_ahead bytes past its in-order point (InFlow.admit): the connection's end makes the
+        chunk whose `mac` ("m", its leaf MACs) is not the flow key's MAC list of its bytes and
+        offset (tampered, or made without the key; overlay/integrity.py), a chunk off the leaf
+        grid and a chunk ending more than the flow's max_ahead bytes past its in-order point
+        (InFlow.admit): the connection's end makes the
         sender requeue everything unacknowledged on it, so the flow still completes.
 
         Raises ProtocolError (wrong sender, bad MAC, too far ahead, chunk past the flow's end,
@@ -772,7 +773,7 @@ class Agent:
             )
         flow.admit(offset, payload, mac)
         flow.ack_writer = writer
-        added = await flow.receive(offset, payload, digest)
+        added = await flow.receive(offset, payload, digest, mac)
         self._report_if_finished(flow)
         if not added:
             await writer.send(self._ack(flow))

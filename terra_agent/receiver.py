@@ -2,12 +2,15 @@
 
 A flow is complete when all `size` bytes have been delivered in order and the keyed flow digest
 of the delivered bytes (overlay/integrity.py) equals the sender's (carried as "d" by the chunk
-that ends the flow). Before a chunk is taken at all, admit() checks its keyed MAC and that it
-ends at most max_ahead bytes past the in-order point (the spill bound).
+that ends the flow). Before a chunk is taken at all, admit() checks that it lies on the leaf
+grid, ends at most max_ahead bytes past the in-order point (the spill bound) and that its leaf
+MACs are the flow key's (the one keyed-BLAKE3 pass over its bytes); the verified MACs then
+make the digest as consume() delivers the leaves in order (FlowDigest: no second pass).
 
 Connection tasks only reorder (InFlow.receive); one consumer task per flow (InFlow.consume, run by
-the agent) hashes and writes the in-order bytes in batches in a worker thread, so no connection
-waits for the hash. The acknowledged offset covers only bytes hashed and written to the sink.
+the agent) folds the in-order leaves into the digest and writes the bytes to the sink, large
+batches to a file sink in a worker thread. The acknowledged offset covers only bytes digested
+and written to the sink.
 
 Bytes the reorder buffer spilled to disk come back in bounded batches: a chunk that fills the gap
 queues at most READY_BATCH_BYTES of spilled bytes; the rest stays "ready" in the reorder buffer
@@ -21,16 +24,17 @@ import logging
 
 import trio
 
-from overlay.integrity import FlowKeys
+from overlay.integrity import LEAF_BYTES, FlowDigest, FlowKeys
 from overlay.protocol import FlowSpec, ProtocolError
 from overlay.reorder import MemoryBudget, ReorderBuffer
 
-from .sources import open_sink
+from .sources import DigestSink, open_sink
 
 log = logging.getLogger(__name__)
 
-THREAD_HASH_BYTES = 256 * 1024  # consume(): queued in-order bytes at least this many are hashed
-# and written in one worker-thread call (hashlib and os.write release the GIL)
+THREAD_HASH_BYTES = 256 * 1024  # consume(): batches at least this large for a file sink are
+# digested and written in one worker-thread call (os.write and BLAKE3 release the GIL); a
+# digest-only sink's batch is folded inline (leaves with verified MACs cost no hashing)
 MAX_QUEUED_BYTES = 16 << 20  # default HashQueue bound of a flow that has no shared one
 READY_BATCH_BYTES = 4 << 20  # spilled (ready) bytes read back and queued at a time, at most
 # (at least one held segment, i.e. one chunk, whatever its size)
@@ -131,8 +135,10 @@ class InFlow:
         self.max_ahead = max_ahead
         self.rejected_macs = 0
         self.rejected_ahead = 0
-        self.sink = open_sink(spec.sink, spec.size, resume=spec.offset > 0, data_root=data_root)
-        self.hasher = self.keys.digest_hasher()
+        self.sink = open_sink(
+            spec.sink, spec.size, resume=spec.offset > 0, data_root=data_root, align=LEAF_BYTES
+        )
+        self.hasher = FlowDigest(self.keys, spec.size)
         self.base = self.sink.resume_offset
         if self.base:
             self.sink.prefix_hash(self.hasher)
@@ -170,37 +176,42 @@ class InFlow:
         compared)."""
         return self.delivered >= self.spec.size and not self._pending and not self._busy
 
-    def admit(self, offset: int, data, mac: bytes) -> None:
-        """Refuse a chunk (ChunkRejected) before anything of it is kept: when `mac` is not the
-        flow key's MAC of `data` at `offset`, or the chunk ends more than max_ahead bytes past
-        the in-order point (`delivered`). One keyed BLAKE3 pass over `data`, inline."""
+    def admit(self, offset: int, data, macs: bytes) -> None:
+        """Refuse a chunk (ChunkRejected) before anything of it is kept: when it is off the
+        leaf grid (starts off a LEAF_BYTES boundary, or ends off one before the flow's end),
+        ends more than max_ahead bytes past the in-order point (`delivered`), or `macs` is not
+        the flow key's MAC list of `data` at `offset`. One keyed BLAKE3 pass over `data`,
+        inline (cheaper than a worker-thread hand-off, docs/status.md)."""
         name = f"{self.spec.coflow}/{self.spec.flow}"
         end = offset + len(data)
+        if offset % LEAF_BYTES or (end % LEAF_BYTES and end != self.spec.size):
+            raise ChunkRejected(f"chunk [{offset}, {end}) of flow {name} is off the leaf grid")
         if end > self.delivered + self.max_ahead:
             self.rejected_ahead += 1
             raise ChunkRejected(
                 f"chunk [{offset}, {end}) of flow {name} ends more than {self.max_ahead} bytes "
                 f"past its in-order point {self.delivered}; closing so the sender resends"
             )
-        if not self.keys.check(offset, data, mac):
+        if not self.keys.check(offset, data, macs):
             self.rejected_macs += 1
             raise ChunkRejected(
                 f"chunk [{offset}, {end}) of flow {name}: MAC does not match (tampered, or not "
                 "made with the flow's key); dropped, closing so the sender resends"
             )
 
-    def add(self, offset: int, data, digest: str | None = None) -> None:
+    def add(self, offset: int, data, digest: str | None = None, macs: bytes | None = None) -> None:
         """Take a chunk of `data` at byte `offset`; deliver what is now in order to the sink.
 
         Bytes before `delivered` (duplicates) are dropped; `digest` is the sender's flow digest
-        when the chunk ends the flow. Hashes and writes inline, every byte now in order (spilled
-        bytes in batches of READY_BATCH_BYTES); do not mix with receive().
+        when the chunk ends the flow; `macs`: its leaf MACs once admit() verified them (None:
+        its leaves are hashed from the bytes). Digests and writes inline, every byte now in
+        order (spilled bytes in batches of READY_BATCH_BYTES); do not mix with receive().
 
         Raises:
             ProtocolError: the chunk runs past the flow's size, or a different sender digest.
             OSError: the sink or the spill file cannot be written or read.
         """
-        self._accept(offset, data, digest)
+        self._accept(offset, data, digest, macs)
         while True:
             pieces, nbytes = self._take_pending()
             self._consume(pieces)
@@ -210,7 +221,9 @@ class InFlow:
         if self.complete:
             self._finish_data()
 
-    async def receive(self, offset: int, data, digest: str | None = None) -> int:
+    async def receive(
+        self, offset: int, data, digest: str | None = None, macs: bytes | None = None
+    ) -> int:
         """Take a chunk (as add()) from a connection's task without hashing it: the bytes now in
         order are queued for consume(), which runs in its own task. `delivered` moves at once,
         `acknowledged` once consume() has hashed and written the bytes. Waits while more than
@@ -226,7 +239,7 @@ class InFlow:
             ProtocolError: as add().
         """
         before = self.delivered
-        self._accept(offset, data, digest)
+        self._accept(offset, data, digest, macs)
         made = self.delivered - before  # before waiting: other chunks may deliver meanwhile
         if self._pending or self.ready_bytes:
             self._queued.set()
@@ -238,7 +251,8 @@ class InFlow:
         """Hash and write every in-order byte queued by receive(), in delivery order; waits for
         some when none are queued. One task per flow calls it in a loop.
 
-        Batches of THREAD_HASH_BYTES or more go to a worker thread in one call; a batch is what
+        Batches of THREAD_HASH_BYTES or more for a file sink go to a worker thread in one
+        call (digest-only sinks: inline, folding verified leaf MACs costs ~nothing); a batch is what
         arrived while the previous one was hashed, so thread calls per byte fall as the load
         rises and connections never wait for the hash. When nothing is queued but the reorder
         buffer holds ready bytes (spilled bytes after a gap was filled), the next batch of
@@ -273,7 +287,7 @@ class InFlow:
         pieces, nbytes = self._take_pending()
         self._busy = True
         try:
-            if nbytes >= THREAD_HASH_BYTES:
+            if nbytes >= THREAD_HASH_BYTES and not isinstance(self.sink, DigestSink):
                 await trio.to_thread.run_sync(self._consume, pieces)
             else:
                 self._consume(pieces)
@@ -315,10 +329,10 @@ class InFlow:
         self._queue._take(nbytes)
         return pieces, nbytes
 
-    def _accept(self, offset: int, data, digest: str | None) -> None:
-        """Check a chunk, keep the sender's digest, queue the bytes now in order in _pending.
-        A failed flow queues nothing more."""
-        end = offset + len(data)
+    def _accept(self, offset: int, data, digest: str | None, macs: bytes | None = None) -> None:
+        """Check a chunk, keep the sender's digest, queue the bytes now in order in _pending,
+        remember its verified leaf MACs for the digest. A failed flow queues nothing more."""
+        start, end = offset, offset + len(data)
         if end > self.spec.size:
             raise ProtocolError(
                 f"chunk [{offset}, {end}) runs past flow {self.spec.coflow}/{self.spec.flow} "
@@ -336,7 +350,10 @@ class InFlow:
             data = memoryview(data)[self.base - offset :]
             offset = self.base
         before = self._reorder.delivered
-        self._queue_pieces(self._reorder.add(offset - self.base, data), before)
+        pieces = self._reorder.add(offset - self.base, data)
+        if macs:
+            self.hasher.know(start, macs)  # the chunk's own (leaf-aligned) offset
+        self._queue_pieces(pieces, before)
 
     def _queue_ready(self) -> int:
         """Queue the next batch (READY_BATCH_BYTES) of the reorder buffer's ready bytes in

@@ -27,7 +27,7 @@ import stat
 
 import numpy as np
 
-from overlay.integrity import ALGORITHM, FlowKeys
+from overlay.integrity import ALGORITHM, FlowDigest, FlowKeys
 
 SYNTHETIC_PERIOD = 1_052_673  # odd: chunk-aligned pieces at different offsets differ
 MAX_CHUNK_BYTES = 4 << 20  # = framing.MAX_PAYLOAD_BYTES: fewer frames, system calls, acks per GB
@@ -229,16 +229,19 @@ class FileSink:
     renames the complete part file over it (the receiver calls it once the digest matched), so
     an existing destination survives a flow that never completes. With resume=True an existing
     part file is kept and its length (at most `size`) is the resume offset; otherwise the part
-    file is truncated and a stale saved digest removed. prefix_hash(hasher) feeds the kept prefix
-    to a hasher so the receiver's digest covers it. The part file is created at once (O_NOFOLLOW)
-    but held open only from the first write to close().
+    file is truncated and a stale saved digest removed; align: the resume offset is cut down
+    to a multiple of it (unless the part file is complete). prefix_hash(hasher) feeds the kept
+    prefix to a hasher (integrity.FlowDigest) so the receiver's digest covers it. The part
+    file is created at once (O_NOFOLLOW) but held open only from the first write to close().
 
     Raises:
         SourceError: the destination is a directory, or the part file cannot be created or
             truncated (missing directory, permissions, a symlink in its place).
     """
 
-    def __init__(self, path: str, size: int, resume: bool, name: str | None = None) -> None:
+    def __init__(
+        self, path: str, size: int, resume: bool, name: str | None = None, align: int = 1
+    ) -> None:
         self.path = path
         self.name = name if name is not None else path
         self.part_path = path + PART_SUFFIX
@@ -256,6 +259,8 @@ class FileSink:
                     raise SourceError(f"part file of sink {self.name!r} is not a regular file")
                 length = st.st_size if resume else 0
                 self.resume_offset = min(length, size)
+                if self.resume_offset < size:  # resume on a leaf boundary (align)
+                    self.resume_offset -= self.resume_offset % align
                 os.ftruncate(fd, self.resume_offset)
             finally:
                 os.close(fd)
@@ -337,13 +342,14 @@ def _unlink_if_present(path: str) -> None:
         pass
 
 
-def open_sink(spec: str, size: int, resume: bool, data_root: str | None = None):
+def open_sink(spec: str, size: int, resume: bool, data_root: str | None = None, align: int = 1):
     """Open a flow's sink from its descriptor string ("digest" or "file:PATH").
 
     Args:
         spec: the descriptor; PATH is relative to `data_root` (resolve_data_path) and must not
             end in PART_SUFFIX or PART_SUFFIX + DIGEST_SUFFIX (another flow's working files).
-        size: the flow's bytes; resume: keep what an existing part file holds (FileSink).
+        size: the flow's bytes; resume: keep what an existing part file holds (FileSink),
+        cut down to a multiple of `align` bytes unless it is complete.
         data_root: the agent's data root, or None: every "file:" sink is refused.
 
     Returns DigestSink or FileSink (both have .resume_offset, .write(data), .commit(),
@@ -356,7 +362,7 @@ def open_sink(spec: str, size: int, resume: bool, data_root: str | None = None):
         name = spec[5:]
         if name.endswith((PART_SUFFIX, PART_SUFFIX + DIGEST_SUFFIX)):
             raise SourceError(f"sink path {name!r} refused: {PART_SUFFIX} names are reserved")
-        return FileSink(resolve_data_path(data_root, name, "sink"), size, resume, name)
+        return FileSink(resolve_data_path(data_root, name, "sink"), size, resume, name, align)
     raise SourceError(f"unknown sink {spec!r}")
 
 
@@ -364,7 +370,7 @@ def synthetic_digest(coflow: str, flow: str, size: int, key_hex: str) -> str:
     """Flow digest (overlay/integrity.py) of a synthetic flow's bytes under the flow key
     `key_hex` (for tests and checks)."""
     source = SyntheticSource(flow_key(coflow, flow), size)
-    hasher = FlowKeys(key_hex).digest_hasher()
+    hasher = FlowDigest(FlowKeys(key_hex), size)
     offset = 0
     while offset < size:
         n = min(MAX_CHUNK_BYTES, size - offset)

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from overlay.framing import FrameReader
-from overlay.integrity import flow_digest
+from overlay.integrity import LEAF_BYTES, flow_digest
 from overlay.protocol import GroupRates, TunnelSpec, flows_message
 from terra_agent.agent import Agent, AgentConfig
 from terra_agent.harness import LoopbackHarness, delay_proxy, free_port_block
@@ -275,7 +275,7 @@ BAD_INPUTS = {  # name: (bytes sent, what the agent's log must say)
         "payload length 67108864",
     ),
     "bad MAC": (  # right sender, bytes not MACed with the flow's key: dropped
-        HELLO_A + frame({"t": "chunk", "c": "c1", "f": "f1", "o": 0, "m": MAC}, b"data"),
+        HELLO_A + frame({"t": "chunk", "c": "c1", "f": "f1", "o": 0, "m": MAC}, bytes(LEAF_BYTES)),
         "MAC does not match",
     ),
     "unknown flow": (

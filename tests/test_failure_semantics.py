@@ -579,8 +579,8 @@ async def test_a_digest_mismatch_is_reported_and_a_new_attempt_completes(tmp_pat
     poisoned = []
 
     class OncePoisoned(FlowKeys):  # the first receiving digest starts with junk: a mismatch
-        def digest_hasher(self):
-            h = super().digest_hasher()
+        def fold_hasher(self):
+            h = super().fold_hasher()
             if not poisoned:
                 poisoned.append(True)
                 h.update(b"junk")

@@ -18,7 +18,16 @@ import pytest
 import trio
 
 from overlay.framing import FrameWriter, chunk_header
-from overlay.integrity import FlowKeys, IntegrityError, flow_digest, new_flow_key
+from overlay.integrity import (
+    LEAF_BYTES,
+    MAC_BYTES,
+    FlowDigest,
+    FlowKeys,
+    IntegrityError,
+    align_down,
+    flow_digest,
+    new_flow_key,
+)
 from overlay.protocol import (
     FlowSpec,
     GroupRates,
@@ -42,21 +51,43 @@ ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 def test_a_digest_or_mac_made_without_the_key_does_not_match():
     key, other = new_flow_key(), new_flow_key()
-    data = os.urandom(300_000)
+    data = os.urandom(300_000)  # 4 whole leaves and a short one
     digest = flow_digest(key, data)
     assert len(digest) == 64 and digest != flow_digest(other, data)
     assert digest != blake3.blake3(data).hexdigest()  # unkeyed BLAKE3
     assert digest != hashlib.blake2b(data, digest_size=32).hexdigest()  # the old digest
     keys = FlowKeys(key)
-    mac = keys.mac(4096, data)
-    assert keys.check(4096, data, mac)
-    assert not FlowKeys(other).check(4096, data, mac)  # another flow's (or attempt's) key
-    assert not keys.check(0, data, mac)  # replayed at another offset
-    assert not keys.check(4096, data[:-1], mac)  # truncated
+    macs = keys.leaf_macs(LEAF_BYTES, data)
+    assert len(macs) == 5 * MAC_BYTES and keys.check(LEAF_BYTES, data, macs)
+    assert not FlowKeys(other).check(LEAF_BYTES, data, macs)  # another flow's (attempt's) key
+    assert not keys.check(0, data, macs)  # replayed at another offset
+    assert not keys.check(LEAF_BYTES + 1, data, macs)  # off the leaf grid
+    assert not keys.check(LEAF_BYTES, data[:-1], macs)  # truncated
     tampered = bytearray(data)
     tampered[123_456] ^= 1
-    assert not keys.check(4096, tampered, mac)
-    assert not keys.check(4096, data, blake3.blake3(data).digest(length=16))
+    assert not keys.check(LEAF_BYTES, tampered, macs)
+    assert not keys.check(LEAF_BYTES, data, bytes(len(macs)))
+    with pytest.raises(IntegrityError):
+        keys.leaf_macs(100, data)
+
+
+def test_the_digest_is_the_same_from_macs_from_bytes_and_mixed():
+    """Sender (MACs it made), receiver (verified MACs of some leaves, bytes of others, in
+    pieces of any size): one digest."""
+    key = new_flow_key()
+    keys = FlowKeys(key)
+    data = os.urandom(5 * LEAF_BYTES + 777)
+    sender = FlowDigest(keys, len(data))
+    sender.add_macs(0, keys.leaf_macs(0, data[: 2 * LEAF_BYTES]), 2 * LEAF_BYTES)
+    sender.add_macs(2 * LEAF_BYTES, keys.leaf_macs(2 * LEAF_BYTES, data[2 * LEAF_BYTES :]),
+                    len(data) - 2 * LEAF_BYTES)  # fmt: skip
+    receiver = FlowDigest(keys, len(data))
+    receiver.know(LEAF_BYTES, keys.leaf_macs(LEAF_BYTES, data[LEAF_BYTES : 3 * LEAF_BYTES]))
+    for start in range(0, len(data), 10_000):
+        receiver.update(data[start : start + 10_000])
+    assert sender.hexdigest() == receiver.hexdigest() == flow_digest(key, data)
+    with pytest.raises(IntegrityError):
+        FlowDigest(keys, 10).hexdigest()
 
 
 def test_bad_keys_and_algorithms_are_refused():
@@ -213,12 +244,13 @@ async def test_forged_chunks_and_chunks_far_ahead_are_refused(tmp_path):
         await h.controller.add_flows([flow])
         data = src.read_bytes()
         keys, other = FlowKeys(flow.digest_key), FlowKeys(new_flow_key())
-        last = size - 100_000
-        forged = [  # (offset, payload, mac, extra header fields)
-            (last, data[last:], blake3.blake3(data[last:]).digest(length=16),
+        last, far = align_down(size - 1), 128 * LEAF_BYTES  # far: 8 MiB ahead
+        two = 2 * LEAF_BYTES
+        forged = [  # (offset, payload, MACs, extra header fields)
+            (last, data[last:], blake3.blake3(data[last:]).digest(length=MAC_BYTES),
              {"d": blake3.blake3(data).hexdigest()}),
-            (0, data[:100_000], other.mac(0, data[:100_000]), {}),
-            (8 * MB, data[8 * MB : 9 * MB], keys.mac(8 * MB, data[8 * MB : 9 * MB]), {}),
+            (0, data[:two], other.leaf_macs(0, data[:two]), {}),
+            (far, data[far : far + two], keys.leaf_macs(far, data[far : far + two]), {}),
         ]  # fmt: skip
         inflow = b.agent.in_flows[flow.key]
         for offset, payload, mac, extra in forged:

@@ -24,9 +24,14 @@ from overlay.framing import (
     encode_frame,
     send_frame,
 )
-from overlay.integrity import MAC_BYTES
+from overlay.integrity import MAC_BYTES, mac_bytes
 
-MAC = bytes(range(MAC_BYTES))  # framing only checks the MAC's type and length
+MAC = bytes(range(MAC_BYTES))  # framing only checks the MACs' type and length
+
+
+def macs(payload) -> bytes:
+    """A MAC list of the right length for `payload` (its value is the agent's business)."""
+    return bytes(mac_bytes(len(payload)))
 
 
 async def tcp_pair():
@@ -87,7 +92,7 @@ async def test_chunk_round_trip_over_tcp_all_sizes():
     async def sender():
         offset = 0
         for p in payloads:
-            await send_frame(client, chunk_header("cf1", "f1", offset, p, MAC), p)
+            await send_frame(client, chunk_header("cf1", "f1", offset, p, macs(p)), p)
             offset += len(p)
         await client.aclose()
 
@@ -107,7 +112,7 @@ async def test_chunk_round_trip_over_tcp_all_sizes():
         assert header["v"] == VERSION and header["t"] == "chunk"
         assert (header["c"], header["f"], header["o"]) == ("cf1", "f1", offset)
         assert header["n"] == len(sent) == len(payload)
-        assert header["m"] == MAC  # framing carries the MAC; the agent checks it
+        assert header["m"] == macs(sent)  # framing carries the MACs; the agent checks them
         assert bytes(payload) == sent
         offset += len(sent)
 
@@ -146,7 +151,7 @@ async def test_reader_with_payload_buffers_keeps_held_payloads_intact():
 
     async def sender():
         for i, p in enumerate(payloads):
-            await send_frame(client, chunk_header("c", "f", i * size, p, MAC), p)
+            await send_frame(client, chunk_header("c", "f", i * size, p, macs(p)), p)
         await client.aclose()
 
     async def receiver():
@@ -179,7 +184,7 @@ async def test_many_small_frames_and_control_frames_keep_order():
                     await send_frame(client, {"t": "heartbeat", "seq": i})
                 else:
                     p = pattern(i, seed=i)
-                    await send_frame(client, chunk_header("c", str(i), i, p, MAC), p)
+                    await send_frame(client, chunk_header("c", str(i), i, p, macs(p)), p)
             await client.aclose()
 
         got = []
@@ -234,7 +239,7 @@ def frames_bytes(frames) -> bytes:
 
 async def test_generic_stream_path_with_tiny_receives():
     payloads = [pattern(n, seed=n) for n in (0, 5, 20_000, 70_000, 300_000)]
-    frames = [(chunk_header("c", "f", i, p, MAC), p) for i, p in enumerate(payloads)]
+    frames = [(chunk_header("c", "f", i, p, macs(p)), p) for i, p in enumerate(payloads)]
     frames.append(({"t": "big-header", "pad": "z" * 60_000}, b""))  # header near 64 KiB
     got = await read_frames(Dribble(frames_bytes(frames), [1, 3, 7, 4096, 2]))
     assert [p for _, p in got] == payloads + [b""]
@@ -248,7 +253,7 @@ async def test_generic_stream_path_with_tiny_receives():
 )
 async def test_any_receive_boundaries_give_the_same_frames(sizes, pieces):
     frames = [
-        (chunk_header("c", str(i), i, pattern(n, i), MAC), pattern(n, i))
+        (chunk_header("c", str(i), i, pattern(n, i), macs(pattern(n, i))), pattern(n, i))
         for i, n in enumerate(sizes)
     ]
     got = await read_frames(Dribble(frames_bytes(frames), pieces))
@@ -289,11 +294,11 @@ def test_chunk_header_fields_and_errors():
         with pytest.raises(FrameError, match="MAC"):
             chunk_header("c", "f", 0, b"", bad)
     with pytest.raises(FrameError):
-        chunk_header(1, "f", 0, b"", MAC)
+        chunk_header(1, "f", 0, b"", b"")
     with pytest.raises(FrameError):
-        chunk_header("c", "f", -1, b"", MAC)
+        chunk_header("c", "f", -1, b"", b"")
     with pytest.raises(FrameError):
-        chunk_header("c", "f", True, b"", MAC)
+        chunk_header("c", "f", True, b"", b"")
 
 
 async def test_clean_eof_returns_none_and_truncation_raises():
@@ -306,7 +311,7 @@ async def test_clean_eof_returns_none_and_truncation_raises():
 
 async def test_truncated_large_payload_over_socket_raises():
     p = pattern(1 << 20)
-    good = b"".join(encode_frame(chunk_header("c", "f", 0, p, MAC), p))
+    good = b"".join(encode_frame(chunk_header("c", "f", 0, p, macs(p)), p))
     with pytest.raises(FrameError, match="closed mid-frame"):
         await read_raw(good[: len(good) // 2])
 
@@ -374,7 +379,7 @@ async def test_frame_writer_does_not_interleave_concurrent_frames():
     async def send_many(name):
         for i in range(20):
             p = pattern(size, seed=i)
-            await writer.send(chunk_header("c", name, i * size, p, MAC), p)
+            await writer.send(chunk_header("c", name, i * size, p, macs(p)), p)
 
     got = []
 
@@ -399,7 +404,7 @@ async def test_send_on_closed_peer_raises_broken_resource():
     p = bytes(1 << 20)
     with pytest.raises(trio.BrokenResourceError):
         for i in range(100):
-            await send_frame(client, chunk_header("c", "f", i, p, MAC), p)
+            await send_frame(client, chunk_header("c", "f", i, p, macs(p)), p)
     await client.aclose()
 
 
@@ -465,7 +470,7 @@ async def test_reader_keeps_short_payloads_out_of_the_pool():
     pool = PayloadBuffers(size=1_000_000, count=2)
     data = pattern(300_000, seed=7)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(send_frame, client, chunk_header("c", "f", 0, data, MAC), data)
+        nursery.start_soon(send_frame, client, chunk_header("c", "f", 0, data, macs(data)), data)
         header, payload = await FrameReader(server, buffers=pool).read()
     await client.aclose()
     assert bytes(payload) == data

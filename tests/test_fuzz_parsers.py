@@ -43,7 +43,7 @@ from overlay.framing import (
     chunk_header,
     encode_frame,
 )
-from overlay.integrity import MAC_BYTES
+from overlay.integrity import MAC_BYTES, mac_bytes
 from overlay.protocol import ProtocolError, validate_control, validate_data
 from terra_controller.agent_connection import ChannelError, read_control, send_parts
 from terra_controller.api_server import (
@@ -801,9 +801,9 @@ def data_frames(draw) -> bytes:
                                  "garbage", "body", "hlen", "n", "claim", "cut"]))  # fmt: skip
     if kind == "chunk":
         return b"".join(encode_frame(chunk_header("0", "f", draw(WIRE_INTS.filter(
-            lambda o: o >= 0)), payload, MAC), payload))  # fmt: skip
+            lambda o: o >= 0)), payload, bytes(mac_bytes(len(payload)))), payload))  # fmt: skip
     if kind == "bad-chunk":  # a chunk header with one field fuzzed, the payload as is
-        header = {**chunk_header("0", "f", 0, payload, MAC), "v": 1}
+        header = {**chunk_header("0", "f", 0, payload, bytes(mac_bytes(len(payload)))), "v": 1}
         header[draw(st.sampled_from(["c", "f", "o", "n", "m", "v", "t"]))] = draw(
             field_values(WIRE_INTS))
         return _header_frame(header, payload)
@@ -828,8 +828,10 @@ def data_frames(draw) -> bytes:
         return _header_frame({"t": "hello", "v": 1, "n": n}, payload)
     if kind == "claim":  # a large payload announced, a little of it sent
         n = draw(st.sampled_from([MAX_PAYLOAD_BYTES, MAX_PAYLOAD_BYTES - 1, 1 << 20]))
-        return _header_frame({**chunk_header("0", "f", 0, b"", MAC), "v": 1, "n": n}, payload)
-    full = b"".join(encode_frame(chunk_header("0", "f", 0, payload, MAC), payload))
+        header = {**chunk_header("0", "f", 0, b"", b""), "v": 1, "n": n}
+        return _header_frame({**header, "m": bytes(mac_bytes(n))}, payload)
+    macs = bytes(mac_bytes(len(payload)))
+    full = b"".join(encode_frame(chunk_header("0", "f", 0, payload, macs), payload))
     return full[: draw(st.integers(0, len(full)))]
 
 
