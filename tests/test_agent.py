@@ -576,12 +576,13 @@ async def test_chunks_before_the_receivers_descriptor_are_held_and_delivered(tmp
 
 
 async def test_held_chunks_past_the_bound_close_their_connection_and_are_resent(tmp_path):
-    """A 20 000-byte pending bound (chunks at 0.5 MB/s per path are 5 000 bytes): the fifth
-    held chunk overflows it, its connection closes, the sender resends; the flow completes."""
+    """A pending bound of four chunks and a bit (chunks at 0.5 MB/s per path are one 64 KiB
+    leaf): the fifth held chunk overflows it, its connection closes, the sender resends; the
+    flow completes."""
     size = 2 * MB
     async with loopback(tmp_path, k=2) as h:
         b = h.agents["b"].agent
-        b.pending.limit_bytes = 20_000
+        b.pending.limit_bytes = 4 * LEAF_BYTES + 1000
         f = h.flow("c1", "f1", "a", "b", size)
         await send_sender_first(h, [f], 0.5 * MB, lambda: b.closed_connections > 0)
         await wait_complete(h, [f])
