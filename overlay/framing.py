@@ -31,6 +31,7 @@ buffer with ``recv_into`` (one copy, kernel to payload).
 from __future__ import annotations
 
 import os
+import ssl
 import struct
 import sys
 
@@ -329,6 +330,8 @@ class FrameReader:
         self._reading = False
         self._waited = False  # read(): the current frame waited for the socket at least once
         self._sock = stream.socket if isinstance(stream, trio.SocketStream) else None
+        # a trio.SSLStream with the private attributes _drain_tls uses, else None
+        self._tls = stream if _drainable(stream) else None
 
     async def read(self) -> tuple[dict, memoryview | bytes] | None:
         """Read the next frame; None on clean EOF before its first byte.
@@ -428,8 +431,11 @@ class FrameReader:
         """
         if self._sock is None:
             data = await self.stream.receive_some(len(view))
-            view[: len(data)] = data
-            return len(data)
+            n = len(data)
+            view[:n] = data
+            if n and self._tls is not None:
+                n += _drain_tls(self._tls, view[n:])
+            return n
         while True:
             fd = self._sock.fileno()  # -1 once closed (never read a reused descriptor number)
             if fd < 0:
@@ -442,6 +448,53 @@ class FrameReader:
                 raise _stream_error(self._sock, "receive", exc) from exc
             await trio.lowlevel.wait_readable(self._sock)
             self._waited = True
+
+
+_TLS_READ_BYTES = 1 << 20  # ciphertext _drain_tls reads from the socket at a time
+
+
+def _drainable(stream) -> bool:
+    """True for a trio.SSLStream over a SocketStream with the private parts _drain_tls uses."""
+    return (
+        isinstance(stream, trio.SSLStream)
+        and isinstance(getattr(stream, "_ssl_object", None), ssl.SSLObject)
+        and isinstance(getattr(stream, "_incoming", None), ssl.MemoryBIO)
+        and isinstance(stream.transport_stream, trio.SocketStream)
+    )
+
+
+def _drain_tls(stream: trio.SSLStream, view: memoryview) -> int:
+    """Decrypt into `view` (up to its length) what the kernel already holds for a
+    trio.SSLStream, without a trio round per record: SSLObject.read(n, buffer) (no copy) while
+    records are buffered, refilled from the socket with non-blocking reads of up to 1 MiB.
+
+    trio's SSLStream.receive_some returns one 16 KiB record per call (OpenSSL's SSL_read)
+    after reading 64 KiB from the socket; with --encrypt-data a 4 MiB chunk took 256 trio
+    rounds and copies, the receiving agent spent ~40 % of its CPU in the interpreter (perf,
+    docs/status.md). Stops when the socket has nothing more (or at EOF, or any TLS condition:
+    the stream's next receive_some reports it as trio does). Relies on trio's private
+    `_ssl_object` / `_incoming` (checked by _drainable); only one reader per stream."""
+    ssl_object, incoming = stream._ssl_object, stream._incoming
+    fd = stream.transport_stream.socket.fileno()
+    got = 0
+    while got < len(view):
+        try:
+            k = ssl_object.read(len(view) - got, view[got:])
+        except ssl.SSLWantReadError:
+            try:
+                data = os.read(fd, _TLS_READ_BYTES) if fd >= 0 else b""
+            except OSError:  # BlockingIOError: nothing more now; others: the stream reports
+                break
+            if not data:
+                break  # EOF stays visible to the stream's own next read
+            incoming.write(data)
+            continue
+        except ssl.SSLError:
+            break
+        if not k:
+            break
+        got += k
+    return got
 
 
 # ---- the codec without I/O: shared by FrameReader (trio, agents) and the controller's
