@@ -147,7 +147,8 @@ class AgentConfig:
 
     @property
     def spill_prefix(self) -> str:
-        """Name prefix of this agent's spill files: "reorder-<agent id, filename-safe>-"."""
+        """Name prefix of this agent's spill files: "reorder-<agent id, filename-safe>-<4-byte
+        hash of the id, hex>-" (the hash keeps ids that map to one safe name apart)."""
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", self.agent_id)[:64]
         tag = hashlib.blake2b(self.agent_id.encode(), digest_size=4).hexdigest()
         return f"reorder-{safe}-{tag}-"
@@ -751,8 +752,8 @@ class Agent:
         chunk whose `mac` ("m", its leaf MACs) is not the flow key's MAC list of its bytes and
         offset (tampered, or made without the key; overlay/integrity.py), a chunk off the leaf
         grid and a chunk ending more than the flow's max_ahead bytes past its in-order point
-        (InFlow.admit): the connection's end makes the
-        sender requeue everything unacknowledged on it, so the flow still completes.
+        (InFlow.admit): the connection's end makes the sender requeue everything
+        unacknowledged on it, so the flow still completes.
 
         Raises ProtocolError (wrong sender, bad MAC, too far ahead, chunk past the flow's end,
         changed digest, a later attempt than the receiver's descriptor) and the writer's

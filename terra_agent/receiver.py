@@ -95,11 +95,12 @@ class InFlow:
     budget: MemoryBudget shared with the agent's other flows or None, queue: HashQueue shared
     with them or None = a HashQueue of MAX_QUEUED_BYTES for this flow alone, data_root: the
     agent's data root (a "file:PATH" sink's PATH is relative to it) or None = file sinks refused,
-    max_ahead: bytes a chunk may end past the in-order point (the spill bound, >= 1; spill
-    prefix: the name prefix of this agent's spill files).
+    max_ahead: bytes a chunk may end past the in-order point (the spill bound), spill_prefix:
+    the name prefix of this agent's spill files (overlay/reorder.py remove_spill_files)).
     The sink is opened with resume when spec.offset > 0: a file sink then keeps what its part
-    file (PATH.terra-part) holds and the receiver continues from its length (bytes before it are
-    re-hashed; the sender's digest, if it had arrived, is read back from beside the part file);
+    file (PATH.terra-part) holds, cut to a leaf boundary, and the receiver continues from there
+    (bytes before it are re-hashed into leaf MACs; the sender's digest, if it had arrived, is
+    read back from beside the part file);
     else it starts at 0. A file sink's part file is renamed over PATH only when the digest
     matched (check_digest).
 

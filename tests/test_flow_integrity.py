@@ -346,3 +346,15 @@ async def test_encrypt_data_keeps_tls_on_data_connections(tmp_path, pki, encrypt
     sample = src.read_bytes()[MB : MB + 64]
     assert len(seen) > size
     assert (sample in seen) is not encrypt
+
+
+def test_cli_refuses_encryption_without_pki_and_a_spill_bound_below_one_chunk(capsys):
+    from terra_agent.cli import main
+
+    argv = ["--controller", "127.0.0.1:9", "--dc", "X", "--id", "x", "--data-addr", "127.0.0.1:9"]
+    assert main([*argv, "--insecure", "--encrypt-data"]) == 2
+    assert "--encrypt-data needs --pki" in capsys.readouterr().err
+    assert main([*argv, "--insecure", "--max-ahead", "1M"]) == 2
+    assert "--max-ahead must be >=" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="max_ahead"):
+        AgentConfig(("127.0.0.1", 1), "X", "x", ("127.0.0.1", 1), max_ahead=1 << 20)
