@@ -120,7 +120,7 @@ class OutFlow:
         self._digest = FlowDigest(self.keys, spec.size)
         self.next_offset = 0
         self.digest: str | None = None
-        self.acked = align_down(spec.offset)
+        self.acked = spec.offset if spec.offset >= spec.size else align_down(spec.offset)
         self.resend: deque[tuple[int, int]] = deque()
         self.epoch: int | None = None
         self.reported = -1

@@ -536,3 +536,10 @@ async def test_path_idle_through_a_rate_drop_sends_chunks_of_the_new_rate():
         nursery.cancel_scope.cancel()
     assert sent[0] == ("f1", 10_000)
     assert sent[1] == ("f2", chunk_bytes(20e6)) == ("f2", 196_608)
+
+
+def test_outflow_of_a_finished_flow_stays_done_with_its_digest():
+    size = 3 * L + 5  # the last leaf is short: the offset is the size, not a leaf boundary
+    flow = OutFlow(spec(size, offset=size), SyntheticSource("c1/f1", size))
+    assert flow.done and flow.take(4 * L) is None
+    assert flow.digest == synthetic_digest("c1", "f1", size, KEY)
