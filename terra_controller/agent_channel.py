@@ -589,7 +589,8 @@ def _log_refused(agent: str, kind: str, exc: RegistryError) -> None:
 
 def flow_spec(coflow: CoflowState, f: FlowState) -> protocol.FlowSpec:
     """The descriptor agents get for a WAN flow: offset = bytes acknowledged so far,
-    attempt = the flow's restarts, "file:PATH" source / sink when it names paths."""
+    attempt = the flow's restarts, digest_key = the attempt's flow key, "file:PATH" source /
+    sink when it names paths."""
     return protocol.FlowSpec(
         coflow=coflow_key(coflow.id),
         flow=f.id,
@@ -601,6 +602,7 @@ def flow_spec(coflow: CoflowState, f: FlowState) -> protocol.FlowSpec:
         source=f"file:{f.src_path}" if f.src_path else "synthetic",
         sink=f"file:{f.dst_path}" if f.dst_path else "digest",
         attempt=f.restarts,
+        digest_key=f.digest_key,
     )
 
 

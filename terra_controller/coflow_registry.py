@@ -22,6 +22,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from overlay.integrity import new_flow_key
 from workloads import Coflow, Flow
 
 
@@ -112,6 +113,8 @@ class FlowState:
             flow descriptors' "attempt").
         src_path, dst_path: optional file paths at the sender / receiver agent, relative to
             that agent's data root (terra-agent --data-root); see check_path.
+        digest_key: the current attempt's flow key (64 hex chars, overlay/integrity.py): sent
+            to the flow's two agents only; a new one on every restart.
     """
 
     id: str
@@ -127,6 +130,7 @@ class FlowState:
     dst_path: str | None = None
     reason: str | None = None
     restarts: int = 0
+    digest_key: str = field(default_factory=new_flow_key, repr=False)
 
     @property
     def done(self) -> bool:
@@ -561,6 +565,7 @@ class CoflowRegistry:
         flow.delivered = 0
         flow.state = FlowStatus.QUEUED
         flow.restarts += 1
+        flow.digest_key = new_flow_key()  # the old attempt's chunks and digest match nothing
         self._track(coflow, [flow])
 
     def _ended(self, coflow: CoflowState, now: float) -> None:
