@@ -321,6 +321,7 @@ class AgentChannel:
             except RegistryError as exc:
                 LOG.info("agent %s: inflight report: %s", info.id, exc)
         LOG.info("agent %s registered in %s at %s", info.id, info.dc, info.data_addr)
+        self.controller.metrics.registrations.inc()
         conn.send({"t": "registered", "agent": info.id})
         self.apply_inflight()
         self.push_tunnels()

@@ -176,9 +176,11 @@ def run(args, topology, security) -> None:
         app, of_threads = start_openflow_app(args, topology, binding, controller, shared)
         threads += of_threads
 
-        def openflow_info():
+        def openflow_info(detail: bool = True):
+            """The OpenFlow app's rules and counters for REST (detail: every rule too)."""
             with app.lock:
-                entries = list(app.entries)
+                entries = list(app.entries) if detail else []
+                per_switch = dict(app.flow_mods_per_switch)
             rules: dict[str, list] = {}
             for e in entries:
                 rules.setdefault(str(e.dpid), []).append(
@@ -189,6 +191,7 @@ def run(args, topology, security) -> None:
                 "installed": app.installed,
                 "rules_per_switch": app.rules_per_switch(),
                 "flow_mods": app.flow_mods_sent,
+                "flow_mods_per_switch": per_switch,
                 "flow_mods_at_install": app.flow_mods_at_install,
                 "rules": rules,
             }

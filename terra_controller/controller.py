@@ -51,6 +51,8 @@ from terra_controller.coflow_registry import (
     parse_coflow_key,
     to_policy_flow,
 )
+from terra_controller.metrics import ControllerMetrics
+from terra_core.lp import observe_solves
 from terra_core.policy import Allocation, Policy
 from topologies import Path, Topology, TopologyError
 
@@ -130,6 +132,8 @@ class Controller:
         connected_agents: None, or a callable returning the ids of the agents connected now
             (set by the agent channel); without it agents are never timed out.
         agent_gone_since: {agent id: controller time it was first seen disconnected}.
+        metrics: the ControllerMetrics (its own CollectorRegistry; counters and histograms
+            updated at the event, the rest read by `metrics_view` at scrape time).
     """
 
     def __init__(
@@ -178,6 +182,7 @@ class Controller:
         self.round_wanted = threading.Event()
         self.wan_dirty = False
         self.started_wall = time.time()
+        self.metrics = ControllerMetrics()
 
     def now(self) -> float:
         """Seconds since the controller started."""
@@ -218,7 +223,7 @@ class Controller:
             RegistryError: invalid request ("bad_request": bad id, age_s not a finite
                 number >= 0, bad deadline; see parse_flows for the rest); nothing changed.
         """
-        with self.policy_lock, self.lock:
+        with self.policy_lock, self.lock, observe_solves(self.metrics.lp_solve.observe):
             self._drain_leaving()
             reg = self.registry
             parsed = reg.parse_flows(flows)
@@ -243,9 +248,13 @@ class Controller:
                     if coflow_id is None and reg.next_id <= cid:
                         reg.next_id = cid + 1
                     self.stats["rejected"] += 1
+                    self.metrics.rejected.inc()
                     return -1
             coflow = reg.submit(parsed, deadline_s, arrival, cid)
-            if reg.finish_if_done(coflow, now):
+            self.metrics.admitted.inc()
+            if reg.finish_if_done(coflow, now):  # intra-DC flows only: done at once
+                self.metrics.finished.labels(CoflowStatus.DONE.value).inc()
+                self.metrics.bytes_delivered.inc(coflow.bytes_total)
                 self._prune(now)
                 return cid
             self._announce(coflow, parsed)
@@ -273,7 +282,7 @@ class Controller:
         Raises:
             RegistryError: unknown coflow, finished coflow, invalid flows; nothing changed.
         """
-        with self.policy_lock, self.lock:
+        with self.policy_lock, self.lock, observe_solves(self.metrics.lp_solve.observe):
             self._drain_leaving()
             coflow = self.registry.get(coflow_id)
             if coflow.state.final:
@@ -356,6 +365,7 @@ class Controller:
                 if flow.restarts < self.max_restarts:
                     self.registry.restart_flow(coflow, flow)
                     self.stats["restarts"] += 1
+                    self.metrics.restarts.inc()
                     LOG.warning(
                         "coflow %s flow %s: %s; transferring it again (attempt %d of %d)",
                         coflow.id, flow.id, text, flow.restarts, self.max_restarts,
@@ -381,6 +391,7 @@ class Controller:
         self.rates.pop(coflow.id, None)
         self.allocation.pop(coflow_key(coflow.id), None)
         self.stats[state.value] += 1
+        self.metrics.finished.labels(state.value).inc()
         level = logging.WARNING if state is CoflowStatus.FAILED else logging.INFO
         LOG.log(level, "coflow %s %s: %s", coflow.id, state.value, coflow.reason)
         if dropped:
@@ -529,7 +540,11 @@ class Controller:
             RegistryError: unknown coflow/flow or bad offset.
         """
         with self.lock:
+            flow = self.registry.flow(coflow_id, flow_id)
+            before = flow.delivered
             flow = self.registry.record_progress(coflow_id, flow_id, acked)
+            if flow.delivered > before:
+                self.metrics.bytes_delivered.inc(flow.delivered - before)
             return flow.state not in (FlowStatus.FAILED, FlowStatus.CANCELLED)
 
     def complete(self, coflow_id: object, flow_id: object, digest: object) -> bool:
@@ -548,8 +563,14 @@ class Controller:
             coflow = self.registry.get(coflow_id)
             if flow.done or coflow.state.final:
                 return coflow.state is CoflowStatus.DONE
+            before = flow.delivered
             coflow = self.registry.record_complete(coflow_id, flow_id, digest, self.now())
+            self.metrics.bytes_delivered.inc(max(0, flow.bytes - before))
             if coflow.state is CoflowStatus.DONE:
+                self.metrics.finished.labels(CoflowStatus.DONE.value).inc()
+                intra = sum(f.bytes for f in coflow.flows.values() if f.intra_dc)
+                if intra:  # intra-DC flows count as delivered when the coflow is done
+                    self.metrics.bytes_delivered.inc(intra)
                 self._leaving.append(coflow.id)
                 self.rates.pop(coflow.id, None)
                 self.want_round()
@@ -588,7 +609,8 @@ class Controller:
                 remaining = self.registry.remaining(self._connectivity())
                 now = self.now()
             begin_allocate = time.perf_counter()
-            allocation = self.policy.allocate(now, remaining) if remaining else {}
+            with observe_solves(self.metrics.lp_solve.observe):
+                allocation = self.policy.allocate(now, remaining) if remaining else {}
             allocated = time.perf_counter()
             states = self._policy_states(remaining)
             _trim_policy_stats(self.policy)
@@ -605,7 +627,9 @@ class Controller:
                 ):
                     self.stats[key].append(value)
                     del self.stats[key][:-STATS_KEPT]
-                return self.rates, wan
+            self.metrics.round_duration.observe(elapsed_ms / 1e3)
+            self.metrics.allocate_duration.observe(allocated - begin_allocate)
+            return self.rates, wan
 
     def _drain_leaving(self) -> None:
         """Remove the coflows that left the schedule from the policy (both locks held)."""
@@ -703,6 +727,39 @@ class Controller:
                 bytes_delivered=sum(c["bytes_delivered"] for c in coflows)
                 + self.stats["dropped_bytes_delivered"],
             )
+
+    def metrics_view(self) -> dict:
+        """What /metrics reads from the controller at scrape time, copied under `lock`.
+
+        Cost O(links + active coflows + their flows' rates): it never walks the finished
+        coflows, however many are kept (docs/runtime.md "Metrics").
+
+        Returns:
+            {"links": [(a, b, capacity bytes/s, up: bool, allocated bytes/s)] per directed
+            link, "active": {state: coflows} of the active states, "in_memory": coflows
+            kept, "agents": registered agents, "lps": LPs the policy solved (int),
+            "dropped": {final state: finished coflows dropped from memory}}.
+        """
+        load = self.link_rates()
+        with self.lock:
+            topo, reg = self.topology, self.registry
+            links = [
+                (u, v, cap, (u, v) not in topo.down, load.get((u, v), 0.0))
+                for (u, v), cap in sorted(topo.capacity.items())
+            ]
+            active: dict[str, int] = {}
+            for coflow in reg.active():
+                active[coflow.state.value] = active.get(coflow.state.value, 0) + 1
+            stats = getattr(self.policy, "stats", None)
+            lps = int(stats.get("lps", 0)) if isinstance(stats, dict) else 0
+            return {
+                "links": links,
+                "active": active,
+                "in_memory": len(reg.coflows),
+                "agents": len(reg.agents),
+                "lps": lps,
+                "dropped": dict(reg.dropped),
+            }
 
     def link_rates(self) -> dict[tuple[str, str], float]:
         """Allocated bytes/s per directed link in the current allocation."""

@@ -8,11 +8,8 @@ Routes (GET only; docs/design.md section 6, issue 4 item 5):
                      switch (by DPID) and their counts, flow-mods sent
     /coflows         every coflow: id, state, bytes total/delivered, CCT
     /coflows/{id}    one coflow's status with its FlowGroups' per-path allocations
-    /metrics         Prometheus text format: terra_rounds_total, terra_round_latency_ms,
-                     terra_lps_solved_total, terra_active_coflows, terra_bytes_delivered_total,
-                     terra_rejected_coflows_total, terra_failed_coflows_total,
-                     terra_cancelled_coflows_total, terra_flow_restarts_total,
-                     terra_dropped_finished_coflows_total{state}, terra_agents_connected
+    /metrics         Prometheus text format: the controller's CollectorRegistry
+                     (terra_controller/metrics.py; every metric in docs/runtime.md)
 
 A WSGI app served by the standard library's wsgiref in a thread per request,
 started on os-ken's hub. Errors: 404 for unknown paths or coflows, 405 for
@@ -29,11 +26,9 @@ import time
 from collections.abc import Callable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
 from terra_controller.coflow_registry import RegistryError
 from terra_controller.controller import Controller
+from terra_controller.metrics import CONTENT_TYPE, ControllerCollector
 from terra_controller.pki import PkiError, Role
 from terra_controller.transport import ServerSecurity, authenticate
 
@@ -49,16 +44,27 @@ class RestApp:
     Args:
         controller: the Controller.
         channel: the AgentChannel (agents connected, tunnels) or None.
-        openflow: callable returning {"rules_per_switch": {dpid: n}, "flow_mods": n, ...}
-            from the OpenFlow app, or None without switches.
+        openflow: callable (detail: bool = True) returning {"rules_per_switch": {dpid: n},
+            "flow_mods": n, "flow_mods_per_switch": {dpid: n}, "rules": {...} (empty
+            without detail)} from the OpenFlow app, or None without switches.
+
+    Attributes:
+        metrics: the controller's CollectorRegistry (`Controller.metrics`), with a
+            ControllerCollector reading this app's controller, channel and switches.
     """
 
     def __init__(self, controller: Controller, channel=None, openflow: Callable | None = None):
         self.controller = controller
         self.channel = channel
         self.openflow = openflow
-        self.metrics = CollectorRegistry()
-        self.metrics.register(_Collector(self))
+        self.metrics = controller.metrics.registry
+        self.metrics.register(
+            ControllerCollector(
+                controller,
+                connected=lambda: len(self.connected_agents()),
+                openflow=None if openflow is None else lambda: openflow(detail=False),
+            )
+        )
 
     def __call__(self, environ, start_response):
         """WSGI entry point."""
@@ -67,8 +73,10 @@ class RestApp:
             return _reply(start_response, 405, {"error": "read-only: GET only"}, [("Allow", "GET")])
         try:
             if path == "/metrics":
-                body = generate_latest(self.metrics)
-                start_response("200 OK", [("Content-Type", "text/plain; version=0.0.4")])
+                body = self.controller.metrics.render()
+                start_response(
+                    "200 OK", [("Content-Type", CONTENT_TYPE), ("Content-Length", str(len(body)))]
+                )
                 return [body]
             view = self._route(path)
             if view is None:
@@ -184,69 +192,6 @@ class RestApp:
 def _policy_lps(controller: Controller) -> int:
     stats = getattr(controller.policy, "stats", None)
     return int(stats.get("lps", 0)) if isinstance(stats, dict) else 0
-
-
-class _Collector:
-    """Prometheus collector reading the controller at scrape time."""
-
-    def __init__(self, app: RestApp) -> None:
-        self.app = app
-
-    def collect(self):
-        c = self.app.controller
-        snap = c.snapshot()
-        rounds = snap.stats["rounds"]
-        last_ms = snap.stats["last_round_ms"]
-        recent = snap.stats["round_ms"]
-        active = snap.active
-        delivered = snap.bytes_delivered
-        rejected = snap.stats["rejected"]
-        ended = {k: snap.stats[k] for k in ("failed", "cancelled", "restarts")}
-        dropped = snap.stats["dropped_finished"]
-        yield CounterMetricFamily("terra_rounds", "Scheduling rounds run", value=rounds)
-        yield GaugeMetricFamily(
-            "terra_round_latency_ms", "Wall time of the last scheduling round (ms)", value=last_ms
-        )
-        mean = sum(recent) / len(recent) if recent else 0.0
-        yield GaugeMetricFamily(
-            "terra_round_latency_mean_ms",
-            "Mean wall time of the last 1000 scheduling rounds (ms)",
-            value=mean,
-        )
-        yield CounterMetricFamily(
-            "terra_lps_solved", "LPs solved by the policy", value=_policy_lps(c)
-        )
-        yield GaugeMetricFamily("terra_active_coflows", "Coflows not yet done", value=active)
-        yield CounterMetricFamily(
-            "terra_bytes_delivered", "Bytes acknowledged by receivers", value=delivered
-        )
-        yield CounterMetricFamily(
-            "terra_rejected_coflows", "Coflows rejected (deadline)", value=rejected
-        )
-        yield CounterMetricFamily(
-            "terra_failed_coflows", "Coflows failed (a flow cannot run)", value=ended["failed"]
-        )
-        yield CounterMetricFamily(
-            "terra_cancelled_coflows", "Coflows cancelled", value=ended["cancelled"]
-        )
-        yield CounterMetricFamily(
-            "terra_flow_restarts",
-            "Flows sent again after a digest mismatch",
-            value=ended["restarts"],
-        )
-        family = CounterMetricFamily(
-            "terra_dropped_finished_coflows",
-            "Finished coflows dropped from memory, per final state",
-            labels=["state"],
-        )
-        for state, n in sorted(dropped.items()):
-            family.add_metric([state], n)
-        yield family
-        yield GaugeMetricFamily(
-            "terra_agents_connected",
-            "Agents on the control channel",
-            value=len(self.app.connected_agents()),
-        )
 
 
 def _reply(start_response, code: int, body, headers: list | None = None) -> list[bytes]:
