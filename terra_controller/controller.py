@@ -132,6 +132,9 @@ class Controller:
         connected_agents: None, or a callable returning the ids of the agents connected now
             (set by the agent channel); without it agents are never timed out.
         agent_gone_since: {agent id: controller time it was first seen disconnected}.
+        link_bytes: {directed link: bytes acknowledged that crossed it}: each acknowledged
+            byte is attributed to the links of its flow's current paths in proportion to
+            their rates (the measured load operators compare with the allocated rate).
         metrics: the ControllerMetrics (its own CollectorRegistry; counters and histograms
             updated at the event, the rest read by `metrics_view` at scrape time).
     """
@@ -183,6 +186,7 @@ class Controller:
         self.wan_dirty = False
         self.started_wall = time.time()
         self.metrics = ControllerMetrics()
+        self.link_bytes: dict[tuple[str, str], float] = {}
 
     def now(self) -> float:
         """Seconds since the controller started."""
@@ -327,6 +331,21 @@ class Controller:
             for f in out["flows"]:
                 f["rate"] = 0.0
             return out
+
+    def _delivered(self, coflow_id: int, flow: FlowState, nbytes: int) -> None:
+        """Count `nbytes` newly acknowledged bytes of `flow` (lock held): the bytes counter
+        and `link_bytes` (split over the flow's current paths by rate; a flow without rates
+        right now counts in the counter only)."""
+        self.metrics.bytes_delivered.inc(nbytes)
+        paths = self.rates.get(coflow_id, {}).get(flow.id, ())
+        total = sum(rate for _, rate in paths)
+        if total <= 0:
+            return
+        link_bytes = self.link_bytes
+        for path, rate in paths:
+            share = nbytes * rate / total
+            for link in zip(path[:-1], path[1:], strict=False):
+                link_bytes[link] = link_bytes.get(link, 0.0) + share
 
     def fail_flow(
         self,
@@ -544,7 +563,7 @@ class Controller:
             before = flow.delivered
             flow = self.registry.record_progress(coflow_id, flow_id, acked)
             if flow.delivered > before:
-                self.metrics.bytes_delivered.inc(flow.delivered - before)
+                self._delivered(int(coflow_id), flow, flow.delivered - before)
             return flow.state not in (FlowStatus.FAILED, FlowStatus.CANCELLED)
 
     def complete(self, coflow_id: object, flow_id: object, digest: object) -> bool:
@@ -565,7 +584,7 @@ class Controller:
                 return coflow.state is CoflowStatus.DONE
             before = flow.delivered
             coflow = self.registry.record_complete(coflow_id, flow_id, digest, self.now())
-            self.metrics.bytes_delivered.inc(max(0, flow.bytes - before))
+            self._delivered(coflow.id, flow, max(0, flow.bytes - before))
             if coflow.state is CoflowStatus.DONE:
                 self.metrics.finished.labels(CoflowStatus.DONE.value).inc()
                 intra = sum(f.bytes for f in coflow.flows.values() if f.intra_dc)
@@ -735,18 +754,21 @@ class Controller:
         coflows, however many are kept (docs/runtime.md "Metrics").
 
         Returns:
-            {"links": [(a, b, capacity bytes/s, up: bool, allocated bytes/s)] per directed
-            link, "active": {state: coflows} of the active states, "in_memory": coflows
-            kept, "agents": registered agents, "lps": LPs the policy solved (int),
-            "dropped": {final state: finished coflows dropped from memory}}.
+            {"links": [(a, b, capacity bytes/s, up: bool, allocated bytes/s, bytes
+            acknowledged across it (link_bytes))] per directed link, "active": {state:
+            coflows} of the active states, "in_memory": coflows kept, "agents": registered
+            agents, "lps": LPs the policy solved (int), "dropped": {final state: finished
+            coflows dropped from memory}}.
         """
         load = self.link_rates()
         with self.lock:
             topo, reg = self.topology, self.registry
+            delivered = self.link_bytes
             links = [
-                (u, v, cap, (u, v) not in topo.down, load.get((u, v), 0.0))
+                (u, v, cap, (u, v) not in topo.down, load.get((u, v), 0.0),
+                 delivered.get((u, v), 0.0))
                 for (u, v), cap in sorted(topo.capacity.items())
-            ]
+            ]  # fmt: skip
             active: dict[str, int] = {}
             for coflow in reg.active():
                 active[coflow.state.value] = active.get(coflow.state.value, 0) + 1
@@ -760,6 +782,27 @@ class Controller:
                 "lps": lps,
                 "dropped": dict(reg.dropped),
             }
+
+    def recent_coflows(self, finished: int) -> list[dict]:
+        """Summaries (CoflowState.summary()) of every active coflow and of the `finished`
+        coflows that ended last, newest id first; O(active + finished), whatever the
+        history (the operator page polls it every second)."""
+        with self.lock:
+            reg = self.registry
+            chosen = list(reg.active())
+            for cid in reversed(reg.finished):
+                if finished <= 0:
+                    break
+                coflow = reg.coflows.get(cid)
+                if coflow is not None:
+                    chosen.append(coflow)
+                    finished -= 1
+            return [c.summary() for c in sorted(chosen, key=lambda c: c.id, reverse=True)]
+
+    def link_delivered(self) -> dict[tuple[str, str], float]:
+        """A copy of `link_bytes`: {directed link: bytes acknowledged across it}."""
+        with self.lock:
+            return dict(self.link_bytes)
 
     def link_rates(self) -> dict[tuple[str, str], float]:
         """Allocated bytes/s per directed link in the current allocation."""

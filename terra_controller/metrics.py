@@ -148,7 +148,8 @@ class ControllerCollector:
 
     def collect(self):
         """Yield the scrape-time families: terra_link_capacity_bytes_per_second,
-        terra_link_allocated_bytes_per_second, terra_link_up {a, b};
+        terra_link_allocated_bytes_per_second, terra_link_up, terra_link_delivered_bytes_total
+        {a, b};
         terra_coflows_active {state}; terra_coflows_in_memory; terra_coflows_dropped_total
         {state}; terra_agents_registered;
         terra_agent_connections; terra_lps_solved_total; terra_switch_rules {dpid};
@@ -166,13 +167,20 @@ class ControllerCollector:
             "terra_link_up", "1 when the directed link a->b is up, 0 when down",
             labels=["a", "b"],
         )  # fmt: skip
-        for a, b, cap, up, load in view["links"]:
+        delivered = CounterMetricFamily(
+            "terra_link_delivered_bytes",
+            "Bytes acknowledged by receivers that crossed the directed link a->b (split over "
+            "a flow's paths by rate)", labels=["a", "b"],
+        )  # fmt: skip
+        for a, b, cap, up, load, nbytes in view["links"]:
             capacity.add_metric([a, b], cap)
             allocated.add_metric([a, b], load)
             state.add_metric([a, b], 1.0 if up else 0.0)
+            delivered.add_metric([a, b], nbytes)
         yield capacity
         yield allocated
         yield state
+        yield delivered
         active = GaugeMetricFamily(
             "terra_coflows_active", "Coflows not in a final state, by state", labels=["state"]
         )

@@ -2,11 +2,19 @@
 
 Routes (GET only; docs/design.md section 6, issue 4 item 5):
 
+    /                the operator's web page (terra_controller/web/: the WAN graph, link
+                     states and loads, tunnels of a DC pair, coflows, round times; it polls
+                     the JSON routes below every second; see docs/runtime.md)
+    /static/NAME     the page's script and style sheet (package files, nothing fetched
+                     from elsewhere)
     /status          controller: topology name, uptime, agents, coflows per state, rounds
-    /topology        links with capacity (bytes/s), state (up/down), allocated rate (bytes/s)
+    /topology        links with capacity (bytes/s), state (up/down), allocated rate (bytes/s),
+                     bytes acknowledged across the link; DC positions ([x, y], from the
+                     topology file's "positions", e.g. longitude/latitude) when known
     /tunnels         tunnels (id, DC pair, path, up) and, with switches, the rules of every
                      switch (by DPID) and their counts, flow-mods sent
-    /coflows         every coflow: id, state, bytes total/delivered, CCT
+    /coflows         every coflow in memory: id, state, bytes total/delivered, CCT;
+                     ?finished=N: every active coflow and the N that finished last only
     /coflows/{id}    one coflow's status with its FlowGroups' per-path allocations
     /metrics         Prometheus text format: the controller's CollectorRegistry
                      (terra_controller/metrics.py; every metric in docs/runtime.md)
@@ -20,10 +28,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import socketserver
 import threading
 import time
 from collections.abc import Callable
+from importlib import resources
+from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from terra_controller.coflow_registry import RegistryError
@@ -35,6 +46,20 @@ from terra_controller.transport import ServerSecurity, authenticate
 LOG = logging.getLogger("terra.rest")
 
 MAX_REST_THREADS = 64
+# The web page's files (terra_controller/web/) by URL path, with their content type.
+WEB_FILES = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/static/style.css": ("style.css", "text/css; charset=utf-8"),
+}
+# The page runs only its own files: no inline script, nothing from another origin.
+WEB_HEADERS = [
+    ("Content-Security-Policy",
+     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+     "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Cache-Control", "no-cache"),
+]  # fmt: skip
 REQUEST_TIMEOUT_S = 10.0
 
 
@@ -57,6 +82,7 @@ class RestApp:
         self.controller = controller
         self.channel = channel
         self.openflow = openflow
+        self.web: dict[str, bytes] = {}  # WEB_FILES' contents, read once
         self.metrics = controller.metrics.registry
         self.metrics.register(
             ControllerCollector(
@@ -78,6 +104,14 @@ class RestApp:
                     "200 OK", [("Content-Type", CONTENT_TYPE), ("Content-Length", str(len(body)))]
                 )
                 return [body]
+            if path in WEB_FILES:
+                return self._web_file(path, start_response)
+            if path == "/coflows" and environ.get("QUERY_STRING"):
+                query = parse_qs(environ["QUERY_STRING"])
+                text = query.get("finished", [""])[0]
+                if not text.isdigit() or len(text) > 9:
+                    return _reply(start_response, 400, {"error": "finished must be 0..999999999"})
+                return _reply(start_response, 200, self.controller.recent_coflows(int(text)))
             view = self._route(path)
             if view is None:
                 return _reply(start_response, 404, {"error": f"no such resource {path}"})
@@ -87,6 +121,18 @@ class RestApp:
         except Exception:
             LOG.exception("REST %s failed", path)
             return _reply(start_response, 500, {"error": "internal error (logged)"})
+
+    def _web_file(self, path: str, start_response) -> list[bytes]:
+        """One of WEB_FILES from the package (read once), with WEB_HEADERS."""
+        name, ctype = WEB_FILES[path]
+        if name not in self.web:
+            self.web[name] = (resources.files("terra_controller") / "web" / name).read_bytes()
+        body = self.web[name]
+        start_response(
+            "200 OK",
+            [("Content-Type", ctype), ("Content-Length", str(len(body))), *WEB_HEADERS],
+        )
+        return [body]
 
     def _route(self, path: str):
         views = {
@@ -157,13 +203,21 @@ class RestApp:
             return [r.to_json() for r in self.channel.reactions]
 
     def topology(self) -> dict:
-        """{"name", "dcs", "links": [{"src", "dst", "capacity", "state", "allocated"}]}."""
+        """{"name", "dcs", "links": [{"src", "dst", "capacity", "state", "allocated",
+        "delivered_bytes"}], "positions": {dc: [x, y]} (only DCs the topology places)}."""
         snap = self.controller.snapshot()
+        delivered = self.controller.link_delivered()
         links = [
-            {"src": u, "dst": v, "capacity": cap, "state": state, "allocated": load}
+            {"src": u, "dst": v, "capacity": cap, "state": state, "allocated": load,
+             "delivered_bytes": delivered.get((u, v), 0.0)}
             for u, v, cap, state, load in snap.links
-        ]
-        return {"name": snap.topology, "dcs": list(snap.dcs), "links": links}
+        ]  # fmt: skip
+        return {
+            "name": snap.topology,
+            "dcs": list(snap.dcs),
+            "links": links,
+            "positions": positions(self.controller.topology.attrs.get("positions"), snap.dcs),
+        }
 
     def tunnels(self) -> dict:
         """{"tunnels": [{"tunnel", "src", "dst", "index", "path", "up"}], "switches": {...}}."""
@@ -189,13 +243,38 @@ class RestApp:
         return status
 
 
+def positions(value: object, dcs) -> dict[str, list[float]]:
+    """The topology file's "positions" ({dc: [x, y]}, e.g. [longitude, latitude]) for the
+    DCs in `dcs`; entries that are not two finite numbers are left out (the page places
+    those DCs itself)."""
+    out: dict[str, list[float]] = {}
+    if not isinstance(value, dict):
+        return out
+    for dc in dcs:
+        xy = value.get(dc)
+        if (
+            isinstance(xy, list | tuple)
+            and len(xy) == 2
+            and all(isinstance(c, int | float) and not isinstance(c, bool) for c in xy)
+            and all(math.isfinite(c) for c in xy)
+        ):
+            out[dc] = [float(xy[0]), float(xy[1])]
+    return out
+
+
 def _policy_lps(controller: Controller) -> int:
     stats = getattr(controller.policy, "stats", None)
     return int(stats.get("lps", 0)) if isinstance(stats, dict) else 0
 
 
 def _reply(start_response, code: int, body, headers: list | None = None) -> list[bytes]:
-    reason = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}
+    reason = {
+        200: "OK",
+        400: "Bad Request",
+        404: "Not Found",
+        405: "Method Not Allowed",
+        500: "Internal Server Error",
+    }
     data = json.dumps(body, default=_json_default).encode()
     start_response(
         f"{code} {reason[code]}",
