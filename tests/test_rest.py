@@ -279,3 +279,65 @@ def test_rest_public_serves_clients_without_a_certificate(pki):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_recent_coflows_query_and_link_bytes(rest):
+    """/coflows?finished=N lists every active coflow and the N that finished last;
+    acknowledged bytes are counted on the links of the flow's paths in proportion to the
+    path rates (/topology delivered_bytes, terra_link_delivered_bytes_total)."""
+    controller, base = rest
+    done = []
+    for _ in range(3):
+        cid = controller.submit([{"id": "f", "src": "b1", "dst": "c1", "bytes": 1000}])
+        controller.complete(cid, "f", "d")
+        done.append(cid)
+    active = controller.submit([{"id": "f", "src": "a1", "dst": "b1", "bytes": 10**9}])
+    controller.run_round()
+    assert [c["id"] for c in get_json(base, "/coflows?finished=2")] == [active, *done[:0:-1]]
+    assert [c["id"] for c in get_json(base, "/coflows?finished=0")] == [active]
+    assert len(get_json(base, "/coflows")) == 4
+    for bad in ("x", "-1", "9" * 12):
+        with pytest.raises(urllib.error.HTTPError) as info:
+            get(base, f"/coflows?finished={bad}")
+        assert info.value.code == 400
+    rates = {tuple(p["path"]): p["rate"]
+             for p in get_json(base, f"/coflows/{active}")["flowgroups"][0]["paths"]}  # fmt: skip
+    total = sum(rates.values())
+    controller.progress(active, "f", 10**6)
+    links = {(x["src"], x["dst"]): x["delivered_bytes"] for x in get_json(base, "/topology")
+             ["links"]}  # fmt: skip
+    expect = {}
+    for path, rate in rates.items():
+        for link in zip(path[:-1], path[1:], strict=False):
+            expect[link] = expect.get(link, 0.0) + 10**6 * rate / total
+    assert expect and all(links[k] == pytest.approx(v) for k, v in expect.items())
+    assert sum(links.values()) == pytest.approx(sum(expect.values()))
+    m = labelled(base)
+    for (a, b), v in expect.items():
+        assert m[("terra_link_delivered_bytes_total", (("a", a), ("b", b)))] == pytest.approx(v)
+    assert get_json(base, "/topology")["positions"] == {}  # the test topology places no DC
+
+
+def test_web_page_files_are_served_with_a_content_security_policy(rest):
+    _, base = rest
+    status, ctype, body = get(base, "/")
+    assert status == 200 and ctype.startswith("text/html") and b"/static/app.js" in body
+    with urllib.request.urlopen(base + "/static/app.js", timeout=5, context=CONTEXT[base]) as r:
+        assert r.headers["Content-Type"].startswith("text/javascript")
+        assert "default-src 'self'" in r.headers["Content-Security-Policy"]
+        assert b"/coflows?finished=" in r.read()
+    with pytest.raises(urllib.error.HTTPError) as info:
+        get(base, "/static/../rest.py")
+    assert info.value.code == 404
+
+
+def test_positions_keep_only_two_finite_numbers_per_known_dc():
+    from terra_controller.rest import positions
+
+    given = {"A": [1, 2.5], "B": ["x", 1], "C": [float("nan"), 0], "D": [1, 2], "E": [True, 1]}
+    assert positions(given, ["A", "B", "C", "E"]) == {"A": [1.0, 2.5]}
+    assert positions("not a map", ["A"]) == {}
+    from topologies import load_topology
+
+    swan = load_topology("swan")
+    assert set(positions(swan.attrs["positions"], swan.dcs)) == set(swan.dcs)
