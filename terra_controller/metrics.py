@@ -12,7 +12,8 @@ controllers in one process) holding
   per-link capacity, allocated rate and state (labels `a`, `b`: the directed link
   a->b), active coflows by state, registered and connected agents, and per-DPID
   rules and flow-mods from the OpenFlow app;
-- the process and platform collectors (CPU seconds, RSS, open fds, Python version).
+- the process, platform and GC collectors (CPU seconds, RSS, open fds, Python version,
+  garbage collections).
 
 A scrape never walks the finished coflows: its cost is O(links + active coflows'
 flows + switches), whatever the history (target: < 50 ms with 100k finished coflows,
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    GCCollector,
     Histogram,
     PlatformCollector,
     ProcessCollector,
@@ -72,6 +74,7 @@ class ControllerMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         reg = self.registry
         self.round_duration = Histogram(
             "terra_round_duration_seconds",
