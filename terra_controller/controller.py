@@ -721,9 +721,15 @@ class Controller:
 
     # ---- views --------------------------------------------------------------------------
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, coflows: bool = True) -> Snapshot:
         """A Snapshot of the registry, the WAN and the stats, copied under `lock` (brief:
-        O(coflows in memory); never waits for a round)."""
+        O(coflows in memory); never waits for a round).
+
+        Args:
+            coflows: copy the coflows' summaries; False leaves `coflows` empty and
+                `bytes_delivered` 0 and costs O(links + agents) only (REST /status and
+                /topology, polled every second by the operator page).
+        """
         load = self.link_rates()
         with self.lock:
             topo, reg = self.topology, self.registry
@@ -732,7 +738,8 @@ class Controller:
                  load.get((u, v), 0.0))
                 for u, v in topo.links
             )  # fmt: skip
-            coflows = tuple(c.summary() for c in reg.coflows.values())
+            with_coflows = coflows
+            coflows = tuple(c.summary() for c in reg.coflows.values()) if with_coflows else ()
             stats = {k: (list(v) if isinstance(v, list) else v) for k, v in self.stats.items()}
             stats["dropped_finished"] = dict(stats["dropped_finished"])
             return Snapshot(
@@ -743,8 +750,12 @@ class Controller:
                 coflows=coflows,
                 stats=stats,
                 active=len(reg.active()),
-                bytes_delivered=sum(c["bytes_delivered"] for c in coflows)
-                + self.stats["dropped_bytes_delivered"],
+                bytes_delivered=(
+                    sum(c["bytes_delivered"] for c in coflows)
+                    + self.stats["dropped_bytes_delivered"]
+                    if with_coflows
+                    else 0
+                ),
             )
 
     def metrics_view(self) -> dict:
@@ -782,6 +793,11 @@ class Controller:
                 "lps": lps,
                 "dropped": dict(reg.dropped),
             }
+
+    def state_counts(self) -> dict[str, int]:
+        """{state: coflows in memory in that state}, O(active coflows)."""
+        with self.lock:
+            return self.registry.state_counts()
 
     def recent_coflows(self, finished: int) -> list[dict]:
         """Summaries (CoflowState.summary()) of every active coflow and of the `finished`

@@ -168,10 +168,8 @@ class RestApp:
         reaction times, "reactions_total"}."""
         c = self.controller
         connected = self.connected_agents()
-        snap = c.snapshot()
-        states: dict[str, int] = {}
-        for coflow in snap.coflows:
-            states[coflow["state"]] = states.get(coflow["state"], 0) + 1
+        snap = c.snapshot(coflows=False)
+        states = c.state_counts()
         stats = snap.stats
         return {
             "topology": snap.topology,
@@ -205,7 +203,7 @@ class RestApp:
     def topology(self) -> dict:
         """{"name", "dcs", "links": [{"src", "dst", "capacity", "state", "allocated",
         "delivered_bytes"}], "positions": {dc: [x, y]} (only DCs the topology places)}."""
-        snap = self.controller.snapshot()
+        snap = self.controller.snapshot(coflows=False)
         delivered = self.controller.link_delivered()
         links = [
             {"src": u, "dst": v, "capacity": cap, "state": state, "allocated": load,

@@ -185,6 +185,7 @@ def test_metrics_follow_links_coflow_states_and_admissions(rest):
                                                                          "preempted")}  # fmt: skip
     assert sum(active.values()) == 2 and active["running"] >= 1
     assert m[("terra_lp_solve_duration_seconds_count", ())] >= 1
+    assert get_json(base, "/status")["coflows"] == states_walked(base)
     assert m[("terra_round_duration_seconds_count", ())] == 1
     # The 1 GB coflow finishes, the other is cancelled, a third fails: three final states.
     controller.progress(run, "f", 5 * 10**8)
@@ -205,6 +206,16 @@ def test_metrics_follow_links_coflow_states_and_admissions(rest):
     assert m[("terra_coflows_admitted_total", ())] == 3
     assert m[("terra_agents_registered", ())] == 3
     assert m[("terra_agent_connections", ())] == 0
+    # /status counts states without walking the coflows; a walk agrees.
+    assert get_json(base, "/status")["coflows"] == states_walked(base) == {"failed": 1}
+
+
+def states_walked(base) -> dict[str, int]:
+    """{state: n} counted over /coflows."""
+    out: dict[str, int] = {}
+    for c in get_json(base, "/coflows"):
+        out[c["state"]] = out.get(c["state"], 0) + 1
+    return out
 
 
 def test_metrics_registries_are_per_controller(pki):
