@@ -10,15 +10,18 @@ One run, everything real:
 3. Wait until the controller has installed the tunnel rules (REST /tunnels), start one
    terra-agent per host (reaching the controller over the management network), wait
    until all are registered.
-4. Terra run: a job master (TerraClient) submits the coflows at their arrival times
-   and polls progress; with a failure link, that link goes down at `fail_at_s` and up
-   again at `recover_at_s` (seconds after the first arrival); the reaction time is
+4. Scheduler run (Terra, or each of `schedulers` in turn: the controller and the agents
+   are restarted with `--scheduler NAME`, the WAN stays): a job master (TerraClient)
+   submits the coflows at their arrival times and polls progress; with a failure link,
+   that link goes down at `fail_at_s` and up again at `recover_at_s` (seconds after the
+   first arrival); the reaction time is
    measured from the link-down command to the moment the controller reports the
    round's new rates acknowledged by every agent (REST /status, polled every 10 ms).
 5. Per-flow TCP run (mininet_scenarios.tcp_baseline) on the same WAN and rules (the agents
    stay up, idle): same flows, same bytes, same arrival times, same failure.
    Steps 4 and 5 are repeated `repeats` times (the machine is shared and has 2 cores, so
-   single runs are noisy); results.summary pools the repeats.
+   single runs are noisy; per-flow TCP alternates with the first scheduler's runs);
+   results.summary pools the repeats.
 6. Switch port counters (`ovs-ofctl -O OpenFlow13 dump-ports`) before and after each run
    give the WAN utilization: bytes sent on WAN ports / (sum of link rates x busy time),
    busy time = the time during which at least one coflow is active (`busy_time`).
@@ -243,22 +246,26 @@ def make_pki(workdir: Path, agent_names: list[str]) -> Path:
 
 
 class Controller:
-    """terra-controller (OpenFlow mode, mutual TLS with `pki`) as a subprocess in its own session.
+    """terra-controller (OpenFlow mode, mutual TLS with `pki`, `--scheduler scheduler`) as a
+    subprocess in its own session.
 
-    Attributes: api (host, port), agents_port, rest ("https://host:port"), pki (directory).
+    Attributes: api (host, port), agents_port, rest ("https://host:port"), pki (directory),
+    scheduler (registry name), proc (the Popen).
     """
 
     def __init__(
-        self, topo_path: Path, k: int, of_port: int, log: Path, procs: Processes, pki: Path
-    ):
+        self, topo_path: Path, k: int, of_port: int, log: Path, procs: Processes, pki: Path,
+        scheduler: str = "terra",
+    ):  # fmt: skip
         import ssl
 
         from terra_controller.pki import client_context
 
         self.pki = pki
+        self.scheduler = scheduler
         self.rest_tls: ssl.SSLContext = client_context(pki, OPERATOR_NAME)
         self.rest_tls.check_hostname = False  # urllib dials an IP; the CA still verifies it
-        self.log = open(log, "w")  # noqa: SIM115 (closed in close())
+        self.log = open(log, "a")  # noqa: SIM115 (closed in close())
         self.proc = procs.add(
             subprocess.Popen(
                 [
@@ -281,6 +288,8 @@ class Controller:
                     LOG_LEVEL,
                     "--pki",
                     str(pki),
+                    "--scheduler",
+                    scheduler,
                 ],
                 stdout=subprocess.PIPE,
                 stderr=self.log,
@@ -623,7 +632,11 @@ def _finish_failure(thread: FailureThread | None) -> int | None:
 
 @dataclass
 class TestbedOptions:
-    """Options of `run_swan` (see mininet_scenarios.cli for their meaning and defaults)."""
+    """Options of `run_swan` (see mininet_scenarios.cli for their meaning and defaults).
+
+    `schedulers`: registry names (terra_core/registry.py) the controller runs, one after
+    the other, each `repeats` times on the same WAN; the first is the one the targets judge.
+    """
 
     coflows: list[TestbedCoflow]
     link_mbps: float = 20.0
@@ -634,15 +647,19 @@ class TestbedOptions:
     hosts_per_dc: int = 1
     of_port: int = 6653
     workdir: Path = Path("/tmp/terra-testbed")
+    schedulers: list[str] = field(default_factory=lambda: ["terra"])
 
 
 def run_swan(opts: TestbedOptions, log=print) -> dict:
-    """Bring up the SWAN testbed, run Terra then per-flow TCP `opts.repeats` times, tear down.
+    """Bring up the SWAN testbed; for each scheduler start a controller running it and the
+    agents, run it `opts.repeats` times; run per-flow TCP `opts.repeats` times (interleaved
+    with the first scheduler's runs); tear down.
 
     Returns:
-        {"terra": [RunResult per repeat], "per_flow_tcp": [RunResult per repeat],
-         "rules_per_switch": {dpid: n}, "flow_mods_after_startup": flow-mods sent after the
-         tunnels were installed and before the first link failure (after the first Terra run
+        {"schedulers": [names], name: [RunResult per repeat] for each scheduler,
+         "per_flow_tcp": [RunResult per repeat], "rules_per_switch": {dpid: n} (first
+         controller), "flow_mods_after_startup": flow-mods the first controller sent after
+         installing the tunnels and before the first link failure (after its first run
          without a failure), "install_s": seconds from Mininet start to rules installed}.
 
     Raises:
@@ -651,7 +668,7 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
     """
     from mininet.log import setLogLevel
 
-    from mininet_scenarios.wan_net import MGMT_ROOT_IP, build_wan, cleanup
+    from mininet_scenarios.wan_net import build_wan, cleanup
 
     setLogLevel("critical")
     opts.workdir.mkdir(parents=True, exist_ok=True)
@@ -660,47 +677,30 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
     binding = load_binding(topology)
     check_names_free([f"s{sw.dpid}" for sw in binding.switches.values()] + ["mgmt0"])
     procs, wan, ctl = Processes(), None, None
+    raw: dict = {"schedulers": list(opts.schedulers), "per_flow_tcp": []}
     try:
         pki = make_pki(opts.workdir, [host.name for _, host in binding.all_hosts()])
-        ctl = Controller(
-            topo_path, opts.k, opts.of_port, opts.workdir / "controller.log", procs, pki
-        )
-        t_start = time.monotonic()
-        wan = build_wan(topology, binding, of_port=opts.of_port, link_mbps=opts.link_mbps,
-                        mgmt=True)  # fmt: skip
-        wait_until(lambda: ctl.get("/tunnels")["switches"].get("installed"), 30, "tunnel rules")
-        install_s = time.monotonic() - t_start
-        of = ctl.get("/tunnels")["switches"]
-        log(f"tunnels installed after {install_s:.1f} s: {of['flow_mods_at_install']} flow-mods")
-        agents = _start_agents(wan, binding, ctl, MGMT_ROOT_IP, opts.workdir, procs)
-        n = len(agents)
-        wait_until(
-            lambda: sum(a["connected"] for a in ctl.get("/status")["agents"]) == n, 30, "agents"
-        )
-        time.sleep(AGENT_SETTLE_S)  # agents open their tunnel connections to each other
-        log(f"{n} agents registered; {opts.repeats} x (Terra, per-flow TCP), "
-            f"{len(opts.coflows)} coflows each")  # fmt: skip
-        terra_runs, tcp_runs, flow_mods_before = [], [], None
-        for i in range(opts.repeats):
-            terra, before = run_terra(wan, ctl, opts.coflows, opts.failure, opts.timeout_s)
-            terra_runs.append(terra)
-            if flow_mods_before is None:  # the first failure; without one: after the run
-                flow_mods_before = before if before is not None else _flow_mods(ctl)
-            log(f"[{i + 1}] Terra done in {terra.duration_s:.1f} s; per-flow TCP run")
-            # The agents stay up but idle: they move no bytes without coflows.
-            tcp = run_per_flow_tcp(
-                wan, opts.coflows, opts.failure, opts.timeout_s, opts.workdir / f"tcp{i}", procs
+        for phase, name in enumerate(opts.schedulers):
+            ctl = Controller(topo_path, opts.k, opts.of_port, opts.workdir / "controller.log",
+                             procs, pki, scheduler=name)  # fmt: skip
+            t_start = time.monotonic()
+            if wan is None:
+                wan = build_wan(topology, binding, of_port=opts.of_port,
+                                link_mbps=opts.link_mbps, mgmt=True)  # fmt: skip
+            agents = _bring_up(wan, binding, ctl, opts.workdir, procs, log)
+            if phase == 0:
+                raw["install_s"] = time.monotonic() - t_start
+            raw[name], flow_mods_before = _scheduler_runs(
+                wan, ctl, opts, raw, phase == 0, procs, log
             )
-            tcp_runs.append(tcp)
-            log(f"[{i + 1}] per-flow TCP done in {tcp.duration_s:.1f} s")
-        of = ctl.get("/tunnels")["switches"]
-        return {
-            "terra": terra_runs,
-            "per_flow_tcp": tcp_runs,
-            "rules_per_switch": of["rules_per_switch"],
-            "flow_mods_after_startup": flow_mods_before - of["flow_mods_at_install"],
-            "install_s": install_s,
-        }
+            of = ctl.get("/tunnels")["switches"]
+            if phase == 0:
+                raw["rules_per_switch"] = of["rules_per_switch"]
+                raw["flow_mods_after_startup"] = flow_mods_before - of["flow_mods_at_install"]
+            procs.stop([*agents, ctl.proc])
+            ctl.close()
+            ctl = None
+        return raw
     finally:
         procs.stop_all()
         if ctl is not None:
@@ -710,6 +710,49 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
                 wan.stop()
             except Exception:
                 cleanup()
+
+
+def _bring_up(wan, binding, ctl: Controller, workdir: Path, procs: Processes, log) -> list:
+    """Wait for the controller's tunnel rules, start the agents, wait until all registered.
+
+    Returns the agents' Popens. Raises TestbedError on a timeout.
+    """
+    from mininet_scenarios.wan_net import MGMT_ROOT_IP
+
+    # switches reconnect to a restarted controller within OVS's backoff (up to 8 s)
+    wait_until(lambda: ctl.get("/tunnels")["switches"].get("installed"), 30, "tunnel rules")
+    of = ctl.get("/tunnels")["switches"]
+    log(f"{ctl.scheduler}: tunnels installed, {of['flow_mods_at_install']} flow-mods")
+    agents = _start_agents(wan, binding, ctl, MGMT_ROOT_IP, workdir, procs)
+    n = len(agents)
+    wait_until(lambda: sum(a["connected"] for a in ctl.get("/status")["agents"]) == n, 30,
+               "agents")  # fmt: skip
+    time.sleep(AGENT_SETTLE_S)  # agents open their tunnel connections to each other
+    return agents
+
+
+def _scheduler_runs(wan, ctl: Controller, opts: TestbedOptions, raw: dict, with_tcp: bool,
+                    procs: Processes, log):  # fmt: skip
+    """`opts.repeats` runs of the controller's scheduler; with_tcp: each followed by a
+    per-flow TCP run (appended to raw["per_flow_tcp"]; the agents stay up, idle).
+
+    Returns ([RunResult per repeat], flow-mods counted before the first link failure, or
+    after the first run without a failure).
+    """
+    runs, flow_mods_before = [], None
+    for i in range(opts.repeats):
+        run, before = run_terra(wan, ctl, opts.coflows, opts.failure, opts.timeout_s)
+        runs.append(run)
+        if flow_mods_before is None:  # the first failure; without one: after the run
+            flow_mods_before = before if before is not None else _flow_mods(ctl)
+        log(f"[{i + 1}] {ctl.scheduler} done in {run.duration_s:.1f} s")
+        if with_tcp:
+            tcp = run_per_flow_tcp(
+                wan, opts.coflows, opts.failure, opts.timeout_s, opts.workdir / f"tcp{i}", procs
+            )
+            raw["per_flow_tcp"].append(tcp)
+            log(f"[{i + 1}] per-flow TCP done in {tcp.duration_s:.1f} s")
+    return runs, flow_mods_before
 
 
 def _flow_mods(ctl: Controller) -> int:

@@ -2,7 +2,7 @@
 
 Run:
     terra-controller --topology {swan,gscale,att,PATH} (--pki DIR | --insecure) [--k K]
-        [--alpha A] [--epsilon E] [--delta D] [--of-port 6653] [--api HOST:PORT]
+        [--scheduler NAME] [--alpha A] [--epsilon E] [--delta D] [--of-port 6653] [--api HOST:PORT]
         [--agents HOST:PORT] [--rest HOST:PORT] [--rest-public] [--no-openflow]
         [--agent-timeout S] [--keep-finished N] [--keep-finished-s S] [--max-restarts N]
         [--log-level LEVEL]
@@ -40,6 +40,7 @@ import os
 import signal
 import sys
 
+from terra_core.registry import add_scheduler_arguments, make_scheduler, options_from_args
 from topologies import TopologyError, load_topology
 
 LOG = logging.getLogger("terra.cli")
@@ -61,10 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The controller's argument parser."""
     p = argparse.ArgumentParser(prog="terra-controller", description=__doc__.splitlines()[0])
     p.add_argument("--topology", required=True, help="swan, gscale, att, or a JSON/GraphML file")
-    p.add_argument("--k", type=int, default=4, help="paths (tunnels) per DC pair (default 4)")
-    p.add_argument("--alpha", type=float, default=0.1, help="starvation share α (default 0.1)")
-    p.add_argument("--epsilon", type=float, default=0.1, help="deadline slack ε (default 0.1)")
-    p.add_argument("--delta", type=float, default=0.1, help="capacity change threshold δ")
+    add_scheduler_arguments(p)  # --scheduler, --k, --alpha, --epsilon, --delta (registry)
     p.add_argument("--of-host", default="127.0.0.1", help="OpenFlow listen address")
     p.add_argument("--of-port", type=int, default=6653, help="OpenFlow listen port")
     p.add_argument("--api", type=parse_addr, default=("127.0.0.1", 6700), help="coflow API")
@@ -153,19 +151,22 @@ def run(args, topology, security) -> None:
     from terra_controller.api_server import ApiHandler, start_api_server
     from terra_controller.controller import Controller, RoundRunner
     from terra_controller.rest import RestApp, start_rest_server
-    from terra_controller.tunnel_table import InstalledPathsPolicy, TunnelTable
+    from terra_controller.tunnel_table import TunnelTable, installed_path_source
     from terra_controller.tunnels import startup_tunnels
-    from terra_core.terra_policy import TerraPolicy
 
-    params = {"k": args.k, "alpha": args.alpha, "epsilon": args.epsilon, "delta": args.delta}
     if args.no_openflow:
         tunnels = TunnelTable(topology, args.k, logical=True)
-        policy = TerraPolicy(topology, **params)
+        options = options_from_args(args)
     else:
         binding = load_switch_binding(topology)
         shared = startup_tunnels(topology, args.k, binding.base_port)  # rules and agents
         tunnels = TunnelTable(topology, args.k, binding.base_port, logical=False, tunnels=shared)
-        policy = InstalledPathsPolicy(topology, tunnels, **params)
+        options = options_from_args(args, installed_path_source(tunnels))
+    try:
+        policy = make_scheduler(args.scheduler, topology, options)
+    except ValueError as exc:
+        raise SystemExit(f"terra-controller: {exc}") from exc
+    LOG.info("scheduler %s (K=%d)", args.scheduler, args.k)
     controller = Controller(
         topology, policy, agent_timeout_s=args.agent_timeout, keep_finished=args.keep_finished,
         keep_finished_s=args.keep_finished_s, max_restarts=args.max_restarts,

@@ -160,7 +160,8 @@ class RestApp:
             return set(self.channel.connections)
 
     def status(self) -> dict:
-        """{"topology", "uptime_s", "openflow", "agents": [...], "coflows": {state: n} (coflows
+        """{"topology", "scheduler" (the policy's registry name), "uptime_s", "openflow",
+        "agents": [...], "coflows": {state: n} (coflows
         in memory), "rejected" / "failed" / "cancelled" (coflows ever), "dropped_finished":
         {final state: finished coflows dropped from memory}, "rounds", "last_round_ms",
         "recent_round_ms" / "recent_allocate_ms" (last 100 rounds:
@@ -173,6 +174,7 @@ class RestApp:
         stats = snap.stats
         return {
             "topology": snap.topology,
+            "scheduler": getattr(c.policy, "name", None),
             "uptime_s": time.time() - c.started_wall,
             "openflow": self.openflow is not None,
             "agents": [
