@@ -204,12 +204,12 @@ class RestApp:
 
     def topology(self) -> dict:
         """{"name", "dcs", "links": [{"src", "dst", "capacity", "state", "allocated",
-        "delivered_bytes"}], "positions": {dc: [x, y]} (only DCs the topology places)}."""
+        "bytes_delivered"}], "positions": {dc: [x, y]} (only DCs the topology places)}."""
         snap = self.controller.snapshot(coflows=False)
         delivered = self.controller.link_delivered()
         links = [
             {"src": u, "dst": v, "capacity": cap, "state": state, "allocated": load,
-             "delivered_bytes": delivered.get((u, v), 0.0)}
+             "bytes_delivered": delivered.get((u, v), 0.0)}
             for u, v, cap, state, load in snap.links
         ]  # fmt: skip
         return {

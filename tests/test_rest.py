@@ -171,13 +171,13 @@ def test_metrics_follow_links_coflow_states_and_admissions(rest):
     gone = controller.submit([{"id": "f", "src": "a1", "dst": "c1", "bytes": 10**6}])
     controller.run_round()
     m = labelled(base)
-    links = {(x["src"], x["dst"]): x for x in get_json(base, "/topology")["links"]}
+    links = {ends(x): x for x in get_json(base, "/topology")["links"]}
     for (a, b), link in links.items():
         key = (("a", a), ("b", b))
-        assert m[("terra_link_capacity_bytes_per_second", key)] == link["capacity"]
-        assert m[("terra_link_allocated_bytes_per_second", key)] == pytest.approx(
-            link["allocated"]
-        )
+        capacity = link.get("capacity_bytes_per_s", link.get("capacity"))
+        allocated = link.get("allocated_bytes_per_s", link.get("allocated"))
+        assert m[("terra_link_capacity_bytes_per_second", key)] == capacity
+        assert m[("terra_link_allocated_bytes_per_second", key)] == pytest.approx(allocated)
         assert m[("terra_link_up", key)] == (1.0 if link["state"] == "up" else 0.0)
     assert m[("terra_link_up", (("a", "A"), ("b", "C")))] == 0.0
     assert m[("terra_link_allocated_bytes_per_second", (("a", "A"), ("b", "B")))] > 0
@@ -208,6 +208,11 @@ def test_metrics_follow_links_coflow_states_and_admissions(rest):
     assert m[("terra_agent_connections", ())] == 0
     # /status counts states without walking the coflows; a walk agrees.
     assert get_json(base, "/status")["coflows"] == states_walked(base) == {"failed": 1}
+
+
+def ends(link: dict) -> tuple[str, str]:
+    """A REST link's (a, b), whether named a/b or src/dst."""
+    return link.get("a", link.get("src")), link.get("b", link.get("dst"))
 
 
 def states_walked(base) -> dict[str, int]:
@@ -295,7 +300,7 @@ def test_rest_public_serves_clients_without_a_certificate(pki):
 def test_recent_coflows_query_and_link_bytes(rest):
     """/coflows?finished=N lists every active coflow and the N that finished last;
     acknowledged bytes are counted on the links of the flow's paths in proportion to the
-    path rates (/topology delivered_bytes, terra_link_delivered_bytes_total)."""
+    path rates (/topology bytes_delivered, terra_link_delivered_bytes_total)."""
     controller, base = rest
     done = []
     for _ in range(3):
@@ -311,12 +316,11 @@ def test_recent_coflows_query_and_link_bytes(rest):
         with pytest.raises(urllib.error.HTTPError) as info:
             get(base, f"/coflows?finished={bad}")
         assert info.value.code == 400
-    rates = {tuple(p["path"]): p["rate"]
+    rates = {tuple(p["path"]): p.get("rate_bytes_per_s", p.get("rate"))
              for p in get_json(base, f"/coflows/{active}")["flowgroups"][0]["paths"]}  # fmt: skip
     total = sum(rates.values())
     controller.progress(active, "f", 10**6)
-    links = {(x["src"], x["dst"]): x["delivered_bytes"] for x in get_json(base, "/topology")
-             ["links"]}  # fmt: skip
+    links = {ends(x): x["bytes_delivered"] for x in get_json(base, "/topology")["links"]}
     expect = {}
     for path, rate in rates.items():
         for link in zip(path[:-1], path[1:], strict=False):

@@ -14,6 +14,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 from web_page import BIG, PageSession, browser_missing  # noqa: E402
 
+
+def ends(link: dict) -> tuple[str, str]:
+    """A REST link's (a, b), whether named a/b or src/dst."""
+    return link.get("a", link.get("src")), link.get("b", link.get("dst"))
+
+
 pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
 
 
@@ -44,20 +50,23 @@ def test_page_shows_what_rest_says(session, tmp_path):
     ctl = session.ctl
     session.wait_updates(2)
     status, topology = ctl.get("/status"), ctl.get("/topology")
+    assert status["coflows"].get("done") == 1
     assert session.driver.find_element("id", "topology-name").text == status["topology"] == "swan"
     # Links: one table row and one SVG line per directed link, one node per DC.
     links = session.rows("links")
     assert len(links) == len(topology["links"]) == 14
     assert session.js("return document.querySelectorAll('#wan line.link').length") == 14
     assert session.js("return document.querySelectorAll('#wan g.node').length") == 5
-    rest_links = {f"{x['src']}>{x['dst']}": x for x in topology["links"]}
+    rest_links = {"{}>{}".format(*ends(x)): x for x in topology["links"]}
     for row in links:
         assert row["data"]["state"] == rest_links[row["data"]["link"]]["state"] == "up"
         assert row["cells"][2] == "2.00 MB/s"  # the operator's capacity, formatted
     # Coflows: the finished one exactly as REST has it; the big one active with its bytes.
     session.wait(
-        lambda: {r["data"]["coflow"] for r in session.rows("coflows")}
-        >= {str(session.small), str(session.big)},
+        lambda: (
+            {r["data"]["coflow"] for r in session.rows("coflows")}
+            >= {str(session.small), str(session.big)}
+        ),
         10,
     )
     rows = {int(r["data"]["coflow"]): r for r in session.rows("coflows")}
@@ -72,9 +81,10 @@ def test_page_shows_what_rest_says(session, tmp_path):
     assert "agents 2/2 connected" in summary and "1 done" in summary
     # Bytes move: the big coflow's measured rate and some link's measured load show up.
     session.wait(
-        lambda: any(
-            r["cells"][4] not in ("–", "0 B/s") for r in session.rows("links")
-        ) and session.rows("coflows")[0]["cells"][3] not in ("–", "0 B/s"),
+        lambda: (
+            any(r["cells"][4] not in ("–", "0 B/s") for r in session.rows("links"))
+            and session.rows("coflows")[0]["cells"][3] not in ("–", "0 B/s")
+        ),
         30,
         "measured rates",
     )
@@ -105,7 +115,7 @@ def test_link_down_through_the_operator_api_shows_down(session, tmp_path):
 
         session.wait(shown_down, 15, "HK-LA down on the page")
         assert {x["state"] for x in session.ctl.get("/topology")["links"]
-                if {x["src"], x["dst"]} == {"HK", "LA"}} == {"down"}  # fmt: skip
+                if set(ends(x)) == {"HK", "LA"}} == {"down"}  # fmt: skip
         # The HK -> LA tunnels: the direct one is down, the others up; the page agrees with
         # /tunnels and highlights the selected pair's links on the graph.
         session.wait_updates(1)

@@ -32,7 +32,7 @@ const linkA = (l) => pick(l, "a", "src");
 const linkB = (l) => pick(l, "b", "dst");
 const linkCap = (l) => pick(l, "capacity_bytes_per_s", "capacity_Bps", "capacity");
 const linkAlloc = (l) => pick(l, "allocated_bytes_per_s", "allocated_Bps", "allocated");
-const linkBytes = (l) => pick(l, "delivered_bytes");
+const linkBytes = (l) => pick(l, "bytes_delivered");
 
 function fmtBytes(x) {
   if (x === null || x === undefined) return "–";
