@@ -3,7 +3,7 @@
     terra-testbed swan [--quick] [--fail-link LA-NY | --no-failure] [--json OUT] [--plots DIR]
         [--link-mbps M] [--workload fb|PATH] [--first I] [--coflows N] [--speedup S]
         [--load L] [--repeats R] [--hosts-per-dc H] [--k K] [--timeout S] [--workdir DIR]
-        [--schedulers terra,varys,rapier]
+        [--schedulers terra,varys,rapier] [--observe]
 
 Defaults (full run, ~1.5 min): the 12-coflow FB burst (mininet_scenarios.workload) on
 10 Mbit/s WAN links at load 2, played at half speed (bytes x 0.04, arrivals x 2), LA-NY
@@ -53,6 +53,7 @@ import tempfile
 from pathlib import Path
 
 from mininet_scenarios import results
+from mininet_scenarios.observe import ObserveError
 from mininet_scenarios.sim_twin import simulate_testbed
 from mininet_scenarios.swan import (
     Failure,
@@ -106,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--hosts-per-dc", type=int, default=1, help="agent hosts per DC (1)")
     s.add_argument("--repeats", type=int, help="Terra + TCP runs, pooled (3; quick: 1)")
     s.add_argument("--k", type=int, default=4, help="tunnels per DC pair (default 4)")
+    s.add_argument(
+        "--observe", action="store_true",
+        help="run Prometheus scraping the controller and every agent with "
+        "deploy/prometheus/terra-rules.yml; report targets, series and alerts",
+    )  # fmt: skip
     s.add_argument(
         "--schedulers", type=parse_schedulers, default=["terra"], metavar="A,B,...",
         help="schedulers to play the workload under, one controller each, comma-separated "
@@ -201,6 +207,7 @@ def options_from_args(args, workdir: Path) -> tuple[TestbedOptions, dict]:
         of_port=args.of_port or free_port(),
         workdir=workdir,
         schedulers=args.schedulers,
+        observe=args.observe,
     )
     return opts, workload
 
@@ -234,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_environment()
         raw = run_swan(opts, log=lambda m: print(m, flush=True))
-    except TestbedError as exc:
+    except (TestbedError, ObserveError) as exc:
         print(f"terra-testbed: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -257,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("foi_avg_cct", "foi_wan_utilization"):
             values = ", ".join(f"{rep[key]:.2f}" for rep in extra["repeats"])
             print(f"{key} per repeat: {values}")
+    if raw.get("observe"):
+        extra["observe"] = raw["observe"]
+        print(results.observe_lines(raw["observe"]))
     if args.json:
         results.write_json(result, args.json, extra)
     if args.plots:

@@ -46,7 +46,9 @@ def cct_stats(cct_s: dict) -> tuple[float, float]:
 
 
 def run_summary(runs: list) -> dict:
-    """{"avg_cct_s", "p95_cct_s", "wan_utilization"} pooled over repeated runs (RunResults).
+    """{"avg_cct_s", "p95_cct_s", "wan_utilization", "wan_utilization_ofctl"} pooled over
+    repeated runs (RunResults); utilization from the OpenFlow port statistics, and from
+    `ovs-ofctl dump-ports` for comparison.
 
     CCT statistics are over every coflow of every run; utilization is the runs' total WAN
     bytes / their total (capacity x busy time), e.g. runs (bytes 10, capacity 10 B/s, busy
@@ -56,8 +58,11 @@ def run_summary(runs: list) -> dict:
     avg, p95 = cct_stats(ccts)
     capacity_time = sum(run.wan_capacity_bps * run.busy_s for run in runs)
     sent = sum(run.wan_bytes_sent for run in runs)
+    sent_ofctl = sum(run.wan_bytes_sent_ofctl for run in runs)
     util = sent / capacity_time if capacity_time > 0 else 0.0
-    return {"avg_cct_s": avg, "p95_cct_s": p95, "wan_utilization": util}
+    util_ofctl = sent_ofctl / capacity_time if capacity_time > 0 else 0.0
+    return {"avg_cct_s": avg, "p95_cct_s": p95, "wan_utilization": util,
+            "wan_utilization_ofctl": util_ofctl}  # fmt: skip
 
 
 def scheduler_names(raw: dict) -> list[str]:
@@ -123,7 +128,8 @@ def table(result: dict) -> str:
     names = [*scheduler_names(result), "per_flow_tcp"]
     heads = {"terra": "Terra", "per_flow_tcp": "per-flow TCP"}
     rows = [("avg CCT (s)", "avg_cct_s", ".2f"), ("p95 CCT (s)", "p95_cct_s", ".2f"),
-            ("WAN utilization", "wan_utilization", ".3f")]  # fmt: skip
+            ("WAN utilization", "wan_utilization", ".3f"),
+            ("  (ovs-ofctl counters)", "wan_utilization_ofctl", ".3f")]  # fmt: skip
     lines = [f"{'':24}" + "".join(f"{heads.get(n, n):>14}" for n in names)]
     for label, key, fmt in rows:
         lines.append(f"{label:24}" + "".join(f"{result[n][key]:>14{fmt}}" for n in names))
@@ -184,6 +190,18 @@ def simulated_table(result: dict, simulated: dict) -> str:
     return "\n".join(lines)
 
 
+def observe_lines(report: dict) -> str:
+    """Lines summarizing what Prometheus saw (mininet_scenarios.observe.Observer.report)."""
+    up = sum(state == "up" for state in report["targets"].values())
+    lines = [f"prometheus: {up} of {len(report['targets'])} targets up at the end"]
+    missing = report["missing"]
+    lines.append("prometheus: every series has data" if not missing
+                 else f"prometheus: no data for {', '.join(missing)}")  # fmt: skip
+    alerts = ", ".join(f"{name} ({'/'.join(states)})" for name, states in report["alerts"].items())
+    lines.append(f"prometheus alerts seen: {alerts or 'none'}")
+    return "\n".join(lines)
+
+
 def write_json(result: dict, path: Path, extra: dict | None = None) -> None:
     """Write the summary (plus `extra` under "details" when given) as JSON to `path`.
 
@@ -234,6 +252,7 @@ def _run_details(run) -> dict:
         "duration_s": run.duration_s,
         "busy_s": run.busy_s,
         "wan_bytes_sent": run.wan_bytes_sent,
+        "wan_bytes_sent_ofctl": run.wan_bytes_sent_ofctl,
         "wan_capacity_bytes_per_s": run.wan_capacity_bps,
         "wan_utilization": run.wan_utilization,
         "failure_down_s": run.failure_down_s,

@@ -22,9 +22,11 @@ One run, everything real:
    Steps 4 and 5 are repeated `repeats` times (the machine is shared and has 2 cores, so
    single runs are noisy; per-flow TCP alternates with the first scheduler's runs);
    results.summary pools the repeats.
-6. Switch port counters (`ovs-ofctl -O OpenFlow13 dump-ports`) before and after each run
-   give the WAN utilization: bytes sent on WAN ports / (sum of link rates x busy time),
-   busy time = the time during which at least one coflow is active (`busy_time`).
+6. Switch port counters before and after each run give the WAN utilization: bytes sent
+   on WAN ports / (sum of link rates x busy time), busy time = the time during which at
+   least one coflow is active (`busy_time`). The counters come from the controller's
+   OpenFlow port statistics (REST /links); `ovs-ofctl -O OpenFlow13 dump-ports` reads
+   them too, for comparison (`wan_utilization_ofctl`).
 
 Everything is torn down in `finally` (also on Ctrl-C / SIGTERM, which the CLI turns into
 KeyboardInterrupt): the process groups started here, then Mininet; `mn -c` only if
@@ -46,6 +48,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mininet_scenarios.observe import AGENT_METRICS_PORT, Observer
 from mininet_scenarios.tcp_baseline import BASELINE_PORT
 from mininet_scenarios.workload import TestbedCoflow
 from terra_agent.sources import SYNTHETIC_PERIOD, SyntheticSource, flow_key
@@ -84,7 +87,9 @@ class RunResult:
     Attributes:
         cct_s: coflow trace id -> CCT (seconds), for completed coflows.
         duration_s: first arrival to last completion (seconds).
-        wan_bytes_sent: bytes sent on WAN switch ports (port counters) during the run.
+        wan_bytes_sent: bytes sent on WAN switch ports during the run, from the controller's
+            OpenFlow port statistics (REST /links).
+        wan_bytes_sent_ofctl: the same from `ovs-ofctl dump-ports` text, for comparison.
         wan_capacity_bps: sum of the directed WAN links' HTB rates (bytes/s).
         bytes_lost: expected bytes not delivered (unfinished flows, short flows).
         digest_mismatches: flows whose received digest differs from the expected one.
@@ -99,6 +104,7 @@ class RunResult:
     arrival_s: dict = field(default_factory=dict)
     duration_s: float = 0.0
     wan_bytes_sent: int = 0
+    wan_bytes_sent_ofctl: int = 0
     wan_capacity_bps: float = 0.0
     bytes_lost: int = 0
     digest_mismatches: int = 0
@@ -126,6 +132,12 @@ class RunResult:
         """
         denom = self.wan_capacity_bps * self.busy_s
         return self.wan_bytes_sent / denom if denom > 0 else 0.0
+
+    @property
+    def wan_utilization_ofctl(self) -> float:
+        """`wan_utilization` from the `ovs-ofctl dump-ports` counters (for comparison)."""
+        denom = self.wan_capacity_bps * self.busy_s
+        return self.wan_bytes_sent_ofctl / denom if denom > 0 else 0.0
 
 
 def busy_time(arrival_s: dict, cct_s: dict) -> float:
@@ -334,6 +346,33 @@ def wait_until(predicate, timeout: float, what: str, poll_s: float = 0.1) -> Non
 _PORT_RE = re.compile(r"port\s+\"?(\w+)\"?:.*?tx pkts=\d+, bytes=(\d+)", re.S)
 
 
+def openflow_tx_bytes(ctl: Controller, timeout: float = 10.0) -> int:
+    """Sum of tx_bytes over every WAN port from the controller's OpenFlow port statistics
+    (REST /links), waiting for samples taken after this call began (the controller polls
+    every switch every --port-stats-s seconds).
+
+    Raises:
+        TestbedError: no fresh sample of every WAN port within `timeout` seconds.
+    """
+    start = time.monotonic()
+    while True:
+        asked = time.monotonic()
+        links = ctl.get("/links")["links"]
+        ages = [row["sampled_s"] for row in links]
+        if all(age is not None and asked - age > start for age in ages):
+            return sum(row["tx_bytes"] for row in links)
+        if asked - start > timeout:
+            raise TestbedError(f"no fresh OpenFlow port statistics within {timeout} s")
+        time.sleep(0.05)
+
+
+def read_wan_bytes(wan, ctl: Controller | None) -> tuple[int, int]:
+    """(bytes sent on WAN ports per OpenFlow port statistics, per `ovs-ofctl dump-ports`);
+    the first is 0 without a controller."""
+    ofctl = wan_tx_bytes(wan.switches, wan.binding, wan.topology)
+    return (openflow_tx_bytes(ctl) if ctl is not None else 0), ofctl
+
+
 def wan_tx_bytes(switches: dict, binding: Binding, topology: Topology) -> int:
     """Sum of tx_bytes over every WAN port of every switch (`ovs-ofctl dump-ports`).
 
@@ -434,7 +473,7 @@ def run_terra(
     result = RunResult(wan_capacity_bps=_wan_capacity(wan))
     client = ctl.client(timeout=30)
     ids: dict[int, TestbedCoflow] = {}
-    tx0 = wan_tx_bytes(wan.switches, wan.binding, wan.topology)
+    tx0, tx0_ofctl = read_wan_bytes(wan, ctl)
     rounds0 = ctl.get("/status")["rounds"]
     t0 = time.monotonic()
     fail = _start_failure(wan, failure, t0, ctl, result)
@@ -461,7 +500,8 @@ def run_terra(
                 raise TestbedError(f"Terra run: coflows not done after {timeout} s")
             _sleep_until_poll_or_arrival(now, t0, pending)
         result.duration_s = last_end - t0
-        result.wan_bytes_sent = wan_tx_bytes(wan.switches, wan.binding, wan.topology) - tx0
+        tx1, tx1_ofctl = read_wan_bytes(wan, ctl)
+        result.wan_bytes_sent, result.wan_bytes_sent_ofctl = tx1 - tx0, tx1_ofctl - tx0_ofctl
         status = ctl.get("/status")
         result.rounds = status["rounds"] - rounds0
         recent = status["recent_round_ms"]
@@ -495,8 +535,10 @@ def run_per_flow_tcp(
     timeout: float,
     workdir: Path,
     procs: Processes,
+    ctl: Controller | None = None,
 ) -> RunResult:
-    """The per-flow TCP baseline (mininet_scenarios.tcp_baseline) on the same WAN.
+    """The per-flow TCP baseline (mininet_scenarios.tcp_baseline) on the same WAN; `ctl`:
+    the controller whose OpenFlow port statistics count the WAN bytes (else ovs-ofctl's).
 
     Raises:
         TestbedError: flows not received within `timeout` s of the last arrival.
@@ -543,7 +585,7 @@ def run_per_flow_tcp(
         wait_until(
             lambda: all(Path(f"{out}.ready").exists() for out in outs.values()), 60, "TCP nodes"
         )
-        tx0 = wan_tx_bytes(wan.switches, wan.binding, wan.topology)
+        tx0, tx0_ofctl = read_wan_bytes(wan, ctl)
         start_wall = time.time() + 0.2
         tmp = workdir / "start.tmp"
         tmp.write_text(repr(start_wall))
@@ -563,7 +605,9 @@ def run_per_flow_tcp(
                     break
                 time.sleep(POLL_S)
             end_mono = time.monotonic()
-            result.wan_bytes_sent = wan_tx_bytes(wan.switches, wan.binding, wan.topology) - tx0
+            tx1, tx1_ofctl = read_wan_bytes(wan, ctl)
+            result.wan_bytes_sent_ofctl = tx1_ofctl - tx0_ofctl
+            result.wan_bytes_sent = tx1 - tx0 if ctl is not None else result.wan_bytes_sent_ofctl
         finally:
             _finish_failure(fail)
     finally:
@@ -636,6 +680,7 @@ class TestbedOptions:
 
     `schedulers`: registry names (terra_core/registry.py) the controller runs, one after
     the other, each `repeats` times on the same WAN; the first is the one the targets judge.
+    `observe`: Prometheus scrapes the controller and every agent (mininet_scenarios.observe).
     """
 
     coflows: list[TestbedCoflow]
@@ -648,6 +693,7 @@ class TestbedOptions:
     of_port: int = 6653
     workdir: Path = Path("/tmp/terra-testbed")
     schedulers: list[str] = field(default_factory=lambda: ["terra"])
+    observe: bool = False
 
 
 def run_swan(opts: TestbedOptions, log=print) -> dict:
@@ -660,7 +706,8 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
          "per_flow_tcp": [RunResult per repeat], "rules_per_switch": {dpid: n} (first
          controller), "flow_mods_after_startup": flow-mods the first controller sent after
          installing the tunnels and before the first link failure (after its first run
-         without a failure), "install_s": seconds from Mininet start to rules installed}.
+         without a failure), "install_s": seconds from Mininet start to rules installed,
+         "observe": observe.Observer.report() with opts.observe}.
 
     Raises:
         TestbedError: bring-up failed or a run did not finish (after teardown).
@@ -676,7 +723,7 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
     topology = load_topology(str(topo_path))
     binding = load_binding(topology)
     check_names_free([f"s{sw.dpid}" for sw in binding.switches.values()] + ["mgmt0"])
-    procs, wan, ctl = Processes(), None, None
+    procs, wan, ctl, observer = Processes(), None, None, None
     raw: dict = {"schedulers": list(opts.schedulers), "per_flow_tcp": []}
     try:
         pki = make_pki(opts.workdir, [host.name for _, host in binding.all_hosts()])
@@ -687,7 +734,11 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
             if wan is None:
                 wan = build_wan(topology, binding, of_port=opts.of_port,
                                 link_mbps=opts.link_mbps, mgmt=True)  # fmt: skip
-            agents = _bring_up(wan, binding, ctl, opts.workdir, procs, log)
+                if opts.observe:
+                    observer = Observer(opts.workdir, pki, OPERATOR_NAME, wan.mgmt_ips)
+            if observer is not None:
+                observer.watch_controller(ctl.rest)
+            agents = _bring_up(wan, binding, ctl, opts.workdir, procs, log, observer)
             if phase == 0:
                 raw["install_s"] = time.monotonic() - t_start
             raw[name], flow_mods_before = _scheduler_runs(
@@ -697,11 +748,15 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
             if phase == 0:
                 raw["rules_per_switch"] = of["rules_per_switch"]
                 raw["flow_mods_after_startup"] = flow_mods_before - of["flow_mods_at_install"]
+            if observer is not None and phase == len(opts.schedulers) - 1:
+                raw["observe"] = observer.report()  # before the last agents stop
             procs.stop([*agents, ctl.proc])
             ctl.close()
             ctl = None
         return raw
     finally:
+        if observer is not None:
+            observer.stop()
         procs.stop_all()
         if ctl is not None:
             ctl.close()
@@ -712,8 +767,10 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
                 cleanup()
 
 
-def _bring_up(wan, binding, ctl: Controller, workdir: Path, procs: Processes, log) -> list:
-    """Wait for the controller's tunnel rules, start the agents, wait until all registered.
+def _bring_up(wan, binding, ctl: Controller, workdir: Path, procs: Processes, log,
+              observer=None) -> list:  # fmt: skip
+    """Wait for the controller's tunnel rules, start the agents (serving /metrics on their
+    management address when observed), wait until all registered.
 
     Returns the agents' Popens. Raises TestbedError on a timeout.
     """
@@ -723,7 +780,8 @@ def _bring_up(wan, binding, ctl: Controller, workdir: Path, procs: Processes, lo
     wait_until(lambda: ctl.get("/tunnels")["switches"].get("installed"), 30, "tunnel rules")
     of = ctl.get("/tunnels")["switches"]
     log(f"{ctl.scheduler}: tunnels installed, {of['flow_mods_at_install']} flow-mods")
-    agents = _start_agents(wan, binding, ctl, MGMT_ROOT_IP, workdir, procs)
+    metrics = wan.mgmt_ips if observer is not None else {}
+    agents = _start_agents(wan, binding, ctl, MGMT_ROOT_IP, workdir, procs, metrics)
     n = len(agents)
     wait_until(lambda: sum(a["connected"] for a in ctl.get("/status")["agents"]) == n, 30,
                "agents")  # fmt: skip
@@ -748,8 +806,9 @@ def _scheduler_runs(wan, ctl: Controller, opts: TestbedOptions, raw: dict, with_
         log(f"[{i + 1}] {ctl.scheduler} done in {run.duration_s:.1f} s")
         if with_tcp:
             tcp = run_per_flow_tcp(
-                wan, opts.coflows, opts.failure, opts.timeout_s, opts.workdir / f"tcp{i}", procs
-            )
+                wan, opts.coflows, opts.failure, opts.timeout_s, opts.workdir / f"tcp{i}", procs,
+                ctl,
+            )  # fmt: skip
             raw["per_flow_tcp"].append(tcp)
             log(f"[{i + 1}] per-flow TCP done in {tcp.duration_s:.1f} s")
     return runs, flow_mods_before
@@ -779,9 +838,14 @@ def check_names_free(bridges: list[str]) -> None:
         )
 
 
-def _start_agents(wan, binding, ctl, mgmt_ip, workdir, procs) -> list[subprocess.Popen]:
+def _start_agents(wan, binding, ctl, mgmt_ip, workdir, procs, metrics: dict | None = None
+                  ) -> list[subprocess.Popen]:  # fmt: skip
+    """Start one terra-agent per host; `metrics`: {host: IP} where an agent serves /metrics."""
     agents = []
     for dc, host in binding.all_hosts():
+        extra = []
+        if metrics and host.name in metrics:
+            extra = ["--metrics", f"{metrics[host.name]}:{AGENT_METRICS_PORT}"]
         agents.append(
             procs.add(
                 wan.hosts[host.name].popen(
@@ -803,8 +867,9 @@ def _start_agents(wan, binding, ctl, mgmt_ip, workdir, procs) -> list[subprocess
                         LOG_LEVEL,
                         "--pki",
                         str(ctl.pki),
+                        *extra,
                     ],
-                    stdout=open(workdir / f"agent_{host.name}.log", "w"),
+                    stdout=open(workdir / f"agent_{host.name}.log", "a"),
                     stderr=subprocess.STDOUT,
                 )  # fmt: skip
             )

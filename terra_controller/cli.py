@@ -39,6 +39,7 @@ import logging
 import os
 import signal
 import sys
+import time
 
 from terra_core.registry import add_scheduler_arguments, make_scheduler, options_from_args
 from topologies import TopologyError, load_topology
@@ -65,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_scheduler_arguments(p)  # --scheduler, --k, --alpha, --epsilon, --delta (registry)
     p.add_argument("--of-host", default="127.0.0.1", help="OpenFlow listen address")
     p.add_argument("--of-port", type=int, default=6653, help="OpenFlow listen port")
+    p.add_argument(
+        "--port-stats-s", type=float, default=1.0, metavar="S",
+        help="poll every switch's port counters every S seconds (REST /links, /metrics); "
+        "0: never (default 1)",
+    )  # fmt: skip
     p.add_argument("--api", type=parse_addr, default=("127.0.0.1", 6700), help="coflow API")
     p.add_argument("--agents", type=parse_addr, default=("127.0.0.1", 6701), help="agent channel")
     p.add_argument("--rest", type=parse_addr, default=("127.0.0.1", 8080), help="REST (HTTP)")
@@ -171,11 +177,14 @@ def run(args, topology, security) -> None:
         topology, policy, agent_timeout_s=args.agent_timeout, keep_finished=args.keep_finished,
         keep_finished_s=args.keep_finished_s, max_restarts=args.max_restarts,
     )  # fmt: skip
-    openflow_info = None
+    openflow_info = ports = None
     threads = []
     if not args.no_openflow:
         app, of_threads = start_openflow_app(args, topology, binding, controller, shared)
         threads += of_threads
+
+        def ports():
+            return app.port_stats.wan_links(time.monotonic())
 
         def openflow_info(detail: bool = True):
             """The OpenFlow app's rules and counters for REST (detail: every rule too)."""
@@ -208,7 +217,7 @@ def run(args, topology, security) -> None:
         _, t_api, api = start_api_server(ApiHandler(controller), *args.api, security)
         _, t_agents, agents = start_agent_server(channel, *args.agents, security)
         _, t_rest, rest = start_rest_server(
-            RestApp(controller, channel, openflow_info), *args.rest, rest_security,
+            RestApp(controller, channel, openflow_info, ports), *args.rest, rest_security,
             args.rest_public,
         )  # fmt: skip
     except OSError as exc:
@@ -284,8 +293,9 @@ def start_openflow_app(args, topology, binding, controller, tunnels):
         controller.set_link_state(change.link[0], change.link[1], change.up)
 
     config = TunnelConfig(
-        topology.copy(), binding, args.k, on_link_change=link_changed, tunnels=tunnels
-    )
+        topology.copy(), binding, args.k, on_link_change=link_changed, tunnels=tunnels,
+        port_stats_s=args.port_stats_s,
+    )  # fmt: skip
     return start_openflow(config, args.of_host, args.of_port)
 
 

@@ -131,6 +131,8 @@ class ControllerCollector:
             connection, or None.
         openflow: callable returning {"rules_per_switch": {dpid: n},
             "flow_mods_per_switch": {dpid: n}, ...} (the OpenFlow app), or None.
+        ports: callable returning {(a, b): port_stats.LinkLoad} (the switches' WAN port
+            counters), or None without switches.
 
     Metrics: see `collect`.
     """
@@ -140,10 +142,12 @@ class ControllerCollector:
         controller,
         connected: Callable[[], int] | None = None,
         openflow: Callable[[], dict] | None = None,
+        ports: Callable[[], dict] | None = None,
     ) -> None:
         self.controller = controller
         self.connected = connected
         self.openflow = openflow
+        self.ports = ports
 
     def describe(self):
         """Nothing: collected at scrape time only (the registry skips description)."""
@@ -156,7 +160,7 @@ class ControllerCollector:
         terra_coflows_active {state}; terra_coflows_in_memory; terra_coflows_dropped_total
         {state}; terra_agents_registered;
         terra_agent_connections; terra_lps_solved_total; terra_switch_rules {dpid};
-        terra_switch_flow_mods_total {dpid}."""
+        terra_switch_flow_mods_total {dpid}; with switches, `port_families`."""
         view = self.controller.metrics_view()
         capacity = GaugeMetricFamily(
             "terra_link_capacity_bytes_per_second", "Capacity of the directed link a->b",
@@ -226,3 +230,35 @@ class ControllerCollector:
             for dpid, n in sorted(info.get("flow_mods_per_switch", {}).items()):
                 mods.add_metric([str(dpid)], n)
             yield mods
+        if self.ports is not None:
+            yield from port_families(self.ports())
+
+
+def port_families(loads: dict):
+    """Per-link families from the switches' WAN port counters ({(a, b): port_stats.LinkLoad}):
+    terra_link_tx_bytes_total, terra_link_tx_dropped_total, terra_link_rx_dropped_total
+    (counters) and terra_link_measured_bytes_per_second (bytes/s between the last two
+    polls), labels a, b, dpid, port."""
+    labels = ["a", "b", "dpid", "port"]
+    tx = CounterMetricFamily(
+        "terra_link_tx_bytes", "Bytes a WAN port sent (OpenFlow)", labels=labels
+    )
+    drops = CounterMetricFamily(
+        "terra_link_tx_dropped", "Packets a WAN port dropped on send (OpenFlow)", labels=labels
+    )
+    rx_drops = CounterMetricFamily(
+        "terra_link_rx_dropped", "Packets a WAN port dropped on receive (OpenFlow)", labels=labels
+    )
+    rate = GaugeMetricFamily(
+        "terra_link_measured_bytes_per_second",
+        "Bytes/s a WAN port sent between the last two port-statistics polls",
+        labels=labels,
+    )
+    for (a, b), m in sorted(loads.items()):
+        key = [a, b, str(m.dpid), str(m.port)]
+        tx.add_metric(key, m.tx_bytes)
+        drops.add_metric(key, m.tx_dropped)
+        rx_drops.add_metric(key, m.rx_dropped)
+        if m.tx_bytes_per_s is not None:
+            rate.add_metric(key, m.tx_bytes_per_s)
+    yield from (tx, drops, rx_drops, rate)

@@ -8,9 +8,12 @@ Routes (GET only; docs/design.md section 6, issue 4 item 5):
     /static/NAME     the page's script and style sheet (package files, nothing fetched
                      from elsewhere)
     /status          controller: topology name, uptime, agents, coflows per state, rounds
-    /topology        links with capacity (bytes/s), state (up/down), allocated rate (bytes/s),
-                     bytes acknowledged across the link; DC positions ([x, y], from the
-                     topology file's "positions", e.g. longitude/latitude) when known
+    /topology        links with capacity (bytes/s), state (up/down), allocated rate (bytes/s);
+                     DC positions ([x, y], from the topology file's "positions", e.g.
+                     longitude/latitude) when known
+    /links           directed links a -> b: capacity, state, allocated rate, bytes the
+                     receivers acknowledged across the link and, with switches, the port
+                     counters (bytes, drops, measured bytes/s)
     /tunnels         tunnels (id, DC pair, path, up) and, with switches, the rules of every
                      switch (by DPID) and their counts, flow-mods sent
     /coflows         every coflow in memory: id, state, bytes total/delivered, CCT;
@@ -72,16 +75,22 @@ class RestApp:
         openflow: callable (detail: bool = True) returning {"rules_per_switch": {dpid: n},
             "flow_mods": n, "flow_mods_per_switch": {dpid: n}, "rules": {...} (empty
             without detail)} from the OpenFlow app, or None without switches.
+        ports: callable returning {(a, b): port_stats.LinkLoad} (the switches' WAN port
+            counters), or None without switches.
 
     Attributes:
         metrics: the controller's CollectorRegistry (`Controller.metrics`), with a
             ControllerCollector reading this app's controller, channel and switches.
     """
 
-    def __init__(self, controller: Controller, channel=None, openflow: Callable | None = None):
+    def __init__(
+        self, controller: Controller, channel=None, openflow: Callable | None = None,
+        ports: Callable | None = None,
+    ):  # fmt: skip
         self.controller = controller
         self.channel = channel
         self.openflow = openflow
+        self.ports = ports
         self.web: dict[str, bytes] = {}  # WEB_FILES' contents, read once
         self.metrics = controller.metrics.registry
         self.metrics.register(
@@ -89,6 +98,7 @@ class RestApp:
                 controller,
                 connected=lambda: len(self.connected_agents()),
                 openflow=None if openflow is None else lambda: openflow(detail=False),
+                ports=ports,
             )
         )
 
@@ -138,6 +148,7 @@ class RestApp:
         views = {
             "/status": self.status,
             "/topology": self.topology,
+            "/links": self.links,
             "/tunnels": self.tunnels,
             "/coflows": self.coflows,
         }
@@ -203,21 +214,43 @@ class RestApp:
             return [r.to_json() for r in self.channel.reactions]
 
     def topology(self) -> dict:
-        """{"name", "dcs", "links": [{"src", "dst", "capacity", "state", "allocated",
-        "bytes_delivered"}], "positions": {dc: [x, y]} (only DCs the topology places)}."""
+        """{"name", "dcs", "links": [{"src", "dst", "capacity", "state", "allocated"}],
+        "positions": {dc: [x, y]} (only DCs the topology places)}."""
         snap = self.controller.snapshot(coflows=False)
-        delivered = self.controller.link_delivered()
         links = [
-            {"src": u, "dst": v, "capacity": cap, "state": state, "allocated": load,
-             "bytes_delivered": delivered.get((u, v), 0.0)}
+            {"src": u, "dst": v, "capacity": cap, "state": state, "allocated": load}
             for u, v, cap, state, load in snap.links
-        ]  # fmt: skip
+        ]
         return {
             "name": snap.topology,
             "dcs": list(snap.dcs),
             "links": links,
             "positions": positions(self.controller.topology.attrs.get("positions"), snap.dcs),
         }
+
+    def links(self) -> dict:
+        """Every directed WAN link with its allocation and, with switches, what its sending
+        port counted (OpenFlow port statistics, port_stats.py):
+        {"links": [{"a", "b", "state", "capacity_bytes_per_s", "allocated_bytes_per_s",
+        "measured_bytes_per_s" (rate between the last two polls), "tx_bytes", "tx_packets",
+        "tx_dropped", "rx_bytes", "rx_dropped", "dpid", "port", "sampled_s" (age of the
+        sample), "bytes_delivered" (bytes the receivers acknowledged that crossed the link,
+        split over each flow's paths by rate; Controller.link_bytes)}]}; the measured fields
+        are null without switches or before a poll."""
+        snap = self.controller.snapshot(coflows=False)
+        measured = self.ports() if self.ports is not None else {}
+        delivered = self.controller.link_delivered()
+        out = []
+        for a, b, cap, state, load in snap.links:
+            row = {"a": a, "b": b, "state": state, "capacity_bytes_per_s": cap,
+                   "allocated_bytes_per_s": load,
+                   "bytes_delivered": delivered.get((a, b), 0.0)}  # fmt: skip
+            m = measured.get((a, b))
+            for key in _MEASURED:
+                row[key] = None if m is None else getattr(m, key)
+            row["measured_bytes_per_s"] = None if m is None else m.tx_bytes_per_s
+            out.append(row)
+        return {"links": out}
 
     def tunnels(self) -> dict:
         """{"tunnels": [{"tunnel", "src", "dst", "index", "path", "up"}], "switches": {...}}."""
@@ -265,6 +298,10 @@ def positions(value: object, dcs) -> dict[str, list[float]]:
 def _policy_lps(controller: Controller) -> int:
     stats = getattr(controller.policy, "stats", None)
     return int(stats.get("lps", 0)) if isinstance(stats, dict) else 0
+
+
+_MEASURED = ("tx_bytes", "tx_packets", "tx_dropped", "rx_bytes", "rx_dropped", "dpid", "port",
+             "sampled_s")  # fmt: skip
 
 
 def _reply(start_response, code: int, body, headers: list | None = None) -> list[bytes]:

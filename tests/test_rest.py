@@ -300,7 +300,7 @@ def test_rest_public_serves_clients_without_a_certificate(pki):
 def test_recent_coflows_query_and_link_bytes(rest):
     """/coflows?finished=N lists every active coflow and the N that finished last;
     acknowledged bytes are counted on the links of the flow's paths in proportion to the
-    path rates (/topology bytes_delivered, terra_link_delivered_bytes_total)."""
+    path rates (/links bytes_delivered, terra_link_delivered_bytes_total)."""
     controller, base = rest
     done = []
     for _ in range(3):
@@ -320,7 +320,7 @@ def test_recent_coflows_query_and_link_bytes(rest):
              for p in get_json(base, f"/coflows/{active}")["flowgroups"][0]["paths"]}  # fmt: skip
     total = sum(rates.values())
     controller.progress(active, "f", 10**6)
-    links = {ends(x): x["bytes_delivered"] for x in get_json(base, "/topology")["links"]}
+    links = {ends(x): x["bytes_delivered"] for x in get_json(base, "/links")["links"]}
     expect = {}
     for path, rate in rates.items():
         for link in zip(path[:-1], path[1:], strict=False):

@@ -154,7 +154,7 @@ def test_summary_foi_and_percentiles():
     assert set(out) == SUMMARY_KEYS
     # Terra: avg (1 + 3) / 2 = 2; p95 = 1 + 0.95 * (3 - 1) = 2.9.
     assert out["terra"] == pytest.approx(
-        {"avg_cct_s": 2.0, "p95_cct_s": 2.9, "wan_utilization": 0.5}
+        {"avg_cct_s": 2.0, "p95_cct_s": 2.9, "wan_utilization": 0.5, "wan_utilization_ofctl": 0.0}
     )
     # TCP: avg (2 + 6) / 2 = 4. FoI: 4 / 2 = 2 and 0.5 / 0.2 = 2.5.
     assert out["foi_avg_cct"] == pytest.approx(2.0)
@@ -350,6 +350,12 @@ def test_quick_testbed_run_meets_the_correctness_targets_and_cleans_up(ovs, tmp_
     # FoIs are performance figures (noisy on a shared 2-core machine): only their presence is
     # checked here; `terra-testbed swan` (full run) reports them against the targets.
     assert result["foi_avg_cct"] > 0 and result["foi_wan_utilization"] > 0
+    # WAN bytes come from the controller's OpenFlow port statistics; ovs-ofctl reads the
+    # same counters: both count the same bytes (within 2 %, the polls' timing aside).
+    for system in ("terra", "per_flow_tcp"):
+        run = details[system]
+        assert run["wan_bytes_sent"] > 0
+        assert run["wan_bytes_sent"] == pytest.approx(run["wan_bytes_sent_ofctl"], rel=0.02)
     assert (tmp_path / "plots" / "throughput.png").exists()
     assert not (_bridges() & OUR_BRIDGES)
     assert _processes_mentioning(str(work)) == []

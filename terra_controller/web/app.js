@@ -1,8 +1,9 @@
 // The operator page of the Terra controller (served at / of the REST address).
 //
-// Every POLL_MS it reads the controller's REST JSON (/status, /topology, /tunnels,
+// Every POLL_MS it reads the controller's REST JSON (/status, /topology, /links, /tunnels,
 // /coflows?finished=N) from the same origin and redraws: the WAN graph (SVG), the link
-// table (allocated rate of the last round vs the rate measured from acknowledged bytes),
+// table (allocated rate of the last round vs the rates measured from the receivers'
+// acknowledged bytes and, with switches, from the ports' counters),
 // the tunnels of the selected DC pair, the round-time history and the coflow table.
 // Text from the controller (ids, reasons) is only ever set as textContent.
 "use strict";
@@ -133,7 +134,7 @@ function drawWan(topo) {
       "stroke-width": 2 + 8 * Math.min(1, alloc / cap), "data-link": k, "data-state": l.state,
     });
     line.appendChild(svg("title", {}, `${a} → ${b}: ${l.state}, allocated ${fmtRate(alloc)} of ` +
-      `${fmtRate(cap)}, measured ${fmtRate(state.measured[k])}`));
+      `${fmtRate(cap)}, acknowledged ${fmtRate(state.measured[k])}`));
     items.push(line);
     if (alloc > 0) {
       const mx = x1 + (x2 - x1) * 0.35 + ox * 3, my = y1 + (y2 - y1) * 0.35 + oy * 3;
@@ -167,6 +168,7 @@ function drawLinks(topo, now) {
       { text: fmtRate(cap), cls: "num" },
       { text: fmtRate(alloc), cls: "num" },
       { text: fmtRate(state.measured[k]), cls: "num" },
+      { text: fmtRate(pick(l, "measured_bytes_per_s")), cls: "num" },
       { text: cap ? ((100 * alloc) / cap).toFixed(1) + " %" : "–", cls: "num" },
     ], { "data-link": k, "data-state": l.state, class: l.state });
   });
@@ -259,11 +261,12 @@ async function poll() {
   polling = true;
   const conn = document.getElementById("conn");
   try {
-    const [status, topo, tunnels, coflows] = await Promise.all([
-      getJson("/status"), getJson("/topology"), getJson("/tunnels"),
+    const [status, topology, links, tunnels, coflows] = await Promise.all([
+      getJson("/status"), getJson("/topology"), getJson("/links"), getJson("/tunnels"),
       getJson("/coflows?finished=" + FINISHED_ROWS),
     ]);
     const now = performance.now() / 1000;
+    const topo = { dcs: topology.dcs, positions: topology.positions, links: links.links };
     state.topology = topo;
     state.tunnels = tunnels.tunnels || [];
     fillSelect("tunnel-src", topo.dcs, topo.dcs[0]);
