@@ -356,3 +356,16 @@ def test_positions_keep_only_two_finite_numbers_per_known_dc():
 
     swan = load_topology("swan")
     assert set(positions(swan.attrs["positions"], swan.dcs)) == set(swan.dcs)
+
+
+def test_metrics_export_every_controller_series_the_rules_read(rest):
+    """deploy/prometheus/terra-rules.yml and the testbed's observer (mininet_scenarios/
+    observe.py) read these series; all but the port counters (switches only) are here."""
+    from mininet_scenarios.observe import CONTROLLER_SERIES
+
+    controller, base = rest
+    controller.submit([{"id": "f", "src": "a1", "dst": "b1", "bytes": 10**6}])
+    controller.run_round()
+    names = {name for name, _ in labelled(base)}
+    wanted = set(CONTROLLER_SERIES) - {"terra_link_measured_bytes_per_second"}
+    assert wanted <= names, wanted - names
