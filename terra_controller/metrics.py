@@ -7,7 +7,7 @@ controllers in one process) holding
 - objects updated at the event, where the event happens: the round's and the
   policy's durations and every LP solve (histograms, seconds), admissions,
   rejections, finished coflows by final state, flow restarts, bytes acknowledged,
-  agent registrations (counters);
+  agent registrations (counters), WAN reaction times (histogram, seconds);
 - `ControllerCollector`, which reads what lives in the controller at scrape time:
   per-link capacity, allocated rate and state (labels `a`, `b`: the directed link
   a->b), active coflows by state, registered and connected agents, and per-DPID
@@ -68,6 +68,8 @@ class ControllerMetrics:
             acknowledged; a flow restarted from byte 0 counts its bytes again).
         registrations: Counter terra_agent_registrations_total (successful "register"
             messages, reconnections included).
+        reaction: Histogram terra_wan_reaction_seconds (a WAN event to the last agent's
+            acknowledgement of its new rates; reaction.Reaction).
     """
 
     def __init__(self) -> None:
@@ -115,6 +117,13 @@ class ControllerMetrics:
             "terra_agent_registrations",
             "Agent registrations on the control channel (reconnections included)",
             registry=reg,
+        )  # fmt: skip
+
+        self.reaction = Histogram(
+            "terra_wan_reaction_seconds",
+            "From a WAN event (link down/up, capacity change) until every agent that got "
+            "new rates acknowledged them",
+            buckets=ROUND_BUCKETS, registry=reg,
         )  # fmt: skip
 
     def render(self) -> bytes:
