@@ -8,7 +8,7 @@ la1 in LA), and Debian's chromium driven by Selenium through the system chromedr
 replays the same scenario and saves the screenshots to docs/img/:
 
     1. every SWAN link capped at 2 MB/s (operator API "capacity"), a 200 kB coflow that
-       finishes and a 200 MB coflow that keeps running, the page open;
+       finishes and a 400 MB coflow that keeps running, the page open;
     2. link HK-LA set down (operator API "link_state"), tunnels HK -> LA selected.
 
 Run: uv run python benchmarks/web_page.py [--out docs/img]
@@ -34,7 +34,7 @@ SWAN_LINKS = [("HK", "LA"), ("HK", "NY"), ("LA", "NY"), ("LA", "FL"), ("NY", "FL
               ("NY", "BA"), ("FL", "BA")]  # fmt: skip
 AGENTS = [("hk1", "HK", "127.0.0.1"), ("la1", "LA", "127.0.0.1")]
 LINK_CAP = 2e6  # bytes/s on every link while the page is looked at
-SMALL, BIG = 200_000, 200_000_000  # bytes
+SMALL, BIG = 200_000, 400_000_000  # bytes (BIG runs > 100 s at the capped rates)
 
 
 def browser_missing() -> str | None:
