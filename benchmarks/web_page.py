@@ -19,14 +19,11 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from loopback_system import ControllerProcess, start_agents, stop_all  # noqa: E402
+from terra_controller.loopback_system import ControllerProcess, start_agents, stop_all
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

@@ -1,6 +1,6 @@
 """Read-only REST for operators: JSON views of the controller and Prometheus metrics.
 
-Routes (GET only; docs/design.md section 6, issue 4 item 5):
+Routes (GET only; docs/design.md section 6; docs/operations.md lists every field and its unit):
 
     /                the operator's web page (terra_controller/web/: the WAN graph, link
                      states and loads, tunnels of a DC pair, coflows, round times; it polls
@@ -8,12 +8,12 @@ Routes (GET only; docs/design.md section 6, issue 4 item 5):
     /static/NAME     the page's script and style sheet (package files, nothing fetched
                      from elsewhere)
     /status          controller: topology name, uptime, agents, coflows per state, rounds
-    /topology        links with capacity (bytes/s), state (up/down), allocated rate (bytes/s);
-                     DC positions ([x, y], from the topology file's "positions", e.g.
-                     longitude/latitude) when known
-    /links           directed links a -> b: capacity, state, allocated rate, bytes the
-                     receivers acknowledged across the link and, with switches, the port
-                     counters (bytes, drops, measured bytes/s)
+    /topology        the topology's name, DCs and links (as /links); DC positions ([x, y],
+                     from the topology file's "positions", e.g. longitude/latitude) when known
+    /links           directed links a -> b: capacity (bytes/s and Gbit/s), state (up/down),
+                     allocated rate (bytes/s), bytes the receivers acknowledged across the
+                     link and, with switches, the sending port's counters and measured rate
+                     (bytes/s)
     /tunnels         tunnels (id, DC pair, path, up) and, with switches, the rules of every
                      switch (by DPID) and their counts, flow-mods sent
     /coflows         every coflow in memory: id, state, bytes total/delivered, CCT;
@@ -214,43 +214,44 @@ class RestApp:
             return [r.to_json() for r in self.channel.reactions]
 
     def topology(self) -> dict:
-        """{"name", "dcs", "links": [{"src", "dst", "capacity", "state", "allocated"}],
-        "positions": {dc: [x, y]} (only DCs the topology places)}."""
+        """{"name", "dcs", "links": the rows of `links()`, "positions": {dc: [x, y]} (only
+        DCs the topology file places)}."""
         snap = self.controller.snapshot(coflows=False)
-        links = [
-            {"src": u, "dst": v, "capacity": cap, "state": state, "allocated": load}
-            for u, v, cap, state, load in snap.links
-        ]
         return {
             "name": snap.topology,
             "dcs": list(snap.dcs),
-            "links": links,
+            "links": self._link_rows(snap),
             "positions": positions(self.controller.topology.attrs.get("positions"), snap.dcs),
         }
 
     def links(self) -> dict:
         """Every directed WAN link with its allocation and, with switches, what its sending
         port counted (OpenFlow port statistics, port_stats.py):
-        {"links": [{"a", "b", "state", "capacity_bytes_per_s", "allocated_bytes_per_s",
+        {"links": [{"a", "b", "state", "capacity_bytes_per_s", "capacity_gbps",
+        "allocated_bytes_per_s", "bytes_delivered" (bytes the receivers acknowledged that
+        crossed the link, split over each flow's paths by rate; Controller.link_bytes),
         "measured_bytes_per_s" (rate between the last two polls), "tx_bytes", "tx_packets",
         "tx_dropped", "rx_bytes", "rx_dropped", "dpid", "port", "sampled_s" (age of the
-        sample), "bytes_delivered" (bytes the receivers acknowledged that crossed the link,
-        split over each flow's paths by rate; Controller.link_bytes)}]}; the measured fields
-        are null without switches or before a poll."""
-        snap = self.controller.snapshot(coflows=False)
+        sample)}]}, one row per direction a -> b ("a" and "b" as the topology file names the
+        ends; capacity_gbps = capacity_bytes_per_s * 8 / 1e9); the measured fields are null
+        without switches or before a poll."""
+        return {"links": self._link_rows(self.controller.snapshot(coflows=False))}
+
+    def _link_rows(self, snap) -> list[dict]:
+        """The rows of `links()` for a Snapshot."""
         measured = self.ports() if self.ports is not None else {}
         delivered = self.controller.link_delivered()
         out = []
         for a, b, cap, state, load in snap.links:
             row = {"a": a, "b": b, "state": state, "capacity_bytes_per_s": cap,
-                   "allocated_bytes_per_s": load,
+                   "capacity_gbps": cap * 8 / 1e9, "allocated_bytes_per_s": load,
                    "bytes_delivered": delivered.get((a, b), 0.0)}  # fmt: skip
             m = measured.get((a, b))
             for key in _MEASURED:
                 row[key] = None if m is None else getattr(m, key)
             row["measured_bytes_per_s"] = None if m is None else m.tx_bytes_per_s
             out.append(row)
-        return {"links": out}
+        return out
 
     def tunnels(self) -> dict:
         """{"tunnels": [{"tunnel", "src", "dst", "index", "path", "up"}], "switches": {...}}."""
@@ -265,8 +266,8 @@ class RestApp:
         return list(self.controller.snapshot().coflows)
 
     def coflow(self, coflow_id: int) -> dict:
-        """checkStatus's map plus "flowgroups": [{"src_dc", "dst_dc", "remaining",
-        "paths": [{"path", "rate"}]}].
+        """checkStatus's map plus "flowgroups": [{"src_dc", "dst_dc", "bytes_remaining",
+        "paths": [{"path", "rate_bytes_per_s"}]}].
 
         Raises:
             RegistryError: unknown coflow (answered 404).

@@ -4,15 +4,11 @@ and two coflows (benchmarks/web_page.py). The page's tables and SVG are compared
 REST JSON read over CA-verified TLS; a link set down through the operator API shows down.
 Skips only when Debian's chromium / chromium-driver are not installed."""
 
-import sys
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-
-from web_page import BIG, PageSession, browser_missing  # noqa: E402
+from benchmarks.web_page import BIG, PageSession, browser_missing
 
 
 def ends(link: dict) -> tuple[str, str]:
