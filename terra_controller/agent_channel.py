@@ -203,6 +203,7 @@ class AgentChannel:
                     reaction.pending.discard(msg_id)
                     if not reaction.pending:
                         reaction.applied_at = now
+                        self.controller.metrics.reaction.observe(now - reaction.event_at)
             self.ack_event.notify_all()
             after = self.after_ack.pop(msg_id, None)
         if after is not None:
@@ -321,6 +322,7 @@ class AgentChannel:
             except RegistryError as exc:
                 LOG.info("agent %s: inflight report: %s", info.id, exc)
         LOG.info("agent %s registered in %s at %s", info.id, info.dc, info.data_addr)
+        self.controller.metrics.registrations.inc()
         conn.send({"t": "registered", "agent": info.id})
         self.apply_inflight()
         self.push_tunnels()
@@ -543,6 +545,9 @@ class AgentChannel:
                 reaction.pending -= set(self.acks)  # acks that raced ahead
                 if not reaction.pending:
                     reaction.applied_at = time.monotonic()
+                    self.controller.metrics.reaction.observe(
+                        reaction.applied_at - reaction.event_at
+                    )
                 self.reactions.append(reaction)
                 self.reaction_count += 1
         return sent

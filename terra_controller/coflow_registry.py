@@ -263,6 +263,8 @@ class CoflowRegistry:
         agents: {agent id: AgentInfo}. coflows: {coflow id: CoflowState}, active and
             finished ones still kept. finished: ids of finished coflows, oldest end first.
         dropped: {final state value: finished coflows dropped by prune_finished}.
+        kept: {final state value: finished coflows still in memory} (state counts without
+            walking `coflows`).
     """
 
     def __init__(self, dcs: list[str]) -> None:
@@ -276,6 +278,7 @@ class CoflowRegistry:
         self._open: dict[int, CoflowState] = {}  # coflows not in a final state
         self.finished: OrderedDict[int, None] = OrderedDict()
         self.dropped: dict[str, int] = {s.value: 0 for s in FINAL_STATES}
+        self.kept: dict[str, int] = {s.value: 0 for s in FINAL_STATES}
 
     # ---- agents -------------------------------------------------------------------------
 
@@ -572,6 +575,7 @@ class CoflowRegistry:
         coflow.ended_s = now
         self._open.pop(coflow.id, None)
         self.finished[coflow.id] = None
+        self.kept[coflow.state.value] = self.kept.get(coflow.state.value, 0) + 1
 
     def prune_finished(
         self, now: float, keep: int | None, keep_s: float | None = None
@@ -606,7 +610,16 @@ class CoflowRegistry:
             del self.coflows[cid]
             self._left.pop(cid, None)
             self.dropped[coflow.state.value] = self.dropped.get(coflow.state.value, 0) + 1
+            self.kept[coflow.state.value] -= 1
             out.append(coflow)
+        return out
+
+    def state_counts(self) -> dict[str, int]:
+        """{state value: coflows in memory in that state} (states with none left out);
+        O(active coflows)."""
+        out = {k: n for k, n in self.kept.items() if n}
+        for coflow in self._open.values():
+            out[coflow.state.value] = out.get(coflow.state.value, 0) + 1
         return out
 
     def active(self) -> list[CoflowState]:
