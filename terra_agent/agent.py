@@ -185,6 +185,10 @@ class Agent:
         self.closed_connections = 0
         self.unauthenticated = 0
         self.rejected_chunks = 0
+        self.rejected_macs = 0  # of flows no longer in in_flows (metrics.py adds the live ones)
+        self.rejected_ahead = 0
+        self.received_bytes = 0
+        self.control_connects = 0
         self.reorder_budget = MemoryBudget(config.memory_limit)
         self.pending = PendingChunks(config.pending_limit)
         self.payload_buffers = PayloadBuffers(MAX_PAYLOAD_BYTES, PAYLOAD_BUFFERS)
@@ -251,6 +255,7 @@ class Agent:
 
     async def _control_connection(self, host: str, port: int) -> None:
         tcp = await trio.open_tcp_stream(host, port)
+        self.control_connects += 1
         detect_dead_peers(tcp)
         stream: trio.abc.Stream = tcp
         if self.config.tls is not None:
@@ -497,6 +502,8 @@ class Agent:
                     group.remove_flow(out)
             inflow = self.in_flows.pop(key, None)
             if inflow is not None:
+                self.rejected_macs += inflow.rejected_macs
+                self.rejected_ahead += inflow.rejected_ahead
                 attempt = max(attempt, inflow.spec.attempt)
                 inflow.abort(f"flow {coflow}/{fid}: dropped by the controller")
             self.refused.pop(key, None)
@@ -711,6 +718,7 @@ class Agent:
             raise ProtocolError(f"unexpected {header['t']!r} frame on a receiving connection")
         key = (header["c"], header["f"])
         attempt = header.get("a", 0)
+        self.received_bytes += len(payload)
         flow = self.in_flows.get(key)
         if flow is None:
             reason = self.refused.get(key)
