@@ -192,16 +192,23 @@ class _CutSums:
         """
         self.dcs = list(topology.dcs)
         index = {dc: i for i, dc in enumerate(self.dcs)}
-        rows: list[tuple[int, int, int, float]] = []
+        columns: list[tuple[np.ndarray, ...]] = []  # per coflow: (coflow, src, dst, bytes)
         for j, c in enumerate(wan):
-            for (src, dst), nbytes in c.flowgroups().items():
-                if src not in index or dst not in index:
-                    raise ValueError(f"coflow {c.id}: DC pair {src}->{dst} not in {topology.name}")
-                rows.append((j, index[src], index[dst], nbytes))
-        group = np.array([r[0] for r in rows], dtype=np.int64)
-        src = np.array([r[1] for r in rows], dtype=np.int64)
-        dst = np.array([r[2] for r in rows], dtype=np.int64)
-        nbytes = np.array([r[3] for r in rows], dtype=float)
+            groups = c.flowgroups()
+            unknown = [pair for pair in groups if pair[0] not in index or pair[1] not in index]
+            if unknown:
+                src, dst = unknown[0]
+                raise ValueError(f"coflow {c.id}: DC pair {src}->{dst} not in {topology.name}")
+            n = len(groups)
+            columns.append(
+                (
+                    np.full(n, j, dtype=np.int64),
+                    np.fromiter((index[a] for a, _ in groups), dtype=np.int64, count=n),
+                    np.fromiter((index[b] for _, b in groups), dtype=np.int64, count=n),
+                    np.fromiter(groups.values(), dtype=float, count=n),
+                )
+            )
+        group, src, dst, nbytes = (np.concatenate(col) for col in zip(*columns, strict=True))
         self.coflows = len(wan)
         self.release = [c.arrival_s for c in wan]
         self.group, self.src, self.dst, self.bytes = group, src, dst, nbytes
