@@ -180,15 +180,20 @@ def _sequential(active, others, paths, capacity, r, hints, memo, rates, result) 
     """
     hints = hints or {}
     heap = []
+    pair_flow: dict[Pair, float] = {}
     for pos, cid in enumerate(others):
-        key, exact = hints.get(cid) or (_quick_bound(active[cid], paths, capacity), False)
+        key, exact = hints.get(cid) or (
+            _quick_bound(active[cid], paths, capacity, pair_flow),
+            False,
+        )
         heap.append((key, pos, cid, exact))
     heapq.heapify(heap)
     scheduled: list[str] = []
     preempted: list[str] = []
+    full = _full_links(r, capacity)
     while heap:
         key, pos, cid, exact = heapq.heappop(heap)
-        if not _all_reachable(active[cid], paths, r, capacity):
+        if not _all_reachable(active[cid], paths, full):
             result.state[cid] = PREEMPTED
         elif not exact:
             res = _solve(active[cid], paths, capacity, result, rates_needed=False)
@@ -200,6 +205,7 @@ def _sequential(active, others, paths, capacity, r, hints, memo, rates, result) 
             result.state[cid] = PREEMPTED if math.isinf(res.gamma_s) else SCHEDULED
             if result.state[cid] == SCHEDULED:
                 _take(rates, cid, res.rates, r, 1.0)
+                _mark_full(full, _links_in(res.rates), r, capacity)
         result.order.append(cid)
         result.gammas[cid] = key
         (scheduled if result.state[cid] == SCHEDULED else preempted).append(cid)
@@ -234,11 +240,20 @@ def _min_cct_on_r(cid, volumes, paths, r, memo, result) -> MinCct:
     return res
 
 
-def _quick_bound(volumes, paths, capacity) -> float:
-    """Γ >= max_k d_k / Σ_{p ∈ P_k} min_{e ∈ p} c_e (each FlowGroup alone, paths unshared)."""
+def _quick_bound(volumes, paths, capacity, pair_flow: dict | None = None) -> float:
+    """Γ >= max_k d_k / Σ_{p ∈ P_k} min_{e ∈ p} c_e (each FlowGroup alone, paths unshared).
+
+    `pair_flow` ({pair: Σ_p bottleneck(p) in bytes/s}) caches the denominators
+    across the coflows of one round (they depend only on the pair and `capacity`).
+    """
+    pair_flow = {} if pair_flow is None else pair_flow
     bound = 0.0
     for pair, d in volumes.items():
-        flow = sum(min(capacity.get(e, 0.0) for e in links_of(p)) for p in paths[pair])
+        flow = pair_flow.get(pair)
+        if flow is None:
+            flow = pair_flow[pair] = sum(
+                min(capacity.get(e, 0.0) for e in links_of(p)) for p in paths[pair]
+            )
         bound = max(bound, d / flow if flow > 0 else math.inf)
     return bound
 
@@ -291,13 +306,35 @@ def _solve(volumes, paths, capacity, result: RoundResult, rates_needed: bool = T
     return res
 
 
-def _all_reachable(volumes, paths, r, capacity) -> bool:
-    """Every FlowGroup has a path whose links all have more than _FULL of capacity left."""
-    open_links = _open_links(r, capacity)
+def _all_reachable(volumes, paths, full: set[Link]) -> bool:
+    """Every FlowGroup has a path that crosses no link of `full` (see `_full_links`)."""
+    isdisjoint = full.isdisjoint
     for pair in volumes:
-        if not any(open_links.issuperset(links_of(p)) for p in paths[pair]):
+        if not any(isdisjoint(links_of(p)) for p in paths[pair]):
             return False
     return True
+
+
+def _full_links(avail: dict[Link, float], capacity: dict[Link, float]) -> set[Link]:
+    """The links of `avail` with at most _FULL of their capacity left (the complement
+    of `_open_links` within `avail`). Paths must cross only links of `avail`.
+    """
+    get = capacity.get
+    return {link for link, a in avail.items() if not a > _FULL * get(link, 0.0)}
+
+
+def _mark_full(full: set[Link], links, avail: dict[Link, float], capacity) -> None:
+    """Add to `full` those of `links` that `avail` now leaves full (avail only shrinks,
+    so a full link stays full: the set is kept by checking only the links just used)."""
+    get = capacity.get
+    for link in links:
+        if not avail[link] > _FULL * get(link, 0.0):
+            full.add(link)
+
+
+def _links_in(pair_rates: PairRates) -> set[Link]:
+    """The links crossed by the paths of `pair_rates` ({pair: [(path, bytes/s)]})."""
+    return {link for lst in pair_rates.values() for path, _ in lst for link in links_of(path)}
 
 
 def _open_links(avail: dict[Link, float], capacity: dict[Link, float]) -> set[Link]:
@@ -391,8 +428,9 @@ def _fair_share(weights, paths, avail, capacity, result: RoundResult, priority=N
         for pair in weights:
             classes.setdefault(priority.get(pair, 0), []).append(pair)
         out: PairRates = {}
+        full = _full_links(avail, capacity)
         for cls in sorted(classes):
-            out.update(_waterfill_pairs(classes[cls], weights, paths, avail, capacity))
+            out.update(_waterfill_pairs(classes[cls], weights, paths, avail, capacity, full))
         return out
     open_links = _open_links(avail, capacity)
     usable = {
@@ -410,26 +448,31 @@ def _fair_share(weights, paths, avail, capacity, result: RoundResult, priority=N
     return out
 
 
-def _waterfill_pairs(pairs, weights, paths, avail, capacity) -> PairRates:
+def _waterfill_pairs(pairs, weights, paths, avail, capacity, full: set[Link]) -> PairRates:
     """Water-filling of `pairs` on `avail`, which shrinks by the result (in place):
     shortest paths first. Round j fills every pair's j-th path (paths come fewest hops
     first) max-min fair weighted like its pair, on what rounds 0..j-1 left; paths through
     a full link get 0. A byte sent over a longer path takes capacity on more links, so
-    the pairs' short paths are used up before any pair spills onto a longer one."""
+    the pairs' short paths are used up before any pair spills onto a longer one.
+
+    `full` is `_full_links(avail, capacity)` and is kept up to date in place: only the
+    links a round used are checked again, so a class whose paths are all blocked costs
+    one set test per path (no pass over every link, docs/design.md 4.2 steps 5-6)."""
     out: PairRates = {}
     depth = max((len(paths[pair]) for pair in pairs), default=0)
+    isdisjoint = full.isdisjoint
     for j in range(depth):
-        open_links = _open_links(avail, capacity)
         columns = [
             (pair, paths[pair][j])
             for pair in pairs
-            if j < len(paths[pair]) and open_links.issuperset(links_of(paths[pair][j]))
+            if j < len(paths[pair]) and isdisjoint(links_of(paths[pair][j]))
         ]
         if not columns:
             continue
-        levels, used = _waterfill([(p, weights[pair]) for pair, p in columns], avail)
-        for link, x in zip(avail, used.tolist(), strict=True):
+        links, levels, used = _waterfill([(p, weights[pair]) for pair, p in columns], avail)
+        for link, x in zip(links, used.tolist(), strict=True):
             avail[link] = max(0.0, avail[link] - x)
+        _mark_full(full, links, avail, capacity)
         for (pair, p), level in zip(columns, levels.tolist(), strict=True):
             if level > 0:
                 out.setdefault(pair, []).append((p, level * weights[pair]))
@@ -438,24 +481,28 @@ def _waterfill_pairs(pairs, weights, paths, avail, capacity) -> PairRates:
 
 def _waterfill(
     entities: list[tuple[Path, float]], capacity: dict[Link, float]
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[list[Link], np.ndarray, np.ndarray]:
     """Max-min levels of single-path entities [(path, weight)] (maxmin.maxmin_levels).
 
+    Only the links the entities cross enter the problem (a link no entity crosses
+    has no load and cannot freeze anyone), so its size is the class's, not the WAN's.
+
     Returns:
-        (levels per entity, bytes/s used per link in the order of `capacity`).
+        (the links crossed, in order of first appearance; levels per entity;
+        bytes/s used on each of those links).
     """
-    row = {link: i for i, link in enumerate(capacity)}
+    row: dict[Link, int] = {}
     rows, cols, vals = [], [], []
     for j, (path, weight) in enumerate(entities):
-        ids = [row[link] for link in links_of(path)]
+        ids = [row.setdefault(link, len(row)) for link in links_of(path)]
         rows.extend(ids)
         cols.extend([j] * len(ids))
         vals.extend([weight] * len(ids))
     incidence = np.zeros((len(row), len(entities)))
     np.add.at(incidence, (rows, cols), vals)
-    cap = np.fromiter((max(c, 0.0) for c in capacity.values()), float, len(row))
+    cap = np.fromiter((max(capacity[link], 0.0) for link in row), float, len(row))
     levels = maxmin_levels(incidence, cap)
-    return levels, incidence @ levels
+    return list(row), levels, incidence @ levels
 
 
 def _positive(capacity: dict[Link, float]) -> dict[Link, float]:
