@@ -108,6 +108,75 @@ def maxmin_levels(
     return level
 
 
+def maxmin_levels_sparse(
+    rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, capacity: np.ndarray, n: int
+) -> np.ndarray:
+    """`maxmin_levels` without caps for an incidence matrix given by its nonzero entries.
+
+    The same progressive filling, step for step, but every step costs O(nonzeros)
+    instead of O(links x entities): the active entries are kept compacted (an
+    entity's entries leave when it freezes) and the loads come from np.bincount.
+    Used by the scheduling round's water-filling (docs/design.md 4.2 steps 5-6),
+    where thousands of single-path entities cross a few links each.
+
+    Args:
+        rows, cols: int arrays (nnz,) of link rows and entity columns; an entry
+            may repeat (its values add up, as in the dense matrix).
+        vals: float array (nnz,) > 0 of the entries (members, or weights).
+        capacity: float array (n_links,) >= 0 of bytes/s (0: everything crossing gets 0).
+        n: number of entities (columns).
+
+    Returns:
+        float array (n,) of levels in bytes/s, as `maxmin_levels(dense, capacity)`
+        up to floating-point summation order.
+
+    Raises:
+        ValueError: mismatched lengths, an entry <= 0 or an index out of range,
+            negative capacity, or an entity with no entry (unbounded rate).
+    """
+    rows = np.asarray(rows, dtype=np.intp)
+    cols = np.asarray(cols, dtype=np.intp)
+    vals = np.asarray(vals, dtype=float)
+    capacity = np.asarray(capacity, dtype=float)
+    n_links = len(capacity)
+    if not rows.shape == cols.shape == vals.shape:
+        raise ValueError("rows, cols and vals must have the same length")
+    if (vals <= 0).any() or (capacity < 0).any():
+        raise ValueError("entries must be > 0 and capacities >= 0")
+    if rows.size and (rows.min() < 0 or rows.max() >= n_links or cols.min() < 0
+                      or cols.max() >= n):
+        raise ValueError("an entry's row or column is out of range")
+    if (np.bincount(cols, minlength=n) == 0).any():
+        raise ValueError("an entity crosses no link: its rate would be unbounded")
+    level = np.zeros(n)
+    leftover = capacity.copy()
+    frozen = np.zeros(n, dtype=bool)
+    frozen[cols[capacity[rows] <= 0]] = True
+    keep = ~frozen[cols]
+    rows, cols, vals = rows[keep], cols[keep], vals[keep]
+    water = 0.0
+    left = n - int(frozen.sum())
+    while left:
+        load = np.bincount(rows, weights=vals, minlength=n_links)
+        used = load > 0
+        ratio = np.full(n_links, np.inf)
+        ratio[used] = leftover[used] / load[used]
+        step = max(float(ratio.min(initial=np.inf)), 0.0)
+        water += step
+        leftover -= load * step
+        limit = step * (1 + _SAT_TOL)
+        saturated = used & ((ratio <= limit) | (leftover <= _SAT_TOL * capacity))
+        leftover[saturated] = 0.0
+        newly = np.zeros(n, dtype=bool)
+        newly[cols[saturated[rows]]] = True
+        level[newly] = water
+        frozen |= newly
+        left -= int(newly.sum())
+        keep = ~newly[cols]
+        rows, cols, vals = rows[keep], cols[keep], vals[keep]
+    return level
+
+
 def link_index(links: Sequence[Link]) -> dict[Link, int]:
     """Return {link: row} for building incidence matrices over `links` (in that order)."""
     return {link: i for i, link in enumerate(links)}

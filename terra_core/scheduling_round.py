@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from terra_core.maxmin import maxmin_levels
+from terra_core.maxmin import maxmin_levels_sparse
 from terra_core.mcf import maxmin_mcf
 from terra_core.min_cct import (
     DualBound,
@@ -482,10 +482,12 @@ def _waterfill_pairs(pairs, weights, paths, avail, capacity, full: set[Link]) ->
 def _waterfill(
     entities: list[tuple[Path, float]], capacity: dict[Link, float]
 ) -> tuple[list[Link], np.ndarray, np.ndarray]:
-    """Max-min levels of single-path entities [(path, weight)] (maxmin.maxmin_levels).
+    """Max-min levels of single-path entities [(path, weight)] (maxmin.maxmin_levels_sparse).
 
     Only the links the entities cross enter the problem (a link no entity crosses
-    has no load and cannot freeze anyone), so its size is the class's, not the WAN's.
+    has no load and cannot freeze anyone), and the incidence stays sparse (an
+    entity has one entry, its weight, per link of its path), so a step costs the
+    class's entries, not links x entities.
 
     Returns:
         (the links crossed, in order of first appearance; levels per entity;
@@ -498,11 +500,11 @@ def _waterfill(
         rows.extend(ids)
         cols.extend([j] * len(ids))
         vals.extend([weight] * len(ids))
-    incidence = np.zeros((len(row), len(entities)))
-    np.add.at(incidence, (rows, cols), vals)
     cap = np.fromiter((max(capacity[link], 0.0) for link in row), float, len(row))
-    levels = maxmin_levels(incidence, cap)
-    return list(row), levels, incidence @ levels
+    rows_a, cols_a, vals_a = np.array(rows), np.array(cols), np.array(vals)
+    levels = maxmin_levels_sparse(rows_a, cols_a, vals_a, cap, len(entities))
+    used = np.bincount(rows_a, weights=vals_a * levels[cols_a], minlength=len(row))
+    return list(row), levels, used
 
 
 def _positive(capacity: dict[Link, float]) -> dict[Link, float]:
