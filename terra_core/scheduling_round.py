@@ -57,6 +57,7 @@ _FULL = 1e-6  # a link with less than this fraction of its capacity left counts 
 _TIGHT = 1e-9  # relative gap under which bounds on Γ count as exact
 _MIN_WEIGHT = 1e-3  # step 6: smallest FlowGroup weight relative to its coflow's largest
 # (smaller weights would put the MCF's freezing duals near the solver tolerance)
+_FLOW_KEY = ("quick_bound",)  # memo key of _pair_flow_cache (coflow ids are strings)
 MCF_MAX_COLUMNS = 160  # steps 5-6 use the MCF up to this many (pair, path) columns
 
 
@@ -115,7 +116,8 @@ def schedule_round(
             hint start from the bound max_k d_k / Σ_{p ∈ P_k} bottleneck(p).
         memo: optional dict the caller keeps between rounds (and clears when
             paths change): step 4's min-CCT solutions on r, reused without an LP
-            when r is unchanged and the volumes allow it (see `_min_cct_on_r`).
+            when r is unchanged and the volumes allow it (see `_min_cct_on_r`),
+            and the per-pair denominators of step 3's bound (`_pair_flow_cache`).
 
     Returns:
         RoundResult. Link loads stay within `capacity` (solver round-off is
@@ -180,7 +182,7 @@ def _sequential(active, others, paths, capacity, r, hints, memo, rates, result) 
     """
     hints = hints or {}
     heap = []
-    pair_flow: dict[Pair, float] = {}
+    pair_flow = _pair_flow_cache(memo, capacity)
     for pos, cid in enumerate(others):
         key, exact = hints.get(cid) or (
             _quick_bound(active[cid], paths, capacity, pair_flow),
@@ -256,6 +258,22 @@ def _quick_bound(volumes, paths, capacity, pair_flow: dict | None = None) -> flo
             )
         bound = max(bound, d / flow if flow > 0 else math.inf)
     return bound
+
+
+def _pair_flow_cache(memo: dict | None, capacity: dict[Link, float]) -> dict[Pair, float]:
+    """The {pair: Σ_p bottleneck(p)} cache of `_quick_bound` for these capacities.
+
+    Kept in the caller's memo (under a tuple key, which no coflow id is) while the
+    capacities stay the same, so the denominators of pairs that stay active are
+    not recomputed every round; a new dict when there is no memo or `capacity`
+    differs from the one the cache was built on. The memo is cleared when paths change.
+    """
+    if memo is None:
+        return {}
+    entry = memo.get(_FLOW_KEY)
+    if entry is None or entry[0] != capacity:
+        entry = memo[_FLOW_KEY] = (dict(capacity), {})
+    return entry[1]
 
 
 def reserve_deadlines(
