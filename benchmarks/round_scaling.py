@@ -42,8 +42,16 @@ from terra_core.terra_policy import TerraPolicy
 from topologies import GBPS_TO_BYTES_PER_S, Topology, load_topology
 from workloads import Coflow, Flow
 
-DEFAULT_TOPOLOGIES = ["synth10", "synth25", "synth50", "synth100", "synth200", "swan", "gscale",
-                      "att"]
+DEFAULT_TOPOLOGIES = [
+    "synth10",
+    "synth25",
+    "synth50",
+    "synth100",
+    "synth200",
+    "swan",
+    "gscale",
+    "att",
+]
 DEFAULT_COFLOWS = [10, 50, 200, 1000, 5000]
 MAX_WIDTH = 64
 MAX_BYTES = 10e9
@@ -215,8 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=FsPath, default=None, metavar="OUT")
     args = p.parse_args(argv)
     cells = []
-    print(f"{'topology':<10} {'DCs':>4} {'links':>5} {'coflows':>7} {'median ms':>10} "
-          f"{'p95 ms':>9} {'LPs/round':>9}")
+    print(
+        f"{'topology':<10} {'DCs':>4} {'links':>5} {'coflows':>7} {'median ms':>10} "
+        f"{'p95 ms':>9} {'LPs/round':>9}"
+    )
     for name in args.topologies:
         topo = make_topology(name)
         for n in args.coflows:
@@ -230,9 +240,12 @@ def main(argv: list[str] | None = None) -> int:
                 "lps_per_round": float(np.mean(res["lps"])),
             }
             cells.append(cell)
-            print(f"{name:<10} {cell['dcs']:>4} {len(topo.capacity) // 2:>5} {n:>7} "
-                  f"{cell['round_ms_median']:>10.1f} {cell['round_ms_p95']:>9.1f} "
-                  f"{cell['lps_per_round']:>9.1f}", flush=True)
+            print(
+                f"{name:<10} {cell['dcs']:>4} {len(topo.capacity) // 2:>5} {n:>7} "
+                f"{cell['round_ms_median']:>10.1f} {cell['round_ms_p95']:>9.1f} "
+                f"{cell['lps_per_round']:>9.1f}",
+                flush=True,
+            )
     fit = fit_growth(cells)
     for n, slope in fit["per_dcs"].items():
         print(f"growth in DCs at N={n}: ms ~ DCs^{slope:.2f}")

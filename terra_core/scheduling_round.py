@@ -50,6 +50,7 @@ from terra_core.min_cct import (
     links_of,
     min_cct,
 )
+from terra_core.path_masks import PathIndex, full_mask, index_for, mark_full
 from topologies import Link, Path
 
 SCHEDULED, PREEMPTED, DEADLINE = "scheduled", "preempted", "deadline"
@@ -58,6 +59,7 @@ _TIGHT = 1e-9  # relative gap under which bounds on Γ count as exact
 _MIN_WEIGHT = 1e-3  # step 6: smallest FlowGroup weight relative to its coflow's largest
 # (smaller weights would put the MCF's freezing duals near the solver tolerance)
 _FLOW_KEY = ("quick_bound",)  # memo key of _pair_flow_cache (coflow ids are strings)
+_INDEX_KEY = ("path_index",)  # memo key of the round's path_masks.PathIndex
 MCF_MAX_COLUMNS = 160  # steps 5-6 use the MCF up to this many (pair, path) columns
 
 
@@ -117,7 +119,8 @@ def schedule_round(
         memo: optional dict the caller keeps between rounds (and clears when
             paths change): step 4's min-CCT solutions on r, reused without an LP
             when r is unchanged and the volumes allow it (see `_min_cct_on_r`),
-            and the per-pair denominators of step 3's bound (`_pair_flow_cache`).
+            the per-pair denominators of step 3's bound (`_pair_flow_cache`) and
+            the link bits and path masks (path_masks.PathIndex).
 
     Returns:
         RoundResult. Link loads stay within `capacity` (solver round-off is
@@ -147,30 +150,31 @@ def schedule_round(
     reserve = {link: alpha * c for link, c in left.items()}
     r = {link: c - reserve[link] for link, c in left.items()}
     others = [cid for cid in active if cid not in result.state]
+    index = index_for(memo, _INDEX_KEY, capacity)
     scheduled, preempted = _sequential(
-        active, others, paths, capacity, r, hints, memo, rates, result
+        active, others, paths, capacity, r, hints, memo, rates, result, index
     )
 
     # Step 5: the α share to the preempted coflows.
     if preempted and alpha > 0:
-        _alpha_share(active, preempted, paths, reserve, capacity, rates, result)
+        _alpha_share(active, preempted, paths, reserve, capacity, rates, result, index)
     spare = {link: r[link] + reserve[link] for link in left}
 
     # Step 6: work conservation, earlier coflows in the order first.
-    _work_conservation(
-        active, scheduled + preempted + deadline_ids, paths, spare, capacity, rates, result
-    )
+    order = scheduled + preempted + deadline_ids
+    _work_conservation(active, order, paths, spare, capacity, rates, result, index)
 
     result.rates = _finish(rates, capacity)
     return result
 
 
-def _sequential(active, others, paths, capacity, r, hints, memo, rates, result) -> tuple:
+def _sequential(active, others, paths, capacity, r, hints, memo, rates, result, index) -> tuple:
     """Steps 3-4 with lazy ordering: a heap keyed by lower bounds on Γ.
 
     Popping the smallest key: a coflow that cannot reach r any more (some
     FlowGroup has every path through a full link) is preempted at once — r only
-    shrinks, so it would be preempted at its exact place too; a key that is
+    shrinks, so it would be preempted at its exact place too; the full links of r
+    are one bitmask (path_masks), updated with the links a scheduled coflow took; a key that is
     only a bound is replaced by the exact Γ (an LP on the full capacities) and
     pushed back; an exact key is the coflow's turn: min-CCT on r. So the
     coflows that can still be scheduled are taken in exact Γ order, and no LP
@@ -192,10 +196,10 @@ def _sequential(active, others, paths, capacity, r, hints, memo, rates, result) 
     heapq.heapify(heap)
     scheduled: list[str] = []
     preempted: list[str] = []
-    full = _full_links(r, capacity)
+    full = full_mask(index, r, capacity, _FULL)
     while heap:
         key, pos, cid, exact = heapq.heappop(heap)
-        if not _all_reachable(active[cid], paths, full):
+        if not _all_reachable(active[cid], paths, index, full):
             result.state[cid] = PREEMPTED
         elif not exact:
             res = _solve(active[cid], paths, capacity, result, rates_needed=False)
@@ -207,7 +211,7 @@ def _sequential(active, others, paths, capacity, r, hints, memo, rates, result) 
             result.state[cid] = PREEMPTED if math.isinf(res.gamma_s) else SCHEDULED
             if result.state[cid] == SCHEDULED:
                 _take(rates, cid, res.rates, r, 1.0)
-                _mark_full(full, _links_in(res.rates), r, capacity)
+                full = mark_full(full, index, _ids_in(res.rates, index), r, capacity, _FULL)
         result.order.append(cid)
         result.gammas[cid] = key
         (scheduled if result.state[cid] == SCHEDULED else preempted).append(cid)
@@ -324,35 +328,18 @@ def _solve(volumes, paths, capacity, result: RoundResult, rates_needed: bool = T
     return res
 
 
-def _all_reachable(volumes, paths, full: set[Link]) -> bool:
-    """Every FlowGroup has a path that crosses no link of `full` (see `_full_links`)."""
-    isdisjoint = full.isdisjoint
+def _all_reachable(volumes, paths, index: PathIndex, full: int) -> bool:
+    """Every FlowGroup has a path that crosses no link of the `full` bitmask."""
     for pair in volumes:
-        if not any(isdisjoint(links_of(p)) for p in paths[pair]):
+        if all(mask & full for mask, _ in index.entries(pair, paths)):
             return False
     return True
 
 
-def _full_links(avail: dict[Link, float], capacity: dict[Link, float]) -> set[Link]:
-    """The links of `avail` with at most _FULL of their capacity left (the complement
-    of `_open_links` within `avail`). Paths must cross only links of `avail`.
-    """
-    get = capacity.get
-    return {link for link, a in avail.items() if not a > _FULL * get(link, 0.0)}
-
-
-def _mark_full(full: set[Link], links, avail: dict[Link, float], capacity) -> None:
-    """Add to `full` those of `links` that `avail` now leaves full (avail only shrinks,
-    so a full link stays full: the set is kept by checking only the links just used)."""
-    get = capacity.get
-    for link in links:
-        if not avail[link] > _FULL * get(link, 0.0):
-            full.add(link)
-
-
-def _links_in(pair_rates: PairRates) -> set[Link]:
-    """The links crossed by the paths of `pair_rates` ({pair: [(path, bytes/s)]})."""
-    return {link for lst in pair_rates.values() for path, _ in lst for link in links_of(path)}
+def _ids_in(pair_rates: PairRates, index: PathIndex) -> set[int]:
+    """Indices of the links crossed by the paths of `pair_rates` ({pair: [(path, bytes/s)]})."""
+    bit = index.bit
+    return {bit[link] for lst in pair_rates.values() for path, _ in lst for link in links_of(path)}
 
 
 def _open_links(avail: dict[Link, float], capacity: dict[Link, float]) -> set[Link]:
@@ -384,7 +371,7 @@ def _consume(left: dict[Link, float], lst: list[tuple[Path, float]], scale: floa
             left[link] = max(0.0, left[link] - x)
 
 
-def _alpha_share(active, preempted, paths, reserve, capacity, rates, result) -> None:
+def _alpha_share(active, preempted, paths, reserve, capacity, rates, result, index) -> None:
     """Step 5: max-min over the preempted FlowGroups on the reserved capacity.
 
     FlowGroups of one DC pair have the same paths, so the fair share is computed
@@ -395,14 +382,14 @@ def _alpha_share(active, preempted, paths, reserve, capacity, rates, result) -> 
         for pair in active[cid]:
             members.setdefault(pair, []).append(cid)
     weights = {pair: float(len(cids)) for pair, cids in members.items()}
-    pair_rates = _fair_share(weights, paths, reserve, capacity, result)
+    pair_rates = _fair_share(weights, paths, reserve, capacity, result, index)
     for pair, lst in pair_rates.items():
         share = 1.0 / len(members[pair])
         for cid in members[pair]:
             _assign(rates.setdefault(cid, {}), pair, lst, share)
 
 
-def _work_conservation(active, order, paths, spare, capacity, rates, result) -> None:
+def _work_conservation(active, order, paths, spare, capacity, rates, result, index) -> None:
     """Step 6: the spare capacity to the coflows in `order`, earlier coflows first.
 
     Every DC pair belongs to the earliest coflow in `order` with a FlowGroup on it. The
@@ -423,12 +410,12 @@ def _work_conservation(active, order, paths, spare, capacity, rates, result) -> 
     for pair, cid in owner.items():
         top[cid] = max(top.get(cid, 0.0), active[cid][pair])
     weights = {pair: max(active[cid][pair] / top[cid], _MIN_WEIGHT) for pair, cid in owner.items()}
-    pair_rates = _fair_share(weights, paths, spare, capacity, result, priority)
+    pair_rates = _fair_share(weights, paths, spare, capacity, result, index, priority)
     for pair, lst in pair_rates.items():
         _assign(rates.setdefault(owner[pair], {}), pair, lst, 1.0)
 
 
-def _fair_share(weights, paths, avail, capacity, result: RoundResult, priority=None) -> PairRates:
+def _fair_share(weights, paths, avail, capacity, result, index, priority=None) -> PairRates:
     """Weighted max-min rates of DC pairs over their paths on `avail` capacity,
     which shrinks by them (in place); with `priority` ({pair: class}), lower classes
     are filled first and a class sees only what the earlier ones left.
@@ -438,7 +425,8 @@ def _fair_share(weights, paths, avail, capacity, result: RoundResult, priority=N
     progressive filling on fixed paths, one subflow per (pair, path) weighted
     like its pair (maxmin.maxmin_levels), because the MCF's LPs cost ~0.2 s per
     round on ATT's 600 DC pairs (measured) while water-filling costs ~5 ms.
-    Both leave no path with spare capacity on every link unused.
+    Both leave no path with spare capacity on every link unused. `index` is the
+    round's path_masks.PathIndex over the links of `avail`.
     """
     priority = priority or {}
     if sum(len(paths[pair]) for pair in weights) > MCF_MAX_COLUMNS:
@@ -446,9 +434,10 @@ def _fair_share(weights, paths, avail, capacity, result: RoundResult, priority=N
         for pair in weights:
             classes.setdefault(priority.get(pair, 0), []).append(pair)
         out: PairRates = {}
-        full = _full_links(avail, capacity)
+        full = full_mask(index, avail, capacity, _FULL)
         for cls in sorted(classes):
-            out.update(_waterfill_pairs(classes[cls], weights, paths, avail, capacity, full))
+            got, full = _waterfill_pairs(classes[cls], weights, paths, avail, capacity, index, full)
+            out.update(got)
         return out
     open_links = _open_links(avail, capacity)
     usable = {
@@ -466,63 +455,70 @@ def _fair_share(weights, paths, avail, capacity, result: RoundResult, priority=N
     return out
 
 
-def _waterfill_pairs(pairs, weights, paths, avail, capacity, full: set[Link]) -> PairRates:
+def _waterfill_pairs(pairs, weights, paths, avail, capacity, index, full: int) -> tuple:
     """Water-filling of `pairs` on `avail`, which shrinks by the result (in place):
     shortest paths first. Round j fills every pair's j-th path (paths come fewest hops
     first) max-min fair weighted like its pair, on what rounds 0..j-1 left; paths through
     a full link get 0. A byte sent over a longer path takes capacity on more links, so
     the pairs' short paths are used up before any pair spills onto a longer one.
 
-    `full` is `_full_links(avail, capacity)` and is kept up to date in place: only the
-    links a round used are checked again, so a class whose paths are all blocked costs
-    one set test per path (no pass over every link, docs/design.md 4.2 steps 5-6)."""
+    `full` is the bitmask of full links of `avail` (path_masks.full_mask); only the
+    links a round used are checked again, so a class whose paths are all blocked
+    costs one AND per path, not a pass over every link (docs/design.md 4.2 steps 5-6).
+
+    Returns:
+        ({pair: [(path, bytes/s)]}, the updated full-link mask).
+    """
     out: PairRates = {}
-    depth = max((len(paths[pair]) for pair in pairs), default=0)
-    isdisjoint = full.isdisjoint
+    entries = {pair: index.entries(pair, paths) for pair in pairs}
+    depth = max((len(e) for e in entries.values()), default=0)
+    links = index.links
     for j in range(depth):
         columns = [
-            (pair, paths[pair][j])
-            for pair in pairs
-            if j < len(paths[pair]) and isdisjoint(links_of(paths[pair][j]))
+            (pair, ent[j]) for pair, ent in entries.items() if j < len(ent) and not ent[j][0] & full
         ]
         if not columns:
             continue
-        links, levels, used = _waterfill([(p, weights[pair]) for pair, p in columns], avail)
-        for link, x in zip(links, used.tolist(), strict=True):
-            avail[link] = max(0.0, avail[link] - x)
-        _mark_full(full, links, avail, capacity)
-        for (pair, p), level in zip(columns, levels.tolist(), strict=True):
+        ids, levels, used = _waterfill([(e[1], weights[pair]) for pair, e in columns], avail, links)
+        for i, x in zip(ids, used, strict=True):
+            avail[links[i]] = max(0.0, avail[links[i]] - x)
+        full = mark_full(full, index, ids, avail, capacity, _FULL)
+        for (pair, _), level in zip(columns, levels, strict=True):
             if level > 0:
-                out.setdefault(pair, []).append((p, level * weights[pair]))
-    return out
+                out.setdefault(pair, []).append((paths[pair][j], level * weights[pair]))
+    return out, full
 
 
-def _waterfill(
-    entities: list[tuple[Path, float]], capacity: dict[Link, float]
-) -> tuple[list[Link], np.ndarray, np.ndarray]:
-    """Max-min levels of single-path entities [(path, weight)] (maxmin.maxmin_levels_sparse).
+def _waterfill(entities: list[tuple[tuple[int, ...], float]], avail, links) -> tuple:
+    """Max-min levels of single-path entities [(link indices of the path, weight)]
+    on `avail` ({link: bytes/s}; `links[i]` is link i), maxmin.maxmin_levels_sparse.
 
     Only the links the entities cross enter the problem (a link no entity crosses
     has no load and cannot freeze anyone), and the incidence stays sparse (an
     entity has one entry, its weight, per link of its path), so a step costs the
-    class's entries, not links x entities.
+    class's entries, not links x entities. One entity alone: its level is
+    min_e avail_e / weight (the same divisions progressive filling makes).
 
     Returns:
-        (the links crossed, in order of first appearance; levels per entity;
-        bytes/s used on each of those links).
+        (link indices crossed, levels per entity, bytes/s used on each of those links),
+        as lists.
     """
-    row: dict[Link, int] = {}
+    if len(entities) == 1:
+        ids, weight = entities[0]
+        level = max(min(max(avail[links[i]], 0.0) / weight for i in ids), 0.0)
+        return list(ids), [level], [weight * level] * len(ids)
     rows, cols, vals = [], [], []
-    for j, (path, weight) in enumerate(entities):
-        ids = [row.setdefault(link, len(row)) for link in links_of(path)]
+    for j, (ids, weight) in enumerate(entities):
         rows.extend(ids)
         cols.extend([j] * len(ids))
         vals.extend([weight] * len(ids))
-    cap = np.fromiter((max(capacity[link], 0.0) for link in row), float, len(row))
-    rows_a, cols_a, vals_a = np.array(rows), np.array(cols), np.array(vals)
-    levels = maxmin_levels_sparse(rows_a, cols_a, vals_a, cap, len(entities))
-    used = np.bincount(rows_a, weights=vals_a * levels[cols_a], minlength=len(row))
-    return list(row), levels, used
+    uniq, inv = np.unique(np.array(rows), return_inverse=True)
+    ids = uniq.tolist()
+    cap = np.fromiter((max(avail[links[i]], 0.0) for i in ids), float, len(ids))
+    cols_a, vals_a = np.array(cols), np.array(vals)
+    levels = maxmin_levels_sparse(inv, cols_a, vals_a, cap, len(entities))
+    used = np.bincount(inv, weights=vals_a * levels[cols_a], minlength=len(ids))
+    return ids, levels.tolist(), used.tolist()
 
 
 def _positive(capacity: dict[Link, float]) -> dict[Link, float]:
