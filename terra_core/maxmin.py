@@ -113,11 +113,14 @@ def maxmin_levels_sparse(
 ) -> np.ndarray:
     """`maxmin_levels` without caps for an incidence matrix given by its nonzero entries.
 
-    The same progressive filling, step for step, but every step costs O(nonzeros)
-    instead of O(links x entities): the active entries are kept compacted (an
-    entity's entries leave when it freezes) and the loads come from np.bincount.
-    Used by the scheduling round's water-filling (docs/design.md 4.2 steps 5-6),
-    where thousands of single-path entities cross a few links each.
+    The same progressive filling, step for step, but a step costs O(links) plus
+    the entries of the links that saturate and of the entities that freeze,
+    not O(links x entities): the entries are indexed by link and by entity once,
+    and the active load and the number of active entities per link are updated
+    by subtracting the entries of the entities that freeze (the count decides
+    which links still carry load, so round-off in the load never keeps a link
+    alive). Used by the scheduling round's water-filling (docs/design.md 4.2
+    steps 5-6), where thousands of single-path entities cross a few links each.
 
     Args:
         rows, cols: int arrays (nnz,) of link rows and entity columns; an entry
@@ -128,7 +131,7 @@ def maxmin_levels_sparse(
 
     Returns:
         float array (n,) of levels in bytes/s, as `maxmin_levels(dense, capacity)`
-        up to floating-point summation order.
+        up to floating-point round-off in the loads.
 
     Raises:
         ValueError: mismatched lengths, an entry <= 0 or an index out of range,
@@ -143,22 +146,28 @@ def maxmin_levels_sparse(
         raise ValueError("rows, cols and vals must have the same length")
     if (vals <= 0).any() or (capacity < 0).any():
         raise ValueError("entries must be > 0 and capacities >= 0")
-    if rows.size and (rows.min() < 0 or rows.max() >= n_links or cols.min() < 0
-                      or cols.max() >= n):
+    if rows.size and (rows.min() < 0 or rows.max() >= n_links or cols.min() < 0 or cols.max() >= n):
         raise ValueError("an entry's row or column is out of range")
-    if (np.bincount(cols, minlength=n) == 0).any():
+    per_col = np.bincount(cols, minlength=n)
+    if (per_col == 0).any():
         raise ValueError("an entity crosses no link: its rate would be unbounded")
+    by_row = np.argsort(rows, kind="stable")
+    row_ptr = np.concatenate(([0], np.cumsum(np.bincount(rows, minlength=n_links))))
+    row_cols = cols[by_row]
+    by_col = np.argsort(cols, kind="stable")
+    col_ptr = np.concatenate(([0], np.cumsum(per_col)))
+    col_rows, col_vals = rows[by_col], vals[by_col]
     level = np.zeros(n)
     leftover = capacity.copy()
     frozen = np.zeros(n, dtype=bool)
     frozen[cols[capacity[rows] <= 0]] = True
-    keep = ~frozen[cols]
-    rows, cols, vals = rows[keep], cols[keep], vals[keep]
+    live = ~frozen[cols]
+    load = np.bincount(rows[live], weights=vals[live], minlength=n_links)
+    count = np.bincount(rows[live], minlength=n_links)
     water = 0.0
     left = n - int(frozen.sum())
     while left:
-        load = np.bincount(rows, weights=vals, minlength=n_links)
-        used = load > 0
+        used = count > 0
         ratio = np.full(n_links, np.inf)
         ratio[used] = leftover[used] / load[used]
         step = max(float(ratio.min(initial=np.inf)), 0.0)
@@ -167,14 +176,27 @@ def maxmin_levels_sparse(
         limit = step * (1 + _SAT_TOL)
         saturated = used & ((ratio <= limit) | (leftover <= _SAT_TOL * capacity))
         leftover[saturated] = 0.0
-        newly = np.zeros(n, dtype=bool)
-        newly[cols[saturated[rows]]] = True
+        crossing = row_cols[_ranges(row_ptr, np.flatnonzero(saturated))]
+        newly = np.unique(crossing[~frozen[crossing]])
         level[newly] = water
-        frozen |= newly
-        left -= int(newly.sum())
-        keep = ~newly[cols]
-        rows, cols, vals = rows[keep], cols[keep], vals[keep]
+        frozen[newly] = True
+        left -= len(newly)
+        gone = _ranges(col_ptr, newly)
+        load -= np.bincount(col_rows[gone], weights=col_vals[gone], minlength=n_links)
+        count -= np.bincount(col_rows[gone], minlength=n_links)
+        load[count == 0] = 0.0
     return level
+
+
+def _ranges(ptr: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """The concatenated index ranges [ptr[i], ptr[i + 1]) for i in `ids` (CSR-style)."""
+    starts = ptr[ids]
+    lens = ptr[ids + 1] - starts
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.intp)
+    ends = np.cumsum(lens)
+    return np.arange(total) + np.repeat(starts - (ends - lens), lens)
 
 
 def link_index(links: Sequence[Link]) -> dict[Link, int]:

@@ -512,8 +512,11 @@ def _waterfill(entities: list[tuple[tuple[int, ...], float]], avail, links) -> t
         rows.extend(ids)
         cols.extend([j] * len(ids))
         vals.extend([weight] * len(ids))
-    uniq, inv = np.unique(np.array(rows), return_inverse=True)
-    ids = uniq.tolist()
+    rows_a = np.array(rows)
+    present = np.zeros(len(links), dtype=np.intp)
+    present[rows_a] = 1
+    ids = np.flatnonzero(present).tolist()  # the links crossed, in index order
+    inv = (np.cumsum(present) - 1)[rows_a]  # each entry's row among them
     cap = np.fromiter((max(avail[links[i]], 0.0) for i in ids), float, len(ids))
     cols_a, vals_a = np.array(cols), np.array(vals)
     levels = maxmin_levels_sparse(inv, cols_a, vals_a, cap, len(entities))
