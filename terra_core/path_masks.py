@@ -36,6 +36,7 @@ class PathIndex:
         self.bit: dict[Link, int] = {link: i for i, link in enumerate(self.links)}
         self.missing = 1 << len(self.links)
         self._pairs: dict[Pair, list[PathEntry]] = {}
+        self._ids: dict[Path, tuple[int, ...]] = {}
 
     def entries(self, pair: Pair, paths: dict[Pair, list[Path]]) -> list[PathEntry]:
         """[(mask, link indices)] of `paths[pair]`, in path order (cached per pair).
@@ -51,8 +52,15 @@ class PathIndex:
             got = self._pairs[pair] = [self._entry(p) for p in paths[pair]]
         return got
 
+    def ids(self, path: Path) -> tuple[int, ...]:
+        """Indices of the links of `path` in order (-1 for a link not in the index), cached."""
+        got = self._ids.get(path)
+        if got is None:
+            got = self._ids[path] = tuple(self.bit.get(link, -1) for link in path_links(path))
+        return got
+
     def _entry(self, path: Path) -> PathEntry:
-        ids = tuple(self.bit.get(link, -1) for link in path_links(path))
+        ids = self.ids(path)
         mask = 0
         for i in ids:
             mask |= self.missing if i < 0 else 1 << i

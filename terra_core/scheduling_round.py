@@ -164,7 +164,7 @@ def schedule_round(
     order = scheduled + preempted + deadline_ids
     _work_conservation(active, order, paths, spare, capacity, rates, result, index)
 
-    result.rates = _finish(rates, capacity)
+    result.rates = _finish(rates, capacity, index)
     return result
 
 
@@ -528,23 +528,38 @@ def _positive(capacity: dict[Link, float]) -> dict[Link, float]:
     return {link: c for link, c in capacity.items() if c > 0}
 
 
-def _finish(rates, capacity: dict[Link, float]) -> dict[str, PairRates]:
-    """Merge into lists and scale down any link that round-off left over its capacity."""
+def _finish(rates, capacity: dict[Link, float], index: PathIndex) -> dict[str, PairRates]:
+    """Merge into lists and scale down any link that round-off left over its capacity.
+
+    The link loads are summed per path in one np.bincount over the links of
+    `index` (the order of the additions is the paths' order, as a per-link sum
+    would make); a link missing from `index` has capacity 0.
+    """
     path_total: dict[Path, float] = {}
     for per_pair in rates.values():
         for per_path in per_pair.values():
             for path, x in per_path.items():
                 path_total[path] = path_total.get(path, 0.0) + x
-    load: dict[Link, float] = {}
+    n_links = len(index.links)
+    rows: list[int] = []
+    vals: list[float] = []
     for path, x in path_total.items():
-        for link in links_of(path):
-            load[link] = load.get(link, 0.0) + x
-    over = {link: capacity.get(link, 0.0) / x for link, x in load.items()}
-    over = {link: f for link, f in over.items() if f < 1.0}
+        ids = index.ids(path)
+        rows.extend(ids)
+        vals.extend([x] * len(ids))
+    rows_a = np.array(rows, dtype=np.intp)
+    rows_a[rows_a < 0] = n_links
+    load = np.bincount(rows_a, weights=np.array(vals), minlength=n_links + 1)
+    cap = np.fromiter((capacity.get(link, 0.0) for link in index.links), float, n_links)
+    cap = np.append(cap, 0.0)
+    ratio = np.full(n_links + 1, np.inf)
+    loaded = load > 0
+    ratio[loaded] = cap[loaded] / load[loaded]
     factor: dict[Path, float] = {}
-    if over:
+    if (ratio < 1.0).any():
+        over = ratio.tolist()
         for path in path_total:
-            f = min((over[link] for link in links_of(path) if link in over), default=1.0)
+            f = min((over[i] for i in index.ids(path)), default=1.0)  # -1: the missing slot
             if f < 1.0:
                 factor[path] = f
     out: dict[str, PairRates] = {}
