@@ -176,8 +176,9 @@ def maxmin_levels_sparse(
         limit = step * (1 + _SAT_TOL)
         saturated = used & ((ratio <= limit) | (leftover <= _SAT_TOL * capacity))
         leftover[saturated] = 0.0
-        crossing = row_cols[_ranges(row_ptr, np.flatnonzero(saturated))]
-        newly = np.unique(crossing[~frozen[crossing]])
+        hit = np.zeros(n, dtype=bool)
+        hit[row_cols[_ranges(row_ptr, np.flatnonzero(saturated))]] = True
+        newly = np.flatnonzero(hit & ~frozen)
         level[newly] = water
         frozen[newly] = True
         left -= len(newly)

@@ -384,9 +384,12 @@ def _alpha_share(active, preempted, paths, reserve, capacity, rates, result, ind
     weights = {pair: float(len(cids)) for pair, cids in members.items()}
     pair_rates = _fair_share(weights, paths, reserve, capacity, result, index)
     for pair, lst in pair_rates.items():
-        share = 1.0 / len(members[pair])
-        for cid in members[pair]:
-            _assign(rates.setdefault(cid, {}), pair, lst, share)
+        cids = members[pair]
+        share = 1.0 / len(cids)
+        for cid in cids:  # _assign inlined: this loop runs once per preempted FlowGroup
+            per_path = rates.setdefault(cid, {}).setdefault(pair, {})
+            for path, rate in lst:
+                per_path[path] = per_path.get(path, 0.0) + rate * share
 
 
 def _work_conservation(active, order, paths, spare, capacity, rates, result, index) -> None:
@@ -566,7 +569,10 @@ def _finish(rates, capacity: dict[Link, float], index: PathIndex) -> dict[str, P
     for cid, per_pair in rates.items():
         mine: PairRates = {}
         for pair, per_path in per_pair.items():
-            lst = [(p, x * factor.get(p, 1.0)) for p, x in per_path.items() if x > 0]
+            if factor:
+                lst = [(p, x * factor.get(p, 1.0)) for p, x in per_path.items() if x > 0]
+            else:
+                lst = [(p, x) for p, x in per_path.items() if x > 0]
             if lst:
                 mine[pair] = lst
         if mine:
