@@ -483,6 +483,8 @@ def _waterfill_pairs(pairs, weights, paths, avail, capacity, index, full: int) -
     Returns:
         ({pair: [(path, bytes/s)]}, the updated full-link mask).
     """
+    if len(pairs) == 1:  # most step-6 classes: a coflow with one DC pair
+        return _fill_one(pairs[0], weights[pairs[0]], paths, avail, capacity, index, full)
     out: PairRates = {}
     entries = {pair: index.entries(pair, paths) for pair in pairs}
     depth = max((len(e) for e in entries.values()), default=0)
@@ -500,6 +502,28 @@ def _waterfill_pairs(pairs, weights, paths, avail, capacity, index, full: int) -
         for (pair, _), level in zip(columns, levels, strict=True):
             if level > 0:
                 out.setdefault(pair, []).append((paths[pair][j], level * weights[pair]))
+    return out, full
+
+
+def _fill_one(pair, weight, paths, avail, capacity, index, full: int) -> tuple:
+    """`_waterfill_pairs` for a class of one pair, without building a problem: each open
+    path in turn gets the level min_e avail_e / weight (one entity's progressive filling).
+
+    Returns:
+        ({pair: [(path, bytes/s)]} or {}, the updated full-link mask).
+    """
+    out: PairRates = {}
+    links = index.links
+    for j, (mask, ids) in enumerate(index.entries(pair, paths)):
+        if mask & full:
+            continue
+        level = max(min(max(avail[links[i]], 0.0) / weight for i in ids), 0.0)
+        x = weight * level
+        for i in ids:
+            avail[links[i]] = max(0.0, avail[links[i]] - x)
+        full = mark_full(full, index, ids, avail, capacity, _FULL)
+        if level > 0:
+            out.setdefault(pair, []).append((paths[pair][j], level * weight))
     return out, full
 
 
