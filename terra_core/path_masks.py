@@ -107,8 +107,3 @@ def mark_full(
         if not avail[link] > full_below * cap(link, 0.0):
             mask |= 1 << i
     return mask
-
-
-def open_path(mask: int, entry: PathEntry) -> bool:
-    """True when the path of `entry` crosses no link of the full `mask`."""
-    return not entry[0] & mask
