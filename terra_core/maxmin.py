@@ -116,11 +116,12 @@ def maxmin_levels_sparse(
     The same progressive filling, step for step, but a step costs O(links) plus
     the entries of the links that saturate and of the entities that freeze,
     not O(links x entities): the entries are indexed by link and by entity once,
-    and the active load and the number of active entities per link are updated
-    by subtracting the entries of the entities that freeze (the count decides
-    which links still carry load, so round-off in the load never keeps a link
-    alive). Used by the scheduling round's water-filling (docs/design.md 4.2
-    steps 5-6), where thousands of single-path entities cross a few links each.
+    the number of active entities per link is updated by subtracting the
+    entries of the entities that freeze (it decides which links still carry
+    load), and only the links those entities leave have their load summed again
+    (a step costs the entries of those links). Used by the scheduling round's
+    water-filling (docs/design.md 4.2 steps 5-6), where thousands of single-path
+    entities cross a few links each.
 
     Args:
         rows, cols: int arrays (nnz,) of link rows and entity columns; an entry
@@ -153,10 +154,10 @@ def maxmin_levels_sparse(
         raise ValueError("an entity crosses no link: its rate would be unbounded")
     by_row = np.argsort(rows, kind="stable")
     row_ptr = np.concatenate(([0], np.cumsum(np.bincount(rows, minlength=n_links))))
-    row_cols = cols[by_row]
+    row_cols, row_ids, row_vals = cols[by_row], rows[by_row], vals[by_row]
     by_col = np.argsort(cols, kind="stable")
     col_ptr = np.concatenate(([0], np.cumsum(per_col)))
-    col_rows, col_vals = rows[by_col], vals[by_col]
+    col_rows = rows[by_col]
     level = np.zeros(n)
     leftover = capacity.copy()
     frozen = np.zeros(n, dtype=bool)
@@ -182,10 +183,14 @@ def maxmin_levels_sparse(
         level[newly] = water
         frozen[newly] = True
         left -= len(newly)
-        gone = _ranges(col_ptr, newly)
-        load -= np.bincount(col_rows[gone], weights=col_vals[gone], minlength=n_links)
-        count -= np.bincount(col_rows[gone], minlength=n_links)
-        load[count == 0] = 0.0
+        left_links = np.bincount(col_rows[_ranges(col_ptr, newly)], minlength=n_links)
+        count -= left_links
+        # the loads of the links they leave are summed again over the active entries
+        # (subtracting would leave round-off that matters when weights differ by 1e6)
+        touched = np.flatnonzero(left_links)
+        idx = _ranges(row_ptr, touched)
+        live_vals = row_vals[idx] * ~frozen[row_cols[idx]]
+        load[touched] = np.bincount(row_ids[idx], weights=live_vals, minlength=n_links)[touched]
     return level
 
 

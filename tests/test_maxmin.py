@@ -148,3 +148,15 @@ def test_sparse_levels_match_dense_levels(inst):
     sparse = maxmin_levels_sparse(rows, cols, inc[rows, cols], cap, inc.shape[1])
     dense = maxmin_levels(inc, cap)
     np.testing.assert_allclose(sparse, dense, rtol=1e-9, atol=1e-9 * max(cap.max(), 1.0))
+
+
+def test_sparse_loads_are_resummed_not_subtracted():
+    # L0 (4 B/s): a (weight 1e-3) and b (weight 1842.6); L1 (1e-3 B/s): b (weight 1).
+    # L1 sets the first step: b freezes at 1e-3 / 1 = 1e-3 (L0's ratio 4 / 1842.601 = 0.00217
+    # is larger). L0 has 4 - 1842.601 x 1e-3 = 2.157399 left for a alone, whose load is 1e-3:
+    # a = 1e-3 + 2.157399 / 1e-3 = 2157.4. Subtracting b's 1842.6 from the load 1842.601
+    # leaves 0.00099999999990905 (relative error 9e-11), so the load must be summed again.
+    rows, cols, vals = [0, 0, 1], [0, 1, 1], [1e-3, 1842.6, 1.0]
+    levels = maxmin_levels_sparse(rows, cols, vals, np.array([4.0, 1e-3]), 2)
+    assert levels[1] == pytest.approx(1e-3, rel=1e-12)
+    assert levels[0] == pytest.approx(1e-3 + (4.0 - (1842.6 + 1e-3) * 1e-3) / 1e-3, rel=1e-12)
