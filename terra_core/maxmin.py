@@ -24,6 +24,7 @@ import numpy as np
 
 from topologies import Link, Path, path_links
 
+_RESUM = 1e-3  # maxmin_levels_sparse sums a link's load again below this share of its last sum
 _SAT_TOL = 1e-12  # a link is saturated when its leftover is below this fraction of its capacity
 
 
@@ -116,12 +117,12 @@ def maxmin_levels_sparse(
     The same progressive filling, step for step, but a step costs O(links) plus
     the entries of the links that saturate and of the entities that freeze,
     not O(links x entities): the entries are indexed by link and by entity once,
-    the number of active entities per link is updated by subtracting the
-    entries of the entities that freeze (it decides which links still carry
-    load), and only the links those entities leave have their load summed again
-    (a step costs the entries of those links). Used by the scheduling round's
-    water-filling (docs/design.md 4.2 steps 5-6), where thousands of single-path
-    entities cross a few links each.
+    the number of active entities per link (it decides which links still carry
+    load) and the loads are updated by subtracting the entries of the entities
+    that freeze, and a load that fell below _RESUM of its last exact sum is
+    summed again (so round-off stays about 1e3 x machine epsilon of the load).
+    Used by the scheduling round's water-filling (docs/design.md 4.2 steps 5-6),
+    where thousands of single-path entities cross a few links each.
 
     Args:
         rows, cols: int arrays (nnz,) of link rows and entity columns; an entry
@@ -157,7 +158,7 @@ def maxmin_levels_sparse(
     row_cols, row_ids, row_vals = cols[by_row], rows[by_row], vals[by_row]
     by_col = np.argsort(cols, kind="stable")
     col_ptr = np.concatenate(([0], np.cumsum(per_col)))
-    col_rows = rows[by_col]
+    col_rows, col_vals = rows[by_col], vals[by_col]
     level = np.zeros(n)
     leftover = capacity.copy()
     frozen = np.zeros(n, dtype=bool)
@@ -165,6 +166,7 @@ def maxmin_levels_sparse(
     live = ~frozen[cols]
     load = np.bincount(rows[live], weights=vals[live], minlength=n_links)
     count = np.bincount(rows[live], minlength=n_links)
+    exact = load.copy()  # each link's load when it was last summed (not subtracted)
     water = 0.0
     left = n - int(frozen.sum())
     while left:
@@ -183,14 +185,19 @@ def maxmin_levels_sparse(
         level[newly] = water
         frozen[newly] = True
         left -= len(newly)
-        left_links = np.bincount(col_rows[_ranges(col_ptr, newly)], minlength=n_links)
-        count -= left_links
-        # the loads of the links they leave are summed again over the active entries
-        # (subtracting would leave round-off that matters when weights differ by 1e6)
-        touched = np.flatnonzero(left_links)
-        idx = _ranges(row_ptr, touched)
-        live_vals = row_vals[idx] * ~frozen[row_cols[idx]]
-        load[touched] = np.bincount(row_ids[idx], weights=live_vals, minlength=n_links)[touched]
+        gone = _ranges(col_ptr, newly)
+        count -= np.bincount(col_rows[gone], minlength=n_links)
+        load -= np.bincount(col_rows[gone], weights=col_vals[gone], minlength=n_links)
+        # a load that fell below _RESUM of its last exact sum is summed again over the
+        # active entries: subtracting alone leaves round-off of the order of the larger
+        # value, which matters when weights differ by 1e6 (hypothesis found 1.2e-9)
+        low = np.flatnonzero((load < _RESUM * exact) & (count > 0))
+        if low.size:
+            idx = _ranges(row_ptr, low)
+            live_vals = row_vals[idx] * ~frozen[row_cols[idx]]
+            load[low] = np.bincount(row_ids[idx], weights=live_vals, minlength=n_links)[low]
+            exact[low] = load[low]
+        load[count == 0] = 0.0
     return level
 
 
