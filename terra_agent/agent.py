@@ -53,6 +53,7 @@ from overlay.protocol import (
     error_message,
     failed_message,
     parse_flows,
+    parse_pair_keys,
     parse_rates,
     parse_tunnels,
     progress_message,
@@ -63,7 +64,7 @@ from overlay.protocol import (
 from overlay.reorder import MemoryBudget
 from terra_controller.pki import CONTROLLER_HOSTNAME
 
-from .data_auth import DataAuthError, authenticate
+from .data_auth import DataAuthError, accept
 from .pending import PENDING_LIMIT_BYTES, PENDING_TIMEOUT_S, HeldChunk, PendingChunks
 from .receiver import HashQueue, InFlow
 from .sender import (
@@ -161,6 +162,7 @@ class Agent:
         self.registered = trio.Event()
         self.closed_connections = 0
         self.unauthenticated = 0
+        self.pair_keys: dict[str, bytes] = {}
         self.reorder_budget = MemoryBudget(config.memory_limit)
         self.pending = PendingChunks(config.pending_limit)
         self.payload_buffers = PayloadBuffers(MAX_PAYLOAD_BYTES, PAYLOAD_BUFFERS)
@@ -389,6 +391,8 @@ class Agent:
 
     async def _apply_tunnels(self, header: dict) -> None:
         specs, listen = parse_tunnels(header)
+        if self.config.data_tls_server is not None:  # keys are of no use without --pki
+            self.pair_keys = parse_pair_keys(header)
         wanted = {(s.peer_agent, s.tunnel): s for s in specs}
         for key, link in list(self.links.items()):
             if key not in wanted or wanted[key] != link.spec:
@@ -404,6 +408,7 @@ class Agent:
                     self._on_ack,
                     self._wake_all,
                     tls=self.config.data_tls_client,
+                    key_for=self._pair_key,
                 )
                 self.links[key] = link
                 self._spawn(link.run)
@@ -411,6 +416,11 @@ class Agent:
             if port not in self.listeners:
                 await self._start_listener(port)
         self._wake_all()
+
+    def _pair_key(self, peer_agent: str) -> bytes | None:
+        """The data connections' pair key of this agent and `peer_agent` (from the latest
+        "tunnels" message), or None."""
+        return self.pair_keys.get(peer_agent)
 
     def _link_for(self, peer_agent: str, tunnel: str) -> PeerLink | None:
         return self.links.get((peer_agent, tunnel))
@@ -613,15 +623,17 @@ class Agent:
                 authenticated = None
                 if self.config.data_tls_server is not None:
                     try:
-                        identity, initial = await authenticate(
-                            stream, self.config.data_tls_server, server_side=True
+                        authenticated, initial = await accept(
+                            stream,
+                            self.config.data_tls_server,
+                            self.config.agent_id,
+                            self._pair_key,
                         )
                     except DataAuthError as exc:
                         self.unauthenticated += 1
                         self.closed_connections += 1
                         log.error("incoming connection refused: %s", exc)
                         return
-                    authenticated = identity.name
                     peer = f"{authenticated} (authenticated)"
                 reader = FrameReader(stream, buffers=self.payload_buffers, initial=initial)
                 writer = FrameWriter(stream)

@@ -26,7 +26,7 @@ from overlay.framing import FrameError, FrameReader, FrameWriter, chunk_header
 from overlay.protocol import FlowSpec, ProtocolError, TunnelSpec, validate_data
 from overlay.rate_limit import TokenBucket
 
-from .data_auth import DataAuthError, authenticate
+from .data_auth import DataAuthError, authenticate, key_authenticate_sender
 from .sources import MAX_CHUNK_BYTES, new_hasher
 
 log = logging.getLogger(__name__)
@@ -265,9 +265,14 @@ class PeerLink:
     """Persistent connection to `spec.peer_agent` over tunnel `spec.tunnel`.
 
     PeerLink(spec: TunnelSpec, agent_id: str, local_host: str|None, on_ack, on_change,
-    tls=None). tls: the agent's data client context (terra_controller.pki.data_client_context):
-    each connection first authenticates (terra_agent/data_auth.py: mutual TLS handshake, the
-    peer's certificate must name spec.peer_agent, then back to plain TCP); None: plain TCP.
+    tls=None, key_for=None). tls: the agent's data client context
+    (terra_controller.pki.data_client_context): each connection first authenticates
+    (terra_agent/data_auth.py: mutual TLS handshake, the peer's certificate must name
+    spec.peer_agent, then back to plain TCP); None: plain TCP. key_for(peer agent) -> the pair
+    key from the controller or None: with tls and a key, the connection authenticates with
+    the key instead (one round trip, no public-key work); after a failed key exchange the next
+    attempt runs the TLS handshake (the receiver may not have the key yet). key_auths /
+    tls_auths count the connections authenticated each way.
     on_ack(coflow, flow, offset, epoch, attempt) is called for each ack frame (attempt: its "a",
     0 when absent); on_change() when the link
     goes up or down (so idle path tasks look again). run() connects, sends "hello", reads acks
@@ -275,10 +280,15 @@ class PeerLink:
     """
 
     def __init__(
-        self, spec: TunnelSpec, agent_id: str, local_host, on_ack, on_change, tls=None
-    ) -> None:
+        self, spec: TunnelSpec, agent_id: str, local_host, on_ack, on_change, tls=None,
+        key_for=None,
+    ) -> None:  # fmt: skip
         self.spec = spec
         self.tls = tls
+        self.key_for = key_for
+        self.key_auths = 0
+        self.tls_auths = 0
+        self._tls_next = False
         self.agent_id = agent_id
         self.local_host = local_host
         self.on_ack = on_ack
@@ -336,9 +346,7 @@ class PeerLink:
             async with stream:
                 initial = b""
                 if self.tls is not None:  # authenticate, then plain TCP (data_auth.py)
-                    _, initial = await authenticate(
-                        stream, self.tls, server_side=False, expected_peer=self.spec.peer_agent
-                    )
+                    initial = await self._authenticate(stream)
                 writer = FrameWriter(stream)
                 hello = {"t": "hello", "agent": self.agent_id, "tunnel": self.spec.tunnel}
                 await writer.send(hello)
@@ -347,6 +355,24 @@ class PeerLink:
                 log.info("link %s via %s up (connect #%d)", *self._name(), self.connects)
                 self.on_change()
                 await self._read_acks(FrameReader(stream, initial=initial))
+
+    async def _authenticate(self, stream: trio.SocketStream) -> bytes:
+        """Pair-key exchange if we hold the peer's key (and the last one did not fail), else
+        the TLS handshake; returns bytes received past it. DataAuthError if it failed."""
+        peer = self.spec.peer_agent
+        key = None if self.key_for is None or self._tls_next else self.key_for(peer)
+        if key is not None:
+            try:
+                await key_authenticate_sender(stream, self.agent_id, peer, key)
+            except DataAuthError:
+                self._tls_next = True
+                raise
+            self.key_auths += 1
+            return b""
+        self._tls_next = False
+        _, initial = await authenticate(stream, self.tls, server_side=False, expected_peer=peer)
+        self.tls_auths += 1
+        return initial
 
     async def _read_acks(self, reader: FrameReader) -> None:
         while True:
