@@ -603,6 +603,34 @@ async def test_a_digest_mismatch_is_reported_and_a_new_attempt_completes(tmp_pat
         assert h.agents["b"].agent.closed_connections == 0
 
 
+
+async def test_a_dropped_file_flow_leaves_no_part_file_and_a_new_attempt_commits(tmp_path):
+    """A cancelled / failed / restarting file flow: its DST.terra-part goes at the drop (the
+    destination never appears); the restart's attempt writes its own and commits it."""
+    async with loopback(tmp_path, k=2) as h:
+        b = h.agents["b"].agent
+        size = 8 * MB
+        doomed = h.flow("c1", "f", "a", "b", size, sink="file:out.bin")
+        part = h.data_root / "out.bin.terra-part"
+        await start_flows(h, [doomed], 0.5 * MB)  # 1 MB/s: 8 s for all of it
+        with trio.fail_after(30):
+            while b.in_flows[doomed.key].acknowledged < 1 * MB:
+                await trio.sleep(0.01)
+        assert part.stat().st_size >= 1 * MB
+        for agent in ("b", "a"):
+            await h.controller.send(agent, {"t": "drop", "coflow": "c1", "flows": ["f"]})
+        assert not part.exists() and not (h.data_root / "out.bin").exists()
+        again = h.flow("c1", "f", "a", "b", size, sink="file:out.bin", attempt=1)
+        await start_flows(h, [again], 20 * MB)
+        await wait_for(h, lambda: h.controller.all_complete([again.key]))
+        with trio.fail_after(30):
+            while part.exists():  # renamed over the destination after the report
+                await trio.sleep(0.01)
+        data = (h.data_root / "out.bin").read_bytes()
+        assert len(data) == size
+        assert hashlib.blake2b(data).hexdigest() == synthetic_digest("c1", "f", size)
+
+
 # ---- end to end: real controller and agents on loopback ----------------------------------
 
 E2E_AGENTS = [("a1", "A", "127.0.0.31"), ("b1", "B", "127.0.0.32"), ("c1", "C", "127.0.0.33")]
