@@ -505,3 +505,31 @@ def test_pair_keys_are_symmetric_per_pair_and_per_master():
         DataKeys(b"short")
     with pytest.raises(ValueError):
         keys.pair_key("a", "a")
+
+
+async def test_encrypting_agents_keep_tls_and_refuse_pair_key_exchanges(tmp_path, pki):
+    """With --encrypt-data a key exchange would leave the connection in clear: senders run
+    the TLS handshake although they hold the key, receivers refuse pair-key exchanges."""
+    async with trio.open_nursery() as nursery:
+        h = LoopbackHarness(nursery, tmp_path, pki=pki, encrypt_data=True)
+        h.controller.data_keys = DataKeys()
+        await h.start()
+        await h.add_agent("a", "HK")
+        await h.add_agent("b", "LA")
+        h.tunnels = (await h.install_tunnels([("a", "b", 1)]))["a"]
+        flow = h.flow("c1", "f1", "a", "b", 1 * MB)
+        await announce(h, flow)
+        b = h.agents["b"].agent
+        assert "a" in b.pair_keys
+        stream = await trio.open_tcp_stream(*tunnel_port(h))
+        async with stream:
+            await stream.send_all(KEY_TAG + b"\x01a" + os.urandom(NONCE_BYTES))
+            try:
+                assert await read_exact(stream, 1) is None  # closed, no challenge
+            except trio.BrokenResourceError:
+                pass  # closed with our bytes unread: a reset, no challenge either
+        await wait_refused(b)
+        await complete_from_a(h, flow)
+        link = h.agents["a"].agent.links[("b", h.tunnels[0].tunnel)]
+        assert link.tls_auths >= 1 and link.key_auths == 0
+        nursery.cancel_scope.cancel()
