@@ -60,6 +60,7 @@ from overlay.protocol import (
     validate_control,
     validate_data,
 )
+from overlay.rate_limit import RATE_LIMITERS, chunk_frame_overhead, stream_rate
 from overlay.reorder import MemoryBudget
 from terra_controller.pki import CONTROLLER_HOSTNAME
 
@@ -74,6 +75,7 @@ from .sender import (
     FlowGroupSender,
     OutFlow,
     PeerLink,
+    chunk_bytes,
     detect_dead_peers,
 )
 from .sources import SourceError, flow_key, open_source
@@ -88,6 +90,7 @@ CONTROL_HANDSHAKE_S = 10.0  # TLS handshake with the controller
 HASH_QUEUE_BYTES = 32 << 20  # in-order bytes received, not yet hashed / written (all flows)
 MAX_DROPPED = 10_000  # flows the controller dropped, remembered to ignore their late chunks/acks
 ROWS_PER_MESSAGE = 500  # flow rows per progress/register message (keeps headers < 64 KiB)
+PACING_REFRESH_S = 0.5  # paced links are also re-planned this often (groups that finished)
 
 
 @dataclass
@@ -114,6 +117,9 @@ class AgentConfig:
     with a mutual TLS handshake, the peers are checked (terra_agent/data_auth.py), then hello
     and chunks go in clear; None (default, --insecure, the loopback harness): plain TCP,
     unauthenticated.
+    rate_limiter: "bucket" (default: a trio TokenBucket per FlowGroup and path) or "pacing"
+    (the kernel paces each tunnel connection, SO_MAX_PACING_RATE; see Agent._plan_pacing and
+    docs/design.md section 5 "Rate limiting"); terra-agent --rate-limiter.
     """
 
     controller: tuple[str, int]
@@ -130,6 +136,13 @@ class AgentConfig:
     data_root: str | None = None
     data_tls_server: ssl.SSLContext | None = None
     data_tls_client: ssl.SSLContext | None = None
+    rate_limiter: str = "bucket"
+
+    def __post_init__(self) -> None:
+        if self.rate_limiter not in RATE_LIMITERS:
+            raise ValueError(
+                f"rate_limiter must be one of {RATE_LIMITERS}, got {self.rate_limiter!r}"
+            )
 
 
 class Agent:
@@ -188,6 +201,8 @@ class Agent:
                 self._nursery = nursery
                 await nursery.start(self._listen, port, listeners)
                 nursery.start_soon(self._control_loop)
+                if self.config.rate_limiter == "pacing":
+                    nursery.start_soon(self._pacing_loop)
                 task_status.started(self)
         finally:
             for flow in self.out_flows.values():
@@ -197,6 +212,60 @@ class Agent:
 
     def _spawn(self, fn, *args) -> None:
         self._nursery.start_soon(fn, *args)
+
+    # ------------------------------------------------------------ kernel pacing
+
+    async def _pacing_loop(self) -> None:
+        """Re-plan pacing every PACING_REFRESH_S (groups finish without a message)."""
+        while True:
+            await trio.sleep(PACING_REFRESH_S)
+            self._plan_pacing()
+
+    def _plan_pacing(self) -> None:
+        """--rate-limiter pacing: set every link's pacing and which buckets bind.
+
+        A link (peer agent, tunnel) is paced at the sum, over the unfinished FlowGroups with
+        flows to that peer and a rate > 0 on that tunnel, of the group's rate converted to
+        stream bytes (stream_rate: frame headers of chunk_bytes(rate) chunks added). A group
+        that is the link's only user and sends to that one peer on the tunnel gets a
+        non-binding bucket there (FlowGroupSender.set_kernel_paced): the kernel alone paces
+        it. Where groups share a link, their buckets keep splitting it at their rates and the
+        kernel smooths the sum. A link whose groups are all paused keeps its last pacing rate
+        (0 would mean unpaced to the kernel): nobody writes to it, only the bytes already
+        queued (at most two chunks) still leave. No-op with the bucket limiter.
+        """
+        if self.config.rate_limiter != "pacing":
+            return
+        users: dict[tuple[str, str], list[tuple[FlowGroupSender, float]]] = {}
+        peers_of: dict[tuple[str, str], set[str]] = {}
+        for key, group in self.groups.items():
+            live = [f for f in group.flows if not f.done and f.failed is None]
+            peers = {f.spec.dst_agent for f in live}
+            peers_of[key] = peers
+            if not live:
+                continue
+            for tunnel, rate in group.rates.items():
+                if rate <= 0:
+                    continue
+                n = chunk_bytes(rate)
+                head = chunk_frame_overhead(key[0], live[0].spec.flow, n, live[0].spec.attempt)
+                for peer in peers:
+                    users.setdefault((peer, tunnel), []).append((group, stream_rate(rate, n, head)))
+        for (peer, tunnel), link in self.links.items():
+            total = sum(r for _, r in users.get((peer, tunnel), ()))
+            if total > 0 and total != link.pacing_rate:
+                link.set_pacing_rate(total)
+        for key, group in self.groups.items():
+            peers = peers_of[key]
+            alone = set()
+            if len(peers) == 1:
+                (peer,) = peers
+                alone = {
+                    t
+                    for t in group.rates
+                    if len(users.get((peer, t), ())) == 1 and (peer, t) in self.links
+                }
+            group.set_kernel_paced(alone)
 
     # ------------------------------------------------------------ control channel
 
@@ -372,12 +441,15 @@ class Agent:
         elif kind == "flows":
             for spec in parse_flows(header):
                 self._add_flow(spec)
+            self._plan_pacing()
         elif kind == "rates":
             for group in parse_rates(header):
                 if group.paths or group.key in self.groups:  # no group for a pause alone
                     self._group(group.key).set_rates(group.paths)
+            self._plan_pacing()
         elif kind == "drop":
             self._drop_flows(header["coflow"], header["flows"])
+            self._plan_pacing()
         elif kind == "error":
             log.error("controller reports an error: %s", header["message"])
         elif kind not in ("heartbeat", "ack"):
@@ -410,6 +482,7 @@ class Agent:
         for port in listen:
             if port not in self.listeners:
                 await self._start_listener(port)
+        self._plan_pacing()
         self._wake_all()
 
     def _link_for(self, peer_agent: str, tunnel: str) -> PeerLink | None:

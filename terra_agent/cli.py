@@ -2,7 +2,7 @@
 
     terra-agent --controller HOST:PORT --dc DC --id AGENT_ID --data-addr HOST:PORT
                 (--pki DIR | --insecure) [--spill-dir DIR] [--memory-limit BYTES]
-                [--log-level LEVEL] [--data-root DIR]
+                [--log-level LEVEL] [--data-root DIR] [--rate-limiter {bucket,pacing}]
 
 --pki DIR: the agent authenticates to the controller with DIR/AGENT_ID.crt and .key (made by
 `terra-controller pki issue DIR --role agent AGENT_ID`) and verifies the controller against
@@ -15,6 +15,10 @@ unauthenticated (labs only).
 --data-root DIR: the only directory whose files this agent reads (flow sources) and writes
 (flow sinks); flow file paths are relative to it and may not leave it. Without it every file
 flow is refused (synthetic / digest-only flows still run).
+
+--rate-limiter: how the controller's per-path rates are enforced: "bucket" (default, a trio
+token bucket per FlowGroup and path) or "pacing" (the kernel paces each tunnel connection with
+SO_MAX_PACING_RATE; docs/design.md section 5 "Rate limiting").
 
 Exit status: 0 on Ctrl-C, 2 on bad arguments (argparse; a missing certificate, spill dir or
 data root), 1 when the data port cannot be bound.
@@ -32,6 +36,7 @@ from pathlib import Path
 import trio
 
 from overlay.protocol import ProtocolError, parse_addr
+from overlay.rate_limit import RATE_LIMITERS
 from terra_controller.pki import (
     PkiError,
     client_context,
@@ -77,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-root",
         help="directory whose files flows may read and write (paths are relative to it); "
         "without it, file flows are refused",
+    )
+    p.add_argument(
+        "--rate-limiter",
+        choices=RATE_LIMITERS,
+        default="bucket",
+        help="how per-path rates are enforced: bucket (trio token bucket per FlowGroup and "
+        "path, default) or pacing (the kernel's TCP pacing of each tunnel connection)",
     )
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     return p
@@ -125,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         data_root=data_root,
         data_tls_server=data_server,
         data_tls_client=data_client,
+        rate_limiter=args.rate_limiter,
     )
     try:
         trio.run(Agent(config).run)

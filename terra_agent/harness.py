@@ -353,7 +353,8 @@ class LoopbackHarness:
     holding a certificate per agent id: in-process agents then authenticate their data
     connections (AgentConfig.data_tls_server / data_tls_client; the control channel to the
     in-test controller peer stays plain TCP); None (default): plain data connections. Call
-    `await start()` first. Agent i normally gets host 127.0.0.(i+2).
+    `await start()` first. Agent i normally gets host 127.0.0.(i+2). rate_limiter: every agent's
+    AgentConfig.rate_limiter (terra-agent --rate-limiter): "bucket" (default) or "pacing".
     """
 
     def __init__(
@@ -363,8 +364,10 @@ class LoopbackHarness:
         memory_limit: int = 64 << 20,
         data_root: str | Path | None = ".",
         pki: str | Path | None = None,
+        rate_limiter: str = "bucket",
     ) -> None:
         self.nursery = nursery
+        self.rate_limiter = rate_limiter
         self.pki = pki
         self.workdir = Path(workdir)
         self.memory_limit = memory_limit
@@ -408,6 +411,7 @@ class LoopbackHarness:
             data_root=str(self.data_root) if self.data_root is not None else None,
             data_tls_server=data_server_context(self.pki, handle.agent_id) if self.pki else None,
             data_tls_client=data_client_context(self.pki, handle.agent_id) if self.pki else None,
+            rate_limiter=self.rate_limiter,
         )
 
     async def start_agent(self, agent_id: str, subprocess: bool = False) -> None:
@@ -457,6 +461,7 @@ class LoopbackHarness:
             "--memory-limit",
             str(cfg.memory_limit),
         ]
+        cmd += ["--rate-limiter", cfg.rate_limiter]
         cmd.append("--insecure")  # ControllerPeer speaks plain TCP
         if cfg.data_root is not None:
             cmd += ["--data-root", cfg.data_root]

@@ -24,7 +24,7 @@ import trio
 
 from overlay.framing import FrameError, FrameReader, FrameWriter, chunk_header
 from overlay.protocol import FlowSpec, ProtocolError, TunnelSpec, validate_data
-from overlay.rate_limit import TokenBucket
+from overlay.rate_limit import TokenBucket, set_pacing_rate
 
 from .data_auth import DataAuthError, authenticate
 from .sources import MAX_CHUNK_BYTES, new_hasher
@@ -272,6 +272,11 @@ class PeerLink:
     0 when absent); on_change() when the link
     goes up or down (so idle path tasks look again). run() connects, sends "hello", reads acks
     and reconnects with backoff (50 ms doubling to 2 s) until close().
+
+    Kernel pacing (terra-agent --rate-limiter pacing): set_pacing_rate(stream bytes/s) caps
+    the connection's TCP pacing (SO_MAX_PACING_RATE), now and on every reconnect; such a link
+    lets two chunks of unsent bytes queue in the kernel (instead of one) so the pacer never
+    waits for a late wake-up of the sending task. pacing_rate is None on bucket links.
     """
 
     def __init__(
@@ -291,6 +296,27 @@ class PeerLink:
         self._scope: trio.CancelScope | None = None
         self._stream: trio.SocketStream | None = None
         self._unsent_limit = MIN_UNSENT_BYTES
+        self.pacing_rate: float | None = None  # stream bytes/s the socket is paced at, or None
+
+    def set_pacing_rate(self, rate: float) -> None:
+        """Pace this link's connection at `rate` stream bytes/s (> 0; math.inf = unpaced).
+
+        Applied at once to the open connection and again on every reconnect.
+
+        Raises:
+            ValueError: rate <= 0 or NaN (pause a paced link by not writing to it).
+        """
+        if not rate > 0:
+            raise ValueError(f"a pacing rate must be > 0 bytes/s, got {rate!r}")
+        self.pacing_rate = float(rate)
+        if self._stream is not None:
+            self._apply_pacing(self._stream)
+
+    def _apply_pacing(self, stream: trio.SocketStream) -> None:
+        try:
+            set_pacing_rate(stream.socket, self.pacing_rate)
+        except OSError as exc:  # closed under us: the reconnect applies it again
+            log.warning("link %s via %s: cannot set pacing: %s", *self._name(), exc)
 
     @property
     def up(self) -> bool:
@@ -332,6 +358,8 @@ class PeerLink:
             )
             self._stream = stream
             detect_dead_peers(stream, TUNNEL_DEAD_PEER_S)
+            if self.pacing_rate is not None:
+                self._apply_pacing(stream)
             self._unsent_limit = MIN_UNSENT_BYTES  # trio's setting
             async with stream:
                 initial = b""
@@ -385,13 +413,14 @@ class PeerLink:
         """Send one chunk; False (and the link is torn down, chunk requeued) if that failed.
 
         chunk_size: the path's chunk size in bytes (chunk_bytes of its rate); the connection may
-        queue that many unsent bytes in the kernel (allow_unsent_bytes), at least 16 KiB.
+        queue that many unsent bytes in the kernel (allow_unsent_bytes), at least 16 KiB
+        (twice that many on a paced link).
         """
         writer = self.writer
         if writer is None:
             flow.requeue(offset, len(data))
             return False
-        limit = max(MIN_UNSENT_BYTES, chunk_size)
+        limit = max(MIN_UNSENT_BYTES, chunk_size * (1 if self.pacing_rate is None else 2))
         if limit != self._unsent_limit and self._stream is not None:
             allow_unsent_bytes(self._stream, limit)
             self._unsent_limit = limit
@@ -430,6 +459,11 @@ class FlowGroupSender:
     spawn: start a task in the agent's nursery, on_error(flow, message): a flow's source failed
     and the flow was dropped). set_rates({tunnel: bytes/s}) replaces the per-path rates (missing
     tunnels -> 0); add_flow(OutFlow) adds a flow. Flows are served in the order they were added.
+
+    Kernel pacing: set_kernel_paced({tunnel}) names the paths whose link this group alone uses
+    and whose link socket the agent paces at this group's rate; their buckets stop binding
+    (unlimited while the rate is > 0, still 0 = paused) so the kernel alone sets the pace.
+    Every other path keeps a bucket at its rate (the split of a shared link among groups).
     """
 
     def __init__(self, key: tuple[str, str], link_for, spawn, on_error) -> None:
@@ -444,6 +478,16 @@ class FlowGroupSender:
         self._spawn = spawn
         self._changed = trio.Event()
         self.sent_bytes: dict[str, int] = {}
+        self.kernel_paced: set[str] = set()
+
+    def set_kernel_paced(self, tunnels: set[str]) -> None:
+        """Make the buckets of `tunnels` non-binding (the kernel paces them), the others bind."""
+        tunnels = set(tunnels)
+        if tunnels == self.kernel_paced:
+            return
+        self.kernel_paced = tunnels
+        for tunnel, rate in self.rates.items():
+            self._set_rate(tunnel, rate)
 
     @property
     def done(self) -> bool:
@@ -480,6 +524,8 @@ class FlowGroupSender:
 
     def _set_rate(self, tunnel: str, rate: float) -> None:
         self.rates[tunnel] = rate
+        if rate > 0 and tunnel in self.kernel_paced:
+            rate = math.inf  # the link's socket paces this path (set_kernel_paced)
         bucket = self.buckets.get(tunnel)
         if bucket is None:
             self.buckets[tunnel] = TokenBucket(rate)  # depth: 50 ms of the current rate
