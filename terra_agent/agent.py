@@ -36,6 +36,7 @@ a restarted controller learns about flows that finished while it was down or bef
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import ssl
@@ -150,6 +151,8 @@ class Agent:
 
     Inspection (tests, benchmarks): out_flows {(coflow, flow): OutFlow}, in_flows {(coflow, flow):
     InFlow}, groups {(coflow, dst_dc): FlowGroupSender}, links {(peer_agent, tunnel): PeerLink},
+    group_links {(coflow, dst_dc, peer_agent, tunnel): PeerLink} (--rate-limiter pacing only:
+    each FlowGroup's own paced connections, see _plan_pacing),
     registered (trio.Event, set on each registration), epoch (receiver incarnation, ns),
     reorder_budget (MemoryBudget: out-of-order bytes in memory now / peak, all flows),
     pending (PendingChunks: chunks held for flows without a descriptor yet), payload_buffers
@@ -169,6 +172,8 @@ class Agent:
         self.in_flows: dict[tuple[str, str], InFlow] = {}
         self.groups: dict[tuple[str, str], FlowGroupSender] = {}
         self.links: dict[tuple[str, str], PeerLink] = {}
+        # --rate-limiter pacing: (coflow, dst_dc, peer_agent, tunnel) -> the group's own link
+        self.group_links: dict[tuple[str, str, str, str], PeerLink] = {}
         self.listeners: dict[int, trio.CancelScope] = {}
         self.incoming: dict[tuple[str, str], set[trio.SocketStream]] = {}
         self.registered = trio.Event()
@@ -222,50 +227,66 @@ class Agent:
             self._plan_pacing()
 
     def _plan_pacing(self) -> None:
-        """--rate-limiter pacing: set every link's pacing and which buckets bind.
+        """--rate-limiter pacing: one paced connection per (FlowGroup, peer agent, tunnel).
 
-        A link (peer agent, tunnel) is paced at the sum, over the unfinished FlowGroups with
-        flows to that peer and a rate > 0 on that tunnel, of the group's rate converted to
-        stream bytes (stream_rate: frame headers of chunk_bytes(rate) chunks added). A group
-        that is the link's only user and sends to that one peer on the tunnel gets a
-        non-binding bucket there (FlowGroupSender.set_kernel_paced): the kernel alone paces
-        it. Where groups share a link, their buckets keep splitting it at their rates and the
-        kernel smooths the sum. A link whose groups are all paused keeps its last pacing rate
-        (0 would mean unpaced to the kernel): nobody writes to it, only the bytes already
-        queued (at most two chunks) still leave. No-op with the bucket limiter.
+        Kernel pacing is per socket, so each FlowGroup gets its own connection per peer agent
+        and tunnel (group_links; the receiver takes any number per tunnel), paced at the
+        group's rate on that tunnel converted to stream bytes (stream_rate: the frame headers of
+        chunk_bytes(rate) chunks added). A group sending to one peer only has non-binding
+        buckets (FlowGroupSender.set_kernel_paced): the kernel alone sets its pace. A group
+        with flows to several peers in its DC keeps binding buckets (its rate on a tunnel is
+        for all of them together) and each connection is paced at that rate as a ceiling.
+        A paused path (rate 0) keeps its connection's last pacing rate (the kernel reads 0 as
+        "unpaced"): its bucket stops the writes, only the <= two chunks already queued leave.
+        Connections of finished or dropped groups, removed peers and removed or changed
+        tunnels are closed here. Called on every rates/flows/drop/tunnels message and every
+        PACING_REFRESH_S. No-op with the bucket limiter.
         """
         if self.config.rate_limiter != "pacing":
             return
-        users: dict[tuple[str, str], list[tuple[FlowGroupSender, float]]] = {}
-        peers_of: dict[tuple[str, str], set[str]] = {}
+        wanted: dict[tuple[str, str, str, str], tuple[FlowGroupSender, float | None]] = {}
         for key, group in self.groups.items():
             live = [f for f in group.flows if not f.done and f.failed is None]
             peers = {f.spec.dst_agent for f in live}
-            peers_of[key] = peers
-            if not live:
-                continue
             for tunnel, rate in group.rates.items():
-                if rate <= 0:
-                    continue
-                n = chunk_bytes(rate)
-                head = chunk_frame_overhead(key[0], live[0].spec.flow, n, live[0].spec.attempt)
+                paced = None
+                if rate > 0:
+                    n = chunk_bytes(rate)
+                    spec = live[0].spec if live else None
+                    head = chunk_frame_overhead(key[0], spec.flow, n, spec.attempt) if spec else 0
+                    paced = stream_rate(rate, n, head)
                 for peer in peers:
-                    users.setdefault((peer, tunnel), []).append((group, stream_rate(rate, n, head)))
-        for (peer, tunnel), link in self.links.items():
-            total = sum(r for _, r in users.get((peer, tunnel), ()))
-            if total > 0 and total != link.pacing_rate:
-                link.set_pacing_rate(total)
-        for key, group in self.groups.items():
-            peers = peers_of[key]
-            alone = set()
-            if len(peers) == 1:
-                (peer,) = peers
-                alone = {
-                    t
-                    for t in group.rates
-                    if len(users.get((peer, t), ())) == 1 and (peer, t) in self.links
-                }
-            group.set_kernel_paced(alone)
+                    if (peer, tunnel) in self.links:
+                        wanted[(*key, peer, tunnel)] = (group, paced)
+            group.set_kernel_paced(set(group.rates) if len(peers) == 1 else set())
+        for gkey, link in list(self.group_links.items()):
+            tunnel = self.links.get(gkey[2:])
+            group = self.groups.get(gkey[:2])
+            if tunnel is None or tunnel.spec != link.spec or group is None or group.done:
+                link.close()  # unacknowledged chunks go back to their flows
+                del self.group_links[gkey]
+        for gkey, (_, paced) in wanted.items():
+            link = self.group_links.get(gkey)
+            if link is None:
+                if paced is None:
+                    continue  # opened once the path gets a rate
+                link = PeerLink(
+                    self.links[gkey[2:]].spec,
+                    self.config.agent_id,
+                    self.config.data_addr[0],
+                    self._on_ack,
+                    self._wake_all,
+                    tls=self.config.data_tls_client,
+                )
+                link.set_pacing_rate(paced)  # before its first byte
+                self.group_links[gkey] = link
+                self._spawn(link.run)
+            elif paced is not None and paced != link.pacing_rate:
+                link.set_pacing_rate(paced)
+
+    def _group_link_for(self, key: tuple[str, str], peer_agent: str, tunnel: str):
+        """The paced connection of FlowGroup `key` to `peer_agent` over `tunnel`, or None."""
+        return self.group_links.get((*key, peer_agent, tunnel))
 
     # ------------------------------------------------------------ control channel
 
@@ -491,7 +512,10 @@ class Agent:
     def _group(self, key: tuple[str, str]) -> FlowGroupSender:
         group = self.groups.get(key)
         if group is None:
-            group = FlowGroupSender(key, self._link_for, self._spawn, self._flow_failed)
+            link_for = self._link_for
+            if self.config.rate_limiter == "pacing":
+                link_for = functools.partial(self._group_link_for, key)
+            group = FlowGroupSender(key, link_for, self._spawn, self._flow_failed)
             self.groups[key] = group
         return group
 
