@@ -152,7 +152,7 @@ class Agent:
     Inspection (tests, benchmarks): out_flows {(coflow, flow): OutFlow}, in_flows {(coflow, flow):
     InFlow}, groups {(coflow, dst_dc): FlowGroupSender}, links {(peer_agent, tunnel): PeerLink},
     group_links {(coflow, dst_dc, peer_agent, tunnel): PeerLink} (--rate-limiter pacing only:
-    each FlowGroup's own paced connections, see _plan_pacing),
+    each FlowGroup's own paced connections, see _plan_pacing; group_links_opened counts them),
     registered (trio.Event, set on each registration), epoch (receiver incarnation, ns),
     reorder_budget (MemoryBudget: out-of-order bytes in memory now / peak, all flows),
     pending (PendingChunks: chunks held for flows without a descriptor yet), payload_buffers
@@ -174,6 +174,7 @@ class Agent:
         self.links: dict[tuple[str, str], PeerLink] = {}
         # --rate-limiter pacing: (coflow, dst_dc, peer_agent, tunnel) -> the group's own link
         self.group_links: dict[tuple[str, str, str, str], PeerLink] = {}
+        self.group_links_opened = 0  # group_links ever created (inspection)
         self.listeners: dict[int, trio.CancelScope] = {}
         self.incoming: dict[tuple[str, str], set[trio.SocketStream]] = {}
         self.registered = trio.Event()
@@ -280,6 +281,7 @@ class Agent:
                 )
                 link.set_pacing_rate(paced)  # before its first byte
                 self.group_links[gkey] = link
+                self.group_links_opened += 1
                 self._spawn(link.run)
             elif paced is not None and paced != link.pacing_rate:
                 link.set_pacing_rate(paced)

@@ -9,8 +9,10 @@ one tunnel connection each get their own rate.
 import math
 import socket
 import time
+from contextlib import asynccontextmanager
 
 import pytest
+import test_agent
 import trio
 from test_agent import MB, loopback
 
@@ -185,3 +187,32 @@ async def test_harness_passes_the_rate_limiter_and_bad_names_are_refused(tmp_pat
         with pytest.raises(ValueError, match="rate_limiter"):
             LoopbackHarness(nursery, tmp_path, rate_limiter="htb")._config(h.agents["a"])
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        test_agent.test_file_to_file_over_four_tunnels,
+        test_agent.test_striping_follows_rates_three_to_one,
+        test_agent.test_rate_zero_pauses_and_new_rates_apply,
+        test_agent.test_controller_declares_tunnel_down,
+        test_agent.test_bytes_lost_on_a_failed_path_are_resent_on_the_others,
+    ],
+    ids=lambda f: f.__name__.removeprefix("test_"),
+)
+async def test_agent_scenarios_with_the_pacing_limiter(tmp_path, monkeypatch, scenario):
+    """tests/test_agent.py scenarios (multipath files, 3:1 striping, rate 0, a tunnel removed,
+    bytes lost on a dead path resent) with every agent on --rate-limiter pacing."""
+    harnesses = []
+
+    @asynccontextmanager
+    async def paced(tmp_path, **kw):
+        async with loopback(tmp_path, rate_limiter="pacing", **kw) as h:
+            harnesses.append(h)
+            yield h
+
+    monkeypatch.setattr(test_agent, "loopback", paced)
+    await scenario(tmp_path)
+    a = harnesses[0].agents["a"].agent
+    assert a.config.rate_limiter == "pacing" and a.groups
+    assert a.group_links_opened >= 1  # the bytes went over the groups' own paced connections
