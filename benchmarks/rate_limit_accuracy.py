@@ -8,7 +8,8 @@ agent's two backends (terra-agent --rate-limiter):
 - bucket: overlay.rate_limit.TokenBucket, acquire(chunk) before each frame (payload bytes);
 - pacing: no bucket; the socket's kernel TCP pacing (SO_MAX_PACING_RATE) is set to the rate
   plus the frame headers (overlay.rate_limit.stream_rate) and the sender writes whenever the
-  socket takes more, with two chunks of unsent bytes allowed in the kernel (as PeerLink does).
+  socket takes more, with PACED_UNSENT_CHUNKS chunks (~100 ms) of unsent bytes allowed in the
+  kernel (as PeerLink does).
 The sender's MSS is clamped to --mss (default 1448, an Ethernet path's; 0 = loopback's own
 65483): the pacer releases whole segments, and a 64 KiB loopback segment is half a second at
 1 Mbit/s, which no WAN path has (docs/design.md section 5).
@@ -45,7 +46,7 @@ from overlay.rate_limit import (
     set_pacing_rate,
     stream_rate,
 )
-from terra_agent.sender import MIN_UNSENT_BYTES, allow_unsent_bytes
+from terra_agent.sender import MIN_UNSENT_BYTES, PACED_UNSENT_CHUNKS, allow_unsent_bytes
 
 MBIT = 1e6 / 8  # bytes/s per Mbit/s
 DEFAULT_RATES_MBIT = [1, 2, 5, 10, 20, 50, 100, 200]
@@ -113,7 +114,7 @@ async def measure_one(
                 set_pacing_rate(
                     stream.socket, stream_rate(rate, n, chunk_frame_overhead("b", "f", n))
                 )
-                allow_unsent_bytes(stream, max(MIN_UNSENT_BYTES, 2 * n))
+                allow_unsent_bytes(stream, max(MIN_UNSENT_BYTES, PACED_UNSENT_CHUNKS * n))
             offset = 0
             end = trio.current_time() + warmup + duration
             while trio.current_time() < end:

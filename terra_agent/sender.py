@@ -38,6 +38,7 @@ BACKOFF_MAX_S = 2.0
 THREAD_HASH_BYTES = 4 << 20  # unhashed bytes of a flow at which a worker thread hashes them
 MIN_UNSENT_BYTES = 16 * 1024  # data connections queue in the kernel at most one chunk of unsent
 # bytes, and at least this many (trio's default TCP_NOTSENT_LOWAT for every SocketStream)
+PACED_UNSENT_CHUNKS = 10  # a paced link queues up to 10 chunks (~100 ms) unsent: docs/design.md 5.1
 DEAD_PEER_S = 10.0  # a silent peer (no acks, no keepalive answers) is dropped after this long
 # Tunnel connections cross the emulated/real WAN: a burst of losses there (a link failure and
 # the re-route, full queues) stalls a live connection in TCP's exponential RTO backoff
@@ -275,8 +276,9 @@ class PeerLink:
 
     Kernel pacing (terra-agent --rate-limiter pacing): set_pacing_rate(stream bytes/s) caps
     the connection's TCP pacing (SO_MAX_PACING_RATE), now and on every reconnect; such a link
-    lets two chunks of unsent bytes queue in the kernel (instead of one) so the pacer never
-    waits for a late wake-up of the sending task. pacing_rate is None on bucket links.
+    lets PACED_UNSENT_CHUNKS chunks (~100 ms) of unsent bytes queue in the kernel instead of one,
+    so the pacer does not idle while the sending task wakes up late. pacing_rate is None on
+    bucket links.
     """
 
     def __init__(
@@ -414,13 +416,14 @@ class PeerLink:
 
         chunk_size: the path's chunk size in bytes (chunk_bytes of its rate); the connection may
         queue that many unsent bytes in the kernel (allow_unsent_bytes), at least 16 KiB
-        (twice that many on a paced link).
+        (PACED_UNSENT_CHUNKS times that many on a paced link).
         """
         writer = self.writer
         if writer is None:
             flow.requeue(offset, len(data))
             return False
-        limit = max(MIN_UNSENT_BYTES, chunk_size * (1 if self.pacing_rate is None else 2))
+        paced = self.pacing_rate is not None
+        limit = max(MIN_UNSENT_BYTES, chunk_size * (PACED_UNSENT_CHUNKS if paced else 1))
         if limit != self._unsent_limit and self._stream is not None:
             allow_unsent_bytes(self._stream, limit)
             self._unsent_limit = limit
