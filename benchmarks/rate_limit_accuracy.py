@@ -23,7 +23,7 @@ start-up bunching are not the limiter's doing). All rates run at the same time b
 Usage:
     uv run python benchmarks/rate_limit_accuracy.py [--backend {bucket,pacing}]
         [--rates 1 2 5 10 20 50 100 200] [--duration 5] [--warmup 0.5] [--chunk BYTES]
-        [--mss BYTES] [--sequential] [--json OUT]
+        [--mss BYTES] [--no-header-accounting] [--sequential] [--json OUT]
 Prints a table (with the process's CPU seconds per GB sent); --json OUT writes
 {"backend", "max_error_fraction": x, "cpu_s_per_gb", "loadavg", "per_rate": [...]}.
 """
@@ -79,10 +79,13 @@ async def measure_one(
     chunk: int | None = None,
     backend: str = "bucket",
     mss: int = ETHERNET_MSS,
+    headers: bool = True,
 ) -> dict:
     """Send rate-limited chunks over one loopback TCP connection for `warmup` + `duration` s.
 
-    backend: "bucket" or "pacing" (module docstring); mss: sender MSS clamp in bytes (0: none).
+    backend: "bucket" or "pacing" (module docstring); mss: sender MSS clamp in bytes (0: none);
+    headers: pacing only: add the frame headers to the pacing rate (False: pace at the payload
+    rate, to show what that accounting corrects).
     Returns {"rate_mbit", "set_bytes_per_s", "measured_bytes_per_s" (payload at the receiver,
     over the last `duration` s), "error_fraction", "bytes", "chunks", "window_s",
     "chunk_bytes", "backend", "sent_bytes"}.
@@ -111,9 +114,8 @@ async def measure_one(
         bucket = TokenBucket(rate)
         async with await open_sender(port, mss) as stream:
             if backend == "pacing":
-                set_pacing_rate(
-                    stream.socket, stream_rate(rate, n, chunk_frame_overhead("b", "f", n))
-                )
+                head = chunk_frame_overhead("b", "f", n) if headers else 0
+                set_pacing_rate(stream.socket, stream_rate(rate, n, head))
                 allow_unsent_bytes(stream, max(MIN_UNSENT_BYTES, PACED_UNSENT_CHUNKS * n))
             offset = 0
             end = trio.current_time() + warmup + duration
@@ -155,12 +157,13 @@ async def run(
     chunk: int | None,
     backend: str = "bucket",
     mss: int = ETHERNET_MSS,
+    headers: bool = True,
 ) -> list[dict]:
     """Measure every rate (concurrently unless `sequential`); results in the order given."""
     results: dict[float, dict] = {}
 
     async def one(r):
-        results[r] = await measure_one(r, duration, warmup, chunk, backend, mss)
+        results[r] = await measure_one(r, duration, warmup, chunk, backend, mss, headers)
 
     if sequential:
         for r in rates_mbit:
@@ -185,6 +188,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per rate")
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds not measured")
     parser.add_argument("--chunk", type=int, default=None, help="fixed chunk bytes")
+    parser.add_argument(
+        "--no-header-accounting",
+        action="store_true",
+        help="pacing: pace at the payload rate, frame headers not added",
+    )
     parser.add_argument("--sequential", action="store_true", help="one rate at a time")
     parser.add_argument("--json", metavar="OUT", help="write the figures as JSON here")
     args = parser.parse_args(argv)
@@ -207,6 +215,7 @@ def main(argv: list[str] | None = None) -> None:
         args.chunk,
         args.backend,
         args.mss,
+        not args.no_header_accounting,
     )
     cpu = time.process_time() - cpu0  # sender and receiver together (one process)
     sent = sum(r["sent_bytes"] for r in results)
@@ -227,6 +236,7 @@ def main(argv: list[str] | None = None) -> None:
         with open(args.json, "w") as f:
             out = {"backend": args.backend, "max_error_fraction": worst, "cpu_s_per_gb": cpu_per_gb}
             out.update({"loadavg": load[0], "mss": args.mss, "per_rate": results})
+            out["header_accounting"] = not args.no_header_accounting
             json.dump(out, f, indent=2)
 
 
