@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import logging
 import os
 import tempfile
 import time
@@ -29,6 +28,7 @@ import trio
 from overlay.framing import crc32
 from overlay.protocol import GroupRates
 from terra_agent.harness import LoopbackHarness
+from terra_core.cli_support import setup_logging
 
 UNLIMITED = 1e12  # bytes/s: far above what loopback can do
 
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tunnels", type=int, default=4, help="tunnels (connections) a -> b")
     p.add_argument("--json", type=Path, help="write the figures as JSON to this file")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
+    setup_logging("WARNING")
     with tempfile.TemporaryDirectory() as tmp:
         figures = trio.run(run, args.gbytes, args.flows, args.tunnels, Path(tmp))
     cost = hashing_cost_s_per_gb()

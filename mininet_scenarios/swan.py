@@ -511,7 +511,8 @@ def run_terra(
             for f in status["flows"]:
                 want = expected_digest(str(cid), f["id"], f["bytes"])
                 result.digest_mismatches += f.get("digest") != want
-                result.bytes_lost += f["bytes"] - min(f["bytes"], f.get("delivered", f["bytes"]))
+                delivered = f.get("bytes_delivered", f["bytes"])
+                result.bytes_lost += f["bytes"] - min(f["bytes"], delivered)
     finally:
         client.close()
         flow_mods = _finish_failure(fail)
@@ -713,11 +714,15 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
         TestbedError: bring-up failed or a run did not finish (after teardown).
         KeyboardInterrupt: passed on after teardown.
     """
-    from mininet.log import setLogLevel
+    from terra_core.cli_support import MissingExtra, require
 
+    try:
+        mininet_log = require("mininet.log", "testbed")
+    except MissingExtra as exc:
+        raise TestbedError(str(exc)) from exc
     from mininet_scenarios.wan_net import build_wan, cleanup
 
-    setLogLevel("critical")
+    mininet_log.setLogLevel("critical")
     opts.workdir.mkdir(parents=True, exist_ok=True)
     topo_path = testbed_topology(opts.workdir, opts.link_mbps, opts.hosts_per_dc)
     topology = load_topology(str(topo_path))

@@ -34,8 +34,9 @@ if ! command -v uv >/dev/null 2>&1; then
 fi
 uv --version
 
-# Python environment (.venv) from pyproject.toml / uv.lock, dev group included.
-uv sync
+# Python environment (.venv) from pyproject.toml / uv.lock: every extra (testbed, plots, sim,
+# bench) and the dev group.
+uv sync --all-extras
 
 # Open vSwitch: ovsdb-server + ovs-vswitchd (no kernel module is loaded or needed).
 OVS_CTL=/usr/share/openvswitch/scripts/ovs-ctl

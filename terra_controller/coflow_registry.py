@@ -146,7 +146,7 @@ class FlowState:
     def to_dict(self) -> dict:
         """Return the flow's progress as a plain dict (for status replies and REST).
 
-        Shape: {"id", "src", "dst", "src_dc", "dst_dc", "bytes", "delivered", "done",
+        Shape: {"id", "src", "dst", "src_dc", "dst_dc", "bytes", "bytes_delivered", "done",
         "digest", "state" (FlowStatus value), "reason" (str or None), "restarts"}.
         """
         return {
@@ -156,7 +156,7 @@ class FlowState:
             "src_dc": self.src_dc,
             "dst_dc": self.dst_dc,
             "bytes": self.bytes,
-            "delivered": self.bytes if self.done else self.delivered,
+            "bytes_delivered": self.bytes if self.done else self.delivered,
             "done": self.done,
             "digest": self.digest,
             "state": self.state.value,

@@ -316,7 +316,7 @@ class Controller:
                 self._end(coflow, CoflowStatus.CANCELLED, "cancelled by the job master")
             out = coflow.status()  # (it may be dropped from memory already: keep_finished)
             for f in out["flows"]:
-                f["rate"] = 0.0
+                f["rate_bytes_per_s"] = 0.0
             return out
 
     def fail_flow(
@@ -457,7 +457,7 @@ class Controller:
         return failed
 
     def status(self, coflow_id: object) -> dict:
-        """checkStatus: the coflow's status map plus its flows' current rates (bytes/s).
+        """checkStatus: the coflow's status map plus each flow's current "rate_bytes_per_s".
 
         Raises:
             RegistryError("unknown_coflow").
@@ -467,7 +467,7 @@ class Controller:
             out = coflow.status()
             rates = self.rates.get(coflow.id, {})
             for f in out["flows"]:
-                f["rate"] = sum(r for _, r in rates.get(f["id"], []))
+                f["rate_bytes_per_s"] = sum(r for _, r in rates.get(f["id"], []))
             return out
 
     # ---- WAN events ---------------------------------------------------------------------
@@ -719,7 +719,8 @@ class Controller:
         """The coflow's FlowGroups with their per-path rates.
 
         Returns:
-            [{"src_dc", "dst_dc", "remaining", "paths": [{"path": [dc...], "rate": bytes/s}]}].
+            [{"src_dc", "dst_dc", "bytes_remaining", "paths": [{"path": [dc...],
+            "rate_bytes_per_s"}]}] (docs/operations.md, REST).
         """
         with self.lock:
             coflow = self.registry.get(coflow_id)
@@ -730,13 +731,15 @@ class Controller:
                     continue
                 g = groups.setdefault(
                     (f.src_dc, f.dst_dc),
-                    {"src_dc": f.src_dc, "dst_dc": f.dst_dc, "remaining": 0, "paths": {}},
+                    {"src_dc": f.src_dc, "dst_dc": f.dst_dc, "bytes_remaining": 0, "paths": {}},
                 )
-                g["remaining"] += f.remaining
+                g["bytes_remaining"] += f.remaining
                 for path, rate in rates.get(f.id, []):
                     g["paths"][path] = g["paths"].get(path, 0.0) + rate
             for g in groups.values():
-                g["paths"] = [{"path": list(p), "rate": r} for p, r in g["paths"].items()]
+                g["paths"] = [
+                    {"path": list(p), "rate_bytes_per_s": r} for p, r in g["paths"].items()
+                ]
             return list(groups.values())
 
 

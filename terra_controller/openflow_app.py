@@ -46,6 +46,7 @@ from terra_controller.tunnels import (
     startup_tunnels,
     tunnels_up,
 )
+from terra_core.cli_support import setup_logging
 from topologies import Link, Topology, TopologyError, load_topology
 from topologies.binding import Binding, load_binding
 
@@ -351,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--of-host", default="127.0.0.1")
     parser.add_argument("--of-port", type=int, default=6653)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    setup_logging("WARNING")
     try:
         topology = load_topology(args.topology)
         binding = load_binding(topology)

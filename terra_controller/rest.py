@@ -1,9 +1,12 @@
 """Read-only REST for operators: JSON views of the controller and Prometheus metrics.
 
-Routes (GET only; docs/design.md section 6, issue 4 item 5):
+Routes (GET only; docs/design.md section 6; docs/operations.md lists every field and its unit):
 
     /status          controller: topology name, uptime, agents, coflows per state, rounds
-    /topology        links with capacity (bytes/s), state (up/down), allocated rate (bytes/s)
+    /topology        the topology's name, DCs and links (as /links)
+    /links           directed links a -> b: capacity (bytes/s and Gbit/s), state (up/down),
+                     allocated rate (bytes/s) and, with switches, the sending port's counters
+                     and measured rate (bytes/s)
     /tunnels         tunnels (id, DC pair, path, up) and, with switches, the rules of every
                      switch (by DPID) and their counts, flow-mods sent
     /coflows         every coflow: id, state, bytes total/delivered, CCT
@@ -158,33 +161,34 @@ class RestApp:
             return [r.to_json() for r in self.channel.reactions]
 
     def topology(self) -> dict:
-        """{"name", "dcs", "links": [{"src", "dst", "capacity", "state", "allocated"}]}."""
+        """{"name", "dcs", "links": the rows of `links()`}."""
         snap = self.controller.snapshot()
-        links = [
-            {"src": u, "dst": v, "capacity": cap, "state": state, "allocated": load}
-            for u, v, cap, state, load in snap.links
-        ]
-        return {"name": snap.topology, "dcs": list(snap.dcs), "links": links}
+        return {"name": snap.topology, "dcs": list(snap.dcs), "links": self._link_rows(snap)}
 
     def links(self) -> dict:
         """Every directed WAN link with its allocation and, with switches, what its sending
         port counted (OpenFlow port statistics, port_stats.py):
-        {"links": [{"a", "b", "state", "capacity_bytes_per_s", "allocated_bytes_per_s",
-        "measured_bytes_per_s" (rate between the last two polls), "tx_bytes", "tx_packets",
-        "tx_dropped", "rx_bytes", "rx_dropped", "dpid", "port", "sampled_s" (age of the
-        sample)}]}; the measured fields are null without switches or before a poll."""
-        snap = self.controller.snapshot()
+        {"links": [{"a", "b", "state", "capacity_bytes_per_s", "capacity_gbps",
+        "allocated_bytes_per_s", "measured_bytes_per_s" (rate between the last two polls),
+        "tx_bytes", "tx_packets", "tx_dropped", "rx_bytes", "rx_dropped", "dpid", "port",
+        "sampled_s" (age of the sample)}]}, one row per direction a -> b ("a" and "b" as the
+        topology file names the ends; capacity_gbps = capacity_bytes_per_s * 8 / 1e9); the
+        measured fields are null without switches or before a poll."""
+        return {"links": self._link_rows(self.controller.snapshot())}
+
+    def _link_rows(self, snap) -> list[dict]:
+        """The rows of `links()` for a Snapshot."""
         measured = self.ports() if self.ports is not None else {}
         out = []
         for a, b, cap, state, load in snap.links:
             row = {"a": a, "b": b, "state": state, "capacity_bytes_per_s": cap,
-                   "allocated_bytes_per_s": load}  # fmt: skip
+                   "capacity_gbps": cap * 8 / 1e9, "allocated_bytes_per_s": load}  # fmt: skip
             m = measured.get((a, b))
             for key in _MEASURED:
                 row[key] = None if m is None else getattr(m, key)
             row["measured_bytes_per_s"] = None if m is None else m.tx_bytes_per_s
             out.append(row)
-        return {"links": out}
+        return out
 
     def tunnels(self) -> dict:
         """{"tunnels": [{"tunnel", "src", "dst", "index", "path", "up"}], "switches": {...}}."""
@@ -199,8 +203,8 @@ class RestApp:
         return list(self.controller.snapshot().coflows)
 
     def coflow(self, coflow_id: int) -> dict:
-        """checkStatus's map plus "flowgroups": [{"src_dc", "dst_dc", "remaining",
-        "paths": [{"path", "rate"}]}].
+        """checkStatus's map plus "flowgroups": [{"src_dc", "dst_dc", "bytes_remaining",
+        "paths": [{"path", "rate_bytes_per_s"}]}].
 
         Raises:
             RegistryError: unknown coflow (answered 404).

@@ -233,7 +233,8 @@ def test_cli_parsing_and_errors(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(base)  # neither --pki nor --insecure
     assert exc.value.code == 2
-    assert main(base + ["--insecure", "--spill-dir", str(tmp_path / "nodir")]) == 2
+    (tmp_path / "file").write_text("")  # a spill dir that cannot be created
+    assert main(base + ["--insecure", "--spill-dir", str(tmp_path / "file" / "d")]) == 1
 
 
 def test_inflow_restarted_after_all_bytes_still_verifies(tmp_path):

@@ -101,23 +101,35 @@ def test_topology_and_coflow_allocations_agree(rest):
     coflow = get_json(base, f"/coflows/{cid}")
     (group,) = coflow["flowgroups"]
     assert (group["src_dc"], group["dst_dc"]) == ("A", "B")
-    rates = {tuple(p["path"]): p["rate"] for p in group["paths"]}
+    rates = {tuple(p["path"]): p["rate_bytes_per_s"] for p in group["paths"]}
     assert set(rates) <= {("A", "B"), ("A", "C", "B")} and sum(rates.values()) > 0
-    assert sum(f["rate"] for f in coflow["flows"]) == pytest.approx(sum(rates.values()))
-    links = {(x["src"], x["dst"]): x for x in get_json(base, "/topology")["links"]}
-    assert len(links) == 6 and all(x["capacity"] == CAP for x in links.values())
+    assert sum(f["rate_bytes_per_s"] for f in coflow["flows"]) == pytest.approx(
+        sum(rates.values())
+    )
+    assert group["bytes_remaining"] == 10**9
+    assert [f["bytes_delivered"] for f in coflow["flows"]] == [0]
+    topology = get_json(base, "/topology")
+    assert topology["links"] == get_json(base, "/links")["links"]
+    links = {(x["a"], x["b"]): x for x in topology["links"]}
+    assert set(links[("A", "B")]) >= {
+        "a", "b", "capacity_bytes_per_s", "capacity_gbps", "state", "allocated_bytes_per_s"
+    }  # fmt: skip
+    assert "src" not in links[("A", "B")] and "capacity" not in links[("A", "B")]
+    assert len(links) == 6 and all(x["capacity_bytes_per_s"] == CAP for x in links.values())
+    assert all(x["capacity_gbps"] == pytest.approx(CAP * 8 / 1e9) for x in links.values())
     # Allocated rate per link = the sum of the rates of the paths crossing it.
-    assert links[("A", "B")]["allocated"] == pytest.approx(rates.get(("A", "B"), 0.0))
-    assert links[("A", "C")]["allocated"] == pytest.approx(rates.get(("A", "C", "B"), 0.0))
-    assert links[("C", "B")]["allocated"] == pytest.approx(rates.get(("A", "C", "B"), 0.0))
-    assert links[("B", "A")]["allocated"] == 0
-    assert all(x["allocated"] <= CAP * (1 + 1e-9) for x in links.values())
+    alloc = {link: x["allocated_bytes_per_s"] for link, x in links.items()}
+    assert alloc[("A", "B")] == pytest.approx(rates.get(("A", "B"), 0.0))
+    assert alloc[("A", "C")] == pytest.approx(rates.get(("A", "C", "B"), 0.0))
+    assert alloc[("C", "B")] == pytest.approx(rates.get(("A", "C", "B"), 0.0))
+    assert alloc[("B", "A")] == 0
+    assert all(x <= CAP * (1 + 1e-9) for x in alloc.values())
 
 
 def test_link_state_shows_in_topology_and_tunnels(rest):
     controller, base = rest
     controller.set_link_state("A", "B", False)
-    links = {(x["src"], x["dst"]): x["state"] for x in get_json(base, "/topology")["links"]}
+    links = {(x["a"], x["b"]): x["state"] for x in get_json(base, "/links")["links"]}
     assert links[("A", "B")] == links[("B", "A")] == "down" and links[("A", "C")] == "up"
     tunnels = get_json(base, "/tunnels")
     assert tunnels["logical"] is True
@@ -181,11 +193,11 @@ def test_flows_cut_off_by_failures_wait_and_the_rest_is_scheduled(rest):
     controller.set_link_state("A", "C", False)
     controller.set_link_state("B", "C", False)
     controller.run_round()  # must not fail because one FlowGroup cannot be routed
-    rates = {f["id"]: f["rate"] for f in get_json(base, f"/coflows/{cid}")["flows"]}
+    rates = {f["id"]: f["rate_bytes_per_s"] for f in get_json(base, f"/coflows/{cid}")["flows"]}
     assert rates["ac"] == 0 and rates["ab"] > 0
     controller.set_link_state("A", "C", True)
     controller.run_round()
-    rates = {f["id"]: f["rate"] for f in get_json(base, f"/coflows/{cid}")["flows"]}
+    rates = {f["id"]: f["rate_bytes_per_s"] for f in get_json(base, f"/coflows/{cid}")["flows"]}
     assert rates["ac"] > 0 and rates["ab"] > 0
 
 
