@@ -463,10 +463,10 @@ class FlowGroupSender:
     and the flow was dropped). set_rates({tunnel: bytes/s}) replaces the per-path rates (missing
     tunnels -> 0); add_flow(OutFlow) adds a flow. Flows are served in the order they were added.
 
-    Kernel pacing: set_kernel_paced({tunnel}) names the paths whose link this group alone uses
-    and whose link socket the agent paces at this group's rate; their buckets stop binding
-    (unlimited while the rate is > 0, still 0 = paused) so the kernel alone sets the pace.
-    Every other path keeps a bucket at its rate (the split of a shared link among groups).
+    Kernel pacing: set_kernel_paced({tunnel}) names the paths on which this group has its own
+    connection, paced by the kernel at the group's rate (Agent._plan_pacing); their buckets
+    stop binding (unlimited while the rate is > 0, still 0 = paused) so the kernel alone sets
+    the pace. Every other path keeps a binding bucket at its rate.
     """
 
     def __init__(self, key: tuple[str, str], link_for, spawn, on_error) -> None:
