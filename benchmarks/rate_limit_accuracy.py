@@ -8,8 +8,8 @@ agent's two backends (terra-agent --rate-limiter):
 - bucket: overlay.rate_limit.TokenBucket, acquire(chunk) before each frame (payload bytes);
 - pacing: no bucket; the socket's kernel TCP pacing (SO_MAX_PACING_RATE) is set to the rate
   plus the frame headers (overlay.rate_limit.stream_rate) and the sender writes whenever the
-  socket takes more, with PACED_UNSENT_CHUNKS chunks (~100 ms) of unsent bytes allowed in the
-  kernel (as PeerLink does).
+  socket takes more, with ~100 ms of unsent bytes (at least a chunk) allowed in the kernel
+  (terra_agent.sender.paced_unsent_bytes, as PeerLink does).
 The sender's MSS is clamped to --mss (default 1448, an Ethernet path's; 0 = loopback's own
 65483): the pacer releases whole segments, and a 64 KiB loopback segment is half a second at
 1 Mbit/s, which no WAN path has (docs/design.md section 5).
@@ -39,6 +39,7 @@ import time
 import trio
 
 from overlay.framing import FrameReader, chunk_header, send_frame
+from overlay.integrity import mac_bytes
 from overlay.rate_limit import (
     RATE_LIMITERS,
     TokenBucket,
@@ -46,7 +47,7 @@ from overlay.rate_limit import (
     set_pacing_rate,
     stream_rate,
 )
-from terra_agent.sender import MIN_UNSENT_BYTES, PACED_UNSENT_CHUNKS, allow_unsent_bytes
+from terra_agent.sender import allow_unsent_bytes, paced_unsent_bytes
 
 MBIT = 1e6 / 8  # bytes/s per Mbit/s
 DEFAULT_RATES_MBIT = [1, 2, 5, 10, 20, 50, 100, 200]
@@ -111,18 +112,20 @@ async def measure_one(
     async def sender():
         payload = bytes(chunk_size(rate, chunk))
         n = len(payload)
+        macs = bytes(mac_bytes(n))  # the agents' leaf MACs, not computed: all zero here
         bucket = TokenBucket(rate)
         async with await open_sender(port, mss) as stream:
             if backend == "pacing":
                 head = chunk_frame_overhead("b", "f", n) if headers else 0
-                set_pacing_rate(stream.socket, stream_rate(rate, n, head))
-                allow_unsent_bytes(stream, max(MIN_UNSENT_BYTES, PACED_UNSENT_CHUNKS * n))
+                paced = stream_rate(rate, n, head)
+                set_pacing_rate(stream.socket, paced)
+                allow_unsent_bytes(stream, paced_unsent_bytes(n, paced))
             offset = 0
             end = trio.current_time() + warmup + duration
             while trio.current_time() < end:
                 if backend == "bucket":
                     await bucket.acquire(n)
-                await send_frame(stream, chunk_header("b", "f", offset, payload), payload)
+                await send_frame(stream, chunk_header("b", "f", offset, payload, macs), payload)
                 offset += n
             sent[0] = offset
 

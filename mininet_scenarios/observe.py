@@ -34,7 +34,7 @@ CONTROLLER_SERIES = (
     "terra_link_measured_bytes_per_second", "terra_coflows_finished_total",
     "terra_agent_connections", "terra_agents_registered",
 )  # fmt: skip
-AGENT_SERIES = ("terra_agent_tunnel_sent_bytes_total",)
+AGENT_SERIES = ("terra_agent_link_sent_bytes_total", "terra_agent_tunnel_rate_bytes_per_second")
 
 
 class ObserveError(RuntimeError):

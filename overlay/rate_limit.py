@@ -28,6 +28,7 @@ import msgpack
 import trio
 
 from overlay.framing import VERSION
+from overlay.integrity import mac_bytes
 
 RATE_LIMITERS = ("bucket", "pacing")  # terra-agent --rate-limiter choices; "bucket" is the default
 SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)  # Linux value
@@ -87,6 +88,11 @@ class TokenBucket:
         if math.isinf(self._rate):
             return math.inf
         return max(self._rate * DEFAULT_BURST_S, MIN_BURST_BYTES)
+
+    @property
+    def debt_bytes(self) -> float:
+        """Bytes granted ahead of the rate and not yet paid back (0 when not in debt)."""
+        return max(0.0, -self._tokens)
 
     def set_rate(self, rate_bytes_per_s: float) -> None:
         """Change the rate (bytes/s) now; a waiting acquire re-plans at once.
@@ -175,15 +181,16 @@ def chunk_frame_overhead(coflow: str, flow: str, payload_bytes: int, attempt: in
     """Bytes a chunk frame of `payload_bytes` adds to the stream besides its payload.
 
     That is the 4-byte length prefix and the msgpack header overlay.framing.chunk_header()
-    builds, with the offset and the checksum packed as uint32 (5 bytes each: offsets below
-    4 GiB; smaller values pack shorter, larger offsets 4 bytes longer), so the estimate is
-    within a few bytes of every real frame (<= 0.2 % of a 4 KiB chunk).
+    builds, with the chunk's leaf MACs (overlay.integrity.mac_bytes) and the offset packed as a
+    uint32 (5 bytes: offsets below 4 GiB; smaller values pack shorter, larger ones 4 bytes
+    longer), so the estimate is within a few bytes of every real frame.
     Returns an int > 0. Raises ValueError for payload_bytes < 0.
     """
     if payload_bytes < 0:
         raise ValueError(f"payload_bytes must be >= 0, got {payload_bytes!r}")
-    header = {"t": "chunk", "c": coflow, "f": flow, "o": 2**31, "n": payload_bytes}
-    header.update({"x": 2**32 - 1, "v": VERSION})
+    macs = bytes(mac_bytes(payload_bytes))
+    header = {"t": "chunk", "c": coflow, "f": flow, "o": 2**31, "n": payload_bytes, "m": macs}
+    header["v"] = VERSION
     if attempt:
         header["a"] = attempt
     return 4 + len(msgpack.packb(header, use_bin_type=True))

@@ -2,16 +2,22 @@
 
     terra-agent --controller HOST:PORT --dc DC --id AGENT_ID --data-addr HOST:PORT
                 (--pki DIR | --insecure) [--spill-dir DIR] [--memory-limit BYTES]
-                [--log-level LEVEL] [--data-root DIR] [--rate-limiter {bucket,pacing}]
-                [--version]
+                [--log-level LEVEL] [--data-root DIR] [--encrypt-data] [--max-ahead BYTES]
+                [--metrics HOST:PORT] [--rate-limiter {bucket,pacing}] [--version]
 
 --pki DIR: the agent authenticates to the controller with DIR/AGENT_ID.crt and .key (made by
 `terra-controller pki issue DIR --role agent AGENT_ID`) and verifies the controller against
 DIR/ca.crt; its id is its certificate's name. The same certificate authenticates its data
 connections: each starts with a mutual TLS handshake (the receiver presents its certificate as
 server, the sender as client; each checks the other is the agent it should be), then carries
-hello and chunks in clear (terra_agent/data_auth.py). --insecure: plain TCP everywhere,
-unauthenticated (labs only).
+hello and chunks in clear (terra_agent/data_auth.py); with --encrypt-data they stay inside
+that TLS session (AES-GCM; every agent of a deployment must use the same setting). Either way
+every chunk carries a MAC keyed with its flow's key (overlay/integrity.py). --insecure: plain
+TCP everywhere, unauthenticated data connections (labs only).
+
+--max-ahead BYTES: the spill bound per flow: a chunk may end at most this far past the flow's
+in-order point (default 1G); chunks beyond are refused (their connection is closed, the sender
+resends them).
 
 --data-root DIR: the only directory whose files this agent reads (flow sources) and writes
 (flow sinks); flow file paths are relative to it and may not leave it. Without it every file
@@ -39,6 +45,7 @@ from pathlib import Path
 
 import trio
 
+from overlay.framing import MAX_PAYLOAD_BYTES
 from overlay.protocol import ProtocolError, parse_addr
 from overlay.rate_limit import RATE_LIMITERS
 from terra_controller.pki import (
@@ -50,6 +57,8 @@ from terra_controller.pki import (
 from terra_core.cli_support import HelpFormatter, add_common_args, setup_logging
 
 from .agent import Agent, AgentConfig, parse_memory
+from .metrics import serve_metrics
+from .receiver import MAX_AHEAD_BYTES
 
 
 def _addr(text: str) -> tuple[str, int]:
@@ -126,6 +135,22 @@ def build_parser() -> argparse.ArgumentParser:
         "without it, file flows are refused",
     )
     p.add_argument(
+        "--encrypt-data",
+        action="store_true",
+        help="keep TLS (AES-GCM) on data connections after the handshake (needs --pki)",
+    )
+    p.add_argument(
+        "--max-ahead",
+        type=_memory,
+        default=MAX_AHEAD_BYTES,
+        help="bytes a chunk may end past its flow's in-order point (spill bound; e.g. 1G)",
+    )
+    p.add_argument(
+        "--metrics", type=_addr, default=None, metavar="HOST:PORT",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (plain HTTP: bind it to "
+        "a management address)",
+    )  # fmt: skip
+    p.add_argument(
         "--rate-limiter",
         choices=RATE_LIMITERS,
         default="bucket",
@@ -141,6 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     tls = data_server = data_client = None
+    if args.encrypt_data and args.insecure:
+        print("terra-agent: --encrypt-data needs --pki (TLS certificates)", file=sys.stderr)
+        return 2
+    if args.max_ahead < MAX_PAYLOAD_BYTES:
+        print(f"terra-agent: --max-ahead must be >= {MAX_PAYLOAD_BYTES}", file=sys.stderr)
+        return 2
     if args.insecure:
         logging.getLogger("terra_agent").warning(
             "--insecure: plain TCP to the controller, unauthenticated data connections"
@@ -178,10 +209,20 @@ def main(argv: list[str] | None = None) -> int:
         data_root=data_root,
         data_tls_server=data_server,
         data_tls_client=data_client,
+        encrypt_data=args.encrypt_data,
+        max_ahead=args.max_ahead,
         rate_limiter=args.rate_limiter,
     )
+    agent = Agent(config)
+    if args.metrics is not None:
+        try:
+            serve_metrics(agent, *args.metrics)
+        except OSError as exc:
+            host, port = args.metrics
+            print(f"terra-agent: --metrics {host}:{port}: {exc}", file=sys.stderr)
+            return 1
     try:
-        trio.run(Agent(config).run)
+        trio.run(agent.run)
     except KeyboardInterrupt:
         return 0
     except BaseExceptionGroup as group:

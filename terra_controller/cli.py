@@ -226,9 +226,11 @@ def run(args, topology, security) -> None:
         def ports():
             return app.port_stats.wan_links(time.monotonic())
 
-        def openflow_info():
+        def openflow_info(detail: bool = True):
+            """The OpenFlow app's rules and counters for REST (detail: every rule too)."""
             with app.lock:
-                entries = list(app.entries)
+                entries = list(app.entries) if detail else []
+                per_switch = dict(app.flow_mods_per_switch)
             rules: dict[str, list] = {}
             for e in entries:
                 rules.setdefault(str(e.dpid), []).append(
@@ -239,6 +241,7 @@ def run(args, topology, security) -> None:
                 "installed": app.installed,
                 "rules_per_switch": app.rules_per_switch(),
                 "flow_mods": app.flow_mods_sent,
+                "flow_mods_per_switch": per_switch,
                 "flow_mods_at_install": app.flow_mods_at_install,
                 "rules": rules,
             }

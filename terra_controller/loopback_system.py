@@ -41,6 +41,7 @@ class ControllerProcess:
     Args:
         topology: name or path. k: tunnels per DC pair. log: file for its stderr.
         tls: mutual TLS with a fresh PKI (False: --insecure).
+        extra: more terra-controller arguments (e.g. ["--keep-finished", "100000"]).
 
     Attributes:
         api, agents: "host:port"; rest: "https://host:port" (http without TLS);
@@ -48,7 +49,12 @@ class ControllerProcess:
     """
 
     def __init__(
-        self, topology: str, k: int = 4, log: Path | None = None, tls: bool = True
+        self,
+        topology: str,
+        k: int = 4,
+        log: Path | None = None,
+        tls: bool = True,
+        extra: list[str] | None = None,
     ) -> None:
         self.log = open(log or "/dev/null", "w")  # noqa: SIM115
         self.pki = Path(tempfile.mkdtemp(prefix="terra-bench-pki-")) if tls else None
@@ -60,7 +66,7 @@ class ControllerProcess:
             [sys.executable, "-m", "terra_controller.cli", "--topology", topology,
              "--no-openflow", "--k", str(k), "--api", "127.0.0.1:0",
              "--agents", "127.0.0.1:0", "--rest", "127.0.0.1:0", "--log-level", "WARNING",
-             *auth],
+             *auth, *(extra or [])],
             stdout=subprocess.PIPE, stderr=self.log, text=True,
         )  # fmt: skip
         line = self.proc.stdout.readline()
@@ -128,8 +134,10 @@ class ControllerProcess:
 
 
 def start_agents(ctl: ControllerProcess, agents: list[tuple[str, str, str]], workdir: Path,
-                 tunnels: int = 8) -> list[subprocess.Popen]:  # fmt: skip
-    """Start real terra-agent processes [(agent id, DC, host)]; returns the Popen objects."""
+                 tunnels: int = 8, extra: dict[str, list[str]] | None = None
+                 ) -> list[subprocess.Popen]:  # fmt: skip
+    """Start real terra-agent processes [(agent id, DC, host)]; returns the Popen objects.
+    `extra`: {agent id: more terra-agent arguments}."""
     procs = []
     for agent, dc, host in agents:
         port = free_port_block(host, tunnels + 2)
@@ -153,6 +161,7 @@ def start_agents(ctl: ControllerProcess, agents: list[tuple[str, str, str]], wor
                     "--log-level",
                     "WARNING",
                     *ctl.agent_args(agent),
+                    *(extra or {}).get(agent, []),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

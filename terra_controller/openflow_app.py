@@ -107,6 +107,7 @@ class TunnelApp(app_manager.OSKenApp):
         entries: flow entries currently wanted on the switches.
         datapaths: connected switches by DPID.
         installed: True once the rules were sent to every switch.
+        flow_mods_per_switch: {dpid: flow-mods sent to that switch}.
         flow_mods_sent: all flow-mods sent; flow_mods_at_install: the count when
             installation finished (the difference is what link events cost).
         port_stats: PortStats, the switches' port counters (polled every
@@ -128,6 +129,7 @@ class TunnelApp(app_manager.OSKenApp):
         self.datapaths: dict = {}
         self.installed = False
         self.flow_mods_sent = 0
+        self.flow_mods_per_switch: dict[int, int] = {}
         self.flow_mods_at_install = 0
         self.port_stats = PortStats(terra_config.binding)
 
@@ -257,7 +259,7 @@ class TunnelApp(app_manager.OSKenApp):
                 out_group=ofp.OFPG_ANY,
             )
         )
-        self.flow_mods_sent += 1
+        self._count_mod(dp.id)
         for entry in self.entries:
             if entry.dpid == dp.id:
                 self._send(dp, entry)
@@ -287,7 +289,11 @@ class TunnelApp(app_manager.OSKenApp):
                 instructions=to_instructions(parser, ofp, entry.actions),
             )
         dp.send_msg(mod)
+        self._count_mod(dp.id)
+
+    def _count_mod(self, dpid: int) -> None:
         self.flow_mods_sent += 1
+        self.flow_mods_per_switch[dpid] = self.flow_mods_per_switch.get(dpid, 0) + 1
 
 
 def to_instructions(parser, ofp, actions: list) -> list:

@@ -17,6 +17,7 @@ import trio
 from test_agent import MB, loopback
 
 from overlay.framing import chunk_header, encode_frame
+from overlay.integrity import mac_bytes
 from overlay.protocol import GroupRates
 from overlay.rate_limit import (
     chunk_frame_overhead,
@@ -25,6 +26,7 @@ from overlay.rate_limit import (
     stream_rate,
 )
 from terra_agent.harness import LoopbackHarness
+from terra_agent.metrics import AgentCollector
 from terra_agent.sender import chunk_bytes
 
 TIMEOUT = 60
@@ -62,7 +64,9 @@ def test_pacing_rate_zero_or_bad_is_refused(rate):
 @pytest.mark.parametrize("offset", [0, 70_000, 3 << 30])
 def test_frame_overhead_matches_real_chunk_frames(n, offset):
     payload = bytes(n)
-    real = len(encode_frame(chunk_header("coflow-7", "flow-12", offset, payload), payload)[0])
+    macs = bytes(mac_bytes(n))
+    header = chunk_header("coflow-7", "flow-12", offset, payload, macs)
+    real = len(encode_frame(header, payload)[0])
     estimate = chunk_frame_overhead("coflow-7", "flow-12", n)
     assert abs(estimate - real) <= 4, (estimate, real)
     assert stream_rate(1e6, n, estimate) == pytest.approx(1e6 * (n + estimate) / n)
@@ -149,6 +153,10 @@ async def test_paced_link_follows_rates_at_run_time_and_zero_pauses(tmp_path):
 
         await h.controller.set_rates("a", [GroupRates("c1", "LA", {tunnel: 2 * MB})])
         assert pacing_rate(link._stream.socket) == round(expected(2 * MB))
+        families = {m.name: m for m in AgentCollector(a).collect()}
+        (sample,) = families["terra_agent_link_sent_bytes"].samples[:1]
+        assert sample.labels == {"peer": "b", "tunnel": tunnel}
+        assert sample.value == link.sent_bytes >= received  # the group's paced bytes counted
         with trio.fail_after(TIMEOUT):
             while a.out_flows[f.key].acked < received + 200_000:
                 await trio.sleep(0.01)
@@ -219,15 +227,19 @@ async def test_agent_scenarios_with_the_pacing_limiter(tmp_path, monkeypatch, sc
 
 
 async def test_paced_striping_follows_rates_three_to_one(tmp_path):
-    """test_agent's 3:1 striping with pacing, over 24 MB (~6 s) instead of 8: the kernel sends a
-    connection's first 10 segments unpaced, and loopback segments are up to 64 KiB (a WAN
-    path's 1448 bytes make that 14 KiB), so a short transfer's split depends on that burst."""
-    size = 24 * MB
+    """test_agent's 3:1 striping with pacing, measured over 3 s of a running transfer (after
+    1 s): the kernel sends a connection's first 10 segments unpaced, up to 64 KiB each on
+    loopback (14 KiB in all on a WAN path), which would skew the totals of a short transfer."""
     async with loopback(tmp_path, k=2, rate_limiter="pacing") as h:
-        f = h.flow("c1", "f1", "a", "b", size)
+        f = h.flow("c1", "f1", "a", "b", 40 * MB)
         await test_agent.start(h, [f], [3 * MB, 1 * MB])
-        await test_agent.wait_complete(h, [f])
-        sent = h.agents["a"].agent.groups[("c1", "LA")].sent_bytes
-    fast, slow = (sent[t.tunnel] for t in h.tunnels)
-    assert fast + slow == size
+        group = None
+        with trio.fail_after(TIMEOUT):
+            while group is None or sum(group.sent_bytes.values()) == 0:
+                await trio.sleep(0.01)
+                group = h.agents["a"].agent.groups.get(("c1", "LA"))
+        await trio.sleep(1.0)
+        before = dict(group.sent_bytes)
+        await trio.sleep(3.0)
+        fast, slow = (group.sent_bytes[t.tunnel] - before[t.tunnel] for t in h.tunnels)
     assert abs(fast / slow - 3) / 3 < 0.05, (fast, slow)
