@@ -267,7 +267,7 @@ class Agent:
         with flows to several peers in its DC keeps binding buckets (its rate on a tunnel is
         for all of them together) and each connection is paced at that rate as a ceiling.
         A paused path (rate 0) keeps its connection's last pacing rate (the kernel reads 0 as
-        "unpaced"): its bucket stops the writes, only the bytes already queued (<= ~110 ms) leave.
+        "unpaced"): its bucket stops the writes, only the bytes already queued (~100 ms) leave.
         Connections of finished or dropped groups and of removed or changed tunnels are
         closed here. Called on every rates/flows/drop/tunnels message and every
         PACING_REFRESH_S. No-op with the bucket limiter.
