@@ -56,6 +56,7 @@ from overlay.protocol import (
     error_message,
     failed_message,
     parse_flows,
+    parse_pair_keys,
     parse_rates,
     parse_tunnels,
     progress_message,
@@ -67,7 +68,7 @@ from overlay.rate_limit import RATE_LIMITERS, chunk_frame_overhead, stream_rate
 from overlay.reorder import MemoryBudget, remove_spill_files
 from terra_controller.pki import CONTROLLER_HOSTNAME
 
-from .data_auth import DataAuthError, authenticate
+from .data_auth import DataAuthError, accept
 from .pending import PENDING_LIMIT_BYTES, PENDING_TIMEOUT_S, HeldChunk, PendingChunks
 from .receiver import MAX_AHEAD_BYTES, ChunkRejected, HashQueue, InFlow
 from .sender import (
@@ -206,6 +207,7 @@ class Agent:
         self.rejected_ahead = 0
         self.received_bytes = 0
         self.control_connects = 0
+        self.pair_keys: dict[str, bytes] = {}
         self.reorder_budget = MemoryBudget(config.memory_limit)
         self.pending = PendingChunks(config.pending_limit)
         self.payload_buffers = PayloadBuffers(MAX_PAYLOAD_BYTES, PAYLOAD_BUFFERS)
@@ -514,6 +516,8 @@ class Agent:
 
     async def _apply_tunnels(self, header: dict) -> None:
         specs, listen = parse_tunnels(header)
+        if self.config.data_tls_server is not None:  # keys are of no use without --pki
+            self.pair_keys = parse_pair_keys(header)
         wanted = {(s.peer_agent, s.tunnel): s for s in specs}
         for key, link in list(self.links.items()):
             if key not in wanted or wanted[key] != link.spec:
@@ -530,6 +534,7 @@ class Agent:
                     self._wake_all,
                     tls=self.config.data_tls_client,
                     encrypt=self.config.encrypt_data,
+                    key_for=self._pair_key,
                 )
                 self.links[key] = link
                 self._spawn(link.run)
@@ -538,6 +543,11 @@ class Agent:
                 await self._start_listener(port)
         self._plan_pacing()
         self._wake_all()
+
+    def _pair_key(self, peer_agent: str) -> bytes | None:
+        """The data connections' pair key of this agent and `peer_agent` (from the latest
+        "tunnels" message), or None."""
+        return self.pair_keys.get(peer_agent)
 
     def _link_for(self, peer_agent: str, tunnel: str) -> PeerLink | None:
         return self.links.get((peer_agent, tunnel))
@@ -748,10 +758,11 @@ class Agent:
                 if self.config.data_tls_server is not None:
                     encrypt = self.config.encrypt_data
                     try:
-                        identity, rest = await authenticate(
+                        authenticated, rest = await accept(
                             stream,
                             self.config.data_tls_server,
-                            server_side=True,
+                            self.config.agent_id,
+                            self._pair_key,
                             unwrap=not encrypt,
                         )
                     except DataAuthError as exc:
@@ -759,7 +770,6 @@ class Agent:
                         self.closed_connections += 1
                         log.error("incoming connection refused: %s", exc)
                         return
-                    authenticated = identity.name
                     peer = f"{authenticated} (authenticated)"
                     if encrypt:
                         channel = rest
