@@ -207,3 +207,17 @@ def stream_rate(payload_rate: float, chunk_bytes: int, overhead_bytes: int) -> f
     if chunk_bytes <= 0 or overhead_bytes < 0:
         raise ValueError(f"need chunk_bytes > 0, overhead >= 0: {chunk_bytes}, {overhead_bytes}")
     return rate * (chunk_bytes + overhead_bytes) / chunk_bytes
+
+
+TLS_RECORD_PLAINTEXT = 16384  # bytes of plaintext in a full TLS 1.3 record
+TLS_RECORD_OVERHEAD = 22  # its 5-byte header, inner content type byte and 16-byte AEAD tag
+
+
+def tls_record_rate(rate_bytes_per_s: float) -> float:
+    """The TCP stream rate (bytes/s) that carries `rate_bytes_per_s` inside TLS 1.3 records.
+
+    Full records (the agent writes chunks of >= 64 KiB) add TLS_RECORD_OVERHEAD bytes per
+    TLS_RECORD_PLAINTEXT, 0.13 %. Raises ValueError for a bad rate (as TokenBucket).
+    """
+    rate = _check_rate(rate_bytes_per_s)
+    return rate * (TLS_RECORD_PLAINTEXT + TLS_RECORD_OVERHEAD) / TLS_RECORD_PLAINTEXT

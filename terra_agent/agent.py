@@ -64,7 +64,7 @@ from overlay.protocol import (
     validate_control,
     validate_data,
 )
-from overlay.rate_limit import RATE_LIMITERS, chunk_frame_overhead, stream_rate
+from overlay.rate_limit import RATE_LIMITERS, chunk_frame_overhead, stream_rate, tls_record_rate
 from overlay.reorder import MemoryBudget, remove_spill_files
 from terra_controller.pki import CONTROLLER_HOSTNAME
 
@@ -264,7 +264,8 @@ class Agent:
         Kernel pacing is per socket, so each FlowGroup gets its own connection per peer agent
         and tunnel (group_links; the receiver takes any number per tunnel), paced at the
         group's rate on that tunnel converted to stream bytes (stream_rate: the frame headers of
-        chunk_bytes(rate) chunks added). A group sending to one peer only has non-binding
+        chunk_bytes(rate) chunks added; with encrypt_data also TLS record overhead,
+        tls_record_rate). A group sending to one peer only has non-binding
         buckets (FlowGroupSender.set_kernel_paced): the kernel alone sets its pace. A group
         with flows to several peers in its DC keeps binding buckets (its rate on a tunnel is
         for all of them together) and each connection is paced at that rate as a ceiling.
@@ -287,6 +288,8 @@ class Agent:
                     spec = live[0].spec if live else None
                     head = chunk_frame_overhead(key[0], spec.flow, n, spec.attempt) if spec else 0
                     paced = stream_rate(rate, n, head)
+                    if self.config.encrypt_data:  # the socket carries TLS records
+                        paced = tls_record_rate(paced)
                 for peer in peers:
                     if (peer, tunnel) in self.links:
                         wanted[(*key, peer, tunnel)] = (group, paced)
@@ -309,6 +312,8 @@ class Agent:
                     self._on_ack,
                     self._wake_all,
                     tls=self.config.data_tls_client,
+                    encrypt=self.config.encrypt_data,
+                    key_for=self._pair_key,
                 )
                 link.set_pacing_rate(paced)  # before its first byte
                 self.group_links[gkey] = link

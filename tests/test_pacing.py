@@ -24,10 +24,12 @@ from overlay.rate_limit import (
     pacing_rate,
     set_pacing_rate,
     stream_rate,
+    tls_record_rate,
 )
 from terra_agent.harness import LoopbackHarness
 from terra_agent.metrics import AgentCollector
 from terra_agent.sender import chunk_bytes
+from terra_controller.pki import Role, init_ca, issue
 
 TIMEOUT = 60
 
@@ -70,6 +72,7 @@ def test_frame_overhead_matches_real_chunk_frames(n, offset):
     estimate = chunk_frame_overhead("coflow-7", "flow-12", n)
     assert abs(estimate - real) <= 4, (estimate, real)
     assert stream_rate(1e6, n, estimate) == pytest.approx(1e6 * (n + estimate) / n)
+    assert tls_record_rate(16384.0) == 16384 + 22  # one full TLS 1.3 record per second
 
 
 def test_a_paced_socket_delivers_its_rate():
@@ -243,3 +246,35 @@ async def test_paced_striping_follows_rates_three_to_one(tmp_path):
         await trio.sleep(3.0)
         fast, slow = (group.sent_bytes[t.tunnel] - before[t.tunnel] for t in h.tunnels)
     assert abs(fast / slow - 3) / 3 < 0.05, (fast, slow)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pki")
+    init_ca(d)
+    for name in ("a", "b"):
+        issue(d, Role.AGENT, name)
+    return d
+
+
+@pytest.mark.parametrize("encrypt", [False, True])
+async def test_paced_connections_authenticate_and_encrypt_like_the_tunnel_links(
+    tmp_path, pki, encrypt
+):
+    """With a PKI (and --encrypt-data) a group's own paced connections authenticate (and stay
+    inside TLS) as the per-tunnel links do; the rate holds (TLS records added when encrypting)."""
+    async with loopback(tmp_path, k=1, rate_limiter="pacing", pki=pki, encrypt_data=encrypt) as h:
+        tunnel = h.tunnels[0].tunnel
+        a = h.agents["a"].agent
+        f = h.flow("c1", "f1", "a", "b", 100 * MB)
+        await h.controller.add_flows([f])
+        await h.controller.set_rates("a", [GroupRates("c1", "LA", {tunnel: 3 * MB})])
+        (rate,) = await sampled_rates(a, [f.key], 1.0, 2.0)
+        link = a.group_links[("c1", "LA", "b", tunnel)]
+        assert link.encrypt is encrypt and link.key_auths + link.tls_auths >= 1
+        n = chunk_bytes(3 * MB)
+        want = stream_rate(3 * MB, n, chunk_frame_overhead("c1", "f1", n))
+        if encrypt:
+            want = tls_record_rate(want)
+        assert pacing_rate(link._stream.socket) == round(want)
+    assert abs(rate - 3 * MB) / (3 * MB) < 0.05, rate
