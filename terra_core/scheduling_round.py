@@ -95,6 +95,8 @@ def schedule_round(
     alpha: float = 0.1,
     hints: dict[str, tuple[float, bool]] | None = None,
     memo: dict | None = None,
+    starving: list[str] | None = None,
+    starving_fair: bool = False,
 ) -> RoundResult:
     """Run one scheduling round (docs/design.md 4.2 steps 1-6).
 
@@ -116,6 +118,12 @@ def schedule_round(
         memo: optional dict the caller keeps between rounds (and clears when
             paths change): step 4's min-CCT solutions on r, reused without an LP
             when r is unchanged and the volumes allow it (see `_min_cct_on_r`).
+        starving: None for the fixed guard (steps 2 and 5 as above). Otherwise an
+            aged guard (starvation.py): the starving coflow ids, oldest first;
+            steps 2 and 5 are replaced by step 2' (starvation.serve_starving: the
+            oldest starving coflow, or with `starving_fair` all of them, get the
+            reserve α of what step 1 left) and the unused reserve joins r.
+        starving_fair: see `starving`.
 
     Returns:
         RoundResult. Link loads stay within `capacity` (solver round-off is
@@ -142,6 +150,15 @@ def schedule_round(
     deadline_ids = reserve_deadlines(active, paths, left, now, deadlines, rates, result)
 
     # Steps 2-4: reserve α, order by Γ on the full capacities, sequential min-CCT on r.
+    if starving is not None:  # an aged guard: the reserve only for starving coflows
+        from terra_core.starvation import serve_starving
+
+        starving = [cid for cid in starving if cid in active and cid not in result.state]
+        if starving and alpha > 0:
+            serve_starving(
+                active, starving, paths, left, capacity, alpha, starving_fair, rates, result
+            )
+        alpha = 0.0
     reserve = {link: alpha * c for link, c in left.items()}
     r = {link: c - reserve[link] for link, c in left.items()}
     others = [cid for cid in active if cid not in result.state]

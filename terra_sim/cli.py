@@ -2,7 +2,8 @@
 
     terra-sim --topology {swan,gscale,att,PATH} --workload {fb,PATH}
               [--scheduler {terra,per-flow,multipath,swan-mcf,varys,rapier,all}] [--k K]
-              [--alpha A] [--epsilon E] [--link-gbps G] [--deadline-factor F] [--limit N]
+              [--alpha A] [--guard {fixed,aged,aged-fair}] [--guard-factor F]
+              [--guard-floor S] [--epsilon E] [--link-gbps G] [--deadline-factor F] [--limit N]
               [--json OUT] [--plot OUT.png] [--fail-link A-B@T1[:T2]] [--bound]
 
 Prints one table row per scheduler: average and 95th-percentile CCT, FoI of Terra
@@ -30,6 +31,7 @@ from typing import NamedTuple
 from tqdm import tqdm
 
 from terra_core.baselines import BASELINES
+from terra_core.starvation import DEFAULT_FACTOR, DEFAULT_FLOOR_S, DEFAULT_GUARD, GUARD_MODES
 from terra_sim.cct_bound import CctBound, avg_cct_lower_bound
 from terra_sim.simulator import (
     SimResult,
@@ -53,6 +55,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler", choices=[*SCHEDULERS, "all"], default="all")
     p.add_argument("--k", type=int, default=4, help="paths per DC pair (default 4)")
     p.add_argument("--alpha", type=float, default=0.1, help="Terra's starvation share α")
+    p.add_argument(
+        "--guard",
+        choices=GUARD_MODES,
+        default=DEFAULT_GUARD,
+        help=f"Terra's starvation guard (default {DEFAULT_GUARD}; fixed = the paper's reserve)",
+    )
+    p.add_argument(
+        "--guard-factor",
+        type=float,
+        default=DEFAULT_FACTOR,
+        help=f"aged guards: a coflow starves max(F x Γ, floor) s after it arrives "
+        f"(default {DEFAULT_FACTOR})",
+    )
+    p.add_argument(
+        "--guard-floor",
+        type=float,
+        default=DEFAULT_FLOOR_S,
+        help=f"aged guards: smallest patience in seconds (default {DEFAULT_FLOOR_S})",
+    )
     p.add_argument("--epsilon", type=float, default=0.1, help="Terra's deadline slack ε")
     p.add_argument("--link-gbps", type=float, default=None, help="set every link to G Gbps")
     p.add_argument(
@@ -111,7 +132,15 @@ def make_policy(name: str, topology: Topology, args: argparse.Namespace):
         except ImportError as exc:
             raise ValueError(f"the terra scheduler is not available: {exc}") from exc
 
-        return TerraPolicy(topology, k=args.k, alpha=args.alpha, epsilon=args.epsilon)
+        return TerraPolicy(
+            topology,
+            k=args.k,
+            alpha=args.alpha,
+            epsilon=args.epsilon,
+            guard=args.guard,
+            guard_factor=args.guard_factor,
+            guard_floor_s=args.guard_floor,
+        )
     return BASELINES[name](topology, k=args.k)
 
 
@@ -256,7 +285,8 @@ def _num(value: float | None, width: int, digits: int) -> str:
 
 def run_meta(args: argparse.Namespace) -> dict:
     """Return the settings of a run: {"topology", "workload", "limit", "link_gbps", "k",
-    "alpha", "epsilon", "deadline_factor", "fail_link", "commit"} (commit: $TERRA_COMMIT if
+    "alpha", "guard", "guard_factor", "guard_floor_s", "epsilon", "deadline_factor",
+    "fail_link", "commit"} (commit: $TERRA_COMMIT if
     set, for runs from an exported tree, else the git commit of this checkout, None when
     unknown; uncommitted edits are not recorded)."""
     return {
@@ -266,6 +296,9 @@ def run_meta(args: argparse.Namespace) -> dict:
         "link_gbps": args.link_gbps,
         "k": args.k,
         "alpha": args.alpha,
+        "guard": args.guard,
+        "guard_factor": args.guard_factor,
+        "guard_floor_s": args.guard_floor,
         "epsilon": args.epsilon,
         "deadline_factor": args.deadline_factor,
         "fail_link": list(args.fail_link),
