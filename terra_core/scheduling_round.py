@@ -5,7 +5,10 @@ Steps, for the coflows active now (each given by its FlowGroups' remaining volum
 1. Admitted deadline coflows, earliest deadline first, get their min-CCT
    allocation stretched to finish exactly at the deadline (rates × Γ/(D − now);
    unstretched when D − now ≤ Γ: best effort). Their usage leaves the capacity.
-2. α of every link's remaining capacity is reserved: r_e = (1 − α)·c_e.
+2. α of every link's remaining capacity is reserved: r_e = (1 − α)·c_e
+   (fixed guard; with an aged guard, see `starving` and starvation.py, only the
+   oldest starving coflow's min-CCT allocation on α·c is taken, and nothing
+   when no coflow starves).
 3. The other coflows are ordered by Γ on the full current capacities (smallest
    first; ties by the order they were given in).
 4. In that order each gets its min-CCT allocation (Optimization (1)) on r if every
@@ -13,7 +16,7 @@ Steps, for the coflows active now (each given by its FlowGroups' remaining volum
    preempted for this round. Steps 3 and 4 run together lazily (see
    `_sequential`): exact Γs are computed only for coflows that can still get
    capacity, which gives the same schedule with far fewer LPs.
-5. The reserved α share (α·c_e) goes to the preempted coflows, max-min fair over
+5. (fixed guard) The reserved α share (α·c_e) goes to the preempted coflows, max-min fair over
    their FlowGroups (FlowGroups of one DC pair share the pair's paths, so the
    fair share runs per DC pair weighted by the number of FlowGroups, and a
    pair's rate is split equally among them).
