@@ -41,6 +41,7 @@ import json
 import sys
 from pathlib import Path
 
+from terra_core.registry import scheduler_names
 from terra_sim import cli as sim_cli
 
 PAPER_TABLE3 = {
@@ -54,8 +55,8 @@ PAPER_TABLE3 = {
     },
     "att": {"per-flow": 4.50, "varys": 2.79, "swan-mcf": 2.64, "multipath": 2.48, "rapier": 1.90},
 }
-BASELINES = ["per-flow", "varys", "swan-mcf", "multipath", "rapier"]
-SCHEDULERS = ["terra", *BASELINES]
+SCHEDULERS = scheduler_names()  # terra_core/registry.py: Terra first, then the baselines
+BASELINES = [name for name in SCHEDULERS if name != "terra"]
 
 
 def part_name(topology: str, limit: int | None, link_gbps: float, k: int, scheduler: str) -> str:

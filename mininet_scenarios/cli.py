@@ -3,6 +3,7 @@
     terra-testbed swan [--quick] [--fail-link LA-NY | --no-failure] [--json OUT] [--plots DIR]
         [--link-mbps M] [--workload fb|PATH] [--first I] [--coflows N] [--speedup S]
         [--load L] [--repeats R] [--hosts-per-dc H] [--k K] [--timeout S] [--workdir DIR]
+        [--schedulers terra,varys,rapier] [--observe]
 
 Defaults (full run, ~1.5 min): the 12-coflow FB burst (mininet_scenarios.workload) on
 10 Mbit/s WAN links at load 2, played at half speed (bytes x 0.04, arrivals x 2), LA-NY
@@ -52,6 +53,7 @@ import tempfile
 from pathlib import Path
 
 from mininet_scenarios import results
+from mininet_scenarios.observe import ObserveError
 from mininet_scenarios.sim_twin import simulate_testbed
 from mininet_scenarios.swan import (
     Failure,
@@ -61,6 +63,7 @@ from mininet_scenarios.swan import (
     testbed_topology,
 )
 from mininet_scenarios.workload import DEFAULT_COUNT, DEFAULT_FIRST, scales, testbed_coflows
+from terra_core.registry import scheduler_names
 from topologies import TopologyError, load_topology
 from topologies.binding import load_binding
 from workloads import WorkloadError
@@ -104,10 +107,35 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--hosts-per-dc", type=int, default=1, help="agent hosts per DC (1)")
     s.add_argument("--repeats", type=int, help="Terra + TCP runs, pooled (3; quick: 1)")
     s.add_argument("--k", type=int, default=4, help="tunnels per DC pair (default 4)")
+    s.add_argument(
+        "--observe", action="store_true",
+        help="run Prometheus scraping the controller and every agent with "
+        "deploy/prometheus/terra-rules.yml; report targets, series and alerts",
+    )  # fmt: skip
+    s.add_argument(
+        "--schedulers", type=parse_schedulers, default=["terra"], metavar="A,B,...",
+        help="schedulers to play the workload under, one controller each, comma-separated "
+        f"({','.join(scheduler_names())}; default terra); the first is judged by the targets",
+    )  # fmt: skip
     s.add_argument("--timeout", type=float, default=300.0, help="per run, after last arrival")
     s.add_argument("--of-port", type=int, default=0, help="OpenFlow port (default: a free one)")
     s.add_argument("--workdir", type=Path, help="logs and scratch files (default: a temp dir)")
     return p
+
+
+def parse_schedulers(text: str) -> list[str]:
+    """"terra,varys" -> ["terra", "varys"] (registry names, no repeats).
+
+    Raises:
+        argparse.ArgumentTypeError: an unknown or repeated name, or none.
+    """
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in scheduler_names()]
+    if not names or unknown or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give distinct names among {', '.join(scheduler_names())}"
+        )
+    return names
 
 
 def check_environment() -> None:
@@ -178,6 +206,8 @@ def options_from_args(args, workdir: Path) -> tuple[TestbedOptions, dict]:
         timeout_s=args.timeout,
         of_port=args.of_port or free_port(),
         workdir=workdir,
+        schedulers=args.schedulers,
+        observe=args.observe,
     )
     return opts, workload
 
@@ -190,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         opts, workload = options_from_args(args, workdir)
         testbed = testbed_topology(workdir, opts.link_mbps, opts.hosts_per_dc)
         binding = load_binding(load_topology(str(testbed)))
-        simulated = simulate_testbed(opts.coflows, binding, opts.link_mbps, opts.k, opts.failure)
+        simulated = simulate_testbed(
+            opts.coflows, binding, opts.link_mbps, opts.k, opts.failure, opts.schedulers
+        )
     except (WorkloadError, TopologyError, ValueError) as exc:
         print(f"terra-testbed: {exc}", file=sys.stderr)
         return 2
@@ -209,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_environment()
         raw = run_swan(opts, log=lambda m: print(m, flush=True))
-    except TestbedError as exc:
+    except (TestbedError, ObserveError) as exc:
         print(f"terra-testbed: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -224,12 +256,17 @@ def main(argv: list[str] | None = None) -> int:
     result = results.summary(raw)
     extra = results.details(raw, workload)
     extra["simulated"] = simulated
+    result["utilization_vs_simulated"] = results.utilization_vs_simulated(result, simulated)
     print(results.table(result))
     print(results.simulated_line(extra["simulated"]))
+    print(results.simulated_table(result, simulated))
     if len(extra["repeats"]) > 1:
         for key in ("foi_avg_cct", "foi_wan_utilization"):
             values = ", ".join(f"{rep[key]:.2f}" for rep in extra["repeats"])
             print(f"{key} per repeat: {values}")
+    if raw.get("observe"):
+        extra["observe"] = raw["observe"]
+        print(results.observe_lines(raw["observe"]))
     if args.json:
         results.write_json(result, args.json, extra)
     if args.plots:

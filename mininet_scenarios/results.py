@@ -2,12 +2,17 @@
 
 `summary(raw)` turns `swan.run_swan`'s output into the issue's JSON map::
 
-    {"terra": {"avg_cct_s", "p95_cct_s", "wan_utilization"}, "per_flow_tcp": {same keys},
-     "foi_avg_cct", "foi_wan_utilization", "failure_reaction_s", "bytes_lost",
-     "digest_mismatches", "rules_per_switch_max", "flow_mods_after_startup"}
+    {"schedulers": [names, the first judged by the targets],
+     name: {"avg_cct_s", "p95_cct_s", "wan_utilization"} for each scheduler,
+     "per_flow_tcp": {same keys}, "foi_avg_cct", "foi_wan_utilization",
+     "foi_avg_cct_by_scheduler": {name: per-flow TCP avg CCT / its avg CCT},
+     "foi_terra_over": {name: its avg CCT / Terra's} (with Terra and others),
+     "failure_reaction_s", "bytes_lost", "digest_mismatches", "rules_per_switch_max",
+     "flow_mods_after_startup"}
 
-FoI (docs/design.md section 2): per-flow TCP's average CCT / Terra's; for utilization the
-ratio is Terra's / per-flow TCP's (> 1 means Terra keeps the WAN busier).
+FoI (docs/design.md section 2): per-flow TCP's average CCT / the first scheduler's
+(Terra's by default); for utilization the ratio is the scheduler's / per-flow TCP's (> 1
+means it keeps the WAN busier). Without a "schedulers" key, raw holds Terra's runs only.
 """
 
 from __future__ import annotations
@@ -41,7 +46,9 @@ def cct_stats(cct_s: dict) -> tuple[float, float]:
 
 
 def run_summary(runs: list) -> dict:
-    """{"avg_cct_s", "p95_cct_s", "wan_utilization"} pooled over repeated runs (RunResults).
+    """{"avg_cct_s", "p95_cct_s", "wan_utilization", "wan_utilization_ofctl"} pooled over
+    repeated runs (RunResults); utilization from the OpenFlow port statistics, and from
+    `ovs-ofctl dump-ports` for comparison.
 
     CCT statistics are over every coflow of every run; utilization is the runs' total WAN
     bytes / their total (capacity x busy time), e.g. runs (bytes 10, capacity 10 B/s, busy
@@ -51,35 +58,56 @@ def run_summary(runs: list) -> dict:
     avg, p95 = cct_stats(ccts)
     capacity_time = sum(run.wan_capacity_bps * run.busy_s for run in runs)
     sent = sum(run.wan_bytes_sent for run in runs)
+    sent_ofctl = sum(run.wan_bytes_sent_ofctl for run in runs)
     util = sent / capacity_time if capacity_time > 0 else 0.0
-    return {"avg_cct_s": avg, "p95_cct_s": p95, "wan_utilization": util}
+    util_ofctl = sent_ofctl / capacity_time if capacity_time > 0 else 0.0
+    return {"avg_cct_s": avg, "p95_cct_s": p95, "wan_utilization": util,
+            "wan_utilization_ofctl": util_ofctl}  # fmt: skip
+
+
+def scheduler_names(raw: dict) -> list[str]:
+    """The schedulers of a run_swan result, first = the one the targets judge (["terra"]
+    for results without a "schedulers" key)."""
+    return list(raw.get("schedulers") or ["terra"])
 
 
 def summary(raw: dict) -> dict:
     """The issue's JSON map from run_swan's output (module docstring).
 
     Args:
-        raw: {"terra": [RunResult], "per_flow_tcp": [RunResult] (one per repeat),
-            "rules_per_switch": {dpid: n}, "flow_mods_after_startup": n}.
+        raw: {"schedulers": [names] (optional, default ["terra"]), name: [RunResult] for
+            each, "per_flow_tcp": [RunResult] (one per repeat), "rules_per_switch":
+            {dpid: n}, "flow_mods_after_startup": n}.
 
-    The failure reaction is the slowest of the repeats; bytes lost and digest mismatches
-    are summed over all runs of both systems.
+    The failure reaction is the slowest of the first scheduler's repeats; bytes lost and
+    digest mismatches are summed over all runs of every system.
     """
-    terra_runs, tcp_runs = raw["terra"], raw["per_flow_tcp"]
-    terra, tcp = run_summary(terra_runs), run_summary(tcp_runs)
-    reactions = [r.reaction_s for r in terra_runs if r.reaction_s is not None]
-    runs = [*terra_runs, *tcp_runs]
-    return {
-        "terra": terra,
-        "per_flow_tcp": tcp,
-        "foi_avg_cct": _ratio(tcp["avg_cct_s"], terra["avg_cct_s"]),
-        "foi_wan_utilization": _ratio(terra["wan_utilization"], tcp["wan_utilization"]),
+    names = scheduler_names(raw)
+    first, tcp_runs = names[0], raw["per_flow_tcp"]
+    out: dict = {"schedulers": names}
+    for name in names:
+        out[name] = run_summary(raw[name])
+    tcp = out["per_flow_tcp"] = run_summary(tcp_runs)
+    reactions = [r.reaction_s for r in raw[first] if r.reaction_s is not None]
+    runs = [*tcp_runs, *(r for name in names for r in raw[name])]
+    out["foi_avg_cct"] = _ratio(tcp["avg_cct_s"], out[first]["avg_cct_s"])
+    out["foi_wan_utilization"] = _ratio(out[first]["wan_utilization"], tcp["wan_utilization"])
+    out["foi_avg_cct_by_scheduler"] = {
+        name: _ratio(tcp["avg_cct_s"], out[name]["avg_cct_s"]) for name in names
+    }
+    if "terra" in names and len(names) > 1:
+        out["foi_terra_over"] = {
+            name: _ratio(out[name]["avg_cct_s"], out["terra"]["avg_cct_s"])
+            for name in names if name != "terra"
+        }  # fmt: skip
+    out.update({
         "failure_reaction_s": max(reactions) if reactions else None,
         "bytes_lost": sum(r.bytes_lost for r in runs),
         "digest_mismatches": sum(r.digest_mismatches for r in runs),
         "rules_per_switch_max": max(raw["rules_per_switch"].values(), default=0),
         "flow_mods_after_startup": raw["flow_mods_after_startup"],
-    }
+    })  # fmt: skip
+    return out
 
 
 def _ratio(a: float, b: float) -> float:
@@ -95,16 +123,24 @@ def target_met(key: str, value) -> bool | None:
 
 
 def table(result: dict) -> str:
-    """A plain-text table of the summary (CCTs and utilization pooled over the repeats) with
-    the issue's targets marked ok / MISSED."""
-    t, p = result["terra"], result["per_flow_tcp"]
-    lines = [
-        f"{'':24}{'Terra':>12}{'per-flow TCP':>14}",
-        f"{'avg CCT (s)':24}{t['avg_cct_s']:>12.2f}{p['avg_cct_s']:>14.2f}",
-        f"{'p95 CCT (s)':24}{t['p95_cct_s']:>12.2f}{p['p95_cct_s']:>14.2f}",
-        f"{'WAN utilization':24}{t['wan_utilization']:>12.3f}{p['wan_utilization']:>14.3f}",
-        "",
-    ]
+    """A plain-text table of the summary (CCTs and utilization pooled over the repeats), one
+    column per scheduler and per-flow TCP, with the issue's targets marked ok / MISSED."""
+    names = [*scheduler_names(result), "per_flow_tcp"]
+    heads = {"terra": "Terra", "per_flow_tcp": "per-flow TCP"}
+    rows = [("avg CCT (s)", "avg_cct_s", ".2f"), ("p95 CCT (s)", "p95_cct_s", ".2f"),
+            ("WAN utilization", "wan_utilization", ".3f"),
+            ("  (ovs-ofctl counters)", "wan_utilization_ofctl", ".3f")]  # fmt: skip
+    lines = [f"{'':24}" + "".join(f"{heads.get(n, n):>14}" for n in names)]
+    for label, key, fmt in rows:
+        lines.append(f"{label:24}" + "".join(f"{result[n][key]:>14{fmt}}" for n in names))
+    by = result.get("foi_avg_cct_by_scheduler")
+    if by and len(by) > 1:
+        lines.append(f"{'FoI over per-flow TCP':24}" + "".join(f"{by[n]:>14.2f}" for n in by))
+    over = result.get("foi_terra_over")
+    if over:
+        cells = "".join(f"{'-':>14}" if n not in over else f"{over[n]:>14.2f}" for n in by)
+        lines.append(f"{'FoI of Terra over it':24}" + cells)
+    lines.append("")
     for key, (op, bound) in TARGETS.items():
         value = result[key]
         shown = "n/a" if value is None else (f"{value:.3f}" if isinstance(value, float) else value)
@@ -117,13 +153,53 @@ def table(result: dict) -> str:
 def simulated_line(simulated: dict) -> str:
     """One line giving the FoIs the flow-level simulator finds for the same workload
     (mininet_scenarios.sim_twin.simulate_testbed's dict), to compare with the testbed's."""
+    first = simulated.get("schedulers", ["terra"])[0]
     return (
-        f"simulator, same workload (ideal Terra vs ideal per-flow TCP): "
+        f"simulator, same workload (ideal {first} vs ideal per-flow TCP): "
         f"foi_avg_cct {simulated['foi_avg_cct']:.3f}, "
         f"foi_wan_utilization {simulated['foi_wan_utilization']:.3f} "
-        f"(utilization {simulated['terra']['wan_utilization']:.3f} vs "
+        f"(utilization {simulated[first]['wan_utilization']:.3f} vs "
         f"{simulated['per_flow_tcp']['wan_utilization']:.3f})"
     )
+
+
+UTILIZATION_TOLERANCE = 0.10  # testbed vs simulated twin, relative (issue 12 target)
+
+
+def utilization_vs_simulated(result: dict, simulated: dict) -> dict:
+    """{name: testbed WAN utilization / the simulated twin's} for each scheduler and
+    per-flow TCP (kernel TCP vs the simulator's per-flow max-min); nan without a figure."""
+    names = [*scheduler_names(result), "per_flow_tcp"]
+    return {
+        n: _ratio(result[n]["wan_utilization"], (simulated.get(n) or {}).get("wan_utilization"))
+        for n in names
+    }
+
+
+def simulated_table(result: dict, simulated: dict) -> str:
+    """Lines comparing each system's testbed WAN utilization with its simulated twin's
+    (same workload, same failure), marked ok within UTILIZATION_TOLERANCE."""
+    lines = [f"{'WAN utilization':24}{'testbed':>10}{'simulated':>11}{'ratio':>8}"]
+    for name, ratio in utilization_vs_simulated(result, simulated).items():
+        sim = (simulated.get(name) or {}).get("wan_utilization")
+        mark = "ok" if abs(ratio - 1) <= UTILIZATION_TOLERANCE else "MISSED"
+        lines.append(
+            f"{name:24}{result[name]['wan_utilization']:>10.3f}"
+            f"{float('nan') if sim is None else sim:>11.3f}{ratio:>8.3f}  within 10 %: {mark}"
+        )
+    return "\n".join(lines)
+
+
+def observe_lines(report: dict) -> str:
+    """Lines summarizing what Prometheus saw (mininet_scenarios.observe.Observer.report)."""
+    up = sum(state == "up" for state in report["targets"].values())
+    lines = [f"prometheus: {up} of {len(report['targets'])} targets up at the end"]
+    missing = report["missing"]
+    lines.append("prometheus: every series has data" if not missing
+                 else f"prometheus: no data for {', '.join(missing)}")  # fmt: skip
+    alerts = ", ".join(f"{name} ({'/'.join(states)})" for name, states in report["alerts"].items())
+    lines.append(f"prometheus alerts seen: {alerts or 'none'}")
+    return "\n".join(lines)
 
 
 def write_json(result: dict, path: Path, extra: dict | None = None) -> None:
@@ -145,30 +221,43 @@ def _plain(value):
 
 
 def details(raw: dict, workload: dict) -> dict:
-    """Per-repeat CCTs, arrivals, failure times, bytes and FoIs of both systems, for the JSON."""
+    """Per-repeat CCTs, arrivals, failure times, bytes and FoIs of every system, for the JSON
+    (FoIs per repeat: per-flow TCP over the first scheduler)."""
+    names = scheduler_names(raw)
     out = {"workload": workload, "rules_per_switch": raw["rules_per_switch"], "repeats": []}
-    for terra, tcp in zip(raw["terra"], raw["per_flow_tcp"], strict=True):
-        rep = {"foi_avg_cct": _ratio(cct_stats(tcp.cct_s)[0], cct_stats(terra.cct_s)[0])}
-        for name, run in (("terra", terra), ("per_flow_tcp", tcp)):
-            rep[name] = {
-                "cct_s": {str(k): v for k, v in run.cct_s.items()},
-                "arrival_s": {str(k): v for k, v in run.arrival_s.items()},
-                "duration_s": run.duration_s,
-                "busy_s": run.busy_s,
-                "wan_bytes_sent": run.wan_bytes_sent,
-                "wan_capacity_bytes_per_s": run.wan_capacity_bps,
-                "wan_utilization": run.wan_utilization,
-                "failure_down_s": run.failure_down_s,
-                "failure_up_s": run.failure_up_s,
-            }
-        rep["foi_wan_utilization"] = _ratio(terra.wan_utilization, tcp.wan_utilization)
-        rep["terra"]["reaction_s"] = terra.reaction_s
-        rep["terra"]["controller_event_to_applied_ms"] = terra.controller_reaction_ms
-        rep["terra"]["rounds"] = terra.rounds
-        rep["terra"]["round_ms_median"] = _median(terra.round_ms)
-        rep["terra"]["round_ms_max"] = max(terra.round_ms, default=None)
+    for i, tcp in enumerate(raw["per_flow_tcp"]):
+        first = raw[names[0]][i]
+        rep = {
+            "foi_avg_cct": _ratio(cct_stats(tcp.cct_s)[0], cct_stats(first.cct_s)[0]),
+            "foi_wan_utilization": _ratio(first.wan_utilization, tcp.wan_utilization),
+        }
+        rep["per_flow_tcp"] = _run_details(tcp)
+        for name in names:
+            if i < len(raw[name]):
+                run = raw[name][i]
+                rep[name] = _run_details(run)
+                rep[name]["reaction_s"] = run.reaction_s
+                rep[name]["controller_event_to_applied_ms"] = run.controller_reaction_ms
+                rep[name]["rounds"] = run.rounds
+                rep[name]["round_ms_median"] = _median(run.round_ms)
+                rep[name]["round_ms_max"] = max(run.round_ms, default=None)
         out["repeats"].append(rep)
     return out
+
+
+def _run_details(run) -> dict:
+    return {
+        "cct_s": {str(k): v for k, v in run.cct_s.items()},
+        "arrival_s": {str(k): v for k, v in run.arrival_s.items()},
+        "duration_s": run.duration_s,
+        "busy_s": run.busy_s,
+        "wan_bytes_sent": run.wan_bytes_sent,
+        "wan_bytes_sent_ofctl": run.wan_bytes_sent_ofctl,
+        "wan_capacity_bytes_per_s": run.wan_capacity_bps,
+        "wan_utilization": run.wan_utilization,
+        "failure_down_s": run.failure_down_s,
+        "failure_up_s": run.failure_up_s,
+    }
 
 
 def _median(values: list) -> float | None:
@@ -198,8 +287,8 @@ def windowed_rate(series, window_s: float = 1.0, step_s: float = 0.25):
 
 
 def plot(raw: dict, out_dir: Path) -> list[Path]:
-    """PNG plots: Terra's per-coflow throughput over time in the first repeat (failure marked)
-    and the CCT CDFs of all repeats.
+    """PNG plots: the first scheduler's per-coflow throughput over time in its first repeat
+    (failure marked) and the CCT CDFs of every system, all repeats pooled.
 
     Returns:
         The written paths: out_dir/throughput.png, out_dir/cct_cdf.png.
@@ -210,7 +299,8 @@ def plot(raw: dict, out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    terra = raw["terra"][0]
+    names = scheduler_names(raw)
+    terra = raw[names[0]][0]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for cid, series in sorted(terra.throughput.items(), key=lambda kv: str(kv[0])):
         t, rate = windowed_rate(series)
@@ -222,14 +312,16 @@ def plot(raw: dict, out_dir: Path) -> list[Path]:
         ax.axvline(terra.failure_up_s, color="green", linestyle="--", label="link up")
     ax.set_xlabel("time since first arrival (s)")
     ax.set_ylabel("throughput (Mbit/s)")
-    ax.set_title("Terra on the SWAN testbed: per-coflow throughput (first run)")
+    ax.set_title(f"{names[0]} on the SWAN testbed: per-coflow throughput (first run)")
     ax.legend(fontsize=6, ncol=2)
     paths = [out_dir / "throughput.png", out_dir / "cct_cdf.png"]
     fig.tight_layout()
     fig.savefig(paths[0], dpi=120)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name, label in (("terra", "Terra"), ("per_flow_tcp", "per-flow TCP")):
+    labels = {"terra": "Terra", "per_flow_tcp": "per-flow TCP"}
+    for name in [*names, "per_flow_tcp"]:
+        label = labels.get(name, name)
         values = np.sort(np.array([v for r in raw[name] for v in r.cct_s.values()], dtype=float))
         if values.size:
             ax.step(values, np.arange(1, values.size + 1) / values.size, where="post", label=label)

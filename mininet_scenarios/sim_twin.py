@@ -1,8 +1,9 @@
-"""The testbed's workload in the flow-level simulator: what ideal Terra and ideal per-flow TCP
-would achieve on the same emulated WAN (issue 5, to tell the system apart from the workload).
+"""The testbed's workload in the flow-level simulator: what ideal schedulers (Terra or any of
+the registry's) and ideal per-flow TCP would achieve on the same emulated WAN, to tell the
+system apart from the workload.
 
 `simulate_testbed` replays the very coflows the testbed runs (same bytes, arrival times and
-link failure) through terra_sim.simulator with the real TerraPolicy and the per-flow
+link failure) through terra_sim.simulator with the real policies and the per-flow
 baseline (max-min fair per flow on one shortest path: ideal TCP), on the SWAN testbed
 topology with every link at `link_mbps` x swan.CAPACITY_FRACTION (the capacity Terra's
 controller is given; one capacity for both, so the FoIs do not depend on it). Agents'
@@ -26,8 +27,7 @@ from collections.abc import Sequence
 from mininet_scenarios.results import cct_stats
 from mininet_scenarios.swan import CAPACITY_FRACTION, TESTBED_TOPOLOGY, Failure
 from mininet_scenarios.workload import TestbedCoflow
-from terra_core.baselines import PerFlowPolicy
-from terra_core.terra_policy import TerraPolicy
+from terra_core.registry import SchedulerOptions, make_scheduler
 from terra_sim.simulator import SimResult, WanChange, simulate
 from topologies import load_topology
 from topologies.binding import Binding
@@ -57,8 +57,9 @@ def simulate_testbed(
     link_mbps: float,
     k: int = 4,
     failure: Failure | None = None,
+    schedulers: Sequence[str] = ("terra",),
 ) -> dict:
-    """Simulate the testbed workload with Terra and per-flow TCP (module docstring).
+    """Simulate the testbed workload with each scheduler and per-flow TCP (module docstring).
 
     Args:
         coflows: the testbed's coflows (mininet_scenarios.workload.testbed_coflows).
@@ -66,13 +67,18 @@ def simulate_testbed(
         link_mbps: the HTB rate of every WAN link (Mbit/s).
         k: paths per DC pair (as the testbed's tunnels).
         failure: the link failure the testbed scripts, or None.
+        schedulers: registry names (terra_core/registry.py) the testbed ran; the first
+            is the one the FoIs compare with per-flow TCP.
 
     Returns:
-        {"terra": {"avg_cct_s", "p95_cct_s", "wan_utilization"}, "per_flow_tcp": {same},
-         "foi_avg_cct": per-flow avg / Terra avg, "foi_wan_utilization": Terra / per-flow}.
+        {"schedulers": [names], name: {"avg_cct_s", "p95_cct_s", "wan_utilization"} for
+         each scheduler, "per_flow_tcp": {same} (the per-flow max-min policy standing for
+         kernel TCP), "foi_avg_cct": per-flow avg / first scheduler's avg,
+         "foi_wan_utilization": first scheduler's / per-flow's}.
 
     Raises:
-        ValueError: non-positive link_mbps, unknown hosts; SimulationError from the simulator.
+        ValueError: non-positive link_mbps, unknown hosts or scheduler names;
+            SimulationError from the simulator.
     """
     if not link_mbps > 0:
         raise ValueError(f"link_mbps must be positive, got {link_mbps!r}")
@@ -83,15 +89,17 @@ def simulate_testbed(
             WanChange(failure.down_s, failure.a, failure.b, up=False),
             WanChange(failure.up_s, failure.a, failure.b, up=True),
         ]
-    out = {}
-    for name, make in (("terra", TerraPolicy), ("per_flow_tcp", PerFlowPolicy)):
+    out: dict = {"schedulers": list(schedulers)}
+    for key, name in [*((n, n) for n in schedulers), ("per_flow_tcp", "per-flow")]:
         topology = load_topology(
             str(TESTBED_TOPOLOGY), link_gbps=link_mbps * CAPACITY_FRACTION / 1000
         )
-        out[name] = _summary(simulate(make(topology, k=k), workload, changes))
-    out["foi_avg_cct"] = out["per_flow_tcp"]["avg_cct_s"] / out["terra"]["avg_cct_s"]
+        policy = make_scheduler(name, topology, SchedulerOptions(k=k))
+        out[key] = _summary(simulate(policy, workload, changes))
+    first = out[schedulers[0]]
+    out["foi_avg_cct"] = out["per_flow_tcp"]["avg_cct_s"] / first["avg_cct_s"]
     out["foi_wan_utilization"] = float(
-        out["terra"]["wan_utilization"] / out["per_flow_tcp"]["wan_utilization"]
+        first["wan_utilization"] / out["per_flow_tcp"]["wan_utilization"]
     )
     return out
 

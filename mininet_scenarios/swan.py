@@ -10,18 +10,23 @@ One run, everything real:
 3. Wait until the controller has installed the tunnel rules (REST /tunnels), start one
    terra-agent per host (reaching the controller over the management network), wait
    until all are registered.
-4. Terra run: a job master (TerraClient) submits the coflows at their arrival times
-   and polls progress; with a failure link, that link goes down at `fail_at_s` and up
-   again at `recover_at_s` (seconds after the first arrival); the reaction time is
+4. Scheduler run (Terra, or each of `schedulers` in turn: the controller and the agents
+   are restarted with `--scheduler NAME`, the WAN stays): a job master (TerraClient)
+   submits the coflows at their arrival times and polls progress; with a failure link,
+   that link goes down at `fail_at_s` and up again at `recover_at_s` (seconds after the
+   first arrival); the reaction time is
    measured from the link-down command to the moment the controller reports the
    round's new rates acknowledged by every agent (REST /status, polled every 10 ms).
 5. Per-flow TCP run (mininet_scenarios.tcp_baseline) on the same WAN and rules (the agents
    stay up, idle): same flows, same bytes, same arrival times, same failure.
    Steps 4 and 5 are repeated `repeats` times (the machine is shared and has 2 cores, so
-   single runs are noisy); results.summary pools the repeats.
-6. Switch port counters (`ovs-ofctl -O OpenFlow13 dump-ports`) before and after each run
-   give the WAN utilization: bytes sent on WAN ports / (sum of link rates x busy time),
-   busy time = the time during which at least one coflow is active (`busy_time`).
+   single runs are noisy; per-flow TCP alternates with the first scheduler's runs);
+   results.summary pools the repeats.
+6. Switch port counters before and after each run give the WAN utilization: bytes sent
+   on WAN ports / (sum of link rates x busy time), busy time = the time during which at
+   least one coflow is active (`busy_time`). The counters come from the controller's
+   OpenFlow port statistics (REST /links); `ovs-ofctl -O OpenFlow13 dump-ports` reads
+   them too, for comparison (`wan_utilization_ofctl`).
 
 Everything is torn down in `finally` (also on Ctrl-C / SIGTERM, which the CLI turns into
 KeyboardInterrupt): the process groups started here, then Mininet; `mn -c` only if
@@ -43,6 +48,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mininet_scenarios.observe import AGENT_METRICS_PORT, Observer
 from mininet_scenarios.tcp_baseline import BASELINE_PORT
 from mininet_scenarios.workload import TestbedCoflow
 from terra_agent.sources import SYNTHETIC_PERIOD, SyntheticSource, flow_key
@@ -81,7 +87,9 @@ class RunResult:
     Attributes:
         cct_s: coflow trace id -> CCT (seconds), for completed coflows.
         duration_s: first arrival to last completion (seconds).
-        wan_bytes_sent: bytes sent on WAN switch ports (port counters) during the run.
+        wan_bytes_sent: bytes sent on WAN switch ports during the run, from the controller's
+            OpenFlow port statistics (REST /links).
+        wan_bytes_sent_ofctl: the same from `ovs-ofctl dump-ports` text, for comparison.
         wan_capacity_bps: sum of the directed WAN links' HTB rates (bytes/s).
         bytes_lost: expected bytes not delivered (unfinished flows, short flows).
         digest_mismatches: flows whose received digest differs from the expected one.
@@ -96,6 +104,7 @@ class RunResult:
     arrival_s: dict = field(default_factory=dict)
     duration_s: float = 0.0
     wan_bytes_sent: int = 0
+    wan_bytes_sent_ofctl: int = 0
     wan_capacity_bps: float = 0.0
     bytes_lost: int = 0
     digest_mismatches: int = 0
@@ -123,6 +132,12 @@ class RunResult:
         """
         denom = self.wan_capacity_bps * self.busy_s
         return self.wan_bytes_sent / denom if denom > 0 else 0.0
+
+    @property
+    def wan_utilization_ofctl(self) -> float:
+        """`wan_utilization` from the `ovs-ofctl dump-ports` counters (for comparison)."""
+        denom = self.wan_capacity_bps * self.busy_s
+        return self.wan_bytes_sent_ofctl / denom if denom > 0 else 0.0
 
 
 def busy_time(arrival_s: dict, cct_s: dict) -> float:
@@ -243,22 +258,26 @@ def make_pki(workdir: Path, agent_names: list[str]) -> Path:
 
 
 class Controller:
-    """terra-controller (OpenFlow mode, mutual TLS with `pki`) as a subprocess in its own session.
+    """terra-controller (OpenFlow mode, mutual TLS with `pki`, `--scheduler scheduler`) as a
+    subprocess in its own session.
 
-    Attributes: api (host, port), agents_port, rest ("https://host:port"), pki (directory).
+    Attributes: api (host, port), agents_port, rest ("https://host:port"), pki (directory),
+    scheduler (registry name), proc (the Popen).
     """
 
     def __init__(
-        self, topo_path: Path, k: int, of_port: int, log: Path, procs: Processes, pki: Path
-    ):
+        self, topo_path: Path, k: int, of_port: int, log: Path, procs: Processes, pki: Path,
+        scheduler: str = "terra",
+    ):  # fmt: skip
         import ssl
 
         from terra_controller.pki import client_context
 
         self.pki = pki
+        self.scheduler = scheduler
         self.rest_tls: ssl.SSLContext = client_context(pki, OPERATOR_NAME)
         self.rest_tls.check_hostname = False  # urllib dials an IP; the CA still verifies it
-        self.log = open(log, "w")  # noqa: SIM115 (closed in close())
+        self.log = open(log, "a")  # noqa: SIM115 (closed in close())
         self.proc = procs.add(
             subprocess.Popen(
                 [
@@ -281,6 +300,8 @@ class Controller:
                     LOG_LEVEL,
                     "--pki",
                     str(pki),
+                    "--scheduler",
+                    scheduler,
                 ],
                 stdout=subprocess.PIPE,
                 stderr=self.log,
@@ -323,6 +344,33 @@ def wait_until(predicate, timeout: float, what: str, poll_s: float = 0.1) -> Non
 # ---- port counters ---------------------------------------------------------------------------
 
 _PORT_RE = re.compile(r"port\s+\"?(\w+)\"?:.*?tx pkts=\d+, bytes=(\d+)", re.S)
+
+
+def openflow_tx_bytes(ctl: Controller, timeout: float = 10.0) -> int:
+    """Sum of tx_bytes over every WAN port from the controller's OpenFlow port statistics
+    (REST /links), waiting for samples taken after this call began (the controller polls
+    every switch every --port-stats-s seconds).
+
+    Raises:
+        TestbedError: no fresh sample of every WAN port within `timeout` seconds.
+    """
+    start = time.monotonic()
+    while True:
+        asked = time.monotonic()
+        links = ctl.get("/links")["links"]
+        ages = [row["sampled_s"] for row in links]
+        if all(age is not None and asked - age > start for age in ages):
+            return sum(row["tx_bytes"] for row in links)
+        if asked - start > timeout:
+            raise TestbedError(f"no fresh OpenFlow port statistics within {timeout} s")
+        time.sleep(0.05)
+
+
+def read_wan_bytes(wan, ctl: Controller | None) -> tuple[int, int]:
+    """(bytes sent on WAN ports per OpenFlow port statistics, per `ovs-ofctl dump-ports`);
+    the first is 0 without a controller."""
+    ofctl = wan_tx_bytes(wan.switches, wan.binding, wan.topology)
+    return (openflow_tx_bytes(ctl) if ctl is not None else 0), ofctl
 
 
 def wan_tx_bytes(switches: dict, binding: Binding, topology: Topology) -> int:
@@ -425,7 +473,7 @@ def run_terra(
     result = RunResult(wan_capacity_bps=_wan_capacity(wan))
     client = ctl.client(timeout=30)
     ids: dict[int, TestbedCoflow] = {}
-    tx0 = wan_tx_bytes(wan.switches, wan.binding, wan.topology)
+    tx0, tx0_ofctl = read_wan_bytes(wan, ctl)
     rounds0 = ctl.get("/status")["rounds"]
     t0 = time.monotonic()
     fail = _start_failure(wan, failure, t0, ctl, result)
@@ -452,7 +500,8 @@ def run_terra(
                 raise TestbedError(f"Terra run: coflows not done after {timeout} s")
             _sleep_until_poll_or_arrival(now, t0, pending)
         result.duration_s = last_end - t0
-        result.wan_bytes_sent = wan_tx_bytes(wan.switches, wan.binding, wan.topology) - tx0
+        tx1, tx1_ofctl = read_wan_bytes(wan, ctl)
+        result.wan_bytes_sent, result.wan_bytes_sent_ofctl = tx1 - tx0, tx1_ofctl - tx0_ofctl
         status = ctl.get("/status")
         result.rounds = status["rounds"] - rounds0
         recent = status["recent_round_ms"]
@@ -486,8 +535,10 @@ def run_per_flow_tcp(
     timeout: float,
     workdir: Path,
     procs: Processes,
+    ctl: Controller | None = None,
 ) -> RunResult:
-    """The per-flow TCP baseline (mininet_scenarios.tcp_baseline) on the same WAN.
+    """The per-flow TCP baseline (mininet_scenarios.tcp_baseline) on the same WAN; `ctl`:
+    the controller whose OpenFlow port statistics count the WAN bytes (else ovs-ofctl's).
 
     Raises:
         TestbedError: flows not received within `timeout` s of the last arrival.
@@ -534,7 +585,7 @@ def run_per_flow_tcp(
         wait_until(
             lambda: all(Path(f"{out}.ready").exists() for out in outs.values()), 60, "TCP nodes"
         )
-        tx0 = wan_tx_bytes(wan.switches, wan.binding, wan.topology)
+        tx0, tx0_ofctl = read_wan_bytes(wan, ctl)
         start_wall = time.time() + 0.2
         tmp = workdir / "start.tmp"
         tmp.write_text(repr(start_wall))
@@ -554,7 +605,9 @@ def run_per_flow_tcp(
                     break
                 time.sleep(POLL_S)
             end_mono = time.monotonic()
-            result.wan_bytes_sent = wan_tx_bytes(wan.switches, wan.binding, wan.topology) - tx0
+            tx1, tx1_ofctl = read_wan_bytes(wan, ctl)
+            result.wan_bytes_sent_ofctl = tx1_ofctl - tx0_ofctl
+            result.wan_bytes_sent = tx1 - tx0 if ctl is not None else result.wan_bytes_sent_ofctl
         finally:
             _finish_failure(fail)
     finally:
@@ -623,7 +676,12 @@ def _finish_failure(thread: FailureThread | None) -> int | None:
 
 @dataclass
 class TestbedOptions:
-    """Options of `run_swan` (see mininet_scenarios.cli for their meaning and defaults)."""
+    """Options of `run_swan` (see mininet_scenarios.cli for their meaning and defaults).
+
+    `schedulers`: registry names (terra_core/registry.py) the controller runs, one after
+    the other, each `repeats` times on the same WAN; the first is the one the targets judge.
+    `observe`: Prometheus scrapes the controller and every agent (mininet_scenarios.observe).
+    """
 
     coflows: list[TestbedCoflow]
     link_mbps: float = 20.0
@@ -634,16 +692,22 @@ class TestbedOptions:
     hosts_per_dc: int = 1
     of_port: int = 6653
     workdir: Path = Path("/tmp/terra-testbed")
+    schedulers: list[str] = field(default_factory=lambda: ["terra"])
+    observe: bool = False
 
 
 def run_swan(opts: TestbedOptions, log=print) -> dict:
-    """Bring up the SWAN testbed, run Terra then per-flow TCP `opts.repeats` times, tear down.
+    """Bring up the SWAN testbed; for each scheduler start a controller running it and the
+    agents, run it `opts.repeats` times; run per-flow TCP `opts.repeats` times (interleaved
+    with the first scheduler's runs); tear down.
 
     Returns:
-        {"terra": [RunResult per repeat], "per_flow_tcp": [RunResult per repeat],
-         "rules_per_switch": {dpid: n}, "flow_mods_after_startup": flow-mods sent after the
-         tunnels were installed and before the first link failure (after the first Terra run
-         without a failure), "install_s": seconds from Mininet start to rules installed}.
+        {"schedulers": [names], name: [RunResult per repeat] for each scheduler,
+         "per_flow_tcp": [RunResult per repeat], "rules_per_switch": {dpid: n} (first
+         controller), "flow_mods_after_startup": flow-mods the first controller sent after
+         installing the tunnels and before the first link failure (after its first run
+         without a failure), "install_s": seconds from Mininet start to rules installed,
+         "observe": observe.Observer.report() with opts.observe}.
 
     Raises:
         TestbedError: bring-up failed or a run did not finish (after teardown).
@@ -651,7 +715,7 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
     """
     from mininet.log import setLogLevel
 
-    from mininet_scenarios.wan_net import MGMT_ROOT_IP, build_wan, cleanup
+    from mininet_scenarios.wan_net import build_wan, cleanup
 
     setLogLevel("critical")
     opts.workdir.mkdir(parents=True, exist_ok=True)
@@ -659,49 +723,40 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
     topology = load_topology(str(topo_path))
     binding = load_binding(topology)
     check_names_free([f"s{sw.dpid}" for sw in binding.switches.values()] + ["mgmt0"])
-    procs, wan, ctl = Processes(), None, None
+    procs, wan, ctl, observer = Processes(), None, None, None
+    raw: dict = {"schedulers": list(opts.schedulers), "per_flow_tcp": []}
     try:
         pki = make_pki(opts.workdir, [host.name for _, host in binding.all_hosts()])
-        ctl = Controller(
-            topo_path, opts.k, opts.of_port, opts.workdir / "controller.log", procs, pki
-        )
-        t_start = time.monotonic()
-        wan = build_wan(topology, binding, of_port=opts.of_port, link_mbps=opts.link_mbps,
-                        mgmt=True)  # fmt: skip
-        wait_until(lambda: ctl.get("/tunnels")["switches"].get("installed"), 30, "tunnel rules")
-        install_s = time.monotonic() - t_start
-        of = ctl.get("/tunnels")["switches"]
-        log(f"tunnels installed after {install_s:.1f} s: {of['flow_mods_at_install']} flow-mods")
-        agents = _start_agents(wan, binding, ctl, MGMT_ROOT_IP, opts.workdir, procs)
-        n = len(agents)
-        wait_until(
-            lambda: sum(a["connected"] for a in ctl.get("/status")["agents"]) == n, 30, "agents"
-        )
-        time.sleep(AGENT_SETTLE_S)  # agents open their tunnel connections to each other
-        log(f"{n} agents registered; {opts.repeats} x (Terra, per-flow TCP), "
-            f"{len(opts.coflows)} coflows each")  # fmt: skip
-        terra_runs, tcp_runs, flow_mods_before = [], [], None
-        for i in range(opts.repeats):
-            terra, before = run_terra(wan, ctl, opts.coflows, opts.failure, opts.timeout_s)
-            terra_runs.append(terra)
-            if flow_mods_before is None:  # the first failure; without one: after the run
-                flow_mods_before = before if before is not None else _flow_mods(ctl)
-            log(f"[{i + 1}] Terra done in {terra.duration_s:.1f} s; per-flow TCP run")
-            # The agents stay up but idle: they move no bytes without coflows.
-            tcp = run_per_flow_tcp(
-                wan, opts.coflows, opts.failure, opts.timeout_s, opts.workdir / f"tcp{i}", procs
+        for phase, name in enumerate(opts.schedulers):
+            ctl = Controller(topo_path, opts.k, opts.of_port, opts.workdir / "controller.log",
+                             procs, pki, scheduler=name)  # fmt: skip
+            t_start = time.monotonic()
+            if wan is None:
+                wan = build_wan(topology, binding, of_port=opts.of_port,
+                                link_mbps=opts.link_mbps, mgmt=True)  # fmt: skip
+                if opts.observe:
+                    observer = Observer(opts.workdir, pki, OPERATOR_NAME, wan.mgmt_ips)
+            if observer is not None:
+                observer.watch_controller(ctl.rest)
+            agents = _bring_up(wan, binding, ctl, opts.workdir, procs, log, observer)
+            if phase == 0:
+                raw["install_s"] = time.monotonic() - t_start
+            raw[name], flow_mods_before = _scheduler_runs(
+                wan, ctl, opts, raw, phase == 0, procs, log
             )
-            tcp_runs.append(tcp)
-            log(f"[{i + 1}] per-flow TCP done in {tcp.duration_s:.1f} s")
-        of = ctl.get("/tunnels")["switches"]
-        return {
-            "terra": terra_runs,
-            "per_flow_tcp": tcp_runs,
-            "rules_per_switch": of["rules_per_switch"],
-            "flow_mods_after_startup": flow_mods_before - of["flow_mods_at_install"],
-            "install_s": install_s,
-        }
+            of = ctl.get("/tunnels")["switches"]
+            if phase == 0:
+                raw["rules_per_switch"] = of["rules_per_switch"]
+                raw["flow_mods_after_startup"] = flow_mods_before - of["flow_mods_at_install"]
+            if observer is not None and phase == len(opts.schedulers) - 1:
+                raw["observe"] = observer.report()  # before the last agents stop
+            procs.stop([*agents, ctl.proc])
+            ctl.close()
+            ctl = None
+        return raw
     finally:
+        if observer is not None:
+            observer.stop()
         procs.stop_all()
         if ctl is not None:
             ctl.close()
@@ -710,6 +765,53 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
                 wan.stop()
             except Exception:
                 cleanup()
+
+
+def _bring_up(wan, binding, ctl: Controller, workdir: Path, procs: Processes, log,
+              observer=None) -> list:  # fmt: skip
+    """Wait for the controller's tunnel rules, start the agents (serving /metrics on their
+    management address when observed), wait until all registered.
+
+    Returns the agents' Popens. Raises TestbedError on a timeout.
+    """
+    from mininet_scenarios.wan_net import MGMT_ROOT_IP
+
+    # switches reconnect to a restarted controller within OVS's backoff (up to 8 s)
+    wait_until(lambda: ctl.get("/tunnels")["switches"].get("installed"), 30, "tunnel rules")
+    of = ctl.get("/tunnels")["switches"]
+    log(f"{ctl.scheduler}: tunnels installed, {of['flow_mods_at_install']} flow-mods")
+    metrics = wan.mgmt_ips if observer is not None else {}
+    agents = _start_agents(wan, binding, ctl, MGMT_ROOT_IP, workdir, procs, metrics)
+    n = len(agents)
+    wait_until(lambda: sum(a["connected"] for a in ctl.get("/status")["agents"]) == n, 30,
+               "agents")  # fmt: skip
+    time.sleep(AGENT_SETTLE_S)  # agents open their tunnel connections to each other
+    return agents
+
+
+def _scheduler_runs(wan, ctl: Controller, opts: TestbedOptions, raw: dict, with_tcp: bool,
+                    procs: Processes, log):  # fmt: skip
+    """`opts.repeats` runs of the controller's scheduler; with_tcp: each followed by a
+    per-flow TCP run (appended to raw["per_flow_tcp"]; the agents stay up, idle).
+
+    Returns ([RunResult per repeat], flow-mods counted before the first link failure, or
+    after the first run without a failure).
+    """
+    runs, flow_mods_before = [], None
+    for i in range(opts.repeats):
+        run, before = run_terra(wan, ctl, opts.coflows, opts.failure, opts.timeout_s)
+        runs.append(run)
+        if flow_mods_before is None:  # the first failure; without one: after the run
+            flow_mods_before = before if before is not None else _flow_mods(ctl)
+        log(f"[{i + 1}] {ctl.scheduler} done in {run.duration_s:.1f} s")
+        if with_tcp:
+            tcp = run_per_flow_tcp(
+                wan, opts.coflows, opts.failure, opts.timeout_s, opts.workdir / f"tcp{i}", procs,
+                ctl,
+            )  # fmt: skip
+            raw["per_flow_tcp"].append(tcp)
+            log(f"[{i + 1}] per-flow TCP done in {tcp.duration_s:.1f} s")
+    return runs, flow_mods_before
 
 
 def _flow_mods(ctl: Controller) -> int:
@@ -736,9 +838,14 @@ def check_names_free(bridges: list[str]) -> None:
         )
 
 
-def _start_agents(wan, binding, ctl, mgmt_ip, workdir, procs) -> list[subprocess.Popen]:
+def _start_agents(wan, binding, ctl, mgmt_ip, workdir, procs, metrics: dict | None = None
+                  ) -> list[subprocess.Popen]:  # fmt: skip
+    """Start one terra-agent per host; `metrics`: {host: IP} where an agent serves /metrics."""
     agents = []
     for dc, host in binding.all_hosts():
+        extra = []
+        if metrics and host.name in metrics:
+            extra = ["--metrics", f"{metrics[host.name]}:{AGENT_METRICS_PORT}"]
         agents.append(
             procs.add(
                 wan.hosts[host.name].popen(
@@ -760,8 +867,9 @@ def _start_agents(wan, binding, ctl, mgmt_ip, workdir, procs) -> list[subprocess
                         LOG_LEVEL,
                         "--pki",
                         str(ctl.pki),
+                        *extra,
                     ],
-                    stdout=open(workdir / f"agent_{host.name}.log", "w"),
+                    stdout=open(workdir / f"agent_{host.name}.log", "a"),
                     stderr=subprocess.STDOUT,
                 )  # fmt: skip
             )

@@ -7,8 +7,9 @@ export DEBIAN_FRONTEND=noninteractive
 
 # System packages: Open vSwitch (userspace datapath; the kernel has no OVS module), Mininet's
 # mnexec and its tools (Debian's mininet pulls iperf, net-tools, socat, cgroup-tools), ping,
-# ethtool (offloads off), iproute2 (ip, tc/HTB), psmisc and procps (killall/pkill for `mn -c`).
-APT_PACKAGES=(openvswitch-switch mininet iputils-ping ethtool iproute2 psmisc procps)
+# ethtool (offloads off), iproute2 (ip, tc/HTB), psmisc and procps (killall/pkill for `mn -c`),
+# prometheus (its promtool checks deploy/prometheus; the testbed's --observe runs it).
+APT_PACKAGES=(openvswitch-switch mininet iputils-ping ethtool iproute2 psmisc procps prometheus)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then

@@ -2,7 +2,7 @@
 
 Run:
     terra-controller --topology {swan,gscale,att,PATH} (--pki DIR | --insecure) [--k K]
-        [--alpha A] [--epsilon E] [--delta D] [--of-port 6653] [--api HOST:PORT]
+        [--scheduler NAME] [--alpha A] [--epsilon E] [--delta D] [--of-port 6653] [--api HOST:PORT]
         [--agents HOST:PORT] [--rest HOST:PORT] [--rest-public] [--no-openflow]
         [--agent-timeout S] [--keep-finished N] [--keep-finished-s S] [--max-restarts N]
         [--log-level LEVEL]
@@ -39,7 +39,9 @@ import logging
 import os
 import signal
 import sys
+import time
 
+from terra_core.registry import add_scheduler_arguments, make_scheduler, options_from_args
 from topologies import TopologyError, load_topology
 
 LOG = logging.getLogger("terra.cli")
@@ -61,12 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     """The controller's argument parser."""
     p = argparse.ArgumentParser(prog="terra-controller", description=__doc__.splitlines()[0])
     p.add_argument("--topology", required=True, help="swan, gscale, att, or a JSON/GraphML file")
-    p.add_argument("--k", type=int, default=4, help="paths (tunnels) per DC pair (default 4)")
-    p.add_argument("--alpha", type=float, default=0.1, help="starvation share α (default 0.1)")
-    p.add_argument("--epsilon", type=float, default=0.1, help="deadline slack ε (default 0.1)")
-    p.add_argument("--delta", type=float, default=0.1, help="capacity change threshold δ")
+    add_scheduler_arguments(p)  # --scheduler, --k, --alpha, --epsilon, --delta (registry)
     p.add_argument("--of-host", default="127.0.0.1", help="OpenFlow listen address")
     p.add_argument("--of-port", type=int, default=6653, help="OpenFlow listen port")
+    p.add_argument(
+        "--port-stats-s", type=float, default=1.0, metavar="S",
+        help="poll every switch's port counters every S seconds (REST /links, /metrics); "
+        "0: never (default 1)",
+    )  # fmt: skip
     p.add_argument("--api", type=parse_addr, default=("127.0.0.1", 6700), help="coflow API")
     p.add_argument("--agents", type=parse_addr, default=("127.0.0.1", 6701), help="agent channel")
     p.add_argument("--rest", type=parse_addr, default=("127.0.0.1", 8080), help="REST (HTTP)")
@@ -153,28 +157,34 @@ def run(args, topology, security) -> None:
     from terra_controller.api_server import ApiHandler, start_api_server
     from terra_controller.controller import Controller, RoundRunner
     from terra_controller.rest import RestApp, start_rest_server
-    from terra_controller.tunnel_table import InstalledPathsPolicy, TunnelTable
+    from terra_controller.tunnel_table import TunnelTable, installed_path_source
     from terra_controller.tunnels import startup_tunnels
-    from terra_core.terra_policy import TerraPolicy
 
-    params = {"k": args.k, "alpha": args.alpha, "epsilon": args.epsilon, "delta": args.delta}
     if args.no_openflow:
         tunnels = TunnelTable(topology, args.k, logical=True)
-        policy = TerraPolicy(topology, **params)
+        options = options_from_args(args)
     else:
         binding = load_switch_binding(topology)
         shared = startup_tunnels(topology, args.k, binding.base_port)  # rules and agents
         tunnels = TunnelTable(topology, args.k, binding.base_port, logical=False, tunnels=shared)
-        policy = InstalledPathsPolicy(topology, tunnels, **params)
+        options = options_from_args(args, installed_path_source(tunnels))
+    try:
+        policy = make_scheduler(args.scheduler, topology, options)
+    except ValueError as exc:
+        raise SystemExit(f"terra-controller: {exc}") from exc
+    LOG.info("scheduler %s (K=%d)", args.scheduler, args.k)
     controller = Controller(
         topology, policy, agent_timeout_s=args.agent_timeout, keep_finished=args.keep_finished,
         keep_finished_s=args.keep_finished_s, max_restarts=args.max_restarts,
     )  # fmt: skip
-    openflow_info = None
+    openflow_info = ports = None
     threads = []
     if not args.no_openflow:
         app, of_threads = start_openflow_app(args, topology, binding, controller, shared)
         threads += of_threads
+
+        def ports():
+            return app.port_stats.wan_links(time.monotonic())
 
         def openflow_info():
             with app.lock:
@@ -204,7 +214,7 @@ def run(args, topology, security) -> None:
         _, t_api, api = start_api_server(ApiHandler(controller), *args.api, security)
         _, t_agents, agents = start_agent_server(channel, *args.agents, security)
         _, t_rest, rest = start_rest_server(
-            RestApp(controller, channel, openflow_info), *args.rest, rest_security,
+            RestApp(controller, channel, openflow_info, ports), *args.rest, rest_security,
             args.rest_public,
         )  # fmt: skip
     except OSError as exc:
@@ -280,8 +290,9 @@ def start_openflow_app(args, topology, binding, controller, tunnels):
         controller.set_link_state(change.link[0], change.link[1], change.up)
 
     config = TunnelConfig(
-        topology.copy(), binding, args.k, on_link_change=link_changed, tunnels=tunnels
-    )
+        topology.copy(), binding, args.k, on_link_change=link_changed, tunnels=tunnels,
+        port_stats_s=args.port_stats_s,
+    )  # fmt: skip
     return start_openflow(config, args.of_host, args.of_port)
 
 

@@ -21,6 +21,7 @@ import json
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,8 +33,10 @@ from os_ken.controller.handler import (
     MAIN_DISPATCHER,
     set_ev_cls,
 )
+from os_ken.lib import hub
 from os_ken.ofproto import ofproto_v1_3
 
+from terra_controller.port_stats import PortSample, PortStats
 from terra_controller.tunnels import (
     FlowEntry,
     Tunnel,
@@ -81,6 +84,7 @@ class TunnelConfig:
         on_link_change: called with a LinkChange after each link state change.
         tunnels: the start-up tunnels (tunnels.startup_tunnels), shared with the agent
             channel; None: built here.
+        port_stats_s: period of the port-statistics polls (seconds); 0 turns them off.
     """
 
     topology: Topology
@@ -89,6 +93,7 @@ class TunnelConfig:
     on_installed: Callable[[TunnelApp], None] | None = None
     on_link_change: Callable[[LinkChange], None] | None = None
     tunnels: list[Tunnel] | None = None
+    port_stats_s: float = 1.0
 
 
 class TunnelApp(app_manager.OSKenApp):
@@ -103,6 +108,8 @@ class TunnelApp(app_manager.OSKenApp):
         installed: True once the rules were sent to every switch.
         flow_mods_sent: all flow-mods sent; flow_mods_at_install: the count when
             installation finished (the difference is what link events cost).
+        port_stats: PortStats, the switches' port counters (polled every
+            `config.port_stats_s` seconds; its own lock).
     """
 
     OFP_VERSIONS = [ofproto_v1_3.OFP_VERSION]
@@ -121,6 +128,36 @@ class TunnelApp(app_manager.OSKenApp):
         self.installed = False
         self.flow_mods_sent = 0
         self.flow_mods_at_install = 0
+        self.port_stats = PortStats(terra_config.binding)
+
+    def start(self):
+        """Start os-ken's event loop and, with a period, the port-statistics poller."""
+        thread = super().start()
+        if self.config.port_stats_s > 0:
+            self.threads.append(hub.spawn(self._poll_port_stats))
+        return thread
+
+    def _poll_port_stats(self) -> None:
+        """Every period: one OFPPortStatsRequest (all ports) to every connected switch."""
+        while self.is_active:
+            with self.lock:
+                datapaths = list(self.datapaths.values())
+            for dp in datapaths:
+                ofp, parser = dp.ofproto, dp.ofproto_parser
+                dp.send_msg(parser.OFPPortStatsRequest(dp, 0, ofp.OFPP_ANY))
+            hub.sleep(self.config.port_stats_s)
+
+    @set_ev_cls(ofp_event.EventOFPPortStatsReply, MAIN_DISPATCHER)
+    def port_stats_reply_handler(self, ev) -> None:
+        """Record every port's counters of a switch's reply (port_stats.PortStats)."""
+        now = time.monotonic()
+        dpid = ev.msg.datapath.id
+        for st in ev.msg.body:
+            self.port_stats.record(dpid, st.port_no, PortSample(
+                now, st.tx_bytes, st.rx_bytes, st.tx_packets, st.rx_packets, st.tx_dropped,
+                st.rx_dropped,
+            ))  # fmt: skip
+        self.port_stats.replies += 1
 
     def rules_per_switch(self) -> dict[int, int]:
         """Return {dpid: number of flow entries wanted there}."""

@@ -51,12 +51,18 @@ class RestApp:
         channel: the AgentChannel (agents connected, tunnels) or None.
         openflow: callable returning {"rules_per_switch": {dpid: n}, "flow_mods": n, ...}
             from the OpenFlow app, or None without switches.
+        ports: callable returning {(a, b): port_stats.LinkLoad} (the switches' WAN port
+            counters), or None without switches.
     """
 
-    def __init__(self, controller: Controller, channel=None, openflow: Callable | None = None):
+    def __init__(
+        self, controller: Controller, channel=None, openflow: Callable | None = None,
+        ports: Callable | None = None,
+    ):  # fmt: skip
         self.controller = controller
         self.channel = channel
         self.openflow = openflow
+        self.ports = ports
         self.metrics = CollectorRegistry()
         self.metrics.register(_Collector(self))
 
@@ -84,6 +90,7 @@ class RestApp:
         views = {
             "/status": self.status,
             "/topology": self.topology,
+            "/links": self.links,
             "/tunnels": self.tunnels,
             "/coflows": self.coflows,
         }
@@ -106,7 +113,8 @@ class RestApp:
             return set(self.channel.connections)
 
     def status(self) -> dict:
-        """{"topology", "uptime_s", "openflow", "agents": [...], "coflows": {state: n} (coflows
+        """{"topology", "scheduler" (the policy's registry name), "uptime_s", "openflow",
+        "agents": [...], "coflows": {state: n} (coflows
         in memory), "rejected" / "failed" / "cancelled" (coflows ever), "dropped_finished":
         {final state: finished coflows dropped from memory}, "rounds", "last_round_ms",
         "recent_round_ms" / "recent_allocate_ms" (last 100 rounds:
@@ -121,6 +129,7 @@ class RestApp:
         stats = snap.stats
         return {
             "topology": snap.topology,
+            "scheduler": getattr(c.policy, "name", None),
             "uptime_s": time.time() - c.started_wall,
             "openflow": self.openflow is not None,
             "agents": [
@@ -157,6 +166,26 @@ class RestApp:
         ]
         return {"name": snap.topology, "dcs": list(snap.dcs), "links": links}
 
+    def links(self) -> dict:
+        """Every directed WAN link with its allocation and, with switches, what its sending
+        port counted (OpenFlow port statistics, port_stats.py):
+        {"links": [{"a", "b", "state", "capacity_bytes_per_s", "allocated_bytes_per_s",
+        "measured_bytes_per_s" (rate between the last two polls), "tx_bytes", "tx_packets",
+        "tx_dropped", "rx_bytes", "rx_dropped", "dpid", "port", "sampled_s" (age of the
+        sample)}]}; the measured fields are null without switches or before a poll."""
+        snap = self.controller.snapshot()
+        measured = self.ports() if self.ports is not None else {}
+        out = []
+        for a, b, cap, state, load in snap.links:
+            row = {"a": a, "b": b, "state": state, "capacity_bytes_per_s": cap,
+                   "allocated_bytes_per_s": load}  # fmt: skip
+            m = measured.get((a, b))
+            for key in _MEASURED:
+                row[key] = None if m is None else getattr(m, key)
+            row["measured_bytes_per_s"] = None if m is None else m.tx_bytes_per_s
+            out.append(row)
+        return {"links": out}
+
     def tunnels(self) -> dict:
         """{"tunnels": [{"tunnel", "src", "dst", "index", "path", "up"}], "switches": {...}}."""
         table = self.channel.tunnels if self.channel is not None else None
@@ -184,6 +213,10 @@ class RestApp:
 def _policy_lps(controller: Controller) -> int:
     stats = getattr(controller.policy, "stats", None)
     return int(stats.get("lps", 0)) if isinstance(stats, dict) else 0
+
+
+_MEASURED = ("tx_bytes", "tx_packets", "tx_dropped", "rx_bytes", "rx_dropped", "dpid", "port",
+             "sampled_s")  # fmt: skip
 
 
 class _Collector:
@@ -247,6 +280,35 @@ class _Collector:
             "Agents on the control channel",
             value=len(self.app.connected_agents()),
         )
+        if self.app.ports is not None:
+            yield from _port_families(self.app.ports())
+
+
+def _port_families(loads: dict):
+    """Per-link families from the switches' WAN port counters (port_stats.LinkLoad)."""
+    labels = ["a", "b", "dpid", "port"]
+    tx = CounterMetricFamily(
+        "terra_link_tx_bytes", "Bytes a WAN port sent (OpenFlow)", labels=labels
+    )
+    drops = CounterMetricFamily(
+        "terra_link_tx_dropped", "Packets a WAN port dropped on send (OpenFlow)", labels=labels
+    )
+    rx_drops = CounterMetricFamily(
+        "terra_link_rx_dropped", "Packets a WAN port dropped on receive (OpenFlow)", labels=labels
+    )
+    rate = GaugeMetricFamily(
+        "terra_link_measured_bytes_per_second",
+        "Bytes/s a WAN port sent between the last two port-statistics polls",
+        labels=labels,
+    )
+    for (a, b), m in sorted(loads.items()):
+        key = [a, b, str(m.dpid), str(m.port)]
+        tx.add_metric(key, m.tx_bytes)
+        drops.add_metric(key, m.tx_dropped)
+        rx_drops.add_metric(key, m.rx_dropped)
+        if m.tx_bytes_per_s is not None:
+            rate.add_metric(key, m.tx_bytes_per_s)
+    yield from (tx, drops, rx_drops, rate)
 
 
 def _reply(start_response, code: int, body, headers: list | None = None) -> list[bytes]:

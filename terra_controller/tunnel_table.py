@@ -11,7 +11,7 @@ import logging
 
 from overlay import protocol
 from terra_controller.tunnels import Tunnel, paths_up, startup_tunnels
-from terra_core.terra_policy import TerraPolicy
+from terra_core.policy import PathSource
 from topologies import Path, Topology, path_links
 
 LOG = logging.getLogger("terra.tunnels")
@@ -124,27 +124,24 @@ class TunnelTable:
         ]
 
 
-class InstalledPathsPolicy(TerraPolicy):
-    """TerraPolicy that routes only over installed tunnels that are up (with switches).
+def installed_path_source(table: TunnelTable) -> PathSource:
+    """A policy.PathSource that routes only over installed tunnels that are up (with switches).
 
     With switches only the tunnels installed at start-up carry traffic; after a
     failure the K shortest paths over the links still up may include paths that
-    have no rules (7 of them on SWAN, K = 4, LA-NY down). This policy takes the
-    path set of a DC pair from `tunnels.paths_up` instead (docs/design.md section 5:
-    route changes never touch the switches). Same arguments as TerraPolicy plus
-    `table`: the TunnelTable (logical=False).
+    have no rules (7 of them on SWAN, K = 4, LA-NY down). Every scheduler of the
+    registry takes its paths from this source instead (docs/design.md section 5:
+    route changes never touch the switches).
+
+    Args:
+        table: the TunnelTable (logical=False).
+
+    Returns:
+        (topology, K) -> {(src DC, dst DC): [paths of the pair's installed tunnels that
+        are up in `topology`, tunnel index order]} (K is ignored: the tunnels are fixed).
     """
 
-    def __init__(self, topology: Topology, table: TunnelTable, **kwargs) -> None:
-        super().__init__(topology, **kwargs)
-        self.table = table
-        self._installed: dict[tuple[str, str], list[Path]] = {}
-        self._installed_down: frozenset = frozenset()
+    def source(topology: Topology, k: int) -> dict[tuple[str, str], list[Path]]:
+        return paths_up(table.tunnels, topology)
 
-    def paths(self, src: str, dst: str) -> list[Path]:
-        """The up paths of the pair's installed tunnels, shortest first."""
-        down = frozenset(self.topology.down)
-        if down != self._installed_down or not self._installed:
-            self._installed = paths_up(self.table.tunnels, self.topology)
-            self._installed_down = down
-        return self._installed.get((src, dst), [])
+    return source

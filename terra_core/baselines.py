@@ -30,7 +30,7 @@ import numpy as np
 from terra_core.flow_bundles import flow_count
 from terra_core.maxmin import link_index, maxmin_levels, path_incidence
 from terra_core.mcf import maxmin_mcf
-from terra_core.policy import Allocation, Remaining
+from terra_core.policy import Allocation, PathSource, Remaining
 from topologies import Link, Path, Topology, all_pairs_paths, path_links
 from workloads import Coflow, Flow
 
@@ -60,6 +60,8 @@ class BaselinePolicy:
     Args:
         topology: the shared WAN view (mutated by the caller, who then calls wan_changed).
         k: paths per DC pair (>= 1).
+        path_source: where the paths come from (policy.PathSource); default the K
+            shortest paths over the links that are up (topologies.all_pairs_paths).
 
     Raises:
         ValueError: k < 1.
@@ -67,16 +69,20 @@ class BaselinePolicy:
 
     name = "baseline"
 
-    def __init__(self, topology: Topology, k: int = 4) -> None:
+    def __init__(
+        self, topology: Topology, k: int = 4, path_source: PathSource | None = None
+    ) -> None:
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         self.topology = topology
         self.k = k
+        self.path_source: PathSource = path_source or all_pairs_paths
         self.flows: dict[str, dict[str, Flow]] = {}
         self.routes: dict[str, dict[str, Route]] = {}
-        self._paths = all_pairs_paths(topology, k)
+        self._paths = self.path_source(topology, k)
         self._rows = link_index(topology.links)
-        self._reachable = {pair for pair, ps in all_pairs_paths(_all_up(topology), 1).items() if ps}
+        every_up = self.path_source(_all_up(topology), 1)
+        self._reachable = {pair for pair, ps in every_up.items() if ps}
         self._incidence: dict[str, CoflowRoutes] = {}
         self._cap_vec: np.ndarray | None = None  # see _capacity
         self._path_rows: dict[Path, list[int]] = {}  # rows of a path's links (never stale)
@@ -126,7 +132,7 @@ class BaselinePolicy:
     def wan_changed(self, now: float) -> bool:
         """Recompute the K paths over the links that are up and re-route; returns True."""
         self._cap_vec = None
-        self._paths = all_pairs_paths(self.topology, self.k)
+        self._paths = self.path_source(self.topology, self.k)
         for cid, flows in self.flows.items():
             self._set_routes(cid, self._route(cid, list(flows.values())))
         return True
@@ -271,8 +277,10 @@ class _FairPolicy(_PairPolicy):
     of a DC pair has the same route (`_pair_paths`), so a path's weight is its pair's
     active member count."""
 
-    def __init__(self, topology: Topology, k: int = 4) -> None:
-        super().__init__(topology, k)
+    def __init__(
+        self, topology: Topology, k: int = 4, path_source: PathSource | None = None
+    ) -> None:
+        super().__init__(topology, k, path_source)
         self._by_pairs: dict[tuple, tuple[list[Path], np.ndarray, np.ndarray]] = {}
         self._columns: dict[tuple[str, str], list[int]] = {}
         self._crossing = np.zeros((len(self._rows), 0))
@@ -367,8 +375,10 @@ class SwanMcfPolicy(_PairPolicy):
 
     name = "swan-mcf"
 
-    def __init__(self, topology: Topology, k: int = 4) -> None:
-        super().__init__(topology, k)
+    def __init__(
+        self, topology: Topology, k: int = 4, path_source: PathSource | None = None
+    ) -> None:
+        super().__init__(topology, k, path_source)
         self._mcf_cache: dict[tuple, tuple[list[Path], np.ndarray, np.ndarray]] = {}
 
     def pair_levels(
@@ -525,14 +535,16 @@ class RapierPolicy(_MaddPolicy):
 
     name = "rapier"
 
-    def __init__(self, topology: Topology, k: int = 4) -> None:
+    def __init__(
+        self, topology: Topology, k: int = 4, path_source: PathSource | None = None
+    ) -> None:
         self._stale: set[str] = set()
-        super().__init__(topology, k)
+        super().__init__(topology, k, path_source)
 
     def wan_changed(self, now: float) -> bool:
         """Recompute the K paths; mark coflows whose routes broke for re-routing. Returns True."""
         self._cap_vec = None
-        self._paths = all_pairs_paths(self.topology, self.k)
+        self._paths = self.path_source(self.topology, self.k)
         down = self.topology.down
         for cid, routes in self.routes.items():
             for route in routes.values():

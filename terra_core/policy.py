@@ -14,15 +14,35 @@ Shapes:
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from enum import StrEnum
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from topologies import Path, Topology
 from workloads import Coflow, Flow
 
+if TYPE_CHECKING:
+    import numpy as np
+
 Remaining = dict[str, dict[str, float]]
 Allocation = dict[str, dict[str, list[tuple[Path, float]]]]
+PathSource = Callable[[Topology, int], dict[tuple[str, str], list[Path]]]
+"""Where a policy takes its paths from: (topology, K) -> {(src DC, dst DC): [paths that
+may carry traffic now]}. The default (`topologies.all_pairs_paths`) gives the K shortest
+paths over the links that are up; the controller with switches gives the installed
+tunnels that are up (docs/design.md section 5)."""
 
 
+class PolicyState(StrEnum):
+    """An active coflow's state as a policy reports it (`StatefulPolicy.state`); the values
+    are the words the controller's CoflowStatus uses for active coflows."""
+
+    QUEUED = "queued"  # registered, not yet in a round
+    RUNNING = "running"  # has rates from the last round
+    PREEMPTED = "preempted"  # waits (docs/design.md 4.2 step 4) or lives on the reserve
+
+
+@runtime_checkable
 class Policy(Protocol):
     """A scheduling policy: Terra or a baseline (docs/design.md section 4.4).
 
@@ -92,3 +112,34 @@ def split_by_remaining(
         return {}
     shares = [(path, rate / total) for path, rate in path_rates if rate > 0]
     return {fid: [(path, share * left) for path, share in shares] for fid, left in flows.items()}
+
+
+@runtime_checkable
+class StatefulPolicy(Protocol):
+    """A policy that reports each active coflow's PolicyState (Terra does)."""
+
+    def state(self, coflow_id: str) -> PolicyState:
+        """The coflow's state. Raises KeyError for an unknown coflow id."""
+        ...
+
+
+@runtime_checkable
+class PairLevelsPolicy(Protocol):
+    """Fast path of the pair-symmetric baselines (per-flow, multipath, swan-mcf): every
+    member of a flow gets, on each path, a rate that depends only on its DC pair and the
+    number of active members per pair. The simulator calls it instead of `allocate`."""
+
+    def pair_levels(self, now: float, pairs: tuple[tuple[str, str], ...], members: np.ndarray):
+        """Per-member rates per path for each pair (a baselines.PairLevels)."""
+        ...
+
+
+@runtime_checkable
+class CoflowRatesPolicy(Protocol):
+    """Fast path of the coflow-at-a-time baselines (Varys, Rapier): per-coflow rate arrays.
+    The simulator calls it instead of `allocate`."""
+
+    def coflow_rates(self, now: float, remaining: dict[str, np.ndarray]) -> dict:
+        """{coflow id: float array of each flow's remaining bytes} -> {coflow id: (per-member
+        rates in bytes/s, routes)} (shapes: baselines._MaddPolicy.coflow_rates)."""
+        ...

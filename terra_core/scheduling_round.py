@@ -40,6 +40,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import numpy as np
 
@@ -55,7 +56,17 @@ from terra_core.min_cct import (
 )
 from topologies import Link, Path
 
-SCHEDULED, PREEMPTED, DEADLINE = "scheduled", "preempted", "deadline"
+
+class RoundState(StrEnum):
+    """A coflow's place in one round: admitted with a deadline (step 1), scheduled in Γ
+    order (step 4) or preempted (step 4: no capacity left; step 5 may still feed it)."""
+
+    SCHEDULED = "scheduled"
+    PREEMPTED = "preempted"
+    DEADLINE = "deadline"
+
+
+SCHEDULED, PREEMPTED, DEADLINE = RoundState.SCHEDULED, RoundState.PREEMPTED, RoundState.DEADLINE
 _FULL = 1e-6  # a link with less than this fraction of its capacity left counts as full
 _TIGHT = 1e-9  # relative gap under which bounds on Γ count as exact
 _MIN_WEIGHT = 1e-3  # step 6: smallest FlowGroup weight relative to its coflow's largest
@@ -70,7 +81,7 @@ class RoundResult:
     Attributes:
         rates: {coflow id: {(src, dst): [(path, bytes/s), ...]}} for every
             coflow that gets any rate (paths merged, rates > 0).
-        state: {coflow id: "deadline" | "scheduled" | "preempted"} for every input coflow.
+        state: {coflow id: RoundState} for every input coflow.
         order: non-deadline coflow ids in the order steps 3-4 took them.
         gammas: {coflow id: the key it was taken with}: Γ in seconds on the full
             capacities for coflows that could still be scheduled, a lower bound on

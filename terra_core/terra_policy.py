@@ -27,7 +27,7 @@ import math
 import time
 
 from terra_core.min_cct import DualBound, Pair, min_cct
-from terra_core.policy import Allocation, Remaining, split_by_remaining
+from terra_core.policy import Allocation, PathSource, PolicyState, Remaining, split_by_remaining
 from terra_core.scheduling_round import (
     PREEMPTED,
     RoundResult,
@@ -57,6 +57,8 @@ class TerraPolicy:
         alpha: starvation share α in [0, 1) (docs/design.md 4.2 step 2).
         epsilon: deadline admission slack ε >= 0 (docs/design.md 4.3).
         delta: relative capacity-change threshold δ >= 0 (docs/design.md 4.3).
+        path_source: where routes come from (policy.PathSource); default the K shortest
+            paths over the links that are up, searched per pair when first needed.
         guard: starvation guard, "aged" (default), "aged-fair" or "fixed" (the
             paper's: α of every link for all preempted coflows, every round);
             see starvation.py for each one's guarantee.
@@ -82,6 +84,7 @@ class TerraPolicy:
         alpha: float = 0.1,
         epsilon: float = 0.1,
         delta: float = 0.1,
+        path_source: PathSource | None = None,
         guard: str = DEFAULT_GUARD,
         guard_factor: float = DEFAULT_FACTOR,
         guard_floor_s: float = DEFAULT_FLOOR_S,
@@ -103,6 +106,7 @@ class TerraPolicy:
         self._empty.down.clear()
         self._empty_paths: dict[Pair, list[Path]] = {}
         self._paths: dict[Pair, list[Path]] = {}
+        self.path_source = path_source
         self._graph = None
         self._down_seen = set(topology.down)
         self._cap_seen = dict(topology.capacity)
@@ -111,7 +115,7 @@ class TerraPolicy:
         self._deadline: dict[str, float] = {}  # admitted deadline coflows: absolute deadline
         self._volumes: dict[str, dict[Pair, float]] = {}  # last known FlowGroup volumes
         self._gamma: dict[str, tuple] = {}  # volumes, Γ on the full WAN, DualBound
-        self._state: dict[str, str] = {}
+        self._state: dict[str, PolicyState] = {}
         self._memo: dict = {}  # step 4's min-CCT solutions on r (scheduling_round memo)
         self._total: dict[str, dict[Pair, float]] = {}  # aged guards: all bytes ever added
 
@@ -140,7 +144,7 @@ class TerraPolicy:
         self._coflows[coflow.id] = coflow
         self._flow_pair[coflow.id] = pairs
         self._volumes[coflow.id] = volumes
-        self._state[coflow.id] = "queued"
+        self._state[coflow.id] = PolicyState.QUEUED
         if self.guard.aged and coflow.deadline_s is None:
             self._clock.start(coflow.id, now, self._gamma_now(coflow.id, volumes))
         return True
@@ -271,7 +275,9 @@ class TerraPolicy:
                 flows_alloc.update(split_by_remaining(lst, by_group[cid][pair]))
             alloc[cid] = flows_alloc
         for cid, state in result.state.items():
-            self._state[cid] = "preempted" if state == PREEMPTED else "running"
+            self._state[cid] = (
+                PolicyState.PREEMPTED if state == PREEMPTED else PolicyState.RUNNING
+            )
         self.stats["rounds"] += 1
         self.stats["lps"] += result.lps
         self.stats["round_ms"].append((time.perf_counter() - start) * 1000.0)
@@ -303,8 +309,8 @@ class TerraPolicy:
         capacity = dict(self.topology.capacity)
         return min_cct(volumes, self._empty_paths, capacity, fewest_link_bytes=False).gamma_s
 
-    def state(self, coflow_id: str) -> str:
-        """Return "queued" (not yet in a round), "running" or "preempted".
+    def state(self, coflow_id: str) -> PolicyState:
+        """Return the coflow's PolicyState: QUEUED (not yet in a round), RUNNING or PREEMPTED.
 
         Raises:
             KeyError: unknown coflow id.
@@ -314,8 +320,12 @@ class TerraPolicy:
         return self._state[coflow_id]
 
     def paths(self, src: str, dst: str) -> list[Path]:
-        """The (cached) K shortest paths from src to dst over links that are up."""
+        """The (cached) paths of the pair that may carry traffic: the path source's, else
+        the K shortest paths from src to dst over links that are up."""
         pair = (src, dst)
+        if pair not in self._paths and self.path_source is not None:
+            self._paths = self.path_source(self.topology, self.k)
+            return self._paths.setdefault(pair, [])
         if pair not in self._paths:
             if self._graph is None:
                 self._graph = up_graph(self.topology)

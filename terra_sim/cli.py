@@ -3,7 +3,8 @@
     terra-sim --topology {swan,gscale,att,PATH} --workload {fb,PATH}
               [--scheduler {terra,per-flow,multipath,swan-mcf,varys,rapier,all}] [--k K]
               [--alpha A] [--guard {fixed,aged,aged-fair}] [--guard-factor F]
-              [--guard-floor S] [--epsilon E] [--link-gbps G] [--deadline-factor F] [--limit N]
+              [--guard-floor S] [--epsilon E] [--delta D] [--link-gbps G]
+              [--deadline-factor F] [--limit N]
               [--json OUT] [--plot OUT.png] [--fail-link A-B@T1[:T2]] [--bound]
 
 Prints one table row per scheduler: average and 95th-percentile CCT, FoI of Terra
@@ -30,8 +31,12 @@ from typing import NamedTuple
 
 from tqdm import tqdm
 
-from terra_core.baselines import BASELINES
-from terra_core.starvation import DEFAULT_FACTOR, DEFAULT_FLOOR_S, DEFAULT_GUARD, GUARD_MODES
+from terra_core.registry import (
+    add_scheduler_arguments,
+    make_scheduler,
+    options_from_args,
+    scheduler_names,
+)
 from terra_sim.cct_bound import CctBound, avg_cct_lower_bound
 from terra_sim.simulator import (
     SimResult,
@@ -44,7 +49,7 @@ from terra_sim.simulator import (
 from topologies import Topology, TopologyError, load_topology
 from workloads import WorkloadError, load_workload
 
-SCHEDULERS = ["terra", "per-flow", "multipath", "swan-mcf", "varys", "rapier"]
+SCHEDULERS = scheduler_names()  # the registry's (terra_core/registry.py), Terra first
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,29 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="terra-sim", description=__doc__.split("\n")[0])
     p.add_argument("--topology", required=True, help="swan, gscale, att, or a JSON/GraphML file")
     p.add_argument("--workload", required=True, help="fb, a coflow-benchmark trace, or .json")
-    p.add_argument("--scheduler", choices=[*SCHEDULERS, "all"], default="all")
-    p.add_argument("--k", type=int, default=4, help="paths per DC pair (default 4)")
-    p.add_argument("--alpha", type=float, default=0.1, help="Terra's starvation share α")
-    p.add_argument(
-        "--guard",
-        choices=GUARD_MODES,
-        default=DEFAULT_GUARD,
-        help=f"Terra's starvation guard (default {DEFAULT_GUARD}; fixed = the paper's reserve)",
-    )
-    p.add_argument(
-        "--guard-factor",
-        type=float,
-        default=DEFAULT_FACTOR,
-        help=f"aged guards: a coflow starves max(F x Γ, floor) s after it arrives "
-        f"(default {DEFAULT_FACTOR})",
-    )
-    p.add_argument(
-        "--guard-floor",
-        type=float,
-        default=DEFAULT_FLOOR_S,
-        help=f"aged guards: smallest patience in seconds (default {DEFAULT_FLOOR_S})",
-    )
-    p.add_argument("--epsilon", type=float, default=0.1, help="Terra's deadline slack ε")
+    add_scheduler_arguments(p, choices_extra=["all"])
+    p.set_defaults(scheduler="all")
     p.add_argument("--link-gbps", type=float, default=None, help="set every link to G Gbps")
     p.add_argument(
         "--deadline-factor", type=float, default=None, help="deadline = F x Γ in an empty WAN"
@@ -125,23 +109,13 @@ def parse_fail_link(spec: str, topology: Topology) -> list[WanChange]:
 
 
 def make_policy(name: str, topology: Topology, args: argparse.Namespace):
-    """Return a fresh policy called `name` on `topology` (Terra or a baseline)."""
-    if name == "terra":
-        try:
-            from terra_core.terra_policy import TerraPolicy
-        except ImportError as exc:
-            raise ValueError(f"the terra scheduler is not available: {exc}") from exc
+    """Return a fresh policy called `name` on `topology` (registry.make_scheduler with the
+    options of `args`).
 
-        return TerraPolicy(
-            topology,
-            k=args.k,
-            alpha=args.alpha,
-            epsilon=args.epsilon,
-            guard=args.guard,
-            guard_factor=args.guard_factor,
-            guard_floor_s=args.guard_floor,
-        )
-    return BASELINES[name](topology, k=args.k)
+    Raises:
+        ValueError: unknown name or an option out of range.
+    """
+    return make_scheduler(name, topology, options_from_args(args))
 
 
 class Inputs(NamedTuple):
@@ -298,8 +272,9 @@ def run_meta(args: argparse.Namespace) -> dict:
         "alpha": args.alpha,
         "guard": args.guard,
         "guard_factor": args.guard_factor,
-        "guard_floor_s": args.guard_floor,
+        "guard_floor_s": args.guard_floor_s,
         "epsilon": args.epsilon,
+        "delta": args.delta,
         "deadline_factor": args.deadline_factor,
         "fail_link": list(args.fail_link),
         "commit": os.environ.get("TERRA_COMMIT") or git_commit(),

@@ -49,7 +49,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from terra_core.flow_bundles import bundle_wan_flows, flow_count, unbundled_wan_flows
-from terra_core.policy import Allocation, Policy, Remaining
+from terra_core.policy import (
+    Allocation,
+    CoflowRatesPolicy,
+    PairLevelsPolicy,
+    Policy,
+    Remaining,
+)
 from topologies import Topology, all_pairs_paths, path_links
 from workloads import Coflow
 
@@ -340,14 +346,14 @@ class _Run:
         self.owner: list[str] = [c.id for c in self.arrivals for _ in self.wan[c.id].flows]
         self.owner_ids: list[str] = [f.id for f in flows]
         # for policies with pair_levels (pair-symmetric baselines): DC pair and members per flow
-        self.by_pair = callable(getattr(policy, "pair_levels", None))
+        self.by_pair = isinstance(policy, PairLevelsPolicy)
         self.pairs = list(dict.fromkeys(zip(self.src, self.dst, strict=True)))
         self.pair_index = {pair: i for i, pair in enumerate(self.pairs)}
         self.pair_of = np.array([self.pair_index[(f.src, f.dst)] for f in flows], dtype=np.intp)
         self.members = np.array([flow_count(f) for f in flows], dtype=float)
         self.alive = np.zeros(len(flows), dtype=bool)  # admitted and not finished
         # for policies with coflow_rates (Varys, Rapier): per-coflow arrays
-        self.by_coflow = not self.by_pair and callable(getattr(policy, "coflow_rates", None))
+        self.by_coflow = not self.by_pair and isinstance(policy, CoflowRatesPolicy)
         self.n_flows = {c.id: len(self.wan[c.id].flows) for c in coflows}
         self.link_row = {link: i for i, link in enumerate(self.topology.links)}
         self.route_cache: dict[str, tuple[object, np.ndarray, np.ndarray]] = {}

@@ -17,7 +17,8 @@ from terra_controller.agent_connection import read_control, send_parts
 from terra_controller.controller import Controller
 from terra_controller.pki import Role
 from terra_controller.transport import stop_listener
-from terra_controller.tunnel_table import InstalledPathsPolicy, TunnelTable
+from terra_controller.tunnel_table import TunnelTable, installed_path_source
+from terra_core.registry import SchedulerOptions, make_scheduler, scheduler_names
 from terra_core.terra_policy import TerraPolicy
 from topologies import Topology, k_shortest_paths, load_topology, path_links
 
@@ -291,28 +292,27 @@ def test_flow_descriptors_are_batched_below_the_header_limit():
         assert len(msgpack.packb(header)) < 64 * 1024
 
 
-def test_with_switches_the_policy_routes_only_over_installed_tunnels_that_are_up():
+@pytest.mark.parametrize("name", scheduler_names())
+def test_with_switches_every_scheduler_routes_only_over_installed_tunnels_that_are_up(name):
     swan = load_topology("swan")
     table = TunnelTable(swan, 4, logical=False)
-    policy = InstalledPathsPolicy(swan, table, k=4)
+    options = SchedulerOptions(k=4, path_source=installed_path_source(table))
+    policy = make_scheduler(name, swan, options)
     installed = {t.path for t in table.tunnels}
     swan.set_link_state("LA", "NY", False)
     policy.wan_changed(0.0)
     fresh = {p for s in swan.dcs for d in swan.dcs if s != d
              for p in k_shortest_paths(swan, s, d, 4)}  # fmt: skip
     assert fresh - installed  # plain K shortest paths would use paths without rules
-    for s in swan.dcs:
-        for d in swan.dcs:
-            if s != d:
-                paths = policy.paths(s, d)
-                assert paths and set(paths) <= installed
-                assert all(("LA", "NY") not in path_links(p) and ("NY", "LA") not in path_links(p)
-                           for p in paths)  # fmt: skip
     controller = Controller(swan, policy)
     for dc in swan.dcs:
         controller.registry.register_agent(dc.lower(), dc, "127.0.0.1:1")
-    controller.submit([{"id": "f", "src": "hk", "dst": "ba", "bytes": 10**9}])
+    flows = [{"id": f"{s}{d}", "src": s.lower(), "dst": d.lower(), "bytes": 10**9}
+             for s in swan.dcs for d in swan.dcs if s != d]  # fmt: skip
+    controller.submit(flows)
     rates, _ = controller.run_round()
     used = {p for flows in rates.values() for paths in flows.values() for p, r in paths if r > 0}
     assert used and used <= installed
+    assert all(("LA", "NY") not in path_links(p) and ("NY", "LA") not in path_links(p)
+               for p in used)  # fmt: skip
     assert all(table.tunnel_for(p) is not None for p in used)

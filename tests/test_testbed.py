@@ -4,6 +4,7 @@ end-to-end run of `terra-testbed swan --quick` with Open vSwitch and Mininet (ro
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -19,6 +20,7 @@ import pytest
 
 from mininet_scenarios import cli, results, swan
 from mininet_scenarios import workload as tb_workload
+from mininet_scenarios.cli import parse_schedulers
 from mininet_scenarios.swan import RunResult, busy_time, expected_digest
 from mininet_scenarios.tcp_baseline import send_flow, serve
 from mininet_scenarios.workload import MIN_FLOW_BYTES, scales
@@ -28,7 +30,8 @@ from workloads import WorkloadError
 
 TESTBED = Path(__file__).resolve().parent.parent / "topologies/data/swan_testbed.json"
 SUMMARY_KEYS = {
-    "terra", "per_flow_tcp", "foi_avg_cct", "foi_wan_utilization", "failure_reaction_s",
+    "schedulers", "foi_avg_cct_by_scheduler", "terra", "per_flow_tcp", "foi_avg_cct",
+    "foi_wan_utilization", "failure_reaction_s",
     "bytes_lost", "digest_mismatches", "rules_per_switch_max", "flow_mods_after_startup",
 }  # fmt: skip
 OUR_BRIDGES = {"s1", "s2", "s3", "s4", "s5", "mgmt0"}
@@ -151,7 +154,7 @@ def test_summary_foi_and_percentiles():
     assert set(out) == SUMMARY_KEYS
     # Terra: avg (1 + 3) / 2 = 2; p95 = 1 + 0.95 * (3 - 1) = 2.9.
     assert out["terra"] == pytest.approx(
-        {"avg_cct_s": 2.0, "p95_cct_s": 2.9, "wan_utilization": 0.5}
+        {"avg_cct_s": 2.0, "p95_cct_s": 2.9, "wan_utilization": 0.5, "wan_utilization_ofctl": 0.0}
     )
     # TCP: avg (2 + 6) / 2 = 4. FoI: 4 / 2 = 2 and 0.5 / 0.2 = 2.5.
     assert out["foi_avg_cct"] == pytest.approx(2.0)
@@ -179,6 +182,48 @@ def test_summary_pools_repeats():
     assert out["failure_reaction_s"] == pytest.approx(0.3)
     assert out["bytes_lost"] == 10  # 5 in each system's second run
     assert out["foi_avg_cct"] == pytest.approx(1.0)
+
+
+def test_summary_with_several_schedulers_has_a_column_and_foi_for_each():
+    # Three coflow CCTs per system, one repeat: Terra avg (1 + 2 + 3) / 3 = 2, varys 3,
+    # rapier 4, per-flow TCP 6. FoI over TCP: 6/2 = 3, 6/3 = 2, 6/4 = 1.5; Terra over the
+    # others: 3/2 = 1.5 and 4/2 = 2. Each run: 12 bytes, 10 B/s, busy 1..3 s.
+    def run(ccts, sent, lost=0):
+        return RunResult(cct_s=dict(enumerate(ccts)), arrival_s=dict.fromkeys(range(3), 0.0),
+                         wan_bytes_sent=sent, wan_capacity_bps=10.0, bytes_lost=lost)  # fmt: skip
+
+    raw = {"schedulers": ["terra", "varys", "rapier"], "terra": [run([1, 2, 3], 15)],
+           "varys": [run([2, 3, 4], 20, lost=7)], "rapier": [run([3, 4, 5], 25)],
+           "per_flow_tcp": [run([5, 6, 7], 35)], "rules_per_switch": {1: 144},
+           "flow_mods_after_startup": 0}  # fmt: skip
+    out = results.summary(raw)
+    assert out["schedulers"] == ["terra", "varys", "rapier"]
+    assert out["foi_avg_cct"] == pytest.approx(3.0)  # judged on the first scheduler
+    assert out["foi_avg_cct_by_scheduler"] == pytest.approx({"terra": 3, "varys": 2, "rapier": 1.5})
+    assert out["foi_terra_over"] == pytest.approx({"varys": 1.5, "rapier": 2.0})
+    # busy 3 s, 5 s, 5 s... utilization = bytes / (10 B/s x busy): Terra 15 / 30 = 0.5.
+    assert out["terra"]["wan_utilization"] == pytest.approx(0.5)
+    assert out["bytes_lost"] == 7  # summed over every system
+    text = results.table(out)
+    assert "varys" in text and "rapier" in text and "FoI of Terra over it" in text
+    # The simulated twin: utilization ratios testbed / simulated, ok within 10 %.
+    simulated = {"terra": {"wan_utilization": 0.5}, "varys": {"wan_utilization": 0.5},
+                 "rapier": {"wan_utilization": 0.3}, "per_flow_tcp": {"wan_utilization": 0.7}}
+    ratios = results.utilization_vs_simulated(out, simulated)
+    assert ratios["terra"] == pytest.approx(1.0)
+    assert ratios["varys"] == pytest.approx(out["varys"]["wan_utilization"] / 0.5)
+    lines = results.simulated_table(out, simulated).splitlines()
+    assert lines[1].startswith("terra") and lines[1].endswith("ok")
+    assert lines[3].startswith("rapier") and lines[3].endswith("MISSED")  # 0.5 / 0.3
+    details = results.details(raw, {"spec": "test"})
+    assert set(details["repeats"][0]) >= {"terra", "varys", "rapier", "per_flow_tcp"}
+
+
+def test_parse_schedulers_accepts_registry_names_only():
+    assert parse_schedulers("terra,varys, rapier") == ["terra", "varys", "rapier"]
+    for bad in ("terra,fifo", "terra,terra", ","):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_schedulers(bad)
 
 
 def test_windowed_rate_of_steady_progress():
@@ -305,6 +350,12 @@ def test_quick_testbed_run_meets_the_correctness_targets_and_cleans_up(ovs, tmp_
     # FoIs are performance figures (noisy on a shared 2-core machine): only their presence is
     # checked here; `terra-testbed swan` (full run) reports them against the targets.
     assert result["foi_avg_cct"] > 0 and result["foi_wan_utilization"] > 0
+    # WAN bytes come from the controller's OpenFlow port statistics; ovs-ofctl reads the
+    # same counters: both count the same bytes (within 2 %, the polls' timing aside).
+    for system in ("terra", "per_flow_tcp"):
+        run = details[system]
+        assert run["wan_bytes_sent"] > 0
+        assert run["wan_bytes_sent"] == pytest.approx(run["wan_bytes_sent_ofctl"], rel=0.02)
     assert (tmp_path / "plots" / "throughput.png").exists()
     assert not (_bridges() & OUR_BRIDGES)
     assert _processes_mentioning(str(work)) == []

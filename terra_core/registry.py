@@ -1,0 +1,153 @@
+"""The scheduler registry: every policy by name, built the same way everywhere.
+
+`terra-sim`, the benchmarks and the live controller all make their policy with
+`make_scheduler(name, topology, options)`, so a new scheduler is one class (implementing
+policy.Policy) and one `register` call here. The names are Terra and the five baselines
+of docs/design.md section 4.4.
+
+Options every scheduler takes (SchedulerOptions): K and the path source; Terra's own
+(α, ε, δ and the starvation guard) are ignored by the baselines.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+from terra_core.policy import PathSource, Policy
+from topologies import Topology
+
+
+@dataclass(frozen=True)
+class SchedulerOptions:
+    """Options of a scheduler (docs/design.md sections 4.2-4.4).
+
+    Attributes:
+        k: paths per DC pair (K >= 1).
+        alpha: Terra's starvation share α in [0, 1) (4.2 step 2).
+        epsilon: Terra's deadline admission slack ε >= 0 (4.3).
+        delta: Terra's relative capacity-change threshold δ >= 0 (4.3).
+        guard, guard_factor, guard_floor_s: Terra's starvation guard and its patience
+            max(guard_factor·Γ, guard_floor_s) seconds (4.2; terra_core/starvation.py).
+        path_source: where the paths come from (policy.PathSource); None: the K shortest
+            paths over the links that are up.
+    """
+
+    k: int = 4
+    alpha: float = 0.1
+    epsilon: float = 0.1
+    delta: float = 0.1
+    guard: str = "aged"
+    guard_factor: float = 2.0
+    guard_floor_s: float = 1.0
+    path_source: PathSource | None = None
+
+
+Factory = Callable[[Topology, SchedulerOptions], Policy]
+SCHEDULERS: dict[str, Factory] = {}
+
+
+def register(name: str, factory: Factory) -> None:
+    """Make `factory(topology, options) -> Policy` available as `name`.
+
+    Raises:
+        ValueError: `name` is already registered.
+    """
+    if name in SCHEDULERS:
+        raise ValueError(f"scheduler {name!r} is already registered")
+    SCHEDULERS[name] = factory
+
+
+def scheduler_names() -> list[str]:
+    """The registered names, in registration order (Terra first)."""
+    return list(SCHEDULERS)
+
+
+def make_scheduler(
+    name: str, topology: Topology, options: SchedulerOptions | None = None
+) -> Policy:
+    """A fresh policy `name` on `topology` (shared, mutated by the caller).
+
+    Raises:
+        ValueError: unknown name (the message lists the known ones), or an option out of
+            range for that scheduler.
+    """
+    factory = SCHEDULERS.get(name)
+    if factory is None:
+        raise ValueError(f"unknown scheduler {name!r}; known: {', '.join(SCHEDULERS)}")
+    return factory(topology, options or SchedulerOptions())
+
+
+def _terra(topology: Topology, o: SchedulerOptions) -> Policy:
+    from terra_core.terra_policy import TerraPolicy  # imported on use: HiGHS, numpy
+
+    return TerraPolicy(
+        topology, k=o.k, alpha=o.alpha, epsilon=o.epsilon, delta=o.delta,
+        guard=o.guard, guard_factor=o.guard_factor, guard_floor_s=o.guard_floor_s,
+        path_source=o.path_source,
+    )  # fmt: skip
+
+
+def _baseline(class_name: str) -> Factory:
+    def factory(topology: Topology, o: SchedulerOptions) -> Policy:
+        from terra_core import baselines  # imported on use: HiGHS, numpy
+
+        return getattr(baselines, class_name)(topology, k=o.k, path_source=o.path_source)
+
+    return factory
+
+
+register("terra", _terra)
+for _name, _class in [("per-flow", "PerFlowPolicy"), ("multipath", "MultipathPolicy"),
+                      ("swan-mcf", "SwanMcfPolicy"), ("varys", "VarysPolicy"),
+                      ("rapier", "RapierPolicy")]:  # fmt: skip
+    register(_name, _baseline(_class))
+
+
+def add_scheduler_arguments(parser: argparse.ArgumentParser, choices_extra=()) -> None:
+    """Add the options every tool that runs a scheduler shares: --scheduler (one of the
+    registry's names, plus `choices_extra`), --k, --alpha, --guard, --guard-factor,
+    --guard-floor, --epsilon, --delta."""
+    d = SchedulerOptions()
+    parser.add_argument(
+        "--scheduler", choices=[*SCHEDULERS, *choices_extra], default="terra",
+        help="scheduling policy (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--k", type=int, default=d.k, help="paths per DC pair (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--alpha", type=float, default=d.alpha,
+        help="Terra: share of every link reserved for preempted coflows (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--guard", choices=["fixed", "aged", "aged-fair"], default=d.guard,
+        help="Terra: starvation guard; fixed = the paper's reserve for every preempted "
+        "coflow in every round (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--guard-factor", type=float, default=d.guard_factor,
+        help="Terra, aged guards: a coflow starves max(F x Γ, floor) s after it arrives "
+        "(default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--guard-floor", dest="guard_floor_s", type=float, default=d.guard_floor_s,
+        help="Terra, aged guards: smallest patience in seconds (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--epsilon", type=float, default=d.epsilon,
+        help="Terra: deadline admission slack (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--delta", type=float, default=d.delta,
+        help="Terra: relative capacity change that triggers a new round (default: %(default)s)",
+    )  # fmt: skip
+
+
+def options_from_args(args: argparse.Namespace, path_source: PathSource | None = None):
+    """SchedulerOptions from the arguments of `add_scheduler_arguments` (missing ones keep
+    their defaults)."""
+    names = {f.name for f in fields(SchedulerOptions)} - {"path_source"}
+    given = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+    return SchedulerOptions(**given, path_source=path_source)
