@@ -225,3 +225,32 @@ def test_policy_rejects_an_unknown_guard_and_reports_starving_coflows():
     fixed = TerraPolicy(line(), guard="fixed")
     fixed.add_coflow(one_flow("big", 100.0, 0.0), 0.0)
     assert fixed.next_wakeup(0.0) is None and fixed.starving(1e9) == []
+
+
+def test_terra_sim_flags_reach_the_policy():
+    from terra_sim.cli import build_parser, make_policy, run_meta
+
+    args = build_parser().parse_args(
+        ["--topology", "swan", "--workload", "fb", "--guard", "aged-fair", "--guard-factor",
+         "3", "--guard-floor", "2.5", "--alpha", "0.2"]
+    )  # fmt: skip
+    policy = make_policy("terra", line(), args)
+    assert policy.guard == Guard("aged-fair", 0.2, 3.0, 2.5)
+    meta = run_meta(args)
+    assert (meta["guard"], meta["guard_factor"], meta["guard_floor_s"]) == ("aged-fair", 3.0, 2.5)
+    default = make_policy("terra", line(), build_parser().parse_args(
+        ["--topology", "swan", "--workload", "fb"]))  # fmt: skip
+    assert default.guard == Guard("aged", 0.1, 2.0, 1.0)
+
+
+def test_registry_defaults_are_the_guard_defaults():
+    # registry.py spells the defaults out (it imports no solver code); they must agree.
+    from terra_core import starvation
+    from terra_core.registry import SchedulerOptions
+
+    o = SchedulerOptions()
+    assert (o.guard, o.guard_factor, o.guard_floor_s) == (
+        starvation.DEFAULT_GUARD,
+        starvation.DEFAULT_FACTOR,
+        starvation.DEFAULT_FLOOR_S,
+    )
