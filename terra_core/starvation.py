@@ -3,7 +3,7 @@
 Terra's round serves coflows smallest-Γ first, so a large coflow can be preempted
 for as long as smaller coflows keep arriving. The paper's remedy (fixed guard)
 holds back a share α of every link in every round and splits it max-min among
-all preempted coflows; on the FB trace that reserve costs 5-8 % of the average
+all preempted coflows; on the FB trace that reserve costs 6-8 % of the average
 CCT (benchmarks/results/alpha0/README.md). The aged guards spend the reserve
 only on coflows that have waited too long:
 
