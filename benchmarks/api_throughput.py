@@ -30,13 +30,10 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from loopback_system import ControllerProcess, FakeAgent  # noqa: E402
-
-from terra_core.terra_policy import TerraPolicy  # noqa: E402
-from topologies import GBPS_TO_BYTES_PER_S, load_topology  # noqa: E402
-from workloads import Coflow, Flow, load_workload  # noqa: E402
+from terra_controller.loopback_system import ControllerProcess, FakeAgent
+from terra_core.terra_policy import TerraPolicy
+from topologies import GBPS_TO_BYTES_PER_S, load_topology
+from workloads import Coflow, Flow, load_workload
 
 DCS = ["HK", "LA", "NY", "FL", "BA"]
 AGENT_OF = {dc: dc.lower() for dc in DCS}

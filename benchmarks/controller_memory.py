@@ -19,14 +19,11 @@ import argparse
 import json
 import os
 import random
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from api_throughput import fake_agents, one_flow  # noqa: E402
-from loopback_system import ControllerProcess  # noqa: E402
+from benchmarks.api_throughput import fake_agents, one_flow
+from terra_controller.loopback_system import ControllerProcess
 
 
 def rss_mb(pid: int) -> float:

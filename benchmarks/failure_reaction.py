@@ -27,11 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from loopback_system import ControllerProcess, start_agents, stop_all  # noqa: E402
-
-from topologies.loaders import builtin_path  # noqa: E402
+from terra_controller.loopback_system import ControllerProcess, start_agents, stop_all
+from topologies.loaders import builtin_path
 
 TLS = True  # mutual TLS on the API and the agent channel (--insecure: False)
 AGENTS = [("hk", "HK", "127.0.0.31"), ("la", "LA", "127.0.0.32"), ("ny", "NY", "127.0.0.33"),

@@ -50,14 +50,11 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fb_table3 import BASELINES, PAPER_TABLE3, SCHEDULERS, gather, part_name  # noqa: E402
-
-from terra_sim.cct_bound import CctBound, avg_cct_lower_bound  # noqa: E402
-from terra_sim.simulator import empty_wan_gammas  # noqa: E402
-from topologies import load_topology  # noqa: E402
-from workloads import load_workload  # noqa: E402
+from benchmarks.fb_table3 import BASELINES, PAPER_TABLE3, SCHEDULERS, gather, part_name
+from terra_sim.cct_bound import CctBound, avg_cct_lower_bound
+from terra_sim.simulator import empty_wan_gammas
+from topologies import load_topology
+from workloads import load_workload
 
 _AVG_REL = 1e-9  # a part's avg_cct_s must match the mean over the bound's coflows this well
 

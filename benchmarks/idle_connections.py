@@ -18,17 +18,12 @@ import argparse
 import os
 import socket
 import statistics
-import sys
 import threading
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from api_throughput import fake_agents  # noqa: E402
-from loopback_system import ControllerProcess  # noqa: E402
-
-from terra_controller.pki import Role  # noqa: E402
+from benchmarks.api_throughput import fake_agents
+from terra_controller.loopback_system import ControllerProcess
+from terra_controller.pki import Role
 
 
 def open_connections(addr: tuple[str, int], n: int, first_host: int) -> list[socket.socket]:

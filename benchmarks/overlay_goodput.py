@@ -1,24 +1,35 @@
-"""Goodput of one agent pair over K tunnels on loopback, no rate limit (issue 3 target: 1.25 GB/s).
+"""Goodput of one agent pair over K tunnels on loopback, no rate limit (issue 3 target: 1.25 GB/s),
+against iperf3 moving the same bytes (issue 11 item 6).
 
 Two `terra-agent` subprocesses (sender on 127.0.0.2, receiver on 127.0.0.3) and the in-process
 controller peer of terra_agent/harness.py. The sender moves synthetic flows to a digest-only sink;
-the receiver reorders, hashes (BLAKE2b) and checks each flow's digest. Goodput = flow bytes / time
-from the rates message to the last "complete" report. CPU seconds per GB = user + system CPU time
-of both agent processes over the same interval (psutil) / GB moved (1 GB = 1e9 bytes); also
-per agent, user and system apart.
+each chunk carries a keyed BLAKE3 MAC the receiver checks, both ends compute the keyed flow
+digest (overlay/integrity.py). Goodput = flow bytes / time from the rates message to the last
+"complete" report. CPU seconds per GB = user + system CPU time of both agent processes over the
+same interval (psutil) / GB moved (1 GB = 1e9 bytes); also per agent, user and system apart.
+--encrypt: the agents run with a fresh PKI and --encrypt-data (TLS stays on data connections;
+the control channel to the in-test controller peer is TLS as well).
 
-    uv run python benchmarks/overlay_goodput.py [--gbytes 2] [--flows 4] [--tunnels 4] [--json OUT]
+--pairs N (default 1; 0: no iperf3): N interleaved pairs of (iperf3 -P <tunnels> moving the same
+bytes between the same two loopback addresses, one agent run); iperf3's CPU s/GB is the user +
+system time of its client and server (os.wait4 rusage). Medians over the pairs are printed with
+the ratio agent / iperf3, and the 1-minute load average before each run (the machine is shared).
 
-Prints the figures; --json OUT writes {"goodput_gbytes_per_s": x, "cpu_s_per_gb": x, ...}.
+    uv run python benchmarks/overlay_goodput.py [--gbytes 2] [--flows 4] [--tunnels 4]
+        [--pairs 3] [--encrypt] [--json OUT]
+
+Prints the figures; --json OUT writes {"goodput_gbytes_per_s": x, "cpu_s_per_gb": x, ...,
+"pairs": [...], "median": {...}}.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import logging
 import os
+import shutil
+import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -26,24 +37,24 @@ from pathlib import Path
 import psutil
 import trio
 
-from overlay.framing import crc32
+from overlay.integrity import FlowKeys, new_flow_key
 from overlay.protocol import GroupRates
-from terra_agent.harness import LoopbackHarness
+from terra_agent.harness import LoopbackHarness, free_port_block
+from terra_controller.pki import Role, init_ca, issue
+from terra_core.cli_support import setup_logging
 
 UNLIMITED = 1e12  # bytes/s: far above what loopback can do
 
 
-def hashing_cost_s_per_gb() -> dict:
-    """CPU seconds per GB of BLAKE2b and of the frame checksum (overlay.framing's crc32, ISA-L
-    when installed) on this machine (one 1 MiB buffer, 256 MiB)."""
-    buf = os.urandom(1 << 20)
-    out = {}
-    for name, fn in (("blake2b", hashlib.blake2b().update), ("crc32", crc32)):
-        t = time.process_time()
-        for _ in range(256):
-            fn(buf)
-        out[name] = (time.process_time() - t) / (256 * (1 << 20) / 1e9)
-    return out
+def hashing_cost_s_per_gb() -> float:
+    """CPU seconds per GB of the leaf MACs of 4 MiB chunks (overlay/integrity.py, keyed
+    BLAKE3, 64 KiB leaves) on this machine (256 MiB): each end's one pass over every byte."""
+    buf = os.urandom(4 << 20)
+    keys = FlowKeys(new_flow_key())
+    t = time.process_time()
+    for _ in range(64):
+        keys.leaf_macs(0, buf)
+    return (time.process_time() - t) / (64 * len(buf) / 1e9)
 
 
 def cpu_times(procs: dict[str, psutil.Process]) -> dict[str, tuple[float, float]]:
@@ -51,11 +62,25 @@ def cpu_times(procs: dict[str, psutil.Process]) -> dict[str, tuple[float, float]
     return {name: (p.cpu_times().user, p.cpu_times().system) for name, p in procs.items()}
 
 
-async def run(gbytes: float, flows: int, tunnels: int, workdir: Path) -> dict:
+def make_pki(workdir: Path) -> Path:
+    """A fresh CA with the controller's and the two agents' certificates."""
+    pki = workdir / "pki"
+    init_ca(pki)
+    for name in ("snd", "rcv"):
+        issue(pki, Role.AGENT, name)
+    return pki
+
+
+async def run(gbytes: float, flows: int, tunnels: int, workdir: Path, encrypt=False) -> dict:
     """Run one transfer; returns the figures as a dict."""
     size = int(gbytes * 1e9 / flows)
+    pki = None
+    if encrypt:
+        pki = workdir / "pki"
+        if not pki.exists():
+            make_pki(workdir)
     async with trio.open_nursery() as nursery:
-        h = LoopbackHarness(nursery, workdir)
+        h = LoopbackHarness(nursery, workdir, pki=pki, encrypt_data=encrypt)
         await h.start()
         await h.add_agent("snd", "HK", subprocess=True)
         await h.add_agent("rcv", "LA", subprocess=True)
@@ -83,7 +108,67 @@ async def run(gbytes: float, flows: int, tunnels: int, workdir: Path) -> dict:
         "seconds": elapsed,
         "flows": flows,
         "tunnels": tunnels,
+        "encrypt": encrypt,
     }
+
+
+def run_iperf3(nbytes: int, streams: int) -> dict:
+    """iperf3 -P `streams` moving `nbytes` from 127.0.0.2 to 127.0.0.3 (a one-off server);
+    returns GB/s (received bytes / the client's wall time) and CPU s/GB of client + server."""
+    port = free_port_block("127.0.0.3", 1)
+    server = subprocess.Popen(
+        ["iperf3", "-s", "-1", "-B", "127.0.0.3", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(0.3)  # the server binds its port
+    t0 = time.perf_counter()
+    client = subprocess.Popen(
+        ["iperf3", "-c", "127.0.0.3", "-B", "127.0.0.2", "-p", str(port)]
+        + ["-P", str(streams), "-n", str(nbytes), "-J"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    out = client.stdout.read()
+    _, _, client_usage = os.wait4(client.pid, 0)
+    elapsed = time.perf_counter() - t0
+    _, _, server_usage = os.wait4(server.pid, 0)
+    received = json.loads(out)["end"]["sum_received"]["bytes"]
+    cpu = sum(u.ru_utime + u.ru_stime for u in (client_usage, server_usage))
+    return {
+        "goodput_gbytes_per_s": received / elapsed / 1e9,
+        "cpu_s_per_gb": cpu / (received / 1e9),
+        "bytes": received,
+        "seconds": elapsed,
+    }
+
+
+def run_pairs(args, workdir: Path) -> dict:
+    """args.pairs interleaved (iperf3, agents) runs; medians and ratios."""
+    pairs = []
+    for _ in range(args.pairs):
+        load = os.getloadavg()[0]
+        perf = run_iperf3(int(args.gbytes * 1e9), args.tunnels)
+        agents = trio.run(run, args.gbytes, args.flows, args.tunnels, workdir, args.encrypt)
+        pairs.append({"load_avg_1min": load, "iperf3": perf, "agents": agents})
+        print(
+            f"load {load:.2f}: iperf3 {perf['goodput_gbytes_per_s']:.3f} GB/s "
+            f"{perf['cpu_s_per_gb']:.3f} CPU s/GB | agents "
+            f"{agents['goodput_gbytes_per_s']:.3f} GB/s {agents['cpu_s_per_gb']:.3f} CPU s/GB",
+            flush=True,
+        )
+
+    def median(who: str, key: str) -> float:
+        return statistics.median(p[who][key] for p in pairs)
+
+    med = {
+        f"{who}_{key}": median(who, key)
+        for who in ("iperf3", "agents")
+        for key in ("goodput_gbytes_per_s", "cpu_s_per_gb")
+    }
+    med["cpu_ratio"] = med["agents_cpu_s_per_gb"] / med["iperf3_cpu_s_per_gb"]
+    med["load_avg_1min"] = statistics.median(p["load_avg_1min"] for p in pairs)
+    return {"pairs": pairs, "median": med}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,13 +178,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--flows", type=int, default=4, help="flows in the FlowGroup")
     p.add_argument("--tunnels", type=int, default=4, help="tunnels (connections) a -> b")
     p.add_argument("--json", type=Path, help="write the figures as JSON to this file")
+    p.add_argument("--pairs", type=int, default=1, help="interleaved iperf3/agent pairs (0: none)")
+    p.add_argument("--encrypt", action="store_true", help="agents with --encrypt-data (TLS)")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
-    with tempfile.TemporaryDirectory() as tmp:
-        figures = trio.run(run, args.gbytes, args.flows, args.tunnels, Path(tmp))
+    setup_logging("WARNING")
+    if args.pairs and shutil.which("iperf3") is None:
+        p.error("iperf3 not found (apt-get install -y iperf3, or --pairs 0)")
+    # TERRA_SCRATCH: where the run's temporary directory goes (default: the system's)
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TERRA_SCRATCH")) as tmp:
+        if args.pairs:
+            paired = run_pairs(args, Path(tmp))
+            figures = paired["pairs"][-1]["agents"] | paired
+        else:
+            figures = trio.run(run, args.gbytes, args.flows, args.tunnels, Path(tmp), args.encrypt)
     cost = hashing_cost_s_per_gb()
-    # both ends hash every byte (BLAKE2b) and checksum every chunk (crc32): CPU floor per GB
-    floor = 2 * (cost["blake2b"] + cost["crc32"])
+    floor = 2 * cost  # both ends make one pass of leaf MACs over every byte: CPU floor per GB
     figures["hash_floor_cpu_s_per_gb"] = floor
     figures["cores"] = os.cpu_count()
     figures["load_avg_1min"] = os.getloadavg()[0]
@@ -117,10 +210,19 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     print(
-        f"digest+checksum alone: {floor:.2f} CPU s/GB (BLAKE2b {cost['blake2b']:.2f}, crc32 "
-        f"{cost['crc32']:.2f} per end) -> at most {os.cpu_count() / floor:.2f} GB/s on "
-        f"{os.cpu_count()} cores; 1-min load average during the run {figures['load_avg_1min']:.1f}"
+        f"leaf MACs alone: {floor:.2f} CPU s/GB (keyed BLAKE3, {cost:.2f} per end) -> at most "
+        f"{os.cpu_count() / floor:.2f} GB/s on {os.cpu_count()} cores; "
+        f"1-min load average after the run {figures['load_avg_1min']:.1f}"
     )
+    if args.pairs:
+        m = figures["median"]
+        print(
+            f"median of {args.pairs} pairs (load {m['load_avg_1min']:.2f}): iperf3 "
+            f"{m['iperf3_goodput_gbytes_per_s']:.3f} GB/s {m['iperf3_cpu_s_per_gb']:.3f} CPU s/GB; "
+            f"agents{' (encrypted)' if args.encrypt else ''} "
+            f"{m['agents_goodput_gbytes_per_s']:.3f} GB/s {m['agents_cpu_s_per_gb']:.3f} CPU s/GB "
+            f"= {m['cpu_ratio']:.2f}x iperf3's CPU per GB"
+        )
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0

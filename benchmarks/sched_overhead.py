@@ -23,8 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from tqdm import tqdm
-
+from terra_core.cli_support import progress
 from terra_sim import cli as sim_cli
 from terra_sim.simulator import empty_wan_gammas, simulate
 from topologies import load_topology
@@ -50,7 +49,7 @@ def overhead(
     coflows = load_workload("fb", topo, limit=limit)
     gammas = empty_wan_gammas(coflows, topo, k)
     policy = sim_cli.make_policy("terra", topo.copy(), args)
-    with tqdm(total=len(coflows), desc=f"terra {topology}", unit="coflow", file=sys.stderr) as bar:
+    with progress(len(coflows), desc=f"terra {topology}", unit="coflow") as bar:
         result = simulate(policy, coflows, gammas=gammas, progress=bar)
     if parts is not None:
         parts.mkdir(parents=True, exist_ok=True)

@@ -1,43 +1,22 @@
-"""`terra-testbed`: the SWAN testbed experiment (issue 5).
+"""`terra-testbed`: Terra against per-flow TCP on an emulated WAN (Mininet + Open vSwitch).
 
     terra-testbed swan [--quick] [--fail-link LA-NY | --no-failure] [--json OUT] [--plots DIR]
         [--link-mbps M] [--workload fb|PATH] [--first I] [--coflows N] [--speedup S]
         [--load L] [--repeats R] [--hosts-per-dc H] [--k K] [--timeout S] [--workdir DIR]
-        [--schedulers terra,varys,rapier] [--observe]
+        [--schedulers A,B,...] [--observe] [--log-level LEVEL]
+    terra-testbed --version
 
 Defaults (full run, ~1.5 min): the 12-coflow FB burst (mininet_scenarios.workload) on
 10 Mbit/s WAN links at load 2, played at half speed (bytes x 0.04, arrivals x 2), LA-NY
 down 4 s after the first arrival and up 6 s later, 3 repeats of (Terra, per-flow TCP)
 pooled. --quick (~40 s): the burst's first 6 coflows, LA-NY down at 2 s for 3 s, one repeat.
+The same bytes, arrival times and failure are played to both systems. docs/status.md
+(issue 5) records the measurements behind these defaults.
 
-Why these defaults (measured 2026-11-21, 2 shared cores at load average 6-8, one repeat
-each unless noted; FoI = avg CCT, WAN utilization; details in the commit message):
-- The paper's testbed has the WAN as the bottleneck. At load 1 the burst keeps the WAN
-  busy only ~40 % of the time it is active, so per-flow TCP loses little; load 2 (twice
-  the bytes at the same arrival times, identical for both systems) makes the burst queue
-  at HK's two links, where Terra's smallest-Gamma-first order and multipath pay off.
-- 10 Mbit/s rather than 20: with the same bytes, 20 Mbit/s links need the Python agents
-  and the userspace OVS to move twice the bytes per second, and on two loaded cores the
-  agents then fall short of their rates (Terra's CCTs at 20 Mbit/s load 1 were up to 2x
-  those at 10 Mbit/s load 1; kernel TCP was not affected): the testbed measured CPU, not
-  scheduling. 20 Mbit/s load 1: FoI 0.91-1.15 / 1.10-1.17 with the failure, 1.47 / 1.35
-  without; 20 load 2: 1.11 / 0.97 (failure), 1.65 / 1.23 (none); 20 load 3: 1.39 / 1.01.
-  10 Mbit/s load 1: 1.64 / 1.35 and 1.66 / 1.39; 5 Mbit/s load 1: 1.61 / 1.37.
-  10 Mbit/s load 2 (the default): 1.92 / 1.34, 1.79 / 1.34 and, 3 repeats, 2.00 / 1.37
-  pooled (Terra faster on every coflow of every repeat); 10 load 3: 1.97 / 1.27;
-  5 load 2: 2.19 / 1.35. The WAN utilization FoI stays at 1.2-1.4 in every setting.
-  Later, with the machine at load average 2.7: 20 Mbit/s load 1: 1.64 / 1.41; 20 load 2:
-  1.79 / 1.31; so 20 Mbit/s works on a quiet machine, 10 Mbit/s also on a busy one.
-- Terra pays no fixed per-coflow start-up cost worth mentioning: 4 x 100 KB one-hop flows
-  on an idle 10 Mbit/s WAN take 0.064-0.091 s under Terra (controller log: agents' last
-  completion to coflow done 1-4 ms; scheduling rounds 1-6 ms median, 34 ms max) vs
-  0.09 s for per-flow TCP.
-- Same bytes, same arrival times, same failure for Terra and per-flow TCP in every setting.
-
-Needs root, Open vSwitch (started if installed but not running) and Mininet.
-Prints a table of average / p95 CCT, WAN utilization and the issue's targets; exit status
-0 when the run finished (targets met or not), 1 on a testbed error, 2 on bad arguments,
-130 on Ctrl-C. Everything it started is torn down in every case.
+Needs root, Open vSwitch (started if installed but not running) and Mininet (the 'testbed'
+extra). Prints a table of average / p95 CCT, WAN utilization and FoIs; exit status 0 when
+the run finished, 1 on a testbed error, 2 on bad arguments, 130 on Ctrl-C. Everything it
+started is torn down in every case.
 """
 
 from __future__ import annotations
@@ -63,6 +42,14 @@ from mininet_scenarios.swan import (
     testbed_topology,
 )
 from mininet_scenarios.workload import DEFAULT_COUNT, DEFAULT_FIRST, scales, testbed_coflows
+from terra_core.cli_support import (
+    LOG_LEVELS,
+    HelpFormatter,
+    MissingExtra,
+    add_common_args,
+    require,
+    setup_logging,
+)
 from terra_core.registry import scheduler_names
 from topologies import TopologyError, load_topology
 from topologies.binding import load_binding
@@ -81,32 +68,79 @@ QUICK = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of terra-testbed."""
-    p = argparse.ArgumentParser(prog="terra-testbed", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="scenario", required=True)
+    p = argparse.ArgumentParser(
+        prog="terra-testbed",
+        description="Run Terra and per-flow TCP on an emulated WAN (Mininet, Open vSwitch, "
+        "HTB-shaped links) with the same workload and link failure, and compare their "
+        "coflow completion times and WAN utilization. Needs root.",
+        formatter_class=HelpFormatter,
+    )
+    add_common_args(p, log_level=False)
+    sub = p.add_subparsers(dest="scenario", required=True, title="scenarios", metavar="SCENARIO")
     s = sub.add_parser(
         "swan",
         help="Terra vs per-flow TCP on the emulated SWAN testbed",
-        description=__doc__.split("\n", 1)[1],  # usage, defaults and why
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Terra vs per-flow TCP on the emulated SWAN WAN: one OVS switch and one "
+        "agent host per DC, the controller in OpenFlow mode. Defaults (full run, about 1.5 "
+        "minutes): the 12-coflow FB burst on 10 Mbit/s links at load 2, played at half "
+        "speed, LA-NY down 4 s after the first arrival for 6 s, 3 repeats pooled. --quick "
+        "(about 40 s): 6 coflows, LA-NY down at 2 s for 3 s, one repeat. Exit status 0 when "
+        "the run finished, 1 on a testbed error, 2 on bad arguments, 130 on Ctrl-C.",
+        formatter_class=HelpFormatter,
     )
     s.add_argument("--quick", action="store_true", help="fewer coflows, shorter failure")
-    s.add_argument("--fail-link", default="LA-NY", help="WAN link A-B to fail (default LA-NY)")
+    s.add_argument("--fail-link", metavar="A-B", default="LA-NY", help="WAN link A-B to fail")
     s.add_argument("--no-failure", action="store_true", help="no link failure")
-    s.add_argument("--fail-at", type=float, help="seconds after the first arrival")
-    s.add_argument("--fail-for", type=float, help="seconds the link stays down")
-    s.add_argument("--json", type=Path, help="write the results JSON here")
-    s.add_argument("--plots", type=Path, help="write PNG plots into this directory")
     s.add_argument(
-        "--link-mbps", type=float, default=DEFAULT_LINK_MBPS, help="HTB rate of WAN links (10)"
+        "--fail-at",
+        metavar="S",
+        type=float,
+        help="seconds after the first arrival (default: 4; quick: 2)",
     )
-    s.add_argument("--workload", default="fb", help="fb, a coflow-benchmark trace or a .json")
-    s.add_argument("--first", type=int, default=DEFAULT_FIRST, help="first coflow (position)")
-    s.add_argument("--coflows", type=int, help="number of coflows in the slice")
-    s.add_argument("--speedup", type=float, help="play the slice this many times faster (0.5)")
-    s.add_argument("--load", type=float, help="multiply every flow's bytes (offered load; 2)")
-    s.add_argument("--hosts-per-dc", type=int, default=1, help="agent hosts per DC (1)")
-    s.add_argument("--repeats", type=int, help="Terra + TCP runs, pooled (3; quick: 1)")
-    s.add_argument("--k", type=int, default=4, help="tunnels per DC pair (default 4)")
+    s.add_argument(
+        "--fail-for",
+        metavar="S",
+        type=float,
+        help="seconds the link stays down (default: 6; quick: 3)",
+    )
+    s.add_argument("--json", metavar="OUT", type=Path, help="write the results JSON here")
+    s.add_argument("--plots", metavar="DIR", type=Path, help="write PNG plots into this directory")
+    s.add_argument(
+        "--link-mbps",
+        metavar="M",
+        type=float,
+        default=DEFAULT_LINK_MBPS,
+        help="HTB rate of WAN links (Mbit/s)",
+    )
+    s.add_argument(
+        "--workload", metavar="W", default="fb", help="fb, a coflow-benchmark trace or a .json"
+    )
+    s.add_argument(
+        "--first", metavar="I", type=int, default=DEFAULT_FIRST, help="first coflow (position)"
+    )
+    s.add_argument(
+        "--coflows",
+        metavar="N",
+        type=int,
+        help="number of coflows in the slice (default: 12; quick: 6)",
+    )
+    s.add_argument(
+        "--speedup",
+        metavar="S",
+        type=float,
+        help="play the slice this many times faster (default: 0.5)",
+    )
+    s.add_argument(
+        "--load",
+        metavar="L",
+        type=float,
+        help="multiply every flow's bytes (offered load; default: 2)",
+    )
+    s.add_argument("--hosts-per-dc", metavar="H", type=int, default=1, help="agent hosts per DC")
+    s.add_argument(
+        "--repeats", metavar="R", type=int, help="Terra + TCP runs, pooled (default: 3; quick: 1)"
+    )
+    s.add_argument("--k", metavar="K", type=int, default=4, help="tunnels per DC pair")
     s.add_argument(
         "--observe", action="store_true",
         help="run Prometheus scraping the controller and every agent with "
@@ -115,11 +149,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--schedulers", type=parse_schedulers, default=["terra"], metavar="A,B,...",
         help="schedulers to play the workload under, one controller each, comma-separated "
-        f"({','.join(scheduler_names())}; default terra); the first is judged by the targets",
+        f"({','.join(scheduler_names())}); the first is judged by the targets",
     )  # fmt: skip
-    s.add_argument("--timeout", type=float, default=300.0, help="per run, after last arrival")
-    s.add_argument("--of-port", type=int, default=0, help="OpenFlow port (default: a free one)")
-    s.add_argument("--workdir", type=Path, help="logs and scratch files (default: a temp dir)")
+    s.add_argument(
+        "--timeout",
+        metavar="S",
+        type=float,
+        default=300.0,
+        help="seconds per run after the last arrival",
+    )
+    s.add_argument(
+        "--of-port", metavar="PORT", type=int, default=0, help="OpenFlow port (default: a free one)"
+    )
+    s.add_argument(
+        "--workdir", metavar="DIR", type=Path, help="logs and scratch files (default: a temp dir)"
+    )
+    s.add_argument(
+        "--log-level", type=str.upper, choices=LOG_LEVELS, default="INFO",
+        help="log level of the testbed process (controller and agents: "
+        "$TERRA_TESTBED_LOG_LEVEL, WARNING by default; their logs go to the workdir)",
+    )  # fmt: skip
     return p
 
 
@@ -150,6 +199,10 @@ def check_environment() -> None:
         raise TestbedError("Open vSwitch missing: apt-get install openvswitch-switch")
     if not shutil.which("mnexec"):
         raise TestbedError("Mininet missing: apt-get install mininet")
+    try:
+        require("mininet.net", "testbed")
+    except MissingExtra as exc:
+        raise TestbedError(str(exc)) from exc
     if subprocess.run([OVS_CTL, "status"], capture_output=True).returncode != 0:
         subprocess.run([OVS_CTL, "start", "--system-id=random"], capture_output=True)
     if subprocess.run(["ovs-vsctl", "--timeout=10", "show"], capture_output=True).returncode:
@@ -215,6 +268,13 @@ def options_from_args(args, workdir: Path) -> tuple[TestbedOptions, dict]:
 def main(argv: list[str] | None = None) -> int:
     """Console entry point (`terra-testbed`); returns the exit status."""
     args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
+    if args.plots:
+        try:
+            require("matplotlib", "plots")  # before the run, not after it
+        except MissingExtra as exc:
+            print(f"terra-testbed: --plots: {exc}", file=sys.stderr)
+            return 1
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="terra-testbed-"))
     try:
         opts, workload = options_from_args(args, workdir)

@@ -292,9 +292,13 @@ def plot(raw: dict, out_dir: Path) -> list[Path]:
 
     Returns:
         The written paths: out_dir/throughput.png, out_dir/cct_cdf.png.
-    """
-    import matplotlib
 
+    Raises:
+        MissingExtra: matplotlib is not installed (the 'plots' extra).
+    """
+    from terra_core.cli_support import require
+
+    matplotlib = require("matplotlib", "plots")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -7,15 +7,18 @@ Wire format (docs/design.md sections 5 "Chunks" and 6 "Messages"):
 The header map always carries ``"v": VERSION``, ``"t": <type str>`` and
 ``"n": <payload length in bytes>``. Chunk frames (``"t": "chunk"``) also carry
 ``"c"`` (coflow id, str), ``"f"`` (flow id, str), ``"o"`` (byte offset in the
-flow, int) and ``"x"`` (``zlib.crc32`` of the payload). Any frame whose header
-has ``"x"`` gets its payload checksum verified on reading.
+flow, int) and ``"m"`` (the MACs of the chunk's 64 KiB leaves, MAC_BYTES each,
+overlay/integrity.py: the receiving agent checks them with the flow's key, framing only
+checks their type and length; no other pass over the payload is made here). Any
+other frame whose header has
+``"x"`` (``zlib.crc32`` of the payload) gets that checksum verified on reading.
 
 Limits: headers up to MAX_HEADER_BYTES (64 KiB), payloads up to
 MAX_PAYLOAD_BYTES (4 MiB). Everything wrong with a frame (malformed msgpack,
 wrong version, oversized lengths, bad field types, bad checksum, EOF in the
 middle of a frame) raises FrameError; the caller closes that connection.
 
-The checksum is computed with ISA-L's crc32 (package isal), which gives exactly
+The optional "x" checksum is computed with ISA-L's crc32 (package isal), which gives exactly
 zlib.crc32's value at ~20 GB/s instead of ~1.3 GB/s; zlib is the fallback.
 
 Performance: payloads are never concatenated with headers when large (the
@@ -28,11 +31,14 @@ buffer with ``recv_into`` (one copy, kernel to payload).
 from __future__ import annotations
 
 import os
+import ssl
 import struct
 import sys
 
 import msgpack
 import trio
+
+from overlay.integrity import mac_bytes
 
 try:  # ISA-L's crc32: the same CRC-32 as zlib.crc32, ~15x faster (SIMD)
     from isal.isal_zlib import crc32
@@ -65,7 +71,7 @@ class FrameError(Exception):
     """
 
 
-def chunk_header(coflow_id: str, flow_id: str, offset: int, payload) -> dict:
+def chunk_header(coflow_id: str, flow_id: str, offset: int, payload, macs: bytes) -> dict:
     """Build the header of a chunk frame carrying `payload`.
 
     Args:
@@ -73,13 +79,16 @@ def chunk_header(coflow_id: str, flow_id: str, offset: int, payload) -> dict:
         flow_id: flow id (str), unique within the coflow.
         offset: byte offset of the payload's first byte within the flow (int >= 0).
         payload: the chunk's bytes (bytes, bytearray or memoryview).
+        macs: the MACs of the chunk's leaves (overlay.integrity.FlowKeys.leaf_macs,
+            integrity.mac_bytes(len(payload)) bytes).
 
     Returns:
         {"t": "chunk", "c": coflow_id, "f": flow_id, "o": offset, "n": len(payload),
-        "x": zlib.crc32(payload)} — pass it to send_frame/encode_frame with the payload.
+        "m": macs} — pass it to send_frame/encode_frame with the payload.
 
     Raises:
-        FrameError: wrong argument types, negative offset, payload > MAX_PAYLOAD_BYTES.
+        FrameError: wrong argument types, negative offset, payload > MAX_PAYLOAD_BYTES, macs
+            that are not bytes of the length for the payload.
     """
     if not isinstance(coflow_id, str) or not isinstance(flow_id, str):
         raise FrameError(
@@ -89,14 +98,9 @@ def chunk_header(coflow_id: str, flow_id: str, offset: int, payload) -> dict:
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise FrameError(f"chunk offset must be an int >= 0, got {offset!r}")
     n = _payload_len(payload)
-    return {
-        "t": CHUNK_TYPE,
-        "c": coflow_id,
-        "f": flow_id,
-        "o": offset,
-        "n": n,
-        "x": crc32(payload),
-    }
+    if not isinstance(macs, bytes) or len(macs) != mac_bytes(n):
+        raise FrameError(f"chunk MACs must be {mac_bytes(n)} bytes for {n} payload bytes")
+    return {"t": CHUNK_TYPE, "c": coflow_id, "f": flow_id, "o": offset, "n": n, "m": macs}
 
 
 def encode_frame(header: dict, payload=b"") -> list:
@@ -293,7 +297,9 @@ class FrameReader:
     Validation (raises FrameError): header length 0 or > MAX_HEADER_BYTES,
     malformed msgpack or a non-map header, "v" != VERSION, missing/non-str "t",
     "n" not an int in [0, max_payload], chunk frames with "c"/"f" not str, "o"
-    not an int >= 0 or "x" not a u32, a payload whose crc32 differs from "x",
+    not an int >= 0, "m" not bytes of integrity.mac_bytes(n), "x" not a u32, a payload
+    whose crc32 differs
+    from "x" (frames that carry one; chunks carry a MAC instead, checked by the agent),
     and EOF in the middle of a frame. trio.BrokenResourceError (connection
     reset), trio.ClosedResourceError (stream closed by us) and
     trio.BusyResourceError (two tasks reading at once) are raised as trio's
@@ -324,6 +330,8 @@ class FrameReader:
         self._reading = False
         self._waited = False  # read(): the current frame waited for the socket at least once
         self._sock = stream.socket if isinstance(stream, trio.SocketStream) else None
+        # a trio.SSLStream with the private attributes _drain_tls uses, else None
+        self._tls = stream if _drainable(stream) else None
 
     async def read(self) -> tuple[dict, memoryview | bytes] | None:
         """Read the next frame; None on clean EOF before its first byte.
@@ -423,8 +431,11 @@ class FrameReader:
         """
         if self._sock is None:
             data = await self.stream.receive_some(len(view))
-            view[: len(data)] = data
-            return len(data)
+            n = len(data)
+            view[:n] = data
+            if n and self._tls is not None:
+                n += _drain_tls(self._tls, view[n:])
+            return n
         while True:
             fd = self._sock.fileno()  # -1 once closed (never read a reused descriptor number)
             if fd < 0:
@@ -437,6 +448,53 @@ class FrameReader:
                 raise _stream_error(self._sock, "receive", exc) from exc
             await trio.lowlevel.wait_readable(self._sock)
             self._waited = True
+
+
+_TLS_READ_BYTES = 1 << 20  # ciphertext _drain_tls reads from the socket at a time
+
+
+def _drainable(stream) -> bool:
+    """True for a trio.SSLStream over a SocketStream with the private parts _drain_tls uses."""
+    return (
+        isinstance(stream, trio.SSLStream)
+        and isinstance(getattr(stream, "_ssl_object", None), ssl.SSLObject)
+        and isinstance(getattr(stream, "_incoming", None), ssl.MemoryBIO)
+        and isinstance(stream.transport_stream, trio.SocketStream)
+    )
+
+
+def _drain_tls(stream: trio.SSLStream, view: memoryview) -> int:
+    """Decrypt into `view` (up to its length) what the kernel already holds for a
+    trio.SSLStream, without a trio round per record: SSLObject.read(n, buffer) (no copy) while
+    records are buffered, refilled from the socket with non-blocking reads of up to 1 MiB.
+
+    trio's SSLStream.receive_some returns one 16 KiB record per call (OpenSSL's SSL_read)
+    after reading 64 KiB from the socket; with --encrypt-data a 4 MiB chunk took 256 trio
+    rounds and copies, the receiving agent spent ~40 % of its CPU in the interpreter (perf,
+    docs/status.md). Stops when the socket has nothing more (or at EOF, or any TLS condition:
+    the stream's next receive_some reports it as trio does). Relies on trio's private
+    `_ssl_object` / `_incoming` (checked by _drainable); only one reader per stream."""
+    ssl_object, incoming = stream._ssl_object, stream._incoming
+    fd = stream.transport_stream.socket.fileno()
+    got = 0
+    while got < len(view):
+        try:
+            k = ssl_object.read(len(view) - got, view[got:])
+        except ssl.SSLWantReadError:
+            try:
+                data = os.read(fd, _TLS_READ_BYTES) if fd >= 0 else b""
+            except OSError:  # BlockingIOError: nothing more now; others: the stream reports
+                break
+            if not data:
+                break  # EOF stays visible to the stream's own next read
+            incoming.write(data)
+            continue
+        except ssl.SSLError:
+            break
+        if not k:
+            break
+        got += k
+    return got
 
 
 # ---- the codec without I/O: shared by FrameReader (trio, agents) and the controller's
@@ -462,7 +520,7 @@ def check_header(header: dict, max_payload: int = MAX_PAYLOAD_BYTES) -> dict:
     """Validate a decoded frame header; returns it.
 
     Checks: "v" == VERSION, "t" a str, "n" an int in [0, max_payload] (0 for control
-    frames), "x" a u32 when present, chunk fields (see chunk_header).
+    frames), "x" a u32 when present, chunk fields (see chunk_header: "m" of mac_bytes(n) bytes).
 
     Raises:
         FrameError: the first check that fails, named.
@@ -511,5 +569,6 @@ def _check_chunk_fields(header: dict) -> None:
     offset = header.get("o")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise FrameError(f"chunk offset 'o' must be an int >= 0, got {offset!r}")
-    if "x" not in header:
-        raise FrameError("chunk frame without checksum 'x'")
+    macs, n = header.get("m"), header["n"]
+    if not isinstance(macs, bytes) or len(macs) != mac_bytes(n):
+        raise FrameError(f"chunk MACs 'm' must be {mac_bytes(n)} bytes for n={n}, got {macs!r}")

@@ -9,7 +9,7 @@ Control channel, agent -> controller:
     register  {dc, agent, data_addr: "host:port",
                inflight?: [{coflow, flow, role: "send"|"recv", offset: int bytes}]}
     progress  {flows: [{coflow, flow, acked: int bytes}]}
-    complete  {coflow, flow, digest: BLAKE2b hex str, size: int bytes}
+    complete  {coflow, flow, digest: flow digest hex str (overlay/integrity.py), size: int bytes}
     heartbeat {}
     error     {message: str, coflow?: str, flow?: str}
     failed    {coflow, flow, reason: str, cause: "source" | "sink" | "digest", attempt?: int}
@@ -29,7 +29,10 @@ Control channel, controller -> agent (any of them may carry "id": the agent acks
                         offset: int bytes (acknowledged so far, where a sender resumes),
                         source: "synthetic" | "file:PATH", sink: "digest" | "file:PATH",
                         attempt?: int >= 0 (default 0; grows each time the controller
-                        restarts the flow from byte 0 after a digest mismatch)}]}
+                        restarts the flow from byte 0 after a digest mismatch),
+                        digest_alg: "blake3-keyed-v1" (overlay/integrity.py ALGORITHM),
+                        digest_key: 64 hex chars (the flow attempt's 32-byte key, made by the
+                        controller; keys the chunk MACs and the flow digest)}]}
     drop      {coflow, flows: [flow id]}  forget these flows (sender and receiver state): their
               coflow failed or was cancelled, or (followed by "flows") a flow restarts from 0
     rates     {rates: [{coflow, dst_dc, paths: [{tunnel, rate: bytes/s >= 0}]}]}
@@ -40,8 +43,9 @@ Control channel, controller -> agent (any of them may carry "id": the agent acks
 
 Data connections (sender agent -> receiver agent, one TCP connection per (peer agent, tunnel)):
     hello     {agent, tunnel}         first frame from the connecting (sending) agent
-    chunk     framing.chunk_header fields + payload; the chunk ending at the flow's size also
-              carries "d": the sender's BLAKE2b hex digest of the whole flow
+    chunk     framing.chunk_header fields + payload ("m": the chunk's keyed MAC, checked by the
+              receiver before the bytes go anywhere); the chunk ending at the flow's size also
+              carries "d": the sender's keyed flow digest (hex) of the whole flow
     ack       {c: coflow, f: flow, o: delivered offset, e: receiver epoch int}  (receiver ->
               sender, on the same connection; "e" changes when the receiver restarts)
     A chunk and an ack of a flow whose attempt is > 0 also carry "a": the attempt; a receiver
@@ -67,11 +71,13 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Annotated, Literal
 
 import msgspec
 from msgspec import Meta
+
+from overlay.integrity import ALGORITHM, new_flow_key
 
 PROTOCOL_TYPES_FROM_AGENT = (
     "register",
@@ -138,7 +144,9 @@ class FlowSpec:
     delivered offset wins when it knows better). source: "synthetic" or "file:PATH" (read on the
     sending host); sink: "digest" (hash only) or "file:PATH" (written on the receiving host).
     attempt: how many times the controller restarted the flow from byte 0 (digest mismatches);
-    chunks and acks of another attempt are ignored.
+    chunks and acks of another attempt are ignored. digest_key: the flow attempt's 32-byte key
+    as 64 hex chars (default: a fresh random one; the controller makes one per attempt and sends
+    the same to both ends); digest_alg: the integrity construction (overlay/integrity.py).
     """
 
     coflow: str
@@ -151,6 +159,8 @@ class FlowSpec:
     source: str = "synthetic"
     sink: str = "digest"
     attempt: int = 0
+    digest_key: str = field(default_factory=new_flow_key, repr=False)
+    digest_alg: str = ALGORITHM
 
     @property
     def key(self) -> tuple[str, str]:
@@ -345,8 +355,12 @@ class _Flow(msgspec.Struct, frozen=True):
     attempt: Bytes = 0
     source: str = "synthetic"
     sink: str = "digest"
+    digest_alg: Literal["blake3-keyed-v1"] = ALGORITHM
+    digest_key: Annotated[str, Meta(pattern="^[0-9a-f]{64}$")] = ""
 
     def __post_init__(self) -> None:
+        if not self.digest_key:
+            raise ValueError("digest_key is required (64 lowercase hex chars)")
         if self.offset > self.size:
             raise ValueError(f"offset {self.offset} > size {self.size}")
         _endpoint(self.source, "synthetic", "source")
@@ -562,6 +576,8 @@ def parse_flows(msg: dict) -> list[FlowSpec]:
             source=f.get("source", "synthetic"),
             sink=f.get("sink", "digest"),
             attempt=f.get("attempt", 0),
+            digest_key=f["digest_key"],
+            digest_alg=f.get("digest_alg", ALGORITHM),
         )
         for f in msg["flows"]
     ]

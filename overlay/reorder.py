@@ -25,9 +25,12 @@ gap fill after a long spill never brings all of the spill file into memory.
 from __future__ import annotations
 
 import bisect
+import glob
 import os
 import tempfile
 from dataclasses import dataclass
+
+SPILL_SUFFIX = ".spill"
 
 
 class MemoryBudget:
@@ -84,6 +87,8 @@ class ReorderBuffer:
         max_read_bytes: most spilled bytes one add() reads back from the spill
             file (int >= 1; at least one whole segment is read whatever the bound,
             so a segment larger than it still comes back).
+        spill_prefix: name prefix of the spill file (PREFIX + random + SPILL_SUFFIX);
+            remove_spill_files() finds a crashed owner's files by it.
 
     Attributes:
         delivered: bytes returned to the caller in order so far (by add() and
@@ -105,7 +110,9 @@ class ReorderBuffer:
         spill_dir: str | None,
         budget: MemoryBudget | None = None,
         max_read_bytes: int = DEFAULT_MAX_READ_BYTES,
+        spill_prefix: str = "reorder-",
     ) -> None:
+        self.spill_prefix = spill_prefix
         for name, value in (("size_bytes", size_bytes), ("memory_limit_bytes", memory_limit_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
@@ -374,7 +381,9 @@ class ReorderBuffer:
 
     def _spill(self, data: bytes) -> int:
         if self._spill_fd is None:
-            fd, path = tempfile.mkstemp(prefix="reorder-", suffix=".spill", dir=self.spill_dir)
+            fd, path = tempfile.mkstemp(
+                prefix=self.spill_prefix, suffix=SPILL_SUFFIX, dir=self.spill_dir
+            )
             self._spill_fd, self._spill_path = fd, path
         offset = self._spill_end
         written = 0
@@ -389,6 +398,23 @@ class ReorderBuffer:
         """Nothing left on disk: truncate the spill file so it does not grow forever."""
         os.ftruncate(self._spill_fd, 0)
         self._spill_end = 0
+
+
+def remove_spill_files(spill_dir: str, prefix: str) -> list[str]:
+    """Remove the spill files PREFIX*SPILL_SUFFIX in `spill_dir` (regular files only) and
+    return their paths. An agent calls it at start-up with its own prefix: it holds no flow
+    yet, so every such file was left by an earlier run of it (a crash) and belongs to no live
+    flow. Files that vanish meanwhile or cannot be removed are skipped."""
+    removed = []
+    pattern = os.path.join(glob.escape(spill_dir), glob.escape(prefix) + "*" + SPILL_SUFFIX)
+    for path in glob.glob(pattern):
+        try:
+            if os.path.isfile(path) and not os.path.islink(path):
+                os.unlink(path)
+                removed.append(path)
+        except OSError:
+            pass
+    return removed
 
 
 def _check_read_bound(name: str, value) -> None:

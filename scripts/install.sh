@@ -8,8 +8,11 @@ export DEBIAN_FRONTEND=noninteractive
 # System packages: Open vSwitch (userspace datapath; the kernel has no OVS module), Mininet's
 # mnexec and its tools (Debian's mininet pulls iperf, net-tools, socat, cgroup-tools), ping,
 # ethtool (offloads off), iproute2 (ip, tc/HTB), psmisc and procps (killall/pkill for `mn -c`),
-# prometheus (its promtool checks deploy/prometheus; the testbed's --observe runs it).
-APT_PACKAGES=(openvswitch-switch mininet iputils-ping ethtool iproute2 psmisc procps prometheus)
+# prometheus (its promtool checks deploy/prometheus; the testbed's --observe runs it),
+# chromium and chromium-driver (headless browser for tests/test_web_page.py, driven by Selenium
+# through the system chromedriver: nothing is downloaded at run time).
+APT_PACKAGES=(openvswitch-switch mininet iputils-ping ethtool iproute2 psmisc procps prometheus
+              chromium chromium-driver)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
@@ -34,8 +37,9 @@ if ! command -v uv >/dev/null 2>&1; then
 fi
 uv --version
 
-# Python environment (.venv) from pyproject.toml / uv.lock, dev group included.
-uv sync
+# Python environment (.venv) from pyproject.toml / uv.lock: every extra (testbed, plots, sim,
+# bench) and the dev group.
+uv sync --all-extras
 
 # Open vSwitch: ovsdb-server + ovs-vswitchd (no kernel module is loaded or needed).
 OVS_CTL=/usr/share/openvswitch/scripts/ovs-ctl

@@ -36,8 +36,10 @@ a restarted controller learns about flows that finished while it was down or bef
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
+import re
 import ssl
 import time
 from collections import OrderedDict, deque
@@ -60,12 +62,12 @@ from overlay.protocol import (
     validate_control,
     validate_data,
 )
-from overlay.reorder import MemoryBudget
+from overlay.reorder import MemoryBudget, remove_spill_files
 from terra_controller.pki import CONTROLLER_HOSTNAME
 
 from .data_auth import DataAuthError, authenticate
 from .pending import PENDING_LIMIT_BYTES, PENDING_TIMEOUT_S, HeldChunk, PendingChunks
-from .receiver import HashQueue, InFlow
+from .receiver import MAX_AHEAD_BYTES, ChunkRejected, HashQueue, InFlow
 from .sender import (
     BACKOFF_MAX_S,
     BACKOFF_MIN_S,
@@ -114,6 +116,12 @@ class AgentConfig:
     with a mutual TLS handshake, the peers are checked (terra_agent/data_auth.py), then hello
     and chunks go in clear; None (default, --insecure, the loopback harness): plain TCP,
     unauthenticated.
+    encrypt_data: keep TLS on data connections after the handshake (terra-agent --encrypt-data;
+    needs data_tls_server / data_tls_client; every agent of a deployment must agree, a mismatch
+    fails the handshake's deadline); False (default): back to plain TCP after it.
+    max_ahead: bytes a chunk may end past its flow's in-order point (the spill bound per flow,
+    >= MAX_PAYLOAD_BYTES); chunks beyond are refused and their connection closed, the sender
+    resends.
     """
 
     controller: tuple[str, int]
@@ -130,6 +138,20 @@ class AgentConfig:
     data_root: str | None = None
     data_tls_server: ssl.SSLContext | None = None
     data_tls_client: ssl.SSLContext | None = None
+    encrypt_data: bool = False
+    max_ahead: int = MAX_AHEAD_BYTES
+
+    def __post_init__(self) -> None:
+        if self.max_ahead < MAX_PAYLOAD_BYTES:
+            raise ValueError(f"max_ahead must be >= {MAX_PAYLOAD_BYTES} bytes (one chunk)")
+
+    @property
+    def spill_prefix(self) -> str:
+        """Name prefix of this agent's spill files: "reorder-<agent id, filename-safe>-<4-byte
+        hash of the id, hex>-" (the hash keeps ids that map to one safe name apart)."""
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", self.agent_id)[:64]
+        tag = hashlib.blake2b(self.agent_id.encode(), digest_size=4).hexdigest()
+        return f"reorder-{safe}-{tag}-"
 
 
 class Agent:
@@ -146,7 +168,8 @@ class Agent:
     (incoming data connections this agent closed because of an error), unauthenticated
     (incoming data connections closed because their peer failed authentication: handshake or
     certificate refused, or a "hello" naming another agent than the certificate; also counted
-    in closed_connections).
+    in closed_connections), rejected_chunks (incoming connections closed because a chunk
+    failed InFlow.admit: bad MAC or too far ahead; also counted in closed_connections).
     """
 
     def __init__(self, config: AgentConfig) -> None:
@@ -161,6 +184,7 @@ class Agent:
         self.registered = trio.Event()
         self.closed_connections = 0
         self.unauthenticated = 0
+        self.rejected_chunks = 0
         self.reorder_budget = MemoryBudget(config.memory_limit)
         self.pending = PendingChunks(config.pending_limit)
         self.payload_buffers = PayloadBuffers(MAX_PAYLOAD_BYTES, PAYLOAD_BUFFERS)
@@ -183,6 +207,9 @@ class Agent:
         """
         host, port = self.config.data_addr
         listeners = await trio.open_tcp_listeners(port, host=host)  # OSError here, unwrapped
+        stale = remove_spill_files(self.config.spill_dir, self.config.spill_prefix)
+        if stale:
+            log.warning("removed %d spill files of an earlier run: %s", len(stale), stale[:5])
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -404,6 +431,7 @@ class Agent:
                     self._on_ack,
                     self._wake_all,
                     tls=self.config.data_tls_client,
+                    encrypt=self.config.encrypt_data,
                 )
                 self.links[key] = link
                 self._spawn(link.run)
@@ -490,6 +518,8 @@ class Agent:
                 self.reorder_budget,
                 self.hash_queue,
                 data_root=self.config.data_root,
+                max_ahead=self.config.max_ahead,
+                spill_prefix=self.config.spill_prefix,
             )
         except (SourceError, OSError, ValueError) as exc:
             self.refused[spec.key] = str(exc)
@@ -609,12 +639,16 @@ class Agent:
         try:
             async with stream:
                 detect_dead_peers(stream, TUNNEL_DEAD_PEER_S)
-                initial = b""
+                initial, channel = b"", stream
                 authenticated = None
                 if self.config.data_tls_server is not None:
+                    encrypt = self.config.encrypt_data
                     try:
-                        identity, initial = await authenticate(
-                            stream, self.config.data_tls_server, server_side=True
+                        identity, rest = await authenticate(
+                            stream,
+                            self.config.data_tls_server,
+                            server_side=True,
+                            unwrap=not encrypt,
                         )
                     except DataAuthError as exc:
                         self.unauthenticated += 1
@@ -623,8 +657,12 @@ class Agent:
                         return
                     authenticated = identity.name
                     peer = f"{authenticated} (authenticated)"
-                reader = FrameReader(stream, buffers=self.payload_buffers, initial=initial)
-                writer = FrameWriter(stream)
+                    if encrypt:
+                        channel = rest
+                    else:
+                        initial = rest
+                reader = FrameReader(channel, buffers=self.payload_buffers, initial=initial)
+                writer = FrameWriter(channel)
                 frame = await reader.read()
                 if frame is None:
                     return
@@ -648,6 +686,10 @@ class Agent:
                     # the certificate's name when authenticated (== hello's), else hello's
                     sender = authenticated or hello["agent"]
                     await self._receive_chunk(frame[0], frame[1], writer, sender, stream)
+        except ChunkRejected as exc:
+            self.closed_connections += 1
+            self.rejected_chunks += 1
+            log.error("incoming connection from %s: %s", peer, exc)
         except (FrameError, ProtocolError) as exc:
             self.closed_connections += 1
             log.error("incoming connection from %s: %s; closing it", peer, exc)
@@ -678,10 +720,14 @@ class Agent:
                 )
             if key in self.dropped and attempt <= self.dropped[key]:
                 return  # a late chunk of a flow the controller dropped: nobody wants it
-            chunk = HeldChunk(header["o"], payload, header.get("d"), stream, writer, peer, attempt)
+            chunk = HeldChunk(
+                header["o"], payload, header.get("d"), stream, writer, peer, attempt, header["m"]
+            )
             self._hold(key, chunk)
             return
-        await self._deliver(flow, header["o"], payload, header.get("d"), writer, peer, attempt)
+        await self._deliver(
+            flow, header["o"], payload, header.get("d"), writer, peer, attempt, header["m"]
+        )
 
     async def _deliver(
         self,
@@ -692,6 +738,7 @@ class Agent:
         writer: FrameWriter,
         peer: str,
         attempt: int = 0,
+        mac: bytes = b"",
     ) -> None:
         """Give one chunk to its flow (hashed later by the flow's _consume task), report a
         completion / failure not reported yet. A chunk that added in-order bytes is acked by
@@ -701,10 +748,16 @@ class Agent:
 
         `peer`: the agent that sent the chunk (authenticated by its certificate when the agent
         has data_tls_server); a chunk whose flow's src_agent is another agent closes the
-        connection before it reaches the flow (sink, reorder buffer, spill file).
+        connection before it reaches the flow (sink, reorder buffer, spill file). So does a
+        chunk whose `mac` ("m", its leaf MACs) is not the flow key's MAC list of its bytes and
+        offset (tampered, or made without the key; overlay/integrity.py), a chunk off the leaf
+        grid and a chunk ending more than the flow's max_ahead bytes past its in-order point
+        (InFlow.admit): the connection's end makes the sender requeue everything
+        unacknowledged on it, so the flow still completes.
 
-        Raises ProtocolError (wrong sender, chunk past the flow's end, changed digest, a
-        later attempt than the receiver's descriptor) and the writer's connection errors.
+        Raises ProtocolError (wrong sender, bad MAC, too far ahead, chunk past the flow's end,
+        changed digest, a later attempt than the receiver's descriptor) and the writer's
+        connection errors.
         """
         key = flow.spec.key
         if peer != flow.spec.src_agent:
@@ -719,8 +772,9 @@ class Agent:
                 f"chunk of attempt {attempt} for flow {key[0]}/{key[1]}, which is at attempt "
                 f"{flow.spec.attempt} here; closing so the sender resends"
             )
+        flow.admit(offset, payload, mac)
         flow.ack_writer = writer
-        added = await flow.receive(offset, payload, digest)
+        added = await flow.receive(offset, payload, digest, mac)
         self._report_if_finished(flow)
         if not added:
             await writer.send(self._ack(flow))
@@ -824,6 +878,7 @@ class Agent:
                     chunk.writer,
                     chunk.peer,
                     chunk.attempt,
+                    chunk.mac,
                 )
             except ProtocolError as exc:
                 closed.add(id(chunk.stream))

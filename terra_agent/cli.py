@@ -1,23 +1,33 @@
-"""`terra-agent` command line (issue 3 item 2).
+"""`terra-agent`: the Terra overlay agent of one host (moves a DC's flows over its tunnels).
 
     terra-agent --controller HOST:PORT --dc DC --id AGENT_ID --data-addr HOST:PORT
                 (--pki DIR | --insecure) [--spill-dir DIR] [--memory-limit BYTES]
-                [--log-level LEVEL] [--data-root DIR]
+                [--log-level LEVEL] [--data-root DIR] [--encrypt-data] [--max-ahead BYTES]
+                [--version]
 
 --pki DIR: the agent authenticates to the controller with DIR/AGENT_ID.crt and .key (made by
 `terra-controller pki issue DIR --role agent AGENT_ID`) and verifies the controller against
 DIR/ca.crt; its id is its certificate's name. The same certificate authenticates its data
 connections: each starts with a mutual TLS handshake (the receiver presents its certificate as
 server, the sender as client; each checks the other is the agent it should be), then carries
-hello and chunks in clear (terra_agent/data_auth.py). --insecure: plain TCP everywhere,
-unauthenticated (labs only).
+hello and chunks in clear (terra_agent/data_auth.py); with --encrypt-data they stay inside
+that TLS session (AES-GCM; every agent of a deployment must use the same setting). Either way
+every chunk carries a MAC keyed with its flow's key (overlay/integrity.py). --insecure: plain
+TCP everywhere, unauthenticated data connections (labs only).
+
+--max-ahead BYTES: the spill bound per flow: a chunk may end at most this far past the flow's
+in-order point (default 1G); chunks beyond are refused (their connection is closed, the sender
+resends them).
 
 --data-root DIR: the only directory whose files this agent reads (flow sources) and writes
 (flow sinks); flow file paths are relative to it and may not leave it. Without it every file
 flow is refused (synthetic / digest-only flows still run).
 
-Exit status: 0 on Ctrl-C, 2 on bad arguments (argparse; a missing certificate, spill dir or
-data root), 1 when the data port cannot be bound.
+--spill-dir DIR: where out-of-order bytes beyond --memory-limit go; created (mode 0700) when
+it does not exist.
+
+Exit status: 0 on Ctrl-C, 2 on bad arguments (argparse; a missing certificate or data root),
+1 when the data port cannot be bound or the spill directory cannot be created.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from pathlib import Path
 
 import trio
 
+from overlay.framing import MAX_PAYLOAD_BYTES
 from overlay.protocol import ProtocolError, parse_addr
 from terra_controller.pki import (
     PkiError,
@@ -38,8 +49,10 @@ from terra_controller.pki import (
     data_client_context,
     data_server_context,
 )
+from terra_core.cli_support import HelpFormatter, add_common_args, setup_logging
 
 from .agent import Agent, AgentConfig, parse_memory
+from .receiver import MAX_AHEAD_BYTES
 
 
 def _addr(text: str) -> tuple[str, int]:
@@ -56,40 +69,91 @@ def _memory(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def make_spill_dir(path: str) -> None:
+    """Create the spill directory `path` (and its parents) with mode 0700 when it is missing;
+    an existing directory is used as it is.
+
+    Raises:
+        OSError: it cannot be created, or it exists and is not a directory.
+    """
+    target = Path(path)
+    if target.is_dir():
+        return
+    target.mkdir(mode=0o700, parents=True, exist_ok=False)
+    os.chmod(target, 0o700)  # mkdir's mode is masked by the umask
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of terra-agent."""
-    p = argparse.ArgumentParser(prog="terra-agent", description="Terra overlay agent (trio)")
-    p.add_argument("--controller", required=True, type=_addr, help="controller HOST:PORT")
-    p.add_argument("--dc", required=True, help="this agent's datacenter name")
-    p.add_argument("--id", required=True, dest="agent_id", help="unique agent id")
-    p.add_argument("--data-addr", required=True, type=_addr, help="HOST:PORT for tunnel data")
-    p.add_argument("--spill-dir", default="/tmp", help="directory for reorder spill files")
+    p = argparse.ArgumentParser(
+        prog="terra-agent",
+        description="Terra overlay agent: registers with the controller, sends its flows over "
+        "the tunnels at the controller's per-path rates and receives, reorders and verifies "
+        "the flows sent to it.",
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument(
+        "--controller", required=True, type=_addr, metavar="HOST:PORT",
+        help="the controller's agent channel (terra-controller --agents)",
+    )  # fmt: skip
+    p.add_argument("--dc", required=True, metavar="DC", help="this agent's datacenter name")
+    p.add_argument(
+        "--id", required=True, dest="agent_id", metavar="AGENT_ID",
+        help="unique agent id (with --pki: its certificate's name)",
+    )  # fmt: skip
+    p.add_argument(
+        "--data-addr", required=True, type=_addr, metavar="HOST:PORT",
+        help="address other agents reach this one at; without switches the tunnels listen "
+        "on the ports right above PORT",
+    )  # fmt: skip
+    p.add_argument(
+        "--spill-dir", default="/tmp", metavar="DIR",
+        help="directory for reorder spill files (created, mode 0700, if missing)",
+    )  # fmt: skip
     p.add_argument(
         "--memory-limit",
         type=_memory,
-        default=64 << 20,
-        help="out-of-order bytes kept in memory (all flows together) before spilling (e.g. 64M)",
+        default="64M",
+        metavar="BYTES",
+        help="out-of-order bytes kept in memory (all flows together) before spilling",
     )
     auth = p.add_mutually_exclusive_group(required=True)
-    auth.add_argument("--pki", help="PKI directory: ca.crt, AGENT_ID.crt, AGENT_ID.key")
+    auth.add_argument(
+        "--pki", metavar="DIR", help="PKI directory: ca.crt, AGENT_ID.crt, AGENT_ID.key"
+    )
     auth.add_argument("--insecure", action="store_true", help="plain TCP to the controller")
     p.add_argument(
         "--data-root",
+        metavar="DIR",
         help="directory whose files flows may read and write (paths are relative to it); "
         "without it, file flows are refused",
     )
-    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    p.add_argument(
+        "--encrypt-data",
+        action="store_true",
+        help="keep TLS (AES-GCM) on data connections after the handshake (needs --pki)",
+    )
+    p.add_argument(
+        "--max-ahead",
+        type=_memory,
+        default=MAX_AHEAD_BYTES,
+        help="bytes a chunk may end past its flow's in-order point (spill bound; e.g. 1G)",
+    )
+    add_common_args(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the agent until interrupted; returns the exit status."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format=f"%(asctime)s {args.agent_id} %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging(args.log_level)
     tls = data_server = data_client = None
+    if args.encrypt_data and args.insecure:
+        print("terra-agent: --encrypt-data needs --pki (TLS certificates)", file=sys.stderr)
+        return 2
+    if args.max_ahead < MAX_PAYLOAD_BYTES:
+        print(f"terra-agent: --max-ahead must be >= {MAX_PAYLOAD_BYTES}", file=sys.stderr)
+        return 2
     if args.insecure:
         logging.getLogger("terra_agent").warning(
             "--insecure: plain TCP to the controller, unauthenticated data connections"
@@ -102,9 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         except (PkiError, ssl.SSLError, OSError) as exc:
             print(f"terra-agent: {exc}", file=sys.stderr)
             return 2
-    if not Path(args.spill_dir).is_dir():
-        print(f"terra-agent: spill dir {args.spill_dir!r} is not a directory", file=sys.stderr)
-        return 2
+    try:
+        make_spill_dir(args.spill_dir)
+    except OSError as exc:
+        print(f"terra-agent: spill dir {args.spill_dir!r}: {exc}", file=sys.stderr)
+        return 1
     data_root = None
     if args.data_root is not None:
         if not Path(args.data_root).is_dir():
@@ -125,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         data_root=data_root,
         data_tls_server=data_server,
         data_tls_client=data_client,
+        encrypt_data=args.encrypt_data,
+        max_ahead=args.max_ahead,
     )
     try:
         trio.run(Agent(config).run)

@@ -35,7 +35,8 @@ async def authenticate(
     server_side: bool,
     expected_peer: str | None = None,
     timeout_s: float = DATA_HANDSHAKE_S,
-) -> tuple[Identity, bytes]:
+    unwrap: bool = True,
+) -> tuple[Identity, bytes | trio.SSLStream]:
     """Run the TLS handshake on `stream`, check the peer, unwrap back to the plain stream.
 
     Args:
@@ -46,9 +47,12 @@ async def authenticate(
         expected_peer: the agent id the peer's certificate must name (sender: the tunnel's
             peer agent); None: any agent (receiver: the "hello" is checked against it).
         timeout_s: deadline of handshake and unwrap together.
+        unwrap: False keeps TLS (terra-agent --encrypt-data): no unwrap, the connection goes
+            on inside TLS (AES-GCM as negotiated by the contexts); both ends must agree.
 
     Returns:
-        (the peer's Identity, bytes received past the TLS layer: the first plain bytes).
+        (the peer's Identity, bytes received past the TLS layer: the first plain bytes), or
+        with unwrap=False (the peer's Identity, the trio.SSLStream to use from now on).
 
     Raises:
         DataAuthError: handshake failure (no / untrusted certificate, not TLS), a peer that
@@ -68,6 +72,8 @@ async def authenticate(
                 raise DataAuthError(
                     f"peer certificate names {identity.name!r}, expected {expected_peer!r}"
                 )
+            if not unwrap:
+                return identity, tls
             _, trailing = await tls.unwrap()
     except trio.TooSlowError:
         raise DataAuthError(f"TLS handshake not done within {timeout_s:g} s") from None

@@ -15,6 +15,7 @@ import logging
 import math
 import random
 import socket
+import ssl
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -33,7 +34,12 @@ from overlay.protocol import (
     tunnels_message,
     validate_control,
 )
-from terra_controller.pki import data_client_context, data_server_context
+from terra_controller.pki import (
+    client_context,
+    data_client_context,
+    data_server_context,
+    server_context,
+)
 
 from .agent import Agent, AgentConfig
 
@@ -43,7 +49,9 @@ FLOWS_PER_MESSAGE = 200  # flow descriptors per "flows" message (keeps headers <
 
 
 class ControllerPeer:
-    """In-test controller (plain TCP): ControllerPeer(host="127.0.0.1").
+    """In-test controller: ControllerPeer(host="127.0.0.1", tls=None); tls: a server
+    ssl.SSLContext (terra_controller.pki.server_context) to speak mutual TLS like the real
+    controller, None: plain TCP.
 
     `await nursery.start(peer.serve)` returns the port it listens on. State it keeps and serves:
     tunnels {agent: ([TunnelSpec], [listen port])}, flows {(coflow, flow): FlowSpec},
@@ -54,8 +62,9 @@ class ControllerPeer:
     trio.Event set once the agent acknowledged the state re-sent at its last registration}.
     """
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    def __init__(self, host: str = "127.0.0.1", tls: ssl.SSLContext | None = None) -> None:
         self.host = host
+        self.tls = tls
         self.port: int | None = None
         self.tunnels: dict[str, tuple[list[TunnelSpec], list[int]]] = {}
         self.flows: dict[tuple[str, str], FlowSpec] = {}
@@ -88,9 +97,13 @@ class ControllerPeer:
         while not predicate():
             await self._changed.wait()
 
-    async def _session(self, stream: trio.SocketStream) -> None:
+    async def _session(self, stream: trio.abc.Stream) -> None:
         agent = None
         try:
+            if self.tls is not None:
+                stream = trio.SSLStream(stream, self.tls, server_side=True)
+                with trio.fail_after(10):
+                    await stream.do_handshake()
             async with stream:
                 reader = FrameReader(stream, max_payload=0)
                 writer = FrameWriter(stream)
@@ -117,6 +130,7 @@ class ControllerPeer:
             ProtocolError,
             trio.BrokenResourceError,
             trio.ClosedResourceError,
+            trio.TooSlowError,
             OSError,
         ) as exc:
             log.warning("controller peer: session with %s ended: %s", agent, exc)
@@ -350,10 +364,12 @@ class LoopbackHarness:
     directory relative to workdir (default ".": workdir itself) or absolute, created if missing,
     shared by all agents (they share one host); None: agents without one (file flows refused).
     self.data_root is the resolved Path (or None). pki: a PKI directory (terra_controller.pki)
-    holding a certificate per agent id: in-process agents then authenticate their data
-    connections (AgentConfig.data_tls_server / data_tls_client; the control channel to the
-    in-test controller peer stays plain TCP); None (default): plain data connections. Call
-    `await start()` first. Agent i normally gets host 127.0.0.(i+2).
+    holding a certificate per agent id (and the controller's): agents then authenticate their
+    data connections (AgentConfig.data_tls_server / data_tls_client) and the control channel to
+    the in-test controller peer is mutual TLS too (subprocess agents run with --pki);
+    None (default): plain TCP everywhere. encrypt_data: data connections stay inside TLS
+    (AgentConfig.encrypt_data, terra-agent --encrypt-data; needs pki). Call `await start()`
+    first. Agent i normally gets host 127.0.0.(i+2).
     """
 
     def __init__(
@@ -363,16 +379,20 @@ class LoopbackHarness:
         memory_limit: int = 64 << 20,
         data_root: str | Path | None = ".",
         pki: str | Path | None = None,
+        encrypt_data: bool = False,
     ) -> None:
+        if encrypt_data and pki is None:
+            raise ValueError("encrypt_data needs a pki")
         self.nursery = nursery
         self.pki = pki
+        self.encrypt_data = encrypt_data
         self.workdir = Path(workdir)
         self.memory_limit = memory_limit
         self.data_root: Path | None = None
         if data_root is not None:
             self.data_root = (self.workdir / data_root).resolve()
             self.data_root.mkdir(parents=True, exist_ok=True)
-        self.controller = ControllerPeer()
+        self.controller = ControllerPeer(tls=server_context(pki) if pki is not None else None)
         self.agents: dict[str, AgentHandle] = {}
 
     async def start(self) -> None:
@@ -408,6 +428,8 @@ class LoopbackHarness:
             data_root=str(self.data_root) if self.data_root is not None else None,
             data_tls_server=data_server_context(self.pki, handle.agent_id) if self.pki else None,
             data_tls_client=data_client_context(self.pki, handle.agent_id) if self.pki else None,
+            tls=client_context(self.pki, handle.agent_id) if self.pki else None,
+            encrypt_data=self.encrypt_data,
         )
 
     async def start_agent(self, agent_id: str, subprocess: bool = False) -> None:
@@ -437,8 +459,6 @@ class LoopbackHarness:
             handle.stopped.set()
 
     async def _run_process(self, handle: AgentHandle, task_status=trio.TASK_STATUS_IGNORED):
-        if self.pki is not None:
-            raise ValueError("subprocess agents run --insecure: no pki")
         cfg = self._config(handle)
         cmd = [
             sys.executable,
@@ -457,7 +477,12 @@ class LoopbackHarness:
             "--memory-limit",
             str(cfg.memory_limit),
         ]
-        cmd.append("--insecure")  # ControllerPeer speaks plain TCP
+        if self.pki is None:
+            cmd.append("--insecure")  # ControllerPeer speaks plain TCP
+        else:
+            cmd += ["--pki", str(self.pki)]
+        if self.encrypt_data:
+            cmd.append("--encrypt-data")
         if cfg.data_root is not None:
             cmd += ["--data-root", cfg.data_root]
         try:

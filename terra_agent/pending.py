@@ -24,7 +24,8 @@ PENDING_TIMEOUT_S = 5.0
 class HeldChunk:
     """One held chunk: byte `offset`, `payload`, sender `digest` (or None), and the connection
     it came on (`stream`, its `writer` for the ack, `peer` agent id); `attempt`: the flow's
-    attempt the chunk belongs to (its "a", 0 when absent)."""
+    attempt the chunk belongs to (its "a", 0 when absent); `mac`: its "m" (checked with the
+    flow's key once the descriptor arrives)."""
 
     offset: int
     payload: object
@@ -33,6 +34,7 @@ class HeldChunk:
     writer: FrameWriter
     peer: str
     attempt: int = 0
+    mac: bytes = b""
 
 
 class PendingChunks:

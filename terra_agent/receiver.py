@@ -1,11 +1,16 @@
 """Receiving side of a flow: reorder, hash, write to the sink, decide completion (docs/design.md 5).
 
-A flow is complete when all `size` bytes have been delivered in order and the BLAKE2b digest of
-the delivered bytes equals the sender's (carried as "d" by the chunk that ends the flow).
+A flow is complete when all `size` bytes have been delivered in order and the keyed flow digest
+of the delivered bytes (overlay/integrity.py) equals the sender's (carried as "d" by the chunk
+that ends the flow). Before a chunk is taken at all, admit() checks that it lies on the leaf
+grid, ends at most max_ahead bytes past the in-order point (the spill bound) and that its leaf
+MACs are the flow key's (the one keyed-BLAKE3 pass over its bytes); the verified MACs then
+make the digest as consume() delivers the leaves in order (FlowDigest: no second pass).
 
 Connection tasks only reorder (InFlow.receive); one consumer task per flow (InFlow.consume, run by
-the agent) hashes and writes the in-order bytes in batches in a worker thread, so no connection
-waits for the hash. The acknowledged offset covers only bytes hashed and written to the sink.
+the agent) folds the in-order leaves into the digest and writes the bytes to the sink, large
+batches to a file sink in a worker thread. The acknowledged offset covers only bytes digested
+and written to the sink.
 
 Bytes the reorder buffer spilled to disk come back in bounded batches: a chunk that fills the gap
 queues at most READY_BATCH_BYTES of spilled bytes; the rest stays "ready" in the reorder buffer
@@ -19,18 +24,26 @@ import logging
 
 import trio
 
+from overlay.integrity import LEAF_BYTES, FlowDigest, FlowKeys
 from overlay.protocol import FlowSpec, ProtocolError
 from overlay.reorder import MemoryBudget, ReorderBuffer
 
-from .sources import new_hasher, open_sink
+from .sources import DigestSink, open_sink
 
 log = logging.getLogger(__name__)
 
-THREAD_HASH_BYTES = 256 * 1024  # consume(): queued in-order bytes at least this many are hashed
-# and written in one worker-thread call (hashlib and os.write release the GIL)
+THREAD_HASH_BYTES = 256 * 1024  # consume(): batches at least this large for a file sink are
+# digested and written in one worker-thread call (os.write and BLAKE3 release the GIL); a
+# digest-only sink's batch is folded inline (leaves with verified MACs cost no hashing)
 MAX_QUEUED_BYTES = 16 << 20  # default HashQueue bound of a flow that has no shared one
 READY_BATCH_BYTES = 4 << 20  # spilled (ready) bytes read back and queued at a time, at most
 # (at least one held segment, i.e. one chunk, whatever its size)
+MAX_AHEAD_BYTES = 1 << 30  # default spill bound: a chunk may end this far past the in-order point
+
+
+class ChunkRejected(ProtocolError):
+    """A chunk refused before it reached the flow: bad MAC, or too far ahead (InFlow.admit).
+    Its connection is closed; the sender requeues what was unacknowledged on it."""
 
 
 class HashQueue:
@@ -81,10 +94,13 @@ class InFlow:
     InFlow(spec: FlowSpec, memory_limit: bytes held in memory out of order, spill_dir: str,
     budget: MemoryBudget shared with the agent's other flows or None, queue: HashQueue shared
     with them or None = a HashQueue of MAX_QUEUED_BYTES for this flow alone, data_root: the
-    agent's data root (a "file:PATH" sink's PATH is relative to it) or None = file sinks refused).
+    agent's data root (a "file:PATH" sink's PATH is relative to it) or None = file sinks refused,
+    max_ahead: bytes a chunk may end past the in-order point (the spill bound), spill_prefix:
+    the name prefix of this agent's spill files (overlay/reorder.py remove_spill_files)).
     The sink is opened with resume when spec.offset > 0: a file sink then keeps what its part
-    file (PATH.terra-part) holds and the receiver continues from its length (bytes before it are
-    re-hashed; the sender's digest, if it had arrived, is read back from beside the part file);
+    file (PATH.terra-part) holds, cut to a leaf boundary, and the receiver continues from there
+    (bytes before it are re-hashed into leaf MACs; the sender's digest, if it had arrived, is
+    read back from beside the part file);
     else it starts at 0. A file sink's part file is renamed over PATH only when the digest
     matched (check_digest).
 
@@ -96,7 +112,8 @@ class InFlow:
     failed (digest mismatch or sink write failure message, or None), digest_mismatch (True
     when failed because the digests differ: the controller may restart the flow), reported and
     ack_writer (set by the agent: it told the controller about done / failed; the connection of
-    the latest chunk, where consume()'s progress is acked).
+    the latest chunk, where consume()'s progress is acked), keys (FlowKeys of spec.digest_key),
+    rejected_macs / rejected_ahead (chunks admit() refused).
 
     Raises:
         SourceError: the sink cannot be opened or its path is refused (no data root, absolute,
@@ -111,10 +128,18 @@ class InFlow:
         budget: MemoryBudget | None = None,
         queue: HashQueue | None = None,
         data_root: str | None = None,
+        max_ahead: int = MAX_AHEAD_BYTES,
+        spill_prefix: str = "reorder-",
     ) -> None:
         self.spec = spec
-        self.sink = open_sink(spec.sink, spec.size, resume=spec.offset > 0, data_root=data_root)
-        self.hasher = new_hasher()
+        self.keys = FlowKeys(spec.digest_key, spec.digest_alg)
+        self.max_ahead = max_ahead
+        self.rejected_macs = 0
+        self.rejected_ahead = 0
+        self.sink = open_sink(
+            spec.sink, spec.size, resume=spec.offset > 0, data_root=data_root, align=LEAF_BYTES
+        )
+        self.hasher = FlowDigest(self.keys, spec.size)
         self.base = self.sink.resume_offset
         if self.base:
             self.sink.prefix_hash(self.hasher)
@@ -143,6 +168,7 @@ class InFlow:
                 spill_dir,
                 budget=budget,
                 max_read_bytes=READY_BATCH_BYTES,
+                spill_prefix=spill_prefix,
             )
 
     @property
@@ -151,18 +177,42 @@ class InFlow:
         compared)."""
         return self.delivered >= self.spec.size and not self._pending and not self._busy
 
-    def add(self, offset: int, data, digest: str | None = None) -> None:
+    def admit(self, offset: int, data, macs: bytes) -> None:
+        """Refuse a chunk (ChunkRejected) before anything of it is kept: when it is off the
+        leaf grid (starts off a LEAF_BYTES boundary, or ends off one before the flow's end),
+        ends more than max_ahead bytes past the in-order point (`delivered`), or `macs` is not
+        the flow key's MAC list of `data` at `offset`. One keyed BLAKE3 pass over `data`,
+        inline (cheaper than a worker-thread hand-off, docs/status.md)."""
+        name = f"{self.spec.coflow}/{self.spec.flow}"
+        end = offset + len(data)
+        if offset % LEAF_BYTES or (end % LEAF_BYTES and end != self.spec.size):
+            raise ChunkRejected(f"chunk [{offset}, {end}) of flow {name} is off the leaf grid")
+        if end > self.delivered + self.max_ahead:
+            self.rejected_ahead += 1
+            raise ChunkRejected(
+                f"chunk [{offset}, {end}) of flow {name} ends more than {self.max_ahead} bytes "
+                f"past its in-order point {self.delivered}; closing so the sender resends"
+            )
+        if not self.keys.check(offset, data, macs):
+            self.rejected_macs += 1
+            raise ChunkRejected(
+                f"chunk [{offset}, {end}) of flow {name}: MAC does not match (tampered, or not "
+                "made with the flow's key); dropped, closing so the sender resends"
+            )
+
+    def add(self, offset: int, data, digest: str | None = None, macs: bytes | None = None) -> None:
         """Take a chunk of `data` at byte `offset`; deliver what is now in order to the sink.
 
         Bytes before `delivered` (duplicates) are dropped; `digest` is the sender's flow digest
-        when the chunk ends the flow. Hashes and writes inline, every byte now in order (spilled
-        bytes in batches of READY_BATCH_BYTES); do not mix with receive().
+        when the chunk ends the flow; `macs`: its leaf MACs once admit() verified them (None:
+        its leaves are hashed from the bytes). Digests and writes inline, every byte now in
+        order (spilled bytes in batches of READY_BATCH_BYTES); do not mix with receive().
 
         Raises:
             ProtocolError: the chunk runs past the flow's size, or a different sender digest.
             OSError: the sink or the spill file cannot be written or read.
         """
-        self._accept(offset, data, digest)
+        self._accept(offset, data, digest, macs)
         while True:
             pieces, nbytes = self._take_pending()
             self._consume(pieces)
@@ -172,7 +222,9 @@ class InFlow:
         if self.complete:
             self._finish_data()
 
-    async def receive(self, offset: int, data, digest: str | None = None) -> int:
+    async def receive(
+        self, offset: int, data, digest: str | None = None, macs: bytes | None = None
+    ) -> int:
         """Take a chunk (as add()) from a connection's task without hashing it: the bytes now in
         order are queued for consume(), which runs in its own task. `delivered` moves at once,
         `acknowledged` once consume() has hashed and written the bytes. Waits while more than
@@ -188,7 +240,7 @@ class InFlow:
             ProtocolError: as add().
         """
         before = self.delivered
-        self._accept(offset, data, digest)
+        self._accept(offset, data, digest, macs)
         made = self.delivered - before  # before waiting: other chunks may deliver meanwhile
         if self._pending or self.ready_bytes:
             self._queued.set()
@@ -200,7 +252,8 @@ class InFlow:
         """Hash and write every in-order byte queued by receive(), in delivery order; waits for
         some when none are queued. One task per flow calls it in a loop.
 
-        Batches of THREAD_HASH_BYTES or more go to a worker thread in one call; a batch is what
+        Batches of THREAD_HASH_BYTES or more for a file sink go to a worker thread in one
+        call (digest-only sinks: inline, folding verified leaf MACs costs ~nothing); a batch is what
         arrived while the previous one was hashed, so thread calls per byte fall as the load
         rises and connections never wait for the hash. When nothing is queued but the reorder
         buffer holds ready bytes (spilled bytes after a gap was filled), the next batch of
@@ -235,7 +288,7 @@ class InFlow:
         pieces, nbytes = self._take_pending()
         self._busy = True
         try:
-            if nbytes >= THREAD_HASH_BYTES:
+            if nbytes >= THREAD_HASH_BYTES and not isinstance(self.sink, DigestSink):
                 await trio.to_thread.run_sync(self._consume, pieces)
             else:
                 self._consume(pieces)
@@ -277,10 +330,10 @@ class InFlow:
         self._queue._take(nbytes)
         return pieces, nbytes
 
-    def _accept(self, offset: int, data, digest: str | None) -> None:
-        """Check a chunk, keep the sender's digest, queue the bytes now in order in _pending.
-        A failed flow queues nothing more."""
-        end = offset + len(data)
+    def _accept(self, offset: int, data, digest: str | None, macs: bytes | None = None) -> None:
+        """Check a chunk, keep the sender's digest, queue the bytes now in order in _pending,
+        remember its verified leaf MACs for the digest. A failed flow queues nothing more."""
+        start, end = offset, offset + len(data)
         if end > self.spec.size:
             raise ProtocolError(
                 f"chunk [{offset}, {end}) runs past flow {self.spec.coflow}/{self.spec.flow} "
@@ -298,7 +351,10 @@ class InFlow:
             data = memoryview(data)[self.base - offset :]
             offset = self.base
         before = self._reorder.delivered
-        self._queue_pieces(self._reorder.add(offset - self.base, data), before)
+        pieces = self._reorder.add(offset - self.base, data)
+        if macs:
+            self.hasher.know(start, macs)  # the chunk's own (leaf-aligned) offset
+        self._queue_pieces(pieces, before)
 
     def _queue_ready(self) -> int:
         """Queue the next batch (READY_BATCH_BYTES) of the reorder buffer's ready bytes in

@@ -1,8 +1,9 @@
 """Sending side: flows, FlowGroups with per-path token buckets, and peer links (docs/design.md 5).
 
 - OutFlow: one flow's sender state. New bytes are read from the source in order (and hashed for
-  the flow digest); unacknowledged ranges that must be resent sit in `resend` and are re-read from
-  the (re-readable) source.
+  the keyed flow digest, overlay/integrity.py); each chunk sent gets its keyed MAC.
+  Unacknowledged ranges that must be resent sit in `resend` and are re-read from the
+  (re-readable) source.
 - PeerLink: the persistent TCP connection to one peer agent over one tunnel (the tunnel's own
   destination port). It remembers the chunk ranges sent on it and not yet acknowledged; when the
   connection fails or the tunnel is removed they go back to their flows' resend queues, so the
@@ -17,25 +18,24 @@ from __future__ import annotations
 import logging
 import math
 import socket
-import threading
 from collections import deque
 
 import trio
 
 from overlay.framing import FrameError, FrameReader, FrameWriter, chunk_header
+from overlay.integrity import LEAF_BYTES, FlowDigest, FlowKeys, align_down
 from overlay.protocol import FlowSpec, ProtocolError, TunnelSpec, validate_data
 from overlay.rate_limit import TokenBucket
 
 from .data_auth import DataAuthError, authenticate
-from .sources import MAX_CHUNK_BYTES, new_hasher
+from .sources import MAX_CHUNK_BYTES
 
 log = logging.getLogger(__name__)
 
-MIN_CHUNK_BYTES = 4 * 1024
+MIN_CHUNK_BYTES = LEAF_BYTES  # chunks hold whole 64 KiB leaves (overlay/integrity.py)
 CHUNK_SECONDS = 0.01  # a chunk is about this much of its path's rate (rate_limit.py advice)
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
-THREAD_HASH_BYTES = 4 << 20  # unhashed bytes of a flow at which a worker thread hashes them
 MIN_UNSENT_BYTES = 16 * 1024  # data connections queue in the kernel at most one chunk of unsent
 # bytes, and at least this many (trio's default TCP_NOTSENT_LOWAT for every SocketStream)
 DEAD_PEER_S = 10.0  # a silent peer (no acks, no keepalive answers) is dropped after this long
@@ -91,41 +91,41 @@ def allow_unsent_bytes(stream: trio.SocketStream, nbytes: int) -> None:
 
 
 def chunk_bytes(rate: float) -> int:
-    """Chunk size for a path at `rate` bytes/s: rate * 10 ms, clamped to [4 KiB, 4 MiB]
-    (MAX_CHUNK_BYTES)."""
+    """Chunk size for a path at `rate` bytes/s: rate * 10 ms rounded down to whole 64 KiB
+    leaves, clamped to [64 KiB, 4 MiB] (MIN_CHUNK_BYTES, MAX_CHUNK_BYTES). Below 6.5 MB/s a
+    chunk is more than 10 ms of the rate (the token bucket then sends coarser bursts)."""
     if not math.isfinite(rate):
         return MAX_CHUNK_BYTES
-    return int(min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, rate * CHUNK_SECONDS)))
+    n = int(min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, rate * CHUNK_SECONDS)))
+    return align_down(n)
 
 
 class OutFlow:
     """Sender state of one flow.
 
-    OutFlow(spec: FlowSpec, source): starts at spec.offset (bytes before it are re-read and hashed
-    so the digest covers the whole flow). Attributes: acked (bytes the receiver acknowledged),
-    next_offset (new-data frontier), resend (deque of (offset, length) to send again), digest (hex,
-    once every byte was hashed: new bytes are hashed in a worker thread by hash_pending(), the
-    rest inline when the last chunk is taken), epoch (receiver incarnation of the last ack).
+    OutFlow(spec: FlowSpec, source): starts at spec.offset (rounded down to a leaf boundary;
+    bytes before it are re-read and their leaf MACs made, so the digest covers the whole flow).
+    keys: the flow's FlowKeys (spec.digest_key). Attributes: acked (bytes the receiver
+    acknowledged), next_offset (new-data frontier), resend (deque of (offset, length) to send
+    again), digest (hex flow digest, once the MACs of every byte were made: the MACs of new
+    chunks are made inline by take(), one keyed BLAKE3 pass, and fold into it), epoch
+    (receiver incarnation of the last ack). Chunks start on leaf boundaries
+    (overlay/integrity.py LEAF_BYTES) and hold whole leaves but at the flow's end.
     """
 
     def __init__(self, spec: FlowSpec, source) -> None:
         self.spec = spec
         self.source = source
-        self.hasher = new_hasher()
+        self.keys = FlowKeys(spec.digest_key, spec.digest_alg)
+        self._digest = FlowDigest(self.keys, spec.size)
         self.next_offset = 0
         self.digest: str | None = None
-        self.acked = spec.offset
+        self.acked = spec.offset if spec.offset >= spec.size else align_down(spec.offset)
         self.resend: deque[tuple[int, int]] = deque()
         self.epoch: int | None = None
         self.reported = -1
         self.failed: str | None = None
-        # New bytes handed out by take() but not hashed yet, in offset order; hashed by
-        # hash_pending() in a worker thread, or inline by _flush_hash() when the digest is due.
-        self._unhashed: deque = deque()
-        self._hashed = 0
-        self._hash_lock = threading.Lock()  # one hasher of _unhashed at a time, in order
-        self._hashing = False
-        self._hash_to(spec.offset)
+        self._hash_to(self.acked)
 
     @property
     def done(self) -> bool:
@@ -133,46 +133,20 @@ class OutFlow:
         return self.acked >= self.spec.size
 
     def _hash_to(self, offset: int) -> None:
-        """Advance the new-data frontier to `offset`, hashing the bytes it passes."""
-        self._flush_hash()
-        with self._hash_lock:
-            while self.next_offset < offset:
-                data = self.source.read(
-                    self.next_offset, min(MAX_CHUNK_BYTES, offset - self.next_offset)
-                )
-                self.hasher.update(data)
-                self.next_offset += len(data)
-                self._hashed += len(data)
-            if self._hashed >= self.spec.size and self.digest is None:
-                self.digest = self.hasher.hexdigest()
+        """Advance the new-data frontier to `offset` (a leaf boundary or the flow's size),
+        making and folding the MACs of the bytes it passes."""
+        while self.next_offset < offset:
+            n = min(MAX_CHUNK_BYTES, offset - self.next_offset)
+            self._new_macs(self.next_offset, self.source.read(self.next_offset, n))
 
-    def _hash(self, data) -> None:
-        """Hand out new bytes: move the frontier; the bytes are queued for hashing."""
-        self.next_offset += len(data)
-        self._unhashed.append(data)
-
-    def _flush_hash(self) -> None:
-        """Hash every queued byte now (worker thread or this one); sets digest at the end."""
-        with self._hash_lock:
-            while self._unhashed:
-                data = self._unhashed.popleft()
-                self.hasher.update(data)
-                self._hashed += len(data)
-            if self._hashed >= self.spec.size and self.digest is None:
-                self.digest = self.hasher.hexdigest()
-
-    async def hash_pending(self) -> None:
-        """Hash queued bytes in a worker thread once there are THREAD_HASH_BYTES of them
-        (hashlib releases the GIL: hashing overlaps the other paths' sends)."""
-        # next_offset - _hashed: next_offset is written by this thread only, _hashed under the
-        # lock (a shared += / -= counter could lose updates between threads)
-        if self._hashing or self.next_offset - self._hashed < THREAD_HASH_BYTES:
-            return
-        self._hashing = True
-        try:
-            await trio.to_thread.run_sync(self._flush_hash)
-        finally:
-            self._hashing = False
+    def _new_macs(self, offset: int, data) -> bytes:
+        """MACs of new bytes at the frontier; folds them into the digest, moves the frontier."""
+        macs = self.keys.leaf_macs(offset, data)
+        self._digest.add_macs(offset, macs, len(data))
+        self.next_offset = offset + len(data)
+        if self.next_offset >= self.spec.size and self.digest is None:
+            self.digest = self._digest.hexdigest()
+        return macs
 
     def has_work(self) -> bool:
         """True when there is something to send (a resend or new bytes)."""
@@ -180,8 +154,9 @@ class OutFlow:
             self.resend.popleft()
         return bool(self.resend) or (self.next_offset < self.spec.size and not self.done)
 
-    def take(self, max_len: int) -> tuple[int, object, str | None] | None:
-        """Next chunk to send: (offset, data, digest if the chunk ends the flow else None).
+    def take(self, max_len: int) -> tuple[int, object, bytes, str | None] | None:
+        """Next chunk to send: (offset, data, its leaf MACs, digest if the chunk ends the flow
+        else None). max_len: most bytes, a multiple of LEAF_BYTES.
 
         Resends (unacknowledged ranges of failed connections) come first, then new bytes.
         Returns None when there is nothing to send.
@@ -191,7 +166,7 @@ class OutFlow:
             end = offset + length
             if end <= self.acked:
                 continue
-            offset = max(offset, self.acked)
+            offset = align_down(max(offset, self.acked))
             n = min(max_len, end - offset)
             if offset + n < end:
                 self.resend.appendleft((offset + n, end - offset - n))
@@ -199,23 +174,18 @@ class OutFlow:
         if self.done or self.next_offset >= self.spec.size:
             return None
         offset = self.next_offset
-        n = min(max_len, self.spec.size - offset)
-        data = self.source.read(offset, n)
-        self._hash(data)
-        if offset + n < self.spec.size:
-            return offset, data, None
-        self._flush_hash()  # the last chunk carries the digest
-        return offset, data, self.digest
+        data = self.source.read(offset, min(max_len, self.spec.size - offset))
+        macs = self._new_macs(offset, data)
+        return offset, data, macs, self.digest if self.next_offset >= self.spec.size else None
 
-    def _chunk(self, offset: int, n: int) -> tuple[int, object, str | None]:
+    def _chunk(self, offset: int, n: int) -> tuple[int, object, bytes, str | None]:
+        """A resent chunk: re-read and MACed again (a pass over resent bytes only)."""
         end = offset + n
         if end > self.next_offset:  # only after a jump; keep the digest complete
             self._hash_to(end)
         data = self.source.read(offset, n)
-        if end < self.spec.size:
-            return offset, data, None
-        self._flush_hash()
-        return offset, data, self.digest
+        macs = self.keys.leaf_macs(offset, data)
+        return offset, data, macs, self.digest if end >= self.spec.size else None
 
     def on_ack(self, offset: int, epoch: int) -> bool:
         """Apply a receiver ack (delivered `offset`, receiver `epoch`); True if work was added.
@@ -246,7 +216,7 @@ class OutFlow:
         if offset > self.acked:
             self.acked = offset
             if offset > self.next_offset:
-                self._hash_to(offset)
+                self._hash_to(offset if offset >= self.spec.size else align_down(offset))
         return False
 
     def requeue(self, offset: int, length: int) -> bool:
@@ -265,9 +235,11 @@ class PeerLink:
     """Persistent connection to `spec.peer_agent` over tunnel `spec.tunnel`.
 
     PeerLink(spec: TunnelSpec, agent_id: str, local_host: str|None, on_ack, on_change,
-    tls=None). tls: the agent's data client context (terra_controller.pki.data_client_context):
-    each connection first authenticates (terra_agent/data_auth.py: mutual TLS handshake, the
-    peer's certificate must name spec.peer_agent, then back to plain TCP); None: plain TCP.
+    tls=None, encrypt=False). tls: the agent's data client context
+    (terra_controller.pki.data_client_context): each connection first authenticates
+    (terra_agent/data_auth.py: mutual TLS handshake, the peer's certificate must name
+    spec.peer_agent, then back to plain TCP, or with encrypt=True everything stays inside TLS);
+    None: plain TCP.
     on_ack(coflow, flow, offset, epoch, attempt) is called for each ack frame (attempt: its "a",
     0 when absent); on_change() when the link
     goes up or down (so idle path tasks look again). run() connects, sends "hello", reads acks
@@ -275,10 +247,18 @@ class PeerLink:
     """
 
     def __init__(
-        self, spec: TunnelSpec, agent_id: str, local_host, on_ack, on_change, tls=None
+        self,
+        spec: TunnelSpec,
+        agent_id: str,
+        local_host,
+        on_ack,
+        on_change,
+        tls=None,
+        encrypt: bool = False,
     ) -> None:
         self.spec = spec
         self.tls = tls
+        self.encrypt = encrypt and tls is not None
         self.agent_id = agent_id
         self.local_host = local_host
         self.on_ack = on_ack
@@ -334,19 +314,27 @@ class PeerLink:
             detect_dead_peers(stream, TUNNEL_DEAD_PEER_S)
             self._unsent_limit = MIN_UNSENT_BYTES  # trio's setting
             async with stream:
-                initial = b""
-                if self.tls is not None:  # authenticate, then plain TCP (data_auth.py)
-                    _, initial = await authenticate(
-                        stream, self.tls, server_side=False, expected_peer=self.spec.peer_agent
+                initial, channel = b"", stream
+                if self.tls is not None:  # authenticate, then plain TCP or TLS (data_auth.py)
+                    _, rest = await authenticate(
+                        stream,
+                        self.tls,
+                        server_side=False,
+                        expected_peer=self.spec.peer_agent,
+                        unwrap=not self.encrypt,
                     )
-                writer = FrameWriter(stream)
+                    if self.encrypt:
+                        channel = rest
+                    else:
+                        initial = rest
+                writer = FrameWriter(channel)
                 hello = {"t": "hello", "agent": self.agent_id, "tunnel": self.spec.tunnel}
                 await writer.send(hello)
                 self.writer = writer
                 self.connects += 1
                 log.info("link %s via %s up (connect #%d)", *self._name(), self.connects)
                 self.on_change()
-                await self._read_acks(FrameReader(stream, initial=initial))
+                await self._read_acks(FrameReader(channel, initial=initial))
 
     async def _read_acks(self, reader: FrameReader) -> None:
         while True:
@@ -380,9 +368,16 @@ class PeerLink:
             self.on_change()
 
     async def send_chunk(
-        self, flow: OutFlow, offset: int, data, digest: str | None, chunk_size: int = 0
+        self,
+        flow: OutFlow,
+        offset: int,
+        data,
+        macs: bytes,
+        digest: str | None,
+        chunk_size: int = 0,
     ) -> bool:
-        """Send one chunk; False (and the link is torn down, chunk requeued) if that failed.
+        """Send one chunk (`macs`: its leaf MACs, OutFlow.take); False (and the link is torn
+        down, chunk requeued) if that failed.
 
         chunk_size: the path's chunk size in bytes (chunk_bytes of its rate); the connection may
         queue that many unsent bytes in the kernel (allow_unsent_bytes), at least 16 KiB.
@@ -395,7 +390,7 @@ class PeerLink:
         if limit != self._unsent_limit and self._stream is not None:
             allow_unsent_bytes(self._stream, limit)
             self._unsent_limit = limit
-        header = chunk_header(flow.spec.coflow, flow.spec.flow, offset, data)
+        header = chunk_header(flow.spec.coflow, flow.spec.flow, offset, data, macs)
         if digest is not None:
             header["d"] = digest
         if flow.spec.attempt:
@@ -496,7 +491,8 @@ class FlowGroupSender:
                 self._spawn(self._path_loop, tunnel)
 
     def _take(self, max_len: int, tunnel: str):
-        """Next (flow, link, offset, data, digest) for `tunnel`, flows in arrival order, or None.
+        """Next (flow, link, offset, data, macs, digest) for `tunnel`, flows in arrival order,
+        or None.
 
         A flow whose source fails is dropped from the group and reported through on_error.
         """
@@ -547,9 +543,8 @@ class FlowGroupSender:
                         n = fresh
                         await bucket.acquire(n)
                     item = self._take(n, tunnel)
-                flow, link, offset, data, digest = item
-                if await link.send_chunk(flow, offset, data, digest, n):
+                flow, link, offset, data, macs, digest = item
+                if await link.send_chunk(flow, offset, data, macs, digest, n):
                     self.sent_bytes[tunnel] += len(data)
-                await flow.hash_pending()
         finally:
             self._running.discard(tunnel)

@@ -5,13 +5,13 @@ Sources (re-readable, so unacknowledged chunks can be re-read and resent, docs/d
                  from a generator seeded by BLAKE2b(flow key), repeated; reads are zero-copy slices.
     "file:PATH"  bytes of a file on the sending host (os.pread).
 Sinks:
-    "digest"     keep nothing (the receiver hashes the delivered bytes anyway).
+    "digest"     keep nothing (the receiver computes the flow digest of the bytes anyway).
     "file:PATH"  write the delivered bytes, in order, to PATH.terra-part beside the destination
                  on the receiving host; the part file's length is the durable delivered offset, so
-                 a restarted receiver resumes from it; the sender's digest is kept in
-                 PATH.terra-part.blake2b once it has arrived. Only when every byte is in and the
-                 digest matched is the part file renamed over PATH (FileSink.commit): an existing
-                 PATH is untouched by a flow that never completes.
+                 a restarted receiver resumes from it; the sender's flow digest is kept in
+                 PATH.terra-part.digest ("<algorithm> <hex>") once it has arrived. Only when
+                 every byte is in and the digest matched is the part file renamed over PATH
+                 (FileSink.commit): an existing PATH is untouched by a flow that never completes.
 
 File paths (issue 10 item 3): PATH is relative to the agent's data root (terra-agent
 --data-root); resolve_data_path() resolves it (symlinks, "..") and refuses absolute paths and
@@ -27,11 +27,13 @@ import stat
 
 import numpy as np
 
+from overlay.integrity import ALGORITHM, FlowDigest, FlowKeys
+
 SYNTHETIC_PERIOD = 1_052_673  # odd: chunk-aligned pieces at different offsets differ
 MAX_CHUNK_BYTES = 4 << 20  # = framing.MAX_PAYLOAD_BYTES: fewer frames, system calls, acks per GB
 _REHASH_BYTES = 4 << 20
 PART_SUFFIX = ".terra-part"  # FileSink writes PATH + PART_SUFFIX, renamed over PATH when done
-DIGEST_SUFFIX = ".blake2b"  # the sender's digest of a part file: PATH + PART_SUFFIX + this
+DIGEST_SUFFIX = ".digest"  # the sender's flow digest of a part file: PATH + PART_SUFFIX + this
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -227,16 +229,19 @@ class FileSink:
     renames the complete part file over it (the receiver calls it once the digest matched), so
     an existing destination survives a flow that never completes. With resume=True an existing
     part file is kept and its length (at most `size`) is the resume offset; otherwise the part
-    file is truncated and a stale saved digest removed. prefix_hash(hasher) feeds the kept prefix
-    to a hasher so the receiver's digest covers it. The part file is created at once (O_NOFOLLOW)
-    but held open only from the first write to close().
+    file is truncated and a stale saved digest removed; align: the resume offset is cut down
+    to a multiple of it (unless the part file is complete). prefix_hash(hasher) feeds the kept
+    prefix to a hasher (integrity.FlowDigest) so the receiver's digest covers it. The part
+    file is created at once (O_NOFOLLOW) but held open only from the first write to close().
 
     Raises:
         SourceError: the destination is a directory, or the part file cannot be created or
             truncated (missing directory, permissions, a symlink in its place).
     """
 
-    def __init__(self, path: str, size: int, resume: bool, name: str | None = None) -> None:
+    def __init__(
+        self, path: str, size: int, resume: bool, name: str | None = None, align: int = 1
+    ) -> None:
         self.path = path
         self.name = name if name is not None else path
         self.part_path = path + PART_SUFFIX
@@ -254,6 +259,8 @@ class FileSink:
                     raise SourceError(f"part file of sink {self.name!r} is not a regular file")
                 length = st.st_size if resume else 0
                 self.resume_offset = min(length, size)
+                if self.resume_offset < size:  # resume on a leaf boundary (align)
+                    self.resume_offset -= self.resume_offset % align
                 os.ftruncate(fd, self.resume_offset)
             finally:
                 os.close(fd)
@@ -274,20 +281,22 @@ class FileSink:
                 left -= len(data)
 
     def save_digest(self, digest: str) -> None:
-        """Keep the sender's digest (hex str) beside the part file, so a restarted receiver can
-        still verify; OSError if it cannot be written."""
+        """Keep the sender's flow digest (hex str) beside the part file as "<ALGORITHM> <hex>",
+        so a restarted receiver can still verify; OSError if it cannot be written."""
         fd = os.open(self.digest_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644)
         with open(fd, "w") as f:
-            f.write(digest + "\n")
+            f.write(f"{ALGORITHM} {digest}\n")
 
     def load_digest(self) -> str | None:
-        """The sender's digest saved by save_digest, or None."""
+        """The sender's digest saved by save_digest, or None (none saved, unreadable, or made
+        by another algorithm)."""
         try:
             fd = os.open(self.digest_path, os.O_RDONLY | _NOFOLLOW)
             with open(fd) as f:
-                return f.read().strip() or None
+                algorithm, _, digest = f.read().strip().partition(" ")
         except (OSError, UnicodeDecodeError):
             return None
+        return digest if algorithm == ALGORITHM and digest else None
 
     def write(self, data) -> None:
         """Append `data` (bytes-like) to the part file (opened on the first write)."""
@@ -333,13 +342,14 @@ def _unlink_if_present(path: str) -> None:
         pass
 
 
-def open_sink(spec: str, size: int, resume: bool, data_root: str | None = None):
+def open_sink(spec: str, size: int, resume: bool, data_root: str | None = None, align: int = 1):
     """Open a flow's sink from its descriptor string ("digest" or "file:PATH").
 
     Args:
         spec: the descriptor; PATH is relative to `data_root` (resolve_data_path) and must not
             end in PART_SUFFIX or PART_SUFFIX + DIGEST_SUFFIX (another flow's working files).
-        size: the flow's bytes; resume: keep what an existing part file holds (FileSink).
+        size: the flow's bytes; resume: keep what an existing part file holds (FileSink),
+        cut down to a multiple of `align` bytes unless it is complete.
         data_root: the agent's data root, or None: every "file:" sink is refused.
 
     Returns DigestSink or FileSink (both have .resume_offset, .write(data), .commit(),
@@ -352,19 +362,15 @@ def open_sink(spec: str, size: int, resume: bool, data_root: str | None = None):
         name = spec[5:]
         if name.endswith((PART_SUFFIX, PART_SUFFIX + DIGEST_SUFFIX)):
             raise SourceError(f"sink path {name!r} refused: {PART_SUFFIX} names are reserved")
-        return FileSink(resolve_data_path(data_root, name, "sink"), size, resume, name)
+        return FileSink(resolve_data_path(data_root, name, "sink"), size, resume, name, align)
     raise SourceError(f"unknown sink {spec!r}")
 
 
-def new_hasher():
-    """The flow digest: hashlib.blake2b (64-byte digest); .hexdigest() is what is compared."""
-    return hashlib.blake2b()
-
-
-def synthetic_digest(coflow: str, flow: str, size: int) -> str:
-    """BLAKE2b hex digest of a synthetic flow's bytes (for tests and checks)."""
+def synthetic_digest(coflow: str, flow: str, size: int, key_hex: str) -> str:
+    """Flow digest (overlay/integrity.py) of a synthetic flow's bytes under the flow key
+    `key_hex` (for tests and checks)."""
     source = SyntheticSource(flow_key(coflow, flow), size)
-    hasher = new_hasher()
+    hasher = FlowDigest(FlowKeys(key_hex), size)
     offset = 0
     while offset < size:
         n = min(MAX_CHUNK_BYTES, size - offset)

@@ -203,6 +203,7 @@ class AgentChannel:
                     reaction.pending.discard(msg_id)
                     if not reaction.pending:
                         reaction.applied_at = now
+                        self.controller.metrics.reaction.observe(now - reaction.event_at)
             self.ack_event.notify_all()
             after = self.after_ack.pop(msg_id, None)
         if after is not None:
@@ -321,6 +322,7 @@ class AgentChannel:
             except RegistryError as exc:
                 LOG.info("agent %s: inflight report: %s", info.id, exc)
         LOG.info("agent %s registered in %s at %s", info.id, info.dc, info.data_addr)
+        self.controller.metrics.registrations.inc()
         conn.send({"t": "registered", "agent": info.id})
         self.apply_inflight()
         self.push_tunnels()
@@ -543,6 +545,9 @@ class AgentChannel:
                 reaction.pending -= set(self.acks)  # acks that raced ahead
                 if not reaction.pending:
                     reaction.applied_at = time.monotonic()
+                    self.controller.metrics.reaction.observe(
+                        reaction.applied_at - reaction.event_at
+                    )
                 self.reactions.append(reaction)
                 self.reaction_count += 1
         return sent
@@ -589,7 +594,8 @@ def _log_refused(agent: str, kind: str, exc: RegistryError) -> None:
 
 def flow_spec(coflow: CoflowState, f: FlowState) -> protocol.FlowSpec:
     """The descriptor agents get for a WAN flow: offset = bytes acknowledged so far,
-    attempt = the flow's restarts, "file:PATH" source / sink when it names paths."""
+    attempt = the flow's restarts, digest_key = the attempt's flow key, "file:PATH" source /
+    sink when it names paths."""
     return protocol.FlowSpec(
         coflow=coflow_key(coflow.id),
         flow=f.id,
@@ -601,6 +607,7 @@ def flow_spec(coflow: CoflowState, f: FlowState) -> protocol.FlowSpec:
         source=f"file:{f.src_path}" if f.src_path else "synthetic",
         sink=f"file:{f.dst_path}" if f.dst_path else "digest",
         attempt=f.restarts,
+        digest_key=f.digest_key,
     )
 
 

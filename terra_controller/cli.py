@@ -2,15 +2,20 @@
 
 Run:
     terra-controller --topology {swan,gscale,att,PATH} (--pki DIR | --insecure) [--k K]
-        [--scheduler NAME] [--alpha A] [--epsilon E] [--delta D] [--of-port 6653] [--api HOST:PORT]
+        [--scheduler NAME] [--alpha A] [--epsilon E] [--delta D] [--of-port 6653]
+        [--port-stats-s S] [--api HOST:PORT]
         [--agents HOST:PORT] [--rest HOST:PORT] [--rest-public] [--no-openflow]
         [--agent-timeout S] [--keep-finished N] [--keep-finished-s S] [--max-restarts N]
-        [--log-level LEVEL]
+        [--log-level LEVEL] [--version]
 
 Certificates (docs/security.md):
 
     terra-controller pki init DIR [--host NAME_OR_IP ...]   CA + controller certificate
     terra-controller pki issue DIR --role {agent,job,operator} NAME
+
+Every option and operand is described by `terra-controller --help`,
+`terra-controller pki issue --help`, `terra-controller ctl --help`,
+`terra-controller ctl capacity --help`, ...; docs/operations.md describes a deployment.
 
 It starts the coflow API, the agent channel and the REST server on os-ken's hub
 (threads), a round runner, and (without --no-openflow) os-ken's AppManager with
@@ -28,7 +33,8 @@ changes come from the operator:
     terra-controller ctl ... capacity A B BYTES_PER_S
     terra-controller ctl ... list | status ID | cancel ID
 
-(the same operations are API requests "link_state" / "capacity", see api_server.py).
+(the same operations are API requests "link_state" / "capacity", see api_server.py;
+docs/operations.md lists them).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import signal
 import sys
 import time
 
+from terra_core.cli_support import HelpFormatter, add_common_args, setup_logging
 from terra_core.registry import add_scheduler_arguments, make_scheduler, options_from_args
 from topologies import TopologyError, load_topology
 
@@ -60,22 +67,55 @@ def parse_addr(text: str) -> tuple[str, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The controller's argument parser."""
-    p = argparse.ArgumentParser(prog="terra-controller", description=__doc__.splitlines()[0])
-    p.add_argument("--topology", required=True, help="swan, gscale, att, or a JSON/GraphML file")
+    """The parser of `terra-controller`: the run options, and the `pki` and `ctl` commands.
+
+    Without a command it runs the controller; --topology and one of --pki / --insecure are
+    then required (checked by `main`, since the commands do not take them).
+    """
+    p = argparse.ArgumentParser(
+        prog="terra-controller",
+        usage="%(prog)s --topology T (--pki DIR | --insecure) [options]\n"
+        "       %(prog)s pki {init,issue} ...\n"
+        "       %(prog)s ctl [--api HOST:PORT] (--pki DIR --name NAME | --insecure) OP ...",
+        description="The Terra controller: routes and schedules the coflows of the job "
+        "masters on the WAN (coflow API), drives the agents (agent channel), installs the "
+        "tunnels on OpenFlow 1.3 switches and serves REST and Prometheus metrics. The `pki` "
+        "command makes certificates; `ctl` sends operator and job commands to a running "
+        "controller. docs/operations.md describes a deployment.",
+        formatter_class=HelpFormatter,
+    )
+    commands = p.add_subparsers(
+        dest="command", title="commands", metavar="{pki,ctl}", prog="terra-controller"
+    )
+    add_pki_parser(commands)
+    add_ctl_parser(commands)
+    p.add_argument(
+        "--topology", metavar="T", help="swan, gscale, att, or a JSON/GraphML file (required)"
+    )
     add_scheduler_arguments(p)  # --scheduler, --k, --alpha, --epsilon, --delta (registry)
-    p.add_argument("--of-host", default="127.0.0.1", help="OpenFlow listen address")
-    p.add_argument("--of-port", type=int, default=6653, help="OpenFlow listen port")
+    p.add_argument("--of-host", metavar="HOST", default="127.0.0.1", help="OpenFlow listen address")
+    p.add_argument("--of-port", type=int, metavar="PORT", default=6653, help="OpenFlow listen port")
     p.add_argument(
         "--port-stats-s", type=float, default=1.0, metavar="S",
         help="poll every switch's port counters every S seconds (REST /links, /metrics); "
-        "0: never (default 1)",
+        "0: never",
     )  # fmt: skip
-    p.add_argument("--api", type=parse_addr, default=("127.0.0.1", 6700), help="coflow API")
-    p.add_argument("--agents", type=parse_addr, default=("127.0.0.1", 6701), help="agent channel")
-    p.add_argument("--rest", type=parse_addr, default=("127.0.0.1", 8080), help="REST (HTTP)")
-    auth = p.add_mutually_exclusive_group(required=True)
-    auth.add_argument("--pki", help="PKI directory (ca.crt, controller.crt, controller.key)")
+    p.add_argument(
+        "--api", type=parse_addr, default="127.0.0.1:6700", metavar="HOST:PORT",
+        help="coflow API (job masters, operators)",
+    )  # fmt: skip
+    p.add_argument(
+        "--agents", type=parse_addr, default="127.0.0.1:6701", metavar="HOST:PORT",
+        help="agent channel",
+    )  # fmt: skip
+    p.add_argument(
+        "--rest", type=parse_addr, default="127.0.0.1:8080", metavar="HOST:PORT",
+        help="REST and /metrics (HTTPS)",
+    )  # fmt: skip
+    auth = p.add_mutually_exclusive_group()
+    auth.add_argument(
+        "--pki", metavar="DIR", help="PKI directory (ca.crt, controller.crt, controller.key)"
+    )
     auth.add_argument(
         "--insecure", action="store_true", help="plain TCP, no authentication (labs only)"
     )
@@ -84,38 +124,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-openflow", action="store_true", help="no switches: logical tunnels")
     p.add_argument(
-        "--agent-timeout", type=float, default=60.0,
-        help="seconds an agent may be disconnected before its unfinished coflows fail (60)",
+        "--agent-timeout", type=float, default=60.0, metavar="S",
+        help="seconds an agent may be disconnected before its unfinished coflows fail",
     )  # fmt: skip
     p.add_argument(
-        "--keep-finished", type=int, default=10_000,
-        help="finished coflows kept in memory for status requests (10000)",
+        "--keep-finished", type=int, default=10_000, metavar="N",
+        help="finished coflows kept in memory for status requests",
     )  # fmt: skip
     p.add_argument(
-        "--keep-finished-s", type=float, default=None,
+        "--keep-finished-s", type=float, default=None, metavar="S",
         help="seconds a finished coflow is kept in memory (default: no age bound)",
     )  # fmt: skip
     p.add_argument(
-        "--max-restarts", type=int, default=3,
-        help="re-transfers of a flow after digest mismatches before it fails (3)",
+        "--max-restarts", type=int, default=3, metavar="N",
+        help="re-transfers of a flow after digest mismatches before it fails",
     )  # fmt: skip
-    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
+    add_common_args(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point (`terra-controller`)."""
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "ctl":
-        return ctl_main(argv[1:])
-    if argv and argv[0] == "pki":
-        return pki_main(argv[1:])
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.command == "ctl":
+        return run_ctl(args)
+    if args.command == "pki":
+        return run_pki(args)
+    if args.topology is None:
+        p.error("the following arguments are required: --topology")
+    if args.pki is None and not args.insecure:
+        p.error("one of the arguments --pki --insecure is required")
+    setup_logging(args.log_level)
     if args.k < 1:
         raise SystemExit("terra-controller: --k must be >= 1")
     if args.agent_timeout <= 0 or args.keep_finished < 0 or args.max_restarts < 0:
@@ -186,9 +226,11 @@ def run(args, topology, security) -> None:
         def ports():
             return app.port_stats.wan_links(time.monotonic())
 
-        def openflow_info():
+        def openflow_info(detail: bool = True):
+            """The OpenFlow app's rules and counters for REST (detail: every rule too)."""
             with app.lock:
-                entries = list(app.entries)
+                entries = list(app.entries) if detail else []
+                per_switch = dict(app.flow_mods_per_switch)
             rules: dict[str, list] = {}
             for e in entries:
                 rules.setdefault(str(e.dpid), []).append(
@@ -199,6 +241,7 @@ def run(args, topology, security) -> None:
                 "installed": app.installed,
                 "rules_per_switch": app.rules_per_switch(),
                 "flow_mods": app.flow_mods_sent,
+                "flow_mods_per_switch": per_switch,
                 "flow_mods_at_install": app.flow_mods_at_install,
                 "rules": rules,
             }
@@ -298,8 +341,8 @@ def start_openflow_app(args, topology, binding, controller, tunnels):
 
 def client_args(p: argparse.ArgumentParser) -> None:
     """Add --pki DIR --name NAME | --insecure (how a client authenticates) to a parser."""
-    p.add_argument("--pki", help="PKI directory holding ca.crt, NAME.crt, NAME.key")
-    p.add_argument("--name", help="this client's certificate name")
+    p.add_argument("--pki", metavar="DIR", help="PKI directory holding ca.crt, NAME.crt, NAME.key")
+    p.add_argument("--name", metavar="NAME", help="this client's certificate name")
     p.add_argument("--insecure", action="store_true", help="plain TCP (controller --insecure)")
 
 
@@ -318,51 +361,70 @@ def make_client(p: argparse.ArgumentParser, args, host: str, port: int, timeout:
         p.error(str(exc))
 
 
-CTL_OPERANDS = {
-    "link-down": ("A", "B"),
-    "link-up": ("A", "B"),
-    "capacity": ("A", "B", "BYTES_PER_S"),
-    "list": (),
-    "status": ("COFLOW_ID",),
-    "cancel": ("COFLOW_ID",),
+CTL_OPS = {
+    "link-down": ("operator: the link A-B goes down (both directions)", ("A", "B")),
+    "link-up": ("operator: the link A-B comes back up", ("A", "B")),
+    "capacity": ("operator: set the link A-B's capacity", ("A", "B", "BYTES_PER_S")),
+    "list": ("every coflow this client may see (operators: all)", ()),
+    "status": ("one coflow's status map (JSON)", ("COFLOW_ID",)),
+    "cancel": ("cancel an unfinished coflow", ("COFLOW_ID",)),
+}
+OPERAND_HELP = {
+    "A": ("DC at one end of the link", str),
+    "B": ("DC at the other end", str),
+    "BYTES_PER_S": ("new capacity in bytes per second (each direction)", float),
+    "COFLOW_ID": ("the coflow's id (an integer)", int),
 }
 
 
-def ctl_main(argv: list[str]) -> int:
-    """`terra-controller ctl`: operator and job commands through the coflow API.
+def add_ctl_parser(commands) -> argparse.ArgumentParser:
+    """Add `ctl` (one subparser per operation, each with its operands) to `commands`."""
+    ctl = commands.add_parser(
+        "ctl",
+        help="operator and job commands through a running controller's coflow API",
+        description="Send one request to a running controller's coflow API and print the "
+        "answer as JSON. link-down, link-up and capacity need an operator certificate "
+        "(with --no-openflow, link state comes only from these). Exit status 0, or 1 when "
+        "the controller refused or could not be reached.",
+        formatter_class=HelpFormatter,
+    )
+    ctl.add_argument(
+        "--api", type=parse_addr, default="127.0.0.1:6700", metavar="HOST:PORT",
+        help="the controller's coflow API",
+    )  # fmt: skip
+    client_args(ctl)
+    ctl.set_defaults(ctl_parser=ctl)  # for usage errors found after parsing (make_client)
+    ops = ctl.add_subparsers(dest="op", required=True, title="operations", metavar="OP")
+    for name, (text, operands) in CTL_OPS.items():
+        op = ops.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
+        for operand in operands:
+            help_text, kind = OPERAND_HELP[operand]
+            op.add_argument(operand.lower(), metavar=operand, type=kind, help=help_text)
+    return ctl
+
+
+def run_ctl(args: argparse.Namespace) -> int:
+    """Carry out a parsed `ctl` command; print its answer (JSON) on stdout.
 
     Returns:
-        0 on success, 1 when the controller refused or could not be reached.
+        0 on success, 1 when the controller refused or could not be reached (one line on
+        stderr). Bad client options exit 2 (argparse).
     """
-    p = argparse.ArgumentParser(
-        prog="terra-controller ctl",
-        description="Coflow API commands: link-down A B | link-up A B | capacity A B "
-        "BYTES_PER_S (operators) | list | status COFLOW_ID | cancel COFLOW_ID",
-    )
-    p.add_argument("--api", type=parse_addr, default=("127.0.0.1", 6700))
-    client_args(p)
-    p.add_argument("command", choices=list(CTL_OPERANDS))
-    p.add_argument("operands", nargs="*")
-    args = p.parse_args(argv)
-    need = CTL_OPERANDS[args.command]
-    if len(args.operands) != len(need):
-        p.error(f"{args.command} takes {' '.join(need) or 'no operands'}")
-    client = make_client(p, args, *args.api, timeout=5.0)
+    client = make_client(args.ctl_parser, args, *args.api, timeout=5.0)
     from terra_controller.client import TerraError
 
-    ops = args.operands
     try:
-        if args.command in ("link-down", "link-up"):
-            result = {"changed": client.set_link_state(ops[0], ops[1], args.command == "link-up")}
-        elif args.command == "capacity":
-            result = {"changed": client.set_capacity(ops[0], ops[1], float(ops[2]))}
-        elif args.command == "list":
+        if args.op in ("link-down", "link-up"):
+            result = {"changed": client.set_link_state(args.a, args.b, args.op == "link-up")}
+        elif args.op == "capacity":
+            result = {"changed": client.set_capacity(args.a, args.b, args.bytes_per_s)}
+        elif args.op == "list":
             result = client.list_coflows()
-        elif args.command == "cancel":
-            client.cancel_coflow(int(ops[0]))
-            result = {"cancelled": int(ops[0])}
+        elif args.op == "cancel":
+            client.cancel_coflow(args.coflow_id)
+            result = {"cancelled": args.coflow_id}
         else:
-            result = client.check_status(int(ops[0]))
+            result = client.check_status(args.coflow_id)
     except (TerraError, ConnectionError, ValueError) as exc:
         print(f"terra-controller ctl: {exc}", file=sys.stderr)
         return 1
@@ -370,36 +432,70 @@ def ctl_main(argv: list[str]) -> int:
     return 0
 
 
-def pki_main(argv: list[str]) -> int:
-    """`terra-controller pki init DIR` / `pki issue DIR --role ROLE NAME` (see pki.py).
+def ctl_main(argv: list[str]) -> int:
+    """`terra-controller ctl ARGV...` (as `main(["ctl", *argv])`)."""
+    return main(["ctl", *argv])
+
+
+def add_pki_parser(commands) -> argparse.ArgumentParser:
+    """Add `pki init` and `pki issue` to `commands`."""
+    from terra_controller.pki import Role
+
+    pki = commands.add_parser(
+        "pki",
+        help="make the CA and certificates (docs/security.md)",
+        description="Make certificates: `init` creates the CA and the controller's "
+        "certificate in DIR, `issue` one certificate per agent, job master or operator. "
+        "Prints the files written; an existing CA or a bad name exits 2.",
+        formatter_class=HelpFormatter,
+    )
+    sub = pki.add_subparsers(dest="action", required=True, title="actions", metavar="ACTION")
+    init = sub.add_parser(
+        "init", help="create the CA and the controller's certificate",
+        formatter_class=HelpFormatter,
+    )  # fmt: skip
+    init.add_argument("dir", metavar="DIR", help="PKI directory (created)")
+    init.add_argument(
+        "--host", action="append", default=[],
+        help="extra DNS name or IP address the controller is reached at (repeatable)",
+    )  # fmt: skip
+    new = sub.add_parser(
+        "issue", help="issue a certificate to an agent, job client or operator",
+        formatter_class=HelpFormatter,
+    )  # fmt: skip
+    new.add_argument("dir", metavar="DIR", help="PKI directory made by `pki init`")
+    new.add_argument(
+        "--role", required=True, choices=[r.value for r in Role if r != "controller"],
+        help="what the certificate's holder may do",
+    )  # fmt: skip
+    new.add_argument("name", metavar="NAME", help="the holder's name (an agent: its --id)")
+    return pki
+
+
+def run_pki(args: argparse.Namespace) -> int:
+    """Carry out a parsed `pki` command (see pki.py).
 
     Returns:
         0; prints the files written. Errors (existing CA, bad name) exit with status 2.
     """
-    from terra_controller.pki import PkiError, Role, init_ca, issue
+    from terra_controller.pki import PkiError, init_ca, issue
 
-    p = argparse.ArgumentParser(prog="terra-controller pki", description="make certificates")
-    sub = p.add_subparsers(dest="action", required=True)
-    init = sub.add_parser("init", help="create the CA and the controller's certificate")
-    init.add_argument("dir")
-    init.add_argument(
-        "--host", action="append", default=[], help="extra DNS name or IP for the controller"
-    )
-    new = sub.add_parser("issue", help="issue a certificate to an agent, job client or operator")
-    new.add_argument("dir")
-    new.add_argument("--role", required=True, choices=[r.value for r in Role if r != "controller"])
-    new.add_argument("name")
-    args = p.parse_args(argv)
     try:
         if args.action == "init":
             written = init_ca(args.dir, args.host)
         else:
             written = issue(args.dir, args.role, args.name)
     except PkiError as exc:
-        p.exit(2, f"terra-controller pki: {exc}\n")
+        print(f"terra-controller pki: {exc}", file=sys.stderr)
+        return 2
     for path in written:
         print(path)
     return 0
+
+
+def pki_main(argv: list[str]) -> int:
+    """`terra-controller pki ARGV...` (as `main(["pki", *argv])`)."""
+    return main(["pki", *argv])
 
 
 if __name__ == "__main__":

@@ -129,7 +129,7 @@ class TerraClient:
         """checkStatus: state, bytes_total, bytes_delivered, cct_s, flows (per-flow progress).
 
         Returns:
-            the status map of `CoflowState.status` plus each flow's current "rate" (bytes/s):
+            the status map of `CoflowState.status` plus each flow's current "rate_bytes_per_s":
             {"id", "state", "reason" (why it failed / was cancelled, else None), "bytes_total",
             "bytes_delivered", "cct_s" (s, None until done), "deadline_s", "flows": [...]}.
 

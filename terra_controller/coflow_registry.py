@@ -22,6 +22,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from overlay.integrity import new_flow_key
 from workloads import Coflow, Flow
 
 
@@ -112,6 +113,8 @@ class FlowState:
             flow descriptors' "attempt").
         src_path, dst_path: optional file paths at the sender / receiver agent, relative to
             that agent's data root (terra-agent --data-root); see check_path.
+        digest_key: the current attempt's flow key (64 hex chars, overlay/integrity.py): sent
+            to the flow's two agents only; a new one on every restart.
     """
 
     id: str
@@ -127,6 +130,7 @@ class FlowState:
     dst_path: str | None = None
     reason: str | None = None
     restarts: int = 0
+    digest_key: str = field(default_factory=new_flow_key, repr=False)
 
     @property
     def done(self) -> bool:
@@ -146,7 +150,7 @@ class FlowState:
     def to_dict(self) -> dict:
         """Return the flow's progress as a plain dict (for status replies and REST).
 
-        Shape: {"id", "src", "dst", "src_dc", "dst_dc", "bytes", "delivered", "done",
+        Shape: {"id", "src", "dst", "src_dc", "dst_dc", "bytes", "bytes_delivered", "done",
         "digest", "state" (FlowStatus value), "reason" (str or None), "restarts"}.
         """
         return {
@@ -156,7 +160,7 @@ class FlowState:
             "src_dc": self.src_dc,
             "dst_dc": self.dst_dc,
             "bytes": self.bytes,
-            "delivered": self.bytes if self.done else self.delivered,
+            "bytes_delivered": self.bytes if self.done else self.delivered,
             "done": self.done,
             "digest": self.digest,
             "state": self.state.value,
@@ -259,6 +263,8 @@ class CoflowRegistry:
         agents: {agent id: AgentInfo}. coflows: {coflow id: CoflowState}, active and
             finished ones still kept. finished: ids of finished coflows, oldest end first.
         dropped: {final state value: finished coflows dropped by prune_finished}.
+        kept: {final state value: finished coflows still in memory} (state counts without
+            walking `coflows`).
     """
 
     def __init__(self, dcs: list[str]) -> None:
@@ -272,6 +278,7 @@ class CoflowRegistry:
         self._open: dict[int, CoflowState] = {}  # coflows not in a final state
         self.finished: OrderedDict[int, None] = OrderedDict()
         self.dropped: dict[str, int] = {s.value: 0 for s in FINAL_STATES}
+        self.kept: dict[str, int] = {s.value: 0 for s in FINAL_STATES}
 
     # ---- agents -------------------------------------------------------------------------
 
@@ -561,12 +568,14 @@ class CoflowRegistry:
         flow.delivered = 0
         flow.state = FlowStatus.QUEUED
         flow.restarts += 1
+        flow.digest_key = new_flow_key()  # the old attempt's chunks and digest match nothing
         self._track(coflow, [flow])
 
     def _ended(self, coflow: CoflowState, now: float) -> None:
         coflow.ended_s = now
         self._open.pop(coflow.id, None)
         self.finished[coflow.id] = None
+        self.kept[coflow.state.value] = self.kept.get(coflow.state.value, 0) + 1
 
     def prune_finished(
         self, now: float, keep: int | None, keep_s: float | None = None
@@ -601,7 +610,16 @@ class CoflowRegistry:
             del self.coflows[cid]
             self._left.pop(cid, None)
             self.dropped[coflow.state.value] = self.dropped.get(coflow.state.value, 0) + 1
+            self.kept[coflow.state.value] -= 1
             out.append(coflow)
+        return out
+
+    def state_counts(self) -> dict[str, int]:
+        """{state value: coflows in memory in that state} (states with none left out);
+        O(active coflows)."""
+        out = {k: n for k, n in self.kept.items() if n}
+        for coflow in self._open.values():
+            out[coflow.state.value] = out.get(coflow.state.value, 0) + 1
         return out
 
     def active(self) -> list[CoflowState]:

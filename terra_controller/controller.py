@@ -51,6 +51,8 @@ from terra_controller.coflow_registry import (
     parse_coflow_key,
     to_policy_flow,
 )
+from terra_controller.metrics import ControllerMetrics
+from terra_core.lp import observe_solves
 from terra_core.policy import Allocation, Policy
 from topologies import Path, Topology, TopologyError
 
@@ -130,6 +132,11 @@ class Controller:
         connected_agents: None, or a callable returning the ids of the agents connected now
             (set by the agent channel); without it agents are never timed out.
         agent_gone_since: {agent id: controller time it was first seen disconnected}.
+        link_bytes: {directed link: bytes acknowledged that crossed it}: each acknowledged
+            byte is attributed to the links of its flow's current paths in proportion to
+            their rates (the measured load operators compare with the allocated rate).
+        metrics: the ControllerMetrics (its own CollectorRegistry; counters and histograms
+            updated at the event, the rest read by `metrics_view` at scrape time).
     """
 
     def __init__(
@@ -178,6 +185,8 @@ class Controller:
         self.round_wanted = threading.Event()
         self.wan_dirty = False
         self.started_wall = time.time()
+        self.metrics = ControllerMetrics()
+        self.link_bytes: dict[tuple[str, str], float] = {}
 
     def now(self) -> float:
         """Seconds since the controller started."""
@@ -218,7 +227,7 @@ class Controller:
             RegistryError: invalid request ("bad_request": bad id, age_s not a finite
                 number >= 0, bad deadline; see parse_flows for the rest); nothing changed.
         """
-        with self.policy_lock, self.lock:
+        with self.policy_lock, self.lock, observe_solves(self.metrics.lp_solve.observe):
             self._drain_leaving()
             reg = self.registry
             parsed = reg.parse_flows(flows)
@@ -243,9 +252,13 @@ class Controller:
                     if coflow_id is None and reg.next_id <= cid:
                         reg.next_id = cid + 1
                     self.stats["rejected"] += 1
+                    self.metrics.rejected.inc()
                     return -1
             coflow = reg.submit(parsed, deadline_s, arrival, cid)
-            if reg.finish_if_done(coflow, now):
+            self.metrics.admitted.inc()
+            if reg.finish_if_done(coflow, now):  # intra-DC flows only: done at once
+                self.metrics.finished.labels(CoflowStatus.DONE.value).inc()
+                self.metrics.bytes_delivered.inc(coflow.bytes_total)
                 self._prune(now)
                 return cid
             self._announce(coflow, parsed)
@@ -273,7 +286,7 @@ class Controller:
         Raises:
             RegistryError: unknown coflow, finished coflow, invalid flows; nothing changed.
         """
-        with self.policy_lock, self.lock:
+        with self.policy_lock, self.lock, observe_solves(self.metrics.lp_solve.observe):
             self._drain_leaving()
             coflow = self.registry.get(coflow_id)
             if coflow.state.final:
@@ -316,8 +329,23 @@ class Controller:
                 self._end(coflow, CoflowStatus.CANCELLED, "cancelled by the job master")
             out = coflow.status()  # (it may be dropped from memory already: keep_finished)
             for f in out["flows"]:
-                f["rate"] = 0.0
+                f["rate_bytes_per_s"] = 0.0
             return out
+
+    def _delivered(self, coflow_id: int, flow: FlowState, nbytes: int) -> None:
+        """Count `nbytes` newly acknowledged bytes of `flow` (lock held): the bytes counter
+        and `link_bytes` (split over the flow's current paths by rate; a flow without rates
+        right now counts in the counter only)."""
+        self.metrics.bytes_delivered.inc(nbytes)
+        paths = self.rates.get(coflow_id, {}).get(flow.id, ())
+        total = sum(rate for _, rate in paths)
+        if total <= 0:
+            return
+        link_bytes = self.link_bytes
+        for path, rate in paths:
+            share = nbytes * rate / total
+            for link in zip(path[:-1], path[1:], strict=False):
+                link_bytes[link] = link_bytes.get(link, 0.0) + share
 
     def fail_flow(
         self,
@@ -356,6 +384,7 @@ class Controller:
                 if flow.restarts < self.max_restarts:
                     self.registry.restart_flow(coflow, flow)
                     self.stats["restarts"] += 1
+                    self.metrics.restarts.inc()
                     LOG.warning(
                         "coflow %s flow %s: %s; transferring it again (attempt %d of %d)",
                         coflow.id, flow.id, text, flow.restarts, self.max_restarts,
@@ -381,6 +410,7 @@ class Controller:
         self.rates.pop(coflow.id, None)
         self.allocation.pop(coflow_key(coflow.id), None)
         self.stats[state.value] += 1
+        self.metrics.finished.labels(state.value).inc()
         level = logging.WARNING if state is CoflowStatus.FAILED else logging.INFO
         LOG.log(level, "coflow %s %s: %s", coflow.id, state.value, coflow.reason)
         if dropped:
@@ -457,7 +487,7 @@ class Controller:
         return failed
 
     def status(self, coflow_id: object) -> dict:
-        """checkStatus: the coflow's status map plus its flows' current rates (bytes/s).
+        """checkStatus: the coflow's status map plus each flow's current "rate_bytes_per_s".
 
         Raises:
             RegistryError("unknown_coflow").
@@ -467,7 +497,7 @@ class Controller:
             out = coflow.status()
             rates = self.rates.get(coflow.id, {})
             for f in out["flows"]:
-                f["rate"] = sum(r for _, r in rates.get(f["id"], []))
+                f["rate_bytes_per_s"] = sum(r for _, r in rates.get(f["id"], []))
             return out
 
     # ---- WAN events ---------------------------------------------------------------------
@@ -529,7 +559,11 @@ class Controller:
             RegistryError: unknown coflow/flow or bad offset.
         """
         with self.lock:
+            flow = self.registry.flow(coflow_id, flow_id)
+            before = flow.delivered
             flow = self.registry.record_progress(coflow_id, flow_id, acked)
+            if flow.delivered > before:
+                self._delivered(int(coflow_id), flow, flow.delivered - before)
             return flow.state not in (FlowStatus.FAILED, FlowStatus.CANCELLED)
 
     def complete(self, coflow_id: object, flow_id: object, digest: object) -> bool:
@@ -548,8 +582,14 @@ class Controller:
             coflow = self.registry.get(coflow_id)
             if flow.done or coflow.state.final:
                 return coflow.state is CoflowStatus.DONE
+            before = flow.delivered
             coflow = self.registry.record_complete(coflow_id, flow_id, digest, self.now())
+            self._delivered(coflow.id, flow, max(0, flow.bytes - before))
             if coflow.state is CoflowStatus.DONE:
+                self.metrics.finished.labels(CoflowStatus.DONE.value).inc()
+                intra = sum(f.bytes for f in coflow.flows.values() if f.intra_dc)
+                if intra:  # intra-DC flows count as delivered when the coflow is done
+                    self.metrics.bytes_delivered.inc(intra)
                 self._leaving.append(coflow.id)
                 self.rates.pop(coflow.id, None)
                 self.want_round()
@@ -588,7 +628,8 @@ class Controller:
                 remaining = self.registry.remaining(self._connectivity())
                 now = self.now()
             begin_allocate = time.perf_counter()
-            allocation = self.policy.allocate(now, remaining) if remaining else {}
+            with observe_solves(self.metrics.lp_solve.observe):
+                allocation = self.policy.allocate(now, remaining) if remaining else {}
             allocated = time.perf_counter()
             states = self._policy_states(remaining)
             _trim_policy_stats(self.policy)
@@ -605,7 +646,9 @@ class Controller:
                 ):
                     self.stats[key].append(value)
                     del self.stats[key][:-STATS_KEPT]
-                return self.rates, wan
+            self.metrics.round_duration.observe(elapsed_ms / 1e3)
+            self.metrics.allocate_duration.observe(allocated - begin_allocate)
+            return self.rates, wan
 
     def _drain_leaving(self) -> None:
         """Remove the coflows that left the schedule from the policy (both locks held)."""
@@ -678,9 +721,15 @@ class Controller:
 
     # ---- views --------------------------------------------------------------------------
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, coflows: bool = True) -> Snapshot:
         """A Snapshot of the registry, the WAN and the stats, copied under `lock` (brief:
-        O(coflows in memory); never waits for a round)."""
+        O(coflows in memory); never waits for a round).
+
+        Args:
+            coflows: copy the coflows' summaries; False leaves `coflows` empty and
+                `bytes_delivered` 0 and costs O(links + agents) only (REST /status and
+                /topology, polled every second by the operator page).
+        """
         load = self.link_rates()
         with self.lock:
             topo, reg = self.topology, self.registry
@@ -689,7 +738,8 @@ class Controller:
                  load.get((u, v), 0.0))
                 for u, v in topo.links
             )  # fmt: skip
-            coflows = tuple(c.summary() for c in reg.coflows.values())
+            with_coflows = coflows
+            coflows = tuple(c.summary() for c in reg.coflows.values()) if with_coflows else ()
             stats = {k: (list(v) if isinstance(v, list) else v) for k, v in self.stats.items()}
             stats["dropped_finished"] = dict(stats["dropped_finished"])
             return Snapshot(
@@ -700,9 +750,75 @@ class Controller:
                 coflows=coflows,
                 stats=stats,
                 active=len(reg.active()),
-                bytes_delivered=sum(c["bytes_delivered"] for c in coflows)
-                + self.stats["dropped_bytes_delivered"],
+                bytes_delivered=(
+                    sum(c["bytes_delivered"] for c in coflows)
+                    + self.stats["dropped_bytes_delivered"]
+                    if with_coflows
+                    else 0
+                ),
             )
+
+    def metrics_view(self) -> dict:
+        """What /metrics reads from the controller at scrape time, copied under `lock`.
+
+        Cost O(links + active coflows + their flows' rates): it never walks the finished
+        coflows, however many are kept (docs/runtime.md "Metrics").
+
+        Returns:
+            {"links": [(a, b, capacity bytes/s, up: bool, allocated bytes/s, bytes
+            acknowledged across it (link_bytes))] per directed link, "active": {state:
+            coflows} of the active states, "in_memory": coflows kept, "agents": registered
+            agents, "lps": LPs the policy solved (int), "dropped": {final state: finished
+            coflows dropped from memory}}.
+        """
+        load = self.link_rates()
+        with self.lock:
+            topo, reg = self.topology, self.registry
+            delivered = self.link_bytes
+            links = [
+                (u, v, cap, (u, v) not in topo.down, load.get((u, v), 0.0),
+                 delivered.get((u, v), 0.0))
+                for (u, v), cap in sorted(topo.capacity.items())
+            ]  # fmt: skip
+            active: dict[str, int] = {}
+            for coflow in reg.active():
+                active[coflow.state.value] = active.get(coflow.state.value, 0) + 1
+            stats = getattr(self.policy, "stats", None)
+            lps = int(stats.get("lps", 0)) if isinstance(stats, dict) else 0
+            return {
+                "links": links,
+                "active": active,
+                "in_memory": len(reg.coflows),
+                "agents": len(reg.agents),
+                "lps": lps,
+                "dropped": dict(reg.dropped),
+            }
+
+    def state_counts(self) -> dict[str, int]:
+        """{state: coflows in memory in that state}, O(active coflows)."""
+        with self.lock:
+            return self.registry.state_counts()
+
+    def recent_coflows(self, finished: int) -> list[dict]:
+        """Summaries (CoflowState.summary()) of every active coflow and of the `finished`
+        coflows that ended last, newest id first; O(active + finished), whatever the
+        history (the operator page polls it every second)."""
+        with self.lock:
+            reg = self.registry
+            chosen = list(reg.active())
+            for cid in reversed(reg.finished):
+                if finished <= 0:
+                    break
+                coflow = reg.coflows.get(cid)
+                if coflow is not None:
+                    chosen.append(coflow)
+                    finished -= 1
+            return [c.summary() for c in sorted(chosen, key=lambda c: c.id, reverse=True)]
+
+    def link_delivered(self) -> dict[tuple[str, str], float]:
+        """A copy of `link_bytes`: {directed link: bytes acknowledged across it}."""
+        with self.lock:
+            return dict(self.link_bytes)
 
     def link_rates(self) -> dict[tuple[str, str], float]:
         """Allocated bytes/s per directed link in the current allocation."""
@@ -719,7 +835,8 @@ class Controller:
         """The coflow's FlowGroups with their per-path rates.
 
         Returns:
-            [{"src_dc", "dst_dc", "remaining", "paths": [{"path": [dc...], "rate": bytes/s}]}].
+            [{"src_dc", "dst_dc", "bytes_remaining", "paths": [{"path": [dc...],
+            "rate_bytes_per_s"}]}] (docs/operations.md, REST).
         """
         with self.lock:
             coflow = self.registry.get(coflow_id)
@@ -730,13 +847,15 @@ class Controller:
                     continue
                 g = groups.setdefault(
                     (f.src_dc, f.dst_dc),
-                    {"src_dc": f.src_dc, "dst_dc": f.dst_dc, "remaining": 0, "paths": {}},
+                    {"src_dc": f.src_dc, "dst_dc": f.dst_dc, "bytes_remaining": 0, "paths": {}},
                 )
-                g["remaining"] += f.remaining
+                g["bytes_remaining"] += f.remaining
                 for path, rate in rates.get(f.id, []):
                     g["paths"][path] = g["paths"].get(path, 0.0) + rate
             for g in groups.values():
-                g["paths"] = [{"path": list(p), "rate": r} for p, r in g["paths"].items()]
+                g["paths"] = [
+                    {"path": list(p), "rate_bytes_per_s": r} for p, r in g["paths"].items()
+                ]
             return list(groups.values())
 
 

@@ -46,6 +46,7 @@ from terra_controller.tunnels import (
     startup_tunnels,
     tunnels_up,
 )
+from terra_core.cli_support import setup_logging
 from topologies import Link, Topology, TopologyError, load_topology
 from topologies.binding import Binding, load_binding
 
@@ -106,6 +107,7 @@ class TunnelApp(app_manager.OSKenApp):
         entries: flow entries currently wanted on the switches.
         datapaths: connected switches by DPID.
         installed: True once the rules were sent to every switch.
+        flow_mods_per_switch: {dpid: flow-mods sent to that switch}.
         flow_mods_sent: all flow-mods sent; flow_mods_at_install: the count when
             installation finished (the difference is what link events cost).
         port_stats: PortStats, the switches' port counters (polled every
@@ -127,6 +129,7 @@ class TunnelApp(app_manager.OSKenApp):
         self.datapaths: dict = {}
         self.installed = False
         self.flow_mods_sent = 0
+        self.flow_mods_per_switch: dict[int, int] = {}
         self.flow_mods_at_install = 0
         self.port_stats = PortStats(terra_config.binding)
 
@@ -256,7 +259,7 @@ class TunnelApp(app_manager.OSKenApp):
                 out_group=ofp.OFPG_ANY,
             )
         )
-        self.flow_mods_sent += 1
+        self._count_mod(dp.id)
         for entry in self.entries:
             if entry.dpid == dp.id:
                 self._send(dp, entry)
@@ -286,7 +289,11 @@ class TunnelApp(app_manager.OSKenApp):
                 instructions=to_instructions(parser, ofp, entry.actions),
             )
         dp.send_msg(mod)
+        self._count_mod(dp.id)
+
+    def _count_mod(self, dpid: int) -> None:
         self.flow_mods_sent += 1
+        self.flow_mods_per_switch[dpid] = self.flow_mods_per_switch.get(dpid, 0) + 1
 
 
 def to_instructions(parser, ofp, actions: list) -> list:
@@ -351,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--of-host", default="127.0.0.1")
     parser.add_argument("--of-port", type=int, default=6653)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    setup_logging("WARNING")
     try:
         topology = load_topology(args.topology)
         binding = load_binding(topology)

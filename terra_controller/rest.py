@@ -1,18 +1,26 @@
 """Read-only REST for operators: JSON views of the controller and Prometheus metrics.
 
-Routes (GET only; docs/design.md section 6, issue 4 item 5):
+Routes (GET only; docs/design.md section 6; docs/operations.md lists every field and its unit):
 
+    /                the operator's web page (terra_controller/web/: the WAN graph, link
+                     states and loads, tunnels of a DC pair, coflows, round times; it polls
+                     the JSON routes below every second; see docs/runtime.md)
+    /static/NAME     the page's script and style sheet (package files, nothing fetched
+                     from elsewhere)
     /status          controller: topology name, uptime, agents, coflows per state, rounds
-    /topology        links with capacity (bytes/s), state (up/down), allocated rate (bytes/s)
+    /topology        the topology's name, DCs and links (as /links); DC positions ([x, y],
+                     from the topology file's "positions", e.g. longitude/latitude) when known
+    /links           directed links a -> b: capacity (bytes/s and Gbit/s), state (up/down),
+                     allocated rate (bytes/s), bytes the receivers acknowledged across the
+                     link and, with switches, the sending port's counters and measured rate
+                     (bytes/s)
     /tunnels         tunnels (id, DC pair, path, up) and, with switches, the rules of every
                      switch (by DPID) and their counts, flow-mods sent
-    /coflows         every coflow: id, state, bytes total/delivered, CCT
+    /coflows         every coflow in memory: id, state, bytes total/delivered, CCT;
+                     ?finished=N: every active coflow and the N that finished last only
     /coflows/{id}    one coflow's status with its FlowGroups' per-path allocations
-    /metrics         Prometheus text format: terra_rounds_total, terra_round_latency_ms,
-                     terra_lps_solved_total, terra_active_coflows, terra_bytes_delivered_total,
-                     terra_rejected_coflows_total, terra_failed_coflows_total,
-                     terra_cancelled_coflows_total, terra_flow_restarts_total,
-                     terra_dropped_finished_coflows_total{state}, terra_agents_connected
+    /metrics         Prometheus text format: the controller's CollectorRegistry
+                     (terra_controller/metrics.py; every metric in docs/runtime.md)
 
 A WSGI app served by the standard library's wsgiref in a thread per request,
 started on os-ken's hub. Errors: 404 for unknown paths or coflows, 405 for
@@ -23,23 +31,38 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import socketserver
 import threading
 import time
 from collections.abc import Callable
+from importlib import resources
+from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
-
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from terra_controller.coflow_registry import RegistryError
 from terra_controller.controller import Controller
+from terra_controller.metrics import CONTENT_TYPE, ControllerCollector
 from terra_controller.pki import PkiError, Role
 from terra_controller.transport import ServerSecurity, authenticate
 
 LOG = logging.getLogger("terra.rest")
 
 MAX_REST_THREADS = 64
+# The web page's files (terra_controller/web/) by URL path, with their content type.
+WEB_FILES = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/static/style.css": ("style.css", "text/css; charset=utf-8"),
+}
+# The page runs only its own files: no inline script, nothing from another origin.
+WEB_HEADERS = [
+    ("Content-Security-Policy",
+     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+     "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Cache-Control", "no-cache"),
+]  # fmt: skip
 REQUEST_TIMEOUT_S = 10.0
 
 
@@ -49,10 +72,15 @@ class RestApp:
     Args:
         controller: the Controller.
         channel: the AgentChannel (agents connected, tunnels) or None.
-        openflow: callable returning {"rules_per_switch": {dpid: n}, "flow_mods": n, ...}
-            from the OpenFlow app, or None without switches.
+        openflow: callable (detail: bool = True) returning {"rules_per_switch": {dpid: n},
+            "flow_mods": n, "flow_mods_per_switch": {dpid: n}, "rules": {...} (empty
+            without detail)} from the OpenFlow app, or None without switches.
         ports: callable returning {(a, b): port_stats.LinkLoad} (the switches' WAN port
             counters), or None without switches.
+
+    Attributes:
+        metrics: the controller's CollectorRegistry (`Controller.metrics`), with a
+            ControllerCollector reading this app's controller, channel and switches.
     """
 
     def __init__(
@@ -63,8 +91,16 @@ class RestApp:
         self.channel = channel
         self.openflow = openflow
         self.ports = ports
-        self.metrics = CollectorRegistry()
-        self.metrics.register(_Collector(self))
+        self.web: dict[str, bytes] = {}  # WEB_FILES' contents, read once
+        self.metrics = controller.metrics.registry
+        self.metrics.register(
+            ControllerCollector(
+                controller,
+                connected=lambda: len(self.connected_agents()),
+                openflow=None if openflow is None else lambda: openflow(detail=False),
+                ports=ports,
+            )
+        )
 
     def __call__(self, environ, start_response):
         """WSGI entry point."""
@@ -73,9 +109,19 @@ class RestApp:
             return _reply(start_response, 405, {"error": "read-only: GET only"}, [("Allow", "GET")])
         try:
             if path == "/metrics":
-                body = generate_latest(self.metrics)
-                start_response("200 OK", [("Content-Type", "text/plain; version=0.0.4")])
+                body = self.controller.metrics.render()
+                start_response(
+                    "200 OK", [("Content-Type", CONTENT_TYPE), ("Content-Length", str(len(body)))]
+                )
                 return [body]
+            if path in WEB_FILES:
+                return self._web_file(path, start_response)
+            if path == "/coflows" and environ.get("QUERY_STRING"):
+                query = parse_qs(environ["QUERY_STRING"])
+                text = query.get("finished", [""])[0]
+                if not text.isdigit() or len(text) > 9:
+                    return _reply(start_response, 400, {"error": "finished must be 0..999999999"})
+                return _reply(start_response, 200, self.controller.recent_coflows(int(text)))
             view = self._route(path)
             if view is None:
                 return _reply(start_response, 404, {"error": f"no such resource {path}"})
@@ -85,6 +131,18 @@ class RestApp:
         except Exception:
             LOG.exception("REST %s failed", path)
             return _reply(start_response, 500, {"error": "internal error (logged)"})
+
+    def _web_file(self, path: str, start_response) -> list[bytes]:
+        """One of WEB_FILES from the package (read once), with WEB_HEADERS."""
+        name, ctype = WEB_FILES[path]
+        if name not in self.web:
+            self.web[name] = (resources.files("terra_controller") / "web" / name).read_bytes()
+        body = self.web[name]
+        start_response(
+            "200 OK",
+            [("Content-Type", ctype), ("Content-Length", str(len(body))), *WEB_HEADERS],
+        )
+        return [body]
 
     def _route(self, path: str):
         views = {
@@ -122,10 +180,8 @@ class RestApp:
         reaction times, "reactions_total"}."""
         c = self.controller
         connected = self.connected_agents()
-        snap = c.snapshot()
-        states: dict[str, int] = {}
-        for coflow in snap.coflows:
-            states[coflow["state"]] = states.get(coflow["state"], 0) + 1
+        snap = c.snapshot(coflows=False)
+        states = c.state_counts()
         stats = snap.stats
         return {
             "topology": snap.topology,
@@ -158,33 +214,44 @@ class RestApp:
             return [r.to_json() for r in self.channel.reactions]
 
     def topology(self) -> dict:
-        """{"name", "dcs", "links": [{"src", "dst", "capacity", "state", "allocated"}]}."""
-        snap = self.controller.snapshot()
-        links = [
-            {"src": u, "dst": v, "capacity": cap, "state": state, "allocated": load}
-            for u, v, cap, state, load in snap.links
-        ]
-        return {"name": snap.topology, "dcs": list(snap.dcs), "links": links}
+        """{"name", "dcs", "links": the rows of `links()`, "positions": {dc: [x, y]} (only
+        DCs the topology file places)}."""
+        snap = self.controller.snapshot(coflows=False)
+        return {
+            "name": snap.topology,
+            "dcs": list(snap.dcs),
+            "links": self._link_rows(snap),
+            "positions": positions(self.controller.topology.attrs.get("positions"), snap.dcs),
+        }
 
     def links(self) -> dict:
         """Every directed WAN link with its allocation and, with switches, what its sending
         port counted (OpenFlow port statistics, port_stats.py):
-        {"links": [{"a", "b", "state", "capacity_bytes_per_s", "allocated_bytes_per_s",
+        {"links": [{"a", "b", "state", "capacity_bytes_per_s", "capacity_gbps",
+        "allocated_bytes_per_s", "bytes_delivered" (bytes the receivers acknowledged that
+        crossed the link, split over each flow's paths by rate; Controller.link_bytes),
         "measured_bytes_per_s" (rate between the last two polls), "tx_bytes", "tx_packets",
         "tx_dropped", "rx_bytes", "rx_dropped", "dpid", "port", "sampled_s" (age of the
-        sample)}]}; the measured fields are null without switches or before a poll."""
-        snap = self.controller.snapshot()
+        sample)}]}, one row per direction a -> b ("a" and "b" as the topology file names the
+        ends; capacity_gbps = capacity_bytes_per_s * 8 / 1e9); the measured fields are null
+        without switches or before a poll."""
+        return {"links": self._link_rows(self.controller.snapshot(coflows=False))}
+
+    def _link_rows(self, snap) -> list[dict]:
+        """The rows of `links()` for a Snapshot."""
         measured = self.ports() if self.ports is not None else {}
+        delivered = self.controller.link_delivered()
         out = []
         for a, b, cap, state, load in snap.links:
             row = {"a": a, "b": b, "state": state, "capacity_bytes_per_s": cap,
-                   "allocated_bytes_per_s": load}  # fmt: skip
+                   "capacity_gbps": cap * 8 / 1e9, "allocated_bytes_per_s": load,
+                   "bytes_delivered": delivered.get((a, b), 0.0)}  # fmt: skip
             m = measured.get((a, b))
             for key in _MEASURED:
                 row[key] = None if m is None else getattr(m, key)
             row["measured_bytes_per_s"] = None if m is None else m.tx_bytes_per_s
             out.append(row)
-        return {"links": out}
+        return out
 
     def tunnels(self) -> dict:
         """{"tunnels": [{"tunnel", "src", "dst", "index", "path", "up"}], "switches": {...}}."""
@@ -199,8 +266,8 @@ class RestApp:
         return list(self.controller.snapshot().coflows)
 
     def coflow(self, coflow_id: int) -> dict:
-        """checkStatus's map plus "flowgroups": [{"src_dc", "dst_dc", "remaining",
-        "paths": [{"path", "rate"}]}].
+        """checkStatus's map plus "flowgroups": [{"src_dc", "dst_dc", "bytes_remaining",
+        "paths": [{"path", "rate_bytes_per_s"}]}].
 
         Raises:
             RegistryError: unknown coflow (answered 404).
@@ -208,6 +275,25 @@ class RestApp:
         status = self.controller.status(coflow_id)
         status["flowgroups"] = self.controller.flowgroup_rates(coflow_id)
         return status
+
+
+def positions(value: object, dcs) -> dict[str, list[float]]:
+    """The topology file's "positions" ({dc: [x, y]}, e.g. [longitude, latitude]) for the
+    DCs in `dcs`; entries that are not two finite numbers are left out (the page places
+    those DCs itself)."""
+    out: dict[str, list[float]] = {}
+    if not isinstance(value, dict):
+        return out
+    for dc in dcs:
+        xy = value.get(dc)
+        if (
+            isinstance(xy, list | tuple)
+            and len(xy) == 2
+            and all(isinstance(c, int | float) and not isinstance(c, bool) for c in xy)
+            and all(math.isfinite(c) for c in xy)
+        ):
+            out[dc] = [float(xy[0]), float(xy[1])]
+    return out
 
 
 def _policy_lps(controller: Controller) -> int:
@@ -219,100 +305,14 @@ _MEASURED = ("tx_bytes", "tx_packets", "tx_dropped", "rx_bytes", "rx_dropped", "
              "sampled_s")  # fmt: skip
 
 
-class _Collector:
-    """Prometheus collector reading the controller at scrape time."""
-
-    def __init__(self, app: RestApp) -> None:
-        self.app = app
-
-    def collect(self):
-        c = self.app.controller
-        snap = c.snapshot()
-        rounds = snap.stats["rounds"]
-        last_ms = snap.stats["last_round_ms"]
-        recent = snap.stats["round_ms"]
-        active = snap.active
-        delivered = snap.bytes_delivered
-        rejected = snap.stats["rejected"]
-        ended = {k: snap.stats[k] for k in ("failed", "cancelled", "restarts")}
-        dropped = snap.stats["dropped_finished"]
-        yield CounterMetricFamily("terra_rounds", "Scheduling rounds run", value=rounds)
-        yield GaugeMetricFamily(
-            "terra_round_latency_ms", "Wall time of the last scheduling round (ms)", value=last_ms
-        )
-        mean = sum(recent) / len(recent) if recent else 0.0
-        yield GaugeMetricFamily(
-            "terra_round_latency_mean_ms",
-            "Mean wall time of the last 1000 scheduling rounds (ms)",
-            value=mean,
-        )
-        yield CounterMetricFamily(
-            "terra_lps_solved", "LPs solved by the policy", value=_policy_lps(c)
-        )
-        yield GaugeMetricFamily("terra_active_coflows", "Coflows not yet done", value=active)
-        yield CounterMetricFamily(
-            "terra_bytes_delivered", "Bytes acknowledged by receivers", value=delivered
-        )
-        yield CounterMetricFamily(
-            "terra_rejected_coflows", "Coflows rejected (deadline)", value=rejected
-        )
-        yield CounterMetricFamily(
-            "terra_failed_coflows", "Coflows failed (a flow cannot run)", value=ended["failed"]
-        )
-        yield CounterMetricFamily(
-            "terra_cancelled_coflows", "Coflows cancelled", value=ended["cancelled"]
-        )
-        yield CounterMetricFamily(
-            "terra_flow_restarts",
-            "Flows sent again after a digest mismatch",
-            value=ended["restarts"],
-        )
-        family = CounterMetricFamily(
-            "terra_dropped_finished_coflows",
-            "Finished coflows dropped from memory, per final state",
-            labels=["state"],
-        )
-        for state, n in sorted(dropped.items()):
-            family.add_metric([state], n)
-        yield family
-        yield GaugeMetricFamily(
-            "terra_agents_connected",
-            "Agents on the control channel",
-            value=len(self.app.connected_agents()),
-        )
-        if self.app.ports is not None:
-            yield from _port_families(self.app.ports())
-
-
-def _port_families(loads: dict):
-    """Per-link families from the switches' WAN port counters (port_stats.LinkLoad)."""
-    labels = ["a", "b", "dpid", "port"]
-    tx = CounterMetricFamily(
-        "terra_link_tx_bytes", "Bytes a WAN port sent (OpenFlow)", labels=labels
-    )
-    drops = CounterMetricFamily(
-        "terra_link_tx_dropped", "Packets a WAN port dropped on send (OpenFlow)", labels=labels
-    )
-    rx_drops = CounterMetricFamily(
-        "terra_link_rx_dropped", "Packets a WAN port dropped on receive (OpenFlow)", labels=labels
-    )
-    rate = GaugeMetricFamily(
-        "terra_link_measured_bytes_per_second",
-        "Bytes/s a WAN port sent between the last two port-statistics polls",
-        labels=labels,
-    )
-    for (a, b), m in sorted(loads.items()):
-        key = [a, b, str(m.dpid), str(m.port)]
-        tx.add_metric(key, m.tx_bytes)
-        drops.add_metric(key, m.tx_dropped)
-        rx_drops.add_metric(key, m.rx_dropped)
-        if m.tx_bytes_per_s is not None:
-            rate.add_metric(key, m.tx_bytes_per_s)
-    yield from (tx, drops, rx_drops, rate)
-
-
 def _reply(start_response, code: int, body, headers: list | None = None) -> list[bytes]:
-    reason = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}
+    reason = {
+        200: "OK",
+        400: "Bad Request",
+        404: "Not Found",
+        405: "Method Not Allowed",
+        500: "Internal Server Error",
+    }
     data = json.dumps(body, default=_json_default).encode()
     start_response(
         f"{code} {reason[code]}",

@@ -8,6 +8,11 @@ threading off (docs/design.md section 4; issue 2 item 4).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import highspy
 import numpy as np
 
@@ -81,7 +86,30 @@ def pass_lp(
         raise RuntimeError("HiGHS rejected the LP (malformed model arrays)")
 
 
+# Called with each solve's wall time (seconds) in the current context (see `observe_solves`).
+_SOLVE_OBSERVER: ContextVar[Callable[[float], None] | None] = ContextVar(
+    "terra_lp_solve_observer", default=None
+)
+
+
+@contextmanager
+def observe_solves(observer: Callable[[float], None]) -> Iterator[None]:
+    """Within the block (this thread / context only), call `observer(seconds)` after every
+    `solve` with its wall time in seconds (the controller's LP solve-time histogram)."""
+    token = _SOLVE_OBSERVER.set(observer)
+    try:
+        yield
+    finally:
+        _SOLVE_OBSERVER.reset(token)
+
+
 def solve(h: highspy.Highs) -> bool:
     """Run HiGHS on the loaded model; return True when an optimal solution was found."""
-    h.run()
+    observer = _SOLVE_OBSERVER.get()
+    if observer is None:
+        h.run()
+    else:
+        start = time.perf_counter()
+        h.run()
+        observer(time.perf_counter() - start)
     return h.getModelStatus() == highspy.HighsModelStatus.kOptimal

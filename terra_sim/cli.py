@@ -1,11 +1,11 @@
-"""`terra-sim`: run a workload through Terra and the baselines in the simulator (issue 2 item 6).
+"""`terra-sim`: run a workload through Terra and the baselines in the simulator.
 
     terra-sim --topology {swan,gscale,att,PATH} --workload {fb,PATH}
               [--scheduler {terra,per-flow,multipath,swan-mcf,varys,rapier,all}] [--k K]
               [--alpha A] [--guard {fixed,aged,aged-fair}] [--guard-factor F]
-              [--guard-floor S] [--epsilon E] [--delta D] [--link-gbps G]
-              [--deadline-factor F] [--limit N]
-              [--json OUT] [--plot OUT.png] [--fail-link A-B@T1[:T2]] [--bound]
+              [--guard-floor S] [--epsilon E] [--delta D] [--link-gbps G] [--deadline-factor F]
+              [--limit N] [--json OUT] [--plot OUT.png] [--fail-link A-B@T1[:T2]] [--bound]
+              [--log-level LEVEL] [--version]
 
 Prints one table row per scheduler: average and 95th-percentile CCT, FoI of Terra
 over it (its average CCT / Terra's), WAN utilization, average slowdown, deadlines
@@ -15,7 +15,10 @@ the cut bound and the mean Γ alone on the empty WAN with K paths, or with --fai
 cut bound only (re-routing after a failure can beat Γ_empty; failures only remove
 capacity, so the cut bound computed before them still holds). A scheduler that rejected
 or did not finish some WAN coflows averages over fewer; its ratio is then marked.
-Invalid input (topology, workload, options) prints one line and exits 2.
+Exit status: 0 on success; 2 on invalid input (options, an unknown topology, a workload
+or topology file whose contents are invalid), with one line on stderr; 1 when a file cannot
+be read or written (the line names it), --plot without matplotlib (the 'plots' extra), or a
+simulation error. A progress bar per scheduler is drawn on stderr when it is a terminal.
 """
 
 from __future__ import annotations
@@ -29,8 +32,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from tqdm import tqdm
-
+from terra_core.cli_support import (
+    HelpFormatter,
+    MissingExtra,
+    add_common_args,
+    progress,
+    require,
+    setup_logging,
+)
 from terra_core.registry import (
     add_scheduler_arguments,
     make_scheduler,
@@ -54,7 +63,12 @@ SCHEDULERS = scheduler_names()  # the registry's (terra_core/registry.py), Terra
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of terra-sim."""
-    p = argparse.ArgumentParser(prog="terra-sim", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="terra-sim",
+        description="Simulate a workload under Terra and the baselines on a WAN topology "
+        "(flow level, event driven) and print average / p95 CCT, FoIs and WAN utilization.",
+        formatter_class=HelpFormatter,
+    )
     p.add_argument("--topology", required=True, help="swan, gscale, att, or a JSON/GraphML file")
     p.add_argument("--workload", required=True, help="fb, a coflow-benchmark trace, or .json")
     add_scheduler_arguments(p, choices_extra=["all"])
@@ -74,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="link A-B goes down at T1 s (and up at T2 s); repeatable",
     )
     p.add_argument("--bound", action="store_true", help="print a lower bound on the average CCT")
+    add_common_args(p)
     return p
 
 
@@ -168,7 +183,7 @@ def run(args: argparse.Namespace, inputs: Inputs | None = None) -> dict[str, Sim
                 raise
             print(f"terra-sim: skipping {name}: {exc}", file=sys.stderr)
             continue
-        with tqdm(total=len(coflows), desc=name, unit="coflow", file=sys.stderr) as bar:
+        with progress(len(coflows), desc=name, unit="coflow") as bar:
             results[name] = simulate(policy, coflows, changes, gammas, progress=bar)
     return results
 
@@ -259,7 +274,7 @@ def _num(value: float | None, width: int, digits: int) -> str:
 
 def run_meta(args: argparse.Namespace) -> dict:
     """Return the settings of a run: {"topology", "workload", "limit", "link_gbps", "k",
-    "alpha", "guard", "guard_factor", "guard_floor_s", "epsilon", "deadline_factor",
+    "alpha", "guard", "guard_factor", "guard_floor_s", "epsilon", "delta", "deadline_factor",
     "fail_link", "commit"} (commit: $TERRA_COMMIT if
     set, for runs from an exported tree, else the git commit of this checkout, None when
     unknown; uncommitted edits are not recorded)."""
@@ -320,9 +335,13 @@ def write_json(
 
 
 def plot_cdf(results: dict[str, SimResult], out: Path) -> None:
-    """Draw the CCT CDF of every scheduler (finished, admitted WAN coflows) to `out` (PNG)."""
-    import matplotlib
+    """Draw the CCT CDF of every scheduler (finished, admitted WAN coflows) to `out` (PNG).
 
+    Raises:
+        MissingExtra: matplotlib is not installed (the 'plots' extra).
+        OSError: `out` cannot be written.
+    """
+    matplotlib = require("matplotlib", "plots")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -342,15 +361,23 @@ def plot_cdf(results: dict[str, SimResult], out: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `terra-sim`. Returns the exit status (0 ok, 2 bad input, 1 policy bug)."""
+    """Entry point of `terra-sim`. Returns the exit status (module docstring: 0 ok, 2 invalid
+    input, 1 unreadable file, missing extra or simulation error)."""
     args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
+    if args.plot:
+        try:
+            require("matplotlib", "plots")  # before a long run, not after it
+        except MissingExtra as exc:
+            print(f"terra-sim: error: --plot: {exc}", file=sys.stderr)
+            return 1
     try:
         inputs = load_inputs(args)
         results = run(args, inputs)
         bound = lower_bound(args, inputs) if args.bound else None
     except (TopologyError, WorkloadError, ValueError, OSError) as exc:
         print(f"terra-sim: error: {exc}", file=sys.stderr)
-        return 2
+        return 1 if _io_failure(exc) else 2
     except SimulationError as exc:
         print(f"terra-sim: simulation error: {exc}", file=sys.stderr)
         return 1
@@ -362,10 +389,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_json(results, args.json, run_meta(args), bound)
         if args.plot:
             plot_cdf(results, args.plot)
-    except OSError as exc:
+    except (OSError, MissingExtra) as exc:
         print(f"terra-sim: error: {exc}", file=sys.stderr)
-        return 2
+        return 1
     return 0
+
+
+def _io_failure(exc: BaseException) -> bool:
+    """True when `exc` is (or was raised from) an OSError: a file that cannot be read."""
+    return isinstance(exc, OSError) or isinstance(exc.__cause__, OSError)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ installed; CI runs as root with both (.ci/run installs them), so they run there.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -14,6 +15,22 @@ import subprocess
 import pytest
 
 OVS_CTL = "/usr/share/openvswitch/scripts/ovs-ctl"
+
+
+@pytest.fixture(autouse=True)
+def _keep_root_logger():
+    """Tests that call a tool's main() in-process configure the root logger
+    (cli_support.setup_logging); put its handlers and level back afterwards."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in root.handlers:
+        if handler not in handlers:
+            root.removeHandler(handler)
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
 
 
 def pytest_configure(config):

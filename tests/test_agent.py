@@ -4,14 +4,13 @@ Every transfer checks the receiver's result byte for byte (file sink vs source f
 BLAKE2b digest the receiver reports, which it only reports when it equals the sender's.
 """
 
-import hashlib
 import os
-import zlib
 from contextlib import asynccontextmanager
 
 import trio
 
 from overlay.framing import FrameReader
+from overlay.integrity import LEAF_BYTES, flow_digest
 from overlay.protocol import GroupRates, TunnelSpec, flows_message
 from terra_agent.agent import Agent, AgentConfig
 from terra_agent.harness import LoopbackHarness, delay_proxy, free_port_block
@@ -62,8 +61,9 @@ async def wait_acked(h, key, nbytes):
             await trio.sleep(0.01)
 
 
-def file_digest(path):
-    return hashlib.blake2b(path.read_bytes()).hexdigest()
+def file_digest(path, key):
+    """The flow digest of a file's bytes under flow key `key`."""
+    return flow_digest(key, path.read_bytes())
 
 
 def files(src, dst):
@@ -81,7 +81,7 @@ async def test_file_to_file_over_four_tunnels(tmp_path):
         await wait_complete(h, [f])
         group = h.agents["a"].agent.groups[("c1", "LA")]
     assert dst.read_bytes() == src.read_bytes()
-    assert h.controller.completed[f.key] == file_digest(src)
+    assert h.controller.completed[f.key] == file_digest(src, f.digest_key)
     assert sum(group.sent_bytes.values()) == size  # nothing lost, nothing resent
     assert sum(1 for n in group.sent_bytes.values() if n > 0) >= 2  # really multipath
 
@@ -101,7 +101,7 @@ async def test_synthetic_flows_to_digest_sink_and_progress_reports(tmp_path):
         await start(h, flows, 2.5 * MB)  # 9 MB over 5 MB/s: ~1.8 s
         await wait_complete(h, flows)
     for f in flows:
-        assert h.controller.completed[f.key] == synthetic_digest("c1", f.flow, size)
+        assert h.controller.completed[f.key] == synthetic_digest("c1", f.flow, size, f.digest_key)
     # reports every 0.5 s: some strictly between 0 and size were seen
     assert any(v is not None and 0 < v < size for v in seen)
 
@@ -126,7 +126,7 @@ async def test_killed_tunnel_connection_resends_over_surviving_paths(tmp_path):
         assert a.groups[("c1", "LA")].sent_bytes[dead.tunnel] == sent_dead
         assert not a.links[("b", dead.tunnel)].up
     assert dst.read_bytes() == src.read_bytes()  # every byte once, in order
-    assert h.controller.completed[f.key] == file_digest(src)
+    assert h.controller.completed[f.key] == file_digest(src, f.digest_key)
 
 
 async def test_controller_declares_tunnel_down(tmp_path):
@@ -166,7 +166,7 @@ async def test_sender_restart_resumes_from_acked_offset(tmp_path):
         await wait_complete(h, [f])
         assert h.agents["b"].agent.in_flows[f.key].base == 0  # receiver kept its state
     assert dst.read_bytes() == src.read_bytes()
-    assert h.controller.completed[f.key] == file_digest(src)
+    assert h.controller.completed[f.key] == file_digest(src, f.digest_key)
 
 
 async def test_receiver_restart_with_file_sink_resumes(tmp_path):
@@ -184,7 +184,7 @@ async def test_receiver_restart_with_file_sink_resumes(tmp_path):
         assert inflow.base >= 3 * MB  # resumed from the file it had written
         await wait_complete(h, [f])
     assert dst.read_bytes() == src.read_bytes()  # nothing lost or duplicated at the sink
-    assert h.controller.completed[f.key] == file_digest(src)
+    assert h.controller.completed[f.key] == file_digest(src, f.digest_key)
 
 
 async def test_receiver_restart_with_digest_sink_rewinds_sender(tmp_path):
@@ -197,7 +197,7 @@ async def test_receiver_restart_with_digest_sink_rewinds_sender(tmp_path):
         await h.start_agent("b")  # a digest sink keeps nothing: the flow must restart at 0
         await wait_complete(h, [f])
         assert h.agents["b"].agent.in_flows[f.key].base == 0
-    assert h.controller.completed[f.key] == synthetic_digest("c1", "f1", size)
+    assert h.controller.completed[f.key] == synthetic_digest("c1", "f1", size, f.digest_key)
 
 
 async def test_subprocess_agents_sender_killed_and_restarted(tmp_path):
@@ -261,7 +261,8 @@ def frame(header: dict, payload: bytes = b"") -> bytes:
 
 
 HELLO = frame({"t": "hello", "agent": "x", "tunnel": "t"})
-CRC_DATA = zlib.crc32(b"data")
+HELLO_A = frame({"t": "hello", "agent": "a", "tunnel": "t"})  # the flow's sender (no PKI)
+MAC = bytes(16)  # not the flow key's MAC of anything
 BAD_INPUTS = {  # name: (bytes sent, what the agent's log must say)
     "malformed msgpack": (b"\x00\x00\x00\x03\xc1\xc1\xc1", "malformed msgpack"),
     "wrong version": (
@@ -270,19 +271,19 @@ BAD_INPUTS = {  # name: (bytes sent, what the agent's log must say)
     ),
     "oversized header": ((2**31).to_bytes(4, "big") + b"x" * 100, "header length 2147483648"),
     "oversized payload": (
-        HELLO + frame({"t": "chunk", "c": "c1", "f": "f1", "o": 0, "x": 0, "n": 64 << 20}),
+        HELLO + frame({"t": "chunk", "c": "c1", "f": "f1", "o": 0, "m": MAC, "n": 64 << 20}),
         "payload length 67108864",
     ),
-    "bad checksum": (
-        HELLO + frame({"t": "chunk", "c": "c1", "f": "f1", "o": 0, "x": 1}, b"data"),
-        "checksum mismatch",
+    "bad MAC": (  # right sender, bytes not MACed with the flow's key: dropped
+        HELLO_A + frame({"t": "chunk", "c": "c1", "f": "f1", "o": 0, "m": MAC}, bytes(LEAF_BYTES)),
+        "MAC does not match",
     ),
     "unknown flow": (
-        HELLO + frame({"t": "chunk", "c": "c9", "f": "nope", "o": 0, "x": CRC_DATA}, b"data"),
+        HELLO + frame({"t": "chunk", "c": "c9", "f": "nope", "o": 0, "m": MAC}, b"data"),
         "unknown flow c9/nope",
     ),
     "chunk from the wrong agent": (  # would corrupt c1/f1 if accepted
-        HELLO + frame({"t": "chunk", "c": "c1", "f": "f1", "o": 0, "x": CRC_DATA}, b"data"),
+        HELLO + frame({"t": "chunk", "c": "c1", "f": "f1", "o": 0, "m": MAC}, b"data"),
         "its sender is 'a'",
     ),
     "first frame not hello": (
@@ -290,7 +291,7 @@ BAD_INPUTS = {  # name: (bytes sent, what the agent's log must say)
         "first frame must be 'hello'",
     ),
     "disconnect mid-frame": (
-        HELLO + frame({"t": "chunk", "c": "c1", "f": "f1", "o": 0, "x": 0}, b"y" * 1000)[:-500],
+        HELLO + frame({"t": "chunk", "c": "c1", "f": "f1", "o": 0, "m": MAC}, b"y" * 1000)[:-500],
         "closed mid-frame",
     ),
 }
@@ -323,7 +324,7 @@ async def test_bad_input_closes_only_that_connection(tmp_path, caplog):
             assert len(errors) == 2 and all(reason in e for e in errors), (name, errors)
         await wait_complete(h, [f])
         assert h.agents["a"].agent.links[("b", h.tunnels[0].tunnel)].connects == 1
-    assert h.controller.completed[f.key] == synthetic_digest("c1", "f1", size)
+    assert h.controller.completed[f.key] == synthetic_digest("c1", "f1", size, f.digest_key)
 
 
 async def test_bad_control_message_gets_error_reply_and_channel_stays(tmp_path):
@@ -418,7 +419,7 @@ async def test_control_channel_loss_keeps_data_moving_and_reregisters_with_infli
         assert sent[0]["offset"] >= 1 * MB and received[0]["offset"] >= 1 * MB
         await wait_complete(h, [f])
         assert h.agents["a"].agent.links[("b", h.tunnels[0].tunnel)].connects == 1
-    assert h.controller.completed[f.key] == synthetic_digest("c1", "f1", size)
+    assert h.controller.completed[f.key] == synthetic_digest("c1", "f1", size, f.digest_key)
 
 
 async def test_slow_path_reorders_and_receiver_spills_within_memory_bound(tmp_path):
@@ -455,7 +456,9 @@ async def test_many_small_flows_complete_and_progress_is_batched(tmp_path):
             await h.controller.wait_until(
                 lambda: all(h.controller.acked.get(f.key) == size for f in flows)
             )
-    assert h.controller.completed[flows[-1].key] == synthetic_digest("c1", f"f{n - 1}", size)
+    assert h.controller.completed[flows[-1].key] == synthetic_digest(
+        "c1", f"f{n - 1}", size, flows[-1].digest_key
+    )
 
 
 async def test_garbage_from_controller_closes_control_channel_only(tmp_path):
@@ -512,7 +515,7 @@ async def test_finished_flows_are_reported_complete_again_after_reregistration(t
             await h.controller.wait_until(lambda: h.controller.registrations["b"] == 2)
         await wait_complete(h, flows)
     for f in flows:
-        assert h.controller.completed[f.key] == synthetic_digest("c1", f.flow, size)
+        assert h.controller.completed[f.key] == synthetic_digest("c1", f.flow, size, f.digest_key)
 
 
 async def test_unusable_flow_paths_from_controller_do_not_take_the_agent_down(tmp_path):
@@ -569,21 +572,22 @@ async def test_chunks_before_the_receivers_descriptor_are_held_and_delivered(tmp
         assert all(link.connects == 1 for link in a.links.values())
         assert sum(a.groups[("c1", "LA")].sent_bytes.values()) == 2 * size  # nothing resent
     for f in flows:
-        assert h.controller.completed[f.key] == synthetic_digest("c1", f.flow, size)
+        assert h.controller.completed[f.key] == synthetic_digest("c1", f.flow, size, f.digest_key)
 
 
 async def test_held_chunks_past_the_bound_close_their_connection_and_are_resent(tmp_path):
-    """A 20 000-byte pending bound (chunks at 0.5 MB/s per path are 5 000 bytes): the fifth
-    held chunk overflows it, its connection closes, the sender resends; the flow completes."""
+    """A pending bound of four chunks and a bit (chunks at 0.5 MB/s per path are one 64 KiB
+    leaf): the fifth held chunk overflows it, its connection closes, the sender resends; the
+    flow completes."""
     size = 2 * MB
     async with loopback(tmp_path, k=2) as h:
         b = h.agents["b"].agent
-        b.pending.limit_bytes = 20_000
+        b.pending.limit_bytes = 4 * LEAF_BYTES + 1000
         f = h.flow("c1", "f1", "a", "b", size)
         await send_sender_first(h, [f], 0.5 * MB, lambda: b.closed_connections > 0)
         await wait_complete(h, [f])
         assert b.pending.dropped_bytes > 0 and b.pending.held_bytes == 0
-    assert h.controller.completed[f.key] == synthetic_digest("c1", "f1", size)
+    assert h.controller.completed[f.key] == synthetic_digest("c1", "f1", size, f.digest_key)
 
 
 async def test_held_chunks_past_the_timeout_close_their_connection_and_are_resent(tmp_path):
@@ -595,7 +599,7 @@ async def test_held_chunks_past_the_timeout_close_their_connection_and_are_resen
         await send_sender_first(h, [f], 0.5 * MB, lambda: b.closed_connections > 0)
         await wait_complete(h, [f])
         assert b.pending.dropped_bytes > 0 and b.pending.held_bytes == 0
-    assert h.controller.completed[f.key] == synthetic_digest("c1", "f1", size)
+    assert h.controller.completed[f.key] == synthetic_digest("c1", "f1", size, f.digest_key)
 
 
 async def test_chunks_of_a_flow_the_receiver_refused_get_a_clear_error(tmp_path, caplog):

@@ -1,6 +1,5 @@
 """Unit tests of the agent's parts: sources/sinks, OutFlow (resend, rewind), InFlow, CLI parsing."""
 
-import hashlib
 import os
 import random
 import shutil
@@ -10,6 +9,7 @@ import pytest
 import trio
 import trio.testing
 
+from overlay.integrity import LEAF_BYTES, FlowDigest, FlowKeys, flow_digest
 from overlay.protocol import FlowSpec, ProtocolError
 from terra_agent.agent import parse_memory
 from terra_agent.cli import build_parser, main
@@ -18,7 +18,6 @@ from terra_agent.receiver import READY_BATCH_BYTES, HashQueue, InFlow
 from terra_agent.sender import (
     MIN_CHUNK_BYTES,
     MIN_UNSENT_BYTES,
-    THREAD_HASH_BYTES,
     FlowGroupSender,
     OutFlow,
     allow_unsent_bytes,
@@ -36,9 +35,11 @@ from terra_agent.sources import (
     synthetic_digest,
 )
 
+KEY = "5a" * 32  # the flow key of spec()'s flows
+
 
 def spec(size, **kw):
-    return FlowSpec("c1", "f1", "a", "b", "LA", size, **kw)
+    return FlowSpec("c1", "f1", "a", "b", "LA", size, digest_key=KEY, **kw)
 
 
 def whole(source, size):
@@ -89,9 +90,9 @@ def test_file_sink_resume_and_truncate(tmp_path):
     part.write_bytes(b"abcdef")
     sink = FileSink(str(path), 100, resume=True)
     assert sink.resume_offset == 6
-    h = hashlib.blake2b()
+    h = FlowDigest(FlowKeys(KEY), 6)
     sink.prefix_hash(h)
-    assert h.hexdigest() == hashlib.blake2b(b"abcdef").hexdigest()
+    assert h.hexdigest() == flow_digest(KEY, b"abcdef")
     sink.write(b"gh")
     sink.close()
     assert part.read_bytes() == b"abcdefgh" and not path.exists()
@@ -104,66 +105,75 @@ def test_file_sink_resume_and_truncate(tmp_path):
 def test_outflow_sends_every_byte_and_digest_on_last_chunk():
     size = 2 * MAX_CHUNK_BYTES + 7
     flow = OutFlow(spec(size), SyntheticSource("c1/f1", size))
+    keys = FlowKeys(KEY)
     chunks = []
     while (item := flow.take(MAX_CHUNK_BYTES)) is not None:
         chunks.append(item)
-    assert [(o, len(d)) for o, d, _ in chunks] == [
+    assert [(o, len(d)) for o, d, _, _ in chunks] == [
         (0, MAX_CHUNK_BYTES),
         (MAX_CHUNK_BYTES, MAX_CHUNK_BYTES),
         (2 * MAX_CHUNK_BYTES, 7),
     ]
-    assert [dig is not None for _, _, dig in chunks] == [False, False, True]
-    assert chunks[-1][2] == synthetic_digest("c1", "f1", size)
+    assert all(m == keys.leaf_macs(o, d) for o, d, m, _ in chunks)  # each chunk's leaf MACs
+    assert [dig is not None for _, _, _, dig in chunks] == [False, False, True]
+    assert chunks[-1][3] == synthetic_digest("c1", "f1", size, KEY)
+
+
+L = LEAF_BYTES
 
 
 def test_outflow_requeue_resends_only_unacked_bytes():
-    size = 100_000
+    size = 8 * L
     flow = OutFlow(spec(size), SyntheticSource("c1/f1", size))
     for _ in range(4):
-        flow.take(25_000)  # everything sent
-    assert flow.take(25_000) is None
-    flow.on_ack(30_000, epoch=1)
-    assert not flow.requeue(0, 25_000)  # fully acknowledged: nothing to resend
-    assert flow.requeue(25_000, 25_000)  # 30_000..50_000 still unacknowledged
-    offset, data, digest = flow.take(25_000)
-    assert (offset, len(data), digest) == (30_000, 20_000, None)
-    assert bytes(data) == bytes(SyntheticSource("c1/f1", size).read(30_000, 20_000))
+        flow.take(2 * L)  # everything sent
+    assert flow.take(2 * L) is None
+    flow.on_ack(3 * L, epoch=1)
+    assert not flow.requeue(0, 2 * L)  # fully acknowledged: nothing to resend
+    assert flow.requeue(2 * L, 2 * L)  # 3 L..4 L still unacknowledged
+    offset, data, macs, digest = flow.take(2 * L)
+    assert (offset, len(data), digest) == (3 * L, L, None)
+    assert bytes(data) == bytes(SyntheticSource("c1/f1", size).read(3 * L, L))
+    assert macs == FlowKeys(KEY).leaf_macs(3 * L, data)
 
 
 def test_outflow_acks_epochs_rewind_and_ignore_stale():
-    size = 100_000
+    size = 8 * L + 5
     flow = OutFlow(spec(size), SyntheticSource("c1/f1", size))
-    for _ in range(4):
-        flow.take(25_000)
-    flow.on_ack(80_000, epoch=5)
-    assert not flow.on_ack(40_000, epoch=5)  # reordered old ack of the same receiver: ignored
-    assert flow.acked == 80_000
-    assert not flow.on_ack(90_000, epoch=4)  # an older incarnation: ignored
-    assert flow.acked == 80_000
-    assert flow.on_ack(10_000, epoch=6)  # receiver restarted and kept 10_000: rewind
-    assert flow.acked == 10_000
+    while flow.take(2 * L) is not None:
+        pass
+    flow.on_ack(6 * L, epoch=5)
+    assert not flow.on_ack(4 * L, epoch=5)  # reordered old ack of the same receiver: ignored
+    assert flow.acked == 6 * L
+    assert not flow.on_ack(7 * L, epoch=4)  # an older incarnation: ignored
+    assert flow.acked == 6 * L
+    assert flow.on_ack(L + 100, epoch=6)  # receiver restarted and kept L + 100: rewind
+    assert flow.acked == L + 100
     resent = []
-    while (item := flow.take(50_000)) is not None:
-        resent.append((item[0], len(item[1]), item[2]))
-    # 10_000..100_000 again; the last chunk carries the digest
-    assert resent == [(10_000, 50_000, None), (60_000, 40_000, synthetic_digest("c1", "f1", size))]
+    while (item := flow.take(4 * L)) is not None:
+        resent.append((item[0], len(item[1]), item[3]))
+    # from the leaf boundary at or below L + 100 again; the last chunk carries the digest
+    assert resent == [
+        (L, 4 * L, None),
+        (5 * L, 3 * L + 5, synthetic_digest("c1", "f1", size, KEY)),
+    ]
 
 
 def test_outflow_resumed_sender_jumps_forward_with_correct_digest():
-    size = 100_000
-    flow = OutFlow(spec(size, offset=20_000), SyntheticSource("c1/f1", size))
-    assert flow.next_offset == 20_000  # bytes before the offset were hashed, not sent
-    flow.on_ack(60_000, epoch=1)  # the receiver holds more than the controller knew
-    offset, data, digest = flow.take(MAX_CHUNK_BYTES)
-    assert (offset, len(data)) == (60_000, 40_000)
-    assert digest == synthetic_digest("c1", "f1", size)
+    size = 8 * L + 5
+    flow = OutFlow(spec(size, offset=2 * L + 9), SyntheticSource("c1/f1", size))
+    assert flow.next_offset == 2 * L  # bytes before the offset's leaf were MACed, not sent
+    flow.on_ack(6 * L, epoch=1)  # the receiver holds more than the controller knew
+    offset, data, macs, digest = flow.take(MAX_CHUNK_BYTES)
+    assert (offset, len(data)) == (6 * L, 2 * L + 5)
+    assert digest == synthetic_digest("c1", "f1", size, KEY)
 
 
 def test_inflow_out_of_order_duplicates_and_digest(tmp_path):
     size = 1000
     data = os.urandom(size)
     flow = InFlow(spec(size), memory_limit=300, spill_dir=str(tmp_path))
-    digest = hashlib.blake2b(data).hexdigest()
+    digest = flow_digest(KEY, data)
     order = [(600, 1000), (200, 600), (200, 400), (0, 300), (900, 1000)]
     for start, end in order:
         flow.add(start, data[start:end], digest if end == size else None)
@@ -181,22 +191,24 @@ def test_inflow_digest_mismatch_and_bad_chunks(tmp_path):
 
 
 def test_inflow_file_sink_resume(tmp_path):
-    data = os.urandom(500)
+    data = os.urandom(3 * L)
     path = tmp_path / "out"
-    (tmp_path / "out.terra-part").write_bytes(data[:200])
-    digest = hashlib.blake2b(data).hexdigest()
+    (tmp_path / "out.terra-part").write_bytes(data[: L + 200])
+    digest = flow_digest(KEY, data)
     flow = InFlow(
-        spec(500, offset=150, sink="file:out"), 100, str(tmp_path), data_root=str(tmp_path)
+        spec(3 * L, offset=150, sink="file:out"), 100, str(tmp_path), data_root=str(tmp_path)
     )
-    assert flow.base == 200  # the file holds more than the controller's offset
-    flow.add(100, data[100:500], digest)  # overlapping resend: the first 100 bytes are dropped
+    assert flow.base == L  # the file holds more than the controller's offset (cut to a leaf)
+    assert (tmp_path / "out.terra-part").stat().st_size == L
+    flow.add(100, data[100:], digest)  # overlapping resend: the first L - 100 bytes are dropped
     assert flow.check_digest()
     assert path.read_bytes() == data
 
 
 def test_chunk_bytes_clamped():
-    assert chunk_bytes(0) == MIN_CHUNK_BYTES
-    assert chunk_bytes(10e6) == 100_000  # 10 MB/s x 10 ms
+    assert chunk_bytes(0) == MIN_CHUNK_BYTES == LEAF_BYTES
+    assert chunk_bytes(10e6) == LEAF_BYTES  # 10 MB/s x 10 ms = 100 KB: one whole leaf
+    assert chunk_bytes(40e6) == 6 * LEAF_BYTES  # 400 KB: six whole leaves
     assert chunk_bytes(1e12) == MAX_CHUNK_BYTES
 
 
@@ -233,7 +245,8 @@ def test_cli_parsing_and_errors(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(base)  # neither --pki nor --insecure
     assert exc.value.code == 2
-    assert main(base + ["--insecure", "--spill-dir", str(tmp_path / "nodir")]) == 2
+    (tmp_path / "file").write_text("")  # a spill dir that cannot be created
+    assert main(base + ["--insecure", "--spill-dir", str(tmp_path / "file" / "d")]) == 1
 
 
 def test_inflow_restarted_after_all_bytes_still_verifies(tmp_path):
@@ -241,7 +254,7 @@ def test_inflow_restarted_after_all_bytes_still_verifies(tmp_path):
     kept next to the file, so the new incarnation verifies without any chunk arriving."""
     data = os.urandom(300)
     path = tmp_path / "out"
-    digest = hashlib.blake2b(data).hexdigest()
+    digest = flow_digest(KEY, data)
     root = str(tmp_path)
     first = InFlow(spec(300, sink="file:out"), 100, root, data_root=root)
     first.add(0, data, digest)
@@ -283,27 +296,20 @@ async def test_allow_unsent_bytes_sets_notsent_lowat():
         await listener.aclose()
 
 
-async def test_outflow_hashes_in_a_worker_thread_in_order_with_inline_jumps():
-    """Chunks of a third of THREAD_HASH_BYTES, hash_pending() (thread, >= THREAD_HASH_BYTES
-    queued) after some, an ack jumping the frontier forward (inline hashing) in between: the
-    digest is the flow's."""
-    step = THREAD_HASH_BYTES // 3 + 1
-    size = 5 * THREAD_HASH_BYTES + 5
+def test_outflow_jumps_and_resends_keep_the_digest():
+    """Chunks of two leaves, an ack jumping the frontier forward (MACs made from the source
+    for the skipped bytes), a rewind: the digest is the flow's."""
+    size = 20 * L + 5
     flow = OutFlow(spec(size), SyntheticSource("c1/f1", size))
-    for i in range(8):  # 8 * step (~2.7 x THREAD_HASH_BYTES) taken; hashed in threads
-        flow.take(step)
-        if i % 3 == 2:
-            await flow.hash_pending()
-    assert flow._hashed >= THREAD_HASH_BYTES  # some bytes went through the worker thread
-    jump = 4 * THREAD_HASH_BYTES
-    flow.on_ack(jump, epoch=1)  # receiver holds more: frontier jumps, inline hashing
-    assert flow.next_offset == jump
+    for _ in range(3):
+        flow.take(2 * L)
+    flow.on_ack(12 * L + 7, epoch=1)  # receiver holds more: frontier jumps to a leaf boundary
+    assert flow.next_offset == 12 * L
     last = None
-    while (item := flow.take(step)) is not None:
+    while (item := flow.take(2 * L)) is not None:
         last = item
-        await flow.hash_pending()
     assert last[0] + len(last[1]) == size
-    assert last[2] == flow.digest == synthetic_digest("c1", "f1", size)
+    assert last[3] == flow.digest == synthetic_digest("c1", "f1", size, KEY)
 
 
 async def test_inflow_receive_from_concurrent_tasks_hashes_in_delivery_order(tmp_path):
@@ -319,7 +325,7 @@ async def test_inflow_receive_from_concurrent_tasks_hashes_in_delivery_order(tmp
         spill_dir=str(tmp_path),
         data_root=str(tmp_path),
     )
-    digest = hashlib.blake2b(data).hexdigest()
+    digest = flow_digest(KEY, data)
     step = 64 * 1024
     chunks = [(o, data[o : o + step]) for o in range(0, size, step)]
     rng = random.Random(7)
@@ -398,7 +404,7 @@ async def test_gap_fill_after_a_long_spill_is_queued_in_bounded_batches(tmp_path
     not the 24 MiB that spilled. The sync add() path drains everything at once, in batches."""
     step, size, limit = 256 * 1024, (24 << 20) + 5, 1 << 20
     data = os.urandom(size)
-    digest = hashlib.blake2b(data).hexdigest()
+    digest = flow_digest(KEY, data)
     chunks = [(o, data[o : o + step]) for o in range(0, size, step)]
     spill_dir = tmp_path / "spill"
     spill_dir.mkdir()
@@ -467,7 +473,7 @@ async def test_ready_bytes_wait_while_the_shared_hash_queue_is_full(tmp_path):
             assert consumed == [] and a.delivered == 5 * mib and a.ready_bytes == mib
             assert await b.consume() == 2 * mib  # room again: a queues, consumes its last 1 MiB
     assert consumed == [mib] and a.complete and b.complete
-    assert a.hasher.hexdigest() == hashlib.blake2b(a_data).hexdigest()
+    assert a.hasher.hexdigest() == flow_digest(a.spec.digest_key, a_data)
     assert queue.peak_bytes == 7 * mib and queue.queued_bytes == 0
     a.close()
     b.close()
@@ -497,15 +503,16 @@ def test_pending_chunks_bound_pop_and_drop_stream():
 async def test_path_idle_through_a_rate_drop_sends_chunks_of_the_new_rate():
     """A path task that went idle at an unlimited rate (4 MiB chunks, no tokens charged: its
     first flow is sent and waits for acks) and wakes after its rate fell to 10 Mbit/s
-    (1.25e6 bytes/s) for a new flow sends chunks of the new rate's size: 1.25e6 x 10 ms =
-    12,500 bytes, not the new flow's 100,000 bytes in one burst outside the new limit."""
+    (20e6 bytes/s) for a new flow sends chunks of the new rate's size: 20e6 x 10 ms = 200 KB,
+    3 whole leaves = 196,608 bytes, not the new flow's 1,000,000 bytes in one burst outside
+    the new limit."""
     sent = []
     changed = trio.Event()
 
     class RecordingLink:  # stands for a PeerLink: records what the path task sends
         up = True
 
-        async def send_chunk(self, flow, offset, data, digest, n):
+        async def send_chunk(self, flow, offset, data, macs, digest, n):
             sent.append((flow.spec.flow, len(data)))
             changed.set()
             return True
@@ -520,13 +527,20 @@ async def test_path_idle_through_a_rate_drop_sends_chunks_of_the_new_rate():
         await changed.wait()
         await trio.testing.wait_all_tasks_blocked()  # f1 sent, unacked: the path task idles
         changed = trio.Event()
-        group.set_rates({"t1": 1.25e6})
+        group.set_rates({"t1": 20e6})
         group.add_flow(
             OutFlow(
-                FlowSpec("c1", "f2", "a", "b", "LA", 100_000), SyntheticSource("c1/f2", 100_000)
+                FlowSpec("c1", "f2", "a", "b", "LA", 10**6), SyntheticSource("c1/f2", 10**6)
             )
         )
         await changed.wait()
         nursery.cancel_scope.cancel()
     assert sent[0] == ("f1", 10_000)
-    assert sent[1] == ("f2", chunk_bytes(1.25e6)) == ("f2", 12_500)
+    assert sent[1] == ("f2", chunk_bytes(20e6)) == ("f2", 196_608)
+
+
+def test_outflow_of_a_finished_flow_stays_done_with_its_digest():
+    size = 3 * L + 5  # the last leaf is short: the offset is the size, not a leaf boundary
+    flow = OutFlow(spec(size, offset=size), SyntheticSource("c1/f1", size))
+    assert flow.done and flow.take(4 * L) is None
+    assert flow.digest == synthetic_digest("c1", "f1", size, KEY)

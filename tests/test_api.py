@@ -113,7 +113,7 @@ def test_submit_and_status(server, client):
     assert {f["id"]: f["dst_dc"] for f in status["flows"]} == {"f1": "B", "f2": "C"}
     assert client.checkStatus(cid)["id"] == 0
     # Coflow 0 runs: its FlowGroups got a positive rate.
-    assert sum(f["rate"] for f in status["flows"]) > 0
+    assert sum(f["rate_bytes_per_s"] for f in status["flows"]) > 0
 
 
 def test_update_coflow_adds_flows(client):

@@ -240,6 +240,13 @@ def test_link_down_pushes_tunnels_and_rates_and_records_the_reaction(channel):
     reaction = chan.reactions[-1].to_json()
     assert reaction["agents"] == ["a1", "b1"]
     assert 0 <= reaction["event_to_push_ms"] <= reaction["event_to_applied_ms"]
+    # The controller's metrics: the reaction in its histogram, both registrations counted.
+    sample = controller.metrics.registry.get_sample_value
+    assert sample("terra_wan_reaction_seconds_count") == 1
+    assert sample("terra_wan_reaction_seconds_sum") == pytest.approx(
+        reaction["event_to_applied_ms"] / 1e3
+    )
+    assert sample("terra_agent_registrations_total") == 2
 
 
 @pytest.mark.parametrize("channel", [1], indirect=True)

@@ -15,6 +15,7 @@ import trio
 import trio.testing
 
 from overlay.framing import FrameReader, FrameWriter, chunk_header
+from overlay.integrity import MAC_BYTES
 from overlay.protocol import GroupRates
 from terra_agent.data_auth import DataAuthError, authenticate
 from terra_agent.harness import LoopbackHarness
@@ -29,6 +30,7 @@ from terra_controller.pki import (
 )
 
 MB = 1_000_000
+MAC = bytes(MAC_BYTES)  # a well-formed MAC, not made with any flow's key
 TIMEOUT = 30
 
 
@@ -84,7 +86,7 @@ async def send_hello_and_chunks(stream, agent, tunnel, flow):
     try:
         await writer.send({"t": "hello", "agent": agent, "tunnel": tunnel})
         for offset in (0, 100_000):
-            await writer.send(chunk_header(flow.coflow, flow.flow, offset, data), data)
+            await writer.send(chunk_header(flow.coflow, flow.flow, offset, data, MAC), data)
         with trio.fail_after(TIMEOUT):
             while await stream.receive_some(1 << 16):
                 pass
@@ -108,7 +110,9 @@ async def complete_from_a(h, flow):
     await send_rates(h, flow)
     with trio.fail_after(TIMEOUT):
         await h.controller.wait_until(lambda: flow.key in h.controller.completed)
-    assert h.controller.completed[flow.key] == synthetic_digest(flow.coflow, flow.flow, flow.size)
+    assert h.controller.completed[flow.key] == synthetic_digest(
+        flow.coflow, flow.flow, flow.size, flow.digest_key
+    )
 
 
 def tunnel_port(h):
@@ -185,7 +189,7 @@ async def test_chunks_held_before_the_descriptor_from_a_wrong_sender_are_dropped
             writer = FrameWriter(stream)
             data = b"y" * 1000
             await writer.send({"t": "hello", "agent": "c", "tunnel": h.tunnels[0].tunnel})
-            await writer.send(chunk_header(flow.coflow, flow.flow, 0, data), data)
+            await writer.send(chunk_header(flow.coflow, flow.flow, 0, data, MAC), data)
             with trio.fail_after(TIMEOUT):
                 while b.pending.held_bytes == 0:
                     await trio.sleep(0.01)
@@ -282,7 +286,7 @@ async def test_frame_reader_reads_initial_bytes_first():
     left, right = trio.testing.memory_stream_pair()
     writer = FrameWriter(left)
     await writer.send({"t": "hello", "agent": "a", "tunnel": "t"})
-    await writer.send(chunk_header("c", "f", 0, b"abc"), b"abc")
+    await writer.send(chunk_header("c", "f", 0, b"abc", MAC), b"abc")
     raw = await right.receive_some(1 << 16)
     cut = len(raw) - 5  # the first frame and part of the second arrived with the handshake
     reader = FrameReader(right, initial=raw[:cut])

@@ -6,18 +6,19 @@ is "outside". Refusals must reach the controller as "error" reports naming the f
 agent running (a synthetic flow sent afterwards completes) and touch no file.
 """
 
-import hashlib
 import os
 from contextlib import asynccontextmanager
 
 import pytest
 import trio
 
+from overlay.integrity import flow_digest
 from overlay.protocol import FlowSpec, GroupRates, flows_message
 from terra_agent.cli import build_parser, main
 from terra_agent.harness import LoopbackHarness
 from terra_agent.receiver import InFlow
 from terra_agent.sources import (
+    DIGEST_SUFFIX,
     PART_SUFFIX,
     SourceError,
     open_sink,
@@ -77,12 +78,13 @@ async def still_serves(h, name="alive"):
     f = h.flow("c9", name, "a", "b", 1 * MB)
     await run_flows(h, [f])
     await wait_complete(h, [f])
-    assert h.controller.completed[f.key] == synthetic_digest("c9", name, 1 * MB)
+    assert h.controller.completed[f.key] == synthetic_digest("c9", name, 1 * MB, f.digest_key)
     assert h.controller.registrations == {"a": 1, "b": 1}
 
 
-def blake2b(path):
-    return hashlib.blake2b(path.read_bytes()).hexdigest()
+def file_digest(path, key):
+    """The flow digest of a file's bytes under flow key `key`."""
+    return flow_digest(key, path.read_bytes())
 
 
 def leftovers(root):
@@ -113,7 +115,8 @@ async def test_relative_file_flow_is_delivered_and_digest_matches(tmp_path):
         await wait_complete(h, [f, g])
     assert (root / "out" / "dst.bin").read_bytes() == src.read_bytes()
     assert (root / "g.bin").read_bytes() == src.read_bytes()
-    assert h.controller.completed[f.key] == h.controller.completed[g.key] == blake2b(src)
+    assert h.controller.completed[f.key] == file_digest(src, f.digest_key)
+    assert h.controller.completed[g.key] == file_digest(src, g.digest_key)
     assert leftovers(root) == []  # part file renamed into place, saved digest removed
     assert not h.controller.errors
 
@@ -243,7 +246,7 @@ async def test_destination_is_replaced_only_when_the_flow_completes(tmp_path):
         assert dst.read_bytes() == b"old contents"
         await wait_complete(h, [f])
     assert dst.read_bytes() == src.read_bytes()
-    assert h.controller.completed[f.key] == blake2b(src)
+    assert h.controller.completed[f.key] == file_digest(src, f.digest_key)
     assert leftovers(root) == []
 
 
@@ -295,7 +298,7 @@ def test_file_source_refuses_special_files_and_a_replaced_file(tmp_path):
 def test_sink_refuses_reserved_names_and_directories(tmp_path):
     root = str(tmp_path)
     (tmp_path / "d").mkdir()
-    for name in (f"x{PART_SUFFIX}", f"x{PART_SUFFIX}.blake2b"):
+    for name in (f"x{PART_SUFFIX}", f"x{PART_SUFFIX}{DIGEST_SUFFIX}"):
         with pytest.raises(SourceError, match="reserved"):
             open_sink(f"file:{name}", 10, resume=False, data_root=root)
     with pytest.raises(SourceError, match="is a directory"):

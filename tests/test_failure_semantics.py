@@ -11,7 +11,6 @@ HK -> BA coflow alone gets 250 MB/s.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import socket
@@ -26,6 +25,7 @@ import trio
 from test_agent import loopback
 
 from overlay import protocol
+from overlay.integrity import FlowKeys
 from overlay.protocol import GroupRates, flows_message
 from terra_agent.harness import free_port_block, stop_processes
 from terra_agent.sources import synthetic_digest
@@ -564,7 +564,9 @@ async def test_drop_stops_a_flow_at_both_ends_and_its_late_chunks_do_no_harm(tmp
         assert b.dropped[doomed.key] == 0
         with trio.fail_after(30):
             await h.controller.wait_until(lambda: h.controller.all_complete([other.key]))
-        assert h.controller.completed[other.key] == synthetic_digest("c2", "other", 4 * MB)
+        assert h.controller.completed[other.key] == synthetic_digest(
+            "c2", "other", 4 * MB, other.digest_key
+        )
         assert doomed.key not in h.controller.completed
         assert b.closed_connections == 0  # late chunks / acks of the dropped flow were ignored
         assert all(link.connects == 1 for link in a.links.values())
@@ -576,14 +578,15 @@ async def test_a_digest_mismatch_is_reported_and_a_new_attempt_completes(tmp_pat
 
     poisoned = []
 
-    def hasher_once_poisoned():  # the first receiving hasher starts with junk: a mismatch
-        h = hashlib.blake2b()
-        if not poisoned:
-            poisoned.append(True)
-            h.update(b"junk")
-        return h
+    class OncePoisoned(FlowKeys):  # the first receiving digest starts with junk: a mismatch
+        def fold_hasher(self):
+            h = super().fold_hasher()
+            if not poisoned:
+                poisoned.append(True)
+                h.update(b"junk")
+            return h
 
-    monkeypatch.setattr(receiver, "new_hasher", hasher_once_poisoned)
+    monkeypatch.setattr(receiver, "FlowKeys", OncePoisoned)
     size = 3 * MB
     async with loopback(tmp_path, k=2) as h:
         first = h.flow("c1", "f", "a", "b", size)
@@ -598,7 +601,9 @@ async def test_a_digest_mismatch_is_reported_and_a_new_attempt_completes(tmp_pat
         again = h.flow("c1", "f", "a", "b", size, attempt=1)
         await h.controller.add_flows([again])
         await wait_for(h, lambda: h.controller.all_complete([again.key]))
-        assert h.controller.completed[again.key] == synthetic_digest("c1", "f", size)
+        assert h.controller.completed[again.key] == synthetic_digest(
+            "c1", "f", size, again.digest_key
+        )
         assert h.agents["b"].agent.in_flows[again.key].spec.attempt == 1
         assert h.agents["b"].agent.closed_connections == 0
 

@@ -24,6 +24,14 @@ from overlay.framing import (
     encode_frame,
     send_frame,
 )
+from overlay.integrity import MAC_BYTES, mac_bytes
+
+MAC = bytes(range(MAC_BYTES))  # framing only checks the MACs' type and length
+
+
+def macs(payload) -> bytes:
+    """A MAC list of the right length for `payload` (its value is the agent's business)."""
+    return bytes(mac_bytes(len(payload)))
 
 
 async def tcp_pair():
@@ -84,7 +92,7 @@ async def test_chunk_round_trip_over_tcp_all_sizes():
     async def sender():
         offset = 0
         for p in payloads:
-            await send_frame(client, chunk_header("cf1", "f1", offset, p), p)
+            await send_frame(client, chunk_header("cf1", "f1", offset, p, macs(p)), p)
             offset += len(p)
         await client.aclose()
 
@@ -104,7 +112,7 @@ async def test_chunk_round_trip_over_tcp_all_sizes():
         assert header["v"] == VERSION and header["t"] == "chunk"
         assert (header["c"], header["f"], header["o"]) == ("cf1", "f1", offset)
         assert header["n"] == len(sent) == len(payload)
-        assert header["x"] == zlib.crc32(sent)
+        assert header["m"] == macs(sent)  # framing carries the MACs; the agent checks them
         assert bytes(payload) == sent
         offset += len(sent)
 
@@ -143,7 +151,7 @@ async def test_reader_with_payload_buffers_keeps_held_payloads_intact():
 
     async def sender():
         for i, p in enumerate(payloads):
-            await send_frame(client, chunk_header("c", "f", i * size, p), p)
+            await send_frame(client, chunk_header("c", "f", i * size, p, macs(p)), p)
         await client.aclose()
 
     async def receiver():
@@ -176,7 +184,7 @@ async def test_many_small_frames_and_control_frames_keep_order():
                     await send_frame(client, {"t": "heartbeat", "seq": i})
                 else:
                     p = pattern(i, seed=i)
-                    await send_frame(client, chunk_header("c", str(i), i, p), p)
+                    await send_frame(client, chunk_header("c", str(i), i, p, macs(p)), p)
             await client.aclose()
 
         got = []
@@ -231,7 +239,7 @@ def frames_bytes(frames) -> bytes:
 
 async def test_generic_stream_path_with_tiny_receives():
     payloads = [pattern(n, seed=n) for n in (0, 5, 20_000, 70_000, 300_000)]
-    frames = [(chunk_header("c", "f", i, p), p) for i, p in enumerate(payloads)]
+    frames = [(chunk_header("c", "f", i, p, macs(p)), p) for i, p in enumerate(payloads)]
     frames.append(({"t": "big-header", "pad": "z" * 60_000}, b""))  # header near 64 KiB
     got = await read_frames(Dribble(frames_bytes(frames), [1, 3, 7, 4096, 2]))
     assert [p for _, p in got] == payloads + [b""]
@@ -245,14 +253,15 @@ async def test_generic_stream_path_with_tiny_receives():
 )
 async def test_any_receive_boundaries_give_the_same_frames(sizes, pieces):
     frames = [
-        (chunk_header("c", str(i), i, pattern(n, i)), pattern(n, i)) for i, n in enumerate(sizes)
+        (chunk_header("c", str(i), i, pattern(n, i), macs(pattern(n, i))), pattern(n, i))
+        for i, n in enumerate(sizes)
     ]
     got = await read_frames(Dribble(frames_bytes(frames), pieces))
     assert [(h["f"], p) for h, p in got] == [(str(i), p) for i, (_, p) in enumerate(frames)]
 
 
 def test_encode_frame_sets_version_and_length_and_does_not_copy_payload():
-    header = {"t": "chunk", "c": "a", "f": "b", "o": 7, "x": 0}
+    header = {"t": "chunk", "c": "a", "f": "b", "o": 7, "m": MAC}
     payload = bytearray(b"x" * 100_000)
     parts = encode_frame(header, payload)
     assert parts[1] is payload  # the payload object itself, not a copy
@@ -279,20 +288,22 @@ def test_encode_frame_rejects_bad_input():
 
 
 def test_chunk_header_fields_and_errors():
-    h = chunk_header("c", "f", 10, b"abc")
-    # crc32(b"abc") = 0x352441C2 (standard CRC-32 check value for "abc")
-    assert h == {"t": "chunk", "c": "c", "f": "f", "o": 10, "n": 3, "x": 0x352441C2}
+    h = chunk_header("c", "f", 10, b"abc", MAC)
+    assert h == {"t": "chunk", "c": "c", "f": "f", "o": 10, "n": 3, "m": MAC}
+    for bad in (b"short", MAC + b"x", "0" * 16, None):
+        with pytest.raises(FrameError, match="MAC"):
+            chunk_header("c", "f", 0, b"", bad)
     with pytest.raises(FrameError):
-        chunk_header(1, "f", 0, b"")
+        chunk_header(1, "f", 0, b"", b"")
     with pytest.raises(FrameError):
-        chunk_header("c", "f", -1, b"")
+        chunk_header("c", "f", -1, b"", b"")
     with pytest.raises(FrameError):
-        chunk_header("c", "f", True, b"")
+        chunk_header("c", "f", True, b"", b"")
 
 
 async def test_clean_eof_returns_none_and_truncation_raises():
     assert await read_raw(b"") is None
-    good = b"".join(encode_frame(chunk_header("c", "f", 0, b"hello"), b"hello"))
+    good = b"".join(encode_frame(chunk_header("c", "f", 0, b"hello", MAC), b"hello"))
     for cut in (1, 3, 4, 10, len(good) - 1):  # mid length prefix, mid header, mid payload
         with pytest.raises(FrameError, match="closed mid-frame"):
             await read_raw(good[:cut])
@@ -300,7 +311,7 @@ async def test_clean_eof_returns_none_and_truncation_raises():
 
 async def test_truncated_large_payload_over_socket_raises():
     p = pattern(1 << 20)
-    good = b"".join(encode_frame(chunk_header("c", "f", 0, p), p))
+    good = b"".join(encode_frame(chunk_header("c", "f", 0, p, macs(p)), p))
     with pytest.raises(FrameError, match="closed mid-frame"):
         await read_raw(good[: len(good) // 2])
 
@@ -323,13 +334,17 @@ BAD_FRAMES = [
     (struct.pack(">I", MAX_HEADER_BYTES + 1) + b"\x80", "header length"),
     (struct.pack(">I", 0), "header length"),
     (struct.pack(">I", 0xFFFFFFFF), "header length"),
-    (raw_frame(packed({"v": 1, "t": "chunk", "n": 0, "c": 1, "f": "f", "o": 0, "x": 0})), "'c'"),
+    (raw_frame(packed({"v": 1, "t": "chunk", "n": 0, "c": 1, "f": "f", "o": 0, "m": MAC})), "'c'"),
     (
-        raw_frame(packed({"v": 1, "t": "chunk", "n": 0, "c": "c", "f": "f", "o": -5, "x": 0})),
+        raw_frame(packed({"v": 1, "t": "chunk", "n": 0, "c": "c", "f": "f", "o": -5, "m": MAC})),
         "offset",
     ),
-    (raw_frame(packed({"v": 1, "t": "chunk", "n": 0, "c": "c", "f": "f", "o": 0})), "checksum"),
-    (raw_frame(packed({"v": 1, "t": "chunk", "n": 0, "c": "c", "f": "f", "o": 0, "x": -1})), "u32"),
+    (raw_frame(packed({"v": 1, "t": "chunk", "n": 0, "c": "c", "f": "f", "o": 0})), "MAC"),
+    (
+        raw_frame(packed({"v": 1, "t": "chunk", "n": 0, "c": "c", "f": "f", "o": 0, "m": b"1"})),
+        "MAC",
+    ),
+    (raw_frame(packed({"v": 1, "t": "blob", "n": 0, "x": -1})), "u32"),
     (raw_frame(packed({1: 1})), "malformed"),  # non-str map key
 ]
 
@@ -341,7 +356,8 @@ async def test_bad_frames_raise_clear_frame_error(data, match):
 
 
 async def test_checksum_mismatch_is_detected():
-    header = chunk_header("c", "f", 0, b"hello")
+    """Frames other than chunks may carry an "x" crc32; framing checks it."""
+    header = {"t": "blob", "x": zlib.crc32(b"hello")}
     head = encode_frame(header, b"hello")[0]
     with pytest.raises(FrameError, match="checksum mismatch"):
         await read_raw(head + b"hellO")
@@ -363,7 +379,7 @@ async def test_frame_writer_does_not_interleave_concurrent_frames():
     async def send_many(name):
         for i in range(20):
             p = pattern(size, seed=i)
-            await writer.send(chunk_header("c", name, i * size, p), p)
+            await writer.send(chunk_header("c", name, i * size, p, macs(p)), p)
 
     got = []
 
@@ -388,7 +404,7 @@ async def test_send_on_closed_peer_raises_broken_resource():
     p = bytes(1 << 20)
     with pytest.raises(trio.BrokenResourceError):
         for i in range(100):
-            await send_frame(client, chunk_header("c", "f", i, p), p)
+            await send_frame(client, chunk_header("c", "f", i, p, macs(p)), p)
     await client.aclose()
 
 
@@ -419,7 +435,7 @@ async def test_stream_errors_match_trio_streams():
 
 async def test_connection_reset_mid_frame_is_broken_resource():
     client, server = await tcp_pair()
-    head = encode_frame(chunk_header("c", "f", 0, bytes(1000)), bytes(1000))[0]
+    head = encode_frame(chunk_header("c", "f", 0, bytes(1000), MAC), bytes(1000))[0]
     await client.send_all(head + bytes(10))
     client.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     await client.aclose()  # RST instead of FIN
@@ -454,7 +470,7 @@ async def test_reader_keeps_short_payloads_out_of_the_pool():
     pool = PayloadBuffers(size=1_000_000, count=2)
     data = pattern(300_000, seed=7)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(send_frame, client, chunk_header("c", "f", 0, data), data)
+        nursery.start_soon(send_frame, client, chunk_header("c", "f", 0, data, macs(data)), data)
         header, payload = await FrameReader(server, buffers=pool).read()
     await client.aclose()
     assert bytes(payload) == data

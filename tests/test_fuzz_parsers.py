@@ -43,6 +43,7 @@ from overlay.framing import (
     chunk_header,
     encode_frame,
 )
+from overlay.integrity import MAC_BYTES, mac_bytes
 from overlay.protocol import ProtocolError, validate_control, validate_data
 from terra_controller.agent_connection import ChannelError, read_control, send_parts
 from terra_controller.api_server import (
@@ -396,6 +397,7 @@ def test_api_reply_that_would_exceed_the_message_limit(pki):
 # ---- 2. the agent channel ----------------------------------------------------------------------
 
 DIGEST = "ab" * 32
+MAC = bytes(MAC_BYTES)  # a well-formed chunk MAC (its value is the agent's business)
 
 
 def control_bases(cid: str, agent: str, dc: str, port: int) -> dict:
@@ -723,7 +725,7 @@ def test_validate_control_raises_only_protocol_error(msg):
 
 DATA_BASES = {
     "hello": {"t": "hello", "agent": "a1", "tunnel": "0"},
-    "chunk": {"t": "chunk", "c": "0", "f": "f", "o": 0, "n": 3, "x": zlib.crc32(b"abc"),
+    "chunk": {"t": "chunk", "c": "0", "f": "f", "o": 0, "n": 3, "m": bytes(MAC_BYTES),
               "d": DIGEST, "a": 1},
     "ack": {"t": "ack", "c": "0", "f": "f", "o": 10, "e": 5, "a": 2},
 }  # fmt: skip
@@ -799,10 +801,10 @@ def data_frames(draw) -> bytes:
                                  "garbage", "body", "hlen", "n", "claim", "cut"]))  # fmt: skip
     if kind == "chunk":
         return b"".join(encode_frame(chunk_header("0", "f", draw(WIRE_INTS.filter(
-            lambda o: o >= 0)), payload), payload))  # fmt: skip
+            lambda o: o >= 0)), payload, bytes(mac_bytes(len(payload)))), payload))  # fmt: skip
     if kind == "bad-chunk":  # a chunk header with one field fuzzed, the payload as is
-        header = {**chunk_header("0", "f", 0, payload), "v": 1}
-        header[draw(st.sampled_from(["c", "f", "o", "n", "x", "v", "t"]))] = draw(
+        header = {**chunk_header("0", "f", 0, payload, bytes(mac_bytes(len(payload)))), "v": 1}
+        header[draw(st.sampled_from(["c", "f", "o", "n", "m", "v", "t"]))] = draw(
             field_values(WIRE_INTS))
         return _header_frame(header, payload)
     if kind == "header":  # any map with v, t and n
@@ -826,8 +828,10 @@ def data_frames(draw) -> bytes:
         return _header_frame({"t": "hello", "v": 1, "n": n}, payload)
     if kind == "claim":  # a large payload announced, a little of it sent
         n = draw(st.sampled_from([MAX_PAYLOAD_BYTES, MAX_PAYLOAD_BYTES - 1, 1 << 20]))
-        return _header_frame({**chunk_header("0", "f", 0, b""), "v": 1, "n": n}, payload)
-    full = b"".join(encode_frame(chunk_header("0", "f", 0, payload), payload))
+        header = {**chunk_header("0", "f", 0, b"", b""), "v": 1, "n": n}
+        return _header_frame({**header, "m": bytes(mac_bytes(n))}, payload)
+    macs = bytes(mac_bytes(len(payload)))
+    full = b"".join(encode_frame(chunk_header("0", "f", 0, payload, macs), payload))
     return full[: draw(st.integers(0, len(full)))]
 
 
@@ -906,7 +910,7 @@ async def test_frame_reader_adversarial_streams_over_tcp(pieces, pooled):
 @given(
     header=st.one_of(
         st.integers(MAX_PAYLOAD_BYTES + 1, 2**64 - 1).map(
-            lambda n: _header_frame({"t": "chunk", "c": "0", "f": "f", "o": 0, "x": 0, "v": 1,
+            lambda n: _header_frame({"t": "chunk", "c": "0", "f": "f", "o": 0, "m": MAC, "v": 1,
                                      "n": n})),  # fmt: skip
         st.sampled_from([0, MAX_HEADER_BYTES + 1, 2**31, 2**32 - 1]).map(_LEN.pack),
     ),

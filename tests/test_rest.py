@@ -101,23 +101,35 @@ def test_topology_and_coflow_allocations_agree(rest):
     coflow = get_json(base, f"/coflows/{cid}")
     (group,) = coflow["flowgroups"]
     assert (group["src_dc"], group["dst_dc"]) == ("A", "B")
-    rates = {tuple(p["path"]): p["rate"] for p in group["paths"]}
+    rates = {tuple(p["path"]): p["rate_bytes_per_s"] for p in group["paths"]}
     assert set(rates) <= {("A", "B"), ("A", "C", "B")} and sum(rates.values()) > 0
-    assert sum(f["rate"] for f in coflow["flows"]) == pytest.approx(sum(rates.values()))
-    links = {(x["src"], x["dst"]): x for x in get_json(base, "/topology")["links"]}
-    assert len(links) == 6 and all(x["capacity"] == CAP for x in links.values())
+    assert sum(f["rate_bytes_per_s"] for f in coflow["flows"]) == pytest.approx(
+        sum(rates.values())
+    )
+    assert group["bytes_remaining"] == 10**9
+    assert [f["bytes_delivered"] for f in coflow["flows"]] == [0]
+    topology = get_json(base, "/topology")
+    assert topology["links"] == get_json(base, "/links")["links"]
+    links = {(x["a"], x["b"]): x for x in topology["links"]}
+    assert set(links[("A", "B")]) >= {
+        "a", "b", "capacity_bytes_per_s", "capacity_gbps", "state", "allocated_bytes_per_s"
+    }  # fmt: skip
+    assert "src" not in links[("A", "B")] and "capacity" not in links[("A", "B")]
+    assert len(links) == 6 and all(x["capacity_bytes_per_s"] == CAP for x in links.values())
+    assert all(x["capacity_gbps"] == pytest.approx(CAP * 8 / 1e9) for x in links.values())
     # Allocated rate per link = the sum of the rates of the paths crossing it.
-    assert links[("A", "B")]["allocated"] == pytest.approx(rates.get(("A", "B"), 0.0))
-    assert links[("A", "C")]["allocated"] == pytest.approx(rates.get(("A", "C", "B"), 0.0))
-    assert links[("C", "B")]["allocated"] == pytest.approx(rates.get(("A", "C", "B"), 0.0))
-    assert links[("B", "A")]["allocated"] == 0
-    assert all(x["allocated"] <= CAP * (1 + 1e-9) for x in links.values())
+    alloc = {link: x["allocated_bytes_per_s"] for link, x in links.items()}
+    assert alloc[("A", "B")] == pytest.approx(rates.get(("A", "B"), 0.0))
+    assert alloc[("A", "C")] == pytest.approx(rates.get(("A", "C", "B"), 0.0))
+    assert alloc[("C", "B")] == pytest.approx(rates.get(("A", "C", "B"), 0.0))
+    assert alloc[("B", "A")] == 0
+    assert all(x <= CAP * (1 + 1e-9) for x in alloc.values())
 
 
 def test_link_state_shows_in_topology_and_tunnels(rest):
     controller, base = rest
     controller.set_link_state("A", "B", False)
-    links = {(x["src"], x["dst"]): x["state"] for x in get_json(base, "/topology")["links"]}
+    links = {(x["a"], x["b"]): x["state"] for x in get_json(base, "/links")["links"]}
     assert links[("A", "B")] == links[("B", "A")] == "down" and links[("A", "C")] == "up"
     tunnels = get_json(base, "/tunnels")
     assert tunnels["logical"] is True
@@ -140,12 +152,101 @@ def test_metrics_in_prometheus_format(rest):
         s.name: s.value
         for fam in text_string_to_metric_families(body.decode())
         for s in fam.samples
+        if not s.labels
     }
-    assert samples["terra_rounds_total"] == 2
-    assert samples["terra_active_coflows"] == 0
+    assert samples["terra_round_duration_seconds_count"] == 2
+    assert samples["terra_round_duration_seconds_sum"] > 0
     assert samples["terra_bytes_delivered_total"] == 1000
+    assert samples["terra_coflows_admitted_total"] == 1
     assert samples["terra_lps_solved_total"] >= 1
-    assert samples["terra_round_latency_ms"] >= 0
+    assert samples["process_resident_memory_bytes"] > 0  # process collector
+
+
+def labelled(base) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted label items): value} of a /metrics scrape."""
+    body = get(base, "/metrics")[2].decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(body)
+        for s in fam.samples
+    }
+
+
+def test_metrics_follow_links_coflow_states_and_admissions(rest):
+    """Labelled link gauges agree with /topology; coflows are counted by state while active
+    and by final state once finished, even after finished coflows leave memory; LP solves
+    and rounds land in histograms (seconds)."""
+    controller, base = rest
+    controller.keep_finished = 1  # keep one finished coflow in memory
+    controller.set_link_state("A", "C", False)
+    run = controller.submit([{"id": "f", "src": "a1", "dst": "b1", "bytes": 10**9}])
+    gone = controller.submit([{"id": "f", "src": "a1", "dst": "c1", "bytes": 10**6}])
+    controller.run_round()
+    m = labelled(base)
+    links = {ends(x): x for x in get_json(base, "/topology")["links"]}
+    for (a, b), link in links.items():
+        key = (("a", a), ("b", b))
+        capacity = link.get("capacity_bytes_per_s", link.get("capacity"))
+        allocated = link.get("allocated_bytes_per_s", link.get("allocated"))
+        assert m[("terra_link_capacity_bytes_per_second", key)] == capacity
+        assert m[("terra_link_allocated_bytes_per_second", key)] == pytest.approx(allocated)
+        assert m[("terra_link_up", key)] == (1.0 if link["state"] == "up" else 0.0)
+    assert m[("terra_link_up", (("a", "A"), ("b", "C")))] == 0.0
+    assert m[("terra_link_allocated_bytes_per_second", (("a", "A"), ("b", "B")))] > 0
+    active = {s: m[("terra_coflows_active", (("state", s),))] for s in ("queued", "running",
+                                                                         "preempted")}  # fmt: skip
+    assert sum(active.values()) == 2 and active["running"] >= 1
+    assert m[("terra_lp_solve_duration_seconds_count", ())] >= 1
+    assert get_json(base, "/status")["coflows"] == states_walked(base)
+    assert m[("terra_round_duration_seconds_count", ())] == 1
+    # The 1 GB coflow finishes, the other is cancelled, a third fails: three final states.
+    controller.progress(run, "f", 5 * 10**8)
+    controller.complete(run, "f", "d")
+    controller.cancel(gone)
+    third = controller.submit([{"id": "f", "src": "b1", "dst": "c1", "bytes": 10**6}])
+    controller.fail_flow(third, "f", "disk full")
+    m = labelled(base)
+    finished = {s: m[("terra_coflows_finished_total", (("state", s),))]
+                for s in ("done", "failed", "cancelled")}  # fmt: skip
+    assert finished == {"done": 1, "failed": 1, "cancelled": 1}
+    dropped = {s: m[("terra_coflows_dropped_total", (("state", s),))]
+               for s in ("done", "cancelled")}  # fmt: skip
+    assert dropped == {"done": 1, "cancelled": 1}  # only the failed one is still in memory
+    assert m[("terra_coflows_in_memory", ())] == 1
+    assert sum(m[("terra_coflows_active", (("state", s),))] for s in active) == 0
+    assert m[("terra_bytes_delivered_total", ())] == 10**9
+    assert m[("terra_coflows_admitted_total", ())] == 3
+    assert m[("terra_agents_registered", ())] == 3
+    assert m[("terra_agent_connections", ())] == 0
+    # /status counts states without walking the coflows; a walk agrees.
+    assert get_json(base, "/status")["coflows"] == states_walked(base) == {"failed": 1}
+
+
+def ends(link: dict) -> tuple[str, str]:
+    """A REST link's (a, b), whether named a/b or src/dst."""
+    return link.get("a", link.get("src")), link.get("b", link.get("dst"))
+
+
+def states_walked(base) -> dict[str, int]:
+    """{state: n} counted over /coflows."""
+    out: dict[str, int] = {}
+    for c in get_json(base, "/coflows"):
+        out[c["state"]] = out.get(c["state"], 0) + 1
+    return out
+
+
+def test_metrics_registries_are_per_controller(pki):
+    """Two controllers in one process: each /metrics counts only its own events."""
+    first, base1, server1 = serve(pki)
+    second, base2, server2 = serve(pki)
+    try:
+        first.submit([{"id": "f", "src": "a1", "dst": "b1", "bytes": 10**6}])
+        assert labelled(base1)[("terra_coflows_admitted_total", ())] == 1
+        assert labelled(base2)[("terra_coflows_admitted_total", ())] == 0
+    finally:
+        for server in (server1, server2):
+            server.shutdown()
+            server.server_close()
 
 
 @pytest.mark.parametrize(
@@ -181,11 +282,11 @@ def test_flows_cut_off_by_failures_wait_and_the_rest_is_scheduled(rest):
     controller.set_link_state("A", "C", False)
     controller.set_link_state("B", "C", False)
     controller.run_round()  # must not fail because one FlowGroup cannot be routed
-    rates = {f["id"]: f["rate"] for f in get_json(base, f"/coflows/{cid}")["flows"]}
+    rates = {f["id"]: f["rate_bytes_per_s"] for f in get_json(base, f"/coflows/{cid}")["flows"]}
     assert rates["ac"] == 0 and rates["ab"] > 0
     controller.set_link_state("A", "C", True)
     controller.run_round()
-    rates = {f["id"]: f["rate"] for f in get_json(base, f"/coflows/{cid}")["flows"]}
+    rates = {f["id"]: f["rate_bytes_per_s"] for f in get_json(base, f"/coflows/{cid}")["flows"]}
     assert rates["ac"] > 0 and rates["ab"] > 0
 
 
@@ -206,3 +307,77 @@ def test_rest_public_serves_clients_without_a_certificate(pki):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_recent_coflows_query_and_link_bytes(rest):
+    """/coflows?finished=N lists every active coflow and the N that finished last;
+    acknowledged bytes are counted on the links of the flow's paths in proportion to the
+    path rates (/links bytes_delivered, terra_link_delivered_bytes_total)."""
+    controller, base = rest
+    done = []
+    for _ in range(3):
+        cid = controller.submit([{"id": "f", "src": "b1", "dst": "c1", "bytes": 1000}])
+        controller.complete(cid, "f", "d")
+        done.append(cid)
+    active = controller.submit([{"id": "f", "src": "a1", "dst": "b1", "bytes": 10**9}])
+    controller.run_round()
+    assert [c["id"] for c in get_json(base, "/coflows?finished=2")] == [active, *done[:0:-1]]
+    assert [c["id"] for c in get_json(base, "/coflows?finished=0")] == [active]
+    assert len(get_json(base, "/coflows")) == 4
+    for bad in ("x", "-1", "9" * 12):
+        with pytest.raises(urllib.error.HTTPError) as info:
+            get(base, f"/coflows?finished={bad}")
+        assert info.value.code == 400
+    rates = {tuple(p["path"]): p.get("rate_bytes_per_s", p.get("rate"))
+             for p in get_json(base, f"/coflows/{active}")["flowgroups"][0]["paths"]}  # fmt: skip
+    total = sum(rates.values())
+    controller.progress(active, "f", 10**6)
+    links = {ends(x): x["bytes_delivered"] for x in get_json(base, "/links")["links"]}
+    expect = {}
+    for path, rate in rates.items():
+        for link in zip(path[:-1], path[1:], strict=False):
+            expect[link] = expect.get(link, 0.0) + 10**6 * rate / total
+    assert expect and all(links[k] == pytest.approx(v) for k, v in expect.items())
+    assert sum(links.values()) == pytest.approx(sum(expect.values()))
+    m = labelled(base)
+    for (a, b), v in expect.items():
+        assert m[("terra_link_delivered_bytes_total", (("a", a), ("b", b)))] == pytest.approx(v)
+    assert get_json(base, "/topology")["positions"] == {}  # the test topology places no DC
+
+
+def test_web_page_files_are_served_with_a_content_security_policy(rest):
+    _, base = rest
+    status, ctype, body = get(base, "/")
+    assert status == 200 and ctype.startswith("text/html") and b"/static/app.js" in body
+    with urllib.request.urlopen(base + "/static/app.js", timeout=5, context=CONTEXT[base]) as r:
+        assert r.headers["Content-Type"].startswith("text/javascript")
+        assert "default-src 'self'" in r.headers["Content-Security-Policy"]
+        assert b"/coflows?finished=" in r.read()
+    with pytest.raises(urllib.error.HTTPError) as info:
+        get(base, "/static/../rest.py")
+    assert info.value.code == 404
+
+
+def test_positions_keep_only_two_finite_numbers_per_known_dc():
+    from terra_controller.rest import positions
+
+    given = {"A": [1, 2.5], "B": ["x", 1], "C": [float("nan"), 0], "D": [1, 2], "E": [True, 1]}
+    assert positions(given, ["A", "B", "C", "E"]) == {"A": [1.0, 2.5]}
+    assert positions("not a map", ["A"]) == {}
+    from topologies import load_topology
+
+    swan = load_topology("swan")
+    assert set(positions(swan.attrs["positions"], swan.dcs)) == set(swan.dcs)
+
+
+def test_metrics_export_every_controller_series_the_rules_read(rest):
+    """deploy/prometheus/terra-rules.yml and the testbed's observer (mininet_scenarios/
+    observe.py) read these series; all but the port counters (switches only) are here."""
+    from mininet_scenarios.observe import CONTROLLER_SERIES
+
+    controller, base = rest
+    controller.submit([{"id": "f", "src": "a1", "dst": "b1", "bytes": 10**6}])
+    controller.run_round()
+    names = {name for name, _ in labelled(base)}
+    wanted = set(CONTROLLER_SERIES) - {"terra_link_measured_bytes_per_second"}
+    assert wanted <= names, wanted - names

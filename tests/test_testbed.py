@@ -21,7 +21,7 @@ import pytest
 from mininet_scenarios import cli, results, swan
 from mininet_scenarios import workload as tb_workload
 from mininet_scenarios.cli import parse_schedulers
-from mininet_scenarios.swan import RunResult, busy_time, expected_digest
+from mininet_scenarios.swan import RunResult, busy_time, expected_digest, verified_by_agents
 from mininet_scenarios.tcp_baseline import send_flow, serve
 from mininet_scenarios.workload import MIN_FLOW_BYTES, scales
 from topologies import load_topology
@@ -381,3 +381,13 @@ def test_sigterm_mid_run_tears_everything_down(ovs, tmp_path):
     assert proc.returncode == 130, rest
     assert not (_bridges() & OUR_BRIDGES)
     assert _processes_mentioning(str(work)) == []
+
+
+def test_terra_flows_count_as_verified_only_when_done_with_a_keyed_digest():
+    """The testbed cannot recompute Terra's keyed digests (the key stays with the controller
+    and the two agents); a flow counts as verified when done with a well-formed digest."""
+    good = {"state": "done", "digest": "ab" * 32}
+    assert verified_by_agents(good)
+    for bad in ({**good, "state": "running"}, {**good, "digest": None},
+                {**good, "digest": "AB" * 32}, {**good, "digest": "ab" * 31}):  # fmt: skip
+        assert not verified_by_agents(bad)

@@ -8,7 +8,9 @@ JSON format (docs/design.md section 7, issue 2)::
 Every link is undirected (two directed links, each with that capacity);
 `capacity_gbps` per link is optional; `dcs` is optional (default: order of
 first appearance in `links`). Extra top-level keys (e.g. switch bindings) are
-kept in `Topology.attrs`. 1 Gbps = 1e9 bit/s = 1.25e8 bytes/s.
+kept in `Topology.attrs`, e.g. "positions": {"HK": [114.2, 22.3], ...} (x, y per DC,
+here longitude and latitude), where the controller's operator page draws the DCs.
+1 Gbps = 1e9 bit/s = 1.25e8 bytes/s.
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ class ControllerProcess:
     Args:
         topology: name or path. k: tunnels per DC pair. log: file for its stderr.
         tls: mutual TLS with a fresh PKI (False: --insecure).
+        extra: more terra-controller arguments (e.g. ["--keep-finished", "100000"]).
 
     Attributes:
         api, agents: "host:port"; rest: "https://host:port" (http without TLS);
@@ -48,7 +49,12 @@ class ControllerProcess:
     """
 
     def __init__(
-        self, topology: str, k: int = 4, log: Path | None = None, tls: bool = True
+        self,
+        topology: str,
+        k: int = 4,
+        log: Path | None = None,
+        tls: bool = True,
+        extra: list[str] | None = None,
     ) -> None:
         self.log = open(log or "/dev/null", "w")  # noqa: SIM115
         self.pki = Path(tempfile.mkdtemp(prefix="terra-bench-pki-")) if tls else None
@@ -60,7 +66,7 @@ class ControllerProcess:
             [sys.executable, "-m", "terra_controller.cli", "--topology", topology,
              "--no-openflow", "--k", str(k), "--api", "127.0.0.1:0",
              "--agents", "127.0.0.1:0", "--rest", "127.0.0.1:0", "--log-level", "WARNING",
-             *auth],
+             *auth, *(extra or [])],
             stdout=subprocess.PIPE, stderr=self.log, text=True,
         )  # fmt: skip
         line = self.proc.stdout.readline()

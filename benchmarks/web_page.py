@@ -1,0 +1,186 @@
+"""The operator's web page in a real browser: a live system on loopback, headless Chromium.
+
+`PageSession` starts terra-controller --no-openflow on SWAN with mutual TLS (a fresh
+PKI) and --rest-public (the browser has no client certificate; it is told to accept the
+controller's certificate from that fresh CA), two real terra-agent processes (hk1 in HK,
+la1 in LA), and Debian's chromium driven by Selenium through the system chromedriver
+(nothing is downloaded). tests/test_web_page.py asserts on it; run as a script it
+replays the same scenario and saves the screenshots to docs/img/:
+
+    1. every SWAN link capped at 2 MB/s (operator API "capacity"), a 200 kB coflow that
+       finishes and a 400 MB coflow that keeps running, the page open;
+    2. link HK-LA set down (operator API "link_state"), tunnels HK -> LA selected.
+
+Run: uv run python benchmarks/web_page.py [--out docs/img]
+Needs: apt-get install chromium chromium-driver (scripts/install.sh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from terra_controller.loopback_system import ControllerProcess, start_agents, stop_all
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+SWAN_LINKS = [("HK", "LA"), ("HK", "NY"), ("LA", "NY"), ("LA", "FL"), ("NY", "FL"),
+              ("NY", "BA"), ("FL", "BA")]  # fmt: skip
+AGENTS = [("hk1", "HK", "127.0.0.1"), ("la1", "LA", "127.0.0.1")]
+LINK_CAP = 2e6  # bytes/s on every link while the page is looked at
+SMALL, BIG = 200_000, 400_000_000  # bytes (BIG runs > 100 s at the capped rates)
+
+
+def browser_missing() -> str | None:
+    """Why the browser test cannot run (None when chromium and chromedriver are there)."""
+    for path, pkg in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
+        if not Path(path).exists() and not shutil.which(Path(path).name):
+            return f"{pkg} is not installed (apt-get install chromium chromium-driver)"
+    return None
+
+
+def start_browser(width: int = 1400, height: int = 1500):
+    """Headless Chromium under Selenium with the system chromedriver.
+
+    It accepts any server certificate: the controller's comes from a CA made for this run
+    (the page's content is compared with REST read over CA-verified TLS).
+    """
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--ignore-certificate-errors", f"--window-size={width},{height}",
+                "--no-first-run", "--disable-extensions"):  # fmt: skip
+        options.add_argument(arg)
+    service = Service(executable_path=shutil.which("chromedriver") or CHROMEDRIVER)
+    return webdriver.Chrome(service=service, options=options)
+
+
+class PageSession:
+    """Controller + agents + browser on the page; use as a context manager.
+
+    Args:
+        workdir: directory for the agents' logs and spill files.
+
+    Attributes:
+        ctl: the ControllerProcess. client: an operator TerraClient. driver: the WebDriver.
+        small, big: the two coflows' ids.
+    """
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = Path(workdir)
+        self.ctl = ControllerProcess("swan", extra=["--rest-public"], log=self.workdir / "ctl.log")
+        self.procs, self.driver, self.client = [], None, None
+        try:
+            self.procs = start_agents(self.ctl, AGENTS, self.workdir, tunnels=4)
+            self.ctl.wait_agents(len(AGENTS))
+            self.client = self.ctl.client()
+            for a, b in SWAN_LINKS:
+                self.client.set_capacity(a, b, LINK_CAP)
+            self.small = self.client.submit_coflow(
+                [{"id": "s", "src": "hk1", "dst": "la1", "bytes": SMALL}]
+            )
+            self.big = self.client.submit_coflow(
+                [{"id": "b", "src": "hk1", "dst": "la1", "bytes": BIG}], deadline=3600
+            )
+            self.wait(lambda: self.client.check_status(self.small)["state"] == "done", 60)
+            self.driver = start_browser()
+            self.driver.get(self.ctl.rest + "/")
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> PageSession:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @staticmethod
+    def wait(predicate, timeout: float, what: str = "condition") -> None:
+        """Poll `predicate` every 0.1 s; TimeoutError after `timeout` seconds."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                if predicate():
+                    return
+            except Exception:  # the page may be redrawing: ask again
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"{what} not seen within {timeout} s")
+
+    def updates(self) -> int:
+        """How many polls the page has drawn (body data-updated)."""
+        return int(self.driver.find_element("tag name", "body").get_attribute("data-updated")
+                   or 0)  # fmt: skip
+
+    def wait_updates(self, n: int = 2, timeout: float = 20) -> None:
+        """Wait until the page has drawn `n` more polls."""
+        start = self.updates()
+        self.wait(lambda: self.updates() >= start + n, timeout, f"{n} page updates")
+
+    def js(self, script: str):
+        """Run `script` in the page and return its value."""
+        return self.driver.execute_script(script)
+
+    def rows(self, table: str) -> list[dict]:
+        """The rows of a page table (#links, #tunnels, #coflows): data attributes and cells."""
+        return self.js(
+            f"return [...document.querySelectorAll('#{table} tbody tr')].map(r => "
+            "({data: {...r.dataset}, cells: [...r.cells].map(c => c.textContent)}));"
+        )
+
+    def select_pair(self, src: str, dst: str) -> None:
+        """Choose the DC pair of the tunnel table (as a user would, firing change)."""
+        from selenium.webdriver.support.ui import Select
+
+        Select(self.driver.find_element("id", "tunnel-src")).select_by_value(src)
+        Select(self.driver.find_element("id", "tunnel-dst")).select_by_value(dst)
+
+    def screenshot(self, path: Path) -> Path:
+        """Save a PNG of the whole window to `path`."""
+        self.driver.save_screenshot(str(path))
+        return path
+
+    def close(self) -> None:
+        """Quit the browser, cancel the running coflow, stop agents and controller."""
+        if self.driver is not None:
+            self.driver.quit()
+            self.driver = None
+        if self.client is not None:
+            try:
+                self.client.cancel_coflow(self.big)
+            except Exception:
+                pass
+            self.client.close()
+            self.client = None
+        stop_all(self.procs)
+        self.ctl.stop()
+
+
+def main() -> None:
+    """Replay the scenario and save docs/img/web_page.png and web_page_link_down.png."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "docs"
+                   / "img")  # fmt: skip
+    args = p.parse_args()
+    reason = browser_missing()
+    if reason:
+        raise SystemExit(f"web_page.py: {reason}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="terra-web-") as tmp, PageSession(Path(tmp)) as s:
+        s.wait_updates(4)
+        print(s.screenshot(args.out / "web_page.png"))
+        s.client.set_link_state("HK", "LA", False)
+        s.select_pair("HK", "LA")
+        s.wait_updates(3)
+        print(s.screenshot(args.out / "web_page_link_down.png"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""The operator's web page (/ of the REST address) in headless Chromium against a live system:
+a real controller (--no-openflow, mutual TLS, --rest-public), two real agents moving bytes
+and two coflows (benchmarks/web_page.py). The page's tables and SVG are compared with the
+REST JSON read over CA-verified TLS; a link set down through the operator API shows down.
+Skips only when Debian's chromium / chromium-driver are not installed."""
+
+import urllib.request
+
+import pytest
+
+from benchmarks.web_page import BIG, PageSession, browser_missing
+
+
+def ends(link: dict) -> tuple[str, str]:
+    """A REST link's (a, b), whether named a/b or src/dst."""
+    return link.get("a", link.get("src")), link.get("b", link.get("dst"))
+
+
+pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    with PageSession(tmp_path_factory.mktemp("web")) as s:
+        s.wait_updates(2)
+        yield s
+
+
+def test_page_and_static_files_come_from_the_package_with_a_strict_policy(session):
+    ctl = session.ctl
+    with urllib.request.urlopen(ctl.rest + "/", timeout=10, context=ctl.rest_tls) as reply:
+        html = reply.read().decode()
+        policy = reply.headers["Content-Security-Policy"]
+    assert reply.headers["Content-Type"].startswith("text/html")
+    assert "default-src 'self'" in policy and "script-src 'self'" in policy
+    assert '<script src="/static/app.js"' in html and "http" not in html.split("<body>")[1]
+    for path in ("/static/app.js", "/static/style.css"):
+        with urllib.request.urlopen(ctl.rest + path, timeout=10, context=ctl.rest_tls) as r:
+            assert r.status == 200 and len(r.read()) > 500
+    # Nothing but the page's own origin was fetched by the browser.
+    urls = session.js("return performance.getEntriesByType('resource').map(e => e.name)")
+    assert urls and all(u.startswith(ctl.rest) for u in urls)
+
+
+def test_page_shows_what_rest_says(session, tmp_path):
+    ctl = session.ctl
+    session.wait_updates(2)
+    status, topology = ctl.get("/status"), ctl.get("/topology")
+    assert status["coflows"].get("done") == 1
+    assert session.driver.find_element("id", "topology-name").text == status["topology"] == "swan"
+    # Links: one table row and one SVG line per directed link, one node per DC.
+    links = session.rows("links")
+    assert len(links) == len(topology["links"]) == 14
+    assert session.js("return document.querySelectorAll('#wan line.link').length") == 14
+    assert session.js("return document.querySelectorAll('#wan g.node').length") == 5
+    rest_links = {"{}>{}".format(*ends(x)): x for x in topology["links"]}
+    for row in links:
+        assert row["data"]["state"] == rest_links[row["data"]["link"]]["state"] == "up"
+        assert row["cells"][2] == "2.00 MB/s"  # the operator's capacity, formatted
+    # Coflows: the finished one exactly as REST has it; the big one active with its bytes.
+    session.wait(
+        lambda: (
+            {r["data"]["coflow"] for r in session.rows("coflows")}
+            >= {str(session.small), str(session.big)}
+        ),
+        10,
+    )
+    rows = {int(r["data"]["coflow"]): r for r in session.rows("coflows")}
+    small = ctl.get(f"/coflows/{session.small}")
+    assert small["state"] == rows[session.small]["data"]["state"] == "done"
+    assert rows[session.small]["cells"][2] == "200.0 kB / 200.0 kB (100.0 %)"
+    assert rows[session.small]["cells"][4].endswith(" s")  # a CCT
+    assert rows[session.big]["data"]["state"] in ("queued", "running", "preempted")
+    assert rows[session.big]["cells"][2].split(" / ")[1].startswith(f"{BIG / 1e6:.1f} MB")
+    assert rows[session.big]["cells"][5] == "3600.0 s"  # the deadline
+    summary = session.driver.find_element("id", "summary").text
+    assert "agents 2/2 connected" in summary and "1 done" in summary
+    # Bytes move: the big coflow's measured rate and some link's measured load show up.
+    session.wait(
+        lambda: (
+            any(r["cells"][4] not in ("–", "0 B/s") for r in session.rows("links"))
+            and session.rows("coflows")[0]["cells"][3] not in ("–", "0 B/s")
+        ),
+        30,
+        "measured rates",
+    )
+    # Round-time history: one polyline point per recent round.
+    n = len(ctl.get("/status")["recent_round_ms"])
+    points = session.js("return document.querySelector('#rounds .round')"
+                        ".getAttribute('points').split(' ').length")  # fmt: skip
+    assert n >= 1 and points >= min(n, 100) - 5
+    assert session.screenshot(tmp_path / "page.png").stat().st_size > 10_000
+
+
+def test_link_down_through_the_operator_api_shows_down(session, tmp_path):
+    session.client.set_link_state("HK", "LA", False)
+    try:
+        session.select_pair("HK", "LA")
+
+        def shown_down() -> bool:
+            rows = {r["data"]["link"]: r for r in session.rows("links")}
+            line = session.js(
+                "return document.querySelector('#wan line[data-link=\"HK>LA\"]')"
+                ".getAttribute('class')"
+            )
+            return (
+                rows["HK>LA"]["data"]["state"] == rows["LA>HK"]["data"]["state"] == "down"
+                and rows["HK>NY"]["data"]["state"] == "up"
+                and "down" in line.split()
+            )
+
+        session.wait(shown_down, 15, "HK-LA down on the page")
+        assert {x["state"] for x in session.ctl.get("/topology")["links"]
+                if set(ends(x)) == {"HK", "LA"}} == {"down"}  # fmt: skip
+        # The HK -> LA tunnels: the direct one is down, the others up; the page agrees with
+        # /tunnels and highlights the selected pair's links on the graph.
+        session.wait_updates(1)
+        tunnels = [t for t in session.ctl.get("/tunnels")["tunnels"]
+                   if (t["src"], t["dst"]) == ("HK", "LA")]  # fmt: skip
+        rows = session.rows("tunnels")
+        assert len(rows) == len(tunnels) == 4
+        shown = {r["cells"][1]: r["cells"][2] for r in rows}
+        assert shown == {" → ".join(t["path"]): "up" if t["up"] else "down" for t in tunnels}
+        assert shown["HK → LA"] == "down"
+        assert session.js("return document.querySelectorAll('#wan line.hl').length") >= 2
+        assert session.screenshot(tmp_path / "link_down.png").stat().st_size > 10_000
+    finally:
+        session.client.set_link_state("HK", "LA", True)
