@@ -327,6 +327,13 @@ def main(argv: list[str] | None = None) -> int:
     if raw.get("observe"):
         extra["observe"] = raw["observe"]
         print(results.observe_lines(raw["observe"]))
+    if raw.get("page"):
+        extra["page"] = raw["page"]
+        for shot in raw["page"]["shots"]:
+            down = ", ".join(shot["links_down"]) or "none"
+            print(f"page {shot['name']}: links shown down: {down}; {shot['path']}")
+        if raw["page"]["error"]:
+            print(f"page: {raw['page']['error']}")
     if args.json:
         results.write_json(result, args.json, extra)
     if args.plots:

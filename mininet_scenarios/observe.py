@@ -11,6 +11,11 @@ port (one per scheduler) is followed without restarting Prometheus.
 After the run `report()` asks Prometheus's HTTP API which targets were up, whether every
 series the rules and the web page use has data, and which alerts went pending or fired
 (the LA-NY failure raises TerraLinkDown).
+
+`PageShots` opens the controller's operator page (REST `/`; the testbed's controller
+then runs with `--rest-public`) in headless Chromium and saves screenshots while the
+failure is on and after it, recording which links the page showed down and the load it
+showed on each.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ CONTROLLER_SERIES = (
     "terra_link_measured_bytes_per_second", "terra_coflows_finished_total",
     "terra_agent_connections", "terra_agents_registered",
 )  # fmt: skip
-AGENT_SERIES = ("terra_agent_tunnel_sent_bytes_total",)
+AGENT_SERIES = ("terra_agent_link_sent_bytes_total", "terra_agent_tunnel_rate_bytes_per_second")
 
 
 class ObserveError(RuntimeError):
@@ -64,9 +69,7 @@ class Observer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.agents = agents
         self._write_targets("controller.json", [])
-        self._write_targets(
-            "agents.json", [f"{ip}:{AGENT_METRICS_PORT}" for ip in agents.values()]
-        )
+        self._write_targets("agents.json", [])
         config = self.dir / "prometheus.yml"
         config.write_text(_config(self.dir, pki, operator))
         self.log = open(self.dir / "prometheus.log", "w")  # noqa: SIM115 (closed in stop)
@@ -80,6 +83,12 @@ class Observer:
     def watch_controller(self, rest: str) -> None:
         """Scrape the controller at `rest` ("https://host:port") from now on."""
         self._write_targets("controller.json", [rest.removeprefix("https://")])
+
+    def watch_agents(self) -> None:
+        """Scrape the agents from now on (call once they are up)."""
+        self._write_targets(
+            "agents.json", [f"{ip}:{AGENT_METRICS_PORT}" for ip in self.agents.values()]
+        )
 
     def report(self, settle_s: float = 3.0) -> dict:
         """What Prometheus saw (call after the run, before stop()).
@@ -179,3 +188,60 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+class PageShots:
+    """The operator page of a controller in headless Chromium, for screenshots.
+
+    Args:
+        rest: the controller's REST base URL ("https://host:port", `--rest-public`).
+        out_dir: where the PNGs go.
+
+    Attributes:
+        shots: [{"name", "path", "links_down": ["A>B", ...], "load": {"A>B": text shown}}].
+        error: why the browser could not be used, or None.
+    """
+
+    def __init__(self, rest: str, out_dir: Path) -> None:
+        self.rest, self.out_dir = rest, out_dir
+        self.shots: list[dict] = []
+        self.error: str | None = None
+        self.driver = None
+        try:
+            from benchmarks.web_page import browser_missing, start_browser
+
+            missing = browser_missing()
+            if missing:
+                raise ObserveError(missing)
+            self.driver = start_browser()
+            self.driver.get(rest + "/")
+        except Exception as exc:  # no browser: the run goes on without screenshots
+            self.error = f"no page screenshots: {exc}"
+
+    def shoot(self, name: str) -> None:
+        """Save out_dir/NAME.png and what the page's link table shows (errors are kept in
+        `error`, never raised: the run must not fail for a screenshot)."""
+        if self.driver is None:
+            return
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            path = self.out_dir / f"{name}.png"
+            rows = self.driver.execute_script(
+                "return [...document.querySelectorAll('#links tbody tr')].map(r => "
+                "({link: r.dataset.link, state: r.dataset.state, "
+                "cells: [...r.cells].map(c => c.textContent)}));"
+            )
+            self.driver.save_screenshot(str(path))
+            self.shots.append({
+                "name": name, "path": str(path),
+                "links_down": sorted(r["link"] for r in rows if r["state"] == "down"),
+                "load": {r["link"]: " | ".join(r["cells"][1:]) for r in rows},
+            })  # fmt: skip
+        except Exception as exc:
+            self.error = f"screenshot {name}: {exc}"
+
+    def close(self) -> None:
+        """Quit the browser."""
+        if self.driver is not None:
+            self.driver.quit()
+            self.driver = None

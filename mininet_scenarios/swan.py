@@ -48,7 +48,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mininet_scenarios.observe import AGENT_METRICS_PORT, Observer
+from mininet_scenarios.observe import AGENT_METRICS_PORT, SCRAPE_S, Observer, PageShots
 from mininet_scenarios.tcp_baseline import BASELINE_PORT
 from mininet_scenarios.workload import TestbedCoflow
 from terra_agent.sources import SYNTHETIC_PERIOD, SyntheticSource, flow_key
@@ -282,7 +282,7 @@ class Controller:
 
     def __init__(
         self, topo_path: Path, k: int, of_port: int, log: Path, procs: Processes, pki: Path,
-        scheduler: str = "terra",
+        scheduler: str = "terra", rest_public: bool = False,
     ):  # fmt: skip
         import ssl
 
@@ -317,6 +317,7 @@ class Controller:
                     str(pki),
                     "--scheduler",
                     scheduler,
+                    *(["--rest-public"] if rest_public else []),
                 ],
                 stdout=subprocess.PIPE,
                 stderr=self.log,
@@ -422,10 +423,13 @@ class FailureThread(threading.Thread):
         wan: the WanNet. failure: the Failure. t0: time.monotonic() of the run's start.
         controller: the Controller to watch for the reaction, or None (baseline run).
         result: RunResult receiving failure_down_s / failure_up_s / reaction_s.
+        on_event: called with "down" (after the reaction was measured) and "up".
     """
 
-    def __init__(self, wan, failure: Failure, t0: float, controller, result: RunResult):
+    def __init__(self, wan, failure: Failure, t0: float, controller, result: RunResult,
+                 on_event=None):  # fmt: skip
         super().__init__(daemon=True)
+        self.on_event = on_event or (lambda kind: None)
         self.wan, self.failure, self.t0 = wan, failure, t0
         self.controller, self.result = controller, result
         self.stop_event = threading.Event()
@@ -451,11 +455,13 @@ class FailureThread(threading.Thread):
         self.result.failure_down_s = t_down - self.t0
         if self.controller is not None:
             self._measure_reaction(before, t_down)
+        self.on_event("down")
         if self.stop_event.wait(max(0.0, self.t0 + f.up_s - time.monotonic())):
             self.wan.set_link(f.a, f.b, up=True)
             return
         self.result.failure_up_s = time.monotonic() - self.t0
         self.wan.set_link(f.a, f.b, up=True)
+        self.on_event("up")
 
     def _measure_reaction(self, before: int, t_down: float) -> None:
         end = t_down + 10
@@ -474,9 +480,11 @@ class FailureThread(threading.Thread):
 
 
 def run_terra(
-    wan, ctl: Controller, coflows: list[TestbedCoflow], failure: Failure | None, timeout: float
-) -> tuple[RunResult, int | None]:
+    wan, ctl: Controller, coflows: list[TestbedCoflow], failure: Failure | None, timeout: float,
+    on_event=None,
+) -> tuple[RunResult, int | None]:  # fmt: skip
     """Submit the coflows at their arrival times through TerraClient; wait for all.
+    `on_event`: see FailureThread.
 
     Returns:
         (RunResult, flow-mods counted by the controller just before the link went down, or
@@ -491,7 +499,7 @@ def run_terra(
     tx0, tx0_ofctl = read_wan_bytes(wan, ctl)
     rounds0 = ctl.get("/status")["rounds"]
     t0 = time.monotonic()
-    fail = _start_failure(wan, failure, t0, ctl, result)
+    fail = _start_failure(wan, failure, t0, ctl, result, on_event)
     pending = list(coflows)
     last_end = t0
     try:
@@ -667,10 +675,10 @@ def _wan_intfs(wan):
             yield link.intf2
 
 
-def _start_failure(wan, failure, t0, ctl, result) -> FailureThread | None:
+def _start_failure(wan, failure, t0, ctl, result, on_event=None) -> FailureThread | None:
     if failure is None:
         return None
-    thread = FailureThread(wan, failure, t0, ctl, result)
+    thread = FailureThread(wan, failure, t0, ctl, result, on_event)
     thread.start()
     return thread
 
@@ -748,7 +756,7 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
         pki = make_pki(opts.workdir, [host.name for _, host in binding.all_hosts()])
         for phase, name in enumerate(opts.schedulers):
             ctl = Controller(topo_path, opts.k, opts.of_port, opts.workdir / "controller.log",
-                             procs, pki, scheduler=name)  # fmt: skip
+                             procs, pki, scheduler=name, rest_public=opts.observe)  # fmt: skip
             t_start = time.monotonic()
             if wan is None:
                 wan = build_wan(topology, binding, of_port=opts.of_port,
@@ -760,14 +768,24 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
             agents = _bring_up(wan, binding, ctl, opts.workdir, procs, log, observer)
             if phase == 0:
                 raw["install_s"] = time.monotonic() - t_start
-            raw[name], flow_mods_before = _scheduler_runs(
-                wan, ctl, opts, raw, phase == 0, procs, log
-            )
+            shots = None
+            if observer is not None and phase == 0:
+                shots = PageShots(ctl.rest, opts.workdir / "page")
+            try:
+                raw[name], flow_mods_before = _scheduler_runs(
+                    wan, ctl, opts, raw, phase == 0, procs, log, shots
+                )
+            finally:
+                if shots is not None:
+                    time.sleep(2.5)  # a timed shot may still be pending
+                    shots.close()
+                    raw["page"] = {"shots": shots.shots, "error": shots.error}
             of = ctl.get("/tunnels")["switches"]
             if phase == 0:
                 raw["rules_per_switch"] = of["rules_per_switch"]
                 raw["flow_mods_after_startup"] = flow_mods_before - of["flow_mods_at_install"]
             if observer is not None and phase == len(opts.schedulers) - 1:
+                time.sleep(2 * SCRAPE_S)  # the agents' last counters scraped
                 raw["observe"] = observer.report()  # before the last agents stop
             procs.stop([*agents, ctl.proc])
             ctl.close()
@@ -805,20 +823,28 @@ def _bring_up(wan, binding, ctl: Controller, workdir: Path, procs: Processes, lo
     wait_until(lambda: sum(a["connected"] for a in ctl.get("/status")["agents"]) == n, 30,
                "agents")  # fmt: skip
     time.sleep(AGENT_SETTLE_S)  # agents open their tunnel connections to each other
+    if observer is not None:
+        observer.watch_agents()
     return agents
 
 
 def _scheduler_runs(wan, ctl: Controller, opts: TestbedOptions, raw: dict, with_tcp: bool,
-                    procs: Processes, log):  # fmt: skip
+                    procs: Processes, log, shots=None):  # fmt: skip
     """`opts.repeats` runs of the controller's scheduler; with_tcp: each followed by a
     per-flow TCP run (appended to raw["per_flow_tcp"]; the agents stay up, idle).
+    `shots` (observe.PageShots): screenshots of the operator page 2 s after the link went
+    down and 2 s after it came back, in the first run.
 
     Returns ([RunResult per repeat], flow-mods counted before the first link failure, or
     after the first run without a failure).
     """
     runs, flow_mods_before = [], None
     for i in range(opts.repeats):
-        run, before = run_terra(wan, ctl, opts.coflows, opts.failure, opts.timeout_s)
+        on_event = None
+        if shots is not None and i == 0:
+            def on_event(kind):
+                threading.Timer(2.0, shots.shoot, [f"link_{kind}"]).start()
+        run, before = run_terra(wan, ctl, opts.coflows, opts.failure, opts.timeout_s, on_event)
         runs.append(run)
         if flow_mods_before is None:  # the first failure; without one: after the run
             flow_mods_before = before if before is not None else _flow_mods(ctl)

@@ -24,7 +24,10 @@ Control channel, controller -> agent (any of them may carry "id": the agent acks
     registered {agent}                (registration accepted)
     tunnels   {tunnels: [{tunnel, peer_agent, peer_addr: "host:port" (the peer's data address),
                           path: [dc, ...], port: int (this tunnel's destination port at the peer)}],
-               listen: [int]          (ports on which THIS agent accepts incoming tunnels)}
+               listen: [int]          (ports on which THIS agent accepts incoming tunnels),
+               keys?: {agent: 64 hex digits}  (mutual TLS only: the pair key of this agent
+                                      and each other connected agent, terra_controller/
+                                      data_keys.py; authenticates data connections)}
     flows     {flows: [{coflow, flow, src_agent, dst_agent, dst_dc, size: int bytes,
                         offset: int bytes (acknowledged so far, where a sender resumes),
                         source: "synthetic" | "file:PATH", sink: "digest" | "file:PATH",
@@ -213,9 +216,14 @@ def register_message(
     return validate_control(msg)
 
 
-def tunnels_message(tunnels: list[TunnelSpec], listen: list[int], msg_id=None) -> dict:
-    """Header of a "tunnels" message (controller -> agent): outgoing tunnels, ports to listen on."""
+def tunnels_message(
+    tunnels: list[TunnelSpec], listen: list[int], msg_id=None, keys: dict[str, str] | None = None
+) -> dict:
+    """Header of a "tunnels" message (controller -> agent): outgoing tunnels, ports to listen on,
+    and (when given, non-empty) the pair keys {peer agent: 64 hex digits} of data connections."""
     msg = {"t": "tunnels", "tunnels": [t.to_dict() for t in tunnels], "listen": list(listen)}
+    if keys:
+        msg["keys"] = dict(keys)
     return _with_id(msg, msg_id)
 
 
@@ -293,6 +301,7 @@ def _with_id(msg: dict, msg_id) -> dict:
 Name = Annotated[str, Meta(min_length=1)]
 Bytes = Annotated[int, Meta(ge=0)]
 Port = Annotated[int, Meta(ge=1, le=MAX_PORT)]
+PairKey = Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]  # 32 bytes, lower-case hex
 
 
 class _Control(msgspec.Struct, tag_field="t", frozen=True, kw_only=True):
@@ -335,6 +344,7 @@ class _Tunnel(msgspec.Struct, frozen=True):
 class _Tunnels(_Control, tag="tunnels", frozen=True):
     tunnels: list[_Tunnel]
     listen: list[Port] = []
+    keys: dict[Name, PairKey] = {}
 
     def __post_init__(self) -> None:
         seen = set()
@@ -559,6 +569,11 @@ def parse_tunnels(msg: dict) -> tuple[list[TunnelSpec], list[int]]:
         for t in msg["tunnels"]
     ]
     return specs, list(msg.get("listen", []))
+
+
+def parse_pair_keys(msg: dict) -> dict[str, bytes]:
+    """Validated "tunnels" message -> {peer agent: 32-byte pair key} ({} without "keys")."""
+    return {peer: bytes.fromhex(key) for peer, key in msg.get("keys", {}).items()}
 
 
 def parse_flows(msg: dict) -> list[FlowSpec]:

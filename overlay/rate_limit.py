@@ -72,6 +72,11 @@ class TokenBucket:
             return math.inf
         return max(self._rate * DEFAULT_BURST_S, MIN_BURST_BYTES)
 
+    @property
+    def debt_bytes(self) -> float:
+        """Bytes granted ahead of the rate and not yet paid back (0 when not in debt)."""
+        return max(0.0, -self._tokens)
+
     def set_rate(self, rate_bytes_per_s: float) -> None:
         """Change the rate (bytes/s) now; a waiting acquire re-plans at once.
 

@@ -55,6 +55,7 @@ from overlay.protocol import (
     error_message,
     failed_message,
     parse_flows,
+    parse_pair_keys,
     parse_rates,
     parse_tunnels,
     progress_message,
@@ -65,7 +66,7 @@ from overlay.protocol import (
 from overlay.reorder import MemoryBudget, remove_spill_files
 from terra_controller.pki import CONTROLLER_HOSTNAME
 
-from .data_auth import DataAuthError, authenticate
+from .data_auth import DataAuthError, accept
 from .pending import PENDING_LIMIT_BYTES, PENDING_TIMEOUT_S, HeldChunk, PendingChunks
 from .receiver import MAX_AHEAD_BYTES, ChunkRejected, HashQueue, InFlow
 from .sender import (
@@ -185,6 +186,11 @@ class Agent:
         self.closed_connections = 0
         self.unauthenticated = 0
         self.rejected_chunks = 0
+        self.rejected_macs = 0  # of flows no longer in in_flows (metrics.py adds the live ones)
+        self.rejected_ahead = 0
+        self.received_bytes = 0
+        self.control_connects = 0
+        self.pair_keys: dict[str, bytes] = {}
         self.reorder_budget = MemoryBudget(config.memory_limit)
         self.pending = PendingChunks(config.pending_limit)
         self.payload_buffers = PayloadBuffers(MAX_PAYLOAD_BYTES, PAYLOAD_BUFFERS)
@@ -251,6 +257,7 @@ class Agent:
 
     async def _control_connection(self, host: str, port: int) -> None:
         tcp = await trio.open_tcp_stream(host, port)
+        self.control_connects += 1
         detect_dead_peers(tcp)
         stream: trio.abc.Stream = tcp
         if self.config.tls is not None:
@@ -416,6 +423,8 @@ class Agent:
 
     async def _apply_tunnels(self, header: dict) -> None:
         specs, listen = parse_tunnels(header)
+        if self.config.data_tls_server is not None:  # keys are of no use without --pki
+            self.pair_keys = parse_pair_keys(header)
         wanted = {(s.peer_agent, s.tunnel): s for s in specs}
         for key, link in list(self.links.items()):
             if key not in wanted or wanted[key] != link.spec:
@@ -432,6 +441,7 @@ class Agent:
                     self._wake_all,
                     tls=self.config.data_tls_client,
                     encrypt=self.config.encrypt_data,
+                    key_for=self._pair_key,
                 )
                 self.links[key] = link
                 self._spawn(link.run)
@@ -439,6 +449,11 @@ class Agent:
             if port not in self.listeners:
                 await self._start_listener(port)
         self._wake_all()
+
+    def _pair_key(self, peer_agent: str) -> bytes | None:
+        """The data connections' pair key of this agent and `peer_agent` (from the latest
+        "tunnels" message), or None."""
+        return self.pair_keys.get(peer_agent)
 
     def _link_for(self, peer_agent: str, tunnel: str) -> PeerLink | None:
         return self.links.get((peer_agent, tunnel))
@@ -497,6 +512,8 @@ class Agent:
                     group.remove_flow(out)
             inflow = self.in_flows.pop(key, None)
             if inflow is not None:
+                self.rejected_macs += inflow.rejected_macs
+                self.rejected_ahead += inflow.rejected_ahead
                 attempt = max(attempt, inflow.spec.attempt)
                 inflow.abort(f"flow {coflow}/{fid}: dropped by the controller")
             self.refused.pop(key, None)
@@ -644,10 +661,11 @@ class Agent:
                 if self.config.data_tls_server is not None:
                     encrypt = self.config.encrypt_data
                     try:
-                        identity, rest = await authenticate(
+                        authenticated, rest = await accept(
                             stream,
                             self.config.data_tls_server,
-                            server_side=True,
+                            self.config.agent_id,
+                            self._pair_key,
                             unwrap=not encrypt,
                         )
                     except DataAuthError as exc:
@@ -655,7 +673,6 @@ class Agent:
                         self.closed_connections += 1
                         log.error("incoming connection refused: %s", exc)
                         return
-                    authenticated = identity.name
                     peer = f"{authenticated} (authenticated)"
                     if encrypt:
                         channel = rest
@@ -711,6 +728,7 @@ class Agent:
             raise ProtocolError(f"unexpected {header['t']!r} frame on a receiving connection")
         key = (header["c"], header["f"])
         attempt = header.get("a", 0)
+        self.received_bytes += len(payload)
         flow = self.in_flows.get(key)
         if flow is None:
             reason = self.refused.get(key)

@@ -3,7 +3,7 @@
     terra-agent --controller HOST:PORT --dc DC --id AGENT_ID --data-addr HOST:PORT
                 (--pki DIR | --insecure) [--spill-dir DIR] [--memory-limit BYTES]
                 [--log-level LEVEL] [--data-root DIR] [--encrypt-data] [--max-ahead BYTES]
-                [--version]
+                [--metrics HOST:PORT] [--version]
 
 --pki DIR: the agent authenticates to the controller with DIR/AGENT_ID.crt and .key (made by
 `terra-controller pki issue DIR --role agent AGENT_ID`) and verifies the controller against
@@ -52,6 +52,7 @@ from terra_controller.pki import (
 from terra_core.cli_support import HelpFormatter, add_common_args, setup_logging
 
 from .agent import Agent, AgentConfig, parse_memory
+from .metrics import serve_metrics
 from .receiver import MAX_AHEAD_BYTES
 
 
@@ -139,6 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=MAX_AHEAD_BYTES,
         help="bytes a chunk may end past its flow's in-order point (spill bound; e.g. 1G)",
     )
+    p.add_argument(
+        "--metrics", type=_addr, default=None, metavar="HOST:PORT",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (plain HTTP: bind it to "
+        "a management address)",
+    )  # fmt: skip
     add_common_args(p)
     return p
 
@@ -194,8 +200,16 @@ def main(argv: list[str] | None = None) -> int:
         encrypt_data=args.encrypt_data,
         max_ahead=args.max_ahead,
     )
+    agent = Agent(config)
+    if args.metrics is not None:
+        try:
+            serve_metrics(agent, *args.metrics)
+        except OSError as exc:
+            host, port = args.metrics
+            print(f"terra-agent: --metrics {host}:{port}: {exc}", file=sys.stderr)
+            return 1
     try:
-        trio.run(Agent(config).run)
+        trio.run(agent.run)
     except KeyboardInterrupt:
         return 0
     except BaseExceptionGroup as group:

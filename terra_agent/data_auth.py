@@ -12,17 +12,44 @@ The sender sends its "hello" only once its unwrap returned, and the receiver sen
 before the first chunk arrives, so the sender's end has no bytes left over from the TLS layer;
 the receiver's end may have some (the "hello" and first chunks can follow the sender's
 close_notify in one read): `authenticate` returns them and they go to the FrameReader first.
+
+Pair keys (cheaper, same property): the controller gives every agent, in its "tunnels"
+message (over the mutual-TLS control channel), a 32-byte key per other connected agent,
+K(a, b) = the same for both ends (terra_controller.data_keys). A sender holding the key of the
+tunnel's peer proves and checks identities with it instead of the TLS handshake, one round
+trip, two HMAC-SHA256 (key_authenticate_sender / key_authenticate_receiver):
+
+    sender   -> receiver: KEY_TAG | len(name) | sender name | nonce_s (16 bytes)
+    receiver -> sender:   nonce_r (16) | HMAC(K, "recv" | sender | receiver | nonce_s | nonce_r)
+    sender   -> receiver: HMAC(K, "send" | sender | receiver | nonce_s | nonce_r), then "hello"
+
+Only the controller and the two agents know K; fresh nonces on both sides stop replays, and
+the role label stops a proof of one side being reflected as the other's. The receiver tells
+the two methods apart by the first byte (a TLS record starts with 0x16, KEY_TAG is 0x4b);
+accept() serves both. A receiver without the sender's key closes the connection; the sender's
+next attempt then runs the TLS handshake (PeerLink).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import os
+import socket
 import ssl
+from collections.abc import Callable
+from contextlib import contextmanager
 
 import trio
 
-from terra_controller.pki import Identity, PkiError, Role, peer_identity
+from terra_controller.pki import Identity, PkiError, Role, check_name, peer_identity
 
 DATA_HANDSHAKE_S = 10.0  # TLS handshake + unwrap of a data connection
+KEY_TAG = b"\x4b"  # first byte of a pair-key authenticated connection ("K")
+KEY_BYTES = 32  # pair key
+NONCE_BYTES = 16
+MAC_BYTES = 32  # HMAC-SHA256
+TLS_HANDSHAKE_RECORD = 0x16
 
 
 class DataAuthError(Exception):
@@ -83,3 +110,142 @@ async def authenticate(
         cause = exc.__cause__ if exc.__cause__ is not None else exc
         raise DataAuthError(f"TLS handshake failed: {cause!r}") from exc
     return identity, bytes(trailing)
+
+
+def _mac(key: bytes, role: bytes, sender: str, receiver: str, nonce_s: bytes, nonce_r: bytes):
+    """HMAC-SHA256 of one side's proof; names are length-prefixed (no ambiguity)."""
+    parts = [role]
+    for name in (sender, receiver):
+        raw = name.encode()
+        parts += [bytes([len(raw)]), raw]
+    return hmac.new(key, b"".join([*parts, nonce_s, nonce_r]), hashlib.sha256).digest()
+
+
+async def _read_exact(stream: trio.SocketStream, buf: bytearray, n: int) -> bytes:
+    """The first `n` bytes of `buf` + the stream (waiting for them); the rest stays in `buf`.
+
+    Raises DataAuthError on EOF before `n` bytes."""
+    while len(buf) < n:
+        data = await stream.receive_some(max(n - len(buf), 4096))
+        if not data:
+            raise DataAuthError("connection closed during authentication")
+        buf += data
+    out = bytes(buf[:n])
+    del buf[:n]
+    return out
+
+
+@contextmanager
+def _key_exchange(timeout_s: float):
+    """Deadline of a pair-key exchange; its timeout and connection errors -> DataAuthError."""
+    try:
+        with trio.fail_after(timeout_s):
+            yield
+    except trio.TooSlowError:
+        raise DataAuthError(f"key exchange not done within {timeout_s:g} s") from None
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+        raise DataAuthError(f"key exchange failed: {exc!r}") from exc
+
+
+async def key_authenticate_sender(
+    stream: trio.SocketStream,
+    agent_id: str,
+    peer: str,
+    key: bytes,
+    timeout_s: float = DATA_HANDSHAKE_S,
+) -> None:
+    """Sending end of a pair-key authenticated data connection (module docstring).
+
+    Args:
+        stream: a connected TCP stream (used in clear afterwards; the caller closes it on
+            error). agent_id: this agent. peer: the tunnel's peer agent (the receiver).
+        key: K(agent_id, peer), KEY_BYTES bytes, from the controller.
+
+    Raises:
+        DataAuthError: the receiver's proof is wrong (it does not hold K: not `peer`, or it
+            has no key for us and closed), a timeout, a connection error meanwhile.
+    """
+    nonce_s = os.urandom(NONCE_BYTES)
+    name = agent_id.encode()
+    with _key_exchange(timeout_s):
+        await stream.send_all(KEY_TAG + bytes([len(name)]) + name + nonce_s)
+        reply = await _read_exact(stream, bytearray(), NONCE_BYTES + MAC_BYTES)
+        nonce_r, proof = reply[:NONCE_BYTES], reply[NONCE_BYTES:]
+        if not hmac.compare_digest(proof, _mac(key, b"recv", agent_id, peer, nonce_s, nonce_r)):
+            raise DataAuthError(f"peer did not prove it is {peer!r} (wrong pair key)")
+        await stream.send_all(_mac(key, b"send", agent_id, peer, nonce_s, nonce_r))
+
+
+async def key_authenticate_receiver(
+    stream: trio.SocketStream,
+    agent_id: str,
+    key_for: Callable[[str], bytes | None],
+    timeout_s: float = DATA_HANDSHAKE_S,
+) -> tuple[str, bytes]:
+    """Receiving end of a pair-key authenticated data connection (the tag byte not read yet).
+
+    Args:
+        stream: the accepted TCP stream; agent_id: this agent; key_for(peer) -> K(peer,
+            agent_id) or None (no key: refused).
+
+    Returns:
+        (the sender's agent id, proven; bytes received past the proof: the first frames).
+
+    Raises:
+        DataAuthError: not the key tag, a bad name, no key for the named sender, a wrong
+            proof, a timeout, a connection error meanwhile.
+    """
+    buf = bytearray()
+    with _key_exchange(timeout_s):
+        head = await _read_exact(stream, buf, 2)
+        if head[:1] != KEY_TAG:
+            raise DataAuthError("not a pair-key handshake")
+        raw = await _read_exact(stream, buf, head[1])
+        try:
+            sender = check_name(raw.decode())
+        except (UnicodeDecodeError, PkiError) as exc:
+            raise DataAuthError(f"bad sender name {raw[:64]!r}") from exc
+        key = key_for(sender)
+        if key is None:
+            raise DataAuthError(f"no pair key for {sender!r}")
+        nonce_s = await _read_exact(stream, buf, NONCE_BYTES)
+        nonce_r = os.urandom(NONCE_BYTES)
+        await stream.send_all(nonce_r + _mac(key, b"recv", sender, agent_id, nonce_s, nonce_r))
+        proof = await _read_exact(stream, buf, MAC_BYTES)
+        if not hmac.compare_digest(proof, _mac(key, b"send", sender, agent_id, nonce_s, nonce_r)):
+            raise DataAuthError(f"peer did not prove it is {sender!r} (wrong pair key)")
+    return sender, bytes(buf)
+
+
+async def accept(
+    stream: trio.SocketStream,
+    context: ssl.SSLContext,
+    agent_id: str,
+    key_for: Callable[[str], bytes | None],
+    timeout_s: float = DATA_HANDSHAKE_S,
+    unwrap: bool = True,
+) -> tuple[str, bytes | trio.SSLStream]:
+    """Authenticate an incoming data connection by whichever method its first byte names.
+
+    Args: as authenticate (server side) and key_authenticate_receiver. unwrap=False
+        (terra-agent --encrypt-data): only the TLS handshake is accepted (a pair-key exchange
+        would leave the connection in clear) and the connection stays inside TLS.
+
+    Returns:
+        (the sender's agent id: from its certificate or its pair-key proof, bytes received
+        past the authentication; with unwrap=False the trio.SSLStream to use instead).
+
+    Raises:
+        DataAuthError: as authenticate / key_authenticate_receiver; a pair-key exchange when
+            unwrap is False.
+    """
+    with _key_exchange(timeout_s):
+        first = await stream.socket.recv(1, socket.MSG_PEEK)
+    if first == KEY_TAG:
+        if not unwrap:
+            raise DataAuthError("pair-key connection refused: data connections are encrypted")
+        return await key_authenticate_receiver(stream, agent_id, key_for, timeout_s)
+    identity, rest = await authenticate(
+        stream, context, server_side=True, timeout_s=timeout_s, unwrap=unwrap
+    )
+    return identity.name, rest

@@ -34,6 +34,7 @@ from overlay.protocol import (
     tunnels_message,
     validate_control,
 )
+from terra_controller.data_keys import DataKeys
 from terra_controller.pki import (
     client_context,
     data_client_context,
@@ -60,11 +61,20 @@ class ControllerPeer:
     and "failed" reports with "message" = their reason], failed [the "failed" reports],
     registrations {agent: count}, register_msgs {agent: last register header}, synced {agent:
     trio.Event set once the agent acknowledged the state re-sent at its last registration}.
+    data_keys: a terra_controller.data_keys.DataKeys: every "tunnels" message then carries the
+    agent's pair keys with every other agent that registered (as the controller's does);
+    None (default): no keys.
     """
 
-    def __init__(self, host: str = "127.0.0.1", tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        tls: ssl.SSLContext | None = None,
+        data_keys: DataKeys | None = None,
+    ) -> None:
         self.host = host
         self.tls = tls
+        self.data_keys = data_keys
         self.port: int | None = None
         self.tunnels: dict[str, tuple[list[TunnelSpec], list[int]]] = {}
         self.flows: dict[tuple[str, str], FlowSpec] = {}
@@ -147,7 +157,7 @@ class ControllerPeer:
         msgs = []
         if agent in self.tunnels:
             specs, listen = self.tunnels[agent]
-            msgs.append(tunnels_message(specs, listen))
+            msgs.append(tunnels_message(specs, listen, keys=self.keys_for(agent)))
         mine = [self._resume(spec) for spec in self.flows.values() if agent in spec_agents(spec)]
         mine = [spec for spec in mine if spec.key not in self.completed]
         for i in range(0, len(mine), FLOWS_PER_MESSAGE):
@@ -220,7 +230,13 @@ class ControllerPeer:
         """Store and (if connected) send `agent`'s tunnel table; waits for its ack."""
         self.tunnels[agent] = (list(specs), list(listen))
         if self.connected(agent):
-            await self.send(agent, tunnels_message(specs, listen))
+            await self.send(agent, tunnels_message(specs, listen, keys=self.keys_for(agent)))
+
+    def keys_for(self, agent: str) -> dict[str, str] | None:
+        """The "keys" of `agent`'s "tunnels" message (None without data_keys)."""
+        if self.data_keys is None:
+            return None
+        return self.data_keys.keys_for(agent, list(self.registrations))
 
     async def add_flows(self, specs: list[FlowSpec]) -> None:
         """Store flow descriptors and send them: to receivers first, then to senders."""

@@ -314,7 +314,13 @@ class InFlow:
     def abort(self, message: str) -> None:
         """Stop the flow for good without reporting it (the controller dropped it): it takes
         no more bytes, is marked failed (`message`) and reported, its consume() task returns,
-        and its reorder buffer and sink are closed (once a write in progress has ended)."""
+        its sink's part file is removed at once (sink.remove_part: a later attempt of the
+        flow starts a new one), and its reorder buffer and sink are closed (once a write in
+        progress has ended)."""
+        try:
+            self.sink.remove_part()
+        except OSError as exc:
+            log.warning("flow %s/%s: cannot remove its part file: %s", *self.spec.key, exc)
         self.reported = True
         if self.failed is None:
             self.failed = message

@@ -27,7 +27,7 @@ from overlay.integrity import LEAF_BYTES, FlowDigest, FlowKeys, align_down
 from overlay.protocol import FlowSpec, ProtocolError, TunnelSpec, validate_data
 from overlay.rate_limit import TokenBucket
 
-from .data_auth import DataAuthError, authenticate
+from .data_auth import DataAuthError, authenticate, key_authenticate_sender
 from .sources import MAX_CHUNK_BYTES
 
 log = logging.getLogger(__name__)
@@ -235,11 +235,15 @@ class PeerLink:
     """Persistent connection to `spec.peer_agent` over tunnel `spec.tunnel`.
 
     PeerLink(spec: TunnelSpec, agent_id: str, local_host: str|None, on_ack, on_change,
-    tls=None, encrypt=False). tls: the agent's data client context
+    tls=None, encrypt=False, key_for=None). tls: the agent's data client context
     (terra_controller.pki.data_client_context): each connection first authenticates
     (terra_agent/data_auth.py: mutual TLS handshake, the peer's certificate must name
     spec.peer_agent, then back to plain TCP, or with encrypt=True everything stays inside TLS);
-    None: plain TCP.
+    None: plain TCP. key_for(peer agent) -> the pair key from the controller or None: with
+    tls, a key and not encrypt, the connection authenticates with the key instead (one round
+    trip, no public-key work); after a failed key exchange the next attempt runs the TLS
+    handshake (the receiver may not have the key yet). key_auths / tls_auths count the
+    connections authenticated each way.
     on_ack(coflow, flow, offset, epoch, attempt) is called for each ack frame (attempt: its "a",
     0 when absent); on_change() when the link
     goes up or down (so idle path tasks look again). run() connects, sends "hello", reads acks
@@ -255,10 +259,15 @@ class PeerLink:
         on_change,
         tls=None,
         encrypt: bool = False,
+        key_for=None,
     ) -> None:
         self.spec = spec
         self.tls = tls
         self.encrypt = encrypt and tls is not None
+        self.key_for = key_for
+        self.key_auths = 0
+        self.tls_auths = 0
+        self._tls_next = False
         self.agent_id = agent_id
         self.local_host = local_host
         self.on_ack = on_ack
@@ -316,13 +325,7 @@ class PeerLink:
             async with stream:
                 initial, channel = b"", stream
                 if self.tls is not None:  # authenticate, then plain TCP or TLS (data_auth.py)
-                    _, rest = await authenticate(
-                        stream,
-                        self.tls,
-                        server_side=False,
-                        expected_peer=self.spec.peer_agent,
-                        unwrap=not self.encrypt,
-                    )
+                    rest = await self._authenticate(stream)
                     if self.encrypt:
                         channel = rest
                     else:
@@ -335,6 +338,28 @@ class PeerLink:
                 log.info("link %s via %s up (connect #%d)", *self._name(), self.connects)
                 self.on_change()
                 await self._read_acks(FrameReader(channel, initial=initial))
+
+    async def _authenticate(self, stream: trio.SocketStream) -> bytes:
+        """Pair-key exchange if we hold the peer's key (the last one did not fail, no
+        encryption), else the TLS handshake; returns bytes received past it (or, encrypting,
+        the TLS stream). DataAuthError if it failed."""
+        peer = self.spec.peer_agent
+        use_key = self.key_for is not None and not self._tls_next and not self.encrypt
+        key = self.key_for(peer) if use_key else None
+        if key is not None:
+            try:
+                await key_authenticate_sender(stream, self.agent_id, peer, key)
+            except DataAuthError:
+                self._tls_next = True
+                raise
+            self.key_auths += 1
+            return b""
+        self._tls_next = False
+        _, rest = await authenticate(
+            stream, self.tls, server_side=False, expected_peer=peer, unwrap=not self.encrypt
+        )
+        self.tls_auths += 1
+        return rest
 
     async def _read_acks(self, reader: FrameReader) -> None:
         while True:

@@ -216,6 +216,9 @@ class DigestSink:
     def commit(self) -> None:
         """Nothing to move into place."""
 
+    def remove_part(self) -> None:
+        """Nothing was written."""
+
     def close(self) -> None:
         """Nothing to release."""
 
@@ -328,6 +331,15 @@ class FileSink:
         self.committed = True
         _unlink_if_present(self.digest_path)
 
+    def remove_part(self) -> None:
+        """The flow will never complete (dropped: cancelled, failed, restarting from byte 0):
+        unlink the part file and the saved digest now, unless committed. A write in progress
+        ends in the unlinked file; close() still closes it. OSError other than a missing file
+        is logged by the caller's choice: it is raised."""
+        if not self.committed:
+            _unlink_if_present(self.part_path)
+            _unlink_if_present(self.digest_path)
+
     def close(self) -> None:
         """Close the part file (it stays, for a resume)."""
         if self._fd >= 0:
@@ -353,7 +365,7 @@ def open_sink(spec: str, size: int, resume: bool, data_root: str | None = None, 
         data_root: the agent's data root, or None: every "file:" sink is refused.
 
     Returns DigestSink or FileSink (both have .resume_offset, .write(data), .commit(),
-    .close()).
+    .remove_part(), .close()).
     Raises SourceError for an unknown spec, a refused path or an unusable file.
     """
     if spec == "digest":

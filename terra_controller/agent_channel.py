@@ -64,6 +64,7 @@ from terra_controller.coflow_registry import (
     parse_coflow_key,
 )
 from terra_controller.controller import Controller, FlowRates
+from terra_controller.data_keys import DataKeys
 from terra_controller.pki import INSECURE, Identity, Role
 from terra_controller.reaction import Reaction
 from terra_controller.transport import ServerSecurity, SharedSocket, listen_and_serve
@@ -88,6 +89,8 @@ class AgentChannel:
         controller: the Controller (registers its listeners on it).
         tunnels: the TunnelTable.
         silence_s: seconds without any message after which an agent is disconnected.
+        data_keys: the pair keys of the agents' data connections (terra_controller/data_keys.py),
+            sent in every "tunnels" message; None (an insecure channel): no keys are sent.
 
     Attributes:
         connections: {agent id: AgentConnection}. acks: {message id: monotonic s acked}.
@@ -100,8 +103,10 @@ class AgentChannel:
         controller: Controller,
         tunnels: TunnelTable,
         silence_s: float = AGENT_SILENCE_S,
+        data_keys: DataKeys | None = None,
     ):
         self.controller = controller
+        self.data_keys = data_keys
         self.silence_s = silence_s
         self.tunnels = tunnels
         self.connections: dict[str, AgentConnection] = {}
@@ -402,8 +407,11 @@ class AgentChannel:
             with self.controller.lock:
                 specs = self.tunnels.specs_for(info, peers)
                 listen = self.tunnels.listen_ports(info.data_addr)
+            keys = None
+            if self.data_keys is not None:
+                keys = self.data_keys.keys_for(info.id, [p.id for p in peers])
             msg_id = self._new_id()
-            conn.send(protocol.tunnels_message(specs, listen, msg_id=msg_id))
+            conn.send(protocol.tunnels_message(specs, listen, msg_id=msg_id, keys=keys))
             sent[msg_id] = info.id
         return sent
 

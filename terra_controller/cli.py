@@ -196,6 +196,7 @@ def run(args, topology, security) -> None:
     from terra_controller.agent_channel import AgentChannel, start_agent_server
     from terra_controller.api_server import ApiHandler, start_api_server
     from terra_controller.controller import Controller, RoundRunner
+    from terra_controller.data_keys import DataKeys
     from terra_controller.rest import RestApp, start_rest_server
     from terra_controller.tunnel_table import TunnelTable, installed_path_source
     from terra_controller.tunnels import startup_tunnels
@@ -246,7 +247,9 @@ def run(args, topology, security) -> None:
                 "rules": rules,
             }
 
-    channel = AgentChannel(controller, tunnels)
+    # pair keys of the agents' data connections travel only over the mutual-TLS channel
+    data_keys = DataKeys() if security.context is not None else None
+    channel = AgentChannel(controller, tunnels, data_keys=data_keys)
     rest_security = security
     if args.rest_public and security.context is not None:
         from terra_controller.pki import server_context

@@ -39,6 +39,8 @@ from terra_controller.transport import connect_tls
 
 LOG = logging.getLogger("terra.client")
 FINAL = frozenset(s.value for s in FINAL_STATES)  # the states wait() returns on
+MAX_OPEN = 10_000  # coflows remembered for resubmission (the oldest are forgotten first)
+GONE = frozenset({"coflow_done", "unknown_coflow"})  # errors saying a coflow is not open
 
 
 class TerraError(Exception):
@@ -64,6 +66,15 @@ class TerraClient:
         insecure: plain TCP without certificates (a controller run with --insecure);
             logs a warning.
         timeout: seconds to keep trying to (re)connect and to wait for a reply.
+        max_open: coflows remembered for resubmission after a controller restart (`open`).
+
+    Attributes:
+        open: {coflow id: its flows, deadline and first submission time} of the coflows this
+            client submitted and has not yet learned to be finished. An entry goes when a
+            reply shows the coflow in a final state (check_status, wait, list_coflows) or
+            gone (cancel_coflow, "coflow_done" / "unknown_coflow"); beyond `max_open`
+            entries the oldest go (those coflows are then not resubmitted; `forgotten`
+            counts them).
 
     Raises (constructor):
         ValueError: neither pki and name nor insecure=True given.
@@ -82,6 +93,7 @@ class TerraClient:
         name: str | None = None,
         insecure: bool = False,
         timeout: float = 30.0,
+        max_open: int = MAX_OPEN,
     ):
         self.addr = (host, int(port))
         if insecure:
@@ -95,8 +107,11 @@ class TerraClient:
         self.sock: socket.socket | None = None
         self.instance: str | None = None
         # coflow id -> {"flows": [...], "deadline_at": monotonic s or None, "submitted_at":
-        # monotonic s of the first submission}; coflows not known to be finished, for resubmission
+        # monotonic s of the first submission}; coflows not known to be finished, for
+        # resubmission, oldest first
         self.open: dict[int, dict] = {}
+        self.max_open = max_open
+        self.forgotten = 0
 
     # ---- API ----------------------------------------------------------------------------
 
@@ -118,11 +133,7 @@ class TerraClient:
         cid = self._call(request)["coflow"]
         if cid >= 0:
             deadline_at = None if deadline is None else submitted_at + deadline
-            self.open[cid] = {
-                "flows": list(flows),
-                "deadline_at": deadline_at,
-                "submitted_at": submitted_at,
-            }
+            self._remember(cid, list(flows), deadline_at, submitted_at)
         return cid
 
     def check_status(self, coflow_id: int) -> dict:
@@ -136,9 +147,8 @@ class TerraClient:
         Raises:
             TerraError("unknown_coflow"): no such coflow (or finished long ago and dropped).
         """
-        status = self._call({"op": "status", "coflow": coflow_id})["status"]
-        if status["state"] in FINAL:
-            self.open.pop(coflow_id, None)
+        status = self._call_about(coflow_id, {"op": "status", "coflow": coflow_id})["status"]
+        self._learned(coflow_id, status["state"])
         return status
 
     def cancel_coflow(self, coflow_id: int) -> None:
@@ -149,7 +159,7 @@ class TerraClient:
         Raises:
             TerraError: "coflow_done" (already done, failed or rejected), "unknown_coflow".
         """
-        self._call({"op": "cancel", "coflow": coflow_id})
+        self._call_about(coflow_id, {"op": "cancel", "coflow": coflow_id})
         self.open.pop(coflow_id, None)
 
     def update_coflow(self, coflow_id: int, flows: list[dict]) -> None:
@@ -180,8 +190,12 @@ class TerraClient:
             time.sleep(poll_s)
 
     def list_coflows(self) -> list[dict]:
-        """Return [{id, state, bytes_total, bytes_delivered, cct_s}] for every coflow."""
-        return self._call({"op": "list"})["coflows"]
+        """Return [{id, state, bytes_total, bytes_delivered, cct_s}] for every coflow (of
+        this client's; operators: all); forgets the finished ones in `open`."""
+        coflows = self._call({"op": "list"})["coflows"]
+        for c in coflows:
+            self._learned(c["id"], c["state"])
+        return coflows
 
     def set_link_state(self, a: str, b: str, up: bool) -> bool:
         """Operator command: set WAN link a-b up or down (used with --no-openflow).
@@ -213,6 +227,30 @@ class TerraClient:
         self.close()
 
     # ---- plumbing -----------------------------------------------------------------------
+
+    def _remember(self, cid: int, flows: list[dict], deadline_at, submitted_at: float) -> None:
+        """Keep a submitted coflow in `open`, forgetting the oldest beyond max_open."""
+        self.open[cid] = {"flows": flows, "deadline_at": deadline_at, "submitted_at": submitted_at}
+        while len(self.open) > self.max_open:
+            oldest = next(iter(self.open))
+            del self.open[oldest]
+            self.forgotten += 1
+            LOG.debug("coflow %d forgotten: more than %d open coflows", oldest, self.max_open)
+
+    def _learned(self, cid: int, state: str) -> None:
+        """A reply showed coflow `cid` in `state`: forget it if that is final."""
+        if state in FINAL:
+            self.open.pop(cid, None)
+
+    def _call_about(self, cid: int, request: dict) -> dict:
+        """_call for a request about one coflow; an error saying it is not open (done, or
+        unknown: the controller forgot it) forgets it too before it is raised."""
+        try:
+            return self._call(request)
+        except TerraError as exc:
+            if exc.code in GONE:
+                self.open.pop(cid, None)
+            raise
 
     def _call(self, request: dict) -> dict:
         reply = self._exchange(request)

@@ -134,8 +134,10 @@ class ControllerProcess:
 
 
 def start_agents(ctl: ControllerProcess, agents: list[tuple[str, str, str]], workdir: Path,
-                 tunnels: int = 8) -> list[subprocess.Popen]:  # fmt: skip
-    """Start real terra-agent processes [(agent id, DC, host)]; returns the Popen objects."""
+                 tunnels: int = 8, extra: dict[str, list[str]] | None = None
+                 ) -> list[subprocess.Popen]:  # fmt: skip
+    """Start real terra-agent processes [(agent id, DC, host)]; returns the Popen objects.
+    `extra`: {agent id: more terra-agent arguments}."""
     procs = []
     for agent, dc, host in agents:
         port = free_port_block(host, tunnels + 2)
@@ -159,6 +161,7 @@ def start_agents(ctl: ControllerProcess, agents: list[tuple[str, str, str]], wor
                     "--log-level",
                     "WARNING",
                     *ctl.agent_args(agent),
+                    *(extra or {}).get(agent, []),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

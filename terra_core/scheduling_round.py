@@ -44,7 +44,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from terra_core.maxmin import maxmin_levels
+from terra_core.maxmin import maxmin_levels_sparse
 from terra_core.mcf import maxmin_mcf
 from terra_core.min_cct import (
     DualBound,
@@ -54,6 +54,7 @@ from terra_core.min_cct import (
     links_of,
     min_cct,
 )
+from terra_core.path_masks import PathIndex, full_mask, index_for, mark_full
 from topologies import Link, Path
 
 
@@ -71,6 +72,8 @@ _FULL = 1e-6  # a link with less than this fraction of its capacity left counts 
 _TIGHT = 1e-9  # relative gap under which bounds on Γ count as exact
 _MIN_WEIGHT = 1e-3  # step 6: smallest FlowGroup weight relative to its coflow's largest
 # (smaller weights would put the MCF's freezing duals near the solver tolerance)
+_FLOW_KEY = ("quick_bound",)  # memo key of _pair_flow_cache (coflow ids are strings)
+_INDEX_KEY = ("path_index",)  # memo key of the round's path_masks.PathIndex
 MCF_MAX_COLUMNS = 160  # steps 5-6 use the MCF up to this many (pair, path) columns
 
 
@@ -131,7 +134,9 @@ def schedule_round(
             hint start from the bound max_k d_k / Σ_{p ∈ P_k} bottleneck(p).
         memo: optional dict the caller keeps between rounds (and clears when
             paths change): step 4's min-CCT solutions on r, reused without an LP
-            when r is unchanged and the volumes allow it (see `_min_cct_on_r`).
+            when r is unchanged and the volumes allow it (see `_min_cct_on_r`),
+            the per-pair denominators of step 3's bound (`_pair_flow_cache`) and
+            the link bits and path masks (path_masks.PathIndex).
         starving: None for the fixed guard (steps 2 and 5 as above). Otherwise an
             aged guard (starvation.py): the starving coflow ids, oldest first;
             steps 2 and 5 are replaced by step 2' (starvation.serve_starving: the
@@ -164,42 +169,44 @@ def schedule_round(
     deadline_ids = reserve_deadlines(active, paths, left, now, deadlines, rates, result)
 
     # Steps 2-4: reserve α, order by Γ on the full capacities, sequential min-CCT on r.
+    index = index_for(memo, _INDEX_KEY, capacity)
     if starving is not None:  # an aged guard: the reserve only for starving coflows
         from terra_core.starvation import serve_starving
 
         starving = [cid for cid in starving if cid in active and cid not in result.state]
         if starving and alpha > 0:
             serve_starving(
-                active, starving, paths, left, capacity, alpha, starving_fair, rates, result
-            )
+                active, starving, paths, left, capacity, alpha, starving_fair, rates, result,
+                index,
+            )  # fmt: skip
         alpha = 0.0
     reserve = {link: alpha * c for link, c in left.items()}
     r = {link: c - reserve[link] for link, c in left.items()}
     others = [cid for cid in active if cid not in result.state]
     scheduled, preempted = _sequential(
-        active, others, paths, capacity, r, hints, memo, rates, result
+        active, others, paths, capacity, r, hints, memo, rates, result, index
     )
 
     # Step 5: the α share to the preempted coflows.
     if preempted and alpha > 0:
-        _alpha_share(active, preempted, paths, reserve, capacity, rates, result)
+        _alpha_share(active, preempted, paths, reserve, capacity, rates, result, index)
     spare = {link: r[link] + reserve[link] for link in left}
 
     # Step 6: work conservation, earlier coflows in the order first.
-    _work_conservation(
-        active, scheduled + preempted + deadline_ids, paths, spare, capacity, rates, result
-    )
+    order = scheduled + preempted + deadline_ids
+    _work_conservation(active, order, paths, spare, capacity, rates, result, index)
 
-    result.rates = _finish(rates, capacity)
+    result.rates = _finish(rates, capacity, index)
     return result
 
 
-def _sequential(active, others, paths, capacity, r, hints, memo, rates, result) -> tuple:
+def _sequential(active, others, paths, capacity, r, hints, memo, rates, result, index) -> tuple:
     """Steps 3-4 with lazy ordering: a heap keyed by lower bounds on Γ.
 
     Popping the smallest key: a coflow that cannot reach r any more (some
     FlowGroup has every path through a full link) is preempted at once — r only
-    shrinks, so it would be preempted at its exact place too; a key that is
+    shrinks, so it would be preempted at its exact place too; the full links of r
+    are one bitmask (path_masks), updated with the links a scheduled coflow took; a key that is
     only a bound is replaced by the exact Γ (an LP on the full capacities) and
     pushed back; an exact key is the coflow's turn: min-CCT on r. So the
     coflows that can still be scheduled are taken in exact Γ order, and no LP
@@ -211,15 +218,20 @@ def _sequential(active, others, paths, capacity, r, hints, memo, rates, result) 
     """
     hints = hints or {}
     heap = []
+    pair_flow = _pair_flow_cache(memo, capacity)
     for pos, cid in enumerate(others):
-        key, exact = hints.get(cid) or (_quick_bound(active[cid], paths, capacity), False)
+        key, exact = hints.get(cid) or (
+            _quick_bound(active[cid], paths, capacity, pair_flow),
+            False,
+        )
         heap.append((key, pos, cid, exact))
     heapq.heapify(heap)
     scheduled: list[str] = []
     preempted: list[str] = []
+    full = full_mask(index, r, capacity, _FULL)
     while heap:
         key, pos, cid, exact = heapq.heappop(heap)
-        if not _all_reachable(active[cid], paths, r, capacity):
+        if not _all_reachable(active[cid], paths, index, full):
             result.state[cid] = PREEMPTED
         elif not exact:
             res = _solve(active[cid], paths, capacity, result, rates_needed=False)
@@ -231,6 +243,7 @@ def _sequential(active, others, paths, capacity, r, hints, memo, rates, result) 
             result.state[cid] = PREEMPTED if math.isinf(res.gamma_s) else SCHEDULED
             if result.state[cid] == SCHEDULED:
                 _take(rates, cid, res.rates, r, 1.0)
+                full = mark_full(full, index, _ids_in(res.rates, index), r, capacity, _FULL)
         result.order.append(cid)
         result.gammas[cid] = key
         (scheduled if result.state[cid] == SCHEDULED else preempted).append(cid)
@@ -265,13 +278,38 @@ def _min_cct_on_r(cid, volumes, paths, r, memo, result) -> MinCct:
     return res
 
 
-def _quick_bound(volumes, paths, capacity) -> float:
-    """Γ >= max_k d_k / Σ_{p ∈ P_k} min_{e ∈ p} c_e (each FlowGroup alone, paths unshared)."""
+def _quick_bound(volumes, paths, capacity, pair_flow: dict | None = None) -> float:
+    """Γ >= max_k d_k / Σ_{p ∈ P_k} min_{e ∈ p} c_e (each FlowGroup alone, paths unshared).
+
+    `pair_flow` ({pair: Σ_p bottleneck(p) in bytes/s}) caches the denominators
+    across the coflows of one round (they depend only on the pair and `capacity`).
+    """
+    pair_flow = {} if pair_flow is None else pair_flow
     bound = 0.0
     for pair, d in volumes.items():
-        flow = sum(min(capacity.get(e, 0.0) for e in links_of(p)) for p in paths[pair])
+        flow = pair_flow.get(pair)
+        if flow is None:
+            flow = pair_flow[pair] = sum(
+                min(capacity.get(e, 0.0) for e in links_of(p)) for p in paths[pair]
+            )
         bound = max(bound, d / flow if flow > 0 else math.inf)
     return bound
+
+
+def _pair_flow_cache(memo: dict | None, capacity: dict[Link, float]) -> dict[Pair, float]:
+    """The {pair: Σ_p bottleneck(p)} cache of `_quick_bound` for these capacities.
+
+    Kept in the caller's memo (under a tuple key, which no coflow id is) while the
+    capacities stay the same, so the denominators of pairs that stay active are
+    not recomputed every round; a new dict when there is no memo or `capacity`
+    differs from the one the cache was built on. The memo is cleared when paths change.
+    """
+    if memo is None:
+        return {}
+    entry = memo.get(_FLOW_KEY)
+    if entry is None or entry[0] != capacity:
+        entry = memo[_FLOW_KEY] = (dict(capacity), {})
+    return entry[1]
 
 
 def reserve_deadlines(
@@ -322,13 +360,18 @@ def _solve(volumes, paths, capacity, result: RoundResult, rates_needed: bool = T
     return res
 
 
-def _all_reachable(volumes, paths, r, capacity) -> bool:
-    """Every FlowGroup has a path whose links all have more than _FULL of capacity left."""
-    open_links = _open_links(r, capacity)
+def _all_reachable(volumes, paths, index: PathIndex, full: int) -> bool:
+    """Every FlowGroup has a path that crosses no link of the `full` bitmask."""
     for pair in volumes:
-        if not any(open_links.issuperset(links_of(p)) for p in paths[pair]):
+        if all(mask & full for mask, _ in index.entries(pair, paths)):
             return False
     return True
+
+
+def _ids_in(pair_rates: PairRates, index: PathIndex) -> set[int]:
+    """Indices of the links crossed by the paths of `pair_rates` ({pair: [(path, bytes/s)]})."""
+    bit = index.bit
+    return {bit[link] for lst in pair_rates.values() for path, _ in lst for link in links_of(path)}
 
 
 def _open_links(avail: dict[Link, float], capacity: dict[Link, float]) -> set[Link]:
@@ -360,7 +403,7 @@ def _consume(left: dict[Link, float], lst: list[tuple[Path, float]], scale: floa
             left[link] = max(0.0, left[link] - x)
 
 
-def _alpha_share(active, preempted, paths, reserve, capacity, rates, result) -> None:
+def _alpha_share(active, preempted, paths, reserve, capacity, rates, result, index) -> None:
     """Step 5: max-min over the preempted FlowGroups on the reserved capacity.
 
     FlowGroups of one DC pair have the same paths, so the fair share is computed
@@ -371,14 +414,17 @@ def _alpha_share(active, preempted, paths, reserve, capacity, rates, result) -> 
         for pair in active[cid]:
             members.setdefault(pair, []).append(cid)
     weights = {pair: float(len(cids)) for pair, cids in members.items()}
-    pair_rates = _fair_share(weights, paths, reserve, capacity, result)
+    pair_rates = _fair_share(weights, paths, reserve, capacity, result, index)
     for pair, lst in pair_rates.items():
-        share = 1.0 / len(members[pair])
-        for cid in members[pair]:
-            _assign(rates.setdefault(cid, {}), pair, lst, share)
+        cids = members[pair]
+        share = 1.0 / len(cids)
+        for cid in cids:  # _assign inlined: this loop runs once per preempted FlowGroup
+            per_path = rates.setdefault(cid, {}).setdefault(pair, {})
+            for path, rate in lst:
+                per_path[path] = per_path.get(path, 0.0) + rate * share
 
 
-def _work_conservation(active, order, paths, spare, capacity, rates, result) -> None:
+def _work_conservation(active, order, paths, spare, capacity, rates, result, index) -> None:
     """Step 6: the spare capacity to the coflows in `order`, earlier coflows first.
 
     Every DC pair belongs to the earliest coflow in `order` with a FlowGroup on it. The
@@ -399,12 +445,12 @@ def _work_conservation(active, order, paths, spare, capacity, rates, result) -> 
     for pair, cid in owner.items():
         top[cid] = max(top.get(cid, 0.0), active[cid][pair])
     weights = {pair: max(active[cid][pair] / top[cid], _MIN_WEIGHT) for pair, cid in owner.items()}
-    pair_rates = _fair_share(weights, paths, spare, capacity, result, priority)
+    pair_rates = _fair_share(weights, paths, spare, capacity, result, index, priority)
     for pair, lst in pair_rates.items():
         _assign(rates.setdefault(owner[pair], {}), pair, lst, 1.0)
 
 
-def _fair_share(weights, paths, avail, capacity, result: RoundResult, priority=None) -> PairRates:
+def _fair_share(weights, paths, avail, capacity, result, index, priority=None) -> PairRates:
     """Weighted max-min rates of DC pairs over their paths on `avail` capacity,
     which shrinks by them (in place); with `priority` ({pair: class}), lower classes
     are filled first and a class sees only what the earlier ones left.
@@ -414,7 +460,8 @@ def _fair_share(weights, paths, avail, capacity, result: RoundResult, priority=N
     progressive filling on fixed paths, one subflow per (pair, path) weighted
     like its pair (maxmin.maxmin_levels), because the MCF's LPs cost ~0.2 s per
     round on ATT's 600 DC pairs (measured) while water-filling costs ~5 ms.
-    Both leave no path with spare capacity on every link unused.
+    Both leave no path with spare capacity on every link unused. `index` is the
+    round's path_masks.PathIndex over the links of `avail`.
     """
     priority = priority or {}
     if sum(len(paths[pair]) for pair in weights) > MCF_MAX_COLUMNS:
@@ -422,8 +469,10 @@ def _fair_share(weights, paths, avail, capacity, result: RoundResult, priority=N
         for pair in weights:
             classes.setdefault(priority.get(pair, 0), []).append(pair)
         out: PairRates = {}
+        full = full_mask(index, avail, capacity, _FULL)
         for cls in sorted(classes):
-            out.update(_waterfill_pairs(classes[cls], weights, paths, avail, capacity))
+            got, full = _waterfill_pairs(classes[cls], weights, paths, avail, capacity, index, full)
+            out.update(got)
         return out
     open_links = _open_links(avail, capacity)
     usable = {
@@ -441,82 +490,145 @@ def _fair_share(weights, paths, avail, capacity, result: RoundResult, priority=N
     return out
 
 
-def _waterfill_pairs(pairs, weights, paths, avail, capacity) -> PairRates:
+def _waterfill_pairs(pairs, weights, paths, avail, capacity, index, full: int) -> tuple:
     """Water-filling of `pairs` on `avail`, which shrinks by the result (in place):
     shortest paths first. Round j fills every pair's j-th path (paths come fewest hops
     first) max-min fair weighted like its pair, on what rounds 0..j-1 left; paths through
     a full link get 0. A byte sent over a longer path takes capacity on more links, so
-    the pairs' short paths are used up before any pair spills onto a longer one."""
+    the pairs' short paths are used up before any pair spills onto a longer one.
+
+    `full` is the bitmask of full links of `avail` (path_masks.full_mask); only the
+    links a round used are checked again, so a class whose paths are all blocked
+    costs one AND per path, not a pass over every link (docs/design.md 4.2 steps 5-6).
+
+    Returns:
+        ({pair: [(path, bytes/s)]}, the updated full-link mask).
+    """
+    if len(pairs) == 1:  # most step-6 classes: a coflow with one DC pair
+        return _fill_one(pairs[0], weights[pairs[0]], paths, avail, capacity, index, full)
     out: PairRates = {}
-    depth = max((len(paths[pair]) for pair in pairs), default=0)
+    entries = {pair: index.entries(pair, paths) for pair in pairs}
+    depth = max((len(e) for e in entries.values()), default=0)
+    links = index.links
     for j in range(depth):
-        open_links = _open_links(avail, capacity)
         columns = [
-            (pair, paths[pair][j])
-            for pair in pairs
-            if j < len(paths[pair]) and open_links.issuperset(links_of(paths[pair][j]))
+            (pair, ent[j]) for pair, ent in entries.items() if j < len(ent) and not ent[j][0] & full
         ]
         if not columns:
             continue
-        levels, used = _waterfill([(p, weights[pair]) for pair, p in columns], avail)
-        for link, x in zip(avail, used.tolist(), strict=True):
-            avail[link] = max(0.0, avail[link] - x)
-        for (pair, p), level in zip(columns, levels.tolist(), strict=True):
+        ids, levels, used = _waterfill([(e[1], weights[pair]) for pair, e in columns], avail, links)
+        for i, x in zip(ids, used, strict=True):
+            avail[links[i]] = max(0.0, avail[links[i]] - x)
+        full = mark_full(full, index, ids, avail, capacity, _FULL)
+        for (pair, _), level in zip(columns, levels, strict=True):
             if level > 0:
-                out.setdefault(pair, []).append((p, level * weights[pair]))
-    return out
+                out.setdefault(pair, []).append((paths[pair][j], level * weights[pair]))
+    return out, full
 
 
-def _waterfill(
-    entities: list[tuple[Path, float]], capacity: dict[Link, float]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Max-min levels of single-path entities [(path, weight)] (maxmin.maxmin_levels).
+def _fill_one(pair, weight, paths, avail, capacity, index, full: int) -> tuple:
+    """`_waterfill_pairs` for a class of one pair, without building a problem: each open
+    path in turn gets the level min_e avail_e / weight (one entity's progressive filling).
 
     Returns:
-        (levels per entity, bytes/s used per link in the order of `capacity`).
+        ({pair: [(path, bytes/s)]} or {}, the updated full-link mask).
     """
-    row = {link: i for i, link in enumerate(capacity)}
+    out: PairRates = {}
+    links = index.links
+    for j, (mask, ids) in enumerate(index.entries(pair, paths)):
+        if mask & full:
+            continue
+        level = max(min(max(avail[links[i]], 0.0) / weight for i in ids), 0.0)
+        x = weight * level
+        for i in ids:
+            avail[links[i]] = max(0.0, avail[links[i]] - x)
+        full = mark_full(full, index, ids, avail, capacity, _FULL)
+        if level > 0:
+            out.setdefault(pair, []).append((paths[pair][j], level * weight))
+    return out, full
+
+
+def _waterfill(entities: list[tuple[tuple[int, ...], float]], avail, links) -> tuple:
+    """Max-min levels of single-path entities [(link indices of the path, weight)]
+    on `avail` ({link: bytes/s}; `links[i]` is link i), maxmin.maxmin_levels_sparse.
+
+    Only the links the entities cross enter the problem (a link no entity crosses
+    has no load and cannot freeze anyone), and the incidence stays sparse (an
+    entity has one entry, its weight, per link of its path), so a step costs the
+    class's entries, not links x entities. One entity alone: its level is
+    min_e avail_e / weight (the same divisions progressive filling makes).
+
+    Returns:
+        (link indices crossed, levels per entity, bytes/s used on each of those links),
+        as lists.
+    """
+    if len(entities) == 1:
+        ids, weight = entities[0]
+        level = max(min(max(avail[links[i]], 0.0) / weight for i in ids), 0.0)
+        return list(ids), [level], [weight * level] * len(ids)
     rows, cols, vals = [], [], []
-    for j, (path, weight) in enumerate(entities):
-        ids = [row[link] for link in links_of(path)]
+    for j, (ids, weight) in enumerate(entities):
         rows.extend(ids)
         cols.extend([j] * len(ids))
         vals.extend([weight] * len(ids))
-    incidence = np.zeros((len(row), len(entities)))
-    np.add.at(incidence, (rows, cols), vals)
-    cap = np.fromiter((max(c, 0.0) for c in capacity.values()), float, len(row))
-    levels = maxmin_levels(incidence, cap)
-    return levels, incidence @ levels
+    rows_a = np.array(rows)
+    present = np.zeros(len(links), dtype=np.intp)
+    present[rows_a] = 1
+    ids = np.flatnonzero(present).tolist()  # the links crossed, in index order
+    inv = (np.cumsum(present) - 1)[rows_a]  # each entry's row among them
+    cap = np.fromiter((max(avail[links[i]], 0.0) for i in ids), float, len(ids))
+    cols_a, vals_a = np.array(cols), np.array(vals)
+    levels = maxmin_levels_sparse(inv, cols_a, vals_a, cap, len(entities))
+    used = np.bincount(inv, weights=vals_a * levels[cols_a], minlength=len(ids))
+    return ids, levels.tolist(), used.tolist()
 
 
 def _positive(capacity: dict[Link, float]) -> dict[Link, float]:
     return {link: c for link, c in capacity.items() if c > 0}
 
 
-def _finish(rates, capacity: dict[Link, float]) -> dict[str, PairRates]:
-    """Merge into lists and scale down any link that round-off left over its capacity."""
+def _finish(rates, capacity: dict[Link, float], index: PathIndex) -> dict[str, PairRates]:
+    """Merge into lists and scale down any link that round-off left over its capacity.
+
+    The link loads are summed per path in one np.bincount over the links of
+    `index` (the order of the additions is the paths' order, as a per-link sum
+    would make); a link missing from `index` has capacity 0.
+    """
     path_total: dict[Path, float] = {}
     for per_pair in rates.values():
         for per_path in per_pair.values():
             for path, x in per_path.items():
                 path_total[path] = path_total.get(path, 0.0) + x
-    load: dict[Link, float] = {}
+    n_links = len(index.links)
+    rows: list[int] = []
+    vals: list[float] = []
     for path, x in path_total.items():
-        for link in links_of(path):
-            load[link] = load.get(link, 0.0) + x
-    over = {link: capacity.get(link, 0.0) / x for link, x in load.items()}
-    over = {link: f for link, f in over.items() if f < 1.0}
+        ids = index.ids(path)
+        rows.extend(ids)
+        vals.extend([x] * len(ids))
+    rows_a = np.array(rows, dtype=np.intp)
+    rows_a[rows_a < 0] = n_links
+    load = np.bincount(rows_a, weights=np.array(vals), minlength=n_links + 1)
+    cap = np.fromiter((capacity.get(link, 0.0) for link in index.links), float, n_links)
+    cap = np.append(cap, 0.0)
+    ratio = np.full(n_links + 1, np.inf)
+    loaded = load > 0
+    ratio[loaded] = cap[loaded] / load[loaded]
     factor: dict[Path, float] = {}
-    if over:
+    if (ratio < 1.0).any():
+        over = ratio.tolist()
         for path in path_total:
-            f = min((over[link] for link in links_of(path) if link in over), default=1.0)
+            f = min((over[i] for i in index.ids(path)), default=1.0)  # -1: the missing slot
             if f < 1.0:
                 factor[path] = f
     out: dict[str, PairRates] = {}
     for cid, per_pair in rates.items():
         mine: PairRates = {}
         for pair, per_path in per_pair.items():
-            lst = [(p, x * factor.get(p, 1.0)) for p, x in per_path.items() if x > 0]
+            if factor:
+                lst = [(p, x * factor.get(p, 1.0)) for p, x in per_path.items() if x > 0]
+            else:
+                lst = [(p, x) for p, x in per_path.items() if x > 0]
             if lst:
                 mine[pair] = lst
         if mine:

@@ -51,11 +51,12 @@ import math
 from dataclasses import dataclass
 
 from terra_core.min_cct import Pair
+from terra_core.path_masks import PathIndex, full_mask
 from terra_core.scheduling_round import (
+    _FULL,
     RoundResult,
     _all_reachable,
-    _assign,
-    _fair_share,
+    _alpha_share,
     _solve,
     _take,
 )
@@ -170,6 +171,7 @@ def serve_starving(
     fair: bool,
     rates: dict,
     result: RoundResult,
+    index: PathIndex,
 ) -> None:
     """Step 2' of an aged guard: the reserve α·left to the starving coflows.
 
@@ -192,23 +194,16 @@ def serve_starving(
         fair: share among all starving coflows instead of serving the oldest.
         rates: the round's {cid: {pair: {path: bytes/s}}} accumulator (in place).
         result: the round's RoundResult (its `lps` grows).
+        index: the round's link bits and path masks (path_masks.PathIndex).
     """
     pool = {link: alpha * c for link, c in left.items()}
     before = dict(pool)
     if fair:
-        members: dict[Pair, list[str]] = {}
-        for cid in starving:
-            for pair in active[cid]:
-                members.setdefault(pair, []).append(cid)
-        weights = {pair: float(len(cids)) for pair, cids in members.items()}
-        pair_rates = _fair_share(weights, paths, pool, capacity, result)
-        for pair, lst in pair_rates.items():
-            share = 1.0 / len(members[pair])
-            for cid in members[pair]:
-                _assign(rates.setdefault(cid, {}), pair, lst, share)
+        _alpha_share(active, starving, paths, pool, capacity, rates, result, index)
     else:
         for cid in starving:
-            if not _all_reachable(active[cid], paths, pool, capacity):
+            full = full_mask(index, pool, capacity, _FULL)
+            if not _all_reachable(active[cid], paths, index, full):
                 continue
             res = _solve(active[cid], paths, pool, result)
             if math.isinf(res.gamma_s):

@@ -350,3 +350,27 @@ def test_a_resent_request_with_the_same_ref_is_executed_once(server):
     assert replies[0]["coflow"] == replies[1]["coflow"] == 0
     assert list(server.controller.registry.coflows) == [0]
     assert list(server.controller.registry.get(0).flows) == ["f", "g"]
+
+
+def test_client_forgets_coflows_it_learns_are_finished_and_keeps_at_most_max_open(server):
+    """`open` (what a client resubmits after a controller restart) does not grow without end:
+    final states seen in status / list replies and refused cancels drop entries, and beyond
+    max_open the oldest go."""
+    with server.client("job1") as c, server.client("job1") as other:
+        done = c.submit_coflow([flow("x", "a1", "a2")])  # intra-DC only: done at once
+        running = c.submit_coflow([flow("f1")])
+        cancelled = c.submit_coflow([flow("f2")])
+        other.cancel_coflow(cancelled)  # c learns of it only from a reply
+        assert set(c.open) == {done, running, cancelled}
+        states = {s["id"]: s["state"] for s in c.list_coflows()}
+        assert states[done] == "done" and states[cancelled] == "cancelled"
+        assert set(c.open) == {running}
+        done2 = c.submit_coflow([flow("y", "a1", "a2")])
+        with pytest.raises(TerraError, match="coflow_done"):
+            c.cancel_coflow(done2)
+        assert set(c.open) == {running}
+        small = server.client("job1")
+        small.max_open = 3
+        ids = [small.submit_coflow([flow(f"g{i}")]) for i in range(5)]
+        assert list(small.open) == ids[2:] and small.forgotten == 2
+        small.close()

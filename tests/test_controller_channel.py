@@ -15,6 +15,7 @@ from overlay import protocol
 from terra_controller.agent_channel import AgentChannel, batches, start_agent_server
 from terra_controller.agent_connection import read_control, send_parts
 from terra_controller.controller import Controller
+from terra_controller.data_keys import DataKeys
 from terra_controller.pki import Role
 from terra_controller.transport import stop_listener
 from terra_controller.tunnel_table import TunnelTable, installed_path_source
@@ -131,6 +132,25 @@ def test_registration_and_tunnel_tables(channel):
     assert paths == [("b1", ("A", "B"), 31001), ("b1", ("A", "C", "B"), 31002)]
     assert table["listen"] == [30001, 30002]  # a1's own tunnel ports
     assert controller.registry.agents["b1"].dc == "B"
+
+
+def test_tunnel_tables_carry_the_pair_keys_of_connected_agents(channel):
+    controller, chan, addr = channel
+    chan.data_keys = DataKeys()
+    a1 = Agent(addr, "a1", "A", 30000)
+    a1.wait_for(lambda m: m["t"] == "registered")
+    b1 = Agent(addr, "b1", "B", 31000)
+    c1 = Agent(addr, "c1", "C", 32000)
+    a_table = a1.wait_for(lambda m: m["t"] == "tunnels" and len(m.get("keys", {})) == 2)
+    b_table = b1.wait_for(lambda m: m["t"] == "tunnels" and len(m.get("keys", {})) == 2)
+    c1.wait_for(lambda m: m["t"] == "tunnels" and len(m.get("keys", {})) == 2)
+    assert a_table["keys"]["b1"] == b_table["keys"]["a1"]  # one key per pair, both ends
+    assert a_table["keys"]["c1"] != a_table["keys"]["b1"]
+    assert "a1" not in a_table["keys"]
+    chan.data_keys = None  # an insecure channel sends none
+    d1 = Agent(addr, "d1", "A", 33000)
+    d1.wait_for(lambda m: m["t"] == "tunnels" and m["tunnels"])
+    assert all("keys" not in m for m in d1.messages)
 
 
 @pytest.mark.parametrize(

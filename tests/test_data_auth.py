@@ -2,11 +2,16 @@
 
 Agents a, b with certificates of one CA (and c, a third agent's certificate, and j, a job's)
 run in-process under the loopback harness with data contexts; the controller channel stays
-plain (the in-test controller peer). Rogue peers connect to b's tunnel port by hand.
+plain (the in-test controller peer). Rogue peers connect to b's tunnel port by hand. With
+`keys=True` the controller peer also hands out pair keys (terra_controller/data_keys.py): the
+agents then authenticate with them instead of TLS; the TLS attacks above must still fail.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import os
 import ssl
 from contextlib import asynccontextmanager
 
@@ -16,10 +21,19 @@ import trio.testing
 
 from overlay.framing import FrameReader, FrameWriter, chunk_header
 from overlay.integrity import MAC_BYTES
-from overlay.protocol import GroupRates
-from terra_agent.data_auth import DataAuthError, authenticate
+from overlay.protocol import GroupRates, ProtocolError, parse_pair_keys, validate_control
+from terra_agent.data_auth import (
+    KEY_TAG,
+    NONCE_BYTES,
+    DataAuthError,
+    authenticate,
+    key_authenticate_receiver,
+    key_authenticate_sender,
+)
+from terra_agent.data_auth import MAC_BYTES as PROOF_BYTES
 from terra_agent.harness import LoopbackHarness
 from terra_agent.sources import synthetic_digest
+from terra_controller.data_keys import DataKeys
 from terra_controller.pki import (
     PkiError,
     Role,
@@ -53,10 +67,13 @@ def foreign_pki(tmp_path_factory):
 
 
 @asynccontextmanager
-async def loopback(tmp_path, pki):
-    """Controller peer + agents a (HK) and b (LA) with certificates, one tunnel a -> b."""
+async def loopback(tmp_path, pki, keys=False):
+    """Controller peer + agents a (HK) and b (LA) with certificates, one tunnel a -> b; with
+    `keys`, the controller peer hands out pair keys (h.controller.data_keys)."""
     async with trio.open_nursery() as nursery:
         h = LoopbackHarness(nursery, tmp_path, pki=pki)
+        if keys:
+            h.controller.data_keys = DataKeys()
         await h.start()
         await h.add_agent("a", "HK")
         await h.add_agent("b", "LA")
@@ -304,3 +321,215 @@ def test_terra_agent_refuses_a_certificate_without_server_auth(pki, capsys):
     argv = ["--controller", "127.0.0.1:9", "--dc", "X", "--data-addr", "127.0.0.1:9"]
     assert main([*argv, "--id", "j", "--pki", str(pki)]) == 2
     assert "serverAuth" in capsys.readouterr().err
+
+
+# ---- pair keys (terra_controller/data_keys.py) ----------------------------------------------
+
+
+def proof(key, role, sender, receiver, nonce_s, nonce_r):
+    """What an honest end computes (data_auth._mac), written out independently."""
+    parts = [role]
+    for name in (sender, receiver):
+        parts += [bytes([len(name)]), name.encode()]
+    return hmac.new(key, b"".join([*parts, nonce_s, nonce_r]), hashlib.sha256).digest()
+
+
+async def read_exact(stream, n):
+    buf = b""
+    while len(buf) < n:
+        data = await stream.receive_some(n - len(buf))
+        if not data:
+            return None
+        buf += data
+    return buf
+
+
+async def key_rogue(h, name, key, answer=None):
+    """Open a pair-key connection to b's tunnel port naming `name`; answer b's challenge with
+    answer(nonce_s, nonce_r, b's proof) (default: the proof `key` gives). Returns the stream
+    (still open unless b closed it) and what was sent, for replays."""
+    stream = await trio.open_tcp_stream(*tunnel_port(h))
+    nonce_s = os.urandom(NONCE_BYTES)
+    first = KEY_TAG + bytes([len(name)]) + name.encode() + nonce_s
+    await stream.send_all(first)
+    reply = await read_exact(stream, NONCE_BYTES + PROOF_BYTES)
+    assert reply is not None, "b closed before answering"
+    nonce_r, b_proof = reply[:NONCE_BYTES], reply[NONCE_BYTES:]
+    if answer is None:
+        mine = proof(key, b"send", name, "b", nonce_s, nonce_r)
+    else:
+        mine = answer(nonce_s, nonce_r, b_proof)
+    await stream.send_all(mine)
+    return stream, first, mine
+
+
+async def wait_refused(b, count=1):
+    with trio.fail_after(TIMEOUT):
+        while b.unauthenticated < count:
+            await trio.sleep(0.01)
+
+
+async def test_agents_with_pair_keys_move_a_flow_without_a_tls_handshake(tmp_path, pki):
+    async with loopback(tmp_path, pki, keys=True) as h:
+        flow = h.flow("c1", "f1", "a", "b", 5 * MB + 17)
+        await announce(h, flow)
+        await complete_from_a(h, flow)
+        link = h.agents["a"].agent.links[("b", h.tunnels[0].tunnel)]
+        assert link.key_auths >= 1 and link.tls_auths == 0
+        b = h.agents["b"].agent
+        assert b.unauthenticated == 0 and b.closed_connections == 0
+        assert b.pair_keys["a"] == h.controller.data_keys.pair_key("a", "b")
+
+
+@pytest.mark.parametrize("wrong", ["random", "c's key", "b's own proof", "replay"])
+async def test_a_peer_without_the_pair_key_is_refused_before_any_chunk(tmp_path, pki, wrong):
+    async with loopback(tmp_path, pki, keys=True) as h:
+        flow = h.flow("c1", "f1", "a", "b", 1 * MB)
+        await announce(h, flow)
+        b = h.agents["b"].agent
+        keys = h.controller.data_keys
+        if wrong == "random":
+            stream, _, _ = await key_rogue(h, "a", os.urandom(32))
+        elif wrong == "c's key":  # a real agent's key with b, claiming to be a
+            stream, _, _ = await key_rogue(h, "a", keys.pair_key("c", "b"))
+        elif wrong == "b's own proof":  # reflect b's answer back as the sender's proof
+            stream, _, _ = await key_rogue(h, "a", b"", answer=lambda s, r, p: p)
+        else:  # the bytes of an accepted exchange, replayed on a new connection
+            good, first, mine = await key_rogue(h, "a", keys.pair_key("a", "b"))
+            await good.aclose()
+            stream = await trio.open_tcp_stream(*tunnel_port(h))
+            await stream.send_all(first)
+            assert await read_exact(stream, NONCE_BYTES + PROOF_BYTES) is not None
+            await stream.send_all(mine)
+        async with stream:
+            await send_hello_and_chunks(stream, "a", h.tunnels[0].tunnel, flow)
+        await wait_refused(b)
+        assert b.unauthenticated == 1
+        assert_nothing_delivered(h, flow)
+        await complete_from_a(h, flow)
+
+
+async def test_a_key_authenticated_agent_may_not_send_another_agents_chunks(tmp_path, pki):
+    async with loopback(tmp_path, pki, keys=True) as h:
+        await h.add_agent("c", "NY")  # c registers: b's next tables carry K(b, c)
+        h.tunnels = (await h.install_tunnels([("a", "b", 1)]))["a"]
+        flow = h.flow("c1", "f1", "a", "b", 1 * MB)
+        await announce(h, flow)
+        b = h.agents["b"].agent
+        assert "c" in b.pair_keys
+        stream, _, _ = await key_rogue(h, "c", h.controller.data_keys.pair_key("c", "b"))
+        async with stream:
+            await send_hello_and_chunks(stream, "c", h.tunnels[0].tunnel, flow)
+        assert b.unauthenticated == 0  # c proved it is c ...
+        assert b.closed_connections == 1  # ... but is not the flow's sender
+        assert_nothing_delivered(h, flow)
+        await complete_from_a(h, flow)
+
+
+async def test_an_unknown_sender_name_gets_no_challenge(tmp_path, pki):
+    async with loopback(tmp_path, pki, keys=True) as h:
+        stream = await trio.open_tcp_stream(*tunnel_port(h))
+        async with stream:
+            await stream.send_all(KEY_TAG + b"\x01z" + os.urandom(NONCE_BYTES))
+            assert await read_exact(stream, 1) is None  # closed, nothing sent
+        await wait_refused(h.agents["b"].agent)
+
+
+async def test_the_sender_refuses_a_receiver_without_the_key(pki):
+    """A listener that does not hold K(a, b) cannot pass as b; one that does can."""
+    keys = DataKeys()
+    results = []
+
+    async def handle(stream, key):
+        async with stream:
+            try:
+                results.append(await key_authenticate_receiver(stream, "b", {"a": key}.get))
+            except DataAuthError as exc:
+                results.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        for key, ok in ((keys.pair_key("a", "c"), False), (keys.pair_key("a", "b"), True)):
+            listeners = await nursery.start(
+                trio.serve_tcp, lambda s, k=key: handle(s, k), 0
+            )
+            port = listeners[0].socket.getsockname()[1]
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            async with stream:
+                if ok:
+                    await key_authenticate_sender(stream, "a", "b", keys.pair_key("a", "b"))
+                    await stream.send_all(b"hello")
+                    with trio.fail_after(TIMEOUT):
+                        while len(results) < 2:
+                            await trio.sleep(0.01)
+                    name, initial = results[-1]
+                    assert name == "a" and initial in (b"", b"hello"[: len(initial)])
+                else:
+                    with pytest.raises(DataAuthError, match="wrong pair key"):
+                        await key_authenticate_sender(stream, "a", "b", keys.pair_key("a", "b"))
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_sender_falls_back_to_tls_when_the_receiver_lacks_its_key(tmp_path, pki):
+    async with loopback(tmp_path, pki, keys=True) as h:
+        b = h.agents["b"].agent
+        b.pair_keys = {}  # b has not got its table with K(a, b) yet (e.g. a new controller)
+        flow = h.flow("c1", "f1", "a", "b", 1 * MB)
+        await announce(h, flow)
+        b.pair_keys = {}
+        link = h.agents["a"].agent.links[("b", h.tunnels[0].tunnel)]
+        link.fail()  # reconnect now, against b without the key
+        await complete_from_a(h, flow)
+        assert link.tls_auths >= 1
+        assert b.unauthenticated >= 1  # the key attempt was refused
+        assert b.closed_connections == b.unauthenticated  # and nothing else went wrong
+
+
+@pytest.mark.parametrize("key", ["ab" * 31, "AB" * 32, "zz" * 32, 7])
+def test_a_tunnels_message_with_a_malformed_key_is_refused(key):
+    msg = {"t": "tunnels", "tunnels": [], "listen": [], "keys": {"b": key}}
+    with pytest.raises(ProtocolError):
+        validate_control(msg)
+    msg["keys"] = {"b": "ab" * 32}
+    assert parse_pair_keys(validate_control(msg)) == {"b": bytes.fromhex("ab" * 32)}
+
+
+def test_pair_keys_are_symmetric_per_pair_and_per_master():
+    keys = DataKeys(b"m" * 32)
+    assert keys.pair_key("a", "b") == keys.pair_key("b", "a")
+    assert len(keys.pair_key("a", "b")) == 32
+    assert keys.pair_key("a", "b") != keys.pair_key("a", "c")
+    assert keys.pair_key("ab", "c") != keys.pair_key("a", "bc")  # names are length-prefixed
+    assert DataKeys(b"n" * 32).pair_key("a", "b") != keys.pair_key("a", "b")
+    assert keys.keys_for("a", ["a", "b"]) == {"b": keys.pair_key("a", "b").hex()}
+    with pytest.raises(ValueError):
+        DataKeys(b"short")
+    with pytest.raises(ValueError):
+        keys.pair_key("a", "a")
+
+
+async def test_encrypting_agents_keep_tls_and_refuse_pair_key_exchanges(tmp_path, pki):
+    """With --encrypt-data a key exchange would leave the connection in clear: senders run
+    the TLS handshake although they hold the key, receivers refuse pair-key exchanges."""
+    async with trio.open_nursery() as nursery:
+        h = LoopbackHarness(nursery, tmp_path, pki=pki, encrypt_data=True)
+        h.controller.data_keys = DataKeys()
+        await h.start()
+        await h.add_agent("a", "HK")
+        await h.add_agent("b", "LA")
+        h.tunnels = (await h.install_tunnels([("a", "b", 1)]))["a"]
+        flow = h.flow("c1", "f1", "a", "b", 1 * MB)
+        await announce(h, flow)
+        b = h.agents["b"].agent
+        assert "a" in b.pair_keys
+        stream = await trio.open_tcp_stream(*tunnel_port(h))
+        async with stream:
+            await stream.send_all(KEY_TAG + b"\x01a" + os.urandom(NONCE_BYTES))
+            try:
+                assert await read_exact(stream, 1) is None  # closed, no challenge
+            except trio.BrokenResourceError:
+                pass  # closed with our bytes unread: a reset, no challenge either
+        await wait_refused(b)
+        await complete_from_a(h, flow)
+        link = h.agents["a"].agent.links[("b", h.tunnels[0].tunnel)]
+        assert link.tls_auths >= 1 and link.key_auths == 0
+        nursery.cancel_scope.cancel()

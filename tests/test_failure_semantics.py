@@ -28,7 +28,7 @@ from overlay import protocol
 from overlay.integrity import FlowKeys
 from overlay.protocol import GroupRates, flows_message
 from terra_agent.harness import free_port_block, stop_processes
-from terra_agent.sources import synthetic_digest
+from terra_agent.sources import SyntheticSource, flow_key, synthetic_digest
 from terra_controller.api_server import API_VERSION, ApiHandler
 from terra_controller.client import TerraClient
 from terra_controller.coflow_registry import (
@@ -606,6 +606,38 @@ async def test_a_digest_mismatch_is_reported_and_a_new_attempt_completes(tmp_pat
         )
         assert h.agents["b"].agent.in_flows[again.key].spec.attempt == 1
         assert h.agents["b"].agent.closed_connections == 0
+
+
+
+async def test_a_dropped_file_flow_leaves_no_part_file_and_a_new_attempt_commits(tmp_path):
+    """A cancelled / failed / restarting file flow: its DST.terra-part goes at the drop (the
+    destination never appears); the restart's attempt writes its own and commits it."""
+    async with loopback(tmp_path, k=2) as h:
+        b = h.agents["b"].agent
+        size = 8 * MB
+        doomed = h.flow("c1", "f", "a", "b", size, sink="file:out.bin")
+        part = h.data_root / "out.bin.terra-part"
+        await start_flows(h, [doomed], 0.5 * MB)  # 1 MB/s: 8 s for all of it
+        with trio.fail_after(30):
+            while b.in_flows[doomed.key].acknowledged < 1 * MB:
+                await trio.sleep(0.01)
+        assert part.stat().st_size >= 1 * MB
+        for agent in ("b", "a"):
+            await h.controller.send(agent, {"t": "drop", "coflow": "c1", "flows": ["f"]})
+        assert not part.exists() and not (h.data_root / "out.bin").exists()
+        again = h.flow("c1", "f", "a", "b", size, sink="file:out.bin", attempt=1)
+        await start_flows(h, [again], 20 * MB)
+        await wait_for(h, lambda: h.controller.all_complete([again.key]))
+        with trio.fail_after(30):
+            while part.exists():  # renamed over the destination after the report
+                await trio.sleep(0.01)
+        data = (h.data_root / "out.bin").read_bytes()
+        assert len(data) == size
+        source = SyntheticSource(flow_key("c1", "f"), size)
+        step = 1 << 20
+        pieces = (bytes(source.read(o, min(step, size - o))) for o in range(0, size, step))
+        expected = b"".join(pieces)
+        assert data == expected  # the synthetic bytes, in order
 
 
 # ---- end to end: real controller and agents on loopback ----------------------------------

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from terra_core.maxmin import maxmin_levels, maxmin_on_paths
+from terra_core.maxmin import maxmin_levels, maxmin_levels_sparse, maxmin_on_paths
 
 
 def test_two_flows_sharing_a_link_get_half_each():
@@ -111,3 +111,52 @@ def test_exact_load_updates_for_whole_counts_match_a_product_per_step(inst):
     np.testing.assert_array_equal(
         maxmin_levels(inc, cap, uncapped, integer=True), maxmin_levels(inc, cap, integer=False)
     )
+
+
+def test_sparse_classic_bottleneck_example():
+    # the classic example as nonzero entries: a on L1; b on L1, L2; c on L2 (L1 = 10, L2 = 4):
+    # b = c = 4 / 2 = 2 when L2 saturates, then a = 10 - 2 = 8.
+    rows, cols, vals = [0, 0, 1, 1], [0, 1, 1, 2], [1.0, 1.0, 1.0, 1.0]
+    levels = maxmin_levels_sparse(rows, cols, vals, np.array([10.0, 4.0]), 3)
+    assert levels == pytest.approx([8.0, 2.0, 2.0])
+
+
+def test_sparse_bad_input_raises():
+    with pytest.raises(ValueError, match="crosses no link"):
+        maxmin_levels_sparse([0], [0], [1.0], np.array([1.0]), 2)
+    with pytest.raises(ValueError, match="> 0"):
+        maxmin_levels_sparse([0], [0], [0.0], np.array([1.0]), 1)
+    with pytest.raises(ValueError, match="out of range"):
+        maxmin_levels_sparse([1], [0], [1.0], np.array([1.0]), 1)
+
+
+@st.composite
+def weighted_instances(draw):
+    inc, cap, _ = draw(instances())
+    weights = np.array(draw(st.lists(st.floats(1e-3, 1e3), min_size=inc.shape[1],
+                                     max_size=inc.shape[1])))
+    return inc * weights, cap  # non-integral entries: a weight per entity on its links
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(weighted_instances(), instances().map(lambda t: t[:2])))
+def test_sparse_levels_match_dense_levels(inst):
+    # the scheduling round's water-filling uses the sparse form; it must give the dense
+    # form's levels (same steps, only the summation order of the loads differs)
+    inc, cap = inst
+    rows, cols = np.nonzero(inc)
+    sparse = maxmin_levels_sparse(rows, cols, inc[rows, cols], cap, inc.shape[1])
+    dense = maxmin_levels(inc, cap)
+    np.testing.assert_allclose(sparse, dense, rtol=1e-9, atol=1e-9 * max(cap.max(), 1.0))
+
+
+def test_sparse_loads_are_resummed_not_subtracted():
+    # L0 (4 B/s): a (weight 1e-3) and b (weight 1842.6); L1 (1e-3 B/s): b (weight 1).
+    # L1 sets the first step: b freezes at 1e-3 / 1 = 1e-3 (L0's ratio 4 / 1842.601 = 0.00217
+    # is larger). L0 has 4 - 1842.601 x 1e-3 = 2.157399 left for a alone, whose load is 1e-3:
+    # a = 1e-3 + 2.157399 / 1e-3 = 2157.4. Subtracting b's 1842.6 from the load 1842.601
+    # leaves 0.00099999999990905 (relative error 9e-11), so the load must be summed again.
+    rows, cols, vals = [0, 0, 1], [0, 1, 1], [1e-3, 1842.6, 1.0]
+    levels = maxmin_levels_sparse(rows, cols, vals, np.array([4.0, 1e-3]), 2)
+    assert levels[1] == pytest.approx(1e-3, rel=1e-12)
+    assert levels[0] == pytest.approx(1e-3 + (4.0 - (1842.6 + 1e-3) * 1e-3) / 1e-3, rel=1e-12)

@@ -1,6 +1,7 @@
 """Topologies: built-ins, JSON and GraphML loaders, K shortest paths, bad input."""
 
 import json
+import logging
 
 import pytest
 
@@ -106,7 +107,7 @@ def test_json_syntax_error_names_line(tmp_path):
         load_topology(str(path))
 
 
-def test_graphml_merges_parallel_edges(tmp_path):
+def test_graphml_sums_parallel_edges_and_warns(tmp_path, caplog):
     path = tmp_path / "z.graphml"
     path.write_text(
         """<?xml version="1.0" encoding="UTF-8"?>
@@ -116,14 +117,33 @@ def test_graphml_merges_parallel_edges(tmp_path):
     <node id="0"><data key="d0">X</data></node>
     <node id="1"><data key="d0">Y</data></node>
     <node id="2"/>
-    <edge source="0" target="1"/><edge source="1" target="0"/><edge source="1" target="2"/>
+    <edge source="0" target="1"/><edge source="1" target="0"/><edge source="0" target="1"/>
+    <edge source="1" target="2"/>
   </graph>
 </graphml>"""
     )
-    topo = load_topology(str(path))
-    # node 2 has no label: its id is the DC name; X-Y twice is one undirected link
+    with caplog.at_level(logging.WARNING, logger="topologies.loaders"):
+        topo = load_topology(str(path))
+    # node 2 has no label: its id is the DC name. X-Y three times is one undirected link
+    # of 3 x 1 Gbps = 3 x 1.25e8 = 3.75e8 bytes/s each way; Y-2 once is 1.25e8.
     assert topo.dcs == ["X", "Y", "2"]
     assert len(topo.links) == 4
+    assert topo.capacity[("X", "Y")] == topo.capacity[("Y", "X")] == 3.75e8
+    assert topo.capacity[("Y", "2")] == 1.25e8
+    assert topo.attrs["parallel_links"] == [["X", "Y", 3]]
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "3 parallel edges between X and Y" in warned[0]
+    # --link-gbps 2 keeps the sum: 3 x 2 Gbps = 7.5e8 bytes/s, the single link 2.5e8
+    wide = load_topology(str(path), link_gbps=2.0)
+    assert wide.capacity[("Y", "X")] == 7.5e8
+    assert wide.capacity[("2", "Y")] == 2.5e8
+
+
+def test_att_keeps_its_parallel_link():
+    # AttMpls.graphml has two edges LA03-PHNX (e16, e17): 2 x 1 Gbps = 2.5e8 bytes/s each way
+    topo = load_topology("att", link_gbps=1.0)
+    assert topo.capacity[("LA03", "PHNX")] == topo.capacity[("PHNX", "LA03")] == 2.5e8
+    assert sum(1 for c in topo.capacity.values() if c == 2.5e8) == 2
 
 
 def test_unknown_topology_and_format(tmp_path):

@@ -16,12 +16,15 @@ here longitude and latitude), where the controller's operator page draws the DCs
 from __future__ import annotations
 
 import json
+import logging
 from importlib import resources
 from pathlib import Path as FsPath
 
 import networkx as nx
 
 from topologies.topology import GBPS_TO_BYTES_PER_S, Topology, TopologyError
+
+log = logging.getLogger(__name__)
 
 BUILTIN = {"swan": "swan.json", "gscale": "gscale.json", "att": "AttMpls.graphml"}
 DEFAULT_GBPS = 1.0
@@ -115,11 +118,14 @@ def load_json_topology(path: FsPath | str) -> Topology:
 def load_graphml_topology(
     path: FsPath | str, name: str | None = None, default_gbps: float = DEFAULT_GBPS
 ) -> Topology:
-    """Load a Topology Zoo GraphML file: one DC per node, parallel edges merged.
+    """Load a Topology Zoo GraphML file: one DC per node, parallel edges summed.
 
     DC names are node labels (the node id when a node has no label; labels
-    that repeat get the id appended). DCs keep the file's node order. Every
-    merged edge becomes two directed links of `default_gbps`.
+    that repeat get the id appended). DCs keep the file's node order. The n >= 1
+    edges between two DCs (in either direction; self-loops are dropped) become
+    one link each way of n x `default_gbps`. For n > 1 a warning names the DC
+    pair and n, and the pair is listed in `attrs["parallel_links"]` as
+    [a, b, n] (so `Topology.scaled` keeps the sum when capacities are overridden).
 
     Raises:
         TopologyError: unreadable or invalid GraphML, or no edges.
@@ -133,14 +139,31 @@ def load_graphml_topology(
     for node, data in graph.nodes(data=True):
         label = str(data.get("label") or node)
         names[node] = f"{label}-{node}" if label in names.values() else label
-    capacity: dict[tuple[str, str], float] = {}
     bps = _gbps(default_gbps, f"{path}: default_gbps") * GBPS_TO_BYTES_PER_S
-    for u, v in graph.edges():
+    count: dict[tuple[str, str], int] = {}
+    for u, v in graph.edges():  # a multigraph lists every parallel edge
         if u != v:
-            capacity[(names[u], names[v])] = capacity[(names[v], names[u])] = bps
-    if not capacity:
+            a, b = names[u], names[v]
+            key = (a, b) if (b, a) not in count else (b, a)
+            count[key] = count.get(key, 0) + 1
+    if not count:
         raise TopologyError(f"{path}: GraphML has no links")
-    return Topology(name or path.stem, list(names.values()), capacity)
+    capacity: dict[tuple[str, str], float] = {}
+    parallel = []
+    for (a, b), n in count.items():
+        capacity[(a, b)] = capacity[(b, a)] = n * bps
+        if n > 1:
+            parallel.append([a, b, n])
+            log.warning(
+                "%s: %d parallel edges between %s and %s: one link of %g Gbps each way",
+                path,
+                n,
+                a,
+                b,
+                n * bps / GBPS_TO_BYTES_PER_S,
+            )
+    attrs = {"parallel_links": parallel} if parallel else {}
+    return Topology(name or path.stem, list(names.values()), capacity, attrs=attrs)
 
 
 def _gbps(value: object, where: str) -> float:

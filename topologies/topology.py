@@ -98,12 +98,19 @@ class Topology:
             self.capacity[link] = float(bytes_per_s)
 
     def scaled(self, bytes_per_s: float) -> Topology:
-        """Return a copy of this topology with every link at `bytes_per_s`."""
+        """Return a copy of this topology with every link at `bytes_per_s`.
+
+        A link that stands for n parallel links (``attrs["parallel_links"]``
+        entries [a, b, n], from a GraphML file) gets n x `bytes_per_s` each way.
+        """
         _check_capacity(bytes_per_s, "uniform capacity")
+        times = {}
+        for a, b, n in self.attrs.get("parallel_links", []):
+            times[(a, b)] = times[(b, a)] = n
         return Topology(
             self.name,
             list(self.dcs),
-            {link: float(bytes_per_s) for link in self.capacity},
+            {link: float(bytes_per_s) * times.get(link, 1) for link in self.capacity},
             set(self.down),
             dict(self.attrs),
         )

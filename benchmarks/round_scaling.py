@@ -1,0 +1,262 @@
+"""How Terra's scheduling round scales with the WAN's size and the number of coflows.
+
+For every (topology, N) cell, N coflows are active at once: an event-driven run
+(every flow at its allocated rate until the next flow finishes) in which a
+coflow that finishes is replaced at once by a new one, so N stays constant.
+Each event is one `TerraPolicy.allocate` call (one round, docs/design.md 4.2-4.3,
+with the Γ cache and memo a real run has); the first `--warmup` rounds (cold
+caches) are not counted. Prints the median / p95 wall ms and the LPs per round
+per cell, then the fitted growth: the slope of log(median ms) against log(DCs)
+at fixed N and against log(N) at fixed topology (least squares).
+
+Topologies: `synthD` is a seeded synthetic connected WAN of D DCs
+(`synthetic_wan`: Waxman-style, average degree 3.5); the built-ins are swan,
+gscale and att. Links are 1 Gbps (1.25e8 bytes/s), K = 4 paths per DC pair.
+
+Coflows (`random_coflow`): width (flows) and flow sizes are heavy tailed:
+width = min(64, ⌊Pareto(α=1.2)⌋) (most coflows 1-2 flows, some tens), size =
+min(10 GB, 1 MB × Pareto(α=1.1)); source and destination DCs uniform, distinct.
+
+    uv run python benchmarks/round_scaling.py [--topologies synth10 synth100 att swan ...]
+        [--coflows 10 1000 ...] [--rounds R] [--json OUT]
+
+JSON: {"cells": [{"topology", "dcs", "coflows", "round_ms_median", "round_ms_p95",
+"lps_per_round"}], "fit": {...}, "loadavg": [1, 5, 15 min]}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path as FsPath
+
+import networkx as nx
+import numpy as np
+
+from terra_core.terra_policy import TerraPolicy
+from topologies import GBPS_TO_BYTES_PER_S, Topology, load_topology
+from workloads import Coflow, Flow
+
+DEFAULT_TOPOLOGIES = [
+    "synth10",
+    "synth25",
+    "synth50",
+    "synth100",
+    "synth200",
+    "swan",
+    "gscale",
+    "att",
+]
+DEFAULT_COFLOWS = [10, 50, 200, 1000, 5000]
+MAX_WIDTH = 64
+MAX_BYTES = 10e9
+MIN_BYTES = 1e6
+
+
+def synthetic_wan(dcs: int, seed: int = 0, degree: float = 3.5, gbps: float = 1.0) -> Topology:
+    """A connected Waxman-style WAN of `dcs` DCs with average degree about `degree`.
+
+    DCs are uniform points in the unit square. A Euclidean minimum spanning tree
+    makes it connected; then further links are drawn with Waxman's probability
+    ∝ exp(−dist / (β·L)) (β = 0.4, L the largest distance) until the graph has
+    round(degree·dcs/2) links (or every pair is joined). Seeded: same args, same WAN.
+
+    Args:
+        dcs: number of DCs (>= 2). seed: random seed. degree: target average degree.
+        gbps: capacity of every link (each direction), Gbps.
+
+    Returns:
+        Topology named "synth<dcs>", DCs "S0".."S<dcs-1>", 1 Gbps = 1.25e8 bytes/s.
+
+    Raises:
+        ValueError: dcs < 2.
+    """
+    if dcs < 2:
+        raise ValueError(f"a WAN needs at least 2 DCs, got {dcs}")
+    rng = random.Random(seed)
+    pos = [(rng.random(), rng.random()) for _ in range(dcs)]
+    full = nx.Graph()
+    for i in range(dcs):
+        for j in range(i + 1, dcs):
+            full.add_edge(i, j, weight=math.dist(pos[i], pos[j]))
+    graph = nx.minimum_spanning_tree(full)
+    want = min(round(degree * dcs / 2), dcs * (dcs - 1) // 2)
+    longest = max(w for _, _, w in full.edges(data="weight"))
+    candidates = sorted(full.edges(data="weight"))
+    while graph.number_of_edges() < want:
+        u, v, w = candidates[rng.randrange(len(candidates))]
+        if not graph.has_edge(u, v) and rng.random() < math.exp(-w / (0.4 * longest)):
+            graph.add_edge(u, v)
+    names = [f"S{i}" for i in range(dcs)]
+    bps = gbps * GBPS_TO_BYTES_PER_S
+    capacity = {}
+    for u, v in graph.edges():
+        capacity[(names[u], names[v])] = capacity[(names[v], names[u])] = bps
+    return Topology(f"synth{dcs}", names, capacity)
+
+
+def make_topology(name: str) -> Topology:
+    """`synthD` (synthetic_wan(D)) or a built-in name, every link at 1 Gbps.
+
+    Raises:
+        ValueError / TopologyError: unknown name.
+    """
+    if name.startswith("synth"):
+        return synthetic_wan(int(name.removeprefix("synth")))
+    return load_topology(name, link_gbps=1.0)
+
+
+def random_coflow(cid: str, dcs: list[str], rng: random.Random, now: float) -> Coflow:
+    """A coflow with a heavy-tailed width and heavy-tailed flow sizes (module docstring).
+
+    Returns:
+        Coflow `cid` arriving at `now` (seconds) whose flows join distinct DCs.
+    """
+    width = min(MAX_WIDTH, int(rng.paretovariate(1.2)))
+    flows = []
+    for i in range(width):
+        src, dst = rng.sample(dcs, 2)
+        size = min(MAX_BYTES, MIN_BYTES * rng.paretovariate(1.1))
+        flows.append(Flow(f"{cid}.{i}", src, dst, size))
+    return Coflow(cid, now, flows)
+
+
+def run_cell(topo: Topology, n: int, rounds: int, warmup: int = 2, seed: int = 1) -> dict:
+    """Event-driven run with replacement; time `rounds` rounds after `warmup` ones.
+
+    Returns:
+        {"round_ms": [ms per counted round], "lps": [LPs per counted round]}.
+    """
+    rng = random.Random(seed)
+    policy = TerraPolicy(topo.copy(), k=4)
+    remaining: dict[str, dict[str, float]] = {}
+    count = 0
+    now = 0.0
+
+    def arrive() -> None:
+        nonlocal count
+        coflow = random_coflow(f"c{count}", topo.dcs, rng, now)
+        count += 1
+        policy.add_coflow(coflow, now)
+        remaining[coflow.id] = {f.id: f.bytes for f in coflow.flows}
+
+    for _ in range(n):
+        arrive()
+    times, lps = [], []
+    for i in range(warmup + rounds):
+        lps_before = policy.stats["lps"]
+        start = time.perf_counter()
+        alloc = policy.allocate(now, remaining)
+        elapsed = (time.perf_counter() - start) * 1000.0
+        if i >= warmup:
+            times.append(elapsed)
+            lps.append(policy.stats["lps"] - lps_before)
+        now = _advance(alloc, remaining, now)
+        for cid in [c for c, flows in remaining.items() if not flows]:
+            del remaining[cid]
+            policy.remove_coflow(cid, now)
+            arrive()
+    return {"round_ms": times, "lps": lps}
+
+
+def _advance(alloc, remaining: dict[str, dict[str, float]], now: float) -> float:
+    """Move every flow on at its rate until the next flow finishes; drop finished flows.
+
+    Returns the new time in seconds. A round with no rate (should not happen:
+    work conservation) finishes nothing and advances by 1 s.
+    """
+    rate = {
+        (cid, fid): sum(r for _, r in lst)
+        for cid, flows in alloc.items()
+        for fid, lst in flows.items()
+    }
+    finish = [
+        left / rate[(cid, fid)]
+        for cid, flows in remaining.items()
+        for fid, left in flows.items()
+        if rate.get((cid, fid), 0.0) > 0
+    ]
+    dt = min(finish, default=1.0)
+    for cid, flows in remaining.items():
+        for fid in list(flows):
+            flows[fid] -= rate.get((cid, fid), 0.0) * dt
+            if flows[fid] <= 1e-6 * MIN_BYTES:
+                del flows[fid]
+    return now + dt
+
+
+def fit_growth(cells: list[dict]) -> dict:
+    """Log-log least-squares slopes of the median round time.
+
+    Returns:
+        {"per_dcs": {N: slope over the synthetic WANs at N coflows},
+         "per_coflows": {topology: slope over N}} (only where >= 2 points).
+    """
+    out: dict = {"per_dcs": {}, "per_coflows": {}}
+    by_n: dict[int, list] = {}
+    by_topo: dict[str, list] = {}
+    for c in cells:
+        if c["topology"].startswith("synth"):
+            by_n.setdefault(c["coflows"], []).append((c["dcs"], c["round_ms_median"]))
+        by_topo.setdefault(c["topology"], []).append((c["coflows"], c["round_ms_median"]))
+    for key, pts, dest in [(n, p, "per_dcs") for n, p in by_n.items()] + [
+        (t, p, "per_coflows") for t, p in by_topo.items()
+    ]:
+        if len(pts) >= 2:
+            x, y = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
+            out[dest][str(key)] = float(np.polyfit(x, y, 1)[0])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the grid; print the table and the fits; write --json OUT. Returns the exit status."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--topologies", nargs="+", default=DEFAULT_TOPOLOGIES)
+    p.add_argument("--coflows", nargs="+", type=int, default=DEFAULT_COFLOWS)
+    p.add_argument("--rounds", type=int, default=20, help="counted rounds per cell")
+    p.add_argument("--warmup", type=int, default=2, help="uncounted first rounds per cell")
+    p.add_argument("--json", type=FsPath, default=None, metavar="OUT")
+    args = p.parse_args(argv)
+    cells = []
+    print(
+        f"{'topology':<10} {'DCs':>4} {'links':>5} {'coflows':>7} {'median ms':>10} "
+        f"{'p95 ms':>9} {'LPs/round':>9}"
+    )
+    for name in args.topologies:
+        topo = make_topology(name)
+        for n in args.coflows:
+            res = run_cell(topo, n, args.rounds, args.warmup)
+            cell = {
+                "topology": name,
+                "dcs": len(topo.dcs),
+                "coflows": n,
+                "round_ms_median": float(np.median(res["round_ms"])),
+                "round_ms_p95": float(np.quantile(res["round_ms"], 0.95)),
+                "lps_per_round": float(np.mean(res["lps"])),
+            }
+            cells.append(cell)
+            print(
+                f"{name:<10} {cell['dcs']:>4} {len(topo.capacity) // 2:>5} {n:>7} "
+                f"{cell['round_ms_median']:>10.1f} {cell['round_ms_p95']:>9.1f} "
+                f"{cell['lps_per_round']:>9.1f}",
+                flush=True,
+            )
+    fit = fit_growth(cells)
+    for n, slope in fit["per_dcs"].items():
+        print(f"growth in DCs at N={n}: ms ~ DCs^{slope:.2f}")
+    for t, slope in fit["per_coflows"].items():
+        print(f"growth in N on {t}: ms ~ N^{slope:.2f}")
+    load = list(os.getloadavg())
+    print("load average: " + " ".join(f"{x:.2f}" for x in load))
+    if args.json:
+        args.json.write_text(json.dumps({"cells": cells, "fit": fit, "loadavg": load}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""Path/link membership as bitmasks, and the set of full links as one integer.
+
+The scheduling round (docs/design.md 4.2 steps 4-6) asks, thousands of times a
+round, whether a path crosses a link that is full. With every link given a bit
+(its position in the capacity map), a path is the OR of its links' bits and the
+full links are one Python int, so the question is one AND of two ints instead of
+a set built over every link and a subset test per path. The full set only grows
+during a round (capacities are only taken away), so it is kept by OR-ing in the
+links a step has just used (`mark_full`).
+
+A path that crosses a link missing from the index gets the extra bit
+`1 << len(links)`, which every full mask has: such a path is always blocked (as
+a link with no capacity is).
+"""
+
+from __future__ import annotations
+
+from topologies import Link, Path, path_links
+
+Pair = tuple[str, str]
+PathEntry = tuple[int, tuple[int, ...]]  # (mask of the path's links, their indices)
+
+
+class PathIndex:
+    """Link indices and per-DC-pair path masks for one set of links.
+
+    Args:
+        links: the links, in a fixed order (bit i is links[i]).
+
+    Attributes:
+        links: list of links. bit: {link: index}. missing: the extra bit (see module doc).
+    """
+
+    def __init__(self, links) -> None:
+        self.links: list[Link] = list(links)
+        self.bit: dict[Link, int] = {link: i for i, link in enumerate(self.links)}
+        self.missing = 1 << len(self.links)
+        self._pairs: dict[Pair, list[PathEntry]] = {}
+        self._ids: dict[Path, tuple[int, ...]] = {}
+
+    def entries(self, pair: Pair, paths: dict[Pair, list[Path]]) -> list[PathEntry]:
+        """[(mask, link indices)] of `paths[pair]`, in path order (cached per pair).
+
+        The cache assumes a pair's paths do not change while the index is kept
+        (the round's memo, which holds it, is cleared when paths change).
+
+        Raises:
+            KeyError: `pair` not in `paths`.
+        """
+        got = self._pairs.get(pair)
+        if got is None:
+            got = self._pairs[pair] = [self._entry(p) for p in paths[pair]]
+        return got
+
+    def ids(self, path: Path) -> tuple[int, ...]:
+        """Indices of the links of `path` in order (-1 for a link not in the index), cached."""
+        got = self._ids.get(path)
+        if got is None:
+            got = self._ids[path] = tuple(self.bit.get(link, -1) for link in path_links(path))
+        return got
+
+    def _entry(self, path: Path) -> PathEntry:
+        ids = self.ids(path)
+        mask = 0
+        for i in ids:
+            mask |= self.missing if i < 0 else 1 << i
+        return mask, ids
+
+
+def index_for(memo: dict | None, key, capacity: dict[Link, float]) -> PathIndex:
+    """The PathIndex over the links of `capacity` (in its order), kept in `memo[key]`
+    while the links (and their order) stay the same; a new one otherwise or without memo."""
+    links = tuple(capacity)
+    if memo is None:
+        return PathIndex(links)
+    entry = memo.get(key)
+    if entry is None or entry[0] != links:
+        entry = memo[key] = (links, PathIndex(links))
+    return entry[1]
+
+
+def full_mask(
+    index: PathIndex, avail: dict[Link, float], capacity: dict[Link, float], full_below: float
+) -> int:
+    """Bitmask of the links of `index` with avail <= full_below x capacity (full), plus
+    the `missing` bit. Links absent from `avail` count as full."""
+    get, cap = avail.get, capacity.get
+    mask = index.missing
+    for i, link in enumerate(index.links):
+        if not get(link, 0.0) > full_below * cap(link, 0.0):
+            mask |= 1 << i
+    return mask
+
+
+def mark_full(
+    mask: int,
+    index: PathIndex,
+    ids,
+    avail: dict[Link, float],
+    capacity: dict[Link, float],
+    full_below: float,
+) -> int:
+    """`mask` with the links `ids` (indices) that are now full added; returns the new mask."""
+    links, cap = index.links, capacity.get
+    for i in ids:
+        link = links[i]
+        if not avail[link] > full_below * cap(link, 0.0):
+            mask |= 1 << i
+    return mask

@@ -1,0 +1,56 @@
+"""benchmarks/round_scaling.py: the synthetic WANs, the coflow generator and the JSON shape."""
+
+import importlib.util
+import json
+import random
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+_SPEC = importlib.util.spec_from_file_location(
+    "round_scaling", Path(__file__).parent.parent / "benchmarks" / "round_scaling.py"
+)
+round_scaling = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(round_scaling)
+
+
+@pytest.mark.parametrize("dcs", [10, 25, 100])
+def test_synthetic_wan_is_connected_with_degree_3_5_and_seeded(dcs):
+    topo = round_scaling.synthetic_wan(dcs, seed=3)
+    graph = nx.Graph(list(topo.capacity))
+    assert graph.number_of_nodes() == dcs and nx.is_connected(graph)
+    # round(3.5 * dcs / 2) undirected links, each two directed links of 1 Gbps = 1.25e8 B/s
+    assert graph.number_of_edges() == round(3.5 * dcs / 2)
+    assert set(topo.capacity.values()) == {1.25e8}
+    assert round_scaling.synthetic_wan(dcs, seed=3).capacity == topo.capacity
+    assert round_scaling.synthetic_wan(dcs, seed=4).capacity != topo.capacity
+
+
+def test_coflow_widths_and_sizes_stay_in_their_bounds():
+    rng = random.Random(0)
+    dcs = [f"S{i}" for i in range(10)]
+    coflows = [round_scaling.random_coflow(f"c{i}", dcs, rng, 0.0) for i in range(500)]
+    widths = [len(c.flows) for c in coflows]
+    assert min(widths) >= 1 and max(widths) <= round_scaling.MAX_WIDTH
+    assert max(widths) > 5  # heavy tail: some wide coflows among 500
+    sizes = [f.bytes for c in coflows for f in c.flows]
+    assert min(sizes) >= round_scaling.MIN_BYTES and max(sizes) <= round_scaling.MAX_BYTES
+    assert all(f.src != f.dst for c in coflows for f in c.flows)
+
+
+def test_main_writes_the_cells(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    argv = ["--topologies", "synth10", "swan", "--coflows", "5", "20", "--rounds", "3"]
+    assert round_scaling.main([*argv, "--json", str(out)]) == 0
+    cells = json.loads(out.read_text())["cells"]
+    assert [(c["topology"], c["dcs"], c["coflows"]) for c in cells] == [
+        ("synth10", 10, 5),
+        ("synth10", 10, 20),
+        ("swan", 5, 5),
+        ("swan", 5, 20),
+    ]
+    for c in cells:
+        assert 0 < c["round_ms_median"] <= c["round_ms_p95"]
+        assert c["lps_per_round"] >= 0
+    assert "growth in N on swan" in capsys.readouterr().out
