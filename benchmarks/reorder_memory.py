@@ -46,6 +46,7 @@ import trio
 from isal.isal_zlib import crc32
 
 from overlay.framing import FrameReader, chunk_header, encode_frame
+from overlay.integrity import mac_bytes
 from overlay.rate_limit import TokenBucket
 from overlay.reorder import ReorderBuffer
 from overlay.striping import Striper
@@ -99,7 +100,8 @@ async def run(args) -> dict:
         async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
             async for offset, n in chunks:
                 data = payload_at(pattern, offset, n)
-                for part in encode_frame(chunk_header("bench", "flow", offset, data), data):
+                macs = bytes(mac_bytes(n))  # room for the leaf MACs, never checked here
+                for part in encode_frame(chunk_header("bench", "flow", offset, data, macs), data):
                     await send_paced(stream, bucket, memoryview(part), args.slice)
                 stats["chunks"][name] += 1
             await done.wait()

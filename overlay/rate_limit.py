@@ -10,13 +10,30 @@ and a backlogged sender gets exactly `rate` bytes/s in the long run
 
 Send chunks of at most ~10 ms worth of bytes (rate x 0.01 s) for smooth
 per-path rates; larger chunks are fine but arrive in coarser bursts.
+
+The kernel backend ("pacing", terra-agent --rate-limiter pacing) is the socket's own TCP
+pacing: set_pacing_rate() sets SO_MAX_PACING_RATE, which caps the rate at which the kernel
+releases the socket's stream bytes (TCP payload; our frame headers count, TCP/IP headers do
+not). stream_rate() converts a chunk payload rate into that stream rate by adding the frame
+header bytes of each chunk (chunk_frame_overhead()).
 """
 
 from __future__ import annotations
 
 import math
+import socket
+import struct
 
+import msgpack
 import trio
+
+from overlay.framing import VERSION
+from overlay.integrity import mac_bytes
+
+RATE_LIMITERS = ("bucket", "pacing")  # terra-agent --rate-limiter choices; "bucket" is the default
+SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)  # Linux value
+UNPACED = 2**64 - 1  # SO_MAX_PACING_RATE value meaning "no limit" (~0UL)
+_U64 = struct.Struct("=Q")
 
 DEFAULT_BURST_S = 0.05  # default bucket depth: 50 ms of traffic at the current rate
 MIN_BURST_BYTES = 1500
@@ -130,3 +147,77 @@ class TokenBucket:
         if self._rate > 0 and not math.isinf(self._rate):
             self._tokens = min(self._tokens + (now - self._stamp) * self._rate, self.burst_bytes)
         self._stamp = now
+
+
+def set_pacing_rate(sock: socket.socket, rate_bytes_per_s: float) -> None:
+    """Cap `sock`'s TCP pacing at `rate_bytes_per_s` (stream bytes/s; math.inf = unpaced).
+
+    Takes effect at once, also for bytes already queued in the socket. Linux only (TCP paces
+    internally without the fq qdisc). The value is rounded to whole bytes/s (at least 1).
+
+    Raises:
+        ValueError: rate <= 0 or NaN (the kernel reads 0 as "unpaced", so a pause must be done
+            by not writing: see docs/design.md section 5).
+        OSError: the socket refuses the option (not Linux, closed socket).
+    """
+    rate = _check_rate(rate_bytes_per_s)
+    if rate == 0:
+        raise ValueError("a pacing rate must be > 0 bytes/s (the kernel reads 0 as unpaced)")
+    value = UNPACED if math.isinf(rate) else max(1, min(UNPACED - 1, round(rate)))
+    sock.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, _U64.pack(value))
+
+
+def pacing_rate(sock: socket.socket) -> float:
+    """The pacing cap `sock` has now, in bytes/s (math.inf when unpaced).
+
+    Raises:
+        OSError: the socket refuses the option (not Linux, closed socket).
+    """
+    (value,) = _U64.unpack(sock.getsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, _U64.size))
+    return math.inf if value == UNPACED else float(value)
+
+
+def chunk_frame_overhead(coflow: str, flow: str, payload_bytes: int, attempt: int = 0) -> int:
+    """Bytes a chunk frame of `payload_bytes` adds to the stream besides its payload.
+
+    That is the 4-byte length prefix and the msgpack header overlay.framing.chunk_header()
+    builds, with the chunk's leaf MACs (overlay.integrity.mac_bytes) and the offset packed as a
+    uint32 (5 bytes: offsets below 4 GiB; smaller values pack shorter, larger ones 4 bytes
+    longer), so the estimate is within a few bytes of every real frame.
+    Returns an int > 0. Raises ValueError for payload_bytes < 0.
+    """
+    if payload_bytes < 0:
+        raise ValueError(f"payload_bytes must be >= 0, got {payload_bytes!r}")
+    macs = bytes(mac_bytes(payload_bytes))
+    header = {"t": "chunk", "c": coflow, "f": flow, "o": 2**31, "n": payload_bytes, "m": macs}
+    header["v"] = VERSION
+    if attempt:
+        header["a"] = attempt
+    return 4 + len(msgpack.packb(header, use_bin_type=True))
+
+
+def stream_rate(payload_rate: float, chunk_bytes: int, overhead_bytes: int) -> float:
+    """The stream rate (bytes/s) that carries `payload_rate` bytes/s of chunk payload.
+
+    Chunks of `chunk_bytes` payload each put `overhead_bytes` of frame header on the stream
+    too: stream = payload_rate * (chunk_bytes + overhead_bytes) / chunk_bytes.
+    Raises ValueError for chunk_bytes <= 0, overhead_bytes < 0 or a bad rate (_check_rate).
+    """
+    rate = _check_rate(payload_rate)
+    if chunk_bytes <= 0 or overhead_bytes < 0:
+        raise ValueError(f"need chunk_bytes > 0, overhead >= 0: {chunk_bytes}, {overhead_bytes}")
+    return rate * (chunk_bytes + overhead_bytes) / chunk_bytes
+
+
+TLS_RECORD_PLAINTEXT = 16384  # bytes of plaintext in a full TLS 1.3 record
+TLS_RECORD_OVERHEAD = 22  # its 5-byte header, inner content type byte and 16-byte AEAD tag
+
+
+def tls_record_rate(rate_bytes_per_s: float) -> float:
+    """The TCP stream rate (bytes/s) that carries `rate_bytes_per_s` inside TLS 1.3 records.
+
+    Full records (the agent writes chunks of >= 64 KiB) add TLS_RECORD_OVERHEAD bytes per
+    TLS_RECORD_PLAINTEXT, 0.13 %. Raises ValueError for a bad rate (as TokenBucket).
+    """
+    rate = _check_rate(rate_bytes_per_s)
+    return rate * (TLS_RECORD_PLAINTEXT + TLS_RECORD_OVERHEAD) / TLS_RECORD_PLAINTEXT

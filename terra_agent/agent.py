@@ -36,6 +36,7 @@ a restarted controller learns about flows that finished while it was down or bef
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -63,6 +64,7 @@ from overlay.protocol import (
     validate_control,
     validate_data,
 )
+from overlay.rate_limit import RATE_LIMITERS, chunk_frame_overhead, stream_rate, tls_record_rate
 from overlay.reorder import MemoryBudget, remove_spill_files
 from terra_controller.pki import CONTROLLER_HOSTNAME
 
@@ -77,6 +79,7 @@ from .sender import (
     FlowGroupSender,
     OutFlow,
     PeerLink,
+    chunk_bytes,
     detect_dead_peers,
 )
 from .sources import SourceError, flow_key, open_source
@@ -91,6 +94,7 @@ CONTROL_HANDSHAKE_S = 10.0  # TLS handshake with the controller
 HASH_QUEUE_BYTES = 32 << 20  # in-order bytes received, not yet hashed / written (all flows)
 MAX_DROPPED = 10_000  # flows the controller dropped, remembered to ignore their late chunks/acks
 ROWS_PER_MESSAGE = 500  # flow rows per progress/register message (keeps headers < 64 KiB)
+PACING_REFRESH_S = 0.5  # paced links are also re-planned this often (groups that finished)
 
 
 @dataclass
@@ -123,6 +127,9 @@ class AgentConfig:
     max_ahead: bytes a chunk may end past its flow's in-order point (the spill bound per flow,
     >= MAX_PAYLOAD_BYTES); chunks beyond are refused and their connection closed, the sender
     resends.
+    rate_limiter: "bucket" (default: a trio TokenBucket per FlowGroup and path) or "pacing"
+    (the kernel paces each tunnel connection, SO_MAX_PACING_RATE; see Agent._plan_pacing and
+    docs/design.md section 5 "Rate limiting"); terra-agent --rate-limiter.
     """
 
     controller: tuple[str, int]
@@ -141,10 +148,15 @@ class AgentConfig:
     data_tls_client: ssl.SSLContext | None = None
     encrypt_data: bool = False
     max_ahead: int = MAX_AHEAD_BYTES
+    rate_limiter: str = "bucket"
 
     def __post_init__(self) -> None:
         if self.max_ahead < MAX_PAYLOAD_BYTES:
             raise ValueError(f"max_ahead must be >= {MAX_PAYLOAD_BYTES} bytes (one chunk)")
+        if self.rate_limiter not in RATE_LIMITERS:
+            raise ValueError(
+                f"rate_limiter must be one of {RATE_LIMITERS}, got {self.rate_limiter!r}"
+            )
 
     @property
     def spill_prefix(self) -> str:
@@ -160,6 +172,8 @@ class Agent:
 
     Inspection (tests, benchmarks): out_flows {(coflow, flow): OutFlow}, in_flows {(coflow, flow):
     InFlow}, groups {(coflow, dst_dc): FlowGroupSender}, links {(peer_agent, tunnel): PeerLink},
+    group_links {(coflow, dst_dc, peer_agent, tunnel): PeerLink} (--rate-limiter pacing only:
+    each FlowGroup's own paced connections, see _plan_pacing; group_links_opened counts them),
     registered (trio.Event, set on each registration), epoch (receiver incarnation, ns),
     reorder_budget (MemoryBudget: out-of-order bytes in memory now / peak, all flows),
     pending (PendingChunks: chunks held for flows without a descriptor yet), payload_buffers
@@ -180,6 +194,9 @@ class Agent:
         self.in_flows: dict[tuple[str, str], InFlow] = {}
         self.groups: dict[tuple[str, str], FlowGroupSender] = {}
         self.links: dict[tuple[str, str], PeerLink] = {}
+        # --rate-limiter pacing: (coflow, dst_dc, peer_agent, tunnel) -> the group's own link
+        self.group_links: dict[tuple[str, str, str, str], PeerLink] = {}
+        self.group_links_opened = 0  # group_links ever created (inspection)
         self.listeners: dict[int, trio.CancelScope] = {}
         self.incoming: dict[tuple[str, str], set[trio.SocketStream]] = {}
         self.registered = trio.Event()
@@ -221,6 +238,8 @@ class Agent:
                 self._nursery = nursery
                 await nursery.start(self._listen, port, listeners)
                 nursery.start_soon(self._control_loop)
+                if self.config.rate_limiter == "pacing":
+                    nursery.start_soon(self._pacing_loop)
                 task_status.started(self)
         finally:
             for flow in self.out_flows.values():
@@ -230,6 +249,82 @@ class Agent:
 
     def _spawn(self, fn, *args) -> None:
         self._nursery.start_soon(fn, *args)
+
+    # ------------------------------------------------------------ kernel pacing
+
+    async def _pacing_loop(self) -> None:
+        """Re-plan pacing every PACING_REFRESH_S (groups finish without a message)."""
+        while True:
+            await trio.sleep(PACING_REFRESH_S)
+            self._plan_pacing()
+
+    def _plan_pacing(self) -> None:
+        """--rate-limiter pacing: one paced connection per (FlowGroup, peer agent, tunnel).
+
+        Kernel pacing is per socket, so each FlowGroup gets its own connection per peer agent
+        and tunnel (group_links; the receiver takes any number per tunnel), paced at the
+        group's rate on that tunnel converted to stream bytes (stream_rate: the frame headers of
+        chunk_bytes(rate) chunks added; with encrypt_data also TLS record overhead,
+        tls_record_rate). A group sending to one peer only has non-binding
+        buckets (FlowGroupSender.set_kernel_paced): the kernel alone sets its pace. A group
+        with flows to several peers in its DC keeps binding buckets (its rate on a tunnel is
+        for all of them together) and each connection is paced at that rate as a ceiling.
+        A paused path (rate 0) keeps its connection's last pacing rate (the kernel reads 0 as
+        "unpaced"): its bucket stops the writes, only the bytes already queued (~100 ms) leave.
+        Connections of finished or dropped groups and of removed or changed tunnels are
+        closed here. Called on every rates/flows/drop/tunnels message and every
+        PACING_REFRESH_S. No-op with the bucket limiter.
+        """
+        if self.config.rate_limiter != "pacing":
+            return
+        wanted: dict[tuple[str, str, str, str], tuple[FlowGroupSender, float | None]] = {}
+        for key, group in self.groups.items():
+            live = [f for f in group.flows if not f.done and f.failed is None]
+            peers = {f.spec.dst_agent for f in live}
+            for tunnel, rate in group.rates.items():
+                paced = None
+                if rate > 0:
+                    n = chunk_bytes(rate)
+                    spec = live[0].spec if live else None
+                    head = chunk_frame_overhead(key[0], spec.flow, n, spec.attempt) if spec else 0
+                    paced = stream_rate(rate, n, head)
+                    if self.config.encrypt_data:  # the socket carries TLS records
+                        paced = tls_record_rate(paced)
+                for peer in peers:
+                    if (peer, tunnel) in self.links:
+                        wanted[(*key, peer, tunnel)] = (group, paced)
+            group.set_kernel_paced(set(group.rates) if len(peers) == 1 else set())
+        for gkey, link in list(self.group_links.items()):
+            tunnel = self.links.get(gkey[2:])
+            group = self.groups.get(gkey[:2])
+            if tunnel is None or tunnel.spec != link.spec or group is None or group.done:
+                link.close()  # unacknowledged chunks go back to their flows
+                del self.group_links[gkey]
+        for gkey, (_, paced) in wanted.items():
+            link = self.group_links.get(gkey)
+            if link is None:
+                if paced is None:
+                    continue  # opened once the path gets a rate
+                link = PeerLink(
+                    self.links[gkey[2:]].spec,
+                    self.config.agent_id,
+                    self.config.data_addr[0],
+                    self._on_ack,
+                    self._wake_all,
+                    tls=self.config.data_tls_client,
+                    encrypt=self.config.encrypt_data,
+                    key_for=self._pair_key,
+                )
+                link.set_pacing_rate(paced)  # before its first byte
+                self.group_links[gkey] = link
+                self.group_links_opened += 1
+                self._spawn(link.run)
+            elif paced is not None and paced != link.pacing_rate:
+                link.set_pacing_rate(paced)
+
+    def _group_link_for(self, key: tuple[str, str], peer_agent: str, tunnel: str):
+        """The paced connection of FlowGroup `key` to `peer_agent` over `tunnel`, or None."""
+        return self.group_links.get((*key, peer_agent, tunnel))
 
     # ------------------------------------------------------------ control channel
 
@@ -406,12 +501,15 @@ class Agent:
         elif kind == "flows":
             for spec in parse_flows(header):
                 self._add_flow(spec)
+            self._plan_pacing()
         elif kind == "rates":
             for group in parse_rates(header):
                 if group.paths or group.key in self.groups:  # no group for a pause alone
                     self._group(group.key).set_rates(group.paths)
+            self._plan_pacing()
         elif kind == "drop":
             self._drop_flows(header["coflow"], header["flows"])
+            self._plan_pacing()
         elif kind == "error":
             log.error("controller reports an error: %s", header["message"])
         elif kind not in ("heartbeat", "ack"):
@@ -448,6 +546,7 @@ class Agent:
         for port in listen:
             if port not in self.listeners:
                 await self._start_listener(port)
+        self._plan_pacing()
         self._wake_all()
 
     def _pair_key(self, peer_agent: str) -> bytes | None:
@@ -461,7 +560,10 @@ class Agent:
     def _group(self, key: tuple[str, str]) -> FlowGroupSender:
         group = self.groups.get(key)
         if group is None:
-            group = FlowGroupSender(key, self._link_for, self._spawn, self._flow_failed)
+            link_for = self._link_for
+            if self.config.rate_limiter == "pacing":
+                link_for = functools.partial(self._group_link_for, key)
+            group = FlowGroupSender(key, link_for, self._spawn, self._flow_failed)
             self.groups[key] = group
         return group
 

@@ -3,7 +3,7 @@
     terra-agent --controller HOST:PORT --dc DC --id AGENT_ID --data-addr HOST:PORT
                 (--pki DIR | --insecure) [--spill-dir DIR] [--memory-limit BYTES]
                 [--log-level LEVEL] [--data-root DIR] [--encrypt-data] [--max-ahead BYTES]
-                [--metrics HOST:PORT] [--version]
+                [--metrics HOST:PORT] [--rate-limiter {bucket,pacing}] [--version]
 
 --pki DIR: the agent authenticates to the controller with DIR/AGENT_ID.crt and .key (made by
 `terra-controller pki issue DIR --role agent AGENT_ID`) and verifies the controller against
@@ -22,6 +22,10 @@ resends them).
 --data-root DIR: the only directory whose files this agent reads (flow sources) and writes
 (flow sinks); flow file paths are relative to it and may not leave it. Without it every file
 flow is refused (synthetic / digest-only flows still run).
+
+--rate-limiter: how the controller's per-path rates are enforced: "bucket" (default, a trio
+token bucket per FlowGroup and path) or "pacing" (the kernel paces each FlowGroup's own tunnel
+connections with SO_MAX_PACING_RATE; docs/design.md section 5.1 "Rate limiting").
 
 --spill-dir DIR: where out-of-order bytes beyond --memory-limit go; created (mode 0700) when
 it does not exist.
@@ -43,6 +47,7 @@ import trio
 
 from overlay.framing import MAX_PAYLOAD_BYTES
 from overlay.protocol import ProtocolError, parse_addr
+from overlay.rate_limit import RATE_LIMITERS
 from terra_controller.pki import (
     PkiError,
     client_context,
@@ -145,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics on http://HOST:PORT/metrics (plain HTTP: bind it to "
         "a management address)",
     )  # fmt: skip
+    p.add_argument(
+        "--rate-limiter",
+        choices=RATE_LIMITERS,
+        default="bucket",
+        help="how per-path rates are enforced: bucket (a trio token bucket per FlowGroup and "
+        "path) or pacing (the kernel's TCP pacing of a connection per FlowGroup and path)",
+    )
     add_common_args(p)
     return p
 
@@ -199,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         data_tls_client=data_client,
         encrypt_data=args.encrypt_data,
         max_ahead=args.max_ahead,
+        rate_limiter=args.rate_limiter,
     )
     agent = Agent(config)
     if args.metrics is not None:

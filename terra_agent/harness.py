@@ -385,7 +385,8 @@ class LoopbackHarness:
     the in-test controller peer is mutual TLS too (subprocess agents run with --pki);
     None (default): plain TCP everywhere. encrypt_data: data connections stay inside TLS
     (AgentConfig.encrypt_data, terra-agent --encrypt-data; needs pki). Call `await start()`
-    first. Agent i normally gets host 127.0.0.(i+2).
+    first. Agent i normally gets host 127.0.0.(i+2). rate_limiter: every agent's
+    AgentConfig.rate_limiter (terra-agent --rate-limiter): "bucket" (default) or "pacing".
     """
 
     def __init__(
@@ -396,10 +397,12 @@ class LoopbackHarness:
         data_root: str | Path | None = ".",
         pki: str | Path | None = None,
         encrypt_data: bool = False,
+        rate_limiter: str = "bucket",
     ) -> None:
         if encrypt_data and pki is None:
             raise ValueError("encrypt_data needs a pki")
         self.nursery = nursery
+        self.rate_limiter = rate_limiter
         self.pki = pki
         self.encrypt_data = encrypt_data
         self.workdir = Path(workdir)
@@ -446,6 +449,7 @@ class LoopbackHarness:
             data_tls_client=data_client_context(self.pki, handle.agent_id) if self.pki else None,
             tls=client_context(self.pki, handle.agent_id) if self.pki else None,
             encrypt_data=self.encrypt_data,
+            rate_limiter=self.rate_limiter,
         )
 
     async def start_agent(self, agent_id: str, subprocess: bool = False) -> None:
@@ -493,6 +497,7 @@ class LoopbackHarness:
             "--memory-limit",
             str(cfg.memory_limit),
         ]
+        cmd += ["--rate-limiter", cfg.rate_limiter]
         if self.pki is None:
             cmd.append("--insecure")  # ControllerPeer speaks plain TCP
         else:

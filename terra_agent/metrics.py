@@ -10,8 +10,10 @@ scrape may mix moments a few microseconds apart but never fails.
 
 Metrics (labels; units in the names):
     terra_agent_link_sent_bytes_total{peer, tunnel}: payload bytes sent on the connection
-        to `peer` over `tunnel` since the agent started it.
-    terra_agent_link_connects_total{peer, tunnel}: connections made (1 + reconnects).
+        to `peer` over `tunnel` since the agent started it (with --rate-limiter pacing, plus
+        those of the FlowGroups' own paced connections to `peer` over `tunnel`).
+    terra_agent_link_connects_total{peer, tunnel}: connections made (1 + reconnects; with
+        pacing, the FlowGroups' own connections' too).
     terra_agent_link_up{peer, tunnel}: 1 while connected.
     terra_agent_tunnel_rate_bytes_per_second{tunnel}: the controller's rates of this
         agent's FlowGroups on `tunnel`, summed.
@@ -48,7 +50,7 @@ class AgentCollector:
     def collect(self):
         """Yield the metric families (called by prometheus_client at scrape time)."""
         a = self.agent
-        yield from self._links(list(a.links.items()))
+        yield from self._links(list(a.links.items()), list(a.group_links.items()))
         yield from self._tunnels(list(a.groups.values()))
         in_flows, out_flows = list(a.in_flows.values()), list(a.out_flows.values())
         yield CounterMetricFamily(
@@ -86,7 +88,7 @@ class AgentCollector:
         yield _flow_states(in_flows, out_flows)
 
     @staticmethod
-    def _links(links):
+    def _links(links, group_links=()):
         labels = ["peer", "tunnel"]
         sent = CounterMetricFamily(
             "terra_agent_link_sent_bytes", "Payload bytes sent on a tunnel connection",
@@ -96,10 +98,15 @@ class AgentCollector:
             "terra_agent_link_connects", "Tunnel connections made", labels=labels
         )
         up = GaugeMetricFamily("terra_agent_link_up", "1 while connected", labels=labels)
+        extra: dict[tuple[str, str], tuple[int, int]] = {}  # paced group links per tunnel link
+        for (_, _, peer, tunnel), link in group_links:
+            n, c = extra.get((peer, tunnel), (0, 0))
+            extra[(peer, tunnel)] = (n + link.sent_bytes, c + link.connects)
         for (peer, tunnel), link in links:
             key = [peer, str(tunnel)]
-            sent.add_metric(key, link.sent_bytes)
-            connects.add_metric(key, link.connects)
+            n, c = extra.get((peer, tunnel), (0, 0))
+            sent.add_metric(key, link.sent_bytes + n)
+            connects.add_metric(key, link.connects + c)
             up.add_metric(key, 1 if link.up else 0)
         yield from (sent, connects, up)
 

@@ -25,7 +25,7 @@ import trio
 from overlay.framing import FrameError, FrameReader, FrameWriter, chunk_header
 from overlay.integrity import LEAF_BYTES, FlowDigest, FlowKeys, align_down
 from overlay.protocol import FlowSpec, ProtocolError, TunnelSpec, validate_data
-from overlay.rate_limit import TokenBucket
+from overlay.rate_limit import TokenBucket, set_pacing_rate
 
 from .data_auth import DataAuthError, authenticate, key_authenticate_sender
 from .sources import MAX_CHUNK_BYTES
@@ -38,6 +38,7 @@ BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
 MIN_UNSENT_BYTES = 16 * 1024  # data connections queue in the kernel at most one chunk of unsent
 # bytes, and at least this many (trio's default TCP_NOTSENT_LOWAT for every SocketStream)
+PACED_UNSENT_S = 0.1  # a paced link queues ~100 ms of its rate unsent (docs/design.md 5.1)
 DEAD_PEER_S = 10.0  # a silent peer (no acks, no keepalive answers) is dropped after this long
 # Tunnel connections cross the emulated/real WAN: a burst of losses there (a link failure and
 # the re-route, full queues) stalls a live connection in TCP's exponential RTO backoff
@@ -88,6 +89,14 @@ def allow_unsent_bytes(stream: trio.SocketStream, nbytes: int) -> None:
             stream.socket.setsockopt(socket.IPPROTO_TCP, option, nbytes)
         except OSError:
             pass
+
+
+def paced_unsent_bytes(chunk_size: int, pacing_rate: float) -> int:
+    """Unsent bytes a paced connection may queue in the kernel: PACED_UNSENT_S (100 ms) of its
+    pacing rate (bytes/s), at least one chunk (`chunk_size` bytes) and MIN_UNSENT_BYTES, at
+    most 4 x MAX_CHUNK_BYTES (16 MiB: "unlimited" rates)."""
+    queued = min(pacing_rate * PACED_UNSENT_S, 4 * MAX_CHUNK_BYTES)  # inf -> the cap
+    return int(max(MIN_UNSENT_BYTES, chunk_size, queued))
 
 
 def chunk_bytes(rate: float) -> int:
@@ -248,6 +257,12 @@ class PeerLink:
     0 when absent); on_change() when the link
     goes up or down (so idle path tasks look again). run() connects, sends "hello", reads acks
     and reconnects with backoff (50 ms doubling to 2 s) until close().
+
+    Kernel pacing (terra-agent --rate-limiter pacing): set_pacing_rate(stream bytes/s) caps
+    the connection's TCP pacing (SO_MAX_PACING_RATE), now and on every reconnect; such a link
+    lets paced_unsent_bytes() (~100 ms of its rate, at least a chunk) of unsent bytes queue in
+    the kernel, so the pacer does not idle while the sending task wakes up late. pacing_rate is
+    None on bucket links.
     """
 
     def __init__(
@@ -280,6 +295,27 @@ class PeerLink:
         self._scope: trio.CancelScope | None = None
         self._stream: trio.SocketStream | None = None
         self._unsent_limit = MIN_UNSENT_BYTES
+        self.pacing_rate: float | None = None  # stream bytes/s the socket is paced at, or None
+
+    def set_pacing_rate(self, rate: float) -> None:
+        """Pace this link's connection at `rate` stream bytes/s (> 0; math.inf = unpaced).
+
+        Applied at once to the open connection and again on every reconnect.
+
+        Raises:
+            ValueError: rate <= 0 or NaN (pause a paced link by not writing to it).
+        """
+        if not rate > 0:
+            raise ValueError(f"a pacing rate must be > 0 bytes/s, got {rate!r}")
+        self.pacing_rate = float(rate)
+        if self._stream is not None:
+            self._apply_pacing(self._stream)
+
+    def _apply_pacing(self, stream: trio.SocketStream) -> None:
+        try:
+            set_pacing_rate(stream.socket, self.pacing_rate)
+        except OSError as exc:  # closed under us: the reconnect applies it again
+            log.warning("link %s via %s: cannot set pacing: %s", *self._name(), exc)
 
     @property
     def up(self) -> bool:
@@ -321,6 +357,8 @@ class PeerLink:
             )
             self._stream = stream
             detect_dead_peers(stream, TUNNEL_DEAD_PEER_S)
+            if self.pacing_rate is not None:
+                self._apply_pacing(stream)
             self._unsent_limit = MIN_UNSENT_BYTES  # trio's setting
             async with stream:
                 initial, channel = b"", stream
@@ -405,13 +443,17 @@ class PeerLink:
         down, chunk requeued) if that failed.
 
         chunk_size: the path's chunk size in bytes (chunk_bytes of its rate); the connection may
-        queue that many unsent bytes in the kernel (allow_unsent_bytes), at least 16 KiB.
+        queue that many unsent bytes in the kernel (allow_unsent_bytes), at least 16 KiB
+        (paced_unsent_bytes on a paced link).
         """
         writer = self.writer
         if writer is None:
             flow.requeue(offset, len(data))
             return False
-        limit = max(MIN_UNSENT_BYTES, chunk_size)
+        if self.pacing_rate is None:
+            limit = max(MIN_UNSENT_BYTES, chunk_size)
+        else:
+            limit = paced_unsent_bytes(chunk_size, self.pacing_rate)
         if limit != self._unsent_limit and self._stream is not None:
             allow_unsent_bytes(self._stream, limit)
             self._unsent_limit = limit
@@ -450,6 +492,11 @@ class FlowGroupSender:
     spawn: start a task in the agent's nursery, on_error(flow, message): a flow's source failed
     and the flow was dropped). set_rates({tunnel: bytes/s}) replaces the per-path rates (missing
     tunnels -> 0); add_flow(OutFlow) adds a flow. Flows are served in the order they were added.
+
+    Kernel pacing: set_kernel_paced({tunnel}) names the paths on which this group has its own
+    connection, paced by the kernel at the group's rate (Agent._plan_pacing); their buckets
+    stop binding (unlimited while the rate is > 0, still 0 = paused) so the kernel alone sets
+    the pace. Every other path keeps a binding bucket at its rate.
     """
 
     def __init__(self, key: tuple[str, str], link_for, spawn, on_error) -> None:
@@ -464,6 +511,16 @@ class FlowGroupSender:
         self._spawn = spawn
         self._changed = trio.Event()
         self.sent_bytes: dict[str, int] = {}
+        self.kernel_paced: set[str] = set()
+
+    def set_kernel_paced(self, tunnels: set[str]) -> None:
+        """Make the buckets of `tunnels` non-binding (the kernel paces them), the others bind."""
+        tunnels = set(tunnels)
+        if tunnels == self.kernel_paced:
+            return
+        self.kernel_paced = tunnels
+        for tunnel, rate in self.rates.items():
+            self._set_rate(tunnel, rate)
 
     @property
     def done(self) -> bool:
@@ -500,6 +557,8 @@ class FlowGroupSender:
 
     def _set_rate(self, tunnel: str, rate: float) -> None:
         self.rates[tunnel] = rate
+        if rate > 0 and tunnel in self.kernel_paced:
+            rate = math.inf  # the link's socket paces this path (set_kernel_paced)
         bucket = self.buckets.get(tunnel)
         if bucket is None:
             self.buckets[tunnel] = TokenBucket(rate)  # depth: 50 ms of the current rate

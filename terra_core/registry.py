@@ -28,6 +28,8 @@ class SchedulerOptions:
         alpha: Terra's starvation share α in [0, 1) (4.2 step 2).
         epsilon: Terra's deadline admission slack ε >= 0 (4.3).
         delta: Terra's relative capacity-change threshold δ >= 0 (4.3).
+        guard, guard_factor, guard_floor_s: Terra's starvation guard and its patience
+            max(guard_factor·Γ, guard_floor_s) seconds (4.2; terra_core/starvation.py).
         path_source: where the paths come from (policy.PathSource); None: the K shortest
             paths over the links that are up.
     """
@@ -36,6 +38,9 @@ class SchedulerOptions:
     alpha: float = 0.1
     epsilon: float = 0.1
     delta: float = 0.1
+    guard: str = "aged"
+    guard_factor: float = 2.0
+    guard_floor_s: float = 1.0
     path_source: PathSource | None = None
 
 
@@ -79,6 +84,7 @@ def _terra(topology: Topology, o: SchedulerOptions) -> Policy:
 
     return TerraPolicy(
         topology, k=o.k, alpha=o.alpha, epsilon=o.epsilon, delta=o.delta,
+        guard=o.guard, guard_factor=o.guard_factor, guard_floor_s=o.guard_floor_s,
         path_source=o.path_source,
     )  # fmt: skip
 
@@ -101,7 +107,8 @@ for _name, _class in [("per-flow", "PerFlowPolicy"), ("multipath", "MultipathPol
 
 def add_scheduler_arguments(parser: argparse.ArgumentParser, choices_extra=()) -> None:
     """Add the options every tool that runs a scheduler shares: --scheduler (one of the
-    registry's names, plus `choices_extra`), --k, --alpha, --epsilon, --delta."""
+    registry's names, plus `choices_extra`), --k, --alpha, --guard, --guard-factor,
+    --guard-floor, --epsilon, --delta."""
     d = SchedulerOptions()
     parser.add_argument(
         "--scheduler", choices=[*SCHEDULERS, *choices_extra], default="terra",
@@ -113,6 +120,20 @@ def add_scheduler_arguments(parser: argparse.ArgumentParser, choices_extra=()) -
     parser.add_argument(
         "--alpha", type=float, default=d.alpha,
         help="Terra: share of every link reserved for preempted coflows (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--guard", choices=["fixed", "aged", "aged-fair"], default=d.guard,
+        help="Terra: starvation guard; fixed = the paper's reserve for every preempted "
+        "coflow in every round (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--guard-factor", type=float, default=d.guard_factor,
+        help="Terra, aged guards: a coflow starves max(F x Γ, floor) s after it arrives "
+        "(default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--guard-floor", dest="guard_floor_s", type=float, default=d.guard_floor_s,
+        help="Terra, aged guards: smallest patience in seconds (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
         "--epsilon", type=float, default=d.epsilon,

@@ -5,7 +5,10 @@ Steps, for the coflows active now (each given by its FlowGroups' remaining volum
 1. Admitted deadline coflows, earliest deadline first, get their min-CCT
    allocation stretched to finish exactly at the deadline (rates × Γ/(D − now);
    unstretched when D − now ≤ Γ: best effort). Their usage leaves the capacity.
-2. α of every link's remaining capacity is reserved: r_e = (1 − α)·c_e.
+2. α of every link's remaining capacity is reserved: r_e = (1 − α)·c_e
+   (fixed guard; with an aged guard, see `starving` and starvation.py, only the
+   oldest starving coflow's min-CCT allocation on α·c is taken, and nothing
+   when no coflow starves).
 3. The other coflows are ordered by Γ on the full current capacities (smallest
    first; ties by the order they were given in).
 4. In that order each gets its min-CCT allocation (Optimization (1)) on r if every
@@ -13,7 +16,7 @@ Steps, for the coflows active now (each given by its FlowGroups' remaining volum
    preempted for this round. Steps 3 and 4 run together lazily (see
    `_sequential`): exact Γs are computed only for coflows that can still get
    capacity, which gives the same schedule with far fewer LPs.
-5. The reserved α share (α·c_e) goes to the preempted coflows, max-min fair over
+5. (fixed guard) The reserved α share (α·c_e) goes to the preempted coflows, max-min fair over
    their FlowGroups (FlowGroups of one DC pair share the pair's paths, so the
    fair share runs per DC pair weighted by the number of FlowGroups, and a
    pair's rate is split equally among them).
@@ -109,6 +112,8 @@ def schedule_round(
     alpha: float = 0.1,
     hints: dict[str, tuple[float, bool]] | None = None,
     memo: dict | None = None,
+    starving: list[str] | None = None,
+    starving_fair: bool = False,
 ) -> RoundResult:
     """Run one scheduling round (docs/design.md 4.2 steps 1-6).
 
@@ -132,6 +137,12 @@ def schedule_round(
             when r is unchanged and the volumes allow it (see `_min_cct_on_r`),
             the per-pair denominators of step 3's bound (`_pair_flow_cache`) and
             the link bits and path masks (path_masks.PathIndex).
+        starving: None for the fixed guard (steps 2 and 5 as above). Otherwise an
+            aged guard (starvation.py): the starving coflow ids, oldest first;
+            steps 2 and 5 are replaced by step 2' (starvation.serve_starving: the
+            oldest starving coflow, or with `starving_fair` all of them, get the
+            reserve α of what step 1 left) and the unused reserve joins r.
+        starving_fair: see `starving`.
 
     Returns:
         RoundResult. Link loads stay within `capacity` (solver round-off is
@@ -158,10 +169,20 @@ def schedule_round(
     deadline_ids = reserve_deadlines(active, paths, left, now, deadlines, rates, result)
 
     # Steps 2-4: reserve α, order by Γ on the full capacities, sequential min-CCT on r.
+    index = index_for(memo, _INDEX_KEY, capacity)
+    if starving is not None:  # an aged guard: the reserve only for starving coflows
+        from terra_core.starvation import serve_starving
+
+        starving = [cid for cid in starving if cid in active and cid not in result.state]
+        if starving and alpha > 0:
+            serve_starving(
+                active, starving, paths, left, capacity, alpha, starving_fair, rates, result,
+                index,
+            )  # fmt: skip
+        alpha = 0.0
     reserve = {link: alpha * c for link, c in left.items()}
     r = {link: c - reserve[link] for link, c in left.items()}
     others = [cid for cid in active if cid not in result.state]
-    index = index_for(memo, _INDEX_KEY, capacity)
     scheduled, preempted = _sequential(
         active, others, paths, capacity, r, hints, memo, rates, result, index
     )

@@ -34,6 +34,13 @@ from terra_core.scheduling_round import (
     reserve_deadlines,
     schedule_round,
 )
+from terra_core.starvation import (
+    DEFAULT_FACTOR,
+    DEFAULT_FLOOR_S,
+    DEFAULT_GUARD,
+    Guard,
+    StarvationClock,
+)
 from topologies import Link, Path, Topology, k_shortest_paths
 from topologies.paths import up_graph
 from workloads import Coflow, Flow
@@ -52,6 +59,13 @@ class TerraPolicy:
         delta: relative capacity-change threshold δ >= 0 (docs/design.md 4.3).
         path_source: where routes come from (policy.PathSource); default the K shortest
             paths over the links that are up, searched per pair when first needed.
+        guard: starvation guard, "aged" (default), "aged-fair" or "fixed" (the
+            paper's: α of every link for all preempted coflows, every round);
+            see starvation.py for each one's guarantee.
+        guard_factor: patience factor c >= 0 of the aged guards: a coflow starves
+            max(c·Γ, guard_floor_s) seconds after its arrival (Γ: its minimum CCT
+            alone on the WAN at arrival).
+        guard_floor_s: smallest patience in seconds >= 0 (aged guards).
 
     Attributes:
         name: "terra".
@@ -71,6 +85,9 @@ class TerraPolicy:
         epsilon: float = 0.1,
         delta: float = 0.1,
         path_source: PathSource | None = None,
+        guard: str = DEFAULT_GUARD,
+        guard_factor: float = DEFAULT_FACTOR,
+        guard_floor_s: float = DEFAULT_FLOOR_S,
     ) -> None:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"K must be a positive integer, got {k!r}")
@@ -80,8 +97,10 @@ class TerraPolicy:
             raise ValueError(f"epsilon must be >= 0, got {epsilon!r}")
         if not delta >= 0.0:
             raise ValueError(f"delta must be >= 0, got {delta!r}")
+        self.guard = Guard(guard, alpha, guard_factor, guard_floor_s)
         self.topology = topology
         self.k, self.alpha, self.epsilon, self.delta = k, alpha, epsilon, delta
+        self._clock = StarvationClock(self.guard)
         self.stats: dict = {"rounds": 0, "round_ms": [], "lps": 0}
         self._empty = topology.copy()  # the empty WAN of gamma_empty: every link up
         self._empty.down.clear()
@@ -98,6 +117,7 @@ class TerraPolicy:
         self._gamma: dict[str, tuple] = {}  # volumes, Γ on the full WAN, DualBound
         self._state: dict[str, PolicyState] = {}
         self._memo: dict = {}  # step 4's min-CCT solutions on r (scheduling_round memo)
+        self._total: dict[str, dict[Pair, float]] = {}  # aged guards: all bytes ever added
 
     # ----- Policy protocol -------------------------------------------------------------
 
@@ -125,6 +145,8 @@ class TerraPolicy:
         self._flow_pair[coflow.id] = pairs
         self._volumes[coflow.id] = volumes
         self._state[coflow.id] = PolicyState.QUEUED
+        if self.guard.aged and coflow.deadline_s is None:
+            self._clock.start(coflow.id, now, self._gamma_now(coflow.id, volumes))
         return True
 
     def add_flows(self, coflow_id: str, flows: list[Flow], now: float) -> None:
@@ -144,6 +166,12 @@ class TerraPolicy:
             if not f.intra_dc:
                 volumes[(f.src, f.dst)] = volumes.get((f.src, f.dst), 0.0) + f.bytes
         self._gamma.pop(coflow_id, None)
+        if self._clock.starts(coflow_id) is not None:
+            total = self._total[coflow_id]
+            for f in flows:
+                if not f.intra_dc:
+                    total[(f.src, f.dst)] = total.get((f.src, f.dst), 0.0) + f.bytes
+            self._clock.update(coflow_id, self._gamma_now(coflow_id, total))
 
     def remove_coflow(self, coflow_id: str, now: float) -> None:
         """Forget a finished or cancelled coflow; unknown ids are ignored."""
@@ -155,8 +183,10 @@ class TerraPolicy:
             self._volumes,
             self._gamma,
             self._state,
+            self._total,
         ):
             table.pop(coflow_id, None)
+        self._clock.forget(coflow_id)
 
     def wan_changed(self, now: float) -> bool:
         """Take note of a mutated topology.
@@ -220,8 +250,20 @@ class TerraPolicy:
         capacity = self._capacity()
         hints = self._gamma_hints(volumes, paths, capacity)
         deadlines = {cid: d for cid, d in self._deadline.items() if cid in volumes}
+        starving = None
+        if self.guard.aged:
+            starving = self._clock.starving(now, volumes)
         result = schedule_round(
-            volumes, paths, capacity, now, deadlines, self.alpha, hints=hints, memo=self._memo
+            volumes,
+            paths,
+            capacity,
+            now,
+            deadlines,
+            self.alpha,
+            hints=hints,
+            memo=self._memo,
+            starving=starving,
+            starving_fair=self.guard.mode == "aged-fair",
         )
         for cid, res in result.exact.items():
             bound = DualBound.build(volumes[cid], paths, capacity, res.prices)
@@ -242,6 +284,17 @@ class TerraPolicy:
         return alloc
 
     # ----- extras for the simulator and the controller ---------------------------------
+
+    def next_wakeup(self, now: float) -> float | None:
+        """The next time (seconds, > `now`) a coflow starts starving, when a round is
+        due even if nothing else happens (aged guards; None with the fixed guard or
+        when no coflow is waiting to starve). See starvation.py for the guarantee."""
+        return self._clock.next_wakeup(now) if self.guard.aged else None
+
+    def starving(self, now: float) -> list[str]:
+        """Ids of the active coflows starving at `now` (seconds), oldest first
+        (aged guards; [] with the fixed guard)."""
+        return self._clock.starving(now, self._coflows) if self.guard.aged else []
 
     def gamma_empty(self, coflow: Coflow) -> float:
         """Γ of `coflow` alone on the empty WAN (every link up, current capacities), seconds.
@@ -339,6 +392,18 @@ class TerraPolicy:
             else:
                 hints[cid] = (lower, False)
         return hints
+
+    def _gamma_now(self, cid: str, volumes: dict[Pair, float]) -> float:
+        """Γ in seconds of `volumes` alone on the current WAN (one LP; 0 without WAN bytes).
+
+        Also keeps `volumes` as the coflow's total (for add_flows)."""
+        self._total[cid] = dict(volumes)
+        if not volumes:
+            return 0.0
+        paths = self._paths_for({cid: volumes})
+        res = min_cct(volumes, paths, self._capacity(), fewest_link_bytes=False)
+        self.stats["lps"] += res.lp_solved
+        return res.gamma_s
 
     def _admissible(self, cid: str, volumes, deadline: float, now: float) -> bool:
         """Γ on what the admitted deadline coflows leave, times (1 + ε), fits in D − now."""

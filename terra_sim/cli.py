@@ -2,7 +2,8 @@
 
     terra-sim --topology {swan,gscale,att,bigswitch,PATH} --workload {fb,PATH}
               [--scheduler {terra,per-flow,multipath,swan-mcf,varys,rapier,all}] [--k K]
-              [--alpha A] [--epsilon E] [--delta D] [--link-gbps G] [--deadline-factor F]
+              [--alpha A] [--guard {fixed,aged,aged-fair}] [--guard-factor F]
+              [--guard-floor S] [--epsilon E] [--delta D] [--link-gbps G] [--deadline-factor F]
               [--limit N] [--json OUT] [--plot OUT.png] [--fail-link A-B@T1[:T2]] [--bound]
               [--log-level LEVEL] [--version]
 
@@ -275,7 +276,8 @@ def _num(value: float | None, width: int, digits: int) -> str:
 
 def run_meta(args: argparse.Namespace) -> dict:
     """Return the settings of a run: {"topology", "workload", "limit", "link_gbps", "k",
-    "alpha", "epsilon", "delta", "deadline_factor", "fail_link", "commit"} (commit: $TERRA_COMMIT if
+    "alpha", "guard", "guard_factor", "guard_floor_s", "epsilon", "delta", "deadline_factor",
+    "fail_link", "commit"} (commit: $TERRA_COMMIT if
     set, for runs from an exported tree, else the git commit of this checkout, None when
     unknown; uncommitted edits are not recorded)."""
     return {
@@ -285,6 +287,9 @@ def run_meta(args: argparse.Namespace) -> dict:
         "link_gbps": args.link_gbps,
         "k": args.k,
         "alpha": args.alpha,
+        "guard": args.guard,
+        "guard_factor": args.guard_factor,
+        "guard_floor_s": args.guard_floor_s,
         "epsilon": args.epsilon,
         "delta": args.delta,
         "deadline_factor": args.deadline_factor,

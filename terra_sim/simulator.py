@@ -2,7 +2,8 @@
 
 Between events every flow's rate is constant. The next event is the earliest
 of: a flow finishing at its current rate, a coflow arriving, a scripted WAN
-change (link down / up, capacity change). At every event the simulator
+change (link down / up, capacity change), a wakeup the policy asks for
+(optional ``next_wakeup(now)``: TerraPolicy's aged starvation guard). At every event the simulator
 (docs/design.md section 4.3, policy.py):
 
 1. removes finished coflows from the policy (`remove_coflow`);
@@ -368,6 +369,7 @@ class _Run:
         self.byte_hops = 0.0
         self.capacity_time = 0.0
         self.round_ms: list[float] = []
+        self.wake: float | None = None  # the policy's next wakeup (see _wakeup)
         self.path_links: dict[tuple[str, ...], list[tuple[str, str]]] = {}
         self._total_capacity()
 
@@ -685,7 +687,19 @@ class _Run:
             step = min(step, self.arrivals[self.next_arrival].arrival_s - now)
         if self.next_change < len(self.changes):
             step = min(step, self.changes[self.next_change].time_s - now)
+        self.wake = self._wakeup(now)
+        if self.wake is not None:
+            step = min(step, self.wake - now)
         return None if step == float("inf") else max(step, 0.0)
+
+    def _wakeup(self, now: float) -> float | None:
+        """The policy's next_wakeup(now) (seconds, > now) when it has one and a WAN flow
+        is active (e.g. TerraPolicy's aged guard: a coflow starts starving), else None."""
+        ask = getattr(self.policy, "next_wakeup", None)
+        if ask is None or not self.active:
+            return None
+        wake = ask(now)
+        return wake if wake is not None and wake > now else None
 
     def _advance(self, now: float, step: float, byte_hop_rate: float) -> float:
         moving = np.flatnonzero(self.rate > 0)
@@ -703,6 +717,8 @@ class _Run:
             now = min(now, self.arrivals[self.next_arrival].arrival_s)
         if self.next_change < len(self.changes):
             now = min(now, self.changes[self.next_change].time_s)
+        if self.wake is not None:
+            now = min(now, self.wake)
         self.alive[moving[done]] = False
         self._finish_flows(moving[done], now)
         return now

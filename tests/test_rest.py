@@ -47,7 +47,9 @@ def serve(pki, public=False):
     for u, v in [("A", "B"), ("B", "C"), ("A", "C")]:
         links[(u, v)] = links[(v, u)] = CAP
     topology = Topology("tri", ["A", "B", "C"], links)
-    controller = Controller(topology, TerraPolicy(topology, k=2))
+    # the paper's fixed reserve: even a lone coflow's round then solves an LP (step 6's MCF
+    # on the held-back share), which the LP metrics tests count; the aged guard solves none
+    controller = Controller(topology, TerraPolicy(topology, k=2, guard="fixed"))
     for agent, dc in [("a1", "A"), ("b1", "B"), ("c1", "C")]:
         controller.registry.register_agent(agent, dc, "127.0.0.1:30000")
     channel = AgentChannel(controller, TunnelTable(topology, 2))
