@@ -825,6 +825,7 @@ def _bring_up(wan, binding, ctl: Controller, workdir: Path, procs: Processes, lo
     time.sleep(AGENT_SETTLE_S)  # agents open their tunnel connections to each other
     if observer is not None:
         observer.watch_agents()
+    log(f"{ctl.scheduler}: {n} agents registered")
     return agents
 
 
