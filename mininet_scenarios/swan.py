@@ -130,14 +130,16 @@ class RunResult:
         Idle gaps between arrivals (the same in both runs, set by the workload) are left out.
         0 for an empty run.
         """
-        denom = self.wan_capacity_bps * self.busy_s
-        return self.wan_bytes_sent / denom if denom > 0 else 0.0
+        return self._per_capacity_time(self.wan_bytes_sent)
 
     @property
     def wan_utilization_ofctl(self) -> float:
         """`wan_utilization` from the `ovs-ofctl dump-ports` counters (for comparison)."""
+        return self._per_capacity_time(self.wan_bytes_sent_ofctl)
+
+    def _per_capacity_time(self, sent: int) -> float:
         denom = self.wan_capacity_bps * self.busy_s
-        return self.wan_bytes_sent_ofctl / denom if denom > 0 else 0.0
+        return sent / denom if denom > 0 else 0.0
 
 
 def busy_time(arrival_s: dict, cct_s: dict) -> float:

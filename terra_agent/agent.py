@@ -305,16 +305,7 @@ class Agent:
             if link is None:
                 if paced is None:
                     continue  # opened once the path gets a rate
-                link = PeerLink(
-                    self.links[gkey[2:]].spec,
-                    self.config.agent_id,
-                    self.config.data_addr[0],
-                    self._on_ack,
-                    self._wake_all,
-                    tls=self.config.data_tls_client,
-                    encrypt=self.config.encrypt_data,
-                    key_for=self._pair_key,
-                )
+                link = self._new_link(self.links[gkey[2:]].spec)
                 link.set_pacing_rate(paced)  # before its first byte
                 self.group_links[gkey] = link
                 self.group_links_opened += 1
@@ -531,16 +522,7 @@ class Agent:
                 del self.links[key]
         for key, spec in wanted.items():
             if key not in self.links:
-                link = PeerLink(
-                    spec,
-                    self.config.agent_id,
-                    self.config.data_addr[0],
-                    self._on_ack,
-                    self._wake_all,
-                    tls=self.config.data_tls_client,
-                    encrypt=self.config.encrypt_data,
-                    key_for=self._pair_key,
-                )
+                link = self._new_link(spec)
                 self.links[key] = link
                 self._spawn(link.run)
         for port in listen:
@@ -548,6 +530,19 @@ class Agent:
                 await self._start_listener(port)
         self._plan_pacing()
         self._wake_all()
+
+    def _new_link(self, spec) -> PeerLink:
+        """A PeerLink over tunnel `spec` with this agent's identity, TLS and pair keys."""
+        return PeerLink(
+            spec,
+            self.config.agent_id,
+            self.config.data_addr[0],
+            self._on_ack,
+            self._wake_all,
+            tls=self.config.data_tls_client,
+            encrypt=self.config.encrypt_data,
+            key_for=self._pair_key,
+        )
 
     def _pair_key(self, peer_agent: str) -> bytes | None:
         """The data connections' pair key of this agent and `peer_agent` (from the latest

@@ -91,11 +91,6 @@ class PortStats:
                 self._previous.pop(key, None)
             self._last[key] = sample
 
-    def sample(self, dpid: int, port: int) -> PortSample | None:
-        """The last sample of a port, or None."""
-        with self.lock:
-            return self._last.get((dpid, port))
-
     def wan_links(self, now_s: float) -> dict[Link, LinkLoad]:
         """{(a, b): LinkLoad} for every directed WAN link whose sending port was sampled.
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-from contextlib import asynccontextmanager
 
 import blake3
 import pytest
 import trio
+from test_agent import loopback
 
 from overlay.framing import FrameWriter, chunk_header
 from overlay.integrity import (
@@ -39,7 +39,6 @@ from overlay.protocol import (
 from terra_agent.agent import AgentConfig
 from terra_agent.harness import LoopbackHarness, delay_proxy
 from terra_agent.receiver import InFlow
-from terra_controller.pki import Role, init_ca, issue
 
 MB = 1_000_000
 TIMEOUT = 60
@@ -126,17 +125,6 @@ def test_the_receiver_refuses_a_digest_computed_without_the_key(tmp_path):
 # ---- agents ------------------------------------------------------------------------------------
 
 
-@asynccontextmanager
-async def loopback(tmp_path, k=1, **kw):
-    """Controller peer + agents a (HK) and b (LA), k tunnels a -> b (harness defaults)."""
-    async with trio.open_nursery() as nursery:
-        h = LoopbackHarness(nursery, tmp_path, **kw)
-        await h.start()
-        await h.add_agent("a", "HK")
-        await h.add_agent("b", "LA")
-        h.tunnels = (await h.install_tunnels([("a", "b", k)]))["a"]
-        yield h
-        nursery.cancel_scope.cancel()
 
 
 async def proxy(listen_host, target, tap, task_status=trio.TASK_STATUS_IGNORED):
@@ -216,7 +204,7 @@ async def test_a_tampered_chunk_is_dropped_and_resent(tmp_path):
             flipped.append(at)
         return bytes(data)
 
-    async with loopback(tmp_path) as h:
+    async with loopback(tmp_path, k=1) as h:
         await via(h, flip_once)
         size = 6 * MB
         src, dst, ends = files(h, size)
@@ -235,7 +223,7 @@ async def test_forged_chunks_and_chunks_far_ahead_are_refused(tmp_path):
     chunk MACed with another key, a chunk with a valid MAC far past the in-order point
     (max_ahead) - each closes its connection, nothing is held or spilled; then the real
     sender moves the flow with every byte intact."""
-    async with loopback(tmp_path) as h:
+    async with loopback(tmp_path, k=1) as h:
         b = h.agents["b"]
         b.agent.config.max_ahead = 4 << 20
         size = 12 * MB
@@ -317,15 +305,6 @@ async def test_spill_files_of_an_earlier_run_are_removed_at_start(tmp_path):
         nursery.cancel_scope.cancel()
 
 
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pki")
-    init_ca(d)
-    for name in ("a", "b"):
-        issue(d, Role.AGENT, name)
-    return d
-
-
 @pytest.mark.parametrize("encrypt", [False, True])
 async def test_encrypt_data_keeps_tls_on_data_connections(tmp_path, pki, encrypt):
     """With --encrypt-data no source bytes cross the tunnel in clear; without it they do
@@ -336,7 +315,7 @@ async def test_encrypt_data_keeps_tls_on_data_connections(tmp_path, pki, encrypt
         seen.extend(data)
         return data
 
-    async with loopback(tmp_path, pki=pki, encrypt_data=encrypt) as h:
+    async with loopback(tmp_path, k=1, pki=pki, encrypt_data=encrypt) as h:
         await via(h, record)
         size = 3 * MB
         src, dst, ends = files(h, size)

@@ -29,7 +29,6 @@ from overlay.rate_limit import (
 from terra_agent.harness import LoopbackHarness
 from terra_agent.metrics import AgentCollector
 from terra_agent.sender import chunk_bytes
-from terra_controller.pki import Role, init_ca, issue
 
 TIMEOUT = 60
 
@@ -246,15 +245,6 @@ async def test_paced_striping_follows_rates_three_to_one(tmp_path):
         await trio.sleep(3.0)
         fast, slow = (group.sent_bytes[t.tunnel] - before[t.tunnel] for t in h.tunnels)
     assert abs(fast / slow - 3) / 3 < 0.05, (fast, slow)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pki")
-    init_ca(d)
-    for name in ("a", "b"):
-        issue(d, Role.AGENT, name)
-    return d
 
 
 @pytest.mark.parametrize("encrypt", [False, True])

@@ -11,7 +11,7 @@ from terra_controller.transport import ServerSecurity, SharedSocket, connect_tls
 
 JOBS = ("job1", "job2")
 OPERATORS = ("operator1",)
-AGENTS = ("a1", "a2", "a3", "a9", "b1", "c1", "hk1", "hk2", "la1", "ny1", "fl1", "ba1")
+AGENTS = ("a", "b", "a1", "a2", "a3", "a9", "b1", "c1", "hk1", "hk2", "la1", "ny1", "fl1", "ba1")
 
 
 def make_pki(directory: Path) -> Path:
