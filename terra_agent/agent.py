@@ -75,6 +75,7 @@ from .sender import (
     BACKOFF_MAX_S,
     BACKOFF_MIN_S,
     CONNECTION_ERRORS,
+    PARKED_LINK_S,
     TUNNEL_DEAD_PEER_S,
     FlowGroupSender,
     OutFlow,
@@ -194,6 +195,10 @@ class Agent:
         self.in_flows: dict[tuple[str, str], InFlow] = {}
         self.groups: dict[tuple[str, str], FlowGroupSender] = {}
         self.links: dict[tuple[str, str], PeerLink] = {}
+        # links of tunnels that left the table, kept connected for a while (PeerLink.park):
+        # (peer_agent, tunnel) -> (link, trio time parked)
+        self.parked: dict[tuple[str, str], tuple[PeerLink, float]] = {}
+        self.links_reused = 0  # parked links put back in use (inspection)
         # --rate-limiter pacing: (coflow, dst_dc, peer_agent, tunnel) -> the group's own link
         self.group_links: dict[tuple[str, str, str, str], PeerLink] = {}
         self.group_links_opened = 0  # group_links ever created (inspection)
@@ -515,11 +520,26 @@ class Agent:
         if self.config.data_tls_server is not None:  # keys are of no use without --pki
             self.pair_keys = parse_pair_keys(header)
         wanted = {(s.peer_agent, s.tunnel): s for s in specs}
+        now = trio.current_time()
         for key, link in list(self.links.items()):
             if key not in wanted or wanted[key] != link.spec:
-                log.info("tunnel %s to %s removed or changed: closing its link", key[1], key[0])
-                link.close()
                 del self.links[key]
+                if key not in wanted and link.park():
+                    log.info("tunnel %s to %s removed: link parked", key[1], key[0])
+                    self.parked[key] = (link, now)
+                else:
+                    log.info("tunnel %s to %s removed or changed: closing its link", *key[::-1])
+                    link.close()
+        for key, (link, since) in list(self.parked.items()):
+            back = key in wanted and wanted[key] == link.spec
+            if back or now - since > PARKED_LINK_S or link.spec != wanted.get(key, link.spec):
+                del self.parked[key]
+                if back and link.unpark():
+                    log.info("tunnel %s to %s back: parked link reused", key[1], key[0])
+                    self.links[key] = link
+                    self.links_reused += 1
+                else:
+                    link.close()
         for key, spec in wanted.items():
             if key not in self.links:
                 link = self._new_link(spec)

@@ -15,9 +15,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import math
 import socket
+import termios
 from collections import deque
 
 import trio
@@ -48,6 +50,17 @@ DEAD_PEER_S = 10.0  # a silent peer (no acks, no keepalive answers) is dropped a
 # then removes its tunnels; this bound only ends connections nobody else ends.
 TUNNEL_DEAD_PEER_S = 60.0
 CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+PARKED_LINK_S = 30.0  # a removed tunnel's idle connection is kept this long for its return
+
+
+def kernel_queued_bytes(sock: socket.socket) -> int:
+    """Bytes `sock`'s kernel still holds to send or to see acknowledged (Linux SIOCOUTQ for
+    TCP: unsent + unacknowledged); -1 when that cannot be read (closed socket, no ioctl)."""
+    try:
+        buf = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+    except (OSError, ValueError):
+        return -1
+    return int.from_bytes(buf, "little", signed=True)
 
 
 def detect_dead_peers(stream: trio.SocketStream, timeout_s: float = DEAD_PEER_S) -> None:
@@ -258,6 +271,15 @@ class PeerLink:
     goes up or down (so idle path tasks look again). run() connects, sends "hello", reads acks
     and reconnects with backoff (50 ms doubling to 2 s) until close().
 
+    Parking (docs/design.md 5): park() takes the link out of use when its tunnel leaves the
+    table but keeps an open connection (chunks in flight go back to their flows at once, as
+    on close; acks still arriving are applied); unpark() puts it back in use if the tunnel
+    returns unchanged and the connection is idle in the kernel (nothing unsent or
+    unacknowledged: a connection whose path broke still holds bytes and is closed instead).
+    A parked link does not reconnect: its connection ending closes it. So a link that goes
+    down and up again (or a tunnel the controller withdraws for a moment) costs no new
+    connection and no authentication.
+
     Kernel pacing (terra-agent --rate-limiter pacing): set_pacing_rate(stream bytes/s) caps
     the connection's TCP pacing (SO_MAX_PACING_RATE), now and on every reconnect; such a link
     lets paced_unsent_bytes() (~100 ms of its rate, at least a chunk) of unsent bytes queue in
@@ -292,6 +314,7 @@ class PeerLink:
         self.connects = 0
         self.sent_bytes = 0
         self._closed = False
+        self.parked = False
         self._scope: trio.CancelScope | None = None
         self._stream: trio.SocketStream | None = None
         self._unsent_limit = MIN_UNSENT_BYTES
@@ -337,6 +360,8 @@ class PeerLink:
                 log.warning("link %s via %s: %s", *self._name(), exc)
             finally:
                 self._down()
+            if self.parked:
+                self._closed = True  # a parked link does not reconnect
             if self._closed:
                 break
             if trio.current_time() - started > 1.0:
@@ -478,6 +503,31 @@ class PeerLink:
             self._stream.socket.close()
         if self._scope is not None:
             self._scope.cancel()
+
+    def park(self) -> bool:
+        """Take the link out of use but keep its connection (class docstring); chunks in flight
+        are requeued to their flows now. Returns False (nothing changed) when it is not
+        connected; the caller then closes it."""
+        if self._closed or self.writer is None:
+            return False
+        self.parked = True
+        for flow, offset, length in self.inflight:
+            flow.requeue(offset, length)
+        self.inflight.clear()
+        return True
+
+    def unpark(self) -> bool:
+        """Put a parked link back in use; False (the caller closes it) when its connection
+        ended or still holds unsent or unacknowledged bytes in the kernel (its path may be
+        broken: a new connection is cheaper than waiting out TCP's retransmission backoff)."""
+        stream = self._stream
+        if self._closed or self.writer is None or stream is None:
+            return False
+        if kernel_queued_bytes(stream.socket) != 0:
+            return False
+        self.parked = False
+        self.on_change()
+        return True
 
     def close(self) -> None:
         """Stop for good (tunnel removed): tear down, requeue unacknowledged chunks, exit run()."""

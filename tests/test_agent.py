@@ -14,6 +14,7 @@ from overlay.integrity import LEAF_BYTES, flow_digest
 from overlay.protocol import GroupRates, TunnelSpec, flows_message
 from terra_agent.agent import Agent, AgentConfig
 from terra_agent.harness import LoopbackHarness, delay_proxy, free_port_block
+from terra_agent.sender import kernel_queued_bytes
 from terra_agent.sources import synthetic_digest
 
 MB = 1_000_000
@@ -148,6 +149,84 @@ async def test_controller_declares_tunnel_down(tmp_path):
         await wait_complete(h, [f])
         assert a.groups[("c1", "LA")].sent_bytes[down.tunnel] == sent_down
     assert dst.read_bytes() == src.read_bytes()
+
+
+async def test_a_tunnel_that_comes_back_reuses_its_parked_connection(tmp_path):
+    """Link down then up (the controller withdraws a tunnel and restores it, unchanged): the
+    sender parks the idle connection and puts the same one back in use, with no new
+    connection or authentication; the transfer over it is byte-exact."""
+    size = 10 * MB
+    src = source_file(tmp_path, size)
+    dst = tmp_path / "dst.bin"
+    async with loopback(tmp_path) as h:
+        f = h.flow("c1", "f1", "a", "b", size, **files(src, dst))
+        a, b = h.agents["a"].agent, h.agents["b"].agent
+        await start(h, [f], 1 * MB)
+        await wait_acked(h, f.key, 2 * MB)
+        down = h.tunnels[1]
+        key = ("b", down.tunnel)
+        link = a.links[key]
+        alive = [t for t in h.tunnels if t != down]
+        await h.controller.set_tunnels("a", alive, [])
+        assert key not in a.links and a.parked[key][0] is link and link.up
+        await h.controller.set_tunnels("a", h.tunnels, [])  # back, unchanged
+        assert a.links[key] is link and key not in a.parked and a.links_reused == 1
+        assert link.connects == 1 and len(b.incoming[("a", down.tunnel)]) == 1  # the first one
+        await start(h, [f], 2.5 * MB)
+        await wait_complete(h, [f])
+        assert link.sent_bytes > 0
+    assert dst.read_bytes() == src.read_bytes()
+
+
+async def test_a_parked_connection_that_ended_is_replaced_when_its_tunnel_returns(tmp_path):
+    """The parked connection dies (the receiver aborts it): the link does not reconnect while
+    parked, and when the tunnel returns a new link connects in its place."""
+    async with loopback(tmp_path) as h:
+        a, b = h.agents["a"].agent, h.agents["b"].agent
+        down = h.tunnels[0]
+        key = ("b", down.tunnel)
+        with trio.fail_after(TIMEOUT):
+            while not a.links[key].up:
+                await trio.sleep(0.01)
+        old = a.links[key]
+        await h.controller.set_tunnels("a", h.tunnels[1:], [])
+        assert a.parked[key][0] is old
+        assert b.close_incoming("a", down.tunnel) == 1
+        with trio.fail_after(TIMEOUT):
+            while old.up:
+                await trio.sleep(0.01)
+        await trio.sleep(0.3)  # longer than the first reconnect backoff (50 ms)
+        assert old.connects == 1 and not old.up
+        await h.controller.set_tunnels("a", h.tunnels, [])
+        new = a.links[key]
+        assert new is not old and a.links_reused == 0 and key not in a.parked
+        with trio.fail_after(TIMEOUT):
+            while not new.up:
+                await trio.sleep(0.01)
+
+
+async def test_kernel_queued_bytes_counts_what_the_peer_has_not_acknowledged():
+    """kernel_queued_bytes (SIOCOUTQ): > 0 while a peer that does not read leaves bytes
+    unsent/unacknowledged, 0 once it has read them all (an idle connection)."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    client = await trio.open_tcp_stream("127.0.0.1", port)
+    server = await listeners[0].accept()
+    blob = b"x" * (8 << 20)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client.send_all, blob)  # blocks: the server does not read yet
+        await trio.sleep(0.2)
+        assert kernel_queued_bytes(client.socket) > 0
+        got = 0
+        while got < len(blob):
+            got += len(await server.receive_some(1 << 20))
+    with trio.fail_after(5):
+        while kernel_queued_bytes(client.socket) != 0:
+            await trio.sleep(0.01)
+    await client.aclose()
+    assert kernel_queued_bytes(client.socket) == -1  # closed
+    await server.aclose()
+    await listeners[0].aclose()
 
 
 async def test_sender_restart_resumes_from_acked_offset(tmp_path):
