@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 MIN_CHUNK_BYTES = LEAF_BYTES  # chunks hold whole 64 KiB leaves (overlay/integrity.py)
 CHUNK_SECONDS = 0.01  # a chunk is about this much of its path's rate (rate_limit.py advice)
+ECF_RECHECK_S = 0.02  # a path that left a group's last bytes to faster paths looks again after
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
 MIN_UNSENT_BYTES = 16 * 1024  # data connections queue in the kernel at most one chunk of unsent
@@ -169,6 +170,14 @@ class OutFlow:
         if self.next_offset >= self.spec.size and self.digest is None:
             self.digest = self._digest.hexdigest()
         return macs
+
+    def unsent_bytes(self) -> int:
+        """Bytes still to be sent: resend ranges above the acknowledged offset plus the bytes
+        past the new-data frontier (0 once done)."""
+        if self.done:
+            return 0
+        resend = sum(max(0, o + n - max(o, self.acked)) for o, n in self.resend)
+        return resend + max(0, self.spec.size - self.next_offset)
 
     def has_work(self) -> bool:
         """True when there is something to send (a resend or new bytes)."""
@@ -543,6 +552,14 @@ class FlowGroupSender:
     and the flow was dropped). set_rates({tunnel: bytes/s}) replaces the per-path rates (missing
     tunnels -> 0); add_flow(OutFlow) adds a flow. Flows are served in the order they were added.
 
+    Earliest completion first (docs/design.md 5.1): a path takes a chunk only if, at its
+    rate, it would get the chunk out no later than the group's other usable paths would get
+    out everything else left (leave_to_faster_paths). Chunks hold at least 64 KiB, so at a
+    group's end a path with a small share of the rate (a 64 KiB chunk at 140 kB/s is 0.46 s)
+    would otherwise finish the group long after its fast paths; now it stays idle and the
+    fast paths finish the bytes, as the controller's fluid rates assume. Rates stay upper
+    bounds: no path sends faster than its rate.
+
     Kernel pacing: set_kernel_paced({tunnel}) names the paths on which this group has its own
     connection, paced by the kernel at the group's rate (Agent._plan_pacing); their buckets
     stop binding (unlimited while the rate is > 0, still 0 = paused) so the kernel alone sets
@@ -660,12 +677,61 @@ class FlowGroupSender:
         self._active = [f for f in self._active if f is not flow]
         self._on_error(flow, message)
 
+    def leave_to_faster_paths(self, tunnel: str, nbytes: int) -> bool:
+        """True when `tunnel` should not take the group's next chunk (earliest completion
+        first, class docstring).
+
+        A path's time for a chunk of c = min(nbytes, bytes left) bytes is (its bucket's debt
+        + c) / its rate (seconds). The path leaves the chunk when (a) the group's other
+        usable paths (a rate > 0 and a connection up) would send every byte left, debts
+        first, at their summed rate no later than that, and (b) one of them would send
+        this chunk sooner (ties: the lower tunnel id sends), so the fastest path always
+        sends and the group never stalls. False when no other path is usable, on
+        kernel-paced or unlimited paths, and when nothing is left."""
+        rate = self.rates.get(tunnel, 0.0)
+        if not 0 < rate < math.inf or tunnel in self.kernel_paced:
+            return False
+        live = self._live()
+        left = sum(f.unsent_bytes() for f in live)
+        if left <= 0:
+            return False
+        chunk = min(nbytes, left)
+        mine = (self.buckets[tunnel].debt_bytes + chunk) / rate
+        peers = {f.spec.dst_agent for f in live}
+        other_rate = other_debt = 0.0
+        better = False
+        for t, r in self.rates.items():
+            if t == tunnel or r <= 0 or not self._usable(t, peers):
+                continue
+            if math.isinf(r) or t in self.kernel_paced:
+                return False  # no estimate for an unlimited path
+            debt = self.buckets[t].debt_bytes
+            other_rate += r
+            other_debt += debt
+            theirs = (debt + chunk) / r
+            better = better or theirs < mine or (theirs == mine and t < tunnel)
+        if not better:
+            return False
+        return (other_debt + left) / other_rate <= mine
+
+    def _usable(self, tunnel: str, peers: set[str]) -> bool:
+        """True when a connection over `tunnel` to one of `peers` is up."""
+        for peer in peers:
+            link = self._link_for(peer, tunnel)
+            if link is not None and link.up:
+                return True
+        return False
+
     async def _path_loop(self, tunnel: str) -> None:
         """Send the group's chunks over `tunnel` at its rate until the group is done."""
         try:
             bucket = self.buckets[tunnel]
             while not self.done:
                 n = chunk_bytes(self.rates[tunnel])
+                if self.leave_to_faster_paths(tunnel, n):
+                    with trio.move_on_after(ECF_RECHECK_S):
+                        await self._changed.wait()
+                    continue
                 await bucket.acquire(n)
                 item = self._take(n, tunnel)
                 while item is None:

@@ -78,7 +78,7 @@ async def test_file_to_file_over_four_tunnels(tmp_path):
     dst = tmp_path / "dst.bin"
     async with loopback(tmp_path) as h:
         f = h.flow("c1", "f1", "a", "b", size, **files(src, dst))
-        await start(h, [f], UNLIMITED)
+        await start(h, [f], 5 * MB)  # equal rates: every path sends (earliest completion first)
         await wait_complete(h, [f])
         group = h.agents["a"].agent.groups[("c1", "LA")]
     assert dst.read_bytes() == src.read_bytes()
@@ -227,6 +227,56 @@ async def test_kernel_queued_bytes_counts_what_the_peer_has_not_acknowledged():
     assert kernel_queued_bytes(client.socket) == -1  # closed
     await server.aclose()
     await listeners[0].aclose()
+
+
+async def test_a_small_flow_is_left_to_its_fast_path(tmp_path):
+    """Earliest completion first: 84 kB over paths at 1.15 MB/s and 141 kB/s (the testbed's
+    split). A 64 KiB chunk on the slow path needs 65536 / 141228 = 0.46 s, the fast path sends
+    all 83886 bytes in 83886 / 1.15e6 = 0.073 s: the slow path sends nothing."""
+    size = 83886
+    async with loopback(tmp_path, k=2) as h:
+        f = h.flow("c1", "f1", "a", "b", size)
+        a = h.agents["a"].agent
+        with trio.fail_after(TIMEOUT):
+            while not all(a.links[("b", t.tunnel)].up for t in h.tunnels):
+                await trio.sleep(0.01)
+        await start(h, [f], [1_150_000, 141_228])
+        await wait_complete(h, [f])
+        sent = a.groups[("c1", "LA")].sent_bytes
+    assert sent[h.tunnels[0].tunnel] == size and sent[h.tunnels[1].tunnel] == 0
+    assert h.controller.completed[f.key] == synthetic_digest("c1", "f1", size, f.digest_key)
+
+
+async def test_a_large_flow_uses_its_slow_path_until_near_the_end(tmp_path):
+    """8 MB over 4 MB/s and 1 MB/s: both paths send (the slow one about a fifth, less its
+    share of the last ~1 MB, where a 64 KiB chunk on it would end after the fast path)."""
+    size = 8 * MB
+    async with loopback(tmp_path, k=2) as h:
+        f = h.flow("c1", "f1", "a", "b", size)
+        await start(h, [f], [4 * MB, 1 * MB])
+        await wait_complete(h, [f])
+        sent = h.agents["a"].agent.groups[("c1", "LA")].sent_bytes
+    slow = sent[h.tunnels[1].tunnel]
+    assert 0.1 * size < slow < 0.2 * size
+    assert sum(sent.values()) == size
+
+
+async def test_the_slow_path_takes_over_when_the_fast_one_dies(tmp_path):
+    """The fast path's connection ends for good while the slow path is leaving it the bytes:
+    the slow path sends the rest (no stall)."""
+    size = 3 * MB
+    async with loopback(tmp_path, k=2) as h:
+        f = h.flow("c1", "f1", "a", "b", size)
+        a, b = h.agents["a"].agent, h.agents["b"].agent
+        fast, slow = h.tunnels
+        await start(h, [f], [1 * MB, 0.2 * MB])
+        await wait_acked(h, f.key, 2 * MB)
+        b.stop_listening(fast.port)
+        b.close_incoming("a", fast.tunnel)
+        await wait_complete(h, [f])
+        sent = a.groups[("c1", "LA")].sent_bytes
+    assert sent[slow.tunnel] > 0.3 * MB
+    assert h.controller.completed[f.key] == synthetic_digest("c1", "f1", size, f.digest_key)
 
 
 async def test_sender_restart_resumes_from_acked_offset(tmp_path):
