@@ -95,6 +95,7 @@ CONTROL_HANDSHAKE_S = 10.0  # TLS handshake with the controller
 HASH_QUEUE_BYTES = 32 << 20  # in-order bytes received, not yet hashed / written (all flows)
 MAX_DROPPED = 10_000  # flows the controller dropped, remembered to ignore their late chunks/acks
 ROWS_PER_MESSAGE = 500  # flow rows per progress/register message (keeps headers < 64 KiB)
+MIN_PACING_BYTES_PER_S = 64 * 1024  # a paced socket drains a 64 KiB chunk within ~1 s
 PACING_REFRESH_S = 0.5  # paced links are also re-planned this often (groups that finished)
 
 
@@ -276,6 +277,10 @@ class Agent:
         for all of them together) and each connection is paced at that rate as a ceiling.
         A paused path (rate 0) keeps its connection's last pacing rate (the kernel reads 0 as
         "unpaced"): its bucket stops the writes, only the bytes already queued (~100 ms) leave.
+        A connection is never paced below MIN_PACING_BYTES_PER_S: at least one 64 KiB chunk
+        sits in its socket, and at the LP's smallest rates (1.4 kB/s on the SWAN testbed) it
+        took 46 s to leave, holding its flow (and, paused, for good); below that floor the
+        path's bucket binds at its rate and the kernel drains each chunk within a second.
         Connections of finished or dropped groups and of removed or changed tunnels are
         closed here. Called on every rates/flows/drop/tunnels message and every
         PACING_REFRESH_S. No-op with the bucket limiter.
@@ -286,6 +291,7 @@ class Agent:
         for key, group in self.groups.items():
             live = [f for f in group.flows if not f.done and f.failed is None]
             peers = {f.spec.dst_agent for f in live}
+            slow = set()
             for tunnel, rate in group.rates.items():
                 paced = None
                 if rate > 0:
@@ -295,10 +301,13 @@ class Agent:
                     paced = stream_rate(rate, n, head)
                     if self.config.encrypt_data:  # the socket carries TLS records
                         paced = tls_record_rate(paced)
+                    if paced < MIN_PACING_BYTES_PER_S:  # the bucket binds, the kernel drains
+                        slow.add(tunnel)
+                        paced = MIN_PACING_BYTES_PER_S
                 for peer in peers:
                     if (peer, tunnel) in self.links:
                         wanted[(*key, peer, tunnel)] = (group, paced)
-            group.set_kernel_paced(set(group.rates) if len(peers) == 1 else set())
+            group.set_kernel_paced(set(group.rates) - slow if len(peers) == 1 else set())
         for gkey, link in list(self.group_links.items()):
             tunnel = self.links.get(gkey[2:])
             group = self.groups.get(gkey[:2])

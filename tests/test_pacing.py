@@ -26,6 +26,7 @@ from overlay.rate_limit import (
     stream_rate,
     tls_record_rate,
 )
+from terra_agent.agent import MIN_PACING_BYTES_PER_S
 from terra_agent.harness import LoopbackHarness
 from terra_agent.metrics import AgentCollector
 from terra_agent.sender import chunk_bytes
@@ -161,6 +162,32 @@ async def test_paced_link_follows_rates_at_run_time_and_zero_pauses(tmp_path):
         assert sample.value == link.sent_bytes >= received  # the group's paced bytes counted
         with trio.fail_after(TIMEOUT):
             while a.out_flows[f.key].acked < received + 200_000:
+                await trio.sleep(0.01)
+
+
+async def test_a_path_at_a_tiny_rate_is_paced_at_the_floor_and_its_bucket_binds(tmp_path):
+    """The LP gave testbed paths 1.4 kB/s: paced at that, the 64 KiB chunk in the socket
+    needed 46 s and held its flow (for good once the path paused). Below
+    MIN_PACING_BYTES_PER_S the socket is paced at the floor and the bucket keeps the rate:
+    the flow moves at its rate, and a pause leaves nothing stuck for long."""
+    async with loopback(tmp_path, k=1, rate_limiter="pacing") as h:
+        tunnel = h.tunnels[0].tunnel
+        a = h.agents["a"].agent
+        f = h.flow("c1", "f1", "a", "b", 2 * MB)
+        await h.controller.add_flows([f])
+        await h.controller.set_rates("a", [GroupRates("c1", "LA", {tunnel: 20_000})])
+        with trio.fail_after(TIMEOUT):
+            while ("c1", "LA", "b", tunnel) not in a.group_links:
+                await trio.sleep(0.01)
+        link = a.group_links[("c1", "LA", "b", tunnel)]
+        group = a.groups[("c1", "LA")]
+        assert link.pacing_rate == MIN_PACING_BYTES_PER_S
+        assert group.buckets[tunnel].rate == 20_000  # the bucket binds
+        (rate,) = await sampled_rates(a, [f.key], 1.0, 4.0)
+        assert rate < 2.5 * 65536 / 4.0  # 20 kB/s: at most a couple of 64 KiB chunks
+        await h.controller.set_rates("a", [GroupRates("c1", "LA", {tunnel: 4 * MB})])
+        with trio.fail_after(10):  # the rest at 4 MB/s, nothing stuck behind the slow pace
+            while not a.out_flows[f.key].done:
                 await trio.sleep(0.01)
 
 
