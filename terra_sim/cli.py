@@ -5,16 +5,17 @@
               [--alpha A] [--guard {fixed,aged,aged-fair}] [--guard-factor F]
               [--guard-floor S] [--epsilon E] [--delta D] [--link-gbps G] [--deadline-factor F]
               [--limit N] [--json OUT] [--plot OUT.png] [--fail-link A-B@T1[:T2]] [--bound]
-              [--log-level LEVEL] [--version]
+              [--jobs N] [--log-level LEVEL] [--version]
 
-Prints one table row per scheduler: average and 95th-percentile CCT, FoI of Terra
-over it (its average CCT / Terra's), WAN utilization, average slowdown, deadlines
-met, admitted coflows and wall time. With --bound it also prints a lower bound on the
-average CCT (cct_bound.py) over every WAN coflow and each scheduler's average over it:
-the cut bound and the mean Γ alone on the empty WAN with K paths, or with --fail-link the
-cut bound only (re-routing after a failure can beat Γ_empty; failures only remove
-capacity, so the cut bound computed before them still holds). A scheduler that rejected
-or did not finish some WAN coflows averages over fewer; its ratio is then marked.
+Prints one table row per scheduler: average and 95th-percentile CCT, FoI of Terra over it
+(its average CCT / Terra's), WAN utilization, average slowdown, deadlines met, admitted
+coflows and wall time. --jobs N with --scheduler all simulates up to N schedulers at once,
+each in its own process (the same results as one at a time). With --bound it also prints a
+lower bound on the average CCT (cct_bound.py) over every WAN coflow and each scheduler's
+average over it: the cut bound and the mean Γ alone on the empty WAN with K paths, or with
+--fail-link the cut bound only (re-routing after a failure can beat Γ_empty; failures only
+remove capacity, so the cut bound computed before them still holds). A scheduler that
+rejected or did not finish some WAN coflows averages over fewer; its ratio is then marked.
 Exit status: 0 on success; 2 on invalid input (options, an unknown topology, a workload
 or topology file whose contents are invalid), with one line on stderr; 1 when a file cannot
 be read or written (the line names it), --plot without matplotlib (the 'plots' extra), or a
@@ -29,6 +30,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import NamedTuple
 
@@ -90,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="link A-B goes down at T1 s (and up at T2 s); repeatable",
     )
     p.add_argument("--bound", action="store_true", help="print a lower bound on the average CCT")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --scheduler all: simulate up to N schedulers at once, one process each "
+        "(results equal to --jobs 1)",
+    )
     add_common_args(p)
     return p
 
@@ -174,20 +184,55 @@ def run(args: argparse.Namespace, inputs: Inputs | None = None) -> dict[str, Sim
     Raises:
         TopologyError, WorkloadError, ValueError: invalid inputs.
     """
-    topology, changes, coflows, gammas = inputs or load_inputs(args)
+    inputs = inputs or load_inputs(args)
     names = SCHEDULERS if args.scheduler == "all" else [args.scheduler]
+    jobs = getattr(args, "jobs", 1)
+    if jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {jobs}")
+    if jobs > 1 and len(names) > 1:
+        return _run_parallel(args, inputs, names, jobs)
     results = {}
     for name in names:
-        try:
-            policy = make_policy(name, topology.copy(), args)
-        except ValueError as exc:
-            if args.scheduler != "all":
-                raise
-            print(f"terra-sim: skipping {name}: {exc}", file=sys.stderr)
-            continue
-        with progress(len(coflows), desc=name, unit="coflow") as bar:
-            results[name] = simulate(policy, coflows, changes, gammas, progress=bar)
+        result = _run_one(name, args, inputs, show_progress=True)
+        if result is not None:
+            results[name] = result
     return results
+
+
+def _run_one(
+    name: str, args: argparse.Namespace, inputs: Inputs, show_progress: bool
+) -> SimResult | None:
+    """Simulate scheduler `name` on `inputs`; None (and a note on stderr) when `name` does
+    not apply to them under --scheduler all. Raises as `run`."""
+    topology, changes, coflows, gammas = inputs
+    try:
+        policy = make_policy(name, topology.copy(), args)
+    except ValueError as exc:
+        if args.scheduler != "all":
+            raise
+        print(f"terra-sim: skipping {name}: {exc}", file=sys.stderr)
+        return None
+    if not show_progress:
+        return simulate(policy, coflows, changes, gammas)
+    with progress(len(coflows), desc=name, unit="coflow") as bar:
+        return simulate(policy, coflows, changes, gammas, progress=bar)
+
+
+def _run_parallel(
+    args: argparse.Namespace, inputs: Inputs, names: Sequence[str], jobs: int
+) -> dict[str, SimResult]:
+    """`run` with up to `jobs` schedulers simulated at once (docs/design.md 9: independent,
+    deterministic runs, so the results equal the serial ones but for wall times). Each
+    finished scheduler is reported on stderr; the results keep the order of `names`."""
+    done: dict[str, SimResult | None] = {}
+    with ProcessPoolExecutor(max_workers=min(jobs, len(names))) as pool:
+        futures = {pool.submit(_run_one, n, args, inputs, False): n for n in names}
+        for future in as_completed(futures):
+            name = futures[future]
+            done[name] = future.result()
+            if done[name] is not None:
+                print(f"terra-sim: {name} done in {done[name].wall_s:.1f} s", file=sys.stderr)
+    return {n: done[n] for n in names if done.get(n) is not None}
 
 
 def format_table(results: dict[str, SimResult]) -> str:

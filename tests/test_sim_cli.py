@@ -85,6 +85,22 @@ def test_all_schedulers_json_and_plot(workload, tmp_path, capsys):
     assert "FoI" in table
 
 
+def test_jobs_give_the_serial_results(tmp_path, capsys):
+    """--jobs 2 runs the six schedulers in two processes: every coflow's CCT equals the
+    serial run's (the first 30 FB coflows on SWAN at 1 Gbps, with a failure)."""
+    argv = ["--topology", "swan", "--workload", "fb", "--link-gbps", "1", "--limit", "30"]
+    argv += ["--fail-link", "LA-NY@5:20"]
+    serial, parallel = tmp_path / "s.json", tmp_path / "p.json"
+    assert main([*argv, "--json", str(serial)]) == 0
+    assert main([*argv, "--jobs", "2", "--json", str(parallel)]) == 0
+    a = json.loads(serial.read_text())["results"]
+    b = json.loads(parallel.read_text())["results"]
+    assert list(a) == list(b) == ["terra", "per-flow", "multipath", "swan-mcf", "varys", "rapier"]
+    for name in a:
+        assert [c["cct_s"] for c in a[name]["coflows"]] == [c["cct_s"] for c in b[name]["coflows"]]
+    assert "terra-sim: rapier done in" in capsys.readouterr().err
+
+
 def test_deadline_factor_and_single_scheduler(workload, tmp_path):
     out = tmp_path / "r.json"
     argv = ["--topology", "swan", "--workload", str(workload), "--scheduler", "terra"]
@@ -141,6 +157,7 @@ def test_malformed_trace_line_names_file_and_line(tmp_path, capsys):
     [
         (["--topology", "nowhere", "--workload", "fb"], "nowhere"),
         (["--topology", "swan", "--workload", "fb", "--k", "0"], "--k"),
+        (["--topology", "swan", "--workload", "fb", "--limit", "2", "--jobs", "0"], "--jobs"),
         (["--topology", "swan", "--workload", "fb", "--fail-link", "HK-XX@3"], "HK-XX"),
         (
             ["--topology", "swan", "--workload", "fb", "--deadline-factor", "-1", "--limit", "2"],
