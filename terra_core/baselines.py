@@ -327,15 +327,19 @@ class _FairPolicy(_PairPolicy):
         if cached is None:
             if len(self._by_pairs) >= _PAIR_CACHE_SIZE:
                 self._by_pairs.clear()
-            number = self._pair_number
-            ids = np.array(
-                [number[pr] if pr in number else self._number_pair(pr) for pr in pairs],
-                dtype=np.intp,
-            )
+            found = list(map(self._pair_number.get, pairs))
+            if None in found:
+                for i, pr in enumerate(pairs):
+                    if found[i] is None:
+                        found[i] = self._number_pair(pr)
+            ids = np.array(found, dtype=np.intp)
             if self._dirty:
                 self._pair_ptr = np.array(self._pair_ptr_list, dtype=np.intp)
                 self._path_ptr = np.array(self._path_ptr_list, dtype=np.intp)
                 self._link_rows = np.array(self._link_rows_list, dtype=np.intp)
+                self._path_objects = np.empty(len(self._all_paths), dtype=object)
+                for j, path in enumerate(self._all_paths):  # elementwise: paths are tuples
+                    self._path_objects[j] = path
                 self._dirty = False
             path_ids = csr_ranges(self._pair_ptr, ids)
             per_pair = self._pair_ptr[ids + 1] - self._pair_ptr[ids]
@@ -343,9 +347,8 @@ class _FairPolicy(_PairPolicy):
             entries = csr_ranges(self._path_ptr, path_ids)
             hops = self._path_ptr[path_ids + 1] - self._path_ptr[path_ids]
             cols = np.repeat(np.arange(len(path_ids), dtype=np.intp), hops)
-            all_paths = self._all_paths
             cached = _PairEntries(
-                [all_paths[j] for j in path_ids.tolist()],
+                self._path_objects[path_ids].tolist(),
                 pair,
                 self._link_rows[entries],
                 cols,

@@ -350,6 +350,9 @@ class _Run:
         self.by_pair = isinstance(policy, PairLevelsPolicy)
         self.pairs = list(dict.fromkeys(zip(self.src, self.dst, strict=True)))
         self.pair_index = {pair: i for i, pair in enumerate(self.pairs)}
+        self.pair_objects = np.empty(len(self.pairs), dtype=object)  # self.pairs, for takes
+        for i, pair in enumerate(self.pairs):
+            self.pair_objects[i] = pair
         self.pair_of = np.array([self.pair_index[(f.src, f.dst)] for f in flows], dtype=np.intp)
         self.members = np.array([flow_count(f) for f in flows], dtype=float)
         self.alive = np.zeros(len(flows), dtype=bool)  # admitted and not finished
@@ -478,7 +481,7 @@ class _Run:
         count = np.bincount(pair_of, weights=self.members[alive], minlength=len(self.pairs))
         present, first = np.unique(pair_of, return_index=True)
         order = present[np.argsort(first, kind="stable")]  # first appearance
-        pairs = tuple(self.pairs[i] for i in order.tolist())
+        pairs = tuple(self.pair_objects[order].tolist())
         members = count[order]
         t0 = time.perf_counter()
         paths, pair, level = self.policy.pair_levels(now, pairs, members)
@@ -515,11 +518,11 @@ class _Run:
             len(paths) and not 0 <= pair.min() <= pair.max() < len(pairs)
         ):
             raise SimulationError(f"pair indices {pair!r} do not fit {len(paths)} paths")
-        get = self.path_col.get
-        cols = [get(p, -1) for p in paths]
-        for j, col in enumerate(cols):
-            if col < 0:
-                cols[j] = self._path_column(paths[j])
+        cols = list(map(self.path_col.get, paths))
+        if None in cols:
+            for j, col in enumerate(cols):
+                if col is None:
+                    cols[j] = self._path_column(paths[j])
         ptr, link_rows, path_pair = self._path_arrays()
         cols = np.array(cols, dtype=np.intp)
         wrong = np.flatnonzero(path_pair[cols] != order[pair]) if len(paths) else []
