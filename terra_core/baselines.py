@@ -28,7 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from terra_core.flow_bundles import flow_count
-from terra_core.maxmin import link_index, maxmin_levels, path_incidence
+from terra_core.maxmin import csr_ranges, link_index, maxmin_levels_sparse, path_entries
 from terra_core.mcf import maxmin_mcf
 from terra_core.policy import Allocation, PathSource, Remaining
 from topologies import Link, Path, Topology, all_pairs_paths, path_links
@@ -42,14 +42,18 @@ class CoflowRoutes(NamedTuple):
 
     Attributes:
         fids: flow ids.  routes: each flow's Route ([] = no path).
-        matrix: incidence (links x flows): members of the flow crossing each link.
+        rows, cols, vals: the links x flows incidence as its nonzero entries
+            (maxmin.path_entries): link row, flow index, members of the flow crossing
+            the link on one path; int, int and float arrays (nnz,).
         members: float array of each flow's member count (flow_bundles.flow_count).
         routed: bool array, True where the flow has a route.
     """
 
     fids: list[str]
     routes: list[Route]
-    matrix: np.ndarray
+    rows: np.ndarray
+    cols: np.ndarray
+    vals: np.ndarray
     members: np.ndarray
     routed: np.ndarray
 
@@ -158,7 +162,7 @@ class BaselinePolicy:
             cached = CoflowRoutes(
                 fids,
                 route_list,
-                path_incidence(route_list, self._rows, self._path_rows),
+                *path_entries(route_list, self._rows, self._path_rows),
                 np.array([flow_count(known[fid]) for fid in fids], dtype=float),
                 np.array([bool(r) for r in route_list], dtype=bool),
             )
@@ -200,6 +204,24 @@ class PairLevels(NamedTuple):
     paths: list[Path]
     pair: np.ndarray
     level: np.ndarray
+
+
+class _PairEntries(NamedTuple):
+    """A set of DC pairs' paths and their sparse link incidence (`_FairPolicy`).
+
+    Attributes:
+        paths: the pairs' paths, pair after pair, in the order of the pairs.
+        pair: int array (len(paths),), index of each path's pair in the pairs.
+        rows, cols: int arrays (nnz,), one entry per (path, link of it): link row
+            (BaselinePolicy._rows order) and index of the path in `paths`.
+        entry_pair: int array (nnz,), index of the entry's pair in the pairs.
+    """
+
+    paths: list[Path]
+    pair: np.ndarray
+    rows: np.ndarray
+    cols: np.ndarray
+    entry_pair: np.ndarray
 
 
 class _PairPolicy(BaselinePolicy):
@@ -275,57 +297,89 @@ class _FairPolicy(_PairPolicy):
     """Max-min fair per (sub)flow on fixed routes; members on one path are symmetric, so the
     water-filling runs over paths weighted by their member count (maxmin.py). Every flow
     of a DC pair has the same route (`_pair_paths`), so a path's weight is its pair's
-    active member count."""
+    active member count. The links x paths incidence is kept sparse (a path crosses a few
+    of many links: 2 of 300 on bigswitch): each pair's paths are numbered once, with the
+    link rows of each path, and a set of pairs is water-filled by
+    maxmin.maxmin_levels_sparse."""
 
     def __init__(
         self, topology: Topology, k: int = 4, path_source: PathSource | None = None
     ) -> None:
         super().__init__(topology, k, path_source)
-        self._by_pairs: dict[tuple, tuple[list[Path], np.ndarray, np.ndarray]] = {}
-        self._columns: dict[tuple[str, str], list[int]] = {}
-        self._crossing = np.zeros((len(self._rows), 0))
+        self._by_pairs: dict[tuple, _PairEntries] = {}
+        self._clear_caches()
 
     def pair_levels(
         self, now: float, pairs: tuple[tuple[str, str], ...], members: np.ndarray
     ) -> PairLevels:
         """Max-min fair per-member rates on each pair's path(s) (see `_PairPolicy`)."""
-        paths, pair, crossing = self._pair_incidence(pairs)
-        levels = maxmin_levels(crossing * members[pair], self._capacity(), integer=True)
-        return PairLevels(paths, pair, levels)
+        found = self._pair_entries(pairs)
+        vals = np.asarray(members, dtype=float)[found.entry_pair]
+        levels = maxmin_levels_sparse(
+            found.rows, found.cols, vals, self._capacity(), len(found.paths)
+        )
+        return PairLevels(found.paths, found.pair, levels)
 
-    def _pair_incidence(
-        self, pairs: tuple[tuple[str, str], ...]
-    ) -> tuple[list[Path], np.ndarray, np.ndarray]:
-        """(paths of the pairs in order, pair index of each path, 0/1 matrix links x those
-        paths), cached per tuple of pairs until the next WAN change."""
+    def _pair_entries(self, pairs: tuple[tuple[str, str], ...]) -> _PairEntries:
+        """The paths of `pairs` in order and their sparse link incidence (_PairEntries),
+        cached per tuple of pairs until the next WAN change."""
         cached = self._by_pairs.get(pairs)
         if cached is None:
             if len(self._by_pairs) >= _PAIR_CACHE_SIZE:
                 self._by_pairs.clear()
-            if not self._columns:
-                self._index_paths()
-            cols = [self._columns.get(pr, []) for pr in pairs]
-            flat = [c for cs in cols for c in cs]
-            pair = np.repeat(np.arange(len(pairs)), [len(cs) for cs in cols])
-            paths = [self._all_paths[c] for c in flat]
-            cached = (paths, pair, self._crossing[:, flat])
+            found = list(map(self._pair_number.get, pairs))
+            if None in found:
+                for i, pr in enumerate(pairs):
+                    if found[i] is None:
+                        found[i] = self._number_pair(pr)
+            ids = np.array(found, dtype=np.intp)
+            if self._dirty:
+                self._pair_ptr = np.array(self._pair_ptr_list, dtype=np.intp)
+                self._path_ptr = np.array(self._path_ptr_list, dtype=np.intp)
+                self._link_rows = np.array(self._link_rows_list, dtype=np.intp)
+                self._path_objects = np.empty(len(self._all_paths), dtype=object)
+                for j, path in enumerate(self._all_paths):  # elementwise: paths are tuples
+                    self._path_objects[j] = path
+                self._dirty = False
+            path_ids = csr_ranges(self._pair_ptr, ids)
+            per_pair = self._pair_ptr[ids + 1] - self._pair_ptr[ids]
+            pair = np.repeat(np.arange(len(pairs), dtype=np.intp), per_pair)
+            entries = csr_ranges(self._path_ptr, path_ids)
+            hops = self._path_ptr[path_ids + 1] - self._path_ptr[path_ids]
+            cols = np.repeat(np.arange(len(path_ids), dtype=np.intp), hops)
+            cached = _PairEntries(
+                self._path_objects[path_ids].tolist(),
+                pair,
+                self._link_rows[entries],
+                cols,
+                pair[cols],
+            )
             self._by_pairs[pairs] = cached
         return cached
 
-    def _index_paths(self) -> None:
-        """Number the current routes of every pair; build their 0/1 link incidence."""
-        self._all_paths: list[Path] = []
-        for pair in self._paths:
-            routes = self._pair_paths(pair)
-            n = len(self._all_paths)
-            self._columns[pair] = list(range(n, n + len(routes)))
-            self._all_paths.extend(routes)
-        entities = [[(p, 1.0)] for p in self._all_paths]
-        self._crossing = path_incidence(entities, self._rows, self._path_rows)
+    def _number_pair(self, pair: tuple[str, str]) -> int:
+        """Number `pair` and its current routes (`_pair_paths`), with their link rows."""
+        routes = self._pair_paths(pair)
+        for path in routes:
+            hit = self._path_rows.get(path)
+            if hit is None:
+                hit = self._path_rows[path] = [self._rows[link] for link in path_links(path)]
+            self._link_rows_list.extend(hit)
+            self._path_ptr_list.append(len(self._link_rows_list))
+        self._all_paths.extend(routes)
+        self._pair_ptr_list.append(len(self._all_paths))
+        self._dirty = True
+        number = self._pair_number[pair] = len(self._pair_number)
+        return number
 
     def _clear_caches(self) -> None:
         self._by_pairs.clear()
-        self._columns.clear()
+        self._pair_number: dict[tuple[str, str], int] = {}  # pair -> its number (CSR row)
+        self._all_paths: list[Path] = []  # the numbered pairs' paths, pair after pair
+        self._pair_ptr_list = [0]  # pair i's paths: _all_paths[ptr[i]:ptr[i + 1]]
+        self._path_ptr_list = [0]  # path j's links: _link_rows_list[ptr[j]:ptr[j + 1]]
+        self._link_rows_list: list[int] = []
+        self._dirty = True  # the lists changed since their arrays were made
 
     def _pair_paths(self, pair: tuple[str, str]) -> list[Path]:
         """The paths every flow of `pair` uses (as `_route` assigns them)."""
@@ -460,16 +514,20 @@ class _MaddPolicy(BaselinePolicy):
             list is the same object until the coflow's routes change.
         """
         capacity = self._capacity()
-        coflows, columns = [], []
+        n_links = len(capacity)
+        coflows = []
         for cid, rem in remaining.items():
             self._before_allocate(cid, rem)
             info = self._coflow_incidence(cid)
             alive = rem > 0
             per_member = rem / info.members
-            volume = info.matrix @ per_member
+            volume = np.bincount(
+                info.rows, weights=info.vals * per_member[info.cols], minlength=n_links
+            )
             gamma = np.inf if (alive & ~info.routed).any() else _gamma(volume, capacity)
             coflows.append((gamma, len(coflows), cid, volume, per_member, info, alive))
-            columns.append(info.matrix[:, alive & info.routed])
+        if not coflows:
+            return {}
         madd = {cid: np.zeros(len(info.fids)) for _, _, cid, _, _, info, _ in coflows}
         left = capacity.copy()
         for gamma, _, cid, volume, per_member, _, _ in sorted(coflows, key=lambda c: c[:2]):
@@ -478,10 +536,22 @@ class _MaddPolicy(BaselinePolicy):
                 continue
             madd[cid] = per_member / g
             left = np.maximum(left - volume / g, 0.0)
-        if not coflows:
-            return {}
-        levels = maxmin_levels(np.hstack(columns), left, integer=True)  # member counts
-        backfill = np.split(levels, np.cumsum([c.shape[1] for c in columns])[:-1])
+        # backfill: one column per alive routed flow, coflow after coflow (member counts)
+        rows, cols, vals, widths = [], [], [], []
+        offset = 0
+        for _, _, _, _, _, info, alive in coflows:
+            take = alive & info.routed
+            column = np.cumsum(take) - 1 + offset  # the flow's backfill column, if taken
+            keep = take[info.cols]
+            rows.append(info.rows[keep])
+            cols.append(column[info.cols[keep]])
+            vals.append(info.vals[keep])
+            widths.append(int(take.sum()))
+            offset += widths[-1]
+        levels = maxmin_levels_sparse(
+            np.concatenate(rows), np.concatenate(cols), np.concatenate(vals), left, offset
+        )
+        backfill = np.split(levels, np.cumsum(widths)[:-1])
         out = {}
         for (_, _, cid, _, _, info, alive), extra in zip(coflows, backfill, strict=True):
             rate = madd[cid] * info.routed

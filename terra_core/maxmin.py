@@ -180,12 +180,12 @@ def maxmin_levels_sparse(
         saturated = used & ((ratio <= limit) | (leftover <= _SAT_TOL * capacity))
         leftover[saturated] = 0.0
         hit = np.zeros(n, dtype=bool)
-        hit[row_cols[_ranges(row_ptr, np.flatnonzero(saturated))]] = True
+        hit[row_cols[csr_ranges(row_ptr, np.flatnonzero(saturated))]] = True
         newly = np.flatnonzero(hit & ~frozen)
         level[newly] = water
         frozen[newly] = True
         left -= len(newly)
-        gone = _ranges(col_ptr, newly)
+        gone = csr_ranges(col_ptr, newly)
         count -= np.bincount(col_rows[gone], minlength=n_links)
         load -= np.bincount(col_rows[gone], weights=col_vals[gone], minlength=n_links)
         # a load that fell below _RESUM of its last exact sum is summed again over the
@@ -193,7 +193,7 @@ def maxmin_levels_sparse(
         # value, which matters when weights differ by 1e6 (hypothesis found 1.2e-9)
         low = np.flatnonzero((load < _RESUM * exact) & (count > 0))
         if low.size:
-            idx = _ranges(row_ptr, low)
+            idx = csr_ranges(row_ptr, low)
             live_vals = row_vals[idx] * ~frozen[row_cols[idx]]
             load[low] = np.bincount(row_ids[idx], weights=live_vals, minlength=n_links)[low]
             exact[low] = load[low]
@@ -201,8 +201,16 @@ def maxmin_levels_sparse(
     return level
 
 
-def _ranges(ptr: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """The concatenated index ranges [ptr[i], ptr[i + 1]) for i in `ids` (CSR-style)."""
+def csr_ranges(ptr: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """The concatenated index ranges [ptr[i], ptr[i + 1]) for i in `ids` (CSR-style).
+
+    Args:
+        ptr: int array (m + 1,), non-decreasing: row i's entries are ptr[i] .. ptr[i + 1] - 1.
+        ids: int array of rows in 0 .. m - 1 (any order, repeats allowed).
+
+    Returns:
+        int array of entry indices, row by row in the order of `ids`.
+    """
     starts = ptr[ids]
     lens = ptr[ids + 1] - starts
     total = int(lens.sum())
@@ -246,6 +254,47 @@ def path_incidence(
                 hit = path_rows[path] = [rows[link] for link in path_links(path)]
             matrix[hit, j] += count
     return matrix
+
+
+def path_entries(
+    entities: Sequence[Sequence[tuple[Path, float]]],
+    rows: dict[Link, int],
+    path_rows: dict[Path, list[int]] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The nonzero entries of `path_incidence(entities, rows, path_rows)`, for
+    `maxmin_levels_sparse`.
+
+    Args:
+        entities, rows, path_rows: as `path_incidence`.
+
+    Returns:
+        (link rows, entity columns, members): int, int and float arrays (nnz,), one entry
+        per (entity, path with > 0 members, link of the path) in entity order; an entity
+        with members on several paths through one link has one entry per path there
+        (they add up, as in the dense matrix).
+
+    Raises:
+        KeyError: a path crosses a link missing from `rows`.
+    """
+    path_rows = {} if path_rows is None else path_rows
+    link_rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    for j, members in enumerate(entities):
+        for path, count in members:
+            if count <= 0:
+                continue
+            hit = path_rows.get(path)
+            if hit is None:
+                hit = path_rows[path] = [rows[link] for link in path_links(path)]
+            link_rows.extend(hit)
+            cols.extend([j] * len(hit))
+            vals.extend([count] * len(hit))
+    return (
+        np.array(link_rows, dtype=np.intp),
+        np.array(cols, dtype=np.intp),
+        np.array(vals, dtype=float),
+    )
 
 
 def maxmin_on_paths(

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from terra_core.flow_bundles import bundle_wan_flows, flow_count, unbundled_wan_flows
+from terra_core.maxmin import csr_ranges
 from terra_core.policy import (
     Allocation,
     CoflowRatesPolicy,
@@ -349,6 +350,9 @@ class _Run:
         self.by_pair = isinstance(policy, PairLevelsPolicy)
         self.pairs = list(dict.fromkeys(zip(self.src, self.dst, strict=True)))
         self.pair_index = {pair: i for i, pair in enumerate(self.pairs)}
+        self.pair_objects = np.empty(len(self.pairs), dtype=object)  # self.pairs, for takes
+        for i, pair in enumerate(self.pairs):
+            self.pair_objects[i] = pair
         self.pair_of = np.array([self.pair_index[(f.src, f.dst)] for f in flows], dtype=np.intp)
         self.members = np.array([flow_count(f) for f in flows], dtype=float)
         self.alive = np.zeros(len(flows), dtype=bool)  # admitted and not finished
@@ -356,11 +360,15 @@ class _Run:
         self.by_coflow = not self.by_pair and isinstance(policy, CoflowRatesPolicy)
         self.n_flows = {c.id: len(self.wan[c.id].flows) for c in coflows}
         self.link_row = {link: i for i, link in enumerate(self.topology.links)}
-        self.route_cache: dict[str, tuple[object, np.ndarray, np.ndarray]] = {}
-        self.pair_path_cache: dict[int, tuple[list, tuple, np.ndarray]] = {}
-        self.path_col: dict[tuple[str, ...], int] = {}  # paths seen: column in path_matrix
-        self.path_matrix = np.zeros((len(self.link_row), 0))
-        self.path_pair = np.zeros(0, dtype=np.intp)  # index in self.pairs of a path's ends
+        self.route_cache: dict[str, tuple] = {}  # see _route_entries
+        self.pair_path_cache: dict[int, tuple] = {}  # see _pair_path_entries
+        # paths seen, numbered: path j crosses links path_rows[path_ptr[j]:path_ptr[j + 1]]
+        self.path_col: dict[tuple[str, ...], int] = {}
+        self.path_ptr_list = [0]
+        self.path_rows_list: list[int] = []
+        self.path_pair_list: list[int] = []  # index in self.pairs of a path's ends (-1: none)
+        self.path_arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self.path_row_cache: dict[tuple[str, ...], list[int]] = {}  # see _link_rows_of
         starts = np.cumsum([0] + [len(self.wan[c.id].flows) for c in self.arrivals])
         self.start = {c.id: int(s) for c, s in zip(self.arrivals, starts, strict=False)}
         self.active: dict[str, _Active] = {}
@@ -473,13 +481,13 @@ class _Run:
         count = np.bincount(pair_of, weights=self.members[alive], minlength=len(self.pairs))
         present, first = np.unique(pair_of, return_index=True)
         order = present[np.argsort(first, kind="stable")]  # first appearance
-        pairs = tuple(self.pairs[i] for i in order.tolist())
+        pairs = tuple(self.pair_objects[order].tolist())
         members = count[order]
         t0 = time.perf_counter()
         paths, pair, level = self.policy.pair_levels(now, pairs, members)
         self.round_ms.append((time.perf_counter() - t0) * 1000.0)
         pair, level = np.asarray(pair, dtype=np.intp), np.asarray(level, dtype=float)
-        matrix = self._pair_path_matrix(paths, pair, pairs, order)
+        rows, cols = self._pair_path_entries(paths, pair, pairs, order)
         if level.shape != (len(paths),):
             raise SimulationError(f"{level.shape} per-path rates for {len(paths)} paths")
         bad = ~((level >= 0) & (level < float("inf")))
@@ -490,56 +498,73 @@ class _Run:
         per_member = np.zeros(len(self.pairs))
         per_member[order] = np.bincount(pair, weights=level, minlength=len(pairs))
         self.rate[alive] = self.members[alive] * per_member[pair_of]
-        load = matrix @ (members[pair] * level)
+        path_rate = members[pair] * level
+        load = np.bincount(rows, weights=path_rate[cols], minlength=len(self.link_row))
         self._check_link_loads(load, now)
         return float(load.sum())
 
-    def _pair_path_matrix(
+    def _pair_path_entries(
         self, paths: list, pair: np.ndarray, pairs: tuple, order: np.ndarray
-    ) -> np.ndarray:
-        """0/1 matrix links x `paths`, after checking every path joins its pair's DCs
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The links x `paths` incidence as (link rows, path indices), int arrays with one
+        entry per (path, link of it), after checking every path joins its pair's DCs
         (``pairs[pair[j]]``, whose index in self.pairs is ``order[pair[j]]``) over known
-        links; cached (64 lists) while the policy hands back the same list for the same pairs."""
+        links; cached (64 lists) while the policy hands back the same list for the same
+        pairs."""
         cached = self.pair_path_cache.get(id(paths))
         if cached is not None and cached[0] is paths and cached[1] == pairs:
-            return cached[2]
+            return cached[2], cached[3]
         if pair.shape != (len(paths),) or (
             len(paths) and not 0 <= pair.min() <= pair.max() < len(pairs)
         ):
             raise SimulationError(f"pair indices {pair!r} do not fit {len(paths)} paths")
-        get = self.path_col.get
-        cols = np.array([get(p, -1) for p in paths], dtype=np.intp)
-        for j in np.flatnonzero(cols < 0).tolist():
-            cols[j] = self._path_column(paths[j])
-        wrong = np.flatnonzero(self.path_pair[cols] != order[pair]) if len(paths) else []
+        cols = list(map(self.path_col.get, paths))
+        if None in cols:
+            for j, col in enumerate(cols):
+                if col is None:
+                    cols[j] = self._path_column(paths[j])
+        ptr, link_rows, path_pair = self._path_arrays()
+        cols = np.array(cols, dtype=np.intp)
+        wrong = np.flatnonzero(path_pair[cols] != order[pair]) if len(paths) else []
         if len(wrong):
             j = int(wrong[0])
             raise SimulationError(f"pair {pairs[pair[j]]}: path {paths[j]} does not join it")
-        matrix = self.path_matrix[:, cols]
+        entries = csr_ranges(ptr, cols)
+        index = np.repeat(np.arange(len(paths), dtype=np.intp), ptr[cols + 1] - ptr[cols])
         if len(self.pair_path_cache) >= 64:
             self.pair_path_cache.clear()
-        self.pair_path_cache[id(paths)] = (paths, pairs, matrix)  # holds paths: id stays unique
-        return matrix
+        rows = link_rows[entries]
+        self.pair_path_cache[id(paths)] = (paths, pairs, rows, index)  # holds paths: id unique
+        return rows, index
 
     def _path_column(self, path: tuple[str, ...]) -> int:
-        """Column of `path` in self.path_matrix (0/1 links x paths seen), added on first use."""
+        """Number of `path` among the paths seen (self.path_col), with its link rows and
+        pair recorded on first use; SimulationError for an unknown link."""
         col = self.path_col.get(path)
         if col is None:
             rows = self._link_rows_of(path)
             col = self.path_col[path] = len(self.path_col)
-            if col >= self.path_matrix.shape[1]:
-                grown = np.zeros((len(self.link_row), 2 * col + 16))
-                grown[:, :col] = self.path_matrix[:, :col]
-                self.path_matrix = grown
-                self.path_pair = np.concatenate([self.path_pair, np.full(col + 16, -1)])
-            self.path_matrix[rows, col] = 1.0
-            self.path_pair[col] = self.pair_index.get((path[0], path[-1]), -1)
+            self.path_rows_list.extend(rows)
+            self.path_ptr_list.append(len(self.path_rows_list))
+            self.path_pair_list.append(self.pair_index.get((path[0], path[-1]), -1))
+            self.path_arrays = None
         return col
+
+    def _path_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ptr, link rows, pair) of the paths seen as arrays: path j crosses the links
+        rows[ptr[j]:ptr[j + 1]] and joins the ends of self.pairs[pair[j]] (-1: no pair)."""
+        if self.path_arrays is None:
+            self.path_arrays = (
+                np.array(self.path_ptr_list, dtype=np.intp),
+                np.array(self.path_rows_list, dtype=np.intp),
+                np.array(self.path_pair_list, dtype=np.intp),
+            )
+        return self.path_arrays
 
     def _allocate_by_coflow(self, now: float) -> float:
         """`_allocate` for policies with ``coflow_rates(now, remaining)`` (baselines.py
         `_MaddPolicy`): remaining bytes and per-member rates as one array per coflow (flows in
-        workload order), routes as one list per coflow, turned into an incidence matrix once
+        workload order), routes as one list per coflow, turned into sparse incidence entries once
         per route list. Checks: finite rates >= 0, none for finished or unrouted flows, paths
         joining the flow's DCs over known links, link loads within capacity.
 
@@ -550,7 +575,7 @@ class _Run:
         t0 = time.perf_counter()
         answer = self.policy.coflow_rates(now, remaining)
         self.round_ms.append((time.perf_counter() - t0) * 1000.0)
-        load = np.zeros(len(self.link_row))
+        load_rows, load_rates = [], []
         for cid, (rate, routes) in answer.items():
             rate = np.asarray(rate, dtype=float)
             if cid not in span:
@@ -563,25 +588,35 @@ class _Run:
             bad = ~((rate >= 0) & (rate < float("inf")))
             if bad.any():
                 raise SimulationError(f"coflow {cid!r}: rate {float(rate[bad][0])!r}")
-            matrix, members = self._route_matrix(cid, routes, a, b)
+            rows, cols, vals, members = self._route_entries(cid, routes, a, b)
             if (rate[(self.rem[a:b] <= 0) | (members == 0)] > 0).any():
                 raise SimulationError(f"coflow {cid!r}: rate for a done or unrouted flow")
             self.rate[a:b] = members * rate
-            load += matrix @ rate
+            load_rows.append(rows)
+            load_rates.append(vals * rate[cols])
+        load = np.bincount(
+            np.concatenate(load_rows) if load_rows else np.zeros(0, dtype=np.intp),
+            weights=np.concatenate(load_rates) if load_rates else None,
+            minlength=len(self.link_row),
+        ).astype(float)
         self._check_link_loads(load, now)
         return float(load.sum())
 
-    def _route_matrix(
+    def _route_entries(
         self, cid: str, routes: list, a: int, b: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(links x flows members crossing each link, members routed per flow) of a coflow's
-        route list, cached while the policy hands back the same list object."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """A coflow's route list as the nonzero entries of its links x flows incidence:
+        (link rows, flow indices 0 .. b - a - 1, members crossing; int, int, float arrays,
+        one entry per (flow, path, link of the path)) and the members routed per flow
+        (float array (b - a,)); cached while the policy hands back the same list object."""
         cached = self.route_cache.get(cid)
         if cached is not None and cached[0] is routes:
-            return cached[1], cached[2]
+            return cached[1:]
         if len(routes) != b - a:
             raise SimulationError(f"coflow {cid!r}: {len(routes)} routes for {b - a} flows")
-        matrix = np.zeros((len(self.link_row), b - a))
+        rows: list[int] = []
+        cols: list[int] = []
+        vals: list[float] = []
         members = np.zeros(b - a)
         for j, route in enumerate(routes):
             pos = a + j
@@ -591,21 +626,31 @@ class _Run:
                         f"coflow {cid!r} flow {self.owner_ids[pos]!r}: path {path} does not "
                         f"join {self.src[pos]} and {self.dst[pos]}"
                     )
-                for link in path_links(path):
-                    if link not in self.link_row:
-                        raise SimulationError(f"allocation uses unknown link {link}")
-                    matrix[self.link_row[link], j] += count
+                hit = self._link_rows_of(path)
+                rows.extend(hit)
+                cols.extend([j] * len(hit))
+                vals.extend([count] * len(hit))
                 members[j] += count
-        self.route_cache[cid] = (routes, matrix, members)
-        return matrix, members
+        entries = (
+            np.array(rows, dtype=np.intp),
+            np.array(cols, dtype=np.intp),
+            np.array(vals, dtype=float),
+            members,
+        )
+        self.route_cache[cid] = (routes, *entries)
+        return entries
 
     def _link_rows_of(self, path: tuple[str, ...]) -> list[int]:
-        """Rows (self.link_row) of a path's links; SimulationError for an unknown link."""
-        rows = []
-        for link in path_links(path):
-            if link not in self.link_row:
-                raise SimulationError(f"allocation uses unknown link {link}")
-            rows.append(self.link_row[link])
+        """Rows (self.link_row) of a path's links, cached per path; SimulationError for an
+        unknown link."""
+        rows = self.path_row_cache.get(path)
+        if rows is None:
+            rows = []
+            for link in path_links(path):
+                if link not in self.link_row:
+                    raise SimulationError(f"allocation uses unknown link {link}")
+                rows.append(self.link_row[link])
+            self.path_row_cache[path] = rows
         return rows
 
     def _check_link_loads(self, load: np.ndarray, now: float) -> None:

@@ -25,7 +25,10 @@ def k_shortest_paths(
     Paths are ordered by hop count, ties broken by the tuple of DC names, so the
     result is deterministic. The K-th path's hop count is found with Yen's
     algorithm (networkx.shortest_simple_paths); every path of at most that hop
-    count is then ranked by (hops, names).
+    count is then ranked by (hops, names). A pair whose only path is forced (the
+    source's one outgoing link and the destination's one incoming link meet: a
+    rack to a rack of CoflowSim's fabric, topologies/bigswitch.py) is answered
+    without Yen, with the same result.
 
     Args:
         topology: the WAN.
@@ -47,20 +50,40 @@ def k_shortest_paths(
     if not isinstance(k, int) or k < 1:
         raise TopologyError(f"K must be a positive integer, got {k!r}")
     graph = up_graph(topology) if graph is None else graph
+    forced = _forced_path(graph, src, dst)
+    if forced is not None:
+        return forced
+    found = nx.shortest_simple_paths(graph, src, dst)  # simple paths, fewest hops first
     try:
-        first = list(islice(nx.shortest_simple_paths(graph, src, dst), k))
+        first = [tuple(p) for p in islice(found, k)]
     except nx.NetworkXNoPath:
         return []
-    if len(first) < k:
-        return sorted((tuple(p) for p in first), key=lambda p: (len(p), p))
-    bound = len(first[-1])
-    candidates: list[Path] = []
-    for p in nx.shortest_simple_paths(graph, src, dst):
-        if len(p) > bound:
-            break
-        candidates.append(tuple(p))
-    candidates.sort(key=lambda p: (len(p), p))
-    return candidates[:k]
+    if len(first) == k:  # every further path of the K-th path's hop count is a candidate too
+        bound = len(first[-1])
+        for p in found:
+            if len(p) > bound:
+                break
+            first.append(tuple(p))
+    return sorted(first, key=lambda p: (len(p), p))[:k]
+
+
+def _forced_path(graph: nx.DiGraph, src: str, dst: str) -> list[Path] | None:
+    """[the only simple path src -> dst] when the graph forces it, else None (unknown).
+
+    Forced: `src` has one outgoing link, to u, and `dst` one incoming link, from w; if
+    u == dst (or w == src) the only path is the link src -> dst; if u == w the only path
+    is src -> u -> dst (a simple path passes u once, so u is both its second and its
+    second-to-last DC).
+    """
+    out, into = graph.succ[src], graph.pred[dst]
+    if len(out) != 1 or len(into) != 1:
+        return None
+    (u,), (w,) = out, into
+    if u == dst:
+        return [(src, dst)]
+    if u == w:
+        return [(src, u, dst)]
+    return None
 
 
 def all_pairs_paths(topology: Topology, k: int) -> dict[tuple[str, str], list[Path]]:
