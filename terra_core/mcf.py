@@ -35,7 +35,8 @@ from collections.abc import Hashable
 import numpy as np
 
 from terra_core.lp import INF, new_highs, pass_lp, solve
-from topologies import Link, Path, path_links
+from terra_core.min_cct import links_of
+from topologies import Link, Path
 
 Demand = tuple[list[Path], float | None]
 Rates = dict[Hashable, list[tuple[Path, float]]]
@@ -133,12 +134,16 @@ class _McfLp:
             self.caps.append(cap)
             self.weights.append(_check_weight(key, weights.get(key, 1.0)))
             for path in dict.fromkeys(usable):
-                links = path_links(path)
-                rows = [self.link_rows.setdefault(link, len(self.link_rows)) for link in links]
+                setdefault = self.link_rows.setdefault
+                rows = [setdefault(link, len(self.link_rows)) for link in links_of(path)]
                 self.cols.append((idx, path))
                 col_rows.append(rows)
         if not self.cols:
             return
+        # the link rows of every column's path, column after column (for `rates`)
+        self.entry_row = np.fromiter((r for rows in col_rows for r in rows), np.intp)
+        self.entry_col = np.repeat(np.arange(len(col_rows)), [len(rows) for rows in col_rows])
+        self.entry_start = np.cumsum([0] + [len(rows) for rows in col_rows[:-1]])
         self.capacity = {link: capacity[link] for link in self.link_rows}
         self.scale = max(self.capacity.values())
         n_links, m, nx = len(self.link_rows), len(self.keys), len(self.cols)
@@ -239,23 +244,26 @@ class _McfLp:
 
     def rates(self) -> list[float]:
         """Per-column rates in bytes/s from a final solve, scaled down where solver
-        tolerance left a link a hair over its capacity."""
+        tolerance left a link a hair over its capacity.
+
+        The loads are summed with np.bincount over the columns' links in column order
+        (the order of a per-link running sum), so the same loads and factors as a loop."""
         self.h.changeColBounds(self.t_col, 0.0, 0.0)  # every commodity is frozen by now
+        n = len(self.cols)
         if not self._solve():
-            return [0.0] * len(self.cols)
+            return [0.0] * n
         value = self.h.getSolution().col_value
-        rates = [max(0.0, value[c]) * self.scale for c in range(len(self.cols))]
-        load = dict.fromkeys(self.link_rows, 0.0)
-        for (_, path), rate in zip(self.cols, rates, strict=True):
-            for link in path_links(path):
-                load[link] += rate
-        over = {
-            link: self.capacity[link] / x for link, x in load.items() if x > self.capacity[link]
-        }
-        if over:
-            for c, (_, path) in enumerate(self.cols):
-                rates[c] *= min([1.0] + [over.get(link, 1.0) for link in path_links(path)])
-        return rates
+        rates = np.array([max(0.0, value[c]) * self.scale for c in range(n)])
+        load = np.bincount(
+            self.entry_row, weights=rates[self.entry_col], minlength=len(self.link_rows)
+        )
+        cap = np.fromiter(self.capacity.values(), float, len(self.capacity))  # row order
+        over = load > cap
+        if over.any():
+            ratio = np.ones(len(cap))
+            ratio[over] = cap[over] / load[over]
+            rates *= np.minimum.reduceat(ratio[self.entry_row], self.entry_start)
+        return rates.tolist()
 
 
 def _check_cap(key: Hashable, cap: object) -> float:
@@ -277,4 +285,5 @@ def _check_weight(key: Hashable, weight: object) -> float:
 def _usable(key: Hashable, path: Path, capacity: dict[Link, float]) -> bool:
     if len(path) < 2:
         raise ValueError(f"commodity {key!r}: path {path!r} needs at least two DCs")
-    return all(capacity.get(link, 0.0) > 0 for link in path_links(path))
+    get = capacity.get
+    return all(get(link, 0.0) > 0 for link in links_of(path))

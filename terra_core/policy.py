@@ -143,3 +143,15 @@ class CoflowRatesPolicy(Protocol):
         """{coflow id: float array of each flow's remaining bytes} -> {coflow id: (per-member
         rates in bytes/s, routes)} (shapes: baselines._MaddPolicy.coflow_rates)."""
         ...
+
+
+@runtime_checkable
+class GroupRatesPolicy(Protocol):
+    """Fast path of Terra (terra_policy.TerraPolicy.group_rates): rates per FlowGroup, which
+    the caller splits among the FlowGroup's flows in proportion to their remaining bytes
+    (`split_by_remaining`). The simulator calls it instead of `allocate`."""
+
+    def group_rates(self, now: float, volumes: dict[str, dict[tuple[str, str], float]]) -> dict:
+        """{coflow id: {(src DC, dst DC): remaining bytes}} -> {coflow id: {(src DC, dst DC):
+        [(path, bytes/s), ...]}} (shapes: TerraPolicy.group_rates)."""
+        ...

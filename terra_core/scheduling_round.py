@@ -602,8 +602,10 @@ def _finish(rates, capacity: dict[Link, float], index: PathIndex) -> dict[str, P
     n_links = len(index.links)
     rows: list[int] = []
     vals: list[float] = []
+    starts: list[int] = []  # where each path's links begin in rows (every path has one)
     for path, x in path_total.items():
         ids = index.ids(path)
+        starts.append(len(rows))
         rows.extend(ids)
         vals.extend([x] * len(ids))
     rows_a = np.array(rows, dtype=np.intp)
@@ -615,12 +617,11 @@ def _finish(rates, capacity: dict[Link, float], index: PathIndex) -> dict[str, P
     loaded = load > 0
     ratio[loaded] = cap[loaded] / load[loaded]
     factor: dict[Path, float] = {}
-    if (ratio < 1.0).any():
-        over = ratio.tolist()
-        for path in path_total:
-            f = min((over[i] for i in index.ids(path)), default=1.0)  # -1: the missing slot
-            if f < 1.0:
-                factor[path] = f
+    if (ratio < 1.0).any():  # each path's smallest ratio over its links (-1: the missing slot)
+        least = np.minimum.reduceat(ratio[rows_a], np.asarray(starts, dtype=np.intp))
+        paths = list(path_total)
+        for j in np.flatnonzero(least < 1.0).tolist():
+            factor[paths[j]] = float(least[j])
     out: dict[str, PairRates] = {}
     for cid, per_pair in rates.items():
         mine: PairRates = {}

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 
-from terra_core.min_cct import DualBound, Pair, min_cct
+from terra_core.min_cct import DualBound, Pair, PairRates, min_cct
 from terra_core.policy import Allocation, PathSource, PolicyState, Remaining, split_by_remaining
 from terra_core.scheduling_round import (
     PREEMPTED,
@@ -245,7 +245,51 @@ class TerraPolicy:
                     groups.setdefault(pair_of[fid], {})[fid] = left
             by_group[cid] = groups
             volumes[cid] = {pair: sum(fl.values()) for pair, fl in groups.items()}
-            self._volumes[cid] = volumes[cid]
+        rates = self._round(now, volumes)
+        alloc: Allocation = {}
+        for cid, pair_rates in rates.items():
+            flows_alloc = {}
+            for pair, lst in pair_rates.items():
+                flows_alloc.update(split_by_remaining(lst, by_group[cid][pair]))
+            alloc[cid] = flows_alloc
+        self.stats["round_ms"].append((time.perf_counter() - start) * 1000.0)
+        return alloc
+
+    def group_rates(
+        self, now: float, volumes: dict[str, dict[Pair, float]]
+    ) -> dict[str, PairRates]:
+        """Per-FlowGroup rates: the round of `allocate`, given the FlowGroup volumes (the
+        simulator's fast path, policy.GroupRatesPolicy; it splits each FlowGroup's rates
+        among its flows in proportion to their remaining bytes, as `allocate` does).
+
+        Args:
+            now: seconds.
+            volumes: {coflow id: {(src DC, dst DC): remaining bytes}} of every active
+                coflow in admission order, each FlowGroup's volume the sum of its flows'
+                remaining bytes (> 0) in flow order, pairs in the order of their first
+                unfinished flow: what `allocate` builds from its `remaining`.
+
+        Returns:
+            {coflow id: {(src, dst): [(path, bytes/s), ...]}} for the coflows that get
+            any rate; a FlowGroup missing from it gets rate 0.
+
+        Raises:
+            KeyError: a coflow id that was never added.
+            ValueError: a DC pair that lost every path (as `allocate`).
+        """
+        start = time.perf_counter()
+        for cid in volumes:
+            self._pairs_of(cid)  # KeyError for an unknown coflow, as allocate
+        rates = self._round(now, volumes)
+        self.stats["round_ms"].append((time.perf_counter() - start) * 1000.0)
+        return rates
+
+    def _round(self, now: float, volumes: dict[str, dict[Pair, float]]) -> dict[str, PairRates]:
+        """One scheduling round on `volumes` ({coflow id: {pair: bytes}}): keeps them as the
+        coflows' last known volumes, updates the Γ cache, states and stats (rounds, LPs)
+        and returns the round's rates ({coflow id: {pair: [(path, bytes/s)]}})."""
+        for cid, vol in volumes.items():
+            self._volumes[cid] = vol
         paths = self._paths_for(volumes)
         capacity = self._capacity()
         hints = self._gamma_hints(volumes, paths, capacity)
@@ -268,20 +312,11 @@ class TerraPolicy:
         for cid, res in result.exact.items():
             bound = DualBound.build(volumes[cid], paths, capacity, res.prices)
             self._gamma[cid] = (volumes[cid], res.gamma_s, bound)
-        alloc: Allocation = {}
-        for cid, pair_rates in result.rates.items():
-            flows_alloc = {}
-            for pair, lst in pair_rates.items():
-                flows_alloc.update(split_by_remaining(lst, by_group[cid][pair]))
-            alloc[cid] = flows_alloc
         for cid, state in result.state.items():
-            self._state[cid] = (
-                PolicyState.PREEMPTED if state == PREEMPTED else PolicyState.RUNNING
-            )
+            self._state[cid] = PolicyState.PREEMPTED if state == PREEMPTED else PolicyState.RUNNING
         self.stats["rounds"] += 1
         self.stats["lps"] += result.lps
-        self.stats["round_ms"].append((time.perf_counter() - start) * 1000.0)
-        return alloc
+        return result.rates
 
     # ----- extras for the simulator and the controller ---------------------------------
 

@@ -18,7 +18,11 @@ change (link down / up, capacity change), a wakeup the policy asks for
    clamped). Policies with ``pair_levels`` (per-flow, multipath, swan-mcf) or
    ``coflow_rates`` (varys, rapier) are asked through those instead of
    `allocate`: the same rates as arrays per DC pair or per coflow, with the same
-   checks, without a dict entry per active flow per event (baselines.py).
+   checks, without a dict entry per active flow per event (baselines.py). Policies
+   with ``group_rates`` (Terra) are asked for rates per FlowGroup, given the
+   FlowGroups' remaining volumes, and the simulator splits them among the flows in
+   proportion to their remaining bytes, as `allocate` would (the same floating-point
+   operations in the same order, so the same rates to the bit).
 
 Conventions:
 - Intra-DC flows do not use the WAN and finish instantly; a coflow with only
@@ -42,8 +46,10 @@ Conventions:
 
 from __future__ import annotations
 
+import gc
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -53,6 +59,7 @@ from terra_core.maxmin import csr_ranges
 from terra_core.policy import (
     Allocation,
     CoflowRatesPolicy,
+    GroupRatesPolicy,
     PairLevelsPolicy,
     Policy,
     Remaining,
@@ -302,7 +309,29 @@ def simulate(
         ValueError: duplicate coflow ids, or what the policy raises for a coflow
             (e.g. a DC pair with no path).
     """
-    return _Run(policy, coflows, changes, gammas or {}, bundle, progress).run()
+    with _fewer_gc_passes():
+        return _Run(policy, coflows, changes, gammas or {}, bundle, progress).run()
+
+
+GC_THRESHOLDS = (100_000, 50, 100)  # during a run: gen-0 allocations between passes, gen-1, gen-2
+
+
+@contextmanager
+def _fewer_gc_passes() -> Iterator[None]:
+    """Run the block with the cyclic garbage collector tuned as the controller's `tune_gc`
+    does: what is alive at the start is frozen (not scanned again) and gen-0 passes run
+    every GC_THRESHOLDS[0] allocations instead of 700. A run allocates millions of
+    short-lived objects and few cycles; with the defaults the passes cost ~10 % of a Terra
+    run on ATT. The previous thresholds are restored and the frozen objects released
+    afterwards; no result depends on it."""
+    before = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+        gc.unfreeze()
 
 
 @dataclass
@@ -312,6 +341,26 @@ class _Active:
     pos_of: dict[str, int]
     ids: list[str]
     pos: np.ndarray
+
+
+@dataclass
+class _Groups:
+    """The FlowGroups of the active flows (one per coflow and DC pair), for `group_rates`.
+
+    Attributes:
+        pos: positions (in the global flow arrays) of the active flows, coflows in
+            admission order, each one's flows in workload order.
+        gid: for each of them, its FlowGroup's index (0 .. FlowGroups - 1).
+        pair: for each FlowGroup, the index of its DC pair in _Run.pairs.
+        coflows: {coflow id: (index of its first FlowGroup, its DC pairs in order)}.
+        slot: {(coflow id, DC pair): FlowGroup index}.
+    """
+
+    pos: np.ndarray
+    gid: np.ndarray
+    pair: np.ndarray
+    coflows: dict[str, tuple[int, list[tuple[str, str]]]]
+    slot: dict[tuple[str, tuple[str, str]], int]
 
 
 class _Run:
@@ -358,6 +407,13 @@ class _Run:
         self.alive = np.zeros(len(flows), dtype=bool)  # admitted and not finished
         # for policies with coflow_rates (Varys, Rapier): per-coflow arrays
         self.by_coflow = not self.by_pair and isinstance(policy, CoflowRatesPolicy)
+        # for policies with group_rates (Terra): FlowGroups of the active flows, see _groups
+        self.by_group = (
+            not self.by_pair and not self.by_coflow and isinstance(policy, GroupRatesPolicy)
+        )
+        self.group_of: dict[str, tuple[int, list[tuple[str, str]], np.ndarray]] = {}
+        self.layout: tuple[tuple, _Groups] | None = None
+        self.path_rows: dict[tuple[str, ...], list[int]] = {}
         self.n_flows = {c.id: len(self.wan[c.id].flows) for c in coflows}
         self.link_row = {link: i for i, link in enumerate(self.topology.links)}
         self.route_cache: dict[str, tuple] = {}  # see _route_entries
@@ -460,6 +516,8 @@ class _Run:
             return self._allocate_by_pair(now)
         if self.by_coflow:
             return self._allocate_by_coflow(now)
+        if self.by_group:
+            return self._allocate_by_group(now)
         remaining = self._remaining()
         t0 = time.perf_counter()
         alloc = self.policy.allocate(now, remaining)
@@ -467,6 +525,122 @@ class _Run:
         path_rate = self._take_rates(alloc)
         self._check_links(path_rate, now)
         return sum(r * (len(p) - 1) for p, r in path_rate.items())
+
+    def _allocate_by_group(self, now: float) -> float:
+        """`_allocate` for policies with ``group_rates(now, volumes)`` (Terra): the FlowGroup
+        volumes are summed with np.bincount (sequential, in flow order: the same sums as
+        `allocate`'s), the policy answers per FlowGroup, and each flow gets, path by path,
+        (FlowGroup rate / volume) x its remaining bytes, added up in path order: the
+        operations of policy.split_by_remaining and `_take_rates`, so the same rates.
+        Checks: rates finite and >= 0, none for unknown coflows or FlowGroups, paths
+        joining the FlowGroup's DCs over known links, link loads within capacity.
+
+        Returns the WAN byte-hop rate (bytes x hops per second) of the allocation.
+        """
+        groups = self._groups()
+        rem = self.rem[groups.pos]
+        volume = np.bincount(groups.gid, weights=rem, minlength=len(groups.pair)).tolist()
+        volumes = {
+            cid: dict(zip(pairs, volume[base : base + len(pairs)], strict=True))
+            for cid, (base, pairs) in groups.coflows.items()
+        }
+        t0 = time.perf_counter()
+        answer = self.policy.group_rates(now, volumes)
+        self.round_ms.append((time.perf_counter() - t0) * 1000.0)
+        share_g: list[int] = []  # FlowGroup, path slot and rate / volume of every path rate
+        share_j: list[int] = []
+        share: list[float] = []
+        rows: list[int] = []  # link rows and rates of the paths, for the loads
+        loads: list[float] = []
+        byte_hops = 0.0
+        for cid, pair_rates in answer.items():
+            entry = groups.coflows.get(cid)
+            for pair, lst in pair_rates.items():
+                g = groups.slot.get((cid, pair)) if entry is not None else None
+                j = 0
+                for path, r in lst:
+                    if not (0 <= r < float("inf")):
+                        raise SimulationError(f"coflow {cid!r} pair {pair}: rate {r!r}")
+                    if r == 0:
+                        continue
+                    if g is None:
+                        raise SimulationError(
+                            f"allocation gives coflow {cid!r} a rate on {pair}, where it has "
+                            "no active flow"
+                        )
+                    if path[0] != pair[0] or path[-1] != pair[1]:
+                        raise SimulationError(
+                            f"coflow {cid!r}: path {path} does not join {pair[0]} and {pair[1]}"
+                        )
+                    ids = self.path_rows.get(path)
+                    if ids is None:
+                        ids = self.path_rows[path] = self._link_rows_of(path)
+                    share_g.append(g)
+                    share_j.append(j)
+                    share.append(r / volume[g])
+                    j += 1
+                    rows.extend(ids)
+                    loads.extend([r] * len(ids))
+                    byte_hops += r * len(ids)
+        if share:
+            table = np.zeros((len(groups.pair), max(share_j) + 1))
+            table[share_g, share_j] = share
+            per_flow = table[groups.gid]
+            rate = np.zeros(len(rem))
+            for j in range(table.shape[1]):  # path by path, as split_by_remaining's sum
+                rate += per_flow[:, j] * rem
+            self.rate[groups.pos] = rate
+        load = np.bincount(
+            np.asarray(rows, dtype=np.intp), weights=loads, minlength=len(self.link_row)
+        )
+        self._check_link_loads(load, now)
+        return byte_hops
+
+    def _groups(self) -> _Groups:
+        """The FlowGroups of the active flows (`_Groups`), rebuilt only when a coflow
+        arrived or lost flows since the last call (a coflow's flows only ever leave)."""
+        key = tuple((cid, len(a.ids)) for cid, a in self.active.items())
+        if self.layout is not None and self.layout[0] == key:
+            return self.layout[1]
+        pos, gid, pair_idx = [], [], []
+        coflows: dict[str, tuple[int, list[tuple[str, str]]]] = {}
+        slot: dict[tuple[str, tuple[str, str]], int] = {}
+        base = 0
+        for cid, a in self.active.items():
+            cached = self.group_of.get(cid)
+            if cached is None or cached[0] != len(a.ids):
+                cached = self.group_of[cid] = (len(a.ids), *self._coflow_groups(a.pos))
+            _, pairs, local = cached
+            coflows[cid] = (base, pairs)
+            for i, pair in enumerate(pairs):
+                slot[(cid, pair)] = base + i
+            pos.append(a.pos)
+            gid.append(local + base)
+            pair_idx.extend(self.pair_index[pair] for pair in pairs)
+            base += len(pairs)
+        for cid in [c for c in self.group_of if c not in self.active]:
+            del self.group_of[cid]
+        groups = _Groups(
+            np.concatenate(pos) if pos else np.zeros(0, dtype=np.intp),
+            np.concatenate(gid) if gid else np.zeros(0, dtype=np.intp),
+            np.asarray(pair_idx, dtype=np.intp),
+            coflows,
+            slot,
+        )
+        self.layout = (key, groups)
+        return groups
+
+    def _coflow_groups(self, pos: np.ndarray) -> tuple[list[tuple[str, str]], np.ndarray]:
+        """(DC pairs of a coflow's flows at positions `pos`, in order of first appearance;
+        each flow's index in that list), the FlowGroups `allocate` would form."""
+        present, first, inverse = np.unique(
+            self.pair_of[pos], return_index=True, return_inverse=True
+        )
+        order = np.argsort(first, kind="stable")
+        rank = np.empty(len(order), dtype=np.intp)
+        rank[order] = np.arange(len(order))
+        pairs = [self.pairs[i] for i in present[order].tolist()]
+        return pairs, rank[inverse.reshape(-1)]
 
     def _allocate_by_pair(self, now: float) -> float:
         """`_allocate` for policies with ``pair_levels(now, pairs, members)`` (baselines.py

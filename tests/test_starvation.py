@@ -103,7 +103,8 @@ def test_aged_fair_has_no_such_bound():
 
 
 class _Recorder(TerraPolicy):
-    """TerraPolicy that records the time of every allocate call."""
+    """TerraPolicy that records the time of every round (allocate, or group_rates: the
+    simulator's fast path)."""
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
@@ -112,6 +113,10 @@ class _Recorder(TerraPolicy):
     def allocate(self, now, remaining):
         self.calls.append(now)
         return super().allocate(now, remaining)
+
+    def group_rates(self, now, volumes):
+        self.calls.append(now)
+        return super().group_rates(now, volumes)
 
 
 def test_simulator_runs_a_round_when_a_coflow_starts_starving():

@@ -1,0 +1,114 @@
+"""The simulator's Terra fast path (`group_rates`, issue 13 item 3) against the generic
+`allocate` path on seeded random instances: the very same run, every coflow's finish time
+equal to the bit, the same rounds and LPs (it sums and splits with the same operations in
+the same order)."""
+
+import random
+
+import pytest
+import reference_mcf
+
+from terra_core.mcf import maxmin_mcf
+from terra_core.terra_policy import TerraPolicy
+from terra_sim.simulator import WanChange, simulate
+from topologies import Topology, all_pairs_paths
+from workloads import Coflow, Flow
+
+G = 1e9
+
+
+class GenericTerra(TerraPolicy):
+    """TerraPolicy without the fast path: the simulator falls back to `allocate`."""
+
+    group_rates = None
+
+
+def random_wan(rng: random.Random, n: int) -> Topology:
+    names = [f"D{i}" for i in range(n)]
+    capacity = {}
+    for i in range(1, n):  # a random tree keeps it connected, then extra links
+        j = rng.randrange(i)
+        capacity[(names[i], names[j])] = capacity[(names[j], names[i])] = rng.choice([1, 2, 5]) * G
+    for _ in range(n):
+        a, b = rng.sample(names, 2)
+        capacity[(a, b)] = capacity[(b, a)] = rng.choice([1, 2, 5]) * G
+    return Topology("r", names, capacity)
+
+
+def random_coflows(rng: random.Random, dcs: list[str], count: int) -> list[Coflow]:
+    out = []
+    t = 0.0
+    for c in range(count):
+        t += rng.expovariate(1.0)
+        flows = []
+        for f in range(rng.randint(1, 8)):
+            src = rng.choice(dcs)
+            dst = rng.choice(dcs)  # may equal src: an intra-DC flow
+            size = rng.choice([0.5, 1.0, 1.0, 3.0]) * G * rng.random() + 1e6
+            flows.append(Flow(f"f{f}", src, dst, size))
+        if rng.random() < 0.3:  # identical flows: bundled by the simulator
+            flows.extend(
+                Flow(f"g{f}", flows[0].src, flows[0].dst, flows[0].bytes) for f in range(3)
+            )
+        out.append(Coflow(f"c{c}", t, flows))
+    return out
+
+
+@pytest.mark.parametrize("guard", ["aged", "fixed", "aged-fair"])
+@pytest.mark.parametrize("seed", range(8))
+def test_terra_fast_path_equals_allocate(seed, guard):
+    rng = random.Random(seed)
+    wan = random_wan(rng, rng.randint(3, 7))
+    coflows = random_coflows(rng, list(wan.dcs), rng.randint(4, 25))
+    link = next(iter(wan.capacity))
+    changes = [WanChange(2.0, *link, up=False), WanChange(4.0, *link, up=True)] if seed % 2 else []
+    fast_policy = TerraPolicy(wan.copy(), k=3, guard=guard)
+    slow_policy = GenericTerra(wan.copy(), k=3, guard=guard)
+    try:
+        fast = simulate(fast_policy, coflows, changes)
+    except ValueError as exc:  # a pair cut off by the failure: both must say so
+        with pytest.raises(ValueError, match=str(exc)[:20]):
+            simulate(slow_policy, coflows, changes)
+        return
+    slow = simulate(slow_policy, coflows, changes)
+    assert [c.finish_s for c in fast.coflows] == [c.finish_s for c in slow.coflows]
+    assert fast.rounds == slow.rounds and fast.lps_per_round == slow.lps_per_round
+    assert fast.bytes_delivered == pytest.approx(slow.bytes_delivered, rel=1e-12)
+    assert fast.wan_utilization == pytest.approx(slow.wan_utilization, rel=1e-9)
+
+
+def test_fast_path_is_taken():
+    wan = random_wan(random.Random(1), 4)
+    policy = TerraPolicy(wan.copy())
+    calls = []
+    original = policy.group_rates
+
+    def spy(now, volumes):
+        calls.append(now)
+        return original(now, volumes)
+
+    policy.group_rates = spy
+    policy.allocate = None  # the generic path would fail
+    simulate(policy, random_coflows(random.Random(2), list(wan.dcs), 5))
+    assert calls
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_maxmin_mcf_equals_the_reference_bit_for_bit(seed):
+    rng = random.Random(100 + seed)
+    wan = random_wan(rng, rng.randint(3, 9))
+    paths = all_pairs_paths(wan, 3)
+    pairs = [p for p in paths if paths[p]]
+    chosen = rng.sample(pairs, rng.randint(1, len(pairs)))
+    demands = {p: (paths[p], rng.choice([None, None, rng.random() * G])) for p in chosen}
+    capacity = dict(wan.capacity)
+    if seed % 3 == 0:  # a link at 0: paths through it are unusable
+        capacity[next(iter(capacity))] = 0.0
+    priority = {p: rng.randrange(3) for p in chosen} if seed % 2 else None
+    weights = {p: rng.choice([1.0, 2.0, 0.5]) for p in chosen} if seed % 4 < 2 else None
+    rounds = rng.choice([1, 2, 64])
+    got_stats, want_stats = {}, {}
+    got = maxmin_mcf(demands, capacity, priority, rounds, weights, got_stats)
+    want = reference_mcf.maxmin_mcf(demands, capacity, priority, rounds, weights, want_stats)
+    assert got == want
+    assert got_stats == want_stats
