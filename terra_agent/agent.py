@@ -196,7 +196,8 @@ class Agent:
         self.in_flows: dict[tuple[str, str], InFlow] = {}
         self.groups: dict[tuple[str, str], FlowGroupSender] = {}
         self.links: dict[tuple[str, str], PeerLink] = {}
-        # links of tunnels that left the table, kept connected for a while (PeerLink.park):
+        # links of tunnels that left the table, kept connected (PeerLink.park) until their
+        # tunnel returns or a tunnel table arrives PARKED_LINK_S after they were parked:
         # (peer_agent, tunnel) -> (link, trio time parked)
         self.parked: dict[tuple[str, str], tuple[PeerLink, float]] = {}
         self.links_reused = 0  # parked links put back in use (inspection)
@@ -540,10 +541,9 @@ class Agent:
                     log.info("tunnel %s to %s removed or changed: closing its link", *key[::-1])
                     link.close()
         for key, (link, since) in list(self.parked.items()):
-            back = key in wanted and wanted[key] == link.spec
-            if back or now - since > PARKED_LINK_S or link.spec != wanted.get(key, link.spec):
+            if key in wanted or now - since > PARKED_LINK_S:
                 del self.parked[key]
-                if back and link.unpark():
+                if wanted.get(key) == link.spec and link.unpark():
                     log.info("tunnel %s to %s back: parked link reused", key[1], key[0])
                     self.links[key] = link
                     self.links_reused += 1

@@ -692,26 +692,29 @@ class FlowGroupSender:
         if not 0 < rate < math.inf or tunnel in self.kernel_paced:
             return False
         live = self._live()
-        left = sum(f.unsent_bytes() for f in live)
-        if left <= 0:
-            return False
-        chunk = min(nbytes, left)
-        mine = (self.buckets[tunnel].debt_bytes + chunk) / rate
         peers = {f.spec.dst_agent for f in live}
-        other_rate = other_debt = 0.0
-        better = False
+        others = []  # (tunnel, rate, debt) of the other usable paths
         for t, r in self.rates.items():
             if t == tunnel or r <= 0 or not self._usable(t, peers):
                 continue
             if math.isinf(r) or t in self.kernel_paced:
                 return False  # no estimate for an unlimited path
-            debt = self.buckets[t].debt_bytes
-            other_rate += r
-            other_debt += debt
-            theirs = (debt + chunk) / r
-            better = better or theirs < mine or (theirs == mine and t < tunnel)
+            others.append((t, r, self.buckets[t].debt_bytes))
+        if not others:
+            return False  # a group's only path always sends (no sum over its flows)
+        left = sum(f.unsent_bytes() for f in live)
+        if left <= 0:
+            return False
+        chunk = min(nbytes, left)
+        mine = (self.buckets[tunnel].debt_bytes + chunk) / rate
+        better = any(
+            (d + chunk) / r < mine or ((d + chunk) / r == mine and t < tunnel)
+            for t, r, d in others
+        )
         if not better:
             return False
+        other_rate = sum(r for _, r, _ in others)
+        other_debt = sum(d for _, _, d in others)
         return (other_debt + left) / other_rate <= mine
 
     def _usable(self, tunnel: str, peers: set[str]) -> bool:

@@ -166,6 +166,8 @@ def load_inputs(args: argparse.Namespace) -> Inputs:
         raise ValueError(f"--k must be >= 1, got {args.k}")
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     if args.deadline_factor is not None and not args.deadline_factor > 0:
         raise ValueError(f"--deadline-factor must be positive, got {args.deadline_factor}")
     topology = load_topology(args.topology, link_gbps=args.link_gbps)
@@ -186,11 +188,8 @@ def run(args: argparse.Namespace, inputs: Inputs | None = None) -> dict[str, Sim
     """
     inputs = inputs or load_inputs(args)
     names = SCHEDULERS if args.scheduler == "all" else [args.scheduler]
-    jobs = getattr(args, "jobs", 1)
-    if jobs < 1:
-        raise ValueError(f"--jobs must be >= 1, got {jobs}")
-    if jobs > 1 and len(names) > 1:
-        return _run_parallel(args, inputs, names, jobs)
+    if args.jobs > 1 and len(names) > 1:
+        return _run_parallel(args, inputs, names, args.jobs)
     results = {}
     for name in names:
         result = _run_one(name, args, inputs, show_progress=True)
@@ -221,7 +220,7 @@ def _run_one(
 def _run_parallel(
     args: argparse.Namespace, inputs: Inputs, names: Sequence[str], jobs: int
 ) -> dict[str, SimResult]:
-    """`run` with up to `jobs` schedulers simulated at once (docs/design.md 9: independent,
+    """`run` with up to `jobs` schedulers simulated at once (independent,
     deterministic runs, so the results equal the serial ones but for wall times). Each
     finished scheduler is reported on stderr; the results keep the order of `names`."""
     done: dict[str, SimResult | None] = {}
