@@ -51,12 +51,12 @@ def run_summary(runs: list) -> dict:
     `ovs-ofctl dump-ports` for comparison.
 
     CCT statistics are over every coflow of every run; utilization is the runs' total WAN
-    bytes / their total (capacity x busy time), e.g. runs (bytes 10, capacity 10 B/s, busy
-    1 s) and (bytes 30, 10 B/s, 3 s): 40 / (10 + 30) = 1.0.
+    bytes / their total available capacity x busy time (RunResult.capacity_time), e.g. runs
+    (bytes 10, capacity 10 B/s, busy 1 s) and (bytes 30, 10 B/s, 3 s): 40 / (10 + 30) = 1.0.
     """
     ccts = {(i, c): v for i, run in enumerate(runs) for c, v in run.cct_s.items()}
     avg, p95 = cct_stats(ccts)
-    capacity_time = sum(run.wan_capacity_bps * run.busy_s for run in runs)
+    capacity_time = sum(run.capacity_time for run in runs)
     sent = sum(run.wan_bytes_sent for run in runs)
     sent_ofctl = sum(run.wan_bytes_sent_ofctl for run in runs)
     util = sent / capacity_time if capacity_time > 0 else 0.0
@@ -254,6 +254,8 @@ def _run_details(run) -> dict:
         "wan_bytes_sent": run.wan_bytes_sent,
         "wan_bytes_sent_ofctl": run.wan_bytes_sent_ofctl,
         "wan_capacity_bytes_per_s": run.wan_capacity_bps,
+        "failed_capacity_bytes_per_s": run.failed_capacity_bps,
+        "capacity_time_bytes": run.capacity_time,
         "wan_utilization": run.wan_utilization,
         "failure_down_s": run.failure_down_s,
         "failure_up_s": run.failure_up_s,

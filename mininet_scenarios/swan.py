@@ -23,10 +23,11 @@ One run, everything real:
    single runs are noisy; per-flow TCP alternates with the first scheduler's runs);
    results.summary pools the repeats.
 6. Switch port counters before and after each run give the WAN utilization: bytes sent
-   on WAN ports / (sum of link rates x busy time), busy time = the time during which at
-   least one coflow is active (`busy_time`). The counters come from the controller's
-   OpenFlow port statistics (REST /links); `ovs-ofctl -O OpenFlow13 dump-ports` reads
-   them too, for comparison (`wan_utilization_ofctl`).
+   on WAN ports / (available link rate x busy time), busy time = the time during which at
+   least one coflow is active (`busy_time`); while the failure link is down its rate is
+   not available (`RunResult.capacity_time`, the simulator's definition). The counters
+   come from the controller's OpenFlow port statistics (REST /links); `ovs-ofctl -O
+   OpenFlow13 dump-ports` reads them too, for comparison (`wan_utilization_ofctl`).
 
 Everything is torn down in `finally` (also on Ctrl-C / SIGTERM, which the CLI turns into
 KeyboardInterrupt): the process groups started here, then Mininet; `mn -c` only if
@@ -91,6 +92,8 @@ class RunResult:
             OpenFlow port statistics (REST /links).
         wan_bytes_sent_ofctl: the same from `ovs-ofctl dump-ports` text, for comparison.
         wan_capacity_bps: sum of the directed WAN links' HTB rates (bytes/s).
+        failed_capacity_bps: HTB rates of the failure link's two directions (bytes/s), set
+            when it goes down; 0 without a failure.
         bytes_lost: expected bytes not delivered (unfinished flows, short flows).
         digest_mismatches: flows whose received digest differs from the expected one.
         throughput: coflow trace id -> [(t seconds after start, bytes delivered so far)].
@@ -106,6 +109,7 @@ class RunResult:
     wan_bytes_sent: int = 0
     wan_bytes_sent_ofctl: int = 0
     wan_capacity_bps: float = 0.0
+    failed_capacity_bps: float = 0.0
     bytes_lost: int = 0
     digest_mismatches: int = 0
     throughput: dict = field(default_factory=dict)
@@ -122,8 +126,29 @@ class RunResult:
         return busy_time(self.arrival_s, self.cct_s)
 
     @property
+    def capacity_time(self) -> float:
+        """Bytes the WAN could carry while a coflow was active: wan_capacity_bps x busy_s,
+        less failed_capacity_bps x the busy seconds while the failure link was down (from
+        failure_down_s to failure_up_s, or to the end when it never came back up in the run).
+        A down link counts 0 capacity, as in the simulator (terra_sim/simulator.py), so the
+        testbed's utilization and its simulated twin's use the same denominator.
+
+        E.g. 10 B/s of links, 4 B/s of them failed over [1, 3], busy [0, 2] and [2.5, 4]:
+        10 x 3.5 - 4 x (1 + 0.5) = 29 bytes.
+        """
+        total = self.wan_capacity_bps * self.busy_s
+        if self.failure_down_s is None or not self.failed_capacity_bps:
+            return total
+        up = self.failure_up_s if self.failure_up_s is not None else float("inf")
+        down_busy = sum(
+            max(0.0, min(hi, up) - max(lo, self.failure_down_s))
+            for lo, hi in busy_intervals(self.arrival_s, self.cct_s)
+        )
+        return total - self.failed_capacity_bps * down_busy
+
+    @property
     def wan_utilization(self) -> float:
-        """wan_bytes_sent / (wan_capacity_bps * busy_s): the WAN's use while there is demand.
+        """wan_bytes_sent / capacity_time: the WAN's use while there is demand.
 
         The port counters are read at the run's start and end, so bytes sent while no coflow
         is active (none: agents and TCP nodes are idle then) would only raise the figure.
@@ -138,8 +163,23 @@ class RunResult:
         return self._per_capacity_time(self.wan_bytes_sent_ofctl)
 
     def _per_capacity_time(self, sent: int) -> float:
-        denom = self.wan_capacity_bps * self.busy_s
+        denom = self.capacity_time
         return sent / denom if denom > 0 else 0.0
+
+
+def busy_intervals(arrival_s: dict, cct_s: dict) -> list[tuple[float, float]]:
+    """The union of the intervals [arrival, arrival + CCT] (seconds) of completed coflows, as
+    sorted disjoint (start, end) pairs.
+
+    E.g. arrivals {a: 0, b: 1, c: 5} and CCTs {a: 2, b: 2, c: 1}: [(0, 3), (5, 6)].
+    """
+    merged: list[tuple[float, float]] = []
+    for lo, hi in sorted((arrival_s[c], arrival_s[c] + cct) for c, cct in cct_s.items()):
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
 
 
 def busy_time(arrival_s: dict, cct_s: dict) -> float:
@@ -147,16 +187,7 @@ def busy_time(arrival_s: dict, cct_s: dict) -> float:
 
     E.g. arrivals {a: 0, b: 1, c: 5} and CCTs {a: 2, b: 2, c: 1}: [0, 3] and [5, 6] -> 4 s.
     """
-    intervals = sorted((arrival_s[c], arrival_s[c] + cct) for c, cct in cct_s.items())
-    total, start, end = 0.0, None, None
-    for lo, hi in intervals:
-        if end is None or lo > end:
-            if end is not None:
-                total += end - start
-            start, end = lo, hi
-        else:
-            end = max(end, hi)
-    return total + (end - start if end is not None else 0.0)
+    return sum(hi - lo for lo, hi in busy_intervals(arrival_s, cct_s))
 
 
 def verified_by_agents(flow: dict) -> bool:
@@ -453,6 +484,7 @@ class FailureThread(threading.Thread):
             before = self.controller.get("/status")["reactions_total"]
             self.flow_mods_before = self.controller.get("/tunnels")["switches"]["flow_mods"]
         t_down = time.monotonic()
+        self.result.failed_capacity_bps = _link_capacity(self.wan, f.a, f.b)
         self.wan.set_link(f.a, f.b, up=False)
         self.result.failure_down_s = t_down - self.t0
         if self.controller is not None:
@@ -668,6 +700,17 @@ def _score_baseline(result, coflows, expected, received, start_wall) -> None:
 def _wan_capacity(wan) -> float:
     """Sum of the directed WAN links' HTB rates in bytes/s."""
     return sum(intf.params.get("bw", 0) for intf in _wan_intfs(wan)) * 1e6 / 8
+
+
+def _link_capacity(wan, a: str, b: str) -> float:
+    """HTB rates (bytes/s) of the WAN link between DCs a and b, both directions summed."""
+    ends = {wan.switches[a], wan.switches[b]}
+    return sum(
+        intf.params.get("bw", 0) * 1e6 / 8
+        for link in wan.net.links
+        if {link.intf1.node, link.intf2.node} == ends
+        for intf in (link.intf1, link.intf2)
+    )
 
 
 def _wan_intfs(wan):

@@ -136,6 +136,22 @@ def test_busy_time_is_the_union_of_active_intervals():
     assert busy_time({"a": 0}, {}) == 0.0
 
 
+def test_a_down_link_counts_no_capacity_while_busy():
+    # Links 10 B/s in all, 4 B/s of them down over [1, 3]; busy [0, 2] and [2.5, 4] (3.5 s).
+    # Down while busy: [1, 2] and [2.5, 3] = 1.5 s. Capacity x time: 10 x 3.5 - 4 x 1.5 = 29.
+    run = RunResult(cct_s={"a": 2.0, "b": 1.5}, arrival_s={"a": 0.0, "b": 2.5},
+                    wan_bytes_sent=58, wan_capacity_bps=10.0, failed_capacity_bps=4.0,
+                    failure_down_s=1.0, failure_up_s=3.0)  # fmt: skip
+    assert run.capacity_time == pytest.approx(29.0)
+    assert run.wan_utilization == pytest.approx(2.0)  # 58 / 29
+    # Never back up within the run: down from 1 s to the end, [1, 2] and [2.5, 4] = 2.5 s.
+    run.failure_up_s = None
+    assert run.capacity_time == pytest.approx(35.0 - 4 * 2.5)
+    # No failure: the whole capacity counts.
+    assert RunResult(cct_s={"a": 2.0}, arrival_s={"a": 0.0}, wan_capacity_bps=10.0,
+                     failed_capacity_bps=4.0).capacity_time == pytest.approx(20.0)  # fmt: skip
+
+
 def test_summary_foi_and_percentiles():
     # Terra: both coflows arrive at 0, CCTs 1 and 3: busy 3 s; 15 bytes / (10 B/s * 3 s) = 0.5.
     terra = RunResult(cct_s={1: 1.0, 2: 3.0}, arrival_s={1: 0.0, 2: 0.0}, wan_bytes_sent=15,
