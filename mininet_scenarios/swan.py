@@ -61,6 +61,12 @@ TESTBED_TOPOLOGY = Path(__file__).resolve().parent.parent / "topologies/data/swa
 CAPACITY_FRACTION = 0.92
 AGENT_DATA_PORT = 19000
 POLL_S = 0.25
+# Congestion control of the agents' tunnel connections (terra-agent --tcp-congestion). The
+# hosts' default here is BBR, which held tunnels below their rates on these links (no
+# propagation delay, so BBR's window of 2 x bandwidth x smallest RTT is a few packets, and
+# queueing delay then caps the rate): with cubic the utilization against the simulated twin
+# rose 0.901-0.908 -> 0.920-0.927 (docs/status.md, session 7). Per-flow TCP keeps the default.
+TUNNEL_CONGESTION = "cubic"
 AGENT_SETTLE_S = 1.0
 # Log level of terra-controller and the agents (their logs go to the workdir); INFO adds
 # per-coflow completion (controller) and per-flow completion / tunnel link events (agents).
@@ -958,6 +964,8 @@ def _start_agents(wan, binding, ctl, mgmt_ip, workdir, procs, metrics: dict | No
                         LOG_LEVEL,
                         "--pki",
                         str(ctl.pki),
+                        "--tcp-congestion",
+                        TUNNEL_CONGESTION,
                         *extra,
                     ],
                     stdout=open(workdir / f"agent_{host.name}.log", "a"),

@@ -132,6 +132,9 @@ class AgentConfig:
     rate_limiter: "bucket" (default: a trio TokenBucket per FlowGroup and path) or "pacing"
     (the kernel paces each tunnel connection, SO_MAX_PACING_RATE; see Agent._plan_pacing and
     docs/design.md section 5 "Rate limiting"); terra-agent --rate-limiter.
+    tcp_congestion: the kernel TCP congestion control of the tunnel connections this agent
+    opens (e.g. "cubic"; sender.set_congestion_control; terra-agent --tcp-congestion), None
+    (default): the system's.
     """
 
     controller: tuple[str, int]
@@ -151,6 +154,7 @@ class AgentConfig:
     encrypt_data: bool = False
     max_ahead: int = MAX_AHEAD_BYTES
     rate_limiter: str = "bucket"
+    tcp_congestion: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_ahead < MAX_PAYLOAD_BYTES:
@@ -159,6 +163,11 @@ class AgentConfig:
             raise ValueError(
                 f"rate_limiter must be one of {RATE_LIMITERS}, got {self.rate_limiter!r}"
             )
+        name = self.tcp_congestion
+        if name is not None and not (
+            isinstance(name, str) and 0 < len(name) < 16 and name.isascii() and name.isidentifier()
+        ):
+            raise ValueError(f"tcp_congestion must be a kernel module name, got {name!r}")
 
     @property
     def spill_prefix(self) -> str:
@@ -571,6 +580,7 @@ class Agent:
             tls=self.config.data_tls_client,
             encrypt=self.config.encrypt_data,
             key_for=self._pair_key,
+            congestion=self.config.tcp_congestion,
         )
 
     def _pair_key(self, peer_agent: str) -> bytes | None:

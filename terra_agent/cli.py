@@ -3,7 +3,8 @@
     terra-agent --controller HOST:PORT --dc DC --id AGENT_ID --data-addr HOST:PORT
                 (--pki DIR | --insecure) [--spill-dir DIR] [--memory-limit BYTES]
                 [--log-level LEVEL] [--data-root DIR] [--encrypt-data] [--max-ahead BYTES]
-                [--metrics HOST:PORT] [--rate-limiter {bucket,pacing}] [--version]
+                [--metrics HOST:PORT] [--rate-limiter {bucket,pacing}]
+                [--tcp-congestion NAME] [--version]
 
 --pki DIR: the agent authenticates to the controller with DIR/AGENT_ID.crt and .key (made by
 `terra-controller pki issue DIR --role agent AGENT_ID`) and verifies the controller against
@@ -27,6 +28,12 @@ flow is refused (synthetic / digest-only flows still run).
 token bucket per FlowGroup and path) or "pacing" (the kernel paces each FlowGroup's own tunnel
 connections with SO_MAX_PACING_RATE; docs/design.md section 5.1 "Rate limiting").
 
+--tcp-congestion NAME: the kernel TCP congestion control of the tunnel connections this agent
+opens (e.g. cubic; default: the system's, net.ipv4.tcp_congestion_control). The controller's
+rates already share the links, so a tunnel's congestion control only has to keep up with its
+rate; docs/design.md section 5.1 "Tunnel congestion control" says when BBR does not. A name the
+kernel refuses is an error at start.
+
 --spill-dir DIR: where out-of-order bytes beyond --memory-limit go; created (mode 0700) when
 it does not exist.
 
@@ -39,6 +46,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import ssl
 import sys
 from pathlib import Path
@@ -59,6 +67,7 @@ from terra_core.cli_support import HelpFormatter, add_common_args, setup_logging
 from .agent import Agent, AgentConfig, parse_memory
 from .metrics import serve_metrics
 from .receiver import MAX_AHEAD_BYTES
+from .sender import set_congestion_control
 
 
 def _addr(text: str) -> tuple[str, int]:
@@ -157,8 +166,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="how per-path rates are enforced: bucket (a trio token bucket per FlowGroup and "
         "path) or pacing (the kernel's TCP pacing of a connection per FlowGroup and path)",
     )
+    p.add_argument(
+        "--tcp-congestion", metavar="NAME", default=None,
+        help="kernel TCP congestion control of the tunnel connections this agent opens "
+        "(e.g. cubic; default: the system's)",
+    )  # fmt: skip
     add_common_args(p)
     return p
+
+
+def check_congestion_control(name: str) -> str | None:
+    """None if this process may use the kernel TCP congestion control `name` (tried on a
+    throwaway socket, so a module the kernel loads on demand counts), else why not."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            set_congestion_control(sock, name)
+        except (OSError, UnicodeEncodeError) as exc:
+            return f"--tcp-congestion {name!r}: {getattr(exc, 'strerror', None) or exc}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_ahead < MAX_PAYLOAD_BYTES:
         print(f"terra-agent: --max-ahead must be >= {MAX_PAYLOAD_BYTES}", file=sys.stderr)
         return 2
+    if args.tcp_congestion is not None:
+        problem = check_congestion_control(args.tcp_congestion)
+        if problem is not None:
+            print(f"terra-agent: {problem}", file=sys.stderr)
+            return 2
     if args.insecure:
         logging.getLogger("terra_agent").warning(
             "--insecure: plain TCP to the controller, unauthenticated data connections"
@@ -212,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         encrypt_data=args.encrypt_data,
         max_ahead=args.max_ahead,
         rate_limiter=args.rate_limiter,
+        tcp_congestion=args.tcp_congestion,
     )
     agent = Agent(config)
     if args.metrics is not None:

@@ -87,6 +87,24 @@ def detect_dead_peers(stream: trio.SocketStream, timeout_s: float = DEAD_PEER_S)
                 pass
 
 
+def set_congestion_control(sock: socket.socket, name: str) -> None:
+    """Make `sock` use the kernel's TCP congestion control `name` (TCP_CONGESTION, e.g.
+    "cubic"); it applies to an open connection too.
+
+    Why an agent may want one (docs/design.md 5.1, "Tunnel congestion control"): the
+    controller's rates already share each link, so a tunnel connection's congestion control
+    only has to keep up with its rate. BBR, a common default, sizes its window at twice its
+    bandwidth estimate times the smallest RTT seen and probes for more bandwidth only every
+    eight round trips, so on short paths with queueing it holds a connection below a rate
+    the controller just raised.
+
+    Raises:
+        OSError: the kernel does not know `name` (ENOENT) or this process may not use it
+            (EPERM: not in net.ipv4.tcp_allowed_congestion_control and not privileged).
+    """
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode("ascii"))
+
+
 def allow_unsent_bytes(stream: trio.SocketStream, nbytes: int) -> None:
     """Let the kernel queue up to about `nbytes` not-yet-sent bytes on `stream`
     (TCP_NOTSENT_LOWAT: the socket is writable while fewer are queued).
@@ -294,6 +312,9 @@ class PeerLink:
     lets paced_unsent_bytes() (~100 ms of its rate, at least a chunk) of unsent bytes queue in
     the kernel, so the pacer does not idle while the sending task wakes up late. pacing_rate is
     None on bucket links.
+
+    congestion: the kernel TCP congestion control of every connection it makes (terra-agent
+    --tcp-congestion, set_congestion_control), or None for the system's default.
     """
 
     def __init__(
@@ -306,8 +327,10 @@ class PeerLink:
         tls=None,
         encrypt: bool = False,
         key_for=None,
+        congestion: str | None = None,
     ) -> None:
         self.spec = spec
+        self.congestion = congestion
         self.tls = tls
         self.encrypt = encrypt and tls is not None
         self.key_for = key_for
@@ -391,6 +414,8 @@ class PeerLink:
             )
             self._stream = stream
             detect_dead_peers(stream, TUNNEL_DEAD_PEER_S)
+            if self.congestion is not None:
+                set_congestion_control(stream.socket, self.congestion)
             if self.pacing_rate is not None:
                 self._apply_pacing(stream)
             self._unsent_limit = MIN_UNSENT_BYTES  # trio's setting
