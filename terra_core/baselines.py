@@ -29,7 +29,7 @@ import numpy as np
 
 from terra_core.flow_bundles import flow_count
 from terra_core.maxmin import csr_ranges, link_index, maxmin_levels_sparse, path_entries
-from terra_core.mcf import maxmin_mcf
+from terra_core.mcf import McfWarmStart, maxmin_mcf
 from terra_core.policy import Allocation, PathSource, Remaining
 from topologies import Link, Path, Topology, all_pairs_paths, path_links
 from workloads import Coflow, Flow
@@ -434,6 +434,7 @@ class SwanMcfPolicy(_PairPolicy):
     ) -> None:
         super().__init__(topology, k, path_source)
         self._mcf_cache: dict[tuple, tuple[list[Path], np.ndarray, np.ndarray]] = {}
+        self._warm = McfWarmStart()  # the last MCF's first basis, to start the next from
 
     def pair_levels(
         self, now: float, pairs: tuple[tuple[str, str], ...], members: np.ndarray
@@ -442,7 +443,9 @@ class SwanMcfPolicy(_PairPolicy):
 
         The MCF depends only on the active pairs (in order) and the link capacities, so
         its answer is cached under those: events that change neither (most flow
-        completions) reuse it, with identical results.
+        completions) reuse it, with identical results. It is solved in its compact form,
+        its first LP started from the previous call's basis (mcf.maxmin_mcf `compact`,
+        `warm`): the pairs' total rates are the unique max-min fair ones either way.
         """
         capacity = self._capacity().tolist()
         key = (pairs, tuple(capacity))
@@ -451,7 +454,8 @@ class SwanMcfPolicy(_PairPolicy):
             if len(self._mcf_cache) >= _MCF_CACHE_SIZE:
                 self._mcf_cache.clear()
             demands = {pair: (self._paths.get(pair, []), None) for pair in pairs}
-            rates = maxmin_mcf(demands, dict(zip(self._rows, capacity, strict=True)))
+            capacities = dict(zip(self._rows, capacity, strict=True))
+            rates = maxmin_mcf(demands, capacities, compact=True, warm=self._warm)
             found = [(p, i, r) for i, pair in enumerate(pairs) for p, r in rates[pair]]
             cached = (
                 [p for p, _, _ in found],
