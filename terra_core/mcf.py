@@ -26,6 +26,14 @@ commodity could use is left idle.
 
 Priority classes: commodities with a smaller priority are filled first (max-min
 among themselves); a class sees only what the earlier classes left.
+
+Two forms of the same LPs (same optima, so the same per-commodity totals, which are
+unique for max-min fairness): `_McfLp` (the default; two rows per commodity, bounds
+changes only) and `_CompactMcfLp` (`compact=True`: one row per commodity and one new
+level column per round, about 0.6x the CPU time on ATT), optionally started from the
+previous call's first basis (`McfWarmStart`). Their splits over paths may differ (the
+LPs have many optimal splits), which is why Terra's round keeps the default and the
+swan-mcf baseline, whose CCTs depend on the totals only, uses the compact form.
 """
 
 from __future__ import annotations
