@@ -30,7 +30,7 @@ among themselves); a class sees only what the earlier classes left.
 Two forms of the same LPs (same optima, so the same per-commodity totals, which are
 unique for max-min fairness): `_McfLp` (the default; two rows per commodity, bounds
 changes only) and `_CompactMcfLp` (`compact=True`: one row per commodity and one new
-level column per round, about 0.6x the CPU time on ATT), optionally started from the
+level column per round, about 0.7x the CPU time on ATT), optionally started from the
 previous call's first basis (`McfWarmStart`). Their splits over paths may differ (the
 LPs have many optimal splits), which is why Terra's round keeps the default and the
 swan-mcf baseline, whose CCTs depend on the totals only, uses the compact form.
@@ -81,8 +81,8 @@ def maxmin_mcf(
             would get together.
         stats: optional dict; its "lps" entry is increased by the LPs solved.
         compact: solve the LPs with one row per commodity (`_CompactMcfLp`, about
-            0.6x the CPU time on large instances). Every commodity gets the same total
-            rate (max-min fair totals are unique; equal to ~1e-12 relative), but its
+            0.7x the CPU time on large instances). Every commodity gets the same total
+            rate (max-min fair totals are unique; equal to ~1e-11 relative), but its
             split over paths may differ, since the LP has many optimal splits and
             another formulation lands on another one. Terra's round keeps the default
             (its step 6 fills what step 5's split left, so the split shows in CCTs).
@@ -331,10 +331,11 @@ class _CompactMcfLp(_FillLp):
     the rounds r where k was active; and D_k: Σ_p x_{k,p} ≤ cap_k for a finite cap only.
     Round r adds Δ_r (cost 1, ≥ 0) with −w_k in the row of every active k; after the
     solve Δ_r is fixed at its value (cost 0), so the class level t is the sum of its Δs.
-    Active commodity: C_k ≥ 0. Frozen: C_k fixed at its value in the last solve (its
-    total stays where it is). Not yet in play (a later priority class): C_k = 0 with no
-    Δ in it, so Σ_p x = 0. The basis has about half the rows of `_McfLp`'s; on ATT's
-    DC pairs a maxmin_mcf call takes about 0.6x the CPU time.
+    Active commodity: C_k ≥ 0. Frozen: C_k = 0, so Σ_p x_{k,p} = w_k · level (after the
+    round limit: C_k fixed at its value in the last solve). Not yet in play (a later
+    priority class): C_k = 0 with no Δ in it, so Σ_p x = 0. The basis has about half
+    the rows of `_McfLp`'s; on ATT's DC pairs a maxmin_mcf call takes about 0.7x the
+    CPU time.
     """
 
     def __init__(
