@@ -29,7 +29,7 @@ import numpy as np
 
 from terra_core.flow_bundles import flow_count
 from terra_core.maxmin import csr_ranges, link_index, maxmin_levels_sparse, path_entries
-from terra_core.mcf import maxmin_mcf
+from terra_core.mcf import McfWarmStart, maxmin_mcf
 from terra_core.policy import Allocation, PathSource, Remaining
 from topologies import Link, Path, Topology, all_pairs_paths, path_links
 from workloads import Coflow, Flow
@@ -434,36 +434,55 @@ class SwanMcfPolicy(_PairPolicy):
     ) -> None:
         super().__init__(topology, k, path_source)
         self._mcf_cache: dict[tuple, tuple[list[Path], np.ndarray, np.ndarray]] = {}
+        self._mcf_rates: dict[tuple, dict] = {}  # maxmin_mcf answers by set of pairs
+        self._warm = McfWarmStart()  # the last MCF's first basis, to start the next from
 
     def pair_levels(
         self, now: float, pairs: tuple[tuple[str, str], ...], members: np.ndarray
     ) -> PairLevels:
         """Per-member rates: each pair's max-min MCF rate on a path over its members.
 
-        The MCF depends only on the active pairs (in order) and the link capacities, so
-        its answer is cached under those: events that change neither (most flow
-        completions) reuse it, with identical results.
+        The MCF depends only on the set of active pairs and the link capacities, so its
+        answer is cached under those (events that change neither, such as most flow
+        completions, or only the pairs' order, reuse it) and laid out in the pairs' order
+        (cached too, under the order). It is solved in its compact form, its first LP
+        started from the previous solve's basis (mcf.maxmin_mcf `compact`, `warm`): the
+        pairs' total rates are the unique max-min fair ones whatever the order or form;
+        only their split over paths may differ, which no flow's rate depends on.
         """
-        capacity = self._capacity().tolist()
-        key = (pairs, tuple(capacity))
-        cached = self._mcf_cache.get(key)
+        capacity = tuple(self._capacity().tolist())
+        cached = self._mcf_cache.get((pairs, capacity))
         if cached is None:
             if len(self._mcf_cache) >= _MCF_CACHE_SIZE:
                 self._mcf_cache.clear()
-            demands = {pair: (self._paths.get(pair, []), None) for pair in pairs}
-            rates = maxmin_mcf(demands, dict(zip(self._rows, capacity, strict=True)))
+            rates = self._mcf(pairs, capacity)
             found = [(p, i, r) for i, pair in enumerate(pairs) for p, r in rates[pair]]
             cached = (
                 [p for p, _, _ in found],
                 np.array([i for _, i, _ in found], dtype=np.intp),
                 np.array([r for _, _, r in found], dtype=float),
             )
-            self._mcf_cache[key] = cached
+            self._mcf_cache[(pairs, capacity)] = cached
         paths, pair, total = cached
         return PairLevels(paths, pair, total / members[pair])
 
+    def _mcf(self, pairs: tuple[tuple[str, str], ...], capacity: tuple[float, ...]) -> dict:
+        """maxmin_mcf's {pair: [(path, bytes/s), ...]} for the set of `pairs` on the link
+        capacities `capacity` (in self._rows order), from the cache when it has the set."""
+        key = (frozenset(pairs), capacity)
+        rates = self._mcf_rates.get(key)
+        if rates is None:
+            if len(self._mcf_rates) >= _MCF_CACHE_SIZE:
+                self._mcf_rates.clear()
+            demands = {pair: (self._paths.get(pair, []), None) for pair in pairs}
+            capacities = dict(zip(self._rows, capacity, strict=True))
+            rates = maxmin_mcf(demands, capacities, compact=True, warm=self._warm)
+            self._mcf_rates[key] = rates
+        return rates
+
     def _clear_caches(self) -> None:
         self._mcf_cache.clear()
+        self._mcf_rates.clear()
 
 
 _MCF_CACHE_SIZE = 256  # cached swan-mcf answers kept before the cache is emptied

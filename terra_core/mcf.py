@@ -26,12 +26,21 @@ commodity could use is left idle.
 
 Priority classes: commodities with a smaller priority are filled first (max-min
 among themselves); a class sees only what the earlier classes left.
+
+Two forms of the same LPs (same optima, so the same per-commodity totals, which are
+unique for max-min fairness): `_McfLp` (the default; two rows per commodity, bounds
+changes only) and `_CompactMcfLp` (`compact=True`: one row per commodity and one new
+level column per round, about 0.7x the CPU time on ATT), optionally started from the
+previous call's first basis (`McfWarmStart`). Their splits over paths may differ (the
+LPs have many optimal splits), which is why Terra's round keeps the default and the
+swan-mcf baseline, whose CCTs depend on the totals only, uses the compact form.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
 
+import highspy
 import numpy as np
 
 from terra_core.lp import INF, new_highs, pass_lp, solve
@@ -52,6 +61,8 @@ def maxmin_mcf(
     max_rounds: int = 64,
     weights: dict[Hashable, float] | None = None,
     stats: dict | None = None,
+    compact: bool = False,
+    warm: McfWarmStart | None = None,
 ) -> Rates:
     """Max-min fair rates for commodities that may each split over several paths.
 
@@ -69,6 +80,15 @@ def maxmin_mcf(
             identical ones (same paths, no cap) with weight n gets what the n
             would get together.
         stats: optional dict; its "lps" entry is increased by the LPs solved.
+        compact: solve the LPs with one row per commodity (`_CompactMcfLp`, about
+            0.7x the CPU time on large instances). Every commodity gets the same total
+            rate (max-min fair totals are unique; equal to ~1e-11 relative), but its
+            split over paths may differ, since the LP has many optimal splits and
+            another formulation lands on another one. Terra's round keeps the default
+            (its step 6 fills what step 5's split left, so the split shows in CCTs).
+        warm: with compact, an McfWarmStart kept across calls: the first LP starts
+            from the previous call's first optimal basis (same totals, fewer simplex
+            iterations when consecutive calls are alike).
 
     Returns:
         {key: [(path, bytes/s), ...]} for every key of `demands`, listing only
@@ -85,7 +105,10 @@ def maxmin_mcf(
         if not isinstance(cap, int | float) or not cap >= 0:
             raise ValueError(f"link {link}: capacity must be a number >= 0, got {cap!r}")
     result: Rates = {key: [] for key in demands}
-    lp = _McfLp(demands, capacity, weights or {})
+    if compact:
+        lp: _FillLp = _CompactMcfLp(demands, capacity, weights or {}, warm)
+    else:
+        lp = _McfLp(demands, capacity, weights or {})
     if not lp.cols:
         return result
     classes = sorted({(priority or {}).get(k, 0) for k in lp.keys})
@@ -101,15 +124,11 @@ def maxmin_mcf(
     return result
 
 
-class _McfLp:
-    """The progressive-filling LP, kept in one HiGHS instance and changed by bounds only
-    (so every re-solve starts warm from the previous basis).
-
-    Columns: x_{k,p} (one per commodity path), z_k (one per commodity), t.
-    Rows: one per link (Σ x ≤ c_e), A_k: Σ_p x_{k,p} − z_k = 0, B_k: z_k − t ≥ 0.
-    Active commodity: z_k ∈ [0, cap_k], B_k on. Frozen at f: z_k ∈ [f, f], B_k free.
-    Not yet in play (a later priority class): z_k ∈ [0, 0], B_k free.
-    """
+class _FillLp:
+    """What both progressive-filling LPs share: the columns x_{k,p} (one per commodity and
+    usable path, commodities with cap 0 or no usable path left out), the link rows, and
+    the final rates with tolerance overloads scaled away. Subclasses load the LP into
+    `self.h` (`_load`) and implement `fill` and `rates`."""
 
     def __init__(
         self,
@@ -122,11 +141,11 @@ class _McfLp:
         self.weights: list[float] = []
         self.solves = 0
         self.cols: list[tuple[int, Path]] = []
-        self.link_rows: dict[Link, int] = {}
-        col_rows: list[list[int]] = []
+        col_links: list[tuple[Link, ...]] = []
+        open_links = {link for link, cap in capacity.items() if cap > 0}
         for key, (paths, cap) in demands.items():
-            cap = _check_cap(key, cap)
-            usable = [p for p in paths if _usable(key, p, capacity)]
+            cap = INF if cap is None else _check_cap(key, cap)
+            usable = _usable_paths(key, paths, open_links)
             if cap == 0 or not usable:
                 continue
             idx = len(self.keys)
@@ -134,46 +153,102 @@ class _McfLp:
             self.caps.append(cap)
             self.weights.append(_check_weight(key, weights.get(key, 1.0)))
             for path in dict.fromkeys(usable):
-                setdefault = self.link_rows.setdefault
-                rows = [setdefault(link, len(self.link_rows)) for link in links_of(path)]
                 self.cols.append((idx, path))
-                col_rows.append(rows)
+                col_links.append(links_of(path))
         if not self.cols:
             return
-        # the link rows of every column's path, column after column (for `rates`)
-        self.entry_row = np.fromiter((r for rows in col_rows for r in rows), np.intp)
-        self.entry_col = np.repeat(np.arange(len(col_rows)), [len(rows) for rows in col_rows])
-        self.entry_start = np.cumsum([0] + [len(rows) for rows in col_rows[:-1]])
+        # link rows numbered in order of first use; the link rows of every column's path,
+        # column after column (entry_row), from entry_start[j] on for column j
+        flat = [link for links in col_links for link in links]
+        self.link_rows: dict[Link, int] = {link: i for i, link in enumerate(dict.fromkeys(flat))}
+        self.entry_row = np.fromiter(map(self.link_rows.__getitem__, flat), np.intp, len(flat))
+        self.link_count = np.fromiter(map(len, col_links), np.intp, len(col_links))
+        self.entry_col = np.repeat(np.arange(len(col_links)), self.link_count)
+        self.owner = np.fromiter((i for i, _ in self.cols), np.intp, len(self.cols))
+        self.entry_start = np.zeros(len(col_links), np.intp)
+        np.cumsum(self.link_count[:-1], out=self.entry_start[1:])
         self.capacity = {link: capacity[link] for link in self.link_rows}
         self.scale = max(self.capacity.values())
+        self.h = new_highs(primal=True)
+        self._load()
+
+    def _load(self) -> None:
+        """Pass the LP to self.h."""
+        raise NotImplementedError
+
+    def _x_entries(self, *extra: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """CSC column starts (len n + 1) and row indices (int32) of the n x columns: column
+        j has its path's link rows, then extra[0][j], extra[1][j], ... (rows; −1 = none)."""
+        count = self.link_count.copy()
+        for rows in extra:
+            count += rows >= 0
+        starts = np.zeros(len(count) + 1, np.int32)
+        np.cumsum(count, out=starts[1:])
+        index = np.empty(starts[-1], np.int32)
+        col = self.entry_col
+        index[starts[col] + np.arange(len(col)) - self.entry_start[col]] = self.entry_row
+        at = starts[:-1] + self.link_count
+        for rows in extra:
+            has = rows >= 0
+            index[at[has]] = rows[has]
+            at += has
+        return starts, index
+
+    def _solve(self) -> bool:
+        self.solves += 1
+        return solve(self.h)
+
+    def _scaled(self, value: list[float]) -> list[float]:
+        """Per-column rates in bytes/s from the x values of a solve (scaled units),
+        scaled down where solver tolerance left a link a hair over its capacity.
+
+        The loads are summed with np.bincount over the columns' links in column order
+        (the order of a per-link running sum), so the same loads and factors as a loop."""
+        n = len(self.cols)
+        rates = np.array([max(0.0, value[c]) * self.scale for c in range(n)])
+        load = np.bincount(
+            self.entry_row, weights=rates[self.entry_col], minlength=len(self.link_rows)
+        )
+        cap = np.fromiter(self.capacity.values(), float, len(self.capacity))  # row order
+        over = load > cap
+        if over.any():
+            ratio = np.ones(len(cap))
+            ratio[over] = cap[over] / load[over]
+            rates *= np.minimum.reduceat(ratio[self.entry_row], self.entry_start)
+        return rates.tolist()
+
+
+class _McfLp(_FillLp):
+    """The progressive-filling LP, kept in one HiGHS instance and changed by bounds only
+    (so every re-solve starts warm from the previous basis).
+
+    Columns: x_{k,p} (one per commodity path), z_k (one per commodity), t.
+    Rows: one per link (Σ x ≤ c_e), A_k: Σ_p x_{k,p} − z_k = 0, B_k: z_k − t ≥ 0.
+    Active commodity: z_k ∈ [0, cap_k], B_k on. Frozen at f: z_k ∈ [f, f], B_k free.
+    Not yet in play (a later priority class): z_k ∈ [0, 0], B_k free.
+    """
+
+    def _load(self) -> None:
         n_links, m, nx = len(self.link_rows), len(self.keys), len(self.cols)
         self.a_row, self.b_row = n_links, n_links + m  # first A_k row, first B_k row
         self.z_col, self.t_col = nx, nx + m
-        starts, index, value = [0], [], []
-        for (i, _), rows in zip(self.cols, col_rows, strict=True):
-            index.extend(rows)
-            index.append(self.a_row + i)
-            value.extend([1.0] * (len(rows) + 1))
-            starts.append(len(index))
-        for i in range(m):  # z_k: −1 in A_k, +1 in B_k
-            index.extend([self.a_row + i, self.b_row + i])
-            value.extend([-1.0, 1.0])
-            starts.append(len(index))
-        index.extend(range(self.b_row, self.b_row + m))  # t: −w_k in every B_k
-        value.extend(-w for w in self.weights)
-        starts.append(len(index))
+        x_starts, x_index = self._x_entries(self.a_row + self.owner)
+        nnz = len(x_index)
+        starts = np.concatenate([x_starts, nnz + 2 * np.arange(1, m + 1), [nnz + 3 * m]])
+        z_index = np.stack([self.a_row + np.arange(m), self.b_row + np.arange(m)], axis=1)
+        index = np.concatenate([x_index, z_index.ravel(), self.b_row + np.arange(m)])
+        # x: +1 in its link rows and A_k; z_k: −1 in A_k, +1 in B_k; t: −w_k in every B_k
+        value = np.concatenate([np.ones(nnz), np.tile([-1.0, 1.0], m), -np.array(self.weights)])
         n_rows, n_cols = n_links + 2 * m, nx + m + 1
         row_lower = np.full(n_rows, -INF)
         row_upper = np.full(n_rows, INF)
-        for link, row in self.link_rows.items():
-            row_upper[row] = self.capacity[link] / self.scale
+        row_upper[:n_links] = np.fromiter(self.capacity.values(), float, n_links) / self.scale
         row_lower[self.a_row : self.b_row] = 0.0
         row_upper[self.a_row : self.b_row] = 0.0
         col_upper = np.full(n_cols, INF)
         col_upper[self.z_col : self.t_col] = 0.0
         cost = np.zeros(n_cols)
         cost[self.t_col] = 1.0
-        self.h = new_highs(primal=True)
         pass_lp(
             self.h,
             True,
@@ -209,10 +284,6 @@ class _McfLp:
         if active:
             self._finish(active)
 
-    def _solve(self) -> bool:
-        self.solves += 1
-        return solve(self.h)
-
     def _freeze(self, members: set[int], levels: list[float]) -> None:
         """Pin member i's total rate to levels[i] (scaled units) and take it out of t's rows."""
         for i in members:
@@ -243,27 +314,206 @@ class _McfLp:
         self._freeze(active, levels)
 
     def rates(self) -> list[float]:
-        """Per-column rates in bytes/s from a final solve, scaled down where solver
-        tolerance left a link a hair over its capacity.
-
-        The loads are summed with np.bincount over the columns' links in column order
-        (the order of a per-link running sum), so the same loads and factors as a loop."""
+        """Per-column rates in bytes/s from a final solve (see `_FillLp._scaled`)."""
         self.h.changeColBounds(self.t_col, 0.0, 0.0)  # every commodity is frozen by now
-        n = len(self.cols)
         if not self._solve():
-            return [0.0] * n
-        value = self.h.getSolution().col_value
-        rates = np.array([max(0.0, value[c]) * self.scale for c in range(n)])
-        load = np.bincount(
-            self.entry_row, weights=rates[self.entry_col], minlength=len(self.link_rows)
+            return [0.0] * len(self.cols)
+        return self._scaled(self.h.getSolution().col_value)
+
+
+class _CompactMcfLp(_FillLp):
+    """The same progressive filling with one row per commodity instead of two, kept in
+    one HiGHS instance: every re-solve starts warm from the previous basis (bounds, costs
+    and new columns only, no coefficient changes).
+
+    Columns: x_{k,p} (one per commodity path), then one level step Δ_r per round r.
+    Rows: one per link (Σ x ≤ c_e); one per commodity, C_k: Σ_p x_{k,p} − w_k Σ Δ_r over
+    the rounds r where k was active; and D_k: Σ_p x_{k,p} ≤ cap_k for a finite cap only.
+    Round r adds Δ_r (cost 1, ≥ 0) with −w_k in the row of every active k; after the
+    solve Δ_r is fixed at its value (cost 0), so the class level t is the sum of its Δs.
+    Active commodity: C_k ≥ 0. Frozen: C_k = 0, so Σ_p x_{k,p} = w_k · level (after the
+    round limit: C_k fixed at its value in the last solve). Not yet in play (a later
+    priority class): C_k = 0 with no Δ in it, so Σ_p x = 0. The basis has about half
+    the rows of `_McfLp`'s; on ATT's DC pairs a maxmin_mcf call takes about 0.7x the
+    CPU time.
+    """
+
+    def __init__(
+        self,
+        demands: dict[Hashable, Demand],
+        capacity: dict[Link, float],
+        weights: dict[Hashable, float],
+        warm: McfWarmStart | None = None,
+    ) -> None:
+        self.warm = warm
+        super().__init__(demands, capacity, weights)
+
+    def _load(self) -> None:
+        """Pass the x columns and the link, C_k and D_k rows (every C_k at 0)."""
+        n_links, m = len(self.link_rows), len(self.keys)
+        self.c_row = n_links  # first C_k row
+        self.step_col = -1  # the Δ column of the current round (none yet)
+        self.x: list[float] = [0.0] * len(self.cols)  # x of the last solve (scaled units)
+        self.weight_array = np.array(self.weights)
+        self.stale = False  # bounds changed without a solve since (`rates` re-solves)
+        capped = np.array(self.caps) < INF
+        d_row = np.full(m, -1)
+        d_row[capped] = n_links + m + np.arange(np.count_nonzero(capped))
+        starts, index = self._x_entries(self.c_row + self.owner, d_row[self.owner])
+        n_rows = n_links + m + np.count_nonzero(capped)
+        row_lower = np.full(n_rows, -INF)
+        row_upper = np.full(n_rows, INF)
+        row_upper[:n_links] = np.fromiter(self.capacity.values(), float, n_links) / self.scale
+        row_lower[n_links : n_links + m] = 0.0
+        row_upper[n_links : n_links + m] = 0.0
+        row_upper[d_row[capped]] = np.array(self.caps)[capped] / self.scale
+        n_cols = len(self.cols)
+        pass_lp(
+            self.h,
+            True,
+            np.zeros(n_cols),
+            np.zeros(n_cols),
+            np.full(n_cols, INF),
+            row_lower,
+            row_upper,
+            np.asarray(starts, dtype=np.int32),
+            np.asarray(index, dtype=np.int32),
+            np.ones(len(index)),
         )
-        cap = np.fromiter(self.capacity.values(), float, len(self.capacity))  # row order
-        over = load > cap
-        if over.any():
-            ratio = np.ones(len(cap))
-            ratio[over] = cap[over] / load[over]
-            rates *= np.minimum.reduceat(ratio[self.entry_row], self.entry_start)
-        return rates.tolist()
+
+    def fill(self, members: list[int], max_rounds: int) -> None:
+        """Progressive filling of the commodities `members` (indices into self.keys)."""
+        h = self.h
+        active = np.array(sorted(members), dtype=np.int32)
+        rows = self.c_row + active
+        h.changeRowsBounds(len(rows), rows, np.zeros(len(rows)), np.full(len(rows), INF))
+        level = 0.0  # the class level t (scaled units)
+        for _ in range(max_rounds):
+            if not len(active):
+                return
+            self._add_step(active)
+            if not self._solve_round():
+                self._fail(active, level)
+                return
+            step = h.getObjectiveValue()  # Δ is the only column with a cost
+            level += step
+            duals = np.asarray(h.getSolution().row_dual)[self.c_row + active]
+            done = np.abs(duals) > _DUAL_TOL
+            if done.all() or not done.any():  # the class's last round: keep its x
+                done[:] = True
+                self.x = h.getSolution().col_value[: len(self.cols)]
+            h.changeColBounds(self.step_col, step, step)
+            h.changeColCost(self.step_col, 0.0)
+            self._freeze(active[done])
+            active = active[~done]
+        if len(active):
+            self._finish(active)
+
+    def _add_step(self, active: np.ndarray) -> None:
+        """Add this round's level step Δ (cost 1, ≥ 0): −w_k in the row of each active k."""
+        rows = (self.c_row + active).astype(np.int32)
+        self.step_col = self.h.getNumCol()
+        self.h.addCol(1.0, 0.0, INF, len(rows), rows, -self.weight_array[active])
+
+    def _solve_round(self) -> bool:
+        """Solve a round's LP; the first LP of the call starts from `self.warm`'s basis (if
+        any) and leaves its optimal basis there for the next call."""
+        first = self.solves == 0 and self.warm is not None
+        if first:
+            self.warm.apply(self)
+        ok = self._solve()
+        if first and ok:
+            self.warm.save(self)
+        return ok
+
+    def _solve(self) -> bool:
+        ok = super()._solve()
+        self.stale = not ok
+        return ok
+
+    def _freeze(self, members: np.ndarray, value: np.ndarray | None = None) -> None:
+        """Fix the rows C_k of `members` at `value` (default 0: Σ_p x_{k,p} = w_k · level,
+        where the last solve has a commodity whose row has a non-zero dual)."""
+        rows = (self.c_row + members).astype(np.int32)
+        value = np.zeros(len(rows)) if value is None else value
+        self.h.changeRowsBounds(len(rows), rows, value, value)
+
+    def _fail(self, active: np.ndarray, level: float) -> None:
+        """The solver gave up: the active commodities get rate 0 (C_k = −w_k · level)."""
+        self.h.changeColBounds(self.step_col, 0.0, 0.0)
+        rows = (self.c_row + active).astype(np.int32)
+        value = -self.weight_array[active] * level
+        self.h.changeRowsBounds(len(rows), rows, value, value)
+        self.stale = True
+
+    def _finish(self, active: np.ndarray) -> None:
+        """Round limit hit: keep every active commodity at least at the current level and
+        maximize their total rate (up to their caps), then freeze them there."""
+        h = self.h
+        cols = np.flatnonzero(np.isin(self.owner, active)).astype(np.int32)
+        h.changeColsCost(len(cols), cols, np.ones(len(cols)))
+        if self._solve():
+            solution = h.getSolution()
+            self.x = solution.col_value[: len(self.cols)]
+            self._freeze(active, np.asarray(solution.row_value)[self.c_row + active])
+        h.changeColsCost(len(cols), cols, np.zeros(len(cols)))
+
+    def rates(self) -> list[float]:
+        """Per-column rates in bytes/s from the last solve, re-solved first if a failure
+        changed bounds since (see `_FillLp._scaled`)."""
+        if self.stale:
+            if not self._solve():
+                return [0.0] * len(self.cols)
+            self.x = self.h.getSolution().col_value[: len(self.cols)]
+        return self._scaled(self.x)
+
+
+class McfWarmStart:
+    """The optimal basis of the first LP of the last `maxmin_mcf(compact=True)` call, by
+    name, to start the next call's first LP from: in the simulator consecutive calls
+    differ by a few DC pairs or capacities, and the first LP of a call from the slack
+    basis is its most expensive one (hundreds to tens of thousands of simplex
+    iterations; from the last basis, a few on ATT). Kept: the paths whose x was basic,
+    and whether each link row and commodity row was (a non-basic x is at 0, a non-basic
+    link row at its capacity, a non-basic commodity row at its lower bound). Paths, links
+    and commodities the last call did not have start non-basic (x) or basic (rows);
+    HiGHS completes the basis ("alien" basis) when the count of basic variables is off.
+    Only the starting point changes, not the LP: the same optimum, so the same totals
+    (the split over paths may differ). Keep one per caller (e.g. one per policy).
+    """
+
+    def __init__(self) -> None:
+        self.paths: set[Path] = set()  # paths with x basic
+        self.links: dict[Link, bool] = {}  # link -> its row was basic
+        self.keys: dict[Hashable, bool] = {}  # commodity key -> its row C_k was basic
+
+    def apply(self, lp: _CompactMcfLp) -> None:
+        """Give `lp`'s loaded first LP (x columns, one step column) the saved basis."""
+        if not self.keys:
+            return
+        status = highspy.HighsBasisStatus
+        lower, upper, basic = status.kLower, status.kUpper, status.kBasic
+        paths, links, keys = self.paths, self.links.get, self.keys.get
+        basis = highspy.HighsBasis()
+        basis.col_status = [basic if p in paths else lower for _, p in lp.cols] + [basic]
+        rows = [basic if links(link, True) else upper for link in lp.link_rows]
+        rows += [basic if keys(key, True) else lower for key in lp.keys]
+        basis.row_status = rows + [basic] * (lp.h.getNumRow() - len(rows))  # D_k rows
+        basis.valid = True
+        basis.alien = True
+        lp.h.setBasis(basis)
+
+    def save(self, lp: _CompactMcfLp) -> None:
+        """Keep the optimal basis of `lp`'s first LP (just solved)."""
+        basic = lp.h.getBasicVariables()[1]
+        cols = basic[(basic >= 0) & (basic < len(lp.cols))]
+        self.paths = {lp.cols[j][1] for j in cols.tolist()}
+        is_basic = np.zeros(lp.h.getNumRow(), bool)
+        is_basic[-1 - basic[basic < 0]] = True
+        n_links = len(lp.link_rows)
+        self.links = dict(zip(lp.link_rows, is_basic[:n_links].tolist(), strict=True))
+        c_basic = is_basic[n_links : n_links + len(lp.keys)].tolist()
+        self.keys = dict(zip(lp.keys, c_basic, strict=True))
 
 
 def _check_cap(key: Hashable, cap: object) -> float:
@@ -282,8 +532,16 @@ def _check_weight(key: Hashable, weight: object) -> float:
     return float(weight)
 
 
-def _usable(key: Hashable, path: Path, capacity: dict[Link, float]) -> bool:
-    if len(path) < 2:
-        raise ValueError(f"commodity {key!r}: path {path!r} needs at least two DCs")
-    get = capacity.get
-    return all(get(link, 0.0) > 0 for link in links_of(path))
+def _usable_paths(key: Hashable, paths: list[Path], open_links: set[Link]) -> list[Path]:
+    """The paths (in order) all of whose links are in `open_links` (capacity > 0).
+
+    Raises:
+        ValueError: a path with fewer than two DCs.
+    """
+    superset = open_links.issuperset
+    usable = [path for path in paths if len(path) > 1 and superset(links_of(path))]
+    if len(usable) < len(paths):
+        for path in paths:
+            if len(path) < 2:
+                raise ValueError(f"commodity {key!r}: path {path!r} needs at least two DCs")
+    return usable

@@ -3,6 +3,7 @@
 Capacities are in bytes/s; 1e9 B/s keeps the arithmetic simple.
 """
 
+import numpy as np
 import pytest
 
 from terra_core.baselines import (
@@ -78,6 +79,29 @@ def test_swan_mcf_fills_both_paths_for_one_pair_and_shares_by_flow():
     # the A->D demand gets both disjoint paths (2e9 B/s), split 1:1 by flow regardless of size
     assert total_rate(alloc["c1"]["f"]) == pytest.approx(G, rel=1e-6)
     assert total_rate(alloc["c2"]["f"]) == pytest.approx(G, rel=1e-6)
+
+
+def test_swan_mcf_solves_a_set_of_pairs_once_whatever_their_order(monkeypatch):
+    # SQUARE, k = 2: A->D on A-B-D or A-C-D, A->B on A-B or A-C-D-B. Max-min: A->D takes
+    # A-C-D (G) and A->B takes A-B (G); either going beyond would take the other's only
+    # free path: G each, per member G / 2 for A->D's two members, G for A->B's one.
+    import terra_core.baselines as baselines
+
+    solves = []
+    real = baselines.maxmin_mcf
+    monkeypatch.setattr(baselines, "maxmin_mcf", lambda *a, **k: solves.append(1) or real(*a, **k))
+    p = SwanMcfPolicy(topo(SQUARE), k=2)
+    ad, ab = ("A", "D"), ("A", "B")
+    first = p.pair_levels(0.0, (ad, ab), np.array([2.0, 1.0]))
+    again = p.pair_levels(0.0, (ab, ad), np.array([1.0, 2.0]))  # same set, other order
+    assert len(solves) == 1
+    members = {ad: 2, ab: 1}
+    for got, pairs in ((first, (ad, ab)), (again, (ab, ad))):
+        total = {ad: 0.0, ab: 0.0}
+        for path, i, level in zip(got.paths, got.pair, got.level, strict=True):
+            assert (path[0], path[-1]) == pairs[i]
+            total[pairs[i]] += level * members[pairs[i]]
+        assert total == pytest.approx({ad: G, ab: G}, rel=1e-9)
 
 
 def test_varys_madd_makes_a_coflows_flows_finish_together():

@@ -1,11 +1,20 @@
 """Max-min fair multi-commodity flow (terra_core/mcf.py) on hand-computed cases."""
 
+import functools
+
+import numpy as np
 import pytest
 
-from terra_core.mcf import maxmin_mcf
+from terra_core.mcf import McfWarmStart, _CompactMcfLp, maxmin_mcf
 from topologies import all_pairs_paths, load_topology, path_links
 
 TRIANGLE = {("A", "B"): 10.0, ("B", "C"): 10.0, ("A", "C"): 10.0}
+
+
+@pytest.fixture(params=[False, True], ids=["two-row", "compact"])
+def maxmin(request):
+    """maxmin_mcf with either LP (the hand-computed totals hold for both)."""
+    return functools.partial(maxmin_mcf, compact=request.param)
 
 
 def totals(rates):
@@ -21,24 +30,24 @@ def link_loads(rates):
     return load
 
 
-def test_two_path_commodity_and_single_path_commodity_share_fairly():
+def test_two_path_commodity_and_single_path_commodity_share_fairly(maxmin):
     # ac may use A-C or A-B-C; ab only A-B. Raising both together: ac takes A-C (10),
     # ab takes A-B (10); ac cannot grow further since A-B is full -> 10 and 10.
-    rates = maxmin_mcf(
+    rates = maxmin(
         {"ac": ([("A", "C"), ("A", "B", "C")], None), "ab": ([("A", "B")], None)}, TRIANGLE
     )
     assert totals(rates) == pytest.approx({"ac": 10.0, "ab": 10.0})
     assert rates["ab"][0][0] == ("A", "B")
 
 
-def test_single_link_max_min_with_a_capped_demand():
+def test_single_link_max_min_with_a_capped_demand(maxmin):
     # Link of 12 shared by a (cap 2), b and c: a gets 2, the other 10 split 5 / 5.
     link = {("A", "B"): 12.0}
     demands = {"a": ([("A", "B")], 2.0), "b": ([("A", "B")], None), "c": ([("A", "B")], None)}
-    assert totals(maxmin_mcf(demands, link)) == pytest.approx({"a": 2.0, "b": 5.0, "c": 5.0})
+    assert totals(maxmin(demands, link)) == pytest.approx({"a": 2.0, "b": 5.0, "c": 5.0})
 
 
-def test_parking_lot_is_fair_not_throughput_maximal():
+def test_parking_lot_is_fair_not_throughput_maximal(maxmin):
     # Chain A-B-C of 10 each: AC crosses both links, AB and BC one each. Max throughput
     # would starve AC (AB=BC=10, total 20); max-min gives everyone 5 (total 15).
     chain = {("A", "B"): 10.0, ("B", "C"): 10.0}
@@ -47,20 +56,20 @@ def test_parking_lot_is_fair_not_throughput_maximal():
         "ab": ([("A", "B")], None),
         "bc": ([("B", "C")], None),
     }
-    assert totals(maxmin_mcf(demands, chain)) == pytest.approx({"ac": 5, "ab": 5, "bc": 5})
+    assert totals(maxmin(demands, chain)) == pytest.approx({"ac": 5, "ab": 5, "bc": 5})
 
 
-def test_cap_lets_others_take_the_rest():
+def test_cap_lets_others_take_the_rest(maxmin):
     # ac capped at 3 uses A-C; ab alone on A-B gets all 10.
-    rates = maxmin_mcf(
+    rates = maxmin(
         {"ac": ([("A", "C"), ("A", "B", "C")], 3.0), "ab": ([("A", "B")], None)}, TRIANGLE
     )
     assert totals(rates) == pytest.approx({"ac": 3.0, "ab": 10.0})
 
 
-def test_priority_class_is_served_first():
+def test_priority_class_is_served_first(maxmin):
     # Class 0 (ac) takes both its paths, 10 + 10 = 20, leaving A-B full for class 1 (ab).
-    rates = maxmin_mcf(
+    rates = maxmin(
         {"ac": ([("A", "C"), ("A", "B", "C")], None), "ab": ([("A", "B")], None)},
         TRIANGLE,
         priority={"ac": 0, "ab": 1},
@@ -69,13 +78,13 @@ def test_priority_class_is_served_first():
     assert rates["ab"] == []
 
 
-def test_paths_over_missing_or_zero_links_carry_nothing():
+def test_paths_over_missing_or_zero_links_carry_nothing(maxmin):
     cap = {("A", "B"): 10.0, ("B", "C"): 0.0}
-    rates = maxmin_mcf({"x": ([("A", "B", "C"), ("A", "D", "C")], None), "y": ([], None)}, cap)
+    rates = maxmin({"x": ([("A", "B", "C"), ("A", "D", "C")], None), "y": ([], None)}, cap)
     assert rates == {"x": [], "y": []}
 
 
-def test_round_limit_still_fills_the_links():
+def test_round_limit_still_fills_the_links(maxmin):
     # With one LP round only, the rest is frozen at the current level and one LP maximizes
     # their total: every link of the parking lot is still full.
     chain = {("A", "B"): 10.0, ("B", "C"): 10.0}
@@ -84,15 +93,15 @@ def test_round_limit_still_fills_the_links():
         "ab": ([("A", "B")], None),
         "bc": ([("B", "C")], None),
     }
-    rates = maxmin_mcf(demands, chain, max_rounds=1)
+    rates = maxmin(demands, chain, max_rounds=1)
     assert link_loads(rates) == pytest.approx(chain)
     assert min(totals(rates).values()) >= 5.0 * (1 - 1e-6)
 
 
-def test_all_pairs_on_swan_stay_within_capacity_and_are_fair():
+def test_all_pairs_on_swan_stay_within_capacity_and_are_fair(maxmin):
     topo = load_topology("swan")
     demands = {pair: (paths, None) for pair, paths in all_pairs_paths(topo, 4).items()}
-    rates = maxmin_mcf(demands, dict(topo.capacity))
+    rates = maxmin(demands, dict(topo.capacity))
     for link, load in link_loads(rates).items():
         assert load <= topo.capacity[link] * (1 + 1e-9)
     for (src, dst), lst in rates.items():
@@ -107,16 +116,57 @@ def test_all_pairs_on_swan_stay_within_capacity_and_are_fair():
         ({"x": ([("A",)], None)}, {("A", "B"): 1.0}, "two DCs"),
     ],
 )
-def test_bad_input_is_a_clear_value_error(demands, capacity, match):
+def test_bad_input_is_a_clear_value_error(demands, capacity, match, maxmin):
     with pytest.raises(ValueError, match=match):
-        maxmin_mcf(demands, capacity)
+        maxmin(demands, capacity)
 
 
-def test_weights_split_a_link_in_proportion():
+def test_weights_split_a_link_in_proportion(maxmin):
     # Link of 12: weight 2 vs weight 1 -> 8 and 4 (raised together as 2t and t, t = 4).
     link = {("A", "B"): 12.0}
     demands = {"two": ([("A", "B")], None), "one": ([("A", "B")], None)}
-    rates = maxmin_mcf(demands, link, weights={"two": 2.0, "one": 1.0})
+    rates = maxmin(demands, link, weights={"two": 2.0, "one": 1.0})
     assert totals(rates) == pytest.approx({"two": 8.0, "one": 4.0})
     with pytest.raises(ValueError, match="weight"):
-        maxmin_mcf(demands, link, weights={"two": 0.0})
+        maxmin(demands, link, weights={"two": 0.0})
+
+
+def test_capped_commodity_freezes_at_its_cap_and_the_other_takes_the_rest(maxmin):
+    # a (cap 2) only on A-B; b on A-B or A-C-B. a is held by its cap at 2; b takes the rest
+    # of A-B (12 - 2 = 10) plus A-C-B (min(10, 10) = 10): 20.
+    capacity = {("A", "B"): 12.0, ("A", "C"): 10.0, ("C", "B"): 10.0}
+    demands = {"a": ([("A", "B")], 2.0), "b": ([("A", "B"), ("A", "C", "B")], None)}
+    assert totals(maxmin(demands, capacity)) == pytest.approx({"a": 2.0, "b": 20.0})
+
+
+def test_compact_lp_has_one_row_per_commodity_and_cap_rows_only_where_finite():
+    # Links numbered by first use: A-B 0, A-C 1, C-B 2; rows C_a 3, C_b 4; a's cap row D_a 5.
+    # Columns: (a, A-B) in rows 0, 3, 5; (b, A-B) in 0, 4; (b, A-C-B) in 1, 2, 4.
+    capacity = {("A", "B"): 12.0, ("A", "C"): 10.0, ("C", "B"): 10.0}
+    demands = {"a": ([("A", "B")], 2.0), "b": ([("A", "B"), ("A", "C", "B")], None)}
+    lp = _CompactMcfLp(demands, capacity, {})
+    assert (lp.h.getNumRow(), lp.h.getNumCol()) == (6, 3)
+    starts, index = lp._x_entries(lp.c_row + lp.owner, np.array([5, -1])[lp.owner])
+    assert starts.tolist() == [0, 3, 5, 8]
+    assert index.tolist() == [0, 3, 5, 0, 4, 1, 2, 4]
+
+
+def test_warm_start_carries_over_calls_with_the_same_totals():
+    # Triangle of 10s, one McfWarmStart for three calls:
+    # 1) ac (A-C or A-B-C) and ab (A-B): ac 10 on A-C, ab 10 on A-B.
+    # 2) bc (B-C) joins: everyone 10 (ac would need A-B or B-C to go beyond).
+    # 3) A-C down to 4: ac = 4 + y over A-B-C, ab = bc = 10 - y; equal at y = 3, so 7 each.
+    warm = McfWarmStart()
+    ac = ([("A", "C"), ("A", "B", "C")], None)
+    first = {"ac": ac, "ab": ([("A", "B")], None)}
+    got = maxmin_mcf(first, TRIANGLE, compact=True, warm=warm)
+    assert totals(got) == pytest.approx({"ac": 10.0, "ab": 10.0})
+    assert warm.keys.keys() == {"ac", "ab"}
+    second = {**first, "bc": ([("B", "C")], None)}
+    got = maxmin_mcf(second, TRIANGLE, compact=True, warm=warm)
+    assert totals(got) == pytest.approx({"ac": 10.0, "ab": 10.0, "bc": 10.0})
+    third = {**TRIANGLE, ("A", "C"): 4.0}
+    got = maxmin_mcf(second, third, compact=True, warm=warm)
+    assert totals(got) == pytest.approx({"ac": 7.0, "ab": 7.0, "bc": 7.0})
+    for link, load in link_loads(got).items():
+        assert load <= third[link] * (1 + 1e-9)
