@@ -370,7 +370,9 @@ class _FairPolicy(_PairPolicy):
     active member count. The links x paths incidence is kept sparse (a path crosses a few
     of many links: 2 of 300 on bigswitch): each pair's paths are numbered once, with the
     link rows of each path, and a set of pairs is water-filled by
-    maxmin.maxmin_levels_sparse."""
+    maxmin.maxmin_levels_entries (dense on small WANs, sparse on large ones). The
+    simulator numbers its pairs once per WAN state (`pair_table`) and asks by index
+    (`table_levels`): no tuple of pairs or list of paths per event."""
 
     def __init__(
         self, topology: Topology, k: int = 4, path_source: PathSource | None = None

@@ -15,10 +15,13 @@ change (link down / up, capacity change), a wakeup the policy asks for
    it: unknown or finished flows, negative rates, paths that do not join the
    flow's DCs, rates on links that are down, and link loads above capacity by
    more than 1e-6 relative raise `SimulationError` (a policy bug; nothing is
-   clamped). Policies with ``pair_levels`` (per-flow, multipath, swan-mcf) or
-   ``coflow_rates`` (varys, rapier) are asked through those instead of
-   `allocate`: the same rates as arrays per DC pair or per coflow, with the same
-   checks, without a dict entry per active flow per event (baselines.py). Policies
+   clamped). Policies with ``pair_table`` / ``table_levels`` (per-flow, multipath:
+   the workload's DC pairs numbered once per WAN state, then asked by index),
+   ``pair_levels`` (swan-mcf) or ``coflow_rates`` (varys, rapier) are asked through
+   those instead of `allocate`: the same rates as arrays per DC pair or per coflow,
+   with the same checks, without a dict entry per active flow per event
+   (baselines.py). Per event the loop touches only the live flows (admitted, not
+   finished; an index array kept in position order). Policies
    with ``group_rates`` (Terra) are asked for rates per FlowGroup, given the
    FlowGroups' remaining volumes, and the simulator splits them among the flows in
    proportion to their remaining bytes, as `allocate` would (the same floating-point
