@@ -28,7 +28,12 @@ from typing import NamedTuple
 import numpy as np
 
 from terra_core.flow_bundles import flow_count
-from terra_core.maxmin import csr_ranges, link_index, maxmin_levels_sparse, path_entries
+from terra_core.maxmin import (
+    csr_ranges,
+    link_index,
+    maxmin_levels_entries,
+    path_entries,
+)
 from terra_core.mcf import McfWarmStart, maxmin_mcf
 from terra_core.policy import Allocation, PathSource, Remaining
 from topologies import Link, Path, Topology, all_pairs_paths, path_links
@@ -47,6 +52,8 @@ class CoflowRoutes(NamedTuple):
             the link on one path; int, int and float arrays (nnz,).
         members: float array of each flow's member count (flow_bundles.flow_count).
         routed: bool array, True where the flow has a route.
+        shape: int array, each flow's route shape (`_MaddPolicy._shape_of`; -1 unrouted).
+        weight: float array, each flow's weight in its shape's backfill entity.
     """
 
     fids: list[str]
@@ -56,6 +63,8 @@ class CoflowRoutes(NamedTuple):
     vals: np.ndarray
     members: np.ndarray
     routed: np.ndarray
+    shape: np.ndarray
+    weight: np.ndarray
 
 
 class BaselinePolicy:
@@ -90,6 +99,9 @@ class BaselinePolicy:
         self._incidence: dict[str, CoflowRoutes] = {}
         self._cap_vec: np.ndarray | None = None  # see _capacity
         self._path_rows: dict[Path, list[int]] = {}  # rows of a path's links (never stale)
+        self._shapes: dict = {}  # route shapes, see _shape_of
+        self._shape_ptr, self._shape_rows, self._shape_vals = [0], [], []
+        self._shape_cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     # ---- Policy interface ------------------------------------------------------------------
 
@@ -159,15 +171,53 @@ class BaselinePolicy:
             routes, known = self.routes[coflow_id], self.flows[coflow_id]
             fids = list(routes)
             route_list = [routes[fid] for fid in fids]
+            shapes = [self._shape_of(route) for route in route_list]
             cached = CoflowRoutes(
                 fids,
                 route_list,
                 *path_entries(route_list, self._rows, self._path_rows),
                 np.array([flow_count(known[fid]) for fid in fids], dtype=float),
                 np.array([bool(r) for r in route_list], dtype=bool),
+                np.array([shape for shape, _ in shapes], dtype=np.intp),
+                np.array([weight for _, weight in shapes], dtype=float),
             )
             self._incidence[coflow_id] = cached
         return cached
+
+    def _shape_of(self, route: Route) -> tuple[int, float]:
+        """(number of the route's shape, the flow's weight in it); (-1, 0.0) for no route.
+        Flows of one shape are symmetric under max-min per member: a one-path route's
+        shape is its path (weight: its members), any other route's shape is the route
+        itself (weight 1). Shape s crosses link row shape_rows[k] with shape_vals[k] members
+        per unit weight for k in shape_ptr[s] .. shape_ptr[s + 1] - 1 (lists; never stale:
+        link rows do not depend on the WAN state)."""
+        if not route:
+            return -1, 0.0
+        if len(route) == 1:
+            key, weight = route[0][0], float(route[0][1])
+            entities = [[(key, 1)]]
+        else:
+            key, weight = tuple(route), 1.0
+            entities = [route]
+        number = self._shapes.get(key)
+        if number is None:
+            rows, _, vals = path_entries(entities, self._rows, self._path_rows)
+            self._shape_rows.extend(rows.tolist())
+            self._shape_vals.extend(vals.tolist())
+            self._shape_ptr.append(len(self._shape_rows))
+            number = self._shapes[key] = len(self._shapes)
+        return number, weight
+
+    def _shape_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The shapes' (ptr, link rows, members per unit weight) lists (`_shape_of`) as
+        int, int and float arrays, made again only when a shape was added."""
+        if self._shape_cache is None or len(self._shape_cache[0]) != len(self._shape_ptr):
+            self._shape_cache = (
+                np.array(self._shape_ptr, dtype=np.intp),
+                np.array(self._shape_rows, dtype=np.intp),
+                np.array(self._shape_vals, dtype=float),
+            )
+        return self._shape_cache
 
     def _route(self, coflow_id: str, flows: list[Flow]) -> dict[str, Route]:
         """Default routing: every member of a flow on its pair's shortest path."""
@@ -204,6 +254,26 @@ class PairLevels(NamedTuple):
     paths: list[Path]
     pair: np.ndarray
     level: np.ndarray
+
+
+class PairTable(NamedTuple):
+    """The paths of a fixed list of DC pairs, numbered (`_FairPolicy.pair_table`): what
+    `table_levels` answers refer to, valid until the next WAN change.
+
+    Attributes:
+        pairs: the (src DC, dst DC) pairs, the caller's sequence as given.
+        paths: every pair's paths (as routed), pair after pair.
+        ptr: int array (len(pairs) + 1,): pair i's paths are paths[ptr[i]:ptr[i + 1]]
+            (none when no path is up).
+        path_ptr, rows: int arrays: path j crosses the links of rows
+            rows[path_ptr[j]:path_ptr[j + 1]] (BaselinePolicy._rows order).
+    """
+
+    pairs: object
+    paths: list[Path]
+    ptr: np.ndarray
+    path_ptr: np.ndarray
+    rows: np.ndarray
 
 
 class _PairEntries(NamedTuple):
@@ -300,7 +370,9 @@ class _FairPolicy(_PairPolicy):
     active member count. The links x paths incidence is kept sparse (a path crosses a few
     of many links: 2 of 300 on bigswitch): each pair's paths are numbered once, with the
     link rows of each path, and a set of pairs is water-filled by
-    maxmin.maxmin_levels_sparse."""
+    maxmin.maxmin_levels_entries (dense on small WANs, sparse on large ones). The
+    simulator numbers its pairs once per WAN state (`pair_table`) and asks by index
+    (`table_levels`): no tuple of pairs or list of paths per event."""
 
     def __init__(
         self, topology: Topology, k: int = 4, path_source: PathSource | None = None
@@ -315,10 +387,88 @@ class _FairPolicy(_PairPolicy):
         """Max-min fair per-member rates on each pair's path(s) (see `_PairPolicy`)."""
         found = self._pair_entries(pairs)
         vals = np.asarray(members, dtype=float)[found.entry_pair]
-        levels = maxmin_levels_sparse(
+        levels = maxmin_levels_entries(
             found.rows, found.cols, vals, self._capacity(), len(found.paths)
         )
         return PairLevels(found.paths, found.pair, levels)
+
+    def pair_table(self, pairs) -> PairTable:
+        """Number the paths of `pairs` for `table_levels` (index-based `pair_levels`).
+
+        Args:
+            pairs: sequence of (src DC, dst DC) pairs, e.g. every pair of a workload;
+                held by the table, so it must not change while the table is used.
+
+        Returns:
+            The PairTable; the same object for the same `pairs` object until the next
+            wan_changed, which makes it stale.
+        """
+        if self._table is not None and self._table.pairs is pairs:
+            return self._table
+        ids = self._pair_ids(pairs)
+        path_ids = csr_ranges(self._pair_ptr, ids)
+        per_pair = self._pair_ptr[ids + 1] - self._pair_ptr[ids]
+        hops = self._path_ptr[path_ids + 1] - self._path_ptr[path_ids]
+        self._table = PairTable(
+            pairs,
+            self._path_objects[path_ids].tolist(),
+            np.concatenate(([0], np.cumsum(per_pair))).astype(np.intp),
+            np.concatenate(([0], np.cumsum(hops))).astype(np.intp),
+            self._link_rows[csr_ranges(self._path_ptr, path_ids)],
+        )
+        return self._table
+
+    def table_levels(
+        self, now: float, table: PairTable, active: np.ndarray, members: np.ndarray
+    ) -> np.ndarray:
+        """Max-min fair per-member rates on the paths of some pairs of `table`: the answer of
+        `pair_levels` for those pairs, by index (no pair or path object is touched).
+
+        Args:
+            now: seconds.
+            table: this policy's current `pair_table`.
+            active: int array of distinct indices into table.pairs, the pairs with active
+                flows (any order).
+            members: float array (len(active),), active flow members of each (> 0).
+
+        Returns:
+            float array of per-member rates (bytes/s), one per path of the active pairs, in
+            the order csr_ranges(table.ptr, active) numbers them in table.paths.
+
+        Raises:
+            ValueError: `table` is not the current one (the WAN changed since), or
+                mismatched lengths.
+        """
+        if table is not self._table:
+            raise ValueError("stale pair table: ask pair_table again after a WAN change")
+        active = np.asarray(active, dtype=np.intp)
+        members = np.asarray(members, dtype=float)
+        if members.shape != active.shape:
+            raise ValueError(f"{members.shape} member counts for {active.shape} pairs")
+        path_ids = csr_ranges(table.ptr, active)
+        path_pair = np.repeat(members, table.ptr[active + 1] - table.ptr[active])
+        hops = table.path_ptr[path_ids + 1] - table.path_ptr[path_ids]
+        cols = np.repeat(np.arange(len(path_ids), dtype=np.intp), hops)
+        rows = table.rows[csr_ranges(table.path_ptr, path_ids)]
+        return maxmin_levels_entries(rows, cols, path_pair[cols], self._capacity(), len(path_ids))
+
+    def _pair_ids(self, pairs) -> np.ndarray:
+        """The numbers of `pairs` (int array), numbering new ones, with the CSR arrays
+        (_pair_ptr, _path_ptr, _link_rows, _path_objects) brought up to date."""
+        found = list(map(self._pair_number.get, pairs))
+        if None in found:
+            for i, pr in enumerate(pairs):
+                if found[i] is None:
+                    found[i] = self._number_pair(pr)
+        if self._dirty:
+            self._pair_ptr = np.array(self._pair_ptr_list, dtype=np.intp)
+            self._path_ptr = np.array(self._path_ptr_list, dtype=np.intp)
+            self._link_rows = np.array(self._link_rows_list, dtype=np.intp)
+            self._path_objects = np.empty(len(self._all_paths), dtype=object)
+            for j, path in enumerate(self._all_paths):  # elementwise: paths are tuples
+                self._path_objects[j] = path
+            self._dirty = False
+        return np.array(found, dtype=np.intp)
 
     def _pair_entries(self, pairs: tuple[tuple[str, str], ...]) -> _PairEntries:
         """The paths of `pairs` in order and their sparse link incidence (_PairEntries),
@@ -327,20 +477,7 @@ class _FairPolicy(_PairPolicy):
         if cached is None:
             if len(self._by_pairs) >= _PAIR_CACHE_SIZE:
                 self._by_pairs.clear()
-            found = list(map(self._pair_number.get, pairs))
-            if None in found:
-                for i, pr in enumerate(pairs):
-                    if found[i] is None:
-                        found[i] = self._number_pair(pr)
-            ids = np.array(found, dtype=np.intp)
-            if self._dirty:
-                self._pair_ptr = np.array(self._pair_ptr_list, dtype=np.intp)
-                self._path_ptr = np.array(self._path_ptr_list, dtype=np.intp)
-                self._link_rows = np.array(self._link_rows_list, dtype=np.intp)
-                self._path_objects = np.empty(len(self._all_paths), dtype=object)
-                for j, path in enumerate(self._all_paths):  # elementwise: paths are tuples
-                    self._path_objects[j] = path
-                self._dirty = False
+            ids = self._pair_ids(pairs)
             path_ids = csr_ranges(self._pair_ptr, ids)
             per_pair = self._pair_ptr[ids + 1] - self._pair_ptr[ids]
             pair = np.repeat(np.arange(len(pairs), dtype=np.intp), per_pair)
@@ -374,6 +511,7 @@ class _FairPolicy(_PairPolicy):
 
     def _clear_caches(self) -> None:
         self._by_pairs.clear()
+        self._table: PairTable | None = None  # see pair_table
         self._pair_number: dict[tuple[str, str], int] = {}  # pair -> its number (CSR row)
         self._all_paths: list[Path] = []  # the numbered pairs' paths, pair after pair
         self._pair_ptr_list = [0]  # pair i's paths: _all_paths[ptr[i]:ptr[i + 1]]
@@ -555,29 +693,49 @@ class _MaddPolicy(BaselinePolicy):
                 continue
             madd[cid] = per_member / g
             left = np.maximum(left - volume / g, 0.0)
-        # backfill: one column per alive routed flow, coflow after coflow (member counts)
-        rows, cols, vals, widths = [], [], [], []
-        offset = 0
-        for _, _, _, _, _, info, alive in coflows:
-            take = alive & info.routed
-            column = np.cumsum(take) - 1 + offset  # the flow's backfill column, if taken
-            keep = take[info.cols]
-            rows.append(info.rows[keep])
-            cols.append(column[info.cols[keep]])
-            vals.append(info.vals[keep])
-            widths.append(int(take.sum()))
-            offset += widths[-1]
-        levels = maxmin_levels_sparse(
-            np.concatenate(rows), np.concatenate(cols), np.concatenate(vals), left, offset
+        takes = [(info, alive & info.routed) for _, _, _, _, _, info, alive in coflows]
+        extra = self._backfill(
+            np.concatenate([info.shape[take] for info, take in takes]),
+            np.concatenate([info.weight[take] for info, take in takes]),
+            left,
         )
-        backfill = np.split(levels, np.cumsum(widths)[:-1])
         out = {}
-        for (_, _, cid, _, _, info, alive), extra in zip(coflows, backfill, strict=True):
+        for (_, _, cid, _, _, info, alive), (_, take) in zip(coflows, takes, strict=True):
             rate = madd[cid] * info.routed
-            rate[alive & info.routed] += extra
+            rate[take] += extra[info.shape[take]]
             rate[~alive] = 0.0
             out[cid] = (rate, info.routes)
         return out
+
+    def _backfill(self, shape: np.ndarray, weight: np.ndarray, left: np.ndarray) -> np.ndarray:
+        """Max-min fair per-member levels on the capacity `left` for the flows of the given
+        route shapes (`_shape_of`), water-filled as one entity per shape: flows of one shape
+        are symmetric (they cross the same links with proportional members), so they rise
+        and freeze together, and the shape's entity, whose entries are its members per unit
+        weight times the flows' total weight, reaches the level each of them would reach
+        alone (Bertsekas & Gallager section 6.5.2 progressive filling; maxmin.py). With
+        member counts (whole numbers) every load sum is exact, so the levels are those of
+        one entity per flow.
+
+        Args:
+            shape: int array, the shape of each alive routed flow (>= 0).
+            weight: float array (same length), each flow's weight in its shape (> 0).
+            left: float array (links,), bytes/s left after MADD.
+
+        Returns:
+            float array (shapes numbered so far,): the level of each shape (0 for shapes
+            with no flow here).
+        """
+        total = np.bincount(shape, weights=weight, minlength=len(self._shapes))
+        present = np.flatnonzero(total)
+        ptr, all_rows, all_vals = self._shape_arrays()
+        entries = csr_ranges(ptr, present)
+        cols = np.repeat(np.arange(len(present), dtype=np.intp), ptr[present + 1] - ptr[present])
+        vals = all_vals[entries] * total[present][cols]
+        rows = all_rows[entries]
+        level = np.zeros(len(total))
+        level[present] = maxmin_levels_entries(rows, cols, vals, left, len(present))
+        return level
 
     def _before_allocate(self, coflow_id: str, remaining: np.ndarray) -> None:
         """Hook run for every coflow before its rates are computed (Rapier re-routes here);

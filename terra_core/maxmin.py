@@ -26,6 +26,7 @@ from topologies import Link, Path, path_links
 
 _RESUM = 1e-3  # maxmin_levels_sparse sums a link's load again below this share of its last sum
 _SAT_TOL = 1e-12  # a link is saturated when its leftover is below this fraction of its capacity
+DENSE_CELLS = 1 << 18  # maxmin_levels_entries fills densely up to this many links x entities
 
 
 def maxmin_levels(
@@ -160,45 +161,94 @@ def maxmin_levels_sparse(
     col_ptr = np.concatenate(([0], np.cumsum(per_col)))
     col_rows, col_vals = rows[by_col], vals[by_col]
     level = np.zeros(n)
-    leftover = capacity.copy()
     frozen = np.zeros(n, dtype=bool)
     frozen[cols[capacity[rows] <= 0]] = True
     live = ~frozen[cols]
     load = np.bincount(rows[live], weights=vals[live], minlength=n_links)
     count = np.bincount(rows[live], minlength=n_links)
     exact = load.copy()  # each link's load when it was last summed (not subtracted)
+    # a link no active entity crosses has leftover inf and load 0: its ratio is inf and it
+    # never saturates, which spares a mask of the links in use per step
+    leftover = np.where(count > 0, capacity, np.inf)
+    tol = _SAT_TOL * capacity
     water = 0.0
     left = n - int(frozen.sum())
-    while left:
-        used = count > 0
-        ratio = np.full(n_links, np.inf)
-        ratio[used] = leftover[used] / load[used]
-        step = max(float(ratio.min(initial=np.inf)), 0.0)
-        water += step
-        leftover -= load * step
-        limit = step * (1 + _SAT_TOL)
-        saturated = used & ((ratio <= limit) | (leftover <= _SAT_TOL * capacity))
-        leftover[saturated] = 0.0
-        hit = np.zeros(n, dtype=bool)
-        hit[row_cols[csr_ranges(row_ptr, np.flatnonzero(saturated))]] = True
-        newly = np.flatnonzero(hit & ~frozen)
-        level[newly] = water
-        frozen[newly] = True
-        left -= len(newly)
-        gone = csr_ranges(col_ptr, newly)
-        count -= np.bincount(col_rows[gone], minlength=n_links)
-        load -= np.bincount(col_rows[gone], weights=col_vals[gone], minlength=n_links)
-        # a load that fell below _RESUM of its last exact sum is summed again over the
-        # active entries: subtracting alone leaves round-off of the order of the larger
-        # value, which matters when weights differ by 1e6 (hypothesis found 1.2e-9)
-        low = np.flatnonzero((load < _RESUM * exact) & (count > 0))
-        if low.size:
-            idx = csr_ranges(row_ptr, low)
-            live_vals = row_vals[idx] * ~frozen[row_cols[idx]]
-            load[low] = np.bincount(row_ids[idx], weights=live_vals, minlength=n_links)[low]
-            exact[low] = load[low]
-        load[count == 0] = 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        while left:
+            ratio = leftover / load
+            step = max(float(ratio.min()), 0.0)
+            water += step
+            leftover -= load * step
+            limit = step * (1 + _SAT_TOL)
+            sat = np.flatnonzero((ratio <= limit) | (leftover <= tol))
+            cand = row_cols[csr_ranges(row_ptr, sat)]
+            newly = np.sort(cand[~frozen[cand]])  # ascending, as a mask's flatnonzero
+            if len(newly) > 1:  # an entity crossing two saturated links appears twice
+                newly = newly[np.concatenate(([True], newly[1:] != newly[:-1]))]
+            level[newly] = water
+            frozen[newly] = True
+            left -= len(newly)
+            gone = csr_ranges(col_ptr, newly)
+            touched = col_rows[gone]
+            count -= np.bincount(touched, minlength=n_links)
+            load -= np.bincount(touched, weights=col_vals[gone], minlength=n_links)
+            # a load that fell below _RESUM of its last exact sum is summed again over the
+            # active entries: subtracting alone leaves round-off of the order of the larger
+            # value, which matters when weights differ by 1e6 (hypothesis found 1.2e-9)
+            low = np.flatnonzero((load < _RESUM * exact) & (count > 0))
+            if low.size:
+                idx = csr_ranges(row_ptr, low)
+                live_vals = row_vals[idx] * ~frozen[row_cols[idx]]
+                load[low] = np.bincount(row_ids[idx], weights=live_vals, minlength=n_links)[low]
+                exact[low] = load[low]
+            empty = touched[count[touched] == 0]  # every saturated link is among them
+            load[empty] = 0.0
+            leftover[empty] = np.inf
     return level
+
+
+def maxmin_levels_entries(
+    rows: np.ndarray,
+    cols: np.ndarray,
+    vals: np.ndarray,
+    capacity: np.ndarray,
+    n: int,
+    integer: bool | None = None,
+) -> np.ndarray:
+    """Max-min fair levels of an incidence given by its nonzero entries, dense or sparse by
+    size: `maxmin_levels` on the dense matrix when links x entities <= DENSE_CELLS (a small
+    WAN: a few numpy calls over a small matrix per step beat the sparse bookkeeping),
+    `maxmin_levels_sparse` above (a fabric of hundreds of links, thousands of entities).
+
+    Args:
+        rows, cols, vals, capacity, n: as `maxmin_levels_sparse` (entries may repeat).
+        integer: as `maxmin_levels` (True when every value is a whole number, e.g. member
+            counts; None to check); used on the dense side only.
+
+    Returns:
+        float array (n,) of levels in bytes/s; both sides are the same progressive filling,
+        so they agree up to floating-point round-off in the loads.
+
+    Raises:
+        ValueError: as `maxmin_levels_sparse` (the same checks on either side).
+    """
+    capacity = np.asarray(capacity, dtype=float)
+    if len(capacity) * n > DENSE_CELLS:
+        return maxmin_levels_sparse(rows, cols, vals, capacity, n)
+    rows = np.asarray(rows, dtype=np.intp)
+    cols = np.asarray(cols, dtype=np.intp)
+    vals = np.asarray(vals, dtype=float)
+    if not rows.shape == cols.shape == vals.shape:
+        raise ValueError("rows, cols and vals must have the same length")
+    if (vals <= 0).any():
+        raise ValueError("entries must be > 0 and capacities >= 0")
+    if rows.size and (
+        rows.min() < 0 or rows.max() >= len(capacity) or cols.min() < 0 or cols.max() >= n
+    ):
+        raise ValueError("an entry's row or column is out of range")
+    matrix = np.zeros((len(capacity), n))
+    np.add.at(matrix, (rows, cols), vals)
+    return maxmin_levels(matrix, capacity, integer=integer)
 
 
 def csr_ranges(ptr: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -211,6 +261,8 @@ def csr_ranges(ptr: np.ndarray, ids: np.ndarray) -> np.ndarray:
     Returns:
         int array of entry indices, row by row in the order of `ids`.
     """
+    if len(ids) == 1:  # the common case of one saturated link
+        return np.arange(ptr[ids[0]], ptr[ids[0] + 1])
     starts = ptr[ids]
     lens = ptr[ids + 1] - starts
     total = int(lens.sum())

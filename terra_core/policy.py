@@ -135,6 +135,23 @@ class PairLevelsPolicy(Protocol):
 
 
 @runtime_checkable
+class PairTablePolicy(Protocol):
+    """Index-based fast path of per-flow and multipath (baselines._FairPolicy): the caller
+    numbers its DC pairs once (`pair_table`, again after each WAN change) and then asks for
+    the per-member rates of the active pairs by index (`table_levels`), so no tuple of pairs
+    or list of paths is built per event. The simulator prefers it to `pair_levels`."""
+
+    def pair_table(self, pairs):
+        """Sequence of (src DC, dst DC) pairs -> a baselines.PairTable of their paths."""
+        ...
+
+    def table_levels(self, now: float, table, active: np.ndarray, members: np.ndarray):
+        """Per-member rates (float array) on the paths of the pairs `active` of `table`
+        (shapes: baselines._FairPolicy.table_levels)."""
+        ...
+
+
+@runtime_checkable
 class CoflowRatesPolicy(Protocol):
     """Fast path of the coflow-at-a-time baselines (Varys, Rapier): per-coflow rate arrays.
     The simulator calls it instead of `allocate`."""

@@ -15,10 +15,13 @@ change (link down / up, capacity change), a wakeup the policy asks for
    it: unknown or finished flows, negative rates, paths that do not join the
    flow's DCs, rates on links that are down, and link loads above capacity by
    more than 1e-6 relative raise `SimulationError` (a policy bug; nothing is
-   clamped). Policies with ``pair_levels`` (per-flow, multipath, swan-mcf) or
-   ``coflow_rates`` (varys, rapier) are asked through those instead of
-   `allocate`: the same rates as arrays per DC pair or per coflow, with the same
-   checks, without a dict entry per active flow per event (baselines.py). Policies
+   clamped). Policies with ``pair_table`` / ``table_levels`` (per-flow, multipath:
+   the workload's DC pairs numbered once per WAN state, then asked by index),
+   ``pair_levels`` (swan-mcf) or ``coflow_rates`` (varys, rapier) are asked through
+   those instead of `allocate`: the same rates as arrays per DC pair or per coflow,
+   with the same checks, without a dict entry per active flow per event
+   (baselines.py). Per event the loop touches only the live flows (admitted, not
+   finished; an index array kept in position order). Policies
    with ``group_rates`` (Terra) are asked for rates per FlowGroup, given the
    FlowGroups' remaining volumes, and the simulator splits them among the flows in
    proportion to their remaining bytes, as `allocate` would (the same floating-point
@@ -61,6 +64,7 @@ from terra_core.policy import (
     CoflowRatesPolicy,
     GroupRatesPolicy,
     PairLevelsPolicy,
+    PairTablePolicy,
     Policy,
     Remaining,
 )
@@ -336,10 +340,9 @@ def _fewer_gc_passes() -> Iterator[None]:
 
 @dataclass
 class _Active:
-    """Bookkeeping of one running coflow: positions of its flows in the global arrays."""
+    """Bookkeeping of one running coflow: positions (int array, ascending) of its unfinished
+    flows in the global flow arrays."""
 
-    pos_of: dict[str, int]
-    ids: list[str]
     pos: np.ndarray
 
 
@@ -393,10 +396,13 @@ class _Run:
         self.size = np.array([f.bytes for f in flows], dtype=float)
         self.rem = self.size.copy()
         self.rate = np.zeros(len(flows))
+        self.per_member = np.zeros(len(flows))  # scratch of _allocate_by_coflow
         self.owner: list[str] = [c.id for c in self.arrivals for _ in self.wan[c.id].flows]
         self.owner_ids: list[str] = [f.id for f in flows]
         # for policies with pair_levels (pair-symmetric baselines): DC pair and members per flow
-        self.by_pair = isinstance(policy, PairLevelsPolicy)
+        self.by_table = isinstance(policy, PairTablePolicy)
+        self.by_pair = not self.by_table and isinstance(policy, PairLevelsPolicy)
+        self.table: tuple | None = None  # the policy's PairTable and its entries, see _table
         self.pairs = list(dict.fromkeys(zip(self.src, self.dst, strict=True)))
         self.pair_index = {pair: i for i, pair in enumerate(self.pairs)}
         self.pair_objects = np.empty(len(self.pairs), dtype=object)  # self.pairs, for takes
@@ -405,12 +411,12 @@ class _Run:
         self.pair_of = np.array([self.pair_index[(f.src, f.dst)] for f in flows], dtype=np.intp)
         self.members = np.array([flow_count(f) for f in flows], dtype=float)
         self.alive = np.zeros(len(flows), dtype=bool)  # admitted and not finished
+        self.live = np.zeros(0, dtype=np.intp)  # positions where alive, ascending
         # for policies with coflow_rates (Varys, Rapier): per-coflow arrays
-        self.by_coflow = not self.by_pair and isinstance(policy, CoflowRatesPolicy)
+        pairwise = self.by_table or self.by_pair
+        self.by_coflow = not pairwise and isinstance(policy, CoflowRatesPolicy)
         # for policies with group_rates (Terra): FlowGroups of the active flows, see _groups
-        self.by_group = (
-            not self.by_pair and not self.by_coflow and isinstance(policy, GroupRatesPolicy)
-        )
+        self.by_group = not pairwise and not self.by_coflow and isinstance(policy, GroupRatesPolicy)
         self.group_of: dict[str, tuple[int, list[tuple[str, str]], np.ndarray]] = {}
         self.layout: tuple[tuple, _Groups] | None = None
         self.path_rows: dict[tuple[str, ...], list[int]] = {}
@@ -447,7 +453,7 @@ class _Run:
             self._admit_arrivals(now)
             if not self.active and self.next_arrival >= len(self.arrivals):
                 break
-            self.rate[:] = 0.0
+            self.rate[self.live] = 0.0  # the other flows' rates are 0 already
             byte_hop_rate = self._allocate(now) if self.active else 0.0
             step = self._step(now)
             if step is None:
@@ -468,6 +474,7 @@ class _Run:
             changed = True
         if changed:
             self._total_capacity()
+            self.table = None  # the policy's PairTable goes stale
             self.policy.wan_changed(now)
 
     def _admit_arrivals(self, now: float) -> None:
@@ -494,16 +501,16 @@ class _Run:
             self._tick()
             return
         first = self.start[coflow.id]
-        ids = [f.id for f in wan.flows]
-        pos = np.arange(first, first + len(ids))
-        self.active[coflow.id] = _Active(dict(zip(ids, pos.tolist(), strict=True)), ids, pos)
+        pos = np.arange(first, first + len(wan.flows), dtype=np.intp)
+        self.active[coflow.id] = _Active(pos)
         self.bytes_total += float(self.size[pos].sum())
         self.alive[pos] = True
+        self.live = np.concatenate((self.live, pos))  # arrivals take ever larger positions
 
     def _remaining(self) -> Remaining:
-        rem = self.rem
+        rem, ids = self.rem, self.owner_ids
         return {
-            cid: dict(zip(a.ids, rem[a.pos].tolist(), strict=True))
+            cid: {ids[p]: r for p, r in zip(a.pos.tolist(), rem[a.pos].tolist(), strict=True)}
             for cid, a in self.active.items()
         }
 
@@ -512,6 +519,8 @@ class _Run:
 
         Returns the WAN byte-hop rate (bytes x hops per second) of the allocation.
         """
+        if self.by_table:
+            return self._allocate_by_table(now)
         if self.by_pair:
             return self._allocate_by_pair(now)
         if self.by_coflow:
@@ -599,7 +608,7 @@ class _Run:
     def _groups(self) -> _Groups:
         """The FlowGroups of the active flows (`_Groups`), rebuilt only when a coflow
         arrived or lost flows since the last call (a coflow's flows only ever leave)."""
-        key = tuple((cid, len(a.ids)) for cid, a in self.active.items())
+        key = tuple((cid, len(a.pos)) for cid, a in self.active.items())
         if self.layout is not None and self.layout[0] == key:
             return self.layout[1]
         pos, gid, pair_idx = [], [], []
@@ -608,8 +617,8 @@ class _Run:
         base = 0
         for cid, a in self.active.items():
             cached = self.group_of.get(cid)
-            if cached is None or cached[0] != len(a.ids):
-                cached = self.group_of[cid] = (len(a.ids), *self._coflow_groups(a.pos))
+            if cached is None or cached[0] != len(a.pos):
+                cached = self.group_of[cid] = (len(a.pos), *self._coflow_groups(a.pos))
             _, pairs, local = cached
             coflows[cid] = (base, pairs)
             for i, pair in enumerate(pairs):
@@ -642,6 +651,71 @@ class _Run:
         pairs = [self.pairs[i] for i in present[order].tolist()]
         return pairs, rank[inverse.reshape(-1)]
 
+    def _allocate_by_table(self, now: float) -> float:
+        """`_allocate` for policies with ``pair_table`` / ``table_levels`` (per-flow,
+        multipath): the pairs with active flows by index, in index order, with their active
+        members; a flow of n members gets n times its pair's per-member rate on each path
+        (the sum of its pair's path levels, in path order). Checks: finite rates >= 0, the
+        table's paths joining their pair's DCs over known links (once per table), link loads.
+
+        Returns the WAN byte-hop rate (bytes x hops per second) of the allocation.
+        """
+        live, pair_of = self.live, self.pair_of[self.live]
+        count = np.bincount(pair_of, weights=self.members[live], minlength=len(self.pairs))
+        active = np.flatnonzero(count)
+        members = count[active]
+        table, ptr, path_ptr, rows = self._table()
+        t0 = time.perf_counter()
+        level = np.asarray(self.policy.table_levels(now, table, active, members), dtype=float)
+        self.round_ms.append((time.perf_counter() - t0) * 1000.0)
+        path_ids = csr_ranges(ptr, active)
+        if level.shape != path_ids.shape:
+            raise SimulationError(f"{level.shape} per-path rates for {len(path_ids)} paths")
+        bad = ~((level >= 0) & (level < float("inf")))
+        if bad.any():
+            path = table.paths[path_ids[bad.argmax()]]
+            raise SimulationError(f"rate {float(level[bad][0])!r} per member on {path}")
+        pair_pos = np.repeat(np.arange(len(active)), ptr[active + 1] - ptr[active])
+        per_member = np.zeros(len(self.pairs))
+        per_member[active] = np.bincount(pair_pos, weights=level, minlength=len(active))
+        self.rate[live] = self.members[live] * per_member[pair_of]
+        path_rate = members[pair_pos] * level
+        hops = path_ptr[path_ids + 1] - path_ptr[path_ids]
+        load = np.bincount(
+            rows[csr_ranges(path_ptr, path_ids)],
+            weights=np.repeat(path_rate, hops),
+            minlength=len(self.link_row),
+        )
+        self._check_link_loads(load, now)
+        return float(load.sum())
+
+    def _table(self) -> tuple:
+        """(the policy's PairTable of self.pairs, its pair -> paths pointers, and the
+        simulator's own path -> link rows CSR: pointers and rows), asked for and checked
+        once per WAN state: every path must join its pair's DCs over known links."""
+        if self.table is None:
+            table = self.policy.pair_table(self.pairs)
+            ptr = np.asarray(table.ptr, dtype=np.intp)
+            if ptr.shape != (len(self.pairs) + 1,) or ptr[-1] != len(table.paths):
+                raise SimulationError(
+                    f"pair table of {ptr.shape} pointers for {len(self.pairs)} pairs"
+                )
+            path_ptr, rows = [0], []
+            pair_of_path = np.repeat(np.arange(len(self.pairs)), np.diff(ptr)).tolist()
+            for path, i in zip(table.paths, pair_of_path, strict=True):
+                rows.extend(self._link_rows_of(path))
+                pair = self.pairs[i]
+                if path[0] != pair[0] or path[-1] != pair[1]:
+                    raise SimulationError(f"pair {pair}: path {path} does not join it")
+                path_ptr.append(len(rows))
+            self.table = (
+                table,
+                ptr,
+                np.array(path_ptr, dtype=np.intp),
+                np.array(rows, dtype=np.intp),
+            )
+        return self.table
+
     def _allocate_by_pair(self, now: float) -> float:
         """`_allocate` for policies with ``pair_levels(now, pairs, members)`` (baselines.py
         `_PairPolicy`): one call per event with the active members per DC pair; a flow of
@@ -650,7 +724,7 @@ class _Run:
 
         Returns the WAN byte-hop rate (bytes x hops per second) of the allocation.
         """
-        alive = np.flatnonzero(self.alive)
+        alive = self.live
         pair_of = self.pair_of[alive]
         count = np.bincount(pair_of, weights=self.members[alive], minlength=len(self.pairs))
         present, first = np.unique(pair_of, return_index=True)
@@ -749,7 +823,7 @@ class _Run:
         t0 = time.perf_counter()
         answer = self.policy.coflow_rates(now, remaining)
         self.round_ms.append((time.perf_counter() - t0) * 1000.0)
-        load_rows, load_rates = [], []
+        named, rates, entries = [], [], []
         for cid, (rate, routes) in answer.items():
             rate = np.asarray(rate, dtype=float)
             if cid not in span:
@@ -759,30 +833,51 @@ class _Run:
             a, b = span[cid]
             if rate.shape != (b - a,):
                 raise SimulationError(f"coflow {cid!r}: {rate.shape} rates for {b - a} flows")
-            bad = ~((rate >= 0) & (rate < float("inf")))
-            if bad.any():
-                raise SimulationError(f"coflow {cid!r}: rate {float(rate[bad][0])!r}")
-            rows, cols, vals, members = self._route_entries(cid, routes, a, b)
-            if (rate[(self.rem[a:b] <= 0) | (members == 0)] > 0).any():
-                raise SimulationError(f"coflow {cid!r}: rate for a done or unrouted flow")
-            self.rate[a:b] = members * rate
-            load_rows.append(rows)
-            load_rates.append(vals * rate[cols])
+            named.append(cid)
+            rates.append(rate)
+            entries.append(self._route_entries(cid, routes, a, b))
+        if not named:
+            return 0.0
+        self._check_coflow_rates(named, rates, entries)
+        rate = np.concatenate(rates)
+        pos = np.concatenate([e[0] for e in entries])
+        self.rate[pos] = np.concatenate([e[4] for e in entries]) * rate
+        self.per_member[pos] = rate
         load = np.bincount(
-            np.concatenate(load_rows) if load_rows else np.zeros(0, dtype=np.intp),
-            weights=np.concatenate(load_rates) if load_rates else None,
+            np.concatenate([e[1] for e in entries]),
+            weights=np.concatenate([e[3] for e in entries])
+            * self.per_member[np.concatenate([e[2] for e in entries])],
             minlength=len(self.link_row),
         ).astype(float)
         self._check_link_loads(load, now)
         return float(load.sum())
 
+    def _check_coflow_rates(self, named: list, rates: list, entries: list) -> None:
+        """SimulationError unless every coflow's per-member rates (`rates`, float arrays,
+        one per coflow in `named`, with their `_route_entries` in `entries`) are finite,
+        >= 0 and 0 for finished or unrouted flows; checked on all coflows at once, the
+        first coflow at fault named."""
+        rate = np.concatenate(rates)
+        pos = np.concatenate([e[0] for e in entries])
+        members = np.concatenate([e[4] for e in entries])
+        bad = ~((rate >= 0) & (rate < float("inf")))
+        fault = bad | ((rate > 0) & ((self.rem[pos] <= 0) | (members == 0)))
+        if fault.any():
+            ends = np.cumsum([len(r) for r in rates])
+            k = int(np.searchsorted(ends, int(np.argmax(fault)), side="right"))
+            here = bad[ends[k] - len(rates[k]) : ends[k]]
+            if here.any():
+                raise SimulationError(f"coflow {named[k]!r}: rate {float(rates[k][here][0])!r}")
+            raise SimulationError(f"coflow {named[k]!r}: rate for a done or unrouted flow")
+
     def _route_entries(
         self, cid: str, routes: list, a: int, b: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """A coflow's route list as the nonzero entries of its links x flows incidence:
-        (link rows, flow indices 0 .. b - a - 1, members crossing; int, int, float arrays,
-        one entry per (flow, path, link of the path)) and the members routed per flow
-        (float array (b - a,)); cached while the policy hands back the same list object."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """A coflow's route list (its flows at positions a .. b - 1) as (the positions,
+        int array (b - a,); the nonzero entries of its links x flows incidence: link rows,
+        flow positions, members crossing; int, int, float arrays, one entry per (flow, path,
+        link of the path); the members routed per flow, float array (b - a,)); cached while
+        the policy hands back the same list object."""
         cached = self.route_cache.get(cid)
         if cached is not None and cached[0] is routes:
             return cached[1:]
@@ -802,10 +897,11 @@ class _Run:
                     )
                 hit = self._link_rows_of(path)
                 rows.extend(hit)
-                cols.extend([j] * len(hit))
+                cols.extend([pos] * len(hit))
                 vals.extend([count] * len(hit))
                 members[j] += count
         entries = (
+            np.arange(a, b, dtype=np.intp),
             np.array(rows, dtype=np.intp),
             np.array(cols, dtype=np.intp),
             np.array(vals, dtype=float),
@@ -849,7 +945,7 @@ class _Run:
                 if flows:
                     raise SimulationError(f"allocation names coflow {cid!r}, which is not active")
                 continue
-            pos_of = active.pos_of
+            pos_of = {self.owner_ids[p]: p for p in active.pos.tolist()}
             for fid, path_rates in flows.items():
                 pos = pos_of.get(fid)
                 if pos is None:
@@ -899,9 +995,10 @@ class _Run:
     def _step(self, now: float) -> float | None:
         """Seconds to the next event, or None when nothing will ever happen again."""
         step = float("inf")
-        moving = self.rate > 0
+        rate = self.rate[self.live]
+        moving = rate > 0
         if moving.any():
-            step = float(np.min(self.rem[moving] / self.rate[moving]))
+            step = float(np.min(self.rem[self.live[moving]] / rate[moving]))
         if self.next_arrival < len(self.arrivals):
             step = min(step, self.arrivals[self.next_arrival].arrival_s - now)
         if self.next_change < len(self.changes):
@@ -921,7 +1018,9 @@ class _Run:
         return wake if wake is not None and wake > now else None
 
     def _advance(self, now: float, step: float, byte_hop_rate: float) -> float:
-        moving = np.flatnonzero(self.rate > 0)
+        """Move every flow `step` seconds on at its rate, finish those that reach 0 bytes
+        (see the module docstring), and return the time of the next event."""
+        moving = self.live[self.rate[self.live] > 0]  # ascending, as np.flatnonzero(rate > 0)
         rem, rate = self.rem[moving], self.rate[moving]
         after = rem - rate * step
         done = (rem / rate <= step * (1 + _FINISH_REL)) | (after <= _FINISH_BYTES)
@@ -938,23 +1037,25 @@ class _Run:
             now = min(now, self.changes[self.next_change].time_s)
         if self.wake is not None:
             now = min(now, self.wake)
-        self.alive[moving[done]] = False
         self._finish_flows(moving[done], now)
         return now
 
     def _finish_flows(self, positions: np.ndarray, now: float) -> None:
+        """Retire the flows at `positions` (their bytes all delivered): not alive, rate 0;
+        coflows left without flows finish at `now`."""
+        if not len(positions):
+            return
+        self.alive[positions] = False
+        self.rate[positions] = 0.0
+        self.live = self.live[self.alive[self.live]]
         touched = dict.fromkeys(self.owner[p] for p in positions.tolist())
         for cid in touched:
             active = self.active[cid]
             keep = self.rem[active.pos] > 0
             if keep.all():
                 continue
-            for fid, k in zip(active.ids, keep.tolist(), strict=True):
-                if not k:
-                    del active.pos_of[fid]
             active.pos = active.pos[keep]
-            active.ids = [fid for fid, k in zip(active.ids, keep.tolist(), strict=True) if k]
-            if not active.ids:
+            if not len(active.pos):
                 self._finish_coflow(cid, now)
 
     def _finish_coflow(self, cid: str, now: float) -> None:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from terra_core.baselines import BASELINES, PairLevels, PerFlowPolicy, VarysPolicy
+from terra_core.baselines import BASELINES, PairLevels, PairTable, PerFlowPolicy, VarysPolicy
 from terra_core.terra_policy import TerraPolicy
 from terra_sim.simulator import (
     SimulationError,
@@ -317,6 +317,8 @@ class _BadPairs(PerFlowPolicy):
         super().__init__(topology)
         self.paths, self.levels = paths, levels
 
+    pair_table = None  # not a PairTablePolicy: the simulator asks pair_levels
+
     def pair_levels(self, now, pairs, members):
         return PairLevels(self.paths, np.zeros(len(self.paths), dtype=int), np.array(self.levels))
 
@@ -335,6 +337,39 @@ class _BadPairs(PerFlowPolicy):
 def test_malformed_pair_levels_are_policy_bugs(paths, levels, message):
     with pytest.raises(SimulationError, match=message):
         simulate(_BadPairs(topo(LINE), paths, levels), [Coflow("c", 0, [Flow("f", "A", "B", G)])])
+
+
+class _BadTable(PerFlowPolicy):
+    """A buggy pair-table policy: every pair gets the paths `paths`, their per-member rates
+    are `levels`."""
+
+    def __init__(self, topology, paths, levels):
+        super().__init__(topology)
+        self.paths, self.levels = paths, levels
+
+    def pair_table(self, pairs):
+        n = len(self.paths)
+        ptr = np.arange(len(pairs) + 1) * n
+        return PairTable(pairs, self.paths * len(pairs), ptr, np.zeros(1, dtype=int), np.zeros(0))
+
+    def table_levels(self, now, table, active, members):
+        return np.array(self.levels)
+
+
+@pytest.mark.parametrize(
+    "paths, levels, message",
+    [
+        ([("A", "B")], [-1.0], "rate -1.0"),
+        ([("A", "B")], [float("nan")], "rate nan"),
+        ([("A", "B")], [1.0, 2.0], "rates for 1 paths"),
+        ([("B", "C")], [1.0], "does not join"),
+        ([("A", "D")], [1.0], "unknown link"),
+        ([("A", "B")], [2 * G], "loaded"),
+    ],
+)
+def test_malformed_table_levels_are_policy_bugs(paths, levels, message):
+    with pytest.raises(SimulationError, match=message):
+        simulate(_BadTable(topo(LINE), paths, levels), [Coflow("c", 0, [Flow("f", "A", "B", G)])])
 
 
 class _BadCoflows(VarysPolicy):
