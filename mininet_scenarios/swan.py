@@ -705,14 +705,19 @@ def _score_baseline(result, coflows, expected, received, start_wall) -> None:
 
 def _wan_capacity(wan) -> float:
     """Sum of the directed WAN links' HTB rates in bytes/s."""
-    return sum(intf.params.get("bw", 0) for intf in _wan_intfs(wan)) * 1e6 / 8
+    return sum(_htb_rate(intf) for intf in _wan_intfs(wan))
+
+
+def _htb_rate(intf) -> float:
+    """The HTB rate of a WAN interface in bytes/s (0 for an unshaped one)."""
+    return intf.params.get("bw", 0) * 1e6 / 8
 
 
 def _link_capacity(wan, a: str, b: str) -> float:
     """HTB rates (bytes/s) of the WAN link between DCs a and b, both directions summed."""
     ends = {wan.switches[a], wan.switches[b]}
     return sum(
-        intf.params.get("bw", 0) * 1e6 / 8
+        _htb_rate(intf)
         for link in wan.net.links
         if {link.intf1.node, link.intf2.node} == ends
         for intf in (link.intf1, link.intf2)

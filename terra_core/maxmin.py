@@ -140,17 +140,8 @@ def maxmin_levels_sparse(
         ValueError: mismatched lengths, an entry <= 0 or an index out of range,
             negative capacity, or an entity with no entry (unbounded rate).
     """
-    rows = np.asarray(rows, dtype=np.intp)
-    cols = np.asarray(cols, dtype=np.intp)
-    vals = np.asarray(vals, dtype=float)
-    capacity = np.asarray(capacity, dtype=float)
+    rows, cols, vals, capacity = _entry_arrays(rows, cols, vals, capacity, n)
     n_links = len(capacity)
-    if not rows.shape == cols.shape == vals.shape:
-        raise ValueError("rows, cols and vals must have the same length")
-    if (vals <= 0).any() or (capacity < 0).any():
-        raise ValueError("entries must be > 0 and capacities >= 0")
-    if rows.size and (rows.min() < 0 or rows.max() >= n_links or cols.min() < 0 or cols.max() >= n):
-        raise ValueError("an entry's row or column is out of range")
     per_col = np.bincount(cols, minlength=n)
     if (per_col == 0).any():
         raise ValueError("an entity crosses no link: its rate would be unbounded")
@@ -235,20 +226,32 @@ def maxmin_levels_entries(
     capacity = np.asarray(capacity, dtype=float)
     if len(capacity) * n > DENSE_CELLS:
         return maxmin_levels_sparse(rows, cols, vals, capacity, n)
-    rows = np.asarray(rows, dtype=np.intp)
-    cols = np.asarray(cols, dtype=np.intp)
-    vals = np.asarray(vals, dtype=float)
-    if not rows.shape == cols.shape == vals.shape:
-        raise ValueError("rows, cols and vals must have the same length")
-    if (vals <= 0).any():
-        raise ValueError("entries must be > 0 and capacities >= 0")
-    if rows.size and (
-        rows.min() < 0 or rows.max() >= len(capacity) or cols.min() < 0 or cols.max() >= n
-    ):
-        raise ValueError("an entry's row or column is out of range")
+    rows, cols, vals, capacity = _entry_arrays(rows, cols, vals, capacity, n)
     matrix = np.zeros((len(capacity), n))
     np.add.at(matrix, (rows, cols), vals)
     return maxmin_levels(matrix, capacity, integer=integer)
+
+
+def _entry_arrays(rows, cols, vals, capacity, n: int) -> tuple[np.ndarray, ...]:
+    """(rows, cols, vals, capacity) of an incidence given by its entries as int, int, float
+    and float arrays, checked as `maxmin_levels_sparse` documents.
+
+    Raises:
+        ValueError: mismatched lengths, an entry <= 0, a negative capacity, or a row or
+            column out of range.
+    """
+    rows = np.asarray(rows, dtype=np.intp)
+    cols = np.asarray(cols, dtype=np.intp)
+    vals = np.asarray(vals, dtype=float)
+    capacity = np.asarray(capacity, dtype=float)
+    if not rows.shape == cols.shape == vals.shape:
+        raise ValueError("rows, cols and vals must have the same length")
+    if (vals <= 0).any() or (capacity < 0).any():
+        raise ValueError("entries must be > 0 and capacities >= 0")
+    n_links = len(capacity)
+    if rows.size and (rows.min() < 0 or rows.max() >= n_links or cols.min() < 0 or cols.max() >= n):
+        raise ValueError("an entry's row or column is out of range")
+    return rows, cols, vals, capacity
 
 
 def csr_ranges(ptr: np.ndarray, ids: np.ndarray) -> np.ndarray:

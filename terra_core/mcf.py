@@ -144,7 +144,7 @@ class _FillLp:
         col_links: list[tuple[Link, ...]] = []
         open_links = {link for link, cap in capacity.items() if cap > 0}
         for key, (paths, cap) in demands.items():
-            cap = INF if cap is None else _check_cap(key, cap)
+            cap = _check_cap(key, cap)
             usable = _usable_paths(key, paths, open_links)
             if cap == 0 or not usable:
                 continue
