@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from numba import njit
 
 from topologies import Link, Path, path_links
 
@@ -141,60 +142,131 @@ def maxmin_levels_sparse(
             negative capacity, or an entity with no entry (unbounded rate).
     """
     rows, cols, vals, capacity = _entry_arrays(rows, cols, vals, capacity, n)
-    n_links = len(capacity)
-    per_col = np.bincount(cols, minlength=n)
-    if (per_col == 0).any():
+    if (np.bincount(cols, minlength=n) == 0).any():
         raise ValueError("an entity crosses no link: its rate would be unbounded")
-    by_row = np.argsort(rows, kind="stable")
-    row_ptr = np.concatenate(([0], np.cumsum(np.bincount(rows, minlength=n_links))))
-    row_cols, row_ids, row_vals = cols[by_row], rows[by_row], vals[by_row]
-    by_col = np.argsort(cols, kind="stable")
-    col_ptr = np.concatenate(([0], np.cumsum(per_col)))
-    col_rows, col_vals = rows[by_col], vals[by_col]
+    return _sparse_fill(
+        np.ascontiguousarray(rows),
+        np.ascontiguousarray(cols),
+        np.ascontiguousarray(vals),
+        np.ascontiguousarray(capacity),
+        n,
+        _RESUM,
+        _SAT_TOL,
+    )
+
+
+@njit(cache=True, error_model="numpy")  # numpy: x / 0 is inf, not an exception
+def _sparse_fill(rows, cols, vals, capacity, n, resum, sat_tol):  # pragma: no cover - compiled
+    """The step loop of `maxmin_levels_sparse`, compiled: the numpy version's float
+    operations in its order (see that function); arguments checked by the caller."""
+    n_links = capacity.shape[0]
+    nnz = rows.shape[0]
+    # CSR by link and by entity; a counting sort keeps each row's entries in entry order,
+    # as the stable argsorts did
+    row_ptr = np.zeros(n_links + 1, dtype=np.intp)
+    col_ptr = np.zeros(n + 1, dtype=np.intp)
+    for k in range(nnz):
+        row_ptr[rows[k] + 1] += 1
+        col_ptr[cols[k] + 1] += 1
+    for i in range(n_links):
+        row_ptr[i + 1] += row_ptr[i]
+    for j in range(n):
+        col_ptr[j + 1] += col_ptr[j]
+    row_cols = np.empty(nnz, dtype=np.intp)
+    row_vals = np.empty(nnz)
+    col_rows = np.empty(nnz, dtype=np.intp)
+    col_vals = np.empty(nnz)
+    fill_r = row_ptr[:-1].copy()
+    fill_c = col_ptr[:-1].copy()
+    for k in range(nnz):
+        r, c = rows[k], cols[k]
+        row_cols[fill_r[r]] = c
+        row_vals[fill_r[r]] = vals[k]
+        fill_r[r] += 1
+        col_rows[fill_c[c]] = r
+        col_vals[fill_c[c]] = vals[k]
+        fill_c[c] += 1
     level = np.zeros(n)
-    frozen = np.zeros(n, dtype=bool)
-    frozen[cols[capacity[rows] <= 0]] = True
-    live = ~frozen[cols]
-    load = np.bincount(rows[live], weights=vals[live], minlength=n_links)
-    count = np.bincount(rows[live], minlength=n_links)
-    exact = load.copy()  # each link's load when it was last summed (not subtracted)
-    # a link no active entity crosses has leftover inf and load 0: its ratio is inf and it
-    # never saturates, which spares a mask of the links in use per step
-    leftover = np.where(count > 0, capacity, np.inf)
-    tol = _SAT_TOL * capacity
+    frozen = np.zeros(n, dtype=np.bool_)
+    for k in range(nnz):
+        if capacity[rows[k]] <= 0:
+            frozen[cols[k]] = True
+    load = np.zeros(n_links)
+    count = np.zeros(n_links, dtype=np.intp)
+    for k in range(nnz):
+        if not frozen[cols[k]]:
+            load[rows[k]] += vals[k]
+            count[rows[k]] += 1
+    exact = load.copy()
+    leftover = np.empty(n_links)
+    tol = np.empty(n_links)
+    for i in range(n_links):
+        leftover[i] = capacity[i] if count[i] > 0 else np.inf
+        tol[i] = sat_tol * capacity[i]
+    left = 0
+    for j in range(n):
+        if not frozen[j]:
+            left += 1
+    ratio = np.empty(n_links)
+    sub = np.zeros(n_links)  # the bincount of the step's frozen entries, per link
+    mark = np.zeros(n_links, dtype=np.bool_)
+    touched = np.empty(n_links, dtype=np.intp)
+    newly = np.empty(n, dtype=np.intp)
+    is_new = np.zeros(n, dtype=np.bool_)
     water = 0.0
-    left = n - int(frozen.sum())
-    with np.errstate(divide="ignore", invalid="ignore"):
-        while left:
-            ratio = leftover / load
-            step = max(float(ratio.min()), 0.0)
-            water += step
-            leftover -= load * step
-            limit = step * (1 + _SAT_TOL)
-            sat = np.flatnonzero((ratio <= limit) | (leftover <= tol))
-            cand = row_cols[csr_ranges(row_ptr, sat)]
-            newly = np.sort(cand[~frozen[cand]])  # ascending, as a mask's flatnonzero
-            if len(newly) > 1:  # an entity crossing two saturated links appears twice
-                newly = newly[np.concatenate(([True], newly[1:] != newly[:-1]))]
-            level[newly] = water
-            frozen[newly] = True
-            left -= len(newly)
-            gone = csr_ranges(col_ptr, newly)
-            touched = col_rows[gone]
-            count -= np.bincount(touched, minlength=n_links)
-            load -= np.bincount(touched, weights=col_vals[gone], minlength=n_links)
-            # a load that fell below _RESUM of its last exact sum is summed again over the
-            # active entries: subtracting alone leaves round-off of the order of the larger
-            # value, which matters when weights differ by 1e6 (hypothesis found 1.2e-9)
-            low = np.flatnonzero((load < _RESUM * exact) & (count > 0))
-            if low.size:
-                idx = csr_ranges(row_ptr, low)
-                live_vals = row_vals[idx] * ~frozen[row_cols[idx]]
-                load[low] = np.bincount(row_ids[idx], weights=live_vals, minlength=n_links)[low]
-                exact[low] = load[low]
-            empty = touched[count[touched] == 0]  # every saturated link is among them
-            load[empty] = 0.0
-            leftover[empty] = np.inf
+    while left:
+        low = np.inf
+        for i in range(n_links):
+            ratio[i] = leftover[i] / load[i]
+            if ratio[i] < low or np.isnan(ratio[i]):
+                low = ratio[i]
+        step = low if low > 0.0 or np.isnan(low) else 0.0
+        water += step
+        limit = step * (1 + sat_tol)
+        n_new = 0
+        for i in range(n_links):
+            leftover[i] -= load[i] * step
+            if ratio[i] <= limit or leftover[i] <= tol[i]:
+                for k in range(row_ptr[i], row_ptr[i + 1]):
+                    c = row_cols[k]
+                    if not frozen[c] and not is_new[c]:
+                        is_new[c] = True
+                        newly[n_new] = c
+                        n_new += 1
+        newly[:n_new].sort()
+        n_touched = 0
+        for t in range(n_new):
+            c = newly[t]
+            is_new[c] = False
+            level[c] = water
+            frozen[c] = True
+            for k in range(col_ptr[c], col_ptr[c + 1]):
+                r = col_rows[k]
+                count[r] -= 1
+                sub[r] += col_vals[k]
+                if not mark[r]:
+                    mark[r] = True
+                    touched[n_touched] = r
+                    n_touched += 1
+        left -= n_new
+        for t in range(n_touched):
+            r = touched[t]
+            load[r] -= sub[r]
+            sub[r] = 0.0
+        for t in range(n_touched):
+            r = touched[t]
+            mark[r] = False
+            # a load below resum of its last exact sum is summed again over the active
+            # entries (see maxmin_levels_sparse)
+            if load[r] < resum * exact[r] and count[r] > 0:
+                total = 0.0
+                for k in range(row_ptr[r], row_ptr[r + 1]):
+                    total += row_vals[k] * (0.0 if frozen[row_cols[k]] else 1.0)
+                load[r] = total
+                exact[r] = total
+            if count[r] == 0:
+                load[r] = 0.0
+                leftover[r] = np.inf
     return level
 
 
