@@ -141,7 +141,15 @@ def maxmin_levels_sparse(
         ValueError: mismatched lengths, an entry <= 0 or an index out of range,
             negative capacity, or an entity with no entry (unbounded rate).
     """
-    rows, cols, vals, capacity = _entry_arrays(rows, cols, vals, capacity, n)
+    return _sparse_levels(*_entry_arrays(rows, cols, vals, capacity, n), n)
+
+
+def _sparse_levels(rows, cols, vals, capacity, n: int) -> np.ndarray:
+    """`maxmin_levels_sparse` of entries already checked by `_entry_arrays`.
+
+    Raises:
+        ValueError: an entity with no entry (unbounded rate).
+    """
     if (np.bincount(cols, minlength=n) == 0).any():
         raise ValueError("an entity crosses no link: its rate would be unbounded")
     return _sparse_fill(
@@ -278,30 +286,34 @@ def maxmin_levels_entries(
     n: int,
     integer: bool | None = None,
 ) -> np.ndarray:
-    """Max-min fair levels of an incidence given by its nonzero entries, dense or sparse by
-    size: `maxmin_levels` on the dense matrix when links x entities <= DENSE_CELLS (a small
-    WAN: a few numpy calls over a small matrix per step beat the sparse bookkeeping),
-    `maxmin_levels_sparse` above (a fabric of hundreds of links, thousands of entities).
+    """Max-min fair levels of an incidence given by its nonzero entries: the compiled
+    `maxmin_levels_sparse` when every value is a whole number (member counts) or the
+    matrix is large (links x entities > DENSE_CELLS), else `maxmin_levels` on the dense
+    matrix (a small WAN with real-valued weights). With whole numbers both fillings keep
+    the loads as exact integer sums (while they stay below 2^53), so they take the same
+    steps and give the same levels to the bit; with real weights they agree up to
+    floating-point round-off in the loads, and the dense side is kept there so that small
+    WANs keep their results.
 
     Args:
         rows, cols, vals, capacity, n: as `maxmin_levels_sparse` (entries may repeat).
-        integer: as `maxmin_levels` (True when every value is a whole number, e.g. member
-            counts; None to check); used on the dense side only.
+        integer: True when every value is a whole number (e.g. member counts), False when
+            not, None to check.
 
     Returns:
-        float array (n,) of levels in bytes/s; both sides are the same progressive filling,
-        so they agree up to floating-point round-off in the loads.
+        float array (n,) of levels in bytes/s.
 
     Raises:
         ValueError: as `maxmin_levels_sparse` (the same checks on either side).
     """
-    capacity = np.asarray(capacity, dtype=float)
-    if len(capacity) * n > DENSE_CELLS:
-        return maxmin_levels_sparse(rows, cols, vals, capacity, n)
     rows, cols, vals, capacity = _entry_arrays(rows, cols, vals, capacity, n)
+    if integer is None:
+        integer = bool(np.array_equal(vals, np.round(vals)))
+    if integer or len(capacity) * n > DENSE_CELLS:
+        return _sparse_levels(rows, cols, vals, capacity, n)
     matrix = np.zeros((len(capacity), n))
     np.add.at(matrix, (rows, cols), vals)
-    return maxmin_levels(matrix, capacity, integer=integer)
+    return maxmin_levels(matrix, capacity, integer=False)
 
 
 def _entry_arrays(rows, cols, vals, capacity, n: int) -> tuple[np.ndarray, ...]:

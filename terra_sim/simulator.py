@@ -56,6 +56,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+from numba import njit
 
 from terra_core.flow_bundles import bundle_wan_flows, flow_count, unbundled_wan_flows
 from terra_core.maxmin import csr_ranges
@@ -660,8 +661,8 @@ class _Run:
 
         Returns the WAN byte-hop rate (bytes x hops per second) of the allocation.
         """
-        live, pair_of = self.live, self.pair_of[self.live]
-        count = np.bincount(pair_of, weights=self.members[live], minlength=len(self.pairs))
+        live = self.live
+        count = _pair_members(live, self.pair_of, self.members, len(self.pairs))
         active = np.flatnonzero(count)
         members = count[active]
         table, ptr, path_ptr, rows = self._table()
@@ -678,7 +679,7 @@ class _Run:
         pair_pos = np.repeat(np.arange(len(active)), ptr[active + 1] - ptr[active])
         per_member = np.zeros(len(self.pairs))
         per_member[active] = np.bincount(pair_pos, weights=level, minlength=len(active))
-        self.rate[live] = self.members[live] * per_member[pair_of]
+        _set_rates(live, self.pair_of, self.members, per_member, self.rate)
         path_rate = members[pair_pos] * level
         hops = path_ptr[path_ids + 1] - path_ptr[path_ids]
         load = np.bincount(
@@ -994,11 +995,7 @@ class _Run:
 
     def _step(self, now: float) -> float | None:
         """Seconds to the next event, or None when nothing will ever happen again."""
-        step = float("inf")
-        rate = self.rate[self.live]
-        moving = rate > 0
-        if moving.any():
-            step = float(np.min(self.rem[self.live[moving]] / rate[moving]))
+        step = _next_finish(self.live, self.rem, self.rate)
         if self.next_arrival < len(self.arrivals):
             step = min(step, self.arrivals[self.next_arrival].arrival_s - now)
         if self.next_change < len(self.changes):
@@ -1020,13 +1017,10 @@ class _Run:
     def _advance(self, now: float, step: float, byte_hop_rate: float) -> float:
         """Move every flow `step` seconds on at its rate, finish those that reach 0 bytes
         (see the module docstring), and return the time of the next event."""
-        moving = self.live[self.rate[self.live] > 0]  # ascending, as np.flatnonzero(rate > 0)
-        rem, rate = self.rem[moving], self.rate[moving]
-        after = rem - rate * step
-        done = (rem / rate <= step * (1 + _FINISH_REL)) | (after <= _FINISH_BYTES)
-        after[done] = 0.0
-        self.delivered += float((rem - after).sum())
-        self.rem[moving] = after
+        moved, done = _advance_flows(
+            self.live, self.rem, self.rate, step, step * (1 + _FINISH_REL), _FINISH_BYTES
+        )
+        self.delivered += float(moved.sum())  # numpy's pairwise sum, as before
         self.byte_hops += byte_hop_rate * step
         if self.active:
             self.capacity_time += self.capacity_sum * step
@@ -1037,7 +1031,7 @@ class _Run:
             now = min(now, self.changes[self.next_change].time_s)
         if self.wake is not None:
             now = min(now, self.wake)
-        self._finish_flows(moving[done], now)
+        self._finish_flows(done, now)
         return now
 
     def _finish_flows(self, positions: np.ndarray, now: float) -> None:
@@ -1110,3 +1104,85 @@ class _Run:
             end_s=now,
             wall_s=wall,
         )
+
+
+# ---- compiled passes over the live flows (numba) -------------------------------------------
+# Each does the float operations of the numpy expressions it replaced, in their order, so
+# every rate, remaining byte count and finish time is the same to the bit; the callers check
+# nothing here that they did not check before.
+
+
+@njit(cache=True)
+def _pair_members(live, pair_of, members, n_pairs):  # pragma: no cover - compiled
+    """Members of the live flows per DC pair (float array (n_pairs,)), summed in position
+    order: ``np.bincount(pair_of[live], weights=members[live], minlength=n_pairs)``.
+
+    Args:
+        live: int array of flow positions; pair_of: int array (flows,) of pair indices;
+        members: float array (flows,); n_pairs: number of pairs.
+    """
+    count = np.zeros(n_pairs)
+    for p in live:
+        count[pair_of[p]] += members[p]
+    return count
+
+
+@njit(cache=True)
+def _set_rates(live, pair_of, members, per_member, rate):  # pragma: no cover - compiled
+    """``rate[live] = members[live] * per_member[pair_of[live]]`` (bytes/s), in place."""
+    for p in live:
+        rate[p] = members[p] * per_member[pair_of[p]]
+
+
+@njit(cache=True, error_model="numpy")
+def _next_finish(live, rem, rate):  # pragma: no cover - compiled
+    """Seconds until the first live flow with a positive rate finishes at its rate (the
+    smallest rem / rate; inf when none moves).
+
+    Args:
+        live: int array of flow positions; rem: float array (flows,) of remaining bytes;
+        rate: float array (flows,) of bytes/s.
+    """
+    best = np.inf
+    for p in live:
+        r = rate[p]
+        if r > 0:
+            t = rem[p] / r
+            if t < best or np.isnan(t):
+                best = t
+                if np.isnan(t):
+                    break
+    return best
+
+
+@njit(cache=True, error_model="numpy")
+def _advance_flows(live, rem, rate, step, limit, finish_bytes):  # pragma: no cover - compiled
+    """Move the live flows with a positive rate `step` seconds on, in place in `rem`; a
+    flow whose rem / rate <= `limit` (seconds) or whose remaining bytes after the step are
+    <= `finish_bytes` finishes (its remaining bytes become 0).
+
+    Returns:
+        (bytes each moving flow delivered, float array in position order; positions of the
+        flows that finished, int array, ascending).
+    """
+    n = 0
+    for p in live:
+        if rate[p] > 0:
+            n += 1
+    moved = np.empty(n)
+    done = np.empty(n, dtype=np.intp)
+    k = 0
+    d = 0
+    for p in live:
+        r = rate[p]
+        if r > 0:
+            before = rem[p]
+            after = before - r * step
+            if before / r <= limit or after <= finish_bytes:
+                after = 0.0
+                done[d] = p
+                d += 1
+            moved[k] = before - after
+            rem[p] = after
+            k += 1
+    return moved, done[:d]
