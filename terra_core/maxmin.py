@@ -221,10 +221,15 @@ def _sparse_fill(rows, cols, vals, capacity, n, resum, sat_tol):  # pragma: no c
     touched = np.empty(n_links, dtype=np.intp)
     newly = np.empty(n, dtype=np.intp)
     is_new = np.zeros(n, dtype=np.bool_)
+    # the links some active entity crosses, ascending; the others have leftover inf and
+    # load 0 (ratio inf, never saturated, leftover unchanged by a step), so they are skipped
+    busy = np.flatnonzero(count > 0)
+    n_busy = busy.shape[0]
     water = 0.0
     while left:
         low = np.inf
-        for i in range(n_links):
+        for t in range(n_busy):
+            i = busy[t]
             ratio[i] = leftover[i] / load[i]
             if ratio[i] < low or np.isnan(ratio[i]):
                 low = ratio[i]
@@ -232,7 +237,8 @@ def _sparse_fill(rows, cols, vals, capacity, n, resum, sat_tol):  # pragma: no c
         water += step
         limit = step * (1 + sat_tol)
         n_new = 0
-        for i in range(n_links):
+        for t in range(n_busy):
+            i = busy[t]
             leftover[i] -= load[i] * step
             if ratio[i] <= limit or leftover[i] <= tol[i]:
                 for k in range(row_ptr[i], row_ptr[i + 1]):
@@ -257,6 +263,7 @@ def _sparse_fill(rows, cols, vals, capacity, n, resum, sat_tol):  # pragma: no c
                     touched[n_touched] = r
                     n_touched += 1
         left -= n_new
+        emptied = False
         for t in range(n_touched):
             r = touched[t]
             load[r] -= sub[r]
@@ -275,6 +282,14 @@ def _sparse_fill(rows, cols, vals, capacity, n, resum, sat_tol):  # pragma: no c
             if count[r] == 0:
                 load[r] = 0.0
                 leftover[r] = np.inf
+                emptied = True
+        if emptied:
+            kept = 0
+            for t in range(n_busy):
+                if count[busy[t]] > 0:
+                    busy[kept] = busy[t]
+                    kept += 1
+            n_busy = kept
     return level
 
 
@@ -338,25 +353,28 @@ def _entry_arrays(rows, cols, vals, capacity, n: int) -> tuple[np.ndarray, ...]:
     return rows, cols, vals, capacity
 
 
-def csr_ranges(ptr: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """The concatenated index ranges [ptr[i], ptr[i + 1]) for i in `ids` (CSR-style).
+@njit(cache=True)
+def csr_ranges(ptr: np.ndarray, ids: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    """The concatenated index ranges [ptr[i], ptr[i + 1]) for i in `ids` (CSR-style);
+    compiled (numba).
 
     Args:
         ptr: int array (m + 1,), non-decreasing: row i's entries are ptr[i] .. ptr[i + 1] - 1.
-        ids: int array of rows in 0 .. m - 1 (any order, repeats allowed).
+        ids: int array of rows in 0 .. m - 1 (any order, repeats allowed; not checked).
 
     Returns:
-        int array of entry indices, row by row in the order of `ids`.
+        int array (intp) of entry indices, row by row in the order of `ids`.
     """
-    if len(ids) == 1:  # the common case of one saturated link
-        return np.arange(ptr[ids[0]], ptr[ids[0] + 1])
-    starts = ptr[ids]
-    lens = ptr[ids + 1] - starts
-    total = int(lens.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.intp)
-    ends = np.cumsum(lens)
-    return np.arange(total) + np.repeat(starts - (ends - lens), lens)
+    total = 0
+    for i in ids:
+        total += ptr[i + 1] - ptr[i]
+    out = np.empty(total, dtype=np.intp)
+    k = 0
+    for i in ids:
+        for j in range(ptr[i], ptr[i + 1]):
+            out[k] = j
+            k += 1
+    return out
 
 
 def link_index(links: Sequence[Link]) -> dict[Link, int]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from terra_core.maxmin import _RESUM, _SAT_TOL, _entry_arrays, csr_ranges
+from terra_core.maxmin import _RESUM, _SAT_TOL, _entry_arrays
 
 
 def maxmin_levels_sparse_numpy(
@@ -73,14 +73,14 @@ def maxmin_levels_sparse_numpy(
             leftover -= load * step
             limit = step * (1 + _SAT_TOL)
             sat = np.flatnonzero((ratio <= limit) | (leftover <= tol))
-            cand = row_cols[csr_ranges(row_ptr, sat)]
+            cand = row_cols[csr_ranges_numpy(row_ptr, sat)]
             newly = np.sort(cand[~frozen[cand]])  # ascending, as a mask's flatnonzero
             if len(newly) > 1:  # an entity crossing two saturated links appears twice
                 newly = newly[np.concatenate(([True], newly[1:] != newly[:-1]))]
             level[newly] = water
             frozen[newly] = True
             left -= len(newly)
-            gone = csr_ranges(col_ptr, newly)
+            gone = csr_ranges_numpy(col_ptr, newly)
             touched = col_rows[gone]
             count -= np.bincount(touched, minlength=n_links)
             load -= np.bincount(touched, weights=col_vals[gone], minlength=n_links)
@@ -89,7 +89,7 @@ def maxmin_levels_sparse_numpy(
             # value, which matters when weights differ by 1e6 (hypothesis found 1.2e-9)
             low = np.flatnonzero((load < _RESUM * exact) & (count > 0))
             if low.size:
-                idx = csr_ranges(row_ptr, low)
+                idx = csr_ranges_numpy(row_ptr, low)
                 live_vals = row_vals[idx] * ~frozen[row_cols[idx]]
                 load[low] = np.bincount(row_ids[idx], weights=live_vals, minlength=n_links)[low]
                 exact[low] = load[low]
@@ -97,3 +97,25 @@ def maxmin_levels_sparse_numpy(
             load[empty] = 0.0
             leftover[empty] = np.inf
     return level
+
+
+def csr_ranges_numpy(ptr: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """`terra_core.maxmin.csr_ranges` as plain numpy (before it was compiled): the
+    concatenated index ranges [ptr[i], ptr[i + 1]) for i in `ids` (CSR-style).
+
+    Args:
+        ptr: int array (m + 1,), non-decreasing: row i's entries are ptr[i] .. ptr[i + 1] - 1.
+        ids: int array of rows in 0 .. m - 1 (any order, repeats allowed).
+
+    Returns:
+        int array of entry indices, row by row in the order of `ids`.
+    """
+    if len(ids) == 1:  # the common case of one saturated link
+        return np.arange(ptr[ids[0]], ptr[ids[0] + 1])
+    starts = ptr[ids]
+    lens = ptr[ids + 1] - starts
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.intp)
+    ends = np.cumsum(lens)
+    return np.arange(total) + np.repeat(starts - (ends - lens), lens)

@@ -1,0 +1,145 @@
+"""The numba-compiled paths (session 8, issue 13) against the numpy code they replaced, on
+random instances: the same float operations in the same order, so equal to the bit.
+
+- `maxmin.maxmin_levels_sparse` against `reference_maxmin.maxmin_levels_sparse_numpy`
+  (whole, real and widely spread weights, repeated entries, links down);
+- `maxmin.maxmin_levels_entries` with whole-number entries (now always the compiled sparse
+  filling) against `maxmin_levels` on the dense matrix, which kept the loads exact too;
+- `maxmin.csr_ranges` against its numpy version;
+- the simulator's passes over the live flows against the numpy expressions they replaced.
+Capacities are in bytes/s, rates in bytes/s, times in seconds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from reference_maxmin import csr_ranges_numpy, maxmin_levels_sparse_numpy
+
+from terra_core.maxmin import (
+    csr_ranges,
+    maxmin_levels,
+    maxmin_levels_entries,
+    maxmin_levels_sparse,
+)
+from terra_sim import simulator
+
+
+def random_instance(rng: np.random.Generator, kind: str):
+    """Entries (rows, cols, vals), capacities and entity count of a random incidence:
+    up to 300 links and 1,500 entities crossing 1-4 links each, in shuffled entry order
+    (repeats of a (link, entity) entry happen); one in ten links down in some."""
+    n_links, n = int(rng.integers(1, 300)), int(rng.integers(1, 1500))
+    cols = np.repeat(np.arange(n), rng.integers(1, 5, size=n))
+    rows = rng.integers(0, n_links, size=len(cols))
+    if kind == "whole":
+        vals = rng.integers(1, 30, size=len(cols)).astype(float)
+    elif kind == "real":
+        vals = rng.uniform(0.01, 2.0, size=len(cols))
+    else:  # weights 1e-3 .. 1e6 apart: the loads are summed again after cancellation
+        vals = 10.0 ** rng.uniform(-3, 6, size=len(cols))
+    capacity = rng.uniform(1e6, 1.25e8, size=n_links)
+    if rng.random() < 0.3:
+        capacity[:] = 1.25e8  # equal capacities: ties, several links saturating at once
+    if rng.random() < 0.3:
+        capacity[rng.random(n_links) < 0.1] = 0.0
+    perm = rng.permutation(len(cols))
+    return rows[perm], cols[perm], vals[perm], capacity, n
+
+
+@pytest.mark.parametrize("kind", ["whole", "real", "spread"])
+@pytest.mark.parametrize("seed", range(15))
+def test_compiled_sparse_filling_equals_the_numpy_one(kind, seed):
+    rng = np.random.default_rng(1000 * seed + len(kind))
+    rows, cols, vals, capacity, n = random_instance(rng, kind)
+    want = maxmin_levels_sparse_numpy(rows, cols, vals, capacity, n)
+    got = maxmin_levels_sparse(rows, cols, vals, capacity, n)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("seed", range(15))
+def test_whole_entries_equal_the_dense_integral_filling(seed):
+    rng = np.random.default_rng(77 + seed)
+    rows, cols, vals, capacity, n = random_instance(rng, "whole")
+    matrix = np.zeros((len(capacity), n))
+    np.add.at(matrix, (rows, cols), vals)
+    want = maxmin_levels(matrix, capacity)
+    np.testing.assert_array_equal(maxmin_levels_entries(rows, cols, vals, capacity, n), want)
+    np.testing.assert_array_equal(
+        maxmin_levels_entries(rows, cols, vals, capacity, n, integer=True), want
+    )
+
+
+def test_compiled_sparse_filling_hand_case():
+    # link 0 (10 B/s): entities 0 and 1; link 1 (4 B/s): entities 1 (2 members) and 2.
+    # Water rises to 4 / 3 on link 1 first (load 3); then entity 0 alone to 10 - 4 / 3.
+    rows = np.array([0, 0, 1, 1])
+    cols = np.array([0, 1, 1, 2])
+    vals = np.array([1.0, 1.0, 2.0, 1.0])
+    levels = maxmin_levels_sparse(rows, cols, vals, np.array([10.0, 4.0]), 3)
+    np.testing.assert_allclose(levels, [10 - 4 / 3, 4 / 3, 4 / 3])
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_csr_ranges_equal_the_numpy_version(seed):
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(0, 5, size=int(rng.integers(1, 50)))
+    ptr = np.concatenate(([0], np.cumsum(lens))).astype(np.intp)
+    for size in (0, 1, 2, 40):
+        ids = rng.integers(0, len(lens), size=size).astype(np.intp)
+        got = csr_ranges(ptr, ids)
+        assert got.dtype == np.intp
+        np.testing.assert_array_equal(got, csr_ranges_numpy(ptr, ids))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_live_flow_passes_equal_the_numpy_expressions(seed):
+    rng = np.random.default_rng(seed)
+    n_flows, n_pairs = 2000, 40
+    live = np.sort(rng.choice(n_flows, size=int(rng.integers(1, n_flows)), replace=False))
+    live = live.astype(np.intp)
+    pair_of = rng.integers(0, n_pairs, size=n_flows).astype(np.intp)
+    members = rng.integers(1, 9, size=n_flows).astype(float)
+    count = simulator._pair_members(live, pair_of, members, n_pairs)
+    want = np.bincount(pair_of[live], weights=members[live], minlength=n_pairs)
+    np.testing.assert_array_equal(count, want)
+
+    per_member = rng.uniform(0.0, 1e7, size=n_pairs)
+    per_member[rng.random(n_pairs) < 0.2] = 0.0  # some pairs get nothing
+    rate = np.zeros(n_flows)
+    simulator._set_rates(live, pair_of, members, per_member, rate)
+    want_rate = np.zeros(n_flows)
+    want_rate[live] = members[live] * per_member[pair_of[live]]
+    np.testing.assert_array_equal(rate, want_rate)
+
+    rem = rng.uniform(1.0, 1e9, size=n_flows)
+    rem[live[:3]] = rate[live[:3]] * 0.25  # a few finish together at the step
+    moving = rate[live] > 0
+    want_step = float(np.min(rem[live[moving]] / rate[live[moving]]))
+    step = simulator._next_finish(live, rem, rate)
+    assert step == want_step
+
+    step = step * 3.0
+    limit = step * (1 + simulator._FINISH_REL)
+    pos = live[moving]
+    before = rem[pos]
+    after = before - rate[pos] * step
+    done = (before / rate[pos] <= limit) | (after <= simulator._FINISH_BYTES)
+    after[done] = 0.0
+    got_rem = rem.copy()
+    moved, finished = simulator._advance_flows(
+        live, got_rem, rate, step, limit, simulator._FINISH_BYTES
+    )
+    np.testing.assert_array_equal(moved, before - after)
+    assert float(moved.sum()) == float((before - after).sum())
+    np.testing.assert_array_equal(finished, pos[done])
+    want_rem = rem.copy()
+    want_rem[pos] = after
+    np.testing.assert_array_equal(got_rem, want_rem)
+
+
+def test_next_finish_without_moving_flows_is_inf():
+    live = np.arange(3, dtype=np.intp)
+    assert simulator._next_finish(live, np.ones(3), np.zeros(3)) == float("inf")
+    moved, done = simulator._advance_flows(live, np.ones(3), np.zeros(3), 1.0, 1.0, 1e-6)
+    assert len(moved) == 0 and len(done) == 0
