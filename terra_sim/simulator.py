@@ -412,6 +412,10 @@ class _Run:
         self.pair_of = np.array([self.pair_index[(f.src, f.dst)] for f in flows], dtype=np.intp)
         self.members = np.array([flow_count(f) for f in flows], dtype=float)
         self.alive = np.zeros(len(flows), dtype=bool)  # admitted and not finished
+        # table policies: live members per pair, kept as flows come and go (whole numbers,
+        # so the sums are exact: the bincount over the live flows to the bit)
+        self.pair_members = np.zeros(len(self.pairs))
+        self.next_finish: float | None = None  # _allocate_by_table's answer to _step's min
         self.live = np.zeros(0, dtype=np.intp)  # positions where alive, ascending
         # for policies with coflow_rates (Varys, Rapier): per-coflow arrays
         pairwise = self.by_table or self.by_pair
@@ -454,7 +458,8 @@ class _Run:
             self._admit_arrivals(now)
             if not self.active and self.next_arrival >= len(self.arrivals):
                 break
-            self.rate[self.live] = 0.0  # the other flows' rates are 0 already
+            if not self.by_table:  # (the table path sets every live flow's rate)
+                self.rate[self.live] = 0.0  # the other flows' rates are 0 already
             byte_hop_rate = self._allocate(now) if self.active else 0.0
             step = self._step(now)
             if step is None:
@@ -507,6 +512,8 @@ class _Run:
         self.bytes_total += float(self.size[pos].sum())
         self.alive[pos] = True
         self.live = np.concatenate((self.live, pos))  # arrivals take ever larger positions
+        if self.by_table:
+            np.add.at(self.pair_members, self.pair_of[pos], self.members[pos])
 
     def _remaining(self) -> Remaining:
         rem, ids = self.rem, self.owner_ids
@@ -661,8 +668,7 @@ class _Run:
 
         Returns the WAN byte-hop rate (bytes x hops per second) of the allocation.
         """
-        live = self.live
-        count = _pair_members(live, self.pair_of, self.members, len(self.pairs))
+        live, count = self.live, self.pair_members
         active = np.flatnonzero(count)
         members = count[active]
         table, ptr, path_ptr, rows = self._table()
@@ -679,7 +685,9 @@ class _Run:
         pair_pos = np.repeat(np.arange(len(active)), ptr[active + 1] - ptr[active])
         per_member = np.zeros(len(self.pairs))
         per_member[active] = np.bincount(pair_pos, weights=level, minlength=len(active))
-        _set_rates(live, self.pair_of, self.members, per_member, self.rate)
+        self.next_finish = _set_rates(
+            live, self.pair_of, self.members, per_member, self.rate, self.rem
+        )
         path_rate = members[pair_pos] * level
         hops = path_ptr[path_ids + 1] - path_ptr[path_ids]
         load = np.bincount(
@@ -995,7 +1003,10 @@ class _Run:
 
     def _step(self, now: float) -> float | None:
         """Seconds to the next event, or None when nothing will ever happen again."""
-        step = _next_finish(self.live, self.rem, self.rate)
+        step = self.next_finish
+        if step is None:
+            step = _next_finish(self.live, self.rem, self.rate)
+        self.next_finish = None
         if self.next_arrival < len(self.arrivals):
             step = min(step, self.arrivals[self.next_arrival].arrival_s - now)
         if self.next_change < len(self.changes):
@@ -1017,7 +1028,7 @@ class _Run:
     def _advance(self, now: float, step: float, byte_hop_rate: float) -> float:
         """Move every flow `step` seconds on at its rate, finish those that reach 0 bytes
         (see the module docstring), and return the time of the next event."""
-        moved, done = _advance_flows(
+        moved, done, kept = _advance_flows(
             self.live, self.rem, self.rate, step, step * (1 + _FINISH_REL), _FINISH_BYTES
         )
         self.delivered += float(moved.sum())  # numpy's pairwise sum, as before
@@ -1031,17 +1042,20 @@ class _Run:
             now = min(now, self.changes[self.next_change].time_s)
         if self.wake is not None:
             now = min(now, self.wake)
-        self._finish_flows(done, now)
+        self._finish_flows(done, kept, now)
         return now
 
-    def _finish_flows(self, positions: np.ndarray, now: float) -> None:
-        """Retire the flows at `positions` (their bytes all delivered): not alive, rate 0;
-        coflows left without flows finish at `now`."""
+    def _finish_flows(self, positions: np.ndarray, kept: np.ndarray, now: float) -> None:
+        """Retire the flows at `positions` (their bytes all delivered; `kept` = the live
+        flows without them, ascending): not alive, rate 0; coflows left without flows
+        finish at `now`."""
         if not len(positions):
             return
         self.alive[positions] = False
         self.rate[positions] = 0.0
-        self.live = self.live[self.alive[self.live]]
+        self.live = kept
+        if self.by_table:
+            np.subtract.at(self.pair_members, self.pair_of[positions], self.members[positions])
         touched = dict.fromkeys(self.owner[p] for p in positions.tolist())
         for cid in touched:
             active = self.active[cid]
@@ -1112,26 +1126,25 @@ class _Run:
 # nothing here that they did not check before.
 
 
-@njit(cache=True)
-def _pair_members(live, pair_of, members, n_pairs):  # pragma: no cover - compiled
-    """Members of the live flows per DC pair (float array (n_pairs,)), summed in position
-    order: ``np.bincount(pair_of[live], weights=members[live], minlength=n_pairs)``.
+@njit(cache=True, error_model="numpy")
+def _set_rates(live, pair_of, members, per_member, rate, rem):  # pragma: no cover - compiled
+    """``rate[live] = members[live] * per_member[pair_of[live]]`` (bytes/s), in place, and
+    what `_next_finish(live, rem, rate)` then answers (seconds), in the same pass.
 
     Args:
         live: int array of flow positions; pair_of: int array (flows,) of pair indices;
-        members: float array (flows,); n_pairs: number of pairs.
+        members: float array (flows,); per_member: float array (pairs,) of bytes/s;
+        rate: float array (flows,), written; rem: float array (flows,) of bytes.
     """
-    count = np.zeros(n_pairs)
+    best = np.inf
     for p in live:
-        count[pair_of[p]] += members[p]
-    return count
-
-
-@njit(cache=True)
-def _set_rates(live, pair_of, members, per_member, rate):  # pragma: no cover - compiled
-    """``rate[live] = members[live] * per_member[pair_of[live]]`` (bytes/s), in place."""
-    for p in live:
-        rate[p] = members[p] * per_member[pair_of[p]]
+        r = members[p] * per_member[pair_of[p]]
+        rate[p] = r
+        if r > 0 and not np.isnan(best):
+            t = rem[p] / r
+            if t < best or np.isnan(t):
+                best = t
+    return best
 
 
 @njit(cache=True, error_model="numpy")
@@ -1163,7 +1176,7 @@ def _advance_flows(live, rem, rate, step, limit, finish_bytes):  # pragma: no co
 
     Returns:
         (bytes each moving flow delivered, float array in position order; positions of the
-        flows that finished, int array, ascending).
+        flows that finished, int array, ascending; the other live flows, ascending).
     """
     n = 0
     for p in live:
@@ -1171,10 +1184,13 @@ def _advance_flows(live, rem, rate, step, limit, finish_bytes):  # pragma: no co
             n += 1
     moved = np.empty(n)
     done = np.empty(n, dtype=np.intp)
+    kept = np.empty(len(live), dtype=np.intp)
     k = 0
     d = 0
+    n_kept = 0
     for p in live:
         r = rate[p]
+        finished = False
         if r > 0:
             before = rem[p]
             after = before - r * step
@@ -1182,7 +1198,11 @@ def _advance_flows(live, rem, rate, step, limit, finish_bytes):  # pragma: no co
                 after = 0.0
                 done[d] = p
                 d += 1
+                finished = True
             moved[k] = before - after
             rem[p] = after
             k += 1
-    return moved, done[:d]
+        if not finished:
+            kept[n_kept] = p
+            n_kept += 1
+    return moved, done[:d], kept[:n_kept]

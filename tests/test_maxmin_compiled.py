@@ -100,24 +100,20 @@ def test_live_flow_passes_equal_the_numpy_expressions(seed):
     live = live.astype(np.intp)
     pair_of = rng.integers(0, n_pairs, size=n_flows).astype(np.intp)
     members = rng.integers(1, 9, size=n_flows).astype(float)
-    count = simulator._pair_members(live, pair_of, members, n_pairs)
-    want = np.bincount(pair_of[live], weights=members[live], minlength=n_pairs)
-    np.testing.assert_array_equal(count, want)
-
     per_member = rng.uniform(0.0, 1e7, size=n_pairs)
     per_member[rng.random(n_pairs) < 0.2] = 0.0  # some pairs get nothing
-    rate = np.zeros(n_flows)
-    simulator._set_rates(live, pair_of, members, per_member, rate)
     want_rate = np.zeros(n_flows)
     want_rate[live] = members[live] * per_member[pair_of[live]]
-    np.testing.assert_array_equal(rate, want_rate)
-
     rem = rng.uniform(1.0, 1e9, size=n_flows)
-    rem[live[:3]] = rate[live[:3]] * 0.25  # a few finish together at the step
-    moving = rate[live] > 0
-    want_step = float(np.min(rem[live[moving]] / rate[live[moving]]))
-    step = simulator._next_finish(live, rem, rate)
+    rem[live[:3]] = want_rate[live[:3]] * 0.25  # a few finish together at the step
+    moving = want_rate[live] > 0
+    want_step = float(np.min(rem[live[moving]] / want_rate[live[moving]]))
+
+    rate = np.zeros(n_flows)
+    step = simulator._set_rates(live, pair_of, members, per_member, rate, rem)
+    np.testing.assert_array_equal(rate, want_rate)
     assert step == want_step
+    assert simulator._next_finish(live, rem, rate) == want_step
 
     step = step * 3.0
     limit = step * (1 + simulator._FINISH_REL)
@@ -127,12 +123,13 @@ def test_live_flow_passes_equal_the_numpy_expressions(seed):
     done = (before / rate[pos] <= limit) | (after <= simulator._FINISH_BYTES)
     after[done] = 0.0
     got_rem = rem.copy()
-    moved, finished = simulator._advance_flows(
+    moved, finished, kept = simulator._advance_flows(
         live, got_rem, rate, step, limit, simulator._FINISH_BYTES
     )
     np.testing.assert_array_equal(moved, before - after)
     assert float(moved.sum()) == float((before - after).sum())
     np.testing.assert_array_equal(finished, pos[done])
+    np.testing.assert_array_equal(kept, np.setdiff1d(live, pos[done]))
     want_rem = rem.copy()
     want_rem[pos] = after
     np.testing.assert_array_equal(got_rem, want_rem)
@@ -141,5 +138,6 @@ def test_live_flow_passes_equal_the_numpy_expressions(seed):
 def test_next_finish_without_moving_flows_is_inf():
     live = np.arange(3, dtype=np.intp)
     assert simulator._next_finish(live, np.ones(3), np.zeros(3)) == float("inf")
-    moved, done = simulator._advance_flows(live, np.ones(3), np.zeros(3), 1.0, 1.0, 1e-6)
+    moved, done, kept = simulator._advance_flows(live, np.ones(3), np.zeros(3), 1.0, 1.0, 1e-6)
     assert len(moved) == 0 and len(done) == 0
+    np.testing.assert_array_equal(kept, live)
