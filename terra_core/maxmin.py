@@ -247,7 +247,14 @@ def _sparse_fill(rows, cols, vals, capacity, n, resum, sat_tol):  # pragma: no c
                         is_new[c] = True
                         newly[n_new] = c
                         n_new += 1
-        newly[:n_new].sort()
+        if n_new * 16 < n:
+            newly[:n_new].sort()  # ascending, as the numpy version's
+        else:  # many: collecting them in order is cheaper than sorting
+            n_new = 0
+            for c in range(n):
+                if is_new[c]:
+                    newly[n_new] = c
+                    n_new += 1
         n_touched = 0
         for t in range(n_new):
             c = newly[t]
