@@ -141,26 +141,20 @@ def maxmin_levels_sparse(
         ValueError: mismatched lengths, an entry <= 0 or an index out of range,
             negative capacity, or an entity with no entry (unbounded rate).
     """
-    return _sparse_levels(*_entry_arrays(rows, cols, vals, capacity, n), n)
+    rows, cols, vals, capacity, _, covered = _entry_arrays(rows, cols, vals, capacity, n)
+    return _sparse_levels(rows, cols, vals, capacity, n, covered)
 
 
-def _sparse_levels(rows, cols, vals, capacity, n: int) -> np.ndarray:
-    """`maxmin_levels_sparse` of entries already checked by `_entry_arrays`.
+def _sparse_levels(rows, cols, vals, capacity, n: int, covered: bool) -> np.ndarray:
+    """`maxmin_levels_sparse` of entries already checked by `_entry_arrays` (`covered`:
+    its answer whether every entity has an entry).
 
     Raises:
         ValueError: an entity with no entry (unbounded rate).
     """
-    if (np.bincount(cols, minlength=n) == 0).any():
+    if not covered:
         raise ValueError("an entity crosses no link: its rate would be unbounded")
-    return _sparse_fill(
-        np.ascontiguousarray(rows),
-        np.ascontiguousarray(cols),
-        np.ascontiguousarray(vals),
-        np.ascontiguousarray(capacity),
-        n,
-        _RESUM,
-        _SAT_TOL,
-    )
+    return _sparse_fill(rows, cols, vals, capacity, n, _RESUM, _SAT_TOL)
 
 
 @njit(cache=True, error_model="numpy")  # numpy: x / 0 is inf, not an exception
@@ -328,36 +322,69 @@ def maxmin_levels_entries(
     Raises:
         ValueError: as `maxmin_levels_sparse` (the same checks on either side).
     """
-    rows, cols, vals, capacity = _entry_arrays(rows, cols, vals, capacity, n)
+    rows, cols, vals, capacity, whole, covered = _entry_arrays(rows, cols, vals, capacity, n)
     if integer is None:
-        integer = bool(np.array_equal(vals, np.round(vals)))
+        integer = whole
     if integer or len(capacity) * n > DENSE_CELLS:
-        return _sparse_levels(rows, cols, vals, capacity, n)
+        return _sparse_levels(rows, cols, vals, capacity, n, covered)
+    if not covered:
+        raise ValueError("an entity crosses no link: its rate would be unbounded")
     matrix = np.zeros((len(capacity), n))
     np.add.at(matrix, (rows, cols), vals)
     return maxmin_levels(matrix, capacity, integer=False)
 
 
-def _entry_arrays(rows, cols, vals, capacity, n: int) -> tuple[np.ndarray, ...]:
-    """(rows, cols, vals, capacity) of an incidence given by its entries as int, int, float
-    and float arrays, checked as `maxmin_levels_sparse` documents.
+def _entry_arrays(rows, cols, vals, capacity, n: int) -> tuple:
+    """(rows, cols, vals, capacity, whole, covered) of an incidence given by its entries:
+    contiguous int, int, float and float arrays, checked as `maxmin_levels_sparse`
+    documents (in one compiled pass, `_scan_entries`); whole: every value is a whole
+    number; covered: every entity 0 .. n - 1 has an entry.
 
     Raises:
         ValueError: mismatched lengths, an entry <= 0, a negative capacity, or a row or
             column out of range.
     """
-    rows = np.asarray(rows, dtype=np.intp)
-    cols = np.asarray(cols, dtype=np.intp)
-    vals = np.asarray(vals, dtype=float)
-    capacity = np.asarray(capacity, dtype=float)
-    if not rows.shape == cols.shape == vals.shape:
+    rows = np.ascontiguousarray(rows, dtype=np.intp)
+    cols = np.ascontiguousarray(cols, dtype=np.intp)
+    vals = np.ascontiguousarray(vals, dtype=float)
+    capacity = np.ascontiguousarray(capacity, dtype=float)
+    if not rows.shape == cols.shape == vals.shape or rows.ndim != 1:
         raise ValueError("rows, cols and vals must have the same length")
-    if (vals <= 0).any() or (capacity < 0).any():
+    if capacity.ndim != 1:
+        raise ValueError(f"capacity has shape {capacity.shape}, expected (n_links,)")
+    fault, whole, covered = _scan_entries(rows, cols, vals, capacity, n)
+    if fault == 1:
         raise ValueError("entries must be > 0 and capacities >= 0")
-    n_links = len(capacity)
-    if rows.size and (rows.min() < 0 or rows.max() >= n_links or cols.min() < 0 or cols.max() >= n):
+    if fault == 2:
         raise ValueError("an entry's row or column is out of range")
-    return rows, cols, vals, capacity
+    return rows, cols, vals, capacity, whole, covered
+
+
+@njit(cache=True)
+def _scan_entries(rows, cols, vals, capacity, n):  # pragma: no cover - compiled
+    """The checks of `_entry_arrays` in one pass: (fault: 0 none, 1 an entry <= 0 or a
+    negative capacity, 2 a row or column out of range; whole: every value a whole number
+    (as ``np.array_equal(vals, np.round(vals))``); covered: every entity has an entry).
+    A NaN value or capacity is no fault here (as in the numpy checks before)."""
+    for v in vals:
+        if v <= 0:
+            return 1, False, False
+    for c in capacity:
+        if c < 0:
+            return 1, False, False
+    n_links = capacity.shape[0]
+    for k in range(rows.shape[0]):
+        if rows[k] < 0 or rows[k] >= n_links or cols[k] < 0 or cols[k] >= n:
+            return 2, False, False
+    whole = True
+    for v in vals:
+        if np.floor(v) != v:
+            whole = False
+            break
+    seen = np.zeros(n, dtype=np.bool_)
+    for c in cols:
+        seen[c] = True
+    return 0, whole, bool(seen.all())
 
 
 @njit(cache=True)

@@ -41,7 +41,7 @@ def maxmin_levels_sparse_numpy(
         ValueError: mismatched lengths, an entry <= 0 or an index out of range,
             negative capacity, or an entity with no entry (unbounded rate).
     """
-    rows, cols, vals, capacity = _entry_arrays(rows, cols, vals, capacity, n)
+    rows, cols, vals, capacity = _entry_arrays(rows, cols, vals, capacity, n)[:4]
     n_links = len(capacity)
     per_col = np.bincount(cols, minlength=n)
     if (per_col == 0).any():
