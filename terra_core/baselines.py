@@ -645,6 +645,8 @@ class _MaddLayout(NamedTuple):
         key: (tuple of the coflow ids, `BaselinePolicy._version`) it was built for.
         base, size: int arrays (coflows,): index of each coflow's first flow, its flows.
         members, routed, shape, weight: per flow, coflow after coflow (CoflowRoutes).
+        all_routed: every flow has a route.
+        hops: the number of entries of every flow when they all have as many, else 0.
         ptr: int array (flows + 1,): flow i's entries are ptr[i] .. ptr[i + 1] - 1.
         rows, vals: int and float arrays (entries,): the entries' link rows and members.
         routes: list (coflows,) of each coflow's Route list (CoflowRoutes.routes).
@@ -655,6 +657,8 @@ class _MaddLayout(NamedTuple):
     size: np.ndarray
     members: np.ndarray
     routed: np.ndarray
+    all_routed: bool
+    hops: int
     shape: np.ndarray
     weight: np.ndarray
     ptr: np.ndarray
@@ -800,21 +804,37 @@ class _MaddPolicy(BaselinePolicy):
         lay = self._layout(cids)
         n_coflows = len(cids)
         coflow = np.repeat(np.arange(n_coflows), counts)
-        if n and ((local < 0) | (local >= lay.size[coflow])).any():
-            raise ValueError("a flow index outside its coflow's flows")
+        if n:
+            some = np.flatnonzero(counts)
+            top = np.maximum.reduceat(local, (np.cumsum(counts) - counts)[some])
+            if local.min() < 0 or (top >= lay.size[some]).any():
+                raise ValueError("a flow index outside its coflow's flows")
         flow = lay.base[coflow] + local
         per_member = remaining / lay.members[flow]
-        routed = lay.routed[flow]
         capacity = self._capacity()
         n_links = len(capacity)
-        entry = csr_ranges(lay.ptr, flow)
-        owner = np.repeat(np.arange(n), lay.ptr[flow + 1] - lay.ptr[flow])
+        if lay.hops:  # every flow has `hops` entries: gather them as rows of a matrix
+            rows = lay.rows.reshape(-1, lay.hops)[flow]
+            weights = lay.vals.reshape(-1, lay.hops)[flow] * per_member[:, None]
+            if n_coflows > 1:
+                rows = rows + (coflow * n_links)[:, None]
+        else:
+            entry = csr_ranges(lay.ptr, flow)
+            owner = np.repeat(np.arange(n), lay.ptr[flow + 1] - lay.ptr[flow])
+            rows = coflow[owner] * n_links + lay.rows[entry]
+            weights = lay.vals[entry] * per_member[owner]
         volume = np.bincount(
-            coflow[owner] * n_links + lay.rows[entry],
-            weights=lay.vals[entry] * per_member[owner],
-            minlength=n_coflows * n_links,
+            rows.ravel(), weights=weights.ravel(), minlength=n_coflows * n_links
         ).reshape(n_coflows, n_links)
         gamma = _gammas(volume, capacity)
+        if lay.all_routed:  # (x * True is x: the same rates as the general branch)
+            g, left = _madd_pass(volume, gamma, capacity)
+            rate = per_member / (g[0] if n_coflows == 1 else g[coflow])
+            shape = lay.shape[flow]
+            extra = self._backfill(shape, lay.weight[flow], left)
+            rate += extra[shape]
+            return rate, lay.routes
+        routed = lay.routed[flow]
         gamma[np.bincount(coflow, weights=~routed, minlength=n_coflows) > 0] = np.inf
         g, left = _madd_pass(volume, gamma, capacity)
         rate = per_member / g[coflow] * routed
@@ -834,12 +854,16 @@ class _MaddPolicy(BaselinePolicy):
         infos = [self._coflow_incidence(cid) for cid in cids]
         size = np.array([len(info.fids) for info in infos], dtype=np.intp)
         nnz = np.concatenate([info.nnz for info in infos])
+        routed = np.concatenate([info.routed for info in infos])
+        hops = int(nnz[0]) if len(nnz) and (nnz == nnz[0]).all() else 0
         lay = self._lay = _MaddLayout(
             key,
             np.cumsum(size) - size,
             size,
             np.concatenate([info.members for info in infos]),
-            np.concatenate([info.routed for info in infos]),
+            routed,
+            bool(routed.all()),
+            hops,
             np.concatenate([info.shape for info in infos]),
             np.concatenate([info.weight for info in infos]),
             np.concatenate(([0], np.cumsum(nnz))).astype(np.intp),

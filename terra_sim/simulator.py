@@ -438,6 +438,8 @@ class _Run:
         self.pool_rows = np.zeros(0, dtype=np.intp)
         self.pool_vals = np.zeros(0)
         self.pool_used = 0
+        self.some_unrouted = False  # some route list kept so far leaves a flow unrouted
+        self.hops: int | None = None  # entries of every flow kept so far if all equal, else 0
         self.pair_path_cache: dict[int, tuple] = {}  # see _pair_path_entries
         # paths seen, numbered: path j crosses links path_rows[path_ptr[j]:path_ptr[j + 1]]
         self.path_col: dict[tuple[str, ...], int] = {}
@@ -855,22 +857,25 @@ class _Run:
             if self.route_cache.get(cid) is not route_list:
                 self._store_routes(cid, route_list)
         members = self.routed_members[live]
-        bad = ~((rate >= 0) & (rate < float("inf")))
-        fault = bad | ((rate > 0) & (members == 0))
-        if fault.any():
-            k = int(np.argmax(fault))
-            cid = self.owner[int(live[k])]
-            if bad[k]:
-                raise SimulationError(f"coflow {cid!r}: rate {float(rate[k])!r}")
-            raise SimulationError(f"coflow {cid!r}: rate for an unrouted flow")
+        if len(rate) and not (rate.min() >= 0 and rate.max() < float("inf")):  # NaN fails too
+            k = int(np.argmax(~((rate >= 0) & (rate < float("inf")))))
+            raise SimulationError(f"coflow {self.owner[int(live[k])]!r}: rate {float(rate[k])!r}")
+        if self.some_unrouted:
+            fault = (rate > 0) & (members == 0)
+            if fault.any():
+                cid = self.owner[int(live[int(np.argmax(fault))])]
+                raise SimulationError(f"coflow {cid!r}: rate for an unrouted flow")
         self.rate[live] = members * rate
-        nnz = self.entry_count[live]
-        entry = _ranges(self.entry_start[live], nnz)
-        load = np.bincount(
-            self.pool_rows[entry],
-            weights=self.pool_vals[entry] * rate[np.repeat(np.arange(len(live)), nnz)],
-            minlength=len(self.link_row),
-        ).astype(float)
+        if self.hops:  # every route kept so far has `hops` entries
+            entry = self.entry_start[live][:, None] + np.arange(self.hops)
+            rows = self.pool_rows[entry].ravel()
+            weights = (self.pool_vals[entry] * rate[:, None]).ravel()
+        else:
+            nnz = self.entry_count[live]
+            entry = _ranges(self.entry_start[live], nnz)
+            rows = self.pool_rows[entry]
+            weights = self.pool_vals[entry] * rate[np.repeat(np.arange(len(live)), nnz)]
+        load = np.bincount(rows, weights=weights, minlength=len(self.link_row))
         self._check_link_loads(load, now)
         return float(load.sum())
 
@@ -880,7 +885,10 @@ class _Run:
         each of its flows at position p, entry_count[p] entries from entry_start[p] in
         pool_rows (link row) and pool_vals (members crossing), one per (path, link of the
         path); routed_members[p] = the members routed. Entries are appended (a run's pool
-        grows with its route lists, about one entry per flow and hop)."""
+        grows with its route lists, about one entry per flow and hop). Also notes whether
+        some flow is unrouted and whether every flow so far has the same number of entries
+        (`hops`), which lets `_allocate_by_coflow` skip a check and gather entries as a
+        matrix."""
         a = self.start[cid]
         b = a + self.n_flows[cid]
         if len(routes) != b - a:
@@ -913,6 +921,11 @@ class _Run:
         self.entry_start[a:b] = used + np.cumsum(count) - count
         self.entry_count[a:b] = count
         self.routed_members[a:b] = members
+        self.some_unrouted = self.some_unrouted or bool((members == 0).any())
+        if self.hops is None:
+            self.hops = int(count[0]) if len(count) else None
+        if self.hops and (count != self.hops).any():
+            self.hops = 0  # from now on, always the general gather
         self.route_cache[cid] = routes
 
     def _link_rows_of(self, path: tuple[str, ...]) -> list[int]:
