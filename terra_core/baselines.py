@@ -823,9 +823,13 @@ class _MaddPolicy(BaselinePolicy):
             owner = np.repeat(np.arange(n), lay.ptr[flow + 1] - lay.ptr[flow])
             rows = coflow[owner] * n_links + lay.rows[entry]
             weights = lay.vals[entry] * per_member[owner]
-        volume = np.bincount(
-            rows.ravel(), weights=weights.ravel(), minlength=n_coflows * n_links
-        ).reshape(n_coflows, n_links)
+        volume = (
+            np.bincount(  # (float even with no entries, where bincount gives ints)
+                rows.ravel(), weights=weights.ravel(), minlength=n_coflows * n_links
+            )
+            .astype(float, copy=False)
+            .reshape(n_coflows, n_links)
+        )
         gamma = _gammas(volume, capacity)
         if lay.all_routed:  # (x * True is x: the same rates as the general branch)
             g, left = _madd_pass(volume, gamma, capacity)

@@ -875,7 +875,7 @@ class _Run:
             entry = _ranges(self.entry_start[live], nnz)
             rows = self.pool_rows[entry]
             weights = self.pool_vals[entry] * rate[np.repeat(np.arange(len(live)), nnz)]
-        load = np.bincount(rows, weights=weights, minlength=len(self.link_row))
+        load = np.bincount(rows, weights=weights, minlength=len(self.link_row)).astype(float)
         self._check_link_loads(load, now)
         return float(load.sum())
 
