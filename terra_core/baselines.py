@@ -814,10 +814,14 @@ class _MaddPolicy(BaselinePolicy):
         capacity = self._capacity()
         n_links = len(capacity)
         if lay.hops:  # every flow has `hops` entries: gather them as rows of a matrix
-            rows = lay.rows.reshape(-1, lay.hops)[flow]
-            weights = lay.vals.reshape(-1, lay.hops)[flow] * per_member[:, None]
+            # (np.take along axis 0 and flat arithmetic: numpy's fancy indexing and
+            # broadcasting over a matrix of 2 columns cost ~50x more per row here)
+            hops = lay.hops
+            rows = np.take(lay.rows.reshape(-1, hops), flow, axis=0).ravel()
+            weights = np.take(lay.vals.reshape(-1, hops), flow, axis=0).ravel()
+            weights *= np.repeat(per_member, hops)
             if n_coflows > 1:
-                rows = rows + (coflow * n_links)[:, None]
+                rows += np.repeat(coflow * n_links, hops)
         else:
             entry = csr_ranges(lay.ptr, flow)
             owner = np.repeat(np.arange(n), lay.ptr[flow + 1] - lay.ptr[flow])
@@ -825,7 +829,7 @@ class _MaddPolicy(BaselinePolicy):
             weights = lay.vals[entry] * per_member[owner]
         volume = (
             np.bincount(  # (float even with no entries, where bincount gives ints)
-                rows.ravel(), weights=weights.ravel(), minlength=n_coflows * n_links
+                rows, weights=weights, minlength=n_coflows * n_links
             )
             .astype(float, copy=False)
             .reshape(n_coflows, n_links)

@@ -866,10 +866,12 @@ class _Run:
                 cid = self.owner[int(live[int(np.argmax(fault))])]
                 raise SimulationError(f"coflow {cid!r}: rate for an unrouted flow")
         self.rate[live] = members * rate
-        if self.hops:  # every route kept so far has `hops` entries
-            entry = self.entry_start[live][:, None] + np.arange(self.hops)
-            rows = self.pool_rows[entry].ravel()
-            weights = (self.pool_vals[entry] * rate[:, None]).ravel()
+        if self.hops:  # every route kept so far has `hops` entries: the pool is a matrix
+            hops, used = self.hops, self.pool_used
+            slot = self.entry_start[live] // hops  # (np.take and flat arithmetic: fast)
+            rows = np.take(self.pool_rows[:used].reshape(-1, hops), slot, axis=0).ravel()
+            weights = np.take(self.pool_vals[:used].reshape(-1, hops), slot, axis=0).ravel()
+            weights *= np.repeat(rate, hops)
         else:
             nnz = self.entry_count[live]
             entry = _ranges(self.entry_start[live], nnz)
