@@ -460,6 +460,7 @@ class _Run:
         self.capacity_time = 0.0
         self.round_ms: list[float] = []
         self.wake: float | None = None  # the policy's next wakeup (see _wakeup)
+        self.moving: tuple = ()  # the moving flows, from _step to _advance
         self.path_links: dict[tuple[str, ...], list[tuple[str, str]]] = {}
         self._total_capacity()
 
@@ -1013,12 +1014,20 @@ class _Run:
                 )
 
     def _step(self, now: float) -> float | None:
-        """Seconds to the next event, or None when nothing will ever happen again."""
+        """Seconds to the next event, or None when nothing will ever happen again. Keeps
+        the moving flows (positions, remaining bytes, rates, time to finish) for `_advance`,
+        which runs next."""
         step = float("inf")
         rate = self.rate[self.live]
         moving = rate > 0
-        if moving.any():
-            step = float(np.min(self.rem[self.live[moving]] / rate[moving]))
+        pos = self.live if moving.all() else self.live[moving]
+        if len(pos) < len(rate):
+            rate = rate[moving]
+        rem = self.rem[pos]
+        finish = rem / rate
+        self.moving = (pos, rem, rate, finish)
+        if len(finish):
+            step = float(finish.min())
         if self.next_arrival < len(self.arrivals):
             step = min(step, self.arrivals[self.next_arrival].arrival_s - now)
         if self.next_change < len(self.changes):
@@ -1040,10 +1049,9 @@ class _Run:
     def _advance(self, now: float, step: float, byte_hop_rate: float) -> float:
         """Move every flow `step` seconds on at its rate, finish those that reach 0 bytes
         (see the module docstring), and return the time of the next event."""
-        moving = self.live[self.rate[self.live] > 0]  # ascending, as np.flatnonzero(rate > 0)
-        rem, rate = self.rem[moving], self.rate[moving]
+        moving, rem, rate, finish = self.moving  # from `_step` (ascending positions)
         after = rem - rate * step
-        done = (rem / rate <= step * (1 + _FINISH_REL)) | (after <= _FINISH_BYTES)
+        done = (finish <= step * (1 + _FINISH_REL)) | (after <= _FINISH_BYTES)
         after[done] = 0.0
         self.delivered += float((rem - after).sum())
         self.rem[moving] = after
