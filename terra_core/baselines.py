@@ -794,7 +794,7 @@ class _MaddPolicy(BaselinePolicy):
                 f"{len(cids)} coflows, {counts.shape} counts summing to {int(counts.sum())}, "
                 f"{n} flow indices and {remaining.shape} remaining bytes do not agree"
             )
-        if n and not (remaining > 0).all():
+        if n and not remaining.min() > 0:  # (NaN fails too)
             raise ValueError("remaining bytes must be > 0 (finished flows are left out)")
         hooked = self._hooked()
         if hooked:
@@ -803,45 +803,40 @@ class _MaddPolicy(BaselinePolicy):
             return np.zeros(0), []
         lay = self._layout(cids)
         n_coflows = len(cids)
-        coflow = np.repeat(np.arange(n_coflows), counts)
         if n:
             some = np.flatnonzero(counts)
             top = np.maximum.reduceat(local, (np.cumsum(counts) - counts)[some])
             if local.min() < 0 or (top >= lay.size[some]).any():
                 raise ValueError("a flow index outside its coflow's flows")
-        flow = lay.base[coflow] + local
+        flow = local + np.repeat(lay.base, counts)
         per_member = remaining / lay.members[flow]
         capacity = self._capacity()
         n_links = len(capacity)
-        if lay.hops:  # every flow has `hops` entries: gather them as rows of a matrix
-            # (np.take along axis 0 and flat arithmetic: numpy's fancy indexing and
-            # broadcasting over a matrix of 2 columns cost ~50x more per row here)
+        if lay.hops and lay.all_routed:
+            # the common case in as few passes as it takes: every flow has `hops` entries,
+            # gathered as rows of a matrix (np.take along axis 0 and flat arithmetic:
+            # numpy's fancy indexing and broadcasting over 2 columns cost ~50x more per
+            # row here); x * True is x, so the rates are those of the general branch
             hops = lay.hops
             rows = np.take(lay.rows.reshape(-1, hops), flow, axis=0).ravel()
             weights = np.take(lay.vals.reshape(-1, hops), flow, axis=0).ravel()
             weights *= np.repeat(per_member, hops)
             if n_coflows > 1:
-                rows += np.repeat(coflow * n_links, hops)
-        else:
-            entry = csr_ranges(lay.ptr, flow)
-            owner = np.repeat(np.arange(n), lay.ptr[flow + 1] - lay.ptr[flow])
-            rows = coflow[owner] * n_links + lay.rows[entry]
-            weights = lay.vals[entry] * per_member[owner]
-        volume = (
-            np.bincount(  # (float even with no entries, where bincount gives ints)
-                rows, weights=weights, minlength=n_coflows * n_links
-            )
-            .astype(float, copy=False)
-            .reshape(n_coflows, n_links)
-        )
-        gamma = _gammas(volume, capacity)
-        if lay.all_routed:  # (x * True is x: the same rates as the general branch)
-            g, left = _madd_pass(volume, gamma, capacity)
-            rate = per_member / (g[0] if n_coflows == 1 else g[coflow])
+                rows += np.repeat(np.arange(n_coflows) * n_links, counts * hops)
+            volume = _volumes(rows, weights, n_coflows, n_links)
+            g, left = _madd_pass(volume, _gammas(volume, capacity), capacity)
+            rate = per_member / (g[0] if n_coflows == 1 else np.repeat(g, counts))
             shape = lay.shape[flow]
             extra = self._backfill(shape, lay.weight[flow], left)
             rate += extra[shape]
             return rate, lay.routes
+        coflow = np.repeat(np.arange(n_coflows), counts)
+        entry = csr_ranges(lay.ptr, flow)
+        owner = np.repeat(np.arange(n), lay.ptr[flow + 1] - lay.ptr[flow])
+        rows = coflow[owner] * n_links + lay.rows[entry]
+        weights = lay.vals[entry] * per_member[owner]
+        volume = _volumes(rows, weights, n_coflows, n_links)
+        gamma = _gammas(volume, capacity)
         routed = lay.routed[flow]
         gamma[np.bincount(coflow, weights=~routed, minlength=n_coflows) > 0] = np.inf
         g, left = _madd_pass(volume, gamma, capacity)
@@ -946,6 +941,17 @@ def _gamma(volume: np.ndarray, capacity: np.ndarray) -> float:
     if (capacity[used] <= 0).any():
         return np.inf
     return float(np.max(volume[used] / capacity[used]))
+
+
+def _volumes(rows: np.ndarray, weights: np.ndarray, n_coflows: int, n_links: int) -> np.ndarray:
+    """Volume per coflow and link (float array (n_coflows, n_links), bytes): the sums of
+    `weights` (float array, bytes) by bin coflow x n_links + link row (`rows`, int array of
+    the same length), each in the order given."""
+    return (
+        np.bincount(rows, weights=weights, minlength=n_coflows * n_links)
+        .astype(float, copy=False)  # (bincount gives ints when there is no entry)
+        .reshape(n_coflows, n_links)
+    )
 
 
 def _gammas(volume: np.ndarray, capacity: np.ndarray) -> np.ndarray:

@@ -451,8 +451,8 @@ class _Run:
         starts = np.cumsum([0] + [len(self.wan[c.id].flows) for c in self.arrivals])
         self.start = {c.id: int(s) for c, s in zip(self.arrivals, starts, strict=False)}
         sizes = np.diff(starts)
-        # per position, its coflow's first position (a live flow's index in its coflow: pos - first)
-        self.first = np.repeat(starts[:-1], sizes).astype(np.intp)
+        # per position, the flow's index in its coflow's flows (position - first position)
+        self.local = np.arange(len(flows), dtype=np.intp) - np.repeat(starts[:-1], sizes)
         self.active: dict[str, _Active] = {}
         self.bytes_total = 0.0
         self.delivered = 0.0
@@ -846,7 +846,7 @@ class _Run:
         counts = [len(a.pos) for a in self.active.values()]
         t0 = time.perf_counter()
         rate, routes = self.policy.live_coflow_rates(
-            now, cids, counts, live - self.first[live], self.rem[live]
+            now, cids, counts, self.local[live], self.rem[live]
         )
         self.round_ms.append((time.perf_counter() - t0) * 1000.0)
         rate = np.asarray(rate, dtype=float)
