@@ -23,6 +23,7 @@ a flow with no path up gets rate 0 until one comes back.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -54,6 +55,8 @@ class CoflowRoutes(NamedTuple):
         routed: bool array, True where the flow has a route.
         shape: int array, each flow's route shape (`_MaddPolicy._shape_of`; -1 unrouted).
         weight: float array, each flow's weight in its shape's backfill entity.
+        nnz: int array, each flow's number of entries (they are flow by flow, so flow j's
+            are entries sum(nnz[:j]) .. sum(nnz[:j + 1]) - 1).
     """
 
     fids: list[str]
@@ -65,6 +68,7 @@ class CoflowRoutes(NamedTuple):
     routed: np.ndarray
     shape: np.ndarray
     weight: np.ndarray
+    nnz: np.ndarray
 
 
 class BaselinePolicy:
@@ -102,6 +106,7 @@ class BaselinePolicy:
         self._shapes: dict = {}  # route shapes, see _shape_of
         self._shape_ptr, self._shape_rows, self._shape_vals = [0], [], []
         self._shape_cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._version = 0  # bumped whenever a coflow's routes change or a coflow leaves
 
     # ---- Policy interface ------------------------------------------------------------------
 
@@ -144,6 +149,7 @@ class BaselinePolicy:
         self.flows.pop(coflow_id, None)
         self.routes.pop(coflow_id, None)
         self._incidence.pop(coflow_id, None)
+        self._version += 1
 
     def wan_changed(self, now: float) -> bool:
         """Recompute the K paths over the links that are up and re-route; returns True."""
@@ -163,6 +169,7 @@ class BaselinePolicy:
         """Store new routes for some flows of a coflow and drop its cached incidence."""
         self.routes[coflow_id].update(routes)
         self._incidence.pop(coflow_id, None)
+        self._version += 1
 
     def _coflow_incidence(self, coflow_id: str) -> CoflowRoutes:
         """The coflow's routes as arrays (see CoflowRoutes), cached until they change."""
@@ -172,14 +179,18 @@ class BaselinePolicy:
             fids = list(routes)
             route_list = [routes[fid] for fid in fids]
             shapes = [self._shape_of(route) for route in route_list]
+            rows, cols, vals = path_entries(route_list, self._rows, self._path_rows)
             cached = CoflowRoutes(
                 fids,
                 route_list,
-                *path_entries(route_list, self._rows, self._path_rows),
+                rows,
+                cols,
+                vals,
                 np.array([flow_count(known[fid]) for fid in fids], dtype=float),
                 np.array([bool(r) for r in route_list], dtype=bool),
                 np.array([shape for shape, _ in shapes], dtype=np.intp),
                 np.array([weight for _, weight in shapes], dtype=float),
+                np.bincount(cols, minlength=len(fids)).astype(np.intp),
             )
             self._incidence[coflow_id] = cached
         return cached
@@ -627,6 +638,35 @@ _MCF_CACHE_SIZE = 256  # cached swan-mcf answers kept before the cache is emptie
 _PAIR_CACHE_SIZE = 64  # cached per-pair-set incidences kept before the cache is emptied
 
 
+class _MaddLayout(NamedTuple):
+    """The per-flow arrays of a list of coflows side by side (`_MaddPolicy._layout`).
+
+    Attributes:
+        key: (tuple of the coflow ids, `BaselinePolicy._version`) it was built for.
+        base, size: int arrays (coflows,): index of each coflow's first flow, its flows.
+        members, routed, shape, weight: per flow, coflow after coflow (CoflowRoutes).
+        all_routed: every flow has a route.
+        hops: the number of entries of every flow when they all have as many, else 0.
+        ptr: int array (flows + 1,): flow i's entries are ptr[i] .. ptr[i + 1] - 1.
+        rows, vals: int and float arrays (entries,): the entries' link rows and members.
+        routes: list (coflows,) of each coflow's Route list (CoflowRoutes.routes).
+    """
+
+    key: tuple
+    base: np.ndarray
+    size: np.ndarray
+    members: np.ndarray
+    routed: np.ndarray
+    all_routed: bool
+    hops: int
+    shape: np.ndarray
+    weight: np.ndarray
+    ptr: np.ndarray
+    rows: np.ndarray
+    vals: np.ndarray
+    routes: list
+
+
 class _MaddPolicy(BaselinePolicy):
     """Coflow-aware scheduling shared by Varys and Rapier: order coflows by their CCT alone
     on the current capacities, give each in turn MADD rates on what is left (every flow at
@@ -634,6 +674,12 @@ class _MaddPolicy(BaselinePolicy):
     max-min fairly over all flows (work conservation). Members of a bundle always get the
     same per-member rate, so the bundle stays exact even when its members use several paths.
     """
+
+    def __init__(
+        self, topology: Topology, k: int = 4, path_source: PathSource | None = None
+    ) -> None:
+        super().__init__(topology, k, path_source)
+        self._lay: _MaddLayout | None = None  # see _layout
 
     def allocate(self, now: float, remaining: Remaining) -> Allocation:
         """Return {coflow id: {flow id: [(path, bytes/s)]}} (see the class docstring).
@@ -657,7 +703,8 @@ class _MaddPolicy(BaselinePolicy):
     def coflow_rates(
         self, now: float, remaining: dict[str, np.ndarray]
     ) -> dict[str, tuple[np.ndarray, list[Route]]]:
-        """Per-member rates of every flow of every active coflow, as arrays.
+        """Per-member rates of every flow of every active coflow, as arrays (computed by
+        `live_coflow_rates` on the flows with bytes left).
 
         Args:
             now: seconds.
@@ -669,43 +716,187 @@ class _MaddPolicy(BaselinePolicy):
             finished or unrouted flows; the Route of each flow, same order)}. A flow's rate
             on a path is its rate per member times its members on that path. The route
             list is the same object until the coflow's routes change.
+
+        Raises:
+            ValueError: an array whose length is not the coflow's number of flows.
+            KeyError: an unknown coflow.
         """
+        cids = list(remaining)
+        rems = [np.asarray(remaining[cid], dtype=float) for cid in cids]
+        for cid, rem in zip(cids, rems, strict=True):
+            flows = len(self.routes[cid])
+            if rem.shape != (flows,):
+                raise ValueError(f"coflow {cid!r}: {rem.shape} remaining bytes for {flows} flows")
+        live = [np.flatnonzero(rem > 0) for rem in rems]
+        rate, routes = self.live_coflow_rates(
+            now,
+            cids,
+            [len(idx) for idx in live],
+            np.concatenate(live) if live else np.zeros(0, dtype=np.intp),
+            np.concatenate([rem[idx] for rem, idx in zip(rems, live, strict=True)])
+            if live
+            else np.zeros(0),
+        )
+        out, at = {}, 0
+        for cid, rem, idx, route_list in zip(cids, rems, live, routes, strict=True):
+            full = np.zeros(len(rem))
+            full[idx] = rate[at : at + len(idx)]
+            at += len(idx)
+            out[cid] = (full, route_list)
+        return out
+
+    def live_coflow_rates(
+        self,
+        now: float,
+        cids: Sequence[str],
+        counts: Sequence[int],
+        local: np.ndarray,
+        remaining: np.ndarray,
+    ) -> tuple[np.ndarray, list[list[Route]]]:
+        """Per-member rates of the unfinished flows of the active coflows, as one array.
+
+        Varys' SEBF order and MADD (Chowdhury, Zhong, Stoica, SIGCOMM 2014; docs/design.md
+        4.4): each coflow's Γ is the max over links of its remaining bytes / capacity (inf
+        when one of its unfinished flows has no route or a link it needs has no capacity);
+        in the order of (Γ, place in `cids`), each coflow gets remaining / g per member,
+        g being its Γ on the capacity the earlier ones left (skipped when g is inf), and
+        the leftover is backfilled max-min over all given routed flows (`_backfill`).
+        Volumes and Γ of all coflows come from one bincount over (coflow, link); only the
+        sequential MADD pass runs per coflow, over the links the coflow uses.
+
+        Args:
+            now: seconds.
+            cids: ids of active coflows (each once; any that `add_coflow` accepted).
+            counts: int sequence (coflows,): how many of each coflow's flows are given.
+            local: int array (sum(counts),): the given flows' indices in their coflow's flow
+                order (the order they were added), coflow after coflow in `cids` order.
+                Ascending within a coflow gives `coflow_rates`' floating-point sums exactly.
+            remaining: float array (sum(counts),): the given flows' remaining bytes, each
+                > 0. Flows not given count as finished.
+
+        Returns:
+            (float array (sum(counts),): per-member rate of each given flow in bytes/s, 0 if
+            it has no route; list (coflows,): each coflow's Route list, in its flow order,
+            the same object until the coflow's routes change). A flow's rate on a path is
+            its per-member rate times its members on that path.
+
+        Raises:
+            ValueError: lengths that do not agree, an index outside its coflow, or
+                remaining bytes not > 0.
+            KeyError: an unknown coflow.
+        """
+        counts = np.asarray(counts, dtype=np.intp)
+        local = np.asarray(local, dtype=np.intp)
+        remaining = np.asarray(remaining, dtype=float)
+        n = len(local)
+        if counts.shape != (len(cids),) or remaining.shape != (n,) or int(counts.sum()) != n:
+            raise ValueError(
+                f"{len(cids)} coflows, {counts.shape} counts summing to {int(counts.sum())}, "
+                f"{n} flow indices and {remaining.shape} remaining bytes do not agree"
+            )
+        if n and not remaining.min() > 0:  # (NaN fails too)
+            raise ValueError("remaining bytes must be > 0 (finished flows are left out)")
+        hooked = self._hooked()
+        if hooked:
+            self._run_hooks(hooked, cids, counts, local, remaining)
+        if not cids:
+            return np.zeros(0), []
+        lay = self._layout(cids)
+        n_coflows = len(cids)
+        if n:
+            some = np.flatnonzero(counts)
+            top = np.maximum.reduceat(local, (np.cumsum(counts) - counts)[some])
+            if local.min() < 0 or (top >= lay.size[some]).any():
+                raise ValueError("a flow index outside its coflow's flows")
+        flow = local + np.repeat(lay.base, counts)
+        per_member = remaining / lay.members[flow]
         capacity = self._capacity()
         n_links = len(capacity)
-        coflows = []
-        for cid, rem in remaining.items():
-            self._before_allocate(cid, rem)
-            info = self._coflow_incidence(cid)
-            alive = rem > 0
-            per_member = rem / info.members
-            volume = np.bincount(
-                info.rows, weights=info.vals * per_member[info.cols], minlength=n_links
-            )
-            gamma = np.inf if (alive & ~info.routed).any() else _gamma(volume, capacity)
-            coflows.append((gamma, len(coflows), cid, volume, per_member, info, alive))
-        if not coflows:
-            return {}
-        madd = {cid: np.zeros(len(info.fids)) for _, _, cid, _, _, info, _ in coflows}
-        left = capacity.copy()
-        for gamma, _, cid, volume, per_member, _, _ in sorted(coflows, key=lambda c: c[:2]):
-            g = _gamma(volume, left)
-            if gamma == np.inf or g == np.inf or not volume.any():
-                continue
-            madd[cid] = per_member / g
-            left = np.maximum(left - volume / g, 0.0)
-        takes = [(info, alive & info.routed) for _, _, _, _, _, info, alive in coflows]
-        extra = self._backfill(
-            np.concatenate([info.shape[take] for info, take in takes]),
-            np.concatenate([info.weight[take] for info, take in takes]),
-            left,
+        if lay.hops and lay.all_routed:
+            # the common case in as few passes as it takes: every flow has `hops` entries,
+            # gathered as rows of a matrix (np.take along axis 0 and flat arithmetic:
+            # numpy's fancy indexing and broadcasting over 2 columns cost ~50x more per
+            # row here); x * True is x, so the rates are those of the general branch
+            hops = lay.hops
+            rows = np.take(lay.rows.reshape(-1, hops), flow, axis=0).ravel()
+            weights = np.take(lay.vals.reshape(-1, hops), flow, axis=0).ravel()
+            weights *= np.repeat(per_member, hops)
+            if n_coflows > 1:
+                rows += np.repeat(np.arange(n_coflows) * n_links, counts * hops)
+            volume = _volumes(rows, weights, n_coflows, n_links)
+            g, left = _madd_pass(volume, _gammas(volume, capacity), capacity)
+            rate = per_member / (g[0] if n_coflows == 1 else np.repeat(g, counts))
+            shape = lay.shape[flow]
+            extra = self._backfill(shape, lay.weight[flow], left)
+            rate += extra[shape]
+            return rate, lay.routes
+        coflow = np.repeat(np.arange(n_coflows), counts)
+        entry = csr_ranges(lay.ptr, flow)
+        owner = np.repeat(np.arange(n), lay.ptr[flow + 1] - lay.ptr[flow])
+        rows = coflow[owner] * n_links + lay.rows[entry]
+        weights = lay.vals[entry] * per_member[owner]
+        volume = _volumes(rows, weights, n_coflows, n_links)
+        gamma = _gammas(volume, capacity)
+        routed = lay.routed[flow]
+        gamma[np.bincount(coflow, weights=~routed, minlength=n_coflows) > 0] = np.inf
+        g, left = _madd_pass(volume, gamma, capacity)
+        rate = per_member / g[coflow] * routed
+        take = np.flatnonzero(routed)
+        shape = lay.shape[flow[take]]
+        extra = self._backfill(shape, lay.weight[flow[take]], left)
+        rate[take] += extra[shape]
+        return rate, lay.routes
+
+    def _layout(self, cids: Sequence[str]) -> _MaddLayout:
+        """The per-flow arrays of the coflows `cids` side by side (`_MaddLayout`), built
+        again only when the list of coflows or any coflow's routes changed."""
+        key = (tuple(cids), self._version)
+        lay = self._lay
+        if lay is not None and lay.key == key:
+            return lay
+        infos = [self._coflow_incidence(cid) for cid in cids]
+        size = np.array([len(info.fids) for info in infos], dtype=np.intp)
+        nnz = np.concatenate([info.nnz for info in infos])
+        routed = np.concatenate([info.routed for info in infos])
+        hops = int(nnz[0]) if len(nnz) and (nnz == nnz[0]).all() else 0
+        lay = self._lay = _MaddLayout(
+            key,
+            np.cumsum(size) - size,
+            size,
+            np.concatenate([info.members for info in infos]),
+            routed,
+            bool(routed.all()),
+            hops,
+            np.concatenate([info.shape for info in infos]),
+            np.concatenate([info.weight for info in infos]),
+            np.concatenate(([0], np.cumsum(nnz))).astype(np.intp),
+            np.concatenate([info.rows for info in infos]),
+            np.concatenate([info.vals for info in infos]),
+            [info.routes for info in infos],
         )
-        out = {}
-        for (_, _, cid, _, _, info, alive), (_, take) in zip(coflows, takes, strict=True):
-            rate = madd[cid] * info.routed
-            rate[take] += extra[info.shape[take]]
-            rate[~alive] = 0.0
-            out[cid] = (rate, info.routes)
-        return out
+        return lay
+
+    def _hooked(self) -> set[str]:
+        """Coflows whose `_before_allocate` must run before the next rates (none here)."""
+        return set()
+
+    def _run_hooks(
+        self,
+        hooked: set[str],
+        cids: Sequence[str],
+        counts: np.ndarray,
+        local: np.ndarray,
+        remaining: np.ndarray,
+    ) -> None:
+        """Run `_before_allocate` for the coflows of `cids` in `hooked`, each given its
+        remaining bytes in flow order (0 for the flows not given)."""
+        ends = np.cumsum(counts)
+        for i, cid in enumerate(cids):
+            if cid in hooked:
+                full = np.zeros(len(self.routes[cid]))
+                seg = slice(int(ends[i] - counts[i]), int(ends[i]))
+                full[local[seg]] = remaining[seg]
+                self._before_allocate(cid, full)
 
     def _backfill(self, shape: np.ndarray, weight: np.ndarray, left: np.ndarray) -> np.ndarray:
         """Max-min fair per-member levels on the capacity `left` for the flows of the given
@@ -750,6 +941,69 @@ def _gamma(volume: np.ndarray, capacity: np.ndarray) -> float:
     if (capacity[used] <= 0).any():
         return np.inf
     return float(np.max(volume[used] / capacity[used]))
+
+
+def _volumes(rows: np.ndarray, weights: np.ndarray, n_coflows: int, n_links: int) -> np.ndarray:
+    """Volume per coflow and link (float array (n_coflows, n_links), bytes): the sums of
+    `weights` (float array, bytes) by bin coflow x n_links + link row (`rows`, int array of
+    the same length), each in the order given."""
+    return (
+        np.bincount(rows, weights=weights, minlength=n_coflows * n_links)
+        .astype(float, copy=False)  # (bincount gives ints when there is no entry)
+        .reshape(n_coflows, n_links)
+    )
+
+
+def _gammas(volume: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """`_gamma` of every row of `volume` (float array (coflows, links), bytes) on
+    `capacity` (float array (links,), bytes/s): float array (coflows,) in seconds, the
+    same values (a max is exact whatever the order)."""
+    used = volume > 0
+    if not volume.shape[1]:
+        return np.zeros(len(volume))
+    ratio = np.divide(volume, capacity, out=np.zeros_like(volume), where=used & (capacity > 0))
+    gamma = ratio.max(axis=1)
+    gamma[(used & (capacity <= 0)).any(axis=1)] = np.inf
+    return gamma
+
+
+def _madd_pass(
+    volume: np.ndarray, gamma: np.ndarray, capacity: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The sequential MADD pass of Varys (Chowdhury et al., SIGCOMM 2014): coflows in the
+    order of (Γ, row), each with finite Γ and some volume takes volume / g from what the
+    earlier ones left, g = `_gamma(volume row, left)`, unless g is inf. Only the links a
+    coflow uses are touched: on the others volume / g is 0 and left stays (the same floats
+    as the whole-vector arithmetic).
+
+    Args:
+        volume: float array (coflows, links), remaining bytes per coflow and link (>= 0).
+        gamma: float array (coflows,), each coflow's Γ on `capacity` (inf: never served).
+        capacity: float array (links,), bytes/s.
+
+    Returns:
+        (float array (coflows,): each coflow's g in seconds, inf where it got no MADD
+        rates; float array (links,): the capacity left, bytes/s).
+    """
+    rows, links = np.nonzero(volume)  # coflow by coflow, links ascending
+    amount = volume[rows, links]
+    ptr = np.concatenate(([0], np.cumsum(np.bincount(rows, minlength=len(gamma))))).tolist()
+    g = np.full(len(gamma), np.inf)
+    left = capacity.copy()
+    gammas = gamma.tolist()
+    for c in np.argsort(gamma, kind="stable").tolist():
+        if gammas[c] == np.inf:
+            break  # the rest are inf too
+        a, b = ptr[c], ptr[c + 1]
+        if a == b:
+            continue
+        used, v = links[a:b], amount[a:b]
+        avail = left[used]
+        if (avail <= 0).any():
+            continue
+        g[c] = gc = (v / avail).max()
+        left[used] = np.maximum(avail - v / gc, 0.0)
+    return g, left
 
 
 class VarysPolicy(_MaddPolicy):
@@ -804,6 +1058,10 @@ class RapierPolicy(_MaddPolicy):
         """Forget a coflow (unknown ids are ignored)."""
         super().remove_coflow(coflow_id, now)
         self._stale.discard(coflow_id)
+
+    def _hooked(self) -> set[str]:
+        """Coflows to re-route before the next rates (their routes broke)."""
+        return self._stale
 
     def _before_allocate(self, coflow_id: str, remaining: np.ndarray) -> None:
         if coflow_id in self._stale:

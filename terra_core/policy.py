@@ -14,7 +14,7 @@ Shapes:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -153,12 +153,22 @@ class PairTablePolicy(Protocol):
 
 @runtime_checkable
 class CoflowRatesPolicy(Protocol):
-    """Fast path of the coflow-at-a-time baselines (Varys, Rapier): per-coflow rate arrays.
-    The simulator calls it instead of `allocate`."""
+    """Fast path of the coflow-at-a-time baselines (Varys, Rapier): per-member rates of the
+    unfinished flows of every active coflow as one flat array. The simulator calls it
+    instead of `allocate`."""
 
-    def coflow_rates(self, now: float, remaining: dict[str, np.ndarray]) -> dict:
-        """{coflow id: float array of each flow's remaining bytes} -> {coflow id: (per-member
-        rates in bytes/s, routes)} (shapes: baselines._MaddPolicy.coflow_rates)."""
+    def live_coflow_rates(
+        self,
+        now: float,
+        cids: Sequence[str],
+        counts: Sequence[int],
+        local: np.ndarray,
+        remaining: np.ndarray,
+    ) -> tuple[np.ndarray, list]:
+        """The unfinished flows of the active coflows `cids` (counts[i] of coflow i, given
+        by their index `local` in the coflow's flow order, with `remaining` bytes > 0) ->
+        (per-member rates in bytes/s, one per given flow; each coflow's Route list)
+        (shapes: baselines._MaddPolicy.live_coflow_rates)."""
         ...
 
 

@@ -17,7 +17,7 @@ change (link down / up, capacity change), a wakeup the policy asks for
    more than 1e-6 relative raise `SimulationError` (a policy bug; nothing is
    clamped). Policies with ``pair_table`` / ``table_levels`` (per-flow, multipath:
    the workload's DC pairs numbered once per WAN state, then asked by index),
-   ``pair_levels`` (swan-mcf) or ``coflow_rates`` (varys, rapier) are asked through
+   ``pair_levels`` (swan-mcf) or ``live_coflow_rates`` (varys, rapier) are asked through
    those instead of `allocate`: the same rates as arrays per DC pair or per coflow,
    with the same checks, without a dict entry per active flow per event
    (baselines.py). Per event the loop touches only the live flows (admitted, not
@@ -339,6 +339,16 @@ def _fewer_gc_passes() -> Iterator[None]:
         gc.unfreeze()
 
 
+def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """The concatenated index ranges starts[i] .. starts[i] + lens[i] - 1, in order (int
+    arrays of equal length, lens >= 0) -> int array (lens.sum(),)."""
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.intp)
+    ends = np.cumsum(lens)
+    return np.arange(total) + np.repeat(starts - (ends - lens), lens)
+
+
 @dataclass
 class _Active:
     """Bookkeeping of one running coflow: positions (int array, ascending) of its unfinished
@@ -397,7 +407,6 @@ class _Run:
         self.size = np.array([f.bytes for f in flows], dtype=float)
         self.rem = self.size.copy()
         self.rate = np.zeros(len(flows))
-        self.per_member = np.zeros(len(flows))  # scratch of _allocate_by_coflow
         self.owner: list[str] = [c.id for c in self.arrivals for _ in self.wan[c.id].flows]
         self.owner_ids: list[str] = [f.id for f in flows]
         # for policies with pair_levels (pair-symmetric baselines): DC pair and members per flow
@@ -427,7 +436,15 @@ class _Run:
         self.path_rows: dict[tuple[str, ...], list[int]] = {}
         self.n_flows = {c.id: len(self.wan[c.id].flows) for c in coflows}
         self.link_row = {link: i for i, link in enumerate(self.topology.links)}
-        self.route_cache: dict[str, tuple] = {}  # see _route_entries
+        self.route_cache: dict[str, list] = {}  # the route list kept per coflow, see _store_routes
+        self.entry_start = np.zeros(len(flows), dtype=np.intp)  # see _store_routes
+        self.entry_count = np.zeros(len(flows), dtype=np.intp)
+        self.routed_members = np.zeros(len(flows))
+        self.pool_rows = np.zeros(0, dtype=np.intp)
+        self.pool_vals = np.zeros(0)
+        self.pool_used = 0
+        self.some_unrouted = False  # some route list kept so far leaves a flow unrouted
+        self.hops: int | None = None  # entries of every flow kept so far if all equal, else 0
         self.pair_path_cache: dict[int, tuple] = {}  # see _pair_path_entries
         # paths seen, numbered: path j crosses links path_rows[path_ptr[j]:path_ptr[j + 1]]
         self.path_col: dict[tuple[str, ...], int] = {}
@@ -438,6 +455,9 @@ class _Run:
         self.path_row_cache: dict[tuple[str, ...], list[int]] = {}  # see _link_rows_of
         starts = np.cumsum([0] + [len(self.wan[c.id].flows) for c in self.arrivals])
         self.start = {c.id: int(s) for c, s in zip(self.arrivals, starts, strict=False)}
+        sizes = np.diff(starts)
+        # per position, the flow's index in its coflow's flows (position - first position)
+        self.local = np.arange(len(flows), dtype=np.intp) - np.repeat(starts[:-1], sizes)
         self.active: dict[str, _Active] = {}
         self.bytes_total = 0.0
         self.delivered = 0.0
@@ -819,86 +839,78 @@ class _Run:
         return self.path_arrays
 
     def _allocate_by_coflow(self, now: float) -> float:
-        """`_allocate` for policies with ``coflow_rates(now, remaining)`` (baselines.py
-        `_MaddPolicy`): remaining bytes and per-member rates as one array per coflow (flows in
-        workload order), routes as one list per coflow, turned into sparse incidence entries once
-        per route list. Checks: finite rates >= 0, none for finished or unrouted flows, paths
-        joining the flow's DCs over known links, link loads within capacity.
+        """`_allocate` for policies with ``live_coflow_rates`` (baselines.py `_MaddPolicy`):
+        the live flows (coflows in admission order, each one's flows in workload order)
+        as one array of remaining bytes with each flow's index in its coflow, per-member
+        rates back as one array and the routes as one list per coflow, turned into sparse
+        incidence entries once per route list (`_store_routes`). Checks: finite rates
+        >= 0, none for unrouted flows, paths joining the flow's DCs over known links, link
+        loads within capacity.
 
         Returns the WAN byte-hop rate (bytes x hops per second) of the allocation.
         """
-        span = {cid: (self.start[cid], self.start[cid] + self.n_flows[cid]) for cid in self.active}
-        remaining = {cid: self.rem[a:b] for cid, (a, b) in span.items()}
+        live = self.live  # ascending positions: coflow after coflow, in admission order
+        cids = list(self.active)
+        counts = [len(a.pos) for a in self.active.values()]
         t0 = time.perf_counter()
-        answer = self.policy.coflow_rates(now, remaining)
+        rate, routes = self.policy.live_coflow_rates(
+            now, cids, counts, self.local[live], self.rem[live]
+        )
         self.round_ms.append((time.perf_counter() - t0) * 1000.0)
-        named, rates, entries = [], [], []
-        for cid, (rate, routes) in answer.items():
-            rate = np.asarray(rate, dtype=float)
-            if cid not in span:
-                if rate.any():
-                    raise SimulationError(f"allocation names coflow {cid!r}, which is not active")
-                continue
-            a, b = span[cid]
-            if rate.shape != (b - a,):
-                raise SimulationError(f"coflow {cid!r}: {rate.shape} rates for {b - a} flows")
-            named.append(cid)
-            rates.append(rate)
-            entries.append(self._route_entries(cid, routes, a, b))
-        if not named:
-            return 0.0
-        self._check_coflow_rates(named, rates, entries)
-        rate = np.concatenate(rates)
-        pos = np.concatenate([e[0] for e in entries])
-        self.rate[pos] = np.concatenate([e[4] for e in entries]) * rate
-        self.per_member[pos] = rate
-        load = np.bincount(
-            np.concatenate([e[1] for e in entries]),
-            weights=np.concatenate([e[3] for e in entries])
-            * self.per_member[np.concatenate([e[2] for e in entries])],
-            minlength=len(self.link_row),
-        ).astype(float)
+        rate = np.asarray(rate, dtype=float)
+        if rate.shape != live.shape:
+            raise SimulationError(f"{rate.shape} rates for {len(live)} flows")
+        if len(routes) != len(cids):
+            raise SimulationError(f"{len(routes)} route lists for {len(cids)} coflows")
+        for cid, route_list in zip(cids, routes, strict=True):
+            if self.route_cache.get(cid) is not route_list:
+                self._store_routes(cid, route_list)
+        members = self.routed_members[live]
+        if len(rate) and not (rate.min() >= 0 and rate.max() < float("inf")):  # NaN fails too
+            k = int(np.argmax(~((rate >= 0) & (rate < float("inf")))))
+            raise SimulationError(f"coflow {self.owner[int(live[k])]!r}: rate {float(rate[k])!r}")
+        if self.some_unrouted:
+            fault = (rate > 0) & (members == 0)
+            if fault.any():
+                cid = self.owner[int(live[int(np.argmax(fault))])]
+                raise SimulationError(f"coflow {cid!r}: rate for an unrouted flow")
+        self.rate[live] = members * rate
+        if self.hops:  # every route kept so far has `hops` entries: the pool is a matrix
+            hops, used = self.hops, self.pool_used
+            slot = self.entry_start[live] // hops  # (np.take and flat arithmetic: fast)
+            rows = np.take(self.pool_rows[:used].reshape(-1, hops), slot, axis=0).ravel()
+            weights = np.take(self.pool_vals[:used].reshape(-1, hops), slot, axis=0).ravel()
+            weights *= np.repeat(rate, hops)
+        else:
+            nnz = self.entry_count[live]
+            entry = _ranges(self.entry_start[live], nnz)
+            rows = self.pool_rows[entry]
+            weights = self.pool_vals[entry] * rate[np.repeat(np.arange(len(live)), nnz)]
+        load = np.bincount(rows, weights=weights, minlength=len(self.link_row)).astype(float)
         self._check_link_loads(load, now)
         return float(load.sum())
 
-    def _check_coflow_rates(self, named: list, rates: list, entries: list) -> None:
-        """SimulationError unless every coflow's per-member rates (`rates`, float arrays,
-        one per coflow in `named`, with their `_route_entries` in `entries`) are finite,
-        >= 0 and 0 for finished or unrouted flows; checked on all coflows at once, the
-        first coflow at fault named."""
-        rate = np.concatenate(rates)
-        pos = np.concatenate([e[0] for e in entries])
-        members = np.concatenate([e[4] for e in entries])
-        bad = ~((rate >= 0) & (rate < float("inf")))
-        fault = bad | ((rate > 0) & ((self.rem[pos] <= 0) | (members == 0)))
-        if fault.any():
-            ends = np.cumsum([len(r) for r in rates])
-            k = int(np.searchsorted(ends, int(np.argmax(fault)), side="right"))
-            here = bad[ends[k] - len(rates[k]) : ends[k]]
-            if here.any():
-                raise SimulationError(f"coflow {named[k]!r}: rate {float(rates[k][here][0])!r}")
-            raise SimulationError(f"coflow {named[k]!r}: rate for a done or unrouted flow")
-
-    def _route_entries(
-        self, cid: str, routes: list, a: int, b: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """A coflow's route list (its flows at positions a .. b - 1) as (the positions,
-        int array (b - a,); the nonzero entries of its links x flows incidence: link rows,
-        flow positions, members crossing; int, int, float arrays, one entry per (flow, path,
-        link of the path); the members routed per flow, float array (b - a,)); cached while
-        the policy hands back the same list object."""
-        cached = self.route_cache.get(cid)
-        if cached is not None and cached[0] is routes:
-            return cached[1:]
+    def _store_routes(self, cid: str, routes: list) -> None:
+        """Check a coflow's route list (one Route per flow, in workload order: every path
+        joins the flow's DCs over known links) and keep it as sparse incidence entries: for
+        each of its flows at position p, entry_count[p] entries from entry_start[p] in
+        pool_rows (link row) and pool_vals (members crossing), one per (path, link of the
+        path); routed_members[p] = the members routed. Entries are appended (a run's pool
+        grows with its route lists, about one entry per flow and hop). Also notes whether
+        some flow is unrouted and whether every flow so far has the same number of entries
+        (`hops`), which lets `_allocate_by_coflow` skip a check and gather entries as a
+        matrix."""
+        a = self.start[cid]
+        b = a + self.n_flows[cid]
         if len(routes) != b - a:
             raise SimulationError(f"coflow {cid!r}: {len(routes)} routes for {b - a} flows")
         rows: list[int] = []
-        cols: list[int] = []
         vals: list[float] = []
+        count = np.zeros(b - a, dtype=np.intp)
         members = np.zeros(b - a)
         for j, route in enumerate(routes):
             pos = a + j
-            for path, count in route:
+            for path, n in route:
                 if path[0] != self.src[pos] or path[-1] != self.dst[pos]:
                     raise SimulationError(
                         f"coflow {cid!r} flow {self.owner_ids[pos]!r}: path {path} does not "
@@ -906,18 +918,26 @@ class _Run:
                     )
                 hit = self._link_rows_of(path)
                 rows.extend(hit)
-                cols.extend([pos] * len(hit))
-                vals.extend([count] * len(hit))
-                members[j] += count
-        entries = (
-            np.arange(a, b, dtype=np.intp),
-            np.array(rows, dtype=np.intp),
-            np.array(cols, dtype=np.intp),
-            np.array(vals, dtype=float),
-            members,
-        )
-        self.route_cache[cid] = (routes, *entries)
-        return entries
+                vals.extend([n] * len(hit))
+                count[j] += len(hit)
+                members[j] += n
+        used = self.pool_used
+        if used + len(rows) > len(self.pool_rows):
+            size = max(2 * len(self.pool_rows), used + len(rows))
+            self.pool_rows = np.concatenate((self.pool_rows[:used], np.zeros(size - used, np.intp)))
+            self.pool_vals = np.concatenate((self.pool_vals[:used], np.zeros(size - used)))
+        self.pool_rows[used : used + len(rows)] = rows
+        self.pool_vals[used : used + len(rows)] = vals
+        self.pool_used = used + len(rows)
+        self.entry_start[a:b] = used + np.cumsum(count) - count
+        self.entry_count[a:b] = count
+        self.routed_members[a:b] = members
+        self.some_unrouted = self.some_unrouted or bool((members == 0).any())
+        if self.hops is None:
+            self.hops = int(count[0]) if len(count) else None
+        if self.hops and (count != self.hops).any():
+            self.hops = 0  # from now on, always the general gather
+        self.route_cache[cid] = routes
 
     def _link_rows_of(self, path: tuple[str, ...]) -> list[int]:
         """Rows (self.link_row) of a path's links, cached per path; SimulationError for an

@@ -290,7 +290,7 @@ class _DictOnly:
         self._policy = policy
 
     def __getattr__(self, name):
-        if name in ("pair_levels", "coflow_rates"):
+        if name in ("pair_levels", "coflow_rates", "live_coflow_rates"):
             raise AttributeError(name)
         return getattr(self._policy, name)
 
@@ -379,12 +379,9 @@ class _BadCoflows(VarysPolicy):
         super().__init__(topology)
         self.rates, self.bad_routes = rates, routes
 
-    def coflow_rates(self, now, remaining):
-        good = super().coflow_rates(now, remaining)
-        return {
-            cid: (np.array(self.rates), self.bad_routes or routes)
-            for cid, (_, routes) in good.items()
-        }
+    def live_coflow_rates(self, now, cids, counts, local, remaining):
+        _, routes = super().live_coflow_rates(now, cids, counts, local, remaining)
+        return np.array(self.rates), [self.bad_routes or r for r in routes]
 
 
 @pytest.mark.parametrize(
