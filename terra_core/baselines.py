@@ -933,16 +933,6 @@ class _MaddPolicy(BaselinePolicy):
         `remaining` is as in `coflow_rates`."""
 
 
-def _gamma(volume: np.ndarray, capacity: np.ndarray) -> float:
-    """max over links of volume / capacity (seconds); inf if a used link has no capacity."""
-    used = volume > 0
-    if not used.any():
-        return 0.0
-    if (capacity[used] <= 0).any():
-        return np.inf
-    return float(np.max(volume[used] / capacity[used]))
-
-
 def _volumes(rows: np.ndarray, weights: np.ndarray, n_coflows: int, n_links: int) -> np.ndarray:
     """Volume per coflow and link (float array (n_coflows, n_links), bytes): the sums of
     `weights` (float array, bytes) by bin coflow x n_links + link row (`rows`, int array of
@@ -972,7 +962,7 @@ def _madd_pass(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The sequential MADD pass of Varys (Chowdhury et al., SIGCOMM 2014): coflows in the
     order of (Γ, row), each with finite Γ and some volume takes volume / g from what the
-    earlier ones left, g = `_gamma(volume row, left)`, unless g is inf. Only the links a
+    earlier ones left, g = max over its links of volume / left, unless g is inf. Only the links a
     coflow uses are touched: on the others volume / g is 0 and left stays (the same floats
     as the whole-vector arithmetic).
 

@@ -18,7 +18,6 @@ from terra_core.baselines import (
     PerFlowPolicy,
     RapierPolicy,
     VarysPolicy,
-    _gamma,
 )
 from terra_core.flow_bundles import FlowBundle
 from terra_core.maxmin import maxmin_levels, path_entries, path_incidence
@@ -27,6 +26,17 @@ from topologies import Topology, all_pairs_paths, k_shortest_paths
 from topologies.bigswitch import bigswitch_topology
 from topologies.paths import up_graph
 from workloads import Coflow
+
+
+def _gamma(volume: np.ndarray, capacity: np.ndarray) -> float:
+    """The per-coflow reference code's Γ: max over links of volume / capacity (seconds);
+    inf if a used link has no capacity."""
+    used = volume > 0
+    if not used.any():
+        return 0.0
+    if (capacity[used] <= 0).any():
+        return np.inf
+    return float(np.max(volume[used] / capacity[used]))
 
 
 def random_wan(rng: random.Random, n: int, extra: int) -> Topology:

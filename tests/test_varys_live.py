@@ -19,9 +19,9 @@ import random
 
 import numpy as np
 import pytest
-from test_sparse_baselines import _AllocateOnly, random_coflows, random_wan
+from test_sparse_baselines import _AllocateOnly, _gamma, random_coflows, random_wan
 
-from terra_core.baselines import RapierPolicy, VarysPolicy, _gamma, _gammas, _madd_pass
+from terra_core.baselines import RapierPolicy, VarysPolicy, _gammas, _madd_pass
 from terra_core.flow_bundles import FlowBundle
 from terra_sim.simulator import WanChange, simulate
 from topologies.bigswitch import bigswitch_topology
