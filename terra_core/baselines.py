@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
+from numba import njit
 
 from terra_core.flow_bundles import flow_count
 from terra_core.maxmin import (
@@ -803,6 +804,9 @@ class _MaddPolicy(BaselinePolicy):
             return np.zeros(0), []
         lay = self._layout(cids)
         n_coflows = len(cids)
+        capacity = self._capacity()
+        if lay.hops and lay.all_routed:
+            return self._hop_rates(lay, counts, local, remaining, capacity), lay.routes
         if n:
             some = np.flatnonzero(counts)
             top = np.maximum.reduceat(local, (np.cumsum(counts) - counts)[some])
@@ -810,26 +814,7 @@ class _MaddPolicy(BaselinePolicy):
                 raise ValueError("a flow index outside its coflow's flows")
         flow = local + np.repeat(lay.base, counts)
         per_member = remaining / lay.members[flow]
-        capacity = self._capacity()
         n_links = len(capacity)
-        if lay.hops and lay.all_routed:
-            # the common case in as few passes as it takes: every flow has `hops` entries,
-            # gathered as rows of a matrix (np.take along axis 0 and flat arithmetic:
-            # numpy's fancy indexing and broadcasting over 2 columns cost ~50x more per
-            # row here); x * True is x, so the rates are those of the general branch
-            hops = lay.hops
-            rows = np.take(lay.rows.reshape(-1, hops), flow, axis=0).ravel()
-            weights = np.take(lay.vals.reshape(-1, hops), flow, axis=0).ravel()
-            weights *= np.repeat(per_member, hops)
-            if n_coflows > 1:
-                rows += np.repeat(np.arange(n_coflows) * n_links, counts * hops)
-            volume = _volumes(rows, weights, n_coflows, n_links)
-            g, left = _madd_pass(volume, _gammas(volume, capacity), capacity)
-            rate = per_member / (g[0] if n_coflows == 1 else np.repeat(g, counts))
-            shape = lay.shape[flow]
-            extra = self._backfill(shape, lay.weight[flow], left)
-            rate += extra[shape]
-            return rate, lay.routes
         coflow = np.repeat(np.arange(n_coflows), counts)
         entry = csr_ranges(lay.ptr, flow)
         owner = np.repeat(np.arange(n), lay.ptr[flow + 1] - lay.ptr[flow])
@@ -846,6 +831,46 @@ class _MaddPolicy(BaselinePolicy):
         extra = self._backfill(shape, lay.weight[flow[take]], left)
         rate[take] += extra[shape]
         return rate, lay.routes
+
+    def _hop_rates(
+        self,
+        lay: _MaddLayout,
+        counts: np.ndarray,
+        local: np.ndarray,
+        remaining: np.ndarray,
+        capacity: np.ndarray,
+    ) -> np.ndarray:
+        """`live_coflow_rates`' per-member rates in the common case (every flow routed,
+        with `lay.hops` entries each): the passes over the flows are compiled
+        (`_hop_volumes`, `_hop_rates_out`) with the numpy version's float operations in
+        its order, so the same rates to the bit; only the MADD pass over coflows and the
+        backfill over route shapes run between them.
+
+        Raises:
+            ValueError: a flow index outside its coflow's flows.
+        """
+        n_links = len(capacity)
+        flow, per_member, volume, total, bad = _hop_volumes(
+            counts,
+            local,
+            remaining,
+            lay.base,
+            lay.size,
+            lay.members,
+            lay.rows,
+            lay.vals,
+            lay.shape,
+            lay.weight,
+            lay.hops,
+            n_links,
+            len(self._shapes),
+        )
+        if bad:
+            raise ValueError("a flow index outside its coflow's flows")
+        volume = volume.reshape(len(counts), n_links)
+        g, left = _madd_pass(volume, _gammas(volume, capacity), capacity)
+        extra = self._shape_levels(total, left)
+        return _hop_rates_out(counts, per_member, g, flow, lay.shape, extra)
 
     def _layout(self, cids: Sequence[str]) -> _MaddLayout:
         """The per-flow arrays of the coflows `cids` side by side (`_MaddLayout`), built
@@ -918,6 +943,12 @@ class _MaddPolicy(BaselinePolicy):
             with no flow here).
         """
         total = np.bincount(shape, weights=weight, minlength=len(self._shapes))
+        return self._shape_levels(total.astype(float, copy=False), left)
+
+    def _shape_levels(self, total: np.ndarray, left: np.ndarray) -> np.ndarray:
+        """`_backfill`'s levels from each shape's total weight (float array (shapes
+        numbered so far,), 0 for shapes with no flow) on the capacity `left` (float array
+        (links,), bytes/s): float array (shapes,) of per-member levels in bytes/s."""
         present = np.flatnonzero(total)
         ptr, all_rows, all_vals = self._shape_arrays()
         entries = csr_ranges(ptr, present)
@@ -994,6 +1025,80 @@ def _madd_pass(
         g[c] = gc = (v / avail).max()
         left[used] = np.maximum(avail - v / gc, 0.0)
     return g, left
+
+
+# ---- compiled passes over the flows of live_coflow_rates' common case (numba) ------------
+# Each does the float operations of the numpy expressions it replaced, in their order
+# (np.bincount adds its weights one by one in index order), so the same values to the bit.
+
+
+@njit(cache=True, error_model="numpy")
+def _hop_volumes(
+    counts,
+    local,
+    remaining,
+    base,
+    size,
+    members,
+    rows,
+    vals,
+    shape,
+    weight,
+    hops,
+    n_links,
+    n_shapes,
+):  # pragma: no cover - compiled
+    """The per-flow pass before MADD when every flow has `hops` entries.
+
+    Args:
+        counts: int array (coflows,); local, remaining: int and float arrays (flows,), as
+            in `live_coflow_rates`; base, size: int arrays (coflows,) of `_MaddLayout`;
+            members, shape, weight: per layout flow; rows, vals: (layout flows * hops,)
+            link rows and members; n_links, n_shapes: ints.
+
+    Returns:
+        (flow: int array (flows,), each given flow's layout index; per_member: float
+        array (flows,), remaining bytes per member; volume: float array (coflows *
+        n_links,), bytes per coflow and link row; total: float array (n_shapes,), the
+        weight of the given flows per shape; bad: True when an index is outside its
+        coflow, the other results then incomplete).
+    """
+    n = len(local)
+    flow = np.empty(n, dtype=np.intp)
+    per_member = np.empty(n)
+    volume = np.zeros(len(counts) * n_links)
+    total = np.zeros(n_shapes)
+    i = 0
+    for c in range(len(counts)):
+        offset = c * n_links
+        for _ in range(counts[c]):
+            j = local[i]
+            if j < 0 or j >= size[c]:
+                return flow, per_member, volume, total, True
+            f = base[c] + j
+            flow[i] = f
+            pm = remaining[i] / members[f]
+            per_member[i] = pm
+            for h in range(f * hops, f * hops + hops):
+                volume[offset + rows[h]] += vals[h] * pm
+            total[shape[f]] += weight[f]
+            i += 1
+    return flow, per_member, volume, total, False
+
+
+@njit(cache=True, error_model="numpy")
+def _hop_rates_out(counts, per_member, g, flow, shape, extra):  # pragma: no cover - compiled
+    """Per-member rates: MADD's remaining / g of the flow's coflow plus the backfill
+    level of its shape (float array (flows,), bytes/s); arguments as `_hop_volumes`'
+    results, g: float array (coflows,) in seconds, extra: float array (shapes,)."""
+    rate = np.empty(len(per_member))
+    i = 0
+    for c in range(len(counts)):
+        gc = g[c]
+        for _ in range(counts[c]):
+            rate[i] = per_member[i] / gc + extra[shape[flow[i]]]
+            i += 1
+    return rate
 
 
 class VarysPolicy(_MaddPolicy):

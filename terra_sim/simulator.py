@@ -478,7 +478,7 @@ class _Run:
             self._admit_arrivals(now)
             if not self.active and self.next_arrival >= len(self.arrivals):
                 break
-            if not self.by_table:  # (the table path sets every live flow's rate)
+            if not (self.by_table or self.by_coflow):  # (those set every live flow's rate)
                 self.rate[self.live] = 0.0  # the other flows' rates are 0 already
             byte_hop_rate = self._allocate(now) if self.active else 0.0
             step = self._step(now)
@@ -865,30 +865,43 @@ class _Run:
         for cid, route_list in zip(cids, routes, strict=True):
             if self.route_cache.get(cid) is not route_list:
                 self._store_routes(cid, route_list)
-        members = self.routed_members[live]
-        if len(rate) and not (rate.min() >= 0 and rate.max() < float("inf")):  # NaN fails too
-            k = int(np.argmax(~((rate >= 0) & (rate < float("inf")))))
-            raise SimulationError(f"coflow {self.owner[int(live[k])]!r}: rate {float(rate[k])!r}")
-        if self.some_unrouted:
-            fault = (rate > 0) & (members == 0)
-            if fault.any():
-                cid = self.owner[int(live[int(np.argmax(fault))])]
-                raise SimulationError(f"coflow {cid!r}: rate for an unrouted flow")
-        self.rate[live] = members * rate
         if self.hops:  # every route kept so far has `hops` entries: the pool is a matrix
-            hops, used = self.hops, self.pool_used
-            slot = self.entry_start[live] // hops  # (np.take and flat arithmetic: fast)
-            rows = np.take(self.pool_rows[:used].reshape(-1, hops), slot, axis=0).ravel()
-            weights = np.take(self.pool_vals[:used].reshape(-1, hops), slot, axis=0).ravel()
-            weights *= np.repeat(rate, hops)
+            bad, load, self.next_finish = _store_hop_rates(
+                live,
+                rate,
+                self.routed_members,
+                self.rate,
+                self.entry_start,
+                self.pool_rows,
+                self.pool_vals,
+                self.hops,
+                len(self.link_row),
+                self.some_unrouted,
+                self.rem,
+            )
+            if bad >= 0:
+                self._rate_fault(live, rate, bad)
         else:
+            members = self.routed_members[live]
+            bad = _first_bad_rate(rate, members, self.some_unrouted)
+            if bad >= 0:
+                self._rate_fault(live, rate, bad)
+            self.rate[live] = members * rate
             nnz = self.entry_count[live]
             entry = _ranges(self.entry_start[live], nnz)
             rows = self.pool_rows[entry]
             weights = self.pool_vals[entry] * rate[np.repeat(np.arange(len(live)), nnz)]
-        load = np.bincount(rows, weights=weights, minlength=len(self.link_row)).astype(float)
+            load = np.bincount(rows, weights=weights, minlength=len(self.link_row)).astype(float)
         self._check_link_loads(load, now)
         return float(load.sum())
+
+    def _rate_fault(self, live: np.ndarray, rate: np.ndarray, k: int) -> None:
+        """Raise SimulationError for the live flow at index k, whose per-member rate is
+        not finite and >= 0 or is positive with no member routed."""
+        cid = self.owner[int(live[k])]
+        if not (rate[k] >= 0 and rate[k] < float("inf")):
+            raise SimulationError(f"coflow {cid!r}: rate {float(rate[k])!r}")
+        raise SimulationError(f"coflow {cid!r}: rate for an unrouted flow")
 
     def _store_routes(self, cid: str, routes: list) -> None:
         """Check a coflow's route list (one Route per flow, in workload order: every path
@@ -1226,3 +1239,64 @@ def _advance_flows(live, rem, rate, step, limit, finish_bytes):  # pragma: no co
             kept[n_kept] = p
             n_kept += 1
     return moved, done[:d], kept[:n_kept]
+
+
+@njit(cache=True)
+def _first_bad_rate(rate, members, some_unrouted):  # pragma: no cover - compiled
+    """Index of the first per-member rate that is not finite and >= 0 (NaN included),
+    else, when `some_unrouted`, of the first positive rate with 0 members routed; -1 if
+    none. rate, members: float arrays of the same length."""
+    for i in range(len(rate)):
+        if not (rate[i] >= 0 and rate[i] < np.inf):
+            return i
+    if some_unrouted:
+        for i in range(len(rate)):
+            if rate[i] > 0 and members[i] == 0:
+                return i
+    return -1
+
+
+@njit(cache=True, error_model="numpy")
+def _store_hop_rates(
+    live,
+    per_member,
+    routed_members,
+    rate,
+    entry_start,
+    pool_rows,
+    pool_vals,
+    hops,
+    n_rows,
+    some_unrouted,
+    rem,
+):  # pragma: no cover - compiled
+    """``rate[live] = routed_members[live] * per_member`` (bytes/s), the link loads it
+    puts on the `n_rows` link rows, when every flow has `hops` pool entries from
+    entry_start (flow position order, then hop order: np.bincount's order of old), and
+    what `_next_finish(live, rem, rate)` then answers, all in one pass.
+
+    Returns:
+        (index into `live` of a faulty rate (`_first_bad_rate`; nothing written) or -1;
+        float array (n_rows,) of bytes/s per link row; seconds to the first finish).
+    """
+    load = np.zeros(n_rows)
+    members = np.empty(len(live))
+    for i in range(len(live)):
+        members[i] = routed_members[live[i]]
+    bad = _first_bad_rate(per_member, members, some_unrouted)
+    if bad >= 0:
+        return bad, load, np.inf
+    best = np.inf
+    for i in range(len(live)):
+        p = live[i]
+        r = per_member[i]
+        flow_rate = members[i] * r
+        rate[p] = flow_rate
+        start = (entry_start[p] // hops) * hops
+        for h in range(start, start + hops):
+            load[pool_rows[h]] += pool_vals[h] * r
+        if flow_rate > 0 and not np.isnan(best):
+            t = rem[p] / flow_rate
+            if t < best or np.isnan(t):
+                best = t
+    return -1, load, best
