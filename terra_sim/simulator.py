@@ -1211,12 +1211,8 @@ def _advance_flows(live, rem, rate, step, limit, finish_bytes):  # pragma: no co
         (bytes each moving flow delivered, float array in position order; positions of the
         flows that finished, int array, ascending; the other live flows, ascending).
     """
-    n = 0
-    for p in live:
-        if rate[p] > 0:
-            n += 1
-    moved = np.empty(n)
-    done = np.empty(n, dtype=np.intp)
+    moved = np.empty(len(live))
+    done = np.empty(len(live), dtype=np.intp)
     kept = np.empty(len(live), dtype=np.intp)
     k = 0
     d = 0
@@ -1238,7 +1234,7 @@ def _advance_flows(live, rem, rate, step, limit, finish_bytes):  # pragma: no co
         if not finished:
             kept[n_kept] = p
             n_kept += 1
-    return moved, done[:d], kept[:n_kept]
+    return moved[:k], done[:d], kept[:n_kept]
 
 
 @njit(cache=True)
@@ -1276,21 +1272,23 @@ def _store_hop_rates(
     what `_next_finish(live, rem, rate)` then answers, all in one pass.
 
     Returns:
-        (index into `live` of a faulty rate (`_first_bad_rate`; nothing written) or -1;
-        float array (n_rows,) of bytes/s per link row; seconds to the first finish).
+        (index into `live` of a faulty rate or -1: the first that is not finite and >= 0,
+        else, when `some_unrouted`, the first positive one with no member routed (the
+        caller raises; what was written then does not matter); float array (n_rows,) of
+        bytes/s per link row; seconds to the first finish).
     """
     load = np.zeros(n_rows)
-    members = np.empty(len(live))
-    for i in range(len(live)):
-        members[i] = routed_members[live[i]]
-    bad = _first_bad_rate(per_member, members, some_unrouted)
-    if bad >= 0:
-        return bad, load, np.inf
+    unrouted = -1
     best = np.inf
     for i in range(len(live)):
         p = live[i]
         r = per_member[i]
-        flow_rate = members[i] * r
+        if not (r >= 0 and r < np.inf):
+            return i, load, best
+        members = routed_members[p]
+        if some_unrouted and unrouted < 0 and r > 0 and members == 0:
+            unrouted = i
+        flow_rate = members * r
         rate[p] = flow_rate
         start = (entry_start[p] // hops) * hops
         for h in range(start, start + hops):
@@ -1299,4 +1297,4 @@ def _store_hop_rates(
             t = rem[p] / flow_rate
             if t < best or np.isnan(t):
                 best = t
-    return -1, load, best
+    return unrouted, load, best
