@@ -1079,8 +1079,13 @@ def _hop_volumes(
             flow[i] = f
             pm = remaining[i] / members[f]
             per_member[i] = pm
-            for h in range(f * hops, f * hops + hops):
-                volume[offset + rows[h]] += vals[h] * pm
+            start = f * hops
+            if hops == 2:  # (bigswitch's routes; the loop below, unrolled)
+                volume[offset + rows[start]] += vals[start] * pm
+                volume[offset + rows[start + 1]] += vals[start + 1] * pm
+            else:
+                for h in range(start, start + hops):
+                    volume[offset + rows[h]] += vals[h] * pm
             total[shape[f]] += weight[f]
             i += 1
     return flow, per_member, volume, total, False

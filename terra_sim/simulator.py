@@ -1290,9 +1290,13 @@ def _store_hop_rates(
             unrouted = i
         flow_rate = members * r
         rate[p] = flow_rate
-        start = (entry_start[p] // hops) * hops
-        for h in range(start, start + hops):
-            load[pool_rows[h]] += pool_vals[h] * r
+        start = entry_start[p]  # (a multiple of hops: every route so far has hops entries)
+        if hops == 2:  # (bigswitch's routes; the loop below, unrolled)
+            load[pool_rows[start]] += pool_vals[start] * r
+            load[pool_rows[start + 1]] += pool_vals[start + 1] * r
+        else:
+            for h in range(start, start + hops):
+                load[pool_rows[h]] += pool_vals[h] * r
         if flow_rate > 0 and not np.isnan(best):
             t = rem[p] / flow_rate
             if t < best or np.isnan(t):
