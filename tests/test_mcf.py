@@ -5,7 +5,7 @@ import functools
 import numpy as np
 import pytest
 
-from terra_core.mcf import McfWarmStart, _CompactMcfLp, maxmin_mcf
+from terra_core.mcf import McfWarmStart, _CompactMcfLp, _McfLp, maxmin_mcf
 from topologies import all_pairs_paths, load_topology, path_links
 
 TRIANGLE = {("A", "B"): 10.0, ("B", "C"): 10.0, ("A", "C"): 10.0}
@@ -170,3 +170,45 @@ def test_warm_start_carries_over_calls_with_the_same_totals():
     assert totals(got) == pytest.approx({"ac": 7.0, "ab": 7.0, "bc": 7.0})
     for link, load in link_loads(got).items():
         assert load <= third[link] * (1 + 1e-9)
+
+
+def ring_of_four():
+    """Directed 4-ring A→B→C→D→A at 12 one way, 6 the other (D→C→B→A→D); every ordered
+    pair may go either way round."""
+    ring = "ABCD"
+    capacity, demands = {}, {}
+    for i, u in enumerate(ring):
+        capacity[(u, ring[(i + 1) % 4])] = 12.0
+        capacity[(u, ring[(i - 1) % 4])] = 6.0
+        for d in (1, 2, 3):
+            cw = tuple(ring[(i + s) % 4] for s in range(d + 1))
+            ccw = tuple(ring[(i - s) % 4] for s in range(4 - d + 1))
+            demands[(u, cw[-1])] = ([cw, ccw], None)
+    return demands, capacity
+
+
+@pytest.mark.parametrize("warm", [None, McfWarmStart()], ids=["cold", "warm"])
+def test_degenerate_ring_freezes_every_pair_at_one_level(maxmin, warm):
+    # 12 pairs; the cheapest way round costs a pair at clockwise distance d
+    # min(d, 4 - d) hops: 4 pairs x (1 + 2 + 1) hops = 16 hop-units per unit of level
+    # on 4 x 12 + 4 x 6 = 72 capacity, so t <= 4.5. t = 4.5 is feasible (d = 1 clockwise,
+    # d = 3 the other way, d = 2: 3.75 clockwise and 0.75 the other way fill both rings
+    # exactly), and every link is then full, so nobody gets more: 4.5 each (a degenerate LP:
+    # every pair is pinned at the first level, however many rounds the duals take to show it).
+    demands, capacity = ring_of_four()
+    kwargs = {"warm": warm} if maxmin.keywords["compact"] else {}
+    for _ in range(2):  # the second call starts warm from the first
+        rates = maxmin(demands, capacity, **kwargs)
+        assert totals(rates) == pytest.approx(dict.fromkeys(demands, 4.5), rel=1e-9)
+        for link, load in link_loads(rates).items():
+            assert load <= capacity[link] * (1 + 1e-9)
+
+
+def test_only_the_compact_lp_turns_off_bound_perturbation():
+    # The compact LP (swan-mcf) solves without HiGHS's primal bound perturbation (fewer
+    # iterations on degenerate rounds); the two-row LP (Terra's round, whose split over
+    # paths shows in CCTs) keeps HiGHS's default.
+    demands, capacity = ring_of_four()
+    option = "primal_simplex_bound_perturbation_multiplier"
+    assert _CompactMcfLp(demands, capacity, {}).h.getOptionValue(option)[1] == 0.0
+    assert _McfLp(demands, capacity, {}).h.getOptionValue(option)[1] == 1.0

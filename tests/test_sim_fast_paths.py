@@ -138,3 +138,24 @@ def test_compact_maxmin_mcf_has_the_reference_totals(seed):
             for key, lst in got.items():
                 total = sum(r for _, r in lst)
                 assert total == pytest.approx(sum(r for _, r in want[key]), rel=1e-9, abs=1e-3)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_compact_maxmin_mcf_has_the_reference_totals_on_degenerate_wans(seed):
+    # Every link at one capacity and every DC pair active: many pairs tie at each level, the
+    # LPs are degenerate (where the compact LP runs without bound perturbation). Totals as
+    # the reference's (two-row LP, default HiGHS options) to 1e-9 relative, cold and warm.
+    rng = random.Random(300 + seed)
+    wan = random_wan(rng, rng.randint(8, 12))
+    capacity = dict.fromkeys(wan.capacity, G)
+    paths = all_pairs_paths(wan, 4)
+    warm = McfWarmStart()
+    pairs = [p for p in paths if paths[p]]
+    for drop in (0, 3):  # a second call without three pairs, warm from the first
+        demands = {p: (paths[p], None) for p in pairs[drop:]}
+        want = reference_mcf.maxmin_mcf(demands, capacity)
+        for start in (None, warm):
+            got = maxmin_mcf(demands, capacity, compact=True, warm=start)
+            for key, lst in got.items():
+                total = sum(r for _, r in lst)
+                assert total == pytest.approx(sum(r for _, r in want[key]), rel=1e-9, abs=1e-3)
