@@ -782,8 +782,8 @@ class _MaddPolicy(BaselinePolicy):
             its per-member rate times its members on that path.
 
         Raises:
-            ValueError: lengths that do not agree, an index outside its coflow, or
-                remaining bytes not > 0.
+            ValueError: lengths that do not agree, a negative count, an index outside its
+                coflow, or remaining bytes not > 0.
             KeyError: an unknown coflow.
         """
         counts = np.asarray(counts, dtype=np.intp)
@@ -795,6 +795,8 @@ class _MaddPolicy(BaselinePolicy):
                 f"{len(cids)} coflows, {counts.shape} counts summing to {int(counts.sum())}, "
                 f"{n} flow indices and {remaining.shape} remaining bytes do not agree"
             )
+        if (counts < 0).any():  # (the compiled pass trusts the counts to stay within n)
+            raise ValueError("counts must be >= 0")
         if n and not remaining.min() > 0:  # (NaN fails too)
             raise ValueError("remaining bytes must be > 0 (finished flows are left out)")
         hooked = self._hooked()

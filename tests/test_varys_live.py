@@ -189,6 +189,11 @@ def test_live_rates_reject_malformed_arguments():
         policy.live_coflow_rates(0.0, ["a"], [1], np.array([-1]), np.array([1.0]))
     with pytest.raises(ValueError, match="> 0"):
         policy.live_coflow_rates(0.0, ["a"], [2], np.array([0, 1]), np.array([1.0, 0.0]))
+    # counts that sum to n but go negative: the compiled pass would read past the arrays
+    policy.add_coflow(Coflow("c", 0.0, [FlowBundle("z", "1", "2", 4.0, 1)]), 0.0)
+    for counts in ([-1, 2], [3, -2], [-100000, 100001]):
+        with pytest.raises(ValueError, match="counts must be >= 0"):
+            policy.live_coflow_rates(0.0, ["a", "c"], counts, np.array([0]), np.array([1.0]))
     with pytest.raises(KeyError):
         policy.live_coflow_rates(0.0, ["b"], [0], np.zeros(0, dtype=int), np.zeros(0))
     with pytest.raises(ValueError, match="remaining bytes for 2 flows"):
