@@ -1290,7 +1290,7 @@ def _store_hop_rates(
             unrouted = i
         flow_rate = members * r
         rate[p] = flow_rate
-        start = entry_start[p]  # (a multiple of hops: every route so far has hops entries)
+        start = entry_start[p]
         if hops == 2:  # (bigswitch's routes; the loop below, unrolled)
             load[pool_rows[start]] += pool_vals[start] * r
             load[pool_rows[start + 1]] += pool_vals[start + 1] * r
