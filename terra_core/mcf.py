@@ -392,19 +392,41 @@ class _CompactMcfLp(_FillLp):
         )
 
     def fill(self, members: list[int], max_rounds: int) -> None:
-        """Progressive filling of the commodities `members` (indices into self.keys)."""
+        """Progressive filling of the commodities `members` (indices into self.keys).
+
+        With an McfWarmStart whose last call had every commodity of this one and more
+        (`_resume_rounds`), the rounds before the first one where a dropped commodity
+        froze are taken from that call instead of solved again (same steps, same
+        commodities frozen), and the first round solved starts from that call's basis
+        there. Why that is exact: a commodity that was still active after round r had
+        a zero dual in round r's LP, so that LP's optimal dual solution, without the
+        commodity's row and columns, is dual feasible for the LP without it and has the
+        same objective; the old primal solution without the commodity's flows is feasible
+        too, so both LPs have the same optimal level, and the rows with a non-zero dual
+        are pinned in every optimal solution of the new LP as of the old one (docs/design.md
+        4.4). Every call then records its rounds in the McfWarmStart for the next.
+        """
         h = self.h
         active = np.array(sorted(members), dtype=np.int32)
         rows = self.c_row + active
         h.changeRowsBounds(len(rows), rows, np.zeros(len(rows)), np.full(len(rows), INF))
-        level = 0.0  # the class level t (scaled units)
-        for _ in range(max_rounds):
+        resumable = self._resumable(members)
+        done_rounds = self._resume_rounds() if resumable else []
+        active, level = self._replay(active, done_rounds)
+        rounds = list(done_rounds)
+        if rounds and not len(active):  # every commodity froze in the rounds taken: solve
+            if self._solve_round(rounds):  # once, for x
+                self.x = h.getSolution().col_value[: len(self.cols)]
+            else:
+                resumable = False
+        for _ in range(max_rounds - len(rounds)):
             if not len(active):
-                return
+                break
             self._add_step(active)
-            if not self._solve_round():
+            if not self._solve_round(rounds):
                 self._fail(active, level)
-                return
+                resumable = False
+                break
             step = h.getObjectiveValue()  # Δ is the only column with a cost
             level += step
             duals = np.asarray(h.getSolution().row_dual)[self.c_row + active]
@@ -415,9 +437,68 @@ class _CompactMcfLp(_FillLp):
             h.changeColBounds(self.step_col, step, step)
             h.changeColCost(self.step_col, 0.0)
             self._freeze(active[done])
+            if resumable:
+                basis = _Basis(self, h.getBasicVariables()[1])
+                frozen = frozenset(self.keys[i] for i in active[done].tolist())
+                rounds.append(_Round(step, frozen, basis))
             active = active[~done]
         if len(active):
             self._finish(active)
+            resumable = False
+        if resumable:
+            self.warm.record = _CallRecord(self, rounds)
+
+    def _resumable(self, members: list[int]) -> bool:
+        """Whether this fill may take rounds from, and leave its rounds in, self.warm: one
+        priority class (`members` is every commodity), no caps and every weight 1."""
+        return (
+            self.warm is not None
+            and len(members) == len(self.keys)
+            and all(cap == INF for cap in self.caps)
+            and all(w == 1.0 for w in self.weights)
+        )
+
+    def _resume_rounds(self) -> list[_Round]:
+        """The rounds of self.warm's last call that hold for this one (see `fill`): those
+        before the first round where a commodity of that call missing here froze, when
+        this call has no commodity that one lacked and the same links, capacities, scale
+        and paths for every commodity; else none."""
+        record, self.warm.record = self.warm.record, None
+        if record is None or self.scale != record.scale:
+            return []
+        if len(self.keys) >= len(record.froze_at):
+            return []
+        froze_at = record.froze_at
+        if not all(key in froze_at for key in self.keys):
+            return []  # a commodity the last call did not have
+        kept = set(self.keys)
+        first = min(r for key, r in froze_at.items() if key not in kept)
+        if first == 0:
+            return []
+        if any(record.capacity.get(link) != cap for link, cap in self.capacity.items()):
+            return []
+        paths = _paths_by_key(self)
+        if any(record.paths[key] != key_paths for key, key_paths in paths.items()):
+            return []
+        return record.rounds[:first]
+
+    def _replay(self, active: np.ndarray, rounds: list[_Round]) -> tuple[np.ndarray, float]:
+        """Apply `rounds` (taken from the last call) without solving: each adds its Δ fixed
+        at its step and freezes its commodities. Returns (the still active commodities,
+        the class level in scaled units: the steps summed in order, as `fill` does)."""
+        level = 0.0
+        for done_round in rounds:
+            self._add_step(active)
+            self.h.changeColBounds(self.step_col, done_round.step, done_round.step)
+            self.h.changeColCost(self.step_col, 0.0)
+            level += done_round.step
+            keys = self.keys
+            done = np.fromiter(
+                (keys[i] in done_round.frozen for i in active.tolist()), bool, len(active)
+            )
+            self._freeze(active[done])
+            active = active[~done]
+        return active, level
 
     def _add_step(self, active: np.ndarray) -> None:
         """Add this round's level step Δ (cost 1, ≥ 0): −w_k in the row of each active k."""
@@ -425,10 +506,15 @@ class _CompactMcfLp(_FillLp):
         self.step_col = self.h.getNumCol()
         self.h.addCol(1.0, 0.0, INF, len(rows), rows, -self.weight_array[active])
 
-    def _solve_round(self) -> bool:
-        """Solve a round's LP; the first LP of the call starts from `self.warm`'s basis (if
-        any) and leaves its optimal basis there for the next call."""
+    def _solve_round(self, rounds: list[_Round]) -> bool:
+        """Solve a round's LP. The first LP of a call starts from the basis of the last
+        round in `rounds` (those taken from the previous call), else from `self.warm`'s
+        first basis (if any), and a first round leaves its optimal basis there for the
+        next call."""
         first = self.solves == 0 and self.warm is not None
+        if first and rounds:
+            rounds[-1].basis.apply(self)
+            return self._solve()
         if first:
             self.warm.apply(self)
         ok = self._solve()
@@ -490,12 +576,19 @@ class McfWarmStart:
     HiGHS completes the basis ("alien" basis) when the count of basic variables is off.
     Only the starting point changes, not the LP: the same optimum, so the same totals
     (the split over paths may differ). Keep one per caller (e.g. one per policy).
+
+    It also keeps the rounds of the last call with one priority class, no caps and unit
+    weights (`record`): a later call on the same WAN whose commodities are a subset of
+    that call's takes the rounds before the first one where a dropped commodity froze
+    from it (`_CompactMcfLp.fill`); in the simulator most new sets of DC pairs are the
+    last set less a pair whose last flow ended.
     """
 
     def __init__(self) -> None:
         self.paths: set[Path] = set()  # paths with x basic
         self.links: dict[Link, bool] = {}  # link -> its row was basic
         self.keys: dict[Hashable, bool] = {}  # commodity key -> its row C_k was basic
+        self.record: _CallRecord | None = None  # the last resumable call's rounds
 
     def apply(self, lp: _CompactMcfLp) -> None:
         """Give `lp`'s loaded first LP (x columns, one step column) the saved basis."""
@@ -524,6 +617,81 @@ class McfWarmStart:
         self.links = dict(zip(lp.link_rows, is_basic[:n_links].tolist(), strict=True))
         c_basic = is_basic[n_links : n_links + len(lp.keys)].tolist()
         self.keys = dict(zip(lp.keys, c_basic, strict=True))
+
+
+class _Basis:
+    """The basic variables after one round's solve of a `_CompactMcfLp`, kept as HiGHS's
+    basic index array (cheap to take every round) with the LP's names, and turned into
+    a basis by name only when a later call starts from it (`apply`)."""
+
+    def __init__(self, lp: _CompactMcfLp, basic: np.ndarray) -> None:
+        self.cols = lp.cols
+        self.link_rows = lp.link_rows
+        self.keys = lp.keys
+        self.basic = np.array(basic)  # >= 0: column index; < 0: row -1 - index
+
+    def apply(self, lp: _CompactMcfLp) -> None:
+        """Give `lp` (loaded, its earlier rounds replayed, this round's Δ added) this
+        basis by name: x of the same paths, Δ of the same rounds, the same link and
+        commodity rows basic; the rest non-basic at the bound they rest on (x and Δ at
+        0, link rows at capacity, commodity rows at their lower bound). The dropped
+        commodities' rows and columns are gone, so the count may be off: HiGHS completes
+        the basis ("alien")."""
+        n_cols, n_links = len(self.cols), len(self.link_rows)
+        cols = self.basic[self.basic >= 0]
+        paths = {self.cols[j][1] for j in cols[cols < n_cols].tolist()}
+        steps = set((cols[cols >= n_cols] - n_cols).tolist())
+        rows = -1 - self.basic[self.basic < 0]
+        links = list(self.link_rows)
+        basic_links = {links[r] for r in rows[rows < n_links].tolist()}
+        in_keys = (rows >= n_links) & (rows < n_links + len(self.keys))
+        basic_keys = {self.keys[r - n_links] for r in rows[in_keys].tolist()}
+        status = highspy.HighsBasisStatus
+        lower, upper, basic = status.kLower, status.kUpper, status.kBasic
+        basis = highspy.HighsBasis()
+        col_status = [basic if p in paths else lower for _, p in lp.cols]
+        n_steps = lp.h.getNumCol() - len(lp.cols)
+        basis.col_status = col_status + [basic if r in steps else lower for r in range(n_steps)]
+        row_status = [basic if link in basic_links else upper for link in lp.link_rows]
+        row_status += [basic if key in basic_keys else lower for key in lp.keys]
+        basis.row_status = row_status + [basic] * (lp.h.getNumRow() - len(row_status))
+        basis.valid = True
+        basis.alien = True
+        lp.h.setBasis(basis)
+
+
+class _Round:
+    """One progressive-filling round of a `_CompactMcfLp` call: its level step Δ (scaled
+    units), the commodity keys it froze, and the basis after its solve (`_Basis`)."""
+
+    def __init__(self, step: float, frozen: frozenset, basis: _Basis) -> None:
+        self.step = step
+        self.frozen = frozen
+        self.basis = basis
+
+
+class _CallRecord:
+    """What a later call needs to take rounds from a finished `_CompactMcfLp` call: its
+    rounds (`_Round` list, in order), the round each commodity froze in, the scale, link
+    capacities (bytes/s) and each commodity's paths (see `_CompactMcfLp._resume_rounds`)."""
+
+    def __init__(self, lp: _CompactMcfLp, rounds: list[_Round]) -> None:
+        self.rounds = rounds
+        self.froze_at = {key: r for r, done in enumerate(rounds) for key in done.frozen}
+        self.scale = lp.scale
+        self.capacity = lp.capacity
+        self.paths = _paths_by_key(lp)
+
+
+def _paths_by_key(lp: _FillLp) -> dict[Hashable, tuple[Path, ...]]:
+    """{commodity key: its usable paths in column order} of `lp` (computed once per LP)."""
+    found = getattr(lp, "_key_paths", None)
+    if found is None:
+        grouped: dict[Hashable, list[Path]] = {key: [] for key in lp.keys}
+        for i, path in lp.cols:
+            grouped[lp.keys[i]].append(path)
+        found = lp._key_paths = {key: tuple(paths) for key, paths in grouped.items()}
+    return found
 
 
 def _check_cap(key: Hashable, cap: object) -> float:

@@ -212,3 +212,85 @@ def test_only_the_compact_lp_turns_off_bound_perturbation():
     option = "primal_simplex_bound_perturbation_multiplier"
     assert _CompactMcfLp(demands, capacity, {}).h.getOptionValue(option)[1] == 0.0
     assert _McfLp(demands, capacity, {}).h.getOptionValue(option)[1] == 1.0
+
+
+def chain_wan():
+    """A-B at 4, B-C and C-D at 10; ab (A-B), ac (A-B-C), bc (B-C), cd (C-D).
+    Progressive filling: round 1, ab and ac share A-B: 2 each, A-B full; round 2, bc
+    takes what ac left of B-C: 10 - 2 = 8; round 3, cd alone on C-D: 10."""
+    capacity = {("A", "B"): 4.0, ("B", "C"): 10.0, ("C", "D"): 10.0}
+    demands = {
+        "ab": ([("A", "B")], None),
+        "ac": ([("A", "B", "C")], None),
+        "bc": ([("B", "C")], None),
+        "cd": ([("C", "D")], None),
+    }
+    return demands, capacity
+
+
+def test_a_call_without_a_pair_takes_the_rounds_before_it_froze_from_the_last_call():
+    # cd froze in round 3, so without it rounds 1-2 (ab, ac at 2; bc at 8) are taken from
+    # the first call, and every pair is frozen after them: one solve, for the split.
+    # Without the first call the same pairs take 2 LPs (the two levels 2 and 8).
+    demands, capacity = chain_wan()
+    warm = McfWarmStart()
+    stats = {}
+    got = maxmin_mcf(demands, capacity, compact=True, warm=warm, stats=stats)
+    assert totals(got) == pytest.approx({"ab": 2.0, "ac": 2.0, "bc": 8.0, "cd": 10.0})
+    assert stats["lps"] == 3
+    assert [sorted(r.frozen) for r in warm.record.rounds] == [["ab", "ac"], ["bc"], ["cd"]]
+    fewer = {k: v for k, v in demands.items() if k != "cd"}
+    stats, cold = {}, {}
+    got = maxmin_mcf(fewer, capacity, compact=True, warm=warm, stats=stats)
+    want = maxmin_mcf(fewer, capacity, compact=True, stats=cold)
+    assert totals(got) == pytest.approx({"ab": 2.0, "ac": 2.0, "bc": 8.0})
+    assert totals(want) == pytest.approx(totals(got))
+    assert (stats["lps"], cold["lps"]) == (1, 2)
+    # this call's record holds the two rounds it took: without bc (froze in round 2),
+    # round 1 is taken and ab, ac are frozen: one solve again
+    stats = {}
+    got = maxmin_mcf(
+        {k: fewer[k] for k in ("ab", "ac")}, capacity, compact=True, warm=warm, stats=stats
+    )
+    assert totals(got) == pytest.approx({"ab": 2.0, "ac": 2.0})
+    assert stats["lps"] == 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["none", "pair added", "first-round pair dropped", "capacity", "paths", "cap", "weights"],
+)
+def test_rounds_are_taken_only_for_a_subset_of_the_last_calls_pairs_on_the_same_wan(change):
+    # After the 4-pair call, {ab, ac, bc} takes rounds 1-2 (one solve, as above); with
+    # any of these changes it is solved from its first round, as without the warm start,
+    # and gets its own max-min totals.
+    demands, capacity = chain_wan()
+    warm = McfWarmStart()
+    first = dict(demands)
+    if change == "pair added":  # the last call had no bc
+        first.pop("bc")
+    if change == "paths":  # the last call's bc could also go B-D-C (at 1): 9
+        first["bc"] = ([("B", "C"), ("B", "D", "C")], None)
+        capacity = {**capacity, ("B", "D"): 1.0, ("D", "C"): 1.0}
+    maxmin_mcf(first, capacity, compact=True, warm=warm)
+    second = {k: demands[k] for k in ("ab", "ac", "bc")}
+    want, want_lps, kwargs = {"ab": 2.0, "ac": 2.0, "bc": 8.0}, 2, {}
+    if change == "none":
+        want_lps = 1
+    elif change == "first-round pair dropped":  # ab froze in round 1: ac alone on A-B
+        second = {k: demands[k] for k in ("ac", "bc", "cd")}
+        want, want_lps = {"ac": 4.0, "bc": 6.0, "cd": 10.0}, 3
+    elif change == "capacity":  # A-B at 6: ab, ac at 3, bc at 7
+        capacity = {**capacity, ("A", "B"): 6.0}
+        want = {"ab": 3.0, "ac": 3.0, "bc": 7.0}
+    elif change == "paths":  # bc on B-C alone again: 8 (its links are the last call's)
+        pass
+    elif change == "cap":  # bc capped at 5
+        second["bc"] = ([("B", "C")], 5.0)
+        want["bc"] = 5.0
+    elif change == "weights":  # bc at twice the level: 4 in round 1, then 8
+        kwargs["weights"] = {"bc": 2.0}
+    stats = {}
+    got = maxmin_mcf(second, capacity, compact=True, warm=warm, stats=stats, **kwargs)
+    assert totals(got) == pytest.approx(want)
+    assert stats["lps"] == want_lps
