@@ -31,9 +31,11 @@ from numba import njit
 
 from terra_core.flow_bundles import flow_count
 from terra_core.maxmin import (
+    columns_by_row,
     csr_ranges,
     link_index,
     maxmin_levels_entries,
+    maxmin_levels_scaled,
     path_entries,
 )
 from terra_core.mcf import McfWarmStart, maxmin_mcf
@@ -106,7 +108,7 @@ class BaselinePolicy:
         self._path_rows: dict[Path, list[int]] = {}  # rows of a path's links (never stale)
         self._shapes: dict = {}  # route shapes, see _shape_of
         self._shape_ptr, self._shape_rows, self._shape_vals = [0], [], []
-        self._shape_cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._shape_cache: tuple | None = None  # see _shape_arrays
         self._version = 0  # bumped whenever a coflow's routes change or a coflow leaves
 
     # ---- Policy interface ------------------------------------------------------------------
@@ -220,14 +222,18 @@ class BaselinePolicy:
             number = self._shapes[key] = len(self._shapes)
         return number, weight
 
-    def _shape_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _shape_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple]:
         """The shapes' (ptr, link rows, members per unit weight) lists (`_shape_of`) as
-        int, int and float arrays, made again only when a shape was added."""
+        int, int and float arrays, and their transpose by link row (maxmin.columns_by_row),
+        made again only when a shape was added."""
         if self._shape_cache is None or len(self._shape_cache[0]) != len(self._shape_ptr):
+            ptr = np.array(self._shape_ptr, dtype=np.intp)
+            rows = np.array(self._shape_rows, dtype=np.intp)
             self._shape_cache = (
-                np.array(self._shape_ptr, dtype=np.intp),
-                np.array(self._shape_rows, dtype=np.intp),
+                ptr,
+                rows,
                 np.array(self._shape_vals, dtype=float),
+                columns_by_row(ptr, rows, len(self._rows)),
             )
         return self._shape_cache
 
@@ -950,16 +956,12 @@ class _MaddPolicy(BaselinePolicy):
     def _shape_levels(self, total: np.ndarray, left: np.ndarray) -> np.ndarray:
         """`_backfill`'s levels from each shape's total weight (float array (shapes
         numbered so far,), 0 for shapes with no flow) on the capacity `left` (float array
-        (links,), bytes/s): float array (shapes,) of per-member levels in bytes/s."""
-        present = np.flatnonzero(total)
-        ptr, all_rows, all_vals = self._shape_arrays()
-        entries = csr_ranges(ptr, present)
-        cols = np.repeat(np.arange(len(present), dtype=np.intp), ptr[present + 1] - ptr[present])
-        vals = all_vals[entries] * total[present][cols]
-        rows = all_rows[entries]
-        level = np.zeros(len(total))
-        level[present] = maxmin_levels_entries(rows, cols, vals, left, len(present))
-        return level
+        (links,), bytes/s): float array (shapes,) of per-member levels in bytes/s. The
+        shapes' entries never change, only their weights: maxmin.maxmin_levels_scaled fills
+        on the fixed structure (with member counts, whole numbers, the levels of freshly
+        built entries to the bit)."""
+        ptr, rows, vals, by_row = self._shape_arrays()
+        return maxmin_levels_scaled(ptr, rows, vals, total, left, by_row)
 
     def _before_allocate(self, coflow_id: str, remaining: np.ndarray) -> None:
         """Hook run for every coflow before its rates are computed (Rapier re-routes here);

@@ -342,6 +342,201 @@ def maxmin_levels_entries(
     return maxmin_levels(matrix, capacity, integer=False)
 
 
+_EXACT = 2.0**53  # whole numbers below this add up exactly in float64
+
+
+def columns_by_row(ptr: np.ndarray, rows: np.ndarray, n_links: int) -> tuple:
+    """The transpose of an incidence stored by column, for `maxmin_levels_scaled`.
+
+    Args:
+        ptr: int array (n + 1,): column j's entries are ptr[j] .. ptr[j + 1] - 1.
+        rows: int array (nnz,): the link row of each entry (0 .. n_links - 1).
+        n_links: number of link rows.
+
+    Returns:
+        (row_ptr, row_cols): int arrays (n_links + 1,) and (nnz,): the entries of row i
+        belong to the columns row_cols[row_ptr[i]:row_ptr[i + 1]] (one per entry, so a
+        column with two entries on a row is there twice), in entry order.
+    """
+    ptr = np.asarray(ptr, dtype=np.intp)
+    rows = np.asarray(rows, dtype=np.intp)
+    cols = np.repeat(np.arange(len(ptr) - 1, dtype=np.intp), np.diff(ptr))
+    row_ptr = np.concatenate(([0], np.cumsum(np.bincount(rows, minlength=n_links))))
+    return row_ptr.astype(np.intp), cols[np.argsort(rows, kind="stable")]
+
+
+def maxmin_levels_scaled(
+    ptr: np.ndarray,
+    rows: np.ndarray,
+    vals: np.ndarray,
+    scale: np.ndarray,
+    capacity: np.ndarray,
+    by_row: tuple | None = None,
+) -> np.ndarray:
+    """Max-min fair levels of the columns of a fixed incidence, each column's entries
+    scaled by a weight that changes from call to call (0: the column takes no part).
+
+    This is `maxmin_levels_entries` on the entries (rows[k], j, vals[k] * scale[j]) of
+    the columns j with scale[j] > 0, numbered in order, but without building those
+    entries: when every value and weight is a whole number and the loads stay below
+    2^53, every load the filling sums is exact whatever the order of the entries, so the
+    progressive filling (Bertsekas & Gallager, "Data Networks", 6.5.2; see
+    `maxmin_levels_sparse`) takes the same steps on the fixed structure, by column
+    (`ptr`) and by row (`by_row`), as on freshly built entries, and gives the same
+    levels to the bit (`_scaled_fill`, compiled). Otherwise the entries are built and
+    `maxmin_levels_entries` fills them. Used by the varys / rapier backfill, where the
+    columns are route shapes and the weights their flows' total weight (docs/design.md
+    section 4.4).
+
+    Args:
+        ptr: int array (n + 1,): column j's entries are ptr[j] .. ptr[j + 1] - 1 (each
+            column has at least one).
+        rows, vals: int and float arrays (nnz,): link row and value (> 0) of each entry.
+        scale: float array (n,) >= 0: the weight of each column (0: no part, level 0).
+        capacity: float array (n_links,) >= 0 of bytes/s.
+        by_row: `columns_by_row(ptr, rows, n_links)`, when the caller keeps it.
+
+    Returns:
+        float array (n,) of levels in bytes/s (0 where scale is 0).
+
+    Raises:
+        ValueError: as `maxmin_levels_entries` (a negative capacity; a negative scale).
+    """
+    capacity = np.ascontiguousarray(capacity, dtype=float)
+    scale = np.ascontiguousarray(scale, dtype=float)
+    vals = np.ascontiguousarray(vals, dtype=float)
+    if (scale < 0).any():
+        raise ValueError("scales must be >= 0")
+    if by_row is None:
+        by_row = columns_by_row(ptr, rows, len(capacity))
+    if _exact_sums(ptr, vals, scale) and not (capacity < 0).any():
+        return _scaled_fill(ptr, rows, vals, by_row[0], by_row[1], scale, capacity, _SAT_TOL)
+    present = np.flatnonzero(scale)
+    entries = csr_ranges(ptr, present)
+    cols = np.repeat(np.arange(len(present), dtype=np.intp), ptr[present + 1] - ptr[present])
+    level = np.zeros(len(scale))
+    level[present] = maxmin_levels_entries(
+        rows[entries], cols, vals[entries] * scale[present][cols], capacity, len(present)
+    )
+    return level
+
+
+@njit(cache=True)
+def _exact_sums(ptr, vals, scale):  # pragma: no cover - compiled
+    """True when every column with a scale > 0 has an entry, every value and every such
+    scale is a whole number and the sum of all scaled entries is below 2^53 (so any sum of
+    some of them is exact)."""
+    total = 0.0
+    for j in range(scale.shape[0]):
+        w = scale[j]
+        if w == 0.0:
+            continue
+        if not np.floor(w) == w or ptr[j] == ptr[j + 1]:  # (NaN and inf fail too)
+            return False
+        for k in range(ptr[j], ptr[j + 1]):
+            v = vals[k]
+            if not np.floor(v) == v:
+                return False
+            total += v * w
+    return total < _EXACT
+
+
+@njit(cache=True, error_model="numpy")  # numpy: x / 0 is inf, not an exception
+def _scaled_fill(
+    ptr, rows, vals, row_ptr, row_cols, scale, capacity, sat_tol
+):  # pragma: no cover - compiled
+    """The step loop of `_sparse_fill` on the scaled columns of `maxmin_levels_scaled`
+    (arguments checked there: whole numbers, exact sums). The loads are exact integers,
+    so `_sparse_fill`'s re-summing is a no-op and is left out, and the order in which a
+    step's columns freeze does not matter; every other float operation is `_sparse_fill`'s,
+    link by link in ascending order."""
+    n_links = capacity.shape[0]
+    n = scale.shape[0]
+    level = np.zeros(n)
+    frozen = np.zeros(n, dtype=np.bool_)  # also every column that takes no part
+    load = np.zeros(n_links)
+    count = np.zeros(n_links, dtype=np.intp)
+    left = 0
+    for j in range(n):
+        if scale[j] == 0.0:
+            frozen[j] = True
+            continue
+        for k in range(ptr[j], ptr[j + 1]):
+            if capacity[rows[k]] <= 0:
+                frozen[j] = True
+        if frozen[j]:
+            continue
+        left += 1
+        for k in range(ptr[j], ptr[j + 1]):
+            load[rows[k]] += vals[k] * scale[j]
+            count[rows[k]] += 1
+    leftover = np.empty(n_links)
+    tol = np.empty(n_links)
+    for i in range(n_links):
+        leftover[i] = capacity[i] if count[i] > 0 else np.inf
+        tol[i] = sat_tol * capacity[i]
+    ratio = np.empty(n_links)
+    sub = np.zeros(n_links)
+    mark = np.zeros(n_links, dtype=np.bool_)
+    touched = np.empty(n_links, dtype=np.intp)
+    newly = np.empty(n, dtype=np.intp)
+    busy = np.flatnonzero(count > 0)
+    n_busy = busy.shape[0]
+    water = 0.0
+    while left:
+        low = np.inf
+        for t in range(n_busy):
+            i = busy[t]
+            ratio[i] = leftover[i] / load[i]
+            if ratio[i] < low or np.isnan(ratio[i]):
+                low = ratio[i]
+        step = low if low > 0.0 or np.isnan(low) else 0.0
+        water += step
+        limit = step * (1 + sat_tol)
+        n_new = 0
+        for t in range(n_busy):
+            i = busy[t]
+            leftover[i] -= load[i] * step
+            if ratio[i] <= limit or leftover[i] <= tol[i]:
+                for e in range(row_ptr[i], row_ptr[i + 1]):
+                    c = row_cols[e]
+                    if not frozen[c]:
+                        frozen[c] = True
+                        newly[n_new] = c
+                        n_new += 1
+        n_touched = 0
+        for t in range(n_new):
+            c = newly[t]
+            level[c] = water
+            for k in range(ptr[c], ptr[c + 1]):
+                r = rows[k]
+                count[r] -= 1
+                sub[r] += vals[k] * scale[c]
+                if not mark[r]:
+                    mark[r] = True
+                    touched[n_touched] = r
+                    n_touched += 1
+        left -= n_new
+        emptied = False
+        for t in range(n_touched):
+            r = touched[t]
+            mark[r] = False
+            load[r] -= sub[r]
+            sub[r] = 0.0
+            if count[r] == 0:
+                load[r] = 0.0
+                leftover[r] = np.inf
+                emptied = True
+        if emptied:
+            kept = 0
+            for t in range(n_busy):
+                if count[busy[t]] > 0:
+                    busy[kept] = busy[t]
+                    kept += 1
+            n_busy = kept
+    return level
+
+
 def _entry_arrays(rows, cols, vals, capacity, n: int) -> tuple:
     """(rows, cols, vals, capacity, whole, covered) of an incidence given by its entries:
     contiguous int, int, float and float arrays, checked as `maxmin_levels_sparse`

@@ -6,6 +6,8 @@ random instances: the same float operations in the same order, so equal to the b
 - `maxmin.maxmin_levels_entries` with whole-number entries (now always the compiled sparse
   filling) against `maxmin_levels` on the dense matrix, which kept the loads exact too;
 - `maxmin.csr_ranges` against its numpy version;
+- `maxmin.maxmin_levels_scaled` (fixed columns, weights changing; session 10) against
+  `maxmin_levels_entries` on the entries it stands for, whole and real weights;
 - the simulator's passes over the live flows against the numpy expressions they replaced.
 Capacities are in bytes/s, rates in bytes/s, times in seconds.
 """
@@ -17,9 +19,11 @@ import pytest
 from reference_maxmin import csr_ranges_numpy, maxmin_levels_sparse_numpy
 
 from terra_core.maxmin import (
+    columns_by_row,
     csr_ranges,
     maxmin_levels,
     maxmin_levels_entries,
+    maxmin_levels_scaled,
     maxmin_levels_sparse,
 )
 from terra_sim import simulator
@@ -90,6 +94,55 @@ def test_csr_ranges_equal_the_numpy_version(seed):
         got = csr_ranges(ptr, ids)
         assert got.dtype == np.intp
         np.testing.assert_array_equal(got, csr_ranges_numpy(ptr, ids))
+
+
+def scaled_entries(ptr, rows, vals, scale):
+    """The entries `maxmin_levels_scaled` stands for: columns with scale > 0, numbered in
+    order, values times their column's scale (numpy, as varys' backfill built them)."""
+    present = np.flatnonzero(scale)
+    entries = csr_ranges(ptr, present)
+    cols = np.repeat(np.arange(len(present), dtype=np.intp), ptr[present + 1] - ptr[present])
+    return present, rows[entries], cols, vals[entries] * scale[present][cols]
+
+
+@pytest.mark.parametrize("kind", ["whole", "real"])
+@pytest.mark.parametrize("seed", range(15))
+def test_scaled_columns_equal_freshly_built_entries(kind, seed):
+    # fixed columns (1-4 entries, a row may repeat within one), weights drawn again and
+    # again, some 0; whole weights take the compiled fixed-structure filling (equal to the
+    # bit), real ones the fallback on built entries (equal too, the same code)
+    rng = np.random.default_rng(500 + seed)
+    n_links, n = int(rng.integers(1, 200)), int(rng.integers(1, 800))
+    lens = rng.integers(1, 5, size=n)
+    ptr = np.concatenate(([0], np.cumsum(lens))).astype(np.intp)
+    rows = rng.integers(0, n_links, size=int(ptr[-1])).astype(np.intp)
+    vals = rng.integers(1, 4, size=len(rows)).astype(float)
+    by_row = columns_by_row(ptr, rows, n_links)
+    for _ in range(5):
+        if kind == "whole":
+            scale = rng.integers(0, 9, size=n).astype(float)
+        else:
+            scale = rng.uniform(0.0, 3.0, size=n) * (rng.random(n) < 0.7)
+        capacity = rng.uniform(1e6, 1.25e8, size=n_links)
+        if rng.random() < 0.4:
+            capacity[:] = 1.25e8  # ties: several links saturate at once
+        capacity[rng.random(n_links) < 0.1] = 0.0
+        present, e_rows, e_cols, e_vals = scaled_entries(ptr, rows, vals, scale)
+        want = np.zeros(n)
+        if len(present):
+            want[present] = maxmin_levels_entries(e_rows, e_cols, e_vals, capacity, len(present))
+        np.testing.assert_array_equal(
+            maxmin_levels_scaled(ptr, rows, vals, scale, capacity, by_row), want
+        )
+        np.testing.assert_array_equal(maxmin_levels_scaled(ptr, rows, vals, scale, capacity), want)
+
+
+def test_scaled_columns_reject_negative_scales_and_capacities():
+    ptr, rows, vals = np.array([0, 1]), np.array([0]), np.array([1.0])
+    with pytest.raises(ValueError):
+        maxmin_levels_scaled(ptr, rows, vals, np.array([-1.0]), np.array([1.0]))
+    with pytest.raises(ValueError):
+        maxmin_levels_scaled(ptr, rows, vals, np.array([1.0]), np.array([-1.0]))
 
 
 @pytest.mark.parametrize("seed", range(10))
