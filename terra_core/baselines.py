@@ -858,7 +858,7 @@ class _MaddPolicy(BaselinePolicy):
             ValueError: a flow index outside its coflow's flows.
         """
         n_links = len(capacity)
-        flow, per_member, volume, total, bad = _hop_volumes(
+        shape_of, per_member, volume, total, bad = _hop_volumes(
             counts,
             local,
             remaining,
@@ -878,7 +878,7 @@ class _MaddPolicy(BaselinePolicy):
         volume = volume.reshape(len(counts), n_links)
         g, left = _madd_pass(volume, _gammas(volume, capacity), capacity)
         extra = self._shape_levels(total, left)
-        return _hop_rates_out(counts, per_member, g, flow, lay.shape, extra)
+        return _hop_rates_out(counts, per_member, g, shape_of, extra)
 
     def _layout(self, cids: Sequence[str]) -> _MaddLayout:
         """The per-flow arrays of the coflows `cids` side by side (`_MaddLayout`), built
@@ -1061,14 +1061,14 @@ def _hop_volumes(
             link rows and members; n_links, n_shapes: ints.
 
     Returns:
-        (flow: int array (flows,), each given flow's layout index; per_member: float
+        (shape_of: int array (flows,), each given flow's route shape; per_member: float
         array (flows,), remaining bytes per member; volume: float array (coflows *
         n_links,), bytes per coflow and link row; total: float array (n_shapes,), the
         weight of the given flows per shape; bad: True when an index is outside its
         coflow, the other results then incomplete).
     """
     n = len(local)
-    flow = np.empty(n, dtype=np.intp)
+    shape_of = np.empty(n, dtype=np.intp)
     per_member = np.empty(n)
     volume = np.zeros(len(counts) * n_links)
     total = np.zeros(n_shapes)
@@ -1078,9 +1078,10 @@ def _hop_volumes(
         for _ in range(counts[c]):
             j = local[i]
             if j < 0 or j >= size[c]:
-                return flow, per_member, volume, total, True
+                return shape_of, per_member, volume, total, True
             f = base[c] + j
-            flow[i] = f
+            s = shape[f]
+            shape_of[i] = s
             pm = remaining[i] / members[f]
             per_member[i] = pm
             start = f * hops
@@ -1090,22 +1091,27 @@ def _hop_volumes(
             else:
                 for h in range(start, start + hops):
                     volume[offset + rows[h]] += vals[h] * pm
-            total[shape[f]] += weight[f]
+            total[s] += weight[f]
             i += 1
-    return flow, per_member, volume, total, False
+    return shape_of, per_member, volume, total, False
 
 
 @njit(cache=True, error_model="numpy")
-def _hop_rates_out(counts, per_member, g, flow, shape, extra):  # pragma: no cover - compiled
+def _hop_rates_out(counts, per_member, g, shape_of, extra):  # pragma: no cover - compiled
     """Per-member rates: MADD's remaining / g of the flow's coflow plus the backfill
     level of its shape (float array (flows,), bytes/s); arguments as `_hop_volumes`'
-    results, g: float array (coflows,) in seconds, extra: float array (shapes,)."""
+    results, g: float array (coflows,) in seconds, extra: float array (shapes,). A coflow
+    MADD skipped (g inf) adds 0.0, which is what remaining / inf gives for finite
+    remaining bytes per member (> 0, checked by the caller), without the division."""
     rate = np.empty(len(per_member))
     i = 0
     for c in range(len(counts)):
         gc = g[c]
+        skipped = gc == np.inf
         for _ in range(counts[c]):
-            rate[i] = per_member[i] / gc + extra[shape[flow[i]]]
+            pm = per_member[i]
+            madd = 0.0 if skipped and pm < np.inf else pm / gc
+            rate[i] = madd + extra[shape_of[i]]
             i += 1
     return rate
 
