@@ -383,10 +383,10 @@ def maxmin_levels_scaled(
     progressive filling (Bertsekas & Gallager, "Data Networks", 6.5.2; see
     `maxmin_levels_sparse`) takes the same steps on the fixed structure, by column
     (`ptr`) and by row (`by_row`), as on freshly built entries, and gives the same
-    levels to the bit (`_scaled_fill`, compiled). Otherwise the entries are built and
-    `maxmin_levels_entries` fills them. Used by the varys / rapier backfill, where the
-    columns are route shapes and the weights their flows' total weight (docs/design.md
-    section 4.4).
+    levels to the bit (`_scaled_fill`, compiled, which also checks those conditions).
+    Otherwise the entries are built and `maxmin_levels_entries` fills them. Used by the
+    varys / rapier backfill, where the columns are route shapes and the weights their
+    flows' total weight (docs/design.md section 4.4).
 
     Args:
         ptr: int array (n + 1,): column j's entries are ptr[j] .. ptr[j + 1] - 1 (each
@@ -409,8 +409,10 @@ def maxmin_levels_scaled(
         raise ValueError("scales must be >= 0")
     if by_row is None:
         by_row = columns_by_row(ptr, rows, len(capacity))
-    if _exact_sums(ptr, vals, scale) and not (capacity < 0).any():
-        return _scaled_fill(ptr, rows, vals, by_row[0], by_row[1], scale, capacity, _SAT_TOL)
+    if not (capacity < 0).any():
+        level, exact = _scaled_fill(ptr, rows, vals, by_row[0], by_row[1], scale, capacity)
+        if exact:
+            return level
     present = np.flatnonzero(scale)
     entries = csr_ranges(ptr, present)
     cols = np.repeat(np.arange(len(present), dtype=np.intp), ptr[present + 1] - ptr[present])
@@ -421,35 +423,18 @@ def maxmin_levels_scaled(
     return level
 
 
-@njit(cache=True)
-def _exact_sums(ptr, vals, scale):  # pragma: no cover - compiled
-    """True when every column with a scale > 0 has an entry, every value and every such
-    scale is a whole number and the sum of all scaled entries is below 2^53 (so any sum of
-    some of them is exact)."""
-    total = 0.0
-    for j in range(scale.shape[0]):
-        w = scale[j]
-        if w == 0.0:
-            continue
-        if not np.floor(w) == w or ptr[j] == ptr[j + 1]:  # (NaN and inf fail too)
-            return False
-        for k in range(ptr[j], ptr[j + 1]):
-            v = vals[k]
-            if not np.floor(v) == v:
-                return False
-            total += v * w
-    return total < _EXACT
-
-
 @njit(cache=True, error_model="numpy")  # numpy: x / 0 is inf, not an exception
-def _scaled_fill(
-    ptr, rows, vals, row_ptr, row_cols, scale, capacity, sat_tol
-):  # pragma: no cover - compiled
+def _scaled_fill(ptr, rows, vals, row_ptr, row_cols, scale, capacity):  # pragma: no cover
     """The step loop of `_sparse_fill` on the scaled columns of `maxmin_levels_scaled`
-    (arguments checked there: whole numbers, exact sums). The loads are exact integers,
-    so `_sparse_fill`'s re-summing is a no-op and is left out, and the order in which a
-    step's columns freeze does not matter; every other float operation is `_sparse_fill`'s,
-    link by link in ascending order."""
+    (capacities checked there), compiled. Returns (levels, exact); exact is False, and
+    the levels are not computed, unless every column with a scale > 0 has an entry, its
+    scale and its values are whole numbers and all scaled entries add up to less than
+    2^53. The loads are then exact integers, so `_sparse_fill`'s re-summing is a no-op
+    and is left out, and the order in which a step's columns freeze does not matter;
+    every other float operation is `_sparse_fill`'s, link by link in ascending order. The
+    columns on a link come from `row_ptr` / `row_cols` (all columns), or, when the
+    columns taking part have fewer than half of the entries, from a transpose of theirs
+    made here (the scan of a saturated link then skips no column)."""
     n_links = capacity.shape[0]
     n = scale.shape[0]
     level = np.zeros(n)
@@ -457,19 +442,40 @@ def _scaled_fill(
     load = np.zeros(n_links)
     count = np.zeros(n_links, dtype=np.intp)
     left = 0
+    total = 0.0
     for j in range(n):
-        if scale[j] == 0.0:
+        w = scale[j]
+        if w == 0.0:
             frozen[j] = True
             continue
+        if not np.floor(w) == w or ptr[j] == ptr[j + 1]:  # (NaN and inf fail too)
+            return level, False
         for k in range(ptr[j], ptr[j + 1]):
+            if not np.floor(vals[k]) == vals[k]:
+                return level, False
+            total += vals[k] * w
             if capacity[rows[k]] <= 0:
                 frozen[j] = True
         if frozen[j]:
             continue
         left += 1
         for k in range(ptr[j], ptr[j + 1]):
-            load[rows[k]] += vals[k] * scale[j]
+            load[rows[k]] += vals[k] * w
             count[rows[k]] += 1
+    if not total < _EXACT:  # (partial sums of whole numbers below 2^53 are exact)
+        return level, False
+    if 2 * (count.sum()) < ptr[n]:  # few take part: their own transpose
+        row_ptr = np.zeros(n_links + 1, dtype=np.intp)
+        for i in range(n_links):
+            row_ptr[i + 1] = row_ptr[i] + count[i]
+        row_cols = np.empty(row_ptr[n_links], dtype=np.intp)
+        fill = row_ptr[:-1].copy()
+        for j in range(n):
+            if not frozen[j]:
+                for k in range(ptr[j], ptr[j + 1]):
+                    row_cols[fill[rows[k]]] = j
+                    fill[rows[k]] += 1
+    sat_tol = _SAT_TOL
     leftover = np.empty(n_links)
     tol = np.empty(n_links)
     for i in range(n_links):
@@ -534,7 +540,7 @@ def _scaled_fill(
                     busy[kept] = busy[t]
                     kept += 1
             n_busy = kept
-    return level
+    return level, True
 
 
 def _entry_arrays(rows, cols, vals, capacity, n: int) -> tuple:

@@ -105,12 +105,12 @@ def scaled_entries(ptr, rows, vals, scale):
     return present, rows[entries], cols, vals[entries] * scale[present][cols]
 
 
-@pytest.mark.parametrize("kind", ["whole", "real"])
+@pytest.mark.parametrize("kind", ["whole", "real", "huge"])
 @pytest.mark.parametrize("seed", range(15))
 def test_scaled_columns_equal_freshly_built_entries(kind, seed):
     # fixed columns (1-4 entries, a row may repeat within one), weights drawn again and
     # again, some 0; whole weights take the compiled fixed-structure filling (equal to the
-    # bit), real ones the fallback on built entries (equal too, the same code)
+    # bit), real or huge ones the fallback on built entries (equal too, the same code)
     rng = np.random.default_rng(500 + seed)
     n_links, n = int(rng.integers(1, 200)), int(rng.integers(1, 800))
     lens = rng.integers(1, 5, size=n)
@@ -119,8 +119,11 @@ def test_scaled_columns_equal_freshly_built_entries(kind, seed):
     vals = rng.integers(1, 4, size=len(rows)).astype(float)
     by_row = columns_by_row(ptr, rows, n_links)
     for _ in range(5):
-        if kind == "whole":
-            scale = rng.integers(0, 9, size=n).astype(float)
+        if kind == "whole":  # most columns take part, or a fifth (their own transpose)
+            scale = rng.integers(0, 9, size=n) * (rng.random(n) < rng.choice([0.2, 1.0]))
+            scale = scale.astype(float)
+        elif kind == "huge":  # whole, but the loads could pass 2^53: built entries
+            scale = rng.integers(0, 3, size=n) * 2.0**52
         else:
             scale = rng.uniform(0.0, 3.0, size=n) * (rng.random(n) < 0.7)
         capacity = rng.uniform(1e6, 1.25e8, size=n_links)
