@@ -979,27 +979,40 @@ def _volumes(rows: np.ndarray, weights: np.ndarray, n_coflows: int, n_links: int
     )
 
 
-def _gammas(volume: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+@njit(cache=True, error_model="numpy")
+def _gammas(volume, capacity):  # pragma: no cover - compiled
     """`_gamma` of every row of `volume` (float array (coflows, links), bytes) on
     `capacity` (float array (links,), bytes/s): float array (coflows,) in seconds, the
-    same values (a max is exact whatever the order)."""
-    used = volume > 0
-    if not volume.shape[1]:
-        return np.zeros(len(volume))
-    ratio = np.divide(volume, capacity, out=np.zeros_like(volume), where=used & (capacity > 0))
-    gamma = ratio.max(axis=1)
-    gamma[(used & (capacity <= 0)).any(axis=1)] = np.inf
+    same values (a max is exact whatever the order); compiled (numba), the values of the
+    numpy expressions of old (max of the used links' volume / capacity and 0, NaN if one
+    is NaN; inf when a used link has no capacity)."""
+    n_coflows, n_links = volume.shape
+    gamma = np.zeros(n_coflows)
+    for c in range(n_coflows):
+        high = 0.0
+        blocked = False
+        for e in range(n_links):
+            v = volume[c, e]
+            if v > 0:
+                if capacity[e] > 0:
+                    r = v / capacity[e]
+                    if r > high or np.isnan(r):
+                        if not np.isnan(high):
+                            high = r
+                elif capacity[e] <= 0:
+                    blocked = True
+        gamma[c] = np.inf if blocked else high
     return gamma
 
 
-def _madd_pass(
-    volume: np.ndarray, gamma: np.ndarray, capacity: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+@njit(cache=True, error_model="numpy")
+def _madd_pass(volume, gamma, capacity):  # pragma: no cover - compiled
     """The sequential MADD pass of Varys (Chowdhury et al., SIGCOMM 2014): coflows in the
     order of (Γ, row), each with finite Γ and some volume takes volume / g from what the
     earlier ones left, g = max over its links of volume / left, unless g is inf. Only the links a
     coflow uses are touched: on the others volume / g is 0 and left stays (the same floats
-    as the whole-vector arithmetic).
+    as the whole-vector arithmetic). Compiled (numba): the float operations of the numpy
+    version of old (a stable argsort; max with NaN propagating; np.maximum(x, 0.0)).
 
     Args:
         volume: float array (coflows, links), remaining bytes per coflow and link (>= 0).
@@ -1010,24 +1023,33 @@ def _madd_pass(
         (float array (coflows,): each coflow's g in seconds, inf where it got no MADD
         rates; float array (links,): the capacity left, bytes/s).
     """
-    rows, links = np.nonzero(volume)  # coflow by coflow, links ascending
-    amount = volume[rows, links]
-    ptr = np.concatenate(([0], np.cumsum(np.bincount(rows, minlength=len(gamma))))).tolist()
-    g = np.full(len(gamma), np.inf)
+    n_coflows, n_links = volume.shape
+    g = np.full(n_coflows, np.inf)
     left = capacity.copy()
-    gammas = gamma.tolist()
-    for c in np.argsort(gamma, kind="stable").tolist():
-        if gammas[c] == np.inf:
+    for c in np.argsort(gamma, kind="mergesort"):
+        if gamma[c] == np.inf:
             break  # the rest are inf too
-        a, b = ptr[c], ptr[c + 1]
-        if a == b:
+        used = False
+        blocked = False
+        for e in range(n_links):
+            if volume[c, e] != 0:
+                used = True
+                if left[e] <= 0:
+                    blocked = True
+        if not used or blocked:
             continue
-        used, v = links[a:b], amount[a:b]
-        avail = left[used]
-        if (avail <= 0).any():
-            continue
-        g[c] = gc = (v / avail).max()
-        left[used] = np.maximum(avail - v / gc, 0.0)
+        gc = -np.inf
+        for e in range(n_links):
+            if volume[c, e] != 0:
+                r = volume[c, e] / left[e]
+                if r > gc or np.isnan(r):
+                    if not np.isnan(gc):
+                        gc = r
+        g[c] = gc
+        for e in range(n_links):
+            if volume[c, e] != 0:
+                x = left[e] - volume[c, e] / gc
+                left[e] = x if x > 0.0 or np.isnan(x) else 0.0
     return g, left
 
 
