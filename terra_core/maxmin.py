@@ -405,14 +405,13 @@ def maxmin_levels_scaled(
     capacity = np.ascontiguousarray(capacity, dtype=float)
     scale = np.ascontiguousarray(scale, dtype=float)
     vals = np.ascontiguousarray(vals, dtype=float)
-    if (scale < 0).any():
-        raise ValueError("scales must be >= 0")
     if by_row is None:
         by_row = columns_by_row(ptr, rows, len(capacity))
-    if not (capacity < 0).any():
-        level, exact = _scaled_fill(ptr, rows, vals, by_row[0], by_row[1], scale, capacity)
-        if exact:
-            return level
+    level, exact = _scaled_fill(ptr, rows, vals, by_row[0], by_row[1], scale, capacity)
+    if exact:
+        return level
+    if (scale < 0).any():
+        raise ValueError("scales must be >= 0")
     present = np.flatnonzero(scale)
     entries = csr_ranges(ptr, present)
     cols = np.repeat(np.arange(len(present), dtype=np.intp), ptr[present + 1] - ptr[present])
@@ -425,11 +424,11 @@ def maxmin_levels_scaled(
 
 @njit(cache=True, error_model="numpy")  # numpy: x / 0 is inf, not an exception
 def _scaled_fill(ptr, rows, vals, row_ptr, row_cols, scale, capacity):  # pragma: no cover
-    """The step loop of `_sparse_fill` on the scaled columns of `maxmin_levels_scaled`
-    (capacities checked there), compiled. Returns (levels, exact); exact is False, and
-    the levels are not computed, unless every column with a scale > 0 has an entry, its
-    scale and its values are whole numbers and all scaled entries add up to less than
-    2^53. The loads are then exact integers, so `_sparse_fill`'s re-summing is a no-op
+    """The step loop of `_sparse_fill` on the scaled columns of `maxmin_levels_scaled`,
+    compiled. Returns (levels, exact); exact is False, and the levels are not computed,
+    unless every capacity is >= 0, every scale is 0 or a whole number > 0 whose column
+    has an entry, the values are whole numbers and all scaled entries add up to less
+    than 2^53. The loads are then exact integers, so `_sparse_fill`'s re-summing is a no-op
     and is left out, and the order in which a step's columns freeze does not matter;
     every other float operation is `_sparse_fill`'s, link by link in ascending order. The
     columns on a link come from `row_ptr` / `row_cols` (all columns), or, when the
@@ -441,6 +440,9 @@ def _scaled_fill(ptr, rows, vals, row_ptr, row_cols, scale, capacity):  # pragma
     frozen = np.zeros(n, dtype=np.bool_)  # also every column that takes no part
     load = np.zeros(n_links)
     count = np.zeros(n_links, dtype=np.intp)
+    for i in range(n_links):
+        if capacity[i] < 0:
+            return level, False
     left = 0
     total = 0.0
     for j in range(n):
@@ -448,7 +450,7 @@ def _scaled_fill(ptr, rows, vals, row_ptr, row_cols, scale, capacity):  # pragma
         if w == 0.0:
             frozen[j] = True
             continue
-        if not np.floor(w) == w or ptr[j] == ptr[j + 1]:  # (NaN and inf fail too)
+        if not (np.floor(w) == w and w > 0) or ptr[j] == ptr[j + 1]:  # (NaN, inf fail)
             return level, False
         for k in range(ptr[j], ptr[j + 1]):
             if not np.floor(vals[k]) == vals[k]:
