@@ -654,6 +654,8 @@ class _MaddLayout(NamedTuple):
         members, routed, shape, weight: per flow, coflow after coflow (CoflowRoutes).
         all_routed: every flow has a route.
         hops: the number of entries of every flow when they all have as many, else 0.
+        single: every flow is routed on one path with all its members (with `hops`
+            entries): each of its entries' values and its weight equal its member count.
         ptr: int array (flows + 1,): flow i's entries are ptr[i] .. ptr[i + 1] - 1.
         rows, vals: int and float arrays (entries,): the entries' link rows and members.
         routes: list (coflows,) of each coflow's Route list (CoflowRoutes.routes).
@@ -666,6 +668,7 @@ class _MaddLayout(NamedTuple):
     routed: np.ndarray
     all_routed: bool
     hops: int
+    single: bool
     shape: np.ndarray
     weight: np.ndarray
     ptr: np.ndarray
@@ -870,6 +873,7 @@ class _MaddPolicy(BaselinePolicy):
             lay.shape,
             lay.weight,
             lay.hops,
+            lay.single,
             n_links,
             len(self._shapes),
         )
@@ -892,19 +896,29 @@ class _MaddPolicy(BaselinePolicy):
         nnz = np.concatenate([info.nnz for info in infos])
         routed = np.concatenate([info.routed for info in infos])
         hops = int(nnz[0]) if len(nnz) and (nnz == nnz[0]).all() else 0
+        members = np.concatenate([info.members for info in infos])
+        weight = np.concatenate([info.weight for info in infos])
+        vals = np.concatenate([info.vals for info in infos])
+        single = bool(
+            hops
+            and routed.all()
+            and np.array_equal(weight, members)
+            and np.array_equal(vals, np.repeat(members, hops))
+        )
         lay = self._lay = _MaddLayout(
             key,
             np.cumsum(size) - size,
             size,
-            np.concatenate([info.members for info in infos]),
+            members,
             routed,
             bool(routed.all()),
             hops,
+            single,
             np.concatenate([info.shape for info in infos]),
-            np.concatenate([info.weight for info in infos]),
+            weight,
             np.concatenate(([0], np.cumsum(nnz))).astype(np.intp),
             np.concatenate([info.rows for info in infos]),
-            np.concatenate([info.vals for info in infos]),
+            vals,
             [info.routes for info in infos],
         )
         return lay
@@ -1071,6 +1085,7 @@ def _hop_volumes(
     shape,
     weight,
     hops,
+    single,
     n_links,
     n_shapes,
 ):  # pragma: no cover - compiled
@@ -1080,7 +1095,9 @@ def _hop_volumes(
         counts: int array (coflows,); local, remaining: int and float arrays (flows,), as
             in `live_coflow_rates`; base, size: int arrays (coflows,) of `_MaddLayout`;
             members, shape, weight: per layout flow; rows, vals: (layout flows * hops,)
-            link rows and members; n_links, n_shapes: ints.
+            link rows and members; single: `_MaddLayout.single` (then the member count
+            is used for the equal values and weight, which are not read: the same
+            floats, fewer bytes per flow); n_links, n_shapes: ints.
 
     Returns:
         (shape_of: int array (flows,), each given flow's route shape; per_member: float
@@ -1104,16 +1121,22 @@ def _hop_volumes(
             f = base[c] + j
             s = shape[f]
             shape_of[i] = s
-            pm = remaining[i] / members[f]
+            m = members[f]
+            pm = remaining[i] / m
             per_member[i] = pm
             start = f * hops
-            if hops == 2:  # (bigswitch's routes; the loop below, unrolled)
-                volume[offset + rows[start]] += vals[start] * pm
-                volume[offset + rows[start + 1]] += vals[start + 1] * pm
+            if single and hops == 2:  # (bigswitch's routes; the loops below, unrolled)
+                volume[offset + rows[start]] += m * pm
+                volume[offset + rows[start + 1]] += m * pm
+                total[s] += m
+            elif single:
+                for h in range(start, start + hops):
+                    volume[offset + rows[h]] += m * pm
+                total[s] += m
             else:
                 for h in range(start, start + hops):
                     volume[offset + rows[h]] += vals[h] * pm
-            total[s] += weight[f]
+                total[s] += weight[f]
             i += 1
     return shape_of, per_member, volume, total, False
 
