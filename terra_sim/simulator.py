@@ -886,7 +886,7 @@ class _Run:
                 self.hops,
                 len(self.link_row),
                 self.some_unrouted,
-                self.rem,
+                self.live_rem,
             )
             if bad >= 0:
                 self._rate_fault(live, rate, bad)
@@ -1299,12 +1299,13 @@ def _store_hop_rates(
     hops,
     n_rows,
     some_unrouted,
-    rem,
+    live_rem,
 ):  # pragma: no cover - compiled
     """``rate[live] = routed_members[live] * per_member`` (bytes/s), the link loads it
     puts on the `n_rows` link rows, when every flow has `hops` pool entries from
     entry_start (flow position order, then hop order: np.bincount's order of old), and
-    what `_next_finish(live, rem, rate)` then answers, all in one pass.
+    what `_next_finish(live, rem, rate)` then answers, all in one pass; live_rem: float
+    array (len(live),), the live flows' remaining bytes (``rem[live]``, in live order).
 
     Returns:
         (index into `live` of a faulty rate or -1: the first that is not finite and >= 0,
@@ -1333,7 +1334,7 @@ def _store_hop_rates(
             for h in range(start, start + hops):
                 load[pool_rows[h]] += pool_vals[h] * r
         if flow_rate > 0 and not np.isnan(best):
-            t = rem[p] / flow_rate
+            t = live_rem[i] / flow_rate
             if t < best or np.isnan(t):
                 best = t
     return unrouted, load, best
