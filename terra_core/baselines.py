@@ -224,17 +224,13 @@ class BaselinePolicy:
 
     def _shape_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple]:
         """The shapes' (ptr, link rows, members per unit weight) lists (`_shape_of`) as
-        int, int and float arrays, and their transpose by link row (maxmin.columns_by_row),
-        made again only when a shape was added."""
+        int, int and float arrays, and their transpose by link row with the backfill's
+        memo (maxmin.columns_by_row), made again only when a shape was added."""
         if self._shape_cache is None or len(self._shape_cache[0]) != len(self._shape_ptr):
             ptr = np.array(self._shape_ptr, dtype=np.intp)
             rows = np.array(self._shape_rows, dtype=np.intp)
-            self._shape_cache = (
-                ptr,
-                rows,
-                np.array(self._shape_vals, dtype=float),
-                columns_by_row(ptr, rows, len(self._rows)),
-            )
+            vals = np.array(self._shape_vals, dtype=float)
+            self._shape_cache = (ptr, rows, vals, columns_by_row(ptr, rows, vals, len(self._rows)))
         return self._shape_cache
 
     def _route(self, coflow_id: str, flows: list[Flow]) -> dict[str, Route]:

@@ -105,25 +105,34 @@ def scaled_entries(ptr, rows, vals, scale):
     return present, rows[entries], cols, vals[entries] * scale[present][cols]
 
 
-@pytest.mark.parametrize("kind", ["whole", "real", "huge"])
-@pytest.mark.parametrize("seed", range(15))
-def test_scaled_columns_equal_freshly_built_entries(kind, seed):
-    # fixed columns (1-4 entries, a row may repeat within one), weights drawn again and
-    # again, some 0; whole weights take the compiled fixed-structure filling (equal to the
-    # bit), real or huge ones the fallback on built entries (equal too, the same code)
+@pytest.mark.parametrize("seed", range(30))
+def test_scaled_columns_equal_freshly_built_entries(seed):
+    # fixed columns (1-4 entries, a row may repeat within one), a sequence of weights on
+    # one memo: drawn afresh (most columns or a fifth taking part: their own transpose),
+    # a few changed (as from event to event), real (the fallback on built entries) or
+    # huge (the loads could pass 2^53: the fallback too, the memo emptied); whole weights
+    # take the compiled filling on the kept loads, equal to the bit every time
     rng = np.random.default_rng(500 + seed)
     n_links, n = int(rng.integers(1, 200)), int(rng.integers(1, 800))
     lens = rng.integers(1, 5, size=n)
     ptr = np.concatenate(([0], np.cumsum(lens))).astype(np.intp)
     rows = rng.integers(0, n_links, size=int(ptr[-1])).astype(np.intp)
     vals = rng.integers(1, 4, size=len(rows)).astype(float)
-    by_row = columns_by_row(ptr, rows, n_links)
-    for _ in range(5):
-        if kind == "whole":  # most columns take part, or a fifth (their own transpose)
+    by_row = columns_by_row(ptr, rows, vals, n_links)  # (its memo carries over the calls)
+    scale = np.zeros(n)
+    for _ in range(12):
+        kind = rng.choice(["whole", "few", "few", "few", "real", "huge"])
+        if kind == "whole":
             scale = rng.integers(0, 9, size=n) * (rng.random(n) < rng.choice([0.2, 1.0]))
             scale = scale.astype(float)
-        elif kind == "huge":  # whole, but the loads could pass 2^53: built entries
-            scale = rng.integers(0, 3, size=n) * 2.0**52
+        elif kind == "few":
+            scale = np.round(scale)  # (after real weights: whole again)
+            scale[scale >= 2.0**52] = 1.0
+            changed = rng.integers(0, n, size=int(rng.integers(1, 6)))
+            scale[changed] = rng.integers(0, 9, size=len(changed))
+        elif kind == "huge":
+            scale = scale.copy()
+            scale[rng.integers(0, n, size=3)] = 2.0**52
         else:
             scale = rng.uniform(0.0, 3.0, size=n) * (rng.random(n) < 0.7)
         capacity = rng.uniform(1e6, 1.25e8, size=n_links)
@@ -138,6 +147,14 @@ def test_scaled_columns_equal_freshly_built_entries(kind, seed):
             maxmin_levels_scaled(ptr, rows, vals, scale, capacity, by_row), want
         )
         np.testing.assert_array_equal(maxmin_levels_scaled(ptr, rows, vals, scale, capacity), want)
+
+
+def test_scaled_columns_with_real_values_take_the_built_entries():
+    ptr, rows, vals = np.array([0, 1, 2]), np.array([0, 0]), np.array([0.5, 1.0])
+    capacity = np.array([3.0])
+    want = maxmin_levels_entries(rows, np.array([0, 1]), vals * 2.0, capacity, 2)
+    got = maxmin_levels_scaled(ptr, rows, vals, np.array([2.0, 2.0]), capacity)
+    np.testing.assert_array_equal(got, want)
 
 
 def test_scaled_columns_reject_negative_scales_and_capacities():
