@@ -488,10 +488,7 @@ def _scaled_fill(
     The loads are then exact integers, so the memo's sums equal fresh ones,
     `_sparse_fill`'s re-summing is a no-op and is left out, and the order in which a
     step's columns freeze does not matter; every other float operation is `_sparse_fill`'s,
-    link by link in ascending order. The columns on a link come from `row_ptr` /
-    `row_cols` (all columns), or, when the columns taking part have fewer than half of
-    the entries, from a transpose of theirs made here (the scan of a saturated link then
-    skips no column)."""
+    link by link in ascending order."""
     n_links = capacity.shape[0]
     n = scale.shape[0]
     level = np.zeros(n)
@@ -542,17 +539,6 @@ def _scaled_fill(
                     for k in range(ptr[c], ptr[c + 1]):
                         load[rows[k]] -= vals[k] * scale[c]
                         count[rows[k]] -= 1
-    if 2 * (count.sum()) < ptr[n]:  # few take part: their own transpose
-        row_ptr = np.zeros(n_links + 1, dtype=np.intp)
-        for i in range(n_links):
-            row_ptr[i + 1] = row_ptr[i] + count[i]
-        row_cols = np.empty(row_ptr[n_links], dtype=np.intp)
-        fill = row_ptr[:-1].copy()
-        for j in range(n):
-            if not frozen[j]:
-                for k in range(ptr[j], ptr[j + 1]):
-                    row_cols[fill[rows[k]]] = j
-                    fill[rows[k]] += 1
     sat_tol = _SAT_TOL
     leftover = np.empty(n_links)
     tol = np.empty(n_links)

@@ -108,7 +108,7 @@ def scaled_entries(ptr, rows, vals, scale):
 @pytest.mark.parametrize("seed", range(30))
 def test_scaled_columns_equal_freshly_built_entries(seed):
     # fixed columns (1-4 entries, a row may repeat within one), a sequence of weights on
-    # one memo: drawn afresh (most columns or a fifth taking part: their own transpose),
+    # one memo: drawn afresh (most columns or a fifth taking part),
     # a few changed (as from event to event), real (the fallback on built entries) or
     # huge (the loads could pass 2^53: the fallback too, the memo emptied); whole weights
     # take the compiled filling on the kept loads, equal to the bit every time
