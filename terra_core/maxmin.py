@@ -434,13 +434,16 @@ def maxmin_levels_scaled(
         float array (n,) of levels in bytes/s (0 where scale is 0).
 
     Raises:
-        ValueError: as `maxmin_levels_entries` (a negative capacity; a negative scale).
+        ValueError: as `maxmin_levels_entries` (a negative capacity; a negative scale);
+            `scale`, `capacity` or `by_row` of other sizes than the columns and links.
     """
     capacity = np.ascontiguousarray(capacity, dtype=float)
     scale = np.ascontiguousarray(scale, dtype=float)
     vals = np.ascontiguousarray(vals, dtype=float)
     if by_row is None:
         by_row = columns_by_row(ptr, rows, vals, len(capacity))
+    if not len(ptr) - 1 == len(scale) == len(by_row.scale) or len(by_row.load) != len(capacity):
+        raise ValueError("scale, capacity or by_row do not fit the columns")
     level, exact = _scaled_fill(ptr, rows, vals, *by_row, scale, capacity)
     if exact:
         return level

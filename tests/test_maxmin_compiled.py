@@ -163,6 +163,9 @@ def test_scaled_columns_reject_negative_scales_and_capacities():
         maxmin_levels_scaled(ptr, rows, vals, np.array([-1.0]), np.array([1.0]))
     with pytest.raises(ValueError):
         maxmin_levels_scaled(ptr, rows, vals, np.array([1.0]), np.array([-1.0]))
+    with pytest.raises(ValueError):  # a memo made for other columns
+        by_row = columns_by_row(np.array([0, 1, 2]), np.array([0, 0]), np.ones(2), 1)
+        maxmin_levels_scaled(ptr, rows, vals, np.array([1.0]), np.array([1.0]), by_row)
 
 
 @pytest.mark.parametrize("seed", range(10))
