@@ -31,9 +31,11 @@ from numba import njit
 
 from terra_core.flow_bundles import flow_count
 from terra_core.maxmin import (
+    columns_by_row,
     csr_ranges,
     link_index,
     maxmin_levels_entries,
+    maxmin_levels_scaled,
     path_entries,
 )
 from terra_core.mcf import McfWarmStart, maxmin_mcf
@@ -106,7 +108,7 @@ class BaselinePolicy:
         self._path_rows: dict[Path, list[int]] = {}  # rows of a path's links (never stale)
         self._shapes: dict = {}  # route shapes, see _shape_of
         self._shape_ptr, self._shape_rows, self._shape_vals = [0], [], []
-        self._shape_cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._shape_cache: tuple | None = None  # see _shape_arrays
         self._version = 0  # bumped whenever a coflow's routes change or a coflow leaves
 
     # ---- Policy interface ------------------------------------------------------------------
@@ -220,15 +222,15 @@ class BaselinePolicy:
             number = self._shapes[key] = len(self._shapes)
         return number, weight
 
-    def _shape_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _shape_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple]:
         """The shapes' (ptr, link rows, members per unit weight) lists (`_shape_of`) as
-        int, int and float arrays, made again only when a shape was added."""
+        int, int and float arrays, and their transpose by link row with the backfill's
+        memo (maxmin.columns_by_row), made again only when a shape was added."""
         if self._shape_cache is None or len(self._shape_cache[0]) != len(self._shape_ptr):
-            self._shape_cache = (
-                np.array(self._shape_ptr, dtype=np.intp),
-                np.array(self._shape_rows, dtype=np.intp),
-                np.array(self._shape_vals, dtype=float),
-            )
+            ptr = np.array(self._shape_ptr, dtype=np.intp)
+            rows = np.array(self._shape_rows, dtype=np.intp)
+            vals = np.array(self._shape_vals, dtype=float)
+            self._shape_cache = (ptr, rows, vals, columns_by_row(ptr, rows, vals, len(self._rows)))
         return self._shape_cache
 
     def _route(self, coflow_id: str, flows: list[Flow]) -> dict[str, Route]:
@@ -648,6 +650,8 @@ class _MaddLayout(NamedTuple):
         members, routed, shape, weight: per flow, coflow after coflow (CoflowRoutes).
         all_routed: every flow has a route.
         hops: the number of entries of every flow when they all have as many, else 0.
+        single: every flow is routed on one path with all its members (with `hops`
+            entries): each of its entries' values and its weight equal its member count.
         ptr: int array (flows + 1,): flow i's entries are ptr[i] .. ptr[i + 1] - 1.
         rows, vals: int and float arrays (entries,): the entries' link rows and members.
         routes: list (coflows,) of each coflow's Route list (CoflowRoutes.routes).
@@ -660,6 +664,7 @@ class _MaddLayout(NamedTuple):
     routed: np.ndarray
     all_routed: bool
     hops: int
+    single: bool
     shape: np.ndarray
     weight: np.ndarray
     ptr: np.ndarray
@@ -852,7 +857,7 @@ class _MaddPolicy(BaselinePolicy):
             ValueError: a flow index outside its coflow's flows.
         """
         n_links = len(capacity)
-        flow, per_member, volume, total, bad = _hop_volumes(
+        shape_of, per_member, volume, total, bad = _hop_volumes(
             counts,
             local,
             remaining,
@@ -864,6 +869,7 @@ class _MaddPolicy(BaselinePolicy):
             lay.shape,
             lay.weight,
             lay.hops,
+            lay.single,
             n_links,
             len(self._shapes),
         )
@@ -872,7 +878,7 @@ class _MaddPolicy(BaselinePolicy):
         volume = volume.reshape(len(counts), n_links)
         g, left = _madd_pass(volume, _gammas(volume, capacity), capacity)
         extra = self._shape_levels(total, left)
-        return _hop_rates_out(counts, per_member, g, flow, lay.shape, extra)
+        return _hop_rates_out(counts, per_member, g, shape_of, extra)
 
     def _layout(self, cids: Sequence[str]) -> _MaddLayout:
         """The per-flow arrays of the coflows `cids` side by side (`_MaddLayout`), built
@@ -886,19 +892,29 @@ class _MaddPolicy(BaselinePolicy):
         nnz = np.concatenate([info.nnz for info in infos])
         routed = np.concatenate([info.routed for info in infos])
         hops = int(nnz[0]) if len(nnz) and (nnz == nnz[0]).all() else 0
+        members = np.concatenate([info.members for info in infos])
+        weight = np.concatenate([info.weight for info in infos])
+        vals = np.concatenate([info.vals for info in infos])
+        single = bool(
+            hops
+            and routed.all()
+            and np.array_equal(weight, members)
+            and np.array_equal(vals, np.repeat(members, hops))
+        )
         lay = self._lay = _MaddLayout(
             key,
             np.cumsum(size) - size,
             size,
-            np.concatenate([info.members for info in infos]),
+            members,
             routed,
             bool(routed.all()),
             hops,
+            single,
             np.concatenate([info.shape for info in infos]),
-            np.concatenate([info.weight for info in infos]),
+            weight,
             np.concatenate(([0], np.cumsum(nnz))).astype(np.intp),
             np.concatenate([info.rows for info in infos]),
-            np.concatenate([info.vals for info in infos]),
+            vals,
             [info.routes for info in infos],
         )
         return lay
@@ -950,16 +966,12 @@ class _MaddPolicy(BaselinePolicy):
     def _shape_levels(self, total: np.ndarray, left: np.ndarray) -> np.ndarray:
         """`_backfill`'s levels from each shape's total weight (float array (shapes
         numbered so far,), 0 for shapes with no flow) on the capacity `left` (float array
-        (links,), bytes/s): float array (shapes,) of per-member levels in bytes/s."""
-        present = np.flatnonzero(total)
-        ptr, all_rows, all_vals = self._shape_arrays()
-        entries = csr_ranges(ptr, present)
-        cols = np.repeat(np.arange(len(present), dtype=np.intp), ptr[present + 1] - ptr[present])
-        vals = all_vals[entries] * total[present][cols]
-        rows = all_rows[entries]
-        level = np.zeros(len(total))
-        level[present] = maxmin_levels_entries(rows, cols, vals, left, len(present))
-        return level
+        (links,), bytes/s): float array (shapes,) of per-member levels in bytes/s. The
+        shapes' entries never change, only their weights: maxmin.maxmin_levels_scaled fills
+        on the fixed structure (with member counts, whole numbers, the levels of freshly
+        built entries to the bit)."""
+        ptr, rows, vals, by_row = self._shape_arrays()
+        return maxmin_levels_scaled(ptr, rows, vals, total, left, by_row)
 
     def _before_allocate(self, coflow_id: str, remaining: np.ndarray) -> None:
         """Hook run for every coflow before its rates are computed (Rapier re-routes here);
@@ -977,27 +989,40 @@ def _volumes(rows: np.ndarray, weights: np.ndarray, n_coflows: int, n_links: int
     )
 
 
-def _gammas(volume: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+@njit(cache=True, error_model="numpy")
+def _gammas(volume, capacity):  # pragma: no cover - compiled
     """`_gamma` of every row of `volume` (float array (coflows, links), bytes) on
     `capacity` (float array (links,), bytes/s): float array (coflows,) in seconds, the
-    same values (a max is exact whatever the order)."""
-    used = volume > 0
-    if not volume.shape[1]:
-        return np.zeros(len(volume))
-    ratio = np.divide(volume, capacity, out=np.zeros_like(volume), where=used & (capacity > 0))
-    gamma = ratio.max(axis=1)
-    gamma[(used & (capacity <= 0)).any(axis=1)] = np.inf
+    same values (a max is exact whatever the order); compiled (numba), the values of the
+    numpy expressions of old (max of the used links' volume / capacity and 0, NaN if one
+    is NaN; inf when a used link has no capacity)."""
+    n_coflows, n_links = volume.shape
+    gamma = np.zeros(n_coflows)
+    for c in range(n_coflows):
+        high = 0.0
+        blocked = False
+        for e in range(n_links):
+            v = volume[c, e]
+            if v > 0:
+                if capacity[e] > 0:
+                    r = v / capacity[e]
+                    if r > high or np.isnan(r):
+                        if not np.isnan(high):
+                            high = r
+                elif capacity[e] <= 0:
+                    blocked = True
+        gamma[c] = np.inf if blocked else high
     return gamma
 
 
-def _madd_pass(
-    volume: np.ndarray, gamma: np.ndarray, capacity: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+@njit(cache=True, error_model="numpy")
+def _madd_pass(volume, gamma, capacity):  # pragma: no cover - compiled
     """The sequential MADD pass of Varys (Chowdhury et al., SIGCOMM 2014): coflows in the
     order of (Γ, row), each with finite Γ and some volume takes volume / g from what the
     earlier ones left, g = max over its links of volume / left, unless g is inf. Only the links a
     coflow uses are touched: on the others volume / g is 0 and left stays (the same floats
-    as the whole-vector arithmetic).
+    as the whole-vector arithmetic). Compiled (numba): the float operations of the numpy
+    version of old (a stable argsort; max with NaN propagating; np.maximum(x, 0.0)).
 
     Args:
         volume: float array (coflows, links), remaining bytes per coflow and link (>= 0).
@@ -1008,24 +1033,33 @@ def _madd_pass(
         (float array (coflows,): each coflow's g in seconds, inf where it got no MADD
         rates; float array (links,): the capacity left, bytes/s).
     """
-    rows, links = np.nonzero(volume)  # coflow by coflow, links ascending
-    amount = volume[rows, links]
-    ptr = np.concatenate(([0], np.cumsum(np.bincount(rows, minlength=len(gamma))))).tolist()
-    g = np.full(len(gamma), np.inf)
+    n_coflows, n_links = volume.shape
+    g = np.full(n_coflows, np.inf)
     left = capacity.copy()
-    gammas = gamma.tolist()
-    for c in np.argsort(gamma, kind="stable").tolist():
-        if gammas[c] == np.inf:
+    for c in np.argsort(gamma, kind="mergesort"):
+        if gamma[c] == np.inf:
             break  # the rest are inf too
-        a, b = ptr[c], ptr[c + 1]
-        if a == b:
+        used = False
+        blocked = False
+        for e in range(n_links):
+            if volume[c, e] != 0:
+                used = True
+                if left[e] <= 0:
+                    blocked = True
+        if not used or blocked:
             continue
-        used, v = links[a:b], amount[a:b]
-        avail = left[used]
-        if (avail <= 0).any():
-            continue
-        g[c] = gc = (v / avail).max()
-        left[used] = np.maximum(avail - v / gc, 0.0)
+        gc = -np.inf
+        for e in range(n_links):
+            if volume[c, e] != 0:
+                r = volume[c, e] / left[e]
+                if r > gc or np.isnan(r):
+                    if not np.isnan(gc):
+                        gc = r
+        g[c] = gc
+        for e in range(n_links):
+            if volume[c, e] != 0:
+                x = left[e] - volume[c, e] / gc
+                left[e] = x if x > 0.0 or np.isnan(x) else 0.0
     return g, left
 
 
@@ -1047,6 +1081,7 @@ def _hop_volumes(
     shape,
     weight,
     hops,
+    single,
     n_links,
     n_shapes,
 ):  # pragma: no cover - compiled
@@ -1056,17 +1091,19 @@ def _hop_volumes(
         counts: int array (coflows,); local, remaining: int and float arrays (flows,), as
             in `live_coflow_rates`; base, size: int arrays (coflows,) of `_MaddLayout`;
             members, shape, weight: per layout flow; rows, vals: (layout flows * hops,)
-            link rows and members; n_links, n_shapes: ints.
+            link rows and members; single: `_MaddLayout.single` (then the member count
+            is used for the equal values and weight, which are not read: the same
+            floats, fewer bytes per flow); n_links, n_shapes: ints.
 
     Returns:
-        (flow: int array (flows,), each given flow's layout index; per_member: float
+        (shape_of: int array (flows,), each given flow's route shape; per_member: float
         array (flows,), remaining bytes per member; volume: float array (coflows *
         n_links,), bytes per coflow and link row; total: float array (n_shapes,), the
         weight of the given flows per shape; bad: True when an index is outside its
         coflow, the other results then incomplete).
     """
     n = len(local)
-    flow = np.empty(n, dtype=np.intp)
+    shape_of = np.empty(n, dtype=np.intp)
     per_member = np.empty(n)
     volume = np.zeros(len(counts) * n_links)
     total = np.zeros(n_shapes)
@@ -1076,34 +1113,46 @@ def _hop_volumes(
         for _ in range(counts[c]):
             j = local[i]
             if j < 0 or j >= size[c]:
-                return flow, per_member, volume, total, True
+                return shape_of, per_member, volume, total, True
             f = base[c] + j
-            flow[i] = f
-            pm = remaining[i] / members[f]
+            s = shape[f]
+            shape_of[i] = s
+            m = members[f]
+            pm = remaining[i] / m
             per_member[i] = pm
             start = f * hops
-            if hops == 2:  # (bigswitch's routes; the loop below, unrolled)
-                volume[offset + rows[start]] += vals[start] * pm
-                volume[offset + rows[start + 1]] += vals[start + 1] * pm
+            if single and hops == 2:  # (bigswitch's routes; the loops below, unrolled)
+                volume[offset + rows[start]] += m * pm
+                volume[offset + rows[start + 1]] += m * pm
+                total[s] += m
+            elif single:
+                for h in range(start, start + hops):
+                    volume[offset + rows[h]] += m * pm
+                total[s] += m
             else:
                 for h in range(start, start + hops):
                     volume[offset + rows[h]] += vals[h] * pm
-            total[shape[f]] += weight[f]
+                total[s] += weight[f]
             i += 1
-    return flow, per_member, volume, total, False
+    return shape_of, per_member, volume, total, False
 
 
 @njit(cache=True, error_model="numpy")
-def _hop_rates_out(counts, per_member, g, flow, shape, extra):  # pragma: no cover - compiled
+def _hop_rates_out(counts, per_member, g, shape_of, extra):  # pragma: no cover - compiled
     """Per-member rates: MADD's remaining / g of the flow's coflow plus the backfill
     level of its shape (float array (flows,), bytes/s); arguments as `_hop_volumes`'
-    results, g: float array (coflows,) in seconds, extra: float array (shapes,)."""
+    results, g: float array (coflows,) in seconds, extra: float array (shapes,). A coflow
+    MADD skipped (g inf) adds 0.0, which is what remaining / inf gives for finite
+    remaining bytes per member (> 0, checked by the caller), without the division."""
     rate = np.empty(len(per_member))
     i = 0
     for c in range(len(counts)):
         gc = g[c]
+        skipped = gc == np.inf
         for _ in range(counts[c]):
-            rate[i] = per_member[i] / gc + extra[shape[flow[i]]]
+            pm = per_member[i]
+            madd = 0.0 if skipped and pm < np.inf else pm / gc
+            rate[i] = madd + extra[shape_of[i]]
             i += 1
     return rate
 

@@ -20,6 +20,7 @@ rate of one of its members in bytes/s; its load on link e is
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -340,6 +341,273 @@ def maxmin_levels_entries(
     matrix = np.zeros((len(capacity), n))
     np.add.at(matrix, (rows, cols), vals)
     return maxmin_levels(matrix, capacity, integer=False)
+
+
+_EXACT = 2.0**53  # whole numbers below this add up exactly in float64
+
+
+class ColumnsByRow(NamedTuple):
+    """A fixed incidence's transpose and the memo `maxmin_levels_scaled` keeps in it
+    (`columns_by_row`).
+
+    Attributes:
+        row_ptr, row_cols: int arrays (n_links + 1,) and (nnz,): the entries of row i
+            belong to the columns row_cols[row_ptr[i]:row_ptr[i + 1]] (one per entry, so
+            a column with two entries on a row is there twice), in entry order.
+        scale: float array (n,), the weights of the last call (0 at first).
+        load: float array (n_links,), the sum of the entries times those weights per row.
+        count: int array (n_links,), the entries of columns with a weight > 0 per row.
+        sums: float array (3,): columns with a weight > 0, the sum of all entries times
+            their weights, 1.0 when every value is a whole number (else 0.0).
+    """
+
+    row_ptr: np.ndarray
+    row_cols: np.ndarray
+    scale: np.ndarray
+    load: np.ndarray
+    count: np.ndarray
+    sums: np.ndarray
+
+
+def columns_by_row(
+    ptr: np.ndarray, rows: np.ndarray, vals: np.ndarray, n_links: int
+) -> ColumnsByRow:
+    """The transpose of an incidence stored by column with an empty memo, for
+    `maxmin_levels_scaled` (see ColumnsByRow).
+
+    Args:
+        ptr: int array (n + 1,): column j's entries are ptr[j] .. ptr[j + 1] - 1.
+        rows, vals: int and float arrays (nnz,): the link row (0 .. n_links - 1) and the
+            value of each entry.
+        n_links: number of link rows.
+    """
+    ptr = np.asarray(ptr, dtype=np.intp)
+    rows = np.asarray(rows, dtype=np.intp)
+    vals = np.asarray(vals, dtype=float)
+    cols = np.repeat(np.arange(len(ptr) - 1, dtype=np.intp), np.diff(ptr))
+    row_ptr = np.concatenate(([0], np.cumsum(np.bincount(rows, minlength=n_links))))
+    return ColumnsByRow(
+        row_ptr.astype(np.intp),
+        cols[np.argsort(rows, kind="stable")],
+        np.zeros(len(ptr) - 1),
+        np.zeros(n_links),
+        np.zeros(n_links, dtype=np.intp),
+        np.array([0.0, 0.0, float(np.array_equal(vals, np.floor(vals)))]),
+    )
+
+
+def maxmin_levels_scaled(
+    ptr: np.ndarray,
+    rows: np.ndarray,
+    vals: np.ndarray,
+    scale: np.ndarray,
+    capacity: np.ndarray,
+    by_row: ColumnsByRow | None = None,
+) -> np.ndarray:
+    """Max-min fair levels of the columns of a fixed incidence, each column's entries
+    scaled by a weight that changes from call to call (0: the column takes no part).
+
+    This is `maxmin_levels_entries` on the entries (rows[k], j, vals[k] * scale[j]) of
+    the columns j with scale[j] > 0, numbered in order, but without building those
+    entries: when every value and weight is a whole number and the loads stay below
+    2^53, every load the filling sums is exact whatever the order of the entries, so the
+    progressive filling (Bertsekas & Gallager, "Data Networks", 6.5.2; see
+    `maxmin_levels_sparse`) takes the same steps on the fixed structure, by column
+    (`ptr`) and by row (`by_row`), as on freshly built entries, and gives the same
+    levels to the bit (`_scaled_fill`, compiled, which also checks those conditions).
+    For the same reason the loads of all columns with a weight are kept in `by_row`
+    from call to call and updated for the columns whose weight changed only. Otherwise
+    the entries are built and `maxmin_levels_entries` fills them. Used by the varys /
+    rapier backfill, where the columns are route shapes and the weights their flows'
+    total weight, which changes for a few shapes per event (docs/design.md section 4.4).
+
+    Args:
+        ptr: int array (n + 1,): column j's entries are ptr[j] .. ptr[j + 1] - 1 (each
+            column has at least one).
+        rows, vals: int and float arrays (nnz,): link row and value (> 0) of each entry.
+        scale: float array (n,) >= 0: the weight of each column (0: no part, level 0).
+        capacity: float array (n_links,) >= 0 of bytes/s.
+        by_row: `columns_by_row(ptr, rows, vals, n_links)`, when the caller keeps it (for
+            these ptr, rows and vals only; its memo is updated here).
+
+    Returns:
+        float array (n,) of levels in bytes/s (0 where scale is 0).
+
+    Raises:
+        ValueError: as `maxmin_levels_entries` (a negative capacity; a negative scale);
+            `scale`, `capacity` or `by_row` of other sizes than the columns and links.
+    """
+    capacity = np.ascontiguousarray(capacity, dtype=float)
+    scale = np.ascontiguousarray(scale, dtype=float)
+    vals = np.ascontiguousarray(vals, dtype=float)
+    if by_row is None:
+        by_row = columns_by_row(ptr, rows, vals, len(capacity))
+    if not len(ptr) - 1 == len(scale) == len(by_row.scale) or len(by_row.load) != len(capacity):
+        raise ValueError("scale, capacity or by_row do not fit the columns")
+    level, exact = _scaled_fill(ptr, rows, vals, *by_row, scale, capacity)
+    if exact:
+        return level
+    if (scale < 0).any():
+        raise ValueError("scales must be >= 0")
+    present = np.flatnonzero(scale)
+    entries = csr_ranges(ptr, present)
+    cols = np.repeat(np.arange(len(present), dtype=np.intp), ptr[present + 1] - ptr[present])
+    level = np.zeros(len(scale))
+    level[present] = maxmin_levels_entries(
+        rows[entries], cols, vals[entries] * scale[present][cols], capacity, len(present)
+    )
+    return level
+
+
+@njit(cache=True)
+def _forget(memo_scale, memo_load, memo_count, sums):  # pragma: no cover - compiled
+    """Empty the memo of `maxmin_levels_scaled` (no column with a weight)."""
+    memo_scale[:] = 0.0
+    memo_load[:] = 0.0
+    memo_count[:] = 0
+    sums[0] = 0.0
+    sums[1] = 0.0
+
+
+@njit(cache=True, error_model="numpy")  # numpy: x / 0 is inf, not an exception
+def _scaled_fill(
+    ptr,
+    rows,
+    vals,
+    row_ptr,
+    row_cols,
+    memo_scale,
+    memo_load,
+    memo_count,
+    sums,
+    scale,
+    capacity,
+):  # pragma: no cover - compiled
+    """The step loop of `_sparse_fill` on the scaled columns of `maxmin_levels_scaled`,
+    compiled, with the memo (ColumnsByRow) brought to `scale` first. Returns (levels,
+    exact); exact is False, the levels are not computed and the memo is emptied, unless
+    every capacity is >= 0, every scale is 0 or a whole number > 0 whose column has an
+    entry, the values are whole numbers and all scaled entries add up to less than 2^53.
+    The loads are then exact integers, so the memo's sums equal fresh ones,
+    `_sparse_fill`'s re-summing is a no-op and is left out, and the order in which a
+    step's columns freeze does not matter; every other float operation is `_sparse_fill`'s,
+    link by link in ascending order."""
+    n_links = capacity.shape[0]
+    n = scale.shape[0]
+    level = np.zeros(n)
+    for i in range(n_links):
+        if capacity[i] < 0:
+            return level, False
+    if sums[2] != 1.0:  # (some value is not a whole number)
+        return level, False
+    # the memo: loads and counts of every column with a weight, updated where it changed
+    for j in range(n):
+        w = scale[j]
+        old = memo_scale[j]
+        if w == old:
+            continue
+        if not (w == 0.0 or (np.floor(w) == w and w > 0 and ptr[j] < ptr[j + 1])):
+            _forget(memo_scale, memo_load, memo_count, sums)  # (NaN and inf fail too)
+            return level, False
+        if old > 0:
+            sums[0] -= 1
+            for k in range(ptr[j], ptr[j + 1]):
+                memo_load[rows[k]] -= vals[k] * old
+                memo_count[rows[k]] -= 1
+                sums[1] -= vals[k] * old
+        if w > 0:
+            sums[0] += 1
+            for k in range(ptr[j], ptr[j + 1]):
+                memo_load[rows[k]] += vals[k] * w
+                memo_count[rows[k]] += 1
+                sums[1] += vals[k] * w
+            if not sums[1] < _EXACT:  # (partial sums of whole numbers below 2^53 are exact)
+                _forget(memo_scale, memo_load, memo_count, sums)
+                return level, False
+        memo_scale[j] = w
+    # the columns taking part: those with a weight, but none crossing a link with no capacity
+    frozen = np.empty(n, dtype=np.bool_)
+    for j in range(n):
+        frozen[j] = scale[j] == 0.0
+    load = memo_load.copy()
+    count = memo_count.copy()
+    left = int(sums[0])
+    for i in range(n_links):
+        if capacity[i] <= 0:
+            for e in range(row_ptr[i], row_ptr[i + 1]):
+                c = row_cols[e]
+                if not frozen[c]:
+                    frozen[c] = True
+                    left -= 1
+                    for k in range(ptr[c], ptr[c + 1]):
+                        load[rows[k]] -= vals[k] * scale[c]
+                        count[rows[k]] -= 1
+    sat_tol = _SAT_TOL
+    leftover = np.empty(n_links)
+    tol = np.empty(n_links)
+    for i in range(n_links):
+        leftover[i] = capacity[i] if count[i] > 0 else np.inf
+        tol[i] = sat_tol * capacity[i]
+    ratio = np.empty(n_links)
+    sub = np.zeros(n_links)
+    mark = np.zeros(n_links, dtype=np.bool_)
+    touched = np.empty(n_links, dtype=np.intp)
+    newly = np.empty(n, dtype=np.intp)
+    busy = np.flatnonzero(count > 0)
+    n_busy = busy.shape[0]
+    water = 0.0
+    while left:
+        low = np.inf
+        for t in range(n_busy):
+            i = busy[t]
+            ratio[i] = leftover[i] / load[i]
+            if ratio[i] < low or np.isnan(ratio[i]):
+                low = ratio[i]
+        step = low if low > 0.0 or np.isnan(low) else 0.0
+        water += step
+        limit = step * (1 + sat_tol)
+        n_new = 0
+        for t in range(n_busy):
+            i = busy[t]
+            leftover[i] -= load[i] * step
+            if ratio[i] <= limit or leftover[i] <= tol[i]:
+                for e in range(row_ptr[i], row_ptr[i + 1]):
+                    c = row_cols[e]
+                    if not frozen[c]:
+                        frozen[c] = True
+                        newly[n_new] = c
+                        n_new += 1
+        n_touched = 0
+        for t in range(n_new):
+            c = newly[t]
+            level[c] = water
+            for k in range(ptr[c], ptr[c + 1]):
+                r = rows[k]
+                count[r] -= 1
+                sub[r] += vals[k] * scale[c]
+                if not mark[r]:
+                    mark[r] = True
+                    touched[n_touched] = r
+                    n_touched += 1
+        left -= n_new
+        emptied = False
+        for t in range(n_touched):
+            r = touched[t]
+            mark[r] = False
+            load[r] -= sub[r]
+            sub[r] = 0.0
+            if count[r] == 0:
+                load[r] = 0.0
+                leftover[r] = np.inf
+                emptied = True
+        if emptied:
+            kept = 0
+            for t in range(n_busy):
+                if count[busy[t]] > 0:
+                    busy[kept] = busy[t]
+                    kept += 1
+            n_busy = kept
+    return level, True
 
 
 def _entry_arrays(rows, cols, vals, capacity, n: int) -> tuple:

@@ -406,6 +406,7 @@ class _Run:
         self.dst = [f.dst for f in flows]
         self.size = np.array([f.bytes for f in flows], dtype=float)
         self.rem = self.size.copy()
+        self.zero_sized = bool((self.size <= 0).any())  # see _finish_flows
         self.rate = np.zeros(len(flows))
         self.owner: list[str] = [c.id for c in self.arrivals for _ in self.wan[c.id].flows]
         self.owner_ids: list[str] = [f.id for f in flows]
@@ -426,6 +427,11 @@ class _Run:
         self.pair_members = np.zeros(len(self.pairs))
         self.next_finish: float | None = None  # _allocate_by_table's answer to _step's min
         self.live = np.zeros(0, dtype=np.intp)  # positions where alive, ascending
+        # by_coflow: the live flows' index in their coflow and remaining bytes, in live order
+        # (carried by _advance_flows, so no gather per event)
+        self.live_local = np.zeros(0, dtype=np.intp)
+        self.live_rem = np.zeros(0)
+        self.no_tag = np.zeros(0, dtype=np.intp)
         # for policies with coflow_rates (Varys, Rapier): per-coflow arrays
         pairwise = self.by_table or self.by_pair
         self.by_coflow = not pairwise and isinstance(policy, CoflowRatesPolicy)
@@ -532,6 +538,9 @@ class _Run:
         self.bytes_total += float(self.size[pos].sum())
         self.alive[pos] = True
         self.live = np.concatenate((self.live, pos))  # arrivals take ever larger positions
+        if self.by_coflow:
+            self.live_local = np.concatenate((self.live_local, self.local[pos]))
+            self.live_rem = np.concatenate((self.live_rem, self.rem[pos]))
         if self.by_table:
             np.add.at(self.pair_members, self.pair_of[pos], self.members[pos])
 
@@ -854,7 +863,7 @@ class _Run:
         counts = [len(a.pos) for a in self.active.values()]
         t0 = time.perf_counter()
         rate, routes = self.policy.live_coflow_rates(
-            now, cids, counts, self.local[live], self.rem[live]
+            now, cids, counts, self.live_local, self.live_rem
         )
         self.round_ms.append((time.perf_counter() - t0) * 1000.0)
         rate = np.asarray(rate, dtype=float)
@@ -877,7 +886,7 @@ class _Run:
                 self.hops,
                 len(self.link_row),
                 self.some_unrouted,
-                self.rem,
+                self.live_rem,
             )
             if bad >= 0:
                 self._rate_fault(live, rate, bad)
@@ -1061,9 +1070,12 @@ class _Run:
     def _advance(self, now: float, step: float, byte_hop_rate: float) -> float:
         """Move every flow `step` seconds on at its rate, finish those that reach 0 bytes
         (see the module docstring), and return the time of the next event."""
-        moved, done, kept = _advance_flows(
-            self.live, self.rem, self.rate, step, step * (1 + _FINISH_REL), _FINISH_BYTES
+        tag = self.live_local if self.by_coflow else self.no_tag
+        moved, done, kept, kept_local, kept_rem = _advance_flows(
+            self.live, self.rem, self.rate, step, step * (1 + _FINISH_REL), _FINISH_BYTES, tag
         )
+        if self.by_coflow:
+            self.live_local, self.live_rem = kept_local, kept_rem
         self.delivered += float(moved.sum())  # numpy's pairwise sum, as before
         self.byte_hops += byte_hop_rate * step
         if self.active:
@@ -1089,13 +1101,17 @@ class _Run:
         self.live = kept
         if self.by_table:
             np.subtract.at(self.pair_members, self.pair_of[positions], self.members[positions])
-        touched = dict.fromkeys(self.owner[p] for p in positions.tolist())
-        for cid in touched:
+        owners = [self.owner[p] for p in positions.tolist()]
+        at = 0
+        for cid in dict.fromkeys(owners):  # (positions ascending: a coflow's are together)
             active = self.active[cid]
-            keep = self.rem[active.pos] > 0
-            if keep.all():
-                continue
-            active.pos = active.pos[keep]
+            ends = at + owners.count(cid)  # (few finish per event)
+            if self.zero_sized:  # a flow of no bytes leaves with the next one that finishes
+                active.pos = active.pos[self.rem[active.pos] > 0]
+            else:  # the flows with no bytes left are exactly those that finished now
+                gone = np.searchsorted(active.pos, positions[at:ends])
+                active.pos = np.delete(active.pos, gone)
+            at = ends
             if not len(active.pos):
                 self._finish_coflow(cid, now)
 
@@ -1202,26 +1218,40 @@ def _next_finish(live, rem, rate):  # pragma: no cover - compiled
 
 
 @njit(cache=True, error_model="numpy")
-def _advance_flows(live, rem, rate, step, limit, finish_bytes):  # pragma: no cover - compiled
+def _advance_flows(live, rem, rate, step, limit, finish_bytes, tag):  # pragma: no cover - compiled
     """Move the live flows with a positive rate `step` seconds on, in place in `rem`; a
     flow whose rem / rate <= `limit` (seconds) or whose remaining bytes after the step are
     <= `finish_bytes` finishes (its remaining bytes become 0).
 
+    Args:
+        live: int array of flow positions, ascending; rem, rate: float arrays (flows,) of
+            bytes and bytes/s; step, limit: seconds; finish_bytes: bytes; tag: int array
+            (len(live),) of values carried along for the flows that stay (e.g. their index
+            in their coflow), or empty for none.
+
     Returns:
         (bytes each moving flow delivered, float array in position order; positions of the
-        flows that finished, int array, ascending; the other live flows, ascending).
+        flows that finished, int array, ascending; the other live flows, ascending; their
+        tags and their remaining bytes after the step, in the same order (empty without
+        tags)).
     """
-    moved = np.empty(len(live))
-    done = np.empty(len(live), dtype=np.intp)
-    kept = np.empty(len(live), dtype=np.intp)
+    n = len(live)
+    carry = len(tag) > 0
+    moved = np.empty(n)
+    done = np.empty(n, dtype=np.intp)
+    kept = np.empty(n, dtype=np.intp)
+    kept_tag = np.empty(n if carry else 0, dtype=np.intp)
+    kept_rem = np.empty(n if carry else 0)
     k = 0
     d = 0
     n_kept = 0
-    for p in live:
+    for i in range(n):
+        p = live[i]
         r = rate[p]
         finished = False
+        after = rem[p]
         if r > 0:
-            before = rem[p]
+            before = after
             after = before - r * step
             if before / r <= limit or after <= finish_bytes:
                 after = 0.0
@@ -1233,8 +1263,13 @@ def _advance_flows(live, rem, rate, step, limit, finish_bytes):  # pragma: no co
             k += 1
         if not finished:
             kept[n_kept] = p
+            if carry:
+                kept_tag[n_kept] = tag[i]
+                kept_rem[n_kept] = after
             n_kept += 1
-    return moved[:k], done[:d], kept[:n_kept]
+    if carry:
+        return moved[:k], done[:d], kept[:n_kept], kept_tag[:n_kept], kept_rem[:n_kept]
+    return moved[:k], done[:d], kept[:n_kept], kept_tag, kept_rem
 
 
 @njit(cache=True)
@@ -1264,12 +1299,13 @@ def _store_hop_rates(
     hops,
     n_rows,
     some_unrouted,
-    rem,
+    live_rem,
 ):  # pragma: no cover - compiled
     """``rate[live] = routed_members[live] * per_member`` (bytes/s), the link loads it
     puts on the `n_rows` link rows, when every flow has `hops` pool entries from
     entry_start (flow position order, then hop order: np.bincount's order of old), and
-    what `_next_finish(live, rem, rate)` then answers, all in one pass.
+    what `_next_finish(live, rem, rate)` then answers, all in one pass; live_rem: float
+    array (len(live),), the live flows' remaining bytes (``rem[live]``, in live order).
 
     Returns:
         (index into `live` of a faulty rate or -1: the first that is not finite and >= 0,
@@ -1298,7 +1334,7 @@ def _store_hop_rates(
             for h in range(start, start + hops):
                 load[pool_rows[h]] += pool_vals[h] * r
         if flow_rate > 0 and not np.isnan(best):
-            t = rem[p] / flow_rate
+            t = live_rem[i] / flow_rate
             if t < best or np.isnan(t):
                 best = t
     return unrouted, load, best

@@ -6,6 +6,8 @@ random instances: the same float operations in the same order, so equal to the b
 - `maxmin.maxmin_levels_entries` with whole-number entries (now always the compiled sparse
   filling) against `maxmin_levels` on the dense matrix, which kept the loads exact too;
 - `maxmin.csr_ranges` against its numpy version;
+- `maxmin.maxmin_levels_scaled` (fixed columns, weights changing; session 10) against
+  `maxmin_levels_entries` on the entries it stands for, whole and real weights;
 - the simulator's passes over the live flows against the numpy expressions they replaced.
 Capacities are in bytes/s, rates in bytes/s, times in seconds.
 """
@@ -17,9 +19,11 @@ import pytest
 from reference_maxmin import csr_ranges_numpy, maxmin_levels_sparse_numpy
 
 from terra_core.maxmin import (
+    columns_by_row,
     csr_ranges,
     maxmin_levels,
     maxmin_levels_entries,
+    maxmin_levels_scaled,
     maxmin_levels_sparse,
 )
 from terra_sim import simulator
@@ -92,6 +96,78 @@ def test_csr_ranges_equal_the_numpy_version(seed):
         np.testing.assert_array_equal(got, csr_ranges_numpy(ptr, ids))
 
 
+def scaled_entries(ptr, rows, vals, scale):
+    """The entries `maxmin_levels_scaled` stands for: columns with scale > 0, numbered in
+    order, values times their column's scale (numpy, as varys' backfill built them)."""
+    present = np.flatnonzero(scale)
+    entries = csr_ranges(ptr, present)
+    cols = np.repeat(np.arange(len(present), dtype=np.intp), ptr[present + 1] - ptr[present])
+    return present, rows[entries], cols, vals[entries] * scale[present][cols]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_scaled_columns_equal_freshly_built_entries(seed):
+    # fixed columns (1-4 entries, a row may repeat within one), a sequence of weights on
+    # one memo: drawn afresh (most columns or a fifth taking part),
+    # a few changed (as from event to event), real (the fallback on built entries) or
+    # huge (the loads could pass 2^53: the fallback too, the memo emptied); whole weights
+    # take the compiled filling on the kept loads, equal to the bit every time
+    rng = np.random.default_rng(500 + seed)
+    n_links, n = int(rng.integers(1, 200)), int(rng.integers(1, 800))
+    lens = rng.integers(1, 5, size=n)
+    ptr = np.concatenate(([0], np.cumsum(lens))).astype(np.intp)
+    rows = rng.integers(0, n_links, size=int(ptr[-1])).astype(np.intp)
+    vals = rng.integers(1, 4, size=len(rows)).astype(float)
+    by_row = columns_by_row(ptr, rows, vals, n_links)  # (its memo carries over the calls)
+    scale = np.zeros(n)
+    for _ in range(12):
+        kind = rng.choice(["whole", "few", "few", "few", "real", "huge"])
+        if kind == "whole":
+            scale = rng.integers(0, 9, size=n) * (rng.random(n) < rng.choice([0.2, 1.0]))
+            scale = scale.astype(float)
+        elif kind == "few":
+            scale = np.round(scale)  # (after real weights: whole again)
+            scale[scale >= 2.0**52] = 1.0
+            changed = rng.integers(0, n, size=int(rng.integers(1, 6)))
+            scale[changed] = rng.integers(0, 9, size=len(changed))
+        elif kind == "huge":
+            scale = scale.copy()
+            scale[rng.integers(0, n, size=3)] = 2.0**52
+        else:
+            scale = rng.uniform(0.0, 3.0, size=n) * (rng.random(n) < 0.7)
+        capacity = rng.uniform(1e6, 1.25e8, size=n_links)
+        if rng.random() < 0.4:
+            capacity[:] = 1.25e8  # ties: several links saturate at once
+        capacity[rng.random(n_links) < 0.1] = 0.0
+        present, e_rows, e_cols, e_vals = scaled_entries(ptr, rows, vals, scale)
+        want = np.zeros(n)
+        if len(present):
+            want[present] = maxmin_levels_entries(e_rows, e_cols, e_vals, capacity, len(present))
+        np.testing.assert_array_equal(
+            maxmin_levels_scaled(ptr, rows, vals, scale, capacity, by_row), want
+        )
+        np.testing.assert_array_equal(maxmin_levels_scaled(ptr, rows, vals, scale, capacity), want)
+
+
+def test_scaled_columns_with_real_values_take_the_built_entries():
+    ptr, rows, vals = np.array([0, 1, 2]), np.array([0, 0]), np.array([0.5, 1.0])
+    capacity = np.array([3.0])
+    want = maxmin_levels_entries(rows, np.array([0, 1]), vals * 2.0, capacity, 2)
+    got = maxmin_levels_scaled(ptr, rows, vals, np.array([2.0, 2.0]), capacity)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_scaled_columns_reject_negative_scales_and_capacities():
+    ptr, rows, vals = np.array([0, 1]), np.array([0]), np.array([1.0])
+    with pytest.raises(ValueError):
+        maxmin_levels_scaled(ptr, rows, vals, np.array([-1.0]), np.array([1.0]))
+    with pytest.raises(ValueError):
+        maxmin_levels_scaled(ptr, rows, vals, np.array([1.0]), np.array([-1.0]))
+    with pytest.raises(ValueError):  # a memo made for other columns
+        by_row = columns_by_row(np.array([0, 1, 2]), np.array([0, 0]), np.ones(2), 1)
+        maxmin_levels_scaled(ptr, rows, vals, np.array([1.0]), np.array([1.0]), by_row)
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_live_flow_passes_equal_the_numpy_expressions(seed):
     rng = np.random.default_rng(seed)
@@ -123,8 +199,9 @@ def test_live_flow_passes_equal_the_numpy_expressions(seed):
     done = (before / rate[pos] <= limit) | (after <= simulator._FINISH_BYTES)
     after[done] = 0.0
     got_rem = rem.copy()
-    moved, finished, kept = simulator._advance_flows(
-        live, got_rem, rate, step, limit, simulator._FINISH_BYTES
+    tag = rng.integers(0, 1000, size=len(live)).astype(np.intp)
+    moved, finished, kept, kept_tag, kept_rem = simulator._advance_flows(
+        live, got_rem, rate, step, limit, simulator._FINISH_BYTES, tag
     )
     np.testing.assert_array_equal(moved, before - after)
     assert float(moved.sum()) == float((before - after).sum())
@@ -133,11 +210,20 @@ def test_live_flow_passes_equal_the_numpy_expressions(seed):
     want_rem = rem.copy()
     want_rem[pos] = after
     np.testing.assert_array_equal(got_rem, want_rem)
+    np.testing.assert_array_equal(kept_tag, tag[np.isin(live, kept)])  # carried along
+    np.testing.assert_array_equal(kept_rem, want_rem[kept])
+    untagged = simulator._advance_flows(
+        live, rem.copy(), rate, step, limit, simulator._FINISH_BYTES, np.zeros(0, dtype=np.intp)
+    )
+    np.testing.assert_array_equal(untagged[2], kept)
+    assert len(untagged[3]) == len(untagged[4]) == 0
 
 
 def test_next_finish_without_moving_flows_is_inf():
     live = np.arange(3, dtype=np.intp)
     assert simulator._next_finish(live, np.ones(3), np.zeros(3)) == float("inf")
-    moved, done, kept = simulator._advance_flows(live, np.ones(3), np.zeros(3), 1.0, 1.0, 1e-6)
+    moved, done, kept, _, _ = simulator._advance_flows(
+        live, np.ones(3), np.zeros(3), 1.0, 1.0, 1e-6, np.zeros(0, dtype=np.intp)
+    )
     assert len(moved) == 0 and len(done) == 0
     np.testing.assert_array_equal(kept, live)

@@ -8,6 +8,7 @@ the straightforward computations it replaces, on random small instances.
   general gather), on small bigswitch fabrics (every flow two entries, the matrix
   gather), with finished flows, with unrouted flows (a link down cuts a pair off);
 - `baselines._madd_pass` against the MADD loop on whole capacity vectors;
+- `baselines._hop_volumes`' single-path branch against its general one (session 10);
 - the simulator's coflow path (`_allocate_by_coflow`, route entries per position)
   against its generic `allocate` path on bigswitch fabrics.
 Capacities are in bytes/s, remaining amounts in bytes.
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 from test_sparse_baselines import _AllocateOnly, _gamma, random_coflows, random_wan
 
-from terra_core.baselines import RapierPolicy, VarysPolicy, _gammas, _madd_pass
+from terra_core.baselines import RapierPolicy, VarysPolicy, _gammas, _hop_volumes, _madd_pass
 from terra_core.flow_bundles import FlowBundle
 from terra_sim.simulator import WanChange, simulate
 from topologies.bigswitch import bigswitch_topology
@@ -143,6 +144,26 @@ def test_live_rates_equal_the_per_coflow_code_bit_for_bit(kind, cls, seed):
             np.concatenate([np.zeros(0)] + [got[cid][0][r > 0] for cid, r in remaining.items()]),
         )
         assert [r is got[cid][1] for cid, r in zip(cids, routes, strict=True)] == [True] * len(cids)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_single_path_volumes_equal_the_general_pass(seed):
+    # on bigswitch every flow is one path with all its members: `_hop_volumes` then uses
+    # the member count for the entries' values and the weight; the general branch, which
+    # reads them, gives the same floats
+    rng = random.Random(300 + seed)
+    policy, coflows = instance("fabric", VarysPolicy, rng)
+    cids, counts, local, rem = flat(random_remaining(rng, coflows))
+    lay = policy._layout(cids)
+    assert lay.single and lay.hops == 2
+    counts = np.asarray(counts, dtype=np.intp)
+    args = (counts, local, rem, lay.base, lay.size, lay.members, lay.rows, lay.vals)
+    tail = (lay.shape, lay.weight, lay.hops)
+    ends = (len(policy._capacity()), len(policy._shapes))
+    single = _hop_volumes(*args, *tail, True, *ends)
+    general = _hop_volumes(*args, *tail, False, *ends)
+    for x, y in zip(single, general, strict=True):
+        np.testing.assert_array_equal(x, y)
 
 
 @pytest.mark.parametrize("cls", [VarysPolicy, RapierPolicy])
