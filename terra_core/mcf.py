@@ -123,6 +123,9 @@ def maxmin_mcf(
     for cls in classes:
         members = [i for i, k in enumerate(lp.keys) if (priority or {}).get(k, 0) == cls]
         lp.fill(members, max_rounds)
+    if lp.taken_failed:  # a solve after rounds taken from the last
+        lp = _CompactMcfLp(demands, capacity, weights or {}, warm)  # call failed: solve
+        lp.fill(list(range(len(lp.keys))), max_rounds)  # afresh (warm.record is cleared)
     rates = lp.rates()
     if stats is not None:
         stats["lps"] = stats.get("lps", 0) + lp.solves
@@ -137,6 +140,8 @@ class _FillLp:
     usable path, commodities with cap 0 or no usable path left out), the link rows, and
     the final rates with tolerance overloads scaled away. Subclasses load the LP into
     `self.h` (`_load`) and implement `fill` and `rates`."""
+
+    taken_failed = False  # a solve after rounds taken from the last call failed (compact)
 
     def __init__(
         self,
@@ -404,7 +409,9 @@ class _CompactMcfLp(_FillLp):
         same objective; the old primal solution without the commodity's flows is feasible
         too, so both LPs have the same optimal level, and the rows with a non-zero dual
         are pinned in every optimal solution of the new LP as of the old one (docs/design.md
-        4.4). Every call then records its rounds in the McfWarmStart for the next.
+        4.4). Every call then records its rounds in the McfWarmStart for the next. If
+        a solve after rounds taken fails, the fill stops with `taken_failed` set and
+        maxmin_mcf solves the call afresh (the record is dropped by then).
         """
         h = self.h
         active = np.array(sorted(members), dtype=np.int32)
@@ -418,12 +425,16 @@ class _CompactMcfLp(_FillLp):
             if self._solve_round(rounds):  # once, for x
                 self.x = h.getSolution().col_value[: len(self.cols)]
             else:
-                resumable = False
+                self.taken_failed = True
+                return
         for _ in range(max_rounds - len(rounds)):
             if not len(active):
                 break
             self._add_step(active)
             if not self._solve_round(rounds):
+                if done_rounds:
+                    self.taken_failed = True
+                    return
                 self._fail(active, level)
                 resumable = False
                 break

@@ -294,3 +294,30 @@ def test_rounds_are_taken_only_for_a_subset_of_the_last_calls_pairs_on_the_same_
     got = maxmin_mcf(second, capacity, compact=True, warm=warm, stats=stats, **kwargs)
     assert totals(got) == pytest.approx(want)
     assert stats["lps"] == want_lps
+
+
+def test_a_failed_solve_after_rounds_taken_solves_the_call_afresh(monkeypatch):
+    # The solve that follows the rounds taken from the last call fails (forced here): the
+    # call is solved again from its first round (2 LPs) and gets its max-min totals, not
+    # the rate 0 of a failed fill.
+    demands, capacity = chain_wan()
+    warm = McfWarmStart()
+    maxmin_mcf(demands, capacity, compact=True, warm=warm)
+    solve = _CompactMcfLp._solve
+    failed = []
+
+    def fail_after_taken_rounds(self):
+        if self.h.getNumCol() > len(self.cols) + 1 and self.solves == 0 and not failed:
+            failed.append(True)  # (the first solve of an LP with taken rounds' Δ columns)
+            self.solves += 1
+            return False
+        return solve(self)
+
+    monkeypatch.setattr(_CompactMcfLp, "_solve", fail_after_taken_rounds)
+    stats = {}
+    fewer = {k: v for k, v in demands.items() if k != "cd"}
+    got = maxmin_mcf(fewer, capacity, compact=True, warm=warm, stats=stats)
+    assert failed
+    assert totals(got) == pytest.approx({"ab": 2.0, "ac": 2.0, "bc": 8.0})
+    assert stats["lps"] == 2
+    assert warm.record is not None  # the fresh solve left its rounds
