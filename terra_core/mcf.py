@@ -401,24 +401,25 @@ class _CompactMcfLp(_FillLp):
 
         With an McfWarmStart whose last call had every commodity of this one and more
         (`_resume_rounds`), the rounds before the first one where a dropped commodity
-        froze are taken from that call instead of solved again (same steps, same
-        commodities frozen), and the first round solved starts from that call's basis
-        there. Why that is exact: a commodity that was still active after round r had
-        a zero dual in round r's LP, so that LP's optimal dual solution, without the
-        commodity's row and columns, is dual feasible for the LP without it and has the
-        same objective; the old primal solution without the commodity's flows is feasible
-        too, so both LPs have the same optimal level, and the rows with a non-zero dual
-        are pinned in every optimal solution of the new LP as of the old one (docs/design.md
-        4.4). Every call then records its rounds in the McfWarmStart for the next. If
-        a solve after rounds taken fails, the fill stops with `taken_failed` set and
-        maxmin_mcf solves the call afresh (the record is dropped by then).
+        froze (at most `max_rounds` of them) are taken from that call instead of solved
+        again (same steps, same commodities frozen), and the first round solved starts
+        from that call's basis there. Why that is exact: a commodity that was still
+        active after round r had a zero dual in round r's LP, so that LP's optimal dual
+        solution, without the commodity's row and columns, is dual feasible for the LP
+        without it and has the same objective; the old primal solution without the
+        commodity's flows is feasible too, so both LPs have the same optimal level, and
+        the rows with a non-zero dual are pinned in every optimal solution of the new LP
+        as of the old one (docs/design.md 4.4). Every call then records its rounds in
+        the McfWarmStart for the next. If a solve after rounds taken fails, the fill
+        stops with `taken_failed` set and maxmin_mcf solves the call afresh (the record
+        is dropped by then).
         """
         h = self.h
         active = np.array(sorted(members), dtype=np.int32)
         rows = self.c_row + active
         h.changeRowsBounds(len(rows), rows, np.zeros(len(rows)), np.full(len(rows), INF))
         resumable = self._resumable(members)
-        done_rounds = self._resume_rounds() if resumable else []
+        done_rounds = self._resume_rounds()[:max_rounds] if resumable else []
         active, level = self._replay(active, done_rounds)
         rounds = list(done_rounds)
         if rounds and not len(active):  # every commodity froze in the rounds taken: solve

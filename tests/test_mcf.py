@@ -321,3 +321,18 @@ def test_a_failed_solve_after_rounds_taken_solves_the_call_afresh(monkeypatch):
     assert totals(got) == pytest.approx({"ab": 2.0, "ac": 2.0, "bc": 8.0})
     assert stats["lps"] == 2
     assert warm.record is not None  # the fresh solve left its rounds
+
+
+def test_rounds_taken_count_towards_max_rounds():
+    # With bd (B-C-D) added to the chain: ab, ac 2 (A-B full); bc, bd 4 (B-C full); cd 6.
+    # Without cd and with max_rounds 1, only round 1 is taken, then the round limit's last
+    # LP (total rate, everyone at least 2) runs, as in a call without a warm start.
+    demands, capacity = chain_wan()
+    demands["bd"] = ([("B", "C", "D")], None)
+    warm = McfWarmStart()
+    got = maxmin_mcf(demands, capacity, compact=True, warm=warm)
+    assert totals(got) == pytest.approx({"ab": 2.0, "ac": 2.0, "bc": 4.0, "bd": 4.0, "cd": 6.0})
+    fewer = {k: v for k, v in demands.items() if k != "cd"}
+    warm_got = maxmin_mcf(fewer, capacity, max_rounds=1, compact=True, warm=warm)
+    cold_got = maxmin_mcf(fewer, capacity, max_rounds=1, compact=True)
+    assert totals(warm_got) == pytest.approx(totals(cold_got))
