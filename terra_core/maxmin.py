@@ -166,6 +166,20 @@ def _sparse_levels(rows, cols, vals, capacity, n: int, covered: bool) -> np.ndar
     return _sparse_fill(rows, cols, vals, capacity, n, _RESUM, _SAT_TOL)
 
 
+@njit(cache=True, error_model="numpy")
+def _next_step(busy, n_busy, leftover, load, ratio):  # pragma: no cover - compiled
+    """The water rise of a progressive-filling step: the lowest leftover / load over the
+    first `n_busy` links of `busy` (each one's ratio kept in `ratio`), NaN if any is NaN,
+    floored at 0."""
+    low = np.inf
+    for t in range(n_busy):
+        i = busy[t]
+        ratio[i] = leftover[i] / load[i]
+        if ratio[i] < low or np.isnan(ratio[i]):
+            low = ratio[i]
+    return low if low > 0.0 or np.isnan(low) else 0.0
+
+
 @njit(cache=True, error_model="numpy")  # numpy: x / 0 is inf, not an exception
 def _sparse_fill(rows, cols, vals, capacity, n, resum, sat_tol):  # pragma: no cover - compiled
     """The step loop of `maxmin_levels_sparse`, compiled: the numpy version's float
@@ -230,13 +244,7 @@ def _sparse_fill(rows, cols, vals, capacity, n, resum, sat_tol):  # pragma: no c
     n_busy = busy.shape[0]
     water = 0.0
     while left:
-        low = np.inf
-        for t in range(n_busy):
-            i = busy[t]
-            ratio[i] = leftover[i] / load[i]
-            if ratio[i] < low or np.isnan(ratio[i]):
-                low = ratio[i]
-        step = low if low > 0.0 or np.isnan(low) else 0.0
+        step = _next_step(busy, n_busy, leftover, load, ratio)
         water += step
         limit = step * (1 + sat_tol)
         n_new = 0
@@ -557,13 +565,7 @@ def _scaled_fill(
     n_busy = busy.shape[0]
     water = 0.0
     while left:
-        low = np.inf
-        for t in range(n_busy):
-            i = busy[t]
-            ratio[i] = leftover[i] / load[i]
-            if ratio[i] < low or np.isnan(ratio[i]):
-                low = ratio[i]
-        step = low if low > 0.0 or np.isnan(low) else 0.0
+        step = _next_step(busy, n_busy, leftover, load, ratio)
         water += step
         limit = step * (1 + sat_tol)
         n_new = 0
