@@ -137,7 +137,9 @@ def min_cct(
         ValueError: a FlowGroup's pair is missing from `paths`, or a volume is
             not a finite number.
     """
-    groups: list[tuple[Pair, float, list[Path]]] = []
+    groups: list[tuple[Pair, float, tuple[Path, ...]]] = []
+    # links with capacity (absent ones have none); one set, then a C-level subset test per path
+    good = {link for link, c in capacity.items() if c > _MIN_CAPACITY}
     for pair, volume in volumes.items():
         if not isinstance(volume, int | float) or math.isnan(volume) or math.isinf(volume):
             raise ValueError(f"FlowGroup {pair}: volume must be a finite number, got {volume!r}")
@@ -145,7 +147,11 @@ def min_cct(
             continue
         if pair not in paths:
             raise ValueError(f"FlowGroup {pair[0]}->{pair[1]}: no path set for this DC pair")
-        usable = [p for p in dict.fromkeys(paths[pair]) if _usable(p, capacity)]
+        distinct, crossed = _distinct_paths(tuple(paths[pair]))
+        if good.issuperset(crossed):  # (most pairs: every path usable)
+            usable = distinct
+        else:
+            usable = tuple(p for p in distinct if good.issuperset(links_of(p)))
         if not usable:
             return MinCct(math.inf)
         groups.append((pair, float(volume), usable))
@@ -165,12 +171,37 @@ def links_of(path: Path) -> tuple[Link, ...]:
     return tuple(path_links(path))
 
 
-def _usable(path: Path, capacity: dict[Link, float]) -> bool:
-    get = capacity.get
-    return all(get(link, 0.0) > _MIN_CAPACITY for link in links_of(path))
+_LINKS: list[Link] = []  # every link seen by `_link_ids`, by its process-wide id
+_LINK_ID: dict[Link, int] = {}
+_LINK_LOCK = threading.Lock()
 
 
-def _single_paths(groups: list[tuple[Pair, float, list[Path]]], capacity) -> MinCct:
+@lru_cache(maxsize=65536)
+def _distinct_paths(paths: tuple[Path, ...]) -> tuple[tuple[Path, ...], frozenset[Link]]:
+    """(`paths` without repeats, in order; every link they cross)."""
+    distinct = tuple(dict.fromkeys(paths))
+    return distinct, frozenset(link for p in distinct for link in links_of(p))
+
+
+@lru_cache(maxsize=65536)
+def _columns_of(paths: tuple[Path, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the link ids of `paths` one path after the other, the number of links of each)."""
+    ids = [_link_ids(p) for p in paths]
+    return tuple(i for one in ids for i in one), tuple(len(one) for one in ids)
+
+
+@lru_cache(maxsize=65536)
+def _link_ids(path: Path) -> tuple[int, ...]:
+    """Process-wide integer ids of the links of `path`, in order (new links get new ids)."""
+    with _LINK_LOCK:  # (the controller may solve in several threads)
+        for link in links_of(path):
+            if link not in _LINK_ID:
+                _LINK_ID[link] = len(_LINKS)
+                _LINKS.append(link)
+        return tuple(_LINK_ID[link] for link in links_of(path))
+
+
+def _single_paths(groups: list[tuple[Pair, float, tuple[Path, ...]]], capacity) -> MinCct:
     """Every FlowGroup has one path: x_k = λ d_k, so λ* = min_e r_e / Σ_{k: e ∈ p_k} d_k."""
     load: dict[Link, float] = {}
     for _, volume, (path,) in groups:
@@ -211,32 +242,43 @@ def _highs():
 
 
 def _solve_lp(
-    groups: list[tuple[Pair, float, list[Path]]], capacity, fewest_link_bytes: bool = True
+    groups: list[tuple[Pair, float, tuple[Path, ...]]], capacity, fewest_link_bytes: bool = True
 ) -> MinCct:
     """Build and solve the scaled LP: columns x'_{k,p} then λ'; rows links then FlowGroups.
 
     Scaling: x = C·x', λ = λ'·C/D with C = max capacity used, D = max volume, so
     the FlowGroup rows read Σ_p x'_{k,p} − λ'·d_k/D = 0 and the link rows r_e/C.
     """
-    link_row: dict[Link, int] = {}
-    starts, index = [0], []
-    cols: list[tuple[int, Path]] = []
+    seq: list[int] = []  # the links of every x column, in column order (global ids)
+    lens: list[int] = []  # links per x column
+    per_group: list[int] = []  # x columns per FlowGroup
+    for _, _, paths in groups:
+        ids, hops = _columns_of(paths)
+        seq.extend(ids)
+        lens.extend(hops)
+        per_group.append(len(hops))
+    group_of = np.repeat(np.arange(len(groups), dtype=np.int32), per_group)
+    cols = [path for _, _, paths in groups for path in paths]  # x column j's path
     n_groups = len(groups)
-    for k, (_, _, paths) in enumerate(groups):
-        for path in paths:
-            for link in links_of(path):
-                index.append(link_row.setdefault(link, len(link_row)))
-            index.append(k)  # placeholder: FlowGroup row, offset by the link count below
-            starts.append(len(index))
-            cols.append((k, path))
+    # Link rows in order of first appearance in the columns (the order HiGHS has always seen).
+    uniq, first, inverse = np.unique(np.asarray(seq), return_index=True, return_inverse=True)
+    by_first = np.argsort(first)
+    row_of = np.empty(len(uniq), dtype=np.int32)
+    row_of[by_first] = np.arange(len(uniq), dtype=np.int32)
+    link_row = {_LINKS[g]: row for row, g in enumerate(uniq[by_first].tolist())}
     n_links = len(link_row)
-    index_arr = np.asarray(index, dtype=np.int32)
-    starts_arr = np.asarray(starts, dtype=np.int32)
+    lens_arr = np.asarray(lens, dtype=np.int32)
+    starts_arr = np.zeros(len(cols) + 1, dtype=np.int32)
+    np.cumsum(lens_arr + 1, out=starts_arr[1:])
     group_pos = starts_arr[1:] - 1  # the last entry of every x column is its FlowGroup row
-    index_arr[group_pos] += n_links
-    value = np.ones(len(index) + n_groups)
+    index_arr = np.empty(starts_arr[-1], dtype=np.int32)
+    at_link = np.ones(len(index_arr), dtype=bool)
+    at_link[group_pos] = False
+    index_arr[at_link] = row_of[inverse.reshape(-1)]
+    index_arr[group_pos] = group_of + n_links
+    value = np.ones(len(index_arr) + n_groups)
     big_d = max(g[1] for g in groups)
-    value[len(index) :] = [-volume / big_d for _, volume, _ in groups]
+    value[len(index_arr) :] = [-volume / big_d for _, volume, _ in groups]
     index_arr = np.concatenate([index_arr, np.arange(n_links, n_links + n_groups, dtype=np.int32)])
     starts_arr = np.append(starts_arr, len(index_arr)).astype(np.int32)
     caps = np.empty(n_links)
@@ -270,14 +312,19 @@ def _solve_lp(
     lam = x[-1] * big_c / big_d
     if lam <= 0:
         return MinCct(math.inf, lp_solved=True)
-    x2 = _fewest_link_bytes(h, cols, x) if fewest_link_bytes else x
-    per_group_1 = _group_columns(cols, x, n_groups)
-    per_group_2 = _group_columns(cols, x2, n_groups)
+    lam = float(lam)  # (the same float64; Python arithmetic below is faster)
+    x2 = _fewest_link_bytes(h, lens_arr, x) if fewest_link_bytes else x
+    per_group_2 = _group_columns(cols, group_of, x2, n_groups)
+    per_group_1 = None
     rates: PairRates = {}
     for k, (pair, volume, paths) in enumerate(groups):
         # The second stage may zero a FlowGroup whose volume is below the solver's
         # tolerance (d_k/D < 1e-7): then keep stage 1's split, or its shortest path.
-        split = per_group_2[k] or per_group_1[k] or [(paths[0], 1.0)]
+        split = per_group_2[k]
+        if not split:
+            if per_group_1 is None:
+                per_group_1 = _group_columns(cols, group_of, x, n_groups)
+            split = per_group_1[k] or [(paths[0], 1.0)]
         total = sum(v for _, v in split)
         # renormalize so FlowGroup k gets exactly d_k·λ (removes solver round-off)
         rates[pair] = [(path, volume * lam * v / total) for path, v in split]
@@ -285,16 +332,19 @@ def _solve_lp(
     return MinCct(1.0 / lam, rates, lp_solved=True, prices=prices)
 
 
-def _group_columns(cols, x, n_groups: int) -> list[list[tuple[Path, float]]]:
-    """[(path, x > 0)] per FlowGroup from the LP's x columns."""
+def _group_columns(cols, group_of, x, n_groups: int) -> list[list[tuple[Path, float]]]:
+    """[(path, x > 0)] per FlowGroup from the LP's x columns (cols: the columns' paths,
+    group_of: their FlowGroups, x: the column values with λ' last)."""
     out: list[list[tuple[Path, float]]] = [[] for _ in range(n_groups)]
-    for (k, path), v in zip(cols, x[:-1], strict=True):
-        if v > 0:
-            out[k].append((path, float(v)))
+    values = x[:-1]
+    nonzero = np.flatnonzero(values > 0)
+    picked = (nonzero.tolist(), group_of[nonzero].tolist(), values[nonzero].tolist())
+    for j, k, v in zip(*picked, strict=True):
+        out[k].append((cols[j], v))
     return out
 
 
-def _fewest_link_bytes(h, cols: list[tuple[int, Path]], x: np.ndarray) -> np.ndarray:
+def _fewest_link_bytes(h, hops: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Second stage: among the allocations that reach the optimal λ, the one that uses the
     least link capacity (minimum Σ_{k,p} x_{k,p}·hops(p)).
 
@@ -303,11 +353,16 @@ def _fewest_link_bytes(h, cols: list[tuple[int, Path]], x: np.ndarray) -> np.nda
     free for the coflows after this one (docs/design.md 4.1: "nothing more is taken").
     Solved warm in the same HiGHS instance: λ' is held at its optimum (less 1e-9
     relative) and the objective is changed. Falls back to `x` if HiGHS fails.
+
+    Args:
+        h: the HiGHS instance holding stage 1's model and solution.
+        hops: links per x column (int array), in column order.
+        x: stage 1's column values (x columns then λ').
     """
-    n = len(cols)
+    n = len(hops)
     lam_col = n
     h.changeColBounds(lam_col, x[lam_col] * (1 - _SECOND_STAGE_SLACK), INF)
-    costs = np.array([-float(len(links_of(path))) for _, path in cols] + [0.0])
+    costs = np.append(-hops.astype(np.float64), 0.0)
     h.changeColsCost(n + 1, np.arange(n + 1, dtype=np.int32), costs)
     if not solve(h):
         return x
