@@ -89,11 +89,18 @@ class DualBound:
         capacity: dict[Link, float],
         prices: dict[Link, float],
     ) -> DualBound:
-        """Precompute m_k(y) for `pairs` over `paths` and Σ c_e y_e over `capacity`."""
-        path_price = {
-            pair: min(sum(prices.get(e, 0.0) for e in links_of(p)) for p in paths[pair])
-            for pair in pairs
-        }
+        """Precompute m_k(y) for `pairs` over `paths` and Σ c_e y_e over `capacity`.
+
+        (A pair whose paths cross no priced link has m_k = 0.0 without summing: most
+        pairs, as only the coflow's bottleneck links have a price.)"""
+        priced = prices.keys()
+        path_price = {}
+        for pair in pairs:
+            ps = paths[pair]
+            if ps and priced.isdisjoint(_distinct_paths(tuple(ps))[1]):
+                path_price[pair] = 0.0
+            else:
+                path_price[pair] = min(sum(prices.get(e, 0.0) for e in links_of(p)) for p in ps)
         cy = sum(capacity.get(link, 0.0) * y for link, y in prices.items())
         return cls(path_price, cy)
 

@@ -364,17 +364,16 @@ class _Groups:
     Attributes:
         pos: positions (in the global flow arrays) of the active flows, coflows in
             admission order, each one's flows in workload order.
-        gid: for each of them, its FlowGroup's index (0 .. FlowGroups - 1).
-        pair: for each FlowGroup, the index of its DC pair in _Run.pairs.
-        coflows: {coflow id: (index of its first FlowGroup, its DC pairs in order)}.
-        slot: {(coflow id, DC pair): FlowGroup index}.
+        gid: for each of them, its FlowGroup's index (0 .. count - 1).
+        count: the number of FlowGroups.
+        coflows: {coflow id: (index of its first FlowGroup, its DC pairs in order,
+            {DC pair: its position among them})}.
     """
 
     pos: np.ndarray
     gid: np.ndarray
-    pair: np.ndarray
-    coflows: dict[str, tuple[int, list[tuple[str, str]]]]
-    slot: dict[tuple[str, tuple[str, str]], int]
+    count: int
+    coflows: dict[str, tuple[int, list[tuple[str, str]], dict[tuple[str, str], int]]]
 
 
 class _Run:
@@ -437,7 +436,8 @@ class _Run:
         self.by_coflow = not pairwise and isinstance(policy, CoflowRatesPolicy)
         # for policies with group_rates (Terra): FlowGroups of the active flows, see _groups
         self.by_group = not pairwise and not self.by_coflow and isinstance(policy, GroupRatesPolicy)
-        self.group_of: dict[str, tuple[int, list[tuple[str, str]], np.ndarray]] = {}
+        # {coflow id: (flows, DC pairs, each flow's pair slot, {pair: slot})} (see _groups)
+        self.group_of: dict[str, tuple[int, list, np.ndarray, dict]] = {}
         self.layout: tuple[tuple, _Groups] | None = None
         self.path_rows: dict[tuple[str, ...], list[int]] = {}
         self.n_flows = {c.id: len(self.wan[c.id].flows) for c in coflows}
@@ -585,10 +585,10 @@ class _Run:
         """
         groups = self._groups()
         rem = self.rem[groups.pos]
-        volume = np.bincount(groups.gid, weights=rem, minlength=len(groups.pair)).tolist()
+        volume = np.bincount(groups.gid, weights=rem, minlength=groups.count).tolist()
         volumes = {
             cid: dict(zip(pairs, volume[base : base + len(pairs)], strict=True))
-            for cid, (base, pairs) in groups.coflows.items()
+            for cid, (base, pairs, _) in groups.coflows.items()
         }
         t0 = time.perf_counter()
         answer = self.policy.group_rates(now, volumes)
@@ -602,7 +602,9 @@ class _Run:
         for cid, pair_rates in answer.items():
             entry = groups.coflows.get(cid)
             for pair, lst in pair_rates.items():
-                g = groups.slot.get((cid, pair)) if entry is not None else None
+                g = None
+                if entry is not None and pair in entry[2]:
+                    g = entry[0] + entry[2][pair]
                 j = 0
                 for path, r in lst:
                     if not (0 <= r < float("inf")):
@@ -629,7 +631,7 @@ class _Run:
                     loads.extend([r] * len(ids))
                     byte_hops += r * len(ids)
         if share:
-            table = np.zeros((len(groups.pair), max(share_j) + 1))
+            table = np.zeros((groups.count, max(share_j) + 1))
             table[share_g, share_j] = share
             per_flow = table[groups.gid]
             rate = np.zeros(len(rem))
@@ -648,30 +650,27 @@ class _Run:
         key = tuple((cid, len(a.pos)) for cid, a in self.active.items())
         if self.layout is not None and self.layout[0] == key:
             return self.layout[1]
-        pos, gid, pair_idx = [], [], []
-        coflows: dict[str, tuple[int, list[tuple[str, str]]]] = {}
-        slot: dict[tuple[str, tuple[str, str]], int] = {}
+        pos, gid = [], []
+        coflows: dict[str, tuple[int, list[tuple[str, str]], dict[tuple[str, str], int]]] = {}
         base = 0
         for cid, a in self.active.items():
             cached = self.group_of.get(cid)
             if cached is None or cached[0] != len(a.pos):
-                cached = self.group_of[cid] = (len(a.pos), *self._coflow_groups(a.pos))
-            _, pairs, local = cached
-            coflows[cid] = (base, pairs)
-            for i, pair in enumerate(pairs):
-                slot[(cid, pair)] = base + i
+                pairs, local = self._coflow_groups(a.pos)
+                where = {pair: i for i, pair in enumerate(pairs)}
+                cached = self.group_of[cid] = (len(a.pos), pairs, local, where)
+            _, pairs, local, where = cached
+            coflows[cid] = (base, pairs, where)
             pos.append(a.pos)
             gid.append(local + base)
-            pair_idx.extend(self.pair_index[pair] for pair in pairs)
             base += len(pairs)
         for cid in [c for c in self.group_of if c not in self.active]:
             del self.group_of[cid]
         groups = _Groups(
             np.concatenate(pos) if pos else np.zeros(0, dtype=np.intp),
             np.concatenate(gid) if gid else np.zeros(0, dtype=np.intp),
-            np.asarray(pair_idx, dtype=np.intp),
+            base,
             coflows,
-            slot,
         )
         self.layout = (key, groups)
         return groups
