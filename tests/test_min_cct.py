@@ -134,3 +134,45 @@ def test_flowgroup_below_solver_tolerance_still_gets_its_rate():
     res = min_cct({("A", "B"): 1e12, ("B", "C"): 1e3}, paths, TRIANGLE)
     assert res.gamma_s == pytest.approx(1e11)
     assert sum(r for _, r in res.rates[("B", "C")]) == pytest.approx(1e-8)
+
+
+def test_path_over_a_full_link_is_dropped_and_repeated_paths_count_once():
+    # A->C over A-C (full: 0 B/s), A-B-C (10 B/s, listed twice) and B's way back is not a
+    # path. Only A-B-C is usable, once: 100 bytes at 10 B/s, Γ = 10 s, all on A-B-C (the
+    # LP, shortcuts off, sees one column; with a repeat it would still give 10 B/s in all).
+    cap = {**TRIANGLE, ("A", "C"): 0.0}
+    paths = {("A", "C"): [("A", "C"), ("A", "B", "C"), ("A", "B", "C")]}
+    res = min_cct({("A", "C"): 100.0}, paths, cap, use_shortcuts=False)
+    assert res.gamma_s == pytest.approx(10.0)
+    assert res.rates[("A", "C")] == [(("A", "B", "C"), pytest.approx(10.0))]
+    # A link missing from the capacities counts as full too.
+    del cap[("B", "C")]
+    assert math.isinf(min_cct({("A", "C"): 100.0}, paths, cap, use_shortcuts=False).gamma_s)
+
+
+def test_link_rows_shared_by_flowgroups_in_any_order():
+    # A->C 100 bytes on A-B-C; B->C 100 bytes on B-C or B-A-C. Link B-C is met first by
+    # A->C's column, B-A by B->C's second. By hand: A->C has only A-B-C, so B-C carries
+    # 100λ from it plus B->C's share x there: 100λ + x <= 10; B->C's other path B-A-C
+    # (B-A, A-C: 10 B/s each) takes 100λ - x <= 10. Adding: 200λ <= 20, λ = 0.1, Γ = 10 s,
+    # x = 0: B->C all on B-A-C, A->C 10 B/s on A-B-C.
+    paths = {("A", "C"): [("A", "B", "C")], ("B", "C"): [("B", "C"), ("B", "A", "C")]}
+    res = min_cct({("A", "C"): 100.0, ("B", "C"): 100.0}, paths, TRIANGLE)
+    assert res.gamma_s == pytest.approx(10.0)
+    assert totals(res) == pytest.approx({("A", "C"): 10.0, ("B", "C"): 10.0})
+    split = dict(res.rates[("B", "C")])
+    assert split[("B", "A", "C")] == pytest.approx(10.0)
+    assert split.get(("B", "C"), 0.0) == pytest.approx(0.0, abs=1e-6)
+    assert ("B", "C") in res.prices  # the shared link is the bottleneck
+
+
+def test_dual_bound_pairs_off_the_priced_links_cost_nothing():
+    # Prices y(A-B) = 1, y(B-C) = 0.5: A->C's paths cost 1.5 (A-B-C) and 0 (A-C, unpriced),
+    # so m = 0; C->A crosses no priced link (m = 0); A->B (path A-B only) costs 1.
+    # Σ c y = 10 + 5 = 15.
+    prices = {("A", "B"): 1.0, ("B", "C"): 0.5}
+    paths = {**PATHS, ("A", "B"): [("A", "B")], ("C", "A"): [("C", "A"), ("C", "B", "A")]}
+    bound = DualBound.build([("A", "C"), ("C", "A"), ("A", "B")], paths, TRIANGLE, prices)
+    assert bound.path_price == {("A", "C"): 0.0, ("C", "A"): 0.0, ("A", "B"): 1.0}
+    assert bound.capacity_price == 15.0
+    assert bound.gamma({("A", "B"): 30.0, ("C", "A"): 99.0}) == 2.0  # 30 x 1 / 15
