@@ -199,9 +199,8 @@ def test_live_flow_passes_equal_the_numpy_expressions(seed):
     done = (before / rate[pos] <= limit) | (after <= simulator._FINISH_BYTES)
     after[done] = 0.0
     got_rem = rem.copy()
-    tag = rng.integers(0, 1000, size=len(live)).astype(np.intp)
-    moved, finished, kept, kept_tag, kept_rem = simulator._advance_flows(
-        live, got_rem, rate, step, limit, simulator._FINISH_BYTES, tag
+    moved, finished, kept = simulator._advance_flows(
+        live, got_rem, rate, step, limit, simulator._FINISH_BYTES
     )
     np.testing.assert_array_equal(moved, before - after)
     assert float(moved.sum()) == float((before - after).sum())
@@ -210,20 +209,26 @@ def test_live_flow_passes_equal_the_numpy_expressions(seed):
     want_rem = rem.copy()
     want_rem[pos] = after
     np.testing.assert_array_equal(got_rem, want_rem)
-    np.testing.assert_array_equal(kept_tag, tag[np.isin(live, kept)])  # carried along
-    np.testing.assert_array_equal(kept_rem, want_rem[kept])
-    untagged = simulator._advance_flows(
-        live, rem.copy(), rate, step, limit, simulator._FINISH_BYTES, np.zeros(0, dtype=np.intp)
+
+    # the same pass on arrays kept in live order, in place (the coflow policies' path)
+    tag = rng.integers(0, 1000, size=len(live)).astype(np.intp)
+    live_copy, tag_copy, live_rem = live.copy(), tag.copy(), rem[live].copy()
+    got_rem = rem.copy()
+    moved2, finished2, n_kept = simulator._advance_live(
+        live_copy, tag_copy, live_rem, rate[live], got_rem, step, limit, simulator._FINISH_BYTES
     )
-    np.testing.assert_array_equal(untagged[2], kept)
-    assert len(untagged[3]) == len(untagged[4]) == 0
+    np.testing.assert_array_equal(moved2, moved)
+    np.testing.assert_array_equal(finished2, finished)
+    np.testing.assert_array_equal(live_copy[:n_kept], kept)
+    np.testing.assert_array_equal(tag_copy[:n_kept], tag[np.isin(live, kept)])  # carried along
+    np.testing.assert_array_equal(live_rem[:n_kept], want_rem[kept])
+    assert (got_rem[finished] == 0).all()  # the finished flows' bytes, by position
+    np.testing.assert_array_equal(np.delete(got_rem, finished), np.delete(rem, finished))
 
 
 def test_next_finish_without_moving_flows_is_inf():
     live = np.arange(3, dtype=np.intp)
     assert simulator._next_finish(live, np.ones(3), np.zeros(3)) == float("inf")
-    moved, done, kept, _, _ = simulator._advance_flows(
-        live, np.ones(3), np.zeros(3), 1.0, 1.0, 1e-6, np.zeros(0, dtype=np.intp)
-    )
+    moved, done, kept = simulator._advance_flows(live, np.ones(3), np.zeros(3), 1.0, 1.0, 1e-6)
     assert len(moved) == 0 and len(done) == 0
     np.testing.assert_array_equal(kept, live)
