@@ -59,7 +59,7 @@ import numpy as np
 from numba import njit
 
 from terra_core.flow_bundles import bundle_wan_flows, flow_count, unbundled_wan_flows
-from terra_core.maxmin import csr_ranges
+from terra_core.maxmin import add_held, csr_ranges
 from terra_core.policy import (
     Allocation,
     CoflowRatesPolicy,
@@ -1389,6 +1389,7 @@ def _store_hop_rates(
         bytes/s per link row; seconds to the first finish).
     """
     load = np.zeros(n_rows)
+    h0, a0, h1, a1 = -1, 0.0, -1, 0.0  # link rows summed in registers (maxmin.add_held)
     unrouted = -1
     best = np.inf
     for i in range(len(live)):
@@ -1403,8 +1404,10 @@ def _store_hop_rates(
         rate[i] = flow_rate
         start = entry_start[p]
         if single and hops == 2:  # (bigswitch's routes; the loop below, unrolled)
-            load[pool_rows[start]] += flow_rate  # (= pool_vals[start] * r: the same floats)
-            load[pool_rows[start + 1]] += flow_rate
+            # (flow_rate = pool_vals[start] * r: the same floats; flows to one DC follow
+            # each other: each hop's loads are summed in a register, the same floats)
+            h0, a0, h1, a1 = add_held(load, pool_rows[start], flow_rate, 0, h0, a0, h1, a1)
+            h0, a0, h1, a1 = add_held(load, pool_rows[start + 1], flow_rate, 1, h0, a0, h1, a1)
         else:
             for h in range(start, start + hops):
                 load[pool_rows[h]] += pool_vals[h] * r
@@ -1412,4 +1415,8 @@ def _store_hop_rates(
             t = live_rem[i] / flow_rate
             if t < best or np.isnan(t):
                 best = t
+    if h0 >= 0:
+        load[h0] = a0
+    if h1 >= 0:
+        load[h1] = a1
     return unrouted, load, best

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from numba import njit
 from reference_maxmin import csr_ranges_numpy, maxmin_levels_sparse_numpy
 
 from terra_core.maxmin import (
+    add_held,
     columns_by_row,
     csr_ranges,
     maxmin_levels,
@@ -232,3 +234,32 @@ def test_next_finish_without_moving_flows_is_inf():
     moved, done, kept = simulator._advance_flows(live, np.ones(3), np.zeros(3), 1.0, 1.0, 1e-6)
     assert len(moved) == 0 and len(done) == 0
     np.testing.assert_array_equal(kept, live)
+
+
+@njit
+def _held_sums(out, bins, values, slots):
+    h0, a0, h1, a1 = -1, 0.0, -1, 0.0
+    for k in range(len(bins)):
+        h0, a0, h1, a1 = add_held(out, bins[k], values[k], slots[k], h0, a0, h1, a1)
+    if h0 >= 0:
+        out[h0] = a0
+    if h1 >= 0:
+        out[h1] = a1
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_held_sums_equal_the_additions_in_memory(seed):
+    # runs of one bin, bins alternating between the slots and a bin held in the other slot:
+    # every sum is the sequential `out[b] += x`'s to the bit
+    rng = np.random.default_rng(seed)
+    n_bins = int(rng.integers(1, 6))
+    bins = np.repeat(rng.integers(0, n_bins, size=60), rng.integers(1, 4, size=60))
+    values = rng.uniform(-1e6, 1e9, size=len(bins)) * rng.choice([1.0, 1e-9], size=len(bins))
+    slots = rng.integers(0, 2, size=len(bins))
+    start = rng.uniform(0, 1e3, size=n_bins)
+    want = start.copy()
+    for b, x in zip(bins, values, strict=True):
+        want[b] += x
+    got = start.copy()
+    _held_sums(got, bins, values, slots)
+    np.testing.assert_array_equal(got, want)
