@@ -556,7 +556,8 @@ class _Run:
         }
 
     def _allocate(self, now: float) -> float:
-        """Ask the policy for rates, check them, store them in self.rate.
+        """Ask the policy for rates, check them, store them in self.rate (by_coflow: in
+        self.live_rate, in live order).
 
         Returns the WAN byte-hop rate (bytes x hops per second) of the allocation.
         """
@@ -856,7 +857,9 @@ class _Run:
         the live flows (coflows in admission order, each one's flows in workload order)
         as one array of remaining bytes with each flow's index in its coflow, per-member
         rates back as one array and the routes as one list per coflow, turned into sparse
-        incidence entries once per route list (`_store_routes`). Checks: finite rates
+        incidence entries once per route list (`_store_routes`); the flows' rates go to
+        self.live_rate, in live order, with the seconds to the first finish in
+        self.next_finish. Checks: finite rates
         >= 0, none for unrouted flows, paths joining the flow's DCs over known links, link
         loads within capacity.
 

@@ -263,3 +263,48 @@ def test_held_sums_equal_the_additions_in_memory(seed):
     got = start.copy()
     _held_sums(got, bins, values, slots)
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_single_path_store_pass_equals_the_general_one(seed):
+    # one path per flow with all its members (bigswitch): the loads add the flow's rate,
+    # with runs of flows to one DC summed in registers; the general branch reads each
+    # entry's members and adds through memory: the same rates, loads and step to the bit
+    rng = np.random.default_rng(seed)
+    n_flows, n_rows = 3000, 12
+    live = np.sort(rng.choice(n_flows, size=2000, replace=False)).astype(np.intp)
+    members = rng.integers(1, 9, size=n_flows).astype(float)
+    src = rng.integers(0, n_rows // 2, size=n_flows)
+    dst = np.sort(rng.integers(n_rows // 2, n_rows, size=n_flows))  # runs to one DC
+    pool_rows = np.stack((src, dst), axis=1).reshape(-1).astype(np.int32)
+    pool_vals = np.repeat(members, 2)
+    entry_start = 2 * np.arange(n_flows, dtype=np.intp)
+    per_member = rng.uniform(0.0, 1e7, size=len(live))
+    per_member[rng.random(len(live)) < 0.1] = 0.0
+    live_rem = rng.uniform(1.0, 1e9, size=len(live))
+    out = []
+    for single in (True, False):
+        rate = np.empty(len(live))
+        got = simulator._store_hop_rates(
+            live,
+            per_member,
+            members,
+            rate,
+            entry_start,
+            pool_rows,
+            pool_vals,
+            2,
+            single,
+            n_rows,
+            False,
+            live_rem,
+        )
+        out.append((rate, *got))
+    for x, y in zip(*out, strict=True):
+        np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(out[0][0], members[live] * per_member)
+    entries = (entry_start[live][:, None] + np.arange(2)).reshape(-1)
+    want = np.bincount(
+        pool_rows[entries], weights=pool_vals[entries] * np.repeat(per_member, 2), minlength=n_rows
+    )
+    np.testing.assert_array_equal(out[0][2], want)  # np.bincount's order of old
