@@ -31,6 +31,7 @@ from numba import njit
 
 from terra_core.flow_bundles import flow_count
 from terra_core.maxmin import (
+    add_held,
     columns_by_row,
     csr_ranges,
     link_index,
@@ -1107,6 +1108,7 @@ def _hop_volumes(
     per_member = np.empty(n)
     volume = np.zeros(len(counts) * n_links)
     total = np.zeros(n_shapes)
+    h0, a0, h1, a1 = -1, 0.0, -1, 0.0  # bins summed in registers (maxmin.add_held)
     i = 0
     for c in range(len(counts)):
         offset = c * n_links
@@ -1122,8 +1124,11 @@ def _hop_volumes(
             per_member[i] = pm
             start = f * hops
             if single and hops == 2:  # (bigswitch's routes; the loops below, unrolled)
-                volume[offset + rows[start]] += m * pm
-                volume[offset + rows[start + 1]] += m * pm
+                # (a coflow's flows to one DC follow each other: each hop's bins are
+                # summed in a register, the same floats)
+                x = m * pm
+                h0, a0, h1, a1 = add_held(volume, offset + rows[start], x, 0, h0, a0, h1, a1)
+                h0, a0, h1, a1 = add_held(volume, offset + rows[start + 1], x, 1, h0, a0, h1, a1)
                 total[s] += m
             elif single:
                 for h in range(start, start + hops):
@@ -1134,6 +1139,10 @@ def _hop_volumes(
                     volume[offset + rows[h]] += vals[h] * pm
                 total[s] += weight[f]
             i += 1
+    if h0 >= 0:
+        volume[h0] = a0
+    if h1 >= 0:
+        volume[h1] = a1
     return shape_of, per_member, volume, total, False
 
 

@@ -666,6 +666,34 @@ def _scan_entries(rows, cols, vals, capacity, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def add_held(out, b, x, slot, h0, a0, h1, a1):  # pragma: no cover - compiled
+    """``out[b] += x`` with the running sums of up to two bins of `out` held in registers
+    by the caller's loop: bin h0 in a0 and bin h1 in a1 (-1: no bin; out[h] is stale for
+    a held bin h), returned as (h0, a0, h1, a1). A bin in neither slot goes into slot
+    `slot` (0 or 1), whose bin is written back first; the caller writes the held bins back
+    at the end (``out[h] = a`` for h >= 0). The same additions in the same order as
+    ``out[b] += x``, so the same floats; a run of additions to one bin then waits on each
+    addition only, not on a store and a load of `out` (compiled, numba; out: float array,
+    b: int, x: float).
+    """
+    if b == h0:
+        a0 += x
+    elif b == h1:
+        a1 += x
+    elif slot == 0:
+        if h0 >= 0:
+            out[h0] = a0
+        h0 = b
+        a0 = out[b] + x
+    else:
+        if h1 >= 0:
+            out[h1] = a1
+        h1 = b
+        a1 = out[b] + x
+    return h0, a0, h1, a1
+
+
+@njit(cache=True)
 def csr_ranges(ptr: np.ndarray, ids: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
     """The concatenated index ranges [ptr[i], ptr[i + 1]) for i in `ids` (CSR-style);
     compiled (numba).

@@ -59,7 +59,7 @@ import numpy as np
 from numba import njit
 
 from terra_core.flow_bundles import bundle_wan_flows, flow_count, unbundled_wan_flows
-from terra_core.maxmin import csr_ranges
+from terra_core.maxmin import add_held, csr_ranges
 from terra_core.policy import (
     Allocation,
     CoflowRatesPolicy,
@@ -426,11 +426,14 @@ class _Run:
         self.pair_members = np.zeros(len(self.pairs))
         self.next_finish: float | None = None  # _allocate_by_table's answer to _step's min
         self.live = np.zeros(0, dtype=np.intp)  # positions where alive, ascending
-        # by_coflow: the live flows' index in their coflow and remaining bytes, in live order
-        # (carried by _advance_flows, so no gather per event)
+        # by_coflow: the live flows' index in their coflow, remaining bytes and rate, in live
+        # order (kept up to date in place by _advance_live, so no gather or scatter per
+        # event); there, live_rem holds the live flows' remaining bytes and self.rem[p] is
+        # only brought up to date when the flow finishes or by _sync_rem, and self.rate is
+        # not used
         self.live_local = np.zeros(0, dtype=np.intp)
         self.live_rem = np.zeros(0)
-        self.no_tag = np.zeros(0, dtype=np.intp)
+        self.live_rate = np.zeros(0)
         # for policies with coflow_rates (Varys, Rapier): per-coflow arrays
         pairwise = self.by_table or self.by_pair
         self.by_coflow = not pairwise and isinstance(policy, CoflowRatesPolicy)
@@ -446,11 +449,12 @@ class _Run:
         self.entry_start = np.zeros(len(flows), dtype=np.intp)  # see _store_routes
         self.entry_count = np.zeros(len(flows), dtype=np.intp)
         self.routed_members = np.zeros(len(flows))
-        self.pool_rows = np.zeros(0, dtype=np.intp)
+        self.pool_rows = np.zeros(0, dtype=np.int32)  # (int32: fewer bytes read per event)
         self.pool_vals = np.zeros(0)
         self.pool_used = 0
         self.some_unrouted = False  # some route list kept so far leaves a flow unrouted
         self.hops: int | None = None  # entries of every flow kept so far if all equal, else 0
+        self.single = True  # every route kept so far is one path with all the flow's members
         self.pair_path_cache: dict[int, tuple] = {}  # see _pair_path_entries
         # paths seen, numbered: path j crosses links path_rows[path_ptr[j]:path_ptr[j + 1]]
         self.path_col: dict[tuple[str, ...], int] = {}
@@ -552,7 +556,8 @@ class _Run:
         }
 
     def _allocate(self, now: float) -> float:
-        """Ask the policy for rates, check them, store them in self.rate.
+        """Ask the policy for rates, check them, store them in self.rate (by_coflow: in
+        self.live_rate, in live order).
 
         Returns the WAN byte-hop rate (bytes x hops per second) of the allocation.
         """
@@ -851,7 +856,9 @@ class _Run:
         the live flows (coflows in admission order, each one's flows in workload order)
         as one array of remaining bytes with each flow's index in its coflow, per-member
         rates back as one array and the routes as one list per coflow, turned into sparse
-        incidence entries once per route list (`_store_routes`). Checks: finite rates
+        incidence entries once per route list (`_store_routes`); the flows' rates go to
+        self.live_rate, in live order, with the seconds to the first finish in
+        self.next_finish. Checks: finite rates
         >= 0, none for unrouted flows, paths joining the flow's DCs over known links, link
         loads within capacity.
 
@@ -873,16 +880,18 @@ class _Run:
         for cid, route_list in zip(cids, routes, strict=True):
             if self.route_cache.get(cid) is not route_list:
                 self._store_routes(cid, route_list)
+        self.live_rate = np.empty(len(live))
         if self.hops:  # every route kept so far has `hops` entries: the pool is a matrix
             bad, load, self.next_finish = _store_hop_rates(
                 live,
                 rate,
                 self.routed_members,
-                self.rate,
+                self.live_rate,
                 self.entry_start,
                 self.pool_rows,
                 self.pool_vals,
                 self.hops,
+                self.single,
                 len(self.link_row),
                 self.some_unrouted,
                 self.live_rem,
@@ -894,7 +903,8 @@ class _Run:
             bad = _first_bad_rate(rate, members, self.some_unrouted)
             if bad >= 0:
                 self._rate_fault(live, rate, bad)
-            self.rate[live] = members * rate
+            np.multiply(members, rate, out=self.live_rate)
+            self.next_finish = _next_finish(np.arange(len(live)), self.live_rem, self.live_rate)
             nnz = self.entry_count[live]
             entry = _ranges(self.entry_start[live], nnz)
             rows = self.pool_rows[entry]
@@ -918,9 +928,10 @@ class _Run:
         pool_rows (link row) and pool_vals (members crossing), one per (path, link of the
         path); routed_members[p] = the members routed. Entries are appended (a run's pool
         grows with its route lists, about one entry per flow and hop). Also notes whether
-        some flow is unrouted and whether every flow so far has the same number of entries
+        some flow is unrouted, whether every flow so far has the same number of entries
         (`hops`), which lets `_allocate_by_coflow` skip a check and gather entries as a
-        matrix."""
+        matrix, and whether every route so far is one path with all its members (`single`:
+        each entry's members are then the flow's routed members)."""
         a = self.start[cid]
         b = a + self.n_flows[cid]
         if len(routes) != b - a:
@@ -945,7 +956,8 @@ class _Run:
         used = self.pool_used
         if used + len(rows) > len(self.pool_rows):
             size = max(2 * len(self.pool_rows), used + len(rows))
-            self.pool_rows = np.concatenate((self.pool_rows[:used], np.zeros(size - used, np.intp)))
+            zeros = np.zeros(size - used, np.int32)
+            self.pool_rows = np.concatenate((self.pool_rows[:used], zeros))
             self.pool_vals = np.concatenate((self.pool_vals[:used], np.zeros(size - used)))
         self.pool_rows[used : used + len(rows)] = rows
         self.pool_vals[used : used + len(rows)] = vals
@@ -954,6 +966,7 @@ class _Run:
         self.entry_count[a:b] = count
         self.routed_members[a:b] = members
         self.some_unrouted = self.some_unrouted or bool((members == 0).any())
+        self.single = self.single and all(len(route) == 1 for route in routes)
         if self.hops is None:
             self.hops = int(count[0]) if len(count) else None
         if self.hops and (count != self.hops).any():
@@ -1069,12 +1082,24 @@ class _Run:
     def _advance(self, now: float, step: float, byte_hop_rate: float) -> float:
         """Move every flow `step` seconds on at its rate, finish those that reach 0 bytes
         (see the module docstring), and return the time of the next event."""
-        tag = self.live_local if self.by_coflow else self.no_tag
-        moved, done, kept, kept_local, kept_rem = _advance_flows(
-            self.live, self.rem, self.rate, step, step * (1 + _FINISH_REL), _FINISH_BYTES, tag
-        )
+        limit = step * (1 + _FINISH_REL)
         if self.by_coflow:
-            self.live_local, self.live_rem = kept_local, kept_rem
+            moved, done, n_kept = _advance_live(
+                self.live,
+                self.live_local,
+                self.live_rem,
+                self.live_rate,
+                self.rem,
+                step,
+                limit,
+                _FINISH_BYTES,
+            )
+            kept = self.live[:n_kept]
+            self.live_local, self.live_rem = self.live_local[:n_kept], self.live_rem[:n_kept]
+        else:
+            moved, done, kept = _advance_flows(
+                self.live, self.rem, self.rate, step, limit, _FINISH_BYTES
+            )
         self.delivered += float(moved.sum())  # numpy's pairwise sum, as before
         self.byte_hops += byte_hop_rate * step
         if self.active:
@@ -1089,6 +1114,11 @@ class _Run:
         self._finish_flows(done, kept, now)
         return now
 
+    def _sync_rem(self) -> None:
+        """Bring self.rem of the live flows up to date (by_coflow keeps it in live_rem)."""
+        if self.by_coflow:
+            self.rem[self.live] = self.live_rem
+
     def _finish_flows(self, positions: np.ndarray, kept: np.ndarray, now: float) -> None:
         """Retire the flows at `positions` (their bytes all delivered; `kept` = the live
         flows without them, ascending): not alive, rate 0; coflows left without flows
@@ -1100,6 +1130,8 @@ class _Run:
         self.live = kept
         if self.by_table:
             np.subtract.at(self.pair_members, self.pair_of[positions], self.members[positions])
+        if self.zero_sized:
+            self._sync_rem()
         owners = [self.owner[p] for p in positions.tolist()]
         at = 0
         for cid in dict.fromkeys(owners):  # (positions ascending: a coflow's are together)
@@ -1136,6 +1168,7 @@ class _Run:
         self.avail = np.array([self.topology.available(link) for link in self.topology.links])
 
     def _check_conservation(self) -> None:
+        self._sync_rem()
         remaining = sum(float(self.rem[a.pos].sum()) for a in self.active.values())
         # rem of active flows plus everything delivered must equal what was admitted
         error = abs(self.delivered + remaining - self.bytes_total)
@@ -1217,30 +1250,23 @@ def _next_finish(live, rem, rate):  # pragma: no cover - compiled
 
 
 @njit(cache=True, error_model="numpy")
-def _advance_flows(live, rem, rate, step, limit, finish_bytes, tag):  # pragma: no cover - compiled
+def _advance_flows(live, rem, rate, step, limit, finish_bytes):  # pragma: no cover - compiled
     """Move the live flows with a positive rate `step` seconds on, in place in `rem`; a
     flow whose rem / rate <= `limit` (seconds) or whose remaining bytes after the step are
     <= `finish_bytes` finishes (its remaining bytes become 0).
 
     Args:
         live: int array of flow positions, ascending; rem, rate: float arrays (flows,) of
-            bytes and bytes/s; step, limit: seconds; finish_bytes: bytes; tag: int array
-            (len(live),) of values carried along for the flows that stay (e.g. their index
-            in their coflow), or empty for none.
+            bytes and bytes/s; step, limit: seconds; finish_bytes: bytes.
 
     Returns:
         (bytes each moving flow delivered, float array in position order; positions of the
-        flows that finished, int array, ascending; the other live flows, ascending; their
-        tags and their remaining bytes after the step, in the same order (empty without
-        tags)).
+        flows that finished, int array, ascending; the other live flows, ascending).
     """
     n = len(live)
-    carry = len(tag) > 0
     moved = np.empty(n)
     done = np.empty(n, dtype=np.intp)
     kept = np.empty(n, dtype=np.intp)
-    kept_tag = np.empty(n if carry else 0, dtype=np.intp)
-    kept_rem = np.empty(n if carry else 0)
     k = 0
     d = 0
     n_kept = 0
@@ -1248,9 +1274,8 @@ def _advance_flows(live, rem, rate, step, limit, finish_bytes, tag):  # pragma: 
         p = live[i]
         r = rate[p]
         finished = False
-        after = rem[p]
         if r > 0:
-            before = after
+            before = rem[p]
             after = before - r * step
             if before / r <= limit or after <= finish_bytes:
                 after = 0.0
@@ -1262,13 +1287,61 @@ def _advance_flows(live, rem, rate, step, limit, finish_bytes, tag):  # pragma: 
             k += 1
         if not finished:
             kept[n_kept] = p
-            if carry:
-                kept_tag[n_kept] = tag[i]
-                kept_rem[n_kept] = after
             n_kept += 1
-    if carry:
-        return moved[:k], done[:d], kept[:n_kept], kept_tag[:n_kept], kept_rem[:n_kept]
-    return moved[:k], done[:d], kept[:n_kept], kept_tag, kept_rem
+    return moved[:k], done[:d], kept[:n_kept]
+
+
+@njit(cache=True, error_model="numpy")
+def _advance_live(
+    live, tag, live_rem, live_rate, rem, step, limit, finish_bytes
+):  # pragma: no cover - compiled
+    """`_advance_flows` on flows kept in live order, in place: the live flows with a
+    positive rate move `step` seconds on in `live_rem`; a flow whose remaining bytes /
+    rate <= `limit` (seconds) or whose remaining bytes after the step are <= `finish_bytes`
+    finishes: its remaining bytes become 0 in `rem` and its entries leave `live`, `tag`
+    and `live_rem`, the others moving forward in order (the first n_kept entries are then
+    the kept flows'; `live_rate` is left as it is). The same float operations as
+    `_advance_flows`, so the same bytes to the bit.
+
+    Args:
+        live: int array (n,) of flow positions, ascending; tag: int array (n,) of values
+            carried along (each flow's index in its coflow); live_rem, live_rate: float
+            arrays (n,) of each live flow's remaining bytes and bytes/s; rem: float array
+            (flows,) of bytes by position; step, limit: seconds; finish_bytes: bytes.
+
+    Returns:
+        (bytes each moving flow delivered, float array in live order; positions of the
+        flows that finished, int array, ascending; n_kept, the number of flows left).
+    """
+    n = len(live)
+    moved = np.empty(n)
+    done = np.empty(n, dtype=np.intp)
+    k = 0
+    d = 0
+    n_kept = 0
+    for i in range(n):
+        r = live_rate[i]
+        if r > 0:
+            before = live_rem[i]
+            after = before - r * step
+            if before / r <= limit or after <= finish_bytes:
+                after = 0.0
+                p = live[i]
+                done[d] = p
+                d += 1
+                moved[k] = before - after
+                rem[p] = after
+                k += 1
+                continue
+            moved[k] = before - after
+            live_rem[i] = after
+            k += 1
+        if n_kept != i:
+            live[n_kept] = live[i]
+            tag[n_kept] = tag[i]
+            live_rem[n_kept] = live_rem[i]
+        n_kept += 1
+    return moved[:k], done[:d], n_kept
 
 
 @njit(cache=True)
@@ -1296,15 +1369,20 @@ def _store_hop_rates(
     pool_rows,
     pool_vals,
     hops,
+    single,
     n_rows,
     some_unrouted,
     live_rem,
 ):  # pragma: no cover - compiled
-    """``rate[live] = routed_members[live] * per_member`` (bytes/s), the link loads it
-    puts on the `n_rows` link rows, when every flow has `hops` pool entries from
-    entry_start (flow position order, then hop order: np.bincount's order of old), and
-    what `_next_finish(live, rem, rate)` then answers, all in one pass; live_rem: float
-    array (len(live),), the live flows' remaining bytes (``rem[live]``, in live order).
+    """``rate[:] = routed_members[live] * per_member`` (bytes/s, in live order: rate is a
+    float array (len(live),)), the link loads it puts on the `n_rows` link rows, when
+    every flow has `hops` pool entries from entry_start (flow position order, then hop
+    order: np.bincount's order of old), and the seconds to the first finish (the smallest
+    live_rem / rate over positive rates, as `_next_finish`), all in one pass; live_rem:
+    float array (len(live),), the live flows' remaining bytes, in live order; single: every
+    flow's route is one path with all its routed members (each entry's value is then the
+    flow's routed members, and the loads add the flow's rate: the same floats, without
+    reading pool_vals).
 
     Returns:
         (index into `live` of a faulty rate or -1: the first that is not finite and >= 0,
@@ -1313,6 +1391,7 @@ def _store_hop_rates(
         bytes/s per link row; seconds to the first finish).
     """
     load = np.zeros(n_rows)
+    h0, a0, h1, a1 = -1, 0.0, -1, 0.0  # link rows summed in registers (maxmin.add_held)
     unrouted = -1
     best = np.inf
     for i in range(len(live)):
@@ -1324,11 +1403,13 @@ def _store_hop_rates(
         if some_unrouted and unrouted < 0 and r > 0 and members == 0:
             unrouted = i
         flow_rate = members * r
-        rate[p] = flow_rate
+        rate[i] = flow_rate
         start = entry_start[p]
-        if hops == 2:  # (bigswitch's routes; the loop below, unrolled)
-            load[pool_rows[start]] += pool_vals[start] * r
-            load[pool_rows[start + 1]] += pool_vals[start + 1] * r
+        if single and hops == 2:  # (bigswitch's routes; the loop below, unrolled)
+            # (flow_rate = pool_vals[start] * r: the same floats; flows to one DC follow
+            # each other: each hop's loads are summed in a register, the same floats)
+            h0, a0, h1, a1 = add_held(load, pool_rows[start], flow_rate, 0, h0, a0, h1, a1)
+            h0, a0, h1, a1 = add_held(load, pool_rows[start + 1], flow_rate, 1, h0, a0, h1, a1)
         else:
             for h in range(start, start + hops):
                 load[pool_rows[h]] += pool_vals[h] * r
@@ -1336,4 +1417,8 @@ def _store_hop_rates(
             t = live_rem[i] / flow_rate
             if t < best or np.isnan(t):
                 best = t
+    if h0 >= 0:
+        load[h0] = a0
+    if h1 >= 0:
+        load[h1] = a1
     return unrouted, load, best

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from numba import njit
 from reference_maxmin import csr_ranges_numpy, maxmin_levels_sparse_numpy
 
 from terra_core.maxmin import (
+    add_held,
     columns_by_row,
     csr_ranges,
     maxmin_levels,
@@ -199,9 +201,8 @@ def test_live_flow_passes_equal_the_numpy_expressions(seed):
     done = (before / rate[pos] <= limit) | (after <= simulator._FINISH_BYTES)
     after[done] = 0.0
     got_rem = rem.copy()
-    tag = rng.integers(0, 1000, size=len(live)).astype(np.intp)
-    moved, finished, kept, kept_tag, kept_rem = simulator._advance_flows(
-        live, got_rem, rate, step, limit, simulator._FINISH_BYTES, tag
+    moved, finished, kept = simulator._advance_flows(
+        live, got_rem, rate, step, limit, simulator._FINISH_BYTES
     )
     np.testing.assert_array_equal(moved, before - after)
     assert float(moved.sum()) == float((before - after).sum())
@@ -210,20 +211,100 @@ def test_live_flow_passes_equal_the_numpy_expressions(seed):
     want_rem = rem.copy()
     want_rem[pos] = after
     np.testing.assert_array_equal(got_rem, want_rem)
-    np.testing.assert_array_equal(kept_tag, tag[np.isin(live, kept)])  # carried along
-    np.testing.assert_array_equal(kept_rem, want_rem[kept])
-    untagged = simulator._advance_flows(
-        live, rem.copy(), rate, step, limit, simulator._FINISH_BYTES, np.zeros(0, dtype=np.intp)
+
+    # the same pass on arrays kept in live order, in place (the coflow policies' path)
+    tag = rng.integers(0, 1000, size=len(live)).astype(np.intp)
+    live_copy, tag_copy, live_rem = live.copy(), tag.copy(), rem[live].copy()
+    got_rem = rem.copy()
+    moved2, finished2, n_kept = simulator._advance_live(
+        live_copy, tag_copy, live_rem, rate[live], got_rem, step, limit, simulator._FINISH_BYTES
     )
-    np.testing.assert_array_equal(untagged[2], kept)
-    assert len(untagged[3]) == len(untagged[4]) == 0
+    np.testing.assert_array_equal(moved2, moved)
+    np.testing.assert_array_equal(finished2, finished)
+    np.testing.assert_array_equal(live_copy[:n_kept], kept)
+    np.testing.assert_array_equal(tag_copy[:n_kept], tag[np.isin(live, kept)])  # carried along
+    np.testing.assert_array_equal(live_rem[:n_kept], want_rem[kept])
+    assert (got_rem[finished] == 0).all()  # the finished flows' bytes, by position
+    np.testing.assert_array_equal(np.delete(got_rem, finished), np.delete(rem, finished))
 
 
 def test_next_finish_without_moving_flows_is_inf():
     live = np.arange(3, dtype=np.intp)
     assert simulator._next_finish(live, np.ones(3), np.zeros(3)) == float("inf")
-    moved, done, kept, _, _ = simulator._advance_flows(
-        live, np.ones(3), np.zeros(3), 1.0, 1.0, 1e-6, np.zeros(0, dtype=np.intp)
-    )
+    moved, done, kept = simulator._advance_flows(live, np.ones(3), np.zeros(3), 1.0, 1.0, 1e-6)
     assert len(moved) == 0 and len(done) == 0
     np.testing.assert_array_equal(kept, live)
+
+
+@njit
+def _held_sums(out, bins, values, slots):
+    h0, a0, h1, a1 = -1, 0.0, -1, 0.0
+    for k in range(len(bins)):
+        h0, a0, h1, a1 = add_held(out, bins[k], values[k], slots[k], h0, a0, h1, a1)
+    if h0 >= 0:
+        out[h0] = a0
+    if h1 >= 0:
+        out[h1] = a1
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_held_sums_equal_the_additions_in_memory(seed):
+    # runs of one bin, bins alternating between the slots and a bin held in the other slot:
+    # every sum is the sequential `out[b] += x`'s to the bit
+    rng = np.random.default_rng(seed)
+    n_bins = int(rng.integers(1, 6))
+    bins = np.repeat(rng.integers(0, n_bins, size=60), rng.integers(1, 4, size=60))
+    values = rng.uniform(-1e6, 1e9, size=len(bins)) * rng.choice([1.0, 1e-9], size=len(bins))
+    slots = rng.integers(0, 2, size=len(bins))
+    start = rng.uniform(0, 1e3, size=n_bins)
+    want = start.copy()
+    for b, x in zip(bins, values, strict=True):
+        want[b] += x
+    got = start.copy()
+    _held_sums(got, bins, values, slots)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_single_path_store_pass_equals_the_general_one(seed):
+    # one path per flow with all its members (bigswitch): the loads add the flow's rate,
+    # with runs of flows to one DC summed in registers; the general branch reads each
+    # entry's members and adds through memory: the same rates, loads and step to the bit
+    rng = np.random.default_rng(seed)
+    n_flows, n_rows = 3000, 12
+    live = np.sort(rng.choice(n_flows, size=2000, replace=False)).astype(np.intp)
+    members = rng.integers(1, 9, size=n_flows).astype(float)
+    src = rng.integers(0, n_rows // 2, size=n_flows)
+    dst = np.sort(rng.integers(n_rows // 2, n_rows, size=n_flows))  # runs to one DC
+    pool_rows = np.stack((src, dst), axis=1).reshape(-1).astype(np.int32)
+    pool_vals = np.repeat(members, 2)
+    entry_start = 2 * np.arange(n_flows, dtype=np.intp)
+    per_member = rng.uniform(0.0, 1e7, size=len(live))
+    per_member[rng.random(len(live)) < 0.1] = 0.0
+    live_rem = rng.uniform(1.0, 1e9, size=len(live))
+    out = []
+    for single in (True, False):
+        rate = np.empty(len(live))
+        got = simulator._store_hop_rates(
+            live,
+            per_member,
+            members,
+            rate,
+            entry_start,
+            pool_rows,
+            pool_vals,
+            2,
+            single,
+            n_rows,
+            False,
+            live_rem,
+        )
+        out.append((rate, *got))
+    for x, y in zip(*out, strict=True):
+        np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(out[0][0], members[live] * per_member)
+    entries = (entry_start[live][:, None] + np.arange(2)).reshape(-1)
+    want = np.bincount(
+        pool_rows[entries], weights=pool_vals[entries] * np.repeat(per_member, 2), minlength=n_rows
+    )
+    np.testing.assert_array_equal(out[0][2], want)  # np.bincount's order of old
