@@ -1250,6 +1250,17 @@ def _next_finish(live, rem, rate):  # pragma: no cover - compiled
 
 
 @njit(cache=True, error_model="numpy")
+def _moved_on(before, r, step, limit, finish_bytes):  # pragma: no cover - compiled
+    """One flow's remaining bytes after `step` seconds at `r` bytes/s (> 0), and whether it
+    finishes: when before / r <= `limit` (seconds) or what is left is <= `finish_bytes`,
+    and then 0.0 bytes are left. The finish rule of `_advance_flows` and `_advance_live`."""
+    after = before - r * step
+    if before / r <= limit or after <= finish_bytes:
+        return 0.0, True
+    return after, False
+
+
+@njit(cache=True, error_model="numpy")
 def _advance_flows(live, rem, rate, step, limit, finish_bytes):  # pragma: no cover - compiled
     """Move the live flows with a positive rate `step` seconds on, in place in `rem`; a
     flow whose rem / rate <= `limit` (seconds) or whose remaining bytes after the step are
@@ -1276,12 +1287,10 @@ def _advance_flows(live, rem, rate, step, limit, finish_bytes):  # pragma: no co
         finished = False
         if r > 0:
             before = rem[p]
-            after = before - r * step
-            if before / r <= limit or after <= finish_bytes:
-                after = 0.0
+            after, finished = _moved_on(before, r, step, limit, finish_bytes)
+            if finished:
                 done[d] = p
                 d += 1
-                finished = True
             moved[k] = before - after
             rem[p] = after
             k += 1
@@ -1323,19 +1332,15 @@ def _advance_live(
         r = live_rate[i]
         if r > 0:
             before = live_rem[i]
-            after = before - r * step
-            if before / r <= limit or after <= finish_bytes:
-                after = 0.0
-                p = live[i]
-                done[d] = p
-                d += 1
-                moved[k] = before - after
-                rem[p] = after
-                k += 1
-                continue
+            after, finished = _moved_on(before, r, step, limit, finish_bytes)
             moved[k] = before - after
-            live_rem[i] = after
             k += 1
+            if finished:
+                rem[live[i]] = after
+                done[d] = live[i]
+                d += 1
+                continue
+            live_rem[i] = after
         if n_kept != i:
             live[n_kept] = live[i]
             tag[n_kept] = tag[i]
