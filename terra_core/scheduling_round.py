@@ -135,8 +135,9 @@ def schedule_round(
         memo: optional dict the caller keeps between rounds (and clears when
             paths change): step 4's min-CCT solutions on r, reused without an LP
             when r is unchanged and the volumes allow it (see `_min_cct_on_r`),
-            the per-pair denominators of step 3's bound (`_pair_flow_cache`) and
-            the link bits and path masks (path_masks.PathIndex).
+            the per-pair denominators of step 3's bound (`_pair_flow_cache`),
+            the link bits and path masks (path_masks.PathIndex) and step 2''s
+            allocation of the starving coflow on the reserve (aged guard).
         starving: None for the fixed guard (steps 2 and 5 as above). Otherwise an
             aged guard (starvation.py): the starving coflow ids, oldest first;
             steps 2 and 5 are replaced by step 2' (starvation.serve_starving: the
@@ -177,7 +178,7 @@ def schedule_round(
         if starving and alpha > 0:
             serve_starving(
                 active, starving, paths, left, capacity, alpha, starving_fair, rates, result,
-                index,
+                index, memo,
             )  # fmt: skip
         alpha = 0.0
     reserve = {link: alpha * c for link, c in left.items()}
@@ -250,17 +251,21 @@ def _sequential(active, others, paths, capacity, r, hints, memo, rates, result, 
     return scheduled, preempted
 
 
-def _min_cct_on_r(cid, volumes, paths, r, memo, result) -> MinCct:
+def _min_cct_on_r(cid, volumes, paths, r, memo, result, key=None) -> MinCct:
     """Optimization (1) on the residual r, reusing the memo of an earlier round when exact.
 
     A memo entry (r then, volumes d then, MinCct then) is reused when r is
     unchanged and the bounds of min_cct.DualBound and of monotonicity
     (Γ' <= Γ · max_k d'_k/d_k) meet: then Γ' is that value and scaling FlowGroup
     k's old rates by (d'_k/d_k) / max_k(d'_k/d_k) is a minimal allocation.
+    The entry lives under memo[key] (default: the coflow id; step 2' of the aged
+    guard keeps its one entry under starvation.STARVING_KEY). The reuse depends only
+    on r and the volumes, so an entry is valid whichever coflow meets it.
     """
     if memo is None:
         return _solve(volumes, paths, r, result)
-    entry = memo.get(cid)
+    key = cid if key is None else key
+    entry = memo.get(key)
     if entry is not None:
         r_then, d_then, res, bound = entry
         if r_then == r and volumes.keys() <= d_then.keys() and not math.isinf(res.gamma_s):
@@ -274,7 +279,7 @@ def _min_cct_on_r(cid, volumes, paths, r, memo, result) -> MinCct:
                 }
                 return MinCct(upper, rates, prices=res.prices)
     res = _solve(volumes, paths, r, result)
-    memo[cid] = (dict(r), dict(volumes), res, DualBound.build(volumes, paths, r, res.prices))
+    memo[key] = (dict(r), dict(volumes), res, DualBound.build(volumes, paths, r, res.prices))
     return res
 
 

@@ -9,8 +9,9 @@ import math
 import pytest
 
 from terra_core import scheduling_round
-from terra_core.scheduling_round import PREEMPTED, schedule_round
-from terra_core.starvation import Guard, StarvationClock
+from terra_core.path_masks import index_for
+from terra_core.scheduling_round import PREEMPTED, RoundResult, schedule_round
+from terra_core.starvation import STARVING_KEY, Guard, StarvationClock, serve_starving
 from terra_core.terra_policy import TerraPolicy
 from terra_sim.simulator import simulate
 from topologies import Topology
@@ -259,3 +260,44 @@ def test_registry_defaults_are_the_guard_defaults():
         starvation.DEFAULT_FACTOR,
         starvation.DEFAULT_FLOOR_S,
     )
+
+
+# ----- the starving coflow's allocation is reused while it stays optimal -------------------
+
+
+def test_starving_allocation_is_reused_while_it_stays_optimal():
+    # c1 starves with FlowGroups A->B (20 bytes) and A->C (10 bytes) on links of 10 B/s;
+    # the reserve is α x 10 = 1 B/s per link, so Γ = max(20/1, 10/1) = 20 s and step 2'
+    # gives 20/20 = 1 B/s and 10/20 = 0.5 B/s.
+    #   * both halved (10, 5): upper bound 20 x 1/2 = 10 s = the dual bound 10 x 1/1 (price
+    #     on A->B), so the kept allocation is reused: the same rates, no new memo entry;
+    #   * A->C alone shrinks to 1: upper 20 x max(10/20, 1/10) = 10 = the dual bound, exact
+    #     again: A->B 1 B/s, A->C 0.5 x (1/10)/(1/2) = 0.1 B/s;
+    #   * A->B grows to 30: upper 20 x 30/20 = 30 s = the dual bound 30 x 1/1: still exact
+    #     (Γ is homogeneous in the volumes), 1 B/s and 0.5 x (5/10)/(30/20) = 1/6 B/s;
+    #   * A->C grows past A->B (10, 30): the bottleneck moves; upper 20 x 30/10 = 60 s >
+    #     the dual bound 10 s, so the LP is solved anew: Γ = 30 s, 10/30 and 1 B/s.
+    ac = ("A", "C")
+    cap = {AB: 10.0, ac: 10.0}
+    paths = {AB: [("A", "B")], ac: [("A", "C")]}
+    memo: dict = {}
+
+    def step_2(volumes):
+        rates: dict = {}
+        index = index_for(None, None, cap)
+        serve_starving(
+            {"c1": volumes}, ["c1"], paths, dict(cap), cap, 0.1, False, rates, RoundResult(),
+            index, memo,
+        )  # fmt: skip
+        return {pair: sum(per_path.values()) for pair, per_path in rates["c1"].items()}
+
+    assert step_2({AB: 20.0, ac: 10.0}) == pytest.approx({AB: 1.0, ac: 0.5})
+    kept = memo[STARVING_KEY]
+    assert step_2({AB: 10.0, ac: 5.0}) == pytest.approx({AB: 1.0, ac: 0.5})
+    assert memo[STARVING_KEY] is kept
+    assert step_2({AB: 10.0, ac: 1.0}) == pytest.approx({AB: 1.0, ac: 0.1})
+    assert memo[STARVING_KEY] is kept
+    assert step_2({AB: 30.0, ac: 5.0}) == pytest.approx({AB: 1.0, ac: 1.0 / 6.0})
+    assert memo[STARVING_KEY] is kept
+    assert step_2({AB: 10.0, ac: 30.0}) == pytest.approx({AB: 1.0 / 3.0, ac: 1.0})
+    assert memo[STARVING_KEY] is not kept
