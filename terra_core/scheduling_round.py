@@ -39,8 +39,10 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import repeat
 
 import numpy as np
 
@@ -156,12 +158,15 @@ def schedule_round(
     if not 0.0 <= alpha < 1.0:
         raise ValueError(f"alpha must be in [0, 1), got {alpha!r}")
     deadlines = deadlines or {}
-    active = {cid: {p: v for p, v in fgs.items() if v > 0} for cid, fgs in coflows.items()}
-    active = {cid: fgs for cid, fgs in active.items() if fgs}
-    for cid, fgs in active.items():
-        for pair in fgs:
-            if pair not in paths:
-                raise ValueError(f"coflow {cid!r}: no path set for DC pair {pair[0]}->{pair[1]}")
+    active = {}
+    for cid, fgs in coflows.items():
+        if not all(map(operator.gt, fgs.values(), repeat(0))):  # (C loops: thousands a round)
+            fgs = {p: v for p, v in fgs.items() if v > 0}
+        if fgs:
+            active[cid] = fgs  # (read only: the round never writes into a coflow's volumes)
+        if not fgs.keys() <= paths.keys():
+            pair = next(p for p in fgs if p not in paths)
+            raise ValueError(f"coflow {cid!r}: no path set for DC pair {pair[0]}->{pair[1]}")
     result = RoundResult()
     left = {link: max(0.0, c) for link, c in capacity.items()}
     rates: dict[str, dict[Pair, dict[Path, float]]] = {}
@@ -367,8 +372,12 @@ def _solve(volumes, paths, capacity, result: RoundResult, rates_needed: bool = T
 
 def _all_reachable(volumes, paths, index: PathIndex, full: int) -> bool:
     """Every FlowGroup has a path that crosses no link of the `full` bitmask."""
+    entries = index.entries
     for pair in volumes:
-        if all(mask & full for mask, _ in index.entries(pair, paths)):
+        for mask, _ in entries(pair, paths):
+            if not mask & full:
+                break
+        else:
             return False
     return True
 
@@ -405,7 +414,8 @@ def _consume(left: dict[Link, float], lst: list[tuple[Path, float]], scale: floa
     for path, rate in lst:
         x = rate * scale
         for link in links_of(path):
-            left[link] = max(0.0, left[link] - x)
+            v = left[link] - x
+            left[link] = v if v > 0.0 else 0.0  # (= max(0.0, v), NaN and -0.0 included)
 
 
 def _alpha_share(active, preempted, paths, reserve, capacity, rates, result, index) -> None:

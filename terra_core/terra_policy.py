@@ -24,6 +24,7 @@ deadline coflows are never preempted.
 from __future__ import annotations
 
 import math
+import operator
 import time
 
 from terra_core.min_cct import DualBound, Pair, PairRates, min_cct
@@ -389,9 +390,11 @@ class TerraPolicy:
     def _paths_for(self, volumes: dict[str, dict[Pair, float]]) -> dict[Pair, list[Path]]:
         out: dict[Pair, list[Path]] = {}
         for cid, fgs in volumes.items():
+            if fgs.keys() <= out.keys():  # (a C loop; most coflows add no new pair)
+                continue
             for pair in fgs:
                 if pair not in out:
-                    found = self.paths(*pair)
+                    found = self._paths.get(pair) or self.paths(*pair)
                     if not found:
                         raise ValueError(f"coflow {cid!r}: no path from {pair[0]} to {pair[1]}")
                     out[pair] = found
@@ -420,7 +423,9 @@ class TerraPolicy:
             if not now_vol.keys() <= old_vol.keys() or math.isinf(gamma):
                 del self._gamma[cid]
                 continue
-            upper = gamma * max(v / old_vol[pair] for pair, v in now_vol.items())
+            upper = gamma * max(
+                map(operator.truediv, now_vol.values(), map(old_vol.__getitem__, now_vol))
+            )
             lower = bound.gamma(now_vol)
             if upper <= lower * (1 + _TIGHT):
                 hints[cid] = (upper, True)
