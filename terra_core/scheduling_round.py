@@ -72,6 +72,7 @@ class RoundState(StrEnum):
 SCHEDULED, PREEMPTED, DEADLINE = RoundState.SCHEDULED, RoundState.PREEMPTED, RoundState.DEADLINE
 _FULL = 1e-6  # a link with less than this fraction of its capacity left counts as full
 _TIGHT = 1e-9  # relative gap under which bounds on Γ count as exact
+_R_SAME = 1e-12  # relative: step 4's memo takes capacities this close as unchanged
 _MIN_WEIGHT = 1e-3  # step 6: smallest FlowGroup weight relative to its coflow's largest
 # (smaller weights would put the MCF's freezing duals near the solver tolerance)
 _FLOW_KEY = ("quick_bound",)  # memo key of _pair_flow_cache (coflow ids are strings)
@@ -263,6 +264,12 @@ def _min_cct_on_r(cid, volumes, paths, r, memo, result, key=None) -> MinCct:
     unchanged and the bounds of min_cct.DualBound and of monotonicity
     (Γ' <= Γ · max_k d'_k/d_k) meet: then Γ' is that value and scaling FlowGroup
     k's old rates by (d'_k/d_k) / max_k(d'_k/d_k) is a minimal allocation.
+    "Unchanged" allows round-off: every link within _R_SAME (1e-12) relative of r
+    then, which moves both bounds by ~1e-12, far inside the 1e-9 (_TIGHT) they must
+    meet by; the few bytes/s a reused allocation may then exceed r by are scaled
+    away with the round's other round-off (`_finish`). Such r come from the
+    reused allocations before it in the round (step 2', earlier coflows), whose
+    scale factors differ from 1 in the last bits (docs/design.md 4.2).
     The entry lives under memo[key] (default: the coflow id; step 2' of the aged
     guard keeps its one entry under starvation.STARVING_KEY). The reuse depends only
     on r and the volumes, so an entry is valid whichever coflow meets it.
@@ -273,7 +280,11 @@ def _min_cct_on_r(cid, volumes, paths, r, memo, result, key=None) -> MinCct:
     entry = memo.get(key)
     if entry is not None:
         r_then, d_then, res, bound = entry
-        if r_then == r and volumes.keys() <= d_then.keys() and not math.isinf(res.gamma_s):
+        if (
+            volumes.keys() <= d_then.keys()
+            and not math.isinf(res.gamma_s)
+            and (r_then == r or _same_capacity(r_then, r))
+        ):
             ratio = {pair: v / d_then[pair] for pair, v in volumes.items()}
             top = max(ratio.values())
             upper = res.gamma_s * top
@@ -286,6 +297,17 @@ def _min_cct_on_r(cid, volumes, paths, r, memo, result, key=None) -> MinCct:
     res = _solve(volumes, paths, r, result)
     memo[key] = (dict(r), dict(volumes), res, DualBound.build(volumes, paths, r, res.prices))
     return res
+
+
+def _same_capacity(then: dict[Link, float], now: dict[Link, float]) -> bool:
+    """The same links, each with capacity within _R_SAME relative of `then` (bytes/s)."""
+    if then.keys() != now.keys():
+        return False
+    for link, c in now.items():
+        c0 = then[link]
+        if not abs(c - c0) <= _R_SAME * c0:  # (NaN fails too)
+            return False
+    return True
 
 
 def _quick_bound(volumes, paths, capacity, pair_flow: dict | None = None) -> float:

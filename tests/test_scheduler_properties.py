@@ -127,22 +127,46 @@ def test_simulated_runs_finish_meet_admitted_deadlines_and_conserve_bytes(case, 
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(rounds(), st.lists(st.floats(0.05, 1.0), min_size=4, max_size=4), st.booleans())
-def test_memo_reuse_equals_a_fresh_min_cct(case, shrink, proportional):
-    # scheduling_round._min_cct_on_r reuses an earlier solution when its bounds meet;
+@given(
+    rounds(),
+    st.lists(st.floats(0.05, 1.0), min_size=4, max_size=4),
+    st.booleans(),
+    st.sampled_from([0.0, 1e-13, -1e-13]),
+)
+def test_memo_reuse_equals_a_fresh_min_cct(case, shrink, proportional, nudge):
+    # scheduling_round._min_cct_on_r reuses an earlier solution when its bounds meet (and
+    # the capacities are the same up to 1e-12 relative: `nudge` moves them by 1e-13);
     # whatever it returns must be the exact Γ and minimal allocation for the new volumes.
     topo, paths, coflows, _, _ = case
     capacity = {link: topo.available(link) for link in topo.links if link not in topo.down}
+    nudged = {link: c * (1 + nudge) for link, c in capacity.items()}
     for cid, fgs in coflows.items():
         memo, stats = {}, RoundResult()
         _min_cct_on_r(cid, fgs, paths, capacity, memo, stats)
         factors = [shrink[0]] * 4 if proportional else shrink
         later = {pair: v * factors[i] for i, (pair, v) in enumerate(fgs.items())}
-        got = _min_cct_on_r(cid, later, paths, capacity, memo, stats)
-        want = min_cct(later, paths, capacity)
+        got = _min_cct_on_r(cid, later, paths, nudged, memo, stats)
+        want = min_cct(later, paths, nudged)
         assert got.gamma_s == pytest.approx(want.gamma_s, rel=1e-6)
         for pair, d in later.items():
             if got.rates:
                 assert sum(r for _, r in got.rates[pair]) == pytest.approx(d / want.gamma_s)
         if proportional:
             assert stats.lps <= 1  # proportional shrink: always reused, no second LP
+
+
+@pytest.mark.parametrize(("moved", "kept"), [(0.0, True), (1e-13, True), (1e-9, False)])
+def test_memo_takes_capacities_as_unchanged_only_up_to_round_off(moved, kept):
+    # One FlowGroup of 10 bytes on a 10 B/s link: Γ = 1 s. The next round has the same
+    # volume and the link shrunk by `moved` (relative): up to 1e-12 the kept allocation is
+    # reused (its excess is round-off); at 1e-9 it is infeasible by more, so the LP runs
+    # again and Γ = 1/(1 - 1e-9) s.
+    paths = {("A", "B"): [("A", "B")]}
+    memo, stats = {}, RoundResult()
+    _min_cct_on_r("c", {("A", "B"): 10.0}, paths, {("A", "B"): 10.0}, memo, stats)
+    entry = memo["c"]
+    got = _min_cct_on_r(
+        "c", {("A", "B"): 10.0}, paths, {("A", "B"): 10.0 * (1 - moved)}, memo, stats
+    )
+    assert (memo["c"] is entry) == kept
+    assert got.gamma_s == pytest.approx(1.0 / (1 - moved), rel=1e-15 if not kept else 1e-12)
