@@ -189,8 +189,9 @@ def serve_starving(
     The reserve is the same round after round on a static WAN, and the starving
     coflow's volumes mostly shrink in proportion, so its allocation is kept in
     `memo` and reused, scaled, while the weak-duality bound proves it still minimal
-    (scheduling_round._min_cct_on_r, the rule step 4 uses): on the ATT trace 93 % of
-    these LPs (160-320 FlowGroups each) are skipped (docs/design.md 4.2).
+    (scheduling_round._min_cct_on_r, the rule step 4 uses, exact up to its 1e-9
+    relative slack on Γ, which the guarantee above then carries too): on the ATT trace
+    93 % of these LPs (160-320 FlowGroups each) are skipped (docs/design.md 4.2).
 
     Args:
         active: {coflow id: {(src, dst): remaining bytes}}.

@@ -301,3 +301,18 @@ def test_starving_allocation_is_reused_while_it_stays_optimal():
     assert memo[STARVING_KEY] is kept
     assert step_2({AB: 10.0, ac: 30.0}) == pytest.approx({AB: 1.0 / 3.0, ac: 1.0})
     assert memo[STARVING_KEY] is not kept
+
+
+def test_round_keeps_the_starving_allocation_in_its_memo():
+    # schedule_round hands its memo to step 2': the starving c1 (A->B 20 and A->C 10 bytes,
+    # as above) gets 1 and 0.5 B/s of the reserve; with both volumes halved next round the
+    # kept entry is reused (not replaced). Steps 3-6 then add the rest of each link.
+    ac = ("A", "C")
+    cap = {AB: 10.0, ac: 10.0}
+    paths = {AB: [("A", "B")], ac: [("A", "C")]}
+    memo: dict = {}
+    schedule_round({"c1": {AB: 20.0, ac: 10.0}}, paths, cap, memo=memo, starving=["c1"])
+    kept = memo[STARVING_KEY]
+    res = schedule_round({"c1": {AB: 10.0, ac: 5.0}}, paths, cap, memo=memo, starving=["c1"])
+    assert memo[STARVING_KEY] is kept
+    assert total(res.rates, "c1") == pytest.approx(10.0)
