@@ -34,6 +34,7 @@ from terra_core.maxmin import (
     add_held,
     columns_by_row,
     csr_ranges,
+    flush_held,
     link_index,
     maxmin_levels_entries,
     maxmin_levels_scaled,
@@ -1139,10 +1140,7 @@ def _hop_volumes(
                     volume[offset + rows[h]] += vals[h] * pm
                 total[s] += weight[f]
             i += 1
-    if h0 >= 0:
-        volume[h0] = a0
-    if h1 >= 0:
-        volume[h1] = a1
+    flush_held(volume, h0, a0, h1, a1)
     return shape_of, per_member, volume, total, False
 
 

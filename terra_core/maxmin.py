@@ -671,7 +671,7 @@ def add_held(out, b, x, slot, h0, a0, h1, a1):  # pragma: no cover - compiled
     by the caller's loop: bin h0 in a0 and bin h1 in a1 (-1: no bin; out[h] is stale for
     a held bin h), returned as (h0, a0, h1, a1). A bin in neither slot goes into slot
     `slot` (0 or 1), whose bin is written back first; the caller writes the held bins back
-    at the end (``out[h] = a`` for h >= 0). The same additions in the same order as
+    at the end (`flush_held`). The same additions in the same order as
     ``out[b] += x``, so the same floats; a run of additions to one bin then waits on each
     addition only, not on a store and a load of `out` (compiled, numba; out: float array,
     b: int, x: float).
@@ -691,6 +691,16 @@ def add_held(out, b, x, slot, h0, a0, h1, a1):  # pragma: no cover - compiled
         h1 = b
         a1 = out[b] + x
     return h0, a0, h1, a1
+
+
+@njit(cache=True)
+def flush_held(out, h0, a0, h1, a1):  # pragma: no cover - compiled
+    """Write the bins `add_held` holds in registers back to `out` (``out[h] = a`` for
+    each held bin h >= 0)."""
+    if h0 >= 0:
+        out[h0] = a0
+    if h1 >= 0:
+        out[h1] = a1
 
 
 @njit(cache=True)

@@ -394,7 +394,7 @@ class TerraPolicy:
                 continue
             for pair in fgs:
                 if pair not in out:
-                    found = self._paths.get(pair) or self.paths(*pair)
+                    found = self.paths(*pair)
                     if not found:
                         raise ValueError(f"coflow {cid!r}: no path from {pair[0]} to {pair[1]}")
                     out[pair] = found

@@ -59,7 +59,7 @@ import numpy as np
 from numba import njit
 
 from terra_core.flow_bundles import bundle_wan_flows, flow_count, unbundled_wan_flows
-from terra_core.maxmin import add_held, csr_ranges
+from terra_core.maxmin import add_held, csr_ranges, flush_held
 from terra_core.policy import (
     Allocation,
     CoflowRatesPolicy,
@@ -1422,8 +1422,5 @@ def _store_hop_rates(
             t = live_rem[i] / flow_rate
             if t < best or np.isnan(t):
                 best = t
-    if h0 >= 0:
-        load[h0] = a0
-    if h1 >= 0:
-        load[h1] = a1
+    flush_held(load, h0, a0, h1, a1)
     return unrouted, load, best

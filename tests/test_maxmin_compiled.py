@@ -23,6 +23,7 @@ from terra_core.maxmin import (
     add_held,
     columns_by_row,
     csr_ranges,
+    flush_held,
     maxmin_levels,
     maxmin_levels_entries,
     maxmin_levels_scaled,
@@ -241,10 +242,7 @@ def _held_sums(out, bins, values, slots):
     h0, a0, h1, a1 = -1, 0.0, -1, 0.0
     for k in range(len(bins)):
         h0, a0, h1, a1 = add_held(out, bins[k], values[k], slots[k], h0, a0, h1, a1)
-    if h0 >= 0:
-        out[h0] = a0
-    if h1 >= 0:
-        out[h1] = a1
+    flush_held(out, h0, a0, h1, a1)
 
 
 @pytest.mark.parametrize("seed", range(20))
