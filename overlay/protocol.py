@@ -7,18 +7,25 @@ Source: docs/design.md section 6 ("Control channel"), section 5 (chunks, acks).
 
 Control channel, agent -> controller:
     register  {dc, agent, data_addr: "host:port",
-               inflight?: [{coflow, flow, role: "send"|"recv", offset: int bytes}]}
-    progress  {flows: [{coflow, flow, acked: int bytes}]}
-    complete  {coflow, flow, digest: flow digest hex str (overlay/integrity.py), size: int bytes}
+               inflight?: [{coflow, flow, role: "send"|"recv", offset: int bytes, k}]}
+    progress  {flows: [{coflow, flow, acked: int bytes, k}]}
+    complete  {coflow, flow, digest: flow digest hex str (overlay/integrity.py), size: int bytes,
+               k}
     heartbeat {}
     error     {message: str, coflow?: str, flow?: str}
-    failed    {coflow, flow, reason: str, cause: "source" | "sink" | "digest", attempt?: int}
+    failed    {coflow, flow, reason: str, cause: "source" | "sink" | "digest", attempt?: int, k}
               a flow cannot run at this agent: its source cannot be read (sender), its sink
               cannot be opened or written (receiver), or its bytes arrived with a digest that
               does not match the sender's (receiver; the controller may send it again from 0);
               attempt: the flow's attempt it is about (default 0; reports of an earlier attempt
               are ignored)
     ack       {id}                    (answers a controller message that carried "id")
+    k: the report's attempt tag, report_tag(the flow attempt's digest_key): the controller
+       accepts a progress row, "complete", "failed" or "inflight" row only when it matches the
+       flow's current attempt (a report about an earlier attempt, or about a flow of the same
+       ids before a controller restart, is refused). Report fields are capped: coflow and flow
+       ids MAX_NAME_CHARS, reasons MAX_REASON_CHARS, digests MAX_DIGEST_CHARS hex digits; a
+       longer one makes the whole message invalid.
 
 Control channel, controller -> agent (any of them may carry "id": the agent acks it once applied):
     registered {agent}                (registration accepted)
@@ -72,6 +79,8 @@ All validators raise ProtocolError (a ValueError) with a message naming the fiel
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
 import re
 from dataclasses import asdict, dataclass, field
@@ -103,6 +112,10 @@ PROTOCOL_TYPES_TO_AGENT = (
 )
 FAILURE_CAUSES = ("source", "sink", "digest")
 MAX_REASON_CHARS = 1024  # "failed" reasons are cut to this length by failed_message
+MAX_NAME_CHARS = 256  # coflow and flow ids in reports (the registry's MAX_ID_CHARS)
+MAX_DIGEST_CHARS = 128  # hex digits of a reported flow digest
+TAG_CHARS = 32  # hex digits of a report's attempt tag ("k")
+TAG_LABEL = b"terra-report"
 DROP_BATCH = 100  # flow ids per "drop" message (ids are <= 256 chars: headers stay < 64 KiB)
 DATA_TYPES = ("hello", "chunk", "ack")
 MAX_PORT = 65535
@@ -200,6 +213,18 @@ class GroupRates:
         }
 
 
+def report_tag(digest_key: str) -> str:
+    """The attempt tag ("k") of reports about a flow attempt: the first TAG_CHARS hex digits
+    of HMAC-SHA256(key bytes, TAG_LABEL), where `digest_key` is the attempt's flow key (64 hex
+    digits, FlowSpec.digest_key). Only the flow's two agents and the controller know the key.
+
+    Raises:
+        ValueError: `digest_key` is not hex.
+    """
+    mac = hmac.new(bytes.fromhex(digest_key), TAG_LABEL, hashlib.sha256)
+    return mac.hexdigest()[:TAG_CHARS]
+
+
 # ---------------------------------------------------------------- constructors
 
 
@@ -237,14 +262,26 @@ def rates_message(groups: list[GroupRates], msg_id=None) -> dict:
     return _with_id({"t": "rates", "rates": [g.to_dict() for g in groups]}, msg_id)
 
 
-def progress_message(flows: list[tuple[str, str, int]]) -> dict:
-    """Header of a "progress" message from [(coflow, flow, acked bytes)]."""
-    return {"t": "progress", "flows": [{"coflow": c, "flow": f, "acked": a} for c, f, a in flows]}
+def progress_message(flows: list[tuple[str, str, int, str]]) -> dict:
+    """Header of a "progress" message from [(coflow, flow, acked bytes, tag)], tag =
+    report_tag(the attempt's digest_key)."""
+    return {
+        "t": "progress",
+        "flows": [{"coflow": c, "flow": f, "acked": a, "k": k} for c, f, a, k in flows],
+    }
 
 
-def complete_message(coflow: str, flow: str, digest: str, size: int) -> dict:
-    """Header of a "complete" message: the receiver got all `size` bytes and the digest matched."""
-    return {"t": "complete", "coflow": coflow, "flow": flow, "digest": digest, "size": size}
+def complete_message(coflow: str, flow: str, digest: str, size: int, tag: str) -> dict:
+    """Header of a "complete" message: the receiver got all `size` bytes and the digest matched;
+    `tag` = report_tag(the attempt's digest_key)."""
+    return {
+        "t": "complete",
+        "coflow": coflow,
+        "flow": flow,
+        "digest": digest,
+        "size": size,
+        "k": tag,
+    }
 
 
 def error_message(message: str, **fields) -> dict:
@@ -252,19 +289,24 @@ def error_message(message: str, **fields) -> dict:
     return {"t": "error", "message": message, **fields}
 
 
-def failed_message(coflow: str, flow: str, reason: str, cause: str, attempt: int = 0) -> dict:
+def failed_message(
+    coflow: str, flow: str, reason: str, cause: str, attempt: int = 0, tag: str | None = None
+) -> dict:
     """Header of a "failed" message (agent -> controller): flow coflow/flow cannot run here.
 
     Args:
         reason: human-readable cause (cut to MAX_REASON_CHARS characters).
         cause: one of FAILURE_CAUSES ("source", "sink", "digest").
         attempt: the flow's attempt (FlowSpec.attempt) that failed; sent when > 0.
+        tag: report_tag(the attempt's digest_key) (the controller refuses a report without).
 
     Raises:
-        ProtocolError: empty ids, an unknown cause or a negative attempt.
+        ProtocolError: empty or too long ids, an unknown cause or a negative attempt.
     """
     text = str(reason)[:MAX_REASON_CHARS] or "unknown"
     msg = {"t": "failed", "coflow": coflow, "flow": flow, "reason": text, "cause": cause}
+    if tag is not None:
+        msg["k"] = tag
     if attempt:
         msg["attempt"] = attempt
     return validate_control(msg)
@@ -299,6 +341,10 @@ def _with_id(msg: dict, msg_id) -> dict:
 # with msgspec.convert and returns the map itself, so callers keep working with plain maps.
 
 Name = Annotated[str, Meta(min_length=1)]
+ReportName = Annotated[str, Meta(min_length=1, max_length=MAX_NAME_CHARS)]
+Tag = Annotated[str, Meta(max_length=TAG_CHARS)]  # wrong tags are refused by the controller
+Digest = Annotated[str, Meta(pattern=f"^[0-9a-f]{{1,{MAX_DIGEST_CHARS}}}$")]
+Reason = Annotated[str, Meta(min_length=1, max_length=MAX_REASON_CHARS)]
 Bytes = Annotated[int, Meta(ge=0)]
 Port = Annotated[int, Meta(ge=1, le=MAX_PORT)]
 PairKey = Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]  # 32 bytes, lower-case hex
@@ -319,11 +365,12 @@ class _Register(_Control, tag="register", frozen=True):
 
 
 class _Inflight(msgspec.Struct, frozen=True):
-    coflow: Name
-    flow: Name
+    coflow: ReportName
+    flow: ReportName
     offset: Bytes
     role: Literal["send", "recv"]
-    digest: str | None = None
+    digest: Digest | None = None
+    k: Tag = ""
 
 
 class _Registered(_Control, tag="registered", frozen=True):
@@ -401,9 +448,10 @@ class _Rates(_Control, tag="rates", frozen=True):
 
 
 class _Acked(msgspec.Struct, frozen=True):
-    coflow: Name
-    flow: Name
+    coflow: ReportName
+    flow: ReportName
     acked: Bytes
+    k: Tag = ""
 
 
 class _Progress(_Control, tag="progress", frozen=True):
@@ -411,18 +459,20 @@ class _Progress(_Control, tag="progress", frozen=True):
 
 
 class _Complete(_Control, tag="complete", frozen=True):
-    coflow: Name
-    flow: Name
-    digest: Name
+    coflow: ReportName
+    flow: ReportName
+    digest: Digest
     size: Annotated[int, Meta(ge=1)]
+    k: Tag = ""
 
 
 class _Failed(_Control, tag="failed", frozen=True):
-    coflow: Name
-    flow: Name
-    reason: Name
+    coflow: ReportName
+    flow: ReportName
+    reason: Reason
     cause: Literal["source", "sink", "digest"]
     attempt: Bytes = 0
+    k: Tag = ""
 
 
 class _Drop(_Control, tag="drop", frozen=True):
@@ -609,5 +659,3 @@ def parse_rates(msg: dict) -> list[GroupRates]:
         )
         for g in msg["rates"]
     ]
-
-

@@ -61,6 +61,7 @@ from overlay.protocol import (
     parse_tunnels,
     progress_message,
     register_message,
+    report_tag,
     validate_control,
     validate_data,
 )
@@ -459,7 +460,7 @@ class Agent:
             if only_changed and flow.reported == flow.acked:
                 continue
             flow.reported = flow.acked
-            rows.append((coflow, flow_id, flow.acked))
+            rows.append((coflow, flow_id, flow.acked, report_tag(flow.spec.digest_key)))
         for i in range(0, len(rows), ROWS_PER_MESSAGE):
             self.send_control(progress_message(rows[i : i + ROWS_PER_MESSAGE]))
 
@@ -472,30 +473,32 @@ class Agent:
             spec = flow.spec
             if flow.done:
                 self._outbox.append(
-                    complete_message(spec.coflow, spec.flow, flow.digest, spec.size)
+                    complete_message(
+                        spec.coflow, spec.flow, flow.digest, spec.size, report_tag(spec.digest_key)
+                    )
                 )
             elif flow.failed is not None and flow.reported:
                 self._outbox.append(self._in_failure(flow))
         for flow in self.out_flows.values():
             if flow.failed is not None:
                 spec = flow.spec
-                self._outbox.append(
-                    failed_message(spec.coflow, spec.flow, flow.failed, "source", spec.attempt)
-                )
+                self._outbox.append(_failed(spec, flow.failed, "source"))
         self._outbox_event.set()
 
     def _inflight_state(self) -> list[dict]:
         """Unfinished flows for "register" (at most ROWS_PER_MESSAGE, so the header fits)."""
         rows = [
-            {"coflow": c, "flow": f, "role": "send", "offset": flow.acked}
+            {"coflow": c, "flow": f, "role": "send", "offset": flow.acked,
+             "k": report_tag(flow.spec.digest_key)}
             for (c, f), flow in self.out_flows.items()
             if not flow.done and flow.failed is None
-        ]
+        ]  # fmt: skip
         rows += [
-            {"coflow": c, "flow": f, "role": "recv", "offset": flow.acknowledged}
+            {"coflow": c, "flow": f, "role": "recv", "offset": flow.acknowledged,
+             "k": report_tag(flow.spec.digest_key)}
             for (c, f), flow in self.in_flows.items()
             if not flow.done and flow.failed is None
-        ]
+        ]  # fmt: skip
         if len(rows) > ROWS_PER_MESSAGE:
             log.warning(
                 "%d flows in flight; register reports the first %d", len(rows), ROWS_PER_MESSAGE
@@ -626,7 +629,7 @@ class Agent:
                 self._group((spec.coflow, spec.dst_dc)).add_flow(flow)
         except (SourceError, OSError, ValueError) as exc:  # ValueError: e.g. NUL in a path
             log.error("flow %s/%s cannot start: %s", spec.coflow, spec.flow, exc)
-            self.send_control(failed_message(spec.coflow, spec.flow, str(exc), cause, spec.attempt))
+            self.send_control(_failed(spec, str(exc), cause))
 
     def _drop_flows(self, coflow: str, flow_ids: list[str]) -> None:
         """Forget flows the controller dropped ("drop": their coflow failed or was cancelled,
@@ -716,7 +719,8 @@ class Agent:
         if flow.done and not was_done:
             flow.source.close()  # frees a synthetic block / file descriptor (reopened if needed)
             flow.reported = flow.acked
-            self.send_control(progress_message([(coflow, flow_id, flow.acked)]))
+            tag = report_tag(flow.spec.digest_key)
+            self.send_control(progress_message([(coflow, flow_id, flow.acked, tag)]))
             if group is not None:
                 group.notify()
 
@@ -724,19 +728,18 @@ class Agent:
         flow.reported = True
         spec = flow.spec
         log.info("flow %s/%s complete (%d bytes)", spec.coflow, spec.flow, spec.size)
-        self.send_control(complete_message(spec.coflow, spec.flow, flow.digest, spec.size))
+        tag = report_tag(spec.digest_key)
+        self.send_control(complete_message(spec.coflow, spec.flow, flow.digest, spec.size, tag))
 
     def _flow_failed(self, flow: OutFlow, message: str) -> None:
-        spec = flow.spec
-        self.send_control(failed_message(spec.coflow, spec.flow, message, "source", spec.attempt))
+        self.send_control(_failed(flow.spec, message, "source"))
 
     @staticmethod
     def _in_failure(flow: InFlow) -> dict:
         """The "failed" report of a receiving flow: cause "digest" (the controller may send it
         again) or "sink"."""
         cause = "digest" if flow.digest_mismatch else "sink"
-        spec = flow.spec
-        return failed_message(spec.coflow, spec.flow, flow.failed, cause, spec.attempt)
+        return _failed(flow.spec, flow.failed, cause)
 
     def _wake_all(self) -> None:
         for group in self.groups.values():
@@ -1056,3 +1059,11 @@ def parse_memory(value: str) -> int:
     if not math.isfinite(number) or number < 0:
         raise ValueError(f"byte count must be >= 0, got {value!r}")
     return int(number * scale)
+
+
+def _failed(spec: FlowSpec, reason: str, cause: str) -> dict:
+    """The "failed" report of flow attempt `spec` (cause "source", "sink" or "digest"), with
+    the attempt's tag."""
+    return failed_message(
+        spec.coflow, spec.flow, reason, cause, spec.attempt, report_tag(spec.digest_key)
+    )

@@ -21,8 +21,12 @@ What the channel does:
   entries are sent; a FlowGroup that lost its rates gets an entry with no paths (= paused).
 - reports: "progress" feeds remaining volumes, "complete" finishes flows, and
   "inflight" in "register" (a reconnecting agent) restores acknowledged offsets
-  (a "recv" row may carry "digest": the flow completed). Reports about coflows a
-  restarted controller does not know yet are kept until the job master resubmits.
+  (a "recv" row may carry "digest": the flow completed). Every report is accepted
+  only from the flow's endpoint and with the tag "k" of the flow's current attempt
+  (protocol.report_tag); others are refused, logged and counted. Reports about
+  coflows a restarted controller does not know yet are kept, per reporting agent
+  (at most MAX_PENDING_PER_AGENT each, its oldest dropped first), until the job master
+  resubmits; they are applied then with the same checks.
 - failures: "failed" {coflow, flow, reason, cause} from an endpoint fails the flow
   and its coflow (`Controller.fail_flow`); cause "digest" restarts it from byte 0
   instead, up to the controller's max_restarts. When a coflow fails or is
@@ -45,7 +49,7 @@ import logging
 import socket
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 
 import msgpack
 
@@ -74,7 +78,7 @@ LOG = logging.getLogger("terra.agents")
 
 BATCH_BYTES = 48 * 1024  # encoded entries per control message (headers stay below 64 KiB)
 AGENT_SILENCE_S = 15.0  # no message (heartbeats included) for this long: disconnect
-MAX_PENDING = 100_000  # offsets kept for coflows not (yet) resubmitted after a restart
+MAX_PENDING_PER_AGENT = 10_000  # reports kept per agent for coflows not (yet) resubmitted
 MAX_SENT = 20_000  # ids of sent messages remembered for their acks (reaction times)
 RESTART_ACK_S = 5.0  # a restarted flow's sender gets its descriptor after this at the latest
 
@@ -115,11 +119,12 @@ class AgentChannel:
         self.acks: dict[int, float] = {}
         self.sent_at: dict[int, float] = {}
         self.ack_event = threading.Condition()
-        # (coflow, flow) -> (reporting agent, offset / digest) for coflows not known yet
-        self.pending_inflight: dict[tuple[str, str], tuple[str, int]] = {}
-        self.pending_complete: dict[tuple[str, str], tuple[str, str]] = {}
-        # (coflow, flow) -> (reporting agent, reason, cause, attempt) for coflows not known yet
-        self.pending_failed: dict[tuple[str, str], tuple[str, str, str, int]] = {}
+        # reports about coflows not known yet: {reporting agent: {coflow: {(kind, flow):
+        # report args}}} (kind "progress" / "complete" / "failed", coflows oldest first),
+        # reports kept per agent, and {coflow: agents with reports about it}
+        self.pending: dict[str, OrderedDict[str, dict[tuple[str, str], tuple]]] = {}
+        self.pending_count: dict[str, int] = {}
+        self.pending_agents: dict[str, set[str]] = {}
         # message id -> (monotonic deadline, callback): run once the message is acked
         # or the deadline passed (restarted flows: the sender's part)
         self.after_ack: dict[int, tuple[float, object]] = {}
@@ -179,19 +184,22 @@ class AgentChannel:
         if kind == "progress":
             for item in m["flows"]:
                 try:
-                    self._progress(conn.agent, item["coflow"], item["flow"], item["acked"])
+                    self._progress(
+                        conn.agent, item["coflow"], item["flow"], item["acked"], item.get("k", "")
+                    )
                 except RegistryError as exc:
                     _log_refused(conn.agent, kind, exc)
             return
         try:
             if kind == "complete":
-                self._complete(conn.agent, m["coflow"], m["flow"], m["digest"])
+                self._complete(conn.agent, m["coflow"], m["flow"], m["digest"], m.get("k", ""))
             elif kind == "ack":
                 self._acked(m["id"])
             elif kind == "failed":
                 self._failed(
-                    conn.agent, m["coflow"], m["flow"], m["reason"], m["cause"], m.get("attempt", 0)
-                )
+                    conn.agent, m["coflow"], m["flow"], m["reason"], m["cause"],
+                    m.get("attempt", 0), m.get("k", ""),
+                )  # fmt: skip
             elif kind == "error":
                 LOG.warning("agent %s reports: %s", conn.agent, m.get("message"))
         except RegistryError as exc:  # e.g. a report about a coflow this controller forgot
@@ -229,38 +237,59 @@ class AgentChannel:
                 "forbidden", f"agent {agent!r} is not the {role} endpoint of {coflow}/{flow}"
             )
 
-    def _keep_pending(self, pending: dict, key: tuple[str, str], value) -> None:
-        """Keep a report about a coflow this controller does not know yet (bounded to
-        MAX_PENDING, oldest dropped first)."""
+    def _keep_pending(self, agent: str, kind: str, coflow: str, flow: str, args: tuple) -> None:
+        """Keep `agent`'s report about a coflow this controller does not know yet (at most
+        MAX_PENDING_PER_AGENT per agent, its oldest dropped first: one agent cannot push
+        out another's reports). A progress report keeps the highest offset."""
         with self.lock:
-            pending[key] = value
-            while len(pending) > MAX_PENDING:
-                pending.pop(next(iter(pending)))
+            mine = self.pending.setdefault(agent, OrderedDict())
+            group = mine.setdefault(coflow, {})
+            old = group.get((kind, flow))
+            if kind == "progress" and old is not None and old[1] == args[1] and old[0] > args[0]:
+                args = old  # the same attempt: keep the highest offset
+            group[(kind, flow)] = args
+            self.pending_agents.setdefault(coflow, set()).add(agent)
+            count = self.pending_count.get(agent, 0) + (old is None)
+            while count > MAX_PENDING_PER_AGENT:
+                oldest, first = next(iter(mine.items()))
+                first.pop(next(iter(first)))
+                count -= 1
+                if not first:
+                    del mine[oldest]
+                    self.pending_agents.get(oldest, set()).discard(agent)
+            self.pending_count[agent] = count
 
-    def _progress(self, agent: str, coflow: str, flow: str, acked: int) -> None:
+    def _progress(self, agent: str, coflow: str, flow: str, acked: int, tag: str) -> None:
         try:
             self._check_endpoint(agent, coflow, flow, "any")
         except RegistryError as exc:
-            if exc.code == "forbidden":
-                raise
-            self._keep_if_unknown(agent, coflow, flow, acked)
-            return
-        if not self.controller.progress(parse_coflow_key(coflow), flow, acked):
+            if exc.code != "forbidden" and self._unknown(coflow):
+                self._keep_pending(agent, "progress", coflow, flow, (acked, tag))
+                return
+            raise
+        if not self.controller.progress(parse_coflow_key(coflow), flow, acked, tag):
             self._send_drop({agent}, coflow, [flow])  # its coflow failed / was cancelled
 
-    def _complete(self, agent: str, coflow: str, flow: str, digest: str) -> None:
+    def _complete(self, agent: str, coflow: str, flow: str, digest: str, tag: str) -> None:
         try:
             self._check_endpoint(agent, coflow, flow, "recv")
         except RegistryError as exc:
             if exc.code != "forbidden" and self._unknown(coflow):
                 # finished while the controller was down: keep it until resubmitted
-                self._keep_pending(self.pending_complete, (coflow, flow), (agent, digest))
+                self._keep_pending(agent, "complete", coflow, flow, (digest, tag))
                 return
             raise
-        self.controller.complete(parse_coflow_key(coflow), flow, digest)
+        self.controller.complete(parse_coflow_key(coflow), flow, digest, tag)
 
     def _failed(
-        self, agent: str, coflow: str, flow: str, reason: str, cause: str, attempt: int = 0
+        self,
+        agent: str,
+        coflow: str,
+        flow: str,
+        reason: str,
+        cause: str,
+        attempt: int = 0,
+        tag: str = "",
     ) -> None:
         """An endpoint reports that attempt `attempt` of a flow cannot run (see
         Controller.fail_flow); a report about a coflow not known yet (controller restarted)
@@ -268,34 +297,32 @@ class AgentChannel:
 
         Raises:
             RegistryError: "forbidden" (not the flow's endpoint: its sender for cause
-                "source", its receiver otherwise), unknown flow of a known coflow.
+                "source", its receiver otherwise), "stale_attempt" (not the tag of the
+                flow's current attempt), unknown flow of a known coflow.
         """
         try:
             self._check_endpoint(agent, coflow, flow, "send" if cause == "source" else "recv")
         except RegistryError as exc:
             if exc.code != "forbidden" and self._unknown(coflow):
-                value = (agent, reason, cause, attempt)
-                self._keep_pending(self.pending_failed, (coflow, flow), value)
+                args = (reason, cause, attempt, tag)
+                self._keep_pending(agent, "failed", coflow, flow, args)
                 return
             raise
-        LOG.warning("agent %s: flow %s/%s cannot run (%s): %s", agent, coflow, flow, cause, reason)
         cid = parse_coflow_key(coflow)
-        self.controller.fail_flow(cid, flow, reason, cause == "digest", attempt)
+        outcome = self.controller.fail_flow(cid, flow, reason, cause == "digest", attempt, tag)
+        if outcome != "ignored":
+            LOG.warning(
+                "agent %s: flow %s/%s cannot run (%s): %s", agent, coflow, flow, cause, reason
+            )
 
-    def _unknown(self, coflow: str) -> bool:
+    def _unknown(self, coflow: str, known: dict | None = None) -> bool:
+        """True when `coflow` is a well-formed id of a coflow not in memory (a report about it
+        is kept)."""
         try:
-            return parse_coflow_key(coflow) not in self.controller.registry.coflows
+            cid = parse_coflow_key(coflow)
         except RegistryError:
             return False
-
-    def _keep_if_unknown(self, agent: str, coflow: str, flow: str, offset: int) -> None:
-        """Keep a report about a coflow this controller does not know (yet): after a
-        controller restart the job master resubmits it later (bounded to MAX_PENDING;
-        applied then only if `agent` is an endpoint of the flow)."""
-        if self._unknown(coflow):
-            key = (coflow, flow)
-            _, old = self.pending_inflight.get(key, (agent, 0))
-            self._keep_pending(self.pending_inflight, key, (agent, max(offset, old)))
+        return cid not in (self.controller.registry.coflows if known is None else known)
 
     def _register(self, conn: AgentConnection, m: dict) -> None:
         identity = conn.identity
@@ -319,13 +346,14 @@ class AgentChannel:
             conn.agent = info.id
             self.connections[info.id] = conn
         for item in m.get("inflight", []):  # acked offsets (sender) / delivered (receiver)
+            tag = item.get("k", "")
             try:
-                self._progress(info.id, item["coflow"], item["flow"], item["offset"])
+                self._progress(info.id, item["coflow"], item["flow"], item["offset"], tag)
                 digest = item.get("digest")  # optional: a receiving flow that completed
                 if item["role"] == "recv" and isinstance(digest, str) and digest:
-                    self._complete(info.id, item["coflow"], item["flow"], digest)
+                    self._complete(info.id, item["coflow"], item["flow"], digest, tag)
             except RegistryError as exc:
-                LOG.info("agent %s: inflight report: %s", info.id, exc)
+                _log_refused(info.id, "inflight row", exc)
         LOG.info("agent %s registered in %s at %s", info.id, info.dc, info.data_addr)
         self.controller.metrics.registrations.inc()
         conn.send({"t": "registered", "agent": info.id})
@@ -342,29 +370,32 @@ class AgentChannel:
         conn.sent_rates = {}
         self.push_rates(self.controller.rates, False)
 
-    def apply_inflight(self) -> None:
-        """Apply offsets and completions reported before their coflow was (re)submitted."""
+    def apply_inflight(self, coflows: list[str] | None = None) -> None:
+        """Apply the reports kept for coflows not known when they arrived: those about
+        coflows known now (among `coflows`, default all) are applied with the usual endpoint
+        and attempt checks, progress first, then completions, then failures; the others
+        stay kept."""
         with self.lock:
-            if not self.pending_inflight and not self.pending_complete and not self.pending_failed:
+            if not self.pending_agents:
                 return
-            pending, self.pending_inflight = self.pending_inflight, {}
-            done, self.pending_complete = self.pending_complete, {}
-            failed, self.pending_failed = self.pending_failed, {}
-        for (coflow, flow), (agent, offset) in pending.items():
+            known = self.controller.registry.coflows
+            chosen = self.pending_agents if coflows is None else coflows
+            ready: list[tuple[str, str, str, str, tuple]] = []
+            for coflow in [c for c in chosen if not self._unknown(c, known)]:
+                for agent in self.pending_agents.pop(coflow, ()):
+                    mine = self.pending.get(agent, {})
+                    group = mine.pop(coflow, {})
+                    if not mine:
+                        self.pending.pop(agent, None)
+                    self.pending_count[agent] = self.pending_count.get(agent, 0) - len(group)
+                    ready += [(k, agent, coflow, f, args) for (k, f), args in group.items()]
+        order = {"progress": 0, "complete": 1, "failed": 2}
+        ready.sort(key=lambda r: order[r[0]])
+        for kind, agent, coflow, flow, args in ready:
             try:
-                self._progress(agent, coflow, flow, offset)
+                getattr(self, "_" + kind)(agent, coflow, flow, *args)
             except RegistryError as exc:
-                LOG.info("progress of %s/%s from %s dropped: %s", coflow, flow, agent, exc)
-        for (coflow, flow), (agent, digest) in done.items():
-            try:
-                self._complete(agent, coflow, flow, digest)
-            except RegistryError as exc:
-                LOG.info("completion of %s/%s from %s dropped: %s", coflow, flow, agent, exc)
-        for (coflow, flow), (agent, reason, cause, attempt) in failed.items():
-            try:
-                self._failed(agent, coflow, flow, reason, cause, attempt)
-            except RegistryError as exc:
-                LOG.info("failure of %s/%s from %s dropped: %s", coflow, flow, agent, exc)
+                _log_refused(agent, f"kept {kind} of {coflow}/{flow}", exc)
 
     def close_all(self, grace_s: float = 0.2) -> None:
         """Say goodbye to every agent: half-close (FIN), let them close, then close.
@@ -421,7 +452,7 @@ class AgentChannel:
         Offsets and completions the agents reported before a restarted controller
         learned of the coflow are applied first, so the descriptors carry them.
         """
-        self.apply_inflight()
+        self.apply_inflight([coflow_key(coflow.id)])
         self._send_flows([(coflow, f) for f in flows if not f.intra_dc and not f.done])
 
     def _send_flows(self, pairs: list[tuple[CoflowState, FlowState]]) -> None:

@@ -239,8 +239,6 @@ class ApiHandler:
         # (client name, ref) -> (monotonic s, reply) of submit/update, oldest first
         self.done_refs: OrderedDict[tuple[str, str], tuple[float, dict]] = OrderedDict()
         self.refs_lock = threading.Lock()
-        self.owners: dict[int, str] = {}  # coflow id -> name of the job client that submitted it
-        self.owners_lock = threading.Lock()
 
     def handle(self, request: object, identity: Identity = INSECURE) -> dict:
         """Answer one decoded request map from `identity`; never raises (errors become
@@ -306,18 +304,10 @@ class ApiHandler:
         """
         if identity.may(Role.OPERATOR):
             return coflow_id
-        with self.owners_lock:
-            owner = self.owners.get(coflow_id) if _hashable(coflow_id) else None
-        if owner != identity.name:
-            raise RegistryError("unknown_coflow", f"unknown coflow {coflow_id!r}")
+        known, owner = self.controller.owner_of(coflow_id)
+        if not known or owner != identity.name:
+            raise RegistryError("unknown_coflow", f"unknown coflow {coflow_id!r:.40}")
         return coflow_id
-
-    def _remember_owner(self, cid: int, identity: Identity) -> None:
-        with self.owners_lock:
-            self.owners[cid] = identity.name
-            known = self.controller.registry.coflows
-            if len(self.owners) > 2 * len(known) + 1000:  # forget coflows it dropped
-                self.owners = {c: o for c, o in self.owners.items() if c in known}
 
     def _hello(self, request: dict, identity: Identity) -> dict:
         return {"version": API_VERSION, "name": identity.name, "role": identity.role.value}
@@ -325,15 +315,8 @@ class ApiHandler:
     def _submit(self, request: dict, identity: Identity) -> dict:
         _only(request, {"flows", "deadline", "coflow", "age_s"})
         wanted = request.get("coflow")
-        if wanted is not None and _hashable(wanted):
-            with self.owners_lock:
-                owner = self.owners.get(wanted)
-            if owner is not None and owner != identity.name:
-                raise RegistryError("bad_request", f"coflow id {wanted} is in use")
         flows, deadline = request.get("flows"), request.get("deadline")
-        cid = self.controller.submit(flows, deadline, wanted, request.get("age_s"))
-        if cid >= 0:
-            self._remember_owner(cid, identity)
+        cid = self.controller.submit(flows, deadline, wanted, request.get("age_s"), identity.name)
         return {"coflow": cid}
 
     def _status(self, request: dict, identity: Identity) -> dict:
@@ -354,8 +337,8 @@ class ApiHandler:
         keys = ("id", "state", "bytes_total", "bytes_delivered", "cct_s")
         coflows = self.controller.snapshot().coflows
         if not identity.may(Role.OPERATOR):
-            with self.owners_lock:
-                coflows = [c for c in coflows if self.owners.get(c["id"]) == identity.name]
+            mine = self.controller.coflows_of(identity.name)
+            coflows = [c for c in coflows if c["id"] in mine]
         return {"coflows": [{k: c[k] for k in keys} for c in coflows]}
 
     def _link_state(self, request: dict, identity: Identity) -> dict:

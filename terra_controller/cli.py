@@ -139,6 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-restarts", type=int, default=3, metavar="N",
         help="re-transfers of a flow after digest mismatches before it fails",
     )  # fmt: skip
+    p.add_argument(
+        "--state-dir", metavar="DIR", default=None,
+        help="coflow journal directory (default: $STATE_DIRECTORY, else "
+        "~/.local/state/terra-controller)",
+    )  # fmt: skip
     add_common_args(p)
     return p
 
@@ -214,10 +219,16 @@ def run(args, topology, security) -> None:
     except ValueError as exc:
         raise SystemExit(f"terra-controller: {exc}") from exc
     LOG.info("scheduler %s (K=%d)", args.scheduler, args.k)
-    controller = Controller(
-        topology, policy, agent_timeout_s=args.agent_timeout, keep_finished=args.keep_finished,
-        keep_finished_s=args.keep_finished_s, max_restarts=args.max_restarts,
-    )  # fmt: skip
+    from terra_controller.journal import JournalError
+
+    try:
+        controller = Controller(
+            topology, policy, agent_timeout_s=args.agent_timeout,
+            keep_finished=args.keep_finished, keep_finished_s=args.keep_finished_s,
+            max_restarts=args.max_restarts, state_dir=state_dir(args.state_dir),
+        )  # fmt: skip
+    except JournalError as exc:
+        raise SystemExit(f"terra-controller: {exc}") from exc
     openflow_info = ports = None
     threads = []
     if not args.no_openflow:
@@ -283,6 +294,17 @@ def run(args, topology, security) -> None:
     signal.signal(signal.SIGINT, stop)
     for thread in [t_api, t_agents, t_rest, *threads]:
         thread.join()
+
+
+def state_dir(chosen: str | None) -> str:
+    """The controller's state directory: --state-dir, else $STATE_DIRECTORY (set by systemd's
+    StateDirectory=; the first of a colon-separated list), else ~/.local/state/terra-controller."""
+    if chosen:
+        return chosen
+    env = os.environ.get("STATE_DIRECTORY", "")
+    if env:
+        return env.split(":")[0]
+    return os.path.join(os.path.expanduser("~"), ".local", "state", "terra-controller")
 
 
 GC_THRESHOLDS = (100_000, 50, 100)  # gen-0 allocations between collections, gen-1, gen-2

@@ -17,12 +17,18 @@ Times are seconds on the controller's clock (whatever `now` the caller passes).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
+import posixpath
+import secrets
+import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from overlay.integrity import new_flow_key
+from overlay.protocol import report_tag
 from workloads import Coflow, Flow
 
 
@@ -67,9 +73,12 @@ FINAL_STATES = frozenset(
 )
 STATES = tuple(s.value for s in CoflowStatus)
 MAX_COFLOW_ID = 2**63 - 1  # coflow ids are 0..2**63-1 (int64 everywhere: msgpack, REST, logs)
+MAX_CLIENT_ID = MAX_COFLOW_ID - 2**32  # a client may ask for ids up to this (ids never wrap)
+SECRET_BYTES = 16  # a coflow's secret, from which its flows' per-attempt keys are derived
 MAX_REASON_CHARS = 1024  # failure reasons kept (longer ones are cut)
 MAX_FLOW_BYTES = 1 << 50  # 1 PiB: far above any real flow, below float rounding trouble
-MAX_FLOWS_PER_REQUEST = 1_000_000
+MAX_FLOWS_PER_REQUEST = 100_000
+MAX_OPEN_FLOWS = 1_000_000  # flows of unfinished coflows per job client
 MAX_ID_CHARS = 256
 MAX_PATH_CHARS = 1024  # src_path / dst_path (relative to the agent's --data-root)
 
@@ -80,7 +89,10 @@ class RegistryError(ValueError):
     Attributes:
         code: short machine-readable reason ("unknown_coflow", "unknown_agent",
             "duplicate_flow", "bad_size", "bad_request", "coflow_done" (the coflow is
-            already done, failed, cancelled or rejected)).
+            already done, failed, cancelled or rejected), "path_busy" (a flow's dst_path is
+            the sink of another unfinished flow at that agent), "too_many_flows" (the job
+            client has MAX_OPEN_FLOWS flows in unfinished coflows), "stale_attempt" (an
+            agent's report does not carry the tag of the flow's current attempt)).
     """
 
     def __init__(self, code: str, message: str) -> None:
@@ -114,7 +126,8 @@ class FlowState:
         src_path, dst_path: optional file paths at the sender / receiver agent, relative to
             that agent's data root (terra-agent --data-root); see check_path.
         digest_key: the current attempt's flow key (64 hex chars, overlay/integrity.py): sent
-            to the flow's two agents only; a new one on every restart.
+            to the flow's two agents only; a new one on every restart (derived from its
+            coflow's secret, the attempt and the flow id: see `flow_key`).
     """
 
     id: str
@@ -136,6 +149,25 @@ class FlowState:
     def done(self) -> bool:
         """True once the flow is done (all bytes delivered, digest matched)."""
         return self.state is FlowStatus.DONE
+
+    @property
+    def ended(self) -> bool:
+        """True once the flow is done, failed or cancelled."""
+        return self.state not in (FlowStatus.QUEUED, FlowStatus.RUNNING)
+
+    def check_tag(self, tag: object) -> None:
+        """Accept an agent's report only with the current attempt's tag (overlay/protocol.py
+        report_tag of `digest_key`).
+
+        Raises:
+            RegistryError("stale_attempt"): `tag` is missing or belongs to another attempt
+                (an earlier one, or a flow with the same ids before a controller restart).
+        """
+        want = report_tag(self.digest_key)
+        if not isinstance(tag, str) or not hmac.compare_digest(tag.encode(), want.encode()):
+            raise RegistryError(
+                "stale_attempt", f"flow {self.id}: report not about its current attempt"
+            )
 
     @property
     def intra_dc(self) -> bool:
@@ -182,6 +214,10 @@ class CoflowState:
         state: a CoflowStatus. finished_s: time the last WAN byte was delivered (done only).
         reason: why the coflow failed or was cancelled (None otherwise).
         ended_s: time it reached a final state (done, failed, cancelled), else None.
+        owner: name of the job client that submitted it (None: submitted in-process).
+        secret: SECRET_BYTES random bytes; its flows' attempt keys derive from them
+            (`flow_key`); a resubmission after a controller restart gets the same back
+            from the controller's journal, so reports of the agents' attempts still match.
     """
 
     id: int
@@ -192,6 +228,8 @@ class CoflowState:
     finished_s: float | None = None
     reason: str | None = None
     ended_s: float | None = None
+    owner: str | None = None
+    secret: bytes = field(default_factory=lambda: secrets.token_bytes(SECRET_BYTES), repr=False)
 
     @property
     def cct_s(self) -> float | None:
@@ -245,6 +283,20 @@ class CoflowState:
         )
 
 
+def flow_key(secret: bytes, flow_id: str, attempt: int) -> str:
+    """A flow attempt's key (64 hex chars): HMAC-SHA256(the coflow's secret, u64be(attempt) |
+    flow id), unpredictable without the secret and different for every attempt."""
+    message = struct.pack(">Q", attempt) + flow_id.encode()
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def sink_key(flow: FlowState) -> tuple[str, str] | None:
+    """(dst agent, normalized dst_path) of a flow writing a file, else None."""
+    if flow.dst_path is None:
+        return None
+    return (flow.dst_agent, posixpath.normpath(flow.dst_path))
+
+
 def to_policy_flow(flow: FlowState) -> Flow:
     """Return the scheduler's `Flow` (DC endpoints, bytes) for a tracked flow."""
     return Flow(flow.id, flow.src_dc, flow.dst_dc, float(flow.bytes))
@@ -256,8 +308,11 @@ class CoflowRegistry:
     Args:
         dcs: DC names of the topology (agents must register in one of them).
 
-    Coflow ids are integers assigned in submission order from 0 (a resubmission
-    after a controller restart may ask for its old id), at most MAX_COFLOW_ID.
+    Coflow ids are integers assigned in submission order from `next_id` (0, or where the
+    controller's journal says the last run stopped), never reused; a resubmission after a
+    controller restart may ask for its old id; clients may ask for ids up to MAX_CLIENT_ID.
+
+    A file path at an agent is the sink of one unfinished flow at a time (`sinks`).
 
     Attributes:
         agents: {agent id: AgentInfo}. coflows: {coflow id: CoflowState}, active and
@@ -265,6 +320,8 @@ class CoflowRegistry:
         dropped: {final state value: finished coflows dropped by prune_finished}.
         kept: {final state value: finished coflows still in memory} (state counts without
             walking `coflows`).
+        sinks: {(dst agent, normalized dst_path): (coflow id, flow id)} of unfinished flows.
+        open_flows: {owner: flows of its unfinished coflows} (owner None: in-process).
     """
 
     def __init__(self, dcs: list[str]) -> None:
@@ -279,6 +336,8 @@ class CoflowRegistry:
         self.finished: OrderedDict[int, None] = OrderedDict()
         self.dropped: dict[str, int] = {s.value: 0 for s in FINAL_STATES}
         self.kept: dict[str, int] = {s.value: 0 for s in FINAL_STATES}
+        self.sinks: dict[tuple[str, str], tuple[int, str]] = {}
+        self.open_flows: dict[str | None, int] = {}
 
     # ---- agents -------------------------------------------------------------------------
 
@@ -302,35 +361,81 @@ class CoflowRegistry:
 
     # ---- requests -----------------------------------------------------------------------
 
-    def parse_flows(self, flows: object, existing: dict[str, FlowState] | None = None) -> list:
+    def parse_flows(
+        self,
+        flows: object,
+        existing: dict[str, FlowState] | None = None,
+        agents: dict[str, AgentInfo] | None = None,
+    ) -> list:
         """Validate a request's flows and return them as new FlowStates (nothing is stored).
 
         Args:
             flows: list of {"id": str|int, "src": agent id, "dst": agent id, "bytes": int > 0,
                 "src_path"?: str, "dst_path"?: str} (paths relative to the agents' data
-                roots, checked by check_path).
+                roots, checked by check_path); at most MAX_FLOWS_PER_REQUEST.
             existing: flows already in the coflow (ids must not repeat them).
+            agents: the agents to check endpoints against (default `self.agents`; a copy
+                lets a caller parse without holding the controller's lock).
 
         Raises:
-            RegistryError: "bad_request" (not a list, empty, not a map, bad field types, a
-                bad src_path / dst_path),
-                "duplicate_flow", "unknown_agent", "bad_size".
+            RegistryError: "bad_request" (not a list, empty, too many, not a map, bad field
+                types, a bad src_path / dst_path, a file flow within one DC),
+                "duplicate_flow", "unknown_agent", "bad_size", "path_busy" (two flows of the
+                request write the same file).
         """
         if not isinstance(flows, list) or not flows:
             raise RegistryError("bad_request", "flows must be a non-empty list")
         if len(flows) > MAX_FLOWS_PER_REQUEST:
             raise RegistryError("bad_request", f"more than {MAX_FLOWS_PER_REQUEST} flows")
+        agents = self.agents if agents is None else agents
         seen = set(existing or ())
+        sinks: set[tuple[str, str]] = set()
         parsed = []
         for i, item in enumerate(flows):
-            flow = self._parse_flow(item, f"flows[{i}]")
+            flow = self._parse_flow(item, f"flows[{i}]", agents)
             if flow.id in seen:
                 raise RegistryError("duplicate_flow", f"flows[{i}]: duplicate flow id {flow.id!r}")
             seen.add(flow.id)
+            sink = sink_key(flow)
+            if sink is not None:
+                if sink in sinks:
+                    raise RegistryError(
+                        "path_busy", f"flows[{i}]: another flow of the request writes {sink[1]!r}"
+                    )
+                sinks.add(sink)
             parsed.append(flow)
         return parsed
 
-    def _parse_flow(self, item: object, where: str) -> FlowState:
+    def check_sinks(self, flows: list[FlowState]) -> None:
+        """Refuse flows whose file is the sink of an unfinished flow already (nothing changes).
+
+        Raises:
+            RegistryError("path_busy"): names the path, its agent and the flow writing it.
+        """
+        for f in flows:
+            sink = sink_key(f)
+            holder = self.sinks.get(sink) if sink is not None else None
+            if holder is not None:
+                raise RegistryError(
+                    "path_busy",
+                    f"flow {f.id}: {sink[1]!r} at agent {sink[0]} is being written by flow "
+                    f"{holder[0]}/{holder[1]}",
+                )
+
+    def check_open_flows(self, owner: str | None, adding: int) -> None:
+        """Refuse `adding` more flows to a job client's unfinished coflows beyond MAX_OPEN_FLOWS.
+
+        Raises:
+            RegistryError("too_many_flows").
+        """
+        have = self.open_flows.get(owner, 0)
+        if have + adding > MAX_OPEN_FLOWS:
+            raise RegistryError(
+                "too_many_flows",
+                f"{have} flows of unfinished coflows plus {adding} is over {MAX_OPEN_FLOWS}",
+            )
+
+    def _parse_flow(self, item: object, where: str, agents: dict[str, AgentInfo]) -> FlowState:
         if not isinstance(item, dict):
             raise RegistryError("bad_request", f"{where}: must be a map")
         unknown = set(item) - {"id", "src", "dst", "bytes", "src_path", "dst_path"}
@@ -340,9 +445,9 @@ class CoflowRegistry:
         ends = []
         for key in ("src", "dst"):
             agent = item.get(key)
-            if not isinstance(agent, str) or agent not in self.agents:
+            if not isinstance(agent, str) or agent not in agents:
                 raise RegistryError("unknown_agent", f"{where}.{key}: unknown agent {agent!r}")
-            ends.append(self.agents[agent])
+            ends.append(agents[agent])
         size = item.get("bytes")
         if isinstance(size, bool) or not isinstance(size, int):
             raise RegistryError("bad_size", f"{where}.bytes: must be an integer, got {size!r}")
@@ -352,10 +457,22 @@ class CoflowRegistry:
             key: check_path(item.get(key), f"{where}.{key}") for key in ("src_path", "dst_path")
         }
         src, dst = ends
+        if src.dc == dst.dc and (paths["src_path"] or paths["dst_path"]):
+            raise RegistryError(
+                "bad_request",
+                f"{where}: a file flow must cross DCs ({src.id} and {dst.id} are both in "
+                f"{src.dc}): Terra moves file bytes between DCs only",
+            )
         return FlowState(fid, src.id, dst.id, src.dc, dst.dc, size, **paths)
 
     def submit(
-        self, flows: list[FlowState], deadline_s: float | None, now: float, coflow_id=None
+        self,
+        flows: list[FlowState],
+        deadline_s: float | None,
+        now: float,
+        coflow_id=None,
+        owner: str | None = None,
+        secret: bytes | None = None,
     ) -> CoflowState:
         """Store a new coflow built from already parsed flows (see `parse_flows`).
 
@@ -364,13 +481,17 @@ class CoflowRegistry:
             now: the coflow's arrival time (s, controller clock; earlier than the current
                 time for a resubmission that keeps its first submission's arrival).
             coflow_id: ask for a specific id (resubmission after a controller restart).
+            owner: the submitting job client's name (None: in-process).
+            secret: the coflow's secret (a resubmission: the first submission's; None: new).
 
         Returns:
-            the new CoflowState (state "queued").
+            the new CoflowState (state "queued"); its flows get their attempt keys and
+            their files (dst_path) become busy until they end.
 
         Raises:
             RegistryError("bad_request"): bad deadline, or the requested id is in use / not
                 an integer in 0..MAX_COFLOW_ID, or no id is left.
+            RegistryError("path_busy"): see check_sinks.
         """
         deadline_s = check_deadline(deadline_s)
         if coflow_id is None:
@@ -378,22 +499,25 @@ class CoflowRegistry:
         check_coflow_id(coflow_id)
         if coflow_id in self.coflows:
             raise RegistryError("bad_request", f"coflow id {coflow_id} is in use")
-        coflow = CoflowState(coflow_id, now, deadline_s, {f.id: f for f in flows})
+        self.check_sinks(flows)
+        coflow = CoflowState(coflow_id, now, deadline_s, {f.id: f for f in flows}, owner=owner)
+        if secret is not None:
+            coflow.secret = secret
         self.coflows[coflow_id] = coflow
         self._open[coflow_id] = coflow
-        self._track(coflow, flows)
+        self._adopt(coflow, flows)
         self.next_id = max(self.next_id, coflow_id + 1)
         return coflow
 
     def new_id(self) -> int:
-        """The id a new coflow gets: `next_id`, or, once a resubmission asked for
-        MAX_COFLOW_ID, the lowest id not in use (ids never run out)."""
-        if self.next_id <= MAX_COFLOW_ID:
-            return self.next_id
-        cid = 0
-        while cid in self.coflows:
-            cid += 1
-        return cid
+        """The id a new coflow gets: `next_id` (ids are never reused).
+
+        Raises:
+            RegistryError("bad_request"): every id was used (2**63 of them).
+        """
+        if self.next_id > MAX_COFLOW_ID:
+            raise RegistryError("bad_request", "no coflow id left")
+        return self.next_id
 
     def get(self, coflow_id: object) -> CoflowState:
         """Return a coflow by id.
@@ -420,9 +544,28 @@ class CoflowRegistry:
         for f in flows:
             if f.id in coflow.flows:
                 raise RegistryError("duplicate_flow", f"duplicate flow id {f.id!r}")
+        self.check_sinks(flows)
         for f in flows:
             coflow.flows[f.id] = f
+        self._adopt(coflow, flows)
+
+    def _adopt(self, coflow: CoflowState, flows: list[FlowState]) -> None:
+        """Give new flows of `coflow` their attempt keys, busy sinks and bytes to schedule."""
+        secret, cid = coflow.secret, coflow.id
+        sinks = self.sinks
+        for f in flows:
+            f.digest_key = flow_key(secret, f.id, f.restarts)
+            if f.dst_path is not None and not f.intra_dc:
+                sinks[sink_key(f)] = (cid, f.id)
+        self.open_flows[coflow.owner] = self.open_flows.get(coflow.owner, 0) + len(flows)
         self._track(coflow, flows)
+
+    def _release(self, coflow_id: int, flow: FlowState) -> None:
+        """The flow ended: its file (dst_path) is free for another flow."""
+        if flow.dst_path is not None:
+            key = sink_key(flow)
+            if self.sinks.get(key) == (coflow_id, flow.id):
+                del self.sinks[key]
 
     def _track(self, coflow: CoflowState, flows: list[FlowState]) -> None:
         left = {f.id: float(f.remaining) for f in flows if not f.intra_dc and f.remaining > 0}
@@ -491,6 +634,7 @@ class CoflowRegistry:
         flow.delivered = flow.bytes
         flow.digest = digest if isinstance(digest, str) else None
         self._untrack(int(coflow_id), flow)
+        self._release(coflow.id, flow)
         self.finish_if_done(coflow, now)
         return coflow
 
@@ -568,12 +712,20 @@ class CoflowRegistry:
         flow.delivered = 0
         flow.state = FlowStatus.QUEUED
         flow.restarts += 1
-        flow.digest_key = new_flow_key()  # the old attempt's chunks and digest match nothing
+        # the old attempt's chunks, digest and reports match nothing
+        flow.digest_key = flow_key(coflow.secret, flow.id, flow.restarts)
         self._track(coflow, [flow])
 
     def _ended(self, coflow: CoflowState, now: float) -> None:
         coflow.ended_s = now
         self._open.pop(coflow.id, None)
+        for f in coflow.flows.values():
+            self._release(coflow.id, f)
+        left = self.open_flows.get(coflow.owner, 0) - len(coflow.flows)
+        if left > 0:
+            self.open_flows[coflow.owner] = left
+        else:
+            self.open_flows.pop(coflow.owner, None)
         self.finished[coflow.id] = None
         self.kept[coflow.state.value] = self.kept.get(coflow.state.value, 0) + 1
 
@@ -714,15 +866,16 @@ def parse_coflow_key(key: object) -> CoflowId:
     raise RegistryError("unknown_coflow", f"unknown coflow {key!r}")
 
 
-def check_coflow_id(value: object) -> int:
-    """Return a coflow id: an integer (not a bool) in 0..MAX_COFLOW_ID.
+def check_coflow_id(value: object, top: int = MAX_COFLOW_ID) -> int:
+    """Return a coflow id: an integer (not a bool) in 0..top (MAX_CLIENT_ID for ids a
+    client asks for, so that ids never wrap).
 
     Raises:
         RegistryError("bad_request"): anything else.
     """
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COFLOW_ID:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
         raise RegistryError(
-            "bad_request", f"coflow id must be an integer in 0..2**63-1, got {value!r}"
+            "bad_request", f"coflow id must be an integer in 0..{top}, got {value!r:.40}"
         )
     return value
 

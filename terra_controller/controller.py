@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from terra_controller.coflow_registry import (
+    MAX_CLIENT_ID,
     CoflowRegistry,
     CoflowState,
     CoflowStatus,
@@ -51,6 +52,7 @@ from terra_controller.coflow_registry import (
     parse_coflow_key,
     to_policy_flow,
 )
+from terra_controller.journal import CoflowJournal
 from terra_controller.metrics import ControllerMetrics
 from terra_core.lp import observe_solves
 from terra_core.policy import Allocation, Policy
@@ -109,13 +111,19 @@ class Controller:
         keep_finished_s: seconds a finished coflow is kept (None: no age bound).
         max_restarts: re-transfers from byte 0 a flow gets after digest mismatches before
             it fails (>= 0).
+        state_dir: directory of the coflow journal (terra_controller/journal.py: ids never
+            reused across restarts, owners and secrets of the coflows kept); None: memory only.
+
+    Raises (constructor):
+        JournalError: the state directory cannot be used.
 
     Attributes:
         registry: the CoflowRegistry. rates: FlowRates of the last round.
         stats: {"rounds": int, "round_ms": [wall ms of the last STATS_KEPT rounds: allocate,
             split among agent pairs, states], "allocate_ms": [the policy.allocate part],
             "last_round_ms": float, "rejected": int, "failed": int, "cancelled": int,
-            "restarts": int (flows restarted after a digest mismatch),
+            "restarts": int (flows restarted after a digest mismatch), "refused_reports": int
+            (agent reports without the tag of the flow's current attempt),
             "dropped_finished": {final state: finished coflows dropped from memory},
             "dropped_bytes_delivered": int (bytes delivered of the dropped coflows)}.
         wan_event_at: time.monotonic() of the WAN event the next round answers (or None).
@@ -137,6 +145,7 @@ class Controller:
             their rates (the measured load operators compare with the allocated rate).
         metrics: the ControllerMetrics (its own CollectorRegistry; counters and histograms
             updated at the event, the rest read by `metrics_view` at scrape time).
+        journal: the CoflowJournal (under `lock`).
     """
 
     def __init__(
@@ -148,10 +157,13 @@ class Controller:
         keep_finished: int | None = KEEP_FINISHED,
         keep_finished_s: float | None = None,
         max_restarts: int = MAX_RESTARTS,
+        state_dir=None,
     ):
         self.topology = topology
         self.policy = policy
         self.registry = CoflowRegistry(topology.dcs)
+        self.journal = CoflowJournal(state_dir)
+        self.registry.next_id = self.journal.next_id
         self.clock = clock or time.monotonic
         self.t0 = self.clock()
         self.lock = threading.RLock()
@@ -172,6 +184,7 @@ class Controller:
             "failed": 0,
             "cancelled": 0,
             "restarts": 0,
+            "refused_reports": 0,
             "dropped_finished": self.registry.dropped,
             "dropped_bytes_delivered": 0,
         }
@@ -208,35 +221,56 @@ class Controller:
         deadline: object = None,
         coflow_id: object = None,
         age_s: object = None,
+        owner: str | None = None,
     ) -> int:
         """submitCoflow: validate, admit and store a coflow; ask for a round.
+
+        The request is parsed and checked before any lock is taken (against a copy of the
+        agents), so a large submit does not stop status requests, agent reports or other
+        submits' parsing meanwhile.
 
         Args:
             flows: [{"id", "src", "dst", "bytes", "src_path"?, "dst_path"?}] with agent ids.
             deadline: seconds from now (> 0) or None.
             coflow_id: requested id (a client resubmitting after a controller restart),
-                an integer in 0..2**63-1.
+                an integer in 0..MAX_CLIENT_ID.
             age_s: seconds since the coflow was first submitted (a resubmission after a
                 controller restart): its arrival time, hence its CCT, counts from then
                 (arrival = now - age_s) and its deadline stays `deadline` s from now.
+            owner: the submitting job client's name (None: in-process); a coflow id is
+                resubmitted only by its owner (also after a controller restart, from the
+                journal).
 
         Returns:
             the coflow id (>= 0), or -1 when the deadline cannot be met (docs/design.md 4.3).
 
         Raises:
-            RegistryError: invalid request ("bad_request": bad id, age_s not a finite
-                number >= 0, bad deadline; see parse_flows for the rest); nothing changed.
+            RegistryError: invalid request ("bad_request": bad id or an id another client
+                owns, age_s not a finite number >= 0, bad deadline; "path_busy",
+                "too_many_flows"; see parse_flows for the rest); nothing changed.
         """
+        with self.lock:
+            agents = dict(self.registry.agents)
+        parsed = self.registry.parse_flows(flows, agents=agents)
+        deadline_s = check_deadline(deadline)
+        age = 0.0 if age_s is None else check_age(age_s)
+        if coflow_id is not None:
+            check_coflow_id(coflow_id, MAX_CLIENT_ID)
         with self.policy_lock, self.lock, observe_solves(self.metrics.lp_solve.observe):
             self._drain_leaving()
             reg = self.registry
-            parsed = reg.parse_flows(flows)
-            deadline_s = check_deadline(deadline)
-            age = 0.0 if age_s is None else check_age(age_s)
+            if reg.agents != agents:  # an agent (re-)registered meanwhile: check again
+                parsed = reg.parse_flows(flows)
+            secret = None
             if coflow_id is not None:
-                check_coflow_id(coflow_id)
                 if coflow_id in reg.coflows:
-                    return self._resubmitted(reg.coflows[coflow_id], parsed)
+                    return self._resubmitted(reg.coflows[coflow_id], parsed, owner)
+                known, was = self.journal.owner(coflow_id)
+                if known and was != owner:
+                    raise RegistryError("bad_request", f"coflow id {coflow_id} is in use")
+                secret = self.journal.secret(coflow_id)
+            reg.check_sinks(parsed)
+            reg.check_open_flows(owner, len(parsed))
             cid = reg.new_id() if coflow_id is None else coflow_id
             now = self.now()
             arrival = now - age
@@ -251,10 +285,12 @@ class Controller:
                 if not admitted:  # burn the id: the policy may remember the rejected coflow
                     if coflow_id is None and reg.next_id <= cid:
                         reg.next_id = cid + 1
+                    self.journal.burned(cid)
                     self.stats["rejected"] += 1
                     self.metrics.rejected.inc()
                     return -1
-            coflow = reg.submit(parsed, deadline_s, arrival, cid)
+            coflow = reg.submit(parsed, deadline_s, arrival, cid, owner, secret)
+            self.journal.admitted(cid, owner, coflow.secret)
             self.metrics.admitted.inc()
             if reg.finish_if_done(coflow, now):  # intra-DC flows only: done at once
                 self.metrics.finished.labels(CoflowStatus.DONE.value).inc()
@@ -265,6 +301,27 @@ class Controller:
             self.want_round()
             return cid
 
+    def coflows_of(self, owner: str | None) -> set[int]:
+        """Ids of the coflows in memory that `owner` submitted."""
+        with self.lock:
+            return {cid for cid, c in self.registry.coflows.items() if c.owner == owner}
+
+    def close(self) -> None:
+        """Close the coflow journal's file (the controller is stopping)."""
+        with self.lock:
+            self.journal.close()
+
+    def owner_of(self, coflow_id: object) -> tuple[bool, str | None]:
+        """(known, owner name) of a coflow id: known when the coflow is in memory or in the
+        journal (not yet forgotten); owner None for in-process submits."""
+        with self.lock:
+            if isinstance(coflow_id, bool) or not isinstance(coflow_id, int):
+                return (False, None)
+            coflow = self.registry.coflows.get(coflow_id)
+            if coflow is not None:
+                return (True, coflow.owner)
+            return self.journal.owner(coflow_id)
+
     def _announce(self, coflow: CoflowState, flows: list[FlowState]) -> None:
         for listener in list(self.on_flows):
             try:
@@ -272,7 +329,11 @@ class Controller:
             except Exception:
                 LOG.exception("flow listener failed")
 
-    def _resubmitted(self, coflow: CoflowState, parsed: list[FlowState]) -> int:
+    def _resubmitted(
+        self, coflow: CoflowState, parsed: list[FlowState], owner: str | None
+    ) -> int:
+        if coflow.owner != owner:
+            raise RegistryError("bad_request", f"coflow id {coflow.id} is in use")
         same = sorted((f.id, f.src_agent, f.dst_agent, f.bytes) for f in parsed) == sorted(
             (f.id, f.src_agent, f.dst_agent, f.bytes) for f in coflow.flows.values()
         )
@@ -292,6 +353,8 @@ class Controller:
             if coflow.state.final:
                 raise RegistryError("coflow_done", f"coflow {coflow.id} already {coflow.state}")
             parsed = self.registry.parse_flows(flows, existing=coflow.flows)
+            self.registry.check_sinks(parsed)
+            self.registry.check_open_flows(coflow.owner, len(parsed))
             wan = [to_policy_flow(f) for f in parsed if not f.intra_dc]
             if wan:
                 try:
@@ -354,6 +417,7 @@ class Controller:
         reason: str,
         retry: bool = False,
         attempt: int | None = None,
+        tag: object = None,
     ) -> str:
         """A flow cannot run (an agent's report): fail it and its coflow, or restart it.
 
@@ -363,6 +427,7 @@ class Controller:
                 receiver): it is, up to `max_restarts` times; after that it fails.
             attempt: the flow's attempt the report is about (None: the current one); a
                 report about an earlier attempt is ignored.
+            tag: an agent's report tag (see `check_report`); None: an in-process caller.
 
         Returns:
             "restarted" (agents get "drop" then the flow's descriptor again, attempt + 1),
@@ -379,6 +444,7 @@ class Controller:
                 return "ignored"
             if attempt is not None and attempt != flow.restarts:
                 return "ignored"  # about an attempt before the flow's last restart
+            self.check_report(flow, tag)
             text = str(reason)
             if retry:
                 if flow.restarts < self.max_restarts:
@@ -430,6 +496,7 @@ class Controller:
         if self.keep_finished is None and self.keep_finished_s is None:
             return
         for coflow in self.registry.prune_finished(now, self.keep_finished, self.keep_finished_s):
+            self.journal.forgotten(coflow.id)
             self.rates.pop(coflow.id, None)
             self.stats["dropped_bytes_delivered"] += coflow.bytes_delivered
 
@@ -548,40 +615,68 @@ class Controller:
 
     # ---- agent reports ------------------------------------------------------------------
 
-    def progress(self, coflow_id: object, flow_id: object, acked: object) -> bool:
+    def check_report(self, flow: FlowState, tag: object) -> None:
+        """Accept an agent's report about `flow` only with its current attempt's tag (lock
+        held); tag None: an in-process caller, not checked.
+
+        Raises:
+            RegistryError("stale_attempt"): counted in stats["refused_reports"].
+        """
+        if tag is None:
+            return
+        try:
+            flow.check_tag(tag)
+        except RegistryError:
+            self.stats["refused_reports"] += 1
+            raise
+
+    def progress(
+        self, coflow_id: object, flow_id: object, acked: object, tag: object = None
+    ) -> bool:
         """A receiver acknowledged `acked` bytes of a flow (feeds remaining volumes).
+
+        Args:
+            tag: the agent's report tag (see `check_report`); None: an in-process caller.
 
         Returns:
             False when the report is about a flow its agents should drop (its coflow failed
             or was cancelled); True otherwise.
 
         Raises:
-            RegistryError: unknown coflow/flow or bad offset.
+            RegistryError: unknown coflow/flow, bad offset, "stale_attempt".
         """
         with self.lock:
             flow = self.registry.flow(coflow_id, flow_id)
+            if not flow.ended:
+                self.check_report(flow, tag)
             before = flow.delivered
             flow = self.registry.record_progress(coflow_id, flow_id, acked)
             if flow.delivered > before:
                 self._delivered(int(coflow_id), flow, flow.delivered - before)
             return flow.state not in (FlowStatus.FAILED, FlowStatus.CANCELLED)
 
-    def complete(self, coflow_id: object, flow_id: object, digest: object) -> bool:
+    def complete(
+        self, coflow_id: object, flow_id: object, digest: object, tag: object = None
+    ) -> bool:
         """A flow finished (all bytes in order, digest matched at the receiver).
 
         Asks for a round when this finishes a FlowGroup or the coflow (docs/design.md 4.3).
+
+        Args:
+            tag: the agent's report tag (see `check_report`); None: an in-process caller.
 
         Returns:
             True when the coflow is now done.
 
         Raises:
-            RegistryError: unknown coflow/flow.
+            RegistryError: unknown coflow/flow, "stale_attempt" (nothing changes).
         """
         with self.lock:
             flow = self.registry.flow(coflow_id, flow_id)
             coflow = self.registry.get(coflow_id)
             if flow.done or coflow.state.final:
                 return coflow.state is CoflowStatus.DONE
+            self.check_report(flow, tag)
             before = flow.delivered
             coflow = self.registry.record_complete(coflow_id, flow_id, digest, self.now())
             self._delivered(coflow.id, flow, max(0, flow.bytes - before))

@@ -218,8 +218,9 @@ class FakeAgent:
                 if self.complete and m["t"] == "flows":
                     for f in m["flows"]:
                         if f["dst_agent"] == self.agent:
+                            tag = protocol.report_tag(f["digest_key"])
                             self.send(protocol.complete_message(f["coflow"], f["flow"], "0",
-                                                                f["size"]))  # fmt: skip
+                                                                f["size"], tag))  # fmt: skip
         except OSError:
             return
 

@@ -33,6 +33,13 @@ def _keep_root_logger():
     root.setLevel(level)
 
 
+@pytest.fixture(autouse=True)
+def _own_state_directory(tmp_path_factory, monkeypatch):
+    """Every controller a test starts as a process keeps its coflow journal in a directory
+    of that test (terra-controller reads $STATE_DIRECTORY), not in the user's."""
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path_factory.mktemp("state")))
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "ovs: needs root, Open vSwitch and Mininet")
 

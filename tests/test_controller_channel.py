@@ -214,7 +214,8 @@ def test_rates_split_among_agent_pairs_by_remaining_bytes(channel):
     assert sum(r1.values()) + sum(r2.values()) <= 2 * CAP * (1 + 1e-9)  # two paths into B
     assert agents["b1"].latest_rates(str(cid), "B") == {}  # the receiver sends nothing
     # a1 reports 20 MB acknowledged: 10 MB left each -> an equal split next round.
-    agents["a1"].send(protocol.progress_message([(str(cid), "x", 20_000_000)]))
+    k = protocol.report_tag(controller.registry.flow(cid, "x").digest_key)
+    agents["a1"].send(protocol.progress_message([(str(cid), "x", 20_000_000, k)]))
     wait_until(lambda: controller.registry.get(cid).flows["x"].delivered == 20_000_000)
     controller.round_and_push()
     wait_until(
@@ -234,7 +235,8 @@ def test_completion_reports_finish_the_coflow(channel):
     spec = b1.wait_for(lambda m: m["t"] == "flows")["flows"][0]
     assert (spec["coflow"], spec["flow"], spec["size"], spec["offset"]) == (str(cid), "x", 1000, 0)
     assert (spec["source"], spec["sink"]) == ("synthetic", "digest")
-    b1.send(protocol.complete_message(str(cid), "x", "abc", 1000))
+    k = protocol.report_tag(spec["digest_key"])
+    b1.send(protocol.complete_message(str(cid), "x", "abc", 1000, k))
     wait_until(lambda: controller.registry.get(cid).state == "done")
     status = controller.status(cid)
     assert status["bytes_delivered"] == 1000 and status["flows"][0]["digest"] == "abc"

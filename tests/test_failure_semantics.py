@@ -32,6 +32,7 @@ from terra_agent.sources import SyntheticSource, flow_key, synthetic_digest
 from terra_controller.api_server import API_VERSION, ApiHandler
 from terra_controller.client import TerraClient
 from terra_controller.coflow_registry import (
+    MAX_CLIENT_ID,
     MAX_COFLOW_ID,
     CoflowStatus,
     FlowStatus,
@@ -284,11 +285,13 @@ def test_coflow_ids_are_63_bit():
             controller.submit([flow("f")], coflow_id=bad)
         assert info.value.code == "bad_request"
     assert controller.registry.coflows == {}
-    assert controller.submit([flow("f")], coflow_id=MAX_COFLOW_ID) == MAX_COFLOW_ID
-    assert controller.status(MAX_COFLOW_ID)["id"] == 2**63 - 1
-    # ids never run out: new coflows take the lowest free id from now on
-    assert controller.submit([flow("g")]) == 0
-    assert controller.submit([flow("h")]) == 1
+    # the top 2**32 ids are not for clients to ask: ids never wrap around to used ones
+    with pytest.raises(RegistryError) as info:
+        controller.submit([flow("f")], coflow_id=MAX_COFLOW_ID)
+    assert info.value.code == "bad_request"
+    assert controller.submit([flow("f")], coflow_id=MAX_CLIENT_ID) == MAX_CLIENT_ID
+    assert controller.status(MAX_CLIENT_ID)["id"] == 2**63 - 1 - 2**32
+    assert controller.submit([flow("g")]) == MAX_CLIENT_ID + 1  # above every id used
 
 
 def test_flow_and_agent_ids_are_length_capped():
@@ -426,6 +429,11 @@ def channel_with_agents():
     return controller, clock, chan, conns
 
 
+def tag(controller, cid, flow_id="f"):
+    """The report tag of the flow's current attempt (what its agents put in "k")."""
+    return protocol.report_tag(controller.registry.flow(cid, flow_id).digest_key)
+
+
 def test_cancel_sends_drop_to_both_endpoints():
     controller, _, chan, conns = channel_with_agents()
     cid = controller.submit([flow("f", "hk1", "ba1"), flow("g", "hk2", "ba1")])
@@ -439,14 +447,17 @@ def test_cancel_sends_drop_to_both_endpoints():
     assert drops["ba2"] == [] and drops["la1"] == []
     # a sender still reporting progress for it is told again
     conns["hk1"].sent.clear()
-    chan._handle(conns["hk1"], protocol.progress_message([(str(cid), "f", 10)]))
+    report = protocol.progress_message([(str(cid), "f", 10, tag(controller, cid))])
+    chan._handle(conns["hk1"], report)
     assert [m["t"] for m in conns["hk1"].sent] == ["drop"]
 
 
 def test_failed_reports_fail_the_flow_and_only_its_endpoints_may_send_them():
     controller, _, chan, conns = channel_with_agents()
     cid = controller.submit([flow("f", "hk1", "ba1")])
-    report = protocol.failed_message(str(cid), "f", "cannot open source file", "source")
+    report = protocol.failed_message(
+        str(cid), "f", "cannot open source file", "source", tag=tag(controller, cid)
+    )
     chan._handle(conns["ba1"], report)  # the receiver cannot report a source error
     chan._handle(conns["la1"], report)  # nor can an outsider
     assert controller.status(cid)["state"] == "queued"
@@ -461,7 +472,9 @@ def test_a_digest_mismatch_restarts_at_the_receiver_first_then_the_sender():
     controller.progress(cid, "f", 10_000)
     for conn in conns.values():
         conn.sent.clear()
-    report = protocol.failed_message(str(cid), "f", "digest mismatch", "digest")
+    report = protocol.failed_message(
+        str(cid), "f", "digest mismatch", "digest", tag=tag(controller, cid)
+    )
     chan._handle(conns["ba1"], report)
     receiver = conns["ba1"].sent
     assert [m["t"] for m in receiver] == ["drop", "flows"]
@@ -474,7 +487,9 @@ def test_a_digest_mismatch_restarts_at_the_receiver_first_then_the_sender():
     assert controller.status(cid)["flows"][0]["restarts"] == 1
     chan._handle(conns["ba1"], report)  # the same report again (attempt 0): stale, ignored
     assert controller.status(cid)["flows"][0]["restarts"] == 1
-    again = protocol.failed_message(str(cid), "f", "digest mismatch", "digest", attempt=1)
+    again = protocol.failed_message(
+        str(cid), "f", "digest mismatch", "digest", attempt=1, tag=tag(controller, cid)
+    )
     chan._handle(conns["ba1"], again)
     assert controller.status(cid)["flows"][0]["restarts"] == 2
 

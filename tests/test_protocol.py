@@ -43,8 +43,9 @@ def test_constructors_round_trip_through_frames():
     assert parse_rates(wire(rates_message([rates]))) == [rates]
     reg = wire(register_message("HK", "a", "127.0.0.2:9000"))
     assert validate_control(reg)["agent"] == "a"
-    assert validate_control(wire(progress_message([("c1", "f1", 5)])))["flows"][0]["acked"] == 5
-    assert validate_control(wire(complete_message("c1", "f1", "ab" * 32, 1000)))
+    progress = wire(progress_message([("c1", "f1", 5, "0" * 32)]))
+    assert validate_control(progress)["flows"][0]["acked"] == 5
+    assert validate_control(wire(complete_message("c1", "f1", "ab" * 32, 1000, "0" * 32)))
 
 
 @pytest.mark.parametrize(

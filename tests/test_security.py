@@ -240,19 +240,20 @@ def test_an_agent_reports_only_on_its_own_flows(channel):  # noqa: F811
         agent.wait_for(lambda m: m["t"] == "registered")
     cid = controller.submit([{"id": "f", "src": "a1", "dst": "b1", "bytes": 100_000_000}])
     coflow = controller.registry.get(cid)
+    k = protocol.report_tag(coflow.flows["f"].digest_key)  # even with the attempt's tag:
     # c1 is no endpoint: its reports change nothing.
-    c1.send(protocol.progress_message([(str(cid), "f", 100_000_000)]))
-    c1.send(protocol.complete_message(str(cid), "f", "ab" * 32, 100_000_000))
+    c1.send(protocol.progress_message([(str(cid), "f", 100_000_000, k)]))
+    c1.send(protocol.complete_message(str(cid), "f", "ab" * 32, 100_000_000, k))
     # a1 is the sender: it may report progress, but only the receiver completes a flow.
-    a1.send(protocol.progress_message([(str(cid), "f", 16_000_000)]))
-    a1.send(protocol.complete_message(str(cid), "f", "ab" * 32, 100_000_000))
+    a1.send(protocol.progress_message([(str(cid), "f", 16_000_000, k)]))
+    a1.send(protocol.complete_message(str(cid), "f", "ab" * 32, 100_000_000, k))
     deadline = time.monotonic() + 5
     while coflow.flows["f"].delivered != 16_000_000 and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(0.2)
     assert coflow.flows["f"].delivered == 16_000_000
     assert not coflow.flows["f"].done and coflow.state != "done"
-    b1.send(protocol.complete_message(str(cid), "f", "ab" * 32, 100_000_000))
+    b1.send(protocol.complete_message(str(cid), "f", "ab" * 32, 100_000_000, k))
     deadline = time.monotonic() + 5
     while coflow.state != "done" and time.monotonic() < deadline:
         time.sleep(0.01)
