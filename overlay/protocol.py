@@ -185,9 +185,14 @@ class FlowSpec:
 
     def to_dict(self) -> dict:
         """The wire form (all fields; "attempt" only when > 0)."""
-        d = asdict(self)
-        if not self.attempt:
-            del d["attempt"]
+        d = {
+            "coflow": self.coflow, "flow": self.flow, "src_agent": self.src_agent,
+            "dst_agent": self.dst_agent, "dst_dc": self.dst_dc, "size": self.size,
+            "offset": self.offset, "source": self.source, "sink": self.sink,
+            "digest_key": self.digest_key, "digest_alg": self.digest_alg,
+        }  # fmt: skip
+        if self.attempt:
+            d["attempt"] = self.attempt
         return d
 
 

@@ -44,6 +44,7 @@ that agent's connection.
 
 from __future__ import annotations
 
+import hmac
 import itertools
 import logging
 import socket
@@ -65,6 +66,7 @@ from terra_controller.coflow_registry import (
     FlowState,
     RegistryError,
     coflow_key,
+    flow_key,
     parse_coflow_key,
 )
 from terra_controller.controller import Controller, FlowRates
@@ -81,6 +83,8 @@ AGENT_SILENCE_S = 15.0  # no message (heartbeats included) for this long: discon
 MAX_PENDING_PER_AGENT = 10_000  # reports kept per agent for coflows not (yet) resubmitted
 MAX_SENT = 20_000  # ids of sent messages remembered for their acks (reaction times)
 RESTART_ACK_S = 5.0  # a restarted flow's sender gets its descriptor after this at the latest
+RESYNC_S = 10.0  # a flow's agents get its current attempt again at most this often
+MAX_RESYNCED = 10_000  # flows remembered for RESYNC_S
 
 
 # ---- the channel ----------------------------------------------------------------------------
@@ -128,6 +132,7 @@ class AgentChannel:
         # message id -> (monotonic deadline, callback): run once the message is acked
         # or the deadline passed (restarted flows: the sender's part)
         self.after_ack: dict[int, tuple[float, object]] = {}
+        self.resynced: OrderedDict[tuple[str, str, int], float] = OrderedDict()
         self.reactions: deque[Reaction] = deque(maxlen=100)
         self.reaction_count = 0
         controller.on_rates.append(self.push_rates)
@@ -188,7 +193,7 @@ class AgentChannel:
                         conn.agent, item["coflow"], item["flow"], item["acked"], item.get("k", "")
                     )
                 except RegistryError as exc:
-                    _log_refused(conn.agent, kind, exc)
+                    self._refused(conn.agent, kind, exc, item["coflow"], item["flow"], item)
             return
         try:
             if kind == "complete":
@@ -203,7 +208,45 @@ class AgentChannel:
             elif kind == "error":
                 LOG.warning("agent %s reports: %s", conn.agent, m.get("message"))
         except RegistryError as exc:  # e.g. a report about a coflow this controller forgot
-            _log_refused(conn.agent, kind, exc)
+            self._refused(conn.agent, kind, exc, m.get("coflow"), m.get("flow"), m)
+
+    def _refused(self, agent: str, kind: str, exc: RegistryError, coflow, flow, report) -> None:
+        """Log a refused report; one about another attempt than the flow's current one
+        resynchronizes the flow's agents (`resync`)."""
+        _log_refused(agent, kind, exc)
+        if exc.code == "stale_attempt":
+            self.resync(coflow, flow, report.get("k", ""))
+
+    def resync(self, coflow: str, flow: str, tag: object) -> bool:
+        """An endpoint reported on `flow` with a tag of no attempt this controller made (it
+        holds the flow from before a controller restart that lost the coflow's secret, or
+        from an earlier coflow with the same ids): send both endpoints "drop" and the
+        current descriptor, receiver first (as for a restart; at most once per RESYNC_S per
+        flow attempt). A tag of one of the flow's earlier attempts (a late report) changes
+        nothing.
+
+        Returns:
+            True when the descriptor was sent again.
+        """
+        with self.controller.lock:
+            try:
+                f = self.controller.registry.flow(parse_coflow_key(coflow), flow)
+                c = self.controller.registry.get(parse_coflow_key(coflow))
+            except RegistryError:
+                return False
+            if c.state.final or f.ended or _earlier_attempt(c, f, tag):
+                return False
+            key, now = (coflow, f.id, f.restarts), time.monotonic()
+            with self.lock:
+                if self.resynced.get(key, -RESYNC_S) > now - RESYNC_S:
+                    return False
+                self.resynced[key] = now
+                self.resynced.move_to_end(key)
+                while len(self.resynced) > MAX_RESYNCED:
+                    self.resynced.popitem(last=False)
+            LOG.warning("flow %s/%s: an agent holds another attempt: sent again", coflow, flow)
+            self.push_drop(c, [f], True)
+            return True
 
     def _acked(self, msg_id) -> None:
         now = time.monotonic()
@@ -353,7 +396,7 @@ class AgentChannel:
                 if item["role"] == "recv" and isinstance(digest, str) and digest:
                     self._complete(info.id, item["coflow"], item["flow"], digest, tag)
             except RegistryError as exc:
-                _log_refused(info.id, "inflight row", exc)
+                self._refused(info.id, "inflight row", exc, item["coflow"], item["flow"], item)
         LOG.info("agent %s registered in %s at %s", info.id, info.dc, info.data_addr)
         self.controller.metrics.registrations.inc()
         conn.send({"t": "registered", "agent": info.id})
@@ -395,7 +438,7 @@ class AgentChannel:
             try:
                 getattr(self, "_" + kind)(agent, coflow, flow, *args)
             except RegistryError as exc:
-                _log_refused(agent, f"kept {kind} of {coflow}/{flow}", exc)
+                self._refused(agent, f"kept {kind}", exc, coflow, flow, {"k": args[-1]})
 
     def close_all(self, grace_s: float = 0.2) -> None:
         """Say goodbye to every agent: half-close (FIN), let them close, then close.
@@ -456,19 +499,28 @@ class AgentChannel:
         self._send_flows([(coflow, f) for f in flows if not f.intra_dc and not f.done])
 
     def _send_flows(self, pairs: list[tuple[CoflowState, FlowState]]) -> None:
-        per_agent: dict[str, list[protocol.FlowSpec]] = {}
+        """Send the descriptors of `pairs` to their connected endpoints, in "flows" messages
+        of at most BATCH_BYTES (each descriptor encoded once for both of its agents; the
+        agents validate them). A flow that ended or restarted after its descriptor was made
+        is left out (its "drop" and new descriptor are sent by push_drop)."""
+        built = []
         for coflow, f in pairs:
             spec = flow_spec(coflow, f)
-            per_agent.setdefault(f.src_agent, []).append(spec)
-            if f.dst_agent != f.src_agent:
-                per_agent.setdefault(f.dst_agent, []).append(spec)
-        with self.lock:
-            for agent, specs in per_agent.items():
+            built.append((coflow, f, spec.attempt, spec.to_dict(), _spec_bytes(spec)))
+        with self.lock:  # a drop or restart of these flows (sent under this lock) follows
+            per_agent: dict[str, list[tuple[dict, int]]] = {}
+            for coflow, f, attempt, wire, n in built:
+                if coflow.state.final or f.ended or f.restarts != attempt:
+                    continue
+                per_agent.setdefault(f.src_agent, []).append((wire, n))
+                if f.dst_agent != f.src_agent:
+                    per_agent.setdefault(f.dst_agent, []).append((wire, n))
+            for agent, entries in per_agent.items():
                 conn = self.connections.get(agent)
                 if conn is None:
                     continue
-                for batch in batches(specs):
-                    conn.send(protocol.flows_message(batch))
+                for batch in _sized_batches(entries, BATCH_BYTES):
+                    conn.send({"t": "flows", "flows": batch})
 
     def connected_agents(self) -> list[str]:
         """Ids of the agents with an open control connection now (Controller.connected_agents)."""
@@ -626,6 +678,17 @@ class AgentChannel:
         return msg_id
 
 
+def _earlier_attempt(coflow: CoflowState, flow: FlowState, tag: object) -> bool:
+    """True when `tag` is the report tag of one of the flow's attempts before the current."""
+    if not isinstance(tag, str):
+        return False
+    for attempt in range(flow.restarts):
+        want = protocol.report_tag(flow_key(coflow.secret, flow.id, attempt))
+        if hmac.compare_digest(tag.encode(), want.encode()):
+            return True
+    return False
+
+
 def _log_refused(agent: str, kind: str, exc: RegistryError) -> None:
     level = logging.WARNING if exc.code == "forbidden" else logging.INFO
     LOG.log(level, "agent %s: %s refused: %s", agent, kind, exc)
@@ -662,19 +725,40 @@ def _once(func):
     return call
 
 
-def batches(items: list, limit: int = BATCH_BYTES) -> list[list]:
-    """Split FlowSpecs / GroupRates into lists whose msgpack encoding stays under `limit`
-    bytes (a single larger item travels alone; the registry bounds their size)."""
+_SPEC_OVERHEAD = 256  # a FlowSpec's msgpack keys, ints, digest key and type bytes, at most
+
+
+def _spec_bytes(spec: protocol.FlowSpec) -> int:
+    """An upper bound of a FlowSpec's msgpack encoding in bytes (no encoding needed)."""
+    text = spec.coflow + spec.flow + spec.src_agent + spec.dst_agent + spec.dst_dc
+    text += spec.source + spec.sink
+    return _SPEC_OVERHEAD + (len(text) if text.isascii() else 4 * len(text))
+
+
+def _sized_batches(entries: list[tuple[object, int]], limit: int) -> list[list]:
+    """Split (item, encoded bytes) entries into lists of items of at most `limit` bytes (a
+    larger item travels alone)."""
     out: list[list] = []
     size = limit
-    for item in items:
-        n = len(msgpack.packb(item.to_dict(), use_bin_type=True))
+    for item, n in entries:
         if size + n > limit:
             out.append([])
             size = 0
         out[-1].append(item)
         size += n
     return out
+
+
+def batches(items: list, limit: int = BATCH_BYTES) -> list[list]:
+    """Split FlowSpecs / GroupRates into lists whose msgpack encoding stays under `limit`
+    bytes (a single larger item travels alone; the registry bounds their size)."""
+    sized = [
+        (item, _spec_bytes(item))
+        if isinstance(item, protocol.FlowSpec)
+        else (item, len(msgpack.packb(item.to_dict(), use_bin_type=True)))
+        for item in items
+    ]
+    return _sized_batches(sized, limit)
 
 
 def start_agent_server(

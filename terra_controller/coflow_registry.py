@@ -27,7 +27,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from overlay.integrity import new_flow_key
 from overlay.protocol import report_tag
 from workloads import Coflow, Flow
 
@@ -143,7 +142,7 @@ class FlowState:
     dst_path: str | None = None
     reason: str | None = None
     restarts: int = 0
-    digest_key: str = field(default_factory=new_flow_key, repr=False)
+    digest_key: str = field(default="", repr=False)  # set by the registry (`assign_keys`)
 
     @property
     def done(self) -> bool:
@@ -229,7 +228,7 @@ class CoflowState:
     reason: str | None = None
     ended_s: float | None = None
     owner: str | None = None
-    secret: bytes = field(default_factory=lambda: secrets.token_bytes(SECRET_BYTES), repr=False)
+    secret: bytes = field(default_factory=lambda: new_secret(), repr=False)
 
     @property
     def cct_s(self) -> float | None:
@@ -283,11 +282,23 @@ class CoflowState:
         )
 
 
+def new_secret() -> bytes:
+    """A new coflow secret: SECRET_BYTES bytes from the OS CSPRNG."""
+    return secrets.token_bytes(SECRET_BYTES)
+
+
 def flow_key(secret: bytes, flow_id: str, attempt: int) -> str:
     """A flow attempt's key (64 hex chars): HMAC-SHA256(the coflow's secret, u64be(attempt) |
     flow id), unpredictable without the secret and different for every attempt."""
     message = struct.pack(">Q", attempt) + flow_id.encode()
-    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+    return hmac.digest(secret, message, hashlib.sha256).hex()
+
+
+def assign_keys(secret: bytes, flows: list[FlowState]) -> None:
+    """Set every flow's digest_key for its current attempt from its coflow's secret."""
+    pack, digest, sha256 = struct.Struct(">Q").pack, hmac.digest, hashlib.sha256
+    for f in flows:
+        f.digest_key = digest(secret, pack(f.restarts) + f.id.encode(), sha256).hex()
 
 
 def sink_key(flow: FlowState) -> tuple[str, str] | None:
@@ -473,6 +484,7 @@ class CoflowRegistry:
         coflow_id=None,
         owner: str | None = None,
         secret: bytes | None = None,
+        keyed: bool = False,
     ) -> CoflowState:
         """Store a new coflow built from already parsed flows (see `parse_flows`).
 
@@ -483,6 +495,8 @@ class CoflowRegistry:
             coflow_id: ask for a specific id (resubmission after a controller restart).
             owner: the submitting job client's name (None: in-process).
             secret: the coflow's secret (a resubmission: the first submission's; None: new).
+            keyed: the flows' keys are already derived from `secret` (assign_keys, done by
+                the caller outside its locks).
 
         Returns:
             the new CoflowState (state "queued"); its flows get their attempt keys and
@@ -503,6 +517,8 @@ class CoflowRegistry:
         coflow = CoflowState(coflow_id, now, deadline_s, {f.id: f for f in flows}, owner=owner)
         if secret is not None:
             coflow.secret = secret
+        if not keyed:
+            assign_keys(coflow.secret, flows)
         self.coflows[coflow_id] = coflow
         self._open[coflow_id] = coflow
         self._adopt(coflow, flows)
@@ -545,16 +561,15 @@ class CoflowRegistry:
             if f.id in coflow.flows:
                 raise RegistryError("duplicate_flow", f"duplicate flow id {f.id!r}")
         self.check_sinks(flows)
+        assign_keys(coflow.secret, flows)
         for f in flows:
             coflow.flows[f.id] = f
         self._adopt(coflow, flows)
 
     def _adopt(self, coflow: CoflowState, flows: list[FlowState]) -> None:
-        """Give new flows of `coflow` their attempt keys, busy sinks and bytes to schedule."""
-        secret, cid = coflow.secret, coflow.id
-        sinks = self.sinks
+        """Give new flows of `coflow` their busy sinks and bytes to schedule."""
+        cid, sinks = coflow.id, self.sinks
         for f in flows:
-            f.digest_key = flow_key(secret, f.id, f.restarts)
             if f.dst_path is not None and not f.intra_dc:
                 sinks[sink_key(f)] = (cid, f.id)
         self.open_flows[coflow.owner] = self.open_flows.get(coflow.owner, 0) + len(flows)
@@ -568,7 +583,11 @@ class CoflowRegistry:
                 del self.sinks[key]
 
     def _track(self, coflow: CoflowState, flows: list[FlowState]) -> None:
-        left = {f.id: float(f.remaining) for f in flows if not f.intra_dc and f.remaining > 0}
+        left = {
+            f.id: float(f.bytes - f.delivered)
+            for f in flows
+            if f.src_dc != f.dst_dc and f.state is not FlowStatus.DONE and f.bytes > f.delivered
+        }
         if left:
             self._left.setdefault(coflow.id, {}).update(left)
 

@@ -45,10 +45,12 @@ from terra_controller.coflow_registry import (
     FlowState,
     FlowStatus,
     RegistryError,
+    assign_keys,
     check_age,
     check_coflow_id,
     check_deadline,
     coflow_key,
+    new_secret,
     parse_coflow_key,
     to_policy_flow,
 )
@@ -57,6 +59,7 @@ from terra_controller.metrics import ControllerMetrics
 from terra_core.lp import observe_solves
 from terra_core.policy import Allocation, Policy
 from topologies import Path, Topology, TopologyError
+from workloads import Coflow
 
 LOG = logging.getLogger("terra.controller")
 
@@ -129,8 +132,9 @@ class Controller:
         wan_event_at: time.monotonic() of the WAN event the next round answers (or None).
         on_rates: callbacks called with (FlowRates, changed_wan: bool) after each round,
             outside the lock.
-        on_flows: callbacks called with (coflow, new flows) on submit and update, inside
-            the lock (they must only queue work).
+        on_flows: callbacks called with (coflow, new flows) once they are stored: on
+            submit outside the locks (a flow may have ended meanwhile), on update inside
+            `lock` (they must only queue work).
         on_drop: callbacks called with (coflow, flows, restart: bool) inside the lock when
             agents must forget those flows: the coflow failed or was cancelled (restart
             False), or one flow restarts from byte 0 (restart True: the listener also sends
@@ -256,19 +260,25 @@ class Controller:
         age = 0.0 if age_s is None else check_age(age_s)
         if coflow_id is not None:
             check_coflow_id(coflow_id, MAX_CLIENT_ID)
+        secret = new_secret()
+        assign_keys(secret, parsed)
+        policy_flows = [to_policy_flow(f) for f in parsed]
         with self.policy_lock, self.lock, observe_solves(self.metrics.lp_solve.observe):
             self._drain_leaving()
             reg = self.registry
             if reg.agents != agents:  # an agent (re-)registered meanwhile: check again
                 parsed = reg.parse_flows(flows)
-            secret = None
+                assign_keys(secret, parsed)
+                policy_flows = [to_policy_flow(f) for f in parsed]
             if coflow_id is not None:
                 if coflow_id in reg.coflows:
                     return self._resubmitted(reg.coflows[coflow_id], parsed, owner)
                 known, was = self.journal.owner(coflow_id)
                 if known and was != owner:
                     raise RegistryError("bad_request", f"coflow id {coflow_id} is in use")
-                secret = self.journal.secret(coflow_id)
+                if known:  # resubmitted after a restart: its flows' keys are the first ones
+                    secret = self.journal.secret(coflow_id)
+                    assign_keys(secret, parsed)
             reg.check_sinks(parsed)
             reg.check_open_flows(owner, len(parsed))
             cid = reg.new_id() if coflow_id is None else coflow_id
@@ -276,10 +286,10 @@ class Controller:
             arrival = now - age
             if deadline_s is not None:
                 deadline_s += age  # relative to the arrival: still `deadline` s from now
-            probe = CoflowState(cid, arrival, deadline_s, {f.id: f for f in parsed})
-            if not probe.wan_done:  # it has WAN flows: the policy decides
+            if not all(f.intra_dc for f in parsed):  # it has WAN flows: the policy decides
+                probe = Coflow(coflow_key(cid), arrival, policy_flows, deadline_s)
                 try:
-                    admitted = self.policy.add_coflow(probe.to_policy_coflow(), now)
+                    admitted = self.policy.add_coflow(probe, now)
                 except ValueError as exc:
                     raise RegistryError("no_path", f"coflow cannot be routed: {exc}") from exc
                 if not admitted:  # burn the id: the policy may remember the rejected coflow
@@ -289,7 +299,7 @@ class Controller:
                     self.stats["rejected"] += 1
                     self.metrics.rejected.inc()
                     return -1
-            coflow = reg.submit(parsed, deadline_s, arrival, cid, owner, secret)
+            coflow = reg.submit(parsed, deadline_s, arrival, cid, owner, secret, keyed=True)
             self.journal.admitted(cid, owner, coflow.secret)
             self.metrics.admitted.inc()
             if reg.finish_if_done(coflow, now):  # intra-DC flows only: done at once
@@ -297,9 +307,9 @@ class Controller:
                 self.metrics.bytes_delivered.inc(coflow.bytes_total)
                 self._prune(now)
                 return cid
-            self._announce(coflow, parsed)
             self.want_round()
-            return cid
+        self._announce(coflow, parsed)  # outside the locks: descriptors of many flows
+        return cid
 
     def coflows_of(self, owner: str | None) -> set[int]:
         """Ids of the coflows in memory that `owner` submitted."""

@@ -19,12 +19,15 @@ so its size stays bounded by the coflows kept. At most MAX_LIVE coflows are reme
 oldest are forgotten first).
 
 The directory is created 0700 and the file 0600 (whatever the umask): the secrets are in it.
+One controller at a time uses a state directory (an exclusive flock on LOCK_NAME; a second
+one gets JournalError).
 Without a state directory (`CoflowJournal(None)`, in-process controllers) the same bookkeeping
 lives in memory only.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 from collections import OrderedDict
@@ -35,6 +38,7 @@ import msgspec
 LOG = logging.getLogger("terra.journal")
 
 FILE_NAME = "coflows.jsonl"
+LOCK_NAME = "coflows.lock"  # held (flock) by the controller using the directory
 COMPACT_SLACK = 10_000  # lines beyond 2 x live entries before the file is rewritten
 MAX_LIVE = 1_000_000  # coflows remembered (owner and secret) at most
 
@@ -54,8 +58,8 @@ class CoflowJournal:
         live: {coflow id: (owner or None, secret bytes)}, oldest first.
 
     Raises (constructor):
-        JournalError: the directory or the file cannot be created or opened (the message
-            names the path).
+        JournalError: the directory or the file cannot be created or opened, or another
+            controller uses it (the message names the path).
     """
 
     def __init__(self, state_dir: str | os.PathLike | None) -> None:
@@ -65,17 +69,29 @@ class CoflowJournal:
         self._file = None
         self._lines = 0
         self._encode = msgspec.json.Encoder().encode
+        self._lock_fd: int | None = None
         if state_dir is None:
             return
         directory = Path(state_dir)
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.chmod(directory, 0o700)
+            self._lock(directory / LOCK_NAME)
             self.path = directory / FILE_NAME
             self._replay()
             self._rewrite()
         except OSError as exc:
+            self.close()
             raise JournalError(f"coflow journal in {directory}: {exc}") from exc
+
+    def _lock(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise JournalError(f"{path.parent} is used by another controller") from None
+        self._lock_fd = fd
 
     def owner(self, coflow_id: int) -> tuple[bool, str | None]:
         """(known, owner): whether the id belongs to a coflow not forgotten, and its owner."""
@@ -108,10 +124,13 @@ class CoflowJournal:
             self._append({"f": coflow_id})
 
     def close(self) -> None:
-        """Close the file (memory-only journals: nothing)."""
+        """Close the file and release the directory (memory-only journals: nothing)."""
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     # -- file
 

@@ -62,11 +62,12 @@ class ControllerProcess:
             init_ca(self.pki)
             issue(self.pki, Role.OPERATOR, OPERATOR)
         auth = ["--pki", str(self.pki)] if tls else ["--insecure"]
+        self.state = Path(tempfile.mkdtemp(prefix="terra-bench-state-"))  # its coflow journal
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "terra_controller.cli", "--topology", topology,
              "--no-openflow", "--k", str(k), "--api", "127.0.0.1:0",
              "--agents", "127.0.0.1:0", "--rest", "127.0.0.1:0", "--log-level", "WARNING",
-             *auth, *(extra or [])],
+             "--state-dir", str(self.state), *auth, *(extra or [])],
             stdout=subprocess.PIPE, stderr=self.log, text=True,
         )  # fmt: skip
         line = self.proc.stdout.readline()
@@ -129,6 +130,7 @@ class ControllerProcess:
             self.proc.kill()
             self.proc.wait()
         self.log.close()
+        shutil.rmtree(self.state, ignore_errors=True)
         if self.pki is not None:
             shutil.rmtree(self.pki, ignore_errors=True)
 

@@ -90,7 +90,7 @@ class System:
             [sys.executable, "-m", "terra_controller.cli", "--topology", str(self.topo),
              "--no-openflow", "--k", str(K), "--api", self.api, "--agents", self.agents_addr,
              "--rest", self.rest[len("https://"):], "--pki", str(self.pki),
-             "--scheduler", self.scheduler],
+             "--scheduler", self.scheduler, "--state-dir", str(self.workdir / "state")],
             stdout=subprocess.PIPE, stderr=self.ctl_log, text=True,
         )  # fmt: skip
         line = self.ctl.stdout.readline()

@@ -222,17 +222,22 @@ def test_a_stale_completion_after_a_restart_without_a_journal_is_refused(systems
     a1.close()
     b1.close()
     second = systems()
-    Peer(second, "a1", "A", 30000)
+    a1 = Peer(second, "a1", "A", 30000)
     b1 = Peer(second, "b1", "B", 31000)
     b1.send(complete(spec))  # the old coflow's completion, sent again on registering ...
     wait_until(lambda: second.chan.pending_count.get("b1") == 1)
     new = second.controller.submit(one_flow())
     assert new == old  # ... the same ids, but another coflow
-    b1.spec(new, "f")
+    fresh = b1.spec(new, "f")
+    assert fresh["digest_key"] != spec["digest_key"]
     b1.send(complete(spec))
     wait_until(lambda: second.controller.stats["refused_reports"] >= 2)
     status = second.controller.status(new)
     assert status["state"] != "done" and status["bytes_delivered"] == 0
+    # both agents are told to forget what they hold under these ids and get the new flow
+    for agent in (b1, a1):
+        agent.wait_for(lambda m: m["t"] == "drop" and m["coflow"] == str(new))
+        assert agent.spec(new, "f")["digest_key"] == fresh["digest_key"]
 
 
 def test_a_flow_restarted_after_a_digest_mismatch_takes_no_report_of_the_old_attempt(systems):
@@ -473,3 +478,31 @@ def test_a_large_submit_does_not_stall_another_jobs_submit(systems):
     assert max(waits) < 5.0  # generous on a loaded machine; measured figure printed above
     for agent in agents:
         agent.close()
+
+
+# ---- the coflow journal ----------------------------------------------------------------------
+
+
+def test_the_journal_survives_a_cut_line_stays_bounded_and_has_one_user(tmp_path, monkeypatch):
+    from terra_controller import journal as journal_module
+    from terra_controller.journal import CoflowJournal, JournalError
+
+    monkeypatch.setattr(journal_module, "COMPACT_SLACK", 10)
+    first = CoflowJournal(tmp_path)
+    with pytest.raises(JournalError, match="another controller"):
+        CoflowJournal(tmp_path)
+    for cid in range(100):
+        first.admitted(cid, "job1", bytes(16))
+        first.forgotten(cid)
+    first.admitted(100, "job2", b"\x01" * 16)
+    first.burned(205)
+    first.close()
+    lines = (tmp_path / "coflows.jsonl").read_bytes().splitlines()
+    assert len(lines) < 30  # rewritten with the live entries only
+    with open(tmp_path / "coflows.jsonl", "ab") as f:
+        f.write(b'{"c": 300, "o": "jo')  # a line cut by a crash
+    again = CoflowJournal(tmp_path)
+    assert again.next_id == 206 and dict(again.live) == {100: ("job2", b"\x01" * 16)}
+    assert again.owner(100) == (True, "job2") and again.owner(5) == (False, None)
+    again.close()
+    assert (tmp_path.stat().st_mode & 0o777) == 0o700
