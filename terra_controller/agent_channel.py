@@ -214,8 +214,8 @@ class AgentChannel:
         """Log a refused report; one about another attempt than the flow's current one
         resynchronizes the flow's agents (`resync`)."""
         _log_refused(agent, kind, exc)
-        if exc.code == "stale_attempt":
-            self.resync(coflow, flow, report.get("k", ""))
+        if exc.code == "stale_attempt" and report.get("k"):  # a report without one: refused
+            self.resync(coflow, flow, report["k"])
 
     def resync(self, coflow: str, flow: str, tag: object) -> bool:
         """An endpoint reported on `flow` with a tag of no attempt this controller made (it

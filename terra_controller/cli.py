@@ -137,13 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument(
         "--max-restarts", type=int, default=3, metavar="N",
-        help="re-transfers of a flow after digest mismatches before it fails",
+        help="re-transfers after digest mismatches",
     )  # fmt: skip
-    p.add_argument(
-        "--state-dir", metavar="DIR", default=None,
-        help="coflow journal directory (default: $STATE_DIRECTORY, else "
-        "~/.local/state/terra-controller)",
-    )  # fmt: skip
+    p.add_argument("--state-dir", metavar="DIR", help="coflow journal (docs/runtime.md)")
     add_common_args(p)
     return p
 

@@ -48,7 +48,8 @@ class TerraError(Exception):
 
     Attributes:
         code: the reply's code ("unknown_coflow", "unknown_agent", "duplicate_flow",
-            "bad_size", "bad_request", "bad_token", "coflow_done", "no_path", ...).
+            "bad_size", "bad_request", "bad_token", "coflow_done", "no_path", "path_busy"
+            (a flow's dst_path is being written by another flow), "too_many_flows", ...).
     """
 
     def __init__(self, code: str, message: str) -> None:
