@@ -206,7 +206,7 @@ class AgentChannel:
                     m.get("attempt", 0), m.get("k", ""),
                 )  # fmt: skip
             elif kind == "error":
-                LOG.warning("agent %s reports: %s", conn.agent, m.get("message"))
+                LOG.warning("agent %s reports: %.1024s", conn.agent, m.get("message"))
         except RegistryError as exc:  # e.g. a report about a coflow this controller forgot
             self._refused(conn.agent, kind, exc, m.get("coflow"), m.get("flow"), m)
 

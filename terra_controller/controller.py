@@ -132,9 +132,8 @@ class Controller:
         wan_event_at: time.monotonic() of the WAN event the next round answers (or None).
         on_rates: callbacks called with (FlowRates, changed_wan: bool) after each round,
             outside the lock.
-        on_flows: callbacks called with (coflow, new flows) once they are stored: on
-            submit outside the locks (a flow may have ended meanwhile), on update inside
-            `lock` (they must only queue work).
+        on_flows: callbacks called with (coflow, new flows) once they are stored (submit,
+            update), outside the locks (a flow may have ended or restarted meanwhile).
         on_drop: callbacks called with (coflow, flows, restart: bool) inside the lock when
             agents must forget those flows: the coflow failed or was cancelled (restart
             False), or one flow restarts from byte 0 (restart True: the listener also sends
@@ -354,15 +353,26 @@ class Controller:
     def update(self, coflow_id: object, flows: object) -> None:
         """updateCoflow: add flows to an unfinished coflow; ask for a round.
 
+        The flows are parsed before the locks are taken (as for a submit) and their
+        descriptors sent after they are released.
+
         Raises:
             RegistryError: unknown coflow, finished coflow, invalid flows; nothing changed.
         """
+        with self.lock:
+            self.registry.get(coflow_id)  # an unknown coflow is the first thing to say
+            agents = dict(self.registry.agents)
+        parsed = self.registry.parse_flows(flows, agents=agents)
         with self.policy_lock, self.lock, observe_solves(self.metrics.lp_solve.observe):
             self._drain_leaving()
             coflow = self.registry.get(coflow_id)
             if coflow.state.final:
                 raise RegistryError("coflow_done", f"coflow {coflow.id} already {coflow.state}")
-            parsed = self.registry.parse_flows(flows, existing=coflow.flows)
+            if self.registry.agents != agents:  # an agent (re-)registered meanwhile
+                parsed = self.registry.parse_flows(flows)
+            for f in parsed:
+                if f.id in coflow.flows:
+                    raise RegistryError("duplicate_flow", f"duplicate flow id {f.id!r}")
             self.registry.check_sinks(parsed)
             self.registry.check_open_flows(coflow.owner, len(parsed))
             wan = [to_policy_flow(f) for f in parsed if not f.intra_dc]
@@ -375,8 +385,8 @@ class Controller:
                 except (KeyError, ValueError) as exc:
                     raise RegistryError("no_path", f"flows cannot be routed: {exc}") from exc
             self.registry.add_flows(coflow, parsed)
-            self._announce(coflow, parsed)
             self.want_round()
+        self._announce(coflow, parsed)
 
     def cancel(self, coflow_id: object) -> dict:
         """cancelCoflow: stop an unfinished coflow for good (state "cancelled").
