@@ -140,7 +140,7 @@ def systems(pki):
         system.stop()
 
 
-# ---- item 1: a completion from before a restart finishes nothing ---------------------------
+# ---- a completion from before a restart finishes nothing ---------------------------
 
 
 def test_a_completion_from_before_a_restart_does_not_finish_a_new_coflow(systems, tmp_path):
@@ -258,7 +258,7 @@ def test_a_flow_restarted_after_a_digest_mismatch_takes_no_report_of_the_old_att
     wait_until(lambda: system.controller.status(cid)["state"] == "done")
 
 
-# ---- item 2: one flow at a time writes a file --------------------------------------------
+# ---- one flow at a time writes a file --------------------------------------------
 
 
 def test_a_file_being_written_cannot_be_the_sink_of_another_flow(systems):
@@ -296,7 +296,7 @@ def test_a_file_being_written_cannot_be_the_sink_of_another_flow(systems):
     controller.submit([{"id": "g", "src": "c1", "dst": "b1", "bytes": 5, "dst_path": "out/x"}])
 
 
-# ---- item 3: file flows cross DCs ------------------------------------------------------------
+# ---- file flows cross DCs ------------------------------------------------------------
 
 
 def test_a_file_flow_within_one_dc_is_refused(tmp_path):
@@ -319,7 +319,7 @@ def test_a_file_flow_within_one_dc_is_refused(tmp_path):
     assert controller.status(cid)["state"] == "done"
 
 
-# ---- item 5: owners outlive a restart ------------------------------------------------------
+# ---- owners outlive a restart ------------------------------------------------------
 
 
 class ApiServer:
@@ -377,7 +377,7 @@ def test_another_job_cannot_take_a_coflow_id_after_a_restart(pki, tmp_path):
             second.stop()
 
 
-# ---- item 9: kept reports are per agent, and capped ------------------------------------------
+# ---- kept reports are per agent, and capped ------------------------------------------
 
 
 def test_kept_reports_are_per_agent_so_an_agent_cannot_erase_anothers(
@@ -429,7 +429,7 @@ def test_report_fields_beyond_their_caps_are_refused(report):
         protocol.validate_control(report)
 
 
-# ---- item 10: submits are bounded, and a large one does not stall the others ------------------
+# ---- submits are bounded, and a large one does not stall the others ------------------
 
 
 def test_submits_are_bounded_per_request_and_per_job(monkeypatch):
