@@ -392,9 +392,26 @@ class RestServer:
         stop_listener(self.listener)
 
 
+class _DebugLog:
+    """A file-like stderr for wsgiref that writes to the log at DEBUG (a client closing
+    before its reply is common and not worth a traceback on stderr)."""
+
+    def write(self, text: str) -> int:
+        """Log `text` (stripped) at DEBUG."""
+        if text.strip():
+            LOG.debug("REST: %s", text.rstrip())
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing buffered."""
+
+
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, fmt, *args) -> None:
         LOG.debug("REST %s", fmt % args)
+
+    def get_stderr(self):
+        return _DebugLog()
 
 
 def start_rest_server(
