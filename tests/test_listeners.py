@@ -269,10 +269,15 @@ def test_trickling_public_clients_do_not_lock_operators_out(public_rest, capfd):
     _, base = public_rest
     socks = [trickler(base, "127.0.0.2") for _ in range(64)]
     try:
-        admitted = [s for s in socks if s is not None]
-        assert len(admitted) <= rest.REST_CAP[1] + 1  # the per-address cap (one may race)
-        codes = [get(base, "/status")[0] for _ in range(35)]
+        codes = []
+        for _ in range(35):
+            try:
+                codes.append(get(base, "/status")[0])
+            except OSError as exc:  # refused (urllib.error.URLError is an OSError)
+                codes.append(str(exc))
         assert codes == [200] * 35
+        admitted = [s for s in socks if s is not None]
+        assert len(admitted) <= 9  # the per-address cap (8; one more may race its close)
     finally:
         close_all(s for s in socks if s is not None)
     time.sleep(0.5)  # the server notices them leave
