@@ -222,16 +222,15 @@ def capped(security, which: str):
 def cannot_listen(host: str, port: int, which: str, exc: BaseException, opened) -> None:
     """Report a port that cannot be bound, close the listeners in `opened`, exit status 1.
 
-    Prints `terra-controller: cannot listen on HOST:PORT (WHICH): ERROR` on stderr (and
-    the log) and ends the process at once (os-ken's threads would keep it alive).
+    Prints `terra-controller: cannot listen on HOST:PORT (WHICH): ERROR` on stderr and
+    ends the process at once (os-ken's threads would keep it alive).
     """
     from terra_controller.transport import stop_listener
 
-    message = f"cannot listen on {host}:{port} ({which}): {exc}"
-    LOG.error(message)
     for listener in opened:
         stop_listener(listener)
-    print(f"terra-controller: {message}", file=sys.stderr, flush=True)
+    print(f"terra-controller: cannot listen on {host}:{port} ({which}): {exc}", file=sys.stderr,
+          flush=True)  # fmt: skip
     logging.shutdown()
     os._exit(1)
 
@@ -260,16 +259,15 @@ def run(args, topology, security) -> None:
     from terra_controller.tunnel_table import TunnelTable, installed_path_source
     from terra_controller.tunnels import startup_tunnels
 
-    if not args.no_openflow:
-        try:
-            probe_port(args.of_host, args.of_port)
-        except OSError as exc:
-            cannot_listen(args.of_host, args.of_port, "OpenFlow", exc, [])
     if args.no_openflow:
         tunnels = TunnelTable(topology, args.k, logical=True)
         options = options_from_args(args)
     else:
         binding = load_switch_binding(topology)
+        try:
+            probe_port(args.of_host, args.of_port)
+        except OSError as exc:
+            cannot_listen(args.of_host, args.of_port, "OpenFlow", exc, [])
         shared = startup_tunnels(topology, args.k, binding.base_port)  # rules and agents
         tunnels = TunnelTable(topology, args.k, binding.base_port, logical=False, tunnels=shared)
         options = options_from_args(args, installed_path_source(tunnels))

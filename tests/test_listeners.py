@@ -353,6 +353,22 @@ def test_a_port_in_use_is_named_and_the_controller_exits(tmp_path, pki):
             pass
 
 
+SWITCHED = REPO / "topologies" / "data" / "swan_testbed.json"  # a topology with switches
+
+
+def test_an_openflow_port_in_use_is_named_and_the_controller_exits(tmp_path):
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        busy = taken.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "terra_controller.cli", "--topology", str(SWITCHED),
+             "--insecure", "--of-port", str(busy), "--api", "127.0.0.1:0",
+             "--agents", "127.0.0.1:0", "--rest", "127.0.0.1:0"],
+            capture_output=True, text=True, timeout=60, cwd=REPO,
+        )  # fmt: skip
+    assert proc.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{busy} (OpenFlow)" in proc.stderr
+
+
 def test_insecure_says_what_does_not_hold(tmp_path):
     proc, _ = start_controller(tmp_path, ["--insecure"])
     try:
