@@ -392,12 +392,16 @@ class Handshakes:
             timeout = None
             if self.deadlines:
                 timeout = max(0.0, self.deadlines[0][0] - time.monotonic())
-            for key, _ in self.selector.select(timeout):
-                if key.fileobj is self.wake_r:
-                    self._take_incoming()
-                else:
-                    self._step(key.fd)
-            self._expire()
+            try:
+                for key, _ in self.selector.select(timeout):
+                    if key.fileobj is self.wake_r:
+                        self._take_incoming()
+                    else:
+                        self._step(key.fd)
+                self._expire()
+            except Exception:  # a bug here must not stop every later handshake
+                LOG.exception("handshake thread")
+                time.sleep(0.01)
         for fd in list(self.pending):
             self._finish(fd, ConnectionAbortedError("server stopped"))
         self.selector.close()
@@ -415,10 +419,15 @@ class Handshakes:
         at = time.monotonic() + self.handshake_s
         for tls, addr, done, failed in incoming:
             fd = tls.fileno()
-            tls.setblocking(False)
+            try:
+                tls.setblocking(False)
+                self.selector.register(fd, selectors.EVENT_READ)
+            except (OSError, ValueError) as exc:
+                tls.close()
+                failed(addr, exc)
+                continue
             self.pending[fd] = (tls, addr, at, done, failed)
             heapq.heappush(self.deadlines, (at, next(self.seq), fd))
-            self.selector.register(fd, selectors.EVENT_READ)
             self._step(fd)
 
     def _step(self, fd: int) -> None:
