@@ -765,6 +765,8 @@ def start_agent_server(
     channel: AgentChannel, host: str, port: int, security: ServerSecurity, spawn=None
 ):
     """Serve the agent channel on host:port (see `transport.listen_and_serve`)."""
-    result = listen_and_serve(host, port, channel.serve_connection, security, spawn)
+    result = listen_and_serve(
+        host, port, channel.serve_connection, security, spawn, name="agent channel"
+    )
     LOG.info("agent channel on %s:%d (%s)", *result[2], "TLS" if security.context else "INSECURE")
     return result

@@ -461,7 +461,7 @@ def start_api_server(
     """Serve the coflow API on host:port (see `transport.listen_and_serve`)."""
     result = listen_and_serve(
         host, port, lambda sock, addr, ident: serve_connection(handler, sock, addr, ident),
-        security, spawn,
+        security, spawn, name="coflow API",
     )  # fmt: skip
     LOG.info("coflow API on %s:%d (%s)", *result[2], "TLS" if security.context else "INSECURE")
     return result

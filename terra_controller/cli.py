@@ -172,6 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+INSECURE_WARNING = (
+    "--insecure: plain TCP, no authentication or authorization: anyone who reaches the "
+    "agent port can register as an agent, receive flows and their digest keys and report "
+    "on them; digests then detect accidental corruption only, not an attacker (labs only)"
+)
+
+
 def server_security(args):
     """The ServerSecurity of the API and agent channel from --pki / --insecure.
 
@@ -184,12 +191,63 @@ def server_security(args):
     from terra_controller.transport import ServerSecurity
 
     if args.insecure:
-        LOG.warning("--insecure: plain TCP, no authentication or authorization")
+        LOG.warning(INSECURE_WARNING)
         return ServerSecurity(None)
     try:
         return ServerSecurity(server_context(args.pki))
     except (PkiError, ssl.SSLError, OSError) as exc:
         raise SystemExit(f"terra-controller: {exc}") from exc
+
+
+def capped(security, which: str):
+    """`security` with the connection caps of server `which` ("api", "agents", "rest")
+    derived from this process's open-file limit (transport.caps_for_file_limit).
+
+    Raises:
+        SystemExit: the open-file limit is too small.
+    """
+    import dataclasses
+
+    from terra_controller.transport import caps_for_file_limit, file_limit
+
+    nofile = file_limit()
+    try:
+        total, per_address = caps_for_file_limit(nofile)[which]
+    except ValueError as exc:
+        raise SystemExit(f"terra-controller: {exc}") from exc
+    LOG.info("%s: at most %d connections, %d per address (open-file limit %d)", which, total,
+             per_address, nofile)  # fmt: skip
+    return dataclasses.replace(security, max_connections=total, max_per_address=per_address)
+
+
+def cannot_listen(host: str, port: int, which: str, exc: BaseException, opened) -> None:
+    """Report a port that cannot be bound, close the listeners in `opened`, exit status 1.
+
+    Prints `terra-controller: cannot listen on HOST:PORT (WHICH): ERROR` on stderr and
+    ends the process at once (os-ken's threads would keep it alive).
+    """
+    from terra_controller.transport import stop_listener
+
+    for listener in opened:
+        stop_listener(listener)
+    print(f"terra-controller: cannot listen on {host}:{port} ({which}): {exc}", file=sys.stderr,
+          flush=True)  # fmt: skip
+    logging.shutdown()
+    os._exit(1)
+
+
+def probe_port(host: str, port: int) -> None:
+    """Bind host:port once and release it (a port in use raises before os-ken starts).
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
 
 
 def run(args, topology, security) -> None:
@@ -207,6 +265,10 @@ def run(args, topology, security) -> None:
         options = options_from_args(args)
     else:
         binding = load_switch_binding(topology)
+        try:
+            probe_port(args.of_host, args.of_port)
+        except OSError as exc:
+            cannot_listen(args.of_host, args.of_port, "OpenFlow", exc, [])
         shared = startup_tunnels(topology, args.k, binding.base_port)  # rules and agents
         tunnels = TunnelTable(topology, args.k, binding.base_port, logical=False, tunnels=shared)
         options = options_from_args(args, installed_path_source(tunnels))
@@ -263,15 +325,24 @@ def run(args, topology, security) -> None:
         from terra_controller.transport import ServerSecurity
 
         rest_security = ServerSecurity(server_context(args.pki, require_client_cert=False))
-    try:
-        _, t_api, api = start_api_server(ApiHandler(controller), *args.api, security)
-        _, t_agents, agents = start_agent_server(channel, *args.agents, security)
-        _, t_rest, rest = start_rest_server(
-            RestApp(controller, channel, openflow_info, ports), *args.rest, rest_security,
-            args.rest_public,
-        )  # fmt: skip
-    except OSError as exc:
-        raise SystemExit(f"terra-controller: cannot listen: {exc}") from exc
+    rest_app = RestApp(controller, channel, openflow_info, ports)
+    servers = [
+        ("coflow API", args.api, lambda h, p: start_api_server(
+            ApiHandler(controller), h, p, capped(security, "api"))),
+        ("agent channel", args.agents, lambda h, p: start_agent_server(
+            channel, h, p, capped(security, "agents"))),
+        ("REST", args.rest, lambda h, p: start_rest_server(
+            rest_app, h, p, capped(rest_security, "rest"), args.rest_public)),
+    ]  # fmt: skip
+    opened, started = [], []
+    for which, (host, port), start in servers:
+        try:
+            listener, thread, bound = start(host, port)
+        except OSError as exc:
+            cannot_listen(host, port, which, exc, opened)
+        opened.append(getattr(listener, "listener", listener))
+        started.append((thread, bound))
+    (t_api, api), (t_agents, agents), (t_rest, rest) = started
     tune_gc()
     RoundRunner(controller).start()
     print(

@@ -10,8 +10,16 @@ A private certificate authority (CA) issues one certificate per participant:
   certificate as the TLS server of the data connections it accepts
   (`data_server_context` / `data_client_context`).
 
+Every certificate carries a subject alternative name: the controller's
+`terra-controller` (and --host names), a participant's its own name; names that
+are roles or the controller's (`RESERVED_NAMES`) are never issued to
+participants.
+
 Keys are ECDSA P-256, certificates X.509 v3 signed with SHA-256, made with
-the `cryptography` package; private keys are written with mode 0600.
+the `cryptography` package. Whatever the umask, the directory is made 0700,
+certificates 0644 and private keys 0600, each written to a new temporary file
+(O_EXCL | O_NOFOLLOW) then renamed into place: never through a symlink, never
+keeping an old file's mode.
 
 Layout of a PKI directory DIR:
 
@@ -74,15 +82,24 @@ class Identity:
 INSECURE = Identity("insecure", Role.OPERATOR, insecure=True)
 
 
+# names no agent, job or operator may hold: the CA's, the controller's file name and the
+# host name clients verify, and every role's name (and any future role's, via Role)
+RESERVED_NAMES = frozenset({"ca", CONTROLLER_NAME, CONTROLLER_HOSTNAME}) | frozenset(
+    r.value for r in Role
+)
+
+
 def check_name(name: str) -> str:
     """Validate a participant name (1-64 of [A-Za-z0-9._-], not starting with . - _).
 
     Raises:
-        PkiError: invalid name, or the reserved names "ca" and "controller".
+        PkiError: invalid name, or a reserved one (RESERVED_NAMES, any letter case, or
+            any name starting with "terra-controller").
     """
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise PkiError(f"bad name {name!r}: 1-64 characters of A-Z a-z 0-9 . _ -")
-    if name in ("ca", CONTROLLER_NAME):
+    folded = name.lower().rstrip(".")
+    if folded in RESERVED_NAMES or folded.startswith(CONTROLLER_HOSTNAME):
         raise PkiError(f"name {name!r} is reserved")
     return name
 
@@ -112,7 +129,8 @@ def init_ca(directory: str | os.PathLike, hosts: list[str] | None = None) -> lis
     d = Path(directory)
     if (d / "ca.key").exists() or (d / "ca.crt").exists():
         raise PkiError(f"{d} already holds a CA; refusing to overwrite it")
-    d.mkdir(parents=True, exist_ok=True)
+    d.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    os.chmod(d, DIR_MODE)  # whatever the umask, and if it existed
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Terra CA")])
     now = _now()
@@ -201,10 +219,13 @@ def _issue(d: Path, name: str, role: Role, hosts: list[str]) -> list[Path]:
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()), False
         )
     )
+    # every certificate carries a SAN (peers are checked by it): the controller's host names,
+    # else the participant's name (reserved names cannot be issued: check_name)
     if role is Role.CONTROLLER:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName([_san(h) for h in [CONTROLLER_HOSTNAME, *hosts]]), False
-        )
+        sans = [_san(h) for h in [CONTROLLER_HOSTNAME, *hosts]]
+    else:
+        sans = [x509.DNSName(name)]
+    builder = builder.add_extension(x509.SubjectAlternativeName(sans), False)
     cert = builder.sign(ca_key, hashes.SHA256())
     return [_write_cert(d / f"{name}.crt", cert), _write_key(d / f"{name}.key", key)]
 
@@ -222,11 +243,15 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
+DIR_MODE = 0o700  # a PKI directory
+CERT_MODE = 0o644  # NAME.crt, ca.crt
+KEY_MODE = 0o600  # NAME.key, ca.key
+
+
 def _write_cert(path: Path, cert) -> Path:
     from cryptography.hazmat.primitives import serialization
 
-    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return path
+    return _write_new(path, cert.public_bytes(serialization.Encoding.PEM), CERT_MODE)
 
 
 def _write_key(path: Path, key) -> Path:
@@ -237,9 +262,35 @@ def _write_key(path: Path, key) -> Path:
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
+    return _write_new(path, data, KEY_MODE)
+
+
+def _write_new(path: Path, data: bytes, mode: int) -> Path:
+    """Write `data` to `path` with exactly `mode`, whatever the umask: into a new temporary
+    file (O_CREAT | O_EXCL | O_NOFOLLOW, never an existing file or a symlink's target),
+    synced, then renamed over `path` (which replaces a symlink itself, not its target).
+
+    Raises:
+        PkiError: the file cannot be written.
+    """
+    tmp = path.with_name(f".{path.name}.{os.urandom(6).hex()}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(tmp, flags, mode & 0o600)
+        try:
+            os.fchmod(fd, mode)
+            with os.fdopen(fd, "wb") as fh:
+                fd = -1
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise PkiError(f"cannot write {path}: {exc}") from exc
     return path
 
 
@@ -282,8 +333,8 @@ def client_context(directory: str | os.PathLike, name: str):
     """TLS client context for participant `name`: its certificate, the controller verified.
 
     Connect with ``server_hostname=CONTROLLER_HOSTNAME``: only the certificate made by
-    `init_ca` carries that name, so an agent or job certificate cannot pose as the
-    controller.
+    `init_ca` carries that name in its SAN (the name is reserved, and the common name is
+    never matched), so an agent or job certificate cannot pose as the controller.
 
     Returns:
         ssl.SSLContext.
@@ -294,6 +345,7 @@ def client_context(directory: str | os.PathLike, name: str):
     ca, crt, key = _files(directory, check_name(name))
     ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.hostname_checks_common_name = False  # the SAN only: never a CN-only match
     ctx.load_cert_chain(crt, key)
     return ctx
 
@@ -363,8 +415,12 @@ def _require_server_auth(crt: str) -> None:
 def peer_identity(peercert: dict | None) -> Identity:
     """The Identity in a verified peer certificate (`SSLSocket.getpeercert()`).
 
+    The name is the subject's common name, which the certificate's subject alternative
+    name (DNS) must carry too; the role its organizational unit.
+
     Raises:
-        PkiError: no certificate, or its subject lacks a valid name or role.
+        PkiError: no certificate, its subject lacks a valid (unreserved) name or role, or
+            its SAN lacks the name.
     """
     if not peercert:
         raise PkiError("no client certificate")
@@ -374,6 +430,12 @@ def peer_identity(peercert: dict | None) -> Identity:
             fields[key] = value
     name, role = fields.get("commonName"), fields.get("organizationalUnitName")
     try:
-        return Identity(check_name(name), Role(role))
+        identity = Identity(check_name(name), Role(role))
     except (PkiError, ValueError) as exc:
         raise PkiError(f"certificate subject {fields!r} is not a Terra identity") from exc
+    if ("DNS", name) not in peercert.get("subjectAltName", ()):
+        raise PkiError(
+            f"certificate of {name!r} lacks the subject alternative name {name!r} (issued by "
+            "an older version: issue it again)"
+        )
+    return identity

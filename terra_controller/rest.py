@@ -22,33 +22,42 @@ Routes (GET only; docs/design.md section 6; docs/operations.md lists every field
     /metrics         Prometheus text format: the controller's CollectorRegistry
                      (terra_controller/metrics.py; every metric in docs/runtime.md)
 
-A WSGI app served by the standard library's wsgiref in a thread per request,
-started on os-ken's hub. Errors: 404 for unknown paths or coflows, 405 for
-other methods; a failing view answers 500 and the server keeps running.
+A WSGI app served by the standard library's wsgiref handler in a thread per
+authenticated request, behind the same admission as the coflow API
+(transport.accept_loop: caps per address and in total, TLS handshakes without a
+thread each, a whole-request deadline), started on os-ken's hub. Errors: 400 for
+a malformed query (integers are ASCII digits only), 404 for unknown paths or
+coflows, 405 for other methods; a failing view answers 500 and the server keeps
+running.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
-import socketserver
-import threading
 import time
 from collections.abc import Callable
 from importlib import resources
 from urllib.parse import parse_qs
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from terra_controller.coflow_registry import RegistryError
 from terra_controller.controller import Controller
 from terra_controller.metrics import CONTENT_TYPE, ControllerCollector
-from terra_controller.pki import PkiError, Role
-from terra_controller.transport import ServerSecurity, authenticate
+from terra_controller.pki import Role
+from terra_controller.transport import (
+    DEADLINES,
+    REST_CAP,
+    RateLimitedLog,
+    ServerSecurity,
+    listen_and_serve,
+    stop_listener,
+)
 
 LOG = logging.getLogger("terra.rest")
 
-MAX_REST_THREADS = 64
 # The web page's files (terra_controller/web/) by URL path, with their content type.
 WEB_FILES = {
     "/": ("index.html", "text/html; charset=utf-8"),
@@ -119,7 +128,7 @@ class RestApp:
             if path == "/coflows" and environ.get("QUERY_STRING"):
                 query = parse_qs(environ["QUERY_STRING"])
                 text = query.get("finished", [""])[0]
-                if not text.isdigit() or len(text) > 9:
+                if not _ascii_digits(text) or len(text) > 9:
                     return _reply(start_response, 400, {"error": "finished must be 0..999999999"})
                 return _reply(start_response, 200, self.controller.recent_coflows(int(text)))
             view = self._route(path)
@@ -156,7 +165,7 @@ class RestApp:
             return views[path]
         if path.startswith("/coflows/"):
             text = path[len("/coflows/") :]
-            if not text.isdigit() or len(text) > 19:  # coflow ids are 63-bit at most
+            if not _ascii_digits(text) or len(text) > 19:  # coflow ids are 63-bit at most
                 return None
             return lambda: self.coflow(int(text))
         return None
@@ -305,6 +314,11 @@ _MEASURED = ("tx_bytes", "tx_packets", "tx_dropped", "rx_bytes", "rx_dropped", "
              "sampled_s")  # fmt: skip
 
 
+def _ascii_digits(text: str) -> bool:
+    """True when `text` is one or more ASCII digits 0-9 (not "²", "٣" or other digits)."""
+    return text.isascii() and text.isdigit()
+
+
 def _reply(start_response, code: int, body, headers: list | None = None) -> list[bytes]:
     reason = {
         200: "OK",
@@ -331,53 +345,73 @@ def _json_default(value):
     return str(value)
 
 
-class _ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
-    """wsgiref's server, a thread per request, behind the controller's TLS (docs/security.md).
+class _RestServer(WSGIServer):
+    """wsgiref's request handling, without its listening socket: the connections come from
+    `transport.accept_loop` (the same admission, TLS handshake thread and caps as the API)."""
 
-    Each request's thread runs the TLS handshake (within HANDSHAKE_S) and, unless the
-    server is public, requires an operator certificate before any HTTP is read; at most
-    MAX_REST_THREADS requests are served at once (others are closed at once), and a
-    request must arrive within REQUEST_TIMEOUT_S.
+    def __init__(self, app, host: str, port: int) -> None:
+        super().__init__((host, port), _QuietHandler, bind_and_activate=False)
+        self.socket.close()  # never bound: transport's listener accepts
+        self.server_name, self.server_port = host, port
+        self.setup_environ()
+        self.set_app(app)
+
+
+class RestServer:
+    """A running REST server (what `start_rest_server` returns).
+
+    Attributes:
+        listener: the listening socket.
+        not_operator: RateLimitedLog of clients refused for lacking an operator certificate.
     """
 
-    daemon_threads = True
-    security: ServerSecurity | None = None
-    public = False
-    slots: threading.BoundedSemaphore  # requests in progress (set by start_rest_server)
+    def __init__(self, listener, wsgi: _RestServer, public: bool) -> None:
+        self.listener, self.wsgi, self.public = listener, wsgi, public
+        self.not_operator = RateLimitedLog(LOG, "REST: clients without an operator "
+                                           "certificate refused")  # fmt: skip
 
-    def process_request(self, request, client_address):
-        if not self.slots.acquire(blocking=False):
-            LOG.warning("REST %s: too many requests in progress; refused", client_address)
-            self.shutdown_request(request)
+    def handle(self, sock, addr, identity) -> None:
+        """Serve one HTTP request on an authenticated connection, within REQUEST_TIMEOUT_S
+        for the whole request and reply (a peer trickling its request is cut off)."""
+        if not self.public and (identity is None or not identity.may(Role.OPERATOR)):
+            self.not_operator.event(f"{addr}: {identity.name if identity else 'no certificate'}")
             return
+        sock.settimeout(REQUEST_TIMEOUT_S)
         try:
-            super().process_request(request, client_address)
-        except Exception:
-            self.slots.release()
-            raise
+            with DEADLINES.guard(sock, REQUEST_TIMEOUT_S):
+                _QuietHandler(sock, addr, self.wsgi)
+        except (OSError, ValueError) as exc:
+            LOG.debug("REST %s: %s", addr, exc)
 
-    def process_request_thread(self, request, client_address):
-        try:
-            if self.security is not None:
-                try:
-                    request, identity = authenticate(request, self.security, self.public)
-                except (OSError, PkiError, ValueError) as exc:
-                    LOG.info("REST %s: not authenticated: %s", client_address, exc)
-                    self.shutdown_request(request)
-                    return
-                if not self.public and not identity.may(Role.OPERATOR):
-                    LOG.warning("REST %s: %s is not an operator", client_address, identity.name)
-                    self.shutdown_request(request)
-                    return
-            request.settimeout(REQUEST_TIMEOUT_S)
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
+    def shutdown(self) -> None:
+        """Stop accepting (requests in progress finish)."""
+        stop_listener(self.listener)
+
+    def server_close(self) -> None:
+        """Close the listener (as shutdown; for socketserver's interface)."""
+        stop_listener(self.listener)
+
+
+class _DebugLog:
+    """A file-like stderr for wsgiref that writes to the log at DEBUG (a client closing
+    before its reply is common and not worth a traceback on stderr)."""
+
+    def write(self, text: str) -> int:
+        """Log `text` (stripped) at DEBUG."""
+        if text.strip():
+            LOG.debug("REST: %s", text.rstrip())
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing buffered."""
 
 
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, fmt, *args) -> None:
         LOG.debug("REST %s", fmt % args)
+
+    def get_stderr(self):
+        return _DebugLog()
 
 
 def start_rest_server(
@@ -388,13 +422,16 @@ def start_rest_server(
     public: bool = False,
     spawn=None,
 ):
-    """Serve `app` on host:port (HTTP/1.0 over TLS, thread per request) on os-ken's hub.
+    """Serve `app` on host:port (HTTP/1.0 over TLS, thread per authenticated request) on
+    os-ken's hub, behind `transport.accept_loop`'s admission: at most REST_CAP connections
+    (REST_CAP per address; fewer when `security` caps lower), TLS handshakes in one thread,
+    a whole-request deadline of REQUEST_TIMEOUT_S.
 
     Args:
         security: ServerSecurity with the controller's TLS context (client certificates
-            verified when given), or None: plain HTTP (--insecure).
-        public: serve clients without a certificate too (--rest-public); with a
-            certificate, any role may read.
+            verified when given), or None / a context of None: plain HTTP (--insecure).
+        public: serve clients without a certificate too (--rest-public; needs a context
+            made with require_client_cert=False); with a certificate, any role may read.
         spawn: how to run the loop (default os_ken.lib.hub.spawn; tests pass a
             daemon-thread starter).
 
@@ -404,15 +441,19 @@ def start_rest_server(
     Raises:
         OSError: the address cannot be bound.
     """
-    from os_ken.lib import hub
-
-    server = make_server(
-        host, port, app, server_class=_ThreadingWSGIServer, handler_class=_QuietHandler
+    security = security or ServerSecurity(None)
+    security = dataclasses.replace(
+        security,
+        max_connections=min(security.max_connections, REST_CAP[0]),
+        max_per_address=min(security.max_per_address, REST_CAP[1]),
     )
-    server.security = security
-    server.public = public
-    server.slots = threading.BoundedSemaphore(MAX_REST_THREADS)
-    bound = server.server_address[:2]
-    scheme = "https" if security is not None and security.context is not None else "http"
+    wsgi = _RestServer(app, host, port)
+    server = RestServer(None, wsgi, public)
+    server.listener, thread, bound = listen_and_serve(
+        host, port, server.handle, security, spawn, optional=public, name="REST"
+    )
+    wsgi.server_name, wsgi.server_port = bound[0], bound[1]
+    wsgi.setup_environ()
+    scheme = "https" if security.context is not None else "http"
     LOG.info("REST on %s://%s:%d%s", scheme, *bound, " (public)" if public else "")
-    return server, (spawn or hub.spawn)(server.serve_forever), bound
+    return server, thread, bound

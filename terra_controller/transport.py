@@ -1,32 +1,37 @@
 """Accepting connections for the controller's servers: TLS, identities, deadlines, caps.
 
-Used by the coflow API (api_server.py) and the agent channel (agent_channel.py),
-which run one native thread per connection (os-ken's hub is native threads
-here). What every connection goes through, before a server sees a byte of it
-(docs/security.md):
+Used by the coflow API (api_server.py), the agent channel (agent_channel.py) and
+REST (rest.py), which run one native thread per authenticated connection
+(os-ken's hub is native threads here). What every connection goes through,
+before a server sees a byte of it (docs/security.md):
 
 1. admission: at most `max_connections` at once per server and
-   `max_per_address` from one IP address; beyond that it is closed at once;
+   `max_per_address` from one IP address; beyond that it is closed at once
+   (`caps_for_file_limit` derives both from the open-file limit at start-up);
 2. the TLS handshake (mutual: the client's certificate is verified against the
    CA) within `handshake_s` seconds, measured for the whole handshake (a peer
-   sending one byte a second is cut off too); the peer's Identity is its
-   certificate's name and role;
-3. the server's handler(sock, addr, identity).
+   sending one byte a second is cut off too), run by one `Handshakes` thread per
+   server (an idle connection holds a descriptor, not a thread); the peer's
+   Identity is its certificate's name and role;
+3. the server's handler(sock, addr, identity), in a thread of its own.
 
 Without an SSL context (`--insecure`) step 2 is skipped and every peer gets
-`pki.INSECURE`.
+`pki.INSECURE`. Out of descriptors (EMFILE) the accept loop backs off and keeps
+listening; refusals are logged at most once per interval (`RateLimitedLog`).
 
-`Deadlines` bounds a whole blocking exchange (a handshake, a frame) rather
-than one recv: when the deadline passes it shuts the socket down, which makes
-the blocked call fail at once.
+`Deadlines` bounds a whole blocking exchange (a handshake, a frame, a REST
+request) rather than one recv: when the deadline passes it shuts the socket down,
+which makes the blocked call fail at once.
 """
 
 from __future__ import annotations
 
+import errno
 import heapq
 import itertools
 import logging
 import select
+import selectors
 import socket
 import ssl
 import threading
@@ -255,7 +260,10 @@ class Admission:
 def authenticate(
     sock: socket.socket, security: ServerSecurity, optional: bool = False
 ) -> tuple[socket.socket, Identity | None]:
-    """Run the TLS handshake on an accepted socket within the deadline.
+    """Run the TLS handshake on an accepted socket within the deadline, in this thread.
+
+    (`accept_loop` runs handshakes in its `Handshakes` thread instead; this is for callers
+    holding a thread anyway.)
 
     Args:
         optional: a peer without a certificate is let through (identity None); needs a
@@ -277,31 +285,219 @@ def authenticate(
             tls.settimeout(security.handshake_s)
             tls.do_handshake()
         tls.settimeout(None)
-        peercert = tls.getpeercert()
-        if optional and not peercert:
-            return tls, None
-        return tls, peer_identity(peercert)
+        return tls, _identity(tls, optional)
     except BaseException:
         tls.close()
         raise
 
 
-def accept_loop(listener: socket.socket, handle, spawn, security: ServerSecurity) -> None:
-    """Accept connections until `listener` is closed; each runs in its own thread (spawn):
-    admission caps, then `authenticate`, then handle(sock, addr, identity).
+def _identity(tls: ssl.SSLSocket, optional: bool) -> Identity | None:
+    """The Identity of a handshaken peer (None: no certificate and `optional`)."""
+    peercert = tls.getpeercert()
+    if optional and not peercert:
+        return None
+    return peer_identity(peercert)
 
-    A refused, failed or timed-out handshake closes only that connection (logged at
-    INFO/DEBUG); the handler's socket is closed when it returns.
+
+class RateLimitedLog:
+    """Logs one kind of event at most once per `interval_s`, with the count since the last line.
+
+    ``log.event(detail)`` counts the event and, when the interval has passed, logs
+    "<what>: N in the last S s (last: detail)" at `level`: a flood of refused
+    connections writes a line per interval, not a line per connection.
+    """
+
+    def __init__(self, logger: logging.Logger, what: str, level: int = logging.WARNING,
+                 interval_s: float = 10.0) -> None:  # fmt: skip
+        self.logger, self.what, self.level, self.interval_s = logger, what, level, interval_s
+        self.count = 0  # events not logged yet
+        self.total = 0  # events ever
+        self.last_logged = -float("inf")
+        self.lock = threading.Lock()
+
+    def event(self, detail: object = "") -> None:
+        """Count one event; log the count when `interval_s` passed since the last line."""
+        now = time.monotonic()
+        with self.lock:
+            self.count += 1
+            self.total += 1
+            if now - self.last_logged < self.interval_s:
+                return
+            count, self.count = self.count, 0
+            since, self.last_logged = now - self.last_logged, now
+        window = f"{since:.0f} s" if since != float("inf") else "start"
+        if since == float("inf"):
+            self.logger.log(self.level, "%s (%s)", self.what, detail)
+        else:
+            self.logger.log(self.level, "%s: %d in the last %s (last: %s)", self.what, count,
+                            window, detail)  # fmt: skip
+
+
+class Handshakes:
+    """One thread running the TLS handshakes of a listener's new connections, non-blocking.
+
+    A connection costs a descriptor and a few KiB until its handshake is done, failed or
+    past its deadline (`handshake_s`, for the whole handshake), never a thread: an idle
+    or trickling peer holds no thread. Completed handshakes go to `done(tls, identity)`
+    (called in this thread: it must return quickly, e.g. by starting a thread); failed
+    ones to `failed(sock, error)` after the socket is closed.
+
+    Args:
+        context: the server ssl.SSLContext.
+        handshake_s: seconds for each whole handshake.
+        optional: peers without a certificate complete with identity None.
+        name: the thread's name.
+    """
+
+    def __init__(self, context: ssl.SSLContext, handshake_s: float, optional: bool = False,
+                 name: str = "terra-handshakes") -> None:  # fmt: skip
+        self.context, self.handshake_s, self.optional = context, handshake_s, optional
+        self.selector = selectors.DefaultSelector()  # epoll on Linux: no 1024-fd limit
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.wake_r.setblocking(False)
+        self.wake_w.setblocking(False)
+        self.selector.register(self.wake_r, selectors.EVENT_READ)
+        self.incoming: list[tuple] = []  # (tls, addr, done, failed) added by other threads
+        self.lock = threading.Lock()
+        self.pending: dict[int, tuple] = {}  # fd -> (tls, addr, deadline, done, failed)
+        self.deadlines: list[tuple[float, int, int]] = []  # (deadline, seq, fd) heap
+        self.seq = itertools.count()
+        self.closed = False
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def submit(self, sock: socket.socket, addr, done, failed) -> None:
+        """Start the handshake of an accepted `sock` (never blocks)."""
+        tls = self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        with self.lock:
+            self.incoming.append((tls, addr, done, failed))
+        try:
+            self.wake_w.send(b"x")
+        except (BlockingIOError, OSError):
+            pass  # a wake-up is already queued
+
+    def close(self) -> None:
+        """Stop the thread; pending handshakes fail (their sockets closed)."""
+        self.closed = True
+        try:
+            self.wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def _run(self) -> None:
+        while not self.closed:
+            timeout = None
+            if self.deadlines:
+                timeout = max(0.0, self.deadlines[0][0] - time.monotonic())
+            try:
+                for key, _ in self.selector.select(timeout):
+                    if key.fileobj is self.wake_r:
+                        self._take_incoming()
+                    else:
+                        self._step(key.fd)
+                self._expire()
+            except Exception:  # a bug here must not stop every later handshake
+                LOG.exception("handshake thread")
+                time.sleep(0.01)
+        for fd in list(self.pending):
+            self._finish(fd, ConnectionAbortedError("server stopped"))
+        self.selector.close()
+        self.wake_r.close()
+        self.wake_w.close()
+
+    def _take_incoming(self) -> None:
+        try:
+            while self.wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+        with self.lock:
+            incoming, self.incoming = self.incoming, []
+        at = time.monotonic() + self.handshake_s
+        for tls, addr, done, failed in incoming:
+            fd = tls.fileno()
+            try:
+                tls.setblocking(False)
+                self.selector.register(fd, selectors.EVENT_READ)
+            except (OSError, ValueError) as exc:
+                tls.close()
+                failed(addr, exc)
+                continue
+            self.pending[fd] = (tls, addr, at, done, failed)
+            heapq.heappush(self.deadlines, (at, next(self.seq), fd))
+            self._step(fd)
+
+    def _step(self, fd: int) -> None:
+        if fd not in self.pending:  # an event of a socket finished in this round
+            return
+        tls = self.pending[fd][0]
+        try:
+            tls.do_handshake()
+        except ssl.SSLWantReadError:
+            self.selector.modify(fd, selectors.EVENT_READ)
+        except ssl.SSLWantWriteError:
+            self.selector.modify(fd, selectors.EVENT_WRITE)
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            self._finish(fd, exc)
+        else:
+            self._finish(fd, None)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self.deadlines and self.deadlines[0][0] <= now:
+            at, _, fd = heapq.heappop(self.deadlines)
+            entry = self.pending.get(fd)
+            if entry is not None and entry[2] == at:
+                self._finish(fd, TimeoutError(f"no TLS handshake within {self.handshake_s} s"))
+
+    def _finish(self, fd: int, error: BaseException | None) -> None:
+        tls, addr, _, done, failed = self.pending.pop(fd)
+        self.selector.unregister(fd)
+        if error is None:
+            try:
+                tls.setblocking(True)
+                identity = _identity(tls, self.optional)
+            except (OSError, ValueError, PkiError) as exc:
+                error = exc
+            else:
+                done(tls, addr, identity)
+                return
+        tls.close()
+        failed(addr, error)
+
+
+ACCEPT_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}  # back off, retry
+TRANSIENT_ERRORS = {errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN, errno.EPERM}
+BACKOFF_S = (0.01, 0.5)  # first and longest sleep after an accept out of descriptors/memory
+
+
+def accept_loop(listener: socket.socket, handle, spawn, security: ServerSecurity,
+                optional: bool = False, name: str = "server") -> None:  # fmt: skip
+    """Accept connections until `listener` is closed: admission caps, then the TLS handshake
+    (in one `Handshakes` thread for the listener, no thread per connection), then
+    handle(sock, addr, identity) in a thread of its own (spawn) for authenticated peers.
+
+    Refused, failed and timed-out connections close only themselves (logged at most once
+    per interval with their count, `RateLimitedLog`); the handler's socket is closed when
+    it returns. Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) the loop
+    sleeps (10 ms doubling to 0.5 s), logs once per interval and keeps listening; it
+    returns only when the listener is closed.
+
+    Args:
+        optional: peers without a certificate are served too (identity None).
+        name: the server's name in log lines (e.g. "coflow API").
     """
     admission = Admission(security)
+    refused = RateLimitedLog(LOG, f"{name}: connections refused at the cap")
+    unauthenticated = RateLimitedLog(LOG, f"{name}: connections not authenticated", logging.INFO)
+    exhausted = RateLimitedLog(LOG, f"{name}: cannot accept (out of descriptors or memory); "
+                               "retrying")  # fmt: skip
 
-    def run(sock: socket.socket, addr) -> None:
+    def run(sock: socket.socket, addr, identity) -> None:
         try:
-            try:
-                sock, identity = authenticate(sock, security)
-            except (OSError, ssl.SSLError, PkiError, ValueError) as exc:
-                LOG.info("%s: not authenticated: %s", addr, exc)
-                return
             handle(sock, addr, identity)
         finally:
             try:
@@ -310,21 +506,58 @@ def accept_loop(listener: socket.socket, handle, spawn, security: ServerSecurity
                 pass
             admission.leave(addr[0])
 
-    while True:
+    def done(sock, addr, identity) -> None:
         try:
-            sock, addr = listener.accept()
-        except OSError:
-            return
-        if not admission.enter(addr[0]):
-            LOG.warning("%s: connection cap reached; refused", addr)
-            sock.close()
-            continue
-        try:
-            spawn(run, sock, addr)
-        except Exception:  # cannot start a thread: refuse, keep accepting
-            LOG.exception("%s: cannot serve", addr)
+            spawn(run, sock, addr, identity)
+        except Exception as exc:  # cannot start a thread: refuse, keep accepting
+            refused.event(f"{addr}: cannot serve: {exc}")
             admission.leave(addr[0])
             sock.close()
+
+    def failed(addr, exc) -> None:
+        unauthenticated.event(f"{addr}: {exc}")
+        admission.leave(addr[0])
+
+    handshakes = None
+    if security.context is not None:
+        handshakes = Handshakes(security.context, security.handshake_s, optional,
+                                f"terra-handshakes-{name}")  # fmt: skip
+    backoff = BACKOFF_S[0]
+    try:
+        while True:
+            try:
+                sock, addr = listener.accept()
+            except OSError as exc:
+                if listener.fileno() < 0:
+                    return
+                if exc.errno in TRANSIENT_ERRORS:
+                    continue
+                if exc.errno in (errno.EBADF, errno.EINVAL, errno.ENOTSOCK):
+                    return  # shut down (stop_listener)
+                exhausted.event(exc)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_S[1])
+                continue
+            backoff = BACKOFF_S[0]
+            if not admission.enter(addr[0]):
+                refused.event(addr)
+                sock.close()
+                continue
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+            if handshakes is None:
+                done(sock, addr, INSECURE)
+            else:
+                try:
+                    handshakes.submit(sock, addr, done, failed)
+                except (OSError, ValueError) as exc:
+                    sock.close()
+                    failed(addr, exc)
+    finally:
+        if handshakes is not None:
+            handshakes.close()
 
 
 def stop_listener(listener: socket.socket) -> None:
@@ -336,14 +569,17 @@ def stop_listener(listener: socket.socket) -> None:
     listener.close()
 
 
-def listen_and_serve(host: str, port: int, handle, security: ServerSecurity, spawn=None):
-    """Listen on host:port and accept connections in a hub thread (one thread per connection).
+def listen_and_serve(host: str, port: int, handle, security: ServerSecurity, spawn=None,
+                     optional: bool = False, name: str = "server"):  # fmt: skip
+    """Listen on host:port and accept connections in a hub thread (`accept_loop`).
 
     Args:
         handle: called as handle(sock, addr, identity) in the connection's own thread.
         security: ServerSecurity (TLS context or None, caps, handshake deadline).
         spawn: spawn(func, *args) -> thread; default os_ken.lib.hub.spawn (tests pass a
             daemon-thread starter).
+        optional: serve TLS peers without a certificate too (identity None).
+        name: the server's name in log lines.
 
     Returns:
         (listening socket (`stop_listener` stops it), accept thread, bound (host, port)).
@@ -355,8 +591,51 @@ def listen_and_serve(host: str, port: int, handle, security: ServerSecurity, spa
 
     spawn = spawn or hub.spawn
     listener = hub.listen((host, port), backlog=1024)
-    thread = spawn(accept_loop, listener, handle, spawn, security)
+    try:
+        thread = spawn(accept_loop, listener, handle, spawn, security, optional, name)
+    except BaseException:
+        listener.close()
+        raise
     return listener, thread, listener.getsockname()[:2]
+
+
+FILE_HEADROOM = (128, 8)  # descriptors kept free: at least 128, at least 1/8 of the limit
+REST_CAP = (64, 8)  # REST: connections at once, and from one address
+
+
+def file_limit() -> int:
+    """This process's soft RLIMIT_NOFILE (open descriptors allowed)."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def caps_for_file_limit(nofile: int) -> dict[str, tuple[int, int]]:
+    """Connection caps of the controller's servers that fit `nofile` open descriptors.
+
+    max(128, nofile / 8) descriptors stay free (switches' OpenFlow connections, files, logs,
+    the servers' own sockets); REST gets up to 64 (8 per address), the coflow API and the
+    agent channel half of the rest each, at most MAX_CONNECTIONS; one address may hold a
+    quarter of a server's connections (at least 4).
+
+    Returns:
+        {"api" | "agents" | "rest": (max_connections, max_per_address)}.
+
+    Raises:
+        ValueError: the limit leaves no room for connections (below ~200).
+    """
+    usable = nofile - max(FILE_HEADROOM[0], nofile // FILE_HEADROOM[1])
+    if usable < 48:
+        raise ValueError(f"an open-file limit of {nofile} is too small (at least 200 needed)")
+    rest = min(REST_CAP[0], usable // 8)
+    each = min(MAX_CONNECTIONS, (usable - rest) // 2)
+    per = min(MAX_PER_ADDRESS, max(4, each // 4))
+    return {
+        "api": (each, per),
+        "agents": (each, per),
+        "rest": (rest, max(2, min(REST_CAP[1], rest // 4))),
+    }
 
 
 def connect_tls(host: str, port: int, context: ssl.SSLContext | None, timeout: float):

@@ -53,3 +53,22 @@ def test_units_are_in_the_names():
     rows = [*app.links()["links"], *coflow["flows"], *coflow["flowgroups"]]
     for row in rows:
         assert not {"rate", "capacity", "allocated", "delivered", "remaining"} & set(row)
+
+
+def test_the_systemd_units_shipped_are_the_documented_ones_and_fit_the_caps():
+    """deploy/systemd/ holds the units docs/operations.md shows, and the controller's file
+    limit leaves its servers their full caps (transport.caps_for_file_limit)."""
+    from terra_controller.transport import MAX_CONNECTIONS, REST_CAP, caps_for_file_limit
+
+    deploy = Path(__file__).resolve().parent.parent / "deploy" / "systemd"
+    units = dict(re.findall(r"`/etc/systemd/system/(terra-[^`]+)`.*?```ini\n(.*?)```", DOC, re.S))
+    assert set(units) == {"terra-controller.service", "terra-agent@.service"}
+    assert {p.name for p in deploy.iterdir()} == set(units)
+    for name, body in units.items():
+        assert (deploy / name).read_text() == body, f"deploy/systemd/{name} differs from the doc"
+        assert re.search(r"^LimitNOFILE=\d+$", body, re.M), f"{name} sets no file limit"
+    limit = int(re.search(r"^LimitNOFILE=(\d+)$", units["terra-controller.service"], re.M)[1])
+    caps = caps_for_file_limit(limit)
+    assert caps["api"][0] == caps["agents"][0] == MAX_CONNECTIONS
+    assert caps["rest"] == REST_CAP
+    assert f"LimitNOFILE={limit}" in DOC and str(MAX_CONNECTIONS) in DOC
