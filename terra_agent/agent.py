@@ -83,7 +83,7 @@ from .sender import (
     chunk_bytes,
     detect_dead_peers,
 )
-from .sources import SourceError, flow_key, open_source
+from .sources import SourceError, flow_key, open_source, resolve_data_path
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,8 @@ MAX_DROPPED = 10_000  # flows the controller dropped, remembered to ignore their
 ROWS_PER_MESSAGE = 500  # flow rows per progress/register message (keeps headers < 64 KiB)
 MIN_PACING_BYTES_PER_S = 64 * 1024  # a paced socket drains a 64 KiB chunk within ~1 s
 PACING_REFRESH_S = 0.5  # paced links are also re-planned this often (groups that finished)
+FORGED_LOG_S = 5.0  # dropped (forged) acks are logged at most this often
+MAX_EPOCH_AHEAD_NS = 3600 * 10**9  # a receiver epoch may be this far in our future (clocks)
 
 
 @dataclass
@@ -229,6 +231,9 @@ class Agent:
         self.payload_buffers = PayloadBuffers(MAX_PAYLOAD_BYTES, PAYLOAD_BUFFERS)
         self.hash_queue = HashQueue(HASH_QUEUE_BYTES)
         self.refused: dict[tuple[str, str], str] = {}
+        self.forged_acks = 0  # acks dropped by check_ack (inspection)
+        self._forged_log = RateLimitedLog(log, FORGED_LOG_S)
+        self.sinks: dict[str, tuple[str, str]] = {}  # resolved sink path -> owning flow key
         self._pending_timers: set[tuple[str, str]] = set()
         # (coflow, flow) -> attempt, of flows the controller dropped (most recent last)
         self.dropped: OrderedDict[tuple[str, str], int] = OrderedDict()
@@ -652,6 +657,9 @@ class Agent:
                 self.rejected_ahead += inflow.rejected_ahead
                 attempt = max(attempt, inflow.spec.attempt)
                 inflow.abort(f"flow {coflow}/{fid}: dropped by the controller")
+                path = getattr(inflow.sink, "path", None)
+                if path is not None and self.sinks.get(path) == key:
+                    del self.sinks[path]
             self.refused.pop(key, None)
             self.pending.drop(key)
             self.dropped[key] = attempt
@@ -660,10 +668,33 @@ class Agent:
             if out is not None or inflow is not None:
                 log.info("flow %s/%s dropped by the controller", coflow, fid)
 
+    def _claim_sink(self, spec: FlowSpec) -> None:
+        """Make flow `spec` the owner of its sink file, by resolved path (sinks {path: flow
+        key}); a path a live flow of another key owns (receiving: not done, not failed) is
+        refused, so its part file is never truncated under it.
+
+        Raises:
+            SourceError: the path is owned by another live flow, or refused
+                (resolve_data_path).
+        """
+        if not spec.sink.startswith("file:"):
+            return
+        path = resolve_data_path(self.config.data_root, spec.sink[5:], "sink")
+        owner_key = self.sinks.get(path)
+        owner = self.in_flows.get(owner_key) if owner_key is not None else None
+        if owner_key != spec.key and owner is not None and not owner.done and not owner.failed:
+            raise SourceError(
+                f"sink {spec.sink[5:]!r} refused: flow {owner_key[0]}/{owner_key[1]} is "
+                "still writing that file"
+            )
+        self.sinks[path] = spec.key
+
     def _add_inflow(self, spec: FlowSpec) -> None:
         """Start receiving flow `spec` and feed it the chunks held for it; a flow whose sink
-        cannot be opened is recorded in `refused` (SourceError / OSError / ValueError re-raised)."""
+        cannot be opened or is owned by another live flow (_claim_sink) is recorded in
+        `refused` (SourceError / OSError / ValueError re-raised)."""
         try:
+            self._claim_sink(spec)
             inflow = InFlow(
                 spec,
                 self.config.memory_limit,
@@ -699,7 +730,24 @@ class Agent:
             )
             self._spawn(self._feed_held, inflow, held)
 
-    def _on_ack(self, coflow: str, flow_id: str, offset: int, epoch: int, attempt: int = 0) -> None:
+    def _on_ack(
+        self,
+        coflow: str,
+        flow_id: str,
+        offset: int,
+        epoch: int,
+        attempt: int = 0,
+        peer: str | None = None,
+    ) -> None:
+        """Apply an ack that arrived on a data connection to `peer` (PeerLink: the tunnel's
+        peer agent, authenticated with --pki; None: not checked, in-process callers).
+
+        Believed only from the flow's receiver (spec.dst_agent), for its current attempt,
+        with an offset within the flow and a plausible receiver epoch (check_ack); any other
+        is dropped and logged (at most once per FORGED_LOG_S). An ack of a flow this agent
+        does not send raises ProtocolError (its connection is closed), unless the controller
+        dropped that flow.
+        """
         flow = self.out_flows.get((coflow, flow_id))
         if flow is None:
             if (coflow, flow_id) in self.dropped:
@@ -707,6 +755,11 @@ class Agent:
             raise ProtocolError(f"ack for unknown flow {coflow}/{flow_id}")
         if attempt != flow.spec.attempt:
             return  # an ack of the flow's previous attempt (it restarted from byte 0)
+        problem = check_ack(flow.spec, offset, epoch, peer)
+        if problem is not None:
+            self.forged_acks += 1
+            self._forged_log.log(f"ack dropped: {problem}")
+            return
         was_done = flow.done
         added = flow.on_ack(offset, epoch)
         group = self.groups.get((coflow, flow.spec.dst_dc))
@@ -1039,6 +1092,44 @@ class Agent:
                 self._close_streams([chunk], f"held chunk from {chunk.peer}: {exc}")
             except CONNECTION_ERRORS:
                 closed.add(id(chunk.stream))  # connection gone: the sender requeued its chunks
+
+
+def check_ack(spec: FlowSpec, offset: int, epoch: int, peer: str | None) -> str | None:
+    """Why an ack of flow `spec` (its current attempt) from agent `peer` cannot be believed,
+    or None: the peer is not the flow's receiver, the offset is past the flow's size, or the
+    receiver epoch (its start time, ns since the epoch) lies more than MAX_EPOCH_AHEAD_NS in
+    this host's future (such an epoch would make the receiver's genuine acks look stale)."""
+    name = f"{spec.coflow}/{spec.flow}"
+    if peer is not None and peer != spec.dst_agent:
+        return f"agent {peer!r} acked flow {name}, whose receiver is {spec.dst_agent!r}"
+    if offset > spec.size:
+        return f"offset {offset} past the {spec.size} bytes of flow {name}"
+    if epoch > time.time_ns() + MAX_EPOCH_AHEAD_NS:
+        return f"epoch {epoch} of flow {name} lies in the future"
+    return None
+
+
+class RateLimitedLog:
+    """Log a warning at most once per `interval_s` seconds (monotonic), counting the
+    messages left out in between: RateLimitedLog(logger, interval_s).log(message)."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float) -> None:
+        self.logger = logger
+        self.interval_s = interval_s
+        self._next = 0.0
+        self._skipped = 0
+
+    def log(self, message: str) -> None:
+        """Log `message` (a warning), unless one was logged less than interval_s ago."""
+        now = time.monotonic()
+        if now < self._next:
+            self._skipped += 1
+            return
+        if self._skipped:
+            message = f"{message} (and {self._skipped} more since the last one)"
+        self.logger.warning(message)
+        self._next = now + self.interval_s
+        self._skipped = 0
 
 
 def parse_memory(value: str) -> int:

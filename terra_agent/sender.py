@@ -293,8 +293,9 @@ class PeerLink:
     trip, no public-key work); after a failed key exchange the next attempt runs the TLS
     handshake (the receiver may not have the key yet). key_auths / tls_auths count the
     connections authenticated each way.
-    on_ack(coflow, flow, offset, epoch, attempt) is called for each ack frame (attempt: its "a",
-    0 when absent); on_change() when the link
+    on_ack(coflow, flow, offset, epoch, attempt, peer=spec.peer_agent) is called for each ack
+    frame (attempt: its "a", 0 when absent; peer: the agent at the other end, the one the
+    connection authenticated with --pki); on_change() when the link
     goes up or down (so idle path tasks look again). run() connects, sends "hello", reads acks
     and reconnects with backoff (50 ms doubling to 2 s) until close().
 
@@ -467,7 +468,14 @@ class PeerLink:
             validate_data(header)
             if header["t"] != "ack":
                 raise ProtocolError(f"unexpected {header['t']!r} frame on a sending link")
-            self.on_ack(header["c"], header["f"], header["o"], header["e"], header.get("a", 0))
+            self.on_ack(
+                header["c"],
+                header["f"],
+                header["o"],
+                header["e"],
+                header.get("a", 0),
+                peer=self.spec.peer_agent,
+            )
             self._prune()
 
     def _prune(self) -> None:
@@ -733,8 +741,7 @@ class FlowGroupSender:
         chunk = min(nbytes, left)
         mine = (self.buckets[tunnel].debt_bytes + chunk) / rate
         better = any(
-            (d + chunk) / r < mine or ((d + chunk) / r == mine and t < tunnel)
-            for t, r, d in others
+            (d + chunk) / r < mine or ((d + chunk) / r == mine and t < tunnel) for t, r, d in others
         )
         if not better:
             return False
