@@ -101,6 +101,11 @@ FORGED_LOG_S = 5.0  # dropped (forged) acks are logged at most this often
 MAX_EPOCH_AHEAD_NS = 3600 * 10**9  # a receiver epoch may be this far in our future (clocks)
 
 
+class RegistrationRefused(Exception):
+    """The controller refused this agent's registration for good (a fatal "error": unknown
+    DC, wrong identity, a data address not its own); Agent.run ends with it."""
+
+
 @dataclass
 class AgentConfig:
     """Settings of one agent.
@@ -248,6 +253,8 @@ class Agent:
 
         Raises:
             OSError: the data port cannot be bound (at start only).
+            RegistrationRefused: the controller refused the registration for good (inside
+                an ExceptionGroup: split it out, see cli.main).
         """
         host, port = self.config.data_addr
         listeners = await trio.open_tcp_listeners(port, host=host)  # OSError here, unwrapped
@@ -350,8 +357,9 @@ class Agent:
 
     async def _control_loop(self) -> None:
         """Keep the control channel up: connect, register, serve; on any failure reconnect
-        with backoff (50 ms doubling to 2 s). Nothing but cancellation ends it: senders and
-        receivers keep moving data at their last rates while the controller is away."""
+        with backoff (50 ms doubling to 2 s). Only cancellation and a refused registration
+        (RegistrationRefused, raised) end it: senders and receivers keep moving data at their
+        last rates while the controller is away."""
         host, port = self.config.controller
         backoff = BACKOFF_MIN_S
         while True:
@@ -359,6 +367,8 @@ class Agent:
             try:
                 await self._control_connection(host, port)
                 log.warning("controller closed the control channel")
+            except RegistrationRefused:
+                raise
             except (FrameError, ProtocolError) as exc:
                 log.error("control channel: bad frame from controller: %s", exc)
             except (*CONNECTION_ERRORS, trio.TooSlowError, ssl.SSLError) as exc:
@@ -404,7 +414,7 @@ class Agent:
             nursery.start_soon(self._control_writer, writer, nursery.cancel_scope)
             try:
                 await self._control_reader(reader)
-            except (FrameError, *CONNECTION_ERRORS) as exc:
+            except (FrameError, RegistrationRefused, *CONNECTION_ERRORS) as exc:
                 error = exc  # re-raised below, outside the nursery (no ExceptionGroup)
             nursery.cancel_scope.cancel()
         if error is not None:
@@ -532,6 +542,8 @@ class Agent:
             self._plan_pacing()
         elif kind == "error":
             log.error("controller reports an error: %s", header["message"])
+            if header.get("fatal") is True:
+                raise RegistrationRefused(header["message"])
         elif kind not in ("heartbeat", "ack"):
             raise ProtocolError(f"{kind!r} is not a controller-to-agent message")
         if "id" in header:

@@ -38,7 +38,9 @@ kernel refuses is an error at start.
 it does not exist.
 
 Exit status: 0 on Ctrl-C, 2 on bad arguments (argparse; a missing certificate or data root),
-1 when the data port cannot be bound or the spill directory cannot be created.
+1 when the data port cannot be bound, the spill directory cannot be created or the controller
+refuses the registration for good (unknown --dc, a certificate of another name, a data address
+that is not the agent's own; the reason is printed). Other control-channel failures are retried.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ from terra_controller.pki import (
 )
 from terra_core.cli_support import HelpFormatter, add_common_args, setup_logging
 
-from .agent import Agent, AgentConfig, parse_memory
+from .agent import Agent, AgentConfig, RegistrationRefused, parse_memory
 from .metrics import serve_metrics
 from .receiver import MAX_AHEAD_BYTES
 from .sender import set_congestion_control
@@ -186,6 +188,13 @@ def check_congestion_control(name: str) -> str | None:
     return None
 
 
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    """The first exception inside `group` that is not itself a group."""
+    while isinstance(group, BaseExceptionGroup):
+        group = group.exceptions[0]
+    return group
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the agent until interrupted; returns the exit status."""
     args = build_parser().parse_args(argv)
@@ -257,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     except BaseExceptionGroup as group:
+        refused = group.split(RegistrationRefused)[0]
+        if refused is not None:
+            reason = _first_leaf(refused)
+            print(f"terra-agent: the controller refused this agent: {reason}", file=sys.stderr)
+            return 1
         if group.split(KeyboardInterrupt)[1] is None:  # nothing but Ctrl-C
             return 0
         raise
