@@ -41,6 +41,7 @@ import hashlib
 import logging
 import math
 import re
+import socket
 import ssl
 import time
 from collections import OrderedDict, deque
@@ -68,7 +69,9 @@ from overlay.rate_limit import RATE_LIMITERS, chunk_frame_overhead, stream_rate,
 from overlay.reorder import MemoryBudget, remove_spill_files
 from terra_controller.pki import CONTROLLER_HOSTNAME
 
-from .data_auth import DataAuthError, accept
+from .admission import Admission, Caps, RateLimitedLog, caps_from_file_limit, serve_admitted
+from .data_auth import DATA_HANDSHAKE_S, DataAuthError, accept
+from .metrics import serve_metrics
 from .pending import PENDING_LIMIT_BYTES, PENDING_TIMEOUT_S, HeldChunk, PendingChunks
 from .receiver import MAX_AHEAD_BYTES, ChunkRejected, HashQueue, InFlow
 from .sender import (
@@ -99,6 +102,8 @@ MIN_PACING_BYTES_PER_S = 64 * 1024  # a paced socket drains a 64 KiB chunk withi
 PACING_REFRESH_S = 0.5  # paced links are also re-planned this often (groups that finished)
 FORGED_LOG_S = 5.0  # dropped (forged) acks are logged at most this often
 MAX_EPOCH_AHEAD_NS = 3600 * 10**9  # a receiver epoch may be this far in our future (clocks)
+HELLO_S = DATA_HANDSHAKE_S  # an incoming data connection authenticates and says "hello" within
+CONNECTION_LOG_S = 10.0  # refused incoming data connections are logged at most this often
 
 
 class RegistrationRefused(Exception):
@@ -142,6 +147,12 @@ class AgentConfig:
     tcp_congestion: the kernel TCP congestion control of the tunnel connections this agent
     opens (e.g. "cubic"; sender.set_congestion_control; terra-agent --tcp-congestion), None
     (default): the system's.
+    data_caps: connection caps of the data port and tunnel ports together (admission.Caps:
+    in total and per address; beyond them a connection is closed at once); metrics_caps:
+    those of the metrics port. None (default): derived from the open-file limit when the
+    Agent is made (admission.caps_from_file_limit).
+    metrics_socket: a bound (not yet listening) TCP socket to serve Prometheus metrics on
+    (metrics.bind_metrics, terra-agent --metrics); None: no metrics.
     """
 
     controller: tuple[str, int]
@@ -162,6 +173,9 @@ class AgentConfig:
     max_ahead: int = MAX_AHEAD_BYTES
     rate_limiter: str = "bucket"
     tcp_congestion: str | None = None
+    data_caps: Caps | None = None
+    metrics_socket: socket.socket | None = None
+    metrics_caps: Caps | None = None
 
     def __post_init__(self) -> None:
         if self.max_ahead < MAX_PAYLOAD_BYTES:
@@ -237,6 +251,10 @@ class Agent:
         self.hash_queue = HashQueue(HASH_QUEUE_BYTES)
         self.refused: dict[tuple[str, str], str] = {}
         self.forged_acks = 0  # acks dropped by check_ack (inspection)
+        data_caps, metrics_caps = caps_from_file_limit()
+        self.data_admission = Admission(config.data_caps or data_caps, "data port")
+        self.metrics_admission = Admission(config.metrics_caps or metrics_caps, "metrics port")
+        self._conn_log = RateLimitedLog(log, CONNECTION_LOG_S)
         self._forged_log = RateLimitedLog(log, FORGED_LOG_S)
         self.sinks: dict[str, tuple[str, str]] = {}  # resolved sink path -> owning flow key
         self._pending_timers: set[tuple[str, str]] = set()
@@ -265,6 +283,14 @@ class Agent:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 await nursery.start(self._listen, port, listeners)
+                if self.config.metrics_socket is not None:
+                    await nursery.start(
+                        serve_metrics,
+                        self,
+                        self.config.metrics_socket,
+                        self.metrics_admission,
+                        nursery,
+                    )
                 nursery.start_soon(self._control_loop)
                 if self.config.rate_limiter == "pacing":
                     nursery.start_soon(self._pacing_loop)
@@ -770,7 +796,7 @@ class Agent:
         problem = check_ack(flow.spec, offset, epoch, peer)
         if problem is not None:
             self.forged_acks += 1
-            self._forged_log.log(f"ack dropped: {problem}")
+            self._forged_log.log(logging.WARNING, f"ack dropped: {problem}")
             return
         was_done = flow.done
         added = flow.on_ack(offset, epoch)
@@ -826,10 +852,11 @@ class Agent:
         with trio.CancelScope() as scope:
             self.listeners[port] = scope
             try:
-                await trio.serve_listeners(
+                await serve_admitted(
                     self._serve_incoming,
                     listeners,
-                    handler_nursery=self._nursery,
+                    self.data_admission,
+                    self._nursery,
                     task_status=task_status,
                 )
             finally:
@@ -857,42 +884,11 @@ class Agent:
         try:
             async with stream:
                 detect_dead_peers(stream, TUNNEL_DEAD_PEER_S)
-                initial, channel = b"", stream
-                authenticated = None
-                if self.config.data_tls_server is not None:
-                    encrypt = self.config.encrypt_data
-                    try:
-                        authenticated, rest = await accept(
-                            stream,
-                            self.config.data_tls_server,
-                            self.config.agent_id,
-                            self._pair_key,
-                            unwrap=not encrypt,
-                        )
-                    except DataAuthError as exc:
-                        self.unauthenticated += 1
-                        self.closed_connections += 1
-                        log.error("incoming connection refused: %s", exc)
-                        return
-                    peer = f"{authenticated} (authenticated)"
-                    if encrypt:
-                        channel = rest
-                    else:
-                        initial = rest
-                reader = FrameReader(channel, buffers=self.payload_buffers, initial=initial)
-                writer = FrameWriter(channel)
-                frame = await reader.read()
-                if frame is None:
+                with trio.fail_after(HELLO_S):  # authentication and "hello": one deadline
+                    greeting = await self._greet(stream)
+                if greeting is None:
                     return
-                hello = validate_data(frame[0])
-                if hello["t"] != "hello":
-                    raise ProtocolError(f"first frame must be 'hello', got {hello['t']!r}")
-                if authenticated is not None and hello["agent"] != authenticated:
-                    self.unauthenticated += 1
-                    raise ProtocolError(
-                        f"'hello' names agent {hello['agent']!r}, the peer's certificate "
-                        f"{authenticated!r}"
-                    )
+                reader, writer, authenticated, hello = greeting
                 peer = f"{hello['agent']} via {hello['tunnel']}"
                 key = (hello["agent"], hello["tunnel"])
                 self.incoming.setdefault(key, set()).add(stream)
@@ -904,6 +900,17 @@ class Agent:
                     # the certificate's name when authenticated (== hello's), else hello's
                     sender = authenticated or hello["agent"]
                     await self._receive_chunk(frame[0], frame[1], writer, sender, stream)
+        except trio.TooSlowError:
+            self.closed_connections += 1
+            self._conn_log.log(
+                logging.WARNING,
+                f"incoming connection from {peer}: no authentication and hello within "
+                f"{HELLO_S:g} s; closed",
+            )
+        except DataAuthError as exc:
+            self.unauthenticated += 1
+            self.closed_connections += 1
+            self._conn_log.log(logging.ERROR, f"incoming connection refused: {exc}")
         except ChunkRejected as exc:
             self.closed_connections += 1
             self.rejected_chunks += 1
@@ -920,6 +927,45 @@ class Agent:
             if key is not None:
                 self.incoming.get(key, set()).discard(stream)
             self.pending.drop_stream(stream)  # the sender requeues what it sent on it
+
+    async def _greet(self, stream: trio.SocketStream):
+        """Authenticate an incoming data connection (with data_tls_server) and read its
+        "hello"; (reader, writer, the authenticated sender or None, hello), or None when the
+        peer closed first.
+
+        Raises:
+            DataAuthError: authentication failed. ProtocolError / FrameError: the first frame
+                is not a valid "hello", or names another agent than the certificate.
+        """
+        initial, channel = b"", stream
+        authenticated = None
+        if self.config.data_tls_server is not None:
+            encrypt = self.config.encrypt_data
+            authenticated, rest = await accept(
+                stream,
+                self.config.data_tls_server,
+                self.config.agent_id,
+                self._pair_key,
+                unwrap=not encrypt,
+            )
+            if encrypt:
+                channel = rest
+            else:
+                initial = rest
+        reader = FrameReader(channel, buffers=self.payload_buffers, initial=initial)
+        writer = FrameWriter(channel)
+        frame = await reader.read()
+        if frame is None:
+            return None
+        hello = validate_data(frame[0])
+        if hello["t"] != "hello":
+            raise ProtocolError(f"first frame must be 'hello', got {hello['t']!r}")
+        if authenticated is not None and hello["agent"] != authenticated:
+            self.unauthenticated += 1
+            raise ProtocolError(
+                f"'hello' names agent {hello['agent']!r}, the peer's certificate {authenticated!r}"
+            )
+        return reader, writer, authenticated, hello
 
     async def _receive_chunk(
         self, header: dict, payload, writer: FrameWriter, peer: str, stream: trio.SocketStream
@@ -1119,29 +1165,6 @@ def check_ack(spec: FlowSpec, offset: int, epoch: int, peer: str | None) -> str 
     if epoch > time.time_ns() + MAX_EPOCH_AHEAD_NS:
         return f"epoch {epoch} of flow {name} lies in the future"
     return None
-
-
-class RateLimitedLog:
-    """Log a warning at most once per `interval_s` seconds (monotonic), counting the
-    messages left out in between: RateLimitedLog(logger, interval_s).log(message)."""
-
-    def __init__(self, logger: logging.Logger, interval_s: float) -> None:
-        self.logger = logger
-        self.interval_s = interval_s
-        self._next = 0.0
-        self._skipped = 0
-
-    def log(self, message: str) -> None:
-        """Log `message` (a warning), unless one was logged less than interval_s ago."""
-        now = time.monotonic()
-        if now < self._next:
-            self._skipped += 1
-            return
-        if self._skipped:
-            message = f"{message} (and {self._skipped} more since the last one)"
-        self.logger.warning(message)
-        self._next = now + self.interval_s
-        self._skipped = 0
 
 
 def parse_memory(value: str) -> int:

@@ -135,3 +135,32 @@ def test_controller_data_prefix_option():
     assert args.data_prefix == ["10.1.0.0/16"]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--topology", "swan", "--insecure", "--data-prefix", "x/99"])
+
+
+async def test_a_link_to_an_unreachable_peer_backs_off_to_seconds(autojump_clock):
+    """A peer address that refuses (a third party, an agent that is down) is retried at
+    most every UNREACHABLE_BACKOFF_MAX_S once the failures go on (virtual time)."""
+    import trio
+
+    from overlay.protocol import TunnelSpec
+    from terra_agent.sender import UNREACHABLE_BACKOFF_MAX_S, PeerLink
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    attempts = 0
+
+    async def refuse(stream):
+        nonlocal attempts
+        attempts += 1
+        await stream.aclose()  # accepts, then closes at once: never a usable link
+
+    port = listeners[0].socket.getsockname()[1]
+    spec = TunnelSpec("t0", "x", f"127.0.0.1:{port - 1}", ("A", "B"), port)
+    link = PeerLink(spec, "a", "127.0.0.1", lambda *a, **k: None, lambda: None)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, refuse, listeners)
+        nursery.start_soon(link.run)
+        await trio.sleep(120)
+        link.close()
+        nursery.cancel_scope.cancel()
+    assert UNREACHABLE_BACKOFF_MAX_S >= 10
+    assert attempts <= 7 + 120 // UNREACHABLE_BACKOFF_MAX_S, attempts  # 2 s: about 60
