@@ -216,7 +216,11 @@ class Agent:
     (incoming data connections closed because their peer failed authentication: handshake or
     certificate refused, or a "hello" naming another agent than the certificate; also counted
     in closed_connections), rejected_chunks (incoming connections closed because a chunk
-    failed InFlow.admit: bad MAC or too far ahead; also counted in closed_connections).
+    failed InFlow.admit: bad MAC or too far ahead; also counted in closed_connections),
+    sinks {resolved sink path: flow key} (the flow that owns each file sink, _claim_sink),
+    forged_acks (acks dropped by check_ack: not from the flow's receiver, past its size, an
+    epoch in the future), data_admission / metrics_admission (admission.Admission: caps and
+    counts of the data and tunnel ports / of the metrics port).
     """
 
     def __init__(self, config: AgentConfig) -> None:
