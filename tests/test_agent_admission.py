@@ -201,3 +201,39 @@ async def test_connections_over_a_cap_are_closed_at_once():
         for c in [*clients, other, extra]:
             await c.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_during_a_flood_a_peer_from_another_address_reconnects(tmp_path):
+    """In-process receiver with small caps: while 1,400 connections from one address are
+    held or refused, the sender's links (another address) are cut and come back."""
+    async with trio.open_nursery() as nursery:
+        h = LoopbackHarness(nursery, tmp_path)
+        await h.start()
+        await h.add_agent("a", "HK")
+        b = await h.add_agent("b", "LA")
+        b.agent.data_admission = Admission(Caps(64, 16), "data port")  # before any tunnel
+        h.tunnels = (await h.install_tunnels([("a", "b", 2)]))["a"]
+        links = h.agents["a"].agent.links.values()
+        with trio.fail_after(TIMEOUT):
+            while not all(link.up for link in links):
+                await trio.sleep(0.05)
+        socks = flood(b.host, b.tunnel_port(0), 1400)
+        try:
+            with trio.fail_after(TIMEOUT):
+                while b.agent.data_admission.refused < 1400 - 16 - 10:
+                    await trio.sleep(0.05)
+            assert b.agent.data_admission.per_address[FLOOD_HOST] <= 16
+            connects = sum(link.connects for link in links)
+            for spec in h.tunnels:
+                b.agent.close_incoming("a", spec.tunnel)
+            with trio.fail_after(TIMEOUT):
+                while sum(link.connects for link in links) < connects + 2 or not all(
+                    link.up for link in links
+                ):
+                    await trio.sleep(0.05)
+            f = h.flow("c1", "f1", "a", "b", 2 * MB)
+            await run_flows(h, [f])
+            await wait_complete(h, [f])
+        finally:
+            close_all(socks)
+        nursery.cancel_scope.cancel()
