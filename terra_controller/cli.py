@@ -145,13 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a finished coflow is kept in memory (default: no age bound)",
     )  # fmt: skip
     p.add_argument(
-        "--data-prefix", action="append", type=_cidr, default=[], metavar="CIDR",
-        help="agents may register data addresses in this prefix besides the address their "
-        "control connection comes from (repeatable)",
+        "--data-prefix", action="append", type=_cidr, metavar="CIDR",
+        help="agents' data addresses may also lie in it (repeatable)",
     )  # fmt: skip
     p.add_argument(
         "--max-restarts", type=int, default=3, metavar="N",
-        help="re-transfers of a flow after digest mismatches before it fails",
+        help="resends of a flow after digest mismatches",
     )  # fmt: skip
     add_common_args(p)
     return p
@@ -263,7 +262,8 @@ def run(args, topology, security) -> None:
 
     # pair keys of the agents' data connections travel only over the mutual-TLS channel
     data_keys = DataKeys() if security.context is not None else None
-    channel = AgentChannel(controller, tunnels, data_keys=data_keys, data_prefixes=args.data_prefix)
+    prefixes = args.data_prefix or ()
+    channel = AgentChannel(controller, tunnels, data_keys=data_keys, data_prefixes=prefixes)
     rest_security = security
     if args.rest_public and security.context is not None:
         from terra_controller.pki import server_context

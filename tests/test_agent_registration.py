@@ -133,6 +133,7 @@ def test_controller_data_prefix_option():
         ["--topology", "swan", "--insecure", "--data-prefix", "10.1.2.3/16"]
     )
     assert args.data_prefix == ["10.1.0.0/16"]
+    assert build_parser().parse_args(["--topology", "swan", "--insecure"]).data_prefix is None
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--topology", "swan", "--insecure", "--data-prefix", "x/99"])
 
