@@ -348,6 +348,8 @@ class Controller:
                     "127.0.0.1:0",
                     "--agents",
                     "0.0.0.0:0",
+                    "--data-prefix",  # agents reach it over mgmt0, their data is on 10.0.x.y
+                    "10.0.0.0/16",
                     "--rest",
                     "127.0.0.1:0",
                     "--log-level",

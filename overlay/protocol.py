@@ -6,7 +6,8 @@ an empty payload; the fields below are the frame header ("v" and "n" are added b
 Source: docs/design.md section 6 ("Control channel"), section 5 (chunks, acks).
 
 Control channel, agent -> controller:
-    register  {dc, agent, data_addr: "host:port",
+    register  {dc, agent, data_addr: "host:port" (an IP address of the agent's control
+               connection or in a --data-prefix of the controller; 0.0.0.0 / :: = that one),
                inflight?: [{coflow, flow, role: "send"|"recv", offset: int bytes, k}]}
     progress  {flows: [{coflow, flow, acked: int bytes, k}]}
     complete  {coflow, flow, digest: flow digest hex str (overlay/integrity.py), size: int bytes,
@@ -49,7 +50,9 @@ Control channel, controller -> agent (any of them may carry "id": the agent acks
               One entry per FlowGroup of the receiving (sending-side) agent: the FlowGroup is
               (coflow, this agent's DC, dst_dc). An entry replaces that FlowGroup's rates; paths it
               does not list get rate 0 (paused). FlowGroups not listed keep their rates.
-    heartbeat {}, error {message}, ack {id}
+    heartbeat {}, error {message, fatal?: bool}, ack {id}
+              fatal: true: the controller refused the agent's "register" for good (unknown DC,
+              wrong identity, a data_addr not its own) and closes; the agent exits with it
 
 Data connections (sender agent -> receiver agent, one TCP connection per (peer agent, tunnel)):
     hello     {agent, tunnel}         first frame from the connecting (sending) agent
@@ -487,6 +490,7 @@ class _Drop(_Control, tag="drop", frozen=True):
 
 class _Error(_Control, tag="error", frozen=True):
     message: str
+    fatal: bool = False
 
 
 class _Ack(_Control, tag="ack", frozen=True):

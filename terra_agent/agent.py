@@ -41,6 +41,7 @@ import hashlib
 import logging
 import math
 import re
+import socket
 import ssl
 import time
 from collections import OrderedDict, deque
@@ -69,7 +70,9 @@ from overlay.rate_limit import RATE_LIMITERS, chunk_frame_overhead, stream_rate,
 from overlay.reorder import MemoryBudget, remove_spill_files
 from terra_controller.pki import CONTROLLER_HOSTNAME
 
-from .data_auth import DataAuthError, accept
+from .admission import Admission, Caps, RateLimitedLog, caps_from_file_limit, serve_admitted
+from .data_auth import DATA_HANDSHAKE_S, DataAuthError, accept
+from .metrics import serve_metrics
 from .pending import PENDING_LIMIT_BYTES, PENDING_TIMEOUT_S, HeldChunk, PendingChunks
 from .receiver import MAX_AHEAD_BYTES, ChunkRejected, HashQueue, InFlow
 from .sender import (
@@ -84,7 +87,7 @@ from .sender import (
     chunk_bytes,
     detect_dead_peers,
 )
-from .sources import SourceError, flow_key, open_source
+from .sources import SourceError, flow_key, open_source, resolve_data_path
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +101,15 @@ MAX_DROPPED = 10_000  # flows the controller dropped, remembered to ignore their
 ROWS_PER_MESSAGE = 500  # flow rows per progress/register message (keeps headers < 64 KiB)
 MIN_PACING_BYTES_PER_S = 64 * 1024  # a paced socket drains a 64 KiB chunk within ~1 s
 PACING_REFRESH_S = 0.5  # paced links are also re-planned this often (groups that finished)
+FORGED_LOG_S = 5.0  # dropped (forged) acks are logged at most this often
+MAX_EPOCH_AHEAD_NS = 3600 * 10**9  # a receiver epoch may be this far in our future (clocks)
+HELLO_S = DATA_HANDSHAKE_S  # an incoming data connection authenticates and says "hello" within
+CONNECTION_LOG_S = 10.0  # refused incoming data connections are logged at most this often
+
+
+class RegistrationRefused(Exception):
+    """The controller refused this agent's registration for good (a fatal "error": unknown
+    DC, wrong identity, a data address not its own); Agent.run ends with it."""
 
 
 @dataclass
@@ -136,6 +148,12 @@ class AgentConfig:
     tcp_congestion: the kernel TCP congestion control of the tunnel connections this agent
     opens (e.g. "cubic"; sender.set_congestion_control; terra-agent --tcp-congestion), None
     (default): the system's.
+    data_caps: connection caps of the data port and tunnel ports together (admission.Caps:
+    in total and per address; beyond them a connection is closed at once); metrics_caps:
+    those of the metrics port. None (default): derived from the open-file limit when the
+    Agent is made (admission.caps_from_file_limit).
+    metrics_socket: a bound (not yet listening) TCP socket to serve Prometheus metrics on
+    (metrics.bind_metrics, terra-agent --metrics); None: no metrics.
     """
 
     controller: tuple[str, int]
@@ -156,6 +174,9 @@ class AgentConfig:
     max_ahead: int = MAX_AHEAD_BYTES
     rate_limiter: str = "bucket"
     tcp_congestion: str | None = None
+    data_caps: Caps | None = None
+    metrics_socket: socket.socket | None = None
+    metrics_caps: Caps | None = None
 
     def __post_init__(self) -> None:
         if self.max_ahead < MAX_PAYLOAD_BYTES:
@@ -196,7 +217,11 @@ class Agent:
     (incoming data connections closed because their peer failed authentication: handshake or
     certificate refused, or a "hello" naming another agent than the certificate; also counted
     in closed_connections), rejected_chunks (incoming connections closed because a chunk
-    failed InFlow.admit: bad MAC or too far ahead; also counted in closed_connections).
+    failed InFlow.admit: bad MAC or too far ahead; also counted in closed_connections),
+    sinks {resolved sink path: flow key} (the flow that owns each file sink, _claim_sink),
+    forged_acks (acks dropped by check_ack: not from the flow's receiver, past its size, an
+    epoch in the future), data_admission / metrics_admission (admission.Admission: caps and
+    counts of the data and tunnel ports / of the metrics port).
     """
 
     def __init__(self, config: AgentConfig) -> None:
@@ -230,6 +255,13 @@ class Agent:
         self.payload_buffers = PayloadBuffers(MAX_PAYLOAD_BYTES, PAYLOAD_BUFFERS)
         self.hash_queue = HashQueue(HASH_QUEUE_BYTES)
         self.refused: dict[tuple[str, str], str] = {}
+        self.forged_acks = 0  # acks dropped by check_ack (inspection)
+        data_caps, metrics_caps = caps_from_file_limit()
+        self.data_admission = Admission(config.data_caps or data_caps, "data port")
+        self.metrics_admission = Admission(config.metrics_caps or metrics_caps, "metrics port")
+        self._conn_log = RateLimitedLog(log, CONNECTION_LOG_S)
+        self._forged_log = RateLimitedLog(log, FORGED_LOG_S)
+        self.sinks: dict[str, tuple[str, str]] = {}  # resolved sink path -> owning flow key
         self._pending_timers: set[tuple[str, str]] = set()
         # (coflow, flow) -> attempt, of flows the controller dropped (most recent last)
         self.dropped: OrderedDict[tuple[str, str], int] = OrderedDict()
@@ -244,6 +276,8 @@ class Agent:
 
         Raises:
             OSError: the data port cannot be bound (at start only).
+            RegistrationRefused: the controller refused the registration for good (inside
+                an ExceptionGroup: split it out, see cli.main).
         """
         host, port = self.config.data_addr
         listeners = await trio.open_tcp_listeners(port, host=host)  # OSError here, unwrapped
@@ -254,6 +288,14 @@ class Agent:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 await nursery.start(self._listen, port, listeners)
+                if self.config.metrics_socket is not None:
+                    await nursery.start(
+                        serve_metrics,
+                        self,
+                        self.config.metrics_socket,
+                        self.metrics_admission,
+                        nursery,
+                    )
                 nursery.start_soon(self._control_loop)
                 if self.config.rate_limiter == "pacing":
                     nursery.start_soon(self._pacing_loop)
@@ -346,8 +388,9 @@ class Agent:
 
     async def _control_loop(self) -> None:
         """Keep the control channel up: connect, register, serve; on any failure reconnect
-        with backoff (50 ms doubling to 2 s). Nothing but cancellation ends it: senders and
-        receivers keep moving data at their last rates while the controller is away."""
+        with backoff (50 ms doubling to 2 s). Only cancellation and a refused registration
+        (RegistrationRefused, raised) end it: senders and receivers keep moving data at their
+        last rates while the controller is away."""
         host, port = self.config.controller
         backoff = BACKOFF_MIN_S
         while True:
@@ -355,6 +398,8 @@ class Agent:
             try:
                 await self._control_connection(host, port)
                 log.warning("controller closed the control channel")
+            except RegistrationRefused:
+                raise
             except (FrameError, ProtocolError) as exc:
                 log.error("control channel: bad frame from controller: %s", exc)
             except (*CONNECTION_ERRORS, trio.TooSlowError, ssl.SSLError) as exc:
@@ -400,7 +445,7 @@ class Agent:
             nursery.start_soon(self._control_writer, writer, nursery.cancel_scope)
             try:
                 await self._control_reader(reader)
-            except (FrameError, *CONNECTION_ERRORS) as exc:
+            except (FrameError, RegistrationRefused, *CONNECTION_ERRORS) as exc:
                 error = exc  # re-raised below, outside the nursery (no ExceptionGroup)
             nursery.cancel_scope.cancel()
         if error is not None:
@@ -530,6 +575,8 @@ class Agent:
             self._plan_pacing()
         elif kind == "error":
             log.error("controller reports an error: %s", header["message"])
+            if header.get("fatal") is True:
+                raise RegistrationRefused(header["message"])
         elif kind not in ("heartbeat", "ack"):
             raise ProtocolError(f"{kind!r} is not a controller-to-agent message")
         if "id" in header:
@@ -655,6 +702,9 @@ class Agent:
                 self.rejected_ahead += inflow.rejected_ahead
                 attempt = max(attempt, inflow.spec.attempt)
                 inflow.abort(f"flow {coflow}/{fid}: dropped by the controller")
+                path = getattr(inflow.sink, "path", None)
+                if path is not None and self.sinks.get(path) == key:
+                    del self.sinks[path]
             self.refused.pop(key, None)
             self.pending.drop(key)
             self.dropped[key] = attempt
@@ -663,10 +713,33 @@ class Agent:
             if out is not None or inflow is not None:
                 log.info("flow %s/%s dropped by the controller", coflow, fid)
 
+    def _claim_sink(self, spec: FlowSpec) -> None:
+        """Make flow `spec` the owner of its sink file, by resolved path (sinks {path: flow
+        key}); a path a live flow of another key owns (receiving: not done, not failed) is
+        refused, so its part file is never truncated under it.
+
+        Raises:
+            SourceError: the path is owned by another live flow, or refused
+                (resolve_data_path).
+        """
+        if not spec.sink.startswith("file:"):
+            return
+        path = resolve_data_path(self.config.data_root, spec.sink[5:], "sink")
+        owner_key = self.sinks.get(path)
+        owner = self.in_flows.get(owner_key) if owner_key is not None else None
+        if owner_key != spec.key and owner is not None and not owner.done and not owner.failed:
+            raise SourceError(
+                f"sink {spec.sink[5:]!r} refused: flow {owner_key[0]}/{owner_key[1]} is "
+                "still writing that file"
+            )
+        self.sinks[path] = spec.key
+
     def _add_inflow(self, spec: FlowSpec) -> None:
         """Start receiving flow `spec` and feed it the chunks held for it; a flow whose sink
-        cannot be opened is recorded in `refused` (SourceError / OSError / ValueError re-raised)."""
+        cannot be opened or is owned by another live flow (_claim_sink) is recorded in
+        `refused` (SourceError / OSError / ValueError re-raised)."""
         try:
+            self._claim_sink(spec)
             inflow = InFlow(
                 spec,
                 self.config.memory_limit,
@@ -702,7 +775,24 @@ class Agent:
             )
             self._spawn(self._feed_held, inflow, held)
 
-    def _on_ack(self, coflow: str, flow_id: str, offset: int, epoch: int, attempt: int = 0) -> None:
+    def _on_ack(
+        self,
+        coflow: str,
+        flow_id: str,
+        offset: int,
+        epoch: int,
+        attempt: int = 0,
+        peer: str | None = None,
+    ) -> None:
+        """Apply an ack that arrived on a data connection to `peer` (PeerLink: the tunnel's
+        peer agent, authenticated with --pki; None: not checked, in-process callers).
+
+        Believed only from the flow's receiver (spec.dst_agent), for its current attempt,
+        with an offset within the flow and a plausible receiver epoch (check_ack); any other
+        is dropped and logged (at most once per FORGED_LOG_S). An ack of a flow this agent
+        does not send raises ProtocolError (its connection is closed), unless the controller
+        dropped that flow.
+        """
         flow = self.out_flows.get((coflow, flow_id))
         if flow is None:
             if (coflow, flow_id) in self.dropped:
@@ -710,6 +800,11 @@ class Agent:
             raise ProtocolError(f"ack for unknown flow {coflow}/{flow_id}")
         if attempt != flow.spec.attempt:
             return  # an ack of the flow's previous attempt (it restarted from byte 0)
+        problem = check_ack(flow.spec, offset, epoch, peer)
+        if problem is not None:
+            self.forged_acks += 1
+            self._forged_log.log(logging.WARNING, f"ack dropped: {problem}")
+            return
         was_done = flow.done
         added = flow.on_ack(offset, epoch)
         group = self.groups.get((coflow, flow.spec.dst_dc))
@@ -764,10 +859,11 @@ class Agent:
         with trio.CancelScope() as scope:
             self.listeners[port] = scope
             try:
-                await trio.serve_listeners(
+                await serve_admitted(
                     self._serve_incoming,
                     listeners,
-                    handler_nursery=self._nursery,
+                    self.data_admission,
+                    self._nursery,
                     task_status=task_status,
                 )
             finally:
@@ -795,42 +891,11 @@ class Agent:
         try:
             async with stream:
                 detect_dead_peers(stream, TUNNEL_DEAD_PEER_S)
-                initial, channel = b"", stream
-                authenticated = None
-                if self.config.data_tls_server is not None:
-                    encrypt = self.config.encrypt_data
-                    try:
-                        authenticated, rest = await accept(
-                            stream,
-                            self.config.data_tls_server,
-                            self.config.agent_id,
-                            self._pair_key,
-                            unwrap=not encrypt,
-                        )
-                    except DataAuthError as exc:
-                        self.unauthenticated += 1
-                        self.closed_connections += 1
-                        log.error("incoming connection refused: %s", exc)
-                        return
-                    peer = f"{authenticated} (authenticated)"
-                    if encrypt:
-                        channel = rest
-                    else:
-                        initial = rest
-                reader = FrameReader(channel, buffers=self.payload_buffers, initial=initial)
-                writer = FrameWriter(channel)
-                frame = await reader.read()
-                if frame is None:
+                with trio.fail_after(HELLO_S):  # authentication and "hello": one deadline
+                    greeting = await self._greet(stream)
+                if greeting is None:
                     return
-                hello = validate_data(frame[0])
-                if hello["t"] != "hello":
-                    raise ProtocolError(f"first frame must be 'hello', got {hello['t']!r}")
-                if authenticated is not None and hello["agent"] != authenticated:
-                    self.unauthenticated += 1
-                    raise ProtocolError(
-                        f"'hello' names agent {hello['agent']!r}, the peer's certificate "
-                        f"{authenticated!r}"
-                    )
+                reader, writer, authenticated, hello = greeting
                 peer = f"{hello['agent']} via {hello['tunnel']}"
                 key = (hello["agent"], hello["tunnel"])
                 self.incoming.setdefault(key, set()).add(stream)
@@ -842,6 +907,17 @@ class Agent:
                     # the certificate's name when authenticated (== hello's), else hello's
                     sender = authenticated or hello["agent"]
                     await self._receive_chunk(frame[0], frame[1], writer, sender, stream)
+        except trio.TooSlowError:
+            self.closed_connections += 1
+            self._conn_log.log(
+                logging.WARNING,
+                f"incoming connection from {peer}: no authentication and hello within "
+                f"{HELLO_S:g} s; closed",
+            )
+        except DataAuthError as exc:
+            self.unauthenticated += 1
+            self.closed_connections += 1
+            self._conn_log.log(logging.ERROR, f"incoming connection refused: {exc}")
         except ChunkRejected as exc:
             self.closed_connections += 1
             self.rejected_chunks += 1
@@ -858,6 +934,45 @@ class Agent:
             if key is not None:
                 self.incoming.get(key, set()).discard(stream)
             self.pending.drop_stream(stream)  # the sender requeues what it sent on it
+
+    async def _greet(self, stream: trio.SocketStream):
+        """Authenticate an incoming data connection (with data_tls_server) and read its
+        "hello"; (reader, writer, the authenticated sender or None, hello), or None when the
+        peer closed first.
+
+        Raises:
+            DataAuthError: authentication failed. ProtocolError / FrameError: the first frame
+                is not a valid "hello", or names another agent than the certificate.
+        """
+        initial, channel = b"", stream
+        authenticated = None
+        if self.config.data_tls_server is not None:
+            encrypt = self.config.encrypt_data
+            authenticated, rest = await accept(
+                stream,
+                self.config.data_tls_server,
+                self.config.agent_id,
+                self._pair_key,
+                unwrap=not encrypt,
+            )
+            if encrypt:
+                channel = rest
+            else:
+                initial = rest
+        reader = FrameReader(channel, buffers=self.payload_buffers, initial=initial)
+        writer = FrameWriter(channel)
+        frame = await reader.read()
+        if frame is None:
+            return None
+        hello = validate_data(frame[0])
+        if hello["t"] != "hello":
+            raise ProtocolError(f"first frame must be 'hello', got {hello['t']!r}")
+        if authenticated is not None and hello["agent"] != authenticated:
+            self.unauthenticated += 1
+            raise ProtocolError(
+                f"'hello' names agent {hello['agent']!r}, the peer's certificate {authenticated!r}"
+            )
+        return reader, writer, authenticated, hello
 
     async def _receive_chunk(
         self, header: dict, payload, writer: FrameWriter, peer: str, stream: trio.SocketStream
@@ -1042,6 +1157,21 @@ class Agent:
                 self._close_streams([chunk], f"held chunk from {chunk.peer}: {exc}")
             except CONNECTION_ERRORS:
                 closed.add(id(chunk.stream))  # connection gone: the sender requeued its chunks
+
+
+def check_ack(spec: FlowSpec, offset: int, epoch: int, peer: str | None) -> str | None:
+    """Why an ack of flow `spec` (its current attempt) from agent `peer` cannot be believed,
+    or None: the peer is not the flow's receiver, the offset is past the flow's size, or the
+    receiver epoch (its start time, ns since the epoch) lies more than MAX_EPOCH_AHEAD_NS in
+    this host's future (such an epoch would make the receiver's genuine acks look stale)."""
+    name = f"{spec.coflow}/{spec.flow}"
+    if peer is not None and peer != spec.dst_agent:
+        return f"agent {peer!r} acked flow {name}, whose receiver is {spec.dst_agent!r}"
+    if offset > spec.size:
+        return f"offset {offset} past the {spec.size} bytes of flow {name}"
+    if epoch > time.time_ns() + MAX_EPOCH_AHEAD_NS:
+        return f"epoch {epoch} of flow {name} lies in the future"
+    return None
 
 
 def parse_memory(value: str) -> int:

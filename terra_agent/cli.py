@@ -38,7 +38,9 @@ kernel refuses is an error at start.
 it does not exist.
 
 Exit status: 0 on Ctrl-C, 2 on bad arguments (argparse; a missing certificate or data root),
-1 when the data port cannot be bound or the spill directory cannot be created.
+1 when the data port cannot be bound, the spill directory cannot be created or the controller
+refuses the registration for good (unknown --dc, a certificate of another name, a data address
+that is not the agent's own; the reason is printed). Other control-channel failures are retried.
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ from terra_controller.pki import (
 )
 from terra_core.cli_support import HelpFormatter, add_common_args, setup_logging
 
-from .agent import Agent, AgentConfig, parse_memory
-from .metrics import serve_metrics
+from .agent import Agent, AgentConfig, RegistrationRefused, parse_memory
+from .metrics import bind_metrics
 from .receiver import MAX_AHEAD_BYTES
 from .sender import set_congestion_control
 
@@ -186,6 +188,19 @@ def check_congestion_control(name: str) -> str | None:
     return None
 
 
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    """The first exception inside `group` that is not itself a group."""
+    while isinstance(group, BaseExceptionGroup):
+        group = group.exceptions[0]
+    return group
+
+
+def _refused(exc: BaseException) -> int:
+    """Print why the controller refused this agent; the exit status (1)."""
+    print(f"terra-agent: the controller refused this agent: {exc}", file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the agent until interrupted; returns the exit status."""
     args = build_parser().parse_args(argv)
@@ -228,6 +243,14 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("terra_agent").info("serving flow files under %s", data_root)
     else:
         logging.getLogger("terra_agent").info("no --data-root: file flows will be refused")
+    metrics_socket = None
+    if args.metrics is not None:
+        try:
+            metrics_socket = bind_metrics(*args.metrics)
+        except OSError as exc:
+            host, port = args.metrics
+            print(f"terra-agent: --metrics {host}:{port}: {exc}", file=sys.stderr)
+            return 1
     config = AgentConfig(
         controller=args.controller,
         dc=args.dc,
@@ -243,23 +266,28 @@ def main(argv: list[str] | None = None) -> int:
         max_ahead=args.max_ahead,
         rate_limiter=args.rate_limiter,
         tcp_congestion=args.tcp_congestion,
+        metrics_socket=metrics_socket,
     )
     agent = Agent(config)
-    if args.metrics is not None:
-        try:
-            serve_metrics(agent, *args.metrics)
-        except OSError as exc:
-            host, port = args.metrics
-            print(f"terra-agent: --metrics {host}:{port}: {exc}", file=sys.stderr)
-            return 1
+    data, metrics = agent.data_admission.caps, agent.metrics_admission.caps
+    logging.getLogger("terra_agent").info(
+        "connection caps: data %d (%d per address), metrics %d (%d per address)",
+        data.max_connections, data.max_per_address,
+        metrics.max_connections, metrics.max_per_address,
+    )  # fmt: skip
     try:
         trio.run(agent.run)
     except KeyboardInterrupt:
         return 0
     except BaseExceptionGroup as group:
+        refused = group.split(RegistrationRefused)[0]
+        if refused is not None:
+            return _refused(_first_leaf(refused))
         if group.split(KeyboardInterrupt)[1] is None:  # nothing but Ctrl-C
             return 0
         raise
+    except RegistrationRefused as exc:
+        return _refused(exc)
     except OSError as exc:
         host, port = args.data_addr
         print(f"terra-agent: cannot listen on {host}:{port}: {exc}", file=sys.stderr)

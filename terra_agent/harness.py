@@ -11,9 +11,11 @@ B's port base + 1 + i (on loopback, distinct ports are the distinct tunnels).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
+import resource
 import socket
 import ssl
 import subprocess
@@ -387,6 +389,8 @@ class LoopbackHarness:
     (AgentConfig.encrypt_data, terra-agent --encrypt-data; needs pki). Call `await start()`
     first. Agent i normally gets host 127.0.0.(i+2). rate_limiter: every agent's
     AgentConfig.rate_limiter (terra-agent --rate-limiter): "bucket" (default) or "pacing".
+    agent_nofile: the open-file limit (RLIMIT_NOFILE) subprocess agents run under (their
+    connection caps follow from it); None (default): this process's.
     """
 
     def __init__(
@@ -398,11 +402,13 @@ class LoopbackHarness:
         pki: str | Path | None = None,
         encrypt_data: bool = False,
         rate_limiter: str = "bucket",
+        agent_nofile: int | None = None,
     ) -> None:
         if encrypt_data and pki is None:
             raise ValueError("encrypt_data needs a pki")
         self.nursery = nursery
         self.rate_limiter = rate_limiter
+        self.agent_nofile = agent_nofile
         self.pki = pki
         self.encrypt_data = encrypt_data
         self.workdir = Path(workdir)
@@ -506,8 +512,11 @@ class LoopbackHarness:
             cmd.append("--encrypt-data")
         if cfg.data_root is not None:
             cmd += ["--data-root", cfg.data_root]
+        options = {}
+        if self.agent_nofile is not None:
+            options["preexec_fn"] = functools.partial(_limit_files, self.agent_nofile)
         try:
-            await trio.run_process(cmd, task_status=task_status, check=False)
+            await trio.run_process(cmd, task_status=task_status, check=False, **options)
         finally:
             handle.stopped.set()
 
@@ -562,6 +571,11 @@ class LoopbackHarness:
     def flow(self, coflow: str, flow: str, src: str, dst: str, size: int, **kw) -> FlowSpec:
         """A FlowSpec between two harness agents (dst_dc filled in); kw: source, sink, offset."""
         return FlowSpec(coflow, flow, src, dst, self.agents[dst].dc, size, **kw)
+
+
+def _limit_files(nofile: int) -> None:
+    """Set this (child) process's open-file limit, soft and hard, to `nofile`."""
+    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
 
 def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 5.0) -> None:

@@ -2,11 +2,11 @@
 "Metrics").
 
 The collector reads the agent's own state when Prometheus scrapes, so the data path pays
-nothing per chunk. The HTTP server (prometheus_client's, plain HTTP, one thread) serves
-only `/metrics` and should listen on a management address: it reveals tunnel, peer and
-rate figures, not data. Reads from the server thread see values the trio thread keeps
-changing; each value is read once (a snapshot of a dict is taken with `list(...)`), so a
-scrape may mix moments a few microseconds apart but never fails.
+nothing per chunk. The HTTP server (serve_metrics: plain HTTP, in the agent's trio tasks, one
+request per connection, within REQUEST_S, capped per address and in total like the data
+port, terra_agent/admission.py) serves only `/metrics` and should listen on a management
+address: it reveals tunnel, peer and rate figures, not data. Scrapes run in the agent's
+trio thread, so they see one consistent moment.
 
 Metrics (labels; units in the names):
     terra_agent_link_sent_bytes_total{peer, tunnel}: payload bytes sent on the connection
@@ -33,8 +33,16 @@ Metrics (labels; units in the names):
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, start_http_server
+import socket
+
+import trio
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from .admission import serve_admitted
+
+REQUEST_S = 5.0  # a metrics connection gets its response within this long, or is closed
+MAX_REQUEST_BYTES = 8192  # request head (request line and headers)
 
 
 class AgentCollector:
@@ -147,15 +155,83 @@ def _flow_states(in_flows, out_flows) -> GaugeMetricFamily:
     return family
 
 
-def serve_metrics(agent, host: str, port: int) -> CollectorRegistry:
-    """Serve the agent's metrics on http://host:port/metrics from a daemon thread.
-
-    Returns the registry (for tests).
+def bind_metrics(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (SO_REUSEADDR) for serve_metrics; it listens once
+    the agent runs. Bound here, before the agent starts, so a port in use is an error at
+    start (terra-agent exits 1).
 
     Raises:
-        OSError: the address cannot be bound.
+        OSError: the address cannot be bound (or resolved).
+    """
+    info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _, addr = info[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def serve_metrics(
+    agent, sock: socket.socket, admission, handler_nursery, task_status=trio.TASK_STATUS_IGNORED
+) -> None:
+    """Serve GET /metrics on `sock` (bind_metrics) from trio tasks until cancelled.
+
+    Every connection goes through `admission` (terra_agent.admission.Admission: caps in
+    total and per address, accept failures survived) and gets one response within
+    REQUEST_S of its first byte wait, request and response together; then it is closed
+    (HTTP/1.0 style, "Connection: close"). No thread per connection: an idle one costs a
+    descriptor and a sleeping task until its deadline.
     """
     registry = CollectorRegistry()
     registry.register(AgentCollector(agent))
-    start_http_server(port, addr=host, registry=registry)
-    return registry
+    sock.listen(128)
+    listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+
+    async def handle(stream: trio.SocketStream) -> None:
+        async with stream:
+            with trio.move_on_after(REQUEST_S):
+                try:
+                    await _answer(stream, registry)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    pass
+
+    await serve_admitted(handle, [listener], admission, handler_nursery, task_status=task_status)
+
+
+async def _answer(stream: trio.SocketStream, registry: CollectorRegistry) -> None:
+    """Read one request head (at most MAX_REQUEST_BYTES) and send the response."""
+    head = bytearray()
+    while b"\r\n\r\n" not in head and b"\n\n" not in head:
+        if len(head) > MAX_REQUEST_BYTES:
+            await stream.send_all(_response(431, b"request head too large\n"))
+            return
+        data = await stream.receive_some(4096)
+        if not data:
+            return
+        head += data
+    line = bytes(head).split(b"\n", 1)[0].decode("latin-1").strip().split()
+    if len(line) != 3 or not line[2].startswith("HTTP/"):
+        await stream.send_all(_response(400, b"bad request\n"))
+    elif line[0] not in ("GET", "HEAD"):
+        await stream.send_all(_response(405, b"only GET\n"))
+    elif line[1].split("?", 1)[0] != "/metrics":
+        await stream.send_all(_response(404, b"only /metrics\n"))
+    else:
+        body = generate_latest(registry)
+        reply = _response(200, body, CONTENT_TYPE_LATEST)
+        await stream.send_all(reply if line[0] == "GET" else reply[: len(reply) - len(body)])
+
+
+def _response(status: int, body: bytes, content_type: str = "text/plain; charset=utf-8"):
+    """An HTTP/1.1 response with `body`, closing the connection."""
+    reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+              431: "Request Header Fields Too Large"}[status]  # fmt: skip
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode("latin-1") + body

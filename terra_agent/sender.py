@@ -39,6 +39,7 @@ CHUNK_SECONDS = 0.01  # a chunk is about this much of its path's rate (rate_limi
 ECF_RECHECK_S = 0.02  # a path that left a group's last bytes to faster paths looks again after
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
+UNREACHABLE_BACKOFF_MAX_S = 10.0  # reconnect backoff bound while a peer cannot be reached
 MIN_UNSENT_BYTES = 16 * 1024  # data connections queue in the kernel at most one chunk of unsent
 # bytes, and at least this many (trio's default TCP_NOTSENT_LOWAT for every SocketStream)
 PACED_UNSENT_S = 0.1  # a paced link queues ~100 ms of its rate unsent (docs/design.md 5.1)
@@ -293,10 +294,11 @@ class PeerLink:
     trip, no public-key work); after a failed key exchange the next attempt runs the TLS
     handshake (the receiver may not have the key yet). key_auths / tls_auths count the
     connections authenticated each way.
-    on_ack(coflow, flow, offset, epoch, attempt) is called for each ack frame (attempt: its "a",
-    0 when absent); on_change() when the link
+    on_ack(coflow, flow, offset, epoch, attempt, peer=spec.peer_agent) is called for each ack
+    frame (attempt: its "a", 0 when absent; peer: the agent at the other end, the one the
+    connection authenticated with --pki); on_change() when the link
     goes up or down (so idle path tasks look again). run() connects, sends "hello", reads acks
-    and reconnects with backoff (50 ms doubling to 2 s) until close().
+    and reconnects with backoff (50 ms doubling to 10 s, see run()) until close().
 
     Parking (docs/design.md 5): park() takes the link out of use when its tunnel leaves the
     table but keeps an open connection (chunks in flight go back to their flows at once, as
@@ -350,6 +352,7 @@ class PeerLink:
         self._scope: trio.CancelScope | None = None
         self._stream: trio.SocketStream | None = None
         self._unsent_limit = MIN_UNSENT_BYTES
+        self._came_up = False  # the current attempt's connection came up (hello sent)
         self.pacing_rate: float | None = None  # stream bytes/s the socket is paced at, or None
 
     def set_pacing_rate(self, rate: float) -> None:
@@ -378,10 +381,16 @@ class PeerLink:
         return self.writer is not None
 
     async def run(self) -> None:
-        """Connect / serve / reconnect until close(); never raises connection errors."""
+        """Connect / serve / reconnect until close(); never raises connection errors.
+
+        Backoff between attempts: 50 ms after a connection that was up for over a second,
+        doubling while attempts fail (the peer cannot be reached or authenticated, or ends
+        the connection at once) up to UNREACHABLE_BACKOFF_MAX_S, so a peer address that is
+        wrong or down costs few connections."""
         backoff = BACKOFF_MIN_S
         while not self._closed:
             started = trio.current_time()
+            self._came_up = False
             try:
                 await self._session()
             except (FrameError, ProtocolError) as exc:
@@ -396,10 +405,10 @@ class PeerLink:
                 self._closed = True  # a parked link does not reconnect
             if self._closed:
                 break
-            if trio.current_time() - started > 1.0:
+            if self._came_up and trio.current_time() - started > 1.0:
                 backoff = BACKOFF_MIN_S
             await trio.sleep(backoff)
-            backoff = min(BACKOFF_MAX_S, backoff * 2)
+            backoff = min(UNREACHABLE_BACKOFF_MAX_S, backoff * 2)
 
     def _name(self) -> tuple[str, str]:
         return self.spec.peer_agent, self.spec.tunnel
@@ -431,6 +440,7 @@ class PeerLink:
                 hello = {"t": "hello", "agent": self.agent_id, "tunnel": self.spec.tunnel}
                 await writer.send(hello)
                 self.writer = writer
+                self._came_up = True
                 self.connects += 1
                 log.info("link %s via %s up (connect #%d)", *self._name(), self.connects)
                 self.on_change()
@@ -467,7 +477,14 @@ class PeerLink:
             validate_data(header)
             if header["t"] != "ack":
                 raise ProtocolError(f"unexpected {header['t']!r} frame on a sending link")
-            self.on_ack(header["c"], header["f"], header["o"], header["e"], header.get("a", 0))
+            self.on_ack(
+                header["c"],
+                header["f"],
+                header["o"],
+                header["e"],
+                header.get("a", 0),
+                peer=self.spec.peer_agent,
+            )
             self._prune()
 
     def _prune(self) -> None:
@@ -733,8 +750,7 @@ class FlowGroupSender:
         chunk = min(nbytes, left)
         mine = (self.buckets[tunnel].debt_bytes + chunk) / rate
         better = any(
-            (d + chunk) / r < mine or ((d + chunk) / r == mine and t < tunnel)
-            for t, r, d in others
+            (d + chunk) / r < mine or ((d + chunk) / r == mine and t < tunnel) for t, r, d in others
         )
         if not better:
             return False

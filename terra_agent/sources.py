@@ -124,13 +124,15 @@ class FileSource:
 
     `path` is the resolved absolute path (resolve_data_path), `name` the flow's path as given
     (for messages; default `path`). The file is checked at once (opened O_NOFOLLOW | O_NONBLOCK:
-    a regular file of at least `size` bytes that this process can read) but held open only from
+    a regular file of exactly `size` bytes that this process can read: a flow never copies a
+    file in part) but held open only from
     the first read to close() (reopened if read again, O_NOFOLLOW, and refused if it is no
     longer the same file), so many idle flows hold no descriptors.
 
     Raises:
-        SourceError: the file is missing, unreadable, a symlink, not a regular file or shorter
-            than `size` bytes (at creation); it cannot be opened, was replaced or shrank (at read).
+        SourceError: the file is missing, unreadable, a symlink, not a regular file or not
+            `size` bytes long (at creation; the message names both sizes); it cannot be opened,
+            was replaced or shrank (at read).
     """
 
     def __init__(self, path: str, size: int, name: str | None = None) -> None:
@@ -147,7 +149,7 @@ class FileSource:
             os.close(fd)
         if not stat.S_ISREG(st.st_mode):
             raise SourceError(f"source file {self.name!r} is not a regular file")
-        if st.st_size < size:
+        if st.st_size != size:
             raise SourceError(
                 f"source file {self.name!r} has {st.st_size} bytes, flow needs {size}"
             )
@@ -354,6 +356,43 @@ def _unlink_if_present(path: str) -> None:
         pass
 
 
+def make_parent_dirs(data_root: str, path: str) -> None:
+    """Create the missing directories between the data root and `path`'s parent.
+
+    Args:
+        data_root: the agent's data root (any form; resolved here).
+        path: a resolved absolute path inside it (resolve_data_path).
+
+    Each directory is made with mode 0755 less the umask (0700 under umask 077) and opened
+    with O_NOFOLLOW relative to its parent's descriptor, so nothing is created through a
+    symlink, whatever replaced a component meanwhile.
+
+    Raises:
+        SourceError: a component exists and is not a directory (or a symlink), or a
+            directory cannot be made (permissions, read-only file system).
+    """
+    root = os.path.realpath(data_root)
+    parts = os.path.relpath(os.path.dirname(path), root).split(os.sep)
+    if parts == ["."]:
+        return
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts:
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass
+            child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    except OSError as exc:
+        raise SourceError(
+            f"cannot create the directory {part!r} of a sink: {exc.strerror}"
+        ) from exc
+    finally:
+        os.close(fd)
+
+
 def open_sink(spec: str, size: int, resume: bool, data_root: str | None = None, align: int = 1):
     """Open a flow's sink from its descriptor string ("digest" or "file:PATH").
 
@@ -362,7 +401,8 @@ def open_sink(spec: str, size: int, resume: bool, data_root: str | None = None, 
             end in PART_SUFFIX or PART_SUFFIX + DIGEST_SUFFIX (another flow's working files).
         size: the flow's bytes; resume: keep what an existing part file holds (FileSink),
         cut down to a multiple of `align` bytes unless it is complete.
-        data_root: the agent's data root, or None: every "file:" sink is refused.
+        data_root: the agent's data root, or None: every "file:" sink is refused. Missing
+            directories of PATH inside it are created (make_parent_dirs).
 
     Returns DigestSink or FileSink (both have .resume_offset, .write(data), .commit(),
     .remove_part(), .close()).
@@ -374,6 +414,8 @@ def open_sink(spec: str, size: int, resume: bool, data_root: str | None = None, 
         name = spec[5:]
         if name.endswith((PART_SUFFIX, PART_SUFFIX + DIGEST_SUFFIX)):
             raise SourceError(f"sink path {name!r} refused: {PART_SUFFIX} names are reserved")
+        path = resolve_data_path(data_root, name, "sink")
+        make_parent_dirs(data_root, path)
         return FileSink(resolve_data_path(data_root, name, "sink"), size, resume, name, align)
     raise SourceError(f"unknown sink {spec!r}")
 

@@ -45,6 +45,7 @@ that agent's connection.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import itertools
 import logging
 import socket
@@ -90,6 +91,54 @@ MAX_RESYNCED = 10_000  # flows remembered for RESYNC_S
 # ---- the channel ----------------------------------------------------------------------------
 
 
+class RegistrationRefused(ChannelError):
+    """A "register" the controller refuses for good (the agent is told so and exits)."""
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """`text` as an IP address (an IPv4-mapped IPv6 address as IPv4), None if it is not one."""
+    try:
+        ip = ipaddress.ip_address(text.split("%", 1)[0])
+    except ValueError:
+        return None
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return mapped if mapped is not None else ip
+
+
+def check_data_addr(data_addr: object, peer_host: str, prefixes=()) -> str:
+    """The data address to record for an agent whose control connection comes from
+    `peer_host` (an IP address string) and that registered `data_addr` ("host:port").
+
+    Other agents connect to that address, so an agent may only name itself: the host must be
+    an IP address equal to `peer_host` (any loopback address when both are loopback: one
+    host), or lie in one of `prefixes` (ipaddress networks, terra-controller --data-prefix).
+    An unspecified host (0.0.0.0, ::) is replaced by `peer_host`.
+
+    Returns:
+        "host:port" ("[host]:port" for IPv6).
+
+    Raises:
+        RegistrationRefused: not "host:port", a host name rather than an address, or an
+            address of another host outside every prefix.
+    """
+    try:
+        host, port = protocol.parse_addr(data_addr, "data_addr")
+    except protocol.ProtocolError as exc:
+        raise RegistrationRefused(str(exc)) from None
+    ip, peer = _ip(host), _ip(peer_host)
+    if ip is None:
+        raise RegistrationRefused(f"data_addr {data_addr!r}: the host must be an IP address")
+    if ip.is_unspecified and peer is not None:
+        ip = peer
+    own = ip == peer or (ip.is_loopback and peer is not None and peer.is_loopback)
+    if not own and not any(ip.version == net.version and ip in net for net in prefixes):
+        raise RegistrationRefused(
+            f"data_addr {data_addr!r} is not this agent's address ({peer_host}) nor in a "
+            "--data-prefix of the controller"
+        )
+    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+
+
 class AgentChannel:
     """Server side of the control channel.
 
@@ -99,6 +148,9 @@ class AgentChannel:
         silence_s: seconds without any message after which an agent is disconnected.
         data_keys: the pair keys of the agents' data connections (terra_controller/data_keys.py),
             sent in every "tunnels" message; None (an insecure channel): no keys are sent.
+        data_prefixes: CIDR prefixes (terra-controller --data-prefix) an agent's registered
+            data_addr may lie in besides its control connection's own address
+            (check_data_addr); ValueError for a malformed one.
 
     Attributes:
         connections: {agent id: AgentConnection}. acks: {message id: monotonic s acked}.
@@ -112,8 +164,10 @@ class AgentChannel:
         tunnels: TunnelTable,
         silence_s: float = AGENT_SILENCE_S,
         data_keys: DataKeys | None = None,
+        data_prefixes: list[str] | tuple[str, ...] = (),
     ):
         self.controller = controller
+        self.data_prefixes = [ipaddress.ip_network(p, strict=False) for p in data_prefixes]
         self.data_keys = data_keys
         self.silence_s = silence_s
         self.tunnels = tunnels
@@ -166,8 +220,9 @@ class AgentChannel:
                 self._handle(conn, message)
         except ChannelError as exc:
             LOG.warning("agent %s: %s; closing", conn.agent or addr, exc)
+            fatal = {"fatal": True} if isinstance(exc, RegistrationRefused) else {}
             try:
-                send_parts(sock, protocol.error_message(str(exc)))
+                send_parts(sock, protocol.error_message(str(exc), **fatal))
             except OSError:
                 pass
         except OSError as exc:
@@ -368,20 +423,24 @@ class AgentChannel:
         return cid not in (self.controller.registry.coflows if known is None else known)
 
     def _register(self, conn: AgentConnection, m: dict) -> None:
+        """Register the agent of `conn`; RegistrationRefused (sent to it as a fatal "error":
+        it exits instead of retrying) for a peer that is not an agent or not the named one, an
+        unknown DC, a bad id or a data_addr check_data_addr refuses."""
         identity = conn.identity
         if not identity.may(Role.AGENT):
-            raise ChannelError(f"{identity.role.value} {identity.name!r} is not an agent")
+            raise RegistrationRefused(f"{identity.role.value} {identity.name!r} is not an agent")
         if not identity.insecure and m["agent"] != identity.name:
-            raise ChannelError(
+            raise RegistrationRefused(
                 f"certificate of {identity.name!r} cannot register as {m['agent']!r}"
             )
         if conn.agent is not None and conn.agent != m["agent"]:
-            raise ChannelError("one connection cannot register two agents")
+            raise RegistrationRefused("one connection cannot register two agents")
+        data_addr = check_data_addr(m["data_addr"], conn.addr[0], self.data_prefixes)
         with self.controller.lock:
             try:
-                info = self.controller.registry.register_agent(m["agent"], m["dc"], m["data_addr"])
+                info = self.controller.registry.register_agent(m["agent"], m["dc"], data_addr)
             except RegistryError as exc:
-                raise ChannelError(str(exc)) from exc
+                raise RegistrationRefused(str(exc)) from exc
         with self.lock:
             old = self.connections.get(info.id)
             if old is not None and old is not conn:

@@ -40,6 +40,7 @@ docs/operations.md lists them).
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import logging
 import os
@@ -64,6 +65,14 @@ def parse_addr(text: str) -> tuple[str, int]:
     if not host or not port.isdigit() or int(port) > 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
     return host.strip("[]"), int(port)
+
+
+def _cidr(text: str) -> str:
+    """An IP prefix "ADDR/LEN" (argparse type); ArgumentTypeError if malformed."""
+    try:
+        return str(ipaddress.ip_network(text, strict=False))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -134,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--keep-finished-s", type=float, default=None, metavar="S",
         help="seconds a finished coflow is kept in memory (default: no age bound)",
+    )  # fmt: skip
+    p.add_argument(
+        "--data-prefix", action="append", type=_cidr, metavar="CIDR",
+        help="agents' data addresses may also lie in it (repeatable)",
     )  # fmt: skip
     p.add_argument(
         "--max-restarts", type=int, default=3, metavar="N",
@@ -318,7 +331,8 @@ def run(args, topology, security) -> None:
 
     # pair keys of the agents' data connections travel only over the mutual-TLS channel
     data_keys = DataKeys() if security.context is not None else None
-    channel = AgentChannel(controller, tunnels, data_keys=data_keys)
+    prefixes = args.data_prefix or ()
+    channel = AgentChannel(controller, tunnels, data_keys=data_keys, data_prefixes=prefixes)
     rest_security = security
     if args.rest_public and security.context is not None:
         from terra_controller.pki import server_context

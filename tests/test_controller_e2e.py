@@ -334,7 +334,8 @@ def test_with_switches_link_down_port_status_reschedules_and_loses_nothing(ovs, 
     ctl = subprocess.Popen(
         [sys.executable, "-m", "terra_controller.cli", "--topology", str(path), "--k", "2",
          "--of-port", str(of_port), "--api", "127.0.0.1:0", "--agents", "0.0.0.0:0",
-         "--rest", "127.0.0.1:0", "--pki", str(pki)],
+         "--rest", "127.0.0.1:0", "--pki", str(pki),
+         "--data-prefix", "10.0.0.0/16"],  # agents come over mgmt, their data is on 10.0
         stdout=subprocess.PIPE, stderr=log, text=True,
     )  # fmt: skip
     procs, wan, client = [ctl], None, None

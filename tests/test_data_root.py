@@ -303,8 +303,11 @@ def test_sink_refuses_reserved_names_and_directories(tmp_path):
             open_sink(f"file:{name}", 10, resume=False, data_root=root)
     with pytest.raises(SourceError, match="is a directory"):
         open_sink("file:d", 10, resume=False, data_root=root)
-    with pytest.raises(SourceError, match="cannot open sink file 'nodir/x'"):
-        open_sink("file:nodir/x", 10, resume=False, data_root=root)
+    (tmp_path / "f").write_bytes(b"")
+    with pytest.raises(SourceError, match="cannot create the directory 'f'"):
+        open_sink("file:f/x", 10, resume=False, data_root=root)
+    open_sink("file:nodir/x", 10, resume=False, data_root=root).close()  # directory made
+    assert (tmp_path / "nodir").is_dir()
 
 
 def test_inflow_digest_mismatch_leaves_destination_and_keeps_part(tmp_path):

@@ -555,7 +555,8 @@ async def wait_for(h, predicate, timeout=30):
 async def test_agents_report_source_and_sink_failures_as_failed(tmp_path):
     async with loopback(tmp_path, k=2) as h:
         bad_source = h.flow("c1", "src", "a", "b", 1000, source="file:missing")
-        bad_sink = h.flow("c1", "sink", "a", "b", 1000, sink="file:no/such/dir/x")
+        (h.data_root / "plain").write_bytes(b"")  # a file where the sink needs a directory
+        bad_sink = h.flow("c1", "sink", "a", "b", 1000, sink="file:plain/dir/x")
         await h.controller.send("b", flows_message([bad_sink]))
         await start_flows(h, [bad_source], 1 * MB)
         await wait_for(h, lambda: len(h.controller.failed) >= 2)

@@ -1,0 +1,239 @@
+"""An agent's listeners hold up under connection floods (data port, tunnel ports, metrics).
+
+Real agents: `terra-agent` subprocesses on loopback (the data-port test runs them under a
+256-file limit, as systemd's default of 1,024 would, scaled down) driven by the in-test
+controller peer (terra_agent/harness.py). The flood comes from 127.0.0.1; agents and honest
+clients use other loopback addresses.
+
+- 1,400 idle connections to a receiver's tunnel port: they get at most the per-address cap,
+  the receiver keeps descriptors for its sink file and a file flow to it completes;
+- 1,000 idle connections to an agent's --metrics port hold neither 1,000 threads nor the
+  port: a scrape from another address is answered meanwhile, an idle admitted connection is
+  closed after the request deadline;
+- caps follow from the open-file limit; accept loops survive EMFILE.
+"""
+
+import errno
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import trio
+from test_data_root import MB, file_digest, run_flows, wait_complete
+
+from terra_agent.admission import Admission, Caps, caps_from_file_limit, serve_admitted
+from terra_agent.harness import LoopbackHarness, free_port_block, stop_processes
+from terra_agent.metrics import REQUEST_S
+from terra_agent.sources import PART_SUFFIX
+
+FLOOD_HOST = "127.0.0.1"
+TIMEOUT = 60
+
+
+def flood(host: str, port: int, n: int) -> list[socket.socket]:
+    """Open `n` connections to host:port from FLOOD_HOST without waiting for them."""
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.setblocking(False)
+        s.bind((FLOOD_HOST, 0))
+        s.connect_ex((host, port))
+        socks.append(s)
+    return socks
+
+
+def close_all(socks) -> None:
+    for s in socks:
+        s.close()
+
+
+def test_caps_follow_the_file_limit():
+    data, metrics = caps_from_file_limit(1024)
+    assert (data.max_connections, data.max_per_address) == (512, 128)
+    assert (metrics.max_connections, metrics.max_per_address) == (32, 8)
+    data, metrics = caps_from_file_limit(256)
+    assert data.max_connections == 128 and data.max_per_address == 32
+    assert metrics.max_connections <= 8
+
+
+async def test_a_flood_of_idle_connections_leaves_room_for_a_file_flow(tmp_path):
+    size = 3 * MB
+    async with trio.open_nursery() as nursery:
+        h = LoopbackHarness(nursery, tmp_path, data_root="data", agent_nofile=256)
+        await h.start()
+        await h.add_agent("a", "HK")
+        b = await h.add_agent("b", "LA", subprocess=True)
+        h.tunnels = (await h.install_tunnels([("a", "b", 2)]))["a"]
+        with trio.fail_after(TIMEOUT):  # a's links to b are up before the flood
+            while not all(link.up for link in h.agents["a"].agent.links.values()):
+                await trio.sleep(0.05)
+        socks = flood(b.host, b.tunnel_port(0), 1400) + flood(b.host, b.base_port, 100)
+        try:
+            await trio.sleep(1)  # b accepts what it accepts
+            src = h.data_root / "src.bin"
+            src.write_bytes(os.urandom(size))
+            f = h.flow("c1", "f1", "a", "b", size, source="file:src.bin", sink="file:dst.bin")
+            await run_flows(h, [f])
+            await wait_complete(h, [f])
+            assert not h.controller.failed, h.controller.failed
+        finally:
+            close_all(socks)
+        assert h.controller.completed[f.key] == file_digest(src, f.digest_key)
+        assert (h.data_root / "dst.bin").read_bytes() == src.read_bytes()
+        assert not (h.data_root / f"dst.bin{PART_SUFFIX}").exists()
+        nursery.cancel_scope.cancel()
+
+
+def threads_of(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    raise AssertionError("no Threads line")
+
+
+def scrape(host: str, port: int, source: str) -> str:
+    """GET /metrics from a socket bound to `source`."""
+    with socket.create_connection((host, port), timeout=10, source_address=(source, 0)) as s:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return data.decode()
+
+
+def test_idle_metrics_connections_hold_no_threads_and_do_not_block_a_scrape(tmp_path):
+    host = "127.0.0.44"
+    data_port = free_port_block(host, 2)
+    metrics_port = free_port_block(host, 1)
+    with socket.socket() as s:  # a controller address that refuses: the agent retries
+        s.bind(("127.0.0.1", 0))
+        controller = s.getsockname()[1]
+    cmd = [
+        sys.executable, "-m", "terra_agent.cli", "--insecure",
+        "--controller", f"127.0.0.1:{controller}", "--dc", "HK", "--id", "m1",
+        "--data-addr", f"{host}:{data_port}", "--spill-dir", str(tmp_path),
+        "--metrics", f"{host}:{metrics_port}",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+    socks = []
+    try:
+        end = time.monotonic() + TIMEOUT
+        while True:  # until it serves
+            try:
+                assert "terra_agent_received_bytes_total" in scrape(host, metrics_port, host)
+                break
+            except OSError:
+                assert time.monotonic() < end, "the agent never served /metrics"
+                time.sleep(0.1)
+        socks = flood(host, metrics_port, 1000)
+        time.sleep(1)
+        assert threads_of(proc.pid) < 50
+        assert "terra_agent_received_bytes_total" in scrape(host, metrics_port, "127.0.0.45")
+        assert threads_of(proc.pid) < 50
+        # an admitted idle connection is closed after the request deadline
+        with socket.create_connection((host, metrics_port), source_address=("127.0.0.46", 0)) as s:
+            s.settimeout(REQUEST_S + 30)
+            started = time.monotonic()
+            assert s.recv(10) == b""
+            assert time.monotonic() - started < REQUEST_S + 30
+    finally:
+        close_all(socks)
+        stop_processes([proc])
+
+
+async def test_accept_loops_survive_running_out_of_descriptors():
+    """An accept that fails with EMFILE is retried; the listener keeps serving."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    real_accept = listeners[0].accept
+    failures = 3
+
+    async def accept():
+        nonlocal failures
+        if failures:
+            failures -= 1
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return await real_accept()
+
+    listeners[0].accept = accept
+    served = trio.Event()
+
+    async def handler(stream):
+        async with stream:
+            served.set()
+
+    admission = Admission(Caps(4, 2), "test port")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_admitted, handler, listeners, admission, nursery)
+        client = await trio.open_tcp_stream("127.0.0.1", port)
+        with trio.fail_after(TIMEOUT):
+            await served.wait()
+        await client.aclose()
+        assert admission.accept_failures == 3
+        nursery.cancel_scope.cancel()
+
+
+async def test_connections_over_a_cap_are_closed_at_once():
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    release = trio.Event()
+
+    async def handler(stream):
+        async with stream:
+            await release.wait()
+
+    admission = Admission(Caps(3, 2), "test port")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_admitted, handler, listeners, admission, nursery)
+        clients = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(4)]
+        other = await trio.open_tcp_stream("127.0.0.1", port, local_address="127.0.0.7")
+        with trio.fail_after(TIMEOUT):
+            while admission.refused < 2:
+                await trio.sleep(0.01)
+        assert admission.total == 3 and admission.per_address == {"127.0.0.1": 2, "127.0.0.7": 1}
+        extra = await trio.open_tcp_stream("127.0.0.1", port, local_address="127.0.0.8")
+        with trio.fail_after(TIMEOUT):  # over the total: closed at once
+            assert await extra.receive_some(10) == b""
+        release.set()
+        for c in [*clients, other, extra]:
+            await c.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_during_a_flood_a_peer_from_another_address_reconnects(tmp_path):
+    """In-process receiver with small caps: while 1,400 connections from one address are
+    held or refused, the sender's links (another address) are cut and come back."""
+    async with trio.open_nursery() as nursery:
+        h = LoopbackHarness(nursery, tmp_path)
+        await h.start()
+        await h.add_agent("a", "HK")
+        b = await h.add_agent("b", "LA")
+        b.agent.data_admission = Admission(Caps(64, 16), "data port")  # before any tunnel
+        h.tunnels = (await h.install_tunnels([("a", "b", 2)]))["a"]
+        links = h.agents["a"].agent.links.values()
+        with trio.fail_after(TIMEOUT):
+            while not all(link.up for link in links):
+                await trio.sleep(0.05)
+        socks = flood(b.host, b.tunnel_port(0), 1400)
+        try:
+            with trio.fail_after(TIMEOUT):
+                while b.agent.data_admission.refused < 1400 - 16 - 10:
+                    await trio.sleep(0.05)
+            assert b.agent.data_admission.per_address[FLOOD_HOST] <= 16
+            connects = sum(link.connects for link in links)
+            for spec in h.tunnels:
+                b.agent.close_incoming("a", spec.tunnel)
+            with trio.fail_after(TIMEOUT):
+                while sum(link.connects for link in links) < connects + 2 or not all(
+                    link.up for link in links
+                ):
+                    await trio.sleep(0.05)
+            f = h.flow("c1", "f1", "a", "b", 2 * MB)
+            await run_flows(h, [f])
+            await wait_complete(h, [f])
+        finally:
+            close_all(socks)
+        nursery.cancel_scope.cancel()
