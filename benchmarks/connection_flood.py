@@ -18,8 +18,8 @@ data: hk1's data port; metrics: hk1's --metrics port), one at a time:
    takes to be served: api: TLS with a job certificate, "hello" + "list" over the coflow
    API's wire protocol; agents: the mutual-TLS handshake with an agent certificate (no
    register, which would change the controller's agent set); rest: GET /status with the
-   operator certificate; data: the mutual-TLS handshake of a data connection with an
-   agent certificate; metrics: GET /metrics;
+   operator certificate; data: the mutual-TLS handshake of a data connection with the
+   certificate of hk1's peer agent ba1; metrics: GET /metrics;
 3. the flood is closed (RST) and the same probe runs from 127.0.0.1, the flooding address,
    timed from the close.
 
@@ -77,8 +77,9 @@ from terra_controller.pki import (
 PORTS = ("api", "agents", "rest", "data", "metrics")
 FLOOD_ADDR = "127.0.0.1"
 PROBE_ADDR = "127.0.0.2"
-AGENTS = [("hk1", "HK", "127.0.0.3"), ("ba1", "BA", "127.0.0.4")]
+AGENTS = [("hk1", "HK", "127.0.0.1"), ("ba1", "BA", "127.0.0.1")]  # data_addr = own address
 FLOODED_AGENT = "hk1"
+DATA_PEER = "ba1"  # the agent whose certificate the data-port probe presents
 JOB = "bench-flood-job"
 PROBE_AGENT = "bench-flood-probe"
 IP_BIND_ADDRESS_NO_PORT = 24  # Linux: pick the source port at connect (4-tuple unique)
@@ -215,8 +216,8 @@ def probe_rest(system: System, source: str, timeout: float) -> None:
 
 
 def probe_data(system: System, source: str, timeout: float) -> None:
-    """A data connection's mutual-TLS handshake with an agent certificate."""
-    context = data_client_context(system.ctl.pki, PROBE_AGENT)
+    """A data connection's mutual-TLS handshake with the peer agent's certificate (ba1)."""
+    context = data_client_context(system.ctl.pki, DATA_PEER)
     sock = context.wrap_socket(_tcp(system.addrs["data"], source, timeout))
     sock.close()
 

@@ -40,7 +40,7 @@ from terra_controller.pki import Role
 
 JOB_A, JOB_B = "bench-large-job", "bench-small-job"
 FAKE = [("hk", "HK"), ("ba", "BA")]
-REAL = [("hk1", "HK", "127.0.0.3"), ("ba1", "BA", "127.0.0.4")]
+REAL = [("hk1", "HK", "127.0.0.1"), ("ba1", "BA", "127.0.0.1")]  # data_addr = own address
 B_BYTES = 1_000_000
 
 
