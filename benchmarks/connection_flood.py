@@ -49,10 +49,12 @@ import os
 import resource
 import select
 import shutil
+import signal
 import socket
 import ssl
 import statistics
 import struct
+import sys
 import tempfile
 import threading
 import time
@@ -416,8 +418,9 @@ def _fmt(probe: dict) -> str:
     return f"FAIL({probe['s']:.1f}s)" if "error" in probe else f"{probe['s']:.3f}"
 
 
-def print_table(rows: list[dict], survived: dict[str, dict], coflow: dict, load) -> None:
-    """The per-port table, the failure reasons, the coflow and the load."""
+def print_table(rows: list[dict], survived: dict[str, dict], coflows: list[dict], load) -> None:
+    """The per-port table, the failure reasons, the coflow after each system's floods, the
+    load."""
     print(f"{'port':<8} {'address':<16} {'conn':>5} {'held':>5} {'during s':>12} "
           f"{'after s':>12} {'fds peak':>8} {'threads':>7} {'survived':>8}")  # fmt: skip
     for r in rows:
@@ -434,10 +437,12 @@ def print_table(rows: list[dict], survived: dict[str, dict], coflow: dict, load)
     print(
         "conn: connections the client saw established; held: not closed by the server when probed"
     )
-    print(
-        f"coflow ba1 -> hk1 after the floods: {coflow['state']} in {coflow['s']:.1f} s"
-        + (f" ({coflow['reason']})" if coflow.get("reason") else "")
-    )
+    for coflow in coflows:
+        print(
+            f"coflow ba1 -> hk1 after the floods of {', '.join(coflow['after'])}: "
+            f"{coflow['state']} in {coflow['s']:.1f} s"
+            + (f" ({coflow['reason']})" if coflow.get("reason") else "")
+        )
     print("load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in load))
 
 
@@ -480,12 +485,13 @@ def main() -> None:
     )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below
     nofile = raise_nofile()
     if nofile < args.connections + 256:
         p.error(f"--connections {args.connections} needs an open-file limit above "
                 f"{args.connections + 256} (hard limit here: {nofile})")  # fmt: skip
     load_before = os.getloadavg()
-    rows, survived, coflow = [], {}, {}
+    rows, survived, coflows = [], {}, []
     groups = [[port] for port in args.ports] if args.fresh else [args.ports]
     for ports in groups:
         system = start_system(args.child_nofile)
@@ -497,20 +503,20 @@ def main() -> None:
             time.sleep(1.0)
             for port in ports:
                 survived[port] = survives(system, port, args.probe_timeout)
-            coflow = final_coflow(system, timeout=30.0)
+            coflows.append({**final_coflow(system, timeout=30.0), "after": ports})
         finally:
             system.stop()
     load = os.getloadavg()
     print(f"\n{args.connections} connections per port from {args.flood_sources} address(es), "
           f"held {args.hold:g} s; controller and agents at RLIMIT_NOFILE {args.child_nofile}; "
           f"target: served within 1 s during and after")  # fmt: skip
-    print_table(rows, survived, coflow, load)
+    print_table(rows, survived, coflows, load)
     if args.json:
         during = [p["s"] for r in rows for p in r["during"] if "error" not in p]
         args.json.write_text(json.dumps({
             "connections": args.connections, "flood_sources": args.flood_sources,
             "child_nofile": args.child_nofile, "hold_s": args.hold, "rows": rows,
-            "survived": survived, "coflow": coflow, "load_before": load_before,
+            "survived": survived, "coflows": coflows, "load_before": load_before,
             "load_after": load,
             "during_median_s": statistics.median(during) if during else None,
         }, indent=2))  # fmt: skip

@@ -29,7 +29,9 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -246,6 +248,7 @@ def main() -> None:
     p.add_argument("--warmup", type=float, default=2.0, help="seconds of B alone first")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below
     out = run(args)
     out["load"] = os.getloadavg()
     report(out)
