@@ -10,10 +10,12 @@ Then, for each port of --ports (api: the coflow API; agents: the agent channel; 
 data: hk1's data port; metrics: hk1's --metrics port), one at a time:
 
 1. flood: --connections TCP connections to the port from 127.0.0.1 (and from
-   --flood-sources - 1 more loopback addresses 127.1.x.y when asked), opened as fast as the
+   --flood-sources - 1 more loopback addresses 127.1.x.y when asked: a flood that gets
+   past per-address caps, e.g. 20 addresses), opened as fast as the
    kernel takes them (non-blocking connects); one in four sends a partial TLS ClientHello
-   (a partial HTTP request on the metrics port), one in four 64 random bytes, the rest
-   nothing; all are held idle for --hold seconds;
+   (a partial HTTP request on the metrics port), one in four 64 random bytes, on the data
+   port one in four the start of a pair-key handshake naming ba1, the rest nothing; all
+   are held idle for --hold seconds;
 2. during the flood, --probes times from 127.0.0.2: the time a new *authenticated* client
    takes to be served: api: TLS with a job certificate, "hello" + "list" over the coflow
    API's wire protocol; agents: the mutual-TLS handshake with an agent certificate (no
@@ -23,13 +25,14 @@ data: hk1's data port; metrics: hk1's --metrics port), one at a time:
 3. the flood is closed (RST) and the same probe runs from 127.0.0.1, the flooding address,
    timed from the close.
 
-Printed per port: connections the flood got established, how many the server still held
-when probed, probe times during (the largest) and after the flood (s, or FAIL with the
-reason; a probe gives up after --probe-timeout s), the peak open file descriptors and
-threads of the process behind the port, and whether the listener survived (every port is
-probed once more after all floods, and the processes must still run). Then a real
-one-flow coflow ba1 -> hk1 (synthetic bytes) must finish, and the load average. One
-controller and pair of agents take every flood in turn (--fresh: new ones per port).
+Printed per port: connections the flood saw established (client side), how many the
+server still held when probed, probe times during (the largest) and after the flood (s,
+or FAIL with the reason; a probe gives up after --probe-timeout s), the peak open file
+descriptors and threads of the process behind the port, and whether the listener
+survived (every port is probed once more after all floods, and the processes must still
+run). Then a real one-flow coflow ba1 -> hk1 (synthetic bytes) must finish, and the load
+average. One controller and pair of agents take every flood in turn (--fresh: new ones
+per port).
 
 Target: every listener serves a new authenticated client within 1 s during the flood
 (from another address) and within 1 s after it stops, under a 1,024 file limit.
@@ -87,6 +90,7 @@ PROBE_AGENT = "bench-flood-probe"
 IP_BIND_ADDRESS_NO_PORT = 24  # Linux: pick the source port at connect (4-tuple unique)
 TLS_HELLO_START = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(21)
 HTTP_START = b"GET /metrics HTTP/1.1\r\nHost: flood\r\n"
+KEY_START = b"\x4b\x03ba1" + bytes(8)  # pair-key tag, sender name, half a nonce
 
 
 # ---- processes -------------------------------------------------------------------------------
@@ -265,9 +269,10 @@ def flood_sources(n: int) -> list[str]:
     return [FLOOD_ADDR] + [f"127.1.{j // 250}.{j % 250 + 1}" for j in range(n - 1)]
 
 
-def open_flood(addr: tuple[str, int], n: int, sources: list[str], http_port: bool,
+def open_flood(addr: tuple[str, int], n: int, sources: list[str], port: str,
                settle_s: float) -> tuple[list[socket.socket], dict]:  # fmt: skip
-    """Open n non-blocking connections to addr, send each one's opening bytes once connected.
+    """Open n non-blocking connections to addr (the port named `port`), send each one's
+    opening bytes once connected.
 
     Returns (the sockets, {"opened": connected within settle_s, "pending": still connecting,
     "refused": failed at once or while connecting, "open_s": seconds to issue all connects}).
@@ -305,17 +310,20 @@ def open_flood(addr: tuple[str, int], n: int, sources: list[str], http_port: boo
                 refused += 1
                 continue
             opened += 1
-            _send_opening(s, i, http_port)
+            _send_opening(s, i, port)
     return socks, {"opened": opened, "pending": len(pending), "refused": refused,
                    "open_s": issued}  # fmt: skip
 
 
-def _send_opening(s: socket.socket, i: int, http_port: bool) -> None:
-    """One in four: a partial ClientHello (partial HTTP request); one in four: garbage."""
+def _send_opening(s: socket.socket, i: int, port: str) -> None:
+    """One in four: a partial ClientHello (partial HTTP request); one in four: garbage; on
+    the data port one in four: a partial pair-key opening."""
     kind = i % 4
-    data = (HTTP_START if http_port else TLS_HELLO_START) if kind == 0 else b""
+    data = (HTTP_START if port == "metrics" else TLS_HELLO_START) if kind == 0 else b""
     if kind == 1:
         data = os.urandom(64)
+    if kind == 2 and port == "data":
+        data = KEY_START
     if data:
         with contextlib.suppress(OSError):
             s.send(data)
@@ -377,7 +385,7 @@ def flood_port(system: System, port: str, args) -> dict:
         start = time.monotonic()
         socks, row["flood"] = open_flood(system.addrs[port], args.connections,
                                          flood_sources(args.flood_sources),
-                                         port == "metrics", args.settle)  # fmt: skip
+                                         port, args.settle)  # fmt: skip
         row["held_at_probe"] = still_open(socks)
         row["during"] = []
         for k in range(args.probes):
