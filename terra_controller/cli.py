@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument(
         "--api", type=parse_addr, default="127.0.0.1:6700", metavar="HOST:PORT",
-        help="coflow API (job masters, operators)",
+        help="coflow API",
     )  # fmt: skip
     p.add_argument(
         "--agents", type=parse_addr, default="127.0.0.1:6701", metavar="HOST:PORT",
@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument(
         "--keep-finished-s", type=float, default=None, metavar="S",
-        help="seconds a finished coflow is kept in memory (default: no age bound)",
+        help="seconds finished coflows are kept (default: no limit)",
     )  # fmt: skip
     p.add_argument(
         "--data-prefix", action="append", type=_cidr, metavar="CIDR",
