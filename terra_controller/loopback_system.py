@@ -27,7 +27,7 @@ from pathlib import Path
 from overlay import protocol
 from terra_agent.harness import free_port_block
 from terra_agent.harness import stop_processes as stop_all  # noqa: F401 (re-export)
-from terra_controller.agent_connection import read_control, send_parts
+from terra_controller.agent_connection import ChannelError, read_control, send_parts
 from terra_controller.client import TerraClient
 from terra_controller.pki import Role, client_context, init_ca, issue
 from terra_controller.transport import SharedSocket, connect_tls
@@ -223,7 +223,7 @@ class FakeAgent:
                             tag = protocol.report_tag(f["digest_key"])
                             self.send(protocol.complete_message(f["coflow"], f["flow"], "0",
                                                                 f["size"], tag))  # fmt: skip
-        except OSError:
+        except (OSError, ChannelError):  # closed (close()) or the controller went away
             return
 
     def close(self) -> None:
