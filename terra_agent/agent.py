@@ -895,6 +895,7 @@ class Agent:
                     greeting = await self._greet(stream)
                 if greeting is None:
                     return
+                self.data_admission.authenticated(stream)  # never evicted from now on
                 reader, writer, authenticated, hello = greeting
                 peer = f"{hello['agent']} via {hello['tunnel']}"
                 key = (hello["agent"], hello["tunnel"])
