@@ -5,9 +5,10 @@ connections that have not authenticated yet (TLS handshake, "hello" or first req
 complete) are cheap to drop, and a legitimate client leaves that state within
 milliseconds; so when the total cap is reached, a new connection takes the place of the
 oldest pending connection of the address holding the most pending connections, provided
-the newcomer's address holds fewer pending connections than that one (a flooding address
-cannot churn its own connections, and the busiest flooder pays first). Authenticated
-connections are never chosen.
+the newcomer's address holds no pending connection, or, counting the newcomer, still fewer
+than that one. The busiest flooder pays first; the connections of a flood spread evenly
+over its addresses do not evict one another (each would cost a new handler for nothing),
+they are refused at once. Authenticated connections are never chosen.
 
 Used by terra_controller/transport.py (threads, under its lock) and
 terra_agent/admission.py (trio); no locking here.
@@ -60,10 +61,11 @@ class PendingConnections:
 
     def victim(self, newcomer: str) -> tuple[str, Hashable] | None:
         """(address, key) of the connection to drop for a newcomer from address `newcomer`:
-        the oldest pending one of the busiest address, if `newcomer` holds fewer pending
-        connections than that address; None otherwise (the newcomer is refused). Does not
-        forget it (call discard)."""
-        if self._top == 0 or self.count(newcomer) >= self._top:
+        the oldest pending one of the busiest address, if `newcomer` holds no pending
+        connection or, counting the newcomer, fewer than that address; None otherwise (the
+        newcomer is refused). Does not forget it (call discard)."""
+        held = self.count(newcomer)
+        if self._top == 0 or (held and held + 1 >= self._top):
             return None
         host = next(iter(self._hosts_with[self._top]))
         return host, next(iter(self._by_host[host]))

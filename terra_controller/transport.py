@@ -254,7 +254,8 @@ class Admission:
     """Counts live connections per server and per address; keeps the pending ones (see
     `Ticket`) evictable: at the total cap a newcomer takes the place of the oldest pending
     connection of the address holding the most pending ones, if its own address holds
-    fewer (pending.PendingConnections); authenticated connections are never evicted.
+    none or (with it) fewer (pending.PendingConnections); authenticated connections are
+    never evicted.
     Thread-safe.
 
     Attributes:

@@ -514,6 +514,9 @@ def test_the_victim_is_the_oldest_pending_connection_of_the_busiest_address():
     assert pending.victim("10.0.0.9") == ("10.0.0.1", "a0")
     assert pending.victim("10.0.0.2") == ("10.0.0.1", "a0")  # 1 < 3
     assert pending.victim("10.0.0.1") is None  # the busiest address does not churn itself
+    pending.add("10.0.0.2", "b1")  # 2 + the newcomer = 3, not fewer than 3: refused
+    assert pending.victim("10.0.0.2") is None and pending.victim("10.0.0.9") is not None
+    pending.discard("10.0.0.2", "b1")
     assert pending.discard("10.0.0.1", "a0") and not pending.discard("10.0.0.1", "a0")
     assert pending.victim("10.0.0.9") == ("10.0.0.1", "a1")
     pending.discard("10.0.0.1", "a1")
