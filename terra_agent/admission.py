@@ -4,9 +4,14 @@ The agent's listeners (its data port and tunnel ports, and its --metrics port) s
 connection in a trio task. What bounds them, before a handler sees a byte (docs/security.md):
 
 1. caps: at most `max_connections` at once per listener group and `max_per_address` from
-   one IP address; a connection beyond either is closed at once (counted in `refused`);
+   one IP address; a connection beyond either is closed at once (counted in `refused`),
+   except that at the total cap a pending connection (one whose handler has not called
+   `Admission.authenticated` yet) of the busiest address is evicted for a newcomer from a
+   less busy address (counted in `evicted`; terra_controller/pending.py);
 2. the handler's own first-byte / whole-request deadline (data connections: the
-   authentication and "hello" within DATA_HANDSHAKE_S; metrics: the whole request);
+   authentication and "hello" within DATA_HANDSHAKE_S; metrics: the whole request); the
+   handler calls `Admission.authenticated(stream)` once past it (data: hello read;
+   metrics: request read), after which the connection is never evicted;
 3. an accept that fails for want of descriptors or memory (EMFILE, ENFILE, ENOBUFS,
    ENOMEM) backs off ACCEPT_BACKOFF_S and tries again, logging once per LOG_INTERVAL_S:
    the listener never stops.
@@ -27,6 +32,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 import trio
+
+from terra_controller.pending import PendingConnections
 
 log = logging.getLogger(__name__)
 
@@ -101,12 +108,25 @@ class RateLimitedLog:
         self._skipped = 0
 
 
+class Ticket:
+    """One admitted connection: host (its IP address), stream, scope (the trio.CancelScope
+    its handler runs in: cancelled when evicted), pending (not authenticated yet: evictable),
+    admitted (still counted)."""
+
+    __slots__ = ("host", "stream", "scope", "pending", "admitted")
+
+    def __init__(self, host: str, stream) -> None:
+        self.host, self.stream, self.scope = host, stream, trio.CancelScope()
+        self.pending, self.admitted = True, True
+
+
 class Admission:
     """Live connections of one listener group, per address and in total (one trio thread).
 
     Admission(caps: Caps, name: str for messages). Attributes: total, per_address (Counter),
-    refused (connections closed at once because a cap was reached), accept_failures (accepts
-    that failed for want of descriptors).
+    refused (connections closed at once because a cap was reached), evicted (pending
+    connections dropped for a newcomer at the total cap), accept_failures (accepts that
+    failed for want of descriptors).
     """
 
     def __init__(self, caps: Caps, name: str) -> None:
@@ -114,33 +134,73 @@ class Admission:
         self.name = name
         self.total = 0
         self.per_address: Counter = Counter()
+        self.pending = PendingConnections()
         self.refused = 0
+        self.evicted = 0
         self.accept_failures = 0
+        self._tickets: dict = {}  # stream -> Ticket
         self._log = RateLimitedLog(log, LOG_INTERVAL_S)
+        self._evict_log = RateLimitedLog(log, LOG_INTERVAL_S)
 
-    def enter(self, host: str) -> bool:
-        """Admit one connection from `host`; False (counted, logged) when a cap is reached."""
-        if self.total >= self.caps.max_connections or (
-            self.per_address[host] >= self.caps.max_per_address
-        ):
-            self.refused += 1
-            self._log.log(
-                logging.WARNING,
-                f"{self.name}: connection from {host} refused: {self.per_address[host]} from "
-                f"it, {self.total} in all (caps {self.caps.max_per_address} per address, "
-                f"{self.caps.max_connections} in all)",
-            )
-            return False
+    def enter(self, host: str, stream: trio.SocketStream) -> Ticket | None:
+        """Admit one connection from `host` (pending until `authenticated`); None (counted,
+        logged) when a cap is reached and no pending connection may be evicted for it."""
+        if self.per_address[host] >= self.caps.max_per_address:
+            return self._refuse(host)
+        if self.total >= self.caps.max_connections:
+            found = self.pending.victim(host)
+            if found is None:
+                return self._refuse(host)
+            self._evict(found[1], host)
+        ticket = Ticket(host, stream)
         self.total += 1
         self.per_address[host] += 1
-        return True
+        self.pending.add(host, ticket)
+        self._tickets[stream] = ticket
+        return ticket
 
-    def leave(self, host: str) -> None:
-        """Forget one admitted connection from `host`."""
+    def authenticated(self, stream) -> None:
+        """The connection on `stream` is past its authentication (or first request): it is
+        never evicted from now on. Nothing for a stream this Admission does not count."""
+        ticket = self._tickets.get(stream)
+        if ticket is not None and ticket.pending:
+            ticket.pending = False
+            self.pending.discard(ticket.host, ticket)
+
+    def leave(self, ticket: Ticket) -> None:
+        """Forget an admitted connection (closed); nothing if it was evicted already."""
+        if not ticket.admitted:
+            return
+        ticket.admitted = False
         self.total -= 1
-        self.per_address[host] -= 1
-        if self.per_address[host] <= 0:
-            del self.per_address[host]
+        self.per_address[ticket.host] -= 1
+        if self.per_address[ticket.host] <= 0:
+            del self.per_address[ticket.host]
+        if ticket.pending:
+            self.pending.discard(ticket.host, ticket)
+        if self._tickets.get(ticket.stream) is ticket:
+            del self._tickets[ticket.stream]
+
+    def _refuse(self, host: str) -> None:
+        self.refused += 1
+        self._log.log(
+            logging.WARNING,
+            f"{self.name}: connection from {host} refused: {self.per_address[host]} from "
+            f"it, {self.total} in all (caps {self.caps.max_per_address} per address, "
+            f"{self.caps.max_connections} in all)",
+        )
+
+    def _evict(self, victim: Ticket, host: str) -> None:
+        """Drop pending `victim` for a newcomer from `host`: uncounted now, its handler
+        cancelled (the stream is closed as it ends)."""
+        self.leave(victim)
+        victim.scope.cancel()
+        self.evicted += 1
+        self._evict_log.log(
+            logging.WARNING,
+            f"{self.name}: at the cap of {self.caps.max_connections} connections, a pending "
+            f"one from {victim.host} was evicted for {host} ({self.evicted} evicted so far)",
+        )
 
     def accept_failed(self, exc: OSError) -> None:
         """Count and (rate-limited) log an accept that failed for want of resources."""
@@ -168,9 +228,11 @@ async def serve_admitted(
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accept on every listener until cancelled; each admitted connection runs
-    handler(stream) in `handler_nursery` (the handler closes it); a connection over the caps
-    is closed at once. Accept failures for want of resources back off and retry (module
-    docstring); any other OSError of a listener ends this task with it.
+    handler(stream) in `handler_nursery` (the handler closes it; it calls
+    admission.authenticated(stream) once its peer is authenticated, and is cancelled if
+    evicted before); a connection over the caps is closed at once. Accept failures for want
+    of resources back off and retry (module docstring); any other OSError of a listener
+    ends this task with it.
 
     Calls task_status.started(listeners) once accepting.
     """
@@ -192,14 +254,17 @@ async def _accept_loop(handler, listener, admission: Admission, handler_nursery)
                 await trio.sleep(ACCEPT_BACKOFF_S)
                 continue
             host = peer_host(stream)
-            if not admission.enter(host):
+            ticket = admission.enter(host, stream)
+            if ticket is None:
                 stream.socket.close()
                 continue
-            handler_nursery.start_soon(_run_admitted, handler, stream, host, admission)
+            handler_nursery.start_soon(_run_admitted, handler, ticket, admission)
 
 
-async def _run_admitted(handler, stream, host: str, admission: Admission) -> None:
+async def _run_admitted(handler, ticket: Ticket, admission: Admission) -> None:
     try:
-        await handler(stream)
+        with ticket.scope:  # cancelled when evicted
+            await handler(ticket.stream)
     finally:
-        admission.leave(host)
+        admission.leave(ticket)
+        ticket.stream.socket.close()  # the handler's own close, or an evicted one's

@@ -105,6 +105,8 @@ FORGED_LOG_S = 5.0  # dropped (forged) acks are logged at most this often
 MAX_EPOCH_AHEAD_NS = 3600 * 10**9  # a receiver epoch may be this far in our future (clocks)
 HELLO_S = DATA_HANDSHAKE_S  # an incoming data connection authenticates and says "hello" within
 CONNECTION_LOG_S = 10.0  # refused incoming data connections are logged at most this often
+DATA_BACKLOG = 1024  # accept queue of data and tunnel ports (a flood queued ahead of a peer
+# delays it by the time to drain the queue; the controller's servers use the same)
 
 
 class RegistrationRefused(Exception):
@@ -280,7 +282,7 @@ class Agent:
                 an ExceptionGroup: split it out, see cli.main).
         """
         host, port = self.config.data_addr
-        listeners = await trio.open_tcp_listeners(port, host=host)  # OSError here, unwrapped
+        listeners = await trio.open_tcp_listeners(port, host=host, backlog=DATA_BACKLOG)
         stale = remove_spill_files(self.config.spill_dir, self.config.spill_prefix)
         if stale:
             log.warning("removed %d spill files of an earlier run: %s", len(stale), stale[:5])
@@ -855,7 +857,9 @@ class Agent:
         self, port: int, listeners=None, task_status=trio.TASK_STATUS_IGNORED
     ) -> None:
         if listeners is None:
-            listeners = await trio.open_tcp_listeners(port, host=self.config.data_addr[0])
+            listeners = await trio.open_tcp_listeners(
+                port, host=self.config.data_addr[0], backlog=DATA_BACKLOG
+            )
         with trio.CancelScope() as scope:
             self.listeners[port] = scope
             try:
@@ -895,6 +899,7 @@ class Agent:
                     greeting = await self._greet(stream)
                 if greeting is None:
                     return
+                self.data_admission.authenticated(stream)  # never evicted from now on
                 reader, writer, authenticated, hello = greeting
                 peer = f"{hello['agent']} via {hello['tunnel']}"
                 key = (hello["agent"], hello["tunnel"])

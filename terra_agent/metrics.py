@@ -181,7 +181,8 @@ async def serve_metrics(
     """Serve GET /metrics on `sock` (bind_metrics) from trio tasks until cancelled.
 
     Every connection goes through `admission` (terra_agent.admission.Admission: caps in
-    total and per address, accept failures survived) and gets one response within
+    total and per address, accept failures survived; at the total cap a connection whose
+    request is not read yet may be evicted for a newcomer) and gets one response within
     REQUEST_S of its first byte wait, request and response together; then it is closed
     (HTTP/1.0 style, "Connection: close"). No thread per connection: an idle one costs a
     descriptor and a sleeping task until its deadline.
@@ -195,15 +196,16 @@ async def serve_metrics(
         async with stream:
             with trio.move_on_after(REQUEST_S):
                 try:
-                    await _answer(stream, registry)
+                    await _answer(stream, registry, admission)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     pass
 
     await serve_admitted(handle, [listener], admission, handler_nursery, task_status=task_status)
 
 
-async def _answer(stream: trio.SocketStream, registry: CollectorRegistry) -> None:
-    """Read one request head (at most MAX_REQUEST_BYTES) and send the response."""
+async def _answer(stream: trio.SocketStream, registry: CollectorRegistry, admission) -> None:
+    """Read one request head (at most MAX_REQUEST_BYTES) and send the response; the
+    connection is evictable (`admission`) until its request head is read."""
     head = bytearray()
     while b"\r\n\r\n" not in head and b"\n\n" not in head:
         if len(head) > MAX_REQUEST_BYTES:
@@ -213,6 +215,7 @@ async def _answer(stream: trio.SocketStream, registry: CollectorRegistry) -> Non
         if not data:
             return
         head += data
+    admission.authenticated(stream)  # a whole request: never evicted from now on
     line = bytes(head).split(b"\n", 1)[0].decode("latin-1").strip().split()
     if len(line) != 3 or not line[2].startswith("HTTP/"):
         await stream.send_all(_response(400, b"bad request\n"))

@@ -6,8 +6,10 @@ REST (rest.py), which run one native thread per authenticated connection
 before a server sees a byte of it (docs/security.md):
 
 1. admission: at most `max_connections` at once per server and
-   `max_per_address` from one IP address; beyond that it is closed at once
-   (`caps_for_file_limit` derives both from the open-file limit at start-up);
+   `max_per_address` from one IP address; beyond that it is closed at once, except
+   that when the total cap is reached a pending connection (handshake not done) of the
+   busiest address is evicted for a newcomer from a less busy one (`Admission`,
+   pending.py); `caps_for_file_limit` derives both caps from the open-file limit;
 2. the TLS handshake (mutual: the client's certificate is verified against the
    CA) within `handshake_s` seconds, measured for the whole handshake (a peer
    sending one byte a second is cut off too), run by one `Handshakes` thread per
@@ -39,7 +41,9 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
+from terra_controller.pending import PendingConnections
 from terra_controller.pki import INSECURE, Identity, PkiError, peer_identity
 
 LOG = logging.getLogger("terra.transport")
@@ -225,36 +229,113 @@ class ServerSecurity:
     max_per_address: int = MAX_PER_ADDRESS
 
 
+class Evicted(ConnectionAbortedError):
+    """A pending connection dropped at the total cap to admit a newcomer (pending.py)."""
+
+
+class Ticket:
+    """One admitted connection (Admission.enter).
+
+    Attributes:
+        host: the peer's IP address.
+        pending: not authenticated yet (TLS handshake running, or served without a
+            certificate): may be evicted for a newcomer.
+        admitted: still counted (False once it left or was evicted).
+        sock: the socket its handler serves (None until the handshake is done).
+    """
+
+    __slots__ = ("host", "pending", "admitted", "sock")
+
+    def __init__(self, host: str, pending: bool) -> None:
+        self.host, self.pending, self.admitted, self.sock = host, pending, True, None
+
+
 class Admission:
-    """Counts live connections per server and per address (thread-safe)."""
+    """Counts live connections per server and per address; keeps the pending ones (see
+    `Ticket`) evictable: at the total cap a newcomer takes the place of the oldest pending
+    connection of the address holding the most pending ones, if its own address holds
+    none or (with it) fewer (pending.PendingConnections); authenticated connections are
+    never evicted.
+    Thread-safe.
+
+    Attributes:
+        total, per_address (Counter): admitted connections.
+        refused: connections closed at once (a cap reached, nothing to evict).
+        evicted: pending connections dropped for a newcomer.
+        evict: evict(victim Ticket, newcomer's host), called outside the lock for each
+            eviction, closes the victim (default: shuts `victim.sock` down; accept_loop
+            also stops its handshake).
+    """
 
     def __init__(self, security: ServerSecurity) -> None:
         self.security = security
         self.total = 0
         self.per_address: Counter = Counter()
+        self.pending = PendingConnections()
         self.refused = 0
+        self.evicted = 0
+        self.evict = _shut_down_victim
         self.lock = threading.Lock()
 
-    def enter(self, host: str) -> bool:
-        """Admit one connection from `host`; False when a cap is reached (counted)."""
+    def enter(self, host: str, pending: bool = True) -> Ticket | None:
+        """Admit one connection from `host`, pending (evictable) until `serving` says
+        otherwise; None when a cap is reached and nothing may be evicted (counted)."""
+        victim = None
         with self.lock:
-            if (
-                self.total >= self.security.max_connections
-                or self.per_address[host] >= self.security.max_per_address
-            ):
+            if self.per_address[host] >= self.security.max_per_address:
                 self.refused += 1
-                return False
+                return None
+            if self.total >= self.security.max_connections:
+                found = self.pending.victim(host)
+                if found is None:
+                    self.refused += 1
+                    return None
+                victim = found[1]
+                self._forget(victim)
+                self.evicted += 1
+            ticket = Ticket(host, pending)
             self.total += 1
             self.per_address[host] += 1
+            if pending:
+                self.pending.add(host, ticket)
+        if victim is not None:
+            self.evict(victim, host)
+        return ticket
+
+    def serving(self, ticket: Ticket, sock, pending: bool = False) -> bool:
+        """The connection's handshake is done and `sock` goes to its handler; it stays
+        evictable only if `pending` (no certificate). False: it was evicted meanwhile (the
+        caller closes `sock`)."""
+        with self.lock:
+            if not ticket.admitted:
+                return False
+            ticket.sock = sock
+            if ticket.pending and not pending:
+                ticket.pending = False
+                self.pending.discard(ticket.host, ticket)
             return True
 
-    def leave(self, host: str) -> None:
-        """Forget one admitted connection from `host`."""
+    def leave(self, ticket: Ticket) -> None:
+        """Forget an admitted connection (closed); nothing if it was evicted already."""
         with self.lock:
-            self.total -= 1
-            self.per_address[host] -= 1
-            if self.per_address[host] <= 0:
-                del self.per_address[host]
+            self._forget(ticket)
+
+    def _forget(self, ticket: Ticket) -> None:
+        if not ticket.admitted:
+            return
+        ticket.admitted = False
+        self.total -= 1
+        self.per_address[ticket.host] -= 1
+        if self.per_address[ticket.host] <= 0:
+            del self.per_address[ticket.host]
+        if ticket.pending:
+            self.pending.discard(ticket.host, ticket)
+
+
+def _shut_down_victim(victim: Ticket, host: str) -> None:
+    """Admission's default eviction: shut the victim's socket down (if it has one yet)."""
+    if victim.sock is not None:
+        _shutdown(victim.sock)
 
 
 def authenticate(
@@ -340,7 +421,8 @@ class Handshakes:
     past its deadline (`handshake_s`, for the whole handshake), never a thread: an idle
     or trickling peer holds no thread. Completed handshakes go to `done(tls, identity)`
     (called in this thread: it must return quickly, e.g. by starting a thread); failed
-    ones to `failed(sock, error)` after the socket is closed.
+    ones to `failed(addr, error)` after the socket is closed. `evict(key)` drops the pending
+    handshake submitted with `key` (failed with `Evicted`).
 
     Args:
         context: the server ssl.SSLContext.
@@ -357,9 +439,11 @@ class Handshakes:
         self.wake_r.setblocking(False)
         self.wake_w.setblocking(False)
         self.selector.register(self.wake_r, selectors.EVENT_READ)
-        self.incoming: list[tuple] = []  # (tls, addr, done, failed) added by other threads
+        self.incoming: list[tuple] = []  # (tls, addr, done, failed, key) added by other threads
+        self.evictions: list = []  # keys to drop, added by other threads
         self.lock = threading.Lock()
-        self.pending: dict[int, tuple] = {}  # fd -> (tls, addr, deadline, done, failed)
+        self.pending: dict[int, tuple] = {}  # fd -> (tls, addr, deadline, done, failed, key)
+        self.fd_of: dict = {}  # key -> fd of a pending handshake submitted with a key
         self.deadlines: list[tuple[float, int, int]] = []  # (deadline, seq, fd) heap
         self.seq = itertools.count()
         self.closed = False
@@ -369,11 +453,22 @@ class Handshakes:
     def __len__(self) -> int:
         return len(self.pending)
 
-    def submit(self, sock: socket.socket, addr, done, failed) -> None:
-        """Start the handshake of an accepted `sock` (never blocks)."""
+    def submit(self, sock: socket.socket, addr, done, failed, key=None) -> None:
+        """Start the handshake of an accepted `sock` (never blocks); `key` (hashable, unique)
+        names it for `evict`."""
         tls = self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
         with self.lock:
-            self.incoming.append((tls, addr, done, failed))
+            self.incoming.append((tls, addr, done, failed, key))
+        self._wake()
+
+    def evict(self, key) -> None:
+        """Drop the handshake submitted with `key` if still pending (never blocks): its
+        socket is closed and `failed(addr, Evicted)` called, in the handshake thread."""
+        with self.lock:
+            self.evictions.append(key)
+        self._wake()
+
+    def _wake(self) -> None:
         try:
             self.wake_w.send(b"x")
         except (BlockingIOError, OSError):
@@ -416,8 +511,9 @@ class Handshakes:
             pass
         with self.lock:
             incoming, self.incoming = self.incoming, []
+            evictions, self.evictions = self.evictions, []
         at = time.monotonic() + self.handshake_s
-        for tls, addr, done, failed in incoming:
+        for tls, addr, done, failed, key in incoming:
             fd = tls.fileno()
             try:
                 tls.setblocking(False)
@@ -426,9 +522,15 @@ class Handshakes:
                 tls.close()
                 failed(addr, exc)
                 continue
-            self.pending[fd] = (tls, addr, at, done, failed)
+            self.pending[fd] = (tls, addr, at, done, failed, key)
+            if key is not None:
+                self.fd_of[key] = fd
             heapq.heappush(self.deadlines, (at, next(self.seq), fd))
             self._step(fd)
+        for key in evictions:  # after `incoming`: a key is submitted before it is evicted
+            fd = self.fd_of.get(key)
+            if fd is not None:
+                self._finish(fd, Evicted("evicted for a newcomer at the connection cap"))
 
     def _step(self, fd: int) -> None:
         if fd not in self.pending:  # an event of a socket finished in this round
@@ -454,7 +556,8 @@ class Handshakes:
                 self._finish(fd, TimeoutError(f"no TLS handshake within {self.handshake_s} s"))
 
     def _finish(self, fd: int, error: BaseException | None) -> None:
-        tls, addr, _, done, failed = self.pending.pop(fd)
+        tls, addr, _, done, failed, key = self.pending.pop(fd)
+        self.fd_of.pop(key, None)
         self.selector.unregister(fd)
         if error is None:
             try:
@@ -475,28 +578,34 @@ BACKOFF_S = (0.01, 0.5)  # first and longest sleep after an accept out of descri
 
 
 def accept_loop(listener: socket.socket, handle, spawn, security: ServerSecurity,
-                optional: bool = False, name: str = "server") -> None:  # fmt: skip
+                optional: bool = False, name: str = "server",
+                admission: Admission | None = None) -> None:  # fmt: skip
     """Accept connections until `listener` is closed: admission caps, then the TLS handshake
     (in one `Handshakes` thread for the listener, no thread per connection), then
     handle(sock, addr, identity) in a thread of its own (spawn) for authenticated peers.
 
-    Refused, failed and timed-out connections close only themselves (logged at most once
-    per interval with their count, `RateLimitedLog`); the handler's socket is closed when
-    it returns. Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) the loop
-    sleeps (10 ms doubling to 0.5 s), logs once per interval and keeps listening; it
-    returns only when the listener is closed.
+    At the total cap a connection still in its handshake (or, with `optional`, served
+    without a certificate) is evicted for a newcomer from a less busy address (`Admission`);
+    authenticated connections are never evicted. Refused, evicted, failed and timed-out
+    connections close only themselves (logged at most once per interval with their count,
+    `RateLimitedLog`); the handler's socket is closed when it returns. Out of descriptors
+    or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) the loop sleeps (10 ms doubling to 0.5 s),
+    logs once per interval and keeps listening; it returns only when the listener is closed.
 
     Args:
         optional: peers without a certificate are served too (identity None).
         name: the server's name in log lines (e.g. "coflow API").
+        admission: the Admission to count in (default: a new one over `security`; its
+            `evict` is replaced).
     """
-    admission = Admission(security)
+    admission = admission or Admission(security)
     refused = RateLimitedLog(LOG, f"{name}: connections refused at the cap")
+    evictions = RateLimitedLog(LOG, f"{name}: pending connections evicted at the cap")
     unauthenticated = RateLimitedLog(LOG, f"{name}: connections not authenticated", logging.INFO)
     exhausted = RateLimitedLog(LOG, f"{name}: cannot accept (out of descriptors or memory); "
                                "retrying")  # fmt: skip
 
-    def run(sock: socket.socket, addr, identity) -> None:
+    def run(sock: socket.socket, addr, identity, ticket: Ticket) -> None:
         try:
             handle(sock, addr, identity)
         finally:
@@ -504,24 +613,36 @@ def accept_loop(listener: socket.socket, handle, spawn, security: ServerSecurity
                 sock.close()
             except OSError:
                 pass
-            admission.leave(addr[0])
+            admission.leave(ticket)
 
-    def done(sock, addr, identity) -> None:
+    def done(ticket: Ticket, sock, addr, identity) -> None:
+        if not admission.serving(ticket, sock, pending=identity is None):
+            sock.close()  # evicted while its handshake completed
+            return
         try:
-            spawn(run, sock, addr, identity)
+            spawn(run, sock, addr, identity, ticket)
         except Exception as exc:  # cannot start a thread: refuse, keep accepting
             refused.event(f"{addr}: cannot serve: {exc}")
-            admission.leave(addr[0])
+            admission.leave(ticket)
             sock.close()
 
-    def failed(addr, exc) -> None:
-        unauthenticated.event(f"{addr}: {exc}")
-        admission.leave(addr[0])
+    def failed(ticket: Ticket, addr, exc) -> None:
+        if not isinstance(exc, Evicted):
+            unauthenticated.event(f"{addr}: {exc}")
+        admission.leave(ticket)
+
+    def evict(victim: Ticket, host: str) -> None:
+        evictions.event(f"{victim.host} for {host}")
+        if victim.sock is not None:  # served without a certificate
+            _shutdown(victim.sock)
+        elif handshakes is not None:
+            handshakes.evict(victim)
 
     handshakes = None
     if security.context is not None:
         handshakes = Handshakes(security.context, security.handshake_s, optional,
                                 f"terra-handshakes-{name}")  # fmt: skip
+    admission.evict = evict
     backoff = BACKOFF_S[0]
     try:
         while True:
@@ -539,7 +660,8 @@ def accept_loop(listener: socket.socket, handle, spawn, security: ServerSecurity
                 backoff = min(backoff * 2, BACKOFF_S[1])
                 continue
             backoff = BACKOFF_S[0]
-            if not admission.enter(addr[0]):
+            ticket = admission.enter(addr[0], pending=handshakes is not None)
+            if ticket is None:
                 refused.event(addr)
                 sock.close()
                 continue
@@ -548,13 +670,14 @@ def accept_loop(listener: socket.socket, handle, spawn, security: ServerSecurity
             except OSError:
                 pass
             if handshakes is None:
-                done(sock, addr, INSECURE)
-            else:
-                try:
-                    handshakes.submit(sock, addr, done, failed)
-                except (OSError, ValueError) as exc:
-                    sock.close()
-                    failed(addr, exc)
+                done(ticket, sock, addr, INSECURE)
+                continue
+            try:
+                handshakes.submit(sock, addr, partial(done, ticket), partial(failed, ticket),
+                                  key=ticket)  # fmt: skip
+            except (OSError, ValueError) as exc:
+                sock.close()
+                failed(ticket, addr, exc)
     finally:
         if handshakes is not None:
             handshakes.close()
@@ -570,7 +693,8 @@ def stop_listener(listener: socket.socket) -> None:
 
 
 def listen_and_serve(host: str, port: int, handle, security: ServerSecurity, spawn=None,
-                     optional: bool = False, name: str = "server"):  # fmt: skip
+                     optional: bool = False, name: str = "server",
+                     admission: Admission | None = None):  # fmt: skip
     """Listen on host:port and accept connections in a hub thread (`accept_loop`).
 
     Args:
@@ -580,6 +704,8 @@ def listen_and_serve(host: str, port: int, handle, security: ServerSecurity, spa
             daemon-thread starter).
         optional: serve TLS peers without a certificate too (identity None).
         name: the server's name in log lines.
+        admission: the Admission counting its connections (default: a new one; tests
+            pass one to read its counts).
 
     Returns:
         (listening socket (`stop_listener` stops it), accept thread, bound (host, port)).
@@ -592,7 +718,7 @@ def listen_and_serve(host: str, port: int, handle, security: ServerSecurity, spa
     spawn = spawn or hub.spawn
     listener = hub.listen((host, port), backlog=1024)
     try:
-        thread = spawn(accept_loop, listener, handle, spawn, security, optional, name)
+        thread = spawn(accept_loop, listener, handle, spawn, security, optional, name, admission)
     except BaseException:
         listener.close()
         raise

@@ -379,3 +379,148 @@ def test_insecure_says_what_does_not_hold(tmp_path):
     assert "not an attacker" in err
     security = (REPO / "docs" / "security.md").read_text()
     assert "digest_key" in security and "--insecure" in security
+
+
+# ---- at the total cap, pending connections make room -------------------------------------------
+
+
+@contextlib.contextmanager
+def name_server(pki, max_connections: int, max_per_address: int):
+    """A mutual-TLS server on 127.0.0.1 (listen_and_serve) that sends each authenticated
+    peer its name and a newline, then echoes; yields (port, its Admission)."""
+    from test_api import daemon_spawn
+    from tls_helpers import security
+
+    from terra_controller.transport import Admission, listen_and_serve, stop_listener
+
+    sec = security(pki, handshake_s=60.0, max_connections=max_connections,
+                   max_per_address=max_per_address)  # fmt: skip
+    admission = Admission(sec)
+
+    def handle(sock, addr, identity):
+        sock.sendall(identity.name.encode() + b"\n")
+        while data := sock.recv(100):
+            sock.sendall(data)
+
+    listener, _, (_, port) = listen_and_serve(
+        "127.0.0.1", 0, handle, sec, daemon_spawn, admission=admission
+    )
+    try:
+        yield port, admission
+    finally:
+        stop_listener(listener)
+
+
+def authenticated(pki, port: int, source: str, name: str = "job1") -> ssl.SSLSocket:
+    """A mutual-TLS connection from `source` that the server has served (name read back)."""
+    from terra_controller.pki import CONTROLLER_HOSTNAME, client_context
+
+    raw = socket.create_connection(("127.0.0.1", port), timeout=20, source_address=(source, 0))
+    tls = client_context(pki, name).wrap_socket(raw, server_hostname=CONTROLLER_HOSTNAME)
+    assert tls.recv(len(name) + 1) == name.encode() + b"\n"
+    return tls
+
+
+def wait_until(predicate, seconds: float = 30) -> None:
+    end = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
+
+
+def was_closed(sock: socket.socket) -> bool:
+    """True when the server closed `sock` (EOF or reset)."""
+    sock.setblocking(True)
+    sock.settimeout(20)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_at_the_cap_a_handshaking_connection_makes_room_for_an_authenticated_client(pki, caplog):
+    """Connections that never start their handshake, from three addresses, fill the total
+    cap (20; 8 per address): a client from a fourth address is served in place of the
+    oldest pending connection of the busiest address; the eviction is logged."""
+    caplog.set_level(logging.WARNING, logger="terra.transport")
+    socks = []
+    with name_server(pki, 20, 8) as (port, admission):
+        try:
+            for i in range(3):
+                socks += flood(port, 8, f"127.0.0.{2 + i}")
+            wait_until(lambda: admission.refused + admission.evicted + 20 >= 24)
+            assert admission.total == 20 and len(admission.pending) == 20
+            evicted = admission.evicted
+            client = authenticated(pki, port, "127.0.0.1")
+            client.sendall(b"ping")
+            assert client.recv(4) == b"ping"
+            client.close()
+            assert admission.evicted == evicted + 1
+        finally:
+            close_all(socks)
+    assert "pending connections evicted at the cap" in caplog.text
+
+
+def test_authenticated_connections_are_never_evicted(pki):
+    """Three authenticated connections and one handshaking fill the cap (4): the handshaking
+    one makes room for an authenticated newcomer; then every newcomer is refused and the four
+    authenticated connections keep being served."""
+    socks = []
+    with name_server(pki, 4, 4) as (port, admission):
+        try:
+            served = [authenticated(pki, port, "127.0.0.2") for _ in range(3)]
+            socks += served
+            pending = flood(port, 1, "127.0.0.3")
+            socks += pending
+            wait_until(lambda: admission.total == 4)
+            socks.append(authenticated(pki, port, "127.0.0.4"))
+            served.append(socks[-1])
+            assert was_closed(pending[0]) and admission.evicted == 1
+            late = [s for i in range(5) for s in flood(port, 1, f"127.0.0.{5 + i}")]
+            socks += late
+            wait_until(lambda: admission.refused == 5)
+            assert all(was_closed(s) for s in late)
+            assert admission.evicted == 1 and admission.total == 4
+            for s in served:
+                s.sendall(b"ping")
+                assert s.recv(4) == b"ping"
+        finally:
+            close_all(socks)
+
+
+def test_certificate_less_public_clients_make_room_for_an_operator(public_rest, monkeypatch):
+    """Public REST: 64 certificate-less clients from eight addresses hold every connection
+    with half a request; an operator (another address) is served in place of the oldest of
+    them (all addresses hold 8: the first to reach 8 counts as the busiest)."""
+    monkeypatch.setattr(rest, "REQUEST_TIMEOUT_S", 120.0)  # only an eviction closes them
+    _, base = public_rest
+    socks = [trickler(base, f"127.0.0.{2 + i % 8}") for i in range(64)]
+    try:
+        assert all(s is not None for s in socks)
+        assert get(base, "/status")[0] == 200
+        assert was_closed(socks[0])
+    finally:
+        close_all(s for s in socks if s is not None)
+
+
+def test_the_victim_is_the_oldest_pending_connection_of_the_busiest_address():
+    from terra_controller.pending import PendingConnections
+
+    pending = PendingConnections()
+    assert pending.victim("10.0.0.9") is None  # nothing pending: refuse
+    for i in range(3):
+        pending.add("10.0.0.1", f"a{i}")
+    pending.add("10.0.0.2", "b0")
+    assert pending.victim("10.0.0.9") == ("10.0.0.1", "a0")
+    assert pending.victim("10.0.0.2") == ("10.0.0.1", "a0")  # 1 < 3
+    assert pending.victim("10.0.0.1") is None  # the busiest address does not churn itself
+    pending.add("10.0.0.2", "b1")  # 2 + the newcomer = 3, not fewer than 3: refused
+    assert pending.victim("10.0.0.2") is None and pending.victim("10.0.0.9") is not None
+    pending.discard("10.0.0.2", "b1")
+    assert pending.discard("10.0.0.1", "a0") and not pending.discard("10.0.0.1", "a0")
+    assert pending.victim("10.0.0.9") == ("10.0.0.1", "a1")
+    pending.discard("10.0.0.1", "a1")
+    pending.discard("10.0.0.1", "a2")  # the busiest address drained: 10.0.0.2 is next
+    assert pending.victim("10.0.0.9") == ("10.0.0.2", "b0") and len(pending) == 1
+    pending.discard("10.0.0.2", "b0")
+    assert pending.victim("10.0.0.9") is None and len(pending) == 0

@@ -1,0 +1,84 @@
+"""Which not-yet-authenticated connection a full listener drops for a newcomer.
+
+A listener's total cap can be filled by a flood spread over many source addresses. The
+connections that have not authenticated yet (TLS handshake, "hello" or first request not
+complete) are cheap to drop, and a legitimate client leaves that state within
+milliseconds; so when the total cap is reached, a new connection takes the place of the
+oldest pending connection of the address holding the most pending connections, provided
+the newcomer's address holds no pending connection, or, counting the newcomer, still fewer
+than that one. The busiest flooder pays first; the connections of a flood spread evenly
+over its addresses do not evict one another (each would cost a new handler for nothing),
+they are refused at once. Authenticated connections are never chosen.
+
+Used by terra_controller/transport.py (threads, under its lock) and
+terra_agent/admission.py (trio); no locking here.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable
+
+
+class PendingConnections:
+    """The pending connections of one listener (group), per source address, oldest first.
+
+    Keys are any hashable objects naming a connection, unique within the set. Finding the
+    busiest address is O(1) (addresses bucketed by their pending count), so an accept at
+    the cap costs the same under a flood from 20 or 20,000 addresses.
+    """
+
+    def __init__(self) -> None:
+        self._by_host: dict[str, OrderedDict[Hashable, None]] = {}
+        self._hosts_with: dict[int, dict[str, None]] = {}  # pending count -> addresses
+        self._top = 0  # the largest pending count of an address (0: none pending)
+
+    def __len__(self) -> int:
+        return sum(len(keys) for keys in self._by_host.values())
+
+    def count(self, host: str) -> int:
+        """Pending connections from `host`."""
+        return len(self._by_host.get(host, ()))
+
+    def add(self, host: str, key: Hashable) -> None:
+        """Record connection `key` from `host` as pending (newest of its address)."""
+        keys = self._by_host.setdefault(host, OrderedDict())
+        before = len(keys)
+        keys[key] = None
+        self._move(host, before, before + 1)
+
+    def discard(self, host: str, key: Hashable) -> bool:
+        """Forget `key` (authenticated, closed or evicted); False if it was not pending."""
+        keys = self._by_host.get(host)
+        if keys is None or key not in keys:
+            return False
+        before = len(keys)
+        del keys[key]
+        if not keys:
+            del self._by_host[host]
+        self._move(host, before, before - 1)
+        return True
+
+    def victim(self, newcomer: str) -> tuple[str, Hashable] | None:
+        """(address, key) of the connection to drop for a newcomer from address `newcomer`:
+        the oldest pending one of the busiest address, if `newcomer` holds no pending
+        connection or, counting the newcomer, fewer than that address; None otherwise (the
+        newcomer is refused). Does not forget it (call discard)."""
+        held = self.count(newcomer)
+        if self._top == 0 or (held and held + 1 >= self._top):
+            return None
+        host = next(iter(self._hosts_with[self._top]))
+        return host, next(iter(self._by_host[host]))
+
+    def _move(self, host: str, before: int, after: int) -> None:
+        if before:
+            bucket = self._hosts_with[before]
+            del bucket[host]
+            if not bucket:
+                del self._hosts_with[before]
+        if after:
+            self._hosts_with.setdefault(after, {})[host] = None
+        if after > self._top:
+            self._top = after
+        elif before == self._top and before not in self._hosts_with:
+            self._top = after  # counts change by one: the next largest is `after`
