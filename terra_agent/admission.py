@@ -7,7 +7,7 @@ connection in a trio task. What bounds them, before a handler sees a byte (docs/
    one IP address; a connection beyond either is closed at once (counted in `refused`),
    except that at the total cap a pending connection (one whose handler has not called
    `Admission.authenticated` yet) of the busiest address is evicted for a newcomer from a
-   less busy address (counted in `evicted`; terra_controller/pending.py);
+   less busy address (counted in `evicted`; overlay/pending_connections.py);
 2. the handler's own first-byte / whole-request deadline (data connections: the
    authentication and "hello" within DATA_HANDSHAKE_S; metrics: the whole request); the
    handler calls `Admission.authenticated(stream)` once past it (data: hello read;
@@ -27,13 +27,13 @@ from __future__ import annotations
 import errno
 import logging
 import resource
-import time
 from collections import Counter
 from dataclasses import dataclass
 
 import trio
 
-from terra_controller.pending import PendingConnections
+from overlay.pending_connections import PendingConnections
+from overlay.rate_limited_log import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -85,29 +85,6 @@ def caps_from_file_limit(nofile: int | None = None) -> tuple[Caps, Caps]:
     return data, metrics
 
 
-class RateLimitedLog:
-    """Log at most once per `interval_s` seconds (monotonic), counting what was left out:
-    RateLimitedLog(logger, interval_s).log(level, message)."""
-
-    def __init__(self, logger: logging.Logger, interval_s: float) -> None:
-        self.logger = logger
-        self.interval_s = interval_s
-        self._next = 0.0
-        self._skipped = 0
-
-    def log(self, level: int, message: str) -> None:
-        """Log `message` at `level` unless one was logged less than interval_s ago."""
-        now = time.monotonic()
-        if now < self._next:
-            self._skipped += 1
-            return
-        if self._skipped:
-            message = f"{message} (and {self._skipped} more since the last one)"
-        self.logger.log(level, message)
-        self._next = now + self.interval_s
-        self._skipped = 0
-
-
 class Ticket:
     """One admitted connection: host (its IP address), stream, scope (the trio.CancelScope
     its handler runs in: cancelled when evicted), pending (not authenticated yet: evictable),
@@ -139,8 +116,16 @@ class Admission:
         self.evicted = 0
         self.accept_failures = 0
         self._tickets: dict = {}  # stream -> Ticket
-        self._log = RateLimitedLog(log, LOG_INTERVAL_S)
-        self._evict_log = RateLimitedLog(log, LOG_INTERVAL_S)
+        self._refused_log = RateLimitedLog(
+            log, f"{name}: connections refused at the cap", interval_s=LOG_INTERVAL_S
+        )
+        self._evict_log = RateLimitedLog(
+            log, f"{name}: pending connections evicted at the cap", interval_s=LOG_INTERVAL_S
+        )
+        self._exhausted_log = RateLimitedLog(
+            log, f"{name}: cannot accept (out of descriptors or memory); retrying every "
+            f"{ACCEPT_BACKOFF_S:g} s", logging.ERROR, LOG_INTERVAL_S,
+        )  # fmt: skip
 
     def enter(self, host: str, stream: trio.SocketStream) -> Ticket | None:
         """Admit one connection from `host` (pending until `authenticated`); None (counted,
@@ -183,11 +168,9 @@ class Admission:
 
     def _refuse(self, host: str) -> None:
         self.refused += 1
-        self._log.log(
-            logging.WARNING,
-            f"{self.name}: connection from {host} refused: {self.per_address[host]} from "
-            f"it, {self.total} in all (caps {self.caps.max_per_address} per address, "
-            f"{self.caps.max_connections} in all)",
+        self._refused_log.event(
+            f"{host}: {self.per_address[host]} from it, {self.total} in all (caps "
+            f"{self.caps.max_per_address} per address, {self.caps.max_connections} in all)"
         )
 
     def _evict(self, victim: Ticket, host: str) -> None:
@@ -196,20 +179,12 @@ class Admission:
         self.leave(victim)
         victim.scope.cancel()
         self.evicted += 1
-        self._evict_log.log(
-            logging.WARNING,
-            f"{self.name}: at the cap of {self.caps.max_connections} connections, a pending "
-            f"one from {victim.host} was evicted for {host} ({self.evicted} evicted so far)",
-        )
+        self._evict_log.event(f"one from {victim.host} for {host}")
 
     def accept_failed(self, exc: OSError) -> None:
         """Count and (rate-limited) log an accept that failed for want of resources."""
         self.accept_failures += 1
-        self._log.log(
-            logging.ERROR,
-            f"{self.name}: accept failed: {exc.strerror or exc}; retrying every "
-            f"{ACCEPT_BACKOFF_S:g} s ({self.total} connections open)",
-        )
+        self._exhausted_log.event(f"{exc.strerror or exc}; {self.total} connections open")
 
 
 def peer_host(stream: trio.SocketStream) -> str:

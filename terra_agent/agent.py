@@ -67,10 +67,11 @@ from overlay.protocol import (
     validate_data,
 )
 from overlay.rate_limit import RATE_LIMITERS, chunk_frame_overhead, stream_rate, tls_record_rate
+from overlay.rate_limited_log import RateLimitedLog
 from overlay.reorder import MemoryBudget, remove_spill_files
 from terra_controller.pki import CONTROLLER_HOSTNAME
 
-from .admission import Admission, Caps, RateLimitedLog, caps_from_file_limit, serve_admitted
+from .admission import Admission, Caps, caps_from_file_limit, serve_admitted
 from .data_auth import DATA_HANDSHAKE_S, DataAuthError, accept
 from .metrics import serve_metrics
 from .pending import PENDING_LIMIT_BYTES, PENDING_TIMEOUT_S, HeldChunk, PendingChunks
@@ -261,8 +262,14 @@ class Agent:
         data_caps, metrics_caps = caps_from_file_limit()
         self.data_admission = Admission(config.data_caps or data_caps, "data port")
         self.metrics_admission = Admission(config.metrics_caps or metrics_caps, "metrics port")
-        self._conn_log = RateLimitedLog(log, CONNECTION_LOG_S)
-        self._forged_log = RateLimitedLog(log, FORGED_LOG_S)
+        self._hello_log = RateLimitedLog(
+            log, f"incoming data connections closed: no authentication and hello within "
+            f"{HELLO_S:g} s", interval_s=CONNECTION_LOG_S,
+        )  # fmt: skip
+        self._auth_log = RateLimitedLog(
+            log, "incoming data connections refused", logging.ERROR, CONNECTION_LOG_S
+        )
+        self._forged_log = RateLimitedLog(log, "acks dropped", interval_s=FORGED_LOG_S)
         self.sinks: dict[str, tuple[str, str]] = {}  # resolved sink path -> owning flow key
         self._pending_timers: set[tuple[str, str]] = set()
         # (coflow, flow) -> attempt, of flows the controller dropped (most recent last)
@@ -805,7 +812,7 @@ class Agent:
         problem = check_ack(flow.spec, offset, epoch, peer)
         if problem is not None:
             self.forged_acks += 1
-            self._forged_log.log(logging.WARNING, f"ack dropped: {problem}")
+            self._forged_log.event(problem)
             return
         was_done = flow.done
         added = flow.on_ack(offset, epoch)
@@ -914,15 +921,11 @@ class Agent:
                     await self._receive_chunk(frame[0], frame[1], writer, sender, stream)
         except trio.TooSlowError:
             self.closed_connections += 1
-            self._conn_log.log(
-                logging.WARNING,
-                f"incoming connection from {peer}: no authentication and hello within "
-                f"{HELLO_S:g} s; closed",
-            )
+            self._hello_log.event(peer)
         except DataAuthError as exc:
             self.unauthenticated += 1
             self.closed_connections += 1
-            self._conn_log.log(logging.ERROR, f"incoming connection refused: {exc}")
+            self._auth_log.event(exc)
         except ChunkRejected as exc:
             self.closed_connections += 1
             self.rejected_chunks += 1

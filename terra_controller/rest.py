@@ -43,6 +43,7 @@ from importlib import resources
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
+from overlay.rate_limited_log import RateLimitedLog
 from terra_controller.coflow_registry import RegistryError
 from terra_controller.controller import Controller
 from terra_controller.metrics import CONTENT_TYPE, ControllerCollector
@@ -50,7 +51,6 @@ from terra_controller.pki import Role
 from terra_controller.transport import (
     DEADLINES,
     REST_CAP,
-    RateLimitedLog,
     ServerSecurity,
     listen_and_serve,
     stop_listener,

@@ -504,7 +504,7 @@ def test_certificate_less_public_clients_make_room_for_an_operator(public_rest, 
 
 
 def test_the_victim_is_the_oldest_pending_connection_of_the_busiest_address():
-    from terra_controller.pending import PendingConnections
+    from overlay.pending_connections import PendingConnections
 
     pending = PendingConnections()
     assert pending.victim("10.0.0.9") is None  # nothing pending: refuse
