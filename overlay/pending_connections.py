@@ -1,4 +1,5 @@
-"""Which not-yet-authenticated connection a full listener drops for a newcomer.
+"""Connection admission of a listener: caps in total and per source address, and which
+not-yet-authenticated connection a full listener drops for a newcomer.
 
 A listener's total cap can be filled by a flood spread over many source addresses. The
 connections that have not authenticated yet (TLS handshake, "hello" or first request not
@@ -10,14 +11,92 @@ than that one. The busiest flooder pays first; the connections of a flood spread
 over its addresses do not evict one another (each would cost a new handler for nothing),
 they are refused at once. Authenticated connections are never chosen.
 
-Used by terra_controller/transport.py (threads, under its lock) and
-terra_agent/admission.py (trio); no locking here.
+`ConnectionCounts` is the bookkeeping shared by terra_controller/transport.py's
+Admission (threads, under its lock) and terra_agent/admission.py's (trio); no locking here.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Hashable
+
+
+class AdmittedConnection:
+    """One admitted connection: host (the peer's IP address), pending (not authenticated
+    yet: may be evicted for a newcomer), admitted (still counted: False once it left or
+    was evicted)."""
+
+    __slots__ = ("host", "pending", "admitted")
+
+    def __init__(self, host: str, pending: bool = True) -> None:
+        self.host, self.pending, self.admitted = host, pending, True
+
+
+class ConnectionCounts:
+    """Live connections of one listener (group), in total and per address, and the pending
+    ones (`PendingConnections`); no locking (the caller serializes).
+
+    Args:
+        max_connections: connections at once in total; max_per_address: from one address.
+
+    Attributes:
+        total, per_address (Counter), pending (PendingConnections), refused (connections
+        turned away: a cap reached and nothing to evict), evicted (pending connections
+        dropped for a newcomer).
+    """
+
+    def __init__(self, max_connections: int, max_per_address: int) -> None:
+        self.max_connections, self.max_per_address = max_connections, max_per_address
+        self.total = 0
+        self.per_address: Counter = Counter()
+        self.pending = PendingConnections()
+        self.refused = 0
+        self.evicted = 0
+
+    def admit(self, conn: AdmittedConnection) -> tuple[bool, AdmittedConnection | None]:
+        """Count `conn` in if the caps allow, evicting a pending connection at the total cap.
+
+        Returns:
+            (admitted, victim): victim is the evicted connection (already uncounted; the
+            caller closes it) or None; admitted False means `conn` is refused (counted).
+        """
+        host = conn.host
+        if self.per_address[host] >= self.max_per_address:
+            self.refused += 1
+            return False, None
+        victim = None
+        if self.total >= self.max_connections:
+            found = self.pending.victim(host)
+            if found is None:
+                self.refused += 1
+                return False, None
+            victim = found[1]
+            self.forget(victim)
+            self.evicted += 1
+        self.total += 1
+        self.per_address[host] += 1
+        if conn.pending:
+            self.pending.add(host, conn)
+        return True, victim
+
+    def settle(self, conn: AdmittedConnection) -> None:
+        """`conn` is authenticated: never evicted from now on."""
+        if conn.pending:
+            conn.pending = False
+            self.pending.discard(conn.host, conn)
+
+    def forget(self, conn: AdmittedConnection) -> bool:
+        """Uncount a connection that closed or was evicted; False if it was not counted."""
+        if not conn.admitted:
+            return False
+        conn.admitted = False
+        self.total -= 1
+        self.per_address[conn.host] -= 1
+        if self.per_address[conn.host] <= 0:
+            del self.per_address[conn.host]
+        if conn.pending:
+            self.pending.discard(conn.host, conn)
+        return True
 
 
 class PendingConnections:

@@ -27,12 +27,11 @@ from __future__ import annotations
 import errno
 import logging
 import resource
-from collections import Counter
 from dataclasses import dataclass
 
 import trio
 
-from overlay.pending_connections import PendingConnections
+from overlay.pending_connections import AdmittedConnection, ConnectionCounts
 from overlay.rate_limited_log import RateLimitedLog
 
 log = logging.getLogger(__name__)
@@ -85,35 +84,29 @@ def caps_from_file_limit(nofile: int | None = None) -> tuple[Caps, Caps]:
     return data, metrics
 
 
-class Ticket:
-    """One admitted connection: host (its IP address), stream, scope (the trio.CancelScope
-    its handler runs in: cancelled when evicted), pending (not authenticated yet: evictable),
-    admitted (still counted)."""
+class Ticket(AdmittedConnection):
+    """One admitted connection: host, pending, admitted (AdmittedConnection), stream, and
+    scope (the trio.CancelScope its handler runs in: cancelled when evicted)."""
 
-    __slots__ = ("host", "stream", "scope", "pending", "admitted")
+    __slots__ = ("stream", "scope")
 
     def __init__(self, host: str, stream) -> None:
-        self.host, self.stream, self.scope = host, stream, trio.CancelScope()
-        self.pending, self.admitted = True, True
+        super().__init__(host)
+        self.stream, self.scope = stream, trio.CancelScope()
 
 
-class Admission:
+class Admission(ConnectionCounts):
     """Live connections of one listener group, per address and in total (one trio thread).
 
-    Admission(caps: Caps, name: str for messages). Attributes: total, per_address (Counter),
-    refused (connections closed at once because a cap was reached), evicted (pending
-    connections dropped for a newcomer at the total cap), accept_failures (accepts that
-    failed for want of descriptors).
+    Admission(caps: Caps, name: str for messages). Attributes: those of ConnectionCounts
+    (total, per_address, pending, refused, evicted: overlay/pending_connections.py),
+    accept_failures (accepts that failed for want of descriptors).
     """
 
     def __init__(self, caps: Caps, name: str) -> None:
+        super().__init__(caps.max_connections, caps.max_per_address)
         self.caps = caps
         self.name = name
-        self.total = 0
-        self.per_address: Counter = Counter()
-        self.pending = PendingConnections()
-        self.refused = 0
-        self.evicted = 0
         self.accept_failures = 0
         self._tickets: dict = {}  # stream -> Ticket
         self._refused_log = RateLimitedLog(
@@ -130,17 +123,12 @@ class Admission:
     def enter(self, host: str, stream: trio.SocketStream) -> Ticket | None:
         """Admit one connection from `host` (pending until `authenticated`); None (counted,
         logged) when a cap is reached and no pending connection may be evicted for it."""
-        if self.per_address[host] >= self.caps.max_per_address:
-            return self._refuse(host)
-        if self.total >= self.caps.max_connections:
-            found = self.pending.victim(host)
-            if found is None:
-                return self._refuse(host)
-            self._evict(found[1], host)
         ticket = Ticket(host, stream)
-        self.total += 1
-        self.per_address[host] += 1
-        self.pending.add(host, ticket)
+        admitted, victim = self.admit(ticket)
+        if victim is not None:
+            self._evicted(victim, host)
+        if not admitted:
+            return self._refuse(host)
         self._tickets[stream] = ticket
         return ticket
 
@@ -148,37 +136,27 @@ class Admission:
         """The connection on `stream` is past its authentication (or first request): it is
         never evicted from now on. Nothing for a stream this Admission does not count."""
         ticket = self._tickets.get(stream)
-        if ticket is not None and ticket.pending:
-            ticket.pending = False
-            self.pending.discard(ticket.host, ticket)
+        if ticket is not None:
+            self.settle(ticket)
 
     def leave(self, ticket: Ticket) -> None:
         """Forget an admitted connection (closed); nothing if it was evicted already."""
-        if not ticket.admitted:
-            return
-        ticket.admitted = False
-        self.total -= 1
-        self.per_address[ticket.host] -= 1
-        if self.per_address[ticket.host] <= 0:
-            del self.per_address[ticket.host]
-        if ticket.pending:
-            self.pending.discard(ticket.host, ticket)
+        self.forget(ticket)
         if self._tickets.get(ticket.stream) is ticket:
             del self._tickets[ticket.stream]
 
     def _refuse(self, host: str) -> None:
-        self.refused += 1
         self._refused_log.event(
             f"{host}: {self.per_address[host]} from it, {self.total} in all (caps "
             f"{self.caps.max_per_address} per address, {self.caps.max_connections} in all)"
         )
 
-    def _evict(self, victim: Ticket, host: str) -> None:
-        """Drop pending `victim` for a newcomer from `host`: uncounted now, its handler
-        cancelled (the stream is closed as it ends)."""
-        self.leave(victim)
+    def _evicted(self, victim: Ticket, host: str) -> None:
+        """`victim` (pending, already uncounted by admit) was dropped for a newcomer from
+        `host`: its handler is cancelled (the stream is closed as it ends)."""
+        if self._tickets.get(victim.stream) is victim:
+            del self._tickets[victim.stream]
         victim.scope.cancel()
-        self.evicted += 1
         self._evict_log.event(f"one from {victim.host} for {host}")
 
     def accept_failed(self, exc: OSError) -> None:

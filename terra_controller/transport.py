@@ -38,12 +38,11 @@ import socket
 import ssl
 import threading
 import time
-from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
-from overlay.pending_connections import PendingConnections
+from overlay.pending_connections import AdmittedConnection, ConnectionCounts
 from overlay.rate_limited_log import RateLimitedLog
 from terra_controller.pki import INSECURE, Identity, PkiError, peer_identity
 
@@ -234,74 +233,47 @@ class Evicted(ConnectionAbortedError):
     """A pending connection dropped at the total cap to admit a newcomer (pending.py)."""
 
 
-class Ticket:
-    """One admitted connection (Admission.enter).
+class Ticket(AdmittedConnection):
+    """One admitted connection (Admission.enter): host, pending (TLS handshake running, or
+    served without a certificate: may be evicted for a newcomer), admitted (still counted),
+    and sock: the socket its handler serves (None until the handshake is done)."""
 
-    Attributes:
-        host: the peer's IP address.
-        pending: not authenticated yet (TLS handshake running, or served without a
-            certificate): may be evicted for a newcomer.
-        admitted: still counted (False once it left or was evicted).
-        sock: the socket its handler serves (None until the handshake is done).
-    """
-
-    __slots__ = ("host", "pending", "admitted", "sock")
+    __slots__ = ("sock",)
 
     def __init__(self, host: str, pending: bool) -> None:
-        self.host, self.pending, self.admitted, self.sock = host, pending, True, None
+        super().__init__(host, pending)
+        self.sock = None
 
 
-class Admission:
+class Admission(ConnectionCounts):
     """Counts live connections per server and per address; keeps the pending ones (see
     `Ticket`) evictable: at the total cap a newcomer takes the place of the oldest pending
     connection of the address holding the most pending ones, if its own address holds
-    none or (with it) fewer (pending.PendingConnections); authenticated connections are
-    never evicted.
-    Thread-safe.
+    none or (with it) fewer (overlay/pending_connections.py); authenticated connections
+    are never evicted. Thread-safe.
 
     Attributes:
-        total, per_address (Counter): admitted connections.
-        refused: connections closed at once (a cap reached, nothing to evict).
-        evicted: pending connections dropped for a newcomer.
+        those of ConnectionCounts (total, per_address, pending, refused, evicted);
         evict: evict(victim Ticket, newcomer's host), called outside the lock for each
             eviction, closes the victim (default: shuts `victim.sock` down; accept_loop
             also stops its handshake).
     """
 
     def __init__(self, security: ServerSecurity) -> None:
+        super().__init__(security.max_connections, security.max_per_address)
         self.security = security
-        self.total = 0
-        self.per_address: Counter = Counter()
-        self.pending = PendingConnections()
-        self.refused = 0
-        self.evicted = 0
         self.evict = _shut_down_victim
         self.lock = threading.Lock()
 
     def enter(self, host: str, pending: bool = True) -> Ticket | None:
         """Admit one connection from `host`, pending (evictable) until `serving` says
         otherwise; None when a cap is reached and nothing may be evicted (counted)."""
-        victim = None
+        ticket = Ticket(host, pending)
         with self.lock:
-            if self.per_address[host] >= self.security.max_per_address:
-                self.refused += 1
-                return None
-            if self.total >= self.security.max_connections:
-                found = self.pending.victim(host)
-                if found is None:
-                    self.refused += 1
-                    return None
-                victim = found[1]
-                self._forget(victim)
-                self.evicted += 1
-            ticket = Ticket(host, pending)
-            self.total += 1
-            self.per_address[host] += 1
-            if pending:
-                self.pending.add(host, ticket)
+            admitted, victim = self.admit(ticket)
         if victim is not None:
             self.evict(victim, host)
-        return ticket
+        return ticket if admitted else None
 
     def serving(self, ticket: Ticket, sock, pending: bool = False) -> bool:
         """The connection's handshake is done and `sock` goes to its handler; it stays
@@ -311,26 +283,14 @@ class Admission:
             if not ticket.admitted:
                 return False
             ticket.sock = sock
-            if ticket.pending and not pending:
-                ticket.pending = False
-                self.pending.discard(ticket.host, ticket)
+            if not pending:
+                self.settle(ticket)
             return True
 
     def leave(self, ticket: Ticket) -> None:
         """Forget an admitted connection (closed); nothing if it was evicted already."""
         with self.lock:
-            self._forget(ticket)
-
-    def _forget(self, ticket: Ticket) -> None:
-        if not ticket.admitted:
-            return
-        ticket.admitted = False
-        self.total -= 1
-        self.per_address[ticket.host] -= 1
-        if self.per_address[ticket.host] <= 0:
-            del self.per_address[ticket.host]
-        if ticket.pending:
-            self.pending.discard(ticket.host, ticket)
+            self.forget(ticket)
 
 
 def _shut_down_victim(victim: Ticket, host: str) -> None:
