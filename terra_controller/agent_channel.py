@@ -354,7 +354,10 @@ class AgentChannel:
                 count -= 1
                 if not first:
                     del mine[oldest]
-                    self.pending_agents.get(oldest, set()).discard(agent)
+                    holders = self.pending_agents.get(oldest, set())
+                    holders.discard(agent)
+                    if not holders:
+                        self.pending_agents.pop(oldest, None)
             self.pending_count[agent] = count
 
     def _progress(self, agent: str, coflow: str, flow: str, acked: int, tag: str) -> None:

@@ -876,9 +876,10 @@ def parse_coflow_key(key: object) -> CoflowId:
     inverse; the one conversion to CoflowId).
 
     Raises:
-        RegistryError("unknown_coflow"): not the decimal string of an id in 0..MAX_COFLOW_ID.
+        RegistryError("unknown_coflow"): not the decimal string (ASCII digits) of an id in
+            0..MAX_COFLOW_ID.
     """
-    if isinstance(key, str) and key.isdigit() and len(key) <= 19:
+    if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 19:
         cid = int(key)
         if cid <= MAX_COFLOW_ID:
             return cid

@@ -410,6 +410,29 @@ def test_kept_reports_are_per_agent_so_an_agent_cannot_erase_anothers(
     assert second.controller.status(cid)["flows"][0]["digest"] == DIGEST
 
 
+def test_kept_reports_of_a_flood_over_many_coflows_stay_bounded(systems, monkeypatch):
+    monkeypatch.setattr(agent_channel, "MAX_PENDING_PER_AGENT", 50)
+    system = systems()
+    c1 = Peer(system, "c1", "C", 32000)
+    rows = [(str(1000 + i), "f", 1, "0" * 32) for i in range(500)]  # 500 unknown coflows
+    c1.send(protocol.progress_message(rows))
+    c1.send({"t": "heartbeat"})
+    wait_until(lambda: system.chan.pending_count.get("c1") == 50)
+    with system.chan.lock:
+        assert len(system.chan.pending.get("c1", {})) == 50
+        assert len(system.chan.pending_agents) == 50  # no entry left for a dropped coflow
+
+
+def test_a_report_naming_a_coflow_in_non_ascii_digits_is_refused_alone(systems):
+    system = systems()
+    c1 = Peer(system, "c1", "C", 32000)
+    for coflow in ("\u00b2", "\u0663"):  # superscript two, Arabic-Indic three
+        c1.send(protocol.progress_message([(coflow, "f", 1, "0" * 32)]))
+    c1.send(protocol.progress_message([("77", "f", 1, "0" * 32)]))
+    wait_until(lambda: system.chan.pending_count.get("c1") == 1)  # the connection lives on
+    assert list(system.chan.pending_agents) == ["77"]
+
+
 @pytest.mark.parametrize(
     "report",
     [
