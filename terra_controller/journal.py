@@ -171,6 +171,7 @@ class CoflowJournal:
             if not isinstance(cid, int) or not (owner is None or isinstance(owner, str)):
                 raise ValueError("bad record")
             self.live[cid] = (owner, bytes.fromhex(record["s"]))
+            self.live.move_to_end(cid)  # as `admitted`: a resubmission is the newest
             self.next_id = max(self.next_id, cid + 1)
         elif "n" in record:
             self.next_id = max(self.next_id, int(record["n"]))

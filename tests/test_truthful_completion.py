@@ -529,3 +529,20 @@ def test_the_journal_survives_a_cut_line_stays_bounded_and_has_one_user(tmp_path
     assert again.owner(100) == (True, "job2") and again.owner(5) == (False, None)
     again.close()
     assert (tmp_path.stat().st_mode & 0o777) == 0o700
+
+
+def test_a_replayed_journal_forgets_the_same_coflows_as_the_live_one(tmp_path, monkeypatch):
+    from terra_controller import journal as journal_module
+    from terra_controller.journal import CoflowJournal
+
+    monkeypatch.setattr(journal_module, "MAX_LIVE", 2)
+    first = CoflowJournal(tmp_path)
+    first.admitted(0, "job0", bytes(16))
+    first.admitted(1, "job1", bytes(16))
+    first.admitted(0, "job0", bytes(16))  # resubmitted: now the newest
+    first.admitted(2, "job2", bytes(16))  # over the cap: coflow 1 is forgotten
+    assert list(first.live) == [0, 2]
+    first.close()
+    again = CoflowJournal(tmp_path)
+    assert list(again.live) == [0, 2] and again.owner(0) == (True, "job0")
+    again.close()
