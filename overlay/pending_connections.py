@@ -161,3 +161,31 @@ class PendingConnections:
             self._top = after
         elif before == self._top and before not in self._hosts_with:
             self._top = after  # counts change by one: the next largest is `after`
+
+
+def listener_families(listeners: dict, prefix: str):
+    """Prometheus families of listeners' connection counts ({server name: ConnectionCounts}):
+    PREFIX_connections_open (gauge), PREFIX_connections_refused_total and
+    PREFIX_connections_evicted_total (counters), label server (e.g. "coflow API", "data
+    port"). Yields prometheus_client metric families."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    open_ = GaugeMetricFamily(
+        f"{prefix}_connections_open", "Connections a server holds now (authenticated or not)",
+        labels=["server"],
+    )  # fmt: skip
+    refused = CounterMetricFamily(
+        f"{prefix}_connections_refused",
+        "Connections a server closed at once: a cap reached and none to evict",
+        labels=["server"],
+    )  # fmt: skip
+    evicted = CounterMetricFamily(
+        f"{prefix}_connections_evicted",
+        "Unauthenticated connections a server dropped at its total cap for a newcomer",
+        labels=["server"],
+    )  # fmt: skip
+    for name, counts in sorted(listeners.items()):
+        open_.add_metric([name], counts.total)
+        refused.add_metric([name], counts.refused)
+        evicted.add_metric([name], counts.evicted)
+    yield from (open_, refused, evicted)

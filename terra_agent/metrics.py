@@ -29,6 +29,10 @@ Metrics (labels; units in the names):
         handshake.
     terra_agent_control_connects_total: control-channel connections (1 + reconnects).
     terra_agent_flows{direction, state}: live flows (out / in; running, done, failed).
+    terra_agent_connections_open{server}, terra_agent_connections_refused_total{server},
+        terra_agent_connections_evicted_total{server}: the data and metrics ports'
+        connections held now, refused at a cap, evicted while unauthenticated at the
+        total cap (server "data port" / "metrics port").
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ import socket
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from overlay.pending_connections import listener_families
 
 from .admission import serve_admitted
 
@@ -94,6 +100,8 @@ class AgentCollector:
             value=a.control_connects,
         )  # fmt: skip
         yield _flow_states(in_flows, out_flows)
+        servers = {"data port": a.data_admission, "metrics port": a.metrics_admission}
+        yield from listener_families(servers, "terra_agent")
 
     @staticmethod
     def _links(links, group_links=()):

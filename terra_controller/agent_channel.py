@@ -826,9 +826,11 @@ def batches(items: list, limit: int = BATCH_BYTES) -> list[list]:
 def start_agent_server(
     channel: AgentChannel, host: str, port: int, security: ServerSecurity, spawn=None
 ):
-    """Serve the agent channel on host:port (see `transport.listen_and_serve`)."""
+    """Serve the agent channel on host:port (see `transport.listen_and_serve`; its
+    connection counts go to the controller's metrics under "agent channel")."""
     result = listen_and_serve(
-        host, port, channel.serve_connection, security, spawn, name="agent channel"
-    )
+        host, port, channel.serve_connection, security, spawn, name="agent channel",
+        listeners=channel.controller.metrics.listeners,
+    )  # fmt: skip
     LOG.info("agent channel on %s:%d (%s)", *result[2], "TLS" if security.context else "INSECURE")
     return result

@@ -458,10 +458,11 @@ def _send_quietly(sock: socket.socket, message: dict) -> None:
 def start_api_server(
     handler: ApiHandler, host: str, port: int, security: ServerSecurity, spawn=None
 ):
-    """Serve the coflow API on host:port (see `transport.listen_and_serve`)."""
+    """Serve the coflow API on host:port (see `transport.listen_and_serve`; its connection
+    counts go to the controller's metrics under "coflow API")."""
     result = listen_and_serve(
         host, port, lambda sock, addr, ident: serve_connection(handler, sock, addr, ident),
-        security, spawn, name="coflow API",
+        security, spawn, name="coflow API", listeners=handler.controller.metrics.listeners,
     )  # fmt: skip
     LOG.info("coflow API on %s:%d (%s)", *result[2], "TLS" if security.context else "INSECURE")
     return result

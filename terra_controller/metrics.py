@@ -36,6 +36,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from overlay.pending_connections import listener_families
 from terra_controller.coflow_registry import CoflowStatus
 
 # Histogram buckets (seconds). A round on SWAN takes ~1 ms, on ATT with hundreds of
@@ -70,9 +71,13 @@ class ControllerMetrics:
             messages, reconnections included).
         reaction: Histogram terra_wan_reaction_seconds (a WAN event to the last agent's
             acknowledgement of its new rates; reaction.Reaction).
+        listeners: {server name: its connection counts (overlay/pending_connections.py
+            ConnectionCounts: total, refused, evicted)}, filled as the servers start and
+            read at scrape time (overlay/pending_connections.listener_families).
     """
 
     def __init__(self) -> None:
+        self.listeners: dict = {}
         self.registry = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
@@ -169,7 +174,8 @@ class ControllerCollector:
         terra_coflows_active {state}; terra_coflows_in_memory; terra_coflows_dropped_total
         {state}; terra_agents_registered;
         terra_agent_connections; terra_lps_solved_total; terra_switch_rules {dpid};
-        terra_switch_flow_mods_total {dpid}; with switches, `port_families`."""
+        terra_switch_flow_mods_total {dpid}; with switches, `port_families`; the servers'
+        `listener_families` (terra_connections_*{server})."""
         view = self.controller.metrics_view()
         capacity = GaugeMetricFamily(
             "terra_link_capacity_bytes_per_second", "Capacity of the directed link a->b",
@@ -241,6 +247,8 @@ class ControllerCollector:
             yield mods
         if self.ports is not None:
             yield from port_families(self.ports())
+        yield from listener_families(self.controller.metrics.listeners, "terra")
+
 
 
 def port_families(loads: dict):

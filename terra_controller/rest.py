@@ -450,8 +450,9 @@ def start_rest_server(
     wsgi = _RestServer(app, host, port)
     server = RestServer(None, wsgi, public)
     server.listener, thread, bound = listen_and_serve(
-        host, port, server.handle, security, spawn, optional=public, name="REST"
-    )
+        host, port, server.handle, security, spawn, optional=public, name="REST",
+        listeners=app.controller.metrics.listeners,
+    )  # fmt: skip
     wsgi.server_name, wsgi.server_port = bound[0], bound[1]
     wsgi.setup_environ()
     scheme = "https" if security.context is not None else "http"

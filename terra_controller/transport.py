@@ -621,7 +621,8 @@ def stop_listener(listener: socket.socket) -> None:
 
 def listen_and_serve(host: str, port: int, handle, security: ServerSecurity, spawn=None,
                      optional: bool = False, name: str = "server",
-                     admission: Admission | None = None):  # fmt: skip
+                     admission: Admission | None = None,
+                     listeners: dict | None = None):  # fmt: skip
     """Listen on host:port and accept connections in a hub thread (`accept_loop`).
 
     Args:
@@ -633,6 +634,8 @@ def listen_and_serve(host: str, port: int, handle, security: ServerSecurity, spa
         name: the server's name in log lines.
         admission: the Admission counting its connections (default: a new one; tests
             pass one to read its counts).
+        listeners: {server name: Admission} to record it in (the controller's metrics
+            read them at scrape time), or None.
 
     Returns:
         (listening socket (`stop_listener` stops it), accept thread, bound (host, port)).
@@ -643,6 +646,9 @@ def listen_and_serve(host: str, port: int, handle, security: ServerSecurity, spa
     from os_ken.lib import hub
 
     spawn = spawn or hub.spawn
+    admission = admission or Admission(security)
+    if listeners is not None:
+        listeners[name] = admission
     listener = hub.listen((host, port), backlog=1024)
     try:
         thread = spawn(accept_loop, listener, handle, spawn, security, optional, name, admission)

@@ -73,3 +73,7 @@ def test_agent_metrics_count_the_bytes_of_a_transfer(system):
     assert value(sender, "terra_agent_flows", direction="out", state="done") == 1
     assert value(receiver, "terra_agent_flows", direction="in", state="done") == 1
     assert value(receiver, "terra_agent_rejected_chunks_total", reason="mac") == 0
+    # the receiver's data port holds hk1's authenticated tunnel connections; none refused
+    assert value(receiver, "terra_agent_connections_open", server="data port") >= 1
+    assert value(receiver, "terra_agent_connections_refused_total", server="data port") == 0
+    assert value(receiver, "terra_agent_connections_evicted_total", server="metrics port") == 0

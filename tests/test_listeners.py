@@ -284,6 +284,22 @@ def test_trickling_public_clients_do_not_lock_operators_out(public_rest, capfd):
     assert "Traceback" not in capfd.readouterr().err
 
 
+def test_refused_connections_are_counted_in_the_metrics(public_rest):
+    """Connections a server refuses at its caps are counted per server in /metrics
+    (terra_connections_refused_total{server}), beside the connections it holds."""
+    _, base = public_rest
+    socks = [trickler(base, "127.0.0.4") for _ in range(16)]  # twice the per-address cap
+    try:
+        from test_rest import labelled
+
+        m = labelled(base)
+        assert m[("terra_connections_refused_total", (("server", "REST"),))] >= 7
+        assert m[("terra_connections_open", (("server", "REST"),))] >= 1
+        assert m[("terra_connections_evicted_total", (("server", "REST"),))] == 0
+    finally:
+        close_all(s for s in socks if s is not None)
+
+
 def test_a_rest_request_has_a_whole_request_deadline(public_rest, monkeypatch):
     """A client sending its request one byte at a time (each recv is quick) is cut off when
     the request's deadline passes, not kept for as long as it trickles."""
