@@ -34,14 +34,7 @@ TIMEOUT = 60
 
 def flood(host: str, port: int, n: int) -> list[socket.socket]:
     """Open `n` connections to host:port from FLOOD_HOST without waiting for them."""
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.setblocking(False)
-        s.bind((FLOOD_HOST, 0))
-        s.connect_ex((host, port))
-        socks.append(s)
-    return socks
+    return flood_from(host, port, [FLOOD_HOST], n)
 
 
 def close_all(socks) -> None:

@@ -4,6 +4,7 @@ Triangle WAN A, B, C (1e8 bytes/s per directed link), TerraPolicy with K = 2:
 every ordered DC pair has the direct path (index 0) and the two-hop path (index 1).
 """
 
+import socket
 import threading
 import time
 
@@ -38,13 +39,18 @@ def daemon_spawn(func, *args):
     return thread
 
 
-@pytest.fixture
-def channel(request, pki):
-    k = getattr(request, "param", 2)
+def triangle() -> Topology:
+    """The triangle WAN A, B, C with CAP bytes/s per directed link."""
     links = {}
     for u, v in [("A", "B"), ("B", "C"), ("A", "C")]:
         links[(u, v)] = links[(v, u)] = CAP
-    topology = Topology("tri", ["A", "B", "C"], links)
+    return Topology("tri", ["A", "B", "C"], links)
+
+
+@pytest.fixture
+def channel(request, pki):
+    k = getattr(request, "param", 2)
+    topology = triangle()
     controller = Controller(topology, TerraPolicy(topology, k=k))
     chan = AgentChannel(controller, TunnelTable(topology, k))
     listener, _, bound = start_agent_server(chan, "127.0.0.1", 0, security(pki), daemon_spawn)
@@ -58,8 +64,9 @@ def channel(request, pki):
 class Agent:
     """An in-test agent: registers, collects messages, acks those with an id."""
 
-    def __init__(self, addr, agent, dc, port, cert=None):
-        """Connect with certificate `cert` (default: the agent's own name), then register."""
+    def __init__(self, addr, agent, dc, port, cert=None, inflight=None):
+        """Connect with certificate `cert` (default: the agent's own name), then register
+        (with `inflight` rows, if given)."""
         cert = ensure(addr.pki, Role.AGENT, cert or agent)
         self.sock = shared_tls_socket(*addr, addr.pki, cert)
         self.sock.settimeout(None)  # the reader thread waits for messages as long as it takes
@@ -67,7 +74,8 @@ class Agent:
         self.messages: list[dict] = []
         self.cond = threading.Condition()
         self.closed = False
-        send_parts(self.sock, protocol.register_message(dc, agent, f"127.0.0.1:{port}"))
+        register = protocol.register_message(dc, agent, f"127.0.0.1:{port}", inflight)
+        send_parts(self.sock, register)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
@@ -87,7 +95,7 @@ class Agent:
             self.closed = True
             self.cond.notify_all()
 
-    def wait_for(self, predicate, timeout=5.0):
+    def wait_for(self, predicate, timeout=10.0):
         end = time.monotonic() + timeout
         with self.cond:
             while True:
@@ -109,8 +117,25 @@ class Agent:
                             paths = {p["tunnel"]: p["rate"] for p in g["paths"]}
             return paths
 
+    def spec(self, cid: int, flow: str) -> dict:
+        """The latest descriptor of flow `flow` of coflow `cid` this agent got."""
+
+        def mine(f: dict) -> bool:
+            return f["coflow"] == str(cid) and f["flow"] == flow
+
+        m = self.wait_for(lambda m: m["t"] == "flows" and any(mine(f) for f in m["flows"]))
+        return [f for f in m["flows"] if mine(f)][-1]
+
     def send(self, header):
         send_parts(self.sock, header)
+
+    def close(self) -> None:
+        """Close the connection."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
 
 
 def wait_until(predicate, timeout=5.0):

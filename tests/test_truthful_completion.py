@@ -13,32 +13,22 @@ import threading
 import time
 
 import pytest
-from test_controller_channel import daemon_spawn, wait_until
-from tls_helpers import ensure, security, shared_tls_socket
+from test_controller_channel import Agent, Endpoint, daemon_spawn, triangle, wait_until
+from tls_helpers import security
 
 from overlay import protocol
 from terra_controller import agent_channel, coflow_registry
 from terra_controller.agent_channel import AgentChannel, start_agent_server
-from terra_controller.agent_connection import read_control, send_parts
 from terra_controller.api_server import ApiHandler, serve_connection
 from terra_controller.client import TerraClient, TerraError
 from terra_controller.coflow_registry import MAX_FLOWS_PER_REQUEST, RegistryError
 from terra_controller.controller import Controller
-from terra_controller.pki import Role
 from terra_controller.transport import listen_and_serve, stop_listener
 from terra_controller.tunnel_table import TunnelTable
 from terra_core.terra_policy import TerraPolicy
-from topologies import Topology
 
 CAP = 1e8
 DIGEST = "ab" * 32
-
-
-def triangle() -> Topology:
-    links = {}
-    for u, v in [("A", "B"), ("B", "C"), ("A", "C")]:
-        links[(u, v)] = links[(v, u)] = CAP
-    return Topology("tri", ["A", "B", "C"], links)
 
 
 class System:
@@ -60,66 +50,35 @@ class System:
         self.controller.close()
 
 
-class Peer:
-    """An in-test agent: registers (with `inflight` rows), keeps what it gets, acks ids."""
+class Peer(Agent):
+    """An in-test agent of `system` (test_controller_channel.Agent), registered."""
 
     def __init__(self, system: System, agent: str, dc: str, port: int, inflight=None) -> None:
-        cert = ensure(system.pki, Role.AGENT, agent)
-        self.sock = shared_tls_socket(*system.addr, system.pki, cert)
-        self.sock.settimeout(None)
-        self.agent = agent
-        self.messages: list[dict] = []
-        self.cond = threading.Condition()
-        self.send(protocol.register_message(dc, agent, f"127.0.0.1:{port}", inflight))
-        threading.Thread(target=self._read, daemon=True).start()
+        addr = Endpoint(system.addr)
+        addr.pki = system.pki
+        super().__init__(addr, agent, dc, port, inflight=inflight)
         self.wait_for(lambda m: m["t"] == "registered")
-
-    def _read(self) -> None:
-        try:
-            while (m := read_control(self.sock)) is not None:
-                if "id" in m:
-                    self.send({"t": "ack", "id": m["id"]})
-                with self.cond:
-                    self.messages.append(m)
-                    self.cond.notify_all()
-        except Exception:
-            pass
-
-    def wait_for(self, predicate, timeout: float = 10.0) -> dict:
-        end = time.monotonic() + timeout
-        with self.cond:
-            while True:
-                found = [m for m in self.messages if predicate(m)]
-                if found:
-                    return found[-1]
-                left = end - time.monotonic()
-                assert left > 0, f"{self.agent}: no such message in {self.messages[-5:]}"
-                self.cond.wait(left)
-
-    def spec(self, cid: int, flow: str) -> dict:
-        """The latest descriptor of flow `flow` of coflow `cid` this agent got."""
-
-        def mine(f: dict) -> bool:
-            return f["coflow"] == str(cid) and f["flow"] == flow
-
-        m = self.wait_for(lambda m: m["t"] == "flows" and any(mine(f) for f in m["flows"]))
-        return [f for f in m["flows"] if mine(f)][-1]
-
-    def send(self, header: dict) -> None:
-        send_parts(self.sock, header)
-
-    def close(self) -> None:
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
 
 
 def complete(spec: dict, tag: str | None = None) -> dict:
     """The receiver's "complete" of a descriptor, with its attempt's tag (or `tag`)."""
     k = protocol.report_tag(spec["digest_key"]) if tag is None else tag
     return protocol.complete_message(spec["coflow"], spec["flow"], DIGEST, spec["size"], k)
+
+
+def submitted_then_stopped(system: System, finish: bool) -> tuple[int, dict]:
+    """Submit one flow a1 -> b1 on `system` (in-test agents), let b1 complete it when
+    `finish`, then stop the system and both agents: (coflow id, b1's descriptor)."""
+    a1, b1 = Peer(system, "a1", "A", 30000), Peer(system, "b1", "B", 31000)
+    cid = system.controller.submit(one_flow())
+    spec = b1.spec(cid, "f")
+    if finish:
+        b1.send(complete(spec))
+        wait_until(lambda: system.controller.status(cid)["state"] == "done")
+    system.stop()
+    a1.close()
+    b1.close()
+    return cid, spec
 
 
 def one_flow(**extra) -> list[dict]:
@@ -145,15 +104,7 @@ def systems(pki):
 
 def test_a_completion_from_before_a_restart_does_not_finish_a_new_coflow(systems, tmp_path):
     state = tmp_path / "state"
-    first = systems(state)
-    a1, b1 = Peer(first, "a1", "A", 30000), Peer(first, "b1", "B", 31000)
-    old = first.controller.submit(one_flow())
-    spec = b1.spec(old, "f")
-    b1.send(complete(spec))
-    wait_until(lambda: first.controller.status(old)["state"] == "done")
-    first.stop()
-    a1.close()
-    b1.close()
+    old, spec = submitted_then_stopped(systems(state), finish=True)
     second = systems(state)  # a new controller on the same state directory
     Peer(second, "a1", "A", 30000)
     # the receiver registers again and sends its finished flow's completion again
@@ -212,15 +163,7 @@ def test_a_complete_without_the_attempts_tag_is_refused(systems):
 def test_a_stale_completion_after_a_restart_without_a_journal_is_refused(systems):
     """A memory-only controller starts its ids at 0 again: the same (coflow, flow) ids, but
     another coflow; the agent's completion of the old one carries the old attempt's tag."""
-    first = systems()
-    a1, b1 = Peer(first, "a1", "A", 30000), Peer(first, "b1", "B", 31000)
-    old = first.controller.submit(one_flow())
-    spec = b1.spec(old, "f")
-    b1.send(complete(spec))
-    wait_until(lambda: first.controller.status(old)["state"] == "done")
-    first.stop()
-    a1.close()
-    b1.close()
+    old, spec = submitted_then_stopped(systems(), finish=True)
     second = systems()
     a1 = Peer(second, "a1", "A", 30000)
     b1 = Peer(second, "b1", "B", 31000)
@@ -385,13 +328,7 @@ def test_kept_reports_are_per_agent_so_an_agent_cannot_erase_anothers(
 ):
     monkeypatch.setattr(agent_channel, "MAX_PENDING_PER_AGENT", 1000)
     state = tmp_path / "state"
-    first = systems(state)
-    a1, b1 = Peer(first, "a1", "A", 30000), Peer(first, "b1", "B", 31000)
-    cid = first.controller.submit(one_flow())
-    spec = b1.spec(cid, "f")
-    first.stop()
-    a1.close()
-    b1.close()
+    cid, spec = submitted_then_stopped(systems(state), finish=False)
     second = systems(state)
     b1 = Peer(second, "b1", "B", 31000)
     b1.send(complete(spec))  # it finished while the controller was down
