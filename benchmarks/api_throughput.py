@@ -12,7 +12,7 @@ active set is fixed). Then --rounds times the operator halves or restores the
 capacity of HK-LA (a change beyond δ: exactly one round each, waited for). The
 same rounds are replayed offline: a TerraPolicy gets the same coflows and the
 same capacity changes and `allocate` is timed the way the simulator calls it.
-Target (issue 4): the live controller's round latency within 20% of the offline one.
+Target: the live controller's round latency within 20% of the offline one.
 
 Run: uv run python benchmarks/api_throughput.py [--calls 2000] [--clients 4] [--coflows 60]
      [--rounds 20] [--json OUT]

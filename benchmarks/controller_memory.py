@@ -5,7 +5,7 @@ fake agents that report every flow complete at once (real control protocol,
 no bytes move), one job client. The client submits one-flow coflows (1 MB
 between random DC pairs) and, after each checkpoint, waits until the last one
 is done; the controller's RSS (VmRSS of its process) is read at each
-checkpoint. Target (issue 10): RSS after 100k finished coflows within 50 MB of
+checkpoint. Target: RSS after 100k finished coflows within 50 MB of
 the RSS after 1k (finished coflows are kept for a bounded time/count, then
 dropped from memory and only counted).
 

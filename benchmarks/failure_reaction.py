@@ -1,6 +1,6 @@
 """Reaction time: WAN link down/up -> new tunnels and rates applied at every affected agent.
 
-Issue 4 target: at most 100 ms on loopback (the paper: within 10 s on its testbed).
+Target: at most 100 ms on loopback (the paper: within 10 s on its testbed).
 
 Setup: terra-controller --no-openflow on SWAN (5 DCs; links scaled to --gbps so the
 agents' loopback traffic stays well within two cores), one real terra-agent per DC,

@@ -1,4 +1,4 @@
-"""Figures table of the starvation guards (issue 12 item 3) from saved terra-sim JSONs.
+"""Figures table of the starvation guards from saved terra-sim JSONs.
 
     uv run python benchmarks/guard_table.py [--guard-dir benchmarks/results/guard] [--json OUT]
 

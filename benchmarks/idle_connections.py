@@ -6,7 +6,7 @@ byte of a TLS record every second (each from 127.0.0.2-127.0.0.9, so the
 per-address cap of 256 is not what protects the server), all opened before the
 client. Then, --repeats times, a new job client connects (TLS handshake),
 submits a one-flow coflow and gets its reply; the script prints the median and
-maximum of connect + submit (seconds). Target (issue 10): answered within 1 s
+maximum of connect + submit (seconds). Target: answered within 1 s
 with 1000 such connections open.
 
 Run: uv run python benchmarks/idle_connections.py [--idle 500] [--slow 500] [--repeats 10]

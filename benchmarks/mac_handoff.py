@@ -1,4 +1,4 @@
-"""Leaf MACs inline vs in a trio worker thread (issue 11 item 2: is the hand-off worth it?).
+"""Leaf MACs inline vs in a trio worker thread (is the hand-off worth it?).
 
 For chunks of 64 KiB, 1 MiB and 4 MiB: CPU and wall time per chunk of
 overlay.integrity.FlowKeys.leaf_macs called inline, the same through

@@ -11,7 +11,7 @@ one GET (TCP connect, TLS handshake with the operator certificate, request, whol
 body). For comparison the same is measured for /status and for /coflows (which lists
 every coflow in memory).
 
-Target (issue 14): median /metrics scrape time under 50 ms.
+Target: median /metrics scrape time under 50 ms.
 
 Run: uv run python benchmarks/metrics_scrape.py [--coflows 100000] [--scrapes 50] [--json OUT]
 """

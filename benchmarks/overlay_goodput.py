@@ -1,5 +1,5 @@
-"""Goodput of one agent pair over K tunnels on loopback, no rate limit (issue 3 target: 1.25 GB/s),
-against iperf3 moving the same bytes (issue 11 item 6).
+"""Goodput of one agent pair over K tunnels on loopback, no rate limit (target: 1.25 GB/s),
+against iperf3 moving the same bytes.
 
 Two `terra-agent` subprocesses (sender on 127.0.0.2, receiver on 127.0.0.3) and the in-process
 controller peer of terra_agent/harness.py. The sender moves synthetic flows to a digest-only sink;

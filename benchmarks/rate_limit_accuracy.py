@@ -1,6 +1,6 @@
 """Rate-limiter accuracy: per-path rate measured at a real TCP receiver vs the set rate.
 
-Issue 3 target: within 2% of the set rate over 5 s, for 1 to 200 Mbit/s.
+Target: within 2% of the set rate over 5 s, for 1 to 200 Mbit/s.
 
 For each rate, a sender sends chunk frames (overlay.framing) over its own loopback TCP
 connection (chunks of ~10 ms of the rate, 1 KiB .. 256 KiB), rate-limited by one of the

@@ -1,4 +1,4 @@
-"""Reorder memory with one path ten times slower than the other (issue 3 target).
+"""Reorder memory with one path ten times slower than the other.
 
 Two real TCP connections on loopback carry one flow's chunks (overlay.framing); each path is
 paced by its own overlay.rate_limit.TokenBucket, the slow one at 1/ratio of the fast one's

@@ -13,7 +13,7 @@ benchmarks/fb_table3.py (``DIR/<topology>_<limit|all>_<G>g_k<K>_terra.json``, th
 of ``terra-sim --json`` with a ``meta`` object), so the same run gives Terra's average
 CCT for the FoI table (``fb_table3.py --reuse DIR`` or ``--combine``).
 
-Targets (issue 2): median ≤ 10 ms on SWAN and ≤ 100 ms on ATT (the paper: O(100) ms and O(1) s).
+Targets: median ≤ 10 ms on SWAN and ≤ 100 ms on ATT (the paper: O(100) ms and O(1) s).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 5: how Terra's FoIs over per-flow TCP depend on which FB slice the testbed plays.
+"""How Terra's FoIs over per-flow TCP depend on which FB slice the testbed plays.
 
 Every slice of COUNT consecutive coflows (positions 0, COUNT, 2 COUNT, ...) is shaped exactly as
 `terra-testbed swan` shapes its slice (mininet_scenarios.workload: bytes x link/1 Gbps x load /

@@ -1,4 +1,4 @@
-"""Results of the SWAN testbed experiment: the JSON summary, a table, PNG plots (issue 5 item 5).
+"""Results of the SWAN testbed experiment: the JSON summary, a table, PNG plots.
 
 `summary(raw)` turns `swan.run_swan`'s output into the issue's JSON map::
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-TARGETS = {  # issue 5 targets: (key, comparison, bound)
+TARGETS = {  # targets: (key, comparison, bound)
     "foi_avg_cct": (">=", 1.55),
     "foi_wan_utilization": (">=", 1.64),
     "failure_reaction_s": ("<=", 1.0),
@@ -163,7 +163,7 @@ def simulated_line(simulated: dict) -> str:
     )
 
 
-UTILIZATION_TOLERANCE = 0.10  # testbed vs simulated twin, relative (issue 12 target)
+UTILIZATION_TOLERANCE = 0.10  # testbed vs simulated twin, relative
 
 
 def utilization_vs_simulated(result: dict, simulated: dict) -> dict:

@@ -1,4 +1,4 @@
-"""The per-flow TCP baseline of the testbed (issue 5 item 3): plain TCP, one connection per flow.
+"""The per-flow TCP baseline of the testbed: plain TCP, one connection per flow.
 
 The same coflows as the Terra run (same flows, same bytes, same arrival times),
 moved without any Terra scheduling: each flow is one TCP connection from its

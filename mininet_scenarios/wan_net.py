@@ -1,4 +1,4 @@
-"""A Mininet WAN built from a topology binding (docs/design.md section 10, issue 5 item 1).
+"""A Mininet WAN built from a topology binding (docs/design.md section 10).
 
 One Open vSwitch per DC (userspace datapath, OpenFlow 1.3, fail mode secure,
 connected to a remote controller on 127.0.0.1), the DPIDs and port numbers of

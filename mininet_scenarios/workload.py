@@ -1,6 +1,6 @@
 """The testbed's workload: a slice of the FB trace (or a JSON workload) on the SWAN testbed.
 
-How the trace is placed on the testbed (issue 5 item 2), identical for Terra and the
+How the trace is placed on the testbed, identical for Terra and the
 per-flow TCP baseline:
 
 1. Racks map to DCs as `r mod 5` (docs/design.md section 8: HK, LA, NY, FL, BA).

@@ -1,4 +1,4 @@
-"""Keyed integrity of a flow's bytes: leaf MACs and the flow digest (issue 11 items 1-2).
+"""Keyed integrity of a flow's bytes: leaf MACs and the flow digest.
 
 Construction "blake3-keyed-v1" (docs/design.md section 5, "Integrity"):
 

@@ -1,6 +1,6 @@
 """The Terra agent on trio: control channel, data listeners, senders and receivers.
 
-Issue 3 item 2, docs/design.md sections 5 and 6; wire format in overlay/framing.py and
+docs/design.md sections 5 and 6; wire format in overlay/framing.py and
 overlay/protocol.py. Every task lives in the agent's nursery; a connection's errors (bad frames,
 protocol violations, resets) are logged and close that connection only.
 

@@ -1,4 +1,4 @@
-"""Authentication of data connections between agents (issue 11 item 2, docs/security.md).
+"""Authentication of data connections between agents (docs/security.md).
 
 When agents run with a PKI (terra-agent --pki), each data connection starts with a mutual TLS
 handshake: the receiving agent is the TLS server (terra_controller.pki.data_server_context),

@@ -1,6 +1,6 @@
 """Loopback harness: agents on 127.0.0.x addresses, an in-test controller peer, K tunnels per pair.
 
-Issue 3 item 3. ControllerPeer is a small trio server speaking the real control protocol
+ControllerPeer is a small trio server speaking the real control protocol
 (overlay/protocol.py): it accepts registrations, keeps the tunnel table, flow descriptors and rates
 it was given, re-sends them (with acknowledged offsets) whenever an agent (re-)registers, and
 records progress, completions and errors. LoopbackHarness starts agents in this process (Agent.run

@@ -13,7 +13,7 @@ Sinks:
                  every byte is in and the digest matched is the part file renamed over PATH
                  (FileSink.commit): an existing PATH is untouched by a flow that never completes.
 
-File paths (issue 10 item 3): PATH is relative to the agent's data root (terra-agent
+File paths: PATH is relative to the agent's data root (terra-agent
 --data-root); resolve_data_path() resolves it (symlinks, "..") and refuses absolute paths and
 anything that resolves outside the root; files are opened with O_NOFOLLOW. An agent without a
 data root refuses every file source and sink.

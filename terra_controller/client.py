@@ -6,8 +6,7 @@ reconnects (retrying until its timeout); when it finds a different controller
 instance (the controller restarted) it first resubmits every coflow it
 submitted that is not known to be finished, under the same ids, with all flows
 added by updates and with its age (seconds since its first submission, so its
-CCT still counts from then), so the restarted controller can rebuild its state
-(issue 4 item 6).
+CCT still counts from then), so the restarted controller can rebuild its state.
 
 A coflow ends in one of the final states "done", "failed" (a flow cannot run;
 the status's "reason" says why), "cancelled" (cancel_coflow) or "rejected";

@@ -1,4 +1,4 @@
-"""The controller's Prometheus metrics (issue 14 item 1; docs/runtime.md "Metrics").
+"""The controller's Prometheus metrics (docs/runtime.md "Metrics").
 
 Every Controller owns one `ControllerMetrics`: a `prometheus_client.CollectorRegistry`
 of its own (never the process-global one, so tests and benchmarks can run several

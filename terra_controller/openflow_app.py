@@ -1,6 +1,6 @@
 """The os-ken OpenFlow 1.3 app: installs the tunnel rules once, follows WAN link state.
 
-docs/design.md sections 1, 5 and 10; issue 4 item 2. When every switch of the
+docs/design.md sections 1, 5 and 10. When every switch of the
 topology binding has connected, the app installs the compiled tunnel rules
 (terra_controller.tunnels) once. A PortStatus on a WAN port that changes the
 link's state updates the Topology, removes (link down) or restores (link up)

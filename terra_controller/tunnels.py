@@ -1,6 +1,6 @@
 """Tunnels and the tunnel rule compiler: a pure function from paths to OpenFlow 1.3 entries.
 
-docs/design.md section 5, issue 4 item 2. For every ordered DC pair (s, d) and each
+docs/design.md section 5. For every ordered DC pair (s, d) and each
 of its <= K paths (topologies.all_pairs_paths, computed once with every link
 up) there is one tunnel. Agents open one TCP connection per (peer agent,
 tunnel): the connection for path index i goes to TCP port base + i of the

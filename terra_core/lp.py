@@ -3,7 +3,7 @@
 The LPs of the scheduling core are small (tens to a few thousand columns) and
 solved thousands of times per simulated hour, so they are passed to HiGHS as
 column-wise (CSC) numpy arrays in one call, with output, presolve and
-threading off (docs/design.md section 4; issue 2 item 4).
+threading off (docs/design.md section 4).
 """
 
 from __future__ import annotations

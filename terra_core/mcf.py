@@ -56,7 +56,7 @@ _REL_TOL = 1e-7
 # and removes the perturbation after, with cleanup iterations. The compact LP's rounds
 # are highly degenerate (many commodities frozen at one level): on the 40-DC synthetic
 # WAN (1,500 DC pairs, 140 links) without it a maxmin_mcf call takes ~0.65x the simplex
-# iterations and ~0.55x the CPU time (session 9). Only the path taken changes, not the
+# iterations and ~0.55x the CPU time. Only the path taken changes, not the
 # LP, so the same optimum and the same totals.
 _NO_PERTURBATION = 0.0
 

@@ -1,4 +1,4 @@
-"""Event-driven, flow-level WAN simulator that drives any Policy (issue 2 item 5).
+"""Event-driven, flow-level WAN simulator that drives any Policy.
 
 Between events every flow's rate is constant. The next event is the earliest
 of: a flow finishing at its current rate, a coflow arriving, a scripted WAN
@@ -219,7 +219,7 @@ class SimResult:
         return float(np.quantile(self.round_ms, q)) if self.round_ms else None
 
     def to_json(self) -> dict:
-        """Return the per-scheduler object of `terra-sim --json` (issue 2 item 6; plus wall_s)."""
+        """Return the per-scheduler object of `terra-sim --json` (plus wall_s)."""
         return {
             "avg_cct_s": self.avg_cct_s,
             "p95_cct_s": self.p95_cct_s,

@@ -13,7 +13,7 @@ from terra_core.maxmin import _RESUM, _SAT_TOL, _entry_arrays
 def maxmin_levels_sparse_numpy(
     rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, capacity: np.ndarray, n: int
 ) -> np.ndarray:
-    """`terra_core.maxmin.maxmin_levels_sparse` as plain numpy (its code up to session 8,
+    """`terra_core.maxmin.maxmin_levels_sparse` as plain numpy (its code before it was compiled,
     before the step loop was compiled with numba): the reference the tests hold it to.
 
     The same progressive filling, step for step, but a step costs O(links) plus

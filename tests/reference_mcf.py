@@ -1,4 +1,4 @@
-"""maxmin_mcf as of 7409806, before issue 13 item 3 took its loops to numpy and cached
+"""maxmin_mcf as of 7409806, before its loops went to numpy and cached
 path links: the reference tests/test_sim_fast_paths.py compares mcf.py with, bit for bit."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 13 on bigswitch (session 7): the fast paths added for it against the
+"""On bigswitch: the fast paths added for it against the
 straightforward computations they replace, on random small instances.
 
 - `maxmin.maxmin_levels_entries` (dense below DENSE_CELLS, sparse above) against
@@ -133,7 +133,7 @@ def test_simulator_table_path_equals_its_pair_levels_path(cls, seed):
 
 
 def per_flow_backfill(policy, remaining, left):
-    """The backfill as before session 7: one water-filling entity per alive routed flow,
+    """The backfill as before its fast path: one water-filling entity per alive routed flow,
     with the flow's own (link, members) entries."""
     rows, cols, vals, where = [], [], [], []
     offset = 0

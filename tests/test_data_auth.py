@@ -1,4 +1,4 @@
-"""Authenticated data connections between agents (issue 11 item 2, terra_agent/data_auth.py).
+"""Authenticated data connections between agents (terra_agent/data_auth.py).
 
 Agents a, b with certificates of one CA (and c, a third agent's certificate, and j, a job's)
 run in-process under the loopback harness with data contexts; the controller channel stays

@@ -1,4 +1,4 @@
-"""Flow files stay under the agent's data root (issue 10 item 3).
+"""Flow files stay under the agent's data root.
 
 Agents run in-process over real TCP on loopback (terra_agent/harness.py), driven by the in-test
 controller peer speaking the real protocol; the data root is tmp_path/"data", so tmp_path itself

@@ -1,4 +1,4 @@
-"""Keyed flow integrity, the spill bound and encrypted data connections (issue 11 items 1-4).
+"""Keyed flow integrity, the spill bound and encrypted data connections.
 
 overlay/integrity.py (keyed chunk MACs, keyed flow digest), InFlow.admit (MAC and spill bound
 checked before a chunk is kept), reorder.remove_spill_files (start-up cleanup) and

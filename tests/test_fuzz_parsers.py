@@ -1,4 +1,4 @@
-"""Hypothesis fuzzing of the three parsers with adversarial input (issue 10, item 8).
+"""Hypothesis fuzzing of the three parsers with adversarial input.
 
 1. Coflow API (terra_controller/api_server.py): `ApiHandler.handle` called directly with
    arbitrary and near-valid request maps, then raw byte streams over real mutual TLS.

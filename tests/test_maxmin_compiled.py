@@ -1,4 +1,4 @@
-"""The numba-compiled paths (session 8, issue 13) against the numpy code they replaced, on
+"""The numba-compiled paths against the numpy code they replaced, on
 random instances: the same float operations in the same order, so equal to the bit.
 
 - `maxmin.maxmin_levels_sparse` against `reference_maxmin.maxmin_levels_sparse_numpy`
@@ -6,7 +6,7 @@ random instances: the same float operations in the same order, so equal to the b
 - `maxmin.maxmin_levels_entries` with whole-number entries (now always the compiled sparse
   filling) against `maxmin_levels` on the dense matrix, which kept the loads exact too;
 - `maxmin.csr_ranges` against its numpy version;
-- `maxmin.maxmin_levels_scaled` (fixed columns, weights changing; session 10) against
+- `maxmin.maxmin_levels_scaled` (fixed columns, weights changing) against
   `maxmin_levels_entries` on the entries it stands for, whole and real weights;
 - the simulator's passes over the live flows against the numpy expressions they replaced.
 Capacities are in bytes/s, rates in bytes/s, times in seconds.

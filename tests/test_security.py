@@ -1,4 +1,4 @@
-"""Attacks on the controller's API and agent channel (issue 10), each kept as a test.
+"""Attacks on the controller's API and agent channel, each kept as a test.
 
 Real servers on loopback with mutual TLS (the session's PKI); attackers are plain
 TCP peers, peers with a certificate of another CA, or legitimate participants

@@ -1,4 +1,4 @@
-"""The simulator's Terra fast path (`group_rates`, issue 13 item 3) against the generic
+"""The simulator's Terra fast path (`group_rates`) against the generic
 `allocate` path on seeded random instances: the very same run, every coflow's finish time
 equal to the bit, the same rounds and LPs (it sums and splits with the same operations in
 the same order)."""

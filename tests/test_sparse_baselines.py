@@ -1,4 +1,4 @@
-"""Sparse incidence in the baselines and the simulator (issue 13) against dense references.
+"""Sparse incidence in the baselines and the simulator against dense references.
 
 The per-flow / multipath water-filling (`_FairPolicy.pair_levels`), Varys' and Rapier's
 MADD plus backfill (`_MaddPolicy.coflow_rates`) and the simulator's fast paths now keep
@@ -73,7 +73,7 @@ def random_coflows(rng: random.Random, topology: Topology, count: int) -> list[C
 
 
 def yen_reference(topology: Topology, src: str, dst: str, k: int) -> list[tuple]:
-    """The K shortest paths as before issue 13: Yen for the K-th hop count, then a second
+    """The K shortest paths as before (dense): Yen for the K-th hop count, then a second
     pass over every simple path of at most that many hops, ranked by (hops, names)."""
     graph = up_graph(topology)
     found = []
@@ -145,7 +145,7 @@ def test_path_entries_are_the_nonzeros_of_path_incidence():
 
 
 def dense_pair_levels(policy, pairs, members):
-    """Levels as before issue 13: the 0/1 links x paths matrix of the pairs' paths times
+    """Levels as before (dense): the 0/1 links x paths matrix of the pairs' paths times
     their pairs' member counts, water-filled by the dense maxmin_levels."""
     paths, pair = [], []
     for i, p in enumerate(pairs):
@@ -194,7 +194,7 @@ def test_per_flow_levels_on_a_small_fabric_by_hand():
 
 
 def dense_coflow_rates(policy, remaining):
-    """`_MaddPolicy.coflow_rates` as before issue 13: each coflow's dense links x flows
+    """`_MaddPolicy.coflow_rates` as before (dense): each coflow's dense links x flows
     matrix, `matrix @ per_member` volumes, and one dense max-min backfill over all
     coflows' alive routed columns side by side."""
     capacity = policy._capacity()

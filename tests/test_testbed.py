@@ -1,4 +1,4 @@
-"""The SWAN testbed (issue 5): workload shaping, results, the TCP baseline node, and a short
+"""The SWAN testbed: workload shaping, results, the TCP baseline node, and a short
 end-to-end run of `terra-testbed swan --quick` with Open vSwitch and Mininet (root, CI).
 """
 

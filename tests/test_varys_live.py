@@ -1,14 +1,14 @@
-"""Issue 13, varys on bigswitch (session 8): the flat fast path of Varys and Rapier against
+"""Varys on bigswitch: the flat fast path of Varys and Rapier against
 the straightforward computations it replaces, on random small instances.
 
 - `_MaddPolicy.live_coflow_rates` (only the unfinished flows, volumes and Γ of all
   coflows by one bincount, the MADD pass per coflow on its used links) and
-  `coflow_rates` built on it, against the per-coflow code of session 7 (below,
+  `coflow_rates` built on it, against the earlier per-coflow code (below,
   `per_coflow_rates`), bit for bit: on random WANs (flows with different hop counts, the
   general gather), on small bigswitch fabrics (every flow two entries, the matrix
   gather), with finished flows, with unrouted flows (a link down cuts a pair off);
 - `baselines._madd_pass` against the MADD loop on whole capacity vectors;
-- `baselines._hop_volumes`' single-path branch against its general one (session 10);
+- `baselines._hop_volumes`' single-path branch against its general one;
 - the simulator's coflow path (`_allocate_by_coflow`, route entries per position)
   against its generic `allocate` path on bigswitch fabrics.
 Capacities are in bytes/s, remaining amounts in bytes.
@@ -30,7 +30,7 @@ from workloads import Coflow
 
 
 def per_coflow_rates(policy, remaining):
-    """`_MaddPolicy.coflow_rates` as of session 7: per coflow its volume by bincount over
+    """`_MaddPolicy.coflow_rates` as it was before: per coflow its volume by bincount over
     all its flows' entries, Γ, the MADD loop on whole capacity vectors, one backfill."""
     capacity = policy._capacity()
     n_links = len(capacity)
@@ -223,7 +223,7 @@ def test_live_rates_reject_malformed_arguments():
 
 
 def whole_vector_madd(volume, gamma, capacity):
-    """The MADD loop of session 7 on whole capacity vectors: (g per coflow, left)."""
+    """The earlier MADD loop on whole capacity vectors: (g per coflow, left)."""
     g = np.full(len(gamma), np.inf)
     left = capacity.copy()
     for c in sorted(range(len(gamma)), key=lambda c: (gamma[c], c)):

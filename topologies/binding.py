@@ -1,8 +1,7 @@
 """The binding of a topology to switches: DPID per DC, port per WAN link, agent hosts.
 
 It extends our JSON topology format (topologies/loaders.py keeps unknown
-top-level keys in `Topology.attrs`) with two keys (docs/design.md section 5,
-issue 4 item 2)::
+top-level keys in `Topology.attrs`) with two keys (docs/design.md section 5)::
 
     "tunnel_base_port": 20000,
     "switches": {

@@ -1,6 +1,6 @@
 """Topology loaders: built-in names, our JSON format and Topology Zoo GraphML.
 
-JSON format (docs/design.md section 7, issue 2)::
+JSON format (docs/design.md section 7)::
 
     {"name": "...", "default_capacity_gbps": 10, "dcs": ["A", ...],
      "links": [{"a": "HK", "b": "LA", "capacity_gbps": 10}]}

@@ -1,4 +1,4 @@
-"""The JSON workload format for hand-made cases (issue 2, docs/design.md section 8)::
+"""The JSON workload format for hand-made cases (docs/design.md section 8)::
 
     {"coflows": [{"id": "c1", "arrival_s": 0.0, "deadline_s": null,
                   "flows": [{"id": "f1", "src": "A", "dst": "C", "bytes": 2e9}]}]}
