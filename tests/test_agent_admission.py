@@ -24,7 +24,7 @@ import trio
 from test_data_root import MB, file_digest, run_flows, wait_complete
 
 from terra_agent.admission import Admission, Caps, caps_from_file_limit, serve_admitted
-from terra_agent.harness import LoopbackHarness, free_port_block, stop_processes
+from terra_agent.harness import LoopbackHarness, free_port, free_port_block, stop_processes
 from terra_agent.metrics import REQUEST_S, bind_metrics, serve_metrics
 from terra_agent.sources import PART_SUFFIX
 
@@ -101,9 +101,7 @@ def test_idle_metrics_connections_hold_no_threads_and_do_not_block_a_scrape(tmp_
     host = "127.0.0.44"
     data_port = free_port_block(host, 2)
     metrics_port = free_port_block(host, 1)
-    with socket.socket() as s:  # a controller address that refuses: the agent retries
-        s.bind(("127.0.0.1", 0))
-        controller = s.getsockname()[1]
+    controller = free_port()  # a controller address that refuses: the agent retries
     cmd = [
         sys.executable, "-m", "terra_agent.cli", "--insecure",
         "--controller", f"127.0.0.1:{controller}", "--dc", "HK", "--id", "m1",

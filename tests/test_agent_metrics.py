@@ -4,21 +4,14 @@ coflow, then each agent's /metrics shows what it sent and received."""
 from __future__ import annotations
 
 import re
-import socket
 import urllib.request
 
 import pytest
 
-from terra_agent.harness import stop_processes
+from terra_agent.harness import free_port, stop_processes
 from terra_controller.loopback_system import ControllerProcess, start_agents
 
 AGENTS = [("hk1", "HK", "127.0.0.41"), ("ba1", "BA", "127.0.0.42")]
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def scrape(addr: str) -> str:

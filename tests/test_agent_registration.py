@@ -19,6 +19,7 @@ import threading
 import pytest
 
 from overlay import protocol
+from terra_agent.harness import free_port
 from terra_controller.agent_channel import (
     AgentChannel,
     RegistrationRefused,
@@ -108,9 +109,7 @@ def test_an_unknown_dc_is_fatal_and_a_known_one_is_not(channel):
 
 def test_an_agent_with_an_unknown_dc_exits_with_the_reason(channel, tmp_path):
     controller, chan, bound, _ = channel
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        data_port = s.getsockname()[1]
+    data_port = free_port()
     cmd = [
         sys.executable, "-m", "terra_agent.cli", "--insecure",
         "--controller", f"{bound[0]}:{bound[1]}", "--dc", "Mars", "--id", "z1",

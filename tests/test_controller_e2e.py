@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from tls_helpers import ensure
 
-from terra_agent.harness import free_port_block, stop_processes
+from terra_agent.harness import free_port, free_port_block, stop_processes
 from terra_controller.client import TerraClient
 from terra_controller.pki import Role, client_context
 
@@ -33,12 +33,6 @@ def is_flow_digest(value) -> bool:
     recomputed here: the flow key stays inside the controller and the flow's two agents (the
     receiver reports "complete" only when its digest equals the sender's)."""
     return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value) is not None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(predicate, timeout: float, what: str) -> None:
@@ -94,7 +88,10 @@ class System:
             stdout=subprocess.PIPE, stderr=self.ctl_log, text=True,
         )  # fmt: skip
         line = self.ctl.stdout.readline()
-        assert line.startswith("terra-controller ready"), line
+        if not line.startswith("terra-controller ready"):
+            self.ctl_log.flush()
+            tail = (self.workdir / "controller.log").read_text()[-2000:]
+            raise AssertionError(f"controller did not start: {line!r}; its log ends:\n{tail}")
 
     def stop_controller(self) -> None:
         self.ctl.terminate()  # SIGTERM: it ends at once, closing the agents' channels

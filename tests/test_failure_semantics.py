@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from test_agent import loopback
 from overlay import protocol
 from overlay.integrity import FlowKeys
 from overlay.protocol import GroupRates, flows_message
-from terra_agent.harness import free_port_block, stop_processes
+from terra_agent.harness import free_port, free_port_block, stop_processes
 from terra_agent.sources import SyntheticSource, flow_key, synthetic_digest
 from terra_controller.api_server import API_VERSION, ApiHandler
 from terra_controller.client import TerraClient
@@ -624,7 +623,6 @@ async def test_a_digest_mismatch_is_reported_and_a_new_attempt_completes(tmp_pat
         assert h.agents["b"].agent.closed_connections == 0
 
 
-
 async def test_a_dropped_file_flow_leaves_no_part_file_and_a_new_attempt_commits(tmp_path):
     """A cancelled / failed / restarting file flow: its DST.terra-part goes at the drop (the
     destination never appears); the restart's attempt writes its own and commits it."""
@@ -660,13 +658,6 @@ async def test_a_dropped_file_flow_leaves_no_part_file_and_a_new_attempt_commits
 
 E2E_AGENTS = [("a1", "A", "127.0.0.31"), ("b1", "B", "127.0.0.32"), ("c1", "C", "127.0.0.33")]
 E2E_K = 2  # A -> B: the direct link and A-C-B, 20 MB/s each: 40 MB/s in all
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LoopbackSystem:

@@ -28,6 +28,7 @@ from test_api import Server, flow
 from test_rest import context, get, serve
 from tls_helpers import tls_socket
 
+from terra_agent.harness import free_port
 from terra_controller import rest
 from terra_controller.client import TerraClient
 
@@ -38,12 +39,6 @@ TOPOLOGY = {
     "default_capacity_gbps": 1,
     "links": [{"a": "A", "b": "B"}, {"a": "B", "b": "C"}, {"a": "A", "b": "C"}],
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def flood(port: int, count: int, source: str = "127.0.0.2") -> list[socket.socket]:

@@ -21,6 +21,7 @@ import time
 
 import pytest
 
+from terra_agent.harness import free_port
 from terra_controller.tunnels import build_tunnels, compile_rules, rules_per_switch
 from topologies import Topology
 from topologies.binding import load_binding, make_binding
@@ -95,12 +96,6 @@ class AppProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

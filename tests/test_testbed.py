@@ -24,6 +24,7 @@ from mininet_scenarios.cli import parse_schedulers
 from mininet_scenarios.swan import RunResult, busy_time, expected_digest, verified_by_agents
 from mininet_scenarios.tcp_baseline import send_flow, serve
 from mininet_scenarios.workload import MIN_FLOW_BYTES, scales
+from terra_agent.harness import free_port
 from topologies import load_topology
 from topologies.binding import load_binding
 from workloads import WorkloadError
@@ -261,9 +262,7 @@ def test_plots_are_written(tmp_path):
 
 
 def test_tcp_baseline_node_receives_flows_with_their_digests(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = tmp_path / "out.jsonl"
     serve(("127.0.0.1", port), out)
     sizes = {"f1": 3_000_000, "f2": 1}  # more than one synthetic period; a single byte
@@ -285,9 +284,7 @@ def test_tcp_baseline_node_receives_flows_with_their_digests(tmp_path):
 
 
 def test_tcp_baseline_node_process_waits_for_the_start_file_then_sends(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     schedule = tmp_path / "schedule.json"
     flows = [{"coflow": "3", "flow": "a>b", "dst_ip": "127.0.0.1", "bytes": 100_000,
               "arrival_s": 0.1}]  # fmt: skip
