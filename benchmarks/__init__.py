@@ -1,5 +1,5 @@
 """Benchmark scripts (README, "Benchmarks"): run each as `uv run python benchmarks/NAME.py`.
 
 A package so that scripts can share code by absolute import (`benchmarks.fb_table3`); the
-controller harness they share lives in terra_controller/loopback_system.py.
+controller harness they share lives in benchmarks/loopback_system.py.
 """

@@ -30,10 +30,11 @@ import threading
 import time
 from pathlib import Path
 
-from terra_controller.loopback_system import ControllerProcess, FakeAgent
+from benchmarks.loopback_system import ControllerProcess, FakeAgent
 from terra_core.terra_policy import TerraPolicy
+from terra_model import Coflow, Flow
 from topologies import GBPS_TO_BYTES_PER_S, load_topology
-from workloads import Coflow, Flow, load_workload
+from workloads import load_workload
 
 DCS = ["HK", "LA", "NY", "FL", "BA"]
 AGENT_OF = {dc: dc.lower() for dc in DCS}

@@ -64,20 +64,21 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from terra_agent.harness import free_port_block
-from terra_controller.api_server import API_VERSION, pack_message, read_message
-from terra_controller.loopback_system import (
+from benchmarks.harness import free_port_block
+from benchmarks.loopback_system import (
     OPERATOR,
     ControllerProcess,
     start_agents,
     stop_all,
 )
-from terra_controller.pki import (
+from terra_controller.transport import read_message
+from terra_security.pki import (
     CONTROLLER_HOSTNAME,
     Role,
     client_context,
     data_client_context,
 )
+from terra_wire.api import API_VERSION, pack_message
 
 PORTS = ("api", "agents", "rest", "data", "metrics")
 FLOOD_ADDR = "127.0.0.1"

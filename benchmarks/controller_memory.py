@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from benchmarks.api_throughput import fake_agents, one_flow
-from terra_controller.loopback_system import ControllerProcess
+from benchmarks.loopback_system import ControllerProcess
 
 
 def rss_mb(pid: int) -> float:

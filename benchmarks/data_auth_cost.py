@@ -1,6 +1,6 @@
 """CPU per data-connection authentication: plain TCP vs pair key vs mutual TLS.
 
-Both ends run in this process (trio, loopback): a receiver serving terra_agent.data_auth.accept
+Both ends run in this process (trio, loopback): a receiver serving terra_security.data_auth.accept
 and a sender connecting N times, authenticating (none / key_authenticate_sender / authenticate
 with the TLS client context, then unwrap), reading one byte and closing. The figure is the
 process CPU time per connection in ms, both ends together, TCP set-up included: what an agent
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import trio
 
-from terra_agent.data_auth import accept, authenticate, key_authenticate_sender
-from terra_controller.data_keys import DataKeys
-from terra_controller.pki import Role, data_client_context, data_server_context, init_ca, issue
+from terra_security.data_auth import accept, authenticate, key_authenticate_sender
+from terra_security.data_keys import DataKeys
+from terra_security.pki import Role, data_client_context, data_server_context, init_ca, issue
 
 MODES = ("plain", "key", "tls")
 

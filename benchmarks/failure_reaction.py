@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from terra_controller.loopback_system import ControllerProcess, start_agents, stop_all
+from benchmarks.loopback_system import ControllerProcess, start_agents, stop_all
 from topologies.loaders import builtin_path
 
 TLS = True  # mutual TLS on the API and the agent channel (--insecure: False)

@@ -1,6 +1,6 @@
 """Raw framing throughput: chunk frames over loopback TCP, sender and receiver in two processes.
 
-The sender process writes chunk frames (overlay.framing.chunk_header + send_frame, CRC-32 per
+The sender process writes chunk frames (terra_wire.frames.chunk_header + send_frame, CRC-32 per
 chunk) of one pre-made payload as fast as it can over N connections; the receiver process
 reads them with FrameReader (checksum verified) and counts payload bytes. No data source, no
 digest, no rate limit: this is the ceiling the framing puts on an agent.
@@ -22,8 +22,9 @@ import time
 
 import trio
 
-from overlay.framing import FrameReader, chunk_header, send_frame
-from overlay.integrity import mac_bytes
+from overlay.framing import FrameReader, send_frame
+from terra_security.integrity import mac_bytes
+from terra_wire.frames import chunk_header
 
 
 async def _receive(port_q, result_q, connections: int, warmup: float, seconds: float) -> None:

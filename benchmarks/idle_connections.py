@@ -22,8 +22,8 @@ import threading
 import time
 
 from benchmarks.api_throughput import fake_agents
-from terra_controller.loopback_system import ControllerProcess
-from terra_controller.pki import Role
+from benchmarks.loopback_system import ControllerProcess
+from terra_security.pki import Role
 
 
 def open_connections(addr: tuple[str, int], n: int, first_host: int) -> list[socket.socket]:

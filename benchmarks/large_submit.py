@@ -37,8 +37,8 @@ import threading
 import time
 from pathlib import Path
 
-from terra_controller.loopback_system import ControllerProcess, FakeAgent, start_agents, stop_all
-from terra_controller.pki import Role
+from benchmarks.loopback_system import ControllerProcess, FakeAgent, start_agents, stop_all
+from terra_security.pki import Role
 
 JOB_A, JOB_B = "bench-large-job", "bench-small-job"
 FAKE = [("hk", "HK"), ("ba", "BA")]

@@ -1,7 +1,7 @@
 """Leaf MACs inline vs in a trio worker thread (is the hand-off worth it?).
 
 For chunks of 64 KiB, 1 MiB and 4 MiB: CPU and wall time per chunk of
-overlay.integrity.FlowKeys.leaf_macs called inline, the same through
+terra_security.integrity.FlowKeys.leaf_macs called inline, the same through
 trio.to_thread.run_sync, and an empty hand-off (trio.to_thread.run_sync(int)).
 
     uv run python benchmarks/mac_handoff.py
@@ -14,7 +14,7 @@ import time
 
 import trio
 
-from overlay.integrity import FlowKeys, new_flow_key
+from terra_security.integrity import FlowKeys, new_flow_key
 
 
 async def measure(keys: FlowKeys, size: int) -> dict:

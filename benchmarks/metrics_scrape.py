@@ -28,7 +28,7 @@ import urllib.request
 from pathlib import Path
 
 from benchmarks.api_throughput import fake_agents, one_flow
-from terra_controller.loopback_system import ControllerProcess
+from benchmarks.loopback_system import ControllerProcess
 
 TARGET_S = 0.050
 

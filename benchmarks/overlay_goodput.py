@@ -2,9 +2,9 @@
 against iperf3 moving the same bytes.
 
 Two `terra-agent` subprocesses (sender on 127.0.0.2, receiver on 127.0.0.3) and the in-process
-controller peer of terra_agent/harness.py. The sender moves synthetic flows to a digest-only sink;
+controller peer of benchmarks/harness.py. The sender moves synthetic flows to a digest-only sink;
 each chunk carries a keyed BLAKE3 MAC the receiver checks, both ends compute the keyed flow
-digest (overlay/integrity.py). Goodput = flow bytes / time from the rates message to the last
+digest (terra_security/integrity.py). Goodput = flow bytes / time from the rates message to the last
 "complete" report. CPU seconds per GB = user + system CPU time of both agent processes over the
 same interval (psutil) / GB moved (1 GB = 1e9 bytes); also per agent, user and system apart.
 --encrypt: the agents run with a fresh PKI and --encrypt-data (TLS stays on data connections;
@@ -37,17 +37,17 @@ from pathlib import Path
 import psutil
 import trio
 
-from overlay.integrity import FlowKeys, new_flow_key
-from overlay.protocol import GroupRates
-from terra_agent.harness import LoopbackHarness, free_port_block
-from terra_controller.pki import Role, init_ca, issue
+from benchmarks.harness import LoopbackHarness, free_port_block
 from terra_core.cli_support import setup_logging
+from terra_security.integrity import FlowKeys, new_flow_key
+from terra_security.pki import Role, init_ca, issue
+from terra_wire.control import GroupRates
 
 UNLIMITED = 1e12  # bytes/s: far above what loopback can do
 
 
 def hashing_cost_s_per_gb() -> float:
-    """CPU seconds per GB of the leaf MACs of 4 MiB chunks (overlay/integrity.py, keyed
+    """CPU seconds per GB of the leaf MACs of 4 MiB chunks (terra_security/integrity.py, keyed
     BLAKE3, 64 KiB leaves) on this machine (256 MiB): each end's one pass over every byte."""
     buf = os.urandom(4 << 20)
     keys = FlowKeys(new_flow_key())

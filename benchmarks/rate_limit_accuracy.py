@@ -38,8 +38,7 @@ import time
 
 import trio
 
-from overlay.framing import FrameReader, chunk_header, send_frame
-from overlay.integrity import mac_bytes
+from overlay.framing import FrameReader, send_frame
 from overlay.rate_limit import (
     RATE_LIMITERS,
     TokenBucket,
@@ -48,6 +47,8 @@ from overlay.rate_limit import (
     stream_rate,
 )
 from terra_agent.sender import allow_unsent_bytes, paced_unsent_bytes
+from terra_security.integrity import mac_bytes
+from terra_wire.frames import chunk_header
 
 MBIT = 1e6 / 8  # bytes/s per Mbit/s
 DEFAULT_RATES_MBIT = [1, 2, 5, 10, 20, 50, 100, 200]

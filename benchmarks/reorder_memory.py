@@ -45,11 +45,12 @@ import tracemalloc
 import trio
 from isal.isal_zlib import crc32
 
-from overlay.framing import FrameReader, chunk_header, encode_frame
-from overlay.integrity import mac_bytes
+from overlay.framing import FrameReader
 from overlay.rate_limit import TokenBucket
 from overlay.reorder import ReorderBuffer
 from overlay.striping import Striper
+from terra_security.integrity import mac_bytes
+from terra_wire.frames import chunk_header, encode_frame
 
 MBIT = 1e6 / 8
 LINK_BURST_S = 0.005  # bucket depth of a paced path, seconds of its rate

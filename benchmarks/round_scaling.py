@@ -39,8 +39,8 @@ import networkx as nx
 import numpy as np
 
 from terra_core.terra_policy import TerraPolicy
+from terra_model import Coflow, Flow
 from topologies import GBPS_TO_BYTES_PER_S, Topology, load_topology
-from workloads import Coflow, Flow
 
 DEFAULT_TOPOLOGIES = [
     "synth10",

@@ -25,9 +25,10 @@ from pathlib import Path
 from mininet_scenarios.sim_twin import simulate_testbed
 from mininet_scenarios.swan import Failure, testbed_topology
 from mininet_scenarios.workload import DEFAULT_FIRST, scales, testbed_coflows
+from terra_model import WorkloadError
 from topologies import load_topology
 from topologies.binding import load_binding
-from workloads import WorkloadError, load_workload
+from workloads import load_workload
 
 TRACE_COFLOWS = 526
 

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from terra_controller.loopback_system import ControllerProcess, start_agents, stop_all
+from benchmarks.loopback_system import ControllerProcess, start_agents, stop_all
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

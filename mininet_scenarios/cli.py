@@ -51,9 +51,9 @@ from terra_core.cli_support import (
     setup_logging,
 )
 from terra_core.registry import scheduler_names
+from terra_model import WorkloadError
 from topologies import TopologyError, load_topology
 from topologies.binding import load_binding
-from workloads import WorkloadError
 
 OVS_CTL = "/usr/share/openvswitch/scripts/ovs-ctl"
 DEFAULT_LINK_MBPS = 10.0

@@ -28,10 +28,10 @@ from mininet_scenarios.results import cct_stats
 from mininet_scenarios.swan import CAPACITY_FRACTION, TESTBED_TOPOLOGY, Failure
 from mininet_scenarios.workload import TestbedCoflow
 from terra_core.registry import SchedulerOptions, make_scheduler
+from terra_model import Coflow, Flow
 from terra_sim.simulator import SimResult, WanChange, simulate
 from topologies import load_topology
 from topologies.binding import Binding
-from workloads import Coflow, Flow
 
 
 def to_coflows(coflows: Sequence[TestbedCoflow], binding: Binding) -> list[Coflow]:

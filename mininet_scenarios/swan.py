@@ -199,7 +199,7 @@ def busy_time(arrival_s: dict, cct_s: dict) -> float:
 def verified_by_agents(flow: dict) -> bool:
     """A Terra flow's status row shows its bytes verified end to end: state "done" with a keyed
     flow digest (64 hex chars). The digest cannot be recomputed here: its key stays inside the
-    controller and the flow's two agents (overlay/integrity.py); the receiver reports "done"
+    controller and the flow's two agents (terra_security/integrity.py); the receiver reports "done"
     only when its digest equals the sender's."""
     digest = flow.get("digest")
     return (
@@ -299,7 +299,7 @@ def make_pki(workdir: Path, agent_names: list[str]) -> Path:
     """
     import shutil
 
-    from terra_controller.pki import Role, init_ca, issue
+    from terra_security.pki import Role, init_ca, issue
 
     pki = workdir / "pki"
     shutil.rmtree(pki, ignore_errors=True)
@@ -325,7 +325,7 @@ class Controller:
     ):  # fmt: skip
         import ssl
 
-        from terra_controller.pki import client_context
+        from terra_security.pki import client_context
 
         self.pki = pki
         self.scheduler = scheduler

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from terra_model import Coflow, WorkloadError
 from topologies import Topology
 from topologies.binding import Binding
-from workloads import Coflow, WorkloadError, load_workload
+from workloads import load_workload
 
 PAPER_LINK_BPS = 1e9  # the seed paper's testbed links (docs/design.md section 7)
 MIN_FLOW_BYTES = 64 * 1024

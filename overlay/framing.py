@@ -8,7 +8,7 @@ The header map always carries ``"v": VERSION``, ``"t": <type str>`` and
 ``"n": <payload length in bytes>``. Chunk frames (``"t": "chunk"``) also carry
 ``"c"`` (coflow id, str), ``"f"`` (flow id, str), ``"o"`` (byte offset in the
 flow, int) and ``"m"`` (the MACs of the chunk's 64 KiB leaves, MAC_BYTES each,
-overlay/integrity.py: the receiving agent checks them with the flow's key, framing only
+terra_security/integrity.py: the receiving agent checks them with the flow's key, framing only
 checks their type and length; no other pass over the payload is made here). Any
 other frame whose header has
 ``"x"`` (``zlib.crc32`` of the payload) gets that checksum verified on reading.
@@ -35,20 +35,21 @@ import ssl
 import struct
 import sys
 
-import msgpack
 import trio
 
-from overlay.integrity import mac_bytes
+from terra_wire.frames import (
+    MAX_HEADER_BYTES,
+    MAX_PAYLOAD_BYTES,
+    FrameError,
+    check_header,
+    encode_frame,
+    unpack_map,
+)
 
 try:  # ISA-L's crc32: the same CRC-32 as zlib.crc32, ~15x faster (SIMD)
     from isal.isal_zlib import crc32
 except ImportError:  # pragma: no cover - isal is a declared dependency
     from zlib import crc32
-
-VERSION = 1
-MAX_HEADER_BYTES = 64 * 1024
-MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
-CHUNK_TYPE = "chunk"
 
 # Payloads up to this size are joined with their header into one write.
 _JOIN_LIMIT = 16 * 1024
@@ -59,84 +60,6 @@ _U32_MAX = 0xFFFFFFFF
 # ids of SocketStreams with a vectored send in progress (trio's own conflict
 # detection is bypassed when we use the socket directly).
 _SENDING: set[int] = set()
-
-
-class FrameError(Exception):
-    """A frame could not be encoded or decoded; the message says why.
-
-    Raised for malformed msgpack, a header that is not a map, a wrong or
-    missing version, a missing/non-string type, oversized header or payload
-    lengths, chunk fields of the wrong type, a checksum mismatch, and EOF in
-    the middle of a frame. The connection that produced it should be closed.
-    """
-
-
-def chunk_header(coflow_id: str, flow_id: str, offset: int, payload, macs: bytes) -> dict:
-    """Build the header of a chunk frame carrying `payload`.
-
-    Args:
-        coflow_id: coflow id (str).
-        flow_id: flow id (str), unique within the coflow.
-        offset: byte offset of the payload's first byte within the flow (int >= 0).
-        payload: the chunk's bytes (bytes, bytearray or memoryview).
-        macs: the MACs of the chunk's leaves (overlay.integrity.FlowKeys.leaf_macs,
-            integrity.mac_bytes(len(payload)) bytes).
-
-    Returns:
-        {"t": "chunk", "c": coflow_id, "f": flow_id, "o": offset, "n": len(payload),
-        "m": macs} — pass it to send_frame/encode_frame with the payload.
-
-    Raises:
-        FrameError: wrong argument types, negative offset, payload > MAX_PAYLOAD_BYTES, macs
-            that are not bytes of the length for the payload.
-    """
-    if not isinstance(coflow_id, str) or not isinstance(flow_id, str):
-        raise FrameError(
-            f"chunk ids must be str, got coflow {type(coflow_id).__name__}, "
-            f"flow {type(flow_id).__name__}"
-        )
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise FrameError(f"chunk offset must be an int >= 0, got {offset!r}")
-    n = _payload_len(payload)
-    if not isinstance(macs, bytes) or len(macs) != mac_bytes(n):
-        raise FrameError(f"chunk MACs must be {mac_bytes(n)} bytes for {n} payload bytes")
-    return {"t": CHUNK_TYPE, "c": coflow_id, "f": flow_id, "o": offset, "n": n, "m": macs}
-
-
-def encode_frame(header: dict, payload=b"") -> list:
-    """Encode one frame as the list of parts to write, in order.
-
-    Args:
-        header: the header map (str keys); must contain "t" (str). It is not
-            modified: a copy gets "v" = VERSION and "n" = len(payload).
-        payload: bytes-like payload, possibly empty; it is not copied.
-
-    Returns:
-        [prefix_and_header: bytes] when the payload is empty, otherwise
-        [prefix_and_header: bytes, payload] (payload object as given).
-
-    Raises:
-        FrameError: header not a dict, missing/non-str "t", header cannot be
-            packed, header > MAX_HEADER_BYTES, payload > MAX_PAYLOAD_BYTES.
-    """
-    if not isinstance(header, dict):
-        raise FrameError(f"frame header must be a dict, got {type(header).__name__}")
-    if not isinstance(header.get("t"), str):
-        raise FrameError(f"frame header needs a str 't' (type), got {header.get('t')!r}")
-    n = _payload_len(payload)
-    fields = dict(header)
-    fields["v"] = VERSION
-    fields["n"] = n
-    try:
-        packed = msgpack.packb(fields, use_bin_type=True)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise FrameError(f"frame header cannot be packed: {exc}") from exc
-    if len(packed) > MAX_HEADER_BYTES:
-        raise FrameError(f"frame header is {len(packed)} bytes, limit {MAX_HEADER_BYTES}")
-    head = _LEN.pack(len(packed)) + packed
-    if n == 0:
-        return [head]
-    return [head, payload]
 
 
 async def send_frame(stream: trio.abc.SendStream, header: dict, payload=b"") -> None:
@@ -497,78 +420,8 @@ def _drain_tls(stream: trio.SSLStream, view: memoryview) -> int:
     return got
 
 
-# ---- the codec without I/O: shared by FrameReader (trio, agents) and the controller's
-# blocking readers (terra_controller.api_server.read_message, agent_channel.read_control)
-
-
-def unpack_map(raw) -> dict:
-    """Decode one msgpack map (a frame header, or a whole coflow API message).
-
-    Raises:
-        FrameError: malformed msgpack, non-str map keys, or not a map.
-    """
-    try:
-        value = msgpack.unpackb(raw, raw=False, strict_map_key=True)
-    except Exception as exc:  # msgpack raises many types for garbage input
-        raise FrameError(f"malformed msgpack: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(value, dict):
-        raise FrameError(f"a message must be a msgpack map, got {type(value).__name__}")
-    return value
-
-
-def check_header(header: dict, max_payload: int = MAX_PAYLOAD_BYTES) -> dict:
-    """Validate a decoded frame header; returns it.
-
-    Checks: "v" == VERSION, "t" a str, "n" an int in [0, max_payload] (0 for control
-    frames), "x" a u32 when present, chunk fields (see chunk_header: "m" of mac_bytes(n) bytes).
-
-    Raises:
-        FrameError: the first check that fails, named.
-    """
-    version = header.get("v")
-    if version != VERSION or isinstance(version, bool):
-        raise FrameError(f"unsupported frame version {version!r} (expected {VERSION})")
-    if not isinstance(header.get("t"), str):
-        raise FrameError(f"frame header needs a str 't', got {header.get('t')!r}")
-    n = header.get("n")
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= max_payload:
-        raise FrameError(f"frame payload length {n!r} out of range 0..{max_payload}")
-    if "x" in header and not _is_u32(header["x"]):
-        raise FrameError(f"frame checksum must be a u32, got {header['x']!r}")
-    if header["t"] == CHUNK_TYPE:
-        _check_chunk_fields(header)
-    return header
-
-
 def _stream_error(sock, what: str, exc: OSError) -> Exception:
     """The trio stream error for a failed socket call: Closed if we closed it, else Broken."""
     if sock.fileno() == -1:
         return trio.ClosedResourceError(f"{what} on a closed stream")
     return trio.BrokenResourceError(f"socket {what} failed: {exc}")
-
-
-def _payload_len(payload) -> int:
-    try:
-        with memoryview(payload) as view:
-            n = view.nbytes
-    except TypeError as exc:
-        raise FrameError(f"payload must be bytes-like, got {type(payload).__name__}") from exc
-    if n > MAX_PAYLOAD_BYTES:
-        raise FrameError(f"payload is {n} bytes, limit {MAX_PAYLOAD_BYTES}")
-    return n
-
-
-def _is_u32(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _U32_MAX
-
-
-def _check_chunk_fields(header: dict) -> None:
-    for key in ("c", "f"):
-        if not isinstance(header.get(key), str):
-            raise FrameError(f"chunk field {key!r} must be a str, got {header.get(key)!r}")
-    offset = header.get("o")
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise FrameError(f"chunk offset 'o' must be an int >= 0, got {offset!r}")
-    macs, n = header.get("m"), header["n"]
-    if not isinstance(macs, bytes) or len(macs) != mac_bytes(n):
-        raise FrameError(f"chunk MACs 'm' must be {mac_bytes(n)} bytes for n={n}, got {macs!r}")

@@ -27,8 +27,8 @@ import struct
 import msgpack
 import trio
 
-from overlay.framing import VERSION
-from overlay.integrity import mac_bytes
+from terra_security.integrity import mac_bytes
+from terra_wire.frames import VERSION
 
 RATE_LIMITERS = ("bucket", "pacing")  # terra-agent --rate-limiter choices; "bucket" is the default
 SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)  # Linux value
@@ -180,8 +180,9 @@ def pacing_rate(sock: socket.socket) -> float:
 def chunk_frame_overhead(coflow: str, flow: str, payload_bytes: int, attempt: int = 0) -> int:
     """Bytes a chunk frame of `payload_bytes` adds to the stream besides its payload.
 
-    That is the 4-byte length prefix and the msgpack header overlay.framing.chunk_header()
-    builds, with the chunk's leaf MACs (overlay.integrity.mac_bytes) and the offset packed as a
+    That is the 4-byte length prefix and the msgpack header terra_wire.frames.chunk_header()
+    builds, with the chunk's leaf MACs (terra_security.integrity.mac_bytes) and the offset packed
+    as a
     uint32 (5 bytes: offsets below 4 GiB; smaller values pack shorter, larger ones 4 bytes
     longer), so the estimate is within a few bytes of every real frame.
     Returns an int > 0. Raises ValueError for payload_bytes < 0.

@@ -1,7 +1,7 @@
 """The Terra agent on trio: control channel, data listeners, senders and receivers.
 
 docs/design.md sections 5 and 6; wire format in overlay/framing.py and
-overlay/protocol.py. Every task lives in the agent's nursery; a connection's errors (bad frames,
+terra_wire/control.py. Every task lives in the agent's nursery; a connection's errors (bad frames,
 protocol violations, resets) are logged and close that connection only.
 
 Lifecycle: run() listens on the data port, connects to the controller (reconnecting with backoff)
@@ -10,7 +10,7 @@ names it, see docs/security.md). The controller then sends the tunnel
 table (outgoing tunnels + ports to listen on), flow descriptors and per-FlowGroup per-path rates.
 The agent opens one persistent connection per (peer agent, tunnel) and sends (with --pki each
 data connection is first authenticated by a mutual TLS handshake, then carries data in clear:
-terra_agent/data_auth.py); receivers
+terra_security/data_auth.py); receivers
 acknowledge the offsets they delivered in order, hashed and wrote; progress (bytes acknowledged
 per flow) goes to the controller every `progress_interval` seconds and at once when a flow is
 fully acknowledged; receivers send "complete" when a flow's bytes are all in and its digest
@@ -49,8 +49,13 @@ from dataclasses import dataclass
 
 import trio
 
-from overlay.framing import MAX_PAYLOAD_BYTES, FrameError, FrameReader, FrameWriter, PayloadBuffers
-from overlay.protocol import (
+from overlay.framing import FrameReader, FrameWriter, PayloadBuffers
+from overlay.rate_limit import RATE_LIMITERS, chunk_frame_overhead, stream_rate, tls_record_rate
+from overlay.rate_limited_log import RateLimitedLog
+from overlay.reorder import MemoryBudget, remove_spill_files
+from terra_security.data_auth import DATA_HANDSHAKE_S, DataAuthError, accept
+from terra_security.pki import CONTROLLER_HOSTNAME
+from terra_wire.control import (
     FlowSpec,
     ProtocolError,
     complete_message,
@@ -66,13 +71,9 @@ from overlay.protocol import (
     validate_control,
     validate_data,
 )
-from overlay.rate_limit import RATE_LIMITERS, chunk_frame_overhead, stream_rate, tls_record_rate
-from overlay.rate_limited_log import RateLimitedLog
-from overlay.reorder import MemoryBudget, remove_spill_files
-from terra_controller.pki import CONTROLLER_HOSTNAME
+from terra_wire.frames import MAX_PAYLOAD_BYTES, FrameError
 
 from .admission import Admission, Caps, caps_from_file_limit, serve_admitted
-from .data_auth import DATA_HANDSHAKE_S, DataAuthError, accept
 from .metrics import serve_metrics
 from .pending import PENDING_LIMIT_BYTES, PENDING_TIMEOUT_S, HeldChunk, PendingChunks
 from .receiver import MAX_AHEAD_BYTES, ChunkRejected, HashQueue, InFlow
@@ -124,7 +125,7 @@ class AgentConfig:
     more ports on the same host); spill_dir: directory for reorder spill files; memory_limit:
     bytes of out-of-order data held in memory by all flows together (a MemoryBudget shared by
     their reorder buffers) before spilling; tls: client ssl.SSLContext for the control channel
-    (terra_controller.pki.client_context with this agent's certificate; the controller is
+    (terra_security.pki.client_context with this agent's certificate; the controller is
     verified by its `terra-controller` name), None: plain TCP (--insecure);
     progress_interval / heartbeat_interval: seconds; pending_limit:
     bytes of chunks held for flows whose descriptor has not arrived yet (all flows together);
@@ -134,9 +135,9 @@ class AgentConfig:
     inside it (sources.resolve_data_path); None (default): every file flow is refused (the
     flow is reported to the controller with an "error" naming the refusal, the agent carries on).
     data_tls_server / data_tls_client: ssl.SSLContexts authenticating data connections
-    (terra_controller.pki.data_server_context / data_client_context with this agent's
+    (terra_security.pki.data_server_context / data_client_context with this agent's
     certificate, made by terra-agent --pki): every incoming / outgoing data connection starts
-    with a mutual TLS handshake, the peers are checked (terra_agent/data_auth.py), then hello
+    with a mutual TLS handshake, the peers are checked (terra_security/data_auth.py), then hello
     and chunks go in clear; None (default, --insecure, the loopback harness): plain TCP,
     unauthenticated.
     encrypt_data: keep TLS on data connections after the handshake (terra-agent --encrypt-data;
@@ -1030,7 +1031,8 @@ class Agent:
         has data_tls_server); a chunk whose flow's src_agent is another agent closes the
         connection before it reaches the flow (sink, reorder buffer, spill file). So does a
         chunk whose `mac` ("m", its leaf MACs) is not the flow key's MAC list of its bytes and
-        offset (tampered, or made without the key; overlay/integrity.py), a chunk off the leaf
+        offset (tampered, or made without the key; terra_security/integrity.py), a chunk off the
+        leaf
         grid and a chunk ending more than the flow's max_ahead bytes past its in-order point
         (InFlow.admit): the connection's end makes the sender requeue everything
         unacknowledged on it, so the flow still completes.

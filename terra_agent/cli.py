@@ -11,9 +11,9 @@
 DIR/ca.crt; its id is its certificate's name. The same certificate authenticates its data
 connections: each starts with a mutual TLS handshake (the receiver presents its certificate as
 server, the sender as client; each checks the other is the agent it should be), then carries
-hello and chunks in clear (terra_agent/data_auth.py); with --encrypt-data they stay inside
+hello and chunks in clear (terra_security/data_auth.py); with --encrypt-data they stay inside
 that TLS session (AES-GCM; every agent of a deployment must use the same setting). Either way
-every chunk carries a MAC keyed with its flow's key (overlay/integrity.py). --insecure: plain
+every chunk carries a MAC keyed with its flow's key (terra_security/integrity.py). --insecure: plain
 TCP everywhere, unauthenticated data connections (labs only).
 
 --max-ahead BYTES: the spill bound per flow: a chunk may end at most this far past the flow's
@@ -55,16 +55,16 @@ from pathlib import Path
 
 import trio
 
-from overlay.framing import MAX_PAYLOAD_BYTES
-from overlay.protocol import ProtocolError, parse_addr
 from overlay.rate_limit import RATE_LIMITERS
-from terra_controller.pki import (
+from terra_core.cli_support import HelpFormatter, add_common_args, setup_logging
+from terra_security.pki import (
     PkiError,
     client_context,
     data_client_context,
     data_server_context,
 )
-from terra_core.cli_support import HelpFormatter, add_common_args, setup_logging
+from terra_wire.control import ProtocolError, parse_addr
+from terra_wire.frames import MAX_PAYLOAD_BYTES
 
 from .agent import Agent, AgentConfig, RegistrationRefused, parse_memory
 from .metrics import bind_metrics

@@ -1,7 +1,8 @@
 """Receiving side of a flow: reorder, hash, write to the sink, decide completion (docs/design.md 5).
 
 A flow is complete when all `size` bytes have been delivered in order and the keyed flow digest
-of the delivered bytes (overlay/integrity.py) equals the sender's (carried as "d" by the chunk
+of the delivered bytes (terra_security/integrity.py) equals the sender's (carried as "d" by the
+chunk
 that ends the flow). Before a chunk is taken at all, admit() checks that it lies on the leaf
 grid, ends at most max_ahead bytes past the in-order point (the spill bound) and that its leaf
 MACs are the flow key's (the one keyed-BLAKE3 pass over its bytes); the verified MACs then
@@ -24,9 +25,9 @@ import logging
 
 import trio
 
-from overlay.integrity import LEAF_BYTES, FlowDigest, FlowKeys
-from overlay.protocol import FlowSpec, ProtocolError
 from overlay.reorder import MemoryBudget, ReorderBuffer
+from terra_security.integrity import LEAF_BYTES, FlowDigest, FlowKeys
+from terra_wire.control import FlowSpec, ProtocolError
 
 from .sources import DigestSink, open_sink
 

@@ -1,7 +1,7 @@
 """Sending side: flows, FlowGroups with per-path token buckets, and peer links (docs/design.md 5).
 
 - OutFlow: one flow's sender state. New bytes are read from the source in order (and hashed for
-  the keyed flow digest, overlay/integrity.py); each chunk sent gets its keyed MAC.
+  the keyed flow digest, terra_security/integrity.py); each chunk sent gets its keyed MAC.
   Unacknowledged ranges that must be resent sit in `resend` and are re-read from the
   (re-readable) source.
 - PeerLink: the persistent TCP connection to one peer agent over one tunnel (the tunnel's own
@@ -24,17 +24,18 @@ from collections import deque
 
 import trio
 
-from overlay.framing import FrameError, FrameReader, FrameWriter, chunk_header
-from overlay.integrity import LEAF_BYTES, FlowDigest, FlowKeys, align_down
-from overlay.protocol import FlowSpec, ProtocolError, TunnelSpec, validate_data
+from overlay.framing import FrameReader, FrameWriter
 from overlay.rate_limit import TokenBucket, set_pacing_rate
+from terra_security.data_auth import DataAuthError, authenticate, key_authenticate_sender
+from terra_security.integrity import LEAF_BYTES, FlowDigest, FlowKeys, align_down
+from terra_wire.control import FlowSpec, ProtocolError, TunnelSpec, validate_data
+from terra_wire.frames import FrameError, chunk_header
 
-from .data_auth import DataAuthError, authenticate, key_authenticate_sender
 from .sources import MAX_CHUNK_BYTES
 
 log = logging.getLogger(__name__)
 
-MIN_CHUNK_BYTES = LEAF_BYTES  # chunks hold whole 64 KiB leaves (overlay/integrity.py)
+MIN_CHUNK_BYTES = LEAF_BYTES  # chunks hold whole 64 KiB leaves (terra_security/integrity.py)
 CHUNK_SECONDS = 0.01  # a chunk is about this much of its path's rate (rate_limit.py advice)
 ECF_RECHECK_S = 0.02  # a path that left a group's last bytes to faster paths looks again after
 BACKOFF_MIN_S = 0.05
@@ -152,7 +153,7 @@ class OutFlow:
     again), digest (hex flow digest, once the MACs of every byte were made: the MACs of new
     chunks are made inline by take(), one keyed BLAKE3 pass, and fold into it), epoch
     (receiver incarnation of the last ack). Chunks start on leaf boundaries
-    (overlay/integrity.py LEAF_BYTES) and hold whole leaves but at the flow's end.
+    (terra_security/integrity.py LEAF_BYTES) and hold whole leaves but at the flow's end.
     """
 
     def __init__(self, spec: FlowSpec, source) -> None:
@@ -286,8 +287,8 @@ class PeerLink:
 
     PeerLink(spec: TunnelSpec, agent_id: str, local_host: str|None, on_ack, on_change,
     tls=None, encrypt=False, key_for=None). tls: the agent's data client context
-    (terra_controller.pki.data_client_context): each connection first authenticates
-    (terra_agent/data_auth.py: mutual TLS handshake, the peer's certificate must name
+    (terra_security.pki.data_client_context): each connection first authenticates
+    (terra_security/data_auth.py: mutual TLS handshake, the peer's certificate must name
     spec.peer_agent, then back to plain TCP, or with encrypt=True everything stays inside TLS);
     None: plain TCP. key_for(peer agent) -> the pair key from the controller or None: with
     tls, a key and not encrypt, the connection authenticates with the key instead (one round

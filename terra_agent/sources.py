@@ -27,7 +27,7 @@ import stat
 
 import numpy as np
 
-from overlay.integrity import ALGORITHM, FlowDigest, FlowKeys
+from terra_security.integrity import ALGORITHM, FlowDigest, FlowKeys
 
 SYNTHETIC_PERIOD = 1_052_673  # odd: chunk-aligned pieces at different offsets differ
 MAX_CHUNK_BYTES = 4 << 20  # = framing.MAX_PAYLOAD_BYTES: fewer frames, system calls, acks per GB
@@ -421,7 +421,7 @@ def open_sink(spec: str, size: int, resume: bool, data_root: str | None = None, 
 
 
 def synthetic_digest(coflow: str, flow: str, size: int, key_hex: str) -> str:
-    """Flow digest (overlay/integrity.py) of a synthetic flow's bytes under the flow key
+    """Flow digest (terra_security/integrity.py) of a synthetic flow's bytes under the flow key
     `key_hex` (for tests and checks)."""
     source = SyntheticSource(flow_key(coflow, flow), size)
     hasher = FlowDigest(FlowKeys(key_hex), size)

@@ -1,6 +1,6 @@
 """The controller's side of the control channel to the agents (docs/design.md sections 5 and 6).
 
-Messages are those of `overlay/protocol.py`, one frame each in the format of
+Messages are those of `terra_wire/control.py`, one frame each in the format of
 `overlay/framing.py` (u32 header length | msgpack header | empty payload).
 
 What the channel does:
@@ -55,7 +55,6 @@ from collections import OrderedDict, deque
 
 import msgpack
 
-from overlay import protocol
 from terra_controller.agent_connection import (
     AgentConnection,
     ChannelError,
@@ -71,11 +70,12 @@ from terra_controller.coflow_registry import (
     parse_coflow_key,
 )
 from terra_controller.controller import Controller, FlowRates
-from terra_controller.data_keys import DataKeys
-from terra_controller.pki import INSECURE, Identity, Role
 from terra_controller.reaction import Reaction
 from terra_controller.transport import ServerSecurity, SharedSocket, listen_and_serve
 from terra_controller.tunnel_table import TunnelTable
+from terra_security.data_keys import DataKeys
+from terra_security.pki import INSECURE, Identity, Role
+from terra_wire import control as protocol
 
 LOG = logging.getLogger("terra.agents")
 
@@ -146,7 +146,7 @@ class AgentChannel:
         controller: the Controller (registers its listeners on it).
         tunnels: the TunnelTable.
         silence_s: seconds without any message after which an agent is disconnected.
-        data_keys: the pair keys of the agents' data connections (terra_controller/data_keys.py),
+        data_keys: the pair keys of the agents' data connections (terra_security/data_keys.py),
             sent in every "tunnels" message; None (an insecure channel): no keys are sent.
         data_prefixes: CIDR prefixes (terra-controller --data-prefix) an agent's registered
             data_addr may lie in besides its control connection's own address

@@ -2,8 +2,8 @@
 (blocking sockets, TLS through transport.SharedSocket) and the writer thread with its queue.
 
 Frames are those of `overlay/framing.py` with an empty payload, decoded and checked by the
-codec shared with the agents (`framing.unpack_map`, `framing.check_header`) and validated as
-`overlay/protocol.py` messages (docs/runtime.md).
+codec shared with the agents (`terra_wire.frames.unpack_map`, `check_header`) and validated as
+`terra_wire/control.py` messages (docs/runtime.md).
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import queue
 import socket
 import threading
 
-from overlay import protocol
-from overlay.framing import MAX_HEADER_BYTES, FrameError, check_header, encode_frame
-from terra_controller.api_server import FRAME_TIMEOUT_S, WireError, read_message
-from terra_controller.pki import INSECURE, Identity
+from terra_controller.transport import FRAME_TIMEOUT_S, read_message
+from terra_security.pki import INSECURE, Identity
+from terra_wire import control as protocol
+from terra_wire.api import WireError
+from terra_wire.frames import MAX_HEADER_BYTES, FrameError, check_header, encode_frame
 
 LOG = logging.getLogger("terra.agents")
 
@@ -33,7 +34,7 @@ def send_parts(sock: socket.socket, header: dict) -> None:
 def read_control(sock: socket.socket, frame_timeout: float = FRAME_TIMEOUT_S) -> dict | None:
     """Read one frame and return its validated control message; None on a clean EOF.
 
-    The frame's outer format is the API's (`api_server.read_message`: u32 length |
+    The frame's outer format is the API's (`transport.read_message`: u32 length |
     msgpack map, the whole frame within `frame_timeout` seconds once it started);
     control frames carry no payload.
 

@@ -48,172 +48,25 @@ import threading
 import time
 from collections import OrderedDict
 
-import msgpack
-import msgspec
-
-from overlay.framing import FrameError, unpack_map
 from terra_controller.coflow_registry import RegistryError
 from terra_controller.controller import Controller
-from terra_controller.pki import INSECURE, Identity, Role
-from terra_controller.transport import DEADLINES, ServerSecurity, listen_and_serve
+from terra_controller.transport import (
+    FRAME_TIMEOUT_S,
+    ServerSecurity,
+    listen_and_serve,
+    read_message,
+)
+from terra_security.pki import INSECURE, Identity, Role
+from terra_wire.api import INVALID, WireError, decode_request, pack_message
 
 LOG = logging.getLogger("terra.api")
 
 API_VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-FRAME_TIMEOUT_S = 30.0  # for the whole of one message, once its first byte arrived
 IDLE_S = 600.0  # a connection without a request for this long is closed (clients reconnect)
 MAX_REFS = 20_000  # remembered replies of submit/update requests carrying "ref" ...
 REF_KEEP_S = 600.0  # ... for at most this long (a client resends within its timeout)
 _LEN = struct.Struct(">I")
-
-
-class WireError(Exception):
-    """A message on the coflow API connection is malformed (the connection is closed)."""
-
-
-# ---- typed requests (msgspec) ----------------------------------------------------------------
-#
-# A request is decoded straight into these Structs: only the shapes below are built, so a
-# message of nested maps or lists where a scalar belongs fails at its first wrong value
-# instead of being materialised (a 1 MiB msgpack body of empty maps would otherwise cost
-# ~70 MiB). The values' meaning (agent ids, sizes, ...) is checked by the registry.
-
-Scalar = str | int | float | bool | None
-
-
-class FlowRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """One flow of a submit/update request (the registry checks the values)."""
-
-    id: Scalar
-    src: Scalar
-    dst: Scalar
-    bytes: Scalar
-    src_path: Scalar | msgspec.UnsetType = msgspec.UNSET
-    dst_path: Scalar | msgspec.UnsetType = msgspec.UNSET
-
-
-class ApiRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """Every field any op may carry; which ones an op accepts is checked by its handler."""
-
-    v: Scalar | msgspec.UnsetType = msgspec.UNSET
-    op: Scalar | msgspec.UnsetType = msgspec.UNSET
-    req: Scalar | msgspec.UnsetType = msgspec.UNSET
-    ref: Scalar | msgspec.UnsetType = msgspec.UNSET
-    flows: list[FlowRequest] | Scalar | msgspec.UnsetType = msgspec.UNSET
-    deadline: Scalar | msgspec.UnsetType = msgspec.UNSET
-    coflow: Scalar | msgspec.UnsetType = msgspec.UNSET
-    age_s: Scalar | msgspec.UnsetType = msgspec.UNSET
-    a: Scalar | msgspec.UnsetType = msgspec.UNSET
-    b: Scalar | msgspec.UnsetType = msgspec.UNSET
-    up: Scalar | msgspec.UnsetType = msgspec.UNSET
-    bytes_per_s: Scalar | msgspec.UnsetType = msgspec.UNSET
-
-
-_REQUEST_DECODER = msgspec.msgpack.Decoder(ApiRequest)
-_MSGPACK_MAP_FIRST_BYTES = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
-INVALID = "_invalid"  # key of the map decode_request returns for a map of the wrong shape
-
-
-def decode_request(body) -> dict:
-    """Decode one API request body into a plain map of the ApiRequest shape.
-
-    Returns:
-        the request's fields (absent ones left out); for a msgpack map whose fields do not
-        fit ApiRequest, {INVALID: what is wrong} (answered "bad_request", the connection
-        stays open).
-
-    Raises:
-        WireError: not msgpack, or not a map (the connection is closed).
-    """
-    try:
-        return msgspec.to_builtins(_REQUEST_DECODER.decode(body))
-    except msgspec.ValidationError as exc:
-        if bytes(body[:1]) and body[0] in _MSGPACK_MAP_FIRST_BYTES:
-            return {INVALID: str(exc)[:200]}
-        raise WireError(f"a message must be a msgpack map ({exc})") from exc
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # a str that is not UTF-8
-        raise WireError(f"malformed msgpack: {exc}") from exc
-
-
-# ---- framing (shared with the client) -------------------------------------------------------
-
-
-def pack_message(message: dict) -> bytes:
-    """Encode a message map as ``u32 length | msgpack``.
-
-    Raises:
-        WireError: the encoded message exceeds MAX_MESSAGE_BYTES.
-    """
-    body = msgpack.packb(message, use_bin_type=True)
-    if len(body) > MAX_MESSAGE_BYTES:
-        raise WireError(f"message of {len(body)} bytes exceeds {MAX_MESSAGE_BYTES}")
-    return _LEN.pack(len(body)) + body
-
-
-def recv_exact(sock: socket.socket, n: int) -> bytes:
-    """Read exactly n bytes from a blocking socket.
-
-    Raises:
-        EOFError: the peer closed before n bytes arrived (ConnectionError on resets).
-    """
-    buf = bytearray()
-    while len(buf) < n:
-        part = sock.recv(min(n - len(buf), 1 << 20))
-        if not part:
-            raise EOFError(f"connection closed after {len(buf)} of {n} bytes")
-        buf += part
-    return bytes(buf)
-
-
-def read_message(
-    sock: socket.socket,
-    frame_timeout: float | None = FRAME_TIMEOUT_S,
-    max_bytes: int = MAX_MESSAGE_BYTES,
-    decode=None,
-) -> dict | None:
-    """Read one ``u32 length | msgpack map`` message; None on a clean EOF between messages.
-
-    The first length byte waits as long as the socket's own timeout allows; once
-    it arrived, the whole rest of the message must arrive within `frame_timeout`
-    seconds in all (a peer trickling one byte a second is cut off: the socket is
-    shut down, see transport.Deadlines). The overlay's control frames have the same
-    outer format (agent_channel reads them with this function). `decode` turns the body
-    into the map (default: `overlay.framing.unpack_map`; the API server passes
-    `decode_request`).
-
-    Raises:
-        WireError: oversized length, bad msgpack, not a map, EOF inside a message, or
-            the frame's deadline passed.
-    """
-    first = sock.recv(1)
-    if not first:
-        return None
-    try:
-        if frame_timeout is None:
-            body = _read_rest(sock, first, max_bytes)
-        else:
-            with DEADLINES.guard(sock, frame_timeout):
-                body = _read_rest(sock, first, max_bytes)
-    except EOFError as exc:
-        raise WireError(
-            f"truncated message (or its {frame_timeout} s deadline passed): {exc}"
-        ) from exc
-    except OSError as exc:
-        raise WireError(f"message not received within {frame_timeout} s: {exc}") from exc
-    if decode is not None:
-        return decode(body)
-    try:
-        return unpack_map(body)
-    except FrameError as exc:
-        raise WireError(str(exc)) from exc
-
-
-def _read_rest(sock: socket.socket, first: bytes, max_bytes: int) -> bytes:
-    (length,) = _LEN.unpack(first + recv_exact(sock, 3))
-    if length > max_bytes:
-        raise WireError(f"message length {length} exceeds {max_bytes}")
-    return recv_exact(sock, length)
 
 
 # ---- request handling -----------------------------------------------------------------------

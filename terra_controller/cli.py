@@ -200,8 +200,8 @@ def server_security(args):
     """
     import ssl
 
-    from terra_controller.pki import PkiError, server_context
     from terra_controller.transport import ServerSecurity
+    from terra_security.pki import PkiError, server_context
 
     if args.insecure:
         LOG.warning(INSECURE_WARNING)
@@ -268,10 +268,10 @@ def run(args, topology, security) -> None:
     from terra_controller.agent_channel import AgentChannel, start_agent_server
     from terra_controller.api_server import ApiHandler, start_api_server
     from terra_controller.controller import Controller, RoundRunner
-    from terra_controller.data_keys import DataKeys
     from terra_controller.rest import RestApp, start_rest_server
     from terra_controller.tunnel_table import TunnelTable, installed_path_source
     from terra_controller.tunnels import startup_tunnels
+    from terra_security.data_keys import DataKeys
 
     if args.no_openflow:
         tunnels = TunnelTable(topology, args.k, logical=True)
@@ -335,8 +335,8 @@ def run(args, topology, security) -> None:
     channel = AgentChannel(controller, tunnels, data_keys=data_keys, data_prefixes=prefixes)
     rest_security = security
     if args.rest_public and security.context is not None:
-        from terra_controller.pki import server_context
         from terra_controller.transport import ServerSecurity
+        from terra_security.pki import server_context
 
         rest_security = ServerSecurity(server_context(args.pki, require_client_cert=False))
     rest_app = RestApp(controller, channel, openflow_info, ports)
@@ -455,7 +455,7 @@ def client_args(p: argparse.ArgumentParser) -> None:
 def make_client(p: argparse.ArgumentParser, args, host: str, port: int, timeout: float):
     """A TerraClient from the parsed `client_args` (p.error on a bad combination)."""
     from terra_controller.client import TerraClient
-    from terra_controller.pki import PkiError
+    from terra_security.pki import PkiError
 
     if not args.insecure and (args.pki is None or args.name is None):
         p.error("give --pki DIR --name NAME (or --insecure)")
@@ -545,7 +545,7 @@ def ctl_main(argv: list[str]) -> int:
 
 def add_pki_parser(commands) -> argparse.ArgumentParser:
     """Add `pki init` and `pki issue` to `commands`."""
-    from terra_controller.pki import Role
+    from terra_security.pki import Role
 
     pki = commands.add_parser(
         "pki",
@@ -584,7 +584,7 @@ def run_pki(args: argparse.Namespace) -> int:
     Returns:
         0; prints the files written. Errors (existing CA, bad name) exit with status 2.
     """
-    from terra_controller.pki import PkiError, init_ca, issue
+    from terra_security.pki import PkiError, init_ca, issue
 
     try:
         if args.action == "init":

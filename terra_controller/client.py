@@ -31,10 +31,10 @@ import secrets
 import socket
 import time
 
-from terra_controller.api_server import API_VERSION, pack_message, read_message
-from terra_controller.coflow_registry import FINAL_STATES
-from terra_controller.pki import client_context
-from terra_controller.transport import connect_tls
+from terra_controller.transport import connect_tls, read_message
+from terra_model.states import FINAL_STATES
+from terra_security.pki import client_context
+from terra_wire.api import API_VERSION, pack_message
 
 LOG = logging.getLogger("terra.client")
 FINAL = frozenset(s.value for s in FINAL_STATES)  # the states wait() returns on

@@ -25,54 +25,11 @@ import secrets
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from enum import StrEnum
 
-from overlay.protocol import report_tag
-from workloads import Coflow, Flow
+from terra_model import Coflow, Flow
+from terra_model.states import FINAL_STATES, MAX_COFLOW_ID, CoflowStatus, FlowStatus
+from terra_wire.control import report_tag
 
-
-class CoflowStatus(StrEnum):
-    """A coflow's state; the value is the string on the wire, in REST and in metrics.
-
-    queued / running / preempted: active (the policy's view after each round).
-    done: every WAN flow delivered. rejected: its deadline could not be met at submission.
-    failed: a flow cannot run (source or sink error, digest mismatch after the allowed
-    re-transfers), an endpoint agent was gone too long, or its deadline passed unfinished
-    (CoflowState.reason says which). cancelled: the job master cancelled it.
-    """
-
-    QUEUED = "queued"
-    RUNNING = "running"
-    PREEMPTED = "preempted"
-    DONE = "done"
-    REJECTED = "rejected"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def final(self) -> bool:
-        """True for done, rejected, failed and cancelled (the state never changes again)."""
-        return self in FINAL_STATES
-
-
-class FlowStatus(StrEnum):
-    """A flow's state (same words as CoflowStatus): queued (nothing acknowledged yet),
-    running (bytes acknowledged), done, failed (FlowState.reason says why), cancelled
-    (its coflow was cancelled, or failed because of another flow)."""
-
-    QUEUED = "queued"
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-FINAL_STATES = frozenset(
-    {CoflowStatus.DONE, CoflowStatus.REJECTED, CoflowStatus.FAILED, CoflowStatus.CANCELLED}
-)
-STATES = tuple(s.value for s in CoflowStatus)
-MAX_COFLOW_ID = 2**63 - 1  # coflow ids are 0..2**63-1 (int64 everywhere: msgpack, REST, logs)
-MAX_CLIENT_ID = MAX_COFLOW_ID - 2**32  # a client may ask for ids up to this (ids never wrap)
 SECRET_BYTES = 16  # a coflow's secret, from which its flows' per-attempt keys are derived
 MAX_REASON_CHARS = 1024  # failure reasons kept (longer ones are cut)
 MAX_FLOW_BYTES = 1 << 50  # 1 PiB: far above any real flow, below float rounding trouble
@@ -124,7 +81,7 @@ class FlowState:
             flow descriptors' "attempt").
         src_path, dst_path: optional file paths at the sender / receiver agent, relative to
             that agent's data root (terra-agent --data-root); see check_path.
-        digest_key: the current attempt's flow key (64 hex chars, overlay/integrity.py): sent
+        digest_key: the current attempt's flow key (64 hex chars, terra_security/integrity.py): sent
             to the flow's two agents only; a new one on every restart (derived from its
             coflow's secret, the attempt and the flow id: see `flow_key`).
     """
@@ -155,7 +112,7 @@ class FlowState:
         return self.state not in (FlowStatus.QUEUED, FlowStatus.RUNNING)
 
     def check_tag(self, tag: object) -> None:
-        """Accept an agent's report only with the current attempt's tag (overlay/protocol.py
+        """Accept an agent's report only with the current attempt's tag (terra_wire/control.py
         report_tag of `digest_key`).
 
         Raises:

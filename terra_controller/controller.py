@@ -38,12 +38,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from terra_controller.coflow_registry import (
-    MAX_CLIENT_ID,
     CoflowRegistry,
     CoflowState,
-    CoflowStatus,
     FlowState,
-    FlowStatus,
     RegistryError,
     assign_keys,
     check_age,
@@ -58,8 +55,9 @@ from terra_controller.journal import CoflowJournal
 from terra_controller.metrics import ControllerMetrics
 from terra_core.lp import observe_solves
 from terra_core.policy import Allocation, Policy
+from terra_model import Coflow
+from terra_model.states import MAX_CLIENT_ID, CoflowStatus, FlowStatus
 from topologies import Path, Topology, TopologyError
-from workloads import Coflow
 
 LOG = logging.getLogger("terra.controller")
 

@@ -37,7 +37,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from overlay.pending_connections import listener_families
-from terra_controller.coflow_registry import CoflowStatus
+from terra_model.states import CoflowStatus
 
 # Histogram buckets (seconds). A round on SWAN takes ~1 ms, on ATT with hundreds of
 # coflows up to seconds; one LP takes tens of microseconds to tens of milliseconds.

@@ -47,7 +47,6 @@ from overlay.rate_limited_log import RateLimitedLog
 from terra_controller.coflow_registry import RegistryError
 from terra_controller.controller import Controller
 from terra_controller.metrics import CONTENT_TYPE, ControllerCollector
-from terra_controller.pki import Role
 from terra_controller.transport import (
     DEADLINES,
     REST_CAP,
@@ -55,6 +54,7 @@ from terra_controller.transport import (
     listen_and_serve,
     stop_listener,
 )
+from terra_security.pki import Role
 
 LOG = logging.getLogger("terra.rest")
 

@@ -36,6 +36,7 @@ import select
 import selectors
 import socket
 import ssl
+import struct
 import threading
 import time
 from contextlib import contextmanager
@@ -44,7 +45,9 @@ from functools import partial
 
 from overlay.pending_connections import AdmittedConnection, ConnectionCounts
 from overlay.rate_limited_log import RateLimitedLog
-from terra_controller.pki import INSECURE, Identity, PkiError, peer_identity
+from terra_security.pki import INSECURE, Identity, PkiError, peer_identity
+from terra_wire.api import MAX_MESSAGE_BYTES, WireError
+from terra_wire.frames import FrameError, unpack_map
 
 LOG = logging.getLogger("terra.transport")
 
@@ -708,7 +711,7 @@ def connect_tls(host: str, port: int, context: ssl.SSLContext | None, timeout: f
     Raises:
         OSError / ssl.SSLError: cannot connect, or the controller is not verified.
     """
-    from terra_controller.pki import CONTROLLER_HOSTNAME
+    from terra_security.pki import CONTROLLER_HOSTNAME
 
     sock = socket.create_connection((host, port), timeout=timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -719,3 +722,75 @@ def connect_tls(host: str, port: int, context: ssl.SSLContext | None, timeout: f
     except BaseException:
         sock.close()
         raise
+
+
+FRAME_TIMEOUT_S = 30.0  # for the whole of one message, once its first byte arrived
+_LEN = struct.Struct(">I")
+
+
+# ---- blocking message readers (the API server, the agent channel and the client) -------
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Read exactly n bytes from a blocking socket.
+
+    Raises:
+        EOFError: the peer closed before n bytes arrived (ConnectionError on resets).
+    """
+    buf = bytearray()
+    while len(buf) < n:
+        part = sock.recv(min(n - len(buf), 1 << 20))
+        if not part:
+            raise EOFError(f"connection closed after {len(buf)} of {n} bytes")
+        buf += part
+    return bytes(buf)
+
+
+def read_message(
+    sock: socket.socket,
+    frame_timeout: float | None = FRAME_TIMEOUT_S,
+    max_bytes: int = MAX_MESSAGE_BYTES,
+    decode=None,
+) -> dict | None:
+    """Read one ``u32 length | msgpack map`` message; None on a clean EOF between messages.
+
+    The first length byte waits as long as the socket's own timeout allows; once
+    it arrived, the whole rest of the message must arrive within `frame_timeout`
+    seconds in all (a peer trickling one byte a second is cut off: the socket is
+    shut down, see transport.Deadlines). The overlay's control frames have the same
+    outer format (agent_channel reads them with this function). `decode` turns the body
+    into the map (default: `terra_wire.frames.unpack_map`; the API server passes
+    `decode_request`).
+
+    Raises:
+        WireError: oversized length, bad msgpack, not a map, EOF inside a message, or
+            the frame's deadline passed.
+    """
+    first = sock.recv(1)
+    if not first:
+        return None
+    try:
+        if frame_timeout is None:
+            body = _read_rest(sock, first, max_bytes)
+        else:
+            with DEADLINES.guard(sock, frame_timeout):
+                body = _read_rest(sock, first, max_bytes)
+    except EOFError as exc:
+        raise WireError(
+            f"truncated message (or its {frame_timeout} s deadline passed): {exc}"
+        ) from exc
+    except OSError as exc:
+        raise WireError(f"message not received within {frame_timeout} s: {exc}") from exc
+    if decode is not None:
+        return decode(body)
+    try:
+        return unpack_map(body)
+    except FrameError as exc:
+        raise WireError(str(exc)) from exc
+
+
+def _read_rest(sock: socket.socket, first: bytes, max_bytes: int) -> bytes:
+    (length,) = _LEN.unpack(first + recv_exact(sock, 3))
+    if length > max_bytes:
+        raise WireError(f"message length {length} exceeds {max_bytes}")
+    return recv_exact(sock, length)

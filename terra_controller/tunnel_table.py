@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 
-from overlay import protocol
 from terra_controller.tunnels import Tunnel, paths_up, startup_tunnels
 from terra_core.policy import PathSource
+from terra_wire import control as protocol
 from topologies import Path, Topology, path_links
 
 LOG = logging.getLogger("terra.tunnels")

@@ -42,8 +42,8 @@ from terra_core.maxmin import (
 )
 from terra_core.mcf import McfWarmStart, maxmin_mcf
 from terra_core.policy import Allocation, PathSource, Remaining
+from terra_model import Coflow, Flow
 from topologies import Link, Path, Topology, all_pairs_paths, path_links
-from workloads import Coflow, Flow
 
 Route = list[tuple[Path, int]]  # [(path, members of the flow on that path)]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workloads import Coflow, Flow
+from terra_model import Coflow, Flow
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from terra_model import Coflow, Flow
 from topologies import Path, Topology
-from workloads import Coflow, Flow
 
 if TYPE_CHECKING:
     import numpy as np

@@ -42,9 +42,9 @@ from terra_core.starvation import (
     Guard,
     StarvationClock,
 )
+from terra_model import Coflow, Flow
 from topologies import Link, Path, Topology, k_shortest_paths
 from topologies.paths import up_graph
-from workloads import Coflow, Flow
 
 _TIGHT = 1e-9  # relative gap under which cached bounds on Γ count as exact
 

@@ -51,8 +51,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from terra_model import Coflow
 from topologies import Topology
-from workloads import Coflow
 
 EXHAUSTIVE_MAX_DCS = 12  # G-Scale (12 DCs): 4094 cuts; ATT (25): searched
 _LOCAL_SEARCH_STARTS = 50

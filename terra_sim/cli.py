@@ -48,6 +48,7 @@ from terra_core.registry import (
     options_from_args,
     scheduler_names,
 )
+from terra_model import WorkloadError
 from terra_sim.cct_bound import CctBound, avg_cct_lower_bound
 from terra_sim.simulator import (
     SimResult,
@@ -58,7 +59,7 @@ from terra_sim.simulator import (
     with_deadline_factor,
 )
 from topologies import Topology, TopologyError, load_topology
-from workloads import WorkloadError, load_workload
+from workloads import load_workload
 
 SCHEDULERS = scheduler_names()  # the registry's (terra_core/registry.py), Terra first
 

@@ -69,8 +69,8 @@ from terra_core.policy import (
     Policy,
     Remaining,
 )
+from terra_model import Coflow
 from topologies import Topology, all_pairs_paths, path_links
-from workloads import Coflow
 
 _FINISH_REL = 1e-9  # a flow whose finish time is within this fraction of the step finishes
 _FINISH_BYTES = 1e-6  # ... or whose remaining bytes after the step are below this

@@ -1,4 +1,4 @@
-"""Agents over real TCP on loopback, driven by the in-test controller peer (terra_agent/harness.py).
+"""Agents over real TCP on loopback, driven by the in-test controller peer (benchmarks/harness.py).
 
 Every transfer checks the receiver's result byte for byte (file sink vs source file) or by the
 BLAKE2b digest the receiver reports, which it only reports when it equals the sender's.
@@ -9,13 +9,13 @@ from contextlib import asynccontextmanager
 
 import trio
 
+from benchmarks.harness import LoopbackHarness, delay_proxy, free_port_block
 from overlay.framing import FrameReader
-from overlay.integrity import LEAF_BYTES, flow_digest
-from overlay.protocol import GroupRates, TunnelSpec, flows_message
 from terra_agent.agent import Agent, AgentConfig
-from terra_agent.harness import LoopbackHarness, delay_proxy, free_port_block
 from terra_agent.sender import kernel_queued_bytes
 from terra_agent.sources import synthetic_digest
+from terra_security.integrity import LEAF_BYTES, flow_digest
+from terra_wire.control import GroupRates, TunnelSpec, flows_message
 
 MB = 1_000_000
 UNLIMITED = 1e12

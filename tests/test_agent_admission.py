@@ -2,7 +2,7 @@
 
 Real agents: `terra-agent` subprocesses on loopback (the data-port test runs them under a
 256-file limit, as systemd's default of 1,024 would, scaled down) driven by the in-test
-controller peer (terra_agent/harness.py). The flood comes from 127.0.0.1; agents and honest
+controller peer (benchmarks/harness.py). The flood comes from 127.0.0.1; agents and honest
 clients use other loopback addresses.
 
 - 1,400 idle connections to a receiver's tunnel port: they get at most the per-address cap,
@@ -23,8 +23,8 @@ import time
 import trio
 from test_data_root import MB, file_digest, run_flows, wait_complete
 
+from benchmarks.harness import LoopbackHarness, free_port, free_port_block, stop_processes
 from terra_agent.admission import Admission, Caps, caps_from_file_limit, serve_admitted
-from terra_agent.harness import LoopbackHarness, free_port, free_port_block, stop_processes
 from terra_agent.metrics import REQUEST_S, bind_metrics, serve_metrics
 from terra_agent.sources import PART_SUFFIX
 

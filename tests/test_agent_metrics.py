@@ -8,8 +8,8 @@ import urllib.request
 
 import pytest
 
-from terra_agent.harness import free_port, stop_processes
-from terra_controller.loopback_system import ControllerProcess, start_agents
+from benchmarks.harness import free_port, stop_processes
+from benchmarks.loopback_system import ControllerProcess, start_agents
 
 AGENTS = [("hk1", "HK", "127.0.0.41"), ("ba1", "BA", "127.0.0.42")]
 

@@ -18,8 +18,7 @@ import threading
 
 import pytest
 
-from overlay import protocol
-from terra_agent.harness import free_port
+from benchmarks.harness import free_port
 from terra_controller.agent_channel import (
     AgentChannel,
     RegistrationRefused,
@@ -32,6 +31,7 @@ from terra_controller.controller import Controller
 from terra_controller.transport import ServerSecurity, stop_listener
 from terra_controller.tunnel_table import TunnelTable
 from terra_core.terra_policy import TerraPolicy
+from terra_wire import control as protocol
 from topologies import Topology
 
 EXIT_WITHIN_S = 60  # generous: the agent exits at its first registration
@@ -142,8 +142,8 @@ async def test_a_link_to_an_unreachable_peer_backs_off_to_seconds(autojump_clock
     most every UNREACHABLE_BACKOFF_MAX_S once the failures go on (virtual time)."""
     import trio
 
-    from overlay.protocol import TunnelSpec
     from terra_agent.sender import UNREACHABLE_BACKOFF_MAX_S, PeerLink
+    from terra_wire.control import TunnelSpec
 
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     attempts = 0

@@ -9,8 +9,6 @@ import pytest
 import trio
 import trio.testing
 
-from overlay.integrity import LEAF_BYTES, FlowDigest, FlowKeys, flow_digest
-from overlay.protocol import FlowSpec, ProtocolError
 from terra_agent.agent import parse_memory
 from terra_agent.cli import build_parser, main
 from terra_agent.pending import HeldChunk, PendingChunks
@@ -34,6 +32,8 @@ from terra_agent.sources import (
     open_source,
     synthetic_digest,
 )
+from terra_security.integrity import LEAF_BYTES, FlowDigest, FlowKeys, flow_digest
+from terra_wire.control import FlowSpec, ProtocolError
 
 KEY = "5a" * 32  # the flow key of spec()'s flows
 

@@ -13,21 +13,18 @@ import msgpack
 import pytest
 from tls_helpers import security, tls_socket
 
-from terra_controller.api_server import (
-    ApiHandler,
-    pack_message,
-    read_message,
-    serve_connection,
-)
+from terra_controller.api_server import ApiHandler, serve_connection
 from terra_controller.client import TerraClient, TerraError
 from terra_controller.controller import Controller, RoundRunner
 from terra_controller.transport import (
     ServerSecurity,
     accept_loop,
     listen_and_serve,
+    read_message,
     stop_listener,
 )
 from terra_core.terra_policy import TerraPolicy
+from terra_wire.api import pack_message
 from topologies import Topology
 
 CAP = 1e8  # bytes/s per directed link

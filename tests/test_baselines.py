@@ -14,9 +14,10 @@ from terra_core.baselines import (
     SwanMcfPolicy,
     VarysPolicy,
 )
+from terra_model import Coflow, Flow
 from terra_sim.simulator import simulate
 from topologies import Topology, load_topology
-from workloads import Coflow, Flow, load_workload
+from workloads import load_workload
 
 G = 1e9
 

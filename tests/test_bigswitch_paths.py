@@ -21,9 +21,9 @@ from test_sparse_baselines import random_coflows, random_wan
 from terra_core import maxmin
 from terra_core.baselines import MultipathPolicy, PerFlowPolicy, RapierPolicy, VarysPolicy
 from terra_core.maxmin import maxmin_levels, maxmin_levels_entries, maxmin_levels_sparse
+from terra_model import Coflow
 from terra_sim.simulator import simulate
 from topologies.bigswitch import bigswitch_topology
-from workloads import Coflow
 
 
 def random_entries(rng: np.random.Generator, n_links: int, n: int, whole: bool):

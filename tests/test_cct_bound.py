@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from terra_core.baselines import BASELINES
 from terra_core.terra_policy import TerraPolicy
+from terra_model import Coflow, Flow
 from terra_sim.cct_bound import avg_cct_lower_bound, srpt_flow_time
 from terra_sim.simulator import WanChange, empty_wan_gammas, simulate
 from topologies import GBPS_TO_BYTES_PER_S, Topology, load_topology
-from workloads import Coflow, Flow
 
 GBPS = GBPS_TO_BYTES_PER_S  # 1 Gbps = 1.25e8 bytes/s
 

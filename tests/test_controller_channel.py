@@ -1,4 +1,4 @@
-"""The controller's agent channel over mutual TLS, in-test agents speaking overlay/protocol.py.
+"""The controller's agent channel over mutual TLS, in-test agents speaking terra_wire/control.py.
 
 Triangle WAN A, B, C (1e8 bytes/s per directed link), TerraPolicy with K = 2:
 every ordered DC pair has the direct path (index 0) and the two-hop path (index 1).
@@ -12,16 +12,16 @@ import msgpack
 import pytest
 from tls_helpers import ensure, plain_socket, security, shared_tls_socket, tls_socket
 
-from overlay import protocol
 from terra_controller.agent_channel import AgentChannel, batches, start_agent_server
 from terra_controller.agent_connection import read_control, send_parts
 from terra_controller.controller import Controller
-from terra_controller.data_keys import DataKeys
-from terra_controller.pki import Role
 from terra_controller.transport import stop_listener
 from terra_controller.tunnel_table import TunnelTable, installed_path_source
 from terra_core.registry import SchedulerOptions, make_scheduler, scheduler_names
 from terra_core.terra_policy import TerraPolicy
+from terra_security.data_keys import DataKeys
+from terra_security.pki import Role
+from terra_wire import control as protocol
 from topologies import Topology, k_shortest_paths, load_topology, path_links
 
 CAP = 1e8

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from tls_helpers import ensure
 
-from terra_agent.harness import free_port, free_port_block, stop_processes
+from benchmarks.harness import free_port, free_port_block, stop_processes
 from terra_controller.client import TerraClient
-from terra_controller.pki import Role, client_context
+from terra_security.pki import Role, client_context
 
 AGENTS = [("a1", "A", "127.0.0.21"), ("b1", "B", "127.0.0.22"), ("c1", "C", "127.0.0.23")]
 K = 2

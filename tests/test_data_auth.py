@@ -1,9 +1,9 @@
-"""Authenticated data connections between agents (terra_agent/data_auth.py).
+"""Authenticated data connections between agents (terra_security/data_auth.py).
 
 Agents a, b with certificates of one CA (and c, a third agent's certificate, and j, a job's)
 run in-process under the loopback harness with data contexts; the controller channel stays
 plain (the in-test controller peer). Rogue peers connect to b's tunnel port by hand. With
-`keys=True` the controller peer also hands out pair keys (terra_controller/data_keys.py): the
+`keys=True` the controller peer also hands out pair keys (terra_security/data_keys.py): the
 agents then authenticate with them instead of TLS; the TLS attacks above must still fail.
 """
 
@@ -19,10 +19,10 @@ import pytest
 import trio
 import trio.testing
 
-from overlay.framing import FrameReader, FrameWriter, chunk_header
-from overlay.integrity import MAC_BYTES
-from overlay.protocol import GroupRates, ProtocolError, parse_pair_keys, validate_control
-from terra_agent.data_auth import (
+from benchmarks.harness import LoopbackHarness
+from overlay.framing import FrameReader, FrameWriter
+from terra_agent.sources import synthetic_digest
+from terra_security.data_auth import (
     KEY_TAG,
     NONCE_BYTES,
     DataAuthError,
@@ -30,11 +30,10 @@ from terra_agent.data_auth import (
     key_authenticate_receiver,
     key_authenticate_sender,
 )
-from terra_agent.data_auth import MAC_BYTES as PROOF_BYTES
-from terra_agent.harness import LoopbackHarness
-from terra_agent.sources import synthetic_digest
-from terra_controller.data_keys import DataKeys
-from terra_controller.pki import (
+from terra_security.data_auth import MAC_BYTES as PROOF_BYTES
+from terra_security.data_keys import DataKeys
+from terra_security.integrity import MAC_BYTES
+from terra_security.pki import (
     PkiError,
     Role,
     data_client_context,
@@ -42,6 +41,8 @@ from terra_controller.pki import (
     init_ca,
     issue,
 )
+from terra_wire.control import GroupRates, ProtocolError, parse_pair_keys, validate_control
+from terra_wire.frames import chunk_header
 
 MB = 1_000_000
 MAC = bytes(MAC_BYTES)  # a well-formed MAC, not made with any flow's key
@@ -323,7 +324,7 @@ def test_terra_agent_refuses_a_certificate_without_server_auth(pki, capsys):
     assert "serverAuth" in capsys.readouterr().err
 
 
-# ---- pair keys (terra_controller/data_keys.py) ----------------------------------------------
+# ---- pair keys (terra_security/data_keys.py) ----------------------------------------------
 
 
 def proof(key, role, sender, receiver, nonce_s, nonce_r):

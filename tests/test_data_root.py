@@ -1,6 +1,6 @@
 """Flow files stay under the agent's data root.
 
-Agents run in-process over real TCP on loopback (terra_agent/harness.py), driven by the in-test
+Agents run in-process over real TCP on loopback (benchmarks/harness.py), driven by the in-test
 controller peer speaking the real protocol; the data root is tmp_path/"data", so tmp_path itself
 is "outside". Refusals must reach the controller as "error" reports naming the flow, leave the
 agent running (a synthetic flow sent afterwards completes) and touch no file.
@@ -12,10 +12,8 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from overlay.integrity import flow_digest
-from overlay.protocol import FlowSpec, GroupRates, flows_message
+from benchmarks.harness import LoopbackHarness
 from terra_agent.cli import build_parser, main
-from terra_agent.harness import LoopbackHarness
 from terra_agent.receiver import InFlow
 from terra_agent.sources import (
     DIGEST_SUFFIX,
@@ -27,6 +25,8 @@ from terra_agent.sources import (
     synthetic_digest,
 )
 from terra_controller.coflow_registry import CoflowRegistry, RegistryError
+from terra_security.integrity import flow_digest
+from terra_wire.control import FlowSpec, GroupRates, flows_message
 
 MB = 1_000_000
 UNLIMITED = 1e12

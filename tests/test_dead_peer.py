@@ -13,9 +13,9 @@ import socket
 import trio
 
 from overlay.framing import FrameReader, FrameWriter
-from overlay.protocol import TunnelSpec
 from terra_agent.agent import Agent, AgentConfig
 from terra_agent.sender import DEAD_PEER_S, TUNNEL_DEAD_PEER_S, PeerLink, detect_dead_peers
+from terra_wire.control import TunnelSpec
 
 # Linux retransmits a lost segment after RTO >= 200 ms, doubling each time: a segment lost on
 # its first 6 retransmissions is acknowledged at the earliest 0.2 * (2**6 - 1) = 12.6 s after it

@@ -23,22 +23,18 @@ import pytest
 import trio
 from test_agent import loopback
 
-from overlay import protocol
-from overlay.integrity import FlowKeys
-from overlay.protocol import GroupRates, flows_message
-from terra_agent.harness import free_port, free_port_block, stop_processes
+from benchmarks.harness import free_port, free_port_block, stop_processes
 from terra_agent.sources import SyntheticSource, flow_key, synthetic_digest
-from terra_controller.api_server import API_VERSION, ApiHandler
+from terra_controller.api_server import ApiHandler
 from terra_controller.client import TerraClient
-from terra_controller.coflow_registry import (
-    MAX_CLIENT_ID,
-    MAX_COFLOW_ID,
-    CoflowStatus,
-    FlowStatus,
-    RegistryError,
-)
+from terra_controller.coflow_registry import RegistryError
 from terra_controller.controller import Controller
 from terra_core.terra_policy import TerraPolicy
+from terra_model.states import MAX_CLIENT_ID, MAX_COFLOW_ID, CoflowStatus, FlowStatus
+from terra_security.integrity import FlowKeys
+from terra_wire import control as protocol
+from terra_wire.api import API_VERSION
+from terra_wire.control import GroupRates, flows_message
 from topologies import load_topology
 
 HK_BA = 250e6  # bytes/s: the HK -> BA max flow on SWAN

@@ -1,6 +1,6 @@
 """File flows copy whole files to one owner each, and make the directories they need.
 
-Agents run in-process over real TCP on loopback (terra_agent/harness.py), driven by the
+Agents run in-process over real TCP on loopback (benchmarks/harness.py), driven by the
 in-test controller peer speaking the real protocol; agents a (HK) and b (LA) share the data
 root tmp_path/"data".
 

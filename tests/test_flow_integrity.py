@@ -1,6 +1,6 @@
 """Keyed flow integrity, the spill bound and encrypted data connections.
 
-overlay/integrity.py (keyed chunk MACs, keyed flow digest), InFlow.admit (MAC and spill bound
+terra_security/integrity.py (keyed chunk MACs, keyed flow digest), InFlow.admit (MAC and spill bound
 checked before a chunk is kept), reorder.remove_spill_files (start-up cleanup) and
 terra-agent --encrypt-data. Agents run in-process under the loopback harness; chunks are
 tampered with by an in-test TCP proxy on a real tunnel, or sent by an in-test peer that
@@ -17,8 +17,11 @@ import pytest
 import trio
 from test_agent import loopback
 
-from overlay.framing import FrameWriter, chunk_header
-from overlay.integrity import (
+from benchmarks.harness import LoopbackHarness, delay_proxy
+from overlay.framing import FrameWriter
+from terra_agent.agent import AgentConfig
+from terra_agent.receiver import InFlow
+from terra_security.integrity import (
     LEAF_BYTES,
     MAC_BYTES,
     FlowDigest,
@@ -28,7 +31,7 @@ from overlay.integrity import (
     flow_digest,
     new_flow_key,
 )
-from overlay.protocol import (
+from terra_wire.control import (
     FlowSpec,
     GroupRates,
     ProtocolError,
@@ -36,9 +39,7 @@ from overlay.protocol import (
     flows_message,
     parse_flows,
 )
-from terra_agent.agent import AgentConfig
-from terra_agent.harness import LoopbackHarness, delay_proxy
-from terra_agent.receiver import InFlow
+from terra_wire.frames import chunk_header
 
 MB = 1_000_000
 TIMEOUT = 60

@@ -1,6 +1,6 @@
 """A sender believes an ack only from its flow's receiver, within the flow, with a sane epoch.
 
-Agents a (HK) and b (LA) run in-process over real TCP on loopback (terra_agent/harness.py),
+Agents a (HK) and b (LA) run in-process over real TCP on loopback (benchmarks/harness.py),
 driven by the in-test controller peer. "m" is an in-test peer agent speaking the real data
 protocol: a holds a tunnel to it (as to any agent of another DC), so m's end of that data
 connection can send acks:
@@ -17,10 +17,10 @@ import time
 import trio
 from test_data_root import MB, loopback, run_flows, wait_complete
 
+from benchmarks.harness import free_port_block
 from overlay.framing import FrameReader, FrameWriter
-from overlay.protocol import GroupRates, TunnelSpec, validate_data
-from terra_agent.harness import free_port_block
 from terra_agent.sources import synthetic_digest
+from terra_wire.control import GroupRates, TunnelSpec, validate_data
 
 TIMEOUT = 30
 M_HOST = "127.0.0.9"

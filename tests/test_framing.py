@@ -12,19 +12,16 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from overlay.framing import (
+from overlay.framing import FrameReader, FrameWriter, PayloadBuffers, send_frame
+from terra_security.integrity import MAC_BYTES, mac_bytes
+from terra_wire.frames import (
     MAX_HEADER_BYTES,
     MAX_PAYLOAD_BYTES,
     VERSION,
     FrameError,
-    FrameReader,
-    FrameWriter,
-    PayloadBuffers,
     chunk_header,
     encode_frame,
-    send_frame,
 )
-from overlay.integrity import MAC_BYTES, mac_bytes
 
 MAC = bytes(range(MAC_BYTES))  # framing only checks the MACs' type and length
 

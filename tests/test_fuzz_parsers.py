@@ -3,7 +3,7 @@
 1. Coflow API (terra_controller/api_server.py): `ApiHandler.handle` called directly with
    arbitrary and near-valid request maps, then raw byte streams over real mutual TLS.
 2. Agent channel (terra_controller/agent_channel.py): fuzzed control messages from
-   registered agents over TLS, and `overlay.protocol.validate_control` directly.
+   registered agents over TLS, and `terra_wire.control.validate_control` directly.
 3. Data port (overlay/framing.FrameReader, overlay/protocol.validate_data): adversarial
    byte streams through an in-memory stream and over loopback TCP.
 4. A slow sender on the API is cut off while another client is served.
@@ -33,28 +33,24 @@ from test_api import Server, flow
 from test_controller_channel import Agent, channel  # noqa: F401 (fixture)
 from test_framing import tcp_pair
 
-from overlay import framing, protocol
-from overlay.framing import (
+from overlay import framing
+from overlay.framing import FrameReader, PayloadBuffers
+from terra_controller.agent_connection import ChannelError, read_control, send_parts
+from terra_controller.api_server import ApiHandler
+from terra_controller.transport import read_message
+from terra_model.states import CoflowStatus
+from terra_security.integrity import MAC_BYTES, mac_bytes
+from terra_security.pki import Identity, Role
+from terra_wire import control as protocol
+from terra_wire.api import MAX_MESSAGE_BYTES, WireError, pack_message
+from terra_wire.control import ProtocolError, validate_control, validate_data
+from terra_wire.frames import (
     MAX_HEADER_BYTES,
     MAX_PAYLOAD_BYTES,
     FrameError,
-    FrameReader,
-    PayloadBuffers,
     chunk_header,
     encode_frame,
 )
-from overlay.integrity import MAC_BYTES, mac_bytes
-from overlay.protocol import ProtocolError, validate_control, validate_data
-from terra_controller.agent_connection import ChannelError, read_control, send_parts
-from terra_controller.api_server import (
-    MAX_MESSAGE_BYTES,
-    ApiHandler,
-    WireError,
-    pack_message,
-    read_message,
-)
-from terra_controller.coflow_registry import CoflowStatus
-from terra_controller.pki import Identity, Role
 
 _LEN = struct.Struct(">I")
 NAN, INF = float("nan"), float("inf")

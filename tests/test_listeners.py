@@ -28,7 +28,7 @@ from test_api import Server, flow
 from test_rest import context, get, serve
 from tls_helpers import tls_socket
 
-from terra_agent.harness import free_port
+from benchmarks.harness import free_port
 from terra_controller import rest
 from terra_controller.client import TerraClient
 
@@ -424,7 +424,7 @@ def name_server(pki, max_connections: int, max_per_address: int):
 
 def authenticated(pki, port: int, source: str, name: str = "job1") -> ssl.SSLSocket:
     """A mutual-TLS connection from `source` that the server has served (name read back)."""
-    from terra_controller.pki import CONTROLLER_HOSTNAME, client_context
+    from terra_security.pki import CONTROLLER_HOSTNAME, client_context
 
     raw = socket.create_connection(("127.0.0.1", port), timeout=20, source_address=(source, 0))
     tls = client_context(pki, name).wrap_socket(raw, server_hostname=CONTROLLER_HOSTNAME)

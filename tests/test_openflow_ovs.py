@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from terra_agent.harness import free_port
+from benchmarks.harness import free_port
 from terra_controller.tunnels import build_tunnels, compile_rules, rules_per_switch
 from topologies import Topology
 from topologies.binding import load_binding, make_binding

@@ -1,7 +1,7 @@
 """The kernel rate-limit backend (terra-agent --rate-limiter pacing), over real loopback TCP.
 
 Socket-level: SO_MAX_PACING_RATE set and read back, the frame-header accounting matches real
-frames, a paced socket delivers its rate. Agent-level (terra_agent/harness.py): the paced link's
+frames, a paced socket delivers its rate. Agent-level (benchmarks/harness.py): the paced link's
 socket option follows set_rates at run time, rate 0 stops the bytes, and two FlowGroups sharing
 one tunnel connection each get their own rate.
 """
@@ -16,9 +16,7 @@ import test_agent
 import trio
 from test_agent import MB, loopback
 
-from overlay.framing import chunk_header, encode_frame
-from overlay.integrity import mac_bytes
-from overlay.protocol import GroupRates
+from benchmarks.harness import LoopbackHarness
 from overlay.rate_limit import (
     chunk_frame_overhead,
     pacing_rate,
@@ -27,9 +25,11 @@ from overlay.rate_limit import (
     tls_record_rate,
 )
 from terra_agent.agent import MIN_PACING_BYTES_PER_S
-from terra_agent.harness import LoopbackHarness
 from terra_agent.metrics import AgentCollector
 from terra_agent.sender import chunk_bytes
+from terra_security.integrity import mac_bytes
+from terra_wire.control import GroupRates
+from terra_wire.frames import chunk_header, encode_frame
 
 TIMEOUT = 60
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from terra_controller.pki import (
+from terra_security.pki import (
     CONTROLLER_HOSTNAME,
     PkiError,
     Role,
@@ -49,7 +49,7 @@ def test_reserved_names_are_not_issued(tmp_path, name):
 
 
 def test_every_role_name_is_reserved():
-    from terra_controller.pki import RESERVED_NAMES
+    from terra_security.pki import RESERVED_NAMES
 
     assert {r.value for r in Role} | {CONTROLLER_HOSTNAME} <= RESERVED_NAMES
 

@@ -1,11 +1,10 @@
-"""overlay/protocol.py: constructors round-trip through the real frame codec; validators reject
+"""terra_wire/control.py: constructors round-trip through the real frame codec; validators reject
 each malformed field with a message naming it."""
 
 import msgpack
 import pytest
 
-from overlay.framing import encode_frame
-from overlay.protocol import (
+from terra_wire.control import (
     FlowSpec,
     GroupRates,
     ProtocolError,
@@ -23,6 +22,7 @@ from overlay.protocol import (
     validate_control,
     validate_data,
 )
+from terra_wire.frames import encode_frame
 
 TUNNEL = TunnelSpec("HK-LA-0", "b", "127.0.0.3:9000", ("HK", "LA"), 9001)
 FLOW = FlowSpec("c1", "f1", "a", "b", "LA", 1000, offset=10, source="synthetic", sink="file:/x")

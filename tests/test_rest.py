@@ -13,11 +13,11 @@ from tls_helpers import security
 
 from terra_controller.agent_channel import AgentChannel
 from terra_controller.controller import Controller
-from terra_controller.pki import client_context, server_context
 from terra_controller.rest import RestApp, start_rest_server
 from terra_controller.transport import ServerSecurity
 from terra_controller.tunnel_table import TunnelTable
 from terra_core.terra_policy import TerraPolicy
+from terra_security.pki import client_context, server_context
 from topologies import Topology
 
 CAP = 1e8  # bytes/s per directed link

@@ -14,9 +14,9 @@ from terra_core.scheduling_round import (
     schedule_round,
 )
 from terra_core.terra_policy import TerraPolicy
+from terra_model import Coflow, Flow
 from terra_sim.simulator import WanChange, simulate
 from topologies import Topology, all_pairs_paths, path_links
-from workloads import Coflow, Flow
 
 DCS = ["D0", "D1", "D2", "D3", "D4"]
 ALL_LINKS = [(a, b) for i, a in enumerate(DCS) for b in DCS[i + 1 :]]

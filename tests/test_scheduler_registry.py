@@ -10,9 +10,9 @@ import pytest
 from terra_core import registry
 from terra_core.policy import CoflowRatesPolicy, PairLevelsPolicy, Policy, StatefulPolicy
 from terra_core.registry import SchedulerOptions, make_scheduler, scheduler_names
+from terra_model import Coflow, Flow
 from terra_sim import cli as sim_cli
 from topologies import load_topology
-from workloads import Coflow, Flow
 
 
 def test_the_six_schedulers_are_registered_terra_first():

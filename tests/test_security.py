@@ -19,11 +19,11 @@ from test_api import Server, daemon_spawn, flow
 from test_controller_channel import Agent, channel  # noqa: F401 (fixture)
 from tls_helpers import make_pki, plain_socket, tls_socket
 
-from overlay import protocol
-from terra_controller.api_server import pack_message, read_message
 from terra_controller.client import TerraClient, TerraError
-from terra_controller.pki import PkiError, Role, client_context, init_ca, issue
-from terra_controller.transport import ServerSecurity
+from terra_controller.transport import ServerSecurity, read_message
+from terra_security.pki import PkiError, Role, client_context, init_ca, issue
+from terra_wire import control as protocol
+from terra_wire.api import pack_message
 
 
 @pytest.fixture
@@ -290,9 +290,9 @@ def test_the_agent_refuses_a_controller_of_another_ca(pki, foreign_pki, tmp_path
     from terra_agent.agent import AgentConfig
     from terra_controller.agent_channel import AgentChannel, start_agent_server
     from terra_controller.controller import Controller
-    from terra_controller.pki import server_context
     from terra_controller.tunnel_table import TunnelTable
     from terra_core.terra_policy import TerraPolicy
+    from terra_security.pki import server_context
     from topologies import Topology
 
     topo = Topology("two", ["A", "B"], {("A", "B"): 1e8, ("B", "A"): 1e8})
@@ -337,7 +337,7 @@ def test_a_request_of_nested_maps_is_refused_without_being_built():
 
     import msgpack
 
-    from terra_controller.api_server import INVALID, decode_request
+    from terra_wire.api import INVALID, decode_request
 
     for field in ("req", "flows", "coflow"):
         body = msgpack.packb({"v": 1, "op": "submit", field: [{}] * (1 << 20)})

@@ -10,9 +10,9 @@ import reference_mcf
 
 from terra_core.mcf import McfWarmStart, maxmin_mcf
 from terra_core.terra_policy import TerraPolicy
+from terra_model import Coflow, Flow
 from terra_sim.simulator import WanChange, simulate
 from topologies import Topology, all_pairs_paths, path_links
-from workloads import Coflow, Flow
 
 G = 1e9
 

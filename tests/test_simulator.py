@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from terra_core.baselines import BASELINES, PairLevels, PairTable, PerFlowPolicy, VarysPolicy
 from terra_core.terra_policy import TerraPolicy
+from terra_model import Coflow, Flow
 from terra_sim.simulator import (
     SimulationError,
     WanChange,
@@ -19,7 +20,6 @@ from terra_sim.simulator import (
     with_deadline_factor,
 )
 from topologies import Topology, load_topology
-from workloads import Coflow, Flow
 
 G = 1e9
 

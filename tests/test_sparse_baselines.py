@@ -21,11 +21,11 @@ from terra_core.baselines import (
 )
 from terra_core.flow_bundles import FlowBundle
 from terra_core.maxmin import maxmin_levels, path_entries, path_incidence
+from terra_model import Coflow
 from terra_sim.simulator import simulate
 from topologies import Topology, all_pairs_paths, k_shortest_paths
 from topologies.bigswitch import bigswitch_topology
 from topologies.paths import up_graph
-from workloads import Coflow
 
 
 def _gamma(volume: np.ndarray, capacity: np.ndarray) -> float:

@@ -13,9 +13,9 @@ from terra_core.path_masks import index_for
 from terra_core.scheduling_round import PREEMPTED, RoundResult, schedule_round
 from terra_core.starvation import STARVING_KEY, Guard, StarvationClock, serve_starving
 from terra_core.terra_policy import TerraPolicy
+from terra_model import Coflow, Flow
 from terra_sim.simulator import simulate
 from topologies import Topology
-from workloads import Coflow, Flow
 
 AB = ("A", "B")
 LINK = {AB: 10.0}

@@ -8,9 +8,9 @@ import math
 import pytest
 
 from terra_core.terra_policy import TerraPolicy
+from terra_model import Coflow, Flow
 from terra_sim.simulator import WanChange, simulate
 from topologies import Topology, path_links
-from workloads import Coflow, Flow
 
 
 def line() -> Topology:

@@ -2,7 +2,7 @@
 endpoints; ids are never reused; a file is written by one flow at a time.
 
 Controllers run in this process with their real agent channel (mutual TLS) and API server;
-agents are in-test peers speaking overlay/protocol.py. Triangle WAN A, B, C as in
+agents are in-test peers speaking terra_wire/control.py. Triangle WAN A, B, C as in
 tests/test_controller_channel.py.
 """
 
@@ -16,7 +16,6 @@ import pytest
 from test_controller_channel import Agent, Endpoint, daemon_spawn, triangle, wait_until
 from tls_helpers import security
 
-from overlay import protocol
 from terra_controller import agent_channel, coflow_registry
 from terra_controller.agent_channel import AgentChannel, start_agent_server
 from terra_controller.api_server import ApiHandler, serve_connection
@@ -26,6 +25,7 @@ from terra_controller.controller import Controller
 from terra_controller.transport import listen_and_serve, stop_listener
 from terra_controller.tunnel_table import TunnelTable
 from terra_core.terra_policy import TerraPolicy
+from terra_wire import control as protocol
 
 CAP = 1e8
 DIGEST = "ab" * 32

@@ -8,10 +8,10 @@ import pytest
 import trio
 
 from overlay.framing import FrameReader
-from overlay.protocol import TunnelSpec
 from terra_agent.agent import AgentConfig
 from terra_agent.cli import check_congestion_control, main
 from terra_agent.sender import PeerLink, set_congestion_control
+from terra_wire.control import TunnelSpec
 
 
 def congestion(sock: socket.socket) -> str:

@@ -24,9 +24,9 @@ from test_sparse_baselines import _AllocateOnly, _gamma, random_coflows, random_
 
 from terra_core.baselines import RapierPolicy, VarysPolicy, _gammas, _hop_volumes, _madd_pass
 from terra_core.flow_bundles import FlowBundle
+from terra_model import Coflow
 from terra_sim.simulator import WanChange, simulate
 from topologies.bigswitch import bigswitch_topology
-from workloads import Coflow
 
 
 def per_coflow_rates(policy, remaining):

@@ -4,8 +4,9 @@ import json
 
 import pytest
 
+from terra_model import WorkloadError
 from topologies import load_topology
-from workloads import MB_BYTES, WorkloadError, load_fb_trace, load_workload
+from workloads import MB_BYTES, load_fb_trace, load_workload
 
 SWAN = load_topology("swan")
 

@@ -6,8 +6,8 @@ import socket
 import ssl
 from pathlib import Path
 
-from terra_controller.pki import Role, client_context, init_ca, issue, server_context
 from terra_controller.transport import ServerSecurity, SharedSocket, connect_tls
+from terra_security.pki import Role, client_context, init_ca, issue, server_context
 
 JOBS = ("job1", "job2")
 OPERATORS = ("operator1",)

@@ -6,7 +6,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from workloads.coflow import Coflow, Flow, WorkloadError, check_size
+from terra_model.coflow import Coflow, Flow, WorkloadError, check_size
 from workloads.fb_trace import MB_BYTES, load_fb_trace
 from workloads.json_workload import load_json_workload, parse_coflow, parse_flow
 

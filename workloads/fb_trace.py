@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from workloads.coflow import Coflow, Flow, WorkloadError
+from terra_model.coflow import Coflow, Flow, WorkloadError
 
 MB_BYTES = 1_048_576
 

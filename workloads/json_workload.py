@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from workloads.coflow import Coflow, Flow, WorkloadError, check_size
+from terra_model.coflow import Coflow, Flow, WorkloadError, check_size
 
 
 def load_json_workload(path: Path | str, dcs: Sequence[str]) -> list[Coflow]:

@@ -356,7 +356,7 @@ def data_server_context(directory: str | os.PathLike, name: str):
     Presents DIR/NAME.crt (which must carry serverAuth, as agent certificates issued by
     `issue` do) and requires a client certificate signed by the CA; the caller checks the
     client's name and role (`peer_identity`). Only the handshake runs over TLS: both ends
-    then unwrap to the plain connection (terra_agent/data_auth.py).
+    then unwrap to the plain connection (terra_security/data_auth.py).
 
     Raises:
         PkiError: bad name, a missing file, or a certificate without serverAuth (issued

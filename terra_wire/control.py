@@ -10,7 +10,8 @@ Control channel, agent -> controller:
                connection or in a --data-prefix of the controller; 0.0.0.0 / :: = that one),
                inflight?: [{coflow, flow, role: "send"|"recv", offset: int bytes, k}]}
     progress  {flows: [{coflow, flow, acked: int bytes, k}]}
-    complete  {coflow, flow, digest: flow digest hex str (overlay/integrity.py), size: int bytes,
+    complete  {coflow, flow, digest: flow digest hex str (terra_security/integrity.py),
+               size: int bytes,
                k}
     heartbeat {}
     error     {message: str, coflow?: str, flow?: str}
@@ -41,7 +42,7 @@ Control channel, controller -> agent (any of them may carry "id": the agent acks
                         source: "synthetic" | "file:PATH", sink: "digest" | "file:PATH",
                         attempt?: int >= 0 (default 0; grows each time the controller
                         restarts the flow from byte 0 after a digest mismatch),
-                        digest_alg: "blake3-keyed-v1" (overlay/integrity.py ALGORITHM),
+                        digest_alg: "blake3-keyed-v1" (terra_security/integrity.py ALGORITHM),
                         digest_key: 64 hex chars (the flow attempt's 32-byte key, made by the
                         controller; keys the chunk MACs and the flow digest)}]}
     drop      {coflow, flows: [flow id]}  forget these flows (sender and receiver state): their
@@ -56,7 +57,7 @@ Control channel, controller -> agent (any of them may carry "id": the agent acks
 
 Data connections (sender agent -> receiver agent, one TCP connection per (peer agent, tunnel)):
     hello     {agent, tunnel}         first frame from the connecting (sending) agent
-    chunk     framing.chunk_header fields + payload ("m": the chunk's keyed MAC, checked by the
+    chunk     frames.chunk_header fields + payload ("m": the chunk's keyed MAC, checked by the
               receiver before the bytes go anywhere); the chunk ending at the flow's size also
               carries "d": the sender's keyed flow digest (hex) of the whole flow
     ack       {c: coflow, f: flow, o: delivered offset, e: receiver epoch int}  (receiver ->
@@ -71,7 +72,7 @@ Rules the controller follows (what terra_agent expects):
       offset = the latest "progress" acked, and its rates (a restarted agent knows nothing);
     - expect "complete" again after a (re-)registration: an agent re-sends it for every flow
       it received in full (a restarted controller knows of them only this way); it is idempotent;
-    - keep headers under framing.MAX_HEADER_BYTES (64 KiB): batch long "flows" lists (about 200
+    - keep headers under frames.MAX_HEADER_BYTES (64 KiB): batch long "flows" lists (about 200
       descriptors per message is safe); agents send at most 500 rows per progress/register.
     - to restart a flow from byte 0, send "drop" and its descriptor with attempt + 1 to the
       receiver, and to the sender only once the receiver acked them; agents ignore chunks and
@@ -92,7 +93,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from overlay.integrity import ALGORITHM, new_flow_key
+from terra_security.integrity import ALGORITHM, new_flow_key
 
 PROTOCOL_TYPES_FROM_AGENT = (
     "register",
@@ -165,7 +166,7 @@ class FlowSpec:
     attempt: how many times the controller restarted the flow from byte 0 (digest mismatches);
     chunks and acks of another attempt are ignored. digest_key: the flow attempt's 32-byte key
     as 64 hex chars (default: a fresh random one; the controller makes one per attempt and sends
-    the same to both ends); digest_alg: the integrity construction (overlay/integrity.py).
+    the same to both ends); digest_alg: the integrity construction (terra_security/integrity.py).
     """
 
     coflow: str

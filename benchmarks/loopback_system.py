@@ -5,7 +5,7 @@
   With TLS (the default) it makes a fresh PKI in a temporary directory and every
   helper here (client, REST, agents, fake agents) uses certificates from it.
 - `start_agents`: real `terra-agent` processes, one per (id, DC, host).
-- `FakeAgent`: a thread speaking the real control protocol (overlay/protocol.py)
+- `FakeAgent`: a thread speaking the real control protocol (terra_wire/control.py)
   that registers, acknowledges every message and, with `complete=True`, reports
   every flow it receives as complete at once (no bytes move): it lets the API
   and the scheduler be measured without data transfer.
@@ -24,13 +24,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-from overlay import protocol
-from terra_agent.harness import free_port_block
-from terra_agent.harness import stop_processes as stop_all  # noqa: F401 (re-export)
+from benchmarks.harness import free_port_block
+from benchmarks.harness import stop_processes as stop_all  # noqa: F401 (re-export)
 from terra_controller.agent_connection import ChannelError, read_control, send_parts
 from terra_controller.client import TerraClient
-from terra_controller.pki import Role, client_context, init_ca, issue
 from terra_controller.transport import SharedSocket, connect_tls
+from terra_security.pki import Role, client_context, init_ca, issue
+from terra_wire import control as protocol
 
 OPERATOR = "bench-operator"
 

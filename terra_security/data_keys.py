@@ -1,4 +1,4 @@
-"""Pair keys of the agents' data connections (terra_agent/data_auth.py, docs/security.md).
+"""Pair keys of the agents' data connections (terra_security/data_auth.py, docs/security.md).
 
 The controller draws a random master secret at start-up and derives, for every unordered pair
 of agents {a, b}, K(a, b) = HMAC-SHA256(master, "terra-data-key" | a | b) with the two names

@@ -1,7 +1,7 @@
 """Authentication of data connections between agents (docs/security.md).
 
 When agents run with a PKI (terra-agent --pki), each data connection starts with a mutual TLS
-handshake: the receiving agent is the TLS server (terra_controller.pki.data_server_context),
+handshake: the receiving agent is the TLS server (terra_security.pki.data_server_context),
 the sending agent the TLS client (data_client_context). Each end checks the other's
 certificate: signed by the CA, role agent, and on the sender's side the name of the tunnel's
 peer agent. Nothing but the handshake crosses TLS: both ends then unwrap (close_notify both
@@ -15,7 +15,7 @@ close_notify in one read): `authenticate` returns them and they go to the FrameR
 
 Pair keys (cheaper, same property): the controller gives every agent, in its "tunnels"
 message (over the mutual-TLS control channel), a 32-byte key per other connected agent,
-K(a, b) = the same for both ends (terra_controller.data_keys). A sender holding the key of the
+K(a, b) = the same for both ends (terra_security.data_keys). A sender holding the key of the
 tunnel's peer proves and checks identities with it instead of the TLS handshake, one round
 trip, two HMAC-SHA256 (key_authenticate_sender / key_authenticate_receiver):
 
@@ -42,7 +42,7 @@ from contextlib import contextmanager
 
 import trio
 
-from terra_controller.pki import Identity, PkiError, Role, check_name, peer_identity
+from terra_security.pki import Identity, PkiError, Role, check_name, peer_identity
 
 DATA_HANDSHAKE_S = 10.0  # TLS handshake + unwrap of a data connection
 KEY_TAG = b"\x4b"  # first byte of a pair-key authenticated connection ("K")

@@ -1,7 +1,8 @@
 """Loopback harness: agents on 127.0.0.x addresses, an in-test controller peer, K tunnels per pair.
 
 ControllerPeer is a small trio server speaking the real control protocol
-(overlay/protocol.py): it accepts registrations, keeps the tunnel table, flow descriptors and rates
+(terra_wire/control.py): it accepts registrations, keeps the tunnel table, flow descriptors and
+rates
 it was given, re-sends them (with acknowledged offsets) whenever an agent (re-)registers, and
 records progress, completions and errors. LoopbackHarness starts agents in this process (Agent.run
 under its own cancel scope, so a test can stop and restart one) or as `terra-agent` subprocesses
@@ -25,8 +26,16 @@ from pathlib import Path
 
 import trio
 
-from overlay.framing import FrameError, FrameReader, FrameWriter
-from overlay.protocol import (
+from overlay.framing import FrameReader, FrameWriter
+from terra_agent.agent import Agent, AgentConfig
+from terra_security.data_keys import DataKeys
+from terra_security.pki import (
+    client_context,
+    data_client_context,
+    data_server_context,
+    server_context,
+)
+from terra_wire.control import (
     FlowSpec,
     GroupRates,
     ProtocolError,
@@ -36,15 +45,7 @@ from overlay.protocol import (
     tunnels_message,
     validate_control,
 )
-from terra_controller.data_keys import DataKeys
-from terra_controller.pki import (
-    client_context,
-    data_client_context,
-    data_server_context,
-    server_context,
-)
-
-from .agent import Agent, AgentConfig
+from terra_wire.frames import FrameError
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ FLOWS_PER_MESSAGE = 200  # flow descriptors per "flows" message (keeps headers <
 
 class ControllerPeer:
     """In-test controller: ControllerPeer(host="127.0.0.1", tls=None); tls: a server
-    ssl.SSLContext (terra_controller.pki.server_context) to speak mutual TLS like the real
+    ssl.SSLContext (terra_security.pki.server_context) to speak mutual TLS like the real
     controller, None: plain TCP.
 
     `await nursery.start(peer.serve)` returns the port it listens on. State it keeps and serves:
@@ -63,7 +64,7 @@ class ControllerPeer:
     and "failed" reports with "message" = their reason], failed [the "failed" reports],
     registrations {agent: count}, register_msgs {agent: last register header}, synced {agent:
     trio.Event set once the agent acknowledged the state re-sent at its last registration}.
-    data_keys: a terra_controller.data_keys.DataKeys: every "tunnels" message then carries the
+    data_keys: a terra_security.data_keys.DataKeys: every "tunnels" message then carries the
     agent's pair keys with every other agent that registered (as the controller's does);
     None (default): no keys.
     """
@@ -405,7 +406,7 @@ class LoopbackHarness:
     data_root is the agents' data root (AgentConfig.data_root, terra-agent --data-root), a
     directory relative to workdir (default ".": workdir itself) or absolute, created if missing,
     shared by all agents (they share one host); None: agents without one (file flows refused).
-    self.data_root is the resolved Path (or None). pki: a PKI directory (terra_controller.pki)
+    self.data_root is the resolved Path (or None). pki: a PKI directory (terra_security.pki)
     holding a certificate per agent id (and the controller's): agents then authenticate their
     data connections (AgentConfig.data_tls_server / data_tls_client) and the control channel to
     the in-test controller peer is mutual TLS too (subprocess agents run with --pki);
