@@ -18,47 +18,18 @@ Needs: apt-get install chromium chromium-driver (scripts/install.sh).
 from __future__ import annotations
 
 import argparse
-import shutil
 import tempfile
 import time
 from pathlib import Path
 
 from benchmarks.loopback_system import ControllerProcess, start_agents, stop_all
+from mininet_scenarios.browser import browser_missing, start_browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 SWAN_LINKS = [("HK", "LA"), ("HK", "NY"), ("LA", "NY"), ("LA", "FL"), ("NY", "FL"),
               ("NY", "BA"), ("FL", "BA")]  # fmt: skip
 AGENTS = [("hk1", "HK", "127.0.0.1"), ("la1", "LA", "127.0.0.1")]
 LINK_CAP = 2e6  # bytes/s on every link while the page is looked at
 SMALL, BIG = 200_000, 400_000_000  # bytes (BIG runs > 100 s at the capped rates)
-
-
-def browser_missing() -> str | None:
-    """Why the browser test cannot run (None when chromium and chromedriver are there)."""
-    for path, pkg in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
-        if not Path(path).exists() and not shutil.which(Path(path).name):
-            return f"{pkg} is not installed (apt-get install chromium chromium-driver)"
-    return None
-
-
-def start_browser(width: int = 1400, height: int = 1500):
-    """Headless Chromium under Selenium with the system chromedriver.
-
-    It accepts any server certificate: the controller's comes from a CA made for this run
-    (the page's content is compared with REST read over CA-verified TLS).
-    """
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium") or CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--ignore-certificate-errors", f"--window-size={width},{height}",
-                "--no-first-run", "--disable-extensions"):  # fmt: skip
-        options.add_argument(arg)
-    service = Service(executable_path=shutil.which("chromedriver") or CHROMEDRIVER)
-    return webdriver.Chrome(service=service, options=options)
 
 
 class PageSession:

@@ -208,7 +208,7 @@ class PageShots:
         self.error: str | None = None
         self.driver = None
         try:
-            from benchmarks.web_page import browser_missing, start_browser
+            from mininet_scenarios.browser import browser_missing, start_browser
 
             missing = browser_missing()
             if missing:

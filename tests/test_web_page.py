@@ -8,7 +8,8 @@ import urllib.request
 
 import pytest
 
-from benchmarks.web_page import BIG, PageSession, browser_missing
+from benchmarks.web_page import BIG, PageSession
+from mininet_scenarios.browser import browser_missing
 
 
 def ends(link: dict) -> tuple[str, str]:
