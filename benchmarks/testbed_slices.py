@@ -22,8 +22,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from mininet_scenarios.run_result import Failure
 from mininet_scenarios.sim_twin import simulate_testbed
-from mininet_scenarios.swan import Failure, testbed_topology
+from mininet_scenarios.swan import testbed_topology
 from mininet_scenarios.workload import DEFAULT_FIRST, scales, testbed_coflows
 from terra_model import WorkloadError
 from topologies import load_topology

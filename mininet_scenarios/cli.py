@@ -33,14 +33,10 @@ from pathlib import Path
 
 from mininet_scenarios import results
 from mininet_scenarios.observe import ObserveError
+from mininet_scenarios.run_result import Failure
 from mininet_scenarios.sim_twin import simulate_testbed
-from mininet_scenarios.swan import (
-    Failure,
-    TestbedError,
-    TestbedOptions,
-    run_swan,
-    testbed_topology,
-)
+from mininet_scenarios.swan import TestbedOptions, run_swan, testbed_topology
+from mininet_scenarios.testbed_processes import TestbedError
 from mininet_scenarios.workload import DEFAULT_COUNT, DEFAULT_FIRST, scales, testbed_coflows
 from terra_core.cli_support import (
     LOG_LEVELS,

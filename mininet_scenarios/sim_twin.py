@@ -25,7 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mininet_scenarios.results import cct_stats
-from mininet_scenarios.swan import CAPACITY_FRACTION, TESTBED_TOPOLOGY, Failure
+from mininet_scenarios.run_result import Failure
+from mininet_scenarios.swan import CAPACITY_FRACTION, TESTBED_TOPOLOGY
 from mininet_scenarios.workload import TestbedCoflow
 from terra_core.registry import SchedulerOptions, make_scheduler
 from terra_model import Coflow, Flow

@@ -36,26 +36,33 @@ Mininet's own stop failed (it removes every bridge on the machine).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mininet_scenarios.link_failure import finish_failure, start_failure
 from mininet_scenarios.observe import AGENT_METRICS_PORT, SCRAPE_S, Observer, PageShots
+from mininet_scenarios.run_result import Failure, RunResult, expected_digest, verified_by_agents
 from mininet_scenarios.tcp_baseline import BASELINE_PORT
+from mininet_scenarios.testbed_processes import (
+    LOG_LEVEL,
+    OPERATOR_NAME,
+    Processes,
+    TestbedController,
+    TestbedError,
+    make_pki,
+    read_wan_bytes,
+    wait_until,
+    wan_capacity,
+)
 from mininet_scenarios.workload import TestbedCoflow
-from terra_agent.sources import SYNTHETIC_PERIOD, SyntheticSource, flow_key
-from terra_controller.client import TerraClient
-from topologies import Topology, load_topology
-from topologies.binding import Binding, load_binding
+from topologies import load_topology
+from topologies.binding import load_binding
 
 TESTBED_TOPOLOGY = Path(__file__).resolve().parent.parent / "topologies/data/swan_testbed.json"
 CAPACITY_FRACTION = 0.92
@@ -68,156 +75,6 @@ POLL_S = 0.25
 # rose 0.901-0.908 -> 0.920-0.927 (docs/status.md). Per-flow TCP keeps the default.
 TUNNEL_CONGESTION = "cubic"
 AGENT_SETTLE_S = 1.0
-# Log level of terra-controller and the agents (their logs go to the workdir); INFO adds
-# per-coflow completion (controller) and per-flow completion / tunnel link events (agents).
-LOG_LEVEL = os.environ.get("TERRA_TESTBED_LOG_LEVEL", "WARNING")
-
-
-class TestbedError(RuntimeError):
-    """The testbed could not be brought up or a run did not finish; the message says why."""
-
-
-@dataclass
-class Failure:
-    """A WAN link that goes down at `down_s` and up at `up_s` (seconds after the first arrival)."""
-
-    a: str
-    b: str
-    down_s: float
-    up_s: float
-
-
-@dataclass
-class RunResult:
-    """What one run (Terra or per-flow TCP) measured.
-
-    Attributes:
-        cct_s: coflow trace id -> CCT (seconds), for completed coflows.
-        duration_s: first arrival to last completion (seconds).
-        wan_bytes_sent: bytes sent on WAN switch ports during the run, from the controller's
-            OpenFlow port statistics (REST /links).
-        wan_bytes_sent_ofctl: the same from `ovs-ofctl dump-ports` text, for comparison.
-        wan_capacity_bps: sum of the directed WAN links' HTB rates (bytes/s).
-        failed_capacity_bps: HTB rates of the failure link's two directions (bytes/s), set
-            when it goes down; 0 without a failure.
-        bytes_lost: expected bytes not delivered (unfinished flows, short flows).
-        digest_mismatches: flows whose received digest differs from the expected one.
-        throughput: coflow trace id -> [(t seconds after start, bytes delivered so far)].
-        failure_down_s / failure_up_s: when the link went down / up (s after start), or None.
-        reaction_s: link-down command to new rates acknowledged by all agents, or None.
-        rounds / round_ms: Terra only: scheduling rounds the controller ran during the run
-            and the wall ms of each (up to the last 100; REST /status), else None / [].
-    """
-
-    cct_s: dict = field(default_factory=dict)
-    arrival_s: dict = field(default_factory=dict)
-    duration_s: float = 0.0
-    wan_bytes_sent: int = 0
-    wan_bytes_sent_ofctl: int = 0
-    wan_capacity_bps: float = 0.0
-    failed_capacity_bps: float = 0.0
-    bytes_lost: int = 0
-    digest_mismatches: int = 0
-    throughput: dict = field(default_factory=dict)
-    failure_down_s: float | None = None
-    failure_up_s: float | None = None
-    reaction_s: float | None = None
-    controller_reaction_ms: float | None = None
-    rounds: int | None = None
-    round_ms: list = field(default_factory=list)
-
-    @property
-    def busy_s(self) -> float:
-        """Seconds during which at least one coflow was active (see `busy_time`)."""
-        return busy_time(self.arrival_s, self.cct_s)
-
-    @property
-    def capacity_time(self) -> float:
-        """Bytes the WAN could carry while a coflow was active: wan_capacity_bps x busy_s,
-        less failed_capacity_bps x the busy seconds while the failure link was down (from
-        failure_down_s to failure_up_s, or to the end when it never came back up in the run).
-        A down link counts 0 capacity, as in the simulator (terra_sim/simulator.py), so the
-        testbed's utilization and its simulated twin's use the same denominator.
-
-        E.g. 10 B/s of links, 4 B/s of them failed over [1, 3], busy [0, 2] and [2.5, 4]:
-        10 x 3.5 - 4 x (1 + 0.5) = 29 bytes.
-        """
-        total = self.wan_capacity_bps * self.busy_s
-        if self.failure_down_s is None or not self.failed_capacity_bps:
-            return total
-        up = self.failure_up_s if self.failure_up_s is not None else float("inf")
-        down_busy = sum(
-            max(0.0, min(hi, up) - max(lo, self.failure_down_s))
-            for lo, hi in busy_intervals(self.arrival_s, self.cct_s)
-        )
-        return total - self.failed_capacity_bps * down_busy
-
-    @property
-    def wan_utilization(self) -> float:
-        """wan_bytes_sent / capacity_time: the WAN's use while there is demand.
-
-        The port counters are read at the run's start and end, so bytes sent while no coflow
-        is active (none: agents and TCP nodes are idle then) would only raise the figure.
-        Idle gaps between arrivals (the same in both runs, set by the workload) are left out.
-        0 for an empty run.
-        """
-        return self._per_capacity_time(self.wan_bytes_sent)
-
-    @property
-    def wan_utilization_ofctl(self) -> float:
-        """`wan_utilization` from the `ovs-ofctl dump-ports` counters (for comparison)."""
-        return self._per_capacity_time(self.wan_bytes_sent_ofctl)
-
-    def _per_capacity_time(self, sent: int) -> float:
-        denom = self.capacity_time
-        return sent / denom if denom > 0 else 0.0
-
-
-def busy_intervals(arrival_s: dict, cct_s: dict) -> list[tuple[float, float]]:
-    """The union of the intervals [arrival, arrival + CCT] (seconds) of completed coflows, as
-    sorted disjoint (start, end) pairs.
-
-    E.g. arrivals {a: 0, b: 1, c: 5} and CCTs {a: 2, b: 2, c: 1}: [(0, 3), (5, 6)].
-    """
-    merged: list[tuple[float, float]] = []
-    for lo, hi in sorted((arrival_s[c], arrival_s[c] + cct) for c, cct in cct_s.items()):
-        if merged and lo <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
-        else:
-            merged.append((lo, hi))
-    return merged
-
-
-def busy_time(arrival_s: dict, cct_s: dict) -> float:
-    """Length (s) of the union of the intervals [arrival, arrival + CCT] of completed coflows.
-
-    E.g. arrivals {a: 0, b: 1, c: 5} and CCTs {a: 2, b: 2, c: 1}: [0, 3] and [5, 6] -> 4 s.
-    """
-    return sum(hi - lo for lo, hi in busy_intervals(arrival_s, cct_s))
-
-
-def verified_by_agents(flow: dict) -> bool:
-    """A Terra flow's status row shows its bytes verified end to end: state "done" with a keyed
-    flow digest (64 hex chars). The digest cannot be recomputed here: its key stays inside the
-    controller and the flow's two agents (terra_security/integrity.py); the receiver reports "done"
-    only when its digest equals the sender's."""
-    digest = flow.get("digest")
-    return (
-        flow.get("state") == "done"
-        and isinstance(digest, str)
-        and len(digest) == 64
-        and all(c in "0123456789abcdef" for c in digest)
-    )
-
-
-def expected_digest(coflow: str, flow: str, size: int) -> str:
-    """BLAKE2b (hex) of a flow's synthetic bytes, computed independently of the receivers of
-    the TCP baseline (Terra's agents use keyed digests: verified_by_agents)."""
-    source = SyntheticSource(flow_key(coflow, flow), size)
-    h = hashlib.blake2b()
-    for offset in range(0, size, SYNTHETIC_PERIOD):
-        h.update(source.read(offset, min(SYNTHETIC_PERIOD, size - offset)))
-    return h.hexdigest()
 
 
 def testbed_topology(workdir: Path, link_mbps: float, hosts_per_dc: int = 1) -> Path:
@@ -248,281 +105,9 @@ def testbed_topology(workdir: Path, link_mbps: float, hosts_per_dc: int = 1) -> 
 # ---- processes ---------------------------------------------------------------------------
 
 
-class Processes:
-    """Process groups started by the testbed; stop_all() ends each group (TERM, then KILL)."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen] = []
-
-    def add(self, proc: subprocess.Popen) -> subprocess.Popen:
-        """Remember a process that leads its own process group (setsid / mnexec -d)."""
-        self.procs.append(proc)
-        return proc
-
-    def stop(self, procs: list[subprocess.Popen]) -> None:
-        """SIGTERM each process group, wait up to 5 s, then SIGKILL what is left."""
-        for p in procs:
-            _signal_group(p, signal.SIGTERM)
-        end = time.monotonic() + 5
-        for p in procs:
-            try:
-                p.wait(timeout=max(0.1, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal_group(p, signal.SIGKILL)
-                p.wait()
-            _signal_group(p, signal.SIGKILL)  # children left in the group
-            if p in self.procs:
-                self.procs.remove(p)
-
-    def stop_all(self) -> None:
-        """Stop every remembered process group (latest first)."""
-        self.stop(list(reversed(self.procs)))
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-JOB_NAME = "testbed-job"
-OPERATOR_NAME = "testbed-operator"
-
-
-def make_pki(workdir: Path, agent_names: list[str]) -> Path:
-    """A fresh PKI for one testbed run in workdir/pki: CA and controller, one certificate per
-    agent, the job master (JOB_NAME) and the operator reading REST (OPERATOR_NAME).
-
-    Returns:
-        the PKI directory.
-    """
-    import shutil
-
-    from terra_security.pki import Role, init_ca, issue
-
-    pki = workdir / "pki"
-    shutil.rmtree(pki, ignore_errors=True)
-    init_ca(pki)
-    for name in agent_names:
-        issue(pki, Role.AGENT, name)
-    issue(pki, Role.JOB, JOB_NAME)
-    issue(pki, Role.OPERATOR, OPERATOR_NAME)
-    return pki
-
-
-class Controller:
-    """terra-controller (OpenFlow mode, mutual TLS with `pki`, `--scheduler scheduler`) as a
-    subprocess in its own session.
-
-    Attributes: api (host, port), agents_port, rest ("https://host:port"), pki (directory),
-    scheduler (registry name), proc (the Popen).
-    """
-
-    def __init__(
-        self, topo_path: Path, k: int, of_port: int, log: Path, procs: Processes, pki: Path,
-        scheduler: str = "terra", rest_public: bool = False,
-    ):  # fmt: skip
-        import ssl
-
-        from terra_security.pki import client_context
-
-        self.pki = pki
-        self.scheduler = scheduler
-        self.rest_tls: ssl.SSLContext = client_context(pki, OPERATOR_NAME)
-        self.rest_tls.check_hostname = False  # urllib dials an IP; the CA still verifies it
-        self.log = open(log, "a")  # noqa: SIM115 (closed in close())
-        self.proc = procs.add(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "terra_controller.cli",
-                    "--topology",
-                    str(topo_path),
-                    "--k",
-                    str(k),
-                    "--of-port",
-                    str(of_port),
-                    "--api",
-                    "127.0.0.1:0",
-                    "--agents",
-                    "0.0.0.0:0",
-                    "--data-prefix",  # agents reach it over mgmt0, their data is on 10.0.x.y
-                    "10.0.0.0/16",
-                    "--rest",
-                    "127.0.0.1:0",
-                    "--log-level",
-                    LOG_LEVEL,
-                    "--pki",
-                    str(pki),
-                    "--scheduler",
-                    scheduler,
-                    *(["--rest-public"] if rest_public else []),
-                ],
-                stdout=subprocess.PIPE,
-                stderr=self.log,
-                text=True,
-                start_new_session=True,
-            )  # fmt: skip
-        )
-        line = self.proc.stdout.readline()
-        if not line.startswith("terra-controller ready"):
-            raise TestbedError(f"terra-controller did not start (see {log}): {line!r}")
-        addrs = dict(part.split("=") for part in line.split()[2:])
-        host, port = addrs["api"].rsplit(":", 1)
-        self.api = (host, int(port))
-        self.agents_port = int(addrs["agents"].rsplit(":", 1)[1])
-        self.rest = "https://" + addrs["rest"]
-
-    def client(self, timeout: float) -> TerraClient:
-        """A TerraClient of the job master (certificate JOB_NAME)."""
-        return TerraClient(*self.api, pki=self.pki, name=JOB_NAME, timeout=timeout)
-
-    def get(self, path: str):
-        """GET a REST path over TLS with the operator's certificate, decoded JSON."""
-        with urllib.request.urlopen(self.rest + path, timeout=5, context=self.rest_tls) as reply:
-            return json.loads(reply.read())
-
-    def close(self) -> None:
-        """Close the log file (the process itself is stopped through Processes)."""
-        self.log.close()
-
-
-def wait_until(predicate, timeout: float, what: str, poll_s: float = 0.1) -> None:
-    """Poll `predicate()` until true. Raises TestbedError after `timeout` seconds."""
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            raise TestbedError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(poll_s)
-
-
-# ---- port counters ---------------------------------------------------------------------------
-
-_PORT_RE = re.compile(r"port\s+\"?(\w+)\"?:.*?tx pkts=\d+, bytes=(\d+)", re.S)
-
-
-def openflow_tx_bytes(ctl: Controller, timeout: float = 10.0) -> int:
-    """Sum of tx_bytes over every WAN port from the controller's OpenFlow port statistics
-    (REST /links), waiting for samples taken after this call began (the controller polls
-    every switch every --port-stats-s seconds).
-
-    Raises:
-        TestbedError: no fresh sample of every WAN port within `timeout` seconds.
-    """
-    start = time.monotonic()
-    while True:
-        asked = time.monotonic()
-        links = ctl.get("/links")["links"]
-        ages = [row["sampled_s"] for row in links]
-        if all(age is not None and asked - age > start for age in ages):
-            return sum(row["tx_bytes"] for row in links)
-        if asked - start > timeout:
-            raise TestbedError(f"no fresh OpenFlow port statistics within {timeout} s")
-        time.sleep(0.05)
-
-
-def read_wan_bytes(wan, ctl: Controller | None) -> tuple[int, int]:
-    """(bytes sent on WAN ports per OpenFlow port statistics, per `ovs-ofctl dump-ports`);
-    the first is 0 without a controller."""
-    ofctl = wan_tx_bytes(wan.switches, wan.binding, wan.topology)
-    return (openflow_tx_bytes(ctl) if ctl is not None else 0), ofctl
-
-
-def wan_tx_bytes(switches: dict, binding: Binding, topology: Topology) -> int:
-    """Sum of tx_bytes over every WAN port of every switch (`ovs-ofctl dump-ports`).
-
-    Args:
-        switches: DC -> Mininet switch (its .name is the bridge).
-
-    Raises:
-        TestbedError: ovs-ofctl failed.
-    """
-    total = 0
-    for dc, sw in switches.items():
-        out = subprocess.run(
-            ["ovs-ofctl", "-O", "OpenFlow13", "dump-ports", sw.name],
-            capture_output=True, text=True, timeout=10,
-        )  # fmt: skip
-        if out.returncode != 0:
-            raise TestbedError(f"ovs-ofctl dump-ports {sw.name}: {out.stderr.strip()}")
-        wan_ports = {str(binding.port_to(dc, v)) for (u, v) in topology.capacity if u == dc}
-        for port, tx in _PORT_RE.findall(out.stdout):
-            if port in wan_ports:
-                total += int(tx)
-    return total
-
-
-# ---- failure -------------------------------------------------------------------------------
-
-
-class FailureThread(threading.Thread):
-    """Sets the failure link down and up at its times; measures the reaction (Terra run).
-
-    Args:
-        wan: the WanNet. failure: the Failure. t0: time.monotonic() of the run's start.
-        controller: the Controller to watch for the reaction, or None (baseline run).
-        result: RunResult receiving failure_down_s / failure_up_s / reaction_s.
-        on_event: called with "down" (after the reaction was measured) and "up".
-    """
-
-    def __init__(self, wan, failure: Failure, t0: float, controller, result: RunResult,
-                 on_event=None):  # fmt: skip
-        super().__init__(daemon=True)
-        self.on_event = on_event or (lambda kind: None)
-        self.wan, self.failure, self.t0 = wan, failure, t0
-        self.controller, self.result = controller, result
-        self.stop_event = threading.Event()
-        self.error: BaseException | None = None
-        self.flow_mods_before: int | None = None
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:  # reported by the caller
-            self.error = exc
-
-    def _run(self) -> None:
-        f = self.failure
-        if self.stop_event.wait(max(0.0, self.t0 + f.down_s - time.monotonic())):
-            return
-        before = 0
-        if self.controller is not None:
-            before = self.controller.get("/status")["reactions_total"]
-            self.flow_mods_before = self.controller.get("/tunnels")["switches"]["flow_mods"]
-        t_down = time.monotonic()
-        self.result.failed_capacity_bps = _link_capacity(self.wan, f.a, f.b)
-        self.wan.set_link(f.a, f.b, up=False)
-        self.result.failure_down_s = t_down - self.t0
-        if self.controller is not None:
-            self._measure_reaction(before, t_down)
-        self.on_event("down")
-        if self.stop_event.wait(max(0.0, self.t0 + f.up_s - time.monotonic())):
-            self.wan.set_link(f.a, f.b, up=True)
-            return
-        self.result.failure_up_s = time.monotonic() - self.t0
-        self.wan.set_link(f.a, f.b, up=True)
-        self.on_event("up")
-
-    def _measure_reaction(self, before: int, t_down: float) -> None:
-        end = t_down + 10
-        while time.monotonic() < end:
-            status = self.controller.get("/status")
-            if status["reactions_total"] > before:
-                last = status["reactions"][-1]
-                if last["event_to_applied_ms"] is not None:
-                    self.result.reaction_s = time.monotonic() - t_down
-                    self.result.controller_reaction_ms = last["event_to_applied_ms"]
-                    return
-            time.sleep(0.01)
-
-
-# ---- the two runs -----------------------------------------------------------------------------
-
-
 def run_terra(
-    wan, ctl: Controller, coflows: list[TestbedCoflow], failure: Failure | None, timeout: float,
+    wan, ctl: TestbedController, coflows: list[TestbedCoflow], failure: Failure | None,
+    timeout: float,
     on_event=None,
 ) -> tuple[RunResult, int | None]:  # fmt: skip
     """Submit the coflows at their arrival times through TerraClient; wait for all.
@@ -535,13 +120,13 @@ def run_terra(
     Raises:
         TestbedError: coflows not done within `timeout` seconds of the last arrival.
     """
-    result = RunResult(wan_capacity_bps=_wan_capacity(wan))
+    result = RunResult(wan_capacity_bps=wan_capacity(wan))
     client = ctl.client(timeout=30)
     ids: dict[int, TestbedCoflow] = {}
     tx0, tx0_ofctl = read_wan_bytes(wan, ctl)
     rounds0 = ctl.get("/status")["rounds"]
     t0 = time.monotonic()
-    fail = _start_failure(wan, failure, t0, ctl, result, on_event)
+    fail = start_failure(wan, failure, t0, ctl, result, on_event)
     pending = list(coflows)
     last_end = t0
     try:
@@ -579,7 +164,7 @@ def run_terra(
                 result.bytes_lost += f["bytes"] - min(f["bytes"], delivered)
     finally:
         client.close()
-        flow_mods = _finish_failure(fail)
+        flow_mods = finish_failure(fail)
     return result, flow_mods
 
 
@@ -600,7 +185,7 @@ def run_per_flow_tcp(
     timeout: float,
     workdir: Path,
     procs: Processes,
-    ctl: Controller | None = None,
+    ctl: TestbedController | None = None,
 ) -> RunResult:
     """The per-flow TCP baseline (mininet_scenarios.tcp_baseline) on the same WAN; `ctl`:
     the controller whose OpenFlow port statistics count the WAN bytes (else ovs-ofctl's).
@@ -608,7 +193,7 @@ def run_per_flow_tcp(
     Raises:
         TestbedError: flows not received within `timeout` s of the last arrival.
     """
-    result = RunResult(wan_capacity_bps=_wan_capacity(wan))
+    result = RunResult(wan_capacity_bps=wan_capacity(wan))
     workdir.mkdir(parents=True, exist_ok=True)
     ip = {h.name: h.ip for _, h in wan.binding.all_hosts()}
     start_file = workdir / "start"
@@ -657,7 +242,7 @@ def run_per_flow_tcp(
         tmp.rename(start_file)  # atomic: nodes never read a partial time
         time.sleep(max(0.0, start_wall - time.time()))
         t0 = time.monotonic()
-        fail = _start_failure(wan, failure, t0, None, result)
+        fail = start_failure(wan, failure, t0, None, result)
         expected = {(str(c.trace_id), f["id"]): f["bytes"] for c in coflows for f in c.flows}
         received: dict = {}
         try:
@@ -674,7 +259,7 @@ def run_per_flow_tcp(
             result.wan_bytes_sent_ofctl = tx1_ofctl - tx0_ofctl
             result.wan_bytes_sent = tx1 - tx0 if ctl is not None else result.wan_bytes_sent_ofctl
         finally:
-            _finish_failure(fail)
+            finish_failure(fail)
     finally:
         procs.stop(nodes)
     _score_baseline(result, coflows, expected, received, start_wall)
@@ -703,53 +288,6 @@ def _score_baseline(result, coflows, expected, received, start_wall) -> None:
         result.arrival_s[c.trace_id] = c.arrival_s
         if len(ends) == len(c.flows):
             result.cct_s[c.trace_id] = max(ends) - (start_wall + c.arrival_s)
-
-
-def _wan_capacity(wan) -> float:
-    """Sum of the directed WAN links' HTB rates in bytes/s."""
-    return sum(_htb_rate(intf) for intf in _wan_intfs(wan))
-
-
-def _htb_rate(intf) -> float:
-    """The HTB rate of a WAN interface in bytes/s (0 for an unshaped one)."""
-    return intf.params.get("bw", 0) * 1e6 / 8
-
-
-def _link_capacity(wan, a: str, b: str) -> float:
-    """HTB rates (bytes/s) of the WAN link between DCs a and b, both directions summed."""
-    ends = {wan.switches[a], wan.switches[b]}
-    return sum(
-        _htb_rate(intf)
-        for link in wan.net.links
-        if {link.intf1.node, link.intf2.node} == ends
-        for intf in (link.intf1, link.intf2)
-    )
-
-
-def _wan_intfs(wan):
-    for link in wan.net.links:
-        if "bw" in link.intf1.params:
-            yield link.intf1
-            yield link.intf2
-
-
-def _start_failure(wan, failure, t0, ctl, result, on_event=None) -> FailureThread | None:
-    if failure is None:
-        return None
-    thread = FailureThread(wan, failure, t0, ctl, result, on_event)
-    thread.start()
-    return thread
-
-
-def _finish_failure(thread: FailureThread | None) -> int | None:
-    """Stop the failure thread (the link is set up again if it was down); re-raise its error."""
-    if thread is None:
-        return None
-    thread.stop_event.set()
-    thread.join(timeout=30)
-    if thread.error is not None:
-        raise TestbedError(f"link failure thread: {thread.error!r}") from thread.error
-    return thread.flow_mods_before
 
 
 # ---- the experiment ---------------------------------------------------------------------------
@@ -813,8 +351,9 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
     try:
         pki = make_pki(opts.workdir, [host.name for _, host in binding.all_hosts()])
         for phase, name in enumerate(opts.schedulers):
-            ctl = Controller(topo_path, opts.k, opts.of_port, opts.workdir / "controller.log",
-                             procs, pki, scheduler=name, rest_public=opts.observe)  # fmt: skip
+            ctl = TestbedController(topo_path, opts.k, opts.of_port,
+                                    opts.workdir / "controller.log", procs, pki, scheduler=name,
+                                    rest_public=opts.observe)  # fmt: skip
             t_start = time.monotonic()
             if wan is None:
                 wan = build_wan(topology, binding, of_port=opts.of_port,
@@ -862,7 +401,7 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
                 cleanup()
 
 
-def _bring_up(wan, binding, ctl: Controller, workdir: Path, procs: Processes, log,
+def _bring_up(wan, binding, ctl: TestbedController, workdir: Path, procs: Processes, log,
               observer=None) -> list:  # fmt: skip
     """Wait for the controller's tunnel rules, start the agents (serving /metrics on their
     management address when observed), wait until all registered.
@@ -887,7 +426,7 @@ def _bring_up(wan, binding, ctl: Controller, workdir: Path, procs: Processes, lo
     return agents
 
 
-def _scheduler_runs(wan, ctl: Controller, opts: TestbedOptions, raw: dict, with_tcp: bool,
+def _scheduler_runs(wan, ctl: TestbedController, opts: TestbedOptions, raw: dict, with_tcp: bool,
                     procs: Processes, log, shots=None):  # fmt: skip
     """`opts.repeats` runs of the controller's scheduler; with_tcp: each followed by a
     per-flow TCP run (appended to raw["per_flow_tcp"]; the agents stay up, idle).
@@ -918,7 +457,7 @@ def _scheduler_runs(wan, ctl: Controller, opts: TestbedOptions, raw: dict, with_
     return runs, flow_mods_before
 
 
-def _flow_mods(ctl: Controller) -> int:
+def _flow_mods(ctl: TestbedController) -> int:
     return ctl.get("/tunnels")["switches"]["flow_mods"]
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mininet_scenarios import swan
+from mininet_scenarios import run_result, swan
 from mininet_scenarios import workload as testbed_workload
 from mininet_scenarios.sim_twin import simulate_testbed, to_coflows
 from topologies import load_topology
@@ -45,7 +45,7 @@ def test_failure_moves_per_flow_to_the_next_shortest_path(binding):
     # direct link by 0.5 s, then (the simulator re-routes, as IP routing would) the other
     # 1.725e6 over HK-NY-LA at 1.15e6 B/s -> 1.5 s more -> CCT 2.0 s. Terra: both links out
     # of HK until 0.5 s (1.15e6 bytes), then only HK-NY (1.15e6 more in 1 s) -> 1.5 s.
-    failure = swan.Failure("HK", "LA", 0.5, 5.0)
+    failure = run_result.Failure("HK", "LA", 0.5, 5.0)
     out = simulate_testbed(one_flow(2_300_000), binding, 10.0, failure=failure)
     assert out["per_flow_tcp"]["avg_cct_s"] == pytest.approx(2.0)
     assert out["terra"]["avg_cct_s"] == pytest.approx(1.5)

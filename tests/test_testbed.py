@@ -22,7 +22,7 @@ from benchmarks.harness import free_port
 from mininet_scenarios import cli, results, swan
 from mininet_scenarios import workload as tb_workload
 from mininet_scenarios.cli import parse_schedulers
-from mininet_scenarios.swan import RunResult, busy_time, expected_digest, verified_by_agents
+from mininet_scenarios.run_result import RunResult, busy_time, expected_digest, verified_by_agents
 from mininet_scenarios.tcp_baseline import send_flow, serve
 from mininet_scenarios.workload import MIN_FLOW_BYTES, scales
 from terra_model import WorkloadError
