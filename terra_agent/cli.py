@@ -66,7 +66,8 @@ from terra_security.pki import (
 from terra_wire.control import ProtocolError, parse_addr
 from terra_wire.frames import MAX_PAYLOAD_BYTES
 
-from .agent import Agent, AgentConfig, RegistrationRefused, parse_memory
+from .agent import Agent, AgentConfig
+from .config import RegistrationRefused, parse_memory
 from .metrics import bind_metrics
 from .receiver import MAX_AHEAD_BYTES
 from .sender import set_congestion_control

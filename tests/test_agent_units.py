@@ -9,8 +9,8 @@ import pytest
 import trio
 import trio.testing
 
-from terra_agent.agent import parse_memory
 from terra_agent.cli import build_parser, main
+from terra_agent.config import parse_memory
 from terra_agent.pending import HeldChunk, PendingChunks
 from terra_agent.receiver import READY_BATCH_BYTES, HashQueue, InFlow
 from terra_agent.sender import (
