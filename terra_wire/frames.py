@@ -38,6 +38,7 @@ MAX_HEADER_BYTES = 64 * 1024
 MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
 CHUNK_TYPE = "chunk"
 Header = dict[str, Any]  # a frame header map: str keys, msgpack values
+Payload = bytes | bytearray | memoryview  # what encode_frame hands to a stream's send_all
 
 
 class FrameError(Exception):
@@ -82,7 +83,7 @@ def chunk_header(coflow_id: str, flow_id: str, offset: int, payload: Buffer, mac
     return {"t": CHUNK_TYPE, "c": coflow_id, "f": flow_id, "o": offset, "n": n, "m": macs}
 
 
-def encode_frame(header: Header, payload: Buffer = b"") -> list[Buffer]:
+def encode_frame(header: Header, payload: Payload = b"") -> list[Payload]:
     """Encode one frame as the list of parts to write, in order.
 
     Args:
