@@ -37,7 +37,7 @@ import hmac
 import os
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import trio
@@ -63,7 +63,7 @@ async def authenticate(
     expected_peer: str | None = None,
     timeout_s: float = DATA_HANDSHAKE_S,
     unwrap: bool = True,
-) -> tuple[Identity, bytes | trio.SSLStream]:
+) -> tuple[Identity, bytes | trio.SSLStream[trio.SocketStream]]:
     """Run the TLS handshake on `stream`, check the peer, unwrap back to the plain stream.
 
     Args:
@@ -112,7 +112,9 @@ async def authenticate(
     return identity, bytes(trailing)
 
 
-def _mac(key: bytes, role: bytes, sender: str, receiver: str, nonce_s: bytes, nonce_r: bytes):
+def _mac(
+    key: bytes, role: bytes, sender: str, receiver: str, nonce_s: bytes, nonce_r: bytes
+) -> bytes:
     """HMAC-SHA256 of one side's proof; names are length-prefixed (no ambiguity)."""
     parts = [role]
     for name in (sender, receiver):
@@ -136,7 +138,7 @@ async def _read_exact(stream: trio.SocketStream, buf: bytearray, n: int) -> byte
 
 
 @contextmanager
-def _key_exchange(timeout_s: float):
+def _key_exchange(timeout_s: float) -> Iterator[None]:
     """Deadline of a pair-key exchange; its timeout and connection errors -> DataAuthError."""
     try:
         with trio.fail_after(timeout_s):
@@ -224,7 +226,7 @@ async def accept(
     key_for: Callable[[str], bytes | None],
     timeout_s: float = DATA_HANDSHAKE_S,
     unwrap: bool = True,
-) -> tuple[str, bytes | trio.SSLStream]:
+) -> tuple[str, bytes | trio.SSLStream[trio.SocketStream]]:
     """Authenticate an incoming data connection by whichever method its first byte names.
 
     Args: as authenticate (server side) and key_authenticate_receiver. unwrap=False

@@ -34,10 +34,14 @@ from __future__ import annotations
 import hmac
 import secrets
 import struct
+from typing import TYPE_CHECKING, Final
 
 import blake3
 
-ALGORITHM = "blake3-keyed-v1"  # the "digest_alg" of flow descriptors
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
+
+ALGORITHM: Final = "blake3-keyed-v1"  # the "digest_alg" of flow descriptors
 KEY_BYTES = 32
 MAC_BYTES = 16
 LEAF_BYTES = 64 << 10
@@ -91,12 +95,12 @@ class FlowKeys:
         self._leaf_key = blake3.blake3(key, derive_key_context=LEAF_CONTEXT).digest()
         self._digest_key = blake3.blake3(key, derive_key_context=DIGEST_CONTEXT).digest()
 
-    def leaf_hasher(self, index: int, length: int):
+    def leaf_hasher(self, index: int, length: int) -> blake3.blake3:
         """A keyed BLAKE3 hasher for leaf `index` of `length` bytes: update() it with the
         leaf's bytes, then .digest(length=MAC_BYTES) is MAC_index."""
         return blake3.blake3(_PREFIX.pack(index, length), key=self._leaf_key)
 
-    def leaf_macs(self, offset: int, data) -> bytes:
+    def leaf_macs(self, offset: int, data: Buffer) -> bytes:
         """The MAC list of `data` (bytes-like) at flow byte `offset` (a leaf boundary): one
         MAC per LEAF_BYTES of data, the last one for what is left.
 
@@ -115,14 +119,14 @@ class FlowKeys:
             macs.append(hasher.digest(length=MAC_BYTES))
         return b"".join(macs)
 
-    def check(self, offset: int, data, macs) -> bool:
+    def check(self, offset: int, data: Buffer, macs: object) -> bool:
         """True when `macs` (bytes) is the MAC list of `data` at `offset` (constant-time
         compare); False also for an offset off the leaf grid."""
         if not isinstance(macs, bytes) or offset % LEAF_BYTES:
             return False
         return hmac.compare_digest(self.leaf_macs(offset, data), macs)
 
-    def fold_hasher(self):
+    def fold_hasher(self) -> blake3.blake3:
         """A new keyed BLAKE3 hasher for the flow digest (feed it the MAC list in order)."""
         return blake3.blake3(key=self._digest_key)
 
@@ -148,7 +152,7 @@ class FlowDigest:
         self.position = 0
         self._fold = keys.fold_hasher()
         self._known: dict[int, bytes] = {}
-        self._leaf = None  # hasher of the current leaf, being fed from bytes
+        self._leaf: blake3.blake3 | None = None  # hasher of the current leaf, fed from bytes
         self._leaf_mac: bytes | None = None  # known MAC of the current leaf, being skipped
 
     def add_macs(self, offset: int, macs: bytes, nbytes: int) -> None:
@@ -167,9 +171,16 @@ class FlowDigest:
             if first + i >= started:
                 self._known.setdefault(first + i, macs[i * MAC_BYTES : (i + 1) * MAC_BYTES])
 
-    def update(self, data) -> None:
-        """Account for the next in-order bytes of the flow."""
+    def update(self, data: Buffer) -> None:
+        """Account for the next in-order bytes of the flow.
+
+        Raises:
+            IntegrityError: the bytes run past `size`, or start inside a leaf that add_macs
+                folded (nothing is accounted then).
+        """
         view = memoryview(data).cast("B")
+        if self.position + len(view) > self.size:
+            raise IntegrityError(f"{len(view)} bytes at {self.position} run past {self.size}")
         done = 0
         while done < len(view):
             index, within = divmod(self.position, LEAF_BYTES)
@@ -178,14 +189,16 @@ class FlowDigest:
                 self._leaf_mac = self._known.pop(index, None)
                 if self._leaf_mac is None:
                     self._leaf = self.keys.leaf_hasher(index, length)
+            leaf = self._leaf if self._leaf is not None else self._leaf_mac  # hasher or MAC
+            if leaf is None:
+                raise IntegrityError(f"bytes at {self.position} inside a leaf add_macs folded")
             step = min(len(view) - done, length - within)
-            if self._leaf is not None:
-                self._leaf.update(view[done : done + step])
+            if not isinstance(leaf, bytes):
+                leaf.update(view[done : done + step])
             done += step
             self.position += step
             if within + step == length:
-                mac = self._leaf_mac or self._leaf.digest(length=MAC_BYTES)
-                self._fold.update(mac)
+                self._fold.update(leaf if isinstance(leaf, bytes) else leaf.digest(MAC_BYTES))
                 self._leaf = self._leaf_mac = None
 
     def hexdigest(self) -> str:
@@ -195,7 +208,7 @@ class FlowDigest:
         return self._fold.hexdigest()
 
 
-def flow_digest(key_hex: str, data) -> str:
+def flow_digest(key_hex: str, data: bytes | bytearray | memoryview) -> str:
     """The hex flow digest of `data` (all of a flow's bytes) under `key_hex` (tests, checks)."""
     digest = FlowDigest(FlowKeys(key_hex), len(data))
     digest.update(data)

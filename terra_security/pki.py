@@ -40,12 +40,23 @@ import ssl
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # cryptography is imported where it is used (it is slow to import)
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
+
+    IssuerKey = (
+        ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey
+        | ed448.Ed448PrivateKey | dsa.DSAPrivateKey
+    )  # fmt: skip
 
 CONTROLLER_NAME = "controller"
 CONTROLLER_HOSTNAME = "terra-controller"  # the SAN every client verifies
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 CA_DAYS = 3650
 CERT_DAYS = 825
+PathArg = str | os.PathLike[str]  # a PKI directory
 
 
 class PkiError(Exception):
@@ -107,7 +118,7 @@ def check_name(name: str) -> str:
 # ---- issuing ---------------------------------------------------------------------------------
 
 
-def init_ca(directory: str | os.PathLike, hosts: list[str] | None = None) -> list[Path]:
+def init_ca(directory: PathArg, hosts: list[str] | None = None) -> list[Path]:
     """Create a CA and the controller's certificate in `directory` (created if needed).
 
     Args:
@@ -159,7 +170,7 @@ def init_ca(directory: str | os.PathLike, hosts: list[str] | None = None) -> lis
     return written
 
 
-def issue(directory: str | os.PathLike, role: Role | str, name: str) -> list[Path]:
+def issue(directory: PathArg, role: Role | str, name: str) -> list[Path]:
     """Issue a certificate for participant `name` with `role` from the CA in `directory`.
 
     Returns:
@@ -180,17 +191,37 @@ def issue(directory: str | os.PathLike, role: Role | str, name: str) -> list[Pat
     return _issue(d, name, role, [])
 
 
-def _issue(d: Path, name: str, role: Role, hosts: list[str]) -> list[Path]:
+def _load_ca(d: Path) -> tuple[x509.Certificate, IssuerKey]:
+    """The CA's certificate and private key in `d`.
+
+    Raises:
+        PkiError: a file is missing or not PEM, or the key cannot sign certificates.
+    """
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
 
     try:
         ca_cert = x509.load_pem_x509_certificate((d / "ca.crt").read_bytes())
         ca_key = serialization.load_pem_private_key((d / "ca.key").read_bytes(), None)
     except (OSError, ValueError) as exc:
         raise PkiError(f"cannot load the CA from {d}: {exc}") from exc
+    signing = (
+        ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey, ed25519.Ed25519PrivateKey,
+        ed448.Ed448PrivateKey, dsa.DSAPrivateKey,
+    )  # fmt: skip
+    if not isinstance(ca_key, signing):
+        raise PkiError(f"the CA key in {d} cannot sign certificates ({type(ca_key).__name__})")
+    return ca_cert, ca_key
+
+
+def _issue(d: Path, name: str, role: Role, hosts: list[str]) -> list[Path]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca_cert, ca_key = _load_ca(d)
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name(
         [
@@ -216,11 +247,12 @@ def _issue(d: Path, name: str, role: Role, hosts: list[str]) -> list[Path]:
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()), False
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
         )
     )
     # every certificate carries a SAN (peers are checked by it): the controller's host names,
     # else the participant's name (reserved names cannot be issued: check_name)
+    sans: list[x509.GeneralName]
     if role is Role.CONTROLLER:
         sans = [_san(h) for h in [CONTROLLER_HOSTNAME, *hosts]]
     else:
@@ -230,7 +262,7 @@ def _issue(d: Path, name: str, role: Role, hosts: list[str]) -> list[Path]:
     return [_write_cert(d / f"{name}.crt", cert), _write_key(d / f"{name}.key", key)]
 
 
-def _san(host: str):
+def _san(host: str) -> x509.GeneralName:
     from cryptography import x509
 
     try:
@@ -248,13 +280,13 @@ CERT_MODE = 0o644  # NAME.crt, ca.crt
 KEY_MODE = 0o600  # NAME.key, ca.key
 
 
-def _write_cert(path: Path, cert) -> Path:
+def _write_cert(path: Path, cert: x509.Certificate) -> Path:
     from cryptography.hazmat.primitives import serialization
 
     return _write_new(path, cert.public_bytes(serialization.Encoding.PEM), CERT_MODE)
 
 
-def _write_key(path: Path, key) -> Path:
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> Path:
     from cryptography.hazmat.primitives import serialization
 
     data = key.private_bytes(
@@ -297,16 +329,16 @@ def _write_new(path: Path, data: bytes, mode: int) -> Path:
 # ---- TLS contexts ----------------------------------------------------------------------------
 
 
-def _files(directory: str | os.PathLike, name: str) -> tuple[str, str, str]:
+def _files(directory: PathArg, name: str) -> tuple[str, str, str]:
     d = Path(directory)
-    files = (d / "ca.crt", d / f"{name}.crt", d / f"{name}.key")
-    for f in files:
+    ca, crt, key = d / "ca.crt", d / f"{name}.crt", d / f"{name}.key"
+    for f in (ca, crt, key):
         if not f.is_file():
             raise PkiError(f"missing {f} (make it with `terra-controller pki ...`)")
-    return tuple(str(f) for f in files)
+    return str(ca), str(crt), str(key)
 
 
-def server_context(directory: str | os.PathLike, require_client_cert: bool = True):
+def server_context(directory: PathArg, require_client_cert: bool = True) -> ssl.SSLContext:
     """TLS server context of the controller: its certificate, clients verified against the CA.
 
     Args:
@@ -329,7 +361,7 @@ def server_context(directory: str | os.PathLike, require_client_cert: bool = Tru
     return ctx
 
 
-def client_context(directory: str | os.PathLike, name: str):
+def client_context(directory: PathArg, name: str) -> ssl.SSLContext:
     """TLS client context for participant `name`: its certificate, the controller verified.
 
     Connect with ``server_hostname=CONTROLLER_HOSTNAME``: only the certificate made by
@@ -350,7 +382,7 @@ def client_context(directory: str | os.PathLike, name: str):
     return ctx
 
 
-def data_server_context(directory: str | os.PathLike, name: str):
+def data_server_context(directory: PathArg, name: str) -> ssl.SSLContext:
     """TLS server context of agent `name` for the data connections it accepts.
 
     Presents DIR/NAME.crt (which must carry serverAuth, as agent certificates issued by
@@ -373,7 +405,7 @@ def data_server_context(directory: str | os.PathLike, name: str):
     return ctx
 
 
-def data_client_context(directory: str | os.PathLike, name: str):
+def data_client_context(directory: PathArg, name: str) -> ssl.SSLContext:
     """TLS client context of agent `name` for the data connections it opens.
 
     Presents DIR/NAME.crt and verifies the receiving agent's certificate against the CA,
@@ -412,7 +444,7 @@ def _require_server_auth(crt: str) -> None:
         )
 
 
-def peer_identity(peercert: dict | None) -> Identity:
+def peer_identity(peercert: dict[str, Any] | None) -> Identity:
     """The Identity in a verified peer certificate (`SSLSocket.getpeercert()`).
 
     The name is the subject's common name, which the certificate's subject alternative
@@ -428,7 +460,7 @@ def peer_identity(peercert: dict | None) -> Identity:
     for rdn in peercert.get("subject", ()):
         for key, value in rdn:
             fields[key] = value
-    name, role = fields.get("commonName"), fields.get("organizationalUnitName")
+    name, role = fields.get("commonName", ""), fields.get("organizationalUnitName", "")
     try:
         identity = Identity(check_name(name), Role(role))
     except (PkiError, ValueError) as exc:

@@ -7,6 +7,7 @@ value; replies are plain maps. Shared by the controller's API server and the cli
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import msgpack
 import msgspec
@@ -14,6 +15,7 @@ import msgspec
 API_VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _LEN = struct.Struct(">I")
+Message = dict[str, Any]  # a request or reply map: str keys, msgpack values
 
 
 class WireError(Exception):
@@ -63,7 +65,7 @@ _MSGPACK_MAP_FIRST_BYTES = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
 INVALID = "_invalid"  # key of the map decode_request returns for a map of the wrong shape
 
 
-def decode_request(body) -> dict:
+def decode_request(body: bytes | bytearray | memoryview) -> Message:
     """Decode one API request body into a plain map of the ApiRequest shape.
 
     Returns:
@@ -75,22 +77,23 @@ def decode_request(body) -> dict:
         WireError: not msgpack, or not a map (the connection is closed).
     """
     try:
-        return msgspec.to_builtins(_REQUEST_DECODER.decode(body))
+        request: Message = msgspec.to_builtins(_REQUEST_DECODER.decode(body))
     except msgspec.ValidationError as exc:
         if bytes(body[:1]) and body[0] in _MSGPACK_MAP_FIRST_BYTES:
             return {INVALID: str(exc)[:200]}
         raise WireError(f"a message must be a msgpack map ({exc})") from exc
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # a str that is not UTF-8
         raise WireError(f"malformed msgpack: {exc}") from exc
+    return request
 
 
-def pack_message(message: dict) -> bytes:
+def pack_message(message: Message) -> bytes:
     """Encode a message map as ``u32 length | msgpack``.
 
     Raises:
         WireError: the encoded message exceeds MAX_MESSAGE_BYTES.
     """
-    body = msgpack.packb(message, use_bin_type=True)
+    body: bytes = msgpack.packb(message, use_bin_type=True)
     if len(body) > MAX_MESSAGE_BYTES:
         raise WireError(f"message of {len(body)} bytes exceeds {MAX_MESSAGE_BYTES}")
     return _LEN.pack(len(body)) + body

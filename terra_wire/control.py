@@ -94,6 +94,9 @@ import msgspec
 from msgspec import Meta
 
 from terra_security.integrity import ALGORITHM, new_flow_key
+from terra_wire.frames import Header
+
+MessageId = str | int  # the "id" a controller message may carry, acked by the agent
 
 PROTOCOL_TYPES_FROM_AGENT = (
     "register",
@@ -149,7 +152,7 @@ class TunnelSpec:
         """Host part of peer_addr (str)."""
         return parse_addr(self.peer_addr, "peer_addr")[0]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> Header:
         """The wire form ({"tunnel", "peer_agent", "peer_addr", "path": [...], "port"})."""
         d = asdict(self)
         d["path"] = list(self.path)
@@ -187,9 +190,9 @@ class FlowSpec:
         """(coflow, flow): the flow's identity."""
         return (self.coflow, self.flow)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> Header:
         """The wire form (all fields; "attempt" only when > 0)."""
-        d = {
+        d: Header = {
             "coflow": self.coflow, "flow": self.flow, "src_agent": self.src_agent,
             "dst_agent": self.dst_agent, "dst_dc": self.dst_dc, "size": self.size,
             "offset": self.offset, "source": self.source, "sink": self.sink,
@@ -213,7 +216,7 @@ class GroupRates:
         """(coflow, dst_dc): the FlowGroup as seen by its sending agent."""
         return (self.coflow, self.dst_dc)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> Header:
         """The wire form {"coflow", "dst_dc", "paths": [{"tunnel", "rate"}]}."""
         return {
             "coflow": self.coflow,
@@ -241,37 +244,44 @@ def register_message(
     dc: str,
     agent: str,
     data_addr: str,
-    inflight: list[dict] | None = None,
-) -> dict:
+    inflight: list[Header] | None = None,
+) -> Header:
     """Header of a "register" message (agent -> controller); see the module docstring."""
-    msg = {"t": "register", "dc": dc, "agent": agent, "data_addr": data_addr}
+    msg: Header = {"t": "register", "dc": dc, "agent": agent, "data_addr": data_addr}
     if inflight:
         msg["inflight"] = inflight
     return validate_control(msg)
 
 
 def tunnels_message(
-    tunnels: list[TunnelSpec], listen: list[int], msg_id=None, keys: dict[str, str] | None = None
-) -> dict:
+    tunnels: list[TunnelSpec],
+    listen: list[int],
+    msg_id: MessageId | None = None,
+    keys: dict[str, str] | None = None,
+) -> Header:
     """Header of a "tunnels" message (controller -> agent): outgoing tunnels, ports to listen on,
     and (when given, non-empty) the pair keys {peer agent: 64 hex digits} of data connections."""
-    msg = {"t": "tunnels", "tunnels": [t.to_dict() for t in tunnels], "listen": list(listen)}
+    msg: Header = {
+        "t": "tunnels",
+        "tunnels": [t.to_dict() for t in tunnels],
+        "listen": list(listen),
+    }
     if keys:
         msg["keys"] = dict(keys)
     return _with_id(msg, msg_id)
 
 
-def flows_message(flows: list[FlowSpec], msg_id=None) -> dict:
+def flows_message(flows: list[FlowSpec], msg_id: MessageId | None = None) -> Header:
     """Header of a "flows" message (controller -> agent) announcing flow descriptors."""
     return _with_id({"t": "flows", "flows": [f.to_dict() for f in flows]}, msg_id)
 
 
-def rates_message(groups: list[GroupRates], msg_id=None) -> dict:
+def rates_message(groups: list[GroupRates], msg_id: MessageId | None = None) -> Header:
     """Header of a "rates" message (controller -> agent): per-FlowGroup per-path rates, bytes/s."""
     return _with_id({"t": "rates", "rates": [g.to_dict() for g in groups]}, msg_id)
 
 
-def progress_message(flows: list[tuple[str, str, int, str]]) -> dict:
+def progress_message(flows: list[tuple[str, str, int, str]]) -> Header:
     """Header of a "progress" message from [(coflow, flow, acked bytes, tag)], tag =
     report_tag(the attempt's digest_key)."""
     return {
@@ -280,7 +290,7 @@ def progress_message(flows: list[tuple[str, str, int, str]]) -> dict:
     }
 
 
-def complete_message(coflow: str, flow: str, digest: str, size: int, tag: str) -> dict:
+def complete_message(coflow: str, flow: str, digest: str, size: int, tag: str) -> Header:
     """Header of a "complete" message: the receiver got all `size` bytes and the digest matched;
     `tag` = report_tag(the attempt's digest_key)."""
     return {
@@ -293,14 +303,15 @@ def complete_message(coflow: str, flow: str, digest: str, size: int, tag: str) -
     }
 
 
-def error_message(message: str, **fields) -> dict:
-    """Header of an "error" message; extra str fields (e.g. coflow, flow) are kept."""
+def error_message(message: str, **fields: object) -> Header:
+    """Header of an "error" message; extra fields (e.g. coflow, flow: str; fatal: bool) are
+    kept."""
     return {"t": "error", "message": message, **fields}
 
 
 def failed_message(
     coflow: str, flow: str, reason: str, cause: str, attempt: int = 0, tag: str | None = None
-) -> dict:
+) -> Header:
     """Header of a "failed" message (agent -> controller): flow coflow/flow cannot run here.
 
     Args:
@@ -313,7 +324,7 @@ def failed_message(
         ProtocolError: empty or too long ids, an unknown cause or a negative attempt.
     """
     text = str(reason)[:MAX_REASON_CHARS] or "unknown"
-    msg = {"t": "failed", "coflow": coflow, "flow": flow, "reason": text, "cause": cause}
+    msg: Header = {"t": "failed", "coflow": coflow, "flow": flow, "reason": text, "cause": cause}
     if tag is not None:
         msg["k"] = tag
     if attempt:
@@ -321,14 +332,14 @@ def failed_message(
     return validate_control(msg)
 
 
-def drop_messages(coflow: str, flows: list[str], msg_id=None) -> list[dict]:
+def drop_messages(coflow: str, flows: list[str], msg_id: MessageId | None = None) -> list[Header]:
     """Headers of "drop" messages (controller -> agent) for a coflow's flows, DROP_BATCH ids
     each; `msg_id`, when given, goes on the last one (the agent acks it once all are applied).
 
     Raises:
         ProtocolError: empty ids.
     """
-    out = []
+    out: list[Header] = []
     for i in range(0, len(flows), DROP_BATCH):
         out.append({"t": "drop", "coflow": coflow, "flows": list(flows[i : i + DROP_BATCH])})
     if out and msg_id is not None:
@@ -336,7 +347,7 @@ def drop_messages(coflow: str, flows: list[str], msg_id=None) -> list[dict]:
     return [validate_control(m) for m in out]
 
 
-def _with_id(msg: dict, msg_id) -> dict:
+def _with_id(msg: Header, msg_id: MessageId | None) -> Header:
     if msg_id is not None:
         msg["id"] = msg_id
     return validate_control(msg)
@@ -542,7 +553,7 @@ def _endpoint(value: str, default: str, what: str) -> None:
         raise ValueError(f"{what} must be '{default}' or 'file:PATH', got {value!r}")
 
 
-def _convert(msg: object, union, what: str) -> None:
+def _convert(msg: object, union: object, what: str) -> None:
     if not isinstance(msg, dict):
         raise ProtocolError(f"message must be a map, got {type(msg).__name__}")
     kind = msg.get("t")
@@ -566,7 +577,7 @@ def _convert(msg: object, union, what: str) -> None:
         raise ProtocolError(f"{kind!r} message: {exc}") from None
 
 
-def validate_control(msg: dict) -> dict:
+def validate_control(msg: Header) -> Header:
     """Check a control-channel message header (either direction) and return it.
 
     Args:
@@ -583,7 +594,7 @@ def validate_control(msg: dict) -> dict:
     return msg
 
 
-def validate_data(msg: dict) -> dict:
+def validate_data(msg: Header) -> Header:
     """Check a data-connection frame header ("hello", "chunk" or "ack") and return it.
 
     Chunk fields proper (c, f, o, n, x) are also checked by framing.FrameReader; this adds
@@ -596,7 +607,7 @@ def validate_data(msg: dict) -> dict:
     return msg
 
 
-def parse_addr(addr, what: str = "address") -> tuple[str, int]:
+def parse_addr(addr: object, what: str = "address") -> tuple[str, int]:
     """Split "host:port" into (host, port); the host may be a name, IPv4 or [IPv6].
 
     Raises:
@@ -615,7 +626,7 @@ def parse_addr(addr, what: str = "address") -> tuple[str, int]:
     return host, port
 
 
-def parse_tunnels(msg: dict) -> tuple[list[TunnelSpec], list[int]]:
+def parse_tunnels(msg: Header) -> tuple[list[TunnelSpec], list[int]]:
     """Validated "tunnels" message -> ([TunnelSpec], [listen port])."""
     validate_control(msg)
     specs = [
@@ -631,12 +642,12 @@ def parse_tunnels(msg: dict) -> tuple[list[TunnelSpec], list[int]]:
     return specs, list(msg.get("listen", []))
 
 
-def parse_pair_keys(msg: dict) -> dict[str, bytes]:
+def parse_pair_keys(msg: Header) -> dict[str, bytes]:
     """Validated "tunnels" message -> {peer agent: 32-byte pair key} ({} without "keys")."""
     return {peer: bytes.fromhex(key) for peer, key in msg.get("keys", {}).items()}
 
 
-def parse_flows(msg: dict) -> list[FlowSpec]:
+def parse_flows(msg: Header) -> list[FlowSpec]:
     """Validated "flows" message -> [FlowSpec]."""
     validate_control(msg)
     return [
@@ -658,7 +669,7 @@ def parse_flows(msg: dict) -> list[FlowSpec]:
     ]
 
 
-def parse_rates(msg: dict) -> list[GroupRates]:
+def parse_rates(msg: Header) -> list[GroupRates]:
     """Validated "rates" message -> [GroupRates] (duplicate tunnels in one entry: last wins)."""
     validate_control(msg)
     return [

@@ -21,10 +21,14 @@ readers in terra_controller/transport.py.
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
 from terra_security.integrity import mac_bytes
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 _LEN = struct.Struct(">I")
 _U32_MAX = 0xFFFFFFFF
@@ -33,6 +37,8 @@ VERSION = 1
 MAX_HEADER_BYTES = 64 * 1024
 MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
 CHUNK_TYPE = "chunk"
+Header = dict[str, Any]  # a frame header map: str keys, msgpack values
+Payload = bytes | bytearray | memoryview  # what encode_frame hands to a stream's send_all
 
 
 class FrameError(Exception):
@@ -45,7 +51,7 @@ class FrameError(Exception):
     """
 
 
-def chunk_header(coflow_id: str, flow_id: str, offset: int, payload, macs: bytes) -> dict:
+def chunk_header(coflow_id: str, flow_id: str, offset: int, payload: Buffer, macs: bytes) -> Header:
     """Build the header of a chunk frame carrying `payload`.
 
     Args:
@@ -77,7 +83,7 @@ def chunk_header(coflow_id: str, flow_id: str, offset: int, payload, macs: bytes
     return {"t": CHUNK_TYPE, "c": coflow_id, "f": flow_id, "o": offset, "n": n, "m": macs}
 
 
-def encode_frame(header: dict, payload=b"") -> list:
+def encode_frame(header: Header, payload: Payload = b"") -> list[Payload]:
     """Encode one frame as the list of parts to write, in order.
 
     Args:
@@ -102,7 +108,7 @@ def encode_frame(header: dict, payload=b"") -> list:
     fields["v"] = VERSION
     fields["n"] = n
     try:
-        packed = msgpack.packb(fields, use_bin_type=True)
+        packed: bytes = msgpack.packb(fields, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise FrameError(f"frame header cannot be packed: {exc}") from exc
     if len(packed) > MAX_HEADER_BYTES:
@@ -113,14 +119,14 @@ def encode_frame(header: dict, payload=b"") -> list:
     return [head, payload]
 
 
-def unpack_map(raw) -> dict:
+def unpack_map(raw: Buffer) -> Header:
     """Decode one msgpack map (a frame header, or a whole coflow API message).
 
     Raises:
         FrameError: malformed msgpack, non-str map keys, or not a map.
     """
     try:
-        value = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+        value: object = msgpack.unpackb(raw, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises many types for garbage input
         raise FrameError(f"malformed msgpack: {type(exc).__name__}: {exc}") from exc
     if not isinstance(value, dict):
@@ -128,7 +134,7 @@ def unpack_map(raw) -> dict:
     return value
 
 
-def check_header(header: dict, max_payload: int = MAX_PAYLOAD_BYTES) -> dict:
+def check_header(header: Header, max_payload: int = MAX_PAYLOAD_BYTES) -> Header:
     """Validate a decoded frame header; returns it.
 
     Checks: "v" == VERSION, "t" a str, "n" an int in [0, max_payload] (0 for control
@@ -152,7 +158,7 @@ def check_header(header: dict, max_payload: int = MAX_PAYLOAD_BYTES) -> dict:
     return header
 
 
-def _payload_len(payload) -> int:
+def _payload_len(payload: Buffer) -> int:
     try:
         with memoryview(payload) as view:
             n = view.nbytes
@@ -163,11 +169,11 @@ def _payload_len(payload) -> int:
     return n
 
 
-def _is_u32(value) -> bool:
+def _is_u32(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _U32_MAX
 
 
-def _check_chunk_fields(header: dict) -> None:
+def _check_chunk_fields(header: Header) -> None:
     for key in ("c", "f"):
         if not isinstance(header.get(key), str):
             raise FrameError(f"chunk field {key!r} must be a str, got {header.get(key)!r}")
