@@ -4,7 +4,7 @@ Both ends run in this process (trio, loopback): a receiver serving terra_securit
 and a sender connecting N times, authenticating (none / key_authenticate_sender / authenticate
 with the TLS client context, then unwrap), reading one byte and closing. The figure is the
 process CPU time per connection in ms, both ends together, TCP set-up included: what an agent
-pair spends when a revived tunnel reconnects (docs/status.md, link-up reaction).
+pair spends when a revived tunnel reconnects (docs/results.md 5.3).
 
 Run: uv run python benchmarks/data_auth_cost.py [--connections 300] [--repeats 3]
 """

@@ -7,7 +7,7 @@ For each scheduler it simulates the FB trace (terra_sim/simulator.py) and prints
 average CCT (s), WAN utilization, hops per delivered byte (bytes x hops carried on
 WAN links / bytes delivered) and the same on each flow's shortest path (the least
 any routing can spend), so stretch = the two divided. Used for the note in
-docs/status.md on multipath against per-flow.
+docs/results.md (1.5) on multipath against per-flow.
 """
 
 from __future__ import annotations

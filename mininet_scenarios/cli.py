@@ -10,8 +10,8 @@ Defaults (full run, ~1.5 min): the 12-coflow FB burst (mininet_scenarios.workloa
 10 Mbit/s WAN links at load 2, played at half speed (bytes x 0.04, arrivals x 2), LA-NY
 down 4 s after the first arrival and up 6 s later, 3 repeats of (Terra, per-flow TCP)
 pooled. --quick (~40 s): the burst's first 6 coflows, LA-NY down at 2 s for 3 s, one repeat.
-The same bytes, arrival times and failure are played to both systems. docs/status.md records the
-measurements behind these defaults.
+The same bytes, arrival times and failure are played to both systems. docs/results.md (3.5) records
+the measurements behind these defaults.
 
 Needs root, Open vSwitch (started if installed but not running) and Mininet (the 'testbed'
 extra). Prints a table of average / p95 CCT, WAN utilization and FoIs; exit status 0 when

@@ -72,7 +72,7 @@ POLL_S = 0.25
 # hosts' default here is BBR, which held tunnels below their rates on these links (no
 # propagation delay, so BBR's window of 2 x bandwidth x smallest RTT is a few packets, and
 # queueing delay then caps the rate): with cubic the utilization against the simulated twin
-# rose 0.901-0.908 -> 0.920-0.927 (docs/status.md). Per-flow TCP keeps the default.
+# rose 0.901-0.908 -> 0.920-0.927 (docs/results.md 3.3). Per-flow TCP keeps the default.
 TUNNEL_CONGESTION = "cubic"
 AGENT_SETTLE_S = 1.0
 

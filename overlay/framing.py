@@ -394,7 +394,7 @@ def _drain_tls(stream: trio.SSLStream, view: memoryview) -> int:
     trio's SSLStream.receive_some returns one 16 KiB record per call (OpenSSL's SSL_read)
     after reading 64 KiB from the socket; with --encrypt-data a 4 MiB chunk took 256 trio
     rounds and copies, the receiving agent spent ~40 % of its CPU in the interpreter (perf,
-    docs/status.md). Stops when the socket has nothing more (or at EOF, or any TLS condition:
+    docs/results.md 5.1). Stops when the socket has nothing more (or at EOF, or any TLS condition:
     the stream's next receive_some reports it as trio does). Relies on trio's private
     `_ssl_object` / `_incoming` (checked by _drainable); only one reader per stream."""
     ssl_object, incoming = stream._ssl_object, stream._incoming

@@ -183,7 +183,7 @@ class InFlow:
         leaf grid (starts off a LEAF_BYTES boundary, or ends off one before the flow's end),
         ends more than max_ahead bytes past the in-order point (`delivered`), or `macs` is not
         the flow key's MAC list of `data` at `offset`. One keyed BLAKE3 pass over `data`,
-        inline (cheaper than a worker-thread hand-off, docs/status.md)."""
+        inline (cheaper than a worker-thread hand-off, docs/results.md 5.2)."""
         name = f"{self.spec.coflow}/{self.spec.flow}"
         end = offset + len(data)
         if offset % LEAF_BYTES or (end % LEAF_BYTES and end != self.spec.size):

@@ -91,8 +91,8 @@ def test_log_level_is_case_insensitive():
 @pytest.mark.parametrize("tool, prefix", HELP_PAGES)
 def test_help_describes_the_tool_not_its_history(tool, prefix, capsys):
     text = help_text(tool, prefix, capsys)
-    # ("pki issue" is a command; "issue" with a number after it is history)
-    assert not re.search(r"\bissues?\s+#?\d|\bitem\s+\d", text, re.IGNORECASE), text
+    # ("pki issue" is a command; "issue" or "session" with a number after it is history)
+    assert not re.search(r"\b(issue|session)s?\s*#?\d|\bitem\s+\d", text, re.IGNORECASE), text
     assert not re.search(r"20\d\d-\d\d-\d\d", text)  # no dated lab notes
     assert "load average" not in text
     assert len(text.splitlines()) <= 60
