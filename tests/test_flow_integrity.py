@@ -90,6 +90,19 @@ def test_the_digest_is_the_same_from_macs_from_bytes_and_mixed():
         FlowDigest(keys, 10).hexdigest()
 
 
+@pytest.mark.parametrize("size", [LEAF_BYTES, 2 * LEAF_BYTES + 5])
+def test_bytes_past_the_flow_size_are_refused_not_folded_in(size):
+    """A digest fed more bytes than its flow holds raises at once (a whole number of leaves
+    used to loop for ever); the digest of the real bytes is unchanged by the attempt."""
+    key = new_flow_key()
+    data = os.urandom(size)
+    digest = FlowDigest(FlowKeys(key), size)
+    digest.update(data)
+    with pytest.raises(IntegrityError):
+        digest.update(b"x")
+    assert digest.hexdigest() == flow_digest(key, data)
+
+
 def test_bad_keys_and_algorithms_are_refused():
     for bad in ("00" * 31, "zz" * 32, "", None):
         with pytest.raises(IntegrityError):
