@@ -4,7 +4,7 @@
 PKI) and --rest-public (the browser has no client certificate; it is told to accept the
 controller's certificate from that fresh CA), two real terra-agent processes (hk1 in HK,
 la1 in LA), and Debian's chromium driven by Selenium through the system chromedriver
-(nothing is downloaded). tests/test_web_page.py asserts on it; run as a script it
+(nothing is downloaded). tests/integration/test_web_page.py asserts on it; run as a script it
 replays the same scenario and saves the screenshots to docs/img/:
 
     1. every SWAN link capped at 2 MB/s (operator API "capacity"), a 200 kB coflow that

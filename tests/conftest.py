@@ -1,4 +1,5 @@
-"""Shared fixtures and markers.
+"""Shared fixtures, and the tiers: tests/unit (one process), tests/integration (real processes
+or agents on loopback), tests/system (Open vSwitch and Mininet); each test is marked with its tier.
 
 `ovs`: a test needs root, Open vSwitch (started here if installed but not running) and
 Debian's Mininet (mnexec). Such tests skip only when not root or when OVS/Mininet is not
@@ -40,8 +41,17 @@ def _own_state_directory(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path_factory.mktemp("state")))
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "ovs: needs root, Open vSwitch and Mininet")
+TIERS = ("unit", "integration", "system")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test with its tier, the directory it is in (tests/unit, tests/integration,
+    tests/system): `pytest -m unit` runs the fast tier alone."""
+    for item in items:
+        tier = item.path.parent.name
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: tests live in tests/{{{','.join(TIERS)}}}/")
+        item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """maxmin_mcf as of 7409806, before its loops went to numpy and cached
-path links: the reference tests/test_sim_fast_paths.py compares mcf.py with, bit for bit."""
+path links: the reference tests/unit/test_sim_fast_paths.py compares mcf.py with, bit for bit."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Reference: Terra's scheduling round as it was before the incremental rewrite (e29c38f).
 
 A frozen copy of terra_core/scheduling_round.py at e29c38f (docs/design.md 4.2),
-kept only so that tests/test_round_equivalence.py can check that the faster round
+kept only so that tests/unit/test_round_equivalence.py can check that the faster round
 (incremental full-link set, per-class water-filling on the links a class uses)
 gives the same rates, states and order. Not used by the package; do not optimise.
 """

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HISTORY = re.compile(r"\b(issue|session)s?[ _#-]?#?[0-9]+", re.IGNORECASE)
 TOP_FILES = ["README.md", "CHANGELOG.md", "pyproject.toml"]
 TOP_DIRS = ["tests", "benchmarks", "deploy", "scripts", ".ci", "docs"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-RULES = Path(__file__).resolve().parent.parent / "deploy" / "prometheus"
+RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 
 promtool = pytest.mark.skipif(
     shutil.which("promtool") is None, reason="promtool missing (apt-get install prometheus)"

@@ -3,7 +3,7 @@ endpoints; ids are never reused; a file is written by one flow at a time.
 
 Controllers run in this process with their real agent channel (mutual TLS) and API server;
 agents are in-test peers speaking terra_wire/control.py. Triangle WAN A, B, C as in
-tests/test_controller_channel.py.
+tests/integration/test_controller_channel.py.
 """
 
 from __future__ import annotations

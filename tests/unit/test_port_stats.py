@@ -25,7 +25,7 @@ def sample(t, tx, rx=0, dropped=0):
 def binding():
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     return load_binding(load_topology(str(root / TESTBED)))
 
 

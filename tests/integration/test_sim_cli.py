@@ -117,7 +117,7 @@ def test_json_parts_combine_into_the_fb_table(workload, tmp_path, capsys):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "fb_table3", Path(__file__).parent.parent / "benchmarks" / "fb_table3.py"
+        "fb_table3", Path(__file__).resolve().parents[2] / "benchmarks" / "fb_table3.py"
     )
     fb_table3 = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fb_table3)

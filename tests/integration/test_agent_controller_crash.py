@@ -1,6 +1,6 @@
 """Agents survive a controller killed with SIGKILL, and every coflow completes after a restart.
 
-Real processes on loopback, the system of tests/test_controller_e2e.py (terra-controller
+Real processes on loopback, the system of tests/integration/test_controller_e2e.py (terra-controller
 --no-openflow, three terra-agent processes, a TerraClient): the controller is killed (SIGKILL, so
 the agents' control channels are reset, not closed), a new one is started on the same ports, the
 client resubmits its open coflows on reconnect and the agents re-register and report what they

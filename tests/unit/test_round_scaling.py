@@ -9,7 +9,7 @@ import networkx as nx
 import pytest
 
 _SPEC = importlib.util.spec_from_file_location(
-    "round_scaling", Path(__file__).parent.parent / "benchmarks" / "round_scaling.py"
+    "round_scaling", Path(__file__).resolve().parents[2] / "benchmarks" / "round_scaling.py"
 )
 round_scaling = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(round_scaling)

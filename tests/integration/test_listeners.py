@@ -32,7 +32,7 @@ from benchmarks.harness import free_port
 from terra_controller import rest
 from terra_controller.client import TerraClient
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TOPOLOGY = {
     "name": "tri",
     "dcs": ["A", "B", "C"],

@@ -16,7 +16,7 @@ from terra_sim import cli as sim_cli
 from topologies import load_topology
 from workloads import load_workload
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 EXAMPLE = ROOT / "workloads" / "examples" / "swan_two_coflows.json"
 

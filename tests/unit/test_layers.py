@@ -10,7 +10,7 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # Bottom to top. A package may import packages of lower layers only; packages of one layer
 # are independent of each other.
 LAYERS = [

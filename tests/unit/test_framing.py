@@ -470,5 +470,6 @@ async def test_reader_keeps_short_payloads_out_of_the_pool():
         nursery.start_soon(send_frame, client, chunk_header("c", "f", 0, data, macs(data)), data)
         header, payload = await FrameReader(server, buffers=pool).read()
     await client.aclose()
+    await server.aclose()
     assert bytes(payload) == data
     assert memoryview(payload).obj is not None and len(memoryview(payload).obj) == 300_000

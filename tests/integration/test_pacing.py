@@ -237,9 +237,9 @@ async def test_harness_passes_the_rate_limiter_and_bad_names_are_refused(tmp_pat
     ids=lambda f: f.__name__.removeprefix("test_"),
 )
 async def test_agent_scenarios_with_the_pacing_limiter(tmp_path, monkeypatch, scenario):
-    """tests/test_agent.py scenarios (multipath files, rate 0, a tunnel removed, bytes lost on a
-    dead path resent) with every agent on --rate-limiter pacing. (Its 3:1 striping test moves
-    only 8 MB: see test_paced_striping_follows_rates_three_to_one.)"""
+    """tests/integration/test_agent.py scenarios (multipath files, rate 0, a tunnel removed,
+    bytes lost on a dead path resent) with every agent on --rate-limiter pacing. (Its 3:1
+    striping test moves only 8 MB: see test_paced_striping_follows_rates_three_to_one.)"""
     harnesses = []
 
     @asynccontextmanager

@@ -12,7 +12,7 @@ from terra_controller.tunnel_table import TunnelTable
 from terra_core.terra_policy import TerraPolicy
 from topologies import Topology
 
-DOC = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
 DOCUMENTED = set(re.findall(r"`([a-z_]+)`", DOC)) | {
     name for span in re.findall(r"`([^`]*)`", DOC) for name in re.findall(r'"([a-z_]+)"', span)
 }
@@ -60,7 +60,7 @@ def test_the_systemd_units_shipped_are_the_documented_ones_and_fit_the_caps():
     limit leaves its servers their full caps (transport.caps_for_file_limit)."""
     from terra_controller.transport import MAX_CONNECTIONS, REST_CAP, caps_for_file_limit
 
-    deploy = Path(__file__).resolve().parent.parent / "deploy" / "systemd"
+    deploy = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
     units = dict(re.findall(r"`/etc/systemd/system/(terra-[^`]+)`.*?```ini\n(.*?)```", DOC, re.S))
     assert set(units) == {"terra-controller.service", "terra-agent@.service"}
     assert {p.name for p in deploy.iterdir()} == set(units)
