@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from terra_core.baselines import BASELINES
+from terra_core.registry import SchedulerOptions, make_scheduler
 from terra_core.terra_policy import TerraPolicy
 from terra_sim.simulator import _Run, empty_wan_gammas
 from topologies import load_topology
@@ -38,7 +38,7 @@ def measure(topology_name: str, scheduler: str, link_gbps: float, k: int, limit:
     if scheduler == "terra":
         policy = TerraPolicy(topology.copy(), k=k)
     else:
-        policy = BASELINES[scheduler](topology.copy(), k=k)
+        policy = make_scheduler(scheduler, topology.copy(), SchedulerOptions(k=k))
     # the private _Run keeps the byte-hop integral that SimResult only reports as a ratio
     run = _Run(policy, coflows, (), gammas, True, None)
     res = run.run()

@@ -20,7 +20,7 @@ change (link down / up, capacity change), a wakeup the policy asks for
    ``pair_levels`` (swan-mcf) or ``live_coflow_rates`` (varys, rapier) are asked through
    those instead of `allocate`: the same rates as arrays per DC pair or per coflow,
    with the same checks, without a dict entry per active flow per event
-   (baselines.py). Per event the loop touches only the live flows (admitted, not
+   (pair_policy.py, madd.py). Per event the loop touches only the live flows (admitted, not
    finished; an index array kept in position order). Policies
    with ``group_rates`` (Terra) are asked for rates per FlowGroup, given the
    FlowGroups' remaining volumes, and the simulator splits them among the flows in
@@ -759,8 +759,8 @@ class _Run:
         return self.table
 
     def _allocate_by_pair(self, now: float) -> float:
-        """`_allocate` for policies with ``pair_levels(now, pairs, members)`` (baselines.py
-        `_PairPolicy`): one call per event with the active members per DC pair; a flow of
+        """`_allocate` for policies with ``pair_levels(now, pairs, members)`` (pair_policy.py
+        `PairPolicy`): one call per event with the active members per DC pair; a flow of
         n members gets n times its pair's per-member rate on each path. Checks: finite
         rates >= 0, paths joining their pair's DCs over known links, link loads.
 
@@ -852,7 +852,7 @@ class _Run:
         return self.path_arrays
 
     def _allocate_by_coflow(self, now: float) -> float:
-        """`_allocate` for policies with ``live_coflow_rates`` (baselines.py `_MaddPolicy`):
+        """`_allocate` for policies with ``live_coflow_rates`` (madd.py `MaddPolicy`):
         the live flows (coflows in admission order, each one's flows in workload order)
         as one array of remaining bytes with each flow's index in its coflow, per-member
         rates back as one array and the routes as one list per coflow, turned into sparse
