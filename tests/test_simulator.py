@@ -16,8 +16,8 @@ from terra_core.registry import make_scheduler, scheduler_names
 from terra_core.terra_policy import TerraPolicy
 from terra_core.varys import VarysPolicy
 from terra_model import Coflow, Flow
+from terra_sim.errors import SimulationError
 from terra_sim.simulator import (
-    SimulationError,
     WanChange,
     empty_wan_gammas,
     simulate,
