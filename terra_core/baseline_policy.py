@@ -34,8 +34,9 @@ from typing import NamedTuple
 import numpy as np
 
 from terra_core.flow_bundles import flow_count
-from terra_core.maxmin import columns_by_row, link_index, path_entries
+from terra_core.maxmin import columns_by_row
 from terra_core.policy import Allocation, PathSource, Remaining
+from terra_core.sparse_index import link_index, path_entries
 from terra_model import Coflow, Flow
 from topologies import Path, Topology, all_pairs_paths
 
@@ -48,7 +49,7 @@ class CoflowRoutes(NamedTuple):
     Attributes:
         fids: flow ids.  routes: each flow's Route ([] = no path).
         rows, cols, vals: the links x flows incidence as its nonzero entries
-            (maxmin.path_entries): link row, flow index, members of the flow crossing
+            (sparse_index.path_entries): link row, flow index, members of the flow crossing
             the link on one path; int, int and float arrays (nnz,).
         members: float array of each flow's member count (flow_bundles.flow_count).
         routed: bool array, True where the flow has a route.

@@ -8,9 +8,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from terra_core.maxmin import csr_ranges, maxmin_levels_entries
+from terra_core.maxmin import maxmin_levels_entries
 from terra_core.pair_policy import PairLevels, PairPolicy
 from terra_core.policy import PathSource
+from terra_core.sparse_index import csr_ranges
 from topologies import Path, Topology, path_links
 
 _PAIR_CACHE_SIZE = 64  # cached per-pair-set incidences kept before the cache is emptied

@@ -17,8 +17,9 @@ from terra_core.madd_kernels import (
     hop_volumes,
     madd_pass,
 )
-from terra_core.maxmin import csr_ranges, maxmin_levels_scaled
+from terra_core.maxmin import maxmin_levels_scaled
 from terra_core.policy import Allocation, PathSource, Remaining
+from terra_core.sparse_index import csr_ranges
 from topologies import Topology
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from terra_core.maxmin import add_held, flush_held
+from terra_core.sparse_index import add_held, flush_held
 
 
 def coflow_link_volumes(
@@ -144,7 +144,7 @@ def hop_volumes(
     per_member = np.empty(n)
     volume = np.zeros(len(counts) * n_links)
     total = np.zeros(n_shapes)
-    h0, a0, h1, a1 = -1, 0.0, -1, 0.0  # bins summed in registers (maxmin.add_held)
+    h0, a0, h1, a1 = -1, 0.0, -1, 0.0  # bins summed in registers (sparse_index.add_held)
     i = 0
     for c in range(len(counts)):
         offset = c * n_links

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from terra_core.maxmin import add_held, flush_held
+from terra_core.sparse_index import add_held, flush_held
 
 
 def ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
@@ -214,7 +214,7 @@ def store_hop_rates(
         bytes/s per link row; seconds to the first finish).
     """
     load = np.zeros(n_rows)
-    h0, a0, h1, a1 = -1, 0.0, -1, 0.0  # link rows summed in registers (maxmin.add_held)
+    h0, a0, h1, a1 = -1, 0.0, -1, 0.0  # link rows summed in registers (sparse_index.add_held)
     unrouted = -1
     best = np.inf
     for i in range(len(live)):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from terra_core.maxmin import csr_ranges
 from terra_core.policy import Policy
+from terra_core.sparse_index import csr_ranges
 from terra_sim.allocation import Allocator
 from terra_sim.errors import SimulationError
 from terra_sim.flow_table import FlowTable, LinkTable

@@ -5,7 +5,7 @@ random instances: the same float operations in the same order, so equal to the b
   (whole, real and widely spread weights, repeated entries, links down);
 - `maxmin.maxmin_levels_entries` with whole-number entries (now always the compiled sparse
   filling) against `maxmin_levels` on the dense matrix, which kept the loads exact too;
-- `maxmin.csr_ranges` against its numpy version;
+- `sparse_index.csr_ranges` against its numpy version;
 - `maxmin.maxmin_levels_scaled` (fixed columns, weights changing) against
   `maxmin_levels_entries` on the entries it stands for, whole and real weights;
 - the simulator's passes over the live flows against the numpy expressions they replaced.
@@ -20,15 +20,13 @@ from numba import njit
 from reference_maxmin import csr_ranges_numpy, maxmin_levels_sparse_numpy
 
 from terra_core.maxmin import (
-    add_held,
     columns_by_row,
-    csr_ranges,
-    flush_held,
     maxmin_levels,
     maxmin_levels_entries,
     maxmin_levels_scaled,
     maxmin_levels_sparse,
 )
+from terra_core.sparse_index import add_held, csr_ranges, flush_held
 from terra_sim import engine, kernels
 
 

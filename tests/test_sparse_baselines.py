@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from terra_core.flow_bundles import FlowBundle
-from terra_core.maxmin import maxmin_levels, path_entries, path_incidence
+from terra_core.maxmin import maxmin_levels
 from terra_core.multipath import MultipathPolicy
 from terra_core.per_flow import PerFlowPolicy
 from terra_core.rapier import RapierPolicy
+from terra_core.sparse_index import path_entries, path_incidence
 from terra_core.varys import VarysPolicy
 from terra_model import Coflow
 from terra_sim.simulator import simulate
