@@ -17,9 +17,9 @@ import json
 import sys
 from pathlib import Path
 
-from terra_core.baselines import BASELINES
+from terra_core.registry import SchedulerOptions, make_scheduler
 from terra_core.terra_policy import TerraPolicy
-from terra_sim.simulator import _Run, empty_wan_gammas
+from terra_sim.simulator import empty_wan_gammas, simulate
 from topologies import load_topology
 from topologies.paths import k_shortest_paths, up_graph
 from workloads import load_workload
@@ -38,10 +38,8 @@ def measure(topology_name: str, scheduler: str, link_gbps: float, k: int, limit:
     if scheduler == "terra":
         policy = TerraPolicy(topology.copy(), k=k)
     else:
-        policy = BASELINES[scheduler](topology.copy(), k=k)
-    # the private _Run keeps the byte-hop integral that SimResult only reports as a ratio
-    run = _Run(policy, coflows, (), gammas, True, None)
-    res = run.run()
+        policy = make_scheduler(scheduler, topology.copy(), SchedulerOptions(k=k))
+    res = simulate(policy, coflows, (), gammas)
     graph = up_graph(topology)
     shortest: dict[tuple[str, str], int] = {}
     least = 0.0
@@ -53,13 +51,13 @@ def measure(topology_name: str, scheduler: str, link_gbps: float, k: int, limit:
             if pair not in shortest:
                 shortest[pair] = len(k_shortest_paths(topology, *pair, 1, graph)[0]) - 1
             least += f.bytes * shortest[pair]
-    delivered = run.delivered
+    delivered = res.bytes_delivered
     return {
         "avg_cct_s": res.avg_cct_s,
         "wan_utilization": res.wan_utilization,
-        "hops_per_byte": run.byte_hops / delivered,
+        "hops_per_byte": res.byte_hops / delivered,
         "shortest_hops_per_byte": least / delivered,
-        "stretch": run.byte_hops / least,
+        "stretch": res.byte_hops / least,
         "bytes_delivered": delivered,
     }
 

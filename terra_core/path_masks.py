@@ -19,6 +19,7 @@ from topologies import Link, Path, path_links
 
 Pair = tuple[str, str]
 PathEntry = tuple[int, tuple[int, ...]]  # (mask of the path's links, their indices)
+FULL = 1e-6  # a link with less than this fraction of its capacity left counts as full
 
 
 class PathIndex:
@@ -107,3 +108,16 @@ def mark_full(
         if not avail[link] > full_below * cap(link, 0.0):
             mask |= 1 << i
     return mask
+
+
+def all_reachable(volumes, paths: dict[Pair, list[Path]], index: PathIndex, full: int) -> bool:
+    """Every FlowGroup (DC pair of `volumes`) has a path of `paths` that crosses no link of
+    the `full` bitmask (full_mask)."""
+    entries = index.entries
+    for pair in volumes:
+        for mask, _ in entries(pair, paths):
+            if not mask & full:
+                break
+        else:
+            return False
+    return True

@@ -130,24 +130,25 @@ class PairLevelsPolicy(Protocol):
     number of active members per pair. The simulator calls it instead of `allocate`."""
 
     def pair_levels(self, now: float, pairs: tuple[tuple[str, str], ...], members: np.ndarray):
-        """Per-member rates per path for each pair (a baselines.PairLevels)."""
+        """Per-member rates per path for each pair (a pair_policy.PairLevels)."""
         ...
 
 
 @runtime_checkable
 class PairTablePolicy(Protocol):
-    """Index-based fast path of per-flow and multipath (baselines._FairPolicy): the caller
-    numbers its DC pairs once (`pair_table`, again after each WAN change) and then asks for
-    the per-member rates of the active pairs by index (`table_levels`), so no tuple of pairs
-    or list of paths is built per event. The simulator prefers it to `pair_levels`."""
+    """Index-based fast path of per-flow and multipath
+    (fixed_route_fair.FixedRouteFairPolicy): the caller numbers its DC pairs once
+    (`pair_table`, again after each WAN change) and then asks for the per-member rates of
+    the active pairs by index (`table_levels`), so no tuple of pairs or list of paths is
+    built per event. The simulator prefers it to `pair_levels`."""
 
     def pair_table(self, pairs):
-        """Sequence of (src DC, dst DC) pairs -> a baselines.PairTable of their paths."""
+        """Sequence of (src DC, dst DC) pairs -> a fixed_route_fair.PairTable of their paths."""
         ...
 
     def table_levels(self, now: float, table, active: np.ndarray, members: np.ndarray):
         """Per-member rates (float array) on the paths of the pairs `active` of `table`
-        (shapes: baselines._FairPolicy.table_levels)."""
+        (shapes: fixed_route_fair.FixedRouteFairPolicy.table_levels)."""
         ...
 
 
@@ -168,7 +169,7 @@ class CoflowRatesPolicy(Protocol):
         """The unfinished flows of the active coflows `cids` (counts[i] of coflow i, given
         by their index `local` in the coflow's flow order, with `remaining` bytes > 0) ->
         (per-member rates in bytes/s, one per given flow; each coflow's Route list)
-        (shapes: baselines._MaddPolicy.live_coflow_rates)."""
+        (shapes: madd.MaddPolicy.live_coflow_rates)."""
         ...
 
 

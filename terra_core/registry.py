@@ -12,6 +12,7 @@ Options every scheduler takes (SchedulerOptions): K and the path source; Terra's
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
@@ -89,20 +90,23 @@ def _terra(topology: Topology, o: SchedulerOptions) -> Policy:
     )  # fmt: skip
 
 
-def _baseline(class_name: str) -> Factory:
+def _baseline(module: str, class_name: str) -> Factory:
     def factory(topology: Topology, o: SchedulerOptions) -> Policy:
-        from terra_core import baselines  # imported on use: HiGHS, numpy
-
-        return getattr(baselines, class_name)(topology, k=o.k, path_source=o.path_source)
+        cls = getattr(importlib.import_module(module), class_name)  # on use: HiGHS, numpy
+        return cls(topology, k=o.k, path_source=o.path_source)
 
     return factory
 
 
 register("terra", _terra)
-for _name, _class in [("per-flow", "PerFlowPolicy"), ("multipath", "MultipathPolicy"),
-                      ("swan-mcf", "SwanMcfPolicy"), ("varys", "VarysPolicy"),
-                      ("rapier", "RapierPolicy")]:  # fmt: skip
-    register(_name, _baseline(_class))
+for _name, _module, _class in [
+    ("per-flow", "terra_core.per_flow", "PerFlowPolicy"),
+    ("multipath", "terra_core.multipath", "MultipathPolicy"),
+    ("swan-mcf", "terra_core.swan_mcf", "SwanMcfPolicy"),
+    ("varys", "terra_core.varys", "VarysPolicy"),
+    ("rapier", "terra_core.rapier", "RapierPolicy"),
+]:
+    register(_name, _baseline(_module, _class))
 
 
 def add_scheduler_arguments(parser: argparse.ArgumentParser, choices_extra=()) -> None:

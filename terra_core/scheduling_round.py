@@ -27,8 +27,9 @@ Steps, for the coflows active now (each given by its FlowGroups' remaining volum
    FlowGroups weighted by their remaining volumes (so its FlowGroups first grow in
    proportion and its CCT falls; see `_work_conservation`).
 Steps 5 and 6 use the SWAN-style max-min MCF (mcf.py) while it is small (up to
-MCF_MAX_COLUMNS (pair, path) columns: SWAN, most G-Scale rounds) and path-level
-progressive filling, shortest paths first, beyond (ATT), see `_fair_share`.
+round_fair_share.MCF_MAX_COLUMNS (pair, path) columns: SWAN, most G-Scale rounds) and
+path-level progressive filling, shortest paths first, beyond (ATT), see
+round_fair_share.fair_share.
 Step 4's allocations are Optimization (1)'s with the fewest link-bytes among the
 optimal ones (min_cct.py), so FlowGroups off a coflow's bottleneck take short paths.
 
@@ -40,70 +41,30 @@ from __future__ import annotations
 import heapq
 import math
 import operator
-from dataclasses import dataclass, field
-from enum import StrEnum
 from itertools import repeat
 
 import numpy as np
 
-from terra_core.maxmin import maxmin_levels_sparse
-from terra_core.mcf import maxmin_mcf
-from terra_core.min_cct import (
-    DualBound,
-    MinCct,
-    Pair,
-    PairRates,
-    links_of,
-    min_cct,
+from terra_core.min_cct import Pair, PairRates, links_of
+from terra_core.path_masks import FULL, PathIndex, all_reachable, full_mask, index_for, mark_full
+from terra_core.residual_min_cct import min_cct_on_residual
+from terra_core.round_fair_share import alpha_share, fair_share
+from terra_core.round_rates import (
+    DEADLINE,
+    PREEMPTED,
+    SCHEDULED,
+    RoundResult,
+    assign,
+    solve_min_cct,
+    take,
 )
-from terra_core.path_masks import PathIndex, full_mask, index_for, mark_full
+from terra_core.starvation import serve_starving
 from topologies import Link, Path
 
-
-class RoundState(StrEnum):
-    """A coflow's place in one round: admitted with a deadline (step 1), scheduled in Γ
-    order (step 4) or preempted (step 4: no capacity left; step 5 may still feed it)."""
-
-    SCHEDULED = "scheduled"
-    PREEMPTED = "preempted"
-    DEADLINE = "deadline"
-
-
-SCHEDULED, PREEMPTED, DEADLINE = RoundState.SCHEDULED, RoundState.PREEMPTED, RoundState.DEADLINE
-_FULL = 1e-6  # a link with less than this fraction of its capacity left counts as full
-_TIGHT = 1e-9  # relative gap under which bounds on Γ count as exact
-_R_SAME = 1e-12  # relative: step 4's memo takes capacities this close as unchanged
 _MIN_WEIGHT = 1e-3  # step 6: smallest FlowGroup weight relative to its coflow's largest
 # (smaller weights would put the MCF's freezing duals near the solver tolerance)
 _FLOW_KEY = ("quick_bound",)  # memo key of _pair_flow_cache (coflow ids are strings)
 _INDEX_KEY = ("path_index",)  # memo key of the round's path_masks.PathIndex
-MCF_MAX_COLUMNS = 160  # steps 5-6 use the MCF up to this many (pair, path) columns
-
-
-@dataclass
-class RoundResult:
-    """What one round decided.
-
-    Attributes:
-        rates: {coflow id: {(src, dst): [(path, bytes/s), ...]}} for every
-            coflow that gets any rate (paths merged, rates > 0).
-        state: {coflow id: RoundState} for every input coflow.
-        order: non-deadline coflow ids in the order steps 3-4 took them.
-        gammas: {coflow id: the key it was taken with}: Γ in seconds on the full
-            capacities for coflows that could still be scheduled, a lower bound on
-            it for coflows preempted without an LP.
-        exact: {coflow id: MinCct on the full capacities} solved in this round (for Γ
-            and prices; its rates skip the fewest-link-bytes stage)
-            (with link prices: the caller may cache them, see terra_policy.py).
-        lps: LPs solved in this round (min-CCT and MCF).
-    """
-
-    rates: dict[str, PairRates] = field(default_factory=dict)
-    state: dict[str, str] = field(default_factory=dict)
-    order: list[str] = field(default_factory=list)
-    gammas: dict[str, float] = field(default_factory=dict)
-    exact: dict[str, MinCct] = field(default_factory=dict)
-    lps: int = 0
 
 
 def schedule_round(
@@ -137,7 +98,8 @@ def schedule_round(
             hint start from the bound max_k d_k / Σ_{p ∈ P_k} bottleneck(p).
         memo: optional dict the caller keeps between rounds (and clears when
             paths change): step 4's min-CCT solutions on r, reused without an LP
-            when r is unchanged and the volumes allow it (see `_min_cct_on_r`),
+            when r is unchanged and the volumes allow it (see
+            residual_min_cct.min_cct_on_residual),
             the per-pair denominators of step 3's bound (`_pair_flow_cache`),
             the link bits and path masks (path_masks.PathIndex) and step 2''s
             allocation of the starving coflow on the reserve (aged guard).
@@ -178,8 +140,6 @@ def schedule_round(
     # Steps 2-4: reserve α, order by Γ on the full capacities, sequential min-CCT on r.
     index = index_for(memo, _INDEX_KEY, capacity)
     if starving is not None:  # an aged guard: the reserve only for starving coflows
-        from terra_core.starvation import serve_starving
-
         starving = [cid for cid in starving if cid in active and cid not in result.state]
         if starving and alpha > 0:
             serve_starving(
@@ -196,7 +156,7 @@ def schedule_round(
 
     # Step 5: the α share to the preempted coflows.
     if preempted and alpha > 0:
-        _alpha_share(active, preempted, paths, reserve, capacity, rates, result, index)
+        alpha_share(active, preempted, paths, reserve, capacity, rates, result, index)
     spare = {link: r[link] + reserve[link] for link in left}
 
     # Step 6: work conservation, earlier coflows in the order first.
@@ -235,79 +195,26 @@ def _sequential(active, others, paths, capacity, r, hints, memo, rates, result, 
     heapq.heapify(heap)
     scheduled: list[str] = []
     preempted: list[str] = []
-    full = full_mask(index, r, capacity, _FULL)
+    full = full_mask(index, r, capacity, FULL)
     while heap:
         key, pos, cid, exact = heapq.heappop(heap)
-        if not _all_reachable(active[cid], paths, index, full):
+        if not all_reachable(active[cid], paths, index, full):
             result.state[cid] = PREEMPTED
         elif not exact:
-            res = _solve(active[cid], paths, capacity, result, rates_needed=False)
+            res = solve_min_cct(active[cid], paths, capacity, result, rates_needed=False)
             result.exact[cid] = res
             heapq.heappush(heap, (res.gamma_s, pos, cid, True))
             continue
         else:
-            res = _min_cct_on_r(cid, active[cid], paths, r, memo, result)
+            res = min_cct_on_residual(cid, active[cid], paths, r, memo, result)
             result.state[cid] = PREEMPTED if math.isinf(res.gamma_s) else SCHEDULED
             if result.state[cid] == SCHEDULED:
-                _take(rates, cid, res.rates, r, 1.0)
-                full = mark_full(full, index, _ids_in(res.rates, index), r, capacity, _FULL)
+                take(rates, cid, res.rates, r, 1.0)
+                full = mark_full(full, index, _ids_in(res.rates, index), r, capacity, FULL)
         result.order.append(cid)
         result.gammas[cid] = key
         (scheduled if result.state[cid] == SCHEDULED else preempted).append(cid)
     return scheduled, preempted
-
-
-def _min_cct_on_r(cid, volumes, paths, r, memo, result, key=None) -> MinCct:
-    """Optimization (1) on the residual r, reusing the memo of an earlier round when exact.
-
-    A memo entry (r then, volumes d then, MinCct then) is reused when r is
-    unchanged and the bounds of min_cct.DualBound and of monotonicity
-    (Γ' <= Γ · max_k d'_k/d_k) meet: then Γ' is that value and scaling FlowGroup
-    k's old rates by (d'_k/d_k) / max_k(d'_k/d_k) is a minimal allocation.
-    "Unchanged" allows round-off: every link within _R_SAME (1e-12) relative of r
-    then, which moves both bounds by ~1e-12, far inside the 1e-9 (_TIGHT) they must
-    meet by; the few bytes/s a reused allocation may then exceed r by are scaled
-    away with the round's other round-off (`_finish`). Such r come from the
-    reused allocations before it in the round (step 2', earlier coflows), whose
-    scale factors differ from 1 in the last bits (docs/design.md 4.2).
-    The entry lives under memo[key] (default: the coflow id; step 2' of the aged
-    guard keeps its one entry under starvation.STARVING_KEY). The reuse depends only
-    on r and the volumes, so an entry is valid whichever coflow meets it.
-    """
-    if memo is None:
-        return _solve(volumes, paths, r, result)
-    key = cid if key is None else key
-    entry = memo.get(key)
-    if entry is not None:
-        r_then, d_then, res, bound = entry
-        if (
-            volumes.keys() <= d_then.keys()
-            and not math.isinf(res.gamma_s)
-            and (r_then == r or _same_capacity(r_then, r))
-        ):
-            ratio = {pair: v / d_then[pair] for pair, v in volumes.items()}
-            top = max(ratio.values())
-            upper = res.gamma_s * top
-            if upper <= bound.gamma(volumes) * (1 + _TIGHT):
-                rates = {
-                    pair: [(path, x * ratio[pair] / top) for path, x in res.rates[pair]]
-                    for pair in volumes
-                }
-                return MinCct(upper, rates, prices=res.prices)
-    res = _solve(volumes, paths, r, result)
-    memo[key] = (dict(r), dict(volumes), res, DualBound.build(volumes, paths, r, res.prices))
-    return res
-
-
-def _same_capacity(then: dict[Link, float], now: dict[Link, float]) -> bool:
-    """The same links, each with capacity within _R_SAME relative of `then` (bytes/s)."""
-    if then.keys() != now.keys():
-        return False
-    for link, c in now.items():
-        c0 = then[link]
-        if not abs(c - c0) <= _R_SAME * c0:  # (NaN fails too)
-            return False
-    return True
 
 
 def _quick_bound(volumes, paths, capacity, pair_flow: dict | None = None) -> float:
@@ -376,89 +283,20 @@ def reserve_deadlines(
     by_deadline = sorted((d, i, cid) for i, (cid, d) in enumerate(deadlines.items()))
     ids = [cid for _, _, cid in by_deadline if cid in coflows]
     for cid in ids:
-        res = _solve(coflows[cid], paths, left, result)
+        res = solve_min_cct(coflows[cid], paths, left, result)
         result.state[cid] = DEADLINE
         if math.isinf(res.gamma_s):
             continue
         time_left = deadlines[cid] - now
         stretch = min(1.0, res.gamma_s / time_left) if time_left > 0 else 1.0
-        _take(rates, cid, res.rates, left, stretch)
+        take(rates, cid, res.rates, left, stretch)
     return ids
-
-
-def _solve(volumes, paths, capacity, result: RoundResult, rates_needed: bool = True):
-    res = min_cct(volumes, paths, capacity, fewest_link_bytes=rates_needed)
-    result.lps += res.lp_solved
-    return res
-
-
-def _all_reachable(volumes, paths, index: PathIndex, full: int) -> bool:
-    """Every FlowGroup has a path that crosses no link of the `full` bitmask."""
-    entries = index.entries
-    for pair in volumes:
-        for mask, _ in entries(pair, paths):
-            if not mask & full:
-                break
-        else:
-            return False
-    return True
 
 
 def _ids_in(pair_rates: PairRates, index: PathIndex) -> set[int]:
     """Indices of the links crossed by the paths of `pair_rates` ({pair: [(path, bytes/s)]})."""
     bit = index.bit
     return {bit[link] for lst in pair_rates.values() for path, _ in lst for link in links_of(path)}
-
-
-def _open_links(avail: dict[Link, float], capacity: dict[Link, float]) -> set[Link]:
-    """The links of `avail` with more than _FULL of their capacity left (not full)."""
-    get = capacity.get
-    return {link for link, a in avail.items() if a > _FULL * get(link, 0.0)}
-
-
-def _take(rates, cid: str, pair_rates: PairRates, left: dict[Link, float], scale: float) -> None:
-    """Add `pair_rates` × scale to coflow `cid` and subtract them from `left`."""
-    mine = rates.setdefault(cid, {})
-    for pair, lst in pair_rates.items():
-        _assign(mine, pair, lst, scale)
-        _consume(left, lst, scale)
-
-
-def _assign(mine: dict, pair: Pair, lst: list[tuple[Path, float]], scale: float) -> None:
-    """Add the path rates `lst` × scale to one coflow's {pair: {path: bytes/s}}."""
-    per_path = mine.setdefault(pair, {})
-    for path, rate in lst:
-        per_path[path] = per_path.get(path, 0.0) + rate * scale
-
-
-def _consume(left: dict[Link, float], lst: list[tuple[Path, float]], scale: float = 1.0) -> None:
-    """Subtract the path rates `lst` × scale from the capacities `left` (floored at 0)."""
-    for path, rate in lst:
-        x = rate * scale
-        for link in links_of(path):
-            v = left[link] - x
-            left[link] = v if v > 0.0 else 0.0  # (= max(0.0, v), NaN and -0.0 included)
-
-
-def _alpha_share(active, preempted, paths, reserve, capacity, rates, result, index) -> None:
-    """Step 5: max-min over the preempted FlowGroups on the reserved capacity.
-
-    FlowGroups of one DC pair have the same paths, so the fair share is computed
-    per DC pair weighted by its number of preempted FlowGroups and split equally.
-    """
-    members: dict[Pair, list[str]] = {}
-    for cid in preempted:
-        for pair in active[cid]:
-            members.setdefault(pair, []).append(cid)
-    weights = {pair: float(len(cids)) for pair, cids in members.items()}
-    pair_rates = _fair_share(weights, paths, reserve, capacity, result, index)
-    for pair, lst in pair_rates.items():
-        cids = members[pair]
-        share = 1.0 / len(cids)
-        for cid in cids:  # _assign inlined: this loop runs once per preempted FlowGroup
-            per_path = rates.setdefault(cid, {}).setdefault(pair, {})
-            for path, rate in lst:
-                per_path[path] = per_path.get(path, 0.0) + rate * share
 
 
 def _work_conservation(active, order, paths, spare, capacity, rates, result, index) -> None:
@@ -482,146 +320,9 @@ def _work_conservation(active, order, paths, spare, capacity, rates, result, ind
     for pair, cid in owner.items():
         top[cid] = max(top.get(cid, 0.0), active[cid][pair])
     weights = {pair: max(active[cid][pair] / top[cid], _MIN_WEIGHT) for pair, cid in owner.items()}
-    pair_rates = _fair_share(weights, paths, spare, capacity, result, index, priority)
+    pair_rates = fair_share(weights, paths, spare, capacity, result, index, priority)
     for pair, lst in pair_rates.items():
-        _assign(rates.setdefault(owner[pair], {}), pair, lst, 1.0)
-
-
-def _fair_share(weights, paths, avail, capacity, result, index, priority=None) -> PairRates:
-    """Weighted max-min rates of DC pairs over their paths on `avail` capacity,
-    which shrinks by them (in place); with `priority` ({pair: class}), lower classes
-    are filled first and a class sees only what the earlier ones left.
-
-    Up to MCF_MAX_COLUMNS (pair, path) columns: the max-min fair MCF
-    (mcf.py, SWAN-style; a pair may shift its rate between paths). Beyond:
-    progressive filling on fixed paths, one subflow per (pair, path) weighted
-    like its pair (maxmin.maxmin_levels), because the MCF's LPs cost ~0.2 s per
-    round on ATT's 600 DC pairs (measured) while water-filling costs ~5 ms.
-    Both leave no path with spare capacity on every link unused. `index` is the
-    round's path_masks.PathIndex over the links of `avail`.
-    """
-    priority = priority or {}
-    if sum(len(paths[pair]) for pair in weights) > MCF_MAX_COLUMNS:
-        classes: dict[int, list[Pair]] = {}
-        for pair in weights:
-            classes.setdefault(priority.get(pair, 0), []).append(pair)
-        out: PairRates = {}
-        full = full_mask(index, avail, capacity, _FULL)
-        for cls in sorted(classes):
-            got, full = _waterfill_pairs(classes[cls], weights, paths, avail, capacity, index, full)
-            out.update(got)
-        return out
-    open_links = _open_links(avail, capacity)
-    usable = {
-        pair: [p for p in paths[pair] if open_links.issuperset(links_of(p))] for pair in weights
-    }
-    demands = {pair: (ps, None) for pair, ps in usable.items() if ps}
-    if not demands:
-        return {}
-    stats = {"lps": 0}
-    out = maxmin_mcf(demands, _positive(avail), priority=priority, weights=weights, stats=stats)
-    result.lps += stats["lps"]
-    out = {pair: lst for pair, lst in out.items() if lst}
-    for lst in out.values():
-        _consume(avail, lst)
-    return out
-
-
-def _waterfill_pairs(pairs, weights, paths, avail, capacity, index, full: int) -> tuple:
-    """Water-filling of `pairs` on `avail`, which shrinks by the result (in place):
-    shortest paths first. Round j fills every pair's j-th path (paths come fewest hops
-    first) max-min fair weighted like its pair, on what rounds 0..j-1 left; paths through
-    a full link get 0. A byte sent over a longer path takes capacity on more links, so
-    the pairs' short paths are used up before any pair spills onto a longer one.
-
-    `full` is the bitmask of full links of `avail` (path_masks.full_mask); only the
-    links a round used are checked again, so a class whose paths are all blocked
-    costs one AND per path, not a pass over every link (docs/design.md 4.2 steps 5-6).
-
-    Returns:
-        ({pair: [(path, bytes/s)]}, the updated full-link mask).
-    """
-    if len(pairs) == 1:  # most step-6 classes: a coflow with one DC pair
-        return _fill_one(pairs[0], weights[pairs[0]], paths, avail, capacity, index, full)
-    out: PairRates = {}
-    entries = {pair: index.entries(pair, paths) for pair in pairs}
-    depth = max((len(e) for e in entries.values()), default=0)
-    links = index.links
-    for j in range(depth):
-        columns = [
-            (pair, ent[j]) for pair, ent in entries.items() if j < len(ent) and not ent[j][0] & full
-        ]
-        if not columns:
-            continue
-        ids, levels, used = _waterfill([(e[1], weights[pair]) for pair, e in columns], avail, links)
-        for i, x in zip(ids, used, strict=True):
-            avail[links[i]] = max(0.0, avail[links[i]] - x)
-        full = mark_full(full, index, ids, avail, capacity, _FULL)
-        for (pair, _), level in zip(columns, levels, strict=True):
-            if level > 0:
-                out.setdefault(pair, []).append((paths[pair][j], level * weights[pair]))
-    return out, full
-
-
-def _fill_one(pair, weight, paths, avail, capacity, index, full: int) -> tuple:
-    """`_waterfill_pairs` for a class of one pair, without building a problem: each open
-    path in turn gets the level min_e avail_e / weight (one entity's progressive filling).
-
-    Returns:
-        ({pair: [(path, bytes/s)]} or {}, the updated full-link mask).
-    """
-    out: PairRates = {}
-    links = index.links
-    for j, (mask, ids) in enumerate(index.entries(pair, paths)):
-        if mask & full:
-            continue
-        level = max(min(max(avail[links[i]], 0.0) / weight for i in ids), 0.0)
-        x = weight * level
-        for i in ids:
-            avail[links[i]] = max(0.0, avail[links[i]] - x)
-        full = mark_full(full, index, ids, avail, capacity, _FULL)
-        if level > 0:
-            out.setdefault(pair, []).append((paths[pair][j], level * weight))
-    return out, full
-
-
-def _waterfill(entities: list[tuple[tuple[int, ...], float]], avail, links) -> tuple:
-    """Max-min levels of single-path entities [(link indices of the path, weight)]
-    on `avail` ({link: bytes/s}; `links[i]` is link i), maxmin.maxmin_levels_sparse.
-
-    Only the links the entities cross enter the problem (a link no entity crosses
-    has no load and cannot freeze anyone), and the incidence stays sparse (an
-    entity has one entry, its weight, per link of its path), so a step costs the
-    class's entries, not links x entities. One entity alone: its level is
-    min_e avail_e / weight (the same divisions progressive filling makes).
-
-    Returns:
-        (link indices crossed, levels per entity, bytes/s used on each of those links),
-        as lists.
-    """
-    if len(entities) == 1:
-        ids, weight = entities[0]
-        level = max(min(max(avail[links[i]], 0.0) / weight for i in ids), 0.0)
-        return list(ids), [level], [weight * level] * len(ids)
-    rows, cols, vals = [], [], []
-    for j, (ids, weight) in enumerate(entities):
-        rows.extend(ids)
-        cols.extend([j] * len(ids))
-        vals.extend([weight] * len(ids))
-    rows_a = np.array(rows)
-    present = np.zeros(len(links), dtype=np.intp)
-    present[rows_a] = 1
-    ids = np.flatnonzero(present).tolist()  # the links crossed, in index order
-    inv = (np.cumsum(present) - 1)[rows_a]  # each entry's row among them
-    cap = np.fromiter((max(avail[links[i]], 0.0) for i in ids), float, len(ids))
-    cols_a, vals_a = np.array(cols), np.array(vals)
-    levels = maxmin_levels_sparse(inv, cols_a, vals_a, cap, len(entities))
-    used = np.bincount(inv, weights=vals_a * levels[cols_a], minlength=len(ids))
-    return ids, levels.tolist(), used.tolist()
-
-
-def _positive(capacity: dict[Link, float]) -> dict[Link, float]:
-    return {link: c for link, c in capacity.items() if c > 0}
+        assign(rates.setdefault(owner[pair], {}), pair, lst, 1.0)
 
 
 def _finish(rates, capacity: dict[Link, float], index: PathIndex) -> dict[str, PairRates]:

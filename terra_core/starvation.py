@@ -52,15 +52,10 @@ import math
 from dataclasses import dataclass
 
 from terra_core.min_cct import Pair
-from terra_core.path_masks import PathIndex, full_mask
-from terra_core.scheduling_round import (
-    _FULL,
-    RoundResult,
-    _all_reachable,
-    _alpha_share,
-    _min_cct_on_r,
-    _take,
-)
+from terra_core.path_masks import FULL, PathIndex, all_reachable, full_mask
+from terra_core.residual_min_cct import min_cct_on_residual
+from terra_core.round_fair_share import alpha_share
+from terra_core.round_rates import RoundResult, take
 from topologies import Link, Path
 
 GUARD_MODES = ("fixed", "aged", "aged-fair")
@@ -189,7 +184,7 @@ def serve_starving(
     The reserve is the same round after round on a static WAN, and the starving
     coflow's volumes mostly shrink in proportion, so its allocation is kept in
     `memo` and reused, scaled, while the weak-duality bound proves it still minimal
-    (scheduling_round._min_cct_on_r, the rule step 4 uses, exact up to its 1e-9
+    (residual_min_cct.min_cct_on_residual, the rule step 4 uses, exact up to its 1e-9
     relative slack on Γ, which the guarantee above then carries too): on the ATT trace
     93 % of these LPs (160-320 FlowGroups each) are skipped (docs/design.md 4.2).
 
@@ -210,16 +205,16 @@ def serve_starving(
     pool = {link: alpha * c for link, c in left.items()}
     before = dict(pool)
     if fair:
-        _alpha_share(active, starving, paths, pool, capacity, rates, result, index)
+        alpha_share(active, starving, paths, pool, capacity, rates, result, index)
     else:
         for cid in starving:
-            full = full_mask(index, pool, capacity, _FULL)
-            if not _all_reachable(active[cid], paths, index, full):
+            full = full_mask(index, pool, capacity, FULL)
+            if not all_reachable(active[cid], paths, index, full):
                 continue
-            res = _min_cct_on_r(cid, active[cid], paths, pool, memo, result, STARVING_KEY)
+            res = min_cct_on_residual(cid, active[cid], paths, pool, memo, result, STARVING_KEY)
             if math.isinf(res.gamma_s):
                 continue
-            _take(rates, cid, res.rates, pool, 1.0)
+            take(rates, cid, res.rates, pool, 1.0)
             break
     for link, c in before.items():
         left[link] = max(0.0, left[link] - (c - pool[link]))

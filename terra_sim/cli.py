@@ -50,14 +50,10 @@ from terra_core.registry import (
 )
 from terra_model import WorkloadError
 from terra_sim.cct_bound import CctBound, avg_cct_lower_bound
-from terra_sim.simulator import (
-    SimResult,
-    SimulationError,
-    WanChange,
-    empty_wan_gammas,
-    simulate,
-    with_deadline_factor,
-)
+from terra_sim.errors import SimulationError
+from terra_sim.events import WanChange
+from terra_sim.results import SimResult
+from terra_sim.simulator import empty_wan_gammas, simulate, with_deadline_factor
 from topologies import Topology, TopologyError, load_topology
 from workloads import load_workload
 

@@ -1,4 +1,5 @@
-"""The five baselines (terra_core/baselines.py) on hand-computed cases.
+"""The five baselines (terra_core/per_flow.py, multipath.py, swan_mcf.py, varys.py, rapier.py)
+on hand-computed cases.
 
 Capacities are in bytes/s; 1e9 B/s keeps the arithmetic simple.
 """
@@ -6,20 +7,19 @@ Capacities are in bytes/s; 1e9 B/s keeps the arithmetic simple.
 import numpy as np
 import pytest
 
-from terra_core.baselines import (
-    BASELINES,
-    MultipathPolicy,
-    PerFlowPolicy,
-    RapierPolicy,
-    SwanMcfPolicy,
-    VarysPolicy,
-)
+from terra_core.multipath import MultipathPolicy
+from terra_core.per_flow import PerFlowPolicy
+from terra_core.rapier import RapierPolicy
+from terra_core.registry import SchedulerOptions, make_scheduler, scheduler_names
+from terra_core.swan_mcf import SwanMcfPolicy
+from terra_core.varys import VarysPolicy
 from terra_model import Coflow, Flow
 from terra_sim.simulator import simulate
 from topologies import Topology, load_topology
 from workloads import load_workload
 
 G = 1e9
+BASELINES = [name for name in scheduler_names() if name != "terra"]
 
 
 def topo(links, cap=G, dcs=None):
@@ -86,11 +86,11 @@ def test_swan_mcf_solves_a_set_of_pairs_once_whatever_their_order(monkeypatch):
     # SQUARE, k = 2: A->D on A-B-D or A-C-D, A->B on A-B or A-C-D-B. Max-min: A->D takes
     # A-C-D (G) and A->B takes A-B (G); either going beyond would take the other's only
     # free path: G each, per member G / 2 for A->D's two members, G for A->B's one.
-    import terra_core.baselines as baselines
+    import terra_core.swan_mcf as swan_mcf
 
     solves = []
-    real = baselines.maxmin_mcf
-    monkeypatch.setattr(baselines, "maxmin_mcf", lambda *a, **k: solves.append(1) or real(*a, **k))
+    real = swan_mcf.maxmin_mcf
+    monkeypatch.setattr(swan_mcf, "maxmin_mcf", lambda *a, **k: solves.append(1) or real(*a, **k))
     p = SwanMcfPolicy(topo(SQUARE), k=2)
     ad, ab = ("A", "D"), ("A", "B")
     first = p.pair_levels(0.0, (ad, ab), np.array([2.0, 1.0]))
@@ -167,14 +167,14 @@ def test_per_flow_reroutes_and_a_flow_without_path_gets_zero():
 @pytest.mark.parametrize("name", sorted(BASELINES))
 def test_bad_coflows_are_refused(name):
     t = topo([("A", "B")], dcs=["A", "B", "Z"])
-    p = BASELINES[name](t)
+    p = make_scheduler(name, t)
     with pytest.raises(ValueError, match="no path"):
         p.add_coflow(Coflow("c", 0, [Flow("f", "A", "Z", G)]), 0)
     assert p.add_coflow(Coflow("c", 0, [Flow("f", "A", "B", G)]), 0) is True
     with pytest.raises(ValueError, match="duplicate"):
         p.add_coflow(Coflow("c", 0, [Flow("f", "A", "B", G)]), 0)
     with pytest.raises(ValueError):
-        BASELINES[name](t, k=0)
+        make_scheduler(name, t, SchedulerOptions(k=0))
 
 
 @pytest.mark.parametrize("name", ["per-flow", "multipath", "swan-mcf", "varys"])
@@ -183,7 +183,7 @@ def test_bundling_identical_flows_changes_no_cct(name):
     swan = load_topology("swan")
     # the first 40 FB coflows minus the 5 with thousands of flows (too slow unbundled)
     coflows = [c for c in load_workload("fb", swan, limit=40) if len(c.flows) < 200]
-    a = simulate(BASELINES[name](swan.copy()), coflows, bundle=True)
-    b = simulate(BASELINES[name](swan.copy()), coflows, bundle=False)
+    a = simulate(make_scheduler(name, swan.copy()), coflows, bundle=True)
+    b = simulate(make_scheduler(name, swan.copy()), coflows, bundle=False)
     for x, y in zip(a.coflows, b.coflows, strict=True):
         assert x.cct_s == pytest.approx(y.cct_s, rel=1e-6)

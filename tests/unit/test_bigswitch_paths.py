@@ -3,8 +3,8 @@ straightforward computations they replace, on random small instances.
 
 - `maxmin.maxmin_levels_entries` (dense below DENSE_CELLS, sparse above) against
   `maxmin_levels` on the dense matrix;
-- `_FairPolicy.pair_table` / `table_levels` (pairs by index) against `pair_levels`;
-- `_MaddPolicy._backfill` (one water-filling entity per route shape) against one entity
+- `FixedRouteFairPolicy.pair_table` / `table_levels` (pairs by index) against `pair_levels`;
+- `MaddPolicy._backfill` (one water-filling entity per route shape) against one entity
   per flow (`maxmin_levels_sparse` on the flows' own entries);
 - the simulator's pair-table path against its `pair_levels` path.
 Capacities are in bytes/s.
@@ -19,8 +19,11 @@ import pytest
 from test_sparse_baselines import random_coflows, random_wan
 
 from terra_core import maxmin
-from terra_core.baselines import MultipathPolicy, PerFlowPolicy, RapierPolicy, VarysPolicy
 from terra_core.maxmin import maxmin_levels, maxmin_levels_entries, maxmin_levels_sparse
+from terra_core.multipath import MultipathPolicy
+from terra_core.per_flow import PerFlowPolicy
+from terra_core.rapier import RapierPolicy
+from terra_core.varys import VarysPolicy
 from terra_model import Coflow
 from terra_sim.simulator import simulate
 from topologies.bigswitch import bigswitch_topology

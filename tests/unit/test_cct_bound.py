@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from terra_core.baselines import BASELINES
+from terra_core.registry import SchedulerOptions, make_scheduler, scheduler_names
 from terra_core.terra_policy import TerraPolicy
 from terra_model import Coflow, Flow
 from terra_sim.cct_bound import avg_cct_lower_bound, srpt_flow_time
@@ -160,7 +160,8 @@ def test_isolation_bound_needs_an_unchanged_wan_but_the_cut_bound_does_not():
     bound = avg_cct_lower_bound(coflows, topo, empty_wan_gammas(coflows, topo, 1))
     assert bound.isolation_avg_cct_s == pytest.approx(10.0)
     assert bound.cut_avg_cct_s == pytest.approx(10 / 11)
-    for policy in (TerraPolicy(topo.copy(), k=1), BASELINES["per-flow"](topo.copy(), k=1)):
+    per_flow = make_scheduler("per-flow", topo.copy(), SchedulerOptions(k=1))
+    for policy in (TerraPolicy(topo.copy(), k=1), per_flow):
         result = simulate(policy, coflows, [WanChange(0.0, "A", "B", up=False)])
         assert result.avg_cct_s == pytest.approx(1.0)
         assert bound.cut_avg_cct_s < result.avg_cct_s < bound.isolation_avg_cct_s
@@ -194,14 +195,14 @@ def workloads(draw):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads(), st.sampled_from(["terra", *BASELINES]))
+@given(workloads(), st.sampled_from(scheduler_names()))
 def test_no_scheduler_averages_below_the_bound(coflows, name):
     # The bound holds for every schedule: Terra and each baseline, simulated, stay above it.
     topo = load_topology("swan")
     if not any(c.flowgroups() for c in coflows):
         return
     bound = avg_cct_lower_bound(coflows, topo, empty_wan_gammas(coflows, topo, 4))
-    policy = TerraPolicy(topo.copy(), k=4) if name == "terra" else BASELINES[name](topo.copy())
+    policy = TerraPolicy(topo.copy(), k=4) if name == "terra" else make_scheduler(name, topo.copy())
     result = simulate(policy, coflows)
     ccts = [c.cct_s for c in result.coflows if c.cct_s is not None and c.id in bound_ids(coflows)]
     assert sum(ccts) / len(ccts) >= bound.avg_cct_s * (1 - 1e-6)

@@ -5,7 +5,7 @@ random instances: the same float operations in the same order, so equal to the b
   (whole, real and widely spread weights, repeated entries, links down);
 - `maxmin.maxmin_levels_entries` with whole-number entries (now always the compiled sparse
   filling) against `maxmin_levels` on the dense matrix, which kept the loads exact too;
-- `maxmin.csr_ranges` against its numpy version;
+- `sparse_index.csr_ranges` against its numpy version;
 - `maxmin.maxmin_levels_scaled` (fixed columns, weights changing) against
   `maxmin_levels_entries` on the entries it stands for, whole and real weights;
 - the simulator's passes over the live flows against the numpy expressions they replaced.
@@ -20,16 +20,14 @@ from numba import njit
 from reference_maxmin import csr_ranges_numpy, maxmin_levels_sparse_numpy
 
 from terra_core.maxmin import (
-    add_held,
     columns_by_row,
-    csr_ranges,
-    flush_held,
     maxmin_levels,
     maxmin_levels_entries,
     maxmin_levels_scaled,
     maxmin_levels_sparse,
 )
-from terra_sim import simulator
+from terra_core.sparse_index import add_held, csr_ranges, flush_held
+from terra_sim import engine, kernels
 
 
 def random_instance(rng: np.random.Generator, kind: str):
@@ -189,21 +187,21 @@ def test_live_flow_passes_equal_the_numpy_expressions(seed):
     want_step = float(np.min(rem[live[moving]] / want_rate[live[moving]]))
 
     rate = np.zeros(n_flows)
-    step = simulator._set_rates(live, pair_of, members, per_member, rate, rem)
+    step = kernels.set_rates(live, pair_of, members, per_member, rate, rem)
     np.testing.assert_array_equal(rate, want_rate)
     assert step == want_step
-    assert simulator._next_finish(live, rem, rate) == want_step
+    assert kernels.next_finish(live, rem, rate) == want_step
 
     step = step * 3.0
-    limit = step * (1 + simulator._FINISH_REL)
+    limit = step * (1 + engine.FINISH_REL)
     pos = live[moving]
     before = rem[pos]
     after = before - rate[pos] * step
-    done = (before / rate[pos] <= limit) | (after <= simulator._FINISH_BYTES)
+    done = (before / rate[pos] <= limit) | (after <= engine.FINISH_BYTES)
     after[done] = 0.0
     got_rem = rem.copy()
-    moved, finished, kept = simulator._advance_flows(
-        live, got_rem, rate, step, limit, simulator._FINISH_BYTES
+    moved, finished, kept = kernels.advance_flows(
+        live, got_rem, rate, step, limit, engine.FINISH_BYTES
     )
     np.testing.assert_array_equal(moved, before - after)
     assert float(moved.sum()) == float((before - after).sum())
@@ -217,8 +215,8 @@ def test_live_flow_passes_equal_the_numpy_expressions(seed):
     tag = rng.integers(0, 1000, size=len(live)).astype(np.intp)
     live_copy, tag_copy, live_rem = live.copy(), tag.copy(), rem[live].copy()
     got_rem = rem.copy()
-    moved2, finished2, n_kept = simulator._advance_live(
-        live_copy, tag_copy, live_rem, rate[live], got_rem, step, limit, simulator._FINISH_BYTES
+    moved2, finished2, n_kept = kernels.advance_live(
+        live_copy, tag_copy, live_rem, rate[live], got_rem, step, limit, engine.FINISH_BYTES
     )
     np.testing.assert_array_equal(moved2, moved)
     np.testing.assert_array_equal(finished2, finished)
@@ -231,8 +229,8 @@ def test_live_flow_passes_equal_the_numpy_expressions(seed):
 
 def test_next_finish_without_moving_flows_is_inf():
     live = np.arange(3, dtype=np.intp)
-    assert simulator._next_finish(live, np.ones(3), np.zeros(3)) == float("inf")
-    moved, done, kept = simulator._advance_flows(live, np.ones(3), np.zeros(3), 1.0, 1.0, 1e-6)
+    assert kernels.next_finish(live, np.ones(3), np.zeros(3)) == float("inf")
+    moved, done, kept = kernels.advance_flows(live, np.ones(3), np.zeros(3), 1.0, 1.0, 1e-6)
     assert len(moved) == 0 and len(done) == 0
     np.testing.assert_array_equal(kept, live)
 
@@ -283,7 +281,7 @@ def test_single_path_store_pass_equals_the_general_one(seed):
     out = []
     for single in (True, False):
         rate = np.empty(len(live))
-        got = simulator._store_hop_rates(
+        got = kernels.store_hop_rates(
             live,
             per_member,
             members,

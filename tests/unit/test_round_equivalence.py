@@ -13,7 +13,7 @@ import networkx as nx
 import pytest
 import reference_round
 
-from terra_core import scheduling_round
+from terra_core import round_fair_share, scheduling_round
 from topologies import Topology, all_pairs_paths
 
 REL = 1e-9
@@ -66,7 +66,7 @@ def test_same_rates_as_reference(seed, force_waterfill, monkeypatch):
     # force_waterfill: steps 5-6 always on the water-filling (the branch the rewrite
     # changed); otherwise the MCF runs where it has at most MCF_MAX_COLUMNS columns.
     if force_waterfill:
-        monkeypatch.setattr(scheduling_round, "MCF_MAX_COLUMNS", 0)
+        monkeypatch.setattr(round_fair_share, "MCF_MAX_COLUMNS", 0)
         monkeypatch.setattr(reference_round, "MCF_MAX_COLUMNS", 0)
     dcs = 4 + seed % 9
     coflows, paths, capacity, rng = random_instance(seed, dcs, 5 + 4 * seed)
@@ -98,12 +98,12 @@ def test_a_full_link_blocks_later_classes():
     cap = {("A", "B"): 10.0, ("B", "C"): 10.0}
     paths = {("A", "C"): [("A", "B", "C")], ("A", "B"): [("A", "B")]}
     coflows = {"c1": {("A", "C"): 10.0}, "c2": {("A", "B"): 1000.0}}
-    old_max = scheduling_round.MCF_MAX_COLUMNS
+    old_max = round_fair_share.MCF_MAX_COLUMNS
     try:
-        scheduling_round.MCF_MAX_COLUMNS = 0
+        round_fair_share.MCF_MAX_COLUMNS = 0
         res = scheduling_round.schedule_round(coflows, paths, cap, alpha=0.0)
     finally:
-        scheduling_round.MCF_MAX_COLUMNS = old_max
+        round_fair_share.MCF_MAX_COLUMNS = old_max
     assert res.order == ["c1", "c2"]  # Γ: 10/10 = 1 s before 1000/10 = 100 s
     assert res.rates["c1"][("A", "C")] == [(("A", "B", "C"), pytest.approx(10.0))]
     assert "c2" not in res.rates

@@ -5,12 +5,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from terra_core.min_cct import min_cct
+from terra_core.residual_min_cct import min_cct_on_residual
 from terra_core.scheduling_round import (
     DEADLINE,
     PREEMPTED,
     SCHEDULED,
     RoundResult,
-    _min_cct_on_r,
     schedule_round,
 )
 from terra_core.terra_policy import TerraPolicy
@@ -134,7 +134,7 @@ def test_simulated_runs_finish_meet_admitted_deadlines_and_conserve_bytes(case, 
     st.sampled_from([0.0, 1e-13, -1e-13]),
 )
 def test_memo_reuse_equals_a_fresh_min_cct(case, shrink, proportional, nudge):
-    # scheduling_round._min_cct_on_r reuses an earlier solution when its bounds meet (and
+    # residual_min_cct.min_cct_on_residual reuses an earlier solution when its bounds meet (and
     # the capacities are the same up to 1e-12 relative: `nudge` moves them by 1e-13);
     # whatever it returns must be the exact Γ and minimal allocation for the new volumes.
     topo, paths, coflows, _, _ = case
@@ -142,10 +142,10 @@ def test_memo_reuse_equals_a_fresh_min_cct(case, shrink, proportional, nudge):
     nudged = {link: c * (1 + nudge) for link, c in capacity.items()}
     for cid, fgs in coflows.items():
         memo, stats = {}, RoundResult()
-        _min_cct_on_r(cid, fgs, paths, capacity, memo, stats)
+        min_cct_on_residual(cid, fgs, paths, capacity, memo, stats)
         factors = [shrink[0]] * 4 if proportional else shrink
         later = {pair: v * factors[i] for i, (pair, v) in enumerate(fgs.items())}
-        got = _min_cct_on_r(cid, later, paths, nudged, memo, stats)
+        got = min_cct_on_residual(cid, later, paths, nudged, memo, stats)
         want = min_cct(later, paths, nudged)
         assert got.gamma_s == pytest.approx(want.gamma_s, rel=1e-6)
         for pair, d in later.items():
@@ -163,9 +163,9 @@ def test_memo_takes_capacities_as_unchanged_only_up_to_round_off(moved, kept):
     # again and Γ = 1/(1 - 1e-9) s.
     paths = {("A", "B"): [("A", "B")]}
     memo, stats = {}, RoundResult()
-    _min_cct_on_r("c", {("A", "B"): 10.0}, paths, {("A", "B"): 10.0}, memo, stats)
+    min_cct_on_residual("c", {("A", "B"): 10.0}, paths, {("A", "B"): 10.0}, memo, stats)
     entry = memo["c"]
-    got = _min_cct_on_r(
+    got = min_cct_on_residual(
         "c", {("A", "B"): 10.0}, paths, {("A", "B"): 10.0 * (1 - moved)}, memo, stats
     )
     assert (memo["c"] is entry) == kept

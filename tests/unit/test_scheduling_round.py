@@ -2,7 +2,7 @@
 
 import pytest
 
-from terra_core import scheduling_round
+from terra_core import round_fair_share
 from terra_core.scheduling_round import (
     DEADLINE,
     PREEMPTED,
@@ -38,7 +38,7 @@ def test_smaller_gamma_goes_first_and_takes_the_link():
 def fair_share(request, monkeypatch):
     """Run a test with steps 5-6 on the MCF and on path-level water-filling."""
     if request.param == "waterfill":
-        monkeypatch.setattr(scheduling_round, "MCF_MAX_COLUMNS", 0)
+        monkeypatch.setattr(round_fair_share, "MCF_MAX_COLUMNS", 0)
     return request.param
 
 

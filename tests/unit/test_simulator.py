@@ -9,11 +9,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from terra_core.baselines import BASELINES, PairLevels, PairTable, PerFlowPolicy, VarysPolicy
+from terra_core.fixed_route_fair import PairTable
+from terra_core.pair_policy import PairLevels
+from terra_core.per_flow import PerFlowPolicy
+from terra_core.registry import make_scheduler, scheduler_names
 from terra_core.terra_policy import TerraPolicy
+from terra_core.varys import VarysPolicy
 from terra_model import Coflow, Flow
+from terra_sim.errors import SimulationError
 from terra_sim.simulator import (
-    SimulationError,
     WanChange,
     empty_wan_gammas,
     simulate,
@@ -22,6 +26,8 @@ from terra_sim.simulator import (
 from topologies import Topology, load_topology
 
 G = 1e9
+
+BASELINES = [name for name in scheduler_names() if name != "terra"]
 
 
 def topo(links, cap=G):
@@ -241,7 +247,7 @@ def test_random_runs_finish_conserve_bytes_and_keep_capacity(name, coflows, fail
     # any infeasible allocation raises SimulationError; every admitted coflow finishes,
     # and with Terra every admitted deadline coflow meets its deadline.
     swan = load_topology("swan")
-    policy = TerraPolicy(swan) if name == "terra" else BASELINES[name](swan)
+    policy = TerraPolicy(swan) if name == "terra" else make_scheduler(name, swan)
     changes = [WanChange(fail, "LA", "NY", up=False), WanChange(fail + 10, "LA", "NY", up=True)]
     if name == "terra":
         changes = []  # a failure can legitimately break a deadline promise
@@ -303,8 +309,8 @@ def test_array_paths_match_the_per_flow_dict_path(name, coflows, fail):
     # coflow_rates: arrays per coflow) must give the CCTs the generic allocate() path
     # gives, failures included.
     changes = [WanChange(fail, "LA", "NY", up=False), WanChange(fail + 10, "LA", "NY", up=True)]
-    fast = simulate(BASELINES[name](load_topology("swan")), coflows, changes)
-    slow = simulate(_DictOnly(BASELINES[name](load_topology("swan"))), coflows, changes)
+    fast = simulate(make_scheduler(name, load_topology("swan")), coflows, changes)
+    slow = simulate(_DictOnly(make_scheduler(name, load_topology("swan"))), coflows, changes)
     assert [c.cct_s for c in fast.coflows] == pytest.approx([c.cct_s for c in slow.coflows])
     assert fast.wan_utilization == pytest.approx(slow.wan_utilization)
     assert fast.rounds == slow.rounds

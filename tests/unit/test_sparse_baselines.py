@@ -1,7 +1,7 @@
 """Sparse incidence in the baselines and the simulator against dense references.
 
-The per-flow / multipath water-filling (`_FairPolicy.pair_levels`), Varys' and Rapier's
-MADD plus backfill (`_MaddPolicy.coflow_rates`) and the simulator's fast paths now keep
+The per-flow / multipath water-filling (`FixedRouteFairPolicy.pair_levels`), Varys' and Rapier's
+MADD plus backfill (`MaddPolicy.coflow_rates`) and the simulator's fast paths now keep
 links x paths and links x flows incidences as their nonzero entries. The references below
 are the dense computations they replaced (a links x paths matrix, `maxmin.maxmin_levels`,
 `matrix @ vector`), run on the same random small instances; capacities are in bytes/s.
@@ -13,14 +13,13 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from terra_core.baselines import (
-    MultipathPolicy,
-    PerFlowPolicy,
-    RapierPolicy,
-    VarysPolicy,
-)
 from terra_core.flow_bundles import FlowBundle
-from terra_core.maxmin import maxmin_levels, path_entries, path_incidence
+from terra_core.maxmin import maxmin_levels
+from terra_core.multipath import MultipathPolicy
+from terra_core.per_flow import PerFlowPolicy
+from terra_core.rapier import RapierPolicy
+from terra_core.sparse_index import path_entries, path_incidence
+from terra_core.varys import VarysPolicy
 from terra_model import Coflow
 from terra_sim.simulator import simulate
 from topologies import Topology, all_pairs_paths, k_shortest_paths
@@ -194,7 +193,7 @@ def test_per_flow_levels_on_a_small_fabric_by_hand():
 
 
 def dense_coflow_rates(policy, remaining):
-    """`_MaddPolicy.coflow_rates` as before (dense): each coflow's dense links x flows
+    """`MaddPolicy.coflow_rates` as before (dense): each coflow's dense links x flows
     matrix, `matrix @ per_member` volumes, and one dense max-min backfill over all
     coflows' alive routed columns side by side."""
     capacity = policy._capacity()

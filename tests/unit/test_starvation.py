@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from terra_core import scheduling_round
+from terra_core import round_fair_share
 from terra_core.path_masks import index_for
 from terra_core.scheduling_round import PREEMPTED, RoundResult, schedule_round
 from terra_core.starvation import STARVING_KEY, Guard, StarvationClock, serve_starving
@@ -39,7 +39,7 @@ def total(rates, cid):
 def fair_share(request, monkeypatch):
     """Run a test with the fair shares on the MCF and on path-level water-filling."""
     if request.param == "waterfill":
-        monkeypatch.setattr(scheduling_round, "MCF_MAX_COLUMNS", 0)
+        monkeypatch.setattr(round_fair_share, "MCF_MAX_COLUMNS", 0)
     return request.param
 
 

@@ -1,14 +1,14 @@
 """Varys on bigswitch: the flat fast path of Varys and Rapier against
 the straightforward computations it replaces, on random small instances.
 
-- `_MaddPolicy.live_coflow_rates` (only the unfinished flows, volumes and Γ of all
+- `MaddPolicy.live_coflow_rates` (only the unfinished flows, volumes and Γ of all
   coflows by one bincount, the MADD pass per coflow on its used links) and
   `coflow_rates` built on it, against the earlier per-coflow code (below,
   `per_coflow_rates`), bit for bit: on random WANs (flows with different hop counts, the
   general gather), on small bigswitch fabrics (every flow two entries, the matrix
   gather), with finished flows, with unrouted flows (a link down cuts a pair off);
-- `baselines._madd_pass` against the MADD loop on whole capacity vectors;
-- `baselines._hop_volumes`' single-path branch against its general one;
+- `madd_kernels.madd_pass` against the MADD loop on whole capacity vectors;
+- `madd_kernels.hop_volumes`' single-path branch against its general one;
 - the simulator's coflow path (`_allocate_by_coflow`, route entries per position)
   against its generic `allocate` path on bigswitch fabrics.
 Capacities are in bytes/s, remaining amounts in bytes.
@@ -22,15 +22,17 @@ import numpy as np
 import pytest
 from test_sparse_baselines import _AllocateOnly, _gamma, random_coflows, random_wan
 
-from terra_core.baselines import RapierPolicy, VarysPolicy, _gammas, _hop_volumes, _madd_pass
 from terra_core.flow_bundles import FlowBundle
+from terra_core.madd_kernels import coflow_gammas, hop_volumes, madd_pass
+from terra_core.rapier import RapierPolicy
+from terra_core.varys import VarysPolicy
 from terra_model import Coflow
 from terra_sim.simulator import WanChange, simulate
 from topologies.bigswitch import bigswitch_topology
 
 
 def per_coflow_rates(policy, remaining):
-    """`_MaddPolicy.coflow_rates` as it was before: per coflow its volume by bincount over
+    """`MaddPolicy.coflow_rates` as it was before: per coflow its volume by bincount over
     all its flows' entries, Γ, the MADD loop on whole capacity vectors, one backfill."""
     capacity = policy._capacity()
     n_links = len(capacity)
@@ -148,7 +150,7 @@ def test_live_rates_equal_the_per_coflow_code_bit_for_bit(kind, cls, seed):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_single_path_volumes_equal_the_general_pass(seed):
-    # on bigswitch every flow is one path with all its members: `_hop_volumes` then uses
+    # on bigswitch every flow is one path with all its members: `hop_volumes` then uses
     # the member count for the entries' values and the weight; the general branch, which
     # reads them, gives the same floats
     rng = random.Random(300 + seed)
@@ -160,8 +162,8 @@ def test_single_path_volumes_equal_the_general_pass(seed):
     args = (counts, local, rem, lay.base, lay.size, lay.members, lay.rows, lay.vals)
     tail = (lay.shape, lay.weight, lay.hops)
     ends = (len(policy._capacity()), len(policy._shapes))
-    single = _hop_volumes(*args, *tail, True, *ends)
-    general = _hop_volumes(*args, *tail, False, *ends)
+    single = hop_volumes(*args, *tail, True, *ends)
+    general = hop_volumes(*args, *tail, False, *ends)
     for x, y in zip(single, general, strict=True):
         np.testing.assert_array_equal(x, y)
 
@@ -242,10 +244,10 @@ def test_madd_pass_equals_the_whole_vector_loop(seed):
     volume = rng.uniform(0.0, 50.0, (coflows, links)) * (rng.random((coflows, links)) < 0.4)
     capacity = rng.uniform(1.0, 10.0, links)
     capacity[rng.random(links) < 0.15] = 0.0  # links down
-    gamma = _gammas(volume, capacity)
+    gamma = coflow_gammas(volume, capacity)
     assert gamma.tolist() == [_gamma(v, capacity) for v in volume]
     gamma[rng.random(coflows) < 0.2] = np.inf  # an unrouted flow
-    g, left = _madd_pass(volume, gamma, capacity)
+    g, left = madd_pass(volume, gamma, capacity)
     want_g, want_left = whole_vector_madd(volume, gamma, capacity)
     np.testing.assert_array_equal(g, want_g)
     np.testing.assert_array_equal(left, want_left)

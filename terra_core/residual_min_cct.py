@@ -1,0 +1,68 @@
+"""Optimization (1) on a round's residual capacity, reusing an earlier round's solution
+while weak duality proves it still minimal (docs/design.md section 4.2, step 4 and the
+aged guard's step 2').
+"""
+
+from __future__ import annotations
+
+import math
+
+from terra_core.min_cct import DualBound, MinCct
+from terra_core.round_rates import RoundResult, solve_min_cct
+from topologies import Link
+
+TIGHT = 1e-9  # relative gap under which bounds on Γ count as exact
+R_SAME = 1e-12  # relative: step 4's memo takes capacities this close as unchanged
+
+
+def min_cct_on_residual(cid, volumes, paths, r, memo, result: RoundResult, key=None) -> MinCct:
+    """Optimization (1) on the residual r, reusing the memo of an earlier round when exact.
+
+    A memo entry (r then, volumes d then, MinCct then) is reused when r is
+    unchanged and the bounds of min_cct.DualBound and of monotonicity
+    (Γ' <= Γ · max_k d'_k/d_k) meet: then Γ' is that value and scaling FlowGroup
+    k's old rates by (d'_k/d_k) / max_k(d'_k/d_k) is a minimal allocation.
+    "Unchanged" allows round-off: every link within R_SAME (1e-12) relative of r
+    then, which moves both bounds by ~1e-12, far inside the 1e-9 (TIGHT) they must
+    meet by; the few bytes/s a reused allocation may then exceed r by are scaled
+    away with the round's other round-off (`_finish`). Such r come from the
+    reused allocations before it in the round (step 2', earlier coflows), whose
+    scale factors differ from 1 in the last bits (docs/design.md 4.2).
+    The entry lives under memo[key] (default: the coflow id; step 2' of the aged
+    guard keeps its one entry under starvation.STARVING_KEY). The reuse depends only
+    on r and the volumes, so an entry is valid whichever coflow meets it.
+    """
+    if memo is None:
+        return solve_min_cct(volumes, paths, r, result)
+    key = cid if key is None else key
+    entry = memo.get(key)
+    if entry is not None:
+        r_then, d_then, res, bound = entry
+        if (
+            volumes.keys() <= d_then.keys()
+            and not math.isinf(res.gamma_s)
+            and (r_then == r or _same_capacity(r_then, r))
+        ):
+            ratio = {pair: v / d_then[pair] for pair, v in volumes.items()}
+            top = max(ratio.values())
+            upper = res.gamma_s * top
+            if upper <= bound.gamma(volumes) * (1 + TIGHT):
+                rates = {
+                    pair: [(path, x * ratio[pair] / top) for path, x in res.rates[pair]]
+                    for pair in volumes
+                }
+                return MinCct(upper, rates, prices=res.prices)
+    res = solve_min_cct(volumes, paths, r, result)
+    memo[key] = (dict(r), dict(volumes), res, DualBound.build(volumes, paths, r, res.prices))
+    return res
+
+
+def _same_capacity(then: dict[Link, float], now: dict[Link, float]) -> bool:
+    """The same links, each with capacity within R_SAME relative of `then` (bytes/s)."""
+    if then.keys() != now.keys():
+        return False
+    for link, c in now.items():
+        c0 = then[link]
+        if not abs(c - c0) <= R_SAME * c0:  # (NaN fails too)
+            return False
+    return True

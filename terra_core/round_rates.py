@@ -1,0 +1,84 @@
+"""What one Terra scheduling round decides (RoundResult) and how its rates add up: every
+step adds a coflow's per-path rates to the round's accumulator and takes them from the
+capacity left (docs/design.md section 4.2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from terra_core.min_cct import MinCct, Pair, PairRates, links_of, min_cct
+from topologies import Link, Path
+
+
+class RoundState(StrEnum):
+    """A coflow's place in one round: admitted with a deadline (step 1), scheduled in Γ
+    order (step 4) or preempted (step 4: no capacity left; step 5 may still feed it)."""
+
+    SCHEDULED = "scheduled"
+    PREEMPTED = "preempted"
+    DEADLINE = "deadline"
+
+
+SCHEDULED, PREEMPTED, DEADLINE = RoundState.SCHEDULED, RoundState.PREEMPTED, RoundState.DEADLINE
+
+
+@dataclass
+class RoundResult:
+    """What one round decided.
+
+    Attributes:
+        rates: {coflow id: {(src, dst): [(path, bytes/s), ...]}} for every
+            coflow that gets any rate (paths merged, rates > 0).
+        state: {coflow id: RoundState} for every input coflow.
+        order: non-deadline coflow ids in the order steps 3-4 took them.
+        gammas: {coflow id: the key it was taken with}: Γ in seconds on the full
+            capacities for coflows that could still be scheduled, a lower bound on
+            it for coflows preempted without an LP.
+        exact: {coflow id: MinCct on the full capacities} solved in this round (for Γ
+            and prices; its rates skip the fewest-link-bytes stage)
+            (with link prices: the caller may cache them, see terra_policy.py).
+        lps: LPs solved in this round (min-CCT and MCF).
+    """
+
+    rates: dict[str, PairRates] = field(default_factory=dict)
+    state: dict[str, str] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
+    gammas: dict[str, float] = field(default_factory=dict)
+    exact: dict[str, MinCct] = field(default_factory=dict)
+    lps: int = 0
+
+
+def solve_min_cct(
+    volumes, paths, capacity, result: RoundResult, rates_needed: bool = True
+) -> MinCct:
+    """Optimization (1) (min_cct.min_cct; with the fewest-link-bytes stage when
+    `rates_needed`), counting its LPs in `result.lps`."""
+    res = min_cct(volumes, paths, capacity, fewest_link_bytes=rates_needed)
+    result.lps += res.lp_solved
+    return res
+
+
+def take(rates, cid: str, pair_rates: PairRates, left: dict[Link, float], scale: float) -> None:
+    """Add `pair_rates` × scale to coflow `cid` and subtract them from `left`."""
+    mine = rates.setdefault(cid, {})
+    for pair, lst in pair_rates.items():
+        assign(mine, pair, lst, scale)
+        consume(left, lst, scale)
+
+
+def assign(mine: dict, pair: Pair, lst: list[tuple[Path, float]], scale: float) -> None:
+    """Add the path rates `lst` × scale to one coflow's {pair: {path: bytes/s}}."""
+    per_path = mine.setdefault(pair, {})
+    for path, rate in lst:
+        per_path[path] = per_path.get(path, 0.0) + rate * scale
+
+
+def consume(left: dict[Link, float], lst: list[tuple[Path, float]], scale: float = 1.0) -> None:
+    """Subtract the path rates `lst` × scale from the capacities `left` (floored at 0)."""
+    for path, rate in lst:
+        x = rate * scale
+        for link in links_of(path):
+            v = left[link] - x
+            left[link] = v if v > 0.0 else 0.0  # (= max(0.0, v), NaN and -0.0 included)
