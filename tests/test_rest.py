@@ -383,3 +383,19 @@ def test_metrics_export_every_controller_series_the_rules_read(rest):
     names = {name for name, _ in labelled(base)}
     wanted = set(CONTROLLER_SERIES) - {"terra_link_measured_bytes_per_second"}
     assert wanted <= names, wanted - names
+
+
+def test_a_failing_view_answers_500_and_the_server_keeps_serving(pki):
+    """A view that raises: 500 with a JSON error; the next requests are served, trailing
+    slashes included."""
+    controller, base, server = serve(pki)
+    try:
+        controller.snapshot = None  # every view that reads a snapshot now fails
+        with pytest.raises(urllib.error.HTTPError) as info:
+            get(base, "/links")
+        assert info.value.code == 500
+        assert json.loads(info.value.read()) == {"error": "internal error (logged)"}
+        del controller.snapshot  # the class's method again
+        assert get_json(base, "/coflows/") == [] and get(base, "/metrics/")[0] == 200
+    finally:
+        server.shutdown()
