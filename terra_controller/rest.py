@@ -156,7 +156,8 @@ class RestApp:
         if request.method != "GET":
             raise HTTPMethodNotAllowed("read-only: GET only", headers={"Allow": "GET"})
         path = request.path_info.rstrip("/") or "/"
-        match = ROUTES.match(path)
+        # routes' patterns end in "$", which also matches before a final "\n" (from "%0A")
+        match = ROUTES.match(path) if path.isprintable() else None
         if match is None:
             raise HTTPNotFound(f"no such resource {path}")
         return getattr(self, match.pop("handler"))(request, **match)

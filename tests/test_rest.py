@@ -262,6 +262,18 @@ def test_unknown_resources_are_404(rest, path):
     assert "error" in json.loads(info.value.read())
 
 
+def test_paths_with_control_characters_are_404(rest):
+    """A path is matched whole: "/status" or a coflow's path with a newline after it
+    ("%0A") names nothing."""
+    controller, base = rest
+    cid = controller.submit([{"id": "f", "src": "a1", "dst": "b1", "bytes": 1000}])
+    assert get_json(base, f"/coflows/{cid}")["id"] == cid
+    for path in (f"/coflows/{cid}%0A", "/status%0A", "/status%0D%0A", "/links%00"):
+        with pytest.raises(urllib.error.HTTPError) as info:
+            get(base, path)
+        assert info.value.code == 404, path
+
+
 def test_read_only(rest):
     _, base = rest
     request = urllib.request.Request(base + "/coflows", data=b"{}", method="POST")
