@@ -22,13 +22,13 @@ Routes (GET only; docs/design.md section 6; docs/operations.md lists every field
     /metrics         Prometheus text format: the controller's CollectorRegistry
                      (terra_controller/metrics.py; every metric in docs/runtime.md)
 
-A WSGI app served by the standard library's wsgiref handler in a thread per
-authenticated request, behind the same admission as the coflow API
-(transport.accept_loop: caps per address and in total, TLS handshakes without a
-thread each, a whole-request deadline), started on os-ken's hub. Errors: 400 for
-a malformed query (integers are ASCII digits only), 404 for unknown paths or
-coflows, 405 for other methods; a failing view answers 500 and the server keeps
-running.
+A WSGI app (webob requests and responses, a routes Mapper) served by the standard
+library's wsgiref handler in a thread per authenticated request, behind the same
+admission as the coflow API (transport.accept_loop: caps per address and in total,
+TLS handshakes without a thread each, a whole-request deadline), started on os-ken's
+hub. Errors answer JSON {"error": text}: 400 for a malformed query (integers are
+ASCII digits only), 404 for unknown paths or coflows, 405 for other methods; a
+failing view answers 500 and the server keeps running.
 """
 
 from __future__ import annotations
@@ -40,8 +40,11 @@ import math
 import time
 from collections.abc import Callable
 from importlib import resources
-from urllib.parse import parse_qs
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+from wsgiref.simple_server import WSGIRequestHandler
+
+from routes import Mapper
+from webob import Request, Response
+from webob.exc import HTTPBadRequest, HTTPException, HTTPMethodNotAllowed, HTTPNotFound
 
 from overlay.rate_limited_log import RateLimitedLog
 from terra_controller.coflow_registry import RegistryError
@@ -73,6 +76,25 @@ WEB_HEADERS = [
     ("Cache-Control", "no-cache"),
 ]  # fmt: skip
 REQUEST_TIMEOUT_S = 10.0
+
+
+def _routes() -> Mapper:
+    """The GET routes: each match names a RestApp handler ("handler") and its arguments."""
+    mapper = Mapper(controller_scan=None, register=False)
+    for path, (name, ctype) in WEB_FILES.items():
+        mapper.connect(path, handler="_web_file", file=name, content_type=ctype)
+    for view in ("status", "topology", "links", "tunnels"):
+        mapper.connect(f"/{view}", handler="_view", view=view)
+    mapper.connect("/coflows", handler="_coflows")
+    # ASCII digits only ("²" or "٣" are not an id); coflow ids are 63-bit at most
+    mapper.connect("/coflows/{coflow_id}", handler="_view", view="coflow",
+                   requirements={"coflow_id": "[0-9]{1,19}"})  # fmt: skip
+    mapper.connect("/metrics", handler="_metrics")
+    mapper.create_regs([])
+    return mapper
+
+
+ROUTES = _routes()
 
 
 class RestApp:
@@ -112,63 +134,60 @@ class RestApp:
         )
 
     def __call__(self, environ, start_response):
-        """WSGI entry point."""
-        path = environ.get("PATH_INFO", "/").rstrip("/") or "/"
-        if environ.get("REQUEST_METHOD") != "GET":
-            return _reply(start_response, 405, {"error": "read-only: GET only"}, [("Allow", "GET")])
+        """WSGI entry point: the ROUTES handler's response, or JSON {"error": text} with
+        400 / 404 / 405 (webob.exc raised by a handler), 404 (RegistryError) or 500."""
+        # Latin-1 keeps the path's bytes as wsgiref gives them: every byte decodes, and a
+        # non-ASCII one matches no route.
+        request = Request(environ, url_encoding="latin-1")
         try:
-            if path == "/metrics":
-                body = self.controller.metrics.render()
-                start_response(
-                    "200 OK", [("Content-Type", CONTENT_TYPE), ("Content-Length", str(len(body)))]
-                )
-                return [body]
-            if path in WEB_FILES:
-                return self._web_file(path, start_response)
-            if path == "/coflows" and environ.get("QUERY_STRING"):
-                query = parse_qs(environ["QUERY_STRING"])
-                text = query.get("finished", [""])[0]
-                if not _ascii_digits(text) or len(text) > 9:
-                    return _reply(start_response, 400, {"error": "finished must be 0..999999999"})
-                return _reply(start_response, 200, self.controller.recent_coflows(int(text)))
-            view = self._route(path)
-            if view is None:
-                return _reply(start_response, 404, {"error": f"no such resource {path}"})
-            return _reply(start_response, 200, view())
+            response = self._dispatch(request)
+        except HTTPException as exc:
+            response = _json({"error": exc.detail}, exc.code)
+            if "Allow" in exc.headers:
+                response.headers["Allow"] = exc.headers["Allow"]
         except RegistryError as exc:
-            return _reply(start_response, 404, {"error": str(exc)})
+            response = _json({"error": str(exc)}, 404)
         except Exception:
-            LOG.exception("REST %s failed", path)
-            return _reply(start_response, 500, {"error": "internal error (logged)"})
+            LOG.exception("REST %s failed", request.path_info)
+            response = _json({"error": "internal error (logged)"}, 500)
+        return response(environ, start_response)
 
-    def _web_file(self, path: str, start_response) -> list[bytes]:
+    def _dispatch(self, request: Request) -> Response:
+        if request.method != "GET":
+            raise HTTPMethodNotAllowed("read-only: GET only", headers={"Allow": "GET"})
+        path = request.path_info.rstrip("/") or "/"
+        # routes' patterns end in "$", which also matches before a final "\n" (from "%0A")
+        match = ROUTES.match(path) if path.isprintable() else None
+        if match is None:
+            raise HTTPNotFound(f"no such resource {path}")
+        return getattr(self, match.pop("handler"))(request, **match)
+
+    def _web_file(self, request: Request, file: str, content_type: str) -> Response:
         """One of WEB_FILES from the package (read once), with WEB_HEADERS."""
-        name, ctype = WEB_FILES[path]
-        if name not in self.web:
-            self.web[name] = (resources.files("terra_controller") / "web" / name).read_bytes()
-        body = self.web[name]
-        start_response(
-            "200 OK",
-            [("Content-Type", ctype), ("Content-Length", str(len(body))), *WEB_HEADERS],
-        )
-        return [body]
+        if file not in self.web:
+            self.web[file] = (resources.files("terra_controller") / "web" / file).read_bytes()
+        response = Response(body=self.web[file], content_type=content_type)
+        response.headers.update(WEB_HEADERS)
+        return response
 
-    def _route(self, path: str):
-        views = {
-            "/status": self.status,
-            "/topology": self.topology,
-            "/links": self.links,
-            "/tunnels": self.tunnels,
-            "/coflows": self.coflows,
-        }
-        if path in views:
-            return views[path]
-        if path.startswith("/coflows/"):
-            text = path[len("/coflows/") :]
-            if not _ascii_digits(text) or len(text) > 19:  # coflow ids are 63-bit at most
-                return None
-            return lambda: self.coflow(int(text))
-        return None
+    def _view(self, request: Request, view: str, **ids: str) -> Response:
+        """The JSON of the view method `view`, given the route's ids as ints."""
+        return _json(getattr(self, view)(*map(int, ids.values())))
+
+    def _coflows(self, request: Request) -> Response:
+        """`coflows()`, or with ?finished=N (N: 0..999999999) the active and N last finished."""
+        if not request.query_string:
+            return _json(self.coflows())
+        try:
+            text = request.GET.get("finished", "")
+        except UnicodeDecodeError:  # not UTF-8, hence not digits
+            text = ""
+        if not (text.isascii() and text.isdigit()) or len(text) > 9:
+            raise HTTPBadRequest("finished must be 0..999999999")
+        return _json(self.controller.recent_coflows(int(text)))
+
+    def _metrics(self, request: Request) -> Response:
+        return Response(body=self.controller.metrics.render(), content_type=CONTENT_TYPE)
 
     # ---- views --------------------------------------------------------------------------
 
@@ -314,61 +333,32 @@ _MEASURED = ("tx_bytes", "tx_packets", "tx_dropped", "rx_bytes", "rx_dropped", "
              "sampled_s")  # fmt: skip
 
 
-def _ascii_digits(text: str) -> bool:
-    """True when `text` is one or more ASCII digits 0-9 (not "²", "٣" or other digits)."""
-    return text.isascii() and text.isdigit()
-
-
-def _reply(start_response, code: int, body, headers: list | None = None) -> list[bytes]:
-    reason = {
-        200: "OK",
-        400: "Bad Request",
-        404: "Not Found",
-        405: "Method Not Allowed",
-        500: "Internal Server Error",
-    }
-    data = json.dumps(body, default=_json_default).encode()
-    start_response(
-        f"{code} {reason[code]}",
-        [
-            ("Content-Type", "application/json"),
-            ("Content-Length", str(len(data))),
-            *(headers or []),
-        ],
-    )
-    return [data]
-
-
-def _json_default(value):
-    if isinstance(value, set | tuple):
-        return list(value)
-    return str(value)
-
-
-class _RestServer(WSGIServer):
-    """wsgiref's request handling, without its listening socket: the connections come from
-    `transport.accept_loop` (the same admission, TLS handshake thread and caps as the API)."""
-
-    def __init__(self, app, host: str, port: int) -> None:
-        super().__init__((host, port), _QuietHandler, bind_and_activate=False)
-        self.socket.close()  # never bound: transport's listener accepts
-        self.server_name, self.server_port = host, port
-        self.setup_environ()
-        self.set_app(app)
+def _json(body, status: int = 200) -> Response:
+    """A JSON response (sets and tuples as lists, other non-JSON values as strings)."""
+    data = json.dumps(body, default=lambda v: list(v) if isinstance(v, set | tuple) else str(v))
+    return Response(body=data.encode(), status=status, content_type="application/json")
 
 
 class RestServer:
-    """A running REST server (what `start_rest_server` returns).
+    """A running REST server (what `start_rest_server` returns), and the server wsgiref's
+    request handler reads (`base_environ`, `get_app`); the connections come from
+    `transport.accept_loop` (the same admission, TLS handshake thread and caps as the API).
 
     Attributes:
         listener: the listening socket.
+        base_environ: the WSGI environ every request starts from (server name and port).
         not_operator: RateLimitedLog of clients refused for lacking an operator certificate.
     """
 
-    def __init__(self, listener, wsgi: _RestServer, public: bool) -> None:
-        self.listener, self.wsgi, self.public = listener, wsgi, public
+    def __init__(self, app: RestApp, public: bool) -> None:
+        self.app, self.public, self.listener = app, public, None
+        self.base_environ: dict[str, str] = {}
         self.not_operator = RateLimitedLog(LOG, "REST: clients without an operator "
                                            "certificate refused")  # fmt: skip
+
+    def get_app(self) -> RestApp:
+        """The WSGI application."""
+        return self.app
 
     def handle(self, sock, addr, identity) -> None:
         """Serve one HTTP request on an authenticated connection, within REQUEST_TIMEOUT_S
@@ -379,7 +369,7 @@ class RestServer:
         sock.settimeout(REQUEST_TIMEOUT_S)
         try:
             with DEADLINES.guard(sock, REQUEST_TIMEOUT_S):
-                _QuietHandler(sock, addr, self.wsgi)
+                _QuietHandler(sock, addr, self)
         except (OSError, ValueError) as exc:
             LOG.debug("REST %s: %s", addr, exc)
 
@@ -447,14 +437,19 @@ def start_rest_server(
         max_connections=min(security.max_connections, REST_CAP[0]),
         max_per_address=min(security.max_per_address, REST_CAP[1]),
     )
-    wsgi = _RestServer(app, host, port)
-    server = RestServer(None, wsgi, public)
+    server = RestServer(app, public)
+    server.base_environ = _base_environ(host, port)
     server.listener, thread, bound = listen_and_serve(
         host, port, server.handle, security, spawn, optional=public, name="REST",
         listeners=app.controller.metrics.listeners,
     )  # fmt: skip
-    wsgi.server_name, wsgi.server_port = bound[0], bound[1]
-    wsgi.setup_environ()
+    server.base_environ = _base_environ(*bound)
     scheme = "https" if security.context is not None else "http"
     LOG.info("REST on %s://%s:%d%s", scheme, *bound, " (public)" if public else "")
     return server, thread, bound
+
+
+def _base_environ(host: str, port: int) -> dict[str, str]:
+    """The server's part of every request's WSGI environ (as wsgiref's WSGIServer sets it)."""
+    return {"SERVER_NAME": host, "SERVER_PORT": str(port), "GATEWAY_INTERFACE": "CGI/1.1",
+            "REMOTE_HOST": "", "CONTENT_LENGTH": "", "SCRIPT_NAME": ""}  # fmt: skip

@@ -15,20 +15,21 @@ here longitude and latitude), where the controller's operator page draws the DCs
 
 from __future__ import annotations
 
-import json
 import logging
 from importlib import resources
 from pathlib import Path as FsPath
 
+import msgspec
 import networkx as nx
 
 from topologies.bigswitch import bigswitch_topology
+from topologies.json_topology import DEFAULT_GBPS, TopologyFile
 from topologies.topology import GBPS_TO_BYTES_PER_S, Topology, TopologyError
+from topologies.typed_json import PositiveNumber, convert, read_json
 
 log = logging.getLogger(__name__)
 
 BUILTIN = {"swan": "swan.json", "gscale": "gscale.json", "att": "AttMpls.graphml"}
-DEFAULT_GBPS = 1.0
 
 
 def builtin_path(name: str) -> FsPath:
@@ -74,55 +75,36 @@ def load_topology(spec: str, link_gbps: float | None = None) -> Topology:
 
 
 def load_json_topology(path: FsPath | str) -> Topology:
-    """Load our JSON topology format (see module docstring).
+    """Load our JSON topology format (see module docstring; fields in
+    topologies/json_topology.py).
 
     Raises:
-        TopologyError: invalid JSON, a missing/ill-typed field, an unknown DC
-            in a link, a duplicate link, or a non-positive capacity.
+        TopologyError: naming the file and the field: invalid JSON, a missing/ill-typed
+            field, an unknown DC in a link, a duplicate link, or a non-positive capacity.
     """
     path = FsPath(path)
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TopologyError(f"{path}: cannot read: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise TopologyError(f"{path}: line {exc.lineno}: invalid JSON: {exc.msg}") from exc
-    if not isinstance(doc, dict):
-        raise TopologyError(f"{path}: top level must be an object")
-    links = doc.get("links")
-    if not isinstance(links, list) or not links:
+    doc = read_json(path, TopologyError)
+    spec = convert(doc, TopologyFile, TopologyError, str(path), top=True)
+    if not spec.links:
         raise TopologyError(f"{path}: 'links' must be a non-empty list")
-    default = _gbps(
-        doc.get("default_capacity_gbps", DEFAULT_GBPS), f"{path}: default_capacity_gbps"
-    )
-    dcs = doc.get("dcs")
-    if dcs is not None and (
-        not isinstance(dcs, list) or not all(isinstance(d, str) and d for d in dcs)
-    ):
-        raise TopologyError(f"{path}: 'dcs' must be a list of non-empty strings")
-    order: list[str] = list(dcs) if dcs else []
+    order: list[str] = list(spec.dcs or [])
     capacity: dict[tuple[str, str], float] = {}
-    for i, link in enumerate(links):
-        where = f"{path}: links[{i}]"
-        if not isinstance(link, dict):
-            raise TopologyError(f"{where}: must be an object")
-        a, b = link.get("a"), link.get("b")
-        if not isinstance(a, str) or not isinstance(b, str) or not a or not b:
-            raise TopologyError(f"{where}: 'a' and 'b' must be DC names")
+    for i, link in enumerate(spec.links):
+        where, a, b = f"{path}: links[{i}]", link.a, link.b
         if a == b:
             raise TopologyError(f"{where}: a link must join two different DCs ({a})")
         for dc in (a, b):
             if dc not in order:
-                if dcs:
+                if spec.dcs:
                     raise TopologyError(f"{where}: unknown DC {dc!r} (not in 'dcs')")
                 order.append(dc)
         if (a, b) in capacity:
             raise TopologyError(f"{where}: duplicate link {a}-{b}")
-        gbps = _gbps(link.get("capacity_gbps", default), f"{where}.capacity_gbps")
+        gbps = link.capacity_gbps or spec.default_capacity_gbps  # UNSET is false
         capacity[(a, b)] = capacity[(b, a)] = gbps * GBPS_TO_BYTES_PER_S
-    name = doc.get("name", path.stem)
+    name = path.stem if spec.name is msgspec.UNSET else str(spec.name)
     attrs = {key: val for key, val in doc.items() if key not in {"name", "links", "dcs"}}
-    return Topology(str(name), order, capacity, attrs=attrs)
+    return Topology(name, order, capacity, attrs=attrs)
 
 
 def load_graphml_topology(
@@ -177,8 +159,9 @@ def load_graphml_topology(
 
 
 def _gbps(value: object, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TopologyError(f"{where}: must be a number (Gbps), got {value!r}")
-    if not value > 0 or value == float("inf"):
-        raise TopologyError(f"{where}: must be positive and finite (Gbps), got {value!r}")
-    return float(value)
+    """`value` as a capacity in Gbps (a finite number > 0).
+
+    Raises:
+        TopologyError: naming `where`, for anything else.
+    """
+    return convert(value, PositiveNumber, TopologyError, where, top=False)

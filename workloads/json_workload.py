@@ -3,17 +3,46 @@
     {"coflows": [{"id": "c1", "arrival_s": 0.0, "deadline_s": null,
                   "flows": [{"id": "f1", "src": "A", "dst": "C", "bytes": 2e9}]}]}
 
-`src`/`dst` are DC names; `deadline_s` is relative to arrival.
+`src`/`dst` are DC names; `deadline_s` is relative to arrival. The fields are the msgspec
+Structs below (ids: non-empty strings or integers; sizes, times: finite numbers); keys they
+do not name are ignored. A wrong value is reported with its field, e.g.
+``w.json: coflows[2].flows[0].bytes: must be a number > 0, got -5``.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Annotated
 
-from terra_model.coflow import Coflow, Flow, WorkloadError, check_size
+import msgspec
+
+from terra_model.coflow import Coflow, Flow, WorkloadError
+from topologies.typed_json import Name, NonNegativeNumber, PositiveNumber, convert, read_json
+
+
+class FlowSpec(msgspec.Struct):
+    """One flow: `bytes` from DC `src` to DC `dst`."""
+
+    id: Name | int
+    src: str
+    dst: str
+    bytes: PositiveNumber
+
+
+class CoflowSpec(msgspec.Struct, kw_only=True):
+    """One coflow: its flows, arrival (s from the start) and deadline (s after arrival)."""
+
+    id: Name | int
+    arrival_s: NonNegativeNumber = 0.0
+    deadline_s: PositiveNumber | None = None
+    flows: Annotated[list[FlowSpec], msgspec.Meta(min_length=1)]
+
+
+class WorkloadFile(msgspec.Struct):
+    """A workload file: its coflows (checked non-empty by the loader)."""
+
+    coflows: list[CoflowSpec]
 
 
 def load_json_workload(path: Path | str, dcs: Sequence[str]) -> list[Coflow]:
@@ -33,18 +62,10 @@ def load_json_workload(path: Path | str, dcs: Sequence[str]) -> list[Coflow]:
             non-positive deadline, or an empty workload.
     """
     path = Path(path)
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise WorkloadError(f"{path}: cannot read: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{path}: line {exc.lineno}: invalid JSON: {exc.msg}") from exc
-    items = doc.get("coflows") if isinstance(doc, dict) else None
-    if not isinstance(items, list):
-        raise WorkloadError(f"{path}: top level must be an object with a 'coflows' list")
-    if not items:
+    spec = convert(read_json(path, WorkloadError), WorkloadFile, WorkloadError, str(path), True)
+    if not spec.coflows:
         raise WorkloadError(f"{path}: the workload has no coflows")
-    coflows = [parse_coflow(item, dcs, f"{path}: coflows[{i}]") for i, item in enumerate(items)]
+    coflows = [_coflow(c, dcs, f"{path}: coflows[{i}]") for i, c in enumerate(spec.coflows)]
     seen: set[str] = set()
     for i, c in enumerate(coflows):
         if c.id in seen:
@@ -54,50 +75,35 @@ def load_json_workload(path: Path | str, dcs: Sequence[str]) -> list[Coflow]:
 
 
 def parse_coflow(item: object, dcs: Sequence[str], where: str) -> Coflow:
-    """Validate one coflow object of the JSON format and return it as a Coflow.
+    """Validate one coflow object of the JSON format (CoflowSpec) and return it as a Coflow.
 
     Raises:
         WorkloadError: naming `where` and the offending field.
     """
-    if not isinstance(item, dict):
-        raise WorkloadError(f"{where}: must be an object")
-    cid = item.get("id")
-    if not isinstance(cid, str | int) or isinstance(cid, bool) or cid == "":
-        raise WorkloadError(f"{where}.id: must be a non-empty string")
-    arrival = item.get("arrival_s", 0.0)
-    if not _number(arrival) or arrival < 0:
-        raise WorkloadError(f"{where}.arrival_s: must be a non-negative number, got {arrival!r}")
-    deadline = item.get("deadline_s")
-    if deadline is not None and (not _number(deadline) or deadline <= 0):
-        raise WorkloadError(f"{where}.deadline_s: must be a positive number, got {deadline!r}")
-    raw = item.get("flows")
-    if not isinstance(raw, list) or not raw:
-        raise WorkloadError(f"{where}.flows: must be a non-empty list")
-    flows = [parse_flow(f, dcs, f"{where}.flows[{j}]") for j, f in enumerate(raw)]
-    ids = [f.id for f in flows]
-    if len(set(ids)) != len(ids):
-        raise WorkloadError(f"{where}.flows: duplicate flow ids")
-    return Coflow(str(cid), float(arrival), flows, None if deadline is None else float(deadline))
+    return _coflow(convert(item, CoflowSpec, WorkloadError, where, top=False), dcs, where)
 
 
 def parse_flow(item: object, dcs: Sequence[str], where: str) -> Flow:
-    """Validate one flow object ``{"id", "src", "dst", "bytes"}``.
+    """Validate one flow object ``{"id", "src", "dst", "bytes"}`` (FlowSpec).
 
     Raises:
         WorkloadError: naming `where` and the field: missing id, unknown DC,
             non-positive or non-numeric bytes.
     """
-    if not isinstance(item, dict):
-        raise WorkloadError(f"{where}: must be an object")
-    fid = item.get("id")
-    if not isinstance(fid, str | int) or isinstance(fid, bool) or fid == "":
-        raise WorkloadError(f"{where}.id: must be a non-empty string")
+    return _flow(convert(item, FlowSpec, WorkloadError, where, top=False), dcs, where)
+
+
+def _coflow(spec: CoflowSpec, dcs: Sequence[str], where: str) -> Coflow:
+    flows = [_flow(f, dcs, f"{where}.flows[{j}]") for j, f in enumerate(spec.flows)]
+    ids = [f.id for f in flows]
+    if len(set(ids)) != len(ids):
+        raise WorkloadError(f"{where}.flows: duplicate flow ids")
+    return Coflow(str(spec.id), spec.arrival_s, flows, spec.deadline_s)
+
+
+def _flow(spec: FlowSpec, dcs: Sequence[str], where: str) -> Flow:
     for key in ("src", "dst"):
-        if item.get(key) not in dcs:
-            raise WorkloadError(f"{where}.{key}: unknown DC {item.get(key)!r} (known: {list(dcs)})")
-    size = check_size(item.get("bytes"), f"{where}.bytes")
-    return Flow(str(fid), item["src"], item["dst"], size)
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        if getattr(spec, key) not in dcs:
+            raise WorkloadError(f"{where}.{key}: unknown DC {getattr(spec, key)!r} "
+                                f"(known: {list(dcs)})")  # fmt: skip
+    return Flow(str(spec.id), spec.src, spec.dst, spec.bytes)

@@ -7,6 +7,8 @@
 3. Data port (overlay/framing.FrameReader, overlay/protocol.validate_data): adversarial
    byte streams through an in-memory stream and over loopback TCP.
 4. A slow sender on the API is cut off while another client is served.
+5. Topology and workload files (topologies/loaders.py, workloads/json_workload.py): fuzzed
+   JSON documents through the loaders.
 
 What every parser must do with bad input: answer with a clear error (or close only that
 connection), never crash, keep serving everybody else and change nothing.
@@ -15,6 +17,8 @@ connection), never crash, keep serving everybody else and change nothing.
 from __future__ import annotations
 
 import copy
+import json
+import math
 import socket
 import ssl
 import struct
@@ -971,3 +975,77 @@ def test_a_slow_sender_is_cut_off_while_another_client_is_served(pki):
         with server.client("job1") as c:  # the server goes on serving new clients
             assert sorted(x["id"] for x in c.list_coflows()) == [0]
 
+
+
+# ---- 5. topology and workload files -----------------------------------------------------------
+
+TOPOLOGY_BASES = {
+    "topology": {"name": "t", "default_capacity_gbps": 2, "dcs": ["A", "B", "C"],
+                 "links": [{"a": "A", "b": "B"}, {"a": "B", "b": "C", "capacity_gbps": 0.5}]},
+}  # fmt: skip
+WORKLOAD_BASES = {
+    "workload": {"coflows": [
+        {"id": "c1", "arrival_s": 0, "deadline_s": 5,
+         "flows": [{"id": "f", "src": "HK", "dst": "LA", "bytes": 10}]},
+        {"id": 2, "arrival_s": 1.5, "flows": [{"id": 1, "src": "LA", "dst": "NY", "bytes": 2e9}]},
+    ]},
+}  # fmt: skip
+
+
+def json_file(directory, doc) -> str | None:
+    """`doc` written as a JSON file in `directory` (None: `doc` is not JSON, e.g. bytes)."""
+    try:
+        text = json.dumps(doc)
+    except (TypeError, ValueError):
+        return None
+    path = directory / "input.json"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def files_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("files")
+
+
+def test_topology_files_raise_only_topology_error(files_dir):
+    from topologies import TopologyError, load_topology
+
+    @settings(max_examples=200, deadline=None)
+    @given(doc=st.one_of(nested(ANY_INTS), mutants(TOPOLOGY_BASES, ANY_INTS, ["links", "dcs"])))
+    def check(doc):
+        path = json_file(files_dir, doc)
+        assume(path is not None)
+        try:
+            topo = load_topology(path)
+        except TopologyError as exc:
+            assert str(exc).startswith(f"{path}: ")
+            return
+        assert topo.links and all(0 < c < math.inf for c in topo.capacity.values())
+        assert all(isinstance(dc, str) and dc for dc in topo.dcs)
+
+    check()
+
+
+def test_workload_files_raise_only_workload_error(files_dir):
+    from topologies import load_topology
+    from workloads import WorkloadError, load_workload
+
+    swan = load_topology("swan")
+
+    @settings(max_examples=200, deadline=None)
+    @given(doc=st.one_of(nested(ANY_INTS), mutants(WORKLOAD_BASES, ANY_INTS, ["coflows"])))
+    def check(doc):
+        path = json_file(files_dir, doc)
+        assume(path is not None)
+        try:
+            coflows = load_workload(path, swan)
+        except WorkloadError as exc:
+            assert str(exc).startswith(f"{path}: ")
+            return
+        assert coflows and len({c.id for c in coflows}) == len(coflows)
+        for c in coflows:
+            assert 0 <= c.arrival_s < math.inf and (c.deadline_s is None or c.deadline_s > 0)
+            assert all(0 < f.bytes < math.inf and f.src in swan.dcs for f in c.flows)
+
+    check()

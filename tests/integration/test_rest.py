@@ -262,6 +262,18 @@ def test_unknown_resources_are_404(rest, path):
     assert "error" in json.loads(info.value.read())
 
 
+def test_paths_with_control_characters_are_404(rest):
+    """A path is matched whole: "/status" or a coflow's path with a newline after it
+    ("%0A") names nothing."""
+    controller, base = rest
+    cid = controller.submit([{"id": "f", "src": "a1", "dst": "b1", "bytes": 1000}])
+    assert get_json(base, f"/coflows/{cid}")["id"] == cid
+    for path in (f"/coflows/{cid}%0A", "/status%0A", "/status%0D%0A", "/links%00"):
+        with pytest.raises(urllib.error.HTTPError) as info:
+            get(base, path)
+        assert info.value.code == 404, path
+
+
 def test_read_only(rest):
     _, base = rest
     request = urllib.request.Request(base + "/coflows", data=b"{}", method="POST")
@@ -383,3 +395,19 @@ def test_metrics_export_every_controller_series_the_rules_read(rest):
     names = {name for name, _ in labelled(base)}
     wanted = set(CONTROLLER_SERIES) - {"terra_link_measured_bytes_per_second"}
     assert wanted <= names, wanted - names
+
+
+def test_a_failing_view_answers_500_and_the_server_keeps_serving(pki):
+    """A view that raises: 500 with a JSON error; the next requests are served, trailing
+    slashes included."""
+    controller, base, server = serve(pki)
+    try:
+        controller.snapshot = None  # every view that reads a snapshot now fails
+        with pytest.raises(urllib.error.HTTPError) as info:
+            get(base, "/links")
+        assert info.value.code == 500
+        assert json.loads(info.value.read()) == {"error": "internal error (logged)"}
+        del controller.snapshot  # the class's method again
+        assert get_json(base, "/coflows/") == [] and get(base, "/metrics/")[0] == 200
+    finally:
+        server.shutdown()

@@ -193,3 +193,65 @@ def test_bigswitch_paths_through_the_core_are_unique():
 
     topo = bigswitch_topology(4)
     assert k_shortest_paths(topo, "0", "3", 4) == [("0", "core", "3")]
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (  # a wrong type, in the fourth link
+            {
+                "links": [
+                    {"a": "A", "b": "B"},
+                    {"a": "B", "b": "C"},
+                    {"a": "C", "b": "D"},
+                    {"a": "D", "b": "A", "capacity_gbps": "10"},
+                ]
+            },
+            "links[3].capacity_gbps: must be a number, got str",
+        ),
+        ({"links": [{"a": "A"}]}, "links[0].b: required field missing"),
+        ({"name": "x"}, "links: required field missing"),
+        (
+            {"links": [{"a": "A", "b": "B", "capacity_gbps": -2}]},
+            "links[0].capacity_gbps: must be a number > 0, got -2",
+        ),
+        (
+            {"links": [{"a": "A", "b": "B", "capacity_gbps": float("inf")}]},
+            "links[0].capacity_gbps: must be a finite number, got inf",
+        ),
+        (
+            {"links": [{"a": "A", "b": "B", "capacity_gbps": True}]},
+            "links[0].capacity_gbps: must be a number, got bool",
+        ),
+        ({"links": [{"a": "A", "b": ""}]}, "links[0].b: must be a non-empty string, got ''"),
+        ({"links": [{"a": "A", "b": "B"}], "dcs": ["A", 7]}, "dcs[1]: must be a string, got int"),
+        (
+            {"links": [{"a": "A", "b": "B"}], "default_capacity_gbps": 0},
+            "default_capacity_gbps: must be a number > 0, got 0",
+        ),
+        ({"links": "A-B"}, "links: must be a list, got str"),
+        ([{"a": "A", "b": "B"}], "must be an object, got array"),  # the document itself
+    ],
+)
+def test_json_loader_errors_name_the_field_and_what_it_must_be(tmp_path, doc, message):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(TopologyError) as err:
+        load_topology(str(path))
+    assert str(err.value) == f"{path}: {message}"
+
+
+def test_json_loader_keeps_unknown_top_level_keys_and_ignores_a_links_extra_keys(tmp_path):
+    path = tmp_path / "t.json"
+    doc = {"name": 7, "positions": {"A": [1, 2]}, "links": [{"a": "A", "b": "B", "note": "x"}]}
+    path.write_text(json.dumps(doc))
+    topo = load_topology(str(path))
+    assert topo.name == "7" and topo.attrs == {"positions": {"A": [1, 2]}}
+    assert topo.capacity[("A", "B")] == GBPS_TO_BYTES_PER_S  # the default 1 Gbps
+
+
+def test_link_gbps_must_be_a_positive_number():
+    with pytest.raises(TopologyError, match=r"swan.json: link_gbps: must be a number > 0, got -1"):
+        load_topology("swan", link_gbps=-1)
+    with pytest.raises(TopologyError, match="bigswitch: link_gbps: must be a finite number"):
+        load_topology("bigswitch", link_gbps=float("inf"))

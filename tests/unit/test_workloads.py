@@ -163,3 +163,79 @@ def test_fb_racks_map_one_to_one_onto_bigswitch(tmp_path):
     wrong.attrs["rack_dcs"] = ["0", "1", "X"]
     with pytest.raises(WorkloadError, match="'rack_dcs' must list DCs of it"):
         load_workload(str(trace), wrong)
+
+
+FLOW = {"id": "f", "src": "HK", "dst": "LA", "bytes": 5}
+
+
+@pytest.mark.parametrize(
+    ("coflows", "message"),
+    [
+        (
+            [{"id": "a", "flows": [FLOW, {**FLOW, "id": "g", "bytes": "5"}]}],
+            "coflows[0].flows[1].bytes: must be a number, got str",
+        ),
+        (
+            [{"id": "a", "flows": [FLOW]}, {"id": "b", "flows": [{**FLOW, "bytes": -5}]}],
+            "coflows[1].flows[0].bytes: must be a number > 0, got -5",
+        ),
+        (
+            [{"id": "a", "flows": [{"id": "f", "src": "HK", "dst": "LA"}]}],
+            "coflows[0].flows[0].bytes: required field missing",
+        ),
+        ([{"flows": [FLOW]}], "coflows[0].id: required field missing"),
+        (
+            [{"id": True, "flows": [FLOW]}],
+            "coflows[0].id: must be an integer or a string, got bool",
+        ),
+        (
+            [{"id": "a", "flows": [{**FLOW, "bytes": float("nan")}]}],
+            "coflows[0].flows[0].bytes: must be a number > 0, got nan",
+        ),
+        (
+            [{"id": "a", "deadline_s": float("inf"), "flows": [FLOW]}],
+            "coflows[0].deadline_s: must be a finite number, got inf",
+        ),
+        ([{"id": "a", "flows": FLOW}], "coflows[0].flows: must be a list, got object"),
+        ([3], "coflows[0]: must be an object, got int"),
+    ],
+)
+def test_json_workload_errors_say_the_field_and_what_it_must_be(tmp_path, coflows, message):
+    path = json_workload(tmp_path, coflows)
+    with pytest.raises(WorkloadError) as err:
+        load_workload(str(path), SWAN)
+    assert str(err.value) == f"{path}: {message}"
+
+
+def test_json_workload_top_level_errors_name_the_file(tmp_path):
+    cases = [
+        ("[]", "must be an object, got array"),
+        ("{}", "coflows: required field missing"),
+        ('{"coflows": 3}', "coflows: must be a list, got int"),
+    ]
+    for text, message in cases:
+        path = write(tmp_path, text, "w.json")
+        with pytest.raises(WorkloadError) as err:
+            load_workload(str(path), SWAN)
+        assert str(err.value) == f"{path}: {message}"
+
+
+def test_json_workload_integer_ids_and_extra_keys(tmp_path):
+    """Integer ids become strings, numbers become floats, keys the format does not name are
+    ignored."""
+    path = json_workload(
+        tmp_path, [{"id": 7, "arrival_s": 2, "note": "x", "flows": [{**FLOW, "id": 1, "tag": 3}]}]
+    )
+    [coflow] = load_workload(str(path), SWAN)
+    assert (coflow.id, coflow.arrival_s, coflow.flows[0].id) == ("7", 2.0, "1")
+    assert coflow.flows[0].bytes == 5.0 and isinstance(coflow.flows[0].bytes, float)
+
+
+def test_parse_coflow_names_the_given_place():
+    from workloads import parse_coflow, parse_flow
+
+    with pytest.raises(WorkloadError, match=r"^x.json: coflows\[4\].flows: required field"):
+        parse_coflow({"id": "a"}, SWAN.dcs, "x.json: coflows[4]")
+    with pytest.raises(WorkloadError, match=r"^x.json: f\[1\].dst: unknown DC 'XX'"):
+        parse_flow({**FLOW, "dst": "XX"}, SWAN.dcs, "x.json: f[1]")
+    assert parse_flow(FLOW, SWAN.dcs, "x").bytes == 5.0
