@@ -7,14 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_compiled_kernel_tests_pass_with_the_jit_off():
     env = dict(os.environ, NUMBA_DISABLE_JIT="1")
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-         "tests/test_maxmin_compiled.py"],
+         "tests/unit/test_maxmin_compiled.py"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
