@@ -74,7 +74,6 @@ from terra_wire.control import (
 from terra_wire.frames import MAX_PAYLOAD_BYTES, FrameError
 
 from .admission import Admission, Caps, caps_from_file_limit, serve_admitted
-from .metrics import serve_metrics
 from .pending import PENDING_LIMIT_BYTES, PENDING_TIMEOUT_S, HeldChunk, PendingChunks
 from .receiver import MAX_AHEAD_BYTES, ChunkRejected, HashQueue, InFlow
 from .sender import (
@@ -299,6 +298,8 @@ class Agent:
                 self._nursery = nursery
                 await nursery.start(self._listen, port, listeners)
                 if self.config.metrics_socket is not None:
+                    from .metrics import serve_metrics  # prometheus_client: only with metrics
+
                     await nursery.start(
                         serve_metrics,
                         self,

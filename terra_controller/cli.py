@@ -236,15 +236,19 @@ def capped(security, which: str):
 def cannot_listen(host: str, port: int, which: str, exc: BaseException, opened) -> None:
     """Report a port that cannot be bound, close the listeners in `opened`, exit status 1.
 
-    Prints `terra-controller: cannot listen on HOST:PORT (WHICH): ERROR` on stderr and
-    ends the process at once (os-ken's threads would keep it alive).
+    Prints `terra-controller: cannot listen on HOST:PORT (WHICH): ERROR` on stderr.
     """
+    exit_closing(f"terra-controller: cannot listen on {host}:{port} ({which}): {exc}", opened)
+
+
+def exit_closing(message: str, opened) -> None:
+    """Close the listeners in `opened`, print `message` on stderr and end the process at
+    once with exit status 1 (os-ken's threads would keep it alive)."""
     from terra_controller.transport import stop_listener
 
     for listener in opened:
         stop_listener(listener)
-    print(f"terra-controller: cannot listen on {host}:{port} ({which}): {exc}", file=sys.stderr,
-          flush=True)  # fmt: skip
+    print(message, file=sys.stderr, flush=True)
     logging.shutdown()
     os._exit(1)
 
@@ -268,6 +272,7 @@ def run(args, topology, security) -> None:
     from terra_controller.agent_channel import AgentChannel, start_agent_server
     from terra_controller.api_server import ApiHandler, start_api_server
     from terra_controller.controller import Controller, RoundRunner
+    from terra_controller.deferred_policy import DeferredPolicy
     from terra_controller.rest import RestApp, start_rest_server
     from terra_controller.tunnel_table import TunnelTable, installed_path_source
     from terra_controller.tunnels import startup_tunnels
@@ -285,11 +290,10 @@ def run(args, topology, security) -> None:
         shared = startup_tunnels(topology, args.k, binding.base_port)  # rules and agents
         tunnels = TunnelTable(topology, args.k, binding.base_port, logical=False, tunnels=shared)
         options = options_from_args(args, installed_path_source(tunnels))
-    try:
-        policy = make_scheduler(args.scheduler, topology, options)
-    except ValueError as exc:
-        raise SystemExit(f"terra-controller: {exc}") from exc
-    LOG.info("scheduler %s (K=%d)", args.scheduler, args.k)
+    # made once the listeners are up (its imports are most of the start-up time)
+    policy = DeferredPolicy(
+        lambda: make_scheduler(args.scheduler, topology, options), args.scheduler
+    )
     from terra_controller.journal import JournalError
 
     try:
@@ -357,6 +361,12 @@ def run(args, topology, security) -> None:
         opened.append(getattr(listener, "listener", listener))
         started.append((thread, bound))
     (t_api, api), (t_agents, agents), (t_rest, rest) = started
+    try:
+        with controller.policy_lock:  # as before: no WAN change or submit reaches it half made
+            policy.build()
+    except ValueError as exc:
+        exit_closing(f"terra-controller: {exc}", opened)
+    LOG.info("scheduler %s (K=%d)", args.scheduler, args.k)
     tune_gc()
     RoundRunner(controller).start()
     print(
