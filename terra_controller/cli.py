@@ -21,9 +21,15 @@ It starts the coflow API, the agent channel and the REST server on os-ken's hub
 (threads), a round runner, and (without --no-openflow) os-ken's AppManager with
 the tunnel app (docs/design.md section 10); the topology file then needs a switch
 binding (topologies/binding.py). Addresses default to 127.0.0.1; port 0 picks a
-free port. Once everything listens it prints one line on stdout:
+free port. The servers answer as soon as they listen; the scheduling policy is built
+right after (deferred_policy.py: its solvers' imports are most of the start-up time) and
+requests that need it (submit, update, link changes) wait for it. Once it is built and
+the round runner runs, it prints one line on stdout:
 
     terra-controller ready api=HOST:PORT agents=HOST:PORT rest=HOST:PORT
+
+Running the controller needs the 'controller' extra (networkx, HiGHS, numpy, numba,
+os-ken); `pki` and `ctl` need only the agent's packages.
 
 With --no-openflow there are no switches: tunnels are logical and link state
 changes come from the operator:
@@ -48,7 +54,13 @@ import signal
 import sys
 import time
 
-from terra_core.cli_support import HelpFormatter, add_common_args, setup_logging
+from terra_core.cli_support import (
+    HelpFormatter,
+    MissingExtra,
+    add_common_args,
+    require,
+    setup_logging,
+)
 from terra_core.registry import add_scheduler_arguments, make_scheduler, options_from_args
 from topologies import TopologyError, load_topology
 
@@ -177,12 +189,34 @@ def main(argv: list[str] | None = None) -> int:
             "terra-controller: --agent-timeout must be > 0, --keep-finished and "
             "--max-restarts >= 0"
         )
+    check_controller_extra()
     try:
         topology = load_topology(args.topology)
     except (TopologyError, OSError) as exc:
         raise SystemExit(f"terra-controller: {exc}") from exc
     run(args, topology, server_security(args))
     return 0
+
+
+# What running the controller needs beyond the agent's packages (the 'controller' extra)
+CONTROLLER_MODULES = ("networkx", "highspy", "numpy", "numba", "os_ken")
+
+
+def check_controller_extra() -> None:
+    """Check that the packages of the 'controller' extra are installed, without importing them
+    (they load later, most of them with the policy).
+
+    Raises:
+        SystemExit: one is missing; the message names the extra (cli_support.require's).
+    """
+    import importlib.util
+
+    for module in CONTROLLER_MODULES:
+        if importlib.util.find_spec(module) is None:
+            try:
+                require(module, "controller")
+            except MissingExtra as exc:
+                raise SystemExit(f"terra-controller: {exc}") from exc
 
 
 INSECURE_WARNING = (

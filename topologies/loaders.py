@@ -20,8 +20,6 @@ import logging
 from importlib import resources
 from pathlib import Path as FsPath
 
-import networkx as nx
-
 from topologies.bigswitch import bigswitch_topology
 from topologies.topology import GBPS_TO_BYTES_PER_S, Topology, TopologyError
 
@@ -140,6 +138,8 @@ def load_graphml_topology(
     Raises:
         TopologyError: unreadable or invalid GraphML, or no edges.
     """
+    import networkx as nx  # imported on use: only GraphML files need it
+
     path = FsPath(path)
     try:
         graph = nx.read_graphml(path)

@@ -1,0 +1,104 @@
+"""What the client, the agent and the controller load at start: the job master's client and the
+agent none of the scheduler's packages; the controller builds its policy (HiGHS, numpy,
+numba) only once it listens (terra_controller/deferred_policy.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from benchmarks.harness import free_port
+from terra_controller.deferred_policy import DeferredPolicy
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEDULER_PACKAGES = ("numpy", "highspy", "networkx", "numba", "llvmlite", "os_ken")
+
+
+def loaded(statement: str, names: tuple[str, ...]) -> list[str]:
+    """Run `statement` in a fresh interpreter; the modules of `names` (or their submodules)
+    it left in sys.modules."""
+    code = (
+        f"import sys; {statement}; names = {names!r}; "
+        "print(' '.join(sorted(m for m in sys.modules if m in names or m.startswith("
+        "tuple(n + '.' for n in names)))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+def test_client_loads_no_scheduler_and_no_controller():
+    names = (*SCHEDULER_PACKAGES, "trio", "terra_controller.controller", "terra_core")
+    assert loaded("import terra_controller.client", names) == []
+
+
+def test_agent_loads_no_scheduler_package():
+    found = loaded("import terra_agent.cli", (*SCHEDULER_PACKAGES, "terra_core", "topologies"))
+    assert found in ([], ["terra_core", "terra_core.cli_support"])  # only the CLI helpers
+
+
+def test_controller_cli_loads_no_solver_before_it_runs():
+    assert loaded("import terra_controller.cli", ("numpy", "highspy", "numba", "os_ken")) == []
+
+
+def test_controller_with_an_option_out_of_range_exits_without_ready_line(tmp_path):
+    ports = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    done = subprocess.run(
+        [sys.executable, "-m", "terra_controller.cli", "--topology", "swan", "--no-openflow",
+         "--insecure", "--alpha", "2", "--api", ports[0], "--agents", ports[1], "--rest",
+         ports[2], "--state-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "terra-controller: alpha must be in [0, 1), got 2.0" in done.stderr
+    assert "ready" not in done.stdout
+
+
+class Made:
+    name = "made"
+    stats = {"rounds": 0}
+
+
+def test_deferred_policy_is_made_once_for_concurrent_callers():
+    calls = []
+    gate = threading.Event()
+
+    def factory():
+        calls.append(1)
+        gate.wait(5)
+        return Made()
+
+    policy = DeferredPolicy(factory, "requested")
+    assert policy.name == "requested"  # answered without building it
+    seen = []
+    threads = [threading.Thread(target=lambda: seen.append(policy.stats)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    gate.set()
+    for t in threads:
+        t.join(5)
+    assert calls == [1]
+    assert len(seen) == 4 and all(s is Made.stats for s in seen)
+    assert policy.name == "made" and policy.build() is policy.build()
+
+
+def test_deferred_policy_raises_its_factory_error_every_time():
+    calls = []
+
+    def factory():
+        calls.append(1)
+        raise ValueError("alpha must be in [0, 1)")
+
+    policy = DeferredPolicy(factory, "terra")
+    for _ in range(2):
+        with pytest.raises(ValueError, match="alpha"):
+            policy.build()
+    with pytest.raises(ValueError, match="alpha"):
+        policy.allocate  # noqa: B018 (the attribute access builds)
+    assert calls == [1]
