@@ -5,7 +5,8 @@ kernels: HiGHS, numpy, numba, networkx, most of the controller's start-up time. 
 controller's CLI wraps the factory in a `DeferredPolicy`, starts its listeners, then calls
 `build()`: requests that do not need the policy (hello, status, list, agent registration)
 are answered meanwhile; one that needs it waits in its first attribute access until the
-build is done (the result is the same policy, made once).
+build is done (the result is the same policy, made once). Its name and counters (REST
+status, metrics) are answered without waiting.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
 
 
 class DeferredPolicy:
-    """Stands for the policy `factory()` returns; every attribute but `name` is the policy's.
+    """Stands for the policy `factory()` returns: every attribute is the policy's, `name` and
+    `stats` answered without building it (the requested name, None).
 
     Args:
         factory: makes the policy (called once, by `build` or by the first attribute access).
@@ -57,6 +59,13 @@ class DeferredPolicy:
         """The policy's name; the requested scheduler name while it is not built."""
         policy = self._policy
         return self._requested_name if policy is None else getattr(policy, "name", None)
+
+    @property
+    def stats(self):
+        """The policy's counters (its `stats`); None while it is not built (nothing counted
+        yet), so that REST status and metrics scrapes do not wait for the build."""
+        policy = self._policy
+        return None if policy is None else policy.stats
 
     def __getattr__(self, attr: str):
         if attr.startswith("__"):  # copy/pickle probes: not the policy's

@@ -4,14 +4,18 @@ numba) only once it listens (terra_controller/deferred_policy.py)."""
 
 from __future__ import annotations
 
+import json
+import select
 import subprocess
 import sys
 import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from benchmarks.harness import free_port
+from terra_controller.client import TerraClient
 from terra_controller.deferred_policy import DeferredPolicy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,9 +64,48 @@ def test_controller_with_an_option_out_of_range_exits_without_ready_line(tmp_pat
     assert "ready" not in done.stdout
 
 
+HELD_BUILD = """
+import os, sys, time
+import terra_controller.cli as cli
+make = cli.make_scheduler
+def held(*args, **kwargs):  # the policy is built once the gate file exists
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.01)
+    return make(*args, **kwargs)
+cli.make_scheduler = held
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
+def test_controller_answers_while_its_policy_is_being_built(tmp_path):
+    api, agents, rest = free_port(), free_port(), free_port()
+    gate = tmp_path / "gate"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HELD_BUILD, str(gate), "--topology", "swan", "--no-openflow",
+         "--insecure", "--api", f"127.0.0.1:{api}", "--agents", f"127.0.0.1:{agents}",
+         "--rest", f"127.0.0.1:{rest}", "--state-dir", str(tmp_path / "state"),
+         "--log-level", "ERROR"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        with TerraClient("127.0.0.1", api, insecure=True, timeout=60) as client:
+            assert client.list_coflows() == []
+        with urllib.request.urlopen(f"http://127.0.0.1:{rest}/status", timeout=30) as reply:
+            status = json.loads(reply.read())
+        assert status["scheduler"] == "terra" and status["lps"] == 0
+        assert not select.select([proc.stdout], [], [], 0.2)[0]  # no ready line yet
+        gate.touch()
+        assert proc.stdout.readline().startswith("terra-controller ready")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        proc.stdout.close()
+
+
 class Made:
     name = "made"
-    stats = {"rounds": 0}
+    stats = {"lps": 0}
+    paths = {("A", "B"): [("A", "B")]}
 
 
 def test_deferred_policy_is_made_once_for_concurrent_callers():
@@ -75,17 +118,18 @@ def test_deferred_policy_is_made_once_for_concurrent_callers():
         return Made()
 
     policy = DeferredPolicy(factory, "requested")
-    assert policy.name == "requested"  # answered without building it
+    assert policy.name == "requested" and policy.stats is None  # answered without building
     seen = []
-    threads = [threading.Thread(target=lambda: seen.append(policy.stats)) for _ in range(4)]
+    threads = [threading.Thread(target=lambda: seen.append(policy.paths)) for _ in range(4)]
     for t in threads:
         t.start()
     gate.set()
     for t in threads:
         t.join(5)
     assert calls == [1]
-    assert len(seen) == 4 and all(s is Made.stats for s in seen)
-    assert policy.name == "made" and policy.build() is policy.build()
+    assert len(seen) == 4 and all(s is Made.paths for s in seen)
+    assert policy.name == "made" and policy.stats is Made.stats
+    assert policy.build() is policy.build()
 
 
 def test_deferred_policy_raises_its_factory_error_every_time():
