@@ -395,11 +395,7 @@ def run(args, topology, security) -> None:
         opened.append(getattr(listener, "listener", listener))
         started.append((thread, bound))
     (t_api, api), (t_agents, agents), (t_rest, rest) = started
-    try:
-        with controller.policy_lock:  # as before: no WAN change or submit reaches it half made
-            policy.build()
-    except ValueError as exc:
-        exit_closing(f"terra-controller: {exc}", opened)
+    build_policy(controller, policy, args.scheduler, opened)
     LOG.info("scheduler %s (K=%d)", args.scheduler, args.k)
     tune_gc()
     RoundRunner(controller).start()
@@ -419,6 +415,24 @@ def run(args, topology, security) -> None:
     signal.signal(signal.SIGINT, stop)
     for thread in [t_api, t_agents, t_rest, *threads]:
         thread.join()
+
+
+def build_policy(controller, policy, scheduler: str, opened) -> None:
+    """Build the DeferredPolicy `policy` of `controller` (holding its policy_lock, so that no
+    WAN change or submit reaches a half-made policy).
+
+    On failure it closes the listeners in `opened` and ends the process with exit status 1:
+    an option out of range for the scheduler (ValueError) with `terra-controller: MESSAGE`,
+    anything else with its traceback logged too.
+    """
+    try:
+        with controller.policy_lock:
+            policy.build()
+    except ValueError as exc:
+        exit_closing(f"terra-controller: {exc}", opened)
+    except Exception as exc:  # the listeners' threads would keep a failed process alive
+        LOG.exception("building the %s scheduler failed", scheduler)
+        exit_closing(f"terra-controller: {exc!r}", opened)
 
 
 def state_dir(chosen: str | None) -> str:

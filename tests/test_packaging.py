@@ -140,7 +140,9 @@ def test_benchmark_imports_without_sys_path_edits(name):
     assert module.__doc__
 
 
-@pytest.mark.parametrize("name", ["foi_ceiling", "api_throughput", "controller_memory"])
+@pytest.mark.parametrize(
+    "name", ["foi_ceiling", "api_throughput", "controller_memory", "startup_times"]
+)
 def test_benchmark_runs_as_a_script(name):
     """`uv run python benchmarks/NAME.py` (scripts that share code with other modules)."""
     done = subprocess.run(
