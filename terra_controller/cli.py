@@ -21,10 +21,11 @@ It starts the coflow API, the agent channel and the REST server on os-ken's hub
 (threads), a round runner, and (without --no-openflow) os-ken's AppManager with
 the tunnel app (docs/design.md section 10); the topology file then needs a switch
 binding (topologies/binding.py). Addresses default to 127.0.0.1; port 0 picks a
-free port. The servers answer as soon as they listen; the scheduling policy is built
-right after (deferred_policy.py: its solvers' imports are most of the start-up time) and
-requests that need it (submit, update, link changes) wait for it. Once it is built and
-the round runner runs, it prints one line on stdout:
+free port. The servers answer as soon as they listen; the tunnel table (without
+switches) and the scheduling policy are made right after (deferred.py: their imports are
+most of the start-up time) and requests that need them (agent registration, submit,
+update, link changes) wait for them. Once both are made and the round runner runs, it
+prints one line on stdout:
 
     terra-controller ready api=HOST:PORT agents=HOST:PORT rest=HOST:PORT
 
@@ -306,14 +307,16 @@ def run(args, topology, security) -> None:
     from terra_controller.agent_channel import AgentChannel, start_agent_server
     from terra_controller.api_server import ApiHandler, start_api_server
     from terra_controller.controller import Controller, RoundRunner
-    from terra_controller.deferred_policy import DeferredPolicy
+    from terra_controller.deferred import Deferred
     from terra_controller.rest import RestApp, start_rest_server
     from terra_controller.tunnel_table import TunnelTable, installed_path_source
     from terra_controller.tunnels import startup_tunnels
     from terra_security.data_keys import DataKeys
 
+    # the tunnel table (without switches) and the policy are made once the listeners are
+    # up: their imports (networkx; HiGHS, numpy, numba) are most of the start-up time
     if args.no_openflow:
-        tunnels = TunnelTable(topology, args.k, logical=True)
+        tunnels = Deferred(lambda: TunnelTable(topology, args.k, logical=True))
         options = options_from_args(args)
     else:
         binding = load_switch_binding(topology)
@@ -324,9 +327,9 @@ def run(args, topology, security) -> None:
         shared = startup_tunnels(topology, args.k, binding.base_port)  # rules and agents
         tunnels = TunnelTable(topology, args.k, binding.base_port, logical=False, tunnels=shared)
         options = options_from_args(args, installed_path_source(tunnels))
-    # made once the listeners are up (its imports are most of the start-up time)
-    policy = DeferredPolicy(
-        lambda: make_scheduler(args.scheduler, topology, options), args.scheduler
+    policy = Deferred(
+        lambda: make_scheduler(args.scheduler, topology, options),
+        before={"name": args.scheduler, "stats": None},  # REST status, metrics meanwhile
     )
     from terra_controller.journal import JournalError
 
@@ -395,7 +398,7 @@ def run(args, topology, security) -> None:
         opened.append(getattr(listener, "listener", listener))
         started.append((thread, bound))
     (t_api, api), (t_agents, agents), (t_rest, rest) = started
-    build_policy(controller, policy, args.scheduler, opened)
+    build_deferred(controller, [tunnels, policy], args.scheduler, opened)
     LOG.info("scheduler %s (K=%d)", args.scheduler, args.k)
     tune_gc()
     RoundRunner(controller).start()
@@ -417,17 +420,22 @@ def run(args, topology, security) -> None:
         thread.join()
 
 
-def build_policy(controller, policy, scheduler: str, opened) -> None:
-    """Build the DeferredPolicy `policy` of `controller` (holding its policy_lock, so that no
-    WAN change or submit reaches a half-made policy).
+def build_deferred(controller, parts: list, scheduler: str, opened) -> None:
+    """Make the Deferred objects among `parts` (the tunnel table, the policy), in order,
+    holding the controller's policy_lock (so that no WAN change or submit reaches a half-made
+    one; agent registrations wait for the tunnel table, submits for the policy).
 
     On failure it closes the listeners in `opened` and ends the process with exit status 1:
     an option out of range for the scheduler (ValueError) with `terra-controller: MESSAGE`,
     anything else with its traceback logged too.
     """
+    from terra_controller.deferred import Deferred
+
     try:
         with controller.policy_lock:
-            policy.build()
+            for part in parts:
+                if isinstance(part, Deferred):
+                    part.build()
     except ValueError as exc:
         exit_closing(f"terra-controller: {exc}", opened)
     except Exception as exc:  # the listeners' threads would keep a failed process alive

@@ -997,7 +997,7 @@ def flow_rates(allocation: Allocation, registry: CoflowRegistry) -> FlowRates:
 
 def _observe_solves(observe: Callable[[float], None]):
     """terra_core.lp.observe_solves(observe), imported on first use: the LP solver (HiGHS,
-    numpy) loads with the policy, after the controller listens (deferred_policy.py)."""
+    numpy) loads with the policy, after the controller listens (deferred.py)."""
     from terra_core.lp import observe_solves
 
     return observe_solves(observe)

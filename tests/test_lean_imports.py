@@ -1,6 +1,6 @@
 """What the client, the agent and the controller load at start: the job master's client and the
 agent none of the scheduler's packages; the controller builds its policy (HiGHS, numpy,
-numba) only once it listens (terra_controller/deferred_policy.py)."""
+numba) and its tunnel table (networkx) only once it listens (terra_controller/deferred.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import select
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 
 from benchmarks.harness import free_port
 from terra_controller.client import TerraClient
-from terra_controller.deferred_policy import DeferredPolicy
+from terra_controller.deferred import Deferred
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEDULER_PACKAGES = ("numpy", "highspy", "networkx", "numba", "llvmlite", "os_ken")
@@ -67,17 +68,22 @@ def test_controller_with_an_option_out_of_range_exits_without_ready_line(tmp_pat
 HELD_BUILD = """
 import os, sys, time
 import terra_controller.cli as cli
-make = cli.make_scheduler
-def held(*args, **kwargs):  # the policy is built once the gate file exists
+import terra_controller.tunnel_table as tables
+Table = tables.TunnelTable
+def held(*args, **kwargs):  # made (first of the deferred parts) once the gate file exists
+    heavy = [m for m in ('numpy', 'highspy', 'networkx', 'numba') if m in sys.modules]
+    with open(sys.argv[1] + '.part', 'w') as out:
+        out.write(' '.join(heavy))
+    os.replace(sys.argv[1] + '.part', sys.argv[1] + '.loaded')
     while not os.path.exists(sys.argv[1]):
         time.sleep(0.01)
-    return make(*args, **kwargs)
-cli.make_scheduler = held
+    return Table(*args, **kwargs)
+tables.TunnelTable = held
 sys.exit(cli.main(sys.argv[2:]))
 """
 
 
-def test_controller_answers_while_its_policy_is_being_built(tmp_path):
+def test_controller_answers_before_it_makes_its_tunnels_and_policy(tmp_path):
     api, agents, rest = free_port(), free_port(), free_port()
     gate = tmp_path / "gate"
     proc = subprocess.Popen(
@@ -94,6 +100,12 @@ def test_controller_answers_while_its_policy_is_being_built(tmp_path):
             status = json.loads(reply.read())
         assert status["scheduler"] == "terra" and status["lps"] == 0
         assert not select.select([proc.stdout], [], [], 0.2)[0]  # no ready line yet
+        # listening, answering, and none of the scheduler's packages loaded yet
+        loaded_then = tmp_path / "gate.loaded"
+        end = time.monotonic() + 30
+        while not loaded_then.exists() and time.monotonic() < end:
+            time.sleep(0.01)
+        assert loaded_then.read_text() == ""
         gate.touch()
         assert proc.stdout.readline().startswith("terra-controller ready")
     finally:
@@ -108,7 +120,7 @@ class Made:
     paths = {("A", "B"): [("A", "B")]}
 
 
-def test_deferred_policy_is_made_once_for_concurrent_callers():
+def test_deferred_object_is_made_once_for_concurrent_callers():
     calls = []
     gate = threading.Event()
 
@@ -117,8 +129,9 @@ def test_deferred_policy_is_made_once_for_concurrent_callers():
         gate.wait(5)
         return Made()
 
-    policy = DeferredPolicy(factory, "requested")
-    assert policy.name == "requested" and policy.stats is None  # answered without building
+    policy = Deferred(factory, before={"name": "requested", "stats": None})
+    assert policy.name == "requested" and policy.stats is None  # answered without making it
+    assert not policy.made
     seen = []
     threads = [threading.Thread(target=lambda: seen.append(policy.paths)) for _ in range(4)]
     for t in threads:
@@ -129,17 +142,17 @@ def test_deferred_policy_is_made_once_for_concurrent_callers():
     assert calls == [1]
     assert len(seen) == 4 and all(s is Made.paths for s in seen)
     assert policy.name == "made" and policy.stats is Made.stats
-    assert policy.build() is policy.build()
+    assert policy.made and policy.build() is policy.build()
 
 
-def test_deferred_policy_raises_its_factory_error_every_time():
+def test_deferred_object_raises_its_factory_error_every_time():
     calls = []
 
     def factory():
         calls.append(1)
         raise ValueError("alpha must be in [0, 1)")
 
-    policy = DeferredPolicy(factory, "terra")
+    policy = Deferred(factory, before={"name": "terra"})
     for _ in range(2):
         with pytest.raises(ValueError, match="alpha"):
             policy.build()
