@@ -1,14 +1,17 @@
-"""Start-up times: importing the client, the controller answering its API, an agent registered.
+"""Start-up times: importing the client, the controller answering its API (and ready), an agent
+registered.
 
     python benchmarks/startup_times.py [--repeats 5] [--tree DIR ...] [--topology swan]
                                        [--as-is]
 
-Three figures, each the median over --repeats runs (seconds of wall-clock time, and the CPU
+Four figures, each the median over --repeats runs (seconds of wall-clock time, and the CPU
 seconds the measured process used by then):
 
 - client import: `python -c "import terra_controller.client"`, spawn to exit;
 - controller API: spawn of `python -m terra_controller.cli --topology T --no-openflow
   --insecure` until a TerraClient request (connect, hello, list) has been answered;
+- controller ready: the same process until its "terra-controller ready" line (policy and
+  tunnel table made, round runner started);
 - agent registered: spawn of `python -m terra_agent.cli --insecure ...` until the REST
   /status of a running controller (one that has printed its ready line) lists it as
   connected.
@@ -95,11 +98,13 @@ class Controller:
             cwd=tree, env=env, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
 
-    def ready(self) -> None:
-        """Wait for the "terra-controller ready" line (everything started)."""
+    def ready(self) -> tuple[float, float]:
+        """Wait for the "terra-controller ready" line (everything started); (wall s since
+        spawn, CPU s of the process)."""
         line = self.proc.stdout.readline()
         if not line.startswith("terra-controller ready"):
             raise RuntimeError(f"controller did not start: {line!r}")
+        return time.perf_counter() - self.started, cpu_seconds(self.proc.pid)
 
     def answered(self, timeout_s: float = 60.0) -> tuple[float, float]:
         """Wait until the API answers a request; (wall s since spawn, CPU s of the process)."""
@@ -167,7 +172,7 @@ def measure(tree: Path, env: dict[str, str], topology: str, work: Path, trial: i
     ctl = Controller(tree, env, topology, work / "state")
     try:
         out["controller API"] = ctl.answered()
-        ctl.ready()
+        out["controller ready"] = ctl.ready()
         out["agent registered"] = agent_registered(tree, env, ctl, f"probe{trial}", work)
     finally:
         ctl.stop()
