@@ -1,11 +1,18 @@
 """Topology Zoo GraphML: link speeds, repairs (self-loops, repeated labels, parallel edges,
 edges without a speed) and equal-cost paths chosen independently of the node labels."""
 
+import json
 import logging
 
 import pytest
 
-from topologies import GBPS_TO_BYTES_PER_S, all_pairs_paths, k_shortest_paths, load_topology
+from topologies import (
+    GBPS_TO_BYTES_PER_S,
+    TopologyError,
+    all_pairs_paths,
+    k_shortest_paths,
+    load_topology,
+)
 from topologies.graphml import edge_bytes_per_s
 from topologies.loaders import load_graphml_topology
 
@@ -159,8 +166,15 @@ def test_builtin_att_keeps_name_ordered_ties():
     assert att.capacity[("LA03", "PHNX")] == 2 * GBPS_TO_BYTES_PER_S
 
 
-def test_json_path_tie_break_is_checked(tmp_path):
+def test_json_may_ask_for_file_order_ties(tmp_path):
+    # S-Zed-T and S-Alpha-T tie (2 hops, 1 Gbps): by name Alpha first, by "dcs" order Zed
+    links = [["S", "Zed"], ["Zed", "T"], ["S", "Alpha"], ["Alpha", "T"]]
+    doc = {"dcs": ["S", "Zed", "Alpha", "T"], "links": [{"a": a, "b": b} for a, b in links]}
     path = tmp_path / "t.json"
-    path.write_text('{"links": [{"a": "A", "b": "B"}], "path_tie_break": "random"}')
-    with pytest.raises(Exception, match="path_tie_break: must be one of name, dc_order"):
+    path.write_text(json.dumps(doc))
+    assert k_shortest_paths(load_topology(str(path)), "S", "T", 1) == [("S", "Alpha", "T")]
+    path.write_text(json.dumps({**doc, "path_tie_break": "dc_order"}))
+    assert k_shortest_paths(load_topology(str(path)), "S", "T", 1) == [("S", "Zed", "T")]
+    path.write_text(json.dumps({**doc, "path_tie_break": "random"}))
+    with pytest.raises(TopologyError, match="path_tie_break: must be one of name, dc_order"):
         load_topology(str(path))
