@@ -16,8 +16,11 @@ average over it: the cut bound and the mean Γ alone on the empty WAN with K pat
 --fail-link the cut bound only (re-routing after a failure can beat Γ_empty; failures only
 remove capacity, so the cut bound computed before them still holds). A scheduler that
 rejected or did not finish some WAN coflows averages over fewer; its ratio is then marked.
+Under the table: how many coflows have only intra-DC flows (CCT 0, left out of the
+statistics; "intra_dc_coflows" in the JSON) and the --fail-link changes.
 Exit status: 0 on success; 2 on invalid input (options, an unknown topology, a workload
-or topology file whose contents are invalid), with one line on stderr; 1 when a file cannot
+or topology file whose contents are invalid, an output path whose directory is missing or
+not writable: checked before the run), with one line on stderr; 1 when a file cannot
 be read or written (the line names it), --plot without matplotlib (the 'plots' extra), or a
 simulation error. A progress bar per scheduler is drawn on stderr when it is a terminal.
 """
@@ -58,6 +61,7 @@ from topologies import Topology, TopologyError, load_topology
 from workloads import load_workload
 
 SCHEDULERS = scheduler_names()  # the registry's (terra_core/registry.py), Terra first
+CUT_NAMES = 8  # DCs a printed cut names at most
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -250,6 +254,58 @@ def format_table(results: dict[str, SimResult]) -> str:
     return "\n".join(lines)
 
 
+def format_notes(results: dict[str, SimResult], changes: Sequence[WanChange]) -> list[str]:
+    """Lines under the table: the coflows with only intra-DC flows (finished at arrival,
+    CCT 0, left out of the statistics; the same for every scheduler) and the scripted
+    link changes, each marked when it came after every run had ended."""
+    lines = []
+    first = next(iter(results.values()), None)
+    if first is not None and first.intra_dc_coflows:
+        lines.append(
+            f"intra-DC coflows: {first.intra_dc_coflows} of {len(first.coflows)} (no WAN "
+            "flow: CCT 0 at arrival, left out of the CCT, slowdown and deadline columns)"
+        )
+    end = max((r.end_s for r in results.values()), default=0.0)
+    done = [
+        f"{c.a}-{c.b} {_change_word(c)} at {c.time_s:g} s"
+        + (" (after every run ended)" if c.time_s > end else "")
+        for c in changes
+    ]
+    if done:
+        lines.append(f"link changes: {'; '.join(done)}")
+    return lines
+
+
+def _change_word(change: WanChange) -> str:
+    if change.up is None:
+        return f"to {change.capacity:g} B/s"
+    return "up" if change.up else "down"
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Check, before the run, that every output file (--json, --plot) can be written:
+    its directory exists and is writable, and the path is not a directory.
+
+    Raises:
+        ValueError: naming the option and the path.
+    """
+    for option, out in (("--json", args.json), ("--plot", args.plot)):
+        if out is None:
+            continue
+        folder = out.parent if str(out.parent) else Path(".")
+        if out.is_dir():
+            problem = "is a directory"
+        elif not folder.is_dir():
+            problem = f"no directory {folder}"
+        elif not os.access(folder, os.W_OK | os.X_OK) or (
+            out.exists() and not os.access(out, os.W_OK)
+        ):
+            problem = "cannot be written"
+        else:
+            continue
+        raise ValueError(f"{option} {out}: {problem}")
+
+
 def lower_bound(args: argparse.Namespace, inputs: Inputs) -> CctBound:
     """The lower bound on the average CCT over every WAN coflow of the run `args` describes.
 
@@ -272,19 +328,22 @@ def lower_bound(args: argparse.Namespace, inputs: Inputs) -> CctBound:
     return avg_cct_lower_bound(inputs.coflows, inputs.topology, gammas)
 
 
-def format_bound(bound: CctBound, results: dict[str, SimResult]) -> str:
+def format_bound(
+    bound: CctBound, results: dict[str, SimResult], dcs: Sequence[str] | None = None
+) -> str:
     """Return the bound line and every scheduler's average CCT over it.
 
-    A scheduler whose average covers fewer WAN coflows than the bound (rejected or
-    unfinished ones) gets "(over n of N coflows)" after its ratio: it is then not
-    comparable with the bound.
+    The cut is named by its source side (format_cut; `dcs`, the topology's DCs, lets a
+    large side be named by the few DCs it leaves out). A scheduler whose average covers
+    fewer WAN coflows than the bound (rejected or unfinished ones) gets "(over n of N
+    coflows)" after its ratio: it is then not comparable with the bound.
     """
     ratios = ", ".join(
         f"{name} {r.avg_cct_s / bound.avg_cct_s:.2f}x{_subset_note(r, bound)}"
         for name, r in results.items()
         if r.avg_cct_s is not None and 0 < bound.avg_cct_s < float("inf")
     )
-    cut = f"cut bound {bound.cut_avg_cct_s:.3f} s from {{{', '.join(sorted(bound.cut))}}}"
+    cut = f"cut bound {bound.cut_avg_cct_s:.3f} s from {format_cut(bound.cut, dcs)}"
     if bound.isolation_avg_cct_s is None:
         head = f"lower bound on any scheduler's average CCT: {bound.avg_cct_s:.3f} s ({cut})"
     else:
@@ -293,6 +352,18 @@ def format_bound(bound: CctBound, results: dict[str, SimResult]) -> str:
             f"({cut}, valid for any scheduler; mean Γ alone {bound.isolation_avg_cct_s:.3f} s)"
         )
     return f"{head}; avg CCT / bound: {ratios or '-'}"
+
+
+def format_cut(side: frozenset, dcs: Sequence[str] | None = None, most: int = CUT_NAMES) -> str:
+    """Name a cut's source side: "{A, B}" when it has at most `most` DCs; else, when the
+    other side is that small, "every DC but {C}" (of `dcs`); else "N DCs {A, B, ...}"
+    (its first `most` DCs by name; the JSON's "cut" lists them all)."""
+    if len(side) <= most:
+        return "{" + ", ".join(sorted(side)) + "}"
+    rest = [dc for dc in dcs or () if dc not in side]
+    if dcs is not None and len(rest) <= most:
+        return f"every DC but {{{', '.join(sorted(rest))}}}"
+    return f"{len(side)} DCs {{{', '.join(sorted(side)[:most])}, ...}}"
 
 
 def _subset_note(result: SimResult, bound: CctBound) -> str:
@@ -408,6 +479,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     input, 1 unreadable file, missing extra or simulation error)."""
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
+    try:
+        check_outputs(args)
+    except ValueError as exc:
+        print(f"terra-sim: error: {exc}", file=sys.stderr)
+        return 2
     if args.plot:
         try:
             require("matplotlib", "plots")  # before a long run, not after it
@@ -425,8 +501,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"terra-sim: simulation error: {exc}", file=sys.stderr)
         return 1
     print(format_table(results))
+    for line in format_notes(results, inputs.changes):
+        print(line)
     if bound is not None:
-        print(format_bound(bound, results))
+        print(format_bound(bound, results, inputs.topology.dcs))
     try:
         if args.json:
             write_json(results, args.json, run_meta(args), bound)

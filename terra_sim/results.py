@@ -35,7 +35,8 @@ class CoflowResult:
     gamma_empty_s: float | None = None
 
     def to_json(self) -> dict:
-        """Return {"id", "arrival_s", "finish_s", "cct_s", "admitted", "met_deadline"}."""
+        """Return {"id", "arrival_s", "finish_s", "cct_s", "admitted", "met_deadline", "wan"}
+        ("wan" false: only intra-DC flows, finished at arrival, CCT 0)."""
         return {
             "id": self.id,
             "arrival_s": self.arrival_s,
@@ -43,6 +44,7 @@ class CoflowResult:
             "cct_s": self.cct_s,
             "admitted": self.admitted,
             "met_deadline": self.met_deadline,
+            "wan": self.wan,
         }
 
 
@@ -110,6 +112,12 @@ class SimResult:
         return sum(1 for c in self.coflows if c.wan and c.met_deadline)
 
     @property
+    def intra_dc_coflows(self) -> int:
+        """Coflows with only intra-DC flows: finished at arrival (CCT 0), not in the
+        statistics."""
+        return sum(1 for c in self.coflows if not c.wan)
+
+    @property
     def admitted(self) -> int:
         """WAN coflows the policy admitted."""
         return sum(1 for c in self.coflows if c.wan and c.admitted)
@@ -127,6 +135,7 @@ class SimResult:
             "avg_slowdown": self.avg_slowdown,
             "deadlines_met": self.deadlines_met,
             "admitted": self.admitted,
+            "intra_dc_coflows": self.intra_dc_coflows,
             "rounds": self.rounds,
             "round_ms_median": self.round_ms_quantile(0.5),
             "round_ms_p95": self.round_ms_quantile(0.95),

@@ -9,24 +9,24 @@ Every link is undirected (two directed links, each with that capacity);
 `capacity_gbps` per link is optional; `dcs` is optional (default: order of
 first appearance in `links`). Extra top-level keys (e.g. switch bindings) are
 kept in `Topology.attrs`, e.g. "positions": {"HK": [114.2, 22.3], ...} (x, y per DC,
-here longitude and latitude), where the controller's operator page draws the DCs.
-1 Gbps = 1e9 bit/s = 1.25e8 bytes/s.
+here longitude and latitude), where the controller's operator page draws the DCs, and
+"path_tie_break": "dc_order" (equal-cost paths ranked by the order of `dcs` rather than
+by DC name, topologies/paths.py). 1 Gbps = 1e9 bit/s = 1.25e8 bytes/s.
 """
 
 from __future__ import annotations
 
-import logging
 from importlib import resources
 from pathlib import Path as FsPath
 
 import msgspec
 
 from topologies.bigswitch import bigswitch_topology
+from topologies.graphml import read_graphml
 from topologies.json_topology import DEFAULT_GBPS, TopologyFile
+from topologies.paths import TIE_BREAKS
 from topologies.topology import GBPS_TO_BYTES_PER_S, Topology, TopologyError
 from topologies.typed_json import PositiveNumber, convert, read_json
-
-log = logging.getLogger(__name__)
 
 BUILTIN = {"swan": "swan.json", "gscale": "gscale.json", "att": "AttMpls.graphml"}
 
@@ -64,8 +64,11 @@ def load_topology(spec: str, link_gbps: float | None = None) -> Topology:
         )
     if path.suffix.lower() == ".json":
         topo = load_json_topology(path)
-    elif path.suffix.lower() == ".graphml":
-        topo = load_graphml_topology(path, name=spec if spec in BUILTIN else None)
+    elif path.suffix.lower() == ".graphml":  # the built-in ATT keeps name-ordered ties
+        builtin = spec in BUILTIN
+        name = spec if builtin else None
+        missing = link_gbps is None  # edges without a speed matter only then
+        topo = load_graphml_topology(path, name, log_missing=missing, dc_order_ties=not builtin)
     else:
         raise TopologyError(f"{path}: unknown topology format (expected .json or .graphml)")
     if link_gbps is not None:
@@ -103,60 +106,35 @@ def load_json_topology(path: FsPath | str) -> Topology:
         capacity[(a, b)] = capacity[(b, a)] = gbps * GBPS_TO_BYTES_PER_S
     name = path.stem if spec.name is msgspec.UNSET else str(spec.name)
     attrs = {key: val for key, val in doc.items() if key not in {"name", "links", "dcs"}}
+    if attrs.get("path_tie_break", TIE_BREAKS[0]) not in TIE_BREAKS:
+        raise TopologyError(
+            f"{path}: path_tie_break: must be one of {', '.join(TIE_BREAKS)}, "
+            f"got {attrs['path_tie_break']!r}"
+        )
     return Topology(name, order, capacity, attrs=attrs)
 
 
 def load_graphml_topology(
-    path: FsPath | str, name: str | None = None, default_gbps: float = DEFAULT_GBPS
+    path: FsPath | str,
+    name: str | None = None,
+    default_gbps: float = DEFAULT_GBPS,
+    log_missing: bool = True,
+    dc_order_ties: bool = True,
 ) -> Topology:
-    """Load a Topology Zoo GraphML file: one DC per node, parallel edges summed.
-
-    DC names are node labels (the node id when a node has no label; labels
-    that repeat get the id appended). DCs keep the file's node order. The n >= 1
-    edges between two DCs (in either direction; self-loops are dropped) become
-    one link each way of n x `default_gbps`. For n > 1 a warning names the DC
-    pair and n, and the pair is listed in `attrs["parallel_links"]` as
-    [a, b, n] (so `Topology.scaled` keeps the sum when capacities are overridden).
+    """Load a Topology Zoo GraphML file (topologies/graphml.py): link speeds from
+    `LinkSpeedRaw` (or `LinkSpeed` and `LinkSpeedUnits`), `default_gbps` for edges without
+    one; self-loops dropped, repeated labels renamed, parallel edges summed, each kind
+    counted in ``attrs["load_warnings"]`` and logged on one line (edges without a capacity
+    only when `log_missing`). Equal-cost paths are ranked by file order when
+    `dc_order_ties` (else by DC name). Named `name`, else the file's stem.
 
     Raises:
         TopologyError: unreadable or invalid GraphML, or no edges.
     """
-    import networkx as nx  # imported on use: only GraphML files need it
 
     path = FsPath(path)
-    try:
-        graph = nx.read_graphml(path)
-    except Exception as exc:  # networkx raises several types for bad XML
-        raise TopologyError(f"{path}: invalid GraphML: {exc}") from exc
-    names: dict[str, str] = {}
-    for node, data in graph.nodes(data=True):
-        label = str(data.get("label") or node)
-        names[node] = f"{label}-{node}" if label in names.values() else label
     bps = _gbps(default_gbps, f"{path}: default_gbps") * GBPS_TO_BYTES_PER_S
-    count: dict[tuple[str, str], int] = {}
-    for u, v in graph.edges():  # a multigraph lists every parallel edge
-        if u != v:
-            a, b = names[u], names[v]
-            key = (a, b) if (b, a) not in count else (b, a)
-            count[key] = count.get(key, 0) + 1
-    if not count:
-        raise TopologyError(f"{path}: GraphML has no links")
-    capacity: dict[tuple[str, str], float] = {}
-    parallel = []
-    for (a, b), n in count.items():
-        capacity[(a, b)] = capacity[(b, a)] = n * bps
-        if n > 1:
-            parallel.append([a, b, n])
-            log.warning(
-                "%s: %d parallel edges between %s and %s: one link of %g Gbps each way",
-                path,
-                n,
-                a,
-                b,
-                n * bps / GBPS_TO_BYTES_PER_S,
-            )
-    attrs = {"parallel_links": parallel} if parallel else {}
-    return Topology(name or path.stem, list(names.values()), capacity, attrs=attrs)
+    return read_graphml(path, name or path.stem, bps, log_missing, dc_order_ties)
 
 
 def _gbps(value: object, where: str) -> float:

@@ -1,7 +1,16 @@
-"""K shortest simple paths per ordered DC pair over the links that are up."""
+"""K shortest simple paths per ordered DC pair over the links that are up.
+
+Paths are ranked by hop count, then by bottleneck capacity (the smallest capacity of
+their links, larger first), then by their DCs: by name (tuple of DC names, the default:
+the built-in SWAN, G-Scale and ATT, JSON files) or, when ``attrs["path_tie_break"] ==
+"dc_order"`` (GraphML files, JSON files that ask for it), by the DCs' positions in
+`Topology.dcs`, the file's order, so that relabelling nodes does not change which
+paths are chosen (docs/design.md section 7).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import islice
 from typing import TYPE_CHECKING
 
@@ -9,6 +18,8 @@ from topologies.topology import Path, Topology, TopologyError
 
 if TYPE_CHECKING:
     import networkx as nx
+
+TIE_BREAKS = ("name", "dc_order")  # values of attrs["path_tie_break"], the default first
 
 
 def up_graph(topology: Topology) -> nx.DiGraph:
@@ -26,10 +37,10 @@ def k_shortest_paths(
 ) -> list[Path]:
     """Return up to `k` simple paths from `src` to `dst` over links that are up.
 
-    Paths are ordered by hop count, ties broken by the tuple of DC names, so the
-    result is deterministic. The K-th path's hop count is found with Yen's
-    algorithm (networkx.shortest_simple_paths); every path of at most that hop
-    count is then ranked by (hops, names). A pair whose only path is forced (the
+    Paths are ordered by `path_rank` (hop count, bottleneck capacity, then DC names or
+    file order), so the result is deterministic. The K-th path's hop count is found
+    with Yen's algorithm (networkx.shortest_simple_paths); every path of at most that
+    hop count is then ranked. A pair whose only path is forced (the
     source's one outgoing link and the destination's one incoming link meet: a
     rack to a rack of CoflowSim's fabric, topologies/bigswitch.py) is answered
     without Yen, with the same result.
@@ -70,7 +81,29 @@ def k_shortest_paths(
             if len(p) > bound:
                 break
             first.append(tuple(p))
-    return sorted(first, key=lambda p: (len(p), p))[:k]
+    return sorted(first, key=path_rank(topology))[:k]
+
+
+def path_rank(topology: Topology) -> Callable[[Path], tuple]:
+    """Return the sort key of `topology`'s paths (module docstring): (hops, -bottleneck
+    capacity in bytes/s, DC names or DC positions in `topology.dcs`).
+
+    Raises:
+        TopologyError: ``attrs["path_tie_break"]`` is not one of TIE_BREAKS.
+    """
+    tie_break = topology.attrs.get("path_tie_break", TIE_BREAKS[0])
+    if tie_break not in TIE_BREAKS:
+        raise TopologyError(f"topology {topology.name}: unknown path_tie_break {tie_break!r}")
+    capacity = topology.capacity
+    if tie_break == "name":
+        return lambda p: (len(p), -_bottleneck(p, capacity), p)
+    position = {dc: i for i, dc in enumerate(topology.dcs)}
+    return lambda p: (len(p), -_bottleneck(p, capacity), tuple(position[dc] for dc in p))
+
+
+def _bottleneck(path: Path, capacity: dict) -> float:
+    """The smallest capacity of `path`'s links (bytes/s)."""
+    return min(capacity[link] for link in zip(path[:-1], path[1:], strict=False))
 
 
 def _forced_path(graph: nx.DiGraph, src: str, dst: str) -> list[Path] | None:

@@ -40,6 +40,7 @@ KEYS = {
     "avg_slowdown",
     "deadlines_met",
     "admitted",
+    "intra_dc_coflows",
     "rounds",
     "round_ms_median",
     "round_ms_p95",
@@ -73,8 +74,11 @@ def test_all_schedulers_json_and_plot(workload, tmp_path, capsys):
             "cct_s",
             "admitted",
             "met_deadline",
+            "wan",
         }
         assert r["admitted"] == 2  # the intra-DC coflow is not counted
+        assert r["intra_dc_coflows"] == 1
+        assert [c["wan"] for c in r["coflows"]] == [True, True, False]
         assert name in table
     # a lone LA->FL coflow needs 1.25e9 / 1.25e8 = 10 s on its direct link, well within 30 s
     assert results["per-flow"]["coflows"][1]["met_deadline"] is True
@@ -83,6 +87,42 @@ def test_all_schedulers_json_and_plot(workload, tmp_path, capsys):
     assert results["terra"]["lps_per_round"] is not None
     assert png.stat().st_size > 1000
     assert "FoI" in table
+    assert "intra-DC coflows: 1 of 3 (no WAN flow: CCT 0 at arrival" in table
+    assert "link changes: NY-BA down at 1 s; NY-BA up at 5 s\n" in table
+
+
+def test_fail_link_after_the_run_is_said(workload, capsys):
+    # c1 (the last to finish) needs 20 s at most on SWAN: a failure at 1000 s never happens
+    argv = ["--topology", "swan", "--workload", str(workload), "--scheduler", "per-flow"]
+    assert main([*argv, "--fail-link", "LA-NY@1000"]) == 0
+    assert "link changes: LA-NY down at 1000 s (after every run ended)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("option", "path", "message"),
+    [
+        ("--json", "/nonexistent/dir/x.json", "--json /nonexistent/dir/x.json: no directory"),
+        ("--plot", ".", "--plot .: is a directory"),
+    ],
+)
+def test_output_paths_are_checked_before_the_run(option, path, message, capsys):
+    # the workload does not exist either: the output path is checked first, before any run
+    assert main(["--topology", "swan", "--workload", "nowhere.json", option, path]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"terra-sim: error: {message}")
+    assert err.count("\n") == 1 and "nowhere" not in err
+
+
+def test_a_large_cut_is_summarised():
+    from terra_sim.cli import format_cut
+
+    racks = [str(r) for r in range(150)]
+    assert format_cut(frozenset({"HK", "LA"}), ["HK", "LA", "NY"]) == "{HK, LA}"
+    # bigswitch: every rack but one on the source side
+    side = frozenset(racks) - {"4"}
+    assert format_cut(side, [*racks, "core"]) == "every DC but {4, core}"
+    half = frozenset(racks[:75])
+    assert format_cut(half, racks) == "75 DCs {0, 1, 10, 11, 12, 13, 14, 15, ...}"
 
 
 def test_jobs_give_the_serial_results(tmp_path, capsys):

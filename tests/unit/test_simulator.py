@@ -85,6 +85,8 @@ def test_intra_dc_coflow_finishes_at_arrival_and_is_left_out_of_statistics():
     # the WAN coflow's intra-DC flow is instant: CCT = 1e9 / 1e9 = 1 s
     assert by_id(r)["wan"].cct_s == pytest.approx(1.0)
     assert r.avg_cct_s == pytest.approx(1.0)  # "local" not averaged in
+    assert r.intra_dc_coflows == 1 and r.to_json()["intra_dc_coflows"] == 1
+    assert [c["wan"] for c in r.to_json()["coflows"]] == [False, True]
 
 
 def test_link_failure_stalls_a_flow_whose_only_path_died():
