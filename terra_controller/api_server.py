@@ -26,6 +26,9 @@ Operations (request fields -> reply fields):
     cancel  coflow                                 -> (nothing more; state "cancelled")
     list                                           -> coflows: [{id, state, bytes_total,
                                                       bytes_delivered, cct_s}]
+    agents                                         -> dcs: [DC], agents: [{id, dc,
+                                                      connected}] (the endpoints a job
+                                                      may name; no addresses)
     link_state  a, b, up                           -> changed (operator command: link a-b)
     capacity    a, b, bytes_per_s                  -> changed
 
@@ -194,6 +197,10 @@ class ApiHandler:
             coflows = [c for c in coflows if c["id"] in mine]
         return {"coflows": [{k: c[k] for k in keys} for c in coflows]}
 
+    def _agents(self, request: dict, identity: Identity) -> dict:
+        _only(request, set())
+        return self.controller.agents_view()
+
     def _link_state(self, request: dict, identity: Identity) -> dict:
         _only(request, {"a", "b", "up"})
         changed = self.controller.set_link_state(
@@ -216,6 +223,7 @@ _OPS = {
     "update": ApiHandler._update,
     "cancel": ApiHandler._cancel,
     "list": ApiHandler._list,
+    "agents": ApiHandler._agents,
     "link_state": ApiHandler._link_state,
     "capacity": ApiHandler._capacity,
 }
@@ -227,6 +235,7 @@ _ROLES = {  # op -> roles allowed to call it
     "update": _JOBS,
     "cancel": _JOBS,
     "list": _JOBS,
+    "agents": _JOBS,
     "link_state": (Role.OPERATOR,),
     "capacity": (Role.OPERATOR,),
 }

@@ -197,6 +197,12 @@ class TerraClient:
             self._learned(c["id"], c["state"])
         return coflows
 
+    def list_agents(self) -> dict:
+        """The agents a coflow's flows may name: {"dcs": [DC names], "agents": [{"id", "dc",
+        "connected": bool}]} (API op "agents"; job and operator certificates)."""
+        reply = self._call({"op": "agents"})
+        return {"dcs": reply["dcs"], "agents": reply["agents"]}
+
     def set_link_state(self, a: str, b: str, up: bool) -> bool:
         """Operator command: set WAN link a-b up or down (used with --no-openflow).
 

@@ -313,6 +313,21 @@ class Controller:
         with self.lock:
             return {cid for cid, c in self.registry.coflows.items() if c.owner == owner}
 
+    def agents_view(self) -> dict:
+        """What a job may know of the agents: {"dcs": [DC names of the topology], "agents":
+        [{"id", "dc", "connected": bool (an open control connection now; False for every
+        agent when no agent channel is attached)}]}, sorted by agent id. No addresses."""
+        connected: set = set()
+        if self.connected_agents is not None:
+            connected = set(self.connected_agents())
+        with self.lock:
+            agents = sorted(self.registry.agents.values(), key=lambda a: a.id)
+            return {
+                "dcs": list(self.topology.dcs),
+                "agents": [{"id": a.id, "dc": a.dc, "connected": a.id in connected}
+                           for a in agents],  # fmt: skip
+            }
+
     def close(self) -> None:
         """Close the coflow journal's file (the controller is stopping)."""
         with self.lock:
