@@ -17,15 +17,17 @@ restarted) and, on failure, ``"error"`` (message) and ``"code"``.
 Operations (request fields -> reply fields):
 
     hello                                          -> instance, version
-    submit  flows, deadline?, coflow?, age_s?      -> coflow (id, or -1: deadline cannot be met)
-                                                      (coflow + age_s: a resubmission after
+    submit  flows, deadline?, coflow?, age_s?,     -> coflow (id, or -1: deadline cannot be met)
+            name?, tags?                              (coflow + age_s: a resubmission after
                                                       a controller restart, first submitted
-                                                      age_s seconds ago)
+                                                      age_s seconds ago; name: 1..128
+                                                      printable characters, tags: at most 16
+                                                      distinct strings of 1..64)
     status  coflow                                 -> status (see CoflowState.status)
     update  coflow, flows                          -> (nothing more)
     cancel  coflow                                 -> (nothing more; state "cancelled")
     list                                           -> coflows: [{id, state, bytes_total,
-                                                      bytes_delivered, cct_s}]
+                                                      bytes_delivered, cct_s, name, tags}]
     agents                                         -> dcs: [DC], agents: [{id, dc,
                                                       connected}] (the endpoints a job
                                                       may name; no addresses)
@@ -169,10 +171,11 @@ class ApiHandler:
         return {"version": API_VERSION, "name": identity.name, "role": identity.role.value}
 
     def _submit(self, request: dict, identity: Identity) -> dict:
-        _only(request, {"flows", "deadline", "coflow", "age_s"})
+        _only(request, {"flows", "deadline", "coflow", "age_s", "name", "tags"})
         wanted = request.get("coflow")
         flows, deadline = request.get("flows"), request.get("deadline")
-        cid = self.controller.submit(flows, deadline, wanted, request.get("age_s"), identity.name)
+        cid = self.controller.submit(flows, deadline, wanted, request.get("age_s"), identity.name,
+                                     request.get("name"), request.get("tags"))  # fmt: skip
         return {"coflow": cid}
 
     def _status(self, request: dict, identity: Identity) -> dict:
@@ -190,7 +193,7 @@ class ApiHandler:
         return {}
 
     def _list(self, request: dict, identity: Identity) -> dict:
-        keys = ("id", "state", "bytes_total", "bytes_delivered", "cct_s")
+        keys = ("id", "state", "bytes_total", "bytes_delivered", "cct_s", "name", "tags")
         coflows = self.controller.snapshot().coflows
         if not identity.may(Role.OPERATOR):
             mine = self.controller.coflows_of(identity.name)

@@ -3,6 +3,7 @@
     terra-job [--api HOST:PORT] (--pki DIR --name NAME | --insecure) [--json] COMMAND ...
 
     submit FILE.json [--wait] [--progress] [--timeout S]   submit a coflow (FILE: see below)
+           [--coflow-name NAME] [--tag TAG ...]            (its name and tags: as in FILE)
     watch ID [--timeout S]                                   follow a coflow until it ends
     list                                                     the coflows this client may see
     agents                                                   the agents and DCs flows may name
@@ -33,6 +34,7 @@ import sys
 from terra_controller.client_args import client_args, make_client
 from terra_controller.job_follow import final_report, follow
 from terra_core.cli_support import HelpFormatter, add_common_args
+from terra_wire.api_session import label_error
 
 PROG = "terra-job"
 CONNECT_TIMEOUT_S = 10.0  # seconds to (re)connect and for each reply
@@ -92,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("file", metavar="FILE", help="coflow file: flows, deadline_s, name, tags")
     submit.add_argument("--wait", action="store_true", help="wait until the coflow ends")
     submit.add_argument("--progress", action="store_true", help="show bytes, rate and ETA")
+    submit.add_argument("--coflow-name", metavar="NAME", help="the coflow's name (for people)")
+    submit.add_argument(
+        "--tag", action="append", metavar="TAG", help="a tag of the coflow (repeatable)"
+    )
     _timeout_arg(submit)
     watch = _command(commands, "watch", "follow a coflow's progress until it ends")
     watch.add_argument("coflow_id", metavar="ID", type=int, help="the coflow's id")
@@ -157,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
             job = load_coflow_file(args.file)
         except JobFileError as exc:
             p.error(str(exc))
+        job["name"] = args.coflow_name or job["name"]
+        job["tags"] = args.tag or job["tags"]
+        error = label_error(job["name"], job["tags"])
+        if error is not None:
+            p.error(error)
     client = make_client(p, args, *args.api, timeout=CONNECT_TIMEOUT_S)
     try:
         if args.command == "replay":

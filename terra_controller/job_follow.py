@@ -39,9 +39,11 @@ def eta_text(remaining: float, rate: float) -> str:
 
 
 def coflow_label(status: dict) -> str:
-    """ "coflow ID" plus its name when it has one: "coflow 7 (etl-daily)"."""
-    name = status.get("name")
-    return f"coflow {status['id']}" + (f" ({name})" if name else "")
+    """The coflow's id with its name and tags when it has them: "coflow 7 (etl-daily)
+    [nightly,eu]"."""
+    name, tags = status.get("name"), status.get("tags")
+    label = f"coflow {status['id']}" + (f" ({name})" if name else "")
+    return label + (f" [{','.join(tags)}]" if tags else "")
 
 
 def progress_line(status: dict) -> str:

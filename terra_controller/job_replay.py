@@ -3,7 +3,8 @@ running controller, each coflow submitted at its arrival time.
 
 Every DC of the workload stands for one agent (`--map DC=AGENT,...`); flow sizes are rounded
 to whole bytes. Intra-DC flows are skipped (Terra schedules the WAN; they are counted), and a
-coflow without a WAN flow is not submitted. The replay prints one line per submission and per
+coflow without a WAN flow is not submitted. Each coflow carries its workload id as its name
+and the tag "replay". The replay prints one line per submission and per
 finished coflow, then a summary; it ends when every submitted coflow is final.
 """
 
@@ -86,7 +87,7 @@ def replay(client, plan: ReplayPlan, speed: float, timeout: float | None, as_jso
         now = time.monotonic() - start
         while pending and pending[0][0] / speed <= now:
             arrival, name, deadline, flows = pending.pop(0)
-            cid = client.submit_coflow(flows, deadline)
+            cid = client.submit_coflow(flows, deadline, name=name, tags=["replay"])
             if cid < 0:
                 rejected.append({"id": None, "state": "rejected", "name": name})
                 print(f"t={now:.1f}s {name}: rejected (deadline cannot be met)", flush=True)

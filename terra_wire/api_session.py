@@ -112,21 +112,31 @@ def decode_reply(body: bytes) -> Message:
     return reply
 
 
+def label_error(name: object, tags: object) -> str | None:
+    """What is wrong with a coflow's name and tags, or None when both are valid: the name is
+    None or 1..MAX_NAME_CHARS printable characters; the tags None or a list of at most
+    MAX_TAGS distinct strings of 1..MAX_TAG_CHARS printable characters each. The client
+    checks before sending, the controller (coflow_registry.check_labels) on arrival."""
+    if name is not None and not _printable(name, MAX_NAME_CHARS):
+        return f"name: 1..{MAX_NAME_CHARS} printable characters, got {str(name)[:40]!r}"
+    if tags is None:
+        return None
+    if not isinstance(tags, list | tuple) or len(tags) > MAX_TAGS:
+        return f"tags: a list of at most {MAX_TAGS} strings"
+    if not all(_printable(t, MAX_TAG_CHARS) for t in tags) or len(set(tags)) != len(tags):
+        return f"tags: distinct strings of 1..{MAX_TAG_CHARS} printable characters"
+    return None
+
+
 def check_label(name: object, tags: object) -> None:
-    """Check a coflow's name (None or 1..MAX_NAME_CHARS printable characters) and tags
-    (a list of at most MAX_TAGS distinct strings of 1..MAX_TAG_CHARS printable characters).
+    """Check a coflow's name and tags (label_error) on the client's side.
 
     Raises:
         TerraError("bad_request"): which bound is broken.
     """
-    if name is not None and not _printable(name, MAX_NAME_CHARS):
-        raise TerraError("bad_request", f"name: 1..{MAX_NAME_CHARS} printable characters")
-    if tags is None:
-        return
-    if not isinstance(tags, list | tuple) or len(tags) > MAX_TAGS:
-        raise TerraError("bad_request", f"tags: a list of at most {MAX_TAGS} strings")
-    if not all(_printable(t, MAX_TAG_CHARS) for t in tags) or len(set(tags)) != len(tags):
-        raise TerraError("bad_request", f"tags: distinct, 1..{MAX_TAG_CHARS} printable characters")
+    error = label_error(name, tags)
+    if error is not None:
+        raise TerraError("bad_request", error)
 
 
 def _printable(text: object, limit: int) -> bool:

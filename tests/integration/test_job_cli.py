@@ -158,6 +158,24 @@ def test_list_shows_this_jobs_coflows(system, tmp_path, capsys):
     assert not re.search(rf"^\s+{cid} ", out, re.MULTILINE)
 
 
+def test_name_and_tags_reach_watch_and_list(system, tmp_path, capsys):
+    job = {"name": "etl-daily", "tags": ["nightly"],
+           "flows": [{"id": "x", "src": "a1", "dst": "b1", "bytes": 1000}]}  # fmt: skip
+    path = write(tmp_path / "c.json", job)
+    code, out, _ = run(system, ["submit", path], capsys)
+    cid = int(out)
+    code, out, _ = run(system, ["watch", str(cid)], capsys)
+    assert code == 0 and f"coflow {cid} (etl-daily) [nightly] done" in out
+    code, out, _ = run(system, ["submit", path, "--coflow-name", "other", "--tag", "a",
+                                "--tag", "b"], capsys)  # fmt: skip
+    other = int(out)
+    code, out, _ = run(system, ["list"], capsys)
+    assert re.search(rf"^\s+{cid} .* etl-daily nightly$", out, re.MULTILINE)
+    assert re.search(rf"^\s+{other} .* other a,b$", out, re.MULTILINE)
+    code, _, err = run(system, ["submit", path, "--tag", "x", "--tag", "x"], capsys)
+    assert code == 2 and "tags: distinct strings" in err
+
+
 def test_replay_of_a_tiny_workload_completes(system, tmp_path, capsys):
     workload = {"coflows": [
         {"id": "first", "arrival_s": 0.0, "flows": [
@@ -175,3 +193,6 @@ def test_replay_of_a_tiny_workload_completes(system, tmp_path, capsys):
     assert "replaying 2 coflows; skipped 2 intra-DC flows (1 coflows without a WAN flow)" in out
     assert re.search(r"t=0\.[5-9]s second: coflow \d+, 1 flows", out)  # at its arrival time
     assert "2 of 2 coflows done" in out
+    code, out, _ = run(system, ["--json", "list"], capsys)
+    names = {c["name"]: c["tags"] for c in json.loads(out)}
+    assert names["first"] == ["replay"] and names["second"] == ["replay"]

@@ -35,6 +35,8 @@ def test_progress_line_has_bytes_rate_and_eta():
     line = progress_line(status())
     assert line == "coflow 7 running: 12.0 MB of 50.0 MB (24%), 20.1 MB/s, ETA 2 s"
     assert progress_line(status(name="etl")).startswith("coflow 7 (etl) running:")
+    labelled = progress_line(status(name="etl", tags=["nightly", "eu"]))
+    assert labelled.startswith("coflow 7 (etl) [nightly,eu] running:")
 
 
 def test_off_a_terminal_one_line_per_second():
