@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--schedulers", type=parse_schedulers, default=["terra"], metavar="A,B,...",
         help="schedulers to play the workload under, one controller each, comma-separated "
-        f"({','.join(scheduler_names())}); the first is judged by the targets",
+        f"({','.join(scheduler_names())}); the first is the one the FoIs compare",
     )  # fmt: skip
     s.add_argument(
         "--timeout",
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = results.details(raw, workload)
     extra["simulated"] = simulated
     result["utilization_vs_simulated"] = results.utilization_vs_simulated(result, simulated)
-    print(results.table(result))
+    print(results.table(result, simulated))
     print(results.simulated_line(extra["simulated"]))
     print(results.simulated_table(result, simulated))
     if len(extra["repeats"]) > 1:
