@@ -194,43 +194,8 @@ def run_per_flow_tcp(
         TestbedError: flows not received within `timeout` s of the last arrival.
     """
     result = RunResult(wan_capacity_bps=wan_capacity(wan))
-    workdir.mkdir(parents=True, exist_ok=True)
-    ip = {h.name: h.ip for _, h in wan.binding.all_hosts()}
     start_file = workdir / "start"
-    start_file.unlink(missing_ok=True)
-    nodes, outs = [], {}
-    for name, host in wan.hosts.items():
-        schedule = [
-            {"coflow": str(c.trace_id), "flow": f["id"], "dst_ip": ip[f["dst"]],
-             "bytes": f["bytes"], "arrival_s": c.arrival_s}
-            for c in coflows for f in c.flows if f["src"] == name
-        ]  # fmt: skip
-        (workdir / f"tcp_{name}.json").write_text(json.dumps(schedule))
-        outs[name] = workdir / f"tcp_{name}.out"
-        outs[name].write_text("")
-        Path(f"{outs[name]}.ready").unlink(missing_ok=True)
-        nodes.append(
-            procs.add(
-                host.popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "mininet_scenarios.tcp_baseline",
-                        "node",
-                        "--listen",
-                        f"{ip[name]}:{BASELINE_PORT}",
-                        "--schedule",
-                        str(workdir / f"tcp_{name}.json"),
-                        "--start-file",
-                        str(start_file),
-                        "--out",
-                        str(outs[name]),
-                    ],
-                    stdout=open(workdir / f"tcp_{name}.log", "w"),
-                    stderr=subprocess.STDOUT,
-                )  # fmt: skip
-            )
-        )
+    nodes, outs = _start_tcp_nodes(wan, coflows, workdir, procs, start_file)
     try:
         wait_until(
             lambda: all(Path(f"{out}.ready").exists() for out in outs.values()), 60, "TCP nodes"
@@ -244,16 +209,8 @@ def run_per_flow_tcp(
         t0 = time.monotonic()
         fail = start_failure(wan, failure, t0, None, result)
         expected = {(str(c.trace_id), f["id"]): f["bytes"] for c in coflows for f in c.flows}
-        received: dict = {}
         try:
-            while len(received) < len(expected):
-                for out in outs.values():
-                    for line in out.read_text().splitlines():
-                        rec = json.loads(line)
-                        received[(rec["coflow"], rec["flow"])] = rec
-                if time.monotonic() - t0 > coflows[-1].arrival_s + timeout:
-                    break
-                time.sleep(POLL_S)
+            received = _tcp_records(outs, len(expected), t0 + coflows[-1].arrival_s + timeout)
             end_mono = time.monotonic()
             tx1, tx1_ofctl = read_wan_bytes(wan, ctl)
             result.wan_bytes_sent_ofctl = tx1_ofctl - tx0_ofctl
@@ -270,6 +227,49 @@ def run_per_flow_tcp(
             f"per-flow TCP: {len(expected) - len(received)} flows not received after {timeout} s"
         )
     return result
+
+
+def _start_tcp_nodes(
+    wan, coflows: list[TestbedCoflow], workdir: Path, procs: Processes, start_file: Path
+) -> tuple[list, dict[str, Path]]:
+    """One tcp_baseline node per host, each with the flows it sends; they wait for
+    `start_file`. Returns (the node processes, {host: its output file})."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    ip = {h.name: h.ip for _, h in wan.binding.all_hosts()}
+    start_file.unlink(missing_ok=True)
+    nodes, outs = [], {}
+    for name, host in wan.hosts.items():
+        schedule = [
+            {"coflow": str(c.trace_id), "flow": f["id"], "dst_ip": ip[f["dst"]],
+             "bytes": f["bytes"], "arrival_s": c.arrival_s}
+            for c in coflows for f in c.flows if f["src"] == name
+        ]  # fmt: skip
+        (workdir / f"tcp_{name}.json").write_text(json.dumps(schedule))
+        outs[name] = workdir / f"tcp_{name}.out"
+        outs[name].write_text("")
+        Path(f"{outs[name]}.ready").unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "mininet_scenarios.tcp_baseline", "node",
+               "--listen", f"{ip[name]}:{BASELINE_PORT}",
+               "--schedule", str(workdir / f"tcp_{name}.json"),
+               "--start-file", str(start_file), "--out", str(outs[name])]  # fmt: skip
+        log = open(workdir / f"tcp_{name}.log", "w")  # noqa: SIM115 (the node writes it)
+        nodes.append(procs.add(host.popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
+    return nodes, outs
+
+
+def _tcp_records(outs: dict[str, Path], count: int, deadline: float) -> dict:
+    """{(coflow, flow): record} the nodes wrote, polled until `count` are in or the
+    time.monotonic() `deadline` passed."""
+    received: dict = {}
+    while len(received) < count:
+        for out in outs.values():
+            for line in out.read_text().splitlines():
+                rec = json.loads(line)
+                received[(rec["coflow"], rec["flow"])] = rec
+        if time.monotonic() > deadline:
+            break
+        time.sleep(POLL_S)
+    return received
 
 
 def _score_baseline(result, coflows, expected, received, start_wall) -> None:

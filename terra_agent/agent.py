@@ -74,7 +74,6 @@ from .config import (
 )
 from .control_session import ControlSession, failed_report
 from .incoming import IncomingData
-from .metrics import serve_metrics
 from .pending import PendingChunks
 from .receiver import HashQueue, InFlow
 from .sender import (
@@ -184,6 +183,8 @@ class Agent(ControlSession, IncomingData):
                 self._nursery = nursery
                 await nursery.start(self._listen, port, listeners)
                 if self.config.metrics_socket is not None:
+                    from .metrics import serve_metrics  # prometheus_client: only with metrics
+
                     await nursery.start(
                         serve_metrics,
                         self,

@@ -68,7 +68,6 @@ from terra_wire.frames import MAX_PAYLOAD_BYTES
 
 from .agent import Agent, AgentConfig
 from .config import RegistrationRefused, parse_memory
-from .metrics import bind_metrics
 from .receiver import MAX_AHEAD_BYTES
 from .sender import set_congestion_control
 
@@ -246,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("terra_agent").info("no --data-root: file flows will be refused")
     metrics_socket = None
     if args.metrics is not None:
+        from .metrics import bind_metrics  # prometheus_client: only with --metrics
+
         try:
             metrics_socket = bind_metrics(*args.metrics)
         except OSError as exc:

@@ -2,7 +2,8 @@
 
 Sources (re-readable, so unacknowledged chunks can be re-read and resent, docs/design.md section 5):
     "synthetic"  deterministic bytes from the flow key and size: a block of SYNTHETIC_PERIOD bytes
-                 from a generator seeded by BLAKE2b(flow key), repeated; reads are zero-copy slices.
+                 of BLAKE3 extended output of BLAKE2b(flow key), repeated; reads are
+                 zero-copy slices.
     "file:PATH"  bytes of a file on the sending host (os.pread).
 Sinks:
     "digest"     keep nothing (the receiver computes the flow digest of the bytes anyway).
@@ -25,7 +26,7 @@ import hashlib
 import os
 import stat
 
-import numpy as np
+import blake3
 
 from terra_security.integrity import ALGORITHM, FlowDigest, FlowKeys
 
@@ -85,9 +86,10 @@ class SyntheticSource:
     """Deterministic bytes of one flow; read(offset, n) returns a memoryview (no copy).
 
     SyntheticSource(key: str, size: int bytes). Byte i of the flow is period[i % len(period)] where
-    period = numpy PCG64 bytes seeded by BLAKE2b(key) (16-byte digest), min(size, SYNTHETIC_PERIOD)
-    of them. The block behind reads is the period repeated over SYNTHETIC_PERIOD + MAX_CHUNK_BYTES
-    bytes (~5.2 MB; the flow's size if smaller), so any read of up to MAX_CHUNK_BYTES is one slice.
+    period = the first min(size, SYNTHETIC_PERIOD) bytes of the BLAKE3 extended output of
+    BLAKE2b(key) (16-byte digest). The block behind reads is the period repeated over
+    SYNTHETIC_PERIOD + MAX_CHUNK_BYTES bytes (~5.2 MB; the flow's size if smaller), so any read
+    of up to MAX_CHUNK_BYTES is one slice.
     It is built on the first read and dropped by close(); a later read builds it again, so idle
     and finished flows cost no memory.
     """
@@ -100,8 +102,7 @@ class SyntheticSource:
     def _block(self) -> memoryview:
         if self._view is None:
             digest = hashlib.blake2b(self.key.encode(), digest_size=16).digest()
-            rng = np.random.default_rng(int.from_bytes(digest, "big"))
-            period = rng.bytes(min(self.size, SYNTHETIC_PERIOD))
+            period = blake3.blake3(digest).digest(length=min(self.size, SYNTHETIC_PERIOD))
             span = min(self.size, SYNTHETIC_PERIOD + MAX_CHUNK_BYTES)
             repeats = -(-span // len(period)) if period else 0
             self._view = memoryview((period * repeats)[:span])

@@ -21,9 +21,16 @@ It starts the coflow API, the agent channel and the REST server on os-ken's hub
 (threads), a round runner, and (without --no-openflow) os-ken's AppManager with
 the tunnel app (docs/design.md section 10); the topology file then needs a switch
 binding (topologies/binding.py). Addresses default to 127.0.0.1; port 0 picks a
-free port. Once everything listens it prints one line on stdout:
+free port. The servers answer as soon as they listen; the tunnel table (without
+switches) and the scheduling policy are made right after (deferred.py: their imports are
+most of the start-up time) and requests that need them (agent registration, submit,
+update, link changes) wait for them. Once both are made and the round runner runs, it
+prints one line on stdout:
 
     terra-controller ready api=HOST:PORT agents=HOST:PORT rest=HOST:PORT
+
+Running the controller needs the 'controller' extra (networkx, HiGHS, numpy, numba,
+os-ken); `pki` and `ctl` need only the agent's packages.
 
 With --no-openflow there are no switches: tunnels are logical and link state
 changes come from the operator:
@@ -49,7 +56,13 @@ import sys
 import time
 
 from terra_controller.client_args import client_args, make_client, parse_addr
-from terra_core.cli_support import HelpFormatter, add_common_args, setup_logging
+from terra_core.cli_support import (
+    HelpFormatter,
+    MissingExtra,
+    add_common_args,
+    require,
+    setup_logging,
+)
 from terra_core.registry import add_scheduler_arguments, make_scheduler, options_from_args
 from topologies import TopologyError, load_topology
 
@@ -166,12 +179,34 @@ def main(argv: list[str] | None = None) -> int:
             "terra-controller: --agent-timeout must be > 0, --keep-finished and "
             "--max-restarts >= 0"
         )
+    check_controller_extra()
     try:
         topology = load_topology(args.topology)
     except (TopologyError, OSError) as exc:
         raise SystemExit(f"terra-controller: {exc}") from exc
     run(args, topology, server_security(args))
     return 0
+
+
+# What running the controller needs beyond the agent's packages (the 'controller' extra)
+CONTROLLER_MODULES = ("networkx", "highspy", "numpy", "numba", "os_ken")
+
+
+def check_controller_extra() -> None:
+    """Check that the packages of the 'controller' extra are installed, without importing them
+    (they load later, most of them with the policy).
+
+    Raises:
+        SystemExit: one is missing; the message names the extra (cli_support.require's).
+    """
+    import importlib.util
+
+    for module in CONTROLLER_MODULES:
+        if importlib.util.find_spec(module) is None:
+            try:
+                require(module, "controller")
+            except MissingExtra as exc:
+                raise SystemExit(f"terra-controller: {exc}") from exc
 
 
 INSECURE_WARNING = (
@@ -225,15 +260,19 @@ def capped(security, which: str):
 def cannot_listen(host: str, port: int, which: str, exc: BaseException, opened) -> None:
     """Report a port that cannot be bound, close the listeners in `opened`, exit status 1.
 
-    Prints `terra-controller: cannot listen on HOST:PORT (WHICH): ERROR` on stderr and
-    ends the process at once (os-ken's threads would keep it alive).
+    Prints `terra-controller: cannot listen on HOST:PORT (WHICH): ERROR` on stderr.
     """
+    exit_closing(f"terra-controller: cannot listen on {host}:{port} ({which}): {exc}", opened)
+
+
+def exit_closing(message: str, opened) -> None:
+    """Close the listeners in `opened`, print `message` on stderr and end the process at
+    once with exit status 1 (os-ken's threads would keep it alive)."""
     from terra_controller.transport import stop_listener
 
     for listener in opened:
         stop_listener(listener)
-    print(f"terra-controller: cannot listen on {host}:{port} ({which}): {exc}", file=sys.stderr,
-          flush=True)  # fmt: skip
+    print(message, file=sys.stderr, flush=True)
     logging.shutdown()
     os._exit(1)
 
@@ -257,13 +296,16 @@ def run(args, topology, security) -> None:
     from terra_controller.agent_channel import AgentChannel, start_agent_server
     from terra_controller.api_server import ApiHandler, start_api_server
     from terra_controller.controller import Controller, RoundRunner
+    from terra_controller.deferred import Deferred
     from terra_controller.rest import RestApp, start_rest_server
     from terra_controller.tunnel_table import TunnelTable, installed_path_source
     from terra_controller.tunnels import startup_tunnels
     from terra_security.data_keys import DataKeys
 
+    # the tunnel table (without switches) and the policy are made once the listeners are
+    # up: their imports (networkx; HiGHS, numpy, numba) are most of the start-up time
     if args.no_openflow:
-        tunnels = TunnelTable(topology, args.k, logical=True)
+        tunnels = Deferred(lambda: TunnelTable(topology, args.k, logical=True))
         options = options_from_args(args)
     else:
         binding = load_switch_binding(topology)
@@ -274,11 +316,10 @@ def run(args, topology, security) -> None:
         shared = startup_tunnels(topology, args.k, binding.base_port)  # rules and agents
         tunnels = TunnelTable(topology, args.k, binding.base_port, logical=False, tunnels=shared)
         options = options_from_args(args, installed_path_source(tunnels))
-    try:
-        policy = make_scheduler(args.scheduler, topology, options)
-    except ValueError as exc:
-        raise SystemExit(f"terra-controller: {exc}") from exc
-    LOG.info("scheduler %s (K=%d)", args.scheduler, args.k)
+    policy = Deferred(
+        lambda: make_scheduler(args.scheduler, topology, options),
+        before={"name": args.scheduler, "stats": None},  # REST status, metrics meanwhile
+    )
     from terra_controller.journal import JournalError
 
     try:
@@ -346,6 +387,8 @@ def run(args, topology, security) -> None:
         opened.append(getattr(listener, "listener", listener))
         started.append((thread, bound))
     (t_api, api), (t_agents, agents), (t_rest, rest) = started
+    build_deferred(controller, [tunnels, policy], args.scheduler, opened)
+    LOG.info("scheduler %s (K=%d)", args.scheduler, args.k)
     tune_gc()
     RoundRunner(controller).start()
     print(
@@ -364,6 +407,29 @@ def run(args, topology, security) -> None:
     signal.signal(signal.SIGINT, stop)
     for thread in [t_api, t_agents, t_rest, *threads]:
         thread.join()
+
+
+def build_deferred(controller, parts: list, scheduler: str, opened) -> None:
+    """Make the Deferred objects among `parts` (the tunnel table, the policy), in order,
+    holding the controller's policy_lock (so that no WAN change or submit reaches a half-made
+    one; agent registrations wait for the tunnel table, submits for the policy).
+
+    On failure it closes the listeners in `opened` and ends the process with exit status 1:
+    an option out of range for the scheduler (ValueError) with `terra-controller: MESSAGE`,
+    anything else with its traceback logged too.
+    """
+    from terra_controller.deferred import Deferred
+
+    try:
+        with controller.policy_lock:
+            for part in parts:
+                if isinstance(part, Deferred):
+                    part.build()
+    except ValueError as exc:
+        exit_closing(f"terra-controller: {exc}", opened)
+    except Exception as exc:  # the listeners' threads would keep a failed process alive
+        LOG.exception("building the %s scheduler failed", scheduler)
+        exit_closing(f"terra-controller: {exc!r}", opened)
 
 
 def state_dir(chosen: str | None) -> str:

@@ -54,7 +54,6 @@ from terra_controller.coflow_registry import (
 )
 from terra_controller.journal import CoflowJournal
 from terra_controller.metrics import ControllerMetrics
-from terra_core.lp import observe_solves
 from terra_core.policy import Allocation, Policy
 from terra_model import Coflow
 from terra_model.states import MAX_CLIENT_ID, CoflowStatus, FlowStatus
@@ -266,7 +265,7 @@ class Controller:
         secret = new_secret()
         assign_keys(secret, parsed)
         policy_flows = [to_policy_flow(f) for f in parsed]
-        with self.policy_lock, self.lock, observe_solves(self.metrics.lp_solve.observe):
+        with self.policy_lock, self.lock, _observe_solves(self.metrics.lp_solve.observe):
             self._drain_leaving()
             reg = self.registry
             if reg.agents != agents:  # an agent (re-)registered meanwhile: check again
@@ -385,7 +384,7 @@ class Controller:
             self.registry.get(coflow_id)  # an unknown coflow is the first thing to say
             agents = dict(self.registry.agents)
         parsed = self.registry.parse_flows(flows, agents=agents)
-        with self.policy_lock, self.lock, observe_solves(self.metrics.lp_solve.observe):
+        with self.policy_lock, self.lock, _observe_solves(self.metrics.lp_solve.observe):
             self._drain_leaving()
             coflow = self.registry.get(coflow_id)
             if coflow.state.final:
@@ -765,7 +764,7 @@ class Controller:
                 remaining = self.registry.remaining(self._connectivity())
                 now = self.now()
             begin_allocate = time.perf_counter()
-            with observe_solves(self.metrics.lp_solve.observe):
+            with _observe_solves(self.metrics.lp_solve.observe):
                 allocation = self.policy.allocate(now, remaining) if remaining else {}
             allocated = time.perf_counter()
             states = self._policy_states(remaining)
@@ -1018,6 +1017,14 @@ def flow_rates(allocation: Allocation, registry: CoflowRegistry) -> FlowRates:
         if coflow is not None and not coflow.state.final:
             out[cid] = flows
     return out
+
+
+def _observe_solves(observe: Callable[[float], None]):
+    """terra_core.lp.observe_solves(observe), imported on first use: the LP solver (HiGHS,
+    numpy) loads with the policy, after the controller listens (deferred.py)."""
+    from terra_core.lp import observe_solves
+
+    return observe_solves(observe)
 
 
 def _trim_policy_stats(policy: Policy) -> None:

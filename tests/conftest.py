@@ -52,6 +52,10 @@ def pytest_collection_modifyitems(config, items):
         if tier not in TIERS:
             raise pytest.UsageError(f"{item.nodeid}: tests live in tests/{{{','.join(TIERS)}}}/")
         item.add_marker(getattr(pytest.mark, tier))
+        if tier == "system" or "ovs" in getattr(item, "fixturenames", ()):
+            # Mininet and Open vSwitch are one per machine: such tests share one worker when
+            # the suite runs in parallel (pytest-xdist, --dist loadgroup).
+            item.add_marker(pytest.mark.xdist_group("ovs"))
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,6 @@ from importlib import resources
 from pathlib import Path as FsPath
 
 import msgspec
-import networkx as nx
 
 from topologies.bigswitch import bigswitch_topology
 from topologies.json_topology import DEFAULT_GBPS, TopologyFile
@@ -122,6 +121,8 @@ def load_graphml_topology(
     Raises:
         TopologyError: unreadable or invalid GraphML, or no edges.
     """
+    import networkx as nx  # imported on use: only GraphML files need it
+
     path = FsPath(path)
     try:
         graph = nx.read_graphml(path)

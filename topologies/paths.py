@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from itertools import islice
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from topologies.topology import Path, Topology, TopologyError
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 
 def up_graph(topology: Topology) -> nx.DiGraph:
     """Return a DiGraph of the DCs and the directed links that are up."""
+    import networkx as nx  # imported on use: a client or an agent never computes paths
+
     graph = nx.DiGraph()
     graph.add_nodes_from(topology.dcs)
     graph.add_edges_from(topology.up_links())
@@ -53,6 +57,8 @@ def k_shortest_paths(
     forced = _forced_path(graph, src, dst)
     if forced is not None:
         return forced
+    import networkx as nx
+
     found = nx.shortest_simple_paths(graph, src, dst)  # simple paths, fewest hops first
     try:
         first = [tuple(p) for p in islice(found, k)]
