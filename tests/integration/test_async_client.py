@@ -5,7 +5,9 @@ errors as TerraClient, and the resubmission after a controller restart."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
+import time
 
 import pytest
 from test_api import Server, flow
@@ -119,3 +121,29 @@ def test_resubmits_open_coflows_after_a_controller_restart(pki):
     finally:
         if second is not None:
             second.stop()
+
+
+def test_calls_in_flight_resend_after_a_broken_connection_and_submits_run_once(server):
+    def break_connection_midway():
+        while len(server.controller.registry.coflows) < 20:
+            time.sleep(0.001)
+        socket.socket.shutdown(server.conns[0], socket.SHUT_RDWR)  # replies in flight lost
+
+    async def main():
+        async with async_client(server) as c:
+            await c.list_agents()
+            breaker = threading.Thread(target=break_connection_midway)
+            breaker.start()
+            ids = await asyncio.gather(
+                *(c.submit_coflow([flow(f"f{i}", size=1000 + i)]) for i in range(200))
+            )
+            breaker.join()
+            return ids
+
+    ids = asyncio.run(main())
+    assert len(server.conns) >= 2  # it reconnected
+    # every submit answered, none executed twice (a resent submit keeps its ref): 200 coflows
+    assert sorted(ids) == list(range(200))
+    assert len(server.controller.registry.coflows) == 200
+    sizes = {server.controller.registry.coflows[cid].bytes_total for cid in ids}
+    assert sizes == {1000 + i for i in range(200)}
