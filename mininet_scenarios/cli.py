@@ -6,7 +6,7 @@
         [--schedulers A,B,...] [--observe] [--log-level LEVEL]
     terra-testbed --version
 
-Defaults (full run, ~1.5 min): the 12-coflow FB burst (mininet_scenarios.workload) on
+Defaults (full run, about 2 min): the 12-coflow FB burst (mininet_scenarios.workload) on
 10 Mbit/s WAN links at load 2, played at half speed (bytes x 0.04, arrivals x 2), LA-NY
 down 4 s after the first arrival and up 6 s later, 3 repeats of (Terra, per-flow TCP)
 pooled. --quick (~40 s): the burst's first 6 coflows, LA-NY down at 2 s for 3 s, one repeat.
@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         "swan",
         help="Terra vs per-flow TCP on the emulated SWAN testbed",
         description="Terra vs per-flow TCP on the emulated SWAN WAN: one OVS switch and one "
-        "agent host per DC, the controller in OpenFlow mode. Defaults (full run, about 1.5 "
+        "agent host per DC, the controller in OpenFlow mode. Defaults (full run, about 2 "
         "minutes): the 12-coflow FB burst on 10 Mbit/s links at load 2, played at half "
         "speed, LA-NY down 4 s after the first arrival for 6 s, 3 repeats pooled. --quick "
         "(about 40 s): 6 coflows, LA-NY down at 2 s for 3 s, one repeat. Exit status 0 when "
