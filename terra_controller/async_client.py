@@ -55,6 +55,9 @@ class AsyncTerraClient:
     Attributes:
         session: the ClientSession (its `open`, `forgotten`, `instance`).
 
+    One event loop at a time: after `close()` the client may be used from another loop
+    (another `asyncio.run`), with its open coflows still remembered.
+
     Raises (constructor): ValueError, PkiError, ssl.SSLError as TerraClient's.
     Raises (from every call): TerraError (an error reply); ConnectionError (no controller
         reachable, or no reply, within `timeout`).
@@ -143,8 +146,11 @@ class AsyncTerraClient:
     cancelCoflow = cancel_coflow  # noqa: N815
 
     async def close(self) -> None:
-        """Close the connection (the next call reconnects); calls in flight resend."""
+        """Close the connection (the next call reconnects, also from another event loop);
+        calls in flight resend."""
         await self._drop(self._writer)
+        if self._connect_lock is not None and not self._connect_lock.locked():
+            self._connect_lock = None  # made again in the loop of the next call
 
     async def _drop(self, writer: asyncio.StreamWriter | None) -> None:
         """Close `writer`'s connection if it is still the current one."""

@@ -147,3 +147,16 @@ def test_calls_in_flight_resend_after_a_broken_connection_and_submits_run_once(s
     assert len(server.controller.registry.coflows) == 200
     sizes = {server.controller.registry.coflows[cid].bytes_total for cid in ids}
     assert sizes == {1000 + i for i in range(200)}
+
+
+def test_the_client_serves_another_event_loop_after_close(server):
+    c = async_client(server)
+
+    async def submit():
+        cid = await c.submit_coflow([flow("f")])
+        await c.close()
+        return cid
+
+    first, second = asyncio.run(submit()), asyncio.run(submit())
+    assert second == first + 1
+    assert set(c.session.open) == {first, second}  # both remembered for a resubmission
