@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from terra_controller.job_follow import (
+    BarProgress,
     LineProgress,
     eta_text,
     final_report,
@@ -60,3 +63,21 @@ def test_final_report_and_exit_status():
     failed = status("failed", reason="agent ba1 disconnected for 60 s")
     assert final_report(failed, out, err) == 1
     assert err.getvalue() == "coflow 7 failed: agent ba1 disconnected for 60 s\n"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_a_tqdm_bar_of_the_bytes():
+    pytest.importorskip("tqdm")  # the dev environment and the sim / bench extras have it
+    out = _Terminal()
+    reporter = make_progress(out)
+    assert isinstance(reporter, BarProgress)
+    for delivered, state in ((0, "running"), (30_000_000, "running"), (20_000_000, "running"),
+                             (50_000_000, "done")):  # fmt: skip
+        reporter.show(status(state, delivered, name="etl"))
+    reporter.close()
+    assert reporter.bar.n == 50_000_000  # a restarted flow's bytes went back, then forward
+    assert "coflow 7 (etl): 100%" in out.getvalue() and "done" in out.getvalue()
