@@ -604,7 +604,8 @@ def _limit_files(nofile: int) -> None:
 
 
 def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 5.0) -> None:
-    """Terminate the given processes, then kill those still running after `timeout_s` seconds."""
+    """Terminate the given processes, then kill those still running after `timeout_s` seconds;
+    close the pipes this process holds to them."""
     for p in procs:
         p.terminate()
     for p in procs:
@@ -613,3 +614,6 @@ def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 5.0) -> Non
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+        for pipe in (p.stdin, p.stdout, p.stderr):
+            if pipe is not None:
+                pipe.close()

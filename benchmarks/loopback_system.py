@@ -129,6 +129,7 @@ class ControllerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.proc.stdout.close()
         self.log.close()
         shutil.rmtree(self.state, ignore_errors=True)
         if self.pki is not None:
@@ -143,32 +144,32 @@ def start_agents(ctl: ControllerProcess, agents: list[tuple[str, str, str]], wor
     procs = []
     for agent, dc, host in agents:
         port = free_port_block(host, tunnels + 2)
-        log = open(workdir / f"{agent}.log", "w")  # noqa: SIM115
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "terra_agent.cli",
-                    "--controller",
-                    ctl.agents,
-                    "--dc",
-                    dc,
-                    "--id",
-                    agent,
-                    "--data-addr",
-                    f"{host}:{port}",
-                    "--spill-dir",
-                    str(workdir),
-                    "--log-level",
-                    "WARNING",
-                    *ctl.agent_args(agent),
-                    *(extra or {}).get(agent, []),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        )
+        with open(workdir / f"{agent}.log", "w") as log:  # the child keeps its own copy
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "terra_agent.cli",
+                        "--controller",
+                        ctl.agents,
+                        "--dc",
+                        dc,
+                        "--id",
+                        agent,
+                        "--data-addr",
+                        f"{host}:{port}",
+                        "--spill-dir",
+                        str(workdir),
+                        "--log-level",
+                        "WARNING",
+                        *ctl.agent_args(agent),
+                        *(extra or {}).get(agent, []),
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )  # fmt: skip
+            )
     return procs
 
 

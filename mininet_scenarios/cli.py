@@ -6,7 +6,7 @@
         [--schedulers A,B,...] [--observe] [--log-level LEVEL]
     terra-testbed --version
 
-Defaults (full run, ~1.5 min): the 12-coflow FB burst (mininet_scenarios.workload) on
+Defaults (full run, about 2 min): the 12-coflow FB burst (mininet_scenarios.workload) on
 10 Mbit/s WAN links at load 2, played at half speed (bytes x 0.04, arrivals x 2), LA-NY
 down 4 s after the first arrival and up 6 s later, 3 repeats of (Terra, per-flow TCP)
 pooled. --quick (~40 s): the burst's first 6 coflows, LA-NY down at 2 s for 3 s, one repeat.
@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         "swan",
         help="Terra vs per-flow TCP on the emulated SWAN testbed",
         description="Terra vs per-flow TCP on the emulated SWAN WAN: one OVS switch and one "
-        "agent host per DC, the controller in OpenFlow mode. Defaults (full run, about 1.5 "
+        "agent host per DC, the controller in OpenFlow mode. Defaults (full run, about 2 "
         "minutes): the 12-coflow FB burst on 10 Mbit/s links at load 2, played at half "
         "speed, LA-NY down 4 s after the first arrival for 6 s, 3 repeats pooled. --quick "
         "(about 40 s): 6 coflows, LA-NY down at 2 s for 3 s, one repeat. Exit status 0 when "
@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--schedulers", type=parse_schedulers, default=["terra"], metavar="A,B,...",
         help="schedulers to play the workload under, one controller each, comma-separated "
-        f"({','.join(scheduler_names())}); the first is judged by the targets",
+        f"({','.join(scheduler_names())}); the first is the one the FoIs compare",
     )  # fmt: skip
     s.add_argument(
         "--timeout",
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = results.details(raw, workload)
     extra["simulated"] = simulated
     result["utilization_vs_simulated"] = results.utilization_vs_simulated(result, simulated)
-    print(results.table(result))
+    print(results.table(result, simulated))
     print(results.simulated_line(extra["simulated"]))
     print(results.simulated_table(result, simulated))
     if len(extra["repeats"]) > 1:

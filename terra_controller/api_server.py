@@ -17,15 +17,20 @@ restarted) and, on failure, ``"error"`` (message) and ``"code"``.
 Operations (request fields -> reply fields):
 
     hello                                          -> instance, version
-    submit  flows, deadline?, coflow?, age_s?      -> coflow (id, or -1: deadline cannot be met)
-                                                      (coflow + age_s: a resubmission after
+    submit  flows, deadline?, coflow?, age_s?,     -> coflow (id, or -1: deadline cannot be met)
+            name?, tags?                              (coflow + age_s: a resubmission after
                                                       a controller restart, first submitted
-                                                      age_s seconds ago)
+                                                      age_s seconds ago; name: 1..128
+                                                      printable characters, tags: at most 16
+                                                      distinct strings of 1..64)
     status  coflow                                 -> status (see CoflowState.status)
     update  coflow, flows                          -> (nothing more)
     cancel  coflow                                 -> (nothing more; state "cancelled")
     list                                           -> coflows: [{id, state, bytes_total,
-                                                      bytes_delivered, cct_s}]
+                                                      bytes_delivered, cct_s, name, tags}]
+    agents                                         -> dcs: [DC], agents: [{id, dc,
+                                                      connected}] (the endpoints a job
+                                                      may name; no addresses)
     link_state  a, b, up                           -> changed (operator command: link a-b)
     capacity    a, b, bytes_per_s                  -> changed
 
@@ -166,10 +171,11 @@ class ApiHandler:
         return {"version": API_VERSION, "name": identity.name, "role": identity.role.value}
 
     def _submit(self, request: dict, identity: Identity) -> dict:
-        _only(request, {"flows", "deadline", "coflow", "age_s"})
+        _only(request, {"flows", "deadline", "coflow", "age_s", "name", "tags"})
         wanted = request.get("coflow")
         flows, deadline = request.get("flows"), request.get("deadline")
-        cid = self.controller.submit(flows, deadline, wanted, request.get("age_s"), identity.name)
+        cid = self.controller.submit(flows, deadline, wanted, request.get("age_s"), identity.name,
+                                     request.get("name"), request.get("tags"))  # fmt: skip
         return {"coflow": cid}
 
     def _status(self, request: dict, identity: Identity) -> dict:
@@ -187,12 +193,16 @@ class ApiHandler:
         return {}
 
     def _list(self, request: dict, identity: Identity) -> dict:
-        keys = ("id", "state", "bytes_total", "bytes_delivered", "cct_s")
+        keys = ("id", "state", "bytes_total", "bytes_delivered", "cct_s", "name", "tags")
         coflows = self.controller.snapshot().coflows
         if not identity.may(Role.OPERATOR):
             mine = self.controller.coflows_of(identity.name)
             coflows = [c for c in coflows if c["id"] in mine]
         return {"coflows": [{k: c[k] for k in keys} for c in coflows]}
+
+    def _agents(self, request: dict, identity: Identity) -> dict:
+        _only(request, set())
+        return self.controller.agents_view()
 
     def _link_state(self, request: dict, identity: Identity) -> dict:
         _only(request, {"a", "b", "up"})
@@ -216,6 +226,7 @@ _OPS = {
     "update": ApiHandler._update,
     "cancel": ApiHandler._cancel,
     "list": ApiHandler._list,
+    "agents": ApiHandler._agents,
     "link_state": ApiHandler._link_state,
     "capacity": ApiHandler._capacity,
 }
@@ -227,6 +238,7 @@ _ROLES = {  # op -> roles allowed to call it
     "update": _JOBS,
     "cancel": _JOBS,
     "list": _JOBS,
+    "agents": _JOBS,
     "link_state": (Role.OPERATOR,),
     "capacity": (Role.OPERATOR,),
 }

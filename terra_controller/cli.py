@@ -55,6 +55,7 @@ import signal
 import sys
 import time
 
+from terra_controller.client_args import client_args, make_client, parse_addr
 from terra_core.cli_support import (
     HelpFormatter,
     MissingExtra,
@@ -66,18 +67,6 @@ from terra_core.registry import add_scheduler_arguments, make_scheduler, options
 from topologies import TopologyError, load_topology
 
 LOG = logging.getLogger("terra.cli")
-
-
-def parse_addr(text: str) -> tuple[str, int]:
-    """Parse "HOST:PORT" (port 0..65535) for argparse.
-
-    Raises:
-        argparse.ArgumentTypeError: malformed.
-    """
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or int(port) > 65535:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return host.strip("[]"), int(port)
 
 
 def _cidr(text: str) -> str:
@@ -511,28 +500,6 @@ def start_openflow_app(args, topology, binding, controller, tunnels):
     return start_openflow(config, args.of_host, args.of_port)
 
 
-def client_args(p: argparse.ArgumentParser) -> None:
-    """Add --pki DIR --name NAME | --insecure (how a client authenticates) to a parser."""
-    p.add_argument("--pki", metavar="DIR", help="PKI directory holding ca.crt, NAME.crt, NAME.key")
-    p.add_argument("--name", metavar="NAME", help="this client's certificate name")
-    p.add_argument("--insecure", action="store_true", help="plain TCP (controller --insecure)")
-
-
-def make_client(p: argparse.ArgumentParser, args, host: str, port: int, timeout: float):
-    """A TerraClient from the parsed `client_args` (p.error on a bad combination)."""
-    from terra_controller.client import TerraClient
-    from terra_security.pki import PkiError
-
-    if not args.insecure and (args.pki is None or args.name is None):
-        p.error("give --pki DIR --name NAME (or --insecure)")
-    try:
-        return TerraClient(
-            host, port, pki=args.pki, name=args.name, insecure=args.insecure, timeout=timeout
-        )
-    except (PkiError, OSError) as exc:
-        p.error(str(exc))
-
-
 CTL_OPS = {
     "link-down": ("operator: the link A-B goes down (both directions)", ("A", "B")),
     "link-up": ("operator: the link A-B comes back up", ("A", "B")),
@@ -560,10 +527,6 @@ def add_ctl_parser(commands) -> argparse.ArgumentParser:
         "the controller refused or could not be reached.",
         formatter_class=HelpFormatter,
     )
-    ctl.add_argument(
-        "--api", type=parse_addr, default="127.0.0.1:6700", metavar="HOST:PORT",
-        help="the controller's coflow API",
-    )  # fmt: skip
     client_args(ctl)
     ctl.set_defaults(ctl_parser=ctl)  # for usage errors found after parsing (make_client)
     ops = ctl.add_subparsers(dest="op", required=True, title="operations", metavar="OP")

@@ -1,7 +1,9 @@
 """TerraClient: the job master's synchronous coflow API client (docs/design.md section 6).
 
 Plain blocking sockets, one persistent TCP connection, the wire format of
-`terra_controller.api_server`. When the connection breaks the client
+`terra_controller.api_server`; the protocol itself (requests, replies, refs, errors, the
+coflows to resubmit) is `terra_wire.api_session.ClientSession`, which `AsyncTerraClient`
+(async_client.py) shares. When the connection breaks the client
 reconnects (retrying until its timeout); when it finds a different controller
 instance (the controller restarted) it first resubmits every coflow it
 submitted that is not known to be finished, under the same ids, with all flows
@@ -27,33 +29,40 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import socket
 import time
+from typing import Any
 
 from terra_controller.transport import connect_tls, read_message
-from terra_model.states import FINAL_STATES
 from terra_security.pki import client_context
-from terra_wire.api import API_VERSION, pack_message
+from terra_wire.api_session import (
+    FINAL,
+    GONE,
+    MAX_OPEN,
+    Call,
+    ClientSession,
+    T,
+    TerraError,
+    frame,
+)
 
+__all__ = ["FINAL", "GONE", "MAX_OPEN", "TerraClient", "TerraError"]
 LOG = logging.getLogger("terra.client")
-FINAL = frozenset(s.value for s in FINAL_STATES)  # the states wait() returns on
-MAX_OPEN = 10_000  # coflows remembered for resubmission (the oldest are forgotten first)
-GONE = frozenset({"coflow_done", "unknown_coflow"})  # errors saying a coflow is not open
 
 
-class TerraError(Exception):
-    """The controller refused a request.
+def tls_context(pki, name: str | None, insecure: bool, addr: tuple[str, int], who: str):
+    """The client's mutual-TLS context (PKI directory `pki`, certificate `name`), or None
+    with `insecure` (logs a warning naming `who` and the address).
 
-    Attributes:
-        code: the reply's code ("unknown_coflow", "unknown_agent", "duplicate_flow",
-            "bad_size", "bad_request", "bad_token", "coflow_done", "no_path", "path_busy"
-            (a flow's dst_path is being written by another flow), "too_many_flows", ...).
+    Raises:
+        ValueError: neither pki and name nor insecure given. PkiError, ssl.SSLError.
     """
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
+    if insecure:
+        LOG.warning("%s: plain TCP to %s:%d, no authentication (insecure)", who, *addr)
+        return None
+    if pki is None or name is None:
+        raise ValueError(f"{who} needs pki=DIR and name=NAME (or insecure=True)")
+    return client_context(pki, name)
 
 
 class TerraClient:
@@ -69,12 +78,13 @@ class TerraClient:
         max_open: coflows remembered for resubmission after a controller restart (`open`).
 
     Attributes:
-        open: {coflow id: its flows, deadline and first submission time} of the coflows this
-            client submitted and has not yet learned to be finished. An entry goes when a
-            reply shows the coflow in a final state (check_status, wait, list_coflows) or
-            gone (cancel_coflow, "coflow_done" / "unknown_coflow"); beyond `max_open`
-            entries the oldest go (those coflows are then not resubmitted; `forgotten`
-            counts them).
+        session: the ClientSession (protocol state).
+        open: {coflow id: its flows, deadline, first submission time, name and tags} of the
+            coflows this client submitted and has not yet learned to be finished. An entry
+            goes when a reply shows the coflow in a final state (check_status, wait,
+            list_coflows) or gone (cancel_coflow, "coflow_done" / "unknown_coflow"); beyond
+            `max_open` entries the oldest go (those coflows are then not resubmitted;
+            `forgotten` counts them).
 
     Raises (constructor):
         ValueError: neither pki and name nor insecure=True given.
@@ -96,45 +106,55 @@ class TerraClient:
         max_open: int = MAX_OPEN,
     ):
         self.addr = (host, int(port))
-        if insecure:
-            LOG.warning("TerraClient: plain TCP to %s:%d, no authentication (insecure)", *self.addr)
-            self.context = None
-        elif pki is None or name is None:
-            raise ValueError("TerraClient needs pki=DIR and name=NAME (or insecure=True)")
-        else:
-            self.context = client_context(pki, name)
+        self.context = tls_context(pki, name, insecure, self.addr, type(self).__name__)
         self.timeout = timeout
         self.sock: socket.socket | None = None
-        self.instance: str | None = None
-        # coflow id -> {"flows": [...], "deadline_at": monotonic s or None, "submitted_at":
-        # monotonic s of the first submission}; coflows not known to be finished, for
-        # resubmission, oldest first
-        self.open: dict[int, dict] = {}
-        self.max_open = max_open
-        self.forgotten = 0
+        self.session = ClientSession(max_open)
+
+    @property
+    def open(self) -> dict[int, dict[str, Any]]:
+        """The coflows to resubmit after a controller restart (ClientSession.open)."""
+        return self.session.open
+
+    @property
+    def max_open(self) -> int:
+        """Coflows remembered for resubmission at most."""
+        return self.session.max_open
+
+    @max_open.setter
+    def max_open(self, value: int) -> None:
+        self.session.max_open = value
+
+    @property
+    def forgotten(self) -> int:
+        """Open coflows forgotten beyond `max_open` (not resubmitted)."""
+        return self.session.forgotten
 
     # ---- API ----------------------------------------------------------------------------
 
-    def submit_coflow(self, flows: list[dict], deadline: float | None = None) -> int:
+    def submit_coflow(
+        self,
+        flows: list[dict],
+        deadline: float | None = None,
+        name: str | None = None,
+        tags: list[str] | None = None,
+    ) -> int:
         """submitCoflow: submit a coflow.
 
         Args:
             flows: [{"id": str, "src": agent id, "dst": agent id, "bytes": int > 0,
                 "src_path"?: file at the sender, "dst_path"?: file at the receiver}].
             deadline: seconds from now, or None.
+            name: a label for people (1..128 printable characters), or None.
+            tags: labels (at most 16 distinct strings of 1..64 printable characters).
 
         Returns:
             the coflow id (>= 0), or -1 when the deadline cannot be met.
+
+        Raises:
+            TerraError("bad_request"): a bad name or tags (checked before sending).
         """
-        request = {"op": "submit", "flows": flows, "ref": secrets.token_hex(12)}
-        if deadline is not None:
-            request["deadline"] = deadline
-        submitted_at = time.monotonic()
-        cid = self._call(request)["coflow"]
-        if cid >= 0:
-            deadline_at = None if deadline is None else submitted_at + deadline
-            self._remember(cid, list(flows), deadline_at, submitted_at)
-        return cid
+        return self._run(self.session.submit(flows, deadline, name, tags))
 
     def check_status(self, coflow_id: int) -> dict:
         """checkStatus: state, bytes_total, bytes_delivered, cct_s, flows (per-flow progress).
@@ -142,14 +162,13 @@ class TerraClient:
         Returns:
             the status map of `CoflowState.status` plus each flow's current "rate_bytes_per_s":
             {"id", "state", "reason" (why it failed / was cancelled, else None), "bytes_total",
-            "bytes_delivered", "cct_s" (s, None until done), "deadline_s", "flows": [...]}.
+            "bytes_delivered", "cct_s" (s, None until done), "deadline_s", "name", "tags",
+            "flows": [...]}.
 
         Raises:
             TerraError("unknown_coflow"): no such coflow (or finished long ago and dropped).
         """
-        status = self._call_about(coflow_id, {"op": "status", "coflow": coflow_id})["status"]
-        self._learned(coflow_id, status["state"])
-        return status
+        return self._run(self.session.status(coflow_id))
 
     def cancel_coflow(self, coflow_id: int) -> None:
         """cancelCoflow: stop an unfinished coflow for good; check_status then says
@@ -159,16 +178,11 @@ class TerraClient:
         Raises:
             TerraError: "coflow_done" (already done, failed or rejected), "unknown_coflow".
         """
-        self._call_about(coflow_id, {"op": "cancel", "coflow": coflow_id})
-        self.open.pop(coflow_id, None)
+        self._run(self.session.cancel(coflow_id))
 
     def update_coflow(self, coflow_id: int, flows: list[dict]) -> None:
         """updateCoflow: add flows (same shape as submit_coflow's) to an unfinished coflow."""
-        self._call(
-            {"op": "update", "coflow": coflow_id, "flows": flows, "ref": secrets.token_hex(12)}
-        )
-        if coflow_id in self.open:
-            self.open[coflow_id]["flows"].extend(flows)
+        self._run(self.session.update(coflow_id, flows))
 
     def wait(self, coflow_id: int, timeout: float, poll_s: float = 0.05) -> dict:
         """Poll check_status every `poll_s` seconds until the coflow is in a final state
@@ -190,12 +204,14 @@ class TerraClient:
             time.sleep(poll_s)
 
     def list_coflows(self) -> list[dict]:
-        """Return [{id, state, bytes_total, bytes_delivered, cct_s}] for every coflow (of
-        this client's; operators: all); forgets the finished ones in `open`."""
-        coflows = self._call({"op": "list"})["coflows"]
-        for c in coflows:
-            self._learned(c["id"], c["state"])
-        return coflows
+        """Return [{id, state, bytes_total, bytes_delivered, cct_s, name, tags}] for every
+        coflow (of this client's; operators: all); forgets the finished ones in `open`."""
+        return self._run(self.session.coflows())
+
+    def list_agents(self) -> dict:
+        """The agents a coflow's flows may name: {"dcs": [DC names], "agents": [{"id", "dc",
+        "connected": bool}]} (API op "agents"; job and operator certificates)."""
+        return self._run(self.session.agents())
 
     def set_link_state(self, a: str, b: str, up: bool) -> bool:
         """Operator command: set WAN link a-b up or down (used with --no-openflow).
@@ -203,11 +219,11 @@ class TerraClient:
         Returns:
             True when the link state changed.
         """
-        return self._call({"op": "link_state", "a": a, "b": b, "up": up})["changed"]
+        return self._run(self.session.link_state(a, b, up))
 
     def set_capacity(self, a: str, b: str, bytes_per_s: float) -> bool:
         """Operator command: set the capacity of WAN link a-b in bytes/s."""
-        return self._call({"op": "capacity", "a": a, "b": b, "bytes_per_s": bytes_per_s})["changed"]
+        return self._run(self.session.capacity(a, b, bytes_per_s))
 
     submitCoflow = submit_coflow  # noqa: N815 (the paper's names)
     checkStatus = check_status  # noqa: N815
@@ -228,35 +244,12 @@ class TerraClient:
 
     # ---- plumbing -----------------------------------------------------------------------
 
-    def _remember(self, cid: int, flows: list[dict], deadline_at, submitted_at: float) -> None:
-        """Keep a submitted coflow in `open`, forgetting the oldest beyond max_open."""
-        self.open[cid] = {"flows": flows, "deadline_at": deadline_at, "submitted_at": submitted_at}
-        while len(self.open) > self.max_open:
-            oldest = next(iter(self.open))
-            del self.open[oldest]
-            self.forgotten += 1
-            LOG.debug("coflow %d forgotten: more than %d open coflows", oldest, self.max_open)
-
-    def _learned(self, cid: int, state: str) -> None:
-        """A reply showed coflow `cid` in `state`: forget it if that is final."""
-        if state in FINAL:
-            self.open.pop(cid, None)
-
-    def _call_about(self, cid: int, request: dict) -> dict:
-        """_call for a request about one coflow; an error saying it is not open (done, or
-        unknown: the controller forgot it) forgets it too before it is raised."""
-        try:
-            return self._call(request)
-        except TerraError as exc:
-            if exc.code in GONE:
-                self.open.pop(cid, None)
-            raise
+    def _run(self, call: Call[T]) -> T:
+        return self.session.finish(call, self._exchange(call.request))
 
     def _call(self, request: dict) -> dict:
-        reply = self._exchange(request)
-        if not reply.get("ok"):
-            raise TerraError(str(reply.get("code")), str(reply.get("error")))
-        return reply
+        """Send a raw request map; its reply map (TerraError for an error reply)."""
+        return self._run(Call(request, lambda reply: reply))
 
     def _exchange(self, request: dict) -> dict:
         """Send one request and return its reply, reconnecting on connection failures."""
@@ -274,8 +267,7 @@ class TerraClient:
                 delay = min(delay * 2, 1.0)
 
     def _roundtrip(self, request: dict) -> dict:
-        message = dict(request, v=API_VERSION)
-        self.sock.sendall(pack_message(message))
+        self.sock.sendall(frame(request))
         reply = read_message(self.sock, frame_timeout=self.timeout)
         if reply is None:
             raise ConnectionError("controller closed the connection")
@@ -286,30 +278,17 @@ class TerraClient:
         if self.sock is not None:
             return
         self.sock = connect_tls(*self.addr, self.context, self.timeout)
-        instance = self._roundtrip({"op": "hello"}).get("instance")
-        if self.instance is not None and instance != self.instance:
+        if self.session.restarted(self._roundtrip(self.session.hello().request)):
             self._resubmit()
-        self.instance = instance
 
     def _resubmit(self) -> None:
-        """A new controller instance answered: resubmit open coflows under their ids.
-
-        Each carries "age_s", the seconds since its first submission, so the new
-        controller counts its CCT from then. Agents may not have re-registered yet, so
-        "unknown_agent" is retried until the client's timeout; a coflow refused for any
-        other reason is forgotten.
-        """
-        for cid, info in sorted(self.open.items()):
+        """A new controller instance answered: resubmit open coflows under their ids
+        (ClientSession.resubmit_request), retrying "unknown_agent" until the client's
+        timeout (agents may not have re-registered yet)."""
+        for cid in self.session.resubmissions():
             end = time.monotonic() + self.timeout
             while True:
-                age = max(0.0, time.monotonic() - info["submitted_at"])
-                request = {"op": "submit", "coflow": cid, "flows": info["flows"], "age_s": age}
-                if info["deadline_at"] is not None:
-                    request["deadline"] = max(info["deadline_at"] - time.monotonic(), 1e-3)
-                reply = self._roundtrip(request)
-                if reply.get("code") == "unknown_agent" and time.monotonic() < end:
-                    time.sleep(0.1)
-                    continue
-                if not reply.get("ok") or reply.get("coflow", -1) < 0:
-                    self.open.pop(cid)
-                break
+                reply = self._roundtrip(self.session.resubmit_request(cid))
+                if not self.session.resubmitted(cid, reply, time.monotonic() < end):
+                    break
+                time.sleep(0.1)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from terra_model import Coflow, Flow
 from terra_model.states import FINAL_STATES, MAX_COFLOW_ID, CoflowStatus, FlowStatus
+from terra_wire.api_session import label_error
 from terra_wire.control import report_tag
 
 SECRET_BYTES = 16  # a coflow's secret, from which its flows' per-attempt keys are derived
@@ -174,6 +175,8 @@ class CoflowState:
         secret: SECRET_BYTES random bytes; its flows' attempt keys derive from them
             (`flow_key`); a resubmission after a controller restart gets the same back
             from the controller's journal, so reports of the agents' attempts still match.
+        name, tags: the submitter's label (None) and tags (()) for people and tools
+            (check_labels); kept in the journal with the owner.
     """
 
     id: int
@@ -186,6 +189,8 @@ class CoflowState:
     ended_s: float | None = None
     owner: str | None = None
     secret: bytes = field(default_factory=lambda: new_secret(), repr=False)
+    name: str | None = None
+    tags: tuple[str, ...] = ()
 
     @property
     def cct_s(self) -> float | None:
@@ -212,7 +217,7 @@ class CoflowState:
 
         Shape: {"id", "state" (CoflowStatus value), "reason" (why it failed / was cancelled,
         else None), "bytes_total", "bytes_delivered", "cct_s" (None until done), "deadline_s",
-        "flows": [FlowState.to_dict()]}.
+        "name" (None if unnamed), "tags" (list), "flows": [FlowState.to_dict()]}.
         """
         return self.summary() | {"flows": [f.to_dict() for f in self.flows.values()]}
 
@@ -226,6 +231,8 @@ class CoflowState:
             "bytes_delivered": self.bytes_delivered,
             "cct_s": self.cct_s,
             "deadline_s": self.deadline_s,
+            "name": self.name,
+            "tags": list(self.tags),
         }
 
     def to_policy_coflow(self, flows: list[FlowState] | None = None) -> Coflow:
@@ -442,6 +449,7 @@ class CoflowRegistry:
         owner: str | None = None,
         secret: bytes | None = None,
         keyed: bool = False,
+        labels: tuple[str | None, tuple[str, ...]] = (None, ()),
     ) -> CoflowState:
         """Store a new coflow built from already parsed flows (see `parse_flows`).
 
@@ -454,6 +462,7 @@ class CoflowRegistry:
             secret: the coflow's secret (a resubmission: the first submission's; None: new).
             keyed: the flows' keys are already derived from `secret` (assign_keys, done by
                 the caller outside its locks).
+            labels: (name, tags) as check_labels returns them.
 
         Returns:
             the new CoflowState (state "queued"); its flows get their attempt keys and
@@ -471,7 +480,8 @@ class CoflowRegistry:
         if coflow_id in self.coflows:
             raise RegistryError("bad_request", f"coflow id {coflow_id} is in use")
         self.check_sinks(flows)
-        coflow = CoflowState(coflow_id, now, deadline_s, {f.id: f for f in flows}, owner=owner)
+        coflow = CoflowState(coflow_id, now, deadline_s, {f.id: f for f in flows}, owner=owner,
+                             name=labels[0], tags=labels[1])  # fmt: skip
         if secret is not None:
             coflow.secret = secret
         if not keyed:
@@ -789,6 +799,19 @@ def check_id(value: object, where: str) -> str:
     if not text or len(text) > MAX_ID_CHARS:
         raise RegistryError("bad_request", f"{where}: id must have 1..{MAX_ID_CHARS} characters")
     return text
+
+
+def check_labels(name: object, tags: object) -> tuple[str | None, tuple[str, ...]]:
+    """A submit's "name" and "tags" (terra_wire.api_session.label_error: a name of 1..128
+    printable characters, at most 16 distinct tags of 1..64), as (name or None, tags).
+
+    Raises:
+        RegistryError("bad_request"): which bound is broken.
+    """
+    error = label_error(name, tags)
+    if error is not None:
+        raise RegistryError("bad_request", error)
+    return (name if isinstance(name, str) else None), tuple(str(t) for t in tags or ())
 
 
 def check_path(value: object, where: str) -> str | None:

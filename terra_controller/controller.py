@@ -46,6 +46,7 @@ from terra_controller.coflow_registry import (
     check_age,
     check_coflow_id,
     check_deadline,
+    check_labels,
     coflow_key,
     new_secret,
     parse_coflow_key,
@@ -222,6 +223,8 @@ class Controller:
         coflow_id: object = None,
         age_s: object = None,
         owner: str | None = None,
+        name: object = None,
+        tags: object = None,
     ) -> int:
         """submitCoflow: validate, admit and store a coflow; ask for a round.
 
@@ -240,6 +243,8 @@ class Controller:
             owner: the submitting job client's name (None: in-process); a coflow id is
                 resubmitted only by its owner (also after a controller restart, from the
                 journal).
+            name, tags: the coflow's label and tags (check_labels); kept in the journal, so
+                a resubmission after a restart without them gets them back.
 
         Returns:
             the coflow id (>= 0), or -1 when the deadline cannot be met (docs/design.md 4.3).
@@ -254,6 +259,7 @@ class Controller:
         parsed = self.registry.parse_flows(flows, agents=agents)
         deadline_s = check_deadline(deadline)
         age = 0.0 if age_s is None else check_age(age_s)
+        labels = check_labels(name, tags)
         if coflow_id is not None:
             check_coflow_id(coflow_id, MAX_CLIENT_ID)
         secret = new_secret()
@@ -275,6 +281,8 @@ class Controller:
                 if known:  # resubmitted after a restart: its flows' keys are the first ones
                     secret = self.journal.secret(coflow_id)
                     assign_keys(secret, parsed)
+                    if labels == (None, ()):
+                        labels = self.journal.labels(coflow_id)
             reg.check_sinks(parsed)
             reg.check_open_flows(owner, len(parsed))
             cid = reg.new_id() if coflow_id is None else coflow_id
@@ -295,8 +303,9 @@ class Controller:
                     self.stats["rejected"] += 1
                     self.metrics.rejected.inc()
                     return -1
-            coflow = reg.submit(parsed, deadline_s, arrival, cid, owner, secret, keyed=True)
-            self.journal.admitted(cid, owner, coflow.secret)
+            coflow = reg.submit(parsed, deadline_s, arrival, cid, owner, secret, keyed=True,
+                                labels=labels)  # fmt: skip
+            self.journal.admitted(cid, owner, coflow.secret, labels)
             self.metrics.admitted.inc()
             if reg.finish_if_done(coflow, now):  # intra-DC flows only: done at once
                 self.metrics.finished.labels(CoflowStatus.DONE.value).inc()
@@ -311,6 +320,21 @@ class Controller:
         """Ids of the coflows in memory that `owner` submitted."""
         with self.lock:
             return {cid for cid, c in self.registry.coflows.items() if c.owner == owner}
+
+    def agents_view(self) -> dict:
+        """What a job may know of the agents: {"dcs": [DC names of the topology], "agents":
+        [{"id", "dc", "connected": bool (an open control connection now; False for every
+        agent when no agent channel is attached)}]}, sorted by agent id. No addresses."""
+        connected: set = set()
+        if self.connected_agents is not None:
+            connected = set(self.connected_agents())
+        with self.lock:
+            agents = sorted(self.registry.agents.values(), key=lambda a: a.id)
+            return {
+                "dcs": list(self.topology.dcs),
+                "agents": [{"id": a.id, "dc": a.dc, "connected": a.id in connected}
+                           for a in agents],  # fmt: skip
+            }
 
     def close(self) -> None:
         """Close the coflow journal's file (the controller is stopping)."""

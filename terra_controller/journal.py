@@ -3,15 +3,17 @@
 A controller started with a state directory (terra-controller --state-dir) appends one JSON
 line per event to STATE_DIR/coflows.jsonl:
 
-    {"c": id, "o": owner or null, "s": secret hex}   a coflow was admitted
+    {"c": id, "o": owner or null, "s": secret hex,   a coflow was admitted (with its name
+     "nm": name?, "tg": [tags]?}                      and tags, when it has them)
     {"n": id}                                         ids below this were used (a rejected
                                                       submit burns its id)
     {"f": id}                                         a finished coflow was forgotten
 
 On start-up the journal is replayed: new ids continue above every id ever used (ids are never
 reused, whatever the restarts), and the coflows not forgotten keep their owner (only that job
-client may resubmit or see them) and their secret (the flows' attempt keys derive from it, so
-the agents' reports about a resubmitted coflow still match). A line cut short by a crash is
+client may resubmit or see them), their secret (the flows' attempt keys derive from it, so
+the agents' reports about a resubmitted coflow still match) and their name and tags (a
+resubmission without them gets them back). A line cut short by a crash is
 skipped. Lines are written and flushed, not fsynced: a power loss may lose the last ones (a
 kill -9 of the controller loses none). When the file holds more than twice the live entries
 (plus COMPACT_SLACK lines) it is rewritten with the live entries only (write, then rename),
@@ -55,7 +57,8 @@ class CoflowJournal:
 
     Attributes:
         next_id: the lowest id never used (0 for a new journal).
-        live: {coflow id: (owner or None, secret bytes)}, oldest first.
+        live: {coflow id: (owner or None, secret bytes, name or None, tags tuple)}, oldest
+            first.
 
     Raises (constructor):
         JournalError: the directory or the file cannot be created or opened, or another
@@ -64,7 +67,9 @@ class CoflowJournal:
 
     def __init__(self, state_dir: str | os.PathLike | None) -> None:
         self.next_id = 0
-        self.live: OrderedDict[int, tuple[str | None, bytes]] = OrderedDict()
+        self.live: OrderedDict[int, tuple[str | None, bytes, str | None, tuple[str, ...]]] = (
+            OrderedDict()
+        )
         self.path: Path | None = None
         self._file = None
         self._lines = 0
@@ -103,12 +108,23 @@ class CoflowJournal:
         entry = self.live.get(coflow_id)
         return None if entry is None else entry[1]
 
-    def admitted(self, coflow_id: int, owner: str | None, secret: bytes) -> None:
-        """Record an admitted coflow (its id is used from now on)."""
-        self.live[coflow_id] = (owner, secret)
+    def labels(self, coflow_id: int) -> tuple[str | None, tuple[str, ...]]:
+        """The remembered (name, tags) of a coflow ((None, ()) when not known)."""
+        entry = self.live.get(coflow_id)
+        return (None, ()) if entry is None else (entry[2], entry[3])
+
+    def admitted(
+        self,
+        coflow_id: int,
+        owner: str | None,
+        secret: bytes,
+        labels: tuple[str | None, tuple[str, ...]] = (None, ()),
+    ) -> None:
+        """Record an admitted coflow (its id is used from now on) with its (name, tags)."""
+        self.live[coflow_id] = (owner, secret, *labels)
         self.live.move_to_end(coflow_id)
         self.next_id = max(self.next_id, coflow_id + 1)
-        self._append({"c": coflow_id, "o": owner, "s": secret.hex()})
+        self._append(_record(coflow_id, self.live[coflow_id]))
         while len(self.live) > MAX_LIVE:
             self.live.popitem(last=False)
 
@@ -168,9 +184,12 @@ class CoflowJournal:
     def _apply(self, record: dict) -> None:
         if "c" in record:
             cid, owner = record["c"], record["o"]
+            name, tags = record.get("nm"), record.get("tg", [])
             if not isinstance(cid, int) or not (owner is None or isinstance(owner, str)):
                 raise ValueError("bad record")
-            self.live[cid] = (owner, bytes.fromhex(record["s"]))
+            if not (name is None or isinstance(name, str)) or not isinstance(tags, list):
+                raise ValueError("bad record")
+            self.live[cid] = (owner, bytes.fromhex(record["s"]), name, tuple(map(str, tags)))
             self.live.move_to_end(cid)  # as `admitted`: a resubmission is the newest
             self.next_id = max(self.next_id, cid + 1)
         elif "n" in record:
@@ -187,11 +206,22 @@ class CoflowJournal:
         os.fchmod(fd, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(self._encode({"n": self.next_id}) + b"\n")
-            for cid, (owner, secret) in self.live.items():
-                f.write(self._encode({"c": cid, "o": owner, "s": secret.hex()}) + b"\n")
+            for cid, entry in self.live.items():
+                f.write(self._encode(_record(cid, entry)) + b"\n")
         os.replace(tmp, self.path)
         if self._file is not None:
             self._file.close()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         self._file = os.fdopen(fd, "ab")
         self._lines = len(self.live) + 1
+
+
+def _record(coflow_id: int, entry: tuple) -> dict:
+    """The journal line of an admitted coflow: {"c", "o", "s"} and "nm" / "tg" when set."""
+    owner, secret, name, tags = entry
+    record = {"c": coflow_id, "o": owner, "s": secret.hex()}
+    if name is not None:
+        record["nm"] = name
+    if tags:
+        record["tg"] = list(tags)
+    return record

@@ -58,6 +58,8 @@ class ApiRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     b: Scalar | msgspec.UnsetType = msgspec.UNSET
     up: Scalar | msgspec.UnsetType = msgspec.UNSET
     bytes_per_s: Scalar | msgspec.UnsetType = msgspec.UNSET
+    name: Scalar | msgspec.UnsetType = msgspec.UNSET
+    tags: list[Scalar] | Scalar | msgspec.UnsetType = msgspec.UNSET
 
 
 _REQUEST_DECODER = msgspec.msgpack.Decoder(ApiRequest)

@@ -1,4 +1,4 @@
-"""What the four command-line tools share (terra_core/cli_support.py): --version, --log-level,
+"""What the command-line tools share (terra_core/cli_support.py): --version, --log-level,
 the log format, help texts, progress bars and optional extras; and `terra-controller ctl` /
 `pki` as argparse subcommands."""
 
@@ -15,6 +15,7 @@ import pytest
 from mininet_scenarios import cli as testbed_cli
 from terra_agent import cli as agent_cli
 from terra_controller import cli as controller_cli
+from terra_controller import job_cli
 from terra_core import cli_support
 from terra_core.cli_support import LOG_FORMAT, MissingExtra, package_version, progress, require
 from terra_sim import cli as sim_cli
@@ -24,8 +25,9 @@ MAINS = {
     "terra-agent": agent_cli.main,
     "terra-sim": sim_cli.main,
     "terra-testbed": testbed_cli.main,
+    "terra-job": job_cli.main,
 }
-# Every help page of the four tools (arguments before --help).
+# Every help page of the tools (arguments before --help).
 HELP_PAGES = [
     ("terra-controller", []),
     ("terra-controller", ["pki"]),
@@ -37,6 +39,8 @@ HELP_PAGES = [
     ("terra-sim", []),
     ("terra-testbed", []),
     ("terra-testbed", ["swan"]),
+    ("terra-job", []),
+    *[("terra-job", [cmd]) for cmd in ("submit", "watch", "list", "agents", "cancel", "replay")],
 ]
 
 
@@ -267,6 +271,7 @@ def test_console_scripts_answer_version_and_help(tool):
         "terra-agent": "terra_agent.cli",
         "terra-sim": "terra_sim.cli",
         "terra-testbed": "mininet_scenarios.cli",
+        "terra-job": "terra_controller.job_cli",
     }[tool]
     done = subprocess.run(
         [sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60

@@ -38,9 +38,17 @@ def loaded(statement: str, names: tuple[str, ...]) -> list[str]:
     return done.stdout.split()
 
 
-def test_client_loads_no_scheduler_and_no_controller():
+@pytest.mark.parametrize("client", ["terra_controller.client", "terra_controller.async_client"])
+def test_client_loads_no_scheduler_and_no_controller(client):
     names = (*SCHEDULER_PACKAGES, "trio", "terra_controller.controller", "terra_core")
-    assert loaded("import terra_controller.client", names) == []
+    assert loaded(f"import {client}", names) == []
+
+
+def test_job_command_line_runs_on_an_agent_install():
+    """terra-job (replay included) needs none of the controller extra's packages."""
+    statement = "import terra_controller.job_cli, terra_controller.job_replay"
+    found = loaded(statement, (*SCHEDULER_PACKAGES, "terra_controller.controller"))
+    assert found == []
 
 
 def test_agent_loads_no_scheduler_package():

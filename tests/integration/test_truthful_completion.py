@@ -462,7 +462,7 @@ def test_the_journal_survives_a_cut_line_stays_bounded_and_has_one_user(tmp_path
     with open(tmp_path / "coflows.jsonl", "ab") as f:
         f.write(b'{"c": 300, "o": "jo')  # a line cut by a crash
     again = CoflowJournal(tmp_path)
-    assert again.next_id == 206 and dict(again.live) == {100: ("job2", b"\x01" * 16)}
+    assert again.next_id == 206 and dict(again.live) == {100: ("job2", b"\x01" * 16, None, ())}
     assert again.owner(100) == (True, "job2") and again.owner(5) == (False, None)
     again.close()
     assert (tmp_path.stat().st_mode & 0o777) == 0o700

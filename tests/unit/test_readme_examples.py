@@ -12,6 +12,7 @@ import pytest
 
 from terra_agent import cli as agent_cli
 from terra_controller import cli as controller_cli
+from terra_controller import job_cli
 from terra_sim import cli as sim_cli
 from topologies import load_topology
 from workloads import load_workload
@@ -66,10 +67,11 @@ def test_readme_terra_sim_commands_parse():
 
 @pytest.mark.parametrize(
     "tool, parser",
-    [("terra-controller", controller_cli.build_parser), ("terra-agent", agent_cli.build_parser)],
-)
+    [("terra-controller", controller_cli.build_parser), ("terra-agent", agent_cli.build_parser),
+     ("terra-job", job_cli.build_parser)],
+)  # fmt: skip
 def test_readme_runtime_commands_parse(tool, parser):
-    """Every `uv run terra-controller ...` / `uv run terra-agent ...` line of the README is a
+    """Every `uv run terra-controller ...` / `terra-agent ...` / `terra-job ...` README line is a
     valid command line (options, subcommands and operands as the tools define them)."""
     commands = [
         shlex.split(line.split("#")[0].rstrip().rstrip("&"))
