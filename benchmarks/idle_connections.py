@@ -72,9 +72,7 @@ def main() -> None:
         for _ in range(args.repeats):
             start = time.monotonic()
             with ctl.client(timeout=10, name=job) as client:
-                client.submit_coflow(
-                    [{"id": "f", "src": "hk", "dst": "ba", "bytes": 1_000_000}]
-                )
+                client.submit_coflow([{"id": "f", "src": "hk", "dst": "ba", "bytes": 1_000_000}])
             times.append(time.monotonic() - start)
             time.sleep(0.2)
         alive = sum(1 for s in held if _open(s))

@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_schedulers(text: str) -> list[str]:
-    """"terra,varys" -> ["terra", "varys"] (registry names, no repeats).
+    """ "terra,varys" -> ["terra", "varys"] (registry names, no repeats).
 
     Raises:
         argparse.ArgumentTypeError: an unknown or repeated name, or none.

@@ -440,8 +440,10 @@ def _scheduler_runs(wan, ctl: TestbedController, opts: TestbedOptions, raw: dict
     for i in range(opts.repeats):
         on_event = None
         if shots is not None and i == 0:
+
             def on_event(kind):
                 threading.Timer(2.0, shots.shoot, [f"link_{kind}"]).start()
+
         run, before = run_terra(wan, ctl, opts.coflows, opts.failure, opts.timeout_s, on_event)
         runs.append(run)
         if flow_mods_before is None:  # the first failure; without one: after the run

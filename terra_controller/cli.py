@@ -130,9 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     auth.add_argument(
         "--insecure", action="store_true", help="plain TCP, no authentication (labs only)"
     )
-    p.add_argument(
-        "--rest-public", action="store_true", help="REST without a client certificate"
-    )
+    p.add_argument("--rest-public", action="store_true", help="REST without a client certificate")
     p.add_argument("--no-openflow", action="store_true", help="no switches: logical tunnels")
     p.add_argument(
         "--agent-timeout", type=float, default=60.0, metavar="S",
@@ -176,8 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("terra-controller: --k must be >= 1")
     if args.agent_timeout <= 0 or args.keep_finished < 0 or args.max_restarts < 0:
         raise SystemExit(
-            "terra-controller: --agent-timeout must be > 0, --keep-finished and "
-            "--max-restarts >= 0"
+            "terra-controller: --agent-timeout must be > 0, --keep-finished and --max-restarts >= 0"
         )
     check_controller_extra()
     try:

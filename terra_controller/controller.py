@@ -332,8 +332,9 @@ class Controller:
             agents = sorted(self.registry.agents.values(), key=lambda a: a.id)
             return {
                 "dcs": list(self.topology.dcs),
-                "agents": [{"id": a.id, "dc": a.dc, "connected": a.id in connected}
-                           for a in agents],  # fmt: skip
+                "agents": [
+                    {"id": a.id, "dc": a.dc, "connected": a.id in connected} for a in agents
+                ],  # fmt: skip
             }
 
     def close(self) -> None:
@@ -359,9 +360,7 @@ class Controller:
             except Exception:
                 LOG.exception("flow listener failed")
 
-    def _resubmitted(
-        self, coflow: CoflowState, parsed: list[FlowState], owner: str | None
-    ) -> int:
+    def _resubmitted(self, coflow: CoflowState, parsed: list[FlowState], owner: str | None) -> int:
         if coflow.owner != owner:
             raise RegistryError("bad_request", f"coflow id {coflow.id} is in use")
         same = sorted((f.id, f.src_agent, f.dst_agent, f.bytes) for f in parsed) == sorted(

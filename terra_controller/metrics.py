@@ -250,7 +250,6 @@ class ControllerCollector:
         yield from listener_families(self.controller.metrics.listeners, "terra")
 
 
-
 def port_families(loads: dict):
     """Per-link families from the switches' WAN port counters ({(a, b): port_stats.LinkLoad}):
     terra_link_tx_bytes_total, terra_link_tx_dropped_total, terra_link_rx_dropped_total

@@ -26,10 +26,12 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path as FsPath
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from topologies.topology import GBPS_TO_BYTES_PER_S, Topology, TopologyError
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,8 @@ def read_graphml(
     Raises:
         TopologyError: unreadable or invalid GraphML, or no edge between two nodes.
     """
+    import networkx as nx  # imported on use: a client or an agent never reads GraphML
+
     path = FsPath(path)
     try:
         graph = nx.read_graphml(path)

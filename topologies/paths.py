@@ -1,11 +1,11 @@
 """K shortest simple paths per ordered DC pair over the links that are up.
 
-Paths are ranked by hop count, then by bottleneck capacity (the smallest capacity of
-their links, larger first), then by their DCs: by name (tuple of DC names, the default:
-the built-in SWAN, G-Scale and ATT, JSON files) or, when ``attrs["path_tie_break"] ==
-"dc_order"`` (GraphML files, JSON files that ask for it), by the DCs' positions in
-`Topology.dcs`, the file's order, so that relabelling nodes does not change which
-paths are chosen (docs/design.md section 7).
+Paths are ranked by hop count, then by their DCs' names (the default: the built-in SWAN,
+G-Scale and ATT, JSON files; Yen's order) or, when ``attrs["path_tie_break"] ==
+"dc_order"`` (GraphML files, JSON files that ask for it), by bottleneck capacity (the
+smallest capacity of their links, larger first) and then the DCs' positions in
+`Topology.dcs`, the file's order, so that relabelling nodes does not change which paths are
+chosen (docs/design.md section 7).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def k_shortest_paths(
 ) -> list[Path]:
     """Return up to `k` simple paths from `src` to `dst` over links that are up.
 
-    Paths are ordered by `path_rank` (hop count, bottleneck capacity, then DC names or
+    Paths are ordered by `path_rank` (hop count, then DC names; or bottleneck capacity and
     file order), so the result is deterministic. The K-th path's hop count is found
     with Yen's algorithm (networkx.shortest_simple_paths); every path of at most that
     hop count is then ranked. A pair whose only path is forced (the
@@ -85,8 +85,10 @@ def k_shortest_paths(
 
 
 def path_rank(topology: Topology) -> Callable[[Path], tuple]:
-    """Return the sort key of `topology`'s paths (module docstring): (hops, -bottleneck
-    capacity in bytes/s, DC names or DC positions in `topology.dcs`).
+    """Return the sort key of `topology`'s paths (module docstring): (hops, DC names) by
+    default, as Yen's algorithm orders them; with ``path_tie_break = "dc_order"`` (GraphML
+    files) (hops, -bottleneck capacity in bytes/s, DC positions in `topology.dcs`), which does
+    not depend on the DCs' labels.
 
     Raises:
         TopologyError: ``attrs["path_tie_break"]`` is not one of TIE_BREAKS.
@@ -96,7 +98,7 @@ def path_rank(topology: Topology) -> Callable[[Path], tuple]:
         raise TopologyError(f"topology {topology.name}: unknown path_tie_break {tie_break!r}")
     capacity = topology.capacity
     if tie_break == "name":
-        return lambda p: (len(p), -_bottleneck(p, capacity), p)
+        return lambda p: (len(p), p)
     position = {dc: i for i, dc in enumerate(topology.dcs)}
     return lambda p: (len(p), -_bottleneck(p, capacity), tuple(position[dc] for dc in p))
 

@@ -529,9 +529,7 @@ async def test_path_idle_through_a_rate_drop_sends_chunks_of_the_new_rate():
         changed = trio.Event()
         group.set_rates({"t1": 20e6})
         group.add_flow(
-            OutFlow(
-                FlowSpec("c1", "f2", "a", "b", "LA", 10**6), SyntheticSource("c1/f2", 10**6)
-            )
+            OutFlow(FlowSpec("c1", "f2", "a", "b", "LA", 10**6), SyntheticSource("c1/f2", 10**6))
         )
         await changed.wait()
         nursery.cancel_scope.cancel()

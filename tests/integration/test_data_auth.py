@@ -450,9 +450,7 @@ async def test_the_sender_refuses_a_receiver_without_the_key(pki):
 
     async with trio.open_nursery() as nursery:
         for key, ok in ((keys.pair_key("a", "c"), False), (keys.pair_key("a", "b"), True)):
-            listeners = await nursery.start(
-                trio.serve_tcp, lambda s, k=key: handle(s, k), 0
-            )
+            listeners = await nursery.start(trio.serve_tcp, lambda s, k=key: handle(s, k), 0)
             port = listeners[0].socket.getsockname()[1]
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             async with stream:

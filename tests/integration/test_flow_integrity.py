@@ -139,8 +139,6 @@ def test_the_receiver_refuses_a_digest_computed_without_the_key(tmp_path):
 # ---- agents ------------------------------------------------------------------------------------
 
 
-
-
 async def proxy(listen_host, target, tap, task_status=trio.TASK_STATUS_IGNORED):
     """A TCP proxy to `target`; tap(connection number, stream offset, bytes) -> bytes may read
     or change what goes from the client to the target. A connection ends when either side

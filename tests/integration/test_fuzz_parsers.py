@@ -110,8 +110,10 @@ def same_kind(value) -> st.SearchStrategy:
     if isinstance(value, float):
         return st.floats(0, 1e12)
     if isinstance(value, str):
-        return st.one_of(st.text(min_size=1, max_size=10),
-                         st.sampled_from(["0", "1", "f", "g", "a1", "b1", "c1", "A", "B", "C"]))
+        return st.one_of(
+            st.text(min_size=1, max_size=10),
+            st.sampled_from(["0", "1", "f", "g", "a1", "b1", "c1", "A", "B", "C"]),
+        )
     return st.just(value)  # fmt: skip
 
 
@@ -168,8 +170,11 @@ IDENTITIES = [JOB1, JOB2, OPERATOR, AGENT]
 # Coflow 0 belongs to job1, coflow 1 to job2 (see seeded_server).
 API_BASES = {
     "hello": {"v": 1, "op": "hello", "req": 7},
-    "submit": {"v": 1, "op": "submit", "flows": [
-        flow("n1"), flow("n2", "a2", "c1", 5, src_path="in/x", dst_path="out/x")]},
+    "submit": {
+        "v": 1,
+        "op": "submit",
+        "flows": [flow("n1"), flow("n2", "a2", "c1", 5, src_path="in/x", dst_path="out/x")],
+    },
     "submit-deadline": {"v": 1, "op": "submit", "flows": [flow("n1")], "deadline": 60.0},
     "resubmit": {"v": 1, "op": "submit", "flows": [flow("n1")], "coflow": 50, "age_s": 1.0},
     "submit-ref": {"v": 1, "op": "submit", "ref": "r1", "flows": [flow("n1")]},
@@ -477,8 +482,10 @@ def channel_accepts(header: dict, agent: str) -> bool:
     if not controller_parses(_frame(msgpack.packb(header, use_bin_type=True))):
         return False
     if header["t"] == "register":
-        return header["agent"] == agent and header["dc"] in ("A", "B", "C") and (
-            len(header["data_addr"]) <= 256
+        return (
+            header["agent"] == agent
+            and header["dc"] in ("A", "B", "C")
+            and (len(header["data_addr"]) <= 256)
         )
     return True
 
@@ -674,6 +681,7 @@ def test_channel_refused_and_invalid_reports_from_an_endpoint(channel):  # noqa:
 def test_read_control_fuzzed_frames_on_a_socket_pair():
     """read_control on a plain socket: a frame either parses to a valid control message or
     raises ChannelError; never anything else."""
+
     @settings(max_examples=100, deadline=None)
     @given(data=st.one_of(
         st.binary(max_size=80),
@@ -805,7 +813,8 @@ def data_frames(draw) -> bytes:
     if kind == "bad-chunk":  # a chunk header with one field fuzzed, the payload as is
         header = {**chunk_header("0", "f", 0, payload, bytes(mac_bytes(len(payload)))), "v": 1}
         header[draw(st.sampled_from(["c", "f", "o", "n", "m", "v", "t"]))] = draw(
-            field_values(WIRE_INTS))
+            field_values(WIRE_INTS)
+        )
         return _header_frame(header, payload)
     if kind == "header":  # any map with v, t and n
         header = draw(st.dictionaries(st.text(max_size=4), field_values(WIRE_INTS), max_size=3))
@@ -910,8 +919,10 @@ async def test_frame_reader_adversarial_streams_over_tcp(pieces, pooled):
 @given(
     header=st.one_of(
         st.integers(MAX_PAYLOAD_BYTES + 1, 2**64 - 1).map(
-            lambda n: _header_frame({"t": "chunk", "c": "0", "f": "f", "o": 0, "m": MAC, "v": 1,
-                                     "n": n})),  # fmt: skip
+            lambda n: _header_frame(
+                {"t": "chunk", "c": "0", "f": "f", "o": 0, "m": MAC, "v": 1, "n": n}
+            )
+        ),  # fmt: skip
         st.sampled_from([0, MAX_HEADER_BYTES + 1, 2**31, 2**32 - 1]).map(_LEN.pack),
     ),
     max_payload=MAX_PAYLOADS,
@@ -974,7 +985,6 @@ def test_a_slow_sender_is_cut_off_while_another_client_is_served(pki):
             assert answered >= 3
         with server.client("job1") as c:  # the server goes on serving new clients
             assert sorted(x["id"] for x in c.list_coflows()) == [0]
-
 
 
 # ---- 5. topology and workload files -----------------------------------------------------------

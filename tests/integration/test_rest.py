@@ -105,9 +105,7 @@ def test_topology_and_coflow_allocations_agree(rest):
     assert (group["src_dc"], group["dst_dc"]) == ("A", "B")
     rates = {tuple(p["path"]): p["rate_bytes_per_s"] for p in group["paths"]}
     assert set(rates) <= {("A", "B"), ("A", "C", "B")} and sum(rates.values()) > 0
-    assert sum(f["rate_bytes_per_s"] for f in coflow["flows"]) == pytest.approx(
-        sum(rates.values())
-    )
+    assert sum(f["rate_bytes_per_s"] for f in coflow["flows"]) == pytest.approx(sum(rates.values()))
     assert group["bytes_remaining"] == 10**9
     assert [f["bytes_delivered"] for f in coflow["flows"]] == [0]
     topology = get_json(base, "/topology")

@@ -1,9 +1,11 @@
-"""Static checks in the test run: the type checker and the linter pass on the checkout.
+"""Static checks in the test run: the type checker, the linter and the formatter pass on the
+checkout.
 
-`python -m mypy` checks the packages and with the flags of pyproject.toml's [tool.mypy]
+`python -m mypy` checks the packages with the flags of pyproject.toml's [tool.mypy]
 (terra_model, terra_wire and terra_security with the flags of `mypy --strict`); `ruff check .`
-the whole tree with [tool.ruff]'s rules. Both run from the repository root, in a subprocess of
-this interpreter, so they see this checkout's packages and configuration.
+the whole tree with [tool.ruff]'s rules, and `ruff format --check .` its layout. All run from
+the repository root, in a subprocess of this interpreter, so they see this checkout's packages
+and configuration.
 """
 
 from __future__ import annotations
@@ -41,3 +43,8 @@ def test_the_typed_layers_pass_mypy():
 def test_the_tree_passes_ruff_check():
     done = _run("ruff", "check", ".")
     assert done.returncode == 0, f"ruff check found problems:\n{done.stdout}{done.stderr}"
+
+
+def test_the_tree_is_formatted():
+    done = _run("ruff", "format", "--check", ".")
+    assert done.returncode == 0, f"run `ruff format .`:\n{done.stdout}{done.stderr}"

@@ -231,8 +231,12 @@ def test_summary_with_several_schedulers_has_a_column_and_foi_for_each():
     text = results.table(out)
     assert "varys" in text and "rapier" in text and "FoI of Terra over it" in text
     # The simulated twin: utilization ratios testbed / simulated, ok within 10 %.
-    simulated = {"terra": {"wan_utilization": 0.5}, "varys": {"wan_utilization": 0.5},
-                 "rapier": {"wan_utilization": 0.3}, "per_flow_tcp": {"wan_utilization": 0.7}}
+    simulated = {
+        "terra": {"wan_utilization": 0.5},
+        "varys": {"wan_utilization": 0.5},
+        "rapier": {"wan_utilization": 0.3},
+        "per_flow_tcp": {"wan_utilization": 0.7},
+    }
     ratios = results.utilization_vs_simulated(out, simulated)
     assert ratios["terra"] == pytest.approx(1.0)
     assert ratios["varys"] == pytest.approx(out["varys"]["wan_utilization"] / 0.5)

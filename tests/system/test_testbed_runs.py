@@ -94,5 +94,3 @@ def test_sigterm_mid_run_tears_everything_down(ovs, tmp_path):
     assert proc.returncode == 130, rest
     assert not (_bridges() & OUR_BRIDGES)
     assert _processes_mentioning(str(work)) == []
-
-

@@ -97,8 +97,14 @@ def test_no_import_cycles():
 def test_the_client_imports_only_the_model_the_wire_security_and_its_transport(client):
     graph = import_graph()
     reached = nx.descendants(graph, client)
-    allowed = ("terra_model", "terra_wire", "terra_security", "overlay.pending_connections",
-               "overlay.rate_limited_log", "terra_controller.transport",
-               "terra_controller.client")  # fmt: skip (the async client shares its TLS setup)
+    allowed = (
+        "terra_model",
+        "terra_wire",
+        "terra_security",
+        "overlay.pending_connections",
+        "overlay.rate_limited_log",
+        "terra_controller.transport",
+        "terra_controller.client",
+    )  # fmt: skip (the async client shares its TLS setup)
     assert all(m.startswith(allowed) for m in reached), sorted(reached)
     assert "terra_controller.controller" not in reached

@@ -133,8 +133,9 @@ def test_sparse_bad_input_raises():
 @st.composite
 def weighted_instances(draw):
     inc, cap, _ = draw(instances())
-    weights = np.array(draw(st.lists(st.floats(1e-3, 1e3), min_size=inc.shape[1],
-                                     max_size=inc.shape[1])))
+    weights = np.array(
+        draw(st.lists(st.floats(1e-3, 1e3), min_size=inc.shape[1], max_size=inc.shape[1]))
+    )
     return inc * weights, cap  # non-integral entries: a weight per entity on its links
 
 
