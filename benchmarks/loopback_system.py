@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 
 from benchmarks.harness import free_port_block
-from benchmarks.harness import stop_processes as stop_all  # noqa: F401 (re-export)
+from benchmarks.harness import stop_processes as stop_all
 from terra_controller.agent_connection import ChannelError, read_control, send_parts
 from terra_controller.client import TerraClient
 from terra_controller.transport import SharedSocket, connect_tls
@@ -123,13 +123,7 @@ class ControllerProcess:
 
     def stop(self) -> None:
         """Terminate the process (kill after 5 s)."""
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc.stdout.close()
+        stop_all([self.proc])
         self.log.close()
         shutil.rmtree(self.state, ignore_errors=True)
         if self.pki is not None:

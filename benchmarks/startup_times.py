@@ -43,7 +43,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from benchmarks.harness import free_port
+from benchmarks.harness import free_port, stop_processes
 from terra_controller.client import TerraClient
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,13 +131,7 @@ class Controller:
 
     def stop(self) -> None:
         """Terminate (kill after 5 s)."""
-        self.proc.stdout.close()
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_processes([self.proc])
 
 
 def agent_registered(

@@ -1,22 +1,9 @@
-"""The one frame format of the overlay: data connections and the control channel.
+"""Frames over trio streams: the overlay's readers and writers (data connections and the
+control channel on the agents).
 
-Wire format (docs/design.md sections 5 "Chunks" and 6 "Messages"):
-
-    frame = u32 big-endian header_len | msgpack(header map) | payload
-
-The header map always carries ``"v": VERSION``, ``"t": <type str>`` and
-``"n": <payload length in bytes>``. Chunk frames (``"t": "chunk"``) also carry
-``"c"`` (coflow id, str), ``"f"`` (flow id, str), ``"o"`` (byte offset in the
-flow, int) and ``"m"`` (the MACs of the chunk's 64 KiB leaves, MAC_BYTES each,
-terra_security/integrity.py: the receiving agent checks them with the flow's key, framing only
-checks their type and length; no other pass over the payload is made here). Any
-other frame whose header has
-``"x"`` (``zlib.crc32`` of the payload) gets that checksum verified on reading.
-
-Limits: headers up to MAX_HEADER_BYTES (64 KiB), payloads up to
-MAX_PAYLOAD_BYTES (4 MiB). Everything wrong with a frame (malformed msgpack,
-wrong version, oversized lengths, bad field types, bad checksum, EOF in the
-middle of a frame) raises FrameError; the caller closes that connection.
+The frame format, its limits and its checks are terra_wire/frames.py (no I/O); this module sends
+and receives frames with it. Everything wrong with a frame (see there, and EOF in the middle of
+a frame) raises FrameError; the caller closes that connection.
 
 The optional "x" checksum is computed with ISA-L's crc32 (package isal), which gives exactly
 zlib.crc32's value at ~20 GB/s instead of ~1.3 GB/s; zlib is the fallback.
