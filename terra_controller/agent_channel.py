@@ -462,6 +462,7 @@ class AgentChannel:
         LOG.info("agent %s registered in %s at %s", info.id, info.dc, info.data_addr)
         self.controller.metrics.registrations.inc()
         conn.send({"t": "registered", "agent": info.id})
+        self.controller.resume()  # journaled coflows whose agents are all back now
         self.apply_inflight()
         self.push_tunnels()
         with self.controller.lock:

@@ -48,12 +48,21 @@ from terra_controller.coflow_registry import (
     check_deadline,
     check_labels,
     coflow_key,
+    flow_key,
     new_secret,
     parse_coflow_key,
     to_policy_flow,
 )
 from terra_controller.journal import CoflowJournal
 from terra_controller.metrics import ControllerMetrics
+from terra_controller.resume import (
+    ended_summary,
+    failed_summary,
+    flow_rows,
+    journal_status,
+    missing_agents,
+    resume_request,
+)
 from terra_core.policy import Allocation, Policy
 from terra_model import Coflow
 from terra_model.states import MAX_CLIENT_ID, CoflowStatus, FlowStatus
@@ -201,6 +210,10 @@ class Controller:
         self.started_wall = time.time()
         self.metrics = ControllerMetrics()
         self.link_bytes: dict[tuple[str, str], float] = {}
+        self.resuming = {cid: e for cid, e in self.journal.live.items() if e.resumable}
+        if self.resuming:
+            LOG.info("%d coflows of the journal resume once their agents register",
+                     len(self.resuming))  # fmt: skip
 
     def now(self) -> float:
         """Seconds since the controller started."""
@@ -272,17 +285,20 @@ class Controller:
                 parsed = reg.parse_flows(flows)
                 assign_keys(secret, parsed)
                 policy_flows = [to_policy_flow(f) for f in parsed]
+            attempts: dict[str, int] = {}
             if coflow_id is not None:
                 if coflow_id in reg.coflows:
                     return self._resubmitted(reg.coflows[coflow_id], parsed, owner)
-                known, was = self.journal.owner(coflow_id)
-                if known and was != owner:
+                entry = self.journal.live.get(coflow_id)
+                if entry is not None and entry.owner != owner:
                     raise RegistryError("bad_request", f"coflow id {coflow_id} is in use")
-                if known:  # resubmitted after a restart: its flows' keys are the first ones
-                    secret = self.journal.secret(coflow_id)
+                if entry is not None and entry.ended is not None:
+                    return coflow_id  # it ended before a restart: its status says how
+                if entry is not None:  # resubmitted after a restart: the same keys again
+                    secret, attempts = entry.secret, dict(entry.attempts)
                     assign_keys(secret, parsed)
                     if labels == (None, ()):
-                        labels = self.journal.labels(coflow_id)
+                        labels = (entry.name, entry.tags)
             reg.check_sinks(parsed)
             reg.check_open_flows(owner, len(parsed))
             cid = reg.new_id() if coflow_id is None else coflow_id
@@ -305,9 +321,16 @@ class Controller:
                     return -1
             coflow = reg.submit(parsed, deadline_s, arrival, cid, owner, secret, keyed=True,
                                 labels=labels)  # fmt: skip
-            self.journal.admitted(cid, owner, coflow.secret, labels)
+            for fid, attempt in attempts.items():  # flows restarted before a restart
+                if fid in coflow.flows:
+                    coflow.flows[fid].restarts = attempt
+                    coflow.flows[fid].digest_key = flow_key(secret, fid, attempt)
+            self.journal.admitted(cid, owner, coflow.secret, labels, flow_rows(parsed),
+                                  deadline_s, time.time() - age)  # fmt: skip
+            self.resuming.pop(cid, None)
             self.metrics.admitted.inc()
             if reg.finish_if_done(coflow, now):  # intra-DC flows only: done at once
+                self.journal.ended(cid, ended_summary(coflow))
                 self.metrics.finished.labels(CoflowStatus.DONE.value).inc()
                 self.metrics.bytes_delivered.inc(coflow.bytes_total)
                 self._prune(now)
@@ -405,6 +428,7 @@ class Controller:
                 except (KeyError, ValueError) as exc:
                     raise RegistryError("no_path", f"flows cannot be routed: {exc}") from exc
             self.registry.add_flows(coflow, parsed)
+            self.journal.added(coflow.id, flow_rows(parsed))
             self.want_round()
         self._announce(coflow, parsed)
 
@@ -423,6 +447,14 @@ class Controller:
             RegistryError("coflow_done"): it is already done, failed or rejected.
         """
         with self.lock:
+            entry = self._journal_only(coflow_id)
+            if entry is not None and entry.ended is not None:
+                raise RegistryError(
+                    "coflow_done", f"coflow {coflow_id} already {entry.ended['state']}"
+                )
+            if entry is not None:  # waiting to be resumed: it ends here
+                self._abandon(coflow_id, "cancelled by the job master", CoflowStatus.CANCELLED)
+                return self._journal_status(coflow_id)
             coflow = self.registry.get(coflow_id)
             if coflow.state is not CoflowStatus.CANCELLED:
                 if coflow.state.final:
@@ -489,6 +521,7 @@ class Controller:
             if retry:
                 if flow.restarts < self.max_restarts:
                     self.registry.restart_flow(coflow, flow)
+                    self.journal.attempt(coflow.id, flow.id, flow.restarts)
                     self.stats["restarts"] += 1
                     self.metrics.restarts.inc()
                     LOG.warning(
@@ -512,6 +545,7 @@ class Controller:
         """Fail or cancel `coflow` (lock held): release its capacity, tell its agents."""
         now = self.now()
         dropped = self.registry.end(coflow, state, reason, now, culprit)
+        self.journal.ended(coflow.id, ended_summary(coflow))
         self._leaving.append(coflow.id)
         self.rates.pop(coflow.id, None)
         self.allocation.pop(coflow_key(coflow.id), None)
@@ -552,6 +586,8 @@ class Controller:
         Returns:
             ids of the coflows failed by this call.
         """
+        if self.resuming:
+            self.resume()
         connected = None
         if self.connected_agents is not None:
             try:
@@ -600,12 +636,89 @@ class Controller:
             RegistryError("unknown_coflow").
         """
         with self.lock:
+            if self._journal_only(coflow_id) is not None:
+                return self._journal_status(coflow_id)
             coflow = self.registry.get(coflow_id)
             out = coflow.status()
             rates = self.rates.get(coflow.id, {})
             for f in out["flows"]:
                 f["rate_bytes_per_s"] = sum(r for _, r in rates.get(f["id"], []))
             return out
+
+    def _journal_only(self, coflow_id: object):
+        """The journal entry of a coflow known only from the journal (ended before a
+        restart, or waiting to be resumed), else None (lock held)."""
+        if isinstance(coflow_id, bool) or not isinstance(coflow_id, int):
+            return None
+        if coflow_id in self.registry.coflows:
+            return None
+        return self.journal.live.get(coflow_id)
+
+    def _journal_status(self, coflow_id: int) -> dict:
+        """journal_status of a coflow known only from the journal (lock held)."""
+        entry = self.journal.live[coflow_id]
+        waiting = None
+        if entry.ended is None:
+            missing = missing_agents(entry, self.registry.agents)
+            waiting = "resuming after a controller restart" + (
+                f": waiting for agents {', '.join(missing)}" if missing else ""
+            )
+        return journal_status(coflow_id, entry, waiting)
+
+    def resume(self) -> list[int]:
+        """Admit again the journal's coflows that had not ended (terra_controller/resume.py)
+        once every agent their flows name is registered; fail those whose agents are not
+        all back `agent_timeout_s` after the controller's start, whose deadline passed, or
+        that cannot be admitted again. The agent channel calls this after each
+        registration, `check_timeouts` on every tick.
+
+        Returns:
+            ids of the coflows admitted again by this call.
+        """
+        resumed = []
+        for cid in list(self.resuming):
+            with self.lock:
+                entry = self.resuming.get(cid)
+                if entry is None or cid in self.registry.coflows:
+                    self.resuming.pop(cid, None)
+                    continue
+                missing = missing_agents(entry, self.registry.agents)
+                if missing and self.now() >= self.agent_timeout_s:
+                    why = f"agents {', '.join(missing)} did not register within "
+                    why += f"{self.agent_timeout_s:g} s"
+                    self._abandon(cid, why + " of the controller's start")
+            if missing:
+                continue
+            request = resume_request(entry, time.time())
+            if isinstance(request, str):
+                with self.lock:
+                    self._abandon(cid, request)
+                continue
+            try:
+                got = self.submit(coflow_id=cid, **request)
+            except RegistryError as exc:
+                got, why = -1, f"cannot be admitted again after a controller restart: {exc}"
+            else:
+                why = "its deadline cannot be met any more after a controller restart"
+            if got < 0:
+                with self.lock:
+                    self._abandon(cid, why)
+            else:
+                LOG.info("coflow %s resumed after the controller's restart", cid)
+                resumed.append(cid)
+        return resumed
+
+    def _abandon(
+        self, coflow_id: int, reason: str, state: CoflowStatus = CoflowStatus.FAILED
+    ) -> None:
+        """A journaled coflow will not be resumed: it ends in `state` (lock held)."""
+        entry = self.resuming.pop(coflow_id, None)
+        if entry is None:
+            return
+        self.journal.ended(coflow_id, failed_summary(entry, reason) | {"state": state.value})
+        self.stats[state.value] += 1
+        self.metrics.finished.labels(state.value).inc()
+        LOG.warning("coflow %s %s: %s", coflow_id, state.value, reason)
 
     # ---- WAN events ---------------------------------------------------------------------
 
@@ -721,6 +834,7 @@ class Controller:
             coflow = self.registry.record_complete(coflow_id, flow_id, digest, self.now())
             self._delivered(coflow.id, flow, max(0, flow.bytes - before))
             if coflow.state is CoflowStatus.DONE:
+                self.journal.ended(coflow.id, ended_summary(coflow))
                 self.metrics.finished.labels(CoflowStatus.DONE.value).inc()
                 intra = sum(f.bytes for f in coflow.flows.values() if f.intra_dc)
                 if intra:  # intra-DC flows count as delivered when the coflow is done

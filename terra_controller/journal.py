@@ -1,24 +1,34 @@
-"""The controller's coflow journal: ids issued, and the owner and secret of each coflow kept.
+"""The controller's coflow journal: ids issued, every coflow's request, attempts and end.
 
-A controller started with a state directory (terra-controller --state-dir) appends one JSON
-line per event to STATE_DIR/coflows.jsonl:
+A controller started with a state directory (terra-controller --state-dir, by default
+~/.local/state/terra-controller) appends one JSON line per event to STATE_DIR/coflows.jsonl:
 
     {"c": id, "o": owner or null, "s": secret hex,   a coflow was admitted (with its name
-     "nm": name?, "tg": [tags]?}                      and tags, when it has them)
+     "nm": name?, "tg": [tags]?,                      and tags, when it has them), its flows
+     "fl": [[flow id, src agent, dst agent, bytes,    [id, src, dst, bytes, src_path,
+             src_path, dst_path], ...]?,               dst_path], its deadline (s after its
+     "dl": deadline s or null?, "at": arrival?}       arrival) and its arrival (Unix time, s)
+    {"u": id, "fl": [[...], ...]}                     flows added to it (updateCoflow)
+    {"a": id, "fid": flow id, "n": attempt}           a flow restarted from byte 0
+    {"e": id, "st": state, "why": reason or null,     it ended: done, failed or cancelled,
+     "cct": CCT s or null, "bt": bytes, "bd": bytes}  its CCT and bytes (total, delivered)
     {"n": id}                                         ids below this were used (a rejected
                                                       submit burns its id)
     {"f": id}                                         a finished coflow was forgotten
 
 On start-up the journal is replayed: new ids continue above every id ever used (ids are never
-reused, whatever the restarts), and the coflows not forgotten keep their owner (only that job
+reused, whatever the restarts); the coflows not forgotten keep their owner (only that job
 client may resubmit or see them), their secret (the flows' attempt keys derive from it, so
 the agents' reports about a resubmitted coflow still match) and their name and tags (a
-resubmission without them gets them back). A line cut short by a crash is
-skipped. Lines are written and flushed, not fsynced: a power loss may lose the last ones (a
-kill -9 of the controller loses none). When the file holds more than twice the live entries
-(plus COMPACT_SLACK lines) it is rewritten with the live entries only (write, then rename),
-so its size stays bounded by the coflows kept. At most MAX_LIVE coflows are remembered (the
-oldest are forgotten first).
+resubmission without them gets them back). A coflow that had not ended is `resumable`: the
+controller admits it again by itself, with its flows, attempts, arrival and deadline
+(terra_controller/resume.py), so no client resubmits anything after a restart; an ended one
+answers status requests with its final state. A line cut short by a crash is skipped. Lines
+are written and flushed, not fsynced: a power loss may lose the last ones (a kill -9 of the
+controller loses none). When the file holds more than twice the live entries (plus
+COMPACT_SLACK lines) it is rewritten with the live entries only (write, then rename), so its
+size stays bounded by the coflows kept. At most MAX_LIVE coflows are remembered (the oldest
+are forgotten first).
 
 The directory is created 0700 and the file 0600 (whatever the umask): the secrets are in it.
 One controller at a time uses a state directory (an exclusive flock on LOCK_NAME; a second
@@ -33,6 +43,7 @@ import fcntl
 import logging
 import os
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
@@ -49,16 +60,52 @@ class JournalError(Exception):
     """The state directory or its journal cannot be created, opened or written."""
 
 
+# One flow as the journal keeps it: [flow id, src agent, dst agent, bytes, src_path, dst_path].
+FlowRow = list
+
+
+@dataclass
+class JournalEntry:
+    """What the journal remembers of one coflow.
+
+    Attributes:
+        owner: the submitting job client's name (None: in-process). secret: its secret bytes.
+        name, tags: its label and tags.
+        flows: its flows as FlowRow lists (empty once it ended, or for an entry written
+            before flows were journaled).
+        deadline_s: deadline in seconds after its arrival, or None.
+        arrival_unix: its first submission's arrival (Unix time, s), or None.
+        attempts: {flow id: attempt} for flows restarted from byte 0.
+        ended: None while it runs; else {"state", "reason", "cct_s", "bytes_total",
+            "bytes_delivered"}.
+    """
+
+    owner: str | None
+    secret: bytes
+    name: str | None = None
+    tags: tuple[str, ...] = ()
+    flows: list[FlowRow] = field(default_factory=list)
+    deadline_s: float | None = None
+    arrival_unix: float | None = None
+    attempts: dict[str, int] = field(default_factory=dict)
+    ended: dict | None = None
+
+    @property
+    def resumable(self) -> bool:
+        """True when the coflow had not ended and its flows and arrival are known."""
+        return self.ended is None and bool(self.flows) and self.arrival_unix is not None
+
+
 class CoflowJournal:
-    """Coflow ids issued, and the owner and secret of every coflow not yet forgotten.
+    """Coflow ids issued, and every coflow not yet forgotten: owner, secret, labels, flows,
+    arrival, deadline, restarted attempts and end.
 
     Args:
         state_dir: directory for the journal (created 0700 if missing), or None: memory only.
 
     Attributes:
         next_id: the lowest id never used (0 for a new journal).
-        live: {coflow id: (owner or None, secret bytes, name or None, tags tuple)}, oldest
-            first.
+        live: {coflow id: JournalEntry}, oldest first.
 
     Raises (constructor):
         JournalError: the directory or the file cannot be created or opened, or another
@@ -67,9 +114,7 @@ class CoflowJournal:
 
     def __init__(self, state_dir: str | os.PathLike | None) -> None:
         self.next_id = 0
-        self.live: OrderedDict[int, tuple[str | None, bytes, str | None, tuple[str, ...]]] = (
-            OrderedDict()
-        )
+        self.live: OrderedDict[int, JournalEntry] = OrderedDict()
         self.path: Path | None = None
         self._file = None
         self._lines = 0
@@ -101,17 +146,17 @@ class CoflowJournal:
     def owner(self, coflow_id: int) -> tuple[bool, str | None]:
         """(known, owner): whether the id belongs to a coflow not forgotten, and its owner."""
         entry = self.live.get(coflow_id)
-        return (False, None) if entry is None else (True, entry[0])
+        return (False, None) if entry is None else (True, entry.owner)
 
     def secret(self, coflow_id: int) -> bytes | None:
         """The remembered secret of a coflow (None: not known)."""
         entry = self.live.get(coflow_id)
-        return None if entry is None else entry[1]
+        return None if entry is None else entry.secret
 
     def labels(self, coflow_id: int) -> tuple[str | None, tuple[str, ...]]:
         """The remembered (name, tags) of a coflow ((None, ()) when not known)."""
         entry = self.live.get(coflow_id)
-        return (None, ()) if entry is None else (entry[2], entry[3])
+        return (None, ()) if entry is None else (entry.name, entry.tags)
 
     def admitted(
         self,
@@ -119,14 +164,46 @@ class CoflowJournal:
         owner: str | None,
         secret: bytes,
         labels: tuple[str | None, tuple[str, ...]] = (None, ()),
+        flows: list[FlowRow] | None = None,
+        deadline_s: float | None = None,
+        arrival_unix: float | None = None,
     ) -> None:
-        """Record an admitted coflow (its id is used from now on) with its (name, tags)."""
-        self.live[coflow_id] = (owner, secret, *labels)
+        """Record an admitted coflow (its id is used from now on) with its (name, tags), and,
+        to resume it after a restart, its flows (FlowRow lists), deadline (s after arrival)
+        and arrival (Unix time, s). Attempts recorded for it before are kept."""
+        old = self.live.get(coflow_id)
+        entry = JournalEntry(owner, secret, *labels, list(flows or []), deadline_s, arrival_unix)
+        if old is not None and old.ended is None:
+            entry.attempts = old.attempts
+        self.live[coflow_id] = entry
         self.live.move_to_end(coflow_id)
         self.next_id = max(self.next_id, coflow_id + 1)
-        self._append(_record(coflow_id, self.live[coflow_id]))
+        self._write_entry(coflow_id, entry)
         while len(self.live) > MAX_LIVE:
             self.live.popitem(last=False)
+
+    def added(self, coflow_id: int, flows: list[FlowRow]) -> None:
+        """Record flows added to a running coflow (updateCoflow)."""
+        entry = self.live.get(coflow_id)
+        if entry is not None and entry.ended is None:
+            entry.flows.extend(flows)
+            self._append({"u": coflow_id, "fl": flows})
+
+    def attempt(self, coflow_id: int, flow_id: str, attempt: int) -> None:
+        """Record that a flow restarted from byte 0 as attempt `attempt` (its keys change)."""
+        entry = self.live.get(coflow_id)
+        if entry is not None and entry.ended is None:
+            entry.attempts[flow_id] = attempt
+            self._append({"a": coflow_id, "fid": flow_id, "n": attempt})
+
+    def ended(self, coflow_id: int, summary: dict) -> None:
+        """Record that a coflow ended. `summary` has "state", "reason", "cct_s",
+        "bytes_total" and "bytes_delivered" (its flows are no longer kept)."""
+        entry = self.live.get(coflow_id)
+        if entry is not None and entry.ended is None:
+            entry.ended = {k: summary[k] for k in ENDED_KEYS}
+            entry.flows, entry.attempts = [], {}
+            self._append(_ended_record(coflow_id, entry.ended))
 
     def burned(self, coflow_id: int) -> None:
         """Record that an id was used without a coflow (a rejected submit)."""
@@ -149,6 +226,10 @@ class CoflowJournal:
             self._lock_fd = None
 
     # -- file
+
+    def _write_entry(self, coflow_id: int, entry: JournalEntry) -> None:
+        for record in _records(coflow_id, entry):
+            self._append(record)
 
     def _append(self, record: dict) -> None:
         if self._file is None:
@@ -176,22 +257,31 @@ class CoflowJournal:
         for line in lines:
             try:
                 self._apply(msgspec.json.decode(line))
-            except (msgspec.DecodeError, ValueError, TypeError, KeyError):
+            except (msgspec.DecodeError, ValueError, TypeError, KeyError, AttributeError):
                 bad += 1
         if bad:
             LOG.warning("coflow journal %s: %d unreadable lines skipped", self.path, bad)
 
     def _apply(self, record: dict) -> None:
         if "c" in record:
-            cid, owner = record["c"], record["o"]
-            name, tags = record.get("nm"), record.get("tg", [])
-            if not isinstance(cid, int) or not (owner is None or isinstance(owner, str)):
+            cid = record["c"]
+            if not isinstance(cid, int):
                 raise ValueError("bad record")
-            if not (name is None or isinstance(name, str)) or not isinstance(tags, list):
-                raise ValueError("bad record")
-            self.live[cid] = (owner, bytes.fromhex(record["s"]), name, tuple(map(str, tags)))
+            entry = _entry_of(record)
+            old = self.live.get(cid)
+            if old is not None and old.ended is None and entry.ended is None:
+                entry.attempts = old.attempts
+            self.live[cid] = entry
             self.live.move_to_end(cid)  # as `admitted`: a resubmission is the newest
             self.next_id = max(self.next_id, cid + 1)
+        elif "u" in record:
+            self._entry(record["u"]).flows.extend(_rows(record["fl"]))
+        elif "a" in record:
+            self._entry(record["a"]).attempts[str(record["fid"])] = int(record["n"])
+        elif "e" in record:
+            entry = self._entry(record["e"])
+            entry.ended = {k: record[short] for k, short in ENDED_KEYS.items()}
+            entry.flows, entry.attempts = [], {}
         elif "n" in record:
             self.next_id = max(self.next_id, int(record["n"]))
         elif "f" in record:
@@ -199,29 +289,82 @@ class CoflowJournal:
         while len(self.live) > MAX_LIVE:
             self.live.popitem(last=False)
 
+    def _entry(self, coflow_id: object) -> JournalEntry:
+        """The live entry a replayed record is about (KeyError: none, the line is skipped)."""
+        return self.live[coflow_id]  # type: ignore[index]
+
     def _rewrite(self) -> None:
         """Write the live entries to a new file and put it in place of the old one."""
         tmp = self.path.with_name(FILE_NAME + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         os.fchmod(fd, 0o600)
+        lines = 1
         with os.fdopen(fd, "wb") as f:
             f.write(self._encode({"n": self.next_id}) + b"\n")
             for cid, entry in self.live.items():
-                f.write(self._encode(_record(cid, entry)) + b"\n")
+                for record in _records(cid, entry):
+                    f.write(self._encode(record) + b"\n")
+                    lines += 1
         os.replace(tmp, self.path)
         if self._file is not None:
             self._file.close()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         self._file = os.fdopen(fd, "ab")
-        self._lines = len(self.live) + 1
+        self._lines = lines
 
 
-def _record(coflow_id: int, entry: tuple) -> dict:
-    """The journal line of an admitted coflow: {"c", "o", "s"} and "nm" / "tg" when set."""
-    owner, secret, name, tags = entry
-    record = {"c": coflow_id, "o": owner, "s": secret.hex()}
-    if name is not None:
-        record["nm"] = name
-    if tags:
-        record["tg"] = list(tags)
-    return record
+# the keys of JournalEntry.ended and their short names on an "e" line
+ENDED_KEYS = {"state": "st", "reason": "why", "cct_s": "cct", "bytes_total": "bt",
+              "bytes_delivered": "bd"}  # fmt: skip
+
+
+def _records(coflow_id: int, entry: JournalEntry) -> list[dict]:
+    """The journal lines that rebuild `entry`: its "c" line, then its attempts or its end."""
+    record: dict = {"c": coflow_id, "o": entry.owner, "s": entry.secret.hex()}
+    if entry.name is not None:
+        record["nm"] = entry.name
+    if entry.tags:
+        record["tg"] = list(entry.tags)
+    if entry.flows:
+        record["fl"] = entry.flows
+    if entry.deadline_s is not None:
+        record["dl"] = entry.deadline_s
+    if entry.arrival_unix is not None:
+        record["at"] = entry.arrival_unix
+    out = [record]
+    out += [{"a": coflow_id, "fid": fid, "n": n} for fid, n in entry.attempts.items()]
+    if entry.ended is not None:
+        out.append(_ended_record(coflow_id, entry.ended))
+    return out
+
+
+def _ended_record(coflow_id: int, ended: dict) -> dict:
+    return {"e": coflow_id} | {short: ended[k] for k, short in ENDED_KEYS.items()}
+
+
+def _entry_of(record: dict) -> JournalEntry:
+    """The JournalEntry of a replayed "c" line (ValueError / TypeError: a bad line)."""
+    owner, name, tags = record["o"], record.get("nm"), record.get("tg", [])
+    if not (owner is None or isinstance(owner, str)):
+        raise ValueError("bad record")
+    if not (name is None or isinstance(name, str)) or not isinstance(tags, list):
+        raise ValueError("bad record")
+    deadline, arrival = record.get("dl"), record.get("at")
+    for value in (deadline, arrival):
+        if not (value is None or isinstance(value, int | float)):
+            raise ValueError("bad record")
+    secret = bytes.fromhex(record["s"])
+    flows = _rows(record.get("fl", []))
+    return JournalEntry(owner, secret, name, tuple(map(str, tags)), flows, deadline, arrival)
+
+
+def _rows(flows: object) -> list[FlowRow]:
+    """Check replayed flow rows: [id, src, dst, bytes, src_path, dst_path] each."""
+    if not isinstance(flows, list):
+        raise ValueError("bad record")
+    for row in flows:
+        if not (isinstance(row, list) and len(row) == 6 and isinstance(row[3], int)):
+            raise ValueError("bad record")
+        if not all(isinstance(v, str) for v in row[:3]):
+            raise ValueError("bad record")
+    return flows

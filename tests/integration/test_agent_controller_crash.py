@@ -1,5 +1,8 @@
 """Agents survive a controller killed with SIGKILL, and every coflow completes after a restart.
 
+With the clients' help (they resubmit their open coflows) or without it: the restarted
+controller resumes the coflows of its journal by itself.
+
 Real processes on loopback, the system of tests/integration/test_controller_e2e.py (terra-controller
 --no-openflow, three terra-agent processes, a TerraClient): the controller is killed (SIGKILL, so
 the agents' control channels are reset, not closed), a new one is started on the same ports, the
@@ -14,6 +17,8 @@ import time
 
 import pytest
 from test_controller_e2e import System, assert_digests, flow, wait_until
+
+from terra_controller.client import TerraClient
 
 MB = 1_000_000
 
@@ -75,3 +80,46 @@ def test_flow_finished_before_controller_crash_still_completes_its_coflow(system
     status = c.wait(cid, timeout=60)
     assert_digests(status)  # includes the digest of "small", reported again by its receiver
     assert agents_alive(system) == {"a1": None, "b1": None, "c1": None}
+
+
+def fresh_client(system: System) -> TerraClient:
+    """A new client of the same job (operator1) that has submitted nothing, so it has nothing
+    to resubmit; it replaces the system's client (stop() closes it)."""
+    system.client.close()
+    host, port = system.api.split(":")
+    system.client = TerraClient(host, int(port), pki=system.pki, name="operator1", timeout=20)
+    return system.client
+
+
+def test_a_restarted_controller_resumes_its_coflows_with_no_client_resubmitting(system):
+    c = system.client
+    start = time.monotonic()
+    cid = c.submit_coflow(
+        [flow("r1", "a1", "b1", 80 * MB), flow("r2", "c1", "a1", 30 * MB)], name="nightly"
+    )
+    wait_until(lambda: c.check_status(cid)["bytes_delivered"] >= 10 * MB, 30, "progress")
+    c.close()  # the job that submitted it is gone: nobody will resubmit
+    kill_controller(system)
+    killed_after = time.monotonic() - start
+    system.start_controller()
+    status = fresh_client(system).wait(cid, timeout=120)
+    assert status["state"] == "done" and status["name"] == "nightly"
+    assert_digests(status)
+    assert status["bytes_delivered"] == status["bytes_total"] == 110 * MB
+    assert status["cct_s"] > killed_after  # counted from the first submission
+    assert agents_alive(system) == {"a1": None, "b1": None, "c1": None}
+
+
+def test_a_coflow_done_before_a_restart_keeps_its_status_and_is_not_sent_again(system):
+    c = system.client
+    cid = c.submit_coflow([flow("d1", "a1", "c1", 4 * MB)])
+    done = c.wait(cid, timeout=60)
+    assert_digests(done)
+    system.stop_controller()
+    system.start_controller()
+    client = fresh_client(system)
+    after = client.check_status(cid)
+    assert after["state"] == "done" and after["cct_s"] == done["cct_s"]
+    assert after["bytes_delivered"] == after["bytes_total"] == 4 * MB
+    with pytest.raises(Exception, match="already done"):
+        client.cancel_coflow(cid)

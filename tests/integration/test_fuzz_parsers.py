@@ -238,7 +238,7 @@ def api_snapshot(server: Server):
 def handler_snapshot(handler: ApiHandler):
     """What no refused request may change in the API handler: owners and remembered refs."""
     with handler.controller.lock, handler.refs_lock:
-        return dict(handler.controller.journal.live), list(handler.done_refs)
+        return copy.deepcopy(dict(handler.controller.journal.live)), list(handler.done_refs)
 
 
 def check_reply(handler: ApiHandler, request, reply) -> None:

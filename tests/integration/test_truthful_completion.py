@@ -445,7 +445,7 @@ def test_a_large_submit_does_not_stall_another_jobs_submit(systems):
 
 def test_the_journal_survives_a_cut_line_stays_bounded_and_has_one_user(tmp_path, monkeypatch):
     from terra_controller import journal as journal_module
-    from terra_controller.journal import CoflowJournal, JournalError
+    from terra_controller.journal import CoflowJournal, JournalEntry, JournalError
 
     monkeypatch.setattr(journal_module, "COMPACT_SLACK", 10)
     first = CoflowJournal(tmp_path)
@@ -462,7 +462,8 @@ def test_the_journal_survives_a_cut_line_stays_bounded_and_has_one_user(tmp_path
     with open(tmp_path / "coflows.jsonl", "ab") as f:
         f.write(b'{"c": 300, "o": "jo')  # a line cut by a crash
     again = CoflowJournal(tmp_path)
-    assert again.next_id == 206 and dict(again.live) == {100: ("job2", b"\x01" * 16, None, ())}
+    assert again.next_id == 206 and list(again.live) == [100]
+    assert again.live[100] == JournalEntry("job2", b"\x01" * 16)
     assert again.owner(100) == (True, "job2") and again.owner(5) == (False, None)
     again.close()
     assert (tmp_path.stat().st_mode & 0o777) == 0o700
