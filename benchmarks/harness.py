@@ -617,3 +617,48 @@ def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 5.0) -> Non
         for pipe in (p.stdin, p.stdout, p.stderr):
             if pipe is not None:
                 pipe.close()
+
+
+def start_etcd(workdir: Path, host: str = "127.0.0.1", timeout_s: float = 20.0):
+    """Start a one-member etcd (Debian's etcd-server) with its data in workdir/etcd, on
+    free ports; wait until it answers /health.
+
+    Returns:
+        (the etcd Popen (stop it with stop_processes), its client address "HOST:PORT").
+
+    Raises:
+        FileNotFoundError: no `etcd` on PATH (scripts/install.sh installs etcd-server).
+        RuntimeError: it did not answer within `timeout_s` (its log is workdir/etcd.log).
+    """
+    import shutil
+    import time
+    import urllib.request
+
+    etcd = shutil.which("etcd")
+    if etcd is None:
+        raise FileNotFoundError("etcd is not installed (apt-get install etcd-server)")
+    client, peer = free_port(host), free_port(host)
+    log = open(workdir / "etcd.log", "ab")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [etcd, "--name", "m0", "--data-dir", str(workdir / "etcd"),
+         "--listen-client-urls", f"http://{host}:{client}",
+         "--advertise-client-urls", f"http://{host}:{client}",
+         "--listen-peer-urls", f"http://{host}:{peer}",
+         "--initial-advertise-peer-urls", f"http://{host}:{peer}",
+         "--initial-cluster", f"m0=http://{host}:{peer}"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    log.close()
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            with urllib.request.urlopen(f"http://{host}:{client}/health", timeout=1) as reply:
+                if b"true" in reply.read():
+                    return proc, f"{host}:{client}"
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    stop_processes([proc])
+    raise RuntimeError(f"etcd did not start; see {workdir / 'etcd.log'}")

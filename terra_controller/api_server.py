@@ -109,6 +109,11 @@ class ApiHandler:
             if done is not None and done[0] > time.monotonic() - REF_KEEP_S:
                 # a client retried a request that did succeed
                 return dict(done[1], req=req) if req is not None else dict(done[1])
+            if done is None and request.get("op") == "submit":  # type: ignore[union-attr]
+                cid = self.controller.submitted_ref(*ref)  # before a restart or failover
+                if cid is not None:
+                    reply = {"coflow": cid, "ok": True, "v": API_VERSION, "instance": self.instance}
+                    return reply if req is None else reply | {"req": req}
         try:
             reply = self._dispatch(request, identity)
             reply.update(ok=True)
@@ -174,8 +179,10 @@ class ApiHandler:
         _only(request, {"flows", "deadline", "coflow", "age_s", "name", "tags"})
         wanted = request.get("coflow")
         flows, deadline = request.get("flows"), request.get("deadline")
+        ref = _ref_of(request, identity)
         cid = self.controller.submit(flows, deadline, wanted, request.get("age_s"), identity.name,
-                                     request.get("name"), request.get("tags"))  # fmt: skip
+                                     request.get("name"), request.get("tags"),
+                                     ref[1] if ref else None)  # fmt: skip
         return {"coflow": cid}
 
     def _status(self, request: dict, identity: Identity) -> dict:

@@ -153,6 +153,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="re-transfers after digest mismatches",
     )  # fmt: skip
     p.add_argument("--state-dir", metavar="DIR", help="coflow journal (docs/runtime.md)")
+    p.add_argument(
+        "--etcd", metavar="HOST:PORT[,...]",
+        help="keep the state in this etcd cluster and lead only when elected (several "
+        "controllers; docs/runtime.md); replaces --state-dir",
+    )  # fmt: skip
+    p.add_argument("--cluster", default="terra", metavar="NAME",
+                   help="the controllers' cluster name in etcd (its key prefix)")  # fmt: skip
+    p.add_argument("--lease-ttl", type=int, default=2, metavar="S",
+                   help="the leader's etcd lease, s (a failover takes about S)")  # fmt: skip
+    p.add_argument("--advertise", metavar="HOST",
+                   help="the host others reach it at (default: the listen host)")  # fmt: skip
     add_common_args(p)
     return p
 
@@ -317,16 +328,26 @@ def run(args, topology, security) -> None:
         lambda: make_scheduler(args.scheduler, topology, options),
         before={"name": args.scheduler, "stats": None},  # REST status, metrics meanwhile
     )
+    from terra_controller.etcd_state import StateStoreError
     from terra_controller.journal import JournalError
 
+    rest_security = rest_security_of(args, security)
+    store = leadership = None
+    if args.etcd:
+        from terra_controller.standby import lead_when_elected
+
+        store, leadership = lead_when_elected(args, security, rest_security)
     try:
         controller = Controller(
             topology, policy, agent_timeout_s=args.agent_timeout,
             keep_finished=args.keep_finished, keep_finished_s=args.keep_finished_s,
-            max_restarts=args.max_restarts, state_dir=state_dir(args.state_dir),
+            max_restarts=args.max_restarts,
+            state_dir=None if store else state_dir(args.state_dir), store=store,
         )  # fmt: skip
-    except JournalError as exc:
+    except (JournalError, StateStoreError) as exc:
         raise SystemExit(f"terra-controller: {exc}") from exc
+    if leadership is not None:
+        controller.role, controller.leader_addr = "leader", leadership.member["api"]
     openflow_info = ports = None
     threads = []
     if not args.no_openflow:
@@ -360,12 +381,6 @@ def run(args, topology, security) -> None:
     data_keys = DataKeys() if security.context is not None else None
     prefixes = args.data_prefix or ()
     channel = AgentChannel(controller, tunnels, data_keys=data_keys, data_prefixes=prefixes)
-    rest_security = security
-    if args.rest_public and security.context is not None:
-        from terra_controller.transport import ServerSecurity
-        from terra_security.pki import server_context
-
-        rest_security = ServerSecurity(server_context(args.pki, require_client_cert=False))
     rest_app = RestApp(controller, channel, openflow_info, ports)
     servers = [
         ("coflow API", args.api, lambda h, p: start_api_server(
@@ -400,10 +415,25 @@ def run(args, topology, security) -> None:
         logging.shutdown()
         os._exit(0)
 
+    if leadership is not None:
+        leadership.before_start_over.append(channel.close_all)
+
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     for thread in [t_api, t_agents, t_rest, *threads]:
         thread.join()
+
+
+def rest_security_of(args, security):
+    """The REST server's ServerSecurity: the controller's certificate, client certificates
+    optional (without an operator certificate only /healthz is served, unless
+    --rest-public serves everything)."""
+    if security.context is None:
+        return security
+    from terra_controller.transport import ServerSecurity
+    from terra_security.pki import server_context
+
+    return ServerSecurity(server_context(args.pki, require_client_cert=False))
 
 
 def build_deferred(controller, parts: list, scheduler: str, opened) -> None:

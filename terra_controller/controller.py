@@ -122,10 +122,14 @@ class Controller:
         max_restarts: re-transfers from byte 0 a flow gets after digest mismatches before
             it fails (>= 0).
         state_dir: directory of the coflow journal (terra_controller/journal.py: ids never
-            reused across restarts, owners and secrets of the coflows kept); None: memory only.
+            reused across restarts, every unfinished coflow resumed after one); None: memory
+            only.
+        store: the shared state (an EtcdState, terra_controller/etcd_state.py) the journal
+            keeps its entries in instead of state_dir (controllers of one etcd cluster).
 
     Raises (constructor):
         JournalError: the state directory cannot be used.
+        StateStoreError: the shared state cannot be read.
 
     Attributes:
         registry: the CoflowRegistry. rates: FlowRates of the last round.
@@ -168,11 +172,12 @@ class Controller:
         keep_finished_s: float | None = None,
         max_restarts: int = MAX_RESTARTS,
         state_dir=None,
+        store=None,
     ):
         self.topology = topology
         self.policy = policy
         self.registry = CoflowRegistry(topology.dcs)
-        self.journal = CoflowJournal(state_dir)
+        self.journal = CoflowJournal(state_dir, store)
         self.registry.next_id = self.journal.next_id
         self.clock = clock or time.monotonic
         self.t0 = self.clock()
@@ -210,6 +215,8 @@ class Controller:
         self.started_wall = time.time()
         self.metrics = ControllerMetrics()
         self.link_bytes: dict[tuple[str, str], float] = {}
+        self.role = "single"  # "leader" when elected among controllers on etcd
+        self.leader_addr: str | None = None  # the leader's API address (HOST:PORT) then
         self.resuming = {cid: e for cid, e in self.journal.live.items() if e.resumable}
         if self.resuming:
             LOG.info("%d coflows of the journal resume once their agents register",
@@ -238,6 +245,7 @@ class Controller:
         owner: str | None = None,
         name: object = None,
         tags: object = None,
+        ref: str | None = None,
     ) -> int:
         """submitCoflow: validate, admit and store a coflow; ask for a round.
 
@@ -258,6 +266,7 @@ class Controller:
                 journal).
             name, tags: the coflow's label and tags (check_labels); kept in the journal, so
                 a resubmission after a restart without them gets them back.
+            ref: the client's retry reference (kept in the journal: `submitted_ref`).
 
         Returns:
             the coflow id (>= 0), or -1 when the deadline cannot be met (docs/design.md 4.3).
@@ -265,8 +274,10 @@ class Controller:
         Raises:
             RegistryError: invalid request ("bad_request": bad id or an id another client
                 owns, age_s not a finite number >= 0, bad deadline; "path_busy",
-                "too_many_flows"; see parse_flows for the rest); nothing changed.
+                "too_many_flows"; see parse_flows for the rest); "unavailable": the
+                shared state cannot be written now; nothing changed.
         """
+        self._check_state_writable()
         with self.lock:
             agents = dict(self.registry.agents)
         parsed = self.registry.parse_flows(flows, agents=agents)
@@ -326,7 +337,7 @@ class Controller:
                     coflow.flows[fid].restarts = attempt
                     coflow.flows[fid].digest_key = flow_key(secret, fid, attempt)
             self.journal.admitted(cid, owner, coflow.secret, labels, flow_rows(parsed),
-                                  deadline_s, time.time() - age)  # fmt: skip
+                                  deadline_s, time.time() - age, ref)  # fmt: skip
             self.resuming.pop(cid, None)
             self.metrics.admitted.inc()
             if reg.finish_if_done(coflow, now):  # intra-DC flows only: done at once
@@ -338,6 +349,33 @@ class Controller:
             self.want_round()
         self._announce(coflow, parsed)  # outside the locks: descriptors of many flows
         return cid
+
+    def _check_state_writable(self) -> None:
+        """Refuse a change while the shared state does not take writes.
+
+        Raises:
+            RegistryError("unavailable"): the store still fails after one more try.
+        """
+        if self.journal.failing is None:
+            return
+        with self.lock:
+            if self.journal.flush():
+                return
+            why = self.journal.failing
+        raise RegistryError("unavailable", f"the shared state cannot be written ({why}); retry")
+
+    def health(self) -> dict:
+        """What REST /healthz answers: {"role": "single" | "leader", "leader": the leader's
+        API address or None, "state_version": changes recorded in the journal (with etcd:
+        its revision after this controller's last write)}."""
+        return {"role": self.role, "leader": self.leader_addr,
+                "state_version": self.journal.version}  # fmt: skip
+
+    def submitted_ref(self, owner: str | None, ref: str) -> int | None:
+        """The id of the coflow `owner` submitted with retry reference `ref` (remembered in
+        the journal, so across restarts and failovers), else None."""
+        with self.lock:
+            return self.journal.by_ref(owner, ref)
 
     def coflows_of(self, owner: str | None) -> set[int]:
         """Ids of the coflows in memory that `owner` submitted."""
@@ -402,6 +440,7 @@ class Controller:
         Raises:
             RegistryError: unknown coflow, finished coflow, invalid flows; nothing changed.
         """
+        self._check_state_writable()
         with self.lock:
             self.registry.get(coflow_id)  # an unknown coflow is the first thing to say
             agents = dict(self.registry.agents)
@@ -588,6 +627,9 @@ class Controller:
         """
         if self.resuming:
             self.resume()
+        if self.journal.failing is not None:
+            with self.lock:
+                self.journal.flush()
         connected = None
         if self.connected_agents is not None:
             try:

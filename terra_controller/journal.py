@@ -34,7 +34,10 @@ The directory is created 0700 and the file 0600 (whatever the umask): the secret
 One controller at a time uses a state directory (an exclusive flock on LOCK_NAME; a second
 one gets JournalError).
 Without a state directory (`CoflowJournal(None)`, in-process controllers) the same bookkeeping
-lives in memory only.
+lives in memory only. With a shared store instead (`CoflowJournal(None, store=EtcdState)`, the
+controllers of `terra-controller --etcd`), each coflow's records are one etcd key, rewritten
+whole on every change (etcd_state.py); a write the store refuses or cannot take is kept
+(`failing` says why) and written again by the next write or `flush`.
 """
 
 from __future__ import annotations
@@ -78,6 +81,8 @@ class JournalEntry:
         attempts: {flow id: attempt} for flows restarted from byte 0.
         ended: None while it runs; else {"state", "reason", "cct_s", "bytes_total",
             "bytes_delivered"}.
+        ref: the client's retry reference of the submit that made it (a resent submit with
+            the same reference gets this coflow back, also after a restart or failover).
     """
 
     owner: str | None
@@ -89,6 +94,7 @@ class JournalEntry:
     arrival_unix: float | None = None
     attempts: dict[str, int] = field(default_factory=dict)
     ended: dict | None = None
+    ref: str | None = None
 
     @property
     def resumable(self) -> bool:
@@ -102,17 +108,21 @@ class CoflowJournal:
 
     Args:
         state_dir: directory for the journal (created 0700 if missing), or None: memory only.
+        store: an EtcdState (terra_controller/etcd_state.py) to keep the entries in instead
+            of a file (state_dir is then None); it is read once here.
 
     Attributes:
         next_id: the lowest id never used (0 for a new journal).
         live: {coflow id: JournalEntry}, oldest first.
+        failing: why the store could not take the last writes (None: all written).
+        version: changes recorded so far (the store's revision with a store).
 
     Raises (constructor):
         JournalError: the directory or the file cannot be created or opened, or another
             controller uses it (the message names the path).
     """
 
-    def __init__(self, state_dir: str | os.PathLike | None) -> None:
+    def __init__(self, state_dir: str | os.PathLike | None, store=None) -> None:
         self.next_id = 0
         self.live: OrderedDict[int, JournalEntry] = OrderedDict()
         self.path: Path | None = None
@@ -120,6 +130,13 @@ class CoflowJournal:
         self._lines = 0
         self._encode = msgspec.json.Encoder().encode
         self._lock_fd: int | None = None
+        self.store = store
+        self.failing: str | None = None
+        self._dirty: set[int] = set()
+        self._changes = 0
+        self._refs: dict[tuple[str | None, str], int] = {}  # (owner, ref) -> coflow id
+        if store is not None:
+            self._load_store()
         if state_dir is None:
             return
         directory = Path(state_dir)
@@ -143,6 +160,11 @@ class CoflowJournal:
             raise JournalError(f"{path.parent} is used by another controller") from None
         self._lock_fd = fd
 
+    @property
+    def version(self) -> int:
+        """Changes recorded so far (with a store: its revision after our last write)."""
+        return self.store.revision if self.store is not None else self._changes
+
     def owner(self, coflow_id: int) -> tuple[bool, str | None]:
         """(known, owner): whether the id belongs to a coflow not forgotten, and its owner."""
         entry = self.live.get(coflow_id)
@@ -152,6 +174,12 @@ class CoflowJournal:
         """The remembered secret of a coflow (None: not known)."""
         entry = self.live.get(coflow_id)
         return None if entry is None else entry.secret
+
+    def by_ref(self, owner: str | None, ref: str) -> int | None:
+        """The id of the coflow `owner` submitted with retry reference `ref`, if remembered."""
+        cid = self._refs.get((owner, ref))
+        entry = self.live.get(cid) if cid is not None else None
+        return cid if entry is not None and entry.ref == ref else None
 
     def labels(self, coflow_id: int) -> tuple[str | None, tuple[str, ...]]:
         """The remembered (name, tags) of a coflow ((None, ()) when not known)."""
@@ -167,20 +195,28 @@ class CoflowJournal:
         flows: list[FlowRow] | None = None,
         deadline_s: float | None = None,
         arrival_unix: float | None = None,
+        ref: str | None = None,
     ) -> None:
         """Record an admitted coflow (its id is used from now on) with its (name, tags), and,
         to resume it after a restart, its flows (FlowRow lists), deadline (s after arrival)
-        and arrival (Unix time, s). Attempts recorded for it before are kept."""
+        and arrival (Unix time, s), and the retry reference of its submit. Attempts (and a
+        reference) recorded for it before are kept."""
         old = self.live.get(coflow_id)
         entry = JournalEntry(owner, secret, *labels, list(flows or []), deadline_s, arrival_unix)
+        entry.ref = ref
         if old is not None and old.ended is None:
             entry.attempts = old.attempts
+        if old is not None and ref is None:
+            entry.ref = old.ref
+        if entry.ref is not None:
+            self._refs[(owner, entry.ref)] = coflow_id
         self.live[coflow_id] = entry
         self.live.move_to_end(coflow_id)
         self.next_id = max(self.next_id, coflow_id + 1)
         self._write_entry(coflow_id, entry)
         while len(self.live) > MAX_LIVE:
-            self.live.popitem(last=False)
+            self._dirty.add(self.live.popitem(last=False)[0])
+        self._save(coflow_id)
 
     def added(self, coflow_id: int, flows: list[FlowRow]) -> None:
         """Record flows added to a running coflow (updateCoflow)."""
@@ -188,6 +224,7 @@ class CoflowJournal:
         if entry is not None and entry.ended is None:
             entry.flows.extend(flows)
             self._append({"u": coflow_id, "fl": flows})
+            self._save(coflow_id)
 
     def attempt(self, coflow_id: int, flow_id: str, attempt: int) -> None:
         """Record that a flow restarted from byte 0 as attempt `attempt` (its keys change)."""
@@ -195,6 +232,7 @@ class CoflowJournal:
         if entry is not None and entry.ended is None:
             entry.attempts[flow_id] = attempt
             self._append({"a": coflow_id, "fid": flow_id, "n": attempt})
+            self._save(coflow_id)
 
     def ended(self, coflow_id: int, summary: dict) -> None:
         """Record that a coflow ended. `summary` has "state", "reason", "cct_s",
@@ -204,17 +242,22 @@ class CoflowJournal:
             entry.ended = {k: summary[k] for k in ENDED_KEYS}
             entry.flows, entry.attempts = [], {}
             self._append(_ended_record(coflow_id, entry.ended))
+            self._save(coflow_id)
 
     def burned(self, coflow_id: int) -> None:
         """Record that an id was used without a coflow (a rejected submit)."""
         if coflow_id >= self.next_id:
             self.next_id = coflow_id + 1
             self._append({"n": self.next_id})
+            self._save(None)
 
     def forgotten(self, coflow_id: int) -> None:
         """Record that a finished coflow was dropped from memory (its owner goes too)."""
-        if self.live.pop(coflow_id, None) is not None:
+        entry = self.live.pop(coflow_id, None)
+        if entry is not None:
+            self._refs.pop((entry.owner, entry.ref), None)
             self._append({"f": coflow_id})
+            self._save(coflow_id)
 
     def close(self) -> None:
         """Close the file and release the directory (memory-only journals: nothing)."""
@@ -224,6 +267,53 @@ class CoflowJournal:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+    # -- the shared store
+
+    def _load_store(self) -> None:
+        """Read every entry from the store (StateStoreError: it cannot be reached)."""
+        next_id, entries = self.store.load()
+        for records in entries:
+            try:
+                for record in records:
+                    self._apply(record)
+            except (ValueError, TypeError, KeyError, AttributeError):
+                LOG.warning("shared state: an unreadable coflow entry skipped")
+        self.next_id = max(self.next_id, next_id)
+
+    def _save(self, coflow_id: int | None) -> None:
+        """Write a changed entry (None: the id counter only) to the store, if any."""
+        self._changes += 1
+        if self.store is None:
+            return
+        if coflow_id is not None:
+            self._dirty.add(coflow_id)
+        self.flush()
+
+    def flush(self) -> bool:
+        """Write the entries the store has not taken yet (and the id counter).
+
+        Returns:
+            True when everything is written (always, without a store); else False and
+            `failing` says why.
+        """
+        if self.store is None:
+            return True
+        from terra_controller.etcd_state import StateStoreError
+
+        dirty = sorted(self._dirty)
+        entries = {cid: _records(cid, self.live[cid]) if cid in self.live else None
+                   for cid in dirty}  # fmt: skip
+        try:
+            self.store.write(self.next_id, entries)
+            self._dirty.difference_update(dirty)
+        except StateStoreError as exc:
+            if self.failing is None:
+                LOG.error("shared state: %s; writes are kept until it answers", exc)
+            self.failing = str(exc)
+            return False
+        self.failing = None
+        return True
 
     # -- file
 
@@ -271,6 +361,10 @@ class CoflowJournal:
             old = self.live.get(cid)
             if old is not None and old.ended is None and entry.ended is None:
                 entry.attempts = old.attempts
+            if old is not None and entry.ref is None:
+                entry.ref = old.ref
+            if entry.ref is not None:
+                self._refs[(entry.owner, entry.ref)] = cid
             self.live[cid] = entry
             self.live.move_to_end(cid)  # as `admitted`: a resubmission is the newest
             self.next_id = max(self.next_id, cid + 1)
@@ -325,6 +419,8 @@ def _records(coflow_id: int, entry: JournalEntry) -> list[dict]:
         record["nm"] = entry.name
     if entry.tags:
         record["tg"] = list(entry.tags)
+    if entry.ref is not None:
+        record["rf"] = entry.ref
     if entry.flows:
         record["fl"] = entry.flows
     if entry.deadline_s is not None:
@@ -355,7 +451,12 @@ def _entry_of(record: dict) -> JournalEntry:
             raise ValueError("bad record")
     secret = bytes.fromhex(record["s"])
     flows = _rows(record.get("fl", []))
-    return JournalEntry(owner, secret, name, tuple(map(str, tags)), flows, deadline, arrival)
+    ref = record.get("rf")
+    if not (ref is None or isinstance(ref, str)):
+        raise ValueError("bad record")
+    entry = JournalEntry(owner, secret, name, tuple(map(str, tags)), flows, deadline, arrival)
+    entry.ref = ref
+    return entry
 
 
 def _rows(flows: object) -> list[FlowRow]:

@@ -90,6 +90,7 @@ def _routes() -> Mapper:
     mapper.connect("/coflows/{coflow_id}", handler="_view", view="coflow",
                    requirements={"coflow_id": "[0-9]{1,19}"})  # fmt: skip
     mapper.connect("/metrics", handler="_metrics")
+    mapper.connect("/healthz", handler="_healthz")
     mapper.create_regs([])
     return mapper
 
@@ -188,6 +189,9 @@ class RestApp:
 
     def _metrics(self, request: Request) -> Response:
         return Response(body=self.controller.metrics.render(), content_type=CONTENT_TYPE)
+
+    def _healthz(self, request: Request) -> Response:
+        return _json(self.controller.health())
 
     # ---- views --------------------------------------------------------------------------
 
@@ -339,6 +343,40 @@ def _json(body, status: int = 200) -> Response:
     return Response(body=data.encode(), status=status, content_type="application/json")
 
 
+class HealthApp:
+    """A WSGI application that answers GET /healthz with `health()` (JSON) and every other
+    request with JSON {"error": `refusal`} and status `code`: what a client without an
+    operator certificate gets from the REST server, and what a standby controller serves.
+
+    Args:
+        health: callable returning the /healthz map ({"role", "leader", "state_version"}).
+        code, refusal: the status and error text of any other request.
+    """
+
+    def __init__(self, health: Callable[[], dict], code: int, refusal: str) -> None:
+        self.health, self.code, self.refusal = health, code, refusal
+
+    def __call__(self, environ, start_response):
+        """WSGI entry point."""
+        request = Request(environ, url_encoding="latin-1")
+        if request.method == "GET" and request.path_info.rstrip("/") == "/healthz":
+            response = _json(self.health())
+        else:
+            response = _json({"error": self.refusal}, self.code)
+        return response(environ, start_response)
+
+
+class _OneRequest:
+    """What wsgiref's handler reads of its server, with the application of one request."""
+
+    def __init__(self, server: RestServer, app) -> None:
+        self.base_environ, self.app = server.base_environ, app
+
+    def get_app(self):
+        """The WSGI application of this request."""
+        return self.app
+
+
 class RestServer:
     """A running REST server (what `start_rest_server` returns), and the server wsgiref's
     request handler reads (`base_environ`, `get_app`); the connections come from
@@ -361,15 +399,21 @@ class RestServer:
         return self.app
 
     def handle(self, sock, addr, identity) -> None:
-        """Serve one HTTP request on an authenticated connection, within REQUEST_TIMEOUT_S
-        for the whole request and reply (a peer trickling its request is cut off)."""
+        """Serve one HTTP request within REQUEST_TIMEOUT_S for the whole request and reply
+        (a peer trickling its request is cut off). A peer without an operator certificate
+        (unless `public`) may read /healthz only (HealthApp: 403 for anything else)."""
+        server = self
         if not self.public and (identity is None or not identity.may(Role.OPERATOR)):
             self.not_operator.event(f"{addr}: {identity.name if identity else 'no certificate'}")
-            return
+            controller = getattr(self.app, "controller", None)
+            if controller is None:
+                return
+            why = "an operator certificate is needed (only /healthz is open)"
+            server = _OneRequest(self, HealthApp(controller.health, 403, why))
         sock.settimeout(REQUEST_TIMEOUT_S)
         try:
             with DEADLINES.guard(sock, REQUEST_TIMEOUT_S):
-                _QuietHandler(sock, addr, self)
+                _QuietHandler(sock, addr, server)
         except (OSError, ValueError) as exc:
             LOG.debug("REST %s: %s", addr, exc)
 
@@ -411,6 +455,7 @@ def start_rest_server(
     security: ServerSecurity | None,
     public: bool = False,
     spawn=None,
+    listeners: dict | None = None,
 ):
     """Serve `app` on host:port (HTTP/1.0 over TLS, thread per authenticated request) on
     os-ken's hub, behind `transport.accept_loop`'s admission: at most REST_CAP connections
@@ -419,11 +464,15 @@ def start_rest_server(
 
     Args:
         security: ServerSecurity with the controller's TLS context (client certificates
-            verified when given), or None / a context of None: plain HTTP (--insecure).
-        public: serve clients without a certificate too (--rest-public; needs a context
-            made with require_client_cert=False); with a certificate, any role may read.
+            verified when given), or None / a context of None: plain HTTP (--insecure). A
+            context made with require_client_cert=False lets peers without a certificate
+            read /healthz (and everything when `public`).
+        public: serve clients without a certificate too (--rest-public); with a
+            certificate, any role may read.
         spawn: how to run the loop (default os_ken.lib.hub.spawn; tests pass a
             daemon-thread starter).
+        listeners: {server name: Admission} its connection counts go to (default: the
+            app's controller's metrics).
 
     Returns:
         (server (call .shutdown() to stop), thread, bound (host, port)).
@@ -439,9 +488,11 @@ def start_rest_server(
     )
     server = RestServer(app, public)
     server.base_environ = _base_environ(host, port)
+    if listeners is None:
+        listeners = app.controller.metrics.listeners
     server.listener, thread, bound = listen_and_serve(
-        host, port, server.handle, security, spawn, optional=public, name="REST",
-        listeners=app.controller.metrics.listeners,
+        host, port, server.handle, security, spawn, optional=True, name="REST",
+        listeners=listeners,
     )  # fmt: skip
     server.base_environ = _base_environ(*bound)
     scheme = "https" if security.context is not None else "http"

@@ -42,7 +42,7 @@ def context(pki, name=None):
     return ctx
 
 
-def serve(pki, public=False):
+def serve(pki, public=False, optional=False):
     links = {}
     for u, v in [("A", "B"), ("B", "C"), ("A", "C")]:
         links[(u, v)] = links[(v, u)] = CAP
@@ -54,7 +54,9 @@ def serve(pki, public=False):
         controller.registry.register_agent(agent, dc, "127.0.0.1:30000")
     channel = AgentChannel(controller, TunnelTable(topology, 2))
     sec = (
-        ServerSecurity(server_context(pki, require_client_cert=False)) if public else security(pki)
+        ServerSecurity(server_context(pki, require_client_cert=False))
+        if public or optional
+        else security(pki)
     )
     server, _, (host, port) = start_rest_server(
         RestApp(controller, channel), "127.0.0.1", 0, sec, public, daemon_spawn
@@ -308,6 +310,25 @@ def test_rest_needs_an_operator_certificate(rest, pki, who):
     _, base = rest
     with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
         get(base, "/status", context(pki, who))
+
+
+def test_without_an_operator_certificate_only_healthz_is_served(pki):
+    """The controller's REST server (client certificates optional, not --rest-public):
+    /healthz for anyone, 403 for the rest unless the peer is an operator."""
+    _, base, server = serve(pki, optional=True)
+    try:
+        for who in (None, "job1", "a1"):
+            health = json.loads(get(base, "/healthz", context(pki, who))[2])
+            assert health == {"role": "single", "leader": None, "state_version": 0}
+            with pytest.raises(urllib.error.HTTPError) as err:
+                get(base, "/status", context(pki, who))
+            assert err.value.code == 403
+            assert "operator certificate" in json.loads(err.value.read())["error"]
+        assert get_json(base, "/status")["topology"] == "tri"  # operator1
+        assert get_json(base, "/healthz")["role"] == "single"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_rest_public_serves_clients_without_a_certificate(pki):

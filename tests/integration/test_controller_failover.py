@@ -1,0 +1,149 @@
+"""Controllers sharing a real etcd: one leads, a standby names it, and when the leader is
+killed (SIGKILL) in the middle of a transfer the standby takes over and the coflow completes
+with no client resubmitting it.
+
+Real processes on loopback: a one-member etcd (benchmarks/harness.start_etcd), two
+`terra-controller --etcd` processes (--no-openflow), the three agents of
+tests/integration/test_controller_e2e.py given both controllers' agent ports, mutual TLS.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from test_controller_e2e import AGENTS, K, assert_digests, flow, wait_until
+
+from benchmarks.harness import free_port, free_port_block, start_etcd, stop_processes
+from terra_controller.client import TerraClient
+
+MB = 1_000_000
+
+
+class Cluster:
+    """etcd, two controllers and three agents; stop() ends exactly those processes."""
+
+    def __init__(self, workdir, pki) -> None:
+        self.workdir, self.pki = workdir, pki
+        self.procs: list[subprocess.Popen] = []
+        self.etcd, self.etcd_addr = start_etcd(workdir)
+        self.procs.append(self.etcd)
+        self.topo = workdir / "tri.json"
+        self.topo.write_text(json.dumps({
+            "name": "tri", "dcs": ["A", "B", "C"], "default_capacity_gbps": 0.16,
+            "links": [{"a": "A", "b": "B"}, {"a": "B", "b": "C"}, {"a": "A", "b": "C"}],
+        }))  # fmt: skip
+        self.addrs = [{k: free_port() for k in ("api", "agents", "rest")} for _ in range(2)]
+        self.controllers: list[subprocess.Popen | None] = [None, None]
+        self.agents: dict[str, subprocess.Popen] = {}
+
+    def start_controller(self, i: int) -> None:
+        a = self.addrs[i]
+        log = open(self.workdir / f"controller{i}.log", "a")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "terra_controller.cli", "--topology", str(self.topo),
+             "--no-openflow", "--k", str(K), "--pki", str(self.pki),
+             "--api", f"127.0.0.1:{a['api']}", "--agents", f"127.0.0.1:{a['agents']}",
+             "--rest", f"127.0.0.1:{a['rest']}", "--etcd", self.etcd_addr,
+             "--cluster", "failover"],
+            stdout=subprocess.PIPE, stderr=log, text=True,
+        )  # fmt: skip
+        log.close()
+        self.controllers[i] = proc
+        self.procs.append(proc)
+        line = proc.stdout.readline()
+        assert line.startswith("terra-controller standby"), line
+
+    def start_agents(self) -> None:
+        controllers = ",".join(f"127.0.0.1:{a['agents']}" for a in self.addrs)
+        for agent, dc, host in AGENTS:
+            port = free_port_block(host, K + 8)
+            log = open(self.workdir / f"{agent}.log", "a")  # noqa: SIM115
+            self.agents[agent] = subprocess.Popen(
+                [sys.executable, "-m", "terra_agent.cli", "--controller", controllers,
+                 "--dc", dc, "--id", agent, "--data-addr", f"{host}:{port}",
+                 "--spill-dir", str(self.workdir), "--pki", str(self.pki)],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            log.close()
+            self.procs.append(self.agents[agent])
+
+    def health(self, i: int) -> dict | None:
+        """/healthz of controller i, without a client certificate (None: no answer)."""
+        ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        ctx.check_hostname = False
+        url = f"https://127.0.0.1:{self.addrs[i]['rest']}/healthz"
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=ctx) as reply:
+                return json.loads(reply.read())
+        except OSError:
+            return None
+
+    def ready(self, i: int, timeout: float) -> None:
+        """Wait for controller i's "ready" line (it leads and schedules)."""
+        proc = self.controllers[i]
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            line = proc.stdout.readline()
+            if line.startswith("terra-controller ready"):
+                return
+            if not line and proc.poll() is not None:
+                break
+        raise AssertionError(f"controller {i} did not become ready")
+
+    def client(self, i: int) -> TerraClient:
+        return TerraClient("127.0.0.1", self.addrs[i]["api"], pki=self.pki, name="operator1",
+                           timeout=20)  # fmt: skip
+
+    def stop(self) -> None:
+        stop_processes([p for p in self.procs if p.poll() is None])
+
+
+@pytest.fixture
+def cluster(tmp_path, pki):
+    c = Cluster(tmp_path, pki)
+    yield c
+    c.stop()
+
+
+def test_a_standby_names_the_leader_and_takes_over_a_transfer_when_it_is_killed(cluster):
+    cluster.start_controller(0)
+    cluster.ready(0, 60)
+    cluster.start_controller(1)
+    assert cluster.health(0)["role"] == "leader"
+    leader_api = f"127.0.0.1:{cluster.addrs[0]['api']}"
+    wait_until(lambda: (cluster.health(1) or {}).get("leader") == leader_api, 20, "standby")
+    assert cluster.health(1)["role"] == "standby"
+    standby = cluster.client(1)
+    with pytest.raises(Exception, match="not_leader.*" + leader_api):
+        standby.list_coflows()
+    standby.close()
+    cluster.start_agents()
+    first = cluster.client(0)
+    connected = lambda: sum(a["connected"] for a in first.list_agents()["agents"])  # noqa: E731
+    wait_until(lambda: connected() == 3, 30, "agents")
+    start = time.monotonic()
+    cid = first.submit_coflow(
+        [flow("r1", "a1", "b1", 80 * MB), flow("r2", "c1", "a1", 30 * MB)], name="ha"
+    )
+    wait_until(lambda: first.check_status(cid)["bytes_delivered"] >= 10 * MB, 30, "progress")
+    first.close()
+    cluster.controllers[0].kill()  # SIGKILL: no goodbye, its lease simply expires
+    killed = time.monotonic()
+    cluster.ready(1, 60)
+    took_over = time.monotonic() - killed
+    assert cluster.health(1)["role"] == "leader"
+    second = cluster.client(1)
+    status = second.wait(cid, timeout=120)
+    assert_digests(status)
+    assert status["name"] == "ha" and status["bytes_total"] == 110 * MB
+    assert status["cct_s"] > killed - start  # counted from the first submission
+    assert [c["id"] for c in second.list_coflows()] == [cid]  # nothing submitted twice
+    assert all(p.poll() is None for p in cluster.agents.values())
+    second.close()
+    print(f"standby leading {took_over:.2f} s after the kill")
