@@ -336,7 +336,12 @@ def run(args, topology, security) -> None:
     if args.etcd:
         from terra_controller.standby import lead_when_elected
 
-        store, leadership = lead_when_elected(args, security, rest_security)
+        def warm_up() -> None:
+            for part in (tunnels, policy):
+                if isinstance(part, Deferred):
+                    part.build()
+
+        store, leadership = lead_when_elected(args, security, rest_security, warm_up)
     try:
         controller = Controller(
             topology, policy, agent_timeout_s=args.agent_timeout,

@@ -115,9 +115,14 @@ def advertised(host: str, port: int, advertise: str | None) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def lead_when_elected(args, api_security: ServerSecurity, rest_security: ServerSecurity):
+def lead_when_elected(
+    args, api_security: ServerSecurity, rest_security: ServerSecurity,
+    warm_up: Callable[[], None] | None = None,
+):  # fmt: skip
     """Serve as a standby (StandbyServers) until this controller wins the election on the
-    etcd cluster of `args.etcd`, then close the standby's listeners.
+    etcd cluster of `args.etcd`, then close the standby's listeners. `warm_up` runs once the
+    standby listens, before it campaigns (building the scheduler there, not after a
+    failover, keeps it off the takeover's time).
 
     Prints `terra-controller standby api=HOST:PORT rest=HOST:PORT` once listening.
 
@@ -152,6 +157,8 @@ def lead_when_elected(args, api_security: ServerSecurity, rest_security: ServerS
         raise SystemExit(f"terra-controller: cannot listen as a standby: {exc}") from exc
     api, rest = servers.bound["api"], servers.bound["rest"]
     print(f"terra-controller standby api={api[0]}:{api[1]} rest={rest[0]}:{rest[1]}", flush=True)
+    if warm_up is not None:
+        warm_up()
     leadership.campaign()
     leadership.keep(lambda reason: start_over(leadership, reason))
     servers.close()
