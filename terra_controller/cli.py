@@ -353,6 +353,7 @@ def run(args, topology, security) -> None:
         raise SystemExit(f"terra-controller: {exc}") from exc
     if leadership is not None:
         controller.role, controller.leader_addr = "leader", leadership.member["api"]
+        controller.generation = leadership.generation or 0
     openflow_info = ports = None
     threads = []
     if not args.no_openflow:

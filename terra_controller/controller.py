@@ -217,6 +217,7 @@ class Controller:
         self.link_bytes: dict[tuple[str, str], float] = {}
         self.role = "single"  # "leader" when elected among controllers on etcd
         self.leader_addr: str | None = None  # the leader's API address (HOST:PORT) then
+        self.generation = 0  # the etcd generation it leads with (0: no etcd)
         self.resuming = {cid: e for cid, e in self.journal.live.items() if e.resumable}
         if self.resuming:
             LOG.info("%d coflows of the journal resume once their agents register",

@@ -230,6 +230,7 @@ class ControllerCollector:
                 value=self.connected(),
             )  # fmt: skip
         yield CounterMetricFamily("terra_lps_solved", "LPs solved by the policy", value=view["lps"])
+        yield from role_families(self.controller)
         if self.openflow is not None:
             info = self.openflow()
             rules = GaugeMetricFamily(
@@ -248,6 +249,27 @@ class ControllerCollector:
         if self.ports is not None:
             yield from port_families(self.ports())
         yield from listener_families(self.controller.metrics.listeners, "terra")
+
+
+def role_families(controller):
+    """This controller's role among controllers on etcd (cli --etcd): terra_controller_role
+    {role} (1 for its role: "single" or "leader"; a standby serves no metrics),
+    terra_leader_generation (the etcd generation it leads with, 0 alone: it grows with every
+    failover), terra_state_version and terra_state_store_failing."""
+    health = controller.health()
+    role = GaugeMetricFamily("terra_controller_role", "This controller's role (1: the one it "
+                             "has)", labels=["role"])  # fmt: skip
+    for name in ("single", "leader"):
+        role.add_metric([name], 1.0 if health["role"] == name else 0.0)
+    yield role
+    yield GaugeMetricFamily("terra_leader_generation", "etcd generation of this leader (0: "
+                            "no etcd); it grows with every failover",
+                            value=controller.generation)  # fmt: skip
+    yield GaugeMetricFamily("terra_state_version", "Changes recorded in the coflow journal "
+                            "(with etcd: its revision)", value=health["state_version"])  # fmt: skip
+    failing = controller.journal.failing is not None
+    yield GaugeMetricFamily("terra_state_store_failing", "1 while the shared state (etcd) "
+                            "does not take the journal's writes", value=float(failing))  # fmt: skip
 
 
 def port_families(loads: dict):
