@@ -10,6 +10,7 @@ tests/integration/test_controller_e2e.py given both controllers' agent ports, mu
 from __future__ import annotations
 
 import json
+import signal
 import ssl
 import subprocess
 import sys
@@ -28,11 +29,12 @@ MB = 1_000_000
 class Cluster:
     """etcd, two controllers and three agents; stop() ends exactly those processes."""
 
-    def __init__(self, workdir, pki) -> None:
+    def __init__(self, workdir, pki, members: int = 1) -> None:
         self.workdir, self.pki = workdir, pki
         self.procs: list[subprocess.Popen] = []
-        self.etcd, self.etcd_addr = start_etcd(workdir)
-        self.procs.append(self.etcd)
+        self.etcd, addrs = start_etcd(workdir, members)
+        self.etcd_addr = ",".join(addrs)
+        self.procs += self.etcd
         self.topo = workdir / "tri.json"
         self.topo.write_text(json.dumps({
             "name": "tri", "dcs": ["A", "B", "C"], "default_capacity_gbps": 0.16,
@@ -146,3 +148,78 @@ def test_a_standby_names_the_leader_and_takes_over_a_transfer_when_it_is_killed(
     assert all(p.poll() is None for p in cluster.agents.values())
     second.close()
     print(f"standby leading {took_over:.2f} s after the kill")
+
+
+def start_transfer(cluster: Cluster) -> tuple[TerraClient, int]:
+    """Controller 0 leads, 1 stands by, the agents are connected; a 110 MB coflow runs."""
+    cluster.start_controller(0)
+    cluster.ready(0, 60)
+    cluster.start_controller(1)
+    cluster.start_agents()
+    client = cluster.client(0)
+    connected = lambda: sum(a["connected"] for a in client.list_agents()["agents"])  # noqa: E731
+    wait_until(lambda: connected() == 3, 30, "agents")
+    cid = client.submit_coflow([flow("r1", "a1", "b1", 80 * MB), flow("r2", "c1", "a1", 30 * MB)])
+    wait_until(lambda: client.check_status(cid)["bytes_delivered"] >= 5 * MB, 30, "progress")
+    return client, cid
+
+
+@pytest.fixture
+def cluster3(tmp_path, pki):
+    c = Cluster(tmp_path, pki, members=3)
+    yield c
+    c.stop()
+
+
+def test_one_etcd_member_killed_changes_nothing(cluster3):
+    client, cid = start_transfer(cluster3)
+    cluster3.etcd[0].kill()  # the member the controllers ask first
+    cluster3.etcd[0].wait()
+    second = client.submit_coflow([flow("s1", "b1", "c1", 5 * MB)])  # written to another member
+    assert_digests(client.wait(cid, timeout=120))
+    assert_digests(client.wait(second, timeout=60))
+    assert cluster3.health(0)["role"] == "leader" and cluster3.health(1)["role"] == "standby"
+    client.close()
+
+
+def test_etcd_unavailable_for_10_s_refuses_submissions_and_recovers_by_itself(cluster):
+    client, cid = start_transfer(cluster)
+    client.close()
+    for member in cluster.etcd:
+        member.send_signal(signal.SIGSTOP)  # etcd answers nothing for 10 s
+    try:
+        # the leader cannot renew its lease: within ~3 s it starts over as a standby, and
+        # nobody can lead while etcd is away
+        wait_until(lambda: (cluster.health(0) or {}).get("role") == "standby", 15, "step down")
+        refused = cluster.client(0)
+        with pytest.raises(Exception, match="not_leader.*no leader is known"):
+            refused.submit_coflow([flow("x", "a1", "c1", MB)])
+        refused.close()
+        time.sleep(max(0.0, 10 - 3))
+    finally:
+        for member in cluster.etcd:
+            member.send_signal(signal.SIGCONT)
+    wait_until(lambda: "leader" in {(cluster.health(i) or {}).get("role") for i in (0, 1)},
+               30, "a leader again")  # fmt: skip
+    leader = next(i for i in (0, 1) if cluster.health(i)["role"] == "leader")
+    cluster.ready(leader, 60)
+    after = cluster.client(leader)
+    status = after.wait(cid, timeout=120)
+    assert_digests(status)
+    assert [c["id"] for c in after.list_coflows()] == [cid]
+    after.close()
+
+
+def test_a_controller_that_cannot_reach_etcd_never_leads(tmp_path, pki):
+    cluster = Cluster(tmp_path, pki)
+    try:
+        cluster.etcd_addr = f"127.0.0.1:{free_port()}"  # nothing listens there
+        cluster.start_controller(0)
+        time.sleep(3)
+        assert cluster.health(0) == {"role": "standby", "leader": None, "state_version": None}
+        client = cluster.client(0)
+        with pytest.raises(Exception, match="not_leader.*no leader is known"):
+            client.list_coflows()
+        client.close()
+    finally:
+        cluster.stop()
