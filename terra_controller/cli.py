@@ -528,7 +528,7 @@ def start_openflow_app(args, topology, binding, controller, tunnels):
 
     config = TunnelConfig(
         topology.copy(), binding, args.k, on_link_change=link_changed, tunnels=tunnels,
-        port_stats_s=args.port_stats_s,
+        port_stats_s=args.port_stats_s, role_generation=controller.generation or None,
     )  # fmt: skip
     return start_openflow(config, args.of_host, args.of_port)
 

@@ -86,6 +86,10 @@ class TunnelConfig:
         tunnels: the start-up tunnels (tunnels.startup_tunnels), shared with the agent
             channel; None: built here.
         port_stats_s: period of the port-statistics polls (seconds); 0 turns them off.
+        role_generation: None alone; among controllers on etcd, the leader's generation: every
+            switch is asked to make this controller its MASTER with it as the generation id
+            (OpenFlow 1.3 section 6.3.7: a switch refuses a request older than the newest
+            generation it saw, so a deposed leader cannot take a switch back).
     """
 
     topology: Topology
@@ -95,6 +99,7 @@ class TunnelConfig:
     on_link_change: Callable[[LinkChange], None] | None = None
     tunnels: list[Tunnel] | None = None
     port_stats_s: float = 1.0
+    role_generation: int | None = None
 
 
 class TunnelApp(app_manager.OSKenApp):
@@ -106,7 +111,10 @@ class TunnelApp(app_manager.OSKenApp):
         tunnels: the tunnels (computed once, every link up).
         entries: flow entries currently wanted on the switches.
         datapaths: connected switches by DPID.
-        installed: True once the rules were sent to every switch.
+        installed: True once every switch holds the wanted rules.
+        found: {dpid: FlowEntry list read from that switch's flow table (flow stats) since
+            it connected}; syncing: {dpid: {"ports": {port: live} or None, "flows": [...],
+            "done": bool}} of switches whose tables and ports are being read.
         flow_mods_per_switch: {dpid: flow-mods sent to that switch}.
         flow_mods_sent: all flow-mods sent; flow_mods_at_install: the count when
             installation finished (the difference is what link events cost).
@@ -132,6 +140,9 @@ class TunnelApp(app_manager.OSKenApp):
         self.flow_mods_per_switch: dict[int, int] = {}
         self.flow_mods_at_install = 0
         self.port_stats = PortStats(terra_config.binding)
+        self.found: dict[int, list[FlowEntry]] = {}
+        self.syncing: dict[int, dict] = {}
+        self.read_changes: list[LinkChange] = []  # link states read, not yet reported
 
     def start(self):
         """Start os-ken's event loop and, with a period, the port-statistics poller."""
@@ -173,27 +184,101 @@ class TunnelApp(app_manager.OSKenApp):
 
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
     def switch_features_handler(self, ev) -> None:
-        """Record the switch; install every switch's rules once all are connected."""
+        """Record the switch (MASTER role first, among controllers on etcd) and read its
+        ports and flow table; `_synced` installs only what differs from the wanted rules."""
         dp = ev.msg.datapath
-        binding = self.config.binding
-        if binding.dc_of(dp.id) is None:
+        if self.config.binding.dc_of(dp.id) is None:
             LOG.warning("switch %016x is not in the binding; ignored", dp.id)
             return
+        ofp, parser = dp.ofproto, dp.ofproto_parser
         with self.lock:
             self.datapaths[dp.id] = dp
-            if self.installed:  # a switch reconnected: give it its rules again
-                self._install(dp)
+            self.syncing[dp.id] = {"ports": None, "flows": [], "done": False}
+        if self.config.role_generation is not None:
+            dp.send_msg(parser.OFPRoleRequest(dp, ofp.OFPCR_ROLE_MASTER,
+                                              self.config.role_generation))  # fmt: skip
+        dp.send_msg(parser.OFPPortDescStatsRequest(dp, 0))
+        dp.send_msg(parser.OFPFlowStatsRequest(dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY,
+                                               ofp.OFPG_ANY, 0, 0, parser.OFPMatch()))  # fmt: skip
+
+    @set_ev_cls(ofp_event.EventOFPPortDescStatsReply, MAIN_DISPATCHER)
+    def port_desc_reply_handler(self, ev) -> None:
+        """A switch's ports as they are now (part of `switch_features_handler`'s reading)."""
+        msg = ev.msg
+        ofp = msg.datapath.ofproto
+        with self.lock:
+            sync = self.syncing.get(msg.datapath.id)
+            if sync is None:
                 return
-            if set(self.datapaths) != {sw.dpid for sw in binding.switches.values()}:
+            ports = sync["ports"] if sync["ports"] is not None else {}
+            for port in msg.body:
+                ports[port.port_no] = port_live(ofp, port.state, port.config)
+            if not msg.flags & ofp.OFPMPF_REPLY_MORE:
+                sync["ports"] = ports
+        self._maybe_synced(msg.datapath)
+
+    @set_ev_cls(ofp_event.EventOFPFlowStatsReply, MAIN_DISPATCHER)
+    def flow_stats_reply_handler(self, ev) -> None:
+        """A switch's flow entries (part of `switch_features_handler`'s reading)."""
+        msg = ev.msg
+        dp = msg.datapath
+        with self.lock:
+            sync = self.syncing.get(dp.id)
+            if sync is None:
                 return
-            self.entries = self._wanted()  # a link may have gone down meanwhile
-            for other in self.datapaths.values():
-                self._install(other)
-            self.installed = True
-            self.flow_mods_at_install = self.flow_mods_sent
-        LOG.info("tunnel rules installed: %s", rules_per_switch(self.entries))
-        if self.config.on_installed:
-            self.config.on_installed(self)
+            sync["flows"] += [from_flow_stats(dp.id, stat, dp.ofproto) for stat in msg.body]
+            if not msg.flags & dp.ofproto.OFPMPF_REPLY_MORE:
+                sync["done"] = True
+        self._maybe_synced(dp)
+
+    def _maybe_synced(self, dp) -> None:
+        """Once a switch's ports and flow table are read: take its link states, and once every
+        switch is read (or for a switch that reconnects later), send only the flow-mods that
+        turn what the switches hold into the wanted rules."""
+        binding = self.config.binding
+        first = False
+        with self.lock:
+            sync = self.syncing.get(dp.id)
+            if sync is None or sync["ports"] is None or not sync["done"]:
+                return
+            del self.syncing[dp.id]
+            self.found[dp.id] = sync["flows"]
+            self.read_changes += self._take_port_states(dp.id, sync["ports"])
+            if not self.installed:
+                if set(self.found) != {sw.dpid for sw in binding.switches.values()}:
+                    return
+                self.entries = [e for entries in self.found.values() for e in entries]
+            else:
+                self.entries = [e for e in self.entries if e.dpid != dp.id] + sync["flows"]
+            sent = self._apply(self._wanted())
+            if not self.installed:
+                first, self.installed = True, True
+                self.flow_mods_at_install = self.flow_mods_sent
+            changes, self.read_changes = self.read_changes, []
+        LOG.info("switch %016x read; %d flow-mods sent", dp.id, sent)
+        if first:
+            LOG.info("tunnel rules installed: %s", rules_per_switch(self.entries))
+            if self.config.on_installed:
+                self.config.on_installed(self)
+        if self.config.on_link_change:
+            for change in changes:
+                self.config.on_link_change(change)
+
+    def _take_port_states(self, dpid: int, ports: dict[int, bool]) -> list[LinkChange]:
+        """Set the state of every WAN link of switch `dpid` from its ports (lock held);
+        the changes, to report once the rules follow them."""
+        topology, changes = self.config.topology, []
+        for port_no, live in ports.items():
+            link = self.config.binding.link_of_port(dpid, port_no)
+            if link is None or live == (link not in topology.down):
+                continue
+            before = tunnels_up(self.tunnels, topology)
+            topology.set_link_state(*link, up=live)
+            changed = frozenset(before ^ tunnels_up(self.tunnels, topology))
+            changes.append(LinkChange(link, live, changed, 0))
+            LOG.info("link %s-%s %s (read from switch %016x)", *link,
+                     "up" if live else "down", dpid)  # fmt: skip
+        return changes
 
     @set_ev_cls(ofp_event.EventOFPStateChange, DEAD_DISPATCHER)
     def state_change_handler(self, ev) -> None:
@@ -211,11 +296,7 @@ class TunnelApp(app_manager.OSKenApp):
         link = self.config.binding.link_of_port(msg.datapath.id, msg.desc.port_no)
         if link is None:
             return
-        live = (
-            msg.reason != ofp.OFPPR_DELETE
-            and not msg.desc.state & ofp.OFPPS_LINK_DOWN
-            and not msg.desc.config & ofp.OFPPC_PORT_DOWN
-        )
+        live = msg.reason != ofp.OFPPR_DELETE and port_live(ofp, msg.desc.state, msg.desc.config)
         topology = self.config.topology
         with self.lock:
             if live == (link not in topology.down):
@@ -247,24 +328,6 @@ class TunnelApp(app_manager.OSKenApp):
                 self._send(self.datapaths[entry.dpid], entry)
         return self.flow_mods_sent - before
 
-    def _install(self, dp) -> None:
-        """Clear every table of `dp` and add its wanted entries."""
-        ofp, parser = dp.ofproto, dp.ofproto_parser
-        dp.send_msg(
-            parser.OFPFlowMod(
-                dp,
-                table_id=ofp.OFPTT_ALL,
-                command=ofp.OFPFC_DELETE,
-                out_port=ofp.OFPP_ANY,
-                out_group=ofp.OFPG_ANY,
-            )
-        )
-        self._count_mod(dp.id)
-        for entry in self.entries:
-            if entry.dpid == dp.id:
-                self._send(dp, entry)
-        dp.send_msg(parser.OFPBarrierRequest(dp))
-
     def _send(self, dp, entry: FlowEntry, delete: bool = False) -> None:
         ofp, parser = dp.ofproto, dp.ofproto_parser
         match = parser.OFPMatch(**entry.match)
@@ -294,6 +357,42 @@ class TunnelApp(app_manager.OSKenApp):
     def _count_mod(self, dpid: int) -> None:
         self.flow_mods_sent += 1
         self.flow_mods_per_switch[dpid] = self.flow_mods_per_switch.get(dpid, 0) + 1
+
+
+def port_live(ofp, state: int, config: int) -> bool:
+    """Whether a port carries traffic: its link is up and it is not administratively down."""
+    return not state & ofp.OFPPS_LINK_DOWN and not config & ofp.OFPPC_PORT_DOWN
+
+
+def from_flow_stats(dpid: int, stat, ofp) -> FlowEntry:
+    """The FlowEntry of one OFPFlowStats (the inverse of `to_instructions`): match fields by
+    os-ken name, apply-actions as FlowEntry action tuples, then a goto_table; an action
+    FlowEntry has no name for is kept as ("other", its class name), so it never equals a
+    wanted entry."""
+    actions: list = []
+    goto = []
+    for inst in stat.instructions:
+        if getattr(inst, "type", None) == ofp.OFPIT_APPLY_ACTIONS:
+            actions += [_action_tuple(a) for a in inst.actions]
+        elif hasattr(inst, "table_id") and getattr(inst, "type", None) == ofp.OFPIT_GOTO_TABLE:
+            goto.append(("goto_table", inst.table_id))
+        else:
+            actions.append(("other", type(inst).__name__))
+    return FlowEntry(dpid, stat.table_id, stat.priority, dict(stat.match.items()),
+                     actions + goto, stat.cookie)  # fmt: skip
+
+
+def _action_tuple(action) -> tuple:
+    name = type(action).__name__
+    if name == "OFPActionOutput":
+        return ("output", action.port)
+    if name == "OFPActionPushMpls":
+        return ("push_mpls", action.ethertype)
+    if name == "OFPActionPopMpls":
+        return ("pop_mpls", action.ethertype)
+    if name == "OFPActionSetField":
+        return ("set_field", action.key, action.value)
+    return ("other", name)
 
 
 def to_instructions(parser, ofp, actions: list) -> list:

@@ -247,6 +247,39 @@ def test_link_down_sends_port_status_removes_tunnels_and_calls_back(testbed):
     assert wait_for_counts(wan, binding, full)
 
 
+def set_controller(wan, binding, of_port: int) -> None:
+    """Point every switch at the app listening on of_port (its flows stay: fail-mode secure)."""
+    for dc in binding.switches:
+        subprocess.run(["ovs-vsctl", "set-controller", wan.switches[dc].name,
+                        f"tcp:127.0.0.1:{of_port}"], check=True)  # fmt: skip
+
+
+def test_a_new_app_reads_the_switches_installs_nothing_and_learns_a_down_link(testbed):
+    """A controller that starts over (restart, failover) reads each switch's ports and flow
+    table: with the link A-B down and the rules already following it, it sends no
+    flow-mod and reports the link down."""
+    topo, binding, wan, app, installed = testbed
+    full = flow_counts(wan, binding)
+    wan.set_link("A", "B", up=False)
+    assert app.next_event("link")["up"] is False
+    second = AppProcess(app.proc.args[3], free_port())
+    try:
+        second.next_event("listening")
+        set_controller(wan, binding, int(second.proc.args[-1]))
+        done = second.next_event("installed")
+        assert done["flow_mods"] == 0 and done["tunnels"] == 12
+        link = second.next_event("link")
+        assert link["up"] is False and sorted(link["link"]) == ["A", "B"]
+        assert link["flow_mods"] == 0
+    finally:
+        set_controller(wan, binding, int(app.proc.args[-1]))
+        second.stop()
+        wan.set_link("A", "B", up=True)
+    event = app.next_event("link")
+    assert event["up"] is True
+    assert wait_for_counts(wan, binding, full)
+
+
 def test_hosts_reach_the_root_namespace_over_the_management_network(testbed):
     from mininet_scenarios.wan_net import MGMT_ROOT_IP
 
