@@ -157,6 +157,44 @@ def test_agents_given_a_dead_address_first_register_with_the_live_controller(lea
     assert leader.dead_agents in log  # it was tried (refused) first
 
 
+async def test_an_agent_moves_to_the_next_controller_when_its_channel_is_lost(tmp_path):
+    """In-test controllers speaking the real control protocol: the agent, given a dead
+    address first, registers with the first live one and, when that one goes, with the
+    next (no agent restart)."""
+    import trio
+
+    from benchmarks.harness import ControllerPeer
+    from terra_agent.agent import Agent, AgentConfig
+
+    first, second = ControllerPeer(), ControllerPeer()
+    first_scope = trio.CancelScope()
+
+    async def serve_first(task_status=trio.TASK_STATUS_IGNORED):
+        with first_scope:
+            await first.serve(task_status)
+
+    dead = ("127.0.0.1", free_port())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_first)
+        await nursery.start(second.serve)
+        agent = Agent(AgentConfig(
+            controller=dead, controllers=((first.host, first.port), (second.host, second.port)),
+            dc="A", agent_id="a1", data_addr=("127.0.0.1", free_port_block("127.0.0.1", 9)),
+            spill_dir=str(tmp_path),
+        ))  # fmt: skip
+        nursery.start_soon(agent.run)
+        with trio.fail_after(10):
+            await first.wait_until(lambda: first.connected("a1"))
+        assert agent.controller_addr == (first.host, first.port)
+        first_scope.cancel()  # the first controller goes: its listener and session close
+        with trio.fail_after(10):
+            await second.wait_until(lambda: second.connected("a1"))
+        assert agent.controller_addr == (second.host, second.port)
+        assert first.registrations == {"a1": 1} and second.registrations == {"a1": 1}
+        assert agent.control_connects == 2  # the dead address never connected
+        nursery.cancel_scope.cancel()
+
+
 def test_a_client_sent_on_by_a_standby_submits_once_to_the_leader(leader, pki):
     standby = Standby(pki, not_leader(leader.api))
     try:
