@@ -15,11 +15,12 @@ import asyncio
 import json
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from test_api import daemon_spawn
+from test_controller_e2e import wait_until
 from tls_helpers import security, tls_socket
 
 from benchmarks.harness import free_port, free_port_block, stop_processes
@@ -32,20 +33,6 @@ from terra_wire.failover import parse_address
 
 AGENTS = [("a1", "A", "127.0.0.21"), ("b1", "B", "127.0.0.22")]
 JOB = "job1"
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
-def daemon_spawn(func, *args):
-    thread = threading.Thread(target=func, args=args, daemon=True)
-    thread.start()
-    return thread
 
 
 class Leader:
