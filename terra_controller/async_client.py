@@ -41,7 +41,7 @@ from terra_wire.api_session import (
     frame,
     reply_length,
 )
-from terra_wire.failover import NotLeader, Retry, check_leader, client_controllers
+from terra_wire.failover import NotLeader, Retry, client_controllers, not_leader
 
 LOG = logging.getLogger("terra.client")
 
@@ -216,7 +216,7 @@ class AsyncTerraClient:
 
         Raises:
             ConnectionError: no reply within `timeout` s, or the connection was lost.
-            NotLeader: a standby answered.
+            NotLeader: a standby answered (_read_replies).
         """
         number = next(self._numbers)
         future = asyncio.get_running_loop().create_future()
@@ -224,7 +224,7 @@ class AsyncTerraClient:
         try:
             writer.write(frame(request, req=number))
             await writer.drain()
-            return check_leader(await asyncio.wait_for(future, timeout))
+            return await asyncio.wait_for(future, timeout)
         except TimeoutError as exc:
             raise ConnectionError(f"no reply within {timeout:.1f} s") from exc
         finally:
@@ -272,11 +272,17 @@ class AsyncTerraClient:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         """Hand every reply to the call waiting for its "req"; on EOF or a malformed reply
-        fail every call in flight (they resend on a new connection)."""
+        fail every call in flight (they resend on a new connection), on a standby's
+        "not_leader" reply (whatever its "req") fail them with NotLeader (they go to the
+        leader)."""
         try:
             while True:
                 length = reply_length(await reader.readexactly(4))
                 reply = decode_reply(await reader.readexactly(length))
+                standby = not_leader(reply)
+                if standby is not None:  # a standby: every call on this connection goes on
+                    self._fail_waiting(writer, standby)
+                    continue
                 waiting = self._waiting.get(reply.get("req"))
                 if waiting is not None and not waiting[1].done():
                     waiting[1].set_result(reply)
@@ -290,7 +296,8 @@ class AsyncTerraClient:
             self._fail_waiting(writer, ConnectionError(f"connection lost: {exc}"))
 
     def _fail_waiting(self, writer: asyncio.StreamWriter, exc: Exception) -> None:
-        """Fail the calls waiting for a reply on `writer`'s connection (they resend)."""
+        """Fail the calls waiting for a reply on `writer`'s connection (with `exc`: they
+        resend)."""
         for on, future in self._waiting.values():
             if on is writer and not future.done():
                 future.set_exception(exc)

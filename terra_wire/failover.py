@@ -91,19 +91,28 @@ def format_address(address: Address) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def check_leader(reply: Message) -> Message:
-    """`reply` itself, unless it is a standby's "not_leader" error.
-
-    Raises:
-        NotLeader: it is (with the leader it names, if a valid HOST:PORT).
-    """
+def not_leader(reply: Message) -> NotLeader | None:
+    """The NotLeader a standby's "not_leader" error reply means (with the leader it names,
+    if a valid HOST:PORT), or None for any other reply."""
     if reply.get("ok") or reply.get("code") != NOT_LEADER:
-        return reply
+        return None
     try:
         leader: Address | None = parse_address(reply.get("leader"))
     except ValueError:
         leader = None
-    raise NotLeader(str(reply.get("error", "this controller is a standby")), leader)
+    return NotLeader(str(reply.get("error", "this controller is a standby")), leader)
+
+
+def check_leader(reply: Message) -> Message:
+    """`reply` itself, unless it is a standby's "not_leader" error.
+
+    Raises:
+        NotLeader: it is (not_leader).
+    """
+    exc = not_leader(reply)
+    if exc is not None:
+        raise exc
+    return reply
 
 
 class ControllerList:

@@ -101,11 +101,12 @@ def leader(tmp_path_factory, pki):
 class Standby:
     """An in-test controller peer on the coflow API port (mutual TLS, real framing).
 
-    answer(request, sock) -> the reply map to send, or None to close the connection without
-    one. Every request received is recorded in `requests`.
+    answer(request) -> the reply map to send, or None to close the connection without one.
+    Every request received is recorded in `requests`. echo_req: replies echo the request's
+    "req" (False: a reply a pipelining client cannot match to its call).
     """
 
-    def __init__(self, pki: Path, answer) -> None:
+    def __init__(self, pki: Path, answer, echo_req: bool = True) -> None:
         self.requests: list[dict] = []
         self.answer = answer
 
@@ -115,7 +116,9 @@ class Standby:
                 reply = self.answer(request)
                 if reply is None:
                     return
-                sock.sendall(pack_message(dict(reply, v=1, req=request.get("req"))))
+                if echo_req:
+                    reply = dict(reply, req=request.get("req"))
+                sock.sendall(pack_message(dict(reply, v=1)))
 
         self.listener, _, (host, port) = listen_and_serve(
             "127.0.0.1", 0, serve, security(pki), daemon_spawn
@@ -196,23 +199,27 @@ def test_a_client_sent_on_by_a_standby_submits_once_to_the_leader(leader, pki):
     assert [x["id"] for x in leader.coflows_named("via-standby")] == [cid]
 
 
-def test_an_async_client_sent_on_by_a_standby_that_does_not_know_the_leader(leader, pki):
-    standby = Standby(pki, not_leader(None))  # no leader named: the next address
+@pytest.mark.parametrize("echo_req", [True, False])
+def test_an_async_client_sent_on_by_a_standby_that_does_not_know_the_leader(leader, pki, echo_req):
+    standby = Standby(pki, not_leader(None), echo_req)  # no leader named: the next address
 
     async def submit() -> list[int]:
         async with AsyncTerraClient(controllers=[standby.addr, leader.api], pki=pki,
                                     name=JOB, timeout=10) as c:  # fmt: skip
             return list(await asyncio.gather(
-                *(c.submit_coflow(flows(f"async{i}"), name="async-via-standby")
+                *(c.submit_coflow(flows(f"async{i}"), name=f"async-via-standby-{echo_req}")
                   for i in range(5))
             ))  # fmt: skip
 
+    started = time.monotonic()
     try:
         ids = asyncio.run(submit())
     finally:
         standby.stop()
+    assert time.monotonic() - started < 5  # not a reply timeout (10 s)
     assert {r["op"] for r in standby.requests} == {"hello"}
-    assert sorted(x["id"] for x in leader.coflows_named("async-via-standby")) == sorted(ids)
+    listed = leader.coflows_named(f"async-via-standby-{echo_req}")
+    assert sorted(x["id"] for x in listed) == sorted(ids)
     assert len(set(ids)) == 5
 
 
