@@ -15,8 +15,8 @@ request with a "not_leader" error naming the leader): give them all, ``controlle
 "HOST:PORT", ...]``. On a connection failure or a standby's reply the client tries the
 leader the reply names, else the next address, until its timeout, and sends the request
 again there unchanged (terra_wire/failover.py `Retry`: a submit or update keeps its "ref",
-so the controller runs it once). The new leader is a new controller instance for the
-client: it resubmits its open coflows there as after a restart.
+so the controller runs it once). A leader that answers hello with another instance id than
+the last one counts as a restarted controller: the open coflows are resubmitted there.
 
 A coflow ends in one of the final states "done", "failed" (a flow cannot run;
 the status's "reason" says why), "cancelled" (cancel_coflow) or "rejected";

@@ -55,7 +55,11 @@ class Leader:
             stdout=subprocess.PIPE, stderr=self.ctl_log, text=True,
         )  # fmt: skip
         line = self.ctl.stdout.readline()
-        assert line.startswith("terra-controller ready"), line
+        if not line.startswith("terra-controller ready"):
+            stop_processes([self.ctl])
+            self.ctl_log.close()
+            tail = (workdir / "controller.log").read_text()[-2000:]
+            raise AssertionError(f"controller did not start: {line!r}; its log ends:\n{tail}")
         self.agents: list[subprocess.Popen] = []
         for agent, dc, host in AGENTS:
             log = open(workdir / f"{agent}.log", "a")  # noqa: SIM115
