@@ -137,6 +137,7 @@ class Agent(ControlSession, IncomingData):
         self.rejected_ahead = 0
         self.received_bytes = 0
         self.control_connects = 0
+        self.controller_addr: tuple[str, int] | None = None  # the control channel's peer
         self.pair_keys: dict[str, bytes] = {}
         self.reorder_budget = MemoryBudget(config.memory_limit)
         self.pending = PendingChunks(config.pending_limit)

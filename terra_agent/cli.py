@@ -1,6 +1,6 @@
 """`terra-agent`: the Terra overlay agent of one host (moves a DC's flows over its tunnels).
 
-    terra-agent --controller HOST:PORT --dc DC --id AGENT_ID --data-addr HOST:PORT
+    terra-agent --controller HOST:PORT[,HOST:PORT...] --dc DC --id AGENT_ID --data-addr HOST:PORT
                 (--pki DIR | --insecure) [--spill-dir DIR] [--memory-limit BYTES]
                 [--log-level LEVEL] [--data-root DIR] [--encrypt-data] [--max-ahead BYTES]
                 [--metrics HOST:PORT] [--rate-limiter {bucket,pacing}]
@@ -15,6 +15,12 @@ hello and chunks in clear (terra_security/data_auth.py); with --encrypt-data the
 that TLS session (AES-GCM; every agent of a deployment must use the same setting). Either way
 every chunk carries a MAC keyed with its flow's key (terra_security/integrity.py). --insecure: plain
 TCP everywhere, unauthenticated data connections (labs only).
+
+--controller: the controller's agent channel; a highly available controller's instances as a
+comma-separated list (the leader and its standbys, in any order): the agent tries them in
+turn until one accepts it (standbys refuse agents), and the next one whenever the control
+channel is lost (ControlSession._control_loop has the backoff rule); it logs the one it
+registered with.
 
 --max-ahead BYTES: the spill bound per flow: a chunk may end at most this far past the flow's
 in-order point (default 1G); chunks beyond are refused (their connection is closed, the sender
@@ -79,6 +85,12 @@ def _addr(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _addrs(text: str) -> list[tuple[str, int]]:
+    """--controller: "HOST:PORT[,HOST:PORT...]" as a list of (host, port), duplicates dropped."""
+    addrs = [_addr(part.strip()) for part in text.split(",")]
+    return list(dict.fromkeys(addrs))
+
+
 def _memory(text: str) -> int:
     try:
         return parse_memory(text)
@@ -110,8 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     p.add_argument(
-        "--controller", required=True, type=_addr, metavar="HOST:PORT",
-        help="the controller's agent channel (terra-controller --agents)",
+        "--controller", required=True, type=_addrs, metavar="HOST:PORT[,HOST:PORT...]",
+        help="the controller's agent channel (terra-controller --agents); several: a highly "
+        "available controller's instances, tried in turn",
     )  # fmt: skip
     p.add_argument("--dc", required=True, metavar="DC", help="this agent's datacenter name")
     p.add_argument(
@@ -254,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"terra-agent: --metrics {host}:{port}: {exc}", file=sys.stderr)
             return 1
     config = AgentConfig(
-        controller=args.controller,
+        controller=args.controller[0],
+        controllers=tuple(args.controller[1:]),
         dc=args.dc,
         agent_id=args.agent_id,
         data_addr=args.data_addr,

@@ -25,6 +25,7 @@ log = logging.getLogger("terra_agent.agent")
 # queued for hashing and being received).
 PAYLOAD_BUFFERS = 32
 CONTROL_HANDSHAKE_S = 10.0  # TLS handshake with the controller
+CONTROL_CONNECT_S = 10.0  # TCP connect to a controller (then the next one is tried)
 HASH_QUEUE_BYTES = 32 << 20  # in-order bytes received, not yet hashed / written (all flows)
 MAX_DROPPED = 10_000  # flows the controller dropped, remembered to ignore their late chunks/acks
 ROWS_PER_MESSAGE = 500  # flow rows per progress/register message (keeps headers < 64 KiB)
@@ -47,11 +48,15 @@ class RegistrationRefused(Exception):
 class AgentConfig:
     """Settings of one agent.
 
-    controller: (host, port) of the controller's agent channel; dc: this agent's DC; agent_id:
-    unique agent id; data_addr: (host, port) to listen on for tunnel connections (tunnels may add
-    more ports on the same host); spill_dir: directory for reorder spill files; memory_limit:
-    bytes of out-of-order data held in memory by all flows together (a MemoryBudget shared by
-    their reorder buffers) before spilling; tls: client ssl.SSLContext for the control channel
+    controller: (host, port) of the controller's agent channel (the first one tried);
+    controllers: more controllers' agent channels (the standbys of a highly available
+    controller; terra-agent --controller HOST:PORT,HOST:PORT...), tried in turn after
+    `controller` (`controller_addresses`; ControlSession._control_loop has the rule);
+    dc: this agent's DC; agent_id: unique agent id; data_addr: (host, port) to listen on for
+    tunnel connections (tunnels may add more ports on the same host); spill_dir: directory for
+    reorder spill files; memory_limit: bytes of out-of-order data held in memory by all flows
+    together (a MemoryBudget shared by their reorder buffers) before spilling; tls: client
+    ssl.SSLContext for the control channel
     (terra_security.pki.client_context with this agent's certificate; the controller is
     verified by its `terra-controller` name), None: plain TCP (--insecure);
     progress_interval / heartbeat_interval: seconds; pending_limit:
@@ -108,6 +113,7 @@ class AgentConfig:
     data_caps: Caps | None = None
     metrics_socket: socket.socket | None = None
     metrics_caps: Caps | None = None
+    controllers: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_ahead < MAX_PAYLOAD_BYTES:
@@ -121,6 +127,12 @@ class AgentConfig:
             isinstance(name, str) and 0 < len(name) < 16 and name.isascii() and name.isidentifier()
         ):
             raise ValueError(f"tcp_congestion must be a kernel module name, got {name!r}")
+
+    @property
+    def controller_addresses(self) -> tuple[tuple[str, int], ...]:
+        """Every controller to try, in order: `controller`, then `controllers` (duplicates
+        dropped)."""
+        return tuple(dict.fromkeys([tuple(self.controller), *map(tuple, self.controllers)]))
 
     @property
     def spill_prefix(self) -> str:

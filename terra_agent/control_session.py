@@ -24,9 +24,11 @@ from terra_wire.control import (
     report_tag,
     validate_control,
 )
+from terra_wire.failover import ControllerList, format_address
 from terra_wire.frames import FrameError
 
 from .config import (
+    CONTROL_CONNECT_S,
     CONTROL_HANDSHAKE_S,
     ROWS_PER_MESSAGE,
     RegistrationRefused,
@@ -46,33 +48,48 @@ class ControlSession:
     Agent, which also provides the flow handling the applied messages call)."""
 
     async def _control_loop(self) -> None:
-        """Keep the control channel up: connect, register, serve; on any failure reconnect
-        with backoff (50 ms doubling to 2 s). Only cancellation and a refused registration
-        (RegistrationRefused, raised) end it: senders and receivers keep moving data at their
-        last rates while the controller is away."""
-        host, port = self.config.controller
+        """Keep the control channel up: connect, register, serve; on any failure reconnect.
+        Only cancellation and a refused registration (RegistrationRefused, raised) end it:
+        senders and receivers keep moving data at their last rates while the controller is
+        away.
+
+        Several controllers (AgentConfig.controller_addresses: a leader and its standbys,
+        which refuse agents' connections): a failed connect (refused, or not made within
+        CONTROL_CONNECT_S) or a lost control channel moves to the next address, round robin
+        (terra_wire.failover.ControllerList). The backoff (50 ms doubling to 2 s) is waited
+        once per full pass over the list, not per address: with three controllers, a dead
+        leader costs two refused connects before the new leader is tried, no wait. A session
+        that lasted over 2 s starts a new pass with the shortest backoff. One controller:
+        the backoff is waited before every reconnect, as a pass is that one address.
+        """
+        controllers = ControllerList(self.config.controller_addresses)
         backoff = BACKOFF_MIN_S
         while True:
+            address = controllers.current
             started = trio.current_time()
             try:
-                await self._control_connection(host, port)
-                log.warning("controller closed the control channel")
+                await self._control_connection(*address)
+                log.warning("controller %s closed the control channel", format_address(address))
             except RegistrationRefused:
                 raise
             except (FrameError, ProtocolError) as exc:
                 log.error("control channel: bad frame from controller: %s", exc)
             except (*CONNECTION_ERRORS, trio.TooSlowError, ssl.SSLError) as exc:
-                log.warning("control channel to %s:%d: %s", host, port, exc)
+                log.warning("control channel to %s: %s", format_address(address), exc)
             except Exception:  # ExceptionGroups, bugs: the agent outlives its control channel
-                log.exception("control channel to %s:%d failed; reconnecting", host, port)
+                log.exception("control channel to %s failed; reconnecting", format_address(address))
             if trio.current_time() - started > 2.0:
                 backoff = BACKOFF_MIN_S
-            await trio.sleep(backoff)
-            backoff = min(BACKOFF_MAX_S, backoff * 2)
+                controllers.reached()
+            if controllers.failed(address):
+                await trio.sleep(backoff)
+                backoff = min(BACKOFF_MAX_S, backoff * 2)
 
     async def _control_connection(self, host: str, port: int) -> None:
-        tcp = await trio.open_tcp_stream(host, port)
+        with trio.fail_after(CONTROL_CONNECT_S):
+            tcp = await trio.open_tcp_stream(host, port)
         self.control_connects += 1
+        self.controller_addr = (host, port)
         detect_dead_peers(tcp)
         stream: trio.abc.Stream = tcp
         if self.config.tls is not None:
@@ -215,7 +232,8 @@ class ControlSession:
         validate_control(header)
         kind = header["t"]
         if kind == "registered":
-            log.info("registered with the controller as %s", self.config.agent_id)
+            where = "?" if self.controller_addr is None else format_address(self.controller_addr)
+            log.info("registered with the controller at %s as %s", where, self.config.agent_id)
             self.registered.set()
             self.registered = trio.Event()
         elif kind == "tunnels":

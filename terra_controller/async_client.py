@@ -8,7 +8,9 @@ controller echoes, the requests are pipelined on the connection and one reader t
 each reply to its caller. When the connection breaks, every call in flight sends its
 request again on a new connection (until the client's timeout; a submit or update keeps
 its "ref", so the controller executes it once), and a new controller instance gets the
-open coflows resubmitted first, as with TerraClient.
+open coflows resubmitted first, as with TerraClient. Several controllers (a leader and its
+standbys): ``controllers=["HOST:PORT", ...]``, failed over as TerraClient does (a standby's
+"not_leader" reply sends the calls to the leader it names, else to the next address).
 
 Example:
     async with AsyncTerraClient("127.0.0.1", 7000, pki="pki/", name="job1") as c:
@@ -28,7 +30,7 @@ from typing import Any
 
 from terra_controller.client import tls_context
 from terra_security.pki import CONTROLLER_HOSTNAME
-from terra_wire.api import WireError
+from terra_wire.api import Message, WireError
 from terra_wire.api_session import (
     FINAL,
     MAX_OPEN,
@@ -39,6 +41,7 @@ from terra_wire.api_session import (
     frame,
     reply_length,
 )
+from terra_wire.failover import NotLeader, Retry, client_controllers, not_leader
 
 LOG = logging.getLogger("terra.client")
 
@@ -47,34 +50,39 @@ class AsyncTerraClient:
     """Asyncio client of the coflow API (arguments as TerraClient's).
 
     Args:
-        host, port: the controller's API address. pki, name: PKI directory and this
-            client's certificate name. insecure: plain TCP (logs a warning).
+        host, port: the controller's API address; or instead controllers: several
+            controllers' API addresses (a leader and its standbys), tried in turn.
+        pki, name: PKI directory and this client's certificate name.
+        insecure: plain TCP (logs a warning).
         timeout: seconds to keep trying to (re)connect and to wait for each reply.
         max_open: coflows remembered for resubmission after a controller restart.
 
     Attributes:
         session: the ClientSession (its `open`, `forgotten`, `instance`).
+        controllers: the ControllerList (terra_wire/failover.py; `addr` is the one in use).
 
     One event loop at a time: after `close()` the client may be used from another loop
     (another `asyncio.run`), with its open coflows still remembered.
 
     Raises (constructor): ValueError, PkiError, ssl.SSLError as TerraClient's.
-    Raises (from every call): TerraError (an error reply); ConnectionError (no controller
-        reachable, or no reply, within `timeout`).
+    Raises (from every call): TerraError (an error reply); ConnectionError (no controller,
+        or no leader, reachable, or no reply, within `timeout`: one line naming the
+        addresses tried).
     """
 
     def __init__(
         self,
-        host: str,
-        port: int,
+        host: str | None = None,
+        port: int | None = None,
         pki: str | os.PathLike | None = None,
         name: str | None = None,
         insecure: bool = False,
         timeout: float = 30.0,
         max_open: int = MAX_OPEN,
+        controllers: list[str] | None = None,
     ) -> None:
-        self.addr = (host, int(port))
-        self.context = tls_context(pki, name, insecure, self.addr, type(self).__name__)
+        self.controllers = client_controllers(host, port, controllers)
+        self.context = tls_context(pki, name, insecure, self.controllers, type(self).__name__)
         self.timeout = timeout
         self.session = ClientSession(max_open)
         self._numbers = itertools.count(1)
@@ -84,6 +92,11 @@ class AsyncTerraClient:
         self._reader_task: asyncio.Task | None = None
         self._connect_lock: asyncio.Lock | None = None
         self._ready = False  # the connection said hello and resubmitted what was open
+
+    @property
+    def addr(self) -> tuple[str, int]:
+        """The API address in use (or tried next)."""
+        return self.controllers.current
 
     # ---- API (as TerraClient's) ---------------------------------------------------------
 
@@ -179,30 +192,31 @@ class AsyncTerraClient:
         return self.session.finish(call, await self._exchange(call.request))
 
     async def _exchange(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Send one request and await its reply, reconnecting (and resending) on connection
-        failures until `timeout`."""
-        end = time.monotonic() + self.timeout
-        delay = 0.05
+        """Send one request and await its reply; on a connection failure or a standby's
+        reply, send it again (unchanged) at the next controller (failover.Retry)."""
+        retry = Retry(self.controllers, self.timeout)
         while True:
+            address = self.controllers.current
             writer = None
             try:
-                writer = await self._connected()
-                return await self._roundtrip(writer, request, max(end - time.monotonic(), 0.01))
-            except (OSError, EOFError, asyncio.IncompleteReadError, WireError) as exc:
-                LOG.debug("coflow API request failed: %s", exc)
+                writer = await self._connected(retry.remaining())
+                reply = await self._roundtrip(writer, request, retry.remaining())
+            except (OSError, EOFError, asyncio.IncompleteReadError, WireError, NotLeader) as exc:
+                LOG.debug("coflow API request to %s failed: %s", address, exc)
                 await self._drop(writer)
-                if time.monotonic() + delay > end:
-                    raise ConnectionError(f"controller {self.addr} unreachable: {exc}") from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                await asyncio.sleep(retry.failed(address, exc))
+                continue
+            self.controllers.reached()
+            return reply
 
     async def _roundtrip(
         self, writer: asyncio.StreamWriter, request: dict[str, Any], timeout: float
-    ) -> dict[str, Any]:
+    ) -> Message:
         """Send `request` with a new "req" number on `writer`; await the reply carrying it.
 
         Raises:
             ConnectionError: no reply within `timeout` s, or the connection was lost.
+            NotLeader: a standby answered (_read_replies).
         """
         number = next(self._numbers)
         future = asyncio.get_running_loop().create_future()
@@ -216,10 +230,11 @@ class AsyncTerraClient:
         finally:
             self._waiting.pop(number, None)
 
-    async def _connected(self) -> asyncio.StreamWriter:
-        """The ready connection: opened if there is none (one opener at a time, the other
-        calls wait), after its hello and, when a new controller instance answered, after
-        the open coflows were resubmitted (so no call overtakes a resubmission)."""
+    async def _connected(self, connect_s: float) -> asyncio.StreamWriter:
+        """The ready connection: opened (within `connect_s` seconds, to the controller in
+        use) if there is none (one opener at a time, the other calls wait), after its hello
+        and, when a new controller instance answered, after the open coflows were
+        resubmitted (so no call overtakes a resubmission)."""
         if self._writer is not None and self._ready:
             return self._writer
         if self._connect_lock is None:
@@ -227,7 +242,9 @@ class AsyncTerraClient:
         async with self._connect_lock:
             if self._writer is not None and self._ready:
                 return self._writer
-            reader, writer = await asyncio.wait_for(self._open_stream(), self.timeout)
+            reader, writer = await asyncio.wait_for(
+                self._open_stream(), min(self.timeout, connect_s)
+            )
             self._writer = writer
             self._reader_task = asyncio.create_task(self._read_replies(reader, writer))
             try:
@@ -243,7 +260,7 @@ class AsyncTerraClient:
     async def _open_stream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         server_hostname = CONTROLLER_HOSTNAME if self.context is not None else None
         reader, writer = await asyncio.open_connection(
-            *self.addr, ssl=self.context, server_hostname=server_hostname,
+            *self.controllers.current, ssl=self.context, server_hostname=server_hostname,
             limit=1 << 20,
         )  # fmt: skip
         sock = writer.get_extra_info("socket")
@@ -255,11 +272,17 @@ class AsyncTerraClient:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         """Hand every reply to the call waiting for its "req"; on EOF or a malformed reply
-        fail every call in flight (they resend on a new connection)."""
+        fail every call in flight (they resend on a new connection), on a standby's
+        "not_leader" reply (whatever its "req") fail them with NotLeader (they go to the
+        leader)."""
         try:
             while True:
                 length = reply_length(await reader.readexactly(4))
                 reply = decode_reply(await reader.readexactly(length))
+                standby = not_leader(reply)
+                if standby is not None:  # a standby: every call on this connection goes on
+                    self._fail_waiting(writer, standby)
+                    continue
                 waiting = self._waiting.get(reply.get("req"))
                 if waiting is not None and not waiting[1].done():
                     waiting[1].set_result(reply)
@@ -273,7 +296,8 @@ class AsyncTerraClient:
             self._fail_waiting(writer, ConnectionError(f"connection lost: {exc}"))
 
     def _fail_waiting(self, writer: asyncio.StreamWriter, exc: Exception) -> None:
-        """Fail the calls waiting for a reply on `writer`'s connection (they resend)."""
+        """Fail the calls waiting for a reply on `writer`'s connection (with `exc`: they
+        resend)."""
         for on, future in self._waiting.values():
             if on is writer and not future.done():
                 future.set_exception(exc)

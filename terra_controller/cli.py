@@ -578,7 +578,7 @@ def run_ctl(args: argparse.Namespace) -> int:
         0 on success, 1 when the controller refused or could not be reached (one line on
         stderr). Bad client options exit 2 (argparse).
     """
-    client = make_client(args.ctl_parser, args, *args.api, timeout=5.0)
+    client = make_client(args.ctl_parser, args, timeout=5.0)
     from terra_controller.client import TerraError
 
     try:

@@ -10,6 +10,14 @@ submitted that is not known to be finished, under the same ids, with all flows
 added by updates and with its age (seconds since its first submission, so its
 CCT still counts from then), so the restarted controller can rebuild its state.
 
+Several controllers (a highly available controller: one leader, standbys answering every
+request with a "not_leader" error naming the leader): give them all, ``controllers=[
+"HOST:PORT", ...]``. On a connection failure or a standby's reply the client tries the
+leader the reply names, else the next address, until its timeout, and sends the request
+again there unchanged (terra_wire/failover.py `Retry`: a submit or update keeps its "ref",
+so the controller runs it once). A leader that answers hello with another instance id than
+the last one counts as a restarted controller: the open coflows are resubmitted there.
+
 A coflow ends in one of the final states "done", "failed" (a flow cannot run;
 the status's "reason" says why), "cancelled" (cancel_coflow) or "rejected";
 `wait` returns on any of them.
@@ -21,6 +29,7 @@ The connection is mutual TLS: the client presents its own certificate (role
 
 Example:
     c = TerraClient("127.0.0.1", 7000, pki="pki/", name="job1")
+    c = TerraClient(controllers=["10.0.0.1:7000", "10.0.0.2:7000"], pki="pki/", name="job1")
     cid = c.submit_coflow([{"id": "f1", "src": "a1", "dst": "a2", "bytes": 10_000_000}])
     c.wait(cid, timeout=60)
 """
@@ -35,6 +44,7 @@ from typing import Any
 
 from terra_controller.transport import connect_tls, read_message
 from terra_security.pki import client_context
+from terra_wire.api import Message
 from terra_wire.api_session import (
     FINAL,
     GONE,
@@ -45,20 +55,21 @@ from terra_wire.api_session import (
     TerraError,
     frame,
 )
+from terra_wire.failover import NotLeader, Retry, check_leader, client_controllers
 
 __all__ = ["FINAL", "GONE", "MAX_OPEN", "TerraClient", "TerraError"]
 LOG = logging.getLogger("terra.client")
 
 
-def tls_context(pki, name: str | None, insecure: bool, addr: tuple[str, int], who: str):
+def tls_context(pki, name: str | None, insecure: bool, where: object, who: str):
     """The client's mutual-TLS context (PKI directory `pki`, certificate `name`), or None
-    with `insecure` (logs a warning naming `who` and the address).
+    with `insecure` (logs a warning naming `who` and `where`, the controllers).
 
     Raises:
         ValueError: neither pki and name nor insecure given. PkiError, ssl.SSLError.
     """
     if insecure:
-        LOG.warning("%s: plain TCP to %s:%d, no authentication (insecure)", who, *addr)
+        LOG.warning("%s: plain TCP to %s, no authentication (insecure)", who, where)
         return None
     if pki is None or name is None:
         raise ValueError(f"{who} needs pki=DIR and name=NAME (or insecure=True)")
@@ -69,7 +80,9 @@ class TerraClient:
     """Synchronous client of the coflow API.
 
     Args:
-        host, port: the controller's API address.
+        host, port: the controller's API address; or instead
+        controllers: the API addresses of several controllers (a leader and its standbys),
+            "HOST:PORT" strings or (host, port) pairs, tried in turn (module docstring).
         pki: PKI directory holding ca.crt, NAME.crt and NAME.key.
         name: this client's name (its certificate's).
         insecure: plain TCP without certificates (a controller run with --insecure);
@@ -79,6 +92,7 @@ class TerraClient:
 
     Attributes:
         session: the ClientSession (protocol state).
+        controllers: the ControllerList (terra_wire/failover.py; `addr` is the one in use).
         open: {coflow id: its flows, deadline, first submission time, name and tags} of the
             coflows this client submitted and has not yet learned to be finished. An entry
             goes when a reply shows the coflow in a final state (check_status, wait,
@@ -87,29 +101,37 @@ class TerraClient:
             `forgotten` counts them).
 
     Raises (constructor):
-        ValueError: neither pki and name nor insecure=True given.
+        ValueError: neither pki and name nor insecure=True given; neither host and port
+            nor controllers given (or both), or a malformed address.
         PkiError: a certificate file is missing; ssl.SSLError: unreadable.
 
     Raises (from every call):
         TerraError: the controller answered with an error.
-        ConnectionError: no controller reachable within `timeout`.
+        ConnectionError: no controller (no leader) reachable within `timeout`: one line
+            naming the addresses tried and the last failure.
     """
 
     def __init__(
         self,
-        host: str,
-        port: int,
+        host: str | None = None,
+        port: int | None = None,
         pki: str | os.PathLike | None = None,
         name: str | None = None,
         insecure: bool = False,
         timeout: float = 30.0,
         max_open: int = MAX_OPEN,
+        controllers: list[str] | None = None,
     ):
-        self.addr = (host, int(port))
-        self.context = tls_context(pki, name, insecure, self.addr, type(self).__name__)
+        self.controllers = client_controllers(host, port, controllers)
+        self.context = tls_context(pki, name, insecure, self.controllers, type(self).__name__)
         self.timeout = timeout
         self.sock: socket.socket | None = None
         self.session = ClientSession(max_open)
+
+    @property
+    def addr(self) -> tuple[str, int]:
+        """The API address in use (or tried next)."""
+        return self.controllers.current
 
     @property
     def open(self) -> dict[int, dict[str, Any]]:
@@ -252,32 +274,40 @@ class TerraClient:
         return self._run(Call(request, lambda reply: reply))
 
     def _exchange(self, request: dict) -> dict:
-        """Send one request and return its reply, reconnecting on connection failures."""
-        end = time.monotonic() + self.timeout
-        delay = 0.05
+        """Send one request and return its reply; on a connection failure or a standby's
+        reply, send it again (unchanged) at the next controller (failover.Retry)."""
+        retry = Retry(self.controllers, self.timeout)
         while True:
+            address = self.controllers.current
             try:
-                self._connected()
-                return self._roundtrip(request)
-            except (OSError, EOFError) as exc:
+                self._connected(address, retry.remaining())
+                reply = self._roundtrip(request)
+            except (OSError, EOFError, NotLeader) as exc:
                 self.close()
-                if time.monotonic() + delay > end:
-                    raise ConnectionError(f"controller {self.addr} unreachable: {exc}") from exc
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                time.sleep(retry.failed(address, exc))
+                continue
+            self.controllers.reached()
+            return reply
 
-    def _roundtrip(self, request: dict) -> dict:
+    def _roundtrip(self, request: dict) -> Message:
+        """One request and its reply on the open connection.
+
+        Raises:
+            NotLeader: a standby answered. ConnectionError: the connection closed.
+        """
         self.sock.sendall(frame(request))
         reply = read_message(self.sock, frame_timeout=self.timeout)
         if reply is None:
             raise ConnectionError("controller closed the connection")
-        return reply
+        return check_leader(reply)
 
-    def _connected(self) -> None:
-        """Connect if needed; on a new connection say hello and resubmit after a restart."""
+    def _connected(self, address: tuple[str, int], connect_s: float) -> None:
+        """Connect to `address` if not connected (within `connect_s` seconds); on a new
+        connection say hello and resubmit after a restart."""
         if self.sock is not None:
             return
-        self.sock = connect_tls(*self.addr, self.context, self.timeout)
+        self.sock = connect_tls(*address, self.context, min(self.timeout, connect_s))
+        self.sock.settimeout(self.timeout)
         if self.session.restarted(self._roundtrip(self.session.hello().request)):
             self._resubmit()
 

@@ -1,6 +1,7 @@
 """`terra-job`: a job's command line to a running controller's coflow API.
 
-    terra-job [--api HOST:PORT] (--pki DIR --name NAME | --insecure) [--json] COMMAND ...
+    terra-job [--api HOST:PORT[,HOST:PORT...]] (--pki DIR --name NAME | --insecure) [--json]
+              COMMAND ...
 
     submit FILE.json [--wait] [--progress] [--timeout S]   submit a coflow (FILE: see below)
            [--coflow-name NAME] [--tag TAG ...]            (its name and tags: as in FILE)
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         error = label_error(job["name"], job["tags"])
         if error is not None:
             p.error(error)
-    client = make_client(p, args, *args.api, timeout=CONNECT_TIMEOUT_S)
+    client = make_client(p, args, timeout=CONNECT_TIMEOUT_S)
     try:
         if args.command == "replay":
             from terra_controller.job_replay import replay

@@ -48,7 +48,10 @@ class TerraError(Exception):
     Attributes:
         code: the reply's code ("unknown_coflow", "unknown_agent", "duplicate_flow",
             "bad_size", "bad_request", "bad_token", "coflow_done", "no_path", "path_busy"
-            (a flow's dst_path is being written by another flow), "too_many_flows", ...).
+            (a flow's dst_path is being written by another flow), "too_many_flows",
+            "not_leader" (a standby controller answered; its reply's "leader" names the
+            leader's HOST:PORT, or is None: terra_wire/failover.py, which the clients use to
+            go there), ...).
     """
 
     def __init__(self, code: str, message: str) -> None:

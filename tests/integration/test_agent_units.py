@@ -235,7 +235,10 @@ def test_cli_parsing_and_errors(tmp_path, capsys):
             "--insecure",
         ]
     )
-    assert args.controller == ("127.0.0.1", 7000) and args.data_addr == ("127.0.0.2", 9000)
+    assert args.controller == [("127.0.0.1", 7000)] and args.data_addr == ("127.0.0.2", 9000)
+    several = ["--controller", "127.0.0.1:7000,[::1]:7001,127.0.0.1:7000", "--dc", "HK",
+               "--id", "a", "--data-addr", "h:1", "--insecure"]  # fmt: skip
+    assert build_parser().parse_args(several).controller == [("127.0.0.1", 7000), ("::1", 7001)]
     with pytest.raises(SystemExit) as exc:
         main(["--controller", "nohost", "--dc", "HK", "--id", "a", "--data-addr", "h:1",
               "--insecure"])  # fmt: skip

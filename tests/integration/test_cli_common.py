@@ -141,7 +141,7 @@ def test_ctl_parses_operands_into_typed_fields():
         ["ctl", "--api", "10.0.0.1:7000", "--insecure", "capacity", "LA", "NY", "1.25e8"]
     )
     assert (args.command, args.op, args.a, args.b) == ("ctl", "capacity", "LA", "NY")
-    assert args.bytes_per_s == 1.25e8 and args.api == ("10.0.0.1", 7000)
+    assert args.bytes_per_s == 1.25e8 and args.api == [("10.0.0.1", 7000)]
 
 
 def test_ctl_unreachable_controller_exits_1(capsys):
