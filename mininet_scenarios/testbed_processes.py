@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -136,6 +137,8 @@ class TestbedController:
                     str(pki),
                     "--scheduler",
                     scheduler,
+                    "--state-dir",  # its own journal: nothing of another run is resumed
+                    tempfile.mkdtemp(prefix="controller-state-", dir=log.parent),
                     *(["--rest-public"] if rest_public else []),
                 ],
                 stdout=subprocess.PIPE,
