@@ -53,9 +53,10 @@ def one_flow(rng: random.Random) -> list[dict]:
     return [{"id": "f", "src": AGENT_OF[src], "dst": AGENT_OF[dst], "bytes": 1_000_000}]
 
 
-def api_rates(calls: int, clients: int) -> dict:
-    """Part 1: submit/status calls per second (one client, then `clients` concurrently)."""
-    ctl = ControllerProcess("swan")
+def api_rates(calls: int, clients: int, extra: list[str] | None = None) -> dict:
+    """Part 1: submit/status calls per second (one client, then `clients` concurrently);
+    `extra`: more terra-controller arguments (e.g. --etcd ...)."""
+    ctl = ControllerProcess("swan", extra=extra)
     agents = fake_agents(ctl, complete=True)
     rng = random.Random(1)
     try:
@@ -128,12 +129,13 @@ def wait_rounds(ctl: ControllerProcess, at_least: int, timeout: float = 120.0) -
     raise TimeoutError(f"controller did not reach {at_least} rounds")
 
 
-def round_latency(n_coflows: int, rounds: int) -> dict:
-    """Part 2: live round latency vs the same rounds replayed offline."""
+def round_latency(n_coflows: int, rounds: int, extra: list[str] | None = None) -> dict:
+    """Part 2: live round latency vs the same rounds replayed offline (`extra`: more
+    terra-controller arguments)."""
     coflows = trace_coflows(n_coflows)
     full = GBPS_TO_BYTES_PER_S
     caps = [full / 2 if i % 2 == 0 else full for i in range(rounds)]
-    ctl = ControllerProcess("swan")
+    ctl = ControllerProcess("swan", extra=extra)
     agents = fake_agents(ctl, complete=False)
     try:
         client = ctl.client(timeout=60)

@@ -71,6 +71,8 @@ class ControllerProcess:
             stdout=subprocess.PIPE, stderr=self.log, text=True,
         )  # fmt: skip
         line = self.proc.stdout.readline()
+        if line.startswith("terra-controller standby"):  # --etcd: it leads once elected
+            line = self.proc.stdout.readline()
         if not line.startswith("terra-controller ready"):
             self.stop()
             raise RuntimeError(f"controller did not start: {line!r}")

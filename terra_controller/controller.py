@@ -348,6 +348,7 @@ class Controller:
                 self._prune(now)
                 return cid
             self.want_round()
+        self._durable(cid)
         self._announce(coflow, parsed)  # outside the locks: descriptors of many flows
         return cid
 
@@ -357,12 +358,9 @@ class Controller:
         Raises:
             RegistryError("unavailable"): the store still fails after one more try.
         """
-        if self.journal.failing is None:
+        if self.journal.failing is None or self.journal.flush():
             return
-        with self.lock:
-            if self.journal.flush():
-                return
-            why = self.journal.failing
+        why = self.journal.failing
         raise RegistryError("unavailable", f"the shared state cannot be written ({why}); retry")
 
     def health(self) -> dict:
@@ -371,6 +369,14 @@ class Controller:
         its revision after this controller's last write)}."""
         return {"role": self.role, "leader": self.leader_addr,
                 "state_version": self.journal.version}  # fmt: skip
+
+    def _durable(self, coflow_id: int) -> None:
+        """Wait (outside the locks) until the shared state holds the change just made, so a
+        reply means it survives a failover; after STORE_WAIT_S the change stays queued and
+        the reply goes anyway (a client resubmits its open coflows to a new leader)."""
+        if not self.journal.wait_durable():
+            LOG.warning("coflow %s: not yet in the shared state (%s)", coflow_id,
+                        self.journal.failing or "slow")  # fmt: skip
 
     def submitted_ref(self, owner: str | None, ref: str) -> int | None:
         """The id of the coflow `owner` submitted with retry reference `ref` (remembered in
@@ -470,6 +476,7 @@ class Controller:
             self.registry.add_flows(coflow, parsed)
             self.journal.added(coflow.id, flow_rows(parsed))
             self.want_round()
+        self._durable(coflow.id)
         self._announce(coflow, parsed)
 
     def cancel(self, coflow_id: object) -> dict:
@@ -628,9 +635,6 @@ class Controller:
         """
         if self.resuming:
             self.resume()
-        if self.journal.failing is not None:
-            with self.lock:
-                self.journal.flush()
         connected = None
         if self.connected_agents is not None:
             try:

@@ -136,7 +136,7 @@ class EtcdState:
         }  # fmt: skip
         reply = self._call(lambda c: c.transaction(txn))
         if not reply.get("succeeded"):
-            self._call(lambda c: lease.revoke())
+            self._call(lambda c: etcd3gw.Lease(lease.id, c).revoke())
             return None
         self.lease = lease
         self.generation = int(reply["header"]["revision"])
@@ -164,15 +164,15 @@ class EtcdState:
         """
         if self.lease is None:
             return False
-        lease = self.lease
-        return self._call(lambda c: lease.refresh()) > 0
+        lease_id = self.lease.id  # asked of whichever member answers, not the granting one
+        return self._call(lambda c: etcd3gw.Lease(lease_id, c).refresh()) > 0
 
     def resign(self) -> None:
         """Give the leadership up (revoke our lease: the leader key goes with it)."""
         if self.lease is not None:
             lease, self.lease = self.lease, None
             try:
-                self._call(lambda c: lease.revoke())
+                self._call(lambda c: etcd3gw.Lease(lease.id, c).revoke())
             except StateStoreError as exc:
                 LOG.warning("resigning: %s", exc)
 

@@ -36,8 +36,11 @@ one gets JournalError).
 Without a state directory (`CoflowJournal(None)`, in-process controllers) the same bookkeeping
 lives in memory only. With a shared store instead (`CoflowJournal(None, store=EtcdState)`, the
 controllers of `terra-controller --etcd`), each coflow's records are one etcd key, rewritten
-whole on every change (etcd_state.py); a write the store refuses or cannot take is kept
-(`failing` says why) and written again by the next write or `flush`.
+whole on every change (etcd_state.py). Changes are queued under the caller's lock (no I/O
+there) and one writer thread sends what is queued as one transaction (group commit), so
+concurrent submits share etcd round trips; `wait_durable` waits until the store has taken
+everything queued so far. A write the store refuses or cannot take stays queued (`failing`
+says why) and is sent again.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +60,8 @@ LOG = logging.getLogger("terra.journal")
 
 FILE_NAME = "coflows.jsonl"
 LOCK_NAME = "coflows.lock"  # held (flock) by the controller using the directory
+STORE_WAIT_S = 2.0  # how long a change waits for the shared store before the caller moves on
+STORE_RETRY_S = 0.2  # pause before sending again what the store did not take
 COMPACT_SLACK = 10_000  # lines beyond 2 x live entries before the file is rewritten
 MAX_LIVE = 1_000_000  # coflows remembered (owner and secret) at most
 
@@ -132,8 +139,12 @@ class CoflowJournal:
         self._lock_fd: int | None = None
         self.store = store
         self.failing: str | None = None
-        self._dirty: set[int] = set()
         self._changes = 0
+        self._queued: dict[int, list[dict] | None] = {}  # coflow id -> records (None: delete)
+        self._seq = 0  # changes queued for the store
+        self._durable = 0  # changes the store took
+        self._cond = threading.Condition()
+        self._writer: threading.Thread | None = None
         self._refs: dict[tuple[str | None, str], int] = {}  # (owner, ref) -> coflow id
         if store is not None:
             self._load_store()
@@ -215,7 +226,7 @@ class CoflowJournal:
         self.next_id = max(self.next_id, coflow_id + 1)
         self._write_entry(coflow_id, entry)
         while len(self.live) > MAX_LIVE:
-            self._dirty.add(self.live.popitem(last=False)[0])
+            self._queue(self.live.popitem(last=False)[0])
         self._save(coflow_id)
 
     def added(self, coflow_id: int, flows: list[FlowRow]) -> None:
@@ -282,38 +293,86 @@ class CoflowJournal:
         self.next_id = max(self.next_id, next_id)
 
     def _save(self, coflow_id: int | None) -> None:
-        """Write a changed entry (None: the id counter only) to the store, if any."""
+        """Queue a changed entry (None: the id counter only) for the store, if any."""
         self._changes += 1
+        if self.store is not None:
+            self._queue(coflow_id)
+
+    def _queue(self, coflow_id: int | None) -> None:
+        entry = self.live.get(coflow_id) if coflow_id is not None else None
+        records = _records(coflow_id, entry) if entry is not None else None
+        with self._cond:
+            self._seq += 1
+            if coflow_id is not None:
+                self._queued[coflow_id] = records
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_loop, daemon=True,
+                                                name="terra-journal-store")  # fmt: skip
+                self._writer.start()
+            self._cond.notify_all()
+
+    def _write_loop(self) -> None:
+        """Send what is queued, as one transaction per round trip, until the process ends."""
+        while True:
+            with self._cond:
+                while self._durable >= self._seq:
+                    self._cond.wait()
+                batch, self._queued = self._queued, {}
+                seq, next_id = self._seq, self.next_id
+            if self._send(next_id, batch, seq):
+                continue
+            time.sleep(STORE_RETRY_S)
+
+    def _send(self, next_id: int, batch: dict, seq: int) -> bool:
+        from terra_controller.etcd_state import StateStoreError
+
+        try:
+            self.store.write(next_id, batch)
+        except StateStoreError as exc:
+            with self._cond:
+                for cid, records in batch.items():  # newer changes queued meanwhile win
+                    self._queued.setdefault(cid, records)
+                if self.failing is None:
+                    LOG.error("shared state: %s; writes are kept until it answers", exc)
+                self.failing = str(exc)
+                self._cond.notify_all()
+            return False
+        with self._cond:
+            self._durable = max(self._durable, seq)
+            self.failing = None
+            self._cond.notify_all()
+        return True
+
+    def wait_durable(self, timeout_s: float = STORE_WAIT_S) -> bool:
+        """Wait until the store took every change queued so far (True; always without a
+        store), or `timeout_s` passed or a write failed meanwhile (False)."""
         if self.store is None:
-            return
-        if coflow_id is not None:
-            self._dirty.add(coflow_id)
-        self.flush()
+            return True
+        end = time.monotonic() + timeout_s
+        with self._cond:
+            target = self._seq
+            while self._durable < target:
+                left = end - time.monotonic()
+                if left <= 0 or self.failing is not None:
+                    return False
+                self._cond.wait(min(left, 0.1))
+        return True
 
     def flush(self) -> bool:
-        """Write the entries the store has not taken yet (and the id counter).
+        """Whether the store takes writes again: wait briefly for what is queued.
 
         Returns:
-            True when everything is written (always, without a store); else False and
-            `failing` says why.
+            True when everything queued is written (always, without a store); else False
+            and `failing` says why.
         """
         if self.store is None:
             return True
-        from terra_controller.etcd_state import StateStoreError
-
-        dirty = sorted(self._dirty)
-        entries = {cid: _records(cid, self.live[cid]) if cid in self.live else None
-                   for cid in dirty}  # fmt: skip
-        try:
-            self.store.write(self.next_id, entries)
-            self._dirty.difference_update(dirty)
-        except StateStoreError as exc:
-            if self.failing is None:
-                LOG.error("shared state: %s; writes are kept until it answers", exc)
-            self.failing = str(exc)
-            return False
-        self.failing = None
-        return True
+        with self._cond:
+            if self._durable >= self._seq and self.failing is not None:
+                self._seq += 1  # nothing queued: probe the store with the id counter
+                self._cond.notify_all()
+            self.failing = None
+        return self.wait_durable(STORE_WAIT_S)
 
     # -- file
 
@@ -422,7 +481,7 @@ def _records(coflow_id: int, entry: JournalEntry) -> list[dict]:
     if entry.ref is not None:
         record["rf"] = entry.ref
     if entry.flows:
-        record["fl"] = entry.flows
+        record["fl"] = [list(row) for row in entry.flows]  # a copy: the writer reads it later
     if entry.deadline_s is not None:
         record["dl"] = entry.deadline_s
     if entry.arrival_unix is not None:
