@@ -108,8 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--of-port", type=int, metavar="PORT", default=6653, help="OpenFlow listen port")
     p.add_argument(
         "--port-stats-s", type=float, default=1.0, metavar="S",
-        help="poll every switch's port counters every S seconds (REST /links, /metrics); "
-        "0: never",
+        help="port counters' poll period (0: never)",
     )  # fmt: skip
     p.add_argument(
         "--api", type=parse_addr, default="127.0.0.1:6700", metavar="HOST:PORT",
@@ -134,11 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-openflow", action="store_true", help="no switches: logical tunnels")
     p.add_argument(
         "--agent-timeout", type=float, default=60.0, metavar="S",
-        help="seconds an agent may be disconnected before its unfinished coflows fail",
+        help="agent absence (s) failing coflows",
     )  # fmt: skip
     p.add_argument(
         "--keep-finished", type=int, default=10_000, metavar="N",
-        help="finished coflows kept in memory for status requests",
+        help="finished coflows kept for status",
     )  # fmt: skip
     p.add_argument(
         "--keep-finished-s", type=float, default=None, metavar="S",
@@ -153,17 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="re-transfers after digest mismatches",
     )  # fmt: skip
     p.add_argument("--state-dir", metavar="DIR", help="coflow journal (docs/runtime.md)")
-    p.add_argument(
-        "--etcd", metavar="HOST:PORT[,...]",
-        help="keep the state in this etcd cluster and lead only when elected (several "
-        "controllers; docs/runtime.md); replaces --state-dir",
-    )  # fmt: skip
-    p.add_argument("--cluster", default="terra", metavar="NAME",
-                   help="the controllers' cluster name in etcd (its key prefix)")  # fmt: skip
-    p.add_argument("--lease-ttl", type=int, default=2, metavar="S",
-                   help="the leader's etcd lease, s (a failover takes about S)")  # fmt: skip
-    p.add_argument("--advertise", metavar="HOST",
-                   help="the host others reach it at (default: the listen host)")  # fmt: skip
+    p.add_argument("--etcd", metavar="HOST:PORT,...",
+                   help="state in etcd; lead when elected (docs/runtime.md)")  # fmt: skip
+    p.add_argument("--cluster", default="terra", metavar="NAME", help="etcd key prefix")
+    p.add_argument("--lease-ttl", type=int, default=2, metavar="S", help="leader lease (s)")
+    p.add_argument("--advertise", metavar="HOST", help="host standbys name as the leader's")
     add_common_args(p)
     return p
 

@@ -226,7 +226,9 @@ class CoflowJournal:
         self.next_id = max(self.next_id, coflow_id + 1)
         self._write_entry(coflow_id, entry)
         while len(self.live) > MAX_LIVE:
-            self._queue(self.live.popitem(last=False)[0])
+            evicted = self.live.popitem(last=False)[0]
+            if self.store is not None:
+                self._queue(evicted)
         self._save(coflow_id)
 
     def added(self, coflow_id: int, flows: list[FlowRow]) -> None:

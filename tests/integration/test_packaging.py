@@ -28,7 +28,8 @@ AGENT_DISTRIBUTIONS = {
     "trio", "msgpack", "msgspec", "cryptography", "blake3", "isal", "prometheus-client",
 }  # fmt: skip
 SCHEDULER_DISTRIBUTIONS = {"networkx", "highspy", "numpy", "numba"}
-CONTROLLER_DISTRIBUTIONS = SCHEDULER_DISTRIBUTIONS | {"os-ken", "webob", "routes"}  # OpenFlow, REST
+# OpenFlow, REST, the shared state of several controllers (etcd)
+CONTROLLER_DISTRIBUTIONS = SCHEDULER_DISTRIBUTIONS | {"os-ken", "webob", "routes", "etcd3gw"}
 
 
 def test_core_dependencies_are_the_agents():
