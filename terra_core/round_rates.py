@@ -70,7 +70,14 @@ def take(rates, cid: str, pair_rates: PairRates, left: dict[Link, float], scale:
 
 def assign(mine: dict, pair: Pair, lst: list[tuple[Path, float]], scale: float) -> None:
     """Add the path rates `lst` × scale to one coflow's {pair: {path: bytes/s}}."""
-    per_path = mine.setdefault(pair, {})
+    per_path = mine.get(pair)
+    if per_path is None and scale == 1.0:  # a new pair: 0.0 + rate × 1.0 is the rate
+        per_path = mine[pair] = dict(lst)
+        if len(per_path) == len(lst):  # (no path twice)
+            return
+        per_path.clear()
+    elif per_path is None:
+        per_path = mine[pair] = {}
     for path, rate in lst:
         per_path[path] = per_path.get(path, 0.0) + rate * scale
 

@@ -394,7 +394,9 @@ class TerraPolicy:
                 continue
             for pair in fgs:
                 if pair not in out:
-                    found = self.paths(*pair)
+                    found = self._paths.get(pair)  # (the cache of `paths`, read inline)
+                    if found is None:
+                        found = self.paths(*pair)
                     if not found:
                         raise ValueError(f"coflow {cid!r}: no path from {pair[0]} to {pair[1]}")
                     out[pair] = found
