@@ -54,7 +54,7 @@ from terra_core.round_rates import (
     PREEMPTED,
     SCHEDULED,
     RoundResult,
-    assign,
+    add_rates,
     solve_min_cct,
     take,
 )
@@ -295,8 +295,10 @@ def reserve_deadlines(
 
 def _ids_in(pair_rates: PairRates, index: PathIndex) -> set[int]:
     """Indices of the links crossed by the paths of `pair_rates` ({pair: [(path, bytes/s)]})."""
-    bit = index.bit
-    return {bit[link] for lst in pair_rates.values() for path, _ in lst for link in links_of(path)}
+    paths = [path for lst in pair_rates.values() for path, _ in lst]
+    ids = set(chain.from_iterable(index.ids_of(paths)))
+    ids.discard(-1)  # (a link outside the index: its paths are blocked by the missing bit)
+    return ids
 
 
 def _work_conservation(active, order, paths, spare, capacity, rates, result, index) -> None:
@@ -325,7 +327,7 @@ def _work_conservation(active, order, paths, spare, capacity, rates, result, ind
             weights.update(_volume_weights(fgs, mine))
     pair_rates = fair_share(weights, paths, spare, capacity, result, index, classes=classes)
     for pair, lst in pair_rates.items():
-        assign(rates.setdefault(owner[pair], {}), pair, lst, 1.0)
+        add_rates(rates.setdefault(owner[pair], {}), pair, lst)
 
 
 def _volume_weights(volumes: dict[Pair, float], pairs: list[Pair]) -> dict[Pair, float]:
