@@ -37,6 +37,7 @@ class PathIndex:
         self.bit: dict[Link, int] = {link: i for i, link in enumerate(self.links)}
         self.missing = 1 << len(self.links)
         self._pairs: dict[Pair, list[PathEntry]] = {}
+        self.clean: set[Pair] = set()  # pairs with a path inside the index (all_reachable)
         self._ids: dict[Path, tuple[int, ...]] = {}
 
     def entries(self, pair: Pair, paths: dict[Pair, list[Path]]) -> list[PathEntry]:
@@ -59,6 +60,15 @@ class PathIndex:
         if got is None:
             got = self._ids[path] = tuple(self.bit.get(link, -1) for link in path_links(path))
         return got
+
+    def ids_of(self, paths) -> list[tuple[int, ...]]:
+        """`ids(path)` for every path of the iterable `paths`, in order (one C-level pass
+        over the cache when every path is in it)."""
+        paths = list(paths)
+        try:
+            return list(map(self._ids.__getitem__, paths))
+        except KeyError:
+            return [self.ids(path) for path in paths]
 
     def _entry(self, path: Path) -> PathEntry:
         ids = self.ids(path)
@@ -112,7 +122,13 @@ def mark_full(
 
 def all_reachable(volumes, paths: dict[Pair, list[Path]], index: PathIndex, full: int) -> bool:
     """Every FlowGroup (DC pair of `volumes`) has a path of `paths` that crosses no link of
-    the `full` bitmask (full_mask)."""
+    the `full` bitmask (full_mask).
+
+    With no link full (`full` is the missing bit alone) the answer is kept per pair in
+    `index.clean`, so a coflow whose pairs are all known costs one set inclusion."""
+    nothing_full = full == index.missing
+    if nothing_full and volumes.keys() <= index.clean:
+        return True
     entries = index.entries
     for pair in volumes:
         for mask, _ in entries(pair, paths):
@@ -120,4 +136,6 @@ def all_reachable(volumes, paths: dict[Pair, list[Path]], index: PathIndex, full
                 break
         else:
             return False
+    if nothing_full:
+        index.clean.update(volumes)
     return True

@@ -6,6 +6,8 @@ path-level progressive filling (maxmin.py) beyond.
 
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 
 from terra_core.maxmin import maxmin_levels_sparse
@@ -46,10 +48,11 @@ def alpha_share(active, preempted, paths, reserve, capacity, rates, result, inde
                 per_path[path] = per_path.get(path, 0.0) + rate * share
 
 
-def fair_share(weights, paths, avail, capacity, result, index, priority=None) -> PairRates:
+def fair_share(weights, paths, avail, capacity, result, index, classes=None) -> PairRates:
     """Weighted max-min rates of DC pairs over their paths on `avail` capacity,
-    which shrinks by them (in place); with `priority` ({pair: class}), lower classes
-    are filled first and a class sees only what the earlier ones left.
+    which shrinks by them (in place); with `classes` (lists of the pairs of `weights`,
+    each pair in one), earlier classes are filled first and a class sees only what the
+    earlier ones left (without: one class of every pair).
 
     Up to MCF_MAX_COLUMNS (pair, path) columns: the max-min fair MCF
     (mcf.py, SWAN-style; a pair may shift its rate between paths). Beyond:
@@ -59,17 +62,15 @@ def fair_share(weights, paths, avail, capacity, result, index, priority=None) ->
     Both leave no path with spare capacity on every link unused. `index` is the
     round's path_masks.PathIndex over the links of `avail`.
     """
-    priority = priority or {}
-    if sum(len(paths[pair]) for pair in weights) > MCF_MAX_COLUMNS:
-        classes: dict[int, list[Pair]] = {}
-        for pair in weights:
-            classes.setdefault(priority.get(pair, 0), []).append(pair)
+    classes = [list(weights)] if classes is None else classes
+    if _columns_over(weights, paths, MCF_MAX_COLUMNS):
         out: PairRates = {}
         full = full_mask(index, avail, capacity, FULL)
-        for cls in sorted(classes):
-            got, full = _waterfill_pairs(classes[cls], weights, paths, avail, capacity, index, full)
+        for pairs in classes:
+            got, full = _waterfill_pairs(pairs, weights, paths, avail, capacity, index, full)
             out.update(got)
         return out
+    priority = {pair: i for i, pairs in enumerate(classes) for pair in pairs}
     open_links = _open_links(avail, capacity)
     usable = {
         pair: [p for p in paths[pair] if open_links.issuperset(links_of(p))] for pair in weights
@@ -84,6 +85,16 @@ def fair_share(weights, paths, avail, capacity, result, index, priority=None) ->
     for lst in out.values():
         consume(avail, lst)
     return out
+
+
+def _columns_over(weights, paths, limit: int) -> bool:
+    """Whether the pairs of `weights` have more than `limit` paths in all."""
+    total = 0
+    for pair in weights:
+        total += len(paths[pair])
+        if total > limit:
+            return True
+    return False
 
 
 def _waterfill_pairs(pairs, weights, paths, avail, capacity, index, full: int) -> tuple:
@@ -103,22 +114,32 @@ def _waterfill_pairs(pairs, weights, paths, avail, capacity, index, full: int) -
     if len(pairs) == 1:  # most step-6 classes: a coflow with one DC pair
         return _fill_one(pairs[0], weights[pairs[0]], paths, avail, capacity, index, full)
     out: PairRates = {}
-    entries = {pair: index.entries(pair, paths) for pair in pairs}
-    depth = max((len(e) for e in entries.values()), default=0)
+    get_entries = index.entries
+    entries = [get_entries(pair, paths) for pair in pairs]
+    depth = max(map(len, entries), default=0)
     links = index.links
     for j in range(depth):
         columns = [
-            (pair, ent[j]) for pair, ent in entries.items() if j < len(ent) and not ent[j][0] & full
+            (pair, ent[j])
+            for pair, ent in zip(pairs, entries, strict=True)
+            if j < len(ent) and not ent[j][0] & full
         ]
         if not columns:
             continue
-        ids, levels, used = _waterfill([(e[1], weights[pair]) for pair, e in columns], avail, links)
+        w = [weights[pair] for pair, _ in columns]
+        ids, levels, used = _waterfill([e[1] for _, e in columns], w, avail, links)
         for i, x in zip(ids, used, strict=True):
             avail[links[i]] = max(0.0, avail[links[i]] - x)
         full = mark_full(full, index, ids, avail, capacity, FULL)
-        for (pair, _), level in zip(columns, levels, strict=True):
+        rates = (np.asarray(levels) * np.asarray(w)).tolist()  # level × weight, per pair
+        for (pair, _), level, x in zip(columns, levels, rates, strict=True):
             if level > 0:
-                out.setdefault(pair, []).append((paths[pair][j], level * weights[pair]))
+                path = paths[pair][j]
+                got = out.get(pair)
+                if got is None:
+                    out[pair] = [(path, x)]
+                else:
+                    got.append((path, x))
     return out, full
 
 
@@ -144,9 +165,10 @@ def _fill_one(pair, weight, paths, avail, capacity, index, full: int) -> tuple:
     return out, full
 
 
-def _waterfill(entities: list[tuple[tuple[int, ...], float]], avail, links) -> tuple:
-    """Max-min levels of single-path entities [(link indices of the path, weight)]
-    on `avail` ({link: bytes/s}; `links[i]` is link i), maxmin.maxmin_levels_sparse.
+def _waterfill(paths_ids: list[tuple[int, ...]], weights: list[float], avail, links) -> tuple:
+    """Max-min levels of single-path entities (entity j: the link indices `paths_ids[j]`
+    of its path, weight `weights[j]`) on `avail` ({link: bytes/s}; `links[i]` is link i),
+    maxmin.maxmin_levels_sparse.
 
     Only the links the entities cross enter the problem (a link no entity crosses
     has no load and cannot freeze anyone), and the incidence stays sparse (an
@@ -158,23 +180,20 @@ def _waterfill(entities: list[tuple[tuple[int, ...], float]], avail, links) -> t
         (link indices crossed, levels per entity, bytes/s used on each of those links),
         as lists.
     """
-    if len(entities) == 1:
-        ids, weight = entities[0]
+    if len(paths_ids) == 1:
+        ids, weight = paths_ids[0], weights[0]
         level = max(min(max(avail[links[i]], 0.0) / weight for i in ids), 0.0)
         return list(ids), [level], [weight * level] * len(ids)
-    rows, cols, vals = [], [], []
-    for j, (ids, weight) in enumerate(entities):
-        rows.extend(ids)
-        cols.extend([j] * len(ids))
-        vals.extend([weight] * len(ids))
-    rows_a = np.array(rows)
+    lens = np.fromiter(map(len, paths_ids), np.intp, len(paths_ids))
+    rows_a = np.fromiter(chain.from_iterable(paths_ids), np.intp, int(lens.sum()))
+    cols_a = np.repeat(np.arange(len(paths_ids), dtype=np.intp), lens)
+    vals_a = np.repeat(np.asarray(weights, dtype=float), lens)
     present = np.zeros(len(links), dtype=np.intp)
     present[rows_a] = 1
     ids = np.flatnonzero(present).tolist()  # the links crossed, in index order
     inv = (np.cumsum(present) - 1)[rows_a]  # each entry's row among them
     cap = np.fromiter((max(avail[links[i]], 0.0) for i in ids), float, len(ids))
-    cols_a, vals_a = np.array(cols), np.array(vals)
-    levels = maxmin_levels_sparse(inv, cols_a, vals_a, cap, len(entities))
+    levels = maxmin_levels_sparse(inv, cols_a, vals_a, cap, len(paths_ids))
     used = np.bincount(inv, weights=vals_a * levels[cols_a], minlength=len(ids))
     return ids, levels.tolist(), used.tolist()
 

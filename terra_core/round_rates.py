@@ -63,16 +63,41 @@ def solve_min_cct(
 def take(rates, cid: str, pair_rates: PairRates, left: dict[Link, float], scale: float) -> None:
     """Add `pair_rates` × scale to coflow `cid` and subtract them from `left`."""
     mine = rates.setdefault(cid, {})
-    for pair, lst in pair_rates.items():
-        assign(mine, pair, lst, scale)
-        consume(left, lst, scale)
+    if scale != 1.0:
+        for pair, lst in pair_rates.items():
+            assign(mine, pair, lst, scale)
+            consume(left, lst, scale)
+        return
+    for pair, lst in pair_rates.items():  # (inlined for scale 1: once per FlowGroup)
+        add_rates(mine, pair, lst)
+        for path, x in lst:  # (consume: x × 1.0 is x)
+            for link in links_of(path):
+                v = left[link] - x
+                left[link] = v if v > 0.0 else 0.0
 
 
 def assign(mine: dict, pair: Pair, lst: list[tuple[Path, float]], scale: float) -> None:
     """Add the path rates `lst` × scale to one coflow's {pair: {path: bytes/s}}."""
+    if scale == 1.0:
+        add_rates(mine, pair, lst)
+        return
     per_path = mine.setdefault(pair, {})
     for path, rate in lst:
         per_path[path] = per_path.get(path, 0.0) + rate * scale
+
+
+def add_rates(mine: dict, pair: Pair, lst: list[tuple[Path, float]]) -> None:
+    """`assign(mine, pair, lst, 1.0)`: the same sums (rate × 1.0 is the rate, and a new
+    pair's 0.0 + rate is the rate), without the multiplications."""
+    per_path = mine.get(pair)
+    if per_path is None:
+        per_path = mine[pair] = dict(lst)
+        if len(per_path) == len(lst):  # (no path twice)
+            return
+        per_path.clear()
+    get = per_path.get
+    for path, rate in lst:
+        per_path[path] = get(path, 0.0) + rate
 
 
 def consume(left: dict[Link, float], lst: list[tuple[Path, float]], scale: float = 1.0) -> None:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import heapq
 import math
 import operator
-from itertools import repeat
+from itertools import chain, repeat
 
 import numpy as np
 
@@ -54,7 +54,7 @@ from terra_core.round_rates import (
     PREEMPTED,
     SCHEDULED,
     RoundResult,
-    assign,
+    add_rates,
     solve_min_cct,
     take,
 )
@@ -295,8 +295,10 @@ def reserve_deadlines(
 
 def _ids_in(pair_rates: PairRates, index: PathIndex) -> set[int]:
     """Indices of the links crossed by the paths of `pair_rates` ({pair: [(path, bytes/s)]})."""
-    bit = index.bit
-    return {bit[link] for lst in pair_rates.values() for path, _ in lst for link in links_of(path)}
+    paths = [path for lst in pair_rates.values() for path, _ in lst]
+    ids = set(chain.from_iterable(index.ids_of(paths)))
+    ids.discard(-1)  # (a link outside the index: its paths are blocked by the missing bit)
+    return ids
 
 
 def _work_conservation(active, order, paths, spare, capacity, rates, result, index) -> None:
@@ -311,18 +313,37 @@ def _work_conservation(active, order, paths, spare, capacity, rates, result, ind
     use, and nothing on a pair an earlier coflow holds (that pair's paths are full).
     """
     owner: dict[Pair, str] = {}
+    classes: list[list[Pair]] = []  # each coflow's pairs (in `order`), when it has any
+    weights: dict[Pair, float] = {}
     for cid in order:
-        for pair in active[cid]:
-            owner.setdefault(pair, cid)
-    rank = {cid: i for i, cid in enumerate(order)}
-    priority = {pair: rank[cid] for pair, cid in owner.items()}
-    top: dict[str, float] = {}
-    for pair, cid in owner.items():
-        top[cid] = max(top.get(cid, 0.0), active[cid][pair])
-    weights = {pair: max(active[cid][pair] / top[cid], _MIN_WEIGHT) for pair, cid in owner.items()}
-    pair_rates = fair_share(weights, paths, spare, capacity, result, index, priority)
+        fgs = active[cid]
+        if owner.keys().isdisjoint(fgs):  # (C loops: most coflows share no pair)
+            owner.update(dict.fromkeys(fgs, cid))
+            mine = list(fgs)
+        else:
+            mine = [pair for pair in fgs if owner.setdefault(pair, cid) == cid]
+        if mine:
+            classes.append(mine)
+            weights.update(_volume_weights(fgs, mine))
+    pair_rates = fair_share(weights, paths, spare, capacity, result, index, classes=classes)
     for pair, lst in pair_rates.items():
-        assign(rates.setdefault(owner[pair], {}), pair, lst, 1.0)
+        add_rates(rates.setdefault(owner[pair], {}), pair, lst)
+
+
+def _volume_weights(volumes: dict[Pair, float], pairs: list[Pair]) -> dict[Pair, float]:
+    """{pair: max(volume / largest volume, _MIN_WEIGHT)} over `pairs` of one coflow (step 6).
+
+    (Vectorized for many pairs: numpy's float64 division and maximum give the values of
+    the scalar expressions.)"""
+    if len(pairs) == len(volumes):
+        vols = list(volumes.values())
+    else:
+        vols = [volumes[pair] for pair in pairs]
+    top = max(vols)
+    if len(vols) < 32:
+        return {pair: max(v / top, _MIN_WEIGHT) for pair, v in zip(pairs, vols, strict=True)}
+    w = np.maximum(np.asarray(vols, dtype=float) / top, _MIN_WEIGHT)
+    return dict(zip(pairs, w.tolist(), strict=True))
 
 
 def _finish(rates, capacity: dict[Link, float], index: PathIndex) -> dict[str, PairRates]:
@@ -333,22 +354,18 @@ def _finish(rates, capacity: dict[Link, float], index: PathIndex) -> dict[str, P
     would make); a link missing from `index` has capacity 0.
     """
     path_total: dict[Path, float] = {}
+    get = path_total.get
     for per_pair in rates.values():
         for per_path in per_pair.values():
             for path, x in per_path.items():
-                path_total[path] = path_total.get(path, 0.0) + x
+                path_total[path] = get(path, 0.0) + x
     n_links = len(index.links)
-    rows: list[int] = []
-    vals: list[float] = []
-    starts: list[int] = []  # where each path's links begin in rows (every path has one)
-    for path, x in path_total.items():
-        ids = index.ids(path)
-        starts.append(len(rows))
-        rows.extend(ids)
-        vals.extend([x] * len(ids))
-    rows_a = np.array(rows, dtype=np.intp)
+    ids = index.ids_of(path_total)  # each path's link indices (every path has one)
+    lens = np.fromiter(map(len, ids), np.intp, len(ids))
+    rows_a = np.fromiter(chain.from_iterable(ids), np.intp, int(lens.sum()))
     rows_a[rows_a < 0] = n_links
-    load = np.bincount(rows_a, weights=np.array(vals), minlength=n_links + 1)
+    vals = np.repeat(np.fromiter(path_total.values(), float, len(ids)), lens)
+    load = np.bincount(rows_a, weights=vals, minlength=n_links + 1)
     cap = np.fromiter((capacity.get(link, 0.0) for link in index.links), float, n_links)
     cap = np.append(cap, 0.0)
     ratio = np.full(n_links + 1, np.inf)
@@ -356,7 +373,8 @@ def _finish(rates, capacity: dict[Link, float], index: PathIndex) -> dict[str, P
     ratio[loaded] = cap[loaded] / load[loaded]
     factor: dict[Path, float] = {}
     if (ratio < 1.0).any():  # each path's smallest ratio over its links (-1: the missing slot)
-        least = np.minimum.reduceat(ratio[rows_a], np.asarray(starts, dtype=np.intp))
+        starts = np.concatenate(([0], np.cumsum(lens)[:-1])).astype(np.intp)
+        least = np.minimum.reduceat(ratio[rows_a], starts)
         paths = list(path_total)
         for j in np.flatnonzero(least < 1.0).tolist():
             factor[paths[j]] = float(least[j])

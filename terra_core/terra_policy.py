@@ -107,6 +107,7 @@ class TerraPolicy:
         self._empty.down.clear()
         self._empty_paths: dict[Pair, list[Path]] = {}
         self._paths: dict[Pair, list[Path]] = {}
+        self._routable: dict[Pair, list[Path]] = {}  # pairs of _paths with a path (_paths_for)
         self.path_source = path_source
         self._graph = None
         self._down_seen = set(topology.down)
@@ -205,6 +206,7 @@ class TerraPolicy:
         if topo.down != self._down_seen:
             self._down_seen = set(topo.down)
             self._paths.clear()
+            self._routable = {}
             self._graph = None
             changed = True
         for link, cap in topo.capacity.items():
@@ -361,6 +363,7 @@ class TerraPolicy:
         pair = (src, dst)
         if pair not in self._paths and self.path_source is not None:
             self._paths = self.path_source(self.topology, self.k)
+            self._routable = {}
             return self._paths.setdefault(pair, [])
         if pair not in self._paths:
             if self._graph is None:
@@ -388,17 +391,25 @@ class TerraPolicy:
         return self._flow_pair[cid]
 
     def _paths_for(self, volumes: dict[str, dict[Pair, float]]) -> dict[Pair, list[Path]]:
-        out: dict[Pair, list[Path]] = {}
-        for cid, fgs in volumes.items():
-            if fgs.keys() <= out.keys():  # (a C loop; most coflows add no new pair)
-                continue
-            for pair in fgs:
-                if pair not in out:
-                    found = self.paths(*pair)
-                    if not found:
-                        raise ValueError(f"coflow {cid!r}: no path from {pair[0]} to {pair[1]}")
-                    out[pair] = found
-        return out
+        """{pair: paths} with at least the pairs of `volumes` (read only: the policy's
+        dict of the pairs checked to have a path, kept until the paths change).
+
+        Raises:
+            ValueError: a pair with no path (naming the coflow and the pair).
+        """
+        while True:
+            ok = self._routable
+            for cid, fgs in volumes.items():
+                if fgs.keys() <= ok.keys():  # (a C loop; most coflows add no new pair)
+                    continue
+                for pair in fgs:
+                    if pair not in ok:
+                        found = self.paths(*pair)
+                        if not found:
+                            raise ValueError(f"coflow {cid!r}: no path from {pair[0]} to {pair[1]}")
+                        ok[pair] = found
+            if ok is self._routable:  # (else the path source was read again: check again)
+                return ok
 
     def _capacity(self) -> dict[Link, float]:
         topo = self.topology
@@ -450,7 +461,7 @@ class TerraPolicy:
         if not volumes:
             return True
         capacity = self._capacity()
-        paths = self._paths_for({cid: volumes})
+        paths = dict(self._paths_for({cid: volumes}))
         admitted = {c: self._volumes[c] for c in self._deadline if self._volumes.get(c)}
         if admitted:
             paths.update(self._paths_for(admitted))

@@ -6,6 +6,7 @@ each FlowGroup's flows in proportion to their remaining bytes, as `allocate` wou
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -13,6 +14,8 @@ from terra_core.policy import Policy
 from terra_sim.allocation import Allocator
 from terra_sim.errors import SimulationError
 from terra_sim.flow_table import FlowTable, LinkTable
+
+_INF = float("inf")
 
 
 @dataclass
@@ -35,16 +38,14 @@ class Groups:
 
 
 class _Shares:
-    """The path rates of a `group_rates` answer, gathered for the split: per path rate its
-    FlowGroup, path slot and rate / volume, and the link rows and rates for the loads."""
+    """The positive path rates of a `group_rates` answer, gathered for the split: per path
+    rate its FlowGroup, path slot, rate (bytes/s) and the rows of its links."""
 
     def __init__(self) -> None:
         self.g: list[int] = []
         self.j: list[int] = []
-        self.share: list[float] = []
-        self.rows: list[int] = []
-        self.loads: list[float] = []
-        self.byte_hops = 0.0
+        self.rates: list[float] = []
+        self.rows: list[list[int]] = []
 
 
 class GroupAllocator(Allocator):
@@ -75,31 +76,35 @@ class GroupAllocator(Allocator):
         s = _Shares()
         for cid, pair_rates in answer.items():
             entry = groups.coflows.get(cid)
+            base, where = (entry[0], entry[2]) if entry is not None else (0, {})
             for pair, lst in pair_rates.items():
-                g = None
-                if entry is not None and pair in entry[2]:
-                    g = entry[0] + entry[2][pair]
-                self._gather(cid, pair, lst, g, volume, s)
-        if s.share:
+                slot = where.get(pair)
+                self._gather(cid, pair, lst, None if slot is None else base + slot, s)
+        if s.g:
+            r = np.asarray(s.rates, dtype=float)
+            share = r / np.asarray(volume, dtype=float)[s.g]  # rate / volume, per path
             table = np.zeros((groups.count, max(s.j) + 1))
-            table[s.g, s.j] = s.share
+            table[s.g, s.j] = share
             per_flow = table[groups.gid]
             rate = np.zeros(len(rem))
             for j in range(table.shape[1]):  # path by path, as split_by_remaining's sum
                 rate += per_flow[:, j] * rem
             self.flows.rate[groups.pos] = rate
-        load = np.bincount(
-            np.asarray(s.rows, dtype=np.intp), weights=s.loads, minlength=len(self.links.row)
-        )
+            lens = np.fromiter(map(len, s.rows), np.intp, len(s.rows))
+            rows = np.fromiter(chain.from_iterable(s.rows), np.intp, int(lens.sum()))
+            load = np.bincount(rows, weights=np.repeat(r, lens), minlength=len(self.links.row))
+            byte_hops = sum((r * lens).tolist())  # (in path order, as a running sum)
+        else:
+            load, byte_hops = np.zeros(len(self.links.row)), 0.0
         self.links.check_loads(load, now)
-        return s.byte_hops
+        return byte_hops
 
-    def _gather(self, cid: str, pair, lst, g: int | None, volume: list, s: _Shares) -> None:
+    def _gather(self, cid: str, pair, lst, g: int | None, s: _Shares) -> None:
         """Check one FlowGroup's path rates `lst` (FlowGroup `g`, None when unknown) and add
-        them to `s`."""
+        the positive ones to `s`."""
         j = 0
         for path, r in lst:
-            if not (0 <= r < float("inf")):
+            if not (0 <= r < _INF):
                 raise SimulationError(f"coflow {cid!r} pair {pair}: rate {r!r}")
             if r == 0:
                 continue
@@ -111,14 +116,11 @@ class GroupAllocator(Allocator):
                 raise SimulationError(
                     f"coflow {cid!r}: path {path} does not join {pair[0]} and {pair[1]}"
                 )
-            ids = self.links.rows_of(path)
             s.g.append(g)
             s.j.append(j)
-            s.share.append(r / volume[g])
+            s.rates.append(r)
+            s.rows.append(self.links.rows_of(path))
             j += 1
-            s.rows.extend(ids)
-            s.loads.extend([r] * len(ids))
-            s.byte_hops += r * len(ids)
 
     def _groups(self, active: dict) -> Groups:
         """The FlowGroups of the active flows (`Groups`), rebuilt only when a coflow
