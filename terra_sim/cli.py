@@ -1,11 +1,11 @@
 """`terra-sim`: run a workload through Terra and the baselines in the simulator.
 
     terra-sim --topology {swan,gscale,att,bigswitch,PATH} --workload {fb,PATH}
-              [--scheduler {terra,per-flow,multipath,swan-mcf,varys,rapier,all}] [--k K]
-              [--alpha A] [--guard {fixed,aged,aged-fair}] [--guard-factor F]
+              [--scheduler {terra,per-flow,multipath,swan-mcf,varys,rapier,coflowsim-fair,all}]
+              [--k K] [--alpha A] [--guard {fixed,aged,aged-fair}] [--guard-factor F]
               [--guard-floor S] [--epsilon E] [--delta D] [--link-gbps G] [--deadline-factor F]
-              [--limit N] [--coflowsim-compat] [--json OUT] [--plot OUT.png] [--fail-link A-B@T1[:T2]] [--bound]
-              [--jobs N] [--log-level LEVEL] [--version]
+              [--limit N] [--coflowsim-compat] [--json OUT] [--plot OUT.png]
+              [--fail-link A-B@T1[:T2]] [--bound] [--jobs N] [--log-level LEVEL] [--version]
 
 Prints one table row per scheduler: average and 95th-percentile CCT, FoI of Terra over it
 (its average CCT / Terra's), WAN utilization, average slowdown, deadlines met, admitted
