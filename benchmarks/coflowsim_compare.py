@@ -7,8 +7,8 @@ CCTs are kept in benchmarks/results/coflowsim/fb_ccts.json so the comparison nee
     #    SEBF and FAIR (about 30-60 min each on a loaded core); writes OUT_DIR/{SEBF,FAIR}.out
     python benchmarks/coflowsim_compare.py run --source COFLOWSIM_DIR --out OUT_DIR
     # 2. their per-coflow CCTs as the result file
-    python benchmarks/coflowsim_compare.py extract --sebf OUT_DIR/SEBF.out \
-        --fair OUT_DIR/FAIR.out --commit COFLOWSIM_COMMIT --json RESULT.json
+    python benchmarks/coflowsim_compare.py extract --output SEBF=OUT_DIR/SEBF.out \
+        --output FAIR=OUT_DIR/FAIR.out --commit COFLOWSIM_COMMIT --json RESULT.json
     # 3. terra-sim in compatibility mode, then the comparison
     terra-sim --topology bigswitch --coflowsim-compat --workload fb --scheduler varys \
         --json varys.json
@@ -131,8 +131,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--out", type=Path, required=True, help="directory for its outputs")
     r.add_argument("--trace", type=Path, default=fb_trace_path())
     e = sub.add_parser("extract", help="CoflowSim outputs -> per-coflow CCT file")
-    e.add_argument("--sebf", type=Path, required=True)
-    e.add_argument("--fair", type=Path, required=True)
+    e.add_argument(
+        "--output", action="append", required=True, metavar="NAME=FILE",
+        help="a CoflowSim stdout to keep under NAME (e.g. SEBF=SEBF.out); repeatable",
+    )  # fmt: skip
+    e.add_argument("--note", default=None, help="what the outputs are, kept in the file")
     e.add_argument("--commit", default=None, help="CoflowSim commit the outputs came from")
     e.add_argument("--json", type=Path, default=DEFAULT_RESULT)
     c = sub.add_parser("compare", help="terra-sim --json vs the CoflowSim CCT file")
@@ -148,21 +151,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_coflowsim(args.source, args.out, args.trace)
         return 0
     if args.cmd == "extract":
-        ccts = {"SEBF": parse_output(args.sebf.read_text())}
-        ccts["FAIR"] = parse_output(args.fair.read_text())
+        ccts = {}
+        for spec in args.output:
+            name, _, file = spec.partition("=")
+            ccts[name] = parse_output(Path(file).read_text())
         meta = {"coflowsim": "github.com/coflow/coflowsim", "commit": args.commit}
         meta["trace"] = "FB2010-1Hr-150-0.txt"
         meta["units"] = "CCT seconds: CoflowSim's duration in ms / 1000"
+        meta["note"] = args.note
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"meta": meta, "ccts": ccts}, indent=1, sort_keys=True))
-        print(f"{len(ccts['SEBF'])} SEBF and {len(ccts['FAIR'])} FAIR coflows -> {args.json}")
+        print(", ".join(f"{n}: {len(c)} coflows" for n, c in ccts.items()), f"-> {args.json}")
         return 0
     theirs = json.loads(args.coflowsim.read_text())["ccts"]
     results = json.loads(args.terra.read_text())["results"]
     pairs = [pair.split("=", 1) for pair in args.pair or ()]
     if not pairs:
         pairs = [[s, a] for s, a in (("varys", "SEBF"), ("coflowsim-fair", "FAIR"))]
-        pairs = [[s, a] for s, a in pairs if s in results]
+        pairs = [[s, a] for s, a in pairs if s in results and a in theirs]
     for name, algo in pairs:
         if name not in results or algo not in theirs:
             print(f"no {name} in {args.terra} or no {algo} in {args.coflowsim}", file=sys.stderr)
