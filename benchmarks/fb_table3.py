@@ -63,7 +63,8 @@ PAPER_TABLE3 = {
     },
     "att": {"per-flow": 4.50, "varys": 2.79, "swan-mcf": 2.64, "multipath": 2.48, "rapier": 1.90},
 }
-SCHEDULERS = scheduler_names()  # terra_core/registry.py: Terra first, then the baselines
+# Terra and the paper's five baselines (terra_core/registry.py; coflowsim-fair is not one)
+SCHEDULERS = [name for name in scheduler_names() if name == "terra" or name in PAPER_TABLE3["swan"]]
 BASELINES = [name for name in SCHEDULERS if name != "terra"]
 
 

@@ -23,6 +23,46 @@ from terra_core.sparse_index import csr_ranges
 from topologies import Topology
 
 
+def checked_live(
+    cids: Sequence[str], counts: Sequence[int], local: np.ndarray, remaining: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The arguments of `MaddPolicy.live_coflow_rates` as (counts, local, remaining) int,
+    int and float arrays, checked.
+
+    Raises:
+        ValueError: lengths that do not agree, a negative count, or remaining bytes not > 0.
+    """
+    counts = np.asarray(counts, dtype=np.intp)
+    local = np.asarray(local, dtype=np.intp)
+    remaining = np.asarray(remaining, dtype=float)
+    n = len(local)
+    if counts.shape != (len(cids),) or remaining.shape != (n,) or int(counts.sum()) != n:
+        raise ValueError(
+            f"{len(cids)} coflows, {counts.shape} counts summing to {int(counts.sum())}, "
+            f"{n} flow indices and {remaining.shape} remaining bytes do not agree"
+        )
+    if (counts < 0).any():  # (the compiled pass trusts the counts to stay within n)
+        raise ValueError("counts must be >= 0")
+    if n and not remaining.min() > 0:  # (NaN fails too)
+        raise ValueError("remaining bytes must be > 0 (finished flows are left out)")
+    return counts, local, remaining
+
+
+def flow_positions(lay: MaddLayout, counts: np.ndarray, local: np.ndarray) -> np.ndarray:
+    """Each given flow's index in the layout `lay` (int array), from its coflow's `counts`
+    and its index `local` in the coflow (as `MaddPolicy.live_coflow_rates` takes them).
+
+    Raises:
+        ValueError: a flow index outside its coflow's flows.
+    """
+    if len(local):
+        some = np.flatnonzero(counts)
+        top = np.maximum.reduceat(local, (np.cumsum(counts) - counts)[some])
+        if local.min() < 0 or (top >= lay.size[some]).any():
+            raise ValueError("a flow index outside its coflow's flows")
+    return local + np.repeat(lay.base, counts)
+
+
 class MaddLayout(NamedTuple):
     """The per-flow arrays of a list of coflows side by side (`MaddPolicy._layout`).
 
@@ -173,19 +213,8 @@ class MaddPolicy(BaselinePolicy):
                 coflow, or remaining bytes not > 0.
             KeyError: an unknown coflow.
         """
-        counts = np.asarray(counts, dtype=np.intp)
-        local = np.asarray(local, dtype=np.intp)
-        remaining = np.asarray(remaining, dtype=float)
+        counts, local, remaining = checked_live(cids, counts, local, remaining)
         n = len(local)
-        if counts.shape != (len(cids),) or remaining.shape != (n,) or int(counts.sum()) != n:
-            raise ValueError(
-                f"{len(cids)} coflows, {counts.shape} counts summing to {int(counts.sum())}, "
-                f"{n} flow indices and {remaining.shape} remaining bytes do not agree"
-            )
-        if (counts < 0).any():  # (the compiled pass trusts the counts to stay within n)
-            raise ValueError("counts must be >= 0")
-        if n and not remaining.min() > 0:  # (NaN fails too)
-            raise ValueError("remaining bytes must be > 0 (finished flows are left out)")
         hooked = self._hooked()
         if hooked:
             self._run_hooks(hooked, cids, counts, local, remaining)
@@ -196,12 +225,7 @@ class MaddPolicy(BaselinePolicy):
         capacity = self._capacity()
         if lay.hops and lay.all_routed:
             return self._hop_rates(lay, counts, local, remaining, capacity), lay.routes
-        if n:
-            some = np.flatnonzero(counts)
-            top = np.maximum.reduceat(local, (np.cumsum(counts) - counts)[some])
-            if local.min() < 0 or (top >= lay.size[some]).any():
-                raise ValueError("a flow index outside its coflow's flows")
-        flow = local + np.repeat(lay.base, counts)
+        flow = flow_positions(lay, counts, local)
         per_member = remaining / lay.members[flow]
         n_links = len(capacity)
         coflow = np.repeat(np.arange(n_coflows), counts)

@@ -2,8 +2,8 @@
 
 `terra-sim`, the benchmarks and the live controller all make their policy with
 `make_scheduler(name, topology, options)`, so a new scheduler is one class (implementing
-policy.Policy) and one `register` call here. The names are Terra and the five baselines
-of docs/design.md section 4.4.
+policy.Policy) and one `register` call here. The names are Terra and the baselines of
+docs/design.md section 4.4 (the five of the paper and CoflowSim's FAIR).
 
 Options every scheduler takes (SchedulerOptions): K and the path source; Terra's own
 (α, ε, δ and the starvation guard) are ignored by the baselines.
@@ -105,6 +105,7 @@ for _name, _module, _class in [
     ("swan-mcf", "terra_core.swan_mcf", "SwanMcfPolicy"),
     ("varys", "terra_core.varys", "VarysPolicy"),
     ("rapier", "terra_core.rapier", "RapierPolicy"),
+    ("coflowsim-fair", "terra_core.coflowsim_fair", "CoflowSimFairPolicy"),
 ]:
     register(_name, _baseline(_module, _class))
 

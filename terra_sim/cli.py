@@ -1,11 +1,11 @@
 """`terra-sim`: run a workload through Terra and the baselines in the simulator.
 
     terra-sim --topology {swan,gscale,att,bigswitch,PATH} --workload {fb,PATH}
-              [--scheduler {terra,per-flow,multipath,swan-mcf,varys,rapier,all}] [--k K]
-              [--alpha A] [--guard {fixed,aged,aged-fair}] [--guard-factor F]
+              [--scheduler {terra,per-flow,multipath,swan-mcf,varys,rapier,coflowsim-fair,all}]
+              [--k K] [--alpha A] [--guard {fixed,aged,aged-fair}] [--guard-factor F]
               [--guard-floor S] [--epsilon E] [--delta D] [--link-gbps G] [--deadline-factor F]
-              [--limit N] [--json OUT] [--plot OUT.png] [--fail-link A-B@T1[:T2]] [--bound]
-              [--jobs N] [--log-level LEVEL] [--version]
+              [--limit N] [--coflowsim-compat] [--json OUT] [--plot OUT.png]
+              [--fail-link A-B@T1[:T2]] [--bound] [--jobs N] [--log-level LEVEL] [--version]
 
 Prints one table row per scheduler: average and 95th-percentile CCT, FoI of Terra over it
 (its average CCT / Terra's), WAN utilization, average slowdown, deadlines met, admitted
@@ -53,6 +53,7 @@ from terra_core.registry import (
 )
 from terra_model import WorkloadError
 from terra_sim.cct_bound import CctBound, avg_cct_lower_bound
+from terra_sim.coflowsim_compat import QUANTUM_S, coflowsim_topology
 from terra_sim.errors import SimulationError
 from terra_sim.events import WanChange
 from terra_sim.results import SimResult
@@ -83,6 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--deadline-factor", type=float, default=None, help="deadline = F x Γ in an empty WAN"
     )
     p.add_argument("--limit", type=int, default=None, help="only the first N coflows")
+    p.add_argument(
+        "--coflowsim-compat",
+        action="store_true",
+        help="with --topology bigswitch and a trace: simulate as CoflowSim does (8-ms time "
+        "steps, coflows admitted at the start of 10,240-ms epochs, reducer bytes rounded "
+        "up to a multiple of the mapper count in MiB, flows within a rack on its ports; "
+        "docs/design.md section 7)",
+    )
     p.add_argument("--json", type=Path, default=None, metavar="OUT", help="write results as JSON")
     p.add_argument("--plot", type=Path, default=None, metavar="OUT.png", help="CCT CDF plot")
     p.add_argument(
@@ -155,6 +164,7 @@ class Inputs(NamedTuple):
     changes: list[WanChange]
     coflows: list
     gammas: dict[str, float]
+    quantum_s: float | None = None
 
 
 def load_inputs(args: argparse.Namespace) -> Inputs:
@@ -171,13 +181,17 @@ def load_inputs(args: argparse.Namespace) -> Inputs:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     if args.deadline_factor is not None and not args.deadline_factor > 0:
         raise ValueError(f"--deadline-factor must be positive, got {args.deadline_factor}")
-    topology = load_topology(args.topology, link_gbps=args.link_gbps)
+    compat = getattr(args, "coflowsim_compat", False)
+    if compat:
+        topology = coflowsim_topology(args.topology, args.link_gbps)
+    else:
+        topology = load_topology(args.topology, link_gbps=args.link_gbps)
     changes = [ch for spec in args.fail_link for ch in parse_fail_link(spec, topology)]
-    coflows = load_workload(args.workload, topology, limit=args.limit)
+    coflows = load_workload(args.workload, topology, limit=args.limit, coflowsim=compat)
     gammas = empty_wan_gammas(coflows, topology, args.k)
     if args.deadline_factor is not None:
         coflows = with_deadline_factor(coflows, gammas, args.deadline_factor)
-    return Inputs(topology, changes, coflows, gammas)
+    return Inputs(topology, changes, coflows, gammas, QUANTUM_S if compat else None)
 
 
 def run(args: argparse.Namespace, inputs: Inputs | None = None) -> dict[str, SimResult]:
@@ -204,7 +218,7 @@ def _run_one(
 ) -> SimResult | None:
     """Simulate scheduler `name` on `inputs`; None (and a note on stderr) when `name` does
     not apply to them under --scheduler all. Raises as `run`."""
-    topology, changes, coflows, gammas = inputs
+    topology, changes, coflows, gammas, quantum_s = inputs
     try:
         policy = make_policy(name, topology.copy(), args)
     except ValueError as exc:
@@ -213,9 +227,9 @@ def _run_one(
         print(f"terra-sim: skipping {name}: {exc}", file=sys.stderr)
         return None
     if not show_progress:
-        return simulate(policy, coflows, changes, gammas)
+        return simulate(policy, coflows, changes, gammas, quantum_s=quantum_s)
     with progress(len(coflows), desc=name, unit="coflow") as bar:
-        return simulate(policy, coflows, changes, gammas, progress=bar)
+        return simulate(policy, coflows, changes, gammas, progress=bar, quantum_s=quantum_s)
 
 
 def _run_parallel(
@@ -389,7 +403,7 @@ def _num(value: float | None, width: int, digits: int) -> str:
 def run_meta(args: argparse.Namespace) -> dict:
     """Return the settings of a run: {"topology", "workload", "limit", "link_gbps", "k",
     "alpha", "guard", "guard_factor", "guard_floor_s", "epsilon", "delta", "deadline_factor",
-    "fail_link", "commit"} (commit: $TERRA_COMMIT if
+    "fail_link", "coflowsim_compat", "commit"} (commit: $TERRA_COMMIT if
     set, for runs from an exported tree, else the git commit of this checkout, None when
     unknown; uncommitted edits are not recorded)."""
     return {
@@ -406,6 +420,7 @@ def run_meta(args: argparse.Namespace) -> dict:
         "delta": args.delta,
         "deadline_factor": args.deadline_factor,
         "fail_link": list(args.fail_link),
+        "coflowsim_compat": getattr(args, "coflowsim_compat", False),
         "commit": os.environ.get("TERRA_COMMIT") or git_commit(),
     }
 

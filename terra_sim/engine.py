@@ -6,6 +6,7 @@ coflows, and account for bytes, byte-hops and capacity.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -67,6 +68,20 @@ class Tally:
     capacity_time: float = 0.0
 
 
+GRID_SLACK = 1e-6  # a time within this fraction of a quantum past a grid point is on it
+
+
+def on_grid(now: float, step: float, quantum: float) -> float:
+    """`step` (seconds from `now`) lengthened so that the next event falls on the first
+    multiple of `quantum` at or after now + step, and after `now` (a time within
+    GRID_SLACK quanta past a multiple counts as on it). CoflowSim's time steps: rates
+    hold for whole quanta and a flow that finishes within one leaves at its end."""
+    k = math.ceil((now + max(step, 0.0)) / quantum - GRID_SLACK)
+    if k * quantum <= now:
+        k = math.floor(now / quantum + GRID_SLACK) + 1
+    return k * quantum - now
+
+
 class Engine:
     """One simulation run (arguments as simulator.simulate's).
 
@@ -82,8 +97,10 @@ class Engine:
         gammas: dict[str, float],
         bundle: bool,
         progress: object | None,
+        quantum_s: float | None = None,
     ) -> None:
         self.policy = policy
+        self.quantum_s = quantum_s
         self.topology = policy.topology
         self.progress = progress
         ids = [c.id for c in coflows]
@@ -163,7 +180,11 @@ class Engine:
         step = self.rates.take_next_finish()
         self.events.wake = self._wakeup(now)
         step = self.events.bound_step(step, now)
-        return None if step == float("inf") else max(step, 0.0)
+        if step == float("inf"):
+            return None
+        if self.quantum_s is not None:
+            return on_grid(now, step, self.quantum_s)
+        return max(step, 0.0)
 
     def _wakeup(self, now: float) -> float | None:
         """The policy's next_wakeup(now) (seconds, > now) when it has one and a WAN flow

@@ -124,6 +124,7 @@ def simulate(
     gammas: dict[str, float] | None = None,
     bundle: bool = True,
     progress: object | None = None,
+    quantum_s: float | None = None,
 ) -> SimResult:
     """Run `coflows` through `policy` on `policy.topology` (which the run mutates).
 
@@ -135,6 +136,11 @@ def simulate(
         bundle: bundle identical flows (exact; see flow_bundles.py).
         progress: optional object with ``update(n)`` (e.g. tqdm), told of
             every coflow that completes, is rejected, or is intra-DC only.
+        quantum_s: when given, time advances in whole quanta of this many seconds from 0:
+            every event after the start is moved up to the next multiple (a flow that
+            would finish within a quantum finishes at its end; rates change only on the
+            grid), as CoflowSim's 8-ms steps (engine.on_grid; arrivals and WAN changes
+            should lie on the grid).
 
     Returns:
         A SimResult.
@@ -145,7 +151,8 @@ def simulate(
             (e.g. a DC pair with no path).
     """
     with _fewer_gc_passes():
-        return Engine(policy, coflows, changes, gammas or {}, bundle, progress).run()
+        engine = Engine(policy, coflows, changes, gammas or {}, bundle, progress, quantum_s)
+        return engine.run()
 
 
 GC_THRESHOLDS = (100_000, 50, 100)  # during a run: gen-0 allocations between passes, gen-1, gen-2

@@ -13,6 +13,12 @@ direction (docs/design.md section 7 lists where we differ from CoflowSim).
 The topology carries ``attrs["rack_dcs"]``: the node of each rack, in rack order.
 workloads.load_workload maps rack r of a coflow-benchmark trace to
 ``rack_dcs[r]`` (the identity) instead of ``dcs[r % N]``.
+
+The split fabric (`split_bigswitch_topology`, terra-sim --coflowsim-compat) gives each rack
+a sending node ``str(r)`` with the uplink and a receiving node ``f"{r}.rx"`` with the
+downlink, so a flow within a rack (``r`` -> ``r.rx``) crosses both of the rack's ports,
+as in CoflowSim, instead of being intra-DC; ``attrs["rack_rx_dcs"]`` lists the receiving
+nodes.
 """
 
 from __future__ import annotations
@@ -49,3 +55,30 @@ def bigswitch_topology(
     for node in nodes:
         capacity[(node, CORE)] = capacity[(CORE, node)] = port_bytes_per_s
     return Topology("bigswitch", [*nodes, CORE], capacity, attrs={"rack_dcs": nodes})
+
+
+def split_bigswitch_topology(
+    racks: int = BIGSWITCH_RACKS, port_bytes_per_s: float = COFLOWSIM_PORT_BYTES_PER_S
+) -> Topology:
+    """The fabric with each rack split into a sending and a receiving node (module
+    docstring): uplinks r -> core, downlinks core -> "r.rx".
+
+    Args:
+        racks, port_bytes_per_s: as bigswitch_topology.
+
+    Returns:
+        A Topology named "bigswitch" with DCs ["0", ..., "0.rx", ..., "core"], 2 * racks
+        directed links, ``attrs["rack_dcs"]`` = the sending nodes and
+        ``attrs["rack_rx_dcs"]`` = the receiving nodes, in rack order.
+
+    Raises:
+        TopologyError: as bigswitch_topology.
+    """
+    whole = bigswitch_topology(racks, port_bytes_per_s)
+    senders = whole.attrs["rack_dcs"]
+    receivers = [f"{node}.rx" for node in senders]
+    capacity: dict[tuple[str, str], float] = {}
+    for node, rx in zip(senders, receivers, strict=True):
+        capacity[(node, CORE)] = capacity[(CORE, rx)] = port_bytes_per_s
+    attrs = {"rack_dcs": senders, "rack_rx_dcs": receivers}
+    return Topology("bigswitch", [*senders, *receivers, CORE], capacity, attrs=attrs)

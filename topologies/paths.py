@@ -40,10 +40,10 @@ def k_shortest_paths(
     Paths are ordered by `path_rank` (hop count, then DC names; or bottleneck capacity and
     file order), so the result is deterministic. The K-th path's hop count is found
     with Yen's algorithm (networkx.shortest_simple_paths); every path of at most that
-    hop count is then ranked. A pair whose only path is forced (the
-    source's one outgoing link and the destination's one incoming link meet: a
-    rack to a rack of CoflowSim's fabric, topologies/bigswitch.py) is answered
-    without Yen, with the same result.
+    hop count is then ranked. A pair whose paths are forced (`_forced_path`: e.g. the
+    source's one outgoing link and the destination's one incoming link meet, a rack to a
+    rack of CoflowSim's fabric, topologies/bigswitch.py) is answered without Yen, with
+    the same result.
 
     Args:
         topology: the WAN.
@@ -109,20 +109,23 @@ def _bottleneck(path: Path, capacity: dict) -> float:
 
 
 def _forced_path(graph: nx.DiGraph, src: str, dst: str) -> list[Path] | None:
-    """[the only simple path src -> dst] when the graph forces it, else None (unknown).
+    """The simple paths src -> dst when the graph forces them, else None (unknown).
 
-    Forced: `src` has one outgoing link, to u, and `dst` one incoming link, from w; if
-    u == dst (or w == src) the only path is the link src -> dst; if u == w the only path
-    is src -> u -> dst (a simple path passes u once, so u is both its second and its
+    Forced: `src` has no outgoing or `dst` no incoming link (no path); `src`'s one
+    outgoing link goes to `dst`, or `dst`'s one incoming link comes from `src` (a simple
+    path passes src only at its start), so the only path is the link src -> dst; or `src`
+    has one outgoing link, to u, and `dst` one incoming link, from u: the only path is
+    src -> u -> dst (a simple path passes u once, so u is both its second and its
     second-to-last DC).
     """
     out, into = graph.succ[src], graph.pred[dst]
-    if len(out) != 1 or len(into) != 1:
-        return None
-    (u,), (w,) = out, into
-    if u == dst:
+    if not out or not into:
+        return []
+    u = next(iter(out)) if len(out) == 1 else None
+    w = next(iter(into)) if len(into) == 1 else None
+    if u == dst or w == src:
         return [(src, dst)]
-    if u == w:
+    if u is not None and u == w:
         return [(src, u, dst)]
     return None
 

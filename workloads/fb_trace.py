@@ -48,6 +48,19 @@ def load_fb_trace(
     if not dcs:
         raise WorkloadError(f"{path}: no DCs to map racks onto")
     mapping = rack_to_dc or (lambda r: dcs[r % len(dcs)])
+    racks, lines = read_trace(path, limit)
+    return [_parse_line(line, racks, mapping, where) for where, line in lines]
+
+
+def read_trace(path: Path, limit: int | None = None) -> tuple[int, list[tuple[str, str]]]:
+    """The number of racks of a trace and its first `limit` (all when None) coflow lines.
+
+    Returns:
+        (racks, [(where, line)]) with where = "file:line" for messages; blank lines skipped.
+
+    Raises:
+        WorkloadError: unreadable file, a malformed header, or no coflow line.
+    """
     try:
         lines = path.read_text().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
@@ -55,19 +68,44 @@ def load_fb_trace(
     if not lines:
         raise WorkloadError(f"{path}: empty trace")
     racks, _count = _ints(lines[0].split(), 2, f"{path}:1: header '<racks> <coflows>'")
-    coflows: list[Coflow] = []
+    out: list[tuple[str, str]] = []
     for lineno, line in enumerate(lines[1:], start=2):
         if not line.strip():
             continue
-        if limit is not None and len(coflows) >= limit:
+        if limit is not None and len(out) >= limit:
             break
-        coflows.append(_parse_line(line, racks, mapping, f"{path}:{lineno}"))
-    if not coflows:
+        out.append((f"{path}:{lineno}", line))
+    if not out:
         raise WorkloadError(f"{path}: the trace has no coflows")
-    return coflows
+    return racks, out
 
 
 def _parse_line(line: str, racks: int, mapping: Callable[[int], str], where: str) -> Coflow:
+    cid, arrival_ms, mappers, reducers = parse_fields(line, racks, where)
+    flows = []
+    for j, (rrack, mb) in enumerate(reducers):
+        per_flow = max(MB_BYTES, mb * MB_BYTES / len(mappers))
+        for i, mrack in enumerate(mappers):
+            try:
+                src, dst = mapping(mrack), mapping(rrack)
+            except WorkloadError as exc:
+                raise WorkloadError(f"{where}: {exc}") from exc
+            flows.append(Flow(f"m{i}r{j}", src, dst, per_flow))
+    return Coflow(cid, arrival_ms / 1000.0, flows)
+
+
+def parse_fields(
+    line: str, racks: int, where: str
+) -> tuple[str, float, list[int], list[tuple[int, float]]]:
+    """Split and check one coflow line of a trace with `racks` racks.
+
+    Returns:
+        (coflow id, arrival in ms, mapper racks, [(reducer rack, MB)]) in file order.
+
+    Raises:
+        WorkloadError: naming `where`, for wrong counts, non-numeric fields, a negative
+            arrival, a rack outside 0..racks-1 or a reducer size that is not > 0 and finite.
+    """
     tok = line.split()
     try:
         cid, arrival_ms, n_map = tok[0], float(tok[1]), int(tok[2])
@@ -82,21 +120,13 @@ def _parse_line(line: str, racks: int, mapping: Callable[[int], str], where: str
         raise WorkloadError(f"{where}: expected {n_red} reducers, found {len(reducers)}")
     if arrival_ms < 0:
         raise WorkloadError(f"{where}: negative arrival time {arrival_ms}")
-    flows = []
-    for j, (rrack, mb) in enumerate(reducers):
+    for j, (_, mb) in enumerate(reducers):
         if not 0 < mb < float("inf"):
             raise WorkloadError(f"{where}: reducer {j} size must be positive, got {mb}")
-        per_flow = max(MB_BYTES, mb * MB_BYTES / n_map)
-        for i, mrack in enumerate(mappers):
-            for rack in (mrack, rrack):
-                if not 0 <= rack < racks:
-                    raise WorkloadError(f"{where}: rack {rack} outside 0..{racks - 1}")
-            try:
-                src, dst = mapping(mrack), mapping(rrack)
-            except WorkloadError as exc:
-                raise WorkloadError(f"{where}: {exc}") from exc
-            flows.append(Flow(f"m{i}r{j}", src, dst, per_flow))
-    return Coflow(cid, arrival_ms / 1000.0, flows)
+    for rack in [*mappers, *(r for r, _ in reducers)]:
+        if not 0 <= rack < racks:
+            raise WorkloadError(f"{where}: rack {rack} outside 0..{racks - 1}")
+    return cid, arrival_ms, mappers, reducers
 
 
 def _reducer(token: str) -> tuple[int, float]:

@@ -15,8 +15,10 @@ from terra_sim import cli as sim_cli
 from topologies import load_topology
 
 
-def test_the_six_schedulers_are_registered_terra_first():
-    assert scheduler_names() == ["terra", "per-flow", "multipath", "swan-mcf", "varys", "rapier"]
+def test_the_schedulers_are_registered_terra_first():
+    assert scheduler_names() == [
+        "terra", "per-flow", "multipath", "swan-mcf", "varys", "rapier", "coflowsim-fair",
+    ]  # fmt: skip
     assert sim_cli.SCHEDULERS == scheduler_names()
 
 
@@ -28,7 +30,7 @@ def test_each_factory_builds_a_policy_with_its_name_and_options(name):
     assert policy.name == name and policy.topology is swan and policy.k == 2
     # The fast paths are declared as Protocols, not probed by attribute name.
     assert isinstance(policy, PairLevelsPolicy) == (name in ("per-flow", "multipath", "swan-mcf"))
-    assert isinstance(policy, CoflowRatesPolicy) == (name in ("varys", "rapier"))
+    assert isinstance(policy, CoflowRatesPolicy) == (name in ("varys", "rapier", "coflowsim-fair"))
     assert isinstance(policy, StatefulPolicy) == (name == "terra")
 
 
