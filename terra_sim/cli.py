@@ -58,6 +58,7 @@ from terra_model import WorkloadError
 from terra_sim.cct_bound import CctBound, avg_cct_lower_bound
 from terra_sim.errors import SimulationError
 from terra_sim.events import WanChange
+from terra_sim.plot_style import series_styles
 from terra_sim.results import SimResult
 from terra_sim.simulator import empty_wan_gammas, simulate, with_deadline_factor
 from terra_sim.sweep import open_sweep
@@ -467,7 +468,8 @@ def write_json(
 
 
 def plot_cdf(results: dict[str, SimResult], out: Path) -> None:
-    """Draw the CCT CDF of every scheduler (finished, admitted WAN coflows) to `out` (PNG).
+    """Draw the CCT CDF of every scheduler (finished, admitted WAN coflows) to `out` (PNG),
+    one colour each (plot_style.py); a scheduler without such a coflow is left out.
 
     Raises:
         MissingExtra: matplotlib is not installed (the 'plots' extra).
@@ -478,15 +480,20 @@ def plot_cdf(results: dict[str, SimResult], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
+    curves = {}
     for name, r in results.items():
         ccts = sorted(c.cct_s for c in r.coflows if c.wan and c.cct_s is not None)
         if ccts:
-            ax.step(ccts, [(i + 1) / len(ccts) for i in range(len(ccts))], where="post", label=name)
+            curves[name] = ccts
+    for (name, ccts), style in zip(curves.items(), series_styles(len(curves)), strict=True):
+        ys = [(i + 1) / len(ccts) for i in range(len(ccts))]
+        ax.step(ccts, ys, where="post", label=name, **style)
     ax.set_xscale("log")
     ax.set_xlabel("CCT (s)")
     ax.set_ylabel("fraction of coflows")
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    if curves:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
