@@ -73,6 +73,19 @@ SCHEDULERS = scheduler_names()  # terra_core/registry.py: Terra first, then the 
 BASELINES = [name for name in SCHEDULERS if name != "terra"]
 
 
+MEASURED = {"wall_s", "round_ms_median", "round_ms_p95"}  # measured times: differ run to run
+
+
+def without_times(value):
+    """`value` (a parsed part file, or any JSON value) with every MEASURED key removed,
+    recursively: what must be equal between two runs of the same part, wherever they ran."""
+    if isinstance(value, dict):
+        return {k: without_times(v) for k, v in value.items() if k not in MEASURED}
+    if isinstance(value, list):
+        return [without_times(v) for v in value]
+    return value
+
+
 def part_name(topology: str, limit: int | None, link_gbps: float, k: int, scheduler: str) -> str:
     """Return the part file name of one scheduler's run, e.g. ``gscale_all_1g_k4_varys.json``."""
     return f"{topology}_{limit or 'all'}_{link_gbps:g}g_k{k}_{scheduler}.json"

@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from test_sweep_jobs import without_times
 
 from benchmarks.dask_cluster import loopback_dask_cluster
+from benchmarks.fb_table3 import without_times
 
 ROOT_ARGS = ["--topology", "swan", "--workload", "fb", "--limit", "5"]
 
