@@ -51,6 +51,17 @@ def read_run(parts: Path, table: Path) -> dict:
     return run
 
 
+def differences(a, b, where: str = "") -> list[str]:
+    """The paths (``/parts/<file>/results/terra/avg_cct_s``...) where two JSON values differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = sorted(set(a) | set(b), key=str)
+        return [d for k in keys for d in differences(a.get(k), b.get(k), f"{where}/{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        pairs = enumerate(zip(a, b, strict=True))
+        return [d for i, (x, y) in pairs for d in differences(x, y, f"{where}[{i}]")]
+    return [] if a == b else [where or "/"]
+
+
 def run_table(args: list[str], out: Path) -> tuple[float, dict]:
     """Run fb_table3 with `args` as a process, its part files in the new folder `out` and its
     --json next to it; print its FoI table; return (wall seconds, read_run of it).
@@ -98,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     load_after = os.getloadavg()
     medians = {n: statistics.median(w) for n, w in walls.items()}
     warm = walls["dask"][1:] or walls["dask"]  # the first run also starts the workers' imports
-    same = all((r["parts"], r["table"]) == (runs[0]["parts"], runs[0]["table"]) for r in runs)
+    results = [{"parts": r["parts"], "table": r["table"]} for r in runs]
+    diffs = sorted({d for r in results[1:] for d in differences(results[0], r)})
+    same = not diffs
     cells = runs[0]["cells"]  # the first serial run's
     best = max(sum(cells) / args.workers, max(cells))
     print(
@@ -114,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         f"longest {max(cells):.1f} s; no schedule on {args.workers} workers ends before "
         f"{best:.1f} s"
     )
+    if diffs:
+        print(
+            f"differing between runs (meta/commit: the code changed during the runs): {diffs[:10]}"
+        )
     if args.json:
         figures = {"args": table_args, "workers": args.workers, "wall_s": walls}
         figures |= {"median_s": medians, "load_before": load_before, "load_after": load_after}
