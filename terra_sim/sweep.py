@@ -47,25 +47,29 @@ class Sweep:
 
 
 @contextmanager
-def open_sweep(jobs: int = 1, dask: str | None = None) -> Iterator[Sweep]:
+def open_sweep(
+    jobs: int = 1, dask: str | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S
+) -> Iterator[Sweep]:
     """Open the executor of a sweep (module docstring); cancel what is still pending and
     close it (and the Dask client) on exit.
 
     Args:
         jobs: local processes when `dask` is None (1: serial, no executor).
         dask: address of a Dask scheduler, e.g. ``tcp://10.0.0.5:8786``, or None.
+        connect_timeout_s: how long to wait for that scheduler, seconds.
 
     Raises:
         ValueError: jobs < 1.
         MissingExtra: `dask` given without dask.distributed installed (the 'sim' extra).
-        OSError: the Dask scheduler did not answer within CONNECT_TIMEOUT_S seconds
+        OSError: the Dask scheduler did not answer within `connect_timeout_s` seconds
             (distributed raises TimeoutError / OSError).
     """
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
     if dask is not None:
         distributed = require("distributed", "sim")
-        with distributed.Client(dask, timeout=CONNECT_TIMEOUT_S, set_as_default=False) as client:
+        client = distributed.Client(dask, timeout=connect_timeout_s, set_as_default=False)
+        with client:
             executor = client.get_executor(pure=False)
             try:
                 yield Sweep(executor, client)
