@@ -5,7 +5,7 @@ and writes them with ``--json OUT`` as ``{"<topology>": {"<baseline>": foi}}``.
 
     uv run python benchmarks/fb_table3.py [--topology swan gscale att] [--link-gbps G]
         [--limit N] [--k K] [--schedulers terra per-flow ...] [--reuse DIR] [--rerun NAME ...]
-        [--jobs N] [--json OUT] [--details OUT]
+        [--jobs N | --dask tcp://HOST:PORT] [--json OUT] [--details OUT]
     uv run python benchmarks/fb_table3.py --combine PART.json ... [--json OUT] [--details OUT]
 
 Every scheduler of a topology runs on the same link capacity (``--link-gbps``,
@@ -32,6 +32,10 @@ Running the schedulers separately (the full trace takes minutes per baseline):
   independent and deterministic, so the results are those of ``--jobs 1`` (serial)
   except for the measured times (wall_s, round_ms_*). Each part file is written as
   soon as its run ends.
+- ``--dask tcp://HOST:PORT`` simulates the missing parts on the workers of that Dask
+  scheduler instead (terra_sim/sweep.py: dask.distributed, the 'sim' extra); the workers
+  must import this checkout's code (``PYTHONPATH=<checkout> dask worker ...``). The
+  results are again those of ``--jobs 1``; the part files are written here.
 
 A part file has the shape of ``terra-sim --json`` (``{"results": {"<scheduler>":
 {"avg_cct_s": x, "avg_slowdown": x, "wall_s": x, "coflows": [...], ...}}, "meta":
@@ -46,11 +50,13 @@ import argparse
 import json
 import os
 import sys
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import Executor, Future, as_completed
 from pathlib import Path
 
+from terra_core.cli_support import MissingExtra
 from terra_core.registry import scheduler_names
 from terra_sim import cli as sim_cli
+from terra_sim.sweep import open_sweep
 
 PAPER_TABLE3 = {
     "swan": {"per-flow": 1.96, "varys": 1.04, "swan-mcf": 1.69, "multipath": 1.65, "rapier": 2.15},
@@ -66,6 +72,19 @@ PAPER_TABLE3 = {
 # Terra and the paper's five baselines (terra_core/registry.py; coflowsim-fair is not one)
 SCHEDULERS = [name for name in scheduler_names() if name == "terra" or name in PAPER_TABLE3["swan"]]
 BASELINES = [name for name in SCHEDULERS if name != "terra"]
+
+
+MEASURED = {"wall_s", "round_ms_median", "round_ms_p95"}  # measured times: differ run to run
+
+
+def without_times(value):
+    """`value` (a parsed part file, or any JSON value) with every MEASURED key removed,
+    recursively: what must be equal between two runs of the same part, wherever they ran."""
+    if isinstance(value, dict):
+        return {k: without_times(v) for k, v in value.items() if k not in MEASURED}
+    if isinstance(value, list):
+        return [without_times(v) for v in value]
+    return value
 
 
 def part_name(topology: str, limit: int | None, link_gbps: float, k: int, scheduler: str) -> str:
@@ -205,18 +224,6 @@ def gather(args: argparse.Namespace, pool: Executor | None = None) -> dict[str, 
     return finish_gather(start_gather(args, pool))
 
 
-def make_pool(jobs: int) -> ProcessPoolExecutor | None:
-    """A process pool of `jobs` workers for independent simulations, or None for jobs == 1
-    (serial, in this process).
-
-    Raises:
-        ValueError: jobs < 1.
-    """
-    if jobs < 1:
-        raise ValueError(f"--jobs must be >= 1, got {jobs}")
-    return None if jobs == 1 else ProcessPoolExecutor(max_workers=jobs)
-
-
 def _write_part(cached: Path | None, part: dict) -> None:
     """Write one part file into the --reuse directory (nothing when `cached` is None)."""
     if cached is not None:
@@ -245,6 +252,12 @@ def main(argv: list[str] | None = None) -> int:
         help="simulate up to N (topology, scheduler) runs at once, one process each "
         "(default: the number of CPUs; 1 = serial)",
     )
+    p.add_argument(
+        "--dask",
+        default=None,
+        metavar="tcp://HOST:PORT",
+        help="simulate the runs on the workers of this Dask scheduler instead of --jobs",
+    )
     args = p.parse_args(argv)
     if args.jobs < 1:
         p.error("--jobs must be >= 1")
@@ -252,13 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.combine:
             parts = load_parts(args.combine)
         else:
-            pool = make_pool(args.jobs)
-            try:
-                parts = gather(args, pool)
-            finally:
-                if pool is not None:
-                    pool.shutdown(cancel_futures=True)
-    except (OSError, ValueError, KeyError) as exc:  # JSONDecodeError is a ValueError
+            with open_sweep(args.jobs, args.dask) as sweep:
+                parts = gather(args, sweep.executor)
+    except (OSError, ValueError, KeyError, MissingExtra) as exc:  # JSONDecodeError: ValueError
         print(f"fb_table3: error: {exc}", file=sys.stderr)
         return 2
     details = {

@@ -18,11 +18,13 @@ routes over those K paths.
 
     uv run python benchmarks/foi_ceiling.py [--topology swan gscale att]
         [--link-gbps 1 ...] [--limit N] [--k K] [--schedulers terra rapier ...]
-        [--reuse DIR] [--jobs N] [--json OUT]
+        [--reuse DIR] [--jobs N | --dask tcp://HOST:PORT] [--json OUT]
 
 ``--jobs N`` (default: the number of CPUs) runs the missing simulations of every
-capacity and the bounds in up to N processes at once (concurrent.futures); the
-results are those of ``--jobs 1`` (serial) except for measured times.
+capacity and the bounds in up to N processes at once (concurrent.futures); ``--dask
+tcp://HOST:PORT`` runs them on the workers of that Dask scheduler instead
+(terra_sim/sweep.py; the workers import this checkout's code); the results are those
+of ``--jobs 1`` (serial) except for measured times.
 Results come from fb_table3's part files (``--reuse DIR``: loaded when present, else
 simulated and written; benchmarks/results/fulltrace holds the 1 Gbps whole-trace ones)
 or are simulated; the whole trace is simulated only with ``--reuse`` (each missing part
@@ -52,6 +54,7 @@ import json
 import math
 import os
 import sys
+from concurrent.futures import Executor
 from pathlib import Path
 
 from benchmarks.fb_table3 import (
@@ -59,12 +62,13 @@ from benchmarks.fb_table3 import (
     PAPER_TABLE3,
     SCHEDULERS,
     finish_gather,
-    make_pool,
     part_name,
     start_gather,
 )
+from terra_core.cli_support import MissingExtra
 from terra_sim.cct_bound import CctBound, avg_cct_lower_bound
 from terra_sim.simulator import empty_wan_gammas
+from terra_sim.sweep import open_sweep
 from topologies import load_topology
 from workloads import load_workload
 
@@ -179,6 +183,43 @@ def print_row(topology: str, gbps: float, row: dict) -> None:
         )
 
 
+def sweep_rows(args: argparse.Namespace, pool: Executor | None) -> dict[str, dict]:
+    """Simulate (or load) every run of `args` and compute the bounds, in `pool` when given
+    (else here, one after the other); print each (topology, capacity) block as it is done.
+
+    Returns:
+        {topology: {"<G>": row}} (the --json object, module docstring).
+
+    Raises:
+        ValueError: a part file not of this run or not averaged over the bound's coflows.
+        OSError: an unreadable part file.
+    """
+    out: dict[str, dict] = {}
+    started = []  # per capacity: (Gbps, started runs, {topology: Future of bound or None})
+    for gbps in args.link_gbps:
+        run = argparse.Namespace(**{**vars(args), "link_gbps": gbps, "rerun": []})
+        announce_missing(run)
+        runs = start_gather(run, pool)
+        bounds = {
+            topology: None
+            if pool is None
+            else pool.submit(bound_for, topology, gbps, args.limit, args.k)
+            for topology in args.topology
+        }
+        started.append((gbps, runs, bounds))
+    for gbps, runs, bounds in started:
+        for topology, entry in finish_gather(runs).items():
+            future = bounds[topology]
+            if future is None:
+                bound, wan_ids = bound_for(topology, gbps, args.limit, args.k)
+            else:
+                bound, wan_ids = future.result()
+            row = ceiling_row(topology, bound, wan_ids, entry["results"])
+            out.setdefault(topology, {})[f"{gbps:g}"] = row
+            print_row(topology, gbps, row)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print the table; write --json OUT. Returns the exit status
     (0 ok, 2 bad input or inconsistent part files)."""
@@ -198,6 +239,12 @@ def main(argv: list[str] | None = None) -> int:
         help="run up to N simulations and bounds at once, one process each "
         "(default: the number of CPUs; 1 = serial)",
     )
+    p.add_argument(
+        "--dask",
+        default=None,
+        metavar="tcp://HOST:PORT",
+        help="run the simulations and bounds on the workers of this Dask scheduler",
+    )
     args = p.parse_args(argv)
     if any(not g > 0 for g in args.link_gbps):
         p.error("--link-gbps must be positive")
@@ -207,37 +254,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--k and --limit must be >= 1")
     if args.limit is None and args.reuse is None:
         p.error("the whole trace takes minutes to hours per run: give --reuse DIR or --limit N")
-    out: dict[str, dict] = {}
-    pool = make_pool(args.jobs)
     try:
-        started = []  # per capacity: (Gbps, started runs, {topology: Future of bound or None})
-        for gbps in args.link_gbps:
-            run = argparse.Namespace(**{**vars(args), "link_gbps": gbps, "rerun": []})
-            announce_missing(run)
-            runs = start_gather(run, pool)
-            bounds = {
-                topology: None
-                if pool is None
-                else pool.submit(bound_for, topology, gbps, args.limit, args.k)
-                for topology in args.topology
-            }
-            started.append((gbps, runs, bounds))
-        for gbps, runs, bounds in started:
-            for topology, entry in finish_gather(runs).items():
-                future = bounds[topology]
-                if future is None:
-                    bound, wan_ids = bound_for(topology, gbps, args.limit, args.k)
-                else:
-                    bound, wan_ids = future.result()
-                row = ceiling_row(topology, bound, wan_ids, entry["results"])
-                out.setdefault(topology, {})[f"{gbps:g}"] = row
-                print_row(topology, gbps, row)
-    except (OSError, ValueError, KeyError) as exc:
+        with open_sweep(args.jobs, args.dask) as sweep:
+            out = sweep_rows(args, sweep.executor)
+    except (OSError, ValueError, KeyError, MissingExtra) as exc:
         print(f"foi_ceiling: error: {exc}", file=sys.stderr)
         return 2
-    finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return 0

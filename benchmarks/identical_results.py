@@ -1,6 +1,7 @@
 """Per-coflow CCTs of every registered scheduler on the FB trace over SWAN, and their comparison.
 
-    uv run python benchmarks/identical_results.py --json OUT.json [--limit N] [--jobs N]
+    uv run python benchmarks/identical_results.py --json OUT.json [--limit N]
+        [--jobs N | --dask tcp://HOST:PORT]
     uv run python benchmarks/identical_results.py --compare A.json B.json
 
 The run simulates the README's `terra-sim --topology swan --workload fb` example (default
@@ -8,6 +9,8 @@ link capacities and options, the whole trace unless --limit) for every scheduler
 terra_core.registry and writes {"meta": {...}, "ccts": {scheduler: {coflow id: CCT
 seconds or null}}}; floats are written as repr (exact round trip). The whole trace (526
 coflows), all six schedulers, --jobs 2: about 90 s wall on two cores, Terra most of it.
+--dask tcp://HOST:PORT simulates the schedulers on the workers of that Dask scheduler
+(terra_sim/sweep.py) instead of --jobs local processes.
 
 --compare prints, per scheduler, how many coflows differ between A and B and the largest
 relative difference |a - b| / max(|a|, |b|) (a coflow finished in one and not the other,
@@ -24,11 +27,11 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from terra_core.registry import make_scheduler, scheduler_names
 from terra_sim.simulator import empty_wan_gammas, simulate
+from terra_sim.sweep import open_sweep
 from topologies import load_topology
 from workloads import load_workload
 
@@ -45,14 +48,17 @@ def scheduler_ccts(name: str, limit: int | None) -> dict[str, float | None]:
     return {c.id: c.cct_s for c in result.coflows}
 
 
-def run_all(limit: int | None, jobs: int) -> dict[str, dict[str, float | None]]:
+def run_all(
+    limit: int | None, jobs: int, dask: str | None = None
+) -> dict[str, dict[str, float | None]]:
     """{scheduler: scheduler_ccts(scheduler, limit)} for every registered scheduler, up to
-    `jobs` at once (each in its own process; the runs are deterministic)."""
+    `jobs` at once (each in its own process; the runs are deterministic), or on the Dask
+    scheduler at address `dask` (terra_sim/sweep.py)."""
     names = scheduler_names()
-    if jobs <= 1:
-        return {n: scheduler_ccts(n, limit) for n in names}
-    with ProcessPoolExecutor(max_workers=min(jobs, len(names))) as pool:
-        futures = {n: pool.submit(scheduler_ccts, n, limit) for n in names}
+    with open_sweep(max(1, min(jobs, len(names))), dask) as sweep:
+        if sweep.executor is None:
+            return {n: scheduler_ccts(n, limit) for n in names}
+        futures = {n: sweep.executor.submit(scheduler_ccts, n, limit) for n in names}
         return {n: futures[n].result() for n in names}
 
 
@@ -93,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write the CCTs of every scheduler here")
     p.add_argument("--limit", type=int, default=None, help="only the first N coflows")
     p.add_argument("--jobs", type=int, default=2, help="schedulers simulated at once")
+    p.add_argument("--dask", default=None, metavar="tcp://HOST:PORT", help="Dask scheduler")
     p.add_argument("--compare", nargs=2, type=Path, metavar=("A.json", "B.json"))
     args = p.parse_args(argv)
     if args.compare:
@@ -104,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is None:
         p.error("--json OUT or --compare A B is required")
     start = time.monotonic()
-    ccts = run_all(args.limit, args.jobs)
+    ccts = run_all(args.limit, args.jobs, args.dask)
     meta = {"topology": "swan", "workload": "fb", "limit": args.limit, "k": 4}
     meta["wall_s"] = round(time.monotonic() - start, 1)
     args.json.write_text(json.dumps({"meta": meta, "ccts": ccts}, indent=1))

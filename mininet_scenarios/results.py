@@ -18,6 +18,7 @@ means it keeps the WAN busier). Without a "schedulers" key, raw holds Terra's ru
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -312,7 +313,8 @@ def windowed_rate(series, window_s: float = 1.0, step_s: float = 0.25):
 
 def plot(raw: dict, out_dir: Path) -> list[Path]:
     """PNG plots: the first scheduler's per-coflow throughput over time in its first repeat
-    (failure marked) and the CCT CDFs of every system, all repeats pooled.
+    (failure marked; throughput_figure) and the CCT CDFs of every system, all repeats pooled
+    (cdf_figure).
 
     Returns:
         The written paths: out_dir/throughput.png, out_dir/cct_cdf.png.
@@ -328,36 +330,74 @@ def plot(raw: dict, out_dir: Path) -> list[Path]:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     names = scheduler_names(raw)
-    terra = raw[names[0]][0]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for cid, series in sorted(terra.throughput.items(), key=lambda kv: str(kv[0])):
+    paths = [out_dir / "throughput.png", out_dir / "cct_cdf.png"]
+    for path, make in zip(paths, (lambda: throughput_figure(raw[names[0]][0], names[0]),
+                                  lambda: cdf_figure(raw)), strict=True):  # fmt: skip
+        fig = make()
+        try:
+            fig.savefig(path, dpi=120)
+        finally:
+            plt.close(fig)
+    return paths
+
+
+def throughput_figure(run, name: str):
+    """The matplotlib Figure of `run`'s (a RunResult) per-coflow throughput (Mbit/s, over a
+    1 s sliding window: windowed_rate) against time, with the link failure and repair
+    marked. Every coflow has its own colour (terra_sim/plot_style.py); a coflow whose series
+    has fewer than two points (it ended within one step of the window) draws no line, so it
+    is left out of the plot and its legend and named in a note under the axes instead.
+    The caller closes the figure. Needs matplotlib."""
+    import matplotlib.pyplot as plt
+
+    from terra_sim.plot_style import MARKER_COLORS, drawable, series_styles
+
+    drawn, short = [], []
+    for cid, series in sorted(run.throughput.items(), key=lambda kv: str(kv[0])):
         t, rate = windowed_rate(series)
-        if len(t):
-            ax.plot(t, rate * 8 / 1e6, label=f"coflow {cid}", linewidth=1)
-    if terra.failure_down_s is not None:
-        ax.axvline(terra.failure_down_s, color="red", linestyle="--", label="link down")
-    if terra.failure_up_s is not None:
-        ax.axvline(terra.failure_up_s, color="green", linestyle="--", label="link up")
+        (drawn if drawable(t, rate) else short).append((cid, t, rate))
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    for (cid, t, rate), style in zip(drawn, series_styles(len(drawn)), strict=True):
+        ax.plot(t, rate * 8 / 1e6, label=f"coflow {cid}", linewidth=1, **style)
+    marks = (("link down", run.failure_down_s, "--"), ("link up", run.failure_up_s, ":"))
+    for (label, at, dash), color in zip(marks, MARKER_COLORS, strict=True):
+        if at is not None:
+            ax.axvline(at, color=color, linestyle=dash, linewidth=1.2, label=label)
     ax.set_xlabel("time since first arrival (s)")
     ax.set_ylabel("throughput (Mbit/s)")
-    ax.set_title(f"{names[0]} on the SWAN testbed: per-coflow throughput (first run)")
-    ax.legend(fontsize=6, ncol=2)
-    paths = [out_dir / "throughput.png", out_dir / "cct_cdf.png"]
+    ax.set_title(f"{name} on the SWAN testbed: per-coflow throughput (first run)")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=6, ncol=max(1, math.ceil(len(drawn) / 25)), loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)  # fmt: skip
+    if short:
+        ids = ", ".join(str(cid) for cid, _, _ in short)
+        fig.text(0.01, 0.01, f"not drawn (shorter than one 0.25 s step): coflow {ids}", fontsize=6)
     fig.tight_layout()
-    fig.savefig(paths[0], dpi=120)
-    plt.close(fig)
+    return fig
+
+
+def cdf_figure(raw: dict):
+    """The matplotlib Figure of the CCT CDF of every system in `raw` (the schedulers and
+    per-flow TCP, all repeats pooled), one colour each; systems without a CCT are left out.
+    The caller closes the figure. Needs matplotlib."""
+    import matplotlib.pyplot as plt
+
+    from terra_sim.plot_style import series_styles
+
     fig, ax = plt.subplots(figsize=(6, 4))
     labels = {"terra": "Terra", "per_flow_tcp": "per-flow TCP"}
-    for name in [*names, "per_flow_tcp"]:
-        label = labels.get(name, name)
+    curves = []
+    for name in [*scheduler_names(raw), "per_flow_tcp"]:
         values = np.sort(np.array([v for r in raw[name] for v in r.cct_s.values()], dtype=float))
         if values.size:
-            ax.step(values, np.arange(1, values.size + 1) / values.size, where="post", label=label)
+            curves.append((labels.get(name, name), values))
+    for (label, values), style in zip(curves, series_styles(len(curves)), strict=True):
+        ys = np.arange(1, values.size + 1) / values.size
+        ax.step(values, ys, where="post", label=label, **style)
     ax.set_xlabel("CCT (s)")
     ax.set_ylabel("fraction of coflows")
     ax.set_title("CCT CDF, SWAN testbed")
-    ax.legend()
+    if curves:
+        ax.legend()
     fig.tight_layout()
-    fig.savefig(paths[1], dpi=120)
-    plt.close(fig)
-    return paths
+    return fig

@@ -5,24 +5,28 @@
               [--k K] [--alpha A] [--guard {fixed,aged,aged-fair}] [--guard-factor F]
               [--guard-floor S] [--epsilon E] [--delta D] [--link-gbps G] [--deadline-factor F]
               [--limit N] [--coflowsim-compat] [--json OUT] [--plot OUT.png]
-              [--fail-link A-B@T1[:T2]] [--bound] [--jobs N] [--log-level LEVEL] [--version]
+              [--fail-link A-B@T1[:T2]] [--bound] [--jobs N | --dask tcp://HOST:PORT]
+              [--log-level LEVEL] [--version]
 
 Prints one table row per scheduler: average and 95th-percentile CCT, FoI of Terra over it
 (its average CCT / Terra's), WAN utilization, average slowdown, deadlines met, admitted
 coflows and wall time. --jobs N with --scheduler all simulates up to N schedulers at once,
-each in its own process (the same results as one at a time). With --bound it also prints a
-lower bound on the average CCT (cct_bound.py) over every WAN coflow and each scheduler's
-average over it: the cut bound and the mean Γ alone on the empty WAN with K paths, or with
---fail-link the cut bound only (re-routing after a failure can beat Γ_empty; failures only
-remove capacity, so the cut bound computed before them still holds). A scheduler that
-rejected or did not finish some WAN coflows averages over fewer; its ratio is then marked.
+each in its own process (the same results as one at a time); --dask tcp://HOST:PORT
+simulates them on the workers of that Dask scheduler instead (terra_sim/sweep.py). With
+--bound it also prints a lower bound on the average CCT (cct_bound.py) over every WAN
+coflow and each scheduler's average over it: the cut bound and the mean Γ alone on the
+empty WAN with K paths, or with --fail-link the cut bound only (re-routing after a failure
+can beat Γ_empty; failures only remove capacity, so the cut bound computed before them
+still holds). A scheduler that rejected or did not finish some WAN coflows averages over
+fewer; its ratio is then marked.
 Under the table: how many coflows have only intra-DC flows (CCT 0, left out of the
 statistics; "intra_dc_coflows" in the JSON) and the --fail-link changes.
 Exit status: 0 on success; 2 on invalid input (options, an unknown topology, a workload
 or topology file whose contents are invalid, an output path whose directory is missing or
 not writable: checked before the run), with one line on stderr; 1 when a file cannot
-be read or written (the line names it), --plot without matplotlib (the 'plots' extra), or a
-simulation error. A progress bar per scheduler is drawn on stderr when it is a terminal.
+be read or written (the line names it), --plot without matplotlib (the 'plots' extra),
+--dask without dask.distributed (the 'sim' extra) or a Dask scheduler that does not answer,
+or a simulation error. A progress bar per scheduler is drawn on stderr when it is a terminal.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from pathlib import Path
 from typing import NamedTuple
 
@@ -56,8 +60,10 @@ from terra_sim.cct_bound import CctBound, avg_cct_lower_bound
 from terra_sim.coflowsim_compat import QUANTUM_S, coflowsim_topology
 from terra_sim.errors import SimulationError
 from terra_sim.events import WanChange
+from terra_sim.plot_style import series_styles
 from terra_sim.results import SimResult
 from terra_sim.simulator import empty_wan_gammas, simulate, with_deadline_factor
+from terra_sim.sweep import open_sweep
 from topologies import Topology, TopologyError, load_topology
 from workloads import load_workload
 
@@ -109,6 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="with --scheduler all: simulate up to N schedulers at once, one process each "
         "(results equal to --jobs 1)",
+    )
+    p.add_argument(
+        "--dask",
+        default=None,
+        metavar="tcp://HOST:PORT",
+        help="with --scheduler all: simulate the schedulers on the workers of this Dask "
+        "scheduler (the 'sim' extra; the workers run the same terra) instead of --jobs processes",
     )
     add_common_args(p)
     return p
@@ -203,8 +216,8 @@ def run(args: argparse.Namespace, inputs: Inputs | None = None) -> dict[str, Sim
     """
     inputs = inputs or load_inputs(args)
     names = SCHEDULERS if args.scheduler == "all" else [args.scheduler]
-    if args.jobs > 1 and len(names) > 1:
-        return _run_parallel(args, inputs, names, args.jobs)
+    if (args.jobs > 1 or args.dask) and len(names) > 1:
+        return _run_parallel(args, inputs, names)
     results = {}
     for name in names:
         result = _run_one(name, args, inputs, show_progress=True)
@@ -233,14 +246,21 @@ def _run_one(
 
 
 def _run_parallel(
-    args: argparse.Namespace, inputs: Inputs, names: Sequence[str], jobs: int
+    args: argparse.Namespace, inputs: Inputs, names: Sequence[str]
 ) -> dict[str, SimResult]:
-    """`run` with up to `jobs` schedulers simulated at once (independent,
-    deterministic runs, so the results equal the serial ones but for wall times). Each
-    finished scheduler is reported on stderr; the results keep the order of `names`."""
+    """`run` with the schedulers simulated at once: on the Dask cluster of args.dask, else in
+    up to args.jobs local processes (independent, deterministic runs, so the results equal
+    the serial ones but for wall times). Each finished scheduler is reported on stderr; the
+    results keep the order of `names`.
+
+    Raises:
+        as `run`; OSError: the Dask scheduler does not answer; MissingExtra: --dask without
+        dask.distributed.
+    """
     done: dict[str, SimResult | None] = {}
-    with ProcessPoolExecutor(max_workers=min(jobs, len(names))) as pool:
-        futures = {pool.submit(_run_one, n, args, inputs, False): n for n in names}
+    with open_sweep(min(args.jobs, len(names)), args.dask) as sweep:
+        pool, shared = sweep.executor, sweep.share(inputs)
+        futures = {pool.submit(_run_one, n, args, shared, False): n for n in names}
         for future in as_completed(futures):
             name = futures[future]
             done[name] = future.result()
@@ -464,7 +484,8 @@ def write_json(
 
 
 def plot_cdf(results: dict[str, SimResult], out: Path) -> None:
-    """Draw the CCT CDF of every scheduler (finished, admitted WAN coflows) to `out` (PNG).
+    """Draw the CCT CDF of every scheduler (finished, admitted WAN coflows) to `out` (PNG),
+    one colour each (plot_style.py); a scheduler without such a coflow is left out.
 
     Raises:
         MissingExtra: matplotlib is not installed (the 'plots' extra).
@@ -475,15 +496,20 @@ def plot_cdf(results: dict[str, SimResult], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
+    curves = {}
     for name, r in results.items():
         ccts = sorted(c.cct_s for c in r.coflows if c.wan and c.cct_s is not None)
         if ccts:
-            ax.step(ccts, [(i + 1) / len(ccts) for i in range(len(ccts))], where="post", label=name)
+            curves[name] = ccts
+    for (name, ccts), style in zip(curves.items(), series_styles(len(curves)), strict=True):
+        ys = [(i + 1) / len(ccts) for i in range(len(ccts))]
+        ax.step(ccts, ys, where="post", label=name, **style)
     ax.set_xscale("log")
     ax.set_xlabel("CCT (s)")
     ax.set_ylabel("fraction of coflows")
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    if curves:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
@@ -499,12 +525,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"terra-sim: error: {exc}", file=sys.stderr)
         return 2
-    if args.plot:
-        try:
-            require("matplotlib", "plots")  # before a long run, not after it
-        except MissingExtra as exc:
-            print(f"terra-sim: error: --plot: {exc}", file=sys.stderr)
-            return 1
+    for option, module, extra in (
+        ("--plot", "matplotlib", "plots"),
+        ("--dask", "distributed", "sim"),
+    ):
+        if getattr(args, option[2:]):
+            try:
+                require(module, extra)  # before a long run, not after it
+            except MissingExtra as exc:
+                print(f"terra-sim: error: {option}: {exc}", file=sys.stderr)
+                return 1
     try:
         inputs = load_inputs(args)
         results = run(args, inputs)

@@ -38,10 +38,10 @@ def test_core_dependencies_are_the_agents():
     assert names(PYPROJECT["project"]["dependencies"]) == AGENT_DISTRIBUTIONS
     extras = PYPROJECT["project"]["optional-dependencies"]
     assert names(extras["controller"]) == CONTROLLER_DISTRIBUTIONS
-    assert names(extras["sim"]) == SCHEDULER_DISTRIBUTIONS | {"tqdm"}
+    assert names(extras["sim"]) == SCHEDULER_DISTRIBUTIONS | {"tqdm", "distributed"}
     assert names(extras["testbed"]) == CONTROLLER_DISTRIBUTIONS | {"mininet"}
     assert names(extras["plots"]) == {"matplotlib"}
-    assert names(extras["bench"]) == CONTROLLER_DISTRIBUTIONS | {"psutil", "tqdm"}
+    assert names(extras["bench"]) == CONTROLLER_DISTRIBUTIONS | {"psutil", "tqdm", "distributed"}
     # The development environment (plain `uv sync`) still has every extra's packages.
     dev = names(PYPROJECT["dependency-groups"]["dev"])
     assert set().union(*(names(v) for v in extras.values())) <= dev

@@ -3,22 +3,13 @@
 import importlib
 import json
 
-TIMES = {"wall_s", "round_ms_median", "round_ms_p95"}  # measured, differ from run to run
+from benchmarks.fb_table3 import without_times
 
 
 def benchmark(name: str):
     """Import benchmarks/<name>.py (as the package module, so that a process pool can
     pickle its functions)."""
     return importlib.import_module(f"benchmarks.{name}")
-
-
-def without_times(value):
-    """`value` (parsed JSON) with every measured-time key removed, recursively."""
-    if isinstance(value, dict):
-        return {k: without_times(v) for k, v in value.items() if k not in TIMES}
-    if isinstance(value, list):
-        return [without_times(v) for v in value]
-    return value
 
 
 def test_fb_table3_jobs_2_equals_serial_and_reuses_parts(tmp_path, capsys):
