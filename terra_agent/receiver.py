@@ -146,7 +146,9 @@ class InFlow:
             self.sink.prefix_hash(self.hasher)
         self.delivered = self.base
         self.acknowledged = self.base
-        self.expected_digest: str | None = self.sink.load_digest() if self.base else None
+        self.expected_digest: str | None = (
+            self.sink.load_digest(spec.digest_alg) if self.base else None
+        )
         self.digest: str | None = None
         self.done = False
         self.failed: str | None = None
@@ -351,7 +353,7 @@ class InFlow:
                 raise ProtocolError(f"flow {self.spec.coflow}/{self.spec.flow}: digest changed")
             if self.expected_digest is None:
                 self.expected_digest = digest
-                self.sink.save_digest(digest)
+                self.sink.save_digest(digest, self.spec.digest_alg)
         if self._reorder is None or end <= self.delivered or self.failed is not None:
             return
         if offset < self.base:

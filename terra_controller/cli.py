@@ -64,6 +64,7 @@ from terra_core.cli_support import (
     setup_logging,
 )
 from terra_core.registry import add_scheduler_arguments, make_scheduler, options_from_args
+from terra_security.integrity import ALGORITHMS
 from topologies import TopologyError, load_topology
 
 LOG = logging.getLogger("terra.cli")
@@ -153,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="re-transfers after digest mismatches",
     )  # fmt: skip
     p.add_argument("--state-dir", metavar="DIR", help="coflow journal (docs/runtime.md)")
+    p.add_argument(
+        "--leaf-mac", choices=("auto", *ALGORITHMS), default="auto",
+        help="chunk MAC named in flow descriptors (auto: GMAC with AES-NI, else BLAKE3)",
+    )  # fmt: skip
     add_common_args(p)
     return p
 
@@ -359,7 +364,10 @@ def run(args, topology, security) -> None:
     # pair keys of the agents' data connections travel only over the mutual-TLS channel
     data_keys = DataKeys() if security.context is not None else None
     prefixes = args.data_prefix or ()
-    channel = AgentChannel(controller, tunnels, data_keys=data_keys, data_prefixes=prefixes)
+    leaf_mac = None if args.leaf_mac == "auto" else args.leaf_mac
+    channel = AgentChannel(
+        controller, tunnels, data_keys=data_keys, data_prefixes=prefixes, leaf_mac=leaf_mac
+    )
     rest_security = security
     if args.rest_public and security.context is not None:
         from terra_controller.transport import ServerSecurity
