@@ -4,11 +4,12 @@ against iperf3 moving the same bytes.
 Two `terra-agent` subprocesses (sender on 127.0.0.2, receiver on 127.0.0.3) and the in-process
 controller peer of benchmarks/harness.py. The sender moves synthetic flows to a digest-only sink;
 each chunk carries leaf MACs the receiver checks (this host's default construction, GMAC with
-AES-NI, terra_security/integrity.py), both ends compute the keyed flow digest. Goodput = flow bytes / time from the rates message to the last
-"complete" report. CPU seconds per GB = user + system CPU time of both agent processes over the
-same interval (psutil) / GB moved (1 GB = 1e9 bytes); also per agent, user and system apart.
---encrypt: the agents run with a fresh PKI and --encrypt-data (TLS stays on data connections;
-the control channel to the in-test controller peer is TLS as well).
+AES-NI, terra_security/integrity.py), both ends compute the keyed flow digest. Goodput = flow
+bytes / time from the rates message to the last "complete" report. CPU seconds per GB = user +
+system CPU time of both agent processes over the same interval (psutil) / GB moved (1 GB = 1e9
+bytes); also per agent, user and system apart.
+--encrypt: the agents run with a fresh PKI and --encrypt-data (chunks travel as AES-GCM records,
+overlay/sealed.py; the control channel to the in-test controller peer is TLS as well).
 
 --pairs N (default 1; 0: no iperf3): N interleaved pairs of (iperf3 -P <tunnels> moving the same
 bytes between the same two loopback addresses, one agent run); iperf3's CPU s/GB is the user +
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tunnels", type=int, default=4, help="tunnels (connections) a -> b")
     p.add_argument("--json", type=Path, help="write the figures as JSON to this file")
     p.add_argument("--pairs", type=int, default=1, help="interleaved iperf3/agent pairs (0: none)")
-    p.add_argument("--encrypt", action="store_true", help="agents with --encrypt-data (TLS)")
+    p.add_argument("--encrypt", action="store_true", help="agents with --encrypt-data")
     args = p.parse_args(argv)
     setup_logging("WARNING")
     if args.pairs and shutil.which("iperf3") is None:

@@ -26,6 +26,7 @@ import logging
 import trio
 
 from overlay.reorder import MemoryBudget, ReorderBuffer
+from terra_security.data_records import RecordError
 from terra_security.integrity import LEAF_BYTES, FlowDigest, FlowKeys
 from terra_wire.control import FlowSpec, ProtocolError
 
@@ -180,12 +181,26 @@ class InFlow:
         compared)."""
         return self.delivered >= self.spec.size and not self._pending and not self._busy
 
-    def admit(self, offset: int, data, macs: bytes) -> None:
+    def open_record(self, offset: int, record) -> memoryview:
+        """The bytes of a chunk that arrived as an AEAD record (overlay/sealed.SealedPayload),
+        decrypted in place with this flow attempt's key; ChunkRejected (counted in
+        rejected_macs) when the record does not verify."""
+        try:
+            return record.open(self.spec.digest_key)
+        except RecordError as exc:
+            self.rejected_macs += 1
+            raise ChunkRejected(
+                f"chunk at {offset} of flow {self.spec.coflow}/{self.spec.flow}: {exc}"
+            ) from exc
+
+    def admit(self, offset: int, data, macs: bytes, verified: bool = False) -> None:
         """Refuse a chunk (ChunkRejected) before anything of it is kept: when it is off the
         leaf grid (starts off a LEAF_BYTES boundary, or ends off one before the flow's end),
         ends more than max_ahead bytes past the in-order point (`delivered`), or `macs` is not
-        the flow key's MAC list of `data` at `offset`. One keyed BLAKE3 pass over `data`,
-        inline (cheaper than a worker-thread hand-off, docs/results.md 5.2)."""
+        the flow key's MAC list of `data` at `offset`. One keyed pass over `data`, inline
+        (cheaper than a worker-thread hand-off, docs/results.md 5.2). verified=True (the chunk
+        and its MACs came in an AEAD record of this flow's key, open_record): the MACs are
+        not computed again."""
         name = f"{self.spec.coflow}/{self.spec.flow}"
         end = offset + len(data)
         if offset % LEAF_BYTES or (end % LEAF_BYTES and end != self.spec.size):
@@ -196,7 +211,7 @@ class InFlow:
                 f"chunk [{offset}, {end}) of flow {name} ends more than {self.max_ahead} bytes "
                 f"past its in-order point {self.delivered}; closing so the sender resends"
             )
-        if not self.keys.check(offset, data, macs):
+        if not verified and not self.keys.check(offset, data, macs):
             self.rejected_macs += 1
             raise ChunkRejected(
                 f"chunk [{offset}, {end}) of flow {name}: MAC does not match (tampered, or not "
