@@ -2,7 +2,7 @@
 
 terra_security/integrity.py (keyed chunk MACs, keyed flow digest), InFlow.admit (MAC and spill bound
 checked before a chunk is kept), reorder.remove_spill_files (start-up cleanup) and
-terra-agent --encrypt-data. Agents run in-process under the loopback harness; chunks are
+terra-agent --encrypt-data (sealed records). Agents run in-process under the loopback harness; chunks are
 tampered with by an in-test TCP proxy on a real tunnel, or sent by an in-test peer that
 speaks the real data protocol.
 """
@@ -203,9 +203,11 @@ def assert_intact(h, flow, src, dst):
     assert not h.controller.failed
 
 
-async def test_a_tampered_chunk_is_dropped_and_resent(tmp_path):
+@pytest.mark.parametrize("encrypt", [False, True])
+async def test_a_tampered_chunk_is_dropped_and_resent(tmp_path, pki, encrypt):
     """A proxy on the tunnel flips one payload byte of the first connection: b drops that
-    chunk (bad MAC) before it reaches the sink, closes the connection, a resends."""
+    chunk (bad MAC; encrypted: its AES-GCM record does not verify) before it reaches the
+    sink, closes the connection, a resends."""
     flipped = []
 
     def flip_once(number, seen, data):
@@ -216,7 +218,7 @@ async def test_a_tampered_chunk_is_dropped_and_resent(tmp_path):
             flipped.append(at)
         return bytes(data)
 
-    async with loopback(tmp_path, k=1) as h:
+    async with loopback(tmp_path, k=1, pki=pki if encrypt else None, encrypt_data=encrypt) as h:
         await via(h, flip_once)
         size = 6 * MB
         src, dst, ends = files(h, size)
@@ -318,9 +320,9 @@ async def test_spill_files_of_an_earlier_run_are_removed_at_start(tmp_path):
 
 
 @pytest.mark.parametrize("encrypt", [False, True])
-async def test_encrypt_data_keeps_tls_on_data_connections(tmp_path, pki, encrypt):
-    """With --encrypt-data no source bytes cross the tunnel in clear; without it they do
-    (after the TLS handshake); the flow completes either way."""
+async def test_encrypt_data_seals_data_connections(tmp_path, pki, encrypt):
+    """With --encrypt-data no source bytes cross the tunnel in clear (AES-GCM records after
+    the TLS handshake); without it they do; the flow completes either way."""
     seen = bytearray()
 
     def record(number, offset, data):
