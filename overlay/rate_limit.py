@@ -217,5 +217,3 @@ def stream_rate(payload_rate: float, chunk_bytes: int, overhead_bytes: int) -> f
     if chunk_bytes <= 0 or overhead_bytes < 0:
         raise ValueError(f"need chunk_bytes > 0, overhead >= 0: {chunk_bytes}, {overhead_bytes}")
     return rate * (chunk_bytes + overhead_bytes) / chunk_bytes
-
-

@@ -765,9 +765,7 @@ def _log_refused(agent: str, kind: str, exc: RegistryError) -> None:
     LOG.log(level, "agent %s: %s refused: %s", agent, kind, exc)
 
 
-def flow_spec(
-    coflow: CoflowState, f: FlowState, digest_alg: str = ALGORITHM
-) -> protocol.FlowSpec:
+def flow_spec(coflow: CoflowState, f: FlowState, digest_alg: str = ALGORITHM) -> protocol.FlowSpec:
     """The descriptor agents get for a WAN flow: offset = bytes acknowledged so far,
     attempt = the flow's restarts, digest_key = the attempt's flow key, digest_alg = the
     deployment's leaf-MAC construction (AgentChannel.leaf_mac), "file:PATH" source / sink when

@@ -2,8 +2,8 @@
 
 terra_security/integrity.py (keyed chunk MACs, keyed flow digest), InFlow.admit (MAC and spill bound
 checked before a chunk is kept), reorder.remove_spill_files (start-up cleanup) and
-terra-agent --encrypt-data (sealed records). Agents run in-process under the loopback harness; chunks are
-tampered with by an in-test TCP proxy on a real tunnel, or sent by an in-test peer that
+terra-agent --encrypt-data (sealed records). Agents run in-process under the loopback harness;
+chunks are tampered with by an in-test TCP proxy on a real tunnel, or sent by an in-test peer that
 speaks the real data protocol.
 """
 
