@@ -123,7 +123,7 @@ async def authenticate(
     return identity, bytes(trailing), secret
 
 
-async def _agree_inside_tls(tls: trio.SSLStream, server_side: bool) -> bytes:
+async def _agree_inside_tls(tls: trio.SSLStream[trio.SocketStream], server_side: bool) -> bytes:
     """The connection secret of a sealed connection: SEAL_TAG and RANDOM_BYTES from the
     sender, RANDOM_BYTES from the receiver, all inside TLS (data_records.tls_secret)."""
     mine = os.urandom(RANDOM_BYTES)

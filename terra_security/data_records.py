@@ -40,6 +40,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+Buffer = bytes | bytearray | memoryview  # what AESGCM's *_into methods take
+
 SECRET_BYTES = 32
 RANDOM_BYTES = 32  # each end's contribution to S on a TLS-authenticated connection
 TAG_BYTES = 16  # AES-GCM tag appended to each record's ciphertext
@@ -137,7 +139,7 @@ class RecordSeal:
         self._aead: AESGCM | None = aead
         self._nonce = nonce(iv, seq)
 
-    def seal_into(self, aad: bytes, plaintext, out) -> int:
+    def seal_into(self, aad: bytes, plaintext: Buffer, out: Buffer) -> int:
         """Encrypt `plaintext` into `out` (a writable buffer of len(plaintext) + TAG_BYTES):
         ciphertext then tag; returns the bytes written. RecordError when already used."""
         aead, self._aead = self._aead, None
@@ -208,11 +210,13 @@ class Opener:
         self.last_seq = seq
         return seq
 
-    def open_into(self, seq: int, aad: bytes, record, out, flow_key_hex: str | None = None) -> int:
+    def open_into(
+        self, seq: int, aad: bytes, record: Buffer, out: Buffer, flow_key_hex: str | None = None
+    ) -> int:
         """Decrypt and verify one record (see the class docstring)."""
-        n = len(record) - TAG_BYTES
+        n = memoryview(record).nbytes - TAG_BYTES
         if n < 0:
-            raise RecordError(f"a record of {len(record)} bytes is shorter than its tag")
+            raise RecordError(f"a record of {n + TAG_BYTES} bytes is shorter than its tag")
         aead, iv = self._keys.control if flow_key_hex is None else self._keys.chunk(flow_key_hex)
         try:
             aead.decrypt_into(nonce(iv, seq), record, aad, out)

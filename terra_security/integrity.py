@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Final
 
 import blake3
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
@@ -178,10 +178,12 @@ class FlowKeys:
         if len(key) != KEY_BYTES:
             raise IntegrityError(f"flow key must be {KEY_BYTES} bytes of hex")
         self.algorithm = algorithm
+        self._gmac: AESGCM | None = None
+        self._wrap: CipherContext | None = None
+        self._wrap_key = b""
         if algorithm == BLAKE3_ALGORITHM:
             self._leaf_key = blake3.blake3(key, derive_key_context=LEAF_CONTEXT).digest()
             self._digest_key = blake3.blake3(key, derive_key_context=DIGEST_CONTEXT).digest()
-            self._gmac = self._wrap = self._wrap_key = None
         else:
             self._leaf_key = _hkdf(key, GMAC_LABEL)
             self._wrap_key = _hkdf(key, WRAP_LABEL)
@@ -189,7 +191,7 @@ class FlowKeys:
             self._gmac = AESGCM(self._leaf_key)
             self._wrap = Cipher(algorithms.AES(self._wrap_key), modes.ECB()).encryptor()
 
-    def leaf_hasher(self, index: int, length: int):
+    def leaf_hasher(self, index: int, length: int) -> blake3.blake3 | _GmacLeaf:
         """A hasher for leaf `index` of `length` bytes: update() it with the leaf's bytes,
         then .digest(length=MAC_BYTES) is MAC_index."""
         if self._gmac is None:
@@ -208,8 +210,8 @@ class FlowKeys:
         view = memoryview(data).cast("B")
         first = offset // LEAF_BYTES
         size = len(view)
-        gmac = self._gmac
-        if gmac is not None:  # one GMAC call per leaf, one AES-ECB call for all their tags
+        gmac, wrap = self._gmac, self._wrap
+        if gmac is not None and wrap is not None:  # a GMAC call per leaf, one AES-ECB for all
             pack, seal = _NONCE.pack, gmac.encrypt
             tags = [
                 seal(
@@ -219,7 +221,7 @@ class FlowKeys:
                 )
                 for k, start in enumerate(range(0, size, LEAF_BYTES))
             ]
-            return self._wrap.update(b"".join(tags))
+            return wrap.update(b"".join(tags))
         macs = []
         for start in range(0, size, LEAF_BYTES):
             leaf = view[start : start + LEAF_BYTES]
@@ -263,7 +265,7 @@ class FlowDigest:
         self.position = 0
         self._fold = keys.fold_hasher()
         self._known: dict[int, bytes] = {}
-        self._leaf: blake3.blake3 | None = None  # hasher of the current leaf, fed from bytes
+        self._leaf: blake3.blake3 | _GmacLeaf | None = None  # the current leaf's hasher (bytes)
         self._leaf_mac: bytes | None = None  # known MAC of the current leaf, being skipped
 
     def add_macs(self, offset: int, macs: bytes, nbytes: int) -> None:
