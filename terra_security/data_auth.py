@@ -128,14 +128,15 @@ async def _agree_inside_tls(tls: trio.SSLStream[trio.SocketStream], server_side:
     sender, RANDOM_BYTES from the receiver, all inside TLS (data_records.tls_secret)."""
     mine = os.urandom(RANDOM_BYTES)
     if server_side:
-        got = await _read_exact(tls, bytearray(), len(SEAL_TAG) + RANDOM_BYTES)
-        if got[: len(SEAL_TAG)] != SEAL_TAG:
+        buf = bytearray()
+        if await _read_exact(tls, buf, len(SEAL_TAG)) != SEAL_TAG:  # shorter than any "hello"
             raise DataAuthError(
                 "peer does not seal its data connection (an agent without --encrypt-data, "
                 "or of a version that keeps TLS on it); refused"
             )
+        theirs = await _read_exact(tls, buf, RANDOM_BYTES)
         await tls.send_all(mine)
-        return tls_secret(got[len(SEAL_TAG) :], mine)
+        return tls_secret(theirs, mine)
     await tls.send_all(SEAL_TAG + mine)
     theirs = await _read_exact(tls, bytearray(), RANDOM_BYTES)
     return tls_secret(mine, theirs)
@@ -156,8 +157,9 @@ async def _read_exact(stream: trio.abc.ReceiveStream, buf: bytearray, n: int) ->
     """The first `n` bytes of `buf` + the stream (waiting for them); the rest stays in `buf`.
 
     Raises DataAuthError on EOF before `n` bytes."""
-    while len(buf) < n:
-        data = await stream.receive_some(max(n - len(buf), 4096))
+    while len(buf) < n:  # inside TLS no more than asked (the next bytes may be past it)
+        want = n - len(buf) if isinstance(stream, trio.SSLStream) else max(n - len(buf), 4096)
+        data = await stream.receive_some(want)
         if not data:
             raise DataAuthError("connection closed during authentication")
         buf += data

@@ -544,3 +544,25 @@ async def test_encrypting_agents_seal_after_a_pair_key_or_tls_and_refuse_plain_f
         await complete_from_a(h, again)
         assert link.tls_auths >= 1, (link.connects, link.key_auths, link.tls_auths)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_sender_that_keeps_tls_on_the_connection_is_refused_by_name(tmp_path, pki, caplog):
+    """An encrypting receiver and a sender that, after the handshake, sends its "hello" inside
+    TLS (as agents did before sealed records): refused at once, with a message naming it."""
+    async with trio.open_nursery() as nursery:
+        h = LoopbackHarness(nursery, tmp_path, pki=pki, encrypt_data=True)
+        await h.start()
+        await h.add_agent("a", "HK")
+        await h.add_agent("b", "LA")
+        h.tunnels = (await h.install_tunnels([("a", "b", 1)]))["a"]
+        b = h.agents["b"].agent
+        before = b.unauthenticated
+        stream = await trio.open_tcp_stream(*tunnel_port(h))
+        tls = trio.SSLStream(stream, data_client_context(pki, "a"), server_hostname="b")
+        async with tls:
+            await tls.do_handshake()
+            await FrameWriter(tls).send({"t": "hello", "agent": "a", "tunnel": "x"})
+            with trio.fail_after(5):  # well before the 10 s handshake deadline
+                await wait_refused(b, before + 1)
+        assert "does not seal its data connection" in caplog.text
+        nursery.cancel_scope.cancel()
