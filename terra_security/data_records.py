@@ -32,7 +32,6 @@ acknowledged on it.
 
 from __future__ import annotations
 
-import struct
 from collections import OrderedDict
 
 from cryptography.exceptions import InvalidTag
@@ -54,7 +53,6 @@ TLS_LABEL = b"terra data connection (TLS) v1"
 CONTROL_LABEL = b"terra data control records v1 "
 CHUNK_LABEL = b"terra data chunk records v1 "
 KEY_CACHE = 256  # flow keys a Sealer / Opener keeps expanded (more are derived again)
-_SEQ = struct.Struct(">4xQ")
 
 
 class RecordError(Exception):
@@ -91,8 +89,7 @@ def tls_secret(random_s: bytes, random_r: bytes) -> bytes:
 
 def nonce(iv: bytes, seq: int) -> bytes:
     """The per-record nonce: iv XOR the left-padded big-endian seq (RFC 8446 section 5.3)."""
-    mask = _SEQ.pack(seq)
-    return bytes(a ^ b for a, b in zip(iv, mask, strict=True))
+    return (int.from_bytes(iv, "big") ^ seq).to_bytes(NONCE_BYTES, "big")
 
 
 class _Keys:
