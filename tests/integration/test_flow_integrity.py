@@ -22,13 +22,18 @@ from overlay.framing import FrameWriter
 from terra_agent.agent import AgentConfig
 from terra_agent.receiver import InFlow
 from terra_security.integrity import (
+    ALGORITHM,
+    ALGORITHMS,
+    GMAC_ALGORITHM,
     LEAF_BYTES,
     MAC_BYTES,
     FlowDigest,
     FlowKeys,
     IntegrityError,
     align_down,
+    default_algorithm,
     flow_digest,
+    has_aes_instructions,
     new_flow_key,
 )
 from terra_wire.control import (
@@ -49,17 +54,19 @@ ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 # ---- the construction -----------------------------------------------------------------------
 
 
-def test_a_digest_or_mac_made_without_the_key_does_not_match():
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_digest_or_mac_made_without_the_key_does_not_match(algorithm):
     key, other = new_flow_key(), new_flow_key()
     data = os.urandom(300_000)  # 4 whole leaves and a short one
-    digest = flow_digest(key, data)
-    assert len(digest) == 64 and digest != flow_digest(other, data)
+    digest = flow_digest(key, data, algorithm)
+    assert len(digest) == 64 and digest != flow_digest(other, data, algorithm)
     assert digest != blake3.blake3(data).hexdigest()  # unkeyed BLAKE3
     assert digest != hashlib.blake2b(data, digest_size=32).hexdigest()  # the old digest
-    keys = FlowKeys(key)
+    keys = FlowKeys(key, algorithm)
     macs = keys.leaf_macs(LEAF_BYTES, data)
     assert len(macs) == 5 * MAC_BYTES and keys.check(LEAF_BYTES, data, macs)
-    assert not FlowKeys(other).check(LEAF_BYTES, data, macs)  # another flow's (attempt's) key
+    assert not FlowKeys(other, algorithm).check(LEAF_BYTES, data, macs)  # another flow's key
+    assert len({flow_digest(key, data, a) for a in ALGORITHMS}) == len(ALGORITHMS)
     assert not keys.check(0, data, macs)  # replayed at another offset
     assert not keys.check(LEAF_BYTES + 1, data, macs)  # off the leaf grid
     assert not keys.check(LEAF_BYTES, data[:-1], macs)  # truncated
@@ -71,11 +78,12 @@ def test_a_digest_or_mac_made_without_the_key_does_not_match():
         keys.leaf_macs(100, data)
 
 
-def test_the_digest_is_the_same_from_macs_from_bytes_and_mixed():
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_the_digest_is_the_same_from_macs_from_bytes_and_mixed(algorithm):
     """Sender (MACs it made), receiver (verified MACs of some leaves, bytes of others, in
     pieces of any size): one digest."""
     key = new_flow_key()
-    keys = FlowKeys(key)
+    keys = FlowKeys(key, algorithm)
     data = os.urandom(5 * LEAF_BYTES + 777)
     sender = FlowDigest(keys, len(data))
     sender.add_macs(0, keys.leaf_macs(0, data[: 2 * LEAF_BYTES]), 2 * LEAF_BYTES)
@@ -85,9 +93,33 @@ def test_the_digest_is_the_same_from_macs_from_bytes_and_mixed():
     receiver.know(LEAF_BYTES, keys.leaf_macs(LEAF_BYTES, data[LEAF_BYTES : 3 * LEAF_BYTES]))
     for start in range(0, len(data), 10_000):
         receiver.update(data[start : start + 10_000])
-    assert sender.hexdigest() == receiver.hexdigest() == flow_digest(key, data)
+    assert sender.hexdigest() == receiver.hexdigest() == flow_digest(key, data, algorithm)
     with pytest.raises(IntegrityError):
         FlowDigest(keys, 10).hexdigest()
+
+
+def test_the_leaf_mac_is_chosen_per_deployment_and_named_in_descriptors():
+    """GMAC where the CPU has AES instructions, else BLAKE3 (integrity.default_algorithm);
+    the controller names its choice (terra-controller --leaf-mac) in every descriptor, and a
+    descriptor's name survives the wire; unknown names are refused."""
+    from terra_controller.agent_channel import AgentChannel
+    from terra_controller.controller import Controller
+    from terra_controller.tunnel_table import TunnelTable
+    from terra_core.terra_policy import TerraPolicy
+    from topologies import Topology
+
+    assert default_algorithm() == (GMAC_ALGORITHM if has_aes_instructions() else ALGORITHM)
+    topology = Topology("two", ["A", "B"], {("A", "B"): 1e8, ("B", "A"): 1e8})
+    controller = Controller(topology, TerraPolicy(topology, k=1))
+    tunnels = TunnelTable(topology, 1)
+    assert AgentChannel(controller, tunnels).leaf_mac == default_algorithm()
+    for name in ALGORITHMS:
+        assert AgentChannel(controller, tunnels, leaf_mac=name).leaf_mac == name
+        spec = FlowSpec("c", "f", "a", "b", "B", 10, digest_alg=name)
+        (parsed,) = parse_flows(flows_message([spec]))
+        assert parsed.digest_alg == name
+    with pytest.raises(ValueError, match="unknown leaf MAC"):
+        AgentChannel(controller, tunnels, leaf_mac="hmac-md5")
 
 
 @pytest.mark.parametrize("size", [LEAF_BYTES, 2 * LEAF_BYTES + 5])
