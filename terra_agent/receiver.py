@@ -5,8 +5,10 @@ of the delivered bytes (terra_security/integrity.py) equals the sender's (carrie
 chunk
 that ends the flow). Before a chunk is taken at all, admit() checks that it lies on the leaf
 grid, ends at most max_ahead bytes past the in-order point (the spill bound) and that its leaf
-MACs are the flow key's (the one keyed-BLAKE3 pass over its bytes); the verified MACs then
-make the digest as consume() delivers the leaves in order (FlowDigest: no second pass).
+MACs are the flow key's (the one keyed pass over its bytes; a chunk that came as an AEAD record
+of its flow's key, overlay/sealed.py, is decrypted instead and its MACs taken from the record);
+the verified MACs then make the digest as consume() delivers the leaves in order (FlowDigest:
+no second pass).
 
 Connection tasks only reorder (InFlow.receive); one consumer task per flow (InFlow.consume, run by
 the agent) folds the in-order leaves into the digest and writes the bytes to the sink, large
@@ -35,7 +37,7 @@ from .sources import DigestSink, open_sink
 log = logging.getLogger(__name__)
 
 THREAD_HASH_BYTES = 256 * 1024  # consume(): batches at least this large for a file sink are
-# digested and written in one worker-thread call (os.write and BLAKE3 release the GIL); a
+# digested and written in one worker-thread call (os.write releases the GIL); a
 # digest-only sink's batch is folded inline (leaves with verified MACs cost no hashing)
 MAX_QUEUED_BYTES = 16 << 20  # default HashQueue bound of a flow that has no shared one
 READY_BATCH_BYTES = 4 << 20  # spilled (ready) bytes read back and queued at a time, at most

@@ -153,7 +153,7 @@ class OutFlow:
     keys: the flow's FlowKeys (spec.digest_key). Attributes: acked (bytes the receiver
     acknowledged), next_offset (new-data frontier), resend (deque of (offset, length) to send
     again), digest (hex flow digest, once the MACs of every byte were made: the MACs of new
-    chunks are made inline by take(), one keyed BLAKE3 pass, and fold into it), epoch
+    chunks are made inline by take(), one keyed pass, and fold into it), epoch
     (receiver incarnation of the last ack). Chunks start on leaf boundaries
     (terra_security/integrity.py LEAF_BYTES) and hold whole leaves but at the flow's end.
     """
