@@ -299,11 +299,15 @@ async def test_sender_restart_resumes_from_acked_offset(tmp_path):
     assert h.controller.completed[f.key] == file_digest(src, f.digest_key)
 
 
-async def test_receiver_restart_with_file_sink_resumes(tmp_path):
+@pytest.mark.parametrize("encrypt", [False, True])
+async def test_receiver_restart_with_file_sink_resumes(tmp_path, pki, encrypt):
+    """The receiving agent stops mid-flow and starts again: it resumes from its part file
+    (re-hashing its leaves) and the sender from its offset, also over sealed records."""
     size = 8 * MB
     src = source_file(tmp_path, size)
     dst = tmp_path / "dst.bin"
-    async with loopback(tmp_path) as h:
+    kw = {"pki": pki, "encrypt_data": True} if encrypt else {}
+    async with loopback(tmp_path, **kw) as h:
         f = h.flow("c1", "f1", "a", "b", size, **files(src, dst))
         await start(h, [f], 2 * MB)
         with trio.fail_after(TIMEOUT):
