@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument(
         "--keep-finished", type=int, default=10_000, metavar="N",
-        help="finished coflows kept in memory for status requests",
+        help="finished coflows kept for status",
     )  # fmt: skip
     p.add_argument(
         "--keep-finished-s", type=float, default=None, metavar="S",
@@ -155,8 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--state-dir", metavar="DIR", help="coflow journal (docs/runtime.md)")
     p.add_argument(
-        "--leaf-mac", choices=("auto", *ALGORITHMS), default="auto",
-        help="chunk MAC named in flow descriptors (auto: GMAC with AES-NI, else BLAKE3)",
+        "--leaf-mac", choices=("auto", *ALGORITHMS), default="auto", metavar="MAC",
+        help="chunk MAC (docs/design.md 5.1) (default: auto)",
     )  # fmt: skip
     add_common_args(p)
     return p
