@@ -3,19 +3,20 @@ against iperf3 moving the same bytes.
 
 Two `terra-agent` subprocesses (sender on 127.0.0.2, receiver on 127.0.0.3) and the in-process
 controller peer of benchmarks/harness.py. The sender moves synthetic flows to a digest-only sink;
-each chunk carries a keyed BLAKE3 MAC the receiver checks, both ends compute the keyed flow
-digest (terra_security/integrity.py). Goodput = flow bytes / time from the rates message to the last
-"complete" report. CPU seconds per GB = user + system CPU time of both agent processes over the
-same interval (psutil) / GB moved (1 GB = 1e9 bytes); also per agent, user and system apart.
---encrypt: the agents run with a fresh PKI and --encrypt-data (TLS stays on data connections;
-the control channel to the in-test controller peer is TLS as well).
+each chunk carries leaf MACs the receiver checks (this host's default construction, GMAC with
+AES-NI, terra_security/integrity.py), both ends compute the keyed flow digest. Goodput = flow
+bytes / time from the rates message to the last "complete" report. CPU seconds per GB = user +
+system CPU time of both agent processes over the same interval (psutil) / GB moved (1 GB = 1e9
+bytes); also per agent, user and system apart.
+--encrypt: the agents run with a fresh PKI and --encrypt-data (chunks travel as AES-GCM records,
+overlay/sealed.py; the control channel to the in-test controller peer is TLS as well).
 
 --pairs N (default 1; 0: no iperf3): N interleaved pairs of (iperf3 -P <tunnels> moving the same
 bytes between the same two loopback addresses, one agent run); iperf3's CPU s/GB is the user +
 system time of its client and server (os.wait4 rusage). Medians over the pairs are printed with
 the ratio agent / iperf3, and the 1-minute load average before each run (the machine is shared).
 
-    uv run python benchmarks/overlay_goodput.py [--gbytes 2] [--flows 4] [--tunnels 4]
+    uv run python -m benchmarks.overlay_goodput [--gbytes 2] [--flows 4] [--tunnels 4]
         [--pairs 3] [--encrypt] [--json OUT]
 
 Prints the figures; --json OUT writes {"goodput_gbytes_per_s": x, "cpu_s_per_gb": x, ...,
@@ -39,18 +40,19 @@ import trio
 
 from benchmarks.harness import LoopbackHarness, free_port_block
 from terra_core.cli_support import setup_logging
-from terra_security.integrity import FlowKeys, new_flow_key
+from terra_security.integrity import FlowKeys, default_algorithm, new_flow_key
 from terra_security.pki import Role, init_ca, issue
 from terra_wire.control import GroupRates
 
 UNLIMITED = 1e12  # bytes/s: far above what loopback can do
 
 
-def hashing_cost_s_per_gb() -> float:
-    """CPU seconds per GB of the leaf MACs of 4 MiB chunks (terra_security/integrity.py, keyed
-    BLAKE3, 64 KiB leaves) on this machine (256 MiB): each end's one pass over every byte."""
+def hashing_cost_s_per_gb(algorithm: str | None = None) -> float:
+    """CPU seconds per GB of the leaf MACs of 4 MiB chunks (terra_security/integrity.py,
+    `algorithm`, None: this host's default; 64 KiB leaves) on this machine (256 MiB): each
+    end's one pass over every byte."""
     buf = os.urandom(4 << 20)
-    keys = FlowKeys(new_flow_key())
+    keys = FlowKeys(new_flow_key(), algorithm)
     t = time.process_time()
     for _ in range(64):
         keys.leaf_macs(0, buf)
@@ -179,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tunnels", type=int, default=4, help="tunnels (connections) a -> b")
     p.add_argument("--json", type=Path, help="write the figures as JSON to this file")
     p.add_argument("--pairs", type=int, default=1, help="interleaved iperf3/agent pairs (0: none)")
-    p.add_argument("--encrypt", action="store_true", help="agents with --encrypt-data (TLS)")
+    p.add_argument("--encrypt", action="store_true", help="agents with --encrypt-data")
     args = p.parse_args(argv)
     setup_logging("WARNING")
     if args.pairs and shutil.which("iperf3") is None:
@@ -210,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     print(
-        f"leaf MACs alone: {floor:.2f} CPU s/GB (keyed BLAKE3, {cost:.2f} per end) -> at most "
+        f"leaf MACs alone: {floor:.2f} CPU s/GB ({default_algorithm()}, {cost:.2f} per end) -> "
+        f"at most "
         f"{os.cpu_count() / floor:.2f} GB/s on {os.cpu_count()} cores; "
         f"1-min load average after the run {figures['load_avg_1min']:.1f}"
     )

@@ -18,7 +18,6 @@ buffer with ``recv_into`` (one copy, kernel to payload).
 from __future__ import annotations
 
 import os
-import ssl
 import struct
 import sys
 
@@ -68,13 +67,20 @@ async def send_frame(stream: trio.abc.SendStream, header: dict, payload=b"") -> 
         trio.BrokenResourceError / trio.ClosedResourceError: the stream failed or was closed.
     """
     parts = encode_frame(header, payload)
-    if len(parts) == 2 and len(parts[1]) <= _JOIN_LIMIT:
-        parts = [parts[0] + bytes(parts[1])]
+    await send_encoded(stream, parts[0], parts[1] if len(parts) == 2 else b"")
+
+
+async def send_encoded(stream: trio.abc.SendStream, head: bytes, body=b"") -> None:
+    """Write one frame already encoded as `head` (length prefix and header, encode_head) and
+    `body` (its payload, bytes-like, not copied when large); as send_frame otherwise."""
+    if 0 < len(body) <= _JOIN_LIMIT:
+        head, body = head + bytes(body), b""
     if isinstance(stream, trio.SocketStream):
-        await _socket_send(stream, parts[0], parts[1] if len(parts) == 2 else b"")
+        await _socket_send(stream, head, body)
         return
-    for part in parts:
-        await stream.send_all(part)
+    await stream.send_all(head)
+    if len(body):
+        await stream.send_all(body)
 
 
 async def _socket_send(stream: trio.SocketStream, head: bytes, body) -> None:
@@ -139,8 +145,9 @@ class FrameWriter:
         self.stream = stream
         self._lock = trio.Lock()
 
-    async def send(self, header: dict, payload=b"") -> None:
-        """Send one frame (see send_frame); waits while another task is sending."""
+    async def send(self, header: dict, payload=b"", key: str | None = None) -> None:
+        """Send one frame (see send_frame); waits while another task is sending. `key` (a
+        chunk's flow key) is not used: frames go in clear (overlay/sealed.py seals them)."""
         async with self._lock:
             await send_frame(self.stream, header, payload)
 
@@ -203,6 +210,8 @@ class FrameReader:
     payload or keep a raw pointer to it without a reference).
     Only one task may call read() at a time. `initial`: bytes already received from the
     stream (e.g. left over by a TLS layer unwrapped below it, at most 256 KiB), read first.
+    keep_raw=True: `raw_header` holds the last frame's length prefix and encoded header as
+    received (what a sealed record authenticates, overlay/sealed.py).
 
     Validation (raises FrameError): header length 0 or > MAX_HEADER_BYTES,
     malformed msgpack or a non-map header, "v" != VERSION, missing/non-str "t",
@@ -222,6 +231,7 @@ class FrameReader:
         max_payload: int = MAX_PAYLOAD_BYTES,
         buffers: PayloadBuffers | None = None,
         initial: bytes = b"",
+        keep_raw: bool = False,
     ):
         if len(initial) > _RBUF_BYTES:
             raise ValueError(f"initial bytes ({len(initial)}) exceed {_RBUF_BYTES}")
@@ -240,8 +250,8 @@ class FrameReader:
         self._reading = False
         self._waited = False  # read(): the current frame waited for the socket at least once
         self._sock = stream.socket if isinstance(stream, trio.SocketStream) else None
-        # a trio.SSLStream with the private attributes _drain_tls uses, else None
-        self._tls = stream if _drainable(stream) else None
+        self.keep_raw = keep_raw
+        self.raw_header = b""  # with keep_raw: the last frame's length prefix and header
 
     async def read(self) -> tuple[dict, memoryview | bytes] | None:
         """Read the next frame; None on clean EOF before its first byte.
@@ -273,7 +283,10 @@ class FrameReader:
             raise FrameError(f"frame header length {hlen} out of range 1..{MAX_HEADER_BYTES}")
         self._start += _LEN.size
         await self._fill(hlen, at_frame_start=False)
-        header = self._decode_header(self._rview[self._start : self._start + hlen])
+        raw = self._rview[self._start : self._start + hlen]
+        header = self._decode_header(raw)
+        if self.keep_raw:
+            self.raw_header = _LEN.pack(hlen) + bytes(raw)
         self._start += hlen
         payload = await self._read_payload(header["n"])
         if "x" in header and crc32(payload) != header["x"]:
@@ -343,8 +356,6 @@ class FrameReader:
             data = await self.stream.receive_some(len(view))
             n = len(data)
             view[:n] = data
-            if n and self._tls is not None:
-                n += _drain_tls(self._tls, view[n:])
             return n
         while True:
             fd = self._sock.fileno()  # -1 once closed (never read a reused descriptor number)
@@ -358,53 +369,6 @@ class FrameReader:
                 raise _stream_error(self._sock, "receive", exc) from exc
             await trio.lowlevel.wait_readable(self._sock)
             self._waited = True
-
-
-_TLS_READ_BYTES = 1 << 20  # ciphertext _drain_tls reads from the socket at a time
-
-
-def _drainable(stream) -> bool:
-    """True for a trio.SSLStream over a SocketStream with the private parts _drain_tls uses."""
-    return (
-        isinstance(stream, trio.SSLStream)
-        and isinstance(getattr(stream, "_ssl_object", None), ssl.SSLObject)
-        and isinstance(getattr(stream, "_incoming", None), ssl.MemoryBIO)
-        and isinstance(stream.transport_stream, trio.SocketStream)
-    )
-
-
-def _drain_tls(stream: trio.SSLStream, view: memoryview) -> int:
-    """Decrypt into `view` (up to its length) what the kernel already holds for a
-    trio.SSLStream, without a trio round per record: SSLObject.read(n, buffer) (no copy) while
-    records are buffered, refilled from the socket with non-blocking reads of up to 1 MiB.
-
-    trio's SSLStream.receive_some returns one 16 KiB record per call (OpenSSL's SSL_read)
-    after reading 64 KiB from the socket; with --encrypt-data a 4 MiB chunk took 256 trio
-    rounds and copies, the receiving agent spent ~40 % of its CPU in the interpreter (perf,
-    docs/results.md 5.1). Stops when the socket has nothing more (or at EOF, or any TLS condition:
-    the stream's next receive_some reports it as trio does). Relies on trio's private
-    `_ssl_object` / `_incoming` (checked by _drainable); only one reader per stream."""
-    ssl_object, incoming = stream._ssl_object, stream._incoming
-    fd = stream.transport_stream.socket.fileno()
-    got = 0
-    while got < len(view):
-        try:
-            k = ssl_object.read(len(view) - got, view[got:])
-        except ssl.SSLWantReadError:
-            try:
-                data = os.read(fd, _TLS_READ_BYTES) if fd >= 0 else b""
-            except OSError:  # BlockingIOError: nothing more now; others: the stream reports
-                break
-            if not data:
-                break  # EOF stays visible to the stream's own next read
-            incoming.write(data)
-            continue
-        except ssl.SSLError:
-            break
-        if not k:
-            break
-        got += k
-    return got
 
 
 def _stream_error(sock, what: str, exc: OSError) -> Exception:

@@ -27,6 +27,7 @@ import struct
 import msgpack
 import trio
 
+from terra_security.data_records import TAG_BYTES
 from terra_security.integrity import mac_bytes
 from terra_wire.frames import VERSION
 
@@ -177,8 +178,13 @@ def pacing_rate(sock: socket.socket) -> float:
     return math.inf if value == UNPACED else float(value)
 
 
-def chunk_frame_overhead(coflow: str, flow: str, payload_bytes: int, attempt: int = 0) -> int:
+def chunk_frame_overhead(
+    coflow: str, flow: str, payload_bytes: int, attempt: int = 0, sealed: bool = False
+) -> int:
     """Bytes a chunk frame of `payload_bytes` adds to the stream besides its payload.
+
+    sealed=True: the frame of an encrypted connection (overlay/sealed.py: type "schunk", a
+    u64 record number "s" counted at its longest, and the TAG_BYTES AEAD tag).
 
     That is the 4-byte length prefix and the msgpack header terra_wire.frames.chunk_header()
     builds, with the chunk's leaf MACs (terra_security.integrity.mac_bytes) and the offset packed
@@ -194,7 +200,10 @@ def chunk_frame_overhead(coflow: str, flow: str, payload_bytes: int, attempt: in
     header["v"] = VERSION
     if attempt:
         header["a"] = attempt
-    return 4 + len(msgpack.packb(header, use_bin_type=True))
+    if sealed:
+        header["t"], header["s"], header["n"] = "schunk", 2**64 - 1, payload_bytes + TAG_BYTES
+    tag = TAG_BYTES if sealed else 0
+    return 4 + len(msgpack.packb(header, use_bin_type=True)) + tag
 
 
 def stream_rate(payload_rate: float, chunk_bytes: int, overhead_bytes: int) -> float:
@@ -208,17 +217,3 @@ def stream_rate(payload_rate: float, chunk_bytes: int, overhead_bytes: int) -> f
     if chunk_bytes <= 0 or overhead_bytes < 0:
         raise ValueError(f"need chunk_bytes > 0, overhead >= 0: {chunk_bytes}, {overhead_bytes}")
     return rate * (chunk_bytes + overhead_bytes) / chunk_bytes
-
-
-TLS_RECORD_PLAINTEXT = 16384  # bytes of plaintext in a full TLS 1.3 record
-TLS_RECORD_OVERHEAD = 22  # its 5-byte header, inner content type byte and 16-byte AEAD tag
-
-
-def tls_record_rate(rate_bytes_per_s: float) -> float:
-    """The TCP stream rate (bytes/s) that carries `rate_bytes_per_s` inside TLS 1.3 records.
-
-    Full records (the agent writes chunks of >= 64 KiB) add TLS_RECORD_OVERHEAD bytes per
-    TLS_RECORD_PLAINTEXT, 0.13 %. Raises ValueError for a bad rate (as TokenBucket).
-    """
-    rate = _check_rate(rate_bytes_per_s)
-    return rate * (TLS_RECORD_PLAINTEXT + TLS_RECORD_OVERHEAD) / TLS_RECORD_PLAINTEXT

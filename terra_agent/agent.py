@@ -44,9 +44,10 @@ from collections import OrderedDict, deque
 import trio
 
 from overlay.framing import PayloadBuffers
-from overlay.rate_limit import chunk_frame_overhead, stream_rate, tls_record_rate
+from overlay.rate_limit import chunk_frame_overhead, stream_rate
 from overlay.rate_limited_log import RateLimitedLog
 from overlay.reorder import MemoryBudget, remove_spill_files
+from terra_security.data_records import TAG_BYTES
 from terra_wire.control import (
     FlowSpec,
     ProtocolError,
@@ -141,7 +142,9 @@ class Agent(ControlSession, IncomingData):
         self.pair_keys: dict[str, bytes] = {}
         self.reorder_budget = MemoryBudget(config.memory_limit)
         self.pending = PendingChunks(config.pending_limit)
-        self.payload_buffers = PayloadBuffers(MAX_PAYLOAD_BYTES, PAYLOAD_BUFFERS)
+        # a sealed chunk's record is its bytes and an AEAD tag (overlay/sealed.py)
+        record = MAX_PAYLOAD_BYTES + (TAG_BYTES if config.encrypt_data else 0)
+        self.payload_buffers = PayloadBuffers(record, PAYLOAD_BUFFERS)
         self.hash_queue = HashQueue(HASH_QUEUE_BYTES)
         self.refused: dict[tuple[str, str], str] = {}
         self.forged_acks = 0  # acks dropped by check_ack (inspection)
@@ -220,8 +223,8 @@ class Agent(ControlSession, IncomingData):
         Kernel pacing is per socket, so each FlowGroup gets its own connection per peer agent
         and tunnel (group_links; the receiver takes any number per tunnel), paced at the
         group's rate on that tunnel converted to stream bytes (stream_rate: the frame headers of
-        chunk_bytes(rate) chunks added; with encrypt_data also TLS record overhead,
-        tls_record_rate). A group sending to one peer only has non-binding
+        chunk_bytes(rate) chunks added; with encrypt_data as sealed records with their
+        AEAD tags). A group sending to one peer only has non-binding
         buckets (FlowGroupSender.set_kernel_paced): the kernel alone sets its pace. A group
         with flows to several peers in its DC keeps binding buckets (its rate on a tunnel is
         for all of them together) and each connection is paced at that rate as a ceiling.
@@ -247,10 +250,13 @@ class Agent(ControlSession, IncomingData):
                 if rate > 0:
                     n = chunk_bytes(rate)
                     spec = live[0].spec if live else None
-                    head = chunk_frame_overhead(key[0], spec.flow, n, spec.attempt) if spec else 0
+                    sealed = self.config.encrypt_data
+                    head = (
+                        chunk_frame_overhead(key[0], spec.flow, n, spec.attempt, sealed)
+                        if spec
+                        else 0
+                    )
                     paced = stream_rate(rate, n, head)
-                    if self.config.encrypt_data:  # the socket carries TLS records
-                        paced = tls_record_rate(paced)
                     if paced < MIN_PACING_BYTES_PER_S:  # the bucket binds, the kernel drains
                         slow.add(tunnel)
                         paced = MIN_PACING_BYTES_PER_S

@@ -11,8 +11,9 @@
 DIR/ca.crt; its id is its certificate's name. The same certificate authenticates its data
 connections: each starts with a mutual TLS handshake (the receiver presents its certificate as
 server, the sender as client; each checks the other is the agent it should be), then carries
-hello and chunks in clear (terra_security/data_auth.py); with --encrypt-data they stay inside
-that TLS session (AES-GCM; every agent of a deployment must use the same setting). Either way
+hello and chunks in clear (terra_security/data_auth.py); with --encrypt-data every frame is an
+AES-GCM record keyed per connection and flow attempt (terra_security/data_records.py; every
+agent of a deployment must use the same setting). Either way
 every chunk carries a MAC keyed with its flow's key (terra_security/integrity.py). --insecure: plain
 TCP everywhere, unauthenticated data connections (labs only).
 
@@ -161,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--encrypt-data",
         action="store_true",
-        help="keep TLS (AES-GCM) on data connections after the handshake (needs --pki)",
+        help="AES-GCM records on data connections after the handshake (needs --pki)",
     )
     p.add_argument(
         "--max-ahead",

@@ -72,9 +72,10 @@ class AgentConfig:
     with a mutual TLS handshake, the peers are checked (terra_security/data_auth.py), then hello
     and chunks go in clear; None (default, --insecure, the loopback harness): plain TCP,
     unauthenticated.
-    encrypt_data: keep TLS on data connections after the handshake (terra-agent --encrypt-data;
+    encrypt_data: after the authentication every frame of a data connection is an AES-GCM
+    record (terra-agent --encrypt-data, overlay/sealed.py, terra_security/data_records.py;
     needs data_tls_server / data_tls_client; every agent of a deployment must agree, a mismatch
-    fails the handshake's deadline); False (default): back to plain TCP after it.
+    closes the connection with a logged refusal); False (default): hello and chunks in clear.
     max_ahead: bytes a chunk may end past its flow's in-order point (the spill bound per flow,
     >= MAX_PAYLOAD_BYTES); chunks beyond are refused and their connection closed, the sender
     resends.

@@ -9,7 +9,9 @@ import logging
 import trio
 
 from overlay.framing import FrameReader, FrameWriter
+from overlay.sealed import SealedPayload, SealedReader, SealedWriter
 from terra_security.data_auth import DataAuthError, accept
+from terra_security.data_records import TO_RECEIVER, TO_SENDER, Opener, RecordError, Sealer
 from terra_wire.control import (
     ProtocolError,
     error_message,
@@ -116,7 +118,7 @@ class IncomingData:
             self.closed_connections += 1
             self.rejected_chunks += 1
             log.error("incoming connection from %s: %s", peer, exc)
-        except (FrameError, ProtocolError) as exc:
+        except (FrameError, ProtocolError, RecordError) as exc:
             self.closed_connections += 1
             log.error("incoming connection from %s: %s; closing it", peer, exc)
         except CONNECTION_ERRORS as exc:
@@ -138,23 +140,24 @@ class IncomingData:
             DataAuthError: authentication failed. ProtocolError / FrameError: the first frame
                 is not a valid "hello", or names another agent than the certificate.
         """
-        initial, channel = b"", stream
-        authenticated = None
+        initial = b""
+        authenticated = secret = None
+        encrypt = self.config.encrypt_data
         if self.config.data_tls_server is not None:
-            encrypt = self.config.encrypt_data
-            authenticated, rest = await accept(
+            authenticated, initial, secret = await accept(
                 stream,
                 self.config.data_tls_server,
                 self.config.agent_id,
                 self._pair_key,
-                unwrap=not encrypt,
+                seal=encrypt,
             )
-            if encrypt:
-                channel = rest
-            else:
-                initial = rest
-        reader = FrameReader(channel, buffers=self.payload_buffers, initial=initial)
-        writer = FrameWriter(channel)
+        frames = FrameReader(
+            stream, buffers=self.payload_buffers, initial=initial, keep_raw=encrypt
+        )
+        reader, writer = frames, FrameWriter(stream)
+        if encrypt and secret is not None:  # AEAD records (terra_security/data_records.py)
+            reader = SealedReader(frames, Opener(secret, TO_RECEIVER))
+            writer = SealedWriter(stream, Sealer(secret, TO_SENDER))
         frame = await reader.read()
         if frame is None:
             return None
@@ -222,9 +225,14 @@ class IncomingData:
         (InFlow.admit): the connection's end makes the sender requeue everything
         unacknowledged on it, so the flow still completes.
 
-        Raises ProtocolError (wrong sender, bad MAC, too far ahead, chunk past the flow's end,
-        changed digest, a later attempt than the receiver's descriptor) and the writer's
-        connection errors.
+        On an encrypted connection `payload` is a SealedPayload: its AEAD record is opened
+        with the flow's key first (InFlow.open_record: a record that does not verify closes
+        the connection like a bad MAC), and its leaf MACs, authenticated by the record, are
+        taken as they are (no second pass over the bytes).
+
+        Raises ProtocolError (wrong sender, bad MAC or record, too far ahead, chunk past the
+        flow's end, changed digest, a later attempt than the receiver's descriptor) and the
+        writer's connection errors.
         """
         key = flow.spec.key
         if peer != flow.spec.src_agent:
@@ -239,7 +247,10 @@ class IncomingData:
                 f"chunk of attempt {attempt} for flow {key[0]}/{key[1]}, which is at attempt "
                 f"{flow.spec.attempt} here; closing so the sender resends"
             )
-        flow.admit(offset, payload, mac)
+        sealed = isinstance(payload, SealedPayload)
+        if sealed:  # opened in place before anything of it is kept
+            payload = flow.open_record(offset, payload)
+        flow.admit(offset, payload, mac, verified=sealed)
         flow.ack_writer = writer
         added = await flow.receive(offset, payload, digest, mac)
         self._report_if_finished(flow)

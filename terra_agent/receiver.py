@@ -5,8 +5,10 @@ of the delivered bytes (terra_security/integrity.py) equals the sender's (carrie
 chunk
 that ends the flow). Before a chunk is taken at all, admit() checks that it lies on the leaf
 grid, ends at most max_ahead bytes past the in-order point (the spill bound) and that its leaf
-MACs are the flow key's (the one keyed-BLAKE3 pass over its bytes); the verified MACs then
-make the digest as consume() delivers the leaves in order (FlowDigest: no second pass).
+MACs are the flow key's (the one keyed pass over its bytes; a chunk that came as an AEAD record
+of its flow's key, overlay/sealed.py, is decrypted instead and its MACs taken from the record);
+the verified MACs then make the digest as consume() delivers the leaves in order (FlowDigest:
+no second pass).
 
 Connection tasks only reorder (InFlow.receive); one consumer task per flow (InFlow.consume, run by
 the agent) folds the in-order leaves into the digest and writes the bytes to the sink, large
@@ -26,6 +28,7 @@ import logging
 import trio
 
 from overlay.reorder import MemoryBudget, ReorderBuffer
+from terra_security.data_records import RecordError
 from terra_security.integrity import LEAF_BYTES, FlowDigest, FlowKeys
 from terra_wire.control import FlowSpec, ProtocolError
 
@@ -34,7 +37,7 @@ from .sources import DigestSink, open_sink
 log = logging.getLogger(__name__)
 
 THREAD_HASH_BYTES = 256 * 1024  # consume(): batches at least this large for a file sink are
-# digested and written in one worker-thread call (os.write and BLAKE3 release the GIL); a
+# digested and written in one worker-thread call (os.write releases the GIL); a
 # digest-only sink's batch is folded inline (leaves with verified MACs cost no hashing)
 MAX_QUEUED_BYTES = 16 << 20  # default HashQueue bound of a flow that has no shared one
 READY_BATCH_BYTES = 4 << 20  # spilled (ready) bytes read back and queued at a time, at most
@@ -146,7 +149,9 @@ class InFlow:
             self.sink.prefix_hash(self.hasher)
         self.delivered = self.base
         self.acknowledged = self.base
-        self.expected_digest: str | None = self.sink.load_digest() if self.base else None
+        self.expected_digest: str | None = (
+            self.sink.load_digest(spec.digest_alg) if self.base else None
+        )
         self.digest: str | None = None
         self.done = False
         self.failed: str | None = None
@@ -178,12 +183,26 @@ class InFlow:
         compared)."""
         return self.delivered >= self.spec.size and not self._pending and not self._busy
 
-    def admit(self, offset: int, data, macs: bytes) -> None:
+    def open_record(self, offset: int, record) -> memoryview:
+        """The bytes of a chunk that arrived as an AEAD record (overlay/sealed.SealedPayload),
+        decrypted in place with this flow attempt's key; ChunkRejected (counted in
+        rejected_macs) when the record does not verify."""
+        try:
+            return record.open(self.spec.digest_key)
+        except RecordError as exc:
+            self.rejected_macs += 1
+            raise ChunkRejected(
+                f"chunk at {offset} of flow {self.spec.coflow}/{self.spec.flow}: {exc}"
+            ) from exc
+
+    def admit(self, offset: int, data, macs: bytes, verified: bool = False) -> None:
         """Refuse a chunk (ChunkRejected) before anything of it is kept: when it is off the
         leaf grid (starts off a LEAF_BYTES boundary, or ends off one before the flow's end),
         ends more than max_ahead bytes past the in-order point (`delivered`), or `macs` is not
-        the flow key's MAC list of `data` at `offset`. One keyed BLAKE3 pass over `data`,
-        inline (cheaper than a worker-thread hand-off, docs/results.md 5.2)."""
+        the flow key's MAC list of `data` at `offset`. One keyed pass over `data`, inline
+        (cheaper than a worker-thread hand-off, docs/results.md 5.2). verified=True (the chunk
+        and its MACs came in an AEAD record of this flow's key, open_record): the MACs are
+        not computed again."""
         name = f"{self.spec.coflow}/{self.spec.flow}"
         end = offset + len(data)
         if offset % LEAF_BYTES or (end % LEAF_BYTES and end != self.spec.size):
@@ -194,7 +213,7 @@ class InFlow:
                 f"chunk [{offset}, {end}) of flow {name} ends more than {self.max_ahead} bytes "
                 f"past its in-order point {self.delivered}; closing so the sender resends"
             )
-        if not self.keys.check(offset, data, macs):
+        if not verified and not self.keys.check(offset, data, macs):
             self.rejected_macs += 1
             raise ChunkRejected(
                 f"chunk [{offset}, {end}) of flow {name}: MAC does not match (tampered, or not "
@@ -351,7 +370,7 @@ class InFlow:
                 raise ProtocolError(f"flow {self.spec.coflow}/{self.spec.flow}: digest changed")
             if self.expected_digest is None:
                 self.expected_digest = digest
-                self.sink.save_digest(digest)
+                self.sink.save_digest(digest, self.spec.digest_alg)
         if self._reorder is None or end <= self.delivered or self.failed is not None:
             return
         if offset < self.base:

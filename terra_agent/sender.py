@@ -26,7 +26,9 @@ import trio
 
 from overlay.framing import FrameReader, FrameWriter
 from overlay.rate_limit import TokenBucket, set_pacing_rate
+from overlay.sealed import SealedReader, SealedWriter
 from terra_security.data_auth import DataAuthError, authenticate, key_authenticate_sender
+from terra_security.data_records import TO_RECEIVER, TO_SENDER, Opener, RecordError, Sealer
 from terra_security.integrity import LEAF_BYTES, FlowDigest, FlowKeys, align_down
 from terra_wire.control import FlowSpec, ProtocolError, TunnelSpec, validate_data
 from terra_wire.frames import FrameError, chunk_header
@@ -151,7 +153,7 @@ class OutFlow:
     keys: the flow's FlowKeys (spec.digest_key). Attributes: acked (bytes the receiver
     acknowledged), next_offset (new-data frontier), resend (deque of (offset, length) to send
     again), digest (hex flow digest, once the MACs of every byte were made: the MACs of new
-    chunks are made inline by take(), one keyed BLAKE3 pass, and fold into it), epoch
+    chunks are made inline by take(), one keyed pass, and fold into it), epoch
     (receiver incarnation of the last ack). Chunks start on leaf boundaries
     (terra_security/integrity.py LEAF_BYTES) and hold whole leaves but at the flow's end.
     """
@@ -289,9 +291,10 @@ class PeerLink:
     tls=None, encrypt=False, key_for=None). tls: the agent's data client context
     (terra_security.pki.data_client_context): each connection first authenticates
     (terra_security/data_auth.py: mutual TLS handshake, the peer's certificate must name
-    spec.peer_agent, then back to plain TCP, or with encrypt=True everything stays inside TLS);
-    None: plain TCP. key_for(peer agent) -> the pair key from the controller or None: with
-    tls, a key and not encrypt, the connection authenticates with the key instead (one round
+    spec.peer_agent, then back to plain TCP; with encrypt=True every frame after that is an
+    AEAD record, overlay/sealed.py, terra_security/data_records.py); None: plain TCP.
+    key_for(peer agent) -> the pair key from the controller or None: with
+    tls and a key, the connection authenticates with the key instead (one round
     trip, no public-key work); after a failed key exchange the next attempt runs the TLS
     handshake (the receiver may not have the key yet). key_auths / tls_auths count the
     connections authenticated each way.
@@ -344,7 +347,7 @@ class PeerLink:
         self.local_host = local_host
         self.on_ack = on_ack
         self.on_change = on_change
-        self.writer: FrameWriter | None = None
+        self.writer: FrameWriter | SealedWriter | None = None
         self.inflight: deque[tuple[OutFlow, int, int]] = deque()
         self.connects = 0
         self.sent_bytes = 0
@@ -394,7 +397,7 @@ class PeerLink:
             self._came_up = False
             try:
                 await self._session()
-            except (FrameError, ProtocolError) as exc:
+            except (FrameError, ProtocolError, RecordError) as exc:
                 log.error("link %s via %s: bad frame from peer: %s", *self._name(), exc)
             except DataAuthError as exc:
                 log.error("link %s via %s: peer not authenticated: %s", *self._name(), exc)
@@ -430,14 +433,14 @@ class PeerLink:
                 self._apply_pacing(stream)
             self._unsent_limit = MIN_UNSENT_BYTES  # trio's setting
             async with stream:
-                initial, channel = b"", stream
-                if self.tls is not None:  # authenticate, then plain TCP or TLS (data_auth.py)
-                    rest = await self._authenticate(stream)
-                    if self.encrypt:
-                        channel = rest
-                    else:
-                        initial = rest
-                writer = FrameWriter(channel)
+                initial, secret = b"", None
+                if self.tls is not None:  # authenticate (data_auth.py), then plain TCP
+                    initial, secret = await self._authenticate(stream)
+                reader = FrameReader(stream, initial=initial, keep_raw=self.encrypt)
+                writer = FrameWriter(stream)
+                if self.encrypt and secret is not None:  # AEAD records (data_records.py)
+                    reader = SealedReader(reader, Opener(secret, TO_SENDER))
+                    writer = SealedWriter(stream, Sealer(secret, TO_RECEIVER))
                 hello = {"t": "hello", "agent": self.agent_id, "tunnel": self.spec.tunnel}
                 await writer.send(hello)
                 self.writer = writer
@@ -445,31 +448,31 @@ class PeerLink:
                 self.connects += 1
                 log.info("link %s via %s up (connect #%d)", *self._name(), self.connects)
                 self.on_change()
-                await self._read_acks(FrameReader(channel, initial=initial))
+                await self._read_acks(reader)
 
-    async def _authenticate(self, stream: trio.SocketStream) -> bytes:
-        """Pair-key exchange if we hold the peer's key (the last one did not fail, no
-        encryption), else the TLS handshake; returns bytes received past it (or, encrypting,
-        the TLS stream). DataAuthError if it failed."""
+    async def _authenticate(self, stream: trio.SocketStream) -> tuple[bytes, bytes | None]:
+        """Pair-key exchange if we hold the peer's key (the last one did not fail), else the
+        TLS handshake; returns (bytes received past it, the connection secret or None).
+        DataAuthError if it failed."""
         peer = self.spec.peer_agent
-        use_key = self.key_for is not None and not self._tls_next and not self.encrypt
+        use_key = self.key_for is not None and not self._tls_next
         key = self.key_for(peer) if use_key else None
         if key is not None:
             try:
-                await key_authenticate_sender(stream, self.agent_id, peer, key)
+                secret = await key_authenticate_sender(stream, self.agent_id, peer, key)
             except DataAuthError:
                 self._tls_next = True
                 raise
             self.key_auths += 1
-            return b""
+            return b"", secret
         self._tls_next = False
-        _, rest = await authenticate(
-            stream, self.tls, server_side=False, expected_peer=peer, unwrap=not self.encrypt
+        _, rest, secret = await authenticate(
+            stream, self.tls, server_side=False, expected_peer=peer, seal=self.encrypt
         )
         self.tls_auths += 1
-        return rest
+        return rest, secret
 
-    async def _read_acks(self, reader: FrameReader) -> None:
+    async def _read_acks(self, reader: FrameReader | SealedReader) -> None:
         while True:
             frame = await reader.read()
             if frame is None:
@@ -541,7 +544,7 @@ class PeerLink:
             header["a"] = flow.spec.attempt
         self.inflight.append((flow, offset, len(data)))
         try:
-            await writer.send(header, data)
+            await writer.send(header, data, flow.spec.digest_key)
         except CONNECTION_ERRORS as exc:
             log.warning("link %s via %s: send failed: %s", *self._name(), exc)
             self.fail()  # the connection's end requeues this chunk with the rest in flight

@@ -207,10 +207,10 @@ class DigestSink:
 
     resume_offset = 0
 
-    def save_digest(self, digest: str) -> None:
+    def save_digest(self, digest: str, algorithm: str = ALGORITHM) -> None:
         """Nothing is kept."""
 
-    def load_digest(self) -> None:
+    def load_digest(self, algorithm: str = ALGORITHM) -> None:
         """Nothing was kept: None."""
 
     def write(self, data) -> None:
@@ -286,23 +286,24 @@ class FileSink:
                 hasher.update(data)
                 left -= len(data)
 
-    def save_digest(self, digest: str) -> None:
-        """Keep the sender's flow digest (hex str) beside the part file as "<ALGORITHM> <hex>",
-        so a restarted receiver can still verify; OSError if it cannot be written."""
+    def save_digest(self, digest: str, algorithm: str = ALGORITHM) -> None:
+        """Keep the sender's flow digest (hex str) beside the part file as "<algorithm> <hex>"
+        (the flow's leaf-MAC construction, integrity.ALGORITHMS), so a restarted receiver can
+        still verify; OSError if it cannot be written."""
         fd = os.open(self.digest_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644)
         with open(fd, "w") as f:
-            f.write(f"{ALGORITHM} {digest}\n")
+            f.write(f"{algorithm} {digest}\n")
 
-    def load_digest(self) -> str | None:
+    def load_digest(self, algorithm: str = ALGORITHM) -> str | None:
         """The sender's digest saved by save_digest, or None (none saved, unreadable, or made
-        by another algorithm)."""
+        by another algorithm than `algorithm`)."""
         try:
             fd = os.open(self.digest_path, os.O_RDONLY | _NOFOLLOW)
             with open(fd) as f:
-                algorithm, _, digest = f.read().strip().partition(" ")
+                saved, _, digest = f.read().strip().partition(" ")
         except (OSError, UnicodeDecodeError):
             return None
-        return digest if algorithm == ALGORITHM and digest else None
+        return digest if saved == algorithm and digest else None
 
     def write(self, data) -> None:
         """Append `data` (bytes-like) to the part file (opened on the first write)."""
@@ -421,11 +422,14 @@ def open_sink(spec: str, size: int, resume: bool, data_root: str | None = None, 
     raise SourceError(f"unknown sink {spec!r}")
 
 
-def synthetic_digest(coflow: str, flow: str, size: int, key_hex: str) -> str:
+def synthetic_digest(
+    coflow: str, flow: str, size: int, key_hex: str, algorithm: str | None = None
+) -> str:
     """Flow digest (terra_security/integrity.py) of a synthetic flow's bytes under the flow key
-    `key_hex` (for tests and checks)."""
+    `key_hex` and leaf-MAC construction `algorithm` (None: integrity.default_algorithm())
+    (for tests and checks)."""
     source = SyntheticSource(flow_key(coflow, flow), size)
-    hasher = FlowDigest(FlowKeys(key_hex), size)
+    hasher = FlowDigest(FlowKeys(key_hex, algorithm), size)
     offset = 0
     while offset < size:
         n = min(MAX_CHUNK_BYTES, size - offset)

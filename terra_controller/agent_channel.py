@@ -74,6 +74,7 @@ from terra_controller.reaction import Reaction
 from terra_controller.transport import ServerSecurity, SharedSocket, listen_and_serve
 from terra_controller.tunnel_table import TunnelTable
 from terra_security.data_keys import DataKeys
+from terra_security.integrity import ALGORITHM, ALGORITHMS, default_algorithm
 from terra_security.pki import INSECURE, Identity, Role
 from terra_wire import control as protocol
 
@@ -151,6 +152,9 @@ class AgentChannel:
         data_prefixes: CIDR prefixes (terra-controller --data-prefix) an agent's registered
             data_addr may lie in besides its control connection's own address
             (check_data_addr); ValueError for a malformed one.
+        leaf_mac: the leaf-MAC construction every flow descriptor names
+            (terra_security/integrity.py ALGORITHMS, terra-controller --leaf-mac); None: the
+            fastest on this host (integrity.default_algorithm()). ValueError for another name.
 
     Attributes:
         connections: {agent id: AgentConnection}. acks: {message id: monotonic s acked}.
@@ -165,8 +169,13 @@ class AgentChannel:
         silence_s: float = AGENT_SILENCE_S,
         data_keys: DataKeys | None = None,
         data_prefixes: list[str] | tuple[str, ...] = (),
+        leaf_mac: str | None = None,
     ):
         self.controller = controller
+        # the leaf-MAC construction named in every flow descriptor (terra_security/integrity.py)
+        self.leaf_mac = leaf_mac if leaf_mac is not None else default_algorithm()
+        if self.leaf_mac not in ALGORITHMS:
+            raise ValueError(f"unknown leaf MAC {self.leaf_mac!r} (know {ALGORITHMS})")
         self.data_prefixes = [ipaddress.ip_network(p, strict=False) for p in data_prefixes]
         self.data_keys = data_keys
         self.silence_s = silence_s
@@ -568,7 +577,7 @@ class AgentChannel:
         is left out (its "drop" and new descriptor are sent by push_drop)."""
         built = []
         for coflow, f in pairs:
-            spec = flow_spec(coflow, f)
+            spec = flow_spec(coflow, f, self.leaf_mac)
             built.append((coflow, f, spec.attempt, spec.to_dict(), _spec_bytes(spec)))
         with self.lock:  # a drop or restart of these flows (sent under this lock) follows
             per_agent: dict[str, list[tuple[dict, int]]] = {}
@@ -614,7 +623,7 @@ class AgentChannel:
                 self._send_drop({agent}, cid, ids)
             return
         for f in flows:
-            spec = flow_spec(coflow, f)
+            spec = flow_spec(coflow, f, self.leaf_mac)
             with self.lock:
                 receiver = self.connections.get(f.dst_agent)
                 sender = self.connections.get(f.src_agent)
@@ -757,10 +766,11 @@ def _log_refused(agent: str, kind: str, exc: RegistryError) -> None:
     LOG.log(level, "agent %s: %s refused: %s", agent, kind, exc)
 
 
-def flow_spec(coflow: CoflowState, f: FlowState) -> protocol.FlowSpec:
+def flow_spec(coflow: CoflowState, f: FlowState, digest_alg: str = ALGORITHM) -> protocol.FlowSpec:
     """The descriptor agents get for a WAN flow: offset = bytes acknowledged so far,
-    attempt = the flow's restarts, digest_key = the attempt's flow key, "file:PATH" source /
-    sink when it names paths."""
+    attempt = the flow's restarts, digest_key = the attempt's flow key, digest_alg = the
+    deployment's leaf-MAC construction (AgentChannel.leaf_mac), "file:PATH" source / sink when
+    it names paths."""
     return protocol.FlowSpec(
         coflow=coflow_key(coflow.id),
         flow=f.id,
@@ -773,6 +783,7 @@ def flow_spec(coflow: CoflowState, f: FlowState) -> protocol.FlowSpec:
         sink=f"file:{f.dst_path}" if f.dst_path else "digest",
         attempt=f.restarts,
         digest_key=f.digest_key,
+        digest_alg=digest_alg,
     )
 
 

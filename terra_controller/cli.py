@@ -64,6 +64,7 @@ from terra_core.cli_support import (
     setup_logging,
 )
 from terra_core.registry import add_scheduler_arguments, make_scheduler, options_from_args
+from terra_security.integrity import ALGORITHMS
 from topologies import TopologyError, load_topology
 
 LOG = logging.getLogger("terra.cli")
@@ -88,11 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
         usage="%(prog)s --topology T (--pki DIR | --insecure) [options]\n"
         "       %(prog)s pki {init,issue} ...\n"
         "       %(prog)s ctl [--api HOST:PORT] (--pki DIR --name NAME | --insecure) OP ...",
-        description="The Terra controller: routes and schedules the coflows of the job "
-        "masters on the WAN (coflow API), drives the agents (agent channel), installs the "
-        "tunnels on OpenFlow 1.3 switches and serves REST and Prometheus metrics. The `pki` "
-        "command makes certificates; `ctl` sends operator and job commands to a running "
-        "controller. docs/operations.md describes a deployment.",
+        description="The Terra controller: schedules the job masters' coflows on the WAN "
+        "(coflow API), drives the agents, installs tunnels on OpenFlow 1.3 switches, serves "
+        "REST and metrics. `pki` makes certificates; `ctl` sends operator and job commands "
+        "to a running controller. Deployment: docs/operations.md.",
         formatter_class=HelpFormatter,
     )
     commands = p.add_subparsers(
@@ -157,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", default="terra", metavar="NAME", help="etcd key prefix")
     p.add_argument("--lease-ttl", type=int, default=2, metavar="S", help="leader lease (s)")
     p.add_argument("--advertise", metavar="HOST", help="host standbys name as the leader's")
+    p.add_argument(
+        "--leaf-mac", choices=("auto", *ALGORITHMS), default="auto", metavar="MAC",
+        help="chunk MAC (docs/design.md 5.1)",
+    )  # fmt: skip
     add_common_args(p)
     return p
 
@@ -379,7 +383,10 @@ def run(args, topology, security) -> None:
     # pair keys of the agents' data connections travel only over the mutual-TLS channel
     data_keys = DataKeys() if security.context is not None else None
     prefixes = args.data_prefix or ()
-    channel = AgentChannel(controller, tunnels, data_keys=data_keys, data_prefixes=prefixes)
+    leaf_mac = None if args.leaf_mac == "auto" else args.leaf_mac
+    channel = AgentChannel(
+        controller, tunnels, data_keys=data_keys, data_prefixes=prefixes, leaf_mac=leaf_mac
+    )
     rest_app = RestApp(controller, channel, openflow_info, ports)
     servers = [
         ("coflow API", args.api, lambda h, p: start_api_server(

@@ -28,6 +28,13 @@ the role label stops a proof of one side being reflected as the other's. The rec
 the two methods apart by the first byte (a TLS record starts with 0x16, KEY_TAG is 0x4b);
 accept() serves both. A receiver without the sender's key closes the connection; the sender's
 next attempt then runs the TLS handshake (PeerLink).
+
+Encrypted connections (seal=True, terra-agent --encrypt-data) come out of either method with
+a connection secret S for the AEAD records of terra_security/data_records.py: from the pair
+key and both nonces (data_records.pair_secret), or, after the TLS handshake and before the
+unwrap, from RANDOM_BYTES each end sends inside TLS (the sender first, after SEAL_TAG, which
+names the record format: a peer without it is refused by name; data_records.tls_secret).
+Python's ssl then carries no data bytes.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from contextlib import contextmanager
 
 import trio
 
+from terra_security.data_records import RANDOM_BYTES, pair_secret, tls_secret
 from terra_security.pki import Identity, PkiError, Role, check_name, peer_identity
 
 DATA_HANDSHAKE_S = 10.0  # TLS handshake + unwrap of a data connection
@@ -50,6 +58,7 @@ KEY_BYTES = 32  # pair key
 NONCE_BYTES = 16
 MAC_BYTES = 32  # HMAC-SHA256
 TLS_HANDSHAKE_RECORD = 0x16
+SEAL_TAG = b"terra sealed records v1\n"  # sent inside TLS before the sender's random bytes
 
 
 class DataAuthError(Exception):
@@ -62,8 +71,8 @@ async def authenticate(
     server_side: bool,
     expected_peer: str | None = None,
     timeout_s: float = DATA_HANDSHAKE_S,
-    unwrap: bool = True,
-) -> tuple[Identity, bytes | trio.SSLStream[trio.SocketStream]]:
+    seal: bool = False,
+) -> tuple[Identity, bytes, bytes | None]:
     """Run the TLS handshake on `stream`, check the peer, unwrap back to the plain stream.
 
     Args:
@@ -74,18 +83,20 @@ async def authenticate(
         expected_peer: the agent id the peer's certificate must name (sender: the tunnel's
             peer agent); None: any agent (receiver: the "hello" is checked against it).
         timeout_s: deadline of handshake and unwrap together.
-        unwrap: False keeps TLS (terra-agent --encrypt-data): no unwrap, the connection goes
-            on inside TLS (AES-GCM as negotiated by the contexts); both ends must agree.
+        seal: True (terra-agent --encrypt-data): before the unwrap both ends agree on a
+            connection secret inside TLS (module docstring); both ends must agree.
 
     Returns:
-        (the peer's Identity, bytes received past the TLS layer: the first plain bytes), or
-        with unwrap=False (the peer's Identity, the trio.SSLStream to use from now on).
+        (the peer's Identity, bytes received past the TLS layer: the first plain bytes, the
+        connection secret with seal=True, else None).
 
     Raises:
         DataAuthError: handshake failure (no / untrusted certificate, not TLS), a peer that
-            is not an agent or not `expected_peer`, a timeout, a connection error meanwhile.
+            is not an agent or not `expected_peer`, a peer that does not seal (seal=True), a
+            timeout, a connection error meanwhile.
     """
     tls = trio.SSLStream(stream, context, server_side=server_side)
+    secret = None
     try:
         with trio.fail_after(timeout_s):
             await tls.do_handshake()
@@ -99,8 +110,8 @@ async def authenticate(
                 raise DataAuthError(
                     f"peer certificate names {identity.name!r}, expected {expected_peer!r}"
                 )
-            if not unwrap:
-                return identity, tls
+            if seal:
+                secret = await _agree_inside_tls(tls, server_side)
             _, trailing = await tls.unwrap()
     except trio.TooSlowError:
         raise DataAuthError(f"TLS handshake not done within {timeout_s:g} s") from None
@@ -109,7 +120,26 @@ async def authenticate(
     except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError) as exc:
         cause = exc.__cause__ if exc.__cause__ is not None else exc
         raise DataAuthError(f"TLS handshake failed: {cause!r}") from exc
-    return identity, bytes(trailing)
+    return identity, bytes(trailing), secret
+
+
+async def _agree_inside_tls(tls: trio.SSLStream[trio.SocketStream], server_side: bool) -> bytes:
+    """The connection secret of a sealed connection: SEAL_TAG and RANDOM_BYTES from the
+    sender, RANDOM_BYTES from the receiver, all inside TLS (data_records.tls_secret)."""
+    mine = os.urandom(RANDOM_BYTES)
+    if server_side:
+        buf = bytearray()
+        if await _read_exact(tls, buf, len(SEAL_TAG)) != SEAL_TAG:  # shorter than any "hello"
+            raise DataAuthError(
+                "peer does not seal its data connection (an agent without --encrypt-data, "
+                "or of a version that keeps TLS on it); refused"
+            )
+        theirs = await _read_exact(tls, buf, RANDOM_BYTES)
+        await tls.send_all(mine)
+        return tls_secret(theirs, mine)
+    await tls.send_all(SEAL_TAG + mine)
+    theirs = await _read_exact(tls, bytearray(), RANDOM_BYTES)
+    return tls_secret(mine, theirs)
 
 
 def _mac(
@@ -123,12 +153,13 @@ def _mac(
     return hmac.new(key, b"".join([*parts, nonce_s, nonce_r]), hashlib.sha256).digest()
 
 
-async def _read_exact(stream: trio.SocketStream, buf: bytearray, n: int) -> bytes:
+async def _read_exact(stream: trio.abc.ReceiveStream, buf: bytearray, n: int) -> bytes:
     """The first `n` bytes of `buf` + the stream (waiting for them); the rest stays in `buf`.
 
     Raises DataAuthError on EOF before `n` bytes."""
-    while len(buf) < n:
-        data = await stream.receive_some(max(n - len(buf), 4096))
+    while len(buf) < n:  # inside TLS no more than asked (the next bytes may be past it)
+        want = n - len(buf) if isinstance(stream, trio.SSLStream) else max(n - len(buf), 4096)
+        data = await stream.receive_some(want)
         if not data:
             raise DataAuthError("connection closed during authentication")
         buf += data
@@ -155,13 +186,16 @@ async def key_authenticate_sender(
     peer: str,
     key: bytes,
     timeout_s: float = DATA_HANDSHAKE_S,
-) -> None:
+) -> bytes:
     """Sending end of a pair-key authenticated data connection (module docstring).
 
     Args:
         stream: a connected TCP stream (used in clear afterwards; the caller closes it on
             error). agent_id: this agent. peer: the tunnel's peer agent (the receiver).
         key: K(agent_id, peer), KEY_BYTES bytes, from the controller.
+
+    Returns:
+        the connection secret (data_records.pair_secret; used by sealed connections only).
 
     Raises:
         DataAuthError: the receiver's proof is wrong (it does not hold K: not `peer`, or it
@@ -176,6 +210,7 @@ async def key_authenticate_sender(
         if not hmac.compare_digest(proof, _mac(key, b"recv", agent_id, peer, nonce_s, nonce_r)):
             raise DataAuthError(f"peer did not prove it is {peer!r} (wrong pair key)")
         await stream.send_all(_mac(key, b"send", agent_id, peer, nonce_s, nonce_r))
+    return pair_secret(key, agent_id, peer, nonce_s, nonce_r)
 
 
 async def key_authenticate_receiver(
@@ -183,7 +218,7 @@ async def key_authenticate_receiver(
     agent_id: str,
     key_for: Callable[[str], bytes | None],
     timeout_s: float = DATA_HANDSHAKE_S,
-) -> tuple[str, bytes]:
+) -> tuple[str, bytes, bytes]:
     """Receiving end of a pair-key authenticated data connection (the tag byte not read yet).
 
     Args:
@@ -191,7 +226,8 @@ async def key_authenticate_receiver(
             agent_id) or None (no key: refused).
 
     Returns:
-        (the sender's agent id, proven; bytes received past the proof: the first frames).
+        (the sender's agent id, proven; bytes received past the proof: the first frames;
+        the connection secret, data_records.pair_secret).
 
     Raises:
         DataAuthError: not the key tag, a bad name, no key for the named sender, a wrong
@@ -216,7 +252,7 @@ async def key_authenticate_receiver(
         proof = await _read_exact(stream, buf, MAC_BYTES)
         if not hmac.compare_digest(proof, _mac(key, b"send", sender, agent_id, nonce_s, nonce_r)):
             raise DataAuthError(f"peer did not prove it is {sender!r} (wrong pair key)")
-    return sender, bytes(buf)
+    return sender, bytes(buf), pair_secret(key, sender, agent_id, nonce_s, nonce_r)
 
 
 async def accept(
@@ -225,29 +261,27 @@ async def accept(
     agent_id: str,
     key_for: Callable[[str], bytes | None],
     timeout_s: float = DATA_HANDSHAKE_S,
-    unwrap: bool = True,
-) -> tuple[str, bytes | trio.SSLStream[trio.SocketStream]]:
+    seal: bool = False,
+) -> tuple[str, bytes, bytes | None]:
     """Authenticate an incoming data connection by whichever method its first byte names.
 
-    Args: as authenticate (server side) and key_authenticate_receiver. unwrap=False
-        (terra-agent --encrypt-data): only the TLS handshake is accepted (a pair-key exchange
-        would leave the connection in clear) and the connection stays inside TLS.
+    Args: as authenticate (server side) and key_authenticate_receiver. seal=True
+        (terra-agent --encrypt-data): the connection's records are sealed; a TLS-authenticated
+        sender must send SEAL_TAG inside TLS (module docstring).
 
     Returns:
         (the sender's agent id: from its certificate or its pair-key proof, bytes received
-        past the authentication; with unwrap=False the trio.SSLStream to use instead).
+        past the authentication, the connection secret: with seal=True always, else for
+        pair-key connections only).
 
     Raises:
-        DataAuthError: as authenticate / key_authenticate_receiver; a pair-key exchange when
-            unwrap is False.
+        DataAuthError: as authenticate / key_authenticate_receiver.
     """
     with _key_exchange(timeout_s):
         first = await stream.socket.recv(1, socket.MSG_PEEK)
     if first == KEY_TAG:
-        if not unwrap:
-            raise DataAuthError("pair-key connection refused: data connections are encrypted")
         return await key_authenticate_receiver(stream, agent_id, key_for, timeout_s)
-    identity, rest = await authenticate(
-        stream, context, server_side=True, timeout_s=timeout_s, unwrap=unwrap
+    identity, rest, secret = await authenticate(
+        stream, context, server_side=True, timeout_s=timeout_s, seal=seal
     )
-    return identity.name, rest
+    return identity.name, rest, secret

@@ -42,7 +42,9 @@ Control channel, controller -> agent (any of them may carry "id": the agent acks
                         source: "synthetic" | "file:PATH", sink: "digest" | "file:PATH",
                         attempt?: int >= 0 (default 0; grows each time the controller
                         restarts the flow from byte 0 after a digest mismatch),
-                        digest_alg: "blake3-keyed-v1" (terra_security/integrity.py ALGORITHM),
+                        digest_alg: the leaf-MAC construction, "gmac-aes256-v1" or
+                        "blake3-keyed-v1" (terra_security/integrity.py ALGORITHMS; absent:
+                        "blake3-keyed-v1"),
                         digest_key: 64 hex chars (the flow attempt's 32-byte key, made by the
                         controller; keys the chunk MACs and the flow digest)}]}
     drop      {coflow, flows: [flow id]}  forget these flows (sender and receiver state): their
@@ -93,7 +95,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from terra_security.integrity import ALGORITHM, new_flow_key
+from terra_security.integrity import ALGORITHM, default_algorithm, new_flow_key
 from terra_wire.frames import Header
 
 MessageId = str | int  # the "id" a controller message may carry, acked by the agent
@@ -169,7 +171,8 @@ class FlowSpec:
     attempt: how many times the controller restarted the flow from byte 0 (digest mismatches);
     chunks and acks of another attempt are ignored. digest_key: the flow attempt's 32-byte key
     as 64 hex chars (default: a fresh random one; the controller makes one per attempt and sends
-    the same to both ends); digest_alg: the integrity construction (terra_security/integrity.py).
+    the same to both ends); digest_alg: the leaf-MAC construction (terra_security/integrity.py
+    ALGORITHMS; default: integrity.default_algorithm(), the fastest on this host's CPU).
     """
 
     coflow: str
@@ -183,7 +186,7 @@ class FlowSpec:
     sink: str = "digest"
     attempt: int = 0
     digest_key: str = field(default_factory=new_flow_key, repr=False)
-    digest_alg: str = ALGORITHM
+    digest_alg: str = field(default_factory=default_algorithm)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -432,7 +435,7 @@ class _Flow(msgspec.Struct, frozen=True):
     attempt: Bytes = 0
     source: str = "synthetic"
     sink: str = "digest"
-    digest_alg: Literal["blake3-keyed-v1"] = ALGORITHM
+    digest_alg: Literal["gmac-aes256-v1", "blake3-keyed-v1"] = ALGORITHM
     digest_key: Annotated[str, Meta(pattern="^[0-9a-f]{64}$")] = ""
 
     def __post_init__(self) -> None:

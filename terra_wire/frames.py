@@ -12,7 +12,16 @@ terra_security/integrity.py: the receiving agent checks them with the flow's key
 only checks their type and length). Any other frame whose header has ``"x"`` (``zlib.crc32`` of
 the payload) gets that checksum verified on reading.
 
-Limits: headers up to MAX_HEADER_BYTES (64 KiB), payloads up to MAX_PAYLOAD_BYTES (4 MiB).
+Encrypted data connections (terra-agent --encrypt-data, terra_security/data_records.py) carry
+only two frame types, both with ``"s"`` (the record's sequence number, a u64) and authenticated
+as a whole (the encoded header is the AEAD's associated data):
+``"sealed"`` (the payload is an AEAD record whose plaintext is the msgpack header map of a
+"hello" or an "ack") and ``"schunk"`` (a chunk frame's fields; its payload is the chunk's
+ciphertext followed by the TAG_BYTES tag, so "n" = chunk bytes + TAG_BYTES and "m" holds
+mac_bytes(n - TAG_BYTES)).
+
+Limits: headers up to MAX_HEADER_BYTES (64 KiB), payloads up to MAX_PAYLOAD_BYTES (4 MiB; a
+sealed chunk's record up to MAX_PAYLOAD_BYTES + TAG_BYTES).
 Everything wrong with a frame raises FrameError; the caller closes that connection.
 The readers and writers over trio streams are in overlay/framing.py; the controller's blocking
 readers in terra_controller/transport.py.
@@ -25,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from terra_security.data_records import TAG_BYTES
 from terra_security.integrity import mac_bytes
 
 if TYPE_CHECKING:
@@ -37,6 +47,9 @@ VERSION = 1
 MAX_HEADER_BYTES = 64 * 1024
 MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
 CHUNK_TYPE = "chunk"
+SEALED_TYPE = "sealed"  # an AEAD record of a control frame (hello, ack)
+SEALED_CHUNK_TYPE = "schunk"  # a chunk whose payload is an AEAD record
+_U64_MAX = (1 << 64) - 1
 Header = dict[str, Any]  # a frame header map: str keys, msgpack values
 Payload = bytes | bytearray | memoryview  # what encode_frame hands to a stream's send_all
 
@@ -104,19 +117,29 @@ def encode_frame(header: Header, payload: Payload = b"") -> list[Payload]:
     if not isinstance(header.get("t"), str):
         raise FrameError(f"frame header needs a str 't' (type), got {header.get('t')!r}")
     n = _payload_len(payload)
+    head = encode_head(header, n)
+    if n == 0:
+        return [head]
+    return [head, payload]
+
+
+def encode_head(header: Header, nbytes: int) -> bytes:
+    """The length prefix and header of a frame whose payload has `nbytes` bytes (the bytes a
+    sealed record authenticates as its associated data); the header map gets "v" and "n".
+
+    Raises:
+        FrameError: as encode_frame (header not packable or too large).
+    """
     fields = dict(header)
     fields["v"] = VERSION
-    fields["n"] = n
+    fields["n"] = nbytes
     try:
         packed: bytes = msgpack.packb(fields, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise FrameError(f"frame header cannot be packed: {exc}") from exc
     if len(packed) > MAX_HEADER_BYTES:
         raise FrameError(f"frame header is {len(packed)} bytes, limit {MAX_HEADER_BYTES}")
-    head = _LEN.pack(len(packed)) + packed
-    if n == 0:
-        return [head]
-    return [head, payload]
+    return _LEN.pack(len(packed)) + packed
 
 
 def unpack_map(raw: Buffer) -> Header:
@@ -138,7 +161,9 @@ def check_header(header: Header, max_payload: int = MAX_PAYLOAD_BYTES) -> Header
     """Validate a decoded frame header; returns it.
 
     Checks: "v" == VERSION, "t" a str, "n" an int in [0, max_payload] (0 for control
-    frames), "x" a u32 when present, chunk fields (see chunk_header: "m" of mac_bytes(n) bytes).
+    frames; a sealed chunk's up to max_payload + TAG_BYTES), "x" a u32 when present, chunk
+    fields (see chunk_header: "m" of mac_bytes(n) bytes, of a sealed chunk mac_bytes(n -
+    TAG_BYTES)), "s" a u64 on sealed frames.
 
     Raises:
         FrameError: the first check that fails, named.
@@ -148,13 +173,24 @@ def check_header(header: Header, max_payload: int = MAX_PAYLOAD_BYTES) -> Header
         raise FrameError(f"unsupported frame version {version!r} (expected {VERSION})")
     if not isinstance(header.get("t"), str):
         raise FrameError(f"frame header needs a str 't', got {header.get('t')!r}")
+    kind = header["t"]
+    sealed = kind in (SEALED_TYPE, SEALED_CHUNK_TYPE)
+    low, high = (TAG_BYTES, max_payload + TAG_BYTES) if sealed else (0, max_payload)
     n = header.get("n")
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= max_payload:
-        raise FrameError(f"frame payload length {n!r} out of range 0..{max_payload}")
+    if isinstance(n, bool) or not isinstance(n, int) or not low <= n <= high:
+        raise FrameError(f"frame payload length {n!r} out of range {low}..{high}")
     if "x" in header and not _is_u32(header["x"]):
         raise FrameError(f"frame checksum must be a u32, got {header['x']!r}")
-    if header["t"] == CHUNK_TYPE:
-        _check_chunk_fields(header)
+    if sealed:
+        seq = header.get("s")
+        if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq <= _U64_MAX:
+            raise FrameError(f"record sequence 's' must be a u64, got {seq!r}")
+    if kind == CHUNK_TYPE:
+        _check_chunk_fields(header, n)
+    elif kind == SEALED_CHUNK_TYPE:
+        _check_chunk_fields(header, n - TAG_BYTES)
+    elif kind == SEALED_TYPE and n > max_payload:
+        raise FrameError(f"sealed control record of {n} bytes, limit {max_payload}")
     return header
 
 
@@ -173,13 +209,13 @@ def _is_u32(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _U32_MAX
 
 
-def _check_chunk_fields(header: Header) -> None:
+def _check_chunk_fields(header: Header, n: int) -> None:
     for key in ("c", "f"):
         if not isinstance(header.get(key), str):
             raise FrameError(f"chunk field {key!r} must be a str, got {header.get(key)!r}")
     offset = header.get("o")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise FrameError(f"chunk offset 'o' must be an int >= 0, got {offset!r}")
-    macs, n = header.get("m"), header["n"]
+    macs = header.get("m")
     if not isinstance(macs, bytes) or len(macs) != mac_bytes(n):
         raise FrameError(f"chunk MACs 'm' must be {mac_bytes(n)} bytes for n={n}, got {macs!r}")

@@ -7,6 +7,7 @@ BLAKE2b digest the receiver reports, which it only reports when it equals the se
 import os
 from contextlib import asynccontextmanager
 
+import pytest
 import trio
 
 from benchmarks.harness import LoopbackHarness, delay_proxy, free_port_block
@@ -298,11 +299,15 @@ async def test_sender_restart_resumes_from_acked_offset(tmp_path):
     assert h.controller.completed[f.key] == file_digest(src, f.digest_key)
 
 
-async def test_receiver_restart_with_file_sink_resumes(tmp_path):
+@pytest.mark.parametrize("encrypt", [False, True])
+async def test_receiver_restart_with_file_sink_resumes(tmp_path, pki, encrypt):
+    """The receiving agent stops mid-flow and starts again: it resumes from its part file
+    (re-hashing its leaves) and the sender from its offset, also over sealed records."""
     size = 8 * MB
     src = source_file(tmp_path, size)
     dst = tmp_path / "dst.bin"
-    async with loopback(tmp_path) as h:
+    kw = {"pki": pki, "encrypt_data": True} if encrypt else {}
+    async with loopback(tmp_path, **kw) as h:
         f = h.flow("c1", "f1", "a", "b", size, **files(src, dst))
         await start(h, [f], 2 * MB)
         with trio.fail_after(TIMEOUT):
@@ -329,12 +334,16 @@ async def test_receiver_restart_with_digest_sink_rewinds_sender(tmp_path):
     assert h.controller.completed[f.key] == synthetic_digest("c1", "f1", size, f.digest_key)
 
 
-async def test_subprocess_agents_sender_killed_and_restarted(tmp_path):
+@pytest.mark.parametrize("encrypt", [False, True])
+async def test_subprocess_agents_sender_killed_and_restarted(tmp_path, pki, encrypt):
+    """SIGKILL of the sending agent mid-flow: the restarted one resumes and every byte
+    arrives (also over sealed records, --encrypt-data)."""
     size = 8 * MB
     src = source_file(tmp_path, size)
     dst = tmp_path / "dst.bin"
     async with trio.open_nursery() as nursery:
-        h = LoopbackHarness(nursery, tmp_path)
+        kw = {"pki": pki, "encrypt_data": True} if encrypt else {}
+        h = LoopbackHarness(nursery, tmp_path, **kw)
         await h.start()
         await h.add_agent("a", "HK", subprocess=True)
         await h.add_agent("b", "LA", subprocess=True)
@@ -678,12 +687,16 @@ async def send_sender_first(h, flows, rate, until):
     await h.controller.send("b", flows_message(flows))
 
 
-async def test_chunks_before_the_receivers_descriptor_are_held_and_delivered(tmp_path):
+@pytest.mark.parametrize("encrypt", [False, True])
+async def test_chunks_before_the_receivers_descriptor_are_held_and_delivered(
+    tmp_path, pki, encrypt
+):
     """The receiver gets the flows' descriptors 0.5 s after the sender started sending: it holds
-    the chunks (unacknowledged), then delivers them; no data connection is closed, no byte is
-    sent twice."""
+    the chunks (unacknowledged; encrypted: still sealed), then delivers them; no data
+    connection is closed, no byte is sent twice."""
     size = 3 * MB
-    async with loopback(tmp_path) as h:
+    kw = {"pki": pki, "encrypt_data": True} if encrypt else {}
+    async with loopback(tmp_path, **kw) as h:
         a, b = h.agents["a"].agent, h.agents["b"].agent
         flows = [h.flow("c1", f"f{i}", "a", "b", size) for i in range(2)]
         start_time = trio.current_time()

@@ -166,7 +166,7 @@ async def rogue_tls(h, directory, name, expected="b"):
     authenticated and unwrapped as an agent does it; returns (plain stream, trailing)."""
     stream = await trio.open_tcp_stream(*tunnel_port(h))
     ctx = data_client_context(directory, name)
-    _, trailing = await authenticate(stream, ctx, server_side=False, expected_peer=expected)
+    _, trailing, _ = await authenticate(stream, ctx, server_side=False, expected_peer=expected)
     return stream, trailing
 
 
@@ -246,7 +246,7 @@ async def serve_once(ctx, task_status=trio.TASK_STATUS_IGNORED):
     async def handle(stream):
         async with stream:
             try:
-                identity, trailing = await authenticate(stream, ctx, server_side=True)
+                identity, trailing, _ = await authenticate(stream, ctx, server_side=True)
                 reader = FrameReader(stream, initial=trailing)
                 results.append((identity, await reader.read()))
             except DataAuthError as exc:
@@ -269,7 +269,7 @@ async def test_the_sender_checks_the_receivers_name_and_role(pki):
                             stream, data_client_context(pki, "a"), False, expected_peer="b"
                         )
                 else:
-                    identity, trailing = await authenticate(
+                    identity, trailing, _ = await authenticate(
                         stream, data_client_context(pki, "a"), False, expected_peer="b"
                     )
                     assert identity.name == "b" and trailing == b""
@@ -460,7 +460,7 @@ async def test_the_sender_refuses_a_receiver_without_the_key(pki):
                     with trio.fail_after(TIMEOUT):
                         while len(results) < 2:
                             await trio.sleep(0.01)
-                    name, initial = results[-1]
+                    name, initial, _ = results[-1]
                     assert name == "a" and initial in (b"", b"hello"[: len(initial)])
                 else:
                     with pytest.raises(DataAuthError, match="wrong pair key"):
@@ -506,9 +506,12 @@ def test_pair_keys_are_symmetric_per_pair_and_per_master():
         keys.pair_key("a", "a")
 
 
-async def test_encrypting_agents_keep_tls_and_refuse_pair_key_exchanges(tmp_path, pki):
-    """With --encrypt-data a key exchange would leave the connection in clear: senders run
-    the TLS handshake although they hold the key, receivers refuse pair-key exchanges."""
+async def test_encrypting_agents_seal_after_a_pair_key_or_tls_and_refuse_plain_frames(
+    tmp_path, pki
+):
+    """With --encrypt-data both authentications lead to AEAD records: a sender holding the
+    pair key proves it and seals; after a failed key exchange it runs the TLS handshake and
+    seals. A peer that proves the key and then sends a plain "hello" is refused."""
     async with trio.open_nursery() as nursery:
         h = LoopbackHarness(nursery, tmp_path, pki=pki, encrypt_data=True)
         h.controller.data_keys = DataKeys()
@@ -519,16 +522,47 @@ async def test_encrypting_agents_keep_tls_and_refuse_pair_key_exchanges(tmp_path
         flow = h.flow("c1", "f1", "a", "b", 1 * MB)
         await announce(h, flow)
         b = h.agents["b"].agent
-        assert "a" in b.pair_keys
         stream = await trio.open_tcp_stream(*tunnel_port(h))
         async with stream:
-            await stream.send_all(KEY_TAG + b"\x01a" + os.urandom(NONCE_BYTES))
-            try:
-                assert await read_exact(stream, 1) is None  # closed, no challenge
-            except trio.BrokenResourceError:
-                pass  # closed with our bytes unread: a reset, no challenge either
-        await wait_refused(b)
+            key = h.controller.data_keys.pair_key("a", "b")
+            await key_authenticate_sender(stream, "a", "b", key)
+            refused = b.closed_connections
+            await send_hello_and_chunks(stream, "a", h.tunnels[0].tunnel, flow)
+        with trio.fail_after(TIMEOUT):
+            while b.closed_connections == refused:
+                await trio.sleep(0.01)
         await complete_from_a(h, flow)
         link = h.agents["a"].agent.links[("b", h.tunnels[0].tunnel)]
-        assert link.tls_auths >= 1 and link.key_auths == 0
+        assert link.key_auths >= 1
+        again = h.flow("c1", "f2", "a", "b", 1 * MB)
+        await announce(h, again)
+        link._tls_next = True  # as after a failed key exchange
+        link.fail()
+        with trio.fail_after(TIMEOUT):
+            while link.connects < 2:
+                await trio.sleep(0.01)
+        await complete_from_a(h, again)
+        assert link.tls_auths >= 1, (link.connects, link.key_auths, link.tls_auths)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_sender_that_keeps_tls_on_the_connection_is_refused_by_name(tmp_path, pki, caplog):
+    """An encrypting receiver and a sender that, after the handshake, sends its "hello" inside
+    TLS (as agents did before sealed records): refused at once, with a message naming it."""
+    async with trio.open_nursery() as nursery:
+        h = LoopbackHarness(nursery, tmp_path, pki=pki, encrypt_data=True)
+        await h.start()
+        await h.add_agent("a", "HK")
+        await h.add_agent("b", "LA")
+        h.tunnels = (await h.install_tunnels([("a", "b", 1)]))["a"]
+        b = h.agents["b"].agent
+        before = b.unauthenticated
+        stream = await trio.open_tcp_stream(*tunnel_port(h))
+        tls = trio.SSLStream(stream, data_client_context(pki, "a"), server_hostname="b")
+        async with tls:
+            await tls.do_handshake()
+            await FrameWriter(tls).send({"t": "hello", "agent": "a", "tunnel": "x"})
+            with trio.fail_after(5):  # well before the 10 s handshake deadline
+                await wait_refused(b, before + 1)
+        assert "does not seal its data connection" in caplog.text
         nursery.cancel_scope.cancel()

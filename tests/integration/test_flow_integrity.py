@@ -2,8 +2,8 @@
 
 terra_security/integrity.py (keyed chunk MACs, keyed flow digest), InFlow.admit (MAC and spill bound
 checked before a chunk is kept), reorder.remove_spill_files (start-up cleanup) and
-terra-agent --encrypt-data. Agents run in-process under the loopback harness; chunks are
-tampered with by an in-test TCP proxy on a real tunnel, or sent by an in-test peer that
+terra-agent --encrypt-data (sealed records). Agents run in-process under the loopback harness;
+chunks are tampered with by an in-test TCP proxy on a real tunnel, or sent by an in-test peer that
 speaks the real data protocol.
 """
 
@@ -22,13 +22,18 @@ from overlay.framing import FrameWriter
 from terra_agent.agent import AgentConfig
 from terra_agent.receiver import InFlow
 from terra_security.integrity import (
+    ALGORITHM,
+    ALGORITHMS,
+    GMAC_ALGORITHM,
     LEAF_BYTES,
     MAC_BYTES,
     FlowDigest,
     FlowKeys,
     IntegrityError,
     align_down,
+    default_algorithm,
     flow_digest,
+    has_aes_instructions,
     new_flow_key,
 )
 from terra_wire.control import (
@@ -49,17 +54,19 @@ ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 # ---- the construction -----------------------------------------------------------------------
 
 
-def test_a_digest_or_mac_made_without_the_key_does_not_match():
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_digest_or_mac_made_without_the_key_does_not_match(algorithm):
     key, other = new_flow_key(), new_flow_key()
     data = os.urandom(300_000)  # 4 whole leaves and a short one
-    digest = flow_digest(key, data)
-    assert len(digest) == 64 and digest != flow_digest(other, data)
+    digest = flow_digest(key, data, algorithm)
+    assert len(digest) == 64 and digest != flow_digest(other, data, algorithm)
     assert digest != blake3.blake3(data).hexdigest()  # unkeyed BLAKE3
     assert digest != hashlib.blake2b(data, digest_size=32).hexdigest()  # the old digest
-    keys = FlowKeys(key)
+    keys = FlowKeys(key, algorithm)
     macs = keys.leaf_macs(LEAF_BYTES, data)
     assert len(macs) == 5 * MAC_BYTES and keys.check(LEAF_BYTES, data, macs)
-    assert not FlowKeys(other).check(LEAF_BYTES, data, macs)  # another flow's (attempt's) key
+    assert not FlowKeys(other, algorithm).check(LEAF_BYTES, data, macs)  # another flow's key
+    assert len({flow_digest(key, data, a) for a in ALGORITHMS}) == len(ALGORITHMS)
     assert not keys.check(0, data, macs)  # replayed at another offset
     assert not keys.check(LEAF_BYTES + 1, data, macs)  # off the leaf grid
     assert not keys.check(LEAF_BYTES, data[:-1], macs)  # truncated
@@ -71,11 +78,12 @@ def test_a_digest_or_mac_made_without_the_key_does_not_match():
         keys.leaf_macs(100, data)
 
 
-def test_the_digest_is_the_same_from_macs_from_bytes_and_mixed():
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_the_digest_is_the_same_from_macs_from_bytes_and_mixed(algorithm):
     """Sender (MACs it made), receiver (verified MACs of some leaves, bytes of others, in
     pieces of any size): one digest."""
     key = new_flow_key()
-    keys = FlowKeys(key)
+    keys = FlowKeys(key, algorithm)
     data = os.urandom(5 * LEAF_BYTES + 777)
     sender = FlowDigest(keys, len(data))
     sender.add_macs(0, keys.leaf_macs(0, data[: 2 * LEAF_BYTES]), 2 * LEAF_BYTES)
@@ -85,9 +93,33 @@ def test_the_digest_is_the_same_from_macs_from_bytes_and_mixed():
     receiver.know(LEAF_BYTES, keys.leaf_macs(LEAF_BYTES, data[LEAF_BYTES : 3 * LEAF_BYTES]))
     for start in range(0, len(data), 10_000):
         receiver.update(data[start : start + 10_000])
-    assert sender.hexdigest() == receiver.hexdigest() == flow_digest(key, data)
+    assert sender.hexdigest() == receiver.hexdigest() == flow_digest(key, data, algorithm)
     with pytest.raises(IntegrityError):
         FlowDigest(keys, 10).hexdigest()
+
+
+def test_the_leaf_mac_is_chosen_per_deployment_and_named_in_descriptors():
+    """GMAC where the CPU has AES instructions, else BLAKE3 (integrity.default_algorithm);
+    the controller names its choice (terra-controller --leaf-mac) in every descriptor, and a
+    descriptor's name survives the wire; unknown names are refused."""
+    from terra_controller.agent_channel import AgentChannel
+    from terra_controller.controller import Controller
+    from terra_controller.tunnel_table import TunnelTable
+    from terra_core.terra_policy import TerraPolicy
+    from topologies import Topology
+
+    assert default_algorithm() == (GMAC_ALGORITHM if has_aes_instructions() else ALGORITHM)
+    topology = Topology("two", ["A", "B"], {("A", "B"): 1e8, ("B", "A"): 1e8})
+    controller = Controller(topology, TerraPolicy(topology, k=1))
+    tunnels = TunnelTable(topology, 1)
+    assert AgentChannel(controller, tunnels).leaf_mac == default_algorithm()
+    for name in ALGORITHMS:
+        assert AgentChannel(controller, tunnels, leaf_mac=name).leaf_mac == name
+        spec = FlowSpec("c", "f", "a", "b", "B", 10, digest_alg=name)
+        (parsed,) = parse_flows(flows_message([spec]))
+        assert parsed.digest_alg == name
+    with pytest.raises(ValueError, match="unknown leaf MAC"):
+        AgentChannel(controller, tunnels, leaf_mac="hmac-md5")
 
 
 @pytest.mark.parametrize("size", [LEAF_BYTES, 2 * LEAF_BYTES + 5])
@@ -203,9 +235,11 @@ def assert_intact(h, flow, src, dst):
     assert not h.controller.failed
 
 
-async def test_a_tampered_chunk_is_dropped_and_resent(tmp_path):
+@pytest.mark.parametrize("encrypt", [False, True])
+async def test_a_tampered_chunk_is_dropped_and_resent(tmp_path, pki, encrypt):
     """A proxy on the tunnel flips one payload byte of the first connection: b drops that
-    chunk (bad MAC) before it reaches the sink, closes the connection, a resends."""
+    chunk (bad MAC; encrypted: its AES-GCM record does not verify) before it reaches the
+    sink, closes the connection, a resends."""
     flipped = []
 
     def flip_once(number, seen, data):
@@ -216,7 +250,7 @@ async def test_a_tampered_chunk_is_dropped_and_resent(tmp_path):
             flipped.append(at)
         return bytes(data)
 
-    async with loopback(tmp_path, k=1) as h:
+    async with loopback(tmp_path, k=1, pki=pki if encrypt else None, encrypt_data=encrypt) as h:
         await via(h, flip_once)
         size = 6 * MB
         src, dst, ends = files(h, size)
@@ -318,9 +352,9 @@ async def test_spill_files_of_an_earlier_run_are_removed_at_start(tmp_path):
 
 
 @pytest.mark.parametrize("encrypt", [False, True])
-async def test_encrypt_data_keeps_tls_on_data_connections(tmp_path, pki, encrypt):
-    """With --encrypt-data no source bytes cross the tunnel in clear; without it they do
-    (after the TLS handshake); the flow completes either way."""
+async def test_encrypt_data_seals_data_connections(tmp_path, pki, encrypt):
+    """With --encrypt-data no source bytes cross the tunnel in clear (AES-GCM records after
+    the TLS handshake); without it they do; the flow completes either way."""
     seen = bytearray()
 
     def record(number, offset, data):
