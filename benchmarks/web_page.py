@@ -113,6 +113,52 @@ class PageSession:
         Select(self.driver.find_element("id", "tunnel-src")).select_by_value(src)
         Select(self.driver.find_element("id", "tunnel-dst")).select_by_value(dst)
 
+    def click(self, css: str) -> None:
+        """Click the element `css` selects where a user would (its centre), as a mouse does."""
+        from selenium.webdriver.common.action_chains import ActionChains
+
+        element = self.driver.find_element("css selector", css)
+        ActionChains(self.driver).move_to_element(element).click().perform()
+
+    def busy_link(self, coflow: int) -> str:
+        """A link ("A>B") REST /links says `coflow` has a rate on now (waits up to 30 s)."""
+        found: list[str] = []
+
+        def on_a_link() -> bool:
+            found[:] = [f"{x['a']}>{x['b']}" for x in self.ctl.get("/links")["links"]
+                        if coflow in x["coflows"]]  # fmt: skip
+            return bool(found)
+
+        self.wait(on_a_link, 30, f"coflow {coflow} on a link")
+        return found[0]
+
+    def open_coflow_from_map(self, coflow: int) -> str:
+        """Click a link of the map `coflow` uses, then the coflow in the link's list: the
+        coflow view opens. Returns the link clicked."""
+        link = self.busy_link(coflow)
+        self.click(f'#wan line.hit[data-link="{link}"]')
+        button = f'#link-coflows button[data-coflow="{coflow}"]'
+        self.wait(lambda: self.driver.find_element("css selector", button).is_displayed(), 15,
+                  "the link's coflow list")  # fmt: skip
+        self.click(button)
+        self.wait(lambda: self.rows("coflow-flows"), 15, "the coflow's flows")
+        return link
+
+    def label_overlaps(self) -> list:
+        """Pairs of link labels (#wan text.load) whose boxes on screen overlap, and labels
+        drawn smaller than 10 px: [] when every label is readable."""
+        return self.js("""
+            const boxes = [...document.querySelectorAll('#wan text.load')].map(t =>
+              [t.dataset.link, t.getBoundingClientRect()]);
+            const bad = [];
+            for (const [k, b] of boxes) if (b.height < 10) bad.push([k, 'height', b.height]);
+            for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+              const [p, a] = boxes[i], [q, b] = boxes[j];
+              if (a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom)
+                bad.push([p, q]);
+            }
+            return bad;""")
+
     def screenshot(self, path: Path) -> Path:
         """Save a PNG of the whole window to `path`."""
         self.driver.save_screenshot(str(path))
@@ -146,6 +192,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="terra-web-") as tmp, PageSession(Path(tmp)) as s:
         s.wait_updates(4)
+        s.open_coflow_from_map(s.big)
+        s.wait_updates(6)
         print(s.screenshot(args.out / "web_page.png"))
         s.client.set_link_state("HK", "LA", False)
         s.select_pair("HK", "LA")

@@ -157,7 +157,9 @@ class AgentChannel:
             fastest on this host (integrity.default_algorithm()). ValueError for another name.
 
     Attributes:
-        connections: {agent id: AgentConnection}. acks: {message id: monotonic s acked}.
+        connections: {agent id: AgentConnection}. last_seen: {agent id: wall-clock s of
+            its last message} of agents whose connection ended.
+        acks: {message id: monotonic s acked}.
         sent_at: {message id: monotonic s queued}. reactions: the last 100 Reactions;
             reaction_count: Reactions recorded in all.
     """
@@ -181,6 +183,7 @@ class AgentChannel:
         self.silence_s = silence_s
         self.tunnels = tunnels
         self.connections: dict[str, AgentConnection] = {}
+        self.last_seen: dict[str, float] = {}  # agent id -> wall-clock s, once disconnected
         self.lock = threading.RLock()
         self.ids = itertools.count(1)
         self.acks: dict[int, float] = {}
@@ -226,6 +229,7 @@ class AgentChannel:
                 message = read_control(sock)
                 if message is None:
                     return
+                conn.last_seen = time.time()
                 self._handle(conn, message)
         except ChannelError as exc:
             LOG.warning("agent %s: %s; closing", conn.agent or addr, exc)
@@ -242,6 +246,8 @@ class AgentChannel:
                 if conn.agent is not None and self.connections.get(conn.agent) is conn:
                     del self.connections[conn.agent]
                     LOG.info("agent %s disconnected", conn.agent)
+                    self.last_seen[conn.agent] = conn.last_seen
+                    self.controller.events.add("agent_lost", agent=conn.agent)
 
     def _handle(self, conn: AgentConnection, m: dict) -> None:
         kind = m["t"]
@@ -469,6 +475,7 @@ class AgentChannel:
             except RegistryError as exc:
                 self._refused(info.id, "inflight row", exc, item["coflow"], item["flow"], item)
         LOG.info("agent %s registered in %s at %s", info.id, info.dc, info.data_addr)
+        self.controller.events.add("agent_registered", agent=info.id, dc=info.dc)
         self.controller.metrics.registrations.inc()
         conn.send({"t": "registered", "agent": info.id})
         self.controller.resume()  # journaled coflows whose agents are all back now

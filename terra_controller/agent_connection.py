@@ -12,6 +12,7 @@ import logging
 import queue
 import socket
 import threading
+import time
 
 from terra_controller.transport import FRAME_TIMEOUT_S, read_message
 from terra_security.pki import INSECURE, Identity
@@ -74,6 +75,7 @@ class AgentConnection:
         self.sent_rates: dict[tuple[str, str], dict[str, float]] = {}
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.closed = False
+        self.last_seen = time.time()  # wall-clock s of the last message read (console)
         self.writer = threading.Thread(target=self._write_loop, daemon=True)
         self.writer.start()
 

@@ -53,6 +53,7 @@ from terra_controller.coflow_registry import (
     parse_coflow_key,
     to_policy_flow,
 )
+from terra_controller.events import EventLog
 from terra_controller.journal import CoflowJournal
 from terra_controller.metrics import ControllerMetrics
 from terra_controller.resume import (
@@ -160,6 +161,7 @@ class Controller:
         metrics: the ControllerMetrics (its own CollectorRegistry; counters and histograms
             updated at the event, the rest read by `metrics_view` at scrape time).
         journal: the CoflowJournal (under `lock`).
+        events: the EventLog (terra_controller/events.py) operators read at REST /events.
     """
 
     def __init__(
@@ -214,6 +216,7 @@ class Controller:
         self.wan_dirty = False
         self.started_wall = time.time()
         self.metrics = ControllerMetrics()
+        self.events = EventLog()  # link, capacity, coflow and agent events (REST /events)
         self.link_bytes: dict[tuple[str, str], float] = {}
         self.role = "single"  # "leader" when elected among controllers on etcd
         self.leader_addr: str | None = None  # the leader's API address (HOST:PORT) then
@@ -330,6 +333,7 @@ class Controller:
                     self.journal.burned(cid)
                     self.stats["rejected"] += 1
                     self.metrics.rejected.inc()
+                    self.events.add("rejected", coflow=cid, reason="deadline cannot be met")
                     return -1
             coflow = reg.submit(parsed, deadline_s, arrival, cid, owner, secret, keyed=True,
                                 labels=labels)  # fmt: skip
@@ -341,9 +345,11 @@ class Controller:
                                   deadline_s, time.time() - age, ref)  # fmt: skip
             self.resuming.pop(cid, None)
             self.metrics.admitted.inc()
+            self.events.add("admitted", coflow=cid, flows=len(parsed), owner=owner)
             if reg.finish_if_done(coflow, now):  # intra-DC flows only: done at once
                 self.journal.ended(cid, ended_summary(coflow))
                 self.metrics.finished.labels(CoflowStatus.DONE.value).inc()
+                self.events.add("done", coflow=cid, cct_s=coflow.cct_s)
                 self.metrics.bytes_delivered.inc(coflow.bytes_total)
                 self._prune(now)
                 return cid
@@ -600,6 +606,7 @@ class Controller:
         self.metrics.finished.labels(state.value).inc()
         level = logging.WARNING if state is CoflowStatus.FAILED else logging.INFO
         LOG.log(level, "coflow %s %s: %s", coflow.id, state.value, coflow.reason)
+        self.events.add(state.value, coflow=coflow.id, reason=coflow.reason)
         if dropped:
             self._notify_drop(coflow, dropped, False)
         self.want_round()
@@ -766,6 +773,7 @@ class Controller:
         self.stats[state.value] += 1
         self.metrics.finished.labels(state.value).inc()
         LOG.warning("coflow %s %s: %s", coflow_id, state.value, reason)
+        self.events.add(state.value, coflow=coflow_id, reason=reason)
 
     # ---- WAN events ---------------------------------------------------------------------
 
@@ -792,6 +800,7 @@ class Controller:
             if self.policy.wan_changed(self.now()):
                 self.want_round(wan=True)
             LOG.info("link %s-%s %s", a, b, "up" if up else "down")
+            self.events.add("link_up" if up else "link_down", a=a, b=b)
             return True
 
     def set_capacity(self, a: object, b: object, bytes_per_s: object) -> bool:
@@ -811,6 +820,7 @@ class Controller:
             changed = self.policy.wan_changed(self.now())
             if changed:
                 self.want_round(wan=True)
+            self.events.add("capacity", a=a, b=b, bytes_per_s=self.topology.capacity[(a, b)])
             return changed
 
     # ---- agent reports ------------------------------------------------------------------
@@ -890,6 +900,7 @@ class Controller:
                 self.rates.pop(coflow.id, None)
                 self.want_round()
                 LOG.info("coflow %s done, CCT %.3f s", coflow.id, coflow.cct_s)
+                self.events.add("done", coflow=coflow.id, cct_s=coflow.cct_s)
                 self._prune(self.now())
                 return True
             group = [

@@ -18,7 +18,12 @@ Routes (GET only; docs/design.md section 6; docs/operations.md lists every field
                      switch (by DPID) and their counts, flow-mods sent
     /coflows         every coflow in memory: id, state, bytes total/delivered, CCT;
                      ?finished=N: every active coflow and the N that finished last only
-    /coflows/{id}    one coflow's status with its FlowGroups' per-path allocations
+    /coflows/{id}    one coflow's status with its FlowGroups' per-path allocations and each
+                     flow's paths now (tunnel id, rate)
+    /agents          registered agents: DC, connected, last seen, flows sent / received now
+    /events          the event log (terra_controller/events.py: link down/up, capacity,
+                     coflow admitted / done / failed / cancelled, agent registered / lost);
+                     ?since=N: only the events after number N
     /metrics         Prometheus text format: the controller's CollectorRegistry
                      (terra_controller/metrics.py; every metric in docs/runtime.md)
 
@@ -48,6 +53,7 @@ from webob.exc import HTTPBadRequest, HTTPException, HTTPMethodNotAllowed, HTTPN
 
 from overlay.rate_limited_log import RateLimitedLog
 from terra_controller.coflow_registry import RegistryError
+from terra_controller.console_views import agent_rows, flow_paths, link_coflows
 from terra_controller.controller import Controller
 from terra_controller.metrics import CONTENT_TYPE, ControllerCollector
 from terra_controller.transport import (
@@ -83,12 +89,13 @@ def _routes() -> Mapper:
     mapper = Mapper(controller_scan=None, register=False)
     for path, (name, ctype) in WEB_FILES.items():
         mapper.connect(path, handler="_web_file", file=name, content_type=ctype)
-    for view in ("status", "topology", "links", "tunnels"):
+    for view in ("status", "topology", "links", "tunnels", "agents"):
         mapper.connect(f"/{view}", handler="_view", view=view)
     mapper.connect("/coflows", handler="_coflows")
     # ASCII digits only ("²" or "٣" are not an id); coflow ids are 63-bit at most
     mapper.connect("/coflows/{coflow_id}", handler="_view", view="coflow",
                    requirements={"coflow_id": "[0-9]{1,19}"})  # fmt: skip
+    mapper.connect("/events", handler="_events")
     mapper.connect("/metrics", handler="_metrics")
     mapper.connect("/healthz", handler="_healthz")
     mapper.create_regs([])
@@ -179,13 +186,11 @@ class RestApp:
         """`coflows()`, or with ?finished=N (N: 0..999999999) the active and N last finished."""
         if not request.query_string:
             return _json(self.coflows())
-        try:
-            text = request.GET.get("finished", "")
-        except UnicodeDecodeError:  # not UTF-8, hence not digits
-            text = ""
-        if not (text.isascii() and text.isdigit()) or len(text) > 9:
-            raise HTTPBadRequest("finished must be 0..999999999")
-        return _json(self.controller.recent_coflows(int(text)))
+        return _json(self.controller.recent_coflows(_digits(request, "finished")))
+
+    def _events(self, request: Request) -> Response:
+        """The event log after ?since=N (default 0: every event kept)."""
+        return _json(self.controller.events.since(_digits(request, "since", 0)))
 
     def _metrics(self, request: Request) -> Response:
         return Response(body=self.controller.metrics.render(), content_type=CONTENT_TYPE)
@@ -264,7 +269,8 @@ class RestApp:
         crossed the link, split over each flow's paths by rate; Controller.link_bytes),
         "measured_bytes_per_s" (rate between the last two polls), "tx_bytes", "tx_packets",
         "tx_dropped", "rx_bytes", "rx_dropped", "dpid", "port", "sampled_s" (age of the
-        sample)}]}, one row per direction a -> b ("a" and "b" as the topology file names the
+        sample), "coflows": ids of the coflows with a rate on it now}]}, one row per
+        direction a -> b ("a" and "b" as the topology file names the
         ends; capacity_gbps = capacity_bytes_per_s * 8 / 1e9); the measured fields are null
         without switches or before a poll."""
         return {"links": self._link_rows(self.controller.snapshot(coflows=False))}
@@ -273,11 +279,13 @@ class RestApp:
         """The rows of `links()` for a Snapshot."""
         measured = self.ports() if self.ports is not None else {}
         delivered = self.controller.link_delivered()
+        on_link = link_coflows(self.controller)
         out = []
         for a, b, cap, state, load in snap.links:
             row = {"a": a, "b": b, "state": state, "capacity_bytes_per_s": cap,
                    "capacity_gbps": cap * 8 / 1e9, "allocated_bytes_per_s": load,
-                   "bytes_delivered": delivered.get((a, b), 0.0)}  # fmt: skip
+                   "bytes_delivered": delivered.get((a, b), 0.0),
+                   "coflows": on_link.get((a, b), [])}  # fmt: skip
             m = measured.get((a, b))
             for key in _MEASURED:
                 row[key] = None if m is None else getattr(m, key)
@@ -306,7 +314,11 @@ class RestApp:
         """
         status = self.controller.status(coflow_id)
         status["flowgroups"] = self.controller.flowgroup_rates(coflow_id)
-        return status
+        return flow_paths(self.controller, self.channel, status)
+
+    def agents(self) -> dict:
+        """console_views.agent_rows: every agent with its DC, last seen and flows now."""
+        return agent_rows(self.controller, self.channel)
 
 
 def positions(value: object, dcs) -> dict[str, list[float]]:
@@ -326,6 +338,25 @@ def positions(value: object, dcs) -> dict[str, list[float]]:
         ):
             out[dc] = [float(xy[0]), float(xy[1])]
     return out
+
+
+def _digits(request: Request, name: str, default: int | None = None) -> int:
+    """The query parameter `name` as an int 0..999999999 (ASCII digits), or `default` when
+    it is absent and a default is given.
+
+    Raises:
+        HTTPBadRequest: anything else (answered 400).
+    """
+    try:
+        text = request.GET.get(name)
+    except UnicodeDecodeError:  # not UTF-8, hence not digits
+        text = ""
+    if text is None and default is not None:
+        return default
+    text = text or ""
+    if not (text.isascii() and text.isdigit()) or len(text) > 9:
+        raise HTTPBadRequest(f"{name} must be 0..999999999")
+    return int(text)
 
 
 def _policy_lps(controller: Controller) -> int:

@@ -4,7 +4,12 @@
 // /coflows?finished=N) from the same origin and redraws: the WAN graph (SVG), the link
 // table (allocated rate of the last round vs the rates measured from the receivers'
 // acknowledged bytes and, with switches, from the ports' counters),
-// the tunnels of the selected DC pair, the round-time history and the coflow table.
+// the tunnels of the selected DC pair, the round-time history and the coflow table; the
+// agents (/agents) and the event log (/events?since=N, only new events each time). A click
+// on a link lists the coflows on it; a click on a coflow opens its view (/coflows/{id}:
+// flows, agents, tunnels, rates, and its bytes delivered over time as a chart).
+// Without a client certificate the REST calls carry an operator token (Authorization:
+// Bearer; `terra-controller ctl login` prints one), kept in this tab's sessionStorage.
 // Text from the controller (ids, reasons) is only ever set as textContent.
 "use strict";
 
@@ -22,7 +27,15 @@ const state = {
   pos: {},
   topology: null,
   tunnels: [],
+  linkCoflows: {}, // link key -> coflow ids with rates on it
+  selectedLink: null,
+  selectedCoflow: null,
+  history: new Map(), // coflow id -> [[time s, bytes delivered], ...] (HISTORY points)
+  events: [], // newest last, EVENTS_SHOWN at most
+  lastEvent: 0,
 };
+const HISTORY = 300, EVENTS_SHOWN = 200, LABEL_PX = 11;
+const TOKEN_KEY = "terra-token";
 
 // Field names: accept the REST names with or without unit suffixes.
 function pick(obj, ...names) {
@@ -71,9 +84,28 @@ function replaceBody(table, rows) {
 }
 
 async function getJson(path) {
-  const reply = await fetch(path, { cache: "no-store" });
+  const headers = {}, token = sessionStorage.getItem(TOKEN_KEY);
+  if (token) headers.Authorization = "Bearer " + token;
+  const reply = await fetch(path, { cache: "no-store", headers });
+  if (reply.status === 401 || reply.status === 403) showLogin(reply.status, path);
   if (!reply.ok) throw new Error(path + ": HTTP " + reply.status);
   return reply.json();
+}
+
+function showLogin(code, path) {
+  const box = document.getElementById("login");
+  box.hidden = false;
+  document.getElementById("login-note").textContent = sessionStorage.getItem(TOKEN_KEY)
+    ? `token refused (HTTP ${code} on ${path}): expired or not an operator's`
+    : "this page needs an operator token (or an operator client certificate)";
+}
+
+function signIn() {
+  const token = document.getElementById("login-token").value.trim();
+  if (token) sessionStorage.setItem(TOKEN_KEY, token);
+  else sessionStorage.removeItem(TOKEN_KEY);
+  document.getElementById("login").hidden = true;
+  poll();
 }
 
 // ---- layout: positions from the topology ([x, y], e.g. longitude/latitude), else a circle
@@ -113,6 +145,60 @@ function tunnelLinks() {
   return out;
 }
 
+// Screen px -> viewBox units of the WAN graph (labels keep LABEL_PX on screen).
+function unitsPerPx() {
+  const w = document.getElementById("wan").getBoundingClientRect().width;
+  return w > 0 ? W / w : 1;
+}
+
+function overlaps(box, boxes) {
+  return boxes.some((o) => box[0] < o[2] && o[0] < box[2] && box[1] < o[3] && o[1] < box[3]);
+}
+
+// Greedy label placement: each label tries a few spots along its line (its own side) and
+// takes the first that overlaps no node and no label placed before; one that fits nowhere
+// is left out (its line's tooltip has the figure).
+function placeLabels(cands, nodeBoxes) {
+  const u = unitsPerPx(), fs = LABEL_PX * u, placed = [...nodeBoxes], out = [];
+  cands.sort((p, q) => q.weight - p.weight);
+  for (const c of cands) {
+    const w = c.text.length * fs * 0.58 + 4 * u, h = fs * 1.25;
+    for (const t of [0.3, 0.5, 0.7, 0.2, 0.8, 0.4, 0.6]) {
+      const x = c.x1 + (c.x2 - c.x1) * t + c.nx * (h * 0.7), y = c.y1 + (c.y2 - c.y1) * t + c.ny * (h * 0.7);
+      const box = [x - w / 2, y - h / 2, x + w / 2, y + h / 2];
+      if (box[0] < 0 || box[2] > W || box[1] < 0 || box[3] > H || overlaps(box, placed)) continue;
+      placed.push(box);
+      out.push(svg("text", { class: "load", x, y, "font-size": fs.toFixed(2), "data-link": c.key }, c.text));
+      break;
+    }
+  }
+  return out;
+}
+
+function linkLine(l, pos, hl, labels) {
+  const a = linkA(l), b = linkB(l), cap = linkCap(l) || 1, alloc = linkAlloc(l) || 0;
+  const [x1, y1] = pos[a], [x2, y2] = pos[b];
+  const len = Math.hypot(x2 - x1, y2 - y1) || 1;
+  // offset each direction to its right-hand side so a->b and b->a are both visible
+  const nx = (y2 - y1) / len, ny = -(x2 - x1) / len, ox = nx * 4, oy = ny * 4;
+  const k = a + ">" + b, sel = state.selectedLink === k ? " selected" : "";
+  const g = svg("g", { class: "edge", "data-link": k });
+  const coords = { x1: x1 + ox, y1: y1 + oy, x2: x2 + ox, y2: y2 + oy };
+  g.appendChild(svg("line", {
+    class: "link " + l.state + (hl.has(k) ? " hl" : "") + sel, ...coords,
+    "stroke-width": 2 + 8 * Math.min(1, alloc / cap), "data-link": k, "data-state": l.state,
+  }));
+  g.appendChild(svg("line", { class: "hit", ...coords, "data-link": k }));
+  g.appendChild(svg("title", {}, `${a} → ${b}: ${l.state}, allocated ${fmtRate(alloc)} of ` +
+    `${fmtRate(cap)}, acknowledged ${fmtRate(state.measured[k])}; click for its coflows`));
+  g.addEventListener("click", () => selectLink(k));
+  if (alloc > 0) {
+    labels.push({ key: k, text: fmtRate(alloc), weight: alloc, nx, ny,
+      x1: x1 + ox, y1: y1 + oy, x2: x2 + ox, y2: y2 + oy });
+  }
+  return g;
+}
+
 function drawWan(topo) {
   const key = topo.dcs.join(",") + JSON.stringify(topo.positions || {});
   if (key !== state.layoutKey) {
@@ -120,35 +206,41 @@ function drawWan(topo) {
     state.layoutKey = key;
   }
   const pos = state.pos, g = document.getElementById("wan"), hl = tunnelLinks();
-  const items = [];
-  for (const l of topo.links) {
-    const a = linkA(l), b = linkB(l), cap = linkCap(l) || 1, alloc = linkAlloc(l) || 0;
-    const [x1, y1] = pos[a], [x2, y2] = pos[b];
-    const len = Math.hypot(x2 - x1, y2 - y1) || 1;
-    // offset each direction to its right-hand side so a->b and b->a are both visible
-    const ox = ((y2 - y1) / len) * 4, oy = (-(x2 - x1) / len) * 4;
-    const k = a + ">" + b;
-    const cls = "link " + l.state + (hl.has(k) ? " hl" : "");
-    const line = svg("line", {
-      class: cls, x1: x1 + ox, y1: y1 + oy, x2: x2 + ox, y2: y2 + oy,
-      "stroke-width": 2 + 8 * Math.min(1, alloc / cap), "data-link": k, "data-state": l.state,
-    });
-    line.appendChild(svg("title", {}, `${a} → ${b}: ${l.state}, allocated ${fmtRate(alloc)} of ` +
-      `${fmtRate(cap)}, acknowledged ${fmtRate(state.measured[k])}`));
-    items.push(line);
-    if (alloc > 0) {
-      const mx = x1 + (x2 - x1) * 0.35 + ox * 3, my = y1 + (y2 - y1) * 0.35 + oy * 3;
-      items.push(svg("text", { class: "load", x: mx, y: my }, fmtRate(alloc)));
-    }
-  }
+  const items = [], labels = [], nodeBoxes = [];
+  for (const l of topo.links) items.push(linkLine(l, pos, hl, labels));
+  const nodes = [];
   for (const d of topo.dcs) {
+    const [x, y] = pos[d];
     const node = svg("g", { class: "node", "data-dc": d });
-    node.appendChild(svg("circle", { cx: pos[d][0], cy: pos[d][1], r: 16 }));
-    node.appendChild(svg("text", { x: pos[d][0], y: pos[d][1] }, d.length > 5 ? d.slice(0, 5) : d));
+    node.appendChild(svg("circle", { cx: x, cy: y, r: 16 }));
+    node.appendChild(svg("text", { x, y }, d.length > 5 ? d.slice(0, 5) : d));
     node.appendChild(svg("title", {}, d));
-    items.push(node);
+    nodes.push(node);
+    nodeBoxes.push([x - 16, y - 16, x + 16, y + 16]);
   }
-  g.replaceChildren(...items);
+  g.replaceChildren(...items, ...nodes, ...placeLabels(labels, nodeBoxes));
+}
+
+function selectLink(k) {
+  state.selectedLink = state.selectedLink === k ? null : k;
+  if (state.topology) drawWan(state.topology);
+  drawLinkDetail();
+}
+
+function drawLinkDetail() {
+  const box = document.getElementById("link-detail"), k = state.selectedLink;
+  box.hidden = !k;
+  if (!k) return;
+  const ids = state.linkCoflows[k] || [];
+  document.getElementById("link-title").textContent =
+    `Link ${k.replace(">", " → ")}: ${ids.length ? ids.length + " coflows with rates on it" : "no coflow on it now"}`;
+  document.getElementById("link-coflows").replaceChildren(...ids.map((id) => {
+    const b = el("button", { type: "button", "data-coflow": String(id) }, "coflow " + id);
+    b.addEventListener("click", () => selectCoflow(id));
+    const li = el("li");
+    li.appendChild(b);
+    return li;
+  }));
 }
 
 function drawLinks(topo, now) {
@@ -224,6 +316,7 @@ function drawCoflows(coflows, now) {
     const final = ["done", "failed", "cancelled", "rejected"].includes(c.state);
     if (final) rate = 0;
     seen.set(c.id, [c.bytes_delivered, now]);
+    remember(c, now);
     if (rate !== undefined) state.rates.set(c.id, rate);
     const pct = c.bytes_total ? ((100 * c.bytes_delivered) / c.bytes_total).toFixed(1) : "0";
     rows.push(row([
@@ -234,13 +327,121 @@ function drawCoflows(coflows, now) {
       { text: fmtS(c.cct_s), cls: "num" },
       { text: fmtS(c.deadline_s), cls: "num" },
       { text: c.reason || "" },
-    ], { "data-coflow": String(c.id), "data-state": c.state }));
+    ], { "data-coflow": String(c.id), "data-state": c.state,
+      class: "clickable" + (state.selectedCoflow === c.id ? " selected" : "") }));
+    rows[rows.length - 1].addEventListener("click", () => selectCoflow(c.id));
   }
   state.prevCoflows = seen;
+  for (const id of [...state.history.keys()]) {
+    if (!seen.has(id) && id !== state.selectedCoflow) state.history.delete(id);
+  }
   for (const id of [...state.rates.keys()]) if (!seen.has(id)) state.rates.delete(id);
   replaceBody("#coflows", rows);
   document.getElementById("coflow-note").textContent =
     `(${coflows.length} shown: every active one and the last ${FINISHED_ROWS} finished)`;
+}
+
+// ---- one coflow: flows, agents, tunnels, rates, progress over time
+function remember(c, now) {
+  const h = state.history.get(c.id) || [];
+  const last = h[h.length - 1];
+  if (!last || last[1] !== c.bytes_delivered || now - last[0] > 5) h.push([now, c.bytes_delivered]);
+  if (h.length > HISTORY) h.splice(0, h.length - HISTORY);
+  state.history.set(c.id, h);
+}
+
+function selectCoflow(id) {
+  state.selectedCoflow = id;
+  document.getElementById("panel-coflow").hidden = false;
+  document.getElementById("coflow-title").textContent = String(id);
+  document.querySelectorAll("#coflows tbody tr").forEach((r) =>
+    r.classList.toggle("selected", r.dataset.coflow === String(id)));
+  refreshCoflow();
+}
+
+async function refreshCoflow() {
+  const id = state.selectedCoflow;
+  if (id === null) return;
+  try {
+    drawCoflow(await getJson("/coflows/" + id));
+  } catch (err) {
+    document.getElementById("coflow-summary").textContent = "coflow " + id + ": " + err.message;
+  }
+}
+
+function pathText(p) {
+  return (p.tunnel === null || p.tunnel === undefined ? "" : `#${p.tunnel} `) +
+    p.path.join("→") + ": " + fmtRate(p.rate_bytes_per_s);
+}
+
+function drawCoflow(c) {
+  if (c.id !== state.selectedCoflow) return;
+  remember(c, performance.now() / 1000);
+  const pct = c.bytes_total ? ((100 * c.bytes_delivered) / c.bytes_total).toFixed(1) : "0";
+  document.getElementById("coflow-summary").textContent =
+    `${c.name ? c.name + " · " : ""}${c.state} · ${fmtBytes(c.bytes_delivered)} of ` +
+    `${fmtBytes(c.bytes_total)} (${pct} %) · ${c.flows.length} flows · CCT ${fmtS(c.cct_s)}` +
+    (c.reason ? " · " + c.reason : "");
+  const rows = c.flows.map((f) => row([
+    { text: f.id },
+    { text: `${f.src} (${f.src_dc}) → ${f.dst} (${f.dst_dc})` },
+    { text: (f.paths || []).map(pathText).join("; ") || (f.src_dc === f.dst_dc ? "intra-DC" : "none now") },
+    { text: fmtRate(f.rate_bytes_per_s), cls: "num" },
+    { text: `${fmtBytes(f.bytes_delivered)} / ${fmtBytes(f.bytes)}`, cls: "num" },
+    { text: f.state + (f.reason ? ": " + f.reason : ""), cls: "state-" + f.state },
+  ], { "data-flow": f.id, "data-state": f.state,
+    "data-tunnels": (f.paths || []).map((p) => p.tunnel).join(",") }));
+  replaceBody("#coflow-flows", rows);
+  drawProgress(state.history.get(c.id) || [], c.bytes_total);
+}
+
+function drawProgress(h, total) {
+  const g = document.getElementById("coflow-progress");
+  if (!h.length) return g.replaceChildren();
+  const t0 = h[0][0], span = Math.max(1, h[h.length - 1][0] - t0), top = Math.max(1, total);
+  const pts = h.map(([t, b]) => `${40 + ((t - t0) * 350) / span},${90 - (b / top) * 80}`);
+  g.replaceChildren(
+    svg("text", { x: 2, y: 14 }, fmtBytes(total)), svg("text", { x: 2, y: 92 }, "0"),
+    svg("text", { x: 300, y: 99 }, span.toFixed(0) + " s shown"),
+    svg("line", { class: "axis", x1: 40, y1: 10, x2: 390, y2: 10 }),
+    svg("polyline", { class: "progress", points: pts.join(" "), "data-points": String(h.length) }));
+}
+
+// ---- agents and events
+function ago(s) {
+  if (s === null || s === undefined) return "never";
+  return s < 1 ? "now" : s < 120 ? s.toFixed(0) + " s ago" : (s / 60).toFixed(0) + " min ago";
+}
+
+function drawAgents(reply) {
+  const rows = (reply.agents || []).map((a) => row([
+    { text: a.id }, { text: a.dc },
+    { text: a.connected ? "connected" : "disconnected", cls: a.connected ? "" : "down" },
+    { text: ago(a.last_seen_s) },
+    { text: String(a.sending), cls: "num" }, { text: String(a.receiving), cls: "num" },
+    { text: a.coflows.join(", ") },
+  ], { "data-agent": a.id, "data-connected": String(a.connected) }));
+  replaceBody("#agents", rows);
+}
+
+function eventText(e) {
+  const skip = new Set(["seq", "t", "kind"]);
+  return Object.entries(e).filter(([k, v]) => !skip.has(k) && v !== null)
+    .map(([k, v]) => k + " " + (typeof v === "number" && !Number.isInteger(v) ? v.toFixed(3) : v))
+    .join(" · ");
+}
+
+function drawEvents(reply) {
+  state.events.push(...reply.events);
+  state.events.splice(0, Math.max(0, state.events.length - EVENTS_SHOWN));
+  if (reply.events.length) state.lastEvent = reply.events[reply.events.length - 1].seq;
+  else state.lastEvent = Math.min(state.lastEvent, reply.last);
+  const rows = [...state.events].reverse().map((e) => row([
+    { text: new Date(e.t * 1000).toLocaleTimeString() },
+    { text: e.kind, cls: "ev-" + e.kind },
+    { text: eventText(e) },
+  ], { "data-kind": e.kind, "data-seq": String(e.seq) }));
+  replaceBody("#events", rows);
 }
 
 function drawSummary(status) {
@@ -261,14 +462,17 @@ async function poll() {
   polling = true;
   const conn = document.getElementById("conn");
   try {
-    const [status, topology, links, tunnels, coflows] = await Promise.all([
+    const [status, topology, links, tunnels, coflows, agents, events] = await Promise.all([
       getJson("/status"), getJson("/topology"), getJson("/links"), getJson("/tunnels"),
-      getJson("/coflows?finished=" + FINISHED_ROWS),
+      getJson("/coflows?finished=" + FINISHED_ROWS), getJson("/agents"),
+      getJson("/events?since=" + state.lastEvent),
     ]);
     const now = performance.now() / 1000;
     const topo = { dcs: topology.dcs, positions: topology.positions, links: links.links };
     state.topology = topo;
     state.tunnels = tunnels.tunnels || [];
+    state.linkCoflows = {};
+    for (const l of links.links) state.linkCoflows[linkA(l) + ">" + linkB(l)] = l.coflows || [];
     fillSelect("tunnel-src", topo.dcs, topo.dcs[0]);
     fillSelect("tunnel-dst", topo.dcs, topo.dcs[1] || topo.dcs[0]);
     drawSummary(status);
@@ -277,6 +481,10 @@ async function poll() {
     drawTunnels();
     drawRounds(status);
     drawCoflows(coflows, now);
+    drawAgents(agents);
+    drawEvents(events);
+    drawLinkDetail();
+    await refreshCoflow();
     conn.textContent = "updated " + new Date().toLocaleTimeString();
     conn.className = "conn";
     document.body.dataset.updated = String((Number(document.body.dataset.updated) || 0) + 1);
@@ -295,5 +503,10 @@ function redrawSelection() {
 
 document.getElementById("tunnel-src").addEventListener("change", redrawSelection);
 document.getElementById("tunnel-dst").addEventListener("change", redrawSelection);
+document.getElementById("login-button").addEventListener("click", signIn);
+document.getElementById("coflow-close").addEventListener("click", () => {
+  state.selectedCoflow = null;
+  document.getElementById("panel-coflow").hidden = true;
+});
 poll();
 setInterval(poll, POLL_MS);

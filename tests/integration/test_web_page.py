@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from benchmarks.web_page import BIG, PageSession
+from benchmarks.web_page import BIG, SWAN_LINKS, PageSession
 from mininet_scenarios.browser import browser_missing
 
 
@@ -93,6 +93,65 @@ def test_page_shows_what_rest_says(session, tmp_path):
     assert session.screenshot(tmp_path / "page.png").stat().st_size > 10_000
 
 
+def test_click_through_from_the_map_to_a_coflow_and_its_flows(session, tmp_path):
+    big = session.big
+    link = session.open_coflow_from_map(big)
+    assert session.driver.find_element("id", "coflow-title").text == str(big)
+    # The flow, its agents and the tunnels it uses now are those REST has for the coflow.
+    def flows_agree() -> bool:
+        rest = session.ctl.get(f"/coflows/{big}")["flows"]
+        rows = session.rows("coflow-flows")
+        tunnels = {str(p["tunnel"]) for p in rest[0]["paths"]}
+        return (
+            [r["data"]["flow"] for r in rows] == [f["id"] for f in rest] == ["b"]
+            and set(rows[0]["data"]["tunnels"].split(",")) == tunnels
+            and all(t != "None" for t in tunnels)
+        )
+
+    session.wait(flows_agree, 15, "the coflow's flows as REST has them")
+    row = session.rows("coflow-flows")[0]
+    assert row["cells"][1] == "hk1 (HK) → la1 (LA)"
+    assert "#" in row["cells"][2] and link.replace(">", "→") in row["cells"][2]
+    assert row["cells"][3] not in ("–", "0 B/s")  # a current rate
+    # Progress over time: the chart gets a point per poll while bytes move, and climbs.
+    session.wait(lambda: int(session.js(
+        "return document.querySelector('#coflow-progress polyline').dataset.points")) >= 3,
+        30, "progress points")  # fmt: skip
+    ys = session.js(
+        "return document.querySelector('#coflow-progress polyline')"
+        ".getAttribute('points').split(' ').map(p => Number(p.split(',')[1]))"
+    )
+    assert ys[-1] < ys[0]  # more bytes delivered: higher on the chart (smaller y)
+    assert session.screenshot(tmp_path / "coflow.png").stat().st_size > 10_000
+
+
+def test_agents_view_and_event_log(session):
+    session.wait_updates(1)
+    agents = {r["data"]["agent"]: r["cells"] for r in session.rows("agents")}
+    assert set(agents) == {"hk1", "la1"}
+    assert agents["hk1"][1] == "HK" and agents["hk1"][2] == "connected"
+    assert agents["hk1"][4] == "1" and agents["la1"][5] == "1"  # the big coflow's flow
+    assert str(session.big) in agents["hk1"][6]
+    assert agents["la1"][3] in ("now", "1 s ago", "2 s ago", "3 s ago")
+    events = session.ctl.get("/events")
+    kinds = [e["kind"] for e in events["events"]]
+    assert kinds.count("agent_registered") == 2 and kinds.count("capacity") == len(SWAN_LINKS)
+    assert kinds.count("admitted") == 2 and "done" in kinds
+    shown = [r["data"]["kind"] for r in session.rows("events")]
+    assert sorted(shown) == sorted(kinds)  # every event, newest first
+    assert [int(r["data"]["seq"]) for r in session.rows("events")] == sorted(
+        (e["seq"] for e in events["events"]), reverse=True
+    )
+    after = session.ctl.get(f"/events?since={events['last'] - 1}")
+    assert [e["seq"] for e in after["events"]] == [events["last"]]
+
+
+def test_link_labels_are_readable(session):
+    session.wait(lambda: session.js("return document.querySelectorAll('#wan text.load').length"),
+                 15, "link labels")  # fmt: skip
+    assert session.label_overlaps() == []
+
+
 def test_link_down_through_the_operator_api_shows_down(session, tmp_path):
     session.client.set_link_state("HK", "LA", False)
     try:
@@ -124,6 +183,8 @@ def test_link_down_through_the_operator_api_shows_down(session, tmp_path):
         assert shown == {" → ".join(t["path"]): "up" if t["up"] else "down" for t in tunnels}
         assert shown["HK → LA"] == "down"
         assert session.js("return document.querySelectorAll('#wan line.hl').length") >= 2
+        session.wait(lambda: "link_down" in [r["data"]["kind"] for r in session.rows("events")],
+                     15, "the link_down event")  # fmt: skip
         assert session.screenshot(tmp_path / "link_down.png").stat().st_size > 10_000
     finally:
         session.client.set_link_state("HK", "LA", True)
