@@ -11,6 +11,13 @@ replays the same scenario and saves the screenshots to docs/img/:
        finishes and a 400 MB coflow that keeps running, the page open;
     2. link HK-LA set down (operator API "link_state"), tunnels HK -> LA selected.
 
+    3. the coflow view of the running coflow, opened by clicking a link of the map it uses
+       and then the coflow in that link's list (web_page.png shows it).
+
+`map_session` loads a built-in topology (swan, gscale, att) with control-protocol agents in
+every DC (benchmarks/loopback_system.FakeAgent: no bytes move) and coflows between many DC
+pairs, so that most links carry an allocation and a label: web_page_map_<topology>.png.
+
 Run: uv run python benchmarks/web_page.py [--out docs/img]
 Needs: apt-get install chromium chromium-driver (scripts/install.sh).
 """
@@ -22,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.loopback_system import ControllerProcess, start_agents, stop_all
+from benchmarks.loopback_system import ControllerProcess, FakeAgent, start_agents, stop_all
 from mininet_scenarios.browser import browser_missing, start_browser
 
 SWAN_LINKS = [("HK", "LA"), ("HK", "NY"), ("LA", "NY"), ("LA", "FL"), ("NY", "FL"),
@@ -160,7 +167,9 @@ class PageSession:
             return bad;""")
 
     def screenshot(self, path: Path) -> Path:
-        """Save a PNG of the whole window to `path`."""
+        """Save a PNG of the whole page to `path` (the window grown to the page's height)."""
+        height = self.js("return document.documentElement.scrollHeight")
+        self.driver.set_window_size(1400, min(4000, height + 140))
         self.driver.save_screenshot(str(path))
         return path
 
@@ -178,6 +187,38 @@ class PageSession:
             self.client = None
         stop_all(self.procs)
         self.ctl.stop()
+
+
+class MapSession(PageSession):
+    """A controller on `topology` with a FakeAgent in every DC, a coflow from each DC to the
+    DC `stride` positions on (in the topology's order) and the page open; a context manager
+    like PageSession (attributes ctl, client, driver; agents: the FakeAgents)."""
+
+    def __init__(self, workdir: Path, topology: str, stride: int = 3) -> None:
+        self.workdir = Path(workdir)
+        self.ctl = ControllerProcess(topology, extra=["--rest-public"], log=self.workdir / "c.log")
+        self.procs, self.driver, self.client, self.agents, self.big = [], None, None, [], None
+        try:
+            dcs = self.ctl.get("/topology")["dcs"]
+            self.agents = [FakeAgent(self.ctl, f"a{i}", dc, complete=False)
+                           for i, dc in enumerate(dcs)]  # fmt: skip
+            self.ctl.wait_agents(len(dcs))
+            self.client = self.ctl.client()
+            for i in range(len(dcs)):
+                dst = (i + stride) % len(dcs)
+                self.client.submit_coflow([{"id": "f", "src": f"a{i}", "dst": f"a{dst}",
+                                            "bytes": BIG}])  # fmt: skip
+            self.driver = start_browser()
+            self.driver.get(self.ctl.rest + "/")
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """PageSession.close, and the fake agents' connections."""
+        for agent in self.agents:
+            agent.close()
+        super().close()
 
 
 def main() -> None:
@@ -199,6 +240,14 @@ def main() -> None:
         s.select_pair("HK", "LA")
         s.wait_updates(3)
         print(s.screenshot(args.out / "web_page_link_down.png"))
+    for topology in ("swan", "gscale", "att"):
+        with tempfile.TemporaryDirectory(prefix="terra-web-") as tmp, MapSession(
+            Path(tmp), topology
+        ) as s:
+            s.wait_updates(3)
+            labels = s.js("return document.querySelectorAll('#wan text.load').length")
+            print(s.screenshot(args.out / f"web_page_map_{topology}.png"), f"{labels} labels,",
+                  f"overlaps: {s.label_overlaps()}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -33,6 +33,11 @@ Operations (request fields -> reply fields):
                                                       may name; no addresses)
     link_state  a, b, up                           -> changed (operator command: link a-b)
     capacity    a, b, bytes_per_s                  -> changed
+    login   ttl_s?                                 -> token, expires (UNIX s), name, role: a
+                                                      token for the REST server carrying
+                                                      the caller's certificate name and role
+                                                      (terra_security/tokens.py; default
+                                                      900 s)
 
 Who may do what: job clients (role "job") submit coflows and see and change
 only their own; operators see and change every coflow and alone may send
@@ -62,6 +67,7 @@ from terra_controller.transport import (
     read_message,
 )
 from terra_security.pki import INSECURE, Identity, Role
+from terra_security.tokens import DEFAULT_TTL_S, TokenError, issue_token
 from terra_wire.api import INVALID, WireError, decode_request, pack_message
 
 LOG = logging.getLogger("terra.api")
@@ -211,6 +217,18 @@ class ApiHandler:
         _only(request, set())
         return self.controller.agents_view()
 
+    def _login(self, request: dict, identity: Identity) -> dict:
+        _only(request, {"ttl_s"})
+        try:
+            token, expires = issue_token(self.controller.token_key, identity,
+                                         request.get("ttl_s", DEFAULT_TTL_S))  # fmt: skip
+        except TokenError as exc:
+            raise RegistryError("bad_request", str(exc)) from exc
+        LOG.info("REST token issued to %s %s until %d", identity.role.value, identity.name,
+                 expires)  # fmt: skip
+        return {"token": token, "expires": expires, "name": identity.name,
+                "role": identity.role.value}  # fmt: skip
+
     def _link_state(self, request: dict, identity: Identity) -> dict:
         _only(request, {"a", "b", "up"})
         changed = self.controller.set_link_state(
@@ -236,6 +254,7 @@ _OPS = {
     "agents": ApiHandler._agents,
     "link_state": ApiHandler._link_state,
     "capacity": ApiHandler._capacity,
+    "login": ApiHandler._login,
 }
 _JOBS = (Role.JOB, Role.OPERATOR)
 _ROLES = {  # op -> roles allowed to call it
@@ -248,6 +267,7 @@ _ROLES = {  # op -> roles allowed to call it
     "agents": _JOBS,
     "link_state": (Role.OPERATOR,),
     "capacity": (Role.OPERATOR,),
+    "login": _JOBS,
 }
 _COMMON_FIELDS = {"v", "op", "req", "ref"}
 

@@ -540,6 +540,8 @@ CTL_OPS = {
     "list": ("every coflow this client may see (operators: all)", ()),
     "status": ("one coflow's status map (JSON)", ("COFLOW_ID",)),
     "cancel": ("cancel an unfinished coflow", ("COFLOW_ID",)),
+    "login": ("a 15-minute token for the web console (Authorization: Bearer; JSON "
+              "{token, expires, name, role})", ()),
 }
 OPERAND_HELP = {
     "A": ("DC at one end of the link", str),
@@ -588,6 +590,8 @@ def run_ctl(args: argparse.Namespace) -> int:
             result = {"changed": client.set_capacity(args.a, args.b, args.bytes_per_s)}
         elif args.op == "list":
             result = client.list_coflows()
+        elif args.op == "login":
+            result = client.login()
         elif args.op == "cancel":
             client.cancel_coflow(args.coflow_id)
             result = {"cancelled": args.coflow_id}

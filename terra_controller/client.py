@@ -225,6 +225,11 @@ class TerraClient:
                 raise TimeoutError(f"coflow {coflow_id} not done after {timeout} s: {status}")
             time.sleep(poll_s)
 
+    def login(self, ttl_s: float | None = None) -> dict:
+        """A short-lived REST token for this client's certificate (its name and role):
+        {"token", "expires" (UNIX s), "name", "role"}; ttl_s: lifetime (default 900 s)."""
+        return self._run(self.session.login(ttl_s))
+
     def list_coflows(self) -> list[dict]:
         """Return [{id, state, bytes_total, bytes_delivered, cct_s, name, tags}] for every
         coflow (of this client's; operators: all); forgets the finished ones in `open`."""

@@ -67,6 +67,7 @@ from terra_controller.resume import (
 from terra_core.policy import Allocation, Policy
 from terra_model import Coflow
 from terra_model.states import MAX_CLIENT_ID, CoflowStatus, FlowStatus
+from terra_security.tokens import new_key
 from topologies import Path, Topology, TopologyError
 
 LOG = logging.getLogger("terra.controller")
@@ -162,6 +163,7 @@ class Controller:
             updated at the event, the rest read by `metrics_view` at scrape time).
         journal: the CoflowJournal (under `lock`).
         events: the EventLog (terra_controller/events.py) operators read at REST /events.
+        token_key: the HMAC key of the REST tokens `ctl login` gets (this process only).
     """
 
     def __init__(
@@ -217,6 +219,7 @@ class Controller:
         self.started_wall = time.time()
         self.metrics = ControllerMetrics()
         self.events = EventLog()  # link, capacity, coflow and agent events (REST /events)
+        self.token_key = new_key()  # signs REST tokens (terra_security/tokens.py)
         self.link_bytes: dict[tuple[str, str], float] = {}
         self.role = "single"  # "leader" when elected among controllers on etcd
         self.leader_addr: str | None = None  # the leader's API address (HOST:PORT) then

@@ -64,6 +64,7 @@ from terra_controller.transport import (
     stop_listener,
 )
 from terra_security.pki import Role
+from terra_security.tokens import TokenError, verify_token
 
 LOG = logging.getLogger("terra.rest")
 
@@ -397,6 +398,46 @@ class HealthApp:
         return response(environ, start_response)
 
 
+class TokenGate:
+    """What a client without an operator certificate gets (unless --rest-public): the page's
+    own files (WEB_FILES: no data in them) and /healthz, and everything else only with a
+    valid token (terra_security/tokens.py, from `terra-controller ctl login`) in
+    "Authorization: Bearer TOKEN": the request then goes to `app` under the token's
+    identity, with the role check a certificate gets (operators only). No or a forged,
+    altered or expired token: 401 (WWW-Authenticate: Bearer); a token of another role: 403.
+
+    Args:
+        app: the RestApp. key: the controller's token key. health: /healthz's callable.
+        refused: callable(text) noting a refusal (rate-limited log).
+    """
+
+    def __init__(self, app, key: bytes, health: Callable[[], dict], refused: Callable) -> None:
+        self.app, self.key, self.health, self.refused = app, key, health, refused
+
+    def __call__(self, environ, start_response):
+        """WSGI entry point."""
+        request = Request(environ, url_encoding="latin-1")
+        path = request.path_info.rstrip("/") or "/"
+        if request.method == "GET" and (path in WEB_FILES or path == "/healthz"):
+            return self.app(environ, start_response)
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        try:
+            if scheme.lower() != "bearer" or not token:
+                raise TokenError("an operator certificate or token is needed (only the page "
+                                 "and /healthz are open; terra-controller ctl login)")  # fmt: skip
+            identity = verify_token(self.key, token.strip())
+        except TokenError as exc:
+            self.refused(f"{request.remote_addr}: {exc}")
+            response = _json({"error": str(exc)}, 401)
+            response.headers["WWW-Authenticate"] = 'Bearer realm="terra"'
+            return response(environ, start_response)
+        if not identity.may(Role.OPERATOR):
+            self.refused(f"{request.remote_addr}: token of {identity.role.value} {identity.name}")
+            why = f"{identity.role.value} {identity.name!r} may not read the operator REST"
+            return _json({"error": why}, 403)(environ, start_response)
+        return self.app(environ, start_response)
+
+
 class _OneRequest:
     """What wsgiref's handler reads of its server, with the application of one request."""
 
@@ -416,7 +457,8 @@ class RestServer:
     Attributes:
         listener: the listening socket.
         base_environ: the WSGI environ every request starts from (server name and port).
-        not_operator: RateLimitedLog of clients refused for lacking an operator certificate.
+        not_operator: RateLimitedLog of clients refused for lacking an operator certificate
+            or token.
     """
 
     def __init__(self, app: RestApp, public: bool) -> None:
@@ -432,15 +474,16 @@ class RestServer:
     def handle(self, sock, addr, identity) -> None:
         """Serve one HTTP request within REQUEST_TIMEOUT_S for the whole request and reply
         (a peer trickling its request is cut off). A peer without an operator certificate
-        (unless `public`) may read /healthz only (HealthApp: 403 for anything else)."""
+        (unless `public`) reads the page's files and /healthz, and the rest only with an
+        operator token (TokenGate)."""
         server = self
         if not self.public and (identity is None or not identity.may(Role.OPERATOR)):
-            self.not_operator.event(f"{addr}: {identity.name if identity else 'no certificate'}")
             controller = getattr(self.app, "controller", None)
             if controller is None:
                 return
-            why = "an operator certificate is needed (only /healthz is open)"
-            server = _OneRequest(self, HealthApp(controller.health, 403, why))
+            gate = TokenGate(self.app, controller.token_key, controller.health,
+                             self.not_operator.event)  # fmt: skip
+            server = _OneRequest(self, gate)
         sock.settimeout(REQUEST_TIMEOUT_S)
         try:
             with DEADLINES.guard(sock, REQUEST_TIMEOUT_S):

@@ -258,6 +258,15 @@ class ClientSession:
         request = {"op": "capacity", "a": a, "b": b, "bytes_per_s": bytes_per_s}
         return Call(request, lambda r: bool(r["changed"]))
 
+    def login(self, ttl_s: float | None = None) -> Call[dict[str, Any]]:
+        """A REST token for this client's certificate: {"token", "expires" (UNIX s), "name",
+        "role"} (terra_security/tokens.py)."""
+        request: dict[str, Any] = {"op": "login"}
+        if ttl_s is not None:
+            request["ttl_s"] = ttl_s
+        keys = ("token", "expires", "name", "role")
+        return Call(request, lambda r: {k: r[k] for k in keys})
+
     def finish(self, call: Call[T], reply: Message) -> T:
         """The result of `call` from its reply.
 

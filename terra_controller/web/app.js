@@ -123,10 +123,9 @@ function layout(topo) {
     }
   }
   const rest = dcs.filter((d) => !pos[d]);
-  rest.forEach((d, i) => {
+  rest.forEach((d, i) => { // on an ellipse filling the view: more room between DCs
     const t = (2 * Math.PI * i) / rest.length - Math.PI / 2;
-    const r = Math.min(W, H) / 2 - MARGIN;
-    pos[d] = [W / 2 + r * Math.cos(t), H / 2 + r * Math.sin(t)];
+    pos[d] = [W / 2 + (W / 2 - MARGIN) * Math.cos(t), H / 2 + (H / 2 - MARGIN) * Math.sin(t)];
   });
   return pos;
 }
@@ -162,7 +161,7 @@ function placeLabels(cands, nodeBoxes) {
   const u = unitsPerPx(), fs = LABEL_PX * u, placed = [...nodeBoxes], out = [];
   cands.sort((p, q) => q.weight - p.weight);
   for (const c of cands) {
-    const w = c.text.length * fs * 0.58 + 4 * u, h = fs * 1.25;
+    const w = c.text.length * fs * 0.62 + 6 * u, h = fs * 1.3;
     for (const t of [0.3, 0.5, 0.7, 0.2, 0.8, 0.4, 0.6]) {
       const x = c.x1 + (c.x2 - c.x1) * t + c.nx * (h * 0.7), y = c.y1 + (c.y2 - c.y1) * t + c.ny * (h * 0.7);
       const box = [x - w / 2, y - h / 2, x + w / 2, y + h / 2];
@@ -192,7 +191,7 @@ function linkLine(l, pos, hl, labels) {
   g.appendChild(svg("title", {}, `${a} → ${b}: ${l.state}, allocated ${fmtRate(alloc)} of ` +
     `${fmtRate(cap)}, acknowledged ${fmtRate(state.measured[k])}; click for its coflows`));
   g.addEventListener("click", () => selectLink(k));
-  if (alloc > 0) {
+  if (alloc >= 1) {
     labels.push({ key: k, text: fmtRate(alloc), weight: alloc, nx, ny,
       x1: x1 + ox, y1: y1 + oy, x2: x2 + ox, y2: y2 + oy });
   }
@@ -206,17 +205,18 @@ function drawWan(topo) {
     state.layoutKey = key;
   }
   const pos = state.pos, g = document.getElementById("wan"), hl = tunnelLinks();
-  const items = [], labels = [], nodeBoxes = [];
+  const items = [], labels = [], nodeBoxes = [], nodes = [];
   for (const l of topo.links) items.push(linkLine(l, pos, hl, labels));
-  const nodes = [];
+  const u = unitsPerPx(), r = 14 * u; // DCs keep 28 px circles and LABEL_PX names on screen
   for (const d of topo.dcs) {
     const [x, y] = pos[d];
     const node = svg("g", { class: "node", "data-dc": d });
-    node.appendChild(svg("circle", { cx: x, cy: y, r: 16 }));
-    node.appendChild(svg("text", { x, y }, d.length > 5 ? d.slice(0, 5) : d));
+    node.appendChild(svg("circle", { cx: x, cy: y, r }));
+    node.appendChild(svg("text", { x, y, "font-size": (LABEL_PX * u).toFixed(2) },
+      d.length > 5 ? d.slice(0, 5) : d));
     node.appendChild(svg("title", {}, d));
     nodes.push(node);
-    nodeBoxes.push([x - 16, y - 16, x + 16, y + 16]);
+    nodeBoxes.push([x - r, y - r, x + r, y + r]);
   }
   g.replaceChildren(...items, ...nodes, ...placeLabels(labels, nodeBoxes));
 }
@@ -233,7 +233,8 @@ function drawLinkDetail() {
   if (!k) return;
   const ids = state.linkCoflows[k] || [];
   document.getElementById("link-title").textContent =
-    `Link ${k.replace(">", " → ")}: ${ids.length ? ids.length + " coflows with rates on it" : "no coflow on it now"}`;
+    `Link ${k.replace(">", " → ")}: ` + (ids.length === 1 ? "1 coflow with a rate on it"
+      : ids.length ? ids.length + " coflows with rates on it" : "no coflow on it now");
   document.getElementById("link-coflows").replaceChildren(...ids.map((id) => {
     const b = el("button", { type: "button", "data-coflow": String(id) }, "coflow " + id);
     b.addEventListener("click", () => selectCoflow(id));

@@ -1,9 +1,11 @@
 """REST views and /metrics over HTTPS (operator certificate), against an in-process controller
 with TerraPolicy."""
 
+import base64
 import json
 import ssl
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -17,7 +19,8 @@ from terra_controller.rest import RestApp, start_rest_server
 from terra_controller.transport import ServerSecurity
 from terra_controller.tunnel_table import TunnelTable
 from terra_core.terra_policy import TerraPolicy
-from terra_security.pki import client_context, server_context
+from terra_security.pki import Identity, Role, client_context, server_context
+from terra_security.tokens import issue_token, new_key
 from topologies import Topology
 
 CAP = 1e8  # bytes/s per directed link
@@ -314,7 +317,7 @@ def test_rest_needs_an_operator_certificate(rest, pki, who):
 
 def test_without_an_operator_certificate_only_healthz_is_served(pki):
     """The controller's REST server (client certificates optional, not --rest-public):
-    /healthz for anyone, 403 for the rest unless the peer is an operator."""
+    /healthz for anyone, 401 for the rest unless the peer is an operator (or has a token)."""
     _, base, server = serve(pki, optional=True)
     try:
         for who in (None, "job1", "a1"):
@@ -322,7 +325,8 @@ def test_without_an_operator_certificate_only_healthz_is_served(pki):
             assert health == {"role": "single", "leader": None, "state_version": 0}
             with pytest.raises(urllib.error.HTTPError) as err:
                 get(base, "/status", context(pki, who))
-            assert err.value.code == 403
+            assert err.value.code == 401
+            assert err.value.headers["WWW-Authenticate"].startswith("Bearer")
             assert "operator certificate" in json.loads(err.value.read())["error"]
         assert get_json(base, "/status")["topology"] == "tri"  # operator1
         assert get_json(base, "/healthz")["role"] == "single"
@@ -430,3 +434,57 @@ def test_a_failing_view_answers_500_and_the_server_keeps_serving(pki):
         assert get_json(base, "/coflows/") == [] and get(base, "/metrics/")[0] == 200
     finally:
         server.shutdown()
+
+
+def bearer(base, path, token, ctx):
+    """GET `path` with "Authorization: Bearer token" over `ctx`; (status, JSON body)."""
+    request = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=5, context=ctx) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_an_operator_token_opens_rest_without_a_certificate(pki):
+    """A browser without a client certificate: the page's files and /healthz are open, the
+    JSON needs a token of the controller's key, unexpired, of an operator."""
+    controller, base, server = serve(pki, optional=True)
+    bare = context(pki, None)
+    try:
+        for path in ("/", "/static/app.js", "/static/style.css"):
+            assert get(base, path, bare)[0] == 200
+        key = controller.token_key
+        token, expires = issue_token(key, Identity("operator1", Role.OPERATOR), ttl_s=60)
+        assert expires > time.time() + 50
+        for path in ("/status", "/events", "/agents", "/coflows?finished=5"):
+            assert bearer(base, path, token, bare)[0] == 200
+        assert bearer(base, "/status", token, bare)[1]["topology"] == "tri"
+        # Refused: another key (forged), an altered payload, expired, garbage, no "Bearer".
+        forged, _ = issue_token(new_key(), Identity("operator1", Role.OPERATOR))
+        job, _ = issue_token(key, Identity("job1", Role.JOB))
+        head, body, mac = job.split(".")
+        claims = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+        claims["r"] = "operator"
+        raised = base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
+        expired, _ = issue_token(key, Identity("operator1", Role.OPERATOR), 60,
+                                 now=time.time() - 120)  # fmt: skip
+        for bad, why in ((forged, "signature"), (f"{head}.{raised}.{mac}", "signature"),
+                         (expired, "expired"), ("terra1.x.y", "not a token"),
+                         (token + "x", "signature")):  # fmt: skip
+            code, reply = bearer(base, "/status", bad, bare)
+            assert code == 401 and why in reply["error"], (bad, reply)
+        # A job's token is a job's identity: the operator REST refuses it as it would the
+        # job's certificate.
+        code, reply = bearer(base, "/status", job, bare)
+        assert code == 403 and "job" in reply["error"]
+        agent, _ = issue_token(key, Identity("a1", Role.AGENT))
+        assert bearer(base, "/coflows", agent, bare)[0] == 403
+        # A token sent as something else than Bearer is not read.
+        request = urllib.request.Request(base + "/status", headers={"Authorization": token})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(request, timeout=5, context=bare)
+        assert err.value.code == 401
+    finally:
+        server.shutdown()
+        server.server_close()

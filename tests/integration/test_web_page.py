@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from benchmarks.web_page import BIG, SWAN_LINKS, PageSession
+from benchmarks.web_page import BIG, SWAN_LINKS, MapSession, PageSession
 from mininet_scenarios.browser import browser_missing
 
 
@@ -188,3 +188,19 @@ def test_link_down_through_the_operator_api_shows_down(session, tmp_path):
         assert session.screenshot(tmp_path / "link_down.png").stat().st_size > 10_000
     finally:
         session.client.set_link_state("HK", "LA", True)
+
+
+@pytest.mark.parametrize("topology", ["gscale", "att"])
+def test_link_labels_are_readable_on_the_larger_topologies(tmp_path, topology):
+    # A control-protocol agent in every DC and a coflow from each DC: most links carry an
+    # allocation; every label drawn is >= 10 px on screen and overlaps no other.
+    with MapSession(tmp_path, topology) as s:
+        s.wait_updates(3)
+        labels = s.js("return document.querySelectorAll('#wan text.load').length")
+        loaded = sum(x["allocated_bytes_per_s"] >= 1 for x in s.ctl.get("/links")["links"])
+        assert loaded >= 10 and labels >= 10
+        assert s.label_overlaps() == []
+        # A label left out (no room) still has its figures in its link's tooltip.
+        assert s.js("return document.querySelectorAll('#wan g.edge title').length") == len(
+            s.ctl.get("/links")["links"]
+        )
