@@ -39,7 +39,6 @@ failing view answers 500 and the server keeps running.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import time
@@ -53,7 +52,13 @@ from webob.exc import HTTPBadRequest, HTTPException, HTTPMethodNotAllowed, HTTPN
 
 from overlay.rate_limited_log import RateLimitedLog
 from terra_controller.coflow_registry import RegistryError
-from terra_controller.console_views import agent_rows, flow_paths, link_coflows
+from terra_controller.console_views import (
+    CoflowListing,
+    agent_rows,
+    flow_paths,
+    link_coflows,
+    to_json,
+)
 from terra_controller.controller import Controller
 from terra_controller.metrics import CONTENT_TYPE, ControllerCollector
 from terra_controller.transport import (
@@ -132,6 +137,7 @@ class RestApp:
         self.openflow = openflow
         self.ports = ports
         self.web: dict[str, bytes] = {}  # WEB_FILES' contents, read once
+        self.listing = CoflowListing(controller)  # /coflows
         self.metrics = controller.metrics.registry
         self.metrics.register(
             ControllerCollector(
@@ -186,7 +192,7 @@ class RestApp:
     def _coflows(self, request: Request) -> Response:
         """`coflows()`, or with ?finished=N (N: 0..999999999) the active and N last finished."""
         if not request.query_string:
-            return _json(self.coflows())
+            return Response(body=self.listing.render(), content_type="application/json")
         return _json(self.controller.recent_coflows(_digits(request, "finished")))
 
     def _events(self, request: Request) -> Response:
@@ -371,8 +377,7 @@ _MEASURED = ("tx_bytes", "tx_packets", "tx_dropped", "rx_bytes", "rx_dropped", "
 
 def _json(body, status: int = 200) -> Response:
     """A JSON response (sets and tuples as lists, other non-JSON values as strings)."""
-    data = json.dumps(body, default=lambda v: list(v) if isinstance(v, set | tuple) else str(v))
-    return Response(body=data.encode(), status=status, content_type="application/json")
+    return Response(body=to_json(body), status=status, content_type="application/json")
 
 
 class HealthApp:

@@ -3,9 +3,11 @@ and the controller appending link, capacity and coflow events where they happen.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from terra_controller.console_views import agent_rows, flow_paths, link_coflows
+from terra_controller.console_views import CoflowListing, agent_rows, flow_paths, link_coflows
 from terra_controller.controller import Controller
 from terra_controller.events import EventLog
 from terra_core.terra_policy import TerraPolicy
@@ -70,3 +72,19 @@ def test_the_controller_logs_link_capacity_and_coflow_events():
     assert events[3]["coflow"] == done and events[6]["coflow"] == done
     assert events[7]["reason"] == "cancelled by the job master"
     assert events[8]["coflow"] == failed and "disk full" in events[8]["reason"]
+
+
+def test_the_coflow_listing_matches_the_summaries_and_reuses_only_done_coflows():
+    c = controller()
+    listing = CoflowListing(c)
+    done = c.submit([{"id": "f", "src": "a1", "dst": "b1", "bytes": 100}])
+    c.complete(done, "f", "00")
+    running = c.submit([{"id": "g", "src": "b1", "dst": "c1", "bytes": 10**9}])
+    c.run_round()
+    assert json.loads(listing.render()) == [x.summary() for x in c.registry.coflows.values()]
+    assert set(listing.done) == {done}
+    c.progress(running, "g", 5000)
+    c.cancel(running)
+    rows = {r["id"]: r for r in json.loads(listing.render())}
+    assert rows[running]["state"] == "cancelled" and rows[running]["bytes_delivered"] == 5000
+    assert set(listing.done) == {done}  # a cancelled coflow is encoded again each time
