@@ -198,7 +198,10 @@ class PageShots:
         out_dir: where the PNGs go.
 
     Attributes:
-        shots: [{"name", "path", "links_down": ["A>B", ...], "load": {"A>B": text shown}}].
+        shots: [{"name", "path", "links_down": ["A>B", ...], "load": {"A>B": text shown},
+            "coflow": id of the coflow whose view is open or None, "flows": [[cells of its
+            flow rows]]}]: before each shot the page's first running coflow is clicked
+            (its coflow view: flows, agents, tunnels, rates, bytes over time).
         error: why the browser could not be used, or None.
     """
 
@@ -231,14 +234,38 @@ class PageShots:
                 "({link: r.dataset.link, state: r.dataset.state, "
                 "cells: [...r.cells].map(c => c.textContent)}));"
             )
+            coflow, flows = self._open_running_coflow()
+            height = self.driver.execute_script("return document.documentElement.scrollHeight")
+            self.driver.set_window_size(1400, min(4000, height + 140))
             self.driver.save_screenshot(str(path))
             self.shots.append({
                 "name": name, "path": str(path),
                 "links_down": sorted(r["link"] for r in rows if r["state"] == "down"),
                 "load": {r["link"]: " | ".join(r["cells"][1:]) for r in rows},
+                "coflow": coflow, "flows": flows,
             })  # fmt: skip
         except Exception as exc:
             self.error = f"screenshot {name}: {exc}"
+
+    def _open_running_coflow(self) -> tuple[int | None, list[list[str]]]:
+        """Click the first running coflow's row (as a user would), wait up to 3 s for its
+        flows; (its id or None, the cells of its flow rows)."""
+        from selenium.webdriver.common.action_chains import ActionChains
+
+        rows = self.driver.find_elements("css selector", '#coflows tr[data-state="running"]')
+        if not rows:
+            return None, []
+        coflow = int(rows[0].get_attribute("data-coflow"))
+        ActionChains(self.driver).move_to_element(rows[0]).click().perform()
+        end = time.monotonic() + 3.0
+        flows: list[list[str]] = []
+        while time.monotonic() < end and not flows:
+            time.sleep(0.2)
+            flows = self.driver.execute_script(
+                "return [...document.querySelectorAll('#coflow-flows tbody tr')]"
+                ".map(r => [...r.cells].map(c => c.textContent));"
+            )
+        return coflow, flows
 
     def close(self) -> None:
         """Quit the browser."""
