@@ -16,7 +16,8 @@ replays the same scenario and saves the screenshots to docs/img/:
 
 `map_session` loads a built-in topology (swan, gscale, att) with control-protocol agents in
 every DC (benchmarks/loopback_system.FakeAgent: no bytes move) and coflows between many DC
-pairs, so that most links carry an allocation and a label: web_page_map_<topology>.png.
+pairs, so that most links carry an allocation and a label: web_page_map_<topology>.png (the
+map panel only).
 
 Run: uv run python benchmarks/web_page.py [--out docs/img]
 Needs: apt-get install chromium chromium-driver (scripts/install.sh).
@@ -246,8 +247,9 @@ def main() -> None:
         ) as s:
             s.wait_updates(3)
             labels = s.js("return document.querySelectorAll('#wan text.load').length")
-            print(s.screenshot(args.out / f"web_page_map_{topology}.png"), f"{labels} labels,",
-                  f"overlaps: {s.label_overlaps()}")  # fmt: skip
+            path = args.out / f"web_page_map_{topology}.png"
+            s.driver.find_element("id", "panel-wan").screenshot(str(path))  # the map only
+            print(path, f"{labels} labels, overlaps: {s.label_overlaps()}")
 
 
 if __name__ == "__main__":
