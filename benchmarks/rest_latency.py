@@ -11,7 +11,8 @@ handshake with the operator certificate, request, whole body).
 
 Target: every route's median under 50 ms (TARGET_S).
 
-Run: uv run python benchmarks/rest_latency.py [--coflows 10000] [--gets 30] [--json OUT]
+Run: uv run python benchmarks/rest_latency.py [--coflows 10000] [--gets 30] [--routes R,...]
+    [--json OUT]
 """
 
 from __future__ import annotations
@@ -76,8 +77,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--coflows", type=int, default=10_000)
     p.add_argument("--gets", type=int, default=30)
+    p.add_argument("--routes", help="comma-separated subset of ROUTES (default: all)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
+    if args.routes:
+        ROUTES[:] = [r for r in ROUTES if r in args.routes.split(",")]
     print(f"load average before: {os.getloadavg()}")
     result = measure(args.coflows, args.gets)
     print(f"{result['coflows']} coflows done in {result['fill_s']:.1f} s; "

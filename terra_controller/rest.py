@@ -27,6 +27,11 @@ Routes (GET only; docs/design.md section 6; docs/operations.md lists every field
     /metrics         Prometheus text format: the controller's CollectorRegistry
                      (terra_controller/metrics.py; every metric in docs/runtime.md)
 
+Who may read: a client with an operator certificate; without one (unless --rest-public)
+the page's files and /healthz, and the JSON only with an operator token in
+"Authorization: Bearer" (TokenGate; tokens from `terra-controller ctl login`,
+terra_security/tokens.py).
+
 A WSGI app (webob requests and responses, a routes Mapper) served by the standard
 library's wsgiref handler in a thread per authenticated request, behind the same
 admission as the coflow API (transport.accept_loop: caps per address and in total,
