@@ -120,22 +120,13 @@ def schedule_round(
     """
     if not 0.0 <= alpha < 1.0:
         raise ValueError(f"alpha must be in [0, 1), got {alpha!r}")
-    deadlines = deadlines or {}
-    active = {}
-    for cid, fgs in coflows.items():
-        if not all(map(operator.gt, fgs.values(), repeat(0))):  # (C loops: thousands a round)
-            fgs = {p: v for p, v in fgs.items() if v > 0}
-        if fgs:
-            active[cid] = fgs  # (read only: the round never writes into a coflow's volumes)
-        if not fgs.keys() <= paths.keys():
-            pair = next(p for p in fgs if p not in paths)
-            raise ValueError(f"coflow {cid!r}: no path set for DC pair {pair[0]}->{pair[1]}")
+    active = _active_coflows(coflows, paths)
     result = RoundResult()
     left = {link: max(0.0, c) for link, c in capacity.items()}
     rates: dict[str, dict[Pair, dict[Path, float]]] = {}
 
     # Step 1: admitted deadline coflows, earliest deadline first.
-    deadline_ids = reserve_deadlines(active, paths, left, now, deadlines, rates, result)
+    deadline_ids = reserve_deadlines(active, paths, left, now, deadlines or {}, rates, result)
 
     # Steps 2-4: reserve α, order by Γ on the full capacities, sequential min-CCT on r.
     index = index_for(memo, _INDEX_KEY, capacity)
@@ -165,6 +156,24 @@ def schedule_round(
 
     result.rates = _finish(rates, capacity, index)
     return result
+
+
+def _active_coflows(
+    coflows: dict[str, dict[Pair, float]], paths: dict[Pair, list[Path]]
+) -> dict[str, dict[Pair, float]]:
+    """The coflows of `schedule_round` with their positive FlowGroup volumes (bytes), those
+    with none left out, in arrival order. Raises ValueError naming the coflow and the DC
+    pair when a FlowGroup's pair has no entry in `paths`."""
+    active = {}
+    for cid, fgs in coflows.items():
+        if not all(map(operator.gt, fgs.values(), repeat(0))):  # (C loops: thousands a round)
+            fgs = {p: v for p, v in fgs.items() if v > 0}
+        if fgs:
+            active[cid] = fgs  # (read only: the round never writes into a coflow's volumes)
+        if not fgs.keys() <= paths.keys():
+            pair = next(p for p in fgs if p not in paths)
+            raise ValueError(f"coflow {cid!r}: no path set for DC pair {pair[0]}->{pair[1]}")
+    return active
 
 
 def _sequential(active, others, paths, capacity, r, hints, memo, rates, result, index) -> tuple:
