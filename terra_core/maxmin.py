@@ -432,17 +432,7 @@ def _forget(memo_scale, memo_load, memo_count, sums):  # pragma: no cover - comp
 
 @njit(cache=True, error_model="numpy")  # numpy: x / 0 is inf, not an exception
 def _scaled_fill(
-    ptr,
-    rows,
-    vals,
-    row_ptr,
-    row_cols,
-    memo_scale,
-    memo_load,
-    memo_count,
-    sums,
-    scale,
-    capacity,
+    ptr, rows, vals, row_ptr, row_cols, memo_scale, memo_load, memo_count, sums, scale, capacity
 ):  # pragma: no cover - compiled
     """The step loop of `_sparse_fill` on the scaled columns of `maxmin_levels_scaled`,
     compiled, with the memo (ColumnsByRow) brought to `scale` first. Returns (levels,
@@ -497,18 +487,8 @@ def _scaled_fill(
                         frozen[c] = True
                         newly[n_new] = c
                         n_new += 1
-        n_touched = 0
-        for t in range(n_new):
-            c = newly[t]
-            level[c] = water
-            for k in range(ptr[c], ptr[c + 1]):
-                r = rows[k]
-                count[r] -= 1
-                sub[r] += vals[k] * scale[c]
-                if not mark[r]:
-                    mark[r] = True
-                    touched[n_touched] = r
-                    n_touched += 1
+        n_touched = _take_out(newly, n_new, ptr, rows, vals, scale, count, sub, mark, touched)
+        level[newly[:n_new]] = water
         left -= n_new
         emptied = False
         for t in range(n_touched):
@@ -632,6 +612,27 @@ def _bring_memo(
                 return False
         memo_scale[j] = w
     return True
+
+
+@njit(cache=True)
+def _take_out(
+    newly, n_new, ptr, rows, vals, scale, count, sub, mark, touched
+):  # pragma: no cover - compiled
+    """Take the step's newly frozen columns newly[:n_new] out of the links' counts, adding
+    their scaled entries to `sub` per link; the links touched go to `touched` (marked in
+    `mark`) in the order first met. Returns how many links were touched."""
+    n_touched = 0
+    for t in range(n_new):
+        c = newly[t]
+        for k in range(ptr[c], ptr[c + 1]):
+            r = rows[k]
+            count[r] -= 1
+            sub[r] += vals[k] * scale[c]
+            if not mark[r]:
+                mark[r] = True
+                touched[n_touched] = r
+                n_touched += 1
+    return n_touched
 
 
 @njit(cache=True)
