@@ -56,7 +56,8 @@ def test_terra_sim_on_dask_equals_serial(cluster, tmp_path):
     assert list(dask) == list(serial) == scheduler_names()  # every scheduler, in order
     assert dask == serial
     assert serial["terra"]["coflows"]  # not vacuous
-    assert tasks_run(cluster.address, "run_one") == len(scheduler_names())  # the cells ran on the cluster
+    # the cells ran on the cluster
+    assert tasks_run(cluster.address, "run_one") == len(scheduler_names())
 
 
 def test_fb_table3_on_dask_equals_serial(cluster, tmp_path):
