@@ -186,53 +186,17 @@ def _sparse_fill(rows, cols, vals, capacity, n, resum, sat_tol):  # pragma: no c
     """The step loop of `maxmin_levels_sparse`, compiled: the numpy version's float
     operations in its order (see that function); arguments checked by the caller."""
     n_links = capacity.shape[0]
-    nnz = rows.shape[0]
-    # CSR by link and by entity; a counting sort keeps each row's entries in entry order,
-    # as the stable argsorts did
-    row_ptr = np.zeros(n_links + 1, dtype=np.intp)
-    col_ptr = np.zeros(n + 1, dtype=np.intp)
-    for k in range(nnz):
-        row_ptr[rows[k] + 1] += 1
-        col_ptr[cols[k] + 1] += 1
-    for i in range(n_links):
-        row_ptr[i + 1] += row_ptr[i]
-    for j in range(n):
-        col_ptr[j + 1] += col_ptr[j]
-    row_cols = np.empty(nnz, dtype=np.intp)
-    row_vals = np.empty(nnz)
-    col_rows = np.empty(nnz, dtype=np.intp)
-    col_vals = np.empty(nnz)
-    fill_r = row_ptr[:-1].copy()
-    fill_c = col_ptr[:-1].copy()
-    for k in range(nnz):
-        r, c = rows[k], cols[k]
-        row_cols[fill_r[r]] = c
-        row_vals[fill_r[r]] = vals[k]
-        fill_r[r] += 1
-        col_rows[fill_c[c]] = r
-        col_vals[fill_c[c]] = vals[k]
-        fill_c[c] += 1
+    row_ptr, row_cols, row_vals = _csr(rows, cols, vals, n_links)
+    col_ptr, col_rows, col_vals = _csr(cols, rows, vals, n)
     level = np.zeros(n)
     frozen = np.zeros(n, dtype=np.bool_)
-    for k in range(nnz):
+    for k in range(rows.shape[0]):
         if capacity[rows[k]] <= 0:
             frozen[cols[k]] = True
-    load = np.zeros(n_links)
-    count = np.zeros(n_links, dtype=np.intp)
-    for k in range(nnz):
-        if not frozen[cols[k]]:
-            load[rows[k]] += vals[k]
-            count[rows[k]] += 1
+    load, count = _active_loads(rows, cols, vals, frozen, n_links)
     exact = load.copy()
-    leftover = np.empty(n_links)
-    tol = np.empty(n_links)
-    for i in range(n_links):
-        leftover[i] = capacity[i] if count[i] > 0 else np.inf
-        tol[i] = sat_tol * capacity[i]
-    left = 0
-    for j in range(n):
-        if not frozen[j]:
-            left += 1
+    leftover, tol = _leftover_and_tolerance(capacity, count, sat_tol)
+    left = n - int(frozen.sum())
     ratio = np.empty(n_links)
     sub = np.zeros(n_links)  # the bincount of the step's frozen entries, per link
     mark = np.zeros(n_links, dtype=np.bool_)
@@ -259,14 +223,7 @@ def _sparse_fill(rows, cols, vals, capacity, n, resum, sat_tol):  # pragma: no c
                         is_new[c] = True
                         newly[n_new] = c
                         n_new += 1
-        if n_new * 16 < n:
-            newly[:n_new].sort()  # ascending, as the numpy version's
-        else:  # many: collecting them in order is cheaper than sorting
-            n_new = 0
-            for c in range(n):
-                if is_new[c]:
-                    newly[n_new] = c
-                    n_new += 1
+        _ascending(newly, n_new, is_new)
         n_touched = 0
         for t in range(n_new):
             c = newly[t]
@@ -303,12 +260,7 @@ def _sparse_fill(rows, cols, vals, capacity, n, resum, sat_tol):  # pragma: no c
                 leftover[r] = np.inf
                 emptied = True
         if emptied:
-            kept = 0
-            for t in range(n_busy):
-                if count[busy[t]] > 0:
-                    busy[kept] = busy[t]
-                    kept += 1
-            n_busy = kept
+            n_busy = _compact_busy(busy, n_busy, count)
     return level
 
 
@@ -480,17 +432,7 @@ def _forget(memo_scale, memo_load, memo_count, sums):  # pragma: no cover - comp
 
 @njit(cache=True, error_model="numpy")  # numpy: x / 0 is inf, not an exception
 def _scaled_fill(
-    ptr,
-    rows,
-    vals,
-    row_ptr,
-    row_cols,
-    memo_scale,
-    memo_load,
-    memo_count,
-    sums,
-    scale,
-    capacity,
+    ptr, rows, vals, row_ptr, row_cols, memo_scale, memo_load, memo_count, sums, scale, capacity
 ):  # pragma: no cover - compiled
     """The step loop of `_sparse_fill` on the scaled columns of `maxmin_levels_scaled`,
     compiled, with the memo (ColumnsByRow) brought to `scale` first. Returns (levels,
@@ -509,54 +451,19 @@ def _scaled_fill(
             return level, False
     if sums[2] != 1.0:  # (some value is not a whole number)
         return level, False
-    # the memo: loads and counts of every column with a weight, updated where it changed
-    for j in range(n):
-        w = scale[j]
-        old = memo_scale[j]
-        if w == old:
-            continue
-        if not (w == 0.0 or (np.floor(w) == w and w > 0 and ptr[j] < ptr[j + 1])):
-            _forget(memo_scale, memo_load, memo_count, sums)  # (NaN and inf fail too)
-            return level, False
-        if old > 0:
-            sums[0] -= 1
-            for k in range(ptr[j], ptr[j + 1]):
-                memo_load[rows[k]] -= vals[k] * old
-                memo_count[rows[k]] -= 1
-                sums[1] -= vals[k] * old
-        if w > 0:
-            sums[0] += 1
-            for k in range(ptr[j], ptr[j + 1]):
-                memo_load[rows[k]] += vals[k] * w
-                memo_count[rows[k]] += 1
-                sums[1] += vals[k] * w
-            if not sums[1] < _EXACT:  # (partial sums of whole numbers below 2^53 are exact)
-                _forget(memo_scale, memo_load, memo_count, sums)
-                return level, False
-        memo_scale[j] = w
+    if not _bring_memo(ptr, rows, vals, memo_scale, memo_load, memo_count, sums, scale):
+        return level, False
     # the columns taking part: those with a weight, but none crossing a link with no capacity
     frozen = np.empty(n, dtype=np.bool_)
     for j in range(n):
         frozen[j] = scale[j] == 0.0
     load = memo_load.copy()
     count = memo_count.copy()
-    left = int(sums[0])
-    for i in range(n_links):
-        if capacity[i] <= 0:
-            for e in range(row_ptr[i], row_ptr[i + 1]):
-                c = row_cols[e]
-                if not frozen[c]:
-                    frozen[c] = True
-                    left -= 1
-                    for k in range(ptr[c], ptr[c + 1]):
-                        load[rows[k]] -= vals[k] * scale[c]
-                        count[rows[k]] -= 1
+    left = int(sums[0]) - _freeze_dead(
+        ptr, rows, vals, row_ptr, row_cols, scale, capacity, frozen, load, count
+    )
     sat_tol = _SAT_TOL
-    leftover = np.empty(n_links)
-    tol = np.empty(n_links)
-    for i in range(n_links):
-        leftover[i] = capacity[i] if count[i] > 0 else np.inf
-        tol[i] = sat_tol * capacity[i]
+    leftover, tol = _leftover_and_tolerance(capacity, count, sat_tol)
     ratio = np.empty(n_links)
     sub = np.zeros(n_links)
     mark = np.zeros(n_links, dtype=np.bool_)
@@ -580,18 +487,8 @@ def _scaled_fill(
                         frozen[c] = True
                         newly[n_new] = c
                         n_new += 1
-        n_touched = 0
-        for t in range(n_new):
-            c = newly[t]
-            level[c] = water
-            for k in range(ptr[c], ptr[c + 1]):
-                r = rows[k]
-                count[r] -= 1
-                sub[r] += vals[k] * scale[c]
-                if not mark[r]:
-                    mark[r] = True
-                    touched[n_touched] = r
-                    n_touched += 1
+        n_touched = _take_out(newly, n_new, ptr, rows, vals, scale, count, sub, mark, touched)
+        level[newly[:n_new]] = water
         left -= n_new
         emptied = False
         for t in range(n_touched):
@@ -604,13 +501,158 @@ def _scaled_fill(
                 leftover[r] = np.inf
                 emptied = True
         if emptied:
-            kept = 0
-            for t in range(n_busy):
-                if count[busy[t]] > 0:
-                    busy[kept] = busy[t]
-                    kept += 1
-            n_busy = kept
+            n_busy = _compact_busy(busy, n_busy, count)
     return level, True
+
+
+@njit(cache=True)
+def _csr(rows, cols, vals, n_rows):  # pragma: no cover - compiled
+    """(ptr int[n_rows + 1], cols, vals) of the entries (rows[k], cols[k], vals[k]) grouped by
+    row; a counting sort keeps each row's entries in entry order, as a stable argsort."""
+    nnz = rows.shape[0]
+    ptr = np.zeros(n_rows + 1, dtype=np.intp)
+    for k in range(nnz):
+        ptr[rows[k] + 1] += 1
+    for i in range(n_rows):
+        ptr[i + 1] += ptr[i]
+    by_row_cols = np.empty(nnz, dtype=np.intp)
+    by_row_vals = np.empty(nnz)
+    fill = ptr[:-1].copy()
+    for k in range(nnz):
+        r = rows[k]
+        by_row_cols[fill[r]] = cols[k]
+        by_row_vals[fill[r]] = vals[k]
+        fill[r] += 1
+    return ptr, by_row_cols, by_row_vals
+
+
+@njit(cache=True)
+def _active_loads(rows, cols, vals, frozen, n_links):  # pragma: no cover - compiled
+    """(load float[n_links], count int[n_links]): the entries of the entities not frozen,
+    summed per link in entry order, and their number."""
+    load = np.zeros(n_links)
+    count = np.zeros(n_links, dtype=np.intp)
+    for k in range(rows.shape[0]):
+        if not frozen[cols[k]]:
+            load[rows[k]] += vals[k]
+            count[rows[k]] += 1
+    return load, count
+
+
+@njit(cache=True)
+def _leftover_and_tolerance(capacity, count, sat_tol):  # pragma: no cover - compiled
+    """(leftover, tol) per link: its capacity (inf when no active entity crosses it) and
+    the saturation tolerance sat_tol x capacity."""
+    n_links = capacity.shape[0]
+    leftover = np.empty(n_links)
+    tol = np.empty(n_links)
+    for i in range(n_links):
+        leftover[i] = capacity[i] if count[i] > 0 else np.inf
+        tol[i] = sat_tol * capacity[i]
+    return leftover, tol
+
+
+@njit(cache=True)
+def _ascending(newly, n_new, is_new):  # pragma: no cover - compiled
+    """Put the step's `n_new` newly frozen entities in ascending order, as the numpy
+    version's: a sort when they are few, else a scan of `is_new`."""
+    n = is_new.shape[0]
+    if n_new * 16 < n:
+        newly[:n_new].sort()
+        return
+    n_new = 0
+    for c in range(n):
+        if is_new[c]:
+            newly[n_new] = c
+            n_new += 1
+
+
+@njit(cache=True)
+def _compact_busy(busy, n_busy, count):  # pragma: no cover - compiled
+    """Drop the links no active entity crosses any more from busy[:n_busy], in place and
+    in order; returns the new count."""
+    kept = 0
+    for t in range(n_busy):
+        if count[busy[t]] > 0:
+            busy[kept] = busy[t]
+            kept += 1
+    return kept
+
+
+@njit(cache=True)
+def _bring_memo(
+    ptr, rows, vals, memo_scale, memo_load, memo_count, sums, scale
+):  # pragma: no cover - compiled
+    """Bring `_scaled_fill`'s memo (loads and counts of every column with a weight) to
+    `scale`, updated where a weight changed. False, with the memo emptied, when a weight is
+    not 0 or a whole number > 0 whose column has an entry (NaN and inf fail too), or the
+    scaled entries add up to 2^53 or more."""
+    for j in range(scale.shape[0]):
+        w = scale[j]
+        old = memo_scale[j]
+        if w == old:
+            continue
+        if not (w == 0.0 or (np.floor(w) == w and w > 0 and ptr[j] < ptr[j + 1])):
+            _forget(memo_scale, memo_load, memo_count, sums)
+            return False
+        if old > 0:
+            sums[0] -= 1
+            for k in range(ptr[j], ptr[j + 1]):
+                memo_load[rows[k]] -= vals[k] * old
+                memo_count[rows[k]] -= 1
+                sums[1] -= vals[k] * old
+        if w > 0:
+            sums[0] += 1
+            for k in range(ptr[j], ptr[j + 1]):
+                memo_load[rows[k]] += vals[k] * w
+                memo_count[rows[k]] += 1
+                sums[1] += vals[k] * w
+            if not sums[1] < _EXACT:  # (partial sums of whole numbers below 2^53 are exact)
+                _forget(memo_scale, memo_load, memo_count, sums)
+                return False
+        memo_scale[j] = w
+    return True
+
+
+@njit(cache=True)
+def _take_out(
+    newly, n_new, ptr, rows, vals, scale, count, sub, mark, touched
+):  # pragma: no cover - compiled
+    """Take the step's newly frozen columns newly[:n_new] out of the links' counts, adding
+    their scaled entries to `sub` per link; the links touched go to `touched` (marked in
+    `mark`) in the order first met. Returns how many links were touched."""
+    n_touched = 0
+    for t in range(n_new):
+        c = newly[t]
+        for k in range(ptr[c], ptr[c + 1]):
+            r = rows[k]
+            count[r] -= 1
+            sub[r] += vals[k] * scale[c]
+            if not mark[r]:
+                mark[r] = True
+                touched[n_touched] = r
+                n_touched += 1
+    return n_touched
+
+
+@njit(cache=True)
+def _freeze_dead(
+    ptr, rows, vals, row_ptr, row_cols, scale, capacity, frozen, load, count
+):  # pragma: no cover - compiled
+    """Freeze the columns crossing a link with no capacity, taking their scaled entries
+    out of `load` and `count` (in place); returns how many were frozen."""
+    n_frozen = 0
+    for i in range(capacity.shape[0]):
+        if capacity[i] <= 0:
+            for e in range(row_ptr[i], row_ptr[i + 1]):
+                c = row_cols[e]
+                if not frozen[c]:
+                    frozen[c] = True
+                    n_frozen += 1
+                    for k in range(ptr[c], ptr[c + 1]):
+                        load[rows[k]] -= vals[k] * scale[c]
+                        count[rows[k]] -= 1
+    return n_frozen
 
 
 def _entry_arrays(rows, cols, vals, capacity, n: int) -> tuple:

@@ -30,6 +30,7 @@ import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import repeat
+from typing import NamedTuple
 
 import numpy as np
 
@@ -261,60 +262,27 @@ def _solve_lp(
     Scaling: x = C·x', λ = λ'·C/D with C = max capacity used, D = max volume, so
     the FlowGroup rows read Σ_p x'_{k,p} − λ'·d_k/D = 0 and the link rows r_e/C.
     """
-    seq: list[int] = []  # the links of every x column, in column order (global ids)
-    lens: list[int] = []  # links per x column
-    per_group: list[int] = []  # x columns per FlowGroup
-    for _, _, paths in groups:
-        ids, hops = _columns_of(paths)
-        seq.extend(ids)
-        lens.extend(hops)
-        per_group.append(len(hops))
-    group_of = np.repeat(np.arange(len(groups), dtype=np.int32), per_group)
-    cols = [path for _, _, paths in groups for path in paths]  # x column j's path
-    n_groups = len(groups)
-    # Link rows in order of first appearance in the columns (the order HiGHS has always seen).
-    uniq, first, inverse = np.unique(np.asarray(seq), return_index=True, return_inverse=True)
-    by_first = np.argsort(first)
-    row_of = np.empty(len(uniq), dtype=np.int32)
-    row_of[by_first] = np.arange(len(uniq), dtype=np.int32)
-    link_row = {_LINKS[g]: row for row, g in enumerate(uniq[by_first].tolist())}
-    n_links = len(link_row)
-    lens_arr = np.asarray(lens, dtype=np.int32)
-    starts_arr = np.zeros(len(cols) + 1, dtype=np.int32)
-    np.cumsum(lens_arr + 1, out=starts_arr[1:])
-    group_pos = starts_arr[1:] - 1  # the last entry of every x column is its FlowGroup row
-    index_arr = np.empty(starts_arr[-1], dtype=np.int32)
-    at_link = np.ones(len(index_arr), dtype=bool)
-    at_link[group_pos] = False
-    index_arr[at_link] = row_of[inverse.reshape(-1)]
-    index_arr[group_pos] = group_of + n_links
-    value = np.ones(len(index_arr) + n_groups)
-    big_d = max(g[1] for g in groups)
-    value[len(index_arr) :] = [-volume / big_d for _, volume, _ in groups]
-    index_arr = np.concatenate([index_arr, np.arange(n_links, n_links + n_groups, dtype=np.int32)])
-    starts_arr = np.append(starts_arr, len(index_arr)).astype(np.int32)
+    m = _lp_matrix(groups)
+    n_links, n_groups = len(m.link_row), len(groups)
     caps = np.empty(n_links)
-    for link, row in link_row.items():
+    for link, row in m.link_row.items():
         caps[row] = capacity[link]
     big_c = caps.max()
-    n_cols = len(cols) + 1
+    big_d = max(g[1] for g in groups)
+    value = np.ones(len(m.index) + n_groups)
+    value[len(m.index) :] = [-volume / big_d for _, volume, _ in groups]
+    index = np.concatenate([m.index, np.arange(n_links, n_links + n_groups, dtype=np.int32)])
+    starts = np.append(m.starts, len(index)).astype(np.int32)
+    n_cols = len(m.cols) + 1
     row_lower = np.concatenate([np.full(n_links, -INF), np.zeros(n_groups)])
     row_upper = np.concatenate([caps / big_c, np.zeros(n_groups)])
     cost = np.zeros(n_cols)
     cost[-1] = 1.0
     h = _highs()
     pass_lp(
-        h,
-        True,
-        cost,
-        np.zeros(n_cols),
-        np.full(n_cols, INF),
-        row_lower,
-        row_upper,
-        starts_arr,
-        index_arr,
-        value,
-    )
+        h, True, cost, np.zeros(n_cols), np.full(n_cols, INF), row_lower, row_upper, starts,
+        index, value,
+    )  # fmt: skip
     if not solve(h):
         status = h.modelStatusToString(h.getModelStatus())
         raise RuntimeError(f"HiGHS failed on Optimization (1): {status}")
@@ -325,8 +293,62 @@ def _solve_lp(
     if lam <= 0:
         return MinCct(math.inf, lp_solved=True)
     lam = float(lam)  # (the same float64; Python arithmetic below is faster)
-    x2 = _fewest_link_bytes(h, lens_arr, x) if fewest_link_bytes else x
-    per_group_2 = _group_columns(cols, group_of, x2, n_groups)
+    x2 = _fewest_link_bytes(h, m.lens, x) if fewest_link_bytes else x
+    rates = _split_rates(groups, m, x, x2, lam)
+    prices = {link: abs(duals[row]) for link, row in m.link_row.items() if duals[row] != 0}
+    return MinCct(1.0 / lam, rates, lp_solved=True, prices=prices)
+
+
+class _LpMatrix(NamedTuple):
+    """The x columns of `_solve_lp`'s LP in CSC form, before the λ column.
+
+    cols: x column j's path; group_of: int32[j], its FlowGroup; lens: int32[j], its links;
+    link_row: {link: row}, link rows in order of first appearance in the columns (the order
+    HiGHS has always seen); starts: int32[j + 1] column starts; index: int32 row of every
+    entry (a column's links, then its FlowGroup row n_links + k, coefficient 1)."""
+
+    cols: list[Path]
+    group_of: np.ndarray
+    lens: np.ndarray
+    link_row: dict[Link, int]
+    starts: np.ndarray
+    index: np.ndarray
+
+
+def _lp_matrix(groups: list[tuple[Pair, float, tuple[Path, ...]]]) -> _LpMatrix:
+    """The x columns of the LP over `groups` ((pair, bytes, paths) per FlowGroup)."""
+    seq: list[int] = []  # the links of every x column, in column order (global ids)
+    lens: list[int] = []  # links per x column
+    per_group: list[int] = []  # x columns per FlowGroup
+    for _, _, paths in groups:
+        ids, hops = _columns_of(paths)
+        seq.extend(ids)
+        lens.extend(hops)
+        per_group.append(len(hops))
+    group_of = np.repeat(np.arange(len(groups), dtype=np.int32), per_group)
+    cols = [path for _, _, paths in groups for path in paths]  # x column j's path
+    uniq, first, inverse = np.unique(np.asarray(seq), return_index=True, return_inverse=True)
+    by_first = np.argsort(first)
+    row_of = np.empty(len(uniq), dtype=np.int32)
+    row_of[by_first] = np.arange(len(uniq), dtype=np.int32)
+    link_row = {_LINKS[g]: row for row, g in enumerate(uniq[by_first].tolist())}
+    lens_arr = np.asarray(lens, dtype=np.int32)
+    starts = np.zeros(len(cols) + 1, dtype=np.int32)
+    np.cumsum(lens_arr + 1, out=starts[1:])
+    group_pos = starts[1:] - 1  # the last entry of every x column is its FlowGroup row
+    index = np.empty(starts[-1], dtype=np.int32)
+    at_link = np.ones(len(index), dtype=bool)
+    at_link[group_pos] = False
+    index[at_link] = row_of[inverse.reshape(-1)]
+    index[group_pos] = group_of + len(link_row)
+    return _LpMatrix(cols, group_of, lens_arr, link_row, starts, index)
+
+
+def _split_rates(groups, m: _LpMatrix, x, x2, lam: float) -> PairRates:
+    """FlowGroup k's rates d_k·λ (bytes/s) split over its paths as the second stage's
+    solution `x2` does, else the first stage's `x`, else all on its shortest path."""
+    n_groups = len(groups)
+    per_group_2 = _group_columns(m.cols, m.group_of, x2, n_groups)
     per_group_1 = None
     rates: PairRates = {}
     for k, (pair, volume, paths) in enumerate(groups):
@@ -335,13 +357,12 @@ def _solve_lp(
         split = per_group_2[k]
         if not split:
             if per_group_1 is None:
-                per_group_1 = _group_columns(cols, group_of, x, n_groups)
+                per_group_1 = _group_columns(m.cols, m.group_of, x, n_groups)
             split = per_group_1[k] or [(paths[0], 1.0)]
         total = sum(v for _, v in split)
         # renormalize so FlowGroup k gets exactly d_k·λ (removes solver round-off)
         rates[pair] = [(path, volume * lam * v / total) for path, v in split]
-    prices = {link: abs(duals[row]) for link, row in link_row.items() if duals[row] != 0}
-    return MinCct(1.0 / lam, rates, lp_solved=True, prices=prices)
+    return rates
 
 
 def _group_columns(cols, group_of, x, n_groups: int) -> list[list[tuple[Path, float]]]:

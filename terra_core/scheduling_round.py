@@ -96,13 +96,10 @@ def schedule_round(
             exact)} known to the caller (e.g. a cached Γ rescaled, or a
             weak-duality bound, min_cct.DualBound). Coflows without a
             hint start from the bound max_k d_k / Σ_{p ∈ P_k} bottleneck(p).
-        memo: optional dict the caller keeps between rounds (and clears when
-            paths change): step 4's min-CCT solutions on r, reused without an LP
-            when r is unchanged and the volumes allow it (see
-            residual_min_cct.min_cct_on_residual),
-            the per-pair denominators of step 3's bound (`_pair_flow_cache`),
-            the link bits and path masks (path_masks.PathIndex) and step 2''s
-            allocation of the starving coflow on the reserve (aged guard).
+        memo: optional dict the caller keeps between rounds (cleared when paths
+            change): step 4's min-CCT solutions on r (residual_min_cct), step 3's
+            per-pair denominators (`_pair_flow_cache`), the path masks
+            (path_masks.PathIndex) and step 2''s allocation (aged guard).
         starving: None for the fixed guard (steps 2 and 5 as above). Otherwise an
             aged guard (starvation.py): the starving coflow ids, oldest first;
             steps 2 and 5 are replaced by step 2' (starvation.serve_starving: the
@@ -120,7 +117,57 @@ def schedule_round(
     """
     if not 0.0 <= alpha < 1.0:
         raise ValueError(f"alpha must be in [0, 1), got {alpha!r}")
-    deadlines = deadlines or {}
+    active = _active_coflows(coflows, paths)
+    result = RoundResult()
+    left = {link: max(0.0, c) for link, c in capacity.items()}
+    rates: dict[str, dict[Pair, dict[Path, float]]] = {}
+    # Step 1: admitted deadline coflows, earliest deadline first.
+    deadline_ids = reserve_deadlines(active, paths, left, now, deadlines or {}, rates, result)
+    # Steps 2-4: reserve α, order by Γ on the full capacities, sequential min-CCT on r.
+    index = index_for(memo, _INDEX_KEY, capacity)
+    if starving is not None:  # an aged guard: the reserve only for starving coflows
+        _aged_guard(
+            active, starving, paths, left, capacity, alpha, starving_fair, rates, result,
+            index, memo,
+        )  # fmt: skip
+        alpha = 0.0
+    reserve = {link: alpha * c for link, c in left.items()}
+    r = {link: c - reserve[link] for link, c in left.items()}
+    others = [cid for cid in active if cid not in result.state]
+    scheduled, preempted = _sequential(
+        active, others, paths, capacity, r, hints, memo, rates, result, index
+    )
+    # Step 5: the α share to the preempted coflows.
+    if preempted and alpha > 0:
+        alpha_share(active, preempted, paths, reserve, capacity, rates, result, index)
+    spare = {link: r[link] + reserve[link] for link in left}
+    # Step 6: work conservation, earlier coflows in the order first.
+    order = scheduled + preempted + deadline_ids
+    _work_conservation(active, order, paths, spare, capacity, rates, result, index)
+
+    result.rates = _finish(rates, capacity, index)
+    return result
+
+
+def _aged_guard(
+    active, starving, paths, left, capacity, alpha, starving_fair, rates, result, index, memo
+) -> None:
+    """Step 2' of `schedule_round` (starvation.serve_starving): the starving coflow ids
+    (oldest first) still unscheduled after step 1 get the reserve α of `left` (bytes/s)."""
+    starving = [cid for cid in starving if cid in active and cid not in result.state]
+    if starving and alpha > 0:
+        serve_starving(
+            active, starving, paths, left, capacity, alpha, starving_fair, rates, result,
+            index, memo,
+        )  # fmt: skip
+
+
+def _active_coflows(
+    coflows: dict[str, dict[Pair, float]], paths: dict[Pair, list[Path]]
+) -> dict[str, dict[Pair, float]]:
+    """The coflows of `schedule_round` with their positive FlowGroup volumes (bytes), those
+    with none left out, in arrival order. Raises ValueError naming the coflow and the DC
+    pair when a FlowGroup's pair has no entry in `paths`."""
     active = {}
     for cid, fgs in coflows.items():
         if not all(map(operator.gt, fgs.values(), repeat(0))):  # (C loops: thousands a round)
@@ -130,41 +177,7 @@ def schedule_round(
         if not fgs.keys() <= paths.keys():
             pair = next(p for p in fgs if p not in paths)
             raise ValueError(f"coflow {cid!r}: no path set for DC pair {pair[0]}->{pair[1]}")
-    result = RoundResult()
-    left = {link: max(0.0, c) for link, c in capacity.items()}
-    rates: dict[str, dict[Pair, dict[Path, float]]] = {}
-
-    # Step 1: admitted deadline coflows, earliest deadline first.
-    deadline_ids = reserve_deadlines(active, paths, left, now, deadlines, rates, result)
-
-    # Steps 2-4: reserve α, order by Γ on the full capacities, sequential min-CCT on r.
-    index = index_for(memo, _INDEX_KEY, capacity)
-    if starving is not None:  # an aged guard: the reserve only for starving coflows
-        starving = [cid for cid in starving if cid in active and cid not in result.state]
-        if starving and alpha > 0:
-            serve_starving(
-                active, starving, paths, left, capacity, alpha, starving_fair, rates, result,
-                index, memo,
-            )  # fmt: skip
-        alpha = 0.0
-    reserve = {link: alpha * c for link, c in left.items()}
-    r = {link: c - reserve[link] for link, c in left.items()}
-    others = [cid for cid in active if cid not in result.state]
-    scheduled, preempted = _sequential(
-        active, others, paths, capacity, r, hints, memo, rates, result, index
-    )
-
-    # Step 5: the α share to the preempted coflows.
-    if preempted and alpha > 0:
-        alpha_share(active, preempted, paths, reserve, capacity, rates, result, index)
-    spare = {link: r[link] + reserve[link] for link in left}
-
-    # Step 6: work conservation, earlier coflows in the order first.
-    order = scheduled + preempted + deadline_ids
-    _work_conservation(active, order, paths, spare, capacity, rates, result, index)
-
-    result.rates = _finish(rates, capacity, index)
-    return result
+    return active
 
 
 def _sequential(active, others, paths, capacity, r, hints, memo, rates, result, index) -> tuple:

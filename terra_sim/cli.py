@@ -93,10 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--coflowsim-compat",
         action="store_true",
-        help="with --topology bigswitch and a trace: simulate as CoflowSim does (8-ms time "
-        "steps, coflows admitted at the start of 10,240-ms epochs, reducer bytes rounded "
-        "up to a multiple of the mapper count in MiB, flows within a rack on its ports; "
-        "docs/design.md section 7)",
+        help="bigswitch and a trace: simulate as CoflowSim's code does (docs/design.md 7)",
     )
     p.add_argument("--json", type=Path, default=None, metavar="OUT", help="write results as JSON")
     p.add_argument("--plot", type=Path, default=None, metavar="OUT.png", help="CCT CDF plot")
@@ -120,8 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--dask",
         default=None,
         metavar="tcp://HOST:PORT",
-        help="with --scheduler all: simulate the schedulers on the workers of this Dask "
-        "scheduler (the 'sim' extra; the workers run the same terra) instead of --jobs processes",
+        help="with --scheduler all: on this Dask scheduler's workers, not --jobs",
     )
     add_common_args(p)
     return p
