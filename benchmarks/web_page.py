@@ -98,7 +98,7 @@ class PageSession:
         return int(self.driver.find_element("tag name", "body").get_attribute("data-updated")
                    or 0)  # fmt: skip
 
-    def wait_updates(self, n: int = 2, timeout: float = 20) -> None:
+    def wait_updates(self, n: int = 2, timeout: float = 60) -> None:
         """Wait until the page has drawn `n` more polls."""
         start = self.updates()
         self.wait(lambda: self.updates() >= start + n, timeout, f"{n} page updates")
@@ -146,10 +146,10 @@ class PageSession:
         link = self.busy_link(coflow)
         self.click(f'#wan line.hit[data-link="{link}"]')
         button = f'#link-coflows button[data-coflow="{coflow}"]'
-        self.wait(lambda: self.driver.find_element("css selector", button).is_displayed(), 15,
+        self.wait(lambda: self.driver.find_element("css selector", button).is_displayed(), 45,
                   "the link's coflow list")  # fmt: skip
         self.click(button)
-        self.wait(lambda: self.rows("coflow-flows"), 15, "the coflow's flows")
+        self.wait(lambda: self.rows("coflow-flows"), 45, "the coflow's flows")
         return link
 
     def label_overlaps(self) -> list:
@@ -242,9 +242,10 @@ def main() -> None:
         s.wait_updates(3)
         print(s.screenshot(args.out / "web_page_link_down.png"))
     for topology in ("swan", "gscale", "att"):
-        with tempfile.TemporaryDirectory(prefix="terra-web-") as tmp, MapSession(
-            Path(tmp), topology
-        ) as s:
+        with (
+            tempfile.TemporaryDirectory(prefix="terra-web-") as tmp,
+            MapSession(Path(tmp), topology) as s,
+        ):
             s.wait_updates(3)
             labels = s.js("return document.querySelectorAll('#wan text.load').length")
             path = args.out / f"web_page_map_{topology}.png"

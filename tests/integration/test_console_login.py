@@ -68,17 +68,17 @@ def test_a_browser_without_a_certificate_signs_in_with_the_token(ctl):
     driver = start_browser()
     try:
         driver.get(ctl.rest + "/")
-        PageSession.wait(lambda: driver.find_element("id", "login").is_displayed(), 20,
+        PageSession.wait(lambda: driver.find_element("id", "login").is_displayed(), 60,
                          "the login box")  # fmt: skip
         assert driver.find_element("id", "topology-name").text == "…"  # no data without it
         driver.find_element("id", "login-token").send_keys(token)
         driver.find_element("id", "login-button").click()
-        PageSession.wait(lambda: driver.find_element("id", "topology-name").text == "swan", 20,
+        PageSession.wait(lambda: driver.find_element("id", "topology-name").text == "swan", 60,
                          "the page's data")  # fmt: skip
         assert not driver.find_element("id", "login").is_displayed()
         # A wrong token brings the box back with the reason.
         driver.execute_script("sessionStorage.setItem('terra-token', 'terra1.x.y')")
-        PageSession.wait(lambda: driver.find_element("id", "login").is_displayed(), 20,
+        PageSession.wait(lambda: driver.find_element("id", "login").is_displayed(), 60,
                          "the login box again")  # fmt: skip
         assert "refused" in driver.find_element("id", "login-note").text
     finally:
