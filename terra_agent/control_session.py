@@ -33,6 +33,7 @@ from .config import (
     ROWS_PER_MESSAGE,
     RegistrationRefused,
 )
+from .file_listing import answer_files
 from .sender import (
     BACKOFF_MAX_S,
     BACKOFF_MIN_S,
@@ -195,7 +196,12 @@ class ControlSession:
             if flow.done:
                 self._outbox.append(
                     complete_message(
-                        spec.coflow, spec.flow, flow.digest, spec.size, report_tag(spec.digest_key)
+                        spec.coflow,
+                        spec.flow,
+                        flow.digest,
+                        spec.size,
+                        report_tag(spec.digest_key),
+                        flow.sha256,
                     )
                 )
             elif flow.failed is not None and flow.reported:
@@ -227,6 +233,12 @@ class ControlSession:
             self._queue_progress(only_changed=False)  # senders' offsets reach the controller anyway
         return rows[:ROWS_PER_MESSAGE]
 
+    async def _answer_files(self, header: dict) -> None:
+        """Answer a "list" / "check" request (file_listing.answer_files, in a worker thread)."""
+        replies = await trio.to_thread.run_sync(answer_files, header, self.config.data_root)
+        for msg in replies:
+            self.send_control(msg)
+
     async def _apply_control(self, header: dict) -> None:
         """Validate and apply one controller message; ProtocolError if it is bad."""
         validate_control(header)
@@ -254,6 +266,9 @@ class ControlSession:
             log.error("controller reports an error: %s", header["message"])
             if header.get("fatal") is True:
                 raise RegistrationRefused(header["message"])
+        elif kind in ("list", "check"):
+            self._spawn(self._answer_files, header)
+            return  # answered by "listing" replies, not an ack
         elif kind not in ("heartbeat", "ack"):
             raise ProtocolError(f"{kind!r} is not a controller-to-agent message")
         if "id" in header:

@@ -23,6 +23,7 @@ full. So a gap filled after gigabytes spilled never brings them all into memory 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 
 import trio
@@ -144,9 +145,12 @@ class InFlow:
             spec.sink, spec.size, resume=spec.offset > 0, data_root=data_root, align=LEAF_BYTES
         )
         self.hasher = FlowDigest(self.keys, spec.size)
+        # SHA-256 of a file sink's bytes, fed as they pass (status shows it; sync compares it)
+        self._sha = hashlib.sha256() if spec.sink.startswith("file:") else None
+        self.sha256: str | None = None
         self.base = self.sink.resume_offset
         if self.base:
-            self.sink.prefix_hash(self.hasher)
+            self.sink.prefix_hash(self.hasher, *([self._sha] if self._sha else []))
         self.delivered = self.base
         self.acknowledged = self.base
         self.expected_digest: str | None = (
@@ -402,14 +406,19 @@ class InFlow:
 
     def _consume(self, pieces: list) -> None:
         """Hash and write in-order pieces (runs in a worker thread for large batches)."""
+        sha = self._sha
         for piece in pieces:
             self.hasher.update(piece)
+            if sha is not None:
+                sha.update(piece)
             self.sink.write(piece)
 
     def _finish_data(self) -> None:
         self._drop_reorder()
         if self.digest is None:
             self.digest = self.hasher.hexdigest()
+            if self._sha is not None:
+                self.sha256 = self._sha.hexdigest()
             self.sink.close()
 
     def check_digest(self) -> bool:

@@ -274,8 +274,8 @@ class FileSink:
             raise SourceError(f"cannot open sink file {self.name!r}: {exc.strerror}") from exc
         self._fd = -1
 
-    def prefix_hash(self, hasher) -> None:
-        """hasher.update() with bytes [0, resume_offset) of the part file."""
+    def prefix_hash(self, *hashers) -> None:
+        """hasher.update() of every hasher with bytes [0, resume_offset) of the part file."""
         fd = os.open(self.part_path, os.O_RDONLY | _NOFOLLOW)
         with open(fd, "rb") as f:
             left = self.resume_offset
@@ -283,7 +283,8 @@ class FileSink:
                 data = f.read(min(_REHASH_BYTES, left))
                 if not data:
                     raise SourceError(f"sink file {self.name!r} shrank while re-hashing")
-                hasher.update(data)
+                for hasher in hashers:
+                    hasher.update(data)
                 left -= len(data)
 
     def save_digest(self, digest: str, algorithm: str = ALGORITHM) -> None:

@@ -70,6 +70,7 @@ from terra_controller.coflow_registry import (
     parse_coflow_key,
 )
 from terra_controller.controller import Controller, FlowRates
+from terra_controller.file_requests import FileRequests
 from terra_controller.reaction import Reaction
 from terra_controller.transport import ServerSecurity, SharedSocket, listen_and_serve
 from terra_controller.tunnel_table import TunnelTable
@@ -203,6 +204,8 @@ class AgentChannel:
         controller.on_drop.append(self.push_drop)
         controller.on_tick.append(self.run_overdue)
         controller.connected_agents = self.connected_agents
+        self.files = FileRequests(self.connections.get)  # "list" / "check" and their replies
+        controller.files = self.files
 
     # -- connections
 
@@ -261,7 +264,10 @@ class AgentChannel:
             return
         try:
             if kind == "complete":
-                self._complete(conn.agent, m["coflow"], m["flow"], m["digest"], m.get("k", ""))
+                self._complete(conn.agent, m["coflow"], m["flow"], m["digest"], m.get("sha256"),
+                               m.get("k", ""))  # fmt: skip
+            elif kind == "listing":
+                self.files.answer(conn.agent, m)
             elif kind == "ack":
                 self._acked(m["id"])
             elif kind == "failed":
@@ -380,16 +386,18 @@ class AgentChannel:
         if not self.controller.progress(parse_coflow_key(coflow), flow, acked, tag):
             self._send_drop({agent}, coflow, [flow])  # its coflow failed / was cancelled
 
-    def _complete(self, agent: str, coflow: str, flow: str, digest: str, tag: str) -> None:
+    def _complete(
+        self, agent: str, coflow: str, flow: str, digest: str, sha256: str | None, tag: str
+    ) -> None:
         try:
             self._check_endpoint(agent, coflow, flow, "recv")
         except RegistryError as exc:
             if exc.code != "forbidden" and self._unknown(coflow):
                 # finished while the controller was down: keep it until resubmitted
-                self._keep_pending(agent, "complete", coflow, flow, (digest, tag))
+                self._keep_pending(agent, "complete", coflow, flow, (digest, sha256, tag))
                 return
             raise
-        self.controller.complete(parse_coflow_key(coflow), flow, digest, tag)
+        self.controller.complete(parse_coflow_key(coflow), flow, digest, tag, sha256)
 
     def _failed(
         self,

@@ -82,6 +82,9 @@ class FlowState:
             flow descriptors' "attempt").
         src_path, dst_path: optional file paths at the sender / receiver agent, relative to
             that agent's data root (terra-agent --data-root); see check_path.
+        sha256: hex SHA-256 of a file flow's bytes as its receiver got them (or, skipped,
+            of the file already there), else None. skipped: a sync coflow's flow whose
+            destination already held the same bytes: done without being sent.
         digest_key: the current attempt's flow key (64 hex chars, terra_security/integrity.py): sent
             to the flow's two agents only; a new one on every restart (derived from its
             coflow's secret, the attempt and the flow id: see `flow_key`).
@@ -100,6 +103,8 @@ class FlowState:
     dst_path: str | None = None
     reason: str | None = None
     restarts: int = 0
+    sha256: str | None = None
+    skipped: bool = False
     digest_key: str = field(default="", repr=False)  # set by the registry (`assign_keys`)
 
     @property
@@ -140,7 +145,8 @@ class FlowState:
         """Return the flow's progress as a plain dict (for status replies and REST).
 
         Shape: {"id", "src", "dst", "src_dc", "dst_dc", "bytes", "bytes_delivered", "done",
-        "digest", "state" (FlowStatus value), "reason" (str or None), "restarts"}.
+        "digest", "state" (FlowStatus value), "reason" (str or None), "restarts", "sha256"
+        (hex or None), "skipped" (bool)}.
         """
         return {
             "id": self.id,
@@ -155,6 +161,8 @@ class FlowState:
             "state": self.state.value,
             "reason": self.reason,
             "restarts": self.restarts,
+            "sha256": self.sha256,
+            "skipped": self.skipped,
         }
 
 
@@ -537,7 +545,7 @@ class CoflowRegistry:
         """Give new flows of `coflow` their busy sinks and bytes to schedule."""
         cid, sinks = coflow.id, self.sinks
         for f in flows:
-            if f.dst_path is not None and not f.intra_dc:
+            if f.dst_path is not None and not f.intra_dc and not f.done:
                 sinks[sink_key(f)] = (cid, f.id)
         self.open_flows[coflow.owner] = self.open_flows.get(coflow.owner, 0) + len(flows)
         self._track(coflow, flows)
