@@ -92,8 +92,8 @@ def test_a_directory_is_sent_with_the_command_line_and_every_sha256_matches(
     src, dst = system.roots["a1"], system.roots["b1"]
     files = make_tree(src, "logs", 12, seed=1)
     job = tmp_path / "dir.json"
-    job.write_text(json.dumps({"flows": [
-        {"id": "logs", "src": "a1", "dst": "b1", "src_path": "logs/", "dst_path": "copy"}]}))  # fmt: skip
+    flow = {"id": "logs", "src": "a1", "dst": "b1", "src_path": "logs/", "dst_path": "copy"}
+    job.write_text(json.dumps({"flows": [flow]}))
     code, out, err = run(system, ["submit", str(job), "--wait"], capsys)
     assert code == 0, err
     shown = {m[0]: (int(m[1]), m[2]) for m in SHA_LINE.findall(out)}
@@ -179,10 +179,11 @@ def test_escapes_and_colliding_destinations_are_refused(system, tmp_path):
             with pytest.raises(TerraError) as info:
                 c.submit_coflow([{"id": "e", "src": "a1", "dst": "b1", "src_path": bad}])
             assert info.value.code == "bad_request"
+        ends = {"src": "a1", "dst": "b1"}
         both = [
-            {"id": "p", "src": "a1", "dst": "b1", "src_path": "two/", "dst_path": "same"},
-            {"id": "q", "src": "a1", "dst": "b1", "src_path": "two/a.bin", "dst_path": "same/a.bin"},
-        ]  # fmt: skip
+            {"id": "p", **ends, "src_path": "two/", "dst_path": "same"},
+            {"id": "q", **ends, "src_path": "two/a.bin", "dst_path": "same/a.bin"},
+        ]
         with pytest.raises(TerraError, match="both write 'same/a.bin'") as info:
             c.submit_coflow(both)
         assert info.value.code == "path_busy"
