@@ -312,8 +312,11 @@ class InFlow:
         pieces, nbytes = self._take_pending()
         self._busy = True
         try:
-            if nbytes >= THREAD_HASH_BYTES and not isinstance(self.sink, DigestSink):
-                await trio.to_thread.run_sync(self._consume, pieces)
+            last = self.delivered >= self.spec.size and not self._pending
+            if isinstance(self.sink, DigestSink):
+                self._consume(pieces)
+            elif nbytes >= THREAD_HASH_BYTES or last:  # the last one: fsync off the loop too
+                await trio.to_thread.run_sync(self._consume, pieces, last)
             else:
                 self._consume(pieces)
         except OSError as exc:
@@ -404,14 +407,17 @@ class InFlow:
         self._queue._add(nbytes)
         self.delivered = self.base + self._reorder.delivered
 
-    def _consume(self, pieces: list) -> None:
-        """Hash and write in-order pieces (runs in a worker thread for large batches)."""
+    def _consume(self, pieces: list, last: bool = False) -> None:
+        """Hash and write in-order pieces (runs in a worker thread for large batches and for a
+        file sink's last one, which then syncs the part file: FileSink.sync)."""
         sha = self._sha
         for piece in pieces:
             self.hasher.update(piece)
             if sha is not None:
                 sha.update(piece)
             self.sink.write(piece)
+        if last:
+            self.sink.sync()
 
     def _finish_data(self) -> None:
         self._drop_reorder()

@@ -473,7 +473,7 @@ class AgentChannel:
                 self._progress(info.id, item["coflow"], item["flow"], item["offset"], tag)
                 digest = item.get("digest")  # optional: a receiving flow that completed
                 if item["role"] == "recv" and isinstance(digest, str) and digest:
-                    self._complete(info.id, item["coflow"], item["flow"], digest, tag)
+                    self._complete(info.id, item["coflow"], item["flow"], digest, None, tag)
             except RegistryError as exc:
                 self._refused(info.id, "inflight row", exc, item["coflow"], item["flow"], item)
         LOG.info("agent %s registered in %s at %s", info.id, info.dc, info.data_addr)

@@ -321,6 +321,9 @@ class CoflowRegistry:
         self.kept: dict[str, int] = {s.value: 0 for s in FINAL_STATES}
         self.sinks: dict[tuple[str, str], tuple[int, str]] = {}
         self.open_flows: dict[str | None, int] = {}
+        # {coflow id: {(src DC, dst DC): WAN flows not done}}: FlowGroup and coflow completion
+        # without walking every flow of a many-flow coflow at each completion
+        self.undone: dict[int, dict[tuple[str, str], int]] = {}
 
     # ---- agents -------------------------------------------------------------------------
 
@@ -544,9 +547,13 @@ class CoflowRegistry:
     def _adopt(self, coflow: CoflowState, flows: list[FlowState]) -> None:
         """Give new flows of `coflow` their busy sinks and bytes to schedule."""
         cid, sinks = coflow.id, self.sinks
+        undone = self.undone.setdefault(cid, {})
         for f in flows:
-            if f.dst_path is not None and not f.intra_dc and not f.done:
-                sinks[sink_key(f)] = (cid, f.id)
+            if not f.intra_dc and not f.done:
+                pair = (f.src_dc, f.dst_dc)
+                undone[pair] = undone.get(pair, 0) + 1
+                if f.dst_path is not None:
+                    sinks[sink_key(f)] = (cid, f.id)
         self.open_flows[coflow.owner] = self.open_flows.get(coflow.owner, 0) + len(flows)
         self._track(coflow, flows)
 
@@ -624,6 +631,10 @@ class CoflowRegistry:
         coflow = self.get(coflow_id)
         if coflow.state.final:
             return coflow  # failed / cancelled meanwhile: a late completion changes nothing
+        undone = self.undone.get(coflow.id, {})
+        pair = (flow.src_dc, flow.dst_dc)
+        if not flow.done and pair in undone and not flow.intra_dc:
+            undone[pair] -= 1
         flow.state = FlowStatus.DONE
         flow.delivered = flow.bytes
         flow.digest = digest if isinstance(digest, str) else None
@@ -638,7 +649,7 @@ class CoflowRegistry:
         Returns:
             True when the coflow became done by this call.
         """
-        if coflow.state.final or not coflow.wan_done:
+        if coflow.state.final or any(self.undone.get(coflow.id, {}).values()):
             return False
         for f in coflow.flows.values():
             if f.intra_dc:
@@ -712,6 +723,7 @@ class CoflowRegistry:
 
     def _ended(self, coflow: CoflowState, now: float) -> None:
         coflow.ended_s = now
+        self.undone.pop(coflow.id, None)
         self._open.pop(coflow.id, None)
         for f in coflow.flows.values():
             self._release(coflow.id, f)

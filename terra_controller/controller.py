@@ -922,13 +922,8 @@ class Controller:
                 LOG.info("coflow %s done, CCT %.3f s", coflow.id, coflow.cct_s)
                 self._prune(self.now())
                 return True
-            group = [
-                f
-                for f in coflow.flows.values()
-                if (f.src_dc, f.dst_dc) == (flow.src_dc, flow.dst_dc)
-            ]
-            if all(f.done for f in group):
-                self.want_round()
+            if not self.registry.undone.get(coflow.id, {}).get((flow.src_dc, flow.dst_dc)):
+                self.want_round()  # its FlowGroup is done
             return False
 
     # ---- scheduling ---------------------------------------------------------------------
