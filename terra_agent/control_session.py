@@ -42,6 +42,7 @@ from .sender import (
 )
 
 log = logging.getLogger("terra_agent.agent")
+FLOWS_PER_CHECKPOINT = 8  # descriptors set up (sink files made) between data connections' turns
 
 
 class ControlSession:
@@ -251,8 +252,10 @@ class ControlSession:
         elif kind == "tunnels":
             await self._apply_tunnels(header)
         elif kind == "flows":
-            for spec in parse_flows(header):
+            for i, spec in enumerate(parse_flows(header)):
                 self._add_flow(spec)
+                if i % FLOWS_PER_CHECKPOINT == FLOWS_PER_CHECKPOINT - 1:
+                    await trio.lowlevel.checkpoint()  # data connections run meanwhile
             self._plan_pacing()
         elif kind == "rates":
             for group in parse_rates(header):

@@ -794,6 +794,7 @@ class FlowGroupSender:
                         await bucket.acquire(n)
                     item = self._take(n, tunnel)
                 flow, link, offset, data, macs, digest = item
+                bucket.refund(n - len(data))  # a small flow's chunk: the rest is not spent
                 if await link.send_chunk(flow, offset, data, macs, digest, n):
                     self.sent_bytes[tunnel] += len(data)
         finally:
