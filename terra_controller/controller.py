@@ -461,7 +461,8 @@ class Controller:
         return coflow.id
 
     def update(self, coflow_id: object, flows: object) -> None:
-        """updateCoflow: add flows to an unfinished coflow; ask for a round.
+        """updateCoflow: add flows to an unfinished coflow; ask for a round (file flows as
+        for a submit: sizes from the sender, directories and globs expanded).
 
         The flows are parsed before the locks are taken (as for a submit) and their
         descriptors sent after they are released.
@@ -473,6 +474,7 @@ class Controller:
         with self.lock:
             self.registry.get(coflow_id)  # an unknown coflow is the first thing to say
             agents = dict(self.registry.agents)
+        flows, _ = self._resolve_files(flows, False)  # sizes, directories and globs
         parsed = self.registry.parse_flows(flows, agents=agents)
         with self.policy_lock, self.lock, _observe_solves(self.metrics.lp_solve.observe):
             self._drain_leaving()

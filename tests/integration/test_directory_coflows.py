@@ -187,3 +187,18 @@ def test_escapes_and_colliding_destinations_are_refused(system, tmp_path):
         with pytest.raises(TerraError, match="both write 'same/a.bin'") as info:
             c.submit_coflow(both)
         assert info.value.code == "path_busy"
+
+
+def test_an_update_adds_a_directory_of_files(system):
+    src, dst = system.roots["a1"], system.roots["b1"]
+    files = make_tree(src, "more", 4, seed=11)
+    (src / "first.bin").write_bytes(os.urandom(50_000_000))  # ~0.5 s: still running
+    with client(system) as c:
+        cid = c.submit_coflow([{"id": "first", "src": "a1", "dst": "b1", "bytes": 50_000_000,
+                                "src_path": "first.bin", "dst_path": "u/first.bin"}])  # fmt: skip
+        c.update_coflow(cid, [{"id": "more", "src": "a1", "dst": "b1", "src_path": "more/",
+                               "dst_path": "u/more"}])  # fmt: skip
+        status = c.wait(cid, timeout=60)
+    assert status["state"] == "done" and len(status["flows"]) == 1 + len(files)
+    for rel, data in files.items():
+        assert (dst / "u" / "more" / rel).read_bytes() == data
