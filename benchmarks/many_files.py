@@ -113,10 +113,13 @@ def main() -> None:
         for n in range(args.runs):
             run = one_run(ctl, n, shas, rate)
             runs.append(run)
-            print(f"run {n}: {run['files']} files, {run['bytes'] / 1e6:.1f} MB: submit "
-                  f"{run['submit_s']:.2f} s, CCT {run['cct_s']:.2f} s, bytes at "
-                  f"{args.rate_mbs:.0f} MB/s {run['bytes_s']:.2f} s, overhead "
-                  f"{run['per_file_ms']:.2f} ms/file; load {run['load'][0]:.2f}", flush=True)
+            print(
+                f"run {n}: {run['files']} files, {run['bytes'] / 1e6:.1f} MB: submit "
+                f"{run['submit_s']:.2f} s, CCT {run['cct_s']:.2f} s, bytes at "
+                f"{args.rate_mbs:.0f} MB/s {run['bytes_s']:.2f} s, overhead "
+                f"{run['per_file_ms']:.2f} ms/file; load {run['load'][0]:.2f}",
+                flush=True,
+            )
             shutil.rmtree(roots["b1"] / f"copy-{n}", ignore_errors=True)
     finally:
         stop_all(agents)
