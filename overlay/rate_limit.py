@@ -143,6 +143,17 @@ class TokenBucket:
                 self._tokens -= nbytes
             self.acquired_bytes += nbytes
 
+    def refund(self, nbytes: int) -> None:
+        """Give back `nbytes` acquired but not sent (a chunk shorter than acquired: the last
+        bytes of a small flow), so they do not cost the path their time at the rate.
+        The bucket is never filled past its burst."""
+        if nbytes <= 0:
+            return
+        self._refill()
+        if not math.isinf(self._rate):
+            self._tokens = min(self._tokens + nbytes, self.burst_bytes)
+        self.acquired_bytes -= nbytes
+
     def _refill(self) -> None:
         now = trio.current_time()
         if self._rate > 0 and not math.isinf(self._rate):

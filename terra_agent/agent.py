@@ -529,7 +529,9 @@ class Agent(ControlSession, IncomingData):
         spec = flow.spec
         log.info("flow %s/%s complete (%d bytes)", spec.coflow, spec.flow, spec.size)
         tag = report_tag(spec.digest_key)
-        self.send_control(complete_message(spec.coflow, spec.flow, flow.digest, spec.size, tag))
+        self.send_control(
+            complete_message(spec.coflow, spec.flow, flow.digest, spec.size, tag, flow.sha256)
+        )
 
     def _flow_failed(self, flow: OutFlow, message: str) -> None:
         self.send_control(failed_report(flow.spec, message, "source"))

@@ -33,6 +33,7 @@ from .config import (
     ROWS_PER_MESSAGE,
     RegistrationRefused,
 )
+from .file_listing import answer_files
 from .sender import (
     BACKOFF_MAX_S,
     BACKOFF_MIN_S,
@@ -41,6 +42,7 @@ from .sender import (
 )
 
 log = logging.getLogger("terra_agent.agent")
+FLOWS_PER_CHECKPOINT = 8  # descriptors set up (sink files made) between data connections' turns
 
 
 class ControlSession:
@@ -195,7 +197,12 @@ class ControlSession:
             if flow.done:
                 self._outbox.append(
                     complete_message(
-                        spec.coflow, spec.flow, flow.digest, spec.size, report_tag(spec.digest_key)
+                        spec.coflow,
+                        spec.flow,
+                        flow.digest,
+                        spec.size,
+                        report_tag(spec.digest_key),
+                        flow.sha256,
                     )
                 )
             elif flow.failed is not None and flow.reported:
@@ -227,6 +234,12 @@ class ControlSession:
             self._queue_progress(only_changed=False)  # senders' offsets reach the controller anyway
         return rows[:ROWS_PER_MESSAGE]
 
+    async def _answer_files(self, header: dict) -> None:
+        """Answer a "list" / "check" request (file_listing.answer_files, in a worker thread)."""
+        replies = await trio.to_thread.run_sync(answer_files, header, self.config.data_root)
+        for msg in replies:
+            self.send_control(msg)
+
     async def _apply_control(self, header: dict) -> None:
         """Validate and apply one controller message; ProtocolError if it is bad."""
         validate_control(header)
@@ -239,8 +252,10 @@ class ControlSession:
         elif kind == "tunnels":
             await self._apply_tunnels(header)
         elif kind == "flows":
-            for spec in parse_flows(header):
+            for i, spec in enumerate(parse_flows(header)):
                 self._add_flow(spec)
+                if i % FLOWS_PER_CHECKPOINT == FLOWS_PER_CHECKPOINT - 1:
+                    await trio.lowlevel.checkpoint()  # data connections run meanwhile
             self._plan_pacing()
         elif kind == "rates":
             for group in parse_rates(header):
@@ -254,6 +269,9 @@ class ControlSession:
             log.error("controller reports an error: %s", header["message"])
             if header.get("fatal") is True:
                 raise RegistrationRefused(header["message"])
+        elif kind in ("list", "check"):
+            self._spawn(self._answer_files, header)
+            return  # answered by "listing" replies, not an ack
         elif kind not in ("heartbeat", "ack"):
             raise ProtocolError(f"{kind!r} is not a controller-to-agent message")
         if "id" in header:

@@ -23,6 +23,7 @@ full. So a gap filled after gigabytes spilled never brings them all into memory 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 
 import trio
@@ -144,9 +145,12 @@ class InFlow:
             spec.sink, spec.size, resume=spec.offset > 0, data_root=data_root, align=LEAF_BYTES
         )
         self.hasher = FlowDigest(self.keys, spec.size)
+        # SHA-256 of a file sink's bytes, fed as they pass (status shows it; sync compares it)
+        self._sha = hashlib.sha256() if spec.sink.startswith("file:") else None
+        self.sha256: str | None = None
         self.base = self.sink.resume_offset
         if self.base:
-            self.sink.prefix_hash(self.hasher)
+            self.sink.prefix_hash(self.hasher, *([self._sha] if self._sha else []))
         self.delivered = self.base
         self.acknowledged = self.base
         self.expected_digest: str | None = (
@@ -308,8 +312,11 @@ class InFlow:
         pieces, nbytes = self._take_pending()
         self._busy = True
         try:
-            if nbytes >= THREAD_HASH_BYTES and not isinstance(self.sink, DigestSink):
-                await trio.to_thread.run_sync(self._consume, pieces)
+            last = self.delivered >= self.spec.size and not self._pending
+            if isinstance(self.sink, DigestSink):
+                self._consume(pieces)
+            elif nbytes >= THREAD_HASH_BYTES or last:  # the last one: fsync off the loop too
+                await trio.to_thread.run_sync(self._consume, pieces, last)
             else:
                 self._consume(pieces)
         except OSError as exc:
@@ -400,16 +407,24 @@ class InFlow:
         self._queue._add(nbytes)
         self.delivered = self.base + self._reorder.delivered
 
-    def _consume(self, pieces: list) -> None:
-        """Hash and write in-order pieces (runs in a worker thread for large batches)."""
+    def _consume(self, pieces: list, last: bool = False) -> None:
+        """Hash and write in-order pieces (runs in a worker thread for large batches and for a
+        file sink's last one, which then syncs the part file: FileSink.sync)."""
+        sha = self._sha
         for piece in pieces:
             self.hasher.update(piece)
+            if sha is not None:
+                sha.update(piece)
             self.sink.write(piece)
+        if last:
+            self.sink.sync()
 
     def _finish_data(self) -> None:
         self._drop_reorder()
         if self.digest is None:
             self.digest = self.hasher.hexdigest()
+            if self._sha is not None:
+                self.sha256 = self._sha.hexdigest()
             self.sink.close()
 
     def check_digest(self) -> bool:

@@ -737,6 +737,8 @@ class FlowGroupSender:
         rate = self.rates.get(tunnel, 0.0)
         if not 0 < rate < math.inf or tunnel in self.kernel_paced:
             return False
+        if not any(r > 0 for t, r in self.rates.items() if t != tunnel):
+            return False  # no other path to leave it to (before walking the group's flows)
         live = self._live()
         peers = {f.spec.dst_agent for f in live}
         others = []  # (tunnel, rate, debt) of the other usable paths
@@ -792,6 +794,7 @@ class FlowGroupSender:
                         await bucket.acquire(n)
                     item = self._take(n, tunnel)
                 flow, link, offset, data, macs, digest = item
+                bucket.refund(n - len(data))  # a small flow's chunk: the rest is not spent
                 if await link.send_chunk(flow, offset, data, macs, digest, n):
                     self.sent_bytes[tunnel] += len(data)
         finally:

@@ -216,6 +216,9 @@ class DigestSink:
     def write(self, data) -> None:
         """Discard `data` (it has already been hashed)."""
 
+    def sync(self) -> None:
+        """Nothing to sync."""
+
     def commit(self) -> None:
         """Nothing to move into place."""
 
@@ -253,6 +256,7 @@ class FileSink:
         self.part_path = path + PART_SUFFIX
         self.digest_path = self.part_path + DIGEST_SUFFIX
         self.committed = False
+        self.synced = False  # the part file is complete and on disk (sync)
         if os.path.isdir(path):
             raise SourceError(f"sink {self.name!r} is a directory")
         try:
@@ -274,8 +278,8 @@ class FileSink:
             raise SourceError(f"cannot open sink file {self.name!r}: {exc.strerror}") from exc
         self._fd = -1
 
-    def prefix_hash(self, hasher) -> None:
-        """hasher.update() with bytes [0, resume_offset) of the part file."""
+    def prefix_hash(self, *hashers) -> None:
+        """hasher.update() of every hasher with bytes [0, resume_offset) of the part file."""
         fd = os.open(self.part_path, os.O_RDONLY | _NOFOLLOW)
         with open(fd, "rb") as f:
             left = self.resume_offset
@@ -283,7 +287,8 @@ class FileSink:
                 data = f.read(min(_REHASH_BYTES, left))
                 if not data:
                     raise SourceError(f"sink file {self.name!r} shrank while re-hashing")
-                hasher.update(data)
+                for hasher in hashers:
+                    hasher.update(data)
                 left -= len(data)
 
     def save_digest(self, digest: str, algorithm: str = ALGORITHM) -> None:
@@ -313,11 +318,20 @@ class FileSink:
         while len(view):
             view = view[os.write(self._fd, view) :]
 
+    def sync(self) -> None:
+        """The part file holds every byte: fsync and close it, so that commit() only renames
+        (the receiver calls it in a worker thread). OSError if it cannot be synced."""
+        if self._fd >= 0:
+            os.fsync(self._fd)
+            self.close()
+            self.synced = True
+
     def commit(self) -> None:
         """Make the complete part file the destination: fsync it, rename it over `path`
         (os.replace: atomic; a symlink at the destination was resolved when the flow started,
         so its target inside the data root is replaced), drop the saved digest. Called once
-        every byte is in and the digest matched; a second call does nothing.
+        every byte is in and the digest matched; a second call does nothing. The fsync is
+        skipped when sync() did it already.
 
         Raises:
             OSError: the part file cannot be synced or renamed (e.g. the destination became a
@@ -326,11 +340,12 @@ class FileSink:
         if self.committed:
             return
         self.close()
-        fd = os.open(self.part_path, os.O_RDONLY | _NOFOLLOW)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if not self.synced:
+            fd = os.open(self.part_path, os.O_RDONLY | _NOFOLLOW)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         os.replace(self.part_path, self.path)
         self.committed = True
         _unlink_if_present(self.digest_path)

@@ -70,6 +70,7 @@ from terra_controller.coflow_registry import (
     parse_coflow_key,
 )
 from terra_controller.controller import Controller, FlowRates
+from terra_controller.file_requests import FileRequests
 from terra_controller.reaction import Reaction
 from terra_controller.transport import ServerSecurity, SharedSocket, listen_and_serve
 from terra_controller.tunnel_table import TunnelTable
@@ -206,6 +207,8 @@ class AgentChannel:
         controller.on_drop.append(self.push_drop)
         controller.on_tick.append(self.run_overdue)
         controller.connected_agents = self.connected_agents
+        self.files = FileRequests(self.connections.get)  # "list" / "check" and their replies
+        controller.files = self.files
 
     # -- connections
 
@@ -267,7 +270,10 @@ class AgentChannel:
             return
         try:
             if kind == "complete":
-                self._complete(conn.agent, m["coflow"], m["flow"], m["digest"], m.get("k", ""))
+                self._complete(conn.agent, m["coflow"], m["flow"], m["digest"], m.get("sha256"),
+                               m.get("k", ""))  # fmt: skip
+            elif kind == "listing":
+                self.files.answer(conn.agent, m)
             elif kind == "ack":
                 self._acked(m["id"])
             elif kind == "failed":
@@ -386,16 +392,18 @@ class AgentChannel:
         if not self.controller.progress(parse_coflow_key(coflow), flow, acked, tag):
             self._send_drop({agent}, coflow, [flow])  # its coflow failed / was cancelled
 
-    def _complete(self, agent: str, coflow: str, flow: str, digest: str, tag: str) -> None:
+    def _complete(
+        self, agent: str, coflow: str, flow: str, digest: str, sha256: str | None, tag: str
+    ) -> None:
         try:
             self._check_endpoint(agent, coflow, flow, "recv")
         except RegistryError as exc:
             if exc.code != "forbidden" and self._unknown(coflow):
                 # finished while the controller was down: keep it until resubmitted
-                self._keep_pending(agent, "complete", coflow, flow, (digest, tag))
+                self._keep_pending(agent, "complete", coflow, flow, (digest, sha256, tag))
                 return
             raise
-        self.controller.complete(parse_coflow_key(coflow), flow, digest, tag)
+        self.controller.complete(parse_coflow_key(coflow), flow, digest, tag, sha256)
 
     def _failed(
         self,
@@ -471,7 +479,7 @@ class AgentChannel:
                 self._progress(info.id, item["coflow"], item["flow"], item["offset"], tag)
                 digest = item.get("digest")  # optional: a receiving flow that completed
                 if item["role"] == "recv" and isinstance(digest, str) and digest:
-                    self._complete(info.id, item["coflow"], item["flow"], digest, tag)
+                    self._complete(info.id, item["coflow"], item["flow"], digest, None, tag)
             except RegistryError as exc:
                 self._refused(info.id, "inflight row", exc, item["coflow"], item["flow"], item)
         LOG.info("agent %s registered in %s at %s", info.id, info.dc, info.data_addr)

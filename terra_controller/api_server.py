@@ -18,7 +18,7 @@ Operations (request fields -> reply fields):
 
     hello                                          -> instance, version
     submit  flows, deadline?, coflow?, age_s?,     -> coflow (id, or -1: deadline cannot be met)
-            name?, tags?                              (coflow + age_s: a resubmission after
+            name?, tags?, sync?                            (coflow + age_s: a resubmission after
                                                       a controller restart, first submitted
                                                       age_s seconds ago; name: 1..128
                                                       printable characters, tags: at most 16
@@ -182,13 +182,14 @@ class ApiHandler:
         return {"version": API_VERSION, "name": identity.name, "role": identity.role.value}
 
     def _submit(self, request: dict, identity: Identity) -> dict:
-        _only(request, {"flows", "deadline", "coflow", "age_s", "name", "tags"})
+        _only(request, {"flows", "deadline", "coflow", "age_s", "name", "tags", "sync"})
         wanted = request.get("coflow")
         flows, deadline = request.get("flows"), request.get("deadline")
         ref = _ref_of(request, identity)
         cid = self.controller.submit(flows, deadline, wanted, request.get("age_s"), identity.name,
                                      request.get("name"), request.get("tags"),
-                                     ref[1] if ref else None)  # fmt: skip
+                                     ref[1] if ref else None,
+                                     request.get("sync", False))  # fmt: skip
         return {"coflow": cid}
 
     def _status(self, request: dict, identity: Identity) -> dict:

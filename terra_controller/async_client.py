@@ -28,7 +28,7 @@ import socket
 import time
 from typing import Any
 
-from terra_controller.client import tls_context
+from terra_controller.client import FILES_TIMEOUT_S, tls_context
 from terra_security.pki import CONTROLLER_HOSTNAME
 from terra_wire.api import Message, WireError
 from terra_wire.api_session import (
@@ -106,9 +106,18 @@ class AsyncTerraClient:
         deadline: float | None = None,
         name: str | None = None,
         tags: list[str] | None = None,
+        sync: bool = False,
     ) -> int:
-        """submitCoflow: the coflow id, or -1 when the deadline cannot be met."""
-        return await self._run(self.session.submit(flows, deadline, name, tags))
+        """submitCoflow: the coflow id, or -1 when the deadline cannot be met (flows and sync:
+        see TerraClient.submit_coflow; a submit naming files waits up to FILES_TIMEOUT_S)."""
+        call = self.session.submit(flows, deadline, name, tags, sync)
+        if not any(isinstance(f, dict) and "src_path" in f for f in flows):
+            return await self._run(call)
+        saved, self.timeout = self.timeout, max(self.timeout, FILES_TIMEOUT_S)
+        try:
+            return await self._run(call)
+        finally:
+            self.timeout = saved
 
     async def check_status(self, coflow_id: int) -> dict:
         """checkStatus: the status map (see TerraClient.check_status)."""

@@ -59,6 +59,7 @@ from terra_wire.failover import NotLeader, Retry, check_leader, client_controlle
 
 __all__ = ["FINAL", "GONE", "MAX_OPEN", "TerraClient", "TerraError"]
 LOG = logging.getLogger("terra.client")
+FILES_TIMEOUT_S = 600.0  # a submit naming files: the agents list (and hash) them first
 
 
 def tls_context(pki, name: str | None, insecure: bool, where: object, who: str):
@@ -160,15 +161,23 @@ class TerraClient:
         deadline: float | None = None,
         name: str | None = None,
         tags: list[str] | None = None,
+        sync: bool = False,
     ) -> int:
         """submitCoflow: submit a coflow.
 
         Args:
-            flows: [{"id": str, "src": agent id, "dst": agent id, "bytes": int > 0,
-                "src_path"?: file at the sender, "dst_path"?: file at the receiver}].
+            flows: [{"id": str, "src": agent id, "dst": agent id, "bytes"?: int > 0,
+                "src_path"?: file, directory ("dir/") or glob at the sender, "dst_path"?:
+                file (or directory the tree is recreated in) at the receiver}]; bytes may be
+                left out of a flow with a src_path (the sender reports the size).
             deadline: seconds from now, or None.
             name: a label for people (1..128 printable characters), or None.
             tags: labels (at most 16 distinct strings of 1..64 printable characters).
+            sync: skip the files whose destination already has the same size and SHA-256
+                (they count as done, status flows say "skipped": true).
+
+        A submit naming files waits up to FILES_TIMEOUT_S for its reply (the agents list,
+        and with sync hash, the files first).
 
         Returns:
             the coflow id (>= 0), or -1 when the deadline cannot be met.
@@ -176,7 +185,19 @@ class TerraClient:
         Raises:
             TerraError("bad_request"): a bad name or tags (checked before sending).
         """
-        return self._run(self.session.submit(flows, deadline, name, tags))
+        call = self.session.submit(flows, deadline, name, tags, sync)
+        if not any(isinstance(f, dict) and "src_path" in f for f in flows):
+            return self._run(call)
+        saved = self.timeout
+        self.timeout = max(saved, FILES_TIMEOUT_S)
+        try:
+            if self.sock is not None:
+                self.sock.settimeout(self.timeout)
+            return self._run(call)
+        finally:
+            self.timeout = saved
+            if self.sock is not None:
+                self.sock.settimeout(saved)
 
     def check_status(self, coflow_id: int) -> dict:
         """checkStatus: state, bytes_total, bytes_delivered, cct_s, flows (per-flow progress).

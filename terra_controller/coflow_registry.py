@@ -82,6 +82,9 @@ class FlowState:
             flow descriptors' "attempt").
         src_path, dst_path: optional file paths at the sender / receiver agent, relative to
             that agent's data root (terra-agent --data-root); see check_path.
+        sha256: hex SHA-256 of a file flow's bytes as its receiver got them (or, skipped,
+            of the file already there), else None. skipped: a sync coflow's flow whose
+            destination already held the same bytes: done without being sent.
         digest_key: the current attempt's flow key (64 hex chars, terra_security/integrity.py): sent
             to the flow's two agents only; a new one on every restart (derived from its
             coflow's secret, the attempt and the flow id: see `flow_key`).
@@ -100,6 +103,8 @@ class FlowState:
     dst_path: str | None = None
     reason: str | None = None
     restarts: int = 0
+    sha256: str | None = None
+    skipped: bool = False
     digest_key: str = field(default="", repr=False)  # set by the registry (`assign_keys`)
 
     @property
@@ -140,7 +145,8 @@ class FlowState:
         """Return the flow's progress as a plain dict (for status replies and REST).
 
         Shape: {"id", "src", "dst", "src_dc", "dst_dc", "bytes", "bytes_delivered", "done",
-        "digest", "state" (FlowStatus value), "reason" (str or None), "restarts"}.
+        "digest", "state" (FlowStatus value), "reason" (str or None), "restarts", "sha256"
+        (hex or None), "skipped" (bool)}.
         """
         return {
             "id": self.id,
@@ -155,6 +161,8 @@ class FlowState:
             "state": self.state.value,
             "reason": self.reason,
             "restarts": self.restarts,
+            "sha256": self.sha256,
+            "skipped": self.skipped,
         }
 
 
@@ -313,6 +321,9 @@ class CoflowRegistry:
         self.kept: dict[str, int] = {s.value: 0 for s in FINAL_STATES}
         self.sinks: dict[tuple[str, str], tuple[int, str]] = {}
         self.open_flows: dict[str | None, int] = {}
+        # {coflow id: {(src DC, dst DC): WAN flows not done}}: FlowGroup and coflow completion
+        # without walking every flow of a many-flow coflow at each completion
+        self.undone: dict[int, dict[tuple[str, str], int]] = {}
 
     # ---- agents -------------------------------------------------------------------------
 
@@ -536,9 +547,13 @@ class CoflowRegistry:
     def _adopt(self, coflow: CoflowState, flows: list[FlowState]) -> None:
         """Give new flows of `coflow` their busy sinks and bytes to schedule."""
         cid, sinks = coflow.id, self.sinks
+        undone = self.undone.setdefault(cid, {})
         for f in flows:
-            if f.dst_path is not None and not f.intra_dc:
-                sinks[sink_key(f)] = (cid, f.id)
+            if not f.intra_dc and not f.done:
+                pair = (f.src_dc, f.dst_dc)
+                undone[pair] = undone.get(pair, 0) + 1
+                if f.dst_path is not None:
+                    sinks[sink_key(f)] = (cid, f.id)
         self.open_flows[coflow.owner] = self.open_flows.get(coflow.owner, 0) + len(flows)
         self._track(coflow, flows)
 
@@ -616,6 +631,10 @@ class CoflowRegistry:
         coflow = self.get(coflow_id)
         if coflow.state.final:
             return coflow  # failed / cancelled meanwhile: a late completion changes nothing
+        undone = self.undone.get(coflow.id, {})
+        pair = (flow.src_dc, flow.dst_dc)
+        if not flow.done and pair in undone and not flow.intra_dc:
+            undone[pair] -= 1
         flow.state = FlowStatus.DONE
         flow.delivered = flow.bytes
         flow.digest = digest if isinstance(digest, str) else None
@@ -630,7 +649,7 @@ class CoflowRegistry:
         Returns:
             True when the coflow became done by this call.
         """
-        if coflow.state.final or not coflow.wan_done:
+        if coflow.state.final or any(self.undone.get(coflow.id, {}).values()):
             return False
         for f in coflow.flows.values():
             if f.intra_dc:
@@ -704,6 +723,7 @@ class CoflowRegistry:
 
     def _ended(self, coflow: CoflowState, now: float) -> None:
         coflow.ended_s = now
+        self.undone.pop(coflow.id, None)
         self._open.pop(coflow.id, None)
         for f in coflow.flows.values():
             self._release(coflow.id, f)

@@ -54,6 +54,7 @@ from terra_controller.coflow_registry import (
     to_policy_flow,
 )
 from terra_controller.events import EventLog
+from terra_controller.file_requests import FileInfo, FileRequests
 from terra_controller.journal import CoflowJournal
 from terra_controller.metrics import ControllerMetrics
 from terra_controller.resume import (
@@ -155,6 +156,9 @@ class Controller:
             outside the lock (the agent channel's deferred sends).
         connected_agents: None, or a callable returning the ids of the agents connected now
             (set by the agent channel); without it agents are never timed out.
+        files: None, or the FileRequests that ask agents about files (set by the agent
+            channel); without it flows are taken as submitted (no sizes filled in, no
+            directories expanded, no sync).
         agent_gone_since: {agent id: controller time it was first seen disconnected}.
         link_bytes: {directed link: bytes acknowledged that crossed it}: each acknowledged
             byte is attributed to the links of its flow's current paths in proportion to
@@ -213,6 +217,7 @@ class Controller:
         self.on_drop: list[Callable[[CoflowState, list[FlowState], bool], None]] = []
         self.on_tick: list[Callable[[], None]] = []
         self.connected_agents: Callable[[], object] | None = None
+        self.files: FileRequests | None = None
         self.agent_gone_since: dict[str, float] = {}
         self.round_wanted = threading.Event()
         self.wan_dirty = False
@@ -253,6 +258,7 @@ class Controller:
         name: object = None,
         tags: object = None,
         ref: str | None = None,
+        sync: object = False,
     ) -> int:
         """submitCoflow: validate, admit and store a coflow; ask for a round.
 
@@ -274,6 +280,9 @@ class Controller:
             name, tags: the coflow's label and tags (check_labels); kept in the journal, so
                 a resubmission after a restart without them gets them back.
             ref: the client's retry reference (kept in the journal: `submitted_ref`).
+            sync: True: file flows whose destination already holds the same bytes (size and
+                SHA-256, checked by the receiving agent) are done at once, not sent
+                (terra_controller/file_requests.py; file flows: file_flows.py).
 
         Returns:
             the coflow id (>= 0), or -1 when the deadline cannot be met (docs/design.md 4.3).
@@ -285,9 +294,10 @@ class Controller:
                 shared state cannot be written now; nothing changed.
         """
         self._check_state_writable()
+        flows, files = self._resolve_files(flows, sync)
         with self.lock:
             agents = dict(self.registry.agents)
-        parsed = self.registry.parse_flows(flows, agents=agents)
+        parsed = files.apply(self.registry.parse_flows(flows, agents=agents))
         deadline_s = check_deadline(deadline)
         age = 0.0 if age_s is None else check_age(age_s)
         labels = check_labels(name, tags)
@@ -295,14 +305,14 @@ class Controller:
             check_coflow_id(coflow_id, MAX_CLIENT_ID)
         secret = new_secret()
         assign_keys(secret, parsed)
-        policy_flows = [to_policy_flow(f) for f in parsed]
+        policy_flows = [to_policy_flow(f) for f in parsed if not f.done]
         with self.policy_lock, self.lock, _observe_solves(self.metrics.lp_solve.observe):
             self._drain_leaving()
             reg = self.registry
             if reg.agents != agents:  # an agent (re-)registered meanwhile: check again
-                parsed = reg.parse_flows(flows)
+                parsed = files.apply(reg.parse_flows(flows))
                 assign_keys(secret, parsed)
-                policy_flows = [to_policy_flow(f) for f in parsed]
+                policy_flows = [to_policy_flow(f) for f in parsed if not f.done]
             attempts: dict[str, int] = {}
             if coflow_id is not None:
                 if coflow_id in reg.coflows:
@@ -324,7 +334,7 @@ class Controller:
             arrival = now - age
             if deadline_s is not None:
                 deadline_s += age  # relative to the arrival: still `deadline` s from now
-            if not all(f.intra_dc for f in parsed):  # it has WAN flows: the policy decides
+            if not all(f.intra_dc or f.done for f in parsed):  # WAN flows: the policy decides
                 probe = Coflow(coflow_key(cid), arrival, policy_flows, deadline_s)
                 try:
                     admitted = self.policy.add_coflow(probe, now)
@@ -360,6 +370,18 @@ class Controller:
         self._durable(cid)
         self._announce(coflow, parsed)  # outside the locks: descriptors of many flows
         return cid
+
+    def _resolve_files(self, flows: object, sync: object) -> tuple[object, FileInfo]:
+        """Ask the agents about a submit's files (FileRequests.resolve), outside the locks.
+
+        Raises:
+            RegistryError("bad_request"): sync not a bool; see FileRequests.resolve.
+        """
+        if not isinstance(sync, bool):
+            raise RegistryError("bad_request", f"sync must be true or false, got {sync!r:.40}")
+        if self.files is None:
+            return flows, FileInfo()
+        return self.files.resolve(flows, sync)
 
     def _check_state_writable(self) -> None:
         """Refuse a change while the shared state does not take writes.
@@ -448,7 +470,8 @@ class Controller:
         return coflow.id
 
     def update(self, coflow_id: object, flows: object) -> None:
-        """updateCoflow: add flows to an unfinished coflow; ask for a round.
+        """updateCoflow: add flows to an unfinished coflow; ask for a round (file flows as
+        for a submit: sizes from the sender, directories and globs expanded).
 
         The flows are parsed before the locks are taken (as for a submit) and their
         descriptors sent after they are released.
@@ -460,6 +483,7 @@ class Controller:
         with self.lock:
             self.registry.get(coflow_id)  # an unknown coflow is the first thing to say
             agents = dict(self.registry.agents)
+        flows, _ = self._resolve_files(flows, False)  # sizes, directories and globs
         parsed = self.registry.parse_flows(flows, agents=agents)
         with self.policy_lock, self.lock, _observe_solves(self.metrics.lp_solve.observe):
             self._drain_leaving()
@@ -869,7 +893,12 @@ class Controller:
             return flow.state not in (FlowStatus.FAILED, FlowStatus.CANCELLED)
 
     def complete(
-        self, coflow_id: object, flow_id: object, digest: object, tag: object = None
+        self,
+        coflow_id: object,
+        flow_id: object,
+        digest: object,
+        tag: object = None,
+        sha256: object = None,
     ) -> bool:
         """A flow finished (all bytes in order, digest matched at the receiver).
 
@@ -877,6 +906,7 @@ class Controller:
 
         Args:
             tag: the agent's report tag (see `check_report`); None: an in-process caller.
+            sha256: the receiver's hex SHA-256 of a file sink's bytes, or None.
 
         Returns:
             True when the coflow is now done.
@@ -890,6 +920,8 @@ class Controller:
             if flow.done or coflow.state.final:
                 return coflow.state is CoflowStatus.DONE
             self.check_report(flow, tag)
+            if isinstance(sha256, str):
+                flow.sha256 = sha256
             before = flow.delivered
             coflow = self.registry.record_complete(coflow_id, flow_id, digest, self.now())
             self._delivered(coflow.id, flow, max(0, flow.bytes - before))
@@ -906,13 +938,8 @@ class Controller:
                 self.events.add("done", coflow=coflow.id, cct_s=coflow.cct_s)
                 self._prune(self.now())
                 return True
-            group = [
-                f
-                for f in coflow.flows.values()
-                if (f.src_dc, f.dst_dc) == (flow.src_dc, flow.dst_dc)
-            ]
-            if all(f.done for f in group):
-                self.want_round()
+            if not self.registry.undone.get(coflow.id, {}).get((flow.src_dc, flow.dst_dc)):
+                self.want_round()  # its FlowGroup is done
             return False
 
     # ---- scheduling ---------------------------------------------------------------------

@@ -5,6 +5,7 @@
 
     submit FILE.json [--wait] [--progress] [--timeout S]   submit a coflow (FILE: see below)
            [--coflow-name NAME] [--tag TAG ...]            (its name and tags: as in FILE)
+           [--sync]                                        (skip files already there)
     watch ID [--timeout S]                                   follow a coflow until it ends
     list                                                     the coflows this client may see
     agents                                                   the agents and DCs flows may name
@@ -12,14 +13,18 @@
     replay WORKLOAD.json --map DC=AGENT,...                  replay a simulator workload live
 
 A coflow file (FILE.json) is either a list of flows or a map with "flows" and optionally
-"deadline_s" (seconds from submission), "name" and "tags"::
+"deadline_s" (seconds from submission), "name", "tags" and "sync"::
 
     {"name": "etl-daily", "tags": ["nightly"], "deadline_s": 120,
      "flows": [{"id": "f1", "src": "hk1", "dst": "ba1", "bytes": 50000000,
                 "src_path": "in/part-0", "dst_path": "out/part-0"}]}
 
 Flows are the API's: "src" and "dst" are agent ids (`terra-job agents` lists them), "bytes" an
-integer > 0, "src_path" / "dst_path" optional files under the agents' data roots.
+integer > 0, "src_path" / "dst_path" optional files under the agents' data roots. A flow with
+a "src_path" may leave out "bytes" (the sender reports the file's size); a "src_path" that is
+a directory ("logs/") or a glob ("logs/2026-11-*/") becomes one flow per file, the tree
+recreated under "dst_path". "sync": true skips files whose destination already has the same
+size and SHA-256. Once done, every file flow's line shows the SHA-256 of what arrived.
 
 Exit status: 0 done (or request answered), 1 the coflow failed, was cancelled or rejected, or
 the controller refused or could not be reached (the reason on stderr), 2 usage error (bad
@@ -65,7 +70,7 @@ def load_coflow_file(path: str) -> dict:
         data = {"flows": data}
     if not isinstance(data, dict) or "flows" not in data:
         raise JobFileError(f'{path}: expected a list of flows or a map with "flows"')
-    unknown = set(data) - {"flows", "deadline_s", "name", "tags"}
+    unknown = set(data) - {"flows", "deadline_s", "name", "tags", "sync"}
     if unknown:
         raise JobFileError(f"{path}: unknown keys {sorted(unknown)}")
     flows = data["flows"]
@@ -74,8 +79,11 @@ def load_coflow_file(path: str) -> dict:
     tags = data.get("tags", [])
     if not isinstance(tags, list):
         raise JobFileError(f'{path}: "tags" must be a list of strings')
+    sync = data.get("sync", False)
+    if not isinstance(sync, bool):
+        raise JobFileError(f'{path}: "sync" must be true or false')
     return {"flows": flows, "deadline": data.get("deadline_s"), "name": data.get("name"),
-            "tags": tags}  # fmt: skip
+            "tags": tags, "sync": sync}  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("file", metavar="FILE", help="coflow file: flows, deadline_s, name, tags")
     submit.add_argument("--wait", action="store_true", help="wait until the coflow ends")
     submit.add_argument("--progress", action="store_true", help="show bytes, rate and ETA")
+    submit.add_argument(
+        "--sync", action="store_true",
+        help="skip files whose destination already has the same size and SHA-256",
+    )  # fmt: skip
     submit.add_argument("--coflow-name", metavar="NAME", help="the coflow's name (for people)")
     submit.add_argument(
         "--tag", action="append", metavar="TAG", help="a tag of the coflow (repeatable)"
@@ -166,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(str(exc))
         job["name"] = args.coflow_name or job["name"]
         job["tags"] = args.tag or job["tags"]
+        job["sync"] = args.sync or job.get("sync", False)
         error = label_error(job["name"], job["tags"])
         if error is not None:
             p.error(error)
@@ -187,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_submit(client, job: dict, args) -> int:
     """`submit`: print the coflow id; with --wait follow it and report its outcome."""
-    extra = {k: job[k] for k in ("name", "tags") if job[k]}
+    extra = {k: job[k] for k in ("name", "tags", "sync") if job.get(k)}
     cid = client.submit_coflow(job["flows"], job["deadline"], **extra)
     if cid < 0:
         print(f"{PROG}: coflow rejected: its deadline cannot be met", file=sys.stderr)

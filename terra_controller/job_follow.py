@@ -142,7 +142,8 @@ def follow(client, coflow_id: int, show_progress: bool, timeout: float | None) -
 
 def final_report(status: dict, out: TextIO, err: TextIO) -> int:
     """Print the outcome of a final status: on success one summary line and one line per
-    flow with its digest (stdout); otherwise the state and reason (stderr).
+    flow with its digest and sha256 (flow_line, stdout); otherwise the state and reason
+    (stderr).
 
     Returns:
         the exit status: 0 for "done", 1 for failed, cancelled or rejected.
@@ -156,6 +157,16 @@ def final_report(status: dict, out: TextIO, err: TextIO) -> int:
     cct_text = "" if cct is None else f" in {cct:.2f} s"
     print(f"{label} done: {human_bytes(status['bytes_total'])}{cct_text}", file=out)
     for f in status["flows"]:
-        print(f"  {f['id']} {f['src']} -> {f['dst']} {f['bytes']} B digest {f['digest']}",
-              file=out)  # fmt: skip
+        print(flow_line(f), file=out)
     return 0
+
+
+def flow_line(f: dict) -> str:
+    """One flow of a final status: id, endpoints, bytes, digest, and for a file flow its
+    sha256 (and "skipped" when a sync found it already there)."""
+    line = f"  {f['id']} {f['src']} -> {f['dst']} {f['bytes']} B digest {f['digest']}"
+    if f.get("sha256"):
+        line += f" sha256 {f['sha256']}"
+    if f.get("skipped"):
+        line += " skipped"
+    return line

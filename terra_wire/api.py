@@ -38,7 +38,7 @@ class FlowRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     id: Scalar
     src: Scalar
     dst: Scalar
-    bytes: Scalar
+    bytes: Scalar | msgspec.UnsetType = msgspec.UNSET
     src_path: Scalar | msgspec.UnsetType = msgspec.UNSET
     dst_path: Scalar | msgspec.UnsetType = msgspec.UNSET
 
@@ -60,6 +60,7 @@ class ApiRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     bytes_per_s: Scalar | msgspec.UnsetType = msgspec.UNSET
     name: Scalar | msgspec.UnsetType = msgspec.UNSET
     tags: list[Scalar] | Scalar | msgspec.UnsetType = msgspec.UNSET
+    sync: Scalar | msgspec.UnsetType = msgspec.UNSET
 
 
 _REQUEST_DECODER = msgspec.msgpack.Decoder(ApiRequest)

@@ -180,6 +180,7 @@ class ClientSession:
         deadline: float | None = None,
         name: str | None = None,
         tags: list[str] | None = None,
+        sync: bool = False,
     ) -> Call[int]:
         """submitCoflow; the result is the coflow id, or -1 (the deadline cannot be met).
 
@@ -194,6 +195,8 @@ class ClientSession:
             request["name"] = name
         if tags:
             request["tags"] = list(tags)
+        if sync:
+            request["sync"] = True
         submitted_at = self.clock()
 
         def result(reply: Message) -> int:

@@ -11,7 +11,8 @@ Control channel, agent -> controller:
                inflight?: [{coflow, flow, role: "send"|"recv", offset: int bytes, k}]}
     progress  {flows: [{coflow, flow, acked: int bytes, k}]}
     complete  {coflow, flow, digest: flow digest hex str (terra_security/integrity.py),
-               size: int bytes,
+               size: int bytes, sha256?: hex str (SHA-256 of the bytes as they reached a
+               file sink, computed while they passed),
                k}
     heartbeat {}
     error     {message: str, coflow?: str, flow?: str}
@@ -22,6 +23,10 @@ Control channel, agent -> controller:
               attempt: the flow's attempt it is about (default 0; reports of an earlier attempt
               are ignored)
     ack       {id}                    (answers a controller message that carried "id")
+    listing   {id, files: [[path, size: int bytes, sha256: hex str | null]], more?: bool,
+               error?: str}  answers a "list" or "check" (terra_wire/file_messages.py): one
+               or more messages with the request's id, the last with more false; error: why
+               the request failed (one line; the files of that reply are then empty)
     k: the report's attempt tag, report_tag(the flow attempt's digest_key): the controller
        accepts a progress row, "complete", "failed" or "inflight" row only when it matches the
        flow's current attempt (a report about an earlier attempt, or about a flow of the same
@@ -53,6 +58,11 @@ Control channel, controller -> agent (any of them may carry "id": the agent acks
               One entry per FlowGroup of the receiving (sending-side) agent: the FlowGroup is
               (coflow, this agent's DC, dst_dc). An entry replaces that FlowGroup's rates; paths it
               does not list get rate 0 (paused). FlowGroups not listed keep their rates.
+    list      {id, path: str, sha256?: bool}  the regular files at `path` under the agent's
+              data root (a file, a directory walked recursively, or a glob), answered by
+              "listing" rows [path, size, sha256 when asked else null]
+    check     {id, files: [[path, size, sha256]]}  which of these files exist with this size
+              and SHA-256 under the data root, answered by "listing" with those that do
     heartbeat {}, error {message, fatal?: bool}, ack {id}
               fatal: true: the controller refused the agent's "register" for good (unknown DC,
               wrong identity, a data_addr not its own) and closes; the agent exits with it
@@ -108,6 +118,7 @@ PROTOCOL_TYPES_FROM_AGENT = (
     "error",
     "failed",
     "ack",
+    "listing",
 )
 PROTOCOL_TYPES_TO_AGENT = (
     "registered",
@@ -118,6 +129,8 @@ PROTOCOL_TYPES_TO_AGENT = (
     "heartbeat",
     "error",
     "ack",
+    "list",
+    "check",
 )
 FAILURE_CAUSES = ("source", "sink", "digest")
 MAX_REASON_CHARS = 1024  # "failed" reasons are cut to this length by failed_message
@@ -128,6 +141,7 @@ TAG_LABEL = b"terra-report"
 DROP_BATCH = 100  # flow ids per "drop" message (ids are <= 256 chars: headers stay < 64 KiB)
 DATA_TYPES = ("hello", "chunk", "ack")
 MAX_PORT = 65535
+MAX_FILE_PATH_CHARS = 4096  # a path in "list" / "check" / "listing"
 
 
 class ProtocolError(ValueError):
@@ -293,17 +307,17 @@ def progress_message(flows: list[tuple[str, str, int, str]]) -> Header:
     }
 
 
-def complete_message(coflow: str, flow: str, digest: str, size: int, tag: str) -> Header:
+def complete_message(
+    coflow: str, flow: str, digest: str, size: int, tag: str, sha256: str | None = None
+) -> Header:
     """Header of a "complete" message: the receiver got all `size` bytes and the digest matched;
-    `tag` = report_tag(the attempt's digest_key)."""
-    return {
-        "t": "complete",
-        "coflow": coflow,
-        "flow": flow,
-        "digest": digest,
-        "size": size,
-        "k": tag,
-    }
+    `tag` = report_tag(the attempt's digest_key); `sha256`: hex SHA-256 of a file sink's
+    bytes (left out when None)."""
+    msg = {"t": "complete", "coflow": coflow, "flow": flow, "digest": digest, "size": size,
+           "k": tag}  # fmt: skip
+    if sha256 is not None:
+        msg["sha256"] = sha256
+    return msg
 
 
 def error_message(message: str, **fields: object) -> Header:
@@ -368,6 +382,9 @@ ReportName = Annotated[str, Meta(min_length=1, max_length=MAX_NAME_CHARS)]
 Tag = Annotated[str, Meta(max_length=TAG_CHARS)]  # wrong tags are refused by the controller
 Digest = Annotated[str, Meta(pattern=f"^[0-9a-f]{{1,{MAX_DIGEST_CHARS}}}$")]
 Reason = Annotated[str, Meta(min_length=1, max_length=MAX_REASON_CHARS)]
+Sha256 = Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]
+FilePath = Annotated[str, Meta(min_length=1, max_length=MAX_FILE_PATH_CHARS)]
+FileRow = tuple[FilePath, Annotated[int, Meta(ge=0)], Sha256 | None]
 Bytes = Annotated[int, Meta(ge=0)]
 Port = Annotated[int, Meta(ge=1, le=MAX_PORT)]
 PairKey = Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]  # 32 bytes, lower-case hex
@@ -487,6 +504,7 @@ class _Complete(_Control, tag="complete", frozen=True):
     digest: Digest
     size: Annotated[int, Meta(ge=1)]
     k: Tag = ""
+    sha256: Sha256 | None = None
 
 
 class _Failed(_Control, tag="failed", frozen=True):
@@ -520,9 +538,25 @@ class _Heartbeat(_Control, tag="heartbeat", frozen=True):
     pass
 
 
+class _List(_Control, tag="list", frozen=True):
+    path: FilePath
+    sha256: bool = False
+
+
+class _Check(_Control, tag="check", frozen=True):
+    files: list[FileRow]
+
+
+class _Listing(_Control, tag="listing", frozen=True):
+    id: str | int  # required here: the request answered
+    files: list[FileRow] = []
+    more: bool = False
+    error: Reason | None = None
+
+
 _CONTROL = (
     _Register | _Registered | _Tunnels | _Flows | _Rates | _Progress | _Complete | _Failed
-    | _Drop | _Error | _Ack | _Heartbeat
+    | _Drop | _Error | _Ack | _Heartbeat | _List | _Check | _Listing
 )  # fmt: skip
 
 

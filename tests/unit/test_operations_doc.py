@@ -13,8 +13,9 @@ from terra_core.terra_policy import TerraPolicy
 from topologies import Topology
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
-DOCUMENTED = set(re.findall(r"`([a-z_]+)`", DOC)) | {
-    name for span in re.findall(r"`([^`]*)`", DOC) for name in re.findall(r'"([a-z_]+)"', span)
+NAME = r"[a-z_][a-z0-9_]*"
+DOCUMENTED = set(re.findall(rf"`({NAME})`", DOC)) | {
+    name for span in re.findall(r"`([^`]*)`", DOC) for name in re.findall(rf'"({NAME})"', span)
 }
 
 

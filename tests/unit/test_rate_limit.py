@@ -163,3 +163,22 @@ async def test_bad_burst_raises_value_error(burst):
 async def test_bad_acquire_size_raises_value_error(n):
     with pytest.raises(ValueError):
         await TokenBucket(1.0).acquire(n)
+
+
+async def test_refunded_bytes_do_not_cost_their_time(autojump_clock):
+    bucket = TokenBucket(1000.0, burst_bytes=2000)
+    t0 = trio.current_time()
+    for _ in range(10):  # each acquires a 500-byte chunk but sends 100 (a small flow's bytes)
+        await bucket.acquire(500)
+        bucket.refund(400)
+    # 10 * 100 bytes at 1000 bytes/s: the first goes at once, 9 wait 0.1 s each
+    assert trio.current_time() - t0 == pytest.approx(0.9)
+    assert bucket.acquired_bytes == 1000
+    await trio.sleep(10)
+    bucket.refund(10_000)  # never past the burst
+    t0 = trio.current_time()
+    await bucket.acquire(2000)
+    await bucket.acquire(1)
+    assert trio.current_time() - t0 == pytest.approx(0.0)
+    await bucket.acquire(1)  # now 1 byte in debt after the 2000 + 1: waits 1 ms
+    assert trio.current_time() - t0 == pytest.approx(0.001)
