@@ -327,8 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         extra["page"] = raw["page"]
         for shot in raw["page"]["shots"]:
             down = ", ".join(shot["links_down"]) or "none"
-            print(f"page {shot['name']}: links shown down: {down}; coflow view: "
-                  f"{shot.get('coflow')} ({len(shot.get('flows', []))} flows); {shot['path']}")
+            print(
+                f"page {shot['name']}: links shown down: {down}; coflow view: "
+                f"{shot.get('coflow')} ({len(shot.get('flows', []))} flows); {shot['path']}"
+            )
         if raw["page"]["error"]:
             print(f"page: {raw['page']['error']}")
     if args.json:

@@ -540,8 +540,11 @@ CTL_OPS = {
     "list": ("every coflow this client may see (operators: all)", ()),
     "status": ("one coflow's status map (JSON)", ("COFLOW_ID",)),
     "cancel": ("cancel an unfinished coflow", ("COFLOW_ID",)),
-    "login": ("a 15-minute token for the web console (Authorization: Bearer; JSON "
-              "{token, expires, name, role})", ()),
+    "login": (
+        "a 15-minute token for the web console (Authorization: Bearer; JSON "
+        "{token, expires, name, role})",
+        (),
+    ),
 }
 OPERAND_HELP = {
     "A": ("DC at one end of the link", str),
