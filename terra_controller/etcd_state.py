@@ -7,6 +7,8 @@ etcd-server; this module speaks its v3 JSON gateway through OpenStack's etcd3gw)
     leader          {"id", "api", "agents", "rest"} of the leader (JSON), on its lease
     next_id         the lowest coflow id never used (decimal)
     coflows/ID      one coflow's journal records (a JSON list of journal.py's lines)
+    links           the operator's link states and capacities (a JSON list of journal.py's
+                    "l" lines)
 
 A controller becomes the leader by creating `leader` on a lease of its own in one transaction
 that succeeds only if the key does not exist (the etcd election recipe, as in etcd's
@@ -196,15 +198,35 @@ class EtcdState:
             entries.append(records)
         return (int(nxt[0]) if nxt else 0), entries
 
-    def write(self, next_id: int, entries: dict[int, list[dict] | None]) -> None:
-        """Store the id counter and coflows' records ({id: records, or None to remove it})
-        in guarded transactions of at most TXN_OPS operations (only while we lead).
+    def load_links(self) -> list[dict]:
+        """The operator's link records as stored ([] when none).
+
+        Raises:
+            StateStoreError: etcd unreachable.
+        """
+        values = self._call(lambda c: c.get(self.prefix + "links"))
+        try:
+            records = json.loads(values[0]) if values else []
+        except ValueError:
+            LOG.warning("etcd: unreadable link states skipped")
+            return []
+        return records if isinstance(records, list) else []
+
+    def write(
+        self, next_id: int, entries: dict[int, list[dict] | None], links: list[dict] | None = None
+    ) -> None:
+        """Store the id counter, coflows' records ({id: records, or None to remove it}) and,
+        unless None, the operator's link records (replacing those stored), in guarded
+        transactions of at most TXN_OPS operations (only while we lead).
 
         Raises:
             StateStoreError: etcd unreachable, or we are not the leader (any more).
         """
         ops = [{"request_put": {"key": _b64(self.prefix + "next_id"),
                                 "value": _b64(str(next_id))}}]  # fmt: skip
+        if links is not None:
+            ops.append({"request_put": {"key": _b64(self.prefix + "links"),
+                                        "value": _b64(json.dumps(links))}})  # fmt: skip
         for cid, records in entries.items():
             key = _b64(f"{self.prefix}coflows/{cid}")
             if records is None:
