@@ -67,6 +67,7 @@ FILE_NAME = "coflows.jsonl"
 LOCK_NAME = "coflows.lock"  # held (flock) by the controller using the directory
 STORE_WAIT_S = 2.0  # how long a change waits for the shared store before the caller moves on
 STORE_RETRY_S = 0.2  # pause before sending again what the store did not take
+LAZY_S = 0.05  # how long a change nobody waits for waits to share a later transaction
 COMPACT_SLACK = 10_000  # lines beyond 2 x live entries before the file is rewritten
 MAX_LIVE = 1_000_000  # coflows remembered (owner and secret) at most
 
@@ -152,6 +153,7 @@ class CoflowJournal:
         self._durable = 0  # changes the store took
         self._cond = threading.Condition()
         self._writer: threading.Thread | None = None
+        self._waiting = 0  # callers in wait_durable
         self._refs: dict[tuple[str | None, str], int] = {}  # (owner, ref) -> coflow id
         self.links: dict[tuple[str, str], dict] = {}
         self._links_queued: list[dict] | None = None  # the links' records for the store
@@ -349,11 +351,16 @@ class CoflowJournal:
             self._cond.notify_all()
 
     def _write_loop(self) -> None:
-        """Send what is queued, as one transaction per round trip, until the process ends."""
+        """Send what is queued, as one transaction per round trip, until the process ends.
+        Changes nobody waits for (a coflow's end, a flow's attempt) wait up to LAZY_S for
+        one somebody waits for (an admission: `wait_durable`) and go in its transaction."""
         while True:
             with self._cond:
                 while self._durable >= self._seq:
                     self._cond.wait()
+                lazy_until = time.monotonic() + LAZY_S
+                while not self._waiting and (left := lazy_until - time.monotonic()) > 0:
+                    self._cond.wait(left)
                 batch, self._queued = self._queued, {}
                 links, self._links_queued = self._links_queued, None
                 seq, next_id = self._seq, self.next_id
@@ -391,11 +398,16 @@ class CoflowJournal:
         end = time.monotonic() + timeout_s
         with self._cond:
             target = self._seq
-            while self._durable < target:
-                left = end - time.monotonic()
-                if left <= 0 or self.failing is not None:
-                    return False
-                self._cond.wait(min(left, 0.1))
+            self._waiting += 1
+            self._cond.notify_all()  # the writer sends at once
+            try:
+                while self._durable < target:
+                    left = end - time.monotonic()
+                    if left <= 0 or self.failing is not None:
+                        return False
+                    self._cond.wait(min(left, 0.1))
+            finally:
+                self._waiting -= 1
         return True
 
     def flush(self) -> bool:
