@@ -99,8 +99,8 @@ class Probe:
         out["controller_cpu_s"] = last[1] - first[1]
         out["etcd_cpu_s"] = last[2] - first[2]
         out["etcd_writes_per_submit"] = (
-            (out["etcd_writes_submit"] + out["etcd_writes_concurrent"]) / (2 * calls)
-        )
+            out["etcd_writes_submit"] + out["etcd_writes_concurrent"]
+        ) / (2 * calls)
         return out
 
 
