@@ -52,9 +52,10 @@ def etcd_revision(addr: str) -> int:
         return int(json.loads(reply.read())["header"]["revision"])
 
 
-def txn_latency_ms(addr: str, txns: int, cluster: str) -> float:
-    """Median ms of `txns` sequential guarded transactions, each putting the id counter and
-    one coflow's records as a submit does (terra_controller/etcd_state.py), on `addr`."""
+def txn_latency_ms(addr: str, txns: int, cluster: str) -> tuple[float, float]:
+    """(median wall ms, mean CPU ms of this process) of `txns` sequential guarded
+    transactions, each putting the id counter and one coflow's records as a submit does
+    (terra_controller/etcd_state.py), on `addr`."""
     from terra_controller.etcd_state import EtcdState, parse_endpoints
 
     state = EtcdState(parse_endpoints(addr), cluster)
@@ -62,14 +63,16 @@ def txn_latency_ms(addr: str, txns: int, cluster: str) -> float:
     records = [{"c": 0, "o": "job", "s": "00" * 16, "fl": [["f", "hk", "la", 10**6, None, None]],
                 "at": time.time()}]  # fmt: skip
     times = []
+    cpu = time.process_time()
     try:
         for i in range(txns):
             start = time.perf_counter()
             state.write(i + 1, {i: records})
             times.append((time.perf_counter() - start) * 1e3)
+        cpu = time.process_time() - cpu
     finally:
         state.resign()
-    return statistics.median(times)
+    return statistics.median(times), cpu / txns * 1e3
 
 
 class Probe:
@@ -109,7 +112,7 @@ def measure(args, etcd: tuple[str, int] | None, cluster: str) -> dict:
     extra = ["--etcd", etcd[0], "--cluster", cluster] if etcd else None
     out: dict = {"load": os.getloadavg()[0]}
     if etcd:
-        out["txn_ms"] = txn_latency_ms(etcd[0], args.txns, cluster + "-probe")
+        out["txn_ms"], out["txn_cpu_ms"] = txn_latency_ms(etcd[0], args.txns, cluster + "-probe")
     probe = Probe(*(etcd or (None, None)))
     api = api_rates(args.calls, args.clients, extra, mark=probe)
     rounds = round_latency(args.coflows, args.rounds, extra)
@@ -130,8 +133,9 @@ def report(median: dict, repeats: int, load: list[float]) -> None:
             print(f"{key}: single {single[key]:.1f}, {name} {m[key]:.1f} "
                   f"({name} / single {m[key] / single[key]:.2f})")  # fmt: skip
         bound = 1 / (1 / single["submit_per_s"] + m["txn_ms"] / 1e3)
-        print(f"one etcd transaction {m['txn_ms']:.2f} ms: one client's submits bounded by "
-              f"{bound:.0f}/s ({bound / single['submit_per_s']:.2f} of single)")  # fmt: skip
+        print(f"one etcd transaction {m['txn_ms']:.2f} ms ({m['txn_cpu_ms']:.2f} CPU ms): "
+              f"one client's submits bounded by {bound:.0f}/s "
+              f"({bound / single['submit_per_s']:.2f} of single)")  # fmt: skip
         print(f"etcd writes/s: one client {m['etcd_writes_per_s_submit']:.0f}, "
               f"{m['etcd_writes_per_s_concurrent']:.0f} with concurrent clients; "
               f"{m['etcd_writes_per_submit']:.2f} per submit")  # fmt: skip
@@ -139,6 +143,22 @@ def report(median: dict, repeats: int, load: list[float]) -> None:
         print(f"CPU s over part 1, {name}: controller {m['controller_cpu_s']:.2f}, "
               f"etcd {m['etcd_cpu_s']:.2f}")  # fmt: skip
     print(f"load average {min(load):.1f}-{max(load):.1f}; medians of {repeats} repeats")
+
+
+def txns_only(etcds: dict[str, tuple[str, int]], txns: int, repeats: int) -> int:
+    """Print the median over `repeats` of each etcd's transaction wall and CPU ms."""
+    load = [os.getloadavg()[0]]
+    got: dict[str, list[tuple[float, float]]] = {name: [] for name in etcds}
+    for i in range(repeats):
+        for name, (addr, _) in etcds.items():
+            got[name].append(txn_latency_ms(addr, txns, f"txn{i}"))
+        load.append(os.getloadavg()[0])
+    for name, runs in got.items():
+        wall = statistics.median(r[0] for r in runs)
+        cpu = statistics.median(r[1] for r in runs)
+        print(f"{name}: one transaction {wall:.2f} ms, {cpu:.2f} CPU ms in the client")
+    print(f"load average {min(load):.1f}-{max(load):.1f}; medians of {repeats} x {txns}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--txns", type=int, default=200, help="timed etcd transactions per repeat")
     p.add_argument("--tmpfs", action="store_true", help="also an etcd with its data in /dev/shm")
+    p.add_argument("--txns-only", action="store_true",
+                   help="only the transactions' latency and CPU, --repeats times")  # fmt: skip
     p.add_argument("--json", help="write the figures to this file")
     args = p.parse_args(argv)
     etcds: dict[str, tuple[str, int]] = {}
@@ -164,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             etcds[name] = (addrs[0], started[0].pid)
         runs: dict[str, list[dict]] = {"single": [], **{name: [] for name in etcds}}
         load = [os.getloadavg()[0]]
+        if args.txns_only:
+            return txns_only(etcds, args.txns, args.repeats)
         for i in range(args.repeats):
             runs["single"].append(measure(args, None, ""))
             for name, etcd in etcds.items():
