@@ -53,21 +53,27 @@ def one_flow(rng: random.Random) -> list[dict]:
     return [{"id": "f", "src": AGENT_OF[src], "dst": AGENT_OF[dst], "bytes": 1_000_000}]
 
 
-def api_rates(calls: int, clients: int, extra: list[str] | None = None) -> dict:
+def api_rates(calls: int, clients: int, extra: list[str] | None = None, mark=None) -> dict:
     """Part 1: submit/status calls per second (one client, then `clients` concurrently);
-    `extra`: more terra-controller arguments (e.g. --etcd ...)."""
+    `extra`: more terra-controller arguments (e.g. --etcd ...); `mark(phase, pid)`, when
+    given, is called with the controller's pid at the start ("start") and the end of each
+    phase ("submit", "status", "concurrent")."""
     ctl = ControllerProcess("swan", extra=extra)
     agents = fake_agents(ctl, complete=True)
     rng = random.Random(1)
+    mark = mark or (lambda phase, pid: None)
     try:
         client = ctl.client()
+        mark("start", ctl.proc.pid)
         start = time.perf_counter()
         ids = [client.submit_coflow(one_flow(rng)) for _ in range(calls)]
         submit_s = time.perf_counter() - start
+        mark("submit", ctl.proc.pid)
         start = time.perf_counter()
         for _ in range(calls):
             client.check_status(rng.choice(ids))
         status_s = time.perf_counter() - start
+        mark("status", ctl.proc.pid)
         per_client = calls // clients
         errors: list[Exception] = []
 
@@ -88,6 +94,7 @@ def api_rates(calls: int, clients: int, extra: list[str] | None = None) -> dict:
         for t in threads:
             t.join()
         concurrent_s = time.perf_counter() - start
+        mark("concurrent", ctl.proc.pid)
         if errors:
             raise errors[0]
         done = sum(c["state"] == "done" for c in client.list_coflows())

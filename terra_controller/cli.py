@@ -514,7 +514,8 @@ def start_openflow_app(args, topology, binding, controller, tunnels):
     """Start os-ken with the tunnel app; PortStatus link changes reach the controller.
 
     The app keeps its own copy of the topology (it flips link state on PortStatus);
-    the controller's copy changes under the controller's lock via set_link_state.
+    the controller's copy changes under the controller's lock via set_link_state (as the
+    switches' word: an operator's link-down holds, terra_controller/operator_links.py).
     `tunnels` (tunnels.startup_tunnels) is the list the agent channel's TunnelTable
     holds too: built once, shared.
 
@@ -522,9 +523,10 @@ def start_openflow_app(args, topology, binding, controller, tunnels):
         (TunnelApp, os-ken threads).
     """
     from terra_controller.openflow_app import TunnelConfig, start_openflow
+    from terra_controller.operator_links import SWITCH
 
     def link_changed(change) -> None:
-        controller.set_link_state(change.link[0], change.link[1], change.up)
+        controller.set_link_state(change.link[0], change.link[1], change.up, source=SWITCH)
 
     config = TunnelConfig(
         topology.copy(), binding, args.k, on_link_change=link_changed, tunnels=tunnels,

@@ -57,6 +57,7 @@ from terra_controller.events import EventLog
 from terra_controller.file_requests import FileInfo, FileRequests
 from terra_controller.journal import CoflowJournal
 from terra_controller.metrics import ControllerMetrics
+from terra_controller.operator_links import OPERATOR, LinkStates, restore_before_first_round
 from terra_controller.resume import (
     ended_summary,
     failed_summary,
@@ -229,6 +230,8 @@ class Controller:
         self.role = "single"  # "leader" when elected among controllers on etcd
         self.leader_addr: str | None = None  # the leader's API address (HOST:PORT) then
         self.generation = 0  # the etcd generation it leads with (0: no etcd)
+        self.links = LinkStates(self.journal)  # the operator's (journaled) and the switches'
+        restore_before_first_round(self)
         self.resuming = {cid: e for cid, e in self.journal.live.items() if e.resumable}
         if self.resuming:
             LOG.info("%d coflows of the journal resume once their agents register",
@@ -401,12 +404,14 @@ class Controller:
         return {"role": self.role, "leader": self.leader_addr,
                 "state_version": self.journal.version}  # fmt: skip
 
-    def _durable(self, coflow_id: int) -> None:
-        """Wait (outside the locks) until the shared state holds the change just made, so a
-        reply means it survives a failover; after STORE_WAIT_S the change stays queued and
-        the reply goes anyway (a client resubmits its open coflows to a new leader)."""
+    def _durable(self, what: object) -> None:
+        """Wait (outside the locks) until the shared state holds the change just made to
+        `what` (a coflow id, or a link's name), so a reply means it survives a failover;
+        after STORE_WAIT_S the change stays queued and the reply goes anyway (a client
+        resubmits its open coflows to a new leader)."""
         if not self.journal.wait_durable():
-            LOG.warning("coflow %s: not yet in the shared state (%s)", coflow_id,
+            name = f"coflow {what}" if isinstance(what, int) else what
+            LOG.warning("%s: not yet in the shared state (%s)", name,
                         self.journal.failing or "slow")  # fmt: skip
 
     def submitted_ref(self, owner: str | None, ref: str) -> int | None:
@@ -804,51 +809,69 @@ class Controller:
 
     # ---- WAN events ---------------------------------------------------------------------
 
-    def set_link_state(self, a: object, b: object, up: object) -> bool:
-        """Set the undirected link a-b up or down (both directions).
+    def set_link_state(self, a: object, b: object, up: object, source: str = OPERATOR) -> bool:
+        """Set the undirected link a-b up or down (both directions), as the operator says
+        (journaled: it survives restarts and failovers) or a switch (source "switch"); the
+        link is up only while neither says down (terra_controller/operator_links.py).
 
         Returns:
-            True when the state changed (a round is then asked for).
+            True when the link's state changed (a round is then asked for).
 
         Raises:
-            RegistryError("bad_request"): unknown link or bad arguments.
+            RegistryError("bad_request"): unknown link or bad arguments; "unavailable": the
+            shared state cannot be written now (an operator's change; nothing changed).
         """
         if not isinstance(up, bool):
             raise RegistryError("bad_request", "up must be true or false")
+        if source == OPERATOR:
+            self._check_state_writable()
         with self.policy_lock, self.lock:
             try:
+                self.topology.available((a, b))  # raises for an unknown link
+                self.topology.available((b, a))
+                up = self.links.record(a, b, up, source)
                 was_up = (a, b) not in self.topology.down
                 if was_up == up and ((b, a) not in self.topology.down) == up:
-                    self.topology.available((a, b))  # still raises for an unknown link
-                    return False
-                self.topology.set_link_state(a, b, up)
+                    changed = False
+                else:
+                    self.topology.set_link_state(a, b, up)
+                    changed = True
             except (TopologyError, TypeError) as exc:
                 raise RegistryError("bad_request", str(exc)) from exc
-            if self.policy.wan_changed(self.now()):
+            if changed and self.policy.wan_changed(self.now()):
                 self.want_round(wan=True)
-            LOG.info("link %s-%s %s", a, b, "up" if up else "down")
-            self.events.add("link_up" if up else "link_down", a=a, b=b)
-            return True
+            if changed:
+                LOG.info("link %s-%s %s (%s)", a, b, "up" if up else "down", source)
+                self.events.add("link_up" if up else "link_down", a=a, b=b, source=source)
+        if source == OPERATOR:
+            self._durable(f"link {a}-{b}")
+        return changed
 
     def set_capacity(self, a: object, b: object, bytes_per_s: object) -> bool:
         """Set the capacity of the undirected link a-b (bytes/s).
+
+        The capacity is journaled (it survives restarts and failovers).
 
         Returns:
             True when the policy judged the change large enough (δ) for a new round.
 
         Raises:
-            RegistryError("bad_request"): unknown link or bad capacity.
+            RegistryError("bad_request"): unknown link or bad capacity; "unavailable": the
+            shared state cannot be written now (nothing changed).
         """
+        self._check_state_writable()
         with self.policy_lock, self.lock:
             try:
                 self.topology.set_capacity(a, b, bytes_per_s)
             except (TopologyError, TypeError) as exc:
                 raise RegistryError("bad_request", str(exc)) from exc
+            self.journal.link_set(a, b, cap=bytes_per_s)
             changed = self.policy.wan_changed(self.now())
             if changed:
                 self.want_round(wan=True)
             self.events.add("capacity", a=a, b=b, bytes_per_s=self.topology.capacity[(a, b)])
-            return changed
+        self._durable(f"link {a}-{b}")
+        return changed
 
     # ---- agent reports ------------------------------------------------------------------
 

@@ -7,6 +7,8 @@ etcd-server; this module speaks its v3 JSON gateway through OpenStack's etcd3gw)
     leader          {"id", "api", "agents", "rest"} of the leader (JSON), on its lease
     next_id         the lowest coflow id never used (decimal)
     coflows/ID      one coflow's journal records (a JSON list of journal.py's lines)
+    links           the operator's link states and capacities (a JSON list of journal.py's
+                    "l" lines)
 
 A controller becomes the leader by creating `leader` on a lease of its own in one transaction
 that succeeds only if the key does not exist (the etcd election recipe, as in etcd's
@@ -15,12 +17,15 @@ leader is a transaction guarded by that create revision, so a controller that lo
 cannot overwrite its successor's state (fencing): the write fails with StateStoreError.
 
 Endpoints are tried in order; one that cannot be reached is skipped for the next request
-(etcd's members serve the same data).
+(etcd's members serve the same data). They are dialled directly: the environment's proxy
+settings (HTTP_PROXY, ...) and ~/.netrc are not used (reading them on every request cost
+a third of a transaction's client CPU).
 """
 
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import logging
 import warnings
@@ -62,6 +67,44 @@ def parse_endpoints(text: str) -> list[tuple[str, int]]:
     return out
 
 
+class TxnConnection:
+    """One etcd member's keep-alive HTTP connection for the journal's transactions: a POST
+    to /v3/kv/txn straight through http.client (a fifth of the client CPU of etcd3gw's
+    requests session, measured in docs/results.md 4.3). A connection the member closed
+    while idle is opened again once; other failures raise etcd3gw's ConnectionFailedError
+    (the member is skipped) or Etcd3Exception (it answered with an error)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.conn: http.client.HTTPConnection | None = None
+
+    def transaction(self, txn: dict) -> dict:
+        """etcd's reply map to `txn` (the v3 JSON gateway's txn request)."""
+        body = json.dumps(txn)
+        for attempt in (0, 1):
+            fresh = self.conn is None
+            if fresh:
+                self.conn = http.client.HTTPConnection(self.host, self.port,
+                                                       timeout=REQUEST_TIMEOUT_S)  # fmt: skip
+            try:
+                self.conn.request("POST", "/v3/kv/txn", body,
+                                  {"Content-Type": "application/json"})  # fmt: skip
+                reply = self.conn.getresponse()
+                data = reply.read()
+            except (OSError, http.client.HTTPException) as exc:
+                self.conn.close()
+                self.conn = None
+                stale = isinstance(exc, ConnectionResetError | BrokenPipeError
+                                   | http.client.RemoteDisconnected)  # fmt: skip
+                if fresh or not stale or attempt:
+                    raise etcd_errors.ConnectionFailedError(str(exc)) from exc
+                continue
+            if reply.status != 200:
+                raise etcd_errors.Etcd3Exception(f"{reply.status} {data[:200]!r}")
+            return json.loads(data)
+        raise AssertionError("unreachable")
+
+
 def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
@@ -85,6 +128,10 @@ class EtcdState:
             etcd3gw.Etcd3Client(host, port, timeout=REQUEST_TIMEOUT_S, api_path="/v3/")
             for host, port in endpoints
         ]
+        for client in self.clients:  # the members are dialled directly: no proxy or .netrc
+            client.session.trust_env = False  # look-ups in the environment on every request
+        self._txns = {id(c): TxnConnection(h, p) for c, (h, p) in zip(self.clients, endpoints,
+                                                                    strict=True)}  # fmt: skip
         self.names = [f"{h}:{p}" for h, p in endpoints]
         self._next = 0
         self.prefix = f"/terra/{cluster}/"
@@ -196,15 +243,35 @@ class EtcdState:
             entries.append(records)
         return (int(nxt[0]) if nxt else 0), entries
 
-    def write(self, next_id: int, entries: dict[int, list[dict] | None]) -> None:
-        """Store the id counter and coflows' records ({id: records, or None to remove it})
-        in guarded transactions of at most TXN_OPS operations (only while we lead).
+    def load_links(self) -> list[dict]:
+        """The operator's link records as stored ([] when none).
+
+        Raises:
+            StateStoreError: etcd unreachable.
+        """
+        values = self._call(lambda c: c.get(self.prefix + "links"))
+        try:
+            records = json.loads(values[0]) if values else []
+        except ValueError:
+            LOG.warning("etcd: unreadable link states skipped")
+            return []
+        return records if isinstance(records, list) else []
+
+    def write(
+        self, next_id: int, entries: dict[int, list[dict] | None], links: list[dict] | None = None
+    ) -> None:
+        """Store the id counter, coflows' records ({id: records, or None to remove it}) and,
+        unless None, the operator's link records (replacing those stored), in guarded
+        transactions of at most TXN_OPS operations (only while we lead).
 
         Raises:
             StateStoreError: etcd unreachable, or we are not the leader (any more).
         """
         ops = [{"request_put": {"key": _b64(self.prefix + "next_id"),
                                 "value": _b64(str(next_id))}}]  # fmt: skip
+        if links is not None:
+            ops.append({"request_put": {"key": _b64(self.prefix + "links"),
+                                        "value": _b64(json.dumps(links))}})  # fmt: skip
         for cid, records in entries.items():
             key = _b64(f"{self.prefix}coflows/{cid}")
             if records is None:
@@ -230,7 +297,7 @@ class EtcdState:
             "success": operations,
             "failure": [],
         }  # fmt: skip
-        reply = self._call(lambda c: c.transaction(txn))
+        reply = self._call(lambda c: self._txns[id(c)].transaction(txn))
         if not reply.get("succeeded"):
             self.deposed = True
             raise StateStoreError("this controller is no longer the leader")

@@ -15,6 +15,9 @@ A controller started with a state directory (terra-controller --state-dir, by de
     {"n": id}                                         ids below this were used (a rejected
                                                       submit burns its id)
     {"f": id}                                         a finished coflow was forgotten
+    {"l": [A, B], "up": bool, "cap": bytes/s or null} the operator's state of link A-B
+                                                      (ctl link-down / link-up / capacity;
+                                                      A < B, the whole state each time)
 
 On start-up the journal is replayed: new ids continue above every id ever used (ids are never
 reused, whatever the restarts); the coflows not forgotten keep their owner (only that job
@@ -23,7 +26,9 @@ the agents' reports about a resubmitted coflow still match) and their name and t
 resubmission without them gets them back). A coflow that had not ended is `resumable`: the
 controller admits it again by itself, with its flows, attempts, arrival and deadline
 (terra_controller/resume.py), so no client resubmits anything after a restart; an ended one
-answers status requests with its final state. A line cut short by a crash is skipped. Lines
+answers status requests with its final state. The operator's link states and capacities
+(`links`) are replayed too: the controller applies them before its first round
+(terra_controller/operator_links.py). A line cut short by a crash is skipped. Lines
 are written and flushed, not fsynced: a power loss may lose the last ones (a kill -9 of the
 controller loses none). When the file holds more than twice the live entries (plus
 COMPACT_SLACK lines) it is rewritten with the live entries only (write, then rename), so its
@@ -33,14 +38,14 @@ are forgotten first).
 The directory is created 0700 and the file 0600 (whatever the umask): the secrets are in it.
 One controller at a time uses a state directory (an exclusive flock on LOCK_NAME; a second
 one gets JournalError).
-Without a state directory (`CoflowJournal(None)`, in-process controllers) the same bookkeeping
-lives in memory only. With a shared store instead (`CoflowJournal(None, store=EtcdState)`, the
-controllers of `terra-controller --etcd`), each coflow's records are one etcd key, rewritten
-whole on every change (etcd_state.py). Changes are queued under the caller's lock (no I/O
-there) and one writer thread sends what is queued as one transaction (group commit), so
-concurrent submits share etcd round trips; `wait_durable` waits until the store has taken
-everything queued so far. A write the store refuses or cannot take stays queued (`failing`
-says why) and is sent again.
+Without a state directory (`CoflowJournal(None)`, in-process controllers) the same
+bookkeeping lives in memory only. With a shared store instead (`CoflowJournal(None,
+store=EtcdState)`, the controllers of `terra-controller --etcd`), each coflow's records are
+one etcd key, rewritten whole on every change, and the operator's links are one key
+(etcd_state.py). Changes are queued under the caller's lock (no I/O there) and one writer
+thread sends what is queued as one transaction (group commit), so concurrent submits share
+etcd round trips; `wait_durable` waits until the store has taken everything queued so far. A
+write the store refuses or cannot take stays queued (`failing` says why) and is sent again.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ FILE_NAME = "coflows.jsonl"
 LOCK_NAME = "coflows.lock"  # held (flock) by the controller using the directory
 STORE_WAIT_S = 2.0  # how long a change waits for the shared store before the caller moves on
 STORE_RETRY_S = 0.2  # pause before sending again what the store did not take
+LAZY_S = 0.05  # how long a change nobody waits for waits to share a later transaction
 COMPACT_SLACK = 10_000  # lines beyond 2 x live entries before the file is rewritten
 MAX_LIVE = 1_000_000  # coflows remembered (owner and secret) at most
 
@@ -123,6 +129,8 @@ class CoflowJournal:
         live: {coflow id: JournalEntry}, oldest first.
         failing: why the store could not take the last writes (None: all written).
         version: changes recorded so far (the store's revision with a store).
+        links: {(A, B) with A < B: {"up": bool, "cap": bytes/s or None}}: the operator's
+            state of each link it changed (ctl link-down / link-up / capacity).
 
     Raises (constructor):
         JournalError: the directory or the file cannot be created or opened, or another
@@ -145,7 +153,10 @@ class CoflowJournal:
         self._durable = 0  # changes the store took
         self._cond = threading.Condition()
         self._writer: threading.Thread | None = None
+        self._waiting = 0  # callers in wait_durable
         self._refs: dict[tuple[str | None, str], int] = {}  # (owner, ref) -> coflow id
+        self.links: dict[tuple[str, str], dict] = {}
+        self._links_queued: list[dict] | None = None  # the links' records for the store
         if store is not None:
             self._load_store()
         if state_dir is None:
@@ -272,6 +283,27 @@ class CoflowJournal:
             self._append({"f": coflow_id})
             self._save(coflow_id)
 
+    def link_set(self, a: str, b: str, up: bool | None = None, cap: float | None = None) -> dict:
+        """Record the operator's state of the undirected link a-b: `up` (None: unchanged)
+        and capacity `cap` in bytes/s (None: unchanged). Returns the link's whole state
+        {"up": bool, "cap": bytes/s or None (the topology's own)}."""
+        key = (a, b) if a <= b else (b, a)
+        state = self.links.setdefault(key, {"up": True, "cap": None})
+        if up is not None:
+            state["up"] = up
+        if cap is not None:
+            state["cap"] = float(cap)
+        self._append(_link_record(key, state))
+        self._changes += 1
+        if self.store is not None:
+            with self._cond:
+                self._links_queued = self._link_records()
+            self._queue(None)
+        return dict(state)
+
+    def _link_records(self) -> list[dict]:
+        return [_link_record(key, state) for key, state in self.links.items()]
+
     def close(self) -> None:
         """Close the file and release the directory (memory-only journals: nothing)."""
         if self._file is not None:
@@ -293,6 +325,11 @@ class CoflowJournal:
             except (ValueError, TypeError, KeyError, AttributeError):
                 LOG.warning("shared state: an unreadable coflow entry skipped")
         self.next_id = max(self.next_id, next_id)
+        for record in self.store.load_links():
+            try:
+                self._apply(record)
+            except (ValueError, TypeError, KeyError):
+                LOG.warning("shared state: an unreadable link state skipped")
 
     def _save(self, coflow_id: int | None) -> None:
         """Queue a changed entry (None: the id counter only) for the store, if any."""
@@ -314,26 +351,34 @@ class CoflowJournal:
             self._cond.notify_all()
 
     def _write_loop(self) -> None:
-        """Send what is queued, as one transaction per round trip, until the process ends."""
+        """Send what is queued, as one transaction per round trip, until the process ends.
+        Changes nobody waits for (a coflow's end, a flow's attempt) wait up to LAZY_S for
+        one somebody waits for (an admission: `wait_durable`) and go in its transaction."""
         while True:
             with self._cond:
                 while self._durable >= self._seq:
                     self._cond.wait()
+                lazy_until = time.monotonic() + LAZY_S
+                while not self._waiting and (left := lazy_until - time.monotonic()) > 0:
+                    self._cond.wait(left)
                 batch, self._queued = self._queued, {}
+                links, self._links_queued = self._links_queued, None
                 seq, next_id = self._seq, self.next_id
-            if self._send(next_id, batch, seq):
+            if self._send(next_id, batch, seq, links):
                 continue
             time.sleep(STORE_RETRY_S)
 
-    def _send(self, next_id: int, batch: dict, seq: int) -> bool:
+    def _send(self, next_id: int, batch: dict, seq: int, links: list | None) -> bool:
         from terra_controller.etcd_state import StateStoreError
 
         try:
-            self.store.write(next_id, batch)
+            self.store.write(next_id, batch, links)
         except StateStoreError as exc:
             with self._cond:
                 for cid, records in batch.items():  # newer changes queued meanwhile win
                     self._queued.setdefault(cid, records)
+                if self._links_queued is None:
+                    self._links_queued = links
                 if self.failing is None:
                     LOG.error("shared state: %s; writes are kept until it answers", exc)
                 self.failing = str(exc)
@@ -353,11 +398,16 @@ class CoflowJournal:
         end = time.monotonic() + timeout_s
         with self._cond:
             target = self._seq
-            while self._durable < target:
-                left = end - time.monotonic()
-                if left <= 0 or self.failing is not None:
-                    return False
-                self._cond.wait(min(left, 0.1))
+            self._waiting += 1
+            self._cond.notify_all()  # the writer sends at once
+            try:
+                while self._durable < target:
+                    left = end - time.monotonic()
+                    if left <= 0 or self.failing is not None:
+                        return False
+                    self._cond.wait(min(left, 0.1))
+            finally:
+                self._waiting -= 1
         return True
 
     def flush(self) -> bool:
@@ -392,7 +442,7 @@ class CoflowJournal:
             LOG.error("coflow journal %s: cannot write: %s", self.path, exc)
             return
         self._lines += 1
-        if self._lines > 2 * len(self.live) + COMPACT_SLACK:
+        if self._lines > 2 * (len(self.live) + len(self.links)) + COMPACT_SLACK:
             try:
                 self._rewrite()
             except OSError as exc:
@@ -441,6 +491,9 @@ class CoflowJournal:
             self.next_id = max(self.next_id, int(record["n"]))
         elif "f" in record:
             self.live.pop(record["f"], None)
+        elif "l" in record:
+            key, state = _link_of(record)
+            self.links[key] = state
         while len(self.live) > MAX_LIVE:
             self.live.popitem(last=False)
 
@@ -456,6 +509,9 @@ class CoflowJournal:
         lines = 1
         with os.fdopen(fd, "wb") as f:
             f.write(self._encode({"n": self.next_id}) + b"\n")
+            for record in self._link_records():
+                f.write(self._encode(record) + b"\n")
+                lines += 1
             for cid, entry in self.live.items():
                 for record in _records(cid, entry):
                     f.write(self._encode(record) + b"\n")
@@ -497,6 +553,21 @@ def _records(coflow_id: int, entry: JournalEntry) -> list[dict]:
 
 def _ended_record(coflow_id: int, ended: dict) -> dict:
     return {"e": coflow_id} | {short: ended[k] for k, short in ENDED_KEYS.items()}
+
+
+def _link_record(key: tuple[str, str], state: dict) -> dict:
+    return {"l": list(key), "up": state["up"], "cap": state["cap"]}
+
+
+def _link_of(record: dict) -> tuple[tuple[str, str], dict]:
+    """((A, B), {"up", "cap"}) of a replayed "l" line (ValueError: a bad line)."""
+    link, up, cap = record["l"], record["up"], record.get("cap")
+    if not (isinstance(link, list) and len(link) == 2 and all(isinstance(x, str) for x in link)):
+        raise ValueError("bad record")
+    if not isinstance(up, bool) or not (cap is None or (isinstance(cap, int | float) and cap > 0)):
+        raise ValueError("bad record")
+    a, b = link
+    return ((a, b) if a <= b else (b, a)), {"up": up, "cap": None if cap is None else float(cap)}
 
 
 def _entry_of(record: dict) -> JournalEntry:

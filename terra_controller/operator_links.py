@@ -1,0 +1,101 @@
+"""The operator's link states and capacities: replicated state, and how they combine with
+what the switches report.
+
+`terra-controller ctl link-down A B`, `link-up A B` and `capacity A B BYTES_PER_S` (the API
+requests "link_state" and "capacity") are kept in the coflow journal (journal.py "l" lines:
+the state directory's file, or the `links` key in etcd), like the coflows. A controller
+restarted on the same state directory, and a standby elected leader after a failover, apply
+them to its topology when it is made (`restore`), before its first round, so it schedules
+around the same links at the same capacities as the controller before it.
+
+Precedence against the switches (OpenFlow PortStatus and the ports read when a switch
+connects; not journaled, the switches say it again to every new leader): a link is used
+only while neither says it is down. An operator's link-down holds whatever the ports say
+(a port coming up does not bring the link back; only `link-up` does), and a port that goes
+down takes the link down whatever the operator said (`link-up` does not lift it; the port
+coming up does). Capacities come from the operator only (the topology file's until then).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from topologies import Topology, TopologyError
+
+LOG = logging.getLogger("terra.links")
+
+OPERATOR = "operator"
+SWITCH = "switch"
+
+
+def link_key(a: str, b: str) -> tuple[str, str]:
+    """The undirected link a-b as (lower name, higher name)."""
+    return (a, b) if a <= b else (b, a)
+
+
+class LinkStates:
+    """Who says which link is down: the operator (journaled) and the switches (in memory).
+
+    Args:
+        journal: the CoflowJournal (its `links` and `link_set`).
+
+    Attributes:
+        switch_down: undirected links (link_key) a switch reported down.
+    """
+
+    def __init__(self, journal) -> None:
+        self.journal = journal
+        self.switch_down: set[tuple[str, str]] = set()
+
+    def operator_up(self, a: str, b: str) -> bool:
+        """False when the operator set a-b down."""
+        return self.journal.links.get(link_key(a, b), {}).get("up", True)
+
+    def record(self, a: str, b: str, up: bool, source: str) -> bool:
+        """Record what `source` (OPERATOR: journaled; SWITCH) says of a-b; return whether
+        the link is up now (module docstring: up only while neither says down)."""
+        key = link_key(a, b)
+        if source == OPERATOR:
+            self.journal.link_set(a, b, up=up)
+        elif up:
+            self.switch_down.discard(key)
+        else:
+            self.switch_down.add(key)
+        return self.operator_up(a, b) and key not in self.switch_down
+
+
+def restore(topology: Topology, links: dict[tuple[str, str], dict]) -> int:
+    """Apply the journaled operator states `links` ({(A, B): {"up", "cap"}}) to `topology`
+    (both directions). A link the topology no longer has, or a capacity it refuses, is
+    logged and skipped.
+
+    Returns:
+        how many links were changed.
+    """
+    changed = 0
+    for (a, b), state in links.items():
+        try:
+            if not state["up"]:
+                topology.set_link_state(a, b, False)
+            if state.get("cap") is not None:
+                topology.set_capacity(a, b, state["cap"])
+        except TopologyError as exc:
+            LOG.warning("operator state of link %s-%s not applied: %s", a, b, exc)
+            continue
+        changed += 1
+        LOG.info("link %s-%s %s%s (operator, from the journal)", a, b,
+                 "up" if state["up"] else "down",
+                 "" if state.get("cap") is None else f", {state['cap']:g} bytes/s")  # fmt: skip
+    return changed
+
+
+def restore_before_first_round(controller) -> None:
+    """Apply the journal's operator link states to the controller's topology; tell its
+    policy when it is made already (a policy made later reads the topology then)."""
+    from terra_controller.deferred import Deferred
+
+    if not restore(controller.topology, controller.journal.links):
+        return
+    policy = controller.policy
+    if not isinstance(policy, Deferred) or policy.made:
+        policy.wan_changed(controller.now())
