@@ -67,7 +67,8 @@ def test_the_controller_logs_link_capacity_and_coflow_events():
         "link_down", "link_up", "capacity", "admitted", "admitted", "admitted", "done",
         "cancelled", "failed",
     ]  # fmt: skip
-    assert events[0] | {"t": 0} == {"seq": 1, "t": 0, "kind": "link_down", "a": "A", "b": "B"}
+    want = {"seq": 1, "t": 0, "kind": "link_down", "a": "A", "b": "B", "source": "operator"}
+    assert events[0] | {"t": 0} == want
     assert events[2]["bytes_per_s"] == 5e7
     assert events[3]["coflow"] == done and events[6]["coflow"] == done
     assert events[7]["reason"] == "cancelled by the job master"
