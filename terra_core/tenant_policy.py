@@ -24,9 +24,9 @@ from terra_core.tenant_shares import (
     DEFAULT_SHARING,
     SHARINGS,
     add_load,
+    allocation_progress,
     isolation_shares,
     leftover_rates,
-    progress,
     spare_capacity,
     static_shares,
 )
@@ -73,6 +73,8 @@ class TenantPolicy:
     Args:
         topology: the shared WAN view (the caller mutates it, then calls wan_changed).
         spec: TenantSpec.
+        measure: record the isolation guarantee of every multi-tenant round in `stats`
+            (one more LP per tenant and round; with the static sharing also Step A's).
         **terra: TerraPolicy's keyword arguments (k, alpha, epsilon, delta, path_source,
             guard, guard_factor, guard_floor_s), the same for every tenant.
 
@@ -80,8 +82,8 @@ class TenantPolicy:
         name: "terra".
         stats: {"rounds", "round_ms", "lps"} as TerraPolicy's, over all tenants, and
             "guarantee" / "achieved": per multi-tenant round, Step A's optimal isolation
-            guarantee μ* and the min weighted progress of the final rates (docs/design.md
-            4.5; filled in with the cooperative and strict sharings).
+            guarantee μ* and the one reached: min over tenants of the weighted progress
+            the capacity given to the tenant allows (docs/design.md 4.5; with `measure`).
 
     Raises:
         ValueError: a TerraPolicy argument out of range.
@@ -89,8 +91,11 @@ class TenantPolicy:
 
     name = "terra"
 
-    def __init__(self, topology: Topology, spec: TenantSpec, **terra) -> None:
+    def __init__(
+        self, topology: Topology, spec: TenantSpec, measure: bool = False, **terra
+    ) -> None:
         self.topology = topology
+        self.measure = measure
         self.spec = spec
         self._policies = {t: TerraPolicy(topology, **terra) for t in spec.weights}
         self._first = next(iter(self._policies.values()))
@@ -205,38 +210,41 @@ class TenantPolicy:
                 for pair, v in vol.items():
                     if v > 0:
                         agg[pair] = agg.get(pair, 0.0) + v
-        weights = self.spec.weights
-        if self.spec.sharing == "static":
-            shares, found = static_shares(list(by_tenant), weights, capacity), None
-        else:
-            found = isolation_shares(tenant_vol, weights, paths, capacity)
+        found = None
+        if self.spec.sharing != "static" or self.measure:
+            found = isolation_shares(tenant_vol, self.spec.weights, paths, capacity)
             self._first.stats["lps"] += found.lps
+        if self.spec.sharing == "static":
+            shares = static_shares(list(by_tenant), self.spec.weights, capacity)
+        else:
             shares = found.share
         zero = dict.fromkeys(capacity, 0.0)
         rates: dict[str, PairRates] = {}
         for t, vols in by_tenant.items():
             rates.update(self._policies[t].group_rates(now, vols, shares.get(t, zero)))
-        if self.spec.sharing == "cooperative" and found is not None:
+        given = {t: dict(shares.get(t, zero)) for t in by_tenant}
+        if self.spec.sharing == "cooperative":
             spare = spare_capacity(capacity, [rates])
             step_a = {t: {k: sum(x for _, x in lst) for k, lst in r.items()}
                       for t, r in found.rates.items()}  # fmt: skip
             extra = leftover_rates(step_a, paths, spare, capacity)
             _attribute(extra, by_tenant, rates)
-        rates = _within(rates, capacity)
-        if found is not None:
-            self._record(found, by_tenant, tenant_vol, rates)
-        return rates
+            for t, per_pair in extra.items():
+                for lst in per_pair.values():
+                    add_load(given[t], lst)
+        if self.measure and found is not None:
+            self._record(found, tenant_vol, paths, given)
+        return _within(rates, capacity)
 
-    def _record(self, found, by_tenant, tenant_vol, rates) -> None:
-        """Keep Step A's μ* and the final rates' min weighted progress (stats)."""
-        got: dict[str, dict[Pair, float]] = {}
-        for t, vols in by_tenant.items():
-            mine = got.setdefault(t, {})
-            for cid in vols:
-                for pair, lst in rates.get(cid, {}).items():
-                    mine[pair] = mine.get(pair, 0.0) + sum(x for _, x in lst)
-        prog = progress(got, tenant_vol, found.solo_gamma)
-        weighted = [p / found.weight_share[t] for t, p in prog.items() if t in found.weight_share]
+    def _record(self, found, tenant_vol, paths, given) -> None:
+        """Keep Step A's μ* and the isolation guarantee of the capacity each tenant was
+        given (its share, plus its leftover when cooperative): min_t of its progress on
+        that capacity over s_t (tenant_shares.allocation_progress)."""
+        weighted = [
+            allocation_progress(tenant_vol[t], paths, given[t], g) / found.weight_share[t]
+            for t, g in found.solo_gamma.items()
+            if t in found.weight_share
+        ]
         if weighted:
             self.stats["guarantee"].append(found.guarantee)
             self.stats["achieved"].append(min(weighted))

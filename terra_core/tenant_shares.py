@@ -239,3 +239,19 @@ def progress(
         if 0 < g < math.inf:
             out[t] = min(rates.get(t, {}).get(k, 0.0) * g / d for k, d in vol.items() if d > 0)
     return out
+
+
+def allocation_progress(
+    volumes: dict[Pair, float],
+    paths: dict[Pair, list[Path]],
+    given: dict[Link, float],
+    solo_gamma: float,
+) -> float:
+    """The progress a tenant's volumes can make on the capacity `given` to it: Γ_t / Γ of
+    its volumes on `given` ({link: bytes/s}), i.e. the largest P with P·d_{t,k}/Γ_t bytes/s
+    for every FlowGroup routable over its K paths inside `given` (Optimization (1));
+    0 when some FlowGroup has no path with capacity there, inf when it has no bytes."""
+    res = min_cct(volumes, paths, given, fewest_link_bytes=False)
+    if res.gamma_s == 0:
+        return math.inf
+    return solo_gamma / res.gamma_s
