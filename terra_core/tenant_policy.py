@@ -215,7 +215,7 @@ class TenantPolicy:
             found = isolation_shares(tenant_vol, self.spec.weights, paths, capacity)
             self._first.stats["lps"] += found.lps
         if self.spec.sharing == "static":
-            shares = static_shares(list(by_tenant), self.spec.weights, capacity)
+            shares = static_shares(list(self.spec.weights), self.spec.weights, capacity)
         else:
             shares = found.share
         zero = dict.fromkeys(capacity, 0.0)

@@ -51,7 +51,8 @@ SHARINGS = ("cooperative", "strict", "static")
 cooperative: Step A shares, Terra in each, the leftover to every tenant that can use it
 (HUG's cooperative work conservation; the default);
 strict: Step A shares only, nothing redistributed (strict isolation);
-static: s_t of every link, nothing redistributed (the baseline static partition)."""
+static: w_t / Σ w (over every tenant, active or not) of every link, nothing redistributed
+(the baseline static partition; not work-conserving)."""
 DEFAULT_SHARING = "cooperative"
 
 

@@ -159,13 +159,14 @@ def test_parse_assign_split_and_per_tenant(tmp_path):
 
 
 def test_greedy_tenant_barely_moves_honest_tenants():
-    # SWAN, the FB trace's first 24 coflows, 2 equal tenants; t1 replays each of its
-    # coflows as 100 (same bytes, same arrival). Its shares depend on its summed volumes
-    # per DC pair only, so the honest t0's average CCT moves by at most 5 %.
+    # SWAN, the FB trace's first 6 coflows, 2 equal tenants; t1 replays each of its
+    # coflows as 100 (same bytes, same arrival; 300 coflows). Its shares depend on its
+    # summed volumes per DC pair only, so the honest t0's average CCT moves by at most 5 %
+    # (measured: by 1e-10 relative).
     from workloads import load_workload
 
     topo = load_topology("swan")
-    coflows = load_workload("fb", topo, limit=24)
+    coflows = load_workload("fb", topo, limit=6)
     weights = {"t0": 1.0, "t1": 1.0}
     runs = {}
     for greedy in (None, "t1"):
