@@ -11,8 +11,8 @@ terra_sim/tenants.py). Policies, each simulated on the same coflows:
            "static": the static partition);
   maxmin   per-tenant max-min, DRF-like on fixed shortest paths: every (tenant, pair) one
            commodity on its shortest path, progressive filling weighted by s_t·d/Γ_t (Γ_t
-           on shortest paths), each pair's rate split among the tenant's coflows on it by
-           remaining bytes (no coflow order);
+           on shortest paths), each pair's rate split equally among the tenant's coflows
+           on it (fair sharing, no coflow order);
   tenants  ours (TenantPolicy "cooperative": Step A shares over K tunnels, Terra inside,
            leftover max-min).
 Per cell (topology x policy): the min isolation guarantee reached and its optimum (means
@@ -81,14 +81,16 @@ class TenantMaxMin(TerraPolicy):
                 s = self.spec.weights[t] / total_w
                 weights[t] = {k: s * d / gamma for k, d in vol.items()}
         got = leftover_rates(weights, paths, dict(capacity), capacity)
-        out: dict = {}
+        members: dict = {}
         for cid, vol in volumes.items():
-            t = self.spec.tenant_of[cid]
             for k, v in vol.items():
-                lst = got.get(t, {}).get(k)
-                if lst and v > 0:
-                    f = v / by_t[t][k]
-                    out.setdefault(cid, {})[k] = [(p, x * f) for p, x in lst]
+                if v > 0:
+                    members.setdefault((self.spec.tenant_of[cid], k), []).append(cid)
+        out: dict = {}
+        for (t, k), cids in members.items():
+            lst = got.get(t, {}).get(k)
+            for cid in cids if lst else ():
+                out.setdefault(cid, {})[k] = [(p, x / len(cids)) for p, x in lst]
         self.stats["rounds"] += 1
         return out
 
