@@ -175,3 +175,17 @@ def test_greedy_tenant_barely_moves_honest_tenants():
         runs[greedy] = per_tenant(simulate(policy, work), spec.tenant_of, greedy)
     honest, greedy = runs[None]["t0"]["avg_cct_s"], runs["t1"]["t0"]["avg_cct_s"]
     assert abs(greedy / honest - 1) <= 0.05
+
+
+def test_terra_sim_json_has_per_tenant(tmp_path):
+    import json
+
+    from terra_sim import cli
+
+    out = tmp_path / "r.json"
+    argv = ["--topology", "swan", "--workload", "fb", "--scheduler", "terra", "--limit", "4"]
+    assert cli.main([*argv, "--tenants", "2", "--sharing", "strict", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert set(got["results"]["terra"]["per_tenant"]) == {"t0", "t1"}
+    assert got["meta"]["tenants"] == "2" and got["meta"]["sharing"] == "strict"
+    assert cli.main([*argv, "--greedy-tenant", "t0"]) == 2  # needs --tenants
