@@ -33,6 +33,8 @@ class SchedulerOptions:
             max(guard_factor·Γ, guard_floor_s) seconds (4.2; terra_core/starvation.py).
         path_source: where the paths come from (policy.PathSource); None: the K shortest
             paths over the links that are up.
+        tenants: None, or a tenant_policy.TenantSpec: "terra" is then Terra with tenants
+            (tenant_policy.TenantPolicy, docs/design.md 4.5); the baselines ignore it.
     """
 
     k: int = 4
@@ -43,6 +45,7 @@ class SchedulerOptions:
     guard_factor: float = 2.0
     guard_floor_s: float = 1.0
     path_source: PathSource | None = None
+    tenants: object | None = None
 
 
 Factory = Callable[[Topology, SchedulerOptions], Policy]
@@ -83,6 +86,14 @@ def make_scheduler(
 def _terra(topology: Topology, o: SchedulerOptions) -> Policy:
     from terra_core.terra_policy import TerraPolicy  # imported on use: HiGHS, numpy
 
+    if o.tenants is not None:
+        from terra_core.tenant_policy import TenantPolicy
+
+        return TenantPolicy(
+            topology, o.tenants, k=o.k, alpha=o.alpha, epsilon=o.epsilon, delta=o.delta,
+            guard=o.guard, guard_factor=o.guard_factor, guard_floor_s=o.guard_floor_s,
+            path_source=o.path_source,
+        )  # fmt: skip
     return TerraPolicy(
         topology, k=o.k, alpha=o.alpha, epsilon=o.epsilon, delta=o.delta,
         guard=o.guard, guard_factor=o.guard_factor, guard_floor_s=o.guard_floor_s,
@@ -150,9 +161,11 @@ def add_scheduler_arguments(parser: argparse.ArgumentParser, choices_extra=()) -
     )  # fmt: skip
 
 
-def options_from_args(args: argparse.Namespace, path_source: PathSource | None = None):
+def options_from_args(
+    args: argparse.Namespace, path_source: PathSource | None = None, tenants: object = None
+):
     """SchedulerOptions from the arguments of `add_scheduler_arguments` (missing ones keep
-    their defaults)."""
-    names = {f.name for f in fields(SchedulerOptions)} - {"path_source"}
+    their defaults), with `path_source` and `tenants` (a tenant_policy.TenantSpec)."""
+    names = {f.name for f in fields(SchedulerOptions)} - {"path_source", "tenants"}
     given = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
-    return SchedulerOptions(**given, path_source=path_source)
+    return SchedulerOptions(**given, path_source=path_source, tenants=tenants)

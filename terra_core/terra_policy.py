@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import operator
 import time
+from collections.abc import Callable
 
 from terra_core.min_cct import DualBound, Pair, PairRates, min_cct
 from terra_core.policy import Allocation, PathSource, PolicyState, Remaining, split_by_remaining
@@ -236,30 +237,15 @@ class TerraPolicy:
                 message names the coflow and the pair.
         """
         start = time.perf_counter()
-        volumes: dict[str, dict[Pair, float]] = {}
-        by_group: dict[str, dict[Pair, dict[str, float]]] = {}
-        for cid, flows in remaining.items():
-            pair_of = self._pairs_of(cid)
-            groups: dict[Pair, dict[str, float]] = {}
-            for fid, left in flows.items():
-                if left > 0:
-                    if fid not in pair_of:
-                        raise KeyError(f"allocate: coflow {cid!r} has no flow {fid!r}")
-                    groups.setdefault(pair_of[fid], {})[fid] = left
-            by_group[cid] = groups
-            volumes[cid] = {pair: sum(fl.values()) for pair, fl in groups.items()}
-        rates = self._round(now, volumes)
-        alloc: Allocation = {}
-        for cid, pair_rates in rates.items():
-            flows_alloc = {}
-            for pair, lst in pair_rates.items():
-                flows_alloc.update(split_by_remaining(lst, by_group[cid][pair]))
-            alloc[cid] = flows_alloc
+        alloc = allocate_by_groups(remaining, self._pairs_of, lambda v: self._round(now, v))
         self.stats["round_ms"].append((time.perf_counter() - start) * 1000.0)
         return alloc
 
     def group_rates(
-        self, now: float, volumes: dict[str, dict[Pair, float]]
+        self,
+        now: float,
+        volumes: dict[str, dict[Pair, float]],
+        capacity: dict[Link, float] | None = None,
     ) -> dict[str, PairRates]:
         """Per-FlowGroup rates: the round of `allocate`, given the FlowGroup volumes (the
         simulator's fast path, policy.GroupRatesPolicy; it splits each FlowGroup's rates
@@ -271,6 +257,10 @@ class TerraPolicy:
                 coflow in admission order, each FlowGroup's volume the sum of its flows'
                 remaining bytes (> 0) in flow order, pairs in the order of their first
                 unfinished flow: what `allocate` builds from its `remaining`.
+            capacity: optional {link: bytes/s} to schedule on instead of the WAN's
+                capacities (a tenant's share, tenant_policy.py; it must keep the links of
+                the WAN, in their order). The round then orders by Γ on it, without the
+                cached Γs (those are on the WAN's capacities) and without caching its Γs.
 
         Returns:
             {coflow id: {(src, dst): [(path, bytes/s), ...]}} for the coflows that get
@@ -283,19 +273,28 @@ class TerraPolicy:
         start = time.perf_counter()
         for cid in volumes:
             self._pairs_of(cid)  # KeyError for an unknown coflow, as allocate
-        rates = self._round(now, volumes)
+        rates = self._round(now, volumes, capacity)
         self.stats["round_ms"].append((time.perf_counter() - start) * 1000.0)
         return rates
 
-    def _round(self, now: float, volumes: dict[str, dict[Pair, float]]) -> dict[str, PairRates]:
-        """One scheduling round on `volumes` ({coflow id: {pair: bytes}}): keeps them as the
-        coflows' last known volumes, updates the Γ cache, states and stats (rounds, LPs)
-        and returns the round's rates ({coflow id: {pair: [(path, bytes/s)]}})."""
+    def _round(
+        self,
+        now: float,
+        volumes: dict[str, dict[Pair, float]],
+        share: dict[Link, float] | None = None,
+    ) -> dict[str, PairRates]:
+        """One scheduling round on `volumes` ({coflow id: {pair: bytes}}) on the WAN's
+        capacities or on `share` (see group_rates): keeps them as the coflows' last known
+        volumes, updates the Γ cache, states and stats (rounds, LPs) and returns the
+        round's rates ({coflow id: {pair: [(path, bytes/s)]}})."""
         for cid, vol in volumes.items():
             self._volumes[cid] = vol
         paths = self._paths_for(volumes)
-        capacity = self._capacity()
-        hints = self._gamma_hints(volumes, paths, capacity)
+        if share is None:
+            capacity = self._capacity()
+            hints = self._gamma_hints(volumes, paths, capacity)
+        else:
+            capacity, hints = share, None
         deadlines = {cid: d for cid, d in self._deadline.items() if cid in volumes}
         starving = None
         if self.guard.aged:
@@ -312,7 +311,7 @@ class TerraPolicy:
             starving=starving,
             starving_fair=self.guard.mode == "aged-fair",
         )
-        for cid, res in result.exact.items():
+        for cid, res in result.exact.items() if share is None else ():
             bound = DualBound.build(volumes[cid], paths, capacity, res.prices)
             self._gamma[cid] = (volumes[cid], res.gamma_s, bound)
         for cid, state in result.state.items():
@@ -471,3 +470,45 @@ class TerraPolicy:
         res = min_cct(volumes, paths, capacity, fewest_link_bytes=False)
         self.stats["lps"] += res.lp_solved
         return res.gamma_s * (1 + self.epsilon) <= deadline - now and not math.isinf(res.gamma_s)
+
+
+def allocate_by_groups(
+    remaining: Remaining,
+    pairs_of: Callable[[str], dict[str, Pair]],
+    group_rates: Callable[[dict[str, dict[Pair, float]]], dict[str, PairRates]],
+) -> Allocation:
+    """Policy.allocate from per-FlowGroup rates: aggregate each coflow's unfinished flows
+    into FlowGroups, ask `group_rates` for their rates and split each FlowGroup's rates
+    among its flows in proportion to their remaining bytes (policy.split_by_remaining).
+
+    Args:
+        remaining: {coflow id: {flow id: remaining bytes}} (policy.Remaining).
+        pairs_of: coflow id -> {flow id: (src DC, dst DC)}; raises KeyError when unknown.
+        group_rates: {coflow id: {pair: bytes}} -> {coflow id: {pair: [(path, bytes/s)]}}.
+
+    Returns:
+        {coflow id: {flow id: [(path, bytes/s)]}}.
+
+    Raises:
+        KeyError: a coflow or flow id that was never added.
+    """
+    volumes: dict[str, dict[Pair, float]] = {}
+    by_group: dict[str, dict[Pair, dict[str, float]]] = {}
+    for cid, flows in remaining.items():
+        pair_of = pairs_of(cid)
+        groups: dict[Pair, dict[str, float]] = {}
+        for fid, left in flows.items():
+            if left > 0:
+                if fid not in pair_of:
+                    raise KeyError(f"allocate: coflow {cid!r} has no flow {fid!r}")
+                groups.setdefault(pair_of[fid], {})[fid] = left
+        by_group[cid] = groups
+        volumes[cid] = {pair: sum(fl.values()) for pair, fl in groups.items()}
+    rates = group_rates(volumes)
+    alloc: Allocation = {}
+    for cid, pair_rates in rates.items():
+        flows_alloc = {}
+        for pair, lst in pair_rates.items():
+            flows_alloc.update(split_by_remaining(lst, by_group[cid][pair]))
+        alloc[cid] = flows_alloc
+    return alloc

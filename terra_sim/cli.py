@@ -6,6 +6,8 @@
               [--guard-floor S] [--epsilon E] [--delta D] [--link-gbps G] [--deadline-factor F]
               [--limit N] [--coflowsim-compat] [--json OUT] [--plot OUT.png]
               [--fail-link A-B@T1[:T2]] [--bound] [--jobs N | --dask tcp://HOST:PORT]
+              [--tenants N|FILE [--sharing {cooperative,strict,static}]
+               [--greedy-tenant NAME]]
               [--log-level LEVEL] [--version]
 
 Prints one table row per scheduler: average and 95th-percentile CCT, FoI of Terra over it
@@ -19,6 +21,8 @@ empty WAN with K paths, or with --fail-link the cut bound only (re-routing after
 can beat Γ_empty; failures only remove capacity, so the cut bound computed before them
 still holds). A scheduler that rejected or did not finish some WAN coflows averages over
 fewer; its ratio is then marked.
+With --tenants (docs/design.md 4.5; terra_sim/tenants.py) Terra runs with tenants and the
+JSON gives each scheduler's per-tenant average CCT ("per_tenant").
 Under the table: how many coflows have only intra-DC flows (CCT 0, left out of the
 statistics; "intra_dc_coflows" in the JSON) and the --fail-link changes.
 Exit status: 0 on success; 2 on invalid input (options, an unknown topology, a workload
@@ -55,6 +59,7 @@ from terra_core.registry import (
     options_from_args,
     scheduler_names,
 )
+from terra_core.tenant_shares import DEFAULT_SHARING, SHARINGS
 from terra_model import WorkloadError
 from terra_sim.cct_bound import CctBound, avg_cct_lower_bound
 from terra_sim.coflowsim_compat import QUANTUM_S, coflowsim_topology
@@ -64,6 +69,7 @@ from terra_sim.plot_style import series_styles
 from terra_sim.results import SimResult
 from terra_sim.simulator import empty_wan_gammas, simulate, with_deadline_factor
 from terra_sim.sweep import open_sweep
+from terra_sim.tenants import parse_tenants, per_tenant, tenant_spec
 from topologies import Topology, TopologyError, load_topology
 from workloads import load_workload
 
@@ -105,19 +111,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="link A-B goes down at T1 s (and up at T2 s); repeatable",
     )
     p.add_argument("--bound", action="store_true", help="print a lower bound on the average CCT")
+    p.add_argument("--tenants", metavar="N|FILE", help="coflow i to tenant i mod N; FILE {name: w}")
+    p.add_argument(
+        "--sharing", choices=SHARINGS, default=DEFAULT_SHARING, metavar="MODE",
+        help="cooperative|strict|static",
+    )  # fmt: skip
+    p.add_argument("--greedy-tenant", metavar="NAME", help="split its coflows in 100 (same bytes)")
     p.add_argument(
         "--jobs",
         type=int,
         default=1,
         metavar="N",
-        help="with --scheduler all: simulate up to N schedulers at once, one process each "
-        "(results equal to --jobs 1)",
+        help="with --scheduler all: N schedulers at once (same results)",
     )
     p.add_argument(
         "--dask",
         default=None,
         metavar="tcp://HOST:PORT",
-        help="with --scheduler all: on this Dask scheduler's workers, not --jobs",
+        help="with --scheduler all: on this Dask cluster",
     )
     add_common_args(p)
     return p
@@ -154,26 +165,27 @@ def parse_fail_link(spec: str, topology: Topology) -> list[WanChange]:
     return changes
 
 
-def make_policy(name: str, topology: Topology, args: argparse.Namespace):
+def make_policy(name: str, topology: Topology, args: argparse.Namespace, tenants=None):
     """Return a fresh policy called `name` on `topology` (registry.make_scheduler with the
-    options of `args`).
+    options of `args` and `tenants`, a tenant_policy.TenantSpec or None).
 
     Raises:
         ValueError: unknown name or an option out of range.
     """
-    return make_scheduler(name, topology, options_from_args(args))
+    return make_scheduler(name, topology, options_from_args(args, tenants=tenants))
 
 
 class Inputs(NamedTuple):
     """What a run simulates: the topology (never mutated: each policy gets a copy), the
     scripted WAN changes, the coflows (with deadlines if --deadline-factor) and
-    {coflow id: Γ_empty seconds}."""
+    {coflow id: Γ_empty seconds}; with --tenants the TenantSpec (tenant_policy.py)."""
 
     topology: Topology
     changes: list[WanChange]
     coflows: list
     gammas: dict[str, float]
     quantum_s: float | None = None
+    tenants: object | None = None
 
 
 def load_inputs(args: argparse.Namespace) -> Inputs:
@@ -197,10 +209,16 @@ def load_inputs(args: argparse.Namespace) -> Inputs:
         topology = load_topology(args.topology, link_gbps=args.link_gbps)
     changes = [ch for spec in args.fail_link for ch in parse_fail_link(spec, topology)]
     coflows = load_workload(args.workload, topology, limit=args.limit, coflowsim=compat)
+    spec = None
+    if getattr(args, "tenants", None):
+        weights = parse_tenants(args.tenants)
+        coflows, spec = tenant_spec(coflows, weights, args.greedy_tenant, args.sharing)
+    elif getattr(args, "greedy_tenant", None):
+        raise ValueError("--greedy-tenant needs --tenants")
     gammas = empty_wan_gammas(coflows, topology, args.k)
     if args.deadline_factor is not None:
         coflows = with_deadline_factor(coflows, gammas, args.deadline_factor)
-    return Inputs(topology, changes, coflows, gammas, QUANTUM_S if compat else None)
+    return Inputs(topology, changes, coflows, gammas, QUANTUM_S if compat else None, spec)
 
 
 def run(args: argparse.Namespace, inputs: Inputs | None = None) -> dict[str, SimResult]:
@@ -227,9 +245,9 @@ def _run_one(
 ) -> SimResult | None:
     """Simulate scheduler `name` on `inputs`; None (and a note on stderr) when `name` does
     not apply to them under --scheduler all. Raises as `run`."""
-    topology, changes, coflows, gammas, quantum_s = inputs
+    topology, changes, coflows, gammas, quantum_s, tenants = inputs
     try:
-        policy = make_policy(name, topology.copy(), args)
+        policy = make_policy(name, topology.copy(), args, tenants)
     except ValueError as exc:
         if args.scheduler != "all":
             raise
@@ -419,7 +437,8 @@ def _num(value: float | None, width: int, digits: int) -> str:
 def run_meta(args: argparse.Namespace) -> dict:
     """Return the settings of a run: {"topology", "workload", "limit", "link_gbps", "k",
     "alpha", "guard", "guard_factor", "guard_floor_s", "epsilon", "delta", "deadline_factor",
-    "fail_link", "coflowsim_compat", "commit"} (commit: $TERRA_COMMIT if
+    "fail_link", "coflowsim_compat", "tenants", "sharing", "greedy_tenant", "commit"}
+    (commit: $TERRA_COMMIT if
     set, for runs from an exported tree, else the git commit of this checkout, None when
     unknown; uncommitted edits are not recorded)."""
     return {
@@ -437,6 +456,9 @@ def run_meta(args: argparse.Namespace) -> dict:
         "deadline_factor": args.deadline_factor,
         "fail_link": list(args.fail_link),
         "coflowsim_compat": getattr(args, "coflowsim_compat", False),
+        "tenants": getattr(args, "tenants", None),
+        "sharing": getattr(args, "sharing", None),
+        "greedy_tenant": getattr(args, "greedy_tenant", None),
         "commit": os.environ.get("TERRA_COMMIT") or git_commit(),
     }
 
@@ -457,11 +479,20 @@ def git_commit() -> str | None:
 
 
 def results_json(
-    results: dict[str, SimResult], meta: dict | None = None, bound: CctBound | None = None
+    results: dict[str, SimResult],
+    meta: dict | None = None,
+    bound: CctBound | None = None,
+    tenants=None,
 ) -> dict:
     """Return {"results": {scheduler: SimResult.to_json()}, "meta": meta, "bound":
-    bound_json(bound)} (meta and bound left out when None)."""
+    bound_json(bound)} (meta and bound left out when None); with `tenants` (a
+    tenant_policy.TenantSpec) each scheduler's object has "per_tenant" {name: {"avg_cct_s",
+    "coflows"}} (terra_sim/tenants.py)."""
     out: dict = {"results": {n: r.to_json() for n, r in results.items()}}
+    if tenants is not None:
+        greedy = meta.get("greedy_tenant") if meta else None
+        for n, r in results.items():
+            out["results"][n]["per_tenant"] = per_tenant(r, tenants.tenant_of, greedy)
     if meta is not None:
         out["meta"] = meta
     if bound is not None:
@@ -474,9 +505,10 @@ def write_json(
     out: Path,
     meta: dict | None = None,
     bound: CctBound | None = None,
+    tenants=None,
 ) -> None:
-    """Write `results_json(results, meta, bound)` to `out`."""
-    out.write_text(json.dumps(results_json(results, meta, bound), indent=1))
+    """Write `results_json(results, meta, bound, tenants)` to `out`."""
+    out.write_text(json.dumps(results_json(results, meta, bound, tenants), indent=1))
 
 
 def plot_cdf(results: dict[str, SimResult], out: Path) -> None:
@@ -548,7 +580,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(format_bound(bound, results, inputs.topology.dcs))
     try:
         if args.json:
-            write_json(results, args.json, run_meta(args), bound)
+            write_json(results, args.json, run_meta(args), bound, inputs.tenants)
         if args.plot:
             plot_cdf(results, args.plot)
     except (OSError, MissingExtra) as exc:

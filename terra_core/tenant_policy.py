@@ -1,0 +1,288 @@
+"""Terra with tenants: the WAN divided among tenants, Terra inside each share (docs/design.md
+section 4.5) as a Policy.
+
+Each round: the active coflows are grouped by tenant; with one tenant active the round is
+that tenant's Terra round on the whole WAN, unchanged (the tenant layer is a no-op, so the
+rates are Terra's to the bit). With more: Step A (tenant_shares.isolation_shares) gives
+every tenant a per-link share with the optimal isolation guarantee over K tunnels; each
+tenant's own TerraPolicy runs its round (deadline coflows, α guard, Γ order, preemption,
+work conservation) on its share; then, with the cooperative sharing (the default), the
+capacity still unused is given out max-min over every tenant's FlowGroups weighted by
+their Step A rates (tenant_shares.leftover_rates), each (tenant, pair) rate to the tenant's
+coflow on that pair that Terra gave the most rate (ties: arrival order).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from terra_core.min_cct import Pair, PairRates, links_of
+from terra_core.policy import Allocation, PolicyState, Remaining
+from terra_core.tenant_shares import (
+    DEFAULT_SHARING,
+    SHARINGS,
+    add_load,
+    allocation_progress,
+    isolation_shares,
+    leftover_rates,
+    spare_capacity,
+    static_shares,
+)
+from terra_core.terra_policy import TerraPolicy, allocate_by_groups
+from terra_model import Coflow, Flow
+from topologies import Link, Path, Topology
+
+
+@dataclass(frozen=True)
+class TenantSpec:
+    """The tenants of a run and who owns which coflow.
+
+    Attributes:
+        weights: {tenant name: weight > 0}, in a fixed order.
+        tenant_of: {coflow id: tenant name} (every coflow the policy will see).
+        sharing: one of tenant_shares.SHARINGS ("cooperative", the default; "strict";
+            "static").
+
+    Raises:
+        ValueError: no tenant, a weight that is not a positive finite number, an unknown
+            sharing, or a coflow assigned to a tenant without a weight.
+    """
+
+    weights: dict[str, float]
+    tenant_of: dict[str, str] = field(default_factory=dict)
+    sharing: str = DEFAULT_SHARING
+
+    def __post_init__(self) -> None:
+        if not self.weights:
+            raise ValueError("tenants: at least one tenant is needed")
+        for name, w in self.weights.items():
+            if isinstance(w, bool) or not isinstance(w, int | float) or not 0 < w < math.inf:
+                raise ValueError(f"tenant {name!r}: weight must be a positive number, got {w!r}")
+        if self.sharing not in SHARINGS:
+            raise ValueError(f"tenant sharing must be one of {', '.join(SHARINGS)}")
+        unknown = set(self.tenant_of.values()) - self.weights.keys()
+        if unknown:
+            raise ValueError(f"coflows assigned to tenants without a weight: {sorted(unknown)}")
+
+
+class TenantPolicy:
+    """Terra inside per-tenant shares of the WAN (module docstring) implementing Policy.
+
+    Args:
+        topology: the shared WAN view (the caller mutates it, then calls wan_changed).
+        spec: TenantSpec.
+        measure: record the isolation guarantee of every multi-tenant round in `stats`
+            (one more LP per tenant and round; with the static sharing also Step A's).
+        **terra: TerraPolicy's keyword arguments (k, alpha, epsilon, delta, path_source,
+            guard, guard_factor, guard_floor_s), the same for every tenant.
+
+    Attributes:
+        name: "terra".
+        stats: {"rounds", "round_ms", "lps"} as TerraPolicy's, over all tenants, and
+            "guarantee" / "achieved": per multi-tenant round, Step A's optimal isolation
+            guarantee μ* and the one reached: min over tenants of the weighted progress
+            the capacity given to the tenant allows (docs/design.md 4.5; with `measure`).
+
+    Raises:
+        ValueError: a TerraPolicy argument out of range.
+    """
+
+    name = "terra"
+
+    def __init__(
+        self, topology: Topology, spec: TenantSpec, measure: bool = False, **terra
+    ) -> None:
+        self.topology = topology
+        self.measure = measure
+        self.spec = spec
+        self._policies = {t: TerraPolicy(topology, **terra) for t in spec.weights}
+        self._first = next(iter(self._policies.values()))
+        self._tenant: dict[str, str] = {}
+        self.stats: dict = {"rounds": 0, "round_ms": [], "lps": 0, "guarantee": [], "achieved": []}
+
+    # ----- Policy protocol -------------------------------------------------------------
+
+    def add_coflow(self, coflow: Coflow, now: float) -> bool:
+        """Register `coflow` with its tenant's Terra (deadline admission there).
+
+        Raises:
+            ValueError: a coflow with no tenant in the spec, or as TerraPolicy.add_coflow.
+        """
+        tenant = self.spec.tenant_of.get(coflow.id)
+        if tenant is None:
+            raise ValueError(f"coflow {coflow.id!r} has no tenant")
+        ok = self._policies[tenant].add_coflow(coflow, now)
+        if ok:
+            self._tenant[coflow.id] = tenant
+        return ok
+
+    def add_flows(self, coflow_id: str, flows: list[Flow], now: float) -> None:
+        """As TerraPolicy.add_flows. Raises KeyError for an unknown coflow id."""
+        self._owner(coflow_id).add_flows(coflow_id, flows, now)
+
+    def remove_coflow(self, coflow_id: str, now: float) -> None:
+        """Forget a finished or cancelled coflow; unknown ids are ignored."""
+        tenant = self._tenant.pop(coflow_id, None)
+        if tenant is not None:
+            self._policies[tenant].remove_coflow(coflow_id, now)
+
+    def wan_changed(self, now: float) -> bool:
+        """Tell every tenant's Terra; True when any of them wants a new allocation."""
+        return any([p.wan_changed(now) for p in self._policies.values()])
+
+    def allocate(self, now: float, remaining: Remaining) -> Allocation:
+        """Rates per flow (policy.Policy.allocate): group_rates split by remaining bytes."""
+
+        def pairs_of(cid: str) -> dict[str, Pair]:
+            return self._owner(cid)._pairs_of(cid)
+
+        return allocate_by_groups(remaining, pairs_of, lambda v: self.group_rates(now, v))
+
+    def group_rates(
+        self, now: float, volumes: dict[str, dict[Pair, float]]
+    ) -> dict[str, PairRates]:
+        """Per-FlowGroup rates of one round (as TerraPolicy.group_rates; module docstring).
+
+        Raises:
+            KeyError: an unknown coflow id.  ValueError: as TerraPolicy.group_rates.
+        """
+        start = time.perf_counter()
+        by_tenant: dict[str, dict[str, dict[Pair, float]]] = {}
+        for cid, vol in volumes.items():
+            by_tenant.setdefault(self._tenant_of(cid), {})[cid] = vol
+        if len(by_tenant) == 1 and self.spec.sharing != "static":
+            ((tenant, vols),) = by_tenant.items()
+            rates = self._policies[tenant].group_rates(now, vols)
+        else:
+            rates = self._tenant_round(now, by_tenant)
+        self.stats["rounds"] += 1
+        self.stats["lps"] = sum(p.stats["lps"] for p in self._policies.values())
+        self.stats["round_ms"].append((time.perf_counter() - start) * 1000.0)
+        return rates
+
+    # ----- extras, as TerraPolicy's ----------------------------------------------------
+
+    def next_wakeup(self, now: float) -> float | None:
+        """The earliest wakeup any tenant's Terra asks for (seconds), or None."""
+        times = [t for p in self._policies.values() if (t := p.next_wakeup(now)) is not None]
+        return min(times, default=None)
+
+    def starving(self, now: float) -> list[str]:
+        """Ids of the starving coflows of every tenant (each tenant's oldest first)."""
+        return [cid for p in self._policies.values() for cid in p.starving(now)]
+
+    def gamma_empty(self, coflow: Coflow) -> float:
+        """Γ of `coflow` alone on the empty WAN (TerraPolicy.gamma_empty), seconds."""
+        return self._first.gamma_empty(coflow)
+
+    def state(self, coflow_id: str) -> PolicyState:
+        """The coflow's PolicyState in its tenant's Terra. Raises KeyError when unknown."""
+        return self._owner(coflow_id).state(coflow_id)
+
+    def paths(self, src: str, dst: str) -> list[Path]:
+        """The pair's paths (TerraPolicy.paths)."""
+        return self._first.paths(src, dst)
+
+    # ----- internals -------------------------------------------------------------------
+
+    def _tenant_of(self, cid: str) -> str:
+        tenant = self._tenant.get(cid)
+        if tenant is None:
+            raise KeyError(f"allocate: unknown coflow {cid!r}")
+        return tenant
+
+    def _owner(self, cid: str) -> TerraPolicy:
+        if cid not in self._tenant:
+            raise KeyError(f"unknown coflow {cid!r}")
+        return self._policies[self._tenant[cid]]
+
+    def _tenant_round(self, now: float, by_tenant: dict) -> dict[str, PairRates]:
+        """Step A (or the static partition), Terra in each share, then the leftover."""
+        capacity = self._first._capacity()
+        paths: dict[Pair, list[Path]] = {}
+        tenant_vol: dict[str, dict[Pair, float]] = {}
+        for t, vols in by_tenant.items():
+            paths.update(self._policies[t]._paths_for(vols))
+            agg = tenant_vol[t] = {}
+            for vol in vols.values():
+                for pair, v in vol.items():
+                    if v > 0:
+                        agg[pair] = agg.get(pair, 0.0) + v
+        found = None
+        if self.spec.sharing != "static" or self.measure:
+            found = isolation_shares(tenant_vol, self.spec.weights, paths, capacity)
+            self._first.stats["lps"] += found.lps
+        if self.spec.sharing == "static":
+            shares = static_shares(list(self.spec.weights), self.spec.weights, capacity)
+        else:
+            shares = found.share
+        zero = dict.fromkeys(capacity, 0.0)
+        rates: dict[str, PairRates] = {}
+        for t, vols in by_tenant.items():
+            rates.update(self._policies[t].group_rates(now, vols, shares.get(t, zero)))
+        given = {t: dict(shares.get(t, zero)) for t in by_tenant}
+        if self.spec.sharing == "cooperative":
+            spare = spare_capacity(capacity, [rates])
+            step_a = {t: {k: sum(x for _, x in lst) for k, lst in r.items()}
+                      for t, r in found.rates.items()}  # fmt: skip
+            extra = leftover_rates(step_a, paths, spare, capacity)
+            _attribute(extra, by_tenant, rates)
+            for t, per_pair in extra.items():
+                for lst in per_pair.values():
+                    add_load(given[t], lst)
+        if self.measure and found is not None:
+            self._record(found, tenant_vol, paths, given)
+        return _within(rates, capacity)
+
+    def _record(self, found, tenant_vol, paths, given) -> None:
+        """Keep Step A's μ* and the isolation guarantee of the capacity each tenant was
+        given (its share, plus its leftover when cooperative): min_t of its progress on
+        that capacity over s_t (tenant_shares.allocation_progress)."""
+        weighted = [
+            allocation_progress(tenant_vol[t], paths, given[t], g) / found.weight_share[t]
+            for t, g in found.solo_gamma.items()
+            if t in found.weight_share
+        ]
+        if weighted:
+            self.stats["guarantee"].append(found.guarantee)
+            self.stats["achieved"].append(min(weighted))
+
+
+def _attribute(extra: dict[str, PairRates], by_tenant: dict, rates: dict) -> None:
+    """Add each tenant's leftover rate on a pair to its coflow on that pair with the most
+    rate already (ties and no rate: the first in arrival order), in `rates` (in place)."""
+    for t, per_pair in extra.items():
+        for pair, lst in per_pair.items():
+            best, best_rate = None, -1.0
+            for cid, vol in by_tenant[t].items():
+                if vol.get(pair, 0.0) > 0:
+                    have = sum(x for _, x in rates.get(cid, {}).get(pair, ()))
+                    if have > best_rate:
+                        best, best_rate = cid, have
+            if best is None:
+                continue
+            merged = dict(rates.setdefault(best, {}).get(pair, ()))
+            for path, x in lst:
+                merged[path] = merged.get(path, 0.0) + x
+            rates[best][pair] = list(merged.items())
+
+
+def _within(rates: dict[str, PairRates], capacity: dict[Link, float]) -> dict[str, PairRates]:
+    """Scale down the paths over a link that solver round-off left above its capacity
+    (each path by the smallest capacity/load over its links); the rest is unchanged."""
+    load: dict[Link, float] = {}
+    for per in rates.values():
+        for lst in per.values():
+            add_load(load, lst)
+    over = {e: capacity.get(e, 0.0) / x for e, x in load.items() if x > capacity.get(e, 0.0)}
+    if not over:
+        return rates
+    out: dict[str, PairRates] = {}
+    for cid, per in rates.items():
+        out[cid] = {
+            pair: [(p, x * min([over.get(e, 1.0) for e in links_of(p)])) for p, x in lst]
+            for pair, lst in per.items()
+        }
+    return out
