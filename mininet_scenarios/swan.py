@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mininet_scenarios.controller_cluster import ControllerCluster, LeaderKill, takeover_checks
 from mininet_scenarios.link_failure import finish_failure, start_failure
 from mininet_scenarios.observe import AGENT_METRICS_PORT, SCRAPE_S, Observer, PageShots
 from mininet_scenarios.run_result import Failure, RunResult, expected_digest, verified_by_agents
@@ -109,9 +110,12 @@ def run_terra(
     wan, ctl: TestbedController, coflows: list[TestbedCoflow], failure: Failure | None,
     timeout: float,
     on_event=None,
+    kill_leader_at: float | None = None,
 ) -> tuple[RunResult, int | None]:  # fmt: skip
     """Submit the coflows at their arrival times through TerraClient; wait for all.
-    `on_event`: see FailureThread.
+    `on_event`: see FailureThread. `kill_leader_at` (a ControllerCluster `ctl`): kill its
+    leader that many seconds after the first arrival (controller_cluster.LeaderKill; its
+    report goes to RunResult.takeover).
 
     Returns:
         (RunResult, flow-mods counted by the controller just before the link went down, or
@@ -127,6 +131,10 @@ def run_terra(
     rounds0 = ctl.get("/status")["rounds"]
     t0 = time.monotonic()
     fail = start_failure(wan, failure, t0, ctl, result, on_event)
+    killer = None
+    if kill_leader_at is not None:
+        killer = LeaderKill(ctl, kill_leader_at, t0, len(wan.hosts))
+        killer.start()
     pending = list(coflows)
     last_end = t0
     try:
@@ -150,10 +158,16 @@ def run_terra(
                 raise TestbedError(f"Terra run: coflows not done after {timeout} s")
             _sleep_until_poll_or_arrival(now, t0, pending)
         result.duration_s = last_end - t0
+        if killer is not None:
+            result.takeover = killer.finish()
+            killer = None
         tx1, tx1_ofctl = read_wan_bytes(wan, ctl)
         result.wan_bytes_sent, result.wan_bytes_sent_ofctl = tx1 - tx0, tx1_ofctl - tx0_ofctl
         status = ctl.get("/status")
         result.rounds = status["rounds"] - rounds0
+        if result.takeover and "kill_s" in result.takeover:  # the new leader counts from 0
+            result.rounds += result.takeover["rounds_before_kill"]
+            takeover_checks(result.takeover, ctl, client, ids)
         recent = status["recent_round_ms"]
         result.round_ms = recent[max(0, len(recent) - result.rounds) :]
         for cid in ids:
@@ -165,6 +179,8 @@ def run_terra(
     finally:
         client.close()
         flow_mods = finish_failure(fail)
+        if killer is not None:
+            killer.finish()
     return result, flow_mods
 
 
@@ -300,6 +316,9 @@ class TestbedOptions:
     `schedulers`: registry names (terra_core/registry.py) the controller runs, one after
     the other, each `repeats` times on the same WAN; the first is the one the targets judge.
     `observe`: Prometheus scrapes the controller and every agent (mininet_scenarios.observe).
+    `controllers` > 1: that many controllers on a three-member etcd (controller_cluster);
+    `kill_leader_at`: their leader is killed (SIGKILL) that many seconds after the first
+    arrival of the last repeat (the repeats before it are the runs without the kill).
     """
 
     coflows: list[TestbedCoflow]
@@ -313,6 +332,8 @@ class TestbedOptions:
     workdir: Path = Path("/tmp/terra-testbed")
     schedulers: list[str] = field(default_factory=lambda: ["terra"])
     observe: bool = False
+    controllers: int = 1
+    kill_leader_at: float | None = None
 
 
 def run_swan(opts: TestbedOptions, log=print) -> dict:
@@ -351,13 +372,12 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
     try:
         pki = make_pki(opts.workdir, [host.name for _, host in binding.all_hosts()])
         for phase, name in enumerate(opts.schedulers):
-            ctl = TestbedController(topo_path, opts.k, opts.of_port,
-                                    opts.workdir / "controller.log", procs, pki, scheduler=name,
-                                    rest_public=opts.observe)  # fmt: skip
+            ctl = _start_controllers(opts, topo_path, procs, pki, name)
             t_start = time.monotonic()
             if wan is None:
                 wan = build_wan(topology, binding, of_port=opts.of_port,
-                                link_mbps=opts.link_mbps, mgmt=True)  # fmt: skip
+                                link_mbps=opts.link_mbps, mgmt=True,
+                                of_ports=getattr(ctl, "of_ports", None))  # fmt: skip
                 if opts.observe:
                     observer = Observer(opts.workdir, pki, OPERATOR_NAME, wan.mgmt_ips)
             if observer is not None:
@@ -365,6 +385,7 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
             agents = _bring_up(wan, binding, ctl, opts.workdir, procs, log, observer)
             if phase == 0:
                 raw["install_s"] = time.monotonic() - t_start
+                at_install = ctl.get("/tunnels")["switches"]["flow_mods_at_install"]
             shots = None
             if observer is not None and phase == 0:
                 shots = PageShots(ctl.rest, opts.workdir / "page")
@@ -380,11 +401,14 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
             of = ctl.get("/tunnels")["switches"]
             if phase == 0:
                 raw["rules_per_switch"] = of["rules_per_switch"]
-                raw["flow_mods_after_startup"] = flow_mods_before - of["flow_mods_at_install"]
+                raw["flow_mods_after_startup"] = flow_mods_before - at_install
+                takeovers = [r.takeover for r in raw[name] if r.takeover]
+                if takeovers:
+                    raw["takeover"] = takeovers[-1]
             if observer is not None and phase == len(opts.schedulers) - 1:
                 time.sleep(2 * SCRAPE_S)  # the agents' last counters scraped
                 raw["observe"] = observer.report()  # before the last agents stop
-            procs.stop([*agents, ctl.proc])
+            procs.stop([*agents, *ctl.proc_list])
             ctl.close()
             ctl = None
         return raw
@@ -399,6 +423,16 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
                 wan.stop()
             except Exception:
                 cleanup()
+
+
+def _start_controllers(opts: TestbedOptions, topo_path: Path, procs: Processes, pki: Path,
+                       scheduler: str):  # fmt: skip
+    """One TestbedController, or a ControllerCluster with opts.controllers > 1."""
+    if opts.controllers > 1:
+        return ControllerCluster(topo_path, opts.k, opts.controllers, opts.workdir, procs, pki,
+                                 scheduler, rest_public=opts.observe)  # fmt: skip
+    return TestbedController(topo_path, opts.k, opts.of_port, opts.workdir / "controller.log",
+                             procs, pki, scheduler=scheduler, rest_public=opts.observe)  # fmt: skip
 
 
 def _bring_up(wan, binding, ctl: TestbedController, workdir: Path, procs: Processes, log,
@@ -444,10 +478,12 @@ def _scheduler_runs(wan, ctl: TestbedController, opts: TestbedOptions, raw: dict
             def on_event(kind):
                 threading.Timer(2.0, shots.shoot, [f"link_{kind}"]).start()
 
-        run, before = run_terra(wan, ctl, opts.coflows, opts.failure, opts.timeout_s, on_event)
+        kill = opts.kill_leader_at if i == opts.repeats - 1 else None
+        run, before = run_terra(wan, ctl, opts.coflows, opts.failure, opts.timeout_s, on_event,
+                                kill)  # fmt: skip
         runs.append(run)
         if flow_mods_before is None:  # the first failure; without one: after the run
-            flow_mods_before = before if before is not None else _flow_mods(ctl)
+            flow_mods_before = _flow_mods_before(run, before, ctl)
         log(f"[{i + 1}] {ctl.scheduler} done in {run.duration_s:.1f} s")
         if with_tcp:
             tcp = run_per_flow_tcp(
@@ -461,6 +497,17 @@ def _scheduler_runs(wan, ctl: TestbedController, opts: TestbedOptions, raw: dict
 
 def _flow_mods(ctl: TestbedController) -> int:
     return ctl.get("/tunnels")["switches"]["flow_mods"]
+
+
+def _flow_mods_before(run: RunResult, before: int | None, ctl) -> int:
+    """The first controller's flow-mods before the run's link failure (`before`), or after
+    the run without one; in a run whose leader was killed first, those before the kill."""
+    kill = run.takeover
+    if kill and "kill_s" in kill and (
+        before is None or kill["kill_s"] < (run.failure_down_s or float("inf"))
+    ):
+        return kill["flow_mods_before_kill"]
+    return before if before is not None else _flow_mods(ctl)
 
 
 def check_names_free(bridges: list[str]) -> None:
@@ -499,7 +546,7 @@ def _start_agents(wan, binding, ctl, mgmt_ip, workdir, procs, metrics: dict | No
                         "-m",
                         "terra_agent.cli",
                         "--controller",
-                        f"{mgmt_ip}:{ctl.agents_port}",
+                        ctl.agent_targets(mgmt_ip),
                         "--dc",
                         dc,
                         "--id",
