@@ -209,8 +209,9 @@ def takeover_checks(report: dict, cluster: ControllerCluster, client: CountingCl
     "coflows_submitted", "coflows_done" (submitted coflows the new leader answers "done"
     for), "coflows_unknown" (coflows it lists from the run's first id on that were never
     submitted: a coflow made twice would be one), "flow_mods_at_takeover" (the new
-    leader's, bringing the switches in line) and "flow_mods_after_takeover" (all it sent so
-    far)."""
+    leader's, bringing the switches in line), "flow_mods_after_takeover" (all it sent so
+    far) and "link_events_after_takeover" (link changes it reacted to, which send
+    flow-mods)."""
     first = min(submitted, default=0)
     rows = [row for row in client.list_coflows() if row["id"] >= first]  # not earlier runs'
     report["resubmitted"] = client.resubmitted
@@ -220,6 +221,7 @@ def takeover_checks(report: dict, cluster: ControllerCluster, client: CountingCl
     switches = cluster.get("/tunnels")["switches"]
     report["flow_mods_at_takeover"] = switches["flow_mods_at_install"]
     report["flow_mods_after_takeover"] = switches["flow_mods"]
+    report["link_events_after_takeover"] = cluster.get("/status")["reactions_total"]
 
 
 class LeaderKill(threading.Thread):

@@ -5,6 +5,9 @@ One run, everything real:
 1. terra-controller (OpenFlow mode, its own process group) in the root namespace;
    its topology is topologies/data/swan_testbed.json with the links' capacity set to
    CAPACITY_FRACTION of the HTB rate (headers: Ethernet, IP, TCP, MPLS, chunk headers).
+   With `controllers` > 1: that many controllers on a three-member etcd, one leading
+   (controller_cluster.ControllerCluster); with `kill_leader_at` the leader is killed in
+   the last repeat and the takeover measured (controller_cluster.LeaderKill).
 2. Mininet (mininet_scenarios.wan_net.build_wan): one userspace OVS per DC, the 7 WAN
    links shaped with HTB, one or more hosts per DC, an out-of-band management network.
 3. Wait until the controller has installed the tunnel rules (REST /tunnels), start one
@@ -131,7 +134,7 @@ def run_terra(
     rounds0 = ctl.get("/status")["rounds"]
     t0 = time.monotonic()
     fail = start_failure(wan, failure, t0, ctl, result, on_event)
-    killer = None
+    killer, waited = None, ({} if isinstance(ctl, ControllerCluster) else None)
     if kill_leader_at is not None:
         killer = LeaderKill(ctl, kill_leader_at, t0, len(wan.hosts))
         killer.start()
@@ -142,17 +145,14 @@ def run_terra(
             now = time.monotonic()
             while pending and pending[0].arrival_s <= now - t0:
                 c = pending.pop(0)
-                cid = client.submit_coflow([dict(f) for f in c.flows])
-                ids[cid] = c
-                result.arrival_s[c.trace_id] = time.monotonic() - t0
-                result.throughput[c.trace_id] = [(result.arrival_s[c.trace_id], 0)]
+                ids[_submit(client, c, t0, result, waited)] = c
             for row in client.list_coflows():
                 c = ids.get(row["id"])
                 if c is None or c.trace_id in result.cct_s:
                     continue
                 result.throughput[c.trace_id].append((now - t0, row["bytes_delivered"]))
                 if row["state"] == "done":
-                    result.cct_s[c.trace_id] = row["cct_s"]
+                    result.cct_s[c.trace_id] = row["cct_s"] + waited.get(c.trace_id, 0.0)
                     last_end = time.monotonic()
             if not pending and now - t0 > coflows[-1].arrival_s + timeout:
                 raise TestbedError(f"Terra run: coflows not done after {timeout} s")
@@ -168,6 +168,7 @@ def run_terra(
         if result.takeover and "kill_s" in result.takeover:  # the new leader counts from 0
             result.rounds += result.takeover["rounds_before_kill"]
             takeover_checks(result.takeover, ctl, client, ids)
+            result.takeover["submit_wait_max_s"] = max(waited.values(), default=0.0)
         recent = status["recent_round_ms"]
         result.round_ms = recent[max(0, len(recent) - result.rounds) :]
         for cid in ids:
@@ -182,6 +183,21 @@ def run_terra(
         if killer is not None:
             killer.finish()
     return result, flow_mods
+
+
+def _submit(client, c: TestbedCoflow, t0: float, result: RunResult, waited: dict | None) -> int:
+    """Submit coflow `c`, record its arrival; returns its id. `waited` (several controllers):
+    the arrival is when the submit was sent, and {trace id: seconds until it was accepted},
+    which the caller adds to the controller's CCT: a submit sent while no controller leads
+    waits for the new leader, and its CCT counts from the first attempt."""
+    sent = time.monotonic()
+    cid = client.submit_coflow([dict(f) for f in c.flows])
+    accepted = time.monotonic()
+    if waited is not None:
+        waited[c.trace_id], accepted = accepted - sent, sent
+    result.arrival_s[c.trace_id] = accepted - t0
+    result.throughput[c.trace_id] = [(result.arrival_s[c.trace_id], 0)]
+    return cid
 
 
 def _sleep_until_poll_or_arrival(now: float, t0: float, pending: list[TestbedCoflow]) -> None:
