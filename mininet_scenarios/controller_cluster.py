@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -91,7 +92,8 @@ class ControllerCluster:
         self.rest_tls = client_context(pki, OPERATOR_NAME)
         self.rest_tls.check_hostname = False  # urllib dials an IP; the CA still verifies it
         try:
-            members, self.etcd = start_etcd(workdir, ETCD_MEMBERS, new_session=True)
+            data = Path(tempfile.mkdtemp(prefix="etcd-", dir=workdir))  # no earlier run's
+            members, self.etcd = start_etcd(data, ETCD_MEMBERS, new_session=True)
         except (FileNotFoundError, RuntimeError) as exc:
             raise TestbedError(f"etcd: {exc}") from exc
         for m in members:
