@@ -187,14 +187,15 @@ def run_terra(
 
 def _submit(client, c: TestbedCoflow, t0: float, result: RunResult, waited: dict | None) -> int:
     """Submit coflow `c`, record its arrival; returns its id. `waited` (several controllers):
-    the arrival is when the submit was sent, and {trace id: seconds until it was accepted},
-    which the caller adds to the controller's CCT: a submit sent while no controller leads
-    waits for the new leader, and its CCT counts from the first attempt."""
-    sent = time.monotonic()
+    the arrival is the workload's (when the job master was due to submit it), and {trace
+    id: seconds from then until the submit was accepted}, which the caller adds to the
+    controller's CCT: a coflow due while no controller leads (the job master waits for the
+    new leader) has its CCT counted from its first submission's due time."""
     cid = client.submit_coflow([dict(f) for f in c.flows])
     accepted = time.monotonic()
     if waited is not None:
-        waited[c.trace_id], accepted = accepted - sent, sent
+        due = t0 + c.arrival_s
+        waited[c.trace_id], accepted = accepted - due, due
     result.arrival_s[c.trace_id] = accepted - t0
     result.throughput[c.trace_id] = [(result.arrival_s[c.trace_id], 0)]
     return cid
