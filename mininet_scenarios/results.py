@@ -406,7 +406,8 @@ def cdf_figure(raw: dict):
 TAKEOVER_KEYS = ("kill_s", "leader_s", "agents_back_s", "takeover_s", "coflows_active",
                  "resubmitted", "coflows_submitted", "coflows_done", "coflows_unknown",
                  "flow_mods_at_takeover", "flow_mods_after_takeover",
-                 "link_events_after_takeover", "submit_wait_max_s")  # fmt: skip
+                 "link_events_after_takeover", "submit_wait_max_s",
+                 "submits_refused")  # fmt: skip
 
 
 def takeover_summary(raw: dict) -> dict | None:
@@ -459,8 +460,8 @@ def takeover_lines(t: dict) -> str:
         f"has {t['coflows_done']} of {t['coflows_submitted']} done, "
         f"{t['coflows_unknown']} never submitted), flow-mods at takeover "
         f"{t['flow_mods_at_takeover']}, after it {t['flow_mods_after_takeover']} (for "
-        f"{t['link_events_after_takeover']} link changes); longest submit wait "
-        f"{t['submit_wait_max_s']:.2f} s",
+        f"{t['link_events_after_takeover']} link events); longest submit wait "
+        f"{t['submit_wait_max_s']:.2f} s, {t['submits_refused']} refused (agents not back)",
     ]
     cct = f"avg CCT with the kill {t['avg_cct_s']:.3f} s"
     if t["avg_cct_s_without_kill"] is not None:

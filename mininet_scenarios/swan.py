@@ -65,6 +65,7 @@ from mininet_scenarios.testbed_processes import (
     wan_capacity,
 )
 from mininet_scenarios.workload import TestbedCoflow
+from terra_wire.api_session import TerraError
 from topologies import load_topology
 from topologies.binding import load_binding
 
@@ -72,6 +73,7 @@ TESTBED_TOPOLOGY = Path(__file__).resolve().parent.parent / "topologies/data/swa
 CAPACITY_FRACTION = 0.92
 AGENT_DATA_PORT = 19000
 POLL_S = 0.25
+SUBMIT_RETRY_S = 30.0
 # Congestion control of the agents' tunnel connections (terra-agent --tcp-congestion). The
 # hosts' default here is BBR, which held tunnels below their rates on these links (no
 # propagation delay, so BBR's window of 2 x bandwidth x smallest RTT is a few packets, and
@@ -134,7 +136,7 @@ def run_terra(
     rounds0 = ctl.get("/status")["rounds"]
     t0 = time.monotonic()
     fail = start_failure(wan, failure, t0, ctl, result, on_event)
-    killer, waited = None, ({} if isinstance(ctl, ControllerCluster) else None)
+    killer, due = None, (DueTimes() if isinstance(ctl, ControllerCluster) else None)
     if kill_leader_at is not None:
         killer = LeaderKill(ctl, kill_leader_at, t0, len(wan.hosts))
         killer.start()
@@ -145,14 +147,15 @@ def run_terra(
             now = time.monotonic()
             while pending and pending[0].arrival_s <= now - t0:
                 c = pending.pop(0)
-                ids[_submit(client, c, t0, result, waited)] = c
+                ids[_submit(client, c, t0, result, due)] = c
             for row in client.list_coflows():
                 c = ids.get(row["id"])
                 if c is None or c.trace_id in result.cct_s:
                     continue
                 result.throughput[c.trace_id].append((now - t0, row["bytes_delivered"]))
                 if row["state"] == "done":
-                    result.cct_s[c.trace_id] = row["cct_s"] + waited.get(c.trace_id, 0.0)
+                    waited = due.waited.get(c.trace_id, 0.0) if due else 0.0
+                    result.cct_s[c.trace_id] = row["cct_s"] + waited
                     last_end = time.monotonic()
             if not pending and now - t0 > coflows[-1].arrival_s + timeout:
                 raise TestbedError(f"Terra run: coflows not done after {timeout} s")
@@ -168,7 +171,8 @@ def run_terra(
         if result.takeover and "kill_s" in result.takeover:  # the new leader counts from 0
             result.rounds += result.takeover["rounds_before_kill"]
             takeover_checks(result.takeover, ctl, client, ids)
-            result.takeover["submit_wait_max_s"] = max(waited.values(), default=0.0)
+            result.takeover["submit_wait_max_s"] = max(due.waited.values(), default=0.0)
+            result.takeover["submits_refused"] = due.refused
         recent = status["recent_round_ms"]
         result.round_ms = recent[max(0, len(recent) - result.rounds) :]
         for cid in ids:
@@ -185,17 +189,40 @@ def run_terra(
     return result, flow_mods
 
 
-def _submit(client, c: TestbedCoflow, t0: float, result: RunResult, waited: dict | None) -> int:
-    """Submit coflow `c`, record its arrival; returns its id. `waited` (several controllers):
-    the arrival is the workload's (when the job master was due to submit it), and {trace
-    id: seconds from then until the submit was accepted}, which the caller adds to the
-    controller's CCT: a coflow due while no controller leads (the job master waits for the
-    new leader) has its CCT counted from its first submission's due time."""
-    cid = client.submit_coflow([dict(f) for f in c.flows])
+@dataclass
+class DueTimes:
+    """With several controllers, CCTs count from each coflow's due time (see _submit).
+
+    Attributes: waited ({trace id: seconds from the due time until the submit was
+    accepted}), refused (submits refused "unknown_agent" and sent again).
+    """
+
+    waited: dict = field(default_factory=dict)
+    refused: int = 0
+
+
+def _submit(client, c: TestbedCoflow, t0: float, result: RunResult, due: DueTimes | None) -> int:
+    """Submit coflow `c`, record its arrival; returns its id. `due` (several controllers):
+    the arrival is the workload's (when the job master was due to submit it), and
+    due.waited[trace id] the seconds from then until the submit was accepted, which the
+    caller adds to the controller's CCT: a coflow due while no controller leads (the job
+    master waits for the new leader) has its CCT counted from its due time. A new leader
+    refuses a coflow naming an agent that has not registered with it yet ("unknown_agent");
+    such a submit is sent again every 0.1 s for up to SUBMIT_RETRY_S."""
+    flows = [dict(f) for f in c.flows]
+    end = time.monotonic() + SUBMIT_RETRY_S
+    while True:
+        try:
+            cid = client.submit_coflow(flows)
+            break
+        except TerraError as exc:
+            if due is None or exc.code != "unknown_agent" or time.monotonic() > end:
+                raise
+            due.refused += 1
+            time.sleep(0.1)
     accepted = time.monotonic()
-    if waited is not None:
-        due = t0 + c.arrival_s
-        waited[c.trace_id], accepted = accepted - due, due
+    if due is not None:
+        due.waited[c.trace_id], accepted = accepted - (t0 + c.arrival_s), t0 + c.arrival_s
     result.arrival_s[c.trace_id] = accepted - t0
     result.throughput[c.trace_id] = [(result.arrival_s[c.trace_id], 0)]
     return cid

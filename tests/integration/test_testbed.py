@@ -221,7 +221,8 @@ def test_takeover_summary_compares_the_killed_run_with_the_runs_before():
               "coflows_active": 1, "resubmitted": 0, "coflows_submitted": 2,
               "coflows_done": 2, "coflows_unknown": 0, "flow_mods_at_takeover": 0,
               "flow_mods_after_takeover": 0, "link_events_after_takeover": 0,
-              "submit_wait_max_s": 0.01, "rounds_before_kill": 9}  # fmt: skip
+              "submit_wait_max_s": 0.01, "submits_refused": 0,
+              "rounds_before_kill": 9}  # fmt: skip
     killed = RunResult(cct_s={1: 3.0, 2: 6.0}, arrival_s={1: 0.0, 2: 1.0}, bytes_lost=0,
                        takeover=report)  # fmt: skip
     out = results.takeover_summary({"terra": [*before, killed], "takeover": report})
