@@ -26,6 +26,7 @@ from pathlib import Path
 
 import trio
 
+from mininet_scenarios.etcd_cluster import etcd_healthy, start_etcd  # noqa: F401 (re-exported)
 from overlay.framing import FrameReader, FrameWriter
 from terra_agent.agent import Agent, AgentConfig
 from terra_security.data_keys import DataKeys
@@ -617,58 +618,3 @@ def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 5.0) -> Non
         for pipe in (p.stdin, p.stdout, p.stderr):
             if pipe is not None:
                 pipe.close()
-
-
-def start_etcd(workdir: Path, members: int = 1, host: str = "127.0.0.1", timeout_s: float = 30.0):
-    """Start an etcd cluster of `members` processes (Debian's etcd-server), data in
-    workdir/etcd-N, on free ports; wait until every member answers /health.
-
-    Returns:
-        ([the members' Popen] (stop them with stop_processes), ["HOST:PORT" client address of
-        each member]).
-
-    Raises:
-        FileNotFoundError: no `etcd` on PATH (scripts/install.sh installs etcd-server).
-        RuntimeError: a member did not answer within `timeout_s` (logs: workdir/etcd-N.log).
-    """
-    import shutil
-
-    etcd = shutil.which("etcd")
-    if etcd is None:
-        raise FileNotFoundError("etcd is not installed (apt-get install etcd-server)")
-    ports = [(free_port(host), free_port(host)) for _ in range(members)]
-    initial = ",".join(f"m{i}=http://{host}:{peer}" for i, (_, peer) in enumerate(ports))
-    procs = []
-    for i, (client, peer) in enumerate(ports):
-        with open(workdir / f"etcd-{i}.log", "ab") as log:
-            procs.append(subprocess.Popen(
-                [etcd, "--name", f"m{i}", "--data-dir", str(workdir / f"etcd-{i}"),
-                 "--listen-client-urls", f"http://{host}:{client}",
-                 "--advertise-client-urls", f"http://{host}:{client}",
-                 "--listen-peer-urls", f"http://{host}:{peer}",
-                 "--initial-advertise-peer-urls", f"http://{host}:{peer}",
-                 "--initial-cluster", initial],
-                stdout=log, stderr=subprocess.STDOUT,
-            ))  # fmt: skip
-    addrs = [f"{host}:{client}" for client, _ in ports]
-    if not all(etcd_healthy(addr, timeout_s) for addr in addrs):
-        stop_processes(procs)
-        raise RuntimeError(f"etcd did not start; see {workdir}/etcd-*.log")
-    return procs, addrs
-
-
-def etcd_healthy(addr: str, timeout_s: float) -> bool:
-    """Whether the etcd member at `addr` answers /health with health true within timeout_s."""
-    import time
-    import urllib.request
-
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        try:
-            with urllib.request.urlopen(f"http://{addr}/health", timeout=1) as reply:
-                if b'"true"' in reply.read():
-                    return True
-        except OSError:
-            pass
-        time.sleep(0.1)
-    return False

@@ -3,7 +3,8 @@
     terra-testbed swan [--quick] [--fail-link LA-NY | --no-failure] [--json OUT] [--plots DIR]
         [--link-mbps M] [--workload fb|PATH] [--first I] [--coflows N] [--speedup S]
         [--load L] [--repeats R] [--hosts-per-dc H] [--k K] [--timeout S] [--workdir DIR]
-        [--schedulers A,B,...] [--observe] [--log-level LEVEL]
+        [--schedulers A,B,...] [--observe] [--controllers N [--kill-leader-at S]]
+        [--log-level LEVEL]
     terra-testbed --version
 
 Defaults (full run, about 2 min): the 12-coflow FB burst (mininet_scenarios.workload) on
@@ -148,6 +149,16 @@ def build_parser() -> argparse.ArgumentParser:
         f"({','.join(scheduler_names())}); the first is the one the FoIs compare",
     )  # fmt: skip
     s.add_argument(
+        "--controllers", metavar="N", type=int, default=1,
+        help="run N controllers on a three-member etcd (all on 127.0.0.1), given to every "
+        "switch, agent and client",
+    )  # fmt: skip
+    s.add_argument(
+        "--kill-leader-at", metavar="S", type=float,
+        help="SIGKILL the leader S s after the first arrival of the last repeat (earlier "
+        "repeats: without the kill); report the takeover",
+    )  # fmt: skip
+    s.add_argument(
         "--timeout",
         metavar="S",
         type=float,
@@ -245,6 +256,7 @@ def options_from_args(args, workdir: Path) -> tuple[TestbedOptions, dict]:
     repeats = args.repeats if args.repeats is not None else preset["repeats"]
     if repeats < 1:
         raise ValueError("--repeats must be >= 1")
+    check_controllers(args)
     opts = TestbedOptions(
         coflows=coflows,
         repeats=repeats,
@@ -257,8 +269,20 @@ def options_from_args(args, workdir: Path) -> tuple[TestbedOptions, dict]:
         workdir=workdir,
         schedulers=args.schedulers,
         observe=args.observe,
+        controllers=args.controllers,
+        kill_leader_at=args.kill_leader_at,
     )
     return opts, workload
+
+
+def check_controllers(args) -> None:
+    """Raises ValueError: --controllers / --kill-leader-at used wrongly."""
+    if args.controllers < 1:
+        raise ValueError("--controllers must be >= 1")
+    if args.kill_leader_at is not None and (args.controllers < 2 or args.kill_leader_at < 0):
+        raise ValueError("--kill-leader-at S needs --controllers 2 or more and S >= 0")
+    if args.controllers > 1 and (len(args.schedulers) > 1 or args.observe):
+        raise ValueError("--controllers N runs one scheduler, without --observe")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -333,6 +357,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         if raw["page"]["error"]:
             print(f"page: {raw['page']['error']}")
+    takeover = results.takeover_summary(raw)
+    if takeover is not None:
+        result["takeover"] = takeover
+        print(results.takeover_lines(takeover))
     if args.json:
         results.write_json(result, args.json, extra)
     if args.plots:

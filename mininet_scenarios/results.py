@@ -401,3 +401,72 @@ def cdf_figure(raw: dict):
         ax.legend()
     fig.tight_layout()
     return fig
+
+
+TAKEOVER_KEYS = ("kill_s", "leader_s", "agents_back_s", "takeover_s", "coflows_active",
+                 "resubmitted", "coflows_submitted", "coflows_done", "coflows_unknown",
+                 "flow_mods_at_takeover", "flow_mods_after_takeover",
+                 "link_events_after_takeover", "submit_wait_max_s",
+                 "submits_refused")  # fmt: skip
+
+
+def takeover_summary(raw: dict) -> dict | None:
+    """The leader's kill and the takeover (swan.run_swan with kill_leader_at), or None.
+
+    Returns:
+        {TAKEOVER_KEYS (controller_cluster.LeaderKill, takeover_checks), "bytes_lost",
+        "digest_mismatches", "avg_cct_s" of the run with the kill, "avg_cct_s_without_kill"
+        (the first scheduler's repeats before it, pooled; None without any),
+        "cct_vs_without_kill" (their ratio), "ccts_spanning_kill" (coflows that arrived
+        before the kill and ended after it: their CCTs count from the first submission)}.
+        Without a kill in the run (it ended first): {"kill_s": None}.
+    """
+    report = raw.get("takeover")
+    if report is None:
+        return None
+    if "kill_s" not in report:
+        return {"kill_s": None}
+    runs = raw[scheduler_names(raw)[0]]
+    killed, before = runs[-1], runs[:-1]
+    out = {key: report.get(key) for key in TAKEOVER_KEYS}
+    out["bytes_lost"], out["digest_mismatches"] = killed.bytes_lost, killed.digest_mismatches
+    out["avg_cct_s"] = cct_stats(killed.cct_s)[0]
+    out["avg_cct_s_without_kill"] = run_summary(before)["avg_cct_s"] if before else None
+    out["cct_vs_without_kill"] = (
+        _ratio(out["avg_cct_s"], out["avg_cct_s_without_kill"]) if before else None
+    )
+    kill = report["kill_s"]
+    out["ccts_spanning_kill"] = sum(
+        killed.arrival_s[c] < kill < killed.arrival_s[c] + cct for c, cct in killed.cct_s.items()
+    )
+    return out
+
+
+def takeover_lines(t: dict) -> str:
+    """Plain-text lines of a takeover_summary."""
+    if t.get("kill_s") is None:
+        return "leader kill: the run ended before the kill was due"
+
+    def s(key: str) -> str:
+        return "not seen" if t[key] is None else f"{t[key]:.2f} s"
+
+    lines = [
+        f"leader killed (SIGKILL) {t['kill_s']:.2f} s after the first arrival, "
+        f"{t['coflows_active']} coflows active; new leader: /healthz leader {s('leader_s')}, "
+        f"agents back {s('agents_back_s')}, scheduling (takeover) {s('takeover_s')} after "
+        "the kill",
+        f"run with the kill: bytes lost {t['bytes_lost']}, digest mismatches "
+        f"{t['digest_mismatches']}, coflows resubmitted {t['resubmitted']} (the new leader "
+        f"has {t['coflows_done']} of {t['coflows_submitted']} done, "
+        f"{t['coflows_unknown']} never submitted), flow-mods at takeover "
+        f"{t['flow_mods_at_takeover']}, after it {t['flow_mods_after_takeover']} (for "
+        f"{t['link_events_after_takeover']} link events); longest submit wait "
+        f"{t['submit_wait_max_s']:.2f} s, {t['submits_refused']} refused (agents not back)",
+    ]
+    cct = f"avg CCT with the kill {t['avg_cct_s']:.3f} s"
+    if t["avg_cct_s_without_kill"] is not None:
+        cct += (f" vs {t['avg_cct_s_without_kill']:.3f} s without "
+                f"({t['cct_vs_without_kill']:.3f}x)")  # fmt: skip
+    lines.append(f"{cct}; {t['ccts_spanning_kill']} CCTs span the kill, counted from the "
+                 "first submission")  # fmt: skip
+    return "\n".join(lines)

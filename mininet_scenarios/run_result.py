@@ -38,6 +38,8 @@ class RunResult:
         reaction_s: link-down command to new rates acknowledged by all agents, or None.
         rounds / round_ms: Terra only: scheduling rounds the controller ran during the run
             and the wall ms of each (up to the last 100; REST /status), else None / [].
+        takeover: with several controllers and a leader killed in this run, the
+            controller_cluster.LeaderKill report completed by takeover_checks, else {}.
     """
 
     cct_s: dict = field(default_factory=dict)
@@ -56,6 +58,7 @@ class RunResult:
     controller_reaction_ms: float | None = None
     rounds: int | None = None
     round_ms: list = field(default_factory=list)
+    takeover: dict = field(default_factory=dict)
 
     @property
     def busy_s(self) -> float:

@@ -5,6 +5,9 @@ One run, everything real:
 1. terra-controller (OpenFlow mode, its own process group) in the root namespace;
    its topology is topologies/data/swan_testbed.json with the links' capacity set to
    CAPACITY_FRACTION of the HTB rate (headers: Ethernet, IP, TCP, MPLS, chunk headers).
+   With `controllers` > 1: that many controllers on a three-member etcd, one leading
+   (controller_cluster.ControllerCluster); with `kill_leader_at` the leader is killed in
+   the last repeat and the takeover measured (controller_cluster.LeaderKill).
 2. Mininet (mininet_scenarios.wan_net.build_wan): one userspace OVS per DC, the 7 WAN
    links shaped with HTB, one or more hosts per DC, an out-of-band management network.
 3. Wait until the controller has installed the tunnel rules (REST /tunnels), start one
@@ -45,6 +48,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mininet_scenarios.controller_cluster import ControllerCluster, LeaderKill, takeover_checks
 from mininet_scenarios.link_failure import finish_failure, start_failure
 from mininet_scenarios.observe import AGENT_METRICS_PORT, SCRAPE_S, Observer, PageShots
 from mininet_scenarios.run_result import Failure, RunResult, expected_digest, verified_by_agents
@@ -61,6 +65,7 @@ from mininet_scenarios.testbed_processes import (
     wan_capacity,
 )
 from mininet_scenarios.workload import TestbedCoflow
+from terra_wire.api_session import TerraError
 from topologies import load_topology
 from topologies.binding import load_binding
 
@@ -68,6 +73,7 @@ TESTBED_TOPOLOGY = Path(__file__).resolve().parent.parent / "topologies/data/swa
 CAPACITY_FRACTION = 0.92
 AGENT_DATA_PORT = 19000
 POLL_S = 0.25
+SUBMIT_RETRY_S = 30.0
 # Congestion control of the agents' tunnel connections (terra-agent --tcp-congestion). The
 # hosts' default here is BBR, which held tunnels below their rates on these links (no
 # propagation delay, so BBR's window of 2 x bandwidth x smallest RTT is a few packets, and
@@ -109,9 +115,12 @@ def run_terra(
     wan, ctl: TestbedController, coflows: list[TestbedCoflow], failure: Failure | None,
     timeout: float,
     on_event=None,
+    kill_leader_at: float | None = None,
 ) -> tuple[RunResult, int | None]:  # fmt: skip
     """Submit the coflows at their arrival times through TerraClient; wait for all.
-    `on_event`: see FailureThread.
+    `on_event`: see FailureThread. `kill_leader_at` (a ControllerCluster `ctl`): kill its
+    leader that many seconds after the first arrival (controller_cluster.LeaderKill; its
+    report goes to RunResult.takeover).
 
     Returns:
         (RunResult, flow-mods counted by the controller just before the link went down, or
@@ -127,6 +136,10 @@ def run_terra(
     rounds0 = ctl.get("/status")["rounds"]
     t0 = time.monotonic()
     fail = start_failure(wan, failure, t0, ctl, result, on_event)
+    killer, due = None, (DueTimes() if isinstance(ctl, ControllerCluster) else None)
+    if kill_leader_at is not None:
+        killer = LeaderKill(ctl, kill_leader_at, t0, len(wan.hosts))
+        killer.start()
     pending = list(coflows)
     last_end = t0
     try:
@@ -134,26 +147,32 @@ def run_terra(
             now = time.monotonic()
             while pending and pending[0].arrival_s <= now - t0:
                 c = pending.pop(0)
-                cid = client.submit_coflow([dict(f) for f in c.flows])
-                ids[cid] = c
-                result.arrival_s[c.trace_id] = time.monotonic() - t0
-                result.throughput[c.trace_id] = [(result.arrival_s[c.trace_id], 0)]
+                ids[_submit(client, c, t0, result, due)] = c
             for row in client.list_coflows():
                 c = ids.get(row["id"])
                 if c is None or c.trace_id in result.cct_s:
                     continue
                 result.throughput[c.trace_id].append((now - t0, row["bytes_delivered"]))
                 if row["state"] == "done":
-                    result.cct_s[c.trace_id] = row["cct_s"]
+                    waited = due.waited.get(c.trace_id, 0.0) if due else 0.0
+                    result.cct_s[c.trace_id] = row["cct_s"] + waited
                     last_end = time.monotonic()
             if not pending and now - t0 > coflows[-1].arrival_s + timeout:
                 raise TestbedError(f"Terra run: coflows not done after {timeout} s")
             _sleep_until_poll_or_arrival(now, t0, pending)
         result.duration_s = last_end - t0
+        if killer is not None:
+            result.takeover = killer.finish()
+            killer = None
         tx1, tx1_ofctl = read_wan_bytes(wan, ctl)
         result.wan_bytes_sent, result.wan_bytes_sent_ofctl = tx1 - tx0, tx1_ofctl - tx0_ofctl
         status = ctl.get("/status")
         result.rounds = status["rounds"] - rounds0
+        if result.takeover and "kill_s" in result.takeover:  # the new leader counts from 0
+            result.rounds += result.takeover["rounds_before_kill"]
+            takeover_checks(result.takeover, ctl, client, ids)
+            result.takeover["submit_wait_max_s"] = max(due.waited.values(), default=0.0)
+            result.takeover["submits_refused"] = due.refused
         recent = status["recent_round_ms"]
         result.round_ms = recent[max(0, len(recent) - result.rounds) :]
         for cid in ids:
@@ -165,7 +184,48 @@ def run_terra(
     finally:
         client.close()
         flow_mods = finish_failure(fail)
+        if killer is not None:
+            killer.finish()
     return result, flow_mods
+
+
+@dataclass
+class DueTimes:
+    """With several controllers, CCTs count from each coflow's due time (see _submit).
+
+    Attributes: waited ({trace id: seconds from the due time until the submit was
+    accepted}), refused (submits refused "unknown_agent" and sent again).
+    """
+
+    waited: dict = field(default_factory=dict)
+    refused: int = 0
+
+
+def _submit(client, c: TestbedCoflow, t0: float, result: RunResult, due: DueTimes | None) -> int:
+    """Submit coflow `c`, record its arrival; returns its id. `due` (several controllers):
+    the arrival is the workload's (when the job master was due to submit it), and
+    due.waited[trace id] the seconds from then until the submit was accepted, which the
+    caller adds to the controller's CCT: a coflow due while no controller leads (the job
+    master waits for the new leader) has its CCT counted from its due time. A new leader
+    refuses a coflow naming an agent that has not registered with it yet ("unknown_agent");
+    such a submit is sent again every 0.1 s for up to SUBMIT_RETRY_S."""
+    flows = [dict(f) for f in c.flows]
+    end = time.monotonic() + SUBMIT_RETRY_S
+    while True:
+        try:
+            cid = client.submit_coflow(flows)
+            break
+        except TerraError as exc:
+            if due is None or exc.code != "unknown_agent" or time.monotonic() > end:
+                raise
+            due.refused += 1
+            time.sleep(0.1)
+    accepted = time.monotonic()
+    if due is not None:
+        due.waited[c.trace_id], accepted = accepted - (t0 + c.arrival_s), t0 + c.arrival_s
+    result.arrival_s[c.trace_id] = accepted - t0
+    result.throughput[c.trace_id] = [(result.arrival_s[c.trace_id], 0)]
+    return cid
 
 
 def _sleep_until_poll_or_arrival(now: float, t0: float, pending: list[TestbedCoflow]) -> None:
@@ -300,6 +360,9 @@ class TestbedOptions:
     `schedulers`: registry names (terra_core/registry.py) the controller runs, one after
     the other, each `repeats` times on the same WAN; the first is the one the targets judge.
     `observe`: Prometheus scrapes the controller and every agent (mininet_scenarios.observe).
+    `controllers` > 1: that many controllers on a three-member etcd (controller_cluster);
+    `kill_leader_at`: their leader is killed (SIGKILL) that many seconds after the first
+    arrival of the last repeat (the repeats before it are the runs without the kill).
     """
 
     coflows: list[TestbedCoflow]
@@ -313,6 +376,8 @@ class TestbedOptions:
     workdir: Path = Path("/tmp/terra-testbed")
     schedulers: list[str] = field(default_factory=lambda: ["terra"])
     observe: bool = False
+    controllers: int = 1
+    kill_leader_at: float | None = None
 
 
 def run_swan(opts: TestbedOptions, log=print) -> dict:
@@ -351,13 +416,12 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
     try:
         pki = make_pki(opts.workdir, [host.name for _, host in binding.all_hosts()])
         for phase, name in enumerate(opts.schedulers):
-            ctl = TestbedController(topo_path, opts.k, opts.of_port,
-                                    opts.workdir / "controller.log", procs, pki, scheduler=name,
-                                    rest_public=opts.observe)  # fmt: skip
+            ctl = _start_controllers(opts, topo_path, procs, pki, name)
             t_start = time.monotonic()
             if wan is None:
                 wan = build_wan(topology, binding, of_port=opts.of_port,
-                                link_mbps=opts.link_mbps, mgmt=True)  # fmt: skip
+                                link_mbps=opts.link_mbps, mgmt=True,
+                                of_ports=getattr(ctl, "of_ports", None))  # fmt: skip
                 if opts.observe:
                     observer = Observer(opts.workdir, pki, OPERATOR_NAME, wan.mgmt_ips)
             if observer is not None:
@@ -365,6 +429,7 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
             agents = _bring_up(wan, binding, ctl, opts.workdir, procs, log, observer)
             if phase == 0:
                 raw["install_s"] = time.monotonic() - t_start
+                at_install = ctl.get("/tunnels")["switches"]["flow_mods_at_install"]
             shots = None
             if observer is not None and phase == 0:
                 shots = PageShots(ctl.rest, opts.workdir / "page")
@@ -380,11 +445,14 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
             of = ctl.get("/tunnels")["switches"]
             if phase == 0:
                 raw["rules_per_switch"] = of["rules_per_switch"]
-                raw["flow_mods_after_startup"] = flow_mods_before - of["flow_mods_at_install"]
+                raw["flow_mods_after_startup"] = flow_mods_before - at_install
+                takeovers = [r.takeover for r in raw[name] if r.takeover]
+                if takeovers:
+                    raw["takeover"] = takeovers[-1]
             if observer is not None and phase == len(opts.schedulers) - 1:
                 time.sleep(2 * SCRAPE_S)  # the agents' last counters scraped
                 raw["observe"] = observer.report()  # before the last agents stop
-            procs.stop([*agents, ctl.proc])
+            procs.stop([*agents, *ctl.proc_list])
             ctl.close()
             ctl = None
         return raw
@@ -399,6 +467,16 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
                 wan.stop()
             except Exception:
                 cleanup()
+
+
+def _start_controllers(opts: TestbedOptions, topo_path: Path, procs: Processes, pki: Path,
+                       scheduler: str):  # fmt: skip
+    """One TestbedController, or a ControllerCluster with opts.controllers > 1."""
+    if opts.controllers > 1:
+        return ControllerCluster(topo_path, opts.k, opts.controllers, opts.workdir, procs, pki,
+                                 scheduler, rest_public=opts.observe)  # fmt: skip
+    return TestbedController(topo_path, opts.k, opts.of_port, opts.workdir / "controller.log",
+                             procs, pki, scheduler=scheduler, rest_public=opts.observe)  # fmt: skip
 
 
 def _bring_up(wan, binding, ctl: TestbedController, workdir: Path, procs: Processes, log,
@@ -444,10 +522,12 @@ def _scheduler_runs(wan, ctl: TestbedController, opts: TestbedOptions, raw: dict
             def on_event(kind):
                 threading.Timer(2.0, shots.shoot, [f"link_{kind}"]).start()
 
-        run, before = run_terra(wan, ctl, opts.coflows, opts.failure, opts.timeout_s, on_event)
+        kill = opts.kill_leader_at if i == opts.repeats - 1 else None
+        run, before = run_terra(wan, ctl, opts.coflows, opts.failure, opts.timeout_s, on_event,
+                                kill)  # fmt: skip
         runs.append(run)
         if flow_mods_before is None:  # the first failure; without one: after the run
-            flow_mods_before = before if before is not None else _flow_mods(ctl)
+            flow_mods_before = _flow_mods_before(run, before, ctl)
         log(f"[{i + 1}] {ctl.scheduler} done in {run.duration_s:.1f} s")
         if with_tcp:
             tcp = run_per_flow_tcp(
@@ -461,6 +541,17 @@ def _scheduler_runs(wan, ctl: TestbedController, opts: TestbedOptions, raw: dict
 
 def _flow_mods(ctl: TestbedController) -> int:
     return ctl.get("/tunnels")["switches"]["flow_mods"]
+
+
+def _flow_mods_before(run: RunResult, before: int | None, ctl) -> int:
+    """The first controller's flow-mods before the run's link failure (`before`), or after
+    the run without one; in a run whose leader was killed first, those before the kill."""
+    kill = run.takeover
+    if kill and "kill_s" in kill and (
+        before is None or kill["kill_s"] < (run.failure_down_s or float("inf"))
+    ):
+        return kill["flow_mods_before_kill"]
+    return before if before is not None else _flow_mods(ctl)
 
 
 def check_names_free(bridges: list[str]) -> None:
@@ -499,7 +590,7 @@ def _start_agents(wan, binding, ctl, mgmt_ip, workdir, procs, metrics: dict | No
                         "-m",
                         "terra_agent.cli",
                         "--controller",
-                        f"{mgmt_ip}:{ctl.agents_port}",
+                        ctl.agent_targets(mgmt_ip),
                         "--dc",
                         dc,
                         "--id",

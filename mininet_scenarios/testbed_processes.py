@@ -111,41 +111,10 @@ class TestbedController:
         self.rest_tls: ssl.SSLContext = client_context(pki, OPERATOR_NAME)
         self.rest_tls.check_hostname = False  # urllib dials an IP; the CA still verifies it
         self.log = open(log, "a")  # noqa: SIM115 (closed in close())
+        argv = controller_argv(topo_path, k, of_port, pki, scheduler, log.parent, rest_public)
         self.proc = procs.add(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "terra_controller.cli",
-                    "--topology",
-                    str(topo_path),
-                    "--k",
-                    str(k),
-                    "--of-port",
-                    str(of_port),
-                    "--api",
-                    "127.0.0.1:0",
-                    "--agents",
-                    "0.0.0.0:0",
-                    "--data-prefix",  # agents reach it over mgmt0, their data is on 10.0.x.y
-                    "10.0.0.0/16",
-                    "--rest",
-                    "127.0.0.1:0",
-                    "--log-level",
-                    LOG_LEVEL,
-                    "--pki",
-                    str(pki),
-                    "--scheduler",
-                    scheduler,
-                    "--state-dir",  # its own journal: nothing of another run is resumed
-                    tempfile.mkdtemp(prefix="controller-state-", dir=log.parent),
-                    *(["--rest-public"] if rest_public else []),
-                ],
-                stdout=subprocess.PIPE,
-                stderr=self.log,
-                text=True,
-                start_new_session=True,
-            )  # fmt: skip
+            subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                             start_new_session=True)  # fmt: skip
         )
         line = self.proc.stdout.readline()
         if not line.startswith("terra-controller ready"):
@@ -155,6 +124,15 @@ class TestbedController:
         self.api = (host, int(port))
         self.agents_port = int(addrs["agents"].rsplit(":", 1)[1])
         self.rest = "https://" + addrs["rest"]
+
+    @property
+    def proc_list(self) -> list[subprocess.Popen]:
+        """The controller's process, as a list (ControllerCluster has several)."""
+        return [self.proc]
+
+    def agent_targets(self, host: str) -> str:
+        """terra-agent's --controller value: the agents' port on `host`."""
+        return f"{host}:{self.agents_port}"
 
     def client(self, timeout: float) -> TerraClient:
         """A TerraClient of the job master (certificate JOB_NAME)."""
@@ -168,6 +146,25 @@ class TestbedController:
     def close(self) -> None:
         """Close the log file (the process itself is stopped through Processes)."""
         self.log.close()
+
+
+def controller_argv(
+    topo_path: Path, k: int, of_port: int, pki: Path, scheduler: str, workdir: Path,
+    rest_public: bool = False, api: str = "127.0.0.1:0", agents: str = "0.0.0.0:0",
+    rest: str = "127.0.0.1:0", extra: tuple[str, ...] = (),
+) -> list[str]:  # fmt: skip
+    """The testbed's terra-controller command line (OpenFlow mode, listen addresses `api`,
+    `agents`, `rest`, a fresh --state-dir under `workdir`, then `extra`)."""
+    return [
+        sys.executable, "-m", "terra_controller.cli", "--topology", str(topo_path),
+        "--k", str(k), "--of-port", str(of_port), "--api", api, "--agents", agents,
+        # agents reach it over mgmt0, their data is on 10.0.x.y
+        "--data-prefix", "10.0.0.0/16", "--rest", rest, "--log-level", LOG_LEVEL,
+        "--pki", str(pki), "--scheduler", scheduler,
+        # its own journal: nothing of another run is resumed
+        "--state-dir", tempfile.mkdtemp(prefix="controller-state-", dir=workdir),
+        *(["--rest-public"] if rest_public else []), *extra,
+    ]  # fmt: skip
 
 
 def wait_until(predicate, timeout: float, what: str, poll_s: float = 0.1) -> None:

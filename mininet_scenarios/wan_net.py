@@ -50,6 +50,7 @@ OFFLOADS_OFF = "tx off rx off tso off gso off gro off"
 # packets x ~2.3 KB (truesize of a 1518-byte frame) = 32 MB.
 OVS_SEND_BUFFER_BYTES = 32 << 20
 OVS_CTL = "/usr/share/openvswitch/scripts/ovs-ctl"
+CONTROLLER_BACKOFF_MS = 1000  # with several controllers (OVS's minimum is 1000)
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +152,7 @@ def build_wan(
     of_port: int = 6653,
     link_mbps: float | None = None,
     mgmt: bool = False,
+    of_ports: list[int] | None = None,
 ) -> WanNet:
     """Build and start the Mininet WAN of a bound topology.
 
@@ -161,6 +163,9 @@ def build_wan(
         of_port: TCP port of the OpenFlow controller on 127.0.0.1.
         link_mbps: one HTB rate (Mbit/s) for every WAN link.
         mgmt: add the out-of-band management network (module docstring).
+        of_ports: several controllers (a leader and its standbys) on 127.0.0.1, one OpenFlow
+            port each, instead of `of_port`: every switch gets them all, retried at least
+            every CONTROLLER_BACKOFF_MS (so a new leader is reached within about a second).
 
     Returns:
         The started WanNet; switches try to connect to the controller.
@@ -183,19 +188,22 @@ def build_wan(
     )
     wan = WanNet(net, topology, binding, {}, {})
     try:
-        _add_nodes(wan, of_port, link_mbps, mgmt)
+        _add_nodes(wan, of_ports or [of_port], link_mbps, mgmt)
         net.build()
         net.start()
         _configure(wan, mgmt)
+        if of_ports and len(of_ports) > 1:
+            _controller_backoff(wan)
     except BaseException:
         wan.stop()
         raise
     return wan
 
 
-def _add_nodes(wan: WanNet, of_port: int, link_mbps: float | None, mgmt: bool) -> None:
+def _add_nodes(wan: WanNet, of_ports: list[int], link_mbps: float | None, mgmt: bool) -> None:
     net, topology, binding = wan.net, wan.topology, wan.binding
-    net.addController("c0", controller=RemoteController, ip="127.0.0.1", port=of_port)
+    for i, port in enumerate(of_ports):
+        net.addController(f"c{i}", controller=RemoteController, ip="127.0.0.1", port=port)
     for dc, sw in binding.switches.items():
         wan.switches[dc] = net.addSwitch(
             f"s{sw.dpid}",
@@ -258,6 +266,18 @@ def _configure(wan: WanNet, mgmt: bool) -> None:
         for intf in wan.net["mgmt0"].intfList():
             if intf.name != "lo":
                 _root(f"ethtool -K {intf.name} {OFFLOADS_OFF}")
+
+
+def _controller_backoff(wan: WanNet) -> None:
+    """Set max_backoff of every switch's controller records to CONTROLLER_BACKOFF_MS (OVS's
+    default, 8 s, would leave a switch up to 8 s away from a newly elected leader: standbys
+    do not listen on their OpenFlow port)."""
+    for sw in wan.switches.values():
+        out = subprocess.run(["ovs-vsctl", "get", "bridge", sw.name, "controller"],
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+        for uuid in out.strip().strip("[]").split(","):
+            subprocess.run(["ovs-vsctl", "set", "controller", uuid.strip(),
+                            f"max_backoff={CONTROLLER_BACKOFF_MS}"], check=True)  # fmt: skip
 
 
 def _root(command: str) -> None:

@@ -43,6 +43,8 @@ from .sender import (
 
 log = logging.getLogger("terra_agent.agent")
 FLOWS_PER_CHECKPOINT = 8  # descriptors set up (sink files made) between data connections' turns
+# Backoff bound of an agent given several controllers: a pass is a few refused connects.
+FAILOVER_BACKOFF_MAX_S = 0.5
 
 
 class ControlSession:
@@ -58,14 +60,18 @@ class ControlSession:
         Several controllers (AgentConfig.controller_addresses: a leader and its standbys,
         which refuse agents' connections): a failed connect (refused, or not made within
         CONTROL_CONNECT_S) or a lost control channel moves to the next address, round robin
-        (terra_wire.failover.ControllerList). The backoff (50 ms doubling to 2 s) is waited
-        once per full pass over the list, not per address: with three controllers, a dead
-        leader costs two refused connects before the new leader is tried, no wait. A session
-        that lasted over 2 s starts a new pass with the shortest backoff. One controller:
-        the backoff is waited before every reconnect, as a pass is that one address.
+        (terra_wire.failover.ControllerList). The backoff (50 ms doubling to
+        FAILOVER_BACKOFF_MAX_S) is waited once per full pass over the list, not per address:
+        with three controllers, a dead leader costs two refused connects before the new
+        leader is tried, no wait, and the new leader (elected a lease TTL after the old one
+        died) is reached within FAILOVER_BACKOFF_MAX_S of listening. A session that lasted
+        over 2 s starts a new pass with the shortest backoff. One controller: the backoff (50
+        ms doubling to 2 s) is waited before every reconnect, as a pass is that one address.
         """
         controllers = ControllerList(self.config.controller_addresses)
         backoff = BACKOFF_MIN_S
+        several = len(self.config.controller_addresses) > 1
+        most = FAILOVER_BACKOFF_MAX_S if several else BACKOFF_MAX_S
         while True:
             address = controllers.current
             started = trio.current_time()
@@ -85,7 +91,7 @@ class ControlSession:
                 controllers.reached()
             if controllers.failed(address):
                 await trio.sleep(backoff)
-                backoff = min(BACKOFF_MAX_S, backoff * 2)
+                backoff = min(most, backoff * 2)
 
     async def _control_connection(self, host: str, port: int) -> None:
         with trio.fail_after(CONTROL_CONNECT_S):

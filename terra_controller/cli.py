@@ -337,6 +337,8 @@ def run(args, topology, security) -> None:
             for part in (tunnels, policy):
                 if isinstance(part, Deferred):
                     part.build()
+            if not args.no_openflow:  # os-ken's imports (about 1 s) off the takeover's time
+                import terra_controller.openflow_app  # noqa: F401
 
         store, leadership = lead_when_elected(args, security, rest_security, warm_up)
     try:

@@ -113,6 +113,10 @@ def test_cli_rejects_bad_arguments_before_touching_the_machine(tmp_path, capsys)
     assert cli.main([*base, "--load", "-1"]) == 2
     assert cli.main([*base, "--hosts-per-dc", "0"]) == 2
     assert cli.main([*base, "--repeats", "0"]) == 2
+    assert cli.main([*base, "--controllers", "0"]) == 2
+    assert cli.main([*base, "--kill-leader-at", "5"]) == 2  # one controller: nothing to fail to
+    assert "--controllers 2 or more" in capsys.readouterr().err
+    assert cli.main([*base, "--controllers", "3", "--schedulers", "terra,varys"]) == 2
 
 
 def test_fb_slice_is_the_default_burst():
@@ -206,6 +210,32 @@ def test_summary_pools_repeats():
     assert out["failure_reaction_s"] == pytest.approx(0.3)
     assert out["bytes_lost"] == 10  # 5 in each system's second run
     assert out["foi_avg_cct"] == pytest.approx(1.0)
+
+
+def test_takeover_summary_compares_the_killed_run_with_the_runs_before():
+    # Runs without the kill: CCTs 2 and 4 (avg 3); with the kill at 5 s: CCTs 3 and 6 (avg
+    # 4.5, 1.5x); coflow 2 (arrived at 1 s, done at 7 s) spans the kill, coflow 1 does not.
+    before = [RunResult(cct_s={1: 2.0}, arrival_s={1: 0.0}),
+              RunResult(cct_s={1: 4.0}, arrival_s={1: 0.0})]  # fmt: skip
+    report = {"kill_s": 5.0, "leader_s": 2.0, "agents_back_s": 2.3, "takeover_s": 2.4,
+              "coflows_active": 1, "resubmitted": 0, "coflows_submitted": 2,
+              "coflows_done": 2, "coflows_unknown": 0, "flow_mods_at_takeover": 0,
+              "flow_mods_after_takeover": 0, "link_events_after_takeover": 0,
+              "submit_wait_max_s": 0.01, "submits_refused": 0,
+              "rounds_before_kill": 9}  # fmt: skip
+    killed = RunResult(cct_s={1: 3.0, 2: 6.0}, arrival_s={1: 0.0, 2: 1.0}, bytes_lost=0,
+                       takeover=report)  # fmt: skip
+    out = results.takeover_summary({"terra": [*before, killed], "takeover": report})
+    assert out["avg_cct_s"] == pytest.approx(4.5)
+    assert out["avg_cct_s_without_kill"] == pytest.approx(3.0)
+    assert out["cct_vs_without_kill"] == pytest.approx(1.5)
+    assert out["ccts_spanning_kill"] == 1
+    assert out["takeover_s"] == 2.4 and "rounds_before_kill" not in out
+    assert "scheduling (takeover) 2.40 s after the kill" in results.takeover_lines(out)
+    alone = results.takeover_summary({"terra": [killed], "takeover": report})
+    assert alone["avg_cct_s_without_kill"] is None and alone["cct_vs_without_kill"] is None
+    assert results.takeover_summary({"terra": before}) is None
+    assert results.takeover_summary({"terra": before, "takeover": {}}) == {"kill_s": None}
 
 
 def test_summary_with_several_schedulers_has_a_column_and_foi_for_each():

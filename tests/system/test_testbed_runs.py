@@ -94,3 +94,30 @@ def test_sigterm_mid_run_tears_everything_down(ovs, tmp_path):
     assert proc.returncode == 130, rest
     assert not (_bridges() & OUR_BRIDGES)
     assert _processes_mentioning(str(work)) == []
+
+
+@pytest.mark.ovs
+def test_three_controllers_the_leader_killed_mid_transfer_lose_nothing(ovs, tmp_path):
+    """`--quick --controllers 3 --kill-leader-at 4 --no-failure`: the leader dies (SIGKILL)
+    while coflows move; another takes over, every coflow completes from the state in etcd."""
+    work = tmp_path / "work"
+    out = tmp_path / "out.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mininet_scenarios.cli", "swan", "--quick", "--no-failure",
+         "--controllers", "3", "--kill-leader-at", "4", "--json", str(out),
+         "--workdir", str(work)],
+        capture_output=True, text=True, timeout=170,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    t = result["takeover"]
+    assert t["kill_s"] >= 4 and t["coflows_active"] >= 1
+    assert 0 < t["leader_s"] <= t["agents_back_s"] <= t["takeover_s"] < 10
+    assert t["bytes_lost"] == 0 and t["digest_mismatches"] == 0
+    assert t["resubmitted"] == 0 and t["coflows_unknown"] == 0
+    assert t["coflows_done"] == t["coflows_submitted"] == 6
+    assert t["flow_mods_at_takeover"] == 0 and t["flow_mods_after_takeover"] == 0
+    assert t["ccts_spanning_kill"] >= 1  # their CCTs count from the first submission
+    assert result["flow_mods_after_startup"] == 0
+    assert not (_bridges() & OUR_BRIDGES)
+    assert _processes_mentioning(str(work)) == []  # controllers, agents and etcd stopped
