@@ -547,8 +547,10 @@ def _flow_mods_before(run: RunResult, before: int | None, ctl) -> int:
     """The first controller's flow-mods before the run's link failure (`before`), or after
     the run without one; in a run whose leader was killed first, those before the kill."""
     kill = run.takeover
-    if kill and "kill_s" in kill and (
-        before is None or kill["kill_s"] < (run.failure_down_s or float("inf"))
+    if (
+        kill
+        and "kill_s" in kill
+        and (before is None or kill["kill_s"] < (run.failure_down_s or float("inf")))
     ):
         return kill["flow_mods_before_kill"]
     return before if before is not None else _flow_mods(ctl)

@@ -113,8 +113,9 @@ class TestbedController:
         self.log = open(log, "a")  # noqa: SIM115 (closed in close())
         argv = controller_argv(topo_path, k, of_port, pki, scheduler, log.parent, rest_public)
         self.proc = procs.add(
-            subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.log, text=True,
-                             start_new_session=True)  # fmt: skip
+            subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=self.log, text=True, start_new_session=True
+            )  # fmt: skip
         )
         line = self.proc.stdout.readline()
         if not line.startswith("terra-controller ready"):
