@@ -58,7 +58,7 @@ def pytest_collection_modifyitems(config, items):
         if tier not in TIERS:
             raise pytest.UsageError(f"{item.nodeid}: tests live in tests/{{{','.join(TIERS)}}}/")
         if tier != "system" and "ovs" in getattr(item, "fixturenames", ()):
-            raise pytest.UsageError(f"{item.nodeid}: tests that use Open vSwitch are in tests/system/")
+            raise pytest.UsageError(f"{item.nodeid}: tests using Open vSwitch go in tests/system/")
         item.add_marker(getattr(pytest.mark, tier))
 
 
