@@ -14,6 +14,7 @@ import shutil
 import subprocess
 
 import pytest
+from hypothesis import settings
 
 OVS_CTL = "/usr/share/openvswitch/scripts/ovs-ctl"
 
@@ -40,6 +41,11 @@ def _own_state_directory(tmp_path_factory, monkeypatch):
     of that test (terra-controller reads $STATE_DIRECTORY), not in the user's."""
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path_factory.mktemp("state")))
 
+
+# Hypothesis checks behaviour, not speed: with the suite on parallel workers of a shared
+# machine, an example can take longer than the default 200 ms deadline.
+settings.register_profile("terra-tests", deadline=None)
+settings.load_profile("terra-tests")
 
 TIERS = ("unit", "integration", "system")
 # Open vSwitch and Mininet are one per machine: with the suite in parallel (pytest-xdist,
