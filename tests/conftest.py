@@ -14,6 +14,7 @@ import shutil
 import subprocess
 
 import pytest
+from hypothesis import settings
 
 OVS_CTL = "/usr/share/openvswitch/scripts/ovs-ctl"
 
@@ -41,21 +42,54 @@ def _own_state_directory(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path_factory.mktemp("state")))
 
 
+# Hypothesis checks behaviour, not speed: with the suite on parallel workers of a shared
+# machine, an example can take longer than the default 200 ms deadline.
+settings.register_profile("terra-tests", deadline=None)
+settings.load_profile("terra-tests")
+
 TIERS = ("unit", "integration", "system")
+# Open vSwitch and Mininet are one per machine: with the suite in parallel (pytest-xdist,
+# addopts), every test of tests/system runs on one worker, one after the other, in
+# collection order (so a module's tests, and its module-scoped Mininet, stay together).
+OVS_GROUP = "ovs"
+MAX_WORKERS = 4  # each integration test runs a controller and agents: processes of their own
 
 
 def pytest_collection_modifyitems(config, items):
     """Mark every test with its tier, the directory it is in (tests/unit, tests/integration,
-    tests/system): `pytest -m unit` runs the fast tier alone."""
+    tests/system): `pytest -m unit` runs the fast tier alone. A test outside tests/system must
+    not use the `ovs` fixture (the parallel run keeps only tests/system on one worker)."""
     for item in items:
         tier = item.path.parent.name
         if tier not in TIERS:
             raise pytest.UsageError(f"{item.nodeid}: tests live in tests/{{{','.join(TIERS)}}}/")
+        if tier != "system" and "ovs" in getattr(item, "fixturenames", ()):
+            raise pytest.UsageError(f"{item.nodeid}: tests using Open vSwitch go in tests/system/")
         item.add_marker(getattr(pytest.mark, tier))
-        if tier == "system" or "ovs" in getattr(item, "fixturenames", ()):
-            # Mininet and Open vSwitch are one per machine: such tests share one worker when
-            # the suite runs in parallel (pytest-xdist, --dist loadgroup).
-            item.add_marker(pytest.mark.xdist_group("ovs"))
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker per usable CPU, at most MAX_WORKERS."""
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup`: tests/system is one work unit (OVS_GROUP) that one worker runs in
+    collection order; every other test is a unit of its own, handed to whichever worker is
+    free. xdist sends the largest units first, so the system tier (minutes) starts at once.
+
+    The group is decided here, on the test's path in the controller process, not by an
+    `xdist_group` mark: xdist renames the marked tests' ids, which pytest 9 no longer allows
+    (the mark is silently ignored)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SystemTierOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return OVS_GROUP if nodeid.startswith("tests/system/") else nodeid
+
+    return SystemTierOnOneWorker(config, log)
 
 
 @pytest.fixture(scope="session")
