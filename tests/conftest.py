@@ -35,6 +35,16 @@ def _keep_root_logger():
     root.setLevel(level)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _module_state_directory(tmp_path_factory):
+    """Controllers started by a module's fixtures keep their coflow journal in a directory
+    of that module, not in the user's (two workers' controllers would share it, and a
+    controller would resume another module's coflows)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("STATE_DIRECTORY", str(tmp_path_factory.mktemp("module-state")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _own_state_directory(tmp_path_factory, monkeypatch):
     """Every controller a test starts as a process keeps its coflow journal in a directory
