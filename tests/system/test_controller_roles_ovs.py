@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import threading
 import time
 import urllib.request
 
 import pytest
 
 from benchmarks.harness import free_port, start_etcd, stop_processes
+from benchmarks.tcp_relay import TcpRelay
 from mininet_scenarios.testbed_processes import controller_argv
 from terra_security.pki import client_context
 from topologies.binding import load_binding, make_binding
@@ -26,69 +26,6 @@ from topologies.loaders import load_json_topology
 
 pytestmark = [pytest.mark.ovs, pytest.mark.filterwarnings("ignore::DeprecationWarning:mininet")]
 LEASE_TTL_S = 2
-
-
-class Relay:
-    """A TCP relay 127.0.0.1:port -> upstream; cut() closes every relayed connection and
-    refuses new ones (closed at once) until heal()."""
-
-    def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream, self.cut_off = upstream, False
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        self.socks: list[socket.socket] = []
-        self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            if self.cut_off:
-                conn.close()
-                continue
-            try:
-                up = socket.create_connection(self.upstream, timeout=5)
-            except OSError:
-                conn.close()
-                continue
-            with self.lock:
-                self.socks += [conn, up]
-            for a, b in ((conn, up), (up, conn)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def cut(self) -> None:
-        self.cut_off = True
-        with self.lock:
-            for s in self.socks:
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
-            self.socks = []
-
-    def heal(self) -> None:
-        self.cut_off = False
-
-    def close(self) -> None:
-        self.cut()
-        self.server.close()
 
 
 class Ctl:
@@ -179,7 +116,7 @@ def cluster(ovs, pki, tmp_path):
     topo = load_json_topology(topo_path)
     etcd, addrs = start_etcd(tmp_path, 1)
     host, port = addrs[0].rsplit(":", 1)
-    relay = Relay((host, int(port)))
+    relay = TcpRelay(f"{host}:{port}")
     ctls, wan = [], None
     try:
         a = Ctl(topo_path, pki, tmp_path, "a", addrs[0])
