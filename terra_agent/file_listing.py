@@ -90,10 +90,7 @@ def _check_pattern(data_root: str | None, path: str) -> None:
 def _collect(data_root: str, name: str, found: dict[str, int]) -> None:
     """Add the file `name` (relative to the root) or the files below directory `name`."""
     real = resolve_data_path(data_root, name, "source")
-    try:
-        st = os.stat(real)
-    except OSError as exc:
-        raise SourceError(f"source {name!r} at the sender: {exc.strerror}") from exc
+    st = _stat(real, name)
     if stat.S_ISDIR(st.st_mode):
         _walk(data_root, name, real, found)
     elif stat.S_ISREG(st.st_mode):
@@ -120,15 +117,20 @@ def _walk(data_root: str, name: str, real: str, found: dict[str, int]) -> None:
                 continue
             child = posixpath.join(base, f)
             target = resolve_data_path(data_root, child, "source")
-            try:
-                st = os.stat(target)
-            except OSError as exc:
-                raise SourceError(f"source {child!r} at the sender: {exc.strerror}") from exc
+            st = _stat(target, child)
             if stat.S_ISREG(st.st_mode):
                 _readable(target, child)
                 found[child] = st.st_size
                 if len(found) > MAX_FILES:
                     raise SourceError(f"source {name!r}: more than {MAX_FILES} files")
+
+
+def _stat(real: str, name: str) -> os.stat_result:
+    """os.stat of `real` (given as `name`); SourceError naming it when that fails."""
+    try:
+        return os.stat(real)
+    except OSError as exc:
+        raise SourceError(f"source {name!r} at the sender: {exc.strerror}") from exc
 
 
 def _readable(real: str, name: str) -> None:

@@ -9,6 +9,7 @@ tests/integration/test_controller_e2e.py given both controllers' agent ports, mu
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 import ssl
@@ -76,14 +77,15 @@ class Cluster:
             self.procs.append(self.agents[agent])
 
     def health(self, i: int) -> dict | None:
-        """/healthz of controller i, without a client certificate (None: no answer)."""
+        """/healthz of controller i, without a client certificate (None: no answer, or a
+        reply cut off by a controller starting over)."""
         ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
         ctx.check_hostname = False
         url = f"https://127.0.0.1:{self.addrs[i]['rest']}/healthz"
         try:
             with urllib.request.urlopen(url, timeout=2, context=ctx) as reply:
                 return json.loads(reply.read())
-        except OSError:
+        except (OSError, http.client.HTTPException, ValueError):
             return None
 
     def ready(self, i: int, timeout: float) -> None:
