@@ -87,7 +87,9 @@ async function getJson(path) {
   const headers = {}, token = sessionStorage.getItem(TOKEN_KEY);
   if (token) headers.Authorization = "Bearer " + token;
   const reply = await fetch(path, { cache: "no-store", headers });
-  if (reply.status === 401 || reply.status === 403) showLogin(reply.status, path);
+  // (a refusal of a request sent before the token changed does not ask again)
+  const refused = reply.status === 401 || reply.status === 403;
+  if (refused && token === sessionStorage.getItem(TOKEN_KEY)) showLogin(reply.status, path);
   if (!reply.ok) throw new Error(path + ": HTTP " + reply.status);
   return reply.json();
 }
