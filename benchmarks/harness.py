@@ -15,9 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import random
 import resource
-import socket
 import ssl
 import subprocess
 import sys
@@ -27,6 +25,7 @@ from pathlib import Path
 import trio
 
 from mininet_scenarios.etcd_cluster import etcd_healthy, start_etcd  # noqa: F401 (re-exported)
+from mininet_scenarios.ports import free_port, free_port_block  # noqa: F401 (re-exported)
 from overlay.framing import FrameReader, FrameWriter
 from terra_agent.agent import Agent, AgentConfig
 from terra_security.data_keys import DataKeys
@@ -326,53 +325,6 @@ async def delay_proxy(
 def spec_agents(spec: FlowSpec) -> tuple[str, str]:
     """(src_agent, dst_agent) of a flow descriptor."""
     return (spec.src_agent, spec.dst_agent)
-
-
-def ephemeral_port_range() -> tuple[int, int]:
-    """(low, high) of the kernel's ephemeral ports (`ip_local_port_range`; Linux's
-    default 32768-60999 if unreadable): outgoing connections take their local ports here."""
-    try:
-        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    except (OSError, ValueError):
-        return (32768, 60999)
-    return (low, high)
-
-
-def free_port_block(host: str, count: int) -> int:
-    """A base port such that base .. base+count-1 are free on `host` now (TCP).
-
-    The block lies below the ephemeral range, so no outgoing connection made between
-    this call and the caller's bind can take one of its ports.
-
-    Raises:
-        OSError: no free block found after 200 tries.
-    """
-    top = min(ephemeral_port_range()[0], 65536)
-    low = 10000 if top > 10000 + 2 * count else 1024
-    for _ in range(200):
-        base = random.randrange(low, max(low + 1, top - count))
-        socks = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind((host, port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise OSError(f"no block of {count} free ports on {host}")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` now, below the ephemeral range (see `free_port_block`).
-
-    Raises:
-        OSError: no free port found after 200 tries.
-    """
-    return free_port_block(host, 1)
 
 
 @dataclass

@@ -26,7 +26,6 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from pathlib import Path
 
 from mininet_scenarios import results
 from mininet_scenarios.observe import ObserveError
+from mininet_scenarios.ports import free_port
 from mininet_scenarios.run_result import Failure
 from mininet_scenarios.sim_twin import simulate_testbed
 from mininet_scenarios.swan import TestbedOptions, run_swan, testbed_topology
@@ -369,11 +369,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (for the OpenFlow listener)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _raise_interrupt(signum, frame):

@@ -31,6 +31,7 @@ import urllib.request
 from pathlib import Path
 
 from mininet_scenarios.etcd_cluster import start_etcd
+from mininet_scenarios.ports import free_port
 from mininet_scenarios.testbed_processes import (
     JOB_NAME,
     OPERATOR_NAME,
@@ -50,12 +51,6 @@ POLL_S = 0.02
 TAKEOVER_TIMEOUT_S = 60.0
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class CountingClient(TerraClient):
@@ -98,7 +93,7 @@ class ControllerCluster:
             raise TestbedError(f"etcd: {exc}") from exc
         for m in members:
             procs.add(m)
-        self.ports = [{p: _free_port() for p in ("api", "agents", "rest", "of")}
+        self.ports = [{p: free_port() for p in ("api", "agents", "rest", "of")}
                       for _ in range(count)]  # fmt: skip
         self.of_ports = [p["of"] for p in self.ports]
         self.logs = [open(workdir / f"controller{i}.log", "a") for i in range(count)]  # noqa: SIM115

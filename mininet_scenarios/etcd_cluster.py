@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
+
+from mininet_scenarios.ports import free_port
 
 
 def start_etcd(
@@ -35,7 +36,7 @@ def start_etcd(
     etcd = shutil.which("etcd")
     if etcd is None:
         raise FileNotFoundError("etcd is not installed (apt-get install etcd-server)")
-    ports = [(_free_port(host), _free_port(host)) for _ in range(members)]
+    ports = [(free_port(host), free_port(host)) for _ in range(members)]
     initial = ",".join(f"m{i}=http://{host}:{peer}" for i, (_, peer) in enumerate(ports))
     procs = []
     for i, (client, peer) in enumerate(ports):
@@ -71,10 +72,6 @@ def etcd_healthy(addr: str, timeout_s: float) -> bool:
     return False
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def _kill(proc: subprocess.Popen, group: bool) -> None:

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
+
+from mininet_scenarios.ports import free_port
 
 RULES = Path(__file__).resolve().parent.parent / "deploy" / "prometheus" / "terra-rules.yml"
 AGENT_METRICS_PORT = 9101
@@ -65,7 +66,7 @@ class Observer:
             raise ObserveError("prometheus missing: apt-get install prometheus")
         self.dir = workdir / "prometheus"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.agents = agents
         self._write_targets("controller.json", [])
@@ -184,10 +185,6 @@ scrape_configs:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class PageShots:

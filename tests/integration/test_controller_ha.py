@@ -60,7 +60,12 @@ class Cluster:
         self.controllers[i] = proc
         self.procs.append(proc)
         line = proc.stdout.readline()
-        assert line.startswith("terra-controller standby"), line
+        assert line.startswith("terra-controller standby"), self.log_tail(i)
+
+    def log_tail(self, i: int) -> str:
+        """The last lines controller i wrote to its log (for a failed assertion)."""
+        text = (self.workdir / f"controller{i}.log").read_text(errors="replace")
+        return "controller log:\n" + "\n".join(text.splitlines()[-30:])
 
     def start_agents(self) -> None:
         controllers = ",".join(f"127.0.0.1:{a['agents']}" for a in self.addrs)
@@ -98,7 +103,7 @@ class Cluster:
                 return
             if not line and proc.poll() is not None:
                 break
-        raise AssertionError(f"controller {i} did not become ready")
+        raise AssertionError(f"controller {i} did not become ready; {self.log_tail(i)}")
 
     def client(self, i: int) -> TerraClient:
         return TerraClient("127.0.0.1", self.addrs[i]["api"], pki=self.pki, name="operator1",
