@@ -243,14 +243,14 @@ def server_security(args):
 
 def capped(security, which: str):
     """`security` with the connection caps of server `which` ("api", "agents", "rest")
-    derived from this process's open-file limit (transport.caps_for_file_limit).
+    derived from this process's open-file limit (connection_caps.caps_for_file_limit).
 
     Raises:
         SystemExit: the open-file limit is too small.
     """
     import dataclasses
 
-    from terra_controller.transport import caps_for_file_limit, file_limit
+    from terra_controller.connection_caps import caps_for_file_limit, file_limit
 
     nofile = file_limit()
     try:

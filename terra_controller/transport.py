@@ -9,7 +9,7 @@ before a server sees a byte of it (docs/security.md):
    `max_per_address` from one IP address; beyond that it is closed at once, except
    that when the total cap is reached a pending connection (handshake not done) of the
    busiest address is evicted for a newcomer from a less busy one (`Admission`,
-   pending.py); `caps_for_file_limit` derives both caps from the open-file limit;
+   pending.py); connection_caps.py derives both caps from the open-file limit;
 2. the TLS handshake (mutual: the client's certificate is verified against the
    CA) within `handshake_s` seconds, measured for the whole handshake (a peer
    sending one byte a second is cut off too), run by one `Handshakes` thread per
@@ -528,89 +528,116 @@ def accept_loop(listener: socket.socket, handle, spawn, security: ServerSecurity
         admission: the Admission to count in (default: a new one over `security`; its
             `evict` is replaced).
     """
-    admission = admission or Admission(security)
-    refused = RateLimitedLog(LOG, f"{name}: connections refused at the cap")
-    evictions = RateLimitedLog(LOG, f"{name}: pending connections evicted at the cap")
-    unauthenticated = RateLimitedLog(LOG, f"{name}: connections not authenticated", logging.INFO)
-    exhausted = RateLimitedLog(LOG, f"{name}: cannot accept (out of descriptors or memory); "
-                               "retrying")  # fmt: skip
+    acceptor = _Acceptor(handle, spawn, admission or Admission(security), name)
+    if security.context is not None:
+        acceptor.handshakes = Handshakes(security.context, security.handshake_s, optional,
+                                         f"terra-handshakes-{name}")  # fmt: skip
+    acceptor.admission.evict = acceptor.evict
+    try:
+        _accept_until_closed(listener, acceptor)
+    finally:
+        if acceptor.handshakes is not None:
+            acceptor.handshakes.close()
 
-    def run(sock: socket.socket, addr, identity, ticket: Ticket) -> None:
+
+def _accept_until_closed(listener: socket.socket, acceptor: _Acceptor) -> None:
+    """Accept connections, each passed to `acceptor.take`, until `listener` is closed or shut
+    down; out of descriptors or memory, sleep BACKOFF_S[0] doubling to BACKOFF_S[1] (s)."""
+    backoff = BACKOFF_S[0]
+    while True:
         try:
-            handle(sock, addr, identity)
+            sock, addr = listener.accept()
+        except OSError as exc:
+            if listener.fileno() < 0:
+                return
+            if exc.errno in TRANSIENT_ERRORS:
+                continue
+            if exc.errno in (errno.EBADF, errno.EINVAL, errno.ENOTSOCK):
+                return  # shut down (stop_listener)
+            acceptor.exhausted.event(exc)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_S[1])
+            continue
+        backoff = BACKOFF_S[0]
+        acceptor.take(sock, addr)
+
+
+class _Acceptor:
+    """What `accept_loop` does with each accepted connection: count it in `admission`, run
+    its TLS handshake in `handshakes` (None: insecure), then handle(sock, addr, identity) in
+    a thread of its own (spawn). Refusals, evictions, failed handshakes and failed accepts
+    are logged at most once per interval each (`RateLimitedLog`, named after the server).
+    """
+
+    def __init__(self, handle, spawn, admission: Admission, name: str) -> None:
+        self.handle, self.spawn, self.admission = handle, spawn, admission
+        self.handshakes: Handshakes | None = None
+        self.refused = RateLimitedLog(LOG, f"{name}: connections refused at the cap")
+        self.evictions = RateLimitedLog(LOG, f"{name}: pending connections evicted at the cap")
+        self.unauthenticated = RateLimitedLog(LOG, f"{name}: connections not authenticated",
+                                              logging.INFO)  # fmt: skip
+        self.exhausted = RateLimitedLog(LOG, f"{name}: cannot accept (out of descriptors or "
+                                        "memory); retrying")  # fmt: skip
+
+    def take(self, sock: socket.socket, addr) -> None:
+        """Admit an accepted connection (or refuse and close it at a cap), then start its
+        handshake, or serve it at once when insecure."""
+        ticket = self.admission.enter(addr[0], pending=self.handshakes is not None)
+        if ticket is None:
+            self.refused.event(addr)
+            sock.close()
+            return
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+        if self.handshakes is None:
+            self.done(ticket, sock, addr, INSECURE)
+            return
+        try:
+            self.handshakes.submit(sock, addr, partial(self.done, ticket),
+                                   partial(self.failed, ticket), key=ticket)  # fmt: skip
+        except (OSError, ValueError) as exc:
+            sock.close()
+            self.failed(ticket, addr, exc)
+
+    def done(self, ticket: Ticket, sock, addr, identity) -> None:
+        """The handshake is done: start the handler's thread (close `sock` if it was evicted
+        meanwhile or no thread can start)."""
+        if not self.admission.serving(ticket, sock, pending=identity is None):
+            sock.close()  # evicted while its handshake completed
+            return
+        try:
+            self.spawn(self.run, sock, addr, identity, ticket)
+        except Exception as exc:  # cannot start a thread: refuse, keep accepting
+            self.refused.event(f"{addr}: cannot serve: {exc}")
+            self.admission.leave(ticket)
+            sock.close()
+
+    def run(self, sock: socket.socket, addr, identity, ticket: Ticket) -> None:
+        """The handler's thread: handle the connection, then close it and stop counting it."""
+        try:
+            self.handle(sock, addr, identity)
         finally:
             try:
                 sock.close()
             except OSError:
                 pass
-            admission.leave(ticket)
+            self.admission.leave(ticket)
 
-    def done(ticket: Ticket, sock, addr, identity) -> None:
-        if not admission.serving(ticket, sock, pending=identity is None):
-            sock.close()  # evicted while its handshake completed
-            return
-        try:
-            spawn(run, sock, addr, identity, ticket)
-        except Exception as exc:  # cannot start a thread: refuse, keep accepting
-            refused.event(f"{addr}: cannot serve: {exc}")
-            admission.leave(ticket)
-            sock.close()
-
-    def failed(ticket: Ticket, addr, exc) -> None:
+    def failed(self, ticket: Ticket, addr, exc: BaseException) -> None:
+        """The handshake failed or was evicted (the socket is closed already)."""
         if not isinstance(exc, Evicted):
-            unauthenticated.event(f"{addr}: {exc}")
-        admission.leave(ticket)
+            self.unauthenticated.event(f"{addr}: {exc}")
+        self.admission.leave(ticket)
 
-    def evict(victim: Ticket, host: str) -> None:
-        evictions.event(f"{victim.host} for {host}")
+    def evict(self, victim: Ticket, host: str) -> None:
+        """Admission's eviction: drop `victim` (pending) for a newcomer from `host`."""
+        self.evictions.event(f"{victim.host} for {host}")
         if victim.sock is not None:  # served without a certificate
             _shutdown(victim.sock)
-        elif handshakes is not None:
-            handshakes.evict(victim)
-
-    handshakes = None
-    if security.context is not None:
-        handshakes = Handshakes(security.context, security.handshake_s, optional,
-                                f"terra-handshakes-{name}")  # fmt: skip
-    admission.evict = evict
-    backoff = BACKOFF_S[0]
-    try:
-        while True:
-            try:
-                sock, addr = listener.accept()
-            except OSError as exc:
-                if listener.fileno() < 0:
-                    return
-                if exc.errno in TRANSIENT_ERRORS:
-                    continue
-                if exc.errno in (errno.EBADF, errno.EINVAL, errno.ENOTSOCK):
-                    return  # shut down (stop_listener)
-                exhausted.event(exc)
-                time.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_S[1])
-                continue
-            backoff = BACKOFF_S[0]
-            ticket = admission.enter(addr[0], pending=handshakes is not None)
-            if ticket is None:
-                refused.event(addr)
-                sock.close()
-                continue
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
-            if handshakes is None:
-                done(ticket, sock, addr, INSECURE)
-                continue
-            try:
-                handshakes.submit(sock, addr, partial(done, ticket), partial(failed, ticket),
-                                  key=ticket)  # fmt: skip
-            except (OSError, ValueError) as exc:
-                sock.close()
-                failed(ticket, addr, exc)
-    finally:
-        if handshakes is not None:
-            handshakes.close()
+        elif self.handshakes is not None:
+            self.handshakes.evict(victim)
 
 
 def stop_listener(listener: socket.socket) -> None:
@@ -661,43 +688,7 @@ def listen_and_serve(host: str, port: int, handle, security: ServerSecurity, spa
     return listener, thread, listener.getsockname()[:2]
 
 
-FILE_HEADROOM = (128, 8)  # descriptors kept free: at least 128, at least 1/8 of the limit
 REST_CAP = (64, 8)  # REST: connections at once, and from one address
-
-
-def file_limit() -> int:
-    """This process's soft RLIMIT_NOFILE (open descriptors allowed)."""
-    import resource
-
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return soft if soft != resource.RLIM_INFINITY else 1 << 20
-
-
-def caps_for_file_limit(nofile: int) -> dict[str, tuple[int, int]]:
-    """Connection caps of the controller's servers that fit `nofile` open descriptors.
-
-    max(128, nofile / 8) descriptors stay free (switches' OpenFlow connections, files, logs,
-    the servers' own sockets); REST gets up to 64 (8 per address), the coflow API and the
-    agent channel half of the rest each, at most MAX_CONNECTIONS; one address may hold a
-    quarter of a server's connections (at least 4).
-
-    Returns:
-        {"api" | "agents" | "rest": (max_connections, max_per_address)}.
-
-    Raises:
-        ValueError: the limit leaves no room for connections (below ~200).
-    """
-    usable = nofile - max(FILE_HEADROOM[0], nofile // FILE_HEADROOM[1])
-    if usable < 48:
-        raise ValueError(f"an open-file limit of {nofile} is too small (at least 200 needed)")
-    rest = min(REST_CAP[0], usable // 8)
-    each = min(MAX_CONNECTIONS, (usable - rest) // 2)
-    per = min(MAX_PER_ADDRESS, max(4, each // 4))
-    return {
-        "api": (each, per),
-        "agents": (each, per),
-        "rest": (rest, max(2, min(REST_CAP[1], rest // 4))),
-    }
 
 
 def connect_tls(host: str, port: int, context: ssl.SSLContext | None, timeout: float):

@@ -153,7 +153,7 @@ def test_the_accept_loop_survives_running_out_of_descriptors(tmp_path):
 
 
 def test_caps_fit_the_open_file_limit():
-    from terra_controller.transport import caps_for_file_limit
+    from terra_controller.connection_caps import caps_for_file_limit
 
     for nofile in (256, 1024, 16384, 1 << 20):
         caps = caps_for_file_limit(nofile)

@@ -58,8 +58,9 @@ def test_units_are_in_the_names():
 
 def test_the_systemd_units_shipped_are_the_documented_ones_and_fit_the_caps():
     """deploy/systemd/ holds the units docs/operations.md shows, and the controller's file
-    limit leaves its servers their full caps (transport.caps_for_file_limit)."""
-    from terra_controller.transport import MAX_CONNECTIONS, REST_CAP, caps_for_file_limit
+    limit leaves its servers their full caps (connection_caps.caps_for_file_limit)."""
+    from terra_controller.connection_caps import caps_for_file_limit
+    from terra_controller.transport import MAX_CONNECTIONS, REST_CAP
 
     deploy = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
     units = dict(re.findall(r"`/etc/systemd/system/(terra-[^`]+)`.*?```ini\n(.*?)```", DOC, re.S))
