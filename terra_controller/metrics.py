@@ -177,50 +177,8 @@ class ControllerCollector:
         terra_switch_flow_mods_total {dpid}; with switches, `port_families`; the servers'
         `listener_families` (terra_connections_*{server})."""
         view = self.controller.metrics_view()
-        capacity = GaugeMetricFamily(
-            "terra_link_capacity_bytes_per_second", "Capacity of the directed link a->b",
-            labels=["a", "b"],
-        )  # fmt: skip
-        allocated = GaugeMetricFamily(
-            "terra_link_allocated_bytes_per_second",
-            "Rate the last round allocated on the directed link a->b", labels=["a", "b"],
-        )  # fmt: skip
-        state = GaugeMetricFamily(
-            "terra_link_up", "1 when the directed link a->b is up, 0 when down",
-            labels=["a", "b"],
-        )  # fmt: skip
-        delivered = CounterMetricFamily(
-            "terra_link_delivered_bytes",
-            "Bytes acknowledged by receivers that crossed the directed link a->b (split over "
-            "a flow's paths by rate)", labels=["a", "b"],
-        )  # fmt: skip
-        for a, b, cap, up, load, nbytes in view["links"]:
-            capacity.add_metric([a, b], cap)
-            allocated.add_metric([a, b], load)
-            state.add_metric([a, b], 1.0 if up else 0.0)
-            delivered.add_metric([a, b], nbytes)
-        yield capacity
-        yield allocated
-        yield state
-        yield delivered
-        active = GaugeMetricFamily(
-            "terra_coflows_active", "Coflows not in a final state, by state", labels=["state"]
-        )
-        for name in ACTIVE_STATES:
-            active.add_metric([name.value], view["active"].get(name.value, 0))
-        yield active
-        yield GaugeMetricFamily(
-            "terra_coflows_in_memory",
-            "Coflows kept for status requests (active and finished not yet dropped)",
-            value=view["in_memory"],
-        )
-        dropped = CounterMetricFamily(
-            "terra_coflows_dropped", "Finished coflows dropped from memory, by final state",
-            labels=["state"],
-        )  # fmt: skip
-        for name, n in sorted(view["dropped"].items()):
-            dropped.add_metric([name], n)
-        yield dropped
+        yield from link_families(view["links"])
+        yield from coflow_families(view)
         yield GaugeMetricFamily(
             "terra_agents_registered", "Agents the controller knows", value=view["agents"]
         )
@@ -232,23 +190,86 @@ class ControllerCollector:
         yield CounterMetricFamily("terra_lps_solved", "LPs solved by the policy", value=view["lps"])
         yield from role_families(self.controller)
         if self.openflow is not None:
-            info = self.openflow()
-            rules = GaugeMetricFamily(
-                "terra_switch_rules", "Flow entries the controller wants on the switch",
-                labels=["dpid"],
-            )  # fmt: skip
-            for dpid, n in sorted(info.get("rules_per_switch", {}).items()):
-                rules.add_metric([str(dpid)], n)
-            yield rules
-            mods = CounterMetricFamily(
-                "terra_switch_flow_mods", "Flow-mods sent to the switch", labels=["dpid"]
-            )
-            for dpid, n in sorted(info.get("flow_mods_per_switch", {}).items()):
-                mods.add_metric([str(dpid)], n)
-            yield mods
+            yield from switch_families(self.openflow())
         if self.ports is not None:
             yield from port_families(self.ports())
         yield from listener_families(self.controller.metrics.listeners, "terra")
+
+
+def link_families(links):
+    """Per-link families from the controller's view of the WAN (an iterable of
+    (a, b, capacity bytes/s, up, allocated bytes/s, delivered bytes) per directed link
+    a->b): terra_link_capacity_bytes_per_second, terra_link_allocated_bytes_per_second,
+    terra_link_up (1 up, 0 down) and terra_link_delivered_bytes_total, labels a, b."""
+    capacity = GaugeMetricFamily(
+        "terra_link_capacity_bytes_per_second", "Capacity of the directed link a->b",
+        labels=["a", "b"],
+    )  # fmt: skip
+    allocated = GaugeMetricFamily(
+        "terra_link_allocated_bytes_per_second",
+        "Rate the last round allocated on the directed link a->b", labels=["a", "b"],
+    )  # fmt: skip
+    state = GaugeMetricFamily(
+        "terra_link_up", "1 when the directed link a->b is up, 0 when down",
+        labels=["a", "b"],
+    )  # fmt: skip
+    delivered = CounterMetricFamily(
+        "terra_link_delivered_bytes",
+        "Bytes acknowledged by receivers that crossed the directed link a->b (split over "
+        "a flow's paths by rate)", labels=["a", "b"],
+    )  # fmt: skip
+    for a, b, cap, up, load, nbytes in links:
+        capacity.add_metric([a, b], cap)
+        allocated.add_metric([a, b], load)
+        state.add_metric([a, b], 1.0 if up else 0.0)
+        delivered.add_metric([a, b], nbytes)
+    yield capacity
+    yield allocated
+    yield state
+    yield delivered
+
+
+def coflow_families(view: dict):
+    """The coflow counts of the controller's `metrics_view()`: terra_coflows_active{state}
+    (queued, running, preempted), terra_coflows_in_memory and
+    terra_coflows_dropped_total{state} (finished coflows dropped, by final state)."""
+    active = GaugeMetricFamily(
+        "terra_coflows_active", "Coflows not in a final state, by state", labels=["state"]
+    )
+    for name in ACTIVE_STATES:
+        active.add_metric([name.value], view["active"].get(name.value, 0))
+    yield active
+    yield GaugeMetricFamily(
+        "terra_coflows_in_memory",
+        "Coflows kept for status requests (active and finished not yet dropped)",
+        value=view["in_memory"],
+    )
+    dropped = CounterMetricFamily(
+        "terra_coflows_dropped", "Finished coflows dropped from memory, by final state",
+        labels=["state"],
+    )  # fmt: skip
+    for name, n in sorted(view["dropped"].items()):
+        dropped.add_metric([name], n)
+    yield dropped
+
+
+def switch_families(info: dict):
+    """Per-switch families from the OpenFlow app's counts ({"rules_per_switch": {dpid: n},
+    "flow_mods_per_switch": {dpid: n}, ...}; a missing key gives an empty family):
+    terra_switch_rules{dpid} and terra_switch_flow_mods_total{dpid}."""
+    rules = GaugeMetricFamily(
+        "terra_switch_rules", "Flow entries the controller wants on the switch",
+        labels=["dpid"],
+    )  # fmt: skip
+    for dpid, n in sorted(info.get("rules_per_switch", {}).items()):
+        rules.add_metric([str(dpid)], n)
+    yield rules
+    mods = CounterMetricFamily(
+        "terra_switch_flow_mods", "Flow-mods sent to the switch", labels=["dpid"]
+    )
+    for dpid, n in sorted(info.get("flow_mods_per_switch", {}).items()):
+        mods.add_metric([str(dpid)], n)
+    yield mods
 
 
 def role_families(controller):
