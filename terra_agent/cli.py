@@ -215,48 +215,43 @@ def _refused(exc: BaseException) -> int:
     return 1
 
 
+class CannotStart(Exception):
+    """The options cannot run: the message (printed as `terra-agent: MESSAGE`) and the
+    exit status (2: bad arguments, 1: a resource that cannot be had)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the agent until interrupted; returns the exit status."""
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
-    tls = data_server = data_client = None
-    if args.encrypt_data and args.insecure:
-        print("terra-agent: --encrypt-data needs --pki (TLS certificates)", file=sys.stderr)
-        return 2
-    if args.max_ahead < MAX_PAYLOAD_BYTES:
-        print(f"terra-agent: --max-ahead must be >= {MAX_PAYLOAD_BYTES}", file=sys.stderr)
-        return 2
-    if args.tcp_congestion is not None:
-        problem = check_congestion_control(args.tcp_congestion)
-        if problem is not None:
-            print(f"terra-agent: {problem}", file=sys.stderr)
-            return 2
-    if args.insecure:
-        logging.getLogger("terra_agent").warning(
-            "--insecure: plain TCP to the controller, unauthenticated data connections"
-        )
-    else:
-        try:
-            tls = client_context(args.pki, args.agent_id)
-            data_server = data_server_context(args.pki, args.agent_id)
-            data_client = data_client_context(args.pki, args.agent_id)
-        except (PkiError, ssl.SSLError, OSError) as exc:
-            print(f"terra-agent: {exc}", file=sys.stderr)
-            return 2
+    try:
+        config = agent_config(args)
+    except CannotStart as exc:
+        print(f"terra-agent: {exc}", file=sys.stderr)
+        return exc.status
+    return run_agent(Agent(config), args.data_addr)
+
+
+def agent_config(args: argparse.Namespace) -> AgentConfig:
+    """The AgentConfig of the parsed options, after checking them; creates the spill
+    directory and binds the --metrics port.
+
+    Raises:
+        CannotStart: an option cannot run (see `check_options`, `tls_contexts`,
+            `data_root_of`), the spill directory cannot be created or the metrics port
+            bound (status 1).
+    """
+    check_options(args)
+    tls, data_server, data_client = tls_contexts(args)
     try:
         make_spill_dir(args.spill_dir)
     except OSError as exc:
-        print(f"terra-agent: spill dir {args.spill_dir!r}: {exc}", file=sys.stderr)
-        return 1
-    data_root = None
-    if args.data_root is not None:
-        if not Path(args.data_root).is_dir():
-            print(f"terra-agent: data root {args.data_root!r} is not a directory", file=sys.stderr)
-            return 2
-        data_root = os.path.realpath(args.data_root)
-        logging.getLogger("terra_agent").info("serving flow files under %s", data_root)
-    else:
-        logging.getLogger("terra_agent").info("no --data-root: file flows will be refused")
+        raise CannotStart(f"spill dir {args.spill_dir!r}: {exc}", 1) from exc
+    data_root = data_root_of(args)
     metrics_socket = None
     if args.metrics is not None:
         from .metrics import bind_metrics  # prometheus_client: only with --metrics
@@ -265,9 +260,8 @@ def main(argv: list[str] | None = None) -> int:
             metrics_socket = bind_metrics(*args.metrics)
         except OSError as exc:
             host, port = args.metrics
-            print(f"terra-agent: --metrics {host}:{port}: {exc}", file=sys.stderr)
-            return 1
-    config = AgentConfig(
+            raise CannotStart(f"--metrics {host}:{port}: {exc}", 1) from exc
+    return AgentConfig(
         controller=args.controller[0],
         controllers=tuple(args.controller[1:]),
         dc=args.dc,
@@ -285,7 +279,70 @@ def main(argv: list[str] | None = None) -> int:
         tcp_congestion=args.tcp_congestion,
         metrics_socket=metrics_socket,
     )
-    agent = Agent(config)
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Check the options argparse cannot check alone.
+
+    Raises:
+        CannotStart (status 2): --encrypt-data with --insecure, --max-ahead below one chunk
+            (MAX_PAYLOAD_BYTES), a --tcp-congestion the kernel refuses.
+    """
+    if args.encrypt_data and args.insecure:
+        raise CannotStart("--encrypt-data needs --pki (TLS certificates)", 2)
+    if args.max_ahead < MAX_PAYLOAD_BYTES:
+        raise CannotStart(f"--max-ahead must be >= {MAX_PAYLOAD_BYTES}", 2)
+    if args.tcp_congestion is not None:
+        problem = check_congestion_control(args.tcp_congestion)
+        if problem is not None:
+            raise CannotStart(problem, 2)
+
+
+def tls_contexts(args: argparse.Namespace) -> tuple:
+    """(control channel, data server, data client) SSLContexts from --pki and --id; three
+    Nones with --insecure (logged as a warning).
+
+    Raises:
+        CannotStart (status 2): a certificate or key is missing or invalid.
+    """
+    if args.insecure:
+        logging.getLogger("terra_agent").warning(
+            "--insecure: plain TCP to the controller, unauthenticated data connections"
+        )
+        return None, None, None
+    try:
+        return (
+            client_context(args.pki, args.agent_id),
+            data_server_context(args.pki, args.agent_id),
+            data_client_context(args.pki, args.agent_id),
+        )
+    except (PkiError, ssl.SSLError, OSError) as exc:
+        raise CannotStart(str(exc), 2) from exc
+
+
+def data_root_of(args: argparse.Namespace) -> str | None:
+    """--data-root as a real path (logged), or None without it (file flows refused).
+
+    Raises:
+        CannotStart (status 2): it is not a directory.
+    """
+    if args.data_root is None:
+        logging.getLogger("terra_agent").info("no --data-root: file flows will be refused")
+        return None
+    if not Path(args.data_root).is_dir():
+        raise CannotStart(f"data root {args.data_root!r} is not a directory", 2)
+    data_root = os.path.realpath(args.data_root)
+    logging.getLogger("terra_agent").info("serving flow files under %s", data_root)
+    return data_root
+
+
+def run_agent(agent: Agent, data_addr: tuple[str, int]) -> int:
+    """Log the agent's connection caps and run it until interrupted.
+
+    Returns:
+        the exit status: 0 on Ctrl-C, 1 when the controller refuses the agent for good or
+        the data port `data_addr` (host, port) cannot be bound (the reason on stderr).
+    """
     data, metrics = agent.data_admission.caps, agent.metrics_admission.caps
     logging.getLogger("terra_agent").info(
         "connection caps: data %d (%d per address), metrics %d (%d per address)",
@@ -306,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     except RegistrationRefused as exc:
         return _refused(exc)
     except OSError as exc:
-        host, port = args.data_addr
+        host, port = data_addr
         print(f"terra-agent: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
         return 1
     return 0
