@@ -64,7 +64,7 @@ QUICK = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of terra-testbed."""
+    """The argument parser of terra-testbed (one scenario: `swan`)."""
     p = argparse.ArgumentParser(
         prog="terra-testbed",
         description="Run Terra and per-flow TCP on an emulated WAN (Mininet, Open vSwitch, "
@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_common_args(p, log_level=False)
     sub = p.add_subparsers(dest="scenario", required=True, title="scenarios", metavar="SCENARIO")
+    add_swan_parser(sub)
+    return p
+
+
+def add_swan_parser(sub) -> argparse.ArgumentParser:
+    """Add the `swan` scenario and its options to the subparsers `sub`."""
     s = sub.add_parser(
         "swan",
         help="Terra vs per-flow TCP on the emulated SWAN testbed",
@@ -85,6 +91,16 @@ def build_parser() -> argparse.ArgumentParser:
         "the run finished, 1 on a testbed error, 2 on bad arguments, 130 on Ctrl-C.",
         formatter_class=HelpFormatter,
     )
+    add_failure_arguments(s)
+    s.add_argument("--json", metavar="OUT", type=Path, help="write the results JSON here")
+    s.add_argument("--plots", metavar="DIR", type=Path, help="write PNG plots into this directory")
+    add_workload_arguments(s)
+    add_run_arguments(s)
+    return s
+
+
+def add_failure_arguments(s: argparse.ArgumentParser) -> None:
+    """--quick and the link failure: --fail-link, --no-failure, --fail-at, --fail-for (s)."""
     s.add_argument("--quick", action="store_true", help="fewer coflows, shorter failure")
     s.add_argument("--fail-link", metavar="A-B", default="LA-NY", help="WAN link A-B to fail")
     s.add_argument("--no-failure", action="store_true", help="no link failure")
@@ -100,8 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="seconds the link stays down (default: 6; quick: 3)",
     )
-    s.add_argument("--json", metavar="OUT", type=Path, help="write the results JSON here")
-    s.add_argument("--plots", metavar="DIR", type=Path, help="write PNG plots into this directory")
+
+
+def add_workload_arguments(s: argparse.ArgumentParser) -> None:
+    """The WAN and the workload played on it: --link-mbps (Mbit/s), --workload, --first,
+    --coflows, --speedup, --load, --hosts-per-dc, --repeats, --k."""
     s.add_argument(
         "--link-mbps",
         metavar="M",
@@ -138,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--repeats", metavar="R", type=int, help="Terra + TCP runs, pooled (default: 3; quick: 1)"
     )
     s.add_argument("--k", metavar="K", type=int, default=4, help="tunnels per DC pair")
+
+
+def add_run_arguments(s: argparse.ArgumentParser) -> None:
+    """How the run goes: --observe, --schedulers, --controllers, --kill-leader-at,
+    --timeout (s), --of-port, --workdir, --log-level."""
     s.add_argument(
         "--observe", action="store_true",
         help="run Prometheus scraping the controller and every agent with "
@@ -176,7 +200,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="log level of the testbed process (controller and agents: "
         "$TERRA_TESTBED_LOG_LEVEL, WARNING by default; their logs go to the workdir)",
     )  # fmt: skip
-    return p
 
 
 def parse_schedulers(text: str) -> list[str]:
@@ -297,12 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="terra-testbed-"))
     try:
-        opts, workload = options_from_args(args, workdir)
-        testbed = testbed_topology(workdir, opts.link_mbps, opts.hosts_per_dc)
-        binding = load_binding(load_topology(str(testbed)))
-        simulated = simulate_testbed(
-            opts.coflows, binding, opts.link_mbps, opts.k, opts.failure, opts.schedulers
-        )
+        opts, workload, simulated = prepare_run(args, workdir)
     except (WorkloadError, TopologyError, ValueError) as exc:
         print(f"terra-testbed: {exc}", file=sys.stderr)
         return 2
@@ -313,26 +331,61 @@ def main(argv: list[str] | None = None) -> int:
         f"logs in {workdir}",
         flush=True,
     )
-    # Ctrl-C and SIGTERM end the run cleanly (also when started with SIGINT ignored, as
-    # background jobs of a non-interactive shell are).
+    raw, status = run_testbed(opts, workdir)
+    if raw is None:
+        return status
+    report(args, raw, workload, simulated)
+    return 0
+
+
+def prepare_run(args, workdir: Path) -> tuple[TestbedOptions, dict, dict]:
+    """The run's TestbedOptions, the workload's description (`options_from_args`) and the
+    simulated twin's results (sim_twin.simulate_testbed), before anything is started.
+
+    Raises:
+        WorkloadError, TopologyError, ValueError: bad workload, link or numbers.
+    """
+    opts, workload = options_from_args(args, workdir)
+    testbed = testbed_topology(workdir, opts.link_mbps, opts.hosts_per_dc)
+    binding = load_binding(load_topology(str(testbed)))
+    simulated = simulate_testbed(
+        opts.coflows, binding, opts.link_mbps, opts.k, opts.failure, opts.schedulers
+    )
+    return opts, workload, simulated
+
+
+def run_testbed(opts: TestbedOptions, workdir: Path) -> tuple[dict | None, int]:
+    """Check the environment and run the SWAN testbed (swan.run_swan, progress on stdout),
+    Ctrl-C and SIGTERM ending it cleanly (also when started with SIGINT ignored, as
+    background jobs of a non-interactive shell are).
+
+    Returns:
+        (run_swan's raw results, 0), or (None, exit status) after printing why on stderr:
+        1 on a testbed error, 130 on Ctrl-C / SIGTERM.
+    """
     previous = {
         sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)
     }
     try:
         check_environment()
-        raw = run_swan(opts, log=lambda m: print(m, flush=True))
+        return run_swan(opts, log=lambda m: print(m, flush=True)), 0
     except (TestbedError, ObserveError) as exc:
         print(f"terra-testbed: {exc}", file=sys.stderr)
-        return 1
+        return None, 1
     except KeyboardInterrupt:
         print("terra-testbed: interrupted; everything torn down", file=sys.stderr)
-        return 130
+        return None, 130
     except Exception as exc:  # Mininet / OVS failures: clear message, torn down already
         print(f"terra-testbed: testbed error: {exc!r} (logs in {workdir})", file=sys.stderr)
-        return 1
+        return None, 1
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def report(args, raw: dict, workload: dict, simulated: dict) -> None:
+    """Print the run's tables (testbed against its simulated twin, FoIs per repeat, what was
+    observed, the operator page's shots, the takeover) and write --json and --plots."""
     result = results.summary(raw)
     extra = results.details(raw, workload)
     extra["simulated"] = simulated
@@ -349,14 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         print(results.observe_lines(raw["observe"]))
     if raw.get("page"):
         extra["page"] = raw["page"]
-        for shot in raw["page"]["shots"]:
-            down = ", ".join(shot["links_down"]) or "none"
-            print(
-                f"page {shot['name']}: links shown down: {down}; coflow view: "
-                f"{shot.get('coflow')} ({len(shot.get('flows', []))} flows); {shot['path']}"
-            )
-        if raw["page"]["error"]:
-            print(f"page: {raw['page']['error']}")
+        print_page(raw["page"])
     takeover = results.takeover_summary(raw)
     if takeover is not None:
         result["takeover"] = takeover
@@ -366,9 +412,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.plots:
         for path in results.plot(raw, args.plots):
             print(f"plot: {path}")
-    return 0
 
 
+def print_page(page: dict) -> None:
+    """One line per screenshot of the operator page (raw["page"] of run_swan: {"shots":
+    [{name, links_down, coflow, flows, path}], "error": str or None}), then its error."""
+    for shot in page["shots"]:
+        down = ", ".join(shot["links_down"]) or "none"
+        print(
+            f"page {shot['name']}: links shown down: {down}; coflow view: "
+            f"{shot.get('coflow')} ({len(shot.get('flows', []))} flows); {shot['path']}"
+        )
+    if page["error"]:
+        print(f"page: {page['error']}")
 
 
 def _raise_interrupt(signum, frame):
