@@ -45,6 +45,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,8 +67,8 @@ from mininet_scenarios.testbed_processes import (
 )
 from mininet_scenarios.workload import TestbedCoflow
 from terra_wire.api_session import TerraError
-from topologies import load_topology
-from topologies.binding import load_binding
+from topologies import Topology, load_topology
+from topologies.binding import Binding, load_binding
 
 TESTBED_TOPOLOGY = Path(__file__).resolve().parent.parent / "topologies/data/swan_testbed.json"
 CAPACITY_FRACTION = 0.92
@@ -403,7 +404,7 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
         mininet_log = require("mininet.log", "testbed")
     except MissingExtra as exc:
         raise TestbedError(str(exc)) from exc
-    from mininet_scenarios.wan_net import build_wan, cleanup
+    from mininet_scenarios.wan_net import cleanup
 
     mininet_log.setLogLevel("critical")
     opts.workdir.mkdir(parents=True, exist_ok=True)
@@ -411,62 +412,109 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
     topology = load_topology(str(topo_path))
     binding = load_binding(topology)
     check_names_free([f"s{sw.dpid}" for sw in binding.switches.values()] + ["mgmt0"])
-    procs, wan, ctl, observer = Processes(), None, None, None
+    bed = _Testbed(opts, topo_path, topology, binding, log)
     raw: dict = {"schedulers": list(opts.schedulers), "per_flow_tcp": []}
     try:
-        pki = make_pki(opts.workdir, [host.name for _, host in binding.all_hosts()])
+        bed.pki = make_pki(opts.workdir, [host.name for _, host in binding.all_hosts()])
         for phase, name in enumerate(opts.schedulers):
-            ctl = _start_controllers(opts, topo_path, procs, pki, name)
-            t_start = time.monotonic()
-            if wan is None:
-                wan = build_wan(topology, binding, of_port=opts.of_port,
-                                link_mbps=opts.link_mbps, mgmt=True,
-                                of_ports=getattr(ctl, "of_ports", None))  # fmt: skip
-                if opts.observe:
-                    observer = Observer(opts.workdir, pki, OPERATOR_NAME, wan.mgmt_ips)
-            if observer is not None:
-                observer.watch_controller(ctl.rest)
-            agents = _bring_up(wan, binding, ctl, opts.workdir, procs, log, observer)
-            if phase == 0:
-                raw["install_s"] = time.monotonic() - t_start
-                at_install = ctl.get("/tunnels")["switches"]["flow_mods_at_install"]
-            shots = None
-            if observer is not None and phase == 0:
-                shots = PageShots(ctl.rest, opts.workdir / "page")
-            try:
-                raw[name], flow_mods_before = _scheduler_runs(
-                    wan, ctl, opts, raw, phase == 0, procs, log, shots
-                )
-            finally:
-                if shots is not None:
-                    time.sleep(2.5)  # a timed shot may still be pending
-                    shots.close()
-                    raw["page"] = {"shots": shots.shots, "error": shots.error}
-            of = ctl.get("/tunnels")["switches"]
-            if phase == 0:
-                raw["rules_per_switch"] = of["rules_per_switch"]
-                raw["flow_mods_after_startup"] = flow_mods_before - at_install
-                takeovers = [r.takeover for r in raw[name] if r.takeover]
-                if takeovers:
-                    raw["takeover"] = takeovers[-1]
-            if observer is not None and phase == len(opts.schedulers) - 1:
-                time.sleep(2 * SCRAPE_S)  # the agents' last counters scraped
-                raw["observe"] = observer.report()  # before the last agents stop
-            procs.stop([*agents, *ctl.proc_list])
-            ctl.close()
-            ctl = None
+            _scheduler_phase(bed, phase, name, raw)
         return raw
     finally:
-        if observer is not None:
-            observer.stop()
-        procs.stop_all()
-        if ctl is not None:
-            ctl.close()
-        if wan is not None:
+        bed.tear_down(cleanup)
+
+
+@dataclass
+class _Testbed:
+    """What `run_swan` has brought up, for its scheduler phases and its teardown: the
+    processes it started, the PKI directory, the Mininet WAN (None until the first phase
+    builds it), the running controller (or ControllerCluster; None between phases) and the
+    Observer (with opts.observe)."""
+
+    opts: TestbedOptions
+    topo_path: Path
+    topology: Topology
+    binding: Binding
+    log: Callable[[str], None]
+    procs: Processes = field(default_factory=Processes)
+    pki: Path | None = None
+    wan: object = None
+    ctl: object = None
+    observer: Observer | None = None
+
+    def tear_down(self, cleanup) -> None:
+        """Stop the observer and every process started, close the controller, stop Mininet
+        (`cleanup`, i.e. `mn -c`, only when Mininet's own stop failed)."""
+        if self.observer is not None:
+            self.observer.stop()
+        self.procs.stop_all()
+        if self.ctl is not None:
+            self.ctl.close()
+        if self.wan is not None:
             try:
-                wan.stop()
+                self.wan.stop()
             except Exception:
                 cleanup()
+
+
+def _scheduler_phase(bed: _Testbed, phase: int, name: str, raw: dict) -> None:
+    """Phase `phase` of run_swan: start the controller(s) running scheduler `name` (the first
+    phase also builds the WAN and the observer), bring up the agents, run the scheduler
+    `opts.repeats` times into raw[name] (the first phase with per-flow TCP runs, the install
+    time, rules and flow-mods, the page's shots and a takeover), then stop that controller
+    and its agents (the last phase reports what Prometheus saw first).
+
+    Raises:
+        TestbedError: bring-up failed or a run did not finish.
+    """
+    opts = bed.opts
+    bed.ctl = ctl = _start_controllers(opts, bed.topo_path, bed.procs, bed.pki, name)
+    t_start = time.monotonic()
+    if bed.wan is None:
+        _build_wan(bed, ctl)
+    if bed.observer is not None:
+        bed.observer.watch_controller(ctl.rest)
+    agents = _bring_up(bed.wan, bed.binding, ctl, opts.workdir, bed.procs, bed.log, bed.observer)
+    if phase == 0:
+        raw["install_s"] = time.monotonic() - t_start
+        at_install = ctl.get("/tunnels")["switches"]["flow_mods_at_install"]
+    shots = None
+    if bed.observer is not None and phase == 0:
+        shots = PageShots(ctl.rest, opts.workdir / "page")
+    try:
+        raw[name], flow_mods_before = _scheduler_runs(
+            bed.wan, ctl, opts, raw, phase == 0, bed.procs, bed.log, shots
+        )
+    finally:
+        if shots is not None:
+            time.sleep(2.5)  # a timed shot may still be pending
+            shots.close()
+            raw["page"] = {"shots": shots.shots, "error": shots.error}
+    of = ctl.get("/tunnels")["switches"]
+    if phase == 0:
+        raw["rules_per_switch"] = of["rules_per_switch"]
+        raw["flow_mods_after_startup"] = flow_mods_before - at_install
+        takeovers = [r.takeover for r in raw[name] if r.takeover]
+        if takeovers:
+            raw["takeover"] = takeovers[-1]
+    if bed.observer is not None and phase == len(opts.schedulers) - 1:
+        time.sleep(2 * SCRAPE_S)  # the agents' last counters scraped
+        raw["observe"] = bed.observer.report()  # before the last agents stop
+    bed.procs.stop([*agents, *ctl.proc_list])
+    ctl.close()
+    bed.ctl = None
+
+
+def _build_wan(bed: _Testbed, ctl) -> None:
+    """Build the Mininet WAN (wan_net.build_wan: switches pointed at `ctl`'s OpenFlow
+    port(s), the management network) into bed.wan, and with opts.observe the Observer."""
+    from mininet_scenarios.wan_net import build_wan
+
+    opts = bed.opts
+    bed.wan = build_wan(bed.topology, bed.binding, of_port=opts.of_port,
+                        link_mbps=opts.link_mbps, mgmt=True,
+                        of_ports=getattr(ctl, "of_ports", None))  # fmt: skip
+    if opts.observe:
+        bed.observer = Observer(opts.workdir, bed.pki, OPERATOR_NAME, bed.wan.mgmt_ips)
 
 
 def _start_controllers(opts: TestbedOptions, topo_path: Path, procs: Processes, pki: Path,
