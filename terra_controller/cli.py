@@ -104,6 +104,29 @@ def build_parser() -> argparse.ArgumentParser:
         "--topology", metavar="T", help="swan, gscale, att, or a JSON/GraphML file (required)"
     )
     add_scheduler_arguments(p)  # --scheduler, --k, --alpha, --epsilon, --delta (registry)
+    add_listen_arguments(p)
+    auth = p.add_mutually_exclusive_group()
+    auth.add_argument(
+        "--pki", metavar="DIR", help="PKI directory (ca.crt, controller.crt, controller.key)"
+    )
+    auth.add_argument(
+        "--insecure", action="store_true", help="plain TCP, no authentication (labs only)"
+    )
+    p.add_argument("--rest-public", action="store_true", help="REST without a client certificate")
+    p.add_argument("--no-openflow", action="store_true", help="no switches: logical tunnels")
+    add_coflow_arguments(p)
+    add_state_arguments(p)
+    p.add_argument(
+        "--leaf-mac", choices=("auto", *ALGORITHMS), default="auto", metavar="MAC",
+        help="chunk MAC (docs/design.md 5.1)",
+    )  # fmt: skip
+    add_common_args(p)
+    return p
+
+
+def add_listen_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the controller listens: --of-host, --of-port (OpenFlow), --port-stats-s (s),
+    --api, --agents, --rest (HOST:PORT)."""
     p.add_argument("--of-host", metavar="HOST", default="127.0.0.1", help="OpenFlow listen address")
     p.add_argument("--of-port", type=int, metavar="PORT", default=6653, help="OpenFlow listen port")
     p.add_argument(
@@ -122,15 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--rest", type=parse_addr, default="127.0.0.1:8080", metavar="HOST:PORT",
         help="REST and /metrics (HTTPS)",
     )  # fmt: skip
-    auth = p.add_mutually_exclusive_group()
-    auth.add_argument(
-        "--pki", metavar="DIR", help="PKI directory (ca.crt, controller.crt, controller.key)"
-    )
-    auth.add_argument(
-        "--insecure", action="store_true", help="plain TCP, no authentication (labs only)"
-    )
-    p.add_argument("--rest-public", action="store_true", help="REST without a client certificate")
-    p.add_argument("--no-openflow", action="store_true", help="no switches: logical tunnels")
+
+
+def add_coflow_arguments(p: argparse.ArgumentParser) -> None:
+    """How coflows are kept and failed: --agent-timeout (s), --keep-finished,
+    --keep-finished-s (s), --data-prefix (CIDR, repeatable), --max-restarts."""
     p.add_argument(
         "--agent-timeout", type=float, default=60.0, metavar="S",
         help="agent absence (s) failing coflows",
@@ -151,18 +170,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-restarts", type=int, default=3, metavar="N",
         help="re-transfers after digest mismatches",
     )  # fmt: skip
+
+
+def add_state_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the coflow state lives: --state-dir (journal) or --etcd with --cluster,
+    --lease-ttl (s), --advertise (docs/runtime.md)."""
     p.add_argument("--state-dir", metavar="DIR", help="coflow journal (docs/runtime.md)")
     p.add_argument("--etcd", metavar="HOST:PORT,...",
                    help="state in etcd; lead when elected (docs/runtime.md)")  # fmt: skip
     p.add_argument("--cluster", default="terra", metavar="NAME", help="etcd key prefix")
     p.add_argument("--lease-ttl", type=int, default=2, metavar="S", help="leader lease (s)")
     p.add_argument("--advertise", metavar="HOST", help="host standbys name as the leader's")
-    p.add_argument(
-        "--leaf-mac", choices=("auto", *ALGORITHMS), default="auto", metavar="MAC",
-        help="chunk MAC (docs/design.md 5.1)",
-    )  # fmt: skip
-    add_common_args(p)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,91 +315,29 @@ def probe_port(host: str, port: int) -> None:
 
 
 def run(args, topology, security) -> None:
-    """Start every part of the controller and block until SIGINT/SIGTERM."""
+    """Start every part of the controller and block until SIGINT/SIGTERM.
+
+    With --etcd it first serves as a standby until elected (standby.lead_when_elected); the
+    parts' modules are imported before that, off the takeover's time.
+    """
     from terra_controller.agent_channel import AgentChannel, start_agent_server
     from terra_controller.api_server import ApiHandler, start_api_server
-    from terra_controller.controller import Controller, RoundRunner
-    from terra_controller.deferred import Deferred
+    from terra_controller.controller import RoundRunner
     from terra_controller.rest import RestApp, start_rest_server
-    from terra_controller.tunnel_table import TunnelTable, installed_path_source
-    from terra_controller.tunnels import startup_tunnels
     from terra_security.data_keys import DataKeys
 
-    # the tunnel table (without switches) and the policy are made once the listeners are
-    # up: their imports (networkx; HiGHS, numpy, numba) are most of the start-up time
-    if args.no_openflow:
-        tunnels = Deferred(lambda: TunnelTable(topology, args.k, logical=True))
-        options = options_from_args(args)
-    else:
-        binding = load_switch_binding(topology)
-        try:
-            probe_port(args.of_host, args.of_port)
-        except OSError as exc:
-            cannot_listen(args.of_host, args.of_port, "OpenFlow", exc, [])
-        shared = startup_tunnels(topology, args.k, binding.base_port)  # rules and agents
-        tunnels = TunnelTable(topology, args.k, binding.base_port, logical=False, tunnels=shared)
-        options = options_from_args(args, installed_path_source(tunnels))
-    policy = Deferred(
-        lambda: make_scheduler(args.scheduler, topology, options),
-        before={"name": args.scheduler, "stats": None},  # REST status, metrics meanwhile
-    )
-    from terra_controller.etcd_state import StateStoreError
-    from terra_controller.journal import JournalError
-
+    tunnels, policy, binding, shared = tunnels_and_policy(args, topology)
     rest_security = rest_security_of(args, security)
     store = leadership = None
     if args.etcd:
-        from terra_controller.standby import lead_when_elected
-
-        def warm_up() -> None:
-            for part in (tunnels, policy):
-                if isinstance(part, Deferred):
-                    part.build()
-            if not args.no_openflow:  # os-ken's imports (about 1 s) off the takeover's time
-                import terra_controller.openflow_app  # noqa: F401
-
-        store, leadership = lead_when_elected(args, security, rest_security, warm_up)
-    try:
-        controller = Controller(
-            topology, policy, agent_timeout_s=args.agent_timeout,
-            keep_finished=args.keep_finished, keep_finished_s=args.keep_finished_s,
-            max_restarts=args.max_restarts,
-            state_dir=None if store else state_dir(args.state_dir), store=store,
-        )  # fmt: skip
-    except (JournalError, StateStoreError) as exc:
-        raise SystemExit(f"terra-controller: {exc}") from exc
-    if leadership is not None:
-        controller.role, controller.leader_addr = "leader", leadership.member["api"]
-        controller.generation = leadership.generation or 0
+        store, leadership = wait_for_election(args, security, rest_security, tunnels, policy)
+    controller = make_controller(args, topology, policy, store, leadership)
     openflow_info = ports = None
     threads = []
     if not args.no_openflow:
         app, of_threads = start_openflow_app(args, topology, binding, controller, shared)
         threads += of_threads
-
-        def ports():
-            return app.port_stats.wan_links(time.monotonic())
-
-        def openflow_info(detail: bool = True):
-            """The OpenFlow app's rules and counters for REST (detail: every rule too)."""
-            with app.lock:
-                entries = list(app.entries) if detail else []
-                per_switch = dict(app.flow_mods_per_switch)
-            rules: dict[str, list] = {}
-            for e in entries:
-                rules.setdefault(str(e.dpid), []).append(
-                    {"table": e.table_id, "priority": e.priority, "match": e.match,
-                     "actions": [list(a) for a in e.actions], "cookie": e.cookie}
-                )  # fmt: skip
-            return {
-                "installed": app.installed,
-                "rules_per_switch": app.rules_per_switch(),
-                "flow_mods": app.flow_mods_sent,
-                "flow_mods_per_switch": per_switch,
-                "flow_mods_at_install": app.flow_mods_at_install,
-                "rules": rules,
-            }
-
+        openflow_info, ports = openflow_views(app)
     # pair keys of the agents' data connections travel only over the mutual-TLS channel
     data_keys = DataKeys() if security.context is not None else None
     prefixes = args.data_prefix or ()
@@ -398,14 +354,7 @@ def run(args, topology, security) -> None:
         ("REST", args.rest, lambda h, p: start_rest_server(
             rest_app, h, p, capped(rest_security, "rest"), args.rest_public)),
     ]  # fmt: skip
-    opened, started = [], []
-    for which, (host, port), start in servers:
-        try:
-            listener, thread, bound = start(host, port)
-        except OSError as exc:
-            cannot_listen(host, port, which, exc, opened)
-        opened.append(getattr(listener, "listener", listener))
-        started.append((thread, bound))
+    opened, started = start_listeners(servers)
     (t_api, api), (t_agents, agents), (t_rest, rest) = started
     build_deferred(controller, [tunnels, policy], args.scheduler, opened)
     LOG.info("scheduler %s (K=%d)", args.scheduler, args.k)
@@ -416,6 +365,154 @@ def run(args, topology, security) -> None:
         f"rest={rest[0]}:{rest[1]}",
         flush=True,
     )
+    serve_until_signalled(channel, leadership, [t_api, t_agents, t_rest, *threads])
+
+
+def tunnels_and_policy(args, topology):
+    """The tunnel table and the scheduling policy (`Deferred`: made once the listeners are up,
+    their imports of networkx, HiGHS, numpy and numba being most of the start-up time).
+    Without --no-openflow the tunnel table is made now, over the tunnels it shares with the
+    OpenFlow app, after checking the OpenFlow port can be bound.
+
+    Returns:
+        (TunnelTable or Deferred of one, Deferred policy, switch binding or None, the shared
+        tunnels (tunnels.startup_tunnels) or None).
+
+    Raises:
+        SystemExit: the topology has no valid switch binding; exit status 1 when the
+            OpenFlow port cannot be bound (`cannot_listen`).
+    """
+    from terra_controller.deferred import Deferred
+    from terra_controller.tunnel_table import TunnelTable, installed_path_source
+    from terra_controller.tunnels import startup_tunnels
+
+    binding = shared = None
+    if args.no_openflow:
+        tunnels = Deferred(lambda: TunnelTable(topology, args.k, logical=True))
+        options = options_from_args(args)
+    else:
+        binding = load_switch_binding(topology)
+        try:
+            probe_port(args.of_host, args.of_port)
+        except OSError as exc:
+            cannot_listen(args.of_host, args.of_port, "OpenFlow", exc, [])
+        shared = startup_tunnels(topology, args.k, binding.base_port)  # rules and agents
+        tunnels = TunnelTable(topology, args.k, binding.base_port, logical=False, tunnels=shared)
+        options = options_from_args(args, installed_path_source(tunnels))
+    policy = Deferred(
+        lambda: make_scheduler(args.scheduler, topology, options),
+        before={"name": args.scheduler, "stats": None},  # REST status, metrics meanwhile
+    )
+    return tunnels, policy, binding, shared
+
+
+def wait_for_election(args, security, rest_security, tunnels, policy):
+    """Serve as a standby until elected on etcd (standby.lead_when_elected), making the
+    Deferred `tunnels` and `policy` (and importing os-ken's app, with switches) meanwhile.
+
+    Returns:
+        (EtcdState, Leadership) of the elected leader.
+
+    Raises:
+        SystemExit: see standby.lead_when_elected.
+    """
+    from terra_controller.deferred import Deferred
+    from terra_controller.standby import lead_when_elected
+
+    def warm_up() -> None:
+        for part in (tunnels, policy):
+            if isinstance(part, Deferred):
+                part.build()
+        if not args.no_openflow:  # os-ken's imports (about 1 s) off the takeover's time
+            import terra_controller.openflow_app  # noqa: F401
+
+    return lead_when_elected(args, security, rest_security, warm_up)
+
+
+def make_controller(args, topology, policy, store, leadership):
+    """The Controller over `topology` and `policy`, its state in `store` (etcd) or else in
+    the journal of `state_dir`; as the elected leader when `leadership` is given.
+
+    Raises:
+        SystemExit: the journal or the shared state cannot be opened or read.
+    """
+    from terra_controller.controller import Controller
+    from terra_controller.etcd_state import StateStoreError
+    from terra_controller.journal import JournalError
+
+    try:
+        controller = Controller(
+            topology, policy, agent_timeout_s=args.agent_timeout,
+            keep_finished=args.keep_finished, keep_finished_s=args.keep_finished_s,
+            max_restarts=args.max_restarts,
+            state_dir=None if store else state_dir(args.state_dir), store=store,
+        )  # fmt: skip
+    except (JournalError, StateStoreError) as exc:
+        raise SystemExit(f"terra-controller: {exc}") from exc
+    if leadership is not None:
+        controller.role, controller.leader_addr = "leader", leadership.member["api"]
+        controller.generation = leadership.generation or 0
+    return controller
+
+
+def openflow_views(app):
+    """What REST reads from the OpenFlow app (openflow_app.TunnelApp `app`).
+
+    Returns:
+        (openflow_info(detail=True) -> {"installed", "rules_per_switch", "flow_mods",
+        "flow_mods_per_switch", "flow_mods_at_install", "rules": {dpid: [rule]} (empty
+        without detail)}, ports() -> {(a, b): port_stats.LinkLoad} of the WAN links).
+    """
+
+    def ports():
+        return app.port_stats.wan_links(time.monotonic())
+
+    def openflow_info(detail: bool = True):
+        """The OpenFlow app's rules and counters for REST (detail: every rule too)."""
+        with app.lock:
+            entries = list(app.entries) if detail else []
+            per_switch = dict(app.flow_mods_per_switch)
+        rules: dict[str, list] = {}
+        for e in entries:
+            rules.setdefault(str(e.dpid), []).append(
+                {"table": e.table_id, "priority": e.priority, "match": e.match,
+                 "actions": [list(a) for a in e.actions], "cookie": e.cookie}
+            )  # fmt: skip
+        return {
+            "installed": app.installed,
+            "rules_per_switch": app.rules_per_switch(),
+            "flow_mods": app.flow_mods_sent,
+            "flow_mods_per_switch": per_switch,
+            "flow_mods_at_install": app.flow_mods_at_install,
+            "rules": rules,
+        }
+
+    return openflow_info, ports
+
+
+def start_listeners(servers: list) -> tuple[list, list]:
+    """Start each of `servers` ((name, (host, port), start(host, port) -> (listener, thread,
+    bound (host, port)))) in order; a port that cannot be bound closes those started and
+    ends the process with exit status 1 (`cannot_listen`).
+
+    Returns:
+        (the listening sockets, [(thread, bound (host, port))] in the order of `servers`).
+    """
+    opened, started = [], []
+    for which, (host, port), start in servers:
+        try:
+            listener, thread, bound = start(host, port)
+        except OSError as exc:
+            cannot_listen(host, port, which, exc, opened)
+        opened.append(getattr(listener, "listener", listener))
+        started.append((thread, bound))
+    return opened, started
+
+
+def serve_until_signalled(channel, leadership, threads: list) -> None:
+    """Block on `threads` (the servers' and os-ken's) until SIGTERM or SIGINT, which close
+    the agents' control connections and end the process at once with exit status 0; a
+    leader starting over (`leadership`, or None) closes them too."""
 
     def stop(signum, frame):
         LOG.info("signal %d: exiting", signum)
@@ -428,7 +525,7 @@ def run(args, topology, security) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    for thread in [t_api, t_agents, t_rest, *threads]:
+    for thread in threads:
         thread.join()
 
 
