@@ -186,6 +186,7 @@ class ApiHandler:
         wanted = request.get("coflow")
         flows, deadline = request.get("flows"), request.get("deadline")
         ref = _ref_of(request, identity)
+        self.controller.await_agents(flows)  # agents coming back after a restart/failover
         cid = self.controller.submit(flows, deadline, wanted, request.get("age_s"), identity.name,
                                      request.get("name"), request.get("tags"),
                                      ref[1] if ref else None,
