@@ -46,7 +46,8 @@ from overlay.rate_limit import (
     set_pacing_rate,
     stream_rate,
 )
-from terra_agent.sender import allow_unsent_bytes, paced_unsent_bytes
+from terra_agent.sender import paced_unsent_bytes
+from terra_agent.tcp_options import allow_unsent_bytes
 from terra_security.integrity import mac_bytes
 from terra_wire.frames import chunk_header
 

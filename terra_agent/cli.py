@@ -76,7 +76,7 @@ from terra_wire.frames import MAX_PAYLOAD_BYTES
 from .agent import Agent, AgentConfig
 from .config import RegistrationRefused, parse_memory
 from .receiver import MAX_AHEAD_BYTES
-from .sender import set_congestion_control
+from .tcp_options import set_congestion_control
 
 
 def _addr(text: str) -> tuple[str, int]:

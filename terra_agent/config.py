@@ -83,7 +83,7 @@ class AgentConfig:
     (the kernel paces each tunnel connection, SO_MAX_PACING_RATE; see Agent._plan_pacing and
     docs/design.md section 5 "Rate limiting"); terra-agent --rate-limiter.
     tcp_congestion: the kernel TCP congestion control of the tunnel connections this agent
-    opens (e.g. "cubic"; sender.set_congestion_control; terra-agent --tcp-congestion), None
+    opens (e.g. "cubic"; tcp_options.set_congestion_control; terra-agent --tcp-congestion), None
     (default): the system's.
     data_caps: connection caps of the data port and tunnel ports together (admission.Caps:
     in total and per address; beyond them a connection is closed at once); metrics_caps:

@@ -26,11 +26,8 @@ from .config import (
 )
 from .pending import HeldChunk
 from .receiver import ChunkRejected, InFlow
-from .sender import (
-    CONNECTION_ERRORS,
-    TUNNEL_DEAD_PEER_S,
-    detect_dead_peers,
-)
+from .sender import CONNECTION_ERRORS, TUNNEL_DEAD_PEER_S
+from .tcp_options import detect_dead_peers
 
 log = logging.getLogger("terra_agent.agent")
 

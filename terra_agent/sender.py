@@ -15,11 +15,8 @@
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import math
-import socket
-import termios
 from collections import deque
 
 import trio
@@ -34,6 +31,12 @@ from terra_wire.control import FlowSpec, ProtocolError, TunnelSpec, validate_dat
 from terra_wire.frames import FrameError, chunk_header
 
 from .sources import MAX_CHUNK_BYTES
+from .tcp_options import (
+    allow_unsent_bytes,
+    detect_dead_peers,
+    kernel_queued_bytes,
+    set_congestion_control,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,85 +49,16 @@ UNREACHABLE_BACKOFF_MAX_S = 10.0  # reconnect backoff bound while a peer cannot 
 MIN_UNSENT_BYTES = 16 * 1024  # data connections queue in the kernel at most one chunk of unsent
 # bytes, and at least this many (trio's default TCP_NOTSENT_LOWAT for every SocketStream)
 PACED_UNSENT_S = 0.1  # a paced link queues ~100 ms of its rate unsent (docs/design.md 5.1)
-DEAD_PEER_S = 10.0  # a silent peer (no acks, no keepalive answers) is dropped after this long
 # Tunnel connections cross the emulated/real WAN: a burst of losses there (a link failure and
 # the re-route, full queues) stalls a live connection in TCP's exponential RTO backoff
 # (0.2 s doubling: 6 lost retransmissions = 12.6 s) and silences idle connections' keepalive
-# probes. 10 s aborted such connections with ETIMEDOUT (SWAN testbed, tunnels not crossing the
-# failed link). A dead peer agent is also noticed by the controller (AGENT_SILENCE_S), which
-# then removes its tunnels; this bound only ends connections nobody else ends.
+# probes. The default bound (tcp_options.DEAD_PEER_S, 10 s) aborted such connections with
+# ETIMEDOUT (SWAN testbed, tunnels not crossing the failed link). A dead peer agent is also
+# noticed by the controller (AGENT_SILENCE_S), which then removes its tunnels; this bound only
+# ends connections nobody else ends.
 TUNNEL_DEAD_PEER_S = 60.0
 CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 PARKED_LINK_S = 30.0  # a removed tunnel's idle connection is kept this long for its return
-
-
-def kernel_queued_bytes(sock: socket.socket) -> int:
-    """Bytes `sock`'s kernel still holds to send or to see acknowledged (Linux SIOCOUTQ for
-    TCP: unsent + unacknowledged); -1 when that cannot be read (closed socket, no ioctl)."""
-    try:
-        buf = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
-    except (OSError, ValueError):
-        return -1
-    return int.from_bytes(buf, "little", signed=True)
-
-
-def detect_dead_peers(stream: trio.SocketStream, timeout_s: float = DEAD_PEER_S) -> None:
-    """Make the kernel drop `stream` when its peer goes silent for about `timeout_s` seconds.
-
-    TCP_USER_TIMEOUT bounds how long sent data may stay unacknowledged (a WAN path that drops
-    packets without a reset), keepalive probes cover idle connections. Linux options; ignored
-    where missing.
-    """
-    sock = stream.socket
-    probes = [
-        (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
-        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", None), max(1, int(timeout_s / 2))),
-        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), max(1, int(timeout_s / 6))),
-        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), 3),
-        (socket.IPPROTO_TCP, getattr(socket, "TCP_USER_TIMEOUT", None), int(timeout_s * 1000)),
-    ]
-    for level, option, value in probes:
-        if option is not None:
-            try:
-                sock.setsockopt(level, option, value)
-            except OSError:
-                pass
-
-
-def set_congestion_control(sock: socket.socket, name: str) -> None:
-    """Make `sock` use the kernel's TCP congestion control `name` (TCP_CONGESTION, e.g.
-    "cubic"); it applies to an open connection too.
-
-    Why an agent may want one (docs/design.md 5.1, "Tunnel congestion control"): the
-    controller's rates already share each link, so a tunnel connection's congestion control
-    only has to keep up with its rate. BBR, a common default, sizes its window at twice its
-    bandwidth estimate times the smallest RTT seen and probes for more bandwidth only every
-    eight round trips, so on short paths with queueing it holds a connection below a rate
-    the controller just raised.
-
-    Raises:
-        OSError: the kernel does not know `name` (ENOENT) or this process may not use it
-            (EPERM: not in net.ipv4.tcp_allowed_congestion_control and not privileged).
-    """
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode("ascii"))
-
-
-def allow_unsent_bytes(stream: trio.SocketStream, nbytes: int) -> None:
-    """Let the kernel queue up to about `nbytes` not-yet-sent bytes on `stream`
-    (TCP_NOTSENT_LOWAT: the socket is writable while fewer are queued).
-
-    trio sets 16 KiB on every SocketStream (low latency for small messages); with 4 MiB chunks a
-    data connection then became writable after each receiver window update and a chunk went out
-    in ~30 short writes, each an epoll round and a trio wake-up. PeerLink sets one chunk's worth
-    (about 10 ms of the path's rate, see chunk_bytes), so rate changes and failures still act on
-    a short kernel queue. Linux option; ignored where missing.
-    """
-    option = getattr(socket, "TCP_NOTSENT_LOWAT", None)
-    if option is not None:
-        try:
-            stream.socket.setsockopt(socket.IPPROTO_TCP, option, nbytes)
-        except OSError:
-            pass
 
 
 def paced_unsent_bytes(chunk_size: int, pacing_rate: float) -> int:

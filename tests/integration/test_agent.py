@@ -13,8 +13,8 @@ import trio
 from benchmarks.harness import LoopbackHarness, delay_proxy, free_port_block
 from overlay.framing import FrameReader
 from terra_agent.agent import Agent, AgentConfig
-from terra_agent.sender import kernel_queued_bytes
 from terra_agent.sources import synthetic_digest
+from terra_agent.tcp_options import kernel_queued_bytes
 from terra_security.integrity import LEAF_BYTES, flow_digest
 from terra_wire.control import GroupRates, TunnelSpec, flows_message
 

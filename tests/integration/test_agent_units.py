@@ -18,9 +18,7 @@ from terra_agent.sender import (
     MIN_UNSENT_BYTES,
     FlowGroupSender,
     OutFlow,
-    allow_unsent_bytes,
     chunk_bytes,
-    detect_dead_peers,
 )
 from terra_agent.sources import (
     MAX_CHUNK_BYTES,
@@ -32,6 +30,7 @@ from terra_agent.sources import (
     open_source,
     synthetic_digest,
 )
+from terra_agent.tcp_options import allow_unsent_bytes, detect_dead_peers
 from terra_security.integrity import LEAF_BYTES, FlowDigest, FlowKeys, flow_digest
 from terra_wire.control import FlowSpec, ProtocolError
 

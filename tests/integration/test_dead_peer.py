@@ -14,7 +14,8 @@ import trio
 
 from overlay.framing import FrameReader, FrameWriter
 from terra_agent.agent import Agent, AgentConfig
-from terra_agent.sender import DEAD_PEER_S, TUNNEL_DEAD_PEER_S, PeerLink, detect_dead_peers
+from terra_agent.sender import TUNNEL_DEAD_PEER_S, PeerLink
+from terra_agent.tcp_options import DEAD_PEER_S, detect_dead_peers
 from terra_wire.control import TunnelSpec
 
 # Linux retransmits a lost segment after RTO >= 200 ms, doubling each time: a segment lost on

@@ -10,7 +10,8 @@ import trio
 from overlay.framing import FrameReader
 from terra_agent.agent import AgentConfig
 from terra_agent.cli import check_congestion_control, main
-from terra_agent.sender import PeerLink, set_congestion_control
+from terra_agent.sender import PeerLink
+from terra_agent.tcp_options import set_congestion_control
 from terra_wire.control import TunnelSpec
 
 
