@@ -744,6 +744,17 @@ class Controller:
             return None
         return self.journal.live.get(coflow_id)
 
+    def journal_only_statuses(self, owner: str | None = None, every: bool = False) -> list[dict]:
+        """Status maps (journal_status) of the coflows known only from the journal: ended
+        before this controller's start (a restart or a failover) or waiting to be resumed,
+        by id; only `owner`'s unless `every`."""
+        with self.lock:
+            return [
+                self._journal_status(cid)
+                for cid, entry in sorted(self.journal.live.items())
+                if cid not in self.registry.coflows and (every or entry.owner == owner)
+            ]
+
     def _journal_status(self, coflow_id: int) -> dict:
         """journal_status of a coflow known only from the journal (lock held)."""
         entry = self.journal.live[coflow_id]

@@ -178,3 +178,14 @@ def test_after_the_agents_return_window_an_unknown_agent_is_refused_at_once(tmp_
     begun = time.monotonic()
     c.await_agents(typo, window_s=0.4)  # within the window it waits, but not past it
     assert 0.3 < time.monotonic() - begun < 2.0
+
+
+def test_coflows_ended_before_a_restart_are_listed_for_their_owner_only(tmp_path):
+    first = controller(tmp_path)
+    cid = first.submit(FLOWS[:1], owner="job1")
+    first.cancel(cid)
+    first.close()
+    second = controller(tmp_path)
+    assert [s["id"] for s in second.journal_only_statuses("job1")] == [cid]
+    assert second.journal_only_statuses("job2") == []
+    assert [s["state"] for s in second.journal_only_statuses(every=True)] == ["cancelled"]
