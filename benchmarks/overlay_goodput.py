@@ -73,8 +73,17 @@ def make_pki(workdir: Path) -> Path:
     return pki
 
 
-async def run(gbytes: float, flows: int, tunnels: int, workdir: Path, encrypt=False) -> dict:
-    """Run one transfer; returns the figures as a dict."""
+async def run(
+    gbytes: float,
+    flows: int,
+    tunnels: int,
+    workdir: Path,
+    encrypt=False,
+    agent_args=(),
+    own_sessions=True,
+) -> dict:
+    """Run one transfer (`agent_args`: extra terra-agent options; own_sessions: each agent in
+    a session of its own, LoopbackHarness); returns the figures as a dict."""
     size = int(gbytes * 1e9 / flows)
     pki = None
     if encrypt:
@@ -82,7 +91,14 @@ async def run(gbytes: float, flows: int, tunnels: int, workdir: Path, encrypt=Fa
         if not pki.exists():
             make_pki(workdir)
     async with trio.open_nursery() as nursery:
-        h = LoopbackHarness(nursery, workdir, pki=pki, encrypt_data=encrypt)
+        h = LoopbackHarness(
+            nursery,
+            workdir,
+            pki=pki,
+            encrypt_data=encrypt,
+            agent_args=agent_args,
+            own_sessions=own_sessions,
+        )
         await h.start()
         await h.add_agent("snd", "HK", subprocess=True)
         await h.add_agent("rcv", "LA", subprocess=True)
@@ -99,12 +115,17 @@ async def run(gbytes: float, flows: int, tunnels: int, workdir: Path, encrypt=Fa
     total = size * flows
     gb = total / 1e9
     by_agent = {
-        a: {"user": (cpu1[a][0] - cpu0[a][0]) / gb, "system": (cpu1[a][1] - cpu0[a][1]) / gb}
+        a: {
+            "user": (cpu1[a][0] - cpu0[a][0]) / gb,
+            "system": (cpu1[a][1] - cpu0[a][1]) / gb,
+            "utilisation": (sum(cpu1[a]) - sum(cpu0[a])) / elapsed,  # CPU s / wall s
+        }
         for a in procs
     }
     return {
         "goodput_gbytes_per_s": total / elapsed / 1e9,
         "cpu_s_per_gb": sum(v["user"] + v["system"] for v in by_agent.values()),
+        "utilisation": {a: v["utilisation"] for a, v in by_agent.items()},
         "cpu_s_per_gb_by_agent": by_agent,
         "bytes": total,
         "seconds": elapsed,
@@ -114,14 +135,16 @@ async def run(gbytes: float, flows: int, tunnels: int, workdir: Path, encrypt=Fa
     }
 
 
-def run_iperf3(nbytes: int, streams: int) -> dict:
-    """iperf3 -P `streams` moving `nbytes` from 127.0.0.2 to 127.0.0.3 (a one-off server);
-    returns GB/s (received bytes / the client's wall time) and CPU s/GB of client + server."""
+def run_iperf3(nbytes: int, streams: int, own_sessions: bool = True) -> dict:
+    """iperf3 -P `streams` moving `nbytes` from 127.0.0.2 to 127.0.0.3 (a one-off server;
+    own_sessions: client and server each in a session of its own, like the agents); returns
+    GB/s (received bytes / the client's wall time) and CPU s/GB of client + server."""
     port = free_port_block("127.0.0.3", 1)
     server = subprocess.Popen(
         ["iperf3", "-s", "-1", "-B", "127.0.0.3", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=own_sessions,
     )
     time.sleep(0.3)  # the server binds its port
     t0 = time.perf_counter()
@@ -130,6 +153,7 @@ def run_iperf3(nbytes: int, streams: int) -> dict:
         + ["-P", str(streams), "-n", str(nbytes), "-J"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
+        start_new_session=own_sessions,
     )
     out = client.stdout.read()
     _, _, client_usage = os.wait4(client.pid, 0)
@@ -145,18 +169,31 @@ def run_iperf3(nbytes: int, streams: int) -> dict:
     }
 
 
+def _agent_options(args) -> tuple:
+    """run()'s (encrypt, agent_args, own_sessions) from the parsed arguments."""
+    return args.encrypt, args.agent_arg, not args.shared_session
+
+
+def _busy(agents: dict) -> str:
+    """Each agent's CPU s per wall s of a run, e.g. "snd 0.52 rcv 0.41"."""
+    return " ".join(f"{a} {u:.2f}" for a, u in agents["utilisation"].items())
+
+
 def run_pairs(args, workdir: Path) -> dict:
     """args.pairs interleaved (iperf3, agents) runs; medians and ratios."""
     pairs = []
     for _ in range(args.pairs):
         load = os.getloadavg()[0]
-        perf = run_iperf3(int(args.gbytes * 1e9), args.tunnels)
-        agents = trio.run(run, args.gbytes, args.flows, args.tunnels, workdir, args.encrypt)
+        perf = run_iperf3(int(args.gbytes * 1e9), args.tunnels, not args.shared_session)
+        agents = trio.run(
+            run, args.gbytes, args.flows, args.tunnels, workdir, *_agent_options(args)
+        )
         pairs.append({"load_avg_1min": load, "iperf3": perf, "agents": agents})
         print(
             f"load {load:.2f}: iperf3 {perf['goodput_gbytes_per_s']:.3f} GB/s "
             f"{perf['cpu_s_per_gb']:.3f} CPU s/GB | agents "
-            f"{agents['goodput_gbytes_per_s']:.3f} GB/s {agents['cpu_s_per_gb']:.3f} CPU s/GB",
+            f"{agents['goodput_gbytes_per_s']:.3f} GB/s {agents['cpu_s_per_gb']:.3f} CPU s/GB, "
+            f"busy {_busy(agents)}",
             flush=True,
         )
 
@@ -169,6 +206,8 @@ def run_pairs(args, workdir: Path) -> dict:
         for key in ("goodput_gbytes_per_s", "cpu_s_per_gb")
     }
     med["cpu_ratio"] = med["agents_cpu_s_per_gb"] / med["iperf3_cpu_s_per_gb"]
+    for a in pairs[0]["agents"]["utilisation"]:
+        med[f"utilisation_{a}"] = statistics.median(p["agents"]["utilisation"][a] for p in pairs)
     med["load_avg_1min"] = statistics.median(p["load_avg_1min"] for p in pairs)
     return {"pairs": pairs, "median": med}
 
@@ -182,6 +221,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write the figures as JSON to this file")
     p.add_argument("--pairs", type=int, default=1, help="interleaved iperf3/agent pairs (0: none)")
     p.add_argument("--encrypt", action="store_true", help="agents with --encrypt-data")
+    p.add_argument(
+        "--agent-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra terra-agent option for both agents (repeat: --agent-arg=--tcp-congestion "
+        "--agent-arg=cubic)",
+    )
+    p.add_argument(
+        "--shared-session",
+        action="store_true",
+        help="run the agents and iperf3 in this process's session (one scheduler autogroup "
+        "for all of them) instead of a session each",
+    )
     args = p.parse_args(argv)
     setup_logging("WARNING")
     if args.pairs and shutil.which("iperf3") is None:
@@ -192,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
             paired = run_pairs(args, Path(tmp))
             figures = paired["pairs"][-1]["agents"] | paired
         else:
-            figures = trio.run(run, args.gbytes, args.flows, args.tunnels, Path(tmp), args.encrypt)
+            figures = trio.run(
+                run, args.gbytes, args.flows, args.tunnels, Path(tmp), *_agent_options(args)
+            )
     cost = hashing_cost_s_per_gb()
     floor = 2 * cost  # both ends make one pass of leaf MACs over every byte: CPU floor per GB
     figures["hash_floor_cpu_s_per_gb"] = floor
@@ -210,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{a} {v['user']:.2f} user + {v['system']:.2f} system"
             for a, v in figures["cpu_s_per_gb_by_agent"].items()
         )
+        + f"; busy (CPU s / wall s) {_busy(figures)}"
     )
     print(
         f"leaf MACs alone: {floor:.2f} CPU s/GB ({default_algorithm()}, {cost:.2f} per end) -> "
