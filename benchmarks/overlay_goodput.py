@@ -11,13 +11,21 @@ bytes); also per agent, user and system apart.
 --encrypt: the agents run with a fresh PKI and --encrypt-data (chunks travel as AES-GCM records,
 overlay/sealed.py; the control channel to the in-test controller peer is TLS as well).
 
+Busy = CPU seconds / wall seconds of each agent over that interval (1.0: one core all the
+time); it separates "the agent waits for something" (busy well below the CPU it could get)
+from "the agent gets too little CPU" on a shared machine. The agents and iperf3's client and
+server each run in a session of their own (setsid), as services would: with Linux's scheduler
+autogroups (kernel.sched_autogroup_enabled=1) the CPU is shared fairly between sessions, so
+processes sharing this benchmark's session would split one session's share between them
+(--shared-session does that). --agent-arg ARG (repeatable) adds a terra-agent option.
+
 --pairs N (default 1; 0: no iperf3): N interleaved pairs of (iperf3 -P <tunnels> moving the same
 bytes between the same two loopback addresses, one agent run); iperf3's CPU s/GB is the user +
 system time of its client and server (os.wait4 rusage). Medians over the pairs are printed with
 the ratio agent / iperf3, and the 1-minute load average before each run (the machine is shared).
 
     uv run python -m benchmarks.overlay_goodput [--gbytes 2] [--flows 4] [--tunnels 4]
-        [--pairs 3] [--encrypt] [--json OUT]
+        [--pairs 3] [--encrypt] [--shared-session] [--agent-arg ARG ...] [--json OUT]
 
 Prints the figures; --json OUT writes {"goodput_gbytes_per_s": x, "cpu_s_per_gb": x, ...,
 "pairs": [...], "median": {...}}.
