@@ -196,6 +196,8 @@ class Controller:
         self.policy_lock = threading.RLock()  # taken before `lock`, never while holding it
         self.agents_back = threading.Condition(self.lock)  # notified on every registration
         self.started_mono = time.monotonic()
+        # a controller with a past (a restart, a new leader) waits for its agents to return
+        self.agent_return_s = AGENT_RETURN_S if self.journal.live else 0.0
         self._leaving: list[int] = []  # coflows to remove from the policy (under `lock`)
         self.rates: FlowRates = {}
         self.allocation: Allocation = {}
@@ -766,9 +768,11 @@ class Controller:
             )
         return journal_status(coflow_id, entry, waiting)
 
-    def await_agents(self, flows: object, window_s: float = AGENT_RETURN_S) -> None:
+    def await_agents(self, flows: object, window_s: float | None = None) -> None:
         """Wait until every agent that `flows` names as "src" or "dst" is registered, for at
-        most what is left of the controller's first `window_s` seconds (monotonic).
+        most what is left of the controller's first `window_s` seconds (monotonic; None:
+        `agent_return_s`, AGENT_RETURN_S when the controller started with a journal that
+        holds coflows, else 0: a controller without a past expects no agent back).
 
         A restarted controller, or a new leader after a failover, has no agents until they
         connect again (within a second of its listening); a submit arriving meanwhile waits
@@ -776,7 +780,7 @@ class Controller:
         that are not strings) it returns at once and the submit's own checks decide.
         """
         names = named_agents(flows)
-        end = self.started_mono + window_s
+        end = self.started_mono + (self.agent_return_s if window_s is None else window_s)
         with self.agents_back:
             while names - self.registry.agents.keys():
                 left = end - time.monotonic()
