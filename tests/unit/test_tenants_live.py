@@ -20,7 +20,7 @@ from terra_security.pki import Identity, PkiError, Role, init_ca, issue, peer_id
 from topologies import load_topology
 
 AGENTS = [("hk1", "HK"), ("hk2", "HK"), ("ba1", "BA"), ("ba2", "BA")]
-TWO = '[tenants.gold]\nweight = 3\n\n[tenants.bronze]\nweight = 1\n'
+TWO = "[tenants.gold]\nweight = 3\n\n[tenants.bronze]\nweight = 1\n"
 OPERATOR = Identity("noc", Role.OPERATOR)
 
 
@@ -91,9 +91,7 @@ def test_a_job_cannot_name_its_tenant_in_a_request():
     controller, _ = tenant_controller(TWO)
     handler = ApiHandler(controller)
     job = Identity("etl", Role.JOB, tenant="bronze")
-    reply = handler.handle(
-        {"v": 1, "op": "submit", "flows": [flow("f")], "tenant": "gold"}, job
-    )
+    reply = handler.handle({"v": 1, "op": "submit", "flows": [flow("f")], "tenant": "gold"}, job)
     assert reply["code"] == "bad_request" and "tenant" in reply["error"]
     reply = handler.handle({"v": 1, "op": "submit", "flows": [flow("f")]}, job)
     assert reply["ok"]
