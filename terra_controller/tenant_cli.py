@@ -108,14 +108,14 @@ def add_tenant_ctl(ops) -> None:
     sub = tenant.add_subparsers(dest="tenant_op", required=True, metavar="ACTION")
     sub.add_parser("list", help="every tenant: weight, share, coflows, rate, guarantee")
     show = sub.add_parser("show", help="one tenant (a job: its own)")
-    show.add_argument("name", nargs="?", metavar="NAME", help="the tenant (operators)")
+    show.add_argument("tenant_name", nargs="?", metavar="NAME", help="the tenant (operators)")
     put = sub.add_parser("set", help="add a tenant or change its weight and limits")
-    put.add_argument("name", metavar="NAME", help="the tenant")
+    put.add_argument("tenant_name", metavar="NAME", help="the tenant")
     put.add_argument("--weight", type=float, required=True, help="weight (> 0)")
     put.add_argument("--max-coflows", type=int, metavar="N", help="active coflows at most")
     put.add_argument("--max-bytes", type=int, metavar="B", help="bytes in flight at most")
     rm = sub.add_parser("remove", help="drop a tenant without active coflows")
-    rm.add_argument("name", metavar="NAME", help="the tenant")
+    rm.add_argument("tenant_name", metavar="NAME", help="the tenant")
 
 
 def run_tenant_ctl(client, args) -> int:
@@ -128,8 +128,8 @@ def run_tenant_ctl(client, args) -> int:
 
     request: dict = {"op": {"list": "tenants", "show": "tenant", "set": "tenant_set",
                             "remove": "tenant_remove"}[args.tenant_op]}  # fmt: skip
-    if getattr(args, "name", None) is not None:
-        request["name"] = args.name
+    if getattr(args, "tenant_name", None) is not None:  # args.name: the client's certificate
+        request["name"] = args.tenant_name
     if args.tenant_op == "set":
         request["weight"] = args.weight
         for key in ("max_coflows", "max_bytes"):

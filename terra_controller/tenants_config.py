@@ -167,7 +167,7 @@ def make_limits(
     try:
         limits = msgspec.convert(fields, TenantLimits)
     except msgspec.ValidationError as exc:
-        raise TenantsError(f"tenant {name}: {_plain(str(exc))}") from None
+        raise TenantsError(f"tenant {name}: {_located(str(exc), '', [])}") from None
     check_limits(name, limits)
     return limits
 
