@@ -238,3 +238,15 @@ def test_live_changes_survive_a_restart_unless_the_file_changed(tmp_path):
     assert book.weights() == {"gold": 5.0, "bronze": 1.0}
     assert book.owners == {"etl": "gold"}
     changed.close()
+
+
+def test_the_readme_tenants_file_is_valid():
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    blocks = re.findall(r"```toml\n(.*?)```", readme, re.DOTALL)
+    assert blocks
+    for block in blocks:
+        config = parse_tenants(block, "README")
+        assert config.default.tenant in config.tenants
