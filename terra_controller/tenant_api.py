@@ -54,12 +54,16 @@ def op_tenant(handler, request: dict, identity: Identity) -> dict:
     """ "tenant": the caller's own tenant's row (jobs), or `name`'s (operators)."""
     _only(request, {"name"})
     book = book_of(handler.controller)
-    if identity.may(Role.OPERATOR) and "name" in request:
+    if identity.role is Role.JOB and not identity.insecure:
+        name = book.resolve(identity.tenant)  # a job sees its own tenant only
+    elif "name" in request:
         name = request["name"]
         if name not in book.weights():
             raise RegistryError("unknown_tenant", f"no tenant {name!r:.70}")
+    elif identity.insecure:
+        name = book.fallback()
     else:
-        name = book.owner_tenant(None) if identity.insecure else book.resolve(identity.tenant)
+        raise RegistryError("bad_request", "an operator names the tenant (tenant show NAME)")
     return {"tenant": book.row(name)}
 
 

@@ -335,7 +335,11 @@ class LiveTenantPolicy:
         """Give the inner policy the book's tenants and weights if they changed."""
         if self.applied != self.book.version:
             version, weights = self.book.version, self.book.weights()
-            self.inner.set_weights(weights)
+            try:
+                self.inner.set_weights(weights)
+            except ValueError as exc:  # a removed tenant's coflows have not left yet
+                LOG.warning("tenant change waits: %s", exc)
+                return
             self.applied = version
             LOG.info("tenant weights now %s", weights)
 
@@ -353,6 +357,10 @@ class LiveTenantPolicy:
             with book.lock:
                 book.coflows[coflow.id] = tenant
                 book.in_flight[coflow.id] = coflow.wan_bytes
+        if tenant not in self.inner.spec.weights:  # removed meanwhile: the default's
+            tenant = book.fallback()
+            with book.lock:
+                book.coflows[coflow.id] = tenant
         self.inner.spec.tenant_of[coflow.id] = tenant
         ok = False
         try:
