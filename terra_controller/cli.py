@@ -573,7 +573,7 @@ def add_ctl_parser(commands) -> argparse.ArgumentParser:
     """Add `ctl` (one subparser per operation, each with its operands) to `commands`."""
     ctl = commands.add_parser(
         "ctl",
-        help="operator and job commands through a running controller's coflow API",
+        help="operator and job commands to a running controller",
         description="Send one request to a running controller's coflow API and print the "
         "answer as JSON. link-down, link-up and capacity need an operator certificate "
         "(with --no-openflow, link state comes only from these). Exit status 0, or 1 when "

@@ -26,11 +26,12 @@ from terra_core.cli_support import HelpFormatter
 
 def add_tenant_arguments(p: argparse.ArgumentParser) -> None:
     """Add --tenants FILE and --isolation {none,tenants} to the controller's parser."""
-    p.add_argument("--tenants", metavar="FILE", help="tenants and weights (TOML; README)")
     p.add_argument(
-        "--isolation", choices=("none", "tenants"),
-        help="tenants: the WAN shared by tenant weights (default with --tenants); none",
-    )  # fmt: skip
+        "--tenants", metavar="FILE", help="tenant weights (TOML); --isolation none ignores it"
+    )
+    # {none,tenants}; default: tenants with --tenants. Named in --tenants' help only (the
+    # help page stays one screen); README and docs/design.md 4.5 describe it.
+    p.add_argument("--isolation", choices=("none", "tenants"), help=argparse.SUPPRESS)
 
 
 def tenant_book_of(args, p: argparse.ArgumentParser):
