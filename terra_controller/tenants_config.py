@@ -34,8 +34,11 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from terra_core.tenant_shares import DEFAULT_SHARING
 from terra_security.pki import NAME_RE
+
+# terra_core.tenant_shares.SHARINGS, not imported here: that module loads the solver (numpy,
+# HiGHS), which the controller imports only after it listens (tests check the two agree)
+Sharing = Literal["cooperative", "strict", "static"]
 
 
 class TenantsError(ValueError):
@@ -68,7 +71,7 @@ class TenantsFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     tenants: dict[str, TenantLimits]
     default: DefaultTenant = msgspec.field(default_factory=DefaultTenant)
-    sharing: Literal["cooperative", "strict", "static"] = DEFAULT_SHARING
+    sharing: Sharing = "cooperative"
 
 
 def load_tenants(path: str | Path) -> TenantsFile:

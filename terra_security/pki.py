@@ -188,9 +188,7 @@ def init_ca(directory: PathArg, hosts: list[str] | None = None) -> list[Path]:
     return written
 
 
-def issue(
-    directory: PathArg, role: Role | str, name: str, tenant: str | None = None
-) -> list[Path]:
+def issue(directory: PathArg, role: Role | str, name: str, tenant: str | None = None) -> list[Path]:
     """Issue a certificate for participant `name` with `role` from the CA in `directory`.
 
     Args:

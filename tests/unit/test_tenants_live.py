@@ -250,3 +250,12 @@ def test_the_readme_tenants_file_is_valid():
     for block in blocks:
         config = parse_tenants(block, "README")
         assert config.default.tenant in config.tenants
+
+
+def test_the_file_knows_every_sharing_of_the_policy():
+    from typing import get_args
+
+    from terra_controller.tenants_config import Sharing
+    from terra_core.tenant_shares import SHARINGS
+
+    assert get_args(Sharing) == SHARINGS
