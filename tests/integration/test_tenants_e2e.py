@@ -2,7 +2,7 @@
 (test_controller_e2e.System). Two job certificates of two tenants (weights 3:1) submit
 coflows over the same DC pair; the rates the controller gives follow the weights; a job of
 a tenant not in the file is refused; `ctl tenant set` changes the split live, a bad value
-changes nothing, and a restart keeps the change."""
+changes nothing, and a restart or a failover to a standby on etcd keeps the change."""
 
 from __future__ import annotations
 
@@ -124,3 +124,28 @@ def urlopen_text(system: System, path: str) -> str:
 
     with urllib.request.urlopen(system.rest + path, timeout=5, context=system.rest_tls) as r:
         return r.read().decode()
+
+
+def test_a_new_leader_keeps_the_live_change(tmp_path, pki):
+    from test_controller_ha import Cluster
+
+    (tmp_path / "tenants.toml").write_text(TENANTS)
+    cluster = Cluster(tmp_path, pki, extra=("--tenants", str(tmp_path / "tenants.toml")))
+    try:
+        cluster.start_controller(0)
+        cluster.ready(0, 60)
+        cluster.start_controller(1)
+        first = cluster.client(0)
+        changed = first.tenant_request({"op": "tenant_set", "name": "bronze", "weight": 2.5,
+                                        "max_coflows": 7})  # fmt: skip
+        assert changed["tenant"]["weight"] == 2.5
+        first.close()
+        cluster.controllers[0].kill()  # SIGKILL: its lease expires, the standby leads
+        cluster.ready(1, 60)
+        second = cluster.client(1)
+        rows = {r["name"]: r for r in second.tenant_request({"op": "tenants"})["tenants"]}
+        second.close()
+        assert (rows["bronze"]["weight"], rows["bronze"]["max_coflows"]) == (2.5, 7)
+        assert rows["gold"]["weight"] == 3.0
+    finally:
+        cluster.stop()
