@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+import msgpack
 import pytest
 
 from terra_controller.api_server import ApiHandler
@@ -17,6 +18,7 @@ from terra_controller.tenants_config import TenantsError, parse_tenants
 from terra_core.registry import SchedulerOptions
 from terra_core.terra_policy import TerraPolicy
 from terra_security.pki import Identity, PkiError, Role, init_ca, issue, peer_identity
+from terra_wire.api import INVALID, decode_request
 from topologies import load_topology
 
 AGENTS = [("hk1", "HK"), ("hk2", "HK"), ("ba1", "BA"), ("ba2", "BA")]
@@ -93,6 +95,8 @@ def test_a_job_cannot_name_its_tenant_in_a_request():
     job = Identity("etl", Role.JOB, tenant="bronze")
     reply = handler.handle({"v": 1, "op": "submit", "flows": [flow("f")], "tenant": "gold"}, job)
     assert reply["code"] == "bad_request" and "tenant" in reply["error"]
+    wire = decode_request(msgpack.packb({"v": 1, "op": "submit", "flows": [], "tenant": "gold"}))
+    assert INVALID in wire  # on the wire too: answered bad_request, nothing submitted
     reply = handler.handle({"v": 1, "op": "submit", "flows": [flow("f")]}, job)
     assert reply["ok"]
     status = handler.handle({"v": 1, "op": "status", "coflow": reply["coflow"]}, job)
