@@ -67,6 +67,7 @@ from terra_controller.resume import (
     missing_agents,
     resume_request,
 )
+from terra_controller.tenants import tenant_admission
 from terra_core.policy import Allocation, Policy
 from terra_model import Coflow
 from terra_model.states import MAX_CLIENT_ID, CoflowStatus, FlowStatus
@@ -345,6 +346,7 @@ class Controller:
                 deadline_s += age  # relative to the arrival: still `deadline` s from now
             if not all(f.intra_dc or f.done for f in parsed):  # WAN flows: the policy decides
                 probe = Coflow(coflow_key(cid), arrival, policy_flows, deadline_s)
+                tenant_admission(self, probe, owner)  # tenants.py: its limits (tenant_limit)
                 try:
                     admitted = self.policy.add_coflow(probe, now)
                 except ValueError as exc:
