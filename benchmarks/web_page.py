@@ -40,45 +40,18 @@ LINK_CAP = 2e6  # bytes/s on every link while the page is looked at
 SMALL, BIG = 200_000, 400_000_000  # bytes (BIG runs > 100 s at the capped rates)
 
 
-class PageSession:
-    """Controller + agents + browser on the page; use as a context manager.
+class PageDriver:
+    """The operator page open in a browser, driven as a user would: waits, table rows,
+    clicks, the map's links, screenshots.
 
     Args:
-        workdir: directory for the agents' logs and spill files.
-
-    Attributes:
-        ctl: the ControllerProcess. client: an operator TerraClient. driver: the WebDriver.
-        small, big: the two coflows' ids.
+        driver: a Selenium WebDriver with the page loaded (browser.start_browser).
+        ctl: anything with `get(path)` returning a REST route's decoded JSON (the page's
+            content is compared with it).
     """
 
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = Path(workdir)
-        self.ctl = ControllerProcess("swan", extra=["--rest-public"], log=self.workdir / "ctl.log")
-        self.procs, self.driver, self.client = [], None, None
-        try:
-            self.procs = start_agents(self.ctl, AGENTS, self.workdir, tunnels=4)
-            self.ctl.wait_agents(len(AGENTS))
-            self.client = self.ctl.client()
-            for a, b in SWAN_LINKS:
-                self.client.set_capacity(a, b, LINK_CAP)
-            self.small = self.client.submit_coflow(
-                [{"id": "s", "src": "hk1", "dst": "la1", "bytes": SMALL}]
-            )
-            self.big = self.client.submit_coflow(
-                [{"id": "b", "src": "hk1", "dst": "la1", "bytes": BIG}], deadline=3600
-            )
-            self.wait(lambda: self.client.check_status(self.small)["state"] == "done", 60)
-            self.driver = start_browser()
-            self.driver.get(self.ctl.rest + "/")
-        except BaseException:
-            self.close()
-            raise
-
-    def __enter__(self) -> PageSession:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __init__(self, driver, ctl) -> None:
+        self.driver, self.ctl = driver, ctl
 
     @staticmethod
     def wait(predicate, timeout: float, what: str = "condition") -> None:
@@ -122,11 +95,20 @@ class PageSession:
         Select(self.driver.find_element("id", "tunnel-dst")).select_by_value(dst)
 
     def click(self, css: str) -> None:
-        """Click the element `css` selects where a user would (its centre), as a mouse does."""
+        """Click the element `css` selects where a user would (its centre), as a mouse does.
+        The page redraws every second: an element replaced between finding it and moving to
+        it (StaleElementReferenceException, raised before any click) is found again."""
+        from selenium.common.exceptions import StaleElementReferenceException
         from selenium.webdriver.common.action_chains import ActionChains
 
-        element = self.driver.find_element("css selector", css)
-        ActionChains(self.driver).move_to_element(element).click().perform()
+        for attempt in range(5):
+            element = self.driver.find_element("css selector", css)
+            try:
+                ActionChains(self.driver).move_to_element(element).click().perform()
+                return
+            except StaleElementReferenceException:
+                if attempt == 4:
+                    raise
 
     def busy_link(self, coflow: int) -> str:
         """A link ("A>B") REST /links says `coflow` has a rate on now (waits up to 30 s)."""
@@ -144,13 +126,40 @@ class PageSession:
         """Click a link of the map `coflow` uses, then the coflow in the link's list: the
         coflow view opens. Returns the link clicked."""
         link = self.busy_link(coflow)
+        self.click_link(link, coflow)
+        self.open_listed_coflow(coflow)
+        return link
+
+    def click_link(self, link: str, coflow: int) -> None:
+        """Click `link` ("A>B") on the map; wait until its list of coflows shows `coflow`."""
         self.click(f'#wan line.hit[data-link="{link}"]')
         button = f'#link-coflows button[data-coflow="{coflow}"]'
         self.wait(lambda: self.driver.find_element("css selector", button).is_displayed(), 45,
                   "the link's coflow list")  # fmt: skip
-        self.click(button)
+
+    def open_listed_coflow(self, coflow: int) -> None:
+        """Click `coflow` in the clicked link's list; wait until its view shows its flows."""
+        self.click(f'#link-coflows button[data-coflow="{coflow}"]')
         self.wait(lambda: self.rows("coflow-flows"), 45, "the coflow's flows")
-        return link
+
+    def sign_in(self, token: str, topology: str, timeout: float = 60) -> None:
+        """Sign in with an operator token (`terra-controller ctl login`) in the page's login
+        box, as an operator pastes it; wait until the page shows `topology`'s data.
+
+        Raises:
+            TimeoutError: no login box, or no data after signing in, within `timeout` s.
+        """
+        self.wait(lambda: self.driver.find_element("id", "login").is_displayed(), timeout,
+                  "the login box")  # fmt: skip
+        self.driver.find_element("id", "login-token").send_keys(token)
+        self.driver.find_element("id", "login-button").click()
+        self.wait(lambda: self.driver.find_element("id", "topology-name").text == topology,
+                  timeout, "the page's data")  # fmt: skip
+
+    def panel_screenshot(self, panel: str, path: Path) -> Path:
+        """Save a PNG of one panel of the page (`#panel-<panel>`) to `path`."""
+        self.driver.find_element("id", f"panel-{panel}").screenshot(str(path))
+        return path
 
     def label_overlaps(self) -> list:
         """Pairs of link labels (#wan text.load) whose boxes on screen overlap, and labels
@@ -173,6 +182,50 @@ class PageSession:
         self.driver.set_window_size(1400, min(4000, height + 140))
         self.driver.save_screenshot(str(path))
         return path
+
+class PageSession(PageDriver):
+    """Controller + agents + browser on the page; use as a context manager.
+
+    Args:
+        workdir: directory for the agents' logs and spill files.
+
+    Attributes:
+        ctl: the ControllerProcess. client: an operator TerraClient. driver: the WebDriver.
+        small, big: the two coflows' ids.
+    """
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = Path(workdir)
+        self.ctl = ControllerProcess("swan", extra=["--rest-public"], log=self.workdir / "ctl.log")
+        self.procs, self.driver, self.client = [], None, None
+        try:
+            self.procs = start_agents(self.ctl, AGENTS, self.workdir, tunnels=4)
+            self.ctl.wait_agents(len(AGENTS))
+            self.client = self.ctl.client()
+            for a, b in SWAN_LINKS:
+                self.client.set_capacity(a, b, LINK_CAP)
+            self.small = self.client.submit_coflow(
+                [{"id": "s", "src": "hk1", "dst": "la1", "bytes": SMALL}]
+            )
+            self.big = self.client.submit_coflow(
+                [{"id": "b", "src": "hk1", "dst": "la1", "bytes": BIG}], deadline=3600
+            )
+            self.wait(lambda: self.client.check_status(self.small)["state"] == "done", 60)
+            self.open_page()
+        except BaseException:
+            self.close()
+            raise
+
+    def open_page(self) -> None:
+        """Start the browser on the controller's page."""
+        self.driver = start_browser()
+        self.driver.get(self.ctl.rest + "/")
+
+    def __enter__(self) -> PageSession:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def close(self) -> None:
         """Quit the browser, cancel the running coflow, stop agents and controller."""
@@ -209,8 +262,7 @@ class MapSession(PageSession):
                 dst = (i + stride) % len(dcs)
                 self.client.submit_coflow([{"id": "f", "src": f"a{i}", "dst": f"a{dst}",
                                             "bytes": BIG}])  # fmt: skip
-            self.driver = start_browser()
-            self.driver.get(self.ctl.rest + "/")
+            self.open_page()
         except BaseException:
             self.close()
             raise
