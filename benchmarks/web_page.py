@@ -19,7 +19,10 @@ every DC (benchmarks/loopback_system.FakeAgent: no bytes move) and coflows betwe
 pairs, so that most links carry an allocation and a label: web_page_map_<topology>.png (the
 map panel only).
 
-Run: uv run python benchmarks/web_page.py [--out docs/img]
+It also prints the page weight: the bytes the browser fetched for the page's own files
+(document, app.js, style.css; Resource Timing transferSize), target under 200 kB.
+
+Run: uv run python benchmarks/web_page.py [--out docs/img] [--weight (the weight alone)]
 Needs: apt-get install chromium chromium-driver (scripts/install.sh).
 """
 
@@ -161,6 +164,19 @@ class PageDriver:
         self.driver.find_element("id", f"panel-{panel}").screenshot(str(path))
         return path
 
+    def page_weight(self) -> dict[str, int]:
+        """Bytes the browser fetched for the page's own files (the document and /static/*,
+        not the JSON it polls), per path and "total": Navigation and Resource Timing's
+        transferSize (body as sent plus response headers; 0 when served from the cache, so
+        measure on a fresh load)."""
+        entries = self.js(
+            "return [...performance.getEntriesByType('navigation'),"
+            " ...performance.getEntriesByType('resource')]"
+            ".map(e => [new URL(e.name).pathname, e.transferSize]);"
+        )
+        own = {path: size for path, size in entries if path == "/" or path.startswith("/static/")}
+        return {**own, "total": sum(own.values())}
+
     def label_overlaps(self) -> list:
         """Pairs of link labels (#wan text.load) whose boxes on screen overlap, and labels
         drawn smaller than 10 px: [] when every label is readable."""
@@ -279,13 +295,20 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "docs"
                    / "img")  # fmt: skip
+    p.add_argument("--weight", action="store_true",
+                   help="only print the page weight (its own files), no screenshots")  # fmt: skip
     args = p.parse_args()
     reason = browser_missing()
     if reason:
         raise SystemExit(f"web_page.py: {reason}")
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="terra-web-") as tmp, PageSession(Path(tmp)) as s:
-        s.wait_updates(4)
+        s.wait_updates(2)
+        weight = s.page_weight()
+        print(f"page weight: {weight['total'] / 1000:.1f} kB (target < 200 kB): {weight}")
+        if args.weight:
+            return
+        s.wait_updates(2)
         s.open_coflow_from_map(s.big)
         s.wait_updates(6)
         print(s.screenshot(args.out / "web_page.png"))

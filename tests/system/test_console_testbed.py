@@ -1,15 +1,16 @@
 """The operator console in headless Chromium during a real transfer on the SWAN testbed.
 
-`terra-testbed swan --quick --no-failure --load 20` (Mininet, Open vSwitch, five real agents
-moving real bytes; at load 20 Terra's run lasts over a minute) runs as a subprocess. Once its
-agents are registered, an operator token comes from `terra-controller ctl login` (the
-testbed's operator certificate), and Debian's chromium, driven by Selenium through the
-system chromedriver, opens the page the testbed printed (REST of the controller, in the
-root namespace) and signs in with the token, as an operator without a client certificate
-does. Then, as a user: a link of the map carrying a coflow that moves bytes, that coflow
-in the link's list, its view (flows, sender and receiver agents, tunnels, rates, progress,
-compared with REST read over CA-verified TLS with the same token), the agents and the event
-log. SIGTERM then ends the run; everything the testbed started must be gone.
+`terra-testbed swan --quick --no-failure --load 40` (Mininet, Open vSwitch, five real agents
+moving real bytes: twice those of a Terra run that took 58 s at load 20) runs as a
+subprocess. Once its agents are registered, an operator token comes from `terra-controller
+ctl login` (the testbed's operator certificate), and Debian's chromium, driven by Selenium
+through the system chromedriver, opens the page the testbed printed (REST of the
+controller, in the root namespace) and signs in with the token, as an operator without a
+client certificate does. Then, as a user: a link of the map carrying a coflow that moves
+bytes, that coflow in the link's list, its view (flows, sender and receiver agents,
+tunnels, rates, progress, compared with REST read over CA-verified TLS with the same
+token), the agents and the event log. SIGTERM then ends the run; everything the testbed
+started must be gone.
 
 Screenshots of the panels go to $TERRA_SCREENSHOTS when set (docs/img/testbed_console_*.png
 come from `TERRA_SCREENSHOTS=docs/img`), else to the test's temporary directory. Skips when
@@ -41,7 +42,10 @@ pytestmark = [
     pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing())),
 ]
 
-TESTBED_ARGS = ["swan", "--quick", "--no-failure", "--load", "20", "--timeout", "120"]
+# At load 20 Terra's run took 58 s (load average 12); load 40 doubles every flow's bytes, so
+# the coflows keep moving while a loaded machine's browser clicks through. SIGTERM ends the
+# run once the test is done: its length does not add to the test's.
+TESTBED_ARGS = ["swan", "--quick", "--no-failure", "--load", "40", "--timeout", "300"]
 TOPOLOGY = "swan-testbed"  # the testbed topology's name, shown in the page's header
 DCS = {"HK", "LA", "NY", "FL", "BA"}
 CONSOLE_RE = re.compile(r"operator page (\S+)/ .*--api (\S+) --pki (\S+) --name (\S+) login")
@@ -171,7 +175,9 @@ def test_click_through_from_the_map_to_a_coflow_during_a_testbed_transfer(ovs, t
         click_through(page, rest, coflow, shots)
         agents_and_events(page, rest, coflow, shots)
         # Still a real transfer when the click-through ended: the coflow moves on.
-        assert rest.get(f"/coflows/{coflow}")["state"] == "running"
+        end = rest.get(f"/coflows/{coflow}")
+        assert end["state"] == "running"
+        progress = f"coflow {coflow} at {100 * end['bytes_delivered'] / end['bytes_total']:.0f} %"
     finally:
         if driver is not None:
             driver.quit()
@@ -180,7 +186,10 @@ def test_click_through_from_the_map_to_a_coflow_during_a_testbed_transfer(ovs, t
     assert code == 130, testbed.output()
     assert not (_bridges() & OUR_BRIDGES)
     assert _processes_mentioning(str(work)) == []
-    print(f"console click-through on the testbed: {took:.0f} s, screenshots in {shots}")
+    print(
+        f"console click-through on the testbed: {took:.0f} s ({progress} at its end), "
+        f"screenshots in {shots}"
+    )
 
 
 def click_through(page: PageDriver, rest: TokenRest, coflow: int, shots: Path) -> None:
