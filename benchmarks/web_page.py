@@ -133,12 +133,18 @@ class PageDriver:
         self.open_listed_coflow(coflow)
         return link
 
-    def click_link(self, link: str, coflow: int) -> None:
-        """Click `link` ("A>B") on the map; wait until its list of coflows shows `coflow`."""
-        self.click(f'#wan line.hit[data-link="{link}"]')
+    def click_link(self, link: str, coflow: int, timeout: float = 45) -> None:
+        """Click `link` ("A>B") on the map (unless it is the link selected already: a second
+        click unselects it); wait until its list of coflows shows `coflow`.
+
+        Raises:
+            TimeoutError: `coflow` not listed within `timeout` seconds.
+        """
+        if self.js("return state.selectedLink") != link:
+            self.click(f'#wan line.hit[data-link="{link}"]')
         button = f'#link-coflows button[data-coflow="{coflow}"]'
-        self.wait(lambda: self.driver.find_element("css selector", button).is_displayed(), 45,
-                  "the link's coflow list")  # fmt: skip
+        self.wait(lambda: self.driver.find_element("css selector", button).is_displayed(),
+                  timeout, "the link's coflow list")  # fmt: skip
 
     def open_listed_coflow(self, coflow: int) -> None:
         """Click `coflow` in the clicked link's list; wait until its view shows its flows."""
