@@ -205,6 +205,7 @@ class PageDriver:
         self.driver.save_screenshot(str(path))
         return path
 
+
 class PageSession(PageDriver):
     """Controller + agents + browser on the page; use as a context manager.
 
