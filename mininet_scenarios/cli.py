@@ -369,8 +369,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-
-
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 

@@ -42,15 +42,15 @@ from mininet_scenarios.testbed_processes import (
 from terra_controller.client import TerraClient
 
 ETCD_MEMBERS = 3
-# etcd lease of the leader (terra-controller --lease-ttl): the shortest etcd grants at its
-# default election timeout (1 s: a minimum TTL of 1.5 s, rounded up to whole seconds); a
-# killed leader's lease expires 1.3-2 s after the kill (it is refreshed every TTL / 3), and
-# etcd notices within its 0.5 s expiry check.
-LEASE_TTL_S = 2
+# etcd lease of the leader (terra-controller --lease-ttl) and etcd's election timeout: a
+# killed leader's lease expires within one TTL of the kill (it is refreshed every TTL / 3)
+# plus etcd's 0.5 s expiry check. etcd grants no lease below 1.5 election timeouts, so its
+# default 1 s timeout allows 2 s at least; the testbed's members share one host's loopback,
+# where a 500 ms election timeout (50 ms heartbeats) is ample and allows a 1 s lease.
+LEASE_TTL_S = 1
+ETCD_ELECTION_MS = 500
 POLL_S = 0.02
 TAKEOVER_TIMEOUT_S = 60.0
-
-
 
 
 class CountingClient(TerraClient):
@@ -88,7 +88,9 @@ class ControllerCluster:
         self.rest_tls.check_hostname = False  # urllib dials an IP; the CA still verifies it
         try:
             data = Path(tempfile.mkdtemp(prefix="etcd-", dir=workdir))  # no earlier run's
-            members, self.etcd = start_etcd(data, ETCD_MEMBERS, new_session=True)
+            members, self.etcd = start_etcd(
+                data, ETCD_MEMBERS, new_session=True, election_ms=ETCD_ELECTION_MS
+            )
         except (FileNotFoundError, RuntimeError) as exc:
             raise TestbedError(f"etcd: {exc}") from exc
         for m in members:

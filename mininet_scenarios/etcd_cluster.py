@@ -16,7 +16,7 @@ from mininet_scenarios.ports import free_port
 
 def start_etcd(
     workdir: Path, members: int = 1, host: str = "127.0.0.1", timeout_s: float = 30.0,
-    new_session: bool = False,
+    new_session: bool = False, election_ms: int | None = None,
 ):  # fmt: skip
     """Start an etcd cluster of `members` processes, data in workdir/etcd-N, on free ports of
     `host`; wait until every member answers /health.
@@ -24,6 +24,9 @@ def start_etcd(
     Args:
         new_session: start each member in its own session (process group), as the testbed
             starts everything it stops with killpg.
+        election_ms: etcd's --election-timeout (heartbeat a tenth of it); None: etcd's
+            default 1,000 ms. etcd grants no lease shorter than 1.5 election timeouts
+            (rounded up to whole seconds): 500 ms allows a 1 s lease.
 
     Returns:
         ([the members' Popen], ["HOST:PORT" client address of each member]).
@@ -38,6 +41,10 @@ def start_etcd(
         raise FileNotFoundError("etcd is not installed (apt-get install etcd-server)")
     ports = [(free_port(host), free_port(host)) for _ in range(members)]
     initial = ",".join(f"m{i}=http://{host}:{peer}" for i, (_, peer) in enumerate(ports))
+    timing = []
+    if election_ms is not None:
+        timing = ["--election-timeout", str(election_ms),
+                  "--heartbeat-interval", str(max(election_ms // 10, 10))]  # fmt: skip
     procs = []
     for i, (client, peer) in enumerate(ports):
         with open(workdir / f"etcd-{i}.log", "ab") as log:
@@ -47,7 +54,7 @@ def start_etcd(
                  "--advertise-client-urls", f"http://{host}:{client}",
                  "--listen-peer-urls", f"http://{host}:{peer}",
                  "--initial-advertise-peer-urls", f"http://{host}:{peer}",
-                 "--initial-cluster", initial],
+                 "--initial-cluster", initial, *timing],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=new_session,
             ))  # fmt: skip
     addrs = [f"{host}:{client}" for client, _ in ports]
@@ -70,8 +77,6 @@ def etcd_healthy(addr: str, timeout_s: float) -> bool:
             pass
         time.sleep(0.1)
     return False
-
-
 
 
 def _kill(proc: subprocess.Popen, group: bool) -> None:

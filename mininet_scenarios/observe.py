@@ -185,8 +185,6 @@ scrape_configs:
 """
 
 
-
-
 class PageShots:
     """The operator page of a controller in headless Chromium, for screenshots.
 

@@ -486,7 +486,7 @@ class AgentChannel:
         self.controller.events.add("agent_registered", agent=info.id, dc=info.dc)
         self.controller.metrics.registrations.inc()
         conn.send({"t": "registered", "agent": info.id})
-        self.controller.resume()  # journaled coflows whose agents are all back now
+        self.controller.agent_registered()  # waiting submits; journaled coflows resume
         self.apply_inflight()
         self.push_tunnels()
         with self.controller.lock:

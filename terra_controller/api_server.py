@@ -28,6 +28,8 @@ Operations (request fields -> reply fields):
     cancel  coflow                                 -> (nothing more; state "cancelled")
     list                                           -> coflows: [{id, state, bytes_total,
                                                       bytes_delivered, cct_s, name, tags}]
+                                                      (also those that ended before a
+                                                      restart or failover)
     agents                                         -> dcs: [DC], agents: [{id, dc,
                                                       connected}] (the endpoints a job
                                                       may name; no addresses)
@@ -186,6 +188,7 @@ class ApiHandler:
         wanted = request.get("coflow")
         flows, deadline = request.get("flows"), request.get("deadline")
         ref = _ref_of(request, identity)
+        self.controller.await_agents(flows)  # agents coming back after a restart/failover
         cid = self.controller.submit(flows, deadline, wanted, request.get("age_s"), identity.name,
                                      request.get("name"), request.get("tags"),
                                      ref[1] if ref else None,
@@ -208,10 +211,13 @@ class ApiHandler:
 
     def _list(self, request: dict, identity: Identity) -> dict:
         keys = ("id", "state", "bytes_total", "bytes_delivered", "cct_s", "name", "tags")
-        coflows = self.controller.snapshot().coflows
-        if not identity.may(Role.OPERATOR):
+        coflows = list(self.controller.snapshot().coflows)
+        every = identity.may(Role.OPERATOR)
+        if not every:
             mine = self.controller.coflows_of(identity.name)
             coflows = [c for c in coflows if c["id"] in mine]
+        # and those ended before a restart or failover, or still to be resumed
+        coflows += self.controller.journal_only_statuses(identity.name, every)
         return {"coflows": [{k: c[k] for k in keys} for c in coflows]}
 
     def _agents(self, request: dict, identity: Identity) -> dict:

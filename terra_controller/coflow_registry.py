@@ -254,6 +254,21 @@ class CoflowState:
         )
 
 
+def named_agents(flows: object) -> set[str]:
+    """The agent ids a submit's `flows` ([{"src", "dst", ...}]) name, as far as they are
+    strings in maps of a list of at most MAX_FLOWS_PER_REQUEST items; anything else names
+    none (parse_flows refuses it later)."""
+    if not isinstance(flows, list) or len(flows) > MAX_FLOWS_PER_REQUEST:
+        return set()
+    return {
+        item[key]
+        for item in flows
+        if isinstance(item, dict)
+        for key in ("src", "dst")
+        if isinstance(item.get(key), str)
+    }
+
+
 def new_secret() -> bytes:
     """A new coflow secret: SECRET_BYTES bytes from the OS CSPRNG."""
     return secrets.token_bytes(SECRET_BYTES)

@@ -49,6 +49,7 @@ from terra_controller.coflow_registry import (
     check_labels,
     coflow_key,
     flow_key,
+    named_agents,
     new_secret,
     parse_coflow_key,
     to_policy_flow,
@@ -79,6 +80,7 @@ FlowRates = dict[int, dict[str, list[tuple[Path, float]]]]
 
 AGENT_TIMEOUT_S = 60.0  # an endpoint agent disconnected this long fails its unfinished coflows
 KEEP_FINISHED = 10_000  # finished coflows kept for status requests (the oldest are dropped)
+AGENT_RETURN_S = 5.0  # after a start or a takeover, a submit waits this long for its agents
 MAX_RESTARTS = 3  # re-transfers of a flow from byte 0 after digest mismatches before it fails
 STATS_KEPT = 1000  # entries of stats["round_ms"] / stats["allocate_ms"]
 
@@ -192,6 +194,8 @@ class Controller:
         self.t0 = self.clock()
         self.lock = threading.RLock()
         self.policy_lock = threading.RLock()  # taken before `lock`, never while holding it
+        self.agents_back = threading.Condition(self.lock)  # notified on every registration
+        self.started_mono = time.monotonic()
         self._leaving: list[int] = []  # coflows to remove from the policy (under `lock`)
         self.rates: FlowRates = {}
         self.allocation: Allocation = {}
@@ -740,6 +744,17 @@ class Controller:
             return None
         return self.journal.live.get(coflow_id)
 
+    def journal_only_statuses(self, owner: str | None = None, every: bool = False) -> list[dict]:
+        """Status maps (journal_status) of the coflows known only from the journal: ended
+        before this controller's start (a restart or a failover) or waiting to be resumed,
+        by id; only `owner`'s unless `every`."""
+        with self.lock:
+            return [
+                self._journal_status(cid)
+                for cid, entry in sorted(self.journal.live.items())
+                if cid not in self.registry.coflows and (every or entry.owner == owner)
+            ]
+
     def _journal_status(self, coflow_id: int) -> dict:
         """journal_status of a coflow known only from the journal (lock held)."""
         entry = self.journal.live[coflow_id]
@@ -750,6 +765,31 @@ class Controller:
                 f": waiting for agents {', '.join(missing)}" if missing else ""
             )
         return journal_status(coflow_id, entry, waiting)
+
+    def await_agents(self, flows: object, window_s: float = AGENT_RETURN_S) -> None:
+        """Wait until every agent that `flows` names as "src" or "dst" is registered, for at
+        most what is left of the controller's first `window_s` seconds (monotonic).
+
+        A restarted controller, or a new leader after a failover, has no agents until they
+        connect again (within a second of its listening); a submit arriving meanwhile waits
+        for them instead of being refused "unknown_agent". After the window (or for names
+        that are not strings) it returns at once and the submit's own checks decide.
+        """
+        names = named_agents(flows)
+        end = self.started_mono + window_s
+        with self.agents_back:
+            while names - self.registry.agents.keys():
+                left = end - time.monotonic()
+                if left <= 0:
+                    return
+                self.agents_back.wait(left)
+
+    def agent_registered(self) -> list[int]:
+        """An agent registered: wake submits waiting for it (`await_agents`), then resume the
+        journal's coflows whose agents are all back (`resume`)."""
+        with self.agents_back:
+            self.agents_back.notify_all()
+        return self.resume()
 
     def resume(self) -> list[int]:
         """Admit again the journal's coflows that had not ended (terra_controller/resume.py)

@@ -35,17 +35,40 @@ def _processes_mentioning(text: str) -> list[int]:
     return pids
 
 
+def _run_testbed(args: list[str], work: Path, timeout_s: float) -> None:
+    """Run `terra-testbed` with `args`; on a timeout end it with SIGTERM (its own teardown),
+    then fail showing its output's and its controllers' logs' last lines; fail likewise on a
+    non-zero exit status."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mininet_scenarios.cli", *args, "--workdir", str(work)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+        why = f"exit status {proc.returncode}"
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        why = f"no end within {timeout_s:g} s"
+    if proc.returncode == 0 and why.startswith("exit"):
+        return
+    logs = [f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-25:])
+            for p in sorted(work.glob("controller*.log"))]  # fmt: skip
+    pytest.fail(f"terra-testbed {' '.join(args)}: {why}\n" + "\n".join(out.splitlines()[-60:])
+                + "\n" + "\n".join(logs))  # fmt: skip
+
+
 @pytest.mark.ovs
 def test_quick_testbed_run_meets_the_correctness_targets_and_cleans_up(ovs, tmp_path):
     """`terra-testbed swan --quick`: 6 FB coflows, LA-NY down 2 s after the first arrival."""
     work = tmp_path / "work"
     out = tmp_path / "out.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "mininet_scenarios.cli", "swan", "--quick", "--json", str(out),
-         "--plots", str(tmp_path / "plots"), "--workdir", str(work)],
-        capture_output=True, text=True, timeout=170,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _run_testbed(["swan", "--quick", "--json", str(out), "--plots", str(tmp_path / "plots")],
+                 work, 170)  # fmt: skip
     result = json.loads(out.read_text())
     assert SUMMARY_KEYS <= set(result)
     assert result["bytes_lost"] == 0
@@ -97,22 +120,13 @@ def test_sigterm_mid_run_tears_everything_down(ovs, tmp_path):
 
 
 @pytest.mark.ovs
-@pytest.mark.skipif(
-    os.environ.get("TERRA_HA_TESTBED") != "1",
-    reason="opt-in (TERRA_HA_TESTBED=1): one run in three did not finish within its timeout",
-)
 def test_three_controllers_the_leader_killed_mid_transfer_lose_nothing(ovs, tmp_path):
     """`--quick --controllers 3 --kill-leader-at 4 --no-failure`: the leader dies (SIGKILL)
     while coflows move; another takes over, every coflow completes from the state in etcd."""
     work = tmp_path / "work"
     out = tmp_path / "out.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "mininet_scenarios.cli", "swan", "--quick", "--no-failure",
-         "--controllers", "3", "--kill-leader-at", "4", "--json", str(out),
-         "--workdir", str(work)],
-        capture_output=True, text=True, timeout=170,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _run_testbed(["swan", "--quick", "--no-failure", "--controllers", "3",
+                  "--kill-leader-at", "4", "--json", str(out)], work, 240)  # fmt: skip
     result = json.loads(out.read_text())
     t = result["takeover"]
     assert t["kill_s"] >= 4 and t["coflows_active"] >= 1

@@ -7,6 +7,7 @@ does the same with real processes and bytes.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -143,3 +144,48 @@ def test_a_resubmission_of_a_coflow_done_before_the_restart_does_not_run_it_agai
         second.submit([{"id": "f", "src": "a1", "dst": "b1", "bytes": 100}], coflow_id=cid,
                       owner="intruder")  # fmt: skip
     second.close()
+
+
+def test_a_submit_just_after_a_restart_waits_for_its_agents_instead_of_being_refused(tmp_path):
+    c = controller(tmp_path, agents=())
+    with pytest.raises(RegistryError, match="unknown agent"):
+        c.submit(FLOWS)  # the registry alone refuses it: the API waits first
+    done = []
+    waiter = threading.Thread(target=lambda: done.append((c.await_agents(FLOWS),
+                                                          time.monotonic())))  # fmt: skip
+    waiter.start()
+    time.sleep(0.3)
+    assert not done  # a1, b1, c1 have not registered
+    for agent in ("a1", "b1", "c1"):
+        c.registry.register_agent(agent, agent[0].upper(), "127.0.0.1:30000")
+        registered = time.monotonic()
+        c.agent_registered()
+    waiter.join(5)
+    assert done and done[0][1] - registered < 1.0
+    assert c.submit(FLOWS) >= 0
+
+
+def test_after_the_agents_return_window_an_unknown_agent_is_refused_at_once(tmp_path):
+    c = controller(tmp_path)
+    c.started_mono -= 10.0  # started 10 s ago: past the window
+    typo = [dict(FLOWS[0], dst="b2")]
+    begun = time.monotonic()
+    c.await_agents(typo)
+    assert time.monotonic() - begun < 0.5
+    with pytest.raises(RegistryError, match="unknown agent 'b2'"):
+        c.submit(typo)
+    c.started_mono = time.monotonic()
+    begun = time.monotonic()
+    c.await_agents(typo, window_s=0.4)  # within the window it waits, but not past it
+    assert 0.3 < time.monotonic() - begun < 2.0
+
+
+def test_coflows_ended_before_a_restart_are_listed_for_their_owner_only(tmp_path):
+    first = controller(tmp_path)
+    cid = first.submit(FLOWS[:1], owner="job1")
+    first.cancel(cid)
+    first.close()
+    second = controller(tmp_path)
+    assert [s["id"] for s in second.journal_only_statuses("job1")] == [cid]
+    assert second.journal_only_statuses("job2") == []
+    assert [s["state"] for s in second.journal_only_statuses(every=True)] == ["cancelled"]
