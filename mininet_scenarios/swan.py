@@ -59,6 +59,7 @@ from mininet_scenarios.testbed_processes import (
     Processes,
     TestbedController,
     TestbedError,
+    console_line,
     make_pki,
     read_wan_bytes,
     wait_until,
@@ -417,6 +418,7 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
         pki = make_pki(opts.workdir, [host.name for _, host in binding.all_hosts()])
         for phase, name in enumerate(opts.schedulers):
             ctl = _start_controllers(opts, topo_path, procs, pki, name)
+            log(console_line(ctl, pki))
             t_start = time.monotonic()
             if wan is None:
                 wan = build_wan(topology, binding, of_port=opts.of_port,
