@@ -368,7 +368,12 @@ class LoopbackHarness:
     first. Agent i normally gets host 127.0.0.(i+2). rate_limiter: every agent's
     AgentConfig.rate_limiter (terra-agent --rate-limiter): "bucket" (default) or "pacing".
     agent_nofile: the open-file limit (RLIMIT_NOFILE) subprocess agents run under (their
-    connection caps follow from it); None (default): this process's.
+    connection caps follow from it); None (default): this process's. agent_args: extra
+    terra-agent options given to every subprocess agent (e.g. ["--tcp-congestion", "cubic"]).
+    own_sessions: each subprocess agent starts in a session of its own (setsid), as a service
+    would run, so with Linux's scheduler autogroups (kernel.sched_autogroup_enabled) it gets
+    its own share of the CPU instead of sharing this process's; False (default): this
+    process's session (Ctrl-C reaches the agents too).
     """
 
     def __init__(
@@ -381,12 +386,16 @@ class LoopbackHarness:
         encrypt_data: bool = False,
         rate_limiter: str = "bucket",
         agent_nofile: int | None = None,
+        agent_args: list[str] | tuple[str, ...] = (),
+        own_sessions: bool = False,
     ) -> None:
         if encrypt_data and pki is None:
             raise ValueError("encrypt_data needs a pki")
         self.nursery = nursery
         self.rate_limiter = rate_limiter
         self.agent_nofile = agent_nofile
+        self.agent_args = list(agent_args)
+        self.own_sessions = own_sessions
         self.pki = pki
         self.encrypt_data = encrypt_data
         self.workdir = Path(workdir)
@@ -490,7 +499,8 @@ class LoopbackHarness:
             cmd.append("--encrypt-data")
         if cfg.data_root is not None:
             cmd += ["--data-root", cfg.data_root]
-        options = {}
+        cmd += self.agent_args
+        options = {"start_new_session": self.own_sessions}
         if self.agent_nofile is not None:
             options["preexec_fn"] = functools.partial(_limit_files, self.agent_nofile)
         try:

@@ -11,13 +11,21 @@ bytes); also per agent, user and system apart.
 --encrypt: the agents run with a fresh PKI and --encrypt-data (chunks travel as AES-GCM records,
 overlay/sealed.py; the control channel to the in-test controller peer is TLS as well).
 
+Busy = CPU seconds / wall seconds of each agent over that interval (1.0: one core all the
+time); it separates "the agent waits for something" (busy well below the CPU it could get)
+from "the agent gets too little CPU" on a shared machine. The agents and iperf3's client and
+server each run in a session of their own (setsid), as services would: with Linux's scheduler
+autogroups (kernel.sched_autogroup_enabled=1) the CPU is shared fairly between sessions, so
+processes sharing this benchmark's session would split one session's share between them
+(--shared-session does that). --agent-arg ARG (repeatable) adds a terra-agent option.
+
 --pairs N (default 1; 0: no iperf3): N interleaved pairs of (iperf3 -P <tunnels> moving the same
 bytes between the same two loopback addresses, one agent run); iperf3's CPU s/GB is the user +
 system time of its client and server (os.wait4 rusage). Medians over the pairs are printed with
 the ratio agent / iperf3, and the 1-minute load average before each run (the machine is shared).
 
     uv run python -m benchmarks.overlay_goodput [--gbytes 2] [--flows 4] [--tunnels 4]
-        [--pairs 3] [--encrypt] [--json OUT]
+        [--pairs 3] [--encrypt] [--shared-session] [--agent-arg ARG ...] [--json OUT]
 
 Prints the figures; --json OUT writes {"goodput_gbytes_per_s": x, "cpu_s_per_gb": x, ...,
 "pairs": [...], "median": {...}}.
@@ -73,8 +81,17 @@ def make_pki(workdir: Path) -> Path:
     return pki
 
 
-async def run(gbytes: float, flows: int, tunnels: int, workdir: Path, encrypt=False) -> dict:
-    """Run one transfer; returns the figures as a dict."""
+async def run(
+    gbytes: float,
+    flows: int,
+    tunnels: int,
+    workdir: Path,
+    encrypt=False,
+    agent_args=(),
+    own_sessions=True,
+) -> dict:
+    """Run one transfer (`agent_args`: extra terra-agent options; own_sessions: each agent in
+    a session of its own, LoopbackHarness); returns the figures as a dict."""
     size = int(gbytes * 1e9 / flows)
     pki = None
     if encrypt:
@@ -82,7 +99,14 @@ async def run(gbytes: float, flows: int, tunnels: int, workdir: Path, encrypt=Fa
         if not pki.exists():
             make_pki(workdir)
     async with trio.open_nursery() as nursery:
-        h = LoopbackHarness(nursery, workdir, pki=pki, encrypt_data=encrypt)
+        h = LoopbackHarness(
+            nursery,
+            workdir,
+            pki=pki,
+            encrypt_data=encrypt,
+            agent_args=agent_args,
+            own_sessions=own_sessions,
+        )
         await h.start()
         await h.add_agent("snd", "HK", subprocess=True)
         await h.add_agent("rcv", "LA", subprocess=True)
@@ -99,12 +123,17 @@ async def run(gbytes: float, flows: int, tunnels: int, workdir: Path, encrypt=Fa
     total = size * flows
     gb = total / 1e9
     by_agent = {
-        a: {"user": (cpu1[a][0] - cpu0[a][0]) / gb, "system": (cpu1[a][1] - cpu0[a][1]) / gb}
+        a: {
+            "user": (cpu1[a][0] - cpu0[a][0]) / gb,
+            "system": (cpu1[a][1] - cpu0[a][1]) / gb,
+            "utilisation": (sum(cpu1[a]) - sum(cpu0[a])) / elapsed,  # CPU s / wall s
+        }
         for a in procs
     }
     return {
         "goodput_gbytes_per_s": total / elapsed / 1e9,
         "cpu_s_per_gb": sum(v["user"] + v["system"] for v in by_agent.values()),
+        "utilisation": {a: v["utilisation"] for a, v in by_agent.items()},
         "cpu_s_per_gb_by_agent": by_agent,
         "bytes": total,
         "seconds": elapsed,
@@ -114,14 +143,16 @@ async def run(gbytes: float, flows: int, tunnels: int, workdir: Path, encrypt=Fa
     }
 
 
-def run_iperf3(nbytes: int, streams: int) -> dict:
-    """iperf3 -P `streams` moving `nbytes` from 127.0.0.2 to 127.0.0.3 (a one-off server);
-    returns GB/s (received bytes / the client's wall time) and CPU s/GB of client + server."""
+def run_iperf3(nbytes: int, streams: int, own_sessions: bool = True) -> dict:
+    """iperf3 -P `streams` moving `nbytes` from 127.0.0.2 to 127.0.0.3 (a one-off server;
+    own_sessions: client and server each in a session of its own, like the agents); returns
+    GB/s (received bytes / the client's wall time) and CPU s/GB of client + server."""
     port = free_port_block("127.0.0.3", 1)
     server = subprocess.Popen(
         ["iperf3", "-s", "-1", "-B", "127.0.0.3", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=own_sessions,
     )
     time.sleep(0.3)  # the server binds its port
     t0 = time.perf_counter()
@@ -130,6 +161,7 @@ def run_iperf3(nbytes: int, streams: int) -> dict:
         + ["-P", str(streams), "-n", str(nbytes), "-J"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
+        start_new_session=own_sessions,
     )
     out = client.stdout.read()
     _, _, client_usage = os.wait4(client.pid, 0)
@@ -145,18 +177,31 @@ def run_iperf3(nbytes: int, streams: int) -> dict:
     }
 
 
+def _agent_options(args) -> tuple:
+    """run()'s (encrypt, agent_args, own_sessions) from the parsed arguments."""
+    return args.encrypt, args.agent_arg, not args.shared_session
+
+
+def _busy(agents: dict) -> str:
+    """Each agent's CPU s per wall s of a run, e.g. "snd 0.52 rcv 0.41"."""
+    return " ".join(f"{a} {u:.2f}" for a, u in agents["utilisation"].items())
+
+
 def run_pairs(args, workdir: Path) -> dict:
     """args.pairs interleaved (iperf3, agents) runs; medians and ratios."""
     pairs = []
     for _ in range(args.pairs):
         load = os.getloadavg()[0]
-        perf = run_iperf3(int(args.gbytes * 1e9), args.tunnels)
-        agents = trio.run(run, args.gbytes, args.flows, args.tunnels, workdir, args.encrypt)
+        perf = run_iperf3(int(args.gbytes * 1e9), args.tunnels, not args.shared_session)
+        agents = trio.run(
+            run, args.gbytes, args.flows, args.tunnels, workdir, *_agent_options(args)
+        )
         pairs.append({"load_avg_1min": load, "iperf3": perf, "agents": agents})
         print(
             f"load {load:.2f}: iperf3 {perf['goodput_gbytes_per_s']:.3f} GB/s "
             f"{perf['cpu_s_per_gb']:.3f} CPU s/GB | agents "
-            f"{agents['goodput_gbytes_per_s']:.3f} GB/s {agents['cpu_s_per_gb']:.3f} CPU s/GB",
+            f"{agents['goodput_gbytes_per_s']:.3f} GB/s {agents['cpu_s_per_gb']:.3f} CPU s/GB, "
+            f"busy {_busy(agents)}",
             flush=True,
         )
 
@@ -169,6 +214,8 @@ def run_pairs(args, workdir: Path) -> dict:
         for key in ("goodput_gbytes_per_s", "cpu_s_per_gb")
     }
     med["cpu_ratio"] = med["agents_cpu_s_per_gb"] / med["iperf3_cpu_s_per_gb"]
+    for a in pairs[0]["agents"]["utilisation"]:
+        med[f"utilisation_{a}"] = statistics.median(p["agents"]["utilisation"][a] for p in pairs)
     med["load_avg_1min"] = statistics.median(p["load_avg_1min"] for p in pairs)
     return {"pairs": pairs, "median": med}
 
@@ -182,6 +229,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write the figures as JSON to this file")
     p.add_argument("--pairs", type=int, default=1, help="interleaved iperf3/agent pairs (0: none)")
     p.add_argument("--encrypt", action="store_true", help="agents with --encrypt-data")
+    p.add_argument(
+        "--agent-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra terra-agent option for both agents (repeat: --agent-arg=--tcp-congestion "
+        "--agent-arg=cubic)",
+    )
+    p.add_argument(
+        "--shared-session",
+        action="store_true",
+        help="run the agents and iperf3 in this process's session (one scheduler autogroup "
+        "for all of them) instead of a session each",
+    )
     args = p.parse_args(argv)
     setup_logging("WARNING")
     if args.pairs and shutil.which("iperf3") is None:
@@ -192,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
             paired = run_pairs(args, Path(tmp))
             figures = paired["pairs"][-1]["agents"] | paired
         else:
-            figures = trio.run(run, args.gbytes, args.flows, args.tunnels, Path(tmp), args.encrypt)
+            figures = trio.run(
+                run, args.gbytes, args.flows, args.tunnels, Path(tmp), *_agent_options(args)
+            )
     cost = hashing_cost_s_per_gb()
     floor = 2 * cost  # both ends make one pass of leaf MACs over every byte: CPU floor per GB
     figures["hash_floor_cpu_s_per_gb"] = floor
@@ -210,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{a} {v['user']:.2f} user + {v['system']:.2f} system"
             for a, v in figures["cpu_s_per_gb_by_agent"].items()
         )
+        + f"; busy (CPU s / wall s) {_busy(figures)}"
     )
     print(
         f"leaf MACs alone: {floor:.2f} CPU s/GB ({default_algorithm()}, {cost:.2f} per end) -> "

@@ -19,7 +19,10 @@ every DC (benchmarks/loopback_system.FakeAgent: no bytes move) and coflows betwe
 pairs, so that most links carry an allocation and a label: web_page_map_<topology>.png (the
 map panel only).
 
-Run: uv run python benchmarks/web_page.py [--out docs/img]
+It also prints the page weight: the bytes the browser fetched for the page's own files
+(document, app.js, style.css; Resource Timing transferSize), target under 200 kB.
+
+Run: uv run python benchmarks/web_page.py [--out docs/img] [--weight (the weight alone)]
 Needs: apt-get install chromium chromium-driver (scripts/install.sh).
 """
 
@@ -40,45 +43,18 @@ LINK_CAP = 2e6  # bytes/s on every link while the page is looked at
 SMALL, BIG = 200_000, 400_000_000  # bytes (BIG runs > 100 s at the capped rates)
 
 
-class PageSession:
-    """Controller + agents + browser on the page; use as a context manager.
+class PageDriver:
+    """The operator page open in a browser, driven as a user would: waits, table rows,
+    clicks, the map's links, screenshots.
 
     Args:
-        workdir: directory for the agents' logs and spill files.
-
-    Attributes:
-        ctl: the ControllerProcess. client: an operator TerraClient. driver: the WebDriver.
-        small, big: the two coflows' ids.
+        driver: a Selenium WebDriver with the page loaded (browser.start_browser).
+        ctl: anything with `get(path)` returning a REST route's decoded JSON (the page's
+            content is compared with it).
     """
 
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = Path(workdir)
-        self.ctl = ControllerProcess("swan", extra=["--rest-public"], log=self.workdir / "ctl.log")
-        self.procs, self.driver, self.client = [], None, None
-        try:
-            self.procs = start_agents(self.ctl, AGENTS, self.workdir, tunnels=4)
-            self.ctl.wait_agents(len(AGENTS))
-            self.client = self.ctl.client()
-            for a, b in SWAN_LINKS:
-                self.client.set_capacity(a, b, LINK_CAP)
-            self.small = self.client.submit_coflow(
-                [{"id": "s", "src": "hk1", "dst": "la1", "bytes": SMALL}]
-            )
-            self.big = self.client.submit_coflow(
-                [{"id": "b", "src": "hk1", "dst": "la1", "bytes": BIG}], deadline=3600
-            )
-            self.wait(lambda: self.client.check_status(self.small)["state"] == "done", 60)
-            self.driver = start_browser()
-            self.driver.get(self.ctl.rest + "/")
-        except BaseException:
-            self.close()
-            raise
-
-    def __enter__(self) -> PageSession:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __init__(self, driver, ctl) -> None:
+        self.driver, self.ctl = driver, ctl
 
     @staticmethod
     def wait(predicate, timeout: float, what: str = "condition") -> None:
@@ -122,11 +98,20 @@ class PageSession:
         Select(self.driver.find_element("id", "tunnel-dst")).select_by_value(dst)
 
     def click(self, css: str) -> None:
-        """Click the element `css` selects where a user would (its centre), as a mouse does."""
+        """Click the element `css` selects where a user would (its centre), as a mouse does.
+        The page redraws every second: an element replaced between finding it and moving to
+        it (StaleElementReferenceException, raised before any click) is found again."""
+        from selenium.common.exceptions import StaleElementReferenceException
         from selenium.webdriver.common.action_chains import ActionChains
 
-        element = self.driver.find_element("css selector", css)
-        ActionChains(self.driver).move_to_element(element).click().perform()
+        for attempt in range(5):
+            element = self.driver.find_element("css selector", css)
+            try:
+                ActionChains(self.driver).move_to_element(element).click().perform()
+                return
+            except StaleElementReferenceException:
+                if attempt == 4:
+                    raise
 
     def busy_link(self, coflow: int) -> str:
         """A link ("A>B") REST /links says `coflow` has a rate on now (waits up to 30 s)."""
@@ -144,13 +129,59 @@ class PageSession:
         """Click a link of the map `coflow` uses, then the coflow in the link's list: the
         coflow view opens. Returns the link clicked."""
         link = self.busy_link(coflow)
-        self.click(f'#wan line.hit[data-link="{link}"]')
-        button = f'#link-coflows button[data-coflow="{coflow}"]'
-        self.wait(lambda: self.driver.find_element("css selector", button).is_displayed(), 45,
-                  "the link's coflow list")  # fmt: skip
-        self.click(button)
-        self.wait(lambda: self.rows("coflow-flows"), 45, "the coflow's flows")
+        self.click_link(link, coflow)
+        self.open_listed_coflow(coflow)
         return link
+
+    def click_link(self, link: str, coflow: int, timeout: float = 45) -> None:
+        """Click `link` ("A>B") on the map (unless it is the link selected already: a second
+        click unselects it); wait until its list of coflows shows `coflow`.
+
+        Raises:
+            TimeoutError: `coflow` not listed within `timeout` seconds.
+        """
+        if self.js("return state.selectedLink") != link:
+            self.click(f'#wan line.hit[data-link="{link}"]')
+        button = f'#link-coflows button[data-coflow="{coflow}"]'
+        self.wait(lambda: self.driver.find_element("css selector", button).is_displayed(),
+                  timeout, "the link's coflow list")  # fmt: skip
+
+    def open_listed_coflow(self, coflow: int) -> None:
+        """Click `coflow` in the clicked link's list; wait until its view shows its flows."""
+        self.click(f'#link-coflows button[data-coflow="{coflow}"]')
+        self.wait(lambda: self.rows("coflow-flows"), 45, "the coflow's flows")
+
+    def sign_in(self, token: str, topology: str, timeout: float = 60) -> None:
+        """Sign in with an operator token (`terra-controller ctl login`) in the page's login
+        box, as an operator pastes it; wait until the page shows `topology`'s data.
+
+        Raises:
+            TimeoutError: no login box, or no data after signing in, within `timeout` s.
+        """
+        self.wait(lambda: self.driver.find_element("id", "login").is_displayed(), timeout,
+                  "the login box")  # fmt: skip
+        self.driver.find_element("id", "login-token").send_keys(token)
+        self.driver.find_element("id", "login-button").click()
+        self.wait(lambda: self.driver.find_element("id", "topology-name").text == topology,
+                  timeout, "the page's data")  # fmt: skip
+
+    def panel_screenshot(self, panel: str, path: Path) -> Path:
+        """Save a PNG of one panel of the page (`#panel-<panel>`) to `path`."""
+        self.driver.find_element("id", f"panel-{panel}").screenshot(str(path))
+        return path
+
+    def page_weight(self) -> dict[str, int]:
+        """Bytes the browser fetched for the page's own files (the document and /static/*,
+        not the JSON it polls), per path and "total": Navigation and Resource Timing's
+        transferSize (body as sent plus response headers; 0 when served from the cache, so
+        measure on a fresh load)."""
+        entries = self.js(
+            "return [...performance.getEntriesByType('navigation'),"
+            " ...performance.getEntriesByType('resource')]"
+            ".map(e => [new URL(e.name).pathname, e.transferSize]);"
+        )
+        own = {path: size for path, size in entries if path == "/" or path.startswith("/static/")}
+        return {**own, "total": sum(own.values())}
 
     def label_overlaps(self) -> list:
         """Pairs of link labels (#wan text.load) whose boxes on screen overlap, and labels
@@ -173,6 +204,51 @@ class PageSession:
         self.driver.set_window_size(1400, min(4000, height + 140))
         self.driver.save_screenshot(str(path))
         return path
+
+
+class PageSession(PageDriver):
+    """Controller + agents + browser on the page; use as a context manager.
+
+    Args:
+        workdir: directory for the agents' logs and spill files.
+
+    Attributes:
+        ctl: the ControllerProcess. client: an operator TerraClient. driver: the WebDriver.
+        small, big: the two coflows' ids.
+    """
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = Path(workdir)
+        self.ctl = ControllerProcess("swan", extra=["--rest-public"], log=self.workdir / "ctl.log")
+        self.procs, self.driver, self.client = [], None, None
+        try:
+            self.procs = start_agents(self.ctl, AGENTS, self.workdir, tunnels=4)
+            self.ctl.wait_agents(len(AGENTS))
+            self.client = self.ctl.client()
+            for a, b in SWAN_LINKS:
+                self.client.set_capacity(a, b, LINK_CAP)
+            self.small = self.client.submit_coflow(
+                [{"id": "s", "src": "hk1", "dst": "la1", "bytes": SMALL}]
+            )
+            self.big = self.client.submit_coflow(
+                [{"id": "b", "src": "hk1", "dst": "la1", "bytes": BIG}], deadline=3600
+            )
+            self.wait(lambda: self.client.check_status(self.small)["state"] == "done", 60)
+            self.open_page()
+        except BaseException:
+            self.close()
+            raise
+
+    def open_page(self) -> None:
+        """Start the browser on the controller's page."""
+        self.driver = start_browser()
+        self.driver.get(self.ctl.rest + "/")
+
+    def __enter__(self) -> PageSession:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def close(self) -> None:
         """Quit the browser, cancel the running coflow, stop agents and controller."""
@@ -209,8 +285,7 @@ class MapSession(PageSession):
                 dst = (i + stride) % len(dcs)
                 self.client.submit_coflow([{"id": "f", "src": f"a{i}", "dst": f"a{dst}",
                                             "bytes": BIG}])  # fmt: skip
-            self.driver = start_browser()
-            self.driver.get(self.ctl.rest + "/")
+            self.open_page()
         except BaseException:
             self.close()
             raise
@@ -227,13 +302,20 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "docs"
                    / "img")  # fmt: skip
+    p.add_argument("--weight", action="store_true",
+                   help="only print the page weight (its own files), no screenshots")  # fmt: skip
     args = p.parse_args()
     reason = browser_missing()
     if reason:
         raise SystemExit(f"web_page.py: {reason}")
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="terra-web-") as tmp, PageSession(Path(tmp)) as s:
-        s.wait_updates(4)
+        s.wait_updates(2)
+        weight = s.page_weight()
+        print(f"page weight: {weight['total'] / 1000:.1f} kB (target < 200 kB): {weight}")
+        if args.weight:
+            return
+        s.wait_updates(2)
         s.open_coflow_from_map(s.big)
         s.wait_updates(6)
         print(s.screenshot(args.out / "web_page.png"))

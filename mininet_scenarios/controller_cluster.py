@@ -134,6 +134,11 @@ class ControllerCluster:
         """terra-agent's --controller value: every controller's agents' port on `host`."""
         return ",".join(f"{host}:{p['agents']}" for p in self.ports)
 
+    def console(self) -> tuple[str, str]:
+        """(REST base URL, coflow API "host:port") of the controller believed to lead."""
+        ports = self.ports[self.leader]
+        return f"https://127.0.0.1:{ports['rest']}", f"127.0.0.1:{ports['api']}"
+
     def client(self, timeout: float) -> CountingClient:
         """A TerraClient of the job master given every controller. It keeps no coflow for
         resubmission (max_open=0): a coflow survives a failover only when the new leader

@@ -60,6 +60,7 @@ from mininet_scenarios.testbed_processes import (
     Processes,
     TestbedController,
     TestbedError,
+    console_line,
     make_pki,
     read_wan_bytes,
     wait_until,
@@ -468,6 +469,7 @@ def _scheduler_phase(bed: _Testbed, phase: int, name: str, raw: dict) -> None:
     """
     opts = bed.opts
     bed.ctl = ctl = _start_controllers(opts, bed.topo_path, bed.procs, bed.pki, name)
+    bed.log(console_line(ctl, bed.pki))
     t_start = time.monotonic()
     if bed.wan is None:
         _build_wan(bed, ctl)

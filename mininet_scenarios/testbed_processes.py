@@ -135,6 +135,10 @@ class TestbedController:
         """terra-agent's --controller value: the agents' port on `host`."""
         return f"{host}:{self.agents_port}"
 
+    def console(self) -> tuple[str, str]:
+        """(REST base URL of the operator page, coflow API "host:port" for `ctl login`)."""
+        return self.rest, f"{self.api[0]}:{self.api[1]}"
+
     def client(self, timeout: float) -> TerraClient:
         """A TerraClient of the job master (certificate JOB_NAME)."""
         return TerraClient(*self.api, pki=self.pki, name=JOB_NAME, timeout=timeout)
@@ -166,6 +170,17 @@ def controller_argv(
         "--state-dir", tempfile.mkdtemp(prefix="controller-state-", dir=workdir),
         *(["--rest-public"] if rest_public else []), *extra,
     ]  # fmt: skip
+
+
+def console_line(ctl, pki: Path) -> str:
+    """What the testbed prints for an operator once `ctl` (TestbedController or
+    ControllerCluster) runs: the page's address in the root namespace and the command
+    whose token signs the page in (the controller accepts only its own tokens)."""
+    rest, api = ctl.console()
+    return (
+        f"{ctl.scheduler}: operator page {rest}/ (sign in with the token of `terra-controller "
+        f"ctl --api {api} --pki {pki} --name {OPERATOR_NAME} login`)"
+    )
 
 
 def wait_until(predicate, timeout: float, what: str, poll_s: float = 0.1) -> None:

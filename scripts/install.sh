@@ -9,8 +9,9 @@ export DEBIAN_FRONTEND=noninteractive
 # mnexec and its tools (Debian's mininet pulls iperf, net-tools, socat, cgroup-tools), ping,
 # ethtool (offloads off), iproute2 (ip, tc/HTB), psmisc and procps (killall/pkill for `mn -c`),
 # prometheus (its promtool checks deploy/prometheus; the testbed's --observe runs it),
-# chromium and chromium-driver (headless browser for tests/integration/test_web_page.py, driven by Selenium
-# through the system chromedriver: nothing is downloaded at run time), etcd-server (the shared
+# chromium and chromium-driver (headless browser for tests/integration/test_web_page.py and
+# tests/system/test_console_testbed.py, driven by Selenium through the system chromedriver:
+# nothing is downloaded at run time), etcd-server (the shared
 # state of several controllers, terra-controller --etcd; tests start their own etcd processes).
 APT_PACKAGES=(openvswitch-switch mininet iputils-ping ethtool iproute2 psmisc procps prometheus
               chromium chromium-driver etcd-server)

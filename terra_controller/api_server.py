@@ -28,6 +28,8 @@ Operations (request fields -> reply fields):
     cancel  coflow                                 -> (nothing more; state "cancelled")
     list                                           -> coflows: [{id, state, bytes_total,
                                                       bytes_delivered, cct_s, name, tags}]
+                                                      (also those that ended before a
+                                                      restart or failover)
     agents                                         -> dcs: [DC], agents: [{id, dc,
                                                       connected}] (the endpoints a job
                                                       may name; no addresses)
@@ -38,6 +40,9 @@ Operations (request fields -> reply fields):
                                                       the caller's certificate name and role
                                                       (terra_security/tokens.py; default
                                                       900 s)
+    tenant, tenants, tenant_set, tenant_remove     -> see tenant_api.py (a job: its own
+                                                      tenant's share; operators: all, and
+                                                      live changes)
 
 Who may do what: job clients (role "job") submit coflows and see and change
 only their own; operators see and change every coflow and alone may send
@@ -60,6 +65,7 @@ from collections import OrderedDict
 
 from terra_controller.coflow_registry import RegistryError
 from terra_controller.controller import Controller
+from terra_controller.tenant_api import TENANT_OPS, TENANT_ROLES, submit_tenant, with_tenant
 from terra_controller.transport import (
     FRAME_TIMEOUT_S,
     ServerSecurity,
@@ -186,6 +192,7 @@ class ApiHandler:
         wanted = request.get("coflow")
         flows, deadline = request.get("flows"), request.get("deadline")
         ref = _ref_of(request, identity)
+        submit_tenant(self.controller, identity)  # its certificate's tenant, or unknown_tenant
         self.controller.await_agents(flows)  # agents coming back after a restart/failover
         cid = self.controller.submit(flows, deadline, wanted, request.get("age_s"), identity.name,
                                      request.get("name"), request.get("tags"),
@@ -195,7 +202,8 @@ class ApiHandler:
 
     def _status(self, request: dict, identity: Identity) -> dict:
         _only(request, {"coflow"})
-        return {"status": self.controller.status(self._owned(request.get("coflow"), identity))}
+        status = self.controller.status(self._owned(request.get("coflow"), identity))
+        return {"status": with_tenant(self.controller, status)}
 
     def _update(self, request: dict, identity: Identity) -> dict:
         _only(request, {"coflow", "flows"})
@@ -209,10 +217,13 @@ class ApiHandler:
 
     def _list(self, request: dict, identity: Identity) -> dict:
         keys = ("id", "state", "bytes_total", "bytes_delivered", "cct_s", "name", "tags")
-        coflows = self.controller.snapshot().coflows
-        if not identity.may(Role.OPERATOR):
+        coflows = list(self.controller.snapshot().coflows)
+        every = identity.may(Role.OPERATOR)
+        if not every:
             mine = self.controller.coflows_of(identity.name)
             coflows = [c for c in coflows if c["id"] in mine]
+        # and those ended before a restart or failover, or still to be resumed
+        coflows += self.controller.journal_only_statuses(identity.name, every)
         return {"coflows": [{k: c[k] for k in keys} for c in coflows]}
 
     def _agents(self, request: dict, identity: Identity) -> dict:
@@ -257,6 +268,7 @@ _OPS = {
     "link_state": ApiHandler._link_state,
     "capacity": ApiHandler._capacity,
     "login": ApiHandler._login,
+    **TENANT_OPS,
 }
 _JOBS = (Role.JOB, Role.OPERATOR)
 _ROLES = {  # op -> roles allowed to call it
@@ -270,6 +282,7 @@ _ROLES = {  # op -> roles allowed to call it
     "link_state": (Role.OPERATOR,),
     "capacity": (Role.OPERATOR,),
     "login": _JOBS,
+    **TENANT_ROLES,
 }
 _COMMON_FIELDS = {"v", "op", "req", "ref"}
 

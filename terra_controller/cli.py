@@ -6,12 +6,12 @@ Run:
         [--port-stats-s S] [--api HOST:PORT]
         [--agents HOST:PORT] [--rest HOST:PORT] [--rest-public] [--no-openflow]
         [--agent-timeout S] [--keep-finished N] [--keep-finished-s S] [--max-restarts N]
-        [--log-level LEVEL] [--version]
+        [--tenants FILE] [--isolation {none,tenants}] [--log-level LEVEL] [--version]
 
 Certificates (docs/security.md):
 
     terra-controller pki init DIR [--host NAME_OR_IP ...]   CA + controller certificate
-    terra-controller pki issue DIR --role {agent,job,operator} NAME
+    terra-controller pki issue DIR --role {agent,job,operator} NAME [--tenant TENANT]
 
 Every option and operand is described by `terra-controller --help`,
 `terra-controller pki issue --help`, `terra-controller ctl --help`,
@@ -56,6 +56,14 @@ import sys
 import time
 
 from terra_controller.client_args import client_args, make_client, parse_addr
+from terra_controller.tenant_cli import (
+    add_tenant_arguments,
+    add_tenant_ctl,
+    attach_tenants,
+    run_tenant_ctl,
+    scheduler_factory,
+    tenant_book_of,
+)
 from terra_core.cli_support import (
     HelpFormatter,
     MissingExtra,
@@ -63,7 +71,7 @@ from terra_core.cli_support import (
     require,
     setup_logging,
 )
-from terra_core.registry import add_scheduler_arguments, make_scheduler, options_from_args
+from terra_core.registry import add_scheduler_arguments, options_from_args
 from terra_security.integrity import ALGORITHMS
 from topologies import TopologyError, load_topology
 
@@ -120,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--leaf-mac", choices=("auto", *ALGORITHMS), default="auto", metavar="MAC",
         help="chunk MAC (docs/design.md 5.1)",
     )  # fmt: skip
+    add_tenant_arguments(p)  # --tenants FILE, --isolation (tenant_cli.py)
     add_common_args(p)
     return p
 
@@ -203,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             "terra-controller: --agent-timeout must be > 0, --keep-finished and --max-restarts >= 0"
         )
     check_controller_extra()
+    args.tenant_book = tenant_book_of(args, p)  # a bad tenants file exits 2
     try:
         topology = load_topology(args.topology)
     except (TopologyError, OSError) as exc:
@@ -400,7 +410,7 @@ def tunnels_and_policy(args, topology):
         tunnels = TunnelTable(topology, args.k, binding.base_port, logical=False, tunnels=shared)
         options = options_from_args(args, installed_path_source(tunnels))
     policy = Deferred(
-        lambda: make_scheduler(args.scheduler, topology, options),
+        scheduler_factory(args, topology, options, args.tenant_book),
         before={"name": args.scheduler, "stats": None},  # REST status, metrics meanwhile
     )
     return tunnels, policy, binding, shared
@@ -431,7 +441,8 @@ def wait_for_election(args, security, rest_security, tunnels, policy):
 
 def make_controller(args, topology, policy, store, leadership):
     """The Controller over `topology` and `policy`, its state in `store` (etcd) or else in
-    the journal of `state_dir`; as the elected leader when `leadership` is given.
+    the journal of `state_dir`, with the tenants of --tenants (tenant_cli.attach_tenants);
+    as the elected leader when `leadership` is given.
 
     Raises:
         SystemExit: the journal or the shared state cannot be opened or read.
@@ -449,6 +460,7 @@ def make_controller(args, topology, policy, store, leadership):
         )  # fmt: skip
     except (JournalError, StateStoreError) as exc:
         raise SystemExit(f"terra-controller: {exc}") from exc
+    attach_tenants(controller, args.tenant_book)
     if leadership is not None:
         controller.role, controller.leader_addr = "leader", leadership.member["api"]
         controller.generation = leadership.generation or 0
@@ -659,7 +671,7 @@ def add_ctl_parser(commands) -> argparse.ArgumentParser:
     """Add `ctl` (one subparser per operation, each with its operands) to `commands`."""
     ctl = commands.add_parser(
         "ctl",
-        help="operator and job commands through a running controller's coflow API",
+        help="operator and job commands to a running controller",
         description="Send one request to a running controller's coflow API and print the "
         "answer as JSON. link-down, link-up and capacity need an operator certificate "
         "(with --no-openflow, link state comes only from these). Exit status 0, or 1 when "
@@ -674,6 +686,7 @@ def add_ctl_parser(commands) -> argparse.ArgumentParser:
         for operand in operands:
             help_text, kind = OPERAND_HELP[operand]
             op.add_argument(operand.lower(), metavar=operand, type=kind, help=help_text)
+    add_tenant_ctl(ops)
     return ctl
 
 
@@ -685,6 +698,8 @@ def run_ctl(args: argparse.Namespace) -> int:
         stderr). Bad client options exit 2 (argparse).
     """
     client = make_client(args.ctl_parser, args, timeout=5.0)
+    if args.op == "tenant":
+        return run_tenant_ctl(client, args)
     from terra_controller.client import TerraError
 
     try:
@@ -745,6 +760,7 @@ def add_pki_parser(commands) -> argparse.ArgumentParser:
         help="what the certificate's holder may do",
     )  # fmt: skip
     new.add_argument("name", metavar="NAME", help="the holder's name (an agent: its --id)")
+    new.add_argument("--tenant", help="a job's tenant (default: its NAME; docs/security.md)")
     return pki
 
 
@@ -760,7 +776,7 @@ def run_pki(args: argparse.Namespace) -> int:
         if args.action == "init":
             written = init_ca(args.dir, args.host)
         else:
-            written = issue(args.dir, args.role, args.name)
+            written = issue(args.dir, args.role, args.name, args.tenant)
     except PkiError as exc:
         print(f"terra-controller pki: {exc}", file=sys.stderr)
         return 2

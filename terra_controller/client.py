@@ -273,6 +273,11 @@ class TerraClient:
         """Operator command: set the capacity of WAN link a-b in bytes/s."""
         return self._run(self.session.capacity(a, b, bytes_per_s))
 
+    def tenant_request(self, request: dict) -> dict:
+        """A tenant operation (terra_controller/tenant_api.py: "tenant", "tenants",
+        "tenant_set", "tenant_remove"); its reply map. TerraError when refused."""
+        return self._call(request)
+
     submitCoflow = submit_coflow  # noqa: N815 (the paper's names)
     checkStatus = check_status  # noqa: N815
     updateCoflow = update_coflow  # noqa: N815

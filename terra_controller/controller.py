@@ -67,6 +67,7 @@ from terra_controller.resume import (
     missing_agents,
     resume_request,
 )
+from terra_controller.tenants import tenant_admission
 from terra_core.policy import Allocation, Policy
 from terra_model import Coflow
 from terra_model.states import MAX_CLIENT_ID, CoflowStatus, FlowStatus
@@ -196,6 +197,8 @@ class Controller:
         self.policy_lock = threading.RLock()  # taken before `lock`, never while holding it
         self.agents_back = threading.Condition(self.lock)  # notified on every registration
         self.started_mono = time.monotonic()
+        # a controller with a past (a restart, a new leader) waits for its agents to return
+        self.agent_return_s = AGENT_RETURN_S if self.journal.live else 0.0
         self._leaving: list[int] = []  # coflows to remove from the policy (under `lock`)
         self.rates: FlowRates = {}
         self.allocation: Allocation = {}
@@ -343,6 +346,7 @@ class Controller:
                 deadline_s += age  # relative to the arrival: still `deadline` s from now
             if not all(f.intra_dc or f.done for f in parsed):  # WAN flows: the policy decides
                 probe = Coflow(coflow_key(cid), arrival, policy_flows, deadline_s)
+                tenant_admission(self, probe, owner)  # tenants.py: its limits (tenant_limit)
                 try:
                     admitted = self.policy.add_coflow(probe, now)
                 except ValueError as exc:
@@ -744,6 +748,17 @@ class Controller:
             return None
         return self.journal.live.get(coflow_id)
 
+    def journal_only_statuses(self, owner: str | None = None, every: bool = False) -> list[dict]:
+        """Status maps (journal_status) of the coflows known only from the journal: ended
+        before this controller's start (a restart or a failover) or waiting to be resumed,
+        by id; only `owner`'s unless `every`."""
+        with self.lock:
+            return [
+                self._journal_status(cid)
+                for cid, entry in sorted(self.journal.live.items())
+                if cid not in self.registry.coflows and (every or entry.owner == owner)
+            ]
+
     def _journal_status(self, coflow_id: int) -> dict:
         """journal_status of a coflow known only from the journal (lock held)."""
         entry = self.journal.live[coflow_id]
@@ -755,9 +770,11 @@ class Controller:
             )
         return journal_status(coflow_id, entry, waiting)
 
-    def await_agents(self, flows: object, window_s: float = AGENT_RETURN_S) -> None:
+    def await_agents(self, flows: object, window_s: float | None = None) -> None:
         """Wait until every agent that `flows` names as "src" or "dst" is registered, for at
-        most what is left of the controller's first `window_s` seconds (monotonic).
+        most what is left of the controller's first `window_s` seconds (monotonic; None:
+        `agent_return_s`, AGENT_RETURN_S when the controller started with a journal that
+        holds coflows, else 0: a controller without a past expects no agent back).
 
         A restarted controller, or a new leader after a failover, has no agents until they
         connect again (within a second of its listening); a submit arriving meanwhile waits
@@ -765,7 +782,7 @@ class Controller:
         that are not strings) it returns at once and the submit's own checks decide.
         """
         names = named_agents(flows)
-        end = self.started_mono + window_s
+        end = self.started_mono + (self.agent_return_s if window_s is None else window_s)
         with self.agents_back:
             while names - self.registry.agents.keys():
                 left = end - time.monotonic()

@@ -7,8 +7,8 @@ etcd-server; this module speaks its v3 JSON gateway through OpenStack's etcd3gw)
     leader          {"id", "api", "agents", "rest"} of the leader (JSON), on its lease
     next_id         the lowest coflow id never used (decimal)
     coflows/ID      one coflow's journal records (a JSON list of journal.py's lines)
-    links           the operator's link states and capacities (a JSON list of journal.py's
-                    "l" lines)
+    links           the operator's link states and capacities, and the live tenants (a JSON
+                    list of journal.py's "l" lines and its "t" line)
 
 A controller becomes the leader by creating `leader` on a lease of its own in one transaction
 that succeeds only if the key does not exist (the etcd election recipe, as in etcd's

@@ -18,6 +18,9 @@ A controller started with a state directory (terra-controller --state-dir, by de
     {"l": [A, B], "up": bool, "cap": bytes/s or null} the operator's state of link A-B
                                                       (ctl link-down / link-up / capacity;
                                                       A < B, the whole state each time)
+    {"t": {"src", "tenants", "owners"}}               the live tenants (terra_controller/
+                                                      tenants.py TenantBook.record; the
+                                                      last line wins)
 
 On start-up the journal is replayed: new ids continue above every id ever used (ids are never
 reused, whatever the restarts); the coflows not forgotten keep their owner (only that job
@@ -131,6 +134,8 @@ class CoflowJournal:
         version: changes recorded so far (the store's revision with a store).
         links: {(A, B) with A < B: {"up": bool, "cap": bytes/s or None}}: the operator's
             state of each link it changed (ctl link-down / link-up / capacity).
+        tenants: the last tenants record (tenants.py), or None; kept with the links (the
+            store's `links` key).
 
     Raises (constructor):
         JournalError: the directory or the file cannot be created or opened, or another
@@ -156,6 +161,7 @@ class CoflowJournal:
         self._waiting = 0  # callers in wait_durable
         self._refs: dict[tuple[str | None, str], int] = {}  # (owner, ref) -> coflow id
         self.links: dict[tuple[str, str], dict] = {}
+        self.tenants: dict | None = None
         self._links_queued: list[dict] | None = None  # the links' records for the store
         if store is not None:
             self._load_store()
@@ -301,8 +307,19 @@ class CoflowJournal:
             self._queue(None)
         return dict(state)
 
+    def tenants_set(self, record: dict) -> None:
+        """Record the live tenants (a JSON-able map; tenants.py), replacing the last."""
+        self.tenants = record
+        self._append({"t": record})
+        self._changes += 1
+        if self.store is not None:
+            with self._cond:
+                self._links_queued = self._link_records()
+            self._queue(None)
+
     def _link_records(self) -> list[dict]:
-        return [_link_record(key, state) for key, state in self.links.items()]
+        tenants = [] if self.tenants is None else [{"t": self.tenants}]
+        return [_link_record(key, state) for key, state in self.links.items()] + tenants
 
     def close(self) -> None:
         """Close the file and release the directory (memory-only journals: nothing)."""
@@ -494,6 +511,10 @@ class CoflowJournal:
         elif "l" in record:
             key, state = _link_of(record)
             self.links[key] = state
+        elif "t" in record:
+            if not isinstance(record["t"], dict):
+                raise ValueError("bad record")
+            self.tenants = record["t"]
         while len(self.live) > MAX_LIVE:
             self.live.popitem(last=False)
 

@@ -21,6 +21,8 @@ Routes (GET only; docs/design.md section 6; docs/operations.md lists every field
     /coflows/{id}    one coflow's status with its FlowGroups' per-path allocations and each
                      flow's paths now (tunnel id, rate)
     /agents          registered agents: DC, connected, last seen, flows sent / received now
+    /tenants         tenants (terra_controller/tenant_api.py): weight, share, active coflows,
+                     allocated rate (bytes/s), the last round's isolation guarantee
     /events          the event log (terra_controller/events.py: link down/up, capacity,
                      coflow admitted / done / failed / cancelled, agent registered / lost);
                      ?since=N: only the events after number N
@@ -66,6 +68,7 @@ from terra_controller.console_views import (
 )
 from terra_controller.controller import Controller
 from terra_controller.metrics import CONTENT_TYPE, ControllerCollector
+from terra_controller.tenant_api import rest_view, with_tenant
 from terra_controller.transport import (
     DEADLINES,
     REST_CAP,
@@ -100,7 +103,7 @@ def _routes() -> Mapper:
     mapper = Mapper(controller_scan=None, register=False)
     for path, (name, ctype) in WEB_FILES.items():
         mapper.connect(path, handler="_web_file", file=name, content_type=ctype)
-    for view in ("status", "topology", "links", "tunnels", "agents"):
+    for view in ("status", "topology", "links", "tunnels", "agents", "tenants"):
         mapper.connect(f"/{view}", handler="_view", view=view)
     mapper.connect("/coflows", handler="_coflows")
     # ASCII digits only ("²" or "٣" are not an id); coflow ids are 63-bit at most
@@ -324,13 +327,17 @@ class RestApp:
         Raises:
             RegistryError: unknown coflow (answered 404).
         """
-        status = self.controller.status(coflow_id)
+        status = with_tenant(self.controller, self.controller.status(coflow_id))
         status["flowgroups"] = self.controller.flowgroup_rates(coflow_id)
         return flow_paths(self.controller, self.channel, status)
 
     def agents(self) -> dict:
         """console_views.agent_rows: every agent with its DC, last seen and flows now."""
         return agent_rows(self.controller, self.channel)
+
+    def tenants(self) -> dict:
+        """tenant_api.rest_view: weights, active coflows, rates, isolation guarantee."""
+        return rest_view(self.controller)
 
 
 def positions(value: object, dcs) -> dict[str, list[float]]:

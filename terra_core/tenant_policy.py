@@ -97,6 +97,7 @@ class TenantPolicy:
         self.topology = topology
         self.measure = measure
         self.spec = spec
+        self._terra = terra
         self._policies = {t: TerraPolicy(topology, **terra) for t in spec.weights}
         self._first = next(iter(self._policies.values()))
         self._tenant: dict[str, str] = {}
@@ -161,6 +162,27 @@ class TenantPolicy:
         self.stats["lps"] = sum(p.stats["lps"] for p in self._policies.values())
         self.stats["round_ms"].append((time.perf_counter() - start) * 1000.0)
         return rates
+
+    def set_weights(self, weights: dict[str, float]) -> None:
+        """Change the tenants and their weights from the next round on: a new tenant gets
+        its own Terra, a tenant left out is dropped (docs/design.md 4.5).
+
+        Raises:
+            ValueError: as TenantSpec, or a tenant left out still has coflows; nothing
+                changed then.
+        """
+        spec = TenantSpec(dict(weights), self.spec.tenant_of, self.spec.sharing)
+        busy = sorted({t for t in self._tenant.values() if t not in spec.weights})
+        if busy:
+            raise ValueError(f"tenants with active coflows cannot be dropped: {busy}")
+        policies = {
+            t: self._policies.get(t) or TerraPolicy(self.topology, **self._terra)
+            for t in spec.weights
+        }
+        lps = sum(p.stats["lps"] for p in self._policies.values())
+        self.spec, self._policies = spec, policies
+        self._first = next(iter(policies.values()))
+        self._first.stats["lps"] += lps - sum(p.stats["lps"] for p in policies.values())
 
     # ----- extras, as TerraPolicy's ----------------------------------------------------
 

@@ -5,7 +5,10 @@ A private certificate authority (CA) issues one certificate per participant:
 - the controller (`controller.crt`: serverAuth, subject alternative name
   `DNS:terra-controller`, which every client checks, whatever address it dials);
 - agents, job clients and operators (`NAME.crt`: clientAuth; the subject's
-  common name is the participant's name, its organizational unit its role);
+  common name is the participant's name, its organizational unit its role;
+  a job's certificate also names its tenant, the share of the WAN its coflows
+  are scheduled in, as the URI `urn:terra:tenant:TENANT` in its subject
+  alternative name: signed by the CA, so no client chooses its tenant);
   agents' certificates also carry serverAuth: a receiving agent presents its
   certificate as the TLS server of the data connections it accepts
   (`data_server_context` / `data_client_context`).
@@ -72,18 +75,27 @@ class Role(StrEnum):
     OPERATOR = "operator"  # sees everything, changes link state and capacity
 
 
+TENANT_URI = "urn:terra:tenant:"  # + the tenant's name, in a job certificate's SAN
+
+
 @dataclass(frozen=True)
 class Identity:
-    """An authenticated peer: its certificate's name (CN) and role (OU).
+    """An authenticated peer: its certificate's name (CN), role (OU) and tenant.
 
-    `insecure` identities come from plain-TCP connections (`--insecure`): no
-    certificate, so no name check and every role's rights (for tests and
-    trusted labs only).
+    `tenant` is the tenant named in the certificate's SAN (TENANT_URI), else (and when
+    given as "") the peer's name. `insecure` identities come from plain-TCP connections
+    (`--insecure`): no certificate, so no name check and every role's rights (for tests
+    and trusted labs only).
     """
 
     name: str
     role: Role
     insecure: bool = False
+    tenant: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.tenant:
+            object.__setattr__(self, "tenant", self.name)
 
     def may(self, role: Role) -> bool:
         """True when this identity holds `role` (an insecure peer holds every role)."""
@@ -176,14 +188,19 @@ def init_ca(directory: PathArg, hosts: list[str] | None = None) -> list[Path]:
     return written
 
 
-def issue(directory: PathArg, role: Role | str, name: str) -> list[Path]:
+def issue(directory: PathArg, role: Role | str, name: str, tenant: str | None = None) -> list[Path]:
     """Issue a certificate for participant `name` with `role` from the CA in `directory`.
+
+    Args:
+        tenant: a job's tenant (TENANT_URI in its SAN; a name as check_tenant allows);
+            None: the job's own name (no URI is written then).
 
     Returns:
         [DIR/NAME.crt, DIR/NAME.key].
 
     Raises:
-        PkiError: no CA in the directory, bad name or role, or NAME.crt exists already.
+        PkiError: no CA in the directory, bad name, role or tenant (a tenant for a role
+            other than job), or NAME.crt exists already.
     """
     try:
         role = Role(role)
@@ -191,10 +208,23 @@ def issue(directory: PathArg, role: Role | str, name: str) -> list[Path]:
         raise PkiError(f"unknown role {role!r}") from None
     if role is Role.CONTROLLER:
         raise PkiError("the controller's certificate is made by `pki init`")
+    if tenant is not None and role is not Role.JOB:
+        raise PkiError(f"only job certificates name a tenant, not {role.value} ones")
     d = Path(directory)
     if (d / f"{check_name(name)}.crt").exists():
         raise PkiError(f"{d / (name + '.crt')} exists; refusing to overwrite it")
-    return _issue(d, name, role, [])
+    return _issue(d, name, role, [], None if tenant is None else check_tenant(tenant))
+
+
+def check_tenant(tenant: str) -> str:
+    """Validate a tenant name (1-64 of [A-Za-z0-9._-], not starting with . - _).
+
+    Raises:
+        PkiError: an invalid name.
+    """
+    if not isinstance(tenant, str) or not NAME_RE.match(tenant):
+        raise PkiError(f"bad tenant {tenant!r}: 1-64 characters of A-Z a-z 0-9 . _ -")
+    return tenant
 
 
 def _load_ca(d: Path) -> tuple[x509.Certificate, IssuerKey]:
@@ -221,7 +251,9 @@ def _load_ca(d: Path) -> tuple[x509.Certificate, IssuerKey]:
     return ca_cert, ca_key
 
 
-def _issue(d: Path, name: str, role: Role, hosts: list[str]) -> list[Path]:
+def _issue(
+    d: Path, name: str, role: Role, hosts: list[str], tenant: str | None = None
+) -> list[Path]:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -263,6 +295,8 @@ def _issue(d: Path, name: str, role: Role, hosts: list[str]) -> list[Path]:
         sans = [_san(h) for h in [CONTROLLER_HOSTNAME, *hosts]]
     else:
         sans = [x509.DNSName(name)]
+    if tenant is not None:
+        sans.append(x509.UniformResourceIdentifier(TENANT_URI + tenant))
     builder = builder.add_extension(x509.SubjectAlternativeName(sans), False)
     cert = builder.sign(ca_key, hashes.SHA256())
     return [_write_cert(d / f"{name}.crt", cert), _write_key(d / f"{name}.key", key)]
@@ -454,11 +488,12 @@ def peer_identity(peercert: dict[str, Any] | None) -> Identity:
     """The Identity in a verified peer certificate (`SSLSocket.getpeercert()`).
 
     The name is the subject's common name, which the certificate's subject alternative
-    name (DNS) must carry too; the role its organizational unit.
+    name (DNS) must carry too; the role its organizational unit; the tenant the SAN's
+    TENANT_URI (at most one), else the name.
 
     Raises:
-        PkiError: no certificate, its subject lacks a valid (unreserved) name or role, or
-            its SAN lacks the name.
+        PkiError: no certificate, its subject lacks a valid (unreserved) name or role, its
+            SAN lacks the name, or it names a bad tenant or more than one.
     """
     if not peercert:
         raise PkiError("no client certificate")
@@ -476,4 +511,14 @@ def peer_identity(peercert: dict[str, Any] | None) -> Identity:
             f"certificate of {name!r} lacks the subject alternative name {name!r} (issued by "
             "an older version: issue it again)"
         )
+    tenants = [v for kind, v in peercert.get("subjectAltName", ())
+               if kind == "URI" and v.startswith(TENANT_URI)]  # fmt: skip
+    if len(tenants) > 1:
+        raise PkiError(f"certificate of {name!r} names {len(tenants)} tenants")
+    if tenants:
+        try:
+            tenant = check_tenant(tenants[0][len(TENANT_URI) :])
+        except PkiError as exc:
+            raise PkiError(f"certificate of {name!r}: {exc}") from None
+        identity = Identity(identity.name, identity.role, tenant=tenant)
     return identity

@@ -61,6 +61,9 @@ class ApiRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     name: Scalar | msgspec.UnsetType = msgspec.UNSET
     tags: list[Scalar] | Scalar | msgspec.UnsetType = msgspec.UNSET
     sync: Scalar | msgspec.UnsetType = msgspec.UNSET
+    weight: Scalar | msgspec.UnsetType = msgspec.UNSET  # tenant_set (tenant_api.py)
+    max_coflows: Scalar | msgspec.UnsetType = msgspec.UNSET
+    max_bytes: Scalar | msgspec.UnsetType = msgspec.UNSET
 
 
 _REQUEST_DECODER = msgspec.msgpack.Decoder(ApiRequest)

@@ -121,5 +121,7 @@ def test_a_coflow_done_before_a_restart_keeps_its_status_and_is_not_sent_again(s
     after = client.check_status(cid)
     assert after["state"] == "done" and after["cct_s"] == done["cct_s"]
     assert after["bytes_delivered"] == after["bytes_total"] == 4 * MB
+    listed = {row["id"]: row for row in client.list_coflows()}  # the journal's, listed too
+    assert listed[cid]["state"] == "done" and listed[cid]["cct_s"] == done["cct_s"]
     with pytest.raises(Exception, match="already done"):
         client.cancel_coflow(cid)

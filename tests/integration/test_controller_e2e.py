@@ -49,8 +49,11 @@ class System:
     restarted where the agents and the client look for it.
     """
 
-    def __init__(self, workdir: Path, pki: Path, scheduler: str = "terra") -> None:
+    def __init__(
+        self, workdir: Path, pki: Path, scheduler: str = "terra", extra: tuple[str, ...] = ()
+    ) -> None:
         self.workdir = workdir
+        self.extra = list(extra)  # more controller options
         self.scheduler = scheduler
         self.pki = pki
         self.rest_tls = client_context(pki, "operator1")
@@ -83,7 +86,8 @@ class System:
             [sys.executable, "-m", "terra_controller.cli", "--topology", str(self.topo),
              "--no-openflow", "--k", str(K), "--api", self.api, "--agents", self.agents_addr,
              "--rest", self.rest[len("https://"):], "--pki", str(self.pki),
-             "--scheduler", self.scheduler, "--state-dir", str(self.workdir / "state")],
+             "--scheduler", self.scheduler, "--state-dir", str(self.workdir / "state"),
+             *self.extra],
             stdout=subprocess.PIPE, stderr=self.ctl_log, text=True,
         )  # fmt: skip
         line = self.ctl.stdout.readline()

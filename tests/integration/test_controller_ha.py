@@ -30,8 +30,9 @@ MB = 1_000_000
 class Cluster:
     """etcd, two controllers and three agents; stop() ends exactly those processes."""
 
-    def __init__(self, workdir, pki, members: int = 1) -> None:
+    def __init__(self, workdir, pki, members: int = 1, extra: tuple[str, ...] = ()) -> None:
         self.workdir, self.pki = workdir, pki
+        self.extra = list(extra)  # more controller options
         self.procs: list[subprocess.Popen] = []
         self.etcd, addrs = start_etcd(workdir, members)
         self.etcd_addr = ",".join(addrs)
@@ -53,7 +54,7 @@ class Cluster:
              "--no-openflow", "--k", str(K), "--pki", str(self.pki),
              "--api", f"127.0.0.1:{a['api']}", "--agents", f"127.0.0.1:{a['agents']}",
              "--rest", f"127.0.0.1:{a['rest']}", "--etcd", self.etcd_addr,
-             "--cluster", "failover"],
+             "--cluster", "failover", *self.extra],
             stdout=subprocess.PIPE, stderr=log, text=True,
         )  # fmt: skip
         log.close()

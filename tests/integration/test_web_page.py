@@ -41,6 +41,10 @@ def test_page_and_static_files_come_from_the_package_with_a_strict_policy(sessio
     # Nothing but the page's own origin was fetched by the browser.
     urls = session.js("return performance.getEntriesByType('resource').map(e => e.name)")
     assert urls and all(u.startswith(ctl.rest) for u in urls)
+    # The page's weight: its own files as the browser fetched them, under 200 kB.
+    weight = session.page_weight()
+    assert set(weight) == {"/", "/static/app.js", "/static/style.css", "total"}
+    assert 10_000 < weight["total"] < 200_000
 
 
 def test_page_shows_what_rest_says(session, tmp_path):

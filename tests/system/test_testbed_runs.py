@@ -120,10 +120,6 @@ def test_sigterm_mid_run_tears_everything_down(ovs, tmp_path):
 
 
 @pytest.mark.ovs
-@pytest.mark.skipif(
-    os.environ.get("TERRA_HA_TESTBED") != "1",
-    reason="opt-in (TERRA_HA_TESTBED=1): one run in three did not finish within its timeout",
-)
 def test_three_controllers_the_leader_killed_mid_transfer_lose_nothing(ovs, tmp_path):
     """`--quick --controllers 3 --kill-leader-at 4 --no-failure`: the leader dies (SIGKILL)
     while coflows move; another takes over, every coflow completes from the state in etcd."""

@@ -147,7 +147,16 @@ def test_a_resubmission_of_a_coflow_done_before_the_restart_does_not_run_it_agai
 
 
 def test_a_submit_just_after_a_restart_waits_for_its_agents_instead_of_being_refused(tmp_path):
+    fresh = controller(tmp_path / "fresh", agents=())
+    begun = time.monotonic()
+    fresh.await_agents(FLOWS)  # no past: no agent is expected back
+    assert time.monotonic() - begun < 0.5
+    before = controller(tmp_path)
+    before.submit(FLOWS)
+    before.close()
+    time.sleep(0.05)
     c = controller(tmp_path, agents=())
+    c.resuming.clear()  # this test is about new submits, not the resumed coflow
     with pytest.raises(RegistryError, match="unknown agent"):
         c.submit(FLOWS)  # the registry alone refuses it: the API waits first
     done = []
@@ -162,7 +171,7 @@ def test_a_submit_just_after_a_restart_waits_for_its_agents_instead_of_being_ref
         c.agent_registered()
     waiter.join(5)
     assert done and done[0][1] - registered < 1.0
-    assert c.submit(FLOWS) >= 0
+    assert c.submit([dict(f, id=f"n{i}") for i, f in enumerate(FLOWS)]) >= 0
 
 
 def test_after_the_agents_return_window_an_unknown_agent_is_refused_at_once(tmp_path):
@@ -178,3 +187,14 @@ def test_after_the_agents_return_window_an_unknown_agent_is_refused_at_once(tmp_
     begun = time.monotonic()
     c.await_agents(typo, window_s=0.4)  # within the window it waits, but not past it
     assert 0.3 < time.monotonic() - begun < 2.0
+
+
+def test_coflows_ended_before_a_restart_are_listed_for_their_owner_only(tmp_path):
+    first = controller(tmp_path)
+    cid = first.submit(FLOWS[:1], owner="job1")
+    first.cancel(cid)
+    first.close()
+    second = controller(tmp_path)
+    assert [s["id"] for s in second.journal_only_statuses("job1")] == [cid]
+    assert second.journal_only_statuses("job2") == []
+    assert [s["state"] for s in second.journal_only_statuses(every=True)] == ["cancelled"]

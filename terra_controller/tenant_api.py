@@ -1,0 +1,170 @@
+"""Tenants through the coflow API, REST and metrics (terra_controller/tenants.py).
+
+API operations (request fields -> reply fields; api_server.py's wire format):
+
+    tenant         name?                    -> tenant: the row (TenantBook.row) of the
+                                               caller's own tenant (a job; its `name` is
+                                               ignored unless it is its own) or of `name`
+                                               (an operator)
+    tenants                                 -> TenantBook.view (operators)
+    tenant_set     name, weight,            -> tenant: the row after the change (operators;
+                   max_coflows?, max_bytes?    a bad value changes nothing)
+    tenant_remove  name                     -> removed: name (operators)
+
+A controller without tenants (--isolation none) answers code "no_tenants". Metrics (read
+at scrape time, label `tenant`: one series per configured tenant, so the label's values are
+bounded by the tenants file and `ctl tenant set`):
+
+    terra_tenant_weight{tenant}                   the tenant's weight
+    terra_tenant_active_coflows{tenant}           its coflows in the policy
+    terra_tenant_allocated_bytes_per_second{tenant}  the last round's rates of its coflows
+    terra_tenant_isolation_guarantee              the last round's optimal isolation
+                                                  guarantee μ* (absent with fewer than two
+                                                  tenants active)
+    terra_tenant_isolation_achieved               the isolation guarantee the rates reached
+"""
+
+from __future__ import annotations
+
+from prometheus_client.core import GaugeMetricFamily
+
+from terra_controller.coflow_registry import RegistryError
+from terra_security.pki import Identity, Role
+
+
+def book_of(controller):
+    """The controller's TenantBook.
+
+    Raises:
+        RegistryError("no_tenants"): the controller runs without tenants.
+    """
+    book = getattr(controller, "tenants", None)
+    if book is None:
+        raise RegistryError("no_tenants", "this controller runs without tenants (--isolation none)")
+    return book
+
+
+def _only(request: dict, fields: set[str]) -> None:
+    unknown = set(request) - fields - {"v", "op", "req", "ref"}
+    if unknown:
+        raise RegistryError("bad_request", f"unknown fields {sorted(map(str, unknown))}")
+
+
+def op_tenant(handler, request: dict, identity: Identity) -> dict:
+    """ "tenant": the caller's own tenant's row (jobs), or `name`'s (operators)."""
+    _only(request, {"name"})
+    book = book_of(handler.controller)
+    if identity.role is Role.JOB and not identity.insecure:
+        name = book.resolve(identity.tenant)  # a job sees its own tenant only
+    elif "name" in request:
+        name = request["name"]
+        if name not in book.weights():
+            raise RegistryError("unknown_tenant", f"no tenant {name!r:.70}")
+    elif identity.insecure:
+        name = book.fallback()
+    else:
+        raise RegistryError("bad_request", "an operator names the tenant (tenant show NAME)")
+    return {"tenant": book.row(name)}
+
+
+def op_tenants(handler, request: dict, identity: Identity) -> dict:
+    """ "tenants": TenantBook.view."""
+    _only(request, set())
+    return book_of(handler.controller).view()
+
+
+def op_tenant_set(handler, request: dict, identity: Identity) -> dict:
+    """ "tenant_set": add or change a tenant."""
+    _only(request, {"name", "weight", "max_coflows", "max_bytes"})
+    book = book_of(handler.controller)
+    row = book.set(request.get("name"), request.get("weight"), request.get("max_coflows"),
+                   request.get("max_bytes"))  # fmt: skip
+    return {"tenant": row}
+
+
+def op_tenant_remove(handler, request: dict, identity: Identity) -> dict:
+    """ "tenant_remove": drop a tenant without active coflows."""
+    _only(request, {"name"})
+    book_of(handler.controller).remove(request.get("name"))
+    return {"removed": request.get("name")}
+
+
+TENANT_OPS = {
+    "tenant": op_tenant,
+    "tenants": op_tenants,
+    "tenant_set": op_tenant_set,
+    "tenant_remove": op_tenant_remove,
+}
+TENANT_ROLES = {
+    "tenant": (Role.JOB, Role.OPERATOR),
+    "tenants": (Role.OPERATOR,),
+    "tenant_set": (Role.OPERATOR,),
+    "tenant_remove": (Role.OPERATOR,),
+}
+
+
+def submit_tenant(controller, identity: Identity) -> None:
+    """Before a submit: refuse a client whose tenant is not served (nothing without
+    tenants); remember its tenant for its name.
+
+    Raises:
+        RegistryError("unknown_tenant").
+    """
+    book = getattr(controller, "tenants", None)
+    if book is not None:
+        book.learn(identity)
+
+
+def with_tenant(controller, status: dict) -> dict:
+    """`status` (a coflow's status map) with its "tenant" (None without tenants)."""
+    book = getattr(controller, "tenants", None)
+    tenant = None
+    if book is not None:
+        tenant = book.tenant_of_coflow(status["id"], controller.owner_of(status["id"])[1])
+    status["tenant"] = tenant
+    return status
+
+
+def rest_view(controller) -> dict:
+    """REST /tenants: TenantBook.view, or {"isolation": "none", "tenants": []}."""
+    book = getattr(controller, "tenants", None)
+    return {"isolation": "none", "tenants": []} if book is None else book.view()
+
+
+class TenantCollector:
+    """Prometheus collector of the tenant metrics (module docstring), read at scrape time."""
+
+    def __init__(self, book) -> None:
+        self.book = book
+
+    def describe(self):
+        """Nothing: collected at scrape time only."""
+        return []
+
+    def collect(self):
+        """One series per configured tenant, and the last round's guarantee."""
+        view = self.book.view()
+        families = {
+            "weight": GaugeMetricFamily(
+                "terra_tenant_weight", "The tenant's weight", labels=["tenant"]
+            ),
+            "active_coflows": GaugeMetricFamily(
+                "terra_tenant_active_coflows", "The tenant's coflows in the policy",
+                labels=["tenant"],
+            ),
+            "allocated_bytes_per_s": GaugeMetricFamily(
+                "terra_tenant_allocated_bytes_per_second",
+                "Rates the last round gave the tenant's coflows (bytes/s)", labels=["tenant"],
+            ),
+        }  # fmt: skip
+        for row in view["tenants"]:
+            for key, family in families.items():
+                family.add_metric([row["name"]], float(row[key]))
+        yield from families.values()
+        for key, text in (
+            ("guarantee", "Optimal isolation guarantee of the last round"),
+            ("achieved", "Isolation guarantee the last round's rates reached"),
+        ):
+            if view[key] is not None:
+                yield GaugeMetricFamily(f"terra_tenant_isolation_{key}", text,
+                                        value=float(view[key]))  # fmt: skip

@@ -1,0 +1,146 @@
+"""The tenant options of `terra-controller` and `terra-controller ctl tenant`.
+
+    terra-controller --tenants FILE [--isolation {none,tenants}] ...
+    terra-controller ctl ... tenant list
+    terra-controller ctl ... tenant show [NAME]
+    terra-controller ctl ... tenant set NAME --weight W [--max-coflows N] [--max-bytes B]
+    terra-controller ctl ... tenant remove NAME
+
+--tenants FILE: the tenants (tenants_config.py); --isolation tenants (the default with
+--tenants; it needs --scheduler terra) schedules with tenants.LiveTenantPolicy, --isolation
+none ignores the file. A bad file, or --isolation tenants without one, exits with status 2
+and one line on stderr. `ctl tenant` sends the API operations of tenant_api.py and prints
+the answer as JSON (exit status 1 with one line on stderr when refused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from terra_core.cli_support import HelpFormatter
+
+
+def add_tenant_arguments(p: argparse.ArgumentParser) -> None:
+    """Add --tenants FILE and --isolation {none,tenants} to the controller's parser."""
+    p.add_argument(
+        "--tenants", metavar="FILE", help="tenant weights (TOML); --isolation none ignores it"
+    )
+    # {none,tenants}; default: tenants with --tenants. Named in --tenants' help only (the
+    # help page stays one screen); README and docs/design.md 4.5 describe it.
+    p.add_argument("--isolation", choices=("none", "tenants"), help=argparse.SUPPRESS)
+
+
+def tenant_book_of(args, p: argparse.ArgumentParser):
+    """The TenantBook of --tenants / --isolation, or None (--isolation none).
+
+    Raises:
+        SystemExit(2): a bad file, or --isolation tenants without --tenants or with another
+            scheduler than terra (one line "terra-controller: ..." on stderr).
+    """
+    isolation = args.isolation or ("tenants" if args.tenants else "none")
+    if isolation == "none":
+        return None
+    if not args.tenants:
+        p.exit(2, "terra-controller: --isolation tenants needs --tenants FILE\n")
+    if args.scheduler != "terra":
+        p.exit(2, f"terra-controller: --isolation tenants needs --scheduler terra, "
+                  f"not {args.scheduler}\n")  # fmt: skip
+    from terra_controller.tenants import TenantBook
+    from terra_controller.tenants_config import TenantsError, parse_tenants
+
+    try:
+        source = Path(args.tenants).read_bytes()
+        config = parse_tenants(source.decode("utf-8"), args.tenants)
+    except (OSError, UnicodeDecodeError) as exc:
+        p.exit(2, f"terra-controller: {args.tenants}: cannot read: {exc}\n")
+    except TenantsError as exc:
+        p.exit(2, f"terra-controller: {exc}\n")
+    return TenantBook(config, source)
+
+
+def scheduler_factory(args, topology, options, book):
+    """The policy's factory for Deferred: make_scheduler's, or with a TenantBook a
+    LiveTenantPolicy over TenantPolicy made with the book's weights (measuring the
+    isolation guarantee of every round with several tenants active)."""
+    from terra_core.registry import make_scheduler
+
+    if book is None:
+        return lambda: make_scheduler(args.scheduler, topology, options)
+
+    def make():
+        from terra_controller.tenants import LiveTenantPolicy
+        from terra_core.tenant_policy import TenantSpec
+
+        spec = TenantSpec(book.weights(), {}, book.sharing)
+        inner = make_scheduler("terra", topology, dataclasses.replace(options, tenants=spec))
+        inner.measure = True
+        return LiveTenantPolicy(inner, book)
+
+    return make
+
+
+def attach_tenants(controller, book) -> None:
+    """Give `controller` its TenantBook (None: nothing): the journal's live changes made
+    from this file are taken (tenants.py), the record is journaled, metrics registered."""
+    if book is None:
+        return
+    from terra_controller.tenant_api import TenantCollector
+
+    with controller.lock:
+        book.restore(controller.journal.tenants)
+    book.controller = controller
+    controller.tenants = book
+    if controller.journal.tenants != book.record():
+        book.save()
+    controller.metrics.registry.register(TenantCollector(book))
+
+
+# ---- ctl tenant ----------------------------------------------------------------------------
+
+
+def add_tenant_ctl(ops) -> None:
+    """Add `tenant {list,show,set,remove}` to the ctl operations `ops`."""
+    text = "tenants: list, show one, set a weight and limits, remove (operators; show: jobs)"
+    tenant = ops.add_parser("tenant", help=text, description=text, formatter_class=HelpFormatter)
+    sub = tenant.add_subparsers(dest="tenant_op", required=True, metavar="ACTION")
+    sub.add_parser("list", help="every tenant: weight, share, coflows, rate, guarantee")
+    show = sub.add_parser("show", help="one tenant (a job: its own)")
+    show.add_argument("tenant_name", nargs="?", metavar="NAME", help="the tenant (operators)")
+    put = sub.add_parser("set", help="add a tenant or change its weight and limits")
+    put.add_argument("tenant_name", metavar="NAME", help="the tenant")
+    put.add_argument("--weight", type=float, required=True, help="weight (> 0)")
+    put.add_argument("--max-coflows", type=int, metavar="N", help="active coflows at most")
+    put.add_argument("--max-bytes", type=int, metavar="B", help="bytes in flight at most")
+    rm = sub.add_parser("remove", help="drop a tenant without active coflows")
+    rm.add_argument("tenant_name", metavar="NAME", help="the tenant")
+
+
+def run_tenant_ctl(client, args) -> int:
+    """Carry out `ctl tenant ...` with `client`; print the answer (JSON).
+
+    Returns:
+        0, or 1 when the controller refused or could not be reached (one line on stderr).
+    """
+    from terra_controller.client import TerraError
+
+    request: dict = {"op": {"list": "tenants", "show": "tenant", "set": "tenant_set",
+                            "remove": "tenant_remove"}[args.tenant_op]}  # fmt: skip
+    if getattr(args, "tenant_name", None) is not None:  # args.name: the client's certificate
+        request["name"] = args.tenant_name
+    if args.tenant_op == "set":
+        request["weight"] = args.weight
+        for key in ("max_coflows", "max_bytes"):
+            if getattr(args, key) is not None:
+                request[key] = getattr(args, key)
+    try:
+        reply = client.tenant_request(request)
+    except (TerraError, ConnectionError, ValueError) as exc:
+        print(f"terra-controller ctl: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({k: v for k, v in reply.items() if k not in ("v", "ok", "instance")},
+                     indent=1))  # fmt: skip
+    return 0

@@ -1,0 +1,264 @@
+"""The tenants file of `terra-controller --tenants FILE` (docs/design.md section 4.5).
+
+A TOML file (read with tomllib) checked against msgspec Structs that forbid unknown keys:
+
+    sharing = "cooperative"        # optional: cooperative (default), strict or static
+                                   # (terra_core/tenant_shares.SHARINGS)
+
+    [default]                      # optional: what a job of a tenant not listed gets
+    action = "refuse"              # "refuse" (the default: error code unknown_tenant)
+                                   # or "map" (its coflows go to `tenant`)
+    tenant = "batch"               # with action = "map": a tenant listed below
+
+    [tenants.analytics]            # one table per tenant; the name as in job certificates
+    weight = 3                     # > 0 (its share of a contended link: weight / sum)
+    max_coflows = 100              # optional: active coflows at most (> 0)
+    max_bytes = 1_000_000_000_000  # optional: bytes not yet delivered of its active
+                                   # coflows, the new one's included, at most (> 0)
+
+    [tenants.batch]
+    weight = 1
+
+Every problem is one line naming it and, where the file says it, its line: `tenants.toml:
+line 7: tenants.analytics.wieght: unknown key`. New per-tenant settings are new optional
+fields of `TenantLimits`, so files written for this version stay valid.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+
+from terra_security.pki import NAME_RE
+
+# terra_core.tenant_shares.SHARINGS, not imported here: that module loads the solver (numpy,
+# HiGHS), which the controller imports only after it listens (tests check the two agree)
+Sharing = Literal["cooperative", "strict", "static"]
+
+
+class TenantsError(ValueError):
+    """A tenants file or a tenant change is invalid; the message is one line."""
+
+
+class TenantLimits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One tenant's settings.
+
+    Attributes:
+        weight: its weight (> 0, finite; dimensionless).
+        max_coflows: active coflows at most (None: no limit).
+        max_bytes: bytes still to deliver of its active coflows at most (None: no limit).
+    """
+
+    weight: Annotated[float, msgspec.Meta(gt=0)]
+    max_coflows: Annotated[int, msgspec.Meta(gt=0)] | None = None
+    max_bytes: Annotated[int, msgspec.Meta(gt=0)] | None = None
+
+
+class DefaultTenant(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """What a job of an unlisted tenant gets: "refuse", or "map" to `tenant`."""
+
+    action: Literal["refuse", "map"] = "refuse"
+    tenant: str | None = None
+
+
+class TenantsFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The whole file (module docstring): tenants in file order, the default, the sharing."""
+
+    tenants: dict[str, TenantLimits]
+    default: DefaultTenant = msgspec.field(default_factory=DefaultTenant)
+    sharing: Sharing = "cooperative"
+
+
+def load_tenants(path: str | Path) -> TenantsFile:
+    """Read and check the tenants file `path`.
+
+    Raises:
+        TenantsError: the file cannot be read, is not TOML, or breaks the schema (module
+            docstring): one line "FILE: line N: WHAT" (no line when it cannot be told).
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TenantsError(f"{path}: cannot read: {exc}") from None
+    return parse_tenants(text, str(path))
+
+
+def parse_tenants(text: str, where: str = "tenants") -> TenantsFile:
+    """`load_tenants` of the file's text; `where` names it in messages.
+
+    Raises:
+        TenantsError: as load_tenants.
+    """
+    first = _duplicate(text)
+    if first is not None:
+        raise TenantsError(f"{where}: {first}")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise TenantsError(f"{where}: not TOML: {exc}") from None
+    tenants = data.get("tenants")
+    if not isinstance(tenants, dict):
+        why = "missing: at least one [tenants.NAME] table" if tenants is None else "not a table"
+        raise TenantsError(f"{where}: tenants: {why}")
+    try:
+        config = msgspec.convert(dict(data, tenants={}), TenantsFile)
+    except msgspec.ValidationError as exc:
+        raise TenantsError(f"{where}: {_located(str(exc), text, [])}") from None
+    for name, limits in tenants.items():  # one by one: msgspec does not name dict keys
+        try:
+            config.tenants[name] = msgspec.convert(limits, TenantLimits)
+        except msgspec.ValidationError as exc:
+            located = _located(str(exc), text, ["tenants", name])
+            raise TenantsError(f"{where}: {located}") from None
+    try:
+        check_config(config)
+    except TenantsError as exc:
+        key = str(exc).split(":", 1)[0]
+        line = _line_of(text, key.split("."))
+        raise TenantsError(f"{where}: {'' if line is None else f'line {line}: '}{exc}") from None
+    return config
+
+
+def check_config(config: TenantsFile) -> None:
+    """What the schema cannot say: tenant names, finite weights, names unique whatever
+    their letter case, at least one tenant, and a default that names a listed tenant.
+
+    Raises:
+        TenantsError: "KEY: problem" (KEY as dotted path, e.g. tenants.a.weight).
+    """
+    if not config.tenants:
+        raise TenantsError("tenants: at least one tenant is needed")
+    seen: dict[str, str] = {}
+    for name, limits in config.tenants.items():
+        if not NAME_RE.match(name):
+            raise TenantsError(
+                f"tenants.{name}: bad tenant name: 1-64 characters of A-Z a-z 0-9 . _ -"
+            )
+        if name.lower() in seen:
+            raise TenantsError(f"tenants.{name}: duplicate tenant (as {seen[name.lower()]!r})")
+        seen[name.lower()] = name
+        check_limits(name, limits)
+    d = config.default
+    if d.action == "map" and d.tenant not in config.tenants:
+        raise TenantsError(f"default.tenant: action map needs a listed tenant, got {d.tenant!r}")
+    if d.action == "refuse" and d.tenant is not None:
+        raise TenantsError('default.tenant: only with action = "map"')
+
+
+def check_limits(name: str, limits: TenantLimits) -> None:
+    """Raise TenantsError "tenants.NAME.weight: ..." for a weight that is not finite."""
+    if not math.isfinite(limits.weight):
+        raise TenantsError(f"tenants.{name}.weight: must be a finite number > 0")
+
+
+def make_limits(
+    name: str, weight: object, max_coflows: object = None, max_bytes: object = None
+) -> TenantLimits:
+    """A checked TenantLimits for a live change (`ctl tenant set`).
+
+    Raises:
+        TenantsError: a bad name or value (one line naming it).
+    """
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise TenantsError(f"bad tenant name {name!r:.70}: 1-64 characters of A-Z a-z 0-9 . _ -")
+    fields = {"weight": weight, "max_coflows": max_coflows, "max_bytes": max_bytes}
+    try:
+        limits = msgspec.convert(fields, TenantLimits)
+    except msgspec.ValidationError as exc:
+        raise TenantsError(f"tenant {name}: {_located(str(exc), '', [])}") from None
+    check_limits(name, limits)
+    return limits
+
+
+def as_dict(limits: TenantLimits) -> dict:
+    """{"weight", "max_coflows", "max_bytes"} (None where no limit)."""
+    return msgspec.structs.asdict(limits)
+
+
+# ---- messages with their lines -------------------------------------------------------------
+
+_HEADER = re.compile(r"^\s*\[\s*tenants\s*\.\s*(\"[^\"]*\"|'[^']*'|[A-Za-z0-9_-]+)\s*\]")
+_AT = re.compile(r"^(?P<what>.*?) - at `\$(?P<path>[^`]*)`$")
+
+
+def _duplicate(text: str) -> str | None:
+    """ "line N: duplicate tenant 'X' (first at line M)" for a [tenants.X] table declared
+    twice (names compared whatever their letter case), else None."""
+    first: dict[str, int] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        m = _HEADER.match(line)
+        if m is None:
+            continue
+        name = m.group(1).strip("\"'")
+        if name.lower() in first:
+            return f"line {number}: duplicate tenant {name!r} (first at line {first[name.lower()]})"
+        first[name.lower()] = number
+    return None
+
+
+def _located(message: str, text: str, base: list[str]) -> str:
+    """A msgspec ValidationError message as "line N: KEY: what" (the key's line found in
+    `text` where it can be); `base` is the path of the value converted ([] for the file)."""
+    m = _AT.match(message)
+    what, where = (message, "") if m is None else (m.group("what"), m.group("path"))
+    path = base + [p for p in re.split(r"\.|\[|\]", where) if p and p != "..."]
+    unknown = re.match(r"Object contains unknown field `([^`]*)`", what)
+    if unknown:
+        path.append(unknown.group(1))
+        what = "unknown key"
+    missing = re.match(r"Object missing required field `([^`]*)`", what)
+    if missing:
+        path.append(missing.group(1))
+        what = "missing"
+    line = _line_of(text, path)
+    key = ".".join(path) or "file"
+    return f"{'' if line is None else f'line {line}: '}{key}: {_plain(what)}"
+
+
+def _plain(what: str) -> str:
+    """msgspec's wording, lower-cased at the start, without the `$...` location."""
+    what = _AT.sub(lambda m: m.group("what"), what)
+    return what[:1].lower() + what[1:]
+
+
+def _line_of(text: str, path: list[str]) -> int | None:
+    """The line (1-based) where `path` (["tenants", NAME, KEY] or [KEY] or ["default", KEY])
+    is written in `text`: a table's header, or a key's line inside its table (top-level keys
+    before the first table); None when not found (e.g. inline tables)."""
+    if not path:
+        return None
+    lines = text.splitlines()
+    header = _header_line(lines, path)
+    if header is not None:
+        return header
+    table, key = path[:-1], path[-1]
+    start = 0
+    if table:
+        at = _header_line(lines, table)
+        if at is None:
+            return None
+        start = at
+    key_re = re.compile(rf"^\s*{_key(key)}\s*[=.]")
+    for i in range(start, len(lines)):
+        if lines[i].lstrip().startswith("["):
+            break  # the next table: not in this one
+        if key_re.match(lines[i]):
+            return i + 1
+    return start or None
+
+
+def _key(part: str) -> str:
+    """A regex matching the TOML key `part`, bare or quoted."""
+    p = re.escape(part)
+    return rf"(?:{p}|\"{p}\"|'{p}')"
+
+
+def _header_line(lines: list[str], table: list[str]) -> int | None:
+    """The line (1-based) of the header [a.b...] of `table`, or None."""
+    pattern = re.compile(r"^\s*\[\s*" + r"\s*\.\s*".join(map(_key, table)) + r"\s*\]")
+    return next((i + 1 for i, ln in enumerate(lines) if pattern.match(ln)), None)
