@@ -101,7 +101,9 @@ class InFlow:
     with them or None = a HashQueue of MAX_QUEUED_BYTES for this flow alone, data_root: the
     agent's data root (a "file:PATH" sink's PATH is relative to it) or None = file sinks refused,
     max_ahead: bytes a chunk may end past the in-order point (the spill bound), spill_prefix:
-    the name prefix of this agent's spill files (overlay/reorder.py remove_spill_files)).
+    the name prefix of this agent's spill files (overlay/reorder.py remove_spill_files),
+    sink_path: a file sink's path as resolve_data_path gave it to the caller, or None; sink:
+    the flow's sink opened by the caller for byte 0 (open_sink), or None: opened here).
     The sink is opened with resume when spec.offset > 0: a file sink then keeps what its part
     file (PATH.terra-part) holds, cut to a leaf boundary, and the receiver continues from there
     (bytes before it are re-hashed into leaf MACs; the sender's digest, if it had arrived, is
@@ -135,14 +137,21 @@ class InFlow:
         data_root: str | None = None,
         max_ahead: int = MAX_AHEAD_BYTES,
         spill_prefix: str = "reorder-",
+        sink_path: str | None = None,
+        sink=None,
     ) -> None:
         self.spec = spec
         self.keys = FlowKeys(spec.digest_key, spec.digest_alg)
         self.max_ahead = max_ahead
         self.rejected_macs = 0
         self.rejected_ahead = 0
-        self.sink = open_sink(
-            spec.sink, spec.size, resume=spec.offset > 0, data_root=data_root, align=LEAF_BYTES
+        self.sink = sink or open_sink(
+            spec.sink,
+            spec.size,
+            resume=spec.offset > 0,
+            data_root=data_root,
+            align=LEAF_BYTES,
+            resolved=sink_path,
         )
         self.hasher = FlowDigest(self.keys, spec.size)
         # SHA-256 of a file sink's bytes, fed as they pass (status shows it; sync compares it)
@@ -156,6 +165,7 @@ class InFlow:
         self.expected_digest: str | None = (
             self.sink.load_digest(spec.digest_alg) if self.base else None
         )
+        self._digest_saved = self.expected_digest is not None
         self.digest: str | None = None
         self.done = False
         self.failed: str | None = None
@@ -324,7 +334,8 @@ class InFlow:
             return 0
         finally:
             self._busy = False
-            if self._aborted:
+            if self._aborted:  # abort() came while a thread wrote: remove what it left
+                self._remove_part()
                 self.close()
         self.acknowledged += nbytes
         if self.complete:
@@ -344,10 +355,7 @@ class InFlow:
         its sink's part file is removed at once (sink.remove_part: a later attempt of the
         flow starts a new one), and its reorder buffer and sink are closed (once a write in
         progress has ended)."""
-        try:
-            self.sink.remove_part()
-        except OSError as exc:
-            log.warning("flow %s/%s: cannot remove its part file: %s", *self.spec.key, exc)
+        self._remove_part()
         self.reported = True
         if self.failed is None:
             self.failed = message
@@ -356,6 +364,12 @@ class InFlow:
         if not self._busy:
             self.close()
         self._queued.set()
+
+    def _remove_part(self) -> None:
+        try:
+            self.sink.remove_part()
+        except OSError as exc:
+            log.warning("flow %s/%s: cannot remove its part file: %s", *self.spec.key, exc)
 
     def _take_pending(self) -> tuple[list, int]:
         pieces, nbytes = self._pending, self._pending_bytes
@@ -376,8 +390,7 @@ class InFlow:
             if self.expected_digest not in (None, digest):
                 raise ProtocolError(f"flow {self.spec.coflow}/{self.spec.flow}: digest changed")
             if self.expected_digest is None:
-                self.expected_digest = digest
-                self.sink.save_digest(digest, self.spec.digest_alg)
+                self.expected_digest = digest  # saved beside the part file by _consume
         if self._reorder is None or end <= self.delivered or self.failed is not None:
             return
         if offset < self.base:
@@ -409,7 +422,13 @@ class InFlow:
 
     def _consume(self, pieces: list, last: bool = False) -> None:
         """Hash and write in-order pieces (runs in a worker thread for large batches and for a
-        file sink's last one, which then syncs the part file: FileSink.sync)."""
+        file sink's last one, which then syncs the part file: FileSink.sync). The sender's
+        digest, once known, is saved beside the part file (sink.save_digest) before any more
+        bytes are written, so a part file holding every byte always has it: a restarted
+        receiver can verify and commit without the sender."""
+        if self.expected_digest is not None and not self._digest_saved:
+            self.sink.save_digest(self.expected_digest, self.spec.digest_alg)
+            self._digest_saved = True
         sha = self._sha
         for piece in pieces:
             self.hasher.update(piece)

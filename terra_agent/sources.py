@@ -10,7 +10,8 @@ Sinks:
     "file:PATH"  write the delivered bytes, in order, to PATH.terra-part beside the destination
                  on the receiving host; the part file's length is the durable delivered offset, so
                  a restarted receiver resumes from it; the sender's flow digest is kept in
-                 PATH.terra-part.digest ("<algorithm> <hex>") once it has arrived. Only when
+                 PATH.terra-part.digest ("<algorithm> <hex>") from its arrival on, at the latest
+                 before the bytes that complete the part file are written. Only when
                  every byte is in and the digest matched is the part file renamed over PATH
                  (FileSink.commit): an existing PATH is untouched by a flow that never completes.
 
@@ -410,7 +411,14 @@ def make_parent_dirs(data_root: str, path: str) -> None:
         os.close(fd)
 
 
-def open_sink(spec: str, size: int, resume: bool, data_root: str | None = None, align: int = 1):
+def open_sink(
+    spec: str,
+    size: int,
+    resume: bool,
+    data_root: str | None = None,
+    align: int = 1,
+    resolved: str | None = None,
+):
     """Open a flow's sink from its descriptor string ("digest" or "file:PATH").
 
     Args:
@@ -419,7 +427,10 @@ def open_sink(spec: str, size: int, resume: bool, data_root: str | None = None, 
         size: the flow's bytes; resume: keep what an existing part file holds (FileSink),
         cut down to a multiple of `align` bytes unless it is complete.
         data_root: the agent's data root, or None: every "file:" sink is refused. Missing
-            directories of PATH inside it are created (make_parent_dirs).
+            directories of PATH inside it are created (make_parent_dirs; PATH is then resolved
+            again below the new directories).
+        resolved: resolve_data_path(data_root, PATH, "sink") when the caller has it already
+            (it is not resolved a second time); None: resolved here.
 
     Returns DigestSink or FileSink (both have .resume_offset, .write(data), .commit(),
     .remove_part(), .close()).
@@ -431,9 +442,11 @@ def open_sink(spec: str, size: int, resume: bool, data_root: str | None = None, 
         name = spec[5:]
         if name.endswith((PART_SUFFIX, PART_SUFFIX + DIGEST_SUFFIX)):
             raise SourceError(f"sink path {name!r} refused: {PART_SUFFIX} names are reserved")
-        path = resolve_data_path(data_root, name, "sink")
-        make_parent_dirs(data_root, path)
-        return FileSink(resolve_data_path(data_root, name, "sink"), size, resume, name, align)
+        path = resolved if resolved is not None else resolve_data_path(data_root, name, "sink")
+        if not os.path.isdir(os.path.dirname(path)):
+            make_parent_dirs(data_root, path)
+            path = resolve_data_path(data_root, name, "sink")
+        return FileSink(path, size, resume, name, align)
     raise SourceError(f"unknown sink {spec!r}")
 
 
