@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 THREAD_HASH_BYTES = 256 * 1024  # consume(): batches at least this large for a file sink are
 # digested and written in one worker-thread call (os.write releases the GIL); a
 # digest-only sink's batch is folded inline (leaves with verified MACs cost no hashing)
+WRITER_THREADS = 8  # HashQueue.threads: worker threads of consume() at once, all flows
 MAX_QUEUED_BYTES = 16 << 20  # default HashQueue bound of a flow that has no shared one
 READY_BATCH_BYTES = 4 << 20  # spilled (ready) bytes read back and queued at a time, at most
 # (at least one held segment, i.e. one chunk, whatever its size)
@@ -59,7 +60,8 @@ class HashQueue:
     consume() takes its bytes out and wakes the waiters. An agent shares one between all its
     receiving flows, so memory stays bounded however many flows arrive at once.
 
-    Attributes: limit_bytes, queued_bytes (now), peak_bytes (largest queued_bytes seen).
+    Attributes: limit_bytes, queued_bytes (now), peak_bytes (largest queued_bytes seen),
+    threads (trio.CapacityLimiter of WRITER_THREADS: the flows' consume() worker threads).
 
     Raises:
         ValueError: limit_bytes not an int >= 0.
@@ -69,6 +71,9 @@ class HashQueue:
         if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes < 0:
             raise ValueError(f"limit_bytes must be an int >= 0, got {limit_bytes!r}")
         self.limit_bytes = limit_bytes
+        # worker threads writing the flows' batches at once, at most: more only contend for
+        # the GIL (each write, hash and fsync hands it back and forth) and the journal
+        self.threads = trio.CapacityLimiter(WRITER_THREADS)
         self.queued_bytes = 0
         self.peak_bytes = 0
         self._taken = trio.Event()
@@ -326,7 +331,9 @@ class InFlow:
             if isinstance(self.sink, DigestSink):
                 self._consume(pieces)
             elif nbytes >= THREAD_HASH_BYTES or last:  # the last one: fsync off the loop too
-                await trio.to_thread.run_sync(self._consume, pieces, last)
+                await trio.to_thread.run_sync(
+                    self._consume, pieces, last, limiter=self._queue.threads
+                )
             else:
                 self._consume(pieces)
         except OSError as exc:
@@ -422,11 +429,15 @@ class InFlow:
 
     def _consume(self, pieces: list, last: bool = False) -> None:
         """Hash and write in-order pieces (runs in a worker thread for large batches and for a
-        file sink's last one, which then syncs the part file: FileSink.sync). The sender's
-        digest, once known, is saved beside the part file (sink.save_digest) before any more
-        bytes are written, so a part file holding every byte always has it: a restarted
-        receiver can verify and commit without the sender."""
-        if self.expected_digest is not None and not self._digest_saved:
+        file sink's last one, which then syncs the part file (FileSink.sync) and settles the
+        flow: _settle).
+
+        The sender's digest, once known, is saved beside the part file (sink.save_digest)
+        before more bytes are written, but for the last batch, which commits in the same call:
+        a part file holding every byte without a saved digest exists only until that commit,
+        and since the receiver acknowledges the last bytes only after it, a receiver that
+        stops in between gets the last chunk, with its digest, again."""
+        if self.expected_digest is not None and not self._digest_saved and not last:
             self.sink.save_digest(self.expected_digest, self.spec.digest_alg)
             self._digest_saved = True
         sha = self._sha
@@ -437,6 +448,21 @@ class InFlow:
             self.sink.write(piece)
         if last:
             self.sink.sync()
+            self._settle()
+
+    def _settle(self) -> None:
+        """Once the last bytes are written and synced (a worker thread): the flow's digest and
+        SHA-256, and the commit (the part file renamed over the destination) when the digest
+        is the sender's. A commit that fails is left to check_digest, which tries again and
+        fails the flow with the reason; a flow aborted meanwhile is not committed."""
+        self.digest = self.hasher.hexdigest()
+        if self._sha is not None:
+            self.sha256 = self._sha.hexdigest()
+        if self.digest == self.expected_digest and not self._aborted:
+            try:
+                self.sink.commit()
+            except OSError:
+                pass  # check_digest reports it
 
     def _finish_data(self) -> None:
         self._drop_reorder()

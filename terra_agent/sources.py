@@ -10,8 +10,9 @@ Sinks:
     "file:PATH"  write the delivered bytes, in order, to PATH.terra-part beside the destination
                  on the receiving host; the part file's length is the durable delivered offset, so
                  a restarted receiver resumes from it; the sender's flow digest is kept in
-                 PATH.terra-part.digest ("<algorithm> <hex>") from its arrival on, at the latest
-                 before the bytes that complete the part file are written. Only when
+                 PATH.terra-part.digest ("<algorithm> <hex>") while the part file waits for
+                 more bytes (InFlow._consume: not when the last bytes, written in the same
+                 step as the commit, complete the part file). Only when
                  every byte is in and the digest matched is the part file renamed over PATH
                  (FileSink.commit): an existing PATH is untouched by a flow that never completes.
 
@@ -258,6 +259,7 @@ class FileSink:
         self.digest_path = self.part_path + DIGEST_SUFFIX
         self.committed = False
         self.synced = False  # the part file is complete and on disk (sync)
+        self.digest_saved = resume  # a digest file may be there (resume) or was written
         if os.path.isdir(path):
             raise SourceError(f"sink {self.name!r} is a directory")
         try:
@@ -296,6 +298,7 @@ class FileSink:
         """Keep the sender's flow digest (hex str) beside the part file as "<algorithm> <hex>"
         (the flow's leaf-MAC construction, integrity.ALGORITHMS), so a restarted receiver can
         still verify; OSError if it cannot be written."""
+        self.digest_saved = True
         fd = os.open(self.digest_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644)
         with open(fd, "w") as f:
             f.write(f"{algorithm} {digest}\n")
@@ -349,7 +352,8 @@ class FileSink:
                 os.close(fd)
         os.replace(self.part_path, self.path)
         self.committed = True
-        _unlink_if_present(self.digest_path)
+        if self.digest_saved:
+            _unlink_if_present(self.digest_path)
 
     def remove_part(self) -> None:
         """The flow will never complete (dropped: cancelled, failed, restarting from byte 0):
