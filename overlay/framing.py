@@ -151,7 +151,6 @@ class FrameWriter:
         async with self._lock:
             await send_frame(self.stream, header, payload)
 
-
     async def send_headers(self, headers: list[dict]) -> list[tuple[dict, FrameError]]:
         """Send frames without payload for `headers`, in order, in one write (many small
         control messages cost one system call and, on TLS, one record). A header that cannot
