@@ -151,6 +151,29 @@ class FrameWriter:
         async with self._lock:
             await send_frame(self.stream, header, payload)
 
+    async def send_headers(self, headers: list[dict]) -> list[tuple[dict, FrameError]]:
+        """Send frames without payload for `headers`, in order, in one write (many small
+        control messages cost one system call and, on TLS, one record). A header that cannot
+        be encoded is left out.
+
+        Returns:
+            [(header, its FrameError)] of the headers left out.
+
+        Raises:
+            what send_frame raises for the stream.
+        """
+        heads: list[bytes] = []
+        bad = []
+        for header in headers:
+            try:
+                heads.append(encode_frame(header)[0])
+            except FrameError as exc:
+                bad.append((header, exc))
+        if heads:
+            async with self._lock:
+                await send_encoded(self.stream, b"".join(heads))
+        return bad
+
 
 def _unreferenced_count() -> int:
     """sys.getrefcount() of a list item seen by a for loop when nothing else refers to it."""

@@ -48,13 +48,13 @@ from overlay.rate_limit import chunk_frame_overhead, stream_rate
 from overlay.rate_limited_log import RateLimitedLog
 from overlay.reorder import MemoryBudget, remove_spill_files
 from terra_security.data_records import TAG_BYTES
+from terra_security.integrity import LEAF_BYTES
 from terra_wire.control import (
     FlowSpec,
     ProtocolError,
     complete_message,
     parse_pair_keys,
     parse_tunnels,
-    progress_message,
     report_tag,
 )
 from terra_wire.frames import MAX_PAYLOAD_BYTES
@@ -84,7 +84,7 @@ from .sender import (
     PeerLink,
     chunk_bytes,
 )
-from .sources import SourceError, flow_key, open_source, resolve_data_path
+from .sources import SourceError, flow_key, open_sink, open_source, resolve_data_path
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +164,7 @@ class Agent(ControlSession, IncomingData):
         # (coflow, flow) -> attempt, of flows the controller dropped (most recent last)
         self.dropped: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._outbox: deque[dict] = deque()
+        self._acked_msg: dict | None = None  # "progress" that _report_acked adds rows to
         self._outbox_event = trio.Event()
         self._nursery: trio.Nursery | None = None
 
@@ -356,7 +357,42 @@ class Agent(ControlSession, IncomingData):
             self.groups[key] = group
         return group
 
-    def _add_flow(self, spec: FlowSpec) -> None:
+    async def _open_sinks(self, specs: list[FlowSpec]) -> dict[tuple[str, str], object]:
+        """Open the file sinks of new receiving flows among `specs` in worker threads (path
+        resolution, missing directories, part files: system calls that wait for the file
+        system's journal stay off the event loop), for `_add_flow`.
+
+        Only flows starting at byte 0 that this agent does not hold yet, whose resolved path
+        no live flow owns (_claim_sink, checked on the loop before any part file is
+        truncated) and that no earlier flow of `specs` writes; the others are set up by
+        `_add_flow` itself, as before.
+
+        Returns:
+            {flow key: its opened FileSink, or the exception opening it raised
+            (SourceError / OSError / ValueError: _add_flow refuses the flow with it)}.
+        """
+        me, root = self.config.agent_id, self.config.data_root
+        todo = [
+            s for s in specs
+            if s.dst_agent == me and s.offset == 0 and s.sink.startswith("file:")
+            and s.key not in self.in_flows and s.key not in self.out_flows
+        ]  # fmt: skip
+        if not todo or root is None:
+            return {}
+        paths = await trio.to_thread.run_sync(_resolve_sinks, root, todo)
+        free, seen = [], set()
+        for spec, path in zip(todo, paths, strict=True):
+            if isinstance(path, str):
+                owner = self.in_flows.get(self.sinks.get(path))
+                if path in seen or (owner is not None and not owner.done and not owner.failed):
+                    continue  # _add_flow refuses it (_claim_sink)
+                seen.add(path)
+            free.append((spec, path))
+        return await trio.to_thread.run_sync(_open_file_sinks, root, free)
+
+    def _add_flow(self, spec: FlowSpec, sink=None) -> None:
+        """Start sending and / or receiving flow `spec`; `sink`: its receiving end's file sink
+        opened by _open_sinks (or the exception that raised), None: opened here."""
         me = self.config.agent_id
         if spec.src_agent != me and spec.dst_agent != me:
             raise ProtocolError(f"flow {spec.coflow}/{spec.flow} names neither end as {me!r}")
@@ -367,7 +403,7 @@ class Agent(ControlSession, IncomingData):
         cause = "sink"
         try:
             if spec.dst_agent == me and spec.key not in self.in_flows:
-                self._add_inflow(spec)
+                self._add_inflow(spec, sink)
             cause = "source"
             if spec.src_agent == me and spec.key not in self.out_flows:
                 source = open_source(
@@ -418,18 +454,21 @@ class Agent(ControlSession, IncomingData):
             if out is not None or inflow is not None:
                 log.info("flow %s/%s dropped by the controller", coflow, fid)
 
-    def _claim_sink(self, spec: FlowSpec) -> None:
+    def _claim_sink(self, spec: FlowSpec, path: str | None = None) -> str | None:
         """Make flow `spec` the owner of its sink file, by resolved path (sinks {path: flow
         key}); a path a live flow of another key owns (receiving: not done, not failed) is
-        refused, so its part file is never truncated under it.
+        refused, so its part file is never truncated under it. `path`: the sink's resolved
+        path when the caller has it (None: resolved here). Returns the resolved path (None for
+        a sink that is not a file).
 
         Raises:
             SourceError: the path is owned by another live flow, or refused
                 (resolve_data_path).
         """
         if not spec.sink.startswith("file:"):
-            return
-        path = resolve_data_path(self.config.data_root, spec.sink[5:], "sink")
+            return None
+        if path is None:
+            path = resolve_data_path(self.config.data_root, spec.sink[5:], "sink")
         owner_key = self.sinks.get(path)
         owner = self.in_flows.get(owner_key) if owner_key is not None else None
         if owner_key != spec.key and owner is not None and not owner.done and not owner.failed:
@@ -438,13 +477,16 @@ class Agent(ControlSession, IncomingData):
                 "still writing that file"
             )
         self.sinks[path] = spec.key
+        return path
 
-    def _add_inflow(self, spec: FlowSpec) -> None:
+    def _add_inflow(self, spec: FlowSpec, sink=None) -> None:
         """Start receiving flow `spec` and feed it the chunks held for it; a flow whose sink
         cannot be opened or is owned by another live flow (_claim_sink) is recorded in
-        `refused` (SourceError / OSError / ValueError re-raised)."""
+        `refused` (SourceError / OSError / ValueError re-raised). `sink`: as _add_flow."""
         try:
-            self._claim_sink(spec)
+            if isinstance(sink, Exception):
+                raise sink
+            resolved = self._claim_sink(spec, getattr(sink, "path", None))
             inflow = InFlow(
                 spec,
                 self.config.memory_limit,
@@ -454,6 +496,8 @@ class Agent(ControlSession, IncomingData):
                 data_root=self.config.data_root,
                 max_ahead=self.config.max_ahead,
                 spill_prefix=self.config.spill_prefix,
+                sink_path=resolved,
+                sink=sink,
             )
         except (SourceError, OSError, ValueError) as exc:
             self.refused[spec.key] = str(exc)
@@ -519,8 +563,7 @@ class Agent(ControlSession, IncomingData):
         if flow.done and not was_done:
             flow.source.close()  # frees a synthetic block / file descriptor (reopened if needed)
             flow.reported = flow.acked
-            tag = report_tag(flow.spec.digest_key)
-            self.send_control(progress_message([(coflow, flow_id, flow.acked, tag)]))
+            self._report_acked(coflow, flow_id, flow.acked, report_tag(flow.spec.digest_key))
             if group is not None:
                 group.notify()
 
@@ -546,6 +589,36 @@ class Agent(ControlSession, IncomingData):
     def _wake_all(self) -> None:
         for group in self.groups.values():
             group.notify()
+
+
+def _resolve_sinks(data_root: str, specs: list[FlowSpec]) -> list:
+    """[resolve_data_path of each spec's file sink, or the exception it raised] (a worker
+    thread's part of Agent._open_sinks)."""
+    out = []
+    for spec in specs:
+        try:
+            out.append(resolve_data_path(data_root, spec.sink[5:], "sink"))
+        except (SourceError, OSError, ValueError) as exc:
+            out.append(exc)
+    return out
+
+
+def _open_file_sinks(data_root: str, todo: list[tuple[FlowSpec, object]]) -> dict:
+    """{flow key: open_sink of each (spec, resolved path) from byte 0, or the exception it
+    raised; a path given as an exception is that flow's answer} (a worker thread's part of
+    Agent._open_sinks)."""
+    out: dict[tuple[str, str], object] = {}
+    for spec, path in todo:
+        if isinstance(path, Exception):
+            out[spec.key] = path
+            continue
+        try:
+            out[spec.key] = open_sink(
+                spec.sink, spec.size, False, data_root, LEAF_BYTES, resolved=path
+            )
+        except (SourceError, OSError, ValueError) as exc:
+            out[spec.key] = exc
+    return out
 
 
 def check_ack(spec: FlowSpec, offset: int, epoch: int, peer: str | None) -> str | None:

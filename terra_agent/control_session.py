@@ -42,7 +42,8 @@ from .sender import (
 )
 
 log = logging.getLogger("terra_agent.agent")
-FLOWS_PER_CHECKPOINT = 8  # descriptors set up (sink files made) between data connections' turns
+FLOWS_PER_SETUP = 32  # descriptors whose sink files one worker-thread call makes (_open_sinks)
+WRITE_BATCH = 64  # queued control messages sent in one write, at most
 # Backoff bound of an agent given several controllers: a pass is a few refused connects.
 FAILOVER_BACKOFF_MAX_S = 0.5
 
@@ -169,14 +170,28 @@ class ControlSession:
                 self._outbox.append({"t": "heartbeat"})
                 next_heartbeat = now + self.config.heartbeat_interval
             while self._outbox:
-                try:
-                    await writer.send(self._outbox[0])
-                except FrameError as exc:  # cannot be encoded (e.g. too large): drop it
-                    log.error("dropping control message %r: %s", self._outbox[0].get("t"), exc)
-                self._outbox.popleft()
+                self._acked_msg = None  # encoded below: _report_acked starts a new one
+                batch = [self._outbox[i] for i in range(min(len(self._outbox), WRITE_BATCH))]
+                for msg, exc in await writer.send_headers(batch):  # cannot be encoded: dropped
+                    log.error("dropping control message %r: %s", msg.get("t"), exc)
+                for _ in batch:
+                    self._outbox.popleft()
             with trio.move_on_at(min(next_progress, next_heartbeat)):
                 await self._outbox_event.wait()
             self._outbox_event = trio.Event()
+
+    def _report_acked(self, coflow: str, flow: str, acked: int, tag: str) -> None:
+        """Report a sending flow's acknowledged offset at once (it was fully acknowledged): the
+        rows reported this way until the control writer takes the next batch share one
+        "progress" message (ROWS_PER_MESSAGE rows at most), queued where the first one was."""
+        msg = self._acked_msg
+        if msg is None:
+            msg = self._acked_msg = progress_message([])
+            self._outbox.append(msg)
+        msg["flows"] += progress_message([(coflow, flow, acked, tag)])["flows"]
+        if len(msg["flows"]) >= ROWS_PER_MESSAGE:
+            self._acked_msg = None
+        self._outbox_event.set()
 
     def send_control(self, msg: dict) -> None:
         """Queue a control message for the controller (sent in order once connected)."""
@@ -258,10 +273,16 @@ class ControlSession:
         elif kind == "tunnels":
             await self._apply_tunnels(header)
         elif kind == "flows":
-            for i, spec in enumerate(parse_flows(header)):
-                self._add_flow(spec)
-                if i % FLOWS_PER_CHECKPOINT == FLOWS_PER_CHECKPOINT - 1:
-                    await trio.lowlevel.checkpoint()  # data connections run meanwhile
+            specs = parse_flows(header)
+            for start in range(0, len(specs), FLOWS_PER_SETUP):
+                batch = specs[start : start + FLOWS_PER_SETUP]
+                opened = await self._open_sinks(batch)  # data connections run meanwhile
+                for spec in batch:
+                    self._add_flow(spec, opened.pop(spec.key, None))
+                for sink in opened.values():  # not taken (cannot happen): release it
+                    if not isinstance(sink, Exception):
+                        sink.close()
+                await trio.lowlevel.checkpoint()
             self._plan_pacing()
         elif kind == "rates":
             for group in parse_rates(header):

@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 THREAD_HASH_BYTES = 256 * 1024  # consume(): batches at least this large for a file sink are
 # digested and written in one worker-thread call (os.write releases the GIL); a
 # digest-only sink's batch is folded inline (leaves with verified MACs cost no hashing)
+WRITER_THREADS = 8  # HashQueue.threads: worker threads of consume() at once, all flows
 MAX_QUEUED_BYTES = 16 << 20  # default HashQueue bound of a flow that has no shared one
 READY_BATCH_BYTES = 4 << 20  # spilled (ready) bytes read back and queued at a time, at most
 # (at least one held segment, i.e. one chunk, whatever its size)
@@ -59,7 +60,8 @@ class HashQueue:
     consume() takes its bytes out and wakes the waiters. An agent shares one between all its
     receiving flows, so memory stays bounded however many flows arrive at once.
 
-    Attributes: limit_bytes, queued_bytes (now), peak_bytes (largest queued_bytes seen).
+    Attributes: limit_bytes, queued_bytes (now), peak_bytes (largest queued_bytes seen),
+    threads (trio.CapacityLimiter of WRITER_THREADS: the flows' consume() worker threads).
 
     Raises:
         ValueError: limit_bytes not an int >= 0.
@@ -69,6 +71,9 @@ class HashQueue:
         if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes < 0:
             raise ValueError(f"limit_bytes must be an int >= 0, got {limit_bytes!r}")
         self.limit_bytes = limit_bytes
+        # worker threads writing the flows' batches at once, at most: more only contend for
+        # the GIL (each write, hash and fsync hands it back and forth) and the journal
+        self.threads = trio.CapacityLimiter(WRITER_THREADS)
         self.queued_bytes = 0
         self.peak_bytes = 0
         self._taken = trio.Event()
@@ -101,7 +106,9 @@ class InFlow:
     with them or None = a HashQueue of MAX_QUEUED_BYTES for this flow alone, data_root: the
     agent's data root (a "file:PATH" sink's PATH is relative to it) or None = file sinks refused,
     max_ahead: bytes a chunk may end past the in-order point (the spill bound), spill_prefix:
-    the name prefix of this agent's spill files (overlay/reorder.py remove_spill_files)).
+    the name prefix of this agent's spill files (overlay/reorder.py remove_spill_files),
+    sink_path: a file sink's path as resolve_data_path gave it to the caller, or None; sink:
+    the flow's sink opened by the caller for byte 0 (open_sink), or None: opened here).
     The sink is opened with resume when spec.offset > 0: a file sink then keeps what its part
     file (PATH.terra-part) holds, cut to a leaf boundary, and the receiver continues from there
     (bytes before it are re-hashed into leaf MACs; the sender's digest, if it had arrived, is
@@ -135,14 +142,21 @@ class InFlow:
         data_root: str | None = None,
         max_ahead: int = MAX_AHEAD_BYTES,
         spill_prefix: str = "reorder-",
+        sink_path: str | None = None,
+        sink=None,
     ) -> None:
         self.spec = spec
         self.keys = FlowKeys(spec.digest_key, spec.digest_alg)
         self.max_ahead = max_ahead
         self.rejected_macs = 0
         self.rejected_ahead = 0
-        self.sink = open_sink(
-            spec.sink, spec.size, resume=spec.offset > 0, data_root=data_root, align=LEAF_BYTES
+        self.sink = sink or open_sink(
+            spec.sink,
+            spec.size,
+            resume=spec.offset > 0,
+            data_root=data_root,
+            align=LEAF_BYTES,
+            resolved=sink_path,
         )
         self.hasher = FlowDigest(self.keys, spec.size)
         # SHA-256 of a file sink's bytes, fed as they pass (status shows it; sync compares it)
@@ -156,6 +170,7 @@ class InFlow:
         self.expected_digest: str | None = (
             self.sink.load_digest(spec.digest_alg) if self.base else None
         )
+        self._digest_saved = self.expected_digest is not None
         self.digest: str | None = None
         self.done = False
         self.failed: str | None = None
@@ -316,7 +331,9 @@ class InFlow:
             if isinstance(self.sink, DigestSink):
                 self._consume(pieces)
             elif nbytes >= THREAD_HASH_BYTES or last:  # the last one: fsync off the loop too
-                await trio.to_thread.run_sync(self._consume, pieces, last)
+                await trio.to_thread.run_sync(
+                    self._consume, pieces, last, limiter=self._queue.threads
+                )
             else:
                 self._consume(pieces)
         except OSError as exc:
@@ -324,7 +341,8 @@ class InFlow:
             return 0
         finally:
             self._busy = False
-            if self._aborted:
+            if self._aborted:  # abort() came while a thread wrote: remove what it left
+                self._remove_part()
                 self.close()
         self.acknowledged += nbytes
         if self.complete:
@@ -344,10 +362,7 @@ class InFlow:
         its sink's part file is removed at once (sink.remove_part: a later attempt of the
         flow starts a new one), and its reorder buffer and sink are closed (once a write in
         progress has ended)."""
-        try:
-            self.sink.remove_part()
-        except OSError as exc:
-            log.warning("flow %s/%s: cannot remove its part file: %s", *self.spec.key, exc)
+        self._remove_part()
         self.reported = True
         if self.failed is None:
             self.failed = message
@@ -356,6 +371,12 @@ class InFlow:
         if not self._busy:
             self.close()
         self._queued.set()
+
+    def _remove_part(self) -> None:
+        try:
+            self.sink.remove_part()
+        except OSError as exc:
+            log.warning("flow %s/%s: cannot remove its part file: %s", *self.spec.key, exc)
 
     def _take_pending(self) -> tuple[list, int]:
         pieces, nbytes = self._pending, self._pending_bytes
@@ -376,8 +397,7 @@ class InFlow:
             if self.expected_digest not in (None, digest):
                 raise ProtocolError(f"flow {self.spec.coflow}/{self.spec.flow}: digest changed")
             if self.expected_digest is None:
-                self.expected_digest = digest
-                self.sink.save_digest(digest, self.spec.digest_alg)
+                self.expected_digest = digest  # saved beside the part file by _consume
         if self._reorder is None or end <= self.delivered or self.failed is not None:
             return
         if offset < self.base:
@@ -409,7 +429,17 @@ class InFlow:
 
     def _consume(self, pieces: list, last: bool = False) -> None:
         """Hash and write in-order pieces (runs in a worker thread for large batches and for a
-        file sink's last one, which then syncs the part file: FileSink.sync)."""
+        file sink's last one, which then syncs the part file (FileSink.sync) and settles the
+        flow: _settle).
+
+        The sender's digest, once known, is saved beside the part file (sink.save_digest)
+        before more bytes are written, but for the last batch, which commits in the same call:
+        a part file holding every byte without a saved digest exists only until that commit,
+        and since the receiver acknowledges the last bytes only after it, a receiver that
+        stops in between gets the last chunk, with its digest, again."""
+        if self.expected_digest is not None and not self._digest_saved and not last:
+            self.sink.save_digest(self.expected_digest, self.spec.digest_alg)
+            self._digest_saved = True
         sha = self._sha
         for piece in pieces:
             self.hasher.update(piece)
@@ -418,6 +448,21 @@ class InFlow:
             self.sink.write(piece)
         if last:
             self.sink.sync()
+            self._settle()
+
+    def _settle(self) -> None:
+        """Once the last bytes are written and synced (a worker thread): the flow's digest and
+        SHA-256, and the commit (the part file renamed over the destination) when the digest
+        is the sender's. A commit that fails is left to check_digest, which tries again and
+        fails the flow with the reason; a flow aborted meanwhile is not committed."""
+        self.digest = self.hasher.hexdigest()
+        if self._sha is not None:
+            self.sha256 = self._sha.hexdigest()
+        if self.digest == self.expected_digest and not self._aborted:
+            try:
+                self.sink.commit()
+            except OSError:
+                pass  # check_digest reports it
 
     def _finish_data(self) -> None:
         self._drop_reorder()

@@ -10,7 +10,9 @@ Sinks:
     "file:PATH"  write the delivered bytes, in order, to PATH.terra-part beside the destination
                  on the receiving host; the part file's length is the durable delivered offset, so
                  a restarted receiver resumes from it; the sender's flow digest is kept in
-                 PATH.terra-part.digest ("<algorithm> <hex>") once it has arrived. Only when
+                 PATH.terra-part.digest ("<algorithm> <hex>") while the part file waits for
+                 more bytes (InFlow._consume: not when the last bytes, written in the same
+                 step as the commit, complete the part file). Only when
                  every byte is in and the digest matched is the part file renamed over PATH
                  (FileSink.commit): an existing PATH is untouched by a flow that never completes.
 
@@ -257,6 +259,7 @@ class FileSink:
         self.digest_path = self.part_path + DIGEST_SUFFIX
         self.committed = False
         self.synced = False  # the part file is complete and on disk (sync)
+        self.digest_saved = resume  # a digest file may be there (resume) or was written
         if os.path.isdir(path):
             raise SourceError(f"sink {self.name!r} is a directory")
         try:
@@ -295,6 +298,7 @@ class FileSink:
         """Keep the sender's flow digest (hex str) beside the part file as "<algorithm> <hex>"
         (the flow's leaf-MAC construction, integrity.ALGORITHMS), so a restarted receiver can
         still verify; OSError if it cannot be written."""
+        self.digest_saved = True
         fd = os.open(self.digest_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644)
         with open(fd, "w") as f:
             f.write(f"{algorithm} {digest}\n")
@@ -348,7 +352,8 @@ class FileSink:
                 os.close(fd)
         os.replace(self.part_path, self.path)
         self.committed = True
-        _unlink_if_present(self.digest_path)
+        if self.digest_saved:
+            _unlink_if_present(self.digest_path)
 
     def remove_part(self) -> None:
         """The flow will never complete (dropped: cancelled, failed, restarting from byte 0):
@@ -410,7 +415,14 @@ def make_parent_dirs(data_root: str, path: str) -> None:
         os.close(fd)
 
 
-def open_sink(spec: str, size: int, resume: bool, data_root: str | None = None, align: int = 1):
+def open_sink(
+    spec: str,
+    size: int,
+    resume: bool,
+    data_root: str | None = None,
+    align: int = 1,
+    resolved: str | None = None,
+):
     """Open a flow's sink from its descriptor string ("digest" or "file:PATH").
 
     Args:
@@ -419,7 +431,10 @@ def open_sink(spec: str, size: int, resume: bool, data_root: str | None = None, 
         size: the flow's bytes; resume: keep what an existing part file holds (FileSink),
         cut down to a multiple of `align` bytes unless it is complete.
         data_root: the agent's data root, or None: every "file:" sink is refused. Missing
-            directories of PATH inside it are created (make_parent_dirs).
+            directories of PATH inside it are created (make_parent_dirs; PATH is then resolved
+            again below the new directories).
+        resolved: resolve_data_path(data_root, PATH, "sink") when the caller has it already
+            (it is not resolved a second time); None: resolved here.
 
     Returns DigestSink or FileSink (both have .resume_offset, .write(data), .commit(),
     .remove_part(), .close()).
@@ -431,9 +446,11 @@ def open_sink(spec: str, size: int, resume: bool, data_root: str | None = None, 
         name = spec[5:]
         if name.endswith((PART_SUFFIX, PART_SUFFIX + DIGEST_SUFFIX)):
             raise SourceError(f"sink path {name!r} refused: {PART_SUFFIX} names are reserved")
-        path = resolve_data_path(data_root, name, "sink")
-        make_parent_dirs(data_root, path)
-        return FileSink(resolve_data_path(data_root, name, "sink"), size, resume, name, align)
+        path = resolved if resolved is not None else resolve_data_path(data_root, name, "sink")
+        if not os.path.isdir(os.path.dirname(path)):
+            make_parent_dirs(data_root, path)
+            path = resolve_data_path(data_root, name, "sink")
+        return FileSink(path, size, resume, name, align)
     raise SourceError(f"unknown sink {spec!r}")
 
 

@@ -599,9 +599,10 @@ class AgentChannel:
             for coflow, f, attempt, wire, n in built:
                 if coflow.state.final or f.ended or f.restarts != attempt:
                     continue
-                per_agent.setdefault(f.src_agent, []).append((wire, n))
+                # the receiver's first: it has more to set up (sink files) than the sender
+                per_agent.setdefault(f.dst_agent, []).append((wire, n))
                 if f.dst_agent != f.src_agent:
-                    per_agent.setdefault(f.dst_agent, []).append((wire, n))
+                    per_agent.setdefault(f.src_agent, []).append((wire, n))
             for agent, entries in per_agent.items():
                 conn = self.connections.get(agent)
                 if conn is None:
