@@ -69,7 +69,5 @@ def test_tenants_run_assigns_coflow_i_to_tenant_i_mod_n_and_reports_both(tmp_pat
     assert 0 < cell["tenant_round_ms_median"] <= cell["tenant_round_ms_p95"]
     # Step A alone solves an LP per active tenant: more LPs a round than plain Terra
     assert cell["tenant_lps_per_round"] > cell["lps_per_round"]
-    assert cell["ratio"] == pytest.approx(
-        cell["tenant_round_ms_median"] / cell["round_ms_median"]
-    )
+    assert cell["ratio"] == pytest.approx(cell["tenant_round_ms_median"] / cell["round_ms_median"])
     assert "| " in capsys.readouterr().out
