@@ -17,11 +17,19 @@ Coflows (`random_coflow`): width (flows) and flow sizes are heavy tailed:
 width = min(64, ⌊Pareto(α=1.2)⌋) (most coflows 1-2 flows, some tens), size =
 min(10 GB, 1 MB × Pareto(α=1.1)); source and destination DCs uniform, distinct.
 
+With `--tenants N` every cell is run twice on the same coflow stream, plain Terra and
+Terra with N equal-weight tenants (tenant_policy.TenantPolicy, cooperative sharing;
+coflow i in arrival order to tenant t{i mod N}, the rule of `terra-sim --tenants N`),
+their rounds interleaved (one of each in turn) so both see the same load; the table
+puts the two side by side with the ratio of the medians (tenants / Terra).
+
     uv run python benchmarks/round_scaling.py [--topologies synth10 synth100 att swan ...]
-        [--coflows 10 1000 ...] [--rounds R] [--json OUT]
+        [--coflows 10 1000 ...] [--rounds R] [--tenants N] [--json OUT]
 
 JSON: {"cells": [{"topology", "dcs", "coflows", "round_ms_median", "round_ms_p95",
-"lps_per_round"}], "fit": {...}, "loadavg": [1, 5, 15 min]}.
+"lps_per_round", "cpu_s"; with --tenants also "tenants", "tenant_round_ms_median",
+"tenant_round_ms_p95", "tenant_lps_per_round", "tenant_cpu_s", "ratio"}], "fit": {...},
+"loadavg": [1, 5, 15 min]}.
 """
 
 from __future__ import annotations
@@ -38,8 +46,10 @@ from pathlib import Path as FsPath
 import networkx as nx
 import numpy as np
 
+from terra_core.tenant_policy import TenantPolicy, TenantSpec
 from terra_core.terra_policy import TerraPolicy
 from terra_model import Coflow, Flow
+from terra_sim.tenants import parse_tenants
 from topologies import GBPS_TO_BYTES_PER_S, Topology, load_topology
 
 DEFAULT_TOPOLOGIES = [
@@ -126,42 +136,86 @@ def random_coflow(cid: str, dcs: list[str], rng: random.Random, now: float) -> C
     return Coflow(cid, now, flows)
 
 
-def run_cell(topo: Topology, n: int, rounds: int, warmup: int = 2, seed: int = 1) -> dict:
-    """Event-driven run with replacement; time `rounds` rounds after `warmup` ones.
+class _Run:
+    """One event-driven run with replacement (module docstring), stepped a round at a time.
+
+    Args:
+        topo: the WAN. n: coflows kept active. seed: the coflow stream's seed.
+        tenants: 0 for plain Terra; N >= 1 for Terra with N equal-weight tenants
+            (tenant_policy.TenantPolicy, cooperative sharing), coflow i (arrival order) to
+            tenant t{i mod N}, the rule of `terra-sim --tenants N` (terra_sim/tenants.py).
+    """
+
+    def __init__(self, topo: Topology, n: int, seed: int = 1, tenants: int = 0) -> None:
+        self.rng = random.Random(seed)
+        self.dcs = topo.dcs
+        self.names = list(parse_tenants(str(tenants))) if tenants else []
+        if tenants:
+            spec = TenantSpec(parse_tenants(str(tenants)), {})
+            self.policy = TenantPolicy(topo.copy(), spec, k=4)
+        else:
+            self.policy = TerraPolicy(topo.copy(), k=4)
+        self.remaining: dict[str, dict[str, float]] = {}
+        self.count = 0
+        self.now = 0.0
+        for _ in range(n):
+            self._arrive()
+
+    def _arrive(self) -> None:
+        cid = f"c{self.count}"
+        if self.names:  # coflow i to tenant i mod N (terra_sim.tenants.assign)
+            self.policy.spec.tenant_of[cid] = self.names[self.count % len(self.names)]
+        coflow = random_coflow(cid, self.dcs, self.rng, self.now)
+        self.count += 1
+        self.policy.add_coflow(coflow, self.now)
+        self.remaining[coflow.id] = {f.id: f.bytes for f in coflow.flows}
+
+    def step(self) -> tuple[float, float, int]:
+        """One round, then the run moves on to the next event.
+
+        Returns (wall ms, CPU s, LPs) of the round's `allocate` call.
+        """
+        lps_before = self.policy.stats["lps"]
+        cpu = time.process_time()
+        start = time.perf_counter()
+        alloc = self.policy.allocate(self.now, self.remaining)
+        elapsed = (time.perf_counter() - start) * 1000.0
+        cpu = time.process_time() - cpu
+        lps = self.policy.stats["lps"] - lps_before
+        self.now = _advance(alloc, self.remaining, self.now)
+        for cid in [c for c, flows in self.remaining.items() if not flows]:
+            del self.remaining[cid]
+            self.policy.remove_coflow(cid, self.now)
+            self._arrive()
+        return elapsed, cpu, lps
+
+
+def run_cell(
+    topo: Topology, n: int, rounds: int, warmup: int = 2, seed: int = 1, tenants: int = 0
+) -> dict:
+    """Time `rounds` rounds after `warmup` ones; with `tenants` > 0 two runs on the same
+    coflow stream, plain Terra and Terra with that many tenants (_Run), stepped in turn
+    (round i of one, then round i of the other) so both see the same machine load.
 
     Returns:
-        {"round_ms": [ms per counted round], "lps": [LPs per counted round]}.
+        {"round_ms": [ms per counted round], "lps": [LPs per counted round], "cpu_s": CPU
+        seconds of the counted rounds}; with tenants also "tenant_round_ms",
+        "tenant_lps", "tenant_cpu_s", the same for the tenants' run.
     """
-    rng = random.Random(seed)
-    policy = TerraPolicy(topo.copy(), k=4)
-    remaining: dict[str, dict[str, float]] = {}
-    count = 0
-    now = 0.0
-
-    def arrive() -> None:
-        nonlocal count
-        coflow = random_coflow(f"c{count}", topo.dcs, rng, now)
-        count += 1
-        policy.add_coflow(coflow, now)
-        remaining[coflow.id] = {f.id: f.bytes for f in coflow.flows}
-
-    for _ in range(n):
-        arrive()
-    times, lps = [], []
+    runs = {"": _Run(topo, n, seed)}
+    if tenants:
+        runs["tenant_"] = _Run(topo, n, seed, tenants)
+    out: dict = {}
+    for key in runs:
+        out.update({key + "round_ms": [], key + "lps": [], key + "cpu_s": 0.0})
     for i in range(warmup + rounds):
-        lps_before = policy.stats["lps"]
-        start = time.perf_counter()
-        alloc = policy.allocate(now, remaining)
-        elapsed = (time.perf_counter() - start) * 1000.0
-        if i >= warmup:
-            times.append(elapsed)
-            lps.append(policy.stats["lps"] - lps_before)
-        now = _advance(alloc, remaining, now)
-        for cid in [c for c, flows in remaining.items() if not flows]:
-            del remaining[cid]
-            policy.remove_coflow(cid, now)
-            arrive()
-    return {"round_ms": times, "lps": lps}
+        for key, run in runs.items():
+            ms, cpu, lps = run.step()
+            if i >= warmup:
+                out[key + "round_ms"].append(ms)
+                out[key + "lps"].append(lps)
+                out[key + "cpu_s"] += cpu
+    return out
 
 
 def _advance(alloc, remaining: dict[str, dict[str, float]], now: float) -> float:
@@ -220,32 +274,45 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--coflows", nargs="+", type=int, default=DEFAULT_COFLOWS)
     p.add_argument("--rounds", type=int, default=20, help="counted rounds per cell")
     p.add_argument("--warmup", type=int, default=2, help="uncounted first rounds per cell")
+    p.add_argument(
+        "--tenants", type=int, default=0, metavar="N",
+        help="also time Terra with N equal-weight tenants (coflow i to tenant i mod N)",
+    )  # fmt: skip
     p.add_argument("--json", type=FsPath, default=None, metavar="OUT")
     args = p.parse_args(argv)
+    if args.tenants < 0:
+        p.error("--tenants must be >= 0")
     cells = []
-    print(
+    head = (
         f"{'topology':<10} {'DCs':>4} {'links':>5} {'coflows':>7} {'median ms':>10} "
-        f"{'p95 ms':>9} {'LPs/round':>9}"
+        f"{'p95 ms':>9} {'LPs/round':>9} {'CPU s':>7}"
     )
+    if args.tenants:
+        head += f" | {'tenants':>7} {'median ms':>10} {'p95 ms':>9} {'LPs/round':>9} "
+        head += f"{'CPU s':>7} {'ratio':>6}"
+    print(head)
     for name in args.topologies:
         topo = make_topology(name)
         for n in args.coflows:
-            res = run_cell(topo, n, args.rounds, args.warmup)
-            cell = {
-                "topology": name,
-                "dcs": len(topo.dcs),
-                "coflows": n,
-                "round_ms_median": float(np.median(res["round_ms"])),
-                "round_ms_p95": float(np.quantile(res["round_ms"], 0.95)),
-                "lps_per_round": float(np.mean(res["lps"])),
-            }
-            cells.append(cell)
-            print(
+            res = run_cell(topo, n, args.rounds, args.warmup, tenants=args.tenants)
+            cell = {"topology": name, "dcs": len(topo.dcs), "coflows": n}
+            cell.update(_summary(res, ""))
+            line = (
                 f"{name:<10} {cell['dcs']:>4} {len(topo.capacity) // 2:>5} {n:>7} "
-                f"{cell['round_ms_median']:>10.1f} {cell['round_ms_p95']:>9.1f} "
-                f"{cell['lps_per_round']:>9.1f}",
-                flush=True,
+                f"{cell['round_ms_median']:>10.2f} {cell['round_ms_p95']:>9.2f} "
+                f"{cell['lps_per_round']:>9.1f} {cell['cpu_s']:>7.2f}"
             )
+            if args.tenants:
+                cell["tenants"] = args.tenants
+                cell.update(_summary(res, "tenant_"))
+                cell["ratio"] = cell["tenant_round_ms_median"] / cell["round_ms_median"]
+                line += (
+                    f" | {args.tenants:>7} {cell['tenant_round_ms_median']:>10.2f} "
+                    f"{cell['tenant_round_ms_p95']:>9.2f} {cell['tenant_lps_per_round']:>9.1f} "
+                    f"{cell['tenant_cpu_s']:>7.2f} {cell['ratio']:>6.2f}"
+                )
+            cells.append(cell)
+            print(line, flush=True)
     fit = fit_growth(cells)
     for n, slope in fit["per_dcs"].items():
         print(f"growth in DCs at N={n}: ms ~ DCs^{slope:.2f}")
@@ -256,6 +323,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"cells": cells, "fit": fit, "loadavg": load}, indent=1))
     return 0
+
+
+def _summary(res: dict, key: str) -> dict:
+    """Median / p95 ms, mean LPs per round and CPU s of one run of `run_cell`'s result,
+    keys prefixed by `key` ("" for Terra, "tenant_" for the tenants' run)."""
+    return {
+        key + "round_ms_median": float(np.median(res[key + "round_ms"])),
+        key + "round_ms_p95": float(np.quantile(res[key + "round_ms"], 0.95)),
+        key + "lps_per_round": float(np.mean(res[key + "lps"])),
+        key + "cpu_s": res[key + "cpu_s"],
+    }
 
 
 if __name__ == "__main__":

@@ -274,21 +274,25 @@ class TenantPolicy:
 
 def _attribute(extra: dict[str, PairRates], by_tenant: dict, rates: dict) -> None:
     """Add each tenant's leftover rate on a pair to its coflow on that pair with the most
-    rate already (ties and no rate: the first in arrival order), in `rates` (in place)."""
+    rate already (ties and no rate: the first in arrival order), in `rates` (in place).
+    One pass over each tenant's coflows finds the coflow of every pair at once."""
     for t, per_pair in extra.items():
+        best: dict[Pair, tuple[float, str]] = {}
+        for cid, vol in by_tenant[t].items():
+            got = rates.get(cid, {})
+            for pair, v in vol.items():
+                if v > 0 and pair in per_pair:
+                    have = sum(x for _, x in got.get(pair, ()))
+                    if pair not in best or have > best[pair][0]:
+                        best[pair] = (have, cid)
         for pair, lst in per_pair.items():
-            best, best_rate = None, -1.0
-            for cid, vol in by_tenant[t].items():
-                if vol.get(pair, 0.0) > 0:
-                    have = sum(x for _, x in rates.get(cid, {}).get(pair, ()))
-                    if have > best_rate:
-                        best, best_rate = cid, have
-            if best is None:
+            if pair not in best:
                 continue
-            merged = dict(rates.setdefault(best, {}).get(pair, ()))
+            cid = best[pair][1]
+            merged = dict(rates.setdefault(cid, {}).get(pair, ()))
             for path, x in lst:
                 merged[path] = merged.get(path, 0.0) + x
-            rates[best][pair] = list(merged.items())
+            rates[cid][pair] = list(merged.items())
 
 
 def _within(rates: dict[str, PairRates], capacity: dict[Link, float]) -> dict[str, PairRates]:

@@ -54,3 +54,20 @@ def test_main_writes_the_cells(tmp_path, capsys):
         assert 0 < c["round_ms_median"] <= c["round_ms_p95"]
         assert c["lps_per_round"] >= 0
     assert "growth in N on swan" in capsys.readouterr().out
+
+
+def test_tenants_run_assigns_coflow_i_to_tenant_i_mod_n_and_reports_both(tmp_path, capsys):
+    run = round_scaling._Run(round_scaling.make_topology("swan"), 7, seed=1, tenants=3)
+    assert run.policy.spec.tenant_of == {f"c{i}": f"t{i % 3}" for i in range(7)}
+    run.step()
+    assert len(run.remaining) == 7  # finished coflows are replaced at once
+    out = tmp_path / "t.json"
+    argv = ["--topologies", "swan", "--coflows", "6", "--rounds", "3", "--tenants", "3"]
+    assert round_scaling.main([*argv, "--json", str(out)]) == 0
+    (cell,) = json.loads(out.read_text())["cells"]
+    assert cell["tenants"] == 3
+    assert 0 < cell["tenant_round_ms_median"] <= cell["tenant_round_ms_p95"]
+    # Step A alone solves an LP per active tenant: more LPs a round than plain Terra
+    assert cell["tenant_lps_per_round"] > cell["lps_per_round"]
+    assert cell["ratio"] == pytest.approx(cell["tenant_round_ms_median"] / cell["round_ms_median"])
+    assert "| " in capsys.readouterr().out
