@@ -444,7 +444,8 @@ def test_tenant_summary_joins_pieces_and_reports_the_honest_change():
     assert out["change"] == {"t0": pytest.approx(0.05)}
     assert out["max_change"] == pytest.approx(0.05) and out["target_met"]
     assert out["greedy_bytes_lost"] == 0 and out["greedy_digest_mismatches"] == 0
-    assert "change +5.0%" in tenant_lines(out)
+    assert out["change_per_repeat"] == [{"t0": pytest.approx(0.05)}]
+    assert "change +5.0%" in tenant_lines(out) and "at most 5.0% either way" in tenant_lines(out)
     # An unfinished piece leaves its coflow out.
     del greedy.cct_s["2/1"]
     assert tenant_summary(raw)["greedy"]["t1"] == {"avg_cct_s": None, "coflows": 0}
