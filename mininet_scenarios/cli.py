@@ -4,7 +4,7 @@
         [--link-mbps M] [--workload fb|PATH] [--first I] [--coflows N] [--speedup S]
         [--load L] [--repeats R] [--hosts-per-dc H] [--k K] [--timeout S] [--workdir DIR]
         [--schedulers A,B,...] [--observe] [--controllers N [--kill-leader-at S]]
-        [--log-level LEVEL]
+        [--tenants N [--greedy-tenant]] [--log-level LEVEL]
     terra-testbed --version
 
 Defaults (full run, about 2 min): the 12-coflow FB burst (mininet_scenarios.workload) on
@@ -18,6 +18,12 @@ Needs root, Open vSwitch (started if installed but not running) and Mininet (the
 extra). Prints a table of average / p95 CCT, WAN utilization and FoIs; exit status 0 when
 the run finished, 1 on a testbed error, 2 on bad arguments, 130 on Ctrl-C. Everything it
 started is torn down in every case.
+
+--tenants N: coflow i goes to tenant t(i mod N) (terra-sim's rule), submitted with that
+tenant's job certificate to a controller running N equal tenants; the summary adds each
+tenant's average CCT. --greedy-tenant: each repeat runs Terra a second time with the last
+tenant's coflows split into 10 coflows each (same bytes and arrival) and reports how much
+the honest tenants' average CCT changed (mininet_scenarios.testbed_tenants).
 """
 
 from __future__ import annotations
@@ -38,6 +44,13 @@ from mininet_scenarios.run_result import Failure
 from mininet_scenarios.sim_twin import simulate_testbed
 from mininet_scenarios.swan import TestbedOptions, run_swan, testbed_topology
 from mininet_scenarios.testbed_processes import TestbedError
+from mininet_scenarios.testbed_tenants import (
+    assign,
+    split_greedy,
+    tenant_lines,
+    tenant_names,
+    tenant_summary,
+)
 from mininet_scenarios.workload import DEFAULT_COUNT, DEFAULT_FIRST, scales, testbed_coflows
 from terra_core.cli_support import (
     LOG_LEVELS,
@@ -183,6 +196,15 @@ def add_run_arguments(s: argparse.ArgumentParser) -> None:
         "repeats: without the kill); report the takeover",
     )  # fmt: skip
     s.add_argument(
+        "--tenants", metavar="N", type=int, default=0,
+        help="N equal tenants, coflow i to tenant i mod N, each its own job certificate",
+    )  # fmt: skip
+    s.add_argument(
+        "--greedy-tenant", action="store_true",
+        help="also run Terra with the last tenant's coflows split into 10 each (same bytes); "
+        "report the honest tenants' CCT change",
+    )  # fmt: skip
+    s.add_argument(
         "--timeout",
         metavar="S",
         type=float,
@@ -280,6 +302,7 @@ def options_from_args(args, workdir: Path) -> tuple[TestbedOptions, dict]:
     if repeats < 1:
         raise ValueError("--repeats must be >= 1")
     check_controllers(args)
+    names, coflows, greedy_coflows = tenant_workload(args, coflows)
     opts = TestbedOptions(
         coflows=coflows,
         repeats=repeats,
@@ -294,8 +317,31 @@ def options_from_args(args, workdir: Path) -> tuple[TestbedOptions, dict]:
         observe=args.observe,
         controllers=args.controllers,
         kill_leader_at=args.kill_leader_at,
+        tenants=names,
+        greedy_coflows=greedy_coflows,
     )
+    if names:
+        workload["tenants"] = names
     return opts, workload
+
+
+def tenant_workload(args, coflows: list) -> tuple[list[str], list, list | None]:
+    """(tenant names, the coflows with their tenants, the greedy run's coflows or None) of
+    --tenants / --greedy-tenant; ([], coflows, None) without --tenants.
+
+    Raises:
+        ValueError: --tenants < 0, --greedy-tenant without --tenants, tenants with another
+            scheduler than terra alone or with --controllers, a greedy tenant owning no coflow.
+    """
+    if args.tenants < 0 or (args.greedy_tenant and not args.tenants):
+        raise ValueError("--tenants N needs N >= 1; --greedy-tenant needs --tenants")
+    if not args.tenants:
+        return [], coflows, None
+    if args.schedulers != ["terra"] or args.controllers > 1:
+        raise ValueError("--tenants runs the terra scheduler alone, on one controller")
+    names = tenant_names(args.tenants)
+    coflows = assign(coflows, names)
+    return names, coflows, split_greedy(coflows, names[-1]) if args.greedy_tenant else None
 
 
 def check_controllers(args) -> None:
@@ -403,6 +449,10 @@ def report(args, raw: dict, workload: dict, simulated: dict) -> None:
     if raw.get("page"):
         extra["page"] = raw["page"]
         print_page(raw["page"])
+    tenants = tenant_summary(raw)
+    if tenants is not None:
+        result["tenants"] = tenants
+        print(tenant_lines(tenants))
     takeover = results.takeover_summary(raw)
     if takeover is not None:
         result["takeover"] = takeover

@@ -66,6 +66,7 @@ from mininet_scenarios.testbed_processes import (
     wait_until,
     wan_capacity,
 )
+from mininet_scenarios.testbed_tenants import JobClients, tenants_toml
 from mininet_scenarios.workload import TestbedCoflow
 from terra_wire.api_session import TerraError
 from topologies import Topology, load_topology
@@ -132,7 +133,7 @@ def run_terra(
         TestbedError: coflows not done within `timeout` seconds of the last arrival.
     """
     result = RunResult(wan_capacity_bps=wan_capacity(wan))
-    client = ctl.client(timeout=30)
+    clients = JobClients(ctl, coflows, timeout=30)
     ids: dict[int, TestbedCoflow] = {}
     tx0, tx0_ofctl = read_wan_bytes(wan, ctl)
     rounds0 = ctl.get("/status")["rounds"]
@@ -149,8 +150,8 @@ def run_terra(
             now = time.monotonic()
             while pending and pending[0].arrival_s <= now - t0:
                 c = pending.pop(0)
-                ids[_submit(client, c, t0, result, due)] = c
-            for row in client.list_coflows():
+                ids[_submit(clients.of(c.tenant), c, t0, result, due)] = c
+            for row in clients.list_coflows():
                 c = ids.get(row["id"])
                 if c is None or c.trace_id in result.cct_s:
                     continue
@@ -172,19 +173,19 @@ def run_terra(
         result.rounds = status["rounds"] - rounds0
         if result.takeover and "kill_s" in result.takeover:  # the new leader counts from 0
             result.rounds += result.takeover["rounds_before_kill"]
-            takeover_checks(result.takeover, ctl, client, ids)
+            takeover_checks(result.takeover, ctl, clients.default, ids)
             result.takeover["submit_wait_max_s"] = max(due.waited.values(), default=0.0)
             result.takeover["submits_refused"] = due.refused
         recent = status["recent_round_ms"]
         result.round_ms = recent[max(0, len(recent) - result.rounds) :]
-        for cid in ids:
-            status = client.check_status(cid)
+        for cid, c in ids.items():
+            status = clients.of(c.tenant).check_status(cid)
             for f in status["flows"]:
                 result.digest_mismatches += not verified_by_agents(f)
                 delivered = f.get("bytes_delivered", f["bytes"])
                 result.bytes_lost += f["bytes"] - min(f["bytes"], delivered)
     finally:
-        client.close()
+        clients.close()
         flow_mods = finish_failure(fail)
         if killer is not None:
             killer.finish()
@@ -365,6 +366,9 @@ class TestbedOptions:
     `controllers` > 1: that many controllers on a three-member etcd (controller_cluster);
     `kill_leader_at`: their leader is killed (SIGKILL) that many seconds after the first
     arrival of the last repeat (the repeats before it are the runs without the kill).
+    `tenants`: tenant names (mininet_scenarios.testbed_tenants; each coflow's tenant is in
+    `coflows`); `greedy_coflows`: the workload with the greedy (last) tenant's coflows
+    split, run after each honest Terra run.
     """
 
     coflows: list[TestbedCoflow]
@@ -380,6 +384,8 @@ class TestbedOptions:
     observe: bool = False
     controllers: int = 1
     kill_leader_at: float | None = None
+    tenants: list[str] = field(default_factory=list)
+    greedy_coflows: list[TestbedCoflow] | None = None
 
 
 def run_swan(opts: TestbedOptions, log=print) -> dict:
@@ -416,7 +422,12 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
     bed = _Testbed(opts, topo_path, topology, binding, log)
     raw: dict = {"schedulers": list(opts.schedulers), "per_flow_tcp": []}
     try:
-        bed.pki = make_pki(opts.workdir, [host.name for _, host in binding.all_hosts()])
+        bed.pki = make_pki(opts.workdir, [host.name for _, host in binding.all_hosts()],
+                           opts.tenants)  # fmt: skip
+        if opts.tenants:
+            raw.update(tenant_coflows=opts.coflows, greedy_runs=[])
+        if opts.greedy_coflows:
+            raw.update(greedy_coflows=opts.greedy_coflows, greedy_tenant=opts.tenants[-1])
         for phase, name in enumerate(opts.schedulers):
             _scheduler_phase(bed, phase, name, raw)
         return raw
@@ -525,8 +536,12 @@ def _start_controllers(opts: TestbedOptions, topo_path: Path, procs: Processes, 
     if opts.controllers > 1:
         return ControllerCluster(topo_path, opts.k, opts.controllers, opts.workdir, procs, pki,
                                  scheduler, rest_public=opts.observe)  # fmt: skip
+    extra = ()
+    if opts.tenants:
+        extra = ("--tenants", str(tenants_toml(opts.tenants, opts.workdir / "tenants.toml")))
     return TestbedController(topo_path, opts.k, opts.of_port, opts.workdir / "controller.log",
-                             procs, pki, scheduler=scheduler, rest_public=opts.observe)  # fmt: skip
+                             procs, pki, scheduler=scheduler, rest_public=opts.observe,
+                             extra=extra)  # fmt: skip
 
 
 def _bring_up(wan, binding, ctl: TestbedController, workdir: Path, procs: Processes, log,
@@ -579,6 +594,11 @@ def _scheduler_runs(wan, ctl: TestbedController, opts: TestbedOptions, raw: dict
         if flow_mods_before is None:  # the first failure; without one: after the run
             flow_mods_before = _flow_mods_before(run, before, ctl)
         log(f"[{i + 1}] {ctl.scheduler} done in {run.duration_s:.1f} s")
+        if with_tcp and opts.greedy_coflows:
+            greedy, _ = run_terra(wan, ctl, opts.greedy_coflows, opts.failure, opts.timeout_s)
+            raw["greedy_runs"].append(greedy)
+            log(f"[{i + 1}] {ctl.scheduler} with {raw['greedy_tenant']} greedy done in "
+                f"{greedy.duration_s:.1f} s")  # fmt: skip
         if with_tcp:
             tcp = run_per_flow_tcp(
                 wan, opts.coflows, opts.failure, opts.timeout_s, opts.workdir / f"tcp{i}", procs,

@@ -69,9 +69,10 @@ JOB_NAME = "testbed-job"
 OPERATOR_NAME = "testbed-operator"
 
 
-def make_pki(workdir: Path, agent_names: list[str]) -> Path:
+def make_pki(workdir: Path, agent_names: list[str], tenants: list[str] = ()) -> Path:
     """A fresh PKI for one testbed run in workdir/pki: CA and controller, one certificate per
-    agent, the job master (JOB_NAME) and the operator reading REST (OPERATOR_NAME).
+    agent, the job master (JOB_NAME), one job per tenant (job_name(tenant), of that tenant)
+    and the operator reading REST (OPERATOR_NAME).
 
     Returns:
         the PKI directory.
@@ -86,8 +87,15 @@ def make_pki(workdir: Path, agent_names: list[str]) -> Path:
     for name in agent_names:
         issue(pki, Role.AGENT, name)
     issue(pki, Role.JOB, JOB_NAME)
+    for tenant in tenants:
+        issue(pki, Role.JOB, job_name(tenant), tenant=tenant)
     issue(pki, Role.OPERATOR, OPERATOR_NAME)
     return pki
+
+
+def job_name(tenant: str | None) -> str:
+    """The job certificate submitting `tenant`'s coflows (JOB_NAME without a tenant)."""
+    return JOB_NAME if tenant is None else f"{JOB_NAME}-{tenant}"
 
 
 class TestbedController:
@@ -100,7 +108,7 @@ class TestbedController:
 
     def __init__(
         self, topo_path: Path, k: int, of_port: int, log: Path, procs: Processes, pki: Path,
-        scheduler: str = "terra", rest_public: bool = False,
+        scheduler: str = "terra", rest_public: bool = False, extra: tuple[str, ...] = (),
     ):  # fmt: skip
         import ssl
 
@@ -111,7 +119,8 @@ class TestbedController:
         self.rest_tls: ssl.SSLContext = client_context(pki, OPERATOR_NAME)
         self.rest_tls.check_hostname = False  # urllib dials an IP; the CA still verifies it
         self.log = open(log, "a")  # noqa: SIM115 (closed in close())
-        argv = controller_argv(topo_path, k, of_port, pki, scheduler, log.parent, rest_public)
+        argv = controller_argv(topo_path, k, of_port, pki, scheduler, log.parent, rest_public,
+                               extra=extra)  # fmt: skip
         self.proc = procs.add(
             subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=self.log, text=True, start_new_session=True
@@ -139,9 +148,9 @@ class TestbedController:
         """(REST base URL of the operator page, coflow API "host:port" for `ctl login`)."""
         return self.rest, f"{self.api[0]}:{self.api[1]}"
 
-    def client(self, timeout: float) -> TerraClient:
-        """A TerraClient of the job master (certificate JOB_NAME)."""
-        return TerraClient(*self.api, pki=self.pki, name=JOB_NAME, timeout=timeout)
+    def client(self, timeout: float, tenant: str | None = None) -> TerraClient:
+        """A TerraClient of the job master (certificate JOB_NAME), or of `tenant`'s job."""
+        return TerraClient(*self.api, pki=self.pki, name=job_name(tenant), timeout=timeout)
 
     def get(self, path: str):
         """GET a REST path over TLS with the operator's certificate, decoded JSON."""

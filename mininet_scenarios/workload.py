@@ -44,11 +44,14 @@ class TestbedCoflow:
         trace_id: the coflow's id in the workload.
         arrival_s: seconds after the run's start (already time-scaled).
         flows: [{"id": "SRC>DST", "src": agent host, "dst": agent host, "bytes": int}].
+        tenant: the tenant submitting it (mininet_scenarios.testbed_tenants), or None: the
+            testbed's one job master.
     """
 
     trace_id: int | str
     arrival_s: float
     flows: tuple[dict, ...]
+    tenant: str | None = None
 
     @property
     def bytes(self) -> int:

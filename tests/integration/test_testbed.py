@@ -363,3 +363,90 @@ def test_terra_flows_count_as_verified_only_when_done_with_a_keyed_digest():
     for bad in ({**good, "state": "running"}, {**good, "digest": None},
                 {**good, "digest": "AB" * 32}, {**good, "digest": "ab" * 31}):  # fmt: skip
         assert not verified_by_agents(bad)
+
+
+# ---- tenants -----------------------------------------------------------------------------------
+
+
+def test_tenants_arguments_assign_split_and_refuse(tmp_path, capsys):
+    from mininet_scenarios.testbed_tenants import PIECES
+
+    base = ["swan", "--quick", "--workdir", str(tmp_path)]
+    plain, _ = cli.options_from_args(cli.build_parser().parse_args(base), tmp_path)
+    assert plain.tenants == [] and plain.greedy_coflows is None  # default run unchanged
+    assert all(c.tenant is None for c in plain.coflows)
+
+    args = cli.build_parser().parse_args([*base, "--tenants", "2", "--greedy-tenant"])
+    opts, workload = cli.options_from_args(args, tmp_path)
+    assert opts.tenants == workload["tenants"] == ["t0", "t1"]
+    # terra-sim's rule: coflow i to tenant i mod N, in workload order.
+    assert [c.tenant for c in opts.coflows] == ["t0", "t1"] * (len(opts.coflows) // 2) + (
+        ["t0"] if len(opts.coflows) % 2 else []
+    )
+    assert [c.trace_id for c in opts.coflows] == [c.trace_id for c in plain.coflows]
+    # The greedy (last) tenant's coflows become PIECES each, same arrival and bytes.
+    greedy = opts.greedy_coflows
+    t1 = [c for c in opts.coflows if c.tenant == "t1"]
+    assert len(greedy) == len(opts.coflows) + (PIECES - 1) * len(t1)
+    for c in t1:
+        pieces = [p for p in greedy if str(p.trace_id).startswith(f"{c.trace_id}/")]
+        assert len(pieces) == PIECES and {p.arrival_s for p in pieces} == {c.arrival_s}
+        assert sum(p.bytes for p in pieces) == c.bytes
+        assert {p.tenant for p in pieces} == {"t1"}
+    assert [c for c in greedy if c.tenant == "t0"] == [c for c in opts.coflows if c.tenant == "t0"]
+
+    assert cli.main([*base, "--greedy-tenant"]) == 2
+    assert "--greedy-tenant needs --tenants" in capsys.readouterr().err
+    assert cli.main([*base, "--tenants", "-1"]) == 2
+    assert cli.main([*base, "--tenants", "2", "--schedulers", "terra,varys"]) == 2
+    assert cli.main([*base, "--tenants", "2", "--controllers", "3"]) == 2
+    assert "terra scheduler alone" in capsys.readouterr().err
+    assert cli.main([*base, "--tenants", "50", "--greedy-tenant"]) == 2  # t49 owns no coflow
+    assert "owns no coflow" in capsys.readouterr().err
+
+
+def test_tenants_file_and_certificates_are_the_controllers(tmp_path):
+    from cryptography import x509
+
+    from mininet_scenarios.testbed_processes import job_name, make_pki
+    from mininet_scenarios.testbed_tenants import tenants_toml
+    from terra_controller.tenants_config import parse_tenants
+    from terra_security.pki import TENANT_URI
+
+    path = tenants_toml(["t0", "t1", "t2"], tmp_path / "tenants.toml")
+    config = parse_tenants(path.read_text(), str(path))
+    assert {n: t.weight for n, t in config.tenants.items()} == {"t0": 1, "t1": 1, "t2": 1}
+    pki = make_pki(tmp_path, ["hHK1"], ["t0", "t1"])
+    assert job_name("t1") == "testbed-job-t1"
+    cert = x509.load_pem_x509_certificate((pki / "testbed-job-t1.crt").read_bytes())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert TENANT_URI + "t1" in sans.get_values_for_type(x509.UniformResourceIdentifier)
+
+
+def test_tenant_summary_joins_pieces_and_reports_the_honest_change():
+    from mininet_scenarios.testbed_tenants import tenant_lines, tenant_summary
+
+    a = tb_workload.TestbedCoflow(1, 0.0, (), "t0")
+    b = tb_workload.TestbedCoflow(2, 1.0, (), "t1")
+    pieces = [tb_workload.TestbedCoflow(f"2/{j}", 1.0, (), "t1") for j in range(2)]
+    honest = RunResult(cct_s={1: 4.0, 2: 2.0}, arrival_s={1: 0.0, 2: 1.0})
+    # The greedy run: t0's coflow takes 4.2 s (+5 %); t1's pieces end at 2.5 and 4.0 s, so
+    # its coflow takes 4.0 - 1.0 = 3.0 s.
+    greedy = RunResult(cct_s={1: 4.2, "2/0": 1.5, "2/1": 3.0},
+                       arrival_s={1: 0.0, "2/0": 1.0, "2/1": 1.0})  # fmt: skip
+    raw = {"schedulers": ["terra"], "terra": [honest], "tenant_coflows": [a, b],
+           "greedy_runs": [greedy], "greedy_coflows": [a, *pieces],
+           "greedy_tenant": "t1"}  # fmt: skip
+    out = tenant_summary(raw)
+    assert out["honest"] == {"t0": {"avg_cct_s": 4.0, "coflows": 1},
+                             "t1": {"avg_cct_s": 2.0, "coflows": 1}}  # fmt: skip
+    assert out["greedy"]["t1"]["avg_cct_s"] == pytest.approx(3.0)
+    assert out["change"] == {"t0": pytest.approx(0.05)}
+    assert out["max_change"] == pytest.approx(0.05) and out["target_met"]
+    assert out["greedy_bytes_lost"] == 0 and out["greedy_digest_mismatches"] == 0
+    assert out["change_per_repeat"] == [{"t0": pytest.approx(0.05)}]
+    assert "change +5.0%" in tenant_lines(out) and "at most 5.0% either way" in tenant_lines(out)
+    # An unfinished piece leaves its coflow out.
+    del greedy.cct_s["2/1"]
+    assert tenant_summary(raw)["greedy"]["t1"] == {"avg_cct_s": None, "coflows": 0}
+    assert tenant_summary({"schedulers": ["terra"], "terra": [honest]}) is None

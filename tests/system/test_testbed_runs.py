@@ -139,3 +139,23 @@ def test_three_controllers_the_leader_killed_mid_transfer_lose_nothing(ovs, tmp_
     assert result["flow_mods_after_startup"] == 0
     assert not (_bridges() & OUR_BRIDGES)
     assert _processes_mentioning(str(work)) == []  # controllers, agents and etcd stopped
+
+
+@pytest.mark.ovs
+def test_quick_run_with_a_greedy_tenant_completes_every_coflow(ovs, tmp_path):
+    """`terra-testbed swan --quick --tenants 2 --greedy-tenant`: Terra honest, then with t1's
+    coflows split; every coflow of both runs ends, nothing lost, per-tenant figures."""
+    out = tmp_path / "out.json"
+    _run_testbed(["swan", "--quick", "--tenants", "2", "--greedy-tenant", "--json", str(out)],
+                 tmp_path / "work", 240)  # fmt: skip
+    result = json.loads(out.read_text())
+    assert result["bytes_lost"] == 0 and result["digest_mismatches"] == 0
+    tenants = result["tenants"]
+    assert tenants["greedy_tenant"] == "t1"
+    assert tenants["greedy_bytes_lost"] == 0 and tenants["greedy_digest_mismatches"] == 0
+    # 6 coflows: t0 and t1 three each, all finished in both runs (pieces joined back).
+    for run in ("honest", "greedy"):
+        assert {t: v["coflows"] for t, v in tenants[run].items()} == {"t0": 3, "t1": 3}
+        assert all(v["avg_cct_s"] > 0 for v in tenants[run].values())
+    assert set(tenants["change"]) == {"t0"} and tenants["max_change"] is not None
+    assert result["details"]["workload"]["tenants"] == ["t0", "t1"]
