@@ -177,8 +177,8 @@ def add_run_arguments(s: argparse.ArgumentParser) -> None:
     --timeout (s), --of-port, --workdir, --log-level."""
     s.add_argument(
         "--observe", action="store_true",
-        help="run Prometheus scraping the controller and every agent with "
-        "deploy/prometheus/terra-rules.yml; report targets, series and alerts",
+        help="run Prometheus (deploy/prometheus/terra-rules.yml); report its targets, "
+        "series, alerts",
     )  # fmt: skip
     s.add_argument(
         "--schedulers", type=parse_schedulers, default=["terra"], metavar="A,B,...",
@@ -201,8 +201,7 @@ def add_run_arguments(s: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     s.add_argument(
         "--greedy-tenant", action="store_true",
-        help="also run Terra with the last tenant's coflows split into 10 each (same bytes); "
-        "report the honest tenants' CCT change",
+        help="also run Terra with the last tenant's coflows split in 10 (same bytes)",
     )  # fmt: skip
     s.add_argument(
         "--timeout",
@@ -219,8 +218,7 @@ def add_run_arguments(s: argparse.ArgumentParser) -> None:
     )
     s.add_argument(
         "--log-level", type=str.upper, choices=LOG_LEVELS, default="INFO",
-        help="log level of the testbed process (controller and agents: "
-        "$TERRA_TESTBED_LOG_LEVEL, WARNING by default; their logs go to the workdir)",
+        help="this process's (controller, agents: $TERRA_TESTBED_LOG_LEVEL)",
     )  # fmt: skip
 
 
