@@ -210,12 +210,21 @@ def click_busy_link(page: PageDriver, coflow: int, tries: int = 3) -> str:
 def click_through(page: PageDriver, rest: TokenRest, coflow: int, shots: Path) -> None:
     """A link of the map the coflow uses, the coflow in the link's list, then its view:
     flows, agents and tunnels as REST has them, a current rate, progress climbing."""
-    link = click_busy_link(page, coflow)
-    title = page.driver.find_element("id", "link-title").text
-    name = re.escape(link.replace(">", " → "))
-    assert re.fullmatch(rf"Link {name}: (1 coflow with a rate|\d+ coflows with rates) on it", title)
-    page.panel_screenshot("wan", shots / "testbed_console_map.png")
-    page.open_listed_coflow(coflow)
+    from selenium.common.exceptions import NoSuchElementException
+
+    for last in (False, False, True):  # a redraw may take the coflow off the link before
+        link = click_busy_link(page, coflow)  # its button is clicked: then another link
+        title = page.driver.find_element("id", "link-title").text
+        name = re.escape(link.replace(">", " → "))
+        assert re.fullmatch(rf"Link {name}: (1 coflow with a rate|\d+ coflows with rates) on it",
+                            title)  # fmt: skip
+        page.panel_screenshot("wan", shots / "testbed_console_map.png")
+        try:
+            page.open_listed_coflow(coflow)
+            break
+        except NoSuchElementException:
+            if last:
+                raise
     assert page.driver.find_element("id", "coflow-title").text == str(coflow)
 
     def flows_agree() -> bool:
