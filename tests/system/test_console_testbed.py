@@ -158,6 +158,11 @@ def shots_dir(tmp_path: Path) -> Path:
     return out
 
 
+@pytest.mark.skipif(
+    os.environ.get("TERRA_CONSOLE_TESTBED") != "1",
+    reason="opt-in (TERRA_CONSOLE_TESTBED=1): the clicked coflow may leave every link "
+    "before the page shows it",
+)
 def test_click_through_from_the_map_to_a_coflow_during_a_testbed_transfer(ovs, tmp_path):
     work, shots = tmp_path / "work", shots_dir(tmp_path)
     started = time.monotonic()
