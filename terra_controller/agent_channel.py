@@ -61,7 +61,7 @@ from terra_controller.agent_connection import (
     read_control,
     send_parts,
 )
-from terra_controller.coflow_registry import (
+from terra_controller.coflow_state import (
     CoflowState,
     FlowState,
     RegistryError,

@@ -33,7 +33,7 @@ import logging
 import math
 import threading
 
-from terra_controller.coflow_registry import RegistryError, parse_coflow_key
+from terra_controller.coflow_state import RegistryError, parse_coflow_key
 from terra_controller.tenants_config import (
     DefaultTenant,
     TenantLimits,
