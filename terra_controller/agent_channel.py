@@ -17,7 +17,7 @@ What the channel does:
   (coflow, its DC, dst DC), the sum of its flows' per-path rates. The controller
   has already split every FlowGroup's rates among its flows, i.e. among its
   (sender agent, receiver agent) pairs, in proportion to remaining bytes
-  (the policy's `split_by_remaining`, see `controller.flow_rates`). Only changed
+  (the policy's `split_by_remaining`, see `controller_round.flow_rates`). Only changed
   entries are sent; a FlowGroup that lost its rates gets an entry with no paths (= paused).
 - reports: "progress" feeds remaining volumes, "complete" finishes flows, and
   "inflight" in "register" (a reconnecting agent) restores acknowledged offsets
@@ -67,7 +67,8 @@ from terra_controller.coflow_state import (
     flow_key,
     parse_coflow_key,
 )
-from terra_controller.controller import Controller, FlowRates
+from terra_controller.controller import Controller
+from terra_controller.controller_round import FlowRates
 from terra_controller.file_requests import FileRequests
 from terra_controller.flow_specs import BATCH_BYTES, batches, flow_spec, sized_batches, spec_bytes
 from terra_controller.reaction import Reaction

@@ -332,7 +332,7 @@ def run(args, topology, security) -> None:
     """
     from terra_controller.agent_channel import AgentChannel, start_agent_server
     from terra_controller.api_server import ApiHandler, start_api_server
-    from terra_controller.controller import RoundRunner
+    from terra_controller.controller_round import RoundRunner
     from terra_controller.rest import RestApp, start_rest_server
     from terra_security.data_keys import DataKeys
 

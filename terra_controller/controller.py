@@ -26,6 +26,11 @@ policy forgets it, its rates are dropped, a round is asked for (its capacity goe
 to the others in that round) and the `on_drop` listeners (the agent channel:
 "drop" to both endpoints) learn which flows to forget.
 
+`Controller` is assembled from parts in modules of their own: the scheduling round and
+`RoundRunner` (controller_round.py), the read-only views (controller_views.py) and the
+ways a coflow ends unfinished (coflow_endings.py); this module holds the coflow API,
+agent reports, WAN events and resumption.
+
 Units: bytes, bytes/s, seconds on the controller clock (monotonic, from start).
 """
 
@@ -35,8 +40,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from terra_controller.coflow_endings import CoflowEndings
 from terra_controller.coflow_registry import CoflowRegistry
 from terra_controller.coflow_state import (
     CoflowState,
@@ -46,9 +51,10 @@ from terra_controller.coflow_state import (
     coflow_key,
     flow_key,
     new_secret,
-    parse_coflow_key,
     to_policy_flow,
 )
+from terra_controller.controller_round import ControllerRounds, FlowRates, observe_solves_lazily
+from terra_controller.controller_views import ControllerViews
 from terra_controller.events import EventLog
 from terra_controller.file_requests import FileInfo, FileRequests
 from terra_controller.journal import CoflowJournal
@@ -74,49 +80,17 @@ from terra_core.policy import Allocation, Policy
 from terra_model import Coflow
 from terra_model.states import MAX_CLIENT_ID, CoflowStatus, FlowStatus
 from terra_security.tokens import new_key
-from topologies import Path, Topology, TopologyError
+from topologies import Topology, TopologyError
 
 LOG = logging.getLogger("terra.controller")
-
-# {coflow id (int): {flow id: [(path, bytes/s), ...]}} after the split among agent pairs.
-FlowRates = dict[int, dict[str, list[tuple[Path, float]]]]
 
 AGENT_TIMEOUT_S = 60.0  # an endpoint agent disconnected this long fails its unfinished coflows
 KEEP_FINISHED = 10_000  # finished coflows kept for status requests (the oldest are dropped)
 AGENT_RETURN_S = 5.0  # after a start or a takeover, a submit waits this long for its agents
 MAX_RESTARTS = 3  # re-transfers of a flow from byte 0 after digest mismatches before it fails
-STATS_KEPT = 1000  # entries of stats["round_ms"] / stats["allocate_ms"]
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    """A consistent copy of the controller's state for REST, metrics and listings
-    (`Controller.snapshot`); nothing in it changes afterwards.
-
-    Attributes:
-        topology: topology name. dcs: DC names in order.
-        links: ((src DC, dst DC, capacity bytes/s, "up"|"down", allocated bytes/s), ...)
-            per directed link.
-        agents: ((agent id, DC, data address), ...).
-        coflows: (CoflowState.summary() map, ...) of every coflow in memory (submission
-            order).
-        stats: a copy of Controller.stats (lists copied).
-        active: coflows not in a final state.
-        bytes_delivered: bytes acknowledged by receivers, all coflows ever (dropped ones
-            included).
-    """
-
-    topology: str
-    dcs: tuple[str, ...]
-    links: tuple[tuple[str, str, float, str, float], ...]
-    agents: tuple[tuple[str, str, str], ...]
-    coflows: tuple[dict, ...]
-    stats: dict
-    active: int
-    bytes_delivered: int
-
-
-class Controller:
+class Controller(ControllerRounds, ControllerViews, CoflowEndings):
     """Coflow API semantics, progress bookkeeping and scheduling rounds.
 
     Args:
@@ -318,7 +292,7 @@ class Controller:
         secret = new_secret()
         assign_keys(secret, parsed)
         policy_flows = [to_policy_flow(f) for f in parsed if not f.done]
-        with self.policy_lock, self.lock, _observe_solves(self.metrics.lp_solve.observe):
+        with self.policy_lock, self.lock, observe_solves_lazily(self.metrics.lp_solve.observe):
             self._drain_leaving()
             reg = self.registry
             if reg.agents != agents:  # an agent (re-)registered meanwhile: check again
@@ -435,22 +409,6 @@ class Controller:
         with self.lock:
             return {cid for cid, c in self.registry.coflows.items() if c.owner == owner}
 
-    def agents_view(self) -> dict:
-        """What a job may know of the agents: {"dcs": [DC names of the topology], "agents":
-        [{"id", "dc", "connected": bool (an open control connection now; False for every
-        agent when no agent channel is attached)}]}, sorted by agent id. No addresses."""
-        connected: set = set()
-        if self.connected_agents is not None:
-            connected = set(self.connected_agents())
-        with self.lock:
-            agents = sorted(self.registry.agents.values(), key=lambda a: a.id)
-            return {
-                "dcs": list(self.topology.dcs),
-                "agents": [
-                    {"id": a.id, "dc": a.dc, "connected": a.id in connected} for a in agents
-                ],  # fmt: skip
-            }
-
     def close(self) -> None:
         """Close the coflow journal's file (the controller is stopping)."""
         with self.lock:
@@ -500,7 +458,7 @@ class Controller:
             agents = dict(self.registry.agents)
         flows, _ = self._resolve_files(flows, False)  # sizes, directories and globs
         parsed = self.registry.parse_flows(flows, agents=agents)
-        with self.policy_lock, self.lock, _observe_solves(self.metrics.lp_solve.observe):
+        with self.policy_lock, self.lock, observe_solves_lazily(self.metrics.lp_solve.observe):
             self._drain_leaving()
             coflow = self.registry.get(coflow_id)
             if coflow.state.final:
@@ -527,41 +485,6 @@ class Controller:
         self._durable(coflow.id)
         self._announce(coflow, parsed)
 
-    def cancel(self, coflow_id: object) -> dict:
-        """cancelCoflow: stop an unfinished coflow for good (state "cancelled").
-
-        The policy forgets it, its rates are dropped and a round is asked for (its capacity
-        goes to the other coflows in that round); its agents are told to drop its flows.
-        Cancelling a cancelled coflow again changes nothing.
-
-        Returns:
-            the coflow's status map (see `status`).
-
-        Raises:
-            RegistryError("unknown_coflow"): no such coflow (or dropped from memory).
-            RegistryError("coflow_done"): it is already done, failed or rejected.
-        """
-        with self.lock:
-            entry = self._journal_only(coflow_id)
-            if entry is not None and entry.ended is not None:
-                raise RegistryError(
-                    "coflow_done", f"coflow {coflow_id} already {entry.ended['state']}"
-                )
-            if entry is not None:  # waiting to be resumed: it ends here
-                self._abandon(coflow_id, "cancelled by the job master", CoflowStatus.CANCELLED)
-                return self._journal_status(coflow_id)
-            coflow = self.registry.get(coflow_id)
-            if coflow.state is not CoflowStatus.CANCELLED:
-                if coflow.state.final:
-                    raise RegistryError(
-                        "coflow_done", f"coflow {coflow.id} already {coflow.state.value}"
-                    )
-                self._end(coflow, CoflowStatus.CANCELLED, "cancelled by the job master")
-            out = coflow.status()  # (it may be dropped from memory already: keep_finished)
-            for f in out["flows"]:
-                f["rate_bytes_per_s"] = 0.0
-            return out
-
     def _delivered(self, coflow_id: int, flow: FlowState, nbytes: int) -> None:
         """Count `nbytes` newly acknowledged bytes of `flow` (lock held): the bytes counter
         and `link_bytes` (split over the flow's current paths by rate; a flow without rates
@@ -576,154 +499,6 @@ class Controller:
             share = nbytes * rate / total
             for link in zip(path[:-1], path[1:], strict=False):
                 link_bytes[link] = link_bytes.get(link, 0.0) + share
-
-    def fail_flow(
-        self,
-        coflow_id: object,
-        flow_id: object,
-        reason: str,
-        retry: bool = False,
-        attempt: int | None = None,
-        tag: object = None,
-    ) -> str:
-        """A flow cannot run (an agent's report): fail it and its coflow, or restart it.
-
-        Args:
-            reason: what the agent said (kept as the flow's and the coflow's reason).
-            retry: the flow may be transferred again from byte 0 (a digest mismatch at the
-                receiver): it is, up to `max_restarts` times; after that it fails.
-            attempt: the flow's attempt the report is about (None: the current one); a
-                report about an earlier attempt is ignored.
-            tag: an agent's report tag (see `check_report`); None: an in-process caller.
-
-        Returns:
-            "restarted" (agents get "drop" then the flow's descriptor again, attempt + 1),
-            "failed" (the flow and its coflow are failed now), or "ignored" (the flow is
-            done or its coflow already final: a late or repeated report).
-
-        Raises:
-            RegistryError: unknown coflow or flow.
-        """
-        with self.lock:
-            flow = self.registry.flow(coflow_id, flow_id)
-            coflow = self.registry.get(coflow_id)
-            if coflow.state.final or flow.state not in (FlowStatus.QUEUED, FlowStatus.RUNNING):
-                return "ignored"
-            if attempt is not None and attempt != flow.restarts:
-                return "ignored"  # about an attempt before the flow's last restart
-            self.check_report(flow, tag)
-            text = str(reason)
-            if retry:
-                if flow.restarts < self.max_restarts:
-                    self.registry.restart_flow(coflow, flow)
-                    self.journal.attempt(coflow.id, flow.id, flow.restarts)
-                    self.stats["restarts"] += 1
-                    self.metrics.restarts.inc()
-                    LOG.warning(
-                        "coflow %s flow %s: %s; transferring it again (attempt %d of %d)",
-                        coflow.id, flow.id, text, flow.restarts, self.max_restarts,
-                    )  # fmt: skip
-                    self._notify_drop(coflow, [flow], True)
-                    self.want_round()
-                    return "restarted"
-                text = f"{text} (after {flow.restarts} re-transfers)"
-            self._end(coflow, CoflowStatus.FAILED, f"flow {flow.id}: {text}", flow)
-            return "failed"
-
-    def _end(
-        self,
-        coflow: CoflowState,
-        state: CoflowStatus,
-        reason: str,
-        culprit: FlowState | None = None,
-    ) -> None:
-        """Fail or cancel `coflow` (lock held): release its capacity, tell its agents."""
-        now = self.now()
-        dropped = self.registry.end(coflow, state, reason, now, culprit)
-        self.journal.ended(coflow.id, ended_summary(coflow))
-        self._leaving.append(coflow.id)
-        self.rates.pop(coflow.id, None)
-        self.allocation.pop(coflow_key(coflow.id), None)
-        self.stats[state.value] += 1
-        self.metrics.finished.labels(state.value).inc()
-        level = logging.WARNING if state is CoflowStatus.FAILED else logging.INFO
-        LOG.log(level, "coflow %s %s: %s", coflow.id, state.value, coflow.reason)
-        self.events.add(state.value, coflow=coflow.id, reason=coflow.reason)
-        if dropped:
-            self._notify_drop(coflow, dropped, False)
-        self.want_round()
-        self._prune(now)
-
-    def _notify_drop(self, coflow: CoflowState, flows: list[FlowState], restart: bool) -> None:
-        for listener in list(self.on_drop):
-            try:
-                listener(coflow, flows, restart)
-            except Exception:
-                LOG.exception("drop listener failed")
-
-    def _prune(self, now: float) -> None:
-        """Drop the oldest finished coflows beyond keep_finished / keep_finished_s."""
-        if self.keep_finished is None and self.keep_finished_s is None:
-            return
-        for coflow in self.registry.prune_finished(now, self.keep_finished, self.keep_finished_s):
-            self.journal.forgotten(coflow.id)
-            self.rates.pop(coflow.id, None)
-            self.stats["dropped_bytes_delivered"] += coflow.bytes_delivered
-
-    def check_timeouts(self) -> list[int]:
-        """Fail coflows that cannot finish any more; drop finished coflows past keep_finished_s.
-
-        A coflow whose deadline passed unfinished fails ("deadline missed"); one with an
-        unfinished WAN flow whose sender or receiver agent has been disconnected for
-        `agent_timeout_s` or longer fails ("agent X gone ..."). Agents count as
-        disconnected from the first call that finds them missing from `connected_agents()`
-        (no check without it). RoundRunner calls this every `tick_s` seconds.
-
-        Returns:
-            ids of the coflows failed by this call.
-        """
-        if self.resuming:
-            self.resume()
-        connected = None
-        if self.connected_agents is not None:
-            try:
-                connected = set(self.connected_agents())
-            except Exception:
-                LOG.exception("connected_agents failed")
-        failed = []
-        with self.lock:
-            now = self.now()
-            gone: dict[str, float] = {}
-            if connected is not None:
-                for agent in self.registry.agents:
-                    if agent in connected:
-                        self.agent_gone_since.pop(agent, None)
-                    else:
-                        since = self.agent_gone_since.setdefault(agent, now)
-                        if now - since >= self.agent_timeout_s:
-                            gone[agent] = now - since
-            for coflow in self.registry.active():
-                reason = None
-                if coflow.deadline_s is not None and now > coflow.submitted_s + coflow.deadline_s:
-                    reason = f"deadline missed ({coflow.deadline_s:g} s after arrival)"
-                elif gone:
-                    for f in coflow.flows.values():
-                        if f.intra_dc or f.done:
-                            continue
-                        agent = f.src_agent if f.src_agent in gone else f.dst_agent
-                        if agent in gone:
-                            reason = f"agent {agent} gone for {gone[agent]:.0f} s"
-                            break
-                if reason is not None:
-                    self._end(coflow, CoflowStatus.FAILED, reason)
-                    failed.append(coflow.id)
-            self._prune(now)
-        for listener in list(self.on_tick):
-            try:
-                listener()
-            except Exception:
-                LOG.exception("tick listener failed")
-        return failed
 
     def status(self, coflow_id: object) -> dict:
         """checkStatus: the coflow's status map plus each flow's current "rate_bytes_per_s".
@@ -1012,351 +787,3 @@ class Controller:
             if not self.registry.undone.get(coflow.id, {}).get((flow.src_dc, flow.dst_dc)):
                 self.want_round()  # its FlowGroup is done
             return False
-
-    # ---- scheduling ---------------------------------------------------------------------
-
-    def run_round(self) -> tuple[FlowRates, bool]:
-        """Run one scheduling round now (docs/design.md 4.2 via policy.allocate).
-
-        snapshot -> allocate -> apply: the remaining bytes are copied under `lock`, the
-        policy allocates holding `policy_lock` only (API status calls, agent reports and
-        REST go on meanwhile), and the rates are applied under `lock`; a coflow that
-        finished, failed or was cancelled during the allocation gets no rates.
-
-        Returns:
-            (FlowRates for every active WAN flow, whether the WAN changed since the last
-            round). Coflow states are updated from the policy.
-        """
-        with self.policy_lock:
-            with self.lock:
-                self.round_wanted.clear()
-                wan, self.wan_dirty = self.wan_dirty, False
-                start = time.perf_counter()
-                self._drain_leaving()
-                remaining = self.registry.remaining(self._connectivity())
-                now = self.now()
-            begin_allocate = time.perf_counter()
-            with _observe_solves(self.metrics.lp_solve.observe):
-                allocation = self.policy.allocate(now, remaining) if remaining else {}
-            allocated = time.perf_counter()
-            states = self._policy_states(remaining)
-            _trim_policy_stats(self.policy)
-            with self.lock:
-                self.allocation = allocation
-                self.rates = flow_rates(allocation, self.registry)
-                self._update_states(states)
-                elapsed_ms = (time.perf_counter() - start) * 1e3
-                self.stats["rounds"] += 1
-                self.stats["last_round_ms"] = elapsed_ms
-                for key, value in (
-                    ("round_ms", elapsed_ms),
-                    ("allocate_ms", (allocated - begin_allocate) * 1e3),
-                ):
-                    self.stats[key].append(value)
-                    del self.stats[key][:-STATS_KEPT]
-            self.metrics.round_duration.observe(elapsed_ms / 1e3)
-            self.metrics.allocate_duration.observe(allocated - begin_allocate)
-            return self.rates, wan
-
-    def _drain_leaving(self) -> None:
-        """Remove the coflows that left the schedule from the policy (both locks held)."""
-        if self._leaving:
-            now = self.now()
-            leaving, self._leaving = self._leaving, []
-            for cid in leaving:
-                self.policy.remove_coflow(coflow_key(cid), now)
-
-    def _policy_states(self, remaining: dict) -> dict[str, object]:
-        """{str(coflow id): the policy's state for it} for the coflows of this round
-        (policy_lock held); empty when the policy does not report states."""
-        state_of = getattr(self.policy, "state", None)
-        if state_of is None:
-            return {}
-        out = {}
-        for key in remaining:
-            try:
-                out[key] = state_of(key)
-            except (KeyError, ValueError):
-                pass
-        return out
-
-    def _connectivity(self):
-        """None when every link is up; else a predicate (src DC, dst DC) -> reachable.
-
-        A flow whose DCs a failure cut apart waits (rate 0) until a link comes
-        back, instead of failing the whole round.
-        """
-        if not self.topology.down:
-            return None
-        neighbours: dict[str, list[str]] = {}
-        for u, v in self.topology.up_links():
-            neighbours.setdefault(u, []).append(v)
-        reach: dict[str, set[str]] = {}
-
-        def connected(src: str, dst: str) -> bool:
-            if src not in reach:
-                seen, todo = {src}, [src]
-                while todo:
-                    for nxt in neighbours.get(todo.pop(), []):
-                        if nxt not in seen:
-                            seen.add(nxt)
-                            todo.append(nxt)
-                reach[src] = seen
-            return dst in reach[src]
-
-        return connected
-
-    def _update_states(self, states: dict[str, object]) -> None:
-        """Set every active coflow's state (lock held): the policy's (`states`) when it
-        is an active one, else running / preempted by whether it has rates."""
-        for coflow in self.registry.active():
-            state = states.get(coflow_key(coflow.id))
-            if state not in _ACTIVE_STATES:
-                rates = self.rates.get(coflow.id, {})
-                running = any(r > 0 for paths in rates.values() for _, r in paths)
-                state = CoflowStatus.RUNNING if running else CoflowStatus.PREEMPTED
-            coflow.state = CoflowStatus(state)
-
-    def round_and_push(self) -> FlowRates:
-        """Run a round and call every `on_rates` listener with the result (outside the lock)."""
-        rates, wan = self.run_round()
-        for listener in list(self.on_rates):
-            try:
-                listener(rates, wan)
-            except Exception:  # a listener's failure must not stop the scheduler
-                LOG.exception("rate listener failed")
-        return rates
-
-    # ---- views --------------------------------------------------------------------------
-
-    def snapshot(self, coflows: bool = True) -> Snapshot:
-        """A Snapshot of the registry, the WAN and the stats, copied under `lock` (brief:
-        O(coflows in memory); never waits for a round).
-
-        Args:
-            coflows: copy the coflows' summaries; False leaves `coflows` empty and
-                `bytes_delivered` 0 and costs O(links + agents) only (REST /status and
-                /topology, polled every second by the operator page).
-        """
-        load = self.link_rates()
-        with self.lock:
-            topo, reg = self.topology, self.registry
-            links = tuple(
-                (u, v, topo.capacity[(u, v)], "down" if (u, v) in topo.down else "up",
-                 load.get((u, v), 0.0))
-                for u, v in topo.links
-            )  # fmt: skip
-            with_coflows = coflows
-            coflows = tuple(c.summary() for c in reg.coflows.values()) if with_coflows else ()
-            stats = {k: (list(v) if isinstance(v, list) else v) for k, v in self.stats.items()}
-            stats["dropped_finished"] = dict(stats["dropped_finished"])
-            return Snapshot(
-                topology=topo.name,
-                dcs=tuple(topo.dcs),
-                links=links,
-                agents=tuple((a.id, a.dc, a.data_addr) for a in reg.agents.values()),
-                coflows=coflows,
-                stats=stats,
-                active=len(reg.active()),
-                bytes_delivered=(
-                    sum(c["bytes_delivered"] for c in coflows)
-                    + self.stats["dropped_bytes_delivered"]
-                    if with_coflows
-                    else 0
-                ),
-            )
-
-    def metrics_view(self) -> dict:
-        """What /metrics reads from the controller at scrape time, copied under `lock`.
-
-        Cost O(links + active coflows + their flows' rates): it never walks the finished
-        coflows, however many are kept (docs/runtime.md "Metrics").
-
-        Returns:
-            {"links": [(a, b, capacity bytes/s, up: bool, allocated bytes/s, bytes
-            acknowledged across it (link_bytes))] per directed link, "active": {state:
-            coflows} of the active states, "in_memory": coflows kept, "agents": registered
-            agents, "lps": LPs the policy solved (int), "dropped": {final state: finished
-            coflows dropped from memory}}.
-        """
-        load = self.link_rates()
-        with self.lock:
-            topo, reg = self.topology, self.registry
-            delivered = self.link_bytes
-            links = [
-                (u, v, cap, (u, v) not in topo.down, load.get((u, v), 0.0),
-                 delivered.get((u, v), 0.0))
-                for (u, v), cap in sorted(topo.capacity.items())
-            ]  # fmt: skip
-            active: dict[str, int] = {}
-            for coflow in reg.active():
-                active[coflow.state.value] = active.get(coflow.state.value, 0) + 1
-            stats = getattr(self.policy, "stats", None)
-            lps = int(stats.get("lps", 0)) if isinstance(stats, dict) else 0
-            return {
-                "links": links,
-                "active": active,
-                "in_memory": len(reg.coflows),
-                "agents": len(reg.agents),
-                "lps": lps,
-                "dropped": dict(reg.dropped),
-            }
-
-    def state_counts(self) -> dict[str, int]:
-        """{state: coflows in memory in that state}, O(active coflows)."""
-        with self.lock:
-            return self.registry.state_counts()
-
-    def recent_coflows(self, finished: int) -> list[dict]:
-        """Summaries (CoflowState.summary()) of every active coflow and of the `finished`
-        coflows that ended last, newest id first; O(active + finished), whatever the
-        history (the operator page polls it every second)."""
-        with self.lock:
-            reg = self.registry
-            chosen = list(reg.active())
-            for cid in reversed(reg.finished):
-                if finished <= 0:
-                    break
-                coflow = reg.coflows.get(cid)
-                if coflow is not None:
-                    chosen.append(coflow)
-                    finished -= 1
-            return [c.summary() for c in sorted(chosen, key=lambda c: c.id, reverse=True)]
-
-    def link_delivered(self) -> dict[tuple[str, str], float]:
-        """A copy of `link_bytes`: {directed link: bytes acknowledged across it}."""
-        with self.lock:
-            return dict(self.link_bytes)
-
-    def link_rates(self) -> dict[tuple[str, str], float]:
-        """Allocated bytes/s per directed link in the current allocation."""
-        with self.lock:
-            load: dict[tuple[str, str], float] = {}
-            for flows in self.rates.values():
-                for paths in flows.values():
-                    for path, rate in paths:
-                        for link in zip(path[:-1], path[1:], strict=False):
-                            load[link] = load.get(link, 0.0) + rate
-            return load
-
-    def flowgroup_rates(self, coflow_id: int) -> list[dict]:
-        """The coflow's FlowGroups with their per-path rates.
-
-        Returns:
-            [{"src_dc", "dst_dc", "bytes_remaining", "paths": [{"path": [dc...],
-            "rate_bytes_per_s"}]}] (docs/operations.md, REST).
-        """
-        with self.lock:
-            coflow = self.registry.get(coflow_id)
-            groups: dict[tuple[str, str], dict] = {}
-            rates = self.rates.get(coflow.id, {})
-            for f in coflow.flows.values():
-                if f.intra_dc:
-                    continue
-                g = groups.setdefault(
-                    (f.src_dc, f.dst_dc),
-                    {"src_dc": f.src_dc, "dst_dc": f.dst_dc, "bytes_remaining": 0, "paths": {}},
-                )
-                g["bytes_remaining"] += f.remaining
-                for path, rate in rates.get(f.id, []):
-                    g["paths"][path] = g["paths"].get(path, 0.0) + rate
-            for g in groups.values():
-                g["paths"] = [
-                    {"path": list(p), "rate_bytes_per_s": r} for p, r in g["paths"].items()
-                ]
-            return list(groups.values())
-
-
-def flow_rates(allocation: Allocation, registry: CoflowRegistry) -> FlowRates:
-    """Key the policy's allocation by integer coflow id, dropping unknown coflows.
-
-    The policy already splits every FlowGroup's per-path rates among its flows in
-    proportion to the remaining bytes the controller passed it
-    (`policy.split_by_remaining`, docs/design.md 4.1), so each flow's share is its
-    (sender agent, receiver agent) pair's share and all of them finish together;
-    the agent channel sums the shares per sending agent.
-
-    Args:
-        allocation: {str(coflow id): {flow id: [(path, bytes/s)]}}.
-
-    Returns:
-        {coflow id: {flow id: [(path, bytes/s)]}}.
-    """
-    out: FlowRates = {}
-    for key, flows in allocation.items():
-        cid = parse_coflow_key(key)
-        coflow = registry.coflows.get(cid)
-        if coflow is not None and not coflow.state.final:
-            out[cid] = flows
-    return out
-
-
-def _observe_solves(observe: Callable[[float], None]):
-    """terra_core.lp.observe_solves(observe), imported on first use: the LP solver (HiGHS,
-    numpy) loads with the policy, after the controller listens (deferred.py)."""
-    from terra_core.lp import observe_solves
-
-    return observe_solves(observe)
-
-
-def _trim_policy_stats(policy: Policy) -> None:
-    """Keep the last STATS_KEPT entries of the policy's per-round lists (a long-running
-    controller; the simulator keeps them all for its figures)."""
-    stats = getattr(policy, "stats", None)
-    if isinstance(stats, dict):
-        for value in stats.values():
-            if isinstance(value, list) and len(value) > STATS_KEPT:
-                del value[:-STATS_KEPT]
-
-
-_ACTIVE_STATES = frozenset({CoflowStatus.QUEUED, CoflowStatus.RUNNING, CoflowStatus.PREEMPTED})
-
-
-class RoundRunner:
-    """Runs asked-for scheduling rounds at once, one at a time, in its own thread.
-
-    Requests that arrive while a round runs are coalesced into the next round. Every
-    `tick_s` seconds it also runs `controller.check_timeouts()` (agents gone, deadlines
-    missed, finished coflows past their keep time), between rounds.
-
-    Args:
-        controller: the Controller whose `round_wanted` event it watches.
-        tick_s: seconds between timeout checks (> 0).
-    """
-
-    def __init__(self, controller: Controller, tick_s: float = 1.0) -> None:
-        self.controller = controller
-        self.tick_s = tick_s
-        self.stopped = False
-        self.thread = threading.Thread(target=self._loop, name="terra-rounds", daemon=True)
-
-    def start(self) -> RoundRunner:
-        """Start the thread; returns self."""
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop after the current round."""
-        self.stopped = True
-        self.controller.round_wanted.set()
-
-    def _loop(self) -> None:
-        next_tick = time.monotonic() + self.tick_s
-        while not self.stopped:
-            wanted = self.controller.round_wanted.wait(max(0.0, next_tick - time.monotonic()))
-            if self.stopped:
-                return
-            if time.monotonic() >= next_tick:
-                next_tick = time.monotonic() + self.tick_s
-                try:
-                    self.controller.check_timeouts()
-                except Exception:
-                    LOG.exception("timeout check failed")
-                wanted = self.controller.round_wanted.is_set()
-            if not wanted:
-                continue
-            try:
-                self.controller.round_and_push()
-            except Exception:
-                LOG.exception("scheduling round failed")
-                time.sleep(0.1)

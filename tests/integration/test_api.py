@@ -15,7 +15,8 @@ from tls_helpers import security, tls_socket
 
 from terra_controller.api_server import ApiHandler, serve_connection
 from terra_controller.client import TerraClient, TerraError
-from terra_controller.controller import Controller, RoundRunner
+from terra_controller.controller import Controller
+from terra_controller.controller_round import RoundRunner
 from terra_controller.transport import (
     ServerSecurity,
     accept_loop,

@@ -1,0 +1,242 @@
+"""Scheduling rounds of the controller (docs/design.md 4.2 and 4.3).
+
+`ControllerRounds` is the part of `Controller` (terra_controller/controller.py) that runs a
+round: snapshot of the remaining bytes under `lock`, `policy.allocate` under
+`policy_lock` alone, the rates applied under `lock` again; coflow states follow the
+policy's. `RoundRunner` runs asked-for rounds in a thread of its own, coalescing bursts,
+and the timeout checks between them. `flow_rates` keys the policy's allocation by coflow id.
+
+Units: bytes, bytes/s, seconds on the controller clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from terra_controller.coflow_registry import CoflowRegistry
+from terra_controller.coflow_state import coflow_key, parse_coflow_key
+from terra_core.policy import Allocation, Policy
+from terra_model.states import CoflowStatus
+from topologies import Path
+
+LOG = logging.getLogger("terra.controller")
+
+# {coflow id (int): {flow id: [(path, bytes/s), ...]}} after the split among agent pairs.
+FlowRates = dict[int, dict[str, list[tuple[Path, float]]]]
+
+STATS_KEPT = 1000  # entries of stats["round_ms"] / stats["allocate_ms"]
+
+
+class ControllerRounds:
+    """The scheduling round of `Controller` (its attributes: lock, policy_lock, policy,
+    registry, topology, rates, allocation, stats, metrics, on_rates)."""
+
+    def run_round(self) -> tuple[FlowRates, bool]:
+        """Run one scheduling round now (docs/design.md 4.2 via policy.allocate).
+
+        snapshot -> allocate -> apply: the remaining bytes are copied under `lock`, the
+        policy allocates holding `policy_lock` only (API status calls, agent reports and
+        REST go on meanwhile), and the rates are applied under `lock`; a coflow that
+        finished, failed or was cancelled during the allocation gets no rates.
+
+        Returns:
+            (FlowRates for every active WAN flow, whether the WAN changed since the last
+            round). Coflow states are updated from the policy.
+        """
+        with self.policy_lock:
+            with self.lock:
+                self.round_wanted.clear()
+                wan, self.wan_dirty = self.wan_dirty, False
+                start = time.perf_counter()
+                self._drain_leaving()
+                remaining = self.registry.remaining(self._connectivity())
+                now = self.now()
+            begin_allocate = time.perf_counter()
+            with observe_solves_lazily(self.metrics.lp_solve.observe):
+                allocation = self.policy.allocate(now, remaining) if remaining else {}
+            allocated = time.perf_counter()
+            states = self._policy_states(remaining)
+            _trim_policy_stats(self.policy)
+            with self.lock:
+                self.allocation = allocation
+                self.rates = flow_rates(allocation, self.registry)
+                self._update_states(states)
+                elapsed_ms = (time.perf_counter() - start) * 1e3
+                self.stats["rounds"] += 1
+                self.stats["last_round_ms"] = elapsed_ms
+                for key, value in (
+                    ("round_ms", elapsed_ms),
+                    ("allocate_ms", (allocated - begin_allocate) * 1e3),
+                ):
+                    self.stats[key].append(value)
+                    del self.stats[key][:-STATS_KEPT]
+            self.metrics.round_duration.observe(elapsed_ms / 1e3)
+            self.metrics.allocate_duration.observe(allocated - begin_allocate)
+            return self.rates, wan
+
+    def _drain_leaving(self) -> None:
+        """Remove the coflows that left the schedule from the policy (both locks held)."""
+        if self._leaving:
+            now = self.now()
+            leaving, self._leaving = self._leaving, []
+            for cid in leaving:
+                self.policy.remove_coflow(coflow_key(cid), now)
+
+    def _policy_states(self, remaining: dict) -> dict[str, object]:
+        """{str(coflow id): the policy's state for it} for the coflows of this round
+        (policy_lock held); empty when the policy does not report states."""
+        state_of = getattr(self.policy, "state", None)
+        if state_of is None:
+            return {}
+        out = {}
+        for key in remaining:
+            try:
+                out[key] = state_of(key)
+            except (KeyError, ValueError):
+                pass
+        return out
+
+    def _connectivity(self):
+        """None when every link is up; else a predicate (src DC, dst DC) -> reachable.
+
+        A flow whose DCs a failure cut apart waits (rate 0) until a link comes
+        back, instead of failing the whole round.
+        """
+        if not self.topology.down:
+            return None
+        neighbours: dict[str, list[str]] = {}
+        for u, v in self.topology.up_links():
+            neighbours.setdefault(u, []).append(v)
+        reach: dict[str, set[str]] = {}
+
+        def connected(src: str, dst: str) -> bool:
+            if src not in reach:
+                seen, todo = {src}, [src]
+                while todo:
+                    for nxt in neighbours.get(todo.pop(), []):
+                        if nxt not in seen:
+                            seen.add(nxt)
+                            todo.append(nxt)
+                reach[src] = seen
+            return dst in reach[src]
+
+        return connected
+
+    def _update_states(self, states: dict[str, object]) -> None:
+        """Set every active coflow's state (lock held): the policy's (`states`) when it
+        is an active one, else running / preempted by whether it has rates."""
+        for coflow in self.registry.active():
+            state = states.get(coflow_key(coflow.id))
+            if state not in _ACTIVE_STATES:
+                rates = self.rates.get(coflow.id, {})
+                running = any(r > 0 for paths in rates.values() for _, r in paths)
+                state = CoflowStatus.RUNNING if running else CoflowStatus.PREEMPTED
+            coflow.state = CoflowStatus(state)
+
+    def round_and_push(self) -> FlowRates:
+        """Run a round and call every `on_rates` listener with the result (outside the lock)."""
+        rates, wan = self.run_round()
+        for listener in list(self.on_rates):
+            try:
+                listener(rates, wan)
+            except Exception:  # a listener's failure must not stop the scheduler
+                LOG.exception("rate listener failed")
+        return rates
+
+
+def flow_rates(allocation: Allocation, registry: CoflowRegistry) -> FlowRates:
+    """Key the policy's allocation by integer coflow id, dropping unknown coflows.
+
+    The policy already splits every FlowGroup's per-path rates among its flows in
+    proportion to the remaining bytes the controller passed it
+    (`policy.split_by_remaining`, docs/design.md 4.1), so each flow's share is its
+    (sender agent, receiver agent) pair's share and all of them finish together;
+    the agent channel sums the shares per sending agent.
+
+    Args:
+        allocation: {str(coflow id): {flow id: [(path, bytes/s)]}}.
+
+    Returns:
+        {coflow id: {flow id: [(path, bytes/s)]}}.
+    """
+    out: FlowRates = {}
+    for key, flows in allocation.items():
+        cid = parse_coflow_key(key)
+        coflow = registry.coflows.get(cid)
+        if coflow is not None and not coflow.state.final:
+            out[cid] = flows
+    return out
+
+
+def observe_solves_lazily(observe: Callable[[float], None]):
+    """terra_core.lp.observe_solves(observe), imported on first use: the LP solver (HiGHS,
+    numpy) loads with the policy, after the controller listens (deferred.py)."""
+    from terra_core.lp import observe_solves
+
+    return observe_solves(observe)
+
+
+def _trim_policy_stats(policy: Policy) -> None:
+    """Keep the last STATS_KEPT entries of the policy's per-round lists (a long-running
+    controller; the simulator keeps them all for its figures)."""
+    stats = getattr(policy, "stats", None)
+    if isinstance(stats, dict):
+        for value in stats.values():
+            if isinstance(value, list) and len(value) > STATS_KEPT:
+                del value[:-STATS_KEPT]
+
+
+_ACTIVE_STATES = frozenset({CoflowStatus.QUEUED, CoflowStatus.RUNNING, CoflowStatus.PREEMPTED})
+
+
+class RoundRunner:
+    """Runs asked-for scheduling rounds at once, one at a time, in its own thread.
+
+    Requests that arrive while a round runs are coalesced into the next round. Every
+    `tick_s` seconds it also runs `controller.check_timeouts()` (agents gone, deadlines
+    missed, finished coflows past their keep time), between rounds.
+
+    Args:
+        controller: the Controller whose `round_wanted` event it watches.
+        tick_s: seconds between timeout checks (> 0).
+    """
+
+    def __init__(self, controller: ControllerRounds, tick_s: float = 1.0) -> None:
+        self.controller = controller
+        self.tick_s = tick_s
+        self.stopped = False
+        self.thread = threading.Thread(target=self._loop, name="terra-rounds", daemon=True)
+
+    def start(self) -> RoundRunner:
+        """Start the thread; returns self."""
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop after the current round."""
+        self.stopped = True
+        self.controller.round_wanted.set()
+
+    def _loop(self) -> None:
+        next_tick = time.monotonic() + self.tick_s
+        while not self.stopped:
+            wanted = self.controller.round_wanted.wait(max(0.0, next_tick - time.monotonic()))
+            if self.stopped:
+                return
+            if time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + self.tick_s
+                try:
+                    self.controller.check_timeouts()
+                except Exception:
+                    LOG.exception("timeout check failed")
+                wanted = self.controller.round_wanted.is_set()
+            if not wanted:
+                continue
+            try:
+                self.controller.round_and_push()
+            except Exception:
+                LOG.exception("scheduling round failed")
+                time.sleep(0.1)
