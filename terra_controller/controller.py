@@ -40,6 +40,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from terra_controller.coflow_endings import CoflowEndings
 from terra_controller.coflow_registry import CoflowRegistry
@@ -59,7 +60,11 @@ from terra_controller.events import EventLog
 from terra_controller.file_requests import FileInfo, FileRequests
 from terra_controller.journal import CoflowJournal
 from terra_controller.metrics import ControllerMetrics
-from terra_controller.operator_links import OPERATOR, LinkStates, restore_before_first_round
+from terra_controller.operator_links import (
+    ControllerLinkEvents,
+    LinkStates,
+    restore_before_first_round,
+)
 from terra_controller.request_checks import (
     check_age,
     check_coflow_id,
@@ -80,7 +85,7 @@ from terra_core.policy import Allocation, Policy
 from terra_model import Coflow
 from terra_model.states import MAX_CLIENT_ID, CoflowStatus, FlowStatus
 from terra_security.tokens import new_key
-from topologies import Topology, TopologyError
+from topologies import Topology
 
 LOG = logging.getLogger("terra.controller")
 
@@ -90,7 +95,21 @@ AGENT_RETURN_S = 5.0  # after a start or a takeover, a submit waits this long fo
 MAX_RESTARTS = 3  # re-transfers of a flow from byte 0 after digest mismatches before it fails
 
 
-class Controller(ControllerRounds, ControllerViews, CoflowEndings):
+@dataclass
+class _Submission:
+    """A submit's checked parts on their way to the registry (Controller.submit): parsed
+    flows, deadline (s from arrival) or None, age (s since first submission), labels
+    (name, tags), the coflow's secret and {flow id: attempt} of a resumed coflow."""
+
+    parsed: list[FlowState]
+    deadline_s: float | None
+    age: float
+    labels: tuple[str | None, tuple[str, ...]]
+    secret: bytes
+    attempts: dict[str, int] = field(default_factory=dict)
+
+
+class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLinkEvents):
     """Coflow API semantics, progress bookkeeping and scheduling rounds.
 
     Args:
@@ -283,80 +302,111 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings):
         flows, files = self._resolve_files(flows, sync)
         with self.lock:
             agents = dict(self.registry.agents)
-        parsed = files.apply(self.registry.parse_flows(flows, agents=agents))
-        deadline_s = check_deadline(deadline)
-        age = 0.0 if age_s is None else check_age(age_s)
-        labels = check_labels(name, tags)
+        sub = _Submission(files.apply(self.registry.parse_flows(flows, agents=agents)),
+                          check_deadline(deadline), 0.0 if age_s is None else check_age(age_s),
+                          check_labels(name, tags), new_secret())  # fmt: skip
         if coflow_id is not None:
             check_coflow_id(coflow_id, MAX_CLIENT_ID)
-        secret = new_secret()
-        assign_keys(secret, parsed)
-        policy_flows = [to_policy_flow(f) for f in parsed if not f.done]
         with self.policy_lock, self.lock, observe_solves_lazily(self.metrics.lp_solve.observe):
             self._drain_leaving()
             reg = self.registry
             if reg.agents != agents:  # an agent (re-)registered meanwhile: check again
-                parsed = files.apply(reg.parse_flows(flows))
-                assign_keys(secret, parsed)
-                policy_flows = [to_policy_flow(f) for f in parsed if not f.done]
-            attempts: dict[str, int] = {}
+                sub.parsed = files.apply(reg.parse_flows(flows))
             if coflow_id is not None:
-                if coflow_id in reg.coflows:
-                    return self._resubmitted(reg.coflows[coflow_id], parsed, owner)
-                entry = self.journal.live.get(coflow_id)
-                if entry is not None and entry.owner != owner:
-                    raise RegistryError("bad_request", f"coflow id {coflow_id} is in use")
-                if entry is not None and entry.ended is not None:
-                    return coflow_id  # it ended before a restart: its status says how
-                if entry is not None:  # resubmitted after a restart: the same keys again
-                    secret, attempts = entry.secret, dict(entry.attempts)
-                    assign_keys(secret, parsed)
-                    if labels == (None, ()):
-                        labels = (entry.name, entry.tags)
-            reg.check_sinks(parsed)
-            reg.check_open_flows(owner, len(parsed))
+                known = self._known_resubmission(coflow_id, sub, owner)
+                if known is not None:
+                    return known
+            assign_keys(sub.secret, sub.parsed)
+            reg.check_sinks(sub.parsed)
+            reg.check_open_flows(owner, len(sub.parsed))
             cid = reg.new_id() if coflow_id is None else coflow_id
             now = self.now()
-            arrival = now - age
-            if deadline_s is not None:
-                deadline_s += age  # relative to the arrival: still `deadline` s from now
-            if not all(f.intra_dc or f.done for f in parsed):  # WAN flows: the policy decides
-                probe = Coflow(coflow_key(cid), arrival, policy_flows, deadline_s)
-                tenant_admission(self, probe, owner)  # tenants.py: its limits (tenant_limit)
-                try:
-                    admitted = self.policy.add_coflow(probe, now)
-                except ValueError as exc:
-                    raise RegistryError("no_path", f"coflow cannot be routed: {exc}") from exc
-                if not admitted:  # burn the id: the policy may remember the rejected coflow
-                    if coflow_id is None and reg.next_id <= cid:
-                        reg.next_id = cid + 1
-                    self.journal.burned(cid)
-                    self.stats["rejected"] += 1
-                    self.metrics.rejected.inc()
-                    self.events.add("rejected", coflow=cid, reason="deadline cannot be met")
-                    return -1
-            coflow = reg.submit(parsed, deadline_s, arrival, cid, owner, secret, keyed=True,
-                                labels=labels)  # fmt: skip
-            for fid, attempt in attempts.items():  # flows restarted before a restart
-                if fid in coflow.flows:
-                    coflow.flows[fid].restarts = attempt
-                    coflow.flows[fid].digest_key = flow_key(secret, fid, attempt)
-            self.journal.admitted(cid, owner, coflow.secret, labels, flow_rows(parsed),
-                                  deadline_s, time.time() - age, ref)  # fmt: skip
-            self.resuming.pop(cid, None)
-            self.metrics.admitted.inc()
-            self.events.add("admitted", coflow=cid, flows=len(parsed), owner=owner)
-            if reg.finish_if_done(coflow, now):  # intra-DC flows only: done at once
-                self.journal.ended(cid, ended_summary(coflow))
-                self.metrics.finished.labels(CoflowStatus.DONE.value).inc()
-                self.events.add("done", coflow=cid, cct_s=coflow.cct_s)
-                self.metrics.bytes_delivered.inc(coflow.bytes_total)
-                self._prune(now)
+            if sub.age and sub.deadline_s is not None:
+                sub.deadline_s += sub.age  # relative to the arrival: still `deadline` s from now
+            if not self._admitted(cid, coflow_id is None, sub, owner, now):
+                return -1
+            coflow = self._store(cid, sub, owner, ref, now)
+            if coflow is None:  # intra-DC flows only: done at once
                 return cid
             self.want_round()
         self._durable(cid)
-        self._announce(coflow, parsed)  # outside the locks: descriptors of many flows
+        self._announce(coflow, sub.parsed)  # outside the locks: descriptors of many flows
         return cid
+
+    def _known_resubmission(self, coflow_id: int, sub: _Submission, owner: str | None):
+        """A submit naming `coflow_id` (both locks held): the id to answer when the coflow is
+        known already (in memory, or ended before a restart), else None; a coflow of the
+        journal waiting to be resumed gets its keys, flow attempts and labels back in `sub`.
+
+        Raises:
+            RegistryError("bad_request"): another client's coflow id.
+        """
+        reg = self.registry
+        if coflow_id in reg.coflows:
+            assign_keys(sub.secret, sub.parsed)
+            return self._resubmitted(reg.coflows[coflow_id], sub.parsed, owner)
+        entry = self.journal.live.get(coflow_id)
+        if entry is None:
+            return None
+        if entry.owner != owner:
+            raise RegistryError("bad_request", f"coflow id {coflow_id} is in use")
+        if entry.ended is not None:
+            return coflow_id  # it ended before a restart: its status says how
+        sub.secret, sub.attempts = entry.secret, dict(entry.attempts)  # the same keys again
+        if sub.labels == (None, ()):
+            sub.labels = (entry.name, entry.tags)
+        return None
+
+    def _admitted(self, cid: int, new_id: bool, sub: _Submission, owner: str | None,
+                  now: float) -> bool:  # fmt: skip
+        """The policy's admission of a coflow with WAN flows (both locks held; always True
+        without): tenant limits, then `policy.add_coflow` (docs/design.md 4.3). A rejected
+        coflow's id is burned (the policy may remember it) and counted.
+
+        Raises:
+            RegistryError("no_path"): the flows cannot be routed; tenants.py's errors.
+        """
+        if all(f.intra_dc or f.done for f in sub.parsed):
+            return True
+        policy_flows = [to_policy_flow(f) for f in sub.parsed if not f.done]
+        probe = Coflow(coflow_key(cid), now - sub.age, policy_flows, sub.deadline_s)
+        tenant_admission(self, probe, owner)  # tenants.py: its limits (tenant_limit)
+        try:
+            admitted = self.policy.add_coflow(probe, now)
+        except ValueError as exc:
+            raise RegistryError("no_path", f"coflow cannot be routed: {exc}") from exc
+        if not admitted:
+            if new_id and self.registry.next_id <= cid:
+                self.registry.next_id = cid + 1
+            self.journal.burned(cid)
+            self.stats["rejected"] += 1
+            self.metrics.rejected.inc()
+            self.events.add("rejected", coflow=cid, reason="deadline cannot be met")
+        return admitted
+
+    def _store(self, cid: int, sub: _Submission, owner: str | None, ref: str | None,
+               now: float) -> CoflowState | None:  # fmt: skip
+        """Record an admitted coflow (both locks held): registry, journal, metrics, events.
+        Returns it, or None when it is done at once (intra-DC flows only)."""
+        coflow = self.registry.submit(sub.parsed, sub.deadline_s, now - sub.age, cid, owner,
+                                      sub.secret, keyed=True, labels=sub.labels)  # fmt: skip
+        for fid, attempt in sub.attempts.items():  # flows restarted before a restart
+            if fid in coflow.flows:
+                coflow.flows[fid].restarts = attempt
+                coflow.flows[fid].digest_key = flow_key(sub.secret, fid, attempt)
+        self.journal.admitted(cid, owner, coflow.secret, sub.labels, flow_rows(sub.parsed),
+                              sub.deadline_s, time.time() - sub.age, ref)  # fmt: skip
+        self.resuming.pop(cid, None)
+        self.metrics.admitted.inc()
+        self.events.add("admitted", coflow=cid, flows=len(sub.parsed), owner=owner)
+        if not self.registry.finish_if_done(coflow, now):
+            return coflow
+        self.journal.ended(cid, ended_summary(coflow))
+        self.metrics.finished.labels(CoflowStatus.DONE.value).inc()
+        self.events.add("done", coflow=cid, cct_s=coflow.cct_s)
+        self.metrics.bytes_delivered.inc(coflow.bytes_total)
+        self._prune(now)
+        return None
 
     def _resolve_files(self, flows: object, sync: object) -> tuple[object, FileInfo]:
         """Ask the agents about a submit's files (FileRequests.resolve), outside the locks.
@@ -629,72 +679,6 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings):
         self.metrics.finished.labels(state.value).inc()
         LOG.warning("coflow %s %s: %s", coflow_id, state.value, reason)
         self.events.add(state.value, coflow=coflow_id, reason=reason)
-
-    # ---- WAN events ---------------------------------------------------------------------
-
-    def set_link_state(self, a: object, b: object, up: object, source: str = OPERATOR) -> bool:
-        """Set the undirected link a-b up or down (both directions), as the operator says
-        (journaled: it survives restarts and failovers) or a switch (source "switch"); the
-        link is up only while neither says down (terra_controller/operator_links.py).
-
-        Returns:
-            True when the link's state changed (a round is then asked for).
-
-        Raises:
-            RegistryError("bad_request"): unknown link or bad arguments; "unavailable": the
-            shared state cannot be written now (an operator's change; nothing changed).
-        """
-        if not isinstance(up, bool):
-            raise RegistryError("bad_request", "up must be true or false")
-        if source == OPERATOR:
-            self._check_state_writable()
-        with self.policy_lock, self.lock:
-            try:
-                self.topology.available((a, b))  # raises for an unknown link
-                self.topology.available((b, a))
-                up = self.links.record(a, b, up, source)
-                was_up = (a, b) not in self.topology.down
-                if was_up == up and ((b, a) not in self.topology.down) == up:
-                    changed = False
-                else:
-                    self.topology.set_link_state(a, b, up)
-                    changed = True
-            except (TopologyError, TypeError) as exc:
-                raise RegistryError("bad_request", str(exc)) from exc
-            if changed and self.policy.wan_changed(self.now()):
-                self.want_round(wan=True)
-            if changed:
-                LOG.info("link %s-%s %s (%s)", a, b, "up" if up else "down", source)
-                self.events.add("link_up" if up else "link_down", a=a, b=b, source=source)
-        if source == OPERATOR:
-            self._durable(f"link {a}-{b}")
-        return changed
-
-    def set_capacity(self, a: object, b: object, bytes_per_s: object) -> bool:
-        """Set the capacity of the undirected link a-b (bytes/s).
-
-        The capacity is journaled (it survives restarts and failovers).
-
-        Returns:
-            True when the policy judged the change large enough (δ) for a new round.
-
-        Raises:
-            RegistryError("bad_request"): unknown link or bad capacity; "unavailable": the
-            shared state cannot be written now (nothing changed).
-        """
-        self._check_state_writable()
-        with self.policy_lock, self.lock:
-            try:
-                self.topology.set_capacity(a, b, bytes_per_s)
-            except (TopologyError, TypeError) as exc:
-                raise RegistryError("bad_request", str(exc)) from exc
-            self.journal.link_set(a, b, cap=bytes_per_s)
-            changed = self.policy.wan_changed(self.now())
-            if changed:
-                self.want_round(wan=True)
-            self.events.add("capacity", a=a, b=b, bytes_per_s=self.topology.capacity[(a, b)])
-        self._durable(f"link {a}-{b}")
-        return changed
 
     # ---- agent reports ------------------------------------------------------------------
 

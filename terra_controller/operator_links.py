@@ -14,12 +14,16 @@ only while neither says it is down. An operator's link-down holds whatever the p
 (a port coming up does not bring the link back; only `link-up` does), and a port that goes
 down takes the link down whatever the operator said (`link-up` does not lift it; the port
 coming up does). Capacities come from the operator only (the topology file's until then).
+
+`ControllerLinkEvents` is the part of `Controller` (terra_controller/controller.py) that
+takes these link events and asks for a round when the policy judges the WAN changed.
 """
 
 from __future__ import annotations
 
 import logging
 
+from terra_controller.coflow_state import RegistryError
 from topologies import Topology, TopologyError
 
 LOG = logging.getLogger("terra.links")
@@ -99,3 +103,72 @@ def restore_before_first_round(controller) -> None:
     policy = controller.policy
     if not isinstance(policy, Deferred) or policy.made:
         policy.wan_changed(controller.now())
+
+
+class ControllerLinkEvents:
+    """Link events of `Controller` (its attributes: lock, policy_lock, policy, topology,
+    links (LinkStates), journal, events)."""
+
+    def set_link_state(self, a: object, b: object, up: object, source: str = OPERATOR) -> bool:
+        """Set the undirected link a-b up or down (both directions), as the operator says
+        (journaled: it survives restarts and failovers) or a switch (source "switch"); the
+        link is up only while neither says down (terra_controller/operator_links.py).
+
+        Returns:
+            True when the link's state changed (a round is then asked for).
+
+        Raises:
+            RegistryError("bad_request"): unknown link or bad arguments; "unavailable": the
+            shared state cannot be written now (an operator's change; nothing changed).
+        """
+        if not isinstance(up, bool):
+            raise RegistryError("bad_request", "up must be true or false")
+        if source == OPERATOR:
+            self._check_state_writable()
+        with self.policy_lock, self.lock:
+            try:
+                self.topology.available((a, b))  # raises for an unknown link
+                self.topology.available((b, a))
+                up = self.links.record(a, b, up, source)
+                was_up = (a, b) not in self.topology.down
+                if was_up == up and ((b, a) not in self.topology.down) == up:
+                    changed = False
+                else:
+                    self.topology.set_link_state(a, b, up)
+                    changed = True
+            except (TopologyError, TypeError) as exc:
+                raise RegistryError("bad_request", str(exc)) from exc
+            if changed and self.policy.wan_changed(self.now()):
+                self.want_round(wan=True)
+            if changed:
+                LOG.info("link %s-%s %s (%s)", a, b, "up" if up else "down", source)
+                self.events.add("link_up" if up else "link_down", a=a, b=b, source=source)
+        if source == OPERATOR:
+            self._durable(f"link {a}-{b}")
+        return changed
+
+    def set_capacity(self, a: object, b: object, bytes_per_s: object) -> bool:
+        """Set the capacity of the undirected link a-b (bytes/s).
+
+        The capacity is journaled (it survives restarts and failovers).
+
+        Returns:
+            True when the policy judged the change large enough (δ) for a new round.
+
+        Raises:
+            RegistryError("bad_request"): unknown link or bad capacity; "unavailable": the
+            shared state cannot be written now (nothing changed).
+        """
+        self._check_state_writable()
+        with self.policy_lock, self.lock:
+            try:
+                self.topology.set_capacity(a, b, bytes_per_s)
+            except (TopologyError, TypeError) as exc:
+                raise RegistryError("bad_request", str(exc)) from exc
+            self.journal.link_set(a, b, cap=bytes_per_s)
+            changed = self.policy.wan_changed(self.now())
+            if changed:
+                self.want_round(wan=True)
+            self.events.add("capacity", a=a, b=b, bytes_per_s=self.topology.capacity[(a, b)])
+        self._durable(f"link {a}-{b}")
+        return changed
