@@ -96,7 +96,7 @@ def op_tenant_remove(handler, request: dict, identity: Identity) -> dict:
     return {"removed": request.get("name")}
 
 
-def _reserving_for(book, request: dict, identity: Identity) -> str:
+def _reserving_for(book, request: dict, identity: Identity) -> object:
     """The tenant a reserve request is for: a job's own, else the operator's `name`."""
     if identity.role is Role.JOB and not identity.insecure:
         own = book.resolve(identity.tenant)

@@ -121,8 +121,10 @@ def attach_tenants(controller, book) -> None:
 
 def add_tenant_ctl(ops) -> None:
     """Add `tenant {list,show,set,remove}` to the ctl operations `ops`."""
-    text = ("tenants: list, show one, set a weight and limits, remove (operators; show: jobs);"
-            " reserve, unreserve a guaranteed rate (operators; a job: its own)")
+    text = (
+        "tenants: list, show one, set a weight and limits, remove (operators; show: jobs);"
+        " reserve, unreserve a guaranteed rate (operators; a job: its own)"
+    )
     tenant = ops.add_parser("tenant", help=text, description=text, formatter_class=HelpFormatter)
     sub = tenant.add_subparsers(dest="tenant_op", required=True, metavar="ACTION")
     sub.add_parser("list", help="every tenant: weight, share, coflows, rate, guarantee")

@@ -221,8 +221,11 @@ class TenantPolicy:
     # ----- extras, as TerraPolicy's ----------------------------------------------------
 
     def next_wakeup(self, now: float) -> float | None:
-        """The earliest wakeup any tenant's Terra asks for (seconds), or None."""
+        """The earliest wakeup any tenant's Terra asks for, or the next start or end of a
+        reservation's window (seconds, > now), or None."""
         times = [t for p in self._policies.values() if (t := p.next_wakeup(now)) is not None]
+        for r in self.spec.reservations:
+            times += [t for t in (r.start, r.end) if now < t < math.inf]
         return min(times, default=None)
 
     def starving(self, now: float) -> list[str]:

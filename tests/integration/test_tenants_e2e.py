@@ -2,7 +2,9 @@
 (test_controller_e2e.System). Two job certificates of two tenants (weights 3:1) submit
 coflows over the same DC pair; the rates the controller gives follow the weights; a job of
 a tenant not in the file is refused; `ctl tenant set` changes the split live, a bad value
-changes nothing, and a restart or a failover to a standby on etcd keeps the change."""
+changes nothing, and a restart or a failover to a standby on etcd keeps the change;
+`ctl tenant reserve` gives a tenant its guaranteed rate (up to its ceiling) and refuses one
+that does not fit with the reason."""
 
 from __future__ import annotations
 
@@ -106,6 +108,46 @@ def test_a_job_of_an_unknown_tenant_is_refused(system):
         assert refused.value.code == "unknown_tenant"
     finally:
         stranger.close()
+
+
+def settles(system: System, check, timeout: float = 15.0) -> dict:
+    """Wait until check(/tenants rates) holds; the last rates."""
+    end = time.monotonic() + timeout
+    while True:
+        rates = tenant_rates(system)
+        if check(rates):
+            return rates
+        if time.monotonic() > end:
+            raise AssertionError(f"rates never settled: {rates}")
+        time.sleep(0.2)
+
+
+def test_a_reservation_holds_live_and_one_that_does_not_fit_is_refused(system):
+    # A->B has two tunnels of 20 MB/s (A-B, A-C-B): 40 MB/s, 20 MB/s with one link down.
+    gold, bronze = client(system, "gold-etl"), client(system, "bronze-adhoc")
+    g = gold.submit_coflow([flow("g", "a1", "b1", SIZE)])
+    b = bronze.submit_coflow([flow("b", "a1", "b1", SIZE)])
+    try:
+        settles(system, lambda r: r["bronze"] > 0 and r["gold"] > 0)
+        done = ctl(system, "tenant", "reserve", "bronze", "--src", "A", "--dst", "B",
+                   "--rate-bytes-per-s", "15e6", "--ceil-bytes-per-s", "16e6")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        # at least its 15 MB/s, at most its ceiling of 16 MB/s, whatever the weights
+        settles(system, lambda r: 15e6 * 0.98 <= r["bronze"] <= 16e6 * 1.02 and r["gold"] > 0)
+        # 15 + 10 = 25 MB/s > 20 MB/s once A-B (or A-C, C-B) fails: refused, nothing changed
+        refused = ctl(system, "tenant", "reserve", "gold", "--src", "A", "--dst", "B",
+                      "--rate-bytes-per-s", "10e6")  # fmt: skip
+        assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1
+        assert "does not fit with link" in refused.stderr and "fit only 80.0 %" in refused.stderr
+        rows = {r["name"]: r for r in system.get("/tenants")["tenants"]}
+        assert rows["gold"]["reservations"] == []
+        assert rows["bronze"]["reservations"][0]["rate_bytes_per_s"] == 15e6
+    finally:
+        ctl(system, "tenant", "unreserve", "bronze", "--src", "A", "--dst", "B")
+        gold.cancel_coflow(g)
+        bronze.cancel_coflow(b)
+        gold.close()
+        bronze.close()
 
 
 def test_a_restart_keeps_the_live_change(system):
