@@ -16,10 +16,11 @@ failure every reserved pair's tunnels route around).
 
 Every round the simulator runs (terra_sim.simulate, TenantPolicy, cooperative sharing), for
 each active reservation whose tenant has bytes on its pair: the rate its coflows got there
-over the guaranteed rate (held: >= 0.98), and over its ceiling (<= 1). Prints the rounds
-checked, the smallest ratio with every link up and during the failure, the largest ratio
-to the ceiling, the same run without the reservations (what gold and silver get from their
-weights alone), an admission refused with its reason, and the load average.
+over the guaranteed rate (held: >= 0.98), and over its ceiling (<= 1). Prints the checks
+(round x reservation), the smallest ratio with every link up and during the failure, the
+largest ratio to the ceiling, the WAN utilization and each tenant's average CCT; the same
+for the run without the reservations (what gold and silver get from their weights alone);
+an admission refused with its reason; and the load average.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from terra_core.tenant_policy import TenantPolicy, TenantSpec
 from terra_model import Coflow, Flow
 from terra_sim.events import WanChange
 from terra_sim.simulator import simulate
-from terra_sim.tenants import tenant_weights
+from terra_sim.tenants import per_tenant, tenant_weights
 from topologies import load_topology
 
 TENANTS = """sharing = "cooperative"
@@ -114,8 +115,9 @@ class Probe:
         return rates
 
 
-def run(seconds: float, k: int, reserved: bool) -> tuple[Probe, float]:
-    """One simulation; returns the probe and its wall time (seconds)."""
+def run(seconds: float, k: int, reserved: bool) -> tuple[Probe, float, dict]:
+    """One simulation; returns the probe, its wall time (seconds) and {"wan_utilization",
+    "avg_cct_s": {tenant: seconds}}."""
     topology = load_topology("swan")
     weights, reservations = tenant_weights_from_text(topology, k)
     coflows, owner = workload(seconds, topology.dcs)
@@ -124,8 +126,10 @@ def run(seconds: float, k: int, reserved: bool) -> tuple[Probe, float]:
     a, b, down, up = FAIL
     changes = [WanChange(down, a, b, up=False), WanChange(up, a, b, up=True)]
     start = time.perf_counter()
-    simulate(probe, coflows, changes)
-    return probe, time.perf_counter() - start
+    res = simulate(probe, coflows, changes)
+    wall = time.perf_counter() - start
+    cct = {t: round(v["avg_cct_s"], 2) for t, v in per_tenant(res, owner).items()}
+    return probe, wall, {"wan_utilization": round(res.wan_utilization, 3), "avg_cct_s": cct}
 
 
 def summary(probe: Probe) -> dict:
@@ -152,8 +156,8 @@ def main(argv=None) -> int:
     out: dict[str, object] = {}
     held: dict = {}
     for reserved in (True, False):
-        probe, wall = run(args.seconds, args.k, reserved)
-        got = summary(probe) | {"wall_s": round(wall, 1)}
+        probe, wall, figures = run(args.seconds, args.k, reserved)
+        got = summary(probe) | figures | {"wall_s": round(wall, 1)}
         out["reserved" if reserved else "weights_only"] = got
         held = got if reserved else held
         print(("with reservations: " if reserved else "weights only:      ") + json.dumps(got))

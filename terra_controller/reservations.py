@@ -147,6 +147,12 @@ def unreserve(book, name: object, src: object, dst: object) -> dict:
                                 f"from {src!r:.40} to {dst!r:.40}")  # fmt: skip
         book.limits = dict(book.limits) | {name: _with(lim, kept)}
         book.version += 1
+        book.failures = None
+        if any(x.reservations for x in book.limits.values()):
+            try:  # fewer guarantees still fit: only the failure lists can change
+                book.failures = admit(book.limits, *_context(book))
+            except TenantsError as exc:  # e.g. the topology changed since: keep going
+                LOG.warning("reservations after unreserve: %s", exc)
     book.save(changed=True)
     LOG.info("tenant %s unreserved %s->%s", name, src, dst)
     return book.row(name)

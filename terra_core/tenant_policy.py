@@ -295,7 +295,24 @@ class TenantPolicy:
                 key = (r.tenant, r.pair)
                 ceilings[key] = min(ceilings.get(key, r.ceil), r.ceil)
         owner = {cid: t for t, vols in by_tenant.items() for cid in vols}
-        return _within(cap_ceilings(rates, owner, ceilings), capacity)
+        capped = cap_ceilings(rates, owner, ceilings)
+        if capped is not rates and self.spec.sharing == "cooperative":
+            self._lend_capped(capped, owner, ceilings, by_tenant, capacity)
+        return _within(capped, capacity)
+
+    def _lend_capped(self, rates, owner, ceilings, by_tenant, capacity) -> None:
+        """Give what the ceilings freed to the other FlowGroups (in place): max-min over
+        the spare capacity, each (tenant, pair) without a ceiling weighted by its rate
+        (tenant_shares.leftover_rates), as HTB lends a capped class's unused rate."""
+        weights: dict[str, dict[Pair, float]] = {}
+        for cid, per in rates.items():
+            for pair, lst in per.items():
+                t = owner[cid]
+                if (t, pair) not in ceilings and (x := sum(r for _, r in lst)) > 0:
+                    weights.setdefault(t, {})[pair] = weights.get(t, {}).get(pair, 0.0) + x
+        paths = {pair: self._first.paths(*pair) for per in weights.values() for pair in per}
+        extra = leftover_rates(weights, paths, spare_capacity(capacity, [rates]), capacity)
+        _attribute(extra, by_tenant, rates)
 
     def _held(self, tenant: str, now: float, deadline: float) -> dict[Link, float]:
         """{link: bytes/s} the other tenants' guarantees overlapping [now, deadline] take."""

@@ -2,7 +2,8 @@
 (test_controller_e2e.System). Two job certificates of two tenants (weights 3:1) submit
 coflows over the same DC pair; the rates the controller gives follow the weights; a job of
 a tenant not in the file is refused; `ctl tenant set` changes the split live, a bad value
-changes nothing, and a restart or a failover to a standby on etcd keeps the change;
+changes nothing, and a restart or a failover to a standby on etcd keeps the change (and a
+reservation);
 `ctl tenant reserve` gives a tenant its guaranteed rate (up to its ceiling) and refuses one
 that does not fit with the reason."""
 
@@ -181,6 +182,9 @@ def test_a_new_leader_keeps_the_live_change(tmp_path, pki):
         changed = first.tenant_request({"op": "tenant_set", "name": "bronze", "weight": 2.5,
                                         "max_coflows": 7})  # fmt: skip
         assert changed["tenant"]["weight"] == 2.5
+        reserved = first.tenant_request({"op": "tenant_reserve", "name": "gold", "src": "A",
+                                         "dst": "C", "rate_bytes_per_s": 5e6})  # fmt: skip
+        assert reserved["tenant"]["reservations"][0]["rate_bytes_per_s"] == 5e6
         first.close()
         cluster.controllers[0].kill()  # SIGKILL: its lease expires, the standby leads
         cluster.ready(1, 60)
@@ -189,5 +193,6 @@ def test_a_new_leader_keeps_the_live_change(tmp_path, pki):
         second.close()
         assert (rows["bronze"]["weight"], rows["bronze"]["max_coflows"]) == (2.5, 7)
         assert rows["gold"]["weight"] == 3.0
+        assert [(x["src"], x["dst"]) for x in rows["gold"]["reservations"]] == [("A", "C")]
     finally:
         cluster.stop()

@@ -133,7 +133,7 @@ def pair_rate(rates, cids, pair):
     return sum(x for c in cids for _, x in rates.get(c, {}).get(pair, ()))
 
 
-def flood_policy(topology, reservations=(), deadline=None):
+def flood_policy(topology, reservations=()):
     """gold (weight 1) has one coflow A->C; bulk (weight 9) floods every pair."""
     gold = Coflow("g1", 0.0, [Flow("f", "A", "C", 1e6)])
     pairs = [("A", "C"), ("A", "B"), ("B", "C"), ("C", "A")]
@@ -193,8 +193,13 @@ def test_borrowing_up_to_the_ceiling():
         got = pair_rate(policy.group_rates(0.0, {"g1": gold.flowgroups()}), ["g1"], ("A", "C"))
         assert got == pytest.approx(most)  # alone: borrows both tunnels, or up to the ceiling
     policy, volumes = flood_policy(topo, [Reservation("gold", "A", "C", 60.0, ceil=65.0)])
-    got = pair_rate(policy.group_rates(0.0, volumes), ["g1"], ("A", "C"))
+    rates = policy.group_rates(0.0, volumes)
+    got = pair_rate(rates, ["g1"], ("A", "C"))
     assert 60.0 * (1 - 1e-9) <= got <= 65.0 * (1 + 1e-9)
+    # what the ceiling took from gold goes to bulk: A's 200 B/s out are all used
+    bulk = sum(pair_rate(rates, ["b0", "b1"], k) for k in [("A", "C"), ("A", "B")])
+    assert got + bulk == pytest.approx(200.0)
+    check_capacity(rates, topo.capacity)
 
 
 def test_window_outside_now_changes_nothing():
