@@ -163,6 +163,16 @@ def _with(lim: TenantLimits, specs: list[ReservationSpec]) -> TenantLimits:
                         max_bytes=lim.max_bytes, reservations=specs)  # fmt: skip
 
 
+def reserved_now(specs: list[ReservationSpec], now: float) -> float:
+    """The sum of the guaranteed rates (bytes/s) of `specs` whose window holds `now`
+    (UNIX seconds)."""
+    return sum(
+        s.rate_bytes_per_s
+        for s in specs
+        if (s.start_s is None or s.start_s <= now) and (s.end_s is None or now < s.end_s)
+    )
+
+
 def live_reservations(book) -> list:
     """The book's reservations with windows on the controller's round clock (seconds since
     it started: UNIX time minus the clock's offset), for TenantPolicy.set_reservations."""

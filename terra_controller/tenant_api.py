@@ -25,6 +25,7 @@ bounded by the tenants file and `ctl tenant set`):
     terra_tenant_weight{tenant}                   the tenant's weight
     terra_tenant_active_coflows{tenant}           its coflows in the policy
     terra_tenant_allocated_bytes_per_second{tenant}  the last round's rates of its coflows
+    terra_tenant_reserved_bytes_per_second{tenant}   its guaranteed rates in force now
     terra_tenant_isolation_guarantee              the last round's optimal isolation
                                                   guarantee μ* (absent with fewer than two
                                                   tenants active)
@@ -198,6 +199,10 @@ class TenantCollector:
             "allocated_bytes_per_s": GaugeMetricFamily(
                 "terra_tenant_allocated_bytes_per_second",
                 "Rates the last round gave the tenant's coflows (bytes/s)", labels=["tenant"],
+            ),
+            "reserved_bytes_per_s": GaugeMetricFamily(
+                "terra_tenant_reserved_bytes_per_second",
+                "The tenant's guaranteed rates in force now (bytes/s)", labels=["tenant"],
             ),
         }  # fmt: skip
         for row in view["tenants"]:

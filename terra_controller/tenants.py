@@ -31,9 +31,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 
 from terra_controller.coflow_registry import RegistryError, parse_coflow_key
-from terra_controller.reservations import live_reservations
+from terra_controller.reservations import live_reservations, reserved_now
 from terra_controller.tenants_config import (
     DefaultTenant,
     TenantLimits,
@@ -282,7 +283,8 @@ class TenantBook:
 
     def row(self, name: str, rates: dict[str, float] | None = None) -> dict:
         """One tenant: {"name", "weight", "share" (weight / sum of weights), "max_coflows",
-        "max_bytes", "reservations" (as in the tenants file), "active_coflows",
+        "max_bytes", "reservations" (as in the tenants file), "reserved_bytes_per_s" (the
+        sum of its reservations whose window holds the time now), "active_coflows",
         "bytes_in_flight", "allocated_bytes_per_s"}."""
         rates = self.rates() if rates is None else rates
         with self.lock:
@@ -292,7 +294,9 @@ class TenantBook:
             return {
                 "name": name, "weight": lim.weight, "share": lim.weight / total,
                 "max_coflows": lim.max_coflows, "max_bytes": lim.max_bytes,
-                "reservations": as_dict(lim)["reservations"], "active_coflows": len(keys),
+                "reservations": as_dict(lim)["reservations"],
+                "reserved_bytes_per_s": reserved_now(lim.reservations, time.time()),
+                "active_coflows": len(keys),
                 "bytes_in_flight": sum(self.in_flight.get(k, 0.0) for k in keys),
                 "allocated_bytes_per_s": rates.get(name, 0.0),
             }  # fmt: skip

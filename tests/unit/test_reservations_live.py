@@ -100,11 +100,16 @@ def test_a_live_reservation_holds_while_another_tenant_floods(tmp_path):
                             "ceil_bytes_per_s": 0.6 * C}, OPERATOR)  # fmt: skip
     assert reply["ok"], reply
     assert reply["tenant"]["reservations"][0]["rate_bytes_per_s"] == 0.5 * C
+    assert reply["tenant"]["reserved_bytes_per_s"] == 0.5 * C
+    reply = handler.handle({"v": 1, "op": "tenant_set", "name": "gold", "weight": 1}, OPERATOR)
+    assert len(reply["tenant"]["reservations"]) == 1  # a weight change keeps them
     controller.run_round()
     assert 0.5 * C * (1 - 1e-6) <= rate(controller, gold) <= 0.6 * C * (1 + 1e-6)
     view = handler.handle({"v": 1, "op": "tenants"}, OPERATOR)
     assert view["reservation_failures"]["covered"]  # HK-LA, HK-NY, ... are covered
     assert view["reservation_failures"]["uncovered"] == {}
+    metrics = controller.metrics.render().decode()
+    assert 'terra_tenant_reserved_bytes_per_second{tenant="gold"} 6.25e+07' in metrics
     controller.close()
     again, book = tenant_controller(FILE, tmp_path)  # the journal keeps it
     assert [s.rate_bytes_per_s for s in book.limits["gold"].reservations] == [0.5 * C]
