@@ -267,13 +267,15 @@ class PageSession(PageDriver):
 
 
 class MapSession(PageSession):
-    """A controller on `topology` with a FakeAgent in every DC, a coflow from each DC to the
-    DC `stride` positions on (in the topology's order) and the page open; a context manager
-    like PageSession (attributes ctl, client, driver; agents: the FakeAgents)."""
+    """A controller on `topology` (more command-line arguments in `extra`) with a FakeAgent
+    in every DC, a coflow from each DC to the DC `stride` positions on (in the topology's
+    order) and the page open; a context manager like PageSession (attributes ctl, client,
+    driver; agents: the FakeAgents)."""
 
-    def __init__(self, workdir: Path, topology: str, stride: int = 3) -> None:
+    def __init__(self, workdir: Path, topology: str, stride: int = 3, extra=()) -> None:
         self.workdir = Path(workdir)
-        self.ctl = ControllerProcess(topology, extra=["--rest-public"], log=self.workdir / "c.log")
+        self.ctl = ControllerProcess(topology, extra=["--rest-public", *extra],
+                                     log=self.workdir / "c.log")  # fmt: skip
         self.procs, self.driver, self.client, self.agents, self.big = [], None, None, [], None
         try:
             dcs = self.ctl.get("/topology")["dcs"]

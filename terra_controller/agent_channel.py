@@ -53,15 +53,13 @@ import threading
 import time
 from collections import OrderedDict, deque
 
-import msgpack
-
 from terra_controller.agent_connection import (
     AgentConnection,
     ChannelError,
     read_control,
     send_parts,
 )
-from terra_controller.coflow_registry import (
+from terra_controller.coflow_state import (
     CoflowState,
     FlowState,
     RegistryError,
@@ -71,17 +69,18 @@ from terra_controller.coflow_registry import (
 )
 from terra_controller.controller import Controller, FlowRates
 from terra_controller.file_requests import FileRequests
+from terra_controller.flow_specs import BATCH_BYTES, batches, flow_spec, sized_batches, spec_bytes
 from terra_controller.reaction import Reaction
+from terra_controller.registration_checks import RegistrationRefused, check_data_addr
 from terra_controller.transport import ServerSecurity, SharedSocket, listen_and_serve
 from terra_controller.tunnel_table import TunnelTable
 from terra_security.data_keys import DataKeys
-from terra_security.integrity import ALGORITHM, ALGORITHMS, default_algorithm
+from terra_security.integrity import ALGORITHMS, default_algorithm
 from terra_security.pki import INSECURE, Identity, Role
 from terra_wire import control as protocol
 
 LOG = logging.getLogger("terra.agents")
 
-BATCH_BYTES = 48 * 1024  # encoded entries per control message (headers stay below 64 KiB)
 AGENT_SILENCE_S = 15.0  # no message (heartbeats included) for this long: disconnect
 MAX_PENDING_PER_AGENT = 10_000  # reports kept per agent for coflows not (yet) resubmitted
 MAX_SENT = 20_000  # ids of sent messages remembered for their acks (reaction times)
@@ -91,54 +90,6 @@ MAX_RESYNCED = 10_000  # flows remembered for RESYNC_S
 
 
 # ---- the channel ----------------------------------------------------------------------------
-
-
-class RegistrationRefused(ChannelError):
-    """A "register" the controller refuses for good (the agent is told so and exits)."""
-
-
-def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """`text` as an IP address (an IPv4-mapped IPv6 address as IPv4), None if it is not one."""
-    try:
-        ip = ipaddress.ip_address(text.split("%", 1)[0])
-    except ValueError:
-        return None
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return mapped if mapped is not None else ip
-
-
-def check_data_addr(data_addr: object, peer_host: str, prefixes=()) -> str:
-    """The data address to record for an agent whose control connection comes from
-    `peer_host` (an IP address string) and that registered `data_addr` ("host:port").
-
-    Other agents connect to that address, so an agent may only name itself: the host must be
-    an IP address equal to `peer_host` (any loopback address when both are loopback: one
-    host), or lie in one of `prefixes` (ipaddress networks, terra-controller --data-prefix).
-    An unspecified host (0.0.0.0, ::) is replaced by `peer_host`.
-
-    Returns:
-        "host:port" ("[host]:port" for IPv6).
-
-    Raises:
-        RegistrationRefused: not "host:port", a host name rather than an address, or an
-            address of another host outside every prefix.
-    """
-    try:
-        host, port = protocol.parse_addr(data_addr, "data_addr")
-    except protocol.ProtocolError as exc:
-        raise RegistrationRefused(str(exc)) from None
-    ip, peer = _ip(host), _ip(peer_host)
-    if ip is None:
-        raise RegistrationRefused(f"data_addr {data_addr!r}: the host must be an IP address")
-    if ip.is_unspecified and peer is not None:
-        ip = peer
-    own = ip == peer or (ip.is_loopback and peer is not None and peer.is_loopback)
-    if not own and not any(ip.version == net.version and ip in net for net in prefixes):
-        raise RegistrationRefused(
-            f"data_addr {data_addr!r} is not this agent's address ({peer_host}) nor in a "
-            "--data-prefix of the controller"
-        )
-    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
 
 
 class AgentChannel:
@@ -593,7 +544,7 @@ class AgentChannel:
         built = []
         for coflow, f in pairs:
             spec = flow_spec(coflow, f, self.leaf_mac)
-            built.append((coflow, f, spec.attempt, spec.to_dict(), _spec_bytes(spec)))
+            built.append((coflow, f, spec.attempt, spec.to_dict(), spec_bytes(spec)))
         with self.lock:  # a drop or restart of these flows (sent under this lock) follows
             per_agent: dict[str, list[tuple[dict, int]]] = {}
             for coflow, f, attempt, wire, n in built:
@@ -607,7 +558,7 @@ class AgentChannel:
                 conn = self.connections.get(agent)
                 if conn is None:
                     continue
-                for batch in _sized_batches(entries, BATCH_BYTES):
+                for batch in sized_batches(entries, BATCH_BYTES):
                     conn.send({"t": "flows", "flows": batch})
 
     def connected_agents(self) -> list[str]:
@@ -782,27 +733,6 @@ def _log_refused(agent: str, kind: str, exc: RegistryError) -> None:
     LOG.log(level, "agent %s: %s refused: %s", agent, kind, exc)
 
 
-def flow_spec(coflow: CoflowState, f: FlowState, digest_alg: str = ALGORITHM) -> protocol.FlowSpec:
-    """The descriptor agents get for a WAN flow: offset = bytes acknowledged so far,
-    attempt = the flow's restarts, digest_key = the attempt's flow key, digest_alg = the
-    deployment's leaf-MAC construction (AgentChannel.leaf_mac), "file:PATH" source / sink when
-    it names paths."""
-    return protocol.FlowSpec(
-        coflow=coflow_key(coflow.id),
-        flow=f.id,
-        src_agent=f.src_agent,
-        dst_agent=f.dst_agent,
-        dst_dc=f.dst_dc,
-        size=f.bytes,
-        offset=min(f.delivered, f.bytes),
-        source=f"file:{f.src_path}" if f.src_path else "synthetic",
-        sink=f"file:{f.dst_path}" if f.dst_path else "digest",
-        attempt=f.restarts,
-        digest_key=f.digest_key,
-        digest_alg=digest_alg,
-    )
-
-
 def _once(func):
     """Wrap `func` (no arguments) so that only its first call runs it."""
     done = []
@@ -813,42 +743,6 @@ def _once(func):
             func()
 
     return call
-
-
-_SPEC_OVERHEAD = 256  # a FlowSpec's msgpack keys, ints, digest key and type bytes, at most
-
-
-def _spec_bytes(spec: protocol.FlowSpec) -> int:
-    """An upper bound of a FlowSpec's msgpack encoding in bytes (no encoding needed)."""
-    text = spec.coflow + spec.flow + spec.src_agent + spec.dst_agent + spec.dst_dc
-    text += spec.source + spec.sink
-    return _SPEC_OVERHEAD + (len(text) if text.isascii() else 4 * len(text))
-
-
-def _sized_batches(entries: list[tuple[object, int]], limit: int) -> list[list]:
-    """Split (item, encoded bytes) entries into lists of items of at most `limit` bytes (a
-    larger item travels alone)."""
-    out: list[list] = []
-    size = limit
-    for item, n in entries:
-        if size + n > limit:
-            out.append([])
-            size = 0
-        out[-1].append(item)
-        size += n
-    return out
-
-
-def batches(items: list, limit: int = BATCH_BYTES) -> list[list]:
-    """Split FlowSpecs / GroupRates into lists whose msgpack encoding stays under `limit`
-    bytes (a single larger item travels alone; the registry bounds their size)."""
-    sized = [
-        (item, _spec_bytes(item))
-        if isinstance(item, protocol.FlowSpec)
-        else (item, len(msgpack.packb(item.to_dict(), use_bin_type=True)))
-        for item in items
-    ]
-    return _sized_batches(sized, limit)
 
 
 def start_agent_server(

@@ -63,7 +63,7 @@ import threading
 import time
 from collections import OrderedDict
 
-from terra_controller.coflow_registry import RegistryError
+from terra_controller.coflow_state import RegistryError
 from terra_controller.controller import Controller
 from terra_controller.tenant_api import TENANT_OPS, TENANT_ROLES, submit_tenant, with_tenant
 from terra_controller.transport import (

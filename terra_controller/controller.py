@@ -37,19 +37,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from terra_controller.coflow_registry import (
-    CoflowRegistry,
+from terra_controller.coflow_registry import CoflowRegistry
+from terra_controller.coflow_state import (
     CoflowState,
     FlowState,
     RegistryError,
     assign_keys,
-    check_age,
-    check_coflow_id,
-    check_deadline,
-    check_labels,
     coflow_key,
     flow_key,
-    named_agents,
     new_secret,
     parse_coflow_key,
     to_policy_flow,
@@ -59,6 +54,13 @@ from terra_controller.file_requests import FileInfo, FileRequests
 from terra_controller.journal import CoflowJournal
 from terra_controller.metrics import ControllerMetrics
 from terra_controller.operator_links import OPERATOR, LinkStates, restore_before_first_round
+from terra_controller.request_checks import (
+    check_age,
+    check_coflow_id,
+    check_deadline,
+    check_labels,
+    named_agents,
+)
 from terra_controller.resume import (
     ended_summary,
     failed_summary,

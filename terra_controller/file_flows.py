@@ -20,7 +20,8 @@ from __future__ import annotations
 import glob
 import posixpath
 
-from terra_controller.coflow_registry import MAX_ID_CHARS, RegistryError, check_path
+from terra_controller.coflow_state import RegistryError
+from terra_controller.request_checks import MAX_ID_CHARS, check_path
 
 Listing = list[tuple[str, int, "str | None"]]  # [(path, size bytes, sha256 hex or None)]
 

@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from terra_controller.coflow_registry import FlowState, RegistryError, check_path
+from terra_controller.coflow_state import FlowState, RegistryError
 from terra_controller.file_flows import expand, listing_key, needs_listing, strip_sha256
+from terra_controller.request_checks import check_path
 from terra_model.states import FlowStatus
 from terra_wire.file_messages import check_messages, list_message
 

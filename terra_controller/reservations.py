@@ -18,7 +18,7 @@ import logging
 import math
 import time
 
-from terra_controller.coflow_registry import RegistryError
+from terra_controller.coflow_state import RegistryError
 from terra_controller.tenants_config import (
     ReservationSpec,
     TenantLimits,

@@ -58,7 +58,7 @@ from webob import Request, Response
 from webob.exc import HTTPBadRequest, HTTPException, HTTPMethodNotAllowed, HTTPNotFound
 
 from overlay.rate_limited_log import RateLimitedLog
-from terra_controller.coflow_registry import RegistryError
+from terra_controller.coflow_state import RegistryError
 from terra_controller.console_views import (
     CoflowListing,
     agent_rows,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Container, Iterable
 
-from terra_controller.coflow_registry import CoflowState, FlowState
+from terra_controller.coflow_state import CoflowState, FlowState
 from terra_controller.journal import FlowRow, JournalEntry
 from terra_model.states import CoflowStatus, FlowStatus
 

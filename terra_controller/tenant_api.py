@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from prometheus_client.core import GaugeMetricFamily
 
-from terra_controller.coflow_registry import RegistryError
+from terra_controller.coflow_state import RegistryError
 from terra_security.pki import Identity, Role
 
 

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import threading
 import time
 
-from terra_controller.coflow_registry import RegistryError, parse_coflow_key
+from terra_controller.coflow_state import RegistryError, parse_coflow_key
 from terra_controller.reservations import live_reservations, reserved_now
 from terra_controller.tenants_config import (
     DefaultTenant,
@@ -324,10 +325,16 @@ class TenantBook:
             head = {
                 "isolation": "tenants", "sharing": self.sharing,
                 "default": {"action": self.default.action, "tenant": self.default.tenant},
-                "guarantee": self.guarantee, "achieved": self.achieved,
+                "guarantee": _finite(self.guarantee), "achieved": _finite(self.achieved),
                 "reservation_failures": self.failures,
             }  # fmt: skip
         return head | {"tenants": [self.row(n, rates) for n in names]}
+
+
+def _finite(x: float | None) -> float | None:
+    """`x`, or None when it is None or not finite (JSON has no Infinity: a browser's
+    JSON.parse refuses it)."""
+    return x if x is not None and math.isfinite(x) else None
 
 
 class LiveTenantPolicy:

@@ -119,7 +119,7 @@ def label_error(name: object, tags: object) -> str | None:
     """What is wrong with a coflow's name and tags, or None when both are valid: the name is
     None or 1..MAX_NAME_CHARS printable characters; the tags None or a list of at most
     MAX_TAGS distinct strings of 1..MAX_TAG_CHARS printable characters each. The client
-    checks before sending, the controller (coflow_registry.check_labels) on arrival."""
+    checks before sending, the controller (request_checks.check_labels) on arrival."""
     if name is not None and not _printable(name, MAX_NAME_CHARS):
         return f"name: 1..{MAX_NAME_CHARS} printable characters, got {str(name)[:40]!r}"
     if tags is None:

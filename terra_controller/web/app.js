@@ -5,7 +5,9 @@
 // table (allocated rate of the last round vs the rates measured from the receivers'
 // acknowledged bytes and, with switches, from the ports' counters),
 // the tunnels of the selected DC pair, the round-time history and the coflow table; the
-// agents (/agents) and the event log (/events?since=N, only new events each time). A click
+// agents (/agents), the tenants (/tenants: weights, shares, rates and the round's isolation
+// guarantee; the panel shows only with tenants) and the event log (/events?since=N, only
+// new events each time). A click
 // on a link lists the coflows on it; a click on a coflow opens its view (/coflows/{id}:
 // flows, agents, tunnels, rates, and its bytes delivered over time as a chart).
 // Without a client certificate the REST calls carry an operator token (Authorization:
@@ -382,7 +384,7 @@ function drawCoflow(c) {
   remember(c, performance.now() / 1000);
   const pct = c.bytes_total ? ((100 * c.bytes_delivered) / c.bytes_total).toFixed(1) : "0";
   document.getElementById("coflow-summary").textContent =
-    `${c.name ? c.name + " · " : ""}${c.state} · ${fmtBytes(c.bytes_delivered)} of ` +
+    `${c.name ? c.name + " · " : ""}${c.tenant ? "tenant " + c.tenant + " · " : ""}${c.state} · ${fmtBytes(c.bytes_delivered)} of ` +
     `${fmtBytes(c.bytes_total)} (${pct} %) · ${c.flows.length} flows · CCT ${fmtS(c.cct_s)}` +
     (c.reason ? " · " + c.reason : "");
   const rows = c.flows.map((f) => row([
@@ -427,6 +429,31 @@ function drawAgents(reply) {
   replaceBody("#agents", rows);
 }
 
+function tenantLimits(t) {
+  const out = [];
+  if (t.max_coflows !== null && t.max_coflows !== undefined) out.push(`${t.max_coflows} coflows`);
+  if (t.max_bytes !== null && t.max_bytes !== undefined) out.push(fmtBytes(t.max_bytes));
+  return out.length ? "at most " + out.join(", ") : "none";
+}
+
+function drawTenants(reply) {
+  const panel = document.getElementById("panel-tenants");
+  panel.hidden = reply.isolation !== "tenants";
+  if (panel.hidden) return;
+  const fixed = (x) => (typeof x === "number" ? x.toFixed(3) : "–");
+  document.getElementById("tenant-note").textContent = `(${reply.sharing} sharing · ` +
+    `isolation guarantee ${fixed(reply.guarantee)}, reached ${fixed(reply.achieved)})`;
+  const rows = reply.tenants.map((t) => row([
+    { text: t.name }, { text: String(t.weight), cls: "num" },
+    { text: (100 * t.share).toFixed(1) + " %", cls: "num" },
+    { text: String(t.active_coflows), cls: "num" },
+    { text: fmtBytes(t.bytes_in_flight), cls: "num" },
+    { text: fmtRate(t.allocated_bytes_per_s), cls: "num" },
+    { text: tenantLimits(t) },
+  ], { "data-tenant": t.name }));
+  replaceBody("#tenants", rows);
+}
+
 function eventText(e) {
   const skip = new Set(["seq", "t", "kind"]);
   return Object.entries(e).filter(([k, v]) => !skip.has(k) && v !== null)
@@ -465,11 +492,12 @@ async function poll() {
   polling = true;
   const conn = document.getElementById("conn");
   try {
-    const [status, topology, links, tunnels, coflows, agents, events] = await Promise.all([
-      getJson("/status"), getJson("/topology"), getJson("/links"), getJson("/tunnels"),
-      getJson("/coflows?finished=" + FINISHED_ROWS), getJson("/agents"),
-      getJson("/events?since=" + state.lastEvent),
-    ]);
+    const [status, topology, links, tunnels, coflows, agents, tenants, events] =
+      await Promise.all([
+        getJson("/status"), getJson("/topology"), getJson("/links"), getJson("/tunnels"),
+        getJson("/coflows?finished=" + FINISHED_ROWS), getJson("/agents"),
+        getJson("/tenants"), getJson("/events?since=" + state.lastEvent),
+      ]);
     const now = performance.now() / 1000;
     const topo = { dcs: topology.dcs, positions: topology.positions, links: links.links };
     state.topology = topo;
@@ -485,6 +513,7 @@ async function poll() {
     drawRounds(status);
     drawCoflows(coflows, now);
     drawAgents(agents);
+    drawTenants(tenants);
     drawEvents(events);
     drawLinkDetail();
     await refreshCoflow();

@@ -19,15 +19,11 @@ import threading
 import pytest
 
 from benchmarks.harness import free_port
-from terra_controller.agent_channel import (
-    AgentChannel,
-    RegistrationRefused,
-    check_data_addr,
-    start_agent_server,
-)
+from terra_controller.agent_channel import AgentChannel, start_agent_server
 from terra_controller.agent_connection import read_control, send_parts
 from terra_controller.cli import build_parser
 from terra_controller.controller import Controller
+from terra_controller.registration_checks import RegistrationRefused, check_data_addr
 from terra_controller.transport import ServerSecurity, stop_listener
 from terra_controller.tunnel_table import TunnelTable
 from terra_core.terra_policy import TerraPolicy

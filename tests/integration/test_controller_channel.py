@@ -12,9 +12,10 @@ import msgpack
 import pytest
 from tls_helpers import ensure, plain_socket, security, shared_tls_socket, tls_socket
 
-from terra_controller.agent_channel import AgentChannel, batches, start_agent_server
+from terra_controller.agent_channel import AgentChannel, start_agent_server
 from terra_controller.agent_connection import read_control, send_parts
 from terra_controller.controller import Controller
+from terra_controller.flow_specs import batches
 from terra_controller.transport import stop_listener
 from terra_controller.tunnel_table import TunnelTable, installed_path_source
 from terra_core.registry import SchedulerOptions, make_scheduler, scheduler_names

@@ -24,7 +24,8 @@ from terra_agent.sources import (
     resolve_data_path,
     synthetic_digest,
 )
-from terra_controller.coflow_registry import CoflowRegistry, RegistryError
+from terra_controller.coflow_registry import CoflowRegistry
+from terra_controller.coflow_state import RegistryError
 from terra_security.integrity import flow_digest
 from terra_wire.control import FlowSpec, GroupRates, flows_message
 

@@ -27,7 +27,7 @@ from benchmarks.harness import free_port, free_port_block, stop_processes
 from terra_agent.sources import SyntheticSource, flow_key, synthetic_digest
 from terra_controller.api_server import ApiHandler
 from terra_controller.client import TerraClient
-from terra_controller.coflow_registry import RegistryError
+from terra_controller.coflow_state import RegistryError
 from terra_controller.controller import Controller
 from terra_core.terra_policy import TerraPolicy
 from terra_model.states import MAX_CLIENT_ID, MAX_COFLOW_ID, CoflowStatus, FlowStatus

@@ -20,8 +20,9 @@ from terra_controller import agent_channel, coflow_registry
 from terra_controller.agent_channel import AgentChannel, start_agent_server
 from terra_controller.api_server import ApiHandler, serve_connection
 from terra_controller.client import TerraClient, TerraError
-from terra_controller.coflow_registry import MAX_FLOWS_PER_REQUEST, RegistryError
+from terra_controller.coflow_state import RegistryError
 from terra_controller.controller import Controller
+from terra_controller.request_checks import MAX_FLOWS_PER_REQUEST
 from terra_controller.transport import listen_and_serve, stop_listener
 from terra_controller.tunnel_table import TunnelTable
 from terra_core.terra_policy import TerraPolicy

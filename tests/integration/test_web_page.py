@@ -151,6 +151,50 @@ def test_agents_view_and_event_log(session):
     )
     after = session.ctl.get(f"/events?since={events['last'] - 1}")
     assert [e["seq"] for e in after["events"]] == [events["last"]]
+    # Without tenants there is no tenant table.
+    assert session.ctl.get("/tenants") == {"isolation": "none", "tenants": []}
+    assert session.js("return document.getElementById('panel-tenants').hidden") is True
+
+
+TENANTS = """[default]
+action = "map"
+tenant = "batch"
+
+[tenants.analytics]
+weight = 3
+max_coflows = 100
+
+[tenants.batch]
+weight = 1
+"""
+
+
+def test_tenant_table_shows_what_rest_says(tmp_path):
+    # Two tenants (3:1); the operator's five coflows go to the default tenant, batch.
+    (tmp_path / "tenants.toml").write_text(TENANTS)
+    with MapSession(tmp_path, "swan", extra=["--tenants", str(tmp_path / "tenants.toml")]) as s:
+
+        def agrees() -> bool:
+            rest = {t["name"]: t for t in s.ctl.get("/tenants")["tenants"]}
+            shown = {r["data"]["tenant"]: r["cells"] for r in s.rows("tenants")}
+            return set(shown) == set(rest) and all(
+                cells[1] == str(rest[n]["weight"]).removesuffix(".0")
+                and cells[3] == str(rest[n]["active_coflows"])
+                for n, cells in shown.items()
+            )
+
+        s.wait(agrees, 30, "the tenant table as REST has it")
+        shown = {r["data"]["tenant"]: r["cells"] for r in s.rows("tenants")}
+        assert list(shown) == ["analytics", "batch"]
+        assert shown["analytics"][1:4] == ["3", "75.0 %", "0"]
+        assert shown["batch"][1:4] == ["1", "25.0 %", "5"]
+        assert shown["analytics"][6] == "at most 100 coflows" and shown["batch"][6] == "none"
+        assert shown["batch"][5] != "0 B/s"  # the last round's rate of its coflows
+        assert "cooperative sharing" in s.driver.find_element("id", "tenant-note").text
+        # A coflow's view names its tenant.
+        s.click(f'#coflows tr[data-coflow="{s.ctl.get("/coflows")[0]["id"]}"]')
+        s.wait(lambda: "tenant batch · " in s.driver.find_element("id", "coflow-summary").text,
+               30, "the coflow's tenant")  # fmt: skip
 
 
 def test_link_labels_are_readable(session):

@@ -11,7 +11,7 @@ import pytest
 
 from terra_agent.file_listing import answer_files, check_files, list_files
 from terra_agent.sources import PART_SUFFIX, SourceError
-from terra_controller.coflow_registry import RegistryError
+from terra_controller.coflow_state import RegistryError
 from terra_controller.file_flows import (
     check_destinations,
     expand,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from test_resume import controller
 
-from terra_controller.coflow_registry import RegistryError
+from terra_controller.coflow_state import RegistryError
 from terra_controller.journal import CoflowJournal
 from terra_controller.operator_links import SWITCH, restore
 from topologies import Topology

@@ -4,7 +4,8 @@ import copy
 
 import pytest
 
-from terra_controller.coflow_registry import CoflowRegistry, RegistryError
+from terra_controller.coflow_registry import CoflowRegistry
+from terra_controller.coflow_state import RegistryError
 
 
 def make_registry() -> CoflowRegistry:

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from terra_controller.coflow_registry import RegistryError, flow_key
+from terra_controller.coflow_state import RegistryError, flow_key
 from terra_controller.controller import Controller
 from terra_controller.journal import CoflowJournal, JournalEntry
 from terra_core.terra_policy import TerraPolicy
