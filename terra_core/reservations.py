@@ -23,7 +23,8 @@ is feasible: Optimization (1) (4.1) of one "coflow" of volume Σ g_r on each pai
 one of its tunnels: the paths recomputed after it (K shortest over the links left, ranked by
 an order that does not depend on the graph) include every surviving tunnel, so what fits on
 the survivors fits on the new tunnels too. A failure that cuts every tunnel of a pair is not
-covered (no routing could keep that pair's guarantee) and is listed, not refused.
+covered for that pair (no routing could keep its guarantee) and is listed, not refused;
+the other pairs' guarantees are still checked under it.
 
 Enforcement (`floors`): in a round, every active reservation whose tenant has bytes waiting
 on its pair gets its rate first, routed over the pair's current tunnels on the links up
@@ -114,7 +115,8 @@ class Admission:
         reason: one line naming the scenario and link that do not fit (None when ok).
         covered: undirected links (u, v), u < v, whose failure every overlapping set
             survives with a tunnel per pair and fits.
-        uncovered: {link: "SRC->DST"}: failures that cut every tunnel of a reserved pair.
+        uncovered: {link: "SRC->DST[, ...]"}: failures that cut every tunnel of a reserved
+            pair (those pairs named); the other pairs were checked under them.
         lps: LPs solved.
     """
 
@@ -143,15 +145,12 @@ def admission(reservations: list[Reservation], topology: Topology, k: int) -> Ad
             raise ReservationError(f"{r.describe()}: no tunnel from {r.src} to {r.dst}")
     links = sorted({(u, v) if u < v else (v, u) for u, v in whole.capacity})
     out = Admission(covered=[], uncovered={})
-    bad: set[Link] = set()
     for group in overlapping_sets(reservations):
         refusals: list[tuple[float, str]] = []
         for failed in [None, *links]:
             why = _fits(group, paths, whole.capacity, failed, out)
-            if why == "cut":
-                bad.add(failed)  # type: ignore[arg-type]
-            elif why is not None:
-                refusals.append(why)  # type: ignore[arg-type]
+            if why is not None:
+                refusals.append(why)
             if failed is None and refusals:
                 break  # it does not fit with every link up: that is the reason
         if refusals:
@@ -159,7 +158,7 @@ def admission(reservations: list[Reservation], topology: Topology, k: int) -> Ad
             more = f" (and {len(refusals) - 1} other failures)" if len(refusals) > 1 else ""
             out.ok, out.reason = False, reason.replace(" down:", f" down{more}:", 1)
             return out
-    out.covered = [e for e in links if e not in bad]
+    out.covered = [e for e in links if e not in out.uncovered]  # type: ignore[operator]
     return out
 
 
@@ -176,9 +175,10 @@ def overlapping_sets(reservations: list[Reservation]) -> list[list[Reservation]]
     return [g for g in out if not any(set(map(id, g)) < set(map(id, h)) for h in out)]
 
 
-def _fits(group, paths, capacity, failed: Link | None, out: Admission):
-    """None when `group` fits with `failed` down; "cut" when the failure cuts every tunnel
-    of a pair (recorded in out.uncovered); else (the fraction that fits, the reason)."""
+def _fits(group, paths, capacity, failed: Link | None, out: Admission) -> tuple[float, str] | None:
+    """None when `group` fits with `failed` down, else (the fraction that fits, the reason).
+    A pair whose every tunnel the failure cuts is left out (recorded in out.uncovered); the
+    other pairs are still checked."""
     cap = dict(capacity)
     if failed is not None:
         u, v = failed
@@ -187,10 +187,12 @@ def _fits(group, paths, capacity, failed: Link | None, out: Admission):
     volumes: dict[Pair, float] = {}
     for r in group:
         volumes[r.pair] = volumes.get(r.pair, 0.0) + r.rate
-    for pair in volumes:
+    for pair in list(volumes):
         if failed is not None and not any(_survives(p, cap) for p in paths[pair]):
-            out.uncovered[failed] = f"{pair[0]}->{pair[1]}"  # type: ignore[index]
-            return "cut"
+            name, had = f"{pair[0]}->{pair[1]}", out.uncovered.get(failed)  # type: ignore[union-attr]
+            if had is None or name not in had.split(", "):
+                out.uncovered[failed] = name if had is None else f"{had}, {name}"  # type: ignore[index]
+            del volumes[pair]
     res = min_cct(volumes, paths, cap, fewest_link_bytes=False)
     out.lps += res.lp_solved
     if res.gamma_s <= 1.0 + FIT_TOL:

@@ -168,3 +168,23 @@ def test_a_job_reserves_for_its_own_tenant_only():
     assert [s.src for s in book.limits["gold"].reservations] == ["LA"]
     reply = handler.handle(ask | {"name": "bronze"}, job)
     assert reply["code"] == "forbidden" and not book.limits["bronze"].reservations
+
+
+def test_the_files_reservations_apply_from_the_first_round_within_their_window():
+    import time
+
+    later = time.time() + 3600
+    text = FILE.replace("weight = 1\n", "weight = 1\n" + reservation(0.5 * C), 1)
+    text += reservation(0.2 * C, src="LA", dst="NY") + f"start_s = {later:.0f}\n"
+    controller, book = tenant_controller(text)
+    handler = ApiHandler(controller)
+    gold = submit(handler, "etl", "gold", "hk1", "ba1")
+    for i in range(3):
+        submit(handler, f"bulk{i}", "bronze", "hk2", "ba2")
+    controller.run_round()
+    assert rate(controller, gold) >= 0.5 * C * (1 - 1e-6)
+    row = handler.handle({"v": 1, "op": "tenant", "name": "gold"}, OPERATOR)["tenant"]
+    assert row["reserved_bytes_per_s"] == 0.5 * C  # the LA->NY one starts in an hour
+    assert len(row["reservations"]) == 2
+    (late,) = [r for r in controller.policy.inner.spec.reservations if r.src == "LA"]
+    assert late.start > controller.now() + 3500  # on the round clock
