@@ -23,6 +23,7 @@ from terra_core.reservations import (
 )
 from terra_core.tenant_policy import TenantPolicy, TenantSpec
 from terra_model import Coflow, Flow
+from tests.unit.test_tenant_policy import wan
 from topologies import Topology
 
 
@@ -243,14 +244,9 @@ def test_what_admission_admits_the_round_delivers_under_every_covered_failure(se
 
     from topologies.paths import all_pairs_paths
 
-    rng = random.Random(seed)
-    dcs = ["A", "B", "C", "D", "E"]
-    cap = {}
-    for i, u in enumerate(dcs):
-        for v in dcs[i + 1 :]:
-            if rng.random() < 0.6 or dcs.index(v) == i + 1:
-                cap[(u, v)] = cap[(v, u)] = float(rng.randint(5, 20))
-    topo = Topology("rand", dcs, cap)
+    topo = wan(seed)  # test_tenant_policy's random 5-DC WANs
+    dcs, cap = topo.dcs, topo.capacity
+    rng = random.Random(seed + 1000)
     admitted: list[Reservation] = []
     for j in range(8):  # ask one by one; keep what is admitted
         src, dst = rng.sample(dcs, 2)
