@@ -188,3 +188,19 @@ def test_the_files_reservations_apply_from_the_first_round_within_their_window()
     assert len(row["reservations"]) == 2
     (late,) = [r for r in controller.policy.inner.spec.reservations if r.src == "LA"]
     assert late.start > controller.now() + 3500  # on the round clock
+
+
+def test_terra_sim_honours_the_file_and_refuses_what_does_not_fit(tmp_path, capsys):
+    from terra_sim.cli import main as sim
+
+    good = tmp_path / "t.toml"
+    good.write_text(FILE.replace("weight = 1\n", "weight = 1\n" + reservation(0.5 * C), 1))
+    argv = ["--topology", "swan", "--workload", "fb", "--limit", "6", "--scheduler", "terra"]
+    assert sim([*argv, "--tenants", str(good)]) == 0
+    bad = tmp_path / "bad.toml"
+    bad.write_text(FILE.replace("weight = 1\n", "weight = 1\n" + reservation(3e8), 1))
+    capsys.readouterr()
+    assert sim([*argv, "--tenants", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"terra-sim: error: {bad}: reservations refused: does not fit with "
+                          "every link up") and "\n" not in err  # fmt: skip
