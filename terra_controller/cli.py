@@ -60,6 +60,7 @@ from terra_controller.tenant_cli import (
     add_tenant_arguments,
     add_tenant_ctl,
     attach_tenants,
+    check_at_start,
     run_tenant_ctl,
     scheduler_factory,
     tenant_book_of,
@@ -217,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         topology = load_topology(args.topology)
     except (TopologyError, OSError) as exc:
         raise SystemExit(f"terra-controller: {exc}") from exc
+    check_at_start(args.tenant_book, topology, args.k, p)  # guarantees that do not fit: exit 2
     run(args, topology, server_security(args))
     return 0
 

@@ -10,6 +10,13 @@ API operations (request fields -> reply fields; api_server.py's wire format):
     tenant_set     name, weight,            -> tenant: the row after the change (operators;
                    max_coflows?, max_bytes?    a bad value changes nothing)
     tenant_remove  name                     -> removed: name (operators)
+    tenant_reserve name?, src, dst,         -> tenant: the row after the change; refused
+                   rate_bytes_per_s,           with code "reservation_refused" and the
+                   ceil_bytes_per_s?,          reason when it does not fit with every
+                   start_s?, end_s?            admitted guarantee (reservations.py; a job:
+                                               for its own tenant, `name` left out or its own)
+    tenant_unreserve name?, src, dst        -> tenant: the row (its reservations on the
+                                               pair dropped)
 
 A controller without tenants (--isolation none) answers code "no_tenants". Metrics (read
 at scrape time, label `tenant`: one series per configured tenant, so the label's values are
@@ -18,6 +25,7 @@ bounded by the tenants file and `ctl tenant set`):
     terra_tenant_weight{tenant}                   the tenant's weight
     terra_tenant_active_coflows{tenant}           its coflows in the policy
     terra_tenant_allocated_bytes_per_second{tenant}  the last round's rates of its coflows
+    terra_tenant_reserved_bytes_per_second{tenant}   its guaranteed rates in force now
     terra_tenant_isolation_guarantee              the last round's optimal isolation
                                                   guarantee μ* (absent with fewer than two
                                                   tenants active)
@@ -89,17 +97,53 @@ def op_tenant_remove(handler, request: dict, identity: Identity) -> dict:
     return {"removed": request.get("name")}
 
 
+def _reserving_for(book, request: dict, identity: Identity) -> object:
+    """The tenant a reserve request is for: a job's own, else the operator's `name`."""
+    if identity.role is Role.JOB and not identity.insecure:
+        own = book.resolve(identity.tenant)
+        if request.get("name", own) != own:
+            raise RegistryError("forbidden", "a job reserves for its own tenant only")
+        return own
+    return request.get("name") if "name" in request else book.fallback()
+
+
+def op_tenant_reserve(handler, request: dict, identity: Identity) -> dict:
+    """ "tenant_reserve": add a guaranteed rate if it fits (reservations.reserve)."""
+    from terra_controller.reservations import reserve
+
+    keys = {"src", "dst", "rate_bytes_per_s", "ceil_bytes_per_s", "start_s", "end_s"}
+    _only(request, keys | {"name"})
+    book = book_of(handler.controller)
+    name = _reserving_for(book, request, identity)
+    fields = {k: v for k, v in request.items() if k in keys}
+    return {"tenant": reserve(book, name, fields)}
+
+
+def op_tenant_unreserve(handler, request: dict, identity: Identity) -> dict:
+    """ "tenant_unreserve": drop the tenant's reservations on a pair."""
+    from terra_controller.reservations import unreserve
+
+    _only(request, {"name", "src", "dst"})
+    book = book_of(handler.controller)
+    name = _reserving_for(book, request, identity)
+    return {"tenant": unreserve(book, name, request.get("src"), request.get("dst"))}
+
+
 TENANT_OPS = {
     "tenant": op_tenant,
     "tenants": op_tenants,
     "tenant_set": op_tenant_set,
     "tenant_remove": op_tenant_remove,
+    "tenant_reserve": op_tenant_reserve,
+    "tenant_unreserve": op_tenant_unreserve,
 }
 TENANT_ROLES = {
     "tenant": (Role.JOB, Role.OPERATOR),
     "tenants": (Role.OPERATOR,),
     "tenant_set": (Role.OPERATOR,),
     "tenant_remove": (Role.OPERATOR,),
+    "tenant_reserve": (Role.JOB, Role.OPERATOR),
+    "tenant_unreserve": (Role.JOB, Role.OPERATOR),
 }
 
 
@@ -155,6 +199,10 @@ class TenantCollector:
             "allocated_bytes_per_s": GaugeMetricFamily(
                 "terra_tenant_allocated_bytes_per_second",
                 "Rates the last round gave the tenant's coflows (bytes/s)", labels=["tenant"],
+            ),
+            "reserved_bytes_per_s": GaugeMetricFamily(
+                "terra_tenant_reserved_bytes_per_second",
+                "The tenant's guaranteed rates in force now (bytes/s)", labels=["tenant"],
             ),
         }  # fmt: skip
         for row in view["tenants"]:

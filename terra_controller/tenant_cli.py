@@ -5,6 +5,9 @@
     terra-controller ctl ... tenant show [NAME]
     terra-controller ctl ... tenant set NAME --weight W [--max-coflows N] [--max-bytes B]
     terra-controller ctl ... tenant remove NAME
+    terra-controller ctl ... tenant reserve [NAME] --src DC --dst DC --rate-bytes-per-s R
+                             [--ceil-bytes-per-s C] [--start-s T] [--end-s T]
+    terra-controller ctl ... tenant unreserve [NAME] --src DC --dst DC
 
 --tenants FILE: the tenants (tenants_config.py); --isolation tenants (the default with
 --tenants; it needs --scheduler terra) schedules with tenants.LiveTenantPolicy, --isolation
@@ -59,7 +62,21 @@ def tenant_book_of(args, p: argparse.ArgumentParser):
         p.exit(2, f"terra-controller: {args.tenants}: cannot read: {exc}\n")
     except TenantsError as exc:
         p.exit(2, f"terra-controller: {exc}\n")
-    return TenantBook(config, source)
+    book = TenantBook(config, source)
+    book.where = args.tenants
+    return book
+
+
+def check_at_start(book, topology, k: int, p: argparse.ArgumentParser) -> None:
+    """Admit the tenants file's reservations on `topology` (reservations.check_at_start).
+
+    Raises:
+        SystemExit(2): they do not fit the WAN (one line on stderr).
+    """
+    if book is not None:
+        from terra_controller.reservations import check_at_start as check
+
+        check(book, topology, k, p)
 
 
 def scheduler_factory(args, topology, options, book):
@@ -104,7 +121,10 @@ def attach_tenants(controller, book) -> None:
 
 def add_tenant_ctl(ops) -> None:
     """Add `tenant {list,show,set,remove}` to the ctl operations `ops`."""
-    text = "tenants: list, show one, set a weight and limits, remove (operators; show: jobs)"
+    text = (
+        "tenants: list, show one, set a weight and limits, remove (operators; show: jobs);"
+        " reserve, unreserve a guaranteed rate (operators; a job: its own)"
+    )
     tenant = ops.add_parser("tenant", help=text, description=text, formatter_class=HelpFormatter)
     sub = tenant.add_subparsers(dest="tenant_op", required=True, metavar="ACTION")
     sub.add_parser("list", help="every tenant: weight, share, coflows, rate, guarantee")
@@ -117,6 +137,18 @@ def add_tenant_ctl(ops) -> None:
     put.add_argument("--max-bytes", type=int, metavar="B", help="bytes in flight at most")
     rm = sub.add_parser("remove", help="drop a tenant without active coflows")
     rm.add_argument("tenant_name", metavar="NAME", help="the tenant")
+    res = sub.add_parser("reserve", help="a guaranteed rate between two DCs, if it fits")
+    unres = sub.add_parser("unreserve", help="drop the tenant's guarantees on a DC pair")
+    for q in (res, unres):
+        q.add_argument("tenant_name", nargs="?", metavar="NAME", help="the tenant (a job: own)")
+        q.add_argument("--src", required=True, metavar="DC", help="source DC")
+        q.add_argument("--dst", required=True, metavar="DC", help="destination DC")
+    res.add_argument("--rate-bytes-per-s", type=float, required=True, metavar="R",
+                     help="the guaranteed rate (bytes/s)")  # fmt: skip
+    res.add_argument("--ceil-bytes-per-s", type=float, metavar="C",
+                     help="its traffic on the pair at most (bytes/s)")  # fmt: skip
+    res.add_argument("--start-s", type=float, metavar="T", help="window start (UNIX s)")
+    res.add_argument("--end-s", type=float, metavar="T", help="window end (UNIX s)")
 
 
 def run_tenant_ctl(client, args) -> int:
@@ -128,9 +160,13 @@ def run_tenant_ctl(client, args) -> int:
     from terra_controller.client import TerraError
 
     request: dict = {"op": {"list": "tenants", "show": "tenant", "set": "tenant_set",
-                            "remove": "tenant_remove"}[args.tenant_op]}  # fmt: skip
+                            "remove": "tenant_remove", "reserve": "tenant_reserve",
+                            "unreserve": "tenant_unreserve"}[args.tenant_op]}  # fmt: skip
     if getattr(args, "tenant_name", None) is not None:  # args.name: the client's certificate
         request["name"] = args.tenant_name
+    if args.tenant_op in ("reserve", "unreserve"):
+        keys = ("src", "dst", "rate_bytes_per_s", "ceil_bytes_per_s", "start_s", "end_s")
+        request.update({k: getattr(args, k) for k in keys if getattr(args, k, None) is not None})
     if args.tenant_op == "set":
         request["weight"] = args.weight
         for key in ("max_coflows", "max_bytes"):

@@ -32,8 +32,10 @@ import hashlib
 import logging
 import math
 import threading
+import time
 
 from terra_controller.coflow_state import RegistryError, parse_coflow_key
+from terra_controller.reservations import live_reservations, reserved_now
 from terra_controller.tenants_config import (
     DefaultTenant,
     TenantLimits,
@@ -65,6 +67,11 @@ class TenantBook:
             one the rates reached (tenant_shares; None when fewer than two tenants were
             active).
         controller: the Controller, once attached (`attach_tenants`).
+        topology, k: the WAN and tunnels per pair reservations are admitted on
+            (reservations.py; None: the controller's, 4).
+        failures: the single link failures the admitted reservations were checked under
+            ({"covered", "uncovered"}; reservations.admit), None before any check.
+        where: the tenants file's name (for messages).
     """
 
     def __init__(self, config: TenantsFile, source: bytes = b"") -> None:
@@ -80,6 +87,10 @@ class TenantBook:
         self.guarantee: float | None = None
         self.achieved: float | None = None
         self.controller = None
+        self.topology = None
+        self.k: int | None = None
+        self.failures: dict | None = None
+        self.where = "tenants"
 
     # ---- whose coflow -------------------------------------------------------------------
 
@@ -185,6 +196,8 @@ class TenantBook:
         except TenantsError as exc:
             raise RegistryError("bad_request", str(exc)) from None
         with self.lock:
+            if name in self.limits:  # its reservations stay (ctl tenant unreserve drops them)
+                limits.reservations = list(self.limits[name].reservations)
             clash = [t for t in self.limits if t.lower() == name.lower() and t != name]
             if clash:
                 raise RegistryError("bad_request", f"tenant {name!r} clashes with {clash[0]!r}")
@@ -271,7 +284,9 @@ class TenantBook:
 
     def row(self, name: str, rates: dict[str, float] | None = None) -> dict:
         """One tenant: {"name", "weight", "share" (weight / sum of weights), "max_coflows",
-        "max_bytes", "active_coflows", "bytes_in_flight", "allocated_bytes_per_s"}."""
+        "max_bytes", "reservations" (as in the tenants file), "reserved_bytes_per_s" (the
+        sum of its reservations whose window holds the time now), "active_coflows",
+        "bytes_in_flight", "allocated_bytes_per_s"}."""
         rates = self.rates() if rates is None else rates
         with self.lock:
             lim = self.limits[name]
@@ -280,6 +295,8 @@ class TenantBook:
             return {
                 "name": name, "weight": lim.weight, "share": lim.weight / total,
                 "max_coflows": lim.max_coflows, "max_bytes": lim.max_bytes,
+                "reservations": as_dict(lim)["reservations"],
+                "reserved_bytes_per_s": reserved_now(lim.reservations, time.time()),
                 "active_coflows": len(keys),
                 "bytes_in_flight": sum(self.in_flight.get(k, 0.0) for k in keys),
                 "allocated_bytes_per_s": rates.get(name, 0.0),
@@ -300,7 +317,8 @@ class TenantBook:
     def view(self) -> dict:
         """REST /tenants and `ctl tenant list`: {"isolation": "tenants", "sharing",
         "default": {"action", "tenant"}, "guarantee", "achieved" (last round; None with
-        fewer than two tenants active), "tenants": [row, ...]}."""
+        fewer than two tenants active), "reservation_failures" (`failures`),
+        "tenants": [row, ...]}."""
         rates = self.rates()
         with self.lock:
             names = list(self.limits)
@@ -308,6 +326,7 @@ class TenantBook:
                 "isolation": "tenants", "sharing": self.sharing,
                 "default": {"action": self.default.action, "tenant": self.default.tenant},
                 "guarantee": _finite(self.guarantee), "achieved": _finite(self.achieved),
+                "reservation_failures": self.failures,
             }  # fmt: skip
         return head | {"tenants": [self.row(n, rates) for n in names]}
 
@@ -331,7 +350,7 @@ class LiveTenantPolicy:
     def __init__(self, inner, book: TenantBook) -> None:
         self.inner = inner
         self.book = book
-        self.applied = book.version
+        self.applied = -1  # the book's reservations are taken at the first round
 
     def __getattr__(self, attr: str):
         if attr.startswith("__"):
@@ -347,6 +366,7 @@ class LiveTenantPolicy:
             except ValueError as exc:  # a removed tenant's coflows have not left yet
                 LOG.warning("tenant change waits: %s", exc)
                 return
+            self.inner.set_reservations(live_reservations(self.book))
             self.applied = version
             LOG.info("tenant weights now %s", weights)
 

@@ -16,8 +16,20 @@ A TOML file (read with tomllib) checked against msgspec Structs that forbid unkn
     max_bytes = 1_000_000_000_000  # optional: bytes not yet delivered of its active
                                    # coflows, the new one's included, at most (> 0)
 
+    [[tenants.analytics.reservations]]  # optional, any number: a guaranteed rate
+    src = "HK"                     # between two DCs (docs/design.md 4.5)
+    dst = "NY"
+    rate_bytes_per_s = 50_000_000  # the guarantee (> 0)
+    ceil_bytes_per_s = 80_000_000  # optional: its traffic on the pair at most (>= rate)
+    start_s = 1_790_000_000        # optional window [start_s, end_s): UNIX seconds in the
+    end_s = 1_790_003_600          # controller, simulated seconds in terra-sim
+
     [tenants.batch]
     weight = 1
+
+Whether the guarantees fit the WAN (under every single link failure the tunnels route
+around) is checked against the topology when the controller or terra-sim starts
+(terra_controller/reservations.py).
 
 Every problem is one line naming it and, where the file says it, its line: `tenants.toml:
 line 7: tenants.analytics.wieght: unknown key`. New per-tenant settings are new optional
@@ -45,6 +57,25 @@ class TenantsError(ValueError):
     """A tenants file or a tenant change is invalid; the message is one line."""
 
 
+class ReservationSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A guaranteed rate between two DCs (terra_core/reservations.py).
+
+    Attributes:
+        src, dst: DC names (checked against the topology at start).
+        rate_bytes_per_s: the guarantee (> 0, finite).
+        ceil_bytes_per_s: its traffic on the pair at most (>= the rate; None: no ceiling).
+        start_s, end_s: the window [start_s, end_s), seconds on the scheduler's clock
+            (UNIX time in the controller; None: open).
+    """
+
+    src: str
+    dst: str
+    rate_bytes_per_s: Annotated[float, msgspec.Meta(gt=0)]
+    ceil_bytes_per_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    start_s: float | None = None
+    end_s: float | None = None
+
+
 class TenantLimits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """One tenant's settings.
 
@@ -52,11 +83,13 @@ class TenantLimits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         weight: its weight (> 0, finite; dimensionless).
         max_coflows: active coflows at most (None: no limit).
         max_bytes: bytes still to deliver of its active coflows at most (None: no limit).
+        reservations: its guaranteed rates (ReservationSpec), admitted together.
     """
 
     weight: Annotated[float, msgspec.Meta(gt=0)]
     max_coflows: Annotated[int, msgspec.Meta(gt=0)] | None = None
     max_bytes: Annotated[int, msgspec.Meta(gt=0)] | None = None
+    reservations: list[ReservationSpec] = msgspec.field(default_factory=list)
 
 
 class DefaultTenant(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -151,22 +184,50 @@ def check_config(config: TenantsFile) -> None:
 
 
 def check_limits(name: str, limits: TenantLimits) -> None:
-    """Raise TenantsError "tenants.NAME.weight: ..." for a weight that is not finite."""
+    """Raise TenantsError "tenants.NAME.weight: ..." for a weight that is not finite, or
+    "tenants.NAME.reservations[i].KEY: ..." for a reservation that cannot be (check_spec)."""
     if not math.isfinite(limits.weight):
         raise TenantsError(f"tenants.{name}.weight: must be a finite number > 0")
+    for i, spec in enumerate(limits.reservations):
+        check_spec(f"tenants.{name}.reservations[{i}]", spec)
+
+
+def check_spec(where: str, spec: ReservationSpec) -> None:
+    """Raise TenantsError "WHERE.KEY: problem" for src == dst, a rate or ceiling that is
+    not finite, a ceiling below the rate, or a window that ends before it starts."""
+    if spec.src == spec.dst:
+        raise TenantsError(f"{where}.dst: same DC as src ({spec.src!r})")
+    if not math.isfinite(spec.rate_bytes_per_s):
+        raise TenantsError(f"{where}.rate_bytes_per_s: must be a finite number > 0")
+    ceil = spec.ceil_bytes_per_s
+    if ceil is not None and not (spec.rate_bytes_per_s <= ceil < math.inf):
+        raise TenantsError(f"{where}.ceil_bytes_per_s: must be finite and >= rate_bytes_per_s "
+                           f"({spec.rate_bytes_per_s:.6g}), got {ceil:.6g}")  # fmt: skip
+    for key in ("start_s", "end_s"):
+        value = getattr(spec, key)
+        if value is not None and not math.isfinite(value):
+            raise TenantsError(f"{where}.{key}: must be a finite number")
+    if spec.start_s is not None and spec.end_s is not None and not spec.start_s < spec.end_s:
+        raise TenantsError(f"{where}.end_s: must be after start_s ({spec.start_s:.6g})")
 
 
 def make_limits(
-    name: str, weight: object, max_coflows: object = None, max_bytes: object = None
+    name: str,
+    weight: object,
+    max_coflows: object = None,
+    max_bytes: object = None,
+    reservations: object = (),
 ) -> TenantLimits:
-    """A checked TenantLimits for a live change (`ctl tenant set`).
+    """A checked TenantLimits for a live change (`ctl tenant set`) or a journaled record
+    (`reservations`: ReservationSpec dicts or structs).
 
     Raises:
         TenantsError: a bad name or value (one line naming it).
     """
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise TenantsError(f"bad tenant name {name!r:.70}: 1-64 characters of A-Z a-z 0-9 . _ -")
-    fields = {"weight": weight, "max_coflows": max_coflows, "max_bytes": max_bytes}
+    fields = {"weight": weight, "max_coflows": max_coflows, "max_bytes": max_bytes,
+              "reservations": msgspec.to_builtins(reservations)}  # fmt: skip
     try:
         limits = msgspec.convert(fields, TenantLimits)
     except msgspec.ValidationError as exc:
@@ -176,8 +237,24 @@ def make_limits(
 
 
 def as_dict(limits: TenantLimits) -> dict:
-    """{"weight", "max_coflows", "max_bytes"} (None where no limit)."""
-    return msgspec.structs.asdict(limits)
+    """{"weight", "max_coflows", "max_bytes", "reservations": [{"src", "dst",
+    "rate_bytes_per_s", "ceil_bytes_per_s", "start_s", "end_s"}, ...]} (None where no
+    limit), plain data for the journal and the views."""
+    return msgspec.to_builtins(limits)
+
+
+def make_spec(fields: dict) -> ReservationSpec:
+    """A checked ReservationSpec of a live request's fields (`ctl tenant reserve`).
+
+    Raises:
+        TenantsError: a missing, unknown or bad field (one line naming it).
+    """
+    try:
+        spec = msgspec.convert(fields, ReservationSpec)
+    except msgspec.ValidationError as exc:
+        raise TenantsError(f"reservation: {_located(str(exc), '', [])}") from None
+    check_spec("reservation", spec)
+    return spec
 
 
 # ---- messages with their lines -------------------------------------------------------------
@@ -216,7 +293,7 @@ def _located(message: str, text: str, base: list[str]) -> str:
         path.append(missing.group(1))
         what = "missing"
     line = _line_of(text, path)
-    key = ".".join(path) or "file"
+    key = re.sub(r"\.(\d+)(?=\.|$)", r"[\1]", ".".join(path)) or "file"
     return f"{'' if line is None else f'line {line}: '}{key}: {_plain(what)}"
 
 
@@ -233,6 +310,9 @@ def _line_of(text: str, path: list[str]) -> int | None:
     if not path:
         return None
     lines = text.splitlines()
+    path = [q for p in path for q in re.split(r"\[|\]", p) if q]  # a[0] -> a, 0
+    if len(path) >= 4 and path[2] == "reservations" and path[3].isdigit():
+        return _entry_line(lines, path[:3], int(path[3]), path[4:])
     header = _header_line(lines, path)
     if header is not None:
         return header
@@ -262,3 +342,19 @@ def _header_line(lines: list[str], table: list[str]) -> int | None:
     """The line (1-based) of the header [a.b...] of `table`, or None."""
     pattern = re.compile(r"^\s*\[\s*" + r"\s*\.\s*".join(map(_key, table)) + r"\s*\]")
     return next((i + 1 for i, ln in enumerate(lines) if pattern.match(ln)), None)
+
+
+def _entry_line(lines: list[str], table: list[str], n: int, key: list[str]) -> int | None:
+    """The line of `key` (or of the header when none) in the n-th (0-based) [[table]]."""
+    pattern = re.compile(r"^\s*\[\[\s*" + r"\s*\.\s*".join(map(_key, table)) + r"\s*\]\]")
+    heads = [i for i, ln in enumerate(lines) if pattern.match(ln)]
+    if n >= len(heads):
+        return None
+    if key:
+        key_re = re.compile(rf"^\s*{_key(key[-1])}\s*=")
+        for i in range(heads[n] + 1, len(lines)):
+            if lines[i].lstrip().startswith("["):
+                break
+            if key_re.match(lines[i]):
+                return i + 1
+    return heads[n] + 1

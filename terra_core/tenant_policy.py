@@ -10,6 +10,13 @@ work conservation) on its share; then, with the cooperative sharing (the default
 capacity still unused is given out max-min over every tenant's FlowGroups weighted by
 their Step A rates (tenant_shares.leftover_rates), each (tenant, pair) rate to the tenant's
 coflow on that pair that Terra gave the most rate (ties: arrival order).
+
+With guaranteed reservations (reservations.py) active in a round: every tenant with bytes
+on a reserved pair first gets its guaranteed rate there (over the pair's tunnels, on the
+links up), the round above runs on what is left, the guaranteed rate is added to the
+tenant's first coflow on the pair (admission order), and a tenant's rate on a pair with a
+ceiling is capped at it (borrowing up to the ceiling). Deadline admission counts the other
+tenants' guarantees overlapping the deadline's window as taken.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from dataclasses import dataclass, field
 
 from terra_core.min_cct import Pair, PairRates, links_of
 from terra_core.policy import Allocation, PolicyState, Remaining
+from terra_core.reservations import Reservation, cap_ceilings, floors, held_load
 from terra_core.tenant_shares import (
     DEFAULT_SHARING,
     SHARINGS,
@@ -44,15 +52,18 @@ class TenantSpec:
         tenant_of: {coflow id: tenant name} (every coflow the policy will see).
         sharing: one of tenant_shares.SHARINGS ("cooperative", the default; "strict";
             "static").
+        reservations: the admitted guarantees (reservations.Reservation; admission is the
+            caller's: reservations.admission).
 
     Raises:
         ValueError: no tenant, a weight that is not a positive finite number, an unknown
-            sharing, or a coflow assigned to a tenant without a weight.
+            sharing, or a coflow or reservation of a tenant without a weight.
     """
 
     weights: dict[str, float]
     tenant_of: dict[str, str] = field(default_factory=dict)
     sharing: str = DEFAULT_SHARING
+    reservations: tuple[Reservation, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.weights:
@@ -65,6 +76,9 @@ class TenantSpec:
         unknown = set(self.tenant_of.values()) - self.weights.keys()
         if unknown:
             raise ValueError(f"coflows assigned to tenants without a weight: {sorted(unknown)}")
+        unknown = {r.tenant for r in self.reservations} - self.weights.keys()
+        if unknown:
+            raise ValueError(f"reservations of tenants without a weight: {sorted(unknown)}")
 
 
 class TenantPolicy:
@@ -114,7 +128,13 @@ class TenantPolicy:
         tenant = self.spec.tenant_of.get(coflow.id)
         if tenant is None:
             raise ValueError(f"coflow {coflow.id!r} has no tenant")
-        ok = self._policies[tenant].add_coflow(coflow, now)
+        policy = self._policies[tenant]
+        if coflow.deadline_s is not None and self.spec.reservations:
+            policy.held = self._held(tenant, now, coflow.arrival_s + coflow.deadline_s)
+        try:
+            ok = policy.add_coflow(coflow, now)
+        finally:
+            policy.held = {}
         if ok:
             self._tenant[coflow.id] = tenant
         return ok
@@ -153,7 +173,10 @@ class TenantPolicy:
         by_tenant: dict[str, dict[str, dict[Pair, float]]] = {}
         for cid, vol in volumes.items():
             by_tenant.setdefault(self._tenant_of(cid), {})[cid] = vol
-        if len(by_tenant) == 1 and self.spec.sharing != "static":
+        floor = self._floors(now, by_tenant)
+        if floor:
+            rates = self._reserved_round(now, by_tenant, floor)
+        elif len(by_tenant) == 1 and self.spec.sharing != "static":
             ((tenant, vols),) = by_tenant.items()
             rates = self._policies[tenant].group_rates(now, vols)
         else:
@@ -171,7 +194,9 @@ class TenantPolicy:
             ValueError: as TenantSpec, or a tenant left out still has coflows; nothing
                 changed then.
         """
-        spec = TenantSpec(dict(weights), self.spec.tenant_of, self.spec.sharing)
+        spec = TenantSpec(
+            dict(weights), self.spec.tenant_of, self.spec.sharing, self.spec.reservations
+        )
         busy = sorted({t for t in self._tenant.values() if t not in spec.weights})
         if busy:
             raise ValueError(f"tenants with active coflows cannot be dropped: {busy}")
@@ -184,11 +209,23 @@ class TenantPolicy:
         self._first = next(iter(policies.values()))
         self._first.stats["lps"] += lps - sum(p.stats["lps"] for p in policies.values())
 
+    def set_reservations(self, reservations: list[Reservation]) -> None:
+        """Take these (admitted) guarantees from the next round on.
+
+        Raises:
+            ValueError: a reservation of a tenant without a weight; nothing changed then.
+        """
+        spec = self.spec
+        self.spec = TenantSpec(spec.weights, spec.tenant_of, spec.sharing, tuple(reservations))
+
     # ----- extras, as TerraPolicy's ----------------------------------------------------
 
     def next_wakeup(self, now: float) -> float | None:
-        """The earliest wakeup any tenant's Terra asks for (seconds), or None."""
+        """The earliest wakeup any tenant's Terra asks for, or the next start or end of a
+        reservation's window (seconds, > now), or None."""
         times = [t for p in self._policies.values() if (t := p.next_wakeup(now)) is not None]
+        for r in self.spec.reservations:
+            times += [t for t in (r.start, r.end) if now < t < math.inf]
         return min(times, default=None)
 
     def starving(self, now: float) -> list[str]:
@@ -220,9 +257,79 @@ class TenantPolicy:
             raise KeyError(f"unknown coflow {cid!r}")
         return self._policies[self._tenant[cid]]
 
-    def _tenant_round(self, now: float, by_tenant: dict) -> dict[str, PairRates]:
-        """Step A (or the static partition), Terra in each share, then the leftover."""
+    def _floors(self, now: float, by_tenant: dict) -> dict[tuple[str, Pair], list]:
+        """The guaranteed rates of this round: {(tenant, pair): [(path, bytes/s)]} for the
+        active reservations whose tenant has bytes on their pair (reservations.floors)."""
+        targets: dict[tuple[str, Pair], float] = {}
+        for r in self.spec.reservations:
+            vols = by_tenant.get(r.tenant)
+            if vols and r.active(now) and any(v.get(r.pair, 0) > 0 for v in vols.values()):
+                targets[(r.tenant, r.pair)] = targets.get((r.tenant, r.pair), 0.0) + r.rate
+        if not targets:
+            return {}
+        paths = {pair: self._first.paths(*pair) for _, pair in targets}
+        return floors(targets, paths, self._first._capacity())
+
+    def _reserved_round(self, now: float, by_tenant: dict, floor: dict) -> dict[str, PairRates]:
+        """The guaranteed rates first, the tenants' round on what they leave, then the
+        guaranteed rates added to each tenant's first coflow on the pair and the ceilings."""
         capacity = self._first._capacity()
+        taken: dict[Link, float] = {}
+        for lst in floor.values():
+            add_load(taken, lst)
+        left = {e: max(0.0, c - taken.get(e, 0.0)) for e, c in capacity.items()}
+        if len(by_tenant) == 1 and self.spec.sharing != "static":
+            ((tenant, vols),) = by_tenant.items()
+            rates = self._policies[tenant].group_rates(now, vols, left)
+        else:
+            rates = self._tenant_round(now, by_tenant, left)
+        for (t, pair), lst in floor.items():
+            cid = next(c for c, v in by_tenant[t].items() if v.get(pair, 0) > 0)
+            merged = dict(rates.setdefault(cid, {}).get(pair, ()))
+            for path, x in lst:
+                merged[path] = merged.get(path, 0.0) + x
+            rates[cid][pair] = list(merged.items())
+        ceilings: dict[tuple[str, Pair], float] = {}
+        for r in self.spec.reservations:
+            if r.ceil is not None and r.active(now):
+                key = (r.tenant, r.pair)
+                ceilings[key] = min(ceilings.get(key, r.ceil), r.ceil)
+        owner = {cid: t for t, vols in by_tenant.items() for cid in vols}
+        capped = cap_ceilings(rates, owner, ceilings)
+        if capped is not rates and self.spec.sharing == "cooperative":
+            self._lend_capped(capped, owner, ceilings, by_tenant, capacity)
+        return _within(capped, capacity)
+
+    def _lend_capped(self, rates, owner, ceilings, by_tenant, capacity) -> None:
+        """Give what the ceilings freed to the other FlowGroups (in place): max-min over
+        the spare capacity, each (tenant, pair) without a ceiling weighted by its rate
+        (tenant_shares.leftover_rates), as HTB lends a capped class's unused rate."""
+        weights: dict[str, dict[Pair, float]] = {}
+        for cid, per in rates.items():
+            for pair, lst in per.items():
+                t = owner[cid]
+                if (t, pair) not in ceilings and (x := sum(r for _, r in lst)) > 0:
+                    weights.setdefault(t, {})[pair] = weights.get(t, {}).get(pair, 0.0) + x
+        paths = {pair: self._first.paths(*pair) for per in weights.values() for pair in per}
+        extra = leftover_rates(weights, paths, spare_capacity(capacity, [rates]), capacity)
+        _attribute(extra, by_tenant, rates)
+
+    def _held(self, tenant: str, now: float, deadline: float) -> dict[Link, float]:
+        """{link: bytes/s} the other tenants' guarantees overlapping [now, deadline] take."""
+        others = [r for r in self.spec.reservations
+                  if r.tenant != tenant and r.overlaps(now, max(deadline, now) + 1e-9)]  # fmt: skip
+        if not others:
+            return {}
+        paths = {r.pair: self._first.paths(*r.pair) for r in others}
+        return held_load(others, paths, self._first._capacity())
+
+    def _tenant_round(
+        self, now: float, by_tenant: dict, capacity: dict[Link, float] | None = None
+    ) -> dict[str, PairRates]:
+        """Step A (or the static partition), Terra in each share, then the leftover, on
+        `capacity` ({link: bytes/s}; default: the WAN's links up)."""
+        if capacity is None:
+            capacity = self._first._capacity()
         paths: dict[Pair, list[Path]] = {}
         tenant_vol: dict[str, dict[Pair, float]] = {}
         for t, vols in by_tenant.items():

@@ -116,6 +116,8 @@ class TerraPolicy:
         self._coflows: dict[str, Coflow] = {}
         self._flow_pair: dict[str, dict[str, Pair]] = {}
         self._deadline: dict[str, float] = {}  # admitted deadline coflows: absolute deadline
+        # {link: bytes/s} deadline admission counts as taken (other tenants' guarantees)
+        self.held: dict[Link, float] = {}
         self._volumes: dict[str, dict[Pair, float]] = {}  # last known FlowGroup volumes
         self._gamma: dict[str, tuple] = {}  # volumes, Γ on the full WAN, DualBound
         self._state: dict[str, PolicyState] = {}
@@ -460,6 +462,8 @@ class TerraPolicy:
         if not volumes:
             return True
         capacity = self._capacity()
+        if self.held:
+            capacity = {e: max(0.0, c - self.held.get(e, 0.0)) for e, c in capacity.items()}
         paths = dict(self._paths_for({cid: volumes}))
         admitted = {c: self._volumes[c] for c in self._deadline if self._volumes.get(c)}
         if admitted:

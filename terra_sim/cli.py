@@ -21,7 +21,8 @@ empty WAN with K paths, or with --fail-link the cut bound only (re-routing after
 can beat Γ_empty; failures only remove capacity, so the cut bound computed before them
 still holds). A scheduler that rejected or did not finish some WAN coflows averages over
 fewer; its ratio is then marked.
-With --tenants (docs/design.md 4.5; terra_sim/tenants.py) Terra runs with tenants and the
+With --tenants (docs/design.md 4.5; terra_sim/tenants.py; a .toml tenants file brings its
+guaranteed reservations) Terra runs with tenants and the
 JSON gives each scheduler's per-tenant average CCT ("per_tenant").
 Under the table: how many coflows have only intra-DC flows (CCT 0, left out of the
 statistics; "intra_dc_coflows" in the JSON) and the --fail-link changes.
@@ -69,7 +70,7 @@ from terra_sim.plot_style import series_styles
 from terra_sim.results import SimResult
 from terra_sim.simulator import empty_wan_gammas, simulate, with_deadline_factor
 from terra_sim.sweep import open_sweep
-from terra_sim.tenants import parse_tenants, per_tenant, tenant_spec
+from terra_sim.tenants import per_tenant, tenant_spec, tenant_weights
 from topologies import Topology, TopologyError, load_topology
 from workloads import load_workload
 
@@ -111,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="link A-B goes down at T1 s (and up at T2 s); repeatable",
     )
     p.add_argument("--bound", action="store_true", help="print a lower bound on the average CCT")
-    p.add_argument("--tenants", metavar="N|FILE", help="coflow i to tenant i mod N; FILE {name: w}")
+    p.add_argument("--tenants", metavar="N|FILE",
+                   help="coflow i to tenant i mod N; FILE {name: w} or tenants .toml")  # fmt: skip
     p.add_argument(
         "--sharing", choices=SHARINGS, default=DEFAULT_SHARING, metavar="MODE",
         help="cooperative|strict|static",
@@ -211,8 +213,8 @@ def load_inputs(args: argparse.Namespace) -> Inputs:
     coflows = load_workload(args.workload, topology, limit=args.limit, coflowsim=compat)
     spec = None
     if getattr(args, "tenants", None):
-        weights = parse_tenants(args.tenants)
-        coflows, spec = tenant_spec(coflows, weights, args.greedy_tenant, args.sharing)
+        weights, reserved = tenant_weights(args.tenants, topology, args.k)
+        coflows, spec = tenant_spec(coflows, weights, args.greedy_tenant, args.sharing, reserved)
     elif getattr(args, "greedy_tenant", None):
         raise ValueError("--greedy-tenant needs --tenants")
     gammas = empty_wan_gammas(coflows, topology, args.k)

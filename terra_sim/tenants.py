@@ -4,7 +4,10 @@ which coflow, the greedy tenant's split coflows, and per-tenant statistics.
 Assignment rule: the workload's coflows, in workload order (after --limit), go to the
 tenants in turn: coflow i to tenant i mod N (tenants in the order given). `--tenants N`
 names them t0..t{N-1} with weight 1; `--tenants FILE` reads a JSON object
-{name: weight} (weights > 0, in that order).
+{name: weight} (weights > 0, in that order), or a FILE.toml in the controller's tenants file
+format (terra_controller/tenants_config.py): its weights and its guaranteed reservations
+(windows in simulated seconds), admitted on the topology before the run
+(terra_core/reservations.py; refused: an error naming the failure that does not fit).
 
 The greedy tenant (--greedy-tenant NAME) replays each of its coflows as PIECES small ones
 with the same arrival: every flow is cut into PIECES equal parts, part j in piece j (ids
@@ -51,6 +54,29 @@ def parse_tenants(value: str) -> dict[str, float]:
         if isinstance(w, bool) or not isinstance(w, int | float) or not 0 < w < math.inf:
             raise ValueError(f"--tenants {value}: tenant {name!r} weight must be > 0, got {w!r}")
     return {str(k): float(v) for k, v in raw.items()}
+
+
+def tenant_weights(value: str, topology, k: int) -> tuple[dict[str, float], list]:
+    """`--tenants` value -> ({name: weight}, [terra_core Reservation]): parse_tenants, or a
+    .toml tenants file with its reservations admitted on `topology` with `k` tunnels.
+
+    Raises:
+        ValueError (TenantsError): a bad file or reservations that do not fit (one line).
+        OSError: the file cannot be read.
+    """
+    if not value.endswith(".toml"):
+        return parse_tenants(value), []
+    from terra_controller.reservations import admit, core_reservations
+    from terra_controller.tenants_config import TenantsError
+    from terra_controller.tenants_config import parse_tenants as parse_file
+
+    config = parse_file(Path(value).read_text(encoding="utf-8"), value)
+    try:
+        admit(config.tenants, topology, k)
+    except TenantsError as exc:
+        raise TenantsError(f"{value}: {exc}") from None
+    weights = {name: lim.weight for name, lim in config.tenants.items()}
+    return weights, core_reservations(config.tenants)
 
 
 def assign(coflows: list[Coflow], weights: dict[str, float]) -> dict[str, str]:
@@ -115,7 +141,11 @@ def per_tenant(result, tenant_of: dict[str, str], greedy: str | None = None) -> 
 
 
 def tenant_spec(
-    coflows: list[Coflow], weights: dict[str, float], greedy: str | None, sharing: str
+    coflows: list[Coflow],
+    weights: dict[str, float],
+    greedy: str | None,
+    sharing: str,
+    reservations: list | tuple = (),
 ) -> tuple[list[Coflow], TenantSpec]:
     """The workload to run and its TenantSpec: `assign`, then `split_greedy` when `greedy`.
 
@@ -125,4 +155,4 @@ def tenant_spec(
     owner = assign(coflows, weights)
     if greedy is not None:
         coflows, owner = split_greedy(coflows, owner, greedy)
-    return coflows, TenantSpec(dict(weights), owner, sharing)
+    return coflows, TenantSpec(dict(weights), owner, sharing, tuple(reservations))

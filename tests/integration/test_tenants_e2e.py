@@ -2,7 +2,10 @@
 (test_controller_e2e.System). Two job certificates of two tenants (weights 3:1) submit
 coflows over the same DC pair; the rates the controller gives follow the weights; a job of
 a tenant not in the file is refused; `ctl tenant set` changes the split live, a bad value
-changes nothing, and a restart or a failover to a standby on etcd keeps the change."""
+changes nothing, and a restart or a failover to a standby on etcd keeps the change (and a
+reservation);
+`ctl tenant reserve` gives a tenant its guaranteed rate (up to its ceiling) and refuses one
+that does not fit with the reason."""
 
 from __future__ import annotations
 
@@ -108,6 +111,46 @@ def test_a_job_of_an_unknown_tenant_is_refused(system):
         stranger.close()
 
 
+def settles(system: System, check, timeout: float = 15.0) -> dict:
+    """Wait until check(/tenants rates) holds; the last rates."""
+    end = time.monotonic() + timeout
+    while True:
+        rates = tenant_rates(system)
+        if check(rates):
+            return rates
+        if time.monotonic() > end:
+            raise AssertionError(f"rates never settled: {rates}")
+        time.sleep(0.2)
+
+
+def test_a_reservation_holds_live_and_one_that_does_not_fit_is_refused(system):
+    # A->B has two tunnels of 20 MB/s (A-B, A-C-B): 40 MB/s, 20 MB/s with one link down.
+    gold, bronze = client(system, "gold-etl"), client(system, "bronze-adhoc")
+    g = gold.submit_coflow([flow("g", "a1", "b1", SIZE)])
+    b = bronze.submit_coflow([flow("b", "a1", "b1", SIZE)])
+    try:
+        settles(system, lambda r: r["bronze"] > 0 and r["gold"] > 0)
+        done = ctl(system, "tenant", "reserve", "bronze", "--src", "A", "--dst", "B",
+                   "--rate-bytes-per-s", "15e6", "--ceil-bytes-per-s", "16e6")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        # at least its 15 MB/s, at most its ceiling of 16 MB/s, whatever the weights
+        settles(system, lambda r: 15e6 * 0.98 <= r["bronze"] <= 16e6 * 1.02 and r["gold"] > 0)
+        # 15 + 10 = 25 MB/s > 20 MB/s once A-B (or A-C, C-B) fails: refused, nothing changed
+        refused = ctl(system, "tenant", "reserve", "gold", "--src", "A", "--dst", "B",
+                      "--rate-bytes-per-s", "10e6")  # fmt: skip
+        assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1
+        assert "does not fit with link" in refused.stderr and "fit only 80.0 %" in refused.stderr
+        rows = {r["name"]: r for r in system.get("/tenants")["tenants"]}
+        assert rows["gold"]["reservations"] == []
+        assert rows["bronze"]["reservations"][0]["rate_bytes_per_s"] == 15e6
+    finally:
+        ctl(system, "tenant", "unreserve", "bronze", "--src", "A", "--dst", "B")
+        gold.cancel_coflow(g)
+        bronze.cancel_coflow(b)
+        gold.close()
+        bronze.close()
+
+
 def test_a_restart_keeps_the_live_change(system):
     assert ctl(system, "tenant", "set", "silver", "--weight", "2").returncode == 0
     system.stop_controller()
@@ -139,6 +182,9 @@ def test_a_new_leader_keeps_the_live_change(tmp_path, pki):
         changed = first.tenant_request({"op": "tenant_set", "name": "bronze", "weight": 2.5,
                                         "max_coflows": 7})  # fmt: skip
         assert changed["tenant"]["weight"] == 2.5
+        reserved = first.tenant_request({"op": "tenant_reserve", "name": "gold", "src": "A",
+                                         "dst": "C", "rate_bytes_per_s": 5e6})  # fmt: skip
+        assert reserved["tenant"]["reservations"][0]["rate_bytes_per_s"] == 5e6
         first.close()
         cluster.controllers[0].kill()  # SIGKILL: its lease expires, the standby leads
         cluster.ready(1, 60)
@@ -147,5 +193,6 @@ def test_a_new_leader_keeps_the_live_change(tmp_path, pki):
         second.close()
         assert (rows["bronze"]["weight"], rows["bronze"]["max_coflows"]) == (2.5, 7)
         assert rows["gold"]["weight"] == 3.0
+        assert [(x["src"], x["dst"]) for x in rows["gold"]["reservations"]] == [("A", "C")]
     finally:
         cluster.stop()
