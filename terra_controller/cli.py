@@ -183,12 +183,14 @@ def add_coflow_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_state_arguments(p: argparse.ArgumentParser) -> None:
     """Where the coflow state lives: --state-dir (journal) or --etcd with --cluster,
-    --lease-ttl (s), --advertise (docs/runtime.md)."""
+    --lease-ttl (s), --liveness-port, --advertise (docs/runtime.md)."""
     p.add_argument("--state-dir", metavar="DIR", help="coflow journal (docs/runtime.md)")
     p.add_argument("--etcd", metavar="HOST:PORT,...",
                    help="state in etcd; lead when elected (docs/runtime.md)")  # fmt: skip
     p.add_argument("--cluster", default="terra", metavar="NAME", help="etcd key prefix")
     p.add_argument("--lease-ttl", type=int, default=2, metavar="S", help="leader lease (s)")
+    p.add_argument("--liveness-port", type=int, default=0, metavar="PORT",
+                   help="port standbys watch the leader on (0: any)")  # fmt: skip
     p.add_argument("--advertise", metavar="HOST", help="host standbys name as the leader's")
 
 
