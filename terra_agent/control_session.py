@@ -44,8 +44,9 @@ from .sender import (
 log = logging.getLogger("terra_agent.agent")
 FLOWS_PER_SETUP = 32  # descriptors whose sink files one worker-thread call makes (_open_sinks)
 WRITE_BATCH = 64  # queued control messages sent in one write, at most
-# Backoff bound of an agent given several controllers: a pass is a few refused connects.
-FAILOVER_BACKOFF_MAX_S = 0.5
+# Backoff bound of an agent given several controllers: a pass is a few refused connects,
+# and a new leader listens about 0.15 s after the old one's process ended (takeover.py).
+FAILOVER_BACKOFF_MAX_S = 0.1
 # How long after registering with a leader of etcd generation G the agent refuses a
 # controller registering it with a lower generation (a deposed leader still running).
 STALE_GENERATION_S = 30.0
@@ -72,9 +73,11 @@ class ControlSession:
         (terra_wire.failover.ControllerList). The backoff (50 ms doubling to
         FAILOVER_BACKOFF_MAX_S) is waited once per full pass over the list, not per address:
         with three controllers, a dead leader costs two refused connects before the new
-        leader is tried, no wait, and the new leader (elected a lease TTL after the old one
-        died) is reached within FAILOVER_BACKOFF_MAX_S of listening. A session that lasted
-        over 2 s starts a new pass with the shortest backoff. One controller: the backoff (50
+        leader is tried, no wait, and the new leader is reached within
+        FAILOVER_BACKOFF_MAX_S of listening. A session that lasted over 2 s starts a new
+        pass with the shortest backoff. A controller that registers the agent with an older
+        etcd generation than a leader it registered with in the last STALE_GENERATION_S is
+        left at once (StaleController): it was deposed. One controller: the backoff (50
         ms doubling to 2 s) is waited before every reconnect, as a pass is that one address.
         """
         controllers = ControllerList(self.config.controller_addresses)
@@ -322,8 +325,7 @@ def _newest_generation(agent, generation: int, where: str) -> None:
     if generation < seen and now - at < STALE_GENERATION_S:
         raise StaleController(f"the controller at {where} leads generation {generation}, "
                               f"older than {seen}")  # fmt: skip
-    if generation >= seen:
-        agent.generation_seen = (generation, now)
+    agent.generation_seen = (generation, now)
 
 
 def failed_report(spec: FlowSpec, reason: str, cause: str) -> dict:
