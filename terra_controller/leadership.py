@@ -72,14 +72,17 @@ class Leadership:
         self.failovers = 0
         self.before_start_over: list[Callable[[], None]] = []
         self._unreachable_logged = 0.0
-        self.wake = threading.Event()  # a dead leader's lease was revoked: campaign now
+        self.wake = threading.Event()  # a leader's process ended: revoke, campaign now
         self.follower = LeaderFollower(self._leader_closed)
         self.revoked: list[int] = []
+        self._dead: dict | None = None  # a leader whose liveness connection closed
 
     def campaign(self) -> int:
         """Block until this controller is the leader; return its generation."""
         while True:
+            self.wake.clear()
             try:
+                self._revoke_dead()
                 generation = self.state.campaign(self.member, self.ttl_s)
                 if generation is not None:
                     self.follower.follow(None)
@@ -96,18 +99,24 @@ class Leadership:
                     LOG.warning("standby: %s", exc)
                     self._unreachable_logged = now
             self.wake.wait(self.poll_s)
-            self.wake.clear()
 
     def _leader_closed(self, leader: dict) -> None:
         """The leader `leader` (as etcd named it) closed its liveness connection: its
-        process ended. Revoke its lease and wake the campaign (takeover.py)."""
+        process ended. Wake the campaign, which revokes its lease first (takeover.py)."""
+        self._dead = leader
+        self.wake.set()
+
+    def _revoke_dead(self) -> None:
+        """Revoke the lease of the leader whose liveness connection closed, if any."""
+        leader, self._dead = self._dead, None
+        if leader is None:
+            return
         try:
             self.state.revoke(leader["lease"])
             self.revoked.append(leader["lease"])
             LOG.warning("revoked the lease of leader %s", leader.get("id"))
-        except StateStoreError as exc:  # already gone (expired), or etcd unreachable
+        except StateStoreError as exc:  # already gone (expired, revoked), etcd unreachable
             LOG.warning("revoking the lease of leader %s: %s", leader.get("id"), exc)
-        self.wake.set()
 
     def keep(self, on_lost: Callable[[str], None]) -> None:
         """Refresh the lease in a daemon thread, and watch it in another: `on_lost(reason)`
