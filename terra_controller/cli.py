@@ -420,7 +420,8 @@ def tunnels_and_policy(args, topology):
 
 def wait_for_election(args, security, rest_security, tunnels, policy):
     """Serve as a standby until elected on etcd (standby.lead_when_elected), making the
-    Deferred `tunnels` and `policy` (and importing os-ken's app, with switches) meanwhile.
+    Deferred `tunnels` and `policy` (and importing os-ken's app, with switches) and
+    freezing what they made (tune_gc) meanwhile.
 
     Returns:
         (EtcdState, Leadership) of the elected leader.
@@ -437,6 +438,7 @@ def wait_for_election(args, security, rest_security, tunnels, policy):
                 part.build()
         if not args.no_openflow:  # os-ken's imports (about 1 s) off the takeover's time
             import terra_controller.openflow_app  # noqa: F401
+        tune_gc()  # the full collection of all that, off the takeover's time too
 
     return lead_when_elected(args, security, rest_security, warm_up)
 
