@@ -34,7 +34,9 @@ class TcpRelay:
             pair = {"socks": [conn], "dead": self.is_cut}
             if not pair["dead"]:
                 try:
-                    pair["socks"].append(socket.create_connection(self.target, timeout=2))
+                    upstream = socket.create_connection(self.target, timeout=2)
+                    upstream.settimeout(None)  # an idle connection stays up, as without it
+                    pair["socks"].append(upstream)
                 except OSError:
                     conn.close()
                     continue

@@ -42,11 +42,13 @@ from mininet_scenarios.testbed_processes import (
 from terra_controller.client import TerraClient
 
 ETCD_MEMBERS = 3
-# etcd lease of the leader (terra-controller --lease-ttl) and etcd's election timeout: a
-# killed leader's lease expires within one TTL of the kill (it is refreshed every TTL / 3)
-# plus etcd's 0.5 s expiry check. etcd grants no lease below 1.5 election timeouts, so its
-# default 1 s timeout allows 2 s at least; the testbed's members share one host's loopback,
-# where a 500 ms election timeout (50 ms heartbeats) is ample and allows a 1 s lease.
+# etcd lease of the leader (terra-controller --lease-ttl) and etcd's election timeout. A
+# killed leader's lease is revoked by a standby that sees its liveness connection closed
+# (terra_controller/takeover.py); without that close (a dead host) it expires within one TTL
+# of the death (it is refreshed every TTL / 3) plus etcd's 0.5 s expiry check. etcd grants
+# no lease below 1.5 election timeouts, so its default 1 s timeout allows 2 s at least; the
+# testbed's members share one host's loopback, where a 500 ms election timeout (50 ms
+# heartbeats) is ample and allows a 1 s lease.
 LEASE_TTL_S = 1
 ETCD_ELECTION_MS = 500
 POLL_S = 0.02

@@ -44,8 +44,17 @@ from .sender import (
 log = logging.getLogger("terra_agent.agent")
 FLOWS_PER_SETUP = 32  # descriptors whose sink files one worker-thread call makes (_open_sinks)
 WRITE_BATCH = 64  # queued control messages sent in one write, at most
-# Backoff bound of an agent given several controllers: a pass is a few refused connects.
-FAILOVER_BACKOFF_MAX_S = 0.5
+# Backoff bound of an agent given several controllers: a pass is a few refused connects,
+# and a new leader listens about 0.15 s after the old one's process ended (takeover.py).
+FAILOVER_BACKOFF_MAX_S = 0.1
+# How long after registering with a leader of etcd generation G the agent refuses a
+# controller registering it with a lower generation (a deposed leader still running).
+STALE_GENERATION_S = 30.0
+
+
+class StaleController(ConnectionError):
+    """The controller registered this agent with an older etcd generation than a leader
+    it registered with lately: it was deposed; the agent moves on to the next address."""
 
 
 class ControlSession:
@@ -64,9 +73,11 @@ class ControlSession:
         (terra_wire.failover.ControllerList). The backoff (50 ms doubling to
         FAILOVER_BACKOFF_MAX_S) is waited once per full pass over the list, not per address:
         with three controllers, a dead leader costs two refused connects before the new
-        leader is tried, no wait, and the new leader (elected a lease TTL after the old one
-        died) is reached within FAILOVER_BACKOFF_MAX_S of listening. A session that lasted
-        over 2 s starts a new pass with the shortest backoff. One controller: the backoff (50
+        leader is tried, no wait, and the new leader is reached within
+        FAILOVER_BACKOFF_MAX_S of listening. A session that lasted over 2 s starts a new
+        pass with the shortest backoff. A controller that registers the agent with an older
+        etcd generation than a leader it registered with in the last STALE_GENERATION_S is
+        left at once (StaleController): it was deposed. One controller: the backoff (50
         ms doubling to 2 s) is waited before every reconnect, as a pass is that one address.
         """
         controllers = ControllerList(self.config.controller_addresses)
@@ -267,6 +278,7 @@ class ControlSession:
         kind = header["t"]
         if kind == "registered":
             where = "?" if self.controller_addr is None else format_address(self.controller_addr)
+            _newest_generation(self, header.get("generation", 0), where)
             log.info("registered with the controller at %s as %s", where, self.config.agent_id)
             self.registered.set()
             self.registered = trio.Event()
@@ -303,6 +315,17 @@ class ControlSession:
             raise ProtocolError(f"{kind!r} is not a controller-to-agent message")
         if "id" in header:
             self.send_control({"t": "ack", "id": header["id"]})
+
+
+def _newest_generation(agent, generation: int, where: str) -> None:
+    """Follow only the newest leader: raise StaleController when `generation` is older than
+    one registered with in the last STALE_GENERATION_S; else remember it."""
+    seen, at = getattr(agent, "generation_seen", (0, 0.0))
+    now = trio.current_time()
+    if generation < seen and now - at < STALE_GENERATION_S:
+        raise StaleController(f"the controller at {where} leads generation {generation}, "
+                              f"older than {seen}")  # fmt: skip
+    agent.generation_seen = (generation, now)
 
 
 def failed_report(spec: FlowSpec, reason: str, cause: str) -> dict:

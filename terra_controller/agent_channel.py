@@ -437,7 +437,7 @@ class AgentChannel:
         LOG.info("agent %s registered in %s at %s", info.id, info.dc, info.data_addr)
         self.controller.events.add("agent_registered", agent=info.id, dc=info.dc)
         self.controller.metrics.registrations.inc()
-        conn.send({"t": "registered", "agent": info.id})
+        conn.send({"t": "registered", "agent": info.id, "generation": self.controller.generation})
         self.controller.agent_registered()  # waiting submits; journaled coflows resume
         self.apply_inflight()
         self.push_tunnels()

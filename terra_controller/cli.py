@@ -184,12 +184,14 @@ def add_coflow_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_state_arguments(p: argparse.ArgumentParser) -> None:
     """Where the coflow state lives: --state-dir (journal) or --etcd with --cluster,
-    --lease-ttl (s), --advertise (docs/runtime.md)."""
+    --lease-ttl (s), --liveness-port, --advertise (docs/runtime.md)."""
     p.add_argument("--state-dir", metavar="DIR", help="coflow journal (docs/runtime.md)")
     p.add_argument("--etcd", metavar="HOST:PORT,...",
                    help="state in etcd; lead when elected (docs/runtime.md)")  # fmt: skip
     p.add_argument("--cluster", default="terra", metavar="NAME", help="etcd key prefix")
     p.add_argument("--lease-ttl", type=int, default=2, metavar="S", help="leader lease (s)")
+    p.add_argument("--liveness-port", type=int, default=0, metavar="PORT",
+                   help="port standbys watch the leader on (0: any)")  # fmt: skip
     p.add_argument("--advertise", metavar="HOST", help="host standbys name as the leader's")
 
 
@@ -420,7 +422,8 @@ def tunnels_and_policy(args, topology):
 
 def wait_for_election(args, security, rest_security, tunnels, policy):
     """Serve as a standby until elected on etcd (standby.lead_when_elected), making the
-    Deferred `tunnels` and `policy` (and importing os-ken's app, with switches) meanwhile.
+    Deferred `tunnels` and `policy` (and importing os-ken's app, with switches) and
+    freezing what they made (tune_gc) meanwhile.
 
     Returns:
         (EtcdState, Leadership) of the elected leader.
@@ -437,6 +440,7 @@ def wait_for_election(args, security, rest_security, tunnels, policy):
                 part.build()
         if not args.no_openflow:  # os-ken's imports (about 1 s) off the takeover's time
             import terra_controller.openflow_app  # noqa: F401
+        tune_gc()  # the full collection of all that, off the takeover's time too
 
     return lead_when_elected(args, security, rest_security, warm_up)
 

@@ -4,7 +4,9 @@ Several `terra-controller --etcd URL[,URL...]` instances share one etcd cluster 
 etcd-server; this module speaks its v3 JSON gateway through OpenStack's etcd3gw). Keys, under
 `/terra/CLUSTER/`:
 
-    leader          {"id", "api", "agents", "rest"} of the leader (JSON), on its lease
+    leader          {"id", "api", "agents", "rest", "liveness", "lease"} of the leader (JSON),
+                    on its lease (takeover.py: "liveness" and "lease" let standbys revoke
+                    the lease of a leader whose process ended)
     next_id         the lowest coflow id never used (decimal)
     coflows/ID      one coflow's journal records (a JSON list of journal.py's lines)
     links           the operator's link states and capacities, and the live tenants (a JSON
@@ -132,6 +134,7 @@ class EtcdState:
             client.session.trust_env = False  # look-ups in the environment on every request
         self._txns = {id(c): TxnConnection(h, p) for c, (h, p) in zip(self.clients, endpoints,
                                                                     strict=True)}  # fmt: skip
+        self.endpoints = list(endpoints)
         self.names = [f"{h}:{p}" for h, p in endpoints]
         self._next = 0
         self.prefix = f"/terra/{cluster}/"
@@ -163,8 +166,9 @@ class EtcdState:
     # ---- leadership ----------------------------------------------------------------------
 
     def campaign(self, member: dict, ttl_s: int) -> int | None:
-        """Try once to become the leader: create the leader key with `member` (JSON) on a new
-        lease of `ttl_s` seconds, only if no leader key exists.
+        """Try once to become the leader: create the leader key with `member` and the new
+        lease's id ("lease", JSON) on a new lease of `ttl_s` seconds, only if no leader key
+        exists.
 
         Returns:
             our generation (the key's create revision, > 0) when elected, else None.
@@ -174,10 +178,11 @@ class EtcdState:
         """
         lease = self._call(lambda c: c.lease(ttl_s))
         key = self.prefix + "leader"
+        value = _b64(json.dumps({**member, "lease": lease.id}))
         txn = {
             "compare": [{"key": _b64(key), "result": "EQUAL", "target": "CREATE",
                          "create_revision": "0"}],
-            "success": [{"request_put": {"key": _b64(key), "value": _b64(json.dumps(member)),
+            "success": [{"request_put": {"key": _b64(key), "value": value,
                                          "lease": lease.id}}],
             "failure": [],
         }  # fmt: skip
@@ -213,6 +218,15 @@ class EtcdState:
             return False
         lease_id = self.lease.id  # asked of whichever member answers, not the granting one
         return self._call(lambda c: etcd3gw.Lease(lease_id, c).refresh()) > 0
+
+    def revoke(self, lease_id: int) -> None:
+        """Revoke another controller's lease `lease_id` (its leader key goes with it; a
+        lease already gone is no error).
+
+        Raises:
+            StateStoreError: etcd unreachable.
+        """
+        self._call(lambda c: etcd3gw.Lease(lease_id, c).revoke())
 
     def resign(self) -> None:
         """Give the leadership up (revoke our lease: the leader key goes with it)."""

@@ -120,9 +120,10 @@ def lead_when_elected(
     warm_up: Callable[[], None] | None = None,
 ):  # fmt: skip
     """Serve as a standby (StandbyServers) until this controller wins the election on the
-    etcd cluster of `args.etcd`, then close the standby's listeners. `warm_up` runs once the
-    standby listens, before it campaigns (building the scheduler there, not after a
-    failover, keeps it off the takeover's time).
+    etcd cluster of `args.etcd`, then close the standby's listeners and serve the liveness
+    port (bound on the API host at --liveness-port from the start; takeover.py). `warm_up`
+    runs once the standby listens, before it campaigns (building the scheduler there, not
+    after a failover, keeps it off the takeover's time).
 
     Prints `terra-controller standby api=HOST:PORT rest=HOST:PORT` once listening.
 
@@ -137,16 +138,21 @@ def lead_when_elected(
 
     from terra_controller.etcd_state import EtcdState, parse_endpoints
     from terra_controller.leadership import Leadership
+    from terra_controller.takeover import LivenessServer
 
     try:
+        liveness = LivenessServer(args.api[0], args.liveness_port)
         state = EtcdState(parse_endpoints(args.etcd), args.cluster)
         member = {"id": f"{socket.gethostname()}:{os.getpid()}",
                   "api": advertised(*args.api, args.advertise),
                   "agents": advertised(*args.agents, args.advertise),
-                  "rest": advertised(*args.rest, args.advertise)}  # fmt: skip
+                  "rest": advertised(*args.rest, args.advertise),
+                  "liveness": advertised(*liveness.bound, args.advertise)}  # fmt: skip
         leadership = Leadership(state, member, ttl_s=args.lease_ttl)
     except ValueError as exc:
         raise SystemExit(f"terra-controller: {exc}") from exc
+    except OSError as exc:
+        raise SystemExit(f"terra-controller: cannot listen on the liveness port: {exc}") from exc
 
     def leader() -> str | None:
         return (leadership.leader or {}).get("api")
@@ -160,6 +166,7 @@ def lead_when_elected(
     if warm_up is not None:
         warm_up()
     leadership.campaign()
+    liveness.serve(state.lease.id)
     leadership.keep(lambda reason: start_over(leadership, reason))
     servers.close()
     return state, leadership

@@ -35,7 +35,8 @@ Control channel, agent -> controller:
        longer one makes the whole message invalid.
 
 Control channel, controller -> agent (any of them may carry "id": the agent acks it once applied):
-    registered {agent}                (registration accepted)
+    registered {agent, generation?: int (the etcd generation of the leader, 0 or absent
+               alone)}                (registration accepted)
     tunnels   {tunnels: [{tunnel, peer_agent, peer_addr: "host:port" (the peer's data address),
                           path: [dc, ...], port: int (this tunnel's destination port at the peer)}],
                listen: [int]          (ports on which THIS agent accepts incoming tunnels),
@@ -415,6 +416,7 @@ class _Inflight(msgspec.Struct, frozen=True):
 
 class _Registered(_Control, tag="registered", frozen=True):
     agent: Name
+    generation: Annotated[int, Meta(ge=0)] = 0
 
 
 class _Tunnel(msgspec.Struct, frozen=True):

@@ -1,5 +1,6 @@
 """Two controllers on etcd and real Open vSwitch switches: the switches see exactly one
-master, and a standby cut off from etcd never acts as leader, not even when the leader dies.
+master, a standby cut off from etcd never acts as leader, not even when the leader dies, and
+a leader whose lease is revoked while it runs hands the switches to the new master.
 
 Three DCs in a triangle (Mininet, userspace OVS, no agents), a one-member etcd on loopback,
 controller A reaching etcd directly and controller B through a TCP relay the test can cut
@@ -41,7 +42,8 @@ class Ctl:
             extra=("--etcd", etcd, "--cluster", "roles", "--lease-ttl", str(LEASE_TTL_S),
                    "--advertise", "127.0.0.1"),
         )  # fmt: skip
-        with open(workdir / f"{name}.log", "a") as log:
+        self.log = workdir / f"{name}.log"
+        with open(self.log, "a") as log:
             self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
         self.tls = client_context(pki, "operator1")  # REST beyond /healthz: an operator
         self.tls.check_hostname = False
@@ -170,3 +172,28 @@ def test_a_standby_cut_off_from_etcd_never_leads_and_the_switches_see_one_master
     switches = b.rest("/tunnels")["switches"]
     assert switches["flow_mods_at_install"] == 0  # the tables held A's rules: nothing sent
     assert switches["flow_mods"] == 0
+
+
+def test_a_leader_whose_lease_is_revoked_hands_the_switches_to_the_new_master(cluster):
+    """A's lease is revoked while A runs (as a standby does when it sees A's liveness
+    connection closed): A gives up at once and stops listening for switches, and B becomes
+    every switch's only master with 0 flow-mods. (OVS's Controller table refreshes its role
+    columns lazily, so a read during the change may show a role already given up; the
+    switch itself demotes the old master when the new one's ROLE_REQUEST arrives.)"""
+    from terra_controller.etcd_state import EtcdState
+
+    a, b, relay, wan = cluster
+    bridges = [sw.name for sw in wan.switches.values()]
+    wait_until(lambda: masters(wan) == {br: [a.target()] for br in bridges}, 30, "A master")
+    wait_until(lambda: (a.rest("/tunnels") or {}).get("switches", {}).get("installed"), 30,
+               "A's rules")  # fmt: skip
+    state = EtcdState([relay.target], "roles")
+    state.revoke(state.leader()["lease"])
+    wait_until(lambda: masters(wan) == {br: [b.target()] for br in bridges}, 30, "B master")
+    assert a.proc.poll() is None  # A runs on, as a standby
+    wait_until(lambda: (a.rest("/healthz") or {}).get("role") == "standby", 30, "A standby")
+    assert not a.listens_for_switches()
+    assert "leadership lost: the leader key is gone" in a.log.read_text()
+    wait_until(lambda: (b.rest("/tunnels") or {}).get("switches", {}).get("installed"), 30,
+               "B's rules")  # fmt: skip
+    assert b.rest("/tunnels")["switches"]["flow_mods"] == 0  # the tables held A's rules
