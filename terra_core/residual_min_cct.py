@@ -6,6 +6,7 @@ aged guard's step 2').
 from __future__ import annotations
 
 import math
+import operator
 
 from terra_core.min_cct import DualBound, MinCct
 from terra_core.round_rates import RoundResult, solve_min_cct
@@ -47,7 +48,8 @@ def min_cct_on_residual(
             and not math.isinf(res.gamma_s)
             and (r_then == r or _same_capacity(r_then, r))
         ):
-            ratio = {pair: v / d_then[pair] for pair, v in volumes.items()}
+            shrunk = map(operator.truediv, volumes.values(), map(d_then.__getitem__, volumes))
+            ratio = dict(zip(volumes, shrunk, strict=True))  # {pair: d'_k / d_k} (C loops)
             top = max(ratio.values())
             upper = res.gamma_s * top
             if upper <= bound.gamma(volumes) * (1 + TIGHT):

@@ -376,12 +376,7 @@ def _finish(rates, capacity: dict[Link, float], index: PathIndex) -> dict[str, P
     `index` (the order of the additions is the paths' order, as a per-link sum
     would make); a link missing from `index` has capacity 0.
     """
-    path_total: dict[Path, float] = {}
-    get = path_total.get
-    for per_pair in rates.values():
-        for per_path in per_pair.values():
-            for path, x in per_path.items():
-                path_total[path] = get(path, 0.0) + x
+    path_total = _path_totals(rates)
     n_links = len(index.links)
     ids = index.ids_of(path_total)  # each path's link indices (every path has one)
     lens = np.fromiter(map(len, ids), np.intp, len(ids))
@@ -403,14 +398,43 @@ def _finish(rates, capacity: dict[Link, float], index: PathIndex) -> dict[str, P
             factor[paths[j]] = float(least[j])
     out: dict[str, PairRates] = {}
     for cid, per_pair in rates.items():
-        mine: PairRates = {}
-        for pair, per_path in per_pair.items():
-            if factor:
-                lst = [(p, x * factor.get(p, 1.0)) for p, x in per_path.items() if x > 0]
-            else:
-                lst = [(p, x) for p, x in per_path.items() if x > 0]
-            if lst:
-                mine[pair] = lst
+        if not factor and all(per_pair.values()) and _all_positive(per_pair):
+            lists = map(list, map(dict.items, per_pair.values()))
+            mine: PairRates = dict(zip(per_pair, lists, strict=True))
+        else:
+            mine = {}
+            for pair, per_path in per_pair.items():
+                if factor:
+                    lst = [(p, x * factor.get(p, 1.0)) for p, x in per_path.items() if x > 0]
+                else:
+                    lst = [(p, x) for p, x in per_path.items() if x > 0]
+                if lst:
+                    mine[pair] = lst
         if mine:
             out[cid] = mine
     return out
+
+
+def _path_totals(rates) -> dict[Path, float]:
+    """{path: bytes/s} summed over the coflows of `rates` ({cid: {pair: {path: bytes/s}}}) in
+    their order, paths in order of first appearance. A path joins one DC pair, so the paths
+    of a coflow whose pairs no earlier coflow has are new: 0.0 + x is x (up to the sign of
+    a zero), and they go in at once (C loops: thousands of FlowGroups a round)."""
+    path_total: dict[Path, float] = {}
+    get = path_total.get
+    seen: set[Pair] = set()
+    for per_pair in rates.values():
+        if seen.isdisjoint(per_pair):
+            path_total.update(chain.from_iterable(map(dict.items, per_pair.values())))
+        else:
+            for per_path in per_pair.values():
+                for path, x in per_path.items():
+                    path_total[path] = get(path, 0.0) + x
+        seen.update(per_pair)
+    return path_total
+
+
+def _all_positive(per_pair: dict[Pair, dict[Path, float]]) -> bool:
+    """Every rate of one coflow's {pair: {path: bytes/s}} is > 0 (one C-level pass)."""
+    rates = chain.from_iterable(map(dict.values, per_pair.values()))
+    return all(map(operator.gt, rates, repeat(0.0)))
