@@ -6,6 +6,7 @@ aged guard's step 2').
 from __future__ import annotations
 
 import math
+import operator
 
 from terra_core.min_cct import DualBound, MinCct
 from terra_core.round_rates import RoundResult, solve_min_cct
@@ -15,7 +16,9 @@ TIGHT = 1e-9  # relative gap under which bounds on Γ count as exact
 R_SAME = 1e-12  # relative: step 4's memo takes capacities this close as unchanged
 
 
-def min_cct_on_residual(cid, volumes, paths, r, memo, result: RoundResult, key=None) -> MinCct:
+def min_cct_on_residual(
+    cid, volumes, paths, r, memo, result: RoundResult, key=None, solved: MinCct | None = None
+) -> MinCct:
     """Optimization (1) on the residual r, reusing the memo of an earlier round when exact.
 
     A memo entry (r then, volumes d then, MinCct then) is reused when r is
@@ -31,9 +34,11 @@ def min_cct_on_residual(cid, volumes, paths, r, memo, result: RoundResult, key=N
     The entry lives under memo[key] (default: the coflow id; step 2' of the aged
     guard keeps its one entry under starvation.STARVING_KEY). The reuse depends only
     on r and the volumes, so an entry is valid whichever coflow meets it.
+    `solved`, when given, is Optimization (1) already solved on these volumes and on
+    capacities equal to r (with its rates): it stands for the LP when no entry is reused.
     """
     if memo is None:
-        return solve_min_cct(volumes, paths, r, result)
+        return solved if solved is not None else solve_min_cct(volumes, paths, r, result)
     key = cid if key is None else key
     entry = memo.get(key)
     if entry is not None:
@@ -43,7 +48,8 @@ def min_cct_on_residual(cid, volumes, paths, r, memo, result: RoundResult, key=N
             and not math.isinf(res.gamma_s)
             and (r_then == r or _same_capacity(r_then, r))
         ):
-            ratio = {pair: v / d_then[pair] for pair, v in volumes.items()}
+            shrunk = map(operator.truediv, volumes.values(), map(d_then.__getitem__, volumes))
+            ratio = dict(zip(volumes, shrunk, strict=True))  # {pair: d'_k / d_k} (C loops)
             top = max(ratio.values())
             upper = res.gamma_s * top
             if upper <= bound.gamma(volumes) * (1 + TIGHT):
@@ -52,7 +58,7 @@ def min_cct_on_residual(cid, volumes, paths, r, memo, result: RoundResult, key=N
                     for pair in volumes
                 }
                 return MinCct(upper, rates, prices=res.prices)
-    res = solve_min_cct(volumes, paths, r, result)
+    res = solved if solved is not None else solve_min_cct(volumes, paths, r, result)
     memo[key] = (dict(r), dict(volumes), res, DualBound.build(volumes, paths, r, res.prices))
     return res
 

@@ -45,7 +45,7 @@ from itertools import chain, repeat
 
 import numpy as np
 
-from terra_core.min_cct import Pair, PairRates, links_of
+from terra_core.min_cct import MinCct, Pair, PairRates, links_of
 from terra_core.path_masks import FULL, PathIndex, all_reachable, full_mask, index_for, mark_full
 from terra_core.residual_min_cct import min_cct_on_residual
 from terra_core.round_fair_share import alpha_share, fair_share
@@ -190,7 +190,11 @@ def _sequential(active, others, paths, capacity, r, hints, memo, rates, result, 
     only a bound is replaced by the exact Γ (an LP on the full capacities) and
     pushed back; an exact key is the coflow's turn: min-CCT on r. So the
     coflows that can still be scheduled are taken in exact Γ order, and no LP
-    is spent ordering coflows that will be preempted anyway.
+    is spent ordering coflows that will be preempted anyway. While no coflow has
+    been scheduled and no earlier step took capacity, r is the full capacities, so
+    the LP for the exact Γ is also the one the coflow's turn would solve on r: it is
+    solved once, with its rates (min_cct's fewest-link-bytes stage leaves Γ and the
+    prices of the first stage as they are), and kept for the turn.
 
     Returns:
         (scheduled ids, preempted ids), each in the order taken; result.order,
@@ -209,20 +213,24 @@ def _sequential(active, others, paths, capacity, r, hints, memo, rates, result, 
     scheduled: list[str] = []
     preempted: list[str] = []
     full = full_mask(index, r, capacity, FULL)
+    untouched = r == capacity  # r is still the full capacities (no step before took any)
+    solved: dict[str, MinCct] = {}  # Γ's LP with its rates, solved while `untouched`
     while heap:
         key, pos, cid, exact = heapq.heappop(heap)
         if not all_reachable(active[cid], paths, index, full):
             result.state[cid] = PREEMPTED
         elif not exact:
-            res = solve_min_cct(active[cid], paths, capacity, result, rates_needed=False)
-            result.exact[cid] = res
+            res = solve_min_cct(active[cid], paths, capacity, result, rates_needed=untouched)
+            result.exact[cid] = solved[cid] = res
             heapq.heappush(heap, (res.gamma_s, pos, cid, True))
             continue
         else:
-            res = min_cct_on_residual(cid, active[cid], paths, r, memo, result)
+            same = solved.get(cid) if untouched else None  # (r then = r now: the same LP)
+            res = min_cct_on_residual(cid, active[cid], paths, r, memo, result, solved=same)
             result.state[cid] = PREEMPTED if math.isinf(res.gamma_s) else SCHEDULED
             if result.state[cid] == SCHEDULED:
                 take(rates, cid, res.rates, r, 1.0)
+                untouched = False
                 full = mark_full(full, index, _ids_in(res.rates, index), r, capacity, FULL)
         result.order.append(cid)
         result.gammas[cid] = key
@@ -333,6 +341,8 @@ def _work_conservation(active, order, paths, spare, capacity, rates, result, ind
         if owner.keys().isdisjoint(fgs):  # (C loops: most coflows share no pair)
             owner.update(dict.fromkeys(fgs, cid))
             mine = list(fgs)
+        elif fgs.keys() <= owner.keys():  # (every pair held by an earlier coflow)
+            continue
         else:
             mine = [pair for pair in fgs if owner.setdefault(pair, cid) == cid]
         if mine:
@@ -366,12 +376,7 @@ def _finish(rates, capacity: dict[Link, float], index: PathIndex) -> dict[str, P
     `index` (the order of the additions is the paths' order, as a per-link sum
     would make); a link missing from `index` has capacity 0.
     """
-    path_total: dict[Path, float] = {}
-    get = path_total.get
-    for per_pair in rates.values():
-        for per_path in per_pair.values():
-            for path, x in per_path.items():
-                path_total[path] = get(path, 0.0) + x
+    path_total = _path_totals(rates)
     n_links = len(index.links)
     ids = index.ids_of(path_total)  # each path's link indices (every path has one)
     lens = np.fromiter(map(len, ids), np.intp, len(ids))
@@ -393,14 +398,43 @@ def _finish(rates, capacity: dict[Link, float], index: PathIndex) -> dict[str, P
             factor[paths[j]] = float(least[j])
     out: dict[str, PairRates] = {}
     for cid, per_pair in rates.items():
-        mine: PairRates = {}
-        for pair, per_path in per_pair.items():
-            if factor:
-                lst = [(p, x * factor.get(p, 1.0)) for p, x in per_path.items() if x > 0]
-            else:
-                lst = [(p, x) for p, x in per_path.items() if x > 0]
-            if lst:
-                mine[pair] = lst
+        if not factor and all(per_pair.values()) and _all_positive(per_pair):
+            lists = map(list, map(dict.items, per_pair.values()))
+            mine: PairRates = dict(zip(per_pair, lists, strict=True))
+        else:
+            mine = {}
+            for pair, per_path in per_pair.items():
+                if factor:
+                    lst = [(p, x * factor.get(p, 1.0)) for p, x in per_path.items() if x > 0]
+                else:
+                    lst = [(p, x) for p, x in per_path.items() if x > 0]
+                if lst:
+                    mine[pair] = lst
         if mine:
             out[cid] = mine
     return out
+
+
+def _path_totals(rates) -> dict[Path, float]:
+    """{path: bytes/s} summed over the coflows of `rates` ({cid: {pair: {path: bytes/s}}}) in
+    their order, paths in order of first appearance. A path joins one DC pair, so the paths
+    of a coflow whose pairs no earlier coflow has are new: 0.0 + x is x (up to the sign of
+    a zero), and they go in at once (C loops: thousands of FlowGroups a round)."""
+    path_total: dict[Path, float] = {}
+    get = path_total.get
+    seen: set[Pair] = set()
+    for per_pair in rates.values():
+        if seen.isdisjoint(per_pair):
+            path_total.update(chain.from_iterable(map(dict.items, per_pair.values())))
+        else:
+            for per_path in per_pair.values():
+                for path, x in per_path.items():
+                    path_total[path] = get(path, 0.0) + x
+        seen.update(per_pair)
+    return path_total
+
+
+def _all_positive(per_pair: dict[Pair, dict[Path, float]]) -> bool:
+    """Every rate of one coflow's {pair: {path: bytes/s}} is > 0 (one C-level pass)."""
+    rates = chain.from_iterable(map(dict.values, per_pair.values()))
+    return all(map(operator.gt, rates, repeat(0.0)))
