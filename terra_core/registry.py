@@ -139,8 +139,8 @@ def add_scheduler_arguments(parser: argparse.ArgumentParser, choices_extra=()) -
     )  # fmt: skip
     parser.add_argument(
         "--guard", choices=["fixed", "aged", "aged-fair"], default=d.guard,
-        help="Terra: starvation guard; fixed = the paper's reserve for every preempted "
-        "coflow in every round (default: %(default)s)",
+        help="Terra: starvation guard (fixed: the paper's reserve in every round) "
+        "(default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
         "--guard-factor", type=float, default=d.guard_factor,
