@@ -20,6 +20,7 @@ registration): the new leader is scheduling the resumed coflows. Also recorded: 
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 import subprocess
@@ -53,6 +54,9 @@ LEASE_TTL_S = 1
 ETCD_ELECTION_MS = 500
 POLL_S = 0.02
 TAKEOVER_TIMEOUT_S = 60.0
+# A controller that does not answer a REST read: refused or reset, an HTTP error (a standby's
+# 503), a reply cut off when the process dies mid-answer (IncompleteRead), or no JSON.
+NO_ANSWER = (OSError, ValueError, http.client.HTTPException)
 
 
 class CountingClient(TerraClient):
@@ -152,7 +156,7 @@ class ControllerCluster:
         """/healthz of controller i (None: no answer)."""
         try:
             return self._get(i, "/healthz", timeout=1)
-        except (OSError, ValueError):
+        except NO_ANSWER:
             return None
 
     def _get(self, i: int, path: str, timeout: float = 5):
@@ -187,7 +191,7 @@ class ControllerCluster:
         while True:
             try:
                 return self._get(self.leader, path)
-            except (OSError, urllib.error.HTTPError) as exc:  # a standby answers 503
+            except NO_ANSWER as exc:  # a standby answers 503 (HTTPError, an OSError)
                 if time.monotonic() > end:
                     raise TestbedError(f"REST {path}: no leader answered: {exc}") from exc
                 self.find_leader(max(0.1, end - time.monotonic()))
@@ -268,7 +272,7 @@ class LeaderKill(threading.Thread):
         while time.monotonic() - killed < TAKEOVER_TIMEOUT_S and not self.stop_event.is_set():
             try:
                 status = c._get(new, "/status", timeout=2)
-            except OSError:
+            except NO_ANSWER:
                 time.sleep(POLL_S)
                 continue
             back = sum(a["connected"] for a in status["agents"]) >= self.agents
