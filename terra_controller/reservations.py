@@ -18,11 +18,14 @@ import logging
 import math
 import time
 
+import msgspec
+
 from terra_controller.coflow_state import RegistryError
 from terra_controller.tenants_config import (
     ReservationSpec,
     TenantLimits,
     TenantsError,
+    check_reserved_cap,
     make_spec,
 )
 
@@ -106,7 +109,8 @@ def reserve(book, name: object, fields: dict) -> dict:
 
     Raises:
         RegistryError: "unknown_tenant"; "bad_request" (a bad value);
-            "reservation_refused" (it does not fit: the reason). Nothing changed then.
+            "reservation_refused" (it does not fit, or the tenant's reservations would
+            exceed its max_reserved_bytes_per_s: the reason). Nothing changed then.
     """
     try:
         spec = make_spec(fields)
@@ -120,9 +124,11 @@ def reserve(book, name: object, fields: dict) -> dict:
         trial[name] = _with(lim, [*lim.reservations, spec])
         topology, k = _context(book)
         try:
+            check_reserved_cap(f"tenant {name}", trial[name])
             failures = admit(trial, topology, k)
         except TenantsError as exc:
             code = "bad_request" if "unknown DC" in str(exc) else "reservation_refused"
+            # over the tenant's max_reserved_bytes_per_s, or not fitting the WAN
             raise RegistryError(code, str(exc)) from None
         book.limits, book.failures = trial, failures
         book.version += 1
@@ -159,8 +165,7 @@ def unreserve(book, name: object, src: object, dst: object) -> dict:
 
 
 def _with(lim: TenantLimits, specs: list[ReservationSpec]) -> TenantLimits:
-    return TenantLimits(weight=lim.weight, max_coflows=lim.max_coflows,
-                        max_bytes=lim.max_bytes, reservations=specs)  # fmt: skip
+    return msgspec.structs.replace(lim, reservations=specs)
 
 
 def reserved_now(specs: list[ReservationSpec], now: float) -> float:

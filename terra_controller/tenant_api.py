@@ -8,13 +8,17 @@ API operations (request fields -> reply fields; api_server.py's wire format):
                                                (an operator)
     tenants                                 -> TenantBook.view (operators)
     tenant_set     name, weight,            -> tenant: the row after the change (operators;
-                   max_coflows?, max_bytes?    a bad value changes nothing)
+                   max_coflows?, max_bytes?,   a bad value changes nothing)
+                   max_reserved_bytes_per_s?
     tenant_remove  name                     -> removed: name (operators)
     tenant_reserve name?, src, dst,         -> tenant: the row after the change; refused
                    rate_bytes_per_s,           with code "reservation_refused" and the
                    ceil_bytes_per_s?,          reason when it does not fit with every
-                   start_s?, end_s?            admitted guarantee (reservations.py; a job:
-                                               for its own tenant, `name` left out or its own)
+                   start_s?, end_s?            admitted guarantee or exceeds the tenant's
+                                               max_reserved_bytes_per_s (reservations.py;
+                                               a job: for its own tenant, `name` left out
+                                               or its own, and only when the tenant has a
+                                               max_reserved_bytes_per_s: else "forbidden")
     tenant_unreserve name?, src, dst        -> tenant: the row (its reservations on the
                                                pair dropped)
 
@@ -83,10 +87,10 @@ def op_tenants(handler, request: dict, identity: Identity) -> dict:
 
 def op_tenant_set(handler, request: dict, identity: Identity) -> dict:
     """ "tenant_set": add or change a tenant."""
-    _only(request, {"name", "weight", "max_coflows", "max_bytes"})
+    _only(request, {"name", "weight", "max_coflows", "max_bytes", "max_reserved_bytes_per_s"})
     book = book_of(handler.controller)
     row = book.set(request.get("name"), request.get("weight"), request.get("max_coflows"),
-                   request.get("max_bytes"))  # fmt: skip
+                   request.get("max_bytes"), request.get("max_reserved_bytes_per_s"))  # fmt: skip
     return {"tenant": row}
 
 
@@ -98,11 +102,19 @@ def op_tenant_remove(handler, request: dict, identity: Identity) -> dict:
 
 
 def _reserving_for(book, request: dict, identity: Identity) -> object:
-    """The tenant a reserve request is for: a job's own, else the operator's `name`."""
+    """The tenant a reserve request is for: a job's own (only when an operator gave it a
+    max_reserved_bytes_per_s), else the operator's `name`.
+
+    Raises:
+        RegistryError("forbidden"): a job names another tenant, or its tenant has no cap.
+    """
     if identity.role is Role.JOB and not identity.insecure:
         own = book.resolve(identity.tenant)
         if request.get("name", own) != own:
             raise RegistryError("forbidden", "a job reserves for its own tenant only")
+        if request.get("op") == "tenant_reserve" and book.reserve_cap(own) is None:
+            raise RegistryError("forbidden", f"tenant {own!r} has no max_reserved_bytes_per_s: "
+                                "only an operator reserves for it")  # fmt: skip
         return own
     return request.get("name") if "name" in request else book.fallback()
 

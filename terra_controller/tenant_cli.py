@@ -4,6 +4,7 @@
     terra-controller ctl ... tenant list
     terra-controller ctl ... tenant show [NAME]
     terra-controller ctl ... tenant set NAME --weight W [--max-coflows N] [--max-bytes B]
+                             [--max-reserved-bytes-per-s R]
     terra-controller ctl ... tenant remove NAME
     terra-controller ctl ... tenant reserve [NAME] --src DC --dst DC --rate-bytes-per-s R
                              [--ceil-bytes-per-s C] [--start-s T] [--end-s T]
@@ -135,6 +136,8 @@ def add_tenant_ctl(ops) -> None:
     put.add_argument("--weight", type=float, required=True, help="weight (> 0)")
     put.add_argument("--max-coflows", type=int, metavar="N", help="active coflows at most")
     put.add_argument("--max-bytes", type=int, metavar="B", help="bytes in flight at most")
+    put.add_argument("--max-reserved-bytes-per-s", type=float, metavar="R",
+                     help="reserved at once at most (bytes/s); lets jobs reserve")  # fmt: skip
     rm = sub.add_parser("remove", help="drop a tenant without active coflows")
     rm.add_argument("tenant_name", metavar="NAME", help="the tenant")
     res = sub.add_parser("reserve", help="a guaranteed rate between two DCs, if it fits")
@@ -169,7 +172,7 @@ def run_tenant_ctl(client, args) -> int:
         request.update({k: getattr(args, k) for k in keys if getattr(args, k, None) is not None})
     if args.tenant_op == "set":
         request["weight"] = args.weight
-        for key in ("max_coflows", "max_bytes"):
+        for key in ("max_coflows", "max_bytes", "max_reserved_bytes_per_s"):
             if getattr(args, key) is not None:
                 request[key] = getattr(args, key)
     try:

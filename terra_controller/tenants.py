@@ -99,6 +99,12 @@ class TenantBook:
         with self.lock:
             return {t: lim.weight for t, lim in self.limits.items()}
 
+    def reserve_cap(self, name: str) -> float | None:
+        """Tenant `name`'s max_reserved_bytes_per_s (None: none, or no such tenant)."""
+        with self.lock:
+            lim = self.limits.get(name)
+            return None if lim is None else lim.max_reserved_bytes_per_s
+
     def fallback(self) -> str:
         """The tenant of in-process submits: the default's, else the first listed."""
         with self.lock:
@@ -181,23 +187,27 @@ class TenantBook:
 
     # ---- live changes -------------------------------------------------------------------
 
-    def set(self, name: object, weight: object, max_coflows=None, max_bytes=None) -> dict:
+    def set(self, name: object, weight: object, max_coflows=None, max_bytes=None,
+            max_reserved_bytes_per_s=None) -> dict:  # fmt: skip
         """Add tenant `name` or change its weight and limits (`ctl tenant set`); journaled;
-        the policy takes it at its next round.
+        the policy takes it at its next round. Its reservations stay (`ctl tenant
+        unreserve` drops them).
 
         Returns:
             the tenant's row (`rows`).
 
         Raises:
-            RegistryError("bad_request"): a bad name or value; nothing changed.
+            RegistryError("bad_request"): a bad name or value, or a reservation cap below
+                what its reservations hold; nothing changed.
         """
-        try:
-            limits = make_limits(name, weight, max_coflows, max_bytes)
-        except TenantsError as exc:
-            raise RegistryError("bad_request", str(exc)) from None
         with self.lock:
-            if name in self.limits:  # its reservations stay (ctl tenant unreserve drops them)
-                limits.reservations = list(self.limits[name].reservations)
+            known = isinstance(name, str) and name in self.limits
+            held = self.limits[name].reservations if known else []
+            try:
+                limits = make_limits(name, weight, max_coflows, max_bytes, list(held),
+                                     max_reserved_bytes_per_s)  # fmt: skip
+            except TenantsError as exc:
+                raise RegistryError("bad_request", str(exc)) from None
             clash = [t for t in self.limits if t.lower() == name.lower() and t != name]
             if clash:
                 raise RegistryError("bad_request", f"tenant {name!r} clashes with {clash[0]!r}")
@@ -284,9 +294,9 @@ class TenantBook:
 
     def row(self, name: str, rates: dict[str, float] | None = None) -> dict:
         """One tenant: {"name", "weight", "share" (weight / sum of weights), "max_coflows",
-        "max_bytes", "reservations" (as in the tenants file), "reserved_bytes_per_s" (the
-        sum of its reservations whose window holds the time now), "active_coflows",
-        "bytes_in_flight", "allocated_bytes_per_s"}."""
+        "max_bytes", "max_reserved_bytes_per_s", "reservations" (as in the tenants file),
+        "reserved_bytes_per_s" (the sum of its reservations whose window holds the time
+        now), "active_coflows", "bytes_in_flight", "allocated_bytes_per_s"}."""
         rates = self.rates() if rates is None else rates
         with self.lock:
             lim = self.limits[name]
@@ -295,6 +305,7 @@ class TenantBook:
             return {
                 "name": name, "weight": lim.weight, "share": lim.weight / total,
                 "max_coflows": lim.max_coflows, "max_bytes": lim.max_bytes,
+                "max_reserved_bytes_per_s": lim.max_reserved_bytes_per_s,
                 "reservations": as_dict(lim)["reservations"],
                 "reserved_bytes_per_s": reserved_now(lim.reservations, time.time()),
                 "active_coflows": len(keys),

@@ -15,6 +15,9 @@ A TOML file (read with tomllib) checked against msgspec Structs that forbid unkn
     max_coflows = 100              # optional: active coflows at most (> 0)
     max_bytes = 1_000_000_000_000  # optional: bytes not yet delivered of its active
                                    # coflows, the new one's included, at most (> 0)
+    max_reserved_bytes_per_s = 1e8 # optional: its guarantees in force at once add up to
+                                   # at most this (> 0); a job may reserve for its own
+                                   # tenant only when this is set
 
     [[tenants.analytics.reservations]]  # optional, any number: a guaranteed rate
     src = "HK"                     # between two DCs (docs/design.md 4.5)
@@ -83,12 +86,15 @@ class TenantLimits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         weight: its weight (> 0, finite; dimensionless).
         max_coflows: active coflows at most (None: no limit).
         max_bytes: bytes still to deliver of its active coflows at most (None: no limit).
+        max_reserved_bytes_per_s: the sum of its guaranteed rates whose windows overlap at
+            most (bytes/s; None: no cap for operators, and jobs may not reserve).
         reservations: its guaranteed rates (ReservationSpec), admitted together.
     """
 
     weight: Annotated[float, msgspec.Meta(gt=0)]
     max_coflows: Annotated[int, msgspec.Meta(gt=0)] | None = None
     max_bytes: Annotated[int, msgspec.Meta(gt=0)] | None = None
+    max_reserved_bytes_per_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
     reservations: list[ReservationSpec] = msgspec.field(default_factory=list)
 
 
@@ -184,12 +190,46 @@ def check_config(config: TenantsFile) -> None:
 
 
 def check_limits(name: str, limits: TenantLimits) -> None:
-    """Raise TenantsError "tenants.NAME.weight: ..." for a weight that is not finite, or
-    "tenants.NAME.reservations[i].KEY: ..." for a reservation that cannot be (check_spec)."""
+    """Raise TenantsError "tenants.NAME.weight: ..." for a weight that is not finite,
+    "tenants.NAME.reservations[i].KEY: ..." for a reservation that cannot be (check_spec),
+    or "tenants.NAME.max_reserved_bytes_per_s: ..." for a cap that is not finite or that
+    its reservations exceed (check_reserved_cap)."""
     if not math.isfinite(limits.weight):
         raise TenantsError(f"tenants.{name}.weight: must be a finite number > 0")
     for i, spec in enumerate(limits.reservations):
         check_spec(f"tenants.{name}.reservations[{i}]", spec)
+    check_reserved_cap(f"tenants.{name}", limits)
+
+
+def check_reserved_cap(where: str, limits: TenantLimits) -> None:
+    """Raise TenantsError "WHERE.max_reserved_bytes_per_s: ..." when the cap is not finite
+    or the peak of the tenant's reservations (`peak_reserved`) is above it."""
+    cap = limits.max_reserved_bytes_per_s
+    if cap is None:
+        return
+    if not math.isfinite(cap):
+        raise TenantsError(f"{where}.max_reserved_bytes_per_s: must be a finite number > 0")
+    peak = peak_reserved(limits.reservations)
+    if peak > cap:
+        raise TenantsError(f"{where}.max_reserved_bytes_per_s: its reservations hold "
+                           f"{peak:.6g} B/s at once, more than {cap:.6g}")  # fmt: skip
+
+
+def peak_reserved(specs: list[ReservationSpec]) -> float:
+    """The largest sum of guaranteed rates (bytes/s) of `specs` whose windows [start_s,
+    end_s) hold one instant (None: open); 0.0 for none. The sum can only rise at a window's
+    start, so those are the instants checked (O(n^2) for n reservations)."""
+    lo, hi = -math.inf, math.inf
+    peak = 0.0
+    for s in specs:
+        t = lo if s.start_s is None else s.start_s
+        held = sum(
+            r.rate_bytes_per_s
+            for r in specs
+            if (lo if r.start_s is None else r.start_s) <= t < (hi if r.end_s is None else r.end_s)
+        )
+        peak = max(peak, held)
+    return peak
 
 
 def check_spec(where: str, spec: ReservationSpec) -> None:
@@ -217,6 +257,7 @@ def make_limits(
     max_coflows: object = None,
     max_bytes: object = None,
     reservations: object = (),
+    max_reserved_bytes_per_s: object = None,
 ) -> TenantLimits:
     """A checked TenantLimits for a live change (`ctl tenant set`) or a journaled record
     (`reservations`: ReservationSpec dicts or structs).
@@ -227,6 +268,7 @@ def make_limits(
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise TenantsError(f"bad tenant name {name!r:.70}: 1-64 characters of A-Z a-z 0-9 . _ -")
     fields = {"weight": weight, "max_coflows": max_coflows, "max_bytes": max_bytes,
+              "max_reserved_bytes_per_s": max_reserved_bytes_per_s,
               "reservations": msgspec.to_builtins(reservations)}  # fmt: skip
     try:
         limits = msgspec.convert(fields, TenantLimits)
@@ -237,9 +279,9 @@ def make_limits(
 
 
 def as_dict(limits: TenantLimits) -> dict:
-    """{"weight", "max_coflows", "max_bytes", "reservations": [{"src", "dst",
-    "rate_bytes_per_s", "ceil_bytes_per_s", "start_s", "end_s"}, ...]} (None where no
-    limit), plain data for the journal and the views."""
+    """{"weight", "max_coflows", "max_bytes", "max_reserved_bytes_per_s", "reservations":
+    [{"src", "dst", "rate_bytes_per_s", "ceil_bytes_per_s", "start_s", "end_s"}, ...]}
+    (None where no limit), plain data for the journal and the views."""
     return msgspec.to_builtins(limits)
 
 

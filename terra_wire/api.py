@@ -64,6 +64,7 @@ class ApiRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     weight: Scalar | msgspec.UnsetType = msgspec.UNSET  # tenant_set (tenant_api.py)
     max_coflows: Scalar | msgspec.UnsetType = msgspec.UNSET
     max_bytes: Scalar | msgspec.UnsetType = msgspec.UNSET
+    max_reserved_bytes_per_s: Scalar | msgspec.UnsetType = msgspec.UNSET
     src: Scalar | msgspec.UnsetType = msgspec.UNSET  # tenant_reserve / tenant_unreserve
     dst: Scalar | msgspec.UnsetType = msgspec.UNSET
     rate_bytes_per_s: Scalar | msgspec.UnsetType = msgspec.UNSET

@@ -433,6 +433,7 @@ function tenantLimits(t) {
   const out = [];
   if (t.max_coflows !== null && t.max_coflows !== undefined) out.push(`${t.max_coflows} coflows`);
   if (t.max_bytes !== null && t.max_bytes !== undefined) out.push(fmtBytes(t.max_bytes));
+  if (t.max_reserved_bytes_per_s) out.push(`${fmtRate(t.max_reserved_bytes_per_s)} reserved`);
   const text = out.length ? "at most " + out.join(", ") : "none";
   const held = (t.reservations || []).map((r) => `${r.src}→${r.dst} ${fmtRate(r.rate_bytes_per_s)}` +
     (r.ceil_bytes_per_s ? ` (ceiling ${fmtRate(r.ceil_bytes_per_s)})` : ""));

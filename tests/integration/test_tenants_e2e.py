@@ -91,8 +91,10 @@ def test_rates_follow_tenant_weights_and_change_live(system):
         assert "weight" in bad.stderr
         assert system.get("/tenants")["tenants"][1]["weight"] == 1.0
 
-        done = ctl(system, "tenant", "set", "bronze", "--weight", "3")
+        done = ctl(system, "tenant", "set", "bronze", "--weight", "3",
+                   "--max-reserved-bytes-per-s", "1e8")  # fmt: skip
         assert done.returncode == 0, done.stderr
+        assert system.get("/tenants")["tenants"][1]["max_reserved_bytes_per_s"] == 1e8
         ratio_settles(system, 1.0)
     finally:
         gold.cancel_coflow(g)

@@ -80,6 +80,16 @@ def test_a_bad_reservation_in_the_file_is_one_line(extra, expected):
     assert str(err.value) == expected
 
 
+def test_a_file_whose_reservations_exceed_the_tenants_cap_is_one_line():
+    text = FILE.replace("weight = 1\n", "weight = 1\nmax_reserved_bytes_per_s = 1.5e6\n", 1)
+    # two open windows, 1e6 each, at once: 2e6 > 1.5e6 (line 3: the cap's line)
+    with pytest.raises(TenantsError) as err:
+        parse_tenants(text + reservation(1e6) + reservation(1e6, src="LA", dst="NY"), "t.toml")
+    assert str(err.value) == ("t.toml: line 3: tenants.gold.max_reserved_bytes_per_s: its "
+                              "reservations hold 2e+06 B/s at once, more than 1.5e+06")  # fmt: skip
+    assert parse_tenants(text + reservation(1.5e6), "t.toml")  # at the cap: fine
+
+
 def submit(handler, job, tenant, src, dst):
     reply = handler.handle({"v": 1, "op": "submit", "flows": [flow("f", src, dst)]},
                            Identity(job, Role.JOB, tenant=tenant))  # fmt: skip
@@ -158,16 +168,64 @@ def test_a_bad_live_reservation_changes_nothing(tmp_path, request_, code):
     controller.close()
 
 
-def test_a_job_reserves_for_its_own_tenant_only():
-    controller, book = tenant_controller(FILE)
+def test_a_job_reserves_for_its_own_tenant_only_and_within_its_cap():
+    capped = FILE.replace("weight = 1\n", "weight = 1\nmax_reserved_bytes_per_s = 3e6\n", 1)
+    controller, book = tenant_controller(capped)
     handler = ApiHandler(controller)
     job = Identity("etl", Role.JOB, tenant="gold")
     ask = {"v": 1, "op": "tenant_reserve", "src": "LA", "dst": "NY", "rate_bytes_per_s": 1e6}
     reply = handler.handle(ask, job)
     assert reply["ok"] and reply["tenant"]["name"] == "gold"
+    assert reply["tenant"]["max_reserved_bytes_per_s"] == 3e6
     assert [s.src for s in book.limits["gold"].reservations] == ["LA"]
     reply = handler.handle(ask | {"name": "bronze"}, job)
     assert reply["code"] == "forbidden" and not book.limits["bronze"].reservations
+    # 1e6 held + 2.5e6 asked = 3.5e6 > 3e6: refused, nothing changed
+    before = book.record()
+    reply = handler.handle(ask | {"src": "HK", "rate_bytes_per_s": 2.5e6}, job)
+    assert reply["code"] == "reservation_refused", reply
+    assert "max_reserved_bytes_per_s: its reservations hold 3.5e+06 B/s at once" in reply["error"]
+    assert book.record() == before
+    # open windows all overlap: 1e6 + 2e6 = 3e6 is at the cap, admitted
+    reply = handler.handle(ask | {"src": "HK", "rate_bytes_per_s": 2e6}, job)
+    assert reply["ok"], reply
+    controller.close()
+
+
+def test_a_job_of_a_tenant_without_a_cap_may_not_reserve_but_an_operator_may():
+    controller, book = tenant_controller(FILE)
+    handler = ApiHandler(controller)
+    job = Identity("etl", Role.JOB, tenant="gold")
+    ask = {"v": 1, "op": "tenant_reserve", "src": "LA", "dst": "NY", "rate_bytes_per_s": 1e6}
+    reply = handler.handle(ask, job)
+    assert reply["code"] == "forbidden" and "only an operator reserves" in reply["error"]
+    assert not book.limits["gold"].reservations
+    reply = handler.handle(ask | {"name": "gold"}, OPERATOR)
+    assert reply["ok"] and reply["tenant"]["max_reserved_bytes_per_s"] is None
+    # the operator gives gold a cap below what it holds: refused, nothing changed
+    before = book.record()
+    reply = handler.handle({"v": 1, "op": "tenant_set", "name": "gold", "weight": 1,
+                            "max_reserved_bytes_per_s": 5e5}, OPERATOR)  # fmt: skip
+    assert reply["code"] == "bad_request" and "hold 1e+06 B/s at once" in reply["error"]
+    assert book.record() == before
+    reply = handler.handle({"v": 1, "op": "tenant_set", "name": "gold", "weight": 1,
+                            "max_reserved_bytes_per_s": 1e6}, OPERATOR)  # fmt: skip
+    assert reply["ok"] and len(reply["tenant"]["reservations"]) == 1
+    controller.close()
+
+
+def test_windows_that_do_not_overlap_are_capped_one_at_a_time():
+    from terra_controller.tenants_config import ReservationSpec, peak_reserved
+
+    def spec(rate_, start, end):
+        return ReservationSpec(src="HK", dst="BA", rate_bytes_per_s=rate_, start_s=start,
+                               end_s=end)  # fmt: skip
+
+    # [0, 10) 3 and [10, 20) 4 never together: 4; [5, 15) 2 overlaps both: max(3+2, 4+2) = 6
+    assert peak_reserved([spec(3, 0, 10), spec(4, 10, 20)]) == 4
+    assert peak_reserved([spec(3, 0, 10), spec(4, 10, 20), spec(2, 5, 15)]) == 6
+    assert peak_reserved([spec(3, None, 10), spec(4, 9, None)]) == 7
+    assert peak_reserved([]) == 0.0
 
 
 def test_the_files_reservations_apply_from_the_first_round_within_their_window():
