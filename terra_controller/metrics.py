@@ -45,6 +45,8 @@ ROUND_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
                  5.0, 10.0, float("inf"))  # fmt: skip
 LP_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05,
               0.1, 0.25, 1.0, float("inf"))  # fmt: skip
+CCT_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+               3600.0, float("inf"))  # fmt: skip
 ACTIVE_STATES = (CoflowStatus.QUEUED, CoflowStatus.RUNNING, CoflowStatus.PREEMPTED)
 ENDED_STATES = tuple(s.value for s in (CoflowStatus.DONE, CoflowStatus.FAILED,
                                        CoflowStatus.CANCELLED))  # fmt: skip

@@ -34,9 +34,16 @@ bounded by the tenants file and `ctl tenant set`):
                                                   guarantee μ* (absent with fewer than two
                                                   tenants active)
     terra_tenant_isolation_achieved               the isolation guarantee the rates reached
+    terra_tenant_progress{tenant}                 the tenant's weighted progress P_t/s_t in
+                                                  that round (its own isolation guarantee;
+                                                  the minimum over tenants is the one above)
+    terra_tenant_cct_seconds{tenant}              histogram of its finished coflows' CCTs
+                                                  (tenants.LiveTenantPolicy)
 """
 
 from __future__ import annotations
+
+import math
 
 from prometheus_client.core import GaugeMetricFamily
 
@@ -228,3 +235,12 @@ class TenantCollector:
             if view[key] is not None:
                 yield GaugeMetricFamily(f"terra_tenant_isolation_{key}", text,
                                         value=float(view[key]))  # fmt: skip
+        progress = GaugeMetricFamily(
+            "terra_tenant_progress",
+            "The tenant's weighted progress P_t/s_t in the last round with two or more "
+            "tenants active (its isolation guarantee)", labels=["tenant"],
+        )  # fmt: skip
+        for tenant, value in sorted(self.book.progress.items()):
+            if math.isfinite(value):
+                progress.add_metric([tenant], float(value))
+        yield progress

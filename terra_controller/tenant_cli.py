@@ -103,9 +103,13 @@ def scheduler_factory(args, topology, options, book):
 
 def attach_tenants(controller, book) -> None:
     """Give `controller` its TenantBook (None: nothing): the journal's live changes made
-    from this file are taken (tenants.py), the record is journaled, metrics registered."""
+    from this file are taken (tenants.py), the record is journaled, metrics registered
+    (tenant_api.TenantCollector and the per-tenant CCT histogram)."""
     if book is None:
         return
+    from prometheus_client import Histogram
+
+    from terra_controller.metrics import CCT_BUCKETS
     from terra_controller.tenant_api import TenantCollector
 
     with controller.lock:
@@ -115,6 +119,10 @@ def attach_tenants(controller, book) -> None:
     if controller.journal.tenants != book.record():
         book.save()
     controller.metrics.registry.register(TenantCollector(book))
+    book.cct = Histogram(
+        "terra_tenant_cct_seconds", "CCT of the tenant's finished coflows", ["tenant"],
+        buckets=CCT_BUCKETS, registry=controller.metrics.registry,
+    )  # fmt: skip
 
 
 # ---- ctl tenant ----------------------------------------------------------------------------

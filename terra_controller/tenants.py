@@ -66,6 +66,9 @@ class TenantBook:
         guarantee, achieved: the optimal isolation guarantee μ* of the last round and the
             one the rates reached (tenant_shares; None when fewer than two tenants were
             active).
+        progress: {tenant: its weighted progress P_t/s_t} in that round (empty then).
+        cct: a prometheus Histogram of finished coflows' CCTs (seconds) labelled by
+            tenant (`attach_tenants` makes it; None before).
         controller: the Controller, once attached (`attach_tenants`).
         topology, k: the WAN and tunnels per pair reservations are admitted on
             (reservations.py; None: the controller's, 4).
@@ -86,6 +89,8 @@ class TenantBook:
         self.version = 0
         self.guarantee: float | None = None
         self.achieved: float | None = None
+        self.progress: dict[str, float] = {}
+        self.cct = None
         self.controller = None
         self.topology = None
         self.k: int | None = None
@@ -296,7 +301,8 @@ class TenantBook:
         """One tenant: {"name", "weight", "share" (weight / sum of weights), "max_coflows",
         "max_bytes", "max_reserved_bytes_per_s", "reservations" (as in the tenants file),
         "reserved_bytes_per_s" (the sum of its reservations whose window holds the time
-        now), "active_coflows", "bytes_in_flight", "allocated_bytes_per_s"}."""
+        now), "active_coflows", "bytes_in_flight", "allocated_bytes_per_s", "progress" (its
+        weighted progress in the last round with two or more tenants active, else None)}."""
         rates = self.rates() if rates is None else rates
         with self.lock:
             lim = self.limits[name]
@@ -311,6 +317,7 @@ class TenantBook:
                 "active_coflows": len(keys),
                 "bytes_in_flight": sum(self.in_flight.get(k, 0.0) for k in keys),
                 "allocated_bytes_per_s": rates.get(name, 0.0),
+                "progress": _finite(self.progress.get(name)),
             }  # fmt: skip
 
     def rates(self) -> dict[str, float]:
@@ -416,9 +423,24 @@ class LiveTenantPolicy:
             self.book.in_flight[coflow_id] = self.book.in_flight.get(coflow_id, 0.0) + extra
 
     def remove_coflow(self, coflow_id: str, now: float) -> None:
-        """Forget a coflow that left the schedule."""
+        """Forget a coflow that left the schedule; a done one's CCT goes to its tenant's
+        histogram (`TenantBook.cct`)."""
         self.inner.remove_coflow(coflow_id, now)
+        self._observe_cct(coflow_id)
         self._forget(coflow_id)
+
+    def _observe_cct(self, key: str) -> None:
+        book = self.book
+        with book.lock:
+            tenant = book.coflows.get(key)
+        if tenant is None or book.cct is None or book.controller is None:
+            return
+        try:
+            cct = book.controller.registry.get(parse_coflow_key(key)).cct_s
+        except (RegistryError, ValueError):
+            return  # forgotten already (a cancelled or expired record)
+        if cct is not None:
+            book.cct.labels(tenant).observe(cct)
 
     def _forget(self, key: str) -> None:
         self.inner.spec.tenant_of.pop(key, None)
@@ -440,6 +462,7 @@ class LiveTenantPolicy:
                     self.book.in_flight[key] = float(sum(flows.values()))
             self.book.guarantee = stats["guarantee"][-1] if fresh else None
             self.book.achieved = stats["achieved"][-1] if fresh else None
+            self.book.progress = dict(self.inner.progress) if fresh else {}
         return allocation
 
 

@@ -98,6 +98,8 @@ class TenantPolicy:
             "guarantee" / "achieved": per multi-tenant round, Step A's optimal isolation
             guarantee μ* and the one reached: min over tenants of the weighted progress
             the capacity given to the tenant allows (docs/design.md 4.5; with `measure`).
+        progress: {tenant: that weighted progress P_t/s_t} of the last measured round
+            (empty before one).
 
     Raises:
         ValueError: a TerraPolicy argument out of range.
@@ -116,6 +118,7 @@ class TenantPolicy:
         self._first = next(iter(self._policies.values()))
         self._tenant: dict[str, str] = {}
         self.stats: dict = {"rounds": 0, "round_ms": [], "lps": 0, "guarantee": [], "achieved": []}
+        self.progress: dict[str, float] = {}
 
     # ----- Policy protocol -------------------------------------------------------------
 
@@ -369,14 +372,15 @@ class TenantPolicy:
         """Keep Step A's μ* and the isolation guarantee of the capacity each tenant was
         given (its share, plus its leftover when cooperative): min_t of its progress on
         that capacity over s_t (tenant_shares.allocation_progress)."""
-        weighted = [
-            allocation_progress(tenant_vol[t], paths, given[t], g) / found.weight_share[t]
+        weighted = {
+            t: allocation_progress(tenant_vol[t], paths, given[t], g) / found.weight_share[t]
             for t, g in found.solo_gamma.items()
             if t in found.weight_share
-        ]
+        }
         if weighted:
             self.stats["guarantee"].append(found.guarantee)
-            self.stats["achieved"].append(min(weighted))
+            self.stats["achieved"].append(min(weighted.values()))
+            self.progress = weighted
 
 
 def _attribute(extra: dict[str, PairRates], by_tenant: dict, rates: dict) -> None:

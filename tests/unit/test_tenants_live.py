@@ -172,6 +172,29 @@ def test_rates_follow_the_weights_and_an_operator_changes_them_live():
     assert "terra_tenant_isolation_guarantee" in metrics
 
 
+def test_each_tenant_has_its_progress_and_a_histogram_of_its_ccts():
+    controller, book = tenant_controller(TWO)
+    handler, ids = two_tenant_coflows(controller)
+    metrics = controller.metrics.render().decode()
+    # weights 3:1 on disjoint pairs of one link each way: both reach the same weighted
+    # progress, the round's isolation guarantee
+    assert set(book.progress) == {"gold", "bronze"}
+    assert min(book.progress.values()) == pytest.approx(book.achieved)
+    for tenant in ("gold", "bronze"):
+        assert f'terra_tenant_progress{{tenant="{tenant}"}}' in metrics
+    assert "terra_tenant_cct_seconds_count" not in metrics.replace("# TYPE", "")
+    assert controller.complete(ids["gold"], "f", "00")
+    controller.run_round()  # the done coflow leaves the policy
+    metrics = controller.metrics.render().decode()
+    assert 'terra_tenant_cct_seconds_count{tenant="gold"} 1.0' in metrics
+    assert 'terra_tenant_cct_seconds_count{tenant="bronze"}' not in metrics
+    assert book.progress == {}  # one tenant left active: no guarantee to measure
+    assert handler.handle({"v": 1, "op": "cancel", "coflow": ids["bronze"]}, OPERATOR)["ok"]
+    controller.run_round()  # a cancelled coflow has no CCT
+    assert 'cct_seconds_count{tenant="bronze"}' not in controller.metrics.render().decode()
+    controller.close()
+
+
 @pytest.mark.parametrize(
     "request_, code",
     [
