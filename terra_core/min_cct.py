@@ -53,7 +53,8 @@ class MinCct:
         gamma_s: Γ, the minimum CCT in seconds (math.inf when some FlowGroup
             cannot get any rate, i.e. λ* = 0).
         rates: {(src, dst): [(path, bytes/s), ...]}: the minimal allocation
-            (FlowGroup k gets d_k/Γ in total); empty when gamma_s is inf.
+            (FlowGroup k gets d_k/Γ in total); empty when gamma_s is inf, and when an
+            LP was solved for Γ only (min_cct's fewest_link_bytes False).
         lp_solved: True when an LP was solved, False when a shortcut was exact.
         prices: {link: y_e >= 0}: an optimal dual solution (link prices) of
             Optimization (1). For any volumes d', with m_k(y) = min over the
@@ -140,7 +141,8 @@ def min_cct(
             missing from it or below 1e-9 bytes/s carry nothing.
         use_shortcuts: allow the exact closed forms (False forces the LP; tests).
         fewest_link_bytes: run the second stage (see the module docstring); callers
-            that need only Γ and the prices, not the rates, skip it.
+            that need only Γ and the prices, not the rates, skip it (and get no rates
+            when an LP is solved: Γ and the prices are the same either way).
 
     Returns:
         MinCct with Γ in seconds and the per-path rates in bytes/s. Γ is 0 with
@@ -293,8 +295,9 @@ def _solve_lp(
     if lam <= 0:
         return MinCct(math.inf, lp_solved=True)
     lam = float(lam)  # (the same float64; Python arithmetic below is faster)
-    x2 = _fewest_link_bytes(h, m.lens, x) if fewest_link_bytes else x
-    rates = _split_rates(groups, m, x, x2, lam)
+    rates: PairRates = {}
+    if fewest_link_bytes:
+        rates = _split_rates(groups, m, x, _fewest_link_bytes(h, m.lens, x), lam)
     prices = {link: abs(duals[row]) for link, row in m.link_row.items() if duals[row] != 0}
     return MinCct(1.0 / lam, rates, lp_solved=True, prices=prices)
 
@@ -316,17 +319,27 @@ class _LpMatrix(NamedTuple):
 
 
 def _lp_matrix(groups: list[tuple[Pair, float, tuple[Path, ...]]]) -> _LpMatrix:
-    """The x columns of the LP over `groups` ((pair, bytes, paths) per FlowGroup)."""
+    """The x columns of the LP over `groups` ((pair, bytes, paths) per FlowGroup).
+
+    They depend only on the FlowGroups' paths, so they are kept per tuple of path tuples
+    (a coflow's ordering LP and its turn's LP, and the next rounds', mostly have the same
+    usable paths). The arrays are shared: callers must not write into them."""
+    return _lp_matrix_of(tuple(paths for _, _, paths in groups))
+
+
+@lru_cache(maxsize=8192)
+def _lp_matrix_of(group_paths: tuple[tuple[Path, ...], ...]) -> _LpMatrix:
+    """`_lp_matrix` of FlowGroups with these paths (usable, distinct, in order)."""
     seq: list[int] = []  # the links of every x column, in column order (global ids)
     lens: list[int] = []  # links per x column
     per_group: list[int] = []  # x columns per FlowGroup
-    for _, _, paths in groups:
+    for paths in group_paths:
         ids, hops = _columns_of(paths)
         seq.extend(ids)
         lens.extend(hops)
         per_group.append(len(hops))
-    group_of = np.repeat(np.arange(len(groups), dtype=np.int32), per_group)
-    cols = [path for _, _, paths in groups for path in paths]  # x column j's path
+    group_of = np.repeat(np.arange(len(group_paths), dtype=np.int32), per_group)
+    cols = [path for paths in group_paths for path in paths]  # x column j's path
     uniq, first, inverse = np.unique(np.asarray(seq), return_index=True, return_inverse=True)
     by_first = np.argsort(first)
     row_of = np.empty(len(uniq), dtype=np.int32)
@@ -341,6 +354,8 @@ def _lp_matrix(groups: list[tuple[Pair, float, tuple[Path, ...]]]) -> _LpMatrix:
     at_link[group_pos] = False
     index[at_link] = row_of[inverse.reshape(-1)]
     index[group_pos] = group_of + len(link_row)
+    for shared in (group_of, lens_arr, starts, index):
+        shared.flags.writeable = False
     return _LpMatrix(cols, group_of, lens_arr, link_row, starts, index)
 
 
