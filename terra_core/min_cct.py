@@ -153,8 +153,10 @@ def min_cct(
             not a finite number.
     """
     groups: list[tuple[Pair, float, tuple[Path, ...]]] = []
-    # links with capacity (absent ones have none); one set, then a C-level subset test per path
-    good = {link for link, c in capacity.items() if c > _MIN_CAPACITY}
+    # the links with capacity among those the FlowGroups' paths cross (absent ones have none);
+    # a subset test per path (only these links are looked up, not the whole WAN's)
+    good: set[Link] = set()
+    bad: set[Link] = set()
     for pair, volume in volumes.items():
         if not isinstance(volume, int | float) or math.isnan(volume) or math.isinf(volume):
             raise ValueError(f"FlowGroup {pair}: volume must be a finite number, got {volume!r}")
@@ -163,6 +165,9 @@ def min_cct(
         if pair not in paths:
             raise ValueError(f"FlowGroup {pair[0]}->{pair[1]}: no path set for this DC pair")
         distinct, crossed = _distinct_paths(tuple(paths[pair]))
+        if not (good.issuperset(crossed) or bad.issuperset(crossed)):
+            for link in crossed:
+                (good if capacity.get(link, 0.0) > _MIN_CAPACITY else bad).add(link)
         if good.issuperset(crossed):  # (most pairs: every path usable)
             usable = distinct
         else:
@@ -266,24 +271,18 @@ def _solve_lp(
     """
     m = _lp_matrix(groups)
     n_links, n_groups = len(m.link_row), len(groups)
-    caps = np.empty(n_links)
-    for link, row in m.link_row.items():
-        caps[row] = capacity[link]
+    caps = np.fromiter(map(capacity.__getitem__, m.link_row), float, n_links)  # (row order)
     big_c = caps.max()
     big_d = max(g[1] for g in groups)
-    value = np.ones(len(m.index) + n_groups)
-    value[len(m.index) :] = [-volume / big_d for _, volume, _ in groups]
-    index = np.concatenate([m.index, np.arange(n_links, n_links + n_groups, dtype=np.int32)])
-    starts = np.append(m.starts, len(index)).astype(np.int32)
-    n_cols = len(m.cols) + 1
-    row_lower = np.concatenate([np.full(n_links, -INF), np.zeros(n_groups)])
+    n_x = len(m.index)
+    value = np.ones(n_x + n_groups)
+    value[n_x:] = [-volume / big_d for _, volume, _ in groups]
     row_upper = np.concatenate([caps / big_c, np.zeros(n_groups)])
-    cost = np.zeros(n_cols)
-    cost[-1] = 1.0
+    a = m.lp
     h = _highs()
     pass_lp(
-        h, True, cost, np.zeros(n_cols), np.full(n_cols, INF), row_lower, row_upper, starts,
-        index, value,
+        h, True, a.cost, a.col_lower, a.col_upper, a.row_lower, row_upper, a.starts, a.index,
+        value,
     )  # fmt: skip
     if not solve(h):
         status = h.modelStatusToString(h.getModelStatus())
@@ -302,13 +301,27 @@ def _solve_lp(
     return MinCct(1.0 / lam, rates, lp_solved=True, prices=prices)
 
 
+class _LpArrays(NamedTuple):
+    """The arrays of `_solve_lp`'s LP that depend only on its columns (the λ column
+    included): costs (1 on λ'), column bounds [0, inf), link rows' lower bounds (-inf;
+    FlowGroup rows 0), CSC starts and row indices. Capacities and volumes are per LP."""
+
+    cost: np.ndarray
+    col_lower: np.ndarray
+    col_upper: np.ndarray
+    row_lower: np.ndarray
+    starts: np.ndarray
+    index: np.ndarray
+
+
 class _LpMatrix(NamedTuple):
     """The x columns of `_solve_lp`'s LP in CSC form, before the λ column.
 
     cols: x column j's path; group_of: int32[j], its FlowGroup; lens: int32[j], its links;
     link_row: {link: row}, link rows in order of first appearance in the columns (the order
     HiGHS has always seen); starts: int32[j + 1] column starts; index: int32 row of every
-    entry (a column's links, then its FlowGroup row n_links + k, coefficient 1)."""
+    entry (a column's links, then its FlowGroup row n_links + k, coefficient 1); lp: the
+    whole LP's fixed arrays (_LpArrays)."""
 
     cols: list[Path]
     group_of: np.ndarray
@@ -316,6 +329,21 @@ class _LpMatrix(NamedTuple):
     link_row: dict[Link, int]
     starts: np.ndarray
     index: np.ndarray
+    lp: _LpArrays
+
+
+def _lp_arrays(starts: np.ndarray, index: np.ndarray, n_links: int, n_groups: int) -> _LpArrays:
+    """`_LpArrays` of the LP whose x columns are `starts`/`index` (CSC), λ' last."""
+    lp_index = np.concatenate([index, np.arange(n_links, n_links + n_groups, dtype=np.int32)])
+    lp_starts = np.append(starts, len(lp_index)).astype(np.int32)
+    n_cols = len(starts)  # (the x columns and λ')
+    cost = np.zeros(n_cols)
+    cost[-1] = 1.0
+    row_lower = np.concatenate([np.full(n_links, -INF), np.zeros(n_groups)])
+    out = _LpArrays(cost, np.zeros(n_cols), np.full(n_cols, INF), row_lower, lp_starts, lp_index)
+    for shared in out:
+        shared.flags.writeable = False
+    return out
 
 
 def _lp_matrix(groups: list[tuple[Pair, float, tuple[Path, ...]]]) -> _LpMatrix:
@@ -356,7 +384,8 @@ def _lp_matrix_of(group_paths: tuple[tuple[Path, ...], ...]) -> _LpMatrix:
     index[group_pos] = group_of + len(link_row)
     for shared in (group_of, lens_arr, starts, index):
         shared.flags.writeable = False
-    return _LpMatrix(cols, group_of, lens_arr, link_row, starts, index)
+    lp = _lp_arrays(starts, index, len(link_row), len(group_paths))
+    return _LpMatrix(cols, group_of, lens_arr, link_row, starts, index, lp)
 
 
 def _split_rates(groups, m: _LpMatrix, x, x2, lam: float) -> PairRates:
