@@ -5,9 +5,10 @@ For every (topology, N) cell, N coflows are active at once: an event-driven run
 coflow that finishes is replaced at once by a new one, so N stays constant.
 Each event is one `TerraPolicy.allocate` call (one round, docs/design.md 4.2-4.3,
 with the Γ cache and memo a real run has); the first `--warmup` rounds (cold
-caches) are not counted. Prints the median / p95 wall ms and the LPs per round
-per cell, then the fitted growth: the slope of log(median ms) against log(DCs)
-at fixed N and against log(N) at fixed topology (least squares).
+caches) are not counted. Prints the median / p95 wall ms, the LPs per round, the CPU
+seconds of the counted rounds and the wall seconds HiGHS ran in them ("LP s", the part
+no Python change can remove) per cell, then the fitted growth: the slope of log(median
+ms) against log(DCs) at fixed N and against log(N) at fixed topology (least squares).
 
 Topologies: `synthD` is a seeded synthetic connected WAN of D DCs
 (`synthetic_wan`: Waxman-style, average degree 3.5); the built-ins are swan,
@@ -27,8 +28,9 @@ puts the two side by side with the ratio of the medians (tenants / Terra).
         [--coflows 10 1000 ...] [--rounds R] [--tenants N] [--json OUT]
 
 JSON: {"cells": [{"topology", "dcs", "coflows", "round_ms_median", "round_ms_p95",
-"lps_per_round", "cpu_s"; with --tenants also "tenants", "tenant_round_ms_median",
-"tenant_round_ms_p95", "tenant_lps_per_round", "tenant_cpu_s", "ratio"}], "fit": {...},
+"lps_per_round", "cpu_s", "solver_s"; with --tenants also "tenants",
+"tenant_round_ms_median", "tenant_round_ms_p95", "tenant_lps_per_round", "tenant_cpu_s",
+"tenant_solver_s", "ratio"}], "fit": {...},
 "loadavg": [1, 5, 15 min]}.
 """
 
@@ -46,6 +48,7 @@ from pathlib import Path as FsPath
 import networkx as nx
 import numpy as np
 
+from terra_core.lp import observe_solves
 from terra_core.tenant_policy import TenantPolicy, TenantSpec
 from terra_core.terra_policy import TerraPolicy
 from terra_model import Coflow, Flow
@@ -173,12 +176,15 @@ class _Run:
     def step(self) -> tuple[float, float, int]:
         """One round, then the run moves on to the next event.
 
-        Returns (wall ms, CPU s, LPs) of the round's `allocate` call.
+        Returns (wall ms, CPU s, LPs, solver s) of the round's `allocate` call (solver s:
+        the wall seconds HiGHS ran in it, lp.observe_solves).
         """
         lps_before = self.policy.stats["lps"]
+        solver: list[float] = []
         cpu = time.process_time()
         start = time.perf_counter()
-        alloc = self.policy.allocate(self.now, self.remaining)
+        with observe_solves(solver.append):
+            alloc = self.policy.allocate(self.now, self.remaining)
         elapsed = (time.perf_counter() - start) * 1000.0
         cpu = time.process_time() - cpu
         lps = self.policy.stats["lps"] - lps_before
@@ -187,7 +193,7 @@ class _Run:
             del self.remaining[cid]
             self.policy.remove_coflow(cid, self.now)
             self._arrive()
-        return elapsed, cpu, lps
+        return elapsed, cpu, lps, math.fsum(solver)
 
 
 def run_cell(
@@ -199,8 +205,9 @@ def run_cell(
 
     Returns:
         {"round_ms": [ms per counted round], "lps": [LPs per counted round], "cpu_s": CPU
-        seconds of the counted rounds}; with tenants also "tenant_round_ms",
-        "tenant_lps", "tenant_cpu_s", the same for the tenants' run.
+        seconds of the counted rounds, "solver_s": HiGHS's wall seconds in them}; with
+        tenants also "tenant_round_ms", "tenant_lps", "tenant_cpu_s", "tenant_solver_s",
+        the same for the tenants' run.
     """
     runs = {"": _Run(topo, n, seed)}
     if tenants:
@@ -208,13 +215,15 @@ def run_cell(
     out: dict = {}
     for key in runs:
         out.update({key + "round_ms": [], key + "lps": [], key + "cpu_s": 0.0})
+        out[key + "solver_s"] = 0.0
     for i in range(warmup + rounds):
         for key, run in runs.items():
-            ms, cpu, lps = run.step()
+            ms, cpu, lps, solver = run.step()
             if i >= warmup:
                 out[key + "round_ms"].append(ms)
                 out[key + "lps"].append(lps)
                 out[key + "cpu_s"] += cpu
+                out[key + "solver_s"] += solver
     return out
 
 
@@ -285,11 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     cells = []
     head = (
         f"{'topology':<10} {'DCs':>4} {'links':>5} {'coflows':>7} {'median ms':>10} "
-        f"{'p95 ms':>9} {'LPs/round':>9} {'CPU s':>7}"
+        f"{'p95 ms':>9} {'LPs/round':>9} {'CPU s':>7} {'LP s':>6}"
     )
     if args.tenants:
         head += f" | {'tenants':>7} {'median ms':>10} {'p95 ms':>9} {'LPs/round':>9} "
-        head += f"{'CPU s':>7} {'ratio':>6}"
+        head += f"{'CPU s':>7} {'LP s':>6} {'ratio':>6}"
     print(head)
     for name in args.topologies:
         topo = make_topology(name)
@@ -300,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             line = (
                 f"{name:<10} {cell['dcs']:>4} {len(topo.capacity) // 2:>5} {n:>7} "
                 f"{cell['round_ms_median']:>10.2f} {cell['round_ms_p95']:>9.2f} "
-                f"{cell['lps_per_round']:>9.1f} {cell['cpu_s']:>7.2f}"
+                f"{cell['lps_per_round']:>9.1f} {cell['cpu_s']:>7.2f} {cell['solver_s']:>6.2f}"
             )
             if args.tenants:
                 cell["tenants"] = args.tenants
@@ -309,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
                 line += (
                     f" | {args.tenants:>7} {cell['tenant_round_ms_median']:>10.2f} "
                     f"{cell['tenant_round_ms_p95']:>9.2f} {cell['tenant_lps_per_round']:>9.1f} "
-                    f"{cell['tenant_cpu_s']:>7.2f} {cell['ratio']:>6.2f}"
+                    f"{cell['tenant_cpu_s']:>7.2f} {cell['tenant_solver_s']:>6.2f} "
+                    f"{cell['ratio']:>6.2f}"
                 )
             cells.append(cell)
             print(line, flush=True)
@@ -326,13 +336,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _summary(res: dict, key: str) -> dict:
-    """Median / p95 ms, mean LPs per round and CPU s of one run of `run_cell`'s result,
+    """Median / p95 ms, mean LPs per round, CPU s and solver s of one run of `run_cell`'s result,
     keys prefixed by `key` ("" for Terra, "tenant_" for the tenants' run)."""
     return {
         key + "round_ms_median": float(np.median(res[key + "round_ms"])),
         key + "round_ms_p95": float(np.quantile(res[key + "round_ms"], 0.95)),
         key + "lps_per_round": float(np.mean(res[key + "lps"])),
         key + "cpu_s": res[key + "cpu_s"],
+        key + "solver_s": res[key + "solver_s"],
     }
 
 

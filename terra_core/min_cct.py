@@ -53,7 +53,8 @@ class MinCct:
         gamma_s: Γ, the minimum CCT in seconds (math.inf when some FlowGroup
             cannot get any rate, i.e. λ* = 0).
         rates: {(src, dst): [(path, bytes/s), ...]}: the minimal allocation
-            (FlowGroup k gets d_k/Γ in total); empty when gamma_s is inf.
+            (FlowGroup k gets d_k/Γ in total); empty when gamma_s is inf, and when an
+            LP was solved for Γ only (min_cct's fewest_link_bytes False).
         lp_solved: True when an LP was solved, False when a shortcut was exact.
         prices: {link: y_e >= 0}: an optimal dual solution (link prices) of
             Optimization (1). For any volumes d', with m_k(y) = min over the
@@ -140,7 +141,8 @@ def min_cct(
             missing from it or below 1e-9 bytes/s carry nothing.
         use_shortcuts: allow the exact closed forms (False forces the LP; tests).
         fewest_link_bytes: run the second stage (see the module docstring); callers
-            that need only Γ and the prices, not the rates, skip it.
+            that need only Γ and the prices, not the rates, skip it (and get no rates
+            when an LP is solved: Γ and the prices are the same either way).
 
     Returns:
         MinCct with Γ in seconds and the per-path rates in bytes/s. Γ is 0 with
@@ -151,8 +153,10 @@ def min_cct(
             not a finite number.
     """
     groups: list[tuple[Pair, float, tuple[Path, ...]]] = []
-    # links with capacity (absent ones have none); one set, then a C-level subset test per path
-    good = {link for link, c in capacity.items() if c > _MIN_CAPACITY}
+    # the links with capacity among those the FlowGroups' paths cross (absent ones have none);
+    # a subset test per path (only these links are looked up, not the whole WAN's)
+    good: set[Link] = set()
+    bad: set[Link] = set()
     for pair, volume in volumes.items():
         if not isinstance(volume, int | float) or math.isnan(volume) or math.isinf(volume):
             raise ValueError(f"FlowGroup {pair}: volume must be a finite number, got {volume!r}")
@@ -161,6 +165,9 @@ def min_cct(
         if pair not in paths:
             raise ValueError(f"FlowGroup {pair[0]}->{pair[1]}: no path set for this DC pair")
         distinct, crossed = _distinct_paths(tuple(paths[pair]))
+        if not (good.issuperset(crossed) or bad.issuperset(crossed)):
+            for link in crossed:
+                (good if capacity.get(link, 0.0) > _MIN_CAPACITY else bad).add(link)
         if good.issuperset(crossed):  # (most pairs: every path usable)
             usable = distinct
         else:
@@ -264,24 +271,18 @@ def _solve_lp(
     """
     m = _lp_matrix(groups)
     n_links, n_groups = len(m.link_row), len(groups)
-    caps = np.empty(n_links)
-    for link, row in m.link_row.items():
-        caps[row] = capacity[link]
+    caps = np.fromiter(map(capacity.__getitem__, m.link_row), float, n_links)  # (row order)
     big_c = caps.max()
     big_d = max(g[1] for g in groups)
-    value = np.ones(len(m.index) + n_groups)
-    value[len(m.index) :] = [-volume / big_d for _, volume, _ in groups]
-    index = np.concatenate([m.index, np.arange(n_links, n_links + n_groups, dtype=np.int32)])
-    starts = np.append(m.starts, len(index)).astype(np.int32)
-    n_cols = len(m.cols) + 1
-    row_lower = np.concatenate([np.full(n_links, -INF), np.zeros(n_groups)])
+    n_x = len(m.index)
+    value = np.ones(n_x + n_groups)
+    value[n_x:] = [-volume / big_d for _, volume, _ in groups]
     row_upper = np.concatenate([caps / big_c, np.zeros(n_groups)])
-    cost = np.zeros(n_cols)
-    cost[-1] = 1.0
+    a = m.lp
     h = _highs()
     pass_lp(
-        h, True, cost, np.zeros(n_cols), np.full(n_cols, INF), row_lower, row_upper, starts,
-        index, value,
+        h, True, a.cost, a.col_lower, a.col_upper, a.row_lower, row_upper, a.starts, a.index,
+        value,
     )  # fmt: skip
     if not solve(h):
         status = h.modelStatusToString(h.getModelStatus())
@@ -293,10 +294,24 @@ def _solve_lp(
     if lam <= 0:
         return MinCct(math.inf, lp_solved=True)
     lam = float(lam)  # (the same float64; Python arithmetic below is faster)
-    x2 = _fewest_link_bytes(h, m.lens, x) if fewest_link_bytes else x
-    rates = _split_rates(groups, m, x, x2, lam)
+    rates: PairRates = {}
+    if fewest_link_bytes:
+        rates = _split_rates(groups, m, x, _fewest_link_bytes(h, m.lens, x), lam)
     prices = {link: abs(duals[row]) for link, row in m.link_row.items() if duals[row] != 0}
     return MinCct(1.0 / lam, rates, lp_solved=True, prices=prices)
+
+
+class _LpArrays(NamedTuple):
+    """The arrays of `_solve_lp`'s LP that depend only on its columns (the λ column
+    included): costs (1 on λ'), column bounds [0, inf), link rows' lower bounds (-inf;
+    FlowGroup rows 0), CSC starts and row indices. Capacities and volumes are per LP."""
+
+    cost: np.ndarray
+    col_lower: np.ndarray
+    col_upper: np.ndarray
+    row_lower: np.ndarray
+    starts: np.ndarray
+    index: np.ndarray
 
 
 class _LpMatrix(NamedTuple):
@@ -305,7 +320,8 @@ class _LpMatrix(NamedTuple):
     cols: x column j's path; group_of: int32[j], its FlowGroup; lens: int32[j], its links;
     link_row: {link: row}, link rows in order of first appearance in the columns (the order
     HiGHS has always seen); starts: int32[j + 1] column starts; index: int32 row of every
-    entry (a column's links, then its FlowGroup row n_links + k, coefficient 1)."""
+    entry (a column's links, then its FlowGroup row n_links + k, coefficient 1); lp: the
+    whole LP's fixed arrays (_LpArrays)."""
 
     cols: list[Path]
     group_of: np.ndarray
@@ -313,20 +329,45 @@ class _LpMatrix(NamedTuple):
     link_row: dict[Link, int]
     starts: np.ndarray
     index: np.ndarray
+    lp: _LpArrays
+
+
+def _lp_arrays(starts: np.ndarray, index: np.ndarray, n_links: int, n_groups: int) -> _LpArrays:
+    """`_LpArrays` of the LP whose x columns are `starts`/`index` (CSC), λ' last."""
+    lp_index = np.concatenate([index, np.arange(n_links, n_links + n_groups, dtype=np.int32)])
+    lp_starts = np.append(starts, len(lp_index)).astype(np.int32)
+    n_cols = len(starts)  # (the x columns and λ')
+    cost = np.zeros(n_cols)
+    cost[-1] = 1.0
+    row_lower = np.concatenate([np.full(n_links, -INF), np.zeros(n_groups)])
+    out = _LpArrays(cost, np.zeros(n_cols), np.full(n_cols, INF), row_lower, lp_starts, lp_index)
+    for shared in out:
+        shared.flags.writeable = False
+    return out
 
 
 def _lp_matrix(groups: list[tuple[Pair, float, tuple[Path, ...]]]) -> _LpMatrix:
-    """The x columns of the LP over `groups` ((pair, bytes, paths) per FlowGroup)."""
+    """The x columns of the LP over `groups` ((pair, bytes, paths) per FlowGroup).
+
+    They depend only on the FlowGroups' paths, so they are kept per tuple of path tuples
+    (a coflow's ordering LP and its turn's LP, and the next rounds', mostly have the same
+    usable paths). The arrays are shared: callers must not write into them."""
+    return _lp_matrix_of(tuple(paths for _, _, paths in groups))
+
+
+@lru_cache(maxsize=8192)
+def _lp_matrix_of(group_paths: tuple[tuple[Path, ...], ...]) -> _LpMatrix:
+    """`_lp_matrix` of FlowGroups with these paths (usable, distinct, in order)."""
     seq: list[int] = []  # the links of every x column, in column order (global ids)
     lens: list[int] = []  # links per x column
     per_group: list[int] = []  # x columns per FlowGroup
-    for _, _, paths in groups:
+    for paths in group_paths:
         ids, hops = _columns_of(paths)
         seq.extend(ids)
         lens.extend(hops)
         per_group.append(len(hops))
-    group_of = np.repeat(np.arange(len(groups), dtype=np.int32), per_group)
-    cols = [path for _, _, paths in groups for path in paths]  # x column j's path
+    group_of = np.repeat(np.arange(len(group_paths), dtype=np.int32), per_group)
+    cols = [path for paths in group_paths for path in paths]  # x column j's path
     uniq, first, inverse = np.unique(np.asarray(seq), return_index=True, return_inverse=True)
     by_first = np.argsort(first)
     row_of = np.empty(len(uniq), dtype=np.int32)
@@ -341,7 +382,10 @@ def _lp_matrix(groups: list[tuple[Pair, float, tuple[Path, ...]]]) -> _LpMatrix:
     at_link[group_pos] = False
     index[at_link] = row_of[inverse.reshape(-1)]
     index[group_pos] = group_of + len(link_row)
-    return _LpMatrix(cols, group_of, lens_arr, link_row, starts, index)
+    for shared in (group_of, lens_arr, starts, index):
+        shared.flags.writeable = False
+    lp = _lp_arrays(starts, index, len(link_row), len(group_paths))
+    return _LpMatrix(cols, group_of, lens_arr, link_row, starts, index, lp)
 
 
 def _split_rates(groups, m: _LpMatrix, x, x2, lam: float) -> PairRates:

@@ -203,6 +203,8 @@ def _sequential(active, others, paths, capacity, r, hints, memo, rates, result, 
     hints = hints or {}
     heap = []
     pair_flow = _pair_flow_cache(memo, capacity)
+    _fill_pair_flow([active[cid] for cid in others if cid not in hints], paths, capacity,
+                    pair_flow, index)  # fmt: skip
     for pos, cid in enumerate(others):
         key, exact = hints.get(cid) or (
             _quick_bound(active[cid], paths, capacity, pair_flow),
@@ -254,6 +256,34 @@ def _quick_bound(volumes, paths, capacity, pair_flow: dict | None = None) -> flo
             )
         bound = max(bound, d / flow if flow > 0 else math.inf)
     return bound
+
+
+def _fill_pair_flow(coflows, paths, capacity, pair_flow: dict, index: PathIndex) -> None:
+    """Put `_quick_bound`'s denominator Σ_{p ∈ P_k} min_{e ∈ p} c_e (bytes/s) of every pair
+    of `coflows` ({pair: bytes} dicts) missing from `pair_flow` into it, in one pass.
+
+    The bottlenecks come from one numpy minimum over the links' capacities (a minimum is
+    exact, so each is the float `_quick_bound` takes) and each pair's are summed in path
+    order as `_quick_bound` sums them: the same values, without a Python loop per link."""
+    todo = {pair: None for fgs in coflows for pair in fgs if pair not in pair_flow}
+    if len(todo) < 8:
+        return  # (`_quick_bound` fills the few that are left)
+    per_pair = [len(paths[pair]) for pair in todo]
+    ids = index.ids_of(p for pair in todo for p in paths[pair])
+    lens = np.fromiter(map(len, ids), np.intp, len(ids))
+    if not ids or not lens.all():
+        return  # (a path without links: `_quick_bound` raises as it always has)
+    flat = np.fromiter(chain.from_iterable(ids), np.intp, int(lens.sum()))
+    n = len(index.links)
+    cap = np.fromiter((capacity.get(link, 0.0) for link in index.links), float, n)
+    cap = np.append(cap, 0.0)  # (-1: a link outside the index has no capacity)
+    flat[flat < 0] = n
+    starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
+    bottleneck = np.minimum.reduceat(cap[flat], starts).tolist()
+    at = 0
+    for pair, count in zip(todo, per_pair, strict=True):
+        pair_flow[pair] = sum(bottleneck[at : at + count])
+        at += count
 
 
 def _pair_flow_cache(memo: dict | None, capacity: dict[Link, float]) -> dict[Pair, float]:

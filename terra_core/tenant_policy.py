@@ -117,6 +117,7 @@ class TenantPolicy:
         self._policies = {t: TerraPolicy(topology, **terra) for t in spec.weights}
         self._first = next(iter(self._policies.values()))
         self._tenant: dict[str, str] = {}
+        self._memo: dict = {}  # leftover_rates' path masks, cleared when the WAN changes
         self.stats: dict = {"rounds": 0, "round_ms": [], "lps": 0, "guarantee": [], "achieved": []}
         self.progress: dict[str, float] = {}
 
@@ -154,7 +155,10 @@ class TenantPolicy:
 
     def wan_changed(self, now: float) -> bool:
         """Tell every tenant's Terra; True when any of them wants a new allocation."""
-        return any([p.wan_changed(now) for p in self._policies.values()])
+        changed = any([p.wan_changed(now) for p in self._policies.values()])
+        if changed:
+            self._memo.clear()
+        return changed
 
     def allocate(self, now: float, remaining: Remaining) -> Allocation:
         """Rates per flow (policy.Policy.allocate): group_rates split by remaining bytes."""
@@ -359,7 +363,7 @@ class TenantPolicy:
             spare = spare_capacity(capacity, [rates])
             step_a = {t: {k: sum(x for _, x in lst) for k, lst in r.items()}
                       for t, r in found.rates.items()}  # fmt: skip
-            extra = leftover_rates(step_a, paths, spare, capacity)
+            extra = leftover_rates(step_a, paths, spare, capacity, self._memo)
             _attribute(extra, by_tenant, rates)
             for t, per_pair in extra.items():
                 for lst in per_pair.values():
@@ -416,10 +420,13 @@ def _within(rates: dict[str, PairRates], capacity: dict[Link, float]) -> dict[st
     over = {e: capacity.get(e, 0.0) / x for e, x in load.items() if x > capacity.get(e, 0.0)}
     if not over:
         return rates
+    over_links = over.keys()
     out: dict[str, PairRates] = {}
     for cid, per in rates.items():
-        out[cid] = {
-            pair: [(p, x * min([over.get(e, 1.0) for e in links_of(p)])) for p, x in lst]
-            for pair, lst in per.items()
-        }
+        mine = out[cid] = {}
+        for pair, lst in per.items():
+            if all(over_links.isdisjoint(links_of(p)) for p, _ in lst):
+                mine[pair] = list(lst)  # (x × min of 1.0s is x)
+                continue
+            mine[pair] = [(p, x * min([over.get(e, 1.0) for e in links_of(p)])) for p, x in lst]
     return out

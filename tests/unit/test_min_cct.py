@@ -176,3 +176,31 @@ def test_dual_bound_pairs_off_the_priced_links_cost_nothing():
     assert bound.path_price == {("A", "C"): 0.0, ("C", "A"): 0.0, ("A", "B"): 1.0}
     assert bound.capacity_price == 15.0
     assert bound.gamma({("A", "B"): 30.0, ("C", "A"): 99.0}) == 2.0  # 30 x 1 / 15
+
+
+def test_gamma_only_lp_gives_the_same_gamma_and_prices_without_rates():
+    # ATT, random coflows on a random residual: the LP solved for Γ only (the ordering LPs
+    # of a round) has Γ and prices equal to the bit to the full solve's, and no rates.
+    topo = load_topology("att")
+    paths = all_pairs_paths(topo, 4)
+    rng = random.Random(5)
+    cap = {e: c * rng.uniform(0.05, 1.0) for e, c in topo.capacity.items()}
+    pairs = sorted(paths)
+    for _ in range(20):
+        vol = {pair: rng.uniform(1e6, 1e9) for pair in rng.sample(pairs, rng.randint(2, 6))}
+        full = min_cct(vol, paths, cap)
+        only = min_cct(vol, paths, cap, fewest_link_bytes=False)
+        assert only.lp_solved and full.lp_solved
+        assert only.gamma_s == full.gamma_s and only.prices == full.prices
+        assert only.rates == {} and full.rates
+
+
+def test_a_path_over_a_link_without_capacity_is_not_used():
+    # A-C has no capacity (absent): A->C goes over A-B-C only, Γ = 100/10 = 10 s; with A-B
+    # absent too, A->C has no usable path.
+    cap = {e: c for e, c in TRIANGLE.items() if e != ("A", "C")}
+    res = min_cct({("A", "C"): 100.0, ("B", "C"): 1.0}, PATHS, cap, use_shortcuts=False)
+    assert res.gamma_s == pytest.approx(101 / 10)
+    assert [p for p, _ in res.rates[("A", "C")]] == [("A", "B", "C")]
+    del cap[("A", "B")]
+    assert min_cct({("A", "C"): 100.0}, PATHS, cap).gamma_s == math.inf

@@ -70,4 +70,6 @@ def test_tenants_run_assigns_coflow_i_to_tenant_i_mod_n_and_reports_both(tmp_pat
     # Step A alone solves an LP per active tenant: more LPs a round than plain Terra
     assert cell["tenant_lps_per_round"] > cell["lps_per_round"]
     assert cell["ratio"] == pytest.approx(cell["tenant_round_ms_median"] / cell["round_ms_median"])
+    # HiGHS's seconds are part of the round's: more than none (LPs ran), less than the round
+    assert 0 < cell["tenant_solver_s"] < 3 * cell["tenant_round_ms_p95"] / 1000.0
     assert "| " in capsys.readouterr().out

@@ -1,14 +1,20 @@
 """One Terra scheduling round (terra_core/scheduling_round.py, docs/design.md 4.2)."""
 
+import random
+
 import pytest
 
 from terra_core import round_fair_share
+from terra_core.path_masks import PathIndex
 from terra_core.scheduling_round import (
     DEADLINE,
     PREEMPTED,
     SCHEDULED,
+    _fill_pair_flow,
+    _quick_bound,
     schedule_round,
 )
+from topologies import all_pairs_paths, load_topology
 
 AB = ("A", "B")
 BC = ("B", "C")
@@ -231,3 +237,22 @@ def test_deadline_coflow_gets_spare_capacity_after_the_others():
     assert total(res.rates, "d1", ("A", "B")) == pytest.approx(5.0)
     assert total(res.rates, "c2", ("A", "B")) == pytest.approx(5.0)
     assert total(res.rates, "c2", ("C", "D")) == pytest.approx(1.0)
+
+
+def test_quick_bounds_filled_at_once_equal_the_pair_by_pair_ones():
+    # The round's seed bounds on Γ: every pair's Σ of path bottlenecks taken from one numpy
+    # minimum equals, to the bit, the sum _quick_bound makes link by link (ATT, a random
+    # share with some links absent, which count as no capacity).
+    topo = load_topology("att")
+    paths = all_pairs_paths(topo, 4)
+    rng = random.Random(3)
+    cap = {e: c * rng.random() for e, c in topo.capacity.items() if rng.random() > 0.1}
+    pairs = sorted(paths)
+    coflows = [{p: rng.uniform(1, 1e9) for p in rng.sample(pairs, 3)} for _ in range(40)]
+    filled: dict = {}
+    _fill_pair_flow(coflows, paths, cap, filled, PathIndex(tuple(cap)))
+    assert len(filled) > 8
+    for vol in coflows:
+        one_by_one: dict = {}
+        assert _quick_bound(vol, paths, cap, filled) == _quick_bound(vol, paths, cap, one_by_one)
+        assert all(filled[pair] == one_by_one[pair] for pair in vol)
