@@ -146,13 +146,15 @@ def tenant_spec(
     greedy: str | None,
     sharing: str,
     reservations: list | tuple = (),
+    pieces: int = PIECES,
 ) -> tuple[list[Coflow], TenantSpec]:
-    """The workload to run and its TenantSpec: `assign`, then `split_greedy` when `greedy`.
+    """The workload to run and its TenantSpec: `assign`, then `split_greedy` (each of
+    `greedy`'s coflows in `pieces`) when `greedy`.
 
     Raises:
         ValueError: as split_greedy and TenantSpec.
     """
     owner = assign(coflows, weights)
     if greedy is not None:
-        coflows, owner = split_greedy(coflows, owner, greedy)
+        coflows, owner = split_greedy(coflows, owner, greedy, pieces)
     return coflows, TenantSpec(dict(weights), owner, sharing, tuple(reservations))

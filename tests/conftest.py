@@ -61,6 +61,7 @@ TIERS = ("unit", "integration", "system")
 # Open vSwitch and Mininet are one per machine: with the suite in parallel (pytest-xdist,
 # addopts), every test of tests/system runs on one worker, one after the other, in
 # collection order (so a module's tests, and its module-scoped Mininet, stay together).
+# A module of tests/integration also stays on one worker (its module-scoped fixtures).
 OVS_GROUP = "ovs"
 MAX_WORKERS = 4  # each integration test runs a controller and agents: processes of their own
 
@@ -85,8 +86,10 @@ def pytest_xdist_auto_num_workers(config):
 
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadgroup`: tests/system is one work unit (OVS_GROUP) that one worker runs in
-    collection order; every other test is a unit of its own, handed to whichever worker is
-    free. xdist sends the largest units first, so the system tier (minutes) starts at once.
+    collection order; each module of tests/integration is one unit (its module-scoped
+    fixtures start controllers, agents, etcd: split over two workers, each worker would start
+    them again); every unit test is a unit of its own. Units go to whichever worker is free;
+    xdist sends the largest units first, so the system tier (minutes) starts at once.
 
     The group is decided here, on the test's path in the controller process, not by an
     `xdist_group` mark: xdist renames the marked tests' ids, which pytest 9 no longer allows
@@ -97,7 +100,11 @@ def pytest_xdist_make_scheduler(config, log):
 
     class SystemTierOnOneWorker(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return OVS_GROUP if nodeid.startswith("tests/system/") else nodeid
+            if nodeid.startswith("tests/system/"):
+                return OVS_GROUP
+            if nodeid.startswith("tests/integration/"):
+                return nodeid.split("::", 1)[0]  # the module
+            return nodeid
 
     return SystemTierOnOneWorker(config, log)
 

@@ -23,11 +23,24 @@ from terra_controller.client import TerraClient
 MB = 1_000_000
 
 
-@pytest.fixture
-def system(tmp_path, pki):
-    s = System(tmp_path, pki)
+@pytest.fixture(scope="module")
+def shared_system(tmp_path_factory, pki):
+    """One controller and three agents for the module's tests (each starts a controller and
+    four processes' worth of imports). Each test submits coflows of its own and ends with
+    them done and a controller running, restarted on the same ports and state directory."""
+    s = System(tmp_path_factory.mktemp("crash"), pki)
     yield s
     s.stop()
+
+
+@pytest.fixture
+def system(shared_system):
+    """`shared_system` with a controller running (a test that failed may have left it dead)
+    and the three agents registered with it."""
+    if shared_system.ctl.poll() is not None:
+        shared_system.start_controller()
+    shared_system.wait_agents()
+    return shared_system
 
 
 def kill_controller(system: System) -> None:

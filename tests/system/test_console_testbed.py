@@ -9,12 +9,13 @@ controller, in the root namespace) and signs in with the token, as an operator w
 client certificate does. Then, as a user: a link of the map carrying a coflow that moves
 bytes, that coflow in the link's list, its view (flows, sender and receiver agents,
 tunnels, rates, progress, compared with REST read over CA-verified TLS with the same
-token), the agents and the event log. SIGTERM then ends the run; everything the testbed
-started must be gone.
+token), the agents and the event log. SIGTERM then ends the run mid-transfer (a second test,
+on the same run; it runs without a browser too): everything the testbed started must be gone.
 
 Screenshots of the panels go to $TERRA_SCREENSHOTS when set (docs/img/testbed_console_*.png
-come from `TERRA_SCREENSHOTS=docs/img`), else to the test's temporary directory. Skips when
-chromium / chromium-driver, root, Open vSwitch or Mininet are missing.
+come from `TERRA_SCREENSHOTS=docs/img`), else to the test's temporary directory. The
+click-through skips when chromium / chromium-driver are missing; both tests skip without
+root, Open vSwitch or Mininet.
 """
 
 from __future__ import annotations
@@ -37,10 +38,7 @@ from test_testbed_runs import OUR_BRIDGES, _bridges, _processes_mentioning
 from benchmarks.web_page import PageDriver
 from mininet_scenarios.browser import browser_missing, start_browser
 
-pytestmark = [
-    pytest.mark.ovs,
-    pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing())),
-]
+pytestmark = pytest.mark.ovs
 
 # At load 20 Terra's run took 58 s (load average 12); load 40 doubles every flow's bytes, so
 # the coflows keep moving while a loaded machine's browser clicks through. SIGTERM ends the
@@ -189,13 +187,32 @@ def shots_dir(tmp_path: Path) -> Path:
     return out
 
 
-def test_click_through_from_the_map_to_a_coflow_during_a_testbed_transfer(ovs, tmp_path):
-    work, shots = tmp_path / "work", shots_dir(tmp_path)
-    started = time.monotonic()
-    testbed, driver = SwanRun(work), None
+@pytest.fixture(scope="module")
+def transfer(ovs, tmp_path_factory):
+    """The testbed run both tests use, its agents registered (coflows moving from then on);
+    stopped with SIGTERM at the end if a test has not stopped it.
+
+    Returns:
+        (the SwanRun, its --workdir, the operator page's match of CONSOLE_RE).
+    """
+    work = tmp_path_factory.mktemp("console-testbed") / "work"
+    testbed = SwanRun(work)
     try:
-        rest_url, api, pki, operator = testbed.wait_line(CONSOLE_RE, BRING_UP_S).groups()
+        console = testbed.wait_line(CONSOLE_RE, BRING_UP_S)
         testbed.wait_line("agents registered", BRING_UP_S)
+        yield testbed, work, console
+    finally:
+        testbed.stop()
+
+
+@pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
+def test_click_through_from_the_map_to_a_coflow_during_a_testbed_transfer(transfer, tmp_path):
+    testbed, _, console = transfer
+    shots = shots_dir(tmp_path)
+    started = time.monotonic()
+    driver = None
+    try:
+        rest_url, api, pki, operator = console.groups()
         token = ctl_login(api, pki, operator)
         rest = TokenRest(rest_url, Path(pki) / "ca.crt", token)
         driver = start_browser(1400, 1000)
@@ -210,15 +227,23 @@ def test_click_through_from_the_map_to_a_coflow_during_a_testbed_transfer(ovs, t
     finally:
         if driver is not None:
             driver.quit()
-        code = testbed.stop()
-    took = time.monotonic() - started
+    assert testbed.proc.poll() is None, testbed.output()  # the transfer goes on
+    print(
+        f"console click-through on the testbed: {time.monotonic() - started:.0f} s "
+        f"({progress} at its end), screenshots in {shots}"
+    )
+
+
+def test_sigterm_mid_run_tears_everything_down(transfer):
+    """SIGTERM while the testbed's coflows move (after the click-through, or 1 s after the
+    agents registered without a browser): exit status 130, no bridge or process left."""
+    testbed, work, _ = transfer
+    time.sleep(1.0)  # Terra's run under way
+    assert testbed.proc.poll() is None, testbed.output()  # load 40: minutes of transfer left
+    code = testbed.stop()
     assert code == 130, testbed.output()
     assert not (_bridges() & OUR_BRIDGES)
     assert _processes_mentioning(str(work)) == []
-    print(
-        f"console click-through on the testbed: {took:.0f} s ({progress} at its end), "
-        f"screenshots in {shots}"
-    )
 
 
 def click_busy_link(page: PageDriver, coflow: int, tries: int = 3) -> str:
