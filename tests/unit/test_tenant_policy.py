@@ -160,10 +160,9 @@ def test_parse_assign_split_and_per_tenant(tmp_path):
 
 def test_greedy_tenant_barely_moves_honest_tenants():
     # SWAN, the FB trace's first 6 coflows, 2 equal tenants; t1 replays each of its 3
-    # coflows as 20 (same bytes, same arrival; 60 coflows against t0's 3). Its shares depend
-    # on its summed volumes per DC pair only, not on how many coflows carry them, so the
-    # honest t0's average CCT moves by at most 5 % (measured: by 5e-10 relative; as little
-    # with 100 pieces, which takes 8 times longer).
+    # coflows as 100 (same bytes, same arrival; 300 coflows against t0's 3). Its shares
+    # depend on its summed volumes per DC pair only, not on how many coflows carry them, so
+    # the honest t0's average CCT moves by at most 5 % (measured: by 2e-10 relative).
     from workloads import load_workload
 
     topo = load_topology("swan")
@@ -171,8 +170,8 @@ def test_greedy_tenant_barely_moves_honest_tenants():
     weights = {"t0": 1.0, "t1": 1.0}
     runs = {}
     for greedy in (None, "t1"):
-        work, spec = tenant_spec(coflows, weights, greedy, "cooperative", pieces=20)
-        assert len(work) == (63 if greedy else 6)
+        work, spec = tenant_spec(coflows, weights, greedy, "cooperative", pieces=100)
+        assert len(work) == (303 if greedy else 6)
         policy = make_scheduler("terra", topo.copy(), SchedulerOptions(tenants=spec))
         runs[greedy] = per_tenant(simulate(policy, work), spec.tenant_of, greedy)
     assert runs["t1"]["t1"]["coflows"] == 3  # the pieces joined back, all finished
