@@ -44,7 +44,7 @@ def test_100_concurrent_submits_and_status_calls_share_one_connection(server):
     assert [s["id"] for s in statuses] == ids
     assert [s["bytes_total"] for s in statuses] == [1000 + i for i in range(100)]
     assert len(server.conns) == 1  # pipelined on one connection
-    assert new_threads == 0  # no thread per call
+    assert new_threads <= 0  # no thread per call (other tests' threads may end meanwhile)
     assert len(server.controller.registry.coflows) == 100
 
 
