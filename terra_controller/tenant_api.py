@@ -109,19 +109,15 @@ def op_tenant_remove(handler, request: dict, identity: Identity) -> dict:
 
 
 def _reserving_for(book, request: dict, identity: Identity) -> object:
-    """The tenant a reserve request is for: a job's own (only when an operator gave it a
-    max_reserved_bytes_per_s), else the operator's `name`.
+    """The tenant a reserve request is for: a job's own, else the operator's `name`.
 
     Raises:
-        RegistryError("forbidden"): a job names another tenant, or its tenant has no cap.
+        RegistryError("forbidden"): a job names another tenant.
     """
     if identity.role is Role.JOB and not identity.insecure:
         own = book.resolve(identity.tenant)
         if request.get("name", own) != own:
             raise RegistryError("forbidden", "a job reserves for its own tenant only")
-        if request.get("op") == "tenant_reserve" and book.reserve_cap(own) is None:
-            raise RegistryError("forbidden", f"tenant {own!r} has no max_reserved_bytes_per_s: "
-                                "only an operator reserves for it")  # fmt: skip
         return own
     return request.get("name") if "name" in request else book.fallback()
 
@@ -134,6 +130,9 @@ def op_tenant_reserve(handler, request: dict, identity: Identity) -> dict:
     _only(request, keys | {"name"})
     book = book_of(handler.controller)
     name = _reserving_for(book, request, identity)
+    if identity.role is Role.JOB and not identity.insecure and book.reserve_cap(name) is None:
+        raise RegistryError("forbidden", f"tenant {name!r} has no max_reserved_bytes_per_s: "
+                            "only an operator reserves for it")  # fmt: skip
     fields = {k: v for k, v in request.items() if k in keys}
     return {"tenant": reserve(book, name, fields)}
 

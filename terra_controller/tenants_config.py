@@ -219,17 +219,15 @@ def peak_reserved(specs: list[ReservationSpec]) -> float:
     """The largest sum of guaranteed rates (bytes/s) of `specs` whose windows [start_s,
     end_s) hold one instant (None: open); 0.0 for none. The sum can only rise at a window's
     start, so those are the instants checked (O(n^2) for n reservations)."""
-    lo, hi = -math.inf, math.inf
-    peak = 0.0
-    for s in specs:
-        t = lo if s.start_s is None else s.start_s
-        held = sum(
-            r.rate_bytes_per_s
-            for r in specs
-            if (lo if r.start_s is None else r.start_s) <= t < (hi if r.end_s is None else r.end_s)
-        )
-        peak = max(peak, held)
-    return peak
+    windows = [
+        (-math.inf if r.start_s is None else r.start_s,
+         math.inf if r.end_s is None else r.end_s, r.rate_bytes_per_s)
+        for r in specs
+    ]  # fmt: skip
+    return max(
+        (sum(rate for start, end, rate in windows if start <= t < end) for t, _, _ in windows),
+        default=0.0,
+    )
 
 
 def check_spec(where: str, spec: ReservationSpec) -> None:
