@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -117,11 +118,14 @@ class System:
         self.agents[agent].wait()
 
     def wait_agents(self, timeout: float = 20.0) -> None:
-        wait_until(
-            lambda: sum(a["connected"] for a in self.get("/status")["agents"]) == len(AGENTS),
-            timeout,
-            "agents to register",
-        )
+        def registered() -> bool:
+            try:
+                agents = self.get("/status")["agents"]
+            except urllib.error.URLError:  # REST opens just after the "ready" line
+                return False
+            return sum(a["connected"] for a in agents) == len(AGENTS)
+
+        wait_until(registered, timeout, "agents to register")
 
     def get(self, path: str):
         with urllib.request.urlopen(self.rest + path, timeout=5, context=self.rest_tls) as reply:
