@@ -4,7 +4,7 @@
         [--link-mbps M] [--workload fb|PATH] [--first I] [--coflows N] [--speedup S]
         [--load L] [--repeats R] [--hosts-per-dc H] [--k K] [--timeout S] [--workdir DIR]
         [--schedulers A,B,...] [--observe] [--controllers N [--kill-leader-at S]]
-        [--tenants N [--greedy-tenant] [--reserve TENANT:SRC:DST:MBPS]] [--log-level LEVEL]
+        [--tenants N [--greedy-tenant] [--reserve T:A:B:M]] [--log-level LEVEL]
     terra-testbed --version
 
 Defaults (full run, about 2 min): the 12-coflow FB burst (mininet_scenarios.workload) on
@@ -24,7 +24,7 @@ tenant's job certificate to a controller running N equal tenants; the summary ad
 tenant's average CCT. --greedy-tenant: each repeat runs Terra a second time with the last
 tenant's coflows split into 10 coflows each (same bytes and arrival) and reports how much
 the honest tenants' average CCT changed (mininet_scenarios.testbed_tenants).
---reserve t0:HK:BA:4: the tenants file gives tenant t0 a guaranteed 4 Mbit/s of payload from
+--reserve t0:HK:BA:3: the tenants file gives tenant t0 a guaranteed 3 Mbit/s of payload from
 DC HK to DC BA (no window: in every Terra run); each Terra run (honest and greedy) measures
 the rate t0's flows on HK->BA delivered while they had bytes, from the agents' reports, and
 the summary gives it against the guarantee (target >= 90 %; testbed_reservation).
@@ -206,12 +206,11 @@ def add_run_arguments(s: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     s.add_argument(
         "--greedy-tenant", action="store_true",
-        help="also run Terra with the last tenant's coflows split in 10 (same bytes)",
+        help="also rerun with the last tenant's coflows split in 10",
     )  # fmt: skip
     s.add_argument(
-        "--reserve", metavar="TENANT:SRC:DST:MBPS",
-        help="with --tenants: guarantee TENANT MBPS Mbit/s of payload from DC SRC to DC DST "
-        "(e.g. t0:HK:BA:4; in every Terra run) and report the rate its flows there got",
+        "--reserve", metavar="T:A:B:M",
+        help="with --tenants: guarantee T M Mbit/s from DC A to B",
     )  # fmt: skip
     s.add_argument(
         "--timeout",

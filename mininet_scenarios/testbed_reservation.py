@@ -151,8 +151,9 @@ def delivered_rate(samples: list) -> dict:
 def reservation_summary(reserve: Reserve, honest: list, greedy: list) -> dict:
     """The reservation's figures for the JSON: {"tenant", "src", "dst",
     "guarantee_bytes_per_s", "honest" / "greedy": [delivered_rate of each run's samples
-    with "fraction" = rate / guarantee and the "samples"], "min_fraction" (over every run; None without a
-    measured run), "target_fraction", "target_met"}. `honest` / `greedy`: RunResults."""
+    with "fraction" = rate / guarantee and the "samples"], "min_fraction" (over every run;
+    None without a measured run), "target_fraction", "target_met"}. `honest` / `greedy`:
+    RunResults."""
     out: dict = {"tenant": reserve.tenant, "src": reserve.src, "dst": reserve.dst,
                  "guarantee_bytes_per_s": reserve.rate_bytes_per_s}  # fmt: skip
     fractions = []
