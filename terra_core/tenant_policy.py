@@ -14,8 +14,13 @@ coflow on that pair that Terra gave the most rate (ties: arrival order).
 With guaranteed reservations (reservations.py) active in a round: every tenant with bytes
 on a reserved pair first gets its guaranteed rate there (over the pair's tunnels, on the
 links up), the round above runs on what is left, the guaranteed rate is added to the
-tenant's first coflow on the pair (admission order), and a tenant's rate on a pair with a
-ceiling is capped at it (borrowing up to the ceiling). Deadline admission counts the other
+tenant's first coflow with bytes on the pair in the order the tenant's Terra served this
+round (TerraPolicy.round_order: deadline coflows, the starving coflow, then smallest Γ
+first, so a small coflow is not stuck behind the tenant's big one), and a tenant's rate on
+a pair with a ceiling is capped at it (borrowing up to the ceiling). A coflow whose
+FlowGroup is smaller than the guarantee carries finishes it sooner; its FlowGroup ending
+asks for a round (controller) or is one (simulator), and the next round gives the
+guarantee to the next coflow in that order. Deadline admission counts the other
 tenants' guarantees overlapping the deadline's window as taken.
 """
 
@@ -279,8 +284,9 @@ class TenantPolicy:
         return floors(targets, paths, self._first._capacity())
 
     def _reserved_round(self, now: float, by_tenant: dict, floor: dict) -> dict[str, PairRates]:
-        """The guaranteed rates first, the tenants' round on what they leave, then the
-        guaranteed rates added to each tenant's first coflow on the pair and the ceilings."""
+        """The guaranteed rates first, the tenants' round on what they leave, then each
+        guaranteed rate added to the tenant's first coflow on the pair in its Terra order
+        (`_first_on`) and the ceilings."""
         capacity = self._first._capacity()
         taken: dict[Link, float] = {}
         for lst in floor.values():
@@ -292,7 +298,7 @@ class TenantPolicy:
         else:
             rates = self._tenant_round(now, by_tenant, left)
         for (t, pair), lst in floor.items():
-            cid = next(c for c, v in by_tenant[t].items() if v.get(pair, 0) > 0)
+            cid = self._first_on(t, pair, by_tenant[t])
             merged = dict(rates.setdefault(cid, {}).get(pair, ()))
             for path, x in lst:
                 merged[path] = merged.get(path, 0.0) + x
@@ -307,6 +313,17 @@ class TenantPolicy:
         if capped is not rates and self.spec.sharing == "cooperative":
             self._lend_capped(capped, owner, ceilings, by_tenant, capacity)
         return _within(capped, capacity)
+
+    def _first_on(self, tenant: str, pair: Pair, vols: dict[str, dict[Pair, float]]) -> str:
+        """The coflow that takes the tenant's guaranteed rate on `pair`: its first coflow
+        with bytes there in the order its Terra served them in this round
+        (TerraPolicy.round_order: deadline coflows, starving ones, then smallest Γ on the
+        tenant's capacity first; no extra LP); admission order for a coflow that round
+        did not see (none when the tenant's round ran)."""
+        for cid in self._policies[tenant].round_order():
+            if vols.get(cid, {}).get(pair, 0) > 0:
+                return cid
+        return next(c for c, v in vols.items() if v.get(pair, 0) > 0)
 
     def _lend_capped(self, rates, owner, ceilings, by_tenant, capacity) -> None:
         """Give what the ceilings freed to the other FlowGroups (in place): max-min over

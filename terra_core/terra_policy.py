@@ -124,6 +124,7 @@ class TerraPolicy:
         self._state: dict[str, PolicyState] = {}
         self._memo = RoundMemo()  # what a round keeps for the next (round_memo.py)
         self._total: dict[str, dict[Pair, float]] = {}  # aged guards: all bytes ever added
+        self._last_order: tuple = ({}, [], [])  # the last round's deadlines, starving, Γ order
 
     # ----- Policy protocol -------------------------------------------------------------
 
@@ -314,6 +315,7 @@ class TerraPolicy:
             starving=starving,
             starving_fair=self.guard.mode == "aged-fair",
         )
+        self._last_order = (deadlines, starving or [], result.order)
         for cid, res in result.exact.items() if share is None else ():
             bound = DualBound.build(volumes[cid], paths, capacity, res.prices)
             self._gamma[cid] = (volumes[cid], res.gamma_s, bound)
@@ -335,6 +337,17 @@ class TerraPolicy:
         """Ids of the active coflows starving at `now` (seconds), oldest first
         (aged guards; [] with the fixed guard)."""
         return self._clock.starving(now, self._coflows) if self.guard.aged else []
+
+    def round_order(self) -> list[str]:
+        """Ids of the last round's coflows (those with bytes) in the order Terra served
+        them: the admitted deadline coflows, earliest deadline first (step 1); the
+        starving coflows, oldest first (aged guards, step 2'); then the others in the
+        Γ order of steps 3-4 (smallest first, Γ on the round's capacity; a coflow
+        preempted without an LP at the place of its lower bound on Γ). Built from what
+        the round kept: no LP. [] before the first round."""
+        deadlines, starving, by_gamma = self._last_order
+        first = sorted(deadlines, key=deadlines.__getitem__)  # (stable: ties by admission)
+        return list(dict.fromkeys([*first, *starving, *by_gamma]))
 
     def gamma_empty(self, coflow: Coflow) -> float:
         """Γ of `coflow` alone on the empty WAN (every link up, current capacities), seconds.
