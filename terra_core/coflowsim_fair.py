@@ -34,7 +34,7 @@ class CoflowSimFairPolicy(MaddPolicy):
         self,
         now: float,
         cids: Sequence[str],
-        counts: Sequence[int],
+        counts: Sequence[int] | np.ndarray,
         local: np.ndarray,
         remaining: np.ndarray,
     ) -> tuple[np.ndarray, list[list[Route]]]:

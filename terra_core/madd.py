@@ -24,7 +24,10 @@ from topologies import Topology
 
 
 def checked_live(
-    cids: Sequence[str], counts: Sequence[int], local: np.ndarray, remaining: np.ndarray
+    cids: Sequence[str],
+    counts: Sequence[int] | np.ndarray,
+    local: np.ndarray,
+    remaining: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The arguments of `MaddPolicy.live_coflow_rates` as (counts, local, remaining) int,
     int and float arrays, checked.
@@ -79,7 +82,7 @@ class MaddLayout(NamedTuple):
         routes: list (coflows,) of each coflow's Route list (CoflowRoutes.routes).
     """
 
-    key: tuple
+    key: tuple[tuple[str, ...], int]
     base: np.ndarray
     size: np.ndarray
     members: np.ndarray
@@ -92,7 +95,7 @@ class MaddLayout(NamedTuple):
     ptr: np.ndarray
     rows: np.ndarray
     vals: np.ndarray
-    routes: list
+    routes: list[list[Route]]
 
 
 class MaddPolicy(BaselinePolicy):
@@ -177,7 +180,7 @@ class MaddPolicy(BaselinePolicy):
         self,
         now: float,
         cids: Sequence[str],
-        counts: Sequence[int],
+        counts: Sequence[int] | np.ndarray,
         local: np.ndarray,
         remaining: np.ndarray,
     ) -> tuple[np.ndarray, list[list[Route]]]:

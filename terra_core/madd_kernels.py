@@ -8,14 +8,15 @@ Each does the float operations of the numpy expressions it replaced, in their or
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import NDArray
 from numba import njit
 
 from terra_core.sparse_index import add_held, flush_held
 
 
 def coflow_link_volumes(
-    rows: np.ndarray, weights: np.ndarray, n_coflows: int, n_links: int
-) -> np.ndarray:
+    rows: NDArray[np.intp], weights: NDArray[np.float64], n_coflows: int, n_links: int
+) -> NDArray[np.float64]:
     """Volume per coflow and link (float array (n_coflows, n_links), bytes): the sums of
     `weights` (float array, bytes) by bin coflow x n_links + link row (`rows`, int array of
     the same length), each in the order given."""
@@ -27,7 +28,9 @@ def coflow_link_volumes(
 
 
 @njit(cache=True, error_model="numpy")
-def coflow_gammas(volume, capacity):  # pragma: no cover - compiled
+def coflow_gammas(
+    volume: NDArray[np.float64], capacity: NDArray[np.float64]
+) -> NDArray[np.float64]:  # pragma: no cover - compiled
     """`_gamma` of every row of `volume` (float array (coflows, links), bytes) on
     `capacity` (float array (links,), bytes/s): float array (coflows,) in seconds, the
     same values (a max is exact whatever the order); compiled (numba), the values of the
@@ -53,7 +56,9 @@ def coflow_gammas(volume, capacity):  # pragma: no cover - compiled
 
 
 @njit(cache=True, error_model="numpy")
-def madd_pass(volume, gamma, capacity):  # pragma: no cover - compiled
+def madd_pass(
+    volume: NDArray[np.float64], gamma: NDArray[np.float64], capacity: NDArray[np.float64]
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:  # pragma: no cover - compiled
     """The sequential MADD pass of Varys (Chowdhury et al., SIGCOMM 2014): coflows in the
     order of (Γ, row), each with finite Γ and some volume takes volume / g from what the
     earlier ones left, g = max over its links of volume / left, unless g is inf. Only the links a
@@ -107,21 +112,23 @@ def madd_pass(volume, gamma, capacity):  # pragma: no cover - compiled
 
 @njit(cache=True, error_model="numpy")
 def hop_volumes(
-    counts,
-    local,
-    remaining,
-    base,
-    size,
-    members,
-    rows,
-    vals,
-    shape,
-    weight,
-    hops,
-    single,
-    n_links,
-    n_shapes,
-):  # pragma: no cover - compiled
+    counts: NDArray[np.intp],
+    local: NDArray[np.intp],
+    remaining: NDArray[np.float64],
+    base: NDArray[np.intp],
+    size: NDArray[np.intp],
+    members: NDArray[np.float64],
+    rows: NDArray[np.intp],
+    vals: NDArray[np.float64],
+    shape: NDArray[np.intp],
+    weight: NDArray[np.float64],
+    hops: int,
+    single: bool,
+    n_links: int,
+    n_shapes: int,
+) -> tuple[
+    NDArray[np.intp], NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], bool
+]:  # pragma: no cover - compiled
     """The per-flow pass before MADD when every flow has `hops` entries.
 
     Args:
@@ -180,7 +187,13 @@ def hop_volumes(
 
 
 @njit(cache=True, error_model="numpy")
-def hop_rates(counts, per_member, g, shape_of, extra):  # pragma: no cover - compiled
+def hop_rates(
+    counts: NDArray[np.intp],
+    per_member: NDArray[np.float64],
+    g: NDArray[np.float64],
+    shape_of: NDArray[np.intp],
+    extra: NDArray[np.float64],
+) -> NDArray[np.float64]:  # pragma: no cover - compiled
     """Per-member rates: MADD's remaining / g of the flow's coflow plus the backfill
     level of its shape (float array (flows,), bytes/s); arguments as `hop_volumes`'
     results, g: float array (coflows,) in seconds, extra: float array (shapes,). A coflow

@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 from numba import njit
+from numpy.typing import NDArray
 
 from terra_core.sparse_index import csr_ranges, link_index, path_incidence
 from topologies import Link, Path, path_links
@@ -155,7 +156,14 @@ def maxmin_levels_sparse(
     return _sparse_levels(rows, cols, vals, capacity, n, covered)
 
 
-def _sparse_levels(rows, cols, vals, capacity, n: int, covered: bool) -> np.ndarray:
+def _sparse_levels(
+    rows: NDArray[np.intp],
+    cols: NDArray[np.intp],
+    vals: NDArray[np.float64],
+    capacity: NDArray[np.float64],
+    n: int,
+    covered: bool,
+) -> np.ndarray:
     """`maxmin_levels_sparse` of entries already checked by `_entry_arrays` (`covered`:
     its answer whether every entity has an entry).
 
@@ -168,7 +176,13 @@ def _sparse_levels(rows, cols, vals, capacity, n: int, covered: bool) -> np.ndar
 
 
 @njit(cache=True, error_model="numpy")
-def _next_step(busy, n_busy, leftover, load, ratio):  # pragma: no cover - compiled
+def _next_step(
+    busy: NDArray[np.intp],
+    n_busy: int,
+    leftover: NDArray[np.float64],
+    load: NDArray[np.float64],
+    ratio: NDArray[np.float64],
+) -> float:  # pragma: no cover - compiled
     """The water rise of a progressive-filling step: the lowest leftover / load over the
     first `n_busy` links of `busy` (each one's ratio kept in `ratio`), NaN if any is NaN,
     floored at 0."""
@@ -182,7 +196,15 @@ def _next_step(busy, n_busy, leftover, load, ratio):  # pragma: no cover - compi
 
 
 @njit(cache=True, error_model="numpy")  # numpy: x / 0 is inf, not an exception
-def _sparse_fill(rows, cols, vals, capacity, n, resum, sat_tol):  # pragma: no cover - compiled
+def _sparse_fill(
+    rows: NDArray[np.intp],
+    cols: NDArray[np.intp],
+    vals: NDArray[np.float64],
+    capacity: NDArray[np.float64],
+    n: int,
+    resum: float,
+    sat_tol: float,
+) -> NDArray[np.float64]:  # pragma: no cover - compiled
     """The step loop of `maxmin_levels_sparse`, compiled: the numpy version's float
     operations in its order (see that function); arguments checked by the caller."""
     n_links = capacity.shape[0]
@@ -326,7 +348,7 @@ class ColumnsByRow(NamedTuple):
     row_cols: np.ndarray
     scale: np.ndarray
     load: np.ndarray
-    count: np.ndarray
+    count: np.ndarray  # type: ignore[assignment]  # (a field named as tuple.count, read by name)
     sums: np.ndarray
 
 
@@ -421,7 +443,12 @@ def maxmin_levels_scaled(
 
 
 @njit(cache=True)
-def _forget(memo_scale, memo_load, memo_count, sums):  # pragma: no cover - compiled
+def _forget(
+    memo_scale: NDArray[np.float64],
+    memo_load: NDArray[np.float64],
+    memo_count: NDArray[np.intp],
+    sums: NDArray[np.float64],
+) -> None:  # pragma: no cover - compiled
     """Empty the memo of `maxmin_levels_scaled` (no column with a weight)."""
     memo_scale[:] = 0.0
     memo_load[:] = 0.0
@@ -432,8 +459,18 @@ def _forget(memo_scale, memo_load, memo_count, sums):  # pragma: no cover - comp
 
 @njit(cache=True, error_model="numpy")  # numpy: x / 0 is inf, not an exception
 def _scaled_fill(
-    ptr, rows, vals, row_ptr, row_cols, memo_scale, memo_load, memo_count, sums, scale, capacity
-):  # pragma: no cover - compiled
+    ptr: NDArray[np.intp],
+    rows: NDArray[np.intp],
+    vals: NDArray[np.float64],
+    row_ptr: NDArray[np.intp],
+    row_cols: NDArray[np.intp],
+    memo_scale: NDArray[np.float64],
+    memo_load: NDArray[np.float64],
+    memo_count: NDArray[np.intp],
+    sums: NDArray[np.float64],
+    scale: NDArray[np.float64],
+    capacity: NDArray[np.float64],
+) -> tuple[NDArray[np.float64], bool]:  # pragma: no cover - compiled
     """The step loop of `_sparse_fill` on the scaled columns of `maxmin_levels_scaled`,
     compiled, with the memo (ColumnsByRow) brought to `scale` first. Returns (levels,
     exact); exact is False, the levels are not computed and the memo is emptied, unless
@@ -506,7 +543,9 @@ def _scaled_fill(
 
 
 @njit(cache=True)
-def _csr(rows, cols, vals, n_rows):  # pragma: no cover - compiled
+def _csr(
+    rows: NDArray[np.intp], cols: NDArray[np.intp], vals: NDArray[np.float64], n_rows: int
+) -> tuple[NDArray[np.intp], NDArray[np.intp], NDArray[np.float64]]:  # pragma: no cover - compiled
     """(ptr int[n_rows + 1], cols, vals) of the entries (rows[k], cols[k], vals[k]) grouped by
     row; a counting sort keeps each row's entries in entry order, as a stable argsort."""
     nnz = rows.shape[0]
@@ -527,7 +566,13 @@ def _csr(rows, cols, vals, n_rows):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _active_loads(rows, cols, vals, frozen, n_links):  # pragma: no cover - compiled
+def _active_loads(
+    rows: NDArray[np.intp],
+    cols: NDArray[np.intp],
+    vals: NDArray[np.float64],
+    frozen: NDArray[np.bool_],
+    n_links: int,
+) -> tuple[NDArray[np.float64], NDArray[np.intp]]:  # pragma: no cover - compiled
     """(load float[n_links], count int[n_links]): the entries of the entities not frozen,
     summed per link in entry order, and their number."""
     load = np.zeros(n_links)
@@ -540,7 +585,9 @@ def _active_loads(rows, cols, vals, frozen, n_links):  # pragma: no cover - comp
 
 
 @njit(cache=True)
-def _leftover_and_tolerance(capacity, count, sat_tol):  # pragma: no cover - compiled
+def _leftover_and_tolerance(
+    capacity: NDArray[np.float64], count: NDArray[np.intp], sat_tol: float
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:  # pragma: no cover - compiled
     """(leftover, tol) per link: its capacity (inf when no active entity crosses it) and
     the saturation tolerance sat_tol x capacity."""
     n_links = capacity.shape[0]
@@ -553,7 +600,9 @@ def _leftover_and_tolerance(capacity, count, sat_tol):  # pragma: no cover - com
 
 
 @njit(cache=True)
-def _ascending(newly, n_new, is_new):  # pragma: no cover - compiled
+def _ascending(
+    newly: NDArray[np.intp], n_new: int, is_new: NDArray[np.bool_]
+) -> None:  # pragma: no cover - compiled
     """Put the step's `n_new` newly frozen entities in ascending order, as the numpy
     version's: a sort when they are few, else a scan of `is_new`."""
     n = is_new.shape[0]
@@ -568,7 +617,9 @@ def _ascending(newly, n_new, is_new):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _compact_busy(busy, n_busy, count):  # pragma: no cover - compiled
+def _compact_busy(
+    busy: NDArray[np.intp], n_busy: int, count: NDArray[np.intp]
+) -> int:  # pragma: no cover - compiled
     """Drop the links no active entity crosses any more from busy[:n_busy], in place and
     in order; returns the new count."""
     kept = 0
@@ -581,8 +632,15 @@ def _compact_busy(busy, n_busy, count):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _bring_memo(
-    ptr, rows, vals, memo_scale, memo_load, memo_count, sums, scale
-):  # pragma: no cover - compiled
+    ptr: NDArray[np.intp],
+    rows: NDArray[np.intp],
+    vals: NDArray[np.float64],
+    memo_scale: NDArray[np.float64],
+    memo_load: NDArray[np.float64],
+    memo_count: NDArray[np.intp],
+    sums: NDArray[np.float64],
+    scale: NDArray[np.float64],
+) -> bool:  # pragma: no cover - compiled
     """Bring `_scaled_fill`'s memo (loads and counts of every column with a weight) to
     `scale`, updated where a weight changed. False, with the memo emptied, when a weight is
     not 0 or a whole number > 0 whose column has an entry (NaN and inf fail too), or the
@@ -616,8 +674,17 @@ def _bring_memo(
 
 @njit(cache=True)
 def _take_out(
-    newly, n_new, ptr, rows, vals, scale, count, sub, mark, touched
-):  # pragma: no cover - compiled
+    newly: NDArray[np.intp],
+    n_new: int,
+    ptr: NDArray[np.intp],
+    rows: NDArray[np.intp],
+    vals: NDArray[np.float64],
+    scale: NDArray[np.float64],
+    count: NDArray[np.intp],
+    sub: NDArray[np.float64],
+    mark: NDArray[np.bool_],
+    touched: NDArray[np.intp],
+) -> int:  # pragma: no cover - compiled
     """Take the step's newly frozen columns newly[:n_new] out of the links' counts, adding
     their scaled entries to `sub` per link; the links touched go to `touched` (marked in
     `mark`) in the order first met. Returns how many links were touched."""
@@ -637,8 +704,17 @@ def _take_out(
 
 @njit(cache=True)
 def _freeze_dead(
-    ptr, rows, vals, row_ptr, row_cols, scale, capacity, frozen, load, count
-):  # pragma: no cover - compiled
+    ptr: NDArray[np.intp],
+    rows: NDArray[np.intp],
+    vals: NDArray[np.float64],
+    row_ptr: NDArray[np.intp],
+    row_cols: NDArray[np.intp],
+    scale: NDArray[np.float64],
+    capacity: NDArray[np.float64],
+    frozen: NDArray[np.bool_],
+    load: NDArray[np.float64],
+    count: NDArray[np.intp],
+) -> int:  # pragma: no cover - compiled
     """Freeze the columns crossing a link with no capacity, taking their scaled entries
     out of `load` and `count` (in place); returns how many were frozen."""
     n_frozen = 0
@@ -655,7 +731,11 @@ def _freeze_dead(
     return n_frozen
 
 
-def _entry_arrays(rows, cols, vals, capacity, n: int) -> tuple:
+def _entry_arrays(
+    rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, capacity: np.ndarray, n: int
+) -> tuple[
+    NDArray[np.intp], NDArray[np.intp], NDArray[np.float64], NDArray[np.float64], bool, bool
+]:
     """(rows, cols, vals, capacity, whole, covered) of an incidence given by its entries:
     contiguous int, int, float and float arrays, checked as `maxmin_levels_sparse`
     documents (in one compiled pass, `_scan_entries`); whole: every value is a whole
@@ -682,7 +762,13 @@ def _entry_arrays(rows, cols, vals, capacity, n: int) -> tuple:
 
 
 @njit(cache=True)
-def _scan_entries(rows, cols, vals, capacity, n):  # pragma: no cover - compiled
+def _scan_entries(
+    rows: NDArray[np.intp],
+    cols: NDArray[np.intp],
+    vals: NDArray[np.float64],
+    capacity: NDArray[np.float64],
+    n: int,
+) -> tuple[int, bool, bool]:  # pragma: no cover - compiled
     """The checks of `_entry_arrays` in one pass: (fault: 0 none, 1 an entry <= 0 or a
     negative capacity, 2 a row or column out of range; whole: every value a whole number
     (as ``np.array_equal(vals, np.round(vals))``); covered: every entity has an entry).

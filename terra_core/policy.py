@@ -201,7 +201,7 @@ class CoflowRatesPolicy(Protocol):
         self,
         now: float,
         cids: Sequence[str],
-        counts: Sequence[int],
+        counts: Sequence[int] | np.ndarray,
         local: np.ndarray,
         remaining: np.ndarray,
     ) -> tuple[np.ndarray, list[list[list[tuple[Path, int]]]]]:
