@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
+from numpy.typing import NDArray
 
 from terra_core.baseline_policy import BaselinePolicy, Route
 from terra_core.madd_kernels import (
@@ -28,7 +29,7 @@ def checked_live(
     counts: Sequence[int] | np.ndarray,
     local: np.ndarray,
     remaining: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[NDArray[np.intp], NDArray[np.intp], NDArray[np.float64]]:
     """The arguments of `MaddPolicy.live_coflow_rates` as (counts, local, remaining) int,
     int and float arrays, checked.
 
@@ -51,7 +52,9 @@ def checked_live(
     return counts, local, remaining
 
 
-def flow_positions(lay: MaddLayout, counts: np.ndarray, local: np.ndarray) -> np.ndarray:
+def flow_positions(
+    lay: MaddLayout, counts: NDArray[np.intp], local: NDArray[np.intp]
+) -> NDArray[np.intp]:
     """Each given flow's index in the layout `lay` (int array), from its coflow's `counts`
     and its index `local` in the coflow (as `MaddPolicy.live_coflow_rates` takes them).
 
@@ -83,18 +86,18 @@ class MaddLayout(NamedTuple):
     """
 
     key: tuple[tuple[str, ...], int]
-    base: np.ndarray
-    size: np.ndarray
-    members: np.ndarray
-    routed: np.ndarray
+    base: NDArray[np.intp]
+    size: NDArray[np.intp]
+    members: NDArray[np.float64]
+    routed: NDArray[np.bool_]
     all_routed: bool
     hops: int
     single: bool
-    shape: np.ndarray
-    weight: np.ndarray
-    ptr: np.ndarray
-    rows: np.ndarray
-    vals: np.ndarray
+    shape: NDArray[np.intp]
+    weight: NDArray[np.float64]
+    ptr: NDArray[np.intp]
+    rows: NDArray[np.intp]
+    vals: NDArray[np.float64]
     routes: list[list[Route]]
 
 
