@@ -8,8 +8,8 @@ Each does the float operations of the numpy expressions it replaced, in their or
 from __future__ import annotations
 
 import numpy as np
-from numpy.typing import NDArray
 from numba import njit
+from numpy.typing import NDArray
 
 from terra_core.sparse_index import add_held, flush_held
 
