@@ -15,12 +15,14 @@ a link with no capacity is).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
+from typing import TypeVar
 
 from topologies import Link, Path, path_links
 
 Pair = tuple[str, str]
 PathEntry = tuple[int, tuple[int, ...]]  # (mask of the path's links, their indices)
+Key = TypeVar("Key", bound=Hashable)  # a DC pair, or another key of a pair's paths
 FULL = 1e-6  # a link with less than this fraction of its capacity left counts as full
 
 
@@ -38,11 +40,11 @@ class PathIndex:
         self.links: list[Link] = list(links)
         self.bit: dict[Link, int] = {link: i for i, link in enumerate(self.links)}
         self.missing = 1 << len(self.links)
-        self._pairs: dict[Pair, list[PathEntry]] = {}
+        self._pairs: dict[Hashable, list[PathEntry]] = {}
         self.clean: set[Pair] = set()  # pairs with a path inside the index (all_reachable)
         self._ids: dict[Path, tuple[int, ...]] = {}
 
-    def entries(self, pair: Pair, paths: dict[Pair, list[Path]]) -> list[PathEntry]:
+    def entries(self, pair: Key, paths: Mapping[Key, list[Path]]) -> list[PathEntry]:
         """[(mask, link indices)] of `paths[pair]`, in path order (cached per pair).
 
         The cache assumes a pair's paths do not change while the index is kept
