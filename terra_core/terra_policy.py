@@ -56,6 +56,19 @@ class RoundStats(TypedDict):
     lps: int
 
 
+class TerraOptions(TypedDict, total=False):
+    """TerraPolicy's keyword arguments (passed on as they are, e.g. by tenant_policy)."""
+
+    k: int
+    alpha: float
+    epsilon: float
+    delta: float
+    path_source: PathSource | None
+    guard: str
+    guard_factor: float
+    guard_floor_s: float
+
+
 class TerraPolicy:
     """Terra (You & Chowdhury, arXiv 1904.08480) implementing the Policy protocol.
 
