@@ -32,8 +32,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numpy.typing import NDArray
 
+from terra_core.array_types import FloatArray, IntArray
 from terra_core.flow_bundles import flow_count
 from terra_core.maxmin import ColumnsByRow, columns_by_row
 from terra_core.policy import Allocation, PathSource, Remaining
@@ -45,7 +45,7 @@ Route = list[tuple[Path, int]]  # [(path, members of the flow on that path)]
 ShapeKey = Path | tuple[tuple[Path, int], ...]  # a one-path route's path, else the route
 
 # the route shapes' (ptr, link rows, members per unit weight) arrays and their transpose
-ShapeArrays = tuple[NDArray[np.intp], NDArray[np.intp], NDArray[np.float64], ColumnsByRow]
+ShapeArrays = tuple[IntArray, IntArray, FloatArray, ColumnsByRow]
 
 
 class CoflowRoutes(NamedTuple):

@@ -10,6 +10,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
+from terra_core.array_types import IntArray
 from terra_core.maxmin import maxmin_levels_entries
 from terra_core.pair_policy import PairPolicy
 from terra_core.policy import PairLevels, PairTable, PathSource
@@ -56,9 +57,9 @@ class FixedRouteFairPolicy(PairPolicy):
     _path_ptr_list: list[int]  # path j's links: _link_rows_list[ptr[j]:ptr[j + 1]]
     _link_rows_list: list[int]
     _dirty: bool  # the lists changed since their arrays were made
-    _pair_ptr: NDArray[np.intp]
-    _path_ptr: NDArray[np.intp]
-    _link_rows: NDArray[np.intp]
+    _pair_ptr: IntArray
+    _path_ptr: IntArray
+    _link_rows: IntArray
     _path_objects: NDArray[np.object_]
 
     def __init__(
@@ -139,7 +140,7 @@ class FixedRouteFairPolicy(PairPolicy):
         rows = table.rows[csr_ranges(table.path_ptr, path_ids)]
         return maxmin_levels_entries(rows, cols, path_pair[cols], self._capacity(), len(path_ids))
 
-    def _pair_ids(self, pairs: Sequence[tuple[str, str]]) -> NDArray[np.intp]:
+    def _pair_ids(self, pairs: Sequence[tuple[str, str]]) -> IntArray:
         """The numbers of `pairs` (int array), numbering new ones, with the CSR arrays
         (_pair_ptr, _path_ptr, _link_rows, _path_objects) brought up to date."""
         found = list(map(self._pair_number.get, pairs))

@@ -17,6 +17,8 @@ import highspy
 import numpy as np
 from numpy.typing import NDArray
 
+from terra_core.array_types import FloatArray
+
 INF = highspy.kHighsInf
 
 
@@ -90,8 +92,8 @@ def pass_lp(
 def change_rows_bounds(
     h: highspy.Highs,
     rows: NDArray[np.int32],
-    lower: NDArray[np.float64],
-    upper: NDArray[np.float64],
+    lower: FloatArray,
+    upper: FloatArray,
 ) -> None:
     """Set the bounds of the rows `rows` of `h` to `lower` .. `upper` (arrays of one length;
     HiGHS's changeRowsBounds by set, which highspy's type stubs leave out)."""

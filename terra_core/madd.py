@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
-from numpy.typing import NDArray
 
+from terra_core.array_types import BoolArray, FloatArray, IntArray
 from terra_core.baseline_policy import BaselinePolicy, Route
 from terra_core.madd_kernels import (
     coflow_gammas,
@@ -29,7 +29,7 @@ def checked_live(
     counts: Sequence[int] | np.ndarray,
     local: np.ndarray,
     remaining: np.ndarray,
-) -> tuple[NDArray[np.intp], NDArray[np.intp], NDArray[np.float64]]:
+) -> tuple[IntArray, IntArray, FloatArray]:
     """The arguments of `MaddPolicy.live_coflow_rates` as (counts, local, remaining) int,
     int and float arrays, checked.
 
@@ -52,9 +52,7 @@ def checked_live(
     return counts, local, remaining
 
 
-def flow_positions(
-    lay: MaddLayout, counts: NDArray[np.intp], local: NDArray[np.intp]
-) -> NDArray[np.intp]:
+def flow_positions(lay: MaddLayout, counts: IntArray, local: IntArray) -> IntArray:
     """Each given flow's index in the layout `lay` (int array), from its coflow's `counts`
     and its index `local` in the coflow (as `MaddPolicy.live_coflow_rates` takes them).
 
@@ -86,18 +84,18 @@ class MaddLayout(NamedTuple):
     """
 
     key: tuple[tuple[str, ...], int]
-    base: NDArray[np.intp]
-    size: NDArray[np.intp]
-    members: NDArray[np.float64]
-    routed: NDArray[np.bool_]
+    base: IntArray
+    size: IntArray
+    members: FloatArray
+    routed: BoolArray
     all_routed: bool
     hops: int
     single: bool
-    shape: NDArray[np.intp]
-    weight: NDArray[np.float64]
-    ptr: NDArray[np.intp]
-    rows: NDArray[np.intp]
-    vals: NDArray[np.float64]
+    shape: IntArray
+    weight: FloatArray
+    ptr: IntArray
+    rows: IntArray
+    vals: FloatArray
     routes: list[list[Route]]
 
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
-from numpy.typing import NDArray
 
+from terra_core.array_types import FloatArray, IntArray
 from terra_core.sparse_index import add_held, flush_held
 
 
 def coflow_link_volumes(
-    rows: NDArray[np.intp], weights: NDArray[np.float64], n_coflows: int, n_links: int
-) -> NDArray[np.float64]:
+    rows: IntArray, weights: FloatArray, n_coflows: int, n_links: int
+) -> FloatArray:
     """Volume per coflow and link (float array (n_coflows, n_links), bytes): the sums of
     `weights` (float array, bytes) by bin coflow x n_links + link row (`rows`, int array of
     the same length), each in the order given."""
@@ -29,8 +29,8 @@ def coflow_link_volumes(
 
 @njit(cache=True, error_model="numpy")
 def coflow_gammas(
-    volume: NDArray[np.float64], capacity: NDArray[np.float64]
-) -> NDArray[np.float64]:  # pragma: no cover - compiled
+    volume: FloatArray, capacity: FloatArray
+) -> FloatArray:  # pragma: no cover - compiled
     """`_gamma` of every row of `volume` (float array (coflows, links), bytes) on
     `capacity` (float array (links,), bytes/s): float array (coflows,) in seconds, the
     same values (a max is exact whatever the order); compiled (numba), the values of the
@@ -57,8 +57,8 @@ def coflow_gammas(
 
 @njit(cache=True, error_model="numpy")
 def madd_pass(
-    volume: NDArray[np.float64], gamma: NDArray[np.float64], capacity: NDArray[np.float64]
-) -> tuple[NDArray[np.float64], NDArray[np.float64]]:  # pragma: no cover - compiled
+    volume: FloatArray, gamma: FloatArray, capacity: FloatArray
+) -> tuple[FloatArray, FloatArray]:  # pragma: no cover - compiled
     """The sequential MADD pass of Varys (Chowdhury et al., SIGCOMM 2014): coflows in the
     order of (Γ, row), each with finite Γ and some volume takes volume / g from what the
     earlier ones left, g = max over its links of volume / left, unless g is inf. Only the links a
@@ -112,23 +112,21 @@ def madd_pass(
 
 @njit(cache=True, error_model="numpy")
 def hop_volumes(
-    counts: NDArray[np.intp],
-    local: NDArray[np.intp],
-    remaining: NDArray[np.float64],
-    base: NDArray[np.intp],
-    size: NDArray[np.intp],
-    members: NDArray[np.float64],
-    rows: NDArray[np.intp],
-    vals: NDArray[np.float64],
-    shape: NDArray[np.intp],
-    weight: NDArray[np.float64],
+    counts: IntArray,
+    local: IntArray,
+    remaining: FloatArray,
+    base: IntArray,
+    size: IntArray,
+    members: FloatArray,
+    rows: IntArray,
+    vals: FloatArray,
+    shape: IntArray,
+    weight: FloatArray,
     hops: int,
     single: bool,
     n_links: int,
     n_shapes: int,
-) -> tuple[
-    NDArray[np.intp], NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], bool
-]:  # pragma: no cover - compiled
+) -> tuple[IntArray, FloatArray, FloatArray, FloatArray, bool]:  # pragma: no cover - compiled
     """The per-flow pass before MADD when every flow has `hops` entries.
 
     Args:
@@ -188,12 +186,8 @@ def hop_volumes(
 
 @njit(cache=True, error_model="numpy")
 def hop_rates(
-    counts: NDArray[np.intp],
-    per_member: NDArray[np.float64],
-    g: NDArray[np.float64],
-    shape_of: NDArray[np.intp],
-    extra: NDArray[np.float64],
-) -> NDArray[np.float64]:  # pragma: no cover - compiled
+    counts: IntArray, per_member: FloatArray, g: FloatArray, shape_of: IntArray, extra: FloatArray
+) -> FloatArray:  # pragma: no cover - compiled
     """Per-member rates: MADD's remaining / g of the flow's coflow plus the backfill
     level of its shape (float array (flows,), bytes/s); arguments as `hop_volumes`'
     results, g: float array (coflows,) in seconds, extra: float array (shapes,). A coflow

@@ -24,8 +24,8 @@ from typing import NamedTuple
 
 import numpy as np
 from numba import njit
-from numpy.typing import NDArray
 
+from terra_core.array_types import BoolArray, FloatArray, IntArray
 from terra_core.sparse_index import csr_ranges, link_index, path_incidence
 from topologies import Link, Path, path_links
 
@@ -157,12 +157,7 @@ def maxmin_levels_sparse(
 
 
 def _sparse_levels(
-    rows: NDArray[np.intp],
-    cols: NDArray[np.intp],
-    vals: NDArray[np.float64],
-    capacity: NDArray[np.float64],
-    n: int,
-    covered: bool,
+    rows: IntArray, cols: IntArray, vals: FloatArray, capacity: FloatArray, n: int, covered: bool
 ) -> np.ndarray:
     """`maxmin_levels_sparse` of entries already checked by `_entry_arrays` (`covered`:
     its answer whether every entity has an entry).
@@ -177,11 +172,7 @@ def _sparse_levels(
 
 @njit(cache=True, error_model="numpy")
 def _next_step(
-    busy: NDArray[np.intp],
-    n_busy: int,
-    leftover: NDArray[np.float64],
-    load: NDArray[np.float64],
-    ratio: NDArray[np.float64],
+    busy: IntArray, n_busy: int, leftover: FloatArray, load: FloatArray, ratio: FloatArray
 ) -> float:  # pragma: no cover - compiled
     """The water rise of a progressive-filling step: the lowest leftover / load over the
     first `n_busy` links of `busy` (each one's ratio kept in `ratio`), NaN if any is NaN,
@@ -196,17 +187,9 @@ def _next_step(
 
 
 @njit(cache=True, error_model="numpy")  # numpy: x / 0 is inf, not an exception
-def _sparse_fill(
-    rows: NDArray[np.intp],
-    cols: NDArray[np.intp],
-    vals: NDArray[np.float64],
-    capacity: NDArray[np.float64],
-    n: int,
-    resum: float,
-    sat_tol: float,
-) -> NDArray[np.float64]:  # pragma: no cover - compiled
-    """The step loop of `maxmin_levels_sparse`, compiled: the numpy version's float
-    operations in its order (see that function); arguments checked by the caller."""
+def _sparse_fill(rows: IntArray, cols: IntArray, vals: FloatArray, capacity: FloatArray, n: int,
+                 resum: float, sat_tol: float) -> FloatArray:  # pragma: no cover  # fmt: skip
+    """`maxmin_levels_sparse`'s step loop, compiled (same floats; arguments checked there)."""
     n_links = capacity.shape[0]
     row_ptr, row_cols, row_vals = _csr(rows, cols, vals, n_links)
     col_ptr, col_rows, col_vals = _csr(cols, rows, vals, n)
@@ -444,10 +427,7 @@ def maxmin_levels_scaled(
 
 @njit(cache=True)
 def _forget(
-    memo_scale: NDArray[np.float64],
-    memo_load: NDArray[np.float64],
-    memo_count: NDArray[np.intp],
-    sums: NDArray[np.float64],
+    memo_scale: FloatArray, memo_load: FloatArray, memo_count: IntArray, sums: FloatArray
 ) -> None:  # pragma: no cover - compiled
     """Empty the memo of `maxmin_levels_scaled` (no column with a weight)."""
     memo_scale[:] = 0.0
@@ -459,18 +439,10 @@ def _forget(
 
 @njit(cache=True, error_model="numpy")  # numpy: x / 0 is inf, not an exception
 def _scaled_fill(
-    ptr: NDArray[np.intp],
-    rows: NDArray[np.intp],
-    vals: NDArray[np.float64],
-    row_ptr: NDArray[np.intp],
-    row_cols: NDArray[np.intp],
-    memo_scale: NDArray[np.float64],
-    memo_load: NDArray[np.float64],
-    memo_count: NDArray[np.intp],
-    sums: NDArray[np.float64],
-    scale: NDArray[np.float64],
-    capacity: NDArray[np.float64],
-) -> tuple[NDArray[np.float64], bool]:  # pragma: no cover - compiled
+    ptr: IntArray, rows: IntArray, vals: FloatArray, row_ptr: IntArray, row_cols: IntArray,
+    memo_scale: FloatArray, memo_load: FloatArray, memo_count: IntArray, sums: FloatArray,
+    scale: FloatArray, capacity: FloatArray,
+) -> tuple[FloatArray, bool]:  # pragma: no cover - compiled  # fmt: skip
     """The step loop of `_sparse_fill` on the scaled columns of `maxmin_levels_scaled`,
     compiled, with the memo (ColumnsByRow) brought to `scale` first. Returns (levels,
     exact); exact is False, the levels are not computed and the memo is emptied, unless
@@ -544,8 +516,8 @@ def _scaled_fill(
 
 @njit(cache=True)
 def _csr(
-    rows: NDArray[np.intp], cols: NDArray[np.intp], vals: NDArray[np.float64], n_rows: int
-) -> tuple[NDArray[np.intp], NDArray[np.intp], NDArray[np.float64]]:  # pragma: no cover - compiled
+    rows: IntArray, cols: IntArray, vals: FloatArray, n_rows: int
+) -> tuple[IntArray, IntArray, FloatArray]:  # pragma: no cover - compiled
     """(ptr int[n_rows + 1], cols, vals) of the entries (rows[k], cols[k], vals[k]) grouped by
     row; a counting sort keeps each row's entries in entry order, as a stable argsort."""
     nnz = rows.shape[0]
@@ -567,12 +539,8 @@ def _csr(
 
 @njit(cache=True)
 def _active_loads(
-    rows: NDArray[np.intp],
-    cols: NDArray[np.intp],
-    vals: NDArray[np.float64],
-    frozen: NDArray[np.bool_],
-    n_links: int,
-) -> tuple[NDArray[np.float64], NDArray[np.intp]]:  # pragma: no cover - compiled
+    rows: IntArray, cols: IntArray, vals: FloatArray, frozen: BoolArray, n_links: int
+) -> tuple[FloatArray, IntArray]:  # pragma: no cover - compiled
     """(load float[n_links], count int[n_links]): the entries of the entities not frozen,
     summed per link in entry order, and their number."""
     load = np.zeros(n_links)
@@ -586,8 +554,8 @@ def _active_loads(
 
 @njit(cache=True)
 def _leftover_and_tolerance(
-    capacity: NDArray[np.float64], count: NDArray[np.intp], sat_tol: float
-) -> tuple[NDArray[np.float64], NDArray[np.float64]]:  # pragma: no cover - compiled
+    capacity: FloatArray, count: IntArray, sat_tol: float
+) -> tuple[FloatArray, FloatArray]:  # pragma: no cover - compiled
     """(leftover, tol) per link: its capacity (inf when no active entity crosses it) and
     the saturation tolerance sat_tol x capacity."""
     n_links = capacity.shape[0]
@@ -601,7 +569,7 @@ def _leftover_and_tolerance(
 
 @njit(cache=True)
 def _ascending(
-    newly: NDArray[np.intp], n_new: int, is_new: NDArray[np.bool_]
+    newly: IntArray, n_new: int, is_new: BoolArray
 ) -> None:  # pragma: no cover - compiled
     """Put the step's `n_new` newly frozen entities in ascending order, as the numpy
     version's: a sort when they are few, else a scan of `is_new`."""
@@ -618,7 +586,7 @@ def _ascending(
 
 @njit(cache=True)
 def _compact_busy(
-    busy: NDArray[np.intp], n_busy: int, count: NDArray[np.intp]
+    busy: IntArray, n_busy: int, count: IntArray
 ) -> int:  # pragma: no cover - compiled
     """Drop the links no active entity crosses any more from busy[:n_busy], in place and
     in order; returns the new count."""
@@ -632,15 +600,9 @@ def _compact_busy(
 
 @njit(cache=True)
 def _bring_memo(
-    ptr: NDArray[np.intp],
-    rows: NDArray[np.intp],
-    vals: NDArray[np.float64],
-    memo_scale: NDArray[np.float64],
-    memo_load: NDArray[np.float64],
-    memo_count: NDArray[np.intp],
-    sums: NDArray[np.float64],
-    scale: NDArray[np.float64],
-) -> bool:  # pragma: no cover - compiled
+    ptr: IntArray, rows: IntArray, vals: FloatArray, memo_scale: FloatArray,
+    memo_load: FloatArray, memo_count: IntArray, sums: FloatArray, scale: FloatArray,
+) -> bool:  # pragma: no cover - compiled  # fmt: skip
     """Bring `_scaled_fill`'s memo (loads and counts of every column with a weight) to
     `scale`, updated where a weight changed. False, with the memo emptied, when a weight is
     not 0 or a whole number > 0 whose column has an entry (NaN and inf fail too), or the
@@ -674,17 +636,9 @@ def _bring_memo(
 
 @njit(cache=True)
 def _take_out(
-    newly: NDArray[np.intp],
-    n_new: int,
-    ptr: NDArray[np.intp],
-    rows: NDArray[np.intp],
-    vals: NDArray[np.float64],
-    scale: NDArray[np.float64],
-    count: NDArray[np.intp],
-    sub: NDArray[np.float64],
-    mark: NDArray[np.bool_],
-    touched: NDArray[np.intp],
-) -> int:  # pragma: no cover - compiled
+    newly: IntArray, n_new: int, ptr: IntArray, rows: IntArray, vals: FloatArray,
+    scale: FloatArray, count: IntArray, sub: FloatArray, mark: BoolArray, touched: IntArray,
+) -> int:  # pragma: no cover - compiled  # fmt: skip
     """Take the step's newly frozen columns newly[:n_new] out of the links' counts, adding
     their scaled entries to `sub` per link; the links touched go to `touched` (marked in
     `mark`) in the order first met. Returns how many links were touched."""
@@ -704,17 +658,10 @@ def _take_out(
 
 @njit(cache=True)
 def _freeze_dead(
-    ptr: NDArray[np.intp],
-    rows: NDArray[np.intp],
-    vals: NDArray[np.float64],
-    row_ptr: NDArray[np.intp],
-    row_cols: NDArray[np.intp],
-    scale: NDArray[np.float64],
-    capacity: NDArray[np.float64],
-    frozen: NDArray[np.bool_],
-    load: NDArray[np.float64],
-    count: NDArray[np.intp],
-) -> int:  # pragma: no cover - compiled
+    ptr: IntArray, rows: IntArray, vals: FloatArray, row_ptr: IntArray, row_cols: IntArray,
+    scale: FloatArray, capacity: FloatArray, frozen: BoolArray, load: FloatArray,
+    count: IntArray,
+) -> int:  # pragma: no cover - compiled  # fmt: skip
     """Freeze the columns crossing a link with no capacity, taking their scaled entries
     out of `load` and `count` (in place); returns how many were frozen."""
     n_frozen = 0
@@ -733,9 +680,7 @@ def _freeze_dead(
 
 def _entry_arrays(
     rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, capacity: np.ndarray, n: int
-) -> tuple[
-    NDArray[np.intp], NDArray[np.intp], NDArray[np.float64], NDArray[np.float64], bool, bool
-]:
+) -> tuple[IntArray, IntArray, FloatArray, FloatArray, bool, bool]:
     """(rows, cols, vals, capacity, whole, covered) of an incidence given by its entries:
     contiguous int, int, float and float arrays, checked as `maxmin_levels_sparse`
     documents (in one compiled pass, `_scan_entries`); whole: every value is a whole
@@ -763,11 +708,7 @@ def _entry_arrays(
 
 @njit(cache=True)
 def _scan_entries(
-    rows: NDArray[np.intp],
-    cols: NDArray[np.intp],
-    vals: NDArray[np.float64],
-    capacity: NDArray[np.float64],
-    n: int,
+    rows: IntArray, cols: IntArray, vals: FloatArray, capacity: FloatArray, n: int
 ) -> tuple[int, bool, bool]:  # pragma: no cover - compiled
     """The checks of `_entry_arrays` in one pass: (fault: 0 none, 1 an entry <= 0 or a
     negative capacity, 2 a row or column out of range; whole: every value a whole number

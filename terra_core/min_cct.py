@@ -35,8 +35,8 @@ from typing import NamedTuple
 
 import highspy
 import numpy as np
-from numpy.typing import NDArray
 
+from terra_core.array_types import FloatArray
 from terra_core.lp import INF, new_highs, pass_lp, solve
 from topologies import Link, Path, path_links
 
@@ -401,8 +401,8 @@ def _lp_matrix_of(group_paths: tuple[tuple[Path, ...], ...]) -> _LpMatrix:
 def _split_rates(
     groups: list[tuple[Pair, float, tuple[Path, ...]]],
     m: _LpMatrix,
-    x: NDArray[np.float64],
-    x2: NDArray[np.float64],
+    x: FloatArray,
+    x2: FloatArray,
     lam: float,
 ) -> PairRates:
     """FlowGroup k's rates d_k·λ (bytes/s) split over its paths as the second stage's
@@ -426,7 +426,7 @@ def _split_rates(
 
 
 def _group_columns(
-    cols: list[Path], group_of: np.ndarray, x: NDArray[np.float64], n_groups: int
+    cols: list[Path], group_of: np.ndarray, x: FloatArray, n_groups: int
 ) -> list[list[tuple[Path, float]]]:
     """[(path, x > 0)] per FlowGroup from the LP's x columns (cols: the columns' paths,
     group_of: their FlowGroups, x: the column values with λ' last)."""
@@ -439,9 +439,7 @@ def _group_columns(
     return out
 
 
-def _fewest_link_bytes(
-    h: highspy.Highs, hops: np.ndarray, x: NDArray[np.float64]
-) -> NDArray[np.float64]:
+def _fewest_link_bytes(h: highspy.Highs, hops: np.ndarray, x: FloatArray) -> FloatArray:
     """Second stage: among the allocations that reach the optimal λ, the one that uses the
     least link capacity (minimum Σ_{k,p} x_{k,p}·hops(p)).
 
