@@ -15,10 +15,14 @@ a link with no capacity is).
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable, Mapping
+from typing import TypeVar
+
 from topologies import Link, Path, path_links
 
 Pair = tuple[str, str]
 PathEntry = tuple[int, tuple[int, ...]]  # (mask of the path's links, their indices)
+Key = TypeVar("Key", bound=Hashable)  # a DC pair, or another key of a pair's paths
 FULL = 1e-6  # a link with less than this fraction of its capacity left counts as full
 
 
@@ -32,15 +36,15 @@ class PathIndex:
         links: list of links. bit: {link: index}. missing: the extra bit (see module doc).
     """
 
-    def __init__(self, links) -> None:
+    def __init__(self, links: Iterable[Link]) -> None:
         self.links: list[Link] = list(links)
         self.bit: dict[Link, int] = {link: i for i, link in enumerate(self.links)}
         self.missing = 1 << len(self.links)
-        self._pairs: dict[Pair, list[PathEntry]] = {}
+        self._pairs: dict[Hashable, list[PathEntry]] = {}
         self.clean: set[Pair] = set()  # pairs with a path inside the index (all_reachable)
         self._ids: dict[Path, tuple[int, ...]] = {}
 
-    def entries(self, pair: Pair, paths: dict[Pair, list[Path]]) -> list[PathEntry]:
+    def entries(self, pair: Key, paths: Mapping[Key, list[Path]]) -> list[PathEntry]:
         """[(mask, link indices)] of `paths[pair]`, in path order (cached per pair).
 
         The cache assumes a pair's paths do not change while the index is kept
@@ -61,7 +65,7 @@ class PathIndex:
             got = self._ids[path] = tuple(self.bit.get(link, -1) for link in path_links(path))
         return got
 
-    def ids_of(self, paths) -> list[tuple[int, ...]]:
+    def ids_of(self, paths: Iterable[Path]) -> list[tuple[int, ...]]:
         """`ids(path)` for every path of the iterable `paths`, in order (one C-level pass
         over the cache when every path is in it)."""
         paths = list(paths)
@@ -118,7 +122,7 @@ def full_mask(
 def mark_full(
     mask: int,
     index: PathIndex,
-    ids,
+    ids: Iterable[int],
     avail: dict[Link, float],
     capacity: dict[Link, float],
     full_below: float,
@@ -132,7 +136,9 @@ def mark_full(
     return mask
 
 
-def all_reachable(volumes, paths: dict[Pair, list[Path]], index: PathIndex, full: int) -> bool:
+def all_reachable(
+    volumes: Mapping[Pair, float], paths: dict[Pair, list[Path]], index: PathIndex, full: int
+) -> bool:
     """Every FlowGroup (DC pair of `volumes`) has a path of `paths` that crosses no link of
     the `full` bitmask (full_mask).
 

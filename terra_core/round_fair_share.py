@@ -6,16 +6,17 @@ path-level progressive filling (maxmin.py) beyond.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain
 
 import numpy as np
 
 from terra_core.maxmin import maxmin_levels_sparse
-from terra_core.mcf import maxmin_mcf
-from terra_core.min_cct import Pair, PairRates, links_of
-from terra_core.path_masks import FULL, full_mask, mark_full
-from terra_core.round_rates import consume
-from topologies import Link
+from terra_core.mcf import K, Rates, maxmin_mcf
+from terra_core.min_cct import Pair, links_of
+from terra_core.path_masks import FULL, PathIndex, full_mask, mark_full
+from terra_core.round_rates import PathRates, RoundResult, consume
+from topologies import Link, Path
 
 MCF_MAX_COLUMNS = 160  # steps 5-6 use the MCF up to this many (pair, path) columns
 
@@ -26,7 +27,16 @@ def _open_links(avail: dict[Link, float], capacity: dict[Link, float]) -> set[Li
     return {link for link, a in avail.items() if a > FULL * get(link, 0.0)}
 
 
-def alpha_share(active, preempted, paths, reserve, capacity, rates, result, index) -> None:
+def alpha_share(
+    active: dict[str, dict[Pair, float]],
+    preempted: Iterable[str],
+    paths: dict[Pair, list[Path]],
+    reserve: dict[Link, float],
+    capacity: dict[Link, float],
+    rates: dict[str, PathRates],
+    result: RoundResult,
+    index: PathIndex,
+) -> None:
     """Step 5 (and the aged-fair guard's step 2'): max-min over the preempted FlowGroups
     on the reserved capacity.
 
@@ -48,7 +58,15 @@ def alpha_share(active, preempted, paths, reserve, capacity, rates, result, inde
                 per_path[path] = per_path.get(path, 0.0) + rate * share
 
 
-def fair_share(weights, paths, avail, capacity, result, index, classes=None) -> PairRates:
+def fair_share(
+    weights: Mapping[K, float],
+    paths: Mapping[K, list[Path]],
+    avail: dict[Link, float],
+    capacity: dict[Link, float],
+    result: RoundResult,
+    index: PathIndex,
+    classes: list[list[K]] | None = None,
+) -> Rates[K]:
     """Weighted max-min rates of DC pairs over their paths on `avail` capacity,
     which shrinks by them (in place); with `classes` (lists of the pairs of `weights`,
     each pair in one), earlier classes are filled first and a class sees only what the
@@ -64,7 +82,7 @@ def fair_share(weights, paths, avail, capacity, result, index, classes=None) -> 
     """
     classes = [list(weights)] if classes is None else classes
     if _columns_over(weights, paths, MCF_MAX_COLUMNS):
-        out: PairRates = {}
+        out: Rates[K] = {}
         full = full_mask(index, avail, capacity, FULL)
         for pairs in classes:
             got, full = _waterfill_pairs(pairs, weights, paths, avail, capacity, index, full)
@@ -87,7 +105,7 @@ def fair_share(weights, paths, avail, capacity, result, index, classes=None) -> 
     return out
 
 
-def _columns_over(weights, paths, limit: int) -> bool:
+def _columns_over(weights: Iterable[K], paths: Mapping[K, list[Path]], limit: int) -> bool:
     """Whether the pairs of `weights` have more than `limit` paths in all."""
     total = 0
     for pair in weights:
@@ -97,7 +115,15 @@ def _columns_over(weights, paths, limit: int) -> bool:
     return False
 
 
-def _waterfill_pairs(pairs, weights, paths, avail, capacity, index, full: int) -> tuple:
+def _waterfill_pairs(
+    pairs: list[K],
+    weights: Mapping[K, float],
+    paths: Mapping[K, list[Path]],
+    avail: dict[Link, float],
+    capacity: dict[Link, float],
+    index: PathIndex,
+    full: int,
+) -> tuple[Rates[K], int]:
     """Water-filling of `pairs` on `avail`, which shrinks by the result (in place):
     shortest paths first. Round j fills every pair's j-th path (paths come fewest hops
     first) max-min fair weighted like its pair, on what rounds 0..j-1 left; paths through
@@ -113,7 +139,7 @@ def _waterfill_pairs(pairs, weights, paths, avail, capacity, index, full: int) -
     """
     if len(pairs) == 1:  # most step-6 classes: a coflow with one DC pair
         return _fill_one(pairs[0], weights[pairs[0]], paths, avail, capacity, index, full)
-    out: PairRates = {}
+    out: Rates[K] = {}
     get_entries = index.entries
     entries = [get_entries(pair, paths) for pair in pairs]
     depth = max(map(len, entries), default=0)
@@ -143,14 +169,22 @@ def _waterfill_pairs(pairs, weights, paths, avail, capacity, index, full: int) -
     return out, full
 
 
-def _fill_one(pair, weight, paths, avail, capacity, index, full: int) -> tuple:
+def _fill_one(
+    pair: K,
+    weight: float,
+    paths: Mapping[K, list[Path]],
+    avail: dict[Link, float],
+    capacity: dict[Link, float],
+    index: PathIndex,
+    full: int,
+) -> tuple[Rates[K], int]:
     """`_waterfill_pairs` for a class of one pair, without building a problem: each open
     path in turn gets the level min_e avail_e / weight (one entity's progressive filling).
 
     Returns:
         ({pair: [(path, bytes/s)]} or {}, the updated full-link mask).
     """
-    out: PairRates = {}
+    out: Rates[K] = {}
     links = index.links
     for j, (mask, ids) in enumerate(index.entries(pair, paths)):
         if mask & full:
@@ -165,7 +199,12 @@ def _fill_one(pair, weight, paths, avail, capacity, index, full: int) -> tuple:
     return out, full
 
 
-def _waterfill(paths_ids: list[tuple[int, ...]], weights: list[float], avail, links) -> tuple:
+def _waterfill(
+    paths_ids: list[tuple[int, ...]],
+    weights: list[float],
+    avail: dict[Link, float],
+    links: list[Link],
+) -> tuple[Sequence[int], list[float], list[float]]:
     """Max-min levels of single-path entities (entity j: the link indices `paths_ids[j]`
     of its path, weight `weights[j]`) on `avail` ({link: bytes/s}; `links[i]` is link i),
     maxmin.maxmin_levels_sparse.
@@ -180,6 +219,7 @@ def _waterfill(paths_ids: list[tuple[int, ...]], weights: list[float], avail, li
         (link indices crossed, levels per entity, bytes/s used on each of those links),
         as lists.
     """
+    ids: Sequence[int]
     if len(paths_ids) == 1:
         ids, weight = paths_ids[0], weights[0]
         level = max(min(max(avail[links[i]], 0.0) / weight for i in ids), 0.0)

@@ -11,6 +11,8 @@ from enum import StrEnum
 from terra_core.min_cct import MinCct, Pair, PairRates, links_of, min_cct
 from topologies import Link, Path
 
+PathRates = dict[Pair, dict[Path, float]]  # one coflow's {pair: {path: bytes/s}} (`take`)
+
 
 class RoundState(StrEnum):
     """A coflow's place in one round: admitted with a deadline (step 1), scheduled in Γ
@@ -51,7 +53,11 @@ class RoundResult:
 
 
 def solve_min_cct(
-    volumes, paths, capacity, result: RoundResult, rates_needed: bool = True
+    volumes: dict[Pair, float],
+    paths: dict[Pair, list[Path]],
+    capacity: dict[Link, float],
+    result: RoundResult,
+    rates_needed: bool = True,
 ) -> MinCct:
     """Optimization (1) (min_cct.min_cct; with the fewest-link-bytes stage when
     `rates_needed`), counting its LPs in `result.lps`."""
@@ -60,7 +66,13 @@ def solve_min_cct(
     return res
 
 
-def take(rates, cid: str, pair_rates: PairRates, left: dict[Link, float], scale: float) -> None:
+def take(
+    rates: dict[str, PathRates],
+    cid: str,
+    pair_rates: PairRates,
+    left: dict[Link, float],
+    scale: float,
+) -> None:
     """Add `pair_rates` × scale to coflow `cid` and subtract them from `left`."""
     mine = rates.setdefault(cid, {})
     if scale != 1.0:
@@ -76,7 +88,7 @@ def take(rates, cid: str, pair_rates: PairRates, left: dict[Link, float], scale:
                 left[link] = v if v > 0.0 else 0.0
 
 
-def assign(mine: dict, pair: Pair, lst: list[tuple[Path, float]], scale: float) -> None:
+def assign(mine: PathRates, pair: Pair, lst: list[tuple[Path, float]], scale: float) -> None:
     """Add the path rates `lst` × scale to one coflow's {pair: {path: bytes/s}}."""
     if scale == 1.0:
         add_rates(mine, pair, lst)
@@ -86,7 +98,7 @@ def assign(mine: dict, pair: Pair, lst: list[tuple[Path, float]], scale: float) 
         per_path[path] = per_path.get(path, 0.0) + rate * scale
 
 
-def add_rates(mine: dict, pair: Pair, lst: list[tuple[Path, float]]) -> None:
+def add_rates(mine: PathRates, pair: Pair, lst: list[tuple[Path, float]]) -> None:
     """`assign(mine, pair, lst, 1.0)`: the same sums (rate × 1.0 is the rate, and a new
     pair's 0.0 + rate is the rate), without the multiplications."""
     per_path = mine.get(pair)

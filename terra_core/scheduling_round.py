@@ -41,6 +41,7 @@ from __future__ import annotations
 import heapq
 import math
 import operator
+from collections.abc import Iterable
 from itertools import chain, repeat
 
 import numpy as np
@@ -54,6 +55,7 @@ from terra_core.round_rates import (
     DEADLINE,
     PREEMPTED,
     SCHEDULED,
+    PathRates,
     RoundResult,
     add_rates,
     solve_min_cct,
@@ -149,7 +151,17 @@ def schedule_round(
 
 
 def _aged_guard(
-    active, starving, paths, left, capacity, alpha, starving_fair, rates, result, index, memo
+    active: dict[str, dict[Pair, float]],
+    starving: list[str],
+    paths: dict[Pair, list[Path]],
+    left: dict[Link, float],
+    capacity: dict[Link, float],
+    alpha: float,
+    starving_fair: bool,
+    rates: dict[str, PathRates],
+    result: RoundResult,
+    index: PathIndex,
+    memo: RoundMemo | None,
 ) -> None:
     """Step 2' of `schedule_round` (starvation.serve_starving): the starving coflow ids
     (oldest first) still unscheduled after step 1 get the reserve α of `left` (bytes/s)."""
@@ -179,7 +191,18 @@ def _active_coflows(
     return active
 
 
-def _sequential(active, others, paths, capacity, r, hints, memo, rates, result, index) -> tuple:
+def _sequential(
+    active: dict[str, dict[Pair, float]],
+    others: list[str],
+    paths: dict[Pair, list[Path]],
+    capacity: dict[Link, float],
+    r: dict[Link, float],
+    hints: dict[str, tuple[float, bool]] | None,
+    memo: RoundMemo | None,
+    rates: dict[str, PathRates],
+    result: RoundResult,
+    index: PathIndex,
+) -> tuple[list[str], list[str]]:
     """Steps 3-4 with lazy ordering: a heap keyed by lower bounds on Γ.
 
     Popping the smallest key: a coflow that cannot reach r any more (some
@@ -239,7 +262,12 @@ def _sequential(active, others, paths, capacity, r, hints, memo, rates, result, 
     return scheduled, preempted
 
 
-def _quick_bound(volumes, paths, capacity, pair_flow: dict | None = None) -> float:
+def _quick_bound(
+    volumes: dict[Pair, float],
+    paths: dict[Pair, list[Path]],
+    capacity: dict[Link, float],
+    pair_flow: dict[Pair, float] | None = None,
+) -> float:
     """Γ >= max_k d_k / Σ_{p ∈ P_k} min_{e ∈ p} c_e (each FlowGroup alone, paths unshared).
 
     `pair_flow` ({pair: Σ_p bottleneck(p) in bytes/s}) caches the denominators
@@ -257,7 +285,13 @@ def _quick_bound(volumes, paths, capacity, pair_flow: dict | None = None) -> flo
     return bound
 
 
-def _fill_pair_flow(coflows, paths, capacity, pair_flow: dict, index: PathIndex) -> None:
+def _fill_pair_flow(
+    coflows: Iterable[dict[Pair, float]],
+    paths: dict[Pair, list[Path]],
+    capacity: dict[Link, float],
+    pair_flow: dict[Pair, float],
+    index: PathIndex,
+) -> None:
     """Put `_quick_bound`'s denominator Σ_{p ∈ P_k} min_{e ∈ p} c_e (bytes/s) of every pair
     of `coflows` ({pair: bytes} dicts) missing from `pair_flow` into it, in one pass.
 
@@ -291,7 +325,7 @@ def reserve_deadlines(
     left: dict[Link, float],
     now: float,
     deadlines: dict[str, float],
-    rates: dict | None = None,
+    rates: dict[str, PathRates] | None = None,
     result: RoundResult | None = None,
 ) -> list[str]:
     """Step 1: stretched min-CCT allocations of the admitted deadline coflows, EDF.
@@ -335,7 +369,16 @@ def _ids_in(pair_rates: PairRates, index: PathIndex) -> set[int]:
     return ids
 
 
-def _work_conservation(active, order, paths, spare, capacity, rates, result, index) -> None:
+def _work_conservation(
+    active: dict[str, dict[Pair, float]],
+    order: list[str],
+    paths: dict[Pair, list[Path]],
+    spare: dict[Link, float],
+    capacity: dict[Link, float],
+    rates: dict[str, PathRates],
+    result: RoundResult,
+    index: PathIndex,
+) -> None:
     """Step 6: the spare capacity to the coflows in `order`, earlier coflows first.
 
     Every DC pair belongs to the earliest coflow in `order` with a FlowGroup on it. The
@@ -382,7 +425,9 @@ def _volume_weights(volumes: dict[Pair, float], pairs: list[Pair]) -> dict[Pair,
     return dict(zip(pairs, w.tolist(), strict=True))
 
 
-def _finish(rates, capacity: dict[Link, float], index: PathIndex) -> dict[str, PairRates]:
+def _finish(
+    rates: dict[str, PathRates], capacity: dict[Link, float], index: PathIndex
+) -> dict[str, PairRates]:
     """Merge into lists and scale down any link that round-off left over its capacity.
 
     The link loads are summed per path in one np.bincount over the links of
@@ -428,7 +473,7 @@ def _finish(rates, capacity: dict[Link, float], index: PathIndex) -> dict[str, P
     return out
 
 
-def _path_totals(rates) -> dict[Path, float]:
+def _path_totals(rates: dict[str, PathRates]) -> dict[Path, float]:
     """{path: bytes/s} summed over the coflows of `rates` ({cid: {pair: {path: bytes/s}}}) in
     their order, paths in order of first appearance. A path joins one DC pair, so the paths
     of a coflow whose pairs no earlier coflow has are new: 0.0 + x is x (up to the sign of

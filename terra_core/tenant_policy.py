@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Unpack
 
 from terra_core.min_cct import Pair, PairRates, links_of
 from terra_core.path_masks import IndexCache
@@ -37,6 +38,7 @@ from terra_core.reservations import Reservation, cap_ceilings, floors, held_load
 from terra_core.tenant_shares import (
     DEFAULT_SHARING,
     SHARINGS,
+    TenantShares,
     add_load,
     allocation_progress,
     isolation_shares,
@@ -44,9 +46,19 @@ from terra_core.tenant_shares import (
     spare_capacity,
     static_shares,
 )
-from terra_core.terra_policy import TerraPolicy, allocate_by_groups
+from terra_core.terra_policy import RoundStats, TerraOptions, TerraPolicy, allocate_by_groups
 from terra_model import Coflow, Flow
 from topologies import Link, Path, Topology
+
+ByTenant = dict[str, dict[str, dict[Pair, float]]]  # {tenant: {coflow id: {pair: bytes}}}
+
+
+class TenantStats(RoundStats):
+    """TenantPolicy's `stats`: Terra's, with each measured round's Step A guarantee μ* and
+    the isolation guarantee achieved (`_record`)."""
+
+    guarantee: list[float]
+    achieved: list[float]
 
 
 @dataclass(frozen=True)
@@ -114,7 +126,11 @@ class TenantPolicy:
     name = "terra"
 
     def __init__(
-        self, topology: Topology, spec: TenantSpec, measure: bool = False, **terra
+        self,
+        topology: Topology,
+        spec: TenantSpec,
+        measure: bool = False,
+        **terra: Unpack[TerraOptions],
     ) -> None:
         self.topology = topology
         self.measure = measure
@@ -124,7 +140,13 @@ class TenantPolicy:
         self._first = next(iter(self._policies.values()))
         self._tenant: dict[str, str] = {}
         self._index = IndexCache()  # leftover_rates' path masks, new when the WAN changes
-        self.stats: dict = {"rounds": 0, "round_ms": [], "lps": 0, "guarantee": [], "achieved": []}
+        self.stats: TenantStats = {
+            "rounds": 0,
+            "round_ms": [],
+            "lps": 0,
+            "guarantee": [],
+            "achieved": [],
+        }
         self.progress: dict[str, float] = {}
 
     # ----- Policy protocol -------------------------------------------------------------
@@ -183,7 +205,7 @@ class TenantPolicy:
             KeyError: an unknown coflow id.  ValueError: as TerraPolicy.group_rates.
         """
         start = time.perf_counter()
-        by_tenant: dict[str, dict[str, dict[Pair, float]]] = {}
+        by_tenant: ByTenant = {}
         for cid, vol in volumes.items():
             by_tenant.setdefault(self._tenant_of(cid), {})[cid] = vol
         floor = self._floors(now, by_tenant)
@@ -270,7 +292,9 @@ class TenantPolicy:
             raise KeyError(f"unknown coflow {cid!r}")
         return self._policies[self._tenant[cid]]
 
-    def _floors(self, now: float, by_tenant: dict) -> dict[tuple[str, Pair], list]:
+    def _floors(
+        self, now: float, by_tenant: ByTenant
+    ) -> dict[tuple[str, Pair], list[tuple[Path, float]]]:
         """The guaranteed rates of this round: {(tenant, pair): [(path, bytes/s)]} for the
         active reservations whose tenant has bytes on their pair (reservations.floors)."""
         targets: dict[tuple[str, Pair], float] = {}
@@ -283,7 +307,12 @@ class TenantPolicy:
         paths = {pair: self._first.paths(*pair) for _, pair in targets}
         return floors(targets, paths, self._first._capacity())
 
-    def _reserved_round(self, now: float, by_tenant: dict, floor: dict) -> dict[str, PairRates]:
+    def _reserved_round(
+        self,
+        now: float,
+        by_tenant: ByTenant,
+        floor: dict[tuple[str, Pair], list[tuple[Path, float]]],
+    ) -> dict[str, PairRates]:
         """The guaranteed rates first, the tenants' round on what they leave, then each
         guaranteed rate added to the tenant's first coflow on the pair in its Terra order
         (`_first_on`) and the ceilings."""
@@ -325,7 +354,14 @@ class TenantPolicy:
                 return cid
         return next(c for c, v in vols.items() if v.get(pair, 0) > 0)
 
-    def _lend_capped(self, rates, owner, ceilings, by_tenant, capacity) -> None:
+    def _lend_capped(
+        self,
+        rates: dict[str, PairRates],
+        owner: dict[str, str],
+        ceilings: dict[tuple[str, Pair], float],
+        by_tenant: ByTenant,
+        capacity: dict[Link, float],
+    ) -> None:
         """Give what the ceilings freed to the other FlowGroups (in place): max-min over
         the spare capacity, each (tenant, pair) without a ceiling weighted by its rate
         (tenant_shares.leftover_rates), as HTB lends a capped class's unused rate."""
@@ -349,7 +385,7 @@ class TenantPolicy:
         return held_load(others, paths, self._first._capacity())
 
     def _tenant_round(
-        self, now: float, by_tenant: dict, capacity: dict[Link, float] | None = None
+        self, now: float, by_tenant: ByTenant, capacity: dict[Link, float] | None = None
     ) -> dict[str, PairRates]:
         """Step A (or the static partition), Terra in each share, then the leftover, on
         `capacity` ({link: bytes/s}; default: the WAN's links up)."""
@@ -371,7 +407,7 @@ class TenantPolicy:
         if self.spec.sharing == "static":
             shares = static_shares(list(self.spec.weights), self.spec.weights, capacity)
         else:
-            shares = found.share
+            shares = found.share  # type: ignore[union-attr]  # (found: sharing is not static)
         zero = dict.fromkeys(capacity, 0.0)
         rates: dict[str, PairRates] = {}
         for t, vols in by_tenant.items():
@@ -380,7 +416,7 @@ class TenantPolicy:
         if self.spec.sharing == "cooperative":
             spare = spare_capacity(capacity, [rates])
             step_a = {t: {k: sum(x for _, x in lst) for k, lst in r.items()}
-                      for t, r in found.rates.items()}  # fmt: skip
+                      for t, r in found.rates.items()}  # type: ignore[union-attr]  # fmt: skip
             extra = leftover_rates(step_a, paths, spare, capacity, self._index)
             _attribute(extra, by_tenant, rates)
             for t, per_pair in extra.items():
@@ -390,7 +426,13 @@ class TenantPolicy:
             self._record(found, tenant_vol, paths, given)
         return _within(rates, capacity)
 
-    def _record(self, found, tenant_vol, paths, given) -> None:
+    def _record(
+        self,
+        found: TenantShares,
+        tenant_vol: dict[str, dict[Pair, float]],
+        paths: dict[Pair, list[Path]],
+        given: dict[str, dict[Link, float]],
+    ) -> None:
         """Keep Step A's μ* and the isolation guarantee of the capacity each tenant was
         given (its share, plus its leftover when cooperative): min_t of its progress on
         that capacity over s_t (tenant_shares.allocation_progress)."""
@@ -405,7 +447,9 @@ class TenantPolicy:
             self.progress = weighted
 
 
-def _attribute(extra: dict[str, PairRates], by_tenant: dict, rates: dict) -> None:
+def _attribute(
+    extra: dict[str, PairRates], by_tenant: ByTenant, rates: dict[str, PairRates]
+) -> None:
     """Add each tenant's leftover rate on a pair to its coflow on that pair with the most
     rate already (ties and no rate: the first in arrival order), in `rates` (in place).
     One pass over each tenant's coflows finds the coflow of every pair at once."""

@@ -120,6 +120,7 @@ def isolation_shares(
     total_w = sum(weights[t] for t in movable)
     merged: dict[Pair, float] = {}
     part: dict[tuple[str, Pair], float] = {}
+    v: float | None  # a tenant's part of a pair's volume (bytes), then of its rates
     for tenant, vol in movable.items():
         s = out.weight_share[tenant] = weights[tenant] / total_w
         for pair, d in vol.items():

@@ -27,16 +27,13 @@ import math
 import operator
 import time
 from collections.abc import Callable
+from typing import TypedDict
 
 from terra_core.min_cct import DualBound, Pair, PairRates, min_cct
 from terra_core.policy import Allocation, PathSource, PolicyState, Remaining, split_by_remaining
 from terra_core.round_memo import RoundMemo
-from terra_core.scheduling_round import (
-    PREEMPTED,
-    RoundResult,
-    reserve_deadlines,
-    schedule_round,
-)
+from terra_core.round_rates import PREEMPTED, RoundResult
+from terra_core.scheduling_round import reserve_deadlines, schedule_round
 from terra_core.starvation import (
     DEFAULT_FACTOR,
     DEFAULT_FLOOR_S,
@@ -49,6 +46,27 @@ from topologies import Link, Path, Topology, k_shortest_paths
 from topologies.paths import up_graph
 
 _TIGHT = 1e-9  # relative gap under which cached bounds on Γ count as exact
+
+
+class RoundStats(TypedDict):
+    """A policy's `stats`: rounds run, each round's wall time (ms), LPs solved in all."""
+
+    rounds: int
+    round_ms: list[float]
+    lps: int
+
+
+class TerraOptions(TypedDict, total=False):
+    """TerraPolicy's keyword arguments (passed on as they are, e.g. by tenant_policy)."""
+
+    k: int
+    alpha: float
+    epsilon: float
+    delta: float
+    path_source: PathSource | None
+    guard: str
+    guard_factor: float
+    guard_floor_s: float
 
 
 class TerraPolicy:
@@ -104,7 +122,7 @@ class TerraPolicy:
         self.topology = topology
         self.k, self.alpha, self.epsilon, self.delta = k, alpha, epsilon, delta
         self._clock = StarvationClock(self.guard)
-        self.stats: dict = {"rounds": 0, "round_ms": [], "lps": 0}
+        self.stats: RoundStats = {"rounds": 0, "round_ms": [], "lps": 0}
         self._empty = topology.copy()  # the empty WAN of gamma_empty: every link up
         self._empty.down.clear()
         self._empty_paths: dict[Pair, list[Path]] = {}
@@ -120,11 +138,13 @@ class TerraPolicy:
         # {link: bytes/s} deadline admission counts as taken (other tenants' guarantees)
         self.held: dict[Link, float] = {}
         self._volumes: dict[str, dict[Pair, float]] = {}  # last known FlowGroup volumes
-        self._gamma: dict[str, tuple] = {}  # volumes, Γ on the full WAN, DualBound
+        # volumes, Γ on the full WAN, DualBound
+        self._gamma: dict[str, tuple[dict[Pair, float], float, DualBound]] = {}
         self._state: dict[str, PolicyState] = {}
         self._memo = RoundMemo()  # what a round keeps for the next (round_memo.py)
         self._total: dict[str, dict[Pair, float]] = {}  # aged guards: all bytes ever added
-        self._last_order: tuple = ({}, [], [])  # the last round's deadlines, starving, Γ order
+        # the last round's deadlines, starving and Γ order (round_order)
+        self._last_order: tuple[dict[str, float], list[str], list[str]] = ({}, [], [])
 
     # ----- Policy protocol -------------------------------------------------------------
 
@@ -430,7 +450,12 @@ class TerraPolicy:
         topo = self.topology
         return {link: c for link, c in topo.capacity.items() if link not in topo.down}
 
-    def _gamma_hints(self, volumes, paths, capacity) -> dict[str, tuple[float, bool]]:
+    def _gamma_hints(
+        self,
+        volumes: dict[str, dict[Pair, float]],
+        paths: dict[Pair, list[Path]],
+        capacity: dict[Link, float],
+    ) -> dict[str, tuple[float, bool]]:
         """{coflow id: (lower bound on Γ, exact)} from the cache of solved Γs.
 
         For a cached solve at volumes d with Γ and link prices y, the current
@@ -471,7 +496,9 @@ class TerraPolicy:
         self.stats["lps"] += res.lp_solved
         return res.gamma_s
 
-    def _admissible(self, cid: str, volumes, deadline: float, now: float) -> bool:
+    def _admissible(
+        self, cid: str, volumes: dict[Pair, float], deadline: float, now: float
+    ) -> bool:
         """Γ on what the admitted deadline coflows leave, times (1 + ε), fits in D − now."""
         if not volumes:
             return True
