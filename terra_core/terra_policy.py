@@ -44,6 +44,7 @@ from terra_core.starvation import (
     Guard,
     StarvationClock,
 )
+from terra_core.tenant_shares import ORDERS
 from terra_model import Coflow, Flow
 from topologies import Link, Path, Topology, k_shortest_paths
 from topologies.paths import up_graph
@@ -249,6 +250,7 @@ class TerraPolicy:
         now: float,
         volumes: dict[str, dict[Pair, float]],
         capacity: dict[Link, float] | None = None,
+        order: str = "share",
     ) -> dict[str, PairRates]:
         """Per-FlowGroup rates: the round of `allocate`, given the FlowGroup volumes (the
         simulator's fast path, policy.GroupRatesPolicy; it splits each FlowGroup's rates
@@ -262,8 +264,14 @@ class TerraPolicy:
                 unfinished flow: what `allocate` builds from its `remaining`.
             capacity: optional {link: bytes/s} to schedule on instead of the WAN's
                 capacities (a tenant's share, tenant_policy.py; it must keep the links of
-                the WAN, in their order). The round then orders by Γ on it, without the
-                cached Γs (those are on the WAN's capacities) and without caching its Γs.
+                the WAN, in their order). With order "share" the round then orders by Γ
+                on it, without the cached Γs (those are on the WAN's capacities) and
+                without caching its Γs.
+            order: with `capacity`, the capacities step 3's Γ order is computed on
+                (tenant_shares.ORDERS): "share", `capacity`; "wan", the WAN's capacities
+                (links up), with the Γ cache as in a round on the WAN (its Γs are cached
+                too). Steps 1, 2 and 4-6 run on `capacity` either way. Ignored without
+                `capacity`.
 
         Returns:
             {coflow id: {(src, dst): [(path, bytes/s), ...]}} for the coflows that get
@@ -271,12 +279,15 @@ class TerraPolicy:
 
         Raises:
             KeyError: a coflow id that was never added.
-            ValueError: a DC pair that lost every path (as `allocate`).
+            ValueError: a DC pair that lost every path (as `allocate`), or an unknown
+                `order`.
         """
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         start = time.perf_counter()
         for cid in volumes:
             self._pairs_of(cid)  # KeyError for an unknown coflow, as allocate
-        rates = self._round(now, volumes, capacity)
+        rates = self._round(now, volumes, capacity, order)
         self.stats["round_ms"].append((time.perf_counter() - start) * 1000.0)
         return rates
 
@@ -285,19 +296,23 @@ class TerraPolicy:
         now: float,
         volumes: dict[str, dict[Pair, float]],
         share: dict[Link, float] | None = None,
+        order: str = "share",
     ) -> dict[str, PairRates]:
         """One scheduling round on `volumes` ({coflow id: {pair: bytes}}) on the WAN's
-        capacities or on `share` (see group_rates): keeps them as the coflows' last known
-        volumes, updates the Γ cache, states and stats (rounds, LPs) and returns the
-        round's rates ({coflow id: {pair: [(path, bytes/s)]}})."""
+        capacities or on `share`, ordered by Γ on `order`'s capacities (see group_rates):
+        keeps them as the coflows' last known volumes, updates the Γ cache (Γs on the
+        WAN's capacities only), states and stats (rounds, LPs) and returns the round's
+        rates ({coflow id: {pair: [(path, bytes/s)]}})."""
         for cid, vol in volumes.items():
             self._volumes[cid] = vol
         paths = self._paths_for(volumes)
-        if share is None:
-            capacity = self._capacity()
-            hints = self._gamma_hints(volumes, paths, capacity)
+        wan = None  # the WAN's capacities when step 3 orders by Γ on them
+        if share is None or order == "wan":
+            wan = self._capacity()
+            hints = self._gamma_hints(volumes, paths, wan)
         else:
-            capacity, hints = share, None
+            hints = None
+        capacity = wan if share is None else share
         deadlines = {cid: d for cid, d in self._deadline.items() if cid in volumes}
         starving = None
         if self.guard.aged:
@@ -313,9 +328,10 @@ class TerraPolicy:
             memo=self._memo,
             starving=starving,
             starving_fair=self.guard.mode == "aged-fair",
+            order_capacity=None if share is None else wan,
         )
-        for cid, res in result.exact.items() if share is None else ():
-            bound = DualBound.build(volumes[cid], paths, capacity, res.prices)
+        for cid, res in result.exact.items() if wan is not None else ():
+            bound = DualBound.build(volumes[cid], paths, wan, res.prices)
             self._gamma[cid] = (volumes[cid], res.gamma_s, bound)
         for cid, state in result.state.items():
             self._state[cid] = PolicyState.PREEMPTED if state == PREEMPTED else PolicyState.RUNNING
