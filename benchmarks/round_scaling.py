@@ -24,7 +24,7 @@ coflow i in arrival order to tenant t{i mod N}, the rule of `terra-sim --tenants
 their rounds interleaved (one of each in turn) so both see the same load; the table
 puts the two side by side with the ratio of the medians (tenants / Terra) and of the CPU
 seconds. `--tenant-order share wan` runs the tenants once per order inside the shares
-(tenant_shares.ORDERS: Γ on each tenant's share, the default, or on the whole WAN), all
+(tenant_shares.ORDERS: Γ on each tenant's share, or on the whole WAN, the default), all
 interleaved with plain Terra's in one run.
 
     python -m benchmarks.round_scaling [--topologies synth10 synth100 att swan ...]
@@ -34,9 +34,9 @@ interleaved with plain Terra's in one run.
 JSON: {"cells": [{"topology", "dcs", "coflows", "round_ms_median", "round_ms_p95",
 "lps_per_round", "cpu_s", "solver_s"; with --tenants also "tenants", and per order the
 keys "tenant_round_ms_median", "tenant_round_ms_p95", "tenant_lps_per_round",
-"tenant_cpu_s", "tenant_solver_s", "ratio", "cpu_ratio", with "tenant_" and "ratio"/
-"cpu_ratio" followed by "wan_" for the order "wan" (e.g. "tenant_wan_cpu_s",
-"ratio_wan")}], "fit": {...}, "loadavg": [1, 5, 15 min]}.
+"tenant_cpu_s", "tenant_solver_s", "ratio", "cpu_ratio" for the default order ("wan"), and
+for the order "share" the same with "tenant_share_" and "ratio_share"/"cpu_ratio_share")}],
+"fit": {...}, "loadavg": [1, 5, 15 min]}.
 """
 
 from __future__ import annotations
@@ -245,8 +245,9 @@ def run_cell(
 
 def tenant_key(order: str) -> str:
     """The JSON and run_cell key prefix of the tenants' run with Γ order `order`: "tenant_"
-    for "share" (the keys of runs without --tenant-order), "tenant_wan_" for "wan"."""
-    return "tenant_" if order == "share" else f"tenant_{order}_"
+    for the default order (tenant_shares.DEFAULT_ORDER, the keys of runs without
+    --tenant-order), "tenant_<order>_" for another ("tenant_share_")."""
+    return "tenant_" if order == DEFAULT_ORDER else f"tenant_{order}_"
 
 
 def _advance(alloc, remaining: dict[str, dict[str, float]], now: float) -> float:
@@ -361,7 +362,7 @@ def _tenant_columns(cell: dict, res: dict, tenants: int, order: str) -> str:
     tenant_key(order), "ratio"/"cpu_ratio" + the order's suffix: tenants / Terra of the
     median ms and of the CPU seconds) and return its columns of the printed line."""
     key = tenant_key(order)
-    suffix = key.removeprefix("tenant")[:-1]  # "" or "_wan"
+    suffix = key.removeprefix("tenant")[:-1]  # "" or "_share"
     cell.update(_summary(res, key))
     ratio = cell[f"ratio{suffix}"] = cell[key + "round_ms_median"] / cell["round_ms_median"]
     cpu = cell[f"cpu_ratio{suffix}"] = cell[key + "cpu_s"] / max(cell["cpu_s"], 1e-9)

@@ -4,8 +4,8 @@ A TOML file (read with tomllib) checked against msgspec Structs that forbid unkn
 
     sharing = "cooperative"        # optional: cooperative (default), strict or static
                                    # (terra_core/tenant_shares.SHARINGS)
-    order = "share"                # optional: each tenant's coflows in order of Γ on its
-                                   # share (default) or on the whole WAN, "wan"
+    order = "wan"                  # optional: each tenant's coflows in order of Γ on the
+                                   # whole WAN (default) or on its share, "share"
                                    # (terra_core/tenant_shares.ORDERS)
 
     [default]                      # optional: what a job of a tenant not listed gets
@@ -117,7 +117,7 @@ class TenantsFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     tenants: dict[str, TenantLimits]
     default: DefaultTenant = msgspec.field(default_factory=DefaultTenant)
     sharing: Sharing = "cooperative"
-    order: Order = "share"
+    order: Order = "wan"
 
 
 def load_tenants(path: str | Path) -> TenantsFile:

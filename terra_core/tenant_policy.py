@@ -59,8 +59,8 @@ class TenantSpec:
             "static").
         reservations: the admitted guarantees (reservations.Reservation; admission is the
             caller's: reservations.admission).
-        order: what each tenant's Γ order runs on, one of tenant_shares.ORDERS ("share",
-            the default: Γ on the tenant's share; "wan": Γ on the whole WAN, cached).
+        order: what each tenant's Γ order runs on, one of tenant_shares.ORDERS ("wan",
+            the default: Γ on the whole WAN, cached; "share": Γ on the tenant's share).
 
     Raises:
         ValueError: no tenant, a weight that is not a positive finite number, an unknown

@@ -61,8 +61,9 @@ of scheduling_round): by Γ, the coflow's minimum CCT alone (Optimization (1)),
 share: on the tenant's share of the round (one LP per coflow and round: the share moves
 every round);
 wan: on the whole WAN's capacities (links up), the Γ plain Terra orders by, kept between
-rounds (TerraPolicy's Γ cache). Either way steps 4-6 run on the share."""
-DEFAULT_ORDER = "share"
+rounds (TerraPolicy's Γ cache; the default). Either way steps 1, 2 and 4-6 run on the
+share."""
+DEFAULT_ORDER = "wan"
 
 
 @dataclass

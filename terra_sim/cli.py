@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument(
         "--tenant-order", choices=ORDERS, default=DEFAULT_ORDER, metavar="ON",
-        help="share|wan: each tenant's coflows in order of Γ on its share or on the WAN",
+        help="wan|share: each tenant's coflows in order of Γ on the WAN or on its share",
     )  # fmt: skip
     p.add_argument("--greedy-tenant", metavar="NAME", help="split its coflows in 100 (same bytes)")
     p.add_argument(

@@ -28,7 +28,7 @@ from topologies import Topology, load_topology
 
 
 def test_the_spec_takes_each_order_and_refuses_others_in_one_line():
-    assert TenantSpec({"a": 1.0}).order == DEFAULT_ORDER == "share"
+    assert TenantSpec({"a": 1.0}).order == DEFAULT_ORDER == "wan"
     for order in ORDERS:
         assert TenantSpec({"a": 1.0}, order=order).order == order
     with pytest.raises(ValueError) as err:
@@ -39,18 +39,18 @@ def test_the_spec_takes_each_order_and_refuses_others_in_one_line():
 
 
 def test_changing_weights_or_reservations_keeps_the_order():
-    policy = TenantPolicy(line(), TenantSpec({"a": 1.0}, order="wan"))
+    policy = TenantPolicy(line(), TenantSpec({"a": 1.0}, order="share"))
     policy.set_weights({"a": 1.0, "b": 2.0})
     policy.set_reservations([])
-    assert policy.spec.order == "wan" and policy.spec.weights == {"a": 1.0, "b": 2.0}
+    assert policy.spec.order == "share" and policy.spec.weights == {"a": 1.0, "b": 2.0}
 
 
 def test_terra_sim_parses_the_order_and_refuses_a_bad_one(tmp_path, capsys):
     argv = ["--topology", "swan", "--workload", "fb", "--scheduler", "terra", "--limit", "3"]
-    assert cli.build_parser().parse_args(argv).tenant_order == "share"
+    assert cli.build_parser().parse_args(argv).tenant_order == "wan"
     out = tmp_path / "r.json"
-    assert cli.main([*argv, "--tenants", "2", "--tenant-order", "wan", "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["meta"]["tenant_order"] == "wan"
+    assert cli.main([*argv, "--tenants", "2", "--tenant-order", "share", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["meta"]["tenant_order"] == "share"
     capsys.readouterr()
     with pytest.raises(SystemExit) as stop:
         cli.main([*argv, "--tenants", "2", "--tenant-order", "fast"])
@@ -67,13 +67,13 @@ TWO = "[tenants.gold]\nweight = 3\n\n[tenants.bronze]\nweight = 1\n"
 
 def test_the_tenants_file_takes_the_order_and_the_controller_uses_it():
     assert get_args(Order) == ORDERS  # the file's names are the policy's
-    assert parse_tenants(TWO).order == "share"
-    config = parse_tenants('order = "wan"\n' + TWO, "t.toml")
+    assert parse_tenants(TWO).order == "wan"
+    config = parse_tenants('order = "share"\n' + TWO, "t.toml")
     book = TenantBook(config, b"")
-    assert book.view()["order"] == "wan"
+    assert book.view()["order"] == "share"
     factory = scheduler_factory(argparse.Namespace(scheduler="terra"), load_topology("swan"),
                                 SchedulerOptions(), book)  # fmt: skip
-    assert factory().inner.spec.order == "wan"
+    assert factory().inner.spec.order == "share"
     with pytest.raises(TenantsError) as err:
         parse_tenants('order = "fast"\n' + TWO, "t.toml")
     assert str(err.value) == "t.toml: line 1: order: invalid enum value 'fast'"
