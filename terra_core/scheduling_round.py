@@ -11,8 +11,8 @@ Steps, for the coflows active now (each given by its FlowGroups' remaining volum
    when no coflow starves).
 3. The other coflows are ordered by Γ on the full current capacities (smallest
    first; ties by the order they were given in), or on the capacities the caller
-   gives as `order_capacity` (a tenant's round in its share ordered by Γ on the
-   whole WAN, docs/design.md 4.5).
+   gives as `order_capacity` (same links; e.g. the whole WAN's for a round in a
+   tenant's share, docs/design.md 4.5; result.exact then holds Γs on them).
 4. In that order each gets its min-CCT allocation (Optimization (1)) on r if every
    FlowGroup can get a positive rate, and r shrinks by it; otherwise it is
    preempted for this round. Steps 3 and 4 run together lazily (see
@@ -94,11 +94,10 @@ def schedule_round(
         deadlines: {coflow id: absolute deadline in seconds} of the admitted
             deadline coflows among `coflows`.
         alpha: starvation share in [0, 1).
-        hints: optional {coflow id: (lower bound on Γ on the order's capacities
-            (`order_capacity`, else `capacity`) in seconds, exact)} known to the
-            caller (e.g. a cached Γ rescaled, or a weak-duality bound,
-            min_cct.DualBound). Coflows without a
-            hint start from the bound max_k d_k / Σ_{p ∈ P_k} bottleneck(p).
+        hints: optional {coflow id: (lower bound on Γ on step 3's capacities in seconds,
+            exact)} known to the caller (e.g. a cached Γ rescaled, or a weak-duality
+            bound, min_cct.DualBound). Coflows without a hint start from the bound
+            max_k d_k / Σ_{p ∈ P_k} bottleneck(p).
         memo: optional round_memo.RoundMemo the caller keeps between rounds (cleared
             when paths change): step 4's min-CCT solutions on r (residual_min_cct),
             step 3's per-pair denominators, the path masks (path_masks.PathIndex) and
@@ -109,14 +108,10 @@ def schedule_round(
             oldest starving coflow, or with `starving_fair` all of them, get the
             reserve α of what step 1 left) and the unused reserve joins r.
         starving_fair: see `starving`.
-        order_capacity: optional {link: bytes/s} step 3's Γs are computed on instead of
-            `capacity` (same links; steps 1, 2 and 4-6 still use `capacity`), e.g. the
-            whole WAN's capacities for a round in a tenant's share. result.exact then
-            holds Γs on it.
+        order_capacity: step 3's {link: bytes/s} when not `capacity` (module docstring).
 
     Returns:
-        RoundResult. Link loads stay within `capacity` (solver round-off is
-        scaled away).
+        RoundResult (link loads within `capacity`: round-off is scaled away).
 
     Raises:
         ValueError: alpha outside [0, 1), or a FlowGroup whose DC pair has no
@@ -151,7 +146,6 @@ def schedule_round(
     # Step 6: work conservation, earlier coflows in the order first.
     order = scheduled + preempted + deadline_ids
     _work_conservation(active, order, paths, spare, capacity, rates, result, index)
-
     result.rates = _finish(rates, capacity, index)
     return result
 
