@@ -16,8 +16,8 @@ terra_sim/tenants.py). Policies, each simulated on the same coflows:
            on it (fair sharing, no coflow order);
   tenants  ours (TenantPolicy "cooperative": Step A shares over K tunnels, Terra inside,
            leftover max-min).
-static and tenants order each tenant's coflows by Γ on its share or, with --tenant-order
-wan, on the whole WAN (tenant_shares.ORDERS).
+static and tenants order each tenant's coflows by Γ on the whole WAN (the default) or, with
+--tenant-order share, on its share (tenant_shares.ORDERS).
 Per cell (topology x policy): the min isolation guarantee reached and its optimum (means
 over the rounds with at least two tenants active; a round's reached value is min_t of the
 progress tenant t's volumes can make on the capacity it was given (static, tenants: its
