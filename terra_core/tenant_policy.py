@@ -6,7 +6,8 @@ that tenant's Terra round on the whole WAN, unchanged (the tenant layer is a no-
 rates are Terra's to the bit). With more: Step A (tenant_shares.isolation_shares) gives
 every tenant a per-link share with the optimal isolation guarantee over K tunnels; each
 tenant's own TerraPolicy runs its round (deadline coflows, α guard, Γ order, preemption,
-work conservation) on its share; then, with the cooperative sharing (the default), the
+work conservation) on its share, the Γ order on the share or on the whole WAN (the
+spec's `order`, tenant_shares.ORDERS); then, with the cooperative sharing (the default), the
 capacity still unused is given out max-min over every tenant's FlowGroups weighted by
 their Step A rates (tenant_shares.leftover_rates), each (tenant, pair) rate to the tenant's
 coflow on that pair that Terra gave the most rate (ties: arrival order).
@@ -26,6 +27,7 @@ tenants' guarantees overlapping the deadline's window as taken.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -36,7 +38,9 @@ from terra_core.path_masks import IndexCache
 from terra_core.policy import Allocation, PolicyState, Remaining
 from terra_core.reservations import Reservation, cap_ceilings, floors, held_load
 from terra_core.tenant_shares import (
+    DEFAULT_ORDER,
     DEFAULT_SHARING,
+    ORDERS,
     SHARINGS,
     TenantShares,
     add_load,
@@ -72,16 +76,19 @@ class TenantSpec:
             "static").
         reservations: the admitted guarantees (reservations.Reservation; admission is the
             caller's: reservations.admission).
+        order: what each tenant's Γ order runs on, one of tenant_shares.ORDERS ("wan",
+            the default: Γ on the whole WAN, cached; "share": Γ on the tenant's share).
 
     Raises:
         ValueError: no tenant, a weight that is not a positive finite number, an unknown
-            sharing, or a coflow or reservation of a tenant without a weight.
+            sharing or order, or a coflow or reservation of a tenant without a weight.
     """
 
     weights: dict[str, float]
     tenant_of: dict[str, str] = field(default_factory=dict)
     sharing: str = DEFAULT_SHARING
     reservations: tuple[Reservation, ...] = ()
+    order: str = DEFAULT_ORDER
 
     def __post_init__(self) -> None:
         if not self.weights:
@@ -91,6 +98,8 @@ class TenantSpec:
                 raise ValueError(f"tenant {name!r}: weight must be a positive number, got {w!r}")
         if self.sharing not in SHARINGS:
             raise ValueError(f"tenant sharing must be one of {', '.join(SHARINGS)}")
+        if self.order not in ORDERS:
+            raise ValueError(f"tenant order must be one of {', '.join(ORDERS)}, got {self.order!r}")
         unknown = set(self.tenant_of.values()) - self.weights.keys()
         if unknown:
             raise ValueError(f"coflows assigned to tenants without a weight: {sorted(unknown)}")
@@ -229,9 +238,7 @@ class TenantPolicy:
             ValueError: as TenantSpec, or a tenant left out still has coflows; nothing
                 changed then.
         """
-        spec = TenantSpec(
-            dict(weights), self.spec.tenant_of, self.spec.sharing, self.spec.reservations
-        )
+        spec = dataclasses.replace(self.spec, weights=dict(weights))
         busy = sorted({t for t in self._tenant.values() if t not in spec.weights})
         if busy:
             raise ValueError(f"tenants with active coflows cannot be dropped: {busy}")
@@ -250,8 +257,7 @@ class TenantPolicy:
         Raises:
             ValueError: a reservation of a tenant without a weight; nothing changed then.
         """
-        spec = self.spec
-        self.spec = TenantSpec(spec.weights, spec.tenant_of, spec.sharing, tuple(reservations))
+        self.spec = dataclasses.replace(self.spec, reservations=tuple(reservations))
 
     # ----- extras, as TerraPolicy's ----------------------------------------------------
 
@@ -323,7 +329,7 @@ class TenantPolicy:
         left = {e: max(0.0, c - taken.get(e, 0.0)) for e, c in capacity.items()}
         if len(by_tenant) == 1 and self.spec.sharing != "static":
             ((tenant, vols),) = by_tenant.items()
-            rates = self._policies[tenant].group_rates(now, vols, left)
+            rates = self._policies[tenant].group_rates(now, vols, left, self.spec.order)
         else:
             rates = self._tenant_round(now, by_tenant, left)
         for (t, pair), lst in floor.items():
@@ -411,7 +417,8 @@ class TenantPolicy:
         zero = dict.fromkeys(capacity, 0.0)
         rates: dict[str, PairRates] = {}
         for t, vols in by_tenant.items():
-            rates.update(self._policies[t].group_rates(now, vols, shares.get(t, zero)))
+            share = shares.get(t, zero)
+            rates.update(self._policies[t].group_rates(now, vols, share, self.spec.order))
         given = {t: dict(shares.get(t, zero)) for t in by_tenant}
         if self.spec.sharing == "cooperative":
             spare = spare_capacity(capacity, [rates])

@@ -41,6 +41,7 @@ from terra_core.starvation import (
     Guard,
     StarvationClock,
 )
+from terra_core.tenant_shares import ORDERS
 from terra_model import Coflow, Flow
 from topologies import Link, Path, Topology, k_shortest_paths
 from topologies.paths import up_graph
@@ -270,6 +271,7 @@ class TerraPolicy:
         now: float,
         volumes: dict[str, dict[Pair, float]],
         capacity: dict[Link, float] | None = None,
+        order: str = "share",
     ) -> dict[str, PairRates]:
         """Per-FlowGroup rates: the round of `allocate`, given the FlowGroup volumes (the
         simulator's fast path, policy.GroupRatesPolicy; it splits each FlowGroup's rates
@@ -283,8 +285,14 @@ class TerraPolicy:
                 unfinished flow: what `allocate` builds from its `remaining`.
             capacity: optional {link: bytes/s} to schedule on instead of the WAN's
                 capacities (a tenant's share, tenant_policy.py; it must keep the links of
-                the WAN, in their order). The round then orders by Γ on it, without the
-                cached Γs (those are on the WAN's capacities) and without caching its Γs.
+                the WAN, in their order). With order "share" the round then orders by Γ
+                on it, without the cached Γs (those are on the WAN's capacities) and
+                without caching its Γs.
+            order: with `capacity`, the capacities step 3's Γ order is computed on
+                (tenant_shares.ORDERS): "share", `capacity`; "wan", the WAN's capacities
+                (links up), with the Γ cache as in a round on the WAN (its Γs are cached
+                too). Steps 1, 2 and 4-6 run on `capacity` either way. Ignored without
+                `capacity`.
 
         Returns:
             {coflow id: {(src, dst): [(path, bytes/s), ...]}} for the coflows that get
@@ -292,12 +300,15 @@ class TerraPolicy:
 
         Raises:
             KeyError: a coflow id that was never added.
-            ValueError: a DC pair that lost every path (as `allocate`).
+            ValueError: a DC pair that lost every path (as `allocate`), or an unknown
+                `order`.
         """
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         start = time.perf_counter()
         for cid in volumes:
             self._pairs_of(cid)  # KeyError for an unknown coflow, as allocate
-        rates = self._round(now, volumes, capacity)
+        rates = self._round(now, volumes, capacity, order)
         self.stats["round_ms"].append((time.perf_counter() - start) * 1000.0)
         return rates
 
@@ -306,19 +317,22 @@ class TerraPolicy:
         now: float,
         volumes: dict[str, dict[Pair, float]],
         share: dict[Link, float] | None = None,
+        order: str = "share",
     ) -> dict[str, PairRates]:
         """One scheduling round on `volumes` ({coflow id: {pair: bytes}}) on the WAN's
-        capacities or on `share` (see group_rates): keeps them as the coflows' last known
-        volumes, updates the Γ cache, states and stats (rounds, LPs) and returns the
-        round's rates ({coflow id: {pair: [(path, bytes/s)]}})."""
+        capacities or on `share`, ordered by Γ on `order`'s capacities (see group_rates):
+        keeps them as the coflows' last known volumes, updates the Γ cache (Γs on the
+        WAN's capacities only), states and stats (rounds, LPs) and returns the round's
+        rates ({coflow id: {pair: [(path, bytes/s)]}})."""
         for cid, vol in volumes.items():
             self._volumes[cid] = vol
         paths = self._paths_for(volumes)
+        wan: dict[Link, float] | None  # the WAN's capacities when step 3 orders by Γ on them
         if share is None:
-            capacity = self._capacity()
-            hints = self._gamma_hints(volumes, paths, capacity)
+            capacity = wan = self._capacity()
         else:
-            capacity, hints = share, None
+            capacity, wan = share, self._capacity() if order == "wan" else None
+        hints = None if wan is None else self._gamma_hints(volumes, paths, wan)
         deadlines = {cid: d for cid, d in self._deadline.items() if cid in volumes}
         starving = None
         if self.guard.aged:
@@ -334,11 +348,13 @@ class TerraPolicy:
             memo=self._memo,
             starving=starving,
             starving_fair=self.guard.mode == "aged-fair",
+            order_capacity=None if share is None else wan,
         )
         self._last_order = (deadlines, starving or [], result.order)
-        for cid, res in result.exact.items() if share is None else ():
-            bound = DualBound.build(volumes[cid], paths, capacity, res.prices)
-            self._gamma[cid] = (volumes[cid], res.gamma_s, bound)
+        if wan is not None:  # Γs on the WAN's capacities go to the cache
+            for cid, res in result.exact.items():
+                bound = DualBound.build(volumes[cid], paths, wan, res.prices)
+                self._gamma[cid] = (volumes[cid], res.gamma_s, bound)
         for cid, state in result.state.items():
             self._state[cid] = PolicyState.PREEMPTED if state == PREEMPTED else PolicyState.RUNNING
         self.stats["rounds"] += 1
