@@ -25,14 +25,14 @@ What the channel does:
   only from the flow's endpoint and with the tag "k" of the flow's current attempt
   (protocol.report_tag); others are refused, logged and counted. Reports about
   coflows a restarted controller does not know yet are kept, per reporting agent
-  (at most MAX_PENDING_PER_AGENT each, its oldest dropped first), until the job master
+  (at most agent_core.MAX_PENDING_PER_AGENT each, its oldest dropped first), until the job master
   resubmits; they are applied then with the same checks.
 - failures: "failed" {coflow, flow, reason, cause} from an endpoint fails the flow
   and its coflow (`Controller.fail_flow`); cause "digest" restarts it from byte 0
   instead, up to the controller's max_restarts. When a coflow fails or is
   cancelled both endpoints of its unfinished WAN flows get "drop"; a restarted
   flow gets "drop" then its descriptor (attempt + 1) at the receiver, and at the
-  sender only once the receiver acknowledged them (or RESTART_ACK_S passed), so
+  sender only once the receiver acknowledged them (or agent_core.RESTART_ACK_S passed), so
   no chunk of the new attempt reaches a receiver still holding the old one. A
   progress report about a flow of a failed/cancelled coflow gets "drop" back.
 
@@ -208,9 +208,7 @@ class AgentChannel:
         """Record the agent in the registry, bind `conn` to it (closing another connection of
         it), then dispatch AgentRecorded (lock held)."""
         try:
-            info = self.controller.registry.register_agent(
-                effect.agent, effect.dc, effect.data_addr
-            )
+            info = self.controller.register_agent(effect.agent, effect.dc, effect.data_addr)
         except RegistryError as exc:
             raise RegistrationRefused(str(exc)) from exc
         if conn is not None:
@@ -293,20 +291,6 @@ class AgentChannel:
         """An agent acknowledged message `msg_id`."""
         self.dispatch(core.Ack(msg_id))
 
-    def resync(self, coflow: str, flow: str, tag: object) -> bool:
-        """Resynchronize a flow's agents after a report tagged `tag` (agent_core.resync).
-
-        Returns:
-            True when the descriptor was sent again.
-        """
-        with self.lock:
-            now = time.monotonic()
-            effects = core.resync(self.core, self.controller.registry, coflow, flow, tag,
-                                  frozenset(self.connections), now)  # fmt: skip
-            for effect in effects:
-                self._apply(effect, None)
-            return bool(effects)
-
     def _register(self, conn: AgentConnection, m: dict) -> None:
         """Register the agent of `conn` (agent_core: the checks, the inflight rows, then
         "registered"); RegistrationRefused (sent to it as a fatal "error": it exits instead
@@ -323,14 +307,7 @@ class AgentChannel:
         self.controller.agent_registered()  # waiting submits; journaled coflows resume
         self.apply_inflight()
         self.push_tunnels()
-        with self.lock:
-            flows = [
-                (c, f)
-                for c in self.controller.registry.active()
-                for f in c.flows.values()
-                if not f.intra_dc and not f.done and agent in (f.src_agent, f.dst_agent)
-            ]
-        self._send_flows(flows)
+        self._send_flows(self.controller.wan_flows_of(agent))
         self.push_rates(self.controller.rates, False, fresh=(agent,))
 
     def apply_inflight(self, coflows: list[str] | None = None) -> None:
@@ -368,7 +345,7 @@ class AgentChannel:
             {message id: agent id} of the "tunnels" messages sent.
         """
         with self.lock:
-            agents = dict(self.controller.registry.agents)
+            agents = self.controller.registered_agents()
             connected = list(self.connections)
             tables = []
             for agent in connected:

@@ -288,7 +288,9 @@ def test_rates_send_only_changes_and_pause_lost_groups():
     assert [len(e.message["rates"]) for e in first] == [2]  # b1 sends nothing: no message
     changed = {"a1": {("1", "B"): {"t1": 5.0}, ("2", "C"): {"t2": 2.0}}}
     (second,) = core.step(state, registry, core.Rates(changed, ("a1",)), 1.0)
-    assert second.message["rates"] == [{"coflow": "2", "dst_dc": "C", "paths": [{"tunnel": "t2", "rate": 2.0}]}]
+    assert second.message["rates"] == [
+        {"coflow": "2", "dst_dc": "C", "paths": [{"tunnel": "t2", "rate": 2.0}]}
+    ]
     (third,) = core.step(
         state, registry, core.Rates({"a1": {("1", "B"): {"t1": 5.0}}}, ("a1",)), 2.0
     )
