@@ -183,7 +183,7 @@ class AgentChannel:
             if target is not None:
                 target.send(effect.message)
         elif isinstance(effect, core.ApplyReport):
-            self.dispatch(apply_report(self.controller, effect.report, frozenset(self.connections)))
+            self.dispatch(apply_report(self.controller, effect.report, self.connections))
         elif isinstance(effect, core.Refused):
             level = logging.WARNING if effect.code == "forbidden" else logging.INFO
             LOG.log(level, "agent %s: %s refused: %s", effect.agent, effect.label, effect.message)
@@ -407,7 +407,7 @@ class AgentChannel:
         restart=False; a restart from byte 0 when restart=True)."""
         ends = tuple((f.id, f.src_agent, f.dst_agent) for f in flows)
         with self.lock:
-            connected = frozenset(self.connections)
+            connected = frozenset(self.connections) if restart else frozenset()
             self.dispatch(core.Drop(coflow_key(coflow.id), ends, restart, connected))
 
     def run_overdue(self) -> None:
@@ -461,13 +461,14 @@ class AgentChannel:
         return out
 
 
-def apply_report(controller: Controller, report: core.Report, connected: frozenset) -> object:
+def apply_report(controller: Controller, report: core.Report, connected) -> object:
     """Apply an agent's report to the controller (Controller.progress, complete or fail_flow;
     lock held or not: they take it).
 
     Args:
         report: the agent_core.Report (its endpoint already checked by the core).
-        connected: the agents with an open control connection (for ReportRefused).
+        connected: the ids of the agents with an open control connection (a collection;
+            copied into a ReportRefused only).
 
     Returns:
         agent_core.ReportApplied with the method's result, or agent_core.ReportRefused with
@@ -486,7 +487,7 @@ def apply_report(controller: Controller, report: core.Report, connected: frozens
             retry = cause == "digest"
             result = controller.fail_flow(cid, report.flow, reason, retry, attempt, tag)
     except RegistryError as exc:
-        return core.ReportRefused(report, exc.code, str(exc), connected)
+        return core.ReportRefused(report, exc.code, str(exc), frozenset(connected))
     return core.ReportApplied(report, result)
 
 

@@ -194,7 +194,8 @@ class Disconnect:
 class Drop:
     """Agents must forget flows of a coflow: flows = ((flow id, sender, receiver), ...);
     restart False: the coflow failed or was cancelled, True: each flow starts again from
-    byte 0 (its current attempt in the registry); connected: agents connected now."""
+    byte 0 (its current attempt in the registry); connected: agents connected now (read on a
+    restart only)."""
 
     coflow: str
     flows: tuple
