@@ -28,6 +28,7 @@ an idle ovs-vswitchd whose socket is smaller.
 
 from __future__ import annotations
 
+import codecs
 import ipaddress
 import logging
 import re
@@ -100,7 +101,30 @@ def ensure_ovs_send_buffer(min_bytes: int = OVS_SEND_BUFFER_BYTES) -> None:
         log.warning("cannot check ovs-vswitchd's send buffer: %s", exc)
 
 
-class StandaloneOVS(OVSSwitch):
+class _LenientShell:
+    """A Mininet node whose shell output is decoded with invalid UTF-8 bytes replaced: a
+    stray binary byte on a node's terminal (seen once from a shell's pty at bring-up) is
+    diagnostic text, not a reason to fail the testbed (Mininet decodes strictly)."""
+
+    def startShell(self, *args, **kwargs) -> None:  # noqa: N802 (Mininet's name)
+        """Mininet's startShell with a lenient decoder in place first."""
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        super().startShell(*args, **kwargs)  # type: ignore[misc]
+
+
+class LenientHost(_LenientShell, Host):
+    """A Mininet Host with a lenient output decoder (_LenientShell)."""
+
+
+class LenientOVS(_LenientShell, OVSSwitch):
+    """An OVSSwitch with a lenient output decoder (_LenientShell)."""
+
+
+class LenientNode(_LenientShell, Node):
+    """A Mininet Node with a lenient output decoder (_LenientShell)."""
+
+
+class StandaloneOVS(LenientOVS):
     """An OVS bridge that never connects to a controller: a plain L2 learning switch."""
 
     def start(self, controllers) -> None:
@@ -179,7 +203,8 @@ def build_wan(
             raise TopologyError(f"host {host.name}: {host.ip} is in the mgmt subnet {MGMT_NET}")
     ensure_ovs_send_buffer()
     net = Mininet(
-        switch=OVSSwitch,
+        host=LenientHost,
+        switch=LenientOVS,
         controller=None,
         link=Link,
         build=False,
@@ -238,7 +263,7 @@ def _add_nodes(wan: WanNet, of_ports: list[int], link_mbps: float | None, mgmt: 
         for i, name in enumerate(wan.hosts):
             net.addLink(wan.hosts[name], msw)
             wan.mgmt_ips[name] = str(MGMT_NET.network_address + i + 1)
-        wan.root = Node("root", inNamespace=False)
+        wan.root = LenientNode("root", inNamespace=False)
         net.addLink(wan.root, msw)
 
 

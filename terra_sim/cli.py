@@ -113,14 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--bound", action="store_true", help="print a lower bound on the average CCT")
     p.add_argument("--tenants", metavar="N|FILE",
-                   help="coflow i to tenant i mod N; FILE {name: w} or tenants .toml")  # fmt: skip
+                   help="coflow i to tenant i mod N, or a tenants file")  # fmt: skip
     p.add_argument(
         "--sharing", choices=SHARINGS, default=DEFAULT_SHARING, metavar="MODE",
         help="cooperative|strict|static",
     )  # fmt: skip
     p.add_argument(
         "--tenant-order", choices=ORDERS, default=DEFAULT_ORDER, metavar="ON",
-        help="wan|share: each tenant's coflows in order of Γ on the WAN or on its share",
+        help="wan|share: Γ on the WAN or the share",
     )  # fmt: skip
     p.add_argument("--greedy-tenant", metavar="NAME", help="split its coflows in 100 (same bytes)")
     p.add_argument(
