@@ -78,16 +78,28 @@ class PathIndex:
         return mask, ids
 
 
-def index_for(memo: dict | None, key, capacity: dict[Link, float]) -> PathIndex:
-    """The PathIndex over the links of `capacity` (in its order), kept in `memo[key]`
-    while the links (and their order) stay the same; a new one otherwise or without memo."""
-    links = tuple(capacity)
-    if memo is None:
-        return PathIndex(links)
-    entry = memo.get(key)
-    if entry is None or entry[0] != links:
-        entry = memo[key] = (links, PathIndex(links))
-    return entry[1]
+class IndexCache:
+    """The PathIndex over the links of a capacity map, kept while the links (and their
+    order) stay the same (a round's memo holds one; round_memo.RoundMemo)."""
+
+    __slots__ = ("_links", "_index")
+
+    def __init__(self) -> None:
+        self._links: tuple[Link, ...] | None = None
+        self._index: PathIndex | None = None
+
+    def get(self, capacity: dict[Link, float]) -> PathIndex:
+        """The PathIndex over the links of `capacity` (in its order): the kept one while
+        they are the same links in the same order, a new one otherwise."""
+        links = tuple(capacity)
+        if self._index is None or self._links != links:
+            self._links, self._index = links, PathIndex(links)
+        return self._index
+
+
+def index_for(cache: IndexCache | None, capacity: dict[Link, float]) -> PathIndex:
+    """`cache.get(capacity)`, or a new PathIndex over `capacity`'s links without a cache."""
+    return PathIndex(tuple(capacity)) if cache is None else cache.get(capacity)
 
 
 def full_mask(

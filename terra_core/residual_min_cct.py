@@ -8,16 +8,24 @@ from __future__ import annotations
 import math
 import operator
 
-from terra_core.min_cct import DualBound, MinCct
+from terra_core.min_cct import DualBound, MinCct, Pair
+from terra_core.round_memo import ResidualEntry, RoundMemo
 from terra_core.round_rates import RoundResult, solve_min_cct
-from topologies import Link
+from topologies import Link, Path
 
 TIGHT = 1e-9  # relative gap under which bounds on Γ count as exact
 R_SAME = 1e-12  # relative: step 4's memo takes capacities this close as unchanged
 
 
 def min_cct_on_residual(
-    cid, volumes, paths, r, memo, result: RoundResult, key=None, solved: MinCct | None = None
+    cid: str,
+    volumes: dict[Pair, float],
+    paths: dict[Pair, list[Path]],
+    r: dict[Link, float],
+    memo: RoundMemo | None,
+    result: RoundResult,
+    starving: bool = False,
+    solved: MinCct | None = None,
 ) -> MinCct:
     """Optimization (1) on the residual r, reusing the memo of an earlier round when exact.
 
@@ -31,16 +39,15 @@ def min_cct_on_residual(
     away with the round's other round-off (`_finish`). Such r come from the
     reused allocations before it in the round (step 2', earlier coflows), whose
     scale factors differ from 1 in the last bits (docs/design.md 4.2).
-    The entry lives under memo[key] (default: the coflow id; step 2' of the aged
-    guard keeps its one entry under starvation.STARVING_KEY). The reuse depends only
+    The entry is the coflow's (`memo.residual[cid]`), or with `starving` step 2''s one
+    entry of the aged guard (`memo.starving`). The reuse depends only
     on r and the volumes, so an entry is valid whichever coflow meets it.
     `solved`, when given, is Optimization (1) already solved on these volumes and on
     capacities equal to r (with its rates): it stands for the LP when no entry is reused.
     """
     if memo is None:
         return solved if solved is not None else solve_min_cct(volumes, paths, r, result)
-    key = cid if key is None else key
-    entry = memo.get(key)
+    entry = memo.starving if starving else memo.residual.get(cid)
     if entry is not None:
         r_then, d_then, res, bound = entry
         if (
@@ -59,7 +66,12 @@ def min_cct_on_residual(
                 }
                 return MinCct(upper, rates, prices=res.prices)
     res = solved if solved is not None else solve_min_cct(volumes, paths, r, result)
-    memo[key] = (dict(r), dict(volumes), res, DualBound.build(volumes, paths, r, res.prices))
+    bound = DualBound.build(volumes, paths, r, res.prices)
+    entry = ResidualEntry(dict(r), dict(volumes), res, bound)
+    if starving:
+        memo.starving = entry
+    else:
+        memo.residual[cid] = entry
     return res
 
 

@@ -49,6 +49,7 @@ from terra_core.min_cct import MinCct, Pair, PairRates, links_of
 from terra_core.path_masks import FULL, PathIndex, all_reachable, full_mask, index_for, mark_full
 from terra_core.residual_min_cct import min_cct_on_residual
 from terra_core.round_fair_share import alpha_share, fair_share
+from terra_core.round_memo import RoundMemo
 from terra_core.round_rates import (
     DEADLINE,
     PREEMPTED,
@@ -63,8 +64,6 @@ from topologies import Link, Path
 
 _MIN_WEIGHT = 1e-3  # step 6: smallest FlowGroup weight relative to its coflow's largest
 # (smaller weights would put the MCF's freezing duals near the solver tolerance)
-_FLOW_KEY = ("quick_bound",)  # memo key of _pair_flow_cache (coflow ids are strings)
-_INDEX_KEY = ("path_index",)  # memo key of the round's path_masks.PathIndex
 
 
 def schedule_round(
@@ -75,7 +74,7 @@ def schedule_round(
     deadlines: dict[str, float] | None = None,
     alpha: float = 0.1,
     hints: dict[str, tuple[float, bool]] | None = None,
-    memo: dict | None = None,
+    memo: RoundMemo | None = None,
     starving: list[str] | None = None,
     starving_fair: bool = False,
 ) -> RoundResult:
@@ -96,10 +95,10 @@ def schedule_round(
             exact)} known to the caller (e.g. a cached Γ rescaled, or a
             weak-duality bound, min_cct.DualBound). Coflows without a
             hint start from the bound max_k d_k / Σ_{p ∈ P_k} bottleneck(p).
-        memo: optional dict the caller keeps between rounds (cleared when paths
-            change): step 4's min-CCT solutions on r (residual_min_cct), step 3's
-            per-pair denominators (`_pair_flow_cache`), the path masks
-            (path_masks.PathIndex) and step 2''s allocation (aged guard).
+        memo: optional round_memo.RoundMemo the caller keeps between rounds (cleared
+            when paths change): step 4's min-CCT solutions on r (residual_min_cct),
+            step 3's per-pair denominators, the path masks (path_masks.PathIndex) and
+            step 2''s allocation (aged guard).
         starving: None for the fixed guard (steps 2 and 5 as above). Otherwise an
             aged guard (starvation.py): the starving coflow ids, oldest first;
             steps 2 and 5 are replaced by step 2' (starvation.serve_starving: the
@@ -124,7 +123,7 @@ def schedule_round(
     # Step 1: admitted deadline coflows, earliest deadline first.
     deadline_ids = reserve_deadlines(active, paths, left, now, deadlines or {}, rates, result)
     # Steps 2-4: reserve α, order by Γ on the full capacities, sequential min-CCT on r.
-    index = index_for(memo, _INDEX_KEY, capacity)
+    index = index_for(None if memo is None else memo.index, capacity)
     if starving is not None:  # an aged guard: the reserve only for starving coflows
         _aged_guard(
             active, starving, paths, left, capacity, alpha, starving_fair, rates, result,
@@ -202,7 +201,7 @@ def _sequential(active, others, paths, capacity, r, hints, memo, rates, result, 
     """
     hints = hints or {}
     heap = []
-    pair_flow = _pair_flow_cache(memo, capacity)
+    pair_flow = {} if memo is None else memo.pair_flows(capacity)
     _fill_pair_flow([active[cid] for cid in others if cid not in hints], paths, capacity,
                     pair_flow, index)  # fmt: skip
     for pos, cid in enumerate(others):
@@ -284,22 +283,6 @@ def _fill_pair_flow(coflows, paths, capacity, pair_flow: dict, index: PathIndex)
     for pair, count in zip(todo, per_pair, strict=True):
         pair_flow[pair] = sum(bottleneck[at : at + count])
         at += count
-
-
-def _pair_flow_cache(memo: dict | None, capacity: dict[Link, float]) -> dict[Pair, float]:
-    """The {pair: Σ_p bottleneck(p)} cache of `_quick_bound` for these capacities.
-
-    Kept in the caller's memo (under a tuple key, which no coflow id is) while the
-    capacities stay the same, so the denominators of pairs that stay active are
-    not recomputed every round; a new dict when there is no memo or `capacity`
-    differs from the one the cache was built on. The memo is cleared when paths change.
-    """
-    if memo is None:
-        return {}
-    entry = memo.get(_FLOW_KEY)
-    if entry is None or entry[0] != capacity:
-        entry = memo[_FLOW_KEY] = (dict(capacity), {})
-    return entry[1]
 
 
 def reserve_deadlines(

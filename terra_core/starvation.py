@@ -55,6 +55,7 @@ from terra_core.min_cct import Pair
 from terra_core.path_masks import FULL, PathIndex, all_reachable, full_mask
 from terra_core.residual_min_cct import min_cct_on_residual
 from terra_core.round_fair_share import alpha_share
+from terra_core.round_memo import RoundMemo
 from terra_core.round_rates import RoundResult, take
 from topologies import Link, Path
 
@@ -62,7 +63,6 @@ GUARD_MODES = ("fixed", "aged", "aged-fair")
 DEFAULT_GUARD = "aged"
 DEFAULT_FACTOR = 2.0  # patience T = max(DEFAULT_FACTOR·Γ, DEFAULT_FLOOR_S)
 DEFAULT_FLOOR_S = 1.0
-STARVING_KEY = ("starving",)  # memo key of the starving coflow's allocation on the reserve
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,7 @@ def serve_starving(
     rates: dict,
     result: RoundResult,
     index: PathIndex,
-    memo: dict | None = None,
+    memo: RoundMemo | None = None,
 ) -> None:
     """Step 2' of an aged guard: the reserve α·left to the starving coflows.
 
@@ -200,7 +200,8 @@ def serve_starving(
         rates: the round's {cid: {pair: {path: bytes/s}}} accumulator (in place).
         result: the round's RoundResult (its `lps` grows).
         index: the round's link bits and path masks (path_masks.PathIndex).
-        memo: the round's memo (schedule_round's), or None to solve every time.
+        memo: the round's memo (schedule_round's round_memo.RoundMemo; its `starving`
+            entry), or None to solve every time.
     """
     pool = {link: alpha * c for link, c in left.items()}
     before = dict(pool)
@@ -211,7 +212,7 @@ def serve_starving(
             full = full_mask(index, pool, capacity, FULL)
             if not all_reachable(active[cid], paths, index, full):
                 continue
-            res = min_cct_on_residual(cid, active[cid], paths, pool, memo, result, STARVING_KEY)
+            res = min_cct_on_residual(cid, active[cid], paths, pool, memo, result, starving=True)
             if math.isinf(res.gamma_s):
                 continue
             take(rates, cid, res.rates, pool, 1.0)

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 
 from terra_core.min_cct import Pair, PairRates, links_of
+from terra_core.path_masks import IndexCache
 from terra_core.policy import Allocation, PolicyState, Remaining
 from terra_core.reservations import Reservation, cap_ceilings, floors, held_load
 from terra_core.tenant_shares import (
@@ -117,7 +118,7 @@ class TenantPolicy:
         self._policies = {t: TerraPolicy(topology, **terra) for t in spec.weights}
         self._first = next(iter(self._policies.values()))
         self._tenant: dict[str, str] = {}
-        self._memo: dict = {}  # leftover_rates' path masks, cleared when the WAN changes
+        self._index = IndexCache()  # leftover_rates' path masks, new when the WAN changes
         self.stats: dict = {"rounds": 0, "round_ms": [], "lps": 0, "guarantee": [], "achieved": []}
         self.progress: dict[str, float] = {}
 
@@ -157,7 +158,7 @@ class TenantPolicy:
         """Tell every tenant's Terra; True when any of them wants a new allocation."""
         changed = any([p.wan_changed(now) for p in self._policies.values()])
         if changed:
-            self._memo.clear()
+            self._index = IndexCache()
         return changed
 
     def allocate(self, now: float, remaining: Remaining) -> Allocation:
@@ -363,7 +364,7 @@ class TenantPolicy:
             spare = spare_capacity(capacity, [rates])
             step_a = {t: {k: sum(x for _, x in lst) for k, lst in r.items()}
                       for t, r in found.rates.items()}  # fmt: skip
-            extra = leftover_rates(step_a, paths, spare, capacity, self._memo)
+            extra = leftover_rates(step_a, paths, spare, capacity, self._index)
             _attribute(extra, by_tenant, rates)
             for t, per_pair in extra.items():
                 for lst in per_pair.values():

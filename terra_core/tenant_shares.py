@@ -39,13 +39,12 @@ import math
 from dataclasses import dataclass, field
 
 from terra_core.min_cct import Pair, PairRates, links_of, min_cct
-from terra_core.path_masks import index_for
+from terra_core.path_masks import IndexCache, index_for
 from terra_core.round_fair_share import fair_share
 from terra_core.round_rates import RoundResult
 from topologies import Link, Path
 
 _EMPTY = 1e-9  # relative: spare capacity below this fraction of a link counts as none
-_INDEX_KEY = ("leftover_index",)  # memo key of leftover_rates' path_masks.PathIndex
 
 SHARINGS = ("cooperative", "strict", "static")
 """How a round divides the WAN among tenants (docs/design.md 4.5):
@@ -183,7 +182,7 @@ def leftover_rates(
     paths: dict[Pair, list[Path]],
     spare: dict[Link, float],
     capacity: dict[Link, float],
-    memo: dict | None = None,
+    index_cache: IndexCache | None = None,
 ) -> dict[str, PairRates]:
     """Cooperative work conservation: the spare capacity, max-min fair over every tenant's
     FlowGroups weighted by their Step A rates.
@@ -200,9 +199,9 @@ def leftover_rates(
         paths: {pair: [path, ...]}.
         spare: {link: bytes/s} unused; reduced in place by what is given out.
         capacity: {link: bytes/s} (to tell full links: spare ≤ 1e-9 of capacity).
-        memo: optional dict the caller keeps between rounds and clears when paths
-            change: the path masks of every (tenant, pair) (path_masks.PathIndex over
-            the links of `spare`), built once instead of every round.
+        index_cache: optional path_masks.IndexCache the caller keeps between rounds and
+            replaces when paths change: the path masks of every (tenant, pair) over the
+            links of `spare`, built once instead of every round.
 
     Returns:
         {tenant: {pair: [(path, bytes/s)]}} (only positive rates).
@@ -214,7 +213,7 @@ def leftover_rates(
     if not keyed:
         return {}
     key_paths = {key: paths[key[1]] for key in keyed}
-    index = index_for(memo, _INDEX_KEY, spare)
+    index = index_for(index_cache, spare)
     got = fair_share(keyed, key_paths, spare, capacity, RoundResult(), index)
     out: dict[str, PairRates] = {}
     for (tenant, pair), lst in got.items():

@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 from terra_core.min_cct import DualBound, Pair, PairRates, min_cct
 from terra_core.policy import Allocation, PathSource, PolicyState, Remaining, split_by_remaining
+from terra_core.round_memo import RoundMemo
 from terra_core.scheduling_round import (
     PREEMPTED,
     RoundResult,
@@ -122,7 +123,7 @@ class TerraPolicy:
         self._gamma: dict[str, tuple] = {}  # volumes, Γ on the full WAN, DualBound
         self._hinted: dict[str, tuple] = {}  # last round's hints (_gamma_hints)
         self._state: dict[str, PolicyState] = {}
-        self._memo: dict = {}  # step 4's min-CCT solutions on r (scheduling_round memo)
+        self._memo = RoundMemo()  # what a round keeps for the next (round_memo.py)
         self._total: dict[str, dict[Pair, float]] = {}  # aged guards: all bytes ever added
 
     # ----- Policy protocol -------------------------------------------------------------
@@ -185,13 +186,13 @@ class TerraPolicy:
             self._coflows,
             self._flow_pair,
             self._deadline,
-            self._memo,
             self._volumes,
             self._gamma,
             self._state,
             self._total,
         ):
             table.pop(coflow_id, None)
+        self._memo.forget(coflow_id)
         self._clock.forget(coflow_id)
 
     def wan_changed(self, now: float) -> bool:

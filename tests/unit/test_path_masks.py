@@ -1,6 +1,6 @@
 """terra_core/path_masks.py: link bits, path masks and the full-link mask (hand-computed)."""
 
-from terra_core.path_masks import PathIndex, full_mask, index_for, mark_full
+from terra_core.path_masks import IndexCache, PathIndex, full_mask, index_for, mark_full
 
 CAP = {("A", "B"): 10.0, ("B", "C"): 10.0, ("A", "C"): 10.0}
 PATHS = {("A", "C"): [("A", "C"), ("A", "B", "C")], ("A", "D"): [("A", "D")]}
@@ -27,8 +27,8 @@ def test_full_mask_and_its_incremental_update():
 
 
 def test_index_is_kept_in_the_memo_while_the_links_stay():
-    memo = {}
-    first = index_for(memo, "k", CAP)
-    assert index_for(memo, "k", dict(CAP)) is first
-    assert index_for(memo, "k", {**CAP, ("C", "A"): 1.0}) is not first
-    assert index_for(None, "k", CAP) is not first
+    cache = IndexCache()
+    first = index_for(cache, CAP)
+    assert index_for(cache, dict(CAP)) is first
+    assert index_for(cache, {**CAP, ("C", "A"): 1.0}) is not first
+    assert index_for(None, CAP) is not first

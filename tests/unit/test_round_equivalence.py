@@ -14,6 +14,7 @@ import pytest
 import reference_round
 
 from terra_core import round_fair_share, scheduling_round
+from terra_core.round_memo import RoundMemo
 from topologies import Topology, all_pairs_paths
 
 REL = 1e-9
@@ -73,7 +74,7 @@ def test_same_rates_as_reference(seed, force_waterfill, monkeypatch):
     alpha = rng.choice([0.0, 0.1, 0.3])
     ids = list(coflows)
     deadlines = {cid: rng.uniform(1.0, 100.0) for cid in rng.sample(ids, min(2, seed % 3))}
-    memo_new, memo_old = {}, {}
+    memo_new, memo_old = RoundMemo(), {}
     scale = max(capacity.values())
     for step in range(3):  # later rounds: shrunken volumes, so the memo is exercised
         new = scheduling_round.schedule_round(

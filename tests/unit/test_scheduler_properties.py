@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from terra_core.min_cct import min_cct
 from terra_core.residual_min_cct import min_cct_on_residual
+from terra_core.round_memo import RoundMemo
 from terra_core.scheduling_round import (
     DEADLINE,
     PREEMPTED,
@@ -141,7 +142,7 @@ def test_memo_reuse_equals_a_fresh_min_cct(case, shrink, proportional, nudge):
     capacity = {link: topo.available(link) for link in topo.links if link not in topo.down}
     nudged = {link: c * (1 + nudge) for link, c in capacity.items()}
     for cid, fgs in coflows.items():
-        memo, stats = {}, RoundResult()
+        memo, stats = RoundMemo(), RoundResult()
         min_cct_on_residual(cid, fgs, paths, capacity, memo, stats)
         factors = [shrink[0]] * 4 if proportional else shrink
         later = {pair: v * factors[i] for i, (pair, v) in enumerate(fgs.items())}
@@ -162,11 +163,11 @@ def test_memo_takes_capacities_as_unchanged_only_up_to_round_off(moved, kept):
     # reused (its excess is round-off); at 1e-9 it is infeasible by more, so the LP runs
     # again and Γ = 1/(1 - 1e-9) s.
     paths = {("A", "B"): [("A", "B")]}
-    memo, stats = {}, RoundResult()
+    memo, stats = RoundMemo(), RoundResult()
     min_cct_on_residual("c", {("A", "B"): 10.0}, paths, {("A", "B"): 10.0}, memo, stats)
-    entry = memo["c"]
+    entry = memo.residual["c"]
     got = min_cct_on_residual(
         "c", {("A", "B"): 10.0}, paths, {("A", "B"): 10.0 * (1 - moved)}, memo, stats
     )
-    assert (memo["c"] is entry) == kept
+    assert (memo.residual["c"] is entry) == kept
     assert got.gamma_s == pytest.approx(1.0 / (1 - moved), rel=1e-15 if not kept else 1e-12)

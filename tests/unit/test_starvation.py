@@ -10,8 +10,9 @@ import pytest
 
 from terra_core import round_fair_share
 from terra_core.path_masks import index_for
+from terra_core.round_memo import RoundMemo
 from terra_core.scheduling_round import PREEMPTED, RoundResult, schedule_round
-from terra_core.starvation import STARVING_KEY, Guard, StarvationClock, serve_starving
+from terra_core.starvation import Guard, StarvationClock, serve_starving
 from terra_core.terra_policy import TerraPolicy
 from terra_model import Coflow, Flow
 from terra_sim.simulator import simulate
@@ -280,11 +281,11 @@ def test_starving_allocation_is_reused_while_it_stays_optimal():
     ac = ("A", "C")
     cap = {AB: 10.0, ac: 10.0}
     paths = {AB: [("A", "B")], ac: [("A", "C")]}
-    memo: dict = {}
+    memo = RoundMemo()
 
     def step_2(volumes):
         rates: dict = {}
-        index = index_for(None, None, cap)
+        index = index_for(None, cap)
         serve_starving(
             {"c1": volumes}, ["c1"], paths, dict(cap), cap, 0.1, False, rates, RoundResult(),
             index, memo,
@@ -292,15 +293,15 @@ def test_starving_allocation_is_reused_while_it_stays_optimal():
         return {pair: sum(per_path.values()) for pair, per_path in rates["c1"].items()}
 
     assert step_2({AB: 20.0, ac: 10.0}) == pytest.approx({AB: 1.0, ac: 0.5})
-    kept = memo[STARVING_KEY]
+    kept = memo.starving
     assert step_2({AB: 10.0, ac: 5.0}) == pytest.approx({AB: 1.0, ac: 0.5})
-    assert memo[STARVING_KEY] is kept
+    assert memo.starving is kept
     assert step_2({AB: 10.0, ac: 1.0}) == pytest.approx({AB: 1.0, ac: 0.1})
-    assert memo[STARVING_KEY] is kept
+    assert memo.starving is kept
     assert step_2({AB: 30.0, ac: 5.0}) == pytest.approx({AB: 1.0, ac: 1.0 / 6.0})
-    assert memo[STARVING_KEY] is kept
+    assert memo.starving is kept
     assert step_2({AB: 10.0, ac: 30.0}) == pytest.approx({AB: 1.0 / 3.0, ac: 1.0})
-    assert memo[STARVING_KEY] is not kept
+    assert memo.starving is not kept
 
 
 def test_round_keeps_the_starving_allocation_in_its_memo():
@@ -310,9 +311,9 @@ def test_round_keeps_the_starving_allocation_in_its_memo():
     ac = ("A", "C")
     cap = {AB: 10.0, ac: 10.0}
     paths = {AB: [("A", "B")], ac: [("A", "C")]}
-    memo: dict = {}
+    memo = RoundMemo()
     schedule_round({"c1": {AB: 20.0, ac: 10.0}}, paths, cap, memo=memo, starving=["c1"])
-    kept = memo[STARVING_KEY]
+    kept = memo.starving
     res = schedule_round({"c1": {AB: 10.0, ac: 5.0}}, paths, cap, memo=memo, starving=["c1"])
-    assert memo[STARVING_KEY] is kept
+    assert memo.starving is kept
     assert total(res.rates, "c1") == pytest.approx(10.0)

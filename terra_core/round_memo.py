@@ -1,0 +1,85 @@
+"""What Terra's scheduling rounds keep from one round to the next (docs/design.md 4.2).
+
+A round (scheduling_round.schedule_round) is run again at every arrival, FlowGroup finish
+and starvation wakeup, mostly on the same links and on volumes that shrank in proportion,
+so four of its results are kept for the next round, each reused only when exact:
+
+- step 4's min-CCT solution on r per coflow and step 2''s solution on the reserve
+  (`ResidualEntry`, reused by residual_min_cct.min_cct_on_residual while weak duality
+  proves it still minimal);
+- the link bits and path masks of the round's links (path_masks.IndexCache);
+- step 3's per-pair denominators Σ_p bottleneck(p) of the quick Γ bound, for one set of
+  capacities (`PairFlowCache`).
+
+The owner (TerraPolicy) clears the memo when paths or capacities change and forgets a
+coflow's entry when the coflow is removed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from terra_core.min_cct import DualBound, MinCct, Pair
+from terra_core.path_masks import IndexCache
+from topologies import Link
+
+
+class ResidualEntry(NamedTuple):
+    """One min-CCT solution kept for reuse (residual_min_cct.min_cct_on_residual).
+
+    Attributes:
+        r: {link: bytes/s} the capacities it was solved on.
+        volumes: {(src DC, dst DC): bytes} the FlowGroup volumes it was solved for.
+        solved: the MinCct (Γ in seconds, rates per path in bytes/s, link prices).
+        bound: the weak-duality bound on Γ built from its prices (min_cct.DualBound).
+    """
+
+    r: dict[Link, float]
+    volumes: dict[Pair, float]
+    solved: MinCct
+    bound: DualBound
+
+
+@dataclass(slots=True)
+class PairFlowCache:
+    """Step 3's {pair: Σ_p bottleneck(p) in bytes/s} for the capacities `capacity`
+    (bytes/s per link); `flows` fills as pairs are met (scheduling_round._quick_bound)."""
+
+    capacity: dict[Link, float]
+    flows: dict[Pair, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RoundMemo:
+    """The results a round keeps for the next ones (module docstring).
+
+    Attributes:
+        residual: {coflow id: step 4's ResidualEntry on r}.
+        starving: step 2''s ResidualEntry on the reserve (aged guard), or None.
+        index: the path masks of the round's links.
+        pair_flow: step 3's denominators for the last capacities seen, or None.
+    """
+
+    residual: dict[str, ResidualEntry] = field(default_factory=dict)
+    starving: ResidualEntry | None = None
+    index: IndexCache = field(default_factory=IndexCache)
+    pair_flow: PairFlowCache | None = None
+
+    def clear(self) -> None:
+        """Forget everything (paths or capacities changed)."""
+        self.residual.clear()
+        self.starving = None
+        self.index = IndexCache()
+        self.pair_flow = None
+
+    def forget(self, coflow_id: str) -> None:
+        """Forget a removed coflow's step-4 entry (unknown ids are ignored)."""
+        self.residual.pop(coflow_id, None)
+
+    def pair_flows(self, capacity: dict[Link, float]) -> dict[Pair, float]:
+        """Step 3's {pair: Σ_p bottleneck(p)} cache for `capacity` (bytes/s per link): the
+        kept one while the capacities are equal, a new empty one otherwise."""
+        if self.pair_flow is None or self.pair_flow.capacity != capacity:
+            self.pair_flow = PairFlowCache(dict(capacity))
+        return self.pair_flow.flows
