@@ -15,11 +15,39 @@ a link with no capacity is).
 
 from __future__ import annotations
 
+from itertools import chain, repeat
+
+import numpy as np
+
 from topologies import Link, Path, path_links
 
 Pair = tuple[str, str]
 PathEntry = tuple[int, tuple[int, ...]]  # (mask of the path's links, their indices)
 FULL = 1e-6  # a link with less than this fraction of its capacity left counts as full
+
+
+class PathArrays:
+    """The paths of several DC pairs as flat arrays (path_masks.PathIndex.path_arrays).
+
+    Args:
+        per_pair: for each pair, its paths' link indices (-1: a link outside the index).
+        n_links: the index's links (n_links is the extra slot of the missing bit).
+
+    Attributes:
+        count: int (pairs,), each pair's paths.  first: int (pairs,), its first path's
+        number.  hops: int (paths,), links per path.  starts: int (paths,), each path's
+        first entry.  ids: int (entries,), every path's link indices, one path after
+        the other (n_links for a link outside the index).
+    """
+
+    def __init__(self, per_pair: list[list[tuple[int, ...]]], n_links: int) -> None:
+        self.count = np.fromiter(map(len, per_pair), np.intp, len(per_pair))
+        self.first = np.cumsum(self.count) - self.count
+        every = list(chain.from_iterable(per_pair))
+        self.hops = np.fromiter(map(len, every), np.intp, len(every))
+        self.starts = np.cumsum(self.hops) - self.hops
+        self.ids = np.fromiter(chain.from_iterable(every), np.intp, int(self.hops.sum()))
+        self.ids[self.ids < 0] = n_links
 
 
 class PathIndex:
@@ -39,6 +67,22 @@ class PathIndex:
         self._pairs: dict[Pair, list[PathEntry]] = {}
         self.clean: set[Pair] = set()  # pairs with a path inside the index (all_reachable)
         self._ids: dict[Path, tuple[int, ...]] = {}
+        self._pair_no: dict[Pair, int] = {}  # pairs met by path_arrays, numbered
+        self._arrays: PathArrays | None = None
+
+    def path_arrays(self, pairs, paths: dict[Pair, list[Path]]) -> tuple:
+        """(each of `pairs`' number in `PathArrays` (int array), the PathArrays of every
+        pair met so far), the arrays rebuilt when a pair is new (cached as `entries`)."""
+        nos = list(map(self._pair_no.get, pairs))
+        if None in nos:
+            for pair in pairs:
+                self._pair_no.setdefault(pair, len(self._pair_no))
+            nos = list(map(self._pair_no.__getitem__, pairs))
+            self._arrays = None
+        if self._arrays is None:
+            entries = map(self.entries, self._pair_no, repeat(paths))
+            self._arrays = PathArrays([[i for _, i in one] for one in entries], len(self.links))
+        return np.fromiter(nos, np.intp, len(nos)), self._arrays
 
     def entries(self, pair: Pair, paths: dict[Pair, list[Path]]) -> list[PathEntry]:
         """[(mask, link indices)] of `paths[pair]`, in path order (cached per pair).
