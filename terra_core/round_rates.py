@@ -68,7 +68,11 @@ def solve_min_cct(
 
 
 def take(
-    rates, cid: str, pair_rates: PairRates, left: dict[Link, float], scale: float,
+    rates,
+    cid: str,
+    pair_rates: PairRates,
+    left: dict[Link, float],
+    scale: float,
     index: PathIndex | None = None,
 ) -> list[int]:
     """Add `pair_rates` × scale to coflow `cid` and subtract them from `left` (`consume`).
