@@ -1,7 +1,8 @@
 """Guaranteed reservations under load and through a link failure (docs/design.md 4.5;
 docs/results.md "Guaranteed reservations").
 
-    uv run python benchmarks/reservations.py [--seconds 120] [--k 4] [--json OUT]
+    uv run python benchmarks/reservations.py [--seconds 120] [--k 4] [--tenant-order ON]
+        [--json OUT]
 
 SWAN (every link 125e6 bytes/s). Three tenants from a tenants file (the controller's
 format, read by terra-sim's --tenants path, terra_sim/tenants.tenant_weights):
@@ -14,7 +15,8 @@ gold sends a 2 GB coflow HK->BA every 20 s, silver a 1 GB coflow NY->LA every 15
 are backlogged on their reserved pairs. Link LA-NY fails at 40 s and comes back at 80 s (a
 failure every reserved pair's tunnels route around).
 
-Every round the simulator runs (terra_sim.simulate, TenantPolicy, cooperative sharing), for
+Every round the simulator runs (terra_sim.simulate, TenantPolicy, cooperative sharing, the Γ
+order inside the shares of --tenant-order, tenant_shares.ORDERS), for
 each active reservation whose tenant has bytes on its pair: the rate its coflows got there
 over the guaranteed rate (held: >= 0.98), and over its ceiling (<= 1). Prints the checks
 (round x reservation), the smallest ratio with every link up and during the failure, the
@@ -36,6 +38,7 @@ from pathlib import Path
 
 from terra_core.reservations import Reservation, admission
 from terra_core.tenant_policy import TenantPolicy, TenantSpec
+from terra_core.tenant_shares import DEFAULT_ORDER, ORDERS
 from terra_model import Coflow, Flow
 from terra_sim.events import WanChange
 from terra_sim.simulator import simulate
@@ -115,13 +118,16 @@ class Probe:
         return rates
 
 
-def run(seconds: float, k: int, reserved: bool) -> tuple[Probe, float, dict]:
-    """One simulation; returns the probe, its wall time (seconds) and {"wan_utilization",
-    "avg_cct_s": {tenant: seconds}}."""
+def run(
+    seconds: float, k: int, reserved: bool, order: str = DEFAULT_ORDER
+) -> tuple[Probe, float, dict]:
+    """One simulation (`order`: the Γ order inside the shares); returns the probe, its wall
+    time (seconds) and {"wan_utilization", "avg_cct_s": {tenant: seconds}}."""
     topology = load_topology("swan")
     weights, reservations = tenant_weights_from_text(topology, k)
     coflows, owner = workload(seconds, topology.dcs)
-    spec = TenantSpec(weights, owner, "cooperative", tuple(reservations) if reserved else ())
+    held = tuple(reservations) if reserved else ()
+    spec = TenantSpec(weights, owner, "cooperative", held, order)
     probe = Probe(TenantPolicy(topology, spec, k=k), reservations)
     a, b, down, up = FAIL
     changes = [WanChange(down, a, b, up=False), WanChange(up, a, b, up=True)]
@@ -151,12 +157,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=120.0, help="arrivals for this long")
     p.add_argument("--k", type=int, default=4)
+    p.add_argument("--tenant-order", choices=ORDERS, default=DEFAULT_ORDER)
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     out: dict[str, object] = {}
     held: dict = {}
     for reserved in (True, False):
-        probe, wall, figures = run(args.seconds, args.k, reserved)
+        probe, wall, figures = run(args.seconds, args.k, reserved, args.tenant_order)
         got = summary(probe) | figures | {"wall_s": round(wall, 1)}
         out["reserved" if reserved else "weights_only"] = got
         held = got if reserved else held

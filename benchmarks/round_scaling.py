@@ -22,16 +22,21 @@ With `--tenants N` every cell is run twice on the same coflow stream, plain Terr
 Terra with N equal-weight tenants (tenant_policy.TenantPolicy, cooperative sharing;
 coflow i in arrival order to tenant t{i mod N}, the rule of `terra-sim --tenants N`),
 their rounds interleaved (one of each in turn) so both see the same load; the table
-puts the two side by side with the ratio of the medians (tenants / Terra).
+puts the two side by side with the ratio of the medians (tenants / Terra) and of the CPU
+seconds. `--tenant-order share wan` runs the tenants once per order inside the shares
+(tenant_shares.ORDERS: Γ on each tenant's share, or on the whole WAN, the default), all
+interleaved with plain Terra's in one run.
 
-    uv run python benchmarks/round_scaling.py [--topologies synth10 synth100 att swan ...]
-        [--coflows 10 1000 ...] [--rounds R] [--tenants N] [--json OUT]
+    python -m benchmarks.round_scaling [--topologies synth10 synth100 att swan ...]
+        [--coflows 10 1000 ...] [--rounds R] [--tenants N [--tenant-order share wan]]
+        [--json OUT]
 
 JSON: {"cells": [{"topology", "dcs", "coflows", "round_ms_median", "round_ms_p95",
-"lps_per_round", "cpu_s", "solver_s"; with --tenants also "tenants",
-"tenant_round_ms_median", "tenant_round_ms_p95", "tenant_lps_per_round", "tenant_cpu_s",
-"tenant_solver_s", "ratio"}], "fit": {...},
-"loadavg": [1, 5, 15 min]}.
+"lps_per_round", "cpu_s", "solver_s"; with --tenants also "tenants", and per order the
+keys "tenant_round_ms_median", "tenant_round_ms_p95", "tenant_lps_per_round",
+"tenant_cpu_s", "tenant_solver_s", "ratio", "cpu_ratio" for the default order ("wan"), and
+for the order "share" the same with "tenant_share_" and "ratio_share"/"cpu_ratio_share")}],
+"fit": {...}, "loadavg": [1, 5, 15 min]}.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ import numpy as np
 
 from terra_core.lp import observe_solves
 from terra_core.tenant_policy import TenantPolicy, TenantSpec
+from terra_core.tenant_shares import DEFAULT_ORDER, ORDERS
 from terra_core.terra_policy import TerraPolicy
 from terra_model import Coflow, Flow
 from terra_sim.tenants import parse_tenants
@@ -147,14 +153,17 @@ class _Run:
         tenants: 0 for plain Terra; N >= 1 for Terra with N equal-weight tenants
             (tenant_policy.TenantPolicy, cooperative sharing), coflow i (arrival order) to
             tenant t{i mod N}, the rule of `terra-sim --tenants N` (terra_sim/tenants.py).
+        order: with tenants, the Γ order inside each share (tenant_shares.ORDERS).
     """
 
-    def __init__(self, topo: Topology, n: int, seed: int = 1, tenants: int = 0) -> None:
+    def __init__(
+        self, topo: Topology, n: int, seed: int = 1, tenants: int = 0, order: str = DEFAULT_ORDER
+    ) -> None:
         self.rng = random.Random(seed)
         self.dcs = topo.dcs
         self.names = list(parse_tenants(str(tenants))) if tenants else []
         if tenants:
-            spec = TenantSpec(parse_tenants(str(tenants)), {})
+            spec = TenantSpec(parse_tenants(str(tenants)), {}, order=order)
             self.policy = TenantPolicy(topo.copy(), spec, k=4)
         else:
             self.policy = TerraPolicy(topo.copy(), k=4)
@@ -197,21 +206,28 @@ class _Run:
 
 
 def run_cell(
-    topo: Topology, n: int, rounds: int, warmup: int = 2, seed: int = 1, tenants: int = 0
+    topo: Topology,
+    n: int,
+    rounds: int,
+    warmup: int = 2,
+    seed: int = 1,
+    tenants: int = 0,
+    orders: tuple[str, ...] = (DEFAULT_ORDER,),
 ) -> dict:
-    """Time `rounds` rounds after `warmup` ones; with `tenants` > 0 two runs on the same
-    coflow stream, plain Terra and Terra with that many tenants (_Run), stepped in turn
-    (round i of one, then round i of the other) so both see the same machine load.
+    """Time `rounds` rounds after `warmup` ones; with `tenants` > 0 more runs on the same
+    coflow stream, plain Terra and Terra with that many tenants once per order of `orders`
+    (_Run), stepped in turn (round i of each, then round i + 1 of each) so all see the
+    same machine load.
 
     Returns:
         {"round_ms": [ms per counted round], "lps": [LPs per counted round], "cpu_s": CPU
         seconds of the counted rounds, "solver_s": HiGHS's wall seconds in them}; with
-        tenants also "tenant_round_ms", "tenant_lps", "tenant_cpu_s", "tenant_solver_s",
-        the same for the tenants' run.
+        tenants also the same for each order's run, keys prefixed by `tenant_key(order)`
+        ("tenant_round_ms", ..., or "tenant_wan_round_ms", ...).
     """
     runs = {"": _Run(topo, n, seed)}
-    if tenants:
-        runs["tenant_"] = _Run(topo, n, seed, tenants)
+    for order in orders if tenants else ():
+        runs[tenant_key(order)] = _Run(topo, n, seed, tenants, order)
     out: dict = {}
     for key in runs:
         out.update({key + "round_ms": [], key + "lps": [], key + "cpu_s": 0.0})
@@ -225,6 +241,13 @@ def run_cell(
                 out[key + "cpu_s"] += cpu
                 out[key + "solver_s"] += solver
     return out
+
+
+def tenant_key(order: str) -> str:
+    """The JSON and run_cell key prefix of the tenants' run with Γ order `order`: "tenant_"
+    for the default order (tenant_shares.DEFAULT_ORDER, the keys of runs without
+    --tenant-order), "tenant_<order>_" for another ("tenant_share_")."""
+    return "tenant_" if order == DEFAULT_ORDER else f"tenant_{order}_"
 
 
 def _advance(alloc, remaining: dict[str, dict[str, float]], now: float) -> float:
@@ -287,23 +310,28 @@ def main(argv: list[str] | None = None) -> int:
         "--tenants", type=int, default=0, metavar="N",
         help="also time Terra with N equal-weight tenants (coflow i to tenant i mod N)",
     )  # fmt: skip
+    p.add_argument(
+        "--tenant-order", nargs="+", choices=ORDERS, default=[DEFAULT_ORDER], metavar="ON",
+        help="with --tenants: one tenants' run per Γ order inside the shares (share, wan)",
+    )  # fmt: skip
     p.add_argument("--json", type=FsPath, default=None, metavar="OUT")
     args = p.parse_args(argv)
     if args.tenants < 0:
         p.error("--tenants must be >= 0")
+    orders = tuple(dict.fromkeys(args.tenant_order)) if args.tenants else ()
     cells = []
     head = (
         f"{'topology':<10} {'DCs':>4} {'links':>5} {'coflows':>7} {'median ms':>10} "
         f"{'p95 ms':>9} {'LPs/round':>9} {'CPU s':>7} {'LP s':>6}"
     )
-    if args.tenants:
-        head += f" | {'tenants':>7} {'median ms':>10} {'p95 ms':>9} {'LPs/round':>9} "
-        head += f"{'CPU s':>7} {'LP s':>6} {'ratio':>6}"
+    for _ in orders:
+        head += f" | {'tenants':>7} {'order':>5} {'median ms':>10} {'p95 ms':>9} "
+        head += f"{'LPs/round':>9} {'CPU s':>7} {'LP s':>6} {'ratio':>6} {'CPU ratio':>9}"
     print(head)
     for name in args.topologies:
         topo = make_topology(name)
         for n in args.coflows:
-            res = run_cell(topo, n, args.rounds, args.warmup, tenants=args.tenants)
+            res = run_cell(topo, n, args.rounds, args.warmup, tenants=args.tenants, orders=orders)
             cell = {"topology": name, "dcs": len(topo.dcs), "coflows": n}
             cell.update(_summary(res, ""))
             line = (
@@ -311,16 +339,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{cell['round_ms_median']:>10.2f} {cell['round_ms_p95']:>9.2f} "
                 f"{cell['lps_per_round']:>9.1f} {cell['cpu_s']:>7.2f} {cell['solver_s']:>6.2f}"
             )
-            if args.tenants:
+            if orders:
                 cell["tenants"] = args.tenants
-                cell.update(_summary(res, "tenant_"))
-                cell["ratio"] = cell["tenant_round_ms_median"] / cell["round_ms_median"]
-                line += (
-                    f" | {args.tenants:>7} {cell['tenant_round_ms_median']:>10.2f} "
-                    f"{cell['tenant_round_ms_p95']:>9.2f} {cell['tenant_lps_per_round']:>9.1f} "
-                    f"{cell['tenant_cpu_s']:>7.2f} {cell['tenant_solver_s']:>6.2f} "
-                    f"{cell['ratio']:>6.2f}"
-                )
+            for order in orders:
+                line += _tenant_columns(cell, res, args.tenants, order)
             cells.append(cell)
             print(line, flush=True)
     fit = fit_growth(cells)
@@ -335,9 +357,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _tenant_columns(cell: dict, res: dict, tenants: int, order: str) -> str:
+    """Add the tenants' run with Γ order `order` to `cell` (its summary under
+    tenant_key(order), "ratio"/"cpu_ratio" + the order's suffix: tenants / Terra of the
+    median ms and of the CPU seconds) and return its columns of the printed line."""
+    key = tenant_key(order)
+    suffix = key.removeprefix("tenant")[:-1]  # "" or "_share"
+    cell.update(_summary(res, key))
+    ratio = cell[f"ratio{suffix}"] = cell[key + "round_ms_median"] / cell["round_ms_median"]
+    cpu = cell[f"cpu_ratio{suffix}"] = cell[key + "cpu_s"] / max(cell["cpu_s"], 1e-9)
+    return (
+        f" | {tenants:>7} {order:>5} {cell[key + 'round_ms_median']:>10.2f} "
+        f"{cell[key + 'round_ms_p95']:>9.2f} {cell[key + 'lps_per_round']:>9.1f} "
+        f"{cell[key + 'cpu_s']:>7.2f} {cell[key + 'solver_s']:>6.2f} {ratio:>6.2f} {cpu:>9.2f}"
+    )
+
+
 def _summary(res: dict, key: str) -> dict:
     """Median / p95 ms, mean LPs per round, CPU s and solver s of one run of `run_cell`'s result,
-    keys prefixed by `key` ("" for Terra, "tenant_" for the tenants' run)."""
+    keys prefixed by `key` ("" for Terra, tenant_key(order) for a tenants' run)."""
     return {
         key + "round_ms_median": float(np.median(res[key + "round_ms"])),
         key + "round_ms_p95": float(np.quantile(res[key + "round_ms"], 0.95)),

@@ -2,7 +2,8 @@
 (docs/design.md 4.5; docs/results.md "Tenants").
 
     uv run python benchmarks/tenant_isolation.py --topology {swan,gscale,att} --tenants N
-        [--workload fb] [--limit N] [--k 4] [--pieces 100] [--no-greedy] [--json OUT]
+        [--workload fb] [--limit N] [--k 4] [--pieces 100] [--no-greedy]
+        [--tenant-order {share,wan}] [--json OUT]
 
 The workload's coflows go to N equal tenants (coflow i to tenant i mod N,
 terra_sim/tenants.py). Policies, each simulated on the same coflows:
@@ -15,6 +16,8 @@ terra_sim/tenants.py). Policies, each simulated on the same coflows:
            on it (fair sharing, no coflow order);
   tenants  ours (TenantPolicy "cooperative": Step A shares over K tunnels, Terra inside,
            leftover max-min).
+static and tenants order each tenant's coflows by Γ on the whole WAN (the default) or, with
+--tenant-order share, on its share (tenant_shares.ORDERS).
 Per cell (topology x policy): the min isolation guarantee reached and its optimum (means
 over the rounds with at least two tenants active; a round's reached value is min_t of the
 progress tenant t's volumes can make on the capacity it was given (static, tenants: its
@@ -31,6 +34,7 @@ load average; writes {"cells": [...]} with --json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -42,6 +46,8 @@ import numpy as np
 from terra_core.min_cct import min_cct
 from terra_core.tenant_policy import TenantPolicy, TenantSpec
 from terra_core.tenant_shares import (
+    DEFAULT_ORDER,
+    ORDERS,
     add_load,
     allocation_progress,
     isolation_shares,
@@ -152,7 +158,7 @@ def make(policy: str, topology, spec: TenantSpec, k: int):
     if policy == "maxmin":
         return TenantMaxMin(topology, spec, k=k)
     sharing = "static" if policy == "static" else "cooperative"
-    return TenantPolicy(topology, TenantSpec(spec.weights, spec.tenant_of, sharing), True, k=k)
+    return TenantPolicy(topology, dataclasses.replace(spec, sharing=sharing), True, k=k)
 
 
 def static_alone(topology, coflows, spec: TenantSpec, k: int) -> dict[str, float | None]:
@@ -194,7 +200,7 @@ def cell(name, topology, coflows, spec, k, alone, pieces) -> dict:
     if pieces:
         greedy = list(spec.weights)[-1]
         work, owner = split_greedy(coflows, spec.tenant_of, greedy, pieces)
-        gspec = TenantSpec(spec.weights, owner, spec.sharing)
+        gspec = dataclasses.replace(spec, tenant_of=owner)
         gres = simulate(make(name, topology.copy(), gspec, k), work)
         gmine = per_tenant(gres, owner, greedy)
         changes = [
@@ -222,13 +228,16 @@ def main(argv=None) -> int:
     p.add_argument("--pieces", type=int, default=100, help="greedy tenant's pieces per coflow")
     p.add_argument("--no-greedy", action="store_true")
     p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--tenant-order", choices=ORDERS, default=DEFAULT_ORDER,
+                   help="Γ order inside each share (static, tenants)")  # fmt: skip
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     topology = load_topology(args.topology)
     coflows = load_workload(args.workload, topology, limit=args.limit)
     weights = {f"t{i}": 1.0 for i in range(args.tenants)}
     names = list(weights)
-    spec = TenantSpec(weights, {c.id: names[i % len(names)] for i, c in enumerate(coflows)})
+    owner = {c.id: names[i % len(names)] for i, c in enumerate(coflows)}
+    spec = TenantSpec(weights, owner, order=args.tenant_order)
     start = time.perf_counter()
     alone = static_alone(topology, coflows, spec, args.k)
     cells = []

@@ -4,7 +4,7 @@
         [--link-mbps M] [--workload fb|PATH] [--first I] [--coflows N] [--speedup S]
         [--load L] [--repeats R] [--hosts-per-dc H] [--k K] [--timeout S] [--workdir DIR]
         [--schedulers A,B,...] [--observe] [--controllers N [--kill-leader-at S]]
-        [--tenants N [--greedy-tenant]] [--log-level LEVEL]
+        [--tenants N [--greedy-tenant] [--reserve T:A:B:M]] [--log-level LEVEL]
     terra-testbed --version
 
 Defaults (full run, about 2 min): the 12-coflow FB burst (mininet_scenarios.workload) on
@@ -24,6 +24,10 @@ tenant's job certificate to a controller running N equal tenants; the summary ad
 tenant's average CCT. --greedy-tenant: each repeat runs Terra a second time with the last
 tenant's coflows split into 10 coflows each (same bytes and arrival) and reports how much
 the honest tenants' average CCT changed (mininet_scenarios.testbed_tenants).
+--reserve t0:HK:BA:3: the tenants file gives tenant t0 a guaranteed 3 Mbit/s of payload from
+DC HK to DC BA (no window: in every Terra run); each Terra run (honest and greedy) measures
+the rate t0's flows on HK->BA delivered while they had bytes, from the agents' reports, and
+the summary gives it against the guarantee (target >= 90 %; testbed_reservation).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from mininet_scenarios.run_result import Failure
 from mininet_scenarios.sim_twin import simulate_testbed
 from mininet_scenarios.swan import TestbedOptions, run_swan, testbed_topology
 from mininet_scenarios.testbed_processes import TestbedError
+from mininet_scenarios.testbed_reservation import Reserve, parse_reserve
 from mininet_scenarios.testbed_tenants import (
     assign,
     split_greedy,
@@ -201,7 +206,11 @@ def add_run_arguments(s: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     s.add_argument(
         "--greedy-tenant", action="store_true",
-        help="also run Terra with the last tenant's coflows split in 10 (same bytes)",
+        help="also rerun with the last tenant's coflows split in 10",
+    )  # fmt: skip
+    s.add_argument(
+        "--reserve", metavar="T:A:B:M",
+        help="with --tenants: guarantee T M Mbit/s from DC A to B",
     )  # fmt: skip
     s.add_argument(
         "--timeout",
@@ -301,6 +310,7 @@ def options_from_args(args, workdir: Path) -> tuple[TestbedOptions, dict]:
         raise ValueError("--repeats must be >= 1")
     check_controllers(args)
     names, coflows, greedy_coflows = tenant_workload(args, coflows)
+    reserve = reserve_option(args, names, testbed, binding, coflows)
     opts = TestbedOptions(
         coflows=coflows,
         repeats=repeats,
@@ -317,9 +327,12 @@ def options_from_args(args, workdir: Path) -> tuple[TestbedOptions, dict]:
         kill_leader_at=args.kill_leader_at,
         tenants=names,
         greedy_coflows=greedy_coflows,
+        reserve=reserve,
     )
     if names:
         workload["tenants"] = names
+    if reserve is not None:
+        workload["reserve"] = vars(reserve)
     return opts, workload
 
 
@@ -340,6 +353,27 @@ def tenant_workload(args, coflows: list) -> tuple[list[str], list, list | None]:
     names = tenant_names(args.tenants)
     coflows = assign(coflows, names)
     return names, coflows, split_greedy(coflows, names[-1]) if args.greedy_tenant else None
+
+
+def reserve_option(args, names: list[str], testbed, binding, coflows: list) -> Reserve | None:
+    """The Reserve of --reserve (testbed_reservation.parse_reserve on the testbed topology,
+    capacities in bytes/s, and --k), or None without it.
+
+    Raises:
+        ValueError: --reserve without --tenants, as parse_reserve, or a tenant with no
+            bytes from SRC to DST in the workload (nothing to measure).
+    """
+    if args.reserve is None:
+        return None
+    if not names:
+        raise ValueError("--reserve needs --tenants")
+    reserve = parse_reserve(args.reserve, names, testbed, args.k)
+    dc = {host.name: d for d, host in binding.all_hosts()}
+    if not any((dc[f["src"]], dc[f["dst"]]) == reserve.pair
+               for c in coflows if c.tenant == reserve.tenant for f in c.flows):  # fmt: skip
+        raise ValueError(f"--reserve {args.reserve}: {reserve.tenant} has no bytes from "
+                         f"{reserve.src} to {reserve.dst} in this workload")  # fmt: skip
+    return reserve
 
 
 def check_controllers(args) -> None:

@@ -40,6 +40,8 @@ class RunResult:
             and the wall ms of each (up to the last 100; REST /status), else None / [].
         takeover: with several controllers and a leader killed in this run, the
             controller_cluster.LeaderKill report completed by takeover_checks, else {}.
+        reserved_pair: Terra with a reservation: [(t s after start, bytes delivered on the
+            reserved pair, its flows not done)] (testbed_reservation.PairWatch), else [].
     """
 
     cct_s: dict = field(default_factory=dict)
@@ -59,6 +61,7 @@ class RunResult:
     rounds: int | None = None
     round_ms: list = field(default_factory=list)
     takeover: dict = field(default_factory=dict)
+    reserved_pair: list = field(default_factory=list)
 
     @property
     def busy_s(self) -> float:

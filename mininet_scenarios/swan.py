@@ -66,6 +66,7 @@ from mininet_scenarios.testbed_processes import (
     wait_until,
     wan_capacity,
 )
+from mininet_scenarios.testbed_reservation import PairWatch, Reserve
 from mininet_scenarios.testbed_tenants import JobClients, tenants_toml
 from mininet_scenarios.workload import TestbedCoflow
 from terra_wire.api_session import TerraError
@@ -119,11 +120,13 @@ def run_terra(
     timeout: float,
     on_event=None,
     kill_leader_at: float | None = None,
+    reserve: Reserve | None = None,
 ) -> tuple[RunResult, int | None]:  # fmt: skip
     """Submit the coflows at their arrival times through TerraClient; wait for all.
     `on_event`: see FailureThread. `kill_leader_at` (a ControllerCluster `ctl`): kill its
     leader that many seconds after the first arrival (controller_cluster.LeaderKill; its
-    report goes to RunResult.takeover).
+    report goes to RunResult.takeover). `reserve`: sample what the reserved pair delivers
+    (testbed_reservation.PairWatch, into RunResult.reserved_pair).
 
     Returns:
         (RunResult, flow-mods counted by the controller just before the link went down, or
@@ -134,6 +137,7 @@ def run_terra(
     """
     result = RunResult(wan_capacity_bps=wan_capacity(wan))
     clients = JobClients(ctl, coflows, timeout=30)
+    watch = PairWatch(reserve, clients.of)
     ids: dict[int, TestbedCoflow] = {}
     tx0, tx0_ofctl = read_wan_bytes(wan, ctl)
     rounds0 = ctl.get("/status")["rounds"]
@@ -150,7 +154,8 @@ def run_terra(
             now = time.monotonic()
             while pending and pending[0].arrival_s <= now - t0:
                 c = pending.pop(0)
-                ids[_submit(clients.of(c.tenant), c, t0, result, due)] = c
+                ids[cid := _submit(clients.of(c.tenant), c, t0, result, due)] = c
+                watch.submitted(cid, c.tenant)
             for row in clients.list_coflows():
                 c = ids.get(row["id"])
                 if c is None or c.trace_id in result.cct_s:
@@ -160,6 +165,7 @@ def run_terra(
                     waited = due.waited.get(c.trace_id, 0.0) if due else 0.0
                     result.cct_s[c.trace_id] = row["cct_s"] + waited
                     last_end = time.monotonic()
+            watch.poll(time.monotonic() - t0)
             if not pending and now - t0 > coflows[-1].arrival_s + timeout:
                 raise TestbedError(f"Terra run: coflows not done after {timeout} s")
             _sleep_until_poll_or_arrival(now, t0, pending)
@@ -178,18 +184,25 @@ def run_terra(
             result.takeover["submits_refused"] = due.refused
         recent = status["recent_round_ms"]
         result.round_ms = recent[max(0, len(recent) - result.rounds) :]
-        for cid, c in ids.items():
-            status = clients.of(c.tenant).check_status(cid)
-            for f in status["flows"]:
-                result.digest_mismatches += not verified_by_agents(f)
-                delivered = f.get("bytes_delivered", f["bytes"])
-                result.bytes_lost += f["bytes"] - min(f["bytes"], delivered)
+        result.reserved_pair = watch.samples
+        _score_terra(result, clients, ids)
     finally:
         clients.close()
         flow_mods = finish_failure(fail)
         if killer is not None:
             killer.finish()
     return result, flow_mods
+
+
+def _score_terra(result: RunResult, clients: JobClients, ids: dict) -> None:
+    """Add every flow's digest mismatch and bytes not delivered (per the agents' reports in
+    check_status) of the coflows `ids` ({coflow id: TestbedCoflow}) to `result`."""
+    for cid, c in ids.items():
+        status = clients.of(c.tenant).check_status(cid)
+        for f in status["flows"]:
+            result.digest_mismatches += not verified_by_agents(f)
+            delivered = f.get("bytes_delivered", f["bytes"])
+            result.bytes_lost += f["bytes"] - min(f["bytes"], delivered)
 
 
 @dataclass
@@ -368,7 +381,9 @@ class TestbedOptions:
     arrival of the last repeat (the repeats before it are the runs without the kill).
     `tenants`: tenant names (mininet_scenarios.testbed_tenants; each coflow's tenant is in
     `coflows`); `greedy_coflows`: the workload with the greedy (last) tenant's coflows
-    split, run after each honest Terra run.
+    split, run after each honest Terra run; `reserve`: a guaranteed reservation in the
+    tenants file, its pair's delivered rate sampled in every Terra run
+    (testbed_reservation).
     """
 
     coflows: list[TestbedCoflow]
@@ -386,6 +401,7 @@ class TestbedOptions:
     kill_leader_at: float | None = None
     tenants: list[str] = field(default_factory=list)
     greedy_coflows: list[TestbedCoflow] | None = None
+    reserve: Reserve | None = None
 
 
 def run_swan(opts: TestbedOptions, log=print) -> dict:
@@ -425,7 +441,7 @@ def run_swan(opts: TestbedOptions, log=print) -> dict:
         bed.pki = make_pki(opts.workdir, [host.name for _, host in binding.all_hosts()],
                            opts.tenants)  # fmt: skip
         if opts.tenants:
-            raw.update(tenant_coflows=opts.coflows, greedy_runs=[])
+            raw.update(tenant_coflows=opts.coflows, greedy_runs=[], reserve=opts.reserve)
         if opts.greedy_coflows:
             raw.update(greedy_coflows=opts.greedy_coflows, greedy_tenant=opts.tenants[-1])
         for phase, name in enumerate(opts.schedulers):
@@ -538,7 +554,8 @@ def _start_controllers(opts: TestbedOptions, topo_path: Path, procs: Processes, 
                                  scheduler, rest_public=opts.observe)  # fmt: skip
     extra = ()
     if opts.tenants:
-        extra = ("--tenants", str(tenants_toml(opts.tenants, opts.workdir / "tenants.toml")))
+        toml = tenants_toml(opts.tenants, opts.workdir / "tenants.toml", opts.reserve)
+        extra = ("--tenants", str(toml))
     return TestbedController(topo_path, opts.k, opts.of_port, opts.workdir / "controller.log",
                              procs, pki, scheduler=scheduler, rest_public=opts.observe,
                              extra=extra)  # fmt: skip
@@ -589,13 +606,14 @@ def _scheduler_runs(wan, ctl: TestbedController, opts: TestbedOptions, raw: dict
 
         kill = opts.kill_leader_at if i == opts.repeats - 1 else None
         run, before = run_terra(wan, ctl, opts.coflows, opts.failure, opts.timeout_s, on_event,
-                                kill)  # fmt: skip
+                                kill, opts.reserve)  # fmt: skip
         runs.append(run)
         if flow_mods_before is None:  # the first failure; without one: after the run
             flow_mods_before = _flow_mods_before(run, before, ctl)
         log(f"[{i + 1}] {ctl.scheduler} done in {run.duration_s:.1f} s")
         if with_tcp and opts.greedy_coflows:
-            greedy, _ = run_terra(wan, ctl, opts.greedy_coflows, opts.failure, opts.timeout_s)
+            greedy, _ = run_terra(wan, ctl, opts.greedy_coflows, opts.failure, opts.timeout_s,
+                                  reserve=opts.reserve)  # fmt: skip
             raw["greedy_runs"].append(greedy)
             log(f"[{i + 1}] {ctl.scheduler} with {raw['greedy_tenant']} greedy done in "
                 f"{greedy.duration_s:.1f} s")  # fmt: skip

@@ -21,6 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
+from mininet_scenarios.testbed_reservation import (
+    Reserve,
+    reservation_lines,
+    reservation_summary,
+    reservation_toml,
+)
 from mininet_scenarios.workload import TestbedCoflow
 
 PIECES = 10  # coflows a greedy tenant makes of each of its own (every piece is real TCP)
@@ -72,10 +78,11 @@ def split_greedy(
     return out
 
 
-def tenants_toml(names: list[str], path: Path) -> Path:
+def tenants_toml(names: list[str], path: Path, reserve: Reserve | None = None) -> Path:
     """Write a tenants file (TOML, terra_controller/tenants_config.py) giving every tenant
-    weight 1; return its path."""
-    path.write_text("".join(f"[tenants.{n}]\nweight = 1\n\n" for n in names))
+    weight 1, with `reserve`'s guarantee (testbed_reservation); return its path."""
+    weights = "".join(f"[tenants.{n}]\nweight = 1\n\n" for n in names)
+    path.write_text(weights + reservation_toml(reserve))
     return path
 
 
@@ -110,14 +117,18 @@ def tenant_summary(raw: dict) -> dict | None:
     the greedy runs, "greedy_bytes_lost", "greedy_digest_mismatches" (their sums over the
     greedy runs), "change": {honest tenant: greedy avg / honest avg - 1},
     "change_per_repeat": [change of each repeat's pair of runs], "max_change": the
-    largest |change|, "target_met"} from run_swan's output (its
-    "tenant_coflows", "greedy_coflows" and "greedy_runs"); without greedy runs only
-    "honest". None without tenants."""
+    largest |change|, "target_met", and with a reservation "reservation"
+    (testbed_reservation.reservation_summary)} from run_swan's output (its
+    "tenant_coflows", "greedy_coflows", "greedy_runs" and "reserve"); without greedy runs
+    only "honest" (and "reservation"). None without tenants."""
     coflows = raw.get("tenant_coflows")
     if not coflows:
         return None
     name = raw["schedulers"][0]
     out: dict = {"honest": per_tenant(raw[name], coflows)}
+    if raw.get("reserve") is not None:
+        out["reservation"] = reservation_summary(raw["reserve"], raw[name],
+                                                 raw.get("greedy_runs", []))  # fmt: skip
     if not raw.get("greedy_runs"):
         return out
     greedy = raw["greedy_tenant"]
@@ -169,6 +180,8 @@ def tenant_lines(summary: dict) -> str:
             f"greedy runs: {summary['greedy_bytes_lost']} bytes lost, "
             f"{summary['greedy_digest_mismatches']} digest mismatches"
         )
+    if "reservation" in summary:
+        lines.append(reservation_lines(summary["reservation"]))
     return "\n".join(lines)
 
 

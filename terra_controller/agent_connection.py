@@ -63,8 +63,8 @@ class AgentConnection:
     """A connected agent: its socket, outbound queue and writer thread.
 
     Attributes:
-        agent: agent id once registered (None before). sent_rates: {(coflow, dst_dc):
-            {tunnel: rate}} last sent. acked: {message id: monotonic time of its ack}.
+        agent: agent id once registered (None before). identity: the peer's certificate.
+        last_seen: wall-clock s of the last message read.
     """
 
     def __init__(self, sock: socket.socket, addr) -> None:
@@ -72,7 +72,6 @@ class AgentConnection:
         self.addr = addr
         self.agent: str | None = None
         self.identity: Identity = INSECURE
-        self.sent_rates: dict[tuple[str, str], dict[str, float]] = {}
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.closed = False
         self.last_seen = time.time()  # wall-clock s of the last message read (console)

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from terra_controller.coflow_endings import CoflowEndings
 from terra_controller.coflow_registry import CoflowRegistry
 from terra_controller.coflow_state import (
+    AgentInfo,
     CoflowState,
     FlowState,
     RegistryError,
@@ -616,6 +617,15 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLin
                 if left <= 0:
                     return
                 self.agents_back.wait(left)
+
+    def register_agent(self, agent_id: object, dc: object, data_addr: object) -> AgentInfo:
+        """Record (or re-record) an agent (CoflowRegistry.register_agent, under `lock`).
+
+        Raises:
+            RegistryError("bad_request"): a bad id or address, or an unknown DC.
+        """
+        with self.lock:
+            return self.registry.register_agent(agent_id, dc, data_addr)
 
     def agent_registered(self) -> list[int]:
         """An agent registered: wake submits waiting for it (`await_agents`), then resume the

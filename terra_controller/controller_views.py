@@ -195,3 +195,19 @@ class ControllerViews:
                     {"id": a.id, "dc": a.dc, "connected": a.id in connected} for a in agents
                 ],  # fmt: skip
             }
+
+    def registered_agents(self) -> dict:
+        """A copy of the registered agents: {agent id: AgentInfo (id, dc, data_addr)}."""
+        with self.lock:
+            return dict(self.registry.agents)
+
+    def wan_flows_of(self, agent: str) -> list:
+        """[(CoflowState, FlowState)] of the unfinished WAN flows of active coflows that
+        `agent` sends or receives (the descriptors a (re)registering agent gets)."""
+        with self.lock:
+            return [
+                (c, f)
+                for c in self.registry.active()
+                for f in c.flows.values()
+                if not f.intra_dc and not f.done and agent in (f.src_agent, f.dst_agent)
+            ]

@@ -262,7 +262,7 @@ class RestApp:
         """WAN events' reaction times: [{"event_to_push_ms", "event_to_applied_ms", "agents"}]."""
         if self.channel is None:
             return []
-        with self.channel.ack_event:
+        with self.channel.lock:
             return [r.to_json() for r in self.channel.reactions]
 
     def topology(self) -> dict:

@@ -93,7 +93,7 @@ def scheduler_factory(args, topology, options, book):
         from terra_controller.tenants import LiveTenantPolicy
         from terra_core.tenant_policy import TenantSpec
 
-        spec = TenantSpec(book.weights(), {}, book.sharing)
+        spec = TenantSpec(book.weights(), {}, book.sharing, order=book.order)
         inner = make_scheduler("terra", topology, dataclasses.replace(options, tenants=spec))
         inner.measure = True
         return LiveTenantPolicy(inner, book)

@@ -58,7 +58,8 @@ class TenantBook:
 
     Attributes:
         limits: {tenant: TenantLimits}, in the file's order (new tenants last).
-        default: the DefaultTenant. sharing: tenant_shares' sharing name.
+        default: the DefaultTenant. sharing: tenant_shares' sharing name. order: the Γ
+            order inside each share (tenant_shares.ORDERS).
         owners: {job name: tenant} as their certificates said.
         coflows: {policy coflow key: tenant} of the coflows in the policy.
         in_flight: {policy coflow key: bytes still to deliver} (as of the last round).
@@ -82,6 +83,7 @@ class TenantBook:
         self.limits: dict[str, TenantLimits] = dict(config.tenants)
         self.default: DefaultTenant = config.default
         self.sharing = config.sharing
+        self.order = config.order
         self.digest = hashlib.sha256(source).hexdigest()
         self.owners: dict[str, str] = {}
         self.coflows: dict[str, str] = {}
@@ -333,7 +335,7 @@ class TenantBook:
         return out
 
     def view(self) -> dict:
-        """REST /tenants and `ctl tenant list`: {"isolation": "tenants", "sharing",
+        """REST /tenants and `ctl tenant list`: {"isolation": "tenants", "sharing", "order",
         "default": {"action", "tenant"}, "guarantee", "achieved" (last round; None with
         fewer than two tenants active), "reservation_failures" (`failures`),
         "tenants": [row, ...]}."""
@@ -341,7 +343,7 @@ class TenantBook:
         with self.lock:
             names = list(self.limits)
             head = {
-                "isolation": "tenants", "sharing": self.sharing,
+                "isolation": "tenants", "sharing": self.sharing, "order": self.order,
                 "default": {"action": self.default.action, "tenant": self.default.tenant},
                 "guarantee": _finite(self.guarantee), "achieved": _finite(self.achieved),
                 "reservation_failures": self.failures,

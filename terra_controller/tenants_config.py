@@ -4,6 +4,9 @@ A TOML file (read with tomllib) checked against msgspec Structs that forbid unkn
 
     sharing = "cooperative"        # optional: cooperative (default), strict or static
                                    # (terra_core/tenant_shares.SHARINGS)
+    order = "wan"                  # optional: each tenant's coflows in order of Γ on the
+                                   # whole WAN (default) or on its share, "share"
+                                   # (terra_core/tenant_shares.ORDERS)
 
     [default]                      # optional: what a job of a tenant not listed gets
     action = "refuse"              # "refuse" (the default: error code unknown_tenant)
@@ -51,9 +54,11 @@ import msgspec
 
 from terra_security.pki import NAME_RE
 
-# terra_core.tenant_shares.SHARINGS, not imported here: that module loads the solver (numpy,
-# HiGHS), which the controller imports only after it listens (tests check the two agree)
+# terra_core.tenant_shares.SHARINGS and ORDERS, not imported here: that module loads the
+# solver (numpy, HiGHS), which the controller imports only after it listens (tests check the
+# two agree)
 Sharing = Literal["cooperative", "strict", "static"]
+Order = Literal["share", "wan"]
 
 
 class TenantsError(ValueError):
@@ -106,11 +111,13 @@ class DefaultTenant(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class TenantsFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """The whole file (module docstring): tenants in file order, the default, the sharing."""
+    """The whole file (module docstring): tenants in file order, the default, the sharing,
+    the order inside each share."""
 
     tenants: dict[str, TenantLimits]
     default: DefaultTenant = msgspec.field(default_factory=DefaultTenant)
     sharing: Sharing = "cooperative"
+    order: Order = "wan"
 
 
 def load_tenants(path: str | Path) -> TenantsFile:

@@ -33,14 +33,19 @@ from typing import NamedTuple
 
 import numpy as np
 
+from terra_core.array_types import FloatArray, IntArray
 from terra_core.flow_bundles import flow_count
-from terra_core.maxmin import columns_by_row
+from terra_core.maxmin import ColumnsByRow, columns_by_row
 from terra_core.policy import Allocation, PathSource, Remaining
 from terra_core.sparse_index import link_index, path_entries
 from terra_model import Coflow, Flow
 from topologies import Path, Topology, all_pairs_paths
 
 Route = list[tuple[Path, int]]  # [(path, members of the flow on that path)]
+ShapeKey = Path | tuple[tuple[Path, int], ...]  # a one-path route's path, else the route
+
+# the route shapes' (ptr, link rows, members per unit weight) arrays and their transpose
+ShapeArrays = tuple[IntArray, IntArray, FloatArray, ColumnsByRow]
 
 
 class CoflowRoutes(NamedTuple):
@@ -103,9 +108,11 @@ class BaselinePolicy:
         self._incidence: dict[str, CoflowRoutes] = {}
         self._cap_vec: np.ndarray | None = None  # see _capacity
         self._path_rows: dict[Path, list[int]] = {}  # rows of a path's links (never stale)
-        self._shapes: dict = {}  # route shapes, see _shape_of
-        self._shape_ptr, self._shape_rows, self._shape_vals = [0], [], []
-        self._shape_cache: tuple | None = None  # see _shape_arrays
+        self._shapes: dict[ShapeKey, int] = {}  # route shapes, see _shape_of
+        self._shape_ptr: list[int] = [0]
+        self._shape_rows: list[int] = []
+        self._shape_vals: list[float] = []
+        self._shape_cache: ShapeArrays | None = None  # see _shape_arrays
         self._version = 0  # bumped whenever a coflow's routes change or a coflow leaves
 
     # ---- Policy interface ------------------------------------------------------------------
@@ -204,6 +211,7 @@ class BaselinePolicy:
         link rows do not depend on the WAN state)."""
         if not route:
             return -1, 0.0
+        key: ShapeKey
         if len(route) == 1:
             key, weight = route[0][0], float(route[0][1])
             entities = [[(key, 1)]]
@@ -219,7 +227,7 @@ class BaselinePolicy:
             number = self._shapes[key] = len(self._shapes)
         return number, weight
 
-    def _shape_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple]:
+    def _shape_arrays(self) -> ShapeArrays:
         """The shapes' (ptr, link rows, members per unit weight) lists (`_shape_of`) as
         int, int and float arrays, and their transpose by link row with the backfill's
         memo (maxmin.columns_by_row), made again only when a shape was added."""

@@ -13,7 +13,8 @@ import importlib
 import logging
 import sys
 from importlib.metadata import PackageNotFoundError, version
-from types import ModuleType
+from types import ModuleType, TracebackType
+from typing import Protocol, TextIO
 
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -69,7 +70,7 @@ def add_common_args(parser: argparse.ArgumentParser, log_level: bool = True) -> 
         )
 
 
-class _StderrHandler(logging.StreamHandler):
+class _StderrHandler(logging.StreamHandler[TextIO]):
     """A StreamHandler that writes to whatever `sys.stderr` is when a record is emitted (so a
     replaced or restored sys.stderr, as in tests, never leaves it writing to a closed file)."""
 
@@ -77,16 +78,16 @@ class _StderrHandler(logging.StreamHandler):
         super().__init__(sys.stderr)
 
     @property
-    def stream(self):
+    def stream(self) -> TextIO:
         """The current sys.stderr."""
         return sys.stderr
 
     @stream.setter
-    def stream(self, value) -> None:
+    def stream(self, value: TextIO) -> None:
         pass  # always sys.stderr
 
 
-def setup_logging(level: str = "INFO", stream=None) -> None:
+def setup_logging(level: str = "INFO", stream: TextIO | None = None) -> None:
     """Configure the root logger for a tool: LOG_FORMAT on `stream` (default: sys.stderr as
     it is at each record), replacing any handlers the root logger had.
 
@@ -121,13 +122,30 @@ def require(module: str, extra: str) -> ModuleType:
         ) from exc
 
 
+class ProgressBar(Protocol):
+    """What `progress` returns: a context manager whose `update(n)` reports n more items done."""
+
+    def __enter__(self) -> ProgressBar: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None: ...
+
+    def update(self, n: int = 1) -> object: ...
+
+    def close(self) -> None: ...
+
+
 class _NoBar:
     """What `progress` returns when no bar is drawn: the tqdm calls the code makes, as no-ops."""
 
     def __enter__(self) -> _NoBar:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         return None
 
     def update(self, n: int = 1) -> None:
@@ -137,7 +155,9 @@ class _NoBar:
         """Nothing to close."""
 
 
-def progress(total: int | None, desc: str, unit: str = "it", stream=None):
+def progress(
+    total: int | None, desc: str, unit: str = "it", stream: TextIO | None = None
+) -> ProgressBar:
     """A tqdm progress bar on `stream` (stderr by default) when it is a terminal.
 
     No bar (a no-op object with the same update / set_postfix_str / close / context-manager
@@ -151,4 +171,5 @@ def progress(total: int | None, desc: str, unit: str = "it", stream=None):
         from tqdm import tqdm
     except ImportError:
         return _NoBar()
-    return tqdm(total=total, desc=desc, unit=unit, file=stream)
+    bar: ProgressBar = tqdm(total=total, desc=desc, unit=unit, file=stream)
+    return bar

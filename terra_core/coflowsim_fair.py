@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from terra_core.baseline_policy import Route
 from terra_core.madd import MaddPolicy, checked_live, flow_positions
 from terra_core.sparse_index import csr_ranges
 
@@ -33,10 +34,10 @@ class CoflowSimFairPolicy(MaddPolicy):
         self,
         now: float,
         cids: Sequence[str],
-        counts: Sequence[int],
+        counts: Sequence[int] | np.ndarray,
         local: np.ndarray,
         remaining: np.ndarray,
-    ) -> tuple[np.ndarray, list]:
+    ) -> tuple[np.ndarray, list[list[Route]]]:
         """Per-member rates of the unfinished flows of the active coflows (the class rule;
         arguments and result shapes as `MaddPolicy.live_coflow_rates`). A flow without a
         route, or with a link of no capacity, gets 0.

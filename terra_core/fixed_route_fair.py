@@ -4,37 +4,20 @@ common part; Bertsekas & Gallager, "Data Networks", 6.5.2 progressive filling, m
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
+from numpy.typing import NDArray
 
+from terra_core.array_types import IntArray
 from terra_core.maxmin import maxmin_levels_entries
-from terra_core.pair_policy import PairLevels, PairPolicy
-from terra_core.policy import PathSource
+from terra_core.pair_policy import PairPolicy
+from terra_core.policy import PairLevels, PairTable, PathSource
 from terra_core.sparse_index import csr_ranges
 from topologies import Path, Topology, path_links
 
 _PAIR_CACHE_SIZE = 64  # cached per-pair-set incidences kept before the cache is emptied
-
-
-class PairTable(NamedTuple):
-    """The paths of a fixed list of DC pairs, numbered (`_FairPolicy.pair_table`): what
-    `table_levels` answers refer to, valid until the next WAN change.
-
-    Attributes:
-        pairs: the (src DC, dst DC) pairs, the caller's sequence as given.
-        paths: every pair's paths (as routed), pair after pair.
-        ptr: int array (len(pairs) + 1,): pair i's paths are paths[ptr[i]:ptr[i + 1]]
-            (none when no path is up).
-        path_ptr, rows: int arrays: path j crosses the links of rows
-            rows[path_ptr[j]:path_ptr[j + 1]] (BaselinePolicy._rows order).
-    """
-
-    pairs: object
-    paths: list[Path]
-    ptr: np.ndarray
-    path_ptr: np.ndarray
-    rows: np.ndarray
 
 
 class _PairEntries(NamedTuple):
@@ -66,11 +49,24 @@ class FixedRouteFairPolicy(PairPolicy):
     simulator numbers its pairs once per WAN state (`pair_table`) and asks by index
     (`table_levels`): no tuple of pairs or list of paths per event."""
 
+    # the numbered pairs (`_clear_caches`, `_number_pair`) and their CSR arrays (`_pair_ids`)
+    _table: PairTable | None  # see pair_table
+    _pair_number: dict[tuple[str, str], int]  # pair -> its number (CSR row)
+    _all_paths: list[Path]  # the numbered pairs' paths, pair after pair
+    _pair_ptr_list: list[int]  # pair i's paths: _all_paths[ptr[i]:ptr[i + 1]]
+    _path_ptr_list: list[int]  # path j's links: _link_rows_list[ptr[j]:ptr[j + 1]]
+    _link_rows_list: list[int]
+    _dirty: bool  # the lists changed since their arrays were made
+    _pair_ptr: IntArray
+    _path_ptr: IntArray
+    _link_rows: IntArray
+    _path_objects: NDArray[np.object_]
+
     def __init__(
         self, topology: Topology, k: int = 4, path_source: PathSource | None = None
     ) -> None:
         super().__init__(topology, k, path_source)
-        self._by_pairs: dict[tuple, _PairEntries] = {}
+        self._by_pairs: dict[tuple[tuple[str, str], ...], _PairEntries] = {}
         self._clear_caches()
 
     def pair_levels(
@@ -84,7 +80,7 @@ class FixedRouteFairPolicy(PairPolicy):
         )
         return PairLevels(found.paths, found.pair, levels)
 
-    def pair_table(self, pairs) -> PairTable:
+    def pair_table(self, pairs: Sequence[tuple[str, str]]) -> PairTable:
         """Number the paths of `pairs` for `table_levels` (index-based `pair_levels`).
 
         Args:
@@ -144,7 +140,7 @@ class FixedRouteFairPolicy(PairPolicy):
         rows = table.rows[csr_ranges(table.path_ptr, path_ids)]
         return maxmin_levels_entries(rows, cols, path_pair[cols], self._capacity(), len(path_ids))
 
-    def _pair_ids(self, pairs) -> np.ndarray:
+    def _pair_ids(self, pairs: Sequence[tuple[str, str]]) -> IntArray:
         """The numbers of `pairs` (int array), numbering new ones, with the CSR arrays
         (_pair_ptr, _path_ptr, _link_rows, _path_objects) brought up to date."""
         found = list(map(self._pair_number.get, pairs))
@@ -203,12 +199,12 @@ class FixedRouteFairPolicy(PairPolicy):
 
     def _clear_caches(self) -> None:
         self._by_pairs.clear()
-        self._table: PairTable | None = None  # see pair_table
-        self._pair_number: dict[tuple[str, str], int] = {}  # pair -> its number (CSR row)
-        self._all_paths: list[Path] = []  # the numbered pairs' paths, pair after pair
+        self._table = None  # see pair_table
+        self._pair_number = {}  # pair -> its number (CSR row)
+        self._all_paths = []  # the numbered pairs' paths, pair after pair
         self._pair_ptr_list = [0]  # pair i's paths: _all_paths[ptr[i]:ptr[i + 1]]
         self._path_ptr_list = [0]  # path j's links: _link_rows_list[ptr[j]:ptr[j + 1]]
-        self._link_rows_list: list[int] = []
+        self._link_rows_list = []
         self._dirty = True  # the lists changed since their arrays were made
 
     def _pair_paths(self, pair: tuple[str, str]) -> list[Path]:

@@ -52,7 +52,7 @@ def bundle_wan_flows(coflow: Coflow) -> Coflow:
     for f in coflow.flows:
         if not f.intra_dc:
             groups.setdefault((f.src, f.dst, f.bytes), []).append(f)
-    bundles = [
+    bundles: list[Flow] = [
         FlowBundle(fs[0].id, src, dst, size * len(fs), len(fs), tuple(f.id for f in fs))
         for (src, dst, size), fs in groups.items()
     ]
@@ -61,7 +61,7 @@ def bundle_wan_flows(coflow: Coflow) -> Coflow:
 
 def unbundled_wan_flows(coflow: Coflow) -> Coflow:
     """Return a copy of `coflow` with only its WAN flows, each as a bundle of one."""
-    flows = [
+    flows: list[Flow] = [
         FlowBundle(f.id, f.src, f.dst, f.bytes, 1, (f.id,)) for f in coflow.flows if not f.intra_dc
     ]
     return Coflow(coflow.id, coflow.arrival_s, flows, coflow.deadline_s)

@@ -15,6 +15,9 @@ from contextvars import ContextVar
 
 import highspy
 import numpy as np
+from numpy.typing import NDArray
+
+from terra_core.array_types import FloatArray
 
 INF = highspy.kHighsInf
 
@@ -28,7 +31,7 @@ def new_highs(primal: bool = False) -> highspy.Highs:
             (progressive filling in mcf.py: ~10x fewer iterations than the dual
             simplex) and for fresh Optimization (1) LPs (~1.6x on SWAN/ATT sizes).
     """
-    h = highspy.Highs()
+    h = highspy.Highs()  # type: ignore[no-untyped-call]  # (its __init__ has no `-> None`)
     h.silent()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("presolve", "off")
@@ -84,6 +87,24 @@ def pass_lp(
     )
     if status == highspy.HighsStatus.kError:
         raise RuntimeError("HiGHS rejected the LP (malformed model arrays)")
+
+
+def change_rows_bounds(
+    h: highspy.Highs,
+    rows: NDArray[np.int32],
+    lower: FloatArray,
+    upper: FloatArray,
+) -> None:
+    """Set the bounds of the rows `rows` of `h` to `lower` .. `upper` (arrays of one length;
+    HiGHS's changeRowsBounds by set, which highspy's type stubs leave out)."""
+    h.changeRowsBounds(len(rows), rows, lower, upper)  # type: ignore[attr-defined]
+
+
+def basic_variables(h: highspy.Highs) -> NDArray[np.int32]:
+    """HiGHS's basic index of the solved model in `h` (getBasicVariables, which highspy's
+    type stubs leave out): one entry per row, >= 0 a column index, < 0 row -1 - entry."""
+    basic: NDArray[np.int32] = h.getBasicVariables()[1]  # type: ignore[attr-defined]
+    return basic
 
 
 # Called with each solve's wall time (seconds) in the current context (see `observe_solves`).

@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from terra_core.array_types import BoolArray, FloatArray, IntArray
 from terra_core.baseline_policy import BaselinePolicy, Route
 from terra_core.madd_kernels import (
     coflow_gammas,
@@ -24,8 +25,11 @@ from topologies import Topology
 
 
 def checked_live(
-    cids: Sequence[str], counts: Sequence[int], local: np.ndarray, remaining: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    cids: Sequence[str],
+    counts: Sequence[int] | np.ndarray,
+    local: np.ndarray,
+    remaining: np.ndarray,
+) -> tuple[IntArray, IntArray, FloatArray]:
     """The arguments of `MaddPolicy.live_coflow_rates` as (counts, local, remaining) int,
     int and float arrays, checked.
 
@@ -48,7 +52,7 @@ def checked_live(
     return counts, local, remaining
 
 
-def flow_positions(lay: MaddLayout, counts: np.ndarray, local: np.ndarray) -> np.ndarray:
+def flow_positions(lay: MaddLayout, counts: IntArray, local: IntArray) -> IntArray:
     """Each given flow's index in the layout `lay` (int array), from its coflow's `counts`
     and its index `local` in the coflow (as `MaddPolicy.live_coflow_rates` takes them).
 
@@ -79,20 +83,20 @@ class MaddLayout(NamedTuple):
         routes: list (coflows,) of each coflow's Route list (CoflowRoutes.routes).
     """
 
-    key: tuple
-    base: np.ndarray
-    size: np.ndarray
-    members: np.ndarray
-    routed: np.ndarray
+    key: tuple[tuple[str, ...], int]
+    base: IntArray
+    size: IntArray
+    members: FloatArray
+    routed: BoolArray
     all_routed: bool
     hops: int
     single: bool
-    shape: np.ndarray
-    weight: np.ndarray
-    ptr: np.ndarray
-    rows: np.ndarray
-    vals: np.ndarray
-    routes: list
+    shape: IntArray
+    weight: FloatArray
+    ptr: IntArray
+    rows: IntArray
+    vals: FloatArray
+    routes: list[list[Route]]
 
 
 class MaddPolicy(BaselinePolicy):
@@ -177,7 +181,7 @@ class MaddPolicy(BaselinePolicy):
         self,
         now: float,
         cids: Sequence[str],
-        counts: Sequence[int],
+        counts: Sequence[int] | np.ndarray,
         local: np.ndarray,
         remaining: np.ndarray,
     ) -> tuple[np.ndarray, list[list[Route]]]:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from terra_core.array_types import FloatArray, IntArray
 from terra_core.sparse_index import add_held, flush_held
 
 
 def coflow_link_volumes(
-    rows: np.ndarray, weights: np.ndarray, n_coflows: int, n_links: int
-) -> np.ndarray:
+    rows: IntArray, weights: FloatArray, n_coflows: int, n_links: int
+) -> FloatArray:
     """Volume per coflow and link (float array (n_coflows, n_links), bytes): the sums of
     `weights` (float array, bytes) by bin coflow x n_links + link row (`rows`, int array of
     the same length), each in the order given."""
@@ -27,7 +28,9 @@ def coflow_link_volumes(
 
 
 @njit(cache=True, error_model="numpy")
-def coflow_gammas(volume, capacity):  # pragma: no cover - compiled
+def coflow_gammas(
+    volume: FloatArray, capacity: FloatArray
+) -> FloatArray:  # pragma: no cover - compiled
     """`_gamma` of every row of `volume` (float array (coflows, links), bytes) on
     `capacity` (float array (links,), bytes/s): float array (coflows,) in seconds, the
     same values (a max is exact whatever the order); compiled (numba), the values of the
@@ -53,7 +56,9 @@ def coflow_gammas(volume, capacity):  # pragma: no cover - compiled
 
 
 @njit(cache=True, error_model="numpy")
-def madd_pass(volume, gamma, capacity):  # pragma: no cover - compiled
+def madd_pass(
+    volume: FloatArray, gamma: FloatArray, capacity: FloatArray
+) -> tuple[FloatArray, FloatArray]:  # pragma: no cover - compiled
     """The sequential MADD pass of Varys (Chowdhury et al., SIGCOMM 2014): coflows in the
     order of (Γ, row), each with finite Γ and some volume takes volume / g from what the
     earlier ones left, g = max over its links of volume / left, unless g is inf. Only the links a
@@ -107,21 +112,21 @@ def madd_pass(volume, gamma, capacity):  # pragma: no cover - compiled
 
 @njit(cache=True, error_model="numpy")
 def hop_volumes(
-    counts,
-    local,
-    remaining,
-    base,
-    size,
-    members,
-    rows,
-    vals,
-    shape,
-    weight,
-    hops,
-    single,
-    n_links,
-    n_shapes,
-):  # pragma: no cover - compiled
+    counts: IntArray,
+    local: IntArray,
+    remaining: FloatArray,
+    base: IntArray,
+    size: IntArray,
+    members: FloatArray,
+    rows: IntArray,
+    vals: FloatArray,
+    shape: IntArray,
+    weight: FloatArray,
+    hops: int,
+    single: bool,
+    n_links: int,
+    n_shapes: int,
+) -> tuple[IntArray, FloatArray, FloatArray, FloatArray, bool]:  # pragma: no cover - compiled
     """The per-flow pass before MADD when every flow has `hops` entries.
 
     Args:
@@ -180,7 +185,9 @@ def hop_volumes(
 
 
 @njit(cache=True, error_model="numpy")
-def hop_rates(counts, per_member, g, shape_of, extra):  # pragma: no cover - compiled
+def hop_rates(
+    counts: IntArray, per_member: FloatArray, g: FloatArray, shape_of: IntArray, extra: FloatArray
+) -> FloatArray:  # pragma: no cover - compiled
     """Per-member rates: MADD's remaining / g of the flow's coflow plus the backfill
     level of its shape (float array (flows,), bytes/s); arguments as `hop_volumes`'
     results, g: float array (coflows,) in seconds, extra: float array (shapes,). A coflow

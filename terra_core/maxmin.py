@@ -25,6 +25,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from terra_core.array_types import BoolArray, FloatArray, IntArray
 from terra_core.sparse_index import csr_ranges, link_index, path_incidence
 from topologies import Link, Path, path_links
 
@@ -155,7 +156,9 @@ def maxmin_levels_sparse(
     return _sparse_levels(rows, cols, vals, capacity, n, covered)
 
 
-def _sparse_levels(rows, cols, vals, capacity, n: int, covered: bool) -> np.ndarray:
+def _sparse_levels(
+    rows: IntArray, cols: IntArray, vals: FloatArray, capacity: FloatArray, n: int, covered: bool
+) -> np.ndarray:
     """`maxmin_levels_sparse` of entries already checked by `_entry_arrays` (`covered`:
     its answer whether every entity has an entry).
 
@@ -168,7 +171,9 @@ def _sparse_levels(rows, cols, vals, capacity, n: int, covered: bool) -> np.ndar
 
 
 @njit(cache=True, error_model="numpy")
-def _next_step(busy, n_busy, leftover, load, ratio):  # pragma: no cover - compiled
+def _next_step(
+    busy: IntArray, n_busy: int, leftover: FloatArray, load: FloatArray, ratio: FloatArray
+) -> float:  # pragma: no cover - compiled
     """The water rise of a progressive-filling step: the lowest leftover / load over the
     first `n_busy` links of `busy` (each one's ratio kept in `ratio`), NaN if any is NaN,
     floored at 0."""
@@ -182,9 +187,9 @@ def _next_step(busy, n_busy, leftover, load, ratio):  # pragma: no cover - compi
 
 
 @njit(cache=True, error_model="numpy")  # numpy: x / 0 is inf, not an exception
-def _sparse_fill(rows, cols, vals, capacity, n, resum, sat_tol):  # pragma: no cover - compiled
-    """The step loop of `maxmin_levels_sparse`, compiled: the numpy version's float
-    operations in its order (see that function); arguments checked by the caller."""
+def _sparse_fill(rows: IntArray, cols: IntArray, vals: FloatArray, capacity: FloatArray, n: int,
+                 resum: float, sat_tol: float) -> FloatArray:  # pragma: no cover  # fmt: skip
+    """`maxmin_levels_sparse`'s step loop, compiled (same floats; arguments checked there)."""
     n_links = capacity.shape[0]
     row_ptr, row_cols, row_vals = _csr(rows, cols, vals, n_links)
     col_ptr, col_rows, col_vals = _csr(cols, rows, vals, n)
@@ -326,7 +331,7 @@ class ColumnsByRow(NamedTuple):
     row_cols: np.ndarray
     scale: np.ndarray
     load: np.ndarray
-    count: np.ndarray
+    count: np.ndarray  # type: ignore[assignment]  # (a field named as tuple.count, read by name)
     sums: np.ndarray
 
 
@@ -421,7 +426,9 @@ def maxmin_levels_scaled(
 
 
 @njit(cache=True)
-def _forget(memo_scale, memo_load, memo_count, sums):  # pragma: no cover - compiled
+def _forget(
+    memo_scale: FloatArray, memo_load: FloatArray, memo_count: IntArray, sums: FloatArray
+) -> None:  # pragma: no cover - compiled
     """Empty the memo of `maxmin_levels_scaled` (no column with a weight)."""
     memo_scale[:] = 0.0
     memo_load[:] = 0.0
@@ -432,8 +439,10 @@ def _forget(memo_scale, memo_load, memo_count, sums):  # pragma: no cover - comp
 
 @njit(cache=True, error_model="numpy")  # numpy: x / 0 is inf, not an exception
 def _scaled_fill(
-    ptr, rows, vals, row_ptr, row_cols, memo_scale, memo_load, memo_count, sums, scale, capacity
-):  # pragma: no cover - compiled
+    ptr: IntArray, rows: IntArray, vals: FloatArray, row_ptr: IntArray, row_cols: IntArray,
+    memo_scale: FloatArray, memo_load: FloatArray, memo_count: IntArray, sums: FloatArray,
+    scale: FloatArray, capacity: FloatArray,
+) -> tuple[FloatArray, bool]:  # pragma: no cover - compiled  # fmt: skip
     """The step loop of `_sparse_fill` on the scaled columns of `maxmin_levels_scaled`,
     compiled, with the memo (ColumnsByRow) brought to `scale` first. Returns (levels,
     exact); exact is False, the levels are not computed and the memo is emptied, unless
@@ -506,7 +515,9 @@ def _scaled_fill(
 
 
 @njit(cache=True)
-def _csr(rows, cols, vals, n_rows):  # pragma: no cover - compiled
+def _csr(
+    rows: IntArray, cols: IntArray, vals: FloatArray, n_rows: int
+) -> tuple[IntArray, IntArray, FloatArray]:  # pragma: no cover - compiled
     """(ptr int[n_rows + 1], cols, vals) of the entries (rows[k], cols[k], vals[k]) grouped by
     row; a counting sort keeps each row's entries in entry order, as a stable argsort."""
     nnz = rows.shape[0]
@@ -527,7 +538,9 @@ def _csr(rows, cols, vals, n_rows):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _active_loads(rows, cols, vals, frozen, n_links):  # pragma: no cover - compiled
+def _active_loads(
+    rows: IntArray, cols: IntArray, vals: FloatArray, frozen: BoolArray, n_links: int
+) -> tuple[FloatArray, IntArray]:  # pragma: no cover - compiled
     """(load float[n_links], count int[n_links]): the entries of the entities not frozen,
     summed per link in entry order, and their number."""
     load = np.zeros(n_links)
@@ -540,7 +553,9 @@ def _active_loads(rows, cols, vals, frozen, n_links):  # pragma: no cover - comp
 
 
 @njit(cache=True)
-def _leftover_and_tolerance(capacity, count, sat_tol):  # pragma: no cover - compiled
+def _leftover_and_tolerance(
+    capacity: FloatArray, count: IntArray, sat_tol: float
+) -> tuple[FloatArray, FloatArray]:  # pragma: no cover - compiled
     """(leftover, tol) per link: its capacity (inf when no active entity crosses it) and
     the saturation tolerance sat_tol x capacity."""
     n_links = capacity.shape[0]
@@ -553,7 +568,9 @@ def _leftover_and_tolerance(capacity, count, sat_tol):  # pragma: no cover - com
 
 
 @njit(cache=True)
-def _ascending(newly, n_new, is_new):  # pragma: no cover - compiled
+def _ascending(
+    newly: IntArray, n_new: int, is_new: BoolArray
+) -> None:  # pragma: no cover - compiled
     """Put the step's `n_new` newly frozen entities in ascending order, as the numpy
     version's: a sort when they are few, else a scan of `is_new`."""
     n = is_new.shape[0]
@@ -568,7 +585,9 @@ def _ascending(newly, n_new, is_new):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _compact_busy(busy, n_busy, count):  # pragma: no cover - compiled
+def _compact_busy(
+    busy: IntArray, n_busy: int, count: IntArray
+) -> int:  # pragma: no cover - compiled
     """Drop the links no active entity crosses any more from busy[:n_busy], in place and
     in order; returns the new count."""
     kept = 0
@@ -581,8 +600,9 @@ def _compact_busy(busy, n_busy, count):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _bring_memo(
-    ptr, rows, vals, memo_scale, memo_load, memo_count, sums, scale
-):  # pragma: no cover - compiled
+    ptr: IntArray, rows: IntArray, vals: FloatArray, memo_scale: FloatArray,
+    memo_load: FloatArray, memo_count: IntArray, sums: FloatArray, scale: FloatArray,
+) -> bool:  # pragma: no cover - compiled  # fmt: skip
     """Bring `_scaled_fill`'s memo (loads and counts of every column with a weight) to
     `scale`, updated where a weight changed. False, with the memo emptied, when a weight is
     not 0 or a whole number > 0 whose column has an entry (NaN and inf fail too), or the
@@ -616,8 +636,9 @@ def _bring_memo(
 
 @njit(cache=True)
 def _take_out(
-    newly, n_new, ptr, rows, vals, scale, count, sub, mark, touched
-):  # pragma: no cover - compiled
+    newly: IntArray, n_new: int, ptr: IntArray, rows: IntArray, vals: FloatArray,
+    scale: FloatArray, count: IntArray, sub: FloatArray, mark: BoolArray, touched: IntArray,
+) -> int:  # pragma: no cover - compiled  # fmt: skip
     """Take the step's newly frozen columns newly[:n_new] out of the links' counts, adding
     their scaled entries to `sub` per link; the links touched go to `touched` (marked in
     `mark`) in the order first met. Returns how many links were touched."""
@@ -637,8 +658,10 @@ def _take_out(
 
 @njit(cache=True)
 def _freeze_dead(
-    ptr, rows, vals, row_ptr, row_cols, scale, capacity, frozen, load, count
-):  # pragma: no cover - compiled
+    ptr: IntArray, rows: IntArray, vals: FloatArray, row_ptr: IntArray, row_cols: IntArray,
+    scale: FloatArray, capacity: FloatArray, frozen: BoolArray, load: FloatArray,
+    count: IntArray,
+) -> int:  # pragma: no cover - compiled  # fmt: skip
     """Freeze the columns crossing a link with no capacity, taking their scaled entries
     out of `load` and `count` (in place); returns how many were frozen."""
     n_frozen = 0
@@ -655,7 +678,9 @@ def _freeze_dead(
     return n_frozen
 
 
-def _entry_arrays(rows, cols, vals, capacity, n: int) -> tuple:
+def _entry_arrays(
+    rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, capacity: np.ndarray, n: int
+) -> tuple[IntArray, IntArray, FloatArray, FloatArray, bool, bool]:
     """(rows, cols, vals, capacity, whole, covered) of an incidence given by its entries:
     contiguous int, int, float and float arrays, checked as `maxmin_levels_sparse`
     documents (in one compiled pass, `_scan_entries`); whole: every value is a whole
@@ -682,7 +707,9 @@ def _entry_arrays(rows, cols, vals, capacity, n: int) -> tuple:
 
 
 @njit(cache=True)
-def _scan_entries(rows, cols, vals, capacity, n):  # pragma: no cover - compiled
+def _scan_entries(
+    rows: IntArray, cols: IntArray, vals: FloatArray, capacity: FloatArray, n: int
+) -> tuple[int, bool, bool]:  # pragma: no cover - compiled
     """The checks of `_entry_arrays` in one pass: (fault: 0 none, 1 an entry <= 0 or a
     negative capacity, 2 a row or column out of range; whole: every value a whole number
     (as ``np.array_equal(vals, np.round(vals))``); covered: every entity has an entry).

@@ -38,17 +38,27 @@ swan-mcf baseline, whose CCTs depend on the totals only, uses the compact form.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
+from typing import Generic, TypeVar
 
 import highspy
 import numpy as np
+from numpy.typing import NDArray
 
-from terra_core.lp import INF, new_highs, pass_lp, solve
+from terra_core.lp import (
+    INF,
+    basic_variables,
+    change_rows_bounds,
+    new_highs,
+    pass_lp,
+    solve,
+)
 from terra_core.min_cct import links_of
 from topologies import Link, Path
 
+K = TypeVar("K", bound=Hashable)  # a commodity key (e.g. a (src DC, dst DC) pair)
 Demand = tuple[list[Path], float | None]
-Rates = dict[Hashable, list[tuple[Path, float]]]
+Rates = dict[K, list[tuple[Path, float]]]  # {key: [(path, bytes/s), ...]}
 
 _DUAL_TOL = 1e-9
 _REL_TOL = 1e-7
@@ -62,15 +72,15 @@ _NO_PERTURBATION = 0.0
 
 
 def maxmin_mcf(
-    demands: dict[Hashable, Demand],
+    demands: Mapping[K, Demand],
     capacity: dict[Link, float],
-    priority: dict[Hashable, int] | None = None,
+    priority: Mapping[K, int] | None = None,
     max_rounds: int = 64,
-    weights: dict[Hashable, float] | None = None,
-    stats: dict | None = None,
+    weights: Mapping[K, float] | None = None,
+    stats: dict[str, int] | None = None,
     compact: bool = False,
     warm: McfWarmStart | None = None,
-) -> Rates:
+) -> Rates[K]:
     """Max-min fair rates for commodities that may each split over several paths.
 
     Args:
@@ -112,9 +122,10 @@ def maxmin_mcf(
     for link, cap in capacity.items():
         if not isinstance(cap, int | float) or not cap >= 0:
             raise ValueError(f"link {link}: capacity must be a number >= 0, got {cap!r}")
-    result: Rates = {key: [] for key in demands}
+    result: Rates[K] = {key: [] for key in demands}
+    lp: _McfLp[K] | _CompactMcfLp[K]
     if compact:
-        lp: _FillLp = _CompactMcfLp(demands, capacity, weights or {}, warm)
+        lp = _CompactMcfLp(demands, capacity, weights or {}, warm)
     else:
         lp = _McfLp(demands, capacity, weights or {})
     if not lp.cols:
@@ -135,21 +146,22 @@ def maxmin_mcf(
     return result
 
 
-class _FillLp:
+class _FillLp(Generic[K]):
     """What both progressive-filling LPs share: the columns x_{k,p} (one per commodity and
     usable path, commodities with cap 0 or no usable path left out), the link rows, and
     the final rates with tolerance overloads scaled away. Subclasses load the LP into
     `self.h` (`_load`) and implement `fill` and `rates`."""
 
     taken_failed = False  # a solve after rounds taken from the last call failed (compact)
+    _key_paths: dict[Hashable, tuple[Path, ...]]  # set by _paths_by_key
 
     def __init__(
         self,
-        demands: dict[Hashable, Demand],
+        demands: Mapping[K, Demand],
         capacity: dict[Link, float],
-        weights: dict[Hashable, float],
+        weights: Mapping[K, float],
     ) -> None:
-        self.keys: list[Hashable] = []
+        self.keys: list[K] = []
         self.caps: list[float] = []
         self.weights: list[float] = []
         self.solves = 0
@@ -228,10 +240,11 @@ class _FillLp:
             ratio = np.ones(len(cap))
             ratio[over] = cap[over] / load[over]
             rates *= np.minimum.reduceat(ratio[self.entry_row], self.entry_start)
-        return rates.tolist()
+        scaled: list[float] = rates.tolist()
+        return scaled
 
 
-class _McfLp(_FillLp):
+class _McfLp(_FillLp[K]):
     """The progressive-filling LP, kept in one HiGHS instance and changed by bounds only
     (so every re-solve starts warm from the previous basis).
 
@@ -334,7 +347,7 @@ class _McfLp(_FillLp):
         return self._scaled(self.h.getSolution().col_value)
 
 
-class _CompactMcfLp(_FillLp):
+class _CompactMcfLp(_FillLp[K]):
     """The same progressive filling with one row per commodity instead of two, kept in
     one HiGHS instance: every re-solve starts warm from the previous basis (bounds, costs
     and new columns only, no coefficient changes).
@@ -353,9 +366,9 @@ class _CompactMcfLp(_FillLp):
 
     def __init__(
         self,
-        demands: dict[Hashable, Demand],
+        demands: Mapping[K, Demand],
         capacity: dict[Link, float],
-        weights: dict[Hashable, float],
+        weights: Mapping[K, float],
         warm: McfWarmStart | None = None,
     ) -> None:
         self.warm = warm
@@ -417,7 +430,7 @@ class _CompactMcfLp(_FillLp):
         h = self.h
         active = np.array(sorted(members), dtype=np.int32)
         rows = self.c_row + active
-        h.changeRowsBounds(len(rows), rows, np.zeros(len(rows)), np.full(len(rows), INF))
+        change_rows_bounds(h, rows, np.zeros(len(rows)), np.full(len(rows), INF))
         resumable = self._resumable(members)
         done_rounds = self._resume_rounds()[:max_rounds] if resumable else []
         active, level = self._replay(active, done_rounds)
@@ -450,7 +463,7 @@ class _CompactMcfLp(_FillLp):
             h.changeColCost(self.step_col, 0.0)
             self._freeze(active[done])
             if resumable:
-                basis = _Basis(self, h.getBasicVariables()[1])
+                basis = _Basis(self, basic_variables(h))
                 frozen = frozenset(self.keys[i] for i in active[done].tolist())
                 rounds.append(_Round(step, frozen, basis))
             active = active[~done]
@@ -458,6 +471,7 @@ class _CompactMcfLp(_FillLp):
             self._finish(active)
             resumable = False
         if resumable:
+            assert self.warm is not None  # (_resumable)
             self.warm.record = _CallRecord(self, rounds)
 
     def _resumable(self, members: list[int]) -> bool:
@@ -475,6 +489,7 @@ class _CompactMcfLp(_FillLp):
         before the first round where a commodity of that call missing here froze, when
         this call has no commodity that one lacked and the same links, capacities, scale
         and paths for every commodity; else none."""
+        assert self.warm is not None  # (called when _resumable)
         record, self.warm.record = self.warm.record, None
         if record is None or self.scale != record.scale:
             return []
@@ -528,9 +543,11 @@ class _CompactMcfLp(_FillLp):
             rounds[-1].basis.apply(self)
             return self._solve()
         if first:
+            assert self.warm is not None
             self.warm.apply(self)
         ok = self._solve()
         if first and ok:
+            assert self.warm is not None
             self.warm.save(self)
         return ok
 
@@ -544,14 +561,14 @@ class _CompactMcfLp(_FillLp):
         where the last solve has a commodity whose row has a non-zero dual)."""
         rows = (self.c_row + members).astype(np.int32)
         value = np.zeros(len(rows)) if value is None else value
-        self.h.changeRowsBounds(len(rows), rows, value, value)
+        change_rows_bounds(self.h, rows, value, value)
 
     def _fail(self, active: np.ndarray, level: float) -> None:
         """The solver gave up: the active commodities get rate 0 (C_k = −w_k · level)."""
         self.h.changeColBounds(self.step_col, 0.0, 0.0)
         rows = (self.c_row + active).astype(np.int32)
         value = -self.weight_array[active] * level
-        self.h.changeRowsBounds(len(rows), rows, value, value)
+        change_rows_bounds(self.h, rows, value, value)
         self.stale = True
 
     def _finish(self, active: np.ndarray) -> None:
@@ -602,7 +619,7 @@ class McfWarmStart:
         self.keys: dict[Hashable, bool] = {}  # commodity key -> its row C_k was basic
         self.record: _CallRecord | None = None  # the last resumable call's rounds
 
-    def apply(self, lp: _CompactMcfLp) -> None:
+    def apply(self, lp: _CompactMcfLp[K]) -> None:
         """Give `lp`'s loaded first LP (x columns, one step column) the saved basis."""
         if not self.keys:
             return
@@ -618,9 +635,9 @@ class McfWarmStart:
         basis.alien = True
         lp.h.setBasis(basis)
 
-    def save(self, lp: _CompactMcfLp) -> None:
+    def save(self, lp: _CompactMcfLp[K]) -> None:
         """Keep the optimal basis of `lp`'s first LP (just solved)."""
-        basic = lp.h.getBasicVariables()[1]
+        basic = basic_variables(lp.h)
         cols = basic[(basic >= 0) & (basic < len(lp.cols))]
         self.paths = {lp.cols[j][1] for j in cols.tolist()}
         is_basic = np.zeros(lp.h.getNumRow(), bool)
@@ -636,13 +653,13 @@ class _Basis:
     basic index array (cheap to take every round) with the LP's names, and turned into
     a basis by name only when a later call starts from it (`apply`)."""
 
-    def __init__(self, lp: _CompactMcfLp, basic: np.ndarray) -> None:
+    def __init__(self, lp: _CompactMcfLp[K], basic: NDArray[np.int32]) -> None:
         self.cols = lp.cols
         self.link_rows = lp.link_rows
-        self.keys = lp.keys
+        self.keys: list[Hashable] = list(lp.keys)
         self.basic = np.array(basic)  # >= 0: column index; < 0: row -1 - index
 
-    def apply(self, lp: _CompactMcfLp) -> None:
+    def apply(self, lp: _CompactMcfLp[K]) -> None:
         """Give `lp` (loaded, its earlier rounds replayed, this round's Δ added) this
         basis by name: x of the same paths, Δ of the same rounds, the same link and
         commodity rows basic; the rest non-basic at the bound they rest on (x and Δ at
@@ -676,7 +693,7 @@ class _Round:
     """One progressive-filling round of a `_CompactMcfLp` call: its level step Δ (scaled
     units), the commodity keys it froze, and the basis after its solve (`_Basis`)."""
 
-    def __init__(self, step: float, frozen: frozenset, basis: _Basis) -> None:
+    def __init__(self, step: float, frozen: frozenset[Hashable], basis: _Basis) -> None:
         self.step = step
         self.frozen = frozen
         self.basis = basis
@@ -687,7 +704,7 @@ class _CallRecord:
     rounds (`_Round` list, in order), the round each commodity froze in, the scale, link
     capacities (bytes/s) and each commodity's paths (see `_CompactMcfLp._resume_rounds`)."""
 
-    def __init__(self, lp: _CompactMcfLp, rounds: list[_Round]) -> None:
+    def __init__(self, lp: _CompactMcfLp[K], rounds: list[_Round]) -> None:
         self.rounds = rounds
         self.froze_at = {key: r for r, done in enumerate(rounds) for key in done.frozen}
         self.scale = lp.scale
@@ -695,9 +712,9 @@ class _CallRecord:
         self.paths = _paths_by_key(lp)
 
 
-def _paths_by_key(lp: _FillLp) -> dict[Hashable, tuple[Path, ...]]:
+def _paths_by_key(lp: _FillLp[K]) -> dict[Hashable, tuple[Path, ...]]:
     """{commodity key: its usable paths in column order} of `lp` (computed once per LP)."""
-    found = getattr(lp, "_key_paths", None)
+    found: dict[Hashable, tuple[Path, ...]] | None = getattr(lp, "_key_paths", None)
     if found is None:
         grouped: dict[Hashable, list[Path]] = {key: [] for key in lp.keys}
         for i, path in lp.cols:

@@ -27,13 +27,16 @@ from __future__ import annotations
 import math
 import operator
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import repeat
 from typing import NamedTuple
 
+import highspy
 import numpy as np
 
+from terra_core.array_types import FloatArray
 from terra_core.lp import INF, new_highs, pass_lp, solve
 from topologies import Link, Path, path_links
 
@@ -88,7 +91,7 @@ class DualBound:
     @classmethod
     def build(
         cls,
-        pairs,
+        pairs: Iterable[Pair],
         paths: dict[Pair, list[Path]],
         capacity: dict[Link, float],
         prices: dict[Link, float],
@@ -119,7 +122,8 @@ class DualBound:
         m = self.path_price
         d = volumes.values()
         if all(map(operator.gt, d, repeat(0))):  # (the same sum, in C loops)
-            return sum(map(operator.mul, d, map(m.__getitem__, volumes))) / self.capacity_price
+            bound: float = sum(map(operator.mul, d, map(m.__getitem__, volumes)))
+            return bound / self.capacity_price
         return sum(d * m[pair] for pair, d in volumes.items() if d > 0) / self.capacity_price
 
 
@@ -221,7 +225,9 @@ def _link_ids(path: Path) -> tuple[int, ...]:
         return tuple(_LINK_ID[link] for link in links_of(path))
 
 
-def _single_paths(groups: list[tuple[Pair, float, tuple[Path, ...]]], capacity) -> MinCct:
+def _single_paths(
+    groups: list[tuple[Pair, float, tuple[Path, ...]]], capacity: dict[Link, float]
+) -> MinCct:
     """Every FlowGroup has one path: x_k = λ d_k, so λ* = min_e r_e / Σ_{k: e ∈ p_k} d_k."""
     load: dict[Link, float] = {}
     for _, volume, (path,) in groups:
@@ -233,7 +239,7 @@ def _single_paths(groups: list[tuple[Pair, float, tuple[Path, ...]]], capacity) 
     return MinCct(1.0 / lam, rates, prices={bottleneck: 1.0})
 
 
-def _link_disjoint(paths: list[Path]) -> bool:
+def _link_disjoint(paths: tuple[Path, ...]) -> bool:
     seen: set[Link] = set()
     for path in paths:
         for link in links_of(path):
@@ -243,7 +249,9 @@ def _link_disjoint(paths: list[Path]) -> bool:
     return True
 
 
-def _disjoint_paths(group: tuple[Pair, float, list[Path]], capacity) -> MinCct:
+def _disjoint_paths(
+    group: tuple[Pair, float, tuple[Path, ...]], capacity: dict[Link, float]
+) -> MinCct:
     """One FlowGroup over link-disjoint paths: each path carries its bottleneck capacity."""
     pair, volume, paths = group
     rates, prices = [], {}
@@ -254,15 +262,17 @@ def _disjoint_paths(group: tuple[Pair, float, list[Path]], capacity) -> MinCct:
     return MinCct(volume / sum(r for _, r in rates), {pair: rates}, prices=prices)
 
 
-def _highs():
-    h = getattr(_local, "highs", None)
+def _highs() -> highspy.Highs:
+    h: highspy.Highs | None = getattr(_local, "highs", None)
     if h is None:
         h = _local.highs = new_highs(primal=True)
     return h
 
 
 def _solve_lp(
-    groups: list[tuple[Pair, float, tuple[Path, ...]]], capacity, fewest_link_bytes: bool = True
+    groups: list[tuple[Pair, float, tuple[Path, ...]]],
+    capacity: dict[Link, float],
+    fewest_link_bytes: bool = True,
 ) -> MinCct:
     """Build and solve the scaled LP: columns x'_{k,p} then λ'; rows links then FlowGroups.
 
@@ -311,7 +321,7 @@ class _LpArrays(NamedTuple):
     col_upper: np.ndarray
     row_lower: np.ndarray
     starts: np.ndarray
-    index: np.ndarray
+    index: np.ndarray  # type: ignore[assignment]  # (a field named as tuple.index, read by name)
 
 
 class _LpMatrix(NamedTuple):
@@ -328,7 +338,7 @@ class _LpMatrix(NamedTuple):
     lens: np.ndarray
     link_row: dict[Link, int]
     starts: np.ndarray
-    index: np.ndarray
+    index: np.ndarray  # type: ignore[assignment]  # (a field named as tuple.index, read by name)
     lp: _LpArrays
 
 
@@ -388,7 +398,13 @@ def _lp_matrix_of(group_paths: tuple[tuple[Path, ...], ...]) -> _LpMatrix:
     return _LpMatrix(cols, group_of, lens_arr, link_row, starts, index, lp)
 
 
-def _split_rates(groups, m: _LpMatrix, x, x2, lam: float) -> PairRates:
+def _split_rates(
+    groups: list[tuple[Pair, float, tuple[Path, ...]]],
+    m: _LpMatrix,
+    x: FloatArray,
+    x2: FloatArray,
+    lam: float,
+) -> PairRates:
     """FlowGroup k's rates d_k·λ (bytes/s) split over its paths as the second stage's
     solution `x2` does, else the first stage's `x`, else all on its shortest path."""
     n_groups = len(groups)
@@ -409,7 +425,9 @@ def _split_rates(groups, m: _LpMatrix, x, x2, lam: float) -> PairRates:
     return rates
 
 
-def _group_columns(cols, group_of, x, n_groups: int) -> list[list[tuple[Path, float]]]:
+def _group_columns(
+    cols: list[Path], group_of: np.ndarray, x: FloatArray, n_groups: int
+) -> list[list[tuple[Path, float]]]:
     """[(path, x > 0)] per FlowGroup from the LP's x columns (cols: the columns' paths,
     group_of: their FlowGroups, x: the column values with λ' last)."""
     out: list[list[tuple[Path, float]]] = [[] for _ in range(n_groups)]
@@ -421,7 +439,7 @@ def _group_columns(cols, group_of, x, n_groups: int) -> list[list[tuple[Path, fl
     return out
 
 
-def _fewest_link_bytes(h, hops: np.ndarray, x: np.ndarray) -> np.ndarray:
+def _fewest_link_bytes(h: highspy.Highs, hops: np.ndarray, x: FloatArray) -> FloatArray:
     """Second stage: among the allocations that reach the optimal λ, the one that uses the
     least link capacity (minimum Σ_{k,p} x_{k,p}·hops(p)).
 

@@ -5,28 +5,12 @@ of each pair are active, so they answer per DC pair (`PairPolicy.pair_levels`).
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
 from terra_core.baseline_policy import BaselinePolicy
 from terra_core.flow_bundles import flow_count
-from terra_core.policy import Allocation, Remaining
+from terra_core.policy import Allocation, PairLevels, Remaining
 from topologies import Path
-
-
-class PairLevels(NamedTuple):
-    """Per-member rates per path of some DC pairs (answer of `_PairPolicy.pair_levels`).
-
-    Attributes:
-        paths: the paths with a rate, grouped by pair in the order of the pairs asked.
-        pair: int array, for each path the index of its pair in the pairs asked.
-        level: float array, for each path the rate of one flow member on it (bytes/s).
-    """
-
-    paths: list[Path]
-    pair: np.ndarray
-    level: np.ndarray
 
 
 class PairPolicy(BaselinePolicy):

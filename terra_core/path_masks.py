@@ -15,19 +15,23 @@ a link with no capacity is).
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from itertools import chain, repeat
+from typing import TypeVar
 
 import numpy as np
 
+from terra_core.array_types import IntArray
 from topologies import Link, Path, path_links
 
 Pair = tuple[str, str]
 PathEntry = tuple[int, tuple[int, ...]]  # (mask of the path's links, their indices)
+Key = TypeVar("Key", bound=Hashable)  # a DC pair, or another key of a pair's paths
 FULL = 1e-6  # a link with less than this fraction of its capacity left counts as full
 
 
 class PathArrays:
-    """The paths of several DC pairs as flat arrays (path_masks.PathIndex.path_arrays).
+    """The paths of several DC pairs as flat arrays (PathIndex.path_arrays).
 
     Args:
         per_pair: for each pair, its paths' link indices (-1: a link outside the index).
@@ -40,13 +44,14 @@ class PathArrays:
         the other (n_links for a link outside the index).
     """
 
-    def __init__(self, per_pair: list[list[tuple[int, ...]]], n_links: int) -> None:
-        self.count = np.fromiter(map(len, per_pair), np.intp, len(per_pair))
-        self.first = np.cumsum(self.count) - self.count
+    def __init__(self, per_pair: Sequence[Sequence[tuple[int, ...]]], n_links: int) -> None:
+        self.count: IntArray = np.fromiter(map(len, per_pair), np.intp, len(per_pair))
+        self.first: IntArray = np.cumsum(self.count) - self.count
         every = list(chain.from_iterable(per_pair))
-        self.hops = np.fromiter(map(len, every), np.intp, len(every))
-        self.starts = np.cumsum(self.hops) - self.hops
-        self.ids = np.fromiter(chain.from_iterable(every), np.intp, int(self.hops.sum()))
+        self.hops: IntArray = np.fromiter(map(len, every), np.intp, len(every))
+        self.starts: IntArray = np.cumsum(self.hops) - self.hops
+        n = int(self.hops.sum())
+        self.ids: IntArray = np.fromiter(chain.from_iterable(every), np.intp, n)
         self.ids[self.ids < 0] = n_links
 
 
@@ -60,31 +65,34 @@ class PathIndex:
         links: list of links. bit: {link: index}. missing: the extra bit (see module doc).
     """
 
-    def __init__(self, links) -> None:
+    def __init__(self, links: Iterable[Link]) -> None:
         self.links: list[Link] = list(links)
         self.bit: dict[Link, int] = {link: i for i, link in enumerate(self.links)}
         self.missing = 1 << len(self.links)
-        self._pairs: dict[Pair, list[PathEntry]] = {}
+        self._pairs: dict[Hashable, list[PathEntry]] = {}
         self.clean: set[Pair] = set()  # pairs with a path inside the index (all_reachable)
         self._ids: dict[Path, tuple[int, ...]] = {}
-        self._pair_no: dict[Pair, int] = {}  # pairs met by path_arrays, numbered
+        self._pair_no: dict[Hashable, int] = {}  # pairs met by path_arrays, numbered
         self._arrays: PathArrays | None = None
 
-    def path_arrays(self, pairs, paths: dict[Pair, list[Path]]) -> tuple:
-        """(each of `pairs`' number in `PathArrays` (int array), the PathArrays of every
+    def path_arrays(
+        self, pairs: Sequence[Key], paths: Mapping[Key, list[Path]]
+    ) -> tuple[IntArray, PathArrays]:
+        """(each of `pairs`' number in the PathArrays (int array), the PathArrays of every
         pair met so far), the arrays rebuilt when a pair is new (cached as `entries`)."""
         nos = list(map(self._pair_no.get, pairs))
         if None in nos:
             for pair in pairs:
                 self._pair_no.setdefault(pair, len(self._pair_no))
-            nos = list(map(self._pair_no.__getitem__, pairs))
+            nos = list(map(self._pair_no.get, pairs))
             self._arrays = None
         if self._arrays is None:
-            entries = map(self.entries, self._pair_no, repeat(paths))
+            met: list[Key] = list(self._pair_no)  # type: ignore[arg-type]
+            entries = map(self.entries, met, repeat(paths))
             self._arrays = PathArrays([[i for _, i in one] for one in entries], len(self.links))
         return np.fromiter(nos, np.intp, len(nos)), self._arrays
 
-    def entries(self, pair: Pair, paths: dict[Pair, list[Path]]) -> list[PathEntry]:
+    def entries(self, pair: Key, paths: Mapping[Key, list[Path]]) -> list[PathEntry]:
         """[(mask, link indices)] of `paths[pair]`, in path order (cached per pair).
 
         The cache assumes a pair's paths do not change while the index is kept
@@ -105,7 +113,7 @@ class PathIndex:
             got = self._ids[path] = tuple(self.bit.get(link, -1) for link in path_links(path))
         return got
 
-    def ids_of(self, paths) -> list[tuple[int, ...]]:
+    def ids_of(self, paths: Iterable[Path]) -> list[tuple[int, ...]]:
         """`ids(path)` for every path of the iterable `paths`, in order (one C-level pass
         over the cache when every path is in it)."""
         paths = list(paths)
@@ -162,7 +170,7 @@ def full_mask(
 def mark_full(
     mask: int,
     index: PathIndex,
-    ids,
+    ids: Iterable[int],
     avail: dict[Link, float],
     capacity: dict[Link, float],
     full_below: float,
@@ -176,7 +184,9 @@ def mark_full(
     return mask
 
 
-def all_reachable(volumes, paths: dict[Pair, list[Path]], index: PathIndex, full: int) -> bool:
+def all_reachable(
+    volumes: Mapping[Pair, float], paths: dict[Pair, list[Path]], index: PathIndex, full: int
+) -> bool:
     """Every FlowGroup (DC pair of `volumes`) has a path of `paths` that crosses no link of
     the `full` bitmask (full_mask).
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 from terra_model import Coflow, Flow
 from topologies import Path, Topology
 
 if TYPE_CHECKING:
     import numpy as np
+
 
 Remaining = dict[str, dict[str, float]]
 Allocation = dict[str, dict[str, list[tuple[Path, float]]]]
@@ -123,13 +124,49 @@ class StatefulPolicy(Protocol):
         ...
 
 
+class PairLevels(NamedTuple):
+    """Per-member rates per path of some DC pairs (answer of `PairLevelsPolicy.pair_levels`).
+
+    Attributes:
+        paths: the paths with a rate, grouped by pair in the order of the pairs asked.
+        pair: int array, for each path the index of its pair in the pairs asked.
+        level: float array, for each path the rate of one flow member on it (bytes/s).
+    """
+
+    paths: list[Path]
+    pair: np.ndarray
+    level: np.ndarray
+
+
+class PairTable(NamedTuple):
+    """The paths of a fixed list of DC pairs, numbered (`PairTablePolicy.pair_table`): what
+    `table_levels` answers refer to, valid until the next WAN change.
+
+    Attributes:
+        pairs: the (src DC, dst DC) pairs, the caller's sequence as given.
+        paths: every pair's paths (as routed), pair after pair.
+        ptr: int array (len(pairs) + 1,): pair i's paths are paths[ptr[i]:ptr[i + 1]]
+            (none when no path is up).
+        path_ptr, rows: int arrays: path j crosses the links of rows
+            rows[path_ptr[j]:path_ptr[j + 1]] (BaselinePolicy._rows order).
+    """
+
+    pairs: object
+    paths: list[Path]
+    ptr: np.ndarray
+    path_ptr: np.ndarray
+    rows: np.ndarray
+
+
 @runtime_checkable
 class PairLevelsPolicy(Protocol):
     """Fast path of the pair-symmetric baselines (per-flow, multipath, swan-mcf): every
     member of a flow gets, on each path, a rate that depends only on its DC pair and the
     number of active members per pair. The simulator calls it instead of `allocate`."""
 
-    def pair_levels(self, now: float, pairs: tuple[tuple[str, str], ...], members: np.ndarray):
+    def pair_levels(
+        self, now: float, pairs: tuple[tuple[str, str], ...], members: np.ndarray
+    ) -> PairLevels:
         """Per-member rates per path for each pair (a pair_policy.PairLevels)."""
         ...
 
@@ -142,11 +179,13 @@ class PairTablePolicy(Protocol):
     the active pairs by index (`table_levels`), so no tuple of pairs or list of paths is
     built per event. The simulator prefers it to `pair_levels`."""
 
-    def pair_table(self, pairs):
+    def pair_table(self, pairs: Sequence[tuple[str, str]]) -> PairTable:
         """Sequence of (src DC, dst DC) pairs -> a fixed_route_fair.PairTable of their paths."""
         ...
 
-    def table_levels(self, now: float, table, active: np.ndarray, members: np.ndarray):
+    def table_levels(
+        self, now: float, table: PairTable, active: np.ndarray, members: np.ndarray
+    ) -> np.ndarray:
         """Per-member rates (float array) on the paths of the pairs `active` of `table`
         (shapes: fixed_route_fair.FixedRouteFairPolicy.table_levels)."""
         ...
@@ -162,13 +201,14 @@ class CoflowRatesPolicy(Protocol):
         self,
         now: float,
         cids: Sequence[str],
-        counts: Sequence[int],
+        counts: Sequence[int] | np.ndarray,
         local: np.ndarray,
         remaining: np.ndarray,
-    ) -> tuple[np.ndarray, list]:
+    ) -> tuple[np.ndarray, list[list[list[tuple[Path, int]]]]]:
         """The unfinished flows of the active coflows `cids` (counts[i] of coflow i, given
         by their index `local` in the coflow's flow order, with `remaining` bytes > 0) ->
-        (per-member rates in bytes/s, one per given flow; each coflow's Route list)
+        (per-member rates in bytes/s, one per given flow; each coflow's Route list,
+        baseline_policy.Route)
         (shapes: madd.MaddPolicy.live_coflow_rates)."""
         ...
 
@@ -179,7 +219,9 @@ class GroupRatesPolicy(Protocol):
     the caller splits among the FlowGroup's flows in proportion to their remaining bytes
     (`split_by_remaining`). The simulator calls it instead of `allocate`."""
 
-    def group_rates(self, now: float, volumes: dict[str, dict[tuple[str, str], float]]) -> dict:
+    def group_rates(
+        self, now: float, volumes: dict[str, dict[tuple[str, str], float]]
+    ) -> dict[str, dict[tuple[str, str], list[tuple[Path, float]]]]:
         """{coflow id: {(src DC, dst DC): remaining bytes}} -> {coflow id: {(src DC, dst DC):
         [(path, bytes/s), ...]}} (shapes: TerraPolicy.group_rates)."""
         ...

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 from terra_core.policy import PathSource, Policy
 from topologies import Topology
+
+if TYPE_CHECKING:
+    from terra_core.tenant_policy import TenantSpec
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,7 @@ class SchedulerOptions:
     guard_factor: float = 2.0
     guard_floor_s: float = 1.0
     path_source: PathSource | None = None
-    tenants: object | None = None
+    tenants: TenantSpec | None = None
 
 
 Factory = Callable[[Topology, SchedulerOptions], Policy]
@@ -104,7 +108,8 @@ def _terra(topology: Topology, o: SchedulerOptions) -> Policy:
 def _baseline(module: str, class_name: str) -> Factory:
     def factory(topology: Topology, o: SchedulerOptions) -> Policy:
         cls = getattr(importlib.import_module(module), class_name)  # on use: HiGHS, numpy
-        return cls(topology, k=o.k, path_source=o.path_source)
+        policy: Policy = cls(topology, k=o.k, path_source=o.path_source)
+        return policy
 
     return factory
 
@@ -121,7 +126,9 @@ for _name, _module, _class in [
     register(_name, _baseline(_module, _class))
 
 
-def add_scheduler_arguments(parser: argparse.ArgumentParser, choices_extra=()) -> None:
+def add_scheduler_arguments(
+    parser: argparse.ArgumentParser, choices_extra: Sequence[str] = ()
+) -> None:
     """Add the options every tool that runs a scheduler shares: --scheduler (one of the
     registry's names, plus `choices_extra`), --k, --alpha, --guard, --guard-factor,
     --guard-floor, --epsilon, --delta."""
@@ -162,8 +169,10 @@ def add_scheduler_arguments(parser: argparse.ArgumentParser, choices_extra=()) -
 
 
 def options_from_args(
-    args: argparse.Namespace, path_source: PathSource | None = None, tenants: object = None
-):
+    args: argparse.Namespace,
+    path_source: PathSource | None = None,
+    tenants: TenantSpec | None = None,
+) -> SchedulerOptions:
     """SchedulerOptions from the arguments of `add_scheduler_arguments` (missing ones keep
     their defaults), with `path_source` and `tenants` (a tenant_policy.TenantSpec)."""
     names = {f.name for f in fields(SchedulerOptions)} - {"path_source", "tenants"}

@@ -175,7 +175,13 @@ def overlapping_sets(reservations: list[Reservation]) -> list[list[Reservation]]
     return [g for g in out if not any(set(map(id, g)) < set(map(id, h)) for h in out)]
 
 
-def _fits(group, paths, capacity, failed: Link | None, out: Admission) -> tuple[float, str] | None:
+def _fits(
+    group: list[Reservation],
+    paths: dict[Pair, list[Path]],
+    capacity: dict[Link, float],
+    failed: Link | None,
+    out: Admission,
+) -> tuple[float, str] | None:
     """None when `group` fits with `failed` down, else (the fraction that fits, the reason).
     A pair whose every tunnel the failure cuts is left out (recorded in out.uncovered); the
     other pairs are still checked."""

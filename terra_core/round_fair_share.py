@@ -7,17 +7,19 @@ path-level progressive filling (maxmin.py) beyond.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Mapping
 from itertools import repeat
 from operator import itemgetter
 
 import numpy as np
 
+from terra_core.array_types import FloatArray, IntArray
 from terra_core.maxmin import maxmin_levels_sparse
-from terra_core.mcf import maxmin_mcf
-from terra_core.min_cct import Pair, PairRates, links_of
-from terra_core.path_masks import FULL, full_mask, mark_full
-from terra_core.round_rates import consume
-from topologies import Link
+from terra_core.mcf import K, Rates, maxmin_mcf
+from terra_core.min_cct import Pair, links_of
+from terra_core.path_masks import FULL, PathArrays, PathIndex, full_mask, mark_full
+from terra_core.round_rates import PathRates, RoundResult, consume
+from topologies import Link, Path
 
 MCF_MAX_COLUMNS = 160  # steps 5-6 use the MCF up to this many (pair, path) columns
 
@@ -28,7 +30,16 @@ def _open_links(avail: dict[Link, float], capacity: dict[Link, float]) -> set[Li
     return {link for link, a in avail.items() if a > FULL * get(link, 0.0)}
 
 
-def alpha_share(active, preempted, paths, reserve, capacity, rates, result, index) -> None:
+def alpha_share(
+    active: dict[str, dict[Pair, float]],
+    preempted: Iterable[str],
+    paths: dict[Pair, list[Path]],
+    reserve: dict[Link, float],
+    capacity: dict[Link, float],
+    rates: dict[str, PathRates],
+    result: RoundResult,
+    index: PathIndex,
+) -> None:
     """Step 5 (and the aged-fair guard's step 2'): max-min over the preempted FlowGroups
     on the reserved capacity.
 
@@ -50,7 +61,15 @@ def alpha_share(active, preempted, paths, reserve, capacity, rates, result, inde
                 per_path[path] = per_path.get(path, 0.0) + rate * share
 
 
-def fair_share(weights, paths, avail, capacity, result, index, classes=None) -> PairRates:
+def fair_share(
+    weights: Mapping[K, float],
+    paths: Mapping[K, list[Path]],
+    avail: dict[Link, float],
+    capacity: dict[Link, float],
+    result: RoundResult,
+    index: PathIndex,
+    classes: list[list[K]] | None = None,
+) -> Rates[K]:
     """Weighted max-min rates of DC pairs over their paths on `avail` capacity,
     which shrinks by them (in place); with `classes` (lists of the pairs of `weights`,
     each pair in one), earlier classes are filled first and a class sees only what the
@@ -66,7 +85,7 @@ def fair_share(weights, paths, avail, capacity, result, index, classes=None) -> 
     """
     classes = [list(weights)] if classes is None else classes
     if _columns_over(weights, paths, MCF_MAX_COLUMNS):
-        out: PairRates = {}
+        out: Rates[K] = {}
         full = full_mask(index, avail, capacity, FULL)
         for pairs in classes:
             got, full = _waterfill_pairs(pairs, weights, paths, avail, capacity, index, full)
@@ -88,7 +107,7 @@ def fair_share(weights, paths, avail, capacity, result, index, classes=None) -> 
     return out
 
 
-def _columns_over(weights, paths, limit: int) -> bool:
+def _columns_over(weights: Iterable[K], paths: Mapping[K, list[Path]], limit: int) -> bool:
     """Whether the pairs of `weights` have more than `limit` paths in all."""
     total = 0
     for pair in weights:
@@ -98,7 +117,15 @@ def _columns_over(weights, paths, limit: int) -> bool:
     return False
 
 
-def _waterfill_pairs(pairs, weights, paths, avail, capacity, index, full: int) -> tuple:
+def _waterfill_pairs(
+    pairs: list[K],
+    weights: Mapping[K, float],
+    paths: Mapping[K, list[Path]],
+    avail: dict[Link, float],
+    capacity: dict[Link, float],
+    index: PathIndex,
+    full: int,
+) -> tuple[Rates[K], int]:
     """Water-filling of `pairs` on `avail`, which shrinks by the result (in place):
     shortest paths first. Round j fills every pair's j-th path (paths come fewest hops
     first) max-min fair weighted like its pair, on what rounds 0..j-1 left; paths through
@@ -115,7 +142,7 @@ def _waterfill_pairs(pairs, weights, paths, avail, capacity, index, full: int) -
     """
     if len(pairs) == 1:  # most step-6 classes: a coflow with one DC pair
         return _fill_one(pairs[0], weights[pairs[0]], paths, avail, capacity, index, full)
-    out: PairRates = {}
+    out: Rates[K] = {}
     cols = _PairColumns(pairs, paths, index)
     w = np.fromiter(map(weights.__getitem__, pairs), float, len(pairs))
     links = index.links
@@ -141,25 +168,26 @@ class _PairColumns:
         PathArrays.  n_links: the index's links (the extra slot of the missing bit).
     """
 
-    def __init__(self, pairs, paths, index) -> None:
+    def __init__(self, pairs: list[K], paths: Mapping[K, list[Path]], index: PathIndex) -> None:
         nos, self.arrays = index.path_arrays(pairs, paths)
         self.n_links = len(index.links)
-        self.count = self.arrays.count[nos]
-        self.first = self.arrays.first[nos]
+        self.count: IntArray = self.arrays.count[nos]
+        self.first: IntArray = self.arrays.first[nos]
         self.depth = int(self.count.max()) if len(nos) else 0
 
-    def open(self, j: int, full: int) -> tuple:
+    def open(self, j: int, full: int) -> tuple[IntArray, IntArray, IntArray]:
         """The pairs (positions, ascending) whose j-th path crosses no link of the `full`
         bitmask, those paths' link indices one path after the other, and their link
         counts (int arrays)."""
+        arrays: PathArrays = self.arrays
         has = np.flatnonzero(self.count > j)
         q = self.first[has] + j  # the j-th paths
-        hops = self.arrays.hops[q]
+        hops = arrays.hops[q]
         if not len(q):
             return has, hops, hops
         at = np.cumsum(hops) - hops  # each path's first entry among theirs
-        entries = np.repeat(self.arrays.starts[q] - at, hops) + np.arange(int(hops.sum()))
-        ids = self.arrays.ids[entries]
+        entries = np.repeat(arrays.starts[q] - at, hops) + np.arange(int(hops.sum()))
+        ids = arrays.ids[entries]
         nbytes = (self.n_links + 8) // 8
         bits = np.unpackbits(np.frombuffer(full.to_bytes(nbytes, "little"), np.uint8),
                              bitorder="little")[: self.n_links + 1].astype(bool)  # fmt: skip
@@ -167,7 +195,14 @@ class _PairColumns:
         return has[open_], ids[np.repeat(open_, hops)], hops[open_]
 
 
-def _add_column_rates(out: PairRates, pairs, paths, j: int, levels, w) -> None:
+def _add_column_rates(
+    out: Rates[K],
+    pairs: list[K],
+    paths: Mapping[K, list[Path]],
+    j: int,
+    levels: FloatArray,
+    w: FloatArray,
+) -> None:
     """Append (j-th path, level × weight) to `out[pair]` for each of `pairs` (one column
     each; `levels` and `w` float arrays in their order) whose level is > 0, in order."""
     x = (levels * w).tolist()  # level × weight, per pair
@@ -177,18 +212,26 @@ def _add_column_rates(out: PairRates, pairs, paths, j: int, levels, w) -> None:
     pairs = list(map(pairs.__getitem__, got))
     rates = map(x.__getitem__, got)
     items = zip(map(itemgetter(j), map(paths.__getitem__, pairs)), rates, strict=True)
-    lists = map(out.setdefault, pairs, map(list, repeat((), len(pairs))))
-    deque(map(list.append, lists, items), maxlen=0)
+    fresh: Iterable[list[tuple[Path, float]]] = map(list, repeat((), len(pairs)))
+    deque(map(list.append, map(out.setdefault, pairs, fresh), items), maxlen=0)
 
 
-def _fill_one(pair, weight, paths, avail, capacity, index, full: int) -> tuple:
+def _fill_one(
+    pair: K,
+    weight: float,
+    paths: Mapping[K, list[Path]],
+    avail: dict[Link, float],
+    capacity: dict[Link, float],
+    index: PathIndex,
+    full: int,
+) -> tuple[Rates[K], int]:
     """`_waterfill_pairs` for a class of one pair, without building a problem: each open
     path in turn gets the level min_e avail_e / weight (one entity's progressive filling).
 
     Returns:
         ({pair: [(path, bytes/s)]} or {}, the updated full-link mask).
     """
-    out: PairRates = {}
+    out: Rates[K] = {}
     links = index.links
     for j, (mask, ids) in enumerate(index.entries(pair, paths)):
         if mask & full:
@@ -203,11 +246,16 @@ def _fill_one(pair, weight, paths, avail, capacity, index, full: int) -> tuple:
     return out, full
 
 
-def _waterfill(flat, lens, weights, avail, links) -> tuple:
+def _waterfill(
+    flat: IntArray,
+    lens: IntArray,
+    weights: FloatArray,
+    avail: dict[Link, float],
+    links: list[Link],
+) -> tuple[list[int], FloatArray, list[float]]:
     """Max-min levels of single-path entities (entity j: the link indices
-    `flat[sum(lens[:j]) : sum(lens[:j + 1])]` of its path, weight `weights[j]`; int and
-    float arrays) on `avail` ({link: bytes/s}; `links[i]` is link i),
-    maxmin.maxmin_levels_sparse.
+    `flat[sum(lens[:j]) : sum(lens[:j + 1])]` of its path, weight `weights[j]`) on `avail`
+    ({link: bytes/s}; `links[i]` is link i), maxmin.maxmin_levels_sparse.
 
     Only the links the entities cross enter the problem (a link no entity crosses
     has no load and cannot freeze anyone), and the incidence stays sparse (an
@@ -220,7 +268,8 @@ def _waterfill(flat, lens, weights, avail, links) -> tuple:
         each of those links (list)).
     """
     if len(lens) == 1:
-        ids, weight = flat.tolist(), float(weights[0])
+        ids: list[int] = flat.tolist()
+        weight = float(weights[0])
         level = max(min(max(avail[links[i]], 0.0) / weight for i in ids), 0.0)
         return ids, np.array([level]), [weight * level] * len(ids)
     cols_a = np.repeat(np.arange(len(lens), dtype=np.intp), lens)

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 from numba import njit
 
+from terra_core.array_types import FloatArray, IntArray
+
 
 @njit(cache=True, error_model="numpy")
-def consume_kernel(left, ids, lens, x):  # pragma: no cover - compiled
+def consume_kernel(
+    left: FloatArray, ids: IntArray, lens: IntArray, x: FloatArray
+) -> None:  # pragma: no cover - compiled
     """left[i] = max(0, left[i] - x[p]) for every link i of every path p, in order.
 
     Args:

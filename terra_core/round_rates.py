@@ -5,6 +5,7 @@ capacity left (docs/design.md section 4.2).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import chain
@@ -17,6 +18,9 @@ from terra_core.path_masks import PathIndex
 from terra_core.round_kernels import consume_kernel
 from topologies import Link, Path
 
+_PATH, _RATE = itemgetter(0), itemgetter(1)
+PathRates = dict[Pair, dict[Path, float]]  # one coflow's {pair: {path: bytes/s}} (`take`)
+
 
 class RoundState(StrEnum):
     """A coflow's place in one round: admitted with a deadline (step 1), scheduled in Γ
@@ -27,7 +31,6 @@ class RoundState(StrEnum):
     DEADLINE = "deadline"
 
 
-_PATH, _RATE = itemgetter(0), itemgetter(1)
 SCHEDULED, PREEMPTED, DEADLINE = RoundState.SCHEDULED, RoundState.PREEMPTED, RoundState.DEADLINE
 
 
@@ -58,7 +61,11 @@ class RoundResult:
 
 
 def solve_min_cct(
-    volumes, paths, capacity, result: RoundResult, rates_needed: bool = True
+    volumes: dict[Pair, float],
+    paths: dict[Pair, list[Path]],
+    capacity: dict[Link, float],
+    result: RoundResult,
+    rates_needed: bool = True,
 ) -> MinCct:
     """Optimization (1) (min_cct.min_cct; with the fewest-link-bytes stage when
     `rates_needed`), counting its LPs in `result.lps`."""
@@ -68,7 +75,7 @@ def solve_min_cct(
 
 
 def take(
-    rates,
+    rates: dict[str, PathRates],
     cid: str,
     pair_rates: PairRates,
     left: dict[Link, float],
@@ -86,7 +93,7 @@ def take(
     return consume(left, pair_rates.values(), scale, index)
 
 
-def assign(mine: dict, pair: Pair, lst: list[tuple[Path, float]], scale: float) -> None:
+def assign(mine: PathRates, pair: Pair, lst: list[tuple[Path, float]], scale: float) -> None:
     """Add the path rates `lst` × scale to one coflow's {pair: {path: bytes/s}}."""
     if scale == 1.0:
         add_rates(mine, pair, lst)
@@ -96,7 +103,7 @@ def assign(mine: dict, pair: Pair, lst: list[tuple[Path, float]], scale: float) 
         per_path[path] = per_path.get(path, 0.0) + rate * scale
 
 
-def add_rates(mine: dict, pair: Pair, lst: list[tuple[Path, float]]) -> None:
+def add_rates(mine: PathRates, pair: Pair, lst: list[tuple[Path, float]]) -> None:
     """`assign(mine, pair, lst, 1.0)`: the same sums (rate × 1.0 is the rate, and a new
     pair's 0.0 + rate is the rate), without the multiplications."""
     per_path = mine.get(pair)
@@ -111,7 +118,10 @@ def add_rates(mine: dict, pair: Pair, lst: list[tuple[Path, float]]) -> None:
 
 
 def consume(
-    left: dict[Link, float], lists, scale: float = 1.0, index: PathIndex | None = None
+    left: dict[Link, float],
+    lists: Iterable[list[tuple[Path, float]]],
+    scale: float = 1.0,
+    index: PathIndex | None = None,
 ) -> list[int]:
     """Subtract the path rates of `lists` (each [(path, bytes/s)]) × scale from the
     capacities `left` (bytes/s, floored at 0, in place): for each path rate in order and
@@ -141,4 +151,5 @@ def consume(
     values = np.fromiter(left.values(), float, len(left))
     consume_kernel(values, flat, lens, x)
     left.update(zip(index.links, values.tolist(), strict=True))
-    return np.unique(flat).tolist()
+    crossed: list[int] = np.unique(flat).tolist()
+    return crossed

@@ -10,7 +10,9 @@ Steps, for the coflows active now (each given by its FlowGroups' remaining volum
    oldest starving coflow's min-CCT allocation on α·c is taken, and nothing
    when no coflow starves).
 3. The other coflows are ordered by Γ on the full current capacities (smallest
-   first; ties by the order they were given in).
+   first; ties by the order they were given in), or on the capacities the caller
+   gives as `order_capacity` (same links; e.g. the whole WAN's for a round in a
+   tenant's share, docs/design.md 4.5; result.exact then holds Γs on them).
 4. In that order each gets its min-CCT allocation (Optimization (1)) on r if every
    FlowGroup can get a positive rate, and r shrinks by it; otherwise it is
    preempted for this round. Steps 3 and 4 run together lazily (see
@@ -41,6 +43,7 @@ from __future__ import annotations
 import heapq
 import math
 import operator
+from collections.abc import Iterable
 from itertools import chain, repeat
 
 import numpy as np
@@ -54,6 +57,7 @@ from terra_core.round_rates import (
     DEADLINE,
     PREEMPTED,
     SCHEDULED,
+    PathRates,
     RoundResult,
     add_rates,
     solve_min_cct,
@@ -77,6 +81,7 @@ def schedule_round(
     memo: RoundMemo | None = None,
     starving: list[str] | None = None,
     starving_fair: bool = False,
+    order_capacity: dict[Link, float] | None = None,
 ) -> RoundResult:
     """Run one scheduling round (docs/design.md 4.2 steps 1-6).
 
@@ -91,10 +96,10 @@ def schedule_round(
         deadlines: {coflow id: absolute deadline in seconds} of the admitted
             deadline coflows among `coflows`.
         alpha: starvation share in [0, 1).
-        hints: optional {coflow id: (lower bound on Γ on `capacity` in seconds,
-            exact)} known to the caller (e.g. a cached Γ rescaled, or a
-            weak-duality bound, min_cct.DualBound). Coflows without a
-            hint start from the bound max_k d_k / Σ_{p ∈ P_k} bottleneck(p).
+        hints: optional {coflow id: (lower bound on Γ on step 3's capacities in seconds,
+            exact)} known to the caller (e.g. a cached Γ rescaled, or a weak-duality
+            bound, min_cct.DualBound). Coflows without a hint start from the bound
+            max_k d_k / Σ_{p ∈ P_k} bottleneck(p).
         memo: optional round_memo.RoundMemo the caller keeps between rounds (cleared
             when paths change): step 4's min-CCT solutions on r (residual_min_cct),
             step 3's per-pair denominators, the path masks (path_masks.PathIndex) and
@@ -105,10 +110,10 @@ def schedule_round(
             oldest starving coflow, or with `starving_fair` all of them, get the
             reserve α of what step 1 left) and the unused reserve joins r.
         starving_fair: see `starving`.
+        order_capacity: step 3's {link: bytes/s} when not `capacity` (module docstring).
 
     Returns:
-        RoundResult. Link loads stay within `capacity` (solver round-off is
-        scaled away).
+        RoundResult (link loads within `capacity`: round-off is scaled away).
 
     Raises:
         ValueError: alpha outside [0, 1), or a FlowGroup whose DC pair has no
@@ -134,7 +139,7 @@ def schedule_round(
     r = {link: c - reserve[link] for link, c in left.items()}
     others = [cid for cid in active if cid not in result.state]
     scheduled, preempted = _sequential(
-        active, others, paths, capacity, r, hints, memo, rates, result, index
+        active, others, paths, capacity, r, hints, memo, rates, result, index, order_capacity
     )
     # Step 5: the α share to the preempted coflows.
     if preempted and alpha > 0:
@@ -143,13 +148,22 @@ def schedule_round(
     # Step 6: work conservation, earlier coflows in the order first.
     order = scheduled + preempted + deadline_ids
     _work_conservation(active, order, paths, spare, capacity, rates, result, index)
-
     result.rates = _finish(rates, capacity, index)
     return result
 
 
 def _aged_guard(
-    active, starving, paths, left, capacity, alpha, starving_fair, rates, result, index, memo
+    active: dict[str, dict[Pair, float]],
+    starving: list[str],
+    paths: dict[Pair, list[Path]],
+    left: dict[Link, float],
+    capacity: dict[Link, float],
+    alpha: float,
+    starving_fair: bool,
+    rates: dict[str, PathRates],
+    result: RoundResult,
+    index: PathIndex,
+    memo: RoundMemo | None,
 ) -> None:
     """Step 2' of `schedule_round` (starvation.serve_starving): the starving coflow ids
     (oldest first) still unscheduled after step 1 get the reserve α of `left` (bytes/s)."""
@@ -179,8 +193,21 @@ def _active_coflows(
     return active
 
 
-def _sequential(active, others, paths, capacity, r, hints, memo, rates, result, index) -> tuple:
-    """Steps 3-4 with lazy ordering: a heap keyed by lower bounds on Γ.
+def _sequential(
+    active: dict[str, dict[Pair, float]],
+    others: list[str],
+    paths: dict[Pair, list[Path]],
+    capacity: dict[Link, float],
+    r: dict[Link, float],
+    hints: dict[str, tuple[float, bool]] | None,
+    memo: RoundMemo | None,
+    rates: dict[str, PathRates],
+    result: RoundResult,
+    index: PathIndex,
+    order_capacity: dict[Link, float] | None = None,
+) -> tuple[list[str], list[str]]:
+    """Steps 3-4 with lazy ordering: a heap keyed by lower bounds on Γ (on `order_capacity`
+    when given, else on `capacity`; the turns always on r, which is within `capacity`).
 
     Popping the smallest key: a coflow that cannot reach r any more (some
     FlowGroup has every path through a full link) is preempted at once — r only
@@ -190,7 +217,7 @@ def _sequential(active, others, paths, capacity, r, hints, memo, rates, result, 
     pushed back; an exact key is the coflow's turn: min-CCT on r. So the
     coflows that can still be scheduled are taken in exact Γ order, and no LP
     is spent ordering coflows that will be preempted anyway. While no coflow has
-    been scheduled and no earlier step took capacity, r is the full capacities, so
+    been scheduled and no earlier step took capacity, r is the order's capacities, so
     the LP for the exact Γ is also the one the coflow's turn would solve on r: it is
     solved once, with its rates (min_cct's fewest-link-bytes stage leaves Γ and the
     prices of the first stage as they are), and kept for the turn.
@@ -201,12 +228,13 @@ def _sequential(active, others, paths, capacity, r, hints, memo, rates, result, 
     """
     hints = hints or {}
     heap = []
-    pair_flow = {} if memo is None else memo.pair_flows(capacity)
-    _fill_pair_flow([active[cid] for cid in others if cid not in hints], paths, capacity,
+    on = capacity if order_capacity is None else order_capacity  # (Γ's capacities)
+    pair_flow = {} if memo is None else memo.pair_flows(on)
+    _fill_pair_flow([active[cid] for cid in others if cid not in hints], paths, on,
                     pair_flow, index)  # fmt: skip
     for pos, cid in enumerate(others):
         key, exact = hints.get(cid) or (
-            _quick_bound(active[cid], paths, capacity, pair_flow),
+            _quick_bound(active[cid], paths, on, pair_flow),
             False,
         )
         heap.append((key, pos, cid, exact))
@@ -214,14 +242,14 @@ def _sequential(active, others, paths, capacity, r, hints, memo, rates, result, 
     scheduled: list[str] = []
     preempted: list[str] = []
     full = full_mask(index, r, capacity, FULL)
-    untouched = r == capacity  # r is still the full capacities (no step before took any)
+    untouched = r == on  # r is still the order's capacities (no step before took any)
     solved: dict[str, MinCct] = {}  # Γ's LP with its rates, solved while `untouched`
     while heap:
         key, pos, cid, exact = heapq.heappop(heap)
         if not all_reachable(active[cid], paths, index, full):
             result.state[cid] = PREEMPTED
         elif not exact:
-            res = solve_min_cct(active[cid], paths, capacity, result, rates_needed=untouched)
+            res = solve_min_cct(active[cid], paths, on, result, rates_needed=untouched)
             result.exact[cid] = solved[cid] = res
             heapq.heappush(heap, (res.gamma_s, pos, cid, True))
             continue
@@ -239,7 +267,12 @@ def _sequential(active, others, paths, capacity, r, hints, memo, rates, result, 
     return scheduled, preempted
 
 
-def _quick_bound(volumes, paths, capacity, pair_flow: dict | None = None) -> float:
+def _quick_bound(
+    volumes: dict[Pair, float],
+    paths: dict[Pair, list[Path]],
+    capacity: dict[Link, float],
+    pair_flow: dict[Pair, float] | None = None,
+) -> float:
     """Γ >= max_k d_k / Σ_{p ∈ P_k} min_{e ∈ p} c_e (each FlowGroup alone, paths unshared).
 
     `pair_flow` ({pair: Σ_p bottleneck(p) in bytes/s}) caches the denominators
@@ -257,7 +290,13 @@ def _quick_bound(volumes, paths, capacity, pair_flow: dict | None = None) -> flo
     return bound
 
 
-def _fill_pair_flow(coflows, paths, capacity, pair_flow: dict, index: PathIndex) -> None:
+def _fill_pair_flow(
+    coflows: Iterable[dict[Pair, float]],
+    paths: dict[Pair, list[Path]],
+    capacity: dict[Link, float],
+    pair_flow: dict[Pair, float],
+    index: PathIndex,
+) -> None:
     """Put `_quick_bound`'s denominator Σ_{p ∈ P_k} min_{e ∈ p} c_e (bytes/s) of every pair
     of `coflows` ({pair: bytes} dicts) missing from `pair_flow` into it, in one pass.
 
@@ -291,7 +330,7 @@ def reserve_deadlines(
     left: dict[Link, float],
     now: float,
     deadlines: dict[str, float],
-    rates: dict | None = None,
+    rates: dict[str, PathRates] | None = None,
     result: RoundResult | None = None,
 ) -> list[str]:
     """Step 1: stretched min-CCT allocations of the admitted deadline coflows, EDF.
@@ -327,7 +366,16 @@ def reserve_deadlines(
     return ids
 
 
-def _work_conservation(active, order, paths, spare, capacity, rates, result, index) -> None:
+def _work_conservation(
+    active: dict[str, dict[Pair, float]],
+    order: list[str],
+    paths: dict[Pair, list[Path]],
+    spare: dict[Link, float],
+    capacity: dict[Link, float],
+    rates: dict[str, PathRates],
+    result: RoundResult,
+    index: PathIndex,
+) -> None:
     """Step 6: the spare capacity to the coflows in `order`, earlier coflows first.
 
     Every DC pair belongs to the earliest coflow in `order` with a FlowGroup on it. The
@@ -374,7 +422,9 @@ def _volume_weights(volumes: dict[Pair, float], pairs: list[Pair]) -> dict[Pair,
     return dict(zip(pairs, w.tolist(), strict=True))
 
 
-def _finish(rates, capacity: dict[Link, float], index: PathIndex) -> dict[str, PairRates]:
+def _finish(
+    rates: dict[str, PathRates], capacity: dict[Link, float], index: PathIndex
+) -> dict[str, PairRates]:
     """Merge into lists and scale down any link that round-off left over its capacity.
 
     The link loads are summed per path in one np.bincount over the links of
@@ -420,7 +470,7 @@ def _finish(rates, capacity: dict[Link, float], index: PathIndex) -> dict[str, P
     return out
 
 
-def _path_totals(rates) -> dict[Path, float]:
+def _path_totals(rates: dict[str, PathRates]) -> dict[Path, float]:
     """{path: bytes/s} summed over the coflows of `rates` ({cid: {pair: {path: bytes/s}}}) in
     their order, paths in order of first appearance. A path joins one DC pair, so the paths
     of a coflow whose pairs no earlier coflow has are new: 0.0 + x is x (up to the sign of

@@ -9,11 +9,14 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
+from terra_core.array_types import FloatArray, IntArray
 from topologies import Link, Path, path_links
 
 
 @njit(cache=True)
-def add_held(out, b, x, slot, h0, a0, h1, a1):  # pragma: no cover - compiled
+def add_held(
+    out: FloatArray, b: int, x: float, slot: int, h0: int, a0: float, h1: int, a1: float
+) -> tuple[int, float, int, float]:  # pragma: no cover - compiled
     """``out[b] += x`` with the running sums of up to two bins of `out` held in registers
     by the caller's loop: bin h0 in a0 and bin h1 in a1 (-1: no bin; out[h] is stale for
     a held bin h), returned as (h0, a0, h1, a1). A bin in neither slot goes into slot
@@ -41,7 +44,9 @@ def add_held(out, b, x, slot, h0, a0, h1, a1):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def flush_held(out, h0, a0, h1, a1):  # pragma: no cover - compiled
+def flush_held(
+    out: FloatArray, h0: int, a0: float, h1: int, a1: float
+) -> None:  # pragma: no cover - compiled
     """Write the bins `add_held` holds in registers back to `out` (``out[h] = a`` for
     each held bin h >= 0)."""
     if h0 >= 0:
@@ -51,7 +56,7 @@ def flush_held(out, h0, a0, h1, a1):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def csr_ranges(ptr: np.ndarray, ids: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+def csr_ranges(ptr: IntArray, ids: IntArray) -> IntArray:  # pragma: no cover - compiled
     """The concatenated index ranges [ptr[i], ptr[i + 1]) for i in `ids` (CSR-style);
     compiled (numba).
 

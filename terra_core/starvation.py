@@ -49,6 +49,7 @@ has no fixed time bound.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from terra_core.min_cct import Pair
@@ -56,7 +57,7 @@ from terra_core.path_masks import FULL, PathIndex, all_reachable, full_mask
 from terra_core.residual_min_cct import min_cct_on_residual
 from terra_core.round_fair_share import alpha_share
 from terra_core.round_memo import RoundMemo
-from terra_core.round_rates import RoundResult, take
+from terra_core.round_rates import PathRates, RoundResult, take
 from topologies import Link, Path
 
 GUARD_MODES = ("fixed", "aged", "aged-fair")
@@ -144,7 +145,7 @@ class StarvationClock:
         entry = self._since.get(cid)
         return None if entry is None else entry[0]
 
-    def starving(self, now: float, ids) -> list[str]:
+    def starving(self, now: float, ids: Iterable[str]) -> list[str]:
         """The tracked coflows among `ids` with s <= `now` seconds, oldest first
         (smallest s, then arrival order)."""
         since = self._since
@@ -166,7 +167,7 @@ def serve_starving(
     capacity: dict[Link, float],
     alpha: float,
     fair: bool,
-    rates: dict,
+    rates: dict[str, PathRates],
     result: RoundResult,
     index: PathIndex,
     memo: RoundMemo | None = None,

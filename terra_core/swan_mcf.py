@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from terra_core.mcf import McfWarmStart, maxmin_mcf
-from terra_core.pair_policy import PairLevels, PairPolicy
-from terra_core.policy import PathSource
+from terra_core.mcf import McfWarmStart, Rates, maxmin_mcf
+from terra_core.pair_policy import PairPolicy
+from terra_core.policy import PairLevels, PathSource
 from topologies import Path, Topology
 
 _MCF_CACHE_SIZE = 256  # cached swan-mcf answers kept before the cache is emptied
+Pair = tuple[str, str]  # (src DC, dst DC)
 
 
 class SwanMcfPolicy(PairPolicy):
@@ -31,8 +32,12 @@ class SwanMcfPolicy(PairPolicy):
         self, topology: Topology, k: int = 4, path_source: PathSource | None = None
     ) -> None:
         super().__init__(topology, k, path_source)
-        self._mcf_cache: dict[tuple, tuple[list[Path], np.ndarray, np.ndarray]] = {}
-        self._mcf_rates: dict[tuple, dict] = {}  # maxmin_mcf answers by set of pairs
+        self._mcf_cache: dict[
+            tuple[tuple[Pair, ...], tuple[float, ...]], tuple[list[Path], np.ndarray, np.ndarray]
+        ] = {}
+        self._mcf_rates: dict[
+            tuple[frozenset[Pair], tuple[float, ...]], Rates[Pair]
+        ] = {}  # maxmin_mcf answers by set of pairs
         self._warm = McfWarmStart()  # the last MCF's first basis, to start the next from
 
     def pair_levels(
@@ -64,7 +69,7 @@ class SwanMcfPolicy(PairPolicy):
         paths, pair, total = cached
         return PairLevels(paths, pair, total / members[pair])
 
-    def _mcf(self, pairs: tuple[tuple[str, str], ...], capacity: tuple[float, ...]) -> dict:
+    def _mcf(self, pairs: tuple[Pair, ...], capacity: tuple[float, ...]) -> Rates[Pair]:
         """maxmin_mcf's {pair: [(path, bytes/s), ...]} for the set of `pairs` on the link
         capacities `capacity` (in self._rows order), from the cache when it has the set."""
         key = (frozenset(pairs), capacity)

@@ -6,7 +6,8 @@ that tenant's Terra round on the whole WAN, unchanged (the tenant layer is a no-
 rates are Terra's to the bit). With more: Step A (tenant_shares.isolation_shares) gives
 every tenant a per-link share with the optimal isolation guarantee over K tunnels; each
 tenant's own TerraPolicy runs its round (deadline coflows, α guard, Γ order, preemption,
-work conservation) on its share; then, with the cooperative sharing (the default), the
+work conservation) on its share, the Γ order on the share or on the whole WAN (the
+spec's `order`, tenant_shares.ORDERS); then, with the cooperative sharing (the default), the
 capacity still unused is given out max-min over every tenant's FlowGroups weighted by
 their Step A rates (tenant_shares.leftover_rates), each (tenant, pair) rate to the tenant's
 coflow on that pair that Terra gave the most rate (ties: arrival order).
@@ -14,24 +15,34 @@ coflow on that pair that Terra gave the most rate (ties: arrival order).
 With guaranteed reservations (reservations.py) active in a round: every tenant with bytes
 on a reserved pair first gets its guaranteed rate there (over the pair's tunnels, on the
 links up), the round above runs on what is left, the guaranteed rate is added to the
-tenant's first coflow on the pair (admission order), and a tenant's rate on a pair with a
-ceiling is capped at it (borrowing up to the ceiling). Deadline admission counts the other
+tenant's first coflow with bytes on the pair in the order the tenant's Terra served this
+round (TerraPolicy.round_order: deadline coflows, the starving coflow, then smallest Γ
+first, so a small coflow is not stuck behind the tenant's big one), and a tenant's rate on
+a pair with a ceiling is capped at it (borrowing up to the ceiling). A coflow whose
+FlowGroup is smaller than the guarantee carries finishes it sooner; its FlowGroup ending
+asks for a round (controller) or is one (simulator), and the next round gives the
+guarantee to the next coflow in that order. Deadline admission counts the other
 tenants' guarantees overlapping the deadline's window as taken.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Unpack
 
 from terra_core.min_cct import Pair, PairRates, links_of
 from terra_core.path_masks import IndexCache
 from terra_core.policy import Allocation, PolicyState, Remaining
 from terra_core.reservations import Reservation, cap_ceilings, floors, held_load
 from terra_core.tenant_shares import (
+    DEFAULT_ORDER,
     DEFAULT_SHARING,
+    ORDERS,
     SHARINGS,
+    TenantShares,
     add_load,
     allocation_progress,
     isolation_shares,
@@ -39,9 +50,19 @@ from terra_core.tenant_shares import (
     spare_capacity,
     static_shares,
 )
-from terra_core.terra_policy import TerraPolicy, allocate_by_groups
+from terra_core.terra_policy import RoundStats, TerraOptions, TerraPolicy, allocate_by_groups
 from terra_model import Coflow, Flow
 from topologies import Link, Path, Topology
+
+ByTenant = dict[str, dict[str, dict[Pair, float]]]  # {tenant: {coflow id: {pair: bytes}}}
+
+
+class TenantStats(RoundStats):
+    """TenantPolicy's `stats`: Terra's, with each measured round's Step A guarantee μ* and
+    the isolation guarantee achieved (`_record`)."""
+
+    guarantee: list[float]
+    achieved: list[float]
 
 
 @dataclass(frozen=True)
@@ -55,16 +76,19 @@ class TenantSpec:
             "static").
         reservations: the admitted guarantees (reservations.Reservation; admission is the
             caller's: reservations.admission).
+        order: what each tenant's Γ order runs on, one of tenant_shares.ORDERS ("wan",
+            the default: Γ on the whole WAN, cached; "share": Γ on the tenant's share).
 
     Raises:
         ValueError: no tenant, a weight that is not a positive finite number, an unknown
-            sharing, or a coflow or reservation of a tenant without a weight.
+            sharing or order, or a coflow or reservation of a tenant without a weight.
     """
 
     weights: dict[str, float]
     tenant_of: dict[str, str] = field(default_factory=dict)
     sharing: str = DEFAULT_SHARING
     reservations: tuple[Reservation, ...] = ()
+    order: str = DEFAULT_ORDER
 
     def __post_init__(self) -> None:
         if not self.weights:
@@ -74,6 +98,8 @@ class TenantSpec:
                 raise ValueError(f"tenant {name!r}: weight must be a positive number, got {w!r}")
         if self.sharing not in SHARINGS:
             raise ValueError(f"tenant sharing must be one of {', '.join(SHARINGS)}")
+        if self.order not in ORDERS:
+            raise ValueError(f"tenant order must be one of {', '.join(ORDERS)}, got {self.order!r}")
         unknown = set(self.tenant_of.values()) - self.weights.keys()
         if unknown:
             raise ValueError(f"coflows assigned to tenants without a weight: {sorted(unknown)}")
@@ -109,7 +135,11 @@ class TenantPolicy:
     name = "terra"
 
     def __init__(
-        self, topology: Topology, spec: TenantSpec, measure: bool = False, **terra
+        self,
+        topology: Topology,
+        spec: TenantSpec,
+        measure: bool = False,
+        **terra: Unpack[TerraOptions],
     ) -> None:
         self.topology = topology
         self.measure = measure
@@ -119,7 +149,13 @@ class TenantPolicy:
         self._first = next(iter(self._policies.values()))
         self._tenant: dict[str, str] = {}
         self._index = IndexCache()  # leftover_rates' path masks, new when the WAN changes
-        self.stats: dict = {"rounds": 0, "round_ms": [], "lps": 0, "guarantee": [], "achieved": []}
+        self.stats: TenantStats = {
+            "rounds": 0,
+            "round_ms": [],
+            "lps": 0,
+            "guarantee": [],
+            "achieved": [],
+        }
         self.progress: dict[str, float] = {}
 
     # ----- Policy protocol -------------------------------------------------------------
@@ -178,7 +214,7 @@ class TenantPolicy:
             KeyError: an unknown coflow id.  ValueError: as TerraPolicy.group_rates.
         """
         start = time.perf_counter()
-        by_tenant: dict[str, dict[str, dict[Pair, float]]] = {}
+        by_tenant: ByTenant = {}
         for cid, vol in volumes.items():
             by_tenant.setdefault(self._tenant_of(cid), {})[cid] = vol
         floor = self._floors(now, by_tenant)
@@ -202,9 +238,7 @@ class TenantPolicy:
             ValueError: as TenantSpec, or a tenant left out still has coflows; nothing
                 changed then.
         """
-        spec = TenantSpec(
-            dict(weights), self.spec.tenant_of, self.spec.sharing, self.spec.reservations
-        )
+        spec = dataclasses.replace(self.spec, weights=dict(weights))
         busy = sorted({t for t in self._tenant.values() if t not in spec.weights})
         if busy:
             raise ValueError(f"tenants with active coflows cannot be dropped: {busy}")
@@ -223,8 +257,7 @@ class TenantPolicy:
         Raises:
             ValueError: a reservation of a tenant without a weight; nothing changed then.
         """
-        spec = self.spec
-        self.spec = TenantSpec(spec.weights, spec.tenant_of, spec.sharing, tuple(reservations))
+        self.spec = dataclasses.replace(self.spec, reservations=tuple(reservations))
 
     # ----- extras, as TerraPolicy's ----------------------------------------------------
 
@@ -265,7 +298,9 @@ class TenantPolicy:
             raise KeyError(f"unknown coflow {cid!r}")
         return self._policies[self._tenant[cid]]
 
-    def _floors(self, now: float, by_tenant: dict) -> dict[tuple[str, Pair], list]:
+    def _floors(
+        self, now: float, by_tenant: ByTenant
+    ) -> dict[tuple[str, Pair], list[tuple[Path, float]]]:
         """The guaranteed rates of this round: {(tenant, pair): [(path, bytes/s)]} for the
         active reservations whose tenant has bytes on their pair (reservations.floors)."""
         targets: dict[tuple[str, Pair], float] = {}
@@ -278,9 +313,15 @@ class TenantPolicy:
         paths = {pair: self._first.paths(*pair) for _, pair in targets}
         return floors(targets, paths, self._first._capacity())
 
-    def _reserved_round(self, now: float, by_tenant: dict, floor: dict) -> dict[str, PairRates]:
-        """The guaranteed rates first, the tenants' round on what they leave, then the
-        guaranteed rates added to each tenant's first coflow on the pair and the ceilings."""
+    def _reserved_round(
+        self,
+        now: float,
+        by_tenant: ByTenant,
+        floor: dict[tuple[str, Pair], list[tuple[Path, float]]],
+    ) -> dict[str, PairRates]:
+        """The guaranteed rates first, the tenants' round on what they leave, then each
+        guaranteed rate added to the tenant's first coflow on the pair in its Terra order
+        (`_first_on`) and the ceilings."""
         capacity = self._first._capacity()
         taken: dict[Link, float] = {}
         for lst in floor.values():
@@ -288,11 +329,11 @@ class TenantPolicy:
         left = {e: max(0.0, c - taken.get(e, 0.0)) for e, c in capacity.items()}
         if len(by_tenant) == 1 and self.spec.sharing != "static":
             ((tenant, vols),) = by_tenant.items()
-            rates = self._policies[tenant].group_rates(now, vols, left)
+            rates = self._policies[tenant].group_rates(now, vols, left, self.spec.order)
         else:
             rates = self._tenant_round(now, by_tenant, left)
         for (t, pair), lst in floor.items():
-            cid = next(c for c, v in by_tenant[t].items() if v.get(pair, 0) > 0)
+            cid = self._first_on(t, pair, by_tenant[t])
             merged = dict(rates.setdefault(cid, {}).get(pair, ()))
             for path, x in lst:
                 merged[path] = merged.get(path, 0.0) + x
@@ -308,7 +349,25 @@ class TenantPolicy:
             self._lend_capped(capped, owner, ceilings, by_tenant, capacity)
         return _within(capped, capacity)
 
-    def _lend_capped(self, rates, owner, ceilings, by_tenant, capacity) -> None:
+    def _first_on(self, tenant: str, pair: Pair, vols: dict[str, dict[Pair, float]]) -> str:
+        """The coflow that takes the tenant's guaranteed rate on `pair`: its first coflow
+        with bytes there in the order its Terra served them in this round
+        (TerraPolicy.round_order: deadline coflows, starving ones, then smallest Γ on the
+        tenant's capacity first; no extra LP); admission order for a coflow that round
+        did not see (none when the tenant's round ran)."""
+        for cid in self._policies[tenant].round_order():
+            if vols.get(cid, {}).get(pair, 0) > 0:
+                return cid
+        return next(c for c, v in vols.items() if v.get(pair, 0) > 0)
+
+    def _lend_capped(
+        self,
+        rates: dict[str, PairRates],
+        owner: dict[str, str],
+        ceilings: dict[tuple[str, Pair], float],
+        by_tenant: ByTenant,
+        capacity: dict[Link, float],
+    ) -> None:
         """Give what the ceilings freed to the other FlowGroups (in place): max-min over
         the spare capacity, each (tenant, pair) without a ceiling weighted by its rate
         (tenant_shares.leftover_rates), as HTB lends a capped class's unused rate."""
@@ -332,7 +391,7 @@ class TenantPolicy:
         return held_load(others, paths, self._first._capacity())
 
     def _tenant_round(
-        self, now: float, by_tenant: dict, capacity: dict[Link, float] | None = None
+        self, now: float, by_tenant: ByTenant, capacity: dict[Link, float] | None = None
     ) -> dict[str, PairRates]:
         """Step A (or the static partition), Terra in each share, then the leftover, on
         `capacity` ({link: bytes/s}; default: the WAN's links up)."""
@@ -354,16 +413,17 @@ class TenantPolicy:
         if self.spec.sharing == "static":
             shares = static_shares(list(self.spec.weights), self.spec.weights, capacity)
         else:
-            shares = found.share
+            shares = found.share  # type: ignore[union-attr]  # (found: sharing is not static)
         zero = dict.fromkeys(capacity, 0.0)
         rates: dict[str, PairRates] = {}
         for t, vols in by_tenant.items():
-            rates.update(self._policies[t].group_rates(now, vols, shares.get(t, zero)))
+            share = shares.get(t, zero)
+            rates.update(self._policies[t].group_rates(now, vols, share, self.spec.order))
         given = {t: dict(shares.get(t, zero)) for t in by_tenant}
         if self.spec.sharing == "cooperative":
             spare = spare_capacity(capacity, [rates])
             step_a = {t: {k: sum(x for _, x in lst) for k, lst in r.items()}
-                      for t, r in found.rates.items()}  # fmt: skip
+                      for t, r in found.rates.items()}  # type: ignore[union-attr]  # fmt: skip
             extra = leftover_rates(step_a, paths, spare, capacity, self._index)
             _attribute(extra, by_tenant, rates)
             for t, per_pair in extra.items():
@@ -373,7 +433,13 @@ class TenantPolicy:
             self._record(found, tenant_vol, paths, given)
         return _within(rates, capacity)
 
-    def _record(self, found, tenant_vol, paths, given) -> None:
+    def _record(
+        self,
+        found: TenantShares,
+        tenant_vol: dict[str, dict[Pair, float]],
+        paths: dict[Pair, list[Path]],
+        given: dict[str, dict[Link, float]],
+    ) -> None:
         """Keep Step A's μ* and the isolation guarantee of the capacity each tenant was
         given (its share, plus its leftover when cooperative): min_t of its progress on
         that capacity over s_t (tenant_shares.allocation_progress)."""
@@ -388,7 +454,9 @@ class TenantPolicy:
             self.progress = weighted
 
 
-def _attribute(extra: dict[str, PairRates], by_tenant: dict, rates: dict) -> None:
+def _attribute(
+    extra: dict[str, PairRates], by_tenant: ByTenant, rates: dict[str, PairRates]
+) -> None:
     """Add each tenant's leftover rate on a pair to its coflow on that pair with the most
     rate already (ties and no rate: the first in arrival order), in `rates` (in place).
     One pass over each tenant's coflows finds the coflow of every pair at once."""

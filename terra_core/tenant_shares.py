@@ -55,6 +55,16 @@ static: w_t / Σ w (over every tenant, active or not) of every link, nothing red
 (the baseline static partition; not work-conserving)."""
 DEFAULT_SHARING = "cooperative"
 
+ORDERS = ("share", "wan")
+"""How each tenant's Terra orders its coflows inside its share (docs/design.md 4.5; step 3
+of scheduling_round): by Γ, the coflow's minimum CCT alone (Optimization (1)),
+share: on the tenant's share of the round (one LP per coflow and round: the share moves
+every round);
+wan: on the whole WAN's capacities (links up), the Γ plain Terra orders by, kept between
+rounds (TerraPolicy's Γ cache; the default). Either way steps 1, 2 and 4-6 run on the
+share."""
+DEFAULT_ORDER = "wan"
+
 
 @dataclass
 class TenantShares:
@@ -120,6 +130,7 @@ def isolation_shares(
     total_w = sum(weights[t] for t in movable)
     merged: dict[Pair, float] = {}
     part: dict[tuple[str, Pair], float] = {}
+    v: float | None  # a tenant's part of a pair's volume (bytes), then of its rates
     for tenant, vol in movable.items():
         s = out.weight_share[tenant] = weights[tenant] / total_w
         for pair, d in vol.items():

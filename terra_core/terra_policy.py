@@ -27,16 +27,13 @@ import math
 import operator
 import time
 from collections.abc import Callable
+from typing import TypedDict
 
 from terra_core.min_cct import DualBound, Pair, PairRates, min_cct
 from terra_core.policy import Allocation, PathSource, PolicyState, Remaining, split_by_remaining
 from terra_core.round_memo import RoundMemo
-from terra_core.scheduling_round import (
-    PREEMPTED,
-    RoundResult,
-    reserve_deadlines,
-    schedule_round,
-)
+from terra_core.round_rates import PREEMPTED, RoundResult
+from terra_core.scheduling_round import reserve_deadlines, schedule_round
 from terra_core.starvation import (
     DEFAULT_FACTOR,
     DEFAULT_FLOOR_S,
@@ -44,11 +41,34 @@ from terra_core.starvation import (
     Guard,
     StarvationClock,
 )
+from terra_core.tenant_shares import ORDERS
 from terra_model import Coflow, Flow
 from topologies import Link, Path, Topology, k_shortest_paths
 from topologies.paths import up_graph
 
+GammaEntry = tuple[dict[Pair, float], float, DualBound]  # volumes, Γ (s), its DualBound
 _TIGHT = 1e-9  # relative gap under which cached bounds on Γ count as exact
+
+
+class RoundStats(TypedDict):
+    """A policy's `stats`: rounds run, each round's wall time (ms), LPs solved in all."""
+
+    rounds: int
+    round_ms: list[float]
+    lps: int
+
+
+class TerraOptions(TypedDict, total=False):
+    """TerraPolicy's keyword arguments (passed on as they are, e.g. by tenant_policy)."""
+
+    k: int
+    alpha: float
+    epsilon: float
+    delta: float
+    path_source: PathSource | None
+    guard: str
+    guard_factor: float
+    guard_floor_s: float
 
 
 class TerraPolicy:
@@ -104,7 +124,7 @@ class TerraPolicy:
         self.topology = topology
         self.k, self.alpha, self.epsilon, self.delta = k, alpha, epsilon, delta
         self._clock = StarvationClock(self.guard)
-        self.stats: dict = {"rounds": 0, "round_ms": [], "lps": 0}
+        self.stats: RoundStats = {"rounds": 0, "round_ms": [], "lps": 0}
         self._empty = topology.copy()  # the empty WAN of gamma_empty: every link up
         self._empty.down.clear()
         self._empty_paths: dict[Pair, list[Path]] = {}
@@ -120,11 +140,14 @@ class TerraPolicy:
         # {link: bytes/s} deadline admission counts as taken (other tenants' guarantees)
         self.held: dict[Link, float] = {}
         self._volumes: dict[str, dict[Pair, float]] = {}  # last known FlowGroup volumes
-        self._gamma: dict[str, tuple] = {}  # volumes, Γ on the full WAN, DualBound
-        self._hinted: dict[str, tuple] = {}  # last round's hints (_gamma_hints)
+        self._gamma: dict[str, GammaEntry] = {}  # volumes, Γ on the full WAN, DualBound
+        # last round's hints: {coflow id: (the cache entry, the volumes, the hint)}
+        self._hinted: dict[str, tuple[GammaEntry, dict[Pair, float], tuple[float, bool]]] = {}
         self._state: dict[str, PolicyState] = {}
         self._memo = RoundMemo()  # what a round keeps for the next (round_memo.py)
         self._total: dict[str, dict[Pair, float]] = {}  # aged guards: all bytes ever added
+        # the last round's deadlines, starving and Γ order (round_order)
+        self._last_order: tuple[dict[str, float], list[str], list[str]] = ({}, [], [])
 
     # ----- Policy protocol -------------------------------------------------------------
 
@@ -250,6 +273,7 @@ class TerraPolicy:
         now: float,
         volumes: dict[str, dict[Pair, float]],
         capacity: dict[Link, float] | None = None,
+        order: str = "share",
     ) -> dict[str, PairRates]:
         """Per-FlowGroup rates: the round of `allocate`, given the FlowGroup volumes (the
         simulator's fast path, policy.GroupRatesPolicy; it splits each FlowGroup's rates
@@ -263,8 +287,14 @@ class TerraPolicy:
                 unfinished flow: what `allocate` builds from its `remaining`.
             capacity: optional {link: bytes/s} to schedule on instead of the WAN's
                 capacities (a tenant's share, tenant_policy.py; it must keep the links of
-                the WAN, in their order). The round then orders by Γ on it, without the
-                cached Γs (those are on the WAN's capacities) and without caching its Γs.
+                the WAN, in their order). With order "share" the round then orders by Γ
+                on it, without the cached Γs (those are on the WAN's capacities) and
+                without caching its Γs.
+            order: with `capacity`, the capacities step 3's Γ order is computed on
+                (tenant_shares.ORDERS): "share", `capacity`; "wan", the WAN's capacities
+                (links up), with the Γ cache as in a round on the WAN (its Γs are cached
+                too). Steps 1, 2 and 4-6 run on `capacity` either way. Ignored without
+                `capacity`.
 
         Returns:
             {coflow id: {(src, dst): [(path, bytes/s), ...]}} for the coflows that get
@@ -272,12 +302,15 @@ class TerraPolicy:
 
         Raises:
             KeyError: a coflow id that was never added.
-            ValueError: a DC pair that lost every path (as `allocate`).
+            ValueError: a DC pair that lost every path (as `allocate`), or an unknown
+                `order`.
         """
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         start = time.perf_counter()
         for cid in volumes:
             self._pairs_of(cid)  # KeyError for an unknown coflow, as allocate
-        rates = self._round(now, volumes, capacity)
+        rates = self._round(now, volumes, capacity, order)
         self.stats["round_ms"].append((time.perf_counter() - start) * 1000.0)
         return rates
 
@@ -286,19 +319,22 @@ class TerraPolicy:
         now: float,
         volumes: dict[str, dict[Pair, float]],
         share: dict[Link, float] | None = None,
+        order: str = "share",
     ) -> dict[str, PairRates]:
         """One scheduling round on `volumes` ({coflow id: {pair: bytes}}) on the WAN's
-        capacities or on `share` (see group_rates): keeps them as the coflows' last known
-        volumes, updates the Γ cache, states and stats (rounds, LPs) and returns the
-        round's rates ({coflow id: {pair: [(path, bytes/s)]}})."""
+        capacities or on `share`, ordered by Γ on `order`'s capacities (see group_rates):
+        keeps them as the coflows' last known volumes, updates the Γ cache (Γs on the
+        WAN's capacities only), states and stats (rounds, LPs) and returns the round's
+        rates ({coflow id: {pair: [(path, bytes/s)]}})."""
         for cid, vol in volumes.items():
             self._volumes[cid] = vol
         paths = self._paths_for(volumes)
+        wan: dict[Link, float] | None  # the WAN's capacities when step 3 orders by Γ on them
         if share is None:
-            capacity = self._capacity()
-            hints = self._gamma_hints(volumes, paths, capacity)
+            capacity = wan = self._capacity()
         else:
-            capacity, hints = share, None
+            capacity, wan = share, self._capacity() if order == "wan" else None
+        hints = None if wan is None else self._gamma_hints(volumes, paths, wan)
         deadlines = {cid: d for cid, d in self._deadline.items() if cid in volumes}
         starving = None
         if self.guard.aged:
@@ -314,10 +350,13 @@ class TerraPolicy:
             memo=self._memo,
             starving=starving,
             starving_fair=self.guard.mode == "aged-fair",
+            order_capacity=None if share is None else wan,
         )
-        for cid, res in result.exact.items() if share is None else ():
-            bound = DualBound.build(volumes[cid], paths, capacity, res.prices)
-            self._gamma[cid] = (volumes[cid], res.gamma_s, bound)
+        self._last_order = (deadlines, starving or [], result.order)
+        if wan is not None:  # Γs on the WAN's capacities go to the cache
+            for cid, res in result.exact.items():
+                bound = DualBound.build(volumes[cid], paths, wan, res.prices)
+                self._gamma[cid] = (volumes[cid], res.gamma_s, bound)
         for cid, state in result.state.items():
             self._state[cid] = PolicyState.PREEMPTED if state == PREEMPTED else PolicyState.RUNNING
         self.stats["rounds"] += 1
@@ -336,6 +375,17 @@ class TerraPolicy:
         """Ids of the active coflows starving at `now` (seconds), oldest first
         (aged guards; [] with the fixed guard)."""
         return self._clock.starving(now, self._coflows) if self.guard.aged else []
+
+    def round_order(self) -> list[str]:
+        """Ids of the last round's coflows (those with bytes) in the order Terra served
+        them: the admitted deadline coflows, earliest deadline first (step 1); the
+        starving coflows, oldest first (aged guards, step 2'); then the others in the
+        Γ order of steps 3-4 (smallest first, Γ on the round's capacity; a coflow
+        preempted without an LP at the place of its lower bound on Γ). Built from what
+        the round kept: no LP. [] before the first round."""
+        deadlines, starving, by_gamma = self._last_order
+        first = sorted(deadlines, key=deadlines.__getitem__)  # (stable: ties by admission)
+        return list(dict.fromkeys([*first, *starving, *by_gamma]))
 
     def gamma_empty(self, coflow: Coflow) -> float:
         """Γ of `coflow` alone on the empty WAN (every link up, current capacities), seconds.
@@ -418,7 +468,12 @@ class TerraPolicy:
         topo = self.topology
         return {link: c for link, c in topo.capacity.items() if link not in topo.down}
 
-    def _gamma_hints(self, volumes, paths, capacity) -> dict[str, tuple[float, bool]]:
+    def _gamma_hints(
+        self,
+        volumes: dict[str, dict[Pair, float]],
+        paths: dict[Pair, list[Path]],
+        capacity: dict[Link, float],
+    ) -> dict[str, tuple[float, bool]]:
         """{coflow id: (lower bound on Γ, exact)} from the cache of solved Γs.
 
         For a cached solve at volumes d with Γ and link prices y, the current
@@ -460,7 +515,9 @@ class TerraPolicy:
         self.stats["lps"] += res.lp_solved
         return res.gamma_s
 
-    def _admissible(self, cid: str, volumes, deadline: float, now: float) -> bool:
+    def _admissible(
+        self, cid: str, volumes: dict[Pair, float], deadline: float, now: float
+    ) -> bool:
         """Γ on what the admitted deadline coflows leave, times (1 + ε), fits in D − now."""
         if not volumes:
             return True
@@ -479,7 +536,7 @@ class TerraPolicy:
         return res.gamma_s * (1 + self.epsilon) <= deadline - now and not math.isinf(res.gamma_s)
 
 
-def _hint(volumes: dict[Pair, float], cached: tuple) -> tuple[float, bool] | None:
+def _hint(volumes: dict[Pair, float], cached: GammaEntry) -> tuple[float, bool] | None:
     """TerraPolicy._gamma_hints' (bound on Γ in seconds, exact) of the FlowGroup volumes
     `volumes` (bytes) from the cache entry `cached` (volumes then, Γ then, DualBound);
     None when the entry cannot bound them (a new pair, or Γ then infinite)."""

@@ -7,7 +7,7 @@
               [--limit N] [--coflowsim-compat] [--json OUT] [--plot OUT.png]
               [--fail-link A-B@T1[:T2]] [--bound] [--jobs N | --dask tcp://HOST:PORT]
               [--tenants N|FILE [--sharing {cooperative,strict,static}]
-               [--greedy-tenant NAME]]
+               [--tenant-order {share,wan}] [--greedy-tenant NAME]]
               [--log-level LEVEL] [--version]
 
 Prints one table row per scheduler: average and 95th-percentile CCT, FoI of Terra over it
@@ -60,7 +60,7 @@ from terra_core.registry import (
     options_from_args,
     scheduler_names,
 )
-from terra_core.tenant_shares import DEFAULT_SHARING, SHARINGS
+from terra_core.tenant_shares import DEFAULT_ORDER, DEFAULT_SHARING, ORDERS, SHARINGS
 from terra_model import WorkloadError
 from terra_sim.cct_bound import CctBound, avg_cct_lower_bound
 from terra_sim.coflowsim_compat import QUANTUM_S, coflowsim_topology
@@ -117,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sharing", choices=SHARINGS, default=DEFAULT_SHARING, metavar="MODE",
         help="cooperative|strict|static",
+    )  # fmt: skip
+    p.add_argument(
+        "--tenant-order", choices=ORDERS, default=DEFAULT_ORDER, metavar="ON",
+        help="wan|share: each tenant's coflows in order of Γ on the WAN or on its share",
     )  # fmt: skip
     p.add_argument("--greedy-tenant", metavar="NAME", help="split its coflows in 100 (same bytes)")
     p.add_argument(
@@ -214,7 +218,10 @@ def load_inputs(args: argparse.Namespace) -> Inputs:
     spec = None
     if getattr(args, "tenants", None):
         weights, reserved = tenant_weights(args.tenants, topology, args.k)
-        coflows, spec = tenant_spec(coflows, weights, args.greedy_tenant, args.sharing, reserved)
+        coflows, spec = tenant_spec(
+            coflows, weights, args.greedy_tenant, args.sharing, reserved,
+            order=getattr(args, "tenant_order", DEFAULT_ORDER),
+        )  # fmt: skip
     elif getattr(args, "greedy_tenant", None):
         raise ValueError("--greedy-tenant needs --tenants")
     gammas = empty_wan_gammas(coflows, topology, args.k)
@@ -439,7 +446,8 @@ def _num(value: float | None, width: int, digits: int) -> str:
 def run_meta(args: argparse.Namespace) -> dict:
     """Return the settings of a run: {"topology", "workload", "limit", "link_gbps", "k",
     "alpha", "guard", "guard_factor", "guard_floor_s", "epsilon", "delta", "deadline_factor",
-    "fail_link", "coflowsim_compat", "tenants", "sharing", "greedy_tenant", "commit"}
+    "fail_link", "coflowsim_compat", "tenants", "sharing", "tenant_order", "greedy_tenant",
+    "commit"}
     (commit: $TERRA_COMMIT if
     set, for runs from an exported tree, else the git commit of this checkout, None when
     unknown; uncommitted edits are not recorded)."""
@@ -460,6 +468,7 @@ def run_meta(args: argparse.Namespace) -> dict:
         "coflowsim_compat": getattr(args, "coflowsim_compat", False),
         "tenants": getattr(args, "tenants", None),
         "sharing": getattr(args, "sharing", None),
+        "tenant_order": getattr(args, "tenant_order", None),
         "greedy_tenant": getattr(args, "greedy_tenant", None),
         "commit": os.environ.get("TERRA_COMMIT") or git_commit(),
     }

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from terra_core.tenant_policy import TenantSpec
+from terra_core.tenant_shares import DEFAULT_ORDER
 from terra_model import Coflow, Flow
 
 PIECES = 100  # coflows a greedy tenant makes of each of its own
@@ -147,9 +148,10 @@ def tenant_spec(
     sharing: str,
     reservations: list | tuple = (),
     pieces: int = PIECES,
+    order: str = DEFAULT_ORDER,
 ) -> tuple[list[Coflow], TenantSpec]:
-    """The workload to run and its TenantSpec: `assign`, then `split_greedy` (each of
-    `greedy`'s coflows in `pieces`) when `greedy`.
+    """The workload to run and its TenantSpec (sharing and `order` as TenantSpec's):
+    `assign`, then `split_greedy` (each of `greedy`'s coflows in `pieces`) when `greedy`.
 
     Raises:
         ValueError: as split_greedy and TenantSpec.
@@ -157,4 +159,4 @@ def tenant_spec(
     owner = assign(coflows, weights)
     if greedy is not None:
         coflows, owner = split_greedy(coflows, owner, greedy, pieces)
-    return coflows, TenantSpec(dict(weights), owner, sharing, tuple(reservations))
+    return coflows, TenantSpec(dict(weights), owner, sharing, tuple(reservations), order)

@@ -130,7 +130,7 @@ def _links(
     capacity: dict[tuple[str, str], float] = {}
     for (a, b), bps in total.items():
         capacity[(a, b)] = capacity[(b, a)] = bps
-    parallel = [[a, b, n] for (a, b), n in count.items() if n > 1]
+    parallel: list[list] = [[a, b, n] for (a, b), n in count.items() if n > 1]
     for a, b, n in parallel:
         gbps = total[(a, b)] / GBPS_TO_BYTES_PER_S
         repairs.add("parallel_edges", f"{a}-{b} ({n} edges, {gbps:g} Gbps)", n - 1)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path as FsPath
+from typing import cast
 
 import msgspec
 
@@ -105,7 +106,8 @@ def load_json_topology(path: FsPath | str) -> Topology:
         gbps = link.capacity_gbps or spec.default_capacity_gbps  # UNSET is false
         capacity[(a, b)] = capacity[(b, a)] = gbps * GBPS_TO_BYTES_PER_S
     name = path.stem if spec.name is msgspec.UNSET else str(spec.name)
-    attrs = {key: val for key, val in doc.items() if key not in {"name", "links", "dcs"}}
+    fields = cast(dict[str, object], doc)  # (a JSON object: convert accepted it)
+    attrs = {key: val for key, val in fields.items() if key not in {"name", "links", "dcs"}}
     if attrs.get("path_tie_break", TIE_BREAKS[0]) not in TIE_BREAKS:
         raise TopologyError(
             f"{path}: path_tie_break: must be one of {', '.join(TIE_BREAKS)}, "

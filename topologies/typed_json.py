@@ -18,7 +18,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
@@ -101,8 +101,8 @@ def _join(field: str, name: str) -> str:
     return f"{field}.{name}" if field else name
 
 
-def _value_at(doc: object, field: str) -> object:
-    """The value at `field` ("links[3].capacity_gbps") of `doc`."""
+def _value_at(doc: Any, field: str) -> object:
+    """The value at `field` ("links[3].capacity_gbps") of `doc` (a decoded JSON document)."""
     for name, index in _STEP.findall("." + field if field[:1] not in ("", "[") else field):
         doc = doc[int(index)] if index else doc[name]
     return doc

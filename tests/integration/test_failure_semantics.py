@@ -490,9 +490,9 @@ def test_a_digest_mismatch_restarts_at_the_receiver_first_then_the_sender():
 
 
 def test_a_restart_reaches_the_sender_even_if_the_receiver_never_acks(monkeypatch):
-    from terra_controller import agent_channel
+    from terra_controller import agent_core
 
-    monkeypatch.setattr(agent_channel, "RESTART_ACK_S", 0.0)
+    monkeypatch.setattr(agent_core, "RESTART_ACK_S", 0.0)
     controller, _, chan, conns = channel_with_agents()
     cid = controller.submit([flow("f", "hk1", "ba1", 10_000)])
     conns["hk1"].sent.clear()

@@ -2,10 +2,10 @@
 checkout.
 
 `python -m mypy` checks the packages with the flags of pyproject.toml's [tool.mypy]
-(terra_model, terra_wire and terra_security with the flags of `mypy --strict`); `ruff check .`
-the whole tree with [tool.ruff]'s rules, and `ruff format --check .` its layout. All run from
-the repository root, in a subprocess of this interpreter, so they see this checkout's packages
-and configuration.
+(terra_model, terra_wire, terra_security and terra_core with the flags of `mypy --strict`);
+`ruff check .` the whole tree with [tool.ruff]'s rules, and `ruff format --check .` its layout.
+All run from the repository root, in a subprocess of this interpreter, so they see this
+checkout's packages and configuration.
 """
 
 from __future__ import annotations

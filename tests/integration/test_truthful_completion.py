@@ -16,7 +16,7 @@ import pytest
 from test_controller_channel import Agent, Endpoint, daemon_spawn, triangle, wait_until
 from tls_helpers import security
 
-from terra_controller import agent_channel, coflow_registry
+from terra_controller import agent_core, coflow_registry
 from terra_controller.agent_channel import AgentChannel, start_agent_server
 from terra_controller.api_server import ApiHandler, serve_connection
 from terra_controller.client import TerraClient, TerraError
@@ -327,7 +327,7 @@ def test_another_job_cannot_take_a_coflow_id_after_a_restart(pki, tmp_path):
 def test_kept_reports_are_per_agent_so_an_agent_cannot_erase_anothers(
     systems, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr(agent_channel, "MAX_PENDING_PER_AGENT", 1000)
+    monkeypatch.setattr(agent_core, "MAX_PENDING_PER_AGENT", 1000)
     state = tmp_path / "state"
     cid, spec = submitted_then_stopped(systems(state), finish=False)
     second = systems(state)
@@ -349,7 +349,7 @@ def test_kept_reports_are_per_agent_so_an_agent_cannot_erase_anothers(
 
 
 def test_kept_reports_of_a_flood_over_many_coflows_stay_bounded(systems, monkeypatch):
-    monkeypatch.setattr(agent_channel, "MAX_PENDING_PER_AGENT", 50)
+    monkeypatch.setattr(agent_core, "MAX_PENDING_PER_AGENT", 50)
     system = systems()
     c1 = Peer(system, "c1", "C", 32000)
     rows = [(str(1000 + i), "f", 1, "0" * 32) for i in range(500)]  # 500 unknown coflows

@@ -203,6 +203,30 @@ def test_borrowing_up_to_the_ceiling():
     check_capacity(rates, topo.capacity)
 
 
+@pytest.mark.parametrize("arrivals", [("big", "small"), ("small", "big")])
+def test_guarantee_goes_to_the_tenants_smallest_coflow_on_the_pair(arrivals):
+    # gold's big coflow (1e6 bytes A->C) and small one (1e3 bytes A->C), admitted in
+    # either order; bulk floods. Gold's Terra serves the small one first (smallest Γ), so
+    # the 60 B/s guarantee goes to it on top of its share, whatever the admission order;
+    # the big one keeps only what Terra gave it (less than 60: weight 1 of 10).
+    topo = triangle()
+    size = {"big": 1e6, "small": 1e3}
+    gold = [Coflow(n, 0.0, [Flow("f", "A", "C", size[n])]) for n in arrivals]
+    bulk = [Coflow("b0", 0.0, [Flow("f", "A", "C", 1e6)]),
+            Coflow("b1", 0.0, [Flow("f", "A", "B", 1e6)])]  # fmt: skip
+    owner = {c.id: "gold" for c in gold} | {c.id: "bulk" for c in bulk}
+    spec = TenantSpec({"gold": 1.0, "bulk": 9.0}, owner, "cooperative",
+                      (Reservation("gold", "A", "C", 60.0),))  # fmt: skip
+    policy = TenantPolicy(topo, spec, k=2)
+    for c in [*gold, *bulk]:
+        assert policy.add_coflow(c, 0.0)
+    rates = policy.group_rates(0.0, {c.id: c.flowgroups() for c in [*gold, *bulk]})
+    assert pair_rate(rates, ["small"], ("A", "C")) >= 60.0 * (1 - 1e-9)
+    assert pair_rate(rates, ["big"], ("A", "C")) < 60.0
+    assert policy._policies["gold"].round_order() == ["small", "big"]
+    check_capacity(rates, topo.capacity)
+
+
 def test_window_outside_now_changes_nothing():
     topo = triangle()
     late = Reservation("gold", "A", "C", 60.0, start=100.0, end=200.0)

@@ -73,3 +73,21 @@ def test_tenants_run_assigns_coflow_i_to_tenant_i_mod_n_and_reports_both(tmp_pat
     # HiGHS's seconds are part of the round's: more than none (LPs ran), less than the round
     assert 0 < cell["tenant_solver_s"] < 3 * cell["tenant_round_ms_p95"] / 1000.0
     assert "| " in capsys.readouterr().out
+
+
+def test_both_tenant_orders_run_interleaved_in_one_cell(tmp_path, capsys):
+    out = tmp_path / "o.json"
+    argv = ["--topologies", "swan", "--coflows", "6", "--rounds", "2", "--tenants", "3"]
+    assert round_scaling.main([*argv, "--tenant-order", "share", "wan", "--json", str(out)]) == 0
+    (cell,) = json.loads(out.read_text())["cells"]
+    for key, suffix in (("tenant_", ""), ("tenant_share_", "_share")):  # wan: the default
+        assert cell[key + "round_ms_median"] > 0 and cell[key + "cpu_s"] > 0
+        assert cell["ratio" + suffix] == pytest.approx(
+            cell[key + "round_ms_median"] / cell["round_ms_median"]
+        )
+        assert cell["cpu_ratio" + suffix] == pytest.approx(cell[key + "cpu_s"] / cell["cpu_s"])
+    assert " share " in capsys.readouterr().out
+    run = round_scaling._Run(round_scaling.make_topology("swan"), 4, tenants=2, order="share")
+    assert run.policy.spec.order == "share"
+    with pytest.raises(SystemExit):
+        round_scaling.main([*argv, "--tenant-order", "fast"])

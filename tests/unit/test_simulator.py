@@ -9,9 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from terra_core.fixed_route_fair import PairTable
-from terra_core.pair_policy import PairLevels
 from terra_core.per_flow import PerFlowPolicy
+from terra_core.policy import PairLevels, PairTable
 from terra_core.registry import make_scheduler, scheduler_names
 from terra_core.terra_policy import TerraPolicy
 from terra_core.varys import VarysPolicy

@@ -45,6 +45,31 @@ def test_order_decides_the_average_cct():
     assert policy.stats["rounds"] >= 2 and len(policy.stats["round_ms"]) == policy.stats["rounds"]
 
 
+def test_round_order_puts_deadlines_first_then_smallest_gamma():
+    # big (100 bytes), small (10 bytes) and a deadline coflow of 50 bytes due at 100 s,
+    # admitted in that order: the round serves the deadline coflow first (step 1), then
+    # small (Γ 1 s) before big (Γ 10 s on what is left); no round yet: [].
+    policy = TerraPolicy(line(), alpha=0.0)
+    assert policy.round_order() == []
+    coflows = [coflow("big", "A", "B", 100.0), coflow("small", "A", "B", 10.0),
+               coflow("dl", "A", "B", 50.0, deadline=100.0)]  # fmt: skip
+    for c in coflows:
+        assert policy.add_coflow(c, 0.0)
+    policy.group_rates(0.0, {c.id: c.flowgroups() for c in coflows})
+    assert policy.round_order() == ["dl", "small", "big"]
+
+
+def test_round_order_puts_the_starving_coflow_before_smaller_ones():
+    # aged guard: big (100 bytes, Γ 10 s) arrives at 0 and starves from 2 x 10 = 20 s on;
+    # small (10 bytes) arrives at 24 s. At 25 s big is served first (step 2'), then small.
+    policy = TerraPolicy(line(), alpha=0.1)
+    big, small = coflow("big", "A", "B", 100.0), coflow("small", "A", "B", 10.0, arrival=24.0)
+    assert policy.add_coflow(big, 0.0) and policy.add_coflow(small, 24.0)
+    policy.group_rates(25.0, {"big": big.flowgroups(), "small": small.flowgroups()})
+    assert policy.starving(25.0) == ["big"]
+    assert policy.round_order() == ["big", "small"]
+
+
 def test_flows_of_a_flowgroup_split_by_remaining_bytes():
     # Two flows of 30 and 10 bytes A->B share the FlowGroup's 10 B/s as 7.5 and 2.5 B/s,
     # so both finish at 40/10 = 4 s.

@@ -1,0 +1,95 @@
+"""The SWAN testbed's guaranteed reservation (mininet_scenarios/testbed_reservation.py)
+without switches: the --reserve option, the tenants file it writes, the delivered rate of
+the samples and the summary (tests/system/test_testbed_runs.py measures it with real bytes).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mininet_scenarios import cli
+from mininet_scenarios import workload as tb_workload
+from mininet_scenarios.run_result import RunResult
+from mininet_scenarios.testbed_reservation import (
+    Reserve,
+    delivered_rate,
+    reservation_lines,
+    reservation_summary,
+)
+from mininet_scenarios.testbed_tenants import tenant_lines, tenant_summary, tenants_toml
+from terra_controller.tenants_config import parse_tenants
+
+BASE = ["swan", "--quick", "--tenants", "2", "--greedy-tenant"]
+
+
+def options(tmp_path, *extra):
+    args = cli.build_parser().parse_args([*BASE, "--workdir", str(tmp_path), *extra])
+    return cli.options_from_args(args, tmp_path)
+
+
+def test_reserve_option_goes_into_the_tenants_file_in_bytes_per_s(tmp_path):
+    opts, workload = options(tmp_path, "--reserve", "t0:HK:BA:4")
+    assert opts.reserve == Reserve("t0", "HK", "BA", 500_000.0)  # 4 Mbit/s
+    assert workload["reserve"]["rate_bytes_per_s"] == 500_000.0
+    path = tenants_toml(opts.tenants, tmp_path / "tenants.toml", opts.reserve)
+    config = parse_tenants(path.read_text(), str(path))
+    (spec,) = config.tenants["t0"].reservations
+    assert (spec.src, spec.dst, spec.rate_bytes_per_s) == ("HK", "BA", 500_000.0)
+    assert config.tenants["t1"].reservations in (None, [], ())
+    assert options(tmp_path)[0].reserve is None  # the plain tenants run is unchanged
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (("--reserve", "t0:HK:BA"), "give TENANT:SRC:DST:MBPS"),
+        (("--reserve", "t7:HK:BA:4"), "tenant 't7' is not one of"),
+        (("--reserve", "t0:HK:XX:4"), "unknown DC 'XX'"),
+        (("--reserve", "t0:HK:BA:-1"), "MBPS must be a finite number > 0"),
+        (("--reserve", "t0:HK:BA:fast"), "MBPS must be a finite number > 0"),
+        # HK has two 9.2 Mbit/s links out: 40 Mbit/s does not fit with every link up
+        (("--reserve", "t0:HK:BA:40"), "does not fit with every link up"),
+        # the first two coflows: t1 has only coflow 40, with no bytes from HK to LA
+        (("--coflows", "2", "--reserve", "t1:HK:LA:1"), "t1 has no bytes from HK to LA"),
+    ],
+)
+def test_a_bad_reserve_is_refused_before_the_run(tmp_path, extra, words):
+    with pytest.raises(ValueError, match=words):
+        options(tmp_path, *extra)
+
+
+def test_reserve_needs_tenants(tmp_path, capsys):
+    assert cli.main(["swan", "--quick", "--workdir", str(tmp_path), "--reserve", "t0:HK:BA:4"]) == 2
+    assert "--reserve needs --tenants" in capsys.readouterr().err
+
+
+def test_delivered_rate_counts_only_the_time_a_flow_is_open():
+    # open from 1 s to 3 s (1000 then 1000 more bytes), idle until 5 s, open again 5-6 s
+    # (500 bytes): 2500 bytes over 3 s; the idle 2 s and the bytes they show do not count.
+    samples = [(1.0, 0, 2), (2.0, 1000, 2), (3.0, 2000, 0), (5.0, 2000, 1), (6.0, 2500, 0)]
+    got = delivered_rate(samples)
+    assert got == {"rate_bytes_per_s": pytest.approx(2500 / 3), "backlogged_s": 3.0,
+                   "bytes": 2500}  # fmt: skip
+    assert delivered_rate([])["rate_bytes_per_s"] is None
+    assert delivered_rate([(1.0, 5, 0), (2.0, 5, 0)])["rate_bytes_per_s"] is None
+
+
+def test_summary_judges_every_run_against_the_guarantee():
+    reserve = Reserve("t0", "HK", "BA", 1000.0)
+    honest = RunResult(reserved_pair=[(0.0, 0, 1), (2.0, 2400, 0)])  # 1200 B/s: 120 %
+    greedy = RunResult(reserved_pair=[(0.0, 0, 1), (2.0, 1900, 0)])  # 950 B/s: 95 %
+    out = reservation_summary(reserve, [honest], [greedy])
+    assert out["honest"][0]["fraction"] == pytest.approx(1.2)
+    assert out["min_fraction"] == pytest.approx(0.95) and out["target_met"]
+    assert "95.0% of the guarantee" in reservation_lines(out)
+    slow = RunResult(reserved_pair=[(0.0, 0, 1), (2.0, 1700, 0)])  # 85 %
+    assert not reservation_summary(reserve, [honest], [slow])["target_met"]
+    unseen = reservation_summary(reserve, [honest], [RunResult()])
+    assert unseen["min_fraction"] is None and not unseen["target_met"]
+    # tenant_summary carries it, also without greedy runs, and prints it
+    honest.cct_s, honest.arrival_s = {1: 2.0}, {1: 0.0}
+    raw = {"schedulers": ["terra"], "terra": [honest], "reserve": reserve,
+           "tenant_coflows": [tb_workload.TestbedCoflow(1, 0.0, (), "t0")]}  # fmt: skip
+    summary = tenant_summary(raw)
+    assert summary["reservation"]["greedy"] == [] and summary["reservation"]["target_met"]
+    assert "reservation t0 HK->BA 0.008 Mbit/s, honest run 1: 0.01 Mbit/s" in tenant_lines(summary)
