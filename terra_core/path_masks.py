@@ -15,15 +15,44 @@ a link with no capacity is).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from itertools import chain, repeat
 from typing import TypeVar
 
+import numpy as np
+
+from terra_core.array_types import IntArray
 from topologies import Link, Path, path_links
 
 Pair = tuple[str, str]
 PathEntry = tuple[int, tuple[int, ...]]  # (mask of the path's links, their indices)
 Key = TypeVar("Key", bound=Hashable)  # a DC pair, or another key of a pair's paths
 FULL = 1e-6  # a link with less than this fraction of its capacity left counts as full
+
+
+class PathArrays:
+    """The paths of several DC pairs as flat arrays (PathIndex.path_arrays).
+
+    Args:
+        per_pair: for each pair, its paths' link indices (-1: a link outside the index).
+        n_links: the index's links (n_links is the extra slot of the missing bit).
+
+    Attributes:
+        count: int (pairs,), each pair's paths.  first: int (pairs,), its first path's
+        number.  hops: int (paths,), links per path.  starts: int (paths,), each path's
+        first entry.  ids: int (entries,), every path's link indices, one path after
+        the other (n_links for a link outside the index).
+    """
+
+    def __init__(self, per_pair: Sequence[Sequence[tuple[int, ...]]], n_links: int) -> None:
+        self.count: IntArray = np.fromiter(map(len, per_pair), np.intp, len(per_pair))
+        self.first: IntArray = np.cumsum(self.count) - self.count
+        every = list(chain.from_iterable(per_pair))
+        self.hops: IntArray = np.fromiter(map(len, every), np.intp, len(every))
+        self.starts: IntArray = np.cumsum(self.hops) - self.hops
+        n = int(self.hops.sum())
+        self.ids: IntArray = np.fromiter(chain.from_iterable(every), np.intp, n)
+        self.ids[self.ids < 0] = n_links
 
 
 class PathIndex:
@@ -43,6 +72,25 @@ class PathIndex:
         self._pairs: dict[Hashable, list[PathEntry]] = {}
         self.clean: set[Pair] = set()  # pairs with a path inside the index (all_reachable)
         self._ids: dict[Path, tuple[int, ...]] = {}
+        self._pair_no: dict[Hashable, int] = {}  # pairs met by path_arrays, numbered
+        self._arrays: PathArrays | None = None
+
+    def path_arrays(
+        self, pairs: Sequence[Key], paths: Mapping[Key, list[Path]]
+    ) -> tuple[IntArray, PathArrays]:
+        """(each of `pairs`' number in the PathArrays (int array), the PathArrays of every
+        pair met so far), the arrays rebuilt when a pair is new (cached as `entries`)."""
+        nos = list(map(self._pair_no.get, pairs))
+        if None in nos:
+            for pair in pairs:
+                self._pair_no.setdefault(pair, len(self._pair_no))
+            nos = list(map(self._pair_no.get, pairs))
+            self._arrays = None
+        if self._arrays is None:
+            met: list[Key] = list(self._pair_no)  # type: ignore[arg-type]
+            entries = map(self.entries, met, repeat(paths))
+            self._arrays = PathArrays([[i for _, i in one] for one in entries], len(self.links))
+        return np.fromiter(nos, np.intp, len(nos)), self._arrays
 
     def entries(self, pair: Key, paths: Mapping[Key, list[Path]]) -> list[PathEntry]:
         """[(mask, link indices)] of `paths[pair]`, in path order (cached per pair).

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import math
 import operator
+from itertools import chain, islice, repeat
+from operator import itemgetter
 
-from terra_core.min_cct import DualBound, MinCct, Pair
+import numpy as np
+
+from terra_core.min_cct import DualBound, MinCct, Pair, PairRates
 from terra_core.round_memo import ResidualEntry, RoundMemo
 from terra_core.round_rates import RoundResult, solve_min_cct
 from topologies import Link, Path
@@ -60,10 +64,7 @@ def min_cct_on_residual(
             top = max(ratio.values())
             upper = res.gamma_s * top
             if upper <= bound.gamma(volumes) * (1 + TIGHT):
-                rates = {
-                    pair: [(path, x * ratio[pair] / top) for path, x in res.rates[pair]]
-                    for pair in volumes
-                }
+                rates = _rescaled(res.rates, list(ratio), list(ratio.values()), top)
                 return MinCct(upper, rates, prices=res.prices)
     res = solved if solved is not None else solve_min_cct(volumes, paths, r, result)
     bound = DualBound.build(volumes, paths, r, res.prices)
@@ -84,3 +85,18 @@ def _same_capacity(then: dict[Link, float], now: dict[Link, float]) -> bool:
         if not abs(c - c0) <= R_SAME * c0:  # (NaN fails too)
             return False
     return True
+
+
+def _rescaled(
+    pair_rates: PairRates, pairs: list[Pair], ratios: list[float], top: float
+) -> PairRates:
+    """{pair: [(path, x × ratio / top) for (path, x) in pair_rates[pair]]} for `pairs` and
+    their `ratios` (d'_k / d_k), in order, bytes/s: one numpy pass (float64 products, then
+    quotients: the scalar expression's operations)."""
+    lists = list(map(pair_rates.__getitem__, pairs))
+    counts = np.fromiter(map(len, lists), np.intp, len(lists))
+    items = list(chain.from_iterable(lists))
+    x = np.fromiter(map(itemgetter(1), items), float, len(items))
+    scaled = (x * np.repeat(np.asarray(ratios, dtype=float), counts) / top).tolist()
+    it = zip(map(itemgetter(0), items), scaled, strict=True)
+    return dict(zip(pairs, map(list, map(islice, repeat(it), counts.tolist())), strict=True))

@@ -6,15 +6,18 @@ path-level progressive filling (maxmin.py) beyond.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from itertools import chain
+from collections import deque
+from collections.abc import Iterable, Mapping
+from itertools import repeat
+from operator import itemgetter
 
 import numpy as np
 
+from terra_core.array_types import FloatArray, IntArray
 from terra_core.maxmin import maxmin_levels_sparse
 from terra_core.mcf import K, Rates, maxmin_mcf
 from terra_core.min_cct import Pair, links_of
-from terra_core.path_masks import FULL, PathIndex, full_mask, mark_full
+from terra_core.path_masks import FULL, PathArrays, PathIndex, full_mask, mark_full
 from terra_core.round_rates import PathRates, RoundResult, consume
 from topologies import Link, Path
 
@@ -100,8 +103,7 @@ def fair_share(
     out = maxmin_mcf(demands, _positive(avail), priority=priority, weights=weights, stats=stats)
     result.lps += stats["lps"]
     out = {pair: lst for pair, lst in out.items() if lst}
-    for lst in out.values():
-        consume(avail, lst)
+    consume(avail, out.values(), 1.0, index)
     return out
 
 
@@ -131,8 +133,9 @@ def _waterfill_pairs(
     the pairs' short paths are used up before any pair spills onto a longer one.
 
     `full` is the bitmask of full links of `avail` (path_masks.full_mask); only the
-    links a round used are checked again, so a class whose paths are all blocked
-    costs one AND per path, not a pass over every link (docs/design.md 4.2 steps 5-6).
+    links a round used are checked again. The class's paths are flat arrays
+    (`_PairColumns`), so which paths a full link blocks, the problem of round j and its
+    rates are array passes, not a Python loop per pair (docs/design.md 4.2 steps 5-6).
 
     Returns:
         ({pair: [(path, bytes/s)]}, the updated full-link mask).
@@ -140,33 +143,77 @@ def _waterfill_pairs(
     if len(pairs) == 1:  # most step-6 classes: a coflow with one DC pair
         return _fill_one(pairs[0], weights[pairs[0]], paths, avail, capacity, index, full)
     out: Rates[K] = {}
-    get_entries = index.entries
-    entries = [get_entries(pair, paths) for pair in pairs]
-    depth = max(map(len, entries), default=0)
+    cols = _PairColumns(pairs, paths, index)
+    w = np.fromiter(map(weights.__getitem__, pairs), float, len(pairs))
     links = index.links
-    for j in range(depth):
-        columns = [
-            (pair, ent[j])
-            for pair, ent in zip(pairs, entries, strict=True)
-            if j < len(ent) and not ent[j][0] & full
-        ]
-        if not columns:
+    for j in range(cols.depth):
+        sel, flat, lens = cols.open(j, full)
+        if not len(sel):
             continue
-        w = [weights[pair] for pair, _ in columns]
-        ids, levels, used = _waterfill([e[1] for _, e in columns], w, avail, links)
+        ids, levels, used = _waterfill(flat, lens, w[sel], avail, links)
         for i, x in zip(ids, used, strict=True):
             avail[links[i]] = max(0.0, avail[links[i]] - x)
         full = mark_full(full, index, ids, avail, capacity, FULL)
-        rates = (np.asarray(levels) * np.asarray(w)).tolist()  # level × weight, per pair
-        for (pair, _), level, x in zip(columns, levels, rates, strict=True):
-            if level > 0:
-                path = paths[pair][j]
-                got = out.get(pair)
-                if got is None:
-                    out[pair] = [(path, x)]
-                else:
-                    got.append((path, x))
+        mine = list(map(pairs.__getitem__, sel.tolist()))
+        _add_column_rates(out, mine, paths, j, levels, w[sel])
     return out, full
+
+
+class _PairColumns:
+    """The paths of one class's DC pairs, over the index's path_masks.PathArrays.
+
+    Attributes:
+        depth: the most paths a pair has.  count: int (pairs,), each pair's paths.
+        first: int (pairs,), each pair's first path in the arrays.  arrays: the
+        PathArrays.  n_links: the index's links (the extra slot of the missing bit).
+    """
+
+    def __init__(self, pairs: list[K], paths: Mapping[K, list[Path]], index: PathIndex) -> None:
+        nos, self.arrays = index.path_arrays(pairs, paths)
+        self.n_links = len(index.links)
+        self.count: IntArray = self.arrays.count[nos]
+        self.first: IntArray = self.arrays.first[nos]
+        self.depth = int(self.count.max()) if len(nos) else 0
+
+    def open(self, j: int, full: int) -> tuple[IntArray, IntArray, IntArray]:
+        """The pairs (positions, ascending) whose j-th path crosses no link of the `full`
+        bitmask, those paths' link indices one path after the other, and their link
+        counts (int arrays)."""
+        arrays: PathArrays = self.arrays
+        has = np.flatnonzero(self.count > j)
+        q = self.first[has] + j  # the j-th paths
+        hops = arrays.hops[q]
+        if not len(q):
+            return has, hops, hops
+        at = np.cumsum(hops) - hops  # each path's first entry among theirs
+        entries = np.repeat(arrays.starts[q] - at, hops) + np.arange(int(hops.sum()))
+        ids = arrays.ids[entries]
+        nbytes = (self.n_links + 8) // 8
+        bits = np.unpackbits(np.frombuffer(full.to_bytes(nbytes, "little"), np.uint8),
+                             bitorder="little")[: self.n_links + 1].astype(bool)  # fmt: skip
+        open_ = ~np.logical_or.reduceat(bits[ids], at)
+        return has[open_], ids[np.repeat(open_, hops)], hops[open_]
+
+
+def _add_column_rates(
+    out: Rates[K],
+    pairs: list[K],
+    paths: Mapping[K, list[Path]],
+    j: int,
+    levels: FloatArray,
+    w: FloatArray,
+) -> None:
+    """Append (j-th path, level × weight) to `out[pair]` for each of `pairs` (one column
+    each; `levels` and `w` float arrays in their order) whose level is > 0, in order."""
+    x = (levels * w).tolist()  # level × weight, per pair
+    got = np.flatnonzero(levels > 0).tolist()
+    if not got:
+        return
+    pairs = list(map(pairs.__getitem__, got))
+    rates = map(x.__getitem__, got)
+    items = zip(map(itemgetter(j), map(paths.__getitem__, pairs)), rates, strict=True)
+    fresh: Iterable[list[tuple[Path, float]]] = map(list, repeat((), len(pairs)))
+    deque(map(list.append, map(out.setdefault, pairs, fresh), items), maxlen=0)
 
 
 def _fill_one(
@@ -200,14 +247,15 @@ def _fill_one(
 
 
 def _waterfill(
-    paths_ids: list[tuple[int, ...]],
-    weights: list[float],
+    flat: IntArray,
+    lens: IntArray,
+    weights: FloatArray,
     avail: dict[Link, float],
     links: list[Link],
-) -> tuple[Sequence[int], list[float], list[float]]:
-    """Max-min levels of single-path entities (entity j: the link indices `paths_ids[j]`
-    of its path, weight `weights[j]`) on `avail` ({link: bytes/s}; `links[i]` is link i),
-    maxmin.maxmin_levels_sparse.
+) -> tuple[list[int], FloatArray, list[float]]:
+    """Max-min levels of single-path entities (entity j: the link indices
+    `flat[sum(lens[:j]) : sum(lens[:j + 1])]` of its path, weight `weights[j]`) on `avail`
+    ({link: bytes/s}; `links[i]` is link i), maxmin.maxmin_levels_sparse.
 
     Only the links the entities cross enter the problem (a link no entity crosses
     has no load and cannot freeze anyone), and the incidence stays sparse (an
@@ -216,26 +264,24 @@ def _waterfill(
     min_e avail_e / weight (the same divisions progressive filling makes).
 
     Returns:
-        (link indices crossed, levels per entity, bytes/s used on each of those links),
-        as lists.
+        (link indices crossed (list), levels per entity (float array), bytes/s used on
+        each of those links (list)).
     """
-    ids: Sequence[int]
-    if len(paths_ids) == 1:
-        ids, weight = paths_ids[0], weights[0]
+    if len(lens) == 1:
+        ids: list[int] = flat.tolist()
+        weight = float(weights[0])
         level = max(min(max(avail[links[i]], 0.0) / weight for i in ids), 0.0)
-        return list(ids), [level], [weight * level] * len(ids)
-    lens = np.fromiter(map(len, paths_ids), np.intp, len(paths_ids))
-    rows_a = np.fromiter(chain.from_iterable(paths_ids), np.intp, int(lens.sum()))
-    cols_a = np.repeat(np.arange(len(paths_ids), dtype=np.intp), lens)
-    vals_a = np.repeat(np.asarray(weights, dtype=float), lens)
+        return ids, np.array([level]), [weight * level] * len(ids)
+    cols_a = np.repeat(np.arange(len(lens), dtype=np.intp), lens)
+    vals_a = np.repeat(weights, lens)
     present = np.zeros(len(links), dtype=np.intp)
-    present[rows_a] = 1
+    present[flat] = 1
     ids = np.flatnonzero(present).tolist()  # the links crossed, in index order
-    inv = (np.cumsum(present) - 1)[rows_a]  # each entry's row among them
+    inv = (np.cumsum(present) - 1)[flat]  # each entry's row among them
     cap = np.fromiter((max(avail[links[i]], 0.0) for i in ids), float, len(ids))
-    levels = maxmin_levels_sparse(inv, cols_a, vals_a, cap, len(paths_ids))
+    levels = maxmin_levels_sparse(inv, cols_a, vals_a, cap, len(lens))
     used = np.bincount(inv, weights=vals_a * levels[cols_a], minlength=len(ids))
-    return ids, levels.tolist(), used.tolist()
+    return ids, levels, used.tolist()
 
 
 def _positive(capacity: dict[Link, float]) -> dict[Link, float]:

@@ -5,12 +5,20 @@ capacity left (docs/design.md section 4.2).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import chain
+from operator import eq, itemgetter
+
+import numpy as np
 
 from terra_core.min_cct import MinCct, Pair, PairRates, links_of, min_cct
+from terra_core.path_masks import PathIndex
+from terra_core.round_kernels import consume_kernel
 from topologies import Link, Path
 
+_PATH, _RATE = itemgetter(0), itemgetter(1)
 PathRates = dict[Pair, dict[Path, float]]  # one coflow's {pair: {path: bytes/s}} (`take`)
 
 
@@ -72,20 +80,17 @@ def take(
     pair_rates: PairRates,
     left: dict[Link, float],
     scale: float,
-) -> None:
-    """Add `pair_rates` × scale to coflow `cid` and subtract them from `left`."""
+    index: PathIndex | None = None,
+) -> list[int]:
+    """Add `pair_rates` × scale to coflow `cid` and subtract them from `left` (`consume`).
+
+    Returns:
+        The indices (in `index`, ascending) of the links the paths cross.
+    """
     mine = rates.setdefault(cid, {})
-    if scale != 1.0:
-        for pair, lst in pair_rates.items():
-            assign(mine, pair, lst, scale)
-            consume(left, lst, scale)
-        return
-    for pair, lst in pair_rates.items():  # (inlined for scale 1: once per FlowGroup)
-        add_rates(mine, pair, lst)
-        for path, x in lst:  # (consume: x × 1.0 is x)
-            for link in links_of(path):
-                v = left[link] - x
-                left[link] = v if v > 0.0 else 0.0
+    for pair, lst in pair_rates.items():
+        assign(mine, pair, lst, scale)
+    return consume(left, pair_rates.values(), scale, index)
 
 
 def assign(mine: PathRates, pair: Pair, lst: list[tuple[Path, float]], scale: float) -> None:
@@ -112,10 +117,39 @@ def add_rates(mine: PathRates, pair: Pair, lst: list[tuple[Path, float]]) -> Non
         per_path[path] = get(path, 0.0) + rate
 
 
-def consume(left: dict[Link, float], lst: list[tuple[Path, float]], scale: float = 1.0) -> None:
-    """Subtract the path rates `lst` × scale from the capacities `left` (floored at 0)."""
-    for path, rate in lst:
-        x = rate * scale
-        for link in links_of(path):
-            v = left[link] - x
-            left[link] = v if v > 0.0 else 0.0  # (= max(0.0, v), NaN and -0.0 included)
+def consume(
+    left: dict[Link, float],
+    lists: Iterable[list[tuple[Path, float]]],
+    scale: float = 1.0,
+    index: PathIndex | None = None,
+) -> list[int]:
+    """Subtract the path rates of `lists` (each [(path, bytes/s)]) × scale from the
+    capacities `left` (bytes/s, floored at 0, in place): for each path rate in order and
+    each link of its path in order, left = max(0.0, left − x) (0.0 for NaN too).
+
+    One compiled pass over the links' indices in `index` (a PathIndex over the links of
+    `left` in their order; a new one when not given or over other links).
+
+    Returns:
+        The indices of the links the paths cross, ascending.
+
+    Raises:
+        KeyError: a path crosses a link that `left` does not have.
+    """
+    if index is None or len(index.links) != len(left) or not all(map(eq, left, index.links)):
+        index = PathIndex(tuple(left))
+    items = list(chain.from_iterable(lists))
+    ids = index.ids_of(map(_PATH, items))
+    lens = np.fromiter(map(len, ids), np.intp, len(ids))
+    flat = np.fromiter(chain.from_iterable(ids), np.intp, int(lens.sum()))
+    if len(flat) and flat.min() < 0:  # (the first such link, as a dict look-up raises)
+        path = next(item[0] for item, one in zip(items, ids, strict=True) if -1 in one)
+        raise KeyError(next(link for link in links_of(path) if link not in left))
+    x = np.fromiter(map(_RATE, items), float, len(items))
+    if scale != 1.0:
+        x = x * scale
+    values = np.fromiter(left.values(), float, len(left))
+    consume_kernel(values, flat, lens, x)
+    left.update(zip(index.links, values.tolist(), strict=True))
+    crossed: list[int] = np.unique(flat).tolist()
+    return crossed

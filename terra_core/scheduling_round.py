@@ -258,9 +258,9 @@ def _sequential(
             res = min_cct_on_residual(cid, active[cid], paths, r, memo, result, solved=same)
             result.state[cid] = PREEMPTED if math.isinf(res.gamma_s) else SCHEDULED
             if result.state[cid] == SCHEDULED:
-                take(rates, cid, res.rates, r, 1.0)
+                crossed = take(rates, cid, res.rates, r, 1.0, index)
                 untouched = False
-                full = mark_full(full, index, _ids_in(res.rates, index), r, capacity, FULL)
+                full = mark_full(full, index, crossed, r, capacity, FULL)
         result.order.append(cid)
         result.gammas[cid] = key
         (scheduled if result.state[cid] == SCHEDULED else preempted).append(cid)
@@ -363,14 +363,6 @@ def reserve_deadlines(
         time_left = deadlines[cid] - now
         stretch = min(1.0, res.gamma_s / time_left) if time_left > 0 else 1.0
         take(rates, cid, res.rates, left, stretch)
-    return ids
-
-
-def _ids_in(pair_rates: PairRates, index: PathIndex) -> set[int]:
-    """Indices of the links crossed by the paths of `pair_rates` ({pair: [(path, bytes/s)]})."""
-    paths = [path for lst in pair_rates.values() for path, _ in lst]
-    ids = set(chain.from_iterable(index.ids_of(paths)))
-    ids.discard(-1)  # (a link outside the index: its paths are blocked by the missing bit)
     return ids
 
 

@@ -216,7 +216,7 @@ def serve_starving(
             res = min_cct_on_residual(cid, active[cid], paths, pool, memo, result, starving=True)
             if math.isinf(res.gamma_s):
                 continue
-            take(rates, cid, res.rates, pool, 1.0)
+            take(rates, cid, res.rates, pool, 1.0, index)
             break
     for link, c in before.items():
         left[link] = max(0.0, left[link] - (c - pool[link]))

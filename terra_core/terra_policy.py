@@ -46,6 +46,7 @@ from terra_model import Coflow, Flow
 from topologies import Link, Path, Topology, k_shortest_paths
 from topologies.paths import up_graph
 
+GammaEntry = tuple[dict[Pair, float], float, DualBound]  # volumes, Γ (s), its DualBound
 _TIGHT = 1e-9  # relative gap under which cached bounds on Γ count as exact
 
 
@@ -139,8 +140,9 @@ class TerraPolicy:
         # {link: bytes/s} deadline admission counts as taken (other tenants' guarantees)
         self.held: dict[Link, float] = {}
         self._volumes: dict[str, dict[Pair, float]] = {}  # last known FlowGroup volumes
-        # volumes, Γ on the full WAN, DualBound
-        self._gamma: dict[str, tuple[dict[Pair, float], float, DualBound]] = {}
+        self._gamma: dict[str, GammaEntry] = {}  # volumes, Γ on the full WAN, DualBound
+        # last round's hints: {coflow id: (the cache entry, the volumes, the hint)}
+        self._hinted: dict[str, tuple[GammaEntry, dict[Pair, float], tuple[float, bool]]] = {}
         self._state: dict[str, PolicyState] = {}
         self._memo = RoundMemo()  # what a round keeps for the next (round_memo.py)
         self._total: dict[str, dict[Pair, float]] = {}  # aged guards: all bytes ever added
@@ -480,24 +482,25 @@ class TerraPolicy:
         (weak duality; monotonicity and homogeneity of Γ). When UB <= LB the
         value is exact (e.g. all FlowGroups shrank in proportion, or only
         FlowGroups off the bottleneck shrank faster); otherwise LB is a hint.
+        The hint is the same as last round's when neither the cache entry nor the
+        volumes (in their order) changed, as for a preempted coflow: it is kept with
+        its inputs for the next round (`_hinted`).
         """
         hints: dict[str, tuple[float, bool]] = {}
+        last, self._hinted = self._hinted, {}
         for cid, now_vol in volumes.items():
             cached = self._gamma.get(cid)
             if cid in self._deadline or cached is None:
                 continue
-            old_vol, gamma, bound = cached
-            if not now_vol.keys() <= old_vol.keys() or math.isinf(gamma):
-                del self._gamma[cid]
-                continue
-            upper = gamma * max(
-                map(operator.truediv, now_vol.values(), map(old_vol.__getitem__, now_vol))
-            )
-            lower = bound.gamma(now_vol)
-            if upper <= lower * (1 + _TIGHT):
-                hints[cid] = (upper, True)
-            else:
-                hints[cid] = (lower, False)
+            seen = last.get(cid)
+            if seen is None or seen[0] is not cached or not _same_volumes(seen[1], now_vol):
+                hint = _hint(now_vol, cached)
+                if hint is None:
+                    del self._gamma[cid]
+                    continue
+                seen = (cached, now_vol, hint)
+            self._hinted[cid] = seen
+            hints[cid] = seen[2]
         return hints
 
     def _gamma_now(self, cid: str, volumes: dict[Pair, float]) -> float:
@@ -531,6 +534,23 @@ class TerraPolicy:
         res = min_cct(volumes, paths, capacity, fewest_link_bytes=False)
         self.stats["lps"] += res.lp_solved
         return res.gamma_s * (1 + self.epsilon) <= deadline - now and not math.isinf(res.gamma_s)
+
+
+def _hint(volumes: dict[Pair, float], cached: GammaEntry) -> tuple[float, bool] | None:
+    """TerraPolicy._gamma_hints' (bound on Γ in seconds, exact) of the FlowGroup volumes
+    `volumes` (bytes) from the cache entry `cached` (volumes then, Γ then, DualBound);
+    None when the entry cannot bound them (a new pair, or Γ then infinite)."""
+    old_vol, gamma, bound = cached
+    if not volumes.keys() <= old_vol.keys() or math.isinf(gamma):
+        return None
+    upper = gamma * max(map(operator.truediv, volumes.values(), map(old_vol.__getitem__, volumes)))
+    lower = bound.gamma(volumes)
+    return (upper, True) if upper <= lower * (1 + _TIGHT) else (lower, False)
+
+
+def _same_volumes(a: dict[Pair, float], b: dict[Pair, float]) -> bool:
+    """The same {pair: bytes} in the same order (the hints' sums run in that order)."""
+    return a == b and list(a) == list(b)
 
 
 def allocate_by_groups(

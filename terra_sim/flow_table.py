@@ -115,6 +115,18 @@ class LinkTable:
             self._path_rows[path] = rows
         return rows
 
+    def rows_of_all(self, paths: list[tuple[str, ...]]) -> list[list[int]]:
+        """`rows_of(path)` for every path of `paths`, in order (one C-level pass over the
+        cache when every path is in it).
+
+        Raises:
+            SimulationError: a link the WAN does not have (the first such path's).
+        """
+        try:
+            return list(map(self._path_rows.__getitem__, paths))
+        except KeyError:
+            return [self.rows_of(path) for path in paths]
+
     def check_loads(self, load: np.ndarray, now: float) -> None:
         """Raise SimulationError if a link (float array by row, bytes/s) is loaded above
         its available capacity by more than CAPACITY_REL relative; `now` in seconds."""

@@ -6,7 +6,9 @@ each FlowGroup's flows in proportion to their remaining bytes, as `allocate` wou
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, repeat
+from operator import eq, itemgetter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -16,6 +18,18 @@ from terra_sim.errors import SimulationError
 from terra_sim.flow_table import FlowTable, LinkTable
 
 _INF = float("inf")
+_PATH, _RATE, _ENDS = itemgetter(0), itemgetter(1), itemgetter(0, -1)
+
+
+def _error(cid: str, pair, item: tuple, known: bool) -> str:
+    """The message of GroupAllocator's first failing check on the path rate `item` (path,
+    bytes/s) of coflow `cid`'s `pair`; `known`: the pair has a FlowGroup."""
+    path, r = item
+    if not (0 <= r < _INF):
+        return f"coflow {cid!r} pair {pair}: rate {r!r}"
+    if not known:
+        return f"allocation gives coflow {cid!r} a rate on {pair}, where it has no active flow"
+    return f"coflow {cid!r}: path {path} does not join {pair[0]} and {pair[1]}"
 
 
 @dataclass
@@ -37,15 +51,18 @@ class Groups:
     coflows: dict[str, tuple[int, list[tuple[str, str]], dict[tuple[str, str], int]]]
 
 
-class _Shares:
-    """The positive path rates of a `group_rates` answer, gathered for the split: per path
-    rate its FlowGroup, path slot, rate (bytes/s) and the rows of its links."""
+class _Shares(NamedTuple):
+    """The positive path rates of a `group_rates` answer, in the answer's order, gathered
+    for the split: per path rate its FlowGroup `g` and rank `j` among its FlowGroup's
+    positive rates (int arrays), the rate `rates` (float array, bytes/s), and the rows
+    of its links (`lens`: links per path, `rows`: every path's rows one after the other,
+    int arrays)."""
 
-    def __init__(self) -> None:
-        self.g: list[int] = []
-        self.j: list[int] = []
-        self.rates: list[float] = []
-        self.rows: list[list[int]] = []
+    g: np.ndarray
+    j: np.ndarray
+    rates: np.ndarray
+    lens: np.ndarray
+    rows: np.ndarray
 
 
 class GroupAllocator(Allocator):
@@ -64,63 +81,78 @@ class GroupAllocator(Allocator):
         self._layout: tuple[tuple, Groups] | None = None
 
     def allocate(self, now: float, active: dict) -> float:
-        """See Allocator.allocate."""
+        """See Allocator.allocate. Only the flows of FlowGroups with a rate are written
+        (the engine set every live flow's rate to 0 before)."""
         groups = self._groups(active)
         rem = self.flows.rem[groups.pos]
-        volume = np.bincount(groups.gid, weights=rem, minlength=groups.count).tolist()
+        volume = np.bincount(groups.gid, weights=rem, minlength=groups.count)
+        vol = volume.tolist()
         volumes = {
-            cid: dict(zip(pairs, volume[base : base + len(pairs)], strict=True))
+            cid: dict(zip(pairs, vol[base : base + len(pairs)], strict=True))
             for cid, (base, pairs, _) in groups.coflows.items()
         }
-        answer = self.timed(self.policy.group_rates, now, volumes)
-        s = _Shares()
-        for cid, pair_rates in answer.items():
-            entry = groups.coflows.get(cid)
-            base, where = (entry[0], entry[2]) if entry is not None else (0, {})
-            for pair, lst in pair_rates.items():
-                slot = where.get(pair)
-                self._gather(cid, pair, lst, None if slot is None else base + slot, s)
-        if s.g:
-            r = np.asarray(s.rates, dtype=float)
-            share = r / np.asarray(volume, dtype=float)[s.g]  # rate / volume, per path
-            table = np.zeros((groups.count, max(s.j) + 1))
+        s = self._shares(self.timed(self.policy.group_rates, now, volumes), groups)
+        if len(s.g):
+            share = s.rates / volume[s.g]  # rate / volume, per path
+            table = np.zeros((groups.count, int(s.j.max()) + 1))
             table[s.g, s.j] = share
-            per_flow = table[groups.gid]
-            rate = np.zeros(len(rem))
+            rated = np.zeros(groups.count, dtype=bool)
+            rated[s.g] = True
+            sel = np.flatnonzero(rated[groups.gid])  # the flows of FlowGroups with a rate
+            per_flow = table[groups.gid[sel]]
+            rem_sel = rem[sel]
+            rate = np.zeros(len(sel))
             for j in range(table.shape[1]):  # path by path, as split_by_remaining's sum
-                rate += per_flow[:, j] * rem
-            self.flows.rate[groups.pos] = rate
-            lens = np.fromiter(map(len, s.rows), np.intp, len(s.rows))
-            rows = np.fromiter(chain.from_iterable(s.rows), np.intp, int(lens.sum()))
-            load = np.bincount(rows, weights=np.repeat(r, lens), minlength=len(self.links.row))
-            byte_hops = sum((r * lens).tolist())  # (in path order, as a running sum)
+                rate += per_flow[:, j] * rem_sel
+            self.flows.rate[groups.pos[sel]] = rate
+            weights = np.repeat(s.rates, s.lens)
+            load = np.bincount(s.rows, weights=weights, minlength=len(self.links.row))
+            byte_hops = sum((s.rates * s.lens).tolist())  # (in path order, as a running sum)
         else:
             load, byte_hops = np.zeros(len(self.links.row)), 0.0
         self.links.check_loads(load, now)
         return byte_hops
 
-    def _gather(self, cid: str, pair, lst, g: int | None, s: _Shares) -> None:
-        """Check one FlowGroup's path rates `lst` (FlowGroup `g`, None when unknown) and add
-        the positive ones to `s`."""
-        j = 0
-        for path, r in lst:
-            if not (0 <= r < _INF):
-                raise SimulationError(f"coflow {cid!r} pair {pair}: rate {r!r}")
-            if r == 0:
-                continue
-            if g is None:
-                raise SimulationError(
-                    f"allocation gives coflow {cid!r} a rate on {pair}, where it has no active flow"
-                )
-            if path[0] != pair[0] or path[-1] != pair[1]:
-                raise SimulationError(
-                    f"coflow {cid!r}: path {path} does not join {pair[0]} and {pair[1]}"
-                )
-            s.g.append(g)
-            s.j.append(j)
-            s.rates.append(r)
-            s.rows.append(self.links.rows_of(path))
-            j += 1
+    def _shares(self, answer: dict, groups: Groups) -> _Shares:
+        """The positive path rates of `answer` ({coflow id: {pair: [(path, bytes/s)]}}) as
+        `_Shares`, after the checks (in the answer's order; the first failing path rate
+        raises). FlowGroup -1 stands for a pair or coflow without one.
+
+        Raises:
+            SimulationError: a rate not finite or < 0, a positive rate for a FlowGroup
+                without active flows, a path that does not join its pair's DCs, or over a
+                link the WAN does not have.
+        """
+        owners, pairs, lists, gs = [], [], [], []
+        for cid, pair_rates in answer.items():
+            entry = groups.coflows.get(cid)
+            base, where = (entry[0], entry[2]) if entry is not None else (0, {})
+            owners.extend(repeat(cid, len(pair_rates)))
+            pairs.extend(pair_rates)
+            lists.extend(pair_rates.values())
+            gs.extend(-1 if k is None else base + k for k in map(where.get, pair_rates))
+        counts = np.fromiter(map(len, lists), np.intp, len(lists))
+        items = list(chain.from_iterable(lists))
+        n = len(items)
+        r = np.fromiter(map(_RATE, items), float, n)
+        g = np.repeat(np.asarray(gs, dtype=np.intp), counts)
+        positive = r > 0
+        paths = list(map(_PATH, items))
+        per_item = list(chain.from_iterable(map(repeat, pairs, counts.tolist())))
+        joins = np.fromiter(map(eq, map(_ENDS, paths), per_item), bool, n)
+        bad = ~((r >= 0) & (r < _INF)) | (positive & ((g < 0) | ~joins))
+        first = int(np.argmax(bad)) if bad.any() else n
+        kept = np.flatnonzero(positive[:first])
+        rows = self.links.rows_of_all([paths[i] for i in kept.tolist()])  # (may raise)
+        if first < n:
+            owner = list(chain.from_iterable(map(repeat, owners, counts.tolist())))[first]
+            raise SimulationError(_error(owner, per_item[first], items[first], g[first] >= 0))
+        starts = np.repeat(np.cumsum(counts) - counts, counts)
+        before = np.cumsum(positive) - positive  # positive rates before each one
+        j = before - np.append(before, 0)[starts]  # its rank among its FlowGroup's
+        lens = np.fromiter(map(len, rows), np.intp, len(rows))
+        flat = np.fromiter(chain.from_iterable(rows), np.intp, int(lens.sum()))
+        return _Shares(g[kept], j[kept], r[kept], lens, flat)
 
     def _groups(self, active: dict) -> Groups:
         """The FlowGroups of the active flows (`Groups`), rebuilt only when a coflow

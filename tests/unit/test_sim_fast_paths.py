@@ -11,6 +11,7 @@ import reference_mcf
 from terra_core.mcf import McfWarmStart, maxmin_mcf
 from terra_core.terra_policy import TerraPolicy
 from terra_model import Coflow, Flow
+from terra_sim.errors import SimulationError
 from terra_sim.simulator import WanChange, simulate
 from topologies import Topology, all_pairs_paths, path_links
 
@@ -196,3 +197,49 @@ def test_compact_maxmin_mcf_taking_rounds_from_the_last_call_has_the_reference_t
         for _ in range(rng.choice([1, 1, 2])):
             pairs.remove(rng.choice(pairs))
     assert taken < cold
+
+
+class _BadGroups(TerraPolicy):
+    """A buggy Terra: every round answers `answer` ({coflow: {pair: [(path, bytes/s)]}})."""
+
+    def __init__(self, topology, answer):
+        super().__init__(topology)
+        self.answer = answer
+
+    def group_rates(self, now, volumes, capacity=None):
+        return self.answer
+
+
+_LINE = Topology("line", ["A", "B", "C"], {("A", "B"): G, ("B", "C"): G, ("B", "A"): G})
+
+
+@pytest.mark.parametrize(
+    "answer, message",
+    [
+        ({"c": {("A", "B"): [(("A", "B"), 0.0), (("A", "B"), float("nan"))]}}, "rate nan"),
+        ({"c": {("A", "B"): [(("A", "B"), G / 2), (("A", "B"), -1.0)]}}, "rate -1.0"),
+        ({"c": {("A", "C"): [(("A", "B", "C"), 1.0)]}}, "where it has no active flow"),
+        ({"x": {("A", "B"): [(("A", "B"), 1.0)]}}, "where it has no active flow"),
+        ({"c": {("A", "B"): [(("B", "C"), 1.0)]}}, "does not join A and B"),
+        ({"c": {("A", "B"): [(("A", "C", "B"), 1.0)]}}, "unknown link"),
+        ({"c": {("A", "B"): [(("A", "C", "B"), 1.0), (("B", "C"), 1.0)]}}, "unknown link"),
+        ({"c": {("A", "B"): [(("A", "B"), 2 * G)]}}, "loaded"),
+    ],
+)
+def test_malformed_group_rates_are_policy_bugs(answer, message):
+    # the split checks the answer path rate by path rate, in its order: the first bad one
+    # is reported, and a rate of 0 is never checked further
+    coflow = Coflow("c", 0, [Flow("f", "A", "B", G)])
+    with pytest.raises(SimulationError, match=message):
+        simulate(_BadGroups(_LINE, answer), [coflow])
+
+
+def test_zero_group_rates_off_the_flowgroups_are_ignored():
+    # rates of 0 for a pair or coflow without active flows are no error; the flow of
+    # (A, B) gets the sum of its two path rates, split in the answer's order
+    answer = {
+        "x": {("A", "B"): [(("A", "B"), 0.0)]},
+        "c": {("A", "C"): [(("A", "B", "C"), 0.0)], ("A", "B"): [(("A", "B"), G / 4)] * 2},
+    }
+    result = simulate(_BadGroups(_LINE, answer), [Coflow("c", 0, [Flow("f", "A", "B", G)])])
+    assert result.coflows[0].cct_s == pytest.approx(2.0)

@@ -1,0 +1,32 @@
+"""Compiled loops of the scheduling round's rate passes (round_rates.consume), kept in
+their own module so that their compiled code in `__pycache__` stays valid while the
+passes around them change.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from terra_core.array_types import FloatArray, IntArray
+
+
+@njit(cache=True, error_model="numpy")
+def consume_kernel(
+    left: FloatArray, ids: IntArray, lens: IntArray, x: FloatArray
+) -> None:  # pragma: no cover - compiled
+    """left[i] = max(0, left[i] - x[p]) for every link i of every path p, in order.
+
+    Args:
+        left: float array (links,) of bytes/s, changed in place.
+        ids: int array (entries,), the link indices of every path, one path after the other.
+        lens: int array (paths,), the links per path.
+        x: float array (paths,), each path's rate in bytes/s.
+    """
+    k = 0
+    for p in range(len(x)):
+        xp = x[p]
+        for _ in range(lens[p]):
+            i = ids[k]
+            k += 1
+            v = left[i] - xp
+            left[i] = v if v > 0.0 else 0.0
