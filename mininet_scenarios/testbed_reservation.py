@@ -10,10 +10,13 @@ During each Terra run the job master polls, with the coflows (every swan.POLL_S)
 reserved tenant's coflows that have flows on the pair (check_status: each flow's bytes
 delivered as the agents report them, and whether it is done) and keeps samples
 (t seconds after the first arrival, bytes delivered on the pair, flows there not done).
-A guarantee holds while its tenant has bytes on the pair (a tenant with nothing to send
-there takes nothing), so the delivered rate is measured over that time:
+A guarantee is a rate while its tenant has bytes on the pair (a tenant with nothing to
+send there takes nothing), so the delivered rate is measured over that time, from the first
+sample that shows bytes delivered (the start-up before it, submission to first byte, is a
+latency, reported apart as "first_byte_s"):
 
     rate = Σ_i (d_{i+1} − d_i) / Σ_i (t_{i+1} − t_i)   over the samples i with a flow open
+                                                        and d_i > 0
 
 in bytes/s. The poll's granularity counts against the rate (a FlowGroup done just after a
 sample is seen done one poll later), so the figure is a lower bound on what the pair got.
@@ -136,16 +139,22 @@ class PairWatch:
 
 
 def delivered_rate(samples: list) -> dict:
-    """{"rate_bytes_per_s" (None without a sample with a flow open), "backlogged_s",
-    "bytes"} of PairWatch samples: the bytes delivered over the time a flow on the pair
-    was open (module docstring)."""
-    busy, moved = 0.0, 0
+    """{"rate_bytes_per_s" (None without an open interval after the first byte),
+    "backlogged_s" (the time it is measured over), "bytes" (delivered while a flow was
+    open), "first_byte_s" (from the first sample to the first showing bytes: start-up, an
+    upper bound)} of PairWatch samples: the rate from the first byte on over the time a
+    flow on the pair was open (module docstring)."""
+    busy, moved, counted, started = 0.0, 0, 0, None
     for (t0, d0, open0), (t1, d1, _) in pairwise(samples):
         if open0:
-            busy += t1 - t0
             moved += d1 - d0
-    return {"rate_bytes_per_s": moved / busy if busy > 0 else None, "backlogged_s": busy,
-            "bytes": moved}  # fmt: skip
+            if d0 > 0:
+                busy += t1 - t0
+                counted += d1 - d0
+        if started is None and d1 > 0:
+            started = t1 - samples[0][0]
+    return {"rate_bytes_per_s": counted / busy if busy > 0 else None, "backlogged_s": busy,
+            "bytes": moved, "first_byte_s": started}  # fmt: skip
 
 
 def reservation_summary(reserve: Reserve, honest: list, greedy: list) -> dict:

@@ -496,7 +496,8 @@ class RestServer:
         server = self
         if not self.public and (identity is None or not identity.may(Role.OPERATOR)):
             controller = getattr(self.app, "controller", None)
-            if controller is None:
+            if controller is None:  # starting: no controller attached to the app yet
+                _reply_starting(sock)
                 return
             gate = TokenGate(self.app, controller.token_key, controller.health,
                              self.not_operator.event)  # fmt: skip
@@ -515,6 +516,17 @@ class RestServer:
     def server_close(self) -> None:
         """Close the listener (as shutdown; for socketserver's interface)."""
         stop_listener(self.listener)
+
+
+def _reply_starting(sock) -> None:
+    """Answer 503 (the controller is starting) on `sock` and let the caller close it;
+    a client that cannot send it any more is ignored."""
+    try:
+        sock.settimeout(REQUEST_TIMEOUT_S)
+        sock.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                     b"Retry-After: 1\r\nConnection: close\r\n\r\n")  # fmt: skip
+    except OSError as exc:
+        LOG.debug("REST: %s", exc)
 
 
 class _DebugLog:

@@ -121,8 +121,8 @@ class System:
         def registered() -> bool:
             try:
                 agents = self.get("/status")["agents"]
-            except urllib.error.URLError:  # REST opens just after the "ready" line
-                return False
+            except (urllib.error.URLError, ConnectionError):  # REST opens just after the
+                return False  # "ready" line, and answers 503 until its controller is attached
             return sum(a["connected"] for a in agents) == len(AGENTS)
 
         wait_until(registered, timeout, "agents to register")

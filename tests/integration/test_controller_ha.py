@@ -106,9 +106,9 @@ class Cluster:
                 break
         raise AssertionError(f"controller {i} did not become ready; {self.log_tail(i)}")
 
-    def client(self, i: int) -> TerraClient:
+    def client(self, i: int, timeout: float = 20) -> TerraClient:
         return TerraClient("127.0.0.1", self.addrs[i]["api"], pki=self.pki, name="operator1",
-                           timeout=20)  # fmt: skip
+                           timeout=timeout)  # fmt: skip
 
     def stop(self) -> None:
         stop_processes([p for p in self.procs if p.poll() is None])
@@ -185,7 +185,11 @@ def test_one_etcd_member_killed_loses_nothing(cluster3):
     client, cid = start_transfer(cluster3)
     cluster3.etcd[0].kill()
     cluster3.etcd[0].wait()
-    second = client.submit_coflow([flow("s1", "b1", "c1", 5 * MB)])  # written to another member
+    # written to another member; etcd's election (if the member led it) and then the
+    # controllers' may take more than the usual 20 s on a loaded machine: 60 s to find a leader
+    patient = cluster3.client(0, timeout=60)
+    second = patient.submit_coflow([flow("s1", "b1", "c1", 5 * MB)])
+    patient.close()
     assert_digests(client.wait(cid, timeout=120))
     assert_digests(client.wait(second, timeout=60))
     roles = lambda: sorted((cluster3.health(i) or {}).get("role", "") for i in (0, 1))  # noqa: E731

@@ -162,8 +162,8 @@ def test_quick_run_with_a_greedy_tenant_completes_every_coflow(quick_run):
 def test_quick_run_holds_the_reserved_pairs_guarantee_while_the_other_tenant_floods(quick_run):
     """`quick_run` with t0 guaranteed RESERVE_MBPS from HK to BA (its 2 MB there, in its
     first coflow): in the honest run and while t1 floods with its split coflows, t0's flows
-    on HK->BA delivered at least 90 % of the guarantee over the time they had bytes (real
-    bytes through OVS, as the agents reported them), nothing lost."""
+    on HK->BA delivered at least 90 % of the guarantee over the time they had bytes, from
+    their first byte (real bytes through OVS, as the agents reported them), nothing lost."""
     result, _, _ = quick_run
     reservation = result["tenants"]["reservation"]
     assert (reservation["tenant"], reservation["src"], reservation["dst"]) == ("t0", "HK", "BA")

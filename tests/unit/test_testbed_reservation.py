@@ -63,26 +63,29 @@ def test_reserve_needs_tenants(tmp_path, capsys):
     assert "--reserve needs --tenants" in capsys.readouterr().err
 
 
-def test_delivered_rate_counts_only_the_time_a_flow_is_open():
-    # open from 1 s to 3 s (1000 then 1000 more bytes), idle until 5 s, open again 5-6 s
-    # (500 bytes): 2500 bytes over 3 s; the idle 2 s and the bytes they show do not count.
-    samples = [(1.0, 0, 2), (2.0, 1000, 2), (3.0, 2000, 0), (5.0, 2000, 1), (6.0, 2500, 0)]
+def test_delivered_rate_counts_only_the_time_a_flow_is_open_after_its_first_byte():
+    # nothing delivered 0-1 s (start-up), open from 1 s to 3 s (1000 then 1000 more bytes),
+    # idle until 5 s, open again 5-6 s (500 bytes): the rate is 1500 bytes over the 2 s after
+    # the first byte was seen; the start-up and the idle 2 s do not count; 2500 bytes moved.
+    samples = [(0.0, 0, 2), (1.0, 0, 2), (2.0, 1000, 2), (3.0, 2000, 0), (5.0, 2000, 1),
+               (6.0, 2500, 0)]  # fmt: skip
     got = delivered_rate(samples)
-    assert got == {"rate_bytes_per_s": pytest.approx(2500 / 3), "backlogged_s": 3.0,
-                   "bytes": 2500}  # fmt: skip
+    assert got == {"rate_bytes_per_s": pytest.approx(1500 / 2), "backlogged_s": 2.0,
+                   "bytes": 2500, "first_byte_s": 2.0}  # fmt: skip
     assert delivered_rate([])["rate_bytes_per_s"] is None
     assert delivered_rate([(1.0, 5, 0), (2.0, 5, 0)])["rate_bytes_per_s"] is None
+    assert delivered_rate([(0.0, 0, 1), (2.0, 900, 0)])["rate_bytes_per_s"] is None
 
 
 def test_summary_judges_every_run_against_the_guarantee():
     reserve = Reserve("t0", "HK", "BA", 1000.0)
-    honest = RunResult(reserved_pair=[(0.0, 0, 1), (2.0, 2400, 0)])  # 1200 B/s: 120 %
-    greedy = RunResult(reserved_pair=[(0.0, 0, 1), (2.0, 1900, 0)])  # 950 B/s: 95 %
+    honest = RunResult(reserved_pair=[(0.0, 10, 1), (2.0, 2410, 0)])  # 1200 B/s: 120 %
+    greedy = RunResult(reserved_pair=[(0.0, 10, 1), (2.0, 1910, 0)])  # 950 B/s: 95 %
     out = reservation_summary(reserve, [honest], [greedy])
     assert out["honest"][0]["fraction"] == pytest.approx(1.2)
     assert out["min_fraction"] == pytest.approx(0.95) and out["target_met"]
     assert "95.0% of the guarantee" in reservation_lines(out)
-    slow = RunResult(reserved_pair=[(0.0, 0, 1), (2.0, 1700, 0)])  # 85 %
+    slow = RunResult(reserved_pair=[(0.0, 10, 1), (2.0, 1710, 0)])  # 85 %
     assert not reservation_summary(reserve, [honest], [slow])["target_met"]
     unseen = reservation_summary(reserve, [honest], [RunResult()])
     assert unseen["min_fraction"] is None and not unseen["target_met"]
