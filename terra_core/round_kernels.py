@@ -5,6 +5,7 @@ passes around them change.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from terra_core.array_types import FloatArray, IntArray
@@ -30,3 +31,11 @@ def consume_kernel(
             k += 1
             v = left[i] - xp
             left[i] = v if v > 0.0 else 0.0
+
+
+def warm() -> None:
+    """Load the kernels (from numba's cache in `__pycache__`, or compile them) with the
+    argument types the round passes, so the first scheduling round does not pay it: about
+    1.4 s from the cache, several seconds to compile. The controller builds its policy, and
+    with it this, before it says it is ready."""
+    consume_kernel(np.zeros(1), np.zeros(1, np.intp), np.ones(1, np.intp), np.zeros(1))

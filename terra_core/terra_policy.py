@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import TypedDict
 
+from terra_core import round_kernels
 from terra_core.min_cct import DualBound, Pair, PairRates, min_cct
 from terra_core.policy import Allocation, PathSource, PolicyState, Remaining, split_by_remaining
 from terra_core.round_memo import RoundMemo
@@ -145,6 +146,7 @@ class TerraPolicy:
         self._hinted: dict[str, tuple[GammaEntry, dict[Pair, float], tuple[float, bool]]] = {}
         self._state: dict[str, PolicyState] = {}
         self._memo = RoundMemo()  # what a round keeps for the next (round_memo.py)
+        round_kernels.warm()  # the round's compiled passes loaded now, not in the first round
         self._total: dict[str, dict[Pair, float]] = {}  # aged guards: all bytes ever added
         # the last round's deadlines, starving and Γ order (round_order)
         self._last_order: tuple[dict[str, float], list[str], list[str]] = ({}, [], [])
