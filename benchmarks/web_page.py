@@ -77,7 +77,17 @@ class PageDriver:
     def wait_updates(self, n: int = 2, timeout: float = 60) -> None:
         """Wait until the page has drawn `n` more polls."""
         start = self.updates()
-        self.wait(lambda: self.updates() >= start + n, timeout, f"{n} page updates")
+        try:
+            self.wait(lambda: self.updates() >= start + n, timeout, f"{n} page updates")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; the page says: {self.connection_text()!r}") from None
+
+    def connection_text(self) -> str:
+        """The page's connection line ("updated ..." or why the last poll failed)."""
+        try:
+            return self.driver.find_element("id", "conn").text
+        except Exception as exc:  # the browser itself may be what is stuck
+            return f"(unreadable: {type(exc).__name__})"
 
     def js(self, script: str):
         """Run `script` in the page and return its value."""

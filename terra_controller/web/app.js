@@ -16,6 +16,7 @@
 "use strict";
 
 const POLL_MS = 1000;
+const FETCH_TIMEOUT_MS = 5000; // a request not answered by then is given up (and polled again)
 const FINISHED_ROWS = 200; // finished coflows shown besides every active one
 const SVG = "http://www.w3.org/2000/svg";
 const W = 800, H = 460, MARGIN = 50;
@@ -88,7 +89,10 @@ function replaceBody(table, rows) {
 async function getJson(path) {
   const headers = {}, token = sessionStorage.getItem(TOKEN_KEY);
   if (token) headers.Authorization = "Bearer " + token;
-  const reply = await fetch(path, { cache: "no-store", headers });
+  // A request the controller never answers must not freeze the page: polls run one at a
+  // time, so one hung request would stop every later poll.
+  const signal = AbortSignal.timeout(FETCH_TIMEOUT_MS);
+  const reply = await fetch(path, { cache: "no-store", headers, signal });
   // (a refusal of a request sent before the token changed does not ask again)
   const refused = reply.status === 401 || reply.status === 403;
   if (refused && token === sessionStorage.getItem(TOKEN_KEY)) showLogin(reply.status, path);
