@@ -16,7 +16,7 @@
 "use strict";
 
 const POLL_MS = 1000;
-const FETCH_TIMEOUT_MS = 5000; // a request not answered by then is given up (and polled again)
+const FETCH_TIMEOUT_MS = 10000; // a request not answered by then (the server allows 10 s) is given up
 const FINISHED_ROWS = 200; // finished coflows shown besides every active one
 const SVG = "http://www.w3.org/2000/svg";
 const W = 800, H = 460, MARGIN = 50;
