@@ -80,14 +80,23 @@ class PageDriver:
         try:
             self.wait(lambda: self.updates() >= start + n, timeout, f"{n} page updates")
         except TimeoutError as exc:
-            raise TimeoutError(f"{exc}; the page says: {self.connection_text()!r}") from None
+            raise TimeoutError(f"{exc}; {self.page_state()}") from None
 
-    def connection_text(self) -> str:
-        """The page's connection line ("updated ..." or why the last poll failed)."""
+    def page_state(self) -> str:
+        """What the browser shows of the page, for a failure message: its connection line
+        ("updated ..." or why the last poll failed), document.readyState, whether app.js
+        ran, and the first 3 and last 9 resources it fetched with their HTTP status (0: no
+        reply)."""
         try:
-            return self.driver.find_element("id", "conn").text
+            return str(self.js(
+                "return {conn: document.getElementById('conn').textContent,"
+                " ready: document.readyState, app: typeof poll,"
+                " fetched: ((e) => [...e.slice(0, 3), ...e.slice(3).slice(-9)])("
+                "performance.getEntriesByType('resource')).map("
+                "e => e.name.replace(location.origin, '') + ' ' + e.responseStatus)};"
+            ))  # fmt: skip
         except Exception as exc:  # the browser itself may be what is stuck
-            return f"(unreadable: {type(exc).__name__})"
+            return f"(page unreadable: {type(exc).__name__}: {exc})"
 
     def js(self, script: str):
         """Run `script` in the page and return its value."""

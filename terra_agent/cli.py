@@ -63,7 +63,7 @@ from pathlib import Path
 import trio
 
 from overlay.rate_limit import RATE_LIMITERS
-from terra_core.cli_support import HelpFormatter, add_common_args, setup_logging
+from terra_core.cli_support import HelpFormatter, add_common_args, report_crashes, setup_logging
 from terra_security.pki import (
     PkiError,
     client_context,
@@ -228,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the agent until interrupted; returns the exit status."""
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
+    report_crashes()
     try:
         config = agent_config(args)
     except CannotStart as exc:

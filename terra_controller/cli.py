@@ -70,6 +70,7 @@ from terra_core.cli_support import (
     MissingExtra,
     add_common_args,
     require,
+    report_crashes,
     setup_logging,
 )
 from terra_core.registry import add_scheduler_arguments, options_from_args
@@ -208,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.pki is None and not args.insecure:
         p.error("one of the arguments --pki --insecure is required")
     setup_logging(args.log_level)
+    report_crashes()
     if args.k < 1:
         raise SystemExit("terra-controller: --k must be >= 1")
     if args.agent_timeout <= 0 or args.keep_finished < 0 or args.max_restarts < 0:

@@ -279,3 +279,23 @@ def test_console_scripts_answer_version_and_help(tool):
     assert done.returncode == 0, done.stderr
     assert not re.search(r"\bissues?\s+#?\d", done.stdout, re.IGNORECASE)
     assert "--version" in done.stdout
+
+
+def test_a_crashed_controller_leaves_its_tracebacks_in_its_log(tmp_path):
+    """A fatal signal (a crash in compiled code, here SIGSEGV sent to it) makes the running
+    controller write every thread's Python traceback to stderr before it dies, so its log
+    says where it died instead of ending mid-line."""
+    import signal
+
+    from benchmarks.loopback_system import ControllerProcess
+
+    log = tmp_path / "controller.log"
+    ctl = ControllerProcess("swan", log=log)
+    try:
+        ctl.proc.send_signal(signal.SIGSEGV)
+        assert ctl.proc.wait(timeout=30) == -signal.SIGSEGV
+    finally:
+        ctl.stop()
+    text = log.read_text()
+    assert "Fatal Python error: Segmentation fault" in text
+    assert "Current thread" in text and 'File "' in text

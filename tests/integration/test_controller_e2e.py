@@ -94,8 +94,10 @@ class System:
         line = self.ctl.stdout.readline()
         if not line.startswith("terra-controller ready"):
             self.ctl_log.flush()
-            tail = (self.workdir / "controller.log").read_text()[-2000:]
-            raise AssertionError(f"controller did not start: {line!r}; its log ends:\n{tail}")
+            code = self.ctl.poll() if line else self.ctl.wait(timeout=10)
+            tail = (self.workdir / "controller.log").read_text()[-3000:]
+            raise AssertionError(f"controller did not start: {line!r} (exit status {code}); "
+                                 f"its log ends:\n{tail}")  # fmt: skip
 
     def stop_controller(self) -> None:
         self.ctl.terminate()  # SIGTERM: it ends at once, closing the agents' channels
