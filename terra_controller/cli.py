@@ -69,8 +69,8 @@ from terra_core.cli_support import (
     HelpFormatter,
     MissingExtra,
     add_common_args,
-    require,
     report_crashes,
+    require,
     setup_logging,
 )
 from terra_core.registry import add_scheduler_arguments, options_from_args
