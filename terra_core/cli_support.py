@@ -107,10 +107,13 @@ def setup_logging(level: str = "INFO", stream: TextIO | None = None) -> None:
 def report_crashes() -> None:
     """Make a fatal signal of the process (SIGSEGV, SIGFPE, SIGABRT, SIGBUS, SIGILL: a crash
     in compiled code) write every thread's Python traceback to stderr before it dies, so a
-    daemon's log says where it died instead of ending mid-line (Python's faulthandler)."""
+    daemon's log says where it died instead of ending mid-line (Python's faulthandler).
+    It writes to the process's own stderr descriptor (sys.__stderr__), whatever replaced
+    sys.stderr since; nothing without one."""
     import faulthandler
 
-    faulthandler.enable(file=sys.stderr, all_threads=True)
+    if sys.__stderr__ is not None:
+        faulthandler.enable(file=sys.__stderr__, all_threads=True)
 
 
 def require(module: str, extra: str) -> ModuleType:
