@@ -6,9 +6,20 @@ goes into the tenants file the testbed writes for the controller, without a wind
 in force in every Terra run of the testbed (the honest runs and, with --greedy-tenant, the
 runs where the greedy tenant floods with its split coflows). The workload is unchanged.
 
+A guarantee is a rate, and a rate needs a backlog long enough to show it: the agents report
+a flow's bytes every 0.5 s and the job master polls every swan.POLL_S (0.25 s), so a
+transfer of a second or two (the quick run's 2 MiB at 8 Mbit/s) is measured to within a
+third of its rate at best. The testbed therefore adds to the workload, for every run
+(Terra and per-flow TCP alike, and the simulated twin), one coflow of the reserved tenant
+arriving with the first coflow: the probe (trace id PROBE_ID), one flow from the first host
+of SRC to the first host of DST carrying PROBE_S seconds of the guarantee (whole 64 KiB
+leaves). The per-tenant figures leave the probe out (testbed_tenants.per_tenant); the FoIs
+count it, as every scheduler runs it.
+
 During each Terra run the job master polls, with the coflows (every swan.POLL_S), the
-reserved tenant's coflows that have flows on the pair (check_status: each flow's bytes
-delivered as the agents report them, and whether it is done) and keeps samples
+reserved tenant's coflows that have flows on the pair (the probe and the workload's;
+check_status: each flow's bytes delivered as the agents report them, and whether it is
+done) and keeps samples
 (t seconds after the first arrival, bytes delivered on the pair, flows there not done).
 A guarantee is a rate while its tenant has bytes on the pair (a tenant with nothing to
 send there takes nothing), so the delivered rate is measured over that time, from the first
@@ -28,10 +39,14 @@ import math
 from dataclasses import dataclass
 from itertools import pairwise
 
+from mininet_scenarios.workload import TestbedCoflow
 from terra_core.reservations import Reservation, ReservationError, admission
 from topologies import Topology
 
 TARGET_FRACTION = 0.9  # the reserved pair delivers at least this fraction of its guarantee
+PROBE_ID = "reserve-probe"  # trace id of the probe coflow (module docstring)
+PROBE_S = 8.0  # the probe carries this many seconds of the guarantee
+LEAF_BYTES = 64 * 1024  # the probe's size is a whole number of these
 
 
 @dataclass(frozen=True)
@@ -84,6 +99,24 @@ def parse_reserve(text: str, tenants: list[str], topology: Topology, k: int) -> 
     if not found.ok:
         raise ValueError(f"--reserve {text!r}: {found.reason}")
     return Reserve(tenant, src, dst, rate)
+
+
+def probe_coflow(reserve: Reserve, hosts: dict[str, list[str]]) -> TestbedCoflow:
+    """The probe coflow of `reserve` (module docstring): the reserved tenant's, arriving at
+    0 s, one flow from hosts[src][0] to hosts[dst][0] of PROBE_S seconds of the guaranteed
+    rate in whole 64 KiB leaves (at least one).
+
+    Args:
+        reserve: the reservation.
+        hosts: {DC: [its agent hosts' names]}.
+
+    Raises:
+        KeyError: a DC of the reservation with no host in `hosts`.
+    """
+    src, dst = hosts[reserve.src][0], hosts[reserve.dst][0]
+    leaves = max(1, int(reserve.rate_bytes_per_s * PROBE_S // LEAF_BYTES))
+    flow = {"id": f"{src}>{dst}", "src": src, "dst": dst, "bytes": leaves * LEAF_BYTES}
+    return TestbedCoflow(PROBE_ID, 0.0, (flow,), reserve.tenant)
 
 
 def reservation_toml(reserve: Reserve | None) -> str:

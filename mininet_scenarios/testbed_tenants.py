@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from mininet_scenarios.testbed_reservation import (
+    PROBE_ID,
     Reserve,
     reservation_lines,
     reservation_summary,
@@ -89,7 +90,9 @@ def tenants_toml(names: list[str], path: Path, reserve: Reserve | None = None) -
 def per_tenant(runs: list, coflows: list[TestbedCoflow]) -> dict[str, dict]:
     """{tenant: {"avg_cct_s", "coflows"}} pooled over `runs` (RunResults of `coflows`);
     pieces "<id>/j" join into coflow <id> (from its earliest arrival to its last piece's
-    end; counted only when every piece finished)."""
+    end; counted only when every piece finished). A reservation's probe is left out
+    (testbed_reservation.PROBE_ID: the testbed's measuring transfer, not the tenant's work)."""
+    coflows = [c for c in coflows if c.trace_id != PROBE_ID]
     owner = {c.trace_id: c.tenant for c in coflows}
     ccts: dict[str, list[float]] = {t: [] for t in dict.fromkeys(owner.values())}
     for run in runs:

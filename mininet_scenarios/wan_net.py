@@ -124,6 +124,12 @@ class LenientNode(_LenientShell, Node):
     """A Mininet Node with a lenient output decoder (_LenientShell)."""
 
 
+class LenientRemoteController(_LenientShell, RemoteController):
+    """A RemoteController with a lenient output decoder (_LenientShell): Mininet checks that
+    the controller listens with `telnet` from this node's shell, which then prints the
+    controller's binary OpenFlow HELLO (b"\\x04\\x00\\x00\\x08...") as output."""
+
+
 class StandaloneOVS(LenientOVS):
     """An OVS bridge that never connects to a controller: a plain L2 learning switch."""
 
@@ -228,7 +234,8 @@ def build_wan(
 def _add_nodes(wan: WanNet, of_ports: list[int], link_mbps: float | None, mgmt: bool) -> None:
     net, topology, binding = wan.net, wan.topology, wan.binding
     for i, port in enumerate(of_ports):
-        net.addController(f"c{i}", controller=RemoteController, ip="127.0.0.1", port=port)
+        net.addController(f"c{i}", controller=LenientRemoteController, ip="127.0.0.1",
+                          port=port)  # fmt: skip
     for dc, sw in binding.switches.items():
         wan.switches[dc] = net.addSwitch(
             f"s{sw.dpid}",
