@@ -40,6 +40,7 @@ SWAN_LINKS = [("HK", "LA"), ("HK", "NY"), ("LA", "NY"), ("LA", "FL"), ("NY", "FL
               ("NY", "BA"), ("FL", "BA")]  # fmt: skip
 AGENTS = [("hk1", "HK", "127.0.0.1"), ("la1", "LA", "127.0.0.1")]
 LINK_CAP = 2e6  # bytes/s on every link while the page is looked at
+LOG_INFO = ["--log-level", "INFO"]  # the controller's log names every handshake not done
 SMALL, BIG = 200_000, 400_000_000  # bytes (BIG runs > 100 s at the capped rates)
 
 
@@ -80,7 +81,12 @@ class PageDriver:
         try:
             self.wait(lambda: self.updates() >= start + n, timeout, f"{n} page updates")
         except TimeoutError as exc:
-            raise TimeoutError(f"{exc}; {self.page_state()}") from None
+            raise TimeoutError(f"{exc}; {self.page_state()}{self.log_excerpt()}") from None
+
+    def log_excerpt(self) -> str:
+        """What the controller logged about its connections, for a failure message ("" when
+        the driver has no controller log to read)."""
+        return ""
 
     def page_state(self) -> str:
         """What the browser shows of the page, for a failure message: its connection line
@@ -251,7 +257,8 @@ class PageSession(PageDriver):
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = Path(workdir)
-        self.ctl = ControllerProcess("swan", extra=["--rest-public"], log=self.workdir / "ctl.log")
+        self.ctl = ControllerProcess("swan", extra=["--rest-public", *LOG_INFO],
+                                     log=self.workdir / "ctl.log")  # fmt: skip
         self.procs, self.driver, self.client = [], None, None
         try:
             self.procs = start_agents(self.ctl, AGENTS, self.workdir, tunnels=4)
@@ -270,6 +277,17 @@ class PageSession(PageDriver):
         except BaseException:
             self.close()
             raise
+
+    def log_excerpt(self) -> str:
+        """The controller log's last 15 lines about connections (handshakes not done,
+        refusals, evictions, REST), prefixed "; controller log: "."""
+        try:
+            lines = (self.workdir / "ctl.log").read_text(errors="replace").splitlines()
+        except OSError as exc:
+            return f"; controller log unreadable: {exc}"
+        words = ("authenticated", "refused", "evicted", "REST", "rest", "handshake")
+        picked = [line for line in lines if any(w in line for w in words)][-15:]
+        return "; controller log: " + " | ".join(picked)
 
     def open_page(self) -> None:
         """Start the browser on the controller's page."""
@@ -306,8 +324,8 @@ class MapSession(PageSession):
 
     def __init__(self, workdir: Path, topology: str, stride: int = 3, extra=()) -> None:
         self.workdir = Path(workdir)
-        self.ctl = ControllerProcess(topology, extra=["--rest-public", *extra],
-                                     log=self.workdir / "c.log")  # fmt: skip
+        self.ctl = ControllerProcess(topology, extra=["--rest-public", *LOG_INFO, *extra],
+                                     log=self.workdir / "ctl.log")  # fmt: skip
         self.procs, self.driver, self.client, self.agents, self.big = [], None, None, [], None
         try:
             dcs = self.ctl.get("/topology")["dcs"]

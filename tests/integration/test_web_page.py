@@ -187,7 +187,7 @@ def test_tenant_table_shows_what_rest_says(tmp_path):
             s.wait(agrees, 60, "the tenant table as REST has it")
         except TimeoutError as exc:  # say what the page last showed
             rows = [r["cells"] for r in s.rows("tenants")]
-            raise TimeoutError(f"{exc}; page: {s.page_state()}, rows {rows}, REST "
+            raise TimeoutError(f"{exc}; page: {s.page_state()}{s.log_excerpt()}, rows {rows}, REST "
                                f"{s.ctl.get('/tenants')['tenants']}") from None  # fmt: skip
         shown = {r["data"]["tenant"]: r["cells"] for r in s.rows("tenants")}
         assert list(shown) == ["analytics", "batch"]
