@@ -213,9 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.k < 1:
         raise SystemExit("terra-controller: --k must be >= 1")
     if args.agent_timeout <= 0 or args.keep_finished < 0 or args.max_restarts < 0:
-        raise SystemExit(
-            "terra-controller: --agent-timeout must be > 0, --keep-finished and --max-restarts >= 0"
-        )
+        raise SystemExit("terra-controller: --agent-timeout must be > 0, --keep-finished and "
+                         "--max-restarts >= 0")  # fmt: skip
     check_controller_extra()
     args.tenant_book = tenant_book_of(args, p)  # a bad tenants file exits 2
     try:
@@ -227,8 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# What running the controller needs beyond the agent's packages (the 'controller' extra)
-CONTROLLER_MODULES = ("networkx", "highspy", "numpy", "numba", "os_ken")
+CONTROLLER_MODULES = ("networkx", "highspy", "numpy", "numba", "os_ken")  # 'controller' extra
 
 
 def check_controller_extra() -> None:

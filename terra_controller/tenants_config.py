@@ -52,6 +52,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from terra_model.reservation_shape import shape_problem
 from terra_security.pki import NAME_RE
 
 # terra_core.tenant_shares.SHARINGS and ORDERS, not imported here: that module loads the
@@ -238,22 +239,17 @@ def peak_reserved(specs: list[ReservationSpec]) -> float:
 
 
 def check_spec(where: str, spec: ReservationSpec) -> None:
-    """Raise TenantsError "WHERE.KEY: problem" for src == dst, a rate or ceiling that is
-    not finite, a ceiling below the rate, or a window that ends before it starts."""
-    if spec.src == spec.dst:
-        raise TenantsError(f"{where}.dst: same DC as src ({spec.src!r})")
-    if not math.isfinite(spec.rate_bytes_per_s):
-        raise TenantsError(f"{where}.rate_bytes_per_s: must be a finite number > 0")
-    ceil = spec.ceil_bytes_per_s
-    if ceil is not None and not (spec.rate_bytes_per_s <= ceil < math.inf):
-        raise TenantsError(f"{where}.ceil_bytes_per_s: must be finite and >= rate_bytes_per_s "
-                           f"({spec.rate_bytes_per_s:.6g}), got {ceil:.6g}")  # fmt: skip
+    """Raise TenantsError "WHERE.KEY: problem" for a start or end that is not finite, or a
+    shape reservation_shape.shape_problem refuses (src == dst, a rate or ceiling that is not
+    finite, a ceiling below the rate, a window that ends before it starts)."""
     for key in ("start_s", "end_s"):
         value = getattr(spec, key)
         if value is not None and not math.isfinite(value):
             raise TenantsError(f"{where}.{key}: must be a finite number")
-    if spec.start_s is not None and spec.end_s is not None and not spec.start_s < spec.end_s:
-        raise TenantsError(f"{where}.end_s: must be after start_s ({spec.start_s:.6g})")
+    problem = shape_problem(spec.src, spec.dst, spec.rate_bytes_per_s, spec.ceil_bytes_per_s,
+                            spec.start_s, spec.end_s)  # fmt: skip
+    if problem is not None:
+        raise TenantsError(f"{where}.{problem[0]}: {problem[1]}")
 
 
 def make_limits(

@@ -40,6 +40,7 @@ import math
 from dataclasses import dataclass
 
 from terra_core.min_cct import Pair, PairRates, min_cct
+from terra_model.reservation_shape import shape_problem
 from topologies import Link, Path, Topology
 from topologies.paths import all_pairs_paths
 
@@ -92,18 +93,14 @@ class Reservation:
 
 def check_reservation(r: Reservation, topology: Topology) -> None:
     """Raise ReservationError (one line naming the problem) for a malformed reservation:
-    unknown DC, src == dst, rate not positive and finite, ceil below rate, empty window."""
+    unknown DC, or a shape reservation_shape.shape_problem refuses (src == dst, rate not
+    positive and finite, ceil below rate, empty window)."""
     for dc in (r.src, r.dst):
         if dc not in topology.dcs:
             raise ReservationError(f"{r.tenant}: unknown DC {dc!r} (topology {topology.name})")
-    if r.src == r.dst:
-        raise ReservationError(f"{r.tenant}: src and dst are both {r.src!r}")
-    if isinstance(r.rate, bool) or not (0 < r.rate < math.inf):
-        raise ReservationError(f"{r.tenant}: rate must be a finite number > 0, got {r.rate!r}")
-    if r.ceil is not None and not (r.rate <= r.ceil < math.inf):
-        raise ReservationError(f"{r.tenant}: ceil {r.ceil!r} must be >= rate {r.rate:.6g}")
-    if not r.start < r.end:
-        raise ReservationError(f"{r.tenant}: window start {r.start} is not before end {r.end}")
+    problem = shape_problem(r.src, r.dst, r.rate, r.ceil, r.start, r.end)
+    if problem is not None:
+        raise ReservationError(f"{r.tenant} {r.src}->{r.dst}: {problem[0]}: {problem[1]}")
 
 
 @dataclass

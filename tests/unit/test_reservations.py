@@ -97,11 +97,16 @@ def test_failure_that_cuts_every_tunnel_is_listed_not_refused():
     "bad, words",
     [
         (Reservation("g", "A", "Z", 1.0), "unknown DC 'Z'"),
-        (Reservation("g", "A", "A", 1.0), "src and dst"),
-        (Reservation("g", "A", "C", 0.0), "rate must be"),
-        (Reservation("g", "A", "C", math.inf), "rate must be"),
-        (Reservation("g", "A", "C", 10.0, ceil=5.0), "ceil 5.0 must be >= rate"),
-        (Reservation("g", "A", "C", 10.0, start=5.0, end=5.0), "window"),
+        (Reservation("g", "A", "A", 1.0), "g A->A: dst: same DC as src"),
+        (Reservation("g", "A", "C", 0.0), "rate_bytes_per_s: must be a finite number > 0"),
+        (Reservation("g", "A", "C", math.inf), "rate_bytes_per_s: must be a finite number"),
+        (Reservation("g", "A", "C", True), "rate_bytes_per_s: must be a finite number"),
+        (
+            Reservation("g", "A", "C", 10.0, ceil=5.0),
+            r"ceil_bytes_per_s: must be finite and >= rate_bytes_per_s \(10\), got 5",
+        ),
+        (Reservation("g", "A", "C", 10.0, start=5.0, end=5.0), "end_s: must be after start_s"),
+        (Reservation("g", "A", "C", 10.0, start=math.nan), "end_s: must be after start_s"),
     ],
 )
 def test_bad_reservation_is_one_line(bad, words):
