@@ -175,7 +175,7 @@ def test_quick_run_holds_the_reserved_pairs_guarantee_while_the_other_tenant_flo
     assert len(runs) == 2
     for run in runs:
         # (nearly) all of t0's bytes HK->BA, seen from their submission to their last byte
-        assert run["bytes"] >= 0.95 * (2**21 + probe["bytes"]) and run["backlogged_s"] > 5
+        assert run["bytes"] >= 0.95 * (2**21 + probe["bytes"]) and run["backlogged_s"] > 2
         assert run["fraction"] >= 0.9, reservation
     assert reservation["target_met"] and reservation["min_fraction"] >= 0.9
     assert result["bytes_lost"] == 0 and result["digest_mismatches"] == 0
