@@ -92,12 +92,17 @@ async function getJson(path) {
   // A request the controller never answers must not freeze the page: polls run one at a
   // time, so one hung request would stop every later poll.
   const signal = AbortSignal.timeout(FETCH_TIMEOUT_MS);
-  const reply = await fetch(path, { cache: "no-store", headers, signal });
-  // (a refusal of a request sent before the token changed does not ask again)
-  const refused = reply.status === 401 || reply.status === 403;
-  if (refused && token === sessionStorage.getItem(TOKEN_KEY)) showLogin(reply.status, path);
-  if (!reply.ok) throw new Error(path + ": HTTP " + reply.status);
-  return reply.json();
+  try {
+    const reply = await fetch(path, { cache: "no-store", headers, signal });
+    // (a refusal of a request sent before the token changed does not ask again)
+    const refused = reply.status === 401 || reply.status === 403;
+    if (refused && token === sessionStorage.getItem(TOKEN_KEY)) showLogin(reply.status, path);
+    if (!reply.ok) throw new Error(path + ": HTTP " + reply.status);
+    return await reply.json();
+  } catch (err) {
+    if (err.name !== "TimeoutError") throw err;
+    throw new Error(`${path}: no answer within ${FETCH_TIMEOUT_MS / 1000} s`);
+  }
 }
 
 function showLogin(code, path) {

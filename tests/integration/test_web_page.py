@@ -202,6 +202,27 @@ def test_tenant_table_shows_what_rest_says(tmp_path):
                30, "the coflow's tenant")  # fmt: skip
 
 
+def test_a_request_the_controller_never_answers_does_not_stop_the_page(session):
+    """The browser holds every /status request unanswered (Chrome DevTools' Fetch domain
+    pauses them): the page gives the request up after FETCH_TIMEOUT_MS (10 s) and says the
+    controller is unreachable instead of waiting for it forever, and once requests are
+    answered again it updates as before. (Polls run one at a time, so without the timeout
+    the first held request would stop every later poll.)"""
+    driver = session.driver
+    session.wait_updates(1)
+    driver.execute_cdp_cmd("Fetch.enable", {"patterns": [{"urlPattern": "*/status*"}]})
+    try:
+        session.wait(lambda: "unreachable" in session.js(
+            "return document.getElementById('conn').textContent"), 30,
+            "the page giving a held request up")  # fmt: skip
+        conn = session.js("return document.getElementById('conn').textContent")
+        assert conn == "controller unreachable: /status: no answer within 10 s", conn
+    finally:
+        driver.execute_cdp_cmd("Fetch.disable", {})
+    session.wait_updates(2, timeout=40)
+    assert session.js("return document.getElementById('conn').textContent").startswith("updated")
+
+
 def test_link_labels_are_readable(session):
     session.wait(lambda: session.js("return document.querySelectorAll('#wan text.load').length"),
                  15, "link labels")  # fmt: skip
