@@ -43,6 +43,12 @@ uv --version
 # bench) and the dev group.
 uv sync --all-extras
 
+# numba's compiled kernels into __pycache__ once, here, by one process: every later process
+# (controllers, terra-sim, the tests' parallel workers) loads them (about 1.5 s) instead of
+# compiling them (11 CPU s), and no two processes compile the same kernel at once.
+uv run terra-sim --topology swan --workload fb --link-gbps 1 --scheduler all --limit 20 \
+    --jobs 1 >/dev/null
+
 # Open vSwitch: ovsdb-server + ovs-vswitchd (no kernel module is loaded or needed).
 OVS_CTL=/usr/share/openvswitch/scripts/ovs-ctl
 if ! "$OVS_CTL" status >/dev/null 2>&1; then
