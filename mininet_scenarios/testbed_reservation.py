@@ -4,7 +4,8 @@
 The reservation (docs/design.md 4.5: the tenant's guaranteed rate from DC SRC to DC DST)
 goes into the tenants file the testbed writes for the controller, without a window: it is
 in force in every Terra run of the testbed (the honest runs and, with --greedy-tenant, the
-runs where the greedy tenant floods with its split coflows). The workload is unchanged.
+runs where the greedy tenant floods with its split coflows). The workload gains one coflow,
+the probe (below).
 
 A guarantee is a rate, and a rate needs a backlog long enough to show it: the agents report
 a flow's bytes every 0.5 s and the job master polls every swan.POLL_S (0.25 s), so a
