@@ -314,10 +314,7 @@ def options_from_args(args, workdir: Path) -> tuple[TestbedOptions, dict]:
     names, coflows, greedy_coflows = tenant_workload(args, coflows)
     reserve = reserve_option(args, names, testbed)
     if reserve is not None:  # every run carries the reservation's probe (testbed_reservation)
-        hosts: dict[str, list[str]] = {}
-        for dc, host in binding.all_hosts():
-            hosts.setdefault(dc, []).append(host.name)
-        probe = probe_coflow(reserve, hosts)
+        probe = probe_coflow(reserve, binding)
         coflows = [probe, *coflows]
         greedy_coflows = None if greedy_coflows is None else [probe, *greedy_coflows]
     opts = TestbedOptions(

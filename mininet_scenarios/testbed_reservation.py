@@ -43,6 +43,7 @@ from itertools import pairwise
 from mininet_scenarios.workload import TestbedCoflow
 from terra_core.reservations import Reservation, ReservationError, admission
 from topologies import Topology
+from topologies.binding import Binding
 
 TARGET_FRACTION = 0.9  # the reserved pair delivers at least this fraction of its guarantee
 PROBE_ID = "reserve-probe"  # trace id of the probe coflow (module docstring)
@@ -102,19 +103,16 @@ def parse_reserve(text: str, tenants: list[str], topology: Topology, k: int) -> 
     return Reserve(tenant, src, dst, rate)
 
 
-def probe_coflow(reserve: Reserve, hosts: dict[str, list[str]]) -> TestbedCoflow:
+def probe_coflow(reserve: Reserve, binding: Binding) -> TestbedCoflow:
     """The probe coflow of `reserve` (module docstring): the reserved tenant's, arriving at
-    0 s, one flow from hosts[src][0] to hosts[dst][0] of PROBE_S seconds of the guaranteed
-    rate in whole 64 KiB leaves (at least one).
-
-    Args:
-        reserve: the reservation.
-        hosts: {DC: [its agent hosts' names]}.
+    0 s, one flow from the first host of its src DC to the first host of its dst DC in
+    `binding` (the testbed's), of PROBE_S seconds of the guaranteed rate in whole 64 KiB
+    leaves (at least one).
 
     Raises:
-        KeyError: a DC of the reservation with no host in `hosts`.
+        KeyError, IndexError: a DC of the reservation not in `binding`, or with no host.
     """
-    src, dst = hosts[reserve.src][0], hosts[reserve.dst][0]
+    src, dst = binding.hosts(reserve.src)[0].name, binding.hosts(reserve.dst)[0].name
     leaves = max(1, int(reserve.rate_bytes_per_s * PROBE_S // LEAF_BYTES))
     flow = {"id": f"{src}>{dst}", "src": src, "dst": dst, "bytes": leaves * LEAF_BYTES}
     return TestbedCoflow(PROBE_ID, 0.0, (flow,), reserve.tenant)
