@@ -44,7 +44,7 @@ that agent's connection.
 What to do with each message, and with each event of the controller's (new flows, drops,
 a round's rates, a tick), is decided by the agents' core (`agent_core.py`: events in,
 effects out, no I/O); this module reads and writes the connections, dispatches every event
-to it under the controller's `lock` and applies the effects it returns.
+to it on the controller's loop (owner_loop.py) and applies the effects it returns.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ AGENT_SILENCE_S = 15.0  # no message (heartbeats included) for this long: discon
 
 class AgentChannel:
     """Server side of the control channel: the connections, and the dispatch of their events
-    to the agents' core (`agent_core.step`) under the controller's lock.
+    to the agents' core (`agent_core.step`) on the controller's loop.
 
     Args:
         controller: the Controller (registers its listeners on it).
@@ -110,7 +110,8 @@ class AgentChannel:
         core: the AgentState (agent_core.py): last_seen, kept reports, acks, reactions, ...
             (also readable as attributes of the channel: last_seen, pending, pending_count,
             pending_agents, acks, sent_at, reactions, reaction_count).
-        lock: the controller's `lock`, the one owner of `core` and `connections`.
+        owner: the controller's loop (owner_loop.py), the one owner of `core` and
+            `connections`.
         record: None, or a list the dispatched (monotonic s, event) pairs are appended to
             (agent_core.replay replays it).
     """
@@ -135,7 +136,7 @@ class AgentChannel:
         self.silence_s = silence_s
         self.tunnels = tunnels
         self.connections: dict[str, AgentConnection] = {}
-        self.lock = controller.lock
+        self.owner = controller.owner
         self.record: list | None = None
         controller.on_rates.append(self.push_rates)
         controller.on_flows.append(self.push_flows)
@@ -145,7 +146,7 @@ class AgentChannel:
         self.files = FileRequests(self.connections.get)  # "list" / "check" and their replies
         controller.files = self.files
 
-    # views of the core's state (read them under `lock`)
+    # views of the core's state (read them on the loop)
     last_seen = property(lambda self: self.core.last_seen)
     pending = property(lambda self: self.core.pending)
     pending_count = property(lambda self: self.core.pending_count)
@@ -158,7 +159,7 @@ class AgentChannel:
     # -- dispatch
 
     def dispatch(self, event: object, conn: AgentConnection | None = None) -> list:
-        """Step the core with `event` under the controller's lock and apply its effects
+        """Step the core with `event` on the controller's loop and apply its effects
         (`_apply`; `conn`: the connection a Register came on).
 
         Returns:
@@ -167,7 +168,8 @@ class AgentChannel:
         Raises:
             RegistrationRefused: a registration the core or the registry refused.
         """
-        with self.lock:
+
+        def on_loop():
             now = time.monotonic()
             if self.record is not None:
                 self.record.append((now, event))
@@ -176,8 +178,10 @@ class AgentChannel:
                 self._apply(effect, conn)
             return effects
 
+        return self.owner.run(on_loop)
+
     def _apply(self, effect: object, conn: AgentConnection | None) -> None:
-        """Apply one effect of the core (lock held); registry updates dispatch their outcome."""
+        """Apply one effect of the core (on the loop); registry updates dispatch their outcome."""
         if isinstance(effect, core.Send):
             target = self.connections.get(effect.agent)
             if target is not None:
@@ -206,7 +210,7 @@ class AgentChannel:
 
     def _record_agent(self, effect: core.RecordAgent, conn: AgentConnection | None) -> None:
         """Record the agent in the registry, bind `conn` to it (closing another connection of
-        it), then dispatch AgentRecorded (lock held)."""
+        it), then dispatch AgentRecorded (on the loop)."""
         try:
             info = self.controller.register_agent(effect.agent, effect.dc, effect.data_addr)
         except RegistryError as exc:
@@ -257,10 +261,13 @@ class AgentChannel:
             LOG.info("agent %s: connection ended: %s", conn.agent or addr, exc)
         finally:
             conn.close()
-            with self.lock:
+
+            def on_loop():
                 if conn.agent is not None and self.connections.get(conn.agent) is conn:
                     del self.connections[conn.agent]
                     self.dispatch(core.Disconnect(conn.agent, conn.last_seen))
+
+            self.owner.run(on_loop)
 
     def _handle(self, conn: AgentConnection, m: dict) -> None:
         kind = m["t"]
@@ -323,8 +330,7 @@ class AgentChannel:
         Used on SIGTERM so agents see a clean end of the control channel (a plain
         exit with unread data would reset the connections) and reconnect.
         """
-        with self.lock:
-            conns = list(self.connections.values())
+        conns = self.owner.run(lambda: list(self.connections.values()))
         for conn in conns:
             try:
                 conn.sock.shutdown(socket.SHUT_WR)
@@ -344,7 +350,8 @@ class AgentChannel:
         Returns:
             {message id: agent id} of the "tunnels" messages sent.
         """
-        with self.lock:
+
+        def on_loop() -> list:
             agents = self.controller.registered_agents()
             connected = list(self.connections)
             tables = []
@@ -359,7 +366,9 @@ class AgentChannel:
                 if self.data_keys is not None:
                     keys = self.data_keys.keys_for(info.id, [p.id for p in peers])
                 tables.append((info.id, specs, listen, keys))
-            effects = self.dispatch(core.Tunnels(tuple(tables)))
+            return self.dispatch(core.Tunnels(tuple(tables)))
+
+        effects = self.owner.run(on_loop)
         return {e.message["id"]: e.agent for e in effects}
 
     def push_flows(self, coflow: CoflowState, flows: list[FlowState]) -> None:
@@ -380,7 +389,8 @@ class AgentChannel:
         for coflow, f in pairs:
             spec = flow_spec(coflow, f, self.leaf_mac)
             built.append((coflow, f, spec.attempt, spec.to_dict(), spec_bytes(spec)))
-        with self.lock:  # a drop or restart of these flows (sent under this lock) follows
+
+        def on_loop():  # a drop or restart of these flows (sent on the loop) follows
             per_agent: dict[str, list[tuple[dict, int]]] = {}
             for coflow, f, attempt, wire, n in built:
                 if coflow.state.final or f.ended or f.restarts != attempt:
@@ -396,19 +406,27 @@ class AgentChannel:
                 for batch in sized_batches(entries, BATCH_BYTES):
                     conn.send({"t": "flows", "flows": batch})
 
+        self.owner.run(on_loop)
+
     def connected_agents(self) -> list[str]:
         """Ids of the agents with an open control connection now (Controller.connected_agents)."""
-        with self.lock:
+
+        def on_loop():
             return list(self.connections)
 
+        return self.owner.run(on_loop)
+
     def push_drop(self, coflow: CoflowState, flows: list[FlowState], restart: bool) -> None:
-        """Controller listener (lock held): tell agents to forget `flows` of `coflow`
+        """Controller listener (on the loop): tell agents to forget `flows` of `coflow`
         (agent_core.Drop: "drop" to both endpoints when the coflow failed or was cancelled,
         restart=False; a restart from byte 0 when restart=True)."""
         ends = tuple((f.id, f.src_agent, f.dst_agent) for f in flows)
-        with self.lock:
+
+        def on_loop():
             connected = frozenset(self.connections) if restart else frozenset()
             self.dispatch(core.Drop(coflow_key(coflow.id), ends, restart, connected))
+
+        self.owner.run(on_loop)
 
     def run_overdue(self) -> None:
         """Controller tick: run the deferred sends whose acknowledgement is overdue."""
@@ -430,9 +448,12 @@ class AgentChannel:
         wanted = self.group_rates(rates)  # may add logical tunnels for new paths
         new_tunnels = self.tunnels.next_id != known
         tunnel_ids = self.push_tunnels() if wan_changed or new_tunnels else {}
-        with self.lock:
+
+        def on_loop() -> list:
             event = core.Rates(wanted, tuple(self.connections), fresh, event_at, tunnel_ids)
-            effects = self.dispatch(event)
+            return self.dispatch(event)
+
+        effects = self.owner.run(on_loop)
         return [e.message["id"] for e in effects if isinstance(e, core.Send)]
 
     def group_rates(self, rates: FlowRates) -> dict[str, dict[tuple[str, str], dict[str, float]]]:
@@ -442,7 +463,8 @@ class AgentChannel:
             {agent id: {(coflow id str, dst DC): {tunnel id: bytes/s}}}.
         """
         out: dict[str, dict[tuple[str, str], dict[str, float]]] = {}
-        with self.lock:
+
+        def on_loop():
             coflows = self.controller.registry.coflows
             for cid, flows in rates.items():
                 coflow = coflows.get(cid)
@@ -458,12 +480,14 @@ class AgentChannel:
                         tunnel = self.tunnels.tunnel_for(path)
                         if tunnel is not None and rate > 0:
                             group[tunnel] = group.get(tunnel, 0.0) + rate
+
+        self.owner.run(on_loop)
         return out
 
 
 def apply_report(controller: Controller, report: core.Report, connected) -> object:
     """Apply an agent's report to the controller (Controller.progress, complete or fail_flow;
-    lock held or not: they take it).
+    on the controller's loop or not).
 
     Args:
         report: the agent_core.Report (its endpoint already checked by the core).
