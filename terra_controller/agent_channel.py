@@ -54,10 +54,13 @@ import logging
 import socket
 import time
 
+import trio
+
 from terra_controller import agent_core as core
 from terra_controller.agent_connection import (
     AgentConnection,
     ChannelError,
+    parse_control,
     read_control,
     send_parts,
 )
@@ -72,13 +75,21 @@ from terra_controller.controller import Controller
 from terra_controller.controller_round import FlowRates
 from terra_controller.file_requests import FileRequests
 from terra_controller.flow_specs import BATCH_BYTES, flow_spec, sized_batches, spec_bytes
+from terra_controller.loop_frames import FrameReader
 from terra_controller.registration_checks import RegistrationRefused
-from terra_controller.transport import ServerSecurity, SharedSocket, listen_and_serve
+from terra_controller.transport import (
+    FRAME_TIMEOUT_S,
+    ServerSecurity,
+    SharedSocket,
+    listen_and_serve,
+)
 from terra_controller.tunnel_table import TunnelTable
 from terra_security.data_keys import DataKeys
 from terra_security.integrity import ALGORITHMS, default_algorithm
 from terra_security.pki import INSECURE, Identity
 from terra_wire import control as protocol
+from terra_wire.api import WireError
+from terra_wire.frames import MAX_HEADER_BYTES
 
 LOG = logging.getLogger("terra.agents")
 
@@ -269,6 +280,75 @@ class AgentChannel:
 
             self.owner.run(on_loop)
 
+    async def serve_connection_on_loop(
+        self, sock: socket.socket, addr, identity: Identity = INSECURE
+    ) -> None:
+        """`serve_connection` as a task of the controller's loop (`sock` non-blocking): the
+        same frames, limits, silence timeout and replies; the connection's writer thread
+        sends as before (transport.SharedSocket)."""
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        shared = SharedSocket(sock)
+        shared.settimeout(self.silence_s)  # (the writer thread's sends)
+        conn = AgentConnection(shared, addr)
+        conn.identity = identity
+        conn.before_close = lambda: self.owner.run(_notify_closing, shared.raw)
+        reader = FrameReader(shared.raw, shared.lock)
+        try:
+            with reader.idle:
+                await self._read_messages(conn, reader)
+            if reader.idle.cancelled_caught:
+                raise TimeoutError("timed out")
+        except ChannelError as exc:
+            LOG.warning("agent %s: %s; closing", conn.agent or addr, exc)
+            fatal = {"fatal": True} if isinstance(exc, RegistrationRefused) else {}
+            error = protocol.error_message(str(exc), **fatal)
+            try:
+                await trio.to_thread.run_sync(send_parts, shared, error)
+            except OSError:
+                pass
+        except OSError as exc:
+            LOG.info("agent %s: connection ended: %s", conn.agent or addr, exc)
+        finally:
+            conn.close()
+            if conn.agent is not None and self.connections.get(conn.agent) is conn:
+                del self.connections[conn.agent]
+                self.dispatch(core.Disconnect(conn.agent, conn.last_seen))
+
+    async def _read_messages(self, conn: AgentConnection, reader: FrameReader) -> None:
+        """Handle the connection's messages until EOF (serve_connection_on_loop).
+
+        Raises:
+            ChannelError: a bad frame or message.
+        """
+        while True:
+            try:
+                body = await reader.read(FRAME_TIMEOUT_S, self.silence_s, MAX_HEADER_BYTES)
+            except WireError as exc:
+                raise ChannelError(str(exc)) from exc
+            if body is None:
+                return
+            message = parse_control(body)
+            conn.last_seen = time.time()
+            if message["t"] == "register":
+                await self._register_on_loop(conn, message)
+            else:
+                self._handle(conn, message)
+            if not reader.waited:  # an agent sending without pause lets the others in too
+                await trio.lowlevel.checkpoint()
+            reader.waited = False
+
+    async def _register_on_loop(self, conn: AgentConnection, m: dict) -> None:
+        """`_register` on the loop; the waiting submits and the journal's coflows (which
+        submit) resume in a worker thread."""
+        event = core.Register(
+            m["agent"], m["dc"], m["data_addr"], conn.addr[0], conn.identity, conn.agent,
+            tuple(m.get("inflight", [])), self.controller.generation,
+        )  # fmt: skip
+        self.dispatch(event, conn)
+        agent = conn.agent
+        await trio.to_thread.run_sync(self.controller.agent_registered)
+        self._after_register(agent)
+
     def _handle(self, conn: AgentConnection, m: dict) -> None:
         kind = m["t"]
         if kind == "register":
@@ -312,6 +392,11 @@ class AgentChannel:
         self.dispatch(event, conn)
         agent = conn.agent
         self.controller.agent_registered()  # waiting submits; journaled coflows resume
+        self._after_register(agent)
+
+    def _after_register(self, agent: str | None) -> None:
+        """After a registration: kept reports, every agent's tunnel table, the agent's flow
+        descriptors and all its rates."""
         self.apply_inflight()
         self.push_tunnels()
         self._send_flows(self.controller.wan_flows_of(agent))
@@ -485,6 +570,15 @@ class AgentChannel:
         return out
 
 
+def _notify_closing(sock) -> None:
+    """Wake the loop's task waiting on `sock` before another thread closes it (trio cannot
+    see a descriptor closed under it); nothing once the loop has stopped."""
+    try:
+        trio.lowlevel.notify_closing(sock)
+    except RuntimeError:  # not on a running loop any more
+        pass
+
+
 def apply_report(controller: Controller, report: core.Report, connected) -> object:
     """Apply an agent's report to the controller (Controller.progress, complete or fail_flow;
     on the controller's loop or not).
@@ -519,10 +613,12 @@ def start_agent_server(
     channel: AgentChannel, host: str, port: int, security: ServerSecurity, spawn=None
 ):
     """Serve the agent channel on host:port (see `transport.listen_and_serve`; its
-    connection counts go to the controller's metrics under "agent channel")."""
+    connection counts go to the controller's metrics under "agent channel"): each
+    authenticated connection's reads are a task of the controller's loop
+    (serve_connection_on_loop)."""
     result = listen_and_serve(
-        host, port, channel.serve_connection, security, spawn, name="agent channel",
-        listeners=channel.controller.metrics.listeners,
+        host, port, channel.serve_connection_on_loop, security, spawn, name="agent channel",
+        listeners=channel.controller.metrics.listeners, owner=channel.owner,
     )  # fmt: skip
     LOG.info("agent channel on %s:%d (%s)", *result[2], "TLS" if security.context else "INSECURE")
     return result

@@ -659,6 +659,14 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLin
                     return
                 self.agents_back.wait(left)
 
+    def agents_here(self, flows: object) -> bool:
+        """Whether `await_agents(flows)` would return at once (on the loop): every agent the
+        flows name is registered, or the controller's window for returning agents is over."""
+        names = named_agents(flows)
+        if not names - self.registry.agents.keys():
+            return True
+        return time.monotonic() >= self.started_mono + self.agent_return_s
+
     def register_agent(self, agent_id: object, dc: object, data_addr: object) -> AgentInfo:
         """Record (or re-record) an agent (CoflowRegistry.register_agent, on the loop).
 

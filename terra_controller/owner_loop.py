@@ -23,7 +23,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Awaitable, Callable
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import trio
@@ -45,6 +45,7 @@ class OwnerLoop:
         self._nursery: trio.Nursery | None = None
         self._stop: trio.Event | None = None
         self._policy: trio.Semaphore | None = None
+        self._loop_holds_policy = False
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
@@ -98,6 +99,8 @@ class OwnerLoop:
         """
         sem = self._policy
         assert sem is not None
+        if self.on_loop and self._loop_holds_policy:
+            return fn(*args)  # the task that runs this holds it (policy_for_loop)
         if self.on_loop:
             sem.acquire_nowait()  # raises trio.WouldBlock while a round holds it
             try:
@@ -132,6 +135,18 @@ class OwnerLoop:
             yield
         finally:
             trio.from_thread.run_sync(sem.release, trio_token=self._live_token())
+
+    @asynccontextmanager
+    async def policy_for_loop(self):
+        """On the loop: hold the policy for the `async with` block, in which `run_with_policy`
+        runs at once (the block must not await while it relies on that)."""
+        assert self._policy is not None
+        async with self._policy:
+            self._loop_holds_policy = True
+            try:
+                yield
+            finally:
+                self._loop_holds_policy = False
 
     async def holding_policy(self, work: Callable[[], Awaitable[Any]]) -> Any:
         """On the loop: await `work()` while holding the policy (a round)."""

@@ -509,7 +509,7 @@ BACKOFF_S = (0.01, 0.5)  # first and longest sleep after an accept out of descri
 
 def accept_loop(listener: socket.socket, handle, spawn, security: ServerSecurity,
                 optional: bool = False, name: str = "server",
-                admission: Admission | None = None) -> None:  # fmt: skip
+                admission: Admission | None = None, owner=None) -> None:  # fmt: skip
     """Accept connections until `listener` is closed: admission caps, then the TLS handshake
     (in one `Handshakes` thread for the listener, no thread per connection), then
     handle(sock, addr, identity) in a thread of its own (spawn) for authenticated peers.
@@ -527,8 +527,11 @@ def accept_loop(listener: socket.socket, handle, spawn, security: ServerSecurity
         name: the server's name in log lines (e.g. "coflow API").
         admission: the Admission to count in (default: a new one over `security`; its
             `evict` is replaced).
+        owner: None, or the controller's OwnerLoop: then `handle` is an async function
+            run as a task on that loop with the socket non-blocking (no thread per
+            connection).
     """
-    acceptor = _Acceptor(handle, spawn, admission or Admission(security), name)
+    acceptor = _Acceptor(handle, spawn, admission or Admission(security), name, owner)
     if security.context is not None:
         acceptor.handshakes = Handshakes(security.context, security.handshake_s, optional,
                                          f"terra-handshakes-{name}")  # fmt: skip
@@ -569,8 +572,9 @@ class _Acceptor:
     are logged at most once per interval each (`RateLimitedLog`, named after the server).
     """
 
-    def __init__(self, handle, spawn, admission: Admission, name: str) -> None:
-        self.handle, self.spawn, self.admission = handle, spawn, admission
+    def __init__(self, handle, spawn, admission: Admission, name: str, owner=None) -> None:
+        self.handle, self.spawn, self.admission, self.name = handle, spawn, admission, name
+        self.owner = owner  # an OwnerLoop: `handle` is async and runs as a task on it
         self.handshakes: Handshakes | None = None
         self.refused = RateLimitedLog(LOG, f"{name}: connections refused at the cap")
         self.evictions = RateLimitedLog(LOG, f"{name}: pending connections evicted at the cap")
@@ -608,8 +612,11 @@ class _Acceptor:
             sock.close()  # evicted while its handshake completed
             return
         try:
-            self.spawn(self.run, sock, addr, identity, ticket)
-        except Exception as exc:  # cannot start a thread: refuse, keep accepting
+            if self.owner is not None:
+                self.owner.start_task(self.run_on_loop, sock, addr, identity, ticket)
+            else:
+                self.spawn(self.run, sock, addr, identity, ticket)
+        except Exception as exc:  # cannot start a thread or task: refuse, keep accepting
             self.refused.event(f"{addr}: cannot serve: {exc}")
             self.admission.leave(ticket)
             sock.close()
@@ -618,6 +625,24 @@ class _Acceptor:
         """The handler's thread: handle the connection, then close it and stop counting it."""
         try:
             self.handle(sock, addr, identity)
+        finally:
+            try:
+                sock.close()
+            except OSError:
+                pass
+            self.admission.leave(ticket)
+
+    async def run_on_loop(self, sock: socket.socket, addr, identity, ticket: Ticket) -> None:
+        """The handler's task on the owner loop (non-blocking socket), then as `run`."""
+        import trio  # (the clients import this module: only the controller's loop needs trio)
+
+        try:
+            sock.setblocking(False)
+            await self.handle(sock, addr, identity)
+        except trio.ClosedResourceError:
+            pass  # closed by another thread (notify_closing)
+        except Exception:  # one connection's failure must not end the loop's other tasks
+            LOG.exception("%s: connection %s failed", self.name, addr)
         finally:
             try:
                 sock.close()
@@ -652,7 +677,7 @@ def stop_listener(listener: socket.socket) -> None:
 def listen_and_serve(host: str, port: int, handle, security: ServerSecurity, spawn=None,
                      optional: bool = False, name: str = "server",
                      admission: Admission | None = None,
-                     listeners: dict | None = None):  # fmt: skip
+                     listeners: dict | None = None, owner=None):  # fmt: skip
     """Listen on host:port and accept connections in a hub thread (`accept_loop`).
 
     Args:
@@ -666,6 +691,7 @@ def listen_and_serve(host: str, port: int, handle, security: ServerSecurity, spa
             pass one to read its counts).
         listeners: {server name: Admission} to record it in (the controller's metrics
             read them at scrape time), or None.
+        owner: see `accept_loop`.
 
     Returns:
         (listening socket (`stop_listener` stops it), accept thread, bound (host, port)).
@@ -681,7 +707,8 @@ def listen_and_serve(host: str, port: int, handle, security: ServerSecurity, spa
         listeners[name] = admission
     listener = hub.listen((host, port), backlog=1024)
     try:
-        thread = spawn(accept_loop, listener, handle, spawn, security, optional, name, admission)
+        thread = spawn(accept_loop, listener, handle, spawn, security, optional, name, admission,
+                       owner)  # fmt: skip
     except BaseException:
         listener.close()
         raise
