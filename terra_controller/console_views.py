@@ -5,7 +5,7 @@ of and the flows it sends or receives now); `flow_paths` adds to a coflow's stat
 paths each flow uses now, with their tunnel ids and rates (REST /coflows/{id});
 `link_coflows` names the coflows on each link (REST /links); `CoflowListing` renders REST
 /coflows (every coflow in memory) reusing the JSON of done coflows. They read
-the controller under its `lock` briefly and cost O(active flows) / O(the coflow's flows).
+the controller on its owner loop briefly and cost O(active flows) / O(the coflow's flows).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class CoflowListing:
 
     A done coflow's summary never changes again, so its JSON is made once and kept (ids are
     never reused); a request then encodes only the coflows that are not done, and the
-    controller's lock is held for a walk over the ids and those encodings (about 1 ms for
+    controller's loop walks the ids and makes those encodings (about 1 ms for
     10,000 done coflows, instead of a summary and an encoding each; benchmarks/rest_latency.py).
     Entries of coflows dropped from memory are forgotten once they outnumber the kept ones.
     """

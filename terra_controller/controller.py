@@ -1,17 +1,15 @@
 """The controller's core glue: WAN view, scheduling policy and coflow registry.
 
 `Controller` owns the `Topology`, the policy (normally `TerraPolicy`) and the
-`CoflowRegistry`. The API server, the agent channel, the REST server and the
-OpenFlow app call its methods from their own threads. Two locks (docs/runtime.md):
-`lock` guards the registry, the rates and the stats and is only ever held
-briefly; `policy_lock` guards the policy and is held for a round's
-`policy.allocate`. A round takes a snapshot of the remaining bytes under `lock`,
-allocates under `policy_lock` alone, then applies the rates under `lock` again,
-so status requests, agent reports and REST never wait for a round; only what
-needs the policy (admission of a submit or update, link events) does. Coflows
-that leave the schedule (done, failed, cancelled) are removed from the policy at
-the start of the next round (or of the next admission), not by the thread that
-finished them.
+`CoflowRegistry`, and its state has one owner: the trio loop `owner` (owner_loop.py,
+docs/runtime.md "One owner and the round"). The coflow API's and the agent channel's
+connections are tasks of that loop; REST, the OpenFlow app and worker threads call the
+public methods from their own threads, which hand the work to the loop and wait for it.
+What needs the policy (the admission of a submit or an update, link events) waits until
+no round holds it; a round copies the remaining bytes on the loop, allocates in the
+loop's worker thread while the loop serves everything else, then applies the rates on
+the loop. Coflows that leave the schedule (done, failed, cancelled) are removed from the
+policy at the start of the next round (or of the next admission).
 Every event of docs/design.md section 4.3 (coflow arrival, updateCoflow, FlowGroup
 finish, coflow finish, link down/up, capacity change beyond δ) asks for a
 scheduling round; `RoundRunner` runs asked-for rounds at once, coalescing
@@ -147,16 +145,19 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLin
             "dropped_finished": {final state: finished coflows dropped from memory},
             "dropped_bytes_delivered": int (bytes delivered of the dropped coflows)}.
         wan_event_at: time.monotonic() of the WAN event the next round answers (or None).
+        owner: the OwnerLoop (owner_loop.py) that alone reads and changes this state.
+        round_wanted: a round was asked for (on the loop); round_asked: the trio Event the
+            round task waits on.
         on_rates: callbacks called with (FlowRates, changed_wan: bool) after each round,
-            outside the lock.
+            on the loop.
         on_flows: callbacks called with (coflow, new flows) once they are stored (submit,
-            update), outside the locks (a flow may have ended or restarted meanwhile).
-        on_drop: callbacks called with (coflow, flows, restart: bool) inside the lock when
+            update), after the admission (a flow may have ended or restarted meanwhile).
+        on_drop: callbacks called with (coflow, flows, restart: bool) on the loop when
             agents must forget those flows: the coflow failed or was cancelled (restart
             False), or one flow restarts from byte 0 (restart True: the listener also sends
             the flow's descriptor again, attempt = flow.restarts, receiver first).
         on_tick: callbacks called with no arguments at the end of every `check_timeouts`,
-            outside the lock (the agent channel's deferred sends).
+            on the loop (the agent channel's deferred sends).
         connected_agents: None, or a callable returning the ids of the agents connected now
             (set by the agent channel); without it agents are never timed out.
         files: None, or the FileRequests that ask agents about files (set by the agent
@@ -168,7 +169,7 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLin
             their rates (the measured load operators compare with the allocated rate).
         metrics: the ControllerMetrics (its own CollectorRegistry; counters and histograms
             updated at the event, the rest read by `metrics_view` at scrape time).
-        journal: the CoflowJournal (under `lock`).
+        journal: the CoflowJournal (on the loop).
         events: the EventLog (terra_controller/events.py) operators read at REST /events.
         token_key: the HMAC key of the REST tokens `ctl login` gets (this process only).
     """
@@ -197,7 +198,7 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLin
         self.started_mono = time.monotonic()
         # a controller with a past (a restart, a new leader) waits for its agents to return
         self.agent_return_s = AGENT_RETURN_S if self.journal.live else 0.0
-        self._leaving: list[int] = []  # coflows to remove from the policy (under `lock`)
+        self._leaving: list[int] = []  # coflows to remove from the policy (on the loop)
         self.rates: FlowRates = {}
         self.allocation: Allocation = {}
         self.agent_timeout_s = agent_timeout_s

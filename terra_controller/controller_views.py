@@ -1,5 +1,5 @@
 """Read-only views of the controller's state for REST, metrics, the coflow API and the
-operator page (docs/runtime.md), each copied under `lock` in time proportional to what it
+operator page (docs/runtime.md), each copied on the owner loop in time proportional to what it
 shows, never waiting for a round.
 
 `ControllerViews` is the part of `Controller` (terra_controller/controller.py) that
@@ -44,7 +44,7 @@ class ControllerViews:
     link_bytes, stats, policy, connected_agents)."""
 
     def snapshot(self, coflows: bool = True) -> Snapshot:
-        """A Snapshot of the registry, the WAN and the stats, copied under `lock` (brief:
+        """A Snapshot of the registry, the WAN and the stats, copied on the loop (brief:
         O(coflows in memory); never waits for a round).
 
         Args:
@@ -84,7 +84,7 @@ class ControllerViews:
         return self.owner.run(on_loop)
 
     def metrics_view(self) -> dict:
-        """What /metrics reads from the controller at scrape time, copied under `lock`.
+        """What /metrics reads from the controller at scrape time, copied on the loop.
 
         Cost O(links + active coflows + their flows' rates): it never walks the finished
         coflows, however many are kept (docs/runtime.md "Metrics").
