@@ -61,7 +61,6 @@ from terra_controller.agent_connection import (
     AgentConnection,
     ChannelError,
     parse_control,
-    read_control,
     send_parts,
 )
 from terra_controller.coflow_state import (
@@ -77,10 +76,10 @@ from terra_controller.file_requests import FileRequests
 from terra_controller.flow_specs import BATCH_BYTES, flow_spec, sized_batches, spec_bytes
 from terra_controller.loop_frames import FrameReader
 from terra_controller.registration_checks import RegistrationRefused
+from terra_controller.shared_socket import SharedSocket
 from terra_controller.transport import (
     FRAME_TIMEOUT_S,
     ServerSecurity,
-    SharedSocket,
     listen_and_serve,
 )
 from terra_controller.tunnel_table import TunnelTable
@@ -239,8 +238,12 @@ class AgentChannel:
 
     # -- connections
 
-    def serve_connection(self, sock: socket.socket, addr, identity: Identity = INSECURE) -> None:
-        """Read and handle one agent's messages until EOF, a bad frame or silence.
+    async def serve_connection_on_loop(
+        self, sock: socket.socket, addr, identity: Identity = INSECURE
+    ) -> None:
+        """Read and handle one agent's messages until EOF, a bad frame or silence, as a task
+        of the controller's loop (`sock` non-blocking; the connection's writer thread sends,
+        shared_socket.SharedSocket).
 
         `identity` is the peer's certificate (transport.authenticate): only an agent
         certificate may register, and only under its own name.
@@ -249,43 +252,6 @@ class AgentChannel:
         `silence_s` (or not reading for that long) is disconnected, and it
         reconnects and re-registers when it can.
         """
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock = SharedSocket(sock)  # read here, written by the connection's writer thread
-        sock.settimeout(self.silence_s)
-        conn = AgentConnection(sock, addr)
-        conn.identity = identity
-        try:
-            while True:
-                message = read_control(sock)
-                if message is None:
-                    return
-                conn.last_seen = time.time()
-                self._handle(conn, message)
-        except ChannelError as exc:
-            LOG.warning("agent %s: %s; closing", conn.agent or addr, exc)
-            fatal = {"fatal": True} if isinstance(exc, RegistrationRefused) else {}
-            try:
-                send_parts(sock, protocol.error_message(str(exc), **fatal))
-            except OSError:
-                pass
-        except OSError as exc:
-            LOG.info("agent %s: connection ended: %s", conn.agent or addr, exc)
-        finally:
-            conn.close()
-
-            def on_loop():
-                if conn.agent is not None and self.connections.get(conn.agent) is conn:
-                    del self.connections[conn.agent]
-                    self.dispatch(core.Disconnect(conn.agent, conn.last_seen))
-
-            self.owner.run(on_loop)
-
-    async def serve_connection_on_loop(
-        self, sock: socket.socket, addr, identity: Identity = INSECURE
-    ) -> None:
-        """`serve_connection` as a task of the controller's loop (`sock` non-blocking): the
-        same frames, limits, silence timeout and replies; the connection's writer thread
-        sends as before (transport.SharedSocket)."""
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         shared = SharedSocket(sock)
         shared.settimeout(self.silence_s)  # (the writer thread's sends)
@@ -338,8 +304,12 @@ class AgentChannel:
             reader.waited = False
 
     async def _register_on_loop(self, conn: AgentConnection, m: dict) -> None:
-        """`_register` on the loop; the waiting submits and the journal's coflows (which
-        submit) resume in a worker thread."""
+        """Register the agent of `conn` (agent_core: the checks, the inflight rows, then
+        "registered"); RegistrationRefused (sent to it as a fatal "error": it exits instead
+        of retrying) for a peer that is not an agent or not the named one, an unknown DC, a
+        bad id or a data_addr check_data_addr refuses. Then: submits waiting for it and
+        journaled coflows resume (in a worker thread: they submit), kept reports are applied,
+        every agent gets its tunnel table, this one its flow descriptors and all its rates."""
         event = core.Register(
             m["agent"], m["dc"], m["data_addr"], conn.addr[0], conn.identity, conn.agent,
             tuple(m.get("inflight", [])), self.controller.generation,
@@ -350,10 +320,8 @@ class AgentChannel:
         self._after_register(agent)
 
     def _handle(self, conn: AgentConnection, m: dict) -> None:
+        """Dispatch a registered agent's message other than "register"."""
         kind = m["t"]
-        if kind == "register":
-            self._register(conn, m)
-            return
         agent = conn.agent
         if agent is None:
             raise ChannelError(f"{kind} before register")
@@ -377,22 +345,6 @@ class AgentChannel:
     def _acked(self, msg_id) -> None:
         """An agent acknowledged message `msg_id`."""
         self.dispatch(core.Ack(msg_id))
-
-    def _register(self, conn: AgentConnection, m: dict) -> None:
-        """Register the agent of `conn` (agent_core: the checks, the inflight rows, then
-        "registered"); RegistrationRefused (sent to it as a fatal "error": it exits instead
-        of retrying) for a peer that is not an agent or not the named one, an unknown DC, a
-        bad id or a data_addr check_data_addr refuses. Then: submits waiting for it and
-        journaled coflows resume, kept reports are applied, every agent gets its tunnel
-        table, this one its flow descriptors and all its rates."""
-        event = core.Register(
-            m["agent"], m["dc"], m["data_addr"], conn.addr[0], conn.identity, conn.agent,
-            tuple(m.get("inflight", [])), self.controller.generation,
-        )  # fmt: skip
-        self.dispatch(event, conn)
-        agent = conn.agent
-        self.controller.agent_registered()  # waiting submits; journaled coflows resume
-        self._after_register(agent)
 
     def _after_register(self, agent: str | None) -> None:
         """After a registration: kept reports, every agent's tunnel table, the agent's flow

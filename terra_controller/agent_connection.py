@@ -1,5 +1,5 @@
 """One agent's control connection on the controller: reading and writing control frames
-(blocking sockets, TLS through transport.SharedSocket) and the writer thread with its queue.
+(blocking sockets, TLS through shared_socket.SharedSocket) and the writer thread with its queue.
 
 Frames are those of `overlay/framing.py` with an empty payload, decoded and checked by the
 codec shared with the agents (`terra_wire.frames.unpack_map`, `check_header`) and validated as

@@ -62,7 +62,7 @@ class FrameReader:
 
     Args:
         sock: the connected non-blocking socket (plain or ssl.SSLSocket).
-        lock: a lock held around each call into `sock` (transport.SharedSocket's, when a
+        lock: a lock held around each call into `sock` (shared_socket.SharedSocket's, when a
             writer thread sends on the same TLS connection), or None.
 
     Attributes:
