@@ -44,7 +44,7 @@ that agent's connection.
 What to do with each message, and with each event of the controller's (new flows, drops,
 a round's rates, a tick), is decided by the agents' core (`agent_core.py`: events in,
 effects out, no I/O); this module reads and writes the connections, dispatches every event
-to it under the controller's `lock` and applies the effects it returns.
+to it on the controller's loop (owner_loop.py) and applies the effects it returns.
 """
 
 from __future__ import annotations
@@ -54,11 +54,13 @@ import logging
 import socket
 import time
 
+import trio
+
 from terra_controller import agent_core as core
 from terra_controller.agent_connection import (
     AgentConnection,
     ChannelError,
-    read_control,
+    parse_control,
     send_parts,
 )
 from terra_controller.coflow_state import (
@@ -72,13 +74,21 @@ from terra_controller.controller import Controller
 from terra_controller.controller_round import FlowRates
 from terra_controller.file_requests import FileRequests
 from terra_controller.flow_specs import BATCH_BYTES, flow_spec, sized_batches, spec_bytes
+from terra_controller.loop_frames import FrameReader
 from terra_controller.registration_checks import RegistrationRefused
-from terra_controller.transport import ServerSecurity, SharedSocket, listen_and_serve
+from terra_controller.shared_socket import SharedSocket
+from terra_controller.transport import (
+    FRAME_TIMEOUT_S,
+    ServerSecurity,
+    listen_and_serve,
+)
 from terra_controller.tunnel_table import TunnelTable
 from terra_security.data_keys import DataKeys
 from terra_security.integrity import ALGORITHMS, default_algorithm
 from terra_security.pki import INSECURE, Identity
 from terra_wire import control as protocol
+from terra_wire.api import WireError
+from terra_wire.frames import MAX_HEADER_BYTES
 
 LOG = logging.getLogger("terra.agents")
 
@@ -90,7 +100,7 @@ AGENT_SILENCE_S = 15.0  # no message (heartbeats included) for this long: discon
 
 class AgentChannel:
     """Server side of the control channel: the connections, and the dispatch of their events
-    to the agents' core (`agent_core.step`) under the controller's lock.
+    to the agents' core (`agent_core.step`) on the controller's loop.
 
     Args:
         controller: the Controller (registers its listeners on it).
@@ -110,7 +120,8 @@ class AgentChannel:
         core: the AgentState (agent_core.py): last_seen, kept reports, acks, reactions, ...
             (also readable as attributes of the channel: last_seen, pending, pending_count,
             pending_agents, acks, sent_at, reactions, reaction_count).
-        lock: the controller's `lock`, the one owner of `core` and `connections`.
+        owner: the controller's loop (owner_loop.py), the one owner of `core` and
+            `connections`.
         record: None, or a list the dispatched (monotonic s, event) pairs are appended to
             (agent_core.replay replays it).
     """
@@ -135,7 +146,7 @@ class AgentChannel:
         self.silence_s = silence_s
         self.tunnels = tunnels
         self.connections: dict[str, AgentConnection] = {}
-        self.lock = controller.lock
+        self.owner = controller.owner
         self.record: list | None = None
         controller.on_rates.append(self.push_rates)
         controller.on_flows.append(self.push_flows)
@@ -145,7 +156,7 @@ class AgentChannel:
         self.files = FileRequests(self.connections.get)  # "list" / "check" and their replies
         controller.files = self.files
 
-    # views of the core's state (read them under `lock`)
+    # views of the core's state (read them on the loop)
     last_seen = property(lambda self: self.core.last_seen)
     pending = property(lambda self: self.core.pending)
     pending_count = property(lambda self: self.core.pending_count)
@@ -158,7 +169,7 @@ class AgentChannel:
     # -- dispatch
 
     def dispatch(self, event: object, conn: AgentConnection | None = None) -> list:
-        """Step the core with `event` under the controller's lock and apply its effects
+        """Step the core with `event` on the controller's loop and apply its effects
         (`_apply`; `conn`: the connection a Register came on).
 
         Returns:
@@ -167,7 +178,8 @@ class AgentChannel:
         Raises:
             RegistrationRefused: a registration the core or the registry refused.
         """
-        with self.lock:
+
+        def on_loop():
             now = time.monotonic()
             if self.record is not None:
                 self.record.append((now, event))
@@ -176,8 +188,10 @@ class AgentChannel:
                 self._apply(effect, conn)
             return effects
 
+        return self.owner.run(on_loop)
+
     def _apply(self, effect: object, conn: AgentConnection | None) -> None:
-        """Apply one effect of the core (lock held); registry updates dispatch their outcome."""
+        """Apply one effect of the core (on the loop); registry updates dispatch their outcome."""
         if isinstance(effect, core.Send):
             target = self.connections.get(effect.agent)
             if target is not None:
@@ -206,7 +220,7 @@ class AgentChannel:
 
     def _record_agent(self, effect: core.RecordAgent, conn: AgentConnection | None) -> None:
         """Record the agent in the registry, bind `conn` to it (closing another connection of
-        it), then dispatch AgentRecorded (lock held)."""
+        it), then dispatch AgentRecorded (on the loop)."""
         try:
             info = self.controller.register_agent(effect.agent, effect.dc, effect.data_addr)
         except RegistryError as exc:
@@ -224,8 +238,12 @@ class AgentChannel:
 
     # -- connections
 
-    def serve_connection(self, sock: socket.socket, addr, identity: Identity = INSECURE) -> None:
-        """Read and handle one agent's messages until EOF, a bad frame or silence.
+    async def serve_connection_on_loop(
+        self, sock: socket.socket, addr, identity: Identity = INSECURE
+    ) -> None:
+        """Read and handle one agent's messages until EOF, a bad frame or silence, as a task
+        of the controller's loop (`sock` non-blocking; the connection's writer thread sends,
+        shared_socket.SharedSocket).
 
         `identity` is the peer's certificate (transport.authenticate): only an agent
         certificate may register, and only under its own name.
@@ -235,38 +253,75 @@ class AgentChannel:
         reconnects and re-registers when it can.
         """
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock = SharedSocket(sock)  # read here, written by the connection's writer thread
-        sock.settimeout(self.silence_s)
-        conn = AgentConnection(sock, addr)
+        shared = SharedSocket(sock)
+        shared.settimeout(self.silence_s)  # (the writer thread's sends)
+        conn = AgentConnection(shared, addr)
         conn.identity = identity
+        conn.before_close = lambda: self.owner.run(_notify_closing, shared.raw)
+        reader = FrameReader(shared.raw, shared.lock)
         try:
-            while True:
-                message = read_control(sock)
-                if message is None:
-                    return
-                conn.last_seen = time.time()
-                self._handle(conn, message)
+            with reader.idle:
+                await self._read_messages(conn, reader)
+            if reader.idle.cancelled_caught:
+                raise TimeoutError("timed out")
         except ChannelError as exc:
             LOG.warning("agent %s: %s; closing", conn.agent or addr, exc)
             fatal = {"fatal": True} if isinstance(exc, RegistrationRefused) else {}
+            error = protocol.error_message(str(exc), **fatal)
             try:
-                send_parts(sock, protocol.error_message(str(exc), **fatal))
+                await trio.to_thread.run_sync(send_parts, shared, error)
             except OSError:
                 pass
         except OSError as exc:
             LOG.info("agent %s: connection ended: %s", conn.agent or addr, exc)
         finally:
             conn.close()
-            with self.lock:
-                if conn.agent is not None and self.connections.get(conn.agent) is conn:
-                    del self.connections[conn.agent]
-                    self.dispatch(core.Disconnect(conn.agent, conn.last_seen))
+            if conn.agent is not None and self.connections.get(conn.agent) is conn:
+                del self.connections[conn.agent]
+                self.dispatch(core.Disconnect(conn.agent, conn.last_seen))
+
+    async def _read_messages(self, conn: AgentConnection, reader: FrameReader) -> None:
+        """Handle the connection's messages until EOF (serve_connection_on_loop).
+
+        Raises:
+            ChannelError: a bad frame or message.
+        """
+        while True:
+            try:
+                body = await reader.read(FRAME_TIMEOUT_S, self.silence_s, MAX_HEADER_BYTES)
+            except WireError as exc:
+                raise ChannelError(str(exc)) from exc
+            if body is None:
+                return
+            message = parse_control(body)
+            conn.last_seen = time.time()
+            if message["t"] == "register":
+                await self._register_on_loop(conn, message)
+            else:
+                self._handle(conn, message)
+            if not reader.waited:  # an agent sending without pause lets the others in too
+                await trio.lowlevel.checkpoint()
+            reader.waited = False
+
+    async def _register_on_loop(self, conn: AgentConnection, m: dict) -> None:
+        """Register the agent of `conn` (agent_core: the checks, the inflight rows, then
+        "registered"); RegistrationRefused (sent to it as a fatal "error": it exits instead
+        of retrying) for a peer that is not an agent or not the named one, an unknown DC, a
+        bad id or a data_addr check_data_addr refuses. Then: submits waiting for it and
+        journaled coflows resume (in a worker thread: they submit), kept reports are applied,
+        every agent gets its tunnel table, this one its flow descriptors and all its rates."""
+        event = core.Register(
+            m["agent"], m["dc"], m["data_addr"], conn.addr[0], conn.identity, conn.agent,
+            tuple(m.get("inflight", [])), self.controller.generation,
+        )  # fmt: skip
+        self.dispatch(event, conn)
+        agent = conn.agent
+        await trio.to_thread.run_sync(self.controller.agent_registered)
+        self._after_register(agent)
 
     def _handle(self, conn: AgentConnection, m: dict) -> None:
+        """Dispatch a registered agent's message other than "register"."""
         kind = m["t"]
-        if kind == "register":
-            self._register(conn, m)
-            return
         agent = conn.agent
         if agent is None:
             raise ChannelError(f"{kind} before register")
@@ -291,20 +346,9 @@ class AgentChannel:
         """An agent acknowledged message `msg_id`."""
         self.dispatch(core.Ack(msg_id))
 
-    def _register(self, conn: AgentConnection, m: dict) -> None:
-        """Register the agent of `conn` (agent_core: the checks, the inflight rows, then
-        "registered"); RegistrationRefused (sent to it as a fatal "error": it exits instead
-        of retrying) for a peer that is not an agent or not the named one, an unknown DC, a
-        bad id or a data_addr check_data_addr refuses. Then: submits waiting for it and
-        journaled coflows resume, kept reports are applied, every agent gets its tunnel
-        table, this one its flow descriptors and all its rates."""
-        event = core.Register(
-            m["agent"], m["dc"], m["data_addr"], conn.addr[0], conn.identity, conn.agent,
-            tuple(m.get("inflight", [])), self.controller.generation,
-        )  # fmt: skip
-        self.dispatch(event, conn)
-        agent = conn.agent
-        self.controller.agent_registered()  # waiting submits; journaled coflows resume
+    def _after_register(self, agent: str | None) -> None:
+        """After a registration: kept reports, every agent's tunnel table, the agent's flow
+        descriptors and all its rates."""
         self.apply_inflight()
         self.push_tunnels()
         self._send_flows(self.controller.wan_flows_of(agent))
@@ -323,8 +367,7 @@ class AgentChannel:
         Used on SIGTERM so agents see a clean end of the control channel (a plain
         exit with unread data would reset the connections) and reconnect.
         """
-        with self.lock:
-            conns = list(self.connections.values())
+        conns = self.owner.run(lambda: list(self.connections.values()))
         for conn in conns:
             try:
                 conn.sock.shutdown(socket.SHUT_WR)
@@ -344,7 +387,8 @@ class AgentChannel:
         Returns:
             {message id: agent id} of the "tunnels" messages sent.
         """
-        with self.lock:
+
+        def on_loop() -> list:
             agents = self.controller.registered_agents()
             connected = list(self.connections)
             tables = []
@@ -359,7 +403,9 @@ class AgentChannel:
                 if self.data_keys is not None:
                     keys = self.data_keys.keys_for(info.id, [p.id for p in peers])
                 tables.append((info.id, specs, listen, keys))
-            effects = self.dispatch(core.Tunnels(tuple(tables)))
+            return self.dispatch(core.Tunnels(tuple(tables)))
+
+        effects = self.owner.run(on_loop)
         return {e.message["id"]: e.agent for e in effects}
 
     def push_flows(self, coflow: CoflowState, flows: list[FlowState]) -> None:
@@ -380,7 +426,8 @@ class AgentChannel:
         for coflow, f in pairs:
             spec = flow_spec(coflow, f, self.leaf_mac)
             built.append((coflow, f, spec.attempt, spec.to_dict(), spec_bytes(spec)))
-        with self.lock:  # a drop or restart of these flows (sent under this lock) follows
+
+        def on_loop():  # a drop or restart of these flows (sent on the loop) follows
             per_agent: dict[str, list[tuple[dict, int]]] = {}
             for coflow, f, attempt, wire, n in built:
                 if coflow.state.final or f.ended or f.restarts != attempt:
@@ -396,19 +443,27 @@ class AgentChannel:
                 for batch in sized_batches(entries, BATCH_BYTES):
                     conn.send({"t": "flows", "flows": batch})
 
+        self.owner.run(on_loop)
+
     def connected_agents(self) -> list[str]:
         """Ids of the agents with an open control connection now (Controller.connected_agents)."""
-        with self.lock:
+
+        def on_loop():
             return list(self.connections)
 
+        return self.owner.run(on_loop)
+
     def push_drop(self, coflow: CoflowState, flows: list[FlowState], restart: bool) -> None:
-        """Controller listener (lock held): tell agents to forget `flows` of `coflow`
+        """Controller listener (on the loop): tell agents to forget `flows` of `coflow`
         (agent_core.Drop: "drop" to both endpoints when the coflow failed or was cancelled,
         restart=False; a restart from byte 0 when restart=True)."""
         ends = tuple((f.id, f.src_agent, f.dst_agent) for f in flows)
-        with self.lock:
+
+        def on_loop():
             connected = frozenset(self.connections) if restart else frozenset()
             self.dispatch(core.Drop(coflow_key(coflow.id), ends, restart, connected))
+
+        self.owner.run(on_loop)
 
     def run_overdue(self) -> None:
         """Controller tick: run the deferred sends whose acknowledgement is overdue."""
@@ -430,9 +485,12 @@ class AgentChannel:
         wanted = self.group_rates(rates)  # may add logical tunnels for new paths
         new_tunnels = self.tunnels.next_id != known
         tunnel_ids = self.push_tunnels() if wan_changed or new_tunnels else {}
-        with self.lock:
+
+        def on_loop() -> list:
             event = core.Rates(wanted, tuple(self.connections), fresh, event_at, tunnel_ids)
-            effects = self.dispatch(event)
+            return self.dispatch(event)
+
+        effects = self.owner.run(on_loop)
         return [e.message["id"] for e in effects if isinstance(e, core.Send)]
 
     def group_rates(self, rates: FlowRates) -> dict[str, dict[tuple[str, str], dict[str, float]]]:
@@ -442,7 +500,8 @@ class AgentChannel:
             {agent id: {(coflow id str, dst DC): {tunnel id: bytes/s}}}.
         """
         out: dict[str, dict[tuple[str, str], dict[str, float]]] = {}
-        with self.lock:
+
+        def on_loop():
             coflows = self.controller.registry.coflows
             for cid, flows in rates.items():
                 coflow = coflows.get(cid)
@@ -458,12 +517,23 @@ class AgentChannel:
                         tunnel = self.tunnels.tunnel_for(path)
                         if tunnel is not None and rate > 0:
                             group[tunnel] = group.get(tunnel, 0.0) + rate
+
+        self.owner.run(on_loop)
         return out
+
+
+def _notify_closing(sock) -> None:
+    """Wake the loop's task waiting on `sock` before another thread closes it (trio cannot
+    see a descriptor closed under it); nothing once the loop has stopped."""
+    try:
+        trio.lowlevel.notify_closing(sock)
+    except RuntimeError:  # not on a running loop any more
+        pass
 
 
 def apply_report(controller: Controller, report: core.Report, connected) -> object:
     """Apply an agent's report to the controller (Controller.progress, complete or fail_flow;
-    lock held or not: they take it).
+    on the controller's loop or not).
 
     Args:
         report: the agent_core.Report (its endpoint already checked by the core).
@@ -495,10 +565,12 @@ def start_agent_server(
     channel: AgentChannel, host: str, port: int, security: ServerSecurity, spawn=None
 ):
     """Serve the agent channel on host:port (see `transport.listen_and_serve`; its
-    connection counts go to the controller's metrics under "agent channel")."""
+    connection counts go to the controller's metrics under "agent channel"): each
+    authenticated connection's reads are a task of the controller's loop
+    (serve_connection_on_loop)."""
     result = listen_and_serve(
-        host, port, channel.serve_connection, security, spawn, name="agent channel",
-        listeners=channel.controller.metrics.listeners,
+        host, port, channel.serve_connection_on_loop, security, spawn, name="agent channel",
+        listeners=channel.controller.metrics.listeners, owner=channel.owner,
     )  # fmt: skip
     LOG.info("agent channel on %s:%d (%s)", *result[2], "TLS" if security.context else "INSECURE")
     return result

@@ -1,5 +1,5 @@
 """One agent's control connection on the controller: reading and writing control frames
-(blocking sockets, TLS through transport.SharedSocket) and the writer thread with its queue.
+(blocking sockets, TLS through shared_socket.SharedSocket) and the writer thread with its queue.
 
 Frames are those of `overlay/framing.py` with an empty payload, decoded and checked by the
 codec shared with the agents (`terra_wire.frames.unpack_map`, `check_header`) and validated as
@@ -13,12 +13,19 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 from terra_controller.transport import FRAME_TIMEOUT_S, read_message
 from terra_security.pki import INSECURE, Identity
 from terra_wire import control as protocol
 from terra_wire.api import WireError
-from terra_wire.frames import MAX_HEADER_BYTES, FrameError, check_header, encode_frame
+from terra_wire.frames import (
+    MAX_HEADER_BYTES,
+    FrameError,
+    check_header,
+    encode_frame,
+    unpack_map,
+)
 
 LOG = logging.getLogger("terra.agents")
 
@@ -49,6 +56,29 @@ def read_control(sock: socket.socket, frame_timeout: float = FRAME_TIMEOUT_S) ->
         raise ChannelError(str(exc)) from exc
     if header is None:
         return None
+    return checked_control(header)
+
+
+def parse_control(body: bytes) -> dict:
+    """A frame's body (read on the controller's loop, loop_frames.FrameReader) as its
+    validated control message.
+
+    Raises:
+        ChannelError: as read_control.
+    """
+    try:
+        header = unpack_map(body)
+    except FrameError as exc:
+        raise ChannelError(str(exc)) from exc
+    return checked_control(header)
+
+
+def checked_control(header: dict) -> dict:
+    """`header` checked as a control frame's and validated as a control message.
+
+    Raises:
+        ChannelError: a payload, wrong version, invalid message.
+    """
     try:
         check_header(header, max_payload=0)  # the agents' own header checks (overlay/framing)
     except FrameError as exc:
@@ -74,6 +104,7 @@ class AgentConnection:
         self.identity: Identity = INSECURE
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.closed = False
+        self.before_close: Callable[[], None] | None = None  # e.g. wake the loop's reader
         self.last_seen = time.time()  # wall-clock s of the last message read (console)
         self.writer = threading.Thread(target=self._write_loop, daemon=True)
         self.writer.start()
@@ -88,6 +119,8 @@ class AgentConnection:
         if not self.closed:
             self.closed = True
             self.outbox.put(None)
+            if self.before_close is not None:
+                self.before_close()
             try:
                 self.sock.shutdown(socket.SHUT_RDWR)
             except OSError:

@@ -63,8 +63,12 @@ import threading
 import time
 from collections import OrderedDict
 
+import trio
+
 from terra_controller.coflow_state import RegistryError
 from terra_controller.controller import Controller
+from terra_controller.file_flows import needs_listing
+from terra_controller.loop_frames import FrameReader, send_all
 from terra_controller.tenant_api import TENANT_OPS, TENANT_ROLES, submit_tenant, with_tenant
 from terra_controller.transport import (
     FRAME_TIMEOUT_S,
@@ -147,6 +151,21 @@ class ApiHandler:
         if req is not None:
             reply["req"] = req
         return reply
+
+    async def handle_on_loop(self, request: object, identity: Identity = INSECURE) -> dict:
+        """Answer one request from a task of the controller's loop (serve_connection_on_loop):
+        at once on the loop when it cannot block (reads, cancels, and submits, updates and
+        link changes of at most LOOP_FLOWS flows that wait for no agent, file listing or
+        shared store; those hold the policy, waiting for a running round), else `handle` in a
+        worker thread. Never raises."""
+        owner = self.controller.owner
+        where = _where(self.controller, request)
+        if where == "loop":
+            return self.handle(request, identity)
+        if where == "policy":
+            async with owner.policy_for_loop():
+                return self.handle(request, identity)
+        return await trio.to_thread.run_sync(self.handle, request, identity)
 
     def _dispatch(self, request: object, identity: Identity) -> dict:
         if not isinstance(request, dict):
@@ -301,6 +320,33 @@ def _ref_of(request: object, identity: Identity) -> tuple[str, str] | None:
     return None
 
 
+LOOP_OPS = frozenset({"hello", "status", "list", "agents", "login", "cancel"})
+POLICY_OPS = frozenset({"submit", "update", "link_state", "capacity"})
+LOOP_FLOWS = 1000  # a submit or update of more flows is parsed in a worker thread
+
+
+def _where(controller: Controller, request: object) -> str:
+    """Where `ApiHandler.handle_on_loop` answers `request`: "loop" (at once), "policy" (on
+    the loop, holding the policy) or "thread" (a worker thread: it may wait)."""
+    op = request.get("op") if isinstance(request, dict) else None
+    if not isinstance(op, str) or op not in LOOP_OPS | POLICY_OPS:
+        return "loop" if op not in TENANT_OPS else "thread"
+    if op in LOOP_OPS:
+        return "loop"
+    journal = controller.journal
+    if journal.store is not None or journal.failing is not None:
+        return "thread"  # the reply waits for the shared store
+    if op in ("submit", "update"):
+        flows, sync = request.get("flows"), request.get("sync", False)
+        if not isinstance(flows, list) or len(flows) > LOOP_FLOWS:
+            return "thread"
+        if controller.files is not None and any(needs_listing(f, sync) for f in flows):
+            return "thread"  # asks the senders about their files
+        if op == "submit" and not controller.agents_here(flows):
+            return "thread"  # waits for agents coming back (await_agents)
+    return "policy"
+
+
 def _only(request: dict, fields: set[str]) -> None:
     unknown = set(request) - fields - _COMMON_FIELDS
     if unknown:
@@ -338,6 +384,44 @@ def serve_connection(handler: ApiHandler, sock: socket.socket, addr, identity=IN
         LOG.debug("API %s: connection ended: %s", addr, exc)
 
 
+async def serve_connection_on_loop(
+    handler: ApiHandler, sock: socket.socket, addr, identity=INSECURE
+) -> None:
+    """`serve_connection` as a task of the controller's loop, `sock` non-blocking: the
+    same frames, limits and replies (ApiHandler.handle_on_loop)."""
+    reader = FrameReader(sock)
+    try:
+        with reader.idle:  # a connection idle for IDLE_S leaves it: closed quietly
+            await _serve_requests(handler, sock, addr, identity, reader)
+    except (OSError, EOFError) as exc:
+        LOG.debug("API %s: connection ended: %s", addr, exc)
+
+
+async def _serve_requests(
+    handler: ApiHandler, sock: socket.socket, addr, identity, reader: FrameReader
+) -> None:
+    while True:
+        try:
+            body = await reader.read(handler.frame_timeout_s, IDLE_S)
+            if body is None:
+                return
+            request = decode_request(body)
+        except WireError as exc:
+            LOG.warning("API %s (%s): %s; closing", addr, identity.name, exc)
+            message = {"v": API_VERSION, "ok": False, "code": "bad_message",
+                       "error": str(exc), "instance": handler.instance}  # fmt: skip
+            try:
+                await send_all(sock, pack_message(message))
+            except OSError:
+                pass
+            return
+        reply = await handler.handle_on_loop(request, identity)
+        await send_all(sock, _packed_reply(handler, reply))
+        if not reader.waited:  # a client sending without waiting lets the others in too
+            await trio.lowlevel.checkpoint()
+        reader.waited = False
+
+
 def _packed_reply(handler: ApiHandler, reply: dict) -> bytes:
     """The encoded reply; a reply too large to send (e.g. an echoed "req" or a long bad
     value quoted in an error) is replaced by a short error reply."""
@@ -366,10 +450,13 @@ def start_api_server(
     handler: ApiHandler, host: str, port: int, security: ServerSecurity, spawn=None
 ):
     """Serve the coflow API on host:port (see `transport.listen_and_serve`; its connection
-    counts go to the controller's metrics under "coflow API")."""
+    counts go to the controller's metrics under "coflow API"): each authenticated
+    connection is a task of the controller's loop (serve_connection_on_loop)."""
     result = listen_and_serve(
-        host, port, lambda sock, addr, ident: serve_connection(handler, sock, addr, ident),
+        host, port,
+        lambda sock, addr, ident: serve_connection_on_loop(handler, sock, addr, ident),
         security, spawn, name="coflow API", listeners=handler.controller.metrics.listeners,
+        owner=handler.controller.owner,
     )  # fmt: skip
     LOG.info("coflow API on %s:%d (%s)", *result[2], "TLS" if security.context else "INSECURE")
     return result

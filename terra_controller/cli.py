@@ -561,7 +561,7 @@ def rest_security_of(args, security):
 
 def build_deferred(controller, parts: list, scheduler: str, opened) -> None:
     """Make the Deferred objects among `parts` (the tunnel table, the policy), in order,
-    holding the controller's policy_lock (so that no WAN change or submit reaches a half-made
+    holding the controller's policy (so that no WAN change or submit reaches a half-made
     one; agent registrations wait for the tunnel table, submits for the policy).
 
     On failure it closes the listeners in `opened` and ends the process with exit status 1:
@@ -571,7 +571,7 @@ def build_deferred(controller, parts: list, scheduler: str, opened) -> None:
     from terra_controller.deferred import Deferred
 
     try:
-        with controller.policy_lock:
+        with controller.owner.policy_held():
             for part in parts:
                 if isinstance(part, Deferred):
                     part.build()
@@ -631,7 +631,7 @@ def start_openflow_app(args, topology, binding, controller, tunnels):
     """Start os-ken with the tunnel app; PortStatus link changes reach the controller.
 
     The app keeps its own copy of the topology (it flips link state on PortStatus);
-    the controller's copy changes under the controller's lock via set_link_state (as the
+    the controller's copy changes on the controller's loop via set_link_state (as the
     switches' word: an operator's link-down holds, terra_controller/operator_links.py).
     `tunnels` (tunnels.startup_tunnels) is the list the agent channel's TunnelTable
     holds too: built once, shared.

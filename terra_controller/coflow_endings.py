@@ -20,7 +20,7 @@ LOG = logging.getLogger("terra.controller")
 
 
 class CoflowEndings:
-    """Failing, restarting and cancelling coflows of `Controller` (its attributes: lock,
+    """Failing, restarting and cancelling coflows of `Controller` (its attributes: owner,
     registry, journal, policy, rates, allocation, stats, metrics, events, on_drop)."""
 
     def cancel(self, coflow_id: object) -> dict:
@@ -37,26 +37,26 @@ class CoflowEndings:
             RegistryError("unknown_coflow"): no such coflow (or dropped from memory).
             RegistryError("coflow_done"): it is already done, failed or rejected.
         """
-        with self.lock:
-            entry = self._journal_only(coflow_id)
-            if entry is not None and entry.ended is not None:
+        return self.owner.run(self._cancel_on_loop, coflow_id)
+
+    def _cancel_on_loop(self, coflow_id: object) -> dict:
+        entry = self._journal_only(coflow_id)
+        if entry is not None and entry.ended is not None:
+            raise RegistryError("coflow_done", f"coflow {coflow_id} already {entry.ended['state']}")
+        if entry is not None:  # waiting to be resumed: it ends here
+            self._abandon(coflow_id, "cancelled by the job master", CoflowStatus.CANCELLED)
+            return self._journal_status(coflow_id)
+        coflow = self.registry.get(coflow_id)
+        if coflow.state is not CoflowStatus.CANCELLED:
+            if coflow.state.final:
                 raise RegistryError(
-                    "coflow_done", f"coflow {coflow_id} already {entry.ended['state']}"
+                    "coflow_done", f"coflow {coflow.id} already {coflow.state.value}"
                 )
-            if entry is not None:  # waiting to be resumed: it ends here
-                self._abandon(coflow_id, "cancelled by the job master", CoflowStatus.CANCELLED)
-                return self._journal_status(coflow_id)
-            coflow = self.registry.get(coflow_id)
-            if coflow.state is not CoflowStatus.CANCELLED:
-                if coflow.state.final:
-                    raise RegistryError(
-                        "coflow_done", f"coflow {coflow.id} already {coflow.state.value}"
-                    )
-                self._end(coflow, CoflowStatus.CANCELLED, "cancelled by the job master")
-            out = coflow.status()  # (it may be dropped from memory already: keep_finished)
-            for f in out["flows"]:
-                f["rate_bytes_per_s"] = 0.0
-            return out
+            self._end(coflow, CoflowStatus.CANCELLED, "cancelled by the job master")
+        out = coflow.status()  # (it may be dropped from memory already: keep_finished)
+        for f in out["flows"]:
+            f["rate_bytes_per_s"] = 0.0
+        return out
 
     def fail_flow(
         self,
@@ -85,31 +85,43 @@ class CoflowEndings:
         Raises:
             RegistryError: unknown coflow or flow.
         """
-        with self.lock:
-            flow = self.registry.flow(coflow_id, flow_id)
-            coflow = self.registry.get(coflow_id)
-            if coflow.state.final or flow.state not in (FlowStatus.QUEUED, FlowStatus.RUNNING):
-                return "ignored"
-            if attempt is not None and attempt != flow.restarts:
-                return "ignored"  # about an attempt before the flow's last restart
-            self.check_report(flow, tag)
-            text = str(reason)
-            if retry:
-                if flow.restarts < self.max_restarts:
-                    self.registry.restart_flow(coflow, flow)
-                    self.journal.attempt(coflow.id, flow.id, flow.restarts)
-                    self.stats["restarts"] += 1
-                    self.metrics.restarts.inc()
-                    LOG.warning(
-                        "coflow %s flow %s: %s; transferring it again (attempt %d of %d)",
-                        coflow.id, flow.id, text, flow.restarts, self.max_restarts,
-                    )  # fmt: skip
-                    self._notify_drop(coflow, [flow], True)
-                    self.want_round()
-                    return "restarted"
-                text = f"{text} (after {flow.restarts} re-transfers)"
-            self._end(coflow, CoflowStatus.FAILED, f"flow {flow.id}: {text}", flow)
-            return "failed"
+        return self.owner.run(
+            self._fail_flow_on_loop, coflow_id, flow_id, reason, retry, attempt, tag
+        )
+
+    def _fail_flow_on_loop(
+        self,
+        coflow_id: object,
+        flow_id: object,
+        reason: str,
+        retry: bool,
+        attempt: int | None,
+        tag: object,
+    ) -> str:
+        flow = self.registry.flow(coflow_id, flow_id)
+        coflow = self.registry.get(coflow_id)
+        if coflow.state.final or flow.state not in (FlowStatus.QUEUED, FlowStatus.RUNNING):
+            return "ignored"
+        if attempt is not None and attempt != flow.restarts:
+            return "ignored"  # about an attempt before the flow's last restart
+        self.check_report(flow, tag)
+        text = str(reason)
+        if retry:
+            if flow.restarts < self.max_restarts:
+                self.registry.restart_flow(coflow, flow)
+                self.journal.attempt(coflow.id, flow.id, flow.restarts)
+                self.stats["restarts"] += 1
+                self.metrics.restarts.inc()
+                LOG.warning(
+                    "coflow %s flow %s: %s; transferring it again (attempt %d of %d)",
+                    coflow.id, flow.id, text, flow.restarts, self.max_restarts,
+                )  # fmt: skip
+                self._notify_drop(coflow, [flow], True)
+                self.want_round()
+                return "restarted"
+            text = f"{text} (after {flow.restarts} re-transfers)"
+        self._end(coflow, CoflowStatus.FAILED, f"flow {flow.id}: {text}", flow)
+        return "failed"
 
     def _end(
         self,
@@ -118,7 +130,7 @@ class CoflowEndings:
         reason: str,
         culprit: FlowState | None = None,
     ) -> None:
-        """Fail or cancel `coflow` (lock held): release its capacity, tell its agents."""
+        """Fail or cancel `coflow` (on the loop): release its capacity, tell its agents."""
         now = self.now()
         dropped = self.registry.end(coflow, state, reason, now, culprit)
         self.journal.ended(coflow.id, ended_summary(coflow))
@@ -171,34 +183,36 @@ class CoflowEndings:
                 connected = set(self.connected_agents())
             except Exception:
                 LOG.exception("connected_agents failed")
+        return self.owner.run(self._timeouts_on_loop, connected)
+
+    def _timeouts_on_loop(self, connected: set | None) -> list[int]:
         failed = []
-        with self.lock:
-            now = self.now()
-            gone: dict[str, float] = {}
-            if connected is not None:
-                for agent in self.registry.agents:
-                    if agent in connected:
-                        self.agent_gone_since.pop(agent, None)
-                    else:
-                        since = self.agent_gone_since.setdefault(agent, now)
-                        if now - since >= self.agent_timeout_s:
-                            gone[agent] = now - since
-            for coflow in self.registry.active():
-                reason = None
-                if coflow.deadline_s is not None and now > coflow.submitted_s + coflow.deadline_s:
-                    reason = f"deadline missed ({coflow.deadline_s:g} s after arrival)"
-                elif gone:
-                    for f in coflow.flows.values():
-                        if f.intra_dc or f.done:
-                            continue
-                        agent = f.src_agent if f.src_agent in gone else f.dst_agent
-                        if agent in gone:
-                            reason = f"agent {agent} gone for {gone[agent]:.0f} s"
-                            break
-                if reason is not None:
-                    self._end(coflow, CoflowStatus.FAILED, reason)
-                    failed.append(coflow.id)
-            self._prune(now)
+        now = self.now()
+        gone: dict[str, float] = {}
+        if connected is not None:
+            for agent in self.registry.agents:
+                if agent in connected:
+                    self.agent_gone_since.pop(agent, None)
+                else:
+                    since = self.agent_gone_since.setdefault(agent, now)
+                    if now - since >= self.agent_timeout_s:
+                        gone[agent] = now - since
+        for coflow in self.registry.active():
+            reason = None
+            if coflow.deadline_s is not None and now > coflow.submitted_s + coflow.deadline_s:
+                reason = f"deadline missed ({coflow.deadline_s:g} s after arrival)"
+            elif gone:
+                for f in coflow.flows.values():
+                    if f.intra_dc or f.done:
+                        continue
+                    agent = f.src_agent if f.src_agent in gone else f.dst_agent
+                    if agent in gone:
+                        reason = f"agent {agent} gone for {gone[agent]:.0f} s"
+                        break
+            if reason is not None:
+                self._end(coflow, CoflowStatus.FAILED, reason)
+                failed.append(coflow.id)
+        self._prune(now)
         for listener in list(self.on_tick):
             try:
                 listener()

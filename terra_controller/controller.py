@@ -1,17 +1,15 @@
 """The controller's core glue: WAN view, scheduling policy and coflow registry.
 
 `Controller` owns the `Topology`, the policy (normally `TerraPolicy`) and the
-`CoflowRegistry`. The API server, the agent channel, the REST server and the
-OpenFlow app call its methods from their own threads. Two locks (docs/runtime.md):
-`lock` guards the registry, the rates and the stats and is only ever held
-briefly; `policy_lock` guards the policy and is held for a round's
-`policy.allocate`. A round takes a snapshot of the remaining bytes under `lock`,
-allocates under `policy_lock` alone, then applies the rates under `lock` again,
-so status requests, agent reports and REST never wait for a round; only what
-needs the policy (admission of a submit or update, link events) does. Coflows
-that leave the schedule (done, failed, cancelled) are removed from the policy at
-the start of the next round (or of the next admission), not by the thread that
-finished them.
+`CoflowRegistry`, and its state has one owner: the trio loop `owner` (owner_loop.py,
+docs/runtime.md "One owner and the round"). The coflow API's and the agent channel's
+connections are tasks of that loop; REST, the OpenFlow app and worker threads call the
+public methods from their own threads, which hand the work to the loop and wait for it.
+What needs the policy (the admission of a submit or an update, link events) waits until
+no round holds it; a round copies the remaining bytes on the loop, allocates in the
+loop's worker thread while the loop serves everything else, then applies the rates on
+the loop. Coflows that leave the schedule (done, failed, cancelled) are removed from the
+policy at the start of the next round (or of the next admission).
 Every event of docs/design.md section 4.3 (coflow arrival, updateCoflow, FlowGroup
 finish, coflow finish, link down/up, capacity change beyond δ) asks for a
 scheduling round; `RoundRunner` runs asked-for rounds at once, coalescing
@@ -42,6 +40,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import trio
+
 from terra_controller.coflow_endings import CoflowEndings
 from terra_controller.coflow_registry import CoflowRegistry
 from terra_controller.coflow_state import (
@@ -55,6 +55,7 @@ from terra_controller.coflow_state import (
     new_secret,
     to_policy_flow,
 )
+from terra_controller.controller_resume import ControllerResumption
 from terra_controller.controller_round import ControllerRounds, FlowRates, observe_solves_lazily
 from terra_controller.controller_views import ControllerViews
 from terra_controller.events import EventLog
@@ -66,20 +67,18 @@ from terra_controller.operator_links import (
     LinkStates,
     restore_before_first_round,
 )
+from terra_controller.owner_loop import OwnerLoop
 from terra_controller.request_checks import (
     check_age,
     check_coflow_id,
     check_deadline,
     check_labels,
-    named_agents,
 )
 from terra_controller.resume import (
     ended_summary,
-    failed_summary,
     flow_rows,
     journal_status,
     missing_agents,
-    resume_request,
 )
 from terra_controller.tenants import tenant_admission
 from terra_core.policy import Allocation, Policy
@@ -110,7 +109,9 @@ class _Submission:
     attempts: dict[str, int] = field(default_factory=dict)
 
 
-class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLinkEvents):
+class Controller(
+    ControllerRounds, ControllerViews, CoflowEndings, ControllerLinkEvents, ControllerResumption
+):
     """Coflow API semantics, progress bookkeeping and scheduling rounds.
 
     Args:
@@ -144,16 +145,19 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLin
             "dropped_finished": {final state: finished coflows dropped from memory},
             "dropped_bytes_delivered": int (bytes delivered of the dropped coflows)}.
         wan_event_at: time.monotonic() of the WAN event the next round answers (or None).
+        owner: the OwnerLoop (owner_loop.py) that alone reads and changes this state.
+        round_wanted: a round was asked for (on the loop); round_asked: the trio Event the
+            round task waits on.
         on_rates: callbacks called with (FlowRates, changed_wan: bool) after each round,
-            outside the lock.
+            on the loop.
         on_flows: callbacks called with (coflow, new flows) once they are stored (submit,
-            update), outside the locks (a flow may have ended or restarted meanwhile).
-        on_drop: callbacks called with (coflow, flows, restart: bool) inside the lock when
+            update), after the admission (a flow may have ended or restarted meanwhile).
+        on_drop: callbacks called with (coflow, flows, restart: bool) on the loop when
             agents must forget those flows: the coflow failed or was cancelled (restart
             False), or one flow restarts from byte 0 (restart True: the listener also sends
             the flow's descriptor again, attempt = flow.restarts, receiver first).
         on_tick: callbacks called with no arguments at the end of every `check_timeouts`,
-            outside the lock (the agent channel's deferred sends).
+            on the loop (the agent channel's deferred sends).
         connected_agents: None, or a callable returning the ids of the agents connected now
             (set by the agent channel); without it agents are never timed out.
         files: None, or the FileRequests that ask agents about files (set by the agent
@@ -165,7 +169,7 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLin
             their rates (the measured load operators compare with the allocated rate).
         metrics: the ControllerMetrics (its own CollectorRegistry; counters and histograms
             updated at the event, the rest read by `metrics_view` at scrape time).
-        journal: the CoflowJournal (under `lock`).
+        journal: the CoflowJournal (on the loop).
         events: the EventLog (terra_controller/events.py) operators read at REST /events.
         token_key: the HMAC key of the REST tokens `ctl login` gets (this process only).
     """
@@ -189,13 +193,12 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLin
         self.registry.next_id = self.journal.next_id
         self.clock = clock or time.monotonic
         self.t0 = self.clock()
-        self.lock = threading.RLock()
-        self.policy_lock = threading.RLock()  # taken before `lock`, never while holding it
-        self.agents_back = threading.Condition(self.lock)  # notified on every registration
+        self.owner = OwnerLoop()  # the one owner of this state (owner_loop.py)
+        self.agents_back = threading.Condition()  # notified on every registration
         self.started_mono = time.monotonic()
         # a controller with a past (a restart, a new leader) waits for its agents to return
         self.agent_return_s = AGENT_RETURN_S if self.journal.live else 0.0
-        self._leaving: list[int] = []  # coflows to remove from the policy (under `lock`)
+        self._leaving: list[int] = []  # coflows to remove from the policy (on the loop)
         self.rates: FlowRates = {}
         self.allocation: Allocation = {}
         self.agent_timeout_s = agent_timeout_s
@@ -223,7 +226,8 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLin
         self.connected_agents: Callable[[], object] | None = None
         self.files: FileRequests | None = None
         self.agent_gone_since: dict[str, float] = {}
-        self.round_wanted = threading.Event()
+        self.round_wanted = False  # a round was asked for (on the loop)
+        self.round_asked = trio.Event()  # set when it was (a new one once a round starts)
         self.wan_dirty = False
         self.started_wall = time.time()
         self.metrics = ControllerMetrics()
@@ -246,11 +250,15 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLin
 
     def want_round(self, wan: bool = False) -> None:
         """Ask for a scheduling round (run by RoundRunner, or by `run_round` directly)."""
+        self.owner.run(self._want_round, wan)
+
+    def _want_round(self, wan: bool) -> None:
         if wan:
             if not self.wan_dirty:
                 self.wan_event_at = time.monotonic()
             self.wan_dirty = True
-        self.round_wanted.set()
+        self.round_wanted = True
+        self.round_asked.set()
 
     # ---- coflow API ---------------------------------------------------------------------
 
@@ -301,14 +309,27 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLin
         """
         self._check_state_writable()
         flows, files = self._resolve_files(flows, sync)
-        with self.lock:
-            agents = dict(self.registry.agents)
+        agents = self.owner.run(lambda: dict(self.registry.agents))
         sub = _Submission(files.apply(self.registry.parse_flows(flows, agents=agents)),
                           check_deadline(deadline), 0.0 if age_s is None else check_age(age_s),
                           check_labels(name, tags), new_secret())  # fmt: skip
         if coflow_id is not None:
             check_coflow_id(coflow_id, MAX_CLIENT_ID)
-        with self.policy_lock, self.lock, observe_solves_lazily(self.metrics.lp_solve.observe):
+        cid, coflow = self.owner.run_with_policy(
+            self._submit_on_loop, flows, files, agents, sub, coflow_id, owner, ref
+        )
+        if coflow is not None:
+            self._durable(cid)
+            self._announce(coflow, sub.parsed)  # off the loop: descriptors of many flows
+        return cid
+
+    def _submit_on_loop(self, flows, files: FileInfo, agents: dict, sub: _Submission,
+                        coflow_id: int | None, owner: str | None,
+                        ref: str | None) -> tuple[int, CoflowState | None]:  # fmt: skip
+        """The part of `submit` on the loop, holding the policy: the checks against the
+        registry, the admission and the insert. Returns (the id to answer, the coflow when
+        it was stored with flows to announce, else None)."""
+        with observe_solves_lazily(self.metrics.lp_solve.observe):
             self._drain_leaving()
             reg = self.registry
             if reg.agents != agents:  # an agent (re-)registered meanwhile: check again
@@ -316,7 +337,7 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLin
             if coflow_id is not None:
                 known = self._known_resubmission(coflow_id, sub, owner)
                 if known is not None:
-                    return known
+                    return known, None
             assign_keys(sub.secret, sub.parsed)
             reg.check_sinks(sub.parsed)
             reg.check_open_flows(owner, len(sub.parsed))
@@ -325,17 +346,16 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLin
             if sub.age and sub.deadline_s is not None:
                 sub.deadline_s += sub.age  # relative to the arrival: still `deadline` s from now
             if not self._admitted(cid, coflow_id is None, sub, owner, now):
-                return -1
+                return -1, None
             coflow = self._store(cid, sub, owner, ref, now)
             if coflow is None:  # intra-DC flows only: done at once
-                return cid
+                return cid, None
             self.want_round()
-        self._durable(cid)
-        self._announce(coflow, sub.parsed)  # outside the locks: descriptors of many flows
-        return cid
+            return cid, coflow
 
     def _known_resubmission(self, coflow_id: int, sub: _Submission, owner: str | None):
-        """A submit naming `coflow_id` (both locks held): the id to answer when the coflow is
+        """A submit naming `coflow_id` (on the loop, holding the policy): the id to answer
+        when the coflow is
         known already (in memory, or ended before a restart), else None; a coflow of the
         journal waiting to be resumed gets its keys, flow attempts and labels back in `sub`.
 
@@ -360,7 +380,8 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLin
 
     def _admitted(self, cid: int, new_id: bool, sub: _Submission, owner: str | None,
                   now: float) -> bool:  # fmt: skip
-        """The policy's admission of a coflow with WAN flows (both locks held; always True
+        """The policy's admission of a coflow with WAN flows (on the loop, holding the
+        policy; always True
         without): tenant limits, then `policy.add_coflow` (docs/design.md 4.3). A rejected
         coflow's id is burned (the policy may remember it) and counted.
 
@@ -387,7 +408,8 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLin
 
     def _store(self, cid: int, sub: _Submission, owner: str | None, ref: str | None,
                now: float) -> CoflowState | None:  # fmt: skip
-        """Record an admitted coflow (both locks held): registry, journal, metrics, events.
+        """Record an admitted coflow (on the loop, holding the policy): registry, journal,
+        metrics, events.
         Returns it, or None when it is done at once (intra-DC flows only)."""
         coflow = self.registry.submit(sub.parsed, sub.deadline_s, now - sub.age, cid, owner,
                                       sub.secret, keyed=True, labels=sub.labels)  # fmt: skip
@@ -452,29 +474,33 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLin
     def submitted_ref(self, owner: str | None, ref: str) -> int | None:
         """The id of the coflow `owner` submitted with retry reference `ref` (remembered in
         the journal, so across restarts and failovers), else None."""
-        with self.lock:
-            return self.journal.by_ref(owner, ref)
+        return self.owner.run(self.journal.by_ref, owner, ref)
 
     def coflows_of(self, owner: str | None) -> set[int]:
         """Ids of the coflows in memory that `owner` submitted."""
-        with self.lock:
-            return {cid for cid, c in self.registry.coflows.items() if c.owner == owner}
+        return self.owner.run(
+            lambda: {cid for cid, c in self.registry.coflows.items() if c.owner == owner}
+        )
 
     def close(self) -> None:
-        """Close the coflow journal's file (the controller is stopping)."""
-        with self.lock:
-            self.journal.close()
+        """Close the coflow journal's file and stop the loop (the controller is stopping)."""
+        if self.owner.running:
+            self.owner.run(self.journal.close)
+        self.owner.stop()
 
     def owner_of(self, coflow_id: object) -> tuple[bool, str | None]:
         """(known, owner name) of a coflow id: known when the coflow is in memory or in the
         journal (not yet forgotten); owner None for in-process submits."""
-        with self.lock:
-            if isinstance(coflow_id, bool) or not isinstance(coflow_id, int):
-                return (False, None)
+        if isinstance(coflow_id, bool) or not isinstance(coflow_id, int):
+            return (False, None)
+
+        def known() -> tuple[bool, str | None]:
             coflow = self.registry.coflows.get(coflow_id)
             if coflow is not None:
                 return (True, coflow.owner)
             return self.journal.owner(coflow_id)
+
+        return self.owner.run(known)
 
     def _announce(self, coflow: CoflowState, flows: list[FlowState]) -> None:
         for listener in list(self.on_flows):
@@ -504,12 +530,26 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLin
             RegistryError: unknown coflow, finished coflow, invalid flows; nothing changed.
         """
         self._check_state_writable()
-        with self.lock:
+
+        def agents_now() -> dict:
             self.registry.get(coflow_id)  # an unknown coflow is the first thing to say
-            agents = dict(self.registry.agents)
+            return dict(self.registry.agents)
+
+        agents = self.owner.run(agents_now)
         flows, _ = self._resolve_files(flows, False)  # sizes, directories and globs
         parsed = self.registry.parse_flows(flows, agents=agents)
-        with self.policy_lock, self.lock, observe_solves_lazily(self.metrics.lp_solve.observe):
+        coflow, parsed = self.owner.run_with_policy(
+            self._update_on_loop, coflow_id, flows, agents, parsed
+        )
+        self._durable(coflow.id)
+        self._announce(coflow, parsed)
+
+    def _update_on_loop(
+        self, coflow_id: object, flows: object, agents: dict, parsed: list[FlowState]
+    ) -> tuple[CoflowState, list[FlowState]]:
+        """The part of `update` on the loop, holding the policy: the checks, the policy's
+        new flows and the registry's. Returns (the coflow, its new flows)."""
+        with observe_solves_lazily(self.metrics.lp_solve.observe):
             self._drain_leaving()
             coflow = self.registry.get(coflow_id)
             if coflow.state.final:
@@ -533,11 +573,10 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLin
             self.registry.add_flows(coflow, parsed)
             self.journal.added(coflow.id, flow_rows(parsed))
             self.want_round()
-        self._durable(coflow.id)
-        self._announce(coflow, parsed)
+            return coflow, parsed
 
     def _delivered(self, coflow_id: int, flow: FlowState, nbytes: int) -> None:
-        """Count `nbytes` newly acknowledged bytes of `flow` (lock held): the bytes counter
+        """Count `nbytes` newly acknowledged bytes of `flow` (on the loop): the bytes counter
         and `link_bytes` (split over the flow's current paths by rate; a flow without rates
         right now counts in the counter only)."""
         self.metrics.bytes_delivered.inc(nbytes)
@@ -557,19 +596,21 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLin
         Raises:
             RegistryError("unknown_coflow").
         """
-        with self.lock:
-            if self._journal_only(coflow_id) is not None:
-                return self._journal_status(coflow_id)
-            coflow = self.registry.get(coflow_id)
-            out = coflow.status()
-            rates = self.rates.get(coflow.id, {})
-            for f in out["flows"]:
-                f["rate_bytes_per_s"] = sum(r for _, r in rates.get(f["id"], []))
-            return out
+        return self.owner.run(self._status_on_loop, coflow_id)
+
+    def _status_on_loop(self, coflow_id: object) -> dict:
+        if self._journal_only(coflow_id) is not None:
+            return self._journal_status(coflow_id)
+        coflow = self.registry.get(coflow_id)
+        out = coflow.status()
+        rates = self.rates.get(coflow.id, {})
+        for f in out["flows"]:
+            f["rate_bytes_per_s"] = sum(r for _, r in rates.get(f["id"], []))
+        return out
 
     def _journal_only(self, coflow_id: object):
         """The journal entry of a coflow known only from the journal (ended before a
-        restart, or waiting to be resumed), else None (lock held)."""
+        restart, or waiting to be resumed), else None (on the loop)."""
         if isinstance(coflow_id, bool) or not isinstance(coflow_id, int):
             return None
         if coflow_id in self.registry.coflows:
@@ -580,15 +621,16 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLin
         """Status maps (journal_status) of the coflows known only from the journal: ended
         before this controller's start (a restart or a failover) or waiting to be resumed,
         by id; only `owner`'s unless `every`."""
-        with self.lock:
-            return [
+        return self.owner.run(
+            lambda: [
                 self._journal_status(cid)
                 for cid, entry in sorted(self.journal.live.items())
                 if cid not in self.registry.coflows and (every or entry.owner == owner)
             ]
+        )
 
     def _journal_status(self, coflow_id: int) -> dict:
-        """journal_status of a coflow known only from the journal (lock held)."""
+        """journal_status of a coflow known only from the journal (on the loop)."""
         entry = self.journal.live[coflow_id]
         waiting = None
         if entry.ended is None:
@@ -598,103 +640,19 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLin
             )
         return journal_status(coflow_id, entry, waiting)
 
-    def await_agents(self, flows: object, window_s: float | None = None) -> None:
-        """Wait until every agent that `flows` names as "src" or "dst" is registered, for at
-        most what is left of the controller's first `window_s` seconds (monotonic; None:
-        `agent_return_s`, AGENT_RETURN_S when the controller started with a journal that
-        holds coflows, else 0: a controller without a past expects no agent back).
-
-        A restarted controller, or a new leader after a failover, has no agents until they
-        connect again (within a second of its listening); a submit arriving meanwhile waits
-        for them instead of being refused "unknown_agent". After the window (or for names
-        that are not strings) it returns at once and the submit's own checks decide.
-        """
-        names = named_agents(flows)
-        end = self.started_mono + (self.agent_return_s if window_s is None else window_s)
-        with self.agents_back:
-            while names - self.registry.agents.keys():
-                left = end - time.monotonic()
-                if left <= 0:
-                    return
-                self.agents_back.wait(left)
-
     def register_agent(self, agent_id: object, dc: object, data_addr: object) -> AgentInfo:
-        """Record (or re-record) an agent (CoflowRegistry.register_agent, under `lock`).
+        """Record (or re-record) an agent (CoflowRegistry.register_agent, on the loop).
 
         Raises:
             RegistryError("bad_request"): a bad id or address, or an unknown DC.
         """
-        with self.lock:
-            return self.registry.register_agent(agent_id, dc, data_addr)
-
-    def agent_registered(self) -> list[int]:
-        """An agent registered: wake submits waiting for it (`await_agents`), then resume the
-        journal's coflows whose agents are all back (`resume`)."""
-        with self.agents_back:
-            self.agents_back.notify_all()
-        return self.resume()
-
-    def resume(self) -> list[int]:
-        """Admit again the journal's coflows that had not ended (terra_controller/resume.py)
-        once every agent their flows name is registered; fail those whose agents are not
-        all back `agent_timeout_s` after the controller's start, whose deadline passed, or
-        that cannot be admitted again. The agent channel calls this after each
-        registration, `check_timeouts` on every tick.
-
-        Returns:
-            ids of the coflows admitted again by this call.
-        """
-        resumed = []
-        for cid in list(self.resuming):
-            with self.lock:
-                entry = self.resuming.get(cid)
-                if entry is None or cid in self.registry.coflows:
-                    self.resuming.pop(cid, None)
-                    continue
-                missing = missing_agents(entry, self.registry.agents)
-                if missing and self.now() >= self.agent_timeout_s:
-                    why = f"agents {', '.join(missing)} did not register within "
-                    why += f"{self.agent_timeout_s:g} s"
-                    self._abandon(cid, why + " of the controller's start")
-            if missing:
-                continue
-            request = resume_request(entry, time.time())
-            if isinstance(request, str):
-                with self.lock:
-                    self._abandon(cid, request)
-                continue
-            try:
-                got = self.submit(coflow_id=cid, **request)
-            except RegistryError as exc:
-                got, why = -1, f"cannot be admitted again after a controller restart: {exc}"
-            else:
-                why = "its deadline cannot be met any more after a controller restart"
-            if got < 0:
-                with self.lock:
-                    self._abandon(cid, why)
-            else:
-                LOG.info("coflow %s resumed after the controller's restart", cid)
-                resumed.append(cid)
-        return resumed
-
-    def _abandon(
-        self, coflow_id: int, reason: str, state: CoflowStatus = CoflowStatus.FAILED
-    ) -> None:
-        """A journaled coflow will not be resumed: it ends in `state` (lock held)."""
-        entry = self.resuming.pop(coflow_id, None)
-        if entry is None:
-            return
-        self.journal.ended(coflow_id, failed_summary(entry, reason) | {"state": state.value})
-        self.stats[state.value] += 1
-        self.metrics.finished.labels(state.value).inc()
-        LOG.warning("coflow %s %s: %s", coflow_id, state.value, reason)
-        self.events.add(state.value, coflow=coflow_id, reason=reason)
+        return self.owner.run(self.registry.register_agent, agent_id, dc, data_addr)
 
     # ---- agent reports ------------------------------------------------------------------
 
     def check_report(self, flow: FlowState, tag: object) -> None:
-        """Accept an agent's report about `flow` only with its current attempt's tag (lock
-        held); tag None: an in-process caller, not checked.
+        """Accept an agent's report about `flow` only with its current attempt's tag (on the
+        loop); tag None: an in-process caller, not checked.
 
         Raises:
             RegistryError("stale_attempt"): counted in stats["refused_reports"].
@@ -722,15 +680,19 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLin
         Raises:
             RegistryError: unknown coflow/flow, bad offset, "stale_attempt".
         """
-        with self.lock:
-            flow = self.registry.flow(coflow_id, flow_id)
-            if not flow.ended:
-                self.check_report(flow, tag)
-            before = flow.delivered
-            flow = self.registry.record_progress(coflow_id, flow_id, acked)
-            if flow.delivered > before:
-                self._delivered(int(coflow_id), flow, flow.delivered - before)
-            return flow.state not in (FlowStatus.FAILED, FlowStatus.CANCELLED)
+        return self.owner.run(self._progress_on_loop, coflow_id, flow_id, acked, tag)
+
+    def _progress_on_loop(
+        self, coflow_id: object, flow_id: object, acked: object, tag: object
+    ) -> bool:
+        flow = self.registry.flow(coflow_id, flow_id)
+        if not flow.ended:
+            self.check_report(flow, tag)
+        before = flow.delivered
+        flow = self.registry.record_progress(coflow_id, flow_id, acked)
+        if flow.delivered > before:
+            self._delivered(int(coflow_id), flow, flow.delivered - before)
+        return flow.state not in (FlowStatus.FAILED, FlowStatus.CANCELLED)
 
     def complete(
         self,
@@ -754,30 +716,33 @@ class Controller(ControllerRounds, ControllerViews, CoflowEndings, ControllerLin
         Raises:
             RegistryError: unknown coflow/flow, "stale_attempt" (nothing changes).
         """
-        with self.lock:
-            flow = self.registry.flow(coflow_id, flow_id)
-            coflow = self.registry.get(coflow_id)
-            if flow.done or coflow.state.final:
-                return coflow.state is CoflowStatus.DONE
-            self.check_report(flow, tag)
-            if isinstance(sha256, str):
-                flow.sha256 = sha256
-            before = flow.delivered
-            coflow = self.registry.record_complete(coflow_id, flow_id, digest, self.now())
-            self._delivered(coflow.id, flow, max(0, flow.bytes - before))
-            if coflow.state is CoflowStatus.DONE:
-                self.journal.ended(coflow.id, ended_summary(coflow))
-                self.metrics.finished.labels(CoflowStatus.DONE.value).inc()
-                intra = sum(f.bytes for f in coflow.flows.values() if f.intra_dc)
-                if intra:  # intra-DC flows count as delivered when the coflow is done
-                    self.metrics.bytes_delivered.inc(intra)
-                self._leaving.append(coflow.id)
-                self.rates.pop(coflow.id, None)
-                self.want_round()
-                LOG.info("coflow %s done, CCT %.3f s", coflow.id, coflow.cct_s)
-                self.events.add("done", coflow=coflow.id, cct_s=coflow.cct_s)
-                self._prune(self.now())
-                return True
-            if not self.registry.undone.get(coflow.id, {}).get((flow.src_dc, flow.dst_dc)):
-                self.want_round()  # its FlowGroup is done
-            return False
+        return self.owner.run(self._complete_on_loop, coflow_id, flow_id, digest, tag, sha256)
+
+    def _complete_on_loop(self, coflow_id: object, flow_id: object, digest: object, tag: object,
+                          sha256: object) -> bool:  # fmt: skip
+        flow = self.registry.flow(coflow_id, flow_id)
+        coflow = self.registry.get(coflow_id)
+        if flow.done or coflow.state.final:
+            return coflow.state is CoflowStatus.DONE
+        self.check_report(flow, tag)
+        if isinstance(sha256, str):
+            flow.sha256 = sha256
+        before = flow.delivered
+        coflow = self.registry.record_complete(coflow_id, flow_id, digest, self.now())
+        self._delivered(coflow.id, flow, max(0, flow.bytes - before))
+        if coflow.state is CoflowStatus.DONE:
+            self.journal.ended(coflow.id, ended_summary(coflow))
+            self.metrics.finished.labels(CoflowStatus.DONE.value).inc()
+            intra = sum(f.bytes for f in coflow.flows.values() if f.intra_dc)
+            if intra:  # intra-DC flows count as delivered when the coflow is done
+                self.metrics.bytes_delivered.inc(intra)
+            self._leaving.append(coflow.id)
+            self.rates.pop(coflow.id, None)
+            self.want_round()
+            LOG.info("coflow %s done, CCT %.3f s", coflow.id, coflow.cct_s)
+            self.events.add("done", coflow=coflow.id, cct_s=coflow.cct_s)
+            self._prune(self.now())
+            return True
+        if not self.registry.undone.get(coflow.id, {}).get((flow.src_dc, flow.dst_dc)):
+            self.want_round()  # its FlowGroup is done
+        return False

@@ -1,10 +1,11 @@
 """Scheduling rounds of the controller (docs/design.md 4.2 and 4.3).
 
 `ControllerRounds` is the part of `Controller` (terra_controller/controller.py) that runs a
-round: snapshot of the remaining bytes under `lock`, `policy.allocate` under
-`policy_lock` alone, the rates applied under `lock` again; coflow states follow the
-policy's. `RoundRunner` runs asked-for rounds in a thread of its own, coalescing bursts,
-and the timeout checks between them. `flow_rates` keys the policy's allocation by coflow id.
+round: holding the policy, the remaining bytes are copied on the controller's loop
+(owner_loop.py), `policy.allocate` runs in a worker thread, and the rates are applied on
+the loop again; coflow states follow the policy's. `RoundRunner` runs asked-for rounds as
+a task of the loop, coalescing bursts, and the timeout checks between them. `flow_rates`
+keys the policy's allocation by coflow id.
 
 Units: bytes, bytes/s, seconds on the controller clock.
 """
@@ -12,9 +13,10 @@ Units: bytes, bytes/s, seconds on the controller clock.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
+
+import trio
 
 from terra_controller.coflow_registry import CoflowRegistry
 from terra_controller.coflow_state import coflow_key, parse_coflow_key
@@ -31,54 +33,68 @@ STATS_KEPT = 1000  # entries of stats["round_ms"] / stats["allocate_ms"]
 
 
 class ControllerRounds:
-    """The scheduling round of `Controller` (its attributes: lock, policy_lock, policy,
+    """The scheduling round of `Controller` (its attributes: owner, policy,
     registry, topology, rates, allocation, stats, metrics, on_rates)."""
 
     def run_round(self) -> tuple[FlowRates, bool]:
-        """Run one scheduling round now (docs/design.md 4.2 via policy.allocate).
+        """Run one scheduling round now (docs/design.md 4.2 via policy.allocate), from a
+        thread other than the loop's; see `round_now`."""
+        return self.owner.run_async(self.round_now)
 
-        snapshot -> allocate -> apply: the remaining bytes are copied under `lock`, the
-        policy allocates holding `policy_lock` only (API status calls, agent reports and
-        REST go on meanwhile), and the rates are applied under `lock`; a coflow that
-        finished, failed or was cancelled during the allocation gets no rates.
+    async def round_now(self) -> tuple[FlowRates, bool]:
+        """One scheduling round, on the loop: snapshot -> allocate -> apply.
+
+        The round holds the policy throughout (admissions and link events wait); the
+        remaining bytes are copied on the loop, `policy.allocate` runs in a worker thread
+        while the loop serves status requests, agent reports and REST, and the rates are
+        applied on the loop again; a coflow that finished, failed or was cancelled during
+        the allocation gets no rates.
 
         Returns:
             (FlowRates for every active WAN flow, whether the WAN changed since the last
             round). Coflow states are updated from the policy.
         """
-        with self.policy_lock:
-            with self.lock:
-                self.round_wanted.clear()
-                wan, self.wan_dirty = self.wan_dirty, False
-                start = time.perf_counter()
-                self._drain_leaving()
-                remaining = self.registry.remaining(self._connectivity())
-                now = self.now()
-            begin_allocate = time.perf_counter()
-            with observe_solves_lazily(self.metrics.lp_solve.observe):
-                allocation = self.policy.allocate(now, remaining) if remaining else {}
-            allocated = time.perf_counter()
-            states = self._policy_states(remaining)
-            _trim_policy_stats(self.policy)
-            with self.lock:
-                self.allocation = allocation
-                self.rates = flow_rates(allocation, self.registry)
-                self._update_states(states)
-                elapsed_ms = (time.perf_counter() - start) * 1e3
-                self.stats["rounds"] += 1
-                self.stats["last_round_ms"] = elapsed_ms
-                for key, value in (
-                    ("round_ms", elapsed_ms),
-                    ("allocate_ms", (allocated - begin_allocate) * 1e3),
-                ):
-                    self.stats[key].append(value)
-                    del self.stats[key][:-STATS_KEPT]
-            self.metrics.round_duration.observe(elapsed_ms / 1e3)
-            self.metrics.allocate_duration.observe(allocated - begin_allocate)
-            return self.rates, wan
+        return await self.owner.holding_policy(self._round)
+
+    async def _round(self) -> tuple[FlowRates, bool]:
+        self.round_wanted = False
+        self.round_asked = trio.Event()
+        wan, self.wan_dirty = self.wan_dirty, False
+        start = time.perf_counter()
+        self._drain_leaving()
+        remaining = self.registry.remaining(self._connectivity())
+        now = self.now()
+        begin_allocate = time.perf_counter()
+        allocation = await self.owner.in_worker(self._allocate, now, remaining)
+        allocated = time.perf_counter()
+        states = self._policy_states(remaining)
+        _trim_policy_stats(self.policy)
+        self.allocation = allocation
+        self.rates = flow_rates(allocation, self.registry)
+        self._update_states(states)
+        elapsed_ms = (time.perf_counter() - start) * 1e3
+        self.stats["rounds"] += 1
+        self.stats["last_round_ms"] = elapsed_ms
+        for key, value in (
+            ("round_ms", elapsed_ms),
+            ("allocate_ms", (allocated - begin_allocate) * 1e3),
+        ):
+            self.stats[key].append(value)
+            del self.stats[key][:-STATS_KEPT]
+        self.metrics.round_duration.observe(elapsed_ms / 1e3)
+        self.metrics.allocate_duration.observe(allocated - begin_allocate)
+        return self.rates, wan
+
+    def _allocate(self, now: float, remaining: dict) -> Allocation:
+        """policy.allocate in the round's worker thread (the round holds the policy)."""
+        if not remaining:
+            return {}
+        with observe_solves_lazily(self.metrics.lp_solve.observe):
+            return self.policy.allocate(now, remaining)
 
     def _drain_leaving(self) -> None:
-        """Remove the coflows that left the schedule from the policy (both locks held)."""
+        """Remove the coflows that left the schedule from the policy (on the loop, holding
+        the policy)."""
         if self._leaving:
             now = self.now()
             leaving, self._leaving = self._leaving, []
@@ -87,7 +103,7 @@ class ControllerRounds:
 
     def _policy_states(self, remaining: dict) -> dict[str, object]:
         """{str(coflow id): the policy's state for it} for the coflows of this round
-        (policy_lock held); empty when the policy does not report states."""
+        (on the loop, holding the policy); empty when the policy does not report states."""
         state_of = getattr(self.policy, "state", None)
         if state_of is None:
             return {}
@@ -126,7 +142,7 @@ class ControllerRounds:
         return connected
 
     def _update_states(self, states: dict[str, object]) -> None:
-        """Set every active coflow's state (lock held): the policy's (`states`) when it
+        """Set every active coflow's state (on the loop): the policy's (`states`) when it
         is an active one, else running / preempted by whether it has rates."""
         for coflow in self.registry.active():
             state = states.get(coflow_key(coflow.id))
@@ -137,8 +153,13 @@ class ControllerRounds:
             coflow.state = CoflowStatus(state)
 
     def round_and_push(self) -> FlowRates:
-        """Run a round and call every `on_rates` listener with the result (outside the lock)."""
-        rates, wan = self.run_round()
+        """Run a round and call every `on_rates` listener with the result, from a thread
+        other than the loop's."""
+        return self.owner.run_async(self.round_and_push_now)
+
+    async def round_and_push_now(self) -> FlowRates:
+        """On the loop: a round (`round_now`), then every `on_rates` listener."""
+        rates, wan = await self.round_now()
         for listener in list(self.on_rates):
             try:
                 listener(rates, wan)
@@ -193,14 +214,15 @@ _ACTIVE_STATES = frozenset({CoflowStatus.QUEUED, CoflowStatus.RUNNING, CoflowSta
 
 
 class RoundRunner:
-    """Runs asked-for scheduling rounds at once, one at a time, in its own thread.
+    """Runs asked-for scheduling rounds at once, one at a time, as a task of the controller's
+    loop.
 
     Requests that arrive while a round runs are coalesced into the next round. Every
     `tick_s` seconds it also runs `controller.check_timeouts()` (agents gone, deadlines
-    missed, finished coflows past their keep time), between rounds.
+    missed, finished coflows past their keep time) in a worker thread, between rounds.
 
     Args:
-        controller: the Controller whose `round_wanted` event it watches.
+        controller: the Controller whose rounds it runs.
         tick_s: seconds between timeout checks (> 0).
     """
 
@@ -208,35 +230,38 @@ class RoundRunner:
         self.controller = controller
         self.tick_s = tick_s
         self.stopped = False
-        self.thread = threading.Thread(target=self._loop, name="terra-rounds", daemon=True)
 
     def start(self) -> RoundRunner:
-        """Start the thread; returns self."""
-        self.thread.start()
+        """Start the task on the controller's loop; returns self."""
+        self.controller.owner.start_task(self._loop)
         return self
 
     def stop(self) -> None:
         """Stop after the current round."""
         self.stopped = True
-        self.controller.round_wanted.set()
+        self.controller.owner.call_soon(self._wake)
 
-    def _loop(self) -> None:
+    def _wake(self) -> None:
+        self.controller.round_asked.set()
+
+    async def _loop(self) -> None:
+        ctl = self.controller
         next_tick = time.monotonic() + self.tick_s
         while not self.stopped:
-            wanted = self.controller.round_wanted.wait(max(0.0, next_tick - time.monotonic()))
+            with trio.move_on_after(max(0.0, next_tick - time.monotonic())):
+                await ctl.round_asked.wait()
             if self.stopped:
                 return
             if time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + self.tick_s
                 try:
-                    self.controller.check_timeouts()
+                    await ctl.owner.in_worker(ctl.check_timeouts)
                 except Exception:
                     LOG.exception("timeout check failed")
-                wanted = self.controller.round_wanted.is_set()
-            if not wanted:
+            if not ctl.round_wanted:
                 continue
             try:
-                self.controller.round_and_push()
+                await ctl.round_and_push_now()
             except Exception:
                 LOG.exception("scheduling round failed")
-                time.sleep(0.1)
+                await trio.sleep(0.1)

@@ -1,5 +1,5 @@
 """Read-only views of the controller's state for REST, metrics, the coflow API and the
-operator page (docs/runtime.md), each copied under `lock` in time proportional to what it
+operator page (docs/runtime.md), each copied on the owner loop in time proportional to what it
 shows, never waiting for a round.
 
 `ControllerViews` is the part of `Controller` (terra_controller/controller.py) that
@@ -44,7 +44,7 @@ class ControllerViews:
     link_bytes, stats, policy, connected_agents)."""
 
     def snapshot(self, coflows: bool = True) -> Snapshot:
-        """A Snapshot of the registry, the WAN and the stats, copied under `lock` (brief:
+        """A Snapshot of the registry, the WAN and the stats, copied on the loop (brief:
         O(coflows in memory); never waits for a round).
 
         Args:
@@ -53,14 +53,15 @@ class ControllerViews:
                 /topology, polled every second by the operator page).
         """
         load = self.link_rates()
-        with self.lock:
+        with_coflows = coflows
+
+        def on_loop():
             topo, reg = self.topology, self.registry
             links = tuple(
                 (u, v, topo.capacity[(u, v)], "down" if (u, v) in topo.down else "up",
                  load.get((u, v), 0.0))
                 for u, v in topo.links
             )  # fmt: skip
-            with_coflows = coflows
             coflows = tuple(c.summary() for c in reg.coflows.values()) if with_coflows else ()
             stats = {k: (list(v) if isinstance(v, list) else v) for k, v in self.stats.items()}
             stats["dropped_finished"] = dict(stats["dropped_finished"])
@@ -80,8 +81,10 @@ class ControllerViews:
                 ),
             )
 
+        return self.owner.run(on_loop)
+
     def metrics_view(self) -> dict:
-        """What /metrics reads from the controller at scrape time, copied under `lock`.
+        """What /metrics reads from the controller at scrape time, copied on the loop.
 
         Cost O(links + active coflows + their flows' rates): it never walks the finished
         coflows, however many are kept (docs/runtime.md "Metrics").
@@ -94,7 +97,8 @@ class ControllerViews:
             coflows dropped from memory}}.
         """
         load = self.link_rates()
-        with self.lock:
+
+        def on_loop():
             topo, reg = self.topology, self.registry
             delivered = self.link_bytes
             links = [
@@ -116,35 +120,48 @@ class ControllerViews:
                 "dropped": dict(reg.dropped),
             }
 
+        return self.owner.run(on_loop)
+
     def state_counts(self) -> dict[str, int]:
         """{state: coflows in memory in that state}, O(active coflows)."""
-        with self.lock:
+
+        def on_loop():
             return self.registry.state_counts()
+
+        return self.owner.run(on_loop)
 
     def recent_coflows(self, finished: int) -> list[dict]:
         """Summaries (CoflowState.summary()) of every active coflow and of the `finished`
         coflows that ended last, newest id first; O(active + finished), whatever the
         history (the operator page polls it every second)."""
-        with self.lock:
+
+        def on_loop():
             reg = self.registry
             chosen = list(reg.active())
+            left = finished
             for cid in reversed(reg.finished):
-                if finished <= 0:
+                if left <= 0:
                     break
                 coflow = reg.coflows.get(cid)
                 if coflow is not None:
                     chosen.append(coflow)
-                    finished -= 1
+                    left -= 1
             return [c.summary() for c in sorted(chosen, key=lambda c: c.id, reverse=True)]
+
+        return self.owner.run(on_loop)
 
     def link_delivered(self) -> dict[tuple[str, str], float]:
         """A copy of `link_bytes`: {directed link: bytes acknowledged across it}."""
-        with self.lock:
+
+        def on_loop():
             return dict(self.link_bytes)
+
+        return self.owner.run(on_loop)
 
     def link_rates(self) -> dict[tuple[str, str], float]:
         """Allocated bytes/s per directed link in the current allocation."""
-        with self.lock:
+
+        def on_loop():
             load: dict[tuple[str, str], float] = {}
             for flows in self.rates.values():
                 for paths in flows.values():
@@ -153,6 +170,8 @@ class ControllerViews:
                             load[link] = load.get(link, 0.0) + rate
             return load
 
+        return self.owner.run(on_loop)
+
     def flowgroup_rates(self, coflow_id: int) -> list[dict]:
         """The coflow's FlowGroups with their per-path rates.
 
@@ -160,7 +179,8 @@ class ControllerViews:
             [{"src_dc", "dst_dc", "bytes_remaining", "paths": [{"path": [dc...],
             "rate_bytes_per_s"}]}] (docs/operations.md, REST).
         """
-        with self.lock:
+
+        def on_loop():
             coflow = self.registry.get(coflow_id)
             groups: dict[tuple[str, str], dict] = {}
             rates = self.rates.get(coflow.id, {})
@@ -180,6 +200,8 @@ class ControllerViews:
                 ]
             return list(groups.values())
 
+        return self.owner.run(on_loop)
+
     def agents_view(self) -> dict:
         """What a job may know of the agents: {"dcs": [DC names of the topology], "agents":
         [{"id", "dc", "connected": bool (an open control connection now; False for every
@@ -187,7 +209,8 @@ class ControllerViews:
         connected: set = set()
         if self.connected_agents is not None:
             connected = set(self.connected_agents())
-        with self.lock:
+
+        def on_loop():
             agents = sorted(self.registry.agents.values(), key=lambda a: a.id)
             return {
                 "dcs": list(self.topology.dcs),
@@ -196,18 +219,26 @@ class ControllerViews:
                 ],  # fmt: skip
             }
 
+        return self.owner.run(on_loop)
+
     def registered_agents(self) -> dict:
         """A copy of the registered agents: {agent id: AgentInfo (id, dc, data_addr)}."""
-        with self.lock:
+
+        def on_loop():
             return dict(self.registry.agents)
+
+        return self.owner.run(on_loop)
 
     def wan_flows_of(self, agent: str) -> list:
         """[(CoflowState, FlowState)] of the unfinished WAN flows of active coflows that
         `agent` sends or receives (the descriptors a (re)registering agent gets)."""
-        with self.lock:
+
+        def on_loop():
             return [
                 (c, f)
                 for c in self.registry.active()
                 for f in c.flows.values()
                 if not f.intra_dc and not f.done and agent in (f.src_agent, f.dst_agent)
             ]
+
+        return self.owner.run(on_loop)

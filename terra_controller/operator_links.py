@@ -106,7 +106,7 @@ def restore_before_first_round(controller) -> None:
 
 
 class ControllerLinkEvents:
-    """Link events of `Controller` (its attributes: lock, policy_lock, policy, topology,
+    """Link events of `Controller` (its attributes: owner, policy, topology,
     links (LinkStates), journal, events)."""
 
     def set_link_state(self, a: object, b: object, up: object, source: str = OPERATOR) -> bool:
@@ -125,26 +125,29 @@ class ControllerLinkEvents:
             raise RegistryError("bad_request", "up must be true or false")
         if source == OPERATOR:
             self._check_state_writable()
-        with self.policy_lock, self.lock:
-            try:
-                self.topology.available((a, b))  # raises for an unknown link
-                self.topology.available((b, a))
-                up = self.links.record(a, b, up, source)
-                was_up = (a, b) not in self.topology.down
-                if was_up == up and ((b, a) not in self.topology.down) == up:
-                    changed = False
-                else:
-                    self.topology.set_link_state(a, b, up)
-                    changed = True
-            except (TopologyError, TypeError) as exc:
-                raise RegistryError("bad_request", str(exc)) from exc
-            if changed and self.policy.wan_changed(self.now()):
-                self.want_round(wan=True)
-            if changed:
-                LOG.info("link %s-%s %s (%s)", a, b, "up" if up else "down", source)
-                self.events.add("link_up" if up else "link_down", a=a, b=b, source=source)
+        changed = self.owner.run_with_policy(self._set_link_on_loop, a, b, up, source)
         if source == OPERATOR:
             self._durable(f"link {a}-{b}")
+        return changed
+
+    def _set_link_on_loop(self, a: object, b: object, up: bool, source: str) -> bool:
+        try:
+            self.topology.available((a, b))  # raises for an unknown link
+            self.topology.available((b, a))
+            up = self.links.record(a, b, up, source)
+            was_up = (a, b) not in self.topology.down
+            if was_up == up and ((b, a) not in self.topology.down) == up:
+                changed = False
+            else:
+                self.topology.set_link_state(a, b, up)
+                changed = True
+        except (TopologyError, TypeError) as exc:
+            raise RegistryError("bad_request", str(exc)) from exc
+        if changed and self.policy.wan_changed(self.now()):
+            self.want_round(wan=True)
+        if changed:
+            LOG.info("link %s-%s %s (%s)", a, b, "up" if up else "down", source)
+            self.events.add("link_up" if up else "link_down", a=a, b=b, source=source)
         return changed
 
     def set_capacity(self, a: object, b: object, bytes_per_s: object) -> bool:
@@ -160,15 +163,18 @@ class ControllerLinkEvents:
             shared state cannot be written now (nothing changed).
         """
         self._check_state_writable()
-        with self.policy_lock, self.lock:
-            try:
-                self.topology.set_capacity(a, b, bytes_per_s)
-            except (TopologyError, TypeError) as exc:
-                raise RegistryError("bad_request", str(exc)) from exc
-            self.journal.link_set(a, b, cap=bytes_per_s)
-            changed = self.policy.wan_changed(self.now())
-            if changed:
-                self.want_round(wan=True)
-            self.events.add("capacity", a=a, b=b, bytes_per_s=self.topology.capacity[(a, b)])
+        changed = self.owner.run_with_policy(self._set_capacity_on_loop, a, b, bytes_per_s)
         self._durable(f"link {a}-{b}")
+        return changed
+
+    def _set_capacity_on_loop(self, a: object, b: object, bytes_per_s: object) -> bool:
+        try:
+            self.topology.set_capacity(a, b, bytes_per_s)
+        except (TopologyError, TypeError) as exc:
+            raise RegistryError("bad_request", str(exc)) from exc
+        self.journal.link_set(a, b, cap=bytes_per_s)
+        changed = self.policy.wan_changed(self.now())
+        if changed:
+            self.want_round(wan=True)
+        self.events.add("capacity", a=a, b=b, bytes_per_s=self.topology.capacity[(a, b)])
         return changed

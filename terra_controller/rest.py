@@ -219,8 +219,7 @@ class RestApp:
         """Ids of agents with an open control connection."""
         if self.channel is None:
             return set()
-        with self.channel.lock:
-            return set(self.channel.connections)
+        return self.controller.owner.run(lambda: set(self.channel.connections))
 
     def status(self) -> dict:
         """{"topology", "scheduler" (the policy's registry name), "uptime_s", "openflow",
@@ -262,8 +261,7 @@ class RestApp:
         """WAN events' reaction times: [{"event_to_push_ms", "event_to_applied_ms", "agents"}]."""
         if self.channel is None:
             return []
-        with self.channel.lock:
-            return [r.to_json() for r in self.channel.reactions]
+        return self.controller.owner.run(lambda: [r.to_json() for r in self.channel.reactions])
 
     def topology(self) -> dict:
         """{"name", "dcs", "links": the rows of `links()`, "positions": {dc: [x, y]} (only
@@ -311,8 +309,7 @@ class RestApp:
     def tunnels(self) -> dict:
         """{"tunnels": [{"tunnel", "src", "dst", "index", "path", "up"}], "switches": {...}}."""
         table = self.channel.tunnels if self.channel is not None else None
-        with self.controller.lock:
-            tunnels = table.to_json() if table is not None else []
+        tunnels = self.controller.owner.run(table.to_json) if table is not None else []
         switches = self.openflow() if self.openflow is not None else {}
         return {"logical": self.openflow is None, "tunnels": tunnels, "switches": switches}
 

@@ -112,8 +112,7 @@ def attach_tenants(controller, book) -> None:
     from terra_controller.metrics import CCT_BUCKETS
     from terra_controller.tenant_api import TenantCollector
 
-    with controller.lock:
-        book.restore(controller.journal.tenants)
+    controller.owner.run(lambda: book.restore(controller.journal.tenants))
     book.controller = controller
     controller.tenants = book
     if controller.journal.tenants != book.record():

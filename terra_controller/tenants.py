@@ -285,13 +285,13 @@ class TenantBook:
         return True
 
     def save(self, changed: bool = False) -> None:
-        """Journal the record (under the controller's lock); with `changed`, ask for a round
-        and wait for the shared store (outside the lock)."""
+        """Journal the record (on the controller's loop); with `changed`, ask for a round and
+        wait for the shared store (off the loop)."""
         controller = self.controller
         if controller is None:
             return
-        with controller.lock:
-            controller.journal.tenants_set(self.record())
+        record = self.record()
+        controller.owner.run(controller.journal.tenants_set, record)
         if changed:
             controller.want_round()
             if not controller.journal.wait_durable():

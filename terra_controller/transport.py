@@ -32,7 +32,6 @@ import errno
 import heapq
 import itertools
 import logging
-import select
 import selectors
 import socket
 import ssl
@@ -121,98 +120,6 @@ def _shutdown(sock) -> None:
         socket.socket.shutdown(sock, socket.SHUT_RDWR)
     except OSError:
         pass
-
-
-class SharedSocket:
-    """A (TLS) socket used by one reading thread and one writing thread at once.
-
-    OpenSSL forbids concurrent use of one SSL object, so every SSL call is made
-    under a lock, on a non-blocking socket; threads wait for readiness (poll)
-    without holding it. Offers what the agent channel uses of a socket: recv,
-    sendall, settimeout/gettimeout (seconds, None: forever), setsockopt,
-    fileno, shutdown, close.
-
-    Args:
-        sock: a connected socket.socket or ssl.SSLSocket (handshake done).
-    """
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.raw = sock
-        self.timeout: float | None = sock.gettimeout()
-        self.lock = threading.Lock()
-        sock.setblocking(False)
-
-    def settimeout(self, seconds: float | None) -> None:
-        """Timeout of each recv/sendall call (TimeoutError when it passes)."""
-        self.timeout = seconds
-
-    def gettimeout(self) -> float | None:
-        """The current timeout in seconds (None: none)."""
-        return self.timeout
-
-    def recv(self, n: int) -> bytes:
-        """Up to n bytes; b"" at EOF.
-
-        Raises:
-            TimeoutError: nothing within the timeout. OSError: the connection failed.
-        """
-        end = None if self.timeout is None else time.monotonic() + self.timeout
-        while True:
-            with self.lock:
-                try:
-                    return self.raw.recv(n)
-                except (ssl.SSLWantReadError, BlockingIOError):
-                    pass
-                except ssl.SSLZeroReturnError:
-                    return b""
-            self._wait(end, read=True)
-
-    def sendall(self, data) -> None:
-        """Send all of `data`.
-
-        Raises:
-            TimeoutError: the peer did not read within the timeout. OSError: failed.
-        """
-        view = memoryview(data).cast("B")
-        end = None if self.timeout is None else time.monotonic() + self.timeout
-        while len(view):
-            with self.lock:
-                try:
-                    view = view[self.raw.send(view) :]
-                    continue
-                except (ssl.SSLWantWriteError, BlockingIOError):
-                    read = False
-                except ssl.SSLWantReadError:
-                    read = True
-            self._wait(end, read=read)
-
-    def _wait(self, end: float | None, read: bool) -> None:
-        left = None if end is None else end - time.monotonic()
-        if left is not None and left <= 0:
-            raise TimeoutError("timed out")
-        fd = self.raw.fileno()
-        if fd < 0:
-            raise OSError("socket closed")
-        poller = select.poll()  # not select(): descriptors above 1023 are common here
-        poller.register(fd, select.POLLIN if read else select.POLLOUT)
-        if not poller.poll(None if left is None else left * 1e3):
-            raise TimeoutError("timed out")
-
-    def setsockopt(self, *args) -> None:
-        """socket.setsockopt."""
-        self.raw.setsockopt(*args)
-
-    def fileno(self) -> int:
-        """The descriptor (-1 once closed)."""
-        return self.raw.fileno()
-
-    def shutdown(self, how: int) -> None:
-        """Shut the descriptor down (no TLS close_notify; safe from any thread)."""
-        socket.socket.shutdown(self.raw, how)
-
-    def close(self) -> None:
-        """Close the socket."""
-        self.raw.close()
 
 
 @dataclass
@@ -509,7 +416,7 @@ BACKOFF_S = (0.01, 0.5)  # first and longest sleep after an accept out of descri
 
 def accept_loop(listener: socket.socket, handle, spawn, security: ServerSecurity,
                 optional: bool = False, name: str = "server",
-                admission: Admission | None = None) -> None:  # fmt: skip
+                admission: Admission | None = None, owner=None) -> None:  # fmt: skip
     """Accept connections until `listener` is closed: admission caps, then the TLS handshake
     (in one `Handshakes` thread for the listener, no thread per connection), then
     handle(sock, addr, identity) in a thread of its own (spawn) for authenticated peers.
@@ -527,8 +434,11 @@ def accept_loop(listener: socket.socket, handle, spawn, security: ServerSecurity
         name: the server's name in log lines (e.g. "coflow API").
         admission: the Admission to count in (default: a new one over `security`; its
             `evict` is replaced).
+        owner: None, or the controller's OwnerLoop: then `handle` is an async function
+            run as a task on that loop with the socket non-blocking (no thread per
+            connection).
     """
-    acceptor = _Acceptor(handle, spawn, admission or Admission(security), name)
+    acceptor = _Acceptor(handle, spawn, admission or Admission(security), name, owner)
     if security.context is not None:
         acceptor.handshakes = Handshakes(security.context, security.handshake_s, optional,
                                          f"terra-handshakes-{name}")  # fmt: skip
@@ -569,8 +479,9 @@ class _Acceptor:
     are logged at most once per interval each (`RateLimitedLog`, named after the server).
     """
 
-    def __init__(self, handle, spawn, admission: Admission, name: str) -> None:
-        self.handle, self.spawn, self.admission = handle, spawn, admission
+    def __init__(self, handle, spawn, admission: Admission, name: str, owner=None) -> None:
+        self.handle, self.spawn, self.admission, self.name = handle, spawn, admission, name
+        self.owner = owner  # an OwnerLoop: `handle` is async and runs as a task on it
         self.handshakes: Handshakes | None = None
         self.refused = RateLimitedLog(LOG, f"{name}: connections refused at the cap")
         self.evictions = RateLimitedLog(LOG, f"{name}: pending connections evicted at the cap")
@@ -608,8 +519,11 @@ class _Acceptor:
             sock.close()  # evicted while its handshake completed
             return
         try:
-            self.spawn(self.run, sock, addr, identity, ticket)
-        except Exception as exc:  # cannot start a thread: refuse, keep accepting
+            if self.owner is not None:
+                self.owner.start_task(self.run_on_loop, sock, addr, identity, ticket)
+            else:
+                self.spawn(self.run, sock, addr, identity, ticket)
+        except Exception as exc:  # cannot start a thread or task: refuse, keep accepting
             self.refused.event(f"{addr}: cannot serve: {exc}")
             self.admission.leave(ticket)
             sock.close()
@@ -619,11 +533,29 @@ class _Acceptor:
         try:
             self.handle(sock, addr, identity)
         finally:
-            try:
-                sock.close()
-            except OSError:
-                pass
-            self.admission.leave(ticket)
+            self._release(sock, ticket)
+
+    async def run_on_loop(self, sock: socket.socket, addr, identity, ticket: Ticket) -> None:
+        """The handler's task on the owner loop (non-blocking socket), then as `run`."""
+        import trio  # (the clients import this module: only the controller's loop needs trio)
+
+        try:
+            sock.setblocking(False)
+            await self.handle(sock, addr, identity)
+        except trio.ClosedResourceError:
+            pass  # closed by another thread (notify_closing)
+        except Exception:  # one connection's failure must not end the loop's other tasks
+            LOG.exception("%s: connection %s failed", self.name, addr)
+        finally:
+            self._release(sock, ticket)
+
+    def _release(self, sock: socket.socket, ticket: Ticket) -> None:
+        """Close a served connection and stop counting it."""
+        try:
+            sock.close()
+        except OSError:
+            pass
+        self.admission.leave(ticket)
 
     def failed(self, ticket: Ticket, addr, exc: BaseException) -> None:
         """The handshake failed or was evicted (the socket is closed already)."""
@@ -652,7 +584,7 @@ def stop_listener(listener: socket.socket) -> None:
 def listen_and_serve(host: str, port: int, handle, security: ServerSecurity, spawn=None,
                      optional: bool = False, name: str = "server",
                      admission: Admission | None = None,
-                     listeners: dict | None = None):  # fmt: skip
+                     listeners: dict | None = None, owner=None):  # fmt: skip
     """Listen on host:port and accept connections in a hub thread (`accept_loop`).
 
     Args:
@@ -666,6 +598,7 @@ def listen_and_serve(host: str, port: int, handle, security: ServerSecurity, spa
             pass one to read its counts).
         listeners: {server name: Admission} to record it in (the controller's metrics
             read them at scrape time), or None.
+        owner: see `accept_loop`.
 
     Returns:
         (listening socket (`stop_listener` stops it), accept thread, bound (host, port)).
@@ -681,7 +614,8 @@ def listen_and_serve(host: str, port: int, handle, security: ServerSecurity, spa
         listeners[name] = admission
     listener = hub.listen((host, port), backlog=1024)
     try:
-        thread = spawn(accept_loop, listener, handle, spawn, security, optional, name, admission)
+        thread = spawn(accept_loop, listener, handle, spawn, security, optional, name, admission,
+                       owner)  # fmt: skip
     except BaseException:
         listener.close()
         raise

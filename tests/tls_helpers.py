@@ -6,7 +6,8 @@ import socket
 import ssl
 from pathlib import Path
 
-from terra_controller.transport import ServerSecurity, SharedSocket, connect_tls
+from terra_controller.shared_socket import SharedSocket
+from terra_controller.transport import ServerSecurity, connect_tls
 from terra_security.pki import Role, client_context, init_ca, issue, server_context
 
 JOBS = ("job1", "job2")
@@ -44,7 +45,7 @@ def tls_socket(host: str, port: int, pki: Path, name: str, timeout: float = 5.0)
 
 
 def shared_tls_socket(host: str, port: int, pki: Path, name: str, timeout: float = 5.0):
-    """tls_socket for one reading and one writing thread at once (transport.SharedSocket)."""
+    """tls_socket for one reading and one writing thread at once (shared_socket.SharedSocket)."""
     return SharedSocket(tls_socket(host, port, pki, name, timeout))
 
 

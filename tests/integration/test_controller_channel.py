@@ -232,7 +232,7 @@ def test_rates_split_among_agent_pairs_by_remaining_bytes(channel):
     for name in ("a1", "a2", "b1"):
         agents[name].wait_for(lambda m: m["t"] == "flows")
     controller.round_and_push()
-    wait_until(lambda: agents["a2"].latest_rates(str(cid), "B"))
+    wait_until(lambda: all(agents[a].latest_rates(str(cid), "B") for a in ("a1", "a2")))
     r1, r2 = agents["a1"].latest_rates(str(cid), "B"), agents["a2"].latest_rates(str(cid), "B")
     assert set(r1) == set(r2) and r1
     for tunnel in r1:

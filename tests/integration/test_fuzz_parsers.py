@@ -216,7 +216,8 @@ def api_snapshot(server: Server):
     """What no refused request may change in the controller: coflows and their flows, the
     next id, agents and the WAN (states that rounds change on their own are left out)."""
     c = server.controller
-    with c.lock:
+
+    def on_loop():
         reg = c.registry
         coflows = {
             cid: (
@@ -234,11 +235,16 @@ def api_snapshot(server: Server):
         agents = {a: (i.dc, i.data_addr) for a, i in reg.agents.items()}
         return coflows, reg.next_id, agents, wan
 
+    return c.owner.run(on_loop)
+
 
 def handler_snapshot(handler: ApiHandler):
     """What no refused request may change in the API handler: owners and remembered refs."""
-    with handler.controller.lock, handler.refs_lock:
-        return copy.deepcopy(dict(handler.controller.journal.live)), list(handler.done_refs)
+    live = handler.controller.owner.run(
+        lambda: copy.deepcopy(dict(handler.controller.journal.live))
+    )
+    with handler.refs_lock:
+        return live, list(handler.done_refs)
 
 
 def check_reply(handler: ApiHandler, request, reply) -> None:
@@ -491,13 +497,15 @@ def channel_accepts(header: dict, agent: str) -> bool:
 
 
 def flow_snapshot(controller, cid: int):
-    with controller.lock:
+    def on_loop():
         coflow = controller.registry.get(cid)
         flows = tuple(
             (f.id, f.delivered, f.state, f.digest, f.restarts, f.reason)
             for f in coflow.flows.values()
         )
         return coflow.state, coflow.reason, flows
+
+    return controller.owner.run(on_loop)
 
 
 def count(agent: Agent, kind: str) -> int:

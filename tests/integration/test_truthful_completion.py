@@ -356,9 +356,11 @@ def test_kept_reports_of_a_flood_over_many_coflows_stay_bounded(systems, monkeyp
     c1.send(protocol.progress_message(rows))
     c1.send({"t": "heartbeat"})
     wait_until(lambda: system.chan.pending_count.get("c1") == 50)
-    with system.chan.lock:
-        assert len(system.chan.pending.get("c1", {})) == 50
-        assert len(system.chan.pending_agents) == 50  # no entry left for a dropped coflow
+    pending, pending_agents = system.chan.owner.run(
+        lambda: (len(system.chan.pending.get("c1", {})), len(system.chan.pending_agents))
+    )
+    assert pending == 50
+    assert pending_agents == 50  # no entry left for a dropped coflow
 
 
 def test_a_report_naming_a_coflow_in_non_ascii_digits_is_refused_alone(systems):
