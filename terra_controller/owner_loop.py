@@ -20,6 +20,7 @@ thread.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Awaitable, Callable
@@ -27,6 +28,8 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import trio
+
+LOG = logging.getLogger("terra.controller")
 
 
 class OwnerLoop:
@@ -46,6 +49,7 @@ class OwnerLoop:
         self._stop: trio.Event | None = None
         self._policy: trio.Semaphore | None = None
         self._loop_holds_policy = False
+        self.failed: BaseException | None = None  # why the loop ended, unless `stop` ended it
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
@@ -56,6 +60,9 @@ class OwnerLoop:
     def _run(self) -> None:
         try:
             trio.run(self._main)
+        except BaseException as exc:  # a task failed: no one owns the state any more
+            self.failed = exc
+            LOG.critical("the controller's event loop failed", exc_info=exc)
         finally:
             self._work.put(None)  # ends the worker thread
 
@@ -81,13 +88,24 @@ class OwnerLoop:
 
     def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run `fn(*args)` on the loop and return its result (its exception is raised here).
-        Once the loop has stopped (the controller is shutting down) `fn` runs in the calling
-        thread."""
-        if self.on_loop or not self.thread.is_alive():
+        Once `stop` has ended the loop (the controller is shutting down) `fn` runs in the
+        calling thread.
+
+        Raises:
+            RuntimeError: the loop ended because a task failed (`failed`).
+        """
+        if not self.on_loop and not self.thread.is_alive():
+            if self.failed is not None:
+                raise RuntimeError("the controller's event loop failed") from self.failed
+            return fn(*args)
+        if self.on_loop:
             return fn(*args)
         try:
             return trio.from_thread.run_sync(fn, *args, trio_token=self._live_token())
         except trio.RunFinishedError:  # stopped meanwhile
+            self.thread.join(5.0)
+            if self.failed is not None:
+                raise RuntimeError("the controller's event loop failed") from self.failed
             return fn(*args)
 
     def run_with_policy(self, fn: Callable[..., Any], *args: Any) -> Any:

@@ -92,3 +92,16 @@ def test_after_stop_work_runs_in_the_calling_thread():
     owner.stop()
     assert not owner.running
     assert owner.run(threading.current_thread) is threading.current_thread()
+
+
+def test_a_failed_loop_refuses_work_instead_of_running_it_unguarded():
+    owner = OwnerLoop("test-failed")
+
+    async def broken() -> None:
+        raise ValueError("a bug in a task")
+
+    owner.start_task(broken)
+    owner.thread.join(5)
+    assert isinstance(owner.failed, BaseExceptionGroup | ValueError)
+    with pytest.raises(RuntimeError, match="failed"):
+        owner.run(lambda: None)
