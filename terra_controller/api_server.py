@@ -320,7 +320,6 @@ def _ref_of(request: object, identity: Identity) -> tuple[str, str] | None:
     return None
 
 
-LOOP_OPS = frozenset({"hello", "status", "list", "agents", "login", "cancel"})
 POLICY_OPS = frozenset({"submit", "update", "link_state", "capacity"})
 LOOP_FLOWS = 1000  # a submit or update of more flows is parsed in a worker thread
 
@@ -329,10 +328,12 @@ def _where(controller: Controller, request: object) -> str:
     """Where `ApiHandler.handle_on_loop` answers `request`: "loop" (at once), "policy" (on
     the loop, holding the policy) or "thread" (a worker thread: it may wait)."""
     op = request.get("op") if isinstance(request, dict) else None
-    if not isinstance(op, str) or op not in LOOP_OPS | POLICY_OPS:
-        return "loop" if op not in TENANT_OPS else "thread"
-    if op in LOOP_OPS:
-        return "loop"
+    if not isinstance(op, str):
+        return "loop"  # refused at once
+    if op in TENANT_OPS:
+        return "thread"
+    if op not in POLICY_OPS:
+        return "loop"  # reads, cancels, logins (and unknown ops, refused)
     journal = controller.journal
     if journal.store is not None or journal.failing is not None:
         return "thread"  # the reply waits for the shared store

@@ -101,25 +101,22 @@ class FrameReader:
                 return None
             self.buf += data
         whole = _whole(self.buf, max_bytes)
-        if whole is not None:
-            del self.buf[: 4 + len(whole)]
-            return whole
-        try:
-            with trio.fail_after(frame_timeout_s):
-                await self._fill(4)
-                (length,) = _LEN.unpack_from(self.buf)
-                if length > max_bytes:
-                    raise WireError(f"message length {length} exceeds {max_bytes}")
-                await self._fill(4 + length)
-        except EOFError as exc:
-            raise WireError(
-                f"truncated message (or its {frame_timeout_s} s deadline passed): {exc}"
-            ) from exc
-        except trio.TooSlowError as exc:
-            raise WireError(f"message not received within {frame_timeout_s} s") from exc
-        body = bytes(self.buf[4 : 4 + length])
-        del self.buf[: 4 + length]
-        return body
+        if whole is None:
+            try:
+                with trio.fail_after(frame_timeout_s):
+                    await self._fill(4)
+                    _whole(self.buf, max_bytes)  # refuses an oversized length at once
+                    await self._fill(4 + _LEN.unpack_from(self.buf)[0])
+            except EOFError as exc:
+                raise WireError(
+                    f"truncated message (or its {frame_timeout_s} s deadline passed): {exc}"
+                ) from exc
+            except trio.TooSlowError as exc:
+                raise WireError(f"message not received within {frame_timeout_s} s") from exc
+            whole = _whole(self.buf, max_bytes)
+            assert whole is not None
+        del self.buf[: 4 + len(whole)]
+        return whole
 
     async def _fill(self, n: int) -> None:
         while len(self.buf) < n:

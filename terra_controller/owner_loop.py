@@ -9,7 +9,7 @@ exception) in the calling thread; called on the loop itself it runs at once. Wor
 also needs the scheduling policy (an admission, a link event, a tenant change) goes through
 `run_with_policy`, which first waits until no scheduling round holds the policy.
 
-A round takes the policy for its whole length (`policy_held`), copies the remaining bytes
+A round takes the policy for its whole length (`holding_policy`), copies the remaining bytes
 on the loop, lets `policy.allocate` run in a worker thread (`in_worker`) while the loop
 goes on serving reports and status requests, and applies the rates on the loop again: the
 round's result comes back to the loop as the worker's return value.
@@ -94,19 +94,16 @@ class OwnerLoop:
         Raises:
             RuntimeError: the loop ended because a task failed (`failed`).
         """
-        if not self.on_loop and not self.thread.is_alive():
-            if self.failed is not None:
-                raise RuntimeError("the controller's event loop failed") from self.failed
-            return fn(*args)
         if self.on_loop:
             return fn(*args)
-        try:
-            return trio.from_thread.run_sync(fn, *args, trio_token=self._live_token())
-        except trio.RunFinishedError:  # stopped meanwhile
-            self.thread.join(5.0)
-            if self.failed is not None:
-                raise RuntimeError("the controller's event loop failed") from self.failed
-            return fn(*args)
+        if self.thread.is_alive():
+            try:
+                return trio.from_thread.run_sync(fn, *args, trio_token=self._live_token())
+            except trio.RunFinishedError:  # ended meanwhile
+                self.thread.join(5.0)
+        if self.failed is not None:
+            raise RuntimeError("the controller's event loop failed") from self.failed
+        return fn(*args)
 
     def run_with_policy(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run `fn(*args)` on the loop once no round holds the scheduling policy.
