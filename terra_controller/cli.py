@@ -56,6 +56,8 @@ import sys
 import time
 
 from terra_controller.client_args import client_args, make_client, parse_addr
+from terra_controller.pki_cli import add_pki_parser, run_pki
+from terra_controller.replay_cli import add_replay_parser, recorder_of, run_replay
 from terra_controller.tenant_cli import (
     add_tenant_arguments,
     add_tenant_ctl,
@@ -98,18 +100,17 @@ def build_parser() -> argparse.ArgumentParser:
         prog="terra-controller",
         usage="%(prog)s --topology T (--pki DIR | --insecure) [options]\n"
         "       %(prog)s pki {init,issue} ...\n"
-        "       %(prog)s ctl [--api HOST:PORT] (--pki DIR --name NAME | --insecure) OP ...",
-        description="The Terra controller: schedules the job masters' coflows on the WAN "
-        "(coflow API), drives the agents, installs tunnels on OpenFlow 1.3 switches, serves "
-        "REST and metrics. `pki` makes certificates; `ctl` sends operator and job commands "
-        "to a running controller. Deployment: docs/operations.md.",
+        "       %(prog)s ctl [--api HOST:PORT] (--pki DIR --name NAME | --insecure) OP ...\n"
+        "       %(prog)s replay LOG [--topology T]",
+        description="Terra's controller (coflow API, agents, switches, REST); docs/operations.md.",
         formatter_class=HelpFormatter,
     )
     commands = p.add_subparsers(
-        dest="command", title="commands", metavar="{pki,ctl}", prog="terra-controller"
+        dest="command", title="commands", metavar="{pki,ctl,replay}", prog="terra-controller"
     )
     add_pki_parser(commands)
     add_ctl_parser(commands)
+    add_replay_parser(commands)
     p.add_argument(
         "--topology", metavar="T", help="swan, gscale, att, or a JSON/GraphML file (required)"
     )
@@ -194,6 +195,7 @@ def add_state_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--liveness-port", type=int, default=0, metavar="PORT",
                    help="port standbys watch the leader on (0: any)")  # fmt: skip
     p.add_argument("--advertise", metavar="HOST", help="host standbys name as the leader's")
+    p.add_argument("--record", metavar="LOG", help="record the core's events (`replay`)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_ctl(args)
     if args.command == "pki":
         return run_pki(args)
+    if args.command == "replay":
+        return run_replay(args)
     if args.topology is None:
         p.error("the following arguments are required: --topology")
     if args.pki is None and not args.insecure:
@@ -346,6 +350,8 @@ def run(args, topology, security) -> None:
     if args.etcd:
         store, leadership = wait_for_election(args, security, rest_security, tunnels, policy)
     controller = make_controller(args, topology, policy, store, leadership)
+    if args.record:
+        controller.recorder = recorder_of(args)
     openflow_info = ports = None
     threads = []
     if not args.no_openflow:
@@ -732,68 +738,6 @@ def run_ctl(args: argparse.Namespace) -> int:
 def ctl_main(argv: list[str]) -> int:
     """`terra-controller ctl ARGV...` (as `main(["ctl", *argv])`)."""
     return main(["ctl", *argv])
-
-
-def add_pki_parser(commands) -> argparse.ArgumentParser:
-    """Add `pki init` and `pki issue` to `commands`."""
-    from terra_security.pki import Role
-
-    pki = commands.add_parser(
-        "pki",
-        help="make the CA and certificates (docs/security.md)",
-        description="Make certificates: `init` creates the CA and the controller's "
-        "certificate in DIR, `issue` one certificate per agent, job master or operator. "
-        "Prints the files written; an existing CA or a bad name exits 2.",
-        formatter_class=HelpFormatter,
-    )
-    sub = pki.add_subparsers(dest="action", required=True, title="actions", metavar="ACTION")
-    init = sub.add_parser(
-        "init", help="create the CA and the controller's certificate",
-        formatter_class=HelpFormatter,
-    )  # fmt: skip
-    init.add_argument("dir", metavar="DIR", help="PKI directory (created)")
-    init.add_argument(
-        "--host", action="append", default=[],
-        help="extra DNS name or IP address the controller is reached at (repeatable)",
-    )  # fmt: skip
-    new = sub.add_parser(
-        "issue", help="issue a certificate to an agent, job client or operator",
-        formatter_class=HelpFormatter,
-    )  # fmt: skip
-    new.add_argument("dir", metavar="DIR", help="PKI directory made by `pki init`")
-    new.add_argument(
-        "--role", required=True, choices=[r.value for r in Role if r != "controller"],
-        help="what the certificate's holder may do",
-    )  # fmt: skip
-    new.add_argument("name", metavar="NAME", help="the holder's name (an agent: its --id)")
-    new.add_argument("--tenant", help="a job's tenant (default: its NAME; docs/security.md)")
-    return pki
-
-
-def run_pki(args: argparse.Namespace) -> int:
-    """Carry out a parsed `pki` command (see pki.py).
-
-    Returns:
-        0; prints the files written. Errors (existing CA, bad name) exit with status 2.
-    """
-    from terra_security.pki import PkiError, init_ca, issue
-
-    try:
-        if args.action == "init":
-            written = init_ca(args.dir, args.host)
-        else:
-            written = issue(args.dir, args.role, args.name, args.tenant)
-    except PkiError as exc:
-        print(f"terra-controller pki: {exc}", file=sys.stderr)
-        return 2
-    for path in written:
-        print(path)
-    return 0
-
-
-def pki_main(argv: list[str]) -> int:
-    """`terra-controller pki ARGV...` (as `main(["pki", *argv])`)."""
-    return main(["pki", *argv])
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from terra_controller.coflow_state import CoflowState, FlowState, RegistryError, coflow_key
+from terra_controller.core_log import core_event
 from terra_controller.resume import ended_summary
 from terra_model.states import CoflowStatus, FlowStatus
 
@@ -39,6 +40,7 @@ class CoflowEndings:
         """
         return self.owner.run(self._cancel_on_loop, coflow_id)
 
+    @core_event("cancel", outcome=lambda status: status["state"])
     def _cancel_on_loop(self, coflow_id: object) -> dict:
         entry = self._journal_only(coflow_id)
         if entry is not None and entry.ended is not None:
@@ -89,6 +91,7 @@ class CoflowEndings:
             self._fail_flow_on_loop, coflow_id, flow_id, reason, retry, attempt, tag
         )
 
+    @core_event("fail_flow")
     def _fail_flow_on_loop(
         self,
         coflow_id: object,
@@ -185,6 +188,7 @@ class CoflowEndings:
                 LOG.exception("connected_agents failed")
         return self.owner.run(self._timeouts_on_loop, connected)
 
+    @core_event("timeouts")
     def _timeouts_on_loop(self, connected: set | None) -> list[int]:
         failed = []
         now = self.now()

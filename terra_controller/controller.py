@@ -58,6 +58,7 @@ from terra_controller.coflow_state import (
 from terra_controller.controller_resume import ControllerResumption
 from terra_controller.controller_round import ControllerRounds, FlowRates, observe_solves_lazily
 from terra_controller.controller_views import ControllerViews
+from terra_controller.core_log import CoreRecorder, core_event
 from terra_controller.events import EventLog
 from terra_controller.file_requests import FileInfo, FileRequests
 from terra_controller.journal import CoflowJournal
@@ -107,6 +108,18 @@ class _Submission:
     labels: tuple[str | None, tuple[str, ...]]
     secret: bytes
     attempts: dict[str, int] = field(default_factory=dict)
+
+
+def _submit_args(flows, files: FileInfo, agents: dict, sub: _Submission, coflow_id: int | None,
+                 owner: str | None, ref: str | None) -> list:  # fmt: skip
+    """A submit's core event as recorded (core_log.py): the request's flows after the
+    files' resolution, what the agents said about files, the checked parts (the secret
+    too: the flows' keys derive from it), the asked-for id, owner and reference."""
+    name, tags = sub.labels
+    files_plain = {"sha256": files.sha256, "skipped": sorted(files.skipped)}
+    checked = {"deadline_s": sub.deadline_s, "age": sub.age, "name": name, "tags": list(tags),
+               "secret": sub.secret}  # fmt: skip
+    return [flows, files_plain, checked, coflow_id, owner, ref]
 
 
 class Controller(
@@ -193,6 +206,8 @@ class Controller(
         self.registry.next_id = self.journal.next_id
         self.clock = clock or time.monotonic
         self.t0 = self.clock()
+        self.event_at: float | None = None  # the time of the core event being handled
+        self.recorder: CoreRecorder | None = None  # core_log.py: the events, when recorded
         self.owner = OwnerLoop()  # the one owner of this state (owner_loop.py)
         self.agents_back = threading.Condition()  # notified on every registration
         self.started_mono = time.monotonic()
@@ -244,8 +259,28 @@ class Controller(
             LOG.info("%d coflows of the journal resume once their agents register",
                      len(self.resuming))  # fmt: skip
 
+    def replay_args(self, kind: str, args: list) -> list:
+        """A recorded core event's arguments as its handler takes them (core_log.replay):
+        a submit's or an update's flows are parsed again against the agents registered now
+        (the same, at the same point of a replay)."""
+        agents = dict(self.registry.agents)
+        if kind == "submit":
+            flows, files_plain, c, coflow_id, owner, ref = args
+            files = FileInfo(files_plain["sha256"], set(files_plain["skipped"]))
+            parsed = files.apply(self.registry.parse_flows(flows, agents=agents))
+            sub = _Submission(parsed, c["deadline_s"], c["age"], (c["name"], tuple(c["tags"])),
+                              c["secret"])  # fmt: skip
+            return [flows, files, agents, sub, coflow_id, owner, ref]
+        if kind == "update":
+            coflow_id, flows = args
+            return [coflow_id, flows, agents, self.registry.parse_flows(flows, agents=agents)]
+        return args
+
     def now(self) -> float:
-        """Seconds since the controller started."""
+        """Seconds since the controller started; while a core event is handled, the event's
+        time (core_log.py: a handler reads the time once)."""
+        if self.event_at is not None:
+            return self.event_at
         return self.clock() - self.t0
 
     def want_round(self, wan: bool = False) -> None:
@@ -323,6 +358,7 @@ class Controller(
             self._announce(coflow, sub.parsed)  # off the loop: descriptors of many flows
         return cid
 
+    @core_event("submit", encode=lambda *a: _submit_args(*a), outcome=lambda r: r[0])
     def _submit_on_loop(self, flows, files: FileInfo, agents: dict, sub: _Submission,
                         coflow_id: int | None, owner: str | None,
                         ref: str | None) -> tuple[int, CoflowState | None]:  # fmt: skip
@@ -544,6 +580,7 @@ class Controller(
         self._durable(coflow.id)
         self._announce(coflow, parsed)
 
+    @core_event("update", encode=lambda cid, flows, *_: [cid, flows], outcome=lambda r: None)
     def _update_on_loop(
         self, coflow_id: object, flows: object, agents: dict, parsed: list[FlowState]
     ) -> tuple[CoflowState, list[FlowState]]:
@@ -646,7 +683,11 @@ class Controller(
         Raises:
             RegistryError("bad_request"): a bad id or address, or an unknown DC.
         """
-        return self.owner.run(self.registry.register_agent, agent_id, dc, data_addr)
+        return self.owner.run(self._register_agent_on_loop, agent_id, dc, data_addr)
+
+    @core_event("agent", outcome=lambda info: None)
+    def _register_agent_on_loop(self, agent_id: object, dc: object, data_addr: object):
+        return self.registry.register_agent(agent_id, dc, data_addr)
 
     # ---- agent reports ------------------------------------------------------------------
 
@@ -682,6 +723,7 @@ class Controller(
         """
         return self.owner.run(self._progress_on_loop, coflow_id, flow_id, acked, tag)
 
+    @core_event("progress")
     def _progress_on_loop(
         self, coflow_id: object, flow_id: object, acked: object, tag: object
     ) -> bool:
@@ -718,6 +760,7 @@ class Controller(
         """
         return self.owner.run(self._complete_on_loop, coflow_id, flow_id, digest, tag, sha256)
 
+    @core_event("complete")
     def _complete_on_loop(self, coflow_id: object, flow_id: object, digest: object, tag: object,
                           sha256: object) -> bool:  # fmt: skip
         flow = self.registry.flow(coflow_id, flow_id)

@@ -20,6 +20,7 @@ import trio
 
 from terra_controller.coflow_registry import CoflowRegistry
 from terra_controller.coflow_state import coflow_key, parse_coflow_key
+from terra_controller.core_log import rates_digest
 from terra_core.policy import Allocation, Policy
 from terra_model.states import CoflowStatus
 from topologies import Path
@@ -61,17 +62,11 @@ class ControllerRounds:
         self.round_asked = trio.Event()
         wan, self.wan_dirty = self.wan_dirty, False
         start = time.perf_counter()
-        self._drain_leaving()
-        remaining = self.registry.remaining(self._connectivity())
-        now = self.now()
+        now, remaining = self._round_begin(self.clock() - self.t0)
         begin_allocate = time.perf_counter()
         allocation = await self.owner.in_worker(self._allocate, now, remaining)
         allocated = time.perf_counter()
-        states = self._policy_states(remaining)
-        _trim_policy_stats(self.policy)
-        self.allocation = allocation
-        self.rates = flow_rates(allocation, self.registry)
-        self._update_states(states)
+        self._round_end(self.clock() - self.t0, allocation, remaining)
         elapsed_ms = (time.perf_counter() - start) * 1e3
         self.stats["rounds"] += 1
         self.stats["last_round_ms"] = elapsed_ms
@@ -84,6 +79,46 @@ class ControllerRounds:
         self.metrics.round_duration.observe(elapsed_ms / 1e3)
         self.metrics.allocate_duration.observe(allocated - begin_allocate)
         return self.rates, wan
+
+    def _round_begin(self, at: float) -> tuple[float, dict]:
+        """The round's snapshot (core event "round", at `at` controller seconds): the
+        coflows that left go from the policy, and the remaining bytes are copied.
+        Returns (`at`, {coflow key: {flow id: remaining bytes}})."""
+        self.event_at = at
+        try:
+            self._drain_leaving()
+            remaining = self.registry.remaining(self._connectivity())
+        finally:
+            self.event_at = None
+        if self.recorder is not None:
+            self.recorder.write(at, "round", [], None)
+        return at, remaining
+
+    def _round_end(self, at: float, allocation: Allocation, remaining: dict) -> str | None:
+        """Apply the policy's `allocation` (core event "round_applied", at `at`): rates and
+        coflow states. Returns the rates' digest when recording or replaying, else None."""
+        states = self._policy_states(remaining)
+        _trim_policy_stats(self.policy)
+        self.allocation = allocation
+        self.rates = flow_rates(allocation, self.registry)
+        self._update_states(states)
+        if self.recorder is None:
+            return None
+        digest = rates_digest(allocation)
+        self.recorder.write(at, "round_applied", [], digest)
+        return digest
+
+    def replay_round_begin(self, at: float) -> tuple:
+        """Replay (core_log.replay): a recorded "round" at `at`: the snapshot, and the
+        policy's allocation solved at once. Returns what `replay_round_end` applies."""
+        now, remaining = self._round_begin(at)
+        return self._allocate(now, remaining), remaining
+
+    def replay_round_end(self, at: float, pending: tuple) -> str:
+        """Replay: a recorded "round_applied" at `at`; returns the rates' digest."""
+        allocation, remaining = pending
+        self._round_end(at, allocation, remaining)
+        return rates_digest(allocation)
 
     def _allocate(self, now: float, remaining: dict) -> Allocation:
         """policy.allocate in the round's worker thread (the round holds the policy)."""

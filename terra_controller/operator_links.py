@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 
 from terra_controller.coflow_state import RegistryError
+from terra_controller.core_log import core_event
 from topologies import Topology, TopologyError
 
 LOG = logging.getLogger("terra.links")
@@ -130,6 +131,7 @@ class ControllerLinkEvents:
             self._durable(f"link {a}-{b}")
         return changed
 
+    @core_event("link")
     def _set_link_on_loop(self, a: object, b: object, up: bool, source: str) -> bool:
         try:
             self.topology.available((a, b))  # raises for an unknown link
@@ -167,6 +169,7 @@ class ControllerLinkEvents:
         self._durable(f"link {a}-{b}")
         return changed
 
+    @core_event("capacity")
     def _set_capacity_on_loop(self, a: object, b: object, bytes_per_s: object) -> bool:
         try:
             self.topology.set_capacity(a, b, bytes_per_s)

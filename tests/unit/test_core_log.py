@@ -1,0 +1,150 @@
+"""The controller core's events, recorded and replayed (terra_controller/core_log.py): a
+controller driven through submits, agent reports, rounds, a link failure, a cancel, a failed
+flow and the timer, with its events recorded, then a fresh controller fed the log."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from terra_controller.coflow_state import RegistryError
+from terra_controller.controller import Controller
+from terra_controller.core_log import CoreRecorder, read_events, replay
+from terra_core.terra_policy import TerraPolicy
+from topologies import Topology
+
+AGENTS = {"a1": "A", "b1": "B", "c1": "C", "d1": "D"}
+
+
+class StepClock:
+    """A clock the test moves (seconds)."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make_controller(clock=None) -> Controller:
+    links = {}
+    for u, v in [("A", "B"), ("B", "C"), ("C", "D"), ("A", "D"), ("A", "C")]:
+        links[(u, v)] = links[(v, u)] = 1e8
+    topology = Topology("square", list("ABCD"), links)
+    return Controller(topology, TerraPolicy(topology, k=3), clock=clock, state_dir=None)
+
+
+def drive(c: Controller, clock: StepClock) -> None:
+    """A run of the core: every kind of event, with the clock moving between them."""
+    for agent, dc in AGENTS.items():
+        c.register_agent(agent, dc, "127.0.0.1:30000")
+    flows = [{"id": f"f{i}", "src": "a1", "dst": "c1", "bytes": 4 * 10**8} for i in range(3)]
+    big = c.submit([*flows, {"id": "g", "src": "b1", "dst": "d1", "bytes": 10**8}])
+    small = c.submit([{"id": "s", "src": "d1", "dst": "b1", "bytes": 10**7}], deadline=60)
+    other = c.submit([{"id": "x", "src": "c1", "dst": "a1", "bytes": 3 * 10**8}], owner="job")
+    with pytest.raises(RegistryError):
+        c.submit([{"id": "bad", "src": "a1", "dst": "nobody", "bytes": 1}])
+    c.run_round()
+    clock.t += 0.5
+    c.progress(small, "s", 5 * 10**6)
+    c.complete(small, "s", "00" * 32)
+    c.progress(big, "f0", 10**8)
+    with pytest.raises(RegistryError):  # refused in the core: an event with its error
+        c.update(small, [{"id": "late", "src": "a1", "dst": "b1", "bytes": 1}])
+    c.run_round()
+    clock.t += 0.25
+    c.set_link_state("A", "C", False)
+    c.run_round()
+    c.update(big, [{"id": "h", "src": "d1", "dst": "a1", "bytes": 2 * 10**7}])
+    c.fail_flow(other, "x", "disk full")
+    clock.t += 1.0
+    c.set_capacity("A", "B", 5e7)
+    c.run_round()
+    c.cancel(big)
+    c.check_timeouts()
+    c.run_round()
+
+
+def recorded_run(tmp_path) -> Controller:
+    """A controller driven by `drive` with its events recorded in tmp_path/core.log."""
+    clock = StepClock()
+    live = make_controller(clock)
+    live.recorder = CoreRecorder(tmp_path / "core.log")
+    drive(live, clock)
+    live.recorder.close()
+    return live
+
+
+def test_a_replayed_log_gives_the_same_outcomes_rates_and_states(tmp_path):
+    live = recorded_run(tmp_path)
+    events = list(read_events(tmp_path / "core.log"))
+    kinds = {e.kind for e in events}
+    assert kinds >= {"agent", "submit", "progress", "complete", "round", "round_applied",
+                     "link", "update", "fail_flow", "capacity", "cancel", "timeouts"}  # fmt: skip
+    assert [e.seq for e in events] == list(range(len(events)))
+    assert {"error": "coflow_done"} in [e.outcome for e in events if e.kind == "update"]
+    again = make_controller()  # (its own clock: every event brings its time)
+    report = replay(again, events)
+    assert report.identical, report.mismatches
+    assert report.events == len(events) and report.rounds == 5
+    assert _states(again) == _states(live)
+    assert again.rates == live.rates
+
+
+def test_a_log_whose_round_differs_is_reported(tmp_path):
+    recorded_run(tmp_path)
+    lines = (tmp_path / "core.log").read_text().splitlines()
+    forged = []
+    for line in lines:
+        seq, at, kind, args, outcome = json.loads(line)
+        if kind == "round_applied" and not forged:
+            outcome = "0" * 64
+            forged.append(seq)
+        elif kind == "complete":
+            outcome = not outcome
+            forged.append(seq)
+        line = json.dumps([seq, at, kind, args, outcome])
+        (tmp_path / "forged.log").open("a").write(line + "\n")
+    report = replay(make_controller(), read_events(tmp_path / "forged.log"))
+    assert [m[0] for m in report.mismatches] == forged and not report.identical
+
+
+def test_bad_logs_get_one_line_errors(tmp_path):
+    (tmp_path / "bad.log").write_text('[0, 1.0, "submit", [], null]\nnot json\n')
+    with pytest.raises(ValueError, match=r"bad.log:2: not an event"):
+        list(read_events(tmp_path / "bad.log"))
+    (tmp_path / "kind.log").write_text('[0, 1.0, "reboot", [], null]\n')
+    with pytest.raises(ValueError, match="unknown kind 'reboot'"):
+        replay(make_controller(), read_events(tmp_path / "kind.log"))
+    (tmp_path / "half.log").write_text('[0, 1.0, "round_applied", [], "00"]\n')
+    with pytest.raises(ValueError, match="round_applied without its round"):
+        replay(make_controller(), read_events(tmp_path / "half.log"))
+
+
+def test_the_log_is_private_and_holds_the_time_of_each_event(tmp_path):
+    clock = StepClock()
+    live = make_controller(clock)
+    live.recorder = CoreRecorder(tmp_path / "core.log")
+    live.register_agent("a1", "A", "127.0.0.1:30000")
+    clock.t += 2.5
+    live.register_agent("b1", "B", "127.0.0.1:30000")
+    live.recorder.close()
+    assert (tmp_path / "core.log").stat().st_mode & 0o077 == 0  # (it holds coflow secrets)
+    assert [e.at for e in read_events(tmp_path / "core.log")] == [0.0, 2.5]
+
+
+def _states(c: Controller) -> dict:
+    out = {}
+    for cid, coflow in c.registry.coflows.items():
+        flows = {fid: (f.state.value, f.delivered, f.restarts, f.digest_key)
+                 for fid, f in coflow.flows.items()}  # fmt: skip
+        out[cid] = (
+            coflow.state.value,
+            coflow.submitted_s,
+            coflow.finished_s,
+            coflow.ended_s,
+            coflow.reason,
+            flows,
+        )
+    return out
