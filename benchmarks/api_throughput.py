@@ -15,7 +15,7 @@ same capacity changes and `allocate` is timed the way the simulator calls it.
 Target: the live controller's round latency within 20% of the offline one.
 
 Run: uv run python benchmarks/api_throughput.py [--calls 2000] [--clients 4] [--coflows 60]
-     [--rounds 20] [--json OUT]
+     [--rounds 20] [--json OUT] [--record LOG (the controller records its core events)]
 """
 
 from __future__ import annotations
@@ -215,8 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--coflows", type=int, default=60, help="FB coflows for part 2")
     p.add_argument("--rounds", type=int, default=20, help="rounds timed in part 2")
     p.add_argument("--json", help="write the figures to this file")
+    p.add_argument("--record", metavar="LOG", help="the controller records its events there")
     args = p.parse_args(argv)
-    api = api_rates(args.calls, args.clients)
+    api = api_rates(args.calls, args.clients, ["--record", args.record] if args.record else None)
     print(f"API: submit {api['submit_per_s']:.0f}/s, status {api['status_per_s']:.0f}/s "
           f"(one client); submit {api['concurrent_submit_per_s']:.0f}/s with "
           f"{api['clients']} clients; {api['coflows_done']} coflows done")  # fmt: skip
