@@ -151,6 +151,8 @@ class CoflowEndings:
         self._prune(now)
 
     def _notify_drop(self, coflow: CoflowState, flows: list[FlowState], restart: bool) -> None:
+        if self.effects is not None:  # (the core's event log: core_log.py)
+            self.effects.append(["drop", coflow.id, [f.id for f in flows], restart])
         for listener in list(self.on_drop):
             try:
                 listener(coflow, flows, restart)

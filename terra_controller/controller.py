@@ -208,6 +208,9 @@ class Controller(
         self.t0 = self.clock()
         self.event_at: float | None = None  # the time of the core event being handled
         self.recorder: CoreRecorder | None = None  # core_log.py: the events, when recorded
+        self.replaying = False  # core_log.replay is feeding recorded events
+        self.effects: list | None = None  # the effects of the event handled, when kept
+        self.last_effects: list | None = None  # those of the last event handled
         self.owner = OwnerLoop()  # the one owner of this state (owner_loop.py)
         self.agents_back = threading.Condition()  # notified on every registration
         self.started_mono = time.monotonic()
@@ -288,6 +291,8 @@ class Controller(
         self.owner.run(self._want_round, wan)
 
     def _want_round(self, wan: bool) -> None:
+        if self.effects is not None:
+            self.effects.append(["round", wan])
         if wan:
             if not self.wan_dirty:
                 self.wan_event_at = time.monotonic()

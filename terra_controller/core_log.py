@@ -101,15 +101,21 @@ class CoreRecorder:
         self._lock = threading.Lock()  # (the loop writes; `close` may come from elsewhere)
         self.seq = 0
 
-    def write(self, at: float, kind: str, args: list, outcome: object) -> None:
-        """Append one event: its time (controller seconds), kind, arguments, outcome."""
+    def write(
+        self, at: float, kind: str, args: list, outcome: object, effects: list | None = None
+    ) -> None:
+        """Append one event: its time (controller seconds), kind, arguments, outcome and
+        effects (what it asked of others: flows dropped at agents, rounds)."""
         with self._lock:
             if self._file.closed:
                 return
             try:
-                line = self._encode([self.seq, at, kind, _plain(args), _plain(outcome)])
+                line = self._encode(
+                    [self.seq, at, kind, _plain(args), _plain(outcome), effects or []]
+                )
             except TypeError:  # (an in-process caller's odd argument: kept as text)
-                line = self._encode([self.seq, at, kind, [repr(a) for a in args], repr(outcome)])
+                text = [repr(a) for a in args]
+                line = self._encode([self.seq, at, kind, text, repr(outcome), effects or []])
             self._file.write(line + b"\n")
             self._file.flush()
             self.seq += 1
@@ -123,13 +129,16 @@ class CoreRecorder:
 @dataclass
 class CoreEvent:
     """One recorded event: `seq` (0, 1, ...), `at` (controller seconds), `kind`, `args`
-    (its arguments, plain values), `outcome` (what the handler answered)."""
+    (its arguments, plain values), `outcome` (what the handler answered), `effects` (what
+    it asked of others, in order: ["drop", coflow id, [flow ids], restart] for flows the
+    agents must drop or restart, ["round", wan] for a round asked for)."""
 
     seq: int
     at: float
     kind: str
     args: list
     outcome: object
+    effects: list = field(default_factory=list)
 
 
 def read_events(path: str | Path) -> Iterator[CoreEvent]:
@@ -143,8 +152,9 @@ def read_events(path: str | Path) -> Iterator[CoreEvent]:
             if not line.strip():
                 continue
             try:
-                seq, at, kind, args, outcome = msgspec.json.decode(line)
-                event = CoreEvent(int(seq), float(at), str(kind), _restore(args), outcome)
+                seq, at, kind, args, outcome, effects = msgspec.json.decode(line)
+                event = CoreEvent(int(seq), float(at), str(kind), _restore(args), outcome,
+                                  list(effects))  # fmt: skip
             except (msgspec.DecodeError, ValueError, TypeError) as exc:
                 raise ValueError(f"{path}:{number}: not an event of the core's log") from exc
             yield event
@@ -171,16 +181,19 @@ def core_event(kind: str, encode: Callable[..., list] | None = None,
             self.event_at = at = self.clock() - self.t0
             recorder = self.recorder
             plain = None if recorder is None else (encode or _as_list)(*args)
+            if recorder is not None or self.replaying:
+                self.effects = []
             try:
                 result = method(self, *args)
             except RegistryError as exc:
                 if recorder is not None:
-                    recorder.write(at, kind, plain, {"error": exc.code})
+                    recorder.write(at, kind, plain, {"error": exc.code}, self.effects)
                 raise
             finally:
                 self.event_at = None
+                self.last_effects, self.effects = self.effects, None
             if recorder is not None:
-                recorder.write(at, kind, plain, (outcome or _same)(result))
+                recorder.write(at, kind, plain, (outcome or _same)(result), self.last_effects)
             return result
 
         handle.core_event = kind  # type: ignore[attr-defined]
@@ -251,25 +264,35 @@ def _replay_on_loop(controller: Any, events: list[CoreEvent]) -> ReplayReport:
             handler = handlers.get(ev.kind)
             if handler is None:
                 raise ValueError(f"event {ev.seq}: unknown kind {ev.kind!r}")
-            got = _handle_at(controller, handler, ev)
+            got, effects = _handle_at(controller, handler, ev)
+            if effects != ev.effects:
+                report.mismatches.append((ev.seq, ev.kind, ev.effects, effects))
         if ev.kind != "round" and got != ev.outcome:
             report.mismatches.append((ev.seq, ev.kind, ev.outcome, got))
     return report
 
 
-def _handle_at(controller: Any, handler: Callable, ev: CoreEvent) -> object:
-    """Run `handler` for `ev` at its time; its recorded outcome (or {"error": code})."""
+def _handle_at(controller: Any, handler: Callable, ev: CoreEvent) -> tuple[object, list]:
+    """Run `handler` for `ev` at its time: (its outcome as recorded, or {"error": code};
+    its effects)."""
     clock, recorder = controller.clock, controller.recorder
     controller.clock, controller.recorder = (lambda: controller.t0 + ev.at), None
+    controller.replaying = True
     try:
         args = controller.replay_args(ev.kind, ev.args)
-        result = handler(controller, *args)
+        result = _as_logged((getattr(handler, "core_outcome", None) or _same)(
+            handler(controller, *args)))  # fmt: skip
     except RegistryError as exc:
-        return {"error": exc.code}
+        result = {"error": exc.code}
     finally:
         controller.clock, controller.recorder = clock, recorder
-    out = getattr(handler, "core_outcome", None)
-    return _restore(msgspec.json.decode(msgspec.json.encode(_plain((out or _same)(result)))))
+        controller.replaying = False
+    return result, _as_logged(controller.last_effects or [])
+
+
+def _as_logged(value: object) -> Any:
+    """`value` as a log gives it back (through JSON and `_restore`)."""
+    return _restore(msgspec.json.decode(msgspec.json.encode(_plain(value))))
 
 
 def _handlers(cls: type) -> dict[str, Callable]:

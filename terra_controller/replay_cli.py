@@ -1,6 +1,6 @@
 """`terra-controller --record LOG` and `terra-controller replay LOG`: a controller's core
 events written to a log, and handled again offline by a controller built with the same
-options, which checks every outcome and round against the log (core_log.py;
+options, which checks every outcome, effect and round against the log (core_log.py;
 docs/runtime.md "Events, recorded and replayed").
 
 The log's first event ("start") holds the options the controller ran with (topology,
@@ -73,7 +73,7 @@ def run_replay(args: argparse.Namespace) -> int:
     print(f"{report.events} events, {report.rounds} rounds replayed; coflows: "
           + (", ".join(f"{n} {s}" for s, n in sorted(states.items())) or "none"))  # fmt: skip
     if report.identical:
-        print("every outcome and round as recorded")
+        print("every outcome, effect and round as recorded")
         return 0
     print(f"{len(report.mismatches)} outcomes differ from the log:")
     for seq, kind, logged, got in report.mismatches[: args.show]:

@@ -335,16 +335,19 @@ def test_a_recorded_run_replays_to_the_same_outcomes_and_rounds(tmp_path, pki):
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
     summary = replayed.stdout.splitlines()
     assert (
-        "1 cancelled, 2 done" in summary[0] and summary[1] == "every outcome and round as recorded"
+        "1 cancelled, 2 done" in summary[0]
+        and summary[1] == "every outcome, effect and round as recorded"
     )
     kinds = [json.loads(line)[2] for line in log.read_text().splitlines()]
     assert kinds[0] == "start" and {"agent", "submit", "progress", "complete", "link", "update",
                                     "cancel", "round", "round_applied"} <= set(kinds)  # fmt: skip
+    cancel = next(json.loads(line) for line in log.read_text().splitlines() if '"cancel"' in line)
+    assert ["drop", doomed, ["h"], False] in cancel[5]  # (its agents are told to drop it)
     # A log whose round differs is caught: exit status 1, the event named.
     lines = log.read_text().splitlines()
     at = next(i for i, line in enumerate(lines) if json.loads(line)[2] == "round_applied")
-    seq, t, kind, args, _ = json.loads(lines[at])
-    lines[at] = json.dumps([seq, t, kind, args, "0" * 64])
+    seq, t, kind, args, _, effects = json.loads(lines[at])
+    lines[at] = json.dumps([seq, t, kind, args, "0" * 64, effects])
     log.write_text("\n".join(lines) + "\n")
     forged = subprocess.run(
         [sys.executable, "-m", "terra_controller.cli", "replay", str(log)],

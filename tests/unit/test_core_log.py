@@ -84,6 +84,12 @@ def test_a_replayed_log_gives_the_same_outcomes_rates_and_states(tmp_path):
                      "link", "update", "fail_flow", "capacity", "cancel", "timeouts"}  # fmt: skip
     assert [e.seq for e in events] == list(range(len(events)))
     assert {"error": "coflow_done"} in [e.outcome for e in events if e.kind == "update"]
+    by_kind = {e.kind: e for e in events}  # (the last of each kind)
+    big, other = by_kind["cancel"].args[0], by_kind["fail_flow"].args[0]
+    assert by_kind["cancel"].effects == [["drop", big, ["f0", "f1", "f2", "g", "h"], False],
+                                         ["round", False]]  # fmt: skip
+    assert by_kind["fail_flow"].effects == [["drop", other, ["x"], False], ["round", False]]
+    assert ["round", True] in by_kind["link"].effects
     again = make_controller()  # (its own clock: every event brings its time)
     report = replay(again, events)
     assert report.identical, report.mismatches
@@ -92,32 +98,35 @@ def test_a_replayed_log_gives_the_same_outcomes_rates_and_states(tmp_path):
     assert again.rates == live.rates
 
 
-def test_a_log_whose_round_differs_is_reported(tmp_path):
+def test_a_log_whose_outcomes_or_effects_differ_is_reported(tmp_path):
     recorded_run(tmp_path)
     lines = (tmp_path / "core.log").read_text().splitlines()
     forged = []
     for line in lines:
-        seq, at, kind, args, outcome = json.loads(line)
+        seq, at, kind, args, outcome, effects = json.loads(line)
         if kind == "round_applied" and not forged:
             outcome = "0" * 64
             forged.append(seq)
         elif kind == "complete":
             outcome = not outcome
             forged.append(seq)
-        line = json.dumps([seq, at, kind, args, outcome])
+        elif kind == "cancel":  # (the agents were told to drop other flows)
+            effects = [["drop", args[0], ["f0"], False]]
+            forged.append(seq)
+        line = json.dumps([seq, at, kind, args, outcome, effects])
         (tmp_path / "forged.log").open("a").write(line + "\n")
     report = replay(make_controller(), read_events(tmp_path / "forged.log"))
     assert [m[0] for m in report.mismatches] == forged and not report.identical
 
 
 def test_bad_logs_get_one_line_errors(tmp_path):
-    (tmp_path / "bad.log").write_text('[0, 1.0, "submit", [], null]\nnot json\n')
+    (tmp_path / "bad.log").write_text('[0, 1.0, "submit", [], null, []]\nnot json\n')
     with pytest.raises(ValueError, match=r"bad.log:2: not an event"):
         list(read_events(tmp_path / "bad.log"))
-    (tmp_path / "kind.log").write_text('[0, 1.0, "reboot", [], null]\n')
+    (tmp_path / "kind.log").write_text('[0, 1.0, "reboot", [], null, []]\n')
     with pytest.raises(ValueError, match="unknown kind 'reboot'"):
         replay(make_controller(), read_events(tmp_path / "kind.log"))
-    (tmp_path / "half.log").write_text('[0, 1.0, "round_applied", [], "00"]\n')
+    (tmp_path / "half.log").write_text('[0, 1.0, "round_applied", [], "00", []]\n')
     with pytest.raises(ValueError, match="round_applied without its round"):
         replay(make_controller(), read_events(tmp_path / "half.log"))
 
