@@ -63,6 +63,7 @@ from mininet_scenarios.testbed_processes import (
     console_line,
     make_pki,
     read_wan_bytes,
+    replay_core_log,
     wait_until,
     wan_capacity,
 )
@@ -531,6 +532,13 @@ def _scheduler_phase(bed: _Testbed, phase: int, name: str, raw: dict) -> None:
     bed.procs.stop([*agents, *ctl.proc_list])
     ctl.close()
     bed.ctl = None
+    if opts.controllers == 1:  # its core's events, handled again offline
+        raw.setdefault("core_replay", {})[name] = replay_core_log(core_log_path(opts.workdir, name))
+
+
+def core_log_path(workdir: Path, scheduler: str) -> Path:
+    """Where the testbed's controller running `scheduler` records its core's events."""
+    return workdir / f"core-{scheduler}.log"
 
 
 def _build_wan(bed: _Testbed, ctl) -> None:
@@ -552,10 +560,10 @@ def _start_controllers(opts: TestbedOptions, topo_path: Path, procs: Processes, 
     if opts.controllers > 1:
         return ControllerCluster(topo_path, opts.k, opts.controllers, opts.workdir, procs, pki,
                                  scheduler, rest_public=opts.observe)  # fmt: skip
-    extra = ()
+    extra: tuple[str, ...] = ("--record", str(core_log_path(opts.workdir, scheduler)))
     if opts.tenants:
         toml = tenants_toml(opts.tenants, opts.workdir / "tenants.toml", opts.reserve)
-        extra = ("--tenants", str(toml))
+        extra += ("--tenants", str(toml))
     return TestbedController(topo_path, opts.k, opts.of_port, opts.workdir / "controller.log",
                              procs, pki, scheduler=scheduler, rest_public=opts.observe,
                              extra=extra)  # fmt: skip

@@ -181,6 +181,31 @@ def controller_argv(
     ]  # fmt: skip
 
 
+def replay_core_log(log: Path, timeout_s: float = 300.0) -> dict:
+    """`terra-controller replay LOG` on a testbed controller's core log (its --record):
+    {"events": n, "rounds": n, "identical": every outcome, effect and round as recorded,
+    "lines": what it printed}.
+
+    Raises:
+        TestbedError: the log could not be read, or the replay did not end in `timeout_s`.
+    """
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "terra_controller.cli", "replay", str(log)],
+            capture_output=True, text=True, timeout=timeout_s,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        raise TestbedError(f"replaying {log} took over {timeout_s} s") from exc
+    if done.returncode not in (0, 1):
+        raise TestbedError(f"replaying {log}: {done.stderr.strip()}")
+    lines = done.stdout.splitlines()
+    counts = re.match(r"(\d+) events, (\d+) rounds", lines[0] if lines else "")
+    if counts is None:
+        raise TestbedError(f"replaying {log}: unexpected output {done.stdout!r:.200}")
+    events, rounds = map(int, counts.groups())
+    return {"events": events, "rounds": rounds, "identical": done.returncode == 0, "lines": lines}
+
+
 def console_line(ctl, pki: Path) -> str:
     """What the testbed prints for an operator once `ctl` (TestbedController or
     ControllerCluster) runs: the page's address in the root namespace and the command

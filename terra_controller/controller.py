@@ -38,7 +38,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import trio
 
@@ -81,6 +80,7 @@ from terra_controller.resume import (
     journal_status,
     missing_agents,
 )
+from terra_controller.submission import Submission, recorded_submit, replayed_args
 from terra_controller.tenants import tenant_admission
 from terra_core.policy import Allocation, Policy
 from terra_model import Coflow
@@ -94,32 +94,6 @@ AGENT_TIMEOUT_S = 60.0  # an endpoint agent disconnected this long fails its unf
 KEEP_FINISHED = 10_000  # finished coflows kept for status requests (the oldest are dropped)
 AGENT_RETURN_S = 5.0  # after a start or a takeover, a submit waits this long for its agents
 MAX_RESTARTS = 3  # re-transfers of a flow from byte 0 after digest mismatches before it fails
-
-
-@dataclass
-class _Submission:
-    """A submit's checked parts on their way to the registry (Controller.submit): parsed
-    flows, deadline (s from arrival) or None, age (s since first submission), labels
-    (name, tags), the coflow's secret and {flow id: attempt} of a resumed coflow."""
-
-    parsed: list[FlowState]
-    deadline_s: float | None
-    age: float
-    labels: tuple[str | None, tuple[str, ...]]
-    secret: bytes
-    attempts: dict[str, int] = field(default_factory=dict)
-
-
-def _submit_args(flows, files: FileInfo, agents: dict, sub: _Submission, coflow_id: int | None,
-                 owner: str | None, ref: str | None) -> list:  # fmt: skip
-    """A submit's core event as recorded (core_log.py): the request's flows after the
-    files' resolution, what the agents said about files, the checked parts (the secret
-    too: the flows' keys derive from it), the asked-for id, owner and reference."""
-    name, tags = sub.labels
-    files_plain = {"sha256": files.sha256, "skipped": sorted(files.skipped)}
-    checked = {"deadline_s": sub.deadline_s, "age": sub.age, "name": name, "tags": list(tags),
-               "secret": sub.secret}  # fmt: skip
-    return [flows, files_plain, checked, coflow_id, owner, ref]
 
 
 class Controller(
@@ -263,21 +237,9 @@ class Controller(
                      len(self.resuming))  # fmt: skip
 
     def replay_args(self, kind: str, args: list) -> list:
-        """A recorded core event's arguments as its handler takes them (core_log.replay):
-        a submit's or an update's flows are parsed again against the agents registered now
-        (the same, at the same point of a replay)."""
-        agents = dict(self.registry.agents)
-        if kind == "submit":
-            flows, files_plain, c, coflow_id, owner, ref = args
-            files = FileInfo(files_plain["sha256"], set(files_plain["skipped"]))
-            parsed = files.apply(self.registry.parse_flows(flows, agents=agents))
-            sub = _Submission(parsed, c["deadline_s"], c["age"], (c["name"], tuple(c["tags"])),
-                              c["secret"])  # fmt: skip
-            return [flows, files, agents, sub, coflow_id, owner, ref]
-        if kind == "update":
-            coflow_id, flows = args
-            return [coflow_id, flows, agents, self.registry.parse_flows(flows, agents=agents)]
-        return args
+        """A recorded core event's arguments as its handler takes them (core_log.replay;
+        submission.replayed_args)."""
+        return replayed_args(self, kind, args)
 
     def now(self) -> float:
         """Seconds since the controller started; while a core event is handled, the event's
@@ -350,7 +312,7 @@ class Controller(
         self._check_state_writable()
         flows, files = self._resolve_files(flows, sync)
         agents = self.owner.run(lambda: dict(self.registry.agents))
-        sub = _Submission(files.apply(self.registry.parse_flows(flows, agents=agents)),
+        sub = Submission(files.apply(self.registry.parse_flows(flows, agents=agents)),
                           check_deadline(deadline), 0.0 if age_s is None else check_age(age_s),
                           check_labels(name, tags), new_secret())  # fmt: skip
         if coflow_id is not None:
@@ -363,8 +325,8 @@ class Controller(
             self._announce(coflow, sub.parsed)  # off the loop: descriptors of many flows
         return cid
 
-    @core_event("submit", encode=lambda *a: _submit_args(*a), outcome=lambda r: r[0])
-    def _submit_on_loop(self, flows, files: FileInfo, agents: dict, sub: _Submission,
+    @core_event("submit", encode=recorded_submit, outcome=lambda r: r[0])
+    def _submit_on_loop(self, flows, files: FileInfo, agents: dict, sub: Submission,
                         coflow_id: int | None, owner: str | None,
                         ref: str | None) -> tuple[int, CoflowState | None]:  # fmt: skip
         """The part of `submit` on the loop, holding the policy: the checks against the
@@ -394,7 +356,7 @@ class Controller(
             self.want_round()
             return cid, coflow
 
-    def _known_resubmission(self, coflow_id: int, sub: _Submission, owner: str | None):
+    def _known_resubmission(self, coflow_id: int, sub: Submission, owner: str | None):
         """A submit naming `coflow_id` (on the loop, holding the policy): the id to answer
         when the coflow is
         known already (in memory, or ended before a restart), else None; a coflow of the
@@ -419,7 +381,7 @@ class Controller(
             sub.labels = (entry.name, entry.tags)
         return None
 
-    def _admitted(self, cid: int, new_id: bool, sub: _Submission, owner: str | None,
+    def _admitted(self, cid: int, new_id: bool, sub: Submission, owner: str | None,
                   now: float) -> bool:  # fmt: skip
         """The policy's admission of a coflow with WAN flows (on the loop, holding the
         policy; always True
@@ -447,7 +409,7 @@ class Controller(
             self.events.add("rejected", coflow=cid, reason="deadline cannot be met")
         return admitted
 
-    def _store(self, cid: int, sub: _Submission, owner: str | None, ref: str | None,
+    def _store(self, cid: int, sub: Submission, owner: str | None, ref: str | None,
                now: float) -> CoflowState | None:  # fmt: skip
         """Record an admitted coflow (on the loop, holding the policy): registry, journal,
         metrics, events.
@@ -585,7 +547,7 @@ class Controller(
         self._durable(coflow.id)
         self._announce(coflow, parsed)
 
-    @core_event("update", encode=lambda cid, flows, *_: [cid, flows], outcome=lambda r: None)
+    @core_event("update", encode=lambda c, cid, flows, *_: [cid, flows], outcome=lambda r: None)
     def _update_on_loop(
         self, coflow_id: object, flows: object, agents: dict, parsed: list[FlowState]
     ) -> tuple[CoflowState, list[FlowState]]:

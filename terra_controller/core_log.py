@@ -169,7 +169,8 @@ def core_event(kind: str, encode: Callable[..., list] | None = None,
 
     Args:
         kind: the event's name in the log.
-        encode: the handler's arguments -> the plain list recorded (default: as given).
+        encode: (the controller, the handler's arguments) -> the plain list recorded
+            (default: the arguments as given).
         outcome: the handler's result -> the plain value recorded (default: as given).
     """
 
@@ -180,7 +181,7 @@ def core_event(kind: str, encode: Callable[..., list] | None = None,
                 return method(self, *args)
             self.event_at = at = self.clock() - self.t0
             recorder = self.recorder
-            plain = None if recorder is None else (encode or _as_list)(*args)
+            plain = None if recorder is None else (encode or _as_list)(self, *args)
             if recorder is not None or self.replaying:
                 self.effects = []
             try:
@@ -203,7 +204,7 @@ def core_event(kind: str, encode: Callable[..., list] | None = None,
     return mark
 
 
-def _as_list(*args: Any) -> list:
+def _as_list(controller: Any, *args: Any) -> list:
     return list(args)
 
 

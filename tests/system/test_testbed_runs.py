@@ -103,6 +103,10 @@ def test_quick_testbed_run_meets_the_correctness_targets_and_cleans_up(quick_run
                    for c in details["terra"]["cct_s"])  # fmt: skip
     assert details["terra"]["failure_down_s"] < last_end
     assert result["failure_reaction_s"] is not None
+    # The controller recorded its core's events (switches, tenants, the link failure and its
+    # repair): handled again offline, every outcome, effect and round is the recorded one.
+    replayed = result["core_replay"]["terra"]
+    assert replayed["identical"] and replayed["rounds"] > 0, replayed["lines"]
     # the 6 coflows and the reservation's probe (testbed_reservation.PROBE_ID)
     assert len(details["terra"]["cct_s"]) == len(details["per_flow_tcp"]["cct_s"]) == 7
     # FoIs are performance figures (noisy on a shared 2-core machine): only their presence is
