@@ -351,7 +351,7 @@ def run(args, topology, security) -> None:
         store, leadership = wait_for_election(args, security, rest_security, tunnels, policy)
     controller = make_controller(args, topology, policy, store, leadership)
     if args.record:
-        controller.recorder = recorder_of(args)
+        controller.recorder = recorder_of(args, controller)
     openflow_info = ports = None
     threads = []
     if not args.no_openflow:

@@ -181,6 +181,7 @@ class Controller(
         self.clock = clock or time.monotonic
         self.t0 = self.clock()
         self.event_at: float | None = None  # the time of the core event being handled
+        self.wall_offset = time.time() - self.now()  # UNIX time of controller time 0 (s)
         self.recorder: CoreRecorder | None = None  # core_log.py: the events, when recorded
         self.replaying = False  # core_log.replay is feeding recorded events
         self.effects: list | None = None  # the effects of the event handled, when kept

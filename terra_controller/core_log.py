@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -39,6 +40,8 @@ from typing import Any
 import msgspec
 
 from terra_controller.coflow_state import RegistryError
+
+LOG = logging.getLogger("terra.controller")
 
 _BYTES = "$bytes"  # {"$bytes": hex}: bytes in a JSON log
 _SET = "$set"  # {"$set": [...]}: a set
@@ -86,20 +89,30 @@ def rates_digest(allocation: dict) -> str:
 class CoreRecorder:
     """Appends the core's events to a JSON-lines file (one line per event, flushed at once).
 
+    A log already at `path` is kept as `path` + ".1" (replacing an older one). The file is
+    created mode 0600 (it holds the coflows' secrets), not through a symbolic link. A write
+    that fails (a full disk) ends the recording, logged once: the controller goes on, and
+    `failed` says why the log stops there.
+
     Args:
-        path: the log file (created or truncated).
+        path: the log file.
 
     Raises:
-        OSError: the file cannot be opened.
+        OSError: the file cannot be created.
     """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # (secrets)
+        if self.path.exists() and not self.path.is_symlink():
+            self.path.replace(self.path.with_name(self.path.name + ".1"))
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+        fd = os.open(self.path, flags, 0o600)
+        os.fchmod(fd, 0o600)  # (a file that existed keeps no wider mode)
         self._file = os.fdopen(fd, "wb")
         self._encode = msgspec.json.Encoder().encode
         self._lock = threading.Lock()  # (the loop writes; `close` may come from elsewhere)
         self.seq = 0
+        self.failed: str | None = None
 
     def write(
         self, at: float, kind: str, args: list, outcome: object, effects: list | None = None
@@ -116,8 +129,14 @@ class CoreRecorder:
             except TypeError:  # (an in-process caller's odd argument: kept as text)
                 text = [repr(a) for a in args]
                 line = self._encode([self.seq, at, kind, text, repr(outcome), effects or []])
-            self._file.write(line + b"\n")
-            self._file.flush()
+            try:
+                self._file.write(line + b"\n")
+                self._file.flush()
+            except OSError as exc:  # (the controller goes on; the log ends here)
+                self.failed = str(exc)
+                LOG.error("core log %s: writing failed, recording stopped: %s", self.path, exc)
+                self._file = open(os.devnull, "wb")  # noqa: SIM115 (closed by `close`)
+                return
             self.seq += 1
 
     def close(self) -> None:
@@ -180,15 +199,15 @@ def core_event(kind: str, encode: Callable[..., list] | None = None,
             if self.event_at is not None:  # (an event handled inside another one)
                 return method(self, *args)
             self.event_at = at = self.clock() - self.t0
-            recorder = self.recorder
-            plain = None if recorder is None else (encode or _as_list)(self, *args)
-            if recorder is not None or self.replaying:
-                self.effects = []
+            recorder, plain = self.recorder, None
             try:
+                plain = None if recorder is None else (encode or _as_list)(self, *args)
+                if recorder is not None or self.replaying:
+                    self.effects = []
                 result = method(self, *args)
-            except RegistryError as exc:
+            except Exception as exc:
                 if recorder is not None:
-                    recorder.write(at, kind, plain, {"error": exc.code}, self.effects)
+                    recorder.write(at, kind, plain, error_outcome(exc), self.effects)
                 raise
             finally:
                 self.event_at = None
@@ -202,6 +221,14 @@ def core_event(kind: str, encode: Callable[..., list] | None = None,
         return handle
 
     return mark
+
+
+def error_outcome(exc: BaseException) -> dict:
+    """The outcome recorded for a handler that raised: {"error": code} for a refusal
+    (RegistryError), {"error": "internal:TYPE"} for anything else."""
+    if isinstance(exc, RegistryError):
+        return {"error": exc.code}
+    return {"error": f"internal:{type(exc).__name__}"}
 
 
 def _as_list(controller: Any, *args: Any) -> list:
@@ -248,12 +275,16 @@ def _replay_on_loop(controller: Any, events: list[CoreEvent]) -> ReplayReport:
     handlers = _handlers(type(controller))
     report = ReplayReport()
     pending: tuple | None = None
+    controller.t0 = 0.0  # (each event's time is then its `at`, to the bit)
     for ev in events:
         report.events += 1
         if ev.kind == "start":  # (the options the controller was built with)
             continue
         if ev.kind == "round":
-            pending = controller.replay_round_begin(ev.at)
+            try:
+                pending = controller.replay_round_begin(ev.at)
+            except Exception:  # (a live round that failed has no round_applied either)
+                pending = None
             got: object = None
         elif ev.kind == "round_applied":
             if pending is None:
@@ -277,14 +308,14 @@ def _handle_at(controller: Any, handler: Callable, ev: CoreEvent) -> tuple[objec
     """Run `handler` for `ev` at its time: (its outcome as recorded, or {"error": code};
     its effects)."""
     clock, recorder = controller.clock, controller.recorder
-    controller.clock, controller.recorder = (lambda: controller.t0 + ev.at), None
+    controller.clock, controller.recorder = (lambda: ev.at), None
     controller.replaying = True
     try:
         args = controller.replay_args(ev.kind, ev.args)
         result = _as_logged((getattr(handler, "core_outcome", None) or _same)(
             handler(controller, *args)))  # fmt: skip
-    except RegistryError as exc:
-        result = {"error": exc.code}
+    except Exception as exc:
+        result = error_outcome(exc)
     finally:
         controller.clock, controller.recorder = clock, recorder
         controller.replaying = False

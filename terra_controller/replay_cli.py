@@ -24,8 +24,9 @@ RECORDED_OPTIONS = (
 )  # fmt: skip
 
 
-def recorder_of(args: argparse.Namespace):
-    """The CoreRecorder of --record, its "start" event holding RECORDED_OPTIONS of `args`.
+def recorder_of(args: argparse.Namespace, controller):
+    """The CoreRecorder of --record, its "start" event holding RECORDED_OPTIONS of `args`
+    and what `controller` took from its journal (`start_state`).
 
     Raises:
         SystemExit: the log cannot be written (one line).
@@ -37,8 +38,22 @@ def recorder_of(args: argparse.Namespace):
     except OSError as exc:
         raise SystemExit(f"terra-controller: --record {args.record}: {exc}") from exc
     options = {name: getattr(args, name, None) for name in RECORDED_OPTIONS}
-    recorder.write(0.0, "start", [options], None)
+    recorder.write(0.0, "start", [options, start_state(controller)], None)
     return recorder
+
+
+def start_state(controller) -> dict:
+    """What a controller took from its journal before its first event, for a replay: the
+    next coflow id, the operator's link states, the tenants' record (live changes), how
+    many coflows wait to be resumed (not in a log), and the UNIX time of its time 0."""
+    book = getattr(controller, "tenants", None)
+    return {
+        "next_id": controller.registry.next_id,
+        "links": [[a, b, state] for (a, b), state in controller.journal.links.items()],
+        "tenants": None if book is None else book.record(),
+        "resuming": len(controller.resuming),
+        "wall_offset": controller.wall_offset,
+    }
 
 
 def add_replay_parser(commands) -> argparse.ArgumentParser:
@@ -88,18 +103,25 @@ def _controller_for(events: list, topology_path: str | None):
         ValueError: no "start" event, or a topology or tenants file that cannot be read.
     """
     from terra_controller.controller import Controller
+    from terra_controller.operator_links import restore
     from terra_controller.tenant_cli import attach_tenants, scheduler_factory
     from terra_core.registry import options_from_args
     from topologies import TopologyError, load_topology
 
     if not events or events[0].kind != "start":
         raise ValueError("the log has no start event (not written by --record)")
-    ns = argparse.Namespace(**events[0].args[0])
+    options, state = events[0].args
+    if state["resuming"]:
+        raise ValueError(f"the recorded controller resumed {state['resuming']} coflows of its "
+                         "journal at its start: they are not in the log")  # fmt: skip
+    ns = argparse.Namespace(**options)
     ns.topology = topology_path or ns.topology
     try:
         topology = load_topology(ns.topology)
     except TopologyError as exc:
         raise ValueError(str(exc)) from exc
+    links = {(a, b): st for a, b, st in state["links"]}
+    restore(topology, links)  # (the operator's link states of its journal, before the policy)
     book = _tenant_book(ns)
     if ns.no_openflow:
         options = options_from_args(ns)
@@ -118,7 +140,12 @@ def _controller_for(events: list, topology_path: str | None):
         topology, policy, agent_timeout_s=ns.agent_timeout, keep_finished=ns.keep_finished,
         keep_finished_s=ns.keep_finished_s, max_restarts=ns.max_restarts, state_dir=None,
     )  # fmt: skip
+    controller.journal.links.update(links)
+    controller.registry.next_id = state["next_id"]
+    controller.wall_offset = state["wall_offset"]
     attach_tenants(controller, book)
+    if book is not None and state["tenants"] is not None:  # its journal's live changes
+        controller.owner.run(book.restore, state["tenants"])
     return controller
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 
 import msgspec
 
@@ -182,6 +181,6 @@ def live_reservations(book) -> list:
     """The book's reservations with windows on the controller's round clock (seconds since
     it started: UNIX time minus the clock's offset), for TenantPolicy.set_reservations."""
     controller = book.controller
-    offset = time.time() - controller.now() if controller is not None else 0.0
+    offset = controller.wall_offset if controller is not None else 0.0
     with book.lock:
         return core_reservations(book.limits, offset)

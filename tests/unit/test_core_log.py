@@ -21,7 +21,7 @@ class StepClock:
     """A clock the test moves (seconds)."""
 
     def __init__(self) -> None:
-        self.t = 100.0
+        self.t = 100.123456789  # (times whose differences are not exact in binary)
 
     def __call__(self) -> float:
         return self.t
@@ -46,19 +46,19 @@ def drive(c: Controller, clock: StepClock) -> None:
     with pytest.raises(RegistryError):
         c.submit([{"id": "bad", "src": "a1", "dst": "nobody", "bytes": 1}])
     c.run_round()
-    clock.t += 0.5
+    clock.t += 0.5772156649
     c.progress(small, "s", 5 * 10**6)
     c.complete(small, "s", "00" * 32)
     c.progress(big, "f0", 10**8)
     with pytest.raises(RegistryError):  # refused in the core: an event with its error
         c.update(small, [{"id": "late", "src": "a1", "dst": "b1", "bytes": 1}])
     c.run_round()
-    clock.t += 0.25
+    clock.t += 0.2718281828
     c.set_link_state("A", "C", False)
     c.run_round()
     c.update(big, [{"id": "h", "src": "d1", "dst": "a1", "bytes": 2 * 10**7}])
     c.fail_flow(other, "x", "disk full")
-    clock.t += 1.0
+    clock.t += 1.4142135623
     c.set_capacity("A", "B", 5e7)
     c.run_round()
     c.cancel(big)
@@ -157,3 +157,24 @@ def _states(c: Controller) -> dict:
             flows,
         )
     return out
+
+
+def test_a_log_that_cannot_be_written_stops_recording_not_the_controller(tmp_path):
+    live = make_controller(StepClock())
+    live.recorder = CoreRecorder(tmp_path / "core.log")
+    live.recorder._file = open("/dev/full", "wb")  # (a full disk)
+    for agent, dc in AGENTS.items():
+        live.register_agent(agent, dc, "127.0.0.1:30000")
+    cid = live.submit([{"id": "f", "src": "a1", "dst": "c1", "bytes": 10**6}])
+    live.run_round()
+    assert live.rates[cid]["f"] and live.recorder.failed
+    assert live.status(cid)["state"] == "running"
+
+
+def test_an_existing_log_is_kept_and_the_new_one_is_private(tmp_path):
+    old = tmp_path / "core.log"
+    old.write_text("an earlier run\n")
+    old.chmod(0o644)
+    CoreRecorder(old).close()
+    assert (tmp_path / "core.log.1").read_text() == "an earlier run\n"
+    assert old.stat().st_mode & 0o077 == 0 and old.read_text() == ""
