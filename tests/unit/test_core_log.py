@@ -178,3 +178,54 @@ def test_an_existing_log_is_kept_and_the_new_one_is_private(tmp_path):
     CoreRecorder(old).close()
     assert (tmp_path / "core.log.1").read_text() == "an earlier run\n"
     assert old.stat().st_mode & 0o077 == 0 and old.read_text() == ""
+
+
+def test_a_restarted_controller_s_log_starts_from_its_journal(tmp_path):
+    """A controller restarted on its state directory records what its journal gave it (the
+    next coflow id, an operator's link state); `terra-controller replay` starts from there.
+    A log whose controller resumed coflows of its journal is refused: they are not in it."""
+    import argparse
+
+    from terra_controller.replay_cli import RECORDED_OPTIONS, recorder_of, run_replay
+
+    topo = tmp_path / "square.json"
+    links = [
+        {"a": u, "b": v} for u, v in [("A", "B"), ("B", "C"), ("C", "D"), ("A", "D"), ("A", "C")]
+    ]
+    topo.write_text(json.dumps({"name": "sq", "dcs": list("ABCD"), "links": links,
+                                "default_capacity_gbps": 0.8}))  # fmt: skip
+    options = dict.fromkeys(RECORDED_OPTIONS)
+    options.update(topology=str(topo), scheduler="terra", k=3, alpha=0.1, guard="aged",
+                   guard_factor=2.0, guard_floor_s=1.0, epsilon=0.1, delta=0.1,
+                   no_openflow=True, agent_timeout=60.0, keep_finished=10_000,
+                   max_restarts=3)  # fmt: skip
+    state = tmp_path / "state"
+
+    def start(log: str | None) -> Controller:
+        from topologies import load_topology
+
+        t = load_topology(str(topo))
+        c = Controller(t, TerraPolicy(t, k=3), state_dir=state)
+        if log is not None:
+            c.recorder = recorder_of(argparse.Namespace(record=tmp_path / log, **options), c)
+        for agent, dc in AGENTS.items():
+            c.register_agent(agent, dc, "127.0.0.1:30000")
+        return c
+
+    first = start(None)
+    done = first.submit([{"id": "f", "src": "a1", "dst": "c1", "bytes": 10**6}])
+    first.complete(done, "f", "00" * 32)
+    first.set_link_state("A", "C", False)
+    first.close()
+    second = start("second.log")  # (nothing to resume: the coflow is done)
+    again = second.submit([{"id": "g", "src": "a1", "dst": "c1", "bytes": 10**6}])
+    second.run_round()
+    assert again == done + 1  # (the journal's next id)
+    assert all(("A", "C") != p[:2] for p, _ in second.rates[again]["g"])  # (A-C still down)
+    pending = second.submit([{"id": "h", "src": "b1", "dst": "d1", "bytes": 10**9}])
+    second.close()
+    assert run_replay(argparse.Namespace(log=tmp_path / "second.log", topology=None, show=5)) == 0
+    third = start("third.log")  # (coflows `again` and `pending` wait to be resumed)
+    third.close()
+    code = run_replay(argparse.Namespace(log=tmp_path / "third.log", topology=None, show=5))
+    assert code == 2 and pending > again
