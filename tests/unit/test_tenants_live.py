@@ -286,3 +286,23 @@ def test_the_file_knows_every_sharing_of_the_policy():
     from terra_core.tenant_shares import SHARINGS
 
     assert get_args(Sharing) == SHARINGS
+
+
+def test_a_replay_gives_each_job_the_tenant_its_certificate_gave(tmp_path):
+    """The core's log holds each submit's tenant as the job's certificate gave it (learned
+    before the event), so a replay schedules the coflows in the same shares."""
+    from terra_controller.core_log import CoreRecorder, read_events, replay
+
+    controller, _ = tenant_controller(TWO)
+    controller.recorder = CoreRecorder(tmp_path / "core.log")
+    handler = ApiHandler(controller)
+    for name, tenant in [("etl", "gold"), ("adhoc", "bronze"), ("etl2", "gold")]:
+        job = Identity(name, Role.JOB, tenant=tenant)
+        assert handler.handle({"v": 1, "op": "submit", "flows": [flow("f")]}, job)["ok"]
+    controller.run_round()
+    controller.recorder.close()
+    again, book = tenant_controller(TWO)
+    report = replay(again, read_events(tmp_path / "core.log"))
+    assert report.identical, report.mismatches
+    assert book.owners == {"etl": "gold", "adhoc": "bronze", "etl2": "gold"}
+    assert [rate(again, cid) for cid in (0, 1, 2)] == [rate(controller, cid) for cid in (0, 1, 2)]
