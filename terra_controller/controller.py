@@ -657,6 +657,25 @@ class Controller(
     def _register_agent_on_loop(self, agent_id: object, dc: object, data_addr: object):
         return self.registry.register_agent(agent_id, dc, data_addr)
 
+    def tenant_change(self, op: str, args: list) -> object:
+        """A tenant change (`ctl tenant set|remove|reserve|unreserve`:
+        tenant_api.apply_tenant_change) as a core event on the loop, then a wait for the
+        shared store. Returns what the change returns.
+
+        Raises:
+            RegistryError: the change was refused (nothing changed).
+        """
+        result = self.owner.run(self._tenant_on_loop, op, args)
+        if not self.journal.wait_durable():
+            LOG.warning("tenants: not yet in the shared state")
+        return result
+
+    @core_event("tenant", outcome=lambda row: None)
+    def _tenant_on_loop(self, op: str, args: list) -> object:
+        from terra_controller.tenant_api import apply_tenant_change
+
+        return apply_tenant_change(self.tenants, op, args)
+
     # ---- agent reports ------------------------------------------------------------------
 
     def check_report(self, flow: FlowState, tag: object) -> None:

@@ -95,16 +95,16 @@ def op_tenants(handler, request: dict, identity: Identity) -> dict:
 def op_tenant_set(handler, request: dict, identity: Identity) -> dict:
     """ "tenant_set": add or change a tenant."""
     _only(request, {"name", "weight", "max_coflows", "max_bytes", "max_reserved_bytes_per_s"})
-    book = book_of(handler.controller)
-    row = book.set(request.get("name"), request.get("weight"), request.get("max_coflows"),
-                   request.get("max_bytes"), request.get("max_reserved_bytes_per_s"))  # fmt: skip
-    return {"tenant": row}
+    book_of(handler.controller)
+    keys = ("name", "weight", "max_coflows", "max_bytes", "max_reserved_bytes_per_s")
+    return {"tenant": handler.controller.tenant_change("set", [request.get(k) for k in keys])}
 
 
 def op_tenant_remove(handler, request: dict, identity: Identity) -> dict:
     """ "tenant_remove": drop a tenant without active coflows."""
     _only(request, {"name"})
-    book_of(handler.controller).remove(request.get("name"))
+    book_of(handler.controller)
+    handler.controller.tenant_change("remove", [request.get("name")])
     return {"removed": request.get("name")}
 
 
@@ -124,8 +124,6 @@ def _reserving_for(book, request: dict, identity: Identity) -> object:
 
 def op_tenant_reserve(handler, request: dict, identity: Identity) -> dict:
     """ "tenant_reserve": add a guaranteed rate if it fits (reservations.reserve)."""
-    from terra_controller.reservations import reserve
-
     keys = {"src", "dst", "rate_bytes_per_s", "ceil_bytes_per_s", "start_s", "end_s"}
     _only(request, keys | {"name"})
     book = book_of(handler.controller)
@@ -134,17 +132,39 @@ def op_tenant_reserve(handler, request: dict, identity: Identity) -> dict:
         raise RegistryError("forbidden", f"tenant {name!r} has no max_reserved_bytes_per_s: "
                             "only an operator reserves for it")  # fmt: skip
     fields = {k: v for k, v in request.items() if k in keys}
-    return {"tenant": reserve(book, name, fields)}
+    return {"tenant": handler.controller.tenant_change("reserve", [name, fields])}
 
 
 def op_tenant_unreserve(handler, request: dict, identity: Identity) -> dict:
     """ "tenant_unreserve": drop the tenant's reservations on a pair."""
-    from terra_controller.reservations import unreserve
-
     _only(request, {"name", "src", "dst"})
     book = book_of(handler.controller)
     name = _reserving_for(book, request, identity)
-    return {"tenant": unreserve(book, name, request.get("src"), request.get("dst"))}
+    args = [name, request.get("src"), request.get("dst")]
+    return {"tenant": handler.controller.tenant_change("unreserve", args)}
+
+
+def apply_tenant_change(book, op: str, args: list) -> object:
+    """Carry out a tenant change on `book` (on the controller's loop: the core event
+    "tenant", Controller.tenant_change): "set" [name, weight, max_coflows, max_bytes,
+    max_reserved_bytes_per_s], "remove" [name], "reserve" [name, fields], "unreserve"
+    [name, src, dst]. Returns the tenant's row (None for "remove").
+
+    Raises:
+        RegistryError: as TenantBook.set / remove, reservations.reserve / unreserve.
+        ValueError: an unknown `op`.
+    """
+    from terra_controller.reservations import reserve, unreserve
+
+    if op == "set":
+        return book.set(*args)
+    if op == "remove":
+        return book.remove(*args)
+    if op == "reserve":
+        return reserve(book, *args)
+    if op == "unreserve":
+        return unreserve(book, *args)
+    raise ValueError(f"unknown tenant change {op!r}")
 
 
 TENANT_OPS = {

@@ -285,8 +285,9 @@ class TenantBook:
         return True
 
     def save(self, changed: bool = False) -> None:
-        """Journal the record (on the controller's loop); with `changed`, ask for a round and
-        wait for the shared store (off the loop)."""
+        """Journal the record (on the controller's loop); with `changed`, ask for a round and,
+        called off the loop, wait for the shared store (on the loop, as a core event,
+        `Controller.tenant_change` waits after it)."""
         controller = self.controller
         if controller is None:
             return
@@ -294,7 +295,7 @@ class TenantBook:
         controller.owner.run(controller.journal.tenants_set, record)
         if changed:
             controller.want_round()
-            if not controller.journal.wait_durable():
+            if not controller.owner.on_loop and not controller.journal.wait_durable():
                 LOG.warning("tenants: not yet in the shared state")
 
     # ---- views --------------------------------------------------------------------------

@@ -299,10 +299,20 @@ def test_a_replay_gives_each_job_the_tenant_its_certificate_gave(tmp_path):
     for name, tenant in [("etl", "gold"), ("adhoc", "bronze"), ("etl2", "gold")]:
         job = Identity(name, Role.JOB, tenant=tenant)
         assert handler.handle({"v": 1, "op": "submit", "flows": [flow("f")]}, job)["ok"]
+        controller.run_round()
+    # Live changes are events too: a weight, and a guaranteed rate for bronze.
+    change = {"v": 1, "op": "tenant_set", "name": "bronze", "weight": 2}
+    assert handler.handle(change, OPERATOR)["ok"]
+    reserve = {"v": 1, "op": "tenant_reserve", "name": "bronze", "src": "HK", "dst": "BA",
+               "rate_bytes_per_s": 5e7}  # fmt: skip
+    assert handler.handle(reserve, OPERATOR)["ok"]
     controller.run_round()
     controller.recorder.close()
     again, book = tenant_controller(TWO)
-    report = replay(again, read_events(tmp_path / "core.log"))
+    events = list(read_events(tmp_path / "core.log"))
+    assert [e.args[0] for e in events if e.kind == "tenant"] == ["set", "reserve"]
+    report = replay(again, events)
     assert report.identical, report.mismatches
     assert book.owners == {"etl": "gold", "adhoc": "bronze", "etl2": "gold"}
+    assert book.weights()["bronze"] == 2 and book.limits["bronze"].reservations
     assert [rate(again, cid) for cid in (0, 1, 2)] == [rate(controller, cid) for cid in (0, 1, 2)]
