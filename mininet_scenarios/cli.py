@@ -488,7 +488,7 @@ def report(args, raw: dict, workload: dict, simulated: dict) -> None:
     if raw.get("core_replay"):
         result["core_replay"] = raw["core_replay"]
         for name, rep in raw["core_replay"].items():
-            print(f"core log ({name}): {rep['lines'][0]}; {' '.join(rep['lines'][1:2])}")
+            print(f"core log ({name}): {'; '.join(rep['lines'][:2])}")
     takeover = results.takeover_summary(raw)
     if takeover is not None:
         result["takeover"] = takeover

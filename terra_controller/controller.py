@@ -80,7 +80,7 @@ from terra_controller.resume import (
     journal_status,
     missing_agents,
 )
-from terra_controller.submission import Submission, recorded_submit, replayed_args
+from terra_controller.submission import Submission, recorded_submit
 from terra_controller.tenants import tenant_admission
 from terra_core.policy import Allocation, Policy
 from terra_model import Coflow
@@ -236,11 +236,6 @@ class Controller(
         if self.resuming:
             LOG.info("%d coflows of the journal resume once their agents register",
                      len(self.resuming))  # fmt: skip
-
-    def replay_args(self, kind: str, args: list) -> list:
-        """A recorded core event's arguments as its handler takes them (core_log.replay;
-        submission.replayed_args)."""
-        return replayed_args(self, kind, args)
 
     def now(self) -> float:
         """Seconds since the controller started; while a core event is handled, the event's
@@ -674,7 +669,7 @@ class Controller(
     def _tenant_on_loop(self, op: str, args: list) -> object:
         from terra_controller.tenant_api import apply_tenant_change
 
-        return apply_tenant_change(self.tenants, op, args)
+        return apply_tenant_change(self, op, args)
 
     # ---- agent reports ------------------------------------------------------------------
 

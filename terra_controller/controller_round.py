@@ -62,11 +62,11 @@ class ControllerRounds:
         self.round_asked = trio.Event()
         wan, self.wan_dirty = self.wan_dirty, False
         start = time.perf_counter()
-        now, remaining = self._round_begin(self.clock() - self.t0)
+        now, remaining = self._round_begin(self.now())
         begin_allocate = time.perf_counter()
         allocation = await self.owner.in_worker(self._allocate, now, remaining)
         allocated = time.perf_counter()
-        self._round_end(self.clock() - self.t0, allocation, remaining)
+        self._round_end(self.now(), allocation, remaining)
         elapsed_ms = (time.perf_counter() - start) * 1e3
         self.stats["rounds"] += 1
         self.stats["last_round_ms"] = elapsed_ms
@@ -94,19 +94,16 @@ class ControllerRounds:
             self.recorder.write(at, "round", [], None)
         return at, remaining
 
-    def _round_end(self, at: float, allocation: Allocation, remaining: dict) -> str | None:
+    def _round_end(self, at: float, allocation: Allocation, remaining: dict) -> None:
         """Apply the policy's `allocation` (core event "round_applied", at `at`): rates and
-        coflow states. Returns the rates' digest when recording or replaying, else None."""
+        coflow states; recorded with the rates' digest."""
         states = self._policy_states(remaining)
         _trim_policy_stats(self.policy)
         self.allocation = allocation
         self.rates = flow_rates(allocation, self.registry)
         self._update_states(states)
-        if self.recorder is None:
-            return None
-        digest = rates_digest(allocation)
-        self.recorder.write(at, "round_applied", [], digest)
-        return digest
+        if self.recorder is not None:
+            self.recorder.write(at, "round_applied", [], rates_digest(allocation))
 
     def replay_round_begin(self, at: float) -> tuple:
         """Replay (core_log.replay): a recorded "round" at `at`: the snapshot, and the

@@ -52,11 +52,10 @@ class ControllerViews:
                 `bytes_delivered` 0 and costs O(links + agents) only (REST /status and
                 /topology, polled every second by the operator page).
         """
-        load = self.link_rates()
         with_coflows = coflows
 
         def on_loop():
-            topo, reg = self.topology, self.registry
+            topo, reg, load = self.topology, self.registry, self._link_rates()
             links = tuple(
                 (u, v, topo.capacity[(u, v)], "down" if (u, v) in topo.down else "up",
                  load.get((u, v), 0.0))
@@ -96,10 +95,9 @@ class ControllerViews:
             agents, "lps": LPs the policy solved (int), "dropped": {final state: finished
             coflows dropped from memory}}.
         """
-        load = self.link_rates()
 
         def on_loop():
-            topo, reg = self.topology, self.registry
+            topo, reg, load = self.topology, self.registry, self._link_rates()
             delivered = self.link_bytes
             links = [
                 (u, v, cap, (u, v) not in topo.down, load.get((u, v), 0.0),
@@ -160,17 +158,17 @@ class ControllerViews:
 
     def link_rates(self) -> dict[tuple[str, str], float]:
         """Allocated bytes/s per directed link in the current allocation."""
+        return self.owner.run(self._link_rates)
 
-        def on_loop():
-            load: dict[tuple[str, str], float] = {}
-            for flows in self.rates.values():
-                for paths in flows.values():
-                    for path, rate in paths:
-                        for link in zip(path[:-1], path[1:], strict=False):
-                            load[link] = load.get(link, 0.0) + rate
-            return load
-
-        return self.owner.run(on_loop)
+    def _link_rates(self) -> dict[tuple[str, str], float]:
+        """`link_rates`, on the loop."""
+        load: dict[tuple[str, str], float] = {}
+        for flows in self.rates.values():
+            for paths in flows.values():
+                for path, rate in paths:
+                    for link in zip(path[:-1], path[1:], strict=False):
+                        load[link] = load.get(link, 0.0) + rate
+        return load
 
     def flowgroup_rates(self, coflow_id: int) -> list[dict]:
         """The coflow's FlowGroups with their per-path rates.

@@ -6,23 +6,24 @@ Every change of the controller's coflow state is one event handled on its owner 
 progress, complete, fail), an operator's or a switch's link event (state, capacity), the
 timer's timeout check, and a scheduling round, which is two events: its snapshot of the
 remaining bytes ("round") and, once the policy answered in the loop's worker thread, the
-rates it applies ("round_applied"). A handler reads the time once, from its event
-(`Controller.now()` returns the event's time while it runs), and nothing else that
-varies between runs: the submit's secret and the agents' answers about files are part of
-its event.
+rates it applies ("round_applied"); tenant changes are events too. A handler reads the
+time once, from its event (`Controller.now()` returns the event's time while it runs),
+and nothing else that varies between runs: the submit's secret, the agents' answers
+about files and the owner's tenant are part of its event (submission.py).
 
 `CoreRecorder` writes each event, once handled, as one JSON line
-`[seq, at, kind, args, outcome]` (`at`: controller seconds; `outcome`: what the handler
-answered, or `{"error": code}`; a round's outcome is a SHA-256 over its rates).
-`replay` feeds a log into a fresh controller (same topology, policy and options, no
-agents): it handles the same events in the same order at the same times, solves each
-round again and checks every outcome against the log. So a controller's decisions can be
-reproduced offline (`terra-controller replay LOG`), and the events are the unit a
-replicated controller would persist.
+`[seq, at, kind, args, outcome, effects]` (`at`: controller seconds; `outcome`: what the
+handler answered, or `{"error": code}`; a round's outcome is a SHA-256 over its rates;
+`effects`: what it asked of others, see `CoreEvent`). `replay` feeds a log into a fresh
+controller (same topology, policy and options, no agents): it handles the same events in
+the same order at the same times, solves each round again and checks every outcome and
+effect against the log. So a controller's decisions can be reproduced offline
+(`terra-controller replay LOG`, replay_cli.py), and the events are the unit a replicated
+controller would persist.
 
-What a log does not hold: coflows resumed from the journal at a start (a log covers a
-start with nothing to resume), tenant and reservation changes (a replay runs with the
-tenants file it is given), and the agents' data connections (outside the core).
+What a log does not hold: coflows resumed from the journal at a start (replay_cli.py
+refuses such a log), the tenants file itself (read again from its recorded path), and
+the agents' data connections (outside the core).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Any
 import msgspec
 
 from terra_controller.coflow_state import RegistryError
+from terra_controller.submission import replayed_args
 
 LOG = logging.getLogger("terra.controller")
 
@@ -120,7 +122,7 @@ class CoreRecorder:
         """Append one event: its time (controller seconds), kind, arguments, outcome and
         effects (what it asked of others: flows dropped at agents, rounds)."""
         with self._lock:
-            if self._file.closed:
+            if self._file.closed or self.failed is not None:
                 return
             try:
                 line = self._encode(
@@ -135,14 +137,16 @@ class CoreRecorder:
             except OSError as exc:  # (the controller goes on; the log ends here)
                 self.failed = str(exc)
                 LOG.error("core log %s: writing failed, recording stopped: %s", self.path, exc)
-                self._file = open(os.devnull, "wb")  # noqa: SIM115 (closed by `close`)
                 return
             self.seq += 1
 
     def close(self) -> None:
         """Close the file (later events are not written)."""
         with self._lock:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:  # (what a failed write left in the buffer)
+                pass
 
 
 @dataclass
@@ -311,7 +315,7 @@ def _handle_at(controller: Any, handler: Callable, ev: CoreEvent) -> tuple[objec
     controller.clock, controller.recorder = (lambda: ev.at), None
     controller.replaying = True
     try:
-        args = controller.replay_args(ev.kind, ev.args)
+        args = replayed_args(controller, ev.kind, ev.args)
         result = _as_logged((getattr(handler, "core_outcome", None) or _same)(
             handler(controller, *args)))  # fmt: skip
     except Exception as exc:

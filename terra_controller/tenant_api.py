@@ -95,7 +95,6 @@ def op_tenants(handler, request: dict, identity: Identity) -> dict:
 def op_tenant_set(handler, request: dict, identity: Identity) -> dict:
     """ "tenant_set": add or change a tenant."""
     _only(request, {"name", "weight", "max_coflows", "max_bytes", "max_reserved_bytes_per_s"})
-    book_of(handler.controller)
     keys = ("name", "weight", "max_coflows", "max_bytes", "max_reserved_bytes_per_s")
     return {"tenant": handler.controller.tenant_change("set", [request.get(k) for k in keys])}
 
@@ -103,7 +102,6 @@ def op_tenant_set(handler, request: dict, identity: Identity) -> dict:
 def op_tenant_remove(handler, request: dict, identity: Identity) -> dict:
     """ "tenant_remove": drop a tenant without active coflows."""
     _only(request, {"name"})
-    book_of(handler.controller)
     handler.controller.tenant_change("remove", [request.get("name")])
     return {"removed": request.get("name")}
 
@@ -144,17 +142,20 @@ def op_tenant_unreserve(handler, request: dict, identity: Identity) -> dict:
     return {"tenant": handler.controller.tenant_change("unreserve", args)}
 
 
-def apply_tenant_change(book, op: str, args: list) -> object:
-    """Carry out a tenant change on `book` (on the controller's loop: the core event
+def apply_tenant_change(controller, op: str, args: list) -> object:
+    """Carry out a tenant change on the controller's TenantBook (on its loop: the core event
     "tenant", Controller.tenant_change): "set" [name, weight, max_coflows, max_bytes,
     max_reserved_bytes_per_s], "remove" [name], "reserve" [name, fields], "unreserve"
     [name, src, dst]. Returns the tenant's row (None for "remove").
 
     Raises:
-        RegistryError: as TenantBook.set / remove, reservations.reserve / unreserve.
+        RegistryError: "no_tenants" (book_of); as TenantBook.set / remove,
+            reservations.reserve / unreserve.
         ValueError: an unknown `op`.
     """
     from terra_controller.reservations import reserve, unreserve
+
+    book = book_of(controller)
 
     if op == "set":
         return book.set(*args)
