@@ -64,9 +64,6 @@ TIERS = ("unit", "integration", "system")
 # A module of tests/integration also stays on one worker (its module-scoped fixtures).
 OVS_GROUP = "ovs"
 MAX_WORKERS = 4  # each integration test runs a controller and agents: processes of their own
-WORKERS_PER_CPU = 2  # integration and system tests mostly wait (real transfers, timeouts,
-# processes starting): a second worker per CPU runs while the first waits (a quiet 2-core
-# machine: the whole suite 433 s on 2 workers, 288 s on 4, the same CPU seconds)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -83,8 +80,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: WORKERS_PER_CPU workers per usable CPU, at most MAX_WORKERS."""
-    return max(1, min(WORKERS_PER_CPU * len(os.sched_getaffinity(0)), MAX_WORKERS))
+    """`-n auto`: one worker per usable CPU, at most MAX_WORKERS (two per CPU ran the suite
+    faster on 2 cores, but its browser tests then missed their deadlines: docs/results.md 6)."""
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
 
 
 def pytest_xdist_make_scheduler(config, log):
