@@ -4,8 +4,9 @@
 restarts or cancels: a flow its agents cannot run (`fail_flow`: source or sink error,
 digest mismatch after `max_restarts` re-transfers), an endpoint agent disconnected longer
 than `agent_timeout_s`, a deadline passed unfinished (`check_timeouts`), or the job
-master's `cancel`. The policy forgets the coflow, its rates are dropped, a round is asked
-for and the `on_drop` listeners learn which flows to forget.
+master's `cancel`. The policy forgets the coflow, its rates are dropped, and the event's
+effects (core_effects.py) ask for a round and tell the `on_drop` listeners which flows to
+forget.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 
 from terra_controller.coflow_state import CoflowState, FlowState, RegistryError, coflow_key
+from terra_controller.core_effects import DropFlows, TimerTick, emit
 from terra_controller.core_log import core_event
 from terra_controller.resume import ended_summary
 from terra_model.states import CoflowStatus, FlowStatus
@@ -151,13 +153,7 @@ class CoflowEndings:
         self._prune(now)
 
     def _notify_drop(self, coflow: CoflowState, flows: list[FlowState], restart: bool) -> None:
-        if self.effects is not None:  # (the core's event log: core_log.py)
-            self.effects.append(["drop", coflow.id, [f.id for f in flows], restart])
-        for listener in list(self.on_drop):
-            try:
-                listener(coflow, flows, restart)
-            except Exception:
-                LOG.exception("drop listener failed")
+        emit(self, DropFlows(coflow, tuple(flows), restart))
 
     def _prune(self, now: float) -> None:
         """Drop the oldest finished coflows beyond keep_finished / keep_finished_s."""
@@ -219,9 +215,5 @@ class CoflowEndings:
                 self._end(coflow, CoflowStatus.FAILED, reason)
                 failed.append(coflow.id)
         self._prune(now)
-        for listener in list(self.on_tick):
-            try:
-                listener()
-            except Exception:
-                LOG.exception("tick listener failed")
+        emit(self, TimerTick())
         return failed

@@ -24,6 +24,10 @@ policy forgets it, its rates are dropped, a round is asked for (its capacity goe
 to the others in that round) and the `on_drop` listeners (the agent channel:
 "drop" to both endpoints) learn which flows to forget.
 
+The core's handlers (marked `core_log.core_event`) change this state and emit what they
+ask of others as values (core_effects.py: flows to drop, a round wanted, the timer's
+tick); the wrapper around each handler records them and then performs them.
+
 `Controller` is assembled from parts in modules of their own: the scheduling round and
 `RoundRunner` (controller_round.py), the read-only views (controller_views.py) and the
 ways a coflow ends unfinished (coflow_endings.py); this module holds the coflow API,
@@ -57,6 +61,7 @@ from terra_controller.coflow_state import (
 from terra_controller.controller_resume import ControllerResumption
 from terra_controller.controller_round import ControllerRounds, FlowRates, observe_solves_lazily
 from terra_controller.controller_views import ControllerViews
+from terra_controller.core_effects import AskRound, Effect, emit
 from terra_controller.core_log import CoreRecorder, core_event
 from terra_controller.events import EventLog
 from terra_controller.file_requests import FileInfo, FileRequests
@@ -140,11 +145,14 @@ class Controller(
         on_flows: callbacks called with (coflow, new flows) once they are stored (submit,
             update), after the admission (a flow may have ended or restarted meanwhile).
         on_drop: callbacks called with (coflow, flows, restart: bool) on the loop when
-            agents must forget those flows: the coflow failed or was cancelled (restart
-            False), or one flow restarts from byte 0 (restart True: the listener also sends
-            the flow's descriptor again, attempt = flow.restarts, receiver first).
-        on_tick: callbacks called with no arguments at the end of every `check_timeouts`,
-            on the loop (the agent channel's deferred sends).
+            agents must forget those flows (a core_effects.DropFlows, performed after the
+            event that emitted it): the coflow failed or was cancelled (restart False), or
+            one flow restarts from byte 0 (restart True: the listener also sends the
+            flow's descriptor again, attempt = flow.restarts, receiver first).
+        on_tick: callbacks called with no arguments after every `check_timeouts` event,
+            on the loop (core_effects.TimerTick; the agent channel's deferred sends).
+        effects: the effects emitted by the core event being handled (None between events);
+            last_effects: those of the last event handled.
         connected_agents: None, or a callable returning the ids of the agents connected now
             (set by the agent channel); without it agents are never timed out.
         files: None, or the FileRequests that ask agents about files (set by the agent
@@ -184,8 +192,8 @@ class Controller(
         self.wall_offset = time.time() - self.now()  # UNIX time of controller time 0 (s)
         self.recorder: CoreRecorder | None = None  # core_log.py: the events, when recorded
         self.replaying = False  # core_log.replay is feeding recorded events
-        self.effects: list | None = None  # the effects of the event handled, when kept
-        self.last_effects: list | None = None  # those of the last event handled
+        self.effects: list[Effect] | None = None  # emitted by the event being handled
+        self.last_effects: list[Effect] | None = None  # those of the last event handled
         self.owner = OwnerLoop()  # the one owner of this state (owner_loop.py)
         self.agents_back = threading.Condition()  # notified on every registration
         self.started_mono = time.monotonic()
@@ -249,14 +257,12 @@ class Controller(
         self.owner.run(self._want_round, wan)
 
     def _want_round(self, wan: bool) -> None:
-        if self.effects is not None:
-            self.effects.append(["round", wan])
         if wan:
             if not self.wan_dirty:
                 self.wan_event_at = time.monotonic()
             self.wan_dirty = True
         self.round_wanted = True
-        self.round_asked.set()
+        emit(self, AskRound(wan))
 
     # ---- coflow API ---------------------------------------------------------------------
 

@@ -41,6 +41,7 @@ from typing import Any
 import msgspec
 
 from terra_controller.coflow_state import RegistryError
+from terra_controller.core_effects import logged, perform
 from terra_controller.submission import replayed_args
 
 LOG = logging.getLogger("terra.controller")
@@ -153,8 +154,9 @@ class CoreRecorder:
 class CoreEvent:
     """One recorded event: `seq` (0, 1, ...), `at` (controller seconds), `kind`, `args`
     (its arguments, plain values), `outcome` (what the handler answered), `effects` (what
-    it asked of others, in order: ["drop", coflow id, [flow ids], restart] for flows the
-    agents must drop or restart, ["round", wan] for a round asked for)."""
+    it asked of others, in order, core_effects.py: ["drop", coflow id, [flow ids], restart]
+    for flows the agents must drop or restart, ["round", wan] for a round asked for,
+    ["tick"] for the timer's listeners)."""
 
     seq: int
     at: float
@@ -187,8 +189,10 @@ def core_event(kind: str, encode: Callable[..., list] | None = None,
                outcome: Callable[[Any], object] | None = None) -> Callable:  # fmt: skip
     """Decorator: the Controller method is the handler of events `kind` (on the loop).
 
-    While it runs, `Controller.now()` is the event's time (read once, at its start); once it
-    returns (or raises), the event goes to the controller's recorder, if any.
+    While it runs, `Controller.now()` is the event's time (read once, at its start) and the
+    effects it emits (core_effects.emit) are kept; once it returns (or raises), the event
+    and its effects go to the controller's recorder, if any, and the effects are performed
+    in order (core_effects.perform; not while replaying).
 
     Args:
         kind: the event's name in the log.
@@ -204,20 +208,22 @@ def core_event(kind: str, encode: Callable[..., list] | None = None,
                 return method(self, *args)
             self.event_at = at = self.clock() - self.t0
             recorder, plain = self.recorder, None
+            self.effects = effects = []
             try:
                 plain = None if recorder is None else (encode or _as_list)(self, *args)
-                if recorder is not None or self.replaying:
-                    self.effects = []
                 result = method(self, *args)
             except Exception as exc:
                 if recorder is not None:
-                    recorder.write(at, kind, plain, error_outcome(exc), self.effects)
+                    recorder.write(at, kind, plain, error_outcome(exc), logged(effects))
                 raise
+            else:
+                if recorder is not None:
+                    recorder.write(at, kind, plain, (outcome or _same)(result), logged(effects))
             finally:
                 self.event_at = None
-                self.last_effects, self.effects = self.effects, None
-            if recorder is not None:
-                recorder.write(at, kind, plain, (outcome or _same)(result), self.last_effects)
+                self.last_effects, self.effects = effects, None
+                if not self.replaying:
+                    perform(self, effects)
             return result
 
         handle.core_event = kind  # type: ignore[attr-defined]
@@ -323,7 +329,7 @@ def _handle_at(controller: Any, handler: Callable, ev: CoreEvent) -> tuple[objec
     finally:
         controller.clock, controller.recorder = clock, recorder
         controller.replaying = False
-    return result, _as_logged(controller.last_effects or [])
+    return result, _as_logged(logged(controller.last_effects))
 
 
 def _as_logged(value: object) -> Any:

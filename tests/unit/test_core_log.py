@@ -229,3 +229,50 @@ def test_a_restarted_controller_s_log_starts_from_its_journal(tmp_path):
     third.close()
     code = run_replay(argparse.Namespace(log=tmp_path / "third.log", topology=None, show=5))
     assert code == 2 and pending > again
+
+
+def test_effects_are_performed_after_their_event_in_order_and_not_on_replay(tmp_path):
+    clock = StepClock()
+    c = make_controller(clock)
+    c.recorder = CoreRecorder(tmp_path / "core.log")
+    for agent, dc in AGENTS.items():
+        c.register_agent(agent, dc, "127.0.0.1:30000")
+    seen = []
+
+    def on_drop(coflow, flows, restart):  # (runs after the handler: the state is final)
+        seen.append(("drop", coflow.id, [f.id for f in flows], restart, coflow.state.value,
+                     c.effects is None, c.round_wanted))  # fmt: skip
+
+    def broken(*args):
+        raise RuntimeError("a listener that fails")
+
+    c.on_drop += [broken, on_drop]
+    c.on_tick.append(lambda: seen.append(("tick",)))
+    cid = c.submit([{"id": f"f{i}", "src": "a1", "dst": "c1", "bytes": 10**8} for i in range(2)])
+    c.run_round()
+    c.round_wanted = False
+    c.fail_flow(cid, "f1", "disk hiccup", retry=True)  # a restart: drop and send again
+    c.cancel(cid)
+    c.check_timeouts()
+    assert seen == [("drop", cid, ["f1"], True, "running", True, True),
+                    ("drop", cid, ["f0", "f1"], False, "cancelled", True, True),
+                    ("tick",)]  # fmt: skip
+    c.recorder.close()
+    events = list(read_events(tmp_path / "core.log"))
+    by_kind = {e.kind: e for e in events}
+    assert by_kind["fail_flow"].effects == [["drop", cid, ["f1"], True], ["round", False]]
+    assert by_kind["timeouts"].effects == [["tick"]]
+    again = make_controller()
+    again.on_drop.append(lambda *args: seen.append("replayed"))
+    again.on_tick.append(lambda: seen.append("replayed"))
+    assert replay(again, events).identical
+    assert "replayed" not in seen  # (a replay compares the effects and performs none)
+
+
+def test_an_effect_emitted_outside_an_event_is_performed_at_once():
+    c = make_controller()
+    c.round_wanted = False
+    c.round_asked = type(c.round_asked)()
+    c.want_round(wan=True)  # (not a core event: the round is asked for at once)
+    assert c.round_wanted and c.wan_dirty and c.round_asked.is_set()
+    assert c.effects is None and c.last_effects is None
