@@ -372,7 +372,8 @@ def run(args, topology, security) -> None:
         ("agent channel", args.agents, lambda h, p: start_agent_server(
             channel, h, p, capped(security, "agents"))),
         ("REST", args.rest, lambda h, p: start_rest_server(
-            rest_app, h, p, capped(rest_security, "rest"), args.rest_public)),
+            rest_app, h, p, capped(rest_security, "rest"), args.rest_public,
+            owner=controller.owner)),
     ]  # fmt: skip
     opened, started = start_listeners(servers)
     (t_api, api), (t_agents, agents), (t_rest, rest) = started

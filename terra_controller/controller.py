@@ -2,8 +2,8 @@
 
 `Controller` owns the `Topology`, the policy (normally `TerraPolicy`) and the
 `CoflowRegistry`, and its state has one owner: the trio loop `owner` (owner_loop.py,
-docs/runtime.md "One owner and the round"). The coflow API's and the agent channel's
-connections are tasks of that loop; REST, the OpenFlow app and worker threads call the
+docs/runtime.md "One owner and the round"). The coflow API's, the agent channel's and
+REST's connections are tasks of that loop; the OpenFlow app and worker threads call the
 public methods from their own threads, which hand the work to the loop and wait for it.
 What needs the policy (the admission of a submit or an update, link events) waits until
 no round holds it; a round copies the remaining bytes on the loop, allocates in the

@@ -118,6 +118,15 @@ class FrameReader:
         del self.buf[: 4 + len(whole)]
         return whole
 
+    async def read_some(self) -> bytes:
+        """What arrived beyond the frames read so far, else the next bytes the socket gives
+        (waiting as long as it takes; b"" at EOF)."""
+        if self.buf:
+            data, self.buf = bytes(self.buf), bytearray()
+            return data
+        data = self._recv_now()
+        return data if data is not None else await self._recv_some(wait_first=True)
+
     async def _fill(self, n: int) -> None:
         while len(self.buf) < n:
             data = await self._recv_some()

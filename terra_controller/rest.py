@@ -34,13 +34,15 @@ the page's files and /healthz, and the JSON only with an operator token in
 "Authorization: Bearer" (TokenGate; tokens from `terra-controller ctl login`,
 terra_security/tokens.py).
 
-A WSGI app (webob requests and responses, a routes Mapper) served by the standard
-library's wsgiref handler in a thread per authenticated request, behind the same
-admission as the coflow API (transport.accept_loop: caps per address and in total,
-TLS handshakes without a thread each, a whole-request deadline), started on os-ken's
-hub. Errors answer JSON {"error": text}: 400 for a malformed query (integers are
-ASCII digits only), 404 for unknown paths or coflows, 405 for other methods; a
-failing view answers 500 and the server keeps running.
+A WSGI app (webob requests and responses, a routes Mapper) served on the controller's
+loop: each authenticated connection is a task of it, its request read with h11 and
+answered by the app there (http_on_loop.py), behind the same admission as the coflow API
+(transport.accept_loop: caps per address and in total, TLS handshakes without a thread
+each, a whole-request deadline). A standby, which has no loop, serves /healthz with the
+standard library's wsgiref handler in a thread per connection. Errors answer JSON
+{"error": text}: 400 for a malformed query (integers are ASCII digits only), 404 for
+unknown paths or coflows, 405 for other methods; a failing view answers 500 and the
+server keeps running.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from terra_controller.console_views import (
     to_json,
 )
 from terra_controller.controller import Controller
+from terra_controller.http_on_loop import serve_wsgi_request
 from terra_controller.metrics import CONTENT_TYPE, ControllerCollector
 from terra_controller.tenant_api import rest_view, with_tenant
 from terra_controller.transport import (
@@ -464,9 +467,11 @@ class _OneRequest:
 
 
 class RestServer:
-    """A running REST server (what `start_rest_server` returns), and the server wsgiref's
-    request handler reads (`base_environ`, `get_app`); the connections come from
-    `transport.accept_loop` (the same admission, TLS handshake thread and caps as the API).
+    """A running REST server (what `start_rest_server` returns): its connections come from
+    `transport.accept_loop` (the same admission, TLS handshake thread and caps as the API)
+    and are served as tasks of the controller's loop (`handle_on_loop`), or, without an
+    owner loop, in a thread each by wsgiref's handler, which reads `base_environ` and
+    `get_app` here (`handle`).
 
     Attributes:
         listener: the listening socket.
@@ -478,6 +483,7 @@ class RestServer:
     def __init__(self, app: RestApp, public: bool) -> None:
         self.app, self.public, self.listener = app, public, None
         self.base_environ: dict[str, str] = {}
+        self.scheme = "http"  # wsgi.url_scheme of the loop's requests
         self.not_operator = RateLimitedLog(LOG, "REST: clients without an operator "
                                            "certificate refused")  # fmt: skip
 
@@ -487,24 +493,48 @@ class RestServer:
 
     def handle(self, sock, addr, identity) -> None:
         """Serve one HTTP request within REQUEST_TIMEOUT_S for the whole request and reply
-        (a peer trickling its request is cut off). A peer without an operator certificate
-        (unless `public`) reads the page's files and /healthz, and the rest only with an
-        operator token (TokenGate)."""
-        server = self
-        if not self.public and (identity is None or not identity.may(Role.OPERATOR)):
-            controller = getattr(self.app, "controller", None)
-            if controller is None:  # starting: no controller attached to the app yet
-                _reply_starting(sock)
-                return
-            gate = TokenGate(self.app, controller.token_key, controller.health,
-                             self.not_operator.event)  # fmt: skip
-            server = _OneRequest(self, gate)
+        (a peer trickling its request is cut off), in the connection's thread (a server
+        without an owner loop: a standby's). Who reads what: `app_for`."""
+        app = self.app_for(identity)
+        if app is None:  # starting: no controller attached to the app yet
+            _reply_starting(sock)
+            return
         sock.settimeout(REQUEST_TIMEOUT_S)
         try:
             with DEADLINES.guard(sock, REQUEST_TIMEOUT_S):
-                _QuietHandler(sock, addr, server)
+                _QuietHandler(sock, addr, _OneRequest(self, app))
         except (OSError, ValueError) as exc:
             LOG.debug("REST %s: %s", addr, exc)
+
+    async def handle_on_loop(self, sock, addr, identity) -> None:
+        """`handle` as a task of the controller's loop (http_on_loop.py: h11, the
+        application called on the loop), with the same deadline and answers."""
+        import trio
+
+        app = self.app_for(identity)
+        if app is None:
+            _reply_starting(sock)
+            return
+        with trio.move_on_after(REQUEST_TIMEOUT_S) as scope:
+            try:
+                await serve_wsgi_request(app, sock, addr, self.base_environ, self.scheme)
+            except OSError as exc:
+                LOG.debug("REST %s: %s", addr, exc)
+        if scope.cancelled_caught:
+            LOG.debug("REST %s: no whole request within %s s", addr, REQUEST_TIMEOUT_S)
+
+    def app_for(self, identity):
+        """The application a peer of `identity` gets: the whole app for an operator
+        certificate (or any peer when `public`); else TokenGate, which serves the page's
+        files and /healthz, and the rest only with an operator token; None while no
+        controller is attached to the app (starting: 503)."""
+        if self.public or (identity is not None and identity.may(Role.OPERATOR)):
+            return self.app
+        controller = getattr(self.app, "controller", None)
+        if controller is None:
+            return None
+        return TokenGate(self.app, controller.token_key, controller.health,
+                         self.not_operator.event)  # fmt: skip
 
     def shutdown(self) -> None:
         """Stop accepting (requests in progress finish)."""
@@ -556,11 +586,14 @@ def start_rest_server(
     public: bool = False,
     spawn=None,
     listeners: dict | None = None,
+    owner=None,
 ):
-    """Serve `app` on host:port (HTTP/1.0 over TLS, thread per authenticated request) on
-    os-ken's hub, behind `transport.accept_loop`'s admission: at most REST_CAP connections
-    (REST_CAP per address; fewer when `security` caps lower), TLS handshakes in one thread,
-    a whole-request deadline of REQUEST_TIMEOUT_S.
+    """Serve `app` on host:port (one request per connection, over TLS) behind
+    `transport.accept_loop`'s admission: at most REST_CAP connections (REST_CAP per
+    address; fewer when `security` caps lower), TLS handshakes in one thread, a
+    whole-request deadline of REQUEST_TIMEOUT_S. Each authenticated connection is a task
+    of `owner`, the controller's loop (`RestServer.handle_on_loop`), or without one a
+    thread of its own (a standby's /healthz).
 
     Args:
         security: ServerSecurity with the controller's TLS context (client certificates
@@ -573,6 +606,7 @@ def start_rest_server(
             daemon-thread starter).
         listeners: {server name: Admission} its connection counts go to (default: the
             app's controller's metrics).
+        owner: the controller's OwnerLoop, or None (a thread per connection).
 
     Returns:
         (server (call .shutdown() to stop), thread, bound (host, port)).
@@ -590,12 +624,13 @@ def start_rest_server(
     server.base_environ = _base_environ(host, port)
     if listeners is None:
         listeners = app.controller.metrics.listeners
+    scheme = "https" if security.context is not None else "http"
+    server.scheme = scheme
     server.listener, thread, bound = listen_and_serve(
-        host, port, server.handle, security, spawn, optional=True, name="REST",
-        listeners=listeners,
+        host, port, server.handle if owner is None else server.handle_on_loop, security,
+        spawn, optional=True, name="REST", listeners=listeners, owner=owner,
     )  # fmt: skip
     server.base_environ = _base_environ(*bound)
-    scheme = "https" if security.context is not None else "http"
     LOG.info("REST on %s://%s:%d%s", scheme, *bound, " (public)" if public else "")
     return server, thread, bound
 

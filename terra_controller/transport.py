@@ -1,9 +1,10 @@
 """Accepting connections for the controller's servers: TLS, identities, deadlines, caps.
 
 Used by the coflow API (api_server.py), the agent channel (agent_channel.py) and
-REST (rest.py), which run one native thread per authenticated connection
-(os-ken's hub is native threads here). What every connection goes through,
-before a server sees a byte of it (docs/security.md):
+REST (rest.py), whose authenticated connections are tasks of the controller's loop
+(`owner`), or native threads of their own without one (a standby's servers; os-ken's
+hub is native threads here). What every connection goes through, before a server sees
+a byte of it (docs/security.md):
 
 1. admission: at most `max_connections` at once per server and
    `max_per_address` from one IP address; beyond that it is closed at once, except
@@ -15,7 +16,8 @@ before a server sees a byte of it (docs/security.md):
    sending one byte a second is cut off too), run by one `Handshakes` thread per
    server (an idle connection holds a descriptor, not a thread); the peer's
    Identity is its certificate's name and role;
-3. the server's handler(sock, addr, identity), in a thread of its own.
+3. the server's handler(sock, addr, identity): a task of the owner loop on the
+   non-blocking socket, or in a thread of its own.
 
 Without an SSL context (`--insecure`) step 2 is skipped and every peer gets
 `pki.INSECURE`. Out of descriptors (EMFILE) the accept loop backs off and keeps

@@ -3,6 +3,7 @@ with TerraPolicy."""
 
 import base64
 import json
+import socket
 import ssl
 import threading
 import time
@@ -62,7 +63,13 @@ def serve(pki, public=False, optional=False):
         else security(pki)
     )
     server, _, (host, port) = start_rest_server(
-        RestApp(controller, channel), "127.0.0.1", 0, sec, public, daemon_spawn
+        RestApp(controller, channel),
+        "127.0.0.1",
+        0,
+        sec,
+        public,
+        daemon_spawn,
+        owner=controller.owner,
     )
     base = f"https://{host}:{port}"
     CONTEXT[base] = context(pki, "operator1")
@@ -488,3 +495,69 @@ def test_an_operator_token_opens_rest_without_a_certificate(pki):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def raw_exchange(port, data: bytes, wait_s: float = 5.0) -> bytes:
+    """Send `data` on a plain connection to 127.0.0.1:port and read until it closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=wait_s) as sock:
+        sock.sendall(data)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+    return out
+
+
+@pytest.fixture
+def plain_rest():
+    """A REST server on the controller's loop without TLS (--insecure --rest-public)."""
+    links = {("A", "B"): CAP, ("B", "A"): CAP}
+    topology = Topology("pair", ["A", "B"], links)
+    controller = Controller(topology, TerraPolicy(topology, k=1))
+    server, _, (_, port) = start_rest_server(
+        RestApp(controller), "127.0.0.1", 0, None, True, daemon_spawn, listeners={},
+        owner=controller.owner,
+    )  # fmt: skip
+    yield controller, port
+    server.shutdown()
+    controller.close()
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"garbage\r\n\r\n", b"400"),  # no request line
+        (b"GET /status HTTP/1.1\r\n\r\n", b"400"),  # HTTP/1.1 without Host
+        (b"GET /status HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", b"400"),
+        (b"GET /status HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 20_000 + b"\r\n\r\n", b"431"),
+        (
+            b"POST /coflows HTTP/1.1\r\nHost: x\r\nContent-Length: 70000\r\n\r\n" + b"a" * 70_000,
+            b"413",
+        ),
+        (b"POST /coflows HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", b"405"),
+        (b"GET /status HTTP/1.0\r\n\r\n", b"200"),
+    ],
+)
+def test_malformed_and_oversized_requests_get_one_answer_and_the_server_goes_on(
+    plain_rest, request_bytes, status
+):
+    _, port = plain_rest
+    reply = raw_exchange(port, request_bytes)
+    assert reply.split(b" ", 2)[1] == status, reply[:200]
+    assert b"Connection: close" in reply
+    assert raw_exchange(port, b"GET /healthz HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.1 200 OK")
+
+
+def test_a_trickling_peer_is_cut_off_and_the_loop_serves_meanwhile(plain_rest, monkeypatch):
+    """REST runs on the controller's loop: a peer sending half a request holds neither the
+    loop nor other requests, and is closed at the whole-request deadline."""
+    import terra_controller.rest as rest_module
+
+    monkeypatch.setattr(rest_module, "REQUEST_TIMEOUT_S", 0.5)
+    controller, port = plain_rest
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as slow:
+        slow.sendall(b"GET /sta")
+        t0 = time.monotonic()
+        assert raw_exchange(port, b"GET /status HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.1 200")
+        assert controller.owner.run(lambda: controller.owner.on_loop)
+        assert slow.recv(100) == b""  # closed without an answer
+        assert 0.3 < time.monotonic() - t0 < 4.0
