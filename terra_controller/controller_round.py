@@ -82,12 +82,17 @@ class ControllerRounds:
 
     def _round_begin(self, at: float) -> tuple[float, dict]:
         """The round's snapshot (core event "round", at `at` controller seconds): the
-        coflows that left go from the policy, and the remaining bytes are copied.
+        coflows that left go from the policy, the remaining bytes are copied, and a policy
+        with a `begin_round()` takes what changed outside it (tenants.LiveTenantPolicy: the
+        tenant book's changes); its `end_round(remaining)`, if any, runs in `_round_end`.
         Returns (`at`, {coflow key: {flow id: remaining bytes}})."""
         self.event_at = at
         try:
             self._drain_leaving()
             remaining = self.registry.remaining(self._connectivity())
+            begin = getattr(self.policy, "begin_round", None)
+            if begin is not None:  # (tenants.LiveTenantPolicy: the book's changes)
+                begin()
         finally:
             self.event_at = None
         if self.recorder is not None:
@@ -98,6 +103,9 @@ class ControllerRounds:
         """Apply the policy's `allocation` (core event "round_applied", at `at`): rates and
         coflow states; recorded with the rates' digest."""
         states = self._policy_states(remaining)
+        end = getattr(self.policy, "end_round", None)
+        if end is not None:  # (tenants.LiveTenantPolicy: the round noted in the book)
+            end(remaining)
         _trim_policy_stats(self.policy)
         self.allocation = allocation
         self.rates = flow_rates(allocation, self.registry)

@@ -9,15 +9,15 @@ A bounded, numbered log of the few events that change what the WAN or a coflow d
     agent_registered / agent_lost  an agent (re-)registered, or its control connection ended
 
 Each event is {"seq": n (1, 2, ... in order), "t": wall-clock UNIX seconds, "kind", ...
-fields of the kind}. The controller appends with `add` at the points these happen (under
-its locks or not: the log has its own); REST /events?since=N returns the events after N.
+fields of the kind}. The controller appends with `add` at the points these happen and
+REST /events?since=N returns the events after N, both on the controller's loop (its one
+owner, owner_loop.py), so the log takes no lock.
 At most `capacity` events are kept; older ones are dropped (a reader whose `since` is
 older than the first kept event sees "dropped" > 0).
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import deque
 
@@ -25,7 +25,7 @@ EVENTS_KEPT = 1000  # events kept in memory (the oldest are dropped)
 
 
 class EventLog:
-    """A bounded, numbered in-memory event log, safe to use from any thread.
+    """A bounded, numbered in-memory event log, used from one thread (the controller's loop).
 
     Args:
         capacity: events kept (>= 1).
@@ -42,15 +42,13 @@ class EventLog:
         self.clock = clock
         self.seq = 0  # the last event's number
         self._events: deque[dict] = deque(maxlen=capacity)
-        self._lock = threading.Lock()
 
     def add(self, kind: str, **fields) -> dict:
         """Append an event of `kind` with `fields` (JSON values); returns it."""
-        with self._lock:
-            self.seq += 1
-            event = {"seq": self.seq, "t": self.clock(), "kind": kind, **fields}
-            self._events.append(event)
-            return event
+        self.seq += 1
+        event = {"seq": self.seq, "t": self.clock(), "kind": kind, **fields}
+        self._events.append(event)
+        return event
 
     def since(self, seq: int, limit: int | None = None) -> dict:
         """The events numbered above `seq`, oldest first.
@@ -63,12 +61,11 @@ class EventLog:
             {"events": [...], "last": the newest event number now, "dropped": events after
             `seq` no longer kept (the log is bounded)}. O(returned events).
         """
-        with self._lock:
-            events = self._events
-            first = events[0]["seq"] if events else self.seq + 1
-            skip = max(0, seq + 1 - first)
-            count = len(events) - skip
-            if limit is not None:
-                count = min(count, max(0, limit))
-            out = [events[i] for i in range(skip, skip + count)] if count > 0 else []
-            return {"events": out, "last": self.seq, "dropped": max(0, first - seq - 1)}
+        events = self._events
+        first = events[0]["seq"] if events else self.seq + 1
+        skip = max(0, seq + 1 - first)
+        count = len(events) - skip
+        if limit is not None:
+            count = min(count, max(0, limit))
+        out = [events[i] for i in range(skip, skip + count)] if count > 0 else []
+        return {"events": out, "last": self.seq, "dropped": max(0, first - seq - 1)}

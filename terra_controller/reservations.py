@@ -115,22 +115,21 @@ def reserve(book, name: object, fields: dict) -> dict:
         spec = make_spec(fields)
     except TenantsError as exc:
         raise RegistryError("bad_request", str(exc)) from None
-    with book.lock:
-        if not isinstance(name, str) or name not in book.limits:
-            raise RegistryError("unknown_tenant", f"no tenant {name!r:.70}")
-        lim = book.limits[name]
-        trial = dict(book.limits)
-        trial[name] = _with(lim, [*lim.reservations, spec])
-        topology, k = _context(book)
-        try:
-            check_reserved_cap(f"tenant {name}", trial[name])
-            failures = admit(trial, topology, k)
-        except TenantsError as exc:
-            code = "bad_request" if "unknown DC" in str(exc) else "reservation_refused"
-            # over the tenant's max_reserved_bytes_per_s, or not fitting the WAN
-            raise RegistryError(code, str(exc)) from None
-        book.limits, book.failures = trial, failures
-        book.version += 1
+    if not isinstance(name, str) or name not in book.limits:
+        raise RegistryError("unknown_tenant", f"no tenant {name!r:.70}")
+    lim = book.limits[name]
+    trial = dict(book.limits)
+    trial[name] = _with(lim, [*lim.reservations, spec])
+    topology, k = _context(book)
+    try:
+        check_reserved_cap(f"tenant {name}", trial[name])
+        failures = admit(trial, topology, k)
+    except TenantsError as exc:
+        code = "bad_request" if "unknown DC" in str(exc) else "reservation_refused"
+        # over the tenant's max_reserved_bytes_per_s, or not fitting the WAN
+        raise RegistryError(code, str(exc)) from None
+    book.limits, book.failures = trial, failures
+    book.version += 1
     book.save(changed=True)
     LOG.info("tenant %s reserved %s", name, fields)
     return book.row(name)
@@ -142,22 +141,21 @@ def unreserve(book, name: object, src: object, dst: object) -> dict:
     Raises:
         RegistryError: "unknown_tenant"; "bad_request": it has none on that pair.
     """
-    with book.lock:
-        if not isinstance(name, str) or name not in book.limits:
-            raise RegistryError("unknown_tenant", f"no tenant {name!r:.70}")
-        lim = book.limits[name]
-        kept = [s for s in lim.reservations if (s.src, s.dst) != (src, dst)]
-        if len(kept) == len(lim.reservations):
-            raise RegistryError("bad_request", f"tenant {name!r} has no reservation "
-                                f"from {src!r:.40} to {dst!r:.40}")  # fmt: skip
-        book.limits = dict(book.limits) | {name: _with(lim, kept)}
-        book.version += 1
-        book.failures = None
-        if any(x.reservations for x in book.limits.values()):
-            try:  # fewer guarantees still fit: only the failure lists can change
-                book.failures = admit(book.limits, *_context(book))
-            except TenantsError as exc:  # e.g. the topology changed since: keep going
-                LOG.warning("reservations after unreserve: %s", exc)
+    if not isinstance(name, str) or name not in book.limits:
+        raise RegistryError("unknown_tenant", f"no tenant {name!r:.70}")
+    lim = book.limits[name]
+    kept = [s for s in lim.reservations if (s.src, s.dst) != (src, dst)]
+    if len(kept) == len(lim.reservations):
+        raise RegistryError("bad_request", f"tenant {name!r} has no reservation "
+                            f"from {src!r:.40} to {dst!r:.40}")  # fmt: skip
+    book.limits = dict(book.limits) | {name: _with(lim, kept)}
+    book.version += 1
+    book.failures = None
+    if any(x.reservations for x in book.limits.values()):
+        try:  # fewer guarantees still fit: only the failure lists can change
+            book.failures = admit(book.limits, *_context(book))
+        except TenantsError as exc:  # e.g. the topology changed since: keep going
+            LOG.warning("reservations after unreserve: %s", exc)
     book.save(changed=True)
     LOG.info("tenant %s unreserved %s->%s", name, src, dst)
     return book.row(name)
@@ -182,5 +180,4 @@ def live_reservations(book) -> list:
     it started: UNIX time minus the clock's offset), for TenantPolicy.set_reservations."""
     controller = book.controller
     offset = controller.wall_offset if controller is not None else 0.0
-    with book.lock:
-        return core_reservations(book.limits, offset)
+    return core_reservations(book.limits, offset)

@@ -208,7 +208,8 @@ class RestApp:
 
     def _events(self, request: Request) -> Response:
         """The event log after ?since=N (default 0: every event kept)."""
-        return _json(self.controller.events.since(_digits(request, "since", 0)))
+        since = _digits(request, "since", 0)
+        return _json(self.controller.owner.run(self.controller.events.since, since))
 
     def _metrics(self, request: Request) -> Response:
         return Response(body=self.controller.metrics.render(), content_type=CONTENT_TYPE)

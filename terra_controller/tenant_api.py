@@ -73,6 +73,11 @@ def op_tenant(handler, request: dict, identity: Identity) -> dict:
     """ "tenant": the caller's own tenant's row (jobs), or `name`'s (operators)."""
     _only(request, {"name"})
     book = book_of(handler.controller)
+    return handler.controller.owner.run(_tenant_row, book, request, identity)
+
+
+def _tenant_row(book, request: dict, identity: Identity) -> dict:
+    """op_tenant's answer, on the controller's loop (the book's owner)."""
     if identity.role is Role.JOB and not identity.insecure:
         name = book.resolve(identity.tenant)  # a job sees its own tenant only
     elif "name" in request:
@@ -89,7 +94,7 @@ def op_tenant(handler, request: dict, identity: Identity) -> dict:
 def op_tenants(handler, request: dict, identity: Identity) -> dict:
     """ "tenants": TenantBook.view."""
     _only(request, set())
-    return book_of(handler.controller).view()
+    return handler.controller.owner.run(book_of(handler.controller).view)
 
 
 def op_tenant_set(handler, request: dict, identity: Identity) -> dict:
@@ -125,8 +130,10 @@ def op_tenant_reserve(handler, request: dict, identity: Identity) -> dict:
     keys = {"src", "dst", "rate_bytes_per_s", "ceil_bytes_per_s", "start_s", "end_s"}
     _only(request, keys | {"name"})
     book = book_of(handler.controller)
-    name = _reserving_for(book, request, identity)
-    if identity.role is Role.JOB and not identity.insecure and book.reserve_cap(name) is None:
+    name, cap = handler.controller.owner.run(
+        lambda: (n := _reserving_for(book, request, identity), book.reserve_cap(n))
+    )
+    if identity.role is Role.JOB and not identity.insecure and cap is None:
         raise RegistryError("forbidden", f"tenant {name!r} has no max_reserved_bytes_per_s: "
                             "only an operator reserves for it")  # fmt: skip
     fields = {k: v for k, v in request.items() if k in keys}
@@ -137,7 +144,7 @@ def op_tenant_unreserve(handler, request: dict, identity: Identity) -> dict:
     """ "tenant_unreserve": drop the tenant's reservations on a pair."""
     _only(request, {"name", "src", "dst"})
     book = book_of(handler.controller)
-    name = _reserving_for(book, request, identity)
+    name = handler.controller.owner.run(_reserving_for, book, request, identity)
     args = [name, request.get("src"), request.get("dst")]
     return {"tenant": handler.controller.tenant_change("unreserve", args)}
 
@@ -195,7 +202,7 @@ def submit_tenant(controller, identity: Identity) -> None:
     """
     book = getattr(controller, "tenants", None)
     if book is not None:
-        book.learn(identity)
+        controller.owner.run(book.learn, identity)
 
 
 def with_tenant(controller, status: dict) -> dict:
@@ -203,7 +210,8 @@ def with_tenant(controller, status: dict) -> dict:
     book = getattr(controller, "tenants", None)
     tenant = None
     if book is not None:
-        tenant = book.tenant_of_coflow(status["id"], controller.owner_of(status["id"])[1])
+        owner = controller.owner_of(status["id"])[1]
+        tenant = controller.owner.run(book.tenant_of_coflow, status["id"], owner)
     status["tenant"] = tenant
     return status
 
@@ -211,7 +219,9 @@ def with_tenant(controller, status: dict) -> dict:
 def rest_view(controller) -> dict:
     """REST /tenants: TenantBook.view, or {"isolation": "none", "tenants": []}."""
     book = getattr(controller, "tenants", None)
-    return {"isolation": "none", "tenants": []} if book is None else book.view()
+    if book is None:
+        return {"isolation": "none", "tenants": []}
+    return controller.owner.run(book.view)
 
 
 class TenantCollector:
@@ -226,7 +236,8 @@ class TenantCollector:
 
     def collect(self):
         """One series per configured tenant, and the last round's guarantee."""
-        view = self.book.view()
+        book = self.book
+        view, progress_now = book.on_loop(lambda: (book.view(), dict(book.progress)))
         families = {
             "weight": GaugeMetricFamily(
                 "terra_tenant_weight", "The tenant's weight", labels=["tenant"]
@@ -260,7 +271,7 @@ class TenantCollector:
             "The tenant's weighted progress P_t/s_t in the last round with two or more "
             "tenants active (its isolation guarantee)", labels=["tenant"],
         )  # fmt: skip
-        for tenant, value in sorted(self.book.progress.items()):
+        for tenant, value in sorted(progress_now.items()):
             if math.isfinite(value):
                 progress.add_metric([tenant], float(value))
         yield progress

@@ -14,7 +14,11 @@ first one listed.
 
 `TenantBook` is the live state: the tenants (weight, limits), the default, which job names
 belong to which tenant (learned from their certificates, so coflows resumed after a restart
-keep their tenant), and each active coflow's tenant. Operators change it with `ctl tenant
+keep their tenant), and each active coflow's tenant. Like the coflow registry it has one
+owner, the controller's loop, and no lock: the API's worker threads, REST and metrics hand
+their reads and changes to the loop (`on_loop`), and the round's worker thread does not
+touch it (LiveTenantPolicy takes its changes in `begin_round` and notes the round in
+`end_round`, both on the loop). Operators change it with `ctl tenant
 set|remove` (tenant_api.py); the policy takes a change at its next round. Every change is
 kept in the controller's journal ("t" line, journal.py; with --etcd in the shared store, so
 a new leader has it): a restart or failover keeps the live changes. The file is the
@@ -31,7 +35,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import threading
 import time
 
 from terra_controller.coflow_state import RegistryError, parse_coflow_key
@@ -79,7 +82,6 @@ class TenantBook:
     """
 
     def __init__(self, config: TenantsFile, source: bytes = b"") -> None:
-        self.lock = threading.RLock()
         self.limits: dict[str, TenantLimits] = dict(config.tenants)
         self.default: DefaultTenant = config.default
         self.sharing = config.sharing
@@ -99,25 +101,28 @@ class TenantBook:
         self.failures: dict | None = None
         self.where = "tenants"
 
+    def on_loop(self, fn, *args):
+        """`fn(*args)` on the controller's loop, the book's one owner (at once for a book
+        no controller holds yet); for callers in other threads."""
+        controller = self.controller
+        return fn(*args) if controller is None else controller.owner.run(fn, *args)
+
     # ---- whose coflow -------------------------------------------------------------------
 
     def weights(self) -> dict[str, float]:
         """{tenant: weight}, in order."""
-        with self.lock:
-            return {t: lim.weight for t, lim in self.limits.items()}
+        return {t: lim.weight for t, lim in self.limits.items()}
 
     def reserve_cap(self, name: str) -> float | None:
         """Tenant `name`'s max_reserved_bytes_per_s (None: none, or no such tenant)."""
-        with self.lock:
-            lim = self.limits.get(name)
-            return None if lim is None else lim.max_reserved_bytes_per_s
+        lim = self.limits.get(name)
+        return None if lim is None else lim.max_reserved_bytes_per_s
 
     def fallback(self) -> str:
         """The tenant of in-process submits: the default's, else the first listed."""
-        with self.lock:
-            if self.default.action == "map" and self.default.tenant in self.limits:
-                return self.default.tenant
-            return next(iter(self.limits))
+        if self.default.action == "map" and self.default.tenant in self.limits:
+            return self.default.tenant
+        return next(iter(self.limits))
 
     def resolve(self, tenant: str) -> str:
         """The tenant a job of certificate tenant `tenant` is scheduled in.
@@ -125,11 +130,10 @@ class TenantBook:
         Raises:
             RegistryError("unknown_tenant"): not listed, and the default refuses.
         """
-        with self.lock:
-            if tenant in self.limits:
-                return tenant
-            if self.default.action == "map" and self.default.tenant in self.limits:
-                return self.default.tenant
+        if tenant in self.limits:
+            return tenant
+        if self.default.action == "map" and self.default.tenant in self.limits:
+            return self.default.tenant
         raise RegistryError("unknown_tenant", f"tenant {tenant!r} is not served here")
 
     def learn(self, identity) -> str:
@@ -142,9 +146,8 @@ class TenantBook:
         if identity.insecure:
             return self.fallback()
         tenant = self.resolve(identity.tenant)
-        with self.lock:
-            known = self.owners.get(identity.name)
-            self.owners[identity.name] = tenant
+        known = self.owners.get(identity.name)
+        self.owners[identity.name] = tenant
         if known != tenant:
             self.save()
         return tenant
@@ -152,12 +155,11 @@ class TenantBook:
     def owner_tenant(self, owner: str | None) -> str:
         """The tenant of a coflow of `owner` (None: in-process): the one its certificate
         gave when still listed, else the default's or the first listed."""
-        with self.lock:
-            tenant = self.owners.get(owner) if owner is not None else None
-            if tenant in self.limits:
-                return tenant
-            if owner is not None and owner in self.limits and owner not in self.owners:
-                return owner
+        tenant = self.owners.get(owner) if owner is not None else None
+        if tenant in self.limits:
+            return tenant
+        if owner is not None and owner in self.limits and owner not in self.owners:
+            return owner
         return self.fallback()
 
     def admit(self, key: str, owner: str | None, wan_bytes: float) -> str:
@@ -168,28 +170,26 @@ class TenantBook:
             RegistryError("tenant_limit"): max_coflows or max_bytes would be exceeded.
         """
         tenant = self.owner_tenant(owner)
-        with self.lock:
-            lim = self.limits[tenant]
-            mine = [k for k, t in self.coflows.items() if t == tenant and k != key]
-            if lim.max_coflows is not None and len(mine) >= lim.max_coflows:
-                raise RegistryError(
-                    "tenant_limit", f"tenant {tenant!r} has {len(mine)} active coflows "
-                    f"(max_coflows {lim.max_coflows})",
-                )  # fmt: skip
-            held = sum(self.in_flight.get(k, 0.0) for k in mine)
-            if lim.max_bytes is not None and held + wan_bytes > lim.max_bytes:
-                raise RegistryError(
-                    "tenant_limit", f"tenant {tenant!r} would have {held + wan_bytes:.0f} "
-                    f"bytes in flight (max_bytes {lim.max_bytes})",
-                )  # fmt: skip
-            self.coflows[key] = tenant
-            self.in_flight[key] = float(wan_bytes)
+        lim = self.limits[tenant]
+        mine = [k for k, t in self.coflows.items() if t == tenant and k != key]
+        if lim.max_coflows is not None and len(mine) >= lim.max_coflows:
+            raise RegistryError(
+                "tenant_limit", f"tenant {tenant!r} has {len(mine)} active coflows "
+                f"(max_coflows {lim.max_coflows})",
+            )  # fmt: skip
+        held = sum(self.in_flight.get(k, 0.0) for k in mine)
+        if lim.max_bytes is not None and held + wan_bytes > lim.max_bytes:
+            raise RegistryError(
+                "tenant_limit", f"tenant {tenant!r} would have {held + wan_bytes:.0f} "
+                f"bytes in flight (max_bytes {lim.max_bytes})",
+            )  # fmt: skip
+        self.coflows[key] = tenant
+        self.in_flight[key] = float(wan_bytes)
         return tenant
 
     def tenant_of_coflow(self, coflow_id: int, owner: str | None) -> str:
         """The tenant of a coflow: the policy's while it is active, else its owner's."""
-        with self.lock:
-            tenant = self.coflows.get(str(coflow_id))
+        tenant = self.coflows.get(str(coflow_id))
         return tenant if tenant is not None else self.owner_tenant(owner)
 
     # ---- live changes -------------------------------------------------------------------
@@ -207,19 +207,18 @@ class TenantBook:
             RegistryError("bad_request"): a bad name or value, or a reservation cap below
                 what its reservations hold; nothing changed.
         """
-        with self.lock:
-            known = isinstance(name, str) and name in self.limits
-            held = self.limits[name].reservations if known else []
-            try:
-                limits = make_limits(name, weight, max_coflows, max_bytes, list(held),
-                                     max_reserved_bytes_per_s)  # fmt: skip
-            except TenantsError as exc:
-                raise RegistryError("bad_request", str(exc)) from None
-            clash = [t for t in self.limits if t.lower() == name.lower() and t != name]
-            if clash:
-                raise RegistryError("bad_request", f"tenant {name!r} clashes with {clash[0]!r}")
-            self.limits[name] = limits
-            self.version += 1
+        known = isinstance(name, str) and name in self.limits
+        held = self.limits[name].reservations if known else []
+        try:
+            limits = make_limits(name, weight, max_coflows, max_bytes, list(held),
+                                 max_reserved_bytes_per_s)  # fmt: skip
+        except TenantsError as exc:
+            raise RegistryError("bad_request", str(exc)) from None
+        clash = [t for t in self.limits if t.lower() == name.lower() and t != name]
+        if clash:
+            raise RegistryError("bad_request", f"tenant {name!r} clashes with {clash[0]!r}")
+        self.limits[name] = limits
+        self.version += 1
         self.save(changed=True)
         LOG.info("tenant %s set: %s", name, as_dict(limits))
         return self.row(name)
@@ -231,18 +230,17 @@ class TenantBook:
             RegistryError: "unknown_tenant"; "bad_request": the last tenant, the default's
                 target, or one with active coflows; nothing changed.
         """
-        with self.lock:
-            if not isinstance(name, str) or name not in self.limits:
-                raise RegistryError("unknown_tenant", f"no tenant {name!r:.70}")
-            if len(self.limits) == 1:
-                raise RegistryError("bad_request", f"{name!r} is the only tenant")
-            if self.default.action == "map" and self.default.tenant == name:
-                raise RegistryError("bad_request", f"{name!r} is the default tenant")
-            active = sum(1 for t in self.coflows.values() if t == name)
-            if active:
-                raise RegistryError("bad_request", f"tenant {name!r} has {active} active coflows")
-            del self.limits[name]
-            self.version += 1
+        if not isinstance(name, str) or name not in self.limits:
+            raise RegistryError("unknown_tenant", f"no tenant {name!r:.70}")
+        if len(self.limits) == 1:
+            raise RegistryError("bad_request", f"{name!r} is the only tenant")
+        if self.default.action == "map" and self.default.tenant == name:
+            raise RegistryError("bad_request", f"{name!r} is the default tenant")
+        active = sum(1 for t in self.coflows.values() if t == name)
+        if active:
+            raise RegistryError("bad_request", f"tenant {name!r} has {active} active coflows")
+        del self.limits[name]
+        self.version += 1
         self.save(changed=True)
         LOG.info("tenant %s removed", name)
 
@@ -250,12 +248,11 @@ class TenantBook:
 
     def record(self) -> dict:
         """The journal's "t" record: the file's digest, tenants, default and owners."""
-        with self.lock:
-            return {
-                "src": self.digest,
-                "tenants": {t: as_dict(lim) for t, lim in self.limits.items()},
-                "owners": dict(self.owners),
-            }
+        return {
+            "src": self.digest,
+            "tenants": {t: as_dict(lim) for t, lim in self.limits.items()},
+            "owners": dict(self.owners),
+        }
 
     def restore(self, record: object) -> bool:
         """Take the tenants of a journaled record made from this file (same digest) and
@@ -265,10 +262,9 @@ class TenantBook:
             return False
         owners = record.get("owners")
         if isinstance(owners, dict):
-            with self.lock:
-                self.owners.update(
-                    {o: t for o, t in owners.items() if isinstance(o, str) and isinstance(t, str)}
-                )  # fmt: skip
+            self.owners.update(
+                {o: t for o, t in owners.items() if isinstance(o, str) and isinstance(t, str)}
+            )  # fmt: skip
         tenants = record.get("tenants")
         if record.get("src") != self.digest or not isinstance(tenants, dict) or not tenants:
             return False
@@ -279,9 +275,8 @@ class TenantBook:
             return False
         if self.default.action == "map" and self.default.tenant not in limits:
             return False
-        with self.lock:
-            self.limits = limits
-            self.version += 1
+        self.limits = limits
+        self.version += 1
         return True
 
     def save(self, changed: bool = False) -> None:
@@ -307,32 +302,30 @@ class TenantBook:
         now), "active_coflows", "bytes_in_flight", "allocated_bytes_per_s", "progress" (its
         weighted progress in the last round with two or more tenants active, else None)}."""
         rates = self.rates() if rates is None else rates
-        with self.lock:
-            lim = self.limits[name]
-            total = sum(x.weight for x in self.limits.values())
-            keys = [k for k, t in self.coflows.items() if t == name]
-            return {
-                "name": name, "weight": lim.weight, "share": lim.weight / total,
-                "max_coflows": lim.max_coflows, "max_bytes": lim.max_bytes,
-                "max_reserved_bytes_per_s": lim.max_reserved_bytes_per_s,
-                "reservations": as_dict(lim)["reservations"],
-                "reserved_bytes_per_s": reserved_now(lim.reservations, time.time()),
-                "active_coflows": len(keys),
-                "bytes_in_flight": sum(self.in_flight.get(k, 0.0) for k in keys),
-                "allocated_bytes_per_s": rates.get(name, 0.0),
-                "progress": _finite(self.progress.get(name)),
-            }  # fmt: skip
+        lim = self.limits[name]
+        total = sum(x.weight for x in self.limits.values())
+        keys = [k for k, t in self.coflows.items() if t == name]
+        return {
+            "name": name, "weight": lim.weight, "share": lim.weight / total,
+            "max_coflows": lim.max_coflows, "max_bytes": lim.max_bytes,
+            "max_reserved_bytes_per_s": lim.max_reserved_bytes_per_s,
+            "reservations": as_dict(lim)["reservations"],
+            "reserved_bytes_per_s": reserved_now(lim.reservations, time.time()),
+            "active_coflows": len(keys),
+            "bytes_in_flight": sum(self.in_flight.get(k, 0.0) for k in keys),
+            "allocated_bytes_per_s": rates.get(name, 0.0),
+            "progress": _finite(self.progress.get(name)),
+        }  # fmt: skip
 
     def rates(self) -> dict[str, float]:
         """{tenant: bytes/s the last round gave its coflows} (the controller's allocation)."""
         allocation = self.controller.allocation if self.controller is not None else {}
         out: dict[str, float] = {}
-        with self.lock:
-            for key, flows in allocation.items():
-                tenant = self.coflows.get(key)
-                if tenant is not None:
-                    rate = sum(r for lst in flows.values() for _, r in lst)
-                    out[tenant] = out.get(tenant, 0.0) + rate
+        for key, flows in allocation.items():
+            tenant = self.coflows.get(key)
+            if tenant is not None:
+                rate = sum(r for lst in flows.values() for _, r in lst)
+                out[tenant] = out.get(tenant, 0.0) + rate
         return out
 
     def view(self) -> dict:
@@ -341,14 +334,13 @@ class TenantBook:
         fewer than two tenants active), "reservation_failures" (`failures`),
         "tenants": [row, ...]}."""
         rates = self.rates()
-        with self.lock:
-            names = list(self.limits)
-            head = {
-                "isolation": "tenants", "sharing": self.sharing, "order": self.order,
-                "default": {"action": self.default.action, "tenant": self.default.tenant},
-                "guarantee": _finite(self.guarantee), "achieved": _finite(self.achieved),
-                "reservation_failures": self.failures,
-            }  # fmt: skip
+        names = list(self.limits)
+        head = {
+            "isolation": "tenants", "sharing": self.sharing, "order": self.order,
+            "default": {"action": self.default.action, "tenant": self.default.tenant},
+            "guarantee": _finite(self.guarantee), "achieved": _finite(self.achieved),
+            "reservation_failures": self.failures,
+        }  # fmt: skip
         return head | {"tenants": [self.row(n, rates) for n in names]}
 
 
@@ -372,6 +364,7 @@ class LiveTenantPolicy:
         self.inner = inner
         self.book = book
         self.applied = -1  # the book's reservations are taken at the first round
+        self._guarantees = 0  # rounds with a guarantee before this round's allocate
 
     def __getattr__(self, attr: str):
         if attr.startswith("__"):
@@ -395,20 +388,17 @@ class LiveTenantPolicy:
         """Register `coflow` with its tenant's Terra (the book's, else its owner's)."""
         self._sync()
         book = self.book
-        with book.lock:
-            tenant = book.coflows.get(coflow.id)
+        tenant = book.coflows.get(coflow.id)
         if tenant is None:  # entering the policy later (update of an intra-DC coflow)
             owner = None
             if book.controller is not None:
                 owner = book.controller.owner_of(parse_coflow_key(coflow.id))[1]
             tenant = book.owner_tenant(owner)
-            with book.lock:
-                book.coflows[coflow.id] = tenant
-                book.in_flight[coflow.id] = coflow.wan_bytes
+            book.coflows[coflow.id] = tenant
+            book.in_flight[coflow.id] = coflow.wan_bytes
         if tenant not in self.inner.spec.weights:  # removed meanwhile: the default's
             tenant = book.fallback()
-            with book.lock:
-                book.coflows[coflow.id] = tenant
+            book.coflows[coflow.id] = tenant
         self.inner.spec.tenant_of[coflow.id] = tenant
         ok = False
         try:
@@ -421,9 +411,8 @@ class LiveTenantPolicy:
     def add_flows(self, coflow_id: str, flows: list, now: float) -> None:
         """As TerraPolicy.add_flows; the coflow's bytes in flight grow."""
         self.inner.add_flows(coflow_id, flows, now)
-        with self.book.lock:
-            extra = sum(f.bytes for f in flows if not f.intra_dc)
-            self.book.in_flight[coflow_id] = self.book.in_flight.get(coflow_id, 0.0) + extra
+        extra = sum(f.bytes for f in flows if not f.intra_dc)
+        self.book.in_flight[coflow_id] = self.book.in_flight.get(coflow_id, 0.0) + extra
 
     def remove_coflow(self, coflow_id: str, now: float) -> None:
         """Forget a coflow that left the schedule; a done one's CCT goes to its tenant's
@@ -434,8 +423,7 @@ class LiveTenantPolicy:
 
     def _observe_cct(self, key: str) -> None:
         book = self.book
-        with book.lock:
-            tenant = book.coflows.get(key)
+        tenant = book.coflows.get(key)
         if tenant is None or book.cct is None or book.controller is None:
             return
         try:
@@ -447,26 +435,41 @@ class LiveTenantPolicy:
 
     def _forget(self, key: str) -> None:
         self.inner.spec.tenant_of.pop(key, None)
-        with self.book.lock:
-            self.book.coflows.pop(key, None)
-            self.book.in_flight.pop(key, None)
+        self.book.coflows.pop(key, None)
+        self.book.in_flight.pop(key, None)
+
+    def begin_round(self) -> None:
+        """On the controller's loop, before a round's allocate (Controller._round_begin):
+        take the book's tenant changes."""
+        self._sync()
+        self._guarantees = len(self.inner.stats["guarantee"])
 
     def allocate(self, now: float, remaining):
-        """TenantPolicy.allocate after taking the book's changes; notes every coflow's bytes
-        in flight and the round's isolation guarantee in the book."""
-        self._sync()
-        stats = self.inner.stats
-        before = len(stats["guarantee"])
-        allocation = self.inner.allocate(now, remaining)
-        fresh = len(stats["guarantee"]) > before
-        with self.book.lock:
-            for key, flows in remaining.items():
-                if key in self.book.in_flight:
-                    self.book.in_flight[key] = float(sum(flows.values()))
-            self.book.guarantee = stats["guarantee"][-1] if fresh else None
-            self.book.achieved = stats["achieved"][-1] if fresh else None
-            self.book.progress = dict(self.inner.progress) if fresh else {}
-        return allocation
+        """TenantPolicy.allocate (in the round's worker thread: it reads and writes no part
+        of the book, whose owner is the controller's loop; `begin_round` and `end_round`
+        do, on the loop). Called with no round begun (a caller without a controller), it
+        takes the book's changes first and notes the round in the book after."""
+        if self.book.controller is None:
+            self.begin_round()
+            allocation = self.inner.allocate(now, remaining)
+            self.end_round(remaining)
+            return allocation
+        return self.inner.allocate(now, remaining)
+
+    def end_round(self, remaining) -> None:
+        """On the controller's loop, once the round's allocate returned
+        (Controller._round_end): note every coflow's bytes in flight and the round's
+        isolation guarantee in the book."""
+        if not remaining:  # (no allocate ran: the last round's figures stay)
+            return
+        stats, book = self.inner.stats, self.book
+        fresh = len(stats["guarantee"]) > self._guarantees
+        for key, flows in remaining.items():
+            if key in book.in_flight:
+                book.in_flight[key] = float(sum(flows.values()))
+        book.guarantee = stats["guarantee"][-1] if fresh else None
+        book.achieved = stats["achieved"][-1] if fresh else None
+        book.progress = dict(self.inner.progress) if fresh else {}
 
 
 def tenant_admission(controller, coflow, owner: str | None) -> None:

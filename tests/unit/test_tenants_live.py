@@ -316,3 +316,44 @@ def test_a_replay_gives_each_job_the_tenant_its_certificate_gave(tmp_path):
     assert book.owners == {"etl": "gold", "adhoc": "bronze", "etl2": "gold"}
     assert book.weights()["bronze"] == 2 and book.limits["bronze"].reservations
     assert [rate(again, cid) for cid in (0, 1, 2)] == [rate(controller, cid) for cid in (0, 1, 2)]
+
+
+def test_the_tenant_book_is_used_on_the_controller_s_loop_only():
+    """The book has one owner, the controller's loop, and no lock: the round's worker, the
+    API's worker threads (tenant ops, submits), REST views and metrics hand their reads
+    and changes to the loop."""
+    import threading
+
+    from terra_controller.rest import RestApp
+
+    controller, book = tenant_controller(TWO)
+    seen: list[tuple[str, str]] = []
+    for name in dir(TenantBook):
+        method = getattr(book, name)
+        if name.startswith("_") or name == "on_loop" or not callable(method):
+            continue
+
+        def traced(*args, _name=name, _method=method, **kwargs):
+            seen.append((_name, threading.current_thread().name))
+            return _method(*args, **kwargs)
+
+        setattr(book, name, traced)
+    handler, ids = two_tenant_coflows(controller)  # (this thread: as an API worker's)
+    for request in ({"op": "tenants"}, {"op": "tenant", "name": "gold"},
+                    {"op": "tenant_set", "name": "bronze", "weight": 2},
+                    {"op": "tenant_reserve", "name": "gold", "src": "HK", "dst": "BA",
+                     "rate_bytes_per_s": 1e6}):  # fmt: skip
+        assert handler.handle({"v": 1, **request}, OPERATOR)["ok"], request
+    job = Identity("etl", Role.JOB, tenant="gold")
+    assert handler.handle({"v": 1, "op": "tenant"}, job)["tenant"]["name"] == "gold"
+    assert handler.handle({"v": 1, "op": "status", "coflow": ids["gold"]}, job)["ok"]
+    controller.run_round()
+    app = RestApp(controller)
+    assert {r["name"] for r in app.tenants()["tenants"]} == {"gold", "bronze"}
+    assert app.coflow(ids["bronze"])["tenant"] == "bronze"
+    assert "terra_tenant_weight" in controller.metrics.render().decode()
+    names = {n for n, _ in seen}
+    assert {"learn", "view", "row", "set", "resolve", "tenant_of_coflow"} <= names, names
+    off_loop = [(n, t) for n, t in seen if t != controller.owner.thread.name]
+    assert not off_loop, off_loop
+    controller.close()
