@@ -59,7 +59,6 @@ import logging
 import secrets
 import socket
 import struct
-import threading
 import time
 from collections import OrderedDict
 
@@ -110,18 +109,18 @@ class ApiHandler:
         self.frame_timeout_s = FRAME_TIMEOUT_S  # for the whole of one request
         self.instance = secrets.token_hex(8)
         self.counts: dict[str, int] = {}
-        # (client name, ref) -> (monotonic s, reply) of submit/update, oldest first
+        # (client name, ref) -> (monotonic s, reply) of submit/update, oldest first (kept on
+        # the controller's loop: `handle` may run in a worker thread)
         self.done_refs: OrderedDict[tuple[str, str], tuple[float, dict]] = OrderedDict()
-        self.refs_lock = threading.Lock()
 
     def handle(self, request: object, identity: Identity = INSECURE) -> dict:
         """Answer one decoded request map from `identity`; never raises (errors become
         error replies)."""
         req = request.get("req") if isinstance(request, dict) else None
         ref = _ref_of(request, identity)
+        owner = self.controller.owner
         if ref is not None:
-            with self.refs_lock:
-                done = self.done_refs.get(ref)
+            done = owner.run(self.done_refs.get, ref)
             if done is not None and done[0] > time.monotonic() - REF_KEEP_S:
                 # a client retried a request that did succeed
                 return dict(done[1], req=req) if req is not None else dict(done[1])
@@ -134,14 +133,7 @@ class ApiHandler:
             reply = self._dispatch(request, identity)
             reply.update(ok=True)
             if ref is not None:
-                now = time.monotonic()
-                with self.refs_lock:
-                    self.done_refs[ref] = (now, dict(reply, v=API_VERSION, instance=self.instance))
-                    while self.done_refs and (
-                        len(self.done_refs) > MAX_REFS
-                        or next(iter(self.done_refs.values()))[0] < now - REF_KEEP_S
-                    ):
-                        self.done_refs.popitem(last=False)
+                owner.run(self._keep_ref, ref, dict(reply, v=API_VERSION, instance=self.instance))
         except RegistryError as exc:
             reply = {"ok": False, "code": exc.code, "error": str(exc)}
         except Exception:  # a bug must answer, not kill the connection or the process
@@ -151,6 +143,15 @@ class ApiHandler:
         if req is not None:
             reply["req"] = req
         return reply
+
+    def _keep_ref(self, ref: tuple[str, str], reply: dict) -> None:
+        """Remember `reply` for the client's retry reference `ref` (on the loop), dropping
+        the oldest beyond MAX_REFS or REF_KEEP_S."""
+        now = time.monotonic()
+        refs = self.done_refs
+        refs[ref] = (now, reply)
+        while refs and (len(refs) > MAX_REFS or next(iter(refs.values()))[0] < now - REF_KEEP_S):
+            refs.popitem(last=False)
 
     async def handle_on_loop(self, request: object, identity: Identity = INSECURE) -> dict:
         """Answer one request from a task of the controller's loop (serve_connection_on_loop):
