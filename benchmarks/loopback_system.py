@@ -26,9 +26,9 @@ from pathlib import Path
 
 from benchmarks.harness import free_port_block
 from benchmarks.harness import stop_processes as stop_all
+from benchmarks.shared_socket import SharedSocket
 from terra_controller.agent_connection import ChannelError, read_control, send_parts
 from terra_controller.client import TerraClient
-from terra_controller.shared_socket import SharedSocket
 from terra_controller.transport import connect_tls
 from terra_security.pki import Role, client_context, init_ca, issue
 from terra_wire import control as protocol

@@ -36,10 +36,10 @@ What the channel does:
   no chunk of the new attempt reaches a receiver still holding the old one. A
   progress report about a flow of a failed/cancelled coflow gets "drop" back.
 
-One reader thread per agent connection and one writer thread with a queue per
-agent (`agent_connection.AgentConnection`), so a slow or dead agent never blocks
-a scheduling round or another agent. A malformed frame or message closes only
-that agent's connection.
+Each agent connection is a reading task and a writing task of the controller's loop, the
+writer draining the connection's queue (`agent_connection.AgentConnection`), so a slow or
+dead agent never blocks a scheduling round or another agent. A malformed frame or message
+closes only that agent's connection.
 
 What to do with each message, and with each event of the controller's (new flows, drops,
 a round's rates, a tick), is decided by the agents' core (`agent_core.py`: events in,
@@ -61,7 +61,6 @@ from terra_controller.agent_connection import (
     AgentConnection,
     ChannelError,
     parse_control,
-    send_parts,
 )
 from terra_controller.coflow_state import (
     CoflowState,
@@ -76,7 +75,6 @@ from terra_controller.file_requests import FileRequests
 from terra_controller.flow_specs import BATCH_BYTES, flow_spec, sized_batches, spec_bytes
 from terra_controller.loop_frames import FrameReader
 from terra_controller.registration_checks import RegistrationRefused
-from terra_controller.shared_socket import SharedSocket
 from terra_controller.transport import (
     FRAME_TIMEOUT_S,
     ServerSecurity,
@@ -93,6 +91,7 @@ from terra_wire.frames import MAX_HEADER_BYTES
 LOG = logging.getLogger("terra.agents")
 
 AGENT_SILENCE_S = 15.0  # no message (heartbeats included) for this long: disconnect
+FLUSH_S = 1.0  # a closing connection's queued messages (its last "error") get this long
 
 
 # ---- the channel ----------------------------------------------------------------------------
@@ -153,7 +152,7 @@ class AgentChannel:
         controller.on_drop.append(self.push_drop)
         controller.on_tick.append(self.run_overdue)
         controller.connected_agents = self.connected_agents
-        self.files = FileRequests(self.connections.get)  # "list" / "check" and their replies
+        self.files = FileRequests(self.send_to)  # "list" / "check" and their replies
         controller.files = self.files
 
     # views of the core's state (read them on the loop)
@@ -242,8 +241,8 @@ class AgentChannel:
         self, sock: socket.socket, addr, identity: Identity = INSECURE
     ) -> None:
         """Read and handle one agent's messages until EOF, a bad frame or silence, as a task
-        of the controller's loop (`sock` non-blocking; the connection's writer thread sends,
-        shared_socket.SharedSocket).
+        of the controller's loop (`sock` non-blocking), with the connection's writer task
+        beside it (AgentConnection.write_loop).
 
         `identity` is the peer's certificate (transport.authenticate): only an agent
         certificate may register, and only under its own name.
@@ -253,32 +252,38 @@ class AgentChannel:
         reconnects and re-registers when it can.
         """
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        shared = SharedSocket(sock)
-        shared.settimeout(self.silence_s)  # (the writer thread's sends)
-        conn = AgentConnection(shared, addr)
+        conn = AgentConnection(sock, addr)
         conn.identity = identity
-        conn.before_close = lambda: self.owner.run(_notify_closing, shared.raw)
-        reader = FrameReader(shared.raw, shared.lock)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conn.write_loop, self.silence_s)
+            try:
+                await self._serve_reads(conn, FrameReader(sock))
+            finally:
+                try:
+                    with trio.move_on_after(FLUSH_S):  # (a last "error" reaches the agent)
+                        conn.finish_sending()
+                        while not conn.closed and nursery.child_tasks:
+                            await trio.sleep(0.005)
+                finally:
+                    conn.close()  # (ends the writer task if it still waits)
+                    if conn.agent is not None and self.connections.get(conn.agent) is conn:
+                        del self.connections[conn.agent]
+                        self.dispatch(core.Disconnect(conn.agent, conn.last_seen))
+
+    async def _serve_reads(self, conn: AgentConnection, reader: FrameReader) -> None:
+        """The reading half of serve_connection_on_loop: the messages until the connection
+        ends; a bad one queues a last "error" message (fatal for a refused registration)."""
         try:
             with reader.idle:
                 await self._read_messages(conn, reader)
             if reader.idle.cancelled_caught:
                 raise TimeoutError("timed out")
         except ChannelError as exc:
-            LOG.warning("agent %s: %s; closing", conn.agent or addr, exc)
+            LOG.warning("agent %s: %s; closing", conn.agent or conn.addr, exc)
             fatal = {"fatal": True} if isinstance(exc, RegistrationRefused) else {}
-            error = protocol.error_message(str(exc), **fatal)
-            try:
-                await trio.to_thread.run_sync(send_parts, shared, error)
-            except OSError:
-                pass
-        except OSError as exc:
-            LOG.info("agent %s: connection ended: %s", conn.agent or addr, exc)
-        finally:
-            conn.close()
-            if conn.agent is not None and self.connections.get(conn.agent) is conn:
-                del self.connections[conn.agent]
-                self.dispatch(core.Disconnect(conn.agent, conn.last_seen))
+            conn.send(protocol.error_message(str(exc), **fatal))
+        except (OSError, trio.ClosedResourceError) as exc:
+            LOG.info("agent %s: connection ended: %s", conn.agent or conn.addr, exc or "closed")
 
     async def _read_messages(self, conn: AgentConnection, reader: FrameReader) -> None:
         """Handle the connection's messages until EOF (serve_connection_on_loop).
@@ -367,17 +372,21 @@ class AgentChannel:
         Used on SIGTERM so agents see a clean end of the control channel (a plain
         exit with unread data would reset the connections) and reconnect.
         """
-        conns = self.owner.run(lambda: list(self.connections.values()))
-        for conn in conns:
-            try:
-                conn.sock.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
+
+        def half_close() -> list[AgentConnection]:
+            conns = list(self.connections.values())
+            for conn in conns:
+                try:
+                    conn.sock.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+            return conns
+
+        conns = self.owner.run(half_close)
         end = time.monotonic() + grace_s
         while time.monotonic() < end and any(not c.closed for c in conns):
             time.sleep(0.01)
-        for conn in conns:
-            conn.close()
+        self.owner.run(lambda: [conn.close() for conn in conns])
 
     # -- pushes
 
@@ -444,6 +453,20 @@ class AgentChannel:
                     conn.send({"t": "flows", "flows": batch})
 
         self.owner.run(on_loop)
+
+    def send_to(self, agent: str, headers: list[dict]) -> bool:
+        """Queue `headers` on `agent`'s control connection, from any thread (handed to the
+        loop); False when the agent is not connected."""
+
+        def on_loop() -> bool:
+            conn = self.connections.get(agent)
+            if conn is None:
+                return False
+            for header in headers:
+                conn.send(header)
+            return True
+
+        return self.owner.run(on_loop)
 
     def connected_agents(self) -> list[str]:
         """Ids of the agents with an open control connection now (Controller.connected_agents)."""
@@ -520,15 +543,6 @@ class AgentChannel:
 
         self.owner.run(on_loop)
         return out
-
-
-def _notify_closing(sock) -> None:
-    """Wake the loop's task waiting on `sock` before another thread closes it (trio cannot
-    see a descriptor closed under it); nothing once the loop has stopped."""
-    try:
-        trio.lowlevel.notify_closing(sock)
-    except RuntimeError:  # not on a running loop any more
-        pass
 
 
 def apply_report(controller: Controller, report: core.Report, connected) -> object:

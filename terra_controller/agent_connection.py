@@ -1,5 +1,6 @@
-"""One agent's control connection on the controller: reading and writing control frames
-(blocking sockets, TLS through shared_socket.SharedSocket) and the writer thread with its queue.
+"""One agent's control connection on the controller: its control frames, and the connection
+with its outbound queue and writer task on the controller's loop (blocking reads and writes
+for the tools and tests that use a plain socket).
 
 Frames are those of `overlay/framing.py` with an empty payload, decoded and checked by the
 codec shared with the agents (`terra_wire.frames.unpack_map`, `check_header`) and validated as
@@ -9,11 +10,12 @@ codec shared with the agents (`terra_wire.frames.unpack_map`, `check_header`) an
 from __future__ import annotations
 
 import logging
-import queue
+import math
 import socket
-import threading
+import ssl
 import time
-from collections.abc import Callable
+
+import trio
 
 from terra_controller.transport import FRAME_TIMEOUT_S, read_message
 from terra_security.pki import INSECURE, Identity
@@ -90,51 +92,96 @@ def checked_control(header: dict) -> dict:
 
 
 class AgentConnection:
-    """A connected agent: its socket, outbound queue and writer thread.
+    """A connected agent, owned by the controller's loop: its socket (non-blocking, plain or
+    TLS), and its outbound queue, which the connection's writer task (`write_loop`) drains.
+    The reading task and the writer task share the socket on the one loop thread, so no
+    lock guards it.
 
     Attributes:
         agent: agent id once registered (None before). identity: the peer's certificate.
         last_seen: wall-clock s of the last message read.
+        closed: the connection was closed (`close`).
     """
 
-    def __init__(self, sock: socket.socket, addr) -> None:
+    def __init__(self, sock, addr) -> None:
         self.sock = sock
         self.addr = addr
         self.agent: str | None = None
         self.identity: Identity = INSECURE
-        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._outbox, self._queued = trio.open_memory_channel[dict](math.inf)
         self.closed = False
-        self.before_close: Callable[[], None] | None = None  # e.g. wake the loop's reader
         self.last_seen = time.time()  # wall-clock s of the last message read (console)
-        self.writer = threading.Thread(target=self._write_loop, daemon=True)
-        self.writer.start()
 
     def send(self, header: dict) -> None:
-        """Queue one control message (returns at once)."""
+        """Queue one control message (on the loop; returns at once).
+
+        Raises:
+            RuntimeError: called from another thread (hand it to the loop:
+                AgentChannel.send_to).
+        """
+        if not trio.lowlevel.in_trio_run():
+            raise RuntimeError("an agent connection is written on the controller's loop only")
         if not self.closed:
-            self.outbox.put(header)
+            self._outbox.send_nowait(header)
+
+    def finish_sending(self) -> None:
+        """Queue nothing more: the writer task sends what is queued, then ends."""
+        self._outbox.close()
 
     def close(self) -> None:
-        """Close the socket and stop the writer."""
-        if not self.closed:
-            self.closed = True
-            self.outbox.put(None)
-            if self.before_close is not None:
-                self.before_close()
-            try:
-                self.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self.sock.close()
+        """Close the socket (on the loop): the tasks waiting on it wake up, the writer ends."""
+        if self.closed:
+            return
+        self.closed = True
+        self._outbox.close()
+        try:
+            trio.lowlevel.notify_closing(self.sock)
+        except RuntimeError:  # (not on a running loop any more)
+            pass
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
 
-    def _write_loop(self) -> None:
-        while True:
-            header = self.outbox.get()
-            if header is None:
-                return
-            try:
-                send_parts(self.sock, header)
-            except OSError as exc:
-                LOG.info("agent %s: send failed: %s", self.agent or self.addr, exc)
+    async def write_loop(self, send_timeout_s: float) -> None:
+        """The writer task: send the queued messages in order, those queued together in one
+        write, each write within `send_timeout_s` (an agent that does not read for that
+        long is disconnected); ends when the queue is finished or the connection closed.
+        Never raises."""
+        try:
+            async for header in self._queued:
+                batch = [header]
+                while True:
+                    try:
+                        batch.append(self._queued.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                data = b"".join(bytes(p) for h in batch for p in encode_frame(h))
+                with trio.fail_after(send_timeout_s):
+                    await _send_all(self.sock, data)
+        except _SEND_FAILURES as exc:
+            if not self.closed:
+                why = str(exc) or type(exc).__name__
+                LOG.info("agent %s: send failed: %s", self.agent or self.addr, why)
                 self.close()
-                return
+
+
+_SEND_FAILURES = (OSError, trio.TooSlowError, trio.ClosedResourceError, trio.BusyResourceError)
+
+
+async def _send_all(sock, data: bytes) -> None:
+    """loop_frames.send_all for a socket another task of the loop reads: a TLS write that
+    must read first (a key update) retries shortly instead of waiting for readability,
+    which the reading task is doing already."""
+    view = memoryview(data)
+    while view:
+        try:
+            sent = sock.send(view)
+        except (ssl.SSLWantWriteError, BlockingIOError):
+            await trio.lowlevel.wait_writable(sock)
+            continue
+        except ssl.SSLWantReadError:
+            await trio.sleep(0.001)
+            continue
+        view = view[sent:]

@@ -57,13 +57,15 @@ class FileRequests:
     """Listing requests in flight on the agents' control connections.
 
     Args:
-        connection: agent id -> its connection (with .send(header)), or None when the agent
-            is not connected.
+        send: (agent id, [headers]) -> whether they were queued on the agent's control
+            connection (False: it is not connected); callable from any thread.
         timeout_s: how long `ask` waits for the last reply.
     """
 
-    def __init__(self, connection: Callable[[str], object], timeout_s: float = LIST_TIMEOUT_S):
-        self.connection = connection
+    def __init__(
+        self, send: Callable[[str, list[dict]], bool], timeout_s: float = LIST_TIMEOUT_S
+    ) -> None:
+        self.send = send
         self.timeout_s = timeout_s
         self._ids = itertools.count(1)
         self._cond = threading.Condition()
@@ -80,17 +82,14 @@ class FileRequests:
                 agent refused: its one-line reason), "unavailable" (no answer in timeout_s).
         """
         ids = []
-        for agent, headers in requests:
-            conn = self.connection(agent)
-            if conn is None:
-                raise RegistryError("unknown_agent", f"agent {agent} is not connected")
-            msg_id = f"files-{next(self._ids)}"
-            with self._cond:
-                self._waiting[msg_id] = _Waiting(agent, len(headers))
-            ids.append(msg_id)
-            for header in headers:
-                conn.send(dict(header, id=msg_id))
         try:
+            for agent, headers in requests:
+                msg_id = f"files-{next(self._ids)}"
+                with self._cond:
+                    self._waiting[msg_id] = _Waiting(agent, len(headers))
+                ids.append(msg_id)
+                if not self.send(agent, [dict(header, id=msg_id) for header in headers]):
+                    raise RegistryError("unknown_agent", f"agent {agent} is not connected")
             return [self._wait(msg_id) for msg_id in ids]
         finally:
             with self._cond:

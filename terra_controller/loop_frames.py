@@ -61,9 +61,8 @@ class FrameReader:
     """Reads whole frames from one connection, keeping what arrived beyond a frame.
 
     Args:
-        sock: the connected non-blocking socket (plain or ssl.SSLSocket).
-        lock: a lock held around each call into `sock` (shared_socket.SharedSocket's, when a
-            writer thread sends on the same TLS connection), or None.
+        sock: the connected non-blocking socket (plain or ssl.SSLSocket), used by tasks of
+            one loop only.
 
     Attributes:
         idle: the connection's idle CancelScope: the caller runs its reads inside
@@ -72,9 +71,8 @@ class FrameReader:
             (``reader.idle.cancelled_caught``).
     """
 
-    def __init__(self, sock, lock=None) -> None:
+    def __init__(self, sock) -> None:
         self.sock = sock
-        self.lock = lock
         self.buf = bytearray()
         self.idle = trio.CancelScope()
         self.waited = False  # `read` waited for the socket since the caller last cleared it
@@ -138,12 +136,6 @@ class FrameReader:
         """What the socket has now (b"" at EOF), or None when nothing arrived yet; sets
         `_want_write` when TLS must write before it can read."""
         self._want_write = False
-        if self.lock is None:
-            return self._recv_call()
-        with self.lock:
-            return self._recv_call()
-
-    def _recv_call(self) -> bytes | None:
         try:
             return self.sock.recv(CHUNK)
         except (ssl.SSLWantReadError, BlockingIOError):
@@ -166,7 +158,7 @@ class FrameReader:
             await self._wait()
 
     async def _wait(self) -> None:
-        if self._want_write:
-            await trio.lowlevel.wait_writable(self.sock)
+        if self._want_write:  # (rare: a TLS read that must write first; the connection's
+            await trio.sleep(0.001)  # writer task may be waiting for writability already)
         else:
             await trio.lowlevel.wait_readable(self.sock)

@@ -117,7 +117,7 @@ DEADLINES = Deadlines()
 
 def _shutdown(sock) -> None:
     """Shut the descriptor down (bypassing SSLSocket.shutdown, which is not thread-safe)."""
-    sock = getattr(sock, "raw", sock)  # a SharedSocket
+    sock = getattr(sock, "raw", sock)  # (a socket wrapper, as benchmarks.shared_socket)
     try:
         socket.socket.shutdown(sock, socket.SHUT_RDWR)
     except OSError:

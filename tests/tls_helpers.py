@@ -6,7 +6,7 @@ import socket
 import ssl
 from pathlib import Path
 
-from terra_controller.shared_socket import SharedSocket
+from benchmarks.shared_socket import SharedSocket
 from terra_controller.transport import ServerSecurity, connect_tls
 from terra_security.pki import Role, client_context, init_ca, issue, server_context
 

@@ -240,11 +240,9 @@ def api_snapshot(server: Server):
 
 def handler_snapshot(handler: ApiHandler):
     """What no refused request may change in the API handler: owners and remembered refs."""
-    live = handler.controller.owner.run(
-        lambda: copy.deepcopy(dict(handler.controller.journal.live))
+    return handler.controller.owner.run(
+        lambda: (copy.deepcopy(dict(handler.controller.journal.live)), list(handler.done_refs))
     )
-    with handler.refs_lock:
-        return live, list(handler.done_refs)
 
 
 def check_reply(handler: ApiHandler, request, reply) -> None:

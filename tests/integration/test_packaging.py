@@ -29,7 +29,7 @@ AGENT_DISTRIBUTIONS = {
 }  # fmt: skip
 SCHEDULER_DISTRIBUTIONS = {"networkx", "highspy", "numpy", "numba"}
 # OpenFlow, REST, the shared state of several controllers (etcd)
-CONTROLLER_DISTRIBUTIONS = SCHEDULER_DISTRIBUTIONS | {"os-ken", "webob", "routes", "etcd3gw"}
+CONTROLLER_DISTRIBUTIONS = SCHEDULER_DISTRIBUTIONS | {"os-ken", "webob", "routes", "h11", "etcd3gw"}
 
 
 def test_core_dependencies_are_the_agents():

@@ -1,4 +1,6 @@
-"""A TLS socket one reading and one writing thread use at once (the agent channel's).
+"""A TLS socket one reading and one writing thread use at once: the fake agents of the
+benchmarks and tests (loopback_system.FakeAgent, tests/tls_helpers.py) read and write their
+control connection from two threads.
 
 OpenSSL forbids concurrent use of one SSL object, so every SSL call is made under a lock,
 on a non-blocking socket; threads wait for readiness (poll) without holding it.
