@@ -176,7 +176,8 @@ def round_latency(n_coflows: int, rounds: int, extra: list[str] | None = None) -
     }
     policy.allocate(0.0, remaining)  # the rounds the controller ran while coflows arrived
     offline: dict[str, list[float]] = {"gc_on": [], "gc_paused": []}
-    for i, cap in enumerate(caps * 2):
+    for i in range(2 * len(caps)):  # (alternating, so every step is a change, odd counts too)
+        cap = full / 2 if i % 2 == 0 else full
         mode = "gc_on" if i < len(caps) else "gc_paused"
         topo.set_capacity("HK", "LA", cap)
         assert policy.wan_changed(1.0)
