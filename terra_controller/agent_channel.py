@@ -61,6 +61,7 @@ from terra_controller.agent_connection import (
     AgentConnection,
     ChannelError,
     parse_control,
+    shutdown,
 )
 from terra_controller.coflow_state import (
     CoflowState,
@@ -259,16 +260,16 @@ class AgentChannel:
             try:
                 await self._serve_reads(conn, FrameReader(sock))
             finally:
+                conn.finish_sending()  # (sends to it are dropped from now on)
                 try:
+                    if conn.agent is not None and self.connections.get(conn.agent) is conn:
+                        del self.connections[conn.agent]
+                        self.dispatch(core.Disconnect(conn.agent, conn.last_seen))
                     with trio.move_on_after(FLUSH_S):  # (a last "error" reaches the agent)
-                        conn.finish_sending()
                         while not conn.closed and nursery.child_tasks:
                             await trio.sleep(0.005)
                 finally:
                     conn.close()  # (ends the writer task if it still waits)
-                    if conn.agent is not None and self.connections.get(conn.agent) is conn:
-                        del self.connections[conn.agent]
-                        self.dispatch(core.Disconnect(conn.agent, conn.last_seen))
 
     async def _serve_reads(self, conn: AgentConnection, reader: FrameReader) -> None:
         """The reading half of serve_connection_on_loop: the messages until the connection
@@ -376,10 +377,7 @@ class AgentChannel:
         def half_close() -> list[AgentConnection]:
             conns = list(self.connections.values())
             for conn in conns:
-                try:
-                    conn.sock.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
+                shutdown(conn.sock, socket.SHUT_WR)  # (the TLS state stays)
             return conns
 
         conns = self.owner.run(half_close)

@@ -110,6 +110,7 @@ class AgentConnection:
         self.identity: Identity = INSECURE
         self._outbox, self._queued = trio.open_memory_channel[dict](math.inf)
         self.closed = False
+        self.closing = False  # `finish_sending`: what is queued goes, nothing more
         self.last_seen = time.time()  # wall-clock s of the last message read (console)
 
     def send(self, header: dict) -> None:
@@ -121,11 +122,13 @@ class AgentConnection:
         """
         if not trio.lowlevel.in_trio_run():
             raise RuntimeError("an agent connection is written on the controller's loop only")
-        if not self.closed:
+        if not (self.closed or self.closing):  # (else dropped: the connection is ending)
             self._outbox.send_nowait(header)
 
     def finish_sending(self) -> None:
-        """Queue nothing more: the writer task sends what is queued, then ends."""
+        """Queue nothing more (later `send`s are dropped): the writer task sends what is
+        queued, then ends."""
+        self.closing = True
         self._outbox.close()
 
     def close(self) -> None:
@@ -138,10 +141,7 @@ class AgentConnection:
             trio.lowlevel.notify_closing(self.sock)
         except RuntimeError:  # (not on a running loop any more)
             pass
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        shutdown(self.sock, socket.SHUT_RDWR)
         self.sock.close()
 
     async def write_loop(self, send_timeout_s: float) -> None:
@@ -165,6 +165,16 @@ class AgentConnection:
                 why = str(exc) or type(exc).__name__
                 LOG.info("agent %s: send failed: %s", self.agent or self.addr, why)
                 self.close()
+
+
+def shutdown(sock, how: int) -> None:
+    """Shut `sock`'s descriptor down (`how`: socket.SHUT_WR, SHUT_RDWR) without touching
+    its TLS state (SSLSocket.shutdown would drop it, and later reads would see raw TLS
+    records); a socket already gone is ignored."""
+    try:
+        socket.socket.shutdown(sock, how)
+    except OSError:
+        pass
 
 
 _SEND_FAILURES = (OSError, trio.TooSlowError, trio.ClosedResourceError, trio.BusyResourceError)

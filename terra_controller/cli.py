@@ -489,23 +489,27 @@ def openflow_views(app):
         without detail)}, ports() -> {(a, b): port_stats.LinkLoad} of the WAN links).
     """
 
+    from terra_controller.tunnels import rules_per_switch
+
     def ports():
         return app.port_stats.wan_links(time.monotonic())
 
     def openflow_info(detail: bool = True):
-        """The OpenFlow app's rules and counters for REST (detail: every rule too)."""
-        with app.lock:
-            entries = list(app.entries) if detail else []
-            per_switch = dict(app.flow_mods_per_switch)
+        """The OpenFlow app's rules and counters for REST (detail: every rule too). Called
+        on the controller's loop, it takes no lock: os-ken's handlers hold the app's lock
+        while they send flow-mods, which can wait on a slow switch. It reads what the app
+        replaces whole (its list of rules) or copies in one step (its counters)."""
+        entries = app.entries  # (replaced, never changed in place)
+        per_switch = dict(app.flow_mods_per_switch)
         rules: dict[str, list] = {}
-        for e in entries:
+        for e in entries if detail else ():
             rules.setdefault(str(e.dpid), []).append(
                 {"table": e.table_id, "priority": e.priority, "match": e.match,
                  "actions": [list(a) for a in e.actions], "cookie": e.cookie}
             )  # fmt: skip
         return {
             "installed": app.installed,
-            "rules_per_switch": app.rules_per_switch(),
+            "rules_per_switch": rules_per_switch(entries),
             "flow_mods": app.flow_mods_sent,
             "flow_mods_per_switch": per_switch,
             "flow_mods_at_install": app.flow_mods_at_install,

@@ -62,16 +62,26 @@ async def serve_wsgi_request(
         return
     if request is None:  # closed before a request
         return
-    environ = wsgi_environ(request, body, addr, base_environ, scheme)
+    try:
+        out = _reply(conn, app, wsgi_environ(request, body, addr, base_environ, scheme))
+    except Exception:  # the application (or its headers) failed: 500, the server goes on
+        LOG.exception("REST %s %r failed", addr, request.target[:200])
+        await _send_error(sock, 500, "internal error (logged)")
+        return
+    await send_all(sock, out)
+
+
+def _reply(conn: h11.Connection, app: Callable, environ: dict) -> bytes:
+    """The bytes of the application's whole answer to `environ` (one request per
+    connection: "Connection: close")."""
     status, reason, headers, chunks = _call(app, environ)
     headers = [(k, v) for k, v in headers if k.lower() != "connection"]
     headers += [("Connection", "close"), ("Server", SERVER.decode())]
-    out = conn.send(h11.Response(status_code=status, headers=headers, reason=reason))
+    out = conn.send(h11.Response(status_code=status, headers=headers, reason=reason)) or b""
     for chunk in chunks:
         if chunk:
-            out += conn.send(h11.Data(data=chunk))
-    out += conn.send(h11.EndOfMessage())
-    await send_all(sock, out)
+            out += conn.send(h11.Data(data=chunk)) or b""
+    return out + (conn.send(h11.EndOfMessage()) or b"")
 
 
 class _Refused(Exception):

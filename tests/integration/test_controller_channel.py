@@ -4,6 +4,7 @@ Triangle WAN A, B, C (1e8 bytes/s per directed link), TerraPolicy with K = 2:
 every ordered DC pair has the direct path (index 0) and the two-hop path (index 1).
 """
 
+import logging
 import socket
 import threading
 import time
@@ -373,3 +374,51 @@ def test_with_switches_every_scheduler_routes_only_over_installed_tunnels_that_a
     assert all(("LA", "NY") not in path_links(p) and ("NY", "LA") not in path_links(p)
                for p in used)  # fmt: skip
     assert all(table.tunnel_for(p) is not None for p in used)
+
+
+def test_sends_to_a_connection_that_is_ending_are_dropped_and_others_go_on(channel, monkeypatch):
+    """An agent leaves while its writer is still busy: in the moment its queue is flushed,
+    sends to it are dropped, and neither a push nor another agent's registration fails."""
+    import trio
+
+    import terra_controller.agent_connection as connection
+
+    controller, chan, addr = channel
+    real = connection._send_all
+
+    async def slow(sock, data):  # a peer slow to read: each write takes 0.5 s
+        await trio.sleep(0.5)
+        await real(sock, data)
+
+    a1 = Agent(addr, "a1", "A", 30000)
+    a1.wait_for(lambda m: m["t"] == "tunnels")
+    monkeypatch.setattr(connection, "_send_all", slow)
+    chan.push_tunnels()  # a1's writer is now busy for 0.5 s
+    a1.close()  # its reader ends: the queue is flushed (what is queued goes, nothing more)
+    time.sleep(0.1)
+    monkeypatch.setattr(connection, "_send_all", real)
+    chan.push_tunnels()  # (raised ClosedResourceError while a1 was still listed)
+    b1 = Agent(addr, "b1", "B", 31000)  # registers while a1's queue is flushed
+    b1.wait_for(lambda m: m["t"] == "tunnels")
+    time.sleep(0.7)
+    assert not b1.closed and chan.connected_agents() == ["b1"]
+    b1.close()
+
+
+def test_the_goodbye_half_close_keeps_tls_for_the_agents_last_messages(channel, caplog):
+    """close_all half-closes each connection (FIN) and waits: a message an agent sends in
+    that grace period is still read as TLS, not as raw records ("message length ...")."""
+    controller, chan, addr = channel
+    sock = tls_socket(*addr, addr.pki, ensure(addr.pki, Role.AGENT, "a1"))
+    send_parts(sock, protocol.register_message("A", "a1", "127.0.0.1:30000", None))
+    while read_control(sock)["t"] != "registered":
+        pass
+    caplog.set_level(logging.INFO, logger="terra.agents")
+    closing = threading.Thread(target=chan.close_all, args=(1.0,))
+    closing.start()
+    time.sleep(0.2)
+    send_parts(sock, {"v": 1, "t": "heartbeat"})  # in the grace period, before reading
+    closing.join()
+    sock.close()
+    texts = [r.getMessage() for r in caplog.records]
+    assert not [t for t in texts if "exceeds" in t or "; closing" in t], texts

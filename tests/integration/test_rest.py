@@ -561,3 +561,35 @@ def test_a_trickling_peer_is_cut_off_and_the_loop_serves_meanwhile(plain_rest, m
         assert controller.owner.run(lambda: controller.owner.on_loop)
         assert slow.recv(100) == b""  # closed without an answer
         assert 0.3 < time.monotonic() - t0 < 4.0
+
+
+def test_an_application_that_raises_gets_500_and_the_loop_serves_on():
+    """Below the app's own error answers: a WSGI app that raises (or returns headers h11
+    refuses) answers 500 on the loop, and the next request is served."""
+    links = {("A", "B"): CAP, ("B", "A"): CAP}
+    topology = Topology("pair", ["A", "B"], links)
+    controller = Controller(topology, TerraPolicy(topology, k=1))
+    calls = []
+
+    def app(environ, start_response):
+        calls.append(environ["PATH_INFO"])
+        if environ["PATH_INFO"] == "/boom":
+            raise RuntimeError("a failing application")
+        if environ["PATH_INFO"] == "/bad-header":
+            start_response("200 OK", [("X-Bad", "a\r\nb")])
+            return [b"x"]
+        start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "2")])
+        return [b"ok"]
+
+    server, _, (_, port) = start_rest_server(
+        app, "127.0.0.1", 0, None, True, daemon_spawn, listeners={}, owner=controller.owner
+    )
+    try:
+        for path in ("/boom", "/bad-header"):
+            reply = raw_exchange(port, f"GET {path} HTTP/1.0\r\n\r\n".encode())
+            assert reply.startswith(b"HTTP/1.1 500 "), reply[:100]
+        assert raw_exchange(port, b"GET /fine HTTP/1.0\r\n\r\n").endswith(b"\r\n\r\nok")
+        assert calls == ["/boom", "/bad-header", "/fine"]
+    finally:
+        server.shutdown()
+        controller.close()
