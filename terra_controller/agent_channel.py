@@ -153,7 +153,7 @@ class AgentChannel:
         controller.on_drop.append(self.push_drop)
         controller.on_tick.append(self.run_overdue)
         controller.connected_agents = self.connected_agents
-        self.files = FileRequests(self.send_to)  # "list" / "check" and their replies
+        self.files = FileRequests(self.owner, self._send_on_loop)  # "list" / "check"
         controller.files = self.files
 
     # views of the core's state (read them on the loop)
@@ -452,19 +452,15 @@ class AgentChannel:
 
         self.owner.run(on_loop)
 
-    def send_to(self, agent: str, headers: list[dict]) -> bool:
-        """Queue `headers` on `agent`'s control connection, from any thread (handed to the
-        loop); False when the agent is not connected."""
-
-        def on_loop() -> bool:
-            conn = self.connections.get(agent)
-            if conn is None:
-                return False
-            for header in headers:
-                conn.send(header)
-            return True
-
-        return self.owner.run(on_loop)
+    def _send_on_loop(self, agent: str, headers: list[dict]) -> bool:
+        """Queue `headers` on `agent`'s control connection (on the loop); False when the
+        agent is not connected."""
+        conn = self.connections.get(agent)
+        if conn is None:
+            return False
+        for header in headers:
+            conn.send(header)
+        return True
 
     def connected_agents(self) -> list[str]:
         """Ids of the agents with an open control connection now (Controller.connected_agents)."""

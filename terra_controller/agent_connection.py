@@ -117,8 +117,7 @@ class AgentConnection:
         """Queue one control message (on the loop; returns at once).
 
         Raises:
-            RuntimeError: called from another thread (hand it to the loop:
-                AgentChannel.send_to).
+            RuntimeError: called from another thread (hand it to the loop: OwnerLoop.run).
         """
         if not trio.lowlevel.in_trio_run():
             raise RuntimeError("an agent connection is written on the controller's loop only")

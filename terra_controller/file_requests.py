@@ -1,8 +1,9 @@
 """Asking agents about files before a coflow is scheduled ("list" and "check", blocking).
 
 `FileRequests` sends the requests of terra_wire/file_messages.py over the agents' control
-connections and waits (threads: the API server's request thread) for the "listing" replies,
-which the agent channel's reader hands to `answer`. `resolve` is what a submit runs before it
+connections and waits for the "listing" replies, which the agent channel's reader hands to
+`answer`: its state is the controller's loop's, and a submit's worker thread waits on it
+through the loop (OwnerLoop.run_async). `resolve` is what a submit runs before it
 parses flows: it lists the senders' files (terra_controller/file_flows.py says which), expands
 the request, and for a sync coflow asks the receivers which destinations already hold the
 same bytes (size and SHA-256).
@@ -11,10 +12,10 @@ same bytes (size and SHA-256).
 from __future__ import annotations
 
 import itertools
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import trio
 
 from terra_controller.coflow_state import FlowState, RegistryError
 from terra_controller.file_flows import expand, listing_key, needs_listing, strip_sha256
@@ -31,6 +32,7 @@ class _Waiting:
     left: int  # requests (pages) not answered in full yet
     rows: list = field(default_factory=list)
     error: str | None = None
+    done: trio.Event = field(default_factory=trio.Event)  # answered in full, or refused
 
 
 @dataclass
@@ -54,25 +56,30 @@ class FileInfo:
 
 
 class FileRequests:
-    """Listing requests in flight on the agents' control connections.
+    """Listing requests in flight on the agents' control connections, owned by the
+    controller's loop: `ask` (from a worker thread: the API server's, for a submit that
+    waits) hands the requests to the loop, which sends them and waits for the replies on
+    trio events; `answer` (the agent channel's reader, on the loop) fills them in.
 
     Args:
+        owner: the controller's OwnerLoop.
         send: (agent id, [headers]) -> whether they were queued on the agent's control
-            connection (False: it is not connected); callable from any thread.
+            connection (False: it is not connected); called on the loop.
         timeout_s: how long `ask` waits for the last reply.
     """
 
     def __init__(
-        self, send: Callable[[str, list[dict]], bool], timeout_s: float = LIST_TIMEOUT_S
+        self, owner, send: Callable[[str, list[dict]], bool], timeout_s: float = LIST_TIMEOUT_S
     ) -> None:
+        self.owner = owner
         self.send = send
         self.timeout_s = timeout_s
         self._ids = itertools.count(1)
-        self._cond = threading.Condition()
         self._waiting: dict[str, _Waiting] = {}
 
     def ask(self, requests: list[tuple[str, list[dict]]]) -> list[list]:
-        """Send every (agent, [request headers without id]) and wait for all their replies.
+        """Send every (agent, [request headers without id]) and wait for all their replies
+        (from a thread other than the loop's).
 
         Returns:
             the rows ([path, size, sha256]) answering each request, in order.
@@ -81,48 +88,49 @@ class FileRequests:
             RegistryError: "unknown_agent" (an agent is not connected), "bad_request" (an
                 agent refused: its one-line reason), "unavailable" (no answer in timeout_s).
         """
+        return self.owner.run_async(self._ask_on_loop, requests)
+
+    async def _ask_on_loop(self, requests: list[tuple[str, list[dict]]]) -> list[list]:
         ids = []
         try:
             for agent, headers in requests:
                 msg_id = f"files-{next(self._ids)}"
-                with self._cond:
-                    self._waiting[msg_id] = _Waiting(agent, len(headers))
+                self._waiting[msg_id] = _Waiting(agent, len(headers))
                 ids.append(msg_id)
                 if not self.send(agent, [dict(header, id=msg_id) for header in headers]):
                     raise RegistryError("unknown_agent", f"agent {agent} is not connected")
-            return [self._wait(msg_id) for msg_id in ids]
-        finally:
-            with self._cond:
+            with trio.move_on_after(self.timeout_s):
                 for msg_id in ids:
-                    self._waiting.pop(msg_id, None)
+                    await self._waiting[msg_id].done.wait()
+            return [self._rows(msg_id) for msg_id in ids]
+        finally:
+            for msg_id in ids:
+                self._waiting.pop(msg_id, None)
 
-    def _wait(self, msg_id: str) -> list:
-        deadline = time.monotonic() + self.timeout_s
-        with self._cond:
-            waiting = self._waiting[msg_id]
-            while waiting.left > 0 and waiting.error is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RegistryError(
-                        "unavailable", f"agent {waiting.agent} did not answer a file listing"
-                    )
-                self._cond.wait(left)
-            if waiting.error is not None:
-                raise RegistryError("bad_request", f"agent {waiting.agent}: {waiting.error}")
-            return waiting.rows
+    def _rows(self, msg_id: str) -> list:
+        """The rows answering request `msg_id`, or its error."""
+        waiting = self._waiting[msg_id]
+        if waiting.error is not None:
+            raise RegistryError("bad_request", f"agent {waiting.agent}: {waiting.error}")
+        if waiting.left > 0:
+            raise RegistryError(
+                "unavailable", f"agent {waiting.agent} did not answer a file listing"
+            )
+        return waiting.rows
 
     def answer(self, agent: str, msg: dict) -> None:
-        """A validated "listing" from `agent` (ignored unless it answers its own request)."""
-        with self._cond:
-            waiting = self._waiting.get(msg["id"]) if isinstance(msg["id"], str) else None
-            if waiting is None or waiting.agent != agent:
-                return
-            waiting.rows += [tuple(r) for r in msg.get("files", [])]
-            if msg.get("error"):
-                waiting.error = msg["error"]
-            elif not msg.get("more", False):
-                waiting.left -= 1
-            self._cond.notify_all()
+        """A validated "listing" from `agent` (on the loop; ignored unless it answers its
+        own request)."""
+        waiting = self._waiting.get(msg["id"]) if isinstance(msg["id"], str) else None
+        if waiting is None or waiting.agent != agent:
+            return
+        waiting.rows += [tuple(r) for r in msg.get("files", [])]
+        if msg.get("error"):
+            waiting.error = msg["error"]
+        elif not msg.get("more", False):
+            waiting.left -= 1
+        if waiting.error is not None or waiting.left <= 0:
+            waiting.done.set()
 
     def resolve(self, flows: object, sync: bool = False) -> tuple[object, FileInfo]:
         """A submit's flows with file sizes and expansions from the senders (file_flows), and
