@@ -39,7 +39,6 @@ Units: bytes, bytes/s, seconds on the controller clock (monotonic, from start).
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
@@ -195,7 +194,7 @@ class Controller(
         self.effects: list[Effect] | None = None  # emitted by the event being handled
         self.last_effects: list[Effect] | None = None  # those of the last event handled
         self.owner = OwnerLoop()  # the one owner of this state (owner_loop.py)
-        self.agents_back = threading.Condition()  # notified on every registration
+        self.agents_back = trio.Event()  # set (and replaced) on every registration
         self.started_mono = time.monotonic()
         # a controller with a past (a restart, a new leader) waits for its agents to return
         self.agent_return_s = AGENT_RETURN_S if self.journal.live else 0.0

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import time
 
+import trio
+
 from terra_controller.coflow_state import RegistryError
 from terra_controller.request_checks import named_agents
 from terra_controller.resume import failed_summary, missing_agents, resume_request
@@ -38,12 +40,16 @@ class ControllerResumption:
         """
         names = named_agents(flows)
         end = self.started_mono + (self.agent_return_s if window_s is None else window_s)
-        with self.agents_back:
-            while self.owner.run(lambda: names - self.registry.agents.keys()):
-                left = end - time.monotonic()
-                if left <= 0:
-                    return
-                self.agents_back.wait(left)
+        if self.owner.on_loop:  # (the API answers on the loop only when `agents_here`)
+            return
+        self.owner.run_async(self._agents_back_on_loop, names, end)
+
+    async def _agents_back_on_loop(self, names: set, end: float) -> None:
+        """Wait on the loop until every agent of `names` is registered, at most until `end`
+        (monotonic s); each registration sets `agents_back` (a new event after each)."""
+        with trio.move_on_after(max(0.0, end - time.monotonic())):
+            while names - self.registry.agents.keys():
+                await self.agents_back.wait()
 
     def agents_here(self, flows: object) -> bool:
         """Whether `await_agents(flows)` would return at once (on the loop): every agent the
@@ -56,9 +62,13 @@ class ControllerResumption:
     def agent_registered(self) -> list[int]:
         """An agent registered: wake submits waiting for it (`await_agents`), then resume the
         journal's coflows whose agents are all back (`resume`)."""
-        with self.agents_back:
-            self.agents_back.notify_all()
+        self.owner.run(self._wake_agent_waiters)
         return self.resume()
+
+    def _wake_agent_waiters(self) -> None:
+        """On the loop: wake the submits waiting for agents (they check again)."""
+        self.agents_back.set()
+        self.agents_back = trio.Event()
 
     def resume(self) -> list[int]:
         """Admit again the journal's coflows that had not ended (terra_controller/resume.py)
