@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 import math
 import socket
-import ssl
 import time
 
 import trio
 
+from terra_controller.loop_frames import send_all
 from terra_controller.transport import FRAME_TIMEOUT_S, read_message
 from terra_security.pki import INSECURE, Identity
 from terra_wire import control as protocol
@@ -158,7 +158,7 @@ class AgentConnection:
                         break
                 data = b"".join(bytes(p) for h in batch for p in encode_frame(h))
                 with trio.fail_after(send_timeout_s):
-                    await _send_all(self.sock, data)
+                    await send_all(self.sock, data)
         except _SEND_FAILURES as exc:
             if not self.closed:
                 why = str(exc) or type(exc).__name__
@@ -177,20 +177,3 @@ def shutdown(sock, how: int) -> None:
 
 
 _SEND_FAILURES = (OSError, trio.TooSlowError, trio.ClosedResourceError, trio.BusyResourceError)
-
-
-async def _send_all(sock, data: bytes) -> None:
-    """loop_frames.send_all for a socket another task of the loop reads: a TLS write that
-    must read first (a key update) retries shortly instead of waiting for readability,
-    which the reading task is doing already."""
-    view = memoryview(data)
-    while view:
-        try:
-            sent = sock.send(view)
-        except (ssl.SSLWantWriteError, BlockingIOError):
-            await trio.lowlevel.wait_writable(sock)
-            continue
-        except ssl.SSLWantReadError:
-            await trio.sleep(0.001)
-            continue
-        view = view[sent:]

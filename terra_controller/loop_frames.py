@@ -23,7 +23,9 @@ CHUNK = 1 << 16  # bytes asked of the socket at a time
 
 
 async def send_all(sock, data: bytes) -> None:
-    """Write all of `data` to the non-blocking `sock`.
+    """Write all of `data` to the non-blocking `sock`. A TLS write that must read first (a
+    key update: rare) retries shortly instead of waiting for readability, which another
+    task of the loop may be waiting for already (an agent connection's reader).
 
     Raises:
         OSError: the connection broke.
@@ -36,7 +38,7 @@ async def send_all(sock, data: bytes) -> None:
             await trio.lowlevel.wait_writable(sock)
             continue
         except ssl.SSLWantReadError:
-            await trio.lowlevel.wait_readable(sock)
+            await trio.sleep(0.001)
             continue
         view = view[sent:]
 

@@ -384,7 +384,7 @@ def test_sends_to_a_connection_that_is_ending_are_dropped_and_others_go_on(chann
     import terra_controller.agent_connection as connection
 
     controller, chan, addr = channel
-    real = connection._send_all
+    real = connection.send_all
 
     async def slow(sock, data):  # a peer slow to read: each write takes 0.5 s
         await trio.sleep(0.5)
@@ -392,11 +392,11 @@ def test_sends_to_a_connection_that_is_ending_are_dropped_and_others_go_on(chann
 
     a1 = Agent(addr, "a1", "A", 30000)
     a1.wait_for(lambda m: m["t"] == "tunnels")
-    monkeypatch.setattr(connection, "_send_all", slow)
+    monkeypatch.setattr(connection, "send_all", slow)
     chan.push_tunnels()  # a1's writer is now busy for 0.5 s
     a1.close()  # its reader ends: the queue is flushed (what is queued goes, nothing more)
     time.sleep(0.1)
-    monkeypatch.setattr(connection, "_send_all", real)
+    monkeypatch.setattr(connection, "send_all", real)
     chan.push_tunnels()  # (raised ClosedResourceError while a1 was still listed)
     b1 = Agent(addr, "b1", "B", 31000)  # registers while a1's queue is flushed
     b1.wait_for(lambda m: m["t"] == "tunnels")
