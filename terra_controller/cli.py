@@ -642,7 +642,8 @@ def start_openflow_app(args, topology, binding, controller, tunnels):
     """Start os-ken with the tunnel app; PortStatus link changes reach the controller.
 
     The app keeps its own copy of the topology (it flips link state on PortStatus);
-    the controller's copy changes on the controller's loop via set_link_state (as the
+    the controller's copy changes on the controller's loop, each change handed over
+    through a channel (`switch_link_change`: os-ken does not wait for the loop; as the
     switches' word: an operator's link-down holds, terra_controller/operator_links.py).
     `tunnels` (tunnels.startup_tunnels) is the list the agent channel's TunnelTable
     holds too: built once, shared.
@@ -651,10 +652,9 @@ def start_openflow_app(args, topology, binding, controller, tunnels):
         (TunnelApp, os-ken threads).
     """
     from terra_controller.openflow_app import TunnelConfig, start_openflow
-    from terra_controller.operator_links import SWITCH
 
-    def link_changed(change) -> None:
-        controller.set_link_state(change.link[0], change.link[1], change.up, source=SWITCH)
+    def link_changed(change) -> None:  # (os-ken's thread: handed over, not waited for)
+        controller.switch_link_change(change.link[0], change.link[1], change.up)
 
     config = TunnelConfig(
         topology.copy(), binding, args.k, on_link_change=link_changed, tunnels=tunnels,

@@ -237,6 +237,7 @@ class Controller(
         self.role = "single"  # "leader" when elected among controllers on etcd
         self.leader_addr: str | None = None  # the leader's API address (HOST:PORT) then
         self.generation = 0  # the etcd generation it leads with (0: no etcd)
+        self._switch_links = None  # the loop's channel of switch link changes (operator_links)
         self.links = LinkStates(self.journal)  # the operator's (journaled) and the switches'
         restore_before_first_round(self)
         self.resuming = {cid: e for cid, e in self.journal.live.items() if e.resumable}

@@ -22,6 +22,9 @@ takes these link events and asks for a round when the policy judges the WAN chan
 from __future__ import annotations
 
 import logging
+import math
+
+import trio
 
 from terra_controller.coflow_state import RegistryError
 from terra_controller.core_log import core_event
@@ -108,7 +111,7 @@ def restore_before_first_round(controller) -> None:
 
 class ControllerLinkEvents:
     """Link events of `Controller` (its attributes: owner, policy, topology,
-    links (LinkStates), journal, events)."""
+    links (LinkStates), journal, events, _switch_links: the link task's channel or None)."""
 
     def set_link_state(self, a: object, b: object, up: object, source: str = OPERATOR) -> bool:
         """Set the undirected link a-b up or down (both directions), as the operator says
@@ -130,6 +133,32 @@ class ControllerLinkEvents:
         if source == OPERATOR:
             self._durable(f"link {a}-{b}")
         return changed
+
+    def switch_link_change(self, a: str, b: str, up: bool) -> None:
+        """A switch's word on link a-b, from os-ken's handler thread: handed to the loop
+        through a channel without waiting, so os-ken goes on with its events. The loop's
+        link task applies the changes one after the other, in the order they came, each
+        once no round holds the policy (as `set_link_state` with source "switch")."""
+        self.owner.call_soon(self._queue_switch_link, (a, b, up))
+
+    def _queue_switch_link(self, change: tuple[str, str, bool]) -> None:
+        """On the loop: put `change` in the link task's channel (the task starts with the
+        first change)."""
+        if self._switch_links is None:
+            send, receive = trio.open_memory_channel[tuple[str, str, bool]](math.inf)
+            self._switch_links = send
+            self.owner.start_task(self._apply_switch_links, receive)
+        self._switch_links.send_nowait(change)
+
+    async def _apply_switch_links(self, receive) -> None:
+        """The loop's link task: each switch link change as a "link" core event, holding
+        the policy (a failing one is logged; the next ones still apply)."""
+        async for a, b, up in receive:
+            try:
+                async with self.owner.policy_for_loop():
+                    self._set_link_on_loop(a, b, up, SWITCH)
+            except Exception:
+                LOG.exception("link %s-%s from a switch could not be applied", a, b)
 
     @core_event("link")
     def _set_link_on_loop(self, a: object, b: object, up: bool, source: str) -> bool:

@@ -94,3 +94,28 @@ def test_restore_skips_a_link_the_topology_no_longer_has():
     links = {("A", "X"): {"up": False, "cap": None}, ("A", "B"): {"up": True, "cap": 3e7}}
     assert restore(topology, links) == 1
     assert topology.capacity[("B", "A")] == 3e7 and not topology.down
+
+
+def test_switch_link_changes_do_not_wait_for_a_round_and_apply_in_order(tmp_path):
+    """os-ken's thread hands a switch's link changes to the loop without waiting, even
+    while a round holds the policy; the loop applies them in the order they came, and a
+    bad one is logged without stopping the next."""
+    import time
+
+    c = controller(tmp_path)
+    with c.owner.policy_held():  # (a round holding the policy)
+        t0 = time.monotonic()
+        for a, b, up in [("A", "B", False), ("X", "Y", False), ("A", "B", True),
+                         ("A", "B", False)]:  # fmt: skip
+            c.switch_link_change(a, b, up)
+        assert time.monotonic() - t0 < 0.5  # (handed over, not applied yet)
+        time.sleep(0.2)
+        assert ("A", "B") not in c.topology.down
+    end = time.monotonic() + 5
+    while time.monotonic() < end:
+        kinds = [e["kind"] for e in c.owner.run(lambda: c.events.since(0))["events"]]
+        if len(kinds) >= 3:
+            break
+        time.sleep(0.02)
+    assert kinds == ["link_down", "link_up", "link_down"]
+    assert ("A", "B") in c.topology.down and ("B", "A") in c.topology.down
