@@ -41,6 +41,7 @@ SWAN_LINKS = [("HK", "LA"), ("HK", "NY"), ("LA", "NY"), ("LA", "FL"), ("NY", "FL
 AGENTS = [("hk1", "HK", "127.0.0.1"), ("la1", "LA", "127.0.0.1")]
 LINK_CAP = 2e6  # bytes/s on every link while the page is looked at
 LOG_INFO = ["--log-level", "INFO"]  # the controller's log names every handshake not done
+APP_WAIT_S = 20.0  # the page's script runs within this after a load, or the page is loaded again
 SMALL, BIG = 200_000, 400_000_000  # bytes (BIG runs > 100 s at the capped rates)
 
 
@@ -290,9 +291,19 @@ class PageSession(PageDriver):
         return "; controller log: " + " | ".join(picked)
 
     def open_page(self) -> None:
-        """Start the browser on the controller's page."""
+        """Start the browser on the controller's page; if its script has not run within
+        APP_WAIT_S (the browser got no reply for one of its files: seen now and then on a
+        loaded machine, cause not found), load the page once more and keep what the first
+        load showed in `first_load` (None when one load was enough)."""
         self.driver = start_browser()
         self.driver.get(self.ctl.rest + "/")
+        self.first_load = None
+        try:
+            self.wait(lambda: self.js("return typeof poll") == "function", APP_WAIT_S)
+        except TimeoutError:
+            self.first_load = self.page_state() + self.log_excerpt()
+            print(f"web page: the first load did not run app.js: {self.first_load}")
+            self.driver.get(self.ctl.rest + "/")
 
     def __enter__(self) -> PageSession:
         return self
