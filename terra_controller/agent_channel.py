@@ -61,7 +61,6 @@ from terra_controller.agent_connection import (
     AgentConnection,
     ChannelError,
     parse_control,
-    shutdown,
 )
 from terra_controller.coflow_state import (
     CoflowState,
@@ -80,6 +79,7 @@ from terra_controller.transport import (
     FRAME_TIMEOUT_S,
     ServerSecurity,
     listen_and_serve,
+    shutdown,
 )
 from terra_controller.tunnel_table import TunnelTable
 from terra_security.data_keys import DataKeys
@@ -266,8 +266,7 @@ class AgentChannel:
                         del self.connections[conn.agent]
                         self.dispatch(core.Disconnect(conn.agent, conn.last_seen))
                     with trio.move_on_after(FLUSH_S):  # (a last "error" reaches the agent)
-                        while not conn.closed and nursery.child_tasks:
-                            await trio.sleep(0.005)
+                        await conn.written.wait()
                 finally:
                     conn.close()  # (ends the writer task if it still waits)
 

@@ -17,7 +17,7 @@ import time
 import trio
 
 from terra_controller.loop_frames import send_all
-from terra_controller.transport import FRAME_TIMEOUT_S, read_message
+from terra_controller.transport import FRAME_TIMEOUT_S, read_message, shutdown
 from terra_security.pki import INSECURE, Identity
 from terra_wire import control as protocol
 from terra_wire.api import WireError
@@ -110,7 +110,8 @@ class AgentConnection:
         self.identity: Identity = INSECURE
         self._outbox, self._queued = trio.open_memory_channel[dict](math.inf)
         self.closed = False
-        self.closing = False  # `finish_sending`: what is queued goes, nothing more
+        self.closing = False  # `finish_sending` or `close`: nothing more is queued
+        self.written = trio.Event()  # set when the writer task ended
         self.last_seen = time.time()  # wall-clock s of the last message read (console)
 
     def send(self, header: dict) -> None:
@@ -121,7 +122,7 @@ class AgentConnection:
         """
         if not trio.lowlevel.in_trio_run():
             raise RuntimeError("an agent connection is written on the controller's loop only")
-        if not (self.closed or self.closing):  # (else dropped: the connection is ending)
+        if not self.closing:  # (else dropped: the connection is ending)
             self._outbox.send_nowait(header)
 
     def finish_sending(self) -> None:
@@ -134,7 +135,7 @@ class AgentConnection:
         """Close the socket (on the loop): the tasks waiting on it wake up, the writer ends."""
         if self.closed:
             return
-        self.closed = True
+        self.closed = self.closing = True
         self._outbox.close()
         try:
             trio.lowlevel.notify_closing(self.sock)
@@ -164,16 +165,8 @@ class AgentConnection:
                 why = str(exc) or type(exc).__name__
                 LOG.info("agent %s: send failed: %s", self.agent or self.addr, why)
                 self.close()
-
-
-def shutdown(sock, how: int) -> None:
-    """Shut `sock`'s descriptor down (`how`: socket.SHUT_WR, SHUT_RDWR) without touching
-    its TLS state (SSLSocket.shutdown would drop it, and later reads would see raw TLS
-    records); a socket already gone is ignored."""
-    try:
-        socket.socket.shutdown(sock, how)
-    except OSError:
-        pass
+        finally:
+            self.written.set()
 
 
 _SEND_FAILURES = (OSError, trio.TooSlowError, trio.ClosedResourceError, trio.BusyResourceError)

@@ -100,8 +100,10 @@ class FileRequests:
                 if not self.send(agent, [dict(header, id=msg_id) for header in headers]):
                     raise RegistryError("unknown_agent", f"agent {agent} is not connected")
             with trio.move_on_after(self.timeout_s):
-                for msg_id in ids:
+                for msg_id in ids:  # (in order; a refusal answers at once)
                     await self._waiting[msg_id].done.wait()
+                    if self._waiting[msg_id].error is not None:
+                        break
             return [self._rows(msg_id) for msg_id in ids]
         finally:
             for msg_id in ids:

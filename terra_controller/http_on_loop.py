@@ -55,10 +55,10 @@ async def serve_wsgi_request(
         request, body = await _read_request(conn, reader)
     except h11.RemoteProtocolError as exc:
         LOG.debug("REST %s: bad request: %s", addr, exc)
-        await _send_error(sock, exc.error_status_hint or 400, str(exc)[:200])
+        await send_error(sock, exc.error_status_hint or 400, str(exc)[:200])
         return
     except _Refused as exc:
-        await _send_error(sock, exc.status, exc.text)
+        await send_error(sock, exc.status, exc.text)
         return
     if request is None:  # closed before a request
         return
@@ -66,7 +66,7 @@ async def serve_wsgi_request(
         out = _reply(conn, app, wsgi_environ(request, body, addr, base_environ, scheme))
     except Exception:  # the application (or its headers) failed: 500, the server goes on
         LOG.exception("REST %s %r failed", addr, request.target[:200])
-        await _send_error(sock, 500, "internal error (logged)")
+        await send_error(sock, 500, "internal error (logged)")
         return
     await send_all(sock, out)
 
@@ -182,11 +182,11 @@ def _call(app: Callable, environ: dict) -> tuple[int, bytes, list[tuple[str, str
     return int(code), reason.encode("latin-1"), list(headers), chunks
 
 
-async def _send_error(sock, status: int, text: str) -> None:
+async def send_error(sock, status: int, text: str) -> None:
     """Answer `status` with `text` (plain text) outside h11's state (the request may not
     have been parsed); a peer gone is ignored."""
     body = text.encode("utf-8", "replace")
-    reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
+    reason = HTTPStatus(status).phrase
     head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")  # fmt: skip
     try:

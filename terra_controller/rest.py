@@ -69,7 +69,7 @@ from terra_controller.console_views import (
     to_json,
 )
 from terra_controller.controller import Controller
-from terra_controller.http_on_loop import serve_wsgi_request
+from terra_controller.http_on_loop import send_error, serve_wsgi_request
 from terra_controller.metrics import CONTENT_TYPE, ControllerCollector
 from terra_controller.tenant_api import rest_view, with_tenant
 from terra_controller.transport import (
@@ -513,8 +513,9 @@ class RestServer:
         import trio
 
         app = self.app_for(identity)
-        if app is None:
-            _reply_starting(sock)
+        if app is None:  # (as _reply_starting, without blocking the loop)
+            with trio.move_on_after(REQUEST_TIMEOUT_S):
+                await send_error(sock, 503, "the controller is starting; retry")
             return
         with trio.move_on_after(REQUEST_TIMEOUT_S) as scope:
             try:

@@ -109,17 +109,19 @@ class Deadlines:
                     continue
                 heapq.heappop(self._heap)
                 sock = self._socks.pop(key)
-            _shutdown(sock)
+            shutdown(sock)
 
 
 DEADLINES = Deadlines()
 
 
-def _shutdown(sock) -> None:
-    """Shut the descriptor down (bypassing SSLSocket.shutdown, which is not thread-safe)."""
+def shutdown(sock, how: int = socket.SHUT_RDWR) -> None:
+    """Shut the descriptor down (`how`: socket.SHUT_RDWR, SHUT_WR), bypassing
+    SSLSocket.shutdown, which is not thread-safe and drops the TLS state (later reads would
+    see raw TLS records); a socket already gone is ignored."""
     sock = getattr(sock, "raw", sock)  # (a socket wrapper, as benchmarks.shared_socket)
     try:
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+        socket.socket.shutdown(sock, how)
     except OSError:
         pass
 
@@ -208,7 +210,7 @@ class Admission(ConnectionCounts):
 def _shut_down_victim(victim: Ticket, host: str) -> None:
     """Admission's default eviction: shut the victim's socket down (if it has one yet)."""
     if victim.sock is not None:
-        _shutdown(victim.sock)
+        shutdown(victim.sock)
 
 
 def authenticate(
@@ -569,7 +571,7 @@ class _Acceptor:
         """Admission's eviction: drop `victim` (pending) for a newcomer from `host`."""
         self.evictions.event(f"{victim.host} for {host}")
         if victim.sock is not None:  # served without a certificate
-            _shutdown(victim.sock)
+            shutdown(victim.sock)
         elif self.handshakes is not None:
             self.handshakes.evict(victim)
 
