@@ -420,7 +420,9 @@ class TenantPolicy:
             share = shares.get(t, zero)
             rates.update(self._policies[t].group_rates(now, vols, share, self.spec.order))
         given = {t: dict(shares.get(t, zero)) for t in by_tenant}
-        if self.spec.sharing == "cooperative":
+        if self.spec.sharing == "strict":
+            self._hold_strict(found, by_tenant, rates)  # type: ignore[arg-type]  # (not static)
+        elif self.spec.sharing == "cooperative":
             spare = spare_capacity(capacity, [rates])
             step_a = {t: {k: sum(x for _, x in lst) for k, lst in r.items()}
                       for t, r in found.rates.items()}  # type: ignore[union-attr]  # fmt: skip
@@ -433,6 +435,16 @@ class TenantPolicy:
             self._record(found, tenant_vol, paths, given)
         return _within(rates, capacity)
 
+    def _hold_strict(
+        self, found: TenantShares, by_tenant: ByTenant, rates: dict[str, PairRates]
+    ) -> None:
+        """Hold every tenant to its Step A rate per pair, its coflows in the order its
+        Terra served them this round (`hold_to_pairs`; in place)."""
+        for t, vols in by_tenant.items():
+            caps = {k: sum(x for _, x in lst) for k, lst in found.rates.get(t, {}).items()}
+            order = [c for c in self._policies[t].round_order() if c in vols]
+            hold_to_pairs(rates, caps, list(dict.fromkeys([*order, *vols])))
+
     def _record(
         self,
         found: TenantShares,
@@ -442,16 +454,49 @@ class TenantPolicy:
     ) -> None:
         """Keep Step A's μ* and the isolation guarantee of the capacity each tenant was
         given (its share, plus its leftover when cooperative): min_t of its progress on
-        that capacity over s_t (tenant_shares.allocation_progress)."""
-        weighted = {
-            t: allocation_progress(tenant_vol[t], paths, given[t], g) / found.weight_share[t]
-            for t, g in found.solo_gamma.items()
-            if t in found.weight_share
-        }
+        that capacity over s_t (tenant_shares.allocation_progress); with strict sharing
+        also held to its Step A rate per pair (`hold_to_pairs`)."""
+        weighted = {}
+        for t, g in found.solo_gamma.items():
+            if t not in found.weight_share:
+                continue
+            prog = allocation_progress(tenant_vol[t], paths, given[t], g)
+            if self.spec.sharing == "strict":
+                held = found.rates.get(t, {})
+                for k, d in tenant_vol[t].items():
+                    prog = min(prog, sum(x for _, x in held.get(k, ())) * g / d)
+            weighted[t] = prog / found.weight_share[t]
         if weighted:
             self.stats["guarantee"].append(found.guarantee)
             self.stats["achieved"].append(min(weighted.values()))
             self.progress = weighted
+
+
+def hold_to_pairs(rates: dict[str, PairRates], caps: dict[Pair, float], order: list[str]) -> None:
+    """Hold one tenant's coflows to its Step A rate per DC pair (strict sharing; in place).
+
+    On each pair the coflows keep their rates in `order` (the tenant's Terra order) until
+    their sum reaches the pair's cap; the coflow that crosses it is scaled down to what is
+    left, the later ones to 0. A tenant held to its pair rates gains nothing by lying about
+    its bytes, even over K tunnels (docs/design.md 4.5, "Strategy-proof").
+
+    Args:
+        rates: {coflow id: {pair: [(path, bytes/s)]}} (every tenant's; only `order`'s
+            coflows are changed).
+        caps: {pair: bytes/s}: the tenant's Step A rate per pair (0 where absent).
+        order: the tenant's coflow ids, first served first.
+    """
+    left = dict(caps)
+    for cid in order:
+        for pair, lst in rates.get(cid, {}).items():
+            total = sum(x for _, x in lst)
+            room = left.get(pair, 0.0)
+            if total <= room:
+                left[pair] = room - total
+                continue
+            scale = room / total if total > 0 else 0.0
+            rates[cid][pair] = [(path, x * scale) for path, x in lst]
+            left[pair] = 0.0
 
 
 def _attribute(

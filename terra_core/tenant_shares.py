@@ -50,7 +50,8 @@ SHARINGS = ("cooperative", "strict", "static")
 """How a round divides the WAN among tenants (docs/design.md 4.5):
 cooperative: Step A shares, Terra in each, the leftover to every tenant that can use it
 (HUG's cooperative work conservation; the default);
-strict: Step A shares only, nothing redistributed (strict isolation);
+strict: Step A shares only, each tenant also held to its Step A rate per pair, nothing
+redistributed (strict isolation; strategy-proof, tenant_policy.hold_to_pairs);
 static: w_t / Σ w (over every tenant, active or not) of every link, nothing redistributed
 (the baseline static partition; not work-conserving)."""
 DEFAULT_SHARING = "cooperative"

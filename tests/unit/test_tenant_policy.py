@@ -123,6 +123,43 @@ def test_strict_and_static_keep_each_tenant_in_its_share(sharing):
         assert policy.stats["achieved"][-1] >= policy.stats["guarantee"][-1] * (1 - 1e-6)
 
 
+def test_strict_sharing_gives_a_liar_nothing_over_tunnels():
+    # K = 3 tunnels; t0 (weight 3) sends B->D 89 B, t1 (4) B->A 1 B, t2 (1) C->A 25 B,
+    # B->A 90 B and D->B 7 B. Lying, t0 adds a dummy coflow (D->B 510 B, D->C 550 B,
+    # C->A 800 B): Step A then routes t0 a share on which, free to route inside it, its
+    # real coflow's rates progress 1.59x as fast as when truthful (Terra orders the real
+    # coflow first and its min-CCT on the share takes links Step A routed for the dummy).
+    # Held to its Step A rate per pair (strict), the real coflow gains nothing.
+    caps = {("A", "B"): 1.0, ("A", "C"): 6.0, ("B", "A"): 10.0, ("C", "B"): 10.0}
+    caps |= {("D", "A"): 8.0, ("B", "C"): 1.0, ("C", "D"): 1.0}
+    topo = Topology("r", ["A", "B", "C", "D"], caps)
+    real = Coflow("real", 0.0, [Flow("f0", "B", "D", 89.0)])
+    t1 = Coflow("t1", 0.0, [Flow("f0", "B", "A", 1.0)])
+    t2 = Coflow(
+        "t2",
+        0.0,
+        [Flow("f0", "C", "A", 25.0), Flow("f1", "B", "A", 90.0), Flow("f2", "D", "B", 7.0)],
+    )
+    dummy = Coflow(
+        "dummy",
+        0.0,
+        [Flow("f0", "D", "B", 510.0), Flow("f1", "D", "C", 550.0), Flow("f2", "C", "A", 800.0)],
+    )
+    weights = {"t0": 3.0, "t1": 4.0, "t2": 1.0}
+
+    def real_rate(coflows):
+        owner = {c.id: c.id if c.id in weights else "t0" for c in coflows}
+        policy = TenantPolicy(topo, TenantSpec(weights, owner, "strict"), k=3)
+        for c in coflows:
+            assert policy.add_coflow(c, 0.0)
+        rates = policy.group_rates(0.0, group_volumes(coflows))["real"]
+        return sum(x for _, x in rates[("B", "D")])
+
+    honest = real_rate([real, t1, t2])
+    assert honest > 0
+    assert real_rate([real, t1, t2, dummy]) <= honest * (1 + 1e-9)
+
+
 def test_spec_errors():
     with pytest.raises(ValueError, match="weight"):
         TenantSpec({"a": 0.0})
