@@ -139,8 +139,8 @@ class Controller(
         owner: the OwnerLoop (owner_loop.py) that alone reads and changes this state.
         round_wanted: a round was asked for (on the loop); round_asked: the trio Event the
             round task waits on.
-        on_rates: callbacks called with (FlowRates, changed_wan: bool) after each round,
-            on the loop.
+        on_rates: callbacks called with (FlowRates, changed_wan: bool) after each round (its
+            PushRates effect, core_effects.py), on the loop.
         on_flows: callbacks called with (coflow, new flows) once they are stored (submit,
             update), after the admission (a flow may have ended or restarted meanwhile).
         on_drop: callbacks called with (coflow, flows, restart: bool) on the loop when

@@ -20,6 +20,7 @@ import trio
 
 from terra_controller.coflow_registry import CoflowRegistry
 from terra_controller.coflow_state import coflow_key, parse_coflow_key
+from terra_controller.core_effects import Effect, PushRates, logged, perform
 from terra_controller.core_log import rates_digest
 from terra_core.policy import Allocation, Policy
 from terra_model.states import CoflowStatus
@@ -51,6 +52,10 @@ class ControllerRounds:
         applied on the loop again; a coflow that finished, failed or was cancelled during
         the allocation gets no rates.
 
+        The applied rates go out as the round's effect (core_effects.PushRates: every
+        `on_rates` listener gets them, the agent channel sends each agent its changed
+        FlowGroup rates), performed once they are applied.
+
         Returns:
             (FlowRates for every active WAN flow, whether the WAN changed since the last
             round). Coflow states are updated from the policy.
@@ -58,15 +63,14 @@ class ControllerRounds:
         return await self.owner.holding_policy(self._round)
 
     async def _round(self) -> tuple[FlowRates, bool]:
-        self.round_wanted = False
         self.round_asked = trio.Event()
-        wan, self.wan_dirty = self.wan_dirty, False
         start = time.perf_counter()
-        now, remaining = self._round_begin(self.now())
+        now, remaining, wan = self._round_begin(self.now())
         begin_allocate = time.perf_counter()
         allocation = await self.owner.in_worker(self._allocate, now, remaining)
         allocated = time.perf_counter()
-        self._round_end(self.now(), allocation, remaining)
+        effects = self._round_end(self.now(), allocation, remaining, wan)
+        perform(self, effects)
         elapsed_ms = (time.perf_counter() - start) * 1e3
         self.stats["rounds"] += 1
         self.stats["last_round_ms"] = elapsed_ms
@@ -80,12 +84,15 @@ class ControllerRounds:
         self.metrics.allocate_duration.observe(allocated - begin_allocate)
         return self.rates, wan
 
-    def _round_begin(self, at: float) -> tuple[float, dict]:
+    def _round_begin(self, at: float) -> tuple[float, dict, bool]:
         """The round's snapshot (core event "round", at `at` controller seconds): the
-        coflows that left go from the policy, the remaining bytes are copied, and a policy
-        with a `begin_round()` takes what changed outside it (tenants.LiveTenantPolicy: the
-        tenant book's changes); its `end_round(remaining)`, if any, runs in `_round_end`.
-        Returns (`at`, {coflow key: {flow id: remaining bytes}})."""
+        request is cleared, the coflows that left go from the policy, the remaining bytes
+        are copied, and a policy with a `begin_round()` takes what changed outside it
+        (tenants.LiveTenantPolicy: the tenant book's changes); its `end_round(remaining)`,
+        if any, runs in `_round_end`. Returns (`at`, {coflow key: {flow id: remaining
+        bytes}}, whether the WAN changed since the last round)."""
+        self.round_wanted = False
+        wan, self.wan_dirty = self.wan_dirty, False
         self.event_at = at
         try:
             self._drain_leaving()
@@ -97,11 +104,14 @@ class ControllerRounds:
             self.event_at = None
         if self.recorder is not None:
             self.recorder.write(at, "round", [], None)
-        return at, remaining
+        return at, remaining, wan
 
-    def _round_end(self, at: float, allocation: Allocation, remaining: dict) -> None:
+    def _round_end(
+        self, at: float, allocation: Allocation, remaining: dict, wan: bool
+    ) -> list[Effect]:
         """Apply the policy's `allocation` (core event "round_applied", at `at`): rates and
-        coflow states; recorded with the rates' digest."""
+        coflow states; recorded with the rates' digest. Returns its effects: the rates to
+        push (PushRates, with `wan`), for the caller to perform."""
         states = self._policy_states(remaining)
         end = getattr(self.policy, "end_round", None)
         if end is not None:  # (tenants.LiveTenantPolicy: the round noted in the book)
@@ -110,20 +120,24 @@ class ControllerRounds:
         self.allocation = allocation
         self.rates = flow_rates(allocation, self.registry)
         self._update_states(states)
+        effects: list[Effect] = [PushRates(self.rates, wan)]
         if self.recorder is not None:
-            self.recorder.write(at, "round_applied", [], rates_digest(allocation))
+            digest = rates_digest(allocation)
+            self.recorder.write(at, "round_applied", [], digest, logged(effects))
+        return effects
 
     def replay_round_begin(self, at: float) -> tuple:
         """Replay (core_log.replay): a recorded "round" at `at`: the snapshot, and the
         policy's allocation solved at once. Returns what `replay_round_end` applies."""
-        now, remaining = self._round_begin(at)
-        return self._allocate(now, remaining), remaining
+        now, remaining, wan = self._round_begin(at)
+        return self._allocate(now, remaining), remaining, wan
 
-    def replay_round_end(self, at: float, pending: tuple) -> str:
-        """Replay: a recorded "round_applied" at `at`; returns the rates' digest."""
-        allocation, remaining = pending
-        self._round_end(at, allocation, remaining)
-        return rates_digest(allocation)
+    def replay_round_end(self, at: float, pending: tuple) -> tuple[str, list]:
+        """Replay: a recorded "round_applied" at `at`; returns the rates' digest and the
+        effects as logged (none is performed)."""
+        allocation, remaining, wan = pending
+        effects = self._round_end(at, allocation, remaining, wan)
+        return rates_digest(allocation), logged(effects)
 
     def _allocate(self, now: float, remaining: dict) -> Allocation:
         """policy.allocate in the round's worker thread (the round holds the policy)."""
@@ -191,21 +205,6 @@ class ControllerRounds:
                 running = any(r > 0 for paths in rates.values() for _, r in paths)
                 state = CoflowStatus.RUNNING if running else CoflowStatus.PREEMPTED
             coflow.state = CoflowStatus(state)
-
-    def round_and_push(self) -> FlowRates:
-        """Run a round and call every `on_rates` listener with the result, from a thread
-        other than the loop's."""
-        return self.owner.run_async(self.round_and_push_now)
-
-    async def round_and_push_now(self) -> FlowRates:
-        """On the loop: a round (`round_now`), then every `on_rates` listener."""
-        rates, wan = await self.round_now()
-        for listener in list(self.on_rates):
-            try:
-                listener(rates, wan)
-            except Exception:  # a listener's failure must not stop the scheduler
-                LOG.exception("rate listener failed")
-        return rates
 
 
 def flow_rates(allocation: Allocation, registry: CoflowRegistry) -> FlowRates:
@@ -301,7 +300,7 @@ class RoundRunner:
             if not ctl.round_wanted:
                 continue
             try:
-                await ctl.round_and_push_now()
+                await ctl.round_now()
             except Exception:
                 LOG.exception("scheduling round failed")
                 await trio.sleep(0.1)

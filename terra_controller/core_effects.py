@@ -5,8 +5,10 @@ A handler of a core event (core_log.core_event) changes the controller's state a
 `emit`s effects; it calls nothing outside the core. Once the handler returned (or
 raised), the shell around it (the `core_event` wrapper) records the effects with the
 event and performs them in order (`perform`): the agent channel's listeners learn which
-flows to drop or restart, the round runner learns that a round is wanted, and the timer's
-listeners run. A replay compares the effects with the log's and performs none.
+flows to drop or restart, the round runner learns that a round is wanted, the timer's
+listeners run, and a round's applied rates go to the rate listeners (the agent channel
+sends each agent its changed FlowGroup rates). A replay compares the effects with the
+log's and performs none.
 
 An effect emitted outside an event (a method called directly on the loop) is performed
 at once.
@@ -60,7 +62,26 @@ class TimerTick:
         return ["tick"]
 
 
-Effect = DropFlows | AskRound | TimerTick
+@dataclass(frozen=True)
+class PushRates:
+    """A round's rates were applied ("round_applied"): every `on_rates` listener gets them
+    (the agent channel sends each agent its changed FlowGroup rates; `wan`: the WAN changed
+    since the last round, so the tunnel table goes first).
+
+    Attributes:
+        rates: {coflow id: {flow id: [(path, bytes/s)]}} (controller_round.FlowRates).
+        wan: the WAN changed since the last round.
+    """
+
+    rates: dict
+    wan: bool
+
+    def logged(self) -> list:
+        """The effect in the core's log: ["push", wan] (the rates are the event's digest)."""
+        return ["push", self.wan]
+
+
+Effect = DropFlows | AskRound | TimerTick | PushRates
 
 
 def emit(controller: Any, effect: Effect) -> None:
@@ -75,7 +96,8 @@ def emit(controller: Any, effect: Effect) -> None:
 def perform(controller: Any, effects: list[Effect]) -> None:
     """Perform `effects` in order, on the loop: DropFlows calls every `on_drop` listener
     with (coflow, flows, restart), AskRound wakes the round runner, TimerTick calls every
-    `on_tick` listener. A listener that raises is logged; the others still run."""
+    `on_tick` listener, PushRates every `on_rates` listener with (rates, wan). A listener
+    that raises is logged; the others still run."""
     for effect in effects:
         if isinstance(effect, AskRound):
             controller.round_asked.set()
@@ -83,6 +105,8 @@ def perform(controller: Any, effects: list[Effect]) -> None:
         if isinstance(effect, DropFlows):
             listeners, args = controller.on_drop, (effect.coflow, list(effect.flows),
                                                    effect.restart)  # fmt: skip
+        elif isinstance(effect, PushRates):
+            listeners, args = controller.on_rates, (effect.rates, effect.wan)
         else:
             listeners, args = controller.on_tick, ()
         for listener in list(listeners):

@@ -156,7 +156,7 @@ class CoreEvent:
     (its arguments, plain values), `outcome` (what the handler answered), `effects` (what
     it asked of others, in order, core_effects.py: ["drop", coflow id, [flow ids], restart]
     for flows the agents must drop or restart, ["round", wan] for a round asked for,
-    ["tick"] for the timer's listeners)."""
+    ["tick"] for the timer's listeners, ["push", wan] for a round's rates sent)."""
 
     seq: int
     at: float
@@ -299,9 +299,11 @@ def _replay_on_loop(controller: Any, events: list[CoreEvent]) -> ReplayReport:
         elif ev.kind == "round_applied":
             if pending is None:
                 raise ValueError(f"event {ev.seq}: round_applied without its round")
-            got = controller.replay_round_end(ev.at, pending)
+            got, effects = controller.replay_round_end(ev.at, pending)
             pending = None
             report.rounds += 1
+            if effects != ev.effects:
+                report.mismatches.append((ev.seq, ev.kind, ev.effects, effects))
         else:
             handler = handlers.get(ev.kind)
             if handler is None:

@@ -232,7 +232,7 @@ def test_rates_split_among_agent_pairs_by_remaining_bytes(channel):
     # remaining bytes: a1 30 MB, a2 10 MB -> 3:1 on every path.
     for name in ("a1", "a2", "b1"):
         agents[name].wait_for(lambda m: m["t"] == "flows")
-    controller.round_and_push()
+    controller.run_round()
     wait_until(lambda: all(agents[a].latest_rates(str(cid), "B") for a in ("a1", "a2")))
     r1, r2 = agents["a1"].latest_rates(str(cid), "B"), agents["a2"].latest_rates(str(cid), "B")
     assert set(r1) == set(r2) and r1
@@ -244,7 +244,7 @@ def test_rates_split_among_agent_pairs_by_remaining_bytes(channel):
     k = protocol.report_tag(controller.registry.flow(cid, "x").digest_key)
     agents["a1"].send(protocol.progress_message([(str(cid), "x", 20_000_000, k)]))
     wait_until(lambda: controller.registry.get(cid).flows["x"].delivered == 20_000_000)
-    controller.round_and_push()
+    controller.run_round()
     wait_until(
         lambda: (
             agents["a1"].latest_rates(str(cid), "B").values()
@@ -275,10 +275,10 @@ def test_link_down_pushes_tunnels_and_rates_and_records_the_reaction(channel):
     a1, _b1 = Agent(addr, "a1", "A", 30000), Agent(addr, "b1", "B", 31000)
     wait_until(lambda: len(chan.connections) == 2)
     cid = controller.submit([{"id": "x", "src": "a1", "dst": "b1", "bytes": 10**9}])
-    controller.round_and_push()
+    controller.run_round()
     wait_until(lambda: len(a1.latest_rates(str(cid), "B")) == 2)  # both paths used
     controller.set_link_state("A", "B", False)
-    controller.round_and_push()
+    controller.run_round()
     wait_until(lambda: len(a1.latest_rates(str(cid), "B")) == 1)
     table = [m for m in a1.messages if m["t"] == "tunnels"][-1]
     assert [t["path"] for t in table["tunnels"]] == [["A", "C", "B"]]
@@ -304,13 +304,13 @@ def test_new_path_after_a_failure_gets_a_logical_tunnel_before_its_rates(channel
     a1, _b1 = Agent(addr, "a1", "A", 30000), Agent(addr, "b1", "B", 31000)
     wait_until(lambda: len(chan.connections) == 2)
     cid = controller.submit([{"id": "x", "src": "a1", "dst": "b1", "bytes": 10**9}])
-    controller.round_and_push()
+    controller.run_round()
     # K = 1: the only tunnel A->B is the direct link (tunnel ids run over the six
     # ordered pairs in DC order, so A->B is tunnel 0).
     first = a1.wait_for(lambda m: m["t"] == "rates")["rates"][0]["paths"]
     assert [p["tunnel"] for p in first] == ["0"]
     controller.set_link_state("A", "B", False)
-    controller.round_and_push()
+    controller.run_round()
     # The scheduler now uses A-C-B, which had no tunnel: a logical one (id 6, index 1
     # of the pair: port 31000 + 1 + 1) reaches a1 in a tunnel table before the rates.
     wait_until(lambda: a1.latest_rates(str(cid), "B").keys() == {"6"})

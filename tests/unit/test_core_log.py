@@ -276,3 +276,36 @@ def test_an_effect_emitted_outside_an_event_is_performed_at_once():
     c.want_round(wan=True)  # (not a core event: the round is asked for at once)
     assert c.round_wanted and c.wan_dirty and c.round_asked.is_set()
     assert c.effects is None and c.last_effects is None
+
+
+def test_a_round_s_rates_go_out_as_its_effect_after_they_are_applied(tmp_path):
+    clock = StepClock()
+    c = make_controller(clock)
+    c.recorder = CoreRecorder(tmp_path / "core.log")
+    for agent, dc in AGENTS.items():
+        c.register_agent(agent, dc, "127.0.0.1:30000")
+    seen = []
+
+    def on_rates(rates, wan):  # (the round's state is applied when the rates go out)
+        seen.append((rates == c.rates, wan, c.registry.coflows[cid].state.value))
+
+    def broken(*args):
+        raise RuntimeError("a listener that fails")
+
+    c.on_rates += [broken, on_rates]
+    cid = c.submit([{"id": "f0", "src": "a1", "dst": "c1", "bytes": 10**8}])
+    c.run_round()
+    c.set_link_state("A", "C", False)
+    c.run_round()
+    assert seen == [(True, False, "running"), (True, True, "running")]
+    c.recorder.close()
+    events = list(read_events(tmp_path / "core.log"))
+    applied = [e.effects for e in events if e.kind == "round_applied"]
+    assert applied == [[["push", False]], [["push", True]]]
+    again = make_controller()
+    again.on_rates.append(lambda *args: seen.append("replayed"))
+    assert replay(again, events).identical and "replayed" not in seen
+    forged = [e if e.kind != "round_applied" else
+              type(e)(e.seq, e.at, e.kind, e.args, e.outcome, [["push", not e.effects[0][1]]])
+              for e in events]  # fmt: skip
+    assert not replay(make_controller(), forged).identical
