@@ -231,12 +231,17 @@ def test_a_restarted_controller_s_log_starts_from_its_journal(tmp_path):
     assert code == 2 and pending > again
 
 
-def test_effects_are_performed_after_their_event_in_order_and_not_on_replay(tmp_path):
-    clock = StepClock()
-    c = make_controller(clock)
+def recording_controller(tmp_path) -> Controller:
+    """A controller recording to tmp_path/core.log with AGENTS registered."""
+    c = make_controller(StepClock())
     c.recorder = CoreRecorder(tmp_path / "core.log")
     for agent, dc in AGENTS.items():
         c.register_agent(agent, dc, "127.0.0.1:30000")
+    return c
+
+
+def test_effects_are_performed_after_their_event_in_order_and_not_on_replay(tmp_path):
+    c = recording_controller(tmp_path)
     seen = []
 
     def on_drop(coflow, flows, restart):  # (runs after the handler: the state is final)
@@ -279,11 +284,7 @@ def test_an_effect_emitted_outside_an_event_is_performed_at_once():
 
 
 def test_a_round_s_rates_go_out_as_its_effect_after_they_are_applied(tmp_path):
-    clock = StepClock()
-    c = make_controller(clock)
-    c.recorder = CoreRecorder(tmp_path / "core.log")
-    for agent, dc in AGENTS.items():
-        c.register_agent(agent, dc, "127.0.0.1:30000")
+    c = recording_controller(tmp_path)
     seen = []
 
     def on_rates(rates, wan):  # (the round's state is applied when the rates go out)
