@@ -4,7 +4,7 @@
         [--link-mbps M] [--workload fb|PATH] [--first I] [--coflows N] [--speedup S]
         [--load L] [--repeats R] [--hosts-per-dc H] [--k K] [--timeout S] [--workdir DIR]
         [--schedulers A,B,...] [--observe] [--controllers N [--kill-leader-at S]]
-        [--tenants N [--greedy-tenant] [--reserve T:A:B:M]] [--log-level LEVEL]
+        [--tenants N [--greedy-tenant] [--reserve T:A:B:M] [--sharing S]] [--log-level LEVEL]
     terra-testbed --version
 
 Defaults (full run, about 2 min): the 12-coflow FB burst (mininet_scenarios.workload) on
@@ -24,6 +24,8 @@ tenant's job certificate to a controller running N equal tenants; the summary ad
 tenant's average CCT. --greedy-tenant: each repeat runs Terra a second time with the last
 tenant's coflows split into 10 coflows each (same bytes and arrival) and reports how much
 the honest tenants' average CCT changed (mininet_scenarios.testbed_tenants).
+--sharing cooperative|strict|static: how the tenants share the WAN (the tenants file's
+`sharing`, docs/design.md 4.5; default cooperative).
 --reserve t0:HK:BA:3: the tenants file gives tenant t0 a guaranteed 3 Mbit/s of payload from
 DC HK to DC BA (no window: in every Terra run), and every run gets t0's probe, one flow
 from HK to BA of 8 s of the guarantee arriving with the first coflow; each Terra run
@@ -68,6 +70,7 @@ from terra_core.cli_support import (
     setup_logging,
 )
 from terra_core.registry import scheduler_names
+from terra_core.tenant_shares import DEFAULT_SHARING, SHARINGS
 from terra_model import WorkloadError
 from topologies import TopologyError, load_topology
 from topologies.binding import load_binding
@@ -215,6 +218,10 @@ def add_run_arguments(s: argparse.ArgumentParser) -> None:
         help="with --tenants: guarantee T M Mbit/s from DC A to B",
     )  # fmt: skip
     s.add_argument(
+        "--sharing", choices=SHARINGS, default=DEFAULT_SHARING,
+        help="with --tenants: how the tenants share the WAN (default: %(default)s)",
+    )  # fmt: skip
+    s.add_argument(
         "--timeout",
         metavar="S",
         type=float,
@@ -334,6 +341,7 @@ def options_from_args(args, workdir: Path) -> tuple[TestbedOptions, dict]:
         tenants=names,
         greedy_coflows=greedy_coflows,
         reserve=reserve,
+        sharing=args.sharing,
     )
     if names:
         workload["tenants"] = names
@@ -353,6 +361,8 @@ def tenant_workload(args, coflows: list) -> tuple[list[str], list, list | None]:
     """
     if args.tenants < 0 or (args.greedy_tenant and not args.tenants):
         raise ValueError("--tenants N needs N >= 1; --greedy-tenant needs --tenants")
+    if args.sharing != DEFAULT_SHARING and not args.tenants:
+        raise ValueError("--sharing needs --tenants")
     if not args.tenants:
         return [], coflows, None
     if args.schedulers != ["terra"] or args.controllers > 1:

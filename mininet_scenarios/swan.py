@@ -384,7 +384,7 @@ class TestbedOptions:
     `coflows`); `greedy_coflows`: the workload with the greedy (last) tenant's coflows
     split, run after each honest Terra run; `reserve`: a guaranteed reservation in the
     tenants file, its pair's delivered rate sampled in every Terra run
-    (testbed_reservation).
+    (testbed_reservation); `sharing`: how the tenants share the WAN (tenant_shares.SHARINGS).
     """
 
     coflows: list[TestbedCoflow]
@@ -403,6 +403,7 @@ class TestbedOptions:
     tenants: list[str] = field(default_factory=list)
     greedy_coflows: list[TestbedCoflow] | None = None
     reserve: Reserve | None = None
+    sharing: str = "cooperative"
 
 
 def run_swan(opts: TestbedOptions, log=print) -> dict:
@@ -562,7 +563,8 @@ def _start_controllers(opts: TestbedOptions, topo_path: Path, procs: Processes, 
                                  scheduler, rest_public=opts.observe)  # fmt: skip
     extra: tuple[str, ...] = ("--record", str(core_log_path(opts.workdir, scheduler)))
     if opts.tenants:
-        toml = tenants_toml(opts.tenants, opts.workdir / "tenants.toml", opts.reserve)
+        toml = tenants_toml(opts.tenants, opts.workdir / "tenants.toml", opts.reserve,
+                            opts.sharing)  # fmt: skip
         extra += ("--tenants", str(toml))
     return TestbedController(topo_path, opts.k, opts.of_port, opts.workdir / "controller.log",
                              procs, pki, scheduler=scheduler, rest_public=opts.observe,

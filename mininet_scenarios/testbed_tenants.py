@@ -79,11 +79,14 @@ def split_greedy(
     return out
 
 
-def tenants_toml(names: list[str], path: Path, reserve: Reserve | None = None) -> Path:
-    """Write a tenants file (TOML, terra_controller/tenants_config.py) giving every tenant
-    weight 1, with `reserve`'s guarantee (testbed_reservation); return its path."""
+def tenants_toml(
+    names: list[str], path: Path, reserve: Reserve | None = None, sharing: str = "cooperative"
+) -> Path:
+    """Write a tenants file (TOML, terra_controller/tenants_config.py) with `sharing`
+    (tenant_shares.SHARINGS), giving every tenant weight 1, with `reserve`'s guarantee
+    (testbed_reservation); return its path."""
     weights = "".join(f"[tenants.{n}]\nweight = 1\n\n" for n in names)
-    path.write_text(weights + reservation_toml(reserve))
+    path.write_text(f'sharing = "{sharing}"\n\n' + weights + reservation_toml(reserve))
     return path
 
 

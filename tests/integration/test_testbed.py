@@ -403,6 +403,8 @@ def test_tenants_arguments_assign_split_and_refuse(tmp_path, capsys):
     assert "terra scheduler alone" in capsys.readouterr().err
     assert cli.main([*base, "--tenants", "50", "--greedy-tenant"]) == 2  # t49 owns no coflow
     assert "owns no coflow" in capsys.readouterr().err
+    assert cli.main([*base, "--sharing", "strict"]) == 2
+    assert "--sharing needs --tenants" in capsys.readouterr().err
 
 
 def test_tenants_file_and_certificates_are_the_controllers(tmp_path):
@@ -416,6 +418,9 @@ def test_tenants_file_and_certificates_are_the_controllers(tmp_path):
     path = tenants_toml(["t0", "t1", "t2"], tmp_path / "tenants.toml")
     config = parse_tenants(path.read_text(), str(path))
     assert {n: t.weight for n, t in config.tenants.items()} == {"t0": 1, "t1": 1, "t2": 1}
+    assert config.sharing == "cooperative"
+    path = tenants_toml(["t0", "t1"], tmp_path / "strict.toml", sharing="strict")
+    assert parse_tenants(path.read_text(), str(path)).sharing == "strict"
     pki = make_pki(tmp_path, ["hHK1"], ["t0", "t1"])
     assert job_name("t1") == "testbed-job-t1"
     cert = x509.load_pem_x509_certificate((pki / "testbed-job-t1.crt").read_bytes())
