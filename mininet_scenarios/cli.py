@@ -218,8 +218,8 @@ def add_run_arguments(s: argparse.ArgumentParser) -> None:
         help="with --tenants: guarantee T M Mbit/s from DC A to B",
     )  # fmt: skip
     s.add_argument(
-        "--sharing", choices=SHARINGS, default=DEFAULT_SHARING,
-        help="with --tenants: how the tenants share the WAN (default: %(default)s)",
+        "--sharing", choices=SHARINGS,
+        help=f"with --tenants: how the tenants share the WAN (default: {DEFAULT_SHARING})",
     )  # fmt: skip
     s.add_argument(
         "--timeout",
@@ -341,10 +341,11 @@ def options_from_args(args, workdir: Path) -> tuple[TestbedOptions, dict]:
         tenants=names,
         greedy_coflows=greedy_coflows,
         reserve=reserve,
-        sharing=args.sharing,
+        sharing=args.sharing or DEFAULT_SHARING,
     )
     if names:
         workload["tenants"] = names
+        workload["sharing"] = opts.sharing
     if reserve is not None:
         workload["reserve"] = vars(reserve)
         workload["reserve_probe"] = {"trace_id": probe.trace_id, "flows": list(probe.flows)}
@@ -361,7 +362,7 @@ def tenant_workload(args, coflows: list) -> tuple[list[str], list, list | None]:
     """
     if args.tenants < 0 or (args.greedy_tenant and not args.tenants):
         raise ValueError("--tenants N needs N >= 1; --greedy-tenant needs --tenants")
-    if args.sharing != DEFAULT_SHARING and not args.tenants:
+    if args.sharing is not None and not args.tenants:
         raise ValueError("--sharing needs --tenants")
     if not args.tenants:
         return [], coflows, None

@@ -54,15 +54,17 @@ class ControllerRounds:
 
         The applied rates go out as the round's effect (core_effects.PushRates: every
         `on_rates` listener gets them, the agent channel sends each agent its changed
-        FlowGroup rates), performed once they are applied.
+        FlowGroup rates), performed once they are applied and the policy is free.
 
         Returns:
             (FlowRates for every active WAN flow, whether the WAN changed since the last
             round). Coflow states are updated from the policy.
         """
-        return await self.owner.holding_policy(self._round)
+        rates, wan, effects = await self.owner.holding_policy(self._round)
+        perform(self, effects)  # (once the policy is free: admissions need not wait)
+        return rates, wan
 
-    async def _round(self) -> tuple[FlowRates, bool]:
+    async def _round(self) -> tuple[FlowRates, bool, list[Effect]]:
         self.round_asked = trio.Event()
         start = time.perf_counter()
         now, remaining, wan = self._round_begin(self.now())
@@ -70,7 +72,6 @@ class ControllerRounds:
         allocation = await self.owner.in_worker(self._allocate, now, remaining)
         allocated = time.perf_counter()
         effects = self._round_end(self.now(), allocation, remaining, wan)
-        perform(self, effects)
         elapsed_ms = (time.perf_counter() - start) * 1e3
         self.stats["rounds"] += 1
         self.stats["last_round_ms"] = elapsed_ms
@@ -82,7 +83,7 @@ class ControllerRounds:
             del self.stats[key][:-STATS_KEPT]
         self.metrics.round_duration.observe(elapsed_ms / 1e3)
         self.metrics.allocate_duration.observe(allocated - begin_allocate)
-        return self.rates, wan
+        return self.rates, wan, effects
 
     def _round_begin(self, at: float) -> tuple[float, dict, bool]:
         """The round's snapshot (core event "round", at `at` controller seconds): the
@@ -100,6 +101,9 @@ class ControllerRounds:
             begin = getattr(self.policy, "begin_round", None)
             if begin is not None:  # (tenants.LiveTenantPolicy: the book's changes)
                 begin()
+        except BaseException:  # (no round: the WAN change waits for the next one)
+            self.wan_dirty = self.wan_dirty or wan
+            raise
         finally:
             self.event_at = None
         if self.recorder is not None:

@@ -379,6 +379,9 @@ def test_tenants_arguments_assign_split_and_refuse(tmp_path, capsys):
     args = cli.build_parser().parse_args([*base, "--tenants", "2", "--greedy-tenant"])
     opts, workload = cli.options_from_args(args, tmp_path)
     assert opts.tenants == workload["tenants"] == ["t0", "t1"]
+    assert opts.sharing == workload["sharing"] == "cooperative"
+    args = cli.build_parser().parse_args([*base, "--tenants", "2", "--sharing", "strict"])
+    assert cli.options_from_args(args, tmp_path)[1]["sharing"] == "strict"
     # terra-sim's rule: coflow i to tenant i mod N, in workload order.
     assert [c.tenant for c in opts.coflows] == ["t0", "t1"] * (len(opts.coflows) // 2) + (
         ["t0"] if len(opts.coflows) % 2 else []
@@ -403,8 +406,9 @@ def test_tenants_arguments_assign_split_and_refuse(tmp_path, capsys):
     assert "terra scheduler alone" in capsys.readouterr().err
     assert cli.main([*base, "--tenants", "50", "--greedy-tenant"]) == 2  # t49 owns no coflow
     assert "owns no coflow" in capsys.readouterr().err
-    assert cli.main([*base, "--sharing", "strict"]) == 2
-    assert "--sharing needs --tenants" in capsys.readouterr().err
+    for sharing in ("strict", "cooperative"):
+        assert cli.main([*base, "--sharing", sharing]) == 2
+        assert "--sharing needs --tenants" in capsys.readouterr().err
 
 
 def test_tenants_file_and_certificates_are_the_controllers(tmp_path):
