@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Unpack
 
@@ -432,18 +433,19 @@ class TenantPolicy:
                 for lst in per_pair.values():
                     add_load(given[t], lst)
         if self.measure and found is not None:
-            self._record(found, tenant_vol, paths, given)
+            self._record(found, tenant_vol, paths, given, rates, by_tenant)
         return _within(rates, capacity)
 
     def _hold_strict(
         self, found: TenantShares, by_tenant: ByTenant, rates: dict[str, PairRates]
     ) -> None:
-        """Hold every tenant to its Step A rate per pair, its coflows in the order its
-        Terra served them this round (`hold_to_pairs`; in place)."""
+        """Give every tenant its Step A rate per pair, divided among its coflows in the
+        order its Terra served them this round (`hold_to_pairs`; in place)."""
         for t, vols in by_tenant.items():
-            caps = {k: sum(x for _, x in lst) for k, lst in found.rates.get(t, {}).items()}
-            order = [c for c in self._policies[t].round_order() if c in vols]
-            hold_to_pairs(rates, caps, list(dict.fromkeys([*order, *vols])))
+            policy = self._policies[t]
+            order = [c for c in policy.round_order() if c in vols]
+            order = list(dict.fromkeys([*order, *vols]))
+            hold_to_pairs(rates, found.rates.get(t, {}), order, vols, policy._deadline.keys())
 
     def _record(
         self,
@@ -451,20 +453,26 @@ class TenantPolicy:
         tenant_vol: dict[str, dict[Pair, float]],
         paths: dict[Pair, list[Path]],
         given: dict[str, dict[Link, float]],
+        rates: dict[str, PairRates],
+        by_tenant: ByTenant,
     ) -> None:
         """Keep Step A's μ* and the isolation guarantee of the capacity each tenant was
         given (its share, plus its leftover when cooperative): min_t of its progress on
-        that capacity over s_t (tenant_shares.allocation_progress); with strict sharing
-        also held to its Step A rate per pair (`hold_to_pairs`)."""
+        that capacity over s_t (tenant_shares.allocation_progress); with strict sharing,
+        where a tenant is held to its rate per pair (`hold_to_pairs`), of the progress its
+        `rates` make (min over its pairs of rate x Γ_t / bytes)."""
         weighted = {}
         for t, g in found.solo_gamma.items():
             if t not in found.weight_share:
                 continue
             prog = allocation_progress(tenant_vol[t], paths, given[t], g)
             if self.spec.sharing == "strict":
-                held = found.rates.get(t, {})
+                got: dict[Pair, float] = {}
+                for cid in by_tenant[t]:
+                    for k, lst in rates.get(cid, {}).items():
+                        got[k] = got.get(k, 0.0) + sum(x for _, x in lst)
                 for k, d in tenant_vol[t].items():
-                    prog = min(prog, sum(x for _, x in held.get(k, ())) * g / d)
+                    prog = min(prog, got.get(k, 0.0) * g / d)
             weighted[t] = prog / found.weight_share[t]
         if weighted:
             self.stats["guarantee"].append(found.guarantee)
@@ -472,31 +480,85 @@ class TenantPolicy:
             self.progress = weighted
 
 
-def hold_to_pairs(rates: dict[str, PairRates], caps: dict[Pair, float], order: list[str]) -> None:
-    """Hold one tenant's coflows to its Step A rate per DC pair (strict sharing; in place).
+def hold_to_pairs(
+    rates: dict[str, PairRates],
+    step_a: PairRates,
+    order: list[str],
+    volumes: dict[str, dict[Pair, float]],
+    keep: Collection[str] = (),
+) -> None:
+    """Give one tenant exactly its Step A rate on each DC pair, divided among its coflows
+    in its Terra order (strict sharing; `rates` changed in place).
 
-    On each pair the coflows keep their rates in `order` (the tenant's Terra order) until
-    their sum reaches the pair's cap; the coflow that crosses it is scaled down to what is
-    left, the later ones to 0. A tenant held to its pair rates gains nothing by lying about
-    its bytes, even over K tunnels (docs/design.md 4.5, "Strategy-proof").
+    On each pair with a Step A rate, the coflows with bytes there take, in `order`, what
+    the tenant's Terra round gave them, as long as the pair's Step A rate lasts; what is
+    left of it goes to the first of them. Each one's rate runs over Step A's paths for the
+    pair, in Step A's proportions, so the tenant's link loads are Step A's (its share).
+    The coflows of `keep` (admitted deadline coflows, never preempted: docs/design.md
+    4.3) keep the rates their Terra round gave them, which count first against the pair's
+    Step A rate; the other coflows' paths are scaled down where the two together would
+    load a link above the tenant's share. A coflow gets nothing on a pair without a Step A
+    rate. Held so, a tenant gains nothing by lying about its bytes, even over K tunnels
+    (docs/design.md 4.5, "Strategy-proof").
 
     Args:
-        rates: {coflow id: {pair: [(path, bytes/s)]}} (every tenant's; only `order`'s
-            coflows are changed).
-        caps: {pair: bytes/s}: the tenant's Step A rate per pair (0 where absent).
-        order: the tenant's coflow ids, first served first.
+        rates: {coflow id: {pair: [(path, bytes/s)]}} (every tenant's; only the coflows of
+            `order` are changed).
+        step_a: the tenant's Step A rates {pair: [(path, bytes/s)]}.
+        order: the tenant's coflow ids, first served first (every one of them).
+        volumes: {coflow id: {pair: bytes}} of the tenant's coflows.
+        keep: ids of coflows whose rates stay as they are.
     """
-    left = dict(caps)
+    for pair, lst in step_a.items():
+        cap = sum(x for _, x in lst)
+        on_pair = [c for c in order if volumes[c].get(pair, 0) > 0]
+        kept = [c for c in on_pair if c in keep]
+        left = cap - sum(x for c in kept for _, x in rates.get(c, {}).get(pair, ()))
+        take: dict[str, float] = {}
+        for cid in on_pair:
+            if cid not in keep:
+                got = sum(x for _, x in rates.get(cid, {}).get(pair, ()))
+                take[cid] = max(0.0, min(got, left))
+                left -= take[cid]
+        if take and left > 0:
+            take[next(iter(take))] += left
+        for cid, x in take.items():
+            rates.setdefault(cid, {})[pair] = [(path, y * x / cap) for path, y in lst if y > 0]
     for cid in order:
+        if cid not in keep:
+            for pair in rates.get(cid, {}).keys() - step_a.keys():
+                rates[cid][pair] = []
+    if any(c in keep for c in order):
+        _fit_share(rates, step_a, order, keep)
+
+
+def _fit_share(
+    rates: dict[str, PairRates], step_a: PairRates, order: list[str], keep: Collection[str]
+) -> None:
+    """Scale down the paths of the coflows of `order` not in `keep` where, with the kept
+    coflows' rates, they load a link above the tenant's share (the load of `step_a`):
+    each such path by the smallest (share - kept load) / other load over its links."""
+    share: dict[Link, float] = {}
+    for lst in step_a.values():
+        add_load(share, lst)
+    kept: dict[Link, float] = {}
+    other: dict[Link, float] = {}
+    for cid in order:
+        for lst in rates.get(cid, {}).values():
+            add_load(kept if cid in keep else other, lst)
+    scale = {}
+    for e, x in other.items():
+        room = max(0.0, share.get(e, 0.0) - kept.get(e, 0.0))
+        if x > room * (1 + 1e-12):
+            scale[e] = room / x
+    if not scale:
+        return
+    for cid in order:
+        if cid in keep:
+            continue
         for pair, lst in rates.get(cid, {}).items():
-            total = sum(x for _, x in lst)
-            room = left.get(pair, 0.0)
-            if total <= room:
-                left[pair] = room - total
-                continue
-            scale = room / total if total > 0 else 0.0
-            rates[cid][pair] = [(path, x * scale) for path, x in lst]
-            left[pair] = 0.0
+            rates[cid][pair] = [(p, x * min([scale.get(e, 1.0) for e in links_of(p)]))
+                                for p, x in lst]  # fmt: skip
 
 
 def _attribute(

@@ -7,15 +7,19 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from terra_core.min_cct import links_of
 from terra_core.registry import SchedulerOptions, make_scheduler
-from terra_core.tenant_policy import TenantPolicy, TenantSpec
+from terra_core.tenant_policy import TenantPolicy, TenantSpec, hold_to_pairs
 from terra_core.terra_policy import TerraPolicy
 from terra_model import Coflow, Flow
 from terra_sim.simulator import simulate
 from terra_sim.tenants import assign, parse_tenants, per_tenant, split_greedy, tenant_spec
 from topologies import Topology, load_topology
+
+st_settings = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def wan(seed: int) -> Topology:
@@ -158,6 +162,103 @@ def test_strict_sharing_gives_a_liar_nothing_over_tunnels():
     honest = real_rate([real, t1, t2])
     assert honest > 0
     assert real_rate([real, t1, t2, dummy]) <= honest * (1 + 1e-9)
+
+
+def test_hold_to_pairs_gives_each_pair_its_step_a_rate_in_terra_order():
+    # Step A gave the tenant X->Y 4 B/s (3 on X-Y, 1 on X-Z-Y) and X->Z 2 B/s (on X-Z).
+    # Its Terra round gave c1 (first in its order) 5 B/s on X->Y over X-Y and c2 1 B/s
+    # on X->Y and 1 B/s on X->Z; c3 has bytes on X->Z only and got nothing.
+    # X->Y: c1 takes 4 of its 5 (the pair's whole rate), c2 nothing; X->Z: c2 keeps 1 and
+    # c3 gets nothing but the first coflow in order (c2) gets the other 1. Every rate runs
+    # over Step A's paths in Step A's proportions (3 : 1 on X->Y).
+    xy, xz = ("X", "Y"), ("X", "Z")
+    step_a = {xy: [(("X", "Y"), 3.0), (("X", "Z", "Y"), 1.0)], xz: [(("X", "Z"), 2.0)]}
+    rates = {
+        "c1": {xy: [(("X", "Y"), 5.0)]},
+        "c2": {xy: [(("X", "Y"), 1.0)], xz: [(("X", "Z"), 1.0)], ("Y", "Z"): [(("Y", "Z"), 1.0)]},
+        "other": {xy: [(("X", "Y"), 7.0)]},
+    }
+    volumes = {"c1": {xy: 10.0}, "c2": {xy: 5.0, xz: 5.0, ("Y", "Z"): 1.0}, "c3": {xz: 9.0}}
+    hold_to_pairs(rates, step_a, ["c1", "c2", "c3"], volumes)
+    assert rates["c1"][xy] == [(("X", "Y"), 3.0), (("X", "Z", "Y"), 1.0)]
+    assert rates["c2"][xy] == [(("X", "Y"), 0.0), (("X", "Z", "Y"), 0.0)]
+    assert rates["c2"][xz] == [(("X", "Z"), 2.0)]
+    assert rates["c3"][xz] == [(("X", "Z"), 0.0)]
+    assert rates["c2"][("Y", "Z")] == []  # no Step A rate on Y->Z: nothing
+    assert rates["other"] == {xy: [(("X", "Y"), 7.0)]}  # another tenant's: untouched
+
+
+def test_hold_to_pairs_keeps_deadline_coflows_within_the_share():
+    # c0, an admitted deadline coflow, got 3 B/s on X->Y over X-Y; Step A gave the tenant
+    # X->Y 2 B/s on X-Y and X->Z 4 B/s on X-Y-Z (share: X-Y 6, Y-Z 4). c0 keeps its 3;
+    # X->Y's other coflow gets nothing (2 - 3 < 0); X->Z's c1 gets its pair's 4 B/s, but
+    # with c0's 3 on X-Y only 3 of the share's 6 are left there: scaled to 3.
+    xy, xz = ("X", "Y"), ("X", "Z")
+    step_a = {xy: [(("X", "Y"), 2.0)], xz: [(("X", "Y", "Z"), 4.0)]}
+    rates = {"c0": {xy: [(("X", "Y"), 3.0)]}, "c1": {xz: [(("X", "Y", "Z"), 1.0)]}}
+    volumes = {"c0": {xy: 1.0}, "c1": {xz: 1.0}, "c2": {xy: 1.0}}
+    hold_to_pairs(rates, step_a, ["c0", "c1", "c2"], volumes, keep={"c0"})
+    assert rates["c0"][xy] == [(("X", "Y"), 3.0)]
+    assert rates["c1"][xz] == [(("X", "Y", "Z"), pytest.approx(3.0))]
+    assert sum(x for _, x in rates["c2"][xy]) == 0.0
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_strict_gives_every_tenant_its_step_a_rate_on_every_pair(seed):
+    # Held to its pair rates, a tenant still uses all of them: on each of its pairs its
+    # coflows' rates add up to Step A's (so its progress is μ*·s_t, the guarantee reached).
+    topo = wan(seed)
+    coflows = workload(seed + 50, 8)
+    weights = {"a": 1.0, "b": 2.0}
+    spec = TenantSpec(weights, assign(coflows, weights), "strict")
+    policy = TenantPolicy(topo, spec, measure=True, k=3)
+    for c in coflows:
+        assert policy.add_coflow(c, 0.0)
+    vols = group_volumes(coflows)
+    rates = policy.group_rates(0.0, vols)
+    if not policy.stats["guarantee"]:
+        return  # one tenant active
+    assert policy.stats["achieved"][-1] == pytest.approx(policy.stats["guarantee"][-1], 1e-9)
+    for e, x in loads(rates).items():
+        assert x <= topo.capacity[e] * (1 + 1e-9)
+
+
+@st_settings
+@given(st.integers(0, 10**6), st.data())
+def test_strict_sharing_gives_a_liar_s_real_coflows_no_more_progress(seed, data):
+    # A tenant inflates its coflows' bytes or adds a dummy coflow; its real coflows' rates
+    # make no more progress (min over its pairs of rate x Γ / bytes) than when truthful.
+    topo, coflows = wan(seed), workload(seed, 5)
+    owner = {c.id: ("liar" if i % 2 == 0 else "honest") for i, c in enumerate(coflows)}
+    weights = {"liar": 1.0, "honest": float(data.draw(st.integers(1, 3)))}
+    real = [c for c in coflows if owner[c.id] == "liar"]
+    factor = data.draw(st.sampled_from([1.0, 2.0, 10.0]))
+    lies = [Coflow(c.id, c.arrival_s, [Flow(f.id, f.src, f.dst, f.bytes * factor)
+                                       for f in c.flows]) if i == 0 else c
+            for i, c in enumerate(coflows)]  # fmt: skip
+    if data.draw(st.booleans()):
+        pair = data.draw(st.sampled_from([(u, v) for u in "ABCDE" for v in "ABCDE" if u != v]))
+        lies.append(
+            Coflow("dummy", 0.0, [Flow("f0", *pair, float(data.draw(st.integers(1, 900))))])
+        )
+        owner["dummy"] = "liar"
+    want = {}
+    for c in real:
+        for k, d in c.flowgroups().items():
+            want[k] = want.get(k, 0.0) + d
+
+    def progress(cs):
+        policy = TenantPolicy(topo, TenantSpec(weights, owner, "strict"), k=3)
+        for c in cs:
+            assert policy.add_coflow(c, 0.0)
+        rates = policy.group_rates(0.0, group_volumes(cs))
+        got = {}
+        for c in real:
+            for k, lst in rates.get(c.id, {}).items():
+                got[k] = got.get(k, 0.0) + sum(x for _, x in lst)
+        return min(got.get(k, 0.0) / d for k, d in want.items())
+
+    assert progress(lies) <= progress(coflows) * (1 + 1e-6)
 
 
 def test_spec_errors():
