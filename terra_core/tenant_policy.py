@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Unpack
 
@@ -445,7 +444,7 @@ class TenantPolicy:
             policy = self._policies[t]
             order = [c for c in policy.round_order() if c in vols]
             order = list(dict.fromkeys([*order, *vols]))
-            hold_to_pairs(rates, found.rates.get(t, {}), order, vols, policy._deadline.keys())
+            hold_to_pairs(rates, found.rates.get(t, {}), order, vols)
 
     def _record(
         self,
@@ -485,7 +484,6 @@ def hold_to_pairs(
     step_a: PairRates,
     order: list[str],
     volumes: dict[str, dict[Pair, float]],
-    keep: Collection[str] = (),
 ) -> None:
     """Give one tenant exactly its Step A rate on each DC pair, divided among its coflows
     in its Terra order (strict sharing; `rates` changed in place).
@@ -493,12 +491,10 @@ def hold_to_pairs(
     On each pair with a Step A rate, the coflows with bytes there take, in `order`, what
     the tenant's Terra round gave them, as long as the pair's Step A rate lasts; what is
     left of it goes to the first of them. Each one's rate runs over Step A's paths for the
-    pair, in Step A's proportions, so the tenant's link loads are Step A's (its share).
-    The coflows of `keep` (admitted deadline coflows, never preempted: docs/design.md
-    4.3) keep the rates their Terra round gave them, which count first against the pair's
-    Step A rate; the other coflows' paths are scaled down where the two together would
-    load a link above the tenant's share. A coflow gets nothing on a pair without a Step A
-    rate. Held so, a tenant gains nothing by lying about its bytes, even over K tunnels
+    pair, in Step A's proportions, so the tenant's link loads are Step A's (its share). A
+    coflow gets nothing on a pair without a Step A rate. Admitted deadline coflows come
+    first in the order (Terra serves them first) but are held like the others. Held so, a
+    tenant's progress cannot be raised by lying about its bytes, even over K tunnels
     (docs/design.md 4.5, "Strategy-proof").
 
     Args:
@@ -507,58 +503,23 @@ def hold_to_pairs(
         step_a: the tenant's Step A rates {pair: [(path, bytes/s)]}.
         order: the tenant's coflow ids, first served first (every one of them).
         volumes: {coflow id: {pair: bytes}} of the tenant's coflows.
-        keep: ids of coflows whose rates stay as they are.
     """
     for pair, lst in step_a.items():
         cap = sum(x for _, x in lst)
-        on_pair = [c for c in order if volumes[c].get(pair, 0) > 0]
-        kept = [c for c in on_pair if c in keep]
-        left = cap - sum(x for c in kept for _, x in rates.get(c, {}).get(pair, ()))
+        left = cap
         take: dict[str, float] = {}
-        for cid in on_pair:
-            if cid not in keep:
+        for cid in order:
+            if volumes[cid].get(pair, 0) > 0:
                 got = sum(x for _, x in rates.get(cid, {}).get(pair, ()))
-                take[cid] = max(0.0, min(got, left))
+                take[cid] = min(got, left)
                 left -= take[cid]
         if take and left > 0:
             take[next(iter(take))] += left
         for cid, x in take.items():
             rates.setdefault(cid, {})[pair] = [(path, y * x / cap) for path, y in lst if y > 0]
     for cid in order:
-        if cid not in keep:
-            for pair in rates.get(cid, {}).keys() - step_a.keys():
-                rates[cid][pair] = []
-    if any(c in keep for c in order):
-        _fit_share(rates, step_a, order, keep)
-
-
-def _fit_share(
-    rates: dict[str, PairRates], step_a: PairRates, order: list[str], keep: Collection[str]
-) -> None:
-    """Scale down the paths of the coflows of `order` not in `keep` where, with the kept
-    coflows' rates, they load a link above the tenant's share (the load of `step_a`):
-    each such path by the smallest (share - kept load) / other load over its links."""
-    share: dict[Link, float] = {}
-    for lst in step_a.values():
-        add_load(share, lst)
-    kept: dict[Link, float] = {}
-    other: dict[Link, float] = {}
-    for cid in order:
-        for lst in rates.get(cid, {}).values():
-            add_load(kept if cid in keep else other, lst)
-    scale = {}
-    for e, x in other.items():
-        room = max(0.0, share.get(e, 0.0) - kept.get(e, 0.0))
-        if x > room * (1 + 1e-12):
-            scale[e] = room / x
-    if not scale:
-        return
-    for cid in order:
-        if cid in keep:
-            continue
-        for pair, lst in rates.get(cid, {}).items():
-            rates[cid][pair] = [(p, x * min([scale.get(e, 1.0) for e in links_of(p)]))
-                                for p, x in lst]  # fmt: skip
+        for pair in rates.get(cid, {}).keys() - step_a.keys():
+            rates[cid][pair] = []
 
 
 def _attribute(

@@ -19,7 +19,9 @@ from terra_sim.simulator import simulate
 from terra_sim.tenants import assign, parse_tenants, per_tenant, split_greedy, tenant_spec
 from topologies import Topology, load_topology
 
-st_settings = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+st_settings = settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 def wan(seed: int) -> Topology:
@@ -188,19 +190,28 @@ def test_hold_to_pairs_gives_each_pair_its_step_a_rate_in_terra_order():
     assert rates["other"] == {xy: [(("X", "Y"), 7.0)]}  # another tenant's: untouched
 
 
-def test_hold_to_pairs_keeps_deadline_coflows_within_the_share():
-    # c0, an admitted deadline coflow, got 3 B/s on X->Y over X-Y; Step A gave the tenant
-    # X->Y 2 B/s on X-Y and X->Z 4 B/s on X-Y-Z (share: X-Y 6, Y-Z 4). c0 keeps its 3;
-    # X->Y's other coflow gets nothing (2 - 3 < 0); X->Z's c1 gets its pair's 4 B/s, but
-    # with c0's 3 on X-Y only 3 of the share's 6 are left there: scaled to 3.
-    xy, xz = ("X", "Y"), ("X", "Z")
-    step_a = {xy: [(("X", "Y"), 2.0)], xz: [(("X", "Y", "Z"), 4.0)]}
-    rates = {"c0": {xy: [(("X", "Y"), 3.0)]}, "c1": {xz: [(("X", "Y", "Z"), 1.0)]}}
-    volumes = {"c0": {xy: 1.0}, "c1": {xz: 1.0}, "c2": {xy: 1.0}}
-    hold_to_pairs(rates, step_a, ["c0", "c1", "c2"], volumes, keep={"c0"})
-    assert rates["c0"][xy] == [(("X", "Y"), 3.0)]
-    assert rates["c1"][xz] == [(("X", "Y", "Z"), pytest.approx(3.0))]
-    assert sum(x for _, x in rates["c2"][xy]) == 0.0
+def test_strict_serves_a_deadline_coflow_first_on_its_pairs_within_the_pair_rate():
+    # One link X->Y of 10 B/s, tenants a and b, weights 1 : 1. a has an admitted deadline
+    # coflow d (10 B, due in 100 s) and a big coflow g (1,000 B); b a coflow of 1,000 B.
+    # Step A gives each tenant 5 B/s on X->Y. a's Terra serves d first, at the 0.1 B/s
+    # that finishes it by its deadline (10 B / 100 s), then g: held to a's 5 B/s on the
+    # pair, d keeps its 0.1 and g takes the other 4.9; b gets its 5.
+    topo = Topology("xy", ["X", "Y"], {("X", "Y"): 10.0, ("Y", "X"): 10.0})
+    d = Coflow("d", 0.0, [Flow("f0", "X", "Y", 10.0)], deadline_s=100.0)
+    g = Coflow("g", 0.0, [Flow("f0", "X", "Y", 1000.0)])
+    other = Coflow("o", 0.0, [Flow("f0", "X", "Y", 1000.0)])
+    owner = {"d": "a", "g": "a", "o": "b"}
+    policy = TenantPolicy(topo, TenantSpec({"a": 1.0, "b": 1.0}, owner, "strict"))
+    for c in (d, g, other):
+        assert policy.add_coflow(c, 0.0)
+    rates = policy.group_rates(0.0, group_volumes([d, g, other]))
+    total = {c: sum(x for lst in rates.get(c, {}).values() for _, x in lst) for c in owner}
+    assert total == {"d": pytest.approx(0.1), "g": pytest.approx(4.9), "o": pytest.approx(5.0)}
+    # With g served first instead (a's order says so), d would get nothing: the order counts.
+    mine = {"d": {("X", "Y"): [(("X", "Y"), 0.1)]}, "g": {("X", "Y"): [(("X", "Y"), 9.0)]}}
+    step_a = {("X", "Y"): [(("X", "Y"), 5.0)]}
+    hold_to_pairs(mine, step_a, ["g", "d"], {"d": {("X", "Y"): 10.0}, "g": {("X", "Y"): 1e3}})
+    assert mine == {"d": {("X", "Y"): [(("X", "Y"), 0.0)]}, "g": {("X", "Y"): [(("X", "Y"), 5.0)]}}
 
 
 @pytest.mark.parametrize("seed", range(30))
