@@ -197,8 +197,8 @@ def add_run_arguments(s: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     s.add_argument(
         "--controllers", metavar="N", type=int, default=1,
-        help="run N controllers on a three-member etcd (all on 127.0.0.1), given to every "
-        "switch, agent and client",
+        help="N controllers on a three-member etcd (127.0.0.1), known to every switch, "
+        "agent and client",
     )  # fmt: skip
     s.add_argument(
         "--kill-leader-at", metavar="S", type=float,
@@ -218,8 +218,9 @@ def add_run_arguments(s: argparse.ArgumentParser) -> None:
         help="with --tenants: guarantee T M Mbit/s from DC A to B",
     )  # fmt: skip
     s.add_argument(
-        "--sharing", choices=SHARINGS,
-        help=f"with --tenants: how the tenants share the WAN (default: {DEFAULT_SHARING})",
+        "--sharing", choices=SHARINGS, metavar="S",
+        help=f"with --tenants: {DEFAULT_SHARING} (default), "
+        + ", ".join(x for x in SHARINGS if x != DEFAULT_SHARING),
     )  # fmt: skip
     s.add_argument(
         "--timeout",
