@@ -172,6 +172,30 @@ def test_rates_follow_the_weights_and_an_operator_changes_them_live():
     assert "terra_tenant_isolation_guarantee" in metrics
 
 
+def test_strict_sharing_live_gives_each_tenant_its_pair_rate_in_its_order():
+    # Both tenants on HK->BA, weights 3 : 1, strict sharing: gold gets 3/4 of what Step A
+    # routes for the pair and bronze 1/4; gold's Terra serves its small coflow first, and
+    # the two split gold's pair rate. What REST and the metrics report is what was given.
+    controller, book = tenant_controller('sharing = "strict"\n' + TWO)
+    handler = ApiHandler(controller)
+    ids = {}
+    for name, tenant, size in (("big", "gold", 10**9), ("small", "gold", 10**7),
+                               ("other", "bronze", 10**9)):  # fmt: skip
+        reply = handler.handle({"v": 1, "op": "submit", "flows": [flow("f", size=size)]},
+                               Identity(name, Role.JOB, tenant=tenant))  # fmt: skip
+        ids[name] = reply["coflow"]
+    controller.run_round()
+    got = {name: rate(controller, cid) for name, cid in ids.items()}
+    gold = got["big"] + got["small"]
+    assert gold / got["other"] == pytest.approx(3.0, rel=1e-6)
+    assert got["small"] > got["big"]  # smaller Γ first in gold's order
+    assert book.achieved == pytest.approx(book.guarantee, rel=1e-9)
+    rows = {r["name"]: r for r in handler.handle({"v": 1, "op": "tenants"}, OPERATOR)["tenants"]}
+    assert rows["gold"]["allocated_bytes_per_s"] == pytest.approx(gold)
+    assert rows["bronze"]["allocated_bytes_per_s"] == pytest.approx(got["other"])
+    controller.close()
+
+
 def test_each_tenant_has_its_progress_and_a_histogram_of_its_ccts():
     controller, book = tenant_controller(TWO)
     handler, ids = two_tenant_coflows(controller)
