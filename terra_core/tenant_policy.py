@@ -458,20 +458,21 @@ class TenantPolicy:
         """Keep Step A's μ* and the isolation guarantee of the capacity each tenant was
         given (its share, plus its leftover when cooperative): min_t of its progress on
         that capacity over s_t (tenant_shares.allocation_progress); with strict sharing,
-        where a tenant is held to its rate per pair (`hold_to_pairs`), of the progress its
-        `rates` make (min over its pairs of rate x Γ_t / bytes)."""
+        where a tenant gets its rate per pair (`hold_to_pairs`), of the progress its
+        `rates` make (min over its pairs of rate x Γ_t / bytes; no LP: those rates fit its
+        share, so no routing on the share does better)."""
         weighted = {}
         for t, g in found.solo_gamma.items():
             if t not in found.weight_share:
                 continue
-            prog = allocation_progress(tenant_vol[t], paths, given[t], g)
             if self.spec.sharing == "strict":
                 got: dict[Pair, float] = {}
                 for cid in by_tenant[t]:
                     for k, lst in rates.get(cid, {}).items():
                         got[k] = got.get(k, 0.0) + sum(x for _, x in lst)
-                for k, d in tenant_vol[t].items():
-                    prog = min(prog, got.get(k, 0.0) * g / d)
+                prog = min(got.get(k, 0.0) * g / d for k, d in tenant_vol[t].items())
+            else:
+                prog = allocation_progress(tenant_vol[t], paths, given[t], g)
             weighted[t] = prog / found.weight_share[t]
         if weighted:
             self.stats["guarantee"].append(found.guarantee)
