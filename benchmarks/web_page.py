@@ -293,8 +293,9 @@ class PageSession(PageDriver):
     def open_page(self) -> None:
         """Start the browser on the controller's page; if its script has not run within
         APP_WAIT_S (the browser got no reply for one of its files: seen now and then on a
-        loaded machine, cause not found), load the page once more and keep what the first
-        load showed in `first_load` (None when one load was enough)."""
+        loaded machine, cause not found; a second load in the same browser was seen to
+        fail the same way), start a new browser on the page and keep what the first load
+        showed in `first_load` (None when one load was enough)."""
         self.driver = start_browser()
         self.driver.get(self.ctl.rest + "/")
         self.first_load = None
@@ -303,6 +304,8 @@ class PageSession(PageDriver):
         except TimeoutError:
             self.first_load = self.page_state() + self.log_excerpt()
             print(f"web page: the first load did not run app.js: {self.first_load}")
+            self.driver.quit()
+            self.driver = start_browser()
             self.driver.get(self.ctl.rest + "/")
 
     def __enter__(self) -> PageSession:
