@@ -1,8 +1,8 @@
 """The operator console in headless Chromium during a real transfer on the SWAN testbed.
 
-`terra-testbed swan --quick --no-failure --load 40` (Mininet, Open vSwitch, five real agents
-moving real bytes: twice those of a Terra run that took 58 s at load 20) runs as a
-subprocess. Once its agents are registered, an operator token comes from `terra-controller
+`terra-testbed swan --quick --no-failure --coflows 12 --load 40` (Mininet, Open vSwitch, five
+real agents moving real bytes: four times those of a Terra run that took 58 s at load 20)
+runs as a subprocess. Once its agents are registered, an operator token comes from `terra-controller
 ctl login` (the testbed's operator certificate), and Debian's chromium, driven by Selenium
 through the system chromedriver, opens the page the testbed printed (REST of the
 controller, in the root namespace) and signs in with the token, as an operator without a
@@ -40,17 +40,20 @@ from mininet_scenarios.browser import browser_missing, start_browser
 
 pytestmark = pytest.mark.ovs
 
-# At load 20 Terra's run took 58 s (load average 12); load 40 doubles every flow's bytes, so
-# the coflows keep moving while a loaded machine's browser clicks through. SIGTERM ends the
-# run once the test is done: its length does not add to the test's.
-TESTBED_ARGS = ["swan", "--quick", "--no-failure", "--load", "40", "--timeout", "300"]
+# At load 20 Terra's quick run (6 coflows) took 58 s (load average 12); load 40 doubles every
+# flow's bytes and 12 coflows double their number, so coflows keep moving while a loaded
+# machine's browser clicks through several of them in turn (with 6, all had finished once
+# after two were tried). SIGTERM ends the run once the test is done: its length does not add
+# to the test's.
+TESTBED_ARGS = ["swan", "--quick", "--no-failure", "--coflows", "12", "--load", "40",
+                "--timeout", "900"]  # fmt: skip
 TOPOLOGY = "swan-testbed"  # the testbed topology's name, shown in the page's header
 DCS = {"HK", "LA", "NY", "FL", "BA"}
 CONSOLE_RE = re.compile(r"operator page (\S+)/ .*--api (\S+) --pki (\S+) --name (\S+) login")
 BRING_UP_S = 150  # controller, Mininet, tunnel rules, five agents (a loaded 2-core machine)
 STEP_S = 60  # each step of the click-through
 IDLE = ("–", "0 B/s")
-ATTEMPTS = 4  # coflows tried in turn (click_through_a_moving_coflow)
+ATTEMPTS = 6  # coflows tried in turn (click_through_a_moving_coflow)
 
 
 class SwanRun:
