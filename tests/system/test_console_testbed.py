@@ -1,9 +1,9 @@
 """The operator console in headless Chromium during a real transfer on the SWAN testbed.
 
-`terra-testbed swan --quick --no-failure --coflows 12 --load 40` (Mininet, Open vSwitch, five
-real agents moving real bytes: four times those of a Terra run that took 58 s at load 20)
-runs as a subprocess. Once its agents are registered, an operator token comes from `terra-controller
-ctl login` (the testbed's operator certificate), and Debian's chromium, driven by Selenium
+`terra-testbed swan --quick --no-failure --coflows 12 --link-mbps 2 --load 40` (Mininet, Open
+vSwitch, five real agents moving real bytes on 2 Mbit/s links) runs as a subprocess. Once
+its agents are registered, an operator token comes from `terra-controller ctl login` (the
+testbed's operator certificate), and Debian's chromium, driven by Selenium
 through the system chromedriver, opens the page the testbed printed (REST of the
 controller, in the root namespace) and signs in with the token, as an operator without a
 client certificate does. Then, as a user: a link of the map carrying a coflow that moves
@@ -40,13 +40,14 @@ from mininet_scenarios.browser import browser_missing, start_browser
 
 pytestmark = pytest.mark.ovs
 
-# At load 20 Terra's quick run (6 coflows) took 58 s (load average 12); load 40 doubles every
-# flow's bytes and 12 coflows double their number, so coflows keep moving while a loaded
-# machine's browser clicks through several of them in turn (with 6, all had finished once
-# after two were tried). SIGTERM ends the run once the test is done: its length does not add
-# to the test's.
-TESTBED_ARGS = ["swan", "--quick", "--no-failure", "--coflows", "12", "--load", "40",
-                "--timeout", "900"]  # fmt: skip
+# 12 coflows at load 40 on 2 Mbit/s links: Terra's run of them lasts about 4 minutes (at
+# load 8 it took 44 s, and a machine loaded by two busy processes clicked through for longer
+# than that), so coflows keep moving while a loaded machine's browser clicks through several
+# of them in turn, at a fifth of the packets a second of 10 Mbit/s links (Open vSwitch's
+# userspace datapath spent 54 CPU s on this test at 10 Mbit/s). SIGTERM ends the run once
+# the test is done: its length does not add to the test's.
+TESTBED_ARGS = ["swan", "--quick", "--no-failure", "--coflows", "12", "--link-mbps", "2",
+                "--load", "40", "--timeout", "900"]  # fmt: skip
 TOPOLOGY = "swan-testbed"  # the testbed topology's name, shown in the page's header
 DCS = {"HK", "LA", "NY", "FL", "BA"}
 CONSOLE_RE = re.compile(r"operator page (\S+)/ .*--api (\S+) --pki (\S+) --name (\S+) login")
