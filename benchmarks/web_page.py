@@ -292,10 +292,11 @@ class PageSession(PageDriver):
 
     def open_page(self) -> None:
         """Start the browser on the controller's page; if its script has not run within
-        APP_WAIT_S (the browser got no reply for one of its files: seen now and then on a
-        loaded machine, cause not found; a second load in the same browser was seen to
-        fail the same way), start a new browser on the page and keep what the first load
-        showed in `first_load` (None when one load was enough)."""
+        APP_WAIT_S (a file of it failed with ERR_NETWORK_CHANGED: Chromium fails the requests
+        waiting for a connection whenever an address of the machine's network namespace
+        changes, as Mininet's interfaces do while tests/system runs: tests/conftest.py keeps
+        the browser tests apart from it), start a new browser on the page and keep what the
+        first load showed in `first_load` (None when one load was enough)."""
         self.driver = start_browser()
         self.driver.get(self.ctl.rest + "/")
         self.first_load = None

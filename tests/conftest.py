@@ -64,6 +64,11 @@ TIERS = ("unit", "integration", "system")
 # A module of tests/integration also stays on one worker (its module-scoped fixtures).
 OVS_GROUP = "ovs"
 MAX_WORKERS = 4  # each integration test runs a controller and agents: processes of their own
+# Modules that drive headless Chromium join OVS_GROUP too: Mininet adds and removes interfaces
+# and addresses in the machine's network namespace, Chromium takes each change for a network
+# change and fails every request still waiting for a connection with ERR_NETWORK_CHANGED
+# (never retried for a page's subresources: app.js not loaded, the page's script never ran).
+BROWSER_MODULES = ("tests/integration/test_web_page.py", "tests/integration/test_console_login.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -87,7 +92,8 @@ def pytest_xdist_auto_num_workers(config):
 
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadgroup`: tests/system is one work unit (OVS_GROUP) that one worker runs in
-    collection order; each module of tests/integration is one unit (its module-scoped
+    collection order, with the browser modules (BROWSER_MODULES: never while Mininet changes
+    interfaces); each module of tests/integration is one unit (its module-scoped
     fixtures start controllers, agents, etcd: split over two workers, each worker would start
     them again); every unit test is a unit of its own. Units go to whichever worker is free;
     xdist sends the largest units first, so the system tier (minutes) starts at once.
@@ -101,7 +107,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class SystemTierOnOneWorker(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            if nodeid.startswith("tests/system/"):
+            if nodeid.startswith("tests/system/") or nodeid.startswith(BROWSER_MODULES):
                 return OVS_GROUP
             if nodeid.startswith("tests/integration/"):
                 return nodeid.split("::", 1)[0]  # the module
