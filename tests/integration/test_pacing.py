@@ -146,7 +146,7 @@ async def test_paced_link_follows_rates_at_run_time_and_zero_pauses(tmp_path):
         assert group.buckets[tunnel].rate == math.inf  # sole user: the kernel alone paces
         await h.controller.set_rates("a", [GroupRates("c1", "LA", {tunnel: 3 * MB})])
         assert pacing_rate(link._stream.socket) == round(expected(3 * MB))
-        (rate,) = await sampled_rates(a, [f.key], 0.5, 2.0)
+        (rate,) = await sampled_rates(a, [f.key], 0.5, 4.0)
         assert abs(rate - 3 * MB) / (3 * MB) < 0.05, rate
 
         await h.controller.set_rates("a", [GroupRates("c1", "LA", {})])  # pause
@@ -289,7 +289,9 @@ async def test_paced_connections_authenticate_and_encrypt_like_the_tunnel_links(
         f = h.flow("c1", "f1", "a", "b", 100 * MB)
         await h.controller.add_flows([f])
         await h.controller.set_rates("a", [GroupRates("c1", "LA", {tunnel: 3 * MB})])
-        (rate,) = await sampled_rates(a, [f.key], 1.0, 2.0)
+        # 4 s, as the other rates here: over 2 s one stall of a CPU-starved sender (the suite
+        # on 4 workers, encrypting) once took 5.02 % off the rate
+        (rate,) = await sampled_rates(a, [f.key], 1.0, 4.0)
         link = a.group_links[("c1", "LA", "b", tunnel)]
         assert link.encrypt is encrypt and link.key_auths + link.tls_auths >= 1
         n = chunk_bytes(3 * MB)
