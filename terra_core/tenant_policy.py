@@ -47,6 +47,7 @@ from terra_core.tenant_shares import (
     allocation_progress,
     isolation_shares,
     leftover_rates,
+    progress,
     spare_capacity,
     static_shares,
 )
@@ -459,18 +460,23 @@ class TenantPolicy:
         given (its share, plus its leftover when cooperative): min_t of its progress on
         that capacity over s_t (tenant_shares.allocation_progress); with strict sharing,
         where a tenant gets its rate per pair (`hold_to_pairs`), of the progress its
-        `rates` make (min over its pairs of rate x Γ_t / bytes; no LP: those rates fit its
-        share, so no routing on the share does better)."""
+        `rates` make (tenant_shares.progress; no LP: those rates fit its share, so no
+        routing on the share does better)."""
+        held: dict[str, float] = {}
+        if self.spec.sharing == "strict":
+            totals: dict[str, dict[Pair, float]] = {}
+            for t, cids in by_tenant.items():
+                got = totals[t] = {}
+                for cid in cids:
+                    for k, lst in rates.get(cid, {}).items():
+                        got[k] = got.get(k, 0.0) + sum(x for _, x in lst)
+            held = progress(totals, tenant_vol, found.solo_gamma)
         weighted = {}
         for t, g in found.solo_gamma.items():
             if t not in found.weight_share:
                 continue
             if self.spec.sharing == "strict":
-                got: dict[Pair, float] = {}
-                for cid in by_tenant[t]:
-                    for k, lst in rates.get(cid, {}).items():
-                        got[k] = got.get(k, 0.0) + sum(x for _, x in lst)
-                prog = min(got.get(k, 0.0) * g / d for k, d in tenant_vol[t].items())
+                prog = held[t]
             else:
                 prog = allocation_progress(tenant_vol[t], paths, given[t], g)
             weighted[t] = prog / found.weight_share[t]

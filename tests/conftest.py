@@ -108,7 +108,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class SystemTierOnOneWorker(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            if nodeid.startswith("tests/system/") or nodeid.startswith(BROWSER_MODULES):
+            if nodeid.startswith(("tests/system/", *BROWSER_MODULES)):
                 return OVS_GROUP
             if nodeid.startswith("tests/integration/"):
                 return nodeid.split("::", 1)[0]  # the module
