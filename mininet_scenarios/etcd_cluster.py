@@ -70,7 +70,7 @@ def _launch(etcd: str, logs: list[Path], host: str, timing: list[str],
             new_session: bool) -> tuple[list[subprocess.Popen], list[str]]:  # fmt: skip
     """Start one etcd member per log path on fresh free ports, its data beside its log."""
     logs[0].parent.mkdir(parents=True, exist_ok=True)
-    ports = _distinct_ports(host, 2 * len(logs))
+    ports = [free_port(host) for _ in range(2 * len(logs))]
     pairs = list(zip(ports[::2], ports[1::2], strict=True))
     initial = ",".join(f"m{i}=http://{host}:{peer}" for i, (_, peer) in enumerate(pairs))
     procs = []
@@ -86,16 +86,6 @@ def _launch(etcd: str, logs: list[Path], host: str, timing: list[str],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=new_session,
             ))  # fmt: skip
     return procs, [f"{host}:{client}" for client, _ in pairs]
-
-
-def _distinct_ports(host: str, count: int) -> list[int]:
-    """`count` different ports, each free on `host` now (free_port may repeat one)."""
-    ports: list[int] = []
-    while len(ports) < count:
-        port = free_port(host)
-        if port not in ports:
-            ports.append(port)
-    return ports
 
 
 def _wait_healthy(procs: list[subprocess.Popen], addrs: list[str],

@@ -2,7 +2,9 @@
 
 Ports are picked below the kernel's ephemeral range, so no outgoing connection made between
 the pick and the server's bind can take one, and under pytest-xdist each worker picks from
-its own slice, so two workers' servers never pick the same port.
+its own slice, so two workers' servers never pick the same port. A process is never handed
+the same port twice (a port picked is usually bound only later, so a second pick could
+find it still free).
 """
 
 from __future__ import annotations
@@ -39,11 +41,15 @@ def worker_port_slice(low: int, top: int, count: int) -> tuple[int, int]:
     return low + index * size, low + (index + 1) * size
 
 
+_HANDED_OUT: set[int] = set()  # every port this process's picks returned
+
+
 def free_port_block(host: str, count: int) -> int:
     """A base port such that base .. base+count-1 are free on `host` now (TCP).
 
     The block lies below the ephemeral range, so no outgoing connection made between
-    this call and the caller's bind can take one of its ports.
+    this call and the caller's bind can take one of its ports, and it holds no port this
+    process was handed before.
 
     Raises:
         OSError: no free block found after 200 tries.
@@ -53,12 +59,15 @@ def free_port_block(host: str, count: int) -> int:
     low, top = worker_port_slice(low, top, count)
     for _ in range(200):
         base = random.randrange(low, max(low + 1, top - count))
+        if not _HANDED_OUT.isdisjoint(range(base, base + count)):
+            continue
         socks = []
         try:
             for port in range(base, base + count):
                 s = socket.socket()
                 socks.append(s)
                 s.bind((host, port))
+            _HANDED_OUT.update(range(base, base + count))
             return base
         except OSError:
             continue

@@ -13,6 +13,7 @@ import pytest
 
 from mininet_scenarios import etcd_cluster
 from mininet_scenarios.etcd_cluster import etcd_healthy, start_etcd
+from mininet_scenarios.ports import free_port, free_port_block
 
 
 @pytest.fixture
@@ -32,20 +33,16 @@ def _stop(procs) -> None:
 
 def test_a_member_whose_port_was_taken_starts_again_on_new_ports(tmp_path, monkeypatch, taken_port):
     picks = []
-    real = etcd_cluster._distinct_ports
 
-    def first_try_on_a_taken_port(host, count):
-        ports = real(host, count)
-        if not picks:
-            ports[0] = taken_port  # the client port of the first try is taken
-        picks.append(ports)
-        return ports
+    def first_pick_taken(host):
+        picks.append(taken_port if not picks else free_port(host))
+        return picks[-1]  # the first try's client port is taken
 
-    monkeypatch.setattr(etcd_cluster, "_distinct_ports", first_try_on_a_taken_port)
+    monkeypatch.setattr(etcd_cluster, "free_port", first_pick_taken)
     procs, addrs = start_etcd(tmp_path, 1)
     try:
-        assert len(picks) == 2
-        assert addrs == [f"127.0.0.1:{picks[1][0]}"]
+        assert len(picks) == 4
+        assert addrs == [f"127.0.0.1:{picks[2]}"]
         assert etcd_healthy(addrs[0], 5)
         assert "address already in use" in (tmp_path / "try0" / "etcd-0.log").read_text()
     finally:
@@ -53,7 +50,14 @@ def test_a_member_whose_port_was_taken_starts_again_on_new_ports(tmp_path, monke
 
 
 def test_an_etcd_that_cannot_start_says_why(tmp_path, monkeypatch, taken_port):
-    monkeypatch.setattr(etcd_cluster, "_distinct_ports", lambda host, count: [taken_port] * count)
+    monkeypatch.setattr(etcd_cluster, "free_port", lambda host: taken_port)
     with pytest.raises(RuntimeError, match="m0 exited: .*address already in use"):
         start_etcd(tmp_path, 1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["try0", "try1", "try2"]
+
+
+def test_a_process_is_never_handed_the_same_port_twice():
+    picks = [free_port() for _ in range(300)] + [
+        free_port_block("127.0.0.1", 3) + i for _ in range(30) for i in range(3)
+    ]
+    assert len(set(picks)) == len(picks)
