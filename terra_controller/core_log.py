@@ -32,7 +32,6 @@ import functools
 import hashlib
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,7 +94,8 @@ class CoreRecorder:
     A log already at `path` is kept as `path` + ".1" (replacing an older one). The file is
     created mode 0600 (it holds the coflows' secrets), not through a symbolic link. A write
     that fails (a full disk) ends the recording, logged once: the controller goes on, and
-    `failed` says why the log stops there.
+    `failed` says why the log stops there. Its one writer is the controller's loop (or
+    a replay), so it holds no lock.
 
     Args:
         path: the log file.
@@ -113,7 +113,6 @@ class CoreRecorder:
         os.fchmod(fd, 0o600)  # (a file that existed keeps no wider mode)
         self._file = os.fdopen(fd, "wb")
         self._encode = msgspec.json.Encoder().encode
-        self._lock = threading.Lock()  # (the loop writes; `close` may come from elsewhere)
         self.seq = 0
         self.failed: str | None = None
 
@@ -122,32 +121,28 @@ class CoreRecorder:
     ) -> None:
         """Append one event: its time (controller seconds), kind, arguments, outcome and
         effects (what it asked of others: flows dropped at agents, rounds)."""
-        with self._lock:
-            if self._file.closed or self.failed is not None:
-                return
-            try:
-                line = self._encode(
-                    [self.seq, at, kind, _plain(args), _plain(outcome), effects or []]
-                )
-            except TypeError:  # (an in-process caller's odd argument: kept as text)
-                text = [repr(a) for a in args]
-                line = self._encode([self.seq, at, kind, text, repr(outcome), effects or []])
-            try:
-                self._file.write(line + b"\n")
-                self._file.flush()
-            except OSError as exc:  # (the controller goes on; the log ends here)
-                self.failed = str(exc)
-                LOG.error("core log %s: writing failed, recording stopped: %s", self.path, exc)
-                return
-            self.seq += 1
+        if self._file.closed or self.failed is not None:
+            return
+        try:
+            line = self._encode([self.seq, at, kind, _plain(args), _plain(outcome), effects or []])
+        except TypeError:  # (an in-process caller's odd argument: kept as text)
+            text = [repr(a) for a in args]
+            line = self._encode([self.seq, at, kind, text, repr(outcome), effects or []])
+        try:
+            self._file.write(line + b"\n")
+            self._file.flush()
+        except OSError as exc:  # (the controller goes on; the log ends here)
+            self.failed = str(exc)
+            LOG.error("core log %s: writing failed, recording stopped: %s", self.path, exc)
+            return
+        self.seq += 1
 
     def close(self) -> None:
         """Close the file (later events are not written)."""
-        with self._lock:
-            try:
-                self._file.close()
-            except OSError:  # (what a failed write left in the buffer)
-                pass
+        try:
+            self._file.close()
+        except OSError:  # (what a failed write left in the buffer)
+            pass
 
 
 @dataclass

@@ -45,10 +45,11 @@ Without a state directory (`CoflowJournal(None)`, in-process controllers) the sa
 bookkeeping lives in memory only. With a shared store instead (`CoflowJournal(None,
 store=EtcdState)`, the controllers of `terra-controller --etcd`), each coflow's records are
 one etcd key, rewritten whole on every change, and the operator's links are one key
-(etcd_state.py). Changes are queued under the caller's lock (no I/O there) and one writer
-thread sends what is queued as one transaction (group commit), so concurrent submits share
-etcd round trips; `wait_durable` waits until the store has taken everything queued so far. A
-write the store refuses or cannot take stays queued (`failing` says why) and is sent again.
+(etcd_state.py). Changes are queued by the journal's owner (no I/O there) as messages to
+one writer thread (store_writer.py), which sends what is queued as one transaction (group
+commit), so concurrent submits share etcd round trips; `wait_durable` waits until the store
+has taken everything queued so far. A write the store refuses or cannot take stays queued
+(`failing` says why) and is sent again.
 """
 
 from __future__ import annotations
@@ -56,21 +57,19 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import threading
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
 
+from terra_controller.store_writer import StoreWriter
+
 LOG = logging.getLogger("terra.journal")
 
 FILE_NAME = "coflows.jsonl"
 LOCK_NAME = "coflows.lock"  # held (flock) by the controller using the directory
 STORE_WAIT_S = 2.0  # how long a change waits for the shared store before the caller moves on
-STORE_RETRY_S = 0.2  # pause before sending again what the store did not take
-LAZY_S = 0.05  # how long a change nobody waits for waits to share a later transaction
 COMPACT_SLACK = 10_000  # lines beyond 2 x live entries before the file is rewritten
 MAX_LIVE = 1_000_000  # coflows remembered (owner and secret) at most
 
@@ -151,18 +150,11 @@ class CoflowJournal:
         self._encode = msgspec.json.Encoder().encode
         self._lock_fd: int | None = None
         self.store = store
-        self.failing: str | None = None
         self._changes = 0
-        self._queued: dict[int, list[dict] | None] = {}  # coflow id -> records (None: delete)
-        self._seq = 0  # changes queued for the store
-        self._durable = 0  # changes the store took
-        self._cond = threading.Condition()
-        self._writer: threading.Thread | None = None
-        self._waiting = 0  # callers in wait_durable
+        self._writer = StoreWriter(store) if store is not None else None
         self._refs: dict[tuple[str | None, str], int] = {}  # (owner, ref) -> coflow id
         self.links: dict[tuple[str, str], dict] = {}
         self.tenants: dict | None = None
-        self._links_queued: list[dict] | None = None  # the links' records for the store
         if store is not None:
             self._load_store()
         if state_dir is None:
@@ -301,10 +293,8 @@ class CoflowJournal:
             state["cap"] = float(cap)
         self._append(_link_record(key, state))
         self._changes += 1
-        if self.store is not None:
-            with self._cond:
-                self._links_queued = self._link_records()
-            self._queue(None)
+        if self._writer is not None:
+            self._writer.links(self._link_records(), self.next_id)
         return dict(state)
 
     def tenants_set(self, record: dict) -> None:
@@ -312,10 +302,8 @@ class CoflowJournal:
         self.tenants = record
         self._append({"t": record})
         self._changes += 1
-        if self.store is not None:
-            with self._cond:
-                self._links_queued = self._link_records()
-            self._queue(None)
+        if self._writer is not None:
+            self._writer.links(self._link_records(), self.next_id)
 
     def _link_records(self) -> list[dict]:
         tenants = [] if self.tenants is None else [{"t": self.tenants}]
@@ -357,91 +345,31 @@ class CoflowJournal:
     def _queue(self, coflow_id: int | None) -> None:
         entry = self.live.get(coflow_id) if coflow_id is not None else None
         records = _records(coflow_id, entry) if entry is not None else None
-        with self._cond:
-            self._seq += 1
-            if coflow_id is not None:
-                self._queued[coflow_id] = records
-            if self._writer is None:
-                self._writer = threading.Thread(target=self._write_loop, daemon=True,
-                                                name="terra-journal-store")  # fmt: skip
-                self._writer.start()
-            self._cond.notify_all()
+        if self._writer is not None:
+            self._writer.change(coflow_id, records, self.next_id)
 
-    def _write_loop(self) -> None:
-        """Send what is queued, as one transaction per round trip, until the process ends.
-        Changes nobody waits for (a coflow's end, a flow's attempt) wait up to LAZY_S for
-        one somebody waits for (an admission: `wait_durable`) and go in its transaction."""
-        while True:
-            with self._cond:
-                while self._durable >= self._seq:
-                    self._cond.wait()
-                lazy_until = time.monotonic() + LAZY_S
-                while not self._waiting and (left := lazy_until - time.monotonic()) > 0:
-                    self._cond.wait(left)
-                batch, self._queued = self._queued, {}
-                links, self._links_queued = self._links_queued, None
-                seq, next_id = self._seq, self.next_id
-            if self._send(next_id, batch, seq, links):
-                continue
-            time.sleep(STORE_RETRY_S)
-
-    def _send(self, next_id: int, batch: dict, seq: int, links: list | None) -> bool:
-        from terra_controller.etcd_state import StateStoreError
-
-        try:
-            self.store.write(next_id, batch, links)
-        except StateStoreError as exc:
-            with self._cond:
-                for cid, records in batch.items():  # newer changes queued meanwhile win
-                    self._queued.setdefault(cid, records)
-                if self._links_queued is None:
-                    self._links_queued = links
-                if self.failing is None:
-                    LOG.error("shared state: %s; writes are kept until it answers", exc)
-                self.failing = str(exc)
-                self._cond.notify_all()
-            return False
-        with self._cond:
-            self._durable = max(self._durable, seq)
-            self.failing = None
-            self._cond.notify_all()
-        return True
+    @property
+    def failing(self) -> str | None:
+        """Why the store could not take the last writes (None: all written, or no store)."""
+        return None if self._writer is None else self._writer.failing
 
     def wait_durable(self, timeout_s: float = STORE_WAIT_S) -> bool:
         """Wait until the store took every change queued so far (True; always without a
         store), or `timeout_s` passed or a write failed meanwhile (False)."""
-        if self.store is None:
-            return True
-        end = time.monotonic() + timeout_s
-        with self._cond:
-            target = self._seq
-            self._waiting += 1
-            self._cond.notify_all()  # the writer sends at once
-            try:
-                while self._durable < target:
-                    left = end - time.monotonic()
-                    if left <= 0 or self.failing is not None:
-                        return False
-                    self._cond.wait(min(left, 0.1))
-            finally:
-                self._waiting -= 1
-        return True
+        return self._writer is None or self._writer.wait(timeout_s)
 
     def flush(self) -> bool:
-        """Whether the store takes writes again: wait briefly for what is queued.
+        """Whether the store takes writes again: write the id counter and wait briefly for
+        it and what is queued.
 
         Returns:
             True when everything queued is written (always, without a store); else False
             and `failing` says why.
         """
-        if self.store is None:
+        if self._writer is None:
             return True
-        with self._cond:
-            if self._durable >= self._seq and self.failing is not None:
-                self._seq += 1  # nothing queued: probe the store with the id counter
-                self._cond.notify_all()
-            self.failing = None
-        return self.wait_durable(STORE_WAIT_S)
+        self._writer.probe(self.next_id)
+        return self._writer.wait(STORE_WAIT_S)
 
     # -- file
 

@@ -12,6 +12,11 @@ Start it with `start_openflow(config)` (os-ken's AppManager on the native
 hub, docs/design.md section 10), or standalone for bring-up and tests:
 ``python -m terra_controller.openflow_app TOPOLOGY.json [--k 4] [--of-port 6653]``,
 which prints one JSON line per event (installed, link).
+
+The app's state (rules wanted, switches, flow-mod counts, port counters) is changed only
+by its handlers, which os-ken runs one at a time in the app's event thread; the port
+statistics poller only posts an event to that thread. So the app holds no lock: readers in
+other threads (REST) read what the handlers replace whole or copy in one step.
 """
 
 from __future__ import annotations
@@ -20,13 +25,12 @@ import argparse
 import json
 import logging
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from os_ken.base import app_manager
-from os_ken.controller import ofp_event
+from os_ken.controller import event, ofp_event
 from os_ken.controller.handler import (
     CONFIG_DISPATCHER,
     DEAD_DISPATCHER,
@@ -102,12 +106,17 @@ class TunnelConfig:
     role_generation: int | None = None
 
 
+class EventPollPorts(event.EventBase):
+    """Time to ask every switch for its port statistics (posted by the app's poller)."""
+
+
 class TunnelApp(app_manager.OSKenApp):
     """OpenFlow 1.3 app: tunnel rules at start-up, rule changes on link failure/recovery.
 
     Keyword args (from AppManager.instantiate_apps): terra_config: TunnelConfig.
 
-    Attributes (read them under `lock` from other threads):
+    Attributes (changed only in the app's event thread; other threads read values the
+    handlers replace whole, such as `entries`, or copy them):
         tunnels: the tunnels (computed once, every link up).
         entries: flow entries currently wanted on the switches.
         datapaths: connected switches by DPID.
@@ -119,7 +128,7 @@ class TunnelApp(app_manager.OSKenApp):
         flow_mods_sent: all flow-mods sent; flow_mods_at_install: the count when
             installation finished (the difference is what link events cost).
         port_stats: PortStats, the switches' port counters (polled every
-            `config.port_stats_s` seconds; its own lock).
+            `config.port_stats_s` seconds).
     """
 
     OFP_VERSIONS = [ofproto_v1_3.OFP_VERSION]
@@ -129,7 +138,6 @@ class TunnelApp(app_manager.OSKenApp):
         if terra_config is None:
             raise ValueError("TunnelApp needs terra_config=TunnelConfig(...)")
         self.config = terra_config
-        self.lock = threading.Lock()
         self.tunnels = terra_config.tunnels or startup_tunnels(
             terra_config.topology, terra_config.k, terra_config.binding.base_port
         )
@@ -152,14 +160,17 @@ class TunnelApp(app_manager.OSKenApp):
         return thread
 
     def _poll_port_stats(self) -> None:
-        """Every period: one OFPPortStatsRequest (all ports) to every connected switch."""
+        """Every period: an EventPollPorts to the app's own event thread."""
         while self.is_active:
-            with self.lock:
-                datapaths = list(self.datapaths.values())
-            for dp in datapaths:
-                ofp, parser = dp.ofproto, dp.ofproto_parser
-                dp.send_msg(parser.OFPPortStatsRequest(dp, 0, ofp.OFPP_ANY))
+            self.send_event(self.name, EventPollPorts())
             hub.sleep(self.config.port_stats_s)
+
+    @set_ev_cls(EventPollPorts)
+    def poll_ports_handler(self, ev) -> None:
+        """One OFPPortStatsRequest (all ports) to every connected switch."""
+        for dp in list(self.datapaths.values()):
+            ofp, parser = dp.ofproto, dp.ofproto_parser
+            dp.send_msg(parser.OFPPortStatsRequest(dp, 0, ofp.OFPP_ANY))
 
     @set_ev_cls(ofp_event.EventOFPPortStatsReply, MAIN_DISPATCHER)
     def port_stats_reply_handler(self, ev) -> None:
@@ -175,8 +186,7 @@ class TunnelApp(app_manager.OSKenApp):
 
     def rules_per_switch(self) -> dict[int, int]:
         """Return {dpid: number of flow entries wanted there}."""
-        with self.lock:
-            return rules_per_switch(self.entries)
+        return rules_per_switch(self.entries)
 
     def _wanted(self) -> list[FlowEntry]:
         up = tunnels_up(self.tunnels, self.config.topology)
@@ -191,9 +201,8 @@ class TunnelApp(app_manager.OSKenApp):
             LOG.warning("switch %016x is not in the binding; ignored", dp.id)
             return
         ofp, parser = dp.ofproto, dp.ofproto_parser
-        with self.lock:
-            self.datapaths[dp.id] = dp
-            self.syncing[dp.id] = {"ports": None, "flows": [], "done": False}
+        self.datapaths[dp.id] = dp
+        self.syncing[dp.id] = {"ports": None, "flows": [], "done": False}
         if self.config.role_generation is not None:
             dp.send_msg(parser.OFPRoleRequest(dp, ofp.OFPCR_ROLE_MASTER,
                                               self.config.role_generation))  # fmt: skip
@@ -206,15 +215,14 @@ class TunnelApp(app_manager.OSKenApp):
         """A switch's ports as they are now (part of `switch_features_handler`'s reading)."""
         msg = ev.msg
         ofp = msg.datapath.ofproto
-        with self.lock:
-            sync = self.syncing.get(msg.datapath.id)
-            if sync is None:
-                return
-            ports = sync["ports"] if sync["ports"] is not None else {}
-            for port in msg.body:
-                ports[port.port_no] = port_live(ofp, port.state, port.config)
-            if not msg.flags & ofp.OFPMPF_REPLY_MORE:
-                sync["ports"] = ports
+        sync = self.syncing.get(msg.datapath.id)
+        if sync is None:
+            return
+        ports = sync["ports"] if sync["ports"] is not None else {}
+        for port in msg.body:
+            ports[port.port_no] = port_live(ofp, port.state, port.config)
+        if not msg.flags & ofp.OFPMPF_REPLY_MORE:
+            sync["ports"] = ports
         self._maybe_synced(msg.datapath)
 
     @set_ev_cls(ofp_event.EventOFPFlowStatsReply, MAIN_DISPATCHER)
@@ -222,13 +230,12 @@ class TunnelApp(app_manager.OSKenApp):
         """A switch's flow entries (part of `switch_features_handler`'s reading)."""
         msg = ev.msg
         dp = msg.datapath
-        with self.lock:
-            sync = self.syncing.get(dp.id)
-            if sync is None:
-                return
-            sync["flows"] += [from_flow_stats(dp.id, stat, dp.ofproto) for stat in msg.body]
-            if not msg.flags & dp.ofproto.OFPMPF_REPLY_MORE:
-                sync["done"] = True
+        sync = self.syncing.get(dp.id)
+        if sync is None:
+            return
+        sync["flows"] += [from_flow_stats(dp.id, stat, dp.ofproto) for stat in msg.body]
+        if not msg.flags & dp.ofproto.OFPMPF_REPLY_MORE:
+            sync["done"] = True
         self._maybe_synced(dp)
 
     def _maybe_synced(self, dp) -> None:
@@ -237,24 +244,23 @@ class TunnelApp(app_manager.OSKenApp):
         turn what the switches hold into the wanted rules."""
         binding = self.config.binding
         first = False
-        with self.lock:
-            sync = self.syncing.get(dp.id)
-            if sync is None or sync["ports"] is None or not sync["done"]:
+        sync = self.syncing.get(dp.id)
+        if sync is None or sync["ports"] is None or not sync["done"]:
+            return
+        del self.syncing[dp.id]
+        self.found[dp.id] = sync["flows"]
+        self.read_changes += self._take_port_states(dp.id, sync["ports"])
+        if not self.installed:
+            if set(self.found) != {sw.dpid for sw in binding.switches.values()}:
                 return
-            del self.syncing[dp.id]
-            self.found[dp.id] = sync["flows"]
-            self.read_changes += self._take_port_states(dp.id, sync["ports"])
-            if not self.installed:
-                if set(self.found) != {sw.dpid for sw in binding.switches.values()}:
-                    return
-                self.entries = [e for entries in self.found.values() for e in entries]
-            else:
-                self.entries = [e for e in self.entries if e.dpid != dp.id] + sync["flows"]
-            sent = self._apply(self._wanted())
-            if not self.installed:
-                first, self.installed = True, True
-                self.flow_mods_at_install = self.flow_mods_sent
-            changes, self.read_changes = self.read_changes, []
+            self.entries = [e for entries in self.found.values() for e in entries]
+        else:
+            self.entries = [e for e in self.entries if e.dpid != dp.id] + sync["flows"]
+        sent = self._apply(self._wanted())
+        if not self.installed:
+            first, self.installed = True, True
+            self.flow_mods_at_install = self.flow_mods_sent
+        changes, self.read_changes = self.read_changes, []
         LOG.info("switch %016x read; %d flow-mods sent", dp.id, sent)
         if first:
             LOG.info("tunnel rules installed: %s", rules_per_switch(self.entries))
@@ -284,9 +290,8 @@ class TunnelApp(app_manager.OSKenApp):
     def state_change_handler(self, ev) -> None:
         """Forget a switch whose connection closed."""
         dp = ev.datapath
-        with self.lock:
-            if dp.id is not None and self.datapaths.get(dp.id) is dp:
-                del self.datapaths[dp.id]
+        if dp.id is not None and self.datapaths.get(dp.id) is dp:
+            del self.datapaths[dp.id]
 
     @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
     def port_status_handler(self, ev) -> None:
@@ -298,13 +303,12 @@ class TunnelApp(app_manager.OSKenApp):
             return
         live = msg.reason != ofp.OFPPR_DELETE and port_live(ofp, msg.desc.state, msg.desc.config)
         topology = self.config.topology
-        with self.lock:
-            if live == (link not in topology.down):
-                return
-            before = tunnels_up(self.tunnels, topology)
-            topology.set_link_state(*link, up=live)
-            changed = frozenset(before ^ tunnels_up(self.tunnels, topology))
-            sent = self._apply(self._wanted()) if self.installed else 0
+        if live == (link not in topology.down):
+            return
+        before = tunnels_up(self.tunnels, topology)
+        topology.set_link_state(*link, up=live)
+        changed = frozenset(before ^ tunnels_up(self.tunnels, topology))
+        sent = self._apply(self._wanted()) if self.installed else 0
         LOG.info(
             "link %s-%s %s: %d tunnels, %d flow-mods",
             *link,

@@ -5,12 +5,12 @@ The OpenFlow app asks every switch for its port statistics (OFPPortStatsRequest)
 period and hands each reply's entries to `PortStats.record`. This module keeps the last
 two samples of every port and turns the WAN ports' counters into per-link figures: bytes
 and packets sent, drops, and the measured rate between the last two polls. Pure logic: no
-OpenFlow, no threads (the caller holds its own lock or uses `snapshot`).
+OpenFlow, no threads, no lock: one thread records (os-ken's handler), others read, and a
+port's two samples are one value replaced whole.
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 from topologies import Link
@@ -63,7 +63,9 @@ class LinkLoad:
 
 
 class PortStats:
-    """The last two samples of every (DPID, port), thread-safe.
+    """The last two samples of every (DPID, port), recorded by one thread and read by any:
+    each port's (previous, last) pair is replaced whole, in one dict assignment, so a
+    reader sees either pair, never half of one.
 
     Args:
         binding: DPIDs and WAN ports of the topology (topologies.binding).
@@ -71,9 +73,7 @@ class PortStats:
 
     def __init__(self, binding: Binding) -> None:
         self.binding = binding
-        self.lock = threading.Lock()
-        self._last: dict[tuple[int, int], PortSample] = {}
-        self._previous: dict[tuple[int, int], PortSample] = {}
+        self._samples: dict[tuple[int, int], tuple[PortSample | None, PortSample]] = {}
         self.replies = 0
 
     def record(self, dpid: int, port: int, sample: PortSample) -> None:
@@ -83,13 +83,10 @@ class PortStats:
         no negative rate is ever computed.
         """
         key = (dpid, port)
-        with self.lock:
-            last = self._last.get(key)
-            if last is not None and sample.tx_bytes >= last.tx_bytes:
-                self._previous[key] = last
-            else:
-                self._previous.pop(key, None)
-            self._last[key] = sample
+        kept = self._samples.get(key)
+        last = None if kept is None else kept[1]
+        previous = last if last is not None and sample.tx_bytes >= last.tx_bytes else None
+        self._samples[key] = (previous, sample)
 
     def wan_links(self, now_s: float) -> dict[Link, LinkLoad]:
         """{(a, b): LinkLoad} for every directed WAN link whose sending port was sampled.
@@ -98,21 +95,20 @@ class PortStats:
             now_s: time.monotonic() now (for `sampled_s`).
         """
         out: dict[Link, LinkLoad] = {}
-        with self.lock:
-            for dc, switch in self.binding.switches.items():
-                for neighbour, port in switch.ports.items():
-                    key = (switch.dpid, port)
-                    last = self._last.get(key)
-                    if last is None:
-                        continue
-                    prev = self._previous.get(key)
-                    rate = None
-                    if prev is not None and last.t_s > prev.t_s:
-                        rate = (last.tx_bytes - prev.tx_bytes) / (last.t_s - prev.t_s)
-                    out[(dc, neighbour)] = LinkLoad(
-                        dc, neighbour, switch.dpid, port, last.tx_bytes, last.tx_packets,
-                        last.tx_dropped, last.rx_bytes, last.rx_dropped, rate, now_s - last.t_s,
-                    )  # fmt: skip
+        samples = self._samples
+        for dc, switch in self.binding.switches.items():
+            for neighbour, port in switch.ports.items():
+                kept = samples.get((switch.dpid, port))
+                if kept is None:
+                    continue
+                prev, last = kept
+                rate = None
+                if prev is not None and last.t_s > prev.t_s:
+                    rate = (last.tx_bytes - prev.tx_bytes) / (last.t_s - prev.t_s)
+                out[(dc, neighbour)] = LinkLoad(
+                    dc, neighbour, switch.dpid, port, last.tx_bytes, last.tx_packets,
+                    last.tx_dropped, last.rx_bytes, last.rx_dropped, rate, now_s - last.t_s,
+                )  # fmt: skip
         return out
 
     def wan_tx_bytes(self) -> int:

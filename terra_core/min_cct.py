@@ -30,7 +30,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import repeat
+from itertools import count, repeat
 from typing import NamedTuple
 
 import highspy
@@ -195,9 +195,9 @@ def links_of(path: Path) -> tuple[Link, ...]:
     return tuple(path_links(path))
 
 
-_LINKS: list[Link] = []  # every link seen by `_link_ids`, by its process-wide id
+_LINKS: dict[int, Link] = {}  # every link seen by `_link_ids`, by its process-wide id
 _LINK_ID: dict[Link, int] = {}
-_LINK_LOCK = threading.Lock()
+_NEXT_LINK_ID = count()
 
 
 @lru_cache(maxsize=65536)
@@ -216,13 +216,20 @@ def _columns_of(paths: tuple[Path, ...]) -> tuple[tuple[int, ...], tuple[int, ..
 
 @lru_cache(maxsize=65536)
 def _link_ids(path: Path) -> tuple[int, ...]:
-    """Process-wide integer ids of the links of `path`, in order (new links get new ids)."""
-    with _LINK_LOCK:  # (the controller may solve in several threads)
-        for link in links_of(path):
-            if link not in _LINK_ID:
-                _LINK_ID[link] = len(_LINKS)
-                _LINKS.append(link)
-        return tuple(_LINK_ID[link] for link in links_of(path))
+    """Process-wide integer ids of the links of `path`, in order (new links get new ids).
+
+    Threads may solve at once (the controller's round beside a reservation's admission)
+    without a lock: `dict.setdefault` is one step, so a link keeps the first id given to it
+    whichever thread asks, and each caller records the id's link before it returns it.
+    """
+    ids = []
+    for link in links_of(path):
+        i = _LINK_ID.get(link)
+        if i is None:
+            i = _LINK_ID.setdefault(link, next(_NEXT_LINK_ID))
+            _LINKS[i] = link
+        ids.append(i)
+    return tuple(ids)
 
 
 def _single_paths(
