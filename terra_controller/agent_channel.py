@@ -245,7 +245,7 @@ class AgentChannel:
         of the controller's loop (`sock` non-blocking), with the connection's writer task
         beside it (AgentConnection.write_loop).
 
-        `identity` is the peer's certificate (transport.authenticate): only an agent
+        `identity` is the peer's certificate (transport.accept_loop): only an agent
         certificate may register, and only under its own name.
 
         An agent sends a heartbeat every couple of seconds; one silent for

@@ -13,11 +13,15 @@ a byte of it (docs/security.md):
    pending.py); connection_caps.py derives both caps from the open-file limit;
 2. the TLS handshake (mutual: the client's certificate is verified against the
    CA) within `handshake_s` seconds, measured for the whole handshake (a peer
-   sending one byte a second is cut off too), run by one `Handshakes` thread per
-   server (an idle connection holds a descriptor, not a thread); the peer's
-   Identity is its certificate's name and role;
+   sending one byte a second is cut off too), run non-blocking by the server's accept
+   thread (an idle connection holds a descriptor, not a thread); the peer's Identity is
+   its certificate's name and role;
 3. the server's handler(sock, addr, identity): a task of the owner loop on the
    non-blocking socket, or in a thread of its own.
+
+Accepting, admission and handshakes are one thread per server (`accept_loop`), which owns
+the server's Admission and pending handshakes: no lock. A served connection that closes is
+handed back to it as a message (`Admission.leave`).
 
 Without an SSL context (`--insecure`) step 2 is skipped and every peer gets
 `pki.INSECURE`. Out of descriptors (EMFILE) the accept loop backs off and keeps
@@ -34,15 +38,16 @@ import errno
 import heapq
 import itertools
 import logging
+import queue
 import selectors
 import socket
 import ssl
 import struct
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 
 from overlay.pending_connections import AdmittedConnection, ConnectionCounts
 from overlay.rate_limited_log import RateLimitedLog
@@ -164,27 +169,34 @@ class Admission(ConnectionCounts):
     `Ticket`) evictable: at the total cap a newcomer takes the place of the oldest pending
     connection of the address holding the most pending ones, if its own address holds
     none or (with it) fewer (overlay/pending_connections.py); authenticated connections
-    are never evicted. Thread-safe.
+    are never evicted.
+
+    Owned by its server's accept thread (`accept_loop`), which alone calls `enter` and
+    `serving`: no lock. A connection served elsewhere (a task of the controller's loop, a
+    handler's thread) that closes is handed back with `leave`, a message the accept thread
+    takes before its next decision. Other threads may read the counts (metrics).
 
     Attributes:
         those of ConnectionCounts (total, per_address, pending, refused, evicted);
-        evict: evict(victim Ticket, newcomer's host), called outside the lock for each
-            eviction, closes the victim (default: shuts `victim.sock` down; accept_loop
-            also stops its handshake).
+        evict: evict(victim Ticket, newcomer's host), called for each eviction, closes the
+            victim (default: shuts `victim.sock` down; accept_loop also stops its
+            handshake).
+        wake: called after each `leave` (accept_loop's: wakes its thread).
     """
 
     def __init__(self, security: ServerSecurity) -> None:
         super().__init__(security.max_connections, security.max_per_address)
         self.security = security
         self.evict = _shut_down_victim
-        self.lock = threading.Lock()
+        self.wake: Callable[[], None] = _nothing
+        self._closed: queue.SimpleQueue[Ticket] = queue.SimpleQueue()
 
     def enter(self, host: str, pending: bool = True) -> Ticket | None:
         """Admit one connection from `host`, pending (evictable) until `serving` says
         otherwise; None when a cap is reached and nothing may be evicted (counted)."""
+        self.take_closed()
         ticket = Ticket(host, pending)
-        with self.lock:
-            admitted, victim = self.admit(ticket)
+        admitted, victim = self.admit(ticket)
         if victim is not None:
             self.evict(victim, host)
         return ticket if admitted else None
@@ -193,58 +205,37 @@ class Admission(ConnectionCounts):
         """The connection's handshake is done and `sock` goes to its handler; it stays
         evictable only if `pending` (no certificate). False: it was evicted meanwhile (the
         caller closes `sock`)."""
-        with self.lock:
-            if not ticket.admitted:
-                return False
-            ticket.sock = sock
-            if not pending:
-                self.settle(ticket)
-            return True
+        if not ticket.admitted:
+            return False
+        ticket.sock = sock
+        if not pending:
+            self.settle(ticket)
+        return True
 
     def leave(self, ticket: Ticket) -> None:
-        """Forget an admitted connection (closed); nothing if it was evicted already."""
-        with self.lock:
+        """Forget an admitted connection that closed (nothing if it was evicted already):
+        from any thread, taken by the owner's next `enter` or `take_closed`."""
+        self._closed.put(ticket)
+        self.wake()
+
+    def take_closed(self) -> None:
+        """(The owner's thread) forget the connections handed back by `leave`."""
+        while True:
+            try:
+                ticket = self._closed.get_nowait()
+            except queue.Empty:
+                return
             self.forget(ticket)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _shut_down_victim(victim: Ticket, host: str) -> None:
     """Admission's default eviction: shut the victim's socket down (if it has one yet)."""
     if victim.sock is not None:
         shutdown(victim.sock)
-
-
-def authenticate(
-    sock: socket.socket, security: ServerSecurity, optional: bool = False
-) -> tuple[socket.socket, Identity | None]:
-    """Run the TLS handshake on an accepted socket within the deadline, in this thread.
-
-    (`accept_loop` runs handshakes in its `Handshakes` thread instead; this is for callers
-    holding a thread anyway.)
-
-    Args:
-        optional: a peer without a certificate is let through (identity None); needs a
-            context made with require_client_cert=False.
-
-    Returns:
-        (the socket to use: an SSLSocket, or `sock` itself when insecure, the peer's Identity).
-
-    Raises:
-        OSError / ssl.SSLError: handshake failed or timed out (the socket is closed).
-        PkiError: the verified certificate is not a Terra identity.
-    """
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # requests and replies are small
-    if security.context is None:
-        return sock, INSECURE
-    tls = security.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-    try:
-        with DEADLINES.guard(tls, security.handshake_s):
-            tls.settimeout(security.handshake_s)
-            tls.do_handshake()
-        tls.settimeout(None)
-        return tls, _identity(tls, optional)
-    except BaseException:
-        tls.close()
-        raise
 
 
 def _identity(tls: ssl.SSLSocket, optional: bool) -> Identity | None:
@@ -255,123 +246,188 @@ def _identity(tls: ssl.SSLSocket, optional: bool) -> Identity | None:
     return peer_identity(peercert)
 
 
-class Handshakes:
-    """One thread running the TLS handshakes of a listener's new connections, non-blocking.
+ACCEPT_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}  # back off, retry
+TRANSIENT_ERRORS = {errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EPERM}
+BACKOFF_S = (0.01, 0.5)  # first and longest pause after an accept out of descriptors/memory
+CLOSED_CHECK_S = 1.0  # how often the accept thread checks that its listener is still open
 
-    A connection costs a descriptor and a few KiB until its handshake is done, failed or
-    past its deadline (`handshake_s`, for the whole handshake), never a thread: an idle
-    or trickling peer holds no thread. Completed handshakes go to `done(tls, identity)`
-    (called in this thread: it must return quickly, e.g. by starting a thread); failed
-    ones to `failed(addr, error)` after the socket is closed. `evict(key)` drops the pending
-    handshake submitted with `key` (failed with `Evicted`).
+
+def accept_loop(listener: socket.socket, handle, spawn, security: ServerSecurity,
+                optional: bool = False, name: str = "server",
+                admission: Admission | None = None, owner=None) -> None:  # fmt: skip
+    """Accept connections until `listener` is closed, in this thread: admission caps, then
+    the TLS handshake, then handle(sock, addr, identity) for authenticated peers.
+
+    One thread does all of it for the listener (`_AcceptThread`): it accepts, counts the
+    connection in `admission` (which it owns), and runs every pending TLS handshake
+    non-blocking, each within `handshake_s` for the whole handshake: an idle or trickling
+    peer holds a descriptor, never a thread. At the total cap a connection still in its
+    handshake (or, with `optional`, served without a certificate) is evicted for a
+    newcomer from a less busy address; authenticated connections are never evicted.
+    Refused, evicted, failed and timed-out connections close only themselves (logged at
+    most once per interval with their count, `RateLimitedLog`); the handler's socket is
+    closed when it returns. Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM)
+    it stops accepting for 10 ms doubling to 0.5 s, logs once per interval and goes on;
+    it returns once the listener is closed (`stop_listener`).
 
     Args:
-        context: the server ssl.SSLContext.
-        handshake_s: seconds for each whole handshake.
-        optional: peers without a certificate complete with identity None.
-        name: the thread's name.
+        handle: handle(sock, addr, identity), run in a thread of its own (spawn), or with
+            `owner` an async function run as a task on that loop with the socket
+            non-blocking (no thread per connection).
+        optional: peers without a certificate are served too (identity None).
+        name: the server's name in log lines (e.g. "coflow API").
+        admission: the Admission to count in (default: a new one over `security`; its
+            `evict` and `wake` are replaced).
+        owner: None, or the controller's OwnerLoop (see `handle`).
     """
+    _AcceptThread(listener, handle, spawn, admission or Admission(security), security,
+                  optional, name, owner).run()  # fmt: skip
 
-    def __init__(self, context: ssl.SSLContext, handshake_s: float, optional: bool = False,
-                 name: str = "terra-handshakes") -> None:  # fmt: skip
-        self.context, self.handshake_s, self.optional = context, handshake_s, optional
+
+class _AcceptThread:
+    """`accept_loop`'s state: the listener, the pending handshakes and the Admission, all
+    used by the thread that runs `run` only. Other threads reach it through the Admission's
+    `leave` (a closed connection) and the wake-up socket pair."""
+
+    def __init__(self, listener, handle, spawn, admission: Admission,
+                 security: ServerSecurity, optional: bool, name: str, owner) -> None:  # fmt: skip
+        self.listener, self.handle, self.spawn, self.name = listener, handle, spawn, name
+        self.admission, self.security, self.optional = admission, security, optional
+        self.owner = owner  # an OwnerLoop: `handle` is async and runs as a task on it
         self.selector = selectors.DefaultSelector()  # epoll on Linux: no 1024-fd limit
         self.wake_r, self.wake_w = socket.socketpair()
-        self.wake_r.setblocking(False)
-        self.wake_w.setblocking(False)
-        self.selector.register(self.wake_r, selectors.EVENT_READ)
-        self.incoming: list[tuple] = []  # (tls, addr, done, failed, key) added by other threads
-        self.evictions: list = []  # keys to drop, added by other threads
-        self.lock = threading.Lock()
-        self.pending: dict[int, tuple] = {}  # fd -> (tls, addr, deadline, done, failed, key)
-        self.fd_of: dict = {}  # key -> fd of a pending handshake submitted with a key
+        self.pending: dict[int, tuple] = {}  # fd -> (tls, addr, deadline, ticket)
+        self.fd_of: dict[Ticket, int] = {}  # a pending handshake's ticket -> its fd
         self.deadlines: list[tuple[float, int, int]] = []  # (deadline, seq, fd) heap
         self.seq = itertools.count()
-        self.closed = False
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.thread.start()
+        self.paused_until: float | None = None  # accepting paused (out of descriptors)
+        self.backoff = BACKOFF_S[0]
+        self.refused = RateLimitedLog(LOG, f"{name}: connections refused at the cap")
+        self.evictions = RateLimitedLog(LOG, f"{name}: pending connections evicted at the cap")
+        self.unauthenticated = RateLimitedLog(LOG, f"{name}: connections not authenticated",
+                                              logging.INFO)  # fmt: skip
+        self.exhausted = RateLimitedLog(LOG, f"{name}: cannot accept (out of descriptors or "
+                                        "memory); retrying")  # fmt: skip
+        admission.evict, admission.wake = self.evict, self._wake
 
-    def __len__(self) -> int:
-        return len(self.pending)
+    def run(self) -> None:
+        """Serve the listener until it is closed; then fail the pending handshakes."""
+        for s in (self.listener, self.wake_r, self.wake_w):
+            s.setblocking(False)
+        self.selector.register(self.listener, selectors.EVENT_READ)
+        self.selector.register(self.wake_r, selectors.EVENT_READ)
+        try:
+            while self.listener.fileno() >= 0 and self._once():
+                pass
+        finally:
+            for fd in list(self.pending):
+                self._finish(fd, ConnectionAbortedError("server stopped"))
+            self.selector.close()
+            self.wake_r.close()
+            self.wake_w.close()
 
-    def submit(self, sock: socket.socket, addr, done, failed, key=None) -> None:
-        """Start the handshake of an accepted `sock` (never blocks); `key` (hashable, unique)
-        names it for `evict`."""
-        tls = self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-        with self.lock:
-            self.incoming.append((tls, addr, done, failed, key))
-        self._wake()
+    def _once(self) -> bool:
+        """One wait and what it found; False once the listener is shut down."""
+        try:
+            for key, _ in self.selector.select(self._timeout()):
+                if key.fileobj is self.listener:
+                    if not self._accept_ready():
+                        return False
+                elif key.fileobj is self.wake_r:
+                    self._drain_wake()
+                else:
+                    self._step(key.fd)
+            self.admission.take_closed()
+            self._expire()
+            self._resume()
+        except Exception:  # a bug here must not stop every later connection
+            LOG.exception("%s: accept thread", self.name)
+            time.sleep(0.01)
+        return True
 
-    def evict(self, key) -> None:
-        """Drop the handshake submitted with `key` if still pending (never blocks): its
-        socket is closed and `failed(addr, Evicted)` called, in the handshake thread."""
-        with self.lock:
-            self.evictions.append(key)
-        self._wake()
+    def _timeout(self) -> float:
+        now, wait = time.monotonic(), CLOSED_CHECK_S
+        if self.deadlines:
+            wait = min(wait, self.deadlines[0][0] - now)
+        if self.paused_until is not None:
+            wait = min(wait, self.paused_until - now)
+        return max(0.0, wait)
 
     def _wake(self) -> None:
         try:
             self.wake_w.send(b"x")
-        except (BlockingIOError, OSError):
-            pass  # a wake-up is already queued
-
-    def close(self) -> None:
-        """Stop the thread; pending handshakes fail (their sockets closed)."""
-        self.closed = True
-        try:
-            self.wake_w.send(b"x")
         except OSError:
-            pass
+            pass  # a wake-up is already queued, or the thread is gone
 
-    def _run(self) -> None:
-        while not self.closed:
-            timeout = None
-            if self.deadlines:
-                timeout = max(0.0, self.deadlines[0][0] - time.monotonic())
-            try:
-                for key, _ in self.selector.select(timeout):
-                    if key.fileobj is self.wake_r:
-                        self._take_incoming()
-                    else:
-                        self._step(key.fd)
-                self._expire()
-            except Exception:  # a bug here must not stop every later handshake
-                LOG.exception("handshake thread")
-                time.sleep(0.01)
-        for fd in list(self.pending):
-            self._finish(fd, ConnectionAbortedError("server stopped"))
-        self.selector.close()
-        self.wake_r.close()
-        self.wake_w.close()
-
-    def _take_incoming(self) -> None:
+    def _drain_wake(self) -> None:
         try:
             while self.wake_r.recv(4096):
                 pass
-        except (BlockingIOError, OSError):
+        except OSError:
             pass
-        with self.lock:
-            incoming, self.incoming = self.incoming, []
-            evictions, self.evictions = self.evictions, []
-        at = time.monotonic() + self.handshake_s
-        for tls, addr, done, failed, key in incoming:
-            fd = tls.fileno()
+
+    def _accept_ready(self) -> bool:
+        """Accept every connection waiting; False once the listener is shut down."""
+        while True:
             try:
-                tls.setblocking(False)
-                self.selector.register(fd, selectors.EVENT_READ)
-            except (OSError, ValueError) as exc:
-                tls.close()
-                failed(addr, exc)
-                continue
-            self.pending[fd] = (tls, addr, at, done, failed, key)
-            if key is not None:
-                self.fd_of[key] = fd
-            heapq.heappush(self.deadlines, (at, next(self.seq), fd))
-            self._step(fd)
-        for key in evictions:  # after `incoming`: a key is submitted before it is evicted
-            fd = self.fd_of.get(key)
-            if fd is not None:
-                self._finish(fd, Evicted("evicted for a newcomer at the connection cap"))
+                sock, addr = self.listener.accept()
+            except BlockingIOError:
+                return True
+            except OSError as exc:
+                if self.listener.fileno() < 0 or exc.errno in (
+                    errno.EBADF, errno.EINVAL, errno.ENOTSOCK
+                ):  # fmt: skip
+                    return False  # shut down (stop_listener)
+                if exc.errno in TRANSIENT_ERRORS:
+                    continue
+                self._pause(exc)
+                return True
+            self.backoff = BACKOFF_S[0]
+            sock.setblocking(True)
+            self._take(sock, addr)
+
+    def _pause(self, exc: OSError) -> None:
+        """Out of descriptors or memory: stop watching the listener for the backoff."""
+        self.exhausted.event(exc)
+        self.selector.unregister(self.listener)
+        self.paused_until = time.monotonic() + self.backoff
+        self.backoff = min(self.backoff * 2, BACKOFF_S[1])
+
+    def _resume(self) -> None:
+        if self.paused_until is not None and time.monotonic() >= self.paused_until:
+            self.paused_until = None
+            self.selector.register(self.listener, selectors.EVENT_READ)
+
+    def _take(self, sock: socket.socket, addr) -> None:
+        """Admit an accepted connection (or refuse and close it at a cap), then start its
+        handshake, or serve it at once when insecure."""
+        context = self.security.context
+        ticket = self.admission.enter(addr[0], pending=context is not None)
+        if ticket is None:
+            self.refused.event(addr)
+            sock.close()
+            return
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+        if context is None:
+            self._serve(ticket, sock, addr, INSECURE)
+            return
+        try:
+            tls = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            tls.setblocking(False)
+            fd = tls.fileno()
+            self.selector.register(fd, selectors.EVENT_READ)
+        except (OSError, ValueError) as exc:
+            sock.close()
+            self._failed(ticket, addr, exc)
+            return
+        at = time.monotonic() + self.security.handshake_s
+        self.pending[fd] = (tls, addr, at, ticket)
+        self.fd_of[ticket] = fd
+        heapq.heappush(self.deadlines, (at, next(self.seq), fd))
+        self._step(fd)
 
     def _step(self, fd: int) -> None:
         if fd not in self.pending:  # an event of a socket finished in this round
@@ -394,11 +450,13 @@ class Handshakes:
             at, _, fd = heapq.heappop(self.deadlines)
             entry = self.pending.get(fd)
             if entry is not None and entry[2] == at:
-                self._finish(fd, TimeoutError(f"no TLS handshake within {self.handshake_s} s"))
+                limit = self.security.handshake_s
+                self._finish(fd, TimeoutError(f"no TLS handshake within {limit} s"))
 
     def _finish(self, fd: int, error: BaseException | None) -> None:
-        tls, addr, _, done, failed, key = self.pending.pop(fd)
-        self.fd_of.pop(key, None)
+        """A handshake ended: serve the peer, or close the socket and uncount it."""
+        tls, addr, _, ticket = self.pending.pop(fd)
+        self.fd_of.pop(ticket, None)
         self.selector.unregister(fd)
         if error is None:
             try:
@@ -407,140 +465,36 @@ class Handshakes:
             except (OSError, ValueError, PkiError) as exc:
                 error = exc
             else:
-                done(tls, addr, identity)
+                self._serve(ticket, tls, addr, identity)
                 return
         tls.close()
-        failed(addr, error)
+        self._failed(ticket, addr, error)
 
-
-ACCEPT_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}  # back off, retry
-TRANSIENT_ERRORS = {errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN, errno.EPERM}
-BACKOFF_S = (0.01, 0.5)  # first and longest sleep after an accept out of descriptors/memory
-
-
-def accept_loop(listener: socket.socket, handle, spawn, security: ServerSecurity,
-                optional: bool = False, name: str = "server",
-                admission: Admission | None = None, owner=None) -> None:  # fmt: skip
-    """Accept connections until `listener` is closed: admission caps, then the TLS handshake
-    (in one `Handshakes` thread for the listener, no thread per connection), then
-    handle(sock, addr, identity) in a thread of its own (spawn) for authenticated peers.
-
-    At the total cap a connection still in its handshake (or, with `optional`, served
-    without a certificate) is evicted for a newcomer from a less busy address (`Admission`);
-    authenticated connections are never evicted. Refused, evicted, failed and timed-out
-    connections close only themselves (logged at most once per interval with their count,
-    `RateLimitedLog`); the handler's socket is closed when it returns. Out of descriptors
-    or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) the loop sleeps (10 ms doubling to 0.5 s),
-    logs once per interval and keeps listening; it returns only when the listener is closed.
-
-    Args:
-        optional: peers without a certificate are served too (identity None).
-        name: the server's name in log lines (e.g. "coflow API").
-        admission: the Admission to count in (default: a new one over `security`; its
-            `evict` is replaced).
-        owner: None, or the controller's OwnerLoop: then `handle` is an async function
-            run as a task on that loop with the socket non-blocking (no thread per
-            connection).
-    """
-    acceptor = _Acceptor(handle, spawn, admission or Admission(security), name, owner)
-    if security.context is not None:
-        acceptor.handshakes = Handshakes(security.context, security.handshake_s, optional,
-                                         f"terra-handshakes-{name}")  # fmt: skip
-    acceptor.admission.evict = acceptor.evict
-    try:
-        _accept_until_closed(listener, acceptor)
-    finally:
-        if acceptor.handshakes is not None:
-            acceptor.handshakes.close()
-
-
-def _accept_until_closed(listener: socket.socket, acceptor: _Acceptor) -> None:
-    """Accept connections, each passed to `acceptor.take`, until `listener` is closed or shut
-    down; out of descriptors or memory, sleep BACKOFF_S[0] doubling to BACKOFF_S[1] (s)."""
-    backoff = BACKOFF_S[0]
-    while True:
-        try:
-            sock, addr = listener.accept()
-        except OSError as exc:
-            if listener.fileno() < 0:
-                return
-            if exc.errno in TRANSIENT_ERRORS:
-                continue
-            if exc.errno in (errno.EBADF, errno.EINVAL, errno.ENOTSOCK):
-                return  # shut down (stop_listener)
-            acceptor.exhausted.event(exc)
-            time.sleep(backoff)
-            backoff = min(backoff * 2, BACKOFF_S[1])
-            continue
-        backoff = BACKOFF_S[0]
-        acceptor.take(sock, addr)
-
-
-class _Acceptor:
-    """What `accept_loop` does with each accepted connection: count it in `admission`, run
-    its TLS handshake in `handshakes` (None: insecure), then handle(sock, addr, identity) in
-    a thread of its own (spawn). Refusals, evictions, failed handshakes and failed accepts
-    are logged at most once per interval each (`RateLimitedLog`, named after the server).
-    """
-
-    def __init__(self, handle, spawn, admission: Admission, name: str, owner=None) -> None:
-        self.handle, self.spawn, self.admission, self.name = handle, spawn, admission, name
-        self.owner = owner  # an OwnerLoop: `handle` is async and runs as a task on it
-        self.handshakes: Handshakes | None = None
-        self.refused = RateLimitedLog(LOG, f"{name}: connections refused at the cap")
-        self.evictions = RateLimitedLog(LOG, f"{name}: pending connections evicted at the cap")
-        self.unauthenticated = RateLimitedLog(LOG, f"{name}: connections not authenticated",
-                                              logging.INFO)  # fmt: skip
-        self.exhausted = RateLimitedLog(LOG, f"{name}: cannot accept (out of descriptors or "
-                                        "memory); retrying")  # fmt: skip
-
-    def take(self, sock: socket.socket, addr) -> None:
-        """Admit an accepted connection (or refuse and close it at a cap), then start its
-        handshake, or serve it at once when insecure."""
-        ticket = self.admission.enter(addr[0], pending=self.handshakes is not None)
-        if ticket is None:
-            self.refused.event(addr)
-            sock.close()
-            return
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass
-        if self.handshakes is None:
-            self.done(ticket, sock, addr, INSECURE)
-            return
-        try:
-            self.handshakes.submit(sock, addr, partial(self.done, ticket),
-                                   partial(self.failed, ticket), key=ticket)  # fmt: skip
-        except (OSError, ValueError) as exc:
-            sock.close()
-            self.failed(ticket, addr, exc)
-
-    def done(self, ticket: Ticket, sock, addr, identity) -> None:
-        """The handshake is done: start the handler's thread (close `sock` if it was evicted
-        meanwhile or no thread can start)."""
+    def _serve(self, ticket: Ticket, sock, addr, identity) -> None:
+        """Start the handler's task (or thread); close `sock` if it was evicted or none can
+        start."""
         if not self.admission.serving(ticket, sock, pending=identity is None):
-            sock.close()  # evicted while its handshake completed
+            sock.close()
             return
         try:
             if self.owner is not None:
                 self.owner.start_task(self.run_on_loop, sock, addr, identity, ticket)
             else:
-                self.spawn(self.run, sock, addr, identity, ticket)
+                self.spawn(self.run_thread, sock, addr, identity, ticket)
         except Exception as exc:  # cannot start a thread or task: refuse, keep accepting
             self.refused.event(f"{addr}: cannot serve: {exc}")
-            self.admission.leave(ticket)
+            self.admission.forget(ticket)
             sock.close()
 
-    def run(self, sock: socket.socket, addr, identity, ticket: Ticket) -> None:
-        """The handler's thread: handle the connection, then close it and stop counting it."""
+    def run_thread(self, sock: socket.socket, addr, identity, ticket: Ticket) -> None:
+        """The handler's thread: handle the connection, then close it and hand it back."""
         try:
             self.handle(sock, addr, identity)
         finally:
             self._release(sock, ticket)
 
     async def run_on_loop(self, sock: socket.socket, addr, identity, ticket: Ticket) -> None:
-        """The handler's task on the owner loop (non-blocking socket), then as `run`."""
+        """The handler's task on the owner loop (non-blocking socket), then as `run_thread`."""
         import trio  # (the clients import this module: only the controller's loop needs trio)
 
         try:
@@ -554,26 +508,28 @@ class _Acceptor:
             self._release(sock, ticket)
 
     def _release(self, sock: socket.socket, ticket: Ticket) -> None:
-        """Close a served connection and stop counting it."""
+        """Close a served connection and hand it back to the accept thread."""
         try:
             sock.close()
         except OSError:
             pass
         self.admission.leave(ticket)
 
-    def failed(self, ticket: Ticket, addr, exc: BaseException) -> None:
+    def _failed(self, ticket: Ticket, addr, exc: BaseException) -> None:
         """The handshake failed or was evicted (the socket is closed already)."""
         if not isinstance(exc, Evicted):
             self.unauthenticated.event(f"{addr}: {exc}")
-        self.admission.leave(ticket)
+        self.admission.forget(ticket)
 
     def evict(self, victim: Ticket, host: str) -> None:
         """Admission's eviction: drop `victim` (pending) for a newcomer from `host`."""
         self.evictions.event(f"{victim.host} for {host}")
         if victim.sock is not None:  # served without a certificate
             shutdown(victim.sock)
-        elif self.handshakes is not None:
-            self.handshakes.evict(victim)
+            return
+        fd = self.fd_of.get(victim)
+        if fd is not None:
+            self._finish(fd, Evicted("evicted for a newcomer at the connection cap"))
 
 
 def stop_listener(listener: socket.socket) -> None:
