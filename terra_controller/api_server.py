@@ -73,7 +73,6 @@ from terra_controller.transport import (
     FRAME_TIMEOUT_S,
     ServerSecurity,
     listen_and_serve,
-    read_message,
 )
 from terra_security.pki import INSECURE, Identity, Role
 from terra_security.tokens import DEFAULT_TTL_S, TokenError, issue_token
@@ -358,39 +357,12 @@ def _only(request: dict, fields: set[str]) -> None:
 # ---- server ---------------------------------------------------------------------------------
 
 
-def serve_connection(handler: ApiHandler, sock: socket.socket, addr, identity=INSECURE) -> None:
-    """Answer requests on one authenticated connection until EOF, a malformed message or
-    `IDLE_S` without a request (then close it)."""
-    sock.settimeout(IDLE_S)
-    try:
-        while True:
-            try:
-                request = read_message(sock, handler.frame_timeout_s, decode=decode_request)
-            except WireError as exc:
-                LOG.warning("API %s (%s): %s; closing", addr, identity.name, exc)
-                _send_quietly(
-                    sock,
-                    {
-                        "v": API_VERSION,
-                        "ok": False,
-                        "code": "bad_message",
-                        "error": str(exc),
-                        "instance": handler.instance,
-                    },
-                )
-                return
-            if request is None:
-                return
-            sock.sendall(_packed_reply(handler, handler.handle(request, identity)))
-    except (OSError, EOFError) as exc:
-        LOG.debug("API %s: connection ended: %s", addr, exc)
-
-
 async def serve_connection_on_loop(
     handler: ApiHandler, sock: socket.socket, addr, identity=INSECURE
 ) -> None:
-    """`serve_connection` as a task of the controller's loop, `sock` non-blocking: the
-    same frames, limits and replies (ApiHandler.handle_on_loop)."""
+    """Answer requests on one authenticated connection, as a task of the owner's loop
+    (`sock` non-blocking; ApiHandler.handle_on_loop), until EOF, a malformed message (answered
+    "bad_message") or `IDLE_S` without a request; then the caller closes it."""
     reader = FrameReader(sock)
     try:
         with reader.idle:  # a connection idle for IDLE_S leaves it: closed quietly
@@ -439,13 +411,6 @@ def _packed_reply(handler: ApiHandler, reply: dict) -> bytes:
                 "instance": handler.instance,
             }
         )
-
-
-def _send_quietly(sock: socket.socket, message: dict) -> None:
-    try:
-        sock.sendall(pack_message(message))
-    except OSError:
-        pass
 
 
 def start_api_server(

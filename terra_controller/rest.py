@@ -38,8 +38,8 @@ A WSGI app (webob requests and responses, a routes Mapper) served on the control
 loop: each authenticated connection is a task of it, its request read with h11 and
 answered by the app there (http_on_loop.py), behind the same admission as the coflow API
 (transport.accept_loop: caps per address and in total, TLS handshakes without a thread
-each, a whole-request deadline). A standby, which has no loop, serves /healthz with the
-standard library's wsgiref handler in a thread per connection. Errors answer JSON
+each, a whole-request deadline). A standby serves /healthz the same way on a loop of its
+own (standby.py). Errors answer JSON
 {"error": text}: 400 for a malformed query (integers are ASCII digits only), 404 for
 unknown paths or coflows, 405 for other methods; a failing view answers 500 and the
 server keeps running.
@@ -53,7 +53,6 @@ import math
 import time
 from collections.abc import Callable
 from importlib import resources
-from wsgiref.simple_server import WSGIRequestHandler
 
 from routes import Mapper
 from webob import Request, Response
@@ -73,7 +72,6 @@ from terra_controller.http_on_loop import send_error, serve_wsgi_request
 from terra_controller.metrics import CONTENT_TYPE, ControllerCollector
 from terra_controller.tenant_api import rest_view, with_tenant
 from terra_controller.transport import (
-    DEADLINES,
     REST_CAP,
     ServerSecurity,
     listen_and_serve,
@@ -456,23 +454,10 @@ class TokenGate:
         return self.app(environ, start_response)
 
 
-class _OneRequest:
-    """What wsgiref's handler reads of its server, with the application of one request."""
-
-    def __init__(self, server: RestServer, app) -> None:
-        self.base_environ, self.app = server.base_environ, app
-
-    def get_app(self):
-        """The WSGI application of this request."""
-        return self.app
-
-
 class RestServer:
     """A running REST server (what `start_rest_server` returns): its connections come from
-    `transport.accept_loop` (the same admission, TLS handshake thread and caps as the API)
-    and are served as tasks of the controller's loop (`handle_on_loop`), or, without an
-    owner loop, in a thread each by wsgiref's handler, which reads `base_environ` and
-    `get_app` here (`handle`).
+    `transport.accept_loop` (the same admission, TLS handshakes and caps as the API) and
+    are served as tasks of the owner's loop (`handle_on_loop`).
 
     Attributes:
         listener: the listening socket.
@@ -488,32 +473,15 @@ class RestServer:
         self.not_operator = RateLimitedLog(LOG, "REST: clients without an operator "
                                            "certificate refused")  # fmt: skip
 
-    def get_app(self) -> RestApp:
-        """The WSGI application."""
-        return self.app
-
-    def handle(self, sock, addr, identity) -> None:
-        """Serve one HTTP request within REQUEST_TIMEOUT_S for the whole request and reply
-        (a peer trickling its request is cut off), in the connection's thread (a server
-        without an owner loop: a standby's). Who reads what: `app_for`."""
-        app = self.app_for(identity)
-        if app is None:  # starting: no controller attached to the app yet
-            _reply_starting(sock)
-            return
-        sock.settimeout(REQUEST_TIMEOUT_S)
-        try:
-            with DEADLINES.guard(sock, REQUEST_TIMEOUT_S):
-                _QuietHandler(sock, addr, _OneRequest(self, app))
-        except (OSError, ValueError) as exc:
-            LOG.debug("REST %s: %s", addr, exc)
-
     async def handle_on_loop(self, sock, addr, identity) -> None:
-        """`handle` as a task of the controller's loop (http_on_loop.py: h11, the
-        application called on the loop), with the same deadline and answers."""
+        """Serve one HTTP request as a task of the owner's loop (http_on_loop.py: h11, the
+        application called on the loop) within REQUEST_TIMEOUT_S for the whole request and
+        reply (a peer trickling its request is cut off); 503 while no controller is
+        attached to the app. Who reads what: `app_for`."""
         import trio
 
         app = self.app_for(identity)
-        if app is None:  # (as _reply_starting, without blocking the loop)
+        if app is None:  # starting: no controller attached to the app yet
             with trio.move_on_after(REQUEST_TIMEOUT_S):
                 await send_error(sock, 503, "the controller is starting; retry")
             return
@@ -542,43 +510,6 @@ class RestServer:
         """Stop accepting (requests in progress finish)."""
         stop_listener(self.listener)
 
-    def server_close(self) -> None:
-        """Close the listener (as shutdown; for socketserver's interface)."""
-        stop_listener(self.listener)
-
-
-def _reply_starting(sock) -> None:
-    """Answer 503 (the controller is starting) on `sock` and let the caller close it;
-    a client that cannot send it any more is ignored."""
-    try:
-        sock.settimeout(REQUEST_TIMEOUT_S)
-        sock.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
-                     b"Retry-After: 1\r\nConnection: close\r\n\r\n")  # fmt: skip
-    except OSError as exc:
-        LOG.debug("REST: %s", exc)
-
-
-class _DebugLog:
-    """A file-like stderr for wsgiref that writes to the log at DEBUG (a client closing
-    before its reply is common and not worth a traceback on stderr)."""
-
-    def write(self, text: str) -> int:
-        """Log `text` (stripped) at DEBUG."""
-        if text.strip():
-            LOG.debug("REST: %s", text.rstrip())
-        return len(text)
-
-    def flush(self) -> None:
-        """Nothing buffered."""
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, fmt, *args) -> None:
-        LOG.debug("REST %s", fmt % args)
-
-    def get_stderr(self):
-        return _DebugLog()
-
 
 def start_rest_server(
     app: RestApp,
@@ -588,14 +519,14 @@ def start_rest_server(
     public: bool = False,
     spawn=None,
     listeners: dict | None = None,
-    owner=None,
+    *,
+    owner,
 ):
     """Serve `app` on host:port (one request per connection, over TLS) behind
     `transport.accept_loop`'s admission: at most REST_CAP connections (REST_CAP per
-    address; fewer when `security` caps lower), TLS handshakes in one thread, a
+    address; fewer when `security` caps lower), TLS handshakes in the accept thread, a
     whole-request deadline of REQUEST_TIMEOUT_S. Each authenticated connection is a task
-    of `owner`, the controller's loop (`RestServer.handle_on_loop`), or without one a
-    thread of its own (a standby's /healthz).
+    of `owner`'s loop (`RestServer.handle_on_loop`).
 
     Args:
         security: ServerSecurity with the controller's TLS context (client certificates
@@ -608,7 +539,8 @@ def start_rest_server(
             daemon-thread starter).
         listeners: {server name: Admission} its connection counts go to (default: the
             app's controller's metrics).
-        owner: the controller's OwnerLoop, or None (a thread per connection).
+        owner: the OwnerLoop the connections are tasks of (the controller's, or a
+            standby's).
 
     Returns:
         (server (call .shutdown() to stop), thread, bound (host, port)).
@@ -629,7 +561,7 @@ def start_rest_server(
     scheme = "https" if security.context is not None else "http"
     server.scheme = scheme
     server.listener, thread, bound = listen_and_serve(
-        host, port, server.handle if owner is None else server.handle_on_loop, security,
+        host, port, server.handle_on_loop, security,
         spawn, optional=True, name="REST", listeners=listeners, owner=owner,
     )  # fmt: skip
     server.base_environ = _base_environ(*bound)

@@ -4,8 +4,9 @@ A standby runs no scheduler and holds no state. On the coflow API port it answer
 request with the error "not_leader" and the leader's API address (clients follow it); on
 the REST port it answers /healthz ({"role": "standby", "leader", "state_version": null})
 and 503 for anything else; it does not listen on the agents' port, so an agent given
-several controllers moves on to the next at once. Once elected it closes these listeners
-and starts as the leader on the same ports (cli.py).
+several controllers moves on to the next at once. Its connections are tasks of a trio loop
+of its own (owner_loop.OwnerLoop), as the leader's are of the leader's. Once elected it
+closes these listeners, stops that loop and starts as the leader on the same ports (cli.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable
 
-from terra_controller.api_server import serve_connection
+from terra_controller.api_server import serve_connection_on_loop
+from terra_controller.owner_loop import OwnerLoop
 from terra_controller.rest import HealthApp, start_rest_server
 from terra_controller.transport import (
     FRAME_TIMEOUT_S,
@@ -37,6 +39,10 @@ class StandbyHandler:
         self.frame_timeout_s = FRAME_TIMEOUT_S
         self.instance = secrets.token_hex(8)
 
+    async def handle_on_loop(self, request: object, identity=None) -> dict:
+        """`handle`, as the loop's API server calls it."""
+        return self.handle(request, identity)
+
     def handle(self, request: object, identity=None) -> dict:
         """The not_leader reply to any request (never raises)."""
         leader = self.leader()
@@ -56,7 +62,8 @@ def standby_health(leader: Callable[[], str | None]) -> Callable[[], dict]:
 
 
 class StandbyServers:
-    """The API and REST listeners of a standby (`start`); `close()` stops both.
+    """The API and REST listeners of a standby (`start`), their connections tasks of the
+    standby's own OwnerLoop; `close()` stops both and the loop.
 
     Args:
         api, rest: (host, port) to listen on. api_security, rest_security: ServerSecurity of
@@ -76,19 +83,22 @@ class StandbyServers:
         self.health = standby_health(leader)
         self.listeners: list = []
         self.bound: dict = {}
+        self.owner: OwnerLoop | None = None
 
     def start(self) -> StandbyServers:
         """Listen on both ports (OSError: one cannot be bound; the other is closed)."""
         handler = self.handler
+        self.owner = owner = OwnerLoop("terra-standby")
         try:
             listener, _, self.bound["api"] = listen_and_serve(
-                *self.api, lambda sock, addr, ident: serve_connection(handler, sock, addr, ident),
-                self.api_security, name="coflow API (standby)",
+                *self.api,
+                lambda sock, addr, ident: serve_connection_on_loop(handler, sock, addr, ident),
+                self.api_security, name="coflow API (standby)", owner=owner,
             )  # fmt: skip
             self.listeners.append(listener)
             app = HealthApp(self.health, 503, "this controller is a standby")
             server, _, self.bound["rest"] = start_rest_server(
-                app, *self.rest, self.rest_security, public=True, listeners={}
+                app, *self.rest, self.rest_security, public=True, listeners={}, owner=owner
             )
             self.listeners.append(server.listener)
         except OSError:
@@ -97,10 +107,13 @@ class StandbyServers:
         return self
 
     def close(self) -> None:
-        """Stop listening (connections already accepted end by themselves)."""
+        """Stop listening, and end the connections in progress with the loop."""
         for listener in self.listeners:
             stop_listener(listener)
         self.listeners = []
+        if self.owner is not None:
+            self.owner.stop()
+            self.owner = None
 
 
 def advertised(host: str, port: int, advertise: str | None) -> str:

@@ -27,9 +27,8 @@ Without an SSL context (`--insecure`) step 2 is skipped and every peer gets
 `pki.INSECURE`. Out of descriptors (EMFILE) the accept loop backs off and keeps
 listening; refusals are logged at most once per interval (`RateLimitedLog`).
 
-`Deadlines` bounds a whole blocking exchange (a handshake, a frame, a REST
-request) rather than one recv: when the deadline passes it shuts the socket down,
-which makes the blocked call fail at once.
+`read_message` (the clients' and tests' blocking reader) bounds a whole frame rather
+than one recv: each recv may wait only for what is left of the frame's deadline.
 """
 
 from __future__ import annotations
@@ -43,10 +42,8 @@ import selectors
 import socket
 import ssl
 import struct
-import threading
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from overlay.pending_connections import AdmittedConnection, ConnectionCounts
@@ -60,64 +57,6 @@ LOG = logging.getLogger("terra.transport")
 MAX_CONNECTIONS = 4096
 MAX_PER_ADDRESS = 256
 HANDSHAKE_S = 5.0
-
-
-class Deadlines:
-    """One thread that shuts sockets down when their deadline passes.
-
-    ``with deadlines.guard(sock, seconds): ...`` : if the block has not left after
-    `seconds`, `sock` is shut down (both directions) and the block's blocking call
-    fails (OSError, or EOF); leaving the block in time cancels the deadline.
-    """
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int]] = []
-        self._socks: dict[int, socket.socket] = {}
-        self._ids = itertools.count()
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
-
-    @contextmanager
-    def guard(self, sock: socket.socket, seconds: float):
-        """Shut `sock` down unless the block finishes within `seconds`."""
-        key = next(self._ids)
-        at = time.monotonic() + seconds
-        with self._cond:
-            self._socks[key] = sock
-            earliest = self._heap[0][0] if self._heap else None
-            heapq.heappush(self._heap, (at, key))
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="terra-deadlines", daemon=True
-                )
-                self._thread.start()
-            if earliest is None or at < earliest:  # else the thread wakes early enough
-                self._cond.notify()
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._socks.pop(key, None)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while self._heap and self._heap[0][1] not in self._socks:
-                    heapq.heappop(self._heap)
-                if not self._heap:
-                    self._cond.wait()
-                    continue
-                at, key = self._heap[0]
-                wait = at - time.monotonic()
-                if wait > 0:
-                    self._cond.wait(wait)
-                    continue
-                heapq.heappop(self._heap)
-                sock = self._socks.pop(key)
-            shutdown(sock)
-
-
-DEADLINES = Deadlines()
 
 
 def shutdown(sock, how: int = socket.SHUT_RDWR) -> None:
@@ -616,18 +555,31 @@ _LEN = struct.Struct(">I")
 # ---- blocking message readers (the API server, the agent channel and the client) -------
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes:
-    """Read exactly n bytes from a blocking socket.
+def recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
+    """Read exactly n bytes from a blocking socket; with `deadline` (time.monotonic()), all
+    of them by then (each recv waits at most for what is left, and the socket's own
+    timeout is put back afterwards).
 
     Raises:
         EOFError: the peer closed before n bytes arrived (ConnectionError on resets).
+        TimeoutError: `deadline` passed first.
     """
     buf = bytearray()
-    while len(buf) < n:
-        part = sock.recv(min(n - len(buf), 1 << 20))
-        if not part:
-            raise EOFError(f"connection closed after {len(buf)} of {n} bytes")
-        buf += part
+    own = sock.gettimeout()
+    try:
+        while len(buf) < n:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{len(buf)} of {n} bytes by the deadline")
+                sock.settimeout(left if own is None else min(left, own))
+            part = sock.recv(min(n - len(buf), 1 << 20))
+            if not part:
+                raise EOFError(f"connection closed after {len(buf)} of {n} bytes")
+            buf += part
+    finally:
+        if deadline is not None:
+            sock.settimeout(own)
     return bytes(buf)
 
 
@@ -641,11 +593,10 @@ def read_message(
 
     The first length byte waits as long as the socket's own timeout allows; once
     it arrived, the whole rest of the message must arrive within `frame_timeout`
-    seconds in all (a peer trickling one byte a second is cut off: the socket is
-    shut down, see transport.Deadlines). The overlay's control frames have the same
-    outer format (agent_channel reads them with this function). `decode` turns the body
-    into the map (default: `terra_wire.frames.unpack_map`; the API server passes
-    `decode_request`).
+    seconds in all (a peer trickling one byte a second is cut off: `recv_exact`'s
+    deadline). The overlay's control frames have the same outer format
+    (agent_connection.read_control). `decode` turns the body into the map (default:
+    `terra_wire.frames.unpack_map`; the API server passes `decode_request`).
 
     Raises:
         WireError: oversized length, bad msgpack, not a map, EOF inside a message, or
@@ -654,12 +605,12 @@ def read_message(
     first = sock.recv(1)
     if not first:
         return None
+    deadline = None if frame_timeout is None else time.monotonic() + frame_timeout
     try:
-        if frame_timeout is None:
-            body = _read_rest(sock, first, max_bytes)
-        else:
-            with DEADLINES.guard(sock, frame_timeout):
-                body = _read_rest(sock, first, max_bytes)
+        (length,) = _LEN.unpack(first + recv_exact(sock, 3, deadline))
+        if length > max_bytes:
+            raise WireError(f"message length {length} exceeds {max_bytes}")
+        body = recv_exact(sock, length, deadline)
     except EOFError as exc:
         raise WireError(
             f"truncated message (or its {frame_timeout} s deadline passed): {exc}"
@@ -672,10 +623,3 @@ def read_message(
         return unpack_map(body)
     except FrameError as exc:
         raise WireError(str(exc)) from exc
-
-
-def _read_rest(sock: socket.socket, first: bytes, max_bytes: int) -> bytes:
-    (length,) = _LEN.unpack(first + recv_exact(sock, 3))
-    if length > max_bytes:
-        raise WireError(f"message length {length} exceeds {max_bytes}")
-    return recv_exact(sock, length)

@@ -13,7 +13,7 @@ import msgpack
 import pytest
 from tls_helpers import security, tls_socket
 
-from terra_controller.api_server import ApiHandler, serve_connection
+from terra_controller.api_server import ApiHandler, serve_connection_on_loop
 from terra_controller.client import TerraClient, TerraError
 from terra_controller.controller import Controller
 from terra_controller.controller_round import RoundRunner
@@ -58,13 +58,14 @@ class Server:
         self.runner = RoundRunner(self.controller).start()
         self.handler = ApiHandler(self.controller)
 
-        def serve(sock, addr, identity):  # serve_connection, remembering the connection
+        async def serve(sock, addr, identity):  # the API server, remembering the connection
             self.conns.append(sock)
-            serve_connection(self.handler, sock, addr, identity)
+            await serve_connection_on_loop(self.handler, sock, addr, identity)
 
         self.listener, _, (self.host, self.port) = listen_and_serve(
-            "127.0.0.1", port, serve, security(pki, **caps), daemon_spawn
-        )
+            "127.0.0.1", port, serve, security(pki, **caps), daemon_spawn,
+            owner=self.controller.owner,
+        )  # fmt: skip
 
     def client(self, name: str = "operator1", timeout: float = 5) -> TerraClient:
         return TerraClient(self.host, self.port, pki=self.pki, name=name, timeout=timeout)

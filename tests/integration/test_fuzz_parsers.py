@@ -17,6 +17,7 @@ connection), never crash, keep serving everybody else and change nothing.
 from __future__ import annotations
 
 import copy
+import ipaddress
 import json
 import math
 import socket
@@ -490,8 +491,21 @@ def channel_accepts(header: dict, agent: str) -> bool:
             header["agent"] == agent
             and header["dc"] in ("A", "B", "C")
             and (len(header["data_addr"]) <= 256)
+            and names_this_host(header["data_addr"])
         )
     return True
+
+
+def names_this_host(data_addr: str) -> bool:
+    """Whether a data address an agent on loopback registers names itself: its host an IP
+    address (not a host name), loopback or unspecified (design.md 6, "who may do what")."""
+    host, _ = protocol.parse_addr(data_addr, "data_addr")
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    ip = getattr(ip, "ipv4_mapped", None) or ip
+    return ip.is_loopback or ip.is_unspecified
 
 
 def flow_snapshot(controller, cid: int):

@@ -81,7 +81,6 @@ def rest(pki):
     controller, base, server = serve(pki)
     yield controller, base
     server.shutdown()
-    server.server_close()
 
 
 def get(base, path, ctx=None):
@@ -258,7 +257,6 @@ def test_metrics_registries_are_per_controller(pki):
     finally:
         for server in (server1, server2):
             server.shutdown()
-            server.server_close()
 
 
 @pytest.mark.parametrize(
@@ -339,7 +337,6 @@ def test_without_an_operator_certificate_only_healthz_is_served(pki):
         assert get_json(base, "/healthz")["role"] == "single"
     finally:
         server.shutdown()
-        server.server_close()
 
 
 def test_rest_public_serves_clients_without_a_certificate(pki):
@@ -350,7 +347,6 @@ def test_rest_public_serves_clients_without_a_certificate(pki):
         assert status["topology"] == "tri"
     finally:
         server.shutdown()
-        server.server_close()
 
 
 def test_recent_coflows_query_and_link_bytes(rest):
@@ -494,7 +490,6 @@ def test_an_operator_token_opens_rest_without_a_certificate(pki):
         assert err.value.code == 401
     finally:
         server.shutdown()
-        server.server_close()
 
 
 def raw_exchange(port, data: bytes, wait_s: float = 5.0) -> bytes:

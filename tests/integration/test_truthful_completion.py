@@ -18,7 +18,7 @@ from tls_helpers import security
 
 from terra_controller import agent_core, coflow_registry
 from terra_controller.agent_channel import AgentChannel, start_agent_server
-from terra_controller.api_server import ApiHandler, serve_connection
+from terra_controller.api_server import ApiHandler, serve_connection_on_loop
 from terra_controller.client import TerraClient, TerraError
 from terra_controller.coflow_state import RegistryError
 from terra_controller.controller import Controller
@@ -277,12 +277,12 @@ class ApiServer:
         handler = ApiHandler(self.controller)
         self.conns: list[socket.socket] = []
 
-        def serve(sock, addr, identity):
+        async def serve(sock, addr, identity):
             self.conns.append(sock)
-            serve_connection(handler, sock, addr, identity)
+            await serve_connection_on_loop(handler, sock, addr, identity)
 
         self.listener, _, (self.host, self.port) = listen_and_serve(
-            "127.0.0.1", port, serve, security(pki), daemon_spawn
+            "127.0.0.1", port, serve, security(pki), daemon_spawn, owner=self.controller.owner
         )
 
     def stop(self) -> None:
