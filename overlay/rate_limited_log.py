@@ -2,13 +2,13 @@
 connections, forged acks): the count since the last line and the last event's detail,
 instead of one line per event. Used by the controller's listeners
 (terra_controller/transport.py, rest.py) and the agent's (terra_agent/admission.py,
-agent.py); thread-safe.
+agent.py); each log is used by one thread (the accept thread of a controller's server, an
+agent's trio loop), so it holds no lock.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 
@@ -26,18 +26,16 @@ class RateLimitedLog:
         self.count = 0  # events not logged yet
         self.total = 0  # events ever
         self.last_logged = -float("inf")
-        self.lock = threading.Lock()
 
     def event(self, detail: object = "") -> None:
         """Count one event; log the count when `interval_s` passed since the last line."""
         now = time.monotonic()
-        with self.lock:
-            self.count += 1
-            self.total += 1
-            if now - self.last_logged < self.interval_s:
-                return
-            count, self.count = self.count, 0
-            since, self.last_logged = now - self.last_logged, now
+        self.count += 1
+        self.total += 1
+        if now - self.last_logged < self.interval_s:
+            return
+        count, self.count = self.count, 0
+        since, self.last_logged = now - self.last_logged, now
         window = f"{since:.0f} s" if since != float("inf") else "start"
         if since == float("inf"):
             self.logger.log(self.level, "%s (%s)", self.what, detail)

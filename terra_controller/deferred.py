@@ -12,6 +12,7 @@ waiting while the object is not made.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +28,9 @@ class Deferred:
     Raises (from `build` and every attribute access but those of `before` before it is
     made): whatever `factory` raised (e.g. ValueError for an option out of range), again on
     every later access.
+
+    No lock: the first caller (whichever thread; `next` on a counter is one step) makes the
+    object, the others wait for its `ready` event and read what it left.
     """
 
     def __init__(self, factory: Callable[[], Any], before: dict[str, Any] | None = None) -> None:
@@ -35,7 +39,8 @@ class Deferred:
         self._made: Any = None
         self._done = False
         self._error: BaseException | None = None
-        self._lock = threading.Lock()
+        self._claims = itertools.count()
+        self._ready = threading.Event()
 
     @property
     def made(self) -> bool:
@@ -46,17 +51,18 @@ class Deferred:
         """The object, made now if it was not yet (threads asking meanwhile wait for it)."""
         if self._done:
             return self._made
-        with self._lock:
-            if self._error is not None:
-                raise self._error
-            if not self._done:
-                try:
-                    self._made = self._factory()
-                except BaseException as exc:
-                    self._error = exc
-                    raise
+        if next(self._claims) == 0:
+            try:
+                self._made = self._factory()
                 self._done = True
-            return self._made
+            except BaseException as exc:
+                self._error = exc
+            finally:
+                self._ready.set()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self._made
 
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("__"):  # copy/pickle probes: not the object's

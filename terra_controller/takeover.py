@@ -29,6 +29,7 @@ import base64
 import http.client
 import json
 import logging
+import selectors
 import socket
 import threading
 import time
@@ -48,11 +49,15 @@ class LivenessServer:
     """The leader's liveness port: accepts standbys' connections, sends each the hello line
     `{"lease": ID}` and keeps it open until the standby closes it (or this process ends).
 
+    One thread (started by `serve`) accepts and holds every connection with a selector, and
+    alone owns them and their count: no lock. `close` only shuts the listener down and wakes
+    that thread, which closes the connections.
+
     Args:
         host, port: where to listen (port 0: any free one).
 
     Attributes:
-        bound: (host, port) listened on.
+        bound: (host, port) listened on. peers: connections held now (read by others).
 
     Raises:
         OSError: the port cannot be bound.
@@ -66,55 +71,84 @@ class LivenessServer:
         self.sock.listen(16)
         self.bound = self.sock.getsockname()[:2]
         self.peers = 0
-        self.held: set[socket.socket] = set()
-        self.lock = threading.Lock()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._closing = False
 
     def serve(self, lease: int) -> None:
-        """Accept standbys in a daemon thread, telling each our `lease` id."""
+        """Accept and hold standbys in a daemon thread, telling each our `lease` id."""
         hello = (json.dumps({"lease": lease}) + "\n").encode()
-        threading.Thread(target=self._accept, args=(hello,), name="terra-liveness",
+        threading.Thread(target=self._run, args=(hello,), name="terra-liveness",
                          daemon=True).start()  # fmt: skip
 
-    def _accept(self, hello: bytes) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with self.lock:
-                full = self.peers >= MAX_PEERS
-                if not full:
-                    self.peers += 1
-                    self.held.add(conn)
-            if full:
-                conn.close()  # the standby takes it as a refusal: no hello was read
-                continue
-            threading.Thread(target=self._hold, args=(conn, hello), daemon=True).start()
-
-    def _hold(self, conn: socket.socket, hello: bytes) -> None:
+    def _run(self, hello: bytes) -> None:
+        selector = selectors.DefaultSelector()
+        self.sock.setblocking(False)
+        selector.register(self.sock, selectors.EVENT_READ)
+        selector.register(self._wake_r, selectors.EVENT_READ)
+        held: set[socket.socket] = set()
         try:
+            while not self._closing:
+                for key, _ in selector.select():
+                    if key.fileobj is self.sock:
+                        self._accept(selector, held, hello)
+                    elif key.fileobj is not self._wake_r:
+                        self._read(selector, held, key.fileobj)
+        finally:
+            for conn in held:  # as this process's end would: each standby sees a close
+                _close(conn)
+            self.peers = 0
+            selector.close()
+            self.sock.close()
+
+    def _accept(self, selector, held: set, hello: bytes) -> None:
+        try:
+            conn, _ = self.sock.accept()
+        except OSError:
+            return
+        if len(held) >= MAX_PEERS:
+            conn.close()  # the standby takes it as a refusal: no hello was read
+            return
+        try:
+            conn.settimeout(CONNECT_S)
             conn.sendall(hello)
-            while conn.recv(64):  # a standby sends nothing; b"": it closed its end
-                pass
+            conn.setblocking(False)
+        except OSError:
+            conn.close()
+            return
+        held.add(conn)
+        selector.register(conn, selectors.EVENT_READ)
+        self.peers = len(held)
+
+    def _read(self, selector, held: set, conn: socket.socket) -> None:
+        """A standby sends nothing: readable means it closed its end (or sent bytes)."""
+        try:
+            if conn.recv(64):
+                return
+        except BlockingIOError:
+            return
         except OSError:
             pass
-        finally:
-            conn.close()
-            with self.lock:
-                self.peers -= 1
-                self.held.discard(conn)
+        selector.unregister(conn)
+        held.discard(conn)
+        conn.close()
+        self.peers = len(held)
 
     def close(self) -> None:
         """Stop listening and close every standby's connection, as this process's end
         would: each standby takes it as the leader's death."""
-        self.sock.close()
-        with self.lock:
-            held = list(self.held)
-        for conn in held:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in recv; sends FIN
-            except OSError:
-                pass
+        self._closing = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+
+def _close(conn: socket.socket) -> None:
+    try:
+        conn.shutdown(socket.SHUT_RDWR)  # sends FIN
+    except OSError:
+        pass
+    conn.close()
 
 
 def hello_lease(sock: socket.socket) -> int | None:
@@ -144,14 +178,15 @@ class LeaderFollower:
             that leader's kernel closed the connection after a matching hello; called from
             the follower's thread.
 
-    `follow(leader)` (the leader key's value, or None) is called on every look at etcd; a
-    new leader (another lease) starts a new connection, the old one is dropped quietly.
+    `follow(leader)` (the leader key's value, or None) is called on every look at etcd, from
+    one thread (the campaign's); a new leader (another lease) starts a new connection thread
+    and tells the old one to stop (its own event): the threads share no state.
     """
 
     def __init__(self, on_closed: Callable[[dict], None]) -> None:
         self.on_closed = on_closed
         self.lease: int | None = None
-        self.lock = threading.Lock()
+        self._stop: threading.Event | None = None  # the current connection thread's
 
     def follow(self, leader: dict | None) -> None:
         """Hold a connection to `leader`'s liveness port (none when it publishes none)."""
@@ -159,25 +194,24 @@ class LeaderFollower:
         address = (leader or {}).get("liveness")
         if not isinstance(lease, int) or not isinstance(address, str):
             lease = None
-        with self.lock:
-            if lease == self.lease:
-                return
-            self.lease = lease
+        if lease == self.lease:
+            return
+        self.lease = lease
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None
         if lease is not None:
-            threading.Thread(target=self._hold, args=(leader, address, lease),
+            self._stop = stop = threading.Event()
+            threading.Thread(target=self._hold, args=(leader, address, lease, stop),
                              name="terra-follow", daemon=True).start()  # fmt: skip
 
-    def _current(self, lease: int) -> bool:
-        with self.lock:
-            return self.lease == lease
-
-    def _hold(self, leader: dict, address: str, lease: int) -> None:
+    def _hold(self, leader: dict, address: str, lease: int, stop: threading.Event) -> None:
         host, _, port = address.rpartition(":")
-        while self._current(lease):
+        while not stop.is_set():
             try:
                 sock = socket.create_connection((host.strip("[]"), int(port)), CONNECT_S)
             except (OSError, ValueError):
-                time.sleep(RETRY_S)  # not listening (yet, or any more): not a death
+                stop.wait(RETRY_S)  # not listening (yet, or any more): not a death
                 continue
             with sock:
                 try:
@@ -185,20 +219,20 @@ class LeaderFollower:
                 except OSError:
                     named = None
                 if named != lease:
-                    time.sleep(RETRY_S)
+                    stop.wait(RETRY_S)
                     continue
                 LOG.info("holding the liveness connection of leader %s", leader.get("id"))
-                if self._hold_until_closed(sock, lease):
+                if self._hold_until_closed(sock, stop):
                     LOG.warning("leader %s closed its liveness connection: its process ended",
                                 leader.get("id"))  # fmt: skip
                     self.on_closed(leader)
                     return
 
-    def _hold_until_closed(self, sock: socket.socket, lease: int) -> bool:
+    def _hold_until_closed(self, sock: socket.socket, stop: threading.Event) -> bool:
         """True when the peer closed the connection (FIN or RST); False when we stopped
         following this lease. Silence, however long, is neither."""
         sock.settimeout(0.5)
-        while self._current(lease):
+        while not stop.is_set():
             try:
                 if not sock.recv(64):
                     return True
