@@ -187,3 +187,18 @@ def test_bundling_identical_flows_changes_no_cct(name):
     b = simulate(make_scheduler(name, swan.copy()), coflows, bundle=False)
     for x, y in zip(a.coflows, b.coflows, strict=True):
         assert x.cct_s == pytest.approx(y.cct_s, rel=1e-6)
+
+
+def test_varys_backfill_is_not_a_flowgroup_rate_split_by_remaining_bytes():
+    """Why the simulator keeps a per-flow fast path for Varys (docs/architecture.md): MADD's
+    backfill gives each member of a route the same extra rate, so the flows of one
+    FlowGroup do not share its rate in proportion to their remaining bytes."""
+    p = VarysPolicy(topo([("A", "B"), ("B", "C")]))
+    flows = [Flow("f1", "A", "B", G), Flow("f2", "A", "B", 3 * G), Flow("f3", "B", "C", 8 * G)]
+    p.add_coflow(Coflow("c", 0, flows), 0)
+    alloc = p.allocate(0, {"c": {"f1": G, "f2": 3 * G, "f3": 8 * G}})
+    # Γ = 8 s (B-C); MADD: f1 G/8, f2 3G/8 (A-B half used), f3 G; backfill: the other G/2
+    # of A-B, G/4 to each of f1 and f2. Split by remaining bytes it would be G/4 and 3G/4.
+    f1, f2 = total_rate(alloc["c"]["f1"]), total_rate(alloc["c"]["f2"])
+    assert (f1, f2) == (pytest.approx(3 * G / 8), pytest.approx(5 * G / 8))
+    assert f1 + f2 == pytest.approx(G) and f2 / f1 == pytest.approx(5 / 3)
