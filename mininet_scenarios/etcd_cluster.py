@@ -90,13 +90,18 @@ def _launch(etcd: str, logs: list[Path], host: str, timing: list[str],
 
 def _wait_healthy(procs: list[subprocess.Popen], addrs: list[str],
                   timeout_s: float) -> int | None:  # fmt: skip
-    """None once every member answers /health within timeout_s; else the index of the first
-    member that exited or did not answer."""
+    """None once every member answers /health within timeout_s; else the index of a member
+    that exited (as soon as one does) or of the first that did not answer in time."""
     end = time.monotonic() + timeout_s
-    for i, (proc, addr) in enumerate(zip(procs, addrs, strict=True)):
-        while not _healthy_once(addr):
-            if proc.poll() is not None or time.monotonic() >= end:
-                return i
+    waiting = list(range(len(procs)))
+    while waiting:
+        exited = [i for i in range(len(procs)) if procs[i].poll() is not None]
+        if exited:
+            return exited[0]
+        waiting = [i for i in waiting if not _healthy_once(addrs[i])]
+        if waiting and time.monotonic() >= end:
+            return waiting[0]
+        if waiting:
             time.sleep(0.1)
     return None
 

@@ -73,12 +73,14 @@ class LivenessServer:
         self.peers = 0
         self._wake_r, self._wake_w = socket.socketpair()
         self._closing = False
+        self._thread: threading.Thread | None = None
 
     def serve(self, lease: int) -> None:
         """Accept and hold standbys in a daemon thread, telling each our `lease` id."""
         hello = (json.dumps({"lease": lease}) + "\n").encode()
-        threading.Thread(target=self._run, args=(hello,), name="terra-liveness",
-                         daemon=True).start()  # fmt: skip
+        self._thread = threading.Thread(target=self._run, args=(hello,), name="terra-liveness",
+                                        daemon=True)  # fmt: skip
+        self._thread.start()
 
     def _run(self, hello: bytes) -> None:
         selector = selectors.DefaultSelector()
@@ -99,6 +101,7 @@ class LivenessServer:
             self.peers = 0
             selector.close()
             self.sock.close()
+            self._wake_r.close()
 
     def _accept(self, selector, held: set, hello: bytes) -> None:
         try:
@@ -135,12 +138,20 @@ class LivenessServer:
 
     def close(self) -> None:
         """Stop listening and close every standby's connection, as this process's end
-        would: each standby takes it as the leader's death."""
+        would: each standby takes it as the leader's death. The port is free when this
+        returns (the serving thread is waited for, up to 5 s)."""
         self._closing = True
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass
+        thread = self._thread
+        if thread is None:  # never served: nothing holds a connection
+            self.sock.close()
+            self._wake_r.close()
+        else:
+            try:
+                self._wake_w.send(b"x")
+            except OSError:
+                pass
+            thread.join(5.0)
+        self._wake_w.close()
 
 
 def _close(conn: socket.socket) -> None:

@@ -189,6 +189,7 @@ ACCEPT_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}  # bac
 TRANSIENT_ERRORS = {errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EPERM}
 BACKOFF_S = (0.01, 0.5)  # first and longest pause after an accept out of descriptors/memory
 CLOSED_CHECK_S = 1.0  # how often the accept thread checks that its listener is still open
+ACCEPT_BATCH = 64  # connections accepted per wake-up before the handshakes get their turn
 
 
 def accept_loop(listener: socket.socket, handle, spawn, security: ServerSecurity,
@@ -251,14 +252,18 @@ class _AcceptThread:
 
     def run(self) -> None:
         """Serve the listener until it is closed; then fail the pending handshakes."""
-        for s in (self.listener, self.wake_r, self.wake_w):
-            s.setblocking(False)
-        self.selector.register(self.listener, selectors.EVENT_READ)
-        self.selector.register(self.wake_r, selectors.EVENT_READ)
+        _ACCEPT_WAKES[self.listener] = self._wake
         try:
+            for s in (self.listener, self.wake_r, self.wake_w):
+                s.setblocking(False)
+            self.selector.register(self.listener, selectors.EVENT_READ)
+            self.selector.register(self.wake_r, selectors.EVENT_READ)
             while self.listener.fileno() >= 0 and self._once():
                 pass
+        except OSError:  # (the listener was closed before this thread began)
+            pass
         finally:
+            _ACCEPT_WAKES.pop(self.listener, None)
             for fd in list(self.pending):
                 self._finish(fd, ConnectionAbortedError("server stopped"))
             self.selector.close()
@@ -306,8 +311,9 @@ class _AcceptThread:
             pass
 
     def _accept_ready(self) -> bool:
-        """Accept every connection waiting; False once the listener is shut down."""
-        while True:
+        """Accept the connections waiting, at most ACCEPT_BATCH (a flood must not hold
+        back the handshakes in progress); False once the listener is shut down."""
+        for _ in range(ACCEPT_BATCH):
             try:
                 sock, addr = self.listener.accept()
             except BlockingIOError:
@@ -324,6 +330,7 @@ class _AcceptThread:
             self.backoff = BACKOFF_S[0]
             sock.setblocking(True)
             self._take(sock, addr)
+        return True
 
     def _pause(self, exc: OSError) -> None:
         """Out of descriptors or memory: stop watching the listener for the backoff."""
@@ -333,9 +340,19 @@ class _AcceptThread:
         self.backoff = min(self.backoff * 2, BACKOFF_S[1])
 
     def _resume(self) -> None:
-        if self.paused_until is not None and time.monotonic() >= self.paused_until:
-            self.paused_until = None
+        """Watch the listener again once the pause is over (or pause again if it cannot)."""
+        if self.paused_until is None or time.monotonic() < self.paused_until:
+            return
+        if self.listener.fileno() < 0:
+            return
+        try:
             self.selector.register(self.listener, selectors.EVENT_READ)
+        except OSError as exc:  # (out of memory again: another pause)
+            self.exhausted.event(exc)
+            self.paused_until = time.monotonic() + self.backoff
+            self.backoff = min(self.backoff * 2, BACKOFF_S[1])
+            return
+        self.paused_until = None
 
     def _take(self, sock: socket.socket, addr) -> None:
         """Admit an accepted connection (or refuse and close it at a cap), then start its
@@ -472,12 +489,21 @@ class _AcceptThread:
 
 
 def stop_listener(listener: socket.socket) -> None:
-    """Stop an accept loop: shut the listening socket down (wakes accept) and close it."""
+    """Stop an accept loop: shut the listening socket down, close it (its port is free when
+    this returns) and wake its accept thread, which then ends (pending handshakes fail)."""
     try:
         listener.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
+    wake = _ACCEPT_WAKES.pop(listener, None)
     listener.close()
+    if wake is not None:
+        wake()
+
+
+# The running accept threads' wake-ups by listener: `stop_listener` pops one (dict operations
+# are single steps, so no lock).
+_ACCEPT_WAKES: dict[socket.socket, Callable[[], None]] = {}
 
 
 def listen_and_serve(host: str, port: int, handle, security: ServerSecurity, spawn=None,
@@ -594,9 +620,11 @@ def read_message(
     The first length byte waits as long as the socket's own timeout allows; once
     it arrived, the whole rest of the message must arrive within `frame_timeout`
     seconds in all (a peer trickling one byte a second is cut off: `recv_exact`'s
-    deadline). The overlay's control frames have the same outer format
-    (agent_connection.read_control). `decode` turns the body into the map (default:
-    `terra_wire.frames.unpack_map`; the API server passes `decode_request`).
+    deadline). A message cut short (EOF, deadline, error) shuts the socket down, so the
+    caller's next exchange fails too instead of reading the rest as a new message. The
+    overlay's control frames have the same outer format (agent_connection.read_control).
+    `decode` turns the body into the map (default: `terra_wire.frames.unpack_map`; the API
+    server passes `decode_request`).
 
     Raises:
         WireError: oversized length, bad msgpack, not a map, EOF inside a message, or
@@ -609,13 +637,14 @@ def read_message(
     try:
         (length,) = _LEN.unpack(first + recv_exact(sock, 3, deadline))
         if length > max_bytes:
+            shutdown(sock)
             raise WireError(f"message length {length} exceeds {max_bytes}")
         body = recv_exact(sock, length, deadline)
     except EOFError as exc:
-        raise WireError(
-            f"truncated message (or its {frame_timeout} s deadline passed): {exc}"
-        ) from exc
-    except OSError as exc:
+        shutdown(sock)
+        raise WireError(f"truncated message: {exc}") from exc
+    except OSError as exc:  # (the rest of the frame may still come: the stream is lost)
+        shutdown(sock)
         raise WireError(f"message not received within {frame_timeout} s: {exc}") from exc
     if decode is not None:
         return decode(body)

@@ -220,14 +220,15 @@ def _link_ids(path: Path) -> tuple[int, ...]:
 
     Threads may solve at once (the controller's round beside a reservation's admission)
     without a lock: `dict.setdefault` is one step, so a link keeps the first id given to it
-    whichever thread asks, and each caller records the id's link before it returns it.
+    whichever thread asks, and every caller records the id's link before it returns it
+    (another thread may have given the id and not recorded it yet).
     """
     ids = []
     for link in links_of(path):
         i = _LINK_ID.get(link)
         if i is None:
             i = _LINK_ID.setdefault(link, next(_NEXT_LINK_ID))
-            _LINKS[i] = link
+        _LINKS.setdefault(i, link)
         ids.append(i)
     return tuple(ids)
 

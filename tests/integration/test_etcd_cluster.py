@@ -8,6 +8,7 @@ Real etcd processes; the port is taken by a socket this test holds.
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 
@@ -61,3 +62,23 @@ def test_a_process_is_never_handed_the_same_port_twice():
         free_port_block("127.0.0.1", 3) + i for _ in range(30) for i in range(3)
     ]
     assert len(set(picks)) == len(picks)
+
+
+def test_a_second_member_that_exits_is_retried_without_waiting_for_the_first(
+    tmp_path, monkeypatch, taken_port
+):
+    picks = []
+
+    def second_members_port_taken(host):
+        picks.append(taken_port if len(picks) == 2 else free_port(host))
+        return picks[-1]  # the first try's m1 client port is taken
+
+    monkeypatch.setattr(etcd_cluster, "free_port", second_members_port_taken)
+    start = time.monotonic()
+    procs, addrs = start_etcd(tmp_path, 2, timeout_s=60)
+    try:
+        assert len(picks) == 8 and len(addrs) == 2
+        assert time.monotonic() - start < 30  # not the first try's whole timeout
+        assert all(etcd_healthy(addr, 5) for addr in addrs)
+    finally:
+        _stop(procs)
