@@ -151,6 +151,7 @@ class TunnelApp(app_manager.OSKenApp):
         self.found: dict[int, list[FlowEntry]] = {}
         self.syncing: dict[int, dict] = {}
         self.read_changes: list[LinkChange] = []  # link states read, not yet reported
+        self.ports_live: dict[tuple[int, int], bool] = {}  # (DPID, port): last state seen
 
     def start(self):
         """Start os-ken's event loop and, with a period, the port-statistics poller."""
@@ -271,12 +272,15 @@ class TunnelApp(app_manager.OSKenApp):
                 self.config.on_link_change(change)
 
     def _take_port_states(self, dpid: int, ports: dict[int, bool]) -> list[LinkChange]:
-        """Set the state of every WAN link of switch `dpid` from its ports (lock held);
+        """Set the state of every WAN link of switch `dpid` from its ports;
         the changes, to report once the rules follow them."""
         topology, changes = self.config.topology, []
-        for port_no, live in ports.items():
+        for port_no, port_up in ports.items():
             link = self.config.binding.link_of_port(dpid, port_no)
-            if link is None or live == (link not in topology.down):
+            if link is None:
+                continue
+            live = self._link_live(link, dpid, port_no, port_up)
+            if live == (link not in topology.down):
                 continue
             before = tunnels_up(self.tunnels, topology)
             topology.set_link_state(*link, up=live)
@@ -285,6 +289,19 @@ class TunnelApp(app_manager.OSKenApp):
             LOG.info("link %s-%s %s (read from switch %016x)", *link,
                      "up" if live else "down", dpid)  # fmt: skip
         return changes
+
+    def _link_live(self, link: Link, dpid: int, port_no: int, port_up: bool) -> bool:
+        """Record the state of port `port_no` of switch `dpid` (link `link`'s end there);
+        return whether the link is live: neither of its two ports is known to be down. (A
+        link going down reports both ends, one after the other, and the second end may still
+        say live in between: that must not bring the link back.)"""
+        self.ports_live[(dpid, port_no)] = port_up
+        a, b = link
+        try:
+            other = (self.config.binding.dpid_of(b), self.config.binding.port_to(b, a))
+        except KeyError:  # (the far end is not bound: this end decides)
+            return port_up
+        return port_up and self.ports_live.get(other, True)
 
     @set_ev_cls(ofp_event.EventOFPStateChange, DEAD_DISPATCHER)
     def state_change_handler(self, ev) -> None:
@@ -301,7 +318,8 @@ class TunnelApp(app_manager.OSKenApp):
         link = self.config.binding.link_of_port(msg.datapath.id, msg.desc.port_no)
         if link is None:
             return
-        live = msg.reason != ofp.OFPPR_DELETE and port_live(ofp, msg.desc.state, msg.desc.config)
+        port_up = msg.reason != ofp.OFPPR_DELETE and port_live(ofp, msg.desc.state, msg.desc.config)
+        live = self._link_live(link, msg.datapath.id, msg.desc.port_no, port_up)
         topology = self.config.topology
         if live == (link not in topology.down):
             return
