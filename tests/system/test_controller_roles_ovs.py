@@ -17,12 +17,13 @@ import time
 import urllib.request
 
 import pytest
+from switch_triangle import bound_triangle
 
 from benchmarks.harness import free_port, start_etcd, stop_processes
 from benchmarks.tcp_relay import TcpRelay
 from mininet_scenarios.testbed_processes import controller_argv
 from terra_security.pki import client_context
-from topologies.binding import load_binding, make_binding
+from topologies.binding import load_binding
 from topologies.loaders import load_json_topology
 
 pytestmark = [pytest.mark.ovs, pytest.mark.filterwarnings("ignore::DeprecationWarning:mininet")]
@@ -109,12 +110,7 @@ def cluster(ovs, pki, tmp_path):
     from mininet_scenarios.wan_net import build_wan, cleanup
 
     setLogLevel("critical")
-    doc = {"name": "triangle", "default_capacity_gbps": 0.02, "dcs": ["A", "B", "C"],
-           "links": [{"a": "A", "b": "B"}, {"a": "B", "b": "C"}, {"a": "A", "b": "C"}]}  # fmt: skip
-    topo_path = tmp_path / "triangle.json"
-    topo_path.write_text(json.dumps(doc))
-    doc.update(make_binding(load_json_topology(topo_path)))
-    topo_path.write_text(json.dumps(doc))
+    topo_path = bound_triangle(tmp_path)
     topo = load_json_topology(topo_path)
     etcd, addrs = start_etcd(tmp_path, 1)
     host, port = addrs[0].rsplit(":", 1)

@@ -9,6 +9,7 @@ import sys
 import urllib.request
 
 import pytest
+from switch_triangle import bound_triangle
 from test_controller_e2e import assert_digests, flow, wait_until
 from tls_helpers import ensure
 
@@ -29,20 +30,11 @@ def test_with_switches_link_down_port_status_reschedules_and_loses_nothing(ovs, 
     from mininet.log import setLogLevel
 
     from mininet_scenarios.wan_net import MGMT_ROOT_IP, build_wan, cleanup
-    from topologies.binding import load_binding, make_binding
+    from topologies.binding import load_binding
     from topologies.loaders import load_json_topology
 
     setLogLevel("critical")
-    doc = {
-        "name": "triangle",
-        "default_capacity_gbps": 0.02,  # 20 Mbit/s HTB links: 2.5 MB/s
-        "dcs": ["A", "B", "C"],
-        "links": [{"a": "A", "b": "B"}, {"a": "B", "b": "C"}, {"a": "A", "b": "C"}],
-    }
-    path = tmp_path / "triangle.json"
-    path.write_text(json.dumps(doc))
-    doc.update(make_binding(load_json_topology(path)))
-    path.write_text(json.dumps(doc))
+    path = bound_triangle(tmp_path)  # 20 Mbit/s HTB links: 2.5 MB/s
     topo = load_json_topology(path)
     binding = load_binding(topo)
     of_port = free_port()

@@ -10,25 +10,19 @@ switch: the flow-mods have nowhere to go).
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 
 from os_ken.ofproto import ofproto_v1_3 as ofp
 from os_ken.ofproto import ofproto_v1_3_parser as parser
+from switch_triangle import bound_triangle
 
 from terra_controller.openflow_app import TunnelApp, TunnelConfig
-from topologies.binding import load_binding, make_binding
+from topologies.binding import load_binding
 from topologies.loaders import load_json_topology
 
 
 def triangle_app(tmp_path):
-    doc = {"name": "triangle", "default_capacity_gbps": 0.02, "dcs": ["A", "B", "C"],
-           "links": [{"a": "A", "b": "B"}, {"a": "B", "b": "C"}, {"a": "A", "b": "C"}]}  # fmt: skip
-    path = tmp_path / "triangle.json"
-    path.write_text(json.dumps(doc))
-    doc.update(make_binding(load_json_topology(path)))
-    path.write_text(json.dumps(doc))
-    topology = load_json_topology(path)
+    topology = load_json_topology(bound_triangle(tmp_path))
     changes = []
     config = TunnelConfig(topology, load_binding(topology), 2, on_link_change=changes.append)
     return TunnelApp(terra_config=config), changes
