@@ -10,8 +10,17 @@ checkout whose terra_core ran (the one installed; `python -m benchmarks.round_cp
 a checkout's root runs that checkout's), the rounds (calls of the simulator's
 GroupAllocator.allocate), the process CPU seconds inside allocate (the policy's round
 plus the split of its rates among the flows), inside the policy's group_rates alone and
-in the whole run, the CPU milliseconds per round and the 1-minute load average. CPU is
-time.process_time (user + system of this process), so other processes move it less than
+in the whole run, the CPU milliseconds per round and the 1-minute load average.
+
+With `--cost-model` first, it also fits the CPU seconds inside allocate of the rounds
+without an LP to a fixed cost plus a cost per active FlowGroup without a rate and one per
+FlowGroup with a rate, and prints the fit and the mean extra cost of a round with an LP
+(docs/results.md 2.2):
+
+    uv run python -m benchmarks.round_cpu --cost-model --topology synth40.json \\
+        --workload fb --link-gbps 1 --scheduler terra --limit 150
+
+CPU is time.process_time (user + system of this process), so other processes move it less than
 wall time, though a loaded machine still adds a few % (caches, frequency): compare runs
 made one after the other.
 """
@@ -23,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 import terra_core
 from terra_core.terra_policy import TerraPolicy
 from terra_sim import cli
@@ -30,17 +41,27 @@ from terra_sim.group_allocation import GroupAllocator
 
 
 def main(argv: list[str]) -> int:
-    """Run terra-sim with `argv`, timing the rounds; print the figures (module docstring)."""
+    """Run terra-sim with `argv` (after an optional leading `--cost-model`), timing the
+    rounds; print the figures (module docstring)."""
+    model = bool(argv) and argv[0] == "--cost-model"
+    argv = argv[1:] if model else argv
     spent = {"allocate": 0.0, "policy": 0.0, "rounds": 0}
+    rows: list[tuple[float, int, int, int]] = []  # (CPU s, FlowGroups, with a rate, LPs)
     allocate, group_rates = GroupAllocator.allocate, TerraPolicy.group_rates
 
     def timed_allocate(self, now, active):
+        lps = self.policy.stats.get("lps", 0)
         start = time.process_time()
         try:
             return allocate(self, now, active)
         finally:
-            spent["allocate"] += time.process_time() - start
+            cpu = time.process_time() - start
+            spent["allocate"] += cpu
             spent["rounds"] += 1
+            if model and self._layout is not None:
+                groups = self._layout[1]
+                rated = len(np.unique(groups.gid[self.flows.rate[groups.pos] > 0]))
+                rows.append((cpu, groups.count, rated, self.policy.stats.get("lps", 0) - lps))
 
     def timed_group_rates(self, *args, **kwargs):
         start = time.process_time()
@@ -66,7 +87,32 @@ def main(argv: list[str]) -> int:
         f"round, load {os.getloadavg()[0]:.1f}",
         file=sys.stderr,
     )
+    if model:
+        print(cost_model(rows), file=sys.stderr)
     return status
+
+
+def cost_model(rows: list[tuple[float, int, int, int]]) -> str:
+    """One line: the least-squares fit of the CPU seconds of the rounds without an LP to
+    a + b x (FlowGroups without a rate) + c x (FlowGroups with a rate), and the mean CPU a
+    round with an LP spends beyond that fit. `rows`: (CPU s, active FlowGroups, those with
+    a rate, LPs) per round."""
+    if not rows:
+        return "cost model: no rounds"
+    cpu, groups, rated, lps = (np.asarray(col, dtype=float) for col in zip(*rows, strict=True))
+    x = np.column_stack([np.ones(len(cpu)), groups - rated, rated])
+    plain = lps == 0
+    if plain.sum() < 3:
+        return "cost model: fewer than 3 rounds without an LP"
+    (a, b, c), *_ = np.linalg.lstsq(x[plain], cpu[plain], rcond=None)
+    extra = float((cpu[~plain] - x[~plain] @ (a, b, c)).mean()) if (~plain).any() else 0.0
+    share = rated.sum() / max(groups.sum(), 1.0)
+    return (
+        f"cost model ({int(plain.sum())} rounds without an LP of {len(cpu)}): "
+        f"{a * 1e3:.2f} ms + {b * 1e6:.2f} us per FlowGroup without a rate + "
+        f"{c * 1e6:.2f} us per FlowGroup with a rate; a round with an LP {extra * 1e3:.1f} ms "
+        f"more; {100 * share:.0f} % of the FlowGroup-rounds have a rate"
+    )
 
 
 if __name__ == "__main__":
