@@ -13,6 +13,7 @@ import trio
 from benchmarks.harness import LoopbackHarness, delay_proxy, free_port_block
 from overlay.framing import FrameReader
 from terra_agent.agent import Agent, AgentConfig
+from terra_agent.sender import MIN_CHUNK_BYTES
 from terra_agent.sources import synthetic_digest
 from terra_agent.tcp_options import kernel_queued_bytes
 from terra_security.integrity import LEAF_BYTES, flow_digest
@@ -249,8 +250,12 @@ async def test_a_small_flow_is_left_to_its_fast_path(tmp_path):
 
 
 async def test_a_large_flow_uses_its_slow_path_until_near_the_end(tmp_path):
-    """8 MB over 4 MB/s and 1 MB/s: both paths send (the slow one about a fifth, less its
-    share of the last ~1 MB, where a 64 KiB chunk on it would end after the fast path)."""
+    """8 MB over 4 MB/s and 1 MB/s: both paths send, the slow one about a fifth (24 of its
+    64 KiB chunks when the paths keep their rates: the 25th would end after the fast path).
+
+    The choice uses each path's pacing debt, so on a busy machine, where the fast path's
+    pacing falls behind, the slow path may rightly send one chunk more; more than that
+    means it kept sending chunks the fast path would have finished sooner."""
     size = 8 * MB
     async with loopback(tmp_path, k=2) as h:
         f = h.flow("c1", "f1", "a", "b", size)
@@ -258,7 +263,7 @@ async def test_a_large_flow_uses_its_slow_path_until_near_the_end(tmp_path):
         await wait_complete(h, [f])
         sent = h.agents["a"].agent.groups[("c1", "LA")].sent_bytes
     slow = sent[h.tunnels[1].tunnel]
-    assert 0.1 * size < slow < 0.2 * size
+    assert 0.1 * size < slow <= 0.2 * size + MIN_CHUNK_BYTES
     assert sum(sent.values()) == size
 
 
