@@ -133,7 +133,7 @@ def _links(
     parallel: list[list] = [[a, b, n] for (a, b), n in count.items() if n > 1]
     for a, b, n in parallel:
         gbps = total[(a, b)] / GBPS_TO_BYTES_PER_S
-        repairs.add("parallel_edges", f"{a}-{b} ({n} edges, {gbps:g} Gbps)", n - 1)
+        repairs.add("parallel_edges", f"{a}-{b} ({n} edges, {gbps:g} Gbps in the file)", n - 1)
     return capacity, parallel
 
 

@@ -78,7 +78,7 @@ def test_speeds_self_loop_repeated_labels_parallel_edges(tmp_path, caplog):
     text = "\n".join(warned)
     assert "1 repeated label(s) renamed: Paris (n2) -> Paris-n2" in text
     assert "1 self-loop(s) dropped: Paris-n2" in text
-    assert "Paris-Lyon (2 edges, 12.5 Gbps)" in text
+    assert "Paris-Lyon (2 edges, 12.5 Gbps in the file)" in text
     assert "2 of 5 edges without a link speed" in text
     assert "Paris-n2-n3" in text and "Paris-n3" in text
     # --link-gbps overrides every link; the parallel pair keeps two links' worth

@@ -133,7 +133,7 @@ def test_graphml_sums_parallel_edges_and_warns(tmp_path, caplog):
     assert topo.attrs["parallel_links"] == [["X", "Y", 3]]
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 2 and "2 parallel edge(s) merged" in warned[1]
-    assert "X-Y (3 edges, 3 Gbps)" in warned[1]
+    assert "X-Y (3 edges, 3 Gbps in the file)" in warned[1]
     assert "4 of 4 edges without a link speed" in warned[0]
     assert topo.attrs["load_warnings"] == {"edges_without_capacity": 4, "parallel_edges": 2}
     # --link-gbps 2 keeps the sum: 3 x 2 Gbps = 7.5e8 bytes/s, the single link 2.5e8
