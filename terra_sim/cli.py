@@ -92,12 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", required=True, help="fb, a coflow-benchmark trace, or .json")
     add_scheduler_arguments(p, choices_extra=["all"])
     p.set_defaults(scheduler="all")
-    p.add_argument(
-        "--link-gbps",
-        type=float,
-        default=None,
-        help="set every link to G Gbps (a link merged from n parallel GraphML edges: n x G)",
-    )
+    p.add_argument("--link-gbps", type=float, default=None, help="set every link to G Gbps")
     p.add_argument(
         "--deadline-factor", type=float, default=None, help="deadline = F x Γ in an empty WAN"
     )
