@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
     allocate, group_rates = GroupAllocator.allocate, TerraPolicy.group_rates
 
     def timed_allocate(self, now, active):
-        lps = self.policy.stats.get("lps", 0)
+        lps = self.policy.stats.get("lps", 0) if model else 0
         start = time.process_time()
         try:
             return allocate(self, now, active)
