@@ -5,12 +5,16 @@ Each round: the active coflows are grouped by tenant; with one tenant active the
 that tenant's Terra round on the whole WAN, unchanged (the tenant layer is a no-op, so the
 rates are Terra's to the bit). With more: Step A (tenant_shares.isolation_shares) gives
 every tenant a per-link share with the optimal isolation guarantee over K tunnels; each
-tenant's own TerraPolicy runs its round (deadline coflows, α guard, Γ order, preemption,
-work conservation) on its share, the Γ order on the share or on the whole WAN (the
+tenant's own TerraPolicy runs its round (α guard, Γ order, preemption, work
+conservation) on its share, the Γ order on the share or on the whole WAN (the
 spec's `order`, tenant_shares.ORDERS); then, with the cooperative sharing (the default), the
 capacity still unused is given out max-min over every tenant's FlowGroups weighted by
 their Step A rates (tenant_shares.leftover_rates), each (tenant, pair) rate to the tenant's
-coflow on that pair that Terra gave the most rate (ties: arrival order).
+coflow on that pair that Terra gave the most rate (ties: arrival order). Admitted deadline
+coflows are guarantees across tenants: their stretched allocations (Terra's step 1, earliest
+deadline first over every tenant) come before Step A, which divides the rest; each tenant's
+Terra runs on its share plus its deadline coflows' floors. Deadline admission counts the
+other tenants' admitted deadline coflows as taken, so what is admitted ends in time.
 
 With guaranteed reservations (reservations.py) active in a round: every tenant with bytes
 on a reserved pair first gets its guaranteed rate there (over the pair's tunnels, on the
@@ -22,7 +26,8 @@ a pair with a ceiling is capped at it (borrowing up to the ceiling). A coflow wh
 FlowGroup is smaller than the guarantee carries finishes it sooner; its FlowGroup ending
 asks for a round (controller) or is one (simulator), and the next round gives the
 guarantee to the next coflow in that order. Deadline admission counts the other
-tenants' guarantees overlapping the deadline's window as taken.
+tenants' guarantees overlapping the deadline's window as taken, then their admitted
+deadline coflows.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from terra_core.min_cct import Pair, PairRates, links_of
 from terra_core.path_masks import IndexCache
 from terra_core.policy import Allocation, PolicyState, Remaining
 from terra_core.reservations import Reservation, cap_ceilings, floors, held_load
+from terra_core.round_rates import RoundResult
+from terra_core.scheduling_round import reserve_deadlines
 from terra_core.tenant_shares import (
     DEFAULT_ORDER,
     DEFAULT_SHARING,
@@ -171,7 +178,7 @@ class TenantPolicy:
         if tenant is None:
             raise ValueError(f"coflow {coflow.id!r} has no tenant")
         policy = self._policies[tenant]
-        if coflow.deadline_s is not None and self.spec.reservations:
+        if coflow.deadline_s is not None:
             policy.held = self._held(tenant, now, coflow.arrival_s + coflow.deadline_s)
         try:
             ok = policy.add_coflow(coflow, now)
@@ -383,50 +390,96 @@ class TenantPolicy:
         _attribute(extra, by_tenant, rates)
 
     def _held(self, tenant: str, now: float, deadline: float) -> dict[Link, float]:
-        """{link: bytes/s} the other tenants' guarantees overlapping [now, deadline] take."""
+        """{link: bytes/s} a deadline admission of `tenant` counts as taken: the other
+        tenants' guarantees overlapping [now, deadline] (reservations.held_load), then
+        the other tenants' admitted deadline coflows' stretched allocations on what those
+        leave (`_deadline_floors`). The tenant's own are its Terra's (4.3)."""
+        capacity = self._first._capacity()
         others = [r for r in self.spec.reservations
                   if r.tenant != tenant and r.overlaps(now, max(deadline, now) + 1e-9)]  # fmt: skip
-        if not others:
-            return {}
-        paths = {r.pair: self._first.paths(*r.pair) for r in others}
-        return held_load(others, paths, self._first._capacity())
+        held: dict[Link, float] = {}
+        if others:
+            paths = {r.pair: self._first.paths(*r.pair) for r in others}
+            held.update(held_load(others, paths, capacity))
+        admitted = {cid: entry for t, p in self._policies.items() if t != tenant
+                    for cid, entry in p.admitted_deadlines().items()}  # fmt: skip
+        if admitted:
+            left = {e: max(0.0, c - held.get(e, 0.0)) for e, c in capacity.items()}
+            for per in self._deadline_floors(now, admitted, left).values():
+                for lst in per.values():
+                    add_load(held, lst)
+        return held
+
+    def _deadline_floors(
+        self,
+        now: float,
+        coflows: dict[str, tuple[dict[Pair, float], float]],
+        left: dict[Link, float],
+    ) -> dict[str, PairRates]:
+        """Terra's step 1 across tenants: each of `coflows` ({coflow id: (volumes {pair:
+        bytes}, absolute deadline s)}) gets its min-CCT rates on `left` ({link: bytes/s},
+        reduced in place) stretched to end at its deadline, earliest deadline first
+        (scheduling_round.reserve_deadlines); {coflow id: {pair: [(path, bytes/s)]}}."""
+        vols = {cid: vol for cid, (vol, _) in coflows.items()}
+        acc: dict[str, dict[Pair, dict[Path, float]]] = {}
+        result = RoundResult()
+        deadlines = {cid: d for cid, (_, d) in coflows.items()}
+        reserve_deadlines(vols, self._first._paths_for(vols), left, now, deadlines, acc, result)
+        self._first.stats["lps"] += result.lps
+        return {cid: {k: list(pp.items()) for k, pp in per.items()} for cid, per in acc.items()}
 
     def _tenant_round(
         self, now: float, by_tenant: ByTenant, capacity: dict[Link, float] | None = None
     ) -> dict[str, PairRates]:
-        """Step A (or the static partition), Terra in each share, then the leftover, on
-        `capacity` ({link: bytes/s}; default: the WAN's links up)."""
+        """The admitted deadline coflows' floors (`_deadline_floors`, across tenants),
+        then Step A (or the static partition) on what they leave, Terra in each share
+        plus the tenant's floors, then the leftover, on `capacity` ({link: bytes/s};
+        default: the WAN's links up)."""
         if capacity is None:
             capacity = self._first._capacity()
+        dated = {cid: (by_tenant[t][cid], d) for t in by_tenant
+                 for cid, (_, d) in self._policies[t].admitted_deadlines().items()
+                 if cid in by_tenant[t]}  # fmt: skip
+        left = dict(capacity)
+        floor = self._deadline_floors(now, dated, left) if dated else {}
         paths: dict[Pair, list[Path]] = {}
         tenant_vol: dict[str, dict[Pair, float]] = {}
         for t, vols in by_tenant.items():
             paths.update(self._policies[t]._paths_for(vols))
             agg = tenant_vol[t] = {}
-            for vol in vols.values():
+            for cid, vol in vols.items():
                 for pair, v in vol.items():
-                    if v > 0:
+                    if v > 0 and cid not in dated:
                         agg[pair] = agg.get(pair, 0.0) + v
         found = None
         if self.spec.sharing != "static" or self.measure:
-            found = isolation_shares(tenant_vol, self.spec.weights, paths, capacity)
+            found = isolation_shares(tenant_vol, self.spec.weights, paths, left)
             self._first.stats["lps"] += found.lps
         if self.spec.sharing == "static":
-            shares = static_shares(list(self.spec.weights), self.spec.weights, capacity)
+            shares = static_shares(list(self.spec.weights), self.spec.weights, left)
         else:
             shares = found.share  # type: ignore[union-attr]  # (found: sharing is not static)
         zero = dict.fromkeys(capacity, 0.0)
         rates: dict[str, PairRates] = {}
         for t, vols in by_tenant.items():
-            share = shares.get(t, zero)
-            rates.update(self._policies[t].group_rates(now, vols, share, self.spec.order))
+            mine = dict(shares.get(t, zero))
+            for cid in vols.keys() & floor.keys():
+                for lst in floor[cid].values():
+                    add_load(mine, lst)
+            rates.update(self._policies[t].group_rates(now, vols, mine, self.spec.order))
         given = {t: dict(shares.get(t, zero)) for t in by_tenant}
         if self.spec.sharing == "strict":
-            self._hold_strict(found, by_tenant, rates)  # type: ignore[arg-type]  # (not static)
+            for cid in dated:
+                rates[cid] = floor.get(cid, {})
+            self._hold_strict(found, by_tenant, rates, dated)  # type: ignore[arg-type]
         elif self.spec.sharing == "cooperative":
             spare = spare_capacity(capacity, [rates])
             step_a = {t: {k: sum(x for _, x in lst) for k, lst in r.items()}
                       for t, r in found.rates.items()}  # type: ignore[union-attr]  # fmt: skip
+            for cid, per in floor.items():  # deadline coflows weighted by their floors
+                mine = step_a.setdefault(self._tenant[cid], {})
+                for k, lst in per.items():
+                    mine[k] = mine.get(k, 0.0) + sum(x for _, x in lst)
             extra = leftover_rates(step_a, paths, spare, capacity, self._index)
             _attribute(extra, by_tenant, rates)
             for t, per_pair in extra.items():
@@ -437,11 +490,19 @@ class TenantPolicy:
         return _within(rates, capacity)
 
     def _hold_strict(
-        self, found: TenantShares, by_tenant: ByTenant, rates: dict[str, PairRates]
+        self,
+        found: TenantShares,
+        by_tenant: ByTenant,
+        rates: dict[str, PairRates],
+        dated: dict[str, tuple[dict[Pair, float], float]],
     ) -> None:
-        """Give every tenant its Step A rate per pair, divided among its coflows in the
-        order its Terra served them this round (`hold_to_pairs`; in place)."""
+        """Give every tenant its Step A rate per pair, divided among its coflows but the
+        admitted deadline ones (`dated`, which keep their floors) in the order its Terra
+        served them this round (`hold_to_pairs`; in place)."""
         for t, vols in by_tenant.items():
+            vols = {cid: v for cid, v in vols.items() if cid not in dated}
+            if not vols:
+                continue
             policy = self._policies[t]
             order = [c for c in policy.round_order() if c in vols]
             order = list(dict.fromkeys([*order, *vols]))

@@ -378,6 +378,16 @@ class TerraPolicy:
         (aged guards; [] with the fixed guard)."""
         return self._clock.starving(now, self._coflows) if self.guard.aged else []
 
+    def admitted_deadlines(self) -> dict[str, tuple[dict[Pair, float], float]]:
+        """The admitted deadline coflows with bytes left: {coflow id: (last known
+        FlowGroup volumes {pair: bytes}, absolute deadline in seconds)}, in admission
+        order."""
+        return {
+            cid: (vol, d)
+            for cid, d in self._deadline.items()
+            if (vol := self._volumes.get(cid)) and any(v > 0 for v in vol.values())
+        }
+
     def round_order(self) -> list[str]:
         """Ids of the last round's coflows (those with bytes) in the order Terra served
         them: the admitted deadline coflows, earliest deadline first (step 1); the

@@ -251,6 +251,7 @@ def test_deadline_admission_counts_other_tenants_guarantees():
         policy = TenantPolicy(triangle(), spec, k=2)
         assert policy.add_coflow(Coflow("d", 0.0, [Flow("f", "A", "C", 1800.0)], 10.0), 0.0) \
             is admitted  # fmt: skip
+        policy = TenantPolicy(triangle(), spec, k=2)
         assert policy.add_coflow(Coflow("g", 0.0, [Flow("f", "A", "C", 1800.0)], 10.0), 0.0)
     spec = TenantSpec({"gold": 1.0, "bulk": 1.0}, {"d": "bulk"}, "cooperative",
                       (Reservation("gold", "A", "C", 60.0, start=20.0, end=30.0),))  # fmt: skip

@@ -190,12 +190,12 @@ def test_hold_to_pairs_gives_each_pair_its_step_a_rate_in_terra_order():
     assert rates["other"] == {xy: [(("X", "Y"), 7.0)]}  # another tenant's: untouched
 
 
-def test_strict_serves_a_deadline_coflow_first_on_its_pairs_within_the_pair_rate():
+def test_strict_gives_an_admitted_deadline_coflow_its_floor_before_the_shares():
     # One link X->Y of 10 B/s, tenants a and b, weights 1 : 1. a has an admitted deadline
     # coflow d (10 B, due in 100 s) and a big coflow g (1,000 B); b a coflow of 1,000 B.
-    # Step A gives each tenant 5 B/s on X->Y. a's Terra serves d first, at the 0.1 B/s
-    # that finishes it by its deadline (10 B / 100 s), then g: held to a's 5 B/s on the
-    # pair, d keeps its 0.1 and g takes the other 4.9; b gets its 5.
+    # d's floor comes first, at the 0.1 B/s that finishes it by its deadline (10 B /
+    # 100 s); Step A divides the 9.9 B/s left: 4.95 to each tenant, so g gets 4.95
+    # (a's whole Step A rate on the pair: d keeps its floor beside it) and b's o 4.95.
     topo = Topology("xy", ["X", "Y"], {("X", "Y"): 10.0, ("Y", "X"): 10.0})
     d = Coflow("d", 0.0, [Flow("f0", "X", "Y", 10.0)], deadline_s=100.0)
     g = Coflow("g", 0.0, [Flow("f0", "X", "Y", 1000.0)])
@@ -206,12 +206,87 @@ def test_strict_serves_a_deadline_coflow_first_on_its_pairs_within_the_pair_rate
         assert policy.add_coflow(c, 0.0)
     rates = policy.group_rates(0.0, group_volumes([d, g, other]))
     total = {c: sum(x for lst in rates.get(c, {}).values() for _, x in lst) for c in owner}
-    assert total == {"d": pytest.approx(0.1), "g": pytest.approx(4.9), "o": pytest.approx(5.0)}
+    assert total == {"d": pytest.approx(0.1), "g": pytest.approx(4.95), "o": pytest.approx(4.95)}
     # With g served first instead (a's order says so), d would get nothing: the order counts.
     mine = {"d": {("X", "Y"): [(("X", "Y"), 0.1)]}, "g": {("X", "Y"): [(("X", "Y"), 9.0)]}}
     step_a = {("X", "Y"): [(("X", "Y"), 5.0)]}
     hold_to_pairs(mine, step_a, ["g", "d"], {"d": {("X", "Y"): 10.0}, "g": {("X", "Y"): 1e3}})
     assert mine == {"d": {("X", "Y"): [(("X", "Y"), 0.0)]}, "g": {("X", "Y"): [(("X", "Y"), 5.0)]}}
+
+
+def xy_link() -> Topology:
+    return Topology("xy", ["X", "Y"], {("X", "Y"): 10.0, ("Y", "X"): 10.0})
+
+
+def totals(rates):
+    return {c: sum(x for lst in per.values() for _, x in lst) for c, per in rates.items()}
+
+
+@pytest.mark.parametrize("sharing", ["cooperative", "strict", "static"])
+def test_deadline_admission_counts_the_other_tenants_admitted_deadline_coflows(sharing):
+    # One link X->Y of 10 B/s, tenants A and B, weights 1 : 1, ε = 0.1. A's coflow a:
+    # 80 B due in 10 s, Γ = 8 s, 8 x 1.1 <= 10: admitted, its floor 80 / 10 = 8 B/s.
+    # B's b, the same: Γ on the 2 B/s a leaves = 40 s: refused, as plain Terra refuses
+    # it (admitted on the whole link, both would get 5 B/s and end at 16 s).
+    for name, plain in (("tenants", False), ("terra", True)):
+        a = Coflow("a", 0.0, [Flow("f", "X", "Y", 80.0)], deadline_s=10.0)
+        b = Coflow("b", 0.0, [Flow("f", "X", "Y", 80.0)], deadline_s=10.0)
+        if plain:
+            policy = TerraPolicy(xy_link(), k=1)
+        else:
+            spec = TenantSpec({"A": 1.0, "B": 1.0}, {"a": "A", "b": "B"}, sharing)
+            policy = TenantPolicy(xy_link(), spec, k=1)
+        assert policy.add_coflow(a, 0.0), name
+        assert not policy.add_coflow(b, 0.0), name
+    # 40 B each: a's floor 4 B/s, b's Γ on the 6 B/s left 6.7 s: admitted at 4 B/s.
+    # Cooperative: the 2 B/s left go to both, weighted by their floors (5 and 5); static:
+    # each tenant's half of the 2 B/s plus its floor (5 and 5); strict: the floors only.
+    a = Coflow("a", 0.0, [Flow("f", "X", "Y", 40.0)], deadline_s=10.0)
+    b = Coflow("b", 0.0, [Flow("f", "X", "Y", 40.0)], deadline_s=10.0)
+    spec = TenantSpec({"A": 1.0, "B": 1.0}, {"a": "A", "b": "B"}, sharing)
+    policy = TenantPolicy(xy_link(), spec, k=1)
+    assert policy.add_coflow(a, 0.0) and policy.add_coflow(b, 0.0)
+    each = 4.0 if sharing == "strict" else 5.0
+    got = totals(policy.group_rates(0.0, group_volumes([a, b])))
+    assert got == {"a": pytest.approx(each), "b": pytest.approx(each)}
+
+
+@pytest.mark.parametrize("sharing", ["cooperative", "strict", "static"])
+def test_an_admitted_deadline_coflow_gets_its_rate_beside_another_tenant_s_coflow(sharing):
+    # X->Y 10 B/s, weights 1 : 1. A's deadline coflow a (80 B due in 10 s) needs 8 B/s;
+    # B's ordinary coflow b (80 B) has the 2 B/s left (its Step A share). Inside A's half
+    # share a would get 5 B/s and end at 16 s.
+    a = Coflow("a", 0.0, [Flow("f", "X", "Y", 80.0)], deadline_s=10.0)
+    b = Coflow("b", 0.0, [Flow("f", "X", "Y", 80.0)])
+    spec = TenantSpec({"A": 1.0, "B": 1.0}, {"a": "A", "b": "B"}, sharing)
+    policy = TenantPolicy(xy_link(), spec, k=1)
+    assert policy.add_coflow(a, 0.0) and policy.add_coflow(b, 0.0)
+    got = totals(policy.group_rates(0.0, group_volumes([a, b])))
+    # static: each tenant's half of the 2 B/s left, A's on top of a's floor
+    want = {"a": 9.0, "b": 1.0} if sharing == "static" else {"a": 8.0, "b": 2.0}
+    assert got == {c: pytest.approx(x) for c, x in want.items()}
+
+
+@pytest.mark.parametrize("sharing", ["cooperative", "strict", "static"])
+def test_every_admitted_deadline_coflow_meets_its_deadline_with_tenants(sharing):
+    # Random 5-DC WANs, two tenants (weights 1 : 2), ten coflows arriving over 20 s, half
+    # of them due 20-120 s after arrival: every coflow the tenants' admission lets in
+    # ends by its deadline in the simulator, as with plain Terra.
+    admitted = 0
+    for seed in range(8):
+        rng = random.Random(seed)
+        coflows = []
+        for c in workload(seed + 500, 10):
+            due = rng.choice([None, rng.uniform(20, 120)])
+            coflows.append(Coflow(c.id, c.arrival_s * 4, c.flows[:3], due))
+        owner = {c.id: rng.choice("ab") for c in coflows}
+        spec = TenantSpec({"a": 1.0, "b": 2.0}, owner, sharing)
+        result = simulate(TenantPolicy(wan(seed), spec, k=3), coflows)
+        for r in result.coflows:
+            if r.deadline_s is not None and r.admitted:
+                admitted += 1
+                assert r.met_deadline, (seed, r.id, r.cct_s, r.deadline_s)
+    assert admitted >= 20
 
 
 @pytest.mark.parametrize("seed", range(30))
