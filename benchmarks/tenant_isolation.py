@@ -24,8 +24,12 @@ progress tenant t's volumes can make on the capacity it was given (static, tenan
 share, plus its leftover) or, for terra and maxmin, on the link loads of its rates, over
 s_t; "min_isolation_guarantee_used" takes the loads for every policy), each tenant's
 average CCT and its average CCT alone on a static partition of its weight (Terra alone on
-s_t x every link), the overall average CCT, WAN utilization, Jain's index over tenants of
-(static-partition avg CCT / avg CCT), and greedy_honest_avg_cct_change: the largest
+s_t x every link), the overall average CCT, WAN utilization, Jain's index over tenants'
+progress ("jain_index": in each round with two or more tenants active, Jain's index over
+the tenants' weighted progress P_t / s_t on the link loads of their rates, the values of
+"min_isolation_guarantee_used"; the mean over those rounds; 1 when every tenant progresses
+in proportion to its weight), Jain's index over tenants of (static-partition avg CCT / avg
+CCT) ("jain_index_cct"), and greedy_honest_avg_cct_change: the largest
 relative change of an honest tenant's average CCT when the last tenant replays each of its
 coflows as --pieces coflows (same bytes, same arrival). Prints one line per cell and the
 load average; writes {"cells": [...]} with --json.
@@ -36,6 +40,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -71,7 +76,7 @@ class TenantMaxMin(TerraPolicy):
         super().__init__(topology, **kw)
         self.spec = spec
 
-    def _round(self, now, volumes, share=None):
+    def _round(self, now, volumes, share=None, order="share"):
         paths = {k: ps[:1] for k, ps in self._paths_for(volumes).items()}
         capacity = self._capacity()
         by_t: dict = {}
@@ -110,6 +115,7 @@ class Probe:
         self.optimum: list[float] = []
         self.reached: list[float] = []
         self.used: list[float] = []
+        self.jain: list[float] = []
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -146,6 +152,7 @@ class Probe:
             return
         self.optimum.append(found.guarantee)
         self.used.append(min(used))
+        self.jain.append(jain_index(used))
         stats = getattr(self.inner, "stats", {})
         given = stats.get("achieved")
         self.reached.append(given[-1] if given else min(used))
@@ -180,7 +187,6 @@ def cell(name, topology, coflows, spec, k, alone, pieces) -> dict:
     res = simulate(probe, coflows, gammas=gammas)
     mine = per_tenant(res, spec.tenant_of)
     ratios = [alone[t] / v["avg_cct_s"] for t, v in mine.items() if v["avg_cct_s"]]
-    jain = sum(ratios) ** 2 / (len(ratios) * sum(x * x for x in ratios)) if ratios else None
     out = {
         "policy": name,
         "avg_cct_s": res.avg_cct_s,
@@ -193,7 +199,8 @@ def cell(name, topology, coflows, spec, k, alone, pieces) -> dict:
             t: {"avg_cct_s": v["avg_cct_s"], "static_partition_avg_cct_s": alone[t]}
             for t, v in mine.items()
         },
-        "jain_index": jain,
+        "jain_index": _mean(probe.jain),
+        "jain_index_cct": jain_index(ratios) if ratios else None,
         "greedy_honest_avg_cct_change": None,
         "wall_s": res.wall_s,
     }
@@ -210,6 +217,13 @@ def cell(name, topology, coflows, spec, k, alone, pieces) -> dict:
         ]
         out["greedy_honest_avg_cct_change"] = max(changes) if changes else None
     return out
+
+
+def jain_index(xs: list[float]) -> float:
+    """Jain's index (Σx)² / (n Σx²) of n >= 1 values >= 0: 1 when all are equal, 1/n when
+    one has everything; nan when all are 0 (left out of the means)."""
+    sq = sum(x * x for x in xs)
+    return sum(xs) ** 2 / (len(xs) * sq) if sq > 0 else math.nan
 
 
 def _mean(xs: list[float]) -> float | None:
