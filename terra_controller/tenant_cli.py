@@ -33,9 +33,10 @@ def add_tenant_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tenants", metavar="FILE", help="tenant weights (TOML); --isolation none ignores it"
     )
-    # {none,tenants}; default: tenants with --tenants. Named in --tenants' help only (the
-    # help page stays one screen); README and docs/design.md 4.5 describe it.
-    p.add_argument("--isolation", choices=("none", "tenants"), help=argparse.SUPPRESS)
+    p.add_argument(
+        "--isolation", choices=("none", "tenants"),
+        help="tenants: shares of the WAN (default with --tenants)",
+    )  # fmt: skip
 
 
 def tenant_book_of(args, p: argparse.ArgumentParser):

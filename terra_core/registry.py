@@ -150,12 +150,12 @@ def add_scheduler_arguments(
         "(default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
-        "--guard-factor", type=float, default=d.guard_factor,
+        "--guard-factor", type=float, default=d.guard_factor, metavar="F",
         help="Terra, aged guards: a coflow starves max(F x Γ, floor) s after it arrives "
         "(default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
-        "--guard-floor", dest="guard_floor_s", type=float, default=d.guard_floor_s,
+        "--guard-floor", dest="guard_floor_s", type=float, default=d.guard_floor_s, metavar="S",
         help="Terra, aged guards: smallest patience in seconds (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
