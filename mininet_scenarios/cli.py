@@ -21,9 +21,9 @@ started is torn down in every case.
 
 --tenants N: coflow i goes to tenant t(i mod N) (terra-sim's rule), submitted with that
 tenant's job certificate to a controller running N equal tenants; the summary adds each
-tenant's average CCT. --greedy-tenant: each repeat runs Terra a second time with the last
-tenant's coflows split into 10 coflows each (same bytes and arrival) and reports how much
-the honest tenants' average CCT changed (mininet_scenarios.testbed_tenants).
+tenant's average CCT. --greedy-tenant [P]: each repeat runs Terra a second time with the
+last tenant's coflows split into P coflows each (default 10; same bytes and arrival) and
+reports how much the honest tenants' average CCT changed (mininet_scenarios.testbed_tenants).
 --sharing cooperative|strict|static: how the tenants share the WAN (the tenants file's
 `sharing`, docs/design.md 4.5; default cooperative).
 --reserve t0:HK:BA:3: the tenants file gives tenant t0 a guaranteed 3 Mbit/s of payload from
@@ -54,6 +54,7 @@ from mininet_scenarios.swan import TestbedOptions, run_swan, testbed_topology
 from mininet_scenarios.testbed_processes import TestbedError
 from mininet_scenarios.testbed_reservation import Reserve, parse_reserve, probe_coflow
 from mininet_scenarios.testbed_tenants import (
+    PIECES,
     assign,
     split_greedy,
     tenant_lines,
@@ -210,8 +211,8 @@ def add_run_arguments(s: argparse.ArgumentParser) -> None:
         help="N equal tenants, coflow i to tenant i mod N, each its own job certificate",
     )  # fmt: skip
     s.add_argument(
-        "--greedy-tenant", action="store_true",
-        help="also rerun with the last tenant's coflows split in 10",
+        "--greedy-tenant", nargs="?", type=int, const=PIECES, metavar="P",
+        help=f"rerun with the last tenant's coflows split in P ({PIECES})",
     )  # fmt: skip
     s.add_argument(
         "--reserve", metavar="T:A:B:M",
@@ -227,7 +228,7 @@ def add_run_arguments(s: argparse.ArgumentParser) -> None:
         metavar="S",
         type=float,
         default=300.0,
-        help="seconds per run after the last arrival",
+        help="run limit (s) after the last arrival",
     )
     s.add_argument(
         "--of-port", metavar="PORT", type=int, default=0, help="OpenFlow port (default: a free one)"
@@ -361,8 +362,11 @@ def tenant_workload(args, coflows: list) -> tuple[list[str], list, list | None]:
         ValueError: --tenants < 0, --greedy-tenant without --tenants, tenants with another
             scheduler than terra alone or with --controllers, a greedy tenant owning no coflow.
     """
-    if args.tenants < 0 or (args.greedy_tenant and not args.tenants):
+    greedy_pieces = args.greedy_tenant
+    if args.tenants < 0 or (greedy_pieces is not None and not args.tenants):
         raise ValueError("--tenants N needs N >= 1; --greedy-tenant needs --tenants")
+    if greedy_pieces is not None and greedy_pieces < 1:
+        raise ValueError(f"--greedy-tenant P must be >= 1, got {args.greedy_tenant}")
     if args.sharing is not None and not args.tenants:
         raise ValueError("--sharing needs --tenants")
     if not args.tenants:
@@ -371,7 +375,8 @@ def tenant_workload(args, coflows: list) -> tuple[list[str], list, list | None]:
         raise ValueError("--tenants runs the terra scheduler alone, on one controller")
     names = tenant_names(args.tenants)
     coflows = assign(coflows, names)
-    return names, coflows, split_greedy(coflows, names[-1]) if args.greedy_tenant else None
+    greedy = None if greedy_pieces is None else split_greedy(coflows, names[-1], greedy_pieces)
+    return names, coflows, greedy
 
 
 def reserve_option(args, names: list[str], testbed) -> Reserve | None:

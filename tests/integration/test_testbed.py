@@ -398,8 +398,16 @@ def test_tenants_arguments_assign_split_and_refuse(tmp_path, capsys):
         assert {p.tenant for p in pieces} == {"t1"}
     assert [c for c in greedy if c.tenant == "t0"] == [c for c in opts.coflows if c.tenant == "t0"]
 
+    # --greedy-tenant 100: every t1 coflow becomes 100.
+    args = cli.build_parser().parse_args([*base, "--tenants", "2", "--greedy-tenant", "100"])
+    many = cli.options_from_args(args, tmp_path)[0].greedy_coflows
+    assert len(many) == len(opts.coflows) + 99 * len(t1)
+    assert sum(p.bytes for p in many) == sum(c.bytes for c in opts.coflows)
+
     assert cli.main([*base, "--greedy-tenant"]) == 2
     assert "--greedy-tenant needs --tenants" in capsys.readouterr().err
+    assert cli.main([*base, "--tenants", "2", "--greedy-tenant", "0"]) == 2
+    assert "--greedy-tenant P must be >= 1, got 0" in capsys.readouterr().err
     assert cli.main([*base, "--tenants", "-1"]) == 2
     assert cli.main([*base, "--tenants", "2", "--schedulers", "terra,varys"]) == 2
     assert cli.main([*base, "--tenants", "2", "--controllers", "3"]) == 2
