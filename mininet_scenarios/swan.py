@@ -68,7 +68,12 @@ from mininet_scenarios.testbed_processes import (
     wan_capacity,
 )
 from mininet_scenarios.testbed_reservation import PairWatch, Reserve
-from mininet_scenarios.testbed_tenants import JobClients, tenants_toml
+from mininet_scenarios.testbed_tenants import (
+    JobClients,
+    pieces_of_one,
+    submit_together,
+    tenants_toml,
+)
 from mininet_scenarios.workload import TestbedCoflow
 from terra_wire.api_session import TerraError
 from topologies import Topology, load_topology
@@ -154,9 +159,16 @@ def run_terra(
         while pending or len(result.cct_s) < len(coflows):
             now = time.monotonic()
             while pending and pending[0].arrival_s <= now - t0:
-                c = pending.pop(0)
-                ids[cid := _submit(clients.of(c.tenant), c, t0, result, due)] = c
-                watch.submitted(cid, c.tenant)
+                n = 1 if due is not None else pieces_of_one(pending, 0)
+                group, pending = pending[:n], pending[n:]
+                if n == 1:
+                    submitted = [(_submit(clients.of(group[0].tenant), group[0], t0, result, due),
+                                  group[0])]  # fmt: skip
+                else:
+                    submitted = _submit_pieces(ctl, group, t0, result)
+                for cid, c in submitted:
+                    ids[cid] = c
+                    watch.submitted(cid, c.tenant)
             for row in clients.list_coflows():
                 c = ids.get(row["id"])
                 if c is None or c.trace_id in result.cct_s:
@@ -240,9 +252,25 @@ def _submit(client, c: TestbedCoflow, t0: float, result: RunResult, due: DueTime
     accepted = time.monotonic()
     if due is not None:
         due.waited[c.trace_id], accepted = accepted - (t0 + c.arrival_s), t0 + c.arrival_s
-    result.arrival_s[c.trace_id] = accepted - t0
-    result.throughput[c.trace_id] = [(result.arrival_s[c.trace_id], 0)]
+    _arrived(result, c, accepted - t0)
     return cid
+
+
+def _submit_pieces(ctl, pieces: list[TestbedCoflow], t0: float, result: RunResult) -> list:
+    """Submit a greedy tenant's pieces of one coflow at once (testbed_tenants.submit_together)
+    and record their arrivals; [(coflow id, piece)]."""
+    out = []
+    for (cid, accepted), c in zip(submit_together(ctl, pieces), pieces, strict=True):
+        _arrived(result, c, accepted - t0)
+        out.append((cid, c))
+    return out
+
+
+def _arrived(result: RunResult, c: TestbedCoflow, at_s: float) -> None:
+    """Record coflow `c`'s arrival `at_s` seconds after the run's start (its submit
+    accepted) in `result`."""
+    result.arrival_s[c.trace_id] = at_s
+    result.throughput[c.trace_id] = [(at_s, 0)]
 
 
 def _sleep_until_poll_or_arrival(now: float, t0: float, pending: list[TestbedCoflow]) -> None:

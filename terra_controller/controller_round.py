@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 import trio
+import trio.testing
 
 from terra_controller.coflow_registry import CoflowRegistry
 from terra_controller.coflow_state import coflow_key, parse_coflow_key
@@ -32,6 +33,7 @@ LOG = logging.getLogger("terra.controller")
 FlowRates = dict[int, dict[str, list[tuple[Path, float]]]]
 
 STATS_KEPT = 1000  # entries of stats["round_ms"] / stats["allocate_ms"]
+SETTLE_MAX_S = 0.02  # longest a round waits for the loop's runnable tasks (`settle`)
 
 
 class ControllerRounds:
@@ -256,6 +258,15 @@ def _trim_policy_stats(policy: Policy) -> None:
 _ACTIVE_STATES = frozenset({CoflowStatus.QUEUED, CoflowStatus.RUNNING, CoflowStatus.PREEMPTED})
 
 
+async def settle(max_s: float = SETTLE_MAX_S) -> None:
+    """Let the loop's runnable tasks run first, for at most `max_s` seconds: requests
+    already received (a job's pipelined submits, agents' reports) are admitted before the
+    round that follows, so a burst costs one round, not one round each (the round holds the
+    policy, so each admission would otherwise wait for a round of its own)."""
+    with trio.move_on_after(max_s):
+        await trio.testing.wait_all_tasks_blocked()
+
+
 class RoundRunner:
     """Runs asked-for scheduling rounds at once, one at a time, as a task of the controller's
     loop.
@@ -303,6 +314,7 @@ class RoundRunner:
                     LOG.exception("timeout check failed")
             if not ctl.round_wanted:
                 continue
+            await settle()
             try:
                 await ctl.round_now()
             except Exception:
