@@ -161,12 +161,7 @@ def run_terra(
             while pending and pending[0].arrival_s <= now - t0:
                 n = 1 if due is not None else pieces_of_one(pending, 0)
                 group, pending = pending[:n], pending[n:]
-                if n == 1:
-                    submitted = [(_submit(clients.of(group[0].tenant), group[0], t0, result, due),
-                                  group[0])]  # fmt: skip
-                else:
-                    submitted = _submit_pieces(ctl, group, t0, result)
-                for cid, c in submitted:
+                for cid, c in _submit_due(ctl, clients, group, t0, result, due):
                     ids[cid] = c
                     watch.submitted(cid, c.tenant)
             for row in clients.list_coflows():
@@ -256,11 +251,15 @@ def _submit(client, c: TestbedCoflow, t0: float, result: RunResult, due: DueTime
     return cid
 
 
-def _submit_pieces(ctl, pieces: list[TestbedCoflow], t0: float, result: RunResult) -> list:
-    """Submit a greedy tenant's pieces of one coflow at once (testbed_tenants.submit_together)
-    and record their arrivals; [(coflow id, piece)]."""
+def _submit_due(ctl, clients: JobClients, group: list[TestbedCoflow], t0: float,
+                result: RunResult, due: DueTimes | None) -> list:  # fmt: skip
+    """Submit a coflow that is due (`_submit`), or a greedy tenant's pieces of one coflow
+    at once (testbed_tenants.submit_together), and record their arrivals; [(coflow id,
+    coflow)]."""
+    if len(group) == 1:
+        return [(_submit(clients.of(group[0].tenant), group[0], t0, result, due), group[0])]
     out = []
-    for (cid, accepted), c in zip(submit_together(ctl, pieces), pieces, strict=True):
+    for (cid, accepted), c in zip(submit_together(ctl, group), group, strict=True):
         _arrived(result, c, accepted - t0)
         out.append((cid, c))
     return out

@@ -28,7 +28,7 @@ import math
 import operator
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import count, repeat
 from typing import NamedTuple
@@ -133,6 +133,7 @@ def min_cct(
     capacity: dict[Link, float],
     use_shortcuts: bool = True,
     fewest_link_bytes: bool = True,
+    finish_s: float | None = None,
 ) -> MinCct:
     """Solve Optimization (1) for one coflow.
 
@@ -147,6 +148,10 @@ def min_cct(
         fewest_link_bytes: run the second stage (see the module docstring); callers
             that need only Γ and the prices, not the rates, skip it (and get no rates
             when an LP is solved: Γ and the prices are the same either way).
+        finish_s: when given and Γ < finish_s (seconds), the rates end every FlowGroup
+            exactly in finish_s (d_k / finish_s each), split with the fewest link-bytes
+            (the second stage held at λ >= 1 / finish_s instead of λ*): a deadline
+            coflow's allocation (docs/design.md 4.3). Γ stays the minimum.
 
     Returns:
         MinCct with Γ in seconds and the per-path rates in bytes/s. Γ is 0 with
@@ -183,10 +188,20 @@ def min_cct(
         return MinCct(0.0)
     if use_shortcuts:
         if all(len(g[2]) == 1 for g in groups):
-            return _single_paths(groups, capacity)
-        if len(groups) == 1 and _link_disjoint(groups[0][2]):
+            return _stretched(_single_paths(groups, capacity), finish_s)
+        if len(groups) == 1 and _link_disjoint(groups[0][2]) and finish_s is None:
             return _disjoint_paths(groups[0], capacity)
-    return _solve_lp(groups, capacity, fewest_link_bytes)
+    return _solve_lp(groups, capacity, fewest_link_bytes, finish_s)
+
+
+def _stretched(res: MinCct, finish_s: float | None) -> MinCct:
+    """`res` with every rate scaled by Γ / finish_s when Γ < finish_s (one path per
+    FlowGroup: no split to choose)."""
+    if finish_s is None or not res.gamma_s < finish_s:
+        return res
+    f = res.gamma_s / finish_s
+    rates = {pair: [(p, x * f) for p, x in lst] for pair, lst in res.rates.items()}
+    return replace(res, rates=rates)
 
 
 @lru_cache(maxsize=65536)
@@ -281,8 +296,10 @@ def _solve_lp(
     groups: list[tuple[Pair, float, tuple[Path, ...]]],
     capacity: dict[Link, float],
     fewest_link_bytes: bool = True,
+    finish_s: float | None = None,
 ) -> MinCct:
-    """Build and solve the scaled LP: columns x'_{k,p} then λ'; rows links then FlowGroups.
+    """Build and solve the scaled LP: columns x'_{k,p} then λ'; rows links then FlowGroups
+    (`finish_s`: min_cct's).
 
     Scaling: x = C·x', λ = λ'·C/D with C = max capacity used, D = max volume, so
     the FlowGroup rows read Σ_p x'_{k,p} − λ'·d_k/D = 0 and the link rows r_e/C.
@@ -313,8 +330,10 @@ def _solve_lp(
         return MinCct(math.inf, lp_solved=True)
     lam = float(lam)  # (the same float64; Python arithmetic below is faster)
     rates: PairRates = {}
+    target = lam if finish_s is None or not 1.0 / finish_s < lam else 1.0 / finish_s
     if fewest_link_bytes:
-        rates = _split_rates(groups, m, x, _fewest_link_bytes(h, m.lens, x), lam)
+        held = x[-1] * (1 - _SECOND_STAGE_SLACK) * target / lam  # (λ' at the target)
+        rates = _split_rates(groups, m, x, _fewest_link_bytes(h, m.lens, x, held), target)
     prices = {link: abs(duals[row]) for link, row in m.link_row.items() if duals[row] != 0}
     return MinCct(1.0 / lam, rates, lp_solved=True, prices=prices)
 
@@ -447,24 +466,28 @@ def _group_columns(
     return out
 
 
-def _fewest_link_bytes(h: highspy.Highs, hops: np.ndarray, x: FloatArray) -> FloatArray:
+def _fewest_link_bytes(
+    h: highspy.Highs, hops: np.ndarray, x: FloatArray, held: float
+) -> FloatArray:
     """Second stage: among the allocations that reach the optimal λ, the one that uses the
     least link capacity (minimum Σ_{k,p} x_{k,p}·hops(p)).
 
     Optimization (1) says nothing about FlowGroups off the bottleneck, so its optimal
     vertex may route them over long paths for no gain; this keeps the rest of the WAN
     free for the coflows after this one (docs/design.md 4.1: "nothing more is taken").
-    Solved warm in the same HiGHS instance: λ' is held at its optimum (less 1e-9
-    relative) and the objective is changed. Falls back to `x` if HiGHS fails.
+    Solved warm in the same HiGHS instance: λ' is held at `held` or more (its optimum
+    less 1e-9 relative, or a deadline's lower target) and the objective is changed.
+    Falls back to `x` if HiGHS fails.
 
     Args:
         h: the HiGHS instance holding stage 1's model and solution.
         hops: links per x column (int array), in column order.
         x: stage 1's column values (x columns then λ').
+        held: the least λ' (scaled) of the second stage.
     """
     n = len(hops)
     lam_col = n
-    h.changeColBounds(lam_col, x[lam_col] * (1 - _SECOND_STAGE_SLACK), INF)
+    h.changeColBounds(lam_col, held, INF)
     costs = np.append(-hops.astype(np.float64), 0.0)
     h.changeColsCost(n + 1, np.arange(n + 1, dtype=np.int32), costs)
     if not solve(h):

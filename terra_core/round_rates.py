@@ -66,10 +66,12 @@ def solve_min_cct(
     capacity: dict[Link, float],
     result: RoundResult,
     rates_needed: bool = True,
+    finish_s: float | None = None,
 ) -> MinCct:
     """Optimization (1) (min_cct.min_cct; with the fewest-link-bytes stage when
-    `rates_needed`), counting its LPs in `result.lps`."""
-    res = min_cct(volumes, paths, capacity, fewest_link_bytes=rates_needed)
+    `rates_needed`; rates ending in `finish_s` when that is later than Γ), counting its
+    LPs in `result.lps`."""
+    res = min_cct(volumes, paths, capacity, fewest_link_bytes=rates_needed, finish_s=finish_s)
     result.lps += res.lp_solved
     return res
 

@@ -332,12 +332,14 @@ def reserve_deadlines(
     deadlines: dict[str, float],
     rates: dict[str, PathRates] | None = None,
     result: RoundResult | None = None,
+    gammas: dict[str, float] | None = None,
 ) -> list[str]:
     """Step 1: stretched min-CCT allocations of the admitted deadline coflows, EDF.
 
-    Each deadline coflow in `coflows` gets its min-CCT rates on `left` scaled by
-    Γ/(D − now) (by 1 when D − now ≤ Γ: it is late, best effort), and `left`
-    shrinks by them (in place).
+    Each deadline coflow in `coflows` gets, on `left`, the rates that end it exactly
+    at its deadline (every FlowGroup at d_k/(D − now)), split over its paths with the
+    fewest link-bytes (min_cct's `finish_s`); its min-CCT rates when D − now ≤ Γ (it is
+    late, best effort). `left` shrinks by them (in place).
 
     Args:
         coflows: {coflow id: {(src, dst): remaining bytes}} (others are ignored).
@@ -347,6 +349,7 @@ def reserve_deadlines(
         deadlines: {coflow id: absolute deadline, seconds}.
         rates: optional {cid: {pair: {path: bytes/s}}} accumulator, updated in place.
         result: optional RoundResult whose `state` and `lps` are updated.
+        gammas: optional {cid: Γ in seconds on what the earlier ones left}, filled in.
 
     Returns:
         The deadline coflow ids that are in `coflows`, earliest deadline first.
@@ -356,13 +359,15 @@ def reserve_deadlines(
     by_deadline = sorted((d, i, cid) for i, (cid, d) in enumerate(deadlines.items()))
     ids = [cid for _, _, cid in by_deadline if cid in coflows]
     for cid in ids:
-        res = solve_min_cct(coflows[cid], paths, left, result)
+        time_left = deadlines[cid] - now
+        finish = time_left if time_left > 0 else None
+        res = solve_min_cct(coflows[cid], paths, left, result, finish_s=finish)
         result.state[cid] = DEADLINE
+        if gammas is not None:
+            gammas[cid] = res.gamma_s
         if math.isinf(res.gamma_s):
             continue
-        time_left = deadlines[cid] - now
-        stretch = min(1.0, res.gamma_s / time_left) if time_left > 0 else 1.0
-        take(rates, cid, res.rates, left, stretch)
+        take(rates, cid, res.rates, left, 1.0)  # (rates ending at the deadline: min_cct)
     return ids
 
 

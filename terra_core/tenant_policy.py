@@ -11,10 +11,11 @@ spec's `order`, tenant_shares.ORDERS); then, with the cooperative sharing (the d
 capacity still unused is given out max-min over every tenant's FlowGroups weighted by
 their Step A rates (tenant_shares.leftover_rates), each (tenant, pair) rate to the tenant's
 coflow on that pair that Terra gave the most rate (ties: arrival order). Admitted deadline
-coflows are guarantees across tenants: their stretched allocations (Terra's step 1, earliest
-deadline first over every tenant) come before Step A, which divides the rest; each tenant's
-Terra runs on its share plus its deadline coflows' floors. Deadline admission counts the
-other tenants' admitted deadline coflows as taken, so what is admitted ends in time.
+coflows are guarantees across tenants: the rates that end them at their deadlines (Terra's
+step 1, earliest deadline first over every tenant) come before Step A, which divides the
+rest among the tenants' other coflows. Deadline admission places a coflow among every
+tenant's admitted deadline coflows, so what is admitted ends in time; flows added to one
+end its guarantee (it is then served inside its tenant's share).
 
 With guaranteed reservations (reservations.py) active in a round: every tenant with bytes
 on a reserved pair first gets its guaranteed rate there (over the pair's tunnels, on the
@@ -25,9 +26,9 @@ first, so a small coflow is not stuck behind the tenant's big one), and a tenant
 a pair with a ceiling is capped at it (borrowing up to the ceiling). A coflow whose
 FlowGroup is smaller than the guarantee carries finishes it sooner; its FlowGroup ending
 asks for a round (controller) or is one (simulator), and the next round gives the
-guarantee to the next coflow in that order. Deadline admission counts the other
-tenants' guarantees overlapping the deadline's window as taken, then their admitted
-deadline coflows.
+guarantee to the next coflow in that order. Deadline admission counts every guarantee
+overlapping the deadline's window as taken (the tenant's own too), then every tenant's
+admitted deadline coflows.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ from terra_model import Coflow, Flow
 from topologies import Link, Path, Topology
 
 ByTenant = dict[str, dict[str, dict[Pair, float]]]  # {tenant: {coflow id: {pair: bytes}}}
+_DATED = "\x00"  # leftover_rates' key prefix of a deadline coflow (no tenant name has it)
 
 
 class TenantStats(RoundStats):
@@ -156,6 +158,7 @@ class TenantPolicy:
         self._policies = {t: TerraPolicy(topology, **terra) for t in spec.weights}
         self._first = next(iter(self._policies.values()))
         self._tenant: dict[str, str] = {}
+        self._voided: set[str] = set()  # deadline coflows that lost their floor (add_flows)
         self._index = IndexCache()  # leftover_rates' path masks, new when the WAN changes
         self.stats: TenantStats = {
             "rounds": 0,
@@ -179,21 +182,28 @@ class TenantPolicy:
             raise ValueError(f"coflow {coflow.id!r} has no tenant")
         policy = self._policies[tenant]
         if coflow.deadline_s is not None:
-            policy.held = self._held(tenant, now, coflow.arrival_s + coflow.deadline_s)
+            policy.held = self._held(now, coflow.arrival_s + coflow.deadline_s)
+            policy.foreign = self._dated(now, exclude=tenant)
         try:
             ok = policy.add_coflow(coflow, now)
         finally:
-            policy.held = {}
+            policy.held, policy.foreign = {}, {}
         if ok:
             self._tenant[coflow.id] = tenant
         return ok
 
     def add_flows(self, coflow_id: str, flows: list[Flow], now: float) -> None:
-        """As TerraPolicy.add_flows. Raises KeyError for an unknown coflow id."""
-        self._owner(coflow_id).add_flows(coflow_id, flows, now)
+        """As TerraPolicy.add_flows; flows added to an admitted deadline coflow end its
+        guarantee across tenants (it was admitted for its bytes then): from then on it
+        is served inside its tenant's share. Raises KeyError for an unknown coflow id."""
+        policy = self._owner(coflow_id)
+        policy.add_flows(coflow_id, flows, now)
+        if coflow_id in policy.admitted_deadlines() and flows:
+            self._voided.add(coflow_id)
 
     def remove_coflow(self, coflow_id: str, now: float) -> None:
         """Forget a finished or cancelled coflow; unknown ids are ignored."""
+        self._voided.discard(coflow_id)
         tenant = self._tenant.pop(coflow_id, None)
         if tenant is not None:
             self._policies[tenant].remove_coflow(coflow_id, now)
@@ -233,6 +243,8 @@ class TenantPolicy:
             rates = self._policies[tenant].group_rates(now, vols)
         else:
             rates = self._tenant_round(now, by_tenant)
+        for t, vols in by_tenant.items():
+            self._policies[t].served(now, {cid: rates.get(cid, {}) for cid in vols})
         self.stats["rounds"] += 1
         self.stats["lps"] = sum(p.stats["lps"] for p in self._policies.values())
         self.stats["round_ms"].append((time.perf_counter() - start) * 1000.0)
@@ -389,26 +401,25 @@ class TenantPolicy:
         extra = leftover_rates(weights, paths, spare_capacity(capacity, [rates]), capacity)
         _attribute(extra, by_tenant, rates)
 
-    def _held(self, tenant: str, now: float, deadline: float) -> dict[Link, float]:
-        """{link: bytes/s} a deadline admission of `tenant` counts as taken: the other
-        tenants' guarantees overlapping [now, deadline] (reservations.held_load), then
-        the other tenants' admitted deadline coflows' stretched allocations on what those
-        leave (`_deadline_floors`). The tenant's own are its Terra's (4.3)."""
-        capacity = self._first._capacity()
-        others = [r for r in self.spec.reservations
-                  if r.tenant != tenant and r.overlaps(now, max(deadline, now) + 1e-9)]  # fmt: skip
-        held: dict[Link, float] = {}
-        if others:
-            paths = {r.pair: self._first.paths(*r.pair) for r in others}
-            held.update(held_load(others, paths, capacity))
-        admitted = {cid: entry for t, p in self._policies.items() if t != tenant
-                    for cid, entry in p.admitted_deadlines().items()}  # fmt: skip
-        if admitted:
-            left = {e: max(0.0, c - held.get(e, 0.0)) for e, c in capacity.items()}
-            for per in self._deadline_floors(now, admitted, left).values():
-                for lst in per.values():
-                    add_load(held, lst)
-        return held
+    def _held(self, now: float, deadline: float) -> dict[Link, float]:
+        """{link: bytes/s} a deadline admission counts as taken: every tenant's guarantees
+        overlapping [now, deadline] (reservations.held_load; a round takes them before the
+        deadline coflows' floors, so the tenant's own too)."""
+        active = [r for r in self.spec.reservations if r.overlaps(now, max(deadline, now) + 1e-9)]
+        if not active:
+            return {}
+        paths = {r.pair: self._first.paths(*r.pair) for r in active}
+        return dict(held_load(active, paths, self._first._capacity()))
+
+    def _dated(self, now: float, exclude: str) -> dict[str, tuple[dict[Pair, float], float]]:
+        """The admitted deadline coflows that keep their guarantee, of every tenant but
+        `exclude`: {coflow id: (volumes {pair: bytes} at `now`, as
+        TerraPolicy.admitted_deadlines projects them; absolute deadline s)}."""
+        out = {}
+        for t, policy in self._policies.items():
+            if t != exclude:
+                out.update(policy.admitted_deadlines(now))
+        return {cid: entry for cid, entry in out.items() if cid not in self._voided}
 
     def _deadline_floors(
         self,
@@ -417,39 +428,53 @@ class TenantPolicy:
         left: dict[Link, float],
     ) -> dict[str, PairRates]:
         """Terra's step 1 across tenants: each of `coflows` ({coflow id: (volumes {pair:
-        bytes}, absolute deadline s)}) gets its min-CCT rates on `left` ({link: bytes/s},
-        reduced in place) stretched to end at its deadline, earliest deadline first
-        (scheduling_round.reserve_deadlines); {coflow id: {pair: [(path, bytes/s)]}}."""
+        bytes}, absolute deadline s)}) gets the rates on `left` ({link: bytes/s}, reduced
+        in place) that end it at its deadline (its min-CCT rates when late), earliest
+        deadline first (scheduling_round.reserve_deadlines); {coflow id: {pair: [(path,
+        bytes/s)]}}."""
         vols = {cid: vol for cid, (vol, _) in coflows.items()}
         acc: dict[str, dict[Pair, dict[Path, float]]] = {}
         result = RoundResult()
         deadlines = {cid: d for cid, (_, d) in coflows.items()}
-        reserve_deadlines(vols, self._first._paths_for(vols), left, now, deadlines, acc, result)
+        paths = self._first._paths_for(vols)
+        reserve_deadlines(vols, paths, left, now, deadlines, acc, result)
         self._first.stats["lps"] += result.lps
         return {cid: {k: list(pp.items()) for k, pp in per.items()} for cid, per in acc.items()}
+
+    def _round_floors(
+        self, now: float, by_tenant: ByTenant, left: dict[Link, float]
+    ) -> tuple[dict[str, PairRates], ByTenant]:
+        """The floors of this round's admitted deadline coflows (`_deadline_floors` on
+        `left`, reduced in place), and each tenant's other coflows: (floors, ByTenant)."""
+        dated = {cid: (by_tenant[t][cid], d) for t in by_tenant
+                 for cid, (_, d) in self._policies[t].admitted_deadlines().items()
+                 if cid in by_tenant[t] and cid not in self._voided}  # fmt: skip
+        floor = self._deadline_floors(now, dated, left) if dated else {}
+        rest: ByTenant = {}
+        for t, vols in by_tenant.items():
+            rest[t] = {cid: v for cid, v in vols.items() if cid not in floor}
+            self._policies[t].keep_volumes({c: vols[c] for c in vols.keys() & floor.keys()})
+        return floor, rest
 
     def _tenant_round(
         self, now: float, by_tenant: ByTenant, capacity: dict[Link, float] | None = None
     ) -> dict[str, PairRates]:
-        """The admitted deadline coflows' floors (`_deadline_floors`, across tenants),
-        then Step A (or the static partition) on what they leave, Terra in each share
-        plus the tenant's floors, then the leftover, on `capacity` ({link: bytes/s};
+        """The admitted deadline coflows' floors first (`_round_floors`: their rates), then
+        Step A (or the static partition) on what they leave for the tenants' other
+        coflows, Terra in each share, then the leftover, on `capacity` ({link: bytes/s};
         default: the WAN's links up)."""
         if capacity is None:
             capacity = self._first._capacity()
-        dated = {cid: (by_tenant[t][cid], d) for t in by_tenant
-                 for cid, (_, d) in self._policies[t].admitted_deadlines().items()
-                 if cid in by_tenant[t]}  # fmt: skip
         left = dict(capacity)
-        floor = self._deadline_floors(now, dated, left) if dated else {}
+        floor, rest = self._round_floors(now, by_tenant, left)
         paths: dict[Pair, list[Path]] = {}
         tenant_vol: dict[str, dict[Pair, float]] = {}
         for t, vols in by_tenant.items():
             paths.update(self._policies[t]._paths_for(vols))
             agg = tenant_vol[t] = {}
-            for cid, vol in vols.items():
+            for vol in rest[t].values():
                 for pair, v in vol.items():
-                    if v > 0 and cid not in dated:
+                    if v > 0:
                         agg[pair] = agg.get(pair, 0.0) + v
         found = None
         if self.spec.sharing != "static" or self.measure:
@@ -460,47 +485,58 @@ class TenantPolicy:
         else:
             shares = found.share  # type: ignore[union-attr]  # (found: sharing is not static)
         zero = dict.fromkeys(capacity, 0.0)
-        rates: dict[str, PairRates] = {}
-        for t, vols in by_tenant.items():
-            mine = dict(shares.get(t, zero))
-            for cid in vols.keys() & floor.keys():
-                for lst in floor[cid].values():
-                    add_load(mine, lst)
-            rates.update(self._policies[t].group_rates(now, vols, mine, self.spec.order))
+        rates: dict[str, PairRates] = {cid: dict(per) for cid, per in floor.items()}
+        for t, vols in rest.items():
+            if vols:
+                share = shares.get(t, zero)
+                rates.update(self._policies[t].group_rates(now, vols, share, self.spec.order))
         given = {t: dict(shares.get(t, zero)) for t in by_tenant}
         if self.spec.sharing == "strict":
-            for cid in dated:
-                rates[cid] = floor.get(cid, {})
-            self._hold_strict(found, by_tenant, rates, dated)  # type: ignore[arg-type]
+            self._hold_strict(found, rest, rates)  # type: ignore[arg-type]  # (not static)
         elif self.spec.sharing == "cooperative":
-            spare = spare_capacity(capacity, [rates])
-            step_a = {t: {k: sum(x for _, x in lst) for k, lst in r.items()}
-                      for t, r in found.rates.items()}  # type: ignore[union-attr]  # fmt: skip
-            for cid, per in floor.items():  # deadline coflows weighted by their floors
-                mine = step_a.setdefault(self._tenant[cid], {})
-                for k, lst in per.items():
-                    mine[k] = mine.get(k, 0.0) + sum(x for _, x in lst)
-            extra = leftover_rates(step_a, paths, spare, capacity, self._index)
-            _attribute(extra, by_tenant, rates)
-            for t, per_pair in extra.items():
-                for lst in per_pair.values():
-                    add_load(given[t], lst)
+            self._lend(found, floor, rest, paths, capacity, rates, given)  # type: ignore[arg-type]
         if self.measure and found is not None:
-            self._record(found, tenant_vol, paths, given, rates, by_tenant)
+            self._record(found, tenant_vol, paths, given, rates, rest)
         return _within(rates, capacity)
 
-    def _hold_strict(
+    def _lend(
         self,
         found: TenantShares,
-        by_tenant: ByTenant,
+        floor: dict[str, PairRates],
+        rest: ByTenant,
+        paths: dict[Pair, list[Path]],
+        capacity: dict[Link, float],
         rates: dict[str, PairRates],
-        dated: dict[str, tuple[dict[Pair, float], float]],
+        given: dict[str, dict[Link, float]],
     ) -> None:
-        """Give every tenant its Step A rate per pair, divided among its coflows but the
-        admitted deadline ones (`dated`, which keep their floors) in the order its Terra
-        served them this round (`hold_to_pairs`; in place)."""
-        for t, vols in by_tenant.items():
-            vols = {cid: v for cid, v in vols.items() if cid not in dated}
+        """Cooperative: what is still unused to every (tenant, pair) weighted by its Step A
+        rate and to every deadline coflow's pair weighted by its floor (leftover_rates;
+        `rates` and the tenants' `given` capacity changed in place)."""
+        weights = {t: {k: sum(x for _, x in lst) for k, lst in r.items()}
+                   for t, r in found.rates.items()}  # fmt: skip
+        for cid, per in floor.items():  # (a key no tenant name can be)
+            weights[_DATED + cid] = {k: sum(x for _, x in lst) for k, lst in per.items()}
+        spare = spare_capacity(capacity, [rates])
+        extra = leftover_rates(weights, paths, spare, capacity, self._index)
+        for key in [k for k in extra if k.startswith(_DATED)]:
+            cid = key[len(_DATED) :]
+            for pair, lst in extra.pop(key).items():
+                merged = dict(rates[cid].get(pair, ()))
+                for path, x in lst:
+                    merged[path] = merged.get(path, 0.0) + x
+                rates[cid][pair] = list(merged.items())
+        _attribute(extra, rest, rates)
+        for t, per_pair in extra.items():
+            for lst in per_pair.values():
+                add_load(given[t], lst)
+
+    def _hold_strict(
+        self, found: TenantShares, rest: ByTenant, rates: dict[str, PairRates]
+    ) -> None:
+        """Give every tenant its Step A rate per pair, divided among its coflows without
+        a floor (`rest`) in the order its Terra served them this round (`hold_to_pairs`;
+        in place)."""
+        for t, vols in rest.items():
             if not vols:
                 continue
             policy = self._policies[t]
@@ -560,8 +596,8 @@ def hold_to_pairs(
     the tenant's Terra round gave them, as long as the pair's Step A rate lasts; what is
     left of it goes to the first of them. Each one's rate runs over Step A's paths for the
     pair, in Step A's proportions, so the tenant's link loads are Step A's (its share). A
-    coflow gets nothing on a pair without a Step A rate. Admitted deadline coflows come
-    first in the order (Terra serves them first) but are held like the others. Held so, a
+    coflow gets nothing on a pair without a Step A rate. (Admitted deadline coflows keep
+    their floors and are not among them: TenantPolicy._round_floors.) Held so, a
     tenant's progress cannot be raised by lying about its bytes, even over K tunnels
     (docs/design.md 4.5, "Strategy-proof").
 

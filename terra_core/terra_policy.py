@@ -138,8 +138,13 @@ class TerraPolicy:
         self._coflows: dict[str, Coflow] = {}
         self._flow_pair: dict[str, dict[str, Pair]] = {}
         self._deadline: dict[str, float] = {}  # admitted deadline coflows: absolute deadline
-        # {link: bytes/s} deadline admission counts as taken (other tenants' guarantees)
+        # {link: bytes/s} deadline admission counts as taken (tenants' guarantees)
         self.held: dict[Link, float] = {}
+        # other tenants' admitted deadline coflows {id: (volumes, deadline)}, which
+        # deadline admission orders with this policy's own (tenant_policy.py)
+        self.foreign: dict[str, tuple[dict[Pair, float], float]] = {}
+        # (time s, {deadline coflow: {pair: bytes/s}}) of the last round (`served`)
+        self._served: tuple[float, dict[str, dict[Pair, float]]] = (0.0, {})
         self._volumes: dict[str, dict[Pair, float]] = {}  # last known FlowGroup volumes
         self._gamma: dict[str, GammaEntry] = {}  # volumes, Γ on the full WAN, DualBound
         # last round's hints: {coflow id: (the cache entry, the volumes, the hint)}
@@ -313,6 +318,7 @@ class TerraPolicy:
         for cid in volumes:
             self._pairs_of(cid)  # KeyError for an unknown coflow, as allocate
         rates = self._round(now, volumes, capacity, order)
+        self.served(now, rates)
         self.stats["round_ms"].append((time.perf_counter() - start) * 1000.0)
         return rates
 
@@ -378,15 +384,38 @@ class TerraPolicy:
         (aged guards; [] with the fixed guard)."""
         return self._clock.starving(now, self._coflows) if self.guard.aged else []
 
-    def admitted_deadlines(self) -> dict[str, tuple[dict[Pair, float], float]]:
-        """The admitted deadline coflows with bytes left: {coflow id: (last known
-        FlowGroup volumes {pair: bytes}, absolute deadline in seconds)}, in admission
-        order."""
-        return {
-            cid: (vol, d)
-            for cid, d in self._deadline.items()
-            if (vol := self._volumes.get(cid)) and any(v > 0 for v in vol.values())
-        }
+    def admitted_deadlines(
+        self, now: float | None = None
+    ) -> dict[str, tuple[dict[Pair, float], float]]:
+        """The admitted deadline coflows with bytes left: {coflow id: (FlowGroup volumes
+        {pair: bytes}, absolute deadline in seconds)}, in admission order. The volumes
+        are the last round's, or at `now` (seconds) those less what the last round's
+        rates (`served`) have sent since."""
+        at, rate = self._served
+        out = {}
+        for cid, d in self._deadline.items():
+            vol = self._volumes.get(cid)
+            if vol and now is not None and cid in rate:
+                gone = rate[cid]
+                vol = {k: max(0.0, v - gone.get(k, 0.0) * (now - at)) for k, v in vol.items()}
+            if vol and any(v > 0 for v in vol.values()):
+                out[cid] = (vol, d)
+        return out
+
+    def served(self, now: float, rates: dict[str, PairRates]) -> None:
+        """Keep the rates ({coflow id: {pair: [(path, bytes/s)]}}) the round at `now`
+        (seconds) gave, of the admitted deadline coflows: admission projects their volumes
+        with them (`admitted_deadlines`)."""
+        self._served = (now, {cid: {k: sum(x for _, x in lst) for k, lst in per.items()}
+                              for cid, per in rates.items() if cid in self._deadline})  # fmt: skip
+
+    def keep_volumes(self, volumes: dict[str, dict[Pair, float]]) -> None:
+        """Keep `volumes` ({coflow id: {pair: bytes}}) as those coflows' last known
+        FlowGroup volumes (a round that served them without this policy: their floors
+        across tenants, tenant_policy.py)."""
+        for cid, vol in volumes.items():
+            if cid in self._volumes:
+                self._volumes[cid] = vol
 
     def round_order(self) -> list[str]:
         """Ids of the last round's coflows (those with bytes) in the order Terra served
@@ -530,22 +559,46 @@ class TerraPolicy:
     def _admissible(
         self, cid: str, volumes: dict[Pair, float], deadline: float, now: float
     ) -> bool:
-        """Γ on what the admitted deadline coflows leave, times (1 + ε), fits in D − now."""
+        """Deadline admission (docs/design.md 4.3): the coflow joins the admitted deadline
+        coflows (its own and `foreign`) in the earliest-deadline-first order step 1 serves
+        them in, on the capacity minus `held`. Admitted when its Γ on what the earlier
+        ones leave, times (1 + ε), fits in D − now, and every admitted coflow due later
+        still fits with it (Γ ≤ its D − now; one already behind keeps what it has)."""
         if not volumes:
             return True
         capacity = self._capacity()
         if self.held:
             capacity = {e: max(0.0, c - self.held.get(e, 0.0)) for e, c in capacity.items()}
-        paths = dict(self._paths_for({cid: volumes}))
-        admitted = {c: self._volumes[c] for c in self._deadline if self._volumes.get(c)}
-        if admitted:
-            paths.update(self._paths_for(admitted))
-            taken = RoundResult()
-            reserve_deadlines(admitted, paths, capacity, now, self._deadline, result=taken)
-            self.stats["lps"] += taken.lps
-        res = min_cct(volumes, paths, capacity, fewest_link_bytes=False)
-        self.stats["lps"] += res.lp_solved
-        return res.gamma_s * (1 + self.epsilon) <= deadline - now and not math.isinf(res.gamma_s)
+        admitted: dict[str, dict[Pair, float]] = {}
+        due: dict[str, float] = {}
+        for c, (vol, d) in (self.admitted_deadlines(now) | self.foreign).items():
+            admitted[c], due[c] = vol, d
+        paths = self._paths_for({cid: volumes, **admitted})
+        gammas: dict[str, float] = {}
+        self._edf(admitted | {cid: volumes}, paths, capacity, now, due | {cid: deadline}, gammas)
+        if not gammas[cid] * (1 + self.epsilon) <= deadline - now:  # (inf too)
+            return False
+        return all(_fits(gammas[c], due[c], now) for c in admitted if due[c] > deadline)
+
+    def _edf(
+        self,
+        coflows: dict[str, dict[Pair, float]],
+        paths: dict[Pair, list[Path]],
+        capacity: dict[Link, float],
+        now: float,
+        due: dict[str, float],
+        gammas: dict[str, float],
+    ) -> None:
+        """Step 1 on a copy of `capacity`: fills `gammas` ({cid: Γ s on what the earlier
+        ones leave}) and counts the LPs."""
+        taken = RoundResult()
+        reserve_deadlines(coflows, paths, dict(capacity), now, due, result=taken, gammas=gammas)
+        self.stats["lps"] += taken.lps
+
+
+def _fits(gamma_s: float, deadline: float, now: float) -> bool:
+    """Γ (seconds) fits before the absolute `deadline` (1e-9 relative slack)."""
+    return gamma_s <= (deadline - now) * (1 + 1e-9)
 
 
 def _hint(volumes: dict[Pair, float], cached: GammaEntry) -> tuple[float, bool] | None:

@@ -249,13 +249,16 @@ def reserve_deadlines(
     by_deadline = sorted((d, i, cid) for i, (cid, d) in enumerate(deadlines.items()))
     ids = [cid for _, _, cid in by_deadline if cid in coflows]
     for cid in ids:
-        res = _solve(coflows[cid], paths, left, result)
+        time_left = deadlines[cid] - now
+        # (step 1's rates: d_k / time_left split with the fewest link-bytes, min_cct's
+        # finish_s)
+        finish = time_left if time_left > 0 else None
+        res = min_cct(coflows[cid], paths, left, finish_s=finish)
+        result.lps += res.lp_solved
         result.state[cid] = DEADLINE
         if math.isinf(res.gamma_s):
             continue
-        time_left = deadlines[cid] - now
-        stretch = min(1.0, res.gamma_s / time_left) if time_left > 0 else 1.0
-        _take(rates, cid, res.rates, left, stretch)
+        _take(rates, cid, res.rates, left, 1.0)
     return ids
 
 

@@ -204,3 +204,19 @@ def test_a_path_over_a_link_without_capacity_is_not_used():
     assert [p for p, _ in res.rates[("A", "C")]] == [("A", "B", "C")]
     del cap[("A", "B")]
     assert min_cct({("A", "C"): 100.0}, PATHS, cap).gamma_s == math.inf
+
+
+@pytest.mark.parametrize("shortcuts", [True, False])
+def test_finish_s_ends_the_coflow_then_with_the_fewest_link_bytes(shortcuts):
+    # 100 bytes A->C over A-C and A-B-C: Γ = 5 s (both paths). To end in 20 s it needs
+    # 5 B/s, which A-C alone carries: all of it there, none over the two links of A-B-C
+    # (a min-CCT split scaled by 5/20 would put 2.5 B/s on each path).
+    res = min_cct({("A", "C"): 100.0}, PATHS, TRIANGLE, use_shortcuts=shortcuts, finish_s=20.0)
+    assert res.gamma_s == pytest.approx(5.0)
+    assert {p: x for p, x in res.rates[("A", "C")] if x > 1e-9} == pytest.approx({("A", "C"): 5.0})
+    # 150 bytes in 10 s: 15 B/s, 10 on A-C and 5 over A-B-C.
+    res = min_cct({("A", "C"): 150.0}, PATHS, TRIANGLE, use_shortcuts=shortcuts, finish_s=10.0)
+    assert dict(res.rates[("A", "C")]) == pytest.approx({("A", "C"): 10.0, ("A", "B", "C"): 5.0})
+    # finish_s sooner than Γ: the min-CCT rates (a late coflow's best effort).
+    late = min_cct({("A", "C"): 100.0}, PATHS, TRIANGLE, use_shortcuts=shortcuts, finish_s=2.0)
+    assert totals(late) == pytest.approx({("A", "C"): 20.0})

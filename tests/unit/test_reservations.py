@@ -241,18 +241,18 @@ def test_window_outside_now_changes_nothing():
     assert pair_rate(policy.group_rates(150.0, volumes), ["g1"], ("A", "C")) >= 60.0 * (1 - 1e-9)
 
 
-def test_deadline_admission_counts_other_tenants_guarantees():
-    # bulk's deadline coflow: 1800 bytes A->C in 10 s. Alone on 200 B/s: Γ = 9 s,
-    # 9 x 1.1 = 9.9 <= 10 admitted. With gold's 60 B/s held: 1800 / 140 = 12.9 s refused.
-    # gold's own deadline coflow does not count its own guarantee as taken.
+def test_deadline_admission_counts_every_overlapping_guarantee():
+    # A deadline coflow: 1800 bytes A->C in 10 s. Alone on 200 B/s: Γ = 9 s,
+    # 9 x 1.1 = 9.9 <= 10 admitted. With a 60 B/s guarantee held: 1800 / 140 = 12.9 s
+    # refused, whoever holds it: a round takes the guarantees before the deadline
+    # coflows' floors, so the tenant's own guarantee is taken too.
     for reservations, admitted in (((), True), ((Reservation("gold", "A", "C", 60.0),), False)):
         spec = TenantSpec({"gold": 1.0, "bulk": 1.0}, {"d": "bulk", "g": "gold"},
                           "cooperative", reservations)  # fmt: skip
-        policy = TenantPolicy(triangle(), spec, k=2)
-        assert policy.add_coflow(Coflow("d", 0.0, [Flow("f", "A", "C", 1800.0)], 10.0), 0.0) \
-            is admitted  # fmt: skip
-        policy = TenantPolicy(triangle(), spec, k=2)
-        assert policy.add_coflow(Coflow("g", 0.0, [Flow("f", "A", "C", 1800.0)], 10.0), 0.0)
+        for cid in ("d", "g"):
+            policy = TenantPolicy(triangle(), spec, k=2)
+            coflow = Coflow(cid, 0.0, [Flow("f", "A", "C", 1800.0)], 10.0)
+            assert policy.add_coflow(coflow, 0.0) is admitted
     spec = TenantSpec({"gold": 1.0, "bulk": 1.0}, {"d": "bulk"}, "cooperative",
                       (Reservation("gold", "A", "C", 60.0, start=20.0, end=30.0),))  # fmt: skip
     policy = TenantPolicy(triangle(), spec, k=2)  # the guarantee starts after the deadline

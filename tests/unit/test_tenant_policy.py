@@ -4,6 +4,7 @@ or not (strict), and the simulator's --tenants plumbing (terra_sim/tenants.py)."
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from terra_core.min_cct import links_of
 from terra_core.registry import SchedulerOptions, make_scheduler
+from terra_core.reservations import Reservation
 from terra_core.tenant_policy import TenantPolicy, TenantSpec, hold_to_pairs
 from terra_core.terra_policy import TerraPolicy
 from terra_model import Coflow, Flow
@@ -239,14 +241,14 @@ def test_deadline_admission_counts_the_other_tenants_admitted_deadline_coflows(s
         assert policy.add_coflow(a, 0.0), name
         assert not policy.add_coflow(b, 0.0), name
     # 40 B each: a's floor 4 B/s, b's Γ on the 6 B/s left 6.7 s: admitted at 4 B/s.
-    # Cooperative: the 2 B/s left go to both, weighted by their floors (5 and 5); static:
-    # each tenant's half of the 2 B/s plus its floor (5 and 5); strict: the floors only.
+    # Cooperative: the 2 B/s left go to both, weighted by their floors (5 and 5); strict
+    # and static: the floors only (the shares are for the tenants' other coflows).
     a = Coflow("a", 0.0, [Flow("f", "X", "Y", 40.0)], deadline_s=10.0)
     b = Coflow("b", 0.0, [Flow("f", "X", "Y", 40.0)], deadline_s=10.0)
     spec = TenantSpec({"A": 1.0, "B": 1.0}, {"a": "A", "b": "B"}, sharing)
     policy = TenantPolicy(xy_link(), spec, k=1)
     assert policy.add_coflow(a, 0.0) and policy.add_coflow(b, 0.0)
-    each = 4.0 if sharing == "strict" else 5.0
+    each = 5.0 if sharing == "cooperative" else 4.0
     got = totals(policy.group_rates(0.0, group_volumes([a, b])))
     assert got == {"a": pytest.approx(each), "b": pytest.approx(each)}
 
@@ -262,8 +264,8 @@ def test_an_admitted_deadline_coflow_gets_its_rate_beside_another_tenant_s_coflo
     policy = TenantPolicy(xy_link(), spec, k=1)
     assert policy.add_coflow(a, 0.0) and policy.add_coflow(b, 0.0)
     got = totals(policy.group_rates(0.0, group_volumes([a, b])))
-    # static: each tenant's half of the 2 B/s left, A's on top of a's floor
-    want = {"a": 9.0, "b": 1.0} if sharing == "static" else {"a": 8.0, "b": 2.0}
+    # static: B's half of the 2 B/s left (A's half idles: A has no other coflow)
+    want = {"a": 8.0, "b": 1.0} if sharing == "static" else {"a": 8.0, "b": 2.0}
     assert got == {c: pytest.approx(x) for c, x in want.items()}
 
 
@@ -282,6 +284,77 @@ def test_every_admitted_deadline_coflow_meets_its_deadline_with_tenants(sharing)
         owner = {c.id: rng.choice("ab") for c in coflows}
         spec = TenantSpec({"a": 1.0, "b": 2.0}, owner, sharing)
         result = simulate(TenantPolicy(wan(seed), spec, k=3), coflows)
+        for r in result.coflows:
+            if r.deadline_s is not None and r.admitted:
+                admitted += 1
+                assert r.met_deadline, (seed, r.id, r.cct_s, r.deadline_s)
+    assert admitted >= 20
+
+
+@pytest.mark.parametrize("sharing", ["cooperative", "strict", "static"])
+def test_flows_added_to_a_deadline_coflow_end_its_floor(sharing):
+    # A (weight 1) has a 1 B deadline coflow admitted, then adds 1 MB to it; B (weight 9)
+    # has 1,000 B. Were the grown coflow still a guarantee taken before the shares, A
+    # would hold the whole X->Y (late, its min-CCT rates); it is now A's coflow like any
+    # other: 1 : 9.
+    spec = TenantSpec({"A": 1.0, "B": 9.0}, {"a": "A", "b": "B"}, sharing)
+    policy = TenantPolicy(xy_link(), spec, k=1)
+    assert policy.add_coflow(Coflow("a", 0.0, [Flow("f", "X", "Y", 1.0)], deadline_s=1.0), 0.0)
+    assert policy.add_coflow(Coflow("b", 0.0, [Flow("f", "X", "Y", 1000.0)]), 0.0)
+    policy.add_flows("a", [Flow("g", "X", "Y", 1e6)], 0.0)
+    got = totals(policy.group_rates(0.5, {"a": {("X", "Y"): 1e6}, "b": {("X", "Y"): 1e3}}))
+    assert got == {"a": pytest.approx(1.0), "b": pytest.approx(9.0)}
+
+
+def test_a_tenant_s_deadline_coflows_keep_their_floors_inside_its_round():
+    # Directed links of 10 B/s: X->Y, A->C, A->B, B->C; K = 2, ε = 0. Tenant A: D1 (50 B
+    # X->Y, 20 B A->C) due in 10 s; D2 (105 B B->C: the whole link for 10.5 s) due in
+    # 10.5 s; g (no deadline) on X->Y and A->B. Tenant B: h on X->Y. D1's floor routes
+    # A->C over A-C (one link, not A-B-C), so D2 keeps all of B->C and both end in time
+    # under every sharing, as with plain Terra.
+    def topo():
+        cap = {("X", "Y"): 10.0, ("A", "C"): 10.0, ("A", "B"): 10.0, ("B", "C"): 10.0}
+        return Topology("d", ["X", "Y", "A", "B", "C"], cap)
+
+    work = [Coflow("D1", 0.0, [Flow("f", "X", "Y", 50.0), Flow("g", "A", "C", 20.0)], 10.0),
+            Coflow("D2", 0.0, [Flow("f", "B", "C", 105.0)], 10.5),
+            Coflow("g", 0.0, [Flow("f", "X", "Y", 1e3), Flow("g", "A", "B", 1e3)]),
+            Coflow("h", 0.0, [Flow("f", "X", "Y", 1e3)])]  # fmt: skip
+    owner = {"D1": "A", "D2": "A", "g": "A", "h": "B"}
+    for sharing in ("cooperative", "strict", "static"):
+        spec = TenantSpec({"A": 1.0, "B": 1.0}, owner, sharing)
+        res = simulate(TenantPolicy(topo(), spec, k=2, epsilon=0.0), work)
+        met = {c.id: c.met_deadline for c in res.coflows if c.deadline_s}
+        assert met == {"D1": True, "D2": True}, sharing
+
+
+@pytest.mark.parametrize("sharing", ["cooperative", "strict", "static"])
+def test_admitted_deadline_coflows_end_in_time_beside_guarantees(sharing):
+    # Random 4-DC WANs, three tenants, 8-16 coflows (70 % due 3-30 s after arrival, ε =
+    # 0), one or two guaranteed reservations with or without windows: every admitted
+    # deadline coflow ends by its deadline.
+    admitted = 0
+    for seed in range(6):
+        rng = random.Random(seed + 900)
+        dcs = ["A", "B", "C", "D"]
+        coflows = []
+        for i in range(rng.randint(8, 16)):
+            flows = [Flow(f"f{j}", *rng.sample(dcs, 2), float(rng.randint(10, 300)))
+                     for j in range(rng.randint(1, 3))]  # fmt: skip
+            due = rng.uniform(3, 30) if rng.random() < 0.7 else None
+            coflows.append(Coflow(f"c{i}", rng.uniform(0, 15), flows, due))
+        tenants = ["t0", "t1", "t2"]
+        owner = {c.id: rng.choice(tenants) for c in coflows}
+        guarantees = []
+        for _ in range(rng.randint(1, 2)):
+            start = rng.choice([-math.inf, rng.uniform(0, 20)])
+            end = start + rng.uniform(5, 30) if start > -math.inf else math.inf
+            src, dst = rng.sample(dcs, 2)
+            rate = float(rng.randint(1, 4))
+            guarantees.append(Reservation(rng.choice(tenants), src, dst, rate, None, start, end))
+        weights = {t: float(rng.randint(1, 3)) for t in tenants}
+        spec = TenantSpec(weights, owner, sharing, tuple(guarantees))
+        result = simulate(TenantPolicy(wan(seed + 900), spec, k=2, epsilon=0.0), coflows)
         for r in result.coflows:
             if r.deadline_s is not None and r.admitted:
                 admitted += 1

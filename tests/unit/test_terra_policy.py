@@ -115,6 +115,44 @@ def test_admitted_deadlines_are_met_in_the_simulator():
     assert by_id["c1"].finish_s is not None
 
 
+def two_routes() -> Topology:
+    """A->C over A-B-C (B->C 10 bytes/s) or A-D-E-C (10 bytes/s), one way only."""
+    cap = {("A", "B"): 20.0, ("B", "C"): 10.0, ("A", "D"): 10.0, ("D", "E"): 10.0,
+           ("E", "C"): 10.0}  # fmt: skip
+    return Topology("two-routes", ["A", "B", "C", "D", "E"], cap)
+
+
+def test_a_newcomer_due_sooner_is_refused_when_it_would_make_an_admitted_coflow_late():
+    # Y: 80 B B->C (one path) due in 10 s, admitted: 8 B/s of B->C. X: 100 B A->C due in
+    # 9.9 s. Placed after Y, X's Γ on what Y leaves is 100 / (2 + 10) = 8.3 s (x 1.1 = 9.2
+    # <= 9.9). But step 1 serves X first (earlier deadline) at the 100 / 9.9 = 10.1 B/s it
+    # needs, with the fewest link-bytes: 10 over A-B-C (2 links) and 0.1 over A-D-E-C;
+    # nothing would be left on B->C for Y. X is refused; Y ends in time.
+    policy = TerraPolicy(two_routes(), k=2)
+    assert policy.add_coflow(coflow("Y", "B", "C", 80.0, deadline=10.0), 0.0)
+    assert not policy.add_coflow(coflow("X", "A", "C", 100.0, deadline=9.9), 0.0)
+    # Due after Y (in 10.5 s), X is served after Y: admitted (8.3 x 1.1 <= 10.5).
+    assert policy.add_coflow(coflow("X2", "A", "C", 100.0, deadline=10.5), 0.0)
+    res = simulate(TerraPolicy(two_routes(), k=2), [
+        coflow("Y", "B", "C", 80.0, deadline=10.0), coflow("X", "A", "C", 100.0, deadline=9.9),
+        coflow("X2", "A", "C", 100.0, deadline=10.5)])  # fmt: skip
+    by_id = {c.id: c for c in res.coflows}
+    assert not by_id["X"].admitted
+    assert by_id["Y"].met_deadline and by_id["X2"].met_deadline
+
+
+def test_admission_counts_what_the_last_round_sent_since():
+    # d1: 100 B A->B due in 20 s, served at 5 B/s from t = 0. At t = 10 s 50 B are left:
+    # d1 still needs 5 B/s. d2 (40 B, due in 9 s at t = 10) needs 40/5 = 8 s x 1.1 = 8.8 <= 9
+    # on the 5 B/s left, and d1 still fits before its deadline: admitted. Counted with d1's
+    # volume of t = 0 (100 B due in 10 s: 10 B/s, the whole link), it would be refused.
+    policy = TerraPolicy(line(), alpha=0.0)
+    assert policy.add_coflow(coflow("d1", "A", "B", 100.0, deadline=20.0), 0.0)
+    policy.served(0.0, {"d1": {("A", "B"): [(("A", "B"), 5.0)]}})
+    assert policy.admitted_deadlines(10.0)["d1"][0] == {("A", "B"): pytest.approx(50.0)}
+    assert policy.add_coflow(coflow("d2", "A", "B", 40.0, arrival=10.0, deadline=9.0), 10.0)
+
+
 def test_link_failure_mid_transfer_moves_rates_to_surviving_paths():
     # 200 bytes A->C over A-C and A-B-C at 10 B/s each (α = 0): 10 s. At t = 5 s link A-C
     # fails with 100 bytes left; the paths are recomputed and only A-B-C remains: 100/10 =
