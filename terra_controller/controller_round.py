@@ -262,7 +262,8 @@ async def settle(max_s: float = SETTLE_MAX_S) -> None:
     """Let the loop's runnable tasks run first, for at most `max_s` seconds: requests
     already received (a job's pipelined submits, agents' reports) are admitted before the
     round that follows, so a burst costs one round, not one round each (the round holds the
-    policy, so each admission would otherwise wait for a round of its own)."""
+    policy, so each admission would otherwise wait for a round of its own). A round for a
+    WAN change does not wait (RoundRunner)."""
     with trio.move_on_after(max_s):
         await trio.testing.wait_all_tasks_blocked()
 
@@ -314,7 +315,8 @@ class RoundRunner:
                     LOG.exception("timeout check failed")
             if not ctl.round_wanted:
                 continue
-            await settle()
+            if not ctl.wan_dirty:  # (a WAN change's round starts at once)
+                await settle()
             try:
                 await ctl.round_now()
             except Exception:
