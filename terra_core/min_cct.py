@@ -332,7 +332,9 @@ def _solve_lp(
     rates: PairRates = {}
     target = lam if finish_s is None or not 1.0 / finish_s < lam else 1.0 / finish_s
     if fewest_link_bytes:
-        held = x[-1] * (1 - _SECOND_STAGE_SLACK) * target / lam  # (λ' at the target)
+        held = x[-1] * (1 - _SECOND_STAGE_SLACK)  # (λ' at its optimum, or at the target)
+        if target != lam:
+            held *= target / lam
         rates = _split_rates(groups, m, x, _fewest_link_bytes(h, m.lens, x, held), target)
     prices = {link: abs(duals[row]) for link, row in m.link_row.items() if duals[row] != 0}
     return MinCct(1.0 / lam, rates, lp_solved=True, prices=prices)

@@ -37,6 +37,7 @@ rate on a pair at or below its ceiling.
 from __future__ import annotations
 
 import math
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from terra_core.min_cct import Pair, PairRates, min_cct
@@ -271,23 +272,31 @@ def cap_ceilings(
     rates: dict[str, PairRates],
     tenant_of: dict[str, str],
     ceilings: dict[tuple[str, Pair], float],
+    fixed: AbstractSet[str] = frozenset(),
 ) -> dict[str, PairRates]:
     """`rates` ({coflow: {pair: [(path, bytes/s)]}}) with each tenant's total on a pair
-    scaled down to its ceiling where it is above (`ceilings`: {(tenant, pair): bytes/s})."""
-    total: dict[tuple[str, Pair], float] = {}
+    scaled down to its ceiling where it is above (`ceilings`: {(tenant, pair): bytes/s}).
+    The coflows of `fixed` (admitted deadline coflows, whose needs admission kept under
+    the ceiling) are scaled only when they alone are above it; the others get what they
+    leave of the ceiling."""
+    total: dict[tuple[str, Pair], list[float]] = {}  # {key: [fixed total, others' total]}
     for cid, per in rates.items():
         for pair, lst in per.items():
             key = (tenant_of.get(cid, ""), pair)
             if key in ceilings:
-                total[key] = total.get(key, 0.0) + sum(x for _, x in lst)
-    over = {key: ceilings[key] / t for key, t in total.items() if t > ceilings[key]}
+                total.setdefault(key, [0.0, 0.0])[cid not in fixed] += sum(x for _, x in lst)
+    over: dict[tuple[str, Pair], tuple[float, float]] = {}  # {key: (fixed, others' factor)}
+    for key, (f, o) in total.items():
+        ceil = ceilings[key]
+        if f + o > ceil:
+            over[key] = (1.0, (ceil - f) / o) if f <= ceil else (ceil / f, 0.0)
     if not over:
         return rates
     out: dict[str, PairRates] = {}
     for cid, per in rates.items():
-        t = tenant_of.get(cid, "")
+        t, which = tenant_of.get(cid, ""), int(cid not in fixed)
         out[cid] = {
-            pair: [(p, x * over[(t, pair)]) for p, x in lst] if (t, pair) in over else lst
+            pair: [(p, x * over[(t, pair)][which]) for p, x in lst] if (t, pair) in over else lst
             for pair, lst in per.items()
         }
     return out

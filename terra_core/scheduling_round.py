@@ -334,7 +334,7 @@ def reserve_deadlines(
     result: RoundResult | None = None,
     gammas: dict[str, float] | None = None,
 ) -> list[str]:
-    """Step 1: stretched min-CCT allocations of the admitted deadline coflows, EDF.
+    """Step 1: the admitted deadline coflows' rates that end them at their deadlines, EDF.
 
     Each deadline coflow in `coflows` gets, on `left`, the rates that end it exactly
     at its deadline (every FlowGroup at d_k/(D − now)), split over its paths with the

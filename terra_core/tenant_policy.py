@@ -34,6 +34,7 @@ admitted deadline coflows.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -158,7 +159,8 @@ class TenantPolicy:
         self._policies = {t: TerraPolicy(topology, **terra) for t in spec.weights}
         self._first = next(iter(self._policies.values()))
         self._tenant: dict[str, str] = {}
-        self._voided: set[str] = set()  # deadline coflows that lost their floor (add_flows)
+        self._rank: dict[str, int] = {}  # deadline coflows' admission order, all tenants
+        self._ranks = itertools.count()
         self._index = IndexCache()  # leftover_rates' path masks, new when the WAN changes
         self.stats: TenantStats = {
             "rounds": 0,
@@ -182,28 +184,35 @@ class TenantPolicy:
             raise ValueError(f"coflow {coflow.id!r} has no tenant")
         policy = self._policies[tenant]
         if coflow.deadline_s is not None:
-            policy.held = self._held(now, coflow.arrival_s + coflow.deadline_s)
+            deadline = coflow.arrival_s + coflow.deadline_s
+            if not self._within_ceilings(tenant, coflow, now, deadline):
+                return False
+            policy.held = self._held(now, deadline)
             policy.foreign = self._dated(now, exclude=tenant)
+            policy.ranks = self._rank
         try:
             ok = policy.add_coflow(coflow, now)
         finally:
-            policy.held, policy.foreign = {}, {}
+            policy.held, policy.foreign, policy.ranks = {}, {}, {}
         if ok:
             self._tenant[coflow.id] = tenant
+            if coflow.deadline_s is not None:
+                self._rank[coflow.id] = next(self._ranks)
         return ok
 
     def add_flows(self, coflow_id: str, flows: list[Flow], now: float) -> None:
         """As TerraPolicy.add_flows; flows added to an admitted deadline coflow end its
-        guarantee across tenants (it was admitted for its bytes then): from then on it
-        is served inside its tenant's share. Raises KeyError for an unknown coflow id."""
+        guarantee (it was admitted for its bytes then): from then on it is an ordinary
+        coflow of its tenant (TerraPolicy.drop_deadline). Raises KeyError for an unknown
+        coflow id."""
         policy = self._owner(coflow_id)
         policy.add_flows(coflow_id, flows, now)
-        if coflow_id in policy.admitted_deadlines() and flows:
-            self._voided.add(coflow_id)
+        if flows:
+            policy.drop_deadline(coflow_id, now)
 
     def remove_coflow(self, coflow_id: str, now: float) -> None:
         """Forget a finished or cancelled coflow; unknown ids are ignored."""
-        self._voided.discard(coflow_id)
+        self._rank.pop(coflow_id, None)
         tenant = self._tenant.pop(coflow_id, None)
         if tenant is not None:
             self._policies[tenant].remove_coflow(coflow_id, now)
@@ -364,7 +373,7 @@ class TenantPolicy:
                 key = (r.tenant, r.pair)
                 ceilings[key] = min(ceilings.get(key, r.ceil), r.ceil)
         owner = {cid: t for t, vols in by_tenant.items() for cid in vols}
-        capped = cap_ceilings(rates, owner, ceilings)
+        capped = cap_ceilings(rates, owner, ceilings, fixed=self._dated_ids(by_tenant))
         if capped is not rates and self.spec.sharing == "cooperative":
             self._lend_capped(capped, owner, ceilings, by_tenant, capacity)
         return _within(capped, capacity)
@@ -401,6 +410,23 @@ class TenantPolicy:
         extra = leftover_rates(weights, paths, spare_capacity(capacity, [rates]), capacity)
         _attribute(extra, by_tenant, rates)
 
+    def _within_ceilings(self, tenant: str, coflow: Coflow, now: float, deadline: float) -> bool:
+        """Whether the tenant's admitted deadline coflows and `coflow` need, together, at
+        most the ceiling of each of its reserved pairs whose window overlaps [now,
+        deadline] (each FlowGroup at volume / time left: the rates its floor gets)."""
+        caps: dict[Pair, float] = {}
+        for r in self.spec.reservations:
+            if r.tenant == tenant and r.ceil is not None and r.overlaps(now, deadline):
+                caps[r.pair] = min(caps.get(r.pair, r.ceil), r.ceil)
+        if not caps or deadline <= now:
+            return True
+        need = {k: v / (deadline - now) for k, v in coflow.flowgroups().items() if k in caps}
+        for vol, d in self._policies[tenant].admitted_deadlines(now).values():
+            for k, v in vol.items():
+                if k in caps and d > now:
+                    need[k] = need.get(k, 0.0) + v / (d - now)
+        return all(x <= caps[k] * (1 + 1e-9) for k, x in need.items())
+
     def _held(self, now: float, deadline: float) -> dict[Link, float]:
         """{link: bytes/s} a deadline admission counts as taken: every tenant's guarantees
         overlapping [now, deadline] (reservations.held_load; a round takes them before the
@@ -419,7 +445,12 @@ class TenantPolicy:
         for t, policy in self._policies.items():
             if t != exclude:
                 out.update(policy.admitted_deadlines(now))
-        return {cid: entry for cid, entry in out.items() if cid not in self._voided}
+        return out
+
+    def _dated_ids(self, by_tenant: ByTenant) -> set[str]:
+        """The admitted deadline coflows among this round's."""
+        return {cid for t, vols in by_tenant.items()
+                for cid in self._policies[t].admitted_deadlines().keys() & vols.keys()}  # fmt: skip
 
     def _deadline_floors(
         self,
@@ -448,7 +479,8 @@ class TenantPolicy:
         `left`, reduced in place), and each tenant's other coflows: (floors, ByTenant)."""
         dated = {cid: (by_tenant[t][cid], d) for t in by_tenant
                  for cid, (_, d) in self._policies[t].admitted_deadlines().items()
-                 if cid in by_tenant[t] and cid not in self._voided}  # fmt: skip
+                 if cid in by_tenant[t]}  # fmt: skip
+        dated = {c: dated[c] for c in sorted(dated, key=self._rank.__getitem__)}
         floor = self._deadline_floors(now, dated, left) if dated else {}
         rest: ByTenant = {}
         for t, vols in by_tenant.items():

@@ -143,6 +143,9 @@ class TerraPolicy:
         # other tenants' admitted deadline coflows {id: (volumes, deadline)}, which
         # deadline admission orders with this policy's own (tenant_policy.py)
         self.foreign: dict[str, tuple[dict[Pair, float], float]] = {}
+        # {coflow id: rank}: the order admission breaks equal deadlines in across tenants
+        # (tenant_policy.py; without it, this policy's admission order)
+        self.ranks: dict[str, int] = {}
         # (time s, {deadline coflow: {pair: bytes/s}}) of the last round (`served`)
         self._served: tuple[float, dict[str, dict[Pair, float]]] = (0.0, {})
         self._volumes: dict[str, dict[Pair, float]] = {}  # last known FlowGroup volumes
@@ -409,6 +412,16 @@ class TerraPolicy:
         self._served = (now, {cid: {k: sum(x for _, x in lst) for k, lst in per.items()}
                               for cid, per in rates.items() if cid in self._deadline})  # fmt: skip
 
+    def drop_deadline(self, coflow_id: str, now: float) -> None:
+        """Serve an admitted deadline coflow as an ordinary one from now on (seconds): it
+        leaves step 1 and, with an aged guard, starts its starvation clock. Unknown ids
+        and coflows without a deadline are ignored."""
+        if self._deadline.pop(coflow_id, None) is None:
+            return
+        if self.guard.aged:
+            volumes = self._volumes.get(coflow_id, {})
+            self._clock.start(coflow_id, now, self._gamma_now(coflow_id, volumes))
+
     def keep_volumes(self, volumes: dict[str, dict[Pair, float]]) -> None:
         """Keep `volumes` ({coflow id: {pair: bytes}}) as those coflows' last known
         FlowGroup volumes (a round that served them without this policy: their floors
@@ -563,7 +576,8 @@ class TerraPolicy:
         coflows (its own and `foreign`) in the earliest-deadline-first order step 1 serves
         them in, on the capacity minus `held`. Admitted when its Γ on what the earlier
         ones leave, times (1 + ε), fits in D − now, and every admitted coflow due later
-        still fits with it (Γ ≤ its D − now; one already behind keeps what it has)."""
+        still fits with it (Γ ≤ its D − now), or, already behind, is not set back by it.
+        Equal deadlines go in `ranks` order (else admission order), the newcomer last."""
         if not volumes:
             return True
         capacity = self._capacity()
@@ -571,14 +585,20 @@ class TerraPolicy:
             capacity = {e: max(0.0, c - self.held.get(e, 0.0)) for e, c in capacity.items()}
         admitted: dict[str, dict[Pair, float]] = {}
         due: dict[str, float] = {}
-        for c, (vol, d) in (self.admitted_deadlines(now) | self.foreign).items():
-            admitted[c], due[c] = vol, d
+        known = self.admitted_deadlines(now) | self.foreign
+        for c in sorted(known, key=lambda c: self.ranks.get(c, 0)):  # (stable: own order)
+            admitted[c], due[c] = known[c]
         paths = self._paths_for({cid: volumes, **admitted})
         gammas: dict[str, float] = {}
         self._edf(admitted | {cid: volumes}, paths, capacity, now, due | {cid: deadline}, gammas)
         if not gammas[cid] * (1 + self.epsilon) <= deadline - now:  # (inf too)
             return False
-        return all(_fits(gammas[c], due[c], now) for c in admitted if due[c] > deadline)
+        hurt = [c for c in admitted if due[c] > deadline and not _fits(gammas[c], due[c], now)]
+        if not hurt:
+            return True
+        alone: dict[str, float] = {}
+        self._edf(admitted, paths, capacity, now, due, alone)
+        return all(gammas[c] <= alone[c] * (1 + 1e-9) for c in hurt)
 
     def _edf(
         self,
@@ -608,7 +628,11 @@ def _hint(volumes: dict[Pair, float], cached: GammaEntry) -> tuple[float, bool] 
     old_vol, gamma, bound = cached
     if not volumes.keys() <= old_vol.keys() or math.isinf(gamma):
         return None
-    upper = gamma * max(map(operator.truediv, volumes.values(), map(old_vol.__getitem__, volumes)))
+    try:
+        olds = map(old_vol.__getitem__, volumes)
+        upper = gamma * max(map(operator.truediv, volumes.values(), olds))
+    except ZeroDivisionError:  # (a FlowGroup of 0 bytes then: no bound from the entry)
+        return None
     lower = bound.gamma(volumes)
     return (upper, True) if upper <= lower * (1 + _TIGHT) else (lower, False)
 

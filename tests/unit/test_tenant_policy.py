@@ -329,6 +329,49 @@ def test_a_tenant_s_deadline_coflows_keep_their_floors_inside_its_round():
 
 
 @pytest.mark.parametrize("sharing", ["cooperative", "strict", "static"])
+def test_equal_deadlines_of_two_tenants_are_served_in_admission_order(sharing):
+    # Links of 10 B/s: A->M, M->B, A->C, C->D, D->B, B->A. T1's W (bulk B->A) arrives
+    # first, then T2's X (80 B M->B, due in 10 s), then T1's Y (80 B A->B, due in 10 s).
+    # Admitted after X, Y routes 2 B/s over A-M-B and 6 over A-C-D-B. Were the equal
+    # deadlines served tenant by tenant (T1 first), Y's fewest-link-bytes split would take
+    # 8 B/s of M->B and leave X 2: both are served in admission order and both end in time.
+    links = [("A", "M"), ("M", "B"), ("A", "C"), ("C", "D"), ("D", "B"), ("B", "A")]
+    topo = Topology("d", ["A", "M", "B", "C", "D"], dict.fromkeys(links, 10.0))
+    work = [Coflow("W", 0.0, [Flow("f", "B", "A", 1000.0)]),
+            Coflow("X", 0.0, [Flow("f", "M", "B", 80.0)], deadline_s=10.0),
+            Coflow("Y", 0.0, [Flow("f", "A", "B", 80.0)], deadline_s=10.0)]  # fmt: skip
+    spec = TenantSpec({"T1": 1.0, "T2": 1.0}, {"W": "T1", "Y": "T1", "X": "T2"}, sharing)
+    res = simulate(TenantPolicy(topo, spec, k=2, epsilon=0.0), work)
+    assert {c.id: c.met_deadline for c in res.coflows if c.deadline_s} == {"X": True, "Y": True}
+
+
+def test_a_deadline_coflow_above_its_tenant_s_ceiling_is_refused():
+    # A's guarantee on X->Y: 3 B/s, ceiling 5. d needs 60 B in 10 s: 6 B/s, above the
+    # ceiling that caps A's traffic on the pair: refused (admitted, it would end at 12 s).
+    # 40 B (4 B/s) is admitted and ends in time.
+    guarantee = Reservation("A", "X", "Y", 3.0, ceil=5.0)
+    spec = TenantSpec({"A": 1.0, "B": 1.0}, {"d": "A", "e": "A"}, "cooperative", (guarantee,))
+    policy = TenantPolicy(xy_link(), spec, k=1)
+    assert not policy.add_coflow(Coflow("d", 0.0, [Flow("f", "X", "Y", 60.0)], 10.0), 0.0)
+    res = simulate(TenantPolicy(xy_link(), spec, k=1),
+                   [Coflow("e", 0.0, [Flow("f", "X", "Y", 40.0)], 10.0)])  # fmt: skip
+    assert res.coflows[0].admitted and res.coflows[0].met_deadline
+
+
+def test_a_grown_deadline_coflow_loses_step_1_also_when_its_tenant_is_alone():
+    # A alone: d1 (1 B, due in 10 s) grows to 10,001 B; d2 (50 B, due in 10 s) is
+    # admitted beside d1's 1 B. As an ordinary coflow now, d1 no longer comes before d2
+    # (which it would, as a deadline coflow due as soon, and take the whole link).
+    spec = TenantSpec({"A": 1.0, "B": 1.0}, {"d1": "A", "d2": "A"})
+    policy = TenantPolicy(xy_link(), spec, k=1)
+    assert policy.add_coflow(Coflow("d1", 0.0, [Flow("f", "X", "Y", 1.0)], 10.0), 0.0)
+    assert policy.add_coflow(Coflow("d2", 0.0, [Flow("f", "X", "Y", 50.0)], 10.0), 0.0)
+    policy.add_flows("d1", [Flow("g", "X", "Y", 1e4)], 0.0)
+    got = totals(policy.group_rates(0.0, {"d1": {("X", "Y"): 1e4 + 1}, "d2": {("X", "Y"): 50.0}}))
+    assert got["d2"] >= 5.0 * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("sharing", ["cooperative", "strict", "static"])
 def test_admitted_deadline_coflows_end_in_time_beside_guarantees(sharing):
     # Random 4-DC WANs, three tenants, 8-16 coflows (70 % due 3-30 s after arrival, ε =
     # 0), one or two guaranteed reservations with or without windows: every admitted

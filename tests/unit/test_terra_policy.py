@@ -141,6 +141,27 @@ def test_a_newcomer_due_sooner_is_refused_when_it_would_make_an_admitted_coflow_
     assert by_id["Y"].met_deadline and by_id["X2"].met_deadline
 
 
+def test_a_newcomer_that_sets_no_one_back_is_admitted_beside_a_coflow_behind():
+    # Two disjoint links X->Y, Z->W of 10 B/s, K = 1. d1 (10 B X->Y, due in 20 s) grows to
+    # 1,000 B: behind (Γ 100 s). A newcomer due sooner on Z->W takes nothing from it.
+    topo = Topology("2", ["X", "Y", "Z", "W"], {("X", "Y"): 10.0, ("Z", "W"): 10.0})
+    policy = TerraPolicy(topo, k=1)
+    assert policy.add_coflow(coflow("d1", "X", "Y", 10.0, deadline=20.0), 0.0)
+    policy.add_flows("d1", [Flow("g", "X", "Y", 990.0)], 0.0)
+    assert policy.add_coflow(coflow("n", "Z", "W", 10.0, deadline=5.0), 0.0)
+    assert not policy.add_coflow(coflow("o", "X", "Y", 10.0, deadline=5.0), 0.0)
+
+
+def test_a_flowgroup_of_zero_bytes_is_no_error():
+    # A coflow whose FlowGroup has 0 bytes (a 0-byte flow between two DCs) next to others:
+    # the round's Γ hints divide by its earlier volume; it ends at once, the others run.
+    work = [Coflow("z", 0.0, [Flow("f", "A", "B", 0.0), Flow("g", "A", "C", 50.0)]),
+            coflow("c", "A", "C", 100.0, arrival=1.0),
+            coflow("e", "A", "B", 30.0, arrival=2.0)]  # fmt: skip
+    res = simulate(TerraPolicy(triangle(), k=2), work)
+    assert all(c.finish_s is not None for c in res.coflows)
+
+
 def test_admission_counts_what_the_last_round_sent_since():
     # d1: 100 B A->B due in 20 s, served at 5 B/s from t = 0. At t = 10 s 50 B are left:
     # d1 still needs 5 B/s. d2 (40 B, due in 9 s at t = 10) needs 40/5 = 8 s x 1.1 = 8.8 <= 9
