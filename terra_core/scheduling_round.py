@@ -66,6 +66,7 @@ from terra_core.round_rates import (
 from terra_core.starvation import serve_starving
 from topologies import Link, Path
 
+Split = dict[Pair, list[tuple[Path, float]]]  # {pair: [(path, fraction of its rate)]}
 _MIN_WEIGHT = 1e-3  # step 6: smallest FlowGroup weight relative to its coflow's largest
 # (smaller weights would put the MCF's freezing duals near the solver tolerance)
 
@@ -82,6 +83,7 @@ def schedule_round(
     starving: list[str] | None = None,
     starving_fair: bool = False,
     order_capacity: dict[Link, float] | None = None,
+    pinned: dict[str, Split] | None = None,
 ) -> RoundResult:
     """Run one scheduling round (docs/design.md 4.2 steps 1-6).
 
@@ -93,8 +95,7 @@ def schedule_round(
             that are up (every link of a path must be a key of `capacity`).
         capacity: {(u, v): bytes/s} available now (down links 0 or absent).
         now: current time in seconds (for deadlines).
-        deadlines: {coflow id: absolute deadline in seconds} of the admitted
-            deadline coflows among `coflows`.
+        deadlines: {coflow id: absolute deadline s} of the admitted deadline coflows.
         alpha: starvation share in [0, 1).
         hints: optional {coflow id: (lower bound on Γ on step 3's capacities in seconds,
             exact)} known to the caller (e.g. a cached Γ rescaled, or a weak-duality
@@ -111,6 +112,7 @@ def schedule_round(
             reserve α of what step 1 left) and the unused reserve joins r.
         starving_fair: see `starving`.
         order_capacity: step 3's {link: bytes/s} when not `capacity` (module docstring).
+        pinned: the deadline coflows' admitted splits (`reserve_deadlines`).
 
     Returns:
         RoundResult (link loads within `capacity`: round-off is scaled away).
@@ -125,15 +127,14 @@ def schedule_round(
     result = RoundResult()
     left = {link: max(0.0, c) for link, c in capacity.items()}
     rates: dict[str, dict[Pair, dict[Path, float]]] = {}
-    # Step 1: admitted deadline coflows, earliest deadline first.
-    deadline_ids = reserve_deadlines(active, paths, left, now, deadlines or {}, rates, result)
+    # Step 1: admitted deadline coflows (in their splits first), earliest deadline first.
+    dl = deadlines or {}
+    deadline_ids = reserve_deadlines(active, paths, left, now, dl, rates, result, pinned=pinned)
     # Steps 2-4: reserve α, order by Γ on the full capacities, sequential min-CCT on r.
     index = index_for(None if memo is None else memo.index, capacity)
     if starving is not None:  # an aged guard: the reserve only for starving coflows
-        _aged_guard(
-            active, starving, paths, left, capacity, alpha, starving_fair, rates, result,
-            index, memo,
-        )  # fmt: skip
+        _aged_guard(active, starving, paths, left, capacity, alpha, starving_fair, rates,
+                    result, index, memo)  # fmt: skip
         alpha = 0.0
     reserve = {link: alpha * c for link, c in left.items()}
     r = {link: c - reserve[link] for link, c in left.items()}
@@ -333,13 +334,16 @@ def reserve_deadlines(
     rates: dict[str, PathRates] | None = None,
     result: RoundResult | None = None,
     gammas: dict[str, float] | None = None,
+    pinned: dict[str, Split] | None = None,
 ) -> list[str]:
     """Step 1: the admitted deadline coflows' rates that end them at their deadlines, EDF.
 
-    Each deadline coflow in `coflows` gets, on `left`, the rates that end it exactly
-    at its deadline (every FlowGroup at d_k/(D − now)), split over its paths with the
-    fewest link-bytes (min_cct's `finish_s`); its min-CCT rates when D − now ≤ Γ (it is
-    late, best effort). `left` shrinks by them (in place).
+    A coflow with a split in `pinned` (the one it was admitted on) gets first, in that
+    split, the rates that end it exactly at its deadline (every FlowGroup at
+    d_k/(D − now)) when they fit on `left` over paths still in `paths`. Every other one
+    gets, on what is left, those rates split over its paths with the fewest link-bytes
+    (min_cct's `finish_s`), or its min-CCT rates when D − now ≤ Γ (it is late, best
+    effort). `left` shrinks by them (in place).
 
     Args:
         coflows: {coflow id: {(src, dst): remaining bytes}} (others are ignored).
@@ -349,26 +353,77 @@ def reserve_deadlines(
         deadlines: {coflow id: absolute deadline, seconds}.
         rates: optional {cid: {pair: {path: bytes/s}}} accumulator, updated in place.
         result: optional RoundResult whose `state` and `lps` are updated.
-        gammas: optional {cid: Γ in seconds on what the earlier ones left}, filled in.
+        gammas: optional {cid: Γ in seconds on what the earlier ones left (D − now for
+            one served in its split)}, filled in.
+        pinned: optional {cid: {pair: [(path, fraction of the pair's rate)]}}.
 
     Returns:
         The deadline coflow ids that are in `coflows`, earliest deadline first.
     """
     result = RoundResult() if result is None else result
     rates = {} if rates is None else rates
+    gammas = {} if gammas is None else gammas
     by_deadline = sorted((d, i, cid) for i, (cid, d) in enumerate(deadlines.items()))
     ids = [cid for _, _, cid in by_deadline if cid in coflows]
+    rest = []
     for cid in ids:
+        result.state[cid] = DEADLINE
+        time_left = deadlines[cid] - now
+        split = (pinned or {}).get(cid)
+        mine = None if split is None else _in_split(coflows[cid], split, time_left, paths, left)
+        if mine is None:
+            rest.append(cid)
+            continue
+        gammas[cid] = time_left
+        take(rates, cid, mine, left, 1.0)
+    for cid in rest:
         time_left = deadlines[cid] - now
         finish = time_left if time_left > 0 else None
         res = solve_min_cct(coflows[cid], paths, left, result, finish_s=finish)
-        result.state[cid] = DEADLINE
-        if gammas is not None:
-            gammas[cid] = res.gamma_s
+        gammas[cid] = res.gamma_s
         if math.isinf(res.gamma_s):
             continue
         take(rates, cid, res.rates, left, 1.0)  # (rates ending at the deadline: min_cct)
     return ids
+
+
+def _in_split(
+    volumes: dict[Pair, float],
+    split: Split,
+    time_left: float,
+    paths: dict[Pair, list[Path]],
+    left: dict[Link, float],
+) -> PairRates | None:
+    """The rates ending `volumes` in `time_left` seconds in `split`, or None when that is
+    not possible: no time left, a pair without a split, a path gone, or more than `left`
+    on some link."""
+    if not time_left > 0:
+        return None
+    out: PairRates = {}
+    load: dict[Link, float] = {}
+    for pair, v in volumes.items():
+        if v <= 0 or pair[0] == pair[1]:
+            continue
+        lst = split.get(pair)
+        if not lst or not all(p in paths.get(pair, ()) for p, _ in lst):
+            return None
+        out[pair] = [(p, v / time_left * f) for p, f in lst]
+        for p, x in out[pair]:
+            for link in links_of(p):
+                load[link] = load.get(link, 0.0) + x
+    if any(x > left.get(e, 0.0) * (1 + 1e-9) + 1e-12 for e, x in load.items()):
+        return None
+    return out
+
+
+def split_of(pair_rates: PairRates) -> Split:
+    """{pair: [(path, fraction of the pair's rate)]} of `pair_rates` (paths with a rate)."""
+    out: Split = {}
+    for pair, lst in pair_rates.items():
+        total = sum(x for _, x in lst)
+        if total > 0:
+            out[pair] = [(p, x / total) for p, x in lst if x > 0]
+    return out
 
 
 def _work_conservation(

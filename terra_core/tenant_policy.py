@@ -45,7 +45,7 @@ from terra_core.path_masks import IndexCache
 from terra_core.policy import Allocation, PolicyState, Remaining
 from terra_core.reservations import Reservation, cap_ceilings, floors, held_load
 from terra_core.round_rates import RoundResult
-from terra_core.scheduling_round import reserve_deadlines
+from terra_core.scheduling_round import Split, reserve_deadlines
 from terra_core.tenant_shares import (
     DEFAULT_ORDER,
     DEFAULT_SHARING,
@@ -189,11 +189,13 @@ class TenantPolicy:
                 return False
             policy.held = self._held(now, deadline)
             policy.foreign = self._dated(now, exclude=tenant)
+            policy.foreign_pins = self._pins(exclude=tenant)
             policy.ranks = self._rank
         try:
             ok = policy.add_coflow(coflow, now)
         finally:
             policy.held, policy.foreign, policy.ranks = {}, {}, {}
+            policy.foreign_pins = {}
         if ok:
             self._tenant[coflow.id] = tenant
             if coflow.deadline_s is not None:
@@ -452,6 +454,14 @@ class TenantPolicy:
         return {cid for t, vols in by_tenant.items()
                 for cid in self._policies[t].admitted_deadlines().keys() & vols.keys()}  # fmt: skip
 
+    def _pins(self, exclude: str | None = None) -> dict[str, Split]:
+        """Every tenant's (but `exclude`'s) admitted deadline coflows' splits."""
+        out: dict[str, Split] = {}
+        for t, policy in self._policies.items():
+            if t != exclude:
+                out.update(policy.pins())
+        return out
+
     def _deadline_floors(
         self,
         now: float,
@@ -468,7 +478,7 @@ class TenantPolicy:
         result = RoundResult()
         deadlines = {cid: d for cid, (_, d) in coflows.items()}
         paths = self._first._paths_for(vols)
-        reserve_deadlines(vols, paths, left, now, deadlines, acc, result)
+        reserve_deadlines(vols, paths, left, now, deadlines, acc, result, pinned=self._pins())
         self._first.stats["lps"] += result.lps
         return {cid: {k: list(pp.items()) for k, pp in per.items()} for cid, per in acc.items()}
 

@@ -34,7 +34,7 @@ from terra_core.min_cct import DualBound, Pair, PairRates, min_cct
 from terra_core.policy import Allocation, PathSource, PolicyState, Remaining, split_by_remaining
 from terra_core.round_memo import RoundMemo
 from terra_core.round_rates import PREEMPTED, RoundResult
-from terra_core.scheduling_round import reserve_deadlines, schedule_round
+from terra_core.scheduling_round import Split, reserve_deadlines, schedule_round, split_of
 from terra_core.starvation import (
     DEFAULT_FACTOR,
     DEFAULT_FLOOR_S,
@@ -143,6 +143,10 @@ class TerraPolicy:
         # other tenants' admitted deadline coflows {id: (volumes, deadline)}, which
         # deadline admission orders with this policy's own (tenant_policy.py)
         self.foreign: dict[str, tuple[dict[Pair, float], float]] = {}
+        # admitted deadline coflows' splits, kept from admission (reserve_deadlines)
+        self._pinned: dict[str, Split] = {}
+        # other tenants' splits, for admission (tenant_policy.py)
+        self.foreign_pins: dict[str, Split] = {}
         # {coflow id: rank}: the order admission breaks equal deadlines in across tenants
         # (tenant_policy.py; without it, this policy's admission order)
         self.ranks: dict[str, int] = {}
@@ -223,6 +227,7 @@ class TerraPolicy:
             self._gamma,
             self._state,
             self._total,
+            self._pinned,
         ):
             table.pop(coflow_id, None)
         self._memo.forget(coflow_id)
@@ -362,6 +367,7 @@ class TerraPolicy:
             starving=starving,
             starving_fair=self.guard.mode == "aged-fair",
             order_capacity=None if share is None else wan,
+            pinned=self._pinned,
         )
         self._last_order = (deadlines, starving or [], result.order)
         if wan is not None:  # Γs on the WAN's capacities go to the cache
@@ -405,6 +411,11 @@ class TerraPolicy:
                 out[cid] = (vol, d)
         return out
 
+    def pins(self) -> dict[str, Split]:
+        """The admitted deadline coflows' splits ({coflow id: {pair: [(path, fraction)]}},
+        kept from their admission; read only)."""
+        return self._pinned
+
     def served(self, now: float, rates: dict[str, PairRates]) -> None:
         """Keep the rates ({coflow id: {pair: [(path, bytes/s)]}}) the round at `now`
         (seconds) gave, of the admitted deadline coflows: admission projects their volumes
@@ -416,6 +427,7 @@ class TerraPolicy:
         """Serve an admitted deadline coflow as an ordinary one from now on (seconds): it
         leaves step 1 and, with an aged guard, starts its starvation clock. Unknown ids
         and coflows without a deadline are ignored."""
+        self._pinned.pop(coflow_id, None)
         if self._deadline.pop(coflow_id, None) is None:
             return
         if self.guard.aged:
@@ -590,15 +602,20 @@ class TerraPolicy:
             admitted[c], due[c] = known[c]
         paths = self._paths_for({cid: volumes, **admitted})
         gammas: dict[str, float] = {}
-        self._edf(admitted | {cid: volumes}, paths, capacity, now, due | {cid: deadline}, gammas)
+        taken = self._edf(
+            admitted | {cid: volumes}, paths, capacity, now, due | {cid: deadline}, gammas
+        )
         if not gammas[cid] * (1 + self.epsilon) <= deadline - now:  # (inf too)
             return False
         hurt = [c for c in admitted if due[c] > deadline and not _fits(gammas[c], due[c], now)]
-        if not hurt:
-            return True
-        alone: dict[str, float] = {}
-        self._edf(admitted, paths, capacity, now, due, alone)
-        return all(gammas[c] <= alone[c] * (1 + 1e-9) for c in hurt)
+        if hurt:
+            alone: dict[str, float] = {}
+            self._edf(admitted, paths, capacity, now, due, alone)
+            if any(gammas[c] > alone[c] * (1 + 1e-9) for c in hurt):
+                return False
+        mine = taken.get(cid, {})
+        self._pinned[cid] = split_of({k: list(pp.items()) for k, pp in mine.items()})
+        return True
 
     def _edf(
         self,
@@ -608,12 +625,17 @@ class TerraPolicy:
         now: float,
         due: dict[str, float],
         gammas: dict[str, float],
-    ) -> None:
-        """Step 1 on a copy of `capacity`: fills `gammas` ({cid: Γ s on what the earlier
-        ones leave}) and counts the LPs."""
+    ) -> dict[str, dict[Pair, dict[Path, float]]]:
+        """Step 1 on a copy of `capacity`, the admitted coflows in their splits (own and
+        `foreign_pins`): fills `gammas` ({cid: Γ s on what the earlier ones leave}),
+        counts the LPs and returns the rates ({cid: {pair: {path: bytes/s}}})."""
         taken = RoundResult()
-        reserve_deadlines(coflows, paths, dict(capacity), now, due, result=taken, gammas=gammas)
+        rates: dict[str, dict[Pair, dict[Path, float]]] = {}
+        pins = self._pinned | self.foreign_pins
+        left = dict(capacity)
+        reserve_deadlines(coflows, paths, left, now, due, rates, taken, gammas, pins)
         self.stats["lps"] += taken.lps
+        return rates
 
 
 def _fits(gamma_s: float, deadline: float, now: float) -> bool:

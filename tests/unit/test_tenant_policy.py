@@ -345,6 +345,23 @@ def test_equal_deadlines_of_two_tenants_are_served_in_admission_order(sharing):
     assert {c.id: c.met_deadline for c in res.coflows if c.deadline_s} == {"X": True, "Y": True}
 
 
+@pytest.mark.parametrize("sharing", ["cooperative", "strict", "static"])
+def test_an_idle_guarantee_does_not_move_an_admitted_split(sharing):
+    # Links of 10 B/s: A->M, M->B, A->C, C->D, D->B. R holds 10 B/s on A->M and sends
+    # nothing. Y (T1, 80 B A->B, due in 10 s) is admitted on A-C-D-B (admission counts
+    # R's guarantee as taken), X (T2, 80 B M->B, due in 10.5 s) on M->B. Rounds leave an
+    # idle guarantee free, where a recomputed split would move Y to A-M-B; Y keeps its
+    # admitted split and both end in time.
+    links = [("A", "M"), ("M", "B"), ("A", "C"), ("C", "D"), ("D", "B")]
+    topo = Topology("d", ["A", "M", "B", "C", "D"], dict.fromkeys(links, 10.0))
+    work = [Coflow("Y", 0.0, [Flow("f", "A", "B", 80.0)], deadline_s=10.0),
+            Coflow("X", 0.0, [Flow("f", "M", "B", 80.0)], deadline_s=10.5)]  # fmt: skip
+    spec = TenantSpec({"R": 1.0, "T1": 1.0, "T2": 1.0}, {"Y": "T1", "X": "T2"}, sharing,
+                      (Reservation("R", "A", "M", 10.0),))  # fmt: skip
+    res = simulate(TenantPolicy(topo, spec, k=2, epsilon=0.0), work)
+    assert all(c.admitted and c.met_deadline for c in res.coflows)
+
+
 def test_a_deadline_coflow_above_its_tenant_s_ceiling_is_refused():
     # A's guarantee on X->Y: 3 B/s, ceiling 5. d needs 60 B in 10 s: 6 B/s, above the
     # ceiling that caps A's traffic on the pair: refused (admitted, it would end at 12 s).

@@ -122,23 +122,35 @@ def two_routes() -> Topology:
     return Topology("two-routes", ["A", "B", "C", "D", "E"], cap)
 
 
-def test_a_newcomer_due_sooner_is_refused_when_it_would_make_an_admitted_coflow_late():
-    # Y: 80 B B->C (one path) due in 10 s, admitted: 8 B/s of B->C. X: 100 B A->C due in
-    # 9.9 s. Placed after Y, X's Γ on what Y leaves is 100 / (2 + 10) = 8.3 s (x 1.1 = 9.2
-    # <= 9.9). But step 1 serves X first (earlier deadline) at the 100 / 9.9 = 10.1 B/s it
-    # needs, with the fewest link-bytes: 10 over A-B-C (2 links) and 0.1 over A-D-E-C;
-    # nothing would be left on B->C for Y. X is refused; Y ends in time.
+def test_an_admitted_coflow_keeps_its_split_when_a_newcomer_is_due_sooner():
+    # Y: 80 B B->C (one path) due in 10 s, admitted on 8 B/s of B->C. X: 100 B A->C due in
+    # 9.9 s, over A-B-C (2 links) and A-D-E-C. Step 1 serves the admitted coflows in their
+    # admitted splits first, so X gets what Y leaves: 2 B/s over A-B-C and 10 over
+    # A-D-E-C, 12 >= 100 / 9.9 = 10.1 B/s: admitted. Were X served first by deadline with
+    # a fewest-link-bytes split, it would take 10 B/s of B->C and leave Y nothing. Both
+    # end in time. X3 (due in 9.9 s too, after X) finds too little left: refused.
     policy = TerraPolicy(two_routes(), k=2)
     assert policy.add_coflow(coflow("Y", "B", "C", 80.0, deadline=10.0), 0.0)
-    assert not policy.add_coflow(coflow("X", "A", "C", 100.0, deadline=9.9), 0.0)
-    # Due after Y (in 10.5 s), X is served after Y: admitted (8.3 x 1.1 <= 10.5).
-    assert policy.add_coflow(coflow("X2", "A", "C", 100.0, deadline=10.5), 0.0)
-    res = simulate(TerraPolicy(two_routes(), k=2), [
-        coflow("Y", "B", "C", 80.0, deadline=10.0), coflow("X", "A", "C", 100.0, deadline=9.9),
-        coflow("X2", "A", "C", 100.0, deadline=10.5)])  # fmt: skip
-    by_id = {c.id: c for c in res.coflows}
-    assert not by_id["X"].admitted
-    assert by_id["Y"].met_deadline and by_id["X2"].met_deadline
+    assert policy.add_coflow(coflow("X", "A", "C", 100.0, deadline=9.9), 0.0)
+    assert not policy.add_coflow(coflow("X3", "A", "C", 100.0, deadline=9.9), 0.0)
+    work = [coflow("Y", "B", "C", 80.0, deadline=10.0), coflow("X", "A", "C", 100.0, deadline=9.9)]
+    res = simulate(TerraPolicy(two_routes(), k=2), work)
+    assert all(c.admitted and c.met_deadline for c in res.coflows)
+
+
+def test_a_deadline_coflow_stays_in_its_split_when_an_earlier_one_ends():
+    # Links of 10 B/s: A->M, M->B, A->C, C->D, D->B. Z (50 B A->M, due in 5 s) fills A->M,
+    # so Y (80 B A->B, due in 10 s) is admitted on A-C-D-B, and X (80 B M->B, due in 10.5 s)
+    # on M->B, which Y leaves free. When Z ends, a split recomputed with the fewest
+    # link-bytes would move Y to A-M-B and leave X 2 B/s; Y keeps its admitted split.
+    links = [("A", "M"), ("M", "B"), ("A", "C"), ("C", "D"), ("D", "B")]
+    work = [coflow("Z", "A", "M", 50.0, deadline=5.0), coflow("Y", "A", "B", 80.0, deadline=10.0),
+            coflow("X", "M", "B", 80.0, deadline=10.5),
+            Coflow("W", 0.0, [Flow("f", "M", "B", 1e3), Flow("g", "C", "D", 1e3)])]  # fmt: skip
+    for k in (2, 3):
+        topo = Topology("d", ["A", "M", "B", "C", "D"], dict.fromkeys(links, 10.0))
+        res = simulate(TerraPolicy(topo, k=k, epsilon=0.0), work)
+        assert all(c.met_deadline for c in res.coflows if c.deadline_s), k
 
 
 def test_a_newcomer_that_sets_no_one_back_is_admitted_beside_a_coflow_behind():
