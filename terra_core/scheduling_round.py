@@ -2,9 +2,11 @@
 
 Steps, for the coflows active now (each given by its FlowGroups' remaining volumes):
 
-1. Admitted deadline coflows, earliest deadline first, get their min-CCT
-   allocation stretched to finish exactly at the deadline (rates × Γ/(D − now);
-   unstretched when D − now ≤ Γ: best effort). Their usage leaves the capacity.
+1. Admitted deadline coflows get the rates that end them exactly at their
+   deadlines (d_k/(D − now)) in the split they were admitted on, or, when it no
+   longer fits, earliest deadline first, in a fewest-link-bytes split on what is
+   left (their min-CCT rates when D − now ≤ Γ: best effort); see
+   `reserve_deadlines`. Their usage leaves the capacity.
 2. α of every link's remaining capacity is reserved: r_e = (1 − α)·c_e
    (fixed guard; with an aged guard, see `starving` and starvation.py, only the
    oldest starving coflow's min-CCT allocation on α·c is taken, and nothing

@@ -16,9 +16,10 @@ What is kept between rounds (the incremental part of docs/design.md 4.3):
     WAN changes (link state, or a capacity change larger than δ).
 
 Deadlines: a coflow with a deadline D (absolute: arrival + deadline_s) is
-admitted iff Γ·(1 + ε) ≤ D − now, with Γ computed on the capacity left after
-the already admitted deadline coflows' stretched allocations. Admitted
-deadline coflows are never preempted.
+admitted iff Γ·(1 + ε) ≤ D − now, with Γ computed on the capacity the already
+admitted deadline coflows leave in their kept splits (step 1), and no admitted
+coflow due later is set back (`_admissible`). Admitted deadline coflows are
+never preempted.
 """
 
 from __future__ import annotations
