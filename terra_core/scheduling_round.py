@@ -337,6 +337,7 @@ def reserve_deadlines(
     result: RoundResult | None = None,
     gammas: dict[str, float] | None = None,
     pinned: dict[str, Split] | None = None,
+    force: bool = False,
 ) -> list[str]:
     """Step 1: the admitted deadline coflows' rates that end them at their deadlines, EDF.
 
@@ -358,6 +359,8 @@ def reserve_deadlines(
         gammas: optional {cid: Γ in seconds on what the earlier ones left (D − now for
             one served in its split)}, filled in.
         pinned: optional {cid: {pair: [(path, fraction of the pair's rate)]}}.
+        force: take a split even where it does not fit (`left` may go below 0), as
+            admission charges the admitted coflows.
 
     Returns:
         The deadline coflow ids that are in `coflows`, earliest deadline first.
@@ -372,7 +375,8 @@ def reserve_deadlines(
         result.state[cid] = DEADLINE
         time_left = deadlines[cid] - now
         split = (pinned or {}).get(cid)
-        mine = None if split is None else _in_split(coflows[cid], split, time_left, paths, left)
+        mine = None if split is None else _in_split(coflows[cid], split, time_left, paths,
+                                                    None if force else left)  # fmt: skip
         if mine is None:
             rest.append(cid)
             continue
@@ -394,11 +398,11 @@ def _in_split(
     split: Split,
     time_left: float,
     paths: dict[Pair, list[Path]],
-    left: dict[Link, float],
+    left: dict[Link, float] | None,
 ) -> PairRates | None:
     """The rates ending `volumes` in `time_left` seconds in `split`, or None when that is
     not possible: no time left, a pair without a split, a path gone, or more than `left`
-    on some link."""
+    on some link (not checked without `left`)."""
     if not time_left > 0:
         return None
     out: PairRates = {}
@@ -413,7 +417,7 @@ def _in_split(
         for p, x in out[pair]:
             for link in links_of(p):
                 load[link] = load.get(link, 0.0) + x
-    if any(x > left.get(e, 0.0) * (1 + 1e-9) + 1e-12 for e, x in load.items()):
+    if left is not None and any(x > left.get(e, 0.0) * (1 + 1e-9) + 1e-12 for e, x in load.items()):
         return None
     return out
 

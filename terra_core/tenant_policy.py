@@ -207,10 +207,7 @@ class TenantPolicy:
         guarantee (it was admitted for its bytes then): from then on it is an ordinary
         coflow of its tenant (TerraPolicy.drop_deadline). Raises KeyError for an unknown
         coflow id."""
-        policy = self._owner(coflow_id)
-        policy.add_flows(coflow_id, flows, now)
-        if flows:
-            policy.drop_deadline(coflow_id, now)
+        self._owner(coflow_id).add_flows(coflow_id, flows, now)
 
     def remove_coflow(self, coflow_id: str, now: float) -> None:
         """Forget a finished or cancelled coflow; unknown ids are ignored."""

@@ -195,7 +195,9 @@ class TerraPolicy:
         return True
 
     def add_flows(self, coflow_id: str, flows: list[Flow], now: float) -> None:
-        """Add flows to an active coflow (updateCoflow, docs/design.md 4.3).
+        """Add flows to an active coflow (updateCoflow, docs/design.md 4.3). Flows added to
+        an admitted deadline coflow end its guarantee (it was admitted for its bytes then):
+        from now on it is an ordinary coflow (`drop_deadline`).
 
         Raises:
             KeyError: unknown coflow id.
@@ -205,6 +207,8 @@ class TerraPolicy:
             raise KeyError(f"unknown coflow {coflow_id!r}")
         known = self._flow_pair[coflow_id]
         pairs = self._check_flows(coflow_id, flows, set(known))
+        if flows and coflow_id in self._deadline:
+            self.drop_deadline(coflow_id, now)
         known.update(pairs)
         volumes = self._volumes[coflow_id]
         for f in flows:
@@ -628,13 +632,14 @@ class TerraPolicy:
         gammas: dict[str, float],
     ) -> dict[str, dict[Pair, dict[Path, float]]]:
         """Step 1 on a copy of `capacity`, the admitted coflows in their splits (own and
-        `foreign_pins`): fills `gammas` ({cid: Γ s on what the earlier ones leave}),
-        counts the LPs and returns the rates ({cid: {pair: {path: bytes/s}}})."""
+        `foreign_pins`; charged in full even where `held` leaves less, so a newcomer is
+        placed on what they will take): fills `gammas` ({cid: Γ s on what the earlier ones
+        leave}), counts the LPs and returns the rates ({cid: {pair: {path: bytes/s}}})."""
         taken = RoundResult()
         rates: dict[str, dict[Pair, dict[Path, float]]] = {}
         pins = self._pinned | self.foreign_pins
         left = dict(capacity)
-        reserve_deadlines(coflows, paths, left, now, due, rates, taken, gammas, pins)
+        reserve_deadlines(coflows, paths, left, now, due, rates, taken, gammas, pins, force=True)
         self.stats["lps"] += taken.lps
         return rates
 

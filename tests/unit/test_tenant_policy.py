@@ -362,6 +362,25 @@ def test_an_idle_guarantee_does_not_move_an_admitted_split(sharing):
     assert all(c.admitted and c.met_deadline for c in res.coflows)
 
 
+@pytest.mark.parametrize("sharing", ["cooperative", "strict", "static"])
+def test_a_newcomer_is_placed_beside_admitted_splits_a_later_guarantee_would_not_leave(sharing):
+    # Links of 10 B/s: A->M, M->B, A->C, C->D, D->B. R's guarantee on A->M starts at 11 s.
+    # X (T1, 80 B A->B, due in 10 s) is admitted on A-M-B (no guarantee in its window).
+    # Y (T2, 80 B M->B, due in 12 s) overlaps R's window, so its admission holds A->M;
+    # X's admitted split is charged in full anyway (it keeps it until 10 s), leaving Y
+    # 2 B/s of M->B: refused, instead of admitted on an X moved to A-C-D-B and late.
+    links = [("A", "M"), ("M", "B"), ("A", "C"), ("C", "D"), ("D", "B")]
+    topo = Topology("d", ["A", "M", "B", "C", "D"], dict.fromkeys(links, 10.0))
+    work = [Coflow("X", 0.0, [Flow("f", "A", "B", 80.0)], deadline_s=10.0),
+            Coflow("Y", 0.0, [Flow("f", "M", "B", 80.0)], deadline_s=12.0)]  # fmt: skip
+    later = Reservation("R", "A", "M", 10.0, None, 11.0, 50.0)
+    spec = TenantSpec({"R": 1.0, "T1": 1.0, "T2": 1.0}, {"X": "T1", "Y": "T2"}, sharing,
+                      (later,))  # fmt: skip
+    res = simulate(TenantPolicy(topo, spec, k=2, epsilon=0.0), work)
+    by_id = {c.id: c for c in res.coflows}
+    assert by_id["X"].met_deadline and not by_id["Y"].admitted
+
+
 def test_a_deadline_coflow_above_its_tenant_s_ceiling_is_refused():
     # A's guarantee on X->Y: 3 B/s, ceiling 5. d needs 60 B in 10 s: 6 B/s, above the
     # ceiling that caps A's traffic on the pair: refused (admitted, it would end at 12 s).

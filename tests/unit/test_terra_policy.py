@@ -153,13 +153,28 @@ def test_a_deadline_coflow_stays_in_its_split_when_an_earlier_one_ends():
         assert all(c.met_deadline for c in res.coflows if c.deadline_s), k
 
 
+def test_flows_added_to_a_deadline_coflow_end_its_guarantee():
+    # One 10 B/s link, ε = 0. a (40 B, due in 10 s) and b (60 B, due in 11 s) are admitted:
+    # 4 + 5.45 B/s. a grows by 50 B: kept as a deadline coflow in its split it would need
+    # 9 B/s and leave b 1. It is an ordinary coflow now: b keeps the 60 / 11 B/s it needs.
+    policy = TerraPolicy(line(), k=1, epsilon=0.0)
+    assert policy.add_coflow(coflow("a", "A", "B", 40.0, deadline=10.0), 0.0)
+    assert policy.add_coflow(coflow("b", "A", "B", 60.0, deadline=11.0), 0.0)
+    policy.add_flows("a", [Flow("g", "A", "B", 50.0)], 0.0)
+    assert "a" not in policy.admitted_deadlines() and "a" not in policy.pins()
+    rates = policy.group_rates(0.0, {"a": {("A", "B"): 90.0}, "b": {("A", "B"): 60.0}})
+    assert sum(x for _, x in rates["b"][("A", "B")]) >= 60.0 / 11.0 * (1 - 1e-9)
+
+
 def test_a_newcomer_that_sets_no_one_back_is_admitted_beside_a_coflow_behind():
-    # Two disjoint links X->Y, Z->W of 10 B/s, K = 1. d1 (10 B X->Y, due in 20 s) grows to
-    # 1,000 B: behind (Γ 100 s). A newcomer due sooner on Z->W takes nothing from it.
+    # Two disjoint links X->Y, Z->W of 10 B/s, K = 1. d1 (100 B X->Y, due in 20 s) is
+    # admitted at 5 B/s; X->Y then drops to 2 B/s: d1 is behind (Γ 50 s). A newcomer due
+    # sooner on Z->W takes nothing from it: admitted; one on X->Y would: refused.
     topo = Topology("2", ["X", "Y", "Z", "W"], {("X", "Y"): 10.0, ("Z", "W"): 10.0})
     policy = TerraPolicy(topo, k=1)
-    assert policy.add_coflow(coflow("d1", "X", "Y", 10.0, deadline=20.0), 0.0)
-    policy.add_flows("d1", [Flow("g", "X", "Y", 990.0)], 0.0)
+    assert policy.add_coflow(coflow("d1", "X", "Y", 100.0, deadline=20.0), 0.0)
+    topo.capacity[("X", "Y")] = 2.0
+    policy.wan_changed(0.0)
     assert policy.add_coflow(coflow("n", "Z", "W", 10.0, deadline=5.0), 0.0)
     assert not policy.add_coflow(coflow("o", "X", "Y", 10.0, deadline=5.0), 0.0)
 
