@@ -345,6 +345,19 @@ def test_equal_deadlines_of_two_tenants_are_served_in_admission_order(sharing):
     assert {c.id: c.met_deadline for c in res.coflows if c.deadline_s} == {"X": True, "Y": True}
 
 
+def two_routes_run(sharing: str, due_mb: float, guarantee: Reservation):
+    """Links of 10 B/s A->M, M->B, A->C, C->D, D->B; coflow "A->B" (tenant T1, 80 B, due in
+    10 s) and "M->B" (T2, 80 B, due in `due_mb` s), submitted at 0 (the A->B one first);
+    tenant R holds `guarantee`. The simulator's result under `sharing` (K = 2, ε = 0)."""
+    links = [("A", "M"), ("M", "B"), ("A", "C"), ("C", "D"), ("D", "B")]
+    topo = Topology("d", ["A", "M", "B", "C", "D"], dict.fromkeys(links, 10.0))
+    work = [Coflow("A->B", 0.0, [Flow("f", "A", "B", 80.0)], deadline_s=10.0),
+            Coflow("M->B", 0.0, [Flow("f", "M", "B", 80.0)], deadline_s=due_mb)]  # fmt: skip
+    spec = TenantSpec({"R": 1.0, "T1": 1.0, "T2": 1.0}, {"A->B": "T1", "M->B": "T2"}, sharing,
+                      (guarantee,))  # fmt: skip
+    return simulate(TenantPolicy(topo, spec, k=2, epsilon=0.0), work)
+
+
 @pytest.mark.parametrize("sharing", ["cooperative", "strict", "static"])
 def test_an_idle_guarantee_does_not_move_an_admitted_split(sharing):
     # Links of 10 B/s: A->M, M->B, A->C, C->D, D->B. R holds 10 B/s on A->M and sends
@@ -352,13 +365,7 @@ def test_an_idle_guarantee_does_not_move_an_admitted_split(sharing):
     # R's guarantee as taken), X (T2, 80 B M->B, due in 10.5 s) on M->B. Rounds leave an
     # idle guarantee free, where a recomputed split would move Y to A-M-B; Y keeps its
     # admitted split and both end in time.
-    links = [("A", "M"), ("M", "B"), ("A", "C"), ("C", "D"), ("D", "B")]
-    topo = Topology("d", ["A", "M", "B", "C", "D"], dict.fromkeys(links, 10.0))
-    work = [Coflow("Y", 0.0, [Flow("f", "A", "B", 80.0)], deadline_s=10.0),
-            Coflow("X", 0.0, [Flow("f", "M", "B", 80.0)], deadline_s=10.5)]  # fmt: skip
-    spec = TenantSpec({"R": 1.0, "T1": 1.0, "T2": 1.0}, {"Y": "T1", "X": "T2"}, sharing,
-                      (Reservation("R", "A", "M", 10.0),))  # fmt: skip
-    res = simulate(TenantPolicy(topo, spec, k=2, epsilon=0.0), work)
+    res = two_routes_run(sharing, 10.5, Reservation("R", "A", "M", 10.0))
     assert all(c.admitted and c.met_deadline for c in res.coflows)
 
 
@@ -369,16 +376,10 @@ def test_a_newcomer_is_placed_beside_admitted_splits_a_later_guarantee_would_not
     # Y (T2, 80 B M->B, due in 12 s) overlaps R's window, so its admission holds A->M;
     # X's admitted split is charged in full anyway (it keeps it until 10 s), leaving Y
     # 2 B/s of M->B: refused, instead of admitted on an X moved to A-C-D-B and late.
-    links = [("A", "M"), ("M", "B"), ("A", "C"), ("C", "D"), ("D", "B")]
-    topo = Topology("d", ["A", "M", "B", "C", "D"], dict.fromkeys(links, 10.0))
-    work = [Coflow("X", 0.0, [Flow("f", "A", "B", 80.0)], deadline_s=10.0),
-            Coflow("Y", 0.0, [Flow("f", "M", "B", 80.0)], deadline_s=12.0)]  # fmt: skip
     later = Reservation("R", "A", "M", 10.0, None, 11.0, 50.0)
-    spec = TenantSpec({"R": 1.0, "T1": 1.0, "T2": 1.0}, {"X": "T1", "Y": "T2"}, sharing,
-                      (later,))  # fmt: skip
-    res = simulate(TenantPolicy(topo, spec, k=2, epsilon=0.0), work)
+    res = two_routes_run(sharing, 12.0, later)
     by_id = {c.id: c for c in res.coflows}
-    assert by_id["X"].met_deadline and not by_id["Y"].admitted
+    assert by_id["A->B"].met_deadline and not by_id["M->B"].admitted
 
 
 def test_a_deadline_coflow_above_its_tenant_s_ceiling_is_refused():
