@@ -37,15 +37,16 @@ import dataclasses
 import itertools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Unpack
+from typing import TypeVar, Unpack
 
 from terra_core.min_cct import Pair, PairRates, links_of
 from terra_core.path_masks import IndexCache
 from terra_core.policy import Allocation, PolicyState, Remaining
 from terra_core.reservations import Reservation, cap_ceilings, floors, held_load
 from terra_core.round_rates import RoundResult
-from terra_core.scheduling_round import Split, reserve_deadlines
+from terra_core.scheduling_round import reserve_deadlines
 from terra_core.tenant_shares import (
     DEFAULT_ORDER,
     DEFAULT_SHARING,
@@ -60,11 +61,18 @@ from terra_core.tenant_shares import (
     spare_capacity,
     static_shares,
 )
-from terra_core.terra_policy import RoundStats, TerraOptions, TerraPolicy, allocate_by_groups
+from terra_core.terra_policy import (
+    AdmissionView,
+    RoundStats,
+    TerraOptions,
+    TerraPolicy,
+    allocate_by_groups,
+)
 from terra_model import Coflow, Flow
 from topologies import Link, Path, Topology
 
 ByTenant = dict[str, dict[str, dict[Pair, float]]]  # {tenant: {coflow id: {pair: bytes}}}
+T = TypeVar("T")
 _DATED = "\x00"  # leftover_rates' key prefix of a deadline coflow (no tenant name has it)
 
 
@@ -187,15 +195,16 @@ class TenantPolicy:
             deadline = coflow.arrival_s + coflow.deadline_s
             if not self._within_ceilings(tenant, coflow, now, deadline):
                 return False
-            policy.held = self._held(now, deadline)
-            policy.foreign = self._dated(now, exclude=tenant)
-            policy.foreign_pins = self._pins(exclude=tenant)
-            policy.ranks = self._rank
+            policy.admission = AdmissionView(
+                self._held(now, deadline),
+                self._gather(lambda p: p.admitted_deadlines(now), exclude=tenant),
+                self._gather(TerraPolicy.pins, exclude=tenant),
+                self._rank,
+            )
         try:
             ok = policy.add_coflow(coflow, now)
         finally:
-            policy.held, policy.foreign, policy.ranks = {}, {}, {}
-            policy.foreign_pins = {}
+            policy.admission = AdmissionView()
         if ok:
             self._tenant[coflow.id] = tenant
             if coflow.deadline_s is not None:
@@ -361,11 +370,7 @@ class TenantPolicy:
         else:
             rates = self._tenant_round(now, by_tenant, left)
         for (t, pair), lst in floor.items():
-            cid = self._first_on(t, pair, by_tenant[t])
-            merged = dict(rates.setdefault(cid, {}).get(pair, ()))
-            for path, x in lst:
-                merged[path] = merged.get(path, 0.0) + x
-            rates[cid][pair] = list(merged.items())
+            _add_to(rates, self._first_on(t, pair, by_tenant[t]), pair, lst)
         ceilings: dict[tuple[str, Pair], float] = {}
         for r in self.spec.reservations:
             if r.ceil is not None and r.active(now):
@@ -436,28 +441,20 @@ class TenantPolicy:
         paths = {r.pair: self._first.paths(*r.pair) for r in active}
         return dict(held_load(active, paths, self._first._capacity()))
 
-    def _dated(self, now: float, exclude: str) -> dict[str, tuple[dict[Pair, float], float]]:
-        """The admitted deadline coflows that keep their guarantee, of every tenant but
-        `exclude`: {coflow id: (volumes {pair: bytes} at `now`, as
-        TerraPolicy.admitted_deadlines projects them; absolute deadline s)}."""
-        out = {}
+    def _gather(self, of: Callable[[TerraPolicy], dict[str, T]], exclude: str | None = None
+                ) -> dict[str, T]:  # fmt: skip
+        """`of(policy)` of every tenant's TerraPolicy but `exclude`'s, merged ({coflow id:
+        ...}: its admitted deadline coflows, or their kept splits)."""
+        out: dict[str, T] = {}
         for t, policy in self._policies.items():
             if t != exclude:
-                out.update(policy.admitted_deadlines(now))
+                out.update(of(policy))
         return out
 
     def _dated_ids(self, by_tenant: ByTenant) -> set[str]:
         """The admitted deadline coflows among this round's."""
         return {cid for t, vols in by_tenant.items()
                 for cid in self._policies[t].admitted_deadlines().keys() & vols.keys()}  # fmt: skip
-
-    def _pins(self, exclude: str | None = None) -> dict[str, Split]:
-        """Every tenant's (but `exclude`'s) admitted deadline coflows' splits."""
-        out: dict[str, Split] = {}
-        for t, policy in self._policies.items():
-            if t != exclude:
-                out.update(policy.pins())
-        return out
 
     def _deadline_floors(
         self,
@@ -475,7 +472,8 @@ class TenantPolicy:
         result = RoundResult()
         deadlines = {cid: d for cid, (_, d) in coflows.items()}
         paths = self._first._paths_for(vols)
-        reserve_deadlines(vols, paths, left, now, deadlines, acc, result, pinned=self._pins())
+        pins = self._gather(TerraPolicy.pins)
+        reserve_deadlines(vols, paths, left, now, deadlines, acc, result, pinned=pins)
         self._first.stats["lps"] += result.lps
         return {cid: {k: list(pp.items()) for k, pp in per.items()} for cid, per in acc.items()}
 
@@ -558,12 +556,8 @@ class TenantPolicy:
         spare = spare_capacity(capacity, [rates])
         extra = leftover_rates(weights, paths, spare, capacity, self._index)
         for key in [k for k in extra if k.startswith(_DATED)]:
-            cid = key[len(_DATED) :]
             for pair, lst in extra.pop(key).items():
-                merged = dict(rates[cid].get(pair, ()))
-                for path, x in lst:
-                    merged[path] = merged.get(path, 0.0) + x
-                rates[cid][pair] = list(merged.items())
+                _add_to(rates, key[len(_DATED) :], pair, lst)
         _attribute(extra, rest, rates)
         for t, per_pair in extra.items():
             for lst in per_pair.values():
@@ -683,11 +677,17 @@ def _attribute(
         for pair, lst in per_pair.items():
             if pair not in best:
                 continue
-            cid = best[pair][1]
-            merged = dict(rates.setdefault(cid, {}).get(pair, ()))
-            for path, x in lst:
-                merged[path] = merged.get(path, 0.0) + x
-            rates[cid][pair] = list(merged.items())
+            _add_to(rates, best[pair][1], pair, lst)
+
+
+def _add_to(
+    rates: dict[str, PairRates], cid: str, pair: Pair, lst: list[tuple[Path, float]]
+) -> None:
+    """Add the path rates `lst` ([(path, bytes/s)]) to coflow `cid`'s on `pair` (in place)."""
+    merged = dict(rates.setdefault(cid, {}).get(pair, ()))
+    for path, x in lst:
+        merged[path] = merged.get(path, 0.0) + x
+    rates[cid][pair] = list(merged.items())
 
 
 def _within(rates: dict[str, PairRates], capacity: dict[Link, float]) -> dict[str, PairRates]:

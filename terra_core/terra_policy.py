@@ -28,6 +28,7 @@ import math
 import operator
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TypedDict
 
 from terra_core import round_kernels
@@ -71,6 +72,25 @@ class TerraOptions(TypedDict, total=False):
     guard: str
     guard_factor: float
     guard_floor_s: float
+
+
+@dataclass(frozen=True)
+class AdmissionView:
+    """What deadline admission counts beside a TerraPolicy's own deadline coflows: set by
+    tenant_policy.py around each admission (empty for plain Terra).
+
+    Attributes:
+        held: {link: bytes/s} the guarantees take (reservations.held_load).
+        deadlines: other tenants' admitted deadline coflows {id: (volumes {pair: bytes},
+            absolute deadline s)}.
+        pins: their kept splits {id: {pair: [(path, fraction)]}}.
+        ranks: {coflow id: rank}, the order equal deadlines go in across tenants.
+    """
+
+    held: dict[Link, float] = field(default_factory=dict)
+    deadlines: dict[str, tuple[dict[Pair, float], float]] = field(default_factory=dict)
+    pins: dict[str, Split] = field(default_factory=dict)
+    ranks: dict[str, int] = field(default_factory=dict)
 
 
 class TerraPolicy:
@@ -139,18 +159,10 @@ class TerraPolicy:
         self._coflows: dict[str, Coflow] = {}
         self._flow_pair: dict[str, dict[str, Pair]] = {}
         self._deadline: dict[str, float] = {}  # admitted deadline coflows: absolute deadline
-        # {link: bytes/s} deadline admission counts as taken (tenants' guarantees)
-        self.held: dict[Link, float] = {}
-        # other tenants' admitted deadline coflows {id: (volumes, deadline)}, which
-        # deadline admission orders with this policy's own (tenant_policy.py)
-        self.foreign: dict[str, tuple[dict[Pair, float], float]] = {}
+        # what deadline admission counts beside this policy's own coflows (tenants)
+        self.admission = AdmissionView()
         # admitted deadline coflows' splits, kept from admission (reserve_deadlines)
         self._pinned: dict[str, Split] = {}
-        # other tenants' splits, for admission (tenant_policy.py)
-        self.foreign_pins: dict[str, Split] = {}
-        # {coflow id: rank}: the order admission breaks equal deadlines in across tenants
-        # (tenant_policy.py; without it, this policy's admission order)
-        self.ranks: dict[str, int] = {}
         # (time s, {deadline coflow: {pair: bytes/s}}) of the last round (`served`)
         self._served: tuple[float, dict[str, dict[Pair, float]]] = (0.0, {})
         self._volumes: dict[str, dict[Pair, float]] = {}  # last known FlowGroup volumes
@@ -590,20 +602,22 @@ class TerraPolicy:
         self, cid: str, volumes: dict[Pair, float], deadline: float, now: float
     ) -> bool:
         """Deadline admission (docs/design.md 4.3): the coflow joins the admitted deadline
-        coflows (its own and `foreign`) in the earliest-deadline-first order step 1 serves
-        them in, on the capacity minus `held`. Admitted when its Γ on what the earlier
-        ones leave, times (1 + ε), fits in D − now, and every admitted coflow due later
-        still fits with it (Γ ≤ its D − now), or, already behind, is not set back by it.
-        Equal deadlines go in `ranks` order (else admission order), the newcomer last."""
+        coflows (its own and `admission`'s) in the earliest-deadline-first order step 1
+        serves them in, on the capacity minus `admission.held`. Admitted when its Γ on
+        what the earlier ones leave, times (1 + ε), fits in D − now, and every admitted
+        coflow due later still fits with it (Γ ≤ its D − now), or, already behind, is not
+        set back by it. Equal deadlines go in `admission.ranks` order (else admission
+        order), the newcomer last."""
         if not volumes:
             return True
         capacity = self._capacity()
-        if self.held:
-            capacity = {e: max(0.0, c - self.held.get(e, 0.0)) for e, c in capacity.items()}
+        view = self.admission
+        if view.held:
+            capacity = {e: max(0.0, c - view.held.get(e, 0.0)) for e, c in capacity.items()}
         admitted: dict[str, dict[Pair, float]] = {}
         due: dict[str, float] = {}
-        known = self.admitted_deadlines(now) | self.foreign
-        for c in sorted(known, key=lambda c: self.ranks.get(c, 0)):  # (stable: own order)
+        known = self.admitted_deadlines(now) | view.deadlines
+        for c in sorted(known, key=lambda c: view.ranks.get(c, 0)):  # (stable: own order)
             admitted[c], due[c] = known[c]
         paths = self._paths_for({cid: volumes, **admitted})
         gammas: dict[str, float] = {}
@@ -632,12 +646,12 @@ class TerraPolicy:
         gammas: dict[str, float],
     ) -> dict[str, dict[Pair, dict[Path, float]]]:
         """Step 1 on a copy of `capacity`, the admitted coflows in their splits (own and
-        `foreign_pins`; charged in full even where `held` leaves less, so a newcomer is
+        `admission.pins`; charged in full even where `held` leaves less, so a newcomer is
         placed on what they will take): fills `gammas` ({cid: Γ s on what the earlier ones
         leave}), counts the LPs and returns the rates ({cid: {pair: {path: bytes/s}}})."""
         taken = RoundResult()
         rates: dict[str, dict[Pair, dict[Path, float]]] = {}
-        pins = self._pinned | self.foreign_pins
+        pins = self._pinned | self.admission.pins
         left = dict(capacity)
         reserve_deadlines(coflows, paths, left, now, due, rates, taken, gammas, pins, force=True)
         self.stats["lps"] += taken.lps
