@@ -50,6 +50,16 @@ class PairFlowCache:
     flows: dict[Pair, float] = field(default_factory=dict)
 
 
+class ActiveCache(NamedTuple):
+    """The last round's active coflows (scheduling_round._active_coflows): `coflows`
+    {coflow id: (the volumes dict given, its positive FlowGroups)} checked against the
+    paths dict `paths` ({pair: paths}). A volumes dict given again, with the same paths
+    dict, has the same FlowGroups: the round does not write into either."""
+
+    paths: dict[Pair, list]
+    coflows: dict[str, tuple[dict[Pair, float], dict[Pair, float]]]
+
+
 @dataclass(slots=True)
 class RoundMemo:
     """The results a round keeps for the next ones (module docstring).
@@ -59,12 +69,14 @@ class RoundMemo:
         starving: step 2''s ResidualEntry on the reserve (aged guard), or None.
         index: the path masks of the round's links.
         pair_flow: step 3's denominators for the last capacities seen, or None.
+        active: the last round's checked active coflows (`ActiveCache`), or None.
     """
 
     residual: dict[str, ResidualEntry] = field(default_factory=dict)
     starving: ResidualEntry | None = None
     index: IndexCache = field(default_factory=IndexCache)
     pair_flow: PairFlowCache | None = None
+    active: ActiveCache | None = None
 
     def clear(self) -> None:
         """Forget everything (paths or capacities changed)."""
@@ -72,6 +84,7 @@ class RoundMemo:
         self.starving = None
         self.index = IndexCache()
         self.pair_flow = None
+        self.active = None
 
     def forget(self, coflow_id: str) -> None:
         """Forget a removed coflow's step-4 entry (unknown ids are ignored)."""

@@ -54,7 +54,7 @@ from terra_core.min_cct import MinCct, Pair, PairRates, links_of
 from terra_core.path_masks import FULL, PathIndex, all_reachable, full_mask, index_for, mark_full
 from terra_core.residual_min_cct import min_cct_on_residual
 from terra_core.round_fair_share import alpha_share, fair_share
-from terra_core.round_memo import RoundMemo
+from terra_core.round_memo import ActiveCache, RoundMemo
 from terra_core.round_rates import (
     DEADLINE,
     PREEMPTED,
@@ -125,7 +125,7 @@ def schedule_round(
     """
     if not 0.0 <= alpha < 1.0:
         raise ValueError(f"alpha must be in [0, 1), got {alpha!r}")
-    active = _active_coflows(coflows, paths)
+    active = _active_coflows(coflows, paths, memo)
     result = RoundResult()
     left = {link: max(0.0, c) for link, c in capacity.items()}
     rates: dict[str, dict[Pair, dict[Path, float]]] = {}
@@ -179,13 +179,25 @@ def _aged_guard(
 
 
 def _active_coflows(
-    coflows: dict[str, dict[Pair, float]], paths: dict[Pair, list[Path]]
+    coflows: dict[str, dict[Pair, float]],
+    paths: dict[Pair, list[Path]],
+    memo: RoundMemo | None = None,
 ) -> dict[str, dict[Pair, float]]:
     """The coflows of `schedule_round` with their positive FlowGroup volumes (bytes), those
     with none left out, in arrival order. Raises ValueError naming the coflow and the DC
-    pair when a FlowGroup's pair has no entry in `paths`."""
+    pair when a FlowGroup's pair has no entry in `paths`. With `memo`, a volumes dict that
+    the last round checked against the same `paths` dict is not checked again."""
     active = {}
+    last = {} if memo is None or memo.active is None or memo.active.paths is not paths else (
+        memo.active.coflows)  # fmt: skip
+    seen = {}
     for cid, fgs in coflows.items():
+        kept = last.get(cid)
+        if kept is not None and kept[0] is fgs:
+            seen[cid] = kept
+            if kept[1]:
+                active[cid] = kept[1]
+            continue
         if not all(map(operator.gt, fgs.values(), repeat(0))):  # (C loops: thousands a round)
             fgs = {p: v for p, v in fgs.items() if v > 0}
         if fgs:
@@ -193,6 +205,9 @@ def _active_coflows(
         if not fgs.keys() <= paths.keys():
             pair = next(p for p in fgs if p not in paths)
             raise ValueError(f"coflow {cid!r}: no path set for DC pair {pair[0]}->{pair[1]}")
+        seen[cid] = (coflows[cid], fgs)
+    if memo is not None:
+        memo.active = ActiveCache(paths, seen)
     return active
 
 

@@ -79,6 +79,10 @@ class GroupAllocator(Allocator):
         # {coflow id: (flows, DC pairs, each flow's pair slot, {pair: slot})} (see _groups)
         self._group_of: dict[str, tuple[int, list, np.ndarray, dict]] = {}
         self._layout: tuple[tuple, Groups] | None = None
+        # {coflow id: its volumes dict} of the coflows none of whose FlowGroups got a rate
+        # in the last round, with the flow count they were built on: no flow of theirs
+        # moved since, so the same dict (the same floats) is handed out again
+        self._still: dict[str, tuple[int, dict]] = {}
 
     def allocate(self, now: float, active: dict) -> float:
         """See Allocator.allocate. Only the flows of FlowGroups with a rate are written
@@ -86,12 +90,9 @@ class GroupAllocator(Allocator):
         groups = self._groups(active)
         rem = self.flows.rem[groups.pos]
         volume = np.bincount(groups.gid, weights=rem, minlength=groups.count)
-        vol = volume.tolist()
-        volumes = {
-            cid: dict(zip(pairs, vol[base : base + len(pairs)], strict=True))
-            for cid, (base, pairs, _) in groups.coflows.items()
-        }
+        volumes = self._volumes(active, groups, volume)
         s = self._shares(self.timed(self.policy.group_rates, now, volumes), groups)
+        self._keep_still(active, groups, volumes, s.g)
         if len(s.g):
             share = s.rates / volume[s.g]  # rate / volume, per path
             table = np.zeros((groups.count, int(s.j.max()) + 1))
@@ -112,6 +113,35 @@ class GroupAllocator(Allocator):
             load, byte_hops = np.zeros(len(self.links.row)), 0.0
         self.links.check_loads(load, now)
         return byte_hops
+
+    def _volumes(self, active: dict, groups: Groups, volume: np.ndarray) -> dict:
+        """{coflow id: {DC pair: bytes}} of the FlowGroups (`volume`: float array per
+        FlowGroup). A coflow that got no rate in the last round and has the same flows
+        gets last round's dict again: its flows' bytes are as they were, so its sums are
+        the same floats, and the policy can tell it unchanged by identity."""
+        vol = volume.tolist()
+        still = self._still
+        out = {}
+        for cid, (base, pairs, _) in groups.coflows.items():
+            kept = still.get(cid)
+            if kept is not None and kept[0] == len(active[cid].pos):
+                out[cid] = kept[1]
+            else:
+                out[cid] = dict(zip(pairs, vol[base : base + len(pairs)], strict=True))
+        return out
+
+    def _keep_still(self, active: dict, groups: Groups, volumes: dict, rated: np.ndarray) -> None:
+        """Keep the volumes dicts of the coflows with no FlowGroup among `rated` (int
+        array of FlowGroup indices with a positive rate) for `_volumes`."""
+        hit = np.zeros(groups.count + 1, dtype=bool)
+        hit[rated] = True
+        any_rate = np.logical_or.reduceat(hit, [base for base, _, _ in groups.coflows.values()]
+                                          + [groups.count]).tolist()  # fmt: skip
+        self._still = {
+            cid: (len(active[cid].pos), volumes[cid])
+            for cid, got in zip(groups.coflows, any_rate, strict=False)
+            if not got
+        }
 
     def _shares(self, answer: dict, groups: Groups) -> _Shares:
         """The positive path rates of `answer` ({coflow id: {pair: [(path, bytes/s)]}}) as

@@ -6,6 +6,7 @@ import pytest
 
 from terra_core import round_fair_share
 from terra_core.path_masks import PathIndex
+from terra_core.round_memo import RoundMemo
 from terra_core.scheduling_round import (
     DEADLINE,
     PREEMPTED,
@@ -129,6 +130,16 @@ def test_bad_input():
         schedule_round({"c9": {BC: 1.0}}, LINK_PATHS, LINK)
     with pytest.raises(ValueError, match="alpha"):
         schedule_round({}, LINK_PATHS, LINK, alpha=1.0)
+
+
+def test_a_volumes_dict_given_again_is_checked_again_on_new_paths():
+    memo = RoundMemo()
+    volumes = {"c": {AB: 5.0}, "d": {BC: 5.0}}
+    first = schedule_round(volumes, CHAIN_PATHS, CHAIN, memo=memo)
+    again = schedule_round(volumes, CHAIN_PATHS, CHAIN, memo=memo)
+    assert again.rates == first.rates
+    with pytest.raises(ValueError, match="'d'.*B->C"):
+        schedule_round(volumes, dict(LINK_PATHS), CHAIN, memo=memo)
 
 
 def test_alpha_share_is_max_min_over_preempted_flowgroups(fair_share):

@@ -94,6 +94,33 @@ def test_fast_path_is_taken():
     assert calls
 
 
+def test_a_coflow_without_a_rate_is_handed_its_last_volumes_dict_again():
+    """The fast path gives a coflow none of whose FlowGroups got a rate the same dict next
+    round (its flows did not move), and a new one otherwise."""
+    # One link: a round serves the smallest coflows first and gives step 6's spare to
+    # the first coflow on the pair, so the others wait with no rate.
+    wan = Topology("l", ["A", "B"], {("A", "B"): G, ("B", "A"): G})
+    coflows = [Coflow(f"c{i}", 0.1 * i, [Flow("f", "A", "B", (10 - i) * G)]) for i in range(6)]
+    policy = TerraPolicy(wan.copy(), k=1)
+    rounds = []
+    original = policy.group_rates
+
+    def spy(now, volumes):
+        rates = original(now, volumes)
+        rounds.append(({cid: (v, dict(v)) for cid, v in volumes.items()}, set(rates)))
+        return rates
+
+    policy.group_rates = spy
+    simulate(policy, coflows)
+    again = 0
+    for (before, rated), (after, _) in zip(rounds, rounds[1:], strict=False):
+        for cid, (vol, copy) in after.items():
+            if cid in before and before[cid][0] is vol:
+                again += 1
+                assert cid not in rated and copy == before[cid][1]
+    assert again > 0
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_maxmin_mcf_equals_the_reference_bit_for_bit(seed):
     rng = random.Random(100 + seed)

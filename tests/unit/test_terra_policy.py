@@ -258,6 +258,19 @@ def test_add_flows_joins_the_flowgroups():
         policy.add_flows("nope", [], 1.0)
 
 
+def test_add_flows_leaves_the_volumes_a_round_was_given_unchanged():
+    # The caller may hand the same dict to the next round (the simulator does, for a
+    # coflow that got no rate): flows added in between must not write into it.
+    policy = TerraPolicy(triangle(), alpha=0.0)
+    assert policy.add_coflow(coflow("c", "A", "B", 100.0), 0.0)
+    given = {("A", "B"): 90.0}
+    policy.group_rates(1.0, {"c": given})
+    policy.add_flows("c", [Flow("late", "B", "C", 50.0)], 1.0)
+    assert given == {("A", "B"): 90.0}
+    rates = policy.group_rates(1.0, {"c": {("A", "B"): 90.0, ("B", "C"): 50.0}})
+    assert set(rates["c"]) == {("A", "B"), ("B", "C")}
+
+
 def test_gamma_empty_uses_every_link_up():
     # A->C 200 bytes over A-C and A-B-C on the empty WAN: 200/20 = 10 s, even while A-C is down.
     topo = triangle()
