@@ -46,7 +46,7 @@ import heapq
 import math
 import operator
 from collections.abc import Iterable
-from itertools import chain, repeat
+from itertools import chain, filterfalse, repeat
 
 import numpy as np
 
@@ -478,7 +478,8 @@ def _work_conservation(
         elif fgs.keys() <= owner.keys():  # (every pair held by an earlier coflow)
             continue
         else:
-            mine = [pair for pair in fgs if owner.setdefault(pair, cid) == cid]
+            mine = list(filterfalse(owner.__contains__, fgs))  # (the pairs no one holds)
+            owner.update(dict.fromkeys(mine, cid))
         if mine:
             classes.append(mine)
             weights.update(_volume_weights(fgs, mine))

@@ -24,14 +24,13 @@ never preempted.
 
 from __future__ import annotations
 
-import math
-import operator
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypedDict
 
 from terra_core import round_kernels
+from terra_core.gamma_cache import GammaEntry, same_volumes
 from terra_core.min_cct import DualBound, Pair, PairRates, min_cct
 from terra_core.policy import Allocation, PathSource, PolicyState, Remaining, split_by_remaining
 from terra_core.round_memo import RoundMemo
@@ -48,9 +47,6 @@ from terra_core.tenant_shares import ORDERS
 from terra_model import Coflow, Flow
 from topologies import Link, Path, Topology, k_shortest_paths
 from topologies.paths import up_graph
-
-GammaEntry = tuple[dict[Pair, float], float, DualBound]  # volumes, Γ (s), its DualBound
-_TIGHT = 1e-9  # relative gap under which cached bounds on Γ count as exact
 
 
 class RoundStats(TypedDict):
@@ -393,7 +389,7 @@ class TerraPolicy:
         if wan is not None:  # Γs on the WAN's capacities go to the cache
             for cid, res in result.exact.items():
                 bound = DualBound.build(volumes[cid], paths, wan, res.prices)
-                self._gamma[cid] = (volumes[cid], res.gamma_s, bound)
+                self._gamma[cid] = GammaEntry(volumes[cid], res.gamma_s, bound)
         for cid, state in result.state.items():
             self._state[cid] = PolicyState.PREEMPTED if state == PREEMPTED else PolicyState.RUNNING
         self.stats["rounds"] += 1
@@ -569,17 +565,12 @@ class TerraPolicy:
         paths: dict[Pair, list[Path]],
         capacity: dict[Link, float],
     ) -> dict[str, tuple[float, bool]]:
-        """{coflow id: (lower bound on Γ, exact)} from the cache of solved Γs.
-
-        For a cached solve at volumes d with Γ and link prices y, the current
-        volumes d' (FlowGroups only shrink between updates) satisfy
-            LB = Σ_k d'_k m_k(y) / Σ_e c_e y_e  <=  Γ(d')  <=  Γ · max_k d'_k / d_k = UB
-        (weak duality; monotonicity and homogeneity of Γ). When UB <= LB the
-        value is exact (e.g. all FlowGroups shrank in proportion, or only
-        FlowGroups off the bottleneck shrank faster); otherwise LB is a hint.
-        The hint is the same as last round's when neither the cache entry nor the
-        volumes (in their order) changed, as for a preempted coflow: it is kept with
-        its inputs for the next round (`_hinted`).
+        """{coflow id: (lower bound on Γ, exact)} from the cache of solved Γs
+        (gamma_cache.GammaEntry.hint: exact when the weak-duality lower bound meets the
+        upper bound, e.g. all FlowGroups shrank in proportion, or only FlowGroups off the
+        bottleneck shrank faster; otherwise the lower bound). The hint is the same as last
+        round's when neither the cache entry nor the volumes (in their order) changed, as
+        for a preempted coflow: it is kept with its inputs for the next round (`_hinted`).
         """
         hints: dict[str, tuple[float, bool]] = {}
         last, self._hinted = self._hinted, {}
@@ -591,9 +582,9 @@ class TerraPolicy:
             if (
                 seen is None
                 or seen[0] is not cached
-                or (seen[1] is not now_vol and not _same_volumes(seen[1], now_vol))
+                or (seen[1] is not now_vol and not same_volumes(seen[1], now_vol))
             ):
-                hint = _hint(now_vol, cached)
+                hint = cached.hint(now_vol)
                 if hint is None:
                     del self._gamma[cid]
                     continue
@@ -677,27 +668,6 @@ class TerraPolicy:
 def _fits(gamma_s: float, deadline: float, now: float) -> bool:
     """Γ (seconds) fits before the absolute `deadline` (1e-9 relative slack)."""
     return gamma_s <= (deadline - now) * (1 + 1e-9)
-
-
-def _hint(volumes: dict[Pair, float], cached: GammaEntry) -> tuple[float, bool] | None:
-    """TerraPolicy._gamma_hints' (bound on Γ in seconds, exact) of the FlowGroup volumes
-    `volumes` (bytes) from the cache entry `cached` (volumes then, Γ then, DualBound);
-    None when the entry cannot bound them (a new pair, or Γ then infinite)."""
-    old_vol, gamma, bound = cached
-    if not volumes.keys() <= old_vol.keys() or math.isinf(gamma):
-        return None
-    try:
-        olds = map(old_vol.__getitem__, volumes)
-        upper = gamma * max(map(operator.truediv, volumes.values(), olds))
-    except ZeroDivisionError:  # (a FlowGroup of 0 bytes then: no bound from the entry)
-        return None
-    lower = bound.gamma(volumes)
-    return (upper, True) if upper <= lower * (1 + _TIGHT) else (lower, False)
-
-
-def _same_volumes(a: dict[Pair, float], b: dict[Pair, float]) -> bool:
-    """The same {pair: bytes} in the same order (the hints' sums run in that order)."""
-    return a == b and list(a) == list(b)
 
 
 def allocate_by_groups(

@@ -1,0 +1,96 @@
+"""A coflow's solved Γ kept for later rounds, and the bounds on Γ it gives once the
+coflow's FlowGroups have shrunk (docs/design.md 4.3, the Γ cache; TerraPolicy's hints).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from terra_core.min_cct import DualBound, Pair
+
+TIGHT = 1e-9  # relative gap under which the bounds on Γ count as exact
+
+
+class GammaEntry:
+    """Γ of a coflow's FlowGroup volumes on the WAN's capacities, with its DualBound.
+
+    For the cached solve at volumes d with Γ and link prices y, later volumes d' (FlowGroups
+    only shrink between updates) satisfy
+        LB = Σ_k d'_k m_k(y) / Σ_e c_e y_e  <=  Γ(d')  <=  Γ · max_k d'_k / d_k = UB
+    (weak duality; monotonicity and homogeneity of Γ, docs/design.md 4.1). When
+    UB <= LB (1 + TIGHT) the value is exact; otherwise LB is a bound (`hint`).
+
+    Attributes:
+        volumes: {(src DC, dst DC): bytes} the Γ was solved for (read only).
+        gamma_s: Γ in seconds.
+        bound: the DualBound of the solve's prices.
+    """
+
+    __slots__ = ("volumes", "gamma_s", "bound", "_pos", "_old", "_price", "_keys", "_idx")
+
+    def __init__(self, volumes: dict[Pair, float], gamma_s: float, bound: DualBound) -> None:
+        self.volumes = volumes
+        self.gamma_s = gamma_s
+        self.bound = bound
+        self._pos: dict[Pair, int] | None = None  # each pair's place in the arrays below
+        self._old = self._price = np.zeros(0)  # d_k and m_k(y), in `volumes`' order
+        self._keys: list[Pair] = []  # the pairs of the last `hint` call and their places
+        self._idx = np.zeros(0, dtype=np.intp)
+
+    def hint(self, volumes: dict[Pair, float]) -> tuple[float, bool] | None:
+        """(bound on Γ in seconds of `volumes` ({pair: bytes}), exact), or None when this
+        entry cannot bound them (a pair it has not, no FlowGroup, a FlowGroup of 0 bytes
+        then, or Γ then infinite).
+
+        UB is Γ · max_k d'_k / d_k and LB the DualBound's sum, taken in `volumes`' order
+        one term after the other (a cumulative sum: the additions of a Python sum, so the
+        same floats as the bound's own `gamma`)."""
+        if math.isinf(self.gamma_s) or not volumes:
+            return None
+        idx = self._places(volumes)
+        if idx is None:
+            return None
+        old = self._old[idx]
+        if not old.all():
+            return None
+        d = np.fromiter(volumes.values(), float, len(volumes))
+        upper = self.gamma_s * float((d / old).max())
+        lower = self._lower(d, idx)
+        return (upper, True) if upper <= lower * (1 + TIGHT) else (lower, False)
+
+    def _places(self, volumes: dict[Pair, float]) -> np.ndarray | None:
+        """The places of `volumes`' pairs in the entry's arrays (int array), or None when
+        one is not among the entry's pairs. The last call's are kept: a coflow's pairs
+        stay the same, in the same order, from round to round until a FlowGroup ends."""
+        keys = list(volumes)
+        if keys == self._keys:
+            return self._idx
+        if self._pos is None:
+            self._pos = {pair: i for i, pair in enumerate(self.volumes)}
+            self._old = np.fromiter(self.volumes.values(), float, len(self.volumes))
+            price = self.bound.path_price
+            self._price = np.fromiter(map(price.__getitem__, self.volumes), float, len(self._pos))
+        try:
+            idx = np.fromiter(map(self._pos.__getitem__, keys), np.intp, len(keys))
+        except KeyError:
+            return None
+        self._keys, self._idx = keys, idx
+        return idx
+
+    def _lower(self, d: np.ndarray, idx: np.ndarray) -> float:
+        """DualBound.gamma of the volumes `d` (float array) on the pairs at `idx`."""
+        cy = self.bound.capacity_price
+        if cy <= 0:
+            return 0.0
+        terms = d * self._price[idx]
+        positive = d > 0
+        if not positive.all():
+            terms = terms[positive]
+        return float(np.cumsum(terms)[-1]) / cy if len(terms) else 0.0
+
+
+def same_volumes(a: dict[Pair, float], b: dict[Pair, float]) -> bool:
+    """The same {pair: bytes} in the same order (the hints' sums run in that order)."""
+    return a == b and list(a) == list(b)
