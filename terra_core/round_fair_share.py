@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 from itertools import repeat
 from operator import itemgetter
 
 import numpy as np
 
-from terra_core.array_types import FloatArray, IntArray
+from terra_core.array_types import BoolArray, FloatArray, IntArray
 from terra_core.maxmin import maxmin_levels_sparse
 from terra_core.mcf import K, Rates, maxmin_mcf
 from terra_core.min_cct import Pair, links_of
@@ -188,11 +189,19 @@ class _PairColumns:
         at = np.cumsum(hops) - hops  # each path's first entry among theirs
         entries = np.repeat(arrays.starts[q] - at, hops) + np.arange(int(hops.sum()))
         ids = arrays.ids[entries]
-        nbytes = (self.n_links + 8) // 8
-        bits = np.unpackbits(np.frombuffer(full.to_bytes(nbytes, "little"), np.uint8),
-                             bitorder="little")[: self.n_links + 1].astype(bool)  # fmt: skip
-        open_ = ~np.logical_or.reduceat(bits[ids], at)
+        open_ = ~np.logical_or.reduceat(_bits(full, self.n_links)[ids], at)
         return has[open_], ids[np.repeat(open_, hops)], hops[open_]
+
+
+@lru_cache(maxsize=8)
+def _bits(full: int, n_links: int) -> BoolArray:
+    """The bitmask `full` as a bool array of n_links + 1 entries (bit i: link i; the last,
+    the missing-link bit), read only: the classes of one round mostly see the same mask."""
+    nbytes = (n_links + 8) // 8
+    raw = np.frombuffer(full.to_bytes(nbytes, "little"), np.uint8)
+    bits = np.unpackbits(raw, bitorder="little")[: n_links + 1].astype(bool)
+    bits.flags.writeable = False
+    return bits
 
 
 def _add_column_rates(

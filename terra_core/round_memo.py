@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from terra_core.min_cct import DualBound, MinCct, Pair
 from terra_core.path_masks import IndexCache
-from topologies import Link
+from topologies import Link, Path
 
 
 class ResidualEntry(NamedTuple):
@@ -56,7 +56,7 @@ class ActiveCache(NamedTuple):
     paths dict `paths` ({pair: paths}). A volumes dict given again, with the same paths
     dict, has the same FlowGroups: the round does not write into either."""
 
-    paths: dict[Pair, list]
+    paths: dict[Pair, list[Path]]
     coflows: dict[str, tuple[dict[Pair, float], dict[Pair, float]]]
 
 

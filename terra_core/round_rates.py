@@ -90,6 +90,12 @@ def take(
         The indices (in `index`, ascending) of the links the paths cross.
     """
     mine = rates.setdefault(cid, {})
+    if scale == 1.0 and not mine:  # (a coflow's first rates: `add_rates` in C loops)
+        lists = pair_rates.values()
+        dicts = list(map(dict, lists))
+        if all(map(eq, map(len, dicts), map(len, lists))):  # (no path twice in a pair)
+            mine.update(zip(pair_rates, dicts, strict=True))
+            return consume(left, lists, scale, index)
     for pair, lst in pair_rates.items():
         assign(mine, pair, lst, scale)
     return consume(left, pair_rates.values(), scale, index)

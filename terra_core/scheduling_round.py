@@ -534,8 +534,16 @@ def _finish(
         for j in np.flatnonzero(least < 1.0).tolist():
             factor[paths[j]] = float(least[j])
     out: dict[str, PairRates] = {}
+    scaled = factor.keys()
     for cid, per_pair in rates.items():
-        if not factor and all(per_pair.values()) and _all_positive(per_pair):
+        if (
+            (
+                not factor
+                or scaled.isdisjoint(chain.from_iterable(map(dict.keys, per_pair.values())))
+            )
+            and all(per_pair.values())
+            and _all_positive(per_pair)
+        ):  # (no path of this coflow scaled: x × 1.0 would be x)
             lists = map(list, map(dict.items, per_pair.values()))
             mine: PairRates = dict(zip(per_pair, lists, strict=True))
         else:
