@@ -5,12 +5,14 @@ coflow's FlowGroups have shrunk (docs/design.md 4.3, the Γ cache; TerraPolicy's
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 
 from terra_core.min_cct import DualBound, Pair
 
 TIGHT = 1e-9  # relative gap under which the bounds on Γ count as exact
+ARRAY_MIN = 64  # FlowGroups from which `GammaEntry.hint` runs in numpy passes
 
 
 class GammaEntry:
@@ -49,6 +51,8 @@ class GammaEntry:
         same floats as the bound's own `gamma`)."""
         if math.isinf(self.gamma_s) or not volumes:
             return None
+        if len(volumes) < ARRAY_MIN:
+            return self._scalar_hint(volumes)
         idx = self._places(volumes)
         if idx is None:
             return None
@@ -58,6 +62,20 @@ class GammaEntry:
         d = np.fromiter(volumes.values(), float, len(volumes))
         upper = self.gamma_s * float((d / old).max())
         lower = self._lower(d, idx)
+        return (upper, True) if upper <= lower * (1 + TIGHT) else (lower, False)
+
+    def _scalar_hint(self, volumes: dict[Pair, float]) -> tuple[float, bool] | None:
+        """`hint` for a few FlowGroups, in Python loops (cheaper there than numpy's calls;
+        the same operations in the same order)."""
+        old_vol = self.volumes
+        if not volumes.keys() <= old_vol.keys():
+            return None
+        try:
+            ratios = map(operator.truediv, volumes.values(), map(old_vol.__getitem__, volumes))
+            upper = self.gamma_s * max(ratios)
+        except ZeroDivisionError:  # (a FlowGroup of 0 bytes then: no bound from the entry)
+            return None
+        lower = self.bound.gamma(volumes)
         return (upper, True) if upper <= lower * (1 + TIGHT) else (lower, False)
 
     def _places(self, volumes: dict[Pair, float]) -> np.ndarray | None:

@@ -23,7 +23,7 @@ def scalar_hint(volumes, old, gamma_s, bound):
 @pytest.mark.parametrize("seed", range(40))
 def test_hint_equals_the_scalar_bounds_to_the_bit(seed):
     rng = random.Random(seed)
-    pairs = [(f"A{i}", f"B{i}") for i in range(rng.randint(1, 60))]
+    pairs = [(f"A{i}", f"B{i}") for i in range(rng.randint(1, 150))]
     old = {pair: rng.choice([rng.random() * 1e9, 1e6, 3.0]) for pair in pairs}
     price = {pair: rng.choice([0.0, 0.0, rng.random()]) for pair in pairs}
     bound = DualBound(price, rng.choice([0.0, rng.random() * 1e3]))
