@@ -51,7 +51,7 @@ class GammaEntry:
         same floats as the bound's own `gamma`)."""
         if math.isinf(self.gamma_s) or not volumes:
             return None
-        if len(volumes) < ARRAY_MIN:
+        if len(volumes) < ARRAY_MIN or not self._arrays_ok():
             return self._scalar_hint(volumes)
         idx = self._places(volumes)
         if idx is None:
@@ -60,8 +60,13 @@ class GammaEntry:
         if not old.all():
             return None
         d = np.fromiter(volumes.values(), float, len(volumes))
-        upper = self.gamma_s * float((d / old).max())
-        lower = self._lower(d, idx)
+        with np.errstate(all="ignore"):  # (inf and NaN as Python's floats give them)
+            ratios = d / old
+            top = float(ratios.max())
+            if not top != 0.0 or top != top:  # (NaN or a zero max: Python max's first wins)
+                top = max(ratios.tolist())
+            upper = self.gamma_s * top
+            lower = self._lower(d, idx)
         return (upper, True) if upper <= lower * (1 + TIGHT) else (lower, False)
 
     def _scalar_hint(self, volumes: dict[Pair, float]) -> tuple[float, bool] | None:
@@ -77,6 +82,11 @@ class GammaEntry:
             return None
         lower = self.bound.gamma(volumes)
         return (upper, True) if upper <= lower * (1 + TIGHT) else (lower, False)
+
+    def _arrays_ok(self) -> bool:
+        """The numpy passes apply: every pair of the entry has a price (else only the
+        scalar path raises, as DualBound.gamma, for a priced pair that is missing)."""
+        return self._pos is not None or self.bound.path_price.keys() >= self.volumes.keys()
 
     def _places(self, volumes: dict[Pair, float]) -> np.ndarray | None:
         """The places of `volumes`' pairs in the entry's arrays (int array), or None when
@@ -106,7 +116,9 @@ class GammaEntry:
         positive = d > 0
         if not positive.all():
             terms = terms[positive]
-        return float(np.cumsum(terms)[-1]) / cy if len(terms) else 0.0
+        # (+ 0.0: Python's sum starts from 0, so it never ends on -0.0; 0.0 / cy for none)
+        total = float(np.cumsum(terms)[-1]) + 0.0 if len(terms) else 0.0
+        return total / cy
 
 
 def same_volumes(a: dict[Pair, float], b: dict[Pair, float]) -> bool:

@@ -217,7 +217,9 @@ class CoflowRatesPolicy(Protocol):
 class GroupRatesPolicy(Protocol):
     """Fast path of Terra (terra_policy.TerraPolicy.group_rates): rates per FlowGroup, which
     the caller splits among the FlowGroup's flows in proportion to their remaining bytes
-    (`split_by_remaining`). The simulator calls it instead of `allocate`."""
+    (`split_by_remaining`). The simulator calls it instead of `allocate`. A coflow's volumes
+    dict is read only once handed in: a caller hands a new dict when the volumes change, and
+    may hand the same one again when they did not (the round then skips its checks)."""
 
     def group_rates(
         self, now: float, volumes: dict[str, dict[tuple[str, str], float]]

@@ -91,8 +91,8 @@ def schedule_round(
 
     Args:
         coflows: {coflow id: {(src DC, dst DC): remaining bytes}} of the active
-            coflows, in arrival order (the tie-break of the Γ order). Coflows
-            with no positive volume are ignored.
+            coflows, in arrival order (the Γ order's tie-break); none positive: ignored.
+            With `memo`, a dict given again is taken as checked (read only once given).
         paths: {(src, dst): [path, ...]}: candidate paths per DC pair, over links
             that are up (every link of a path must be a key of `capacity`).
         capacity: {(u, v): bytes/s} available now (down links 0 or absent).

@@ -315,7 +315,9 @@ class TerraPolicy:
             volumes: {coflow id: {(src DC, dst DC): remaining bytes}} of every active
                 coflow in admission order, each FlowGroup's volume the sum of its flows'
                 remaining bytes (> 0) in flow order, pairs in the order of their first
-                unfinished flow: what `allocate` builds from its `remaining`.
+                unfinished flow: what `allocate` builds from its `remaining`. Read only
+                once handed in (policy.GroupRatesPolicy): a dict handed in again is taken
+                as the same volumes without checking them again.
             capacity: optional {link: bytes/s} to schedule on instead of the WAN's
                 capacities (a tenant's share, tenant_policy.py; it must keep the links of
                 the WAN, in their order). With order "share" the round then orders by Γ

@@ -271,6 +271,14 @@ def test_add_flows_leaves_the_volumes_a_round_was_given_unchanged():
     assert set(rates["c"]) == {("A", "B"), ("B", "C")}
 
 
+def test_a_coflow_with_no_bytes_left_gets_no_rate():
+    # Its cached Γ bounds nothing (no FlowGroup): no hint, no rate, no error.
+    policy = TerraPolicy(triangle(), alpha=0.0)
+    assert policy.add_coflow(coflow("c", "A", "B", 100.0), 0.0)
+    assert rate_of(policy.allocate(0.0, {"c": {"cf0": 100.0}}), "c") > 0
+    assert policy.allocate(1.0, {"c": {"cf0": 0.0}}) == {}
+
+
 def test_gamma_empty_uses_every_link_up():
     # A->C 200 bytes over A-C and A-B-C on the empty WAN: 200/20 = 10 s, even while A-C is down.
     topo = triangle()
