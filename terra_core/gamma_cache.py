@@ -51,8 +51,17 @@ class GammaEntry:
         same floats as the bound's own `gamma`)."""
         if math.isinf(self.gamma_s) or not volumes:
             return None
-        if len(volumes) < ARRAY_MIN or not self._arrays_ok():
-            return self._scalar_hint(volumes)
+        if len(volumes) < ARRAY_MIN or not self._arrays_ok():  # (Python loops: cheaper)
+            old_vol = self.volumes
+            if not volumes.keys() <= old_vol.keys():
+                return None
+            try:
+                ratios = map(operator.truediv, volumes.values(), map(old_vol.__getitem__, volumes))
+                upper = self.gamma_s * max(ratios)
+            except ZeroDivisionError:  # (a FlowGroup of 0 bytes then: no bound from the entry)
+                return None
+            lower = self.bound.gamma(volumes)
+            return (upper, True) if upper <= lower * (1 + TIGHT) else (lower, False)
         idx = self._places(volumes)
         if idx is None:
             return None
@@ -67,20 +76,6 @@ class GammaEntry:
                 top = max(ratios.tolist())
             upper = self.gamma_s * top
             lower = self._lower(d, idx)
-        return (upper, True) if upper <= lower * (1 + TIGHT) else (lower, False)
-
-    def _scalar_hint(self, volumes: dict[Pair, float]) -> tuple[float, bool] | None:
-        """`hint` for a few FlowGroups, in Python loops (cheaper there than numpy's calls;
-        the same operations in the same order)."""
-        old_vol = self.volumes
-        if not volumes.keys() <= old_vol.keys():
-            return None
-        try:
-            ratios = map(operator.truediv, volumes.values(), map(old_vol.__getitem__, volumes))
-            upper = self.gamma_s * max(ratios)
-        except ZeroDivisionError:  # (a FlowGroup of 0 bytes then: no bound from the entry)
-            return None
-        lower = self.bound.gamma(volumes)
         return (upper, True) if upper <= lower * (1 + TIGHT) else (lower, False)
 
     def _arrays_ok(self) -> bool:

@@ -51,13 +51,15 @@ class PairFlowCache:
 
 
 class ActiveCache(NamedTuple):
-    """The last round's active coflows (scheduling_round._active_coflows): `coflows`
-    {coflow id: (the volumes dict given, its positive FlowGroups)} checked against the
-    paths dict `paths` ({pair: paths}). A volumes dict given again, with the same paths
-    dict, has the same FlowGroups: the round does not write into either."""
+    """The last round's active coflows (scheduling_round._active_coflows), checked against
+    the paths dict `paths` ({pair: paths}): `given` {coflow id: the volumes dict given},
+    `active` {coflow id: its positive FlowGroups} (coflows with none left out). A volumes
+    dict given again, with the same paths dict, has the same FlowGroups: the round does not
+    write into either."""
 
     paths: dict[Pair, list[Path]]
-    coflows: dict[str, tuple[dict[Pair, float], dict[Pair, float]]]
+    given: dict[str, dict[Pair, float]]
+    active: dict[str, dict[Pair, float]]
 
 
 @dataclass(slots=True)

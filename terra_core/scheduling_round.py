@@ -188,15 +188,14 @@ def _active_coflows(
     pair when a FlowGroup's pair has no entry in `paths`. With `memo`, a volumes dict that
     the last round checked against the same `paths` dict is not checked again."""
     active = {}
-    last = {} if memo is None or memo.active is None or memo.active.paths is not paths else (
-        memo.active.coflows)  # fmt: skip
-    seen = {}
+    given: dict[str, dict[Pair, float]] = {}  # last round's dicts, when on the same paths
+    kept: dict[str, dict[Pair, float]] = {}  # ... and their positive FlowGroups
+    if memo is not None and memo.active is not None and memo.active.paths is paths:
+        given, kept = memo.active.given, memo.active.active
     for cid, fgs in coflows.items():
-        kept = last.get(cid)
-        if kept is not None and kept[0] is fgs:
-            seen[cid] = kept
-            if kept[1]:
-                active[cid] = kept[1]
+        if given.get(cid) is fgs:  # (the same dict as last round's: checked then)
+            if cid in kept:
+                active[cid] = kept[cid]
             continue
         if not all(map(operator.gt, fgs.values(), repeat(0))):  # (C loops: thousands a round)
             fgs = {p: v for p, v in fgs.items() if v > 0}
@@ -205,9 +204,8 @@ def _active_coflows(
         if not fgs.keys() <= paths.keys():
             pair = next(p for p in fgs if p not in paths)
             raise ValueError(f"coflow {cid!r}: no path set for DC pair {pair[0]}->{pair[1]}")
-        seen[cid] = (coflows[cid], fgs)
     if memo is not None:
-        memo.active = ActiveCache(paths, seen)
+        memo.active = ActiveCache(paths, dict(coflows), active)
     return active
 
 
