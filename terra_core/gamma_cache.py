@@ -117,5 +117,6 @@ class GammaEntry:
 
 
 def same_volumes(a: dict[Pair, float], b: dict[Pair, float]) -> bool:
-    """The same {pair: bytes} in the same order (the hints' sums run in that order)."""
-    return a == b and list(a) == list(b)
+    """The same {pair: bytes} in the same order (the hints' sums run in that order); the
+    same dict is (a dict handed in again, read only)."""
+    return a is b or (a == b and list(a) == list(b))

@@ -55,7 +55,7 @@ class ActiveCache(NamedTuple):
     the paths dict `paths` ({pair: paths}): `given` {coflow id: the volumes dict given},
     `active` {coflow id: its positive FlowGroups} (coflows with none left out). A volumes
     dict given again, with the same paths dict, has the same FlowGroups: the round does not
-    write into either."""
+    write into either (TerraPolicy._paths_for skips its pairs by the same rule)."""
 
     paths: dict[Pair, list[Path]]
     given: dict[str, dict[Pair, float]]

@@ -148,8 +148,6 @@ class TerraPolicy:
         self._empty_paths: dict[Pair, list[Path]] = {}
         self._paths: dict[Pair, list[Path]] = {}
         self._routable: dict[Pair, list[Path]] = {}  # pairs of _paths with a path (_paths_for)
-        self._checked: dict[str, dict[Pair, float]] = {}  # volumes dicts checked (_paths_for)
-        self._checked_on: dict[Pair, list[Path]] | None = None  # ... against this _routable
         self.path_source = path_source
         self._graph = None
         self._down_seen = set(topology.down)
@@ -362,7 +360,7 @@ class TerraPolicy:
         rates ({coflow id: {pair: [(path, bytes/s)]}})."""
         for cid, vol in volumes.items():
             self._volumes[cid] = vol
-        paths = self._paths_for(volumes, keep=True)
+        paths = self._paths_for(volumes)
         wan: dict[Link, float] | None  # the WAN's capacities when step 3 orders by Γ on them
         if share is None:
             capacity = wan = self._capacity()
@@ -527,20 +525,18 @@ class TerraPolicy:
             raise KeyError(f"allocate: unknown coflow {cid!r}")
         return self._flow_pair[cid]
 
-    def _paths_for(
-        self, volumes: dict[str, dict[Pair, float]], keep: bool = False
-    ) -> dict[Pair, list[Path]]:
+    def _paths_for(self, volumes: dict[str, dict[Pair, float]]) -> dict[Pair, list[Path]]:
         """{pair: paths} with at least the pairs of `volumes` (read only: the policy's
-        dict of the pairs checked to have a path, kept until the paths change). With
-        `keep` (a round's volumes, which nobody writes into), the dicts checked are kept,
-        and a dict handed in again by the next call is not checked again.
+        dict of the pairs checked to have a path, kept until the paths change). A volumes
+        dict the last round was given on that dict (the round memo's `active`) has them.
 
         Raises:
             ValueError: a pair with no path (naming the coflow and the pair).
         """
         while True:
             ok = self._routable
-            checked = self._checked if self._checked_on is ok else {}
+            last = self._memo.active
+            checked = last.given if last is not None and last.paths is ok else {}
             for cid, fgs in volumes.items():
                 if checked.get(cid) is fgs or fgs.keys() <= ok.keys():  # (most add no pair)
                     continue
@@ -551,10 +547,6 @@ class TerraPolicy:
                             raise ValueError(f"coflow {cid!r}: no path from {pair[0]} to {pair[1]}")
                         ok[pair] = found
             if ok is self._routable:  # (else the path source was read again: check again)
-                # the volumes dicts checked against `ok` (a dict handed in again is the
-                # same coflow's unchanged volumes: its pairs still have their paths)
-                if keep:
-                    self._checked, self._checked_on = dict(volumes), ok
                 return ok
 
     def _capacity(self) -> dict[Link, float]:
@@ -581,11 +573,7 @@ class TerraPolicy:
             if cid in self._deadline or cached is None:
                 continue
             seen = last.get(cid)
-            if (
-                seen is None
-                or seen[0] is not cached
-                or (seen[1] is not now_vol and not same_volumes(seen[1], now_vol))
-            ):
+            if seen is None or seen[0] is not cached or not same_volumes(seen[1], now_vol):
                 hint = cached.hint(now_vol)
                 if hint is None:
                     del self._gamma[cid]
