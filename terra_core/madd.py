@@ -13,14 +13,12 @@ from terra_core.array_types import BoolArray, FloatArray, IntArray
 from terra_core.baseline_policy import BaselinePolicy, Route
 from terra_core.madd_kernels import (
     coflow_gammas,
-    coflow_link_volumes,
-    hop_rates,
-    hop_volumes,
+    flow_rates,
+    flow_volumes,
     madd_pass,
 )
 from terra_core.maxmin import maxmin_levels_scaled
 from terra_core.policy import Allocation, PathSource, Remaining
-from terra_core.sparse_index import csr_ranges
 from topologies import Topology
 
 
@@ -74,7 +72,6 @@ class MaddLayout(NamedTuple):
         key: (tuple of the coflow ids, `BaselinePolicy._version`) it was built for.
         base, size: int arrays (coflows,): index of each coflow's first flow, its flows.
         members, routed, shape, weight: per flow, coflow after coflow (CoflowRoutes).
-        all_routed: every flow has a route.
         hops: the number of entries of every flow when they all have as many, else 0.
         single: every flow is routed on one path with all its members (with `hops`
             entries): each of its entries' values and its weight equal its member count.
@@ -88,7 +85,6 @@ class MaddLayout(NamedTuple):
     size: IntArray
     members: FloatArray
     routed: BoolArray
-    all_routed: bool
     hops: int
     single: bool
     shape: IntArray
@@ -218,38 +214,15 @@ class MaddPolicy(BaselinePolicy):
             KeyError: an unknown coflow.
         """
         counts, local, remaining = checked_live(cids, counts, local, remaining)
-        n = len(local)
         hooked = self._hooked()
         if hooked:
             self._run_hooks(hooked, cids, counts, local, remaining)
         if not cids:
             return np.zeros(0), []
         lay = self._layout(cids)
-        n_coflows = len(cids)
-        capacity = self._capacity()
-        if lay.hops and lay.all_routed:
-            return self._hop_rates(lay, counts, local, remaining, capacity), lay.routes
-        flow = flow_positions(lay, counts, local)
-        per_member = remaining / lay.members[flow]
-        n_links = len(capacity)
-        coflow = np.repeat(np.arange(n_coflows), counts)
-        entry = csr_ranges(lay.ptr, flow)
-        owner = np.repeat(np.arange(n), lay.ptr[flow + 1] - lay.ptr[flow])
-        rows = coflow[owner] * n_links + lay.rows[entry]
-        weights = lay.vals[entry] * per_member[owner]
-        volume = coflow_link_volumes(rows, weights, n_coflows, n_links)
-        gamma = coflow_gammas(volume, capacity)
-        routed = lay.routed[flow]
-        gamma[np.bincount(coflow, weights=~routed, minlength=n_coflows) > 0] = np.inf
-        g, left = madd_pass(volume, gamma, capacity)
-        rate = per_member / g[coflow] * routed
-        take = np.flatnonzero(routed)
-        shape = lay.shape[flow[take]]
-        extra = self._backfill(shape, lay.weight[flow[take]], left)
-        rate[take] += extra[shape]
-        return rate, lay.routes
+        return self._flow_rates(lay, counts, local, remaining, self._capacity()), lay.routes
 
-    def _hop_rates(
+    def _flow_rates(
         self,
         lay: MaddLayout,
         counts: np.ndarray,
@@ -257,27 +230,29 @@ class MaddPolicy(BaselinePolicy):
         remaining: np.ndarray,
         capacity: np.ndarray,
     ) -> np.ndarray:
-        """`live_coflow_rates`' per-member rates in the common case (every flow routed,
-        with `lay.hops` entries each): the passes over the flows are compiled
-        (`hop_volumes`, `hop_rates`) with the numpy version's float operations in
-        its order, so the same rates to the bit; only the MADD pass over coflows and the
-        backfill over route shapes run between them.
+        """`live_coflow_rates`' per-member rates: the passes over the flows are compiled
+        (`flow_volumes`, `flow_rates`) with the float operations of the numpy expressions
+        they replaced, in their order, so the same rates to the bit; only the MADD pass
+        over coflows and the backfill over route shapes run between them. A coflow with a
+        given flow not routed has Γ inf (MADD skips it).
 
         Raises:
             ValueError: a flow index outside its coflow's flows.
         """
         n_links = len(capacity)
-        shape_of, per_member, volume, total, bad = hop_volumes(
+        shape_of, per_member, volume, total, unrouted, bad = flow_volumes(
             counts,
             local,
             remaining,
             lay.base,
             lay.size,
             lay.members,
+            lay.ptr,
             lay.rows,
             lay.vals,
             lay.shape,
             lay.weight,
+            lay.routed,
             lay.hops,
             lay.single,
             n_links,
@@ -286,9 +261,11 @@ class MaddPolicy(BaselinePolicy):
         if bad:
             raise ValueError("a flow index outside its coflow's flows")
         volume = volume.reshape(len(counts), n_links)
-        g, left = madd_pass(volume, coflow_gammas(volume, capacity), capacity)
+        gamma = coflow_gammas(volume, capacity)
+        gamma[unrouted] = np.inf
+        g, left = madd_pass(volume, gamma, capacity)
         extra = self._shape_levels(total, left)
-        return hop_rates(counts, per_member, g, shape_of, extra)
+        return flow_rates(counts, per_member, g, shape_of, extra)
 
     def _layout(self, cids: Sequence[str]) -> MaddLayout:
         """The per-flow arrays of the coflows `cids` side by side (`MaddLayout`), built
@@ -317,7 +294,6 @@ class MaddPolicy(BaselinePolicy):
             size,
             members,
             routed,
-            bool(routed.all()),
             hops,
             single,
             np.concatenate([info.shape for info in infos]),

@@ -1,5 +1,5 @@
 """The compiled (numba) passes of Varys' and Rapier's rates (madd.py): volumes and Γ per
-coflow, the sequential MADD pass, and the per-flow passes of the common case.
+coflow, the sequential MADD pass, and the passes over the flows.
 
 Each does the float operations of the numpy expressions it replaced, in their order
 (np.bincount adds its weights one by one in index order), so the same values to the bit.
@@ -10,21 +10,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from terra_core.array_types import FloatArray, IntArray
+from terra_core.array_types import BoolArray, FloatArray, IntArray
 from terra_core.sparse_index import add_held, flush_held
-
-
-def coflow_link_volumes(
-    rows: IntArray, weights: FloatArray, n_coflows: int, n_links: int
-) -> FloatArray:
-    """Volume per coflow and link (float array (n_coflows, n_links), bytes): the sums of
-    `weights` (float array, bytes) by bin coflow x n_links + link row (`rows`, int array of
-    the same length), each in the order given."""
-    return (
-        np.bincount(rows, weights=weights, minlength=n_coflows * n_links)
-        .astype(float, copy=False)  # (bincount gives ints when there is no entry)
-        .reshape(n_coflows, n_links)
-    )
 
 
 @njit(cache=True, error_model="numpy")
@@ -105,50 +92,56 @@ def madd_pass(
     return g, left
 
 
-# ---- compiled passes over the flows of live_coflow_rates' common case (numba) ------------
+# ---- compiled passes over the flows of live_coflow_rates (numba) ------------------------
 # Each does the float operations of the numpy expressions it replaced, in their order
 # (np.bincount adds its weights one by one in index order), so the same values to the bit.
 
 
 @njit(cache=True, error_model="numpy")
-def hop_volumes(
+def flow_volumes(
     counts: IntArray,
     local: IntArray,
     remaining: FloatArray,
     base: IntArray,
     size: IntArray,
     members: FloatArray,
+    ptr: IntArray,
     rows: IntArray,
     vals: FloatArray,
     shape: IntArray,
     weight: FloatArray,
+    routed: BoolArray,
     hops: int,
     single: bool,
     n_links: int,
     n_shapes: int,
-) -> tuple[IntArray, FloatArray, FloatArray, FloatArray, bool]:  # pragma: no cover - compiled
-    """The per-flow pass before MADD when every flow has `hops` entries.
+) -> tuple[IntArray, FloatArray, FloatArray, FloatArray, BoolArray, bool]:  # pragma: no cover
+    """The per-flow pass before MADD.
 
     Args:
         counts: int array (coflows,); local, remaining: int and float arrays (flows,), as
             in `live_coflow_rates`; base, size: int arrays (coflows,) of `MaddLayout`;
-            members, shape, weight: per layout flow; rows, vals: (layout flows * hops,)
-            link rows and members; single: `MaddLayout.single` (then the member count
-            is used for the equal values and weight, which are not read: the same
-            floats, fewer bytes per flow); n_links, n_shapes: ints.
+            members, shape, weight, routed: per layout flow; ptr: int array (layout flows
+            + 1,), layout flow f's entries are ptr[f] .. ptr[f + 1] - 1 of rows, vals
+            (link rows and members); hops: entries of every flow if all equal, else 0;
+            single: `MaddLayout.single` (then the member count is used for the equal
+            values and weight, which are not read: the same floats, fewer bytes per
+            flow); n_links, n_shapes: ints.
 
     Returns:
-        (shape_of: int array (flows,), each given flow's route shape; per_member: float
-        array (flows,), remaining bytes per member; volume: float array (coflows *
-        n_links,), bytes per coflow and link row; total: float array (n_shapes,), the
-        weight of the given flows per shape; bad: True when an index is outside its
-        coflow, the other results then incomplete).
+        (shape_of: int array (flows,), each given flow's route shape, -1 when it is not
+        routed; per_member: float array (flows,), remaining bytes per member; volume:
+        float array (coflows * n_links,), bytes per coflow and link row; total: float
+        array (n_shapes,), the weight of the given routed flows per shape; unrouted: bool
+        array (coflows,), the coflow has a given flow not routed; bad: True when an
+        index is outside its coflow, the other results then incomplete).
     """
     n = len(local)
     shape_of = np.empty(n, dtype=np.intp)
     per_member = np.empty(n)
     volume = np.zeros(len(counts) * n_links)
     total = np.zeros(n_shapes)
+    unrouted = np.zeros(len(counts), dtype=np.bool_)
     h0, a0, h1, a1 = -1, 0.0, -1, 0.0  # bins summed in registers (sparse_index.add_held)
     i = 0
     for c in range(len(counts)):
@@ -156,43 +149,46 @@ def hop_volumes(
         for _ in range(counts[c]):
             j = local[i]
             if j < 0 or j >= size[c]:
-                return shape_of, per_member, volume, total, True
+                return shape_of, per_member, volume, total, unrouted, True
             f = base[c] + j
-            s = shape[f]
-            shape_of[i] = s
             m = members[f]
             pm = remaining[i] / m
             per_member[i] = pm
-            start = f * hops
+            start = ptr[f]
             if single and hops == 2:  # (bigswitch's routes; the loops below, unrolled)
                 # (a coflow's flows to one DC follow each other: each hop's bins are
                 # summed in a register, the same floats)
                 x = m * pm
                 h0, a0, h1, a1 = add_held(volume, offset + rows[start], x, 0, h0, a0, h1, a1)
                 h0, a0, h1, a1 = add_held(volume, offset + rows[start + 1], x, 1, h0, a0, h1, a1)
-                total[s] += m
             elif single:
-                for h in range(start, start + hops):
+                for h in range(start, ptr[f + 1]):
                     volume[offset + rows[h]] += m * pm
-                total[s] += m
             else:
-                for h in range(start, start + hops):
+                for h in range(start, ptr[f + 1]):
                     volume[offset + rows[h]] += vals[h] * pm
-                total[s] += weight[f]
+            if routed[f]:
+                s = shape[f]
+                shape_of[i] = s
+                total[s] += m if single else weight[f]
+            else:
+                shape_of[i] = -1
+                unrouted[c] = True
             i += 1
     flush_held(volume, h0, a0, h1, a1)
-    return shape_of, per_member, volume, total, False
+    return shape_of, per_member, volume, total, unrouted, False
 
 
 @njit(cache=True, error_model="numpy")
-def hop_rates(
+def flow_rates(
     counts: IntArray, per_member: FloatArray, g: FloatArray, shape_of: IntArray, extra: FloatArray
 ) -> FloatArray:  # pragma: no cover - compiled
     """Per-member rates: MADD's remaining / g of the flow's coflow plus the backfill
-    level of its shape (float array (flows,), bytes/s); arguments as `hop_volumes`'
-    results, g: float array (coflows,) in seconds, extra: float array (shapes,). A coflow
-    MADD skipped (g inf) adds 0.0, which is what remaining / inf gives for finite
-    remaining bytes per member (> 0, checked by the caller), without the division."""
+    level of its shape (float array (flows,), bytes/s); arguments as `flow_volumes`'
+    results, g: float array (coflows,) in seconds, extra: float array (shapes,). A flow
+    not routed (shape -1) gets (remaining / g) * 0.0. A coflow MADD skipped (g inf) adds
+    0.0, which is what remaining / inf gives for finite remaining bytes per member (> 0,
+    checked by the caller), without the division."""
     rate = np.empty(len(per_member))
     i = 0
     for c in range(len(counts)):
@@ -201,6 +197,7 @@ def hop_rates(
         for _ in range(counts[c]):
             pm = per_member[i]
             madd = 0.0 if skipped and pm < np.inf else pm / gc
-            rate[i] = madd + extra[shape_of[i]]
+            s = shape_of[i]
+            rate[i] = madd + extra[s] if s >= 0 else madd * 0.0
             i += 1
     return rate

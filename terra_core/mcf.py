@@ -53,7 +53,7 @@ from terra_core.lp import (
     pass_lp,
     solve,
 )
-from terra_core.min_cct import links_of
+from terra_core.min_cct import first_use_rows, links_of, path_link_ids
 from topologies import Link, Path
 
 K = TypeVar("K", bound=Hashable)  # a commodity key (e.g. a (src DC, dst DC) pair)
@@ -153,44 +153,50 @@ class _FillLp(Generic[K]):
     `self.h` (`_load`) and implement `fill` and `rates`."""
 
     taken_failed = False  # a solve after rounds taken from the last call failed (compact)
-    _key_paths: dict[Hashable, tuple[Path, ...]]  # set by _paths_by_key
 
     def __init__(
         self,
         demands: Mapping[K, Demand],
         capacity: dict[Link, float],
         weights: Mapping[K, float],
+        columns: _ColumnCache | None = None,
     ) -> None:
         self.keys: list[K] = []
         self.caps: list[float] = []
         self.weights: list[float] = []
         self.solves = 0
         self.cols: list[tuple[int, Path]] = []
-        col_links: list[tuple[Link, ...]] = []
         open_links = {link for link, cap in capacity.items() if cap > 0}
+        if columns is None:
+            columns = _ColumnCache()
+        columns.keep_for(open_links)
+        seq: list[int] = []  # the links of every column, column after column (link ids)
+        hops: list[int] = []  # links per column
+        key_paths: dict[Hashable, tuple[Path, ...]] = {}
         for key, (paths, cap) in demands.items():
             cap = _check_cap(key, cap)
-            usable = _usable_paths(key, paths, open_links)
+            usable, ids, lens = columns.of(key, paths, open_links)
             if cap == 0 or not usable:
                 continue
             idx = len(self.keys)
             self.keys.append(key)
             self.caps.append(cap)
             self.weights.append(_check_weight(key, weights.get(key, 1.0)))
-            for path in dict.fromkeys(usable):
-                self.cols.append((idx, path))
-                col_links.append(links_of(path))
+            self.cols.extend([(idx, path) for path in usable])
+            key_paths[key] = usable
+            seq.extend(ids)
+            hops.extend(lens)
+        self._key_paths = key_paths
         if not self.cols:
             return
         # link rows numbered in order of first use; the link rows of every column's path,
         # column after column (entry_row), from entry_start[j] on for column j
-        flat = [link for links in col_links for link in links]
-        self.link_rows: dict[Link, int] = {link: i for i, link in enumerate(dict.fromkeys(flat))}
-        self.entry_row = np.fromiter(map(self.link_rows.__getitem__, flat), np.intp, len(flat))
-        self.link_count = np.fromiter(map(len, col_links), np.intp, len(col_links))
-        self.entry_col = np.repeat(np.arange(len(col_links)), self.link_count)
+        entry_row, self.link_rows = first_use_rows(np.asarray(seq, np.intp))
+        self.entry_row = entry_row.astype(np.intp)
+        self.link_count = np.asarray(hops, np.intp)
+        self.entry_col = np.repeat(np.arange(len(hops)), self.link_count)
         self.owner = np.fromiter((i for i, _ in self.cols), np.intp, len(self.cols))
-        self.entry_start = np.zeros(len(col_links), np.intp)
+        self.entry_start = np.zeros(len(hops), np.intp)
         np.cumsum(self.link_count[:-1], out=self.entry_start[1:])
         self.capacity = {link: capacity[link] for link in self.link_rows}
         self.scale = max(self.capacity.values())
@@ -372,7 +378,7 @@ class _CompactMcfLp(_FillLp[K]):
         warm: McfWarmStart | None = None,
     ) -> None:
         self.warm = warm
-        super().__init__(demands, capacity, weights)
+        super().__init__(demands, capacity, weights, warm.columns if warm else None)
 
     def _load(self) -> None:
         """Pass the x columns and the link, C_k and D_k rows (every C_k at 0), and turn off
@@ -610,7 +616,8 @@ class McfWarmStart:
     weights (`record`): a later call on the same WAN whose commodities are a subset of
     that call's takes the rounds before the first one where a dropped commodity froze
     from it (`_CompactMcfLp.fill`); in the simulator most new sets of DC pairs are the
-    last set less a pair whose last flow ended.
+    last set less a pair whose last flow ended. And each commodity's usable paths and
+    their links (`_ColumnCache`), which a call looks up instead of building again.
     """
 
     def __init__(self) -> None:
@@ -618,6 +625,7 @@ class McfWarmStart:
         self.links: dict[Link, bool] = {}  # link -> its row was basic
         self.keys: dict[Hashable, bool] = {}  # commodity key -> its row C_k was basic
         self.record: _CallRecord | None = None  # the last resumable call's rounds
+        self.columns = _ColumnCache()  # each commodity's usable paths and link ids
 
     def apply(self, lp: _CompactMcfLp[K]) -> None:
         """Give `lp`'s loaded first LP (x columns, one step column) the saved basis."""
@@ -699,6 +707,43 @@ class _Round:
         self.basis = basis
 
 
+class _ColumnCache:
+    """Each commodity's usable paths (in order, without repeats) and the process-wide ids
+    of their links (`min_cct.path_link_ids`), for one set of open links. An McfWarmStart
+    keeps one across calls: a caller's commodities keep their paths, so a call looks its
+    commodities up instead of checking every path's links again. A commodity whose paths
+    differ from the kept ones, or a new set of open links, is computed afresh."""
+
+    def __init__(self) -> None:
+        self.open_links: set[Link] = set()
+        self.by_key: dict[
+            Hashable, tuple[tuple[Path, ...], tuple[Path, ...], tuple[int, ...], tuple[int, ...]]
+        ] = {}
+
+    def keep_for(self, open_links: set[Link]) -> None:
+        """Forget every commodity unless `open_links` are the links of the kept ones."""
+        if open_links != self.open_links:
+            self.by_key.clear()
+            self.open_links = set(open_links)
+
+    def of(
+        self, key: Hashable, paths: list[Path], open_links: set[Link]
+    ) -> tuple[tuple[Path, ...], tuple[int, ...], tuple[int, ...]]:
+        """(`key`'s usable paths, their link ids one path after the other, the links of
+        each path) on `open_links` (those of `keep_for`).
+
+        Raises:
+            ValueError: a path with fewer than two DCs.
+        """
+        given = tuple(paths)
+        found = self.by_key.get(key)
+        if found is None or found[0] != given:
+            usable = tuple(dict.fromkeys(_usable_paths(key, paths, open_links)))
+            found = (given, usable, *path_link_ids(usable))
+            self.by_key[key] = found
+        return found[1], found[2], found[3]
+
+
 class _CallRecord:
     """What a later call needs to take rounds from a finished `_CompactMcfLp` call: its
     rounds (`_Round` list, in order), the round each commodity froze in, the scale, link
@@ -713,14 +758,8 @@ class _CallRecord:
 
 
 def _paths_by_key(lp: _FillLp[K]) -> dict[Hashable, tuple[Path, ...]]:
-    """{commodity key: its usable paths in column order} of `lp` (computed once per LP)."""
-    found: dict[Hashable, tuple[Path, ...]] | None = getattr(lp, "_key_paths", None)
-    if found is None:
-        grouped: dict[Hashable, list[Path]] = {key: [] for key in lp.keys}
-        for i, path in lp.cols:
-            grouped[lp.keys[i]].append(path)
-        found = lp._key_paths = {key: tuple(paths) for key, paths in grouped.items()}
-    return found
+    """{commodity key: its usable paths in column order} of `lp`."""
+    return lp._key_paths
 
 
 def _check_cap(key: Hashable, cap: object) -> float:

@@ -35,8 +35,9 @@ from typing import NamedTuple
 
 import highspy
 import numpy as np
+from numpy.typing import NDArray
 
-from terra_core.array_types import FloatArray
+from terra_core.array_types import FloatArray, IntArray
 from terra_core.lp import INF, new_highs, pass_lp, solve
 from topologies import Link, Path, path_links
 
@@ -223,8 +224,9 @@ def _distinct_paths(paths: tuple[Path, ...]) -> tuple[tuple[Path, ...], frozense
 
 
 @lru_cache(maxsize=65536)
-def _columns_of(paths: tuple[Path, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(the link ids of `paths` one path after the other, the number of links of each)."""
+def path_link_ids(paths: tuple[Path, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the process-wide link ids of `paths` one path after the other, the number of links
+    of each); `first_use_rows` turns such ids into LP link rows."""
     ids = [_link_ids(p) for p in paths]
     return tuple(i for one in ids for i in one), tuple(len(one) for one in ids)
 
@@ -246,6 +248,17 @@ def _link_ids(path: Path) -> tuple[int, ...]:
         _LINKS.setdefault(i, link)
         ids.append(i)
     return tuple(ids)
+
+
+def first_use_rows(seq: IntArray) -> tuple[NDArray[np.int32], dict[Link, int]]:
+    """LP link rows for a sequence of process-wide link ids (`path_link_ids`), numbered in
+    order of first use: (the row of each entry of `seq`, {link: row} in row order)."""
+    uniq, first, inverse = np.unique(seq, return_index=True, return_inverse=True)
+    by_first = np.argsort(first)
+    row_of = np.empty(len(uniq), dtype=np.int32)
+    row_of[by_first] = np.arange(len(uniq), dtype=np.int32)
+    link_row = {_LINKS[g]: row for row, g in enumerate(uniq[by_first].tolist())}
+    return row_of[inverse.reshape(-1)], link_row
 
 
 def _single_paths(
@@ -401,17 +414,13 @@ def _lp_matrix_of(group_paths: tuple[tuple[Path, ...], ...]) -> _LpMatrix:
     lens: list[int] = []  # links per x column
     per_group: list[int] = []  # x columns per FlowGroup
     for paths in group_paths:
-        ids, hops = _columns_of(paths)
+        ids, hops = path_link_ids(paths)
         seq.extend(ids)
         lens.extend(hops)
         per_group.append(len(hops))
     group_of = np.repeat(np.arange(len(group_paths), dtype=np.int32), per_group)
     cols = [path for paths in group_paths for path in paths]  # x column j's path
-    uniq, first, inverse = np.unique(np.asarray(seq), return_index=True, return_inverse=True)
-    by_first = np.argsort(first)
-    row_of = np.empty(len(uniq), dtype=np.int32)
-    row_of[by_first] = np.arange(len(uniq), dtype=np.int32)
-    link_row = {_LINKS[g]: row for row, g in enumerate(uniq[by_first].tolist())}
+    entry_row, link_row = first_use_rows(np.asarray(seq))
     lens_arr = np.asarray(lens, dtype=np.int32)
     starts = np.zeros(len(cols) + 1, dtype=np.int32)
     np.cumsum(lens_arr + 1, out=starts[1:])
@@ -419,7 +428,7 @@ def _lp_matrix_of(group_paths: tuple[tuple[Path, ...], ...]) -> _LpMatrix:
     index = np.empty(starts[-1], dtype=np.int32)
     at_link = np.ones(len(index), dtype=bool)
     at_link[group_pos] = False
-    index[at_link] = row_of[inverse.reshape(-1)]
+    index[at_link] = entry_row
     index[group_pos] = group_of + len(link_row)
     for shared in (group_of, lens_arr, starts, index):
         shared.flags.writeable = False

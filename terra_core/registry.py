@@ -127,16 +127,25 @@ for _name, _module, _class in [
 
 
 def add_scheduler_arguments(
-    parser: argparse.ArgumentParser, choices_extra: Sequence[str] = ()
+    parser: argparse.ArgumentParser, choices_extra: Sequence[str] = (), several: bool = False
 ) -> None:
     """Add the options every tool that runs a scheduler shares: --scheduler (one of the
-    registry's names, plus `choices_extra`), --k, --alpha, --guard, --guard-factor,
-    --guard-floor, --epsilon, --delta."""
+    registry's names, plus `choices_extra`; with `several`, also a comma-separated list
+    of the registry's names, kept as the string given), --k, --alpha, --guard,
+    --guard-factor, --guard-floor, --epsilon, --delta."""
     d = SchedulerOptions()
-    parser.add_argument(
-        "--scheduler", choices=[*SCHEDULERS, *choices_extra], default="terra",
-        help="scheduling policy (default: %(default)s)",
-    )  # fmt: skip
+    choices = [*SCHEDULERS, *choices_extra]
+    if several:
+        parser.add_argument(
+            "--scheduler", type=_scheduler_list(choices), default="terra",
+            metavar="{" + ",".join(choices) + "}[,NAME...]",
+            help="scheduling policy, or a comma-separated list of them (default: %(default)s)",
+        )  # fmt: skip
+    else:
+        parser.add_argument(
+            "--scheduler", choices=choices, default="terra",
+            help="scheduling policy (default: %(default)s)",
+        )  # fmt: skip
     parser.add_argument(
         "--k", type=int, default=d.k, help="paths per DC pair (default: %(default)s)"
     )
@@ -166,6 +175,30 @@ def add_scheduler_arguments(
         "--delta", type=float, default=d.delta,
         help="Terra: relative capacity change that triggers a new round (default: %(default)s)",
     )  # fmt: skip
+
+
+def _scheduler_list(choices: Sequence[str]) -> Callable[[str], str]:
+    """An argparse type: one of `choices`, or a comma-separated list of registry names
+    without repeats (returned as given).
+
+    Raises (from the returned function):
+        argparse.ArgumentTypeError: an unknown or repeated name.
+    """
+
+    def check(text: str) -> str:
+        if text in choices:
+            return text
+        names = text.split(",")
+        for name in names:
+            if name not in SCHEDULERS:
+                raise argparse.ArgumentTypeError(
+                    f"unknown scheduler {name!r}; known: {', '.join(choices)}"
+                )
+        if len(set(names)) < len(names):
+            raise argparse.ArgumentTypeError(f"a scheduler is named twice in {text!r}")
+        return text
+
+    return check
 
 
 def options_from_args(

@@ -1,7 +1,8 @@
 """`terra-sim`: run a workload through Terra and the baselines in the simulator.
 
     terra-sim --topology {swan,gscale,att,bigswitch,PATH} --workload {fb,PATH}
-              [--scheduler {terra,per-flow,multipath,swan-mcf,varys,rapier,coflowsim-fair,all}]
+              [--scheduler {terra,per-flow,multipath,swan-mcf,varys,rapier,coflowsim-fair,all}
+                           or a comma-separated list of names]
               [--k K] [--alpha A] [--guard {fixed,aged,aged-fair}] [--guard-factor F]
               [--guard-floor S] [--epsilon E] [--delta D] [--link-gbps G] [--deadline-factor F]
               [--limit N] [--coflowsim-compat] [--json OUT] [--plot OUT.png]
@@ -12,8 +13,9 @@
 
 Prints one table row per scheduler: average and 95th-percentile CCT, FoI of Terra over it
 (its average CCT / Terra's), WAN utilization, average slowdown, deadlines met, admitted
-coflows and wall time. --jobs N with --scheduler all simulates up to N schedulers at once,
-each in its own process (the same results as one at a time); --dask tcp://HOST:PORT
+coflows and wall time. --jobs N with several schedulers (all, or a list such as
+terra,varys) simulates up to N at once, each in its own process, the costliest first (the
+same results as one at a time); --dask tcp://HOST:PORT
 simulates them on the workers of that Dask scheduler instead (terra_sim/sweep.py). With
 --bound it also prints a lower bound on the average CCT (cct_bound.py) over every WAN
 coflow and each scheduler's average over it: the cut bound and the mean Γ alone on the
@@ -90,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--topology", required=True, help="swan, gscale, att, bigswitch, or a JSON/GraphML file"
     )
     p.add_argument("--workload", required=True, help="fb, a coflow-benchmark trace, or .json")
-    add_scheduler_arguments(p, choices_extra=["all"])
+    add_scheduler_arguments(p, choices_extra=["all"], several=True)
     p.set_defaults(scheduler="all")
     p.add_argument("--link-gbps", type=float, default=None, help="set every link to G Gbps")
     p.add_argument(
@@ -128,13 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         metavar="N",
-        help="with --scheduler all: N schedulers at once (same results)",
+        help="with several schedulers: N at once (same results)",
     )
     p.add_argument(
         "--dask",
         default=None,
         metavar="tcp://HOST:PORT",
-        help="with --scheduler all: on this Dask cluster",
+        help="with several schedulers: on this Dask cluster",
     )
     add_common_args(p)
     return p
@@ -238,7 +240,7 @@ def run(args: argparse.Namespace, inputs: Inputs | None = None) -> dict[str, Sim
         TopologyError, WorkloadError, ValueError: invalid inputs.
     """
     inputs = inputs or load_inputs(args)
-    names = SCHEDULERS if args.scheduler == "all" else [args.scheduler]
+    names = SCHEDULERS if args.scheduler == "all" else args.scheduler.split(",")
     if (args.jobs > 1 or args.dask) and len(names) > 1:
         return _run_parallel(args, inputs, names)
     results = {}
@@ -273,8 +275,8 @@ def _run_parallel(
 ) -> dict[str, SimResult]:
     """`run` with the schedulers simulated at once: on the Dask cluster of args.dask, else in
     up to args.jobs local processes (independent, deterministic runs, so the results equal
-    the serial ones but for wall times). Each finished scheduler is reported on stderr; the
-    results keep the order of `names`.
+    the serial ones but for wall times), the costliest first (`_costly_first`). Each
+    finished scheduler is reported on stderr; the results keep the order of `names`.
 
     Raises:
         as `run`; OSError: the Dask scheduler does not answer; MissingExtra: --dask without
@@ -283,13 +285,26 @@ def _run_parallel(
     done: dict[str, SimResult | None] = {}
     with open_sweep(min(args.jobs, len(names)), args.dask) as sweep:
         pool, shared = sweep.executor, sweep.share(inputs)
-        futures = {pool.submit(_run_one, n, args, shared, False): n for n in names}
+        futures = {pool.submit(_run_one, n, args, shared, False): n for n in _costly_first(names)}
         for future in as_completed(futures):
             name = futures[future]
             done[name] = future.result()
             if done[name] is not None:
                 print(f"terra-sim: {name} done in {done[name].wall_s:.1f} s", file=sys.stderr)
     return {n: done[n] for n in names if done.get(n) is not None}
+
+
+# The schedulers by CPU time on large WANs, costliest first (GEANT 2012 and the 40-DC WAN,
+# docs/results.md 1.6 and 2.2).
+_BY_COST = ("swan-mcf", "terra", "rapier", "varys", "coflowsim-fair", "multipath", "per-flow")
+
+
+def _costly_first(names: Sequence[str]) -> list[str]:
+    """`names` with the costliest schedulers first (`_BY_COST`; others after, in order),
+    the order in which parallel workers take them: starting the long runs first keeps
+    the workers busy until near the end (longest processing time first)."""
+    rank = {name: i for i, name in enumerate(_BY_COST)}
+    return sorted(names, key=lambda name: rank.get(name, len(rank)))
 
 
 def format_table(results: dict[str, SimResult]) -> str:

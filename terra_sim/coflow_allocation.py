@@ -11,7 +11,7 @@ from terra_core.policy import Policy
 from terra_sim.allocation import Allocator
 from terra_sim.errors import SimulationError
 from terra_sim.flow_table import FlowTable, LinkTable
-from terra_sim.kernels import advance_live, first_bad_rate, next_finish, ranges, store_hop_rates
+from terra_sim.kernels import advance_live, store_rates
 
 
 class RoutePool:
@@ -59,7 +59,7 @@ class RoutePool:
         if self.hops is None:
             self.hops = int(count[0]) if len(count) else None
         if self.hops and (count != self.hops).any():
-            self.hops = 0  # from now on, always the general gather
+            self.hops = 0  # from now on, every flow by its own entry count
 
 
 class CoflowAllocator(Allocator):
@@ -124,40 +124,16 @@ class CoflowAllocator(Allocator):
             if self._routes.get(cid) is not route_list:
                 self._store_routes(cid, route_list)
         self.live_rate = np.empty(len(live))
-        if self._pool.hops:
-            load = self._hop_loads(live, rate)
-        else:
-            load = self._entry_loads(live, rate)
-        self.links.check_loads(load, now)
-        return float(load.sum())
-
-    def _hop_loads(self, live: np.ndarray, rate: np.ndarray) -> np.ndarray:
-        """Rates and link loads when every route kept so far has `hops` entries (the pool
-        is then a matrix): one compiled pass (kernels.store_hop_rates)."""
         pool = self._pool
-        bad, load, self.next_finish = store_hop_rates(
-            live, rate, pool.routed_members, self.live_rate, pool.entry_start, pool.rows,
-            pool.vals, pool.hops, pool.single, len(self.links.row), pool.some_unrouted,
-            self.live_rem,
+        bad, load, self.next_finish = store_rates(
+            live, rate, pool.routed_members, self.live_rate, pool.entry_start,
+            pool.entry_count, pool.rows, pool.vals, pool.hops or 0, pool.single,
+            len(self.links.row), pool.some_unrouted, self.live_rem,
         )  # fmt: skip
         if bad >= 0:
             self._rate_fault(live, rate, bad)
-        return load
-
-    def _entry_loads(self, live: np.ndarray, rate: np.ndarray) -> np.ndarray:
-        """Rates and link loads in the general case (flows with any number of entries)."""
-        pool = self._pool
-        members = pool.routed_members[live]
-        bad = first_bad_rate(rate, members, pool.some_unrouted)
-        if bad >= 0:
-            self._rate_fault(live, rate, bad)
-        np.multiply(members, rate, out=self.live_rate)
-        self.next_finish = next_finish(np.arange(len(live)), self.live_rem, self.live_rate)
-        nnz = pool.entry_count[live]
-        entry = ranges(pool.entry_start[live], nnz)
-        rows = pool.rows[entry]
-        weights = pool.vals[entry] * rate[np.repeat(np.arange(len(live)), nnz)]
-        return np.bincount(rows, weights=weights, minlength=len(self.links.row)).astype(float)
+        self.links.check_loads(load, now)
+        return float(load.sum())
 
     def _rate_fault(self, live: np.ndarray, rate: np.ndarray, k: int) -> None:
         """Raise SimulationError for the live flow at index k, whose per-member rate is

@@ -15,16 +15,6 @@ from numba import njit
 from terra_core.sparse_index import add_held, flush_held
 
 
-def ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """The concatenated index ranges starts[i] .. starts[i] + lens[i] - 1, in order (int
-    arrays of equal length, lens >= 0) -> int array (lens.sum(),)."""
-    total = int(lens.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.intp)
-    ends = np.cumsum(lens)
-    return np.arange(total) + np.repeat(starts - (ends - lens), lens)
-
-
 @njit(cache=True, error_model="numpy")
 def set_rates(live, pair_of, members, per_member, rate, rem):  # pragma: no cover - compiled
     """``rate[live] = members[live] * per_member[pair_of[live]]`` (bytes/s), in place, and
@@ -167,28 +157,14 @@ def advance_live(
     return moved[:k], done[:d], n_kept
 
 
-@njit(cache=True)
-def first_bad_rate(rate, members, some_unrouted):  # pragma: no cover - compiled
-    """Index of the first per-member rate that is not finite and >= 0 (NaN included),
-    else, when `some_unrouted`, of the first positive rate with 0 members routed; -1 if
-    none. rate, members: float arrays of the same length."""
-    for i in range(len(rate)):
-        if not (rate[i] >= 0 and rate[i] < np.inf):
-            return i
-    if some_unrouted:
-        for i in range(len(rate)):
-            if rate[i] > 0 and members[i] == 0:
-                return i
-    return -1
-
-
 @njit(cache=True, error_model="numpy")
-def store_hop_rates(
+def store_rates(
     live,
     per_member,
     routed_members,
     rate,
     entry_start,
+    entry_count,
     pool_rows,
     pool_vals,
     hops,
@@ -198,8 +174,9 @@ def store_hop_rates(
     live_rem,
 ):  # pragma: no cover - compiled
     """``rate[:] = routed_members[live] * per_member`` (bytes/s, in live order: rate is a
-    float array (len(live),)), the link loads it puts on the `n_rows` link rows, when
-    every flow has `hops` pool entries from entry_start (flow position order, then hop
+    float array (len(live),)), the link loads it puts on the `n_rows` link rows (the
+    flow at position p has entry_count[p] pool entries from entry_start[p]; hops: their
+    number when every flow has as many, else 0; summed in flow position order, then entry
     order: np.bincount's order of old), and the seconds to the first finish (the smallest
     live_rem / rate over positive rates, as `next_finish`), all in one pass; live_rem:
     float array (len(live),), the live flows' remaining bytes, in live order; single: every
@@ -234,7 +211,7 @@ def store_hop_rates(
             h0, a0, h1, a1 = add_held(load, pool_rows[start], flow_rate, 0, h0, a0, h1, a1)
             h0, a0, h1, a1 = add_held(load, pool_rows[start + 1], flow_rate, 1, h0, a0, h1, a1)
         else:
-            for h in range(start, start + hops):
+            for h in range(start, start + entry_count[p]):
                 load[pool_rows[h]] += pool_vals[h] * r
         if flow_rate > 0 and not np.isnan(best):
             t = live_rem[i] / flow_rate

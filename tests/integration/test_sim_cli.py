@@ -140,6 +140,13 @@ def test_jobs_give_the_serial_results(tmp_path, capsys):
     for name in a:
         assert [c["cct_s"] for c in a[name]["coflows"]] == [c["cct_s"] for c in b[name]["coflows"]]
     assert "terra-sim: rapier done in" in capsys.readouterr().err
+    listed = tmp_path / "l.json"
+    assert main([*argv, "--scheduler", "varys,per-flow,terra", "--jobs", "2",
+                 "--json", str(listed)]) == 0  # fmt: skip
+    c = json.loads(listed.read_text())["results"]
+    assert list(c) == ["varys", "per-flow", "terra"]  # the order given
+    for name in c:
+        assert [x["cct_s"] for x in c[name]["coflows"]] == [x["cct_s"] for x in a[name]["coflows"]]
 
 
 def test_deadline_factor_and_single_scheduler(workload, tmp_path):

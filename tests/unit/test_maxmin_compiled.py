@@ -281,12 +281,13 @@ def test_single_path_store_pass_equals_the_general_one(seed):
     out = []
     for single in (True, False):
         rate = np.empty(len(live))
-        got = kernels.store_hop_rates(
+        got = kernels.store_rates(
             live,
             per_member,
             members,
             rate,
             entry_start,
+            np.full(n_flows, 2, dtype=np.intp),
             pool_rows,
             pool_vals,
             2,
@@ -304,3 +305,39 @@ def test_single_path_store_pass_equals_the_general_one(seed):
         pool_rows[entries], weights=pool_vals[entries] * np.repeat(per_member, 2), minlength=n_rows
     )
     np.testing.assert_array_equal(out[0][2], want)  # np.bincount's order of old
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_store_pass_with_routes_of_any_length_equals_the_numpy_gather(seed):
+    # flows with 0 to 5 entries (paths of any length, several paths, unrouted flows): the
+    # rates, loads (np.bincount over the gathered entries, in flow then entry order) and
+    # the seconds to the first finish of the numpy code this pass replaced, to the bit
+    rng = np.random.default_rng(100 + seed)
+    n_flows, n_rows = 2000, 40
+    count = rng.integers(0, 6, size=n_flows).astype(np.intp)
+    entry_start = (np.cumsum(count) - count).astype(np.intp)
+    pool_rows = rng.integers(0, n_rows, size=int(count.sum())).astype(np.int32)
+    pool_vals = rng.integers(1, 5, size=int(count.sum())).astype(float)
+    members = np.where(count > 0, rng.integers(1, 9, size=n_flows), 0).astype(float)
+    live = np.sort(rng.choice(n_flows, size=1500, replace=False)).astype(np.intp)
+    per_member = np.where(members[live] > 0, rng.uniform(0.0, 1e7, size=len(live)), 0.0)
+    live_rem = rng.uniform(1.0, 1e9, size=len(live))
+    rate = np.empty(len(live))
+    bad, load, first = kernels.store_rates(
+        live, per_member, members, rate, entry_start, count, pool_rows, pool_vals, 0, False,
+        n_rows, True, live_rem,
+    )  # fmt: skip
+    assert bad == -1
+    np.testing.assert_array_equal(rate, members[live] * per_member)
+    nnz = count[live]
+    starts = entry_start[live]
+    entry = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, nnz, strict=True)])
+    weights = pool_vals[entry] * per_member[np.repeat(np.arange(len(live)), nnz)]
+    np.testing.assert_array_equal(load, np.bincount(pool_rows[entry], weights, n_rows))
+    moving = rate > 0
+    assert first == np.min(live_rem[moving] / rate[moving])
+    per_member[7] = np.nan
+    assert kernels.store_rates(
+        live, per_member, members, rate, entry_start, count, pool_rows, pool_vals, 0, False,
+        n_rows, True, live_rem,
+    )[0] == 7  # fmt: skip

@@ -336,3 +336,45 @@ def test_rounds_taken_count_towards_max_rounds():
     warm_got = maxmin_mcf(fewer, capacity, max_rounds=1, compact=True, warm=warm)
     cold_got = maxmin_mcf(fewer, capacity, max_rounds=1, compact=True)
     assert totals(warm_got) == pytest.approx(totals(cold_got))
+
+
+def test_a_warm_start_recomputes_a_commodity_whose_paths_or_open_links_changed():
+    # The warm start keeps each commodity's usable paths. ab may take A-B or A-C-B. Call 1:
+    # both paths, A-B at 4 and A-C, C-B at 10: 14. Call 2: the caller gives ab only A-B
+    # (same key, new paths): 4, not 14. Call 3: A-B closed (capacity 0): the kept
+    # entry is for other open links, so ab's only column is A-C-B: 10. Call 4: a path of one DC
+    # is refused although the key was kept.
+    capacity = {("A", "B"): 4.0, ("A", "C"): 10.0, ("C", "B"): 10.0}
+    warm = McfWarmStart()
+    both = [("A", "B"), ("A", "C", "B")]
+    assert totals(maxmin_mcf({"ab": (both, None)}, capacity, compact=True, warm=warm)) == (
+        pytest.approx({"ab": 14.0})
+    )
+    got = maxmin_mcf({"ab": ([("A", "B")], None)}, capacity, compact=True, warm=warm)
+    assert totals(got) == pytest.approx({"ab": 4.0})
+    closed = {**capacity, ("A", "B"): 0.0}
+    assert _CompactMcfLp({"ab": (both, None)}, closed, {}, warm).cols == [(0, ("A", "C", "B"))]
+    got = maxmin_mcf({"ab": (both, None)}, closed, compact=True, warm=warm)
+    assert got == {"ab": [(("A", "C", "B"), pytest.approx(10.0))]}
+    with pytest.raises(ValueError, match="at least two DCs"):
+        maxmin_mcf({"ab": ([("A",)], None)}, capacity, compact=True, warm=warm)
+
+
+def test_the_lp_of_a_call_with_a_warm_start_is_the_lp_without_it():
+    # The same columns, link rows (numbered in order of first use) and entries whether a
+    # call builds them or looks them up in the warm start's kept commodities, on ATT's
+    # pairs taken in two orders and with a link closed.
+    topo = load_topology("att")
+    paths = all_pairs_paths(topo, 4)
+    capacity = dict(topo.capacity)
+    warm = McfWarmStart()
+    pairs = sorted(paths)[:300]
+    closed = {**capacity, next(iter(capacity)): 0.0}
+    for order, caps in ((pairs, capacity), (pairs[::-1], capacity), (pairs, closed)):
+        demands = {pair: (paths[pair], None) for pair in order}
+        _CompactMcfLp(demands, caps, {}, warm)  # fills the kept commodities
+        kept, fresh = _CompactMcfLp(demands, caps, {}, warm), _CompactMcfLp(demands, caps, {})
+        assert kept.cols == fresh.cols
+        assert list(kept.link_rows.items()) == list(fresh.link_rows.items())
+        for name in ("entry_row", "link_count", "entry_col", "owner", "entry_start"):
+            np.testing.assert_array_equal(getattr(kept, name), getattr(fresh, name))

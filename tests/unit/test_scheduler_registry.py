@@ -67,3 +67,13 @@ def test_command_line_options_map_onto_scheduler_options():
     assert registry.options_from_args(args) == SchedulerOptions(k=2, delta=0.5)
     with pytest.raises(SystemExit):
         parser.parse_args(["--scheduler", "fifo"])
+
+
+def test_a_tool_taking_several_schedulers_checks_every_name():
+    parser = argparse.ArgumentParser()
+    registry.add_scheduler_arguments(parser, choices_extra=["all"], several=True)
+    assert parser.parse_args(["--scheduler", "all"]).scheduler == "all"
+    assert parser.parse_args(["--scheduler", "terra,varys"]).scheduler == "terra,varys"
+    for bad in ("terra,fifo", "terra,terra", "all,terra", "terra,"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--scheduler", bad])

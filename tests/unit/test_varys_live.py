@@ -8,7 +8,7 @@ the straightforward computations it replaces, on random small instances.
   general gather), on small bigswitch fabrics (every flow two entries, the matrix
   gather), with finished flows, with unrouted flows (a link down cuts a pair off);
 - `madd_kernels.madd_pass` against the MADD loop on whole capacity vectors;
-- `madd_kernels.hop_volumes`' single-path branch against its general one;
+- `madd_kernels.flow_volumes`' single-path branch against its general one;
 - the simulator's coflow path (`_allocate_by_coflow`, route entries per position)
   against its generic `allocate` path on bigswitch fabrics.
 Capacities are in bytes/s, remaining amounts in bytes.
@@ -23,7 +23,7 @@ import pytest
 from test_sparse_baselines import _AllocateOnly, _gamma, random_coflows, random_wan
 
 from terra_core.flow_bundles import FlowBundle
-from terra_core.madd_kernels import coflow_gammas, hop_volumes, madd_pass
+from terra_core.madd_kernels import coflow_gammas, flow_volumes, madd_pass
 from terra_core.rapier import RapierPolicy
 from terra_core.varys import VarysPolicy
 from terra_model import Coflow
@@ -150,7 +150,7 @@ def test_live_rates_equal_the_per_coflow_code_bit_for_bit(kind, cls, seed):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_single_path_volumes_equal_the_general_pass(seed):
-    # on bigswitch every flow is one path with all its members: `hop_volumes` then uses
+    # on bigswitch every flow is one path with all its members: `flow_volumes` then uses
     # the member count for the entries' values and the weight; the general branch, which
     # reads them, gives the same floats
     rng = random.Random(300 + seed)
@@ -159,11 +159,11 @@ def test_single_path_volumes_equal_the_general_pass(seed):
     lay = policy._layout(cids)
     assert lay.single and lay.hops == 2
     counts = np.asarray(counts, dtype=np.intp)
-    args = (counts, local, rem, lay.base, lay.size, lay.members, lay.rows, lay.vals)
-    tail = (lay.shape, lay.weight, lay.hops)
+    args = (counts, local, rem, lay.base, lay.size, lay.members, lay.ptr, lay.rows, lay.vals)
+    tail = (lay.shape, lay.weight, lay.routed, lay.hops)
     ends = (len(policy._capacity()), len(policy._shapes))
-    single = hop_volumes(*args, *tail, True, *ends)
-    general = hop_volumes(*args, *tail, False, *ends)
+    single = flow_volumes(*args, *tail, True, *ends)
+    general = flow_volumes(*args, *tail, False, *ends)
     for x, y in zip(single, general, strict=True):
         np.testing.assert_array_equal(x, y)
 
