@@ -32,7 +32,8 @@ def checked_live(
     int and float arrays, checked.
 
     Raises:
-        ValueError: lengths that do not agree, a negative count, or remaining bytes not > 0.
+        ValueError: lengths that do not agree, a negative count, or remaining bytes not
+            finite and > 0.
     """
     counts = np.asarray(counts, dtype=np.intp)
     local = np.asarray(local, dtype=np.intp)
@@ -45,8 +46,8 @@ def checked_live(
         )
     if (counts < 0).any():  # (the compiled pass trusts the counts to stay within n)
         raise ValueError("counts must be >= 0")
-    if n and not remaining.min() > 0:  # (NaN fails too)
-        raise ValueError("remaining bytes must be > 0 (finished flows are left out)")
+    if n and not (remaining.min() > 0 and remaining.max() < np.inf):  # (NaN fails too)
+        raise ValueError("remaining bytes must be finite and > 0 (finished flows are left out)")
     return counts, local, remaining
 
 
@@ -189,8 +190,9 @@ class MaddPolicy(BaselinePolicy):
         in the order of (Γ, place in `cids`), each coflow gets remaining / g per member,
         g being its Γ on the capacity the earlier ones left (skipped when g is inf), and
         the leftover is backfilled max-min over all given routed flows (`_backfill`).
-        Volumes and Γ of all coflows come from one bincount over (coflow, link); only the
-        sequential MADD pass runs per coflow, over the links the coflow uses.
+        Volumes and Γ of all coflows come from one compiled pass over the flows' route
+        entries (per coflow and link); only the sequential MADD pass runs per coflow, over
+        the links the coflow uses.
 
         Args:
             now: seconds.

@@ -189,6 +189,8 @@ def _scheduler_list(choices: Sequence[str]) -> Callable[[str], str]:
         if text in choices:
             return text
         names = text.split(",")
+        if set(names) & set(choices) - set(SCHEDULERS):
+            raise argparse.ArgumentTypeError(f"{text!r}: a list takes scheduler names only")
         for name in names:
             if name not in SCHEDULERS:
                 raise argparse.ArgumentTypeError(

@@ -77,3 +77,6 @@ def test_a_tool_taking_several_schedulers_checks_every_name():
     for bad in ("terra,fifo", "terra,terra", "all,terra", "terra,"):
         with pytest.raises(SystemExit):
             parser.parse_args(["--scheduler", bad])
+    check = registry._scheduler_list(["terra", "varys", "all"])
+    with pytest.raises(argparse.ArgumentTypeError, match="scheduler names only"):
+        check("all,terra")

@@ -210,8 +210,9 @@ def test_live_rates_reject_malformed_arguments():
         policy.live_coflow_rates(0.0, ["a"], [2], np.array([0, 2]), np.array([1.0, 2.0]))
     with pytest.raises(ValueError, match="outside"):
         policy.live_coflow_rates(0.0, ["a"], [1], np.array([-1]), np.array([1.0]))
-    with pytest.raises(ValueError, match="> 0"):
-        policy.live_coflow_rates(0.0, ["a"], [2], np.array([0, 1]), np.array([1.0, 0.0]))
+    for bad in (0.0, np.inf, np.nan):  # (inf would give NaN rates)
+        with pytest.raises(ValueError, match="finite and > 0"):
+            policy.live_coflow_rates(0.0, ["a"], [2], np.array([0, 1]), np.array([1.0, bad]))
     # counts that sum to n but go negative: the compiled pass would read past the arrays
     policy.add_coflow(Coflow("c", 0.0, [FlowBundle("z", "1", "2", 4.0, 1)]), 0.0)
     for counts in ([-1, 2], [3, -2], [-100000, 100001]):
