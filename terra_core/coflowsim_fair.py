@@ -44,7 +44,7 @@ class CoflowSimFairPolicy(MaddPolicy):
 
         Raises:
             ValueError: lengths that do not agree, a negative count, an index outside its
-                coflow, or remaining bytes not > 0.
+                coflow, or remaining bytes not finite and > 0.
             KeyError: an unknown coflow.
         """
         counts, local, remaining = checked_live(cids, counts, local, remaining)
