@@ -9,9 +9,8 @@ import operator
 
 import numpy as np
 
-from terra_core.min_cct import DualBound, Pair
+from terra_core.min_cct import TIGHT, DualBound, Pair
 
-TIGHT = 1e-9  # relative gap under which the bounds on Γ count as exact
 ARRAY_MIN = 64  # FlowGroups from which `GammaEntry.hint` runs in numpy passes
 
 

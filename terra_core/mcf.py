@@ -186,7 +186,7 @@ class _FillLp(Generic[K]):
             key_paths[key] = usable
             seq.extend(ids)
             hops.extend(lens)
-        self._key_paths = key_paths
+        self.key_paths = key_paths  # {key: its usable paths in column order}
         if not self.cols:
             return
         # link rows numbered in order of first use; the link rows of every column's path,
@@ -510,7 +510,7 @@ class _CompactMcfLp(_FillLp[K]):
             return []
         if any(record.capacity.get(link) != cap for link, cap in self.capacity.items()):
             return []
-        paths = _paths_by_key(self)
+        paths = self.key_paths
         if any(record.paths[key] != key_paths for key, key_paths in paths.items()):
             return []
         return record.rounds[:first]
@@ -754,12 +754,7 @@ class _CallRecord:
         self.froze_at = {key: r for r, done in enumerate(rounds) for key in done.frozen}
         self.scale = lp.scale
         self.capacity = lp.capacity
-        self.paths = _paths_by_key(lp)
-
-
-def _paths_by_key(lp: _FillLp[K]) -> dict[Hashable, tuple[Path, ...]]:
-    """{commodity key: its usable paths in column order} of `lp`."""
-    return lp._key_paths
+        self.paths = lp.key_paths
 
 
 def _check_cap(key: Hashable, cap: object) -> float:

@@ -73,6 +73,9 @@ class MinCct:
     prices: dict[Link, float] = field(default_factory=dict)
 
 
+TIGHT = 1e-9  # relative gap under which a lower and an upper bound on Γ count as exact
+
+
 @dataclass(frozen=True)
 class DualBound:
     """Weak-duality lower bound on Γ from fixed link prices y (docs/design.md 4.1).

@@ -12,12 +12,11 @@ from operator import itemgetter
 
 import numpy as np
 
-from terra_core.min_cct import DualBound, MinCct, Pair, PairRates
+from terra_core.min_cct import TIGHT, DualBound, MinCct, Pair, PairRates
 from terra_core.round_memo import ResidualEntry, RoundMemo
 from terra_core.round_rates import RoundResult, solve_min_cct
 from topologies import Link, Path
 
-TIGHT = 1e-9  # relative gap under which bounds on Γ count as exact
 R_SAME = 1e-12  # relative: step 4's memo takes capacities this close as unchanged
 
 
