@@ -224,9 +224,11 @@ def test_click_through_from_the_map_to_a_coflow_during_a_testbed_transfer(transf
         page = PageDriver(driver, rest)
         page.sign_in(token, TOPOLOGY, STEP_S)
         coflow = click_through_a_moving_coflow(page, rest, shots)
-        # Still a real transfer when the click-through ended: the coflow moved on.
+        # Still a real transfer when the click-through ended: the coflow moved bytes and
+        # is live or done (a round may have preempted it since: that is Terra's order).
         end = rest.get(f"/coflows/{coflow}")
-        assert end["state"] in ("running", "done") and end["bytes_delivered"] > 0
+        assert end["state"] in ("running", "preempted", "done"), end
+        assert end["bytes_delivered"] > 0, end
         progress = f"coflow {coflow} at {100 * end['bytes_delivered'] / end['bytes_total']:.0f} %"
     finally:
         if driver is not None:
