@@ -41,8 +41,8 @@ def random_case(rng: np.random.Generator):
         found = []
         for _ in range(int(rng.integers(1, 6))):
             hops = int(rng.integers(1, 6))
-            mid = [str(x) for x in rng.choice([d for d in dcs if d not in (a, b)],
-                                              size=min(hops - 1, n - 2), replace=False)]
+            others = [d for d in dcs if d not in (a, b)]
+            mid = [str(x) for x in rng.choice(others, size=min(hops - 1, n - 2), replace=False)]
             found.append((a, *mid, b))
         paths[(a, b)] = sorted(dict.fromkeys(found), key=len)
     avail = {}
