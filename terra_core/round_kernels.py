@@ -14,7 +14,7 @@ from terra_core.maxmin import _RESUM, _SAT_TOL, _sparse_fill
 
 @njit(cache=True, error_model="numpy")
 def consume_kernel(
-    left: FloatArray, ids: IntArray, lens: IntArray, x: FloatArray
+    left: FloatArray, ids: IntArray, lens: IntArray, x: FloatArray, hit: BoolArray
 ) -> None:  # pragma: no cover - compiled
     """left[i] = max(0, left[i] - x[p]) for every link i of every path p, in order.
 
@@ -23,6 +23,7 @@ def consume_kernel(
         ids: int array (entries,), the link indices of every path, one path after the other.
         lens: int array (paths,), the links per path.
         x: float array (paths,), each path's rate in bytes/s.
+        hit: bool array (links,), set for every link a path crosses (in place).
     """
     k = 0
     for p in range(len(x)):
@@ -30,6 +31,7 @@ def consume_kernel(
         for _ in range(lens[p]):
             i = ids[k]
             k += 1
+            hit[i] = True
             v = left[i] - xp
             left[i] = v if v > 0.0 else 0.0
 
@@ -39,7 +41,8 @@ def warm() -> None:
     argument types the round passes, so the first scheduling round does not pay it: about
     1.4 s from the cache, several seconds to compile. The controller builds its policy, and
     with it this, before it says it is ready."""
-    consume_kernel(np.zeros(1), np.zeros(1, np.intp), np.ones(1, np.intp), np.zeros(1))
+    consume_kernel(np.zeros(1), np.zeros(1, np.intp), np.ones(1, np.intp), np.zeros(1),
+                   np.zeros(1, dtype=bool))  # fmt: skip
     one = np.ones(1, np.intp)
     waterfill(np.array([0, 1], np.intp), one, np.zeros(1, np.intp), one, np.zeros(1, np.intp),
               np.zeros(1, np.intp), np.ones(1), np.ones(1), np.ones(1),

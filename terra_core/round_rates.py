@@ -157,7 +157,8 @@ def consume(
     if scale != 1.0:
         x = x * scale
     values = np.fromiter(left.values(), float, len(left))
-    consume_kernel(values, flat, lens, x)
+    hit = np.zeros(len(values), dtype=bool)
+    consume_kernel(values, flat, lens, x, hit)
     left.update(zip(index.links, values.tolist(), strict=True))
-    crossed: list[int] = np.unique(flat).tolist()
+    crossed: list[int] = np.flatnonzero(hit).tolist()  # (ascending, each once)
     return crossed
