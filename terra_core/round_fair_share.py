@@ -6,8 +6,11 @@ path-level progressive filling (maxmin.py) beyond.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
+from itertools import repeat
+from operator import itemgetter
 
 import numpy as np
 
@@ -152,18 +155,35 @@ def _waterfill_classes(
     for i in np.flatnonzero(touched).tolist():
         avail[links[i]] = float(left[i])
     ks, js = np.nonzero(levels > 0)
-    cls = np.repeat(np.arange(len(classes)), sizes)
-    order = np.lexsort((ks, js, cls[ks]))  # class, then path j, then pair
-    ks, js = ks[order], js[order]
+    cls = np.repeat(np.arange(len(classes)), sizes)[ks]
+    order = np.lexsort((ks, js, cls))  # class, then path j, then pair
+    ks, js, cls = ks[order], js[order], cls[order]
     rates = (levels[ks, js] * w[ks]).tolist()
     out: Rates[K] = {}
-    for k, j, x in zip(ks.tolist(), js.tolist(), rates, strict=True):
-        key = keys[k]
-        lst = out.get(key)
-        if lst is None:
-            lst = out[key] = []
-        lst.append((paths[key][j], x))
+    # runs of one class and one path j: the pairs of a run are distinct (C-level passes)
+    cuts = np.flatnonzero((np.diff(cls) != 0) | (np.diff(js) != 0)) + 1
+    bounds = [0, *cuts.tolist(), len(rates)]
+    ks_list, js_list = ks.tolist(), js.tolist()
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        if hi > lo:
+            _append_column(out, keys, ks_list[lo:hi], paths, js_list[lo], rates[lo:hi])
     return out
+
+
+def _append_column(
+    out: Rates[K],
+    keys: list[K],
+    ks: list[int],
+    paths: Mapping[K, list[Path]],
+    j: int,
+    rates: list[float],
+) -> None:
+    """Append (j-th path, rate) to `out[keys[k]]` for each k of `ks` (distinct) and its rate
+    (bytes/s), in order."""
+    pairs = list(map(keys.__getitem__, ks))
+    items = zip(map(itemgetter(j), map(paths.__getitem__, pairs)), rates, strict=True)
+    fresh: Iterable[list[tuple[Path, float]]] = map(list, repeat((), len(pairs)))
+    deque(map(list.append, map(out.setdefault, pairs, fresh), items), maxlen=0)
 
 
 @lru_cache(maxsize=8)
