@@ -2,7 +2,9 @@
 the sparse filling's step loop compiled with numba.
 
 Used by the per-flow, multipath, varys (backfill) and rapier baselines
-(docs/design.md section 4.4). This is the classic progressive-filling algorithm
+(docs/design.md section 4.4), and by Terra's round, which water-fills DC pairs
+over their paths, shortest first (`waterfill_paths`, design.md 4.2 steps 5-6).
+This is the classic progressive-filling algorithm
 (Bertsekas & Gallager, "Data Networks", section 6.5.2): every unfrozen entity
 raises its level at the same pace; when a link saturates, every entity crossing
 it freezes; when an entity reaches its cap, it freezes. Each step freezes at
@@ -761,3 +763,173 @@ def maxmin_on_paths(
     return maxmin_levels(
         path_incidence(entities, rows), cap_vec, None if caps is None else np.asarray(caps)
     )
+
+
+def waterfill_paths(
+    class_ptr: IntArray,
+    count: IntArray,
+    first: IntArray,
+    hops: IntArray,
+    starts: IntArray,
+    ids: IntArray,
+    w: FloatArray,
+    avail: FloatArray,
+    cap: FloatArray,
+    full: BoolArray,
+    touched: BoolArray,
+    full_below: float,
+) -> FloatArray:
+    """`waterfill_kernel` with this module's progressive-filling tolerances (_RESUM,
+    _SAT_TOL); the arguments and the result are the kernel's. The kernel lives here, beside
+    `_sparse_fill`, which it calls compiled: numba's cache of a function is invalidated only
+    by changes to its own file."""
+    return waterfill_kernel(class_ptr, count, first, hops, starts, ids, w, avail, cap, full,
+                            touched, full_below, _RESUM, _SAT_TOL)  # fmt: skip
+
+
+@njit(cache=True, error_model="numpy")
+def waterfill_kernel(
+    class_ptr: IntArray,
+    count: IntArray,
+    first: IntArray,
+    hops: IntArray,
+    starts: IntArray,
+    ids: IntArray,
+    w: FloatArray,
+    avail: FloatArray,
+    cap: FloatArray,
+    full: BoolArray,
+    touched: BoolArray,
+    full_below: float,
+    resum: float,
+    sat_tol: float,
+) -> FloatArray:  # pragma: no cover - compiled
+    """Water-filling of several classes of keys (DC pairs) over their paths, shortest paths
+    first, the classes one after the other (round_fair_share.fair_share; docs/design.md 4.2
+    steps 5-6): class c (keys class_ptr[c] .. class_ptr[c + 1] - 1) fills, for j = 0, 1,
+    ..., every key's j-th path that crosses no full link, max-min fair weighted by the
+    keys' weights, on what the rounds before left; the links used lose what they carry and
+    join `full` when at most full_below of their capacity is left.
+
+    The float operations, in order, of round_fair_share's water-filling in Python: one open
+    path gets min over its links of max(avail, 0) / weight (floored at 0); several get
+    `_sparse_fill`'s levels on max(avail, 0) of the links they cross (ascending), each
+    link's use summed in entry order; avail = max(0, avail − use). (max(a, 0) is Python's:
+    a unless 0 > a.)
+
+    Args:
+        class_ptr: int (classes + 1,), each class's first key.
+        count, first: int (keys,), each key's paths and its first path's number.
+        hops, starts: int (paths,), each path's links and its first entry in `ids`.
+        ids: int (entries,), link indices (n_links: a link outside the index, always full).
+        w: float (keys,), the keys' weights (> 0).
+        avail: float (n_links,), bytes/s left, changed in place.
+        cap: float (n_links,), the capacities `full_below` is taken of.
+        full: bool (n_links + 1,), the full links (the last: outside the index), in place.
+        touched: bool (n_links,), set for every link a path took rate from, in place.
+        full_below: the fraction of a link's capacity at or below which it is full.
+        resum, sat_tol: `_sparse_fill`'s tolerances.
+
+    Returns:
+        float (keys, most paths of a key): each key's level (rate / weight) on each path,
+        0 where the path was closed or got nothing.
+    """
+    n_keys = count.shape[0]
+    depth_all = 0
+    for k in range(n_keys):
+        if count[k] > depth_all:
+            depth_all = count[k]
+    levels = np.zeros((n_keys, depth_all))
+    n_links = avail.shape[0]
+    present = np.zeros(n_links, dtype=np.intp)  # a crossed link's row + 1 (0: not crossed)
+    crossed = np.empty(n_links, dtype=np.intp)
+    for c in range(class_ptr.shape[0] - 1):
+        lo, hi = class_ptr[c], class_ptr[c + 1]
+        depth = 0
+        for k in range(lo, hi):
+            if count[k] > depth:
+                depth = count[k]
+        for j in range(depth):
+            open_keys = np.empty(hi - lo, dtype=np.intp)
+            n_open = 0
+            n_entries = 0
+            for k in range(lo, hi):
+                if count[k] <= j:
+                    continue
+                q = first[k] + j
+                blocked = False
+                for e in range(starts[q], starts[q] + hops[q]):
+                    if full[ids[e]]:
+                        blocked = True
+                        break
+                if not blocked:
+                    open_keys[n_open] = k
+                    n_open += 1
+                    n_entries += hops[q]
+            if n_open == 0:
+                continue
+            if n_open == 1:
+                k = open_keys[0]
+                q = first[k] + j
+                weight = w[k]
+                s = starts[q]
+                a = avail[ids[s]]
+                low = (0.0 if 0.0 > a else a) / weight
+                for e in range(s + 1, s + hops[q]):
+                    a = avail[ids[e]]
+                    v = (0.0 if 0.0 > a else a) / weight
+                    if v < low:
+                        low = v
+                level = 0.0 if 0.0 > low else low
+                x = weight * level
+                for e in range(s, s + hops[q]):
+                    i = ids[e]
+                    v = avail[i] - x
+                    avail[i] = v if v > 0.0 else 0.0
+                    touched[i] = True
+                    if not avail[i] > full_below * cap[i]:
+                        full[i] = True
+                levels[k, j] = level
+                continue
+            # several open paths: max-min over the links they cross, in index order
+            for t in range(n_open):
+                q = first[open_keys[t]] + j
+                for e in range(starts[q], starts[q] + hops[q]):
+                    present[ids[e]] = 1
+            n_crossed = 0
+            for i in range(n_links):
+                if present[i]:
+                    crossed[n_crossed] = i
+                    n_crossed += 1
+                    present[i] = n_crossed
+            rows = np.empty(n_entries, dtype=np.intp)
+            cols = np.empty(n_entries, dtype=np.intp)
+            vals = np.empty(n_entries)
+            m = 0
+            for t in range(n_open):
+                k = open_keys[t]
+                q = first[k] + j
+                for e in range(starts[q], starts[q] + hops[q]):
+                    rows[m] = present[ids[e]] - 1
+                    cols[m] = t
+                    vals[m] = w[k]
+                    m += 1
+            capc = np.empty(n_crossed)
+            for r in range(n_crossed):
+                a = avail[crossed[r]]
+                capc[r] = 0.0 if 0.0 > a else a
+            got = _sparse_fill(rows, cols, vals, capc, n_open, resum, sat_tol)
+            used = np.zeros(n_crossed)
+            for e in range(n_entries):
+                used[rows[e]] += vals[e] * got[cols[e]]
+            for r in range(n_crossed):
+                i = crossed[r]
+                present[i] = 0
+                v = avail[i] - used[r]
+                avail[i] = v if v > 0.0 else 0.0
+                touched[i] = True
+                if not avail[i] > full_below * cap[i]:
+                    full[i] = True
+            for t in range(n_open):
+                levels[open_keys[t], j] = got[t]
+    return levels

@@ -15,10 +15,10 @@ from operator import itemgetter
 import numpy as np
 
 from terra_core.array_types import BoolArray
+from terra_core.maxmin import waterfill_paths
 from terra_core.mcf import K, Rates, maxmin_mcf
 from terra_core.min_cct import Pair, links_of
 from terra_core.path_masks import FULL, PathIndex, full_mask
-from terra_core.round_kernels import waterfill
 from terra_core.round_rates import PathRates, RoundResult, consume
 from topologies import Link, Path
 
@@ -128,7 +128,7 @@ def _waterfill_classes(
     byte sent over a longer path takes capacity on more links, so the pairs' short paths
     are used up before any pair spills onto a longer one.
 
-    The rounds run compiled (round_kernels.waterfill_kernel) over the index's flat path
+    The rounds run compiled (maxmin.waterfill_kernel) over the index's flat path
     arrays (path_masks.PathArrays); the levels it returns become rates (level × weight)
     here, in the order the rounds gave them: class, then path j, then pair.
 
@@ -148,7 +148,7 @@ def _waterfill_classes(
     cap = np.fromiter((cap_of(link, 0.0) for link in links), float, len(links))
     full = _bits(full_mask(index, avail, capacity, FULL), len(links)).copy()
     touched = np.zeros(len(links), dtype=bool)
-    levels = waterfill(
+    levels = waterfill_paths(
         class_ptr, arrays.count[nos], arrays.first[nos], arrays.hops, arrays.starts,
         arrays.ids, w, left, cap, full, touched, FULL,
     )  # fmt: skip
