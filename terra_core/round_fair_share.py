@@ -128,7 +128,7 @@ def _waterfill_classes(
     byte sent over a longer path takes capacity on more links, so the pairs' short paths
     are used up before any pair spills onto a longer one.
 
-    The rounds run compiled (maxmin.waterfill_kernel) over the index's flat path
+    The rounds run compiled (maxmin_kernels.waterfill_kernel) over the index's flat path
     arrays (path_masks.PathArrays); the levels it returns become rates (level × weight)
     here, in the order the rounds gave them: class, then path j, then pair.
 
