@@ -134,6 +134,10 @@ def _waterfill_classes(
 
     Returns:
         {pair: [(path, bytes/s)]} of the pairs with a rate, rates > 0.
+
+    Raises:
+        ValueError: a weight that is not finite and > 0, a pair in two classes, or a
+            path without a link.
     """
     keys = [pair for pairs in classes for pair in pairs]
     if not keys:
@@ -142,6 +146,12 @@ def _waterfill_classes(
     sizes = np.fromiter(map(len, classes), np.intp, len(classes))
     class_ptr = np.concatenate(([0], np.cumsum(sizes))).astype(np.intp)
     w = np.fromiter(map(weights.__getitem__, keys), float, len(keys))
+    if not (np.isfinite(w) & (w > 0)).all():
+        raise ValueError("water-filling weights must be finite and > 0")
+    if len(set(nos.tolist())) != len(keys):
+        raise ValueError("a DC pair is in two classes of the water-filling")
+    if len(arrays.hops) and not arrays.hops.min() > 0:
+        raise ValueError("a path without a link cannot be water-filled")
     links = index.links
     get, cap_of = avail.get, capacity.get
     left = np.fromiter((get(link, 0.0) for link in links), float, len(links))

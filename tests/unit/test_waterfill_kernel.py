@@ -98,3 +98,22 @@ def test_two_classes_the_later_gets_what_the_earlier_left():
     got = _waterfill_classes(classes, w, paths, avail, capacity, PathIndex(capacity))
     assert got == {("a", "b"): [(("a", "b"), 12.0)], ("c", "d"): [(("c", "d"), 6.0)]}
     assert avail == {("a", "b"): 0.0, ("c", "d"): 0.0}
+
+
+@pytest.mark.parametrize(
+    ("classes", "weights", "paths", "message"),
+    [
+        ([[("a", "b")]], {("a", "b"): 0.0}, {("a", "b"): [("a", "b")]}, "weights"),
+        ([[("a", "b")]], {("a", "b"): float("nan")}, {("a", "b"): [("a", "b")]}, "weights"),
+        ([[("a", "b")], [("a", "b")]], {("a", "b"): 1.0}, {("a", "b"): [("a", "b")]}, "two"),
+        ([[("a", "a")]], {("a", "a"): 1.0}, {("a", "a"): [("a",)]}, "without a link"),
+    ],
+)
+def test_bad_input_is_refused_and_changes_nothing(classes, weights, paths, message):
+    """A weight of 0 or NaN, a pair in two classes or a path of one node: a one-line
+    ValueError, and the spare capacity left as it was."""
+    capacity = {("a", "b"): 10.0}
+    avail = dict(capacity)
+    with pytest.raises(ValueError, match=message):
+        _waterfill_classes(classes, weights, paths, avail, capacity, PathIndex(capacity))
+    assert avail == capacity
