@@ -8,17 +8,15 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping
-from functools import lru_cache
 from itertools import repeat
 from operator import itemgetter
 
 import numpy as np
 
-from terra_core.array_types import BoolArray
 from terra_core.maxmin import waterfill_paths
 from terra_core.mcf import K, Rates, maxmin_mcf
 from terra_core.min_cct import Pair, links_of
-from terra_core.path_masks import FULL, PathIndex, full_mask
+from terra_core.path_masks import FULL, PathIndex
 from terra_core.round_rates import PathRates, RoundResult, consume
 from topologies import Link, Path
 
@@ -156,7 +154,8 @@ def _waterfill_classes(
     get, cap_of = avail.get, capacity.get
     left = np.fromiter((get(link, 0.0) for link in links), float, len(links))
     cap = np.fromiter((cap_of(link, 0.0) for link in links), float, len(links))
-    full = _bits(full_mask(index, avail, capacity, FULL), len(links)).copy()
+    full = np.append(~(left > FULL * cap), True)  # (path_masks.full_mask's rule; the
+    # last slot: links outside the index, always full)
     touched = np.zeros(len(links), dtype=bool)
     levels = waterfill_paths(
         class_ptr, arrays.count[nos], arrays.first[nos], arrays.hops, arrays.starts,
@@ -194,17 +193,6 @@ def _append_column(
     items = zip(map(itemgetter(j), map(paths.__getitem__, pairs)), rates, strict=True)
     fresh: Iterable[list[tuple[Path, float]]] = map(list, repeat((), len(pairs)))
     deque(map(list.append, map(out.setdefault, pairs, fresh), items), maxlen=0)
-
-
-@lru_cache(maxsize=8)
-def _bits(full: int, n_links: int) -> BoolArray:
-    """The bitmask `full` as a bool array of n_links + 1 entries (bit i: link i; the last,
-    the missing-link bit), read only."""
-    nbytes = (n_links + 8) // 8
-    raw = np.frombuffer(full.to_bytes(nbytes, "little"), np.uint8)
-    bits = np.unpackbits(raw, bitorder="little")[: n_links + 1].astype(bool)
-    bits.flags.writeable = False
-    return bits
 
 
 def _positive(capacity: dict[Link, float]) -> dict[Link, float]:
