@@ -24,6 +24,8 @@ from topologies import Path, Topology
 if TYPE_CHECKING:
     import numpy as np
 
+    from terra_core.flat_rates import FlatRates
+
 
 Remaining = dict[str, dict[str, float]]
 Allocation = dict[str, dict[str, list[tuple[Path, float]]]]
@@ -210,6 +212,19 @@ class CoflowRatesPolicy(Protocol):
         (per-member rates in bytes/s, one per given flow; each coflow's Route list,
         baseline_policy.Route)
         (shapes: madd.MaddPolicy.live_coflow_rates)."""
+        ...
+
+
+@runtime_checkable
+class GroupRateArraysPolicy(Protocol):
+    """Terra's fast path with its rates as flat arrays (terra_policy.TerraPolicy
+    .group_rate_arrays): `GroupRatesPolicy.group_rates`'s rates in the same order, as
+    flat_rates.FlatRates, so the simulator does not read them from lists of tuples."""
+
+    def group_rate_arrays(
+        self, now: float, volumes: dict[str, dict[tuple[str, str], float]]
+    ) -> FlatRates:
+        """{coflow id: {(src DC, dst DC): remaining bytes}} -> FlatRates."""
         ...
 
 

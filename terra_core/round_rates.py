@@ -13,6 +13,7 @@ from operator import eq, itemgetter
 
 import numpy as np
 
+from terra_core.flat_rates import FlatRates
 from terra_core.min_cct import MinCct, Pair, PairRates, links_of, min_cct
 from terra_core.path_masks import PathIndex
 from terra_core.round_kernels import consume_kernel
@@ -40,7 +41,9 @@ class RoundResult:
 
     Attributes:
         rates: {coflow id: {(src, dst): [(path, bytes/s), ...]}} for every
-            coflow that gets any rate (paths merged, rates > 0).
+            coflow that gets any rate (paths merged, rates > 0); built from `flat` when
+            first read, if the round gave its rates flat.
+        flat: the same rates as flat_rates.FlatRates (schedule_round's), or None.
         state: {coflow id: RoundState} for every input coflow.
         order: non-deadline coflow ids in the order steps 3-4 took them.
         gammas: {coflow id: the key it was taken with}: Γ in seconds on the full
@@ -52,12 +55,24 @@ class RoundResult:
         lps: LPs solved in this round (min-CCT and MCF).
     """
 
-    rates: dict[str, PairRates] = field(default_factory=dict)
     state: dict[str, str] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
     gammas: dict[str, float] = field(default_factory=dict)
     exact: dict[str, MinCct] = field(default_factory=dict)
     lps: int = 0
+    flat: FlatRates | None = None
+    _rates: dict[str, PairRates] | None = field(default=None, repr=False)
+
+    @property
+    def rates(self) -> dict[str, PairRates]:
+        """See the class docstring."""
+        if self._rates is None:
+            self._rates = {} if self.flat is None else self.flat.as_dict()
+        return self._rates
+
+    @rates.setter
+    def rates(self, value: dict[str, PairRates]) -> None:
+        self._rates, self.flat = value, None
 
 
 def solve_min_cct(

@@ -46,10 +46,11 @@ import heapq
 import math
 import operator
 from collections.abc import Iterable
-from itertools import chain, filterfalse, repeat
+from itertools import chain, compress, filterfalse, repeat
 
 import numpy as np
 
+from terra_core.flat_rates import FlatRates
 from terra_core.min_cct import MinCct, Pair, PairRates, links_of
 from terra_core.path_masks import FULL, PathIndex, all_reachable, full_mask, index_for, mark_full
 from terra_core.residual_min_cct import min_cct_on_residual
@@ -151,7 +152,7 @@ def schedule_round(
     # Step 6: work conservation, earlier coflows in the order first.
     order = scheduled + preempted + deadline_ids
     _work_conservation(active, order, paths, spare, capacity, rates, result, index)
-    result.rates = _finish(rates, capacity, index)
+    result.flat = _finish(rates, capacity, index)
     return result
 
 
@@ -504,80 +505,67 @@ def _volume_weights(volumes: dict[Pair, float], pairs: list[Pair]) -> dict[Pair,
 
 def _finish(
     rates: dict[str, PathRates], capacity: dict[Link, float], index: PathIndex
-) -> dict[str, PairRates]:
-    """Merge into lists and scale down any link that round-off left over its capacity.
+) -> FlatRates:
+    """The round's rates as FlatRates (coflows, pairs and paths in the order they were
+    first given a rate; rates > 0 before the scaling), every path through a link that
+    round-off left over its capacity scaled down by its smallest capacity / load.
 
-    The link loads are summed per path in one np.bincount over the links of
-    `index` (the order of the additions is the paths' order, as a per-link sum
-    would make); a link missing from `index` has capacity 0.
-    """
-    path_total = _path_totals(rates)
+    The link loads come from each path's total over the coflows (summed in their order,
+    np.add.at: one addition after the other), one np.bincount over the links of
+    `index` in the paths' order of first appearance; a link missing from `index` has
+    capacity 0. A rate is multiplied by its path's factor (1.0 where none is below 1)."""
+    per_pair = list(rates.values())
+    segments = list(chain.from_iterable(map(dict.values, per_pair)))
+    counts = np.fromiter(map(len, segments), np.intp, len(segments))
+    paths = list(chain.from_iterable(segments))
+    x = np.fromiter(chain.from_iterable(map(dict.values, segments)), float, len(paths))
+    factor = _round_off_factors(paths, x, capacity, index)
+    scaled = x if factor is None else x * factor
+    keep = x > 0
+    if not keep.all():
+        kept = np.concatenate(([0], np.cumsum(keep)))  # (kept rates before each place)
+        ends = np.cumsum(counts)
+        counts = (kept[ends] - kept[ends - counts]).astype(np.intp)
+        paths = list(compress(paths, keep.tolist()))
+        scaled = scaled[keep]
+    return FlatRates(
+        list(rates),
+        np.fromiter(map(len, per_pair), np.intp, len(per_pair)),
+        list(chain.from_iterable(per_pair)),
+        counts,
+        paths,
+        scaled,
+    )
+
+
+def _round_off_factors(
+    paths: list[Path], x: np.ndarray, capacity: dict[Link, float], index: PathIndex
+) -> np.ndarray | None:
+    """Per path rate (`paths`, `x` bytes/s) its path's factor (float array: the smallest
+    capacity / load over its links, 1.0 when none is below 1), or None when no link is
+    loaded over its capacity."""
+    unique = dict.fromkeys(paths)  # (in order of first appearance)
+    if len(unique) == len(paths):
+        at, totals = None, x
+    else:
+        place = dict(zip(unique, range(len(unique)), strict=False))
+        at = np.fromiter(map(place.__getitem__, paths), np.intp, len(paths))
+        totals = np.zeros(len(unique))
+        np.add.at(totals, at, x)
     n_links = len(index.links)
-    ids = index.ids_of(path_total)  # each path's link indices (every path has one)
+    ids = index.ids_of(unique)  # each path's link indices (every path has one)
     lens = np.fromiter(map(len, ids), np.intp, len(ids))
-    rows_a = np.fromiter(chain.from_iterable(ids), np.intp, int(lens.sum()))
-    rows_a[rows_a < 0] = n_links
-    vals = np.repeat(np.fromiter(path_total.values(), float, len(ids)), lens)
-    load = np.bincount(rows_a, weights=vals, minlength=n_links + 1)
+    rows = np.fromiter(chain.from_iterable(ids), np.intp, int(lens.sum()))
+    rows[rows < 0] = n_links
+    load = np.bincount(rows, weights=np.repeat(totals, lens), minlength=n_links + 1)
     cap = np.fromiter((capacity.get(link, 0.0) for link in index.links), float, n_links)
     cap = np.append(cap, 0.0)
     ratio = np.full(n_links + 1, np.inf)
     loaded = load > 0
     ratio[loaded] = cap[loaded] / load[loaded]
-    factor: dict[Path, float] = {}
-    if (ratio < 1.0).any():  # each path's smallest ratio over its links (-1: the missing slot)
-        starts = np.concatenate(([0], np.cumsum(lens)[:-1])).astype(np.intp)
-        least = np.minimum.reduceat(ratio[rows_a], starts)
-        paths = list(path_total)
-        for j in np.flatnonzero(least < 1.0).tolist():
-            factor[paths[j]] = float(least[j])
-    out: dict[str, PairRates] = {}
-    scaled = factor.keys()
-    for cid, per_pair in rates.items():
-        if (
-            (
-                not factor
-                or scaled.isdisjoint(chain.from_iterable(map(dict.keys, per_pair.values())))
-            )
-            and all(per_pair.values())
-            and _all_positive(per_pair)
-        ):  # (no path of this coflow scaled: x × 1.0 would be x)
-            lists = map(list, map(dict.items, per_pair.values()))
-            mine: PairRates = dict(zip(per_pair, lists, strict=True))
-        else:
-            mine = {}
-            for pair, per_path in per_pair.items():
-                if factor:
-                    lst = [(p, x * factor.get(p, 1.0)) for p, x in per_path.items() if x > 0]
-                else:
-                    lst = [(p, x) for p, x in per_path.items() if x > 0]
-                if lst:
-                    mine[pair] = lst
-        if mine:
-            out[cid] = mine
-    return out
-
-
-def _path_totals(rates: dict[str, PathRates]) -> dict[Path, float]:
-    """{path: bytes/s} summed over the coflows of `rates` ({cid: {pair: {path: bytes/s}}}) in
-    their order, paths in order of first appearance. A path joins one DC pair, so the paths
-    of a coflow whose pairs no earlier coflow has are new: 0.0 + x is x (up to the sign of
-    a zero), and they go in at once (C loops: thousands of FlowGroups a round)."""
-    path_total: dict[Path, float] = {}
-    get = path_total.get
-    seen: set[Pair] = set()
-    for per_pair in rates.values():
-        if seen.isdisjoint(per_pair):
-            path_total.update(chain.from_iterable(map(dict.items, per_pair.values())))
-        else:
-            for per_path in per_pair.values():
-                for path, x in per_path.items():
-                    path_total[path] = get(path, 0.0) + x
-        seen.update(per_pair)
-    return path_total
-
-
-def _all_positive(per_pair: dict[Pair, dict[Path, float]]) -> bool:
-    """Every rate of one coflow's {pair: {path: bytes/s}} is > 0 (one C-level pass)."""
-    rates = chain.from_iterable(map(dict.values, per_pair.values()))
-    return all(map(operator.gt, rates, repeat(0.0)))
+    if not (ratio < 1.0).any():
+        return None
+    starts = np.concatenate(([0], np.cumsum(lens)[:-1])).astype(np.intp)
+    least = np.minimum.reduceat(ratio[rows], starts)
+    per_path = np.where(least < 1.0, least, 1.0)
+    return per_path if at is None else per_path[at]

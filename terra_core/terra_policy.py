@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 from terra_core import round_kernels
+from terra_core.flat_rates import FlatRates
 from terra_core.gamma_cache import GammaEntry, same_volumes
 from terra_core.min_cct import DualBound, Pair, PairRates, min_cct
 from terra_core.policy import Allocation, PathSource, PolicyState, Remaining, split_by_remaining
@@ -293,7 +294,7 @@ class TerraPolicy:
                 message names the coflow and the pair.
         """
         start = time.perf_counter()
-        alloc = allocate_by_groups(remaining, self._pairs_of, lambda v: self._round(now, v))
+        alloc = allocate_by_groups(remaining, self._pairs_of, lambda v: self._round(now, v).rates)
         self.stats["round_ms"].append((time.perf_counter() - start) * 1000.0)
         return alloc
 
@@ -341,10 +342,26 @@ class TerraPolicy:
         start = time.perf_counter()
         for cid in volumes:
             self._pairs_of(cid)  # KeyError for an unknown coflow, as allocate
-        rates = self._round(now, volumes, capacity, order)
+        rates = self._round(now, volumes, capacity, order).rates
         self.served(now, rates)
         self.stats["round_ms"].append((time.perf_counter() - start) * 1000.0)
         return rates
+
+    def group_rate_arrays(self, now: float, volumes: dict[str, dict[Pair, float]]) -> FlatRates:
+        """`group_rates(now, volumes)` on the WAN's capacities, as flat arrays (the same
+        rates in the same order; flat_rates.FlatRates): the simulator's fast path, which
+        reads them without the dict of lists (policy.GroupRateArraysPolicy).
+
+        Raises:
+            KeyError, ValueError: as group_rates.
+        """
+        start = time.perf_counter()
+        for cid in volumes:
+            self._pairs_of(cid)  # KeyError for an unknown coflow, as allocate
+        result = self._round(now, volumes)
+        self.served(now, result.rates if self._deadline else {})
+        self.stats["round_ms"].append((time.perf_counter() - start) * 1000.0)
+        return result.flat if result.flat is not None else FlatRates.from_dict(result.rates)
 
     def _round(
         self,
@@ -352,12 +369,12 @@ class TerraPolicy:
         volumes: dict[str, dict[Pair, float]],
         share: dict[Link, float] | None = None,
         order: str = "share",
-    ) -> dict[str, PairRates]:
+    ) -> RoundResult:
         """One scheduling round on `volumes` ({coflow id: {pair: bytes}}) on the WAN's
         capacities or on `share`, ordered by Γ on `order`'s capacities (see group_rates):
         keeps them as the coflows' last known volumes, updates the Γ cache (Γs on the
         WAN's capacities only), states and stats (rounds, LPs) and returns the round's
-        rates ({coflow id: {pair: [(path, bytes/s)]}})."""
+        RoundResult (its rates: {coflow id: {pair: [(path, bytes/s)]}})."""
         for cid, vol in volumes.items():
             self._volumes[cid] = vol
         paths = self._paths_for(volumes)
@@ -394,7 +411,7 @@ class TerraPolicy:
             self._state[cid] = PolicyState.PREEMPTED if state == PREEMPTED else PolicyState.RUNNING
         self.stats["rounds"] += 1
         self.stats["lps"] += result.lps
-        return result.rates
+        return result
 
     # ----- extras for the simulator and the controller ---------------------------------
 

@@ -12,13 +12,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from terra_core.policy import Policy
+from terra_core.flat_rates import FlatRates
+from terra_core.policy import GroupRateArraysPolicy, Policy
 from terra_sim.allocation import Allocator
 from terra_sim.errors import SimulationError
 from terra_sim.flow_table import FlowTable, LinkTable
 
 _INF = float("inf")
-_PATH, _RATE, _ENDS = itemgetter(0), itemgetter(1), itemgetter(0, -1)
+_ENDS = itemgetter(0, -1)
 
 
 def _error(cid: str, pair, item: tuple, known: bool) -> str:
@@ -83,6 +84,7 @@ class GroupAllocator(Allocator):
         # in the last round, with the flow count they were built on: no flow of theirs
         # moved since, so the same dict (the same floats) is handed out again
         self._still: dict[str, tuple[int, dict]] = {}
+        self._arrays = policy if isinstance(policy, GroupRateArraysPolicy) else None
 
     def allocate(self, now: float, active: dict) -> float:
         """See Allocator.allocate. Only the flows of FlowGroups with a rate are written
@@ -91,7 +93,7 @@ class GroupAllocator(Allocator):
         rem = self.flows.rem[groups.pos]
         volume = np.bincount(groups.gid, weights=rem, minlength=groups.count)
         volumes = self._volumes(active, groups, volume)
-        s = self._shares(self.timed(self.policy.group_rates, now, volumes), groups)
+        s = self._shares(self._answer(now, volumes), groups)
         self._keep_still(active, groups, volumes, s.g)
         if len(s.g):
             share = s.rates / volume[s.g]  # rate / volume, per path
@@ -143,46 +145,52 @@ class GroupAllocator(Allocator):
             if not got
         }
 
-    def _shares(self, answer: dict, groups: Groups) -> _Shares:
-        """The positive path rates of `answer` ({coflow id: {pair: [(path, bytes/s)]}}) as
-        `_Shares`, after the checks (in the answer's order; the first failing path rate
-        raises). FlowGroup -1 stands for a pair or coflow without one.
+    def _shares(self, answer: FlatRates, groups: Groups) -> _Shares:
+        """The positive path rates of `answer` (flat_rates.FlatRates) as `_Shares`, after
+        the checks (in the answer's order; the first failing path rate raises).
+        FlowGroup -1 stands for a pair or coflow without one.
 
         Raises:
             SimulationError: a rate not finite or < 0, a positive rate for a FlowGroup
                 without active flows, a path that does not join its pair's DCs, or over a
                 link the WAN does not have.
         """
-        owners, pairs, lists, gs = [], [], [], []
-        for cid, pair_rates in answer.items():
+        gs: list[int] = []
+        at = 0
+        for cid, m in zip(answer.coflows, answer.pairs_per_coflow.tolist(), strict=True):
             entry = groups.coflows.get(cid)
             base, where = (entry[0], entry[2]) if entry is not None else (0, {})
-            owners.extend(repeat(cid, len(pair_rates)))
-            pairs.extend(pair_rates)
-            lists.extend(pair_rates.values())
-            gs.extend(-1 if k is None else base + k for k in map(where.get, pair_rates))
-        counts = np.fromiter(map(len, lists), np.intp, len(lists))
-        items = list(chain.from_iterable(lists))
-        n = len(items)
-        r = np.fromiter(map(_RATE, items), float, n)
+            mine = answer.pairs[at : at + m]
+            gs.extend(-1 if k is None else base + k for k in map(where.get, mine))
+            at += m
+        counts, r, paths = answer.counts, answer.rates, answer.paths
+        n = len(paths)
         g = np.repeat(np.asarray(gs, dtype=np.intp), counts)
         positive = r > 0
-        paths = list(map(_PATH, items))
-        per_item = list(chain.from_iterable(map(repeat, pairs, counts.tolist())))
+        per_item = list(chain.from_iterable(map(repeat, answer.pairs, counts.tolist())))
         joins = np.fromiter(map(eq, map(_ENDS, paths), per_item), bool, n)
         bad = ~((r >= 0) & (r < _INF)) | (positive & ((g < 0) | ~joins))
         first = int(np.argmax(bad)) if bad.any() else n
         kept = np.flatnonzero(positive[:first])
         rows = self.links.rows_of_all([paths[i] for i in kept.tolist()])  # (may raise)
         if first < n:
-            owner = list(chain.from_iterable(map(repeat, owners, counts.tolist())))[first]
-            raise SimulationError(_error(owner, per_item[first], items[first], g[first] >= 0))
+            seg = int(answer.segment_of_rate()[first])
+            owner = answer.coflows[int(answer.coflow_of_segment()[seg])]
+            item = (paths[first], float(r[first]))
+            raise SimulationError(_error(owner, per_item[first], item, g[first] >= 0))
         starts = np.repeat(np.cumsum(counts) - counts, counts)
         before = np.cumsum(positive) - positive  # positive rates before each one
         j = before - np.append(before, 0)[starts]  # its rank among its FlowGroup's
         lens = np.fromiter(map(len, rows), np.intp, len(rows))
         flat = np.fromiter(chain.from_iterable(rows), np.intp, int(lens.sum()))
         return _Shares(g[kept], j[kept], r[kept], lens, flat)
+
+    def _answer(self, now: float, volumes: dict) -> FlatRates:
+        """The policy's rates for `volumes` as FlatRates (group_rate_arrays when it has
+        it, else group_rates' dict made flat), the policy's part timed."""
+        if self._arrays is not None:
+            return self.timed(self._arrays.group_rate_arrays, now, volumes)
+        return FlatRates.from_dict(self.timed(self.policy.group_rates, now, volumes))
 
     def _groups(self, active: dict) -> Groups:
         """The FlowGroups of the active flows (`Groups`), rebuilt only when a coflow

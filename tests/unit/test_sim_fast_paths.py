@@ -8,6 +8,7 @@ import random
 import pytest
 import reference_mcf
 
+from terra_core.flat_rates import FlatRates
 from terra_core.mcf import McfWarmStart, maxmin_mcf
 from terra_core.terra_policy import TerraPolicy
 from terra_model import Coflow, Flow
@@ -19,9 +20,16 @@ G = 1e9
 
 
 class GenericTerra(TerraPolicy):
-    """TerraPolicy without the fast path: the simulator falls back to `allocate`."""
+    """TerraPolicy without the fast paths: the simulator falls back to `allocate`."""
 
     group_rates = None
+    group_rate_arrays = None
+
+
+class DictTerra(TerraPolicy):
+    """TerraPolicy whose fast path answers in dicts (`group_rates`), as a tenants' policy."""
+
+    group_rate_arrays = None
 
 
 def random_wan(rng: random.Random, n: int) -> Topology:
@@ -72,23 +80,25 @@ def test_terra_fast_path_equals_allocate(seed, guard):
             simulate(slow_policy, coflows, changes)
         return
     slow = simulate(slow_policy, coflows, changes)
-    assert [c.finish_s for c in fast.coflows] == [c.finish_s for c in slow.coflows]
-    assert fast.rounds == slow.rounds and fast.lps_per_round == slow.lps_per_round
-    assert fast.bytes_delivered == pytest.approx(slow.bytes_delivered, rel=1e-12)
-    assert fast.wan_utilization == pytest.approx(slow.wan_utilization, rel=1e-9)
+    dicts = simulate(DictTerra(wan.copy(), k=3, guard=guard), coflows, changes)
+    for other in (slow, dicts):
+        assert [c.finish_s for c in fast.coflows] == [c.finish_s for c in other.coflows]
+        assert fast.rounds == other.rounds and fast.lps_per_round == other.lps_per_round
+        assert fast.bytes_delivered == pytest.approx(other.bytes_delivered, rel=1e-12)
+        assert fast.wan_utilization == pytest.approx(other.wan_utilization, rel=1e-9)
 
 
 def test_fast_path_is_taken():
     wan = random_wan(random.Random(1), 4)
     policy = TerraPolicy(wan.copy())
     calls = []
-    original = policy.group_rates
+    original = policy.group_rate_arrays
 
     def spy(now, volumes):
         calls.append(now)
         return original(now, volumes)
 
-    policy.group_rates = spy
+    policy.group_rate_arrays = spy
     policy.allocate = None  # the generic path would fail
     simulate(policy, random_coflows(random.Random(2), list(wan.dcs), 5))
     assert calls
@@ -103,14 +113,14 @@ def test_a_coflow_without_a_rate_is_handed_its_last_volumes_dict_again():
     coflows = [Coflow(f"c{i}", 0.1 * i, [Flow("f", "A", "B", (10 - i) * G)]) for i in range(6)]
     policy = TerraPolicy(wan.copy(), k=1)
     rounds = []
-    original = policy.group_rates
+    original = policy.group_rate_arrays
 
     def spy(now, volumes):
         rates = original(now, volumes)
-        rounds.append(({cid: (v, dict(v)) for cid, v in volumes.items()}, set(rates)))
+        rounds.append(({cid: (v, dict(v)) for cid, v in volumes.items()}, set(rates.as_dict())))
         return rates
 
-    policy.group_rates = spy
+    policy.group_rate_arrays = spy
     simulate(policy, coflows)
     again = 0
     for (before, rated), (after, _) in zip(rounds, rounds[1:], strict=False):
@@ -233,8 +243,21 @@ class _BadGroups(TerraPolicy):
         super().__init__(topology)
         self.answer = answer
 
+    group_rate_arrays = None
+
     def group_rates(self, now, volumes, capacity=None):
         return self.answer
+
+
+class _BadArrays(TerraPolicy):
+    """The same buggy answer through the flat fast path (`group_rate_arrays`)."""
+
+    def __init__(self, topology, answer):
+        super().__init__(topology)
+        self.answer = answer
+
+    def group_rate_arrays(self, now, volumes):
+        return FlatRates.from_dict(self.answer)
 
 
 _LINE = Topology("line", ["A", "B", "C"], {("A", "B"): G, ("B", "C"): G, ("B", "A"): G})
@@ -253,12 +276,13 @@ _LINE = Topology("line", ["A", "B", "C"], {("A", "B"): G, ("B", "C"): G, ("B", "
         ({"c": {("A", "B"): [(("A", "B"), 2 * G)]}}, "loaded"),
     ],
 )
-def test_malformed_group_rates_are_policy_bugs(answer, message):
+@pytest.mark.parametrize("bad", [_BadGroups, _BadArrays])
+def test_malformed_group_rates_are_policy_bugs(answer, message, bad):
     # the split checks the answer path rate by path rate, in its order: the first bad one
     # is reported, and a rate of 0 is never checked further
     coflow = Coflow("c", 0, [Flow("f", "A", "B", G)])
     with pytest.raises(SimulationError, match=message):
-        simulate(_BadGroups(_LINE, answer), [coflow])
+        simulate(bad(_LINE, answer), [coflow])
 
 
 def test_zero_group_rates_off_the_flowgroups_are_ignored():
@@ -268,5 +292,6 @@ def test_zero_group_rates_off_the_flowgroups_are_ignored():
         "x": {("A", "B"): [(("A", "B"), 0.0)]},
         "c": {("A", "C"): [(("A", "B", "C"), 0.0)], ("A", "B"): [(("A", "B"), G / 4)] * 2},
     }
-    result = simulate(_BadGroups(_LINE, answer), [Coflow("c", 0, [Flow("f", "A", "B", G)])])
-    assert result.coflows[0].cct_s == pytest.approx(2.0)
+    for bad in (_BadGroups, _BadArrays):
+        result = simulate(bad(_LINE, answer), [Coflow("c", 0, [Flow("f", "A", "B", G)])])
+        assert result.coflows[0].cct_s == pytest.approx(2.0)

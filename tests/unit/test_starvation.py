@@ -120,6 +120,10 @@ class _Recorder(TerraPolicy):
         self.calls.append(now)
         return super().group_rates(now, volumes)
 
+    def group_rate_arrays(self, now, volumes):
+        self.calls.append(now)
+        return super().group_rate_arrays(now, volumes)
+
 
 def test_simulator_runs_a_round_when_a_coflow_starts_starving():
     # Arrivals and finishes of the stream fall on x.5 s; the only event at t = 20.0 is
