@@ -72,6 +72,7 @@ class PathIndex:
         self._pairs: dict[Hashable, list[PathEntry]] = {}
         self.clean: set[Pair] = set()  # pairs with a path inside the index (all_reachable)
         self._ids: dict[Path, tuple[int, ...]] = {}
+        self._distinct: dict[Hashable, bool] = {}
         self._pair_no: dict[Hashable, int] = {}  # pairs met by path_arrays, numbered
         self._arrays: PathArrays | None = None
 
@@ -104,6 +105,17 @@ class PathIndex:
         got = self._pairs.get(pair)
         if got is None:
             got = self._pairs[pair] = [self._entry(p) for p in paths[pair]]
+        return got
+
+    def distinct(self, pair: Key, paths: Mapping[Key, list[Path]]) -> bool:
+        """Whether `paths[pair]` has no path twice (cached per pair, as `entries`).
+
+        Raises:
+            KeyError: `pair` not in `paths`.
+        """
+        got = self._distinct.get(pair)
+        if got is None:
+            got = self._distinct[pair] = len(set(paths[pair])) == len(paths[pair])
         return got
 
     def ids(self, path: Path) -> tuple[int, ...]:

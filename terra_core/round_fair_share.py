@@ -10,6 +10,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from itertools import repeat
 from operator import itemgetter
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -111,6 +112,36 @@ def _columns_over(weights: Iterable[K], paths: Mapping[K, list[Path]], limit: in
     return False
 
 
+class ClassFill(NamedTuple):
+    """The water-filling's rates as arrays (`fill_classes`), in the order its rounds gave
+    them: class, then path j, then pair. `keys`: the classes' pairs, class after class;
+    per rate `ks` its pair (index into keys), `js` its path (index into the pair's
+    paths), `cls` its class (int arrays) and `rates` (float array, bytes/s, > 0 up to
+    underflow)."""
+
+    keys: list[Any]  # (DC pairs, or other keys of their paths)
+    ks: np.ndarray
+    js: np.ndarray
+    cls: np.ndarray
+    rates: np.ndarray
+
+
+def fill_classes(
+    classes: list[list[Pair]],
+    weights: Mapping[Pair, float],
+    paths: Mapping[Pair, list[Path]],
+    avail: dict[Link, float],
+    capacity: dict[Link, float],
+    result: RoundResult,
+    index: PathIndex,
+) -> Rates[Pair] | ClassFill:
+    """`fair_share(weights, paths, avail, capacity, result, index, classes)`, its
+    water-filling's rates left as a ClassFill (the MCF's as fair_share gives them)."""
+    if _columns_over(weights, paths, MCF_MAX_COLUMNS):
+        return _waterfill_fill(classes, weights, paths, avail, capacity, index)
+    return fair_share(weights, paths, avail, capacity, result, index, classes=classes)
+
+
 def _waterfill_classes(
     classes: list[list[K]],
     weights: Mapping[K, float],
@@ -119,6 +150,33 @@ def _waterfill_classes(
     capacity: dict[Link, float],
     index: PathIndex,
 ) -> Rates[K]:
+    """`_waterfill_fill`'s rates as {pair: [(path, bytes/s)]} of the pairs with a rate."""
+    return fill_rates(_waterfill_fill(classes, weights, paths, avail, capacity, index), paths)
+
+
+def fill_rates(fill: ClassFill, paths: Mapping[K, list[Path]]) -> Rates[K]:
+    """A ClassFill's rates as {pair: [(path, bytes/s)]}, pairs in order of their first
+    rate, each pair's in the fill's order."""
+    keys, ks, js, cls, rates = fill
+    out: Rates[K] = {}
+    # runs of one class and one path j: the pairs of a run are distinct (C-level passes)
+    cuts = np.flatnonzero((np.diff(cls) != 0) | (np.diff(js) != 0)) + 1
+    bounds = [0, *cuts.tolist(), len(rates)]
+    ks_list, js_list, values = ks.tolist(), js.tolist(), rates.tolist()
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        if hi > lo:
+            _append_column(out, keys, ks_list[lo:hi], paths, js_list[lo], values[lo:hi])
+    return out
+
+
+def _waterfill_fill(
+    classes: list[list[K]],
+    weights: Mapping[K, float],
+    paths: Mapping[K, list[Path]],
+    avail: dict[Link, float],
+    capacity: dict[Link, float],
+    index: PathIndex,
+) -> ClassFill:
     """Water-filling of `classes` on `avail`, which shrinks by the result (in place): the
     classes one after the other, each shortest paths first. Round j of a class fills every
     pair's j-th path (paths come fewest hops first) max-min fair weighted like its pair, on
@@ -131,7 +189,7 @@ def _waterfill_classes(
     here, in the order the rounds gave them: class, then path j, then pair.
 
     Returns:
-        {pair: [(path, bytes/s)]} of the pairs with a rate, rates > 0.
+        ClassFill of the (pair, path) columns with a rate.
 
     Raises:
         ValueError: a weight that is not finite and > 0, a pair in two classes, or a
@@ -139,7 +197,8 @@ def _waterfill_classes(
     """
     keys = [pair for pairs in classes for pair in pairs]
     if not keys:
-        return {}
+        empty = np.zeros(0, dtype=np.intp)
+        return ClassFill(keys, empty, empty, empty, np.zeros(0))
     nos, arrays = index.path_arrays(keys, paths)
     sizes = np.fromiter(map(len, classes), np.intp, len(classes))
     class_ptr = np.concatenate(([0], np.cumsum(sizes))).astype(np.intp)
@@ -167,16 +226,7 @@ def _waterfill_classes(
     cls = np.repeat(np.arange(len(classes)), sizes)[ks]
     order = np.lexsort((ks, js, cls))  # class, then path j, then pair
     ks, js, cls = ks[order], js[order], cls[order]
-    rates = (levels[ks, js] * w[ks]).tolist()
-    out: Rates[K] = {}
-    # runs of one class and one path j: the pairs of a run are distinct (C-level passes)
-    cuts = np.flatnonzero((np.diff(cls) != 0) | (np.diff(js) != 0)) + 1
-    bounds = [0, *cuts.tolist(), len(rates)]
-    ks_list, js_list = ks.tolist(), js.tolist()
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
-        if hi > lo:
-            _append_column(out, keys, ks_list[lo:hi], paths, js_list[lo], rates[lo:hi])
-    return out
+    return ClassFill(keys, ks, js, cls, levels[ks, js] * w[ks])
 
 
 def _append_column(

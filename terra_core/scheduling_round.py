@@ -54,7 +54,7 @@ from terra_core.flat_rates import FlatRates
 from terra_core.min_cct import MinCct, Pair, PairRates, links_of
 from terra_core.path_masks import FULL, PathIndex, all_reachable, full_mask, index_for, mark_full
 from terra_core.residual_min_cct import min_cct_on_residual
-from terra_core.round_fair_share import alpha_share, fair_share
+from terra_core.round_fair_share import ClassFill, alpha_share, fill_classes, fill_rates
 from terra_core.round_memo import ActiveCache, RoundMemo
 from terra_core.round_rates import (
     DEADLINE,
@@ -151,8 +151,8 @@ def schedule_round(
     spare = {link: r[link] + reserve[link] for link in left}
     # Step 6: work conservation, earlier coflows in the order first.
     order = scheduled + preempted + deadline_ids
-    _work_conservation(active, order, paths, spare, capacity, rates, result, index)
-    result.flat = _finish(rates, capacity, index)
+    tail = _work_conservation(active, order, paths, spare, capacity, rates, result, index)
+    result.flat = _finish(rates, capacity, index, tail)
     return result
 
 
@@ -455,7 +455,7 @@ def _work_conservation(
     rates: dict[str, PathRates],
     result: RoundResult,
     index: PathIndex,
-) -> None:
+) -> FlatRates | None:
     """Step 6: the spare capacity to the coflows in `order`, earlier coflows first.
 
     Every DC pair belongs to the earliest coflow in `order` with a FlowGroup on it. The
@@ -465,6 +465,10 @@ def _work_conservation(
     falls, as in Optimization (1) on the spare capacity) until some FlowGroup is blocked,
     then the others keep growing. A later coflow gets only what the earlier ones cannot
     use, and nothing on a pair an earlier coflow holds (that pair's paths are full).
+
+    Returns:
+        The water-filled rates of the coflows without earlier rates as FlatRates, to go
+        after `rates` (`_add_fill`), or None (all added to `rates`).
     """
     owner: dict[Pair, str] = {}
     classes: list[list[Pair]] = []  # each coflow's pairs (in `order`), when it has any
@@ -482,9 +486,64 @@ def _work_conservation(
         if mine:
             classes.append(mine)
             weights.update(_volume_weights(fgs, mine))
-    pair_rates = fair_share(weights, paths, spare, capacity, result, index, classes=classes)
-    for pair, lst in pair_rates.items():
+    fill = fill_classes(classes, weights, paths, spare, capacity, result, index)
+    if isinstance(fill, ClassFill):
+        owners = [owner[pairs[0]] for pairs in classes]
+        return _add_fill(fill, owners, owner, paths, rates, index)
+    for pair, lst in fill.items():
         add_rates(rates.setdefault(owner[pair], {}), pair, lst)
+    return None
+
+
+def _add_fill(
+    fill: ClassFill,
+    owners: list[str],
+    owner: dict[Pair, str],
+    paths: dict[Pair, list[Path]],
+    rates: dict[str, PathRates],
+    index: PathIndex,
+) -> FlatRates | None:
+    """Step 6's water-filled rates (`fill`; class i is coflow owners[i]'s, a pair is
+    owner[pair]'s) added to `rates` for the coflows that have rates already; those of the
+    others (each class's coflow new to `rates`) as FlatRates in the order `rates` would
+    have taken them (after every coflow of `rates`, class after class; a coflow's pairs in
+    order of their first rate, each pair's paths in path order), or None when there are
+    none. A pair whose paths repeat one (which a dict would merge) goes through the dicts."""
+    keys, ks, js, cls, values = fill
+    new = np.fromiter((cid not in rates for cid in owners), bool, len(owners))
+    fresh = new[cls]
+    if fresh.any() and not all(map(index.distinct, set(map(keys.__getitem__, ks[fresh].tolist())),
+                                   repeat(paths))):  # fmt: skip
+        fresh[:] = False
+    if not fresh.all():  # (the coflows with rates: through the dicts)
+        old = np.flatnonzero(~fresh)
+        part = ClassFill(keys, ks[old], js[old], cls[old], values[old])
+        for pair, lst in fill_rates(part, paths).items():
+            add_rates(rates.setdefault(owner[pair], {}), pair, lst)
+    sel = np.flatnonzero(fresh)
+    if not len(sel):
+        return None
+    ks, js, cls, values = ks[sel], js[sel], cls[sel], values[sel]
+    first = np.full(len(keys), len(sel), dtype=np.intp)
+    np.minimum.at(first, ks, np.arange(len(sel), dtype=np.intp))  # each pair's first rate
+    order = np.lexsort((js, first[ks]))
+    ks, js, cls, values = ks[order], js[order], cls[order], values[order]
+    cut = np.flatnonzero(np.diff(ks) != 0) + 1  # a pair's rates are one run
+    seg_start = np.concatenate(([0], cut)).astype(np.intp)
+    counts = np.diff(np.append(seg_start, len(ks))).astype(np.intp)
+    seg_cls = cls[seg_start]
+    classes_in = np.flatnonzero(np.bincount(seg_cls, minlength=len(owners)))
+    per_coflow = np.bincount(seg_cls, minlength=len(owners))[classes_in].astype(np.intp)
+    pair_of = list(map(keys.__getitem__, ks.tolist()))
+    path_lists = map(paths.__getitem__, pair_of)
+    return FlatRates(
+        [owners[c] for c in classes_in.tolist()],
+        per_coflow,
+        [pair_of[i] for i in seg_start.tolist()],
+        counts,
+        list(map(list.__getitem__, path_lists, js.tolist())),
+        values,
+    )
 
 
 def _volume_weights(volumes: dict[Pair, float], pairs: list[Pair]) -> dict[Pair, float]:
@@ -504,7 +563,10 @@ def _volume_weights(volumes: dict[Pair, float], pairs: list[Pair]) -> dict[Pair,
 
 
 def _finish(
-    rates: dict[str, PathRates], capacity: dict[Link, float], index: PathIndex
+    rates: dict[str, PathRates],
+    capacity: dict[Link, float],
+    index: PathIndex,
+    tail: FlatRates | None = None,
 ) -> FlatRates:
     """The round's rates as FlatRates (coflows, pairs and paths in the order they were
     first given a rate; rates > 0 before the scaling), every path through a link that
@@ -513,12 +575,22 @@ def _finish(
     The link loads come from each path's total over the coflows (summed in their order,
     np.add.at: one addition after the other), one np.bincount over the links of
     `index` in the paths' order of first appearance; a link missing from `index` has
-    capacity 0. A rate is multiplied by its path's factor (1.0 where none is below 1)."""
+    capacity 0. A rate is multiplied by its path's factor (1.0 where none is below 1).
+    `tail` (coflows not in `rates`) comes after `rates`' coflows."""
     per_pair = list(rates.values())
     segments = list(chain.from_iterable(map(dict.values, per_pair)))
     counts = np.fromiter(map(len, segments), np.intp, len(segments))
     paths = list(chain.from_iterable(segments))
     x = np.fromiter(chain.from_iterable(map(dict.values, segments)), float, len(paths))
+    coflows, pairs = list(rates), list(chain.from_iterable(per_pair))
+    per_coflow = np.fromiter(map(len, per_pair), np.intp, len(per_pair))
+    if tail is not None:
+        coflows += tail.coflows
+        pairs += tail.pairs
+        per_coflow = np.concatenate((per_coflow, tail.pairs_per_coflow))
+        counts = np.concatenate((counts, tail.counts))
+        paths += tail.paths
+        x = np.concatenate((x, tail.rates))
     factor = _round_off_factors(paths, x, capacity, index)
     scaled = x if factor is None else x * factor
     keep = x > 0
@@ -528,14 +600,7 @@ def _finish(
         counts = (kept[ends] - kept[ends - counts]).astype(np.intp)
         paths = list(compress(paths, keep.tolist()))
         scaled = scaled[keep]
-    return FlatRates(
-        list(rates),
-        np.fromiter(map(len, per_pair), np.intp, len(per_pair)),
-        list(chain.from_iterable(per_pair)),
-        counts,
-        paths,
-        scaled,
-    )
+    return FlatRates(coflows, per_coflow, pairs, counts, paths, scaled)
 
 
 def _round_off_factors(
