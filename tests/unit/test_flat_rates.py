@@ -9,7 +9,9 @@ import reference_round
 
 from terra_core.flat_rates import FlatRates
 from terra_core.path_masks import PathIndex
-from terra_core.scheduling_round import _finish
+from terra_core.round_fair_share import ClassFill, fill_rates
+from terra_core.round_rates import add_rates
+from terra_core.scheduling_round import _add_fill, _finish
 
 G = 1e9
 
@@ -67,3 +69,40 @@ def test_from_dict_keeps_every_entry_and_as_dict_drops_empty_pairs_and_coflows()
 def test_lengths_that_do_not_add_up_are_refused():
     with pytest.raises(ValueError, match="do not add up"):
         FlatRates(["x"], np.array([1]), [("A", "B")], np.array([2]), [("A", "B")], np.array([1.0]))
+
+
+def _fill(keys, rows):
+    """A ClassFill of (k, j, class, rate) rows, in the fill's order."""
+    ks, js, cls, rates = (np.array(col) for col in zip(*rows, strict=True))
+    return ClassFill(keys, ks, js, cls, rates.astype(float))
+
+
+def test_step_6_rates_of_new_coflows_come_flat_in_the_order_the_dicts_would_take():
+    ab, ac, ad = ("A", "B"), ("A", "C"), ("A", "D")
+    paths = {ab: [("A", "B"), ("A", "C", "B")], ac: [("A", "C"), ("A", "B", "C")],
+             ad: [("A", "D"), ("A", "B", "D")]}  # fmt: skip
+    # class 0 (c0, with rates from step 4) has ab; class 1 (c1, new) has ac and ad, and ad
+    # gets a rate on its path 0 before ac gets one on its path 1: ad comes first
+    rows = [(0, 0, 0, 1.0), (2, 0, 1, 3.0), (1, 1, 1, 2.0), (2, 1, 1, 4.0)]
+    fill = _fill([ab, ac, ad], rows)
+    rates = {"c0": {ab: {("A", "B"): 5.0}}}
+    owner = {ab: "c0", ac: "c1", ad: "c1"}
+    tail = _add_fill(fill, ["c0", "c1"], owner, paths, rates, PathIndex([]))
+    assert rates == {"c0": {ab: {("A", "B"): 6.0}}}
+    got = tail.as_dict()
+    assert got == {"c1": {ad: [(("A", "D"), 3.0), (("A", "B", "D"), 4.0)],
+                          ac: [(("A", "B", "C"), 2.0)]}}  # fmt: skip
+    assert list(got["c1"]) == [ad, ac]
+    dicts: dict = {"c0": {ab: {("A", "B"): 5.0}}}  # the dict route: the same order
+    for pair, lst in fill_rates(fill, paths).items():
+        add_rates(dicts.setdefault(owner[pair], {}), pair, lst)
+    assert list(dicts["c1"]) == [ad, ac] and list(dicts["c1"][ad]) == [("A", "D"), ("A", "B", "D")]
+
+
+def test_a_pair_whose_paths_repeat_goes_through_the_dicts():
+    ab = ("A", "B")
+    paths = {ab: [("A", "B"), ("A", "B")]}
+    fill = _fill([ab], [(0, 0, 0, 1.0), (0, 1, 0, 2.0)])
+    rates: dict = {}
+    tail = _add_fill(fill, ["c"], {ab: "c"}, paths, rates, PathIndex([]))
+    assert tail is None and rates == {"c": {ab: {("A", "B"): 3.0}}}
