@@ -100,6 +100,8 @@ class Probe:
         self.inner, self.checked = inner, checked
         self.rows: list[dict] = []
 
+    group_rate_arrays = None  # (the simulator asks group_rates, which checks)
+
     def __getattr__(self, name):
         return getattr(self.inner, name)
 

@@ -9,7 +9,7 @@ Runs `terra-sim` with the given arguments in this process and prints one line: t
 checkout whose terra_core ran (the one installed; `python -m benchmarks.round_cpu` from
 a checkout's root runs that checkout's), the rounds (calls of the simulator's
 GroupAllocator.allocate), the process CPU seconds inside allocate (the policy's round
-plus the split of its rates among the flows), inside the policy's group_rates alone and
+plus the split of its rates among the flows), inside the policy's group_rate_arrays alone and
 in the whole run, the CPU milliseconds per round and the 1-minute load average.
 
 With `--cost-model` first, it also fits the CPU seconds inside allocate of the rounds
@@ -47,7 +47,7 @@ def main(argv: list[str]) -> int:
     argv = argv[1:] if model else argv
     spent = {"allocate": 0.0, "policy": 0.0, "rounds": 0}
     rows: list[tuple[float, int, int, int]] = []  # (CPU s, FlowGroups, with a rate, LPs)
-    allocate, group_rates = GroupAllocator.allocate, TerraPolicy.group_rates
+    allocate, group_rates = GroupAllocator.allocate, TerraPolicy.group_rate_arrays
 
     def timed_allocate(self, now, active):
         lps = self.policy.stats.get("lps", 0) if model else 0
@@ -71,12 +71,12 @@ def main(argv: list[str]) -> int:
             spent["policy"] += time.process_time() - start
 
     GroupAllocator.allocate = timed_allocate
-    TerraPolicy.group_rates = timed_group_rates
+    TerraPolicy.group_rate_arrays = timed_group_rates
     start = time.process_time()
     try:
         status = cli.main(argv)
     finally:
-        GroupAllocator.allocate, TerraPolicy.group_rates = allocate, group_rates
+        GroupAllocator.allocate, TerraPolicy.group_rate_arrays = allocate, group_rates
     total = time.process_time() - start
     rounds = spent["rounds"]
     print(

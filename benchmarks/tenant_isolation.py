@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from terra_core.min_cct import min_cct
+from terra_core.round_rates import RoundResult
 from terra_core.tenant_policy import TenantPolicy, TenantSpec
 from terra_core.tenant_shares import (
     DEFAULT_ORDER,
@@ -103,7 +104,9 @@ class TenantMaxMin(TerraPolicy):
             for cid in cids if lst else ():
                 out.setdefault(cid, {})[k] = [(p, x / len(cids)) for p, x in lst]
         self.stats["rounds"] += 1
-        return out
+        result = RoundResult()
+        result.rates = out
+        return result
 
 
 class Probe:
@@ -116,6 +119,8 @@ class Probe:
         self.reached: list[float] = []
         self.used: list[float] = []
         self.jain: list[float] = []
+
+    group_rate_arrays = None  # (the simulator asks group_rates, which measures)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
