@@ -172,7 +172,8 @@ class GroupAllocator(Allocator):
         bad = ~((r >= 0) & (r < _INF)) | (positive & ((g < 0) | ~joins))
         first = int(np.argmax(bad)) if bad.any() else n
         kept = np.flatnonzero(positive[:first])
-        rows = self.links.rows_of_all([paths[i] for i in kept.tolist()])  # (may raise)
+        kept_paths = paths if len(kept) == n else [paths[i] for i in kept.tolist()]
+        rows = self.links.rows_of_all(kept_paths)  # (may raise)
         if first < n:
             seg = int(answer.segment_of_rate()[first])
             owner = answer.coflows[int(answer.coflow_of_segment()[seg])]
