@@ -3,7 +3,8 @@ the sparse filling's step loops compiled with numba (in maxmin_kernels.py, calle
 
 Used by the per-flow, multipath, varys (backfill) and rapier baselines
 (docs/design.md section 4.4), and by Terra's round, which water-fills DC pairs
-over their paths, shortest first (`waterfill_paths`, design.md 4.2 steps 5-6).
+over their paths, shortest first (maxmin_kernels.waterfill_kernel, design.md 4.2
+steps 5-6).
 This is the classic progressive-filling algorithm
 (Bertsekas & Gallager, "Data Networks", section 6.5.2): every unfrozen entity
 raises its level at the same pace; when a link saturates, every entity crossing
@@ -26,14 +27,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from terra_core.array_types import BoolArray, FloatArray, IntArray
+from terra_core.array_types import FloatArray, IntArray
 from terra_core.maxmin_kernels import (
     _RESUM,
     _SAT_TOL,
     _scaled_fill,
     _scan_entries,
     _sparse_fill,
-    waterfill_kernel,
 )
 from terra_core.sparse_index import csr_ranges, link_index, path_incidence
 from topologies import Link, Path, path_links
@@ -384,23 +384,3 @@ def maxmin_on_paths(
     return maxmin_levels(
         path_incidence(entities, rows), cap_vec, None if caps is None else np.asarray(caps)
     )
-
-
-def waterfill_paths(
-    class_ptr: IntArray,
-    count: IntArray,
-    first: IntArray,
-    hops: IntArray,
-    starts: IntArray,
-    ids: IntArray,
-    w: FloatArray,
-    avail: FloatArray,
-    cap: FloatArray,
-    full: BoolArray,
-    touched: BoolArray,
-    full_below: float,
-) -> FloatArray:
-    """`waterfill_kernel` with this module's progressive-filling tolerances (_RESUM,
-    _SAT_TOL); the arguments and the result are maxmin_kernels.waterfill_kernel's."""
-    return waterfill_kernel(class_ptr, count, first, hops, starts, ids, w, avail, cap, full,
-                            touched, full_below, _RESUM, _SAT_TOL)  # fmt: skip

@@ -411,8 +411,6 @@ def waterfill_kernel(
     full: BoolArray,
     touched: BoolArray,
     full_below: float,
-    resum: float,
-    sat_tol: float,
 ) -> FloatArray:  # pragma: no cover - compiled
     """Water-filling of several classes of keys (DC pairs) over their paths, shortest paths
     first, the classes one after the other (round_fair_share.fair_share; docs/design.md 4.2
@@ -438,7 +436,7 @@ def waterfill_kernel(
         full: bool (n_links + 1,), the full links (the last: outside the index), in place.
         touched: bool (n_links,), set for every link a path took rate from, in place.
         full_below: the fraction of a link's capacity at or below which it is full.
-        resum, sat_tol: `_sparse_fill`'s tolerances.
+        (`_sparse_fill` runs with this module's tolerances, _RESUM and _SAT_TOL.)
 
     Returns:
         float (keys, most paths of a key): each key's level (rate / weight) on each path,
@@ -458,7 +456,7 @@ def waterfill_kernel(
                                          cap, full, touched, full_below)  # fmt: skip
             elif n_open > 1:
                 _fill_several(open_keys[:n_open], j, first, hops, starts, ids, w, avail, cap,
-                              full, touched, full_below, resum, sat_tol, levels)  # fmt: skip
+                              full, touched, full_below, levels)  # fmt: skip
     return levels
 
 
@@ -538,8 +536,6 @@ def _fill_several(
     full: BoolArray,
     touched: BoolArray,
     full_below: float,
-    resum: float,
-    sat_tol: float,
     levels: FloatArray,
 ) -> None:  # pragma: no cover - compiled
     """Several open j-th paths (of `keys`): `_sparse_fill` over the links they cross, in
@@ -570,7 +566,7 @@ def _fill_several(
     for r in range(crossed.shape[0]):
         a = avail[crossed[r]]
         capc[r] = 0.0 if 0.0 > a else a
-    got = _sparse_fill(rows, cols, vals, capc, keys.shape[0], resum, sat_tol)
+    got = _sparse_fill(rows, cols, vals, capc, keys.shape[0], _RESUM, _SAT_TOL)
     used = np.zeros(crossed.shape[0])
     for e in range(n_entries):
         used[rows[e]] += vals[e] * got[cols[e]]

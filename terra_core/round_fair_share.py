@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from terra_core.maxmin import waterfill_paths
+from terra_core.maxmin_kernels import waterfill_kernel
 from terra_core.mcf import K, Rates, maxmin_mcf
 from terra_core.min_cct import Pair, links_of
 from terra_core.path_masks import FULL, PathIndex
@@ -83,9 +83,24 @@ def fair_share(
     Both leave no path with spare capacity on every link unused. `index` is the
     round's path_masks.PathIndex over the links of `avail`.
     """
+    fill = fill_classes(weights, paths, avail, capacity, result, index, classes)
+    return fill_rates(fill, paths) if isinstance(fill, ClassFill) else fill
+
+
+def fill_classes(
+    weights: Mapping[K, float],
+    paths: Mapping[K, list[Path]],
+    avail: dict[Link, float],
+    capacity: dict[Link, float],
+    result: RoundResult,
+    index: PathIndex,
+    classes: list[list[K]] | None = None,
+) -> Rates[K] | ClassFill:
+    """`fair_share`, its water-filling's rates left as a ClassFill (the MCF's as
+    {pair: [(path, bytes/s)]})."""
     classes = [list(weights)] if classes is None else classes
     if _columns_over(weights, paths, MCF_MAX_COLUMNS):
-        return _waterfill_classes(classes, weights, paths, avail, capacity, index)
+        return _waterfill_fill(classes, weights, paths, avail, capacity, index)
     priority = {pair: i for i, pairs in enumerate(classes) for pair in pairs}
     open_links = _open_links(avail, capacity)
     usable = {
@@ -124,22 +139,6 @@ class ClassFill(NamedTuple):
     js: np.ndarray
     cls: np.ndarray
     rates: np.ndarray
-
-
-def fill_classes(
-    classes: list[list[Pair]],
-    weights: Mapping[Pair, float],
-    paths: Mapping[Pair, list[Path]],
-    avail: dict[Link, float],
-    capacity: dict[Link, float],
-    result: RoundResult,
-    index: PathIndex,
-) -> Rates[Pair] | ClassFill:
-    """`fair_share(weights, paths, avail, capacity, result, index, classes)`, its
-    water-filling's rates left as a ClassFill (the MCF's as fair_share gives them)."""
-    if _columns_over(weights, paths, MCF_MAX_COLUMNS):
-        return _waterfill_fill(classes, weights, paths, avail, capacity, index)
-    return fair_share(weights, paths, avail, capacity, result, index, classes=classes)
 
 
 def _waterfill_classes(
@@ -216,7 +215,7 @@ def _waterfill_fill(
     full = np.append(~(left > FULL * cap), True)  # (path_masks.full_mask's rule; the
     # last slot: links outside the index, always full)
     touched = np.zeros(len(links), dtype=bool)
-    levels = waterfill_paths(
+    levels = waterfill_kernel(
         class_ptr, arrays.count[nos], arrays.first[nos], arrays.hops, arrays.starts,
         arrays.ids, w, left, cap, full, touched, FULL,
     )  # fmt: skip

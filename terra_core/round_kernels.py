@@ -9,7 +9,7 @@ import numpy as np
 from numba import njit
 
 from terra_core.array_types import BoolArray, FloatArray, IntArray
-from terra_core.maxmin import waterfill_paths
+from terra_core.maxmin_kernels import waterfill_kernel
 
 
 @njit(cache=True, error_model="numpy")
@@ -44,6 +44,7 @@ def warm() -> None:
     consume_kernel(np.zeros(1), np.zeros(1, np.intp), np.ones(1, np.intp), np.zeros(1),
                    np.zeros(1, dtype=bool))  # fmt: skip
     one = np.ones(1, np.intp)
-    waterfill_paths(np.array([0, 1], np.intp), one, np.zeros(1, np.intp), one, np.zeros(1, np.intp),
-              np.zeros(1, np.intp), np.ones(1), np.ones(1), np.ones(1),
-              np.zeros(2, dtype=bool), np.zeros(1, dtype=bool), 1e-6)  # fmt: skip
+    zero = np.zeros(1, np.intp)
+    waterfill_kernel(np.array([0, 1], np.intp), one, zero, one, zero, zero, np.ones(1),
+                     np.ones(1), np.ones(1), np.zeros(2, dtype=bool), np.zeros(1, dtype=bool),
+                     1e-6)  # fmt: skip

@@ -486,7 +486,7 @@ def _work_conservation(
         if mine:
             classes.append(mine)
             weights.update(_volume_weights(fgs, mine))
-    fill = fill_classes(classes, weights, paths, spare, capacity, result, index)
+    fill = fill_classes(weights, paths, spare, capacity, result, index, classes)
     if isinstance(fill, ClassFill):
         owners = [owner[pairs[0]] for pairs in classes]
         return _add_fill(fill, owners, owner, paths, rates, index)

@@ -339,13 +339,7 @@ class TerraPolicy:
         """
         if order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
-        start = time.perf_counter()
-        for cid in volumes:
-            self._pairs_of(cid)  # KeyError for an unknown coflow, as allocate
-        rates = self._round(now, volumes, capacity, order).rates
-        self.served(now, rates)
-        self.stats["round_ms"].append((time.perf_counter() - start) * 1000.0)
-        return rates
+        return self._served_round(now, volumes, capacity, order).rates
 
     def group_rate_arrays(self, now: float, volumes: dict[str, dict[Pair, float]]) -> FlatRates:
         """`group_rates(now, volumes)` on the WAN's capacities, as flat arrays (the same
@@ -355,13 +349,26 @@ class TerraPolicy:
         Raises:
             KeyError, ValueError: as group_rates.
         """
+        result = self._served_round(now, volumes)
+        return result.flat if result.flat is not None else FlatRates.from_dict(result.rates)
+
+    def _served_round(
+        self,
+        now: float,
+        volumes: dict[str, dict[Pair, float]],
+        capacity: dict[Link, float] | None = None,
+        order: str = "share",
+    ) -> RoundResult:
+        """`_round` for group_rates and group_rate_arrays: unknown coflow ids refused
+        (KeyError, as allocate), the deadline coflows' rates kept (`served`), the round's
+        wall ms in stats."""
         start = time.perf_counter()
         for cid in volumes:
-            self._pairs_of(cid)  # KeyError for an unknown coflow, as allocate
-        result = self._round(now, volumes)
+            self._pairs_of(cid)
+        result = self._round(now, volumes, capacity, order)
         self.served(now, result.rates if self._deadline else {})
         self.stats["round_ms"].append((time.perf_counter() - start) * 1000.0)
-        return result.flat if result.flat is not None else FlatRates.from_dict(result.rates)
+        return result
 
     def _round(
         self,

@@ -3,7 +3,7 @@ before it was compiled (terra_core/round_fair_share.py's waterfill branch; docs/
 4.2 steps 5-6).
 
 Kept only so that tests/unit/test_waterfill_kernel.py can check that the compiled
-water-filling (round_kernels.waterfill_kernel) gives the same rates, in the same order,
+water-filling (maxmin_kernels.waterfill_kernel) gives the same rates, in the same order,
 and leaves the same capacities, to the bit. Not used by the package; do not optimise.
 """
 
