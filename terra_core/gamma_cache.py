@@ -9,6 +9,7 @@ import operator
 
 import numpy as np
 
+from terra_core.group_volumes import GroupVolumes, same_pairs
 from terra_core.min_cct import TIGHT, DualBound, Pair
 
 ARRAY_MIN = 64  # FlowGroups from which `GammaEntry.hint` runs in numpy passes
@@ -29,7 +30,17 @@ class GammaEntry:
         bound: the DualBound of the solve's prices.
     """
 
-    __slots__ = ("volumes", "gamma_s", "bound", "_pos", "_old", "_price", "_keys", "_idx")
+    __slots__ = (
+        "volumes",
+        "gamma_s",
+        "bound",
+        "_pos",
+        "_old",
+        "_price",
+        "_keys",
+        "_shared",
+        "_idx",
+    )
 
     def __init__(self, volumes: dict[Pair, float], gamma_s: float, bound: DualBound) -> None:
         self.volumes = volumes
@@ -38,6 +49,7 @@ class GammaEntry:
         self._pos: dict[Pair, int] | None = None  # each pair's place in the arrays below
         self._old = self._price = np.zeros(0)  # d_k and m_k(y), in `volumes`' order
         self._keys: list[Pair] = []  # the pairs of the last `hint` call and their places
+        self._shared: list[Pair] | None = None  # ... its GroupVolumes' pair list, if any
         self._idx = np.zeros(0, dtype=np.intp)
 
     def hint(self, volumes: dict[Pair, float]) -> tuple[float, bool] | None:
@@ -67,7 +79,10 @@ class GammaEntry:
         old = self._old[idx]
         if not old.all():
             return None
-        d = np.fromiter(volumes.values(), float, len(volumes))
+        if isinstance(volumes, GroupVolumes):
+            d = volumes.array
+        else:
+            d = np.fromiter(volumes.values(), float, len(volumes))
         with np.errstate(all="ignore"):  # (inf and NaN as Python's floats give them)
             ratios = d / old
             top = float(ratios.max())
@@ -85,9 +100,13 @@ class GammaEntry:
     def _places(self, volumes: dict[Pair, float]) -> np.ndarray | None:
         """The places of `volumes`' pairs in the entry's arrays (int array), or None when
         one is not among the entry's pairs. The last call's are kept: a coflow's pairs
-        stay the same, in the same order, from round to round until a FlowGroup ends."""
+        stay the same, in the same order, from round to round until a FlowGroup ends (a
+        GroupVolumes on the same pair list has the same pairs)."""
+        if same_pairs(volumes, self._shared):
+            return self._idx
         keys = list(volumes)
         if keys == self._keys:
+            self._shared = volumes.pairs if isinstance(volumes, GroupVolumes) else None
             return self._idx
         if self._pos is None:
             self._pos = {pair: i for i, pair in enumerate(self.volumes)}
@@ -99,6 +118,7 @@ class GammaEntry:
         except KeyError:
             return None
         self._keys, self._idx = keys, idx
+        self._shared = volumes.pairs if isinstance(volumes, GroupVolumes) else None
         return idx
 
     def _lower(self, d: np.ndarray, idx: np.ndarray) -> float:
@@ -117,5 +137,10 @@ class GammaEntry:
 
 def same_volumes(a: dict[Pair, float], b: dict[Pair, float]) -> bool:
     """The same {pair: bytes} in the same order (the hints' sums run in that order); the
-    same dict is (a dict handed in again, read only)."""
-    return a is b or (a == b and list(a) == list(b))
+    same dict is (a dict handed in again, read only), and two GroupVolumes on one pair
+    list are when their arrays are equal."""
+    if a is b:
+        return True
+    if isinstance(a, GroupVolumes) and same_pairs(b, a.pairs):
+        return bool(np.array_equal(a.array, b.array))  # type: ignore[attr-defined]
+    return a == b and list(a) == list(b)

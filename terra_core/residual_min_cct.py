@@ -12,6 +12,7 @@ from operator import itemgetter
 
 import numpy as np
 
+from terra_core.group_volumes import GroupVolumes, same_pairs
 from terra_core.min_cct import TIGHT, DualBound, MinCct, Pair, PairRates
 from terra_core.round_memo import ResidualEntry, RoundMemo
 from terra_core.round_rates import RoundResult, solve_min_cct
@@ -53,26 +54,42 @@ def min_cct_on_residual(
     entry = memo.starving if starving else memo.residual.get(cid)
     if entry is not None:
         r_then, d_then, res, bound = entry
+        shrink = _shrink(volumes, d_then)
         if (
-            volumes.keys() <= d_then.keys()
+            shrink is not None
             and not math.isinf(res.gamma_s)
             and (r_then == r or _same_capacity(r_then, r))
         ):
-            shrunk = map(operator.truediv, volumes.values(), map(d_then.__getitem__, volumes))
-            ratio = dict(zip(volumes, shrunk, strict=True))  # {pair: d'_k / d_k} (C loops)
-            top = max(ratio.values())
+            pairs, ratios, top = shrink
             upper = res.gamma_s * top
             if upper <= bound.gamma(volumes) * (1 + TIGHT):
-                rates = _rescaled(res.rates, list(ratio), list(ratio.values()), top)
+                rates = _rescaled(res.rates, pairs, ratios, top)
                 return MinCct(upper, rates, prices=res.prices)
     res = solved if solved is not None else solve_min_cct(volumes, paths, r, result)
     bound = DualBound.build(volumes, paths, r, res.prices)
-    entry = ResidualEntry(dict(r), dict(volumes), res, bound)
+    kept = volumes if isinstance(volumes, GroupVolumes) else dict(volumes)  # (read only)
+    entry = ResidualEntry(dict(r), kept, res, bound)
     if starving:
         memo.starving = entry
     else:
         memo.residual[cid] = entry
     return res
+
+
+def _shrink(
+    volumes: dict[Pair, float], then: dict[Pair, float]
+) -> tuple[list[Pair], list[float] | np.ndarray, float] | None:
+    """(the pairs of `volumes`, each one's d'_k / d_k against `then`, their largest), or
+    None when `volumes` has a pair `then` has not. One numpy division for two
+    GroupVolumes on one pair list (float64 quotients and maximum: the scalar values)."""
+    if isinstance(then, GroupVolumes) and same_pairs(volumes, then.pairs):
+        ratio = volumes.array / then.array  # type: ignore[attr-defined]
+        return then.pairs, ratio, float(ratio.max())
+    if not volumes.keys() <= then.keys():
+        return None
+    shrunk = map(operator.truediv, volumes.values(), map(then.__getitem__, volumes))
+    ratios = list(shrunk)  # (C loops)
+    return list(volumes), ratios, max(ratios)
 
 
 def _same_capacity(then: dict[Link, float], now: dict[Link, float]) -> bool:
@@ -87,7 +104,7 @@ def _same_capacity(then: dict[Link, float], now: dict[Link, float]) -> bool:
 
 
 def _rescaled(
-    pair_rates: PairRates, pairs: list[Pair], ratios: list[float], top: float
+    pair_rates: PairRates, pairs: list[Pair], ratios: list[float] | np.ndarray, top: float
 ) -> PairRates:
     """{pair: [(path, x × ratio / top) for (path, x) in pair_rates[pair]]} for `pairs` and
     their `ratios` (d'_k / d_k), in order, bytes/s: one numpy pass (float64 products, then

@@ -18,8 +18,13 @@ coflow's entry when the coflow is removed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import filterfalse
 from typing import NamedTuple
 
+import numpy as np
+
+from terra_core.array_types import IntArray
+from terra_core.group_volumes import GroupVolumes
 from terra_core.min_cct import DualBound, MinCct, Pair
 from terra_core.path_masks import IndexCache
 from topologies import Link, Path
@@ -53,13 +58,46 @@ class PairFlowCache:
 class ActiveCache(NamedTuple):
     """The last round's active coflows (scheduling_round._active_coflows), checked against
     the paths dict `paths` ({pair: paths}): `given` {coflow id: the volumes dict given},
-    `active` {coflow id: its positive FlowGroups} (coflows with none left out). A volumes
-    dict given again, with the same paths dict, has the same FlowGroups: the round does not
-    write into either (TerraPolicy._paths_for skips its pairs by the same rule)."""
+    `active` {coflow id: its positive FlowGroups} (coflows with none left out), `routed`
+    {coflow id: the pair list (group_volumes.GroupVolumes.pairs) of its volumes, every
+    pair found in `paths`}. A volumes dict given again, or a GroupVolumes on the same pair
+    list, with the same paths dict, has the same FlowGroups: the round does not write into
+    either (TerraPolicy._paths_for skips its pairs by the same rule)."""
 
     paths: dict[Pair, list[Path]]
     given: dict[str, dict[Pair, float]]
     active: dict[str, dict[Pair, float]]
+    routed: dict[str, list[Pair]]
+
+
+@dataclass(slots=True)
+class PairNumbers:
+    """A number per DC pair met (0, 1, ... in the order met) and each coflow's pairs'
+    numbers, kept while its volumes are the same dict or a GroupVolumes on the same pair
+    list: step 6 marks the pairs an earlier coflow holds in one bool array
+    (scheduling_round._work_conservation).
+
+    Attributes:
+        number: {pair: its number}.
+        of_coflow: {coflow id: (the volumes dict or pair list numbered, int array of its
+            pairs' numbers in the volumes' order)}.
+    """
+
+    number: dict[Pair, int] = field(default_factory=dict)
+    of_coflow: dict[str, tuple[object, IntArray]] = field(default_factory=dict)
+
+    def of(self, cid: str, volumes: dict[Pair, float]) -> IntArray:
+        """The numbers (int array) of the pairs of coflow `cid`'s `volumes`, in order."""
+        key = volumes.pairs if isinstance(volumes, GroupVolumes) else volumes
+        kept = self.of_coflow.get(cid)
+        if kept is not None and kept[0] is key:
+            return kept[1]
+        number = self.number
+        for pair in filterfalse(number.__contains__, volumes):
+            number[pair] = len(number)
+        nos = np.fromiter(map(number.__getitem__, volumes), np.intp, len(volumes))
+        self.of_coflow[cid] = (key, nos)
+        return nos
 
 
 @dataclass(slots=True)
@@ -72,6 +110,7 @@ class RoundMemo:
         index: the path masks of the round's links.
         pair_flow: step 3's denominators for the last capacities seen, or None.
         active: the last round's checked active coflows (`ActiveCache`), or None.
+        pairs: step 6's pair numbers (`PairNumbers`).
     """
 
     residual: dict[str, ResidualEntry] = field(default_factory=dict)
@@ -79,6 +118,7 @@ class RoundMemo:
     index: IndexCache = field(default_factory=IndexCache)
     pair_flow: PairFlowCache | None = None
     active: ActiveCache | None = None
+    pairs: PairNumbers = field(default_factory=PairNumbers)
 
     def clear(self) -> None:
         """Forget everything (paths or capacities changed)."""
@@ -87,10 +127,13 @@ class RoundMemo:
         self.index = IndexCache()
         self.pair_flow = None
         self.active = None
+        self.pairs = PairNumbers()
 
     def forget(self, coflow_id: str) -> None:
-        """Forget a removed coflow's step-4 entry (unknown ids are ignored)."""
+        """Forget a removed coflow's step-4 entry and pair numbers (unknown ids are
+        ignored)."""
         self.residual.pop(coflow_id, None)
+        self.pairs.of_coflow.pop(coflow_id, None)
 
     def pair_flows(self, capacity: dict[Link, float]) -> dict[Pair, float]:
         """Step 3's {pair: Σ_p bottleneck(p)} cache for `capacity` (bytes/s per link): the

@@ -46,16 +46,17 @@ import heapq
 import math
 import operator
 from collections.abc import Iterable
-from itertools import chain, compress, filterfalse, repeat
+from itertools import chain, compress, repeat
 
 import numpy as np
 
 from terra_core.flat_rates import FlatRates
+from terra_core.group_volumes import GroupVolumes, same_pairs
 from terra_core.min_cct import MinCct, Pair, PairRates, links_of
 from terra_core.path_masks import FULL, PathIndex, all_reachable, full_mask, index_for, mark_full
 from terra_core.residual_min_cct import min_cct_on_residual
 from terra_core.round_fair_share import ClassFill, alpha_share, fill_classes, fill_rates
-from terra_core.round_memo import ActiveCache, RoundMemo
+from terra_core.round_memo import ActiveCache, PairNumbers, RoundMemo
 from terra_core.round_rates import (
     DEADLINE,
     PREEMPTED,
@@ -151,7 +152,7 @@ def schedule_round(
     spare = {link: r[link] + reserve[link] for link in left}
     # Step 6: work conservation, earlier coflows in the order first.
     order = scheduled + preempted + deadline_ids
-    tail = _work_conservation(active, order, paths, spare, capacity, rates, result, index)
+    tail = _work_conservation(active, order, paths, spare, capacity, rates, result, index, memo)
     result.flat = _finish(rates, capacity, index, tail)
     return result
 
@@ -191,23 +192,39 @@ def _active_coflows(
     active = {}
     given: dict[str, dict[Pair, float]] = {}  # last round's dicts, when on the same paths
     kept: dict[str, dict[Pair, float]] = {}  # ... and their positive FlowGroups
+    routed: dict[str, list[Pair]] = {}  # ... and the GroupVolumes pair lists checked
     if memo is not None and memo.active is not None and memo.active.paths is paths:
-        given, kept = memo.active.given, memo.active.active
+        given, kept, routed = memo.active.given, memo.active.active, memo.active.routed
+    checked: dict[str, list[Pair]] = {}
     for cid, fgs in coflows.items():
         if given.get(cid) is fgs:  # (the same dict as last round's: checked then)
             if cid in kept:
                 active[cid] = kept[cid]
+            if cid in routed:
+                checked[cid] = routed[cid]
             continue
-        if not all(map(operator.gt, fgs.values(), repeat(0))):  # (C loops: thousands a round)
+        if not _all_positive(fgs):
             fgs = {p: v for p, v in fgs.items() if v > 0}
         if fgs:
             active[cid] = fgs  # (read only: the round never writes into a coflow's volumes)
-        if not fgs.keys() <= paths.keys():
+        if same_pairs(fgs, routed.get(cid)):
+            checked[cid] = routed[cid]
+        elif not fgs.keys() <= paths.keys():
             pair = next(p for p in fgs if p not in paths)
             raise ValueError(f"coflow {cid!r}: no path set for DC pair {pair[0]}->{pair[1]}")
+        elif isinstance(fgs, GroupVolumes):
+            checked[cid] = fgs.pairs
     if memo is not None:
-        memo.active = ActiveCache(paths, dict(coflows), active)
+        memo.active = ActiveCache(paths, dict(coflows), active, checked)
     return active
+
+
+def _all_positive(volumes: dict[Pair, float]) -> bool:
+    """Every volume of `volumes` is > 0 (False for NaN): one numpy pass over a
+    GroupVolumes' array, C loops over a dict's values otherwise."""
+    if isinstance(volumes, GroupVolumes):
+        return bool((volumes.array > 0).all())
+    return all(map(operator.gt, volumes.values(), repeat(0)))
 
 
 def _sequential(
@@ -455,6 +472,7 @@ def _work_conservation(
     rates: dict[str, PathRates],
     result: RoundResult,
     index: PathIndex,
+    memo: RoundMemo | None,
 ) -> FlatRates | None:
     """Step 6: the spare capacity to the coflows in `order`, earlier coflows first.
 
@@ -464,32 +482,34 @@ def _work_conservation(
     FlowGroups first all grow in proportion to their volumes (its λ rises, so its CCT
     falls, as in Optimization (1) on the spare capacity) until some FlowGroup is blocked,
     then the others keep growing. A later coflow gets only what the earlier ones cannot
-    use, and nothing on a pair an earlier coflow holds (that pair's paths are full).
+    use, and nothing on a pair an earlier coflow holds (that pair's paths are full): the
+    pairs held are one bool array over pair numbers (round_memo.PairNumbers, the memo's).
 
     Returns:
         The water-filled rates of the coflows without earlier rates as FlatRates, to go
         after `rates` (`_add_fill`), or None (all added to `rates`).
     """
-    owner: dict[Pair, str] = {}
-    classes: list[list[Pair]] = []  # each coflow's pairs (in `order`), when it has any
+    numbers = PairNumbers() if memo is None else memo.pairs
+    nos = [numbers.of(cid, active[cid]) for cid in order]
+    held = np.zeros(len(numbers.number), dtype=bool)  # (by pair number)
+    classes: list[list[Pair]] = []  # each coflow's pairs no earlier one holds, if any
+    owners: list[str] = []  # ... and that coflow
     weights: dict[Pair, float] = {}
-    for cid in order:
-        fgs = active[cid]
-        if owner.keys().isdisjoint(fgs):  # (C loops: most coflows share no pair)
-            owner.update(dict.fromkeys(fgs, cid))
-            mine = list(fgs)
-        elif fgs.keys() <= owner.keys():  # (every pair held by an earlier coflow)
+    for cid, ids in zip(order, nos, strict=True):
+        free = ~held[ids]
+        n_free = int(np.count_nonzero(free))
+        if not n_free:
             continue
-        else:
-            mine = list(filterfalse(owner.__contains__, fgs))  # (the pairs no one holds)
-            owner.update(dict.fromkeys(mine, cid))
-        if mine:
-            classes.append(mine)
-            weights.update(_volume_weights(fgs, mine))
+        held[ids] = True
+        fgs = active[cid]
+        mine = list(fgs) if n_free == len(ids) else list(compress(fgs, free.tolist()))
+        classes.append(mine)
+        owners.append(cid)
+        weights.update(_volume_weights(fgs, mine, None if n_free == len(ids) else free))
     fill = fill_classes(weights, paths, spare, capacity, result, index, classes)
     if isinstance(fill, ClassFill):
-        owners = [owner[pairs[0]] for pairs in classes]
-        return _add_fill(fill, owners, owner, paths, rates, index)
+        return _add_fill(fill, owners, classes, paths, rates, index)
+    owner = {pair: cid for cid, pairs in zip(owners, classes, strict=True) for pair in pairs}
     for pair, lst in fill.items():
         add_rates(rates.setdefault(owner[pair], {}), pair, lst)
     return None
@@ -498,13 +518,13 @@ def _work_conservation(
 def _add_fill(
     fill: ClassFill,
     owners: list[str],
-    owner: dict[Pair, str],
+    classes: list[list[Pair]],
     paths: dict[Pair, list[Path]],
     rates: dict[str, PathRates],
     index: PathIndex,
 ) -> FlatRates | None:
-    """Step 6's water-filled rates (`fill`; class i is coflow owners[i]'s, a pair is
-    owner[pair]'s) added to `rates` for the coflows that have rates already; those of the
+    """Step 6's water-filled rates (`fill`; class i, the pairs classes[i], is coflow
+    owners[i]'s) added to `rates` for the coflows that have rates already; those of the
     others (each class's coflow new to `rates`) as FlatRates in the order `rates` would
     have taken them (after every coflow of `rates`, class after class; a coflow's pairs in
     order of their first rate, each pair's paths in path order), or None when there are
@@ -518,6 +538,7 @@ def _add_fill(
     if not fresh.all():  # (the coflows with rates: through the dicts)
         old = np.flatnonzero(~fresh)
         part = ClassFill(keys, ks[old], js[old], cls[old], values[old])
+        owner = {pair: owners[c] for c in set(part.cls.tolist()) for pair in classes[c]}
         for pair, lst in fill_rates(part, paths).items():
             add_rates(rates.setdefault(owner[pair], {}), pair, lst)
     sel = np.flatnonzero(fresh)
@@ -546,11 +567,18 @@ def _add_fill(
     )
 
 
-def _volume_weights(volumes: dict[Pair, float], pairs: list[Pair]) -> dict[Pair, float]:
-    """{pair: max(volume / largest volume, _MIN_WEIGHT)} over `pairs` of one coflow (step 6).
+def _volume_weights(
+    volumes: dict[Pair, float], pairs: list[Pair], among: np.ndarray | None = None
+) -> dict[Pair, float]:
+    """{pair: max(volume / largest volume, _MIN_WEIGHT)} over `pairs` of one coflow (step 6):
+    all of `volumes`' pairs, or those where the bool array `among` is True, in order.
 
     (Vectorized for many pairs: numpy's float64 division and maximum give the values of
-    the scalar expressions.)"""
+    the scalar expressions; a GroupVolumes' array is its values, all > 0 in a round.)"""
+    if isinstance(volumes, GroupVolumes):
+        vol = volumes.array if among is None else volumes.array[among]
+        w = np.maximum(vol / vol.max(), _MIN_WEIGHT)
+        return dict(zip(pairs, w.tolist(), strict=True))
     if len(pairs) == len(volumes):
         vols = list(volumes.values())
     else:

@@ -32,6 +32,7 @@ from typing import TypedDict
 from terra_core import round_kernels
 from terra_core.flat_rates import FlatRates
 from terra_core.gamma_cache import GammaEntry, same_volumes
+from terra_core.group_volumes import same_pairs
 from terra_core.min_cct import DualBound, Pair, PairRates, min_cct
 from terra_core.policy import Allocation, PathSource, PolicyState, Remaining, split_by_remaining
 from terra_core.round_memo import RoundMemo
@@ -552,7 +553,8 @@ class TerraPolicy:
     def _paths_for(self, volumes: dict[str, dict[Pair, float]]) -> dict[Pair, list[Path]]:
         """{pair: paths} with at least the pairs of `volumes` (read only: the policy's
         dict of the pairs checked to have a path, kept until the paths change). A volumes
-        dict the last round was given on that dict (the round memo's `active`) has them.
+        dict the last round was given on that dict (the round memo's `active`) has them,
+        and so has a GroupVolumes on a pair list it checked.
 
         Raises:
             ValueError: a pair with no path (naming the coflow and the pair).
@@ -560,9 +562,14 @@ class TerraPolicy:
         while True:
             ok = self._routable
             last = self._memo.active
-            checked = last.given if last is not None and last.paths is ok else {}
+            checked: dict[str, dict[Pair, float]] = {}
+            routed: dict[str, list[Pair]] = {}
+            if last is not None and last.paths is ok:
+                checked, routed = last.given, last.routed
             for cid, fgs in volumes.items():
-                if checked.get(cid) is fgs or fgs.keys() <= ok.keys():  # (most add no pair)
+                if checked.get(cid) is fgs or same_pairs(fgs, routed.get(cid)):
+                    continue
+                if fgs.keys() <= ok.keys():  # (most add no pair)
                     continue
                 for pair in fgs:
                     if pair not in ok:

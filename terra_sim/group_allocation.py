@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from terra_core.flat_rates import FlatRates
+from terra_core.group_volumes import GroupVolumes
 from terra_core.policy import GroupRateArraysPolicy, Policy
 from terra_sim.allocation import Allocator
 from terra_sim.errors import SimulationError
@@ -80,10 +81,9 @@ class GroupAllocator(Allocator):
         # {coflow id: (flows, DC pairs, each flow's pair slot, {pair: slot})} (see _groups)
         self._group_of: dict[str, tuple[int, list, np.ndarray, dict]] = {}
         self._layout: tuple[tuple, Groups] | None = None
-        # {coflow id: its volumes dict} of the coflows none of whose FlowGroups got a rate
-        # in the last round, with the flow count they were built on: no flow of theirs
-        # moved since, so the same dict (the same floats) is handed out again
-        self._still: dict[str, tuple[int, dict]] = {}
+        # {coflow id: (its flow count, its last GroupVolumes, the places among its pairs of
+        # the FlowGroups that got a rate in the last round)}: only their flows moved since
+        self._last: dict[str, tuple[int, GroupVolumes, np.ndarray]] = {}
         self._arrays = policy if isinstance(policy, GroupRateArraysPolicy) else None
 
     def allocate(self, now: float, active: dict) -> float:
@@ -94,7 +94,7 @@ class GroupAllocator(Allocator):
         volume = np.bincount(groups.gid, weights=rem, minlength=groups.count)
         volumes = self._volumes(active, groups, volume)
         s = self._shares(self._answer(now, volumes), groups)
-        self._keep_still(active, groups, volumes, s.g)
+        self._keep_last(active, groups, volumes, s.g)
         if len(s.g):
             share = s.rates / volume[s.g]  # rate / volume, per path
             table = np.zeros((groups.count, int(s.j.max()) + 1))
@@ -117,32 +117,35 @@ class GroupAllocator(Allocator):
         return byte_hops
 
     def _volumes(self, active: dict, groups: Groups, volume: np.ndarray) -> dict:
-        """{coflow id: {DC pair: bytes}} of the FlowGroups (`volume`: float array per
-        FlowGroup). A coflow that got no rate in the last round and has the same flows
-        gets last round's dict again: its flows' bytes are as they were, so its sums are
-        the same floats, and the policy can tell it unchanged by identity."""
-        vol = volume.tolist()
-        still = self._still
+        """{coflow id: GroupVolumes} of the FlowGroups (`volume`: float array per FlowGroup).
+        A coflow with the same flows as in the last round gets last round's volumes with
+        only the FlowGroups that had a rate then updated (group_volumes.GroupVolumes
+        .updated): the others' flows did not move, so their sums are the same floats; with
+        none, it gets the same object, and the policy can tell it unchanged by identity."""
+        last = self._last
         out = {}
         for cid, (base, pairs, _) in groups.coflows.items():
-            kept = still.get(cid)
-            if kept is not None and kept[0] == len(active[cid].pos):
-                out[cid] = kept[1]
+            kept = last.get(cid)
+            mine = volume[base : base + len(pairs)]
+            if kept is None or kept[0] != len(active[cid].pos):
+                out[cid] = GroupVolumes.build(pairs, mine)
+            elif len(kept[2]):
+                out[cid] = GroupVolumes.updated(kept[1], kept[2], mine)
             else:
-                out[cid] = dict(zip(pairs, vol[base : base + len(pairs)], strict=True))
+                out[cid] = kept[1]
         return out
 
-    def _keep_still(self, active: dict, groups: Groups, volumes: dict, rated: np.ndarray) -> None:
-        """Keep the volumes dicts of the coflows with no FlowGroup among `rated` (int
-        array of FlowGroup indices with a positive rate) for `_volumes`."""
-        hit = np.zeros(groups.count + 1, dtype=bool)
-        hit[rated] = True
-        any_rate = np.logical_or.reduceat(hit, [base for base, _, _ in groups.coflows.values()]
-                                          + [groups.count]).tolist()  # fmt: skip
-        self._still = {
-            cid: (len(active[cid].pos), volumes[cid])
-            for cid, got in zip(groups.coflows, any_rate, strict=False)
-            if not got
+    def _keep_last(self, active: dict, groups: Groups, volumes: dict, rated: np.ndarray) -> None:
+        """Keep each coflow's volumes and the places of its FlowGroups among `rated` (int
+        array of FlowGroup indices with a positive rate, any order) for `_volumes`."""
+        bases = [base for base, _, _ in groups.coflows.values()]
+        mask = np.zeros(groups.count, dtype=bool)
+        mask[rated] = True
+        hit = np.flatnonzero(mask)  # (ascending, each once)
+        cuts = np.searchsorted(hit, bases + [groups.count]).tolist()
+        self._last = {
+            cid: (len(active[cid].pos), volumes[cid], hit[cuts[i] : cuts[i + 1]] - base)
+            for i, (cid, base) in enumerate(zip(groups.coflows, bases, strict=True))
         }
 
     def _shares(self, answer: FlatRates, groups: Groups) -> _Shares:
