@@ -2,14 +2,16 @@
 
 A round (scheduling_round.schedule_round) is run again at every arrival, FlowGroup finish
 and starvation wakeup, mostly on the same links and on volumes that shrank in proportion,
-so four of its results are kept for the next round, each reused only when exact:
+so what it found is kept for the next round, each part reused only when exact:
 
 - step 4's min-CCT solution on r per coflow and step 2''s solution on the reserve
   (`ResidualEntry`, reused by residual_min_cct.min_cct_on_residual while weak duality
   proves it still minimal);
 - the link bits and path masks of the round's links (path_masks.IndexCache);
 - step 3's per-pair denominators Σ_p bottleneck(p) of the quick Γ bound, for one set of
-  capacities (`PairFlowCache`).
+  capacities (`PairFlowCache`);
+- the last round's checked active coflows (`ActiveCache`) and step 6's pair numbers
+  (`PairNumbers`).
 
 The owner (TerraPolicy) clears the memo when paths or capacities change and forgets a
 coflow's entry when the coflow is removed.

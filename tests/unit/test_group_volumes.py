@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from terra_core.group_volumes import GroupVolumes, same_pairs
-from terra_core.round_memo import RoundMemo
+from terra_core.round_memo import PairNumbers, RoundMemo
 from terra_core.scheduling_round import schedule_round
 from terra_core.terra_policy import TerraPolicy
 from terra_model import Coflow, Flow
@@ -138,3 +138,20 @@ def test_group_volumes_with_zero_or_nan_volumes_read_as_their_positive_pairs():
         a = plain.group_rates(0.0, {"c": dict(zip(pairs, values.tolist(), strict=True))})
         b = shared.group_rates(0.0, {"c": GroupVolumes.build(pairs, values)})
         assert a == b and ("A", "C") not in b["c"]
+
+
+def test_pair_numbers_kept_while_a_coflows_pairs_are_the_same():
+    ab, ac, ad = ("A", "B"), ("A", "C"), ("A", "D")
+    numbers = PairNumbers()
+    first = GroupVolumes.build([ab, ac], np.array([2.0, 1.0]))
+    nos = numbers.of("c", first)
+    assert nos.tolist() == [0, 1]
+    later = GroupVolumes.updated(first, np.array([0]), np.array([1.5, 1.0]))
+    assert numbers.of("c", later) is nos  # (the same pair list: not numbered again)
+    plain = {ad: 1.0, ac: 3.0}
+    assert numbers.of("d", plain).tolist() == [2, 1]
+    assert numbers.of("d", plain) is numbers.of("d", plain)
+    assert numbers.of("d", {ac: 3.0}).tolist() == [1]  # (another dict: numbered again)
+    other = GroupVolumes.build([ad, ab], np.array([1.0, 1.0]))
+    assert numbers.of("c", other).tolist() == [2, 0]
+    assert numbers.number == {ab: 0, ac: 1, ad: 2}
