@@ -508,7 +508,7 @@ def _work_conservation(
         weights.update(_volume_weights(fgs, mine, None if n_free == len(ids) else free))
     fill = fill_classes(weights, paths, spare, capacity, result, index, classes)
     if isinstance(fill, ClassFill):
-        return _add_fill(fill, owners, classes, paths, rates, index)
+        return _add_fill(fill, owners, paths, rates, index)
     owner = {pair: cid for cid, pairs in zip(owners, classes, strict=True) for pair in pairs}
     for pair, lst in fill.items():
         add_rates(rates.setdefault(owner[pair], {}), pair, lst)
@@ -518,14 +518,13 @@ def _work_conservation(
 def _add_fill(
     fill: ClassFill,
     owners: list[str],
-    classes: list[list[Pair]],
     paths: dict[Pair, list[Path]],
     rates: dict[str, PathRates],
     index: PathIndex,
 ) -> FlatRates | None:
-    """Step 6's water-filled rates (`fill`; class i, the pairs classes[i], is coflow
-    owners[i]'s) added to `rates` for the coflows that have rates already; those of the
-    others (each class's coflow new to `rates`) as FlatRates in the order `rates` would
+    """Step 6's water-filled rates (`fill`; class i is coflow owners[i]'s) added to `rates`
+    for the coflows that have rates already; those of the others (each class's coflow new
+    to `rates`) as FlatRates in the order `rates` would
     have taken them (after every coflow of `rates`, class after class; a coflow's pairs in
     order of their first rate, each pair's paths in path order), or None when there are
     none. A pair whose paths repeat one (which a dict would merge) goes through the dicts."""
@@ -538,7 +537,8 @@ def _add_fill(
     if not fresh.all():  # (the coflows with rates: through the dicts)
         old = np.flatnonzero(~fresh)
         part = ClassFill(keys, ks[old], js[old], cls[old], values[old])
-        owner = {pair: owners[c] for c in set(part.cls.tolist()) for pair in classes[c]}
+        mine = map(keys.__getitem__, part.ks.tolist())
+        owner = dict(zip(mine, map(owners.__getitem__, part.cls.tolist()), strict=True))
         for pair, lst in fill_rates(part, paths).items():
             add_rates(rates.setdefault(owner[pair], {}), pair, lst)
     sel = np.flatnonzero(fresh)

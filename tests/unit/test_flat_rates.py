@@ -87,7 +87,7 @@ def test_step_6_rates_of_new_coflows_come_flat_in_the_order_the_dicts_would_take
     fill = _fill([ab, ac, ad], rows)
     rates = {"c0": {ab: {("A", "B"): 5.0}}}
     owner = {ab: "c0", ac: "c1", ad: "c1"}
-    tail = _add_fill(fill, ["c0", "c1"], [[ab], [ac, ad]], paths, rates, PathIndex([]))
+    tail = _add_fill(fill, ["c0", "c1"], paths, rates, PathIndex([]))
     assert rates == {"c0": {ab: {("A", "B"): 6.0}}}
     got = tail.as_dict()
     assert got == {"c1": {ad: [(("A", "D"), 3.0), (("A", "B", "D"), 4.0)],
@@ -104,5 +104,5 @@ def test_a_pair_whose_paths_repeat_goes_through_the_dicts():
     paths = {ab: [("A", "B"), ("A", "B")]}
     fill = _fill([ab], [(0, 0, 0, 1.0), (0, 1, 0, 2.0)])
     rates: dict = {}
-    tail = _add_fill(fill, ["c"], [[ab]], paths, rates, PathIndex([]))
+    tail = _add_fill(fill, ["c"], paths, rates, PathIndex([]))
     assert tail is None and rates == {"c": {ab: {("A", "B"): 3.0}}}
