@@ -105,21 +105,20 @@ class GammaEntry:
         if same_pairs(volumes, self._shared):
             return self._idx
         keys = list(volumes)
-        if keys == self._keys:
-            self._shared = volumes.pairs if isinstance(volumes, GroupVolumes) else None
-            return self._idx
-        if self._pos is None:
-            self._pos = {pair: i for i, pair in enumerate(self.volumes)}
-            self._old = np.fromiter(self.volumes.values(), float, len(self.volumes))
-            price = self.bound.path_price
-            self._price = np.fromiter(map(price.__getitem__, self.volumes), float, len(self._pos))
-        try:
-            idx = np.fromiter(map(self._pos.__getitem__, keys), np.intp, len(keys))
-        except KeyError:
-            return None
-        self._keys, self._idx = keys, idx
+        if keys != self._keys:
+            if self._pos is None:
+                self._pos = {pair: i for i, pair in enumerate(self.volumes)}
+                self._old = np.fromiter(self.volumes.values(), float, len(self.volumes))
+                price = self.bound.path_price
+                self._price = np.fromiter(map(price.__getitem__, self.volumes), float,
+                                          len(self._pos))  # fmt: skip
+            try:
+                idx = np.fromiter(map(self._pos.__getitem__, keys), np.intp, len(keys))
+            except KeyError:
+                return None
+            self._keys, self._idx = keys, idx
         self._shared = volumes.pairs if isinstance(volumes, GroupVolumes) else None
-        return idx
+        return self._idx
 
     def _lower(self, d: np.ndarray, idx: np.ndarray) -> float:
         """DualBound.gamma of the volumes `d` (float array) on the pairs at `idx`."""

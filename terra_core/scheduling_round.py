@@ -207,12 +207,10 @@ def _active_coflows(
             fgs = {p: v for p, v in fgs.items() if v > 0}
         if fgs:
             active[cid] = fgs  # (read only: the round never writes into a coflow's volumes)
-        if same_pairs(fgs, routed.get(cid)):
-            checked[cid] = routed[cid]
-        elif not fgs.keys() <= paths.keys():
+        if not same_pairs(fgs, routed.get(cid)) and not fgs.keys() <= paths.keys():
             pair = next(p for p in fgs if p not in paths)
             raise ValueError(f"coflow {cid!r}: no path set for DC pair {pair[0]}->{pair[1]}")
-        elif isinstance(fgs, GroupVolumes):
+        if isinstance(fgs, GroupVolumes):
             checked[cid] = fgs.pairs
     if memo is not None:
         memo.active = ActiveCache(paths, dict(coflows), active, checked)
@@ -502,10 +500,11 @@ def _work_conservation(
             continue
         held[ids] = True
         fgs = active[cid]
-        mine = list(fgs) if n_free == len(ids) else list(compress(fgs, free.tolist()))
+        among = None if n_free == len(ids) else free  # (None: every pair of the coflow)
+        mine = list(fgs) if among is None else list(compress(fgs, among.tolist()))
         classes.append(mine)
         owners.append(cid)
-        weights.update(_volume_weights(fgs, mine, None if n_free == len(ids) else free))
+        weights.update(_volume_weights(fgs, mine, among))
     fill = fill_classes(weights, paths, spare, capacity, result, index, classes)
     if isinstance(fill, ClassFill):
         return _add_fill(fill, owners, paths, rates, index)
