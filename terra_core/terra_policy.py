@@ -48,7 +48,7 @@ from terra_core.starvation import (
 from terra_core.tenant_shares import ORDERS
 from terra_model import Coflow, Flow
 from topologies import Link, Path, Topology, k_shortest_paths
-from topologies.paths import up_graph
+from topologies.paths import full_graph, up_graph
 
 
 class RoundStats(TypedDict):
@@ -519,7 +519,10 @@ class TerraPolicy:
 
     def paths(self, src: str, dst: str) -> list[Path]:
         """The (cached) paths of the pair that may carry traffic: the path source's, else
-        the K shortest paths from src to dst over links that are up."""
+        the K shortest paths from src to dst over links that are up; when links that are
+        down cut the pair off, the K shortest over every link, which carry nothing until
+        their links come back (as the controller's tunnels over a failed link: the pair's
+        FlowGroups wait at rate 0, the round goes on for the others)."""
         pair = (src, dst)
         if pair not in self._paths and self.path_source is not None:
             self._paths = self.path_source(self.topology, self.k)
@@ -528,7 +531,10 @@ class TerraPolicy:
         if pair not in self._paths:
             if self._graph is None:
                 self._graph = up_graph(self.topology)
-            self._paths[pair] = k_shortest_paths(self.topology, src, dst, self.k, self._graph)
+            found = k_shortest_paths(self.topology, src, dst, self.k, self._graph)
+            if not found and self.topology.down:
+                found = k_shortest_paths(self.topology, src, dst, self.k, full_graph(self.topology))
+            self._paths[pair] = found
         return self._paths[pair]
 
     # ----- internals -------------------------------------------------------------------

@@ -32,6 +32,16 @@ def up_graph(topology: Topology) -> nx.DiGraph:
     return graph
 
 
+def full_graph(topology: Topology) -> nx.DiGraph:
+    """Return a DiGraph of the DCs and every directed link, up or down."""
+    import networkx as nx  # imported on use, as in up_graph
+
+    graph = nx.DiGraph()
+    graph.add_nodes_from(topology.dcs)
+    graph.add_edges_from(topology.links)
+    return graph
+
+
 def k_shortest_paths(
     topology: Topology, src: str, dst: str, k: int, graph: nx.DiGraph | None = None
 ) -> list[Path]:
