@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -148,7 +149,8 @@ def parse_fail_link(spec: str, topology: Topology) -> list[WanChange]:
     DC names may contain '-': every split point is tried until one names a link.
 
     Raises:
-        ValueError: malformed spec, unknown link, negative times or T2 <= T1.
+        ValueError: malformed spec, unknown link, times that are not finite numbers,
+            negative times or T2 <= T1.
     """
     link, at, times = spec.rpartition("@")
     if not at or not link:
@@ -157,6 +159,8 @@ def parse_fail_link(spec: str, topology: Topology) -> list[WanChange]:
         t = [float(x) for x in times.split(":")]
     except ValueError:
         raise ValueError(f"--fail-link {spec!r}: times must be numbers") from None
+    if not all(math.isfinite(x) for x in t):
+        raise ValueError(f"--fail-link {spec!r}: times must be finite numbers of seconds")
     if len(t) not in (1, 2) or t[0] < 0 or (len(t) == 2 and t[1] <= t[0]):
         raise ValueError(f"--fail-link {spec!r}: need 0 <= T1 (< T2)")
     ends = [
@@ -181,6 +185,20 @@ def make_policy(name: str, topology: Topology, args: argparse.Namespace, tenants
         ValueError: unknown name or an option out of range.
     """
     return make_scheduler(name, topology, options_from_args(args, tenants=tenants))
+
+
+def check_terra_options(args: argparse.Namespace, topology: Topology) -> None:
+    """Check Terra's options (--alpha, --epsilon, --delta, the guard's) before any run,
+    whichever schedulers run: a Terra policy is made on `topology` with them (its checks,
+    terra_core/terra_policy.py) and dropped.
+
+    Raises:
+        ValueError: "invalid Terra option: ..." for an option out of range.
+    """
+    try:
+        make_policy("terra", topology.copy(), args)
+    except ValueError as exc:
+        raise ValueError(f"invalid Terra option: {exc}") from None
 
 
 class Inputs(NamedTuple):
@@ -215,6 +233,7 @@ def load_inputs(args: argparse.Namespace) -> Inputs:
         topology = coflowsim_topology(args.topology, args.link_gbps)
     else:
         topology = load_topology(args.topology, link_gbps=args.link_gbps)
+    check_terra_options(args, topology)
     changes = [ch for spec in args.fail_link for ch in parse_fail_link(spec, topology)]
     coflows = load_workload(args.workload, topology, limit=args.limit, coflowsim=compat)
     spec = None
@@ -255,7 +274,8 @@ def _run_one(
     name: str, args: argparse.Namespace, inputs: Inputs, show_progress: bool
 ) -> SimResult | None:
     """Simulate scheduler `name` on `inputs`; None (and a note on stderr) when `name` does
-    not apply to them under --scheduler all. Raises as `run`."""
+    not apply to them under --scheduler all (the options themselves were checked before,
+    by load_inputs: an invalid one is an error whatever --scheduler). Raises as `run`."""
     topology, changes, coflows, gammas, quantum_s, tenants = inputs
     try:
         policy = make_policy(name, topology.copy(), args, tenants)
@@ -311,16 +331,17 @@ def format_table(results: dict[str, SimResult]) -> str:
     """Return the results as a text table (FoI = scheduler's avg CCT / Terra's avg CCT)."""
     terra = results.get("terra")
     base = terra.avg_cct_s if terra else None
+    width = max([10, *map(len, results)])  # the longest name: coflowsim-fair
     head = (
-        f"{'scheduler':<10} {'avg CCT s':>11} {'p95 CCT s':>11} {'FoI':>6} {'WAN util':>8} "
+        f"{'scheduler':<{width}} {'avg CCT s':>11} {'p95 CCT s':>11} {'FoI':>6} {'WAN util':>8} "
         f"{'slowdown':>9} {'deadl.met':>9} {'admitted':>8} {'unfin.':>6} {'wall s':>7}"
     )
     lines = [head, "-" * len(head)]
     for name, r in results.items():
         foi = r.avg_cct_s / base if base and r.avg_cct_s is not None else None
         lines.append(
-            f"{name:<10} {_num(r.avg_cct_s, 11, 2)} {_num(r.p95_cct_s, 11, 2)} {_num(foi, 6, 2)} "
-            f"{_num(r.wan_utilization, 8, 3)} {_num(r.avg_slowdown, 9, 2)} "
+            f"{name:<{width}} {_num(r.avg_cct_s, 11, 2)} {_num(r.p95_cct_s, 11, 2)} "
+            f"{_num(foi, 6, 2)} {_num(r.wan_utilization, 8, 3)} {_num(r.avg_slowdown, 9, 2)} "
             f"{r.deadlines_met:>9} {r.admitted:>8} {len(r.unfinished):>6} {r.wall_s:>7.1f}"
         )
     return "\n".join(lines)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,6 +28,7 @@ import numpy as np
 from terra_core.tenant_policy import TenantSpec
 from terra_core.tenant_shares import DEFAULT_ORDER
 from terra_model import Coflow, Flow
+from terra_security.pki import NAME_RE  # the tenant name rule of the controller
 
 PIECES = 100  # coflows a greedy tenant makes of each of its own
 SPLIT = "/"  # between a greedy tenant's coflow id and its piece number
@@ -34,27 +36,62 @@ SPLIT = "/"  # between a greedy tenant's coflow id and its piece number
 
 def parse_tenants(value: str) -> dict[str, float]:
     """`--tenants` value -> {name: weight}: a positive integer N (t0..t{N-1}, weight 1) or
-    the path of a JSON file {name: weight}.
+    the path of a JSON file {name: weight}: names as in the controller's tenants file
+    (1-64 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit, unique
+    ignoring case; terra_security.pki.NAME_RE), each key once, weights finite numbers > 0.
 
     Raises:
-        ValueError: N < 1, a file that is not a JSON object of positive numbers.
+        ValueError: an integer N < 1, a file that is not such a JSON object.
         OSError: the file cannot be read.
     """
-    if value.isdigit():
+    if _INTEGER.fullmatch(value.strip()):
         n = int(value)
         if n < 1:
             raise ValueError(f"--tenants must be >= 1, got {n}")
         return {f"t{i}": 1.0 for i in range(n)}
     try:
-        raw = json.loads(Path(value).read_text())
+        raw = json.loads(Path(value).read_text(), object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise ValueError(f"--tenants {value}: not JSON ({exc})") from None
+    except _DuplicateKey as exc:
+        raise ValueError(f"--tenants {value}: tenant {exc.args[0]!r} is given twice") from None
     if not isinstance(raw, dict) or not raw:
         raise ValueError(f"--tenants {value}: expected a JSON object {{name: weight}}")
+    seen: dict[str, str] = {}
     for name, w in raw.items():
+        if not NAME_RE.fullmatch(name):
+            raise ValueError(
+                f"--tenants {value}: bad tenant name {name!r:.70}: "
+                "1-64 characters of A-Z a-z 0-9 . _ -"
+            )
+        if name.lower() in seen:
+            raise ValueError(
+                f"--tenants {value}: duplicate tenant {name!r} (as {seen[name.lower()]!r})"
+            )
+        seen[name.lower()] = name
         if isinstance(w, bool) or not isinstance(w, int | float) or not 0 < w < math.inf:
-            raise ValueError(f"--tenants {value}: tenant {name!r} weight must be > 0, got {w!r}")
+            raise ValueError(
+                f"--tenants {value}: tenant {name!r} weight must be a finite number > 0, "
+                f"got {w!r:.70}"
+            )
     return {str(k): float(v) for k, v in raw.items()}
+
+
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+class _DuplicateKey(Exception):
+    """A JSON object names a key twice (the key)."""
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """json object_pairs_hook: the object as a dict, refusing a key given twice."""
+    out: dict[str, object] = {}
+    for key, val in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = val
+    return out
 
 
 def tenant_weights(value: str, topology, k: int) -> tuple[dict[str, float], list]:

@@ -1,10 +1,14 @@
 """Topology Zoo GraphML files read into a Topology (docs/design.md section 7).
 
-One DC per node, named by the node's `label` (its id when it has none), in the file's node
-order. Every edge between two different nodes is one undirected link; its capacity is the
-edge's `LinkSpeedRaw` (bit/s), else `LinkSpeed` x `LinkSpeedUnits` (K, M, G or T: 1e3 ..
-1e12 bit/s), else the default capacity. What the file says that the model cannot hold is
-repaired, counted and logged, one warning line per kind:
+One DC per node, named by the node's `label` (its id when it has none or an empty one; a
+label such as 0 counts), in the file's node order. Every edge between two different nodes
+is one undirected link; its capacity is the edge's `LinkSpeedRaw` (bit/s), else `LinkSpeed`
+x `LinkSpeedUnits` (K, M, G or T: 1e3 .. 1e12 bit/s), else (neither given) the default
+capacity. A link speed that is given but unusable (not a finite number > 0, `LinkSpeed`
+without known `LinkSpeedUnits`) is an error naming the edge, unless every link's capacity
+is overridden (`speeds_overridden`, terra-sim --link-gbps): the file's speeds are then
+ignored, and such edges counted and logged as "invalid_link_speeds". What the file says
+that the model cannot hold is repaired, counted and logged, one warning line per kind:
 
 - "self_loops": edges from a node to itself, dropped;
 - "renamed_labels": nodes whose label an earlier node already has, named ``label-id``;
@@ -13,7 +17,10 @@ repaired, counted and logged, one warning line per kind:
   pair is listed in ``attrs["parallel_links"]`` as [a, b, n] so `Topology.scaled`
   (--link-gbps) keeps n links' worth;
 - "edges_without_capacity": edges with no usable link speed, given the default capacity
-  (not logged when every link's capacity is overridden anyway).
+  (not logged when every link's capacity is overridden anyway);
+- "components": the topology is not connected; the count is its number of connected
+  components (loaded all the same: a workload may stay within one; a coflow across two
+  fails in the run).
 
 The counts are in ``attrs["load_warnings"]`` (kind -> number, kinds that occurred only).
 Equal-cost paths are ranked by the DCs' positions in the file (``attrs["path_tie_break"]
@@ -45,6 +52,7 @@ def read_graphml(
     default_bps: float,
     log_missing: bool = True,
     dc_order_ties: bool = True,
+    speeds_overridden: bool = False,
 ) -> Topology:
     """Read a Topology Zoo GraphML file (module docstring).
 
@@ -53,22 +61,32 @@ def read_graphml(
         default_bps: capacity of an edge without a link speed, bytes/s (> 0).
         log_missing: log the edges without a capacity (count them either way).
         dc_order_ties: rank equal-cost paths by file order (else by DC name).
+        speeds_overridden: the caller replaces every link's capacity (--link-gbps): an
+            invalid link speed is then counted and logged ("invalid_link_speeds"), not
+            an error.
 
     Raises:
-        TopologyError: unreadable or invalid GraphML, or no edge between two nodes.
+        TopologyError: unreadable or invalid GraphML, no edge between two nodes, or (unless
+            `speeds_overridden`) an edge with an invalid link speed (one line naming it).
     """
     import networkx as nx  # imported on use: a client or an agent never reads GraphML
 
     path = FsPath(path)
     try:
         graph = nx.read_graphml(path)
+    except OSError as exc:
+        raise TopologyError(f"{path}: cannot read: {exc}") from exc
     except Exception as exc:  # networkx raises several types for bad XML
         raise TopologyError(f"{path}: invalid GraphML: {exc}") from exc
     repairs = _Repairs()
     names = _dc_names(graph, repairs)
-    capacity, parallel = _links(graph, names, default_bps, repairs)
+    try:
+        capacity, parallel = _links(graph, names, default_bps, repairs, speeds_overridden)
+    except TopologyError as exc:
+        raise TopologyError(f"{path}: {exc}") from None
     if not capacity:
         raise TopologyError(f"{path}: GraphML has no links")
+    _components(list(names.values()), capacity, repairs)
     edges = graph.number_of_edges() - repairs.counts.get("self_loops", 0)
     _log_repairs(path, repairs, edges, default_bps, log_missing)
     attrs: dict = {"parallel_links": parallel} if parallel else {}
@@ -97,7 +115,8 @@ def _dc_names(graph: nx.Graph, repairs: _Repairs) -> dict[str, str]:
     names: dict[str, str] = {}
     taken: set[str] = set()
     for node, data in graph.nodes(data=True):
-        label = str(data.get("label") or node)
+        label = data.get("label")
+        label = str(node) if label is None or str(label) == "" else str(label)
         dc = label
         if dc in taken:
             dc = f"{label}-{node}"
@@ -110,9 +129,18 @@ def _dc_names(graph: nx.Graph, repairs: _Repairs) -> dict[str, str]:
 
 
 def _links(
-    graph: nx.Graph, names: dict[str, str], default_bps: float, repairs: _Repairs
+    graph: nx.Graph,
+    names: dict[str, str],
+    default_bps: float,
+    repairs: _Repairs,
+    speeds_overridden: bool = False,
 ) -> tuple[dict[tuple[str, str], float], list[list]]:
-    """(directed link -> capacity in bytes/s, [[a, b, n] per pair joined by n > 1 edges])."""
+    """(directed link -> capacity in bytes/s, [[a, b, n] per pair joined by n > 1 edges]).
+
+    Raises:
+        TopologyError: "edge A-B (nodes u-v): KEY: ..." for an invalid link speed, unless
+            `speeds_overridden` (then counted as "invalid_link_speeds").
+    """
     total: dict[tuple[str, str], float] = {}
     count: dict[tuple[str, str], int] = {}
     for u, v, data in graph.edges(data=True):  # a multigraph lists every parallel edge
@@ -121,7 +149,13 @@ def _links(
             continue
         a, b = names[u], names[v]
         key = (b, a) if (b, a) in count else (a, b)
-        bps = edge_bytes_per_s(data)
+        try:
+            bps = edge_bytes_per_s(data)
+        except ValueError as exc:
+            if not speeds_overridden:
+                raise TopologyError(f"edge {a}-{b} (nodes {u}-{v}): {exc}") from None
+            bps = default_bps  # replaced by the caller's capacity
+            repairs.add("invalid_link_speeds", f"{a}-{b} ({exc})")
         if bps is None:
             bps = default_bps
             repairs.add("edges_without_capacity", f"{a}-{b}")
@@ -138,26 +172,77 @@ def _links(
 
 
 def edge_bytes_per_s(data: dict) -> float | None:
-    """An edge's capacity in bytes/s from its Topology Zoo attributes, None when it has no
-    usable one: `LinkSpeedRaw` (bit/s), else `LinkSpeed` in `LinkSpeedUnits` (K/M/G/T,
-    case and a trailing "bps" or "b/s" ignored). A value must be a finite number > 0."""
-    bits = _positive(data.get("LinkSpeedRaw"))
-    if bits is None:
-        speed = _positive(data.get("LinkSpeed"))
-        unit = str(data.get("LinkSpeedUnits", "")).strip().upper()[:1]
-        bits = speed * UNIT_BITS[unit] if speed is not None and unit in UNIT_BITS else None
-    return None if bits is None else bits / 8
+    """An edge's capacity in bytes/s from its Topology Zoo attributes, None when it gives
+    none: `LinkSpeedRaw` (bit/s), else `LinkSpeed` in `LinkSpeedUnits` (K/M/G/T, case and
+    a trailing "bps" or "b/s" ignored). An attribute that is absent or an empty string is
+    not given; `LinkSpeedUnits` alone gives no speed.
+
+    Raises:
+        ValueError: "KEY: ..." for a given speed that is not a finite number > 0 (bits
+            too), or a `LinkSpeed` without known `LinkSpeedUnits`.
+    """
+    if _given(data.get("LinkSpeedRaw")):
+        bits = _positive("LinkSpeedRaw", data["LinkSpeedRaw"])
+    elif _given(data.get("LinkSpeed")):
+        speed = _positive("LinkSpeed", data["LinkSpeed"])
+        units = data.get("LinkSpeedUnits")
+        unit = str(units).strip().upper()[:1] if _given(units) else ""
+        if unit not in UNIT_BITS:
+            got = "none" if not _given(units) else repr(units)
+            raise ValueError(f"LinkSpeedUnits: must be one of K, M, G, T, got {got}")
+        bits = speed * UNIT_BITS[unit]
+        if not math.isfinite(bits):
+            raise ValueError(f"LinkSpeed: must be a finite number of bit/s, got {speed:g} {unit}")
+    else:
+        return None
+    return bits / 8
 
 
-def _positive(value: object) -> float | None:
-    """`value` (a number or a numeric string) as a finite float > 0, else None."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        number = float(str(value).strip())
-    except ValueError:
-        return None
-    return number if math.isfinite(number) and number > 0 else None
+def _given(value: object) -> bool:
+    """True for an attribute value other than None and an empty (or blank) string."""
+    return value is not None and str(value).strip() != ""
+
+
+def _positive(key: str, value: object) -> float:
+    """`value` (a number or a numeric string) as a finite float > 0.
+
+    Raises:
+        ValueError: "KEY: must be a number > 0, got VALUE" for anything else.
+    """
+    number = None
+    if not isinstance(value, bool):
+        try:
+            number = float(str(value).strip())
+        except ValueError:
+            pass
+    if number is None or not (math.isfinite(number) and number > 0):
+        got = f"{value:g}" if isinstance(value, float) else f"{value!r:.40}"
+        raise ValueError(f"{key}: must be a finite number > 0, got {got}")
+    return number
+
+
+def _components(dcs: list[str], capacity: dict[tuple[str, str], float], repairs: _Repairs) -> None:
+    """Count the connected components of the DCs and links when there are several, each
+    named by its DCs (its first few, in file order)."""
+    parent = {dc: dc for dc in dcs}
+
+    def root(dc: str) -> str:
+        while parent[dc] != dc:
+            parent[dc] = parent[parent[dc]]
+            dc = parent[dc]
+        return dc
+
+    for a, b in capacity:
+        parent[root(a)] = root(b)
+    groups: dict[str, list[str]] = {}
+    for dc in dcs:
+        groups.setdefault(root(dc), []).append(dc)
+    if len(groups) < 2:
+        return
+    for members in groups.values():
+        shown = ", ".join(members[:3]) + (", ..." if len(members) > 3 else "")
+        size = f"{len(members)} DC" + ("s" if len(members) > 1 else "")
+        repairs.add("components", f"{{{shown}}} ({size})")
 
 
 def _log_repairs(
@@ -170,6 +255,10 @@ def _log_repairs(
         "parallel_edges": "parallel edge(s) merged, one link per DC pair of their summed capacity",
         "edges_without_capacity": f"of {edges} edges without a link speed (LinkSpeedRaw or "
         f"LinkSpeed and LinkSpeedUnits): {default_bps / GBPS_TO_BYTES_PER_S:g} Gbps each",
+        "invalid_link_speeds": "edge(s) with an invalid link speed, ignored (every link's "
+        "capacity is overridden)",
+        "components": "connected components: the topology is not connected (a coflow "
+        "between two of them has no path)",
     }
     for kind, items in repairs.items.items():
         if kind == "edges_without_capacity" and not missing:

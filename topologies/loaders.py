@@ -16,6 +16,8 @@ by DC name, topologies/paths.py). 1 Gbps = 1e9 bit/s = 1.25e8 bytes/s.
 
 from __future__ import annotations
 
+import errno
+import os
 from importlib import resources
 from pathlib import Path as FsPath
 from typing import cast
@@ -50,8 +52,11 @@ def load_topology(spec: str, link_gbps: float | None = None) -> Topology:
         The Topology, named "swan"/"gscale"/"att" for built-ins.
 
     Raises:
-        TopologyError: unreadable file, unknown format, or invalid content
-            (the message names the file and the field).
+        TopologyError: an unknown name ("no such topology"); a file that cannot be read
+            ("cannot read", raised from the OSError: a missing path with a file extension
+            such as .json, .graphml or .xml, or with a directory separator, is a file
+            that cannot be read, not an unknown name); an unknown format or invalid
+            content (the message names the file and the field).
     """
     if spec == "bigswitch":
         topo = bigswitch_topology()
@@ -60,6 +65,9 @@ def load_topology(spec: str, link_gbps: float | None = None) -> Topology:
         return topo
     path = builtin_path(spec) if spec in BUILTIN else FsPath(spec)
     if not path.is_file():
+        if spec not in BUILTIN and _names_a_file(spec):
+            error = _not_a_file(path)
+            raise TopologyError(f"{spec}: cannot read: {error}") from error
         raise TopologyError(
             f"{spec}: no such topology (built-ins: {', '.join(BUILTIN)}, bigswitch)"
         )
@@ -69,12 +77,29 @@ def load_topology(spec: str, link_gbps: float | None = None) -> Topology:
         builtin = spec in BUILTIN
         name = spec if builtin else None
         missing = link_gbps is None  # edges without a speed matter only then
-        topo = load_graphml_topology(path, name, log_missing=missing, dc_order_ties=not builtin)
+        topo = load_graphml_topology(
+            path,
+            name,
+            log_missing=missing,
+            dc_order_ties=not builtin,
+            speeds_overridden=not missing,
+        )
     else:
         raise TopologyError(f"{path}: unknown topology format (expected .json or .graphml)")
     if link_gbps is not None:
         topo = topo.scaled(_gbps(link_gbps, f"{path}: link_gbps") * GBPS_TO_BYTES_PER_S)
     return topo
+
+
+def _names_a_file(spec: str) -> bool:
+    """True when `spec` is meant as a file: it has a file extension or a directory part."""
+    return bool(FsPath(spec).suffix) or "/" in spec or os.sep in spec
+
+
+def _not_a_file(path: FsPath) -> OSError:
+    """The OSError of reading `path`, which is not a regular file."""
+    code = errno.EISDIR if path.is_dir() else errno.ENOENT
+    return OSError(code, os.strerror(code), str(path))
 
 
 def load_json_topology(path: FsPath | str) -> Topology:
@@ -122,21 +147,25 @@ def load_graphml_topology(
     default_gbps: float = DEFAULT_GBPS,
     log_missing: bool = True,
     dc_order_ties: bool = True,
+    speeds_overridden: bool = False,
 ) -> Topology:
     """Load a Topology Zoo GraphML file (topologies/graphml.py): link speeds from
     `LinkSpeedRaw` (or `LinkSpeed` and `LinkSpeedUnits`), `default_gbps` for edges without
-    one; self-loops dropped, repeated labels renamed, parallel edges summed, each kind
-    counted in ``attrs["load_warnings"]`` and logged on one line (edges without a capacity
-    only when `log_missing`). Equal-cost paths are ranked by file order when
-    `dc_order_ties` (else by DC name). Named `name`, else the file's stem.
+    one; self-loops dropped, repeated labels renamed, parallel edges summed, a topology
+    of several connected components loaded, each kind counted in
+    ``attrs["load_warnings"]`` and logged on one line (edges without a capacity only when
+    `log_missing`). Equal-cost paths are ranked by file order when `dc_order_ties` (else
+    by DC name). Named `name`, else the file's stem. `speeds_overridden`: the caller
+    replaces every capacity (--link-gbps), so an invalid link speed is logged, not an error.
 
     Raises:
-        TopologyError: unreadable or invalid GraphML, or no edges.
+        TopologyError: unreadable or invalid GraphML, no edges, or an edge with an invalid
+            link speed (unless `speeds_overridden`).
     """
 
     path = FsPath(path)
     bps = _gbps(default_gbps, f"{path}: default_gbps") * GBPS_TO_BYTES_PER_S
-    return read_graphml(path, name or path.stem, bps, log_missing, dc_order_ties)
+    return read_graphml(path, name or path.stem, bps, log_missing, dc_order_ties, speeds_overridden)
 
 
 def _gbps(value: object, where: str) -> float:

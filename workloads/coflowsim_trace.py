@@ -72,8 +72,8 @@ def load_coflowsim_trace(
         first appearance, of reducer_bytes / mapper racks bytes.
 
     Raises:
-        WorkloadError: as load_fb_trace (names the file and line), or a rack the mappings
-            reject.
+        WorkloadError: as load_fb_trace (names the file and line), a rack the mappings
+            reject, or reducers of one rack whose bytes sum beyond a float.
     """
     path = Path(path)
     racks, lines = read_trace(path, limit)
@@ -89,7 +89,12 @@ def _coflow(line: str, racks: int, send_dc, recv_dc, where: str) -> Coflow:
     flows = []
     try:
         for j, (rrack, mbs) in enumerate(by_rack.items()):
-            per_flow = reducer_bytes(mbs, len(mapper_racks)) / len(mapper_racks)
+            try:
+                per_flow = reducer_bytes(mbs, len(mapper_racks)) / len(mapper_racks)
+            except OverflowError:  # reducers of one rack summing beyond a float
+                raise WorkloadError(
+                    f"reducers of rack {rrack}: {sum(mbs):g} MB in all, too large"
+                ) from None
             dst = recv_dc(rrack)
             for i, mrack in enumerate(mapper_racks):
                 flows.append(Flow(f"m{i}r{j}", send_dc(mrack), dst, float(per_flow)))

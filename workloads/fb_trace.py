@@ -13,6 +13,7 @@ such as bigswitch).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -103,8 +104,9 @@ def parse_fields(
         (coflow id, arrival in ms, mapper racks, [(reducer rack, MB)]) in file order.
 
     Raises:
-        WorkloadError: naming `where`, for wrong counts, non-numeric fields, a negative
-            arrival, a rack outside 0..racks-1 or a reducer size that is not > 0 and finite.
+        WorkloadError: naming `where`, for wrong counts, non-numeric fields, an arrival
+            that is not a finite number >= 0, a rack outside 0..racks-1 or a reducer size
+            that is not > 0 with a finite number of bytes (MB x 1,048,576).
     """
     tok = line.split()
     try:
@@ -118,11 +120,14 @@ def parse_fields(
         raise WorkloadError(f"{where}: expected {n_map} mapper racks")
     if n_red < 1 or len(reducers) != n_red:
         raise WorkloadError(f"{where}: expected {n_red} reducers, found {len(reducers)}")
-    if arrival_ms < 0:
-        raise WorkloadError(f"{where}: negative arrival time {arrival_ms}")
+    if not (math.isfinite(arrival_ms) and arrival_ms >= 0):
+        raise WorkloadError(f"{where}: arrival must be a finite number >= 0 ms, got {arrival_ms}")
     for j, (_, mb) in enumerate(reducers):
-        if not 0 < mb < float("inf"):
-            raise WorkloadError(f"{where}: reducer {j} size must be positive, got {mb}")
+        if not (math.isfinite(mb * MB_BYTES) and mb > 0):  # 1e308 MB: finite, not in bytes
+            raise WorkloadError(
+                f"{where}: reducer {j} size must be a number of MB > 0 whose bytes "
+                f"(x {MB_BYTES}) are finite, got {mb}"
+            )
     for rack in [*mappers, *(r for r, _ in reducers)]:
         if not 0 <= rack < racks:
             raise WorkloadError(f"{where}: rack {rack} outside 0..{racks - 1}")
