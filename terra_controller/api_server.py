@@ -181,7 +181,7 @@ class ApiHandler:
         allowed = _ROLES[op]
         if not any(identity.may(role) for role in allowed):
             raise RegistryError(
-                "forbidden", f"{identity.role.value} {identity.name!r} may not {op}"
+                "forbidden", f"{identity.role.value} {identity.name!r} may not {_DOING.get(op, op)}"
             )
         reply = handler(self, request, identity)
         self.counts[op] = self.counts.get(op, 0) + 1
@@ -302,6 +302,24 @@ _ROLES = {  # op -> roles allowed to call it
     "capacity": (Role.OPERATOR,),
     "login": _JOBS,
     **TENANT_ROLES,
+}
+_DOING = {  # op -> what it does, for "forbidden: job 'etl' may not list tenants"
+    "hello": "say hello",
+    "submit": "submit coflows",
+    "status": "see a coflow's status",
+    "update": "update coflows",
+    "cancel": "cancel coflows",
+    "list": "list coflows",
+    "agents": "list agents",
+    "link_state": "change link states",
+    "capacity": "change link capacities",
+    "login": "log in",
+    "tenant": "see a tenant",
+    "tenants": "list tenants",
+    "tenant_set": "add or change tenants",
+    "tenant_remove": "remove tenants",
+    "tenant_reserve": "reserve rates for tenants",
+    "tenant_unreserve": "drop tenants' reserved rates",
 }
 _COMMON_FIELDS = {"v", "op", "req", "ref"}
 

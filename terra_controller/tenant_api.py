@@ -3,13 +3,14 @@
 API operations (request fields -> reply fields; api_server.py's wire format):
 
     tenant         name?                    -> tenant: the row (TenantBook.row) of the
-                                               caller's own tenant (a job; its `name` is
-                                               ignored unless it is its own) or of `name`
-                                               (an operator)
+                                               caller's own tenant (a job; `name` left out
+                                               or its own, else "forbidden") or of `name`
+                                               (an operator: required)
     tenants                                 -> TenantBook.view (operators)
     tenant_set     name, weight,            -> tenant: the row after the change (operators;
-                   max_coflows?, max_bytes?,   a bad value changes nothing)
-                   max_reserved_bytes_per_s?
+                   max_coflows?, max_bytes?,   a bad value changes nothing; a limit left
+                   max_reserved_bytes_per_s?   out keeps the tenant's current value, one
+                                               given as nil clears it)
     tenant_remove  name                     -> removed: name (operators)
     tenant_reserve name?, src, dst,         -> tenant: the row after the change; refused
                    rate_bytes_per_s,           with code "reservation_refused" and the
@@ -18,9 +19,13 @@ API operations (request fields -> reply fields; api_server.py's wire format):
                                                max_reserved_bytes_per_s (reservations.py;
                                                a job: for its own tenant, `name` left out
                                                or its own, and only when the tenant has a
-                                               max_reserved_bytes_per_s: else "forbidden")
+                                               max_reserved_bytes_per_s: else "forbidden";
+                                               an operator: `name` required)
     tenant_unreserve name?, src, dst        -> tenant: the row (its reservations on the
-                                               pair dropped)
+                                               pair dropped; `name` as for tenant_reserve)
+
+An insecure client (`--insecure`: every role) that leaves out `name` gets the default
+tenant (TenantBook.fallback).
 
 A controller without tenants (--isolation none) answers code "no_tenants". Metrics (read
 at scrape time, label `tenant`: one series per configured tenant, so the label's values are
@@ -77,9 +82,16 @@ def op_tenant(handler, request: dict, identity: Identity) -> dict:
 
 
 def _tenant_row(book, request: dict, identity: Identity) -> dict:
-    """op_tenant's answer, on the controller's loop (the book's owner)."""
+    """op_tenant's answer, on the controller's loop (the book's owner).
+
+    Raises:
+        RegistryError: "forbidden" (a job names another tenant than its own),
+            "unknown_tenant", "bad_request" (an operator without `name`).
+    """
     if identity.role is Role.JOB and not identity.insecure:
         name = book.resolve(identity.tenant)  # a job sees its own tenant only
+        if request.get("name", name) not in (name, identity.tenant):
+            raise RegistryError("forbidden", "a job sees its own tenant only")
     elif "name" in request:
         name = request["name"]
         if name not in book.weights():
@@ -97,11 +109,38 @@ def op_tenants(handler, request: dict, identity: Identity) -> dict:
     return handler.controller.owner.run(book_of(handler.controller).view)
 
 
+SET_LIMITS = ("max_coflows", "max_bytes", "max_reserved_bytes_per_s")
+
+
 def op_tenant_set(handler, request: dict, identity: Identity) -> dict:
-    """ "tenant_set": add or change a tenant."""
-    _only(request, {"name", "weight", "max_coflows", "max_bytes", "max_reserved_bytes_per_s"})
-    keys = ("name", "weight", "max_coflows", "max_bytes", "max_reserved_bytes_per_s")
-    return {"tenant": handler.controller.tenant_change("set", [request.get(k) for k in keys])}
+    """ "tenant_set": add or change a tenant; the limits it leaves out keep their values."""
+    _only(request, {"name", "weight", *SET_LIMITS})
+    given = [k for k in SET_LIMITS if k in request]
+    args = [request.get(k) for k in ("name", "weight", *SET_LIMITS)] + [given]
+    return {"tenant": handler.controller.tenant_change("set", args)}
+
+
+def set_args(book, args: list) -> list:
+    """The arguments of TenantBook.set for a "set" change [name, weight, max_coflows,
+    max_bytes, max_reserved_bytes_per_s, given?]: with `given` (the limits the request
+    named), the limits it left out are the tenant's current ones (none for a new tenant);
+    without it (changes journaled before `given`), every limit as in `args`.
+
+    Raises:
+        RegistryError("bad_request"): `given` is not a list of limit names.
+    """
+    if len(args) != 6:
+        return list(args)
+    *values, given = args
+    if not isinstance(given, list) or not set(given) <= set(SET_LIMITS):
+        raise RegistryError("bad_request", f"bad limits given {given!r:.70}")
+    name = values[0]
+    current = book.limits.get(name) if isinstance(name, str) else None
+    if current is not None:
+        for i, key in enumerate(SET_LIMITS, 2):
+            if key not in given:
+                values[i] = getattr(current, key)
+    return values
 
 
 def op_tenant_remove(handler, request: dict, identity: Identity) -> dict:
@@ -112,17 +151,24 @@ def op_tenant_remove(handler, request: dict, identity: Identity) -> dict:
 
 
 def _reserving_for(book, request: dict, identity: Identity) -> object:
-    """The tenant a reserve request is for: a job's own, else the operator's `name`.
+    """The tenant a reserve or unreserve request is for: a job's own, else the operator's
+    `name` (an insecure client without one: the default tenant).
 
     Raises:
-        RegistryError("forbidden"): a job names another tenant.
+        RegistryError: "forbidden" (a job names another tenant), "bad_request" (an
+            operator without `name`).
     """
     if identity.role is Role.JOB and not identity.insecure:
         own = book.resolve(identity.tenant)
         if request.get("name", own) != own:
             raise RegistryError("forbidden", "a job reserves for its own tenant only")
         return own
-    return request.get("name") if "name" in request else book.fallback()
+    if "name" in request:
+        return request["name"]
+    if identity.insecure:
+        return book.fallback()
+    op = "reserve" if request.get("op") == "tenant_reserve" else "unreserve"
+    raise RegistryError("bad_request", f"an operator names the tenant (tenant {op} NAME)")
 
 
 def op_tenant_reserve(handler, request: dict, identity: Identity) -> dict:
@@ -152,11 +198,11 @@ def op_tenant_unreserve(handler, request: dict, identity: Identity) -> dict:
 def apply_tenant_change(controller, op: str, args: list) -> object:
     """Carry out a tenant change on the controller's TenantBook (on its loop: the core event
     "tenant", Controller.tenant_change): "set" [name, weight, max_coflows, max_bytes,
-    max_reserved_bytes_per_s], "remove" [name], "reserve" [name, fields], "unreserve"
-    [name, src, dst]. Returns the tenant's row (None for "remove").
+    max_reserved_bytes_per_s, given?] (set_args), "remove" [name], "reserve" [name,
+    fields], "unreserve" [name, src, dst]. Returns the tenant's row (None for "remove").
 
     Raises:
-        RegistryError: "no_tenants" (book_of); as TenantBook.set / remove,
+        RegistryError: "no_tenants" (book_of); as set_args, TenantBook.set / remove,
             reservations.reserve / unreserve.
         ValueError: an unknown `op`.
     """
@@ -165,7 +211,7 @@ def apply_tenant_change(controller, op: str, args: list) -> object:
     book = book_of(controller)
 
     if op == "set":
-        return book.set(*args)
+        return book.set(*set_args(book, args))
     if op == "remove":
         return book.remove(*args)
     if op == "reserve":

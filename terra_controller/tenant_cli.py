@@ -3,8 +3,8 @@
     terra-controller --tenants FILE [--isolation {none,tenants}] ...
     terra-controller ctl ... tenant list
     terra-controller ctl ... tenant show [NAME]
-    terra-controller ctl ... tenant set NAME --weight W [--max-coflows N] [--max-bytes B]
-                             [--max-reserved-bytes-per-s R]
+    terra-controller ctl ... tenant set NAME --weight W [--max-coflows N|none]
+                             [--max-bytes B|none] [--max-reserved-bytes-per-s R|none]
     terra-controller ctl ... tenant remove NAME
     terra-controller ctl ... tenant reserve [NAME] --src DC --dst DC --rate-bytes-per-s R
                              [--ceil-bytes-per-s C] [--start-s T] [--end-s T]
@@ -14,7 +14,9 @@
 --tenants; it needs --scheduler terra) schedules with tenants.LiveTenantPolicy, --isolation
 none ignores the file. A bad file, or --isolation tenants without one, exits with status 2
 and one line on stderr. `ctl tenant` sends the API operations of tenant_api.py and prints
-the answer as JSON (exit status 1 with one line on stderr when refused).
+the answer as JSON (exit status 1 with one line on stderr when refused). `tenant set`
+changes the weight and the limits given: a limit left out keeps its value, `none` clears
+it; `tenant reserve|unreserve` names the tenant (a job: its own, NAME left out).
 """
 
 from __future__ import annotations
@@ -128,8 +130,23 @@ def attach_tenants(controller, book) -> None:
 # ---- ctl tenant ----------------------------------------------------------------------------
 
 
+CLEAR = "none"  # `ctl tenant set --max-...`: no limit
+
+
+def _limit(kind):
+    """An argparse type: a number of `kind` (int or float), or CLEAR."""
+
+    def parse(text: str):
+        if text.strip().lower() == CLEAR:
+            return CLEAR
+        return kind(text)
+
+    parse.__name__ = kind.__name__  # argparse's "invalid int value" message
+    return parse
+
+
 def add_tenant_ctl(ops) -> None:
-    """Add `tenant {list,show,set,remove}` to the ctl operations `ops`."""
+    """Add `tenant {list,show,set,remove,reserve,unreserve}` to the ctl operations `ops`."""
     text = (
         "tenants: list, show one, set a weight and limits, remove (operators; show: jobs);"
         " reserve, unreserve a guaranteed rate (operators; a job: its own)"
@@ -139,19 +156,27 @@ def add_tenant_ctl(ops) -> None:
     sub.add_parser("list", help="every tenant: weight, share, coflows, rate, guarantee")
     show = sub.add_parser("show", help="one tenant (a job: its own)")
     show.add_argument("tenant_name", nargs="?", metavar="NAME", help="the tenant (operators)")
-    put = sub.add_parser("set", help="add a tenant or change its weight and limits")
+    put = sub.add_parser(
+        "set", help="add a tenant or change its weight and limits",
+        description="Add a tenant or change its weight and the limits given: a limit left "
+        "out keeps its value, none clears it.",
+    )  # fmt: skip
     put.add_argument("tenant_name", metavar="NAME", help="the tenant")
     put.add_argument("--weight", type=float, required=True, help="weight (> 0)")
-    put.add_argument("--max-coflows", type=int, metavar="N", help="active coflows at most")
-    put.add_argument("--max-bytes", type=int, metavar="B", help="bytes in flight at most")
-    put.add_argument("--max-reserved-bytes-per-s", type=float, metavar="R",
-                     help="reserved at once at most (bytes/s); lets jobs reserve")  # fmt: skip
+    put.add_argument("--max-coflows", type=_limit(int), metavar="N",
+                     help="active coflows at most (none: no limit)")  # fmt: skip
+    put.add_argument("--max-bytes", type=_limit(int), metavar="B",
+                     help="bytes in flight at most (none: no limit)")  # fmt: skip
+    put.add_argument("--max-reserved-bytes-per-s", type=_limit(float), metavar="R",
+                     help="reserved at once at most (bytes/s; none: no limit); lets jobs "
+                     "reserve")  # fmt: skip
     rm = sub.add_parser("remove", help="drop a tenant without active coflows")
     rm.add_argument("tenant_name", metavar="NAME", help="the tenant")
     res = sub.add_parser("reserve", help="a guaranteed rate between two DCs, if it fits")
     unres = sub.add_parser("unreserve", help="drop the tenant's guarantees on a DC pair")
     for q in (res, unres):
-        q.add_argument("tenant_name", nargs="?", metavar="NAME", help="the tenant (a job: own)")
+        q.add_argument("tenant_name", nargs="?", metavar="NAME",
+                       help="the tenant (operators; a job: its own)")  # fmt: skip
         q.add_argument("--src", required=True, metavar="DC", help="source DC")
         q.add_argument("--dst", required=True, metavar="DC", help="destination DC")
     res.add_argument("--rate-bytes-per-s", type=float, required=True, metavar="R",
@@ -166,9 +191,12 @@ def run_tenant_ctl(client, args) -> int:
     """Carry out `ctl tenant ...` with `client`; print the answer (JSON).
 
     Returns:
-        0, or 1 when the controller refused or could not be reached (one line on stderr).
+        0, or 1 when the controller refused or could not be reached, or a value cannot be
+        (`tenant set`: tenants_config.make_limits; refused as the controller would, with
+        "bad_request") (one line on stderr).
     """
     from terra_controller.client import TerraError
+    from terra_controller.tenants_config import TenantsError, make_limits
 
     request: dict = {"op": {"list": "tenants", "show": "tenant", "set": "tenant_set",
                             "remove": "tenant_remove", "reserve": "tenant_reserve",
@@ -181,11 +209,18 @@ def run_tenant_ctl(client, args) -> int:
     if args.tenant_op == "set":
         request["weight"] = args.weight
         for key in ("max_coflows", "max_bytes", "max_reserved_bytes_per_s"):
-            if getattr(args, key) is not None:
-                request[key] = getattr(args, key)
+            value = getattr(args, key)
+            if value is not None:
+                request[key] = None if value == CLEAR else value
+        limits = {k: v for k, v in request.items() if k not in ("op", "name")}
+        try:  # what the wire cannot carry (integers above 2**64-1) never leaves
+            make_limits(args.tenant_name, **limits)
+        except TenantsError as exc:
+            print(f"terra-controller ctl: bad_request: {exc}", file=sys.stderr)
+            return 1
     try:
         reply = client.tenant_request(request)
-    except (TerraError, ConnectionError, ValueError) as exc:
+    except (TerraError, ConnectionError, ValueError, OverflowError) as exc:
         print(f"terra-controller ctl: {exc}", file=sys.stderr)
         return 1
     print(json.dumps({k: v for k, v in reply.items() if k not in ("v", "ok", "instance")},

@@ -33,6 +33,9 @@ A TOML file (read with tomllib) checked against msgspec Structs that forbid unkn
     [tenants.batch]
     weight = 1
 
+max_coflows and max_bytes are integers of at most 2**63-1 (MAX_LIMIT), what the API's
+replies and the journal carry.
+
 Whether the guarantees fit the WAN (under every single link failure the tunnels route
 around) is checked against the topology when the controller or terra-sim starts
 (terra_controller/reservations.py).
@@ -60,6 +63,10 @@ from terra_security.pki import NAME_RE
 # two agree)
 Sharing = Literal["cooperative", "strict", "static"]
 Order = Literal["share", "wan"]
+
+# The largest max_coflows / max_bytes: a signed 64-bit integer, so that every reply carrying
+# the tenant's row (msgpack, at most 2**64-1) and the journal can hold it.
+MAX_LIMIT = 2**63 - 1
 
 
 class TenantsError(ValueError):
@@ -90,16 +97,17 @@ class TenantLimits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     Attributes:
         weight: its weight (> 0, finite; dimensionless).
-        max_coflows: active coflows at most (None: no limit).
-        max_bytes: bytes still to deliver of its active coflows at most (None: no limit).
+        max_coflows: active coflows at most (at most MAX_LIMIT; None: no limit).
+        max_bytes: bytes still to deliver of its active coflows at most (at most MAX_LIMIT;
+            None: no limit).
         max_reserved_bytes_per_s: the sum of its guaranteed rates whose windows overlap at
             most (bytes/s; None: no cap for operators, and jobs may not reserve).
         reservations: its guaranteed rates (ReservationSpec), admitted together.
     """
 
     weight: Annotated[float, msgspec.Meta(gt=0)]
-    max_coflows: Annotated[int, msgspec.Meta(gt=0)] | None = None
-    max_bytes: Annotated[int, msgspec.Meta(gt=0)] | None = None
+    max_coflows: Annotated[int, msgspec.Meta(gt=0, le=MAX_LIMIT)] | None = None
+    max_bytes: Annotated[int, msgspec.Meta(gt=0, le=MAX_LIMIT)] | None = None
     max_reserved_bytes_per_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
     reservations: list[ReservationSpec] = msgspec.field(default_factory=list)
 

@@ -101,8 +101,11 @@ def test_a_job_cannot_name_its_tenant_in_a_request():
     assert reply["ok"]
     status = handler.handle({"v": 1, "op": "status", "coflow": reply["coflow"]}, job)
     assert status["status"]["tenant"] == "bronze"
-    mine = handler.handle({"v": 1, "op": "tenant", "name": "gold"}, job)
-    assert mine["tenant"]["name"] == "bronze"  # a job sees its own tenant only
+    other = handler.handle({"v": 1, "op": "tenant", "name": "gold"}, job)
+    assert other["code"] == "forbidden"  # a job sees its own tenant only
+    for ask in ({}, {"name": "bronze"}):
+        mine = handler.handle({"v": 1, "op": "tenant", **ask}, job)
+        assert mine["tenant"]["name"] == "bronze"
 
 
 # ---- the policy -------------------------------------------------------------------------
